@@ -1,0 +1,104 @@
+"""`zerocalc memory` through Typer's test runner."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from zerocalc.cli import app
+
+runner = CliRunner()
+
+
+def test_table_shows_every_strategy_and_the_assumptions() -> None:
+    result = runner.invoke(app, ["memory", "--params", "7B", "--gpus", "4"])
+    assert result.exit_code == 0, result.output
+    for label in ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "HYBRID_SHARD"):
+        assert label in result.stdout
+    assert "Ψ = 7,000,000,000" in result.stdout
+    assert "K = 12" in result.stdout
+    assert "GiB" in result.stdout
+    # DDP total: 16 bytes x 7e9 = 104.31 GiB; ZeRO-3 over 4 GPUs: 26.08 GiB
+    assert "104.31" in result.stdout and "26.08" in result.stdout
+
+
+def test_units_and_fits_column() -> None:
+    result = runner.invoke(
+        app,
+        [
+            "memory",
+            "--params",
+            "7B",
+            "--gpus",
+            "4",
+            "--units",
+            "GB",
+            "--gpu-memory",
+            "80GB",
+            "-s",
+            "ddp,zero3",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "112.00" in result.stdout  # DDP: 16 x 7e9 bytes = 112 GB
+    assert "28.00" in result.stdout and "52.00" in result.stdout  # ZeRO-3 28 GB, headroom 52 GB
+    assert "Fits" in result.stdout and "yes" in result.stdout and "no" in result.stdout
+
+
+def test_json_is_the_pydantic_result_with_exact_bytes() -> None:
+    result = runner.invoke(
+        app, ["memory", "--params", "6_738_415_616", "--gpus", "8", "--json", "-s", "zero3"]
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["schema_version"] == 1
+    row = data["strategies"][0]
+    assert row["strategy"] == "zero3"
+    psi = 6_738_415_616
+    assert row["gpu_bytes"] == 16 * psi // 8
+    assert data["bytes_per_parameter"] == {"b_p": 2, "b_g": 2, "k": 12.0, "grad_accum": 0}
+
+
+def test_fsdp_names_are_aliases() -> None:
+    result = runner.invoke(
+        app, ["memory", "--params", "1B", "--gpus", "8", "--json", "-s", "full_shard,no_shard"]
+    )
+    assert [r["strategy"] for r in json.loads(result.stdout)["strategies"]] == ["zero3", "ddp"]
+
+
+def test_offload_adds_host_columns() -> None:
+    result = runner.invoke(
+        app, ["memory", "--params", "7B", "--gpus", "8", "--offload-optimizer", "cpu", "-s", "zero3"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "CPU / GPU" in result.stdout and "CPU / node" in result.stdout and "→ cpu" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--params", "7X"], "'7X'"),
+        (["--params", "-1"], "'-1'"),
+        (["--params", "7B", "--gpus", "0"], "--gpus '0'"),
+        (["--params", "7B", "--gpus", "many"], "--gpus 'many'"),
+        (["--params", "7B", "--strategy", "zero9"], "'zero9'"),
+        (["--params", "7B", "--precision", "int4"], "'int4'"),
+        (["--params", "7B", "--optimizer", "lion"], "'lion'"),
+        (["--params", "7B", "--units", "parsecs"], "'parsecs'"),
+        (["--params", "7B", "--offload-params", "cpu", "-s", "zero2"], "--offload-params cpu"),
+        (["--params", "7B", "--offload-optimizer", "cpu", "-s", "ddp"], "--offload-optimizer cpu"),
+        (["--params", "7B", "--gpus", "12", "--gpus-per-node", "8", "-s", "hybrid_shard"], "--gpus 12"),
+        (["--params", "7B", "--no-such-option"], "--no-such-option"),
+        ([], "--params is required"),
+    ],
+)
+def test_bad_input_is_one_line_on_stderr_with_exit_2(args: list[str], fragment: str) -> None:
+    result = runner.invoke(app, ["memory", *args])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("zerocalc: error: ") and fragment in lines[0]
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,26 @@
+"""README's Quick start stays true: CI runs README's test command verbatim."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _quick_start_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    return [block.strip() for block in re.findall(r"```bash\n(.*?)```", section, re.S)]
+
+
+def test_quick_start_has_exactly_two_commands() -> None:
+    commands = _quick_start_commands()
+    assert len(commands) == 2
+    assert "zerocalc memory --params 7B --gpus 4" in commands[0]
+    assert "pytest" in commands[1]
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert _quick_start_commands()[1] in ci_lines

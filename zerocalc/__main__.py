@@ -1,0 +1,3 @@
+from zerocalc.cli import main
+
+main()

@@ -1,0 +1,123 @@
+"""``zerocalc memory``: per-GPU model-state bytes for each strategy."""
+
+from __future__ import annotations
+
+from zerocalc.cli import app, fail
+from zerocalc.cli import options as opt
+from zerocalc.cli.render import byte_cell, console, print_json, unit_label
+from zerocalc.memory import Location, MemoryEstimate, StateKind, StrategyMemory, estimate_memory
+from zerocalc.units import ByteUnit, format_count, parse_byte_unit
+
+_STATE_COLUMNS: tuple[tuple[StateKind, str], ...] = (
+    (StateKind.PARAMS, "Params"),
+    (StateKind.GRADS, "Grads"),
+    (StateKind.GRAD_ACCUM, "fp32 grad acc."),
+    (StateKind.OPTIMIZER, "Optimizer"),
+)
+
+
+@app.command()
+def memory(
+    params: opt.Params = None,
+    gpus: opt.Gpus = "1",
+    gpus_per_node: opt.GpusPerNode = None,
+    strategy: opt.StrategyOpt = "all",
+    precision: opt.Precision = "bf16-mixed",
+    optimizer: opt.Optimizer = "adamw",
+    fp32_grad_accum: opt.Fp32GradAccum = False,
+    offload_optimizer: opt.OffloadOptimizer = "none",
+    offload_params: opt.OffloadParams = "none",
+    units: opt.Units = "GiB",
+    gpu_memory: opt.GpuMemory = None,
+    json: opt.Json = False,
+) -> None:
+    """Per-GPU bytes of parameters, gradients and optimizer states under DDP, ZeRO-1/2/3 and FSDP."""
+    if params is None:
+        raise fail("--params is required; accepted: a count such as 7B, 124M or 6738415616")
+    unit = parse_byte_unit(units)
+    estimate = estimate_memory(
+        params,
+        gpus,
+        gpus_per_node,
+        strategies=strategy,
+        precision=precision,
+        optimizer=optimizer,
+        fp32_grad_accum=fp32_grad_accum,
+        offload_optimizer=offload_optimizer,
+        offload_params=offload_params,
+        gpu_memory=gpu_memory,
+    )
+    if json:
+        print_json(estimate)
+    else:
+        render_memory(estimate, unit)
+
+
+def _state_cell(row: StrategyMemory, kind: StateKind, unit: ByteUnit) -> str:
+    states = [s for s in row.states if s.kind is kind]
+    if states and all(s.location is not Location.GPU for s in states):
+        return f"[dim]→ {states[0].location.value}[/dim]"
+    return byte_cell(row.bytes_of(kind), unit)
+
+
+def render_memory(estimate: MemoryEstimate, unit: ByteUnit) -> None:
+    from rich.table import Table
+
+    request = estimate.request
+    bpp = estimate.bytes_per_parameter
+    out = console()
+    k = f"{bpp.k:g}"
+    extra = f" + {bpp.grad_accum} (fp32 grad accumulation)" if bpp.grad_accum else ""
+    out.print(
+        f"[bold]Model states per GPU[/bold]: Ψ = {request.params:,} ({format_count(request.params)}), "
+        f"N = {request.cluster.world_size}, {request.precision.value} + {request.optimizer.value}: "
+        f"b_p = {bpp.b_p}, b_g = {bpp.b_g}, K = {k} bytes/param{extra}; units: {unit_label(unit)}"
+    )
+    rows = estimate.strategies
+    has_accum = bpp.grad_accum > 0
+    has_cpu = any(r.cpu_bytes_per_gpu for r in rows)
+    has_nvme = any(r.nvme_bytes_per_gpu for r in rows)
+    has_fits = request.gpu_memory_bytes is not None
+
+    table = Table(title=None, header_style="bold")
+    table.add_column("Strategy")
+    for kind, label in _STATE_COLUMNS:
+        if kind is StateKind.GRAD_ACCUM and not has_accum:
+            continue
+        table.add_column(label, justify="right")
+    table.add_column("Total / GPU", justify="right", style="bold")
+    table.add_column("vs DDP", justify="right")
+    if has_cpu:
+        table.add_column("CPU / GPU", justify="right")
+        table.add_column("CPU / node", justify="right")
+    if has_nvme:
+        table.add_column("NVMe / GPU", justify="right")
+        table.add_column("NVMe / node", justify="right")
+    if has_fits:
+        table.add_column(f"Fits {byte_cell(request.gpu_memory_bytes or 0, unit)}", justify="center")
+        table.add_column("Headroom", justify="right")
+
+    for row in rows:
+        cells = [row.title]
+        for kind, _ in _STATE_COLUMNS:
+            if kind is StateKind.GRAD_ACCUM and not has_accum:
+                continue
+            cells.append(_state_cell(row, kind, unit))
+        cells += [byte_cell(row.gpu_bytes, unit), f"{row.fraction_of_ddp:.1%}"]
+        if has_cpu:
+            cells += [byte_cell(row.cpu_bytes_per_gpu, unit), byte_cell(row.cpu_bytes_per_node, unit)]
+        if has_nvme:
+            cells += [byte_cell(row.nvme_bytes_per_gpu, unit), byte_cell(row.nvme_bytes_per_node, unit)]
+        if has_fits:
+            headroom = row.headroom_bytes or 0
+            cells += [
+                "[green]yes[/green]" if row.fits else "[red]no[/red]",
+                byte_cell(headroom, unit) if headroom >= 0 else f"[red]-{byte_cell(-headroom, unit)}[/red]",
+            ]
+        table.add_row(*cells)
+    out.print(table)
+    for line in estimate.assumptions[1:]:
+        out.print(f"[dim]· {line}[/dim]")
+    for note in estimate.notes:
+        out.print(f"[yellow]· {note}[/yellow]")
+    out.print("[dim]· model states only: activations, buffers and overheads are not included[/dim]")

@@ -1,0 +1,46 @@
+"""Options shared by several commands, declared once (help text included)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+Params = Annotated[
+    str | None,
+    typer.Option("--params", "-p", help="Parameter count Ψ: 7B, 6.7b, 124M, 1.5T, 6.7e9, 6_738_415_616."),
+]
+Gpus = Annotated[
+    str, typer.Option("--gpus", "-n", metavar="N", help="N: data-parallel world size (GPUs of the run).")
+]
+GpusPerNode = Annotated[
+    str | None,
+    typer.Option("--gpus-per-node", "-g", help="g: GPUs per node [default: 8, or N when N is smaller]."),
+]
+StrategyOpt = Annotated[
+    str,
+    typer.Option(
+        "--strategy",
+        "-s",
+        help="all, or a comma list of ddp, zero1, zero2, shard_grad_op, zero3, hybrid_shard "
+        "(FSDP names such as no_shard, full_shard, hybrid are aliases).",
+    ),
+]
+Precision = Annotated[str, typer.Option("--precision", help="bf16-mixed, fp16-mixed, fp32 or bf16-pure.")]
+Optimizer = Annotated[
+    str,
+    typer.Option("--optimizer", help="adam, adamw, sgd (momentum), sgd-no-momentum, adafactor, adam-8bit."),
+]
+Fp32GradAccum = Annotated[
+    bool,
+    typer.Option("--fp32-grad-accum", help="Add a 4-byte fp32 gradient-accumulation buffer per parameter."),
+]
+OffloadOptimizer = Annotated[
+    str, typer.Option("--offload-optimizer", help="none, cpu or nvme (ZeRO-Offload / ZeRO-Infinity).")
+]
+OffloadParams = Annotated[str, typer.Option("--offload-params", help="none, cpu or nvme (zero3 only).")]
+Units = Annotated[str, typer.Option("--units", "-u", help="GiB (default), GB, MiB, MB, TiB, TB or B.")]
+GpuMemory = Annotated[
+    str | None, typer.Option("--gpu-memory", help="GPU memory, e.g. 80GiB: adds a fits/headroom column.")
+]
+Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON (exact integer bytes).")]

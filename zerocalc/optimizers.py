@@ -1,0 +1,127 @@
+"""Optimizer states per parameter: one table, one place.
+
+Each optimizer is a list of state tensors kept per parameter element. A state either has a fixed dtype
+(8-bit Adam's quantised moments) or follows the precision recipe's optimizer-state dtype (fp32 for the
+mixed and fp32 recipes, bf16 for ``bf16-pure``). Block-wise quantisation scales are counted per block.
+The fp32 master copy of mixed precision is added by ``zerocalc.memory`` from the recipe, not here.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict
+
+from zerocalc.dtypes import DType
+from zerocalc.errors import InputError
+from zerocalc.precision import PrecisionRecipe
+from zerocalc.units import ceil_div
+
+
+class OptimizerName(str, Enum):
+    ADAM = "adam"
+    ADAMW = "adamw"
+    SGD = "sgd"
+    SGD_NO_MOMENTUM = "sgd-no-momentum"
+    ADAFACTOR = "adafactor"
+    ADAM_8BIT = "adam-8bit"
+
+
+class StateTensor(BaseModel):
+    """One per-parameter optimizer state."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    dtype: DType | None = None
+    """Fixed dtype, or None to follow the recipe's optimizer-state dtype."""
+    block_size: int | None = None
+    """If set, one element of ``dtype`` per block of this many parameters (a quantisation scale)."""
+
+    def bytes_for(self, n_elements: int, recipe: PrecisionRecipe) -> int:
+        dtype = self.dtype or recipe.optimizer_state_dtype
+        count = n_elements if self.block_size is None else ceil_div(n_elements, self.block_size)
+        return count * dtype.bytes
+
+
+class OptimizerSpec(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: OptimizerName
+    states: tuple[StateTensor, ...]
+    assumption: str
+    """What the count assumes, shown to the user."""
+
+    def state_bytes(self, n_elements: int, recipe: PrecisionRecipe) -> dict[str, int]:
+        """Bytes of each state for a shard of ``n_elements`` parameters."""
+        return {state.name: state.bytes_for(n_elements, recipe) for state in self.states}
+
+
+_ADAM_MOMENTS = (StateTensor(name="exp_avg"), StateTensor(name="exp_avg_sq"))
+
+# bitsandbytes Adam8bit: uint8 state1/state2 plus one fp32 absmax per 256-element block for each
+# (bitsandbytes/optim/optimizer.py, Optimizer2State.init_state, block_wise=True, blocksize = 256).
+BNB_BLOCK_SIZE = 256
+
+OPTIMIZERS: dict[OptimizerName, OptimizerSpec] = {
+    spec.name: spec
+    for spec in (
+        OptimizerSpec(
+            name=OptimizerName.ADAM,
+            states=_ADAM_MOMENTS,
+            assumption="Adam: first and second moments (m, v) per parameter (Kingma & Ba 2015)",
+        ),
+        OptimizerSpec(
+            name=OptimizerName.ADAMW,
+            states=_ADAM_MOMENTS,
+            assumption="AdamW: first and second moments (m, v) per parameter (Loshchilov & Hutter 2019)",
+        ),
+        OptimizerSpec(
+            name=OptimizerName.SGD,
+            states=(StateTensor(name="momentum_buffer"),),
+            assumption="SGD with momentum: one momentum buffer per parameter",
+        ),
+        OptimizerSpec(
+            name=OptimizerName.SGD_NO_MOMENTUM,
+            states=(),
+            assumption="SGD without momentum: no per-parameter state",
+        ),
+        OptimizerSpec(
+            name=OptimizerName.ADAFACTOR,
+            states=(),
+            assumption=(
+                "Adafactor without first moment (beta1=None, Shazeer & Stern 2018): the second moment of "
+                "an r x c matrix is factored into r + c values, counted as 0 bytes per parameter "
+                "(under 0.1% of the model for transformer-sized matrices)"
+            ),
+        ),
+        OptimizerSpec(
+            name=OptimizerName.ADAM_8BIT,
+            states=(
+                StateTensor(name="state1_uint8", dtype=DType.INT8),
+                StateTensor(name="state2_uint8", dtype=DType.INT8),
+                StateTensor(name="absmax1", dtype=DType.FP32, block_size=BNB_BLOCK_SIZE),
+                StateTensor(name="absmax2", dtype=DType.FP32, block_size=BNB_BLOCK_SIZE),
+            ),
+            assumption=(
+                f"8-bit Adam (bitsandbytes, block-wise): m and v in 1 byte each plus one fp32 scale per "
+                f"{BNB_BLOCK_SIZE}-element block for each, 2.03125 bytes per parameter"
+            ),
+        ),
+    )
+}
+
+_ALIASES = {
+    "adam8bit": OptimizerName.ADAM_8BIT,
+    "adamw-8bit": OptimizerName.ADAM_8BIT,
+    "sgd-momentum": OptimizerName.SGD,
+}
+
+
+def parse_optimizer(text: str) -> OptimizerSpec:
+    key = text.strip().lower().replace("_", "-")
+    name = _ALIASES.get(key) or next((n for n in OptimizerName if n.value == key), None)
+    if name is None:
+        accepted = ", ".join(n.value for n in OptimizerName)
+        raise InputError(f"--optimizer {text!r} is not known; accepted: {accepted}")
+    return OPTIMIZERS[name]

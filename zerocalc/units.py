@@ -1,0 +1,192 @@
+"""Parsing and formatting of counts, byte sizes and bandwidths.
+
+Every size in the core is an exact integer number of bytes; units only appear at the edges: when a user
+types ``80GiB`` or ``7B`` and when a table is rendered. Decimal prefixes are powers of 1000 (SI), binary
+prefixes powers of 1024 (IEC 80000-13).
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from enum import Enum
+
+from zerocalc.errors import InputError
+
+
+class ByteUnit(str, Enum):
+    """Units a byte count can be rendered in. The value is the spelling users type."""
+
+    B = "B"
+    KB = "KB"
+    KiB = "KiB"
+    MB = "MB"
+    MiB = "MiB"
+    GB = "GB"
+    GiB = "GiB"
+    TB = "TB"
+    TiB = "TiB"
+
+    @property
+    def factor(self) -> int:
+        return _BYTE_FACTORS[self.value]
+
+
+_BYTE_FACTORS: dict[str, int] = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+    "TiB": 2**40,
+}
+
+# Parameter-count suffixes, as model cards write them (7B, 124M, 1.5T). "G" is accepted as a synonym of B.
+_COUNT_FACTORS: dict[str, int] = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+
+_NUMBER = r"[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?"
+_COUNT_RE = re.compile(rf"^\s*(?P<num>[+-]?(?:{_NUMBER}))\s*(?P<suffix>[kKmMbBgGtT]?)\s*$")
+_BYTES_RE = re.compile(rf"^\s*(?P<num>{_NUMBER})\s*(?P<unit>[A-Za-z]*)\s*$")
+_BANDWIDTH_RE = re.compile(rf"^\s*(?P<num>{_NUMBER})\s*(?P<unit>[A-Za-z]*)\s*(?:/\s*s)?\s*$")
+
+
+def _decimal(text: str, what: str, accepted: str) -> Decimal:
+    try:
+        return Decimal(text.replace("_", ""))
+    except InvalidOperation as exc:  # pragma: no cover - the regexes only pass valid numbers
+        raise InputError(f"{what} {text!r} is not a number; accepted: {accepted}") from exc
+
+
+def _exact_int(value: Decimal, original: str, what: str, accepted: str) -> int:
+    if value != value.to_integral_value():
+        raise InputError(f"{what} {original!r} is not a whole number; accepted: {accepted}")
+    return int(value)
+
+
+PARAMS_ACCEPTED = "a positive count such as 7B, 6.7b, 124M, 1.5T, 6.7e9, 6_738_415_616 or 124439808"
+
+
+def parse_count(text: str | int, what: str = "--params") -> int:
+    """Parse a positive count with an optional K/M/B/T suffix (powers of 1000) into an exact integer."""
+    if isinstance(text, int):
+        if text <= 0:
+            raise InputError(f"{what} {text} must be positive; accepted: {PARAMS_ACCEPTED}")
+        return text
+    match = _COUNT_RE.match(text)
+    if not match:
+        raise InputError(f"{what} {text!r} is not understood; accepted: {PARAMS_ACCEPTED}")
+    value = _decimal(match["num"], what, PARAMS_ACCEPTED) * _COUNT_FACTORS[match["suffix"].upper()]
+    count = _exact_int(value, text, what, PARAMS_ACCEPTED)
+    if count <= 0:
+        raise InputError(f"{what} {text!r} must be positive; accepted: {PARAMS_ACCEPTED}")
+    return count
+
+
+BYTES_ACCEPTED = "a size such as 80GiB, 80GB, 512MiB, 1.5TB or a plain number of bytes"
+
+
+def parse_bytes(text: str | int, what: str = "size") -> int:
+    """Parse a byte size such as ``80GiB`` or ``1.5TB`` into an exact integer number of bytes."""
+    if isinstance(text, int):
+        if text < 0:
+            raise InputError(f"{what} {text} must not be negative; accepted: {BYTES_ACCEPTED}")
+        return text
+    match = _BYTES_RE.match(text)
+    unit = _canonical_byte_unit(match["unit"]) if match else None
+    if not match or unit is None:
+        raise InputError(f"{what} {text!r} is not understood; accepted: {BYTES_ACCEPTED}")
+    value = _decimal(match["num"], what, BYTES_ACCEPTED) * _BYTE_FACTORS[unit]
+    return _exact_int(value, text, what, BYTES_ACCEPTED)
+
+
+def _canonical_byte_unit(unit: str) -> str | None:
+    if unit in ("", "b", "B"):
+        return "B"
+    for name in _BYTE_FACTORS:
+        if unit.lower() == name.lower():
+            # "KB" vs "KiB" differ by the "i"; case is otherwise forgiven (gb, Gib).
+            return name
+    return None
+
+
+BANDWIDTH_ACCEPTED = "a rate such as 450GB/s, 50 GB/s, 25GiB/s, 400Gbit/s or 400Gbps"
+
+
+def parse_bandwidth(text: str | float, what: str = "bandwidth") -> float:
+    """Parse a bandwidth into bytes per second.
+
+    ``B`` is bytes and ``b``/``bit`` is bits, as network specs write them: ``450GB/s`` (NVLink-class bus
+    bandwidth), ``400Gb/s`` = ``400Gbit/s`` = ``400Gbps`` = 50 GB/s (an InfiniBand NDR port).
+    """
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        match = _BANDWIDTH_RE.match(text)
+        if not match:
+            raise InputError(f"{what} {text!r} is not understood; accepted: {BANDWIDTH_ACCEPTED}")
+        unit = match["unit"].removesuffix("ps")
+        bits = False
+        if unit.endswith("bit"):
+            bits, unit = True, unit[: -len("bit")]
+        elif unit.endswith("b"):
+            bits, unit = True, unit[:-1]
+        else:
+            unit = unit.removesuffix("B")
+        canonical = _canonical_byte_unit(unit + "B")
+        if canonical is None:
+            raise InputError(f"{what} {text!r} has an unknown unit; accepted: {BANDWIDTH_ACCEPTED}")
+        number = _decimal(match["num"], what, BANDWIDTH_ACCEPTED)
+        value = float(number * _BYTE_FACTORS[canonical] / (8 if bits else 1))
+    if not value > 0:
+        raise InputError(f"{what} {text!r} must be positive; accepted: {BANDWIDTH_ACCEPTED}")
+    return value
+
+
+def parse_byte_unit(text: str) -> ByteUnit:
+    """Resolve ``--units`` (GB, GiB, MB, MiB, B, ...; case-insensitive apart from the binary ``i``)."""
+    canonical = _canonical_byte_unit(text.strip())
+    if canonical is None:
+        accepted = ", ".join(u.value for u in ByteUnit)
+        raise InputError(f"--units {text!r} is not a unit; accepted: {accepted}")
+    return ByteUnit(canonical)
+
+
+def format_bytes(n_bytes: int | float, unit: ByteUnit, digits: int = 2) -> str:
+    """Render a byte count in ``unit`` (no unit suffix: tables say the unit in their header)."""
+    if unit is ByteUnit.B:
+        return f"{round(n_bytes):,}"
+    return f"{n_bytes / unit.factor:,.{digits}f}"
+
+
+def format_count(count: int) -> str:
+    """Render a parameter count the way model cards do: 6.74B, 124.44M."""
+    for suffix, factor in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if count >= factor:
+            return (
+                f"{count / factor:.3g}{suffix}" if count / factor < 100 else f"{count / factor:.4g}{suffix}"
+            )
+    return str(count)
+
+
+def format_seconds(seconds: float) -> str:
+    """Render a duration with a unit fitting its size (µs, ms, s)."""
+    if seconds == 0:
+        return "0"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.3f} s"
+
+
+def format_bandwidth(bytes_per_second: float) -> str:
+    """Render a bandwidth in GB/s (decimal, as NCCL and nccl-tests report it)."""
+    return f"{bytes_per_second / 1e9:.1f} GB/s"
+
+
+def ceil_div(numerator: int, denominator: int) -> int:
+    """Integer ceiling division for non-negative numerators."""
+    return -(-numerator // denominator)
