@@ -1,0 +1,105 @@
+"""Bandwidth calibrations written by ``zerocalc bench`` and read by ``zerocalc comm``.
+
+A calibration holds the raw measurements of a sweep and, per collective and kind of process group, the
+least-squares fit of nccl-tests' time model ``t = α + factor(n)·S / β``: α is the latency in seconds and β
+the bus bandwidth in bytes per second (nccl-tests ``doc/PERFORMANCE.md``; ``factor`` is
+:mod:`zerocalc.collectives`' single definition). The file is JSON from these pydantic models.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+from pydantic import BaseModel, Field, ValidationError
+
+from zerocalc.atomic import write_text_atomic
+from zerocalc.collectives import Collective
+from zerocalc.errors import InputError
+
+CALIBRATION_SCHEMA_VERSION = 1
+
+
+class GroupKind(str, Enum):
+    """Which ranks a measured (or modelled) collective runs over."""
+
+    WORLD = "world"
+    """All ranks of the run."""
+    INTRA_NODE = "intra_node"
+    """The ranks of one node (NVLink/PCIe, or shared memory on CPU)."""
+    INTER_NODE = "inter_node"
+    """One rank per node (the network)."""
+
+
+class Measurement(BaseModel):
+    """One row of a sweep, as nccl-tests prints it."""
+
+    collective: Collective
+    group_kind: GroupKind
+    group_size: int = Field(ge=1)
+    size_bytes: int = Field(ge=0, description="S, bytes of the whole array (nccl-tests' convention)")
+    count: int = Field(ge=0, description="elements of the whole array")
+    dtype: str
+    time_s: float = Field(ge=0, description="slowest rank's time per iteration, averaged over iterations")
+    algbw_Bps: float = Field(ge=0, description="S / t")
+    busbw_Bps: float = Field(ge=0, description="algbw · factor(n)")
+    errors: int | None = Field(default=None, description="wrong elements found by --check, None if unchecked")
+
+
+class CollectiveFit(BaseModel):
+    """t = α + factor(n)·S / β fitted over a sweep by least squares."""
+
+    collective: Collective
+    group_kind: GroupKind
+    group_size: int = Field(ge=1)
+    latency_s: float = Field(ge=0, description="α")
+    bus_bandwidth_Bps: float = Field(gt=0, description="β")
+    peak_busbw_Bps: float = Field(ge=0, description="largest measured busbw of the sweep")
+    points: int = Field(ge=1)
+
+
+class Calibration(BaseModel):
+    schema_version: int = CALIBRATION_SCHEMA_VERSION
+    created_at: str = Field(description="ISO 8601 date and time of the measurement (UTC)")
+    backend: str = Field(description="nccl or gloo")
+    device_name: str
+    torch_version: str
+    nccl_version: str | None = None
+    world_size: int = Field(ge=1)
+    nodes: int = Field(ge=1)
+    gpus_per_node: int = Field(ge=1)
+    dtype: str
+    measurements: list[Measurement]
+    fits: list[CollectiveFit]
+
+    def fit_for(self, collective: Collective, group_kind: GroupKind) -> CollectiveFit | None:
+        return next((f for f in self.fits if f.collective is collective and f.group_kind is group_kind), None)
+
+
+def save_calibration(calibration: Calibration, path: str | Path) -> Path:
+    """Write atomically (see :mod:`zerocalc.atomic`)."""
+    return write_text_atomic(path, calibration.model_dump_json(indent=2) + "\n")
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    """Read and validate a calibration; any problem is one :class:`InputError` line naming the file."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"--calibration {str(file)!r} cannot be read ({exc.strerror or exc})") from exc
+    try:
+        calibration = Calibration.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "file"
+        raise InputError(
+            f"--calibration {str(file)!r} is not a zerocalc calibration ({where}: {first['msg']}); "
+            "accepted: a file written by `zerocalc bench`"
+        ) from exc
+    if calibration.schema_version != CALIBRATION_SCHEMA_VERSION:
+        raise InputError(
+            f"--calibration {str(file)!r} has schema_version {calibration.schema_version}; "
+            f"accepted: {CALIBRATION_SCHEMA_VERSION}"
+        )
+    return calibration
