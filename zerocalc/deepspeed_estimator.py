@@ -1,0 +1,139 @@
+"""DeepSpeed's own model-state estimators, reproduced exactly (for the ``deepspeed`` framework profile).
+
+Source: DeepSpeed 0.19.8, ``deepspeed/runtime/zero/stage_1_and_2.py::estimate_zero2_model_states_mem_needs``
+and ``deepspeed/runtime/zero/stage3.py::estimate_zero3_model_states_mem_needs``. The arithmetic below
+follows theirs operation by operation (Python floats, then ``int()``), so the bytes are identical to what
+DeepSpeed returns; its ``*_all_cold`` printers show them divided by 2**30 but labelled "GB".
+
+What the DeepSpeed estimator leaves out (and zerocalc's other lines add): activations, communication
+buckets and prefetch buffers beyond one "largest layer", the CUDA context and NCCL communicators, and
+allocator fragmentation. Its per-GPU sharded term is 18 bytes per parameter (2 fp16 grads + 4 fp32 grads
++ 4 fp32 params + 8 Adam states) where the ZeRO paper's accounting has 2 + 12 = 14; the extra 4 are
+DeepSpeed's fp32 gradient partition. ``largest_layer_params`` is DeepSpeed's: the most parameters held
+directly (``recurse=False``) by any one module, e.g. the embedding matrix.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+DEEPSPEED_VERSION = "0.19.8"
+ADDITIONAL_BUFFER_FACTOR = 1.5
+"""DeepSpeed's unexplained default safety factor on host memory."""
+
+
+class DeepSpeedEstimate(BaseModel):
+    stage: int = Field(description="ZeRO stage (2 or 3)")
+    offload_optimizer: bool = Field(description="DeepSpeed's cpu_offload")
+    offload_params: bool = Field(description="DeepSpeed's cpu_offload_params (stage 3)")
+    zero_init: bool = Field(description="deepspeed.zero.Init used to build the model (stage 3)")
+    cpu_bytes: int = Field(description="host memory per node, as DeepSpeed returns it")
+    gpu_bytes: int = Field(description="GPU memory per GPU, as DeepSpeed returns it")
+    largest_layer_bytes: int | None = Field(default=None, description="4 x largest_layer_params (stage 3)")
+
+
+def zero2_model_states(
+    total_params: int,
+    num_gpus_per_node: int = 1,
+    num_nodes: int = 1,
+    cpu_offload: bool = True,
+    additional_buffer_factor: float = ADDITIONAL_BUFFER_FACTOR,
+) -> DeepSpeedEstimate:
+    """``estimate_zero2_model_states_mem_needs`` (DeepSpeed 0.19.8)."""
+    total_gpus = num_nodes * num_gpus_per_node
+    if cpu_offload:
+        gpu_mem = 2 * total_params
+        cpu_mem = total_params * max(4 * total_gpus, 16) * additional_buffer_factor
+    else:
+        # 2 = params_16bit; 18 = 2 grads_16bit + 4 grads_32bit + 4 params_32bit + 8 optimizer states
+        gpu_mem = 2 * total_params + int(18 * total_params / total_gpus)
+        cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+    return DeepSpeedEstimate(
+        stage=2,
+        offload_optimizer=cpu_offload,
+        offload_params=False,
+        zero_init=False,
+        cpu_bytes=int(cpu_mem),
+        gpu_bytes=int(gpu_mem),
+    )
+
+
+def zero3_model_states(
+    total_params: int,
+    largest_layer_params: int,
+    num_gpus_per_node: int = 1,
+    num_nodes: int = 1,
+    cpu_offload: bool = True,
+    cpu_offload_params: bool = True,
+    zero_init: bool = True,
+    additional_buffer_factor: float = ADDITIONAL_BUFFER_FACTOR,
+) -> DeepSpeedEstimate:
+    """``estimate_zero3_model_states_mem_needs`` (DeepSpeed 0.19.8)."""
+    total_gpus = num_nodes * num_gpus_per_node
+    gpus_factor = 1 / num_nodes
+    largest_layer_memory = 4 * largest_layer_params
+    if cpu_offload:
+        if cpu_offload_params:
+            gpu_mem = largest_layer_memory
+            if zero_init:
+                cpu_mem = total_params * 18 * gpus_factor * additional_buffer_factor
+            else:
+                cpu_mem = (
+                    total_params * max(4 * num_gpus_per_node, 18 * gpus_factor) * additional_buffer_factor
+                )
+        else:
+            gpu_mem = largest_layer_memory + int(2 * total_params / total_gpus)
+            if zero_init:
+                cpu_mem = total_params * 16 * gpus_factor * additional_buffer_factor
+            else:
+                cpu_mem = (
+                    total_params * max(4 * num_gpus_per_node, 16 * gpus_factor) * additional_buffer_factor
+                )
+    else:
+        gpu_mem = largest_layer_memory + int(18 * total_params / total_gpus)
+        if zero_init:
+            cpu_mem = largest_layer_params * 4 * num_gpus_per_node * additional_buffer_factor
+        else:
+            cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+    return DeepSpeedEstimate(
+        stage=3,
+        offload_optimizer=cpu_offload,
+        offload_params=cpu_offload and cpu_offload_params,
+        zero_init=zero_init,
+        cpu_bytes=int(cpu_mem),
+        gpu_bytes=int(gpu_mem),
+        largest_layer_bytes=largest_layer_memory,
+    )
+
+
+def zero3_variants(
+    total_params: int, largest_layer_params: int, num_gpus_per_node: int = 1, num_nodes: int = 1
+) -> list[DeepSpeedEstimate]:
+    """The rows ``estimate_zero3_model_states_mem_needs_all_cold`` prints, in its order."""
+    rows = []
+    for cpu_offload in (True, False):
+        for cpu_offload_params in (True, False):
+            if not cpu_offload and cpu_offload_params:
+                continue
+            for zero_init in (True, False):
+                rows.append(
+                    zero3_model_states(
+                        total_params,
+                        largest_layer_params,
+                        num_gpus_per_node,
+                        num_nodes,
+                        cpu_offload,
+                        cpu_offload_params,
+                        zero_init,
+                    )
+                )
+    return rows
+
+
+def zero2_variants(
+    total_params: int, num_gpus_per_node: int = 1, num_nodes: int = 1
+) -> list[DeepSpeedEstimate]:
+    """The rows ``estimate_zero2_model_states_mem_needs_all_cold`` prints, in its order."""
+    return [
+        zero2_model_states(total_params, num_gpus_per_node, num_nodes, offload) for offload in (True, False)
+    ]
