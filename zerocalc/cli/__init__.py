@@ -81,3 +81,6 @@ from zerocalc.cli import memory as _memory  # noqa: E402,F401
 def main() -> None:
     """Console-script entry point."""
     app()
+
+
+from zerocalc.cli import comm as _comm  # noqa: E402,F401

@@ -1,0 +1,145 @@
+"""Communication model against hand-computed volumes and times."""
+
+from __future__ import annotations
+
+import pytest
+
+from zerocalc.calibration import Calibration, CollectiveFit, GroupKind, save_calibration
+from zerocalc.collectives import COLLECTIVES, Collective
+from zerocalc.comm import BandwidthSource, Scope, estimate_comm
+from zerocalc.errors import InputError
+
+PSI = 7_000_000_000
+
+
+def test_ddp_all_reduce_of_bf16_gradients_on_8_gpus() -> None:
+    est = estimate_comm(PSI, 8, strategies="ddp", intra_node_bw="100GB/s", latency_s=0.0)
+    (c,) = est.row("ddp").collectives
+    assert (c.op, c.message_bytes, c.group_size, c.spans_nodes) == (
+        Collective.ALL_REDUCE,
+        14 * 10**9,
+        8,
+        False,
+    )
+    assert c.bytes_sent_per_gpu == 24_500_000_000  # 2 * 7/8 * 14e9
+    assert c.time_s == pytest.approx(0.245)  # 24.5e9 / 100e9
+
+
+def test_zero_stages_at_a_equals_1_match_the_zero_paper_section_7() -> None:
+    est = estimate_comm(PSI, 8, strategies="ddp,zero1,zero2,zero3")
+    ddp = est.row("ddp").total_bytes_per_gpu
+    assert est.row("zero1").total_bytes_per_gpu == ddp == est.row("zero2").total_bytes_per_gpu
+    assert est.row("zero3").total_bytes_per_gpu == 3 * ddp // 2  # 3Ψ vs 2Ψ
+    assert est.row("zero3").ratio_to_ddp == 1.5
+
+
+def test_gradient_accumulation_follows_each_framework() -> None:
+    a = 4
+    est = estimate_comm(PSI, 8, strategies="ddp,zero1,zero2,shard_grad_op,zero3", grad_accum=a)
+    one_pass = 7 * 14 * 10**9 // 8  # (n-1)/n * S for S = 14e9 bytes
+    assert est.row("ddp").total_bytes_per_gpu == 2 * one_pass  # no_sync: once per step
+    assert est.row("zero1").total_bytes_per_gpu == 2 * one_pass
+    assert est.row("zero2").total_bytes_per_gpu == a * one_pass + one_pass  # RS every micro-batch
+    assert est.row("shard_grad_op").total_bytes_per_gpu == 2 * a * one_pass  # AG + RS per micro-batch
+    assert est.row("zero3").total_bytes_per_gpu == 3 * a * one_pass
+
+
+def test_reduce_dtype_fp32_doubles_gradient_traffic_only() -> None:
+    base = estimate_comm(PSI, 8, strategies="zero1")
+    fp32 = estimate_comm(PSI, 8, strategies="zero1", reduce_dtype="fp32")
+    rs_base, ag_base = base.row("zero1").collectives
+    rs, ag = fp32.row("zero1").collectives
+    assert rs.message_bytes == 2 * rs_base.message_bytes and rs.dtype.value == "fp32"
+    assert ag.message_bytes == ag_base.message_bytes and ag.dtype.value == "bf16"
+
+
+def test_sharded_messages_are_padded_to_whole_shards() -> None:
+    est = estimate_comm(10, 3, strategies="zero3", precision="fp32")
+    ag = est.row("zero3").collectives[0]
+    assert ag.message_bytes == 12 * 4  # ceil(10/3) * 3 elements * 4 bytes
+    assert ag.bytes_sent_per_gpu == 2 * 4 * 4  # (n-1) shards of 4 elements
+
+
+def test_reduce_scatter_plus_all_gather_equals_all_reduce() -> None:
+    for n in (2, 3, 8, 64, 1000):
+        s = 4 * n * 12345
+        rs = COLLECTIVES[Collective.REDUCE_SCATTER].bytes_sent_per_rank(s, n)
+        ag = COLLECTIVES[Collective.ALL_GATHER].bytes_sent_per_rank(s, n)
+        assert rs + ag == COLLECTIVES[Collective.ALL_REDUCE].bytes_sent_per_rank(s, n)
+
+
+def test_single_gpu_sends_nothing() -> None:
+    est = estimate_comm(PSI, 1)
+    for row in est.strategies:
+        assert row.collectives == [] and row.total_bytes_per_gpu == 0 and row.time_s == 0
+        assert row.ratio_to_ddp is None
+    assert est.notes
+
+
+def test_hybrid_shard_by_hand_intra_and_inter_node() -> None:
+    # 64 GPUs, 8 per node, bf16: inside a node AG fwd + AG bwd + RS of S = 14e9 over 8 ranks;
+    # across the 8 nodes an all_reduce of each rank's shard S = 14e9 / 8 = 1.75e9 bytes.
+    est = estimate_comm(
+        PSI, 64, 8, strategies="hybrid", intra_node_bw="400GB/s", inter_node_bw="40GB/s", latency_s=1e-5
+    )
+    row = est.row("hybrid_shard")
+    intra = 3 * 7 * 14 * 10**9 // 8  # 36.75e9
+    inter = 2 * 7 * 1_750_000_000 // 8  # 3.0625e9
+    assert row.intra_node_bytes_per_gpu == intra
+    assert row.inter_node_bytes_per_gpu == inter
+    across = row.collectives[-1]
+    assert (across.group, across.group_size, across.message_bytes) == (Scope.ACROSS_NODES, 8, 1_750_000_000)
+    expected_time = 3 * (1e-5 + intra / 3 / 400e9) + (1e-5 + inter / 40e9)
+    assert row.time_s == pytest.approx(expected_time)
+
+
+def test_world_group_spanning_nodes_runs_at_inter_node_bandwidth() -> None:
+    est = estimate_comm(PSI, 16, 8, strategies="ddp", intra_node_bw="400GB/s", inter_node_bw="25GB/s")
+    (c,) = est.row("ddp").collectives
+    assert c.spans_nodes and c.bus_bandwidth_Bps == 25e9 and c.bandwidth_source is BandwidthSource.EXPLICIT
+
+
+def test_compute_side_6_psi_t_over_n_f() -> None:
+    est = estimate_comm(PSI, 8, strategies="ddp", tokens_per_step="1M", tflops=500.0)
+    assert est.compute is not None
+    assert est.compute.seconds == pytest.approx(6 * PSI * 10**6 / (8 * 500e12))  # 10.5 s
+    row = est.row("ddp")
+    assert row.hidden_time_s == pytest.approx(min(row.time_s, est.compute.seconds))
+    assert row.exposed_time_s == 0.0
+
+
+def test_calibration_fits_replace_the_defaults(tmp_path) -> None:
+    fit = CollectiveFit(
+        collective=Collective.ALL_REDUCE, group_kind=GroupKind.WORLD, group_size=8,
+        latency_s=5e-5, bus_bandwidth_Bps=120e9, peak_busbw_Bps=118e9, points=10,
+    )  # fmt: skip
+    cal = Calibration(
+        created_at="2026-11-22T00:00:00Z", backend="nccl", device_name="test", torch_version="2.13.0",
+        world_size=8, nodes=1, gpus_per_node=8, dtype="bf16", measurements=[], fits=[fit],
+    )  # fmt: skip
+    save_calibration(cal, tmp_path / "cal.json")
+    est = estimate_comm(PSI, 8, strategies="ddp,zero1", calibration=cal, calibration_name="cal.json")
+    (ar,) = est.row("ddp").collectives
+    assert ar.bandwidth_source is BandwidthSource.CALIBRATION
+    assert ar.time_s == pytest.approx(5e-5 + 24.5e9 / 120e9)
+    rs, _ = est.row("zero1").collectives  # no reduce_scatter fit: falls back to the stated default
+    assert rs.bandwidth_source is BandwidthSource.DEFAULT
+    assert est.calibration_used == "cal.json"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"grad_accum": 0}, "--grad-accum 0"),
+        ({"reduce_dtype": "fp8"}, "'fp8'"),
+        ({"intra_node_bw": "fast"}, "'fast'"),
+        ({"tflops": 100.0}, "--tokens-per-step"),
+        ({"gpus": 12, "gpus_per_node": 8, "strategies": "hybrid"}, "--gpus 12"),
+        ({"latency_s": -1.0}, "--latency"),
+    ],
+)
+def test_bad_input(kwargs: dict, fragment: str) -> None:
+    args = {"gpus": 8, **kwargs}
+    with pytest.raises(InputError) as info:
+        estimate_comm(PSI, **args)
+    assert fragment in str(info.value) and "accepted" in str(info.value)
