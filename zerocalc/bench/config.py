@@ -14,6 +14,14 @@ DEFAULT_MIN_BYTES = 1024
 DEFAULT_MAX_BYTES_GPU = 2**30
 DEFAULT_MAX_BYTES_CPU = 64 * 2**20
 
+ERROR_DIR_ENV = "ZEROCALC_BENCH_ERROR_DIR"
+"""Set by the launcher: a rank writes its one-line error to ``<dir>/rank<N>.err`` for the launcher to
+report (one message for the whole job) instead of printing it."""
+TEST_EXIT_ENV = "ZEROCALC_BENCH_TEST_EXIT_RANK"
+"""Tests only: ``RANK:CODE`` makes that rank exit with CODE right after joining the group."""
+TEST_HANG_ENV = "ZEROCALC_BENCH_TEST_HANG_RANK"
+"""Tests only: that rank sleeps forever right after joining the group."""
+
 
 class BenchConfig(BaseModel):
     collectives: list[Collective]

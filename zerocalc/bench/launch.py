@@ -15,9 +15,11 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-from zerocalc.bench.config import BenchConfig
+from zerocalc.bench.config import ERROR_DIR_ENV, BenchConfig
 from zerocalc.bench.topology import launched_by
 
 GRACE_S = 10.0
@@ -61,7 +63,9 @@ def spawn(config: BenchConfig, nproc: int) -> int:
     port = free_port()
     payload = config.model_dump_json()
     procs: list[subprocess.Popen[bytes]] = []
+    errors = tempfile.TemporaryDirectory(prefix="zerocalc-bench-")
     base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    base[ERROR_DIR_ENV] = errors.name
     try:
         for rank in range(nproc):
             env = dict(
@@ -76,23 +80,31 @@ def spawn(config: BenchConfig, nproc: int) -> int:
                 OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
             )
             procs.append(subprocess.Popen([sys.executable, "-m", "zerocalc.bench.worker", payload], env=env))
-        return _watch(procs, config.timeout_s + GRACE_S)
+        return _watch(procs, config.timeout_s + GRACE_S, Path(errors.name))
     finally:
         _stop(procs)
+        errors.cleanup()
 
 
-def _watch(procs: list[subprocess.Popen[bytes]], limit_s: float) -> int:
+def _watch(procs: list[subprocess.Popen[bytes]], limit_s: float, errors: Path) -> int:
     deadline = time.monotonic() + limit_s
     while True:
         codes = [p.poll() for p in procs]
-        for rank, code in enumerate(codes):
-            if code is not None and code != 0:
-                _stop(procs)
-                if code == 2:  # bad input: the worker already said which, in one line
-                    return 2
-                if code == 3:
-                    raise BenchFailed(f"rank {rank} stopped: the run passed --timeout", 1)
-                raise BenchFailed(f"rank {rank} {describe_exit(code)}; the other ranks were stopped", 1)
+        failed = [rank for rank, code in enumerate(codes) if code is not None and code != 0]
+        if failed:
+            # The first rank seen failing is the cause; peers fail after it ("connection closed by peer").
+            # A rank that died without a word (killed, os._exit) is preferred over peers reporting it.
+            silent = [r for r in failed if not _said(errors, r)]
+            rank = (silent or failed)[0]
+            code = codes[rank]
+            assert code is not None
+            _stop(procs)
+            said = _said(errors, rank)
+            if code == 2:  # bad input: the worker's one line names the value
+                raise BenchFailed(said or f"rank {rank} refused the input", 2)
+            if said:
+                raise BenchFailed(f"{said}; the other ranks were stopped", 1)
+            raise BenchFailed(f"rank {rank} {describe_exit(code)}; the other ranks were stopped", 1)
         if all(code == 0 for code in codes):
             return 0
         if time.monotonic() > deadline:
@@ -103,6 +115,12 @@ def _watch(procs: list[subprocess.Popen[bytes]], limit_s: float) -> int:
                 "all ranks were stopped"
             )
         time.sleep(0.05)
+
+
+def _said(errors: Path, rank: int) -> str:
+    with contextlib.suppress(OSError):
+        return (errors / f"rank{rank}.err").read_text(encoding="utf-8").strip()
+    return ""
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:

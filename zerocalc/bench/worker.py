@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zerocalc.bench.config import BenchConfig
+from zerocalc.bench.config import ERROR_DIR_ENV, TEST_EXIT_ENV, TEST_HANG_ENV, BenchConfig
 from zerocalc.bench.fit import fit_alpha_beta
 from zerocalc.bench.sweep import SweepPoint, buffer_bytes, sweep_points
 from zerocalc.bench.topology import Placement, node_groups, placement_from_env, rendezvous_env
@@ -39,8 +39,27 @@ EXIT_TIMEOUT = 3
 
 
 def _say(message: str) -> None:
+    folder = os.environ.get(ERROR_DIR_ENV)
+    if folder:
+        with (
+            contextlib.suppress(OSError),
+            open(
+                os.path.join(folder, f"rank{os.environ.get('RANK', '0')}.err"), "w", encoding="utf-8"
+            ) as handle,
+        ):
+            handle.write(message + "\n")
+        return
     sys.stderr.write(f"zerocalc: error: {message}\n")
     sys.stderr.flush()
+
+
+def _test_faults(rank: int) -> None:
+    exit_rank, _, code = os.environ.get(TEST_EXIT_ENV, "").partition(":")
+    if exit_rank == str(rank):
+        os._exit(int(code or 1))
+    if os.environ.get(TEST_HANG_ENV) == str(rank):
+        while True:
+            time.sleep(3600)
 
 
 def torch_function(collective: Collective) -> Any:
@@ -175,12 +194,14 @@ def check_memory(config: BenchConfig, world_size: int, ranks_sharing: int, devic
     need = max(
         buffer_bytes(c, _largest(config, c, world_size).size_bytes, world_size) for c in config.collectives
     )
+    largest = max(_largest(config, c, world_size).size_bytes for c in config.collectives)
     total = need * ranks_sharing
     free = available_bytes(device)
     if free is not None and total > free:
         where = f"GPU {device.index}" if device.type == "cuda" else f"this node ({ranks_sharing} ranks)"
         raise InputError(
-            f"--max-bytes {config.max_bytes} needs {format_bytes(total, ByteUnit.GiB)} GiB of buffers "
+            f"--max-bytes {config.max_bytes}: the largest size S = {largest:,} bytes needs "
+            f"{format_bytes(total, ByteUnit.GiB)} GiB of buffers "
             f"on {where} "
             f"but only {format_bytes(free, ByteUnit.GiB)} GiB is free; accepted: a smaller --max-bytes"
         )
@@ -195,7 +216,7 @@ def _largest(config: BenchConfig, collective: Collective, n: int) -> SweepPoint:
 # -------------------------------------------------------------------------------------------------- run
 def _watchdog(timeout_s: float, rank: int) -> None:
     def fire() -> None:
-        _say(f"rank {rank}: the run did not finish within --timeout {timeout_s:g} s; stopping")
+        _say(f"rank {rank}: the run did not finish within --timeout {timeout_s:g} s")
         os._exit(EXIT_TIMEOUT)
 
     timer = threading.Timer(timeout_s, fire)
@@ -224,7 +245,7 @@ def run(config: BenchConfig, placement: Placement | None = None) -> int:
         sharing = 1 if device.type == "cuda" else placement.local_world_size
         check_memory(config, placement.world_size, sharing, device)
     except InputError as exc:
-        if placement.rank == 0:
+        if placement.rank == 0 or os.environ.get(ERROR_DIR_ENV):
             _say(str(exc))
         return EXIT_BAD_INPUT
     try:
@@ -238,6 +259,7 @@ def run(config: BenchConfig, placement: Placement | None = None) -> int:
     except Exception as exc:
         _say(f"rank {placement.rank}: could not join the process group ({_first_line(exc)})")
         return EXIT_FAILED
+    _test_faults(placement.rank)
     try:
         calibration = _measure(config, placement, device)
     except Exception as exc:
@@ -254,8 +276,9 @@ def run(config: BenchConfig, placement: Placement | None = None) -> int:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    lines = str(exc).strip().splitlines()
+    text = lines[0].split(". This is typically")[0] if lines else type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _measure(config: BenchConfig, placement: Placement, device: Any) -> Calibration | None:
