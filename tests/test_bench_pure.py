@@ -140,3 +140,10 @@ def test_bad_input_is_one_line(args: list[str], fragment: str, monkeypatch: pyte
     result = runner.invoke(app, ["bench", *args])
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1 and fragment in result.stderr, result.stderr
+
+
+def test_default_collectives_are_the_three_zero_uses() -> None:
+    from zerocalc.bench.defaults import DEFAULT_COLLECTIVES_TEXT
+    from zerocalc.bench.sweep import DEFAULT_COLLECTIVES
+
+    assert ",".join(c.value for c in DEFAULT_COLLECTIVES) == DEFAULT_COLLECTIVES_TEXT

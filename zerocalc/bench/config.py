@@ -7,13 +7,6 @@ from pydantic import BaseModel, Field
 from zerocalc.collectives import Collective
 from zerocalc.dtypes import DType
 
-DEFAULT_TIMEOUT_S = 300
-DEFAULT_WARMUP = 5
-DEFAULT_ITERS = 20
-DEFAULT_MIN_BYTES = 1024
-DEFAULT_MAX_BYTES_GPU = 2**30
-DEFAULT_MAX_BYTES_CPU = 64 * 2**20
-
 ERROR_DIR_ENV = "ZEROCALC_BENCH_ERROR_DIR"
 """Set by the launcher: a rank writes its one-line error to ``<dir>/rank<N>.err`` for the launcher to
 report (one message for the whole job) instead of printing it."""

@@ -94,8 +94,10 @@ def _watch(procs: list[subprocess.Popen[bytes]], limit_s: float, errors: Path) -
         if failed:
             # The first rank seen failing is the cause; peers fail after it ("connection closed by peer").
             # A rank that died without a word (killed, os._exit) is preferred over peers reporting it.
-            silent = [r for r in failed if not _said(errors, r)]
-            rank = (silent or failed)[0]
+            # Then a rank that passed --timeout (a hang) over peers that saw the connection close.
+            rank = min(
+                failed, key=lambda r, c=codes: (0 if not _said(errors, r) else 1 if c[r] == 3 else 2, r)
+            )
             code = codes[rank]
             assert code is not None
             _stop(procs)

@@ -10,30 +10,27 @@ import importlib.util
 import os
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from zerocalc.bench.config import (
+from zerocalc.bench.defaults import (
+    DEFAULT_COLLECTIVES_TEXT,
     DEFAULT_ITERS,
     DEFAULT_MAX_BYTES_CPU,
     DEFAULT_MAX_BYTES_GPU,
     DEFAULT_TIMEOUT_S,
     DEFAULT_WARMUP,
-    BenchConfig,
 )
-from zerocalc.bench.sweep import DEFAULT_COLLECTIVES
-from zerocalc.calibration import Calibration, GroupKind, save_calibration
 from zerocalc.cli import app, fail
-from zerocalc.cli.render import console, print_json
-from zerocalc.collectives import COLLECTIVES, parse_collective
-from zerocalc.dtypes import DType, parse_dtype
 from zerocalc.errors import InputError
-from zerocalc.units import parse_bytes
 
-DEFAULT_COLLECTIVES_TEXT = ",".join(c.value for c in DEFAULT_COLLECTIVES)
+if TYPE_CHECKING:
+    from zerocalc.bench.config import BenchConfig
+    from zerocalc.calibration import Calibration
+    from zerocalc.collectives import Collective
+
 NEEDS_TORCH = "zerocalc bench needs PyTorch; install it with: pip install 'zerocalc[bench]'"
-BENCH_DTYPES = (DType.BF16, DType.FP16, DType.FP32)
 
 # Option names must not be prefixes of torchrun's own options (torchrun prefix-matches them).
 Collectives = Annotated[
@@ -45,7 +42,8 @@ Collectives = Annotated[
 ]
 MinBytes = Annotated[str, typer.Option("--min-bytes", help="Smallest S (bytes of the whole array).")]
 MaxBytes = Annotated[
-    str | None, typer.Option("--max-bytes", help="Largest S [default: 1GiB on GPU, 64MiB on CPU].")
+    str | None,
+    typer.Option("--max-bytes", help="Largest S.", show_default="1GiB on GPU, 64MiB on CPU"),
 ]
 StepFactor = Annotated[
     int, typer.Option("--step-factor", help="Multiply S by this from one size to the next.")
@@ -56,15 +54,25 @@ Iters = Annotated[int, typer.Option("--iters", help="Timed iterations per size."
 Check = Annotated[bool, typer.Option("--check", help="Verify each collective's result once per size.")]
 Nproc = Annotated[
     int | None,
-    typer.Option("--nproc", help="Processes to spawn on this node [default: one per visible GPU, else 2]."),
+    typer.Option(
+        "--nproc",
+        help="Processes to spawn on this node (not under torchrun/srun).",
+        show_default="one per visible GPU, else 2",
+    ),
 ]
-Backend = Annotated[str | None, typer.Option("--backend", help="nccl or gloo [default: nccl with GPUs].")]
+Backend = Annotated[
+    str | None, typer.Option("--backend", help="nccl or gloo.", show_default="nccl with GPUs, else gloo")
+]
 Timeout = Annotated[
     float, typer.Option("--timeout", help="Seconds before a hung or failed run is stopped (all ranks).")
 ]
 Out = Annotated[
     Path | None,
-    typer.Option("--out", help="Calibration file [default: $XDG_CACHE_HOME/zerocalc/calibration-….json]."),
+    typer.Option(
+        "--out",
+        help="Calibration file to write (atomically, by rank 0).",
+        show_default="$XDG_CACHE_HOME/zerocalc/calibration-<backend>-<N>x<device>-<time>.json",
+    ),
 ]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print the calibration JSON on stdout (no tables).")]
 
@@ -88,8 +96,12 @@ def bench(
     """Measure all_reduce / reduce_scatter / all_gather (and more) and write a calibration for `comm`."""
     if importlib.util.find_spec("torch") is None:
         raise fail(NEEDS_TORCH)
+    from zerocalc.bench.config import BenchConfig
+    from zerocalc.dtypes import DType, parse_dtype
+    from zerocalc.units import parse_bytes
+
     chosen = _parse_collectives(collectives)
-    dt = parse_dtype(dtype, "--dtype", BENCH_DTYPES)
+    dt = parse_dtype(dtype, "--dtype", (DType.BF16, DType.FP16, DType.FP32))
     if warmup < 0:
         raise InputError(f"--warmup {warmup} is negative; accepted: 0 or more")
     if iters < 1:
@@ -143,7 +155,9 @@ def _checked_factor(step_factor: int) -> int:
     return step_factor
 
 
-def _parse_collectives(text: str) -> list:
+def _parse_collectives(text: str) -> list[Collective]:
+    from zerocalc.collectives import COLLECTIVES, parse_collective
+
     names = [t for t in (p.strip() for p in text.split(",")) if t]
     if not names:
         raise InputError("--collectives is empty; accepted: all or a comma list of " + _all_names())
@@ -153,6 +167,8 @@ def _parse_collectives(text: str) -> list:
 
 
 def _all_names() -> str:
+    from zerocalc.collectives import COLLECTIVES
+
     return ", ".join(c.value for c in COLLECTIVES)
 
 
@@ -184,6 +200,9 @@ def default_out_path(calibration: Calibration) -> Path:
 
 def finish(config: BenchConfig, calibration: Calibration) -> int:
     """Rank 0, after the sweep: write the file atomically, then print the tables (or the JSON)."""
+    from zerocalc.calibration import save_calibration
+    from zerocalc.cli.render import console, print_json
+
     path = Path(config.out) if config.out else default_out_path(calibration)
     try:
         saved = save_calibration(calibration, path)
@@ -203,6 +222,10 @@ def finish(config: BenchConfig, calibration: Calibration) -> int:
 
 def render_calibration(calibration: Calibration, checked: bool) -> None:
     from rich.table import Table
+
+    from zerocalc.calibration import GroupKind
+    from zerocalc.cli.render import console
+    from zerocalc.collectives import COLLECTIVES
 
     out = console()
     nccl = f", NCCL {calibration.nccl_version}" if calibration.nccl_version else ""
