@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -225,6 +227,7 @@ def test_a_sweep_larger_than_memory_is_refused_up_front(tmp_path: Path) -> None:
 
 BLOCK_TORCH = """
 import sys
+import time
 class _NoTorch:
     def find_spec(self, name, path=None, target=None):
         if name == "torch" or name.startswith("torch."):
@@ -271,3 +274,20 @@ def test_the_cli_starts_without_torch(tmp_path: Path) -> None:
     code = "import sys, zerocalc.cli; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert result.stdout.strip() == "False"
+
+
+def test_ctrl_c_stops_every_spawned_process(tmp_path: Path) -> None:
+    out = tmp_path / "never.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zerocalc", "bench", "--nproc", "2", "--iters", "1000", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(tmp_path), start_new_session=True,
+    )  # fmt: skip
+    time.sleep(3.5)  # the ranks have started and are measuring
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C: the whole process group
+    _, stderr = proc.communicate(timeout=20)
+    assert proc.returncode == 130, stderr
+    assert stderr == "zerocalc: interrupted; every spawned process was stopped\n"
+    time.sleep(0.2)
+    left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert left == [], left
+    assert not out.exists()

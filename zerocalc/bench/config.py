@@ -29,4 +29,3 @@ class BenchConfig(BaseModel):
     timeout_s: float = Field(gt=0)
     out: str | None = Field(default=None, description="calibration path; None: the default under the cache")
     json_output: bool = False
-    max_bytes_given: bool = Field(default=True, description="False: the default max, which depends on device")

@@ -99,6 +99,8 @@ def _watch(procs: list[subprocess.Popen[bytes]], limit_s: float, errors: Path) -
                 failed, key=lambda r, c=codes: (0 if not _said(errors, r) else 1 if c[r] == 3 else 2, r)
             )
             code = codes[rank]
+            if code in (130, -signal.SIGINT):  # Ctrl-C reached the ranks: the CLI says "interrupted"
+                raise KeyboardInterrupt
             assert code is not None
             _stop(procs)
             said = _said(errors, rank)

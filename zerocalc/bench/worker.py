@@ -22,6 +22,11 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+if __name__ == "__main__":
+    # Ctrl-C reaches every process of the terminal's group: a spawned rank stops quietly (even while
+    # importing torch) and the launcher, which got the same Ctrl-C, reports it once.
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+
 import torch
 import torch.distributed as dist
 
@@ -450,8 +455,6 @@ def build_calibration(
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    # Ctrl-C reaches every process of the terminal's group: a rank stops quietly, the launcher reports.
-    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
     config = BenchConfig.model_validate_json(argv[0])
     return run(config)
 

@@ -145,6 +145,9 @@ def bench(
         code = run_bench(config, nproc or 1)
     except BenchFailed as exc:
         raise fail(str(exc), exc.exit_code) from None
+    except KeyboardInterrupt:  # typer turns it into a silent Exit(130); the spawned ranks are stopped
+        typer.echo("zerocalc: interrupted; every spawned process was stopped", err=True)
+        raise typer.Exit(130) from None
     if code:
         raise typer.Exit(code)
 
