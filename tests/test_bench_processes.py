@@ -207,10 +207,8 @@ def test_a_hung_rank_is_stopped_after_the_timeout(tmp_path: Path) -> None:
     assert result.returncode == 1
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("zerocalc: error: rank "), result.stderr
-    assert (
-        lines[0] == "zerocalc: error: rank 1: the run did not finish within --timeout 3 s; "
-        "the other ranks were stopped"
-    )
+    # The hung rank's watchdog or its waiting peer's process-group timeout: either names --timeout.
+    assert "--timeout 3 s" in lines[0] and lines[0].endswith("the other ranks were stopped"), lines[0]
     assert not out.exists()
 
 

@@ -132,6 +132,7 @@ runner = CliRunner()
         (["--min-bytes", "8KiB", "--max-bytes", "1KiB"], "--max-bytes 1024 is smaller than --min-bytes 8192"),
         (["--backend", "mpi"], "--backend 'mpi' is not accepted; accepted: nccl, gloo"),
         (["--backend", "nccl"], "--backend nccl needs a CUDA GPU"),
+        (["--nproc", "1"], "--nproc 1 is not accepted; accepted: 2 or more processes"),
     ],
 )
 def test_bad_input_is_one_line(args: list[str], fragment: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -237,6 +237,9 @@ def run(config: BenchConfig, placement: Placement | None = None) -> int:
     except InputError as exc:
         _say(str(exc))
         return EXIT_BAD_INPUT
+    if placement.world_size < 2:
+        _say(f"a world of {placement.world_size} rank has nothing to measure; accepted: 2 or more ranks")
+        return EXIT_BAD_INPUT
     _watchdog(config.timeout_s, placement.rank)
     if config.backend == "nccl":
         if not torch.cuda.is_available():
@@ -248,7 +251,8 @@ def run(config: BenchConfig, placement: Placement | None = None) -> int:
         device = torch.device("cpu")
     try:
         sharing = 1 if device.type == "cuda" else placement.local_world_size
-        check_memory(config, placement.world_size, sharing, device)
+        # Buffers are largest for the smallest group (shards of S/n): size them for n = 2.
+        check_memory(config, 2, sharing, device)
     except InputError as exc:
         if placement.rank == 0 or os.environ.get(ERROR_DIR_ENV):
             _say(str(exc))
@@ -268,6 +272,12 @@ def run(config: BenchConfig, placement: Placement | None = None) -> int:
     try:
         calibration = _measure(config, placement, device)
     except Exception as exc:
+        if "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
+            _say(
+                f"rank {placement.rank}: a collective did not complete within "
+                f"--timeout {config.timeout_s:g} s (a peer hung or died)"
+            )
+            os._exit(EXIT_TIMEOUT)
         _say(f"rank {placement.rank}: {type(exc).__name__}: {_first_line(exc)}")
         os._exit(EXIT_FAILED)  # peers may be gone: a clean tear-down could hang
     gc.collect()

@@ -108,8 +108,8 @@ def bench(
         raise InputError(f"--iters {iters} is not accepted; accepted: 1 or more")
     if not timeout > 0:
         raise InputError(f"--timeout {timeout:g} is not accepted; accepted: seconds > 0")
-    if nproc is not None and nproc < 1:
-        raise InputError(f"--nproc {nproc} is not accepted; accepted: 1 or more processes")
+    if nproc is not None and nproc < 2:
+        raise InputError(f"--nproc {nproc} is not accepted; accepted: 2 or more processes")
 
     from zerocalc.bench.launch import BenchFailed, run_bench
     from zerocalc.bench.topology import launched_by
@@ -119,6 +119,11 @@ def bench(
     if launched_by() is None:
         if nproc is None:
             nproc = gpus if chosen_backend == "nccl" else 2
+        if nproc < 2:
+            raise InputError(
+                f"{gpus} GPU visible: a collective needs 2 or more ranks; accepted: a node with 2+ GPUs, "
+                "or --backend gloo --nproc 2"
+            )
         if chosen_backend == "nccl" and nproc > gpus:
             raise InputError(
                 f"--nproc {nproc} with nccl needs {nproc} GPUs, {gpus} visible; accepted: ≤ {gpus}"
