@@ -75,6 +75,7 @@ def _root() -> None:
 
 
 # Command modules register themselves on ``app`` when imported.
+from zerocalc.cli import bench as _bench  # noqa: E402,F401
 from zerocalc.cli import memory as _memory  # noqa: E402,F401
 
 

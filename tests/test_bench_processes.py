@@ -1,0 +1,316 @@
+"""`zerocalc bench` with real processes on CPU (gloo): spawned, under torchrun, and two simulated nodes.
+
+Sizes are tiny and iterations few: these tests check structure, factors and correctness, never bandwidth
+values (2 shared cores are noisy; see FIELD-NOTES).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from zerocalc.calibration import GroupKind, load_calibration
+from zerocalc.collectives import COLLECTIVES, Collective
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent
+TINY = ["--min-bytes", "1KiB", "--max-bytes", "16KiB", "--step-factor", "4", "--warmup", "1", "--iters", "3"]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))
+    }
+    env.update(
+        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", XDG_CACHE_HOME=str(tmp_path), OMP_NUM_THREADS="1"
+    )
+    return env
+
+
+def _zerocalc(
+    *args: str, tmp_path: Path, timeout: float = 60, **extra: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "zerocalc", *args],
+        capture_output=True,
+        text=True,
+        env={**_env(tmp_path), **extra},
+        timeout=timeout,
+    )
+
+
+def _keys(path: Path) -> list[tuple[str, str, int, int]]:
+    cal = load_calibration(path)
+    return [(m.collective.value, m.group_kind.value, m.group_size, m.size_bytes) for m in cal.measurements]
+
+
+def test_spawned_world_of_two_runs_every_collective_and_passes_check(tmp_path: Path) -> None:
+    out = tmp_path / "cal.json"
+    result = _zerocalc(
+        "bench",
+        "--nproc",
+        "2",
+        "--collectives",
+        "all",
+        "--check",
+        "--json",
+        "--out",
+        str(out),
+        *TINY,
+        tmp_path=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)  # --json: the calibration on stdout, nothing else
+    cal = load_calibration(out)
+    assert printed == json.loads(cal.model_dump_json())
+    assert f"calibration written to {out}" in result.stderr
+    assert (cal.backend, cal.world_size, cal.nodes, cal.gpus_per_node, cal.dtype) == ("gloo", 2, 1, 2, "bf16")
+    assert {m.collective for m in cal.measurements} == set(Collective)
+    assert {m.group_kind for m in cal.measurements} == {GroupKind.WORLD}
+    for m in cal.measurements:
+        assert m.errors == 0, m
+        assert m.time_s > 0
+        factor = float(COLLECTIVES[m.collective].bus_factor(m.group_size))
+        assert m.busbw_Bps / m.algbw_Bps == pytest.approx(factor)
+        assert m.algbw_Bps == pytest.approx(m.size_bytes / m.time_s)
+    assert [m.size_bytes for m in cal.measurements if m.collective is Collective.ALL_REDUCE] == [
+        1024,
+        4096,
+        16384,
+    ]
+    assert len(cal.fits) == 5 and all(f.bus_bandwidth_Bps > 0 and f.points == 3 for f in cal.fits)
+    assert not list(tmp_path.glob(".cal.json.*"))  # no temporary file left behind
+
+
+def test_tables_and_default_path(tmp_path: Path) -> None:
+    result = _zerocalc("bench", "--nproc", "2", "--check", *TINY, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    for text in ("all_reduce — world groups of 2", "busbw (GB/s)", "#wrong", "Summary", "α (µs)", "no wrong"):
+        assert text in result.stdout
+    written = list((tmp_path / "zerocalc").glob("calibration-gloo-2x*.json"))
+    assert len(written) == 1 and str(written[0]) in result.stdout.replace("\n", "")
+
+
+def test_torchrun_gives_the_same_shape(tmp_path: Path) -> None:
+    out = tmp_path / "torchrun.json"
+    result = subprocess.run(
+        [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "zerocalc", "bench",
+         "--check", "--out", str(out), *TINY],
+        capture_output=True, text=True, env=_env(tmp_path), timeout=90,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("Summary") == 1  # rank 0 alone prints
+    spawned = tmp_path / "spawned.json"
+    assert _zerocalc("bench", "--nproc", "2", "--out", str(spawned), *TINY, tmp_path=tmp_path).returncode == 0
+    assert _keys(out) == _keys(spawned)
+    cal = load_calibration(out)
+    assert all(m.errors == 0 for m in cal.measurements)
+    assert (cal.world_size, cal.nodes, cal.gpus_per_node) == (2, 1, 2)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_two_simulated_nodes_measure_intra_and_inter_node_groups(tmp_path: Path) -> None:
+    out = tmp_path / "two-nodes.json"
+    port = str(_free_port())
+    agents = [
+        subprocess.Popen(
+            [
+                str(BIN / "torchrun"),
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "2",
+                "--node-rank",
+                str(node),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                port,
+                "-m",
+                "zerocalc",
+                "bench",
+                "--check",
+                "--out",
+                str(out),
+                "--min-bytes",
+                "1KiB",
+                "--max-bytes",
+                "4KiB",
+                "--warmup",
+                "1",
+                "--iters",
+                "2",
+                "--timeout",
+                "60",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(tmp_path),
+        )
+        for node in (0, 1)
+    ]
+    try:
+        results = [agent.communicate(timeout=120) for agent in agents]
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+    assert [a.returncode for a in agents] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    cal = load_calibration(out)
+    assert (cal.world_size, cal.nodes, cal.gpus_per_node) == (4, 2, 2)
+    kinds = {(f.group_kind, f.group_size) for f in cal.fits}
+    assert kinds == {(GroupKind.WORLD, 4), (GroupKind.INTRA_NODE, 2), (GroupKind.INTER_NODE, 2)}
+    assert len(cal.fits) == 9  # 3 collectives × 3 group kinds
+    assert all(m.errors == 0 for m in cal.measurements)
+
+
+def test_a_dead_rank_stops_the_job_with_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "never.json"
+    result = _zerocalc(
+        "bench",
+        "--nproc",
+        "2",
+        "--out",
+        str(out),
+        *TINY,
+        tmp_path=tmp_path,
+        ZEROCALC_BENCH_TEST_EXIT_RANK="1:17",
+    )
+    assert result.returncode == 1
+    assert result.stderr == "zerocalc: error: rank 1 exited with code 17; the other ranks were stopped\n"
+    assert not out.exists()
+
+
+def test_a_hung_rank_is_stopped_after_the_timeout(tmp_path: Path) -> None:
+    out = tmp_path / "never.json"
+    result = _zerocalc(
+        "bench", "--nproc", "2", "--timeout", "3", "--out", str(out), *TINY,
+        tmp_path=tmp_path, timeout=30, ZEROCALC_BENCH_TEST_HANG_RANK="1",
+    )  # fmt: skip
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("zerocalc: error: rank "), result.stderr
+    # The hung rank's watchdog or its waiting peer's process-group timeout: either names --timeout.
+    assert "--timeout 3 s" in lines[0] and lines[0].endswith("the other ranks were stopped"), lines[0]
+    assert not out.exists()
+
+
+def test_a_sweep_larger_than_memory_is_refused_up_front(tmp_path: Path) -> None:
+    result = _zerocalc("bench", "--nproc", "2", "--max-bytes", "64TiB", tmp_path=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert (
+        "needs" in result.stderr
+        and "GiB is free" in result.stderr
+        and "accepted: a smaller --max-bytes" in (result.stderr)
+    )
+
+
+BLOCK_TORCH = """
+import sys
+import time
+class _NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError("No module named 'torch'", name=name)
+        return None
+sys.meta_path.insert(0, _NoTorch())
+import importlib.util
+_find_spec = importlib.util.find_spec
+def _hidden(name, package=None):
+    return None if name == "torch" or name.startswith("torch.") else _find_spec(name, package)
+importlib.util.find_spec = _hidden
+sys.argv = ["zerocalc", *sys.argv[1:]]
+from zerocalc.cli import main
+main()
+"""
+
+
+def test_missing_torch_is_one_line_and_memory_still_works(tmp_path: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", BLOCK_TORCH, *args],
+            capture_output=True,
+            text=True,
+            env=_env(tmp_path),
+            timeout=30,
+        )
+
+    bench = run("bench", "--nproc", "2")
+    assert bench.returncode == 2
+    assert bench.stderr == (
+        "zerocalc: error: zerocalc bench needs PyTorch; install it with: pip install 'zerocalc[bench]'\n"
+    )
+    memory = run("memory", "--params", "7B", "--gpus", "4")
+    assert memory.returncode == 0, memory.stderr
+    assert "ZeRO-3" in memory.stdout
+    probe = subprocess.run(
+        [sys.executable, "-c", BLOCK_TORCH.replace("from zerocalc.cli import main\nmain()", "import torch")],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert probe.returncode != 0 and "No module named 'torch'" in probe.stderr  # the blocker really blocks
+
+
+def test_the_cli_starts_without_torch(tmp_path: Path) -> None:
+    code = "import sys, zerocalc.cli; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert result.stdout.strip() == "False"
+
+
+def test_ctrl_c_stops_every_spawned_process(tmp_path: Path) -> None:
+    out = tmp_path / "never.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zerocalc", "bench", "--nproc", "2", "--iters", "1000", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(tmp_path), start_new_session=True,
+    )  # fmt: skip
+    time.sleep(3.5)  # the ranks have started and are measuring
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C: the whole process group
+    _, stderr = proc.communicate(timeout=20)
+    assert proc.returncode == 130, stderr
+    assert stderr == "zerocalc: interrupted; every spawned process was stopped\n"
+    time.sleep(0.2)
+    left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert left == [], left
+    assert not out.exists()
+
+
+def test_a_measured_calibration_drives_comm_times(tmp_path: Path) -> None:
+    """bench writes a calibration from real gloo collectives; comm then times with its fits, and says so."""
+    out = tmp_path / "cal.json"
+    bench = _zerocalc("bench", "--nproc", "2", "--out", str(out), *TINY, tmp_path=tmp_path)
+    assert bench.returncode == 0, bench.stderr
+    base = ["comm", "--params", "1B", "--gpus", "2", "-s", "ddp,zero1", "--json"]
+    stated = json.loads(_zerocalc(*base, tmp_path=tmp_path).stdout)
+    measured_run = _zerocalc(*base, "--calibration", str(out), tmp_path=tmp_path)
+    assert measured_run.returncode == 0, measured_run.stderr
+    measured = json.loads(measured_run.stdout)
+    cal = load_calibration(out)
+    assert measured["calibration_used"] == str(out)
+    for before, after in zip(stated["strategies"], measured["strategies"], strict=True):
+        assert (
+            after["total_bytes_per_gpu"] == before["total_bytes_per_gpu"]
+        )  # bytes do not depend on bandwidth
+        for c in after["collectives"]:
+            fit = cal.fit_for(Collective(c["op"]), GroupKind.WORLD)
+            assert fit is not None and c["bandwidth_source"] == "calibration"
+            assert c["time_s"] == pytest.approx(
+                fit.latency_s + c["bytes_sent_per_gpu"] / fit.bus_bandwidth_Bps
+            )
+        assert after["time_s"] != before["time_s"]

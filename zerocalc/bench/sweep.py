@@ -1,0 +1,91 @@
+"""The sizes of a sweep and the memory it needs (pure, no torch).
+
+S is the size in bytes of the whole array, as in nccl-tests (see :mod:`zerocalc.collectives`). For the
+collectives whose per-rank buffer is a shard of S (reduce_scatter, all_gather) or that send one block of
+S/n to each rank (all_to_all), the element count is rounded down to a multiple of the group size n, as
+nccl-tests does, so every rank holds the same whole number of elements.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from zerocalc.collectives import COLLECTIVES, Collective
+from zerocalc.errors import InputError
+
+DEFAULT_COLLECTIVES: tuple[Collective, ...] = (
+    Collective.ALL_REDUCE,
+    Collective.REDUCE_SCATTER,
+    Collective.ALL_GATHER,
+)
+"""The three collectives ZeRO and FSDP issue."""
+
+
+class SweepPoint(BaseModel):
+    size_bytes: int = Field(ge=0, description="S, bytes of the whole array")
+    count: int = Field(ge=1, description="elements of the whole array")
+
+
+def splits_evenly(collective: Collective) -> bool:
+    """The whole array is cut into n equal blocks (one per rank)."""
+    spec = COLLECTIVES[collective]
+    return spec.input_is_shard or spec.output_is_shard or collective is Collective.ALL_TO_ALL
+
+
+def sweep_points(
+    collective: Collective,
+    group_size: int,
+    dtype_bytes: int,
+    min_bytes: int,
+    max_bytes: int,
+    step_factor: int,
+) -> list[SweepPoint]:
+    """Sizes min, min·f, min·f², ... ≤ max, each rounded down to whole elements (and to a multiple of n
+    elements where the array is split over ranks); at least one element (n elements) per point."""
+    check_sweep(min_bytes, max_bytes, step_factor)
+    multiple = group_size if splits_evenly(collective) else 1
+    points: list[SweepPoint] = []
+    size = min_bytes
+    while size <= max_bytes:
+        count = max(size // dtype_bytes // multiple * multiple, multiple)
+        if not points or points[-1].count != count:
+            points.append(SweepPoint(size_bytes=count * dtype_bytes, count=count))
+        size *= step_factor
+    return points
+
+
+def check_sweep(min_bytes: int, max_bytes: int, step_factor: int) -> None:
+    if min_bytes < 1:
+        raise InputError(f"--min-bytes {min_bytes} must be at least 1 byte; accepted: a size such as 1KiB")
+    if max_bytes < min_bytes:
+        raise InputError(
+            f"--max-bytes {max_bytes} is smaller than --min-bytes {min_bytes}; accepted: max ≥ min"
+        )
+    if step_factor < 2:
+        raise InputError(f"--step-factor {step_factor} is not accepted; accepted: a whole number ≥ 2")
+
+
+def buffer_bytes(collective: Collective, size_bytes: int, group_size: int) -> int:
+    """Bytes one rank allocates for one point: input + output (+ the expected result of ``--check``).
+
+    all_reduce and broadcast work in place (S); reduce_scatter holds S in and S/n out; all_gather S/n in
+    and S out; all_to_all S in and S out. ``--check`` adds one more output-sized buffer.
+    """
+    spec = COLLECTIVES[collective]
+    shard = size_bytes // group_size
+    if collective in (Collective.ALL_REDUCE, Collective.BROADCAST):
+        return 2 * size_bytes  # the buffer and the expected result
+    input_bytes = shard if spec.input_is_shard else size_bytes
+    output_bytes = shard if spec.output_is_shard else size_bytes
+    return input_bytes + 2 * output_bytes
+
+
+def sweep_memory(
+    collectives: list[Collective], group_size: int, dtype_bytes: int, max_bytes: int, min_bytes: int = 1
+) -> int:
+    """The most bytes one rank holds at once during a sweep (points are measured one at a time)."""
+    most = 0
+    for collective in collectives:
+        points = sweep_points(collective, group_size, dtype_bytes, min(min_bytes, max_bytes), max_bytes, 2)
+        most = max(most, buffer_bytes(collective, points[-1].size_bytes, group_size))
+    return most

@@ -1,0 +1,308 @@
+"""``zerocalc bench``: measure collectives with torch.distributed and write a calibration for ``comm``.
+
+Thin: parse the options into a :class:`~zerocalc.bench.config.BenchConfig`, hand it to the launcher, and
+(on rank 0) render the tables and write the file. torch is imported only once the command runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from zerocalc.bench.defaults import (
+    DEFAULT_COLLECTIVES_TEXT,
+    DEFAULT_ITERS,
+    DEFAULT_MAX_BYTES_CPU,
+    DEFAULT_MAX_BYTES_GPU,
+    DEFAULT_TIMEOUT_S,
+    DEFAULT_WARMUP,
+)
+from zerocalc.cli import app, fail
+from zerocalc.errors import InputError
+
+if TYPE_CHECKING:
+    from zerocalc.bench.config import BenchConfig
+    from zerocalc.calibration import Calibration
+    from zerocalc.collectives import Collective
+
+NEEDS_TORCH = "zerocalc bench needs PyTorch; install it with: pip install 'zerocalc[bench]'"
+
+# Option names must not be prefixes of torchrun's own options (torchrun prefix-matches them).
+Collectives = Annotated[
+    str,
+    typer.Option(
+        "--collectives",
+        help="Comma list of all_reduce, reduce_scatter, all_gather, broadcast, all_to_all, or all.",
+    ),
+]
+MinBytes = Annotated[str, typer.Option("--min-bytes", help="Smallest S (bytes of the whole array).")]
+MaxBytes = Annotated[
+    str | None,
+    typer.Option("--max-bytes", help="Largest S.", show_default="1GiB on GPU, 64MiB on CPU"),
+]
+StepFactor = Annotated[
+    int, typer.Option("--step-factor", help="Multiply S by this from one size to the next.")
+]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")]
+Warmup = Annotated[int, typer.Option("--warmup", help="Untimed iterations per size.")]
+Iters = Annotated[int, typer.Option("--iters", help="Timed iterations per size.")]
+Check = Annotated[bool, typer.Option("--check", help="Verify each collective's result once per size.")]
+Nproc = Annotated[
+    int | None,
+    typer.Option(
+        "--nproc",
+        help="Processes to spawn on this node (not under torchrun/srun).",
+        show_default="one per visible GPU, else 2",
+    ),
+]
+Backend = Annotated[
+    str | None, typer.Option("--backend", help="nccl or gloo.", show_default="nccl with GPUs, else gloo")
+]
+Timeout = Annotated[
+    float, typer.Option("--timeout", help="Seconds before a hung or failed run is stopped (all ranks).")
+]
+Out = Annotated[
+    Path | None,
+    typer.Option(
+        "--out",
+        help="Calibration file to write (atomically, by rank 0).",
+        show_default="$XDG_CACHE_HOME/zerocalc/calibration-<backend>-<N>x<device>-<time>.json",
+    ),
+]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print the calibration JSON on stdout (no tables).")]
+
+
+@app.command()
+def bench(
+    collectives: Collectives = DEFAULT_COLLECTIVES_TEXT,
+    min_bytes: MinBytes = "1KiB",
+    max_bytes: MaxBytes = None,
+    step_factor: StepFactor = 2,
+    dtype: DtypeOpt = "bf16",
+    warmup: Warmup = DEFAULT_WARMUP,
+    iters: Iters = DEFAULT_ITERS,
+    check: Check = False,
+    nproc: Nproc = None,
+    backend: Backend = None,
+    timeout: Timeout = DEFAULT_TIMEOUT_S,
+    out: Out = None,
+    json: JsonOut = False,
+) -> None:
+    """Measure all_reduce / reduce_scatter / all_gather (and more) and write a calibration for `comm`."""
+    if importlib.util.find_spec("torch") is None:
+        raise fail(NEEDS_TORCH)
+    from zerocalc.bench.config import BenchConfig
+    from zerocalc.dtypes import DType, parse_dtype
+    from zerocalc.units import parse_bytes
+
+    chosen = _parse_collectives(collectives)
+    dt = parse_dtype(dtype, "--dtype", (DType.BF16, DType.FP16, DType.FP32))
+    if warmup < 0:
+        raise InputError(f"--warmup {warmup} is negative; accepted: 0 or more")
+    if iters < 1:
+        raise InputError(f"--iters {iters} is not accepted; accepted: 1 or more")
+    if not timeout > 0:
+        raise InputError(f"--timeout {timeout:g} is not accepted; accepted: seconds > 0")
+    if nproc is not None and nproc < 2:
+        raise InputError(f"--nproc {nproc} is not accepted; accepted: 2 or more processes")
+
+    from zerocalc.bench.launch import BenchFailed, run_bench
+    from zerocalc.bench.topology import launched_by
+
+    gpus = _visible_gpus()
+    chosen_backend = _parse_backend(backend, gpus)
+    if launched_by() is None:
+        if nproc is None:
+            nproc = gpus if chosen_backend == "nccl" else 2
+        if nproc < 2:
+            raise InputError(
+                f"{gpus} GPU visible: a collective needs 2 or more ranks; accepted: a node with 2+ GPUs, "
+                "or --backend gloo --nproc 2"
+            )
+        if chosen_backend == "nccl" and nproc > gpus:
+            raise InputError(
+                f"--nproc {nproc} with nccl needs {nproc} GPUs, {gpus} visible; accepted: ≤ {gpus}"
+            )
+    default_max = DEFAULT_MAX_BYTES_GPU if chosen_backend == "nccl" else DEFAULT_MAX_BYTES_CPU
+    config = BenchConfig(
+        collectives=chosen,
+        dtype=dt,
+        min_bytes=parse_bytes(min_bytes, "--min-bytes"),
+        max_bytes=parse_bytes(max_bytes, "--max-bytes") if max_bytes is not None else default_max,
+        step_factor=_checked_factor(step_factor),
+        warmup=warmup,
+        iters=iters,
+        check=check,
+        backend=chosen_backend,
+        timeout_s=timeout,
+        out=str(out) if out is not None else None,
+        json_output=json,
+    )
+    from zerocalc.bench.sweep import check_sweep
+
+    check_sweep(config.min_bytes, config.max_bytes, config.step_factor)
+    try:
+        code = run_bench(config, nproc or 1)
+    except BenchFailed as exc:
+        raise fail(str(exc), exc.exit_code) from None
+    except KeyboardInterrupt:  # typer turns it into a silent Exit(130); the spawned ranks are stopped
+        typer.echo("zerocalc: interrupted; every spawned process was stopped", err=True)
+        raise typer.Exit(130) from None
+    if code:
+        raise typer.Exit(code)
+
+
+def _checked_factor(step_factor: int) -> int:
+    if step_factor < 2:
+        raise InputError(f"--step-factor {step_factor} is not accepted; accepted: a whole number ≥ 2")
+    return step_factor
+
+
+def _parse_collectives(text: str) -> list[Collective]:
+    from zerocalc.collectives import COLLECTIVES, parse_collective
+
+    names = [t for t in (p.strip() for p in text.split(",")) if t]
+    if not names:
+        raise InputError("--collectives is empty; accepted: all or a comma list of " + _all_names())
+    if names == ["all"]:
+        return list(COLLECTIVES)
+    return list(dict.fromkeys(parse_collective(name) for name in names))
+
+
+def _all_names() -> str:
+    from zerocalc.collectives import COLLECTIVES
+
+    return ", ".join(c.value for c in COLLECTIVES)
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _parse_backend(backend: str | None, gpus: int) -> str:
+    if backend is None:
+        return "nccl" if gpus > 0 else "gloo"
+    key = backend.strip().lower()
+    if key not in ("nccl", "gloo"):
+        raise InputError(f"--backend {backend!r} is not accepted; accepted: nccl, gloo")
+    if key == "nccl" and gpus == 0:
+        raise InputError("--backend nccl needs a CUDA GPU, and none is visible; accepted: --backend gloo")
+    return key
+
+
+# ------------------------------------------------------------------------------------ rank 0: the output
+def default_out_path(calibration: Calibration) -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    device = re.sub(r"[^A-Za-z0-9]+", "-", calibration.device_name).strip("-").lower()[:40] or "device"
+    stamp = re.sub(r"[^0-9T]", "", calibration.created_at.split("+")[0])
+    name = f"calibration-{calibration.backend}-{calibration.world_size}x{device}-{stamp}.json"
+    return Path(cache) / "zerocalc" / name
+
+
+def finish(config: BenchConfig, calibration: Calibration) -> int:
+    """Rank 0, after the sweep: write the file atomically, then print the tables (or the JSON)."""
+    from zerocalc.calibration import save_calibration
+    from zerocalc.cli.render import console, print_json
+
+    path = Path(config.out) if config.out else default_out_path(calibration)
+    try:
+        saved = save_calibration(calibration, path)
+    except OSError as exc:
+        typer.echo(
+            f"zerocalc: error: --out {str(path)!r} cannot be written ({exc.strerror or exc})", err=True
+        )
+        return 2
+    if config.json_output:
+        print_json(calibration)
+        typer.echo(f"calibration written to {saved}", err=True)
+    else:
+        render_calibration(calibration, config.check)
+        console().print(f"calibration written to {saved}")
+    return 0
+
+
+def render_calibration(calibration: Calibration, checked: bool) -> None:
+    from rich.table import Table
+
+    from zerocalc.calibration import GroupKind
+    from zerocalc.cli.render import console
+    from zerocalc.collectives import COLLECTIVES
+
+    out = console()
+    nccl = f", NCCL {calibration.nccl_version}" if calibration.nccl_version else ""
+    out.print(
+        f"[bold]zerocalc bench[/bold]: {calibration.backend} on {calibration.device_name}, world "
+        f"{calibration.world_size} ({calibration.nodes} node(s) × {calibration.gpus_per_node} ranks), "
+        f"{calibration.dtype}, torch {calibration.torch_version}{nccl}"
+    )
+    for fit in calibration.fits:
+        rows = [
+            m
+            for m in calibration.measurements
+            if (m.collective, m.group_kind, m.group_size) == (fit.collective, fit.group_kind, fit.group_size)
+        ]
+        spec = COLLECTIVES[fit.collective]
+        table = Table(
+            title=f"{fit.collective.value} — {fit.group_kind.value} groups of {fit.group_size} "
+            f"(busbw = algbw × {spec.formula} = {float(spec.bus_factor(fit.group_size)):g})",
+            title_justify="left",
+            header_style="bold",
+        )
+        for name in ("size (B)", "count", "type", "time (µs)", "algbw (GB/s)", "busbw (GB/s)"):
+            table.add_column(name, justify="right")
+        if checked:
+            table.add_column("#wrong", justify="right")
+        for m in rows:
+            cells = [
+                f"{m.size_bytes:,}",
+                f"{m.count:,}",
+                m.dtype,
+                f"{m.time_s * 1e6:,.1f}",
+                f"{m.algbw_Bps / 1e9:.3f}",
+                f"{m.busbw_Bps / 1e9:.3f}",
+            ]
+            if checked:
+                cells.append("[red]" + str(m.errors) + "[/red]" if m.errors else str(m.errors))
+            table.add_row(*cells)
+        out.print(table)
+    summary = Table(
+        title="Summary: t = α + factor·S/β (least squares)", title_justify="left", header_style="bold"
+    )
+    for name, justify in (
+        ("collective", "left"),
+        ("group", "left"),
+        ("ranks", "right"),
+        ("α (µs)", "right"),
+        ("β (GB/s)", "right"),
+        ("peak busbw (GB/s)", "right"),
+        ("points", "right"),
+    ):
+        summary.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for fit in calibration.fits:
+        summary.add_row(
+            fit.collective.value,
+            fit.group_kind.value,
+            str(fit.group_size),
+            f"{fit.latency_s * 1e6:,.1f}",
+            f"{fit.bus_bandwidth_Bps / 1e9:.3f}",
+            f"{fit.peak_busbw_Bps / 1e9:.3f}",
+            str(fit.points),
+        )
+    out.print(summary)
+    if checked:
+        total = sum(m.errors or 0 for m in calibration.measurements)
+        out.print(
+            "[green]--check: no wrong elements[/green]"
+            if total == 0
+            else f"[red]--check: {total} wrong elements[/red]"
+        )
+    kinds = {f.group_kind for f in calibration.fits}
+    if calibration.nodes > 1 and GroupKind.INTER_NODE not in kinds:
+        out.print("[yellow]· nodes run different numbers of ranks: only the world was measured[/yellow]")
