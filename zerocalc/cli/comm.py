@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from zerocalc.cli import app, fail
 from zerocalc.cli import options as opt
 from zerocalc.cli.render import byte_cell, console, print_json, unit_label
-from zerocalc.comm import CommEstimate, LinkFigures, estimate_comm
 from zerocalc.units import ByteUnit, format_bandwidth, format_count, format_seconds, parse_byte_unit
+
+if TYPE_CHECKING:
+    from zerocalc.comm import CommEstimate, LinkFigures
 
 GradAccum = Annotated[int, typer.Option("--grad-accum", "-A", help="A: micro-batches per optimizer step.")]
 ReduceDtype = Annotated[
@@ -55,12 +57,11 @@ def comm(
     """Collectives of each strategy per optimizer step: bytes each GPU sends and the time they take."""
     if params is None:
         raise fail("--params is required; accepted: a count such as 7B, 124M or 6738415616")
-    unit = parse_byte_unit(units)
-    loaded = None
-    if calibration is not None:
-        from zerocalc.calibration import load_calibration
+    from zerocalc.calibration import load_calibration
+    from zerocalc.comm import estimate_comm
 
-        loaded = load_calibration(calibration)
+    unit = parse_byte_unit(units)
+    loaded = None if calibration is None else load_calibration(calibration)
     estimate = estimate_comm(
         params,
         gpus,

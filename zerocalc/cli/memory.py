@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from zerocalc.cli import app, fail
 from zerocalc.cli import options as opt
 from zerocalc.cli.render import byte_cell, console, print_json, unit_label
-from zerocalc.memory import Location, MemoryEstimate, StateKind, StrategyMemory, estimate_memory
 from zerocalc.units import ByteUnit, format_count, parse_byte_unit
 
-_STATE_COLUMNS: tuple[tuple[StateKind, str], ...] = (
-    (StateKind.PARAMS, "Params"),
-    (StateKind.GRADS, "Grads"),
-    (StateKind.GRAD_ACCUM, "fp32 grad acc."),
-    (StateKind.OPTIMIZER, "Optimizer"),
+if TYPE_CHECKING:
+    from zerocalc.memory import MemoryEstimate, StateKind, StrategyMemory
+
+_STATE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("params", "Params"),
+    ("grads", "Grads"),
+    ("grad_accum", "fp32 grad acc."),
+    ("optimizer", "Optimizer"),
 )
 
 
@@ -34,6 +38,8 @@ def memory(
     """Per-GPU bytes of parameters, gradients and optimizer states under DDP, ZeRO-1/2/3 and FSDP."""
     if params is None:
         raise fail("--params is required; accepted: a count such as 7B, 124M or 6738415616")
+    from zerocalc.memory import estimate_memory
+
     unit = parse_byte_unit(units)
     estimate = estimate_memory(
         params,
@@ -54,6 +60,8 @@ def memory(
 
 
 def _state_cell(row: StrategyMemory, kind: StateKind, unit: ByteUnit) -> str:
+    from zerocalc.memory import Location
+
     states = [s for s in row.states if s.kind is kind]
     if states and all(s.location is not Location.GPU for s in states):
         return f"[dim]→ {states[0].location.value}[/dim]"
@@ -62,6 +70,8 @@ def _state_cell(row: StrategyMemory, kind: StateKind, unit: ByteUnit) -> str:
 
 def render_memory(estimate: MemoryEstimate, unit: ByteUnit) -> None:
     from rich.table import Table
+
+    from zerocalc.memory import StateKind
 
     request = estimate.request
     bpp = estimate.bytes_per_parameter
@@ -81,8 +91,8 @@ def render_memory(estimate: MemoryEstimate, unit: ByteUnit) -> None:
 
     table = Table(title=None, header_style="bold")
     table.add_column("Strategy")
-    for kind, label in _STATE_COLUMNS:
-        if kind is StateKind.GRAD_ACCUM and not has_accum:
+    for key, label in _STATE_COLUMNS:
+        if key == StateKind.GRAD_ACCUM.value and not has_accum:
             continue
         table.add_column(label, justify="right")
     table.add_column("Total / GPU", justify="right", style="bold")
@@ -99,10 +109,10 @@ def render_memory(estimate: MemoryEstimate, unit: ByteUnit) -> None:
 
     for row in rows:
         cells = [row.title]
-        for kind, _ in _STATE_COLUMNS:
-            if kind is StateKind.GRAD_ACCUM and not has_accum:
+        for key, _ in _STATE_COLUMNS:
+            if key == StateKind.GRAD_ACCUM.value and not has_accum:
                 continue
-            cells.append(_state_cell(row, kind, unit))
+            cells.append(_state_cell(row, StateKind(key), unit))
         cells += [byte_cell(row.gpu_bytes, unit), f"{row.fraction_of_ddp:.1%}"]
         if has_cpu:
             cells += [byte_cell(row.cpu_bytes_per_gpu, unit), byte_cell(row.cpu_bytes_per_node, unit)]
