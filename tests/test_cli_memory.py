@@ -91,7 +91,7 @@ def test_offload_adds_host_columns() -> None:
         (["--params", "7B", "--offload-optimizer", "cpu", "-s", "ddp"], "--offload-optimizer cpu"),
         (["--params", "7B", "--gpus", "12", "--gpus-per-node", "8", "-s", "hybrid_shard"], "--gpus 12"),
         (["--params", "7B", "--no-such-option"], "--no-such-option"),
-        ([], "--params is required"),
+        ([], "give --params or --model"),
     ],
 )
 def test_bad_input_is_one_line_on_stderr_with_exit_2(args: list[str], fragment: str) -> None:

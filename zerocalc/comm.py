@@ -455,10 +455,12 @@ def resolve_bandwidths(
 
 
 def estimate_comm(
-    params: int | str,
+    params: int | str | None = None,
     gpus: int | str = 1,
     gpus_per_node: int | str | None = None,
     *,
+    model: str | None = None,
+    gpu: str | None = None,
     strategies: str | list[str] | None = None,
     precision: str = "bf16-mixed",
     grad_accum: int = 1,
@@ -471,7 +473,20 @@ def estimate_comm(
     tokens_per_step: int | str | None = None,
     tflops: float | None = None,
 ) -> CommEstimate:
-    """Library entry point: per-GPU bytes and time of every collective of each strategy, per step."""
+    """Library entry point: per-GPU bytes and time of every collective of each strategy, per step.
+
+    ``model`` (a preset or config.json) may replace ``params``; ``gpu`` (a GPU preset) supplies default
+    bandwidths, which explicit ``intra_node_bw``/``inter_node_bw`` and a calibration override.
+    """
+    from zerocalc.memory import resolve_params
+
+    psi, _ = resolve_params(params, model)
+    preset = None
+    if gpu is not None:
+        from zerocalc.presets import load_gpu
+
+        spec = load_gpu(gpu)
+        preset = (spec.intra_node_Bps, spec.inter_node_Bps, spec.name)
     if isinstance(strategies, list):
         strategies = ",".join(strategies)
     chosen = parse_strategies(strategies)
@@ -497,13 +512,13 @@ def estimate_comm(
             raise InputError(problem)
         names = tuple(n for n in names if n is not StrategyName.HYBRID_SHARD)
     request = CommRequest(
-        params=parse_count(params),
+        params=psi,
         cluster=cluster,
         precision=recipe.name,
         grad_accum=grad_accum,
         reduce_dtype=dtype,
         strategies=names,
-        bandwidths=resolve_bandwidths(intra_node_bw, inter_node_bw, latency_s),
+        bandwidths=resolve_bandwidths(intra_node_bw, inter_node_bw, latency_s, preset),
         tokens_per_step=None
         if tokens_per_step is None
         else parse_count(tokens_per_step, "--tokens-per-step"),

@@ -27,6 +27,7 @@ from fractions import Fraction
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from zerocalc.architecture import ParameterCount
 from zerocalc.cluster import Cluster, make_cluster
 from zerocalc.dtypes import DType
 from zerocalc.errors import InputError
@@ -116,9 +117,25 @@ class MemoryRequest(BaseModel):
     gpu_memory_bytes: int | None = Field(default=None, ge=0)
 
 
+class ModelSummary(BaseModel):
+    """The architecture Ψ came from, when the user named a model."""
+
+    name: str
+    title: str | None = None
+    parameter_count: ParameterCount
+
+
+class GpuSummary(BaseModel):
+    name: str
+    memory_bytes: int
+    reserve_bytes: int
+
+
 class MemoryEstimate(BaseModel):
     schema_version: int = SCHEMA_VERSION
     request: MemoryRequest
+    model: ModelSummary | None = None
+    gpu: GpuSummary | None = None
     bytes_per_parameter: BytesPerParameter
     assumptions: list[str]
     notes: list[str] = Field(default_factory=list)
@@ -365,11 +382,56 @@ def evaluate(request: MemoryRequest, explicit_strategies: bool = True) -> Memory
     )
 
 
+def resolve_params(params: int | str | None, model: str | None) -> tuple[int, ModelSummary | None]:
+    """Ψ from ``--params`` or from a model preset / config.json (``--model``), never both."""
+    if (params is None) == (model is None):
+        raise InputError(
+            "give --params or --model (not both); "
+            "accepted: --params 7B, or --model llama-3-8b / path/config.json"
+        )
+    if model is None:
+        return parse_count(params), None  # type: ignore[arg-type]
+    from zerocalc.architecture import count_parameters
+    from zerocalc.presets import load_model
+
+    architecture, preset = load_model(model)
+    counted = count_parameters(architecture)
+    summary = ModelSummary(
+        name=architecture.name, title=preset.title if preset else None, parameter_count=counted
+    )
+    return counted.total, summary
+
+
+def resolve_gpu_memory(
+    gpu_memory: int | str | None, gpu: str | None, reserve: int | str | None
+) -> tuple[int | None, GpuSummary | None]:
+    """Usable bytes per GPU: ``--gpu-memory`` as given, or a GPU preset's memory less ``--reserve``."""
+    if gpu is None:
+        if reserve is not None:
+            raise InputError("--reserve applies to --gpu; accepted: --gpu NAME --reserve 2GiB")
+        return (None if gpu_memory is None else parse_bytes(gpu_memory, "--gpu-memory")), None
+    if gpu_memory is not None:
+        raise InputError(
+            "give --gpu or --gpu-memory, not both; accepted: --gpu h100-80gb or --gpu-memory 80GiB"
+        )
+    from zerocalc.presets import load_gpu
+
+    spec = load_gpu(gpu)
+    kept = parse_bytes(reserve if reserve is not None else spec.reserve, "--reserve")
+    if kept >= spec.memory_bytes:
+        raise InputError(
+            f"--reserve {reserve} is not below the {spec.title}'s memory; accepted: a smaller size"
+        )
+    summary = GpuSummary(name=spec.name, memory_bytes=spec.memory_bytes, reserve_bytes=kept)
+    return spec.memory_bytes - kept, summary
+
+
 def estimate_memory(
-    params: int | str,
+    params: int | str | None = None,
     gpus: int | str = 1,
     gpus_per_node: int | str | None = None,
     *,
+    model: str | None = None,
     strategies: str | list[str] | None = None,
     precision: str = "bf16-mixed",
     optimizer: str = "adamw",
@@ -377,17 +439,23 @@ def estimate_memory(
     offload_optimizer: str | None = None,
     offload_params: str | None = None,
     gpu_memory: int | str | None = None,
+    gpu: str | None = None,
+    reserve: int | str | None = None,
 ) -> MemoryEstimate:
     """Library entry point: per-GPU model-state bytes for each strategy.
 
-    ``params`` takes the CLI's spellings (``"7B"``, ``6_738_415_616``); ``strategies`` ``"all"``, a comma
-    list or a list of names (FSDP names are aliases). Raises :class:`zerocalc.errors.InputError`.
+    ``params`` takes the CLI's spellings (``"7B"``, ``6_738_415_616``), or ``model`` a preset name or a
+    Hugging Face config.json path; ``strategies`` ``"all"``, a comma list or a list of names (FSDP names are
+    aliases); ``gpu`` a GPU preset whose memory less ``reserve`` gives the fits column.
+    Raises :class:`zerocalc.errors.InputError`.
     """
     if isinstance(strategies, list):
         strategies = ",".join(strategies)
     chosen = parse_strategies(strategies)
+    psi, model_summary = resolve_params(params, model)
+    usable, gpu_summary = resolve_gpu_memory(gpu_memory, gpu, reserve)
     request = MemoryRequest(
-        params=parse_count(params),
+        params=psi,
         cluster=make_cluster(gpus, gpus_per_node),
         precision=parse_precision(precision).name,
         optimizer=parse_optimizer(optimizer).name,
@@ -395,6 +463,7 @@ def estimate_memory(
         offload_optimizer=parse_offload(offload_optimizer, "--offload-optimizer"),
         offload_params=parse_offload(offload_params, "--offload-params"),
         strategies=tuple(s.name for s in chosen) if chosen else DEFAULT_STRATEGIES,
-        gpu_memory_bytes=None if gpu_memory is None else parse_bytes(gpu_memory, "--gpu-memory"),
+        gpu_memory_bytes=usable,
     )
-    return evaluate(request, explicit_strategies=chosen is not None)
+    estimate = evaluate(request, explicit_strategies=chosen is not None)
+    return estimate.model_copy(update={"model": model_summary, "gpu": gpu_summary})

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from zerocalc.cli import app, fail
+from zerocalc.cli import app
 from zerocalc.cli import options as opt
 from zerocalc.cli.render import byte_cell, console, print_json, unit_label
 from zerocalc.units import ByteUnit, format_bandwidth, format_count, format_seconds, parse_byte_unit
@@ -39,6 +39,7 @@ Tflops = Annotated[float | None, typer.Option("--tflops", help="F: achieved TFLO
 @app.command()
 def comm(
     params: opt.Params = None,
+    model: opt.Model = None,
     gpus: opt.Gpus = "1",
     gpus_per_node: opt.GpusPerNode = None,
     strategy: opt.StrategyOpt = "all",
@@ -46,6 +47,7 @@ def comm(
     grad_accum: GradAccum = 1,
     reduce_dtype: ReduceDtype = None,
     calibration: Calibration = None,
+    gpu: opt.Gpu = None,
     intra_node_bw: IntraBw = None,
     inter_node_bw: InterBw = None,
     latency: Latency = None,
@@ -55,8 +57,6 @@ def comm(
     json: opt.Json = False,
 ) -> None:
     """Collectives of each strategy per optimizer step: bytes each GPU sends and the time they take."""
-    if params is None:
-        raise fail("--params is required; accepted: a count such as 7B, 124M or 6738415616")
     from zerocalc.calibration import load_calibration
     from zerocalc.comm import estimate_comm
 
@@ -66,6 +66,8 @@ def comm(
         params,
         gpus,
         gpus_per_node,
+        model=model,
+        gpu=gpu,
         strategies=strategy,
         precision=precision,
         grad_accum=grad_accum,

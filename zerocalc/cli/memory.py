@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zerocalc.cli import app, fail
+from zerocalc.cli import app
 from zerocalc.cli import options as opt
 from zerocalc.cli.render import byte_cell, console, print_json, unit_label
 from zerocalc.units import ByteUnit, format_count, parse_byte_unit
@@ -23,6 +23,7 @@ _STATE_COLUMNS: tuple[tuple[str, str], ...] = (
 @app.command()
 def memory(
     params: opt.Params = None,
+    model: opt.Model = None,
     gpus: opt.Gpus = "1",
     gpus_per_node: opt.GpusPerNode = None,
     strategy: opt.StrategyOpt = "all",
@@ -33,11 +34,11 @@ def memory(
     offload_params: opt.OffloadParams = "none",
     units: opt.Units = "GiB",
     gpu_memory: opt.GpuMemory = None,
+    gpu: opt.Gpu = None,
+    reserve: opt.Reserve = None,
     json: opt.Json = False,
 ) -> None:
     """Per-GPU bytes of parameters, gradients and optimizer states under DDP, ZeRO-1/2/3 and FSDP."""
-    if params is None:
-        raise fail("--params is required; accepted: a count such as 7B, 124M or 6738415616")
     from zerocalc.memory import estimate_memory
 
     unit = parse_byte_unit(units)
@@ -45,6 +46,7 @@ def memory(
         params,
         gpus,
         gpus_per_node,
+        model=model,
         strategies=strategy,
         precision=precision,
         optimizer=optimizer,
@@ -52,6 +54,8 @@ def memory(
         offload_optimizer=offload_optimizer,
         offload_params=offload_params,
         gpu_memory=gpu_memory,
+        gpu=gpu,
+        reserve=reserve,
     )
     if json:
         print_json(estimate)
@@ -78,6 +82,23 @@ def render_memory(estimate: MemoryEstimate, unit: ByteUnit) -> None:
     out = console()
     k = f"{bpp.k:g}"
     extra = f" + {bpp.grad_accum} (fp32 grad accumulation)" if bpp.grad_accum else ""
+    if estimate.model is not None:
+        count = estimate.model.parameter_count
+        active = (
+            f", {format_count(count.active_per_token)} active per token"
+            if count.active_per_token != count.total
+            else ""
+        )
+        out.print(
+            f"[bold]Model[/bold] {estimate.model.title or estimate.model.name}: "
+            f"{count.total:,} parameters{active}; "
+            f"largest layer {count.largest_layer_name} ({count.largest_layer_params:,})"
+        )
+    if estimate.gpu is not None:
+        out.print(
+            f"[bold]GPU[/bold] {estimate.gpu.name}: {byte_cell(estimate.gpu.memory_bytes, unit)} "
+            f"less a {byte_cell(estimate.gpu.reserve_bytes, unit)} reserve (CUDA context, NCCL, allocator)"
+        )
     out.print(
         f"[bold]Model states per GPU[/bold]: Ψ = {request.params:,} ({format_count(request.params)}), "
         f"N = {request.cluster.world_size}, {request.precision.value} + {request.optimizer.value}: "

@@ -44,3 +44,18 @@ GpuMemory = Annotated[
     str | None, typer.Option("--gpu-memory", help="GPU memory, e.g. 80GiB: adds a fits/headroom column.")
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON (exact integer bytes).")]
+Model = Annotated[
+    str | None,
+    typer.Option(
+        "--model", "-m", help="A model preset (see `zerocalc presets list models`) or a HF config.json."
+    ),
+]
+Gpu = Annotated[
+    str | None, typer.Option("--gpu", help="A GPU preset, e.g. h100-80gb (see `zerocalc presets list gpus`).")
+]
+Reserve = Annotated[
+    str | None,
+    typer.Option(
+        "--reserve", help="Memory kept back per GPU for CUDA context, NCCL and allocator [default: 2GiB]."
+    ),
+]

@@ -1,0 +1,156 @@
+"""Preset files: models, GPUs and scenarios as TOML data validated by pydantic (no code in presets).
+
+Presets live in the repository's ``presets/`` folder, which is installed as ``zerocalc/_presets`` by a
+non-editable install; ``ZEROCALC_PRESETS=/path`` overrides both. A broken file is reported with its path
+and field; the others still load.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from zerocalc.architecture import Architecture
+from zerocalc.errors import InputError
+from zerocalc.units import parse_bandwidth, parse_bytes
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+KINDS = ("models", "gpus", "scenarios")
+DEFAULT_RESERVE = "2GiB"
+"""Default per-GPU reserve for the CUDA context (~0.5 GiB), NCCL communicators and allocator slack."""
+
+
+def presets_root() -> Path:
+    """The presets folder: $ZEROCALC_PRESETS, the repository's presets/, or the installed copy."""
+    env = os.environ.get("ZEROCALC_PRESETS")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "presets", here / "_presets"):
+        if (candidate / "models").is_dir():
+            return candidate
+    raise InputError(
+        "no presets folder found; set ZEROCALC_PRESETS to a folder with models/, gpus/, scenarios/"
+    )
+
+
+class ModelPreset(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    title: str
+    source: str
+    published_params: int | None = Field(default=None, gt=0)
+    published_tolerance: float = Field(default=0.0, ge=0, description="relative; 0 means exact")
+    architecture: dict[str, Any]
+
+
+class GpuSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = ""
+    title: str
+    memory: str = Field(description="as the preset writes it, e.g. 81559MiB")
+    bf16_dense_tflops: float = Field(gt=0)
+    intra_node_busbw: str
+    inter_node_busbw: str
+    reserve: str = DEFAULT_RESERVE
+    source: str
+
+    @field_validator("memory", "reserve")
+    @classmethod
+    def _bytes(cls, value: str) -> str:
+        parse_bytes(value, "memory")
+        return value
+
+    @field_validator("intra_node_busbw", "inter_node_busbw")
+    @classmethod
+    def _rate(cls, value: str) -> str:
+        parse_bandwidth(value, "bus bandwidth")
+        return value
+
+    @property
+    def memory_bytes(self) -> int:
+        return parse_bytes(self.memory)
+
+    @property
+    def intra_node_Bps(self) -> float:
+        return parse_bandwidth(self.intra_node_busbw)
+
+    @property
+    def inter_node_Bps(self) -> float:
+        return parse_bandwidth(self.inter_node_busbw)
+
+
+T = TypeVar("T", bound=BaseModel)
+
+
+def _describe(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "file"
+    return f"{where}: {first['msg']}"
+
+
+def load_toml(path: Path, model: type[T]) -> T:
+    """Read one preset file; any problem is an InputError naming the file and the field."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{path}: not valid TOML ({exc})") from exc
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise InputError(f"{path}: {_describe(exc)}") from exc
+
+
+def preset_names(kind: str, root: Path | None = None) -> list[str]:
+    folder = (root or presets_root()) / kind
+    return sorted(p.stem for p in folder.glob("*.toml"))
+
+
+def preset_path(kind: str, name: str, root: Path | None = None) -> Path:
+    """The file of a named preset; an unknown name suggests the closest ones."""
+    key = name.strip().lower()
+    path = (root or presets_root()) / kind / f"{key}.toml"
+    if path.is_file():
+        return path
+    names = preset_names(kind, root)
+    close = difflib.get_close_matches(key, names, n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    option = {"models": "--model", "gpus": "--gpu", "scenarios": "scenario"}[kind]
+    raise InputError(f"{option} {name!r} is not a preset; {hint}accepted: {', '.join(names)}")
+
+
+def model_architecture(preset: ModelPreset, name: str, path: Path) -> Architecture:
+    try:
+        return Architecture(name=name, **preset.architecture)
+    except ValidationError as exc:
+        raise InputError(f"{path}: architecture.{_describe(exc)}") from exc
+
+
+def load_model(name_or_path: str) -> tuple[Architecture, ModelPreset | None]:
+    """A preset name or a Hugging Face config.json path → its architecture (and preset, if any)."""
+    candidate = Path(name_or_path).expanduser()
+    if name_or_path.endswith(".json") or candidate.is_file():
+        from zerocalc.hf_config import architecture_from_hf_config
+
+        return architecture_from_hf_config(candidate), None
+    path = preset_path("models", name_or_path)
+    preset = load_toml(path, ModelPreset)
+    return model_architecture(preset, path.stem, path), preset
+
+
+def load_gpu(name: str) -> GpuSpec:
+    path = preset_path("gpus", name)
+    spec = load_toml(path, GpuSpec)
+    return spec.model_copy(update={"name": path.stem})
