@@ -84,4 +84,6 @@ def main() -> None:
     app()
 
 
+from zerocalc.cli import check as _check  # noqa: E402,F401
 from zerocalc.cli import comm as _comm  # noqa: E402,F401
+from zerocalc.cli import presets as _presets  # noqa: E402,F401

@@ -1,0 +1,91 @@
+"""``zerocalc check``: recompute every scenario and compare with its committed expectation."""
+
+from __future__ import annotations
+
+import json as jsonlib
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from zerocalc.cli import app, fail
+from zerocalc.cli.render import console
+
+Directory = Annotated[
+    Path | None,
+    typer.Argument(help="A presets folder with scenarios/ and expected/ [default: the shipped presets]."),
+]
+Update = Annotated[
+    bool, typer.Option("--update", help="Rewrite the expectations (atomically, file by file).")
+]
+MAX_CHANGES_SHOWN = 8
+
+
+@app.command()
+def check(directory: Directory = None, update: Update = False) -> None:
+    """Recompute every preset scenario (memory and comm) and compare with presets/expected/NAME.json."""
+    from rich.table import Table
+
+    from zerocalc.atomic import write_text_atomic
+    from zerocalc.check import diff
+    from zerocalc.errors import InputError
+    from zerocalc.presets import load_toml, presets_root
+    from zerocalc.scenarios import Scenario, evaluate_scenario
+
+    root = directory or presets_root()
+    scenarios_dir = root / "scenarios"
+    if not scenarios_dir.is_dir():
+        raise fail(
+            f"{str(root)!r} has no scenarios/ folder; accepted: a presets folder (scenarios/, expected/)"
+        )
+    files = sorted(scenarios_dir.glob("*.toml"))
+    if not files:
+        raise fail(f"{str(scenarios_dir)!r} holds no scenario (*.toml)")
+
+    table = Table(header_style="bold", title=f"zerocalc check: {root}")
+    table.add_column("Scenario")
+    table.add_column("Result")
+    table.add_column("Changed fields (old → new)")
+    failures = 0
+    for path in files:
+        expected_path = root / "expected" / f"{path.stem}.json"
+        try:
+            actual = evaluate_scenario(load_toml(path, Scenario))
+        except InputError as exc:
+            failures += 1
+            table.add_row(path.stem, "[red]broken[/red]", str(exc))
+            continue
+        text = jsonlib.dumps(actual, indent=2, sort_keys=True) + "\n"
+        if update:
+            write_text_atomic(expected_path, text)
+            table.add_row(path.stem, "[cyan]updated[/cyan]", str(expected_path))
+            continue
+        if not expected_path.is_file():
+            failures += 1
+            table.add_row(
+                path.stem, "[red]no expectation[/red]", f"{expected_path} is missing (run --update)"
+            )
+            continue
+        try:
+            expected = jsonlib.loads(expected_path.read_text(encoding="utf-8"))
+        except jsonlib.JSONDecodeError as exc:
+            failures += 1
+            table.add_row(path.stem, "[red]broken[/red]", f"{expected_path}: not JSON ({exc.msg})")
+            continue
+        changes = diff(expected, jsonlib.loads(text))
+        if not changes:
+            table.add_row(path.stem, "[green]ok[/green]", "")
+            continue
+        failures += 1
+        shown = [f"{c.path}: {c.old} → {c.new}" for c in changes[:MAX_CHANGES_SHOWN]]
+        if len(changes) > MAX_CHANGES_SHOWN:
+            shown.append(f"… and {len(changes) - MAX_CHANGES_SHOWN} more")
+        table.add_row(path.stem, f"[red]changed ({len(changes)})[/red]", "\n".join(shown))
+    out = console()
+    out.print(table)
+    if update:
+        out.print(f"{len(files) - failures} expectation(s) written, {failures} scenario(s) broken")
+    else:
+        out.print(f"{len(files) - failures} of {len(files)} scenario(s) match their expectations")
+    if failures:
+        raise typer.Exit(1)
