@@ -197,3 +197,9 @@ def test_presets_list_and_show() -> None:
     assert listed.exit_code == 0 and "llama-3.1-405b" in listed.stdout
     shown = runner.invoke(app, ["presets", "show", "llama-2-7b"])
     assert shown.exit_code == 0 and "6,738,415,616" in shown.stdout and "largest_layer_params" in shown.stdout
+
+
+def test_an_expectation_without_a_scenario_is_an_orphan(presets_copy: Path) -> None:
+    (presets_copy / "scenarios" / "gpt2-xl-2x4090.toml").unlink()
+    result = runner.invoke(app, ["check", str(presets_copy)])
+    assert result.exit_code == 1 and "orphan" in result.stdout and "gpt2-xl-2x4090" in result.stdout

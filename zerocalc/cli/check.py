@@ -81,6 +81,11 @@ def check(directory: Directory = None, update: Update = False) -> None:
         if len(changes) > MAX_CHANGES_SHOWN:
             shown.append(f"… and {len(changes) - MAX_CHANGES_SHOWN} more")
         table.add_row(path.stem, f"[red]changed ({len(changes)})[/red]", "\n".join(shown))
+    known = {path.stem for path in files}
+    for orphan in sorted((root / "expected").glob("*.json")):
+        if orphan.stem not in known:
+            failures += 1
+            table.add_row(orphan.stem, "[red]orphan[/red]", f"{orphan} has no scenario (delete or add one)")
     out = console()
     out.print(table)
     if update:
