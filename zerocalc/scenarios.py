@@ -30,16 +30,24 @@ class Scenario(BaseModel):
     reduce_dtype: str | None = None
     tokens_per_step: str | None = None
     tflops: float | None = None
+    seq_len: int = Field(default=2048, ge=1)
+    micro_batch: int = Field(default=1, ge=1)
+    recompute: str = "none"
+    framework: str = "paper"
 
 
 def memory_section(s: Scenario) -> dict[str, Any]:
-    from zerocalc.memory import estimate_memory
+    """Model states and the peak of a step, as `zerocalc memory --model ... --json` prints them."""
+    from zerocalc.peak import estimate_peak, report_json
 
-    return estimate_memory(
-        None,
+    estimate, peak = estimate_peak(
+        s.model,
         s.gpus,
         s.gpus_per_node,
-        model=s.model,
+        framework=s.framework,
+        seq_len=s.seq_len,
+        micro_batch=s.micro_batch,
+        recompute=s.recompute,
         gpu=s.gpu,
         strategies=s.strategies,
         precision=s.precision,
@@ -47,7 +55,8 @@ def memory_section(s: Scenario) -> dict[str, Any]:
         fp32_grad_accum=s.fp32_grad_accum,
         offload_optimizer=s.offload_optimizer,
         offload_params=s.offload_params,
-    ).model_dump(mode="json")
+    )
+    return report_json(estimate, peak)
 
 
 def comm_section(s: Scenario) -> dict[str, Any]:

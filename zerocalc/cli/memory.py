@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import typer
+
 from zerocalc.cli import app
 from zerocalc.cli import options as opt
 from zerocalc.cli.render import byte_cell, console, print_json, unit_label
@@ -11,6 +13,7 @@ from zerocalc.units import ByteUnit, format_count, parse_byte_unit
 
 if TYPE_CHECKING:
     from zerocalc.memory import MemoryEstimate, StateKind, StrategyMemory
+    from zerocalc.peak import PeakEstimate
 
 _STATE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("params", "Params"),
@@ -36,31 +39,73 @@ def memory(
     gpu_memory: opt.GpuMemory = None,
     gpu: opt.Gpu = None,
     reserve: opt.Reserve = None,
+    seq_len: opt.SeqLen = 2048,
+    micro_batch: opt.MicroBatch = 1,
+    recompute: opt.RecomputeOpt = "none",
+    flash_attention: opt.FlashAttention = None,
+    prefetch: opt.Prefetch = 1,
+    wrap: opt.WrapOpt = "block",
+    framework: opt.FrameworkOpt = "paper",
+    ddp_bucket: opt.DdpBucket = "25MiB",
+    reduce_bucket: opt.ReduceBucket = "5e8",
+    allgather_bucket: opt.AllgatherBucket = "5e8",
+    fragmentation: opt.Fragmentation = 0.1,
     json: opt.Json = False,
 ) -> None:
-    """Per-GPU bytes of parameters, gradients and optimizer states under DDP, ZeRO-1/2/3 and FSDP."""
+    """Per-GPU memory under DDP, ZeRO-1/2/3 and FSDP: model states, and with --model the peak of a step
+    (activations, buffers, overheads)."""
     from zerocalc.memory import estimate_memory
 
     unit = parse_byte_unit(units)
-    estimate = estimate_memory(
-        params,
+    memory_options = {
+        "strategies": strategy,
+        "precision": precision,
+        "optimizer": optimizer,
+        "fp32_grad_accum": fp32_grad_accum,
+        "offload_optimizer": offload_optimizer,
+        "offload_params": offload_params,
+        "gpu_memory": gpu_memory,
+        "gpu": gpu,
+    }
+    if model is None or params is not None:
+        estimate = estimate_memory(
+            params, gpus, gpus_per_node, model=model, reserve=reserve, **memory_options
+        )
+        if json:
+            print_json(estimate)
+        else:
+            render_memory(estimate, unit)
+            console().print(
+                "[dim]· model states only: activations, buffers and the peak of a step need --model[/dim]"
+            )
+        return
+    from zerocalc.peak import estimate_peak, report_json
+
+    estimate, peak = estimate_peak(
+        model,
         gpus,
         gpus_per_node,
-        model=model,
-        strategies=strategy,
-        precision=precision,
-        optimizer=optimizer,
-        fp32_grad_accum=fp32_grad_accum,
-        offload_optimizer=offload_optimizer,
-        offload_params=offload_params,
-        gpu_memory=gpu_memory,
-        gpu=gpu,
-        reserve=reserve,
+        framework=framework,
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        recompute=recompute,
+        flash_attention=flash_attention,
+        prefetch=prefetch,
+        wrap=wrap,
+        ddp_bucket=ddp_bucket,
+        reduce_bucket=reduce_bucket,
+        allgather_bucket=allgather_bucket,
+        overhead=reserve,
+        fragmentation=fragmentation,
+        **memory_options,
     )
     if json:
-        print_json(estimate)
-    else:
-        render_memory(estimate, unit)
+        import json as jsonlib
+
+        typer.echo(jsonlib.dumps(report_json(estimate, peak), indent=2))
+        return
+    render_memory(estimate, unit)
+    render_peak(peak, unit)
 
 
 def _state_cell(row: StrategyMemory, kind: StateKind, unit: ByteUnit) -> str:
@@ -151,4 +196,68 @@ def render_memory(estimate: MemoryEstimate, unit: ByteUnit) -> None:
         out.print(f"[dim]· {line}[/dim]")
     for note in estimate.notes:
         out.print(f"[yellow]· {note}[/yellow]")
-    out.print("[dim]· model states only: activations, buffers and overheads are not included[/dim]")
+
+
+def render_peak(peak: PeakEstimate, unit: ByteUnit) -> None:
+    """The peak of one step per strategy: a column per kind of line, then each line's source."""
+    from rich.table import Table
+
+    from zerocalc.peak import Framework, LineKind
+
+    out = console()
+    options = peak.options
+    deepspeed = options.framework is Framework.DEEPSPEED
+    has_fits = options.gpu_memory_bytes is not None
+    table = Table(
+        title=f"Peak per GPU of one training step ({options.framework.value} accounting), {unit.value}",
+        header_style="bold",
+    )
+    table.add_column("Strategy")
+    columns = (
+        (LineKind.STATES, "Model states"),
+        (LineKind.ACTIVATIONS, "Activations"),
+        (LineKind.BUFFERS, "Buffers"),
+        (LineKind.OVERHEAD, "CUDA+NCCL"),
+        (LineKind.FRAGMENTATION, "Fragmentation"),
+    )
+    for _, label in columns:
+        table.add_column(label, justify="right")
+    table.add_column("Peak", justify="right", style="bold")
+    if deepspeed:
+        table.add_column("DeepSpeed's estimate", justify="right")
+        table.add_column("Host / node", justify="right")
+    if has_fits:
+        table.add_column(f"Fits {byte_cell(options.gpu_memory_bytes or 0, unit)}", justify="center")
+        table.add_column("Headroom", justify="right")
+    for row in peak.strategies:
+        cells = [row.title] + [byte_cell(row.total(kind), unit) for kind, _ in columns]
+        cells.append(byte_cell(row.peak_bytes, unit))
+        if deepspeed:
+            cells += [
+                byte_cell(row.framework_estimate_bytes, unit),
+                byte_cell(row.host_bytes_per_node or 0, unit),
+            ]
+        if has_fits:
+            headroom = row.headroom_bytes or 0
+            cells += [
+                "[green]yes[/green]" if row.fits else "[red]no[/red]",
+                byte_cell(headroom, unit) if headroom >= 0 else f"[red]-{byte_cell(-headroom, unit)}[/red]",
+            ]
+        table.add_row(*cells)
+    out.print(table)
+    if has_fits:
+        fitting = [row.title for row in peak.strategies if row.fits]
+        out.print(f"[bold]Fits:[/bold] {', '.join(fitting) if fitting else 'none of these strategies'}")
+    seen: dict[str, str] = {}
+    for row in peak.strategies:
+        for line in row.lines:
+            marker = "" if line.in_framework_estimate else " [yellow](not in DeepSpeed's estimate)[/yellow]"
+            seen.setdefault(line.name, f"{line.source}{marker}")
+    for name, source in seen.items():
+        out.print(f"[dim]· {name}: {source}[/dim]")
+    out.print(
+        f"[dim]· activations {'with' if peak.flash_attention else 'without'} flash attention; "
+        f"{peak.activation_note}[/dim]"
+    )
+    for note in peak.notes:
+        out.print(f"[yellow]· {note}[/yellow]")

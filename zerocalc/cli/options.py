@@ -56,6 +56,44 @@ Gpu = Annotated[
 Reserve = Annotated[
     str | None,
     typer.Option(
-        "--reserve", help="Memory kept back per GPU for CUDA context, NCCL and allocator [default: 2GiB]."
+        "--reserve",
+        "--overhead",
+        help="Per-GPU CUDA context + NCCL communicators (with --gpu: kept back from it) [default: 2GiB].",
+    ),
+]
+SeqLen = Annotated[int, typer.Option("--seq-len", help="s: tokens per sequence (activations need --model).")]
+MicroBatch = Annotated[int, typer.Option("--micro-batch", help="b: sequences per micro-batch per GPU.")]
+RecomputeOpt = Annotated[
+    str, typer.Option("--recompute", help="Activation recomputation: none, selective, full.")
+]
+FlashAttention = Annotated[
+    bool | None,
+    typer.Option(
+        "--flash-attention/--no-flash-attention",
+        help="Flash attention (no s² terms) [default: on for the Llama family, off for GPT-2/3].",
+        show_default=False,
+    ),
+]
+Prefetch = Annotated[
+    int, typer.Option("--prefetch", help="ZeRO-3/FSDP units gathered ahead of the current one.")
+]
+WrapOpt = Annotated[str, typer.Option("--wrap", help="ZeRO-3/FSDP unit: block (one per layer) or model.")]
+FrameworkOpt = Annotated[
+    str,
+    typer.Option("--framework", help="Accounting to follow: paper, deepspeed (its estimators), megatron."),
+]
+DdpBucket = Annotated[str, typer.Option("--ddp-bucket", help="DDP gradient bucket (bucket_cap_mb).")]
+ReduceBucket = Annotated[
+    str,
+    typer.Option("--reduce-bucket", help="ZeRO-1/2 reduce bucket, elements (DeepSpeed reduce_bucket_size)."),
+]
+AllgatherBucket = Annotated[
+    str,
+    typer.Option("--allgather-bucket", help="ZeRO-1/2 all-gather bucket, elements (allgather_bucket_size)."),
+]
+Fragmentation = Annotated[
+    float,
+    typer.Option(
+        "--fragmentation", help="Allocator-fragmentation allowance, a fraction of what is allocated."
     ),
 ]
