@@ -143,6 +143,11 @@ def render_comm(estimate: CommEstimate, unit: ByteUnit) -> None:
             )
         table.add_section()
     out.print(table)
+    for row in estimate.strategies:
+        follows = "; ".join(
+            f"{c.op.value} ({c.phase.value}) × {c.count_per_step}: {c.behaviour}" for c in row.collectives
+        )
+        out.print(f"[dim]· {row.title} follows {follows}[/dim]")
 
     summary = Table(header_style="bold", title="Per strategy, per GPU, per step")
     summary.add_column("Strategy")
