@@ -136,6 +136,7 @@ def test_calibration_fits_replace_the_defaults(tmp_path) -> None:
         ({"tflops": 100.0}, "--tokens-per-step"),
         ({"gpus": 12, "gpus_per_node": 8, "strategies": "hybrid"}, "--gpus 12"),
         ({"latency_s": -1.0}, "--latency"),
+        ({"latency_s": "fast"}, "--latency 'fast'"),
     ],
 )
 def test_bad_input(kwargs: dict, fragment: str) -> None:
@@ -143,3 +144,9 @@ def test_bad_input(kwargs: dict, fragment: str) -> None:
     with pytest.raises(InputError) as info:
         estimate_comm(PSI, **args)
     assert fragment in str(info.value) and "accepted" in str(info.value)
+
+
+def test_latency_accepts_units() -> None:
+    a = estimate_comm(PSI, 8, strategies="ddp", latency_s="20us").row("ddp").collectives[0]
+    b = estimate_comm(PSI, 8, strategies="ddp", latency_s=2e-5).row("ddp").collectives[0]
+    assert a.latency_s == b.latency_s == pytest.approx(2e-5)

@@ -26,6 +26,16 @@ class Cluster(BaseModel):
     def nodes(self) -> int:
         return ceil_div(self.world_size, self.ranks_per_node)
 
+    def whole_nodes_problem(self) -> str | None:
+        """Why HYBRID_SHARD (shard inside a node, replicate across nodes) cannot run here, or None."""
+        if self.world_size % self.ranks_per_node:
+            return (
+                f"--gpus {self.world_size} is not a multiple of --gpus-per-node {self.gpus_per_node}; "
+                "hybrid_shard shards within whole nodes; "
+                f"accepted: --gpus a multiple of {self.ranks_per_node}"
+            )
+        return None
+
 
 def parse_gpu_count(value: int | str, what: str) -> int:
     """A whole number of GPUs, 1 or more (``--gpus``, ``--gpus-per-node``)."""

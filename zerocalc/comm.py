@@ -44,7 +44,7 @@ from zerocalc.dtypes import DType, parse_dtype
 from zerocalc.errors import InputError
 from zerocalc.precision import RECIPES, PrecisionName, parse_precision
 from zerocalc.strategies import DEFAULT_STRATEGIES, STRATEGIES, StrategyName, parse_strategies
-from zerocalc.units import ceil_div, parse_bandwidth, parse_count
+from zerocalc.units import ceil_div, parse_bandwidth, parse_count, parse_duration
 
 SCHEMA_VERSION = 1
 
@@ -411,15 +411,15 @@ def evaluate_comm(request: CommRequest, calibration: Calibration | None = None) 
 def resolve_bandwidths(
     intra_node_bw: str | float | None = None,
     inter_node_bw: str | float | None = None,
-    latency_s: float | None = None,
+    latency_s: float | str | None = None,
     preset: tuple[float, float, str] | None = None,
 ) -> Bandwidths:
     """Intra/inter-node figures: explicit values, then a GPU preset's (intra, inter, name), then defaults."""
+    alpha = DEFAULT_LATENCY_S if latency_s is None else parse_duration(latency_s, "--latency")
 
     def figure(
         text: str | float | None, which: str, preset_value: float | None, default: float
     ) -> LinkFigures:
-        alpha = DEFAULT_LATENCY_S if latency_s is None else latency_s
         if text is not None:
             value = parse_bandwidth(text, f"--{which}-bw")
             return LinkFigures(
@@ -442,8 +442,6 @@ def resolve_bandwidths(
             detail=_DEFAULT_DETAIL[which],
         )
 
-    if latency_s is not None and latency_s < 0:
-        raise InputError(f"--latency {latency_s} must not be negative; accepted: seconds, e.g. 2e-5")
     return Bandwidths(
         intra_node=figure(
             intra_node_bw, "intra-node", preset[0] if preset else None, DEFAULT_INTRA_NODE_BUSBW
@@ -469,7 +467,7 @@ def estimate_comm(
     calibration_name: str | None = None,
     intra_node_bw: str | float | None = None,
     inter_node_bw: str | float | None = None,
-    latency_s: float | None = None,
+    latency_s: float | str | None = None,
     tokens_per_step: int | str | None = None,
     tflops: float | None = None,
 ) -> CommEstimate:
@@ -503,11 +501,8 @@ def estimate_comm(
     if tflops is not None and not tflops > 0:
         raise InputError(f"--tflops {tflops} must be positive; accepted: achieved TFLOP/s per GPU, e.g. 400")
     names = tuple(s.name for s in chosen) if chosen else DEFAULT_STRATEGIES
-    if StrategyName.HYBRID_SHARD in names and cluster.world_size % cluster.ranks_per_node:
-        problem = (
-            f"--gpus {cluster.world_size} is not a multiple of --gpus-per-node {cluster.gpus_per_node}; "
-            f"hybrid_shard shards within whole nodes; accepted: --gpus a multiple of {cluster.ranks_per_node}"
-        )
+    problem = cluster.whole_nodes_problem()
+    if StrategyName.HYBRID_SHARD in names and problem:
         if chosen:
             raise InputError(problem)
         names = tuple(n for n in names if n is not StrategyName.HYBRID_SHARD)

@@ -269,16 +269,6 @@ def _check_offload(strategy: Strategy, request: MemoryRequest) -> str | None:
     return None
 
 
-def _check_hybrid(request: MemoryRequest) -> str | None:
-    cluster = request.cluster
-    if cluster.world_size % cluster.ranks_per_node:
-        return (
-            f"--gpus {cluster.world_size} is not a multiple of --gpus-per-node {cluster.gpus_per_node}; "
-            f"hybrid_shard shards within whole nodes; accepted: --gpus a multiple of {cluster.ranks_per_node}"
-        )
-    return None
-
-
 def _resolve_strategies(request: MemoryRequest, explicit: bool) -> tuple[list[Strategy], list[str]]:
     """The strategies to report; an explicit choice that cannot run is an error, a default one a note."""
     chosen: list[Strategy] = []
@@ -287,7 +277,7 @@ def _resolve_strategies(request: MemoryRequest, explicit: bool) -> tuple[list[St
         strategy = STRATEGIES[name]
         problem = _check_offload(strategy, request)
         if problem is None and name is StrategyName.HYBRID_SHARD:
-            problem = _check_hybrid(request)
+            problem = request.cluster.whole_nodes_problem()
         if problem is None:
             chosen.append(strategy)
         elif explicit:

@@ -190,3 +190,30 @@ def format_bandwidth(bytes_per_second: float) -> str:
 def ceil_div(numerator: int, denominator: int) -> int:
     """Integer ceiling division for non-negative numerators."""
     return -(-numerator // denominator)
+
+
+_DURATION_RE = re.compile(rf"^\s*(?P<num>{_NUMBER})\s*(?P<unit>s|ms|us|µs|ns)?\s*$")
+_DURATION_FACTORS = {
+    "s": Decimal(1),
+    "ms": Decimal("1e-3"),
+    "us": Decimal("1e-6"),
+    "µs": Decimal("1e-6"),
+    "ns": Decimal("1e-9"),
+}
+DURATION_ACCEPTED = "a duration such as 20us, 0.05ms or 2e-5 (seconds)"
+
+
+def parse_duration(text: str | float, what: str = "duration") -> float:
+    """Parse a non-negative duration into seconds; a bare number is seconds."""
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        match = _DURATION_RE.match(text)
+        if not match:
+            raise InputError(f"{what} {text!r} is not understood; accepted: {DURATION_ACCEPTED}")
+        value = (
+            float(_decimal(match["num"], what, DURATION_ACCEPTED)) * _DURATION_FACTORS[match["unit"] or "s"]
+        )
+    if value < 0:
+        raise InputError(f"{what} {text!r} must not be negative; accepted: {DURATION_ACCEPTED}")
+    return value

@@ -28,7 +28,8 @@ InterBw = Annotated[
     str | None, typer.Option("--inter-node-bw", help="Bus bandwidth per GPU across nodes, e.g. 50GB/s.")
 ]
 Latency = Annotated[
-    float | None, typer.Option("--latency", help="Latency α per collective in seconds [default: 2e-05].")
+    str | None,
+    typer.Option("--latency", help="Latency α per collective: 20us, 0.05ms, 2e-5 (s) [default: 20us]."),
 ]
 TokensPerStep = Annotated[
     str | None, typer.Option("--tokens-per-step", help="T: tokens per optimizer step (all GPUs), e.g. 4M.")
