@@ -211,9 +211,8 @@ def parse_duration(text: str | float, what: str = "duration") -> float:
         match = _DURATION_RE.match(text)
         if not match:
             raise InputError(f"{what} {text!r} is not understood; accepted: {DURATION_ACCEPTED}")
-        value = (
-            float(_decimal(match["num"], what, DURATION_ACCEPTED)) * _DURATION_FACTORS[match["unit"] or "s"]
-        )
+        number = _decimal(match["num"], what, DURATION_ACCEPTED)
+        value = float(number * _DURATION_FACTORS[match["unit"] or "s"])
     if value < 0:
         raise InputError(f"{what} {text!r} must not be negative; accepted: {DURATION_ACCEPTED}")
     return value
