@@ -12,6 +12,9 @@ OUT_ENV = "ZEROCALC_VALIDATE_OUT"
 PERTURB_ENV = "ZEROCALC_VALIDATE_PERTURB"
 """Tests only (not in ``--help``): ``LINE`` (e.g. ``params``) adds one fp32 element's bytes to that line
 of every rank's prediction, so a deliberately wrong prediction must be reported as a mismatch (exit 1)."""
+TEST_FAIL_ENV = "ZEROCALC_VALIDATE_TEST_FAIL"
+"""Tests only (not in ``--help``): ``STRATEGY`` makes rank 1 of that strategy's worlds exit with code 1
+right after joining the process group, to check that the other configurations still run."""
 
 STRATEGIES: dict[str, tuple[Framework, Sharding | None, bool]] = {
     "ddp": (Framework.DDP, None, True),

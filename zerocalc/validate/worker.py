@@ -28,6 +28,7 @@ import json
 import os
 import signal
 import sys
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -41,7 +42,7 @@ from zerocalc.bench.topology import Placement, placement_from_env, rendezvous_en
 from zerocalc.bench.worker import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_TIMEOUT, _first_line, _say, _watchdog
 from zerocalc.errors import InputError
 from zerocalc.framework_states import Framework, Sharding
-from zerocalc.validate.config import OUT_ENV, STRATEGIES, Job, Measured
+from zerocalc.validate.config import OUT_ENV, STRATEGIES, TEST_FAIL_ENV, Job, Measured
 from zerocalc.validate.model import Block, build_model, loss_fn
 
 
@@ -209,6 +210,8 @@ def run(job: Job, placement: Placement | None = None) -> list[Measured] | None:
         timeout=timedelta(seconds=job.timeout_s),
         **({"device_id": device} if device.type == "cuda" else {}),
     )
+    if os.environ.get(TEST_FAIL_ENV) == job.strategy and placement.rank == 1:
+        os._exit(EXIT_FAILED)
     try:
         mine = _measure(job, placement, device)
         everyone: list[Any] = [None] * placement.world_size
@@ -221,6 +224,7 @@ def run(job: Job, placement: Placement | None = None) -> list[Measured] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    warnings.filterwarnings("ignore", category=FutureWarning)  # e.g. NO_SHARD's deprecation notice
     argv = sys.argv[1:] if argv is None else argv
     job = Job.model_validate_json(argv[0])
     placement = placement_from_env()
