@@ -140,8 +140,7 @@ def resolve_architecture(model: str | None, overrides: dict[str, int]) -> Archit
     changes = dict(overrides) if model else {**DEFAULT_SHRINK, **overrides}
     for name, value in changes.items():
         if value < 1:
-            option = {v: k for k, v in _OPTION_FIELDS.items()}[name]
-            raise InputError(f"{option} {value} is not accepted; accepted: a whole number ≥ 1")
+            raise InputError(f"{_OPTION_FIELDS[name]} {value} is not accepted; accepted: a whole number ≥ 1")
     if not changes:
         return arch
     data = arch.model_dump()
