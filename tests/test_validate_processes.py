@@ -131,3 +131,19 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     assert result.returncode == 2, result.stderr + result.stdout
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_under_torchrun_every_configuration_shares_one_world() -> None:
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))
+    }
+    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1")
+    result = subprocess.run(
+        [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "zerocalc", "validate",
+         "--strategies", "fsdp2,zero1", "--precision", "fp32", "--json"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)  # rank 0 alone prints
+    assert report["world_size"] == 2
+    assert [c["status"] for c in report["configs"]] == ["match", "match"]

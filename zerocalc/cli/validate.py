@@ -25,6 +25,7 @@ from zerocalc.errors import InputError
 if TYPE_CHECKING:
     from zerocalc.architecture import Architecture
     from zerocalc.validate.compare import ConfigResult, ValidationReport
+    from zerocalc.validate.config import Job
 
 NEEDS_TORCH = "zerocalc validate needs PyTorch; install it with: pip install 'zerocalc[bench]'"
 DEFAULT_MODEL = "gpt2"
@@ -208,23 +209,17 @@ def run_all(
         from zerocalc.bench.topology import placement_from_env
 
         world = placement_from_env().world_size
-    results: list[ConfigResult] = []
-    is_rank0 = True
-    for strategy in strategies:
-        for recipe in precisions:
-            job = Job(
-                arch=arch,
-                strategy=strategy,
-                precision=recipe,
-                optimizer=optimizer,
-                backend=backend,
-                timeout_s=timeout,
-            )
-            result, is_rank0 = _run_one(job, world, launched)
-            if result is not None:
-                results.append(result)
-    if not is_rank0:
-        return None
+    jobs = [
+        Job(arch=arch, strategy=s, precision=p, optimizer=optimizer, backend=backend, timeout_s=timeout)
+        for s in strategies
+        for p in precisions
+    ]
+    if launched:
+        results = _run_launched(jobs, world)
+        if results is None:
+            return None
+    else:
+        results = [_run_spawned(job, world) for job in jobs]
     return ValidationReport(
         model=arch.name,
         architecture=arch,
@@ -242,46 +237,53 @@ def run_all(
     )
 
 
-def _run_one(job: object, world: int, launched: bool) -> tuple[ConfigResult | None, bool]:
-    from zerocalc.bench.launch import BenchFailed, spawn_module
-    from zerocalc.validate.compare import ConfigResult, compare, predictions
-    from zerocalc.validate.config import OUT_ENV, Job, Measured
+def _failed(job: Job, error: str, seconds: float | None = None) -> ConfigResult:
+    from zerocalc.validate.compare import ConfigResult
 
-    assert isinstance(job, Job)
+    return ConfigResult(
+        strategy=job.strategy, precision=job.precision, status="failed", error=error, seconds=seconds
+    )
+
+
+def _run_spawned(job: Job, world: int) -> ConfigResult:
+    """One configuration as its own world of ``world`` spawned processes (the bench launcher)."""
+    from zerocalc.bench.launch import BenchFailed, spawn_module
+    from zerocalc.validate.compare import compare, predictions
+    from zerocalc.validate.config import OUT_ENV, Measured
+
     preds = predictions(job.arch, job.strategy, world, job.precision, job.optimizer)
     start = time.monotonic()
-    measured: list[Measured] | None
-    if launched:
-        from zerocalc.validate import worker
-
+    with tempfile.TemporaryDirectory(prefix="zerocalc-validate-") as folder:
+        out = os.path.join(folder, "measured.json")
         try:
-            measured = worker.run(job)
-        except Exception as exc:
-            rank = os.environ.get("RANK", "0")
-            failed = ConfigResult(
-                strategy=job.strategy, precision=job.precision, status="failed", error=f"rank {rank}: {exc}"
+            spawn_module(
+                "zerocalc.validate.worker", job.model_dump_json(), world, job.timeout_s, {OUT_ENV: out}
             )
-            return failed, rank == "0"
-        if measured is None:
-            return None, False
-    else:
-        with tempfile.TemporaryDirectory(prefix="zerocalc-validate-") as folder:
-            out = os.path.join(folder, "measured.json")
-            try:
-                spawn_module(
-                    "zerocalc.validate.worker", job.model_dump_json(), world, job.timeout_s, {OUT_ENV: out}
-                )
-                with open(out, encoding="utf-8") as handle:
-                    measured = [Measured.model_validate(m) for m in json.load(handle)]
-            except (BenchFailed, OSError, ValueError) as exc:
-                return ConfigResult(
-                    strategy=job.strategy,
-                    precision=job.precision,
-                    status="failed",
-                    error=str(exc),
-                    seconds=round(time.monotonic() - start, 2),
-                ), True
-    return compare(job.strategy, job.precision, preds, measured, round(time.monotonic() - start, 2)), True
+            with open(out, encoding="utf-8") as handle:
+                measured = [Measured.model_validate(m) for m in json.load(handle)]
+        except (BenchFailed, OSError, ValueError) as exc:
+            return _failed(job, str(exc), round(time.monotonic() - start, 2))
+    return compare(job.strategy, job.precision, preds, measured, round(time.monotonic() - start, 2))
+
+
+def _run_launched(jobs: list[Job], world: int) -> list[ConfigResult] | None:
+    """Every configuration in the torchrun/srun world, one process group; None on ranks other than 0."""
+    from zerocalc.validate import worker
+    from zerocalc.validate.compare import compare, predictions
+
+    start = time.monotonic()
+    outcomes = worker.run_many(jobs)
+    if os.environ.get("RANK", "0") != "0":
+        return None
+    seconds = round((time.monotonic() - start) / len(jobs), 2)
+    results = []
+    for job, outcome in zip(jobs, outcomes, strict=True):
+        if outcome is None or isinstance(outcome, str):
+            results.append(_failed(job, outcome or "no figures came back"))
+            continue
+        preds = predictions(job.arch, job.strategy, world, job.precision, job.optimizer)
+        results.append(compare(job.strategy, job.precision, preds, outcome, seconds))
+    return results
 
 
 def render(report: ValidationReport) -> None:

@@ -194,9 +194,7 @@ def _measure(job: Job, placement: Placement, device: Any) -> Measured:
     return measured
 
 
-def run(job: Job, placement: Placement | None = None) -> list[Measured] | None:
-    """This rank's part; rank 0 returns every rank's measurements. Raises on failure (one line)."""
-    placement = placement or placement_from_env()
+def _init(job: Job, placement: Placement) -> Any:
     os.environ.update(rendezvous_env())
     if job.backend == "nccl":
         device = torch.device("cuda", placement.local_rank % torch.cuda.device_count())
@@ -210,17 +208,53 @@ def run(job: Job, placement: Placement | None = None) -> list[Measured] | None:
         timeout=timedelta(seconds=job.timeout_s),
         **({"device_id": device} if device.type == "cuda" else {}),
     )
+    return device
+
+
+def _teardown() -> None:
+    gc.collect()  # the model and optimizer are gone before destroy_process_group (torch 2.13 aborts)
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
+
+
+def _gathered(job: Job, placement: Placement, device: Any) -> list[Measured] | None:
+    mine = _measure(job, placement, device)
+    everyone: list[Any] = [None] * placement.world_size
+    dist.all_gather_object(everyone, mine.model_dump())
+    return [Measured.model_validate(m) for m in everyone] if placement.rank == 0 else None
+
+
+def run(job: Job, placement: Placement | None = None) -> list[Measured] | None:
+    """This rank's part of one configuration in its own world; rank 0 returns every rank's figures."""
+    placement = placement or placement_from_env()
+    device = _init(job, placement)
     if os.environ.get(TEST_FAIL_ENV) == job.strategy and placement.rank == 1:
         os._exit(EXIT_FAILED)
     try:
-        mine = _measure(job, placement, device)
-        everyone: list[Any] = [None] * placement.world_size
-        dist.all_gather_object(everyone, mine.model_dump())
+        return _gathered(job, placement, device)
     finally:
-        gc.collect()
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
-    return [Measured.model_validate(m) for m in everyone] if placement.rank == 0 else None
+        _teardown()
+
+
+def run_many(jobs: list[Job]) -> list[list[Measured] | str | None]:
+    """Under torchrun/srun: every configuration in one process group (initialised once: re-creating the
+    default group in one process can hang on stale rendezvous keys). Per job: rank 0's figures, None on
+    other ranks, or the one-line error of a configuration that failed (the others still run, though a
+    failure inside a collective can leave the world unusable)."""
+    placement = placement_from_env()
+    device = _init(jobs[0], placement)
+    results: list[list[Measured] | str | None] = []
+    try:
+        for job in jobs:
+            try:
+                results.append(_gathered(job, placement, device))
+            except Exception as exc:
+                results.append(f"rank {placement.rank}: {type(exc).__name__}: {_first_line(exc)}")
+            gc.collect()
+            dist.barrier()
+    finally:
+        _teardown()
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
