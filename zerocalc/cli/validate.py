@@ -330,6 +330,7 @@ def render(report: ValidationReport) -> None:
         "every model-state line matches exactly" if report.all_match else "[bold red]NOT all match[/bold red]"
     )
     out.print(
-        f"{counts['match']} configurations match, {counts['mismatch']} mismatch, "
+        f"{counts['match']} configuration{'' if counts['match'] == 1 else 's'} match, "
+        f"{counts['mismatch']} mismatch, "
         f"{counts['failed']} failed: {verdict}"
     )
