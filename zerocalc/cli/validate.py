@@ -307,7 +307,7 @@ def render(report: ValidationReport) -> None:
         for rank in config.ranks:
             for line in rank.lines:
                 if line.ok is None:
-                    mark = "not measured"
+                    mark = "n/a"
                 elif line.ok:
                     mark = "✓"
                 else:

@@ -9,10 +9,10 @@ model from the same seed, wraps it in the real framework, runs one full step (fo
   FSDP1: the sharded ``FlatParameter`` s);
 * optimizer / step: ``optimizer.state`` tensors (``ZeroRedundancyOptimizer``: its local ``optim.state``),
   the ``step`` counters apart;
-* unsharded_after_forward: right after the forward (before backward), the storage bytes of full
-  parameters the framework still holds: FSDP1 ``FlatParameter._full_param_padded`` (and the
-  low-precision ``_mp_shard`` under NO_SHARD) whose storage is allocated; FSDP2 the ``all_gather_outputs``
-  of every ``FSDPParamGroup`` still ``is_unsharded``; DDP none;
+* unsharded_after_forward (FSDP only; DDP shards nothing, so it is not measured): right after the forward
+  (before backward), the storage bytes of full parameters the framework still holds: FSDP1
+  ``FlatParameter._full_param_padded`` (and the low-precision ``_mp_shard`` under NO_SHARD) whose storage
+  is allocated; FSDP2 the ``all_gather_outputs`` of every ``FSDPParamGroup`` still ``is_unsharded``;
 * on GPU also ``torch.cuda.max_memory_allocated``.
 
 Rank 0 gathers every rank's figures with ``all_gather_object`` before tear-down; the model and optimizer
@@ -82,7 +82,7 @@ def _wrap(job: Job, model: Any, device: Any) -> tuple[Any, Any, Any]:
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
             optimizer = ZeroRedundancyOptimizer(wrapped.parameters(), optimizer_class=opt_class, lr=lr)
-        return wrapped, optimizer, lambda: 0
+        return wrapped, optimizer, lambda: None  # DDP shards nothing: nothing to measure
     if framework is Framework.FSDP1:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
