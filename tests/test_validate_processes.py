@@ -166,3 +166,16 @@ def test_world_of_four_with_tiny_sizes_where_a_rank_gets_no_rows() -> None:
         for r in report["configs"][0]["ranks"]
     ]
     assert len(fsdp2) == 4 and fsdp2[3] < fsdp2[0]
+
+
+def test_missing_torch_is_one_line_and_exit_2() -> None:
+    from test_bench_processes import BLOCK_TORCH  # tests/ is on sys.path (pytest prepend mode)
+
+    result = subprocess.run(
+        [sys.executable, "-c", BLOCK_TORCH, "validate", "--nproc", "2"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr == (
+        "zerocalc: error: zerocalc validate needs PyTorch; install it with: pip install 'zerocalc[bench]'\n"
+    )

@@ -47,7 +47,9 @@ Heads = Annotated[int | None, typer.Option("--heads", help="Override the attenti
 KvHeads = Annotated[int | None, typer.Option("--kv-heads", help="Override the key/value heads (GQA).")]
 Ffn = Annotated[int | None, typer.Option("--ffn", help="Override the MLP width f.")]
 Vocab = Annotated[int | None, typer.Option("--vocab", help="Override the vocabulary size V.")]
-Strategies = Annotated[str, typer.Option("--strategies", help=f"Comma list of {ALL_STRATEGIES}, or all.")]
+Strategies = Annotated[
+    str, typer.Option("--strategies", help="Comma list of " + ALL_STRATEGIES.replace(",", ", ") + ", or all.")
+]
 Precisions = Annotated[str, typer.Option("--precision", help="Comma list of fp32, bf16-mixed.")]
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adam or adamw.")]
 Nproc = Annotated[

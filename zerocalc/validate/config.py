@@ -51,8 +51,7 @@ class Measured(BaseModel):
     optimizer: int
     step: int
     unsharded_after_forward: int | None = Field(
-        default=None, description="None where it cannot be measured (explained in note)"
+        default=None, description="None where nothing is sharded (DDP, ZeRO-1): not measured"
     )
-    note: str = ""
     peak_allocated: int | None = Field(default=None, description="torch.cuda.max_memory_allocated (GPU only)")
     loss: float
