@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 
 from zerocalc.architecture import Architecture
 from zerocalc.dtypes import DType
-from zerocalc.framework_states import LINES, STATE_LINES, RankStates, predict_all_ranks
+from zerocalc.framework_states import LINES, STATE_LINES, Framework, RankStates, predict_all_ranks
 from zerocalc.validate.config import PERTURB_ENV, STRATEGIES, Measured
 
 PEAK_TOLERANCE = 0.25
@@ -93,6 +93,8 @@ def compare(
             )
         if meas.peak_allocated is not None:
             floor = pred.model_states + pred.unsharded_after_forward.bytes
+            if pred.framework in (Framework.DDP, Framework.TORCH_ZERO1):
+                floor += pred.grads.bytes  # the reducer's gradient buckets (gradient_as_bucket_view=False)
             ceiling = floor * (1 + PEAK_TOLERANCE) + PEAK_SLACK_BYTES
             lines.append(
                 LineResult(
@@ -103,7 +105,8 @@ def compare(
                     ok=floor <= meas.peak_allocated <= ceiling,
                     model_state=False,
                     explanation=(
-                        "torch.cuda.max_memory_allocated vs model states + unsharded parameters; the "
+                        "torch.cuda.max_memory_allocated vs model states + unsharded parameters (+ DDP's "
+                        "gradient buckets); the "
                         f"difference is activations and temporaries (tolerance +{PEAK_TOLERANCE:.0%} "
                         f"+ {PEAK_SLACK_BYTES // 2**20} MiB)"
                     ),
