@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
 
 
-def _zerocalc(*args: str, timeout: float = 170, **extra: str) -> subprocess.CompletedProcess[str]:
+def _zerocalc(*args: str, timeout: float = 300, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))
     }
