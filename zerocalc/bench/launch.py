@@ -60,12 +60,24 @@ def run_bench(config: BenchConfig, nproc: int) -> int:
 
 
 def spawn(config: BenchConfig, nproc: int) -> int:
+    return spawn_module("zerocalc.bench.worker", config.model_dump_json(), nproc, config.timeout_s)
+
+
+def spawn_module(
+    module: str, payload: str, nproc: int, timeout_s: float, extra_env: dict[str, str] | None = None
+) -> int:
+    """Run ``python -m MODULE PAYLOAD`` as ``nproc`` ranks of one world on this node and watch them.
+
+    Shared by ``bench`` and ``validate``. Returns 0 when every rank exits 0; raises :class:`BenchFailed`
+    (one line naming the failing rank) otherwise, or KeyboardInterrupt on Ctrl-C. Every rank is stopped
+    before this returns.
+    """
     port = free_port()
-    payload = config.model_dump_json()
     procs: list[subprocess.Popen[bytes]] = []
     errors = tempfile.TemporaryDirectory(prefix="zerocalc-bench-")
     base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     base[ERROR_DIR_ENV] = errors.name
+    base.update(extra_env or {})
     try:
         for rank in range(nproc):
             env = dict(
@@ -79,8 +91,8 @@ def spawn(config: BenchConfig, nproc: int) -> int:
                 MASTER_PORT=str(port),
                 OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
             )
-            procs.append(subprocess.Popen([sys.executable, "-m", "zerocalc.bench.worker", payload], env=env))
-        return _watch(procs, config.timeout_s + GRACE_S, Path(errors.name))
+            procs.append(subprocess.Popen([sys.executable, "-m", module, payload], env=env))
+        return _watch(procs, timeout_s + GRACE_S, Path(errors.name))
     finally:
         _stop(procs)
         errors.cleanup()

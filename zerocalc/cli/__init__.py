@@ -87,3 +87,4 @@ def main() -> None:
 from zerocalc.cli import check as _check  # noqa: E402,F401
 from zerocalc.cli import comm as _comm  # noqa: E402,F401
 from zerocalc.cli import presets as _presets  # noqa: E402,F401
+from zerocalc.cli import validate as _validate  # noqa: E402,F401

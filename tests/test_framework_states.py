@@ -1,0 +1,100 @@
+"""The exact per-rank predictions of the real frameworks (pure: no torch)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from zerocalc.architecture import Architecture, ParamTensor, count_parameters, parameter_tensors
+from zerocalc.errors import InputError
+from zerocalc.framework_states import (
+    Sharding,
+    dim0_rows,
+    fsdp1_shard_numel,
+    fsdp_units,
+    predict_all_ranks,
+    predict_rank_states,
+    zero1_partition,
+)
+from zerocalc.presets import load_model
+
+
+def _small(name: str = "gpt2", **changes: int) -> Architecture:
+    arch, _ = load_model(name)
+    sizes = dict(num_layers=2, hidden_size=63, num_heads=3, intermediate_size=252, vocab_size=1001)
+    return Architecture.model_validate({**arch.model_dump(), "head_dim": None, **sizes, **changes})
+
+
+def test_units_are_one_per_block_plus_the_root() -> None:
+    arch = _small()
+    units = fsdp_units(arch)
+    assert [name for name, _ in units] == ["layers.0", "layers.1", "root"]
+    assert [t.module for t in units[-1][1]] == ["embed_tokens", "embed_positions", "final_norm", "final_norm"]
+    assert sum(t.numel for _, u in units for t in u) == count_parameters(arch).total
+
+
+def test_zero1_partition_is_the_greedy_largest_first_one() -> None:
+    tensors = [ParamTensor(module=f"m{i}", name="w", shape=(n,)) for i, n in enumerate([5, 9, 9, 3, 1])]
+    ranks = zero1_partition(tensors, 2)
+    # sorted: 9 (m1), 9 (m2), 5, 3, 1 → r0 9, r1 9, r0 +5 = 14, r1 +3 = 12, r1 +1 = 13
+    assert [[t.module for t in r] for r in ranks] == [["m1", "m0"], ["m2", "m3", "m4"]]
+
+
+@given(rows=st.integers(1, 5000), world=st.integers(1, 16))
+def test_dim0_rows_are_torch_chunk(rows: int, world: int) -> None:
+    got = [dim0_rows(rows, world, r) for r in range(world)]
+    chunk = -(-rows // world)
+    assert sum(got) == rows
+    assert all(0 <= g <= chunk for g in got)
+    assert got == sorted(got, reverse=True)
+
+
+def test_fsdp1_pads_each_flat_parameter_to_a_multiple_of_the_world() -> None:
+    assert fsdp1_shard_numel(10, 4, Sharding.FULL_SHARD) == 3
+    assert fsdp1_shard_numel(10, 4, Sharding.NO_SHARD) == 10
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_totals_over_ranks(world: int, precision: str) -> None:
+    arch = _small("llama-2-7b", num_kv_heads=1)
+    total = count_parameters(arch).total
+    n_tensors = len(parameter_tensors(arch))
+    ddp = predict_all_ranks(arch, "ddp", world, precision)
+    assert all(r.params.bytes == 4 * total and r.optimizer_states.bytes == 8 * total for r in ddp)
+    zero1 = predict_all_ranks(arch, "torch-zero1", world, precision)
+    assert sum(r.optimizer_states.bytes for r in zero1) == 8 * total
+    assert sum(r.step.bytes for r in zero1) == 4 * n_tensors
+    fsdp2 = predict_all_ranks(arch, "fsdp2", world, precision)
+    assert sum(r.params.bytes for r in fsdp2) == 4 * total
+    assert sum(r.grads.bytes for r in fsdp2) == 4 * total
+    fsdp1 = predict_all_ranks(arch, "fsdp1", world, precision, sharding="full_shard")
+    padded = sum(-(-sum(t.numel for t in u) // world) * world for _, u in fsdp_units(arch))
+    assert sum(r.params.bytes for r in fsdp1) == 4 * padded
+    assert 0 <= padded - total < world * len(fsdp_units(arch))
+
+
+def test_what_stays_unsharded_after_forward() -> None:
+    arch = _small()
+    units = fsdp_units(arch)
+    per = [-(-sum(t.numel for t in u) // 2) * 2 for _, u in units]
+    fs = predict_rank_states(arch, "fsdp1", 2, 0, "bf16-mixed", sharding="full_shard")
+    sgo = predict_rank_states(arch, "fsdp1", 2, 0, "bf16-mixed", sharding="shard_grad_op")
+    ns = predict_rank_states(arch, "fsdp1", 2, 0, "bf16-mixed", sharding="no_shard")
+    assert fs.unsharded_after_forward.bytes == 2 * per[-1]
+    assert sgo.unsharded_after_forward.bytes == 2 * sum(per)
+    assert ns.unsharded_after_forward.bytes == 0
+    f2 = predict_rank_states(arch, "fsdp2", 2, 1, "fp32")
+    f2_keep = predict_rank_states(arch, "fsdp2", 2, 1, "fp32", reshard_after_forward=False)
+    assert 0 < f2.unsharded_after_forward.bytes < f2_keep.unsharded_after_forward.bytes
+
+
+def test_bad_inputs_are_input_errors() -> None:
+    arch = _small()
+    with pytest.raises(InputError):
+        predict_rank_states(arch, "ddp", 2, 2)
+    with pytest.raises(InputError):
+        predict_rank_states(arch, "ddp", 2, 0, precision="fp16-mixed")
+    with pytest.raises(InputError):
+        predict_rank_states(load_model("mixtral-8x7b")[0], "ddp", 2, 0)

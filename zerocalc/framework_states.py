@@ -1,0 +1,315 @@
+"""Exact per-rank model-state bytes of the real PyTorch frameworks (pure: no torch).
+
+``zerocalc memory``'s analytic model counts Ψ·bytes/N. The real implementations differ in small, exact
+ways that this module models tensor by tensor, from :func:`zerocalc.architecture.parameter_tensors` (the
+same list the analytic count uses). Every rule below is read from the torch 2.13 source named in its
+docstring (``torch/distributed/...``); ``zerocalc validate`` measures the same quantities on a real run
+and compares them line by line.
+
+Wrapping (FSDP1 and FSDP2): one unit per transformer block ``layers.<i>`` (its norms, attention and MLP
+parameters), plus the root unit holding everything else: ``embed_tokens`` (shared with the LM head when
+tied, counted once), ``embed_positions`` (learned positions), ``final_norm`` and ``lm_head``.
+
+Lines per rank:
+
+* ``params``: bytes of the parameters this rank holds at rest (fp32: the model is built in fp32 and the
+  mixed-precision recipes keep the fp32 sharded parameter as the master copy);
+* ``grads``: bytes of ``.grad`` of the parameters the optimizer sees, after ``backward`` and ``step``;
+* ``optimizer``: Adam/AdamW ``exp_avg`` and ``exp_avg_sq`` of the parameters whose state lives on this
+  rank (fp32, shaped like the local parameter);
+* ``step``: Adam's ``step`` counters, one 0-dim fp32 tensor per parameter with state
+  (``torch/optim/adam.py`` ``Adam._init_group``: ``torch.tensor(0.0, dtype=_get_scalar_dtype())``);
+* ``unsharded_after_forward``: bytes of full (all-gathered) parameters the framework still holds after
+  the forward pass, in the forward dtype (bf16 under ``bf16-mixed``).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from zerocalc.architecture import Architecture, ParamTensor, parameter_tensors
+from zerocalc.dtypes import DType
+from zerocalc.errors import InputError
+from zerocalc.units import ceil_div
+
+
+class Framework(str, Enum):
+    DDP = "ddp"
+    """``DistributedDataParallel`` with a plain optimizer."""
+    TORCH_ZERO1 = "torch-zero1"
+    """DDP + ``torch.distributed.optim.ZeroRedundancyOptimizer``."""
+    FSDP1 = "fsdp1"
+    """``FullyShardedDataParallel`` (``use_orig_params=False``), one unit per block + root."""
+    FSDP2 = "fsdp2"
+    """``fully_shard`` per block, then on the root."""
+
+
+class Sharding(str, Enum):
+    """FSDP1 ``ShardingStrategy`` values (lower-case)."""
+
+    NO_SHARD = "no_shard"
+    SHARD_GRAD_OP = "shard_grad_op"
+    FULL_SHARD = "full_shard"
+
+
+PRECISIONS = ("fp32", "bf16-mixed")
+OPTIMIZERS = ("adam", "adamw")
+STATE_LINES = ("params", "grads", "optimizer", "step")
+"""The model-state lines: an exact match is expected for each."""
+LINES = (*STATE_LINES, "unsharded_after_forward")
+
+STEP_BYTES = DType.FP32.bytes
+"""One Adam ``step`` counter: a 0-dim fp32 tensor."""
+ADAM_STATES = 2
+"""``exp_avg`` and ``exp_avg_sq`` (no amsgrad)."""
+
+
+class Line(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    bytes: int = Field(ge=0)
+    explanation: str
+
+
+class RankStates(BaseModel):
+    """What one rank holds, exactly, with a short explanation per line."""
+
+    model_config = ConfigDict(frozen=True)
+
+    framework: Framework
+    sharding: Sharding | None = None
+    reshard_after_forward: bool | None = None
+    world_size: int
+    rank: int
+    precision: str
+    optimizer: str
+    params: Line
+    grads: Line
+    optimizer_states: Line
+    step: Line
+    unsharded_after_forward: Line
+
+    def line(self, name: str) -> Line:
+        return self.optimizer_states if name == "optimizer" else getattr(self, name)
+
+    @property
+    def model_states(self) -> int:
+        """params + grads + optimizer states + step counters."""
+        return sum(self.line(name).bytes for name in STATE_LINES)
+
+
+# ------------------------------------------------------------------------------------------ the rules
+def fsdp_units(arch: Architecture) -> list[tuple[str, list[ParamTensor]]]:
+    """The wrapping: ``("layers.<i>", block tensors)`` per block, then ``("root", the rest)``."""
+    blocks: dict[str, list[ParamTensor]] = {}
+    root: list[ParamTensor] = []
+    for t in parameter_tensors(arch):
+        if t.module.startswith("layers."):
+            unit = ".".join(t.module.split(".")[:2])
+            blocks.setdefault(unit, []).append(t)
+        else:
+            root.append(t)
+    return [*blocks.items(), ("root", root)]
+
+
+def fsdp1_shard_numel(unit_numel: int, world_size: int, sharding: Sharding) -> int:
+    """Elements of one FSDP1 ``FlatParameter`` on each rank.
+
+    ``torch/distributed/fsdp/_flat_param.py`` ``FlatParamHandle.shard`` / ``_get_shard``: the flat
+    parameter (the unit's parameters concatenated, no alignment padding with ``use_orig_params=False``:
+    ``_get_aligned_numel`` applies only with ``align_addresses = use_orig_params``) is cut with
+    ``torch.chunk(world_size)`` and each chunk right-padded to the first chunk's size, so every rank holds
+    ``ceil(numel / N)`` elements (the flat parameter padded to a multiple of N). ``NO_SHARD`` does not
+    shard (``uses_sharded_strategy`` is false): every rank holds the whole flat parameter, unpadded.
+    """
+    if sharding is Sharding.NO_SHARD:
+        return unit_numel
+    return ceil_div(unit_numel, world_size)
+
+
+def dim0_rows(rows: int, world_size: int, rank: int) -> int:
+    """Rows of a dim-0 ``torch.chunk`` that ``rank`` gets (FSDP2).
+
+    ``torch/distributed/fsdp/_fully_shard/_fsdp_param.py`` ``FSDPParam._init_sharded_param`` uses
+    ``_chunk_with_empty(param, world_size, dim=0)`` (``torch.chunk`` padded with empty chunks): chunk
+    size ``ceil(d0 / N)``; the last ranks get fewer rows, or none.
+    """
+    chunk = ceil_div(rows, world_size)
+    return max(0, min(chunk, rows - rank * chunk))
+
+
+def zero1_partition(tensors: list[ParamTensor], world_size: int) -> list[list[ParamTensor]]:
+    """``ZeroRedundancyOptimizer``'s partition of whole tensors over ranks.
+
+    ``torch/distributed/optim/zero_redundancy_optimizer.py`` ``_partition_parameters``: the (one)
+    param group's parameters sorted by ``numel`` largest first (Python's stable sort: ties keep
+    ``model.parameters()`` order), each assigned to the rank with the smallest total so far
+    (``_get_min_index``: the first such rank).
+    """
+    ranks: list[list[ParamTensor]] = [[] for _ in range(world_size)]
+    sizes = [0] * world_size
+    for t in sorted(tensors, key=lambda t: t.numel, reverse=True):
+        rank = sizes.index(min(sizes))
+        ranks[rank].append(t)
+        sizes[rank] += t.numel
+    return ranks
+
+
+def _rest(shape: tuple[int, ...]) -> int:
+    n = 1
+    for dim in shape[1:]:
+        n *= dim
+    return n
+
+
+# ------------------------------------------------------------------------------------------ the model
+def predict_rank_states(
+    arch: Architecture,
+    framework: Framework | str,
+    world_size: int,
+    rank: int,
+    precision: str = "fp32",
+    optimizer: str = "adam",
+    sharding: Sharding | str | None = None,
+    reshard_after_forward: bool = True,
+) -> RankStates:
+    """Exact bytes rank ``rank`` of ``world_size`` holds after one full training step."""
+    fw = Framework(framework)
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise InputError(f"rank {rank} of world {world_size} is not accepted; accepted: 0 ≤ rank < N")
+    if precision not in PRECISIONS:
+        raise InputError(f"precision {precision!r} is not accepted; accepted: {', '.join(PRECISIONS)}")
+    if optimizer not in OPTIMIZERS:
+        raise InputError(f"optimizer {optimizer!r} is not accepted; accepted: {', '.join(OPTIMIZERS)}")
+    if arch.is_moe:
+        raise InputError(f"{arch.name}: mixture-of-experts models are not modelled here yet; accepted: dense")
+    shard = Sharding(sharding) if sharding is not None else None
+    if fw is Framework.FSDP1 and shard is None:
+        shard = Sharding.FULL_SHARD
+    if fw is not Framework.FSDP1:
+        shard = None
+    fwd = DType.BF16 if precision == "bf16-mixed" else DType.FP32
+    f32 = DType.FP32.bytes
+    tensors = parameter_tensors(arch)
+    total = sum(t.numel for t in tensors)
+
+    if fw in (Framework.DDP, Framework.TORCH_ZERO1):
+        held = total
+        if fw is Framework.DDP:
+            owned, how = tensors, "every parameter"
+        else:
+            owned = zero1_partition(tensors, world_size)[rank]
+            how = f"{len(owned)} of {len(tensors)} whole tensors (greedy partition, largest first)"
+        opt_numel = sum(t.numel for t in owned)
+        return RankStates(
+            framework=fw,
+            world_size=world_size,
+            rank=rank,
+            precision=precision,
+            optimizer=optimizer,
+            params=Line(bytes=held * f32, explanation=f"{held:,} fp32 elements: the whole model, replicated"),
+            grads=Line(bytes=held * f32, explanation=f"{held:,} fp32 elements: all-reduced by DDP"),
+            optimizer_states=Line(
+                bytes=ADAM_STATES * opt_numel * f32,
+                explanation=f"exp_avg + exp_avg_sq of {how}: 2 × {opt_numel:,} fp32",
+            ),
+            step=Line(bytes=len(owned) * STEP_BYTES, explanation=f"{len(owned)} fp32 step counters"),
+            unsharded_after_forward=Line(bytes=0, explanation="none: DDP never shards parameters"),
+        )
+
+    if fw is Framework.FSDP1:
+        assert shard is not None
+        units = fsdp_units(arch)
+        local = 0
+        kept = 0
+        kept_units: list[str] = []
+        for name, unit in units:
+            numel = sum(t.numel for t in unit)
+            local += fsdp1_shard_numel(numel, world_size, shard)
+            # ``_runtime_utils._post_forward_reshard``: free after forward only for non-root units of
+            # RESHARD_AFTER_FORWARD strategies (FULL_SHARD); SHARD_GRAD_OP keeps every unit unsharded.
+            if shard is Sharding.SHARD_GRAD_OP or (shard is Sharding.FULL_SHARD and name == "root"):
+                kept += ceil_div(numel, world_size) * world_size
+                kept_units.append(name)
+        n_flat = len(units)
+        pad_note = "" if shard is Sharding.NO_SHARD else ", padded to a multiple of N"
+        if shard is Sharding.NO_SHARD:
+            kept_text = "none: NO_SHARD keeps whole flat parameters"
+        elif kept_units == ["root"]:
+            kept_text = f"the root unit's padded flat parameter ({kept:,} {fwd.value}); blocks resharded"
+        else:
+            kept_text = f"all {len(kept_units)} padded flat parameters ({kept:,} {fwd.value}): SHARD_GRAD_OP"
+        return RankStates(
+            framework=fw,
+            sharding=shard,
+            world_size=world_size,
+            rank=rank,
+            precision=precision,
+            optimizer=optimizer,
+            params=Line(
+                bytes=local * f32,
+                explanation=f"{n_flat} flat parameters, {local:,} fp32 elements on this rank{pad_note}",
+            ),
+            grads=Line(bytes=local * f32, explanation=f"{local:,} fp32: the sharded flat parameters' dtype"),
+            optimizer_states=Line(
+                bytes=ADAM_STATES * local * f32, explanation=f"2 × {local:,} fp32 (follow the flat params)"
+            ),
+            step=Line(
+                bytes=n_flat * STEP_BYTES, explanation=f"{n_flat} fp32 step counters (one per flat param)"
+            ),
+            unsharded_after_forward=Line(bytes=kept * fwd.bytes, explanation=kept_text),
+        )
+
+    # FSDP2
+    units = fsdp_units(arch)
+    local = sum(dim0_rows(t.shape[0], world_size, rank) * _rest(t.shape) for t in tensors)
+    kept = 0
+    for name, unit in units:
+        if not reshard_after_forward or name == "root":
+            # ``FSDPState._lazy_init``: the root's ``post_forward_mesh_info`` is None (not resharded).
+            kept += sum(ceil_div(t.shape[0], world_size) * world_size * _rest(t.shape) for t in unit)
+    kept_text = (
+        "every group's padded unsharded parameters (reshard_after_forward=False)"
+        if not reshard_after_forward
+        else "the root group's padded unsharded parameters (the root is never resharded after forward)"
+    )
+    return RankStates(
+        framework=fw,
+        reshard_after_forward=reshard_after_forward,
+        world_size=world_size,
+        rank=rank,
+        precision=precision,
+        optimizer=optimizer,
+        params=Line(
+            bytes=local * f32,
+            explanation=f"{len(tensors)} DTensors sharded on dim 0: {local:,} fp32 local elements",
+        ),
+        grads=Line(bytes=local * f32, explanation=f"{local:,} fp32: sharded like the parameters"),
+        optimizer_states=Line(
+            bytes=ADAM_STATES * local * f32, explanation=f"2 × {local:,} fp32 local shards"
+        ),
+        step=Line(bytes=len(tensors) * STEP_BYTES, explanation=f"{len(tensors)} fp32 step counters"),
+        unsharded_after_forward=Line(
+            bytes=kept * fwd.bytes, explanation=f"{kept:,} {fwd.value}: {kept_text}"
+        ),
+    )
+
+
+def predict_all_ranks(
+    arch: Architecture,
+    framework: Framework | str,
+    world_size: int,
+    precision: str = "fp32",
+    optimizer: str = "adam",
+    sharding: Sharding | str | None = None,
+    reshard_after_forward: bool = True,
+) -> list[RankStates]:
+    """:func:`predict_rank_states` for every rank, rank 0 first."""
+    return [
+        predict_rank_states(
+            arch, framework, world_size, r, precision, optimizer, sharding, reshard_after_forward
+        )
+        for r in range(world_size)
+    ]

@@ -1,0 +1,288 @@
+"""The torch side of ``zerocalc validate``: one rank of one configuration (imports torch).
+
+Run as ``python -m zerocalc.validate.worker JOB_JSON`` by the launcher shared with bench
+(:func:`zerocalc.bench.launch.spawn_module`), or called in-process under torchrun. Each rank builds the
+model from the same seed, wraps it in the real framework, runs one full step (forward, backward,
+``optimizer.step``; no ``zero_grad``) on random tokens and measures what it holds:
+
+* params / grads: bytes of the parameters the optimizer sees and their ``.grad`` (DTensor: ``to_local()``;
+  FSDP1: the sharded ``FlatParameter`` s);
+* optimizer / step: ``optimizer.state`` tensors (``ZeroRedundancyOptimizer``: its local ``optim.state``),
+  the ``step`` counters apart;
+* unsharded_after_forward (FSDP only; DDP shards nothing, so it is not measured): right after the forward
+  (before backward), the storage bytes of full parameters the framework still holds: FSDP1
+  ``FlatParameter._full_param_padded`` (and the low-precision ``_mp_shard`` under NO_SHARD) whose storage
+  is allocated; FSDP2 the ``all_gather_outputs`` of every ``FSDPParamGroup`` still ``is_unsharded``;
+* on GPU also ``torch.cuda.max_memory_allocated``.
+
+Rank 0 gathers every rank's figures with ``all_gather_object`` before tear-down; the model and optimizer
+are freed (``gc.collect()``) before ``destroy_process_group`` (torch 2.13 can abort at exit otherwise).
+Exit codes as bench's worker: 0 done, 1 failed (one line), 2 bad input, 3 timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import signal
+import sys
+import warnings
+from datetime import timedelta
+from typing import Any
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+
+import torch
+import torch.distributed as dist
+
+from zerocalc.bench.topology import Placement, placement_from_env, rendezvous_env
+from zerocalc.bench.worker import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_TIMEOUT, _first_line, _say, _watchdog
+from zerocalc.errors import InputError
+from zerocalc.framework_states import Framework, Sharding
+from zerocalc.validate.config import OUT_ENV, STRATEGIES, TEST_FAIL_ENV, Job, Measured
+from zerocalc.validate.model import Block, build_model, loss_fn
+
+
+def _local(t: Any) -> Any:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _nbytes(t: Any) -> int:
+    t = _local(t)
+    return t.numel() * t.element_size()
+
+
+def _storages(tensors: list[Any]) -> int:
+    """Bytes of the distinct allocated storages behind ``tensors``."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        if storage.nbytes() > 0:
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _wrap(job: Job, model: Any, device: Any) -> tuple[Any, Any, Any]:
+    """(wrapped model, optimizer, a function measuring the unsharded bytes after forward)."""
+    framework, sharding, reshard = STRATEGIES[job.strategy]
+    bf16 = job.precision == "bf16-mixed"
+    opt_class = torch.optim.AdamW if job.optimizer == "adamw" else torch.optim.Adam
+    lr = 1e-3
+    if framework in (Framework.DDP, Framework.TORCH_ZERO1):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = model.to(device)
+        wrapped = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        if framework is Framework.DDP:
+            optimizer = opt_class(wrapped.parameters(), lr=lr)
+        else:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            optimizer = ZeroRedundancyOptimizer(wrapped.parameters(), optimizer_class=opt_class, lr=lr)
+        return wrapped, optimizer, lambda: None  # DDP shards nothing: nothing to measure
+    if framework is Framework.FSDP1:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        strategy = {
+            Sharding.NO_SHARD: ShardingStrategy.NO_SHARD,
+            Sharding.SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP,
+            Sharding.FULL_SHARD: ShardingStrategy.FULL_SHARD,
+        }[sharding or Sharding.FULL_SHARD]
+        mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
+        wrapped = FSDP(
+            model,
+            sharding_strategy=strategy,
+            auto_wrap_policy=ModuleWrapPolicy({Block}),
+            mixed_precision=mp,
+            device_id=device,
+            use_orig_params=False,
+        )
+        optimizer = opt_class(wrapped.parameters(), lr=lr)
+
+        def unsharded() -> int:
+            held = []
+            for unit in FSDP.fsdp_modules(wrapped):
+                handle = unit._handle
+                if handle is None:
+                    continue
+                flat = handle.flat_param
+                for attr in ("_full_param_padded", "_mp_shard"):
+                    t = getattr(flat, attr, None)
+                    if t is not None and (attr == "_full_param_padded" or not handle.uses_sharded_strategy):
+                        held.append(t)
+            return _storages(held)
+
+        return wrapped, optimizer, unsharded
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if bf16
+        else MixedPrecisionPolicy()
+    )
+    model = model.to(device)
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+    # The root with the default (None: "auto"), which keeps the root unsharded after forward; with
+    # reshard=False every group stays unsharded anyway.
+    fully_shard(model, mesh=mesh, mp_policy=policy, **({} if reshard else {"reshard_after_forward": False}))
+    optimizer = opt_class(model.parameters(), lr=lr)
+
+    def unsharded2() -> int:
+        held = []
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                group = module._get_fsdp_state()._fsdp_param_group
+                if group is not None and group.is_unsharded:
+                    for fsdp_param in group.fsdp_params:
+                        held.extend(fsdp_param.all_gather_outputs)
+        return _storages(held)
+
+    return model, optimizer, unsharded2
+
+
+def _measure(job: Job, placement: Placement, device: Any) -> Measured:
+    model = build_model(job.arch, job.seed)
+    wrapped, optimizer, unsharded = _wrap(job, model, device)
+    framework = STRATEGIES[job.strategy][0]
+    gen = torch.Generator().manual_seed(job.seed + placement.rank)
+    tokens = torch.randint(0, job.arch.vocab_size, (job.batch, job.seq), generator=gen).to(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    autocast = (
+        torch.autocast(device.type, dtype=torch.bfloat16)
+        if job.precision == "bf16-mixed" and framework in (Framework.DDP, Framework.TORCH_ZERO1)
+        else contextlib.nullcontext()
+    )
+    with autocast:
+        logits = wrapped(tokens)
+    after_forward = unsharded()
+    loss = loss_fn(logits, tokens)
+    loss.backward()
+    optimizer.step()
+    local_optim = optimizer.optim if framework is Framework.TORCH_ZERO1 else optimizer
+    params = [p for group in local_optim.param_groups for p in group["params"]]
+    if framework is Framework.TORCH_ZERO1:  # every rank holds every parameter and gradient
+        params = list(wrapped.parameters())
+    opt_bytes = step_bytes = 0
+    for state in local_optim.state.values():
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                if key == "step":
+                    step_bytes += _nbytes(value)
+                else:
+                    opt_bytes += _nbytes(value)
+    measured = Measured(
+        rank=placement.rank,
+        params=sum(_nbytes(p) for p in params),
+        grads=sum(_nbytes(p.grad) for p in params if p.grad is not None),
+        optimizer=opt_bytes,
+        step=step_bytes,
+        unsharded_after_forward=after_forward,
+        peak_allocated=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+        loss=float(loss.detach().float().item()),
+    )
+    del logits, loss, wrapped, optimizer, local_optim, params, model
+    gc.collect()
+    return measured
+
+
+def _init(job: Job, placement: Placement) -> Any:
+    os.environ.update(rendezvous_env())
+    if job.backend == "nccl":
+        device = torch.device("cuda", placement.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(
+        job.backend,
+        rank=placement.rank,
+        world_size=placement.world_size,
+        timeout=timedelta(seconds=job.timeout_s),
+        **({"device_id": device} if device.type == "cuda" else {}),
+    )
+    return device
+
+
+def _teardown() -> None:
+    gc.collect()  # the model and optimizer are gone before destroy_process_group (torch 2.13 aborts)
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
+
+
+def _gathered(job: Job, placement: Placement, device: Any) -> list[Measured] | None:
+    mine = _measure(job, placement, device)
+    everyone: list[Any] = [None] * placement.world_size
+    dist.all_gather_object(everyone, mine.model_dump())
+    return [Measured.model_validate(m) for m in everyone] if placement.rank == 0 else None
+
+
+def run(job: Job, placement: Placement | None = None) -> list[Measured] | None:
+    """This rank's part of one configuration in its own world; rank 0 returns every rank's figures."""
+    placement = placement or placement_from_env()
+    device = _init(job, placement)
+    if os.environ.get(TEST_FAIL_ENV) == job.strategy and placement.rank == 1:
+        os._exit(EXIT_FAILED)
+    try:
+        return _gathered(job, placement, device)
+    finally:
+        _teardown()
+
+
+def run_many(jobs: list[Job]) -> list[list[Measured] | str | None]:
+    """Under torchrun/srun: every configuration in one process group (initialised once: re-creating the
+    default group in one process can hang on stale rendezvous keys). Per job: rank 0's figures, None on
+    other ranks, or the one-line error of a configuration that failed (the others still run, though a
+    failure inside a collective can leave the world unusable)."""
+    placement = placement_from_env()
+    device = _init(jobs[0], placement)
+    results: list[list[Measured] | str | None] = []
+    try:
+        for job in jobs:
+            try:
+                results.append(_gathered(job, placement, device))
+            except Exception as exc:
+                results.append(f"rank {placement.rank}: {type(exc).__name__}: {_first_line(exc)}")
+            gc.collect()
+            dist.barrier()
+    finally:
+        _teardown()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    warnings.filterwarnings("ignore", category=FutureWarning)  # e.g. NO_SHARD's deprecation notice
+    argv = sys.argv[1:] if argv is None else argv
+    job = Job.model_validate_json(argv[0])
+    placement = placement_from_env()
+    _watchdog(job.timeout_s, placement.rank)
+    try:
+        result = run(job, placement)
+    except InputError as exc:
+        _say(str(exc))
+        return EXIT_BAD_INPUT
+    except Exception as exc:
+        if "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
+            _say(f"rank {placement.rank}: a collective did not complete within --timeout {job.timeout_s:g} s")
+            os._exit(EXIT_TIMEOUT)
+        _say(f"rank {placement.rank}: {type(exc).__name__}: {_first_line(exc)}")
+        os._exit(EXIT_FAILED)
+    out = os.environ.get(OUT_ENV)
+    if result is not None and out:
+        with open(out, "w", encoding="utf-8") as handle:
+            json.dump([m.model_dump() for m in result], handle)
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
