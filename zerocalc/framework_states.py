@@ -313,3 +313,42 @@ def predict_all_ranks(
         )
         for r in range(world_size)
     ]
+
+
+def padded_unit_numel(unit: list[ParamTensor], world_size: int, framework: Framework | str) -> int:
+    """Elements of one unit when all-gathered (unsharded) on ``world_size`` ranks, padding included.
+
+    FSDP1: the flat parameter padded to a multiple of N (:func:`fsdp1_shard_numel`); FSDP2: each tensor's
+    dim 0 padded to a multiple of N (:func:`dim0_rows`, ``FSDPParamGroup``'s all-gather output).
+    """
+    if Framework(framework) is Framework.FSDP2:
+        return sum(ceil_div(t.shape[0], world_size) * world_size * _rest(t.shape) for t in unit)
+    return ceil_div(sum(t.numel for t in unit), world_size) * world_size
+
+
+def largest_rank_states(
+    arch: Architecture,
+    framework: Framework | str,
+    world_size: int,
+    precision: str = "fp32",
+    optimizer: str = "adam",
+    sharding: Sharding | str | None = None,
+    reshard_after_forward: bool = True,
+) -> RankStates:
+    """The rank holding the most model-state bytes (what a per-GPU peak must use).
+
+    FSDP1 ranks hold equal padded shards and FSDP2's dim-0 chunks are largest on rank 0, so rank 0 is
+    the largest there; ZeroRedundancyOptimizer's greedy partition is computed once to find its rank.
+    """
+    fw = Framework(framework)
+    rank = 0
+    if fw is Framework.TORCH_ZERO1:
+        parts = zero1_partition(parameter_tensors(arch), world_size)
+        state_bytes = [
+            ADAM_STATES * sum(t.numel for t in part) * DType.FP32.bytes + len(part) * STEP_BYTES
+            for part in parts
+        ]
+        rank = state_bytes.index(max(state_bytes))
+    return predict_rank_states(
+        arch, fw, world_size, rank, precision, optimizer, sharding, reshard_after_forward
+    )

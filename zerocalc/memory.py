@@ -431,12 +431,14 @@ def estimate_memory(
     gpu_memory: int | str | None = None,
     gpu: str | None = None,
     reserve: int | str | None = None,
+    default_strategies: tuple[StrategyName, ...] = DEFAULT_STRATEGIES,
 ) -> MemoryEstimate:
     """Library entry point: per-GPU model-state bytes for each strategy.
 
     ``params`` takes the CLI's spellings (``"7B"``, ``6_738_415_616``), or ``model`` a preset name or a
     Hugging Face config.json path; ``strategies`` ``"all"``, a comma list or a list of names (FSDP names are
-    aliases); ``gpu`` a GPU preset whose memory less ``reserve`` gives the fits column.
+    aliases), ``default_strategies`` the set ``"all"`` stands for; ``gpu`` a GPU preset whose memory
+    less ``reserve`` gives the fits column.
     Raises :class:`zerocalc.errors.InputError`.
     """
     if isinstance(strategies, list):
@@ -452,7 +454,7 @@ def estimate_memory(
         fp32_grad_accum=fp32_grad_accum,
         offload_optimizer=parse_offload(offload_optimizer, "--offload-optimizer"),
         offload_params=parse_offload(offload_params, "--offload-params"),
-        strategies=tuple(s.name for s in chosen) if chosen else DEFAULT_STRATEGIES,
+        strategies=tuple(s.name for s in chosen) if chosen else default_strategies,
         gpu_memory_bytes=usable,
     )
     estimate = evaluate(request, explicit_strategies=chosen is not None)

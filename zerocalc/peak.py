@@ -23,6 +23,7 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from zerocalc import framework_states as torch_states
 from zerocalc.activations import ActivationEstimate, ActivationShape, Recompute, estimate_activations
 from zerocalc.activations import MlpKind as ActMlp
 from zerocalc.architecture import Architecture, MlpKind, NormKind, ParameterCount, count_parameters
@@ -31,7 +32,7 @@ from zerocalc.errors import InputError
 from zerocalc.memory import Location, MemoryEstimate, StateKind, StrategyMemory
 from zerocalc.optimizers import OptimizerName
 from zerocalc.precision import RECIPES, PrecisionName
-from zerocalc.strategies import OffloadTarget, StrategyName
+from zerocalc.strategies import DEFAULT_STRATEGIES, OffloadTarget, ShardScope, StrategyName
 from zerocalc.units import ceil_div
 
 DEFAULT_SEQ_LEN = 2048
@@ -49,6 +50,9 @@ class Framework(str, Enum):
     PAPER = "paper"
     DEEPSPEED = "deepspeed"
     MEGATRON = "megatron"
+    FSDP = "fsdp"
+    FSDP2 = "fsdp2"
+    TORCH_ZERO1 = "torch-zero1"
 
 
 class Wrap(str, Enum):
@@ -301,6 +305,154 @@ def _megatron_states(strategy: StrategyName, estimate: MemoryEstimate) -> list[P
     ]
 
 
+class TorchSetup(BaseModel):
+    """How a PyTorch framework runs one zerocalc strategy (a row of :data:`TORCH_PROFILES`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    framework: torch_states.Framework
+    title: str
+    sharding: torch_states.Sharding | None = None
+    reshard_after_forward: bool = True
+    shard_scope: ShardScope = ShardScope.WORLD
+    """NODE: the shard group is one node's GPUs (hybrid sharding), replicated across nodes."""
+
+
+_FS, _SH = torch_states.Framework, torch_states.Sharding
+
+TORCH_PROFILES: dict[Framework, dict[StrategyName, TorchSetup]] = {
+    # torch/distributed/fsdp/api.py ShardingStrategy (FSDP1, use_orig_params=False, a unit per block)
+    Framework.FSDP: {
+        StrategyName.DDP: TorchSetup(framework=_FS.FSDP1, title="FSDP NO_SHARD", sharding=_SH.NO_SHARD),
+        StrategyName.SHARD_GRAD_OP: TorchSetup(
+            framework=_FS.FSDP1, title="FSDP SHARD_GRAD_OP", sharding=_SH.SHARD_GRAD_OP
+        ),
+        StrategyName.ZERO3: TorchSetup(framework=_FS.FSDP1, title="FSDP FULL_SHARD", sharding=_SH.FULL_SHARD),
+        StrategyName.HYBRID_SHARD: TorchSetup(
+            framework=_FS.FSDP1,
+            title="FSDP HYBRID_SHARD",
+            sharding=_SH.FULL_SHARD,
+            shard_scope=ShardScope.NODE,
+        ),
+    },
+    # torch/distributed/fsdp/_fully_shard/_fully_shard.py fully_shard(mesh, reshard_after_forward)
+    Framework.FSDP2: {
+        StrategyName.SHARD_GRAD_OP: TorchSetup(
+            framework=_FS.FSDP2, title="FSDP2 reshard_after_forward=False", reshard_after_forward=False
+        ),
+        StrategyName.ZERO3: TorchSetup(framework=_FS.FSDP2, title="FSDP2 reshard_after_forward=True"),
+        StrategyName.HYBRID_SHARD: TorchSetup(
+            framework=_FS.FSDP2, title="FSDP2 HSDP (2-D mesh, shard in node)", shard_scope=ShardScope.NODE
+        ),
+    },
+    # torch/nn/parallel/distributed.py; torch/distributed/optim/zero_redundancy_optimizer.py
+    Framework.TORCH_ZERO1: {
+        StrategyName.DDP: TorchSetup(framework=_FS.DDP, title="DDP", shard_scope=ShardScope.REPLICATED),
+        StrategyName.ZERO1: TorchSetup(framework=_FS.TORCH_ZERO1, title="DDP + ZeroRedundancyOptimizer"),
+    },
+}
+"""Which PyTorch configuration each strategy is under the ``fsdp``, ``fsdp2`` and ``torch-zero1``
+profiles. The exact per-rank model states come from :mod:`zerocalc.framework_states`, the module that
+``zerocalc validate`` checks against the real frameworks."""
+
+_TORCH_SOURCE = {
+    _FS.DDP: "torch 2.13 DDP",
+    _FS.TORCH_ZERO1: "torch 2.13 ZeroRedundancyOptimizer (largest rank)",
+    _FS.FSDP1: "torch 2.13 FSDP1",
+    _FS.FSDP2: "torch 2.13 FSDP2 (largest rank)",
+}
+
+
+def _torch_lines(
+    setup: TorchSetup, arch: Architecture, estimate: MemoryEstimate, options: PeakOptions
+) -> list[PeakLine]:
+    """Model states of the largest rank and the framework's buffers, exact to the element.
+
+    fp32 sharded parameters are the master copy under ``MixedPrecision``/``MixedPrecisionPolicy`` (and
+    autocast for DDP), so mixed precision has 4 + 4 + 8 bytes of states per parameter and no separate
+    master; the low-precision copies are buffers (FSDP docs, "MixedPrecision").
+    """
+    request = estimate.request
+    cluster = request.cluster
+    world = cluster.ranks_per_node if setup.shard_scope is ShardScope.NODE else cluster.world_size
+    mixed = request.precision is not PrecisionName.FP32
+    rank = torch_states.largest_rank_states(
+        arch,
+        setup.framework,
+        world,
+        "bf16-mixed" if mixed else "fp32",
+        request.optimizer.value,
+        setup.sharding,
+        setup.reshard_after_forward,
+    )
+    source = _TORCH_SOURCE[setup.framework]
+    lines = [
+        PeakLine(kind=LineKind.STATES, name=name, bytes=line.bytes, source=f"{source}: {line.explanation}")
+        for name, line in (
+            ("parameters (fp32 master)", rank.params),
+            ("gradients (fp32)", rank.grads),
+            ("optimizer states (Adam m, v)", rank.optimizer_states),
+            ("Adam step counters", rank.step),
+        )
+    ]
+    if setup.framework in (_FS.DDP, _FS.TORCH_ZERO1):
+        lines.append(
+            PeakLine(
+                kind=LineKind.BUFFERS,
+                name="DDP reducer gradient buckets",
+                bytes=rank.grads.bytes,
+                source="PyTorch DDP docs: with gradient_as_bucket_view=False (default) the buckets are a "
+                "second copy of every gradient; bucket_cap_mb only sets their size",
+            )
+        )
+        return lines
+    compute = RECIPES[request.precision].param_dtype
+    units = {
+        name: torch_states.padded_unit_numel(unit, world, setup.framework)
+        for name, unit in torch_states.fsdp_units(arch)
+    }
+    root = units.pop("root")
+    block = max(units.values(), default=0)
+    no_shard = setup.sharding is _SH.NO_SHARD
+    if no_shard and not mixed:
+        return lines  # the flat parameters and their gradients are used in place
+    keeps_all = setup.sharding is _SH.SHARD_GRAD_OP or not setup.reshard_after_forward
+    copies = f"{compute.value} copies of" if no_shard else "gathered"
+    if keeps_all:
+        lines.append(
+            PeakLine(
+                kind=LineKind.BUFFERS,
+                name="unsharded parameters of every unit (kept from forward to backward)",
+                bytes=rank.unsharded_after_forward.bytes,
+                source=f"{source}: {rank.unsharded_after_forward.explanation}",
+            )
+        )
+    else:
+        lines += [
+            PeakLine(
+                kind=LineKind.BUFFERS,
+                name=f"{copies} blocks (current + {options.prefetch} prefetched)",
+                bytes=(1 + options.prefetch) * block * compute.bytes,
+                source=f"{source}: a unit is unsharded before use, padded (forward/backward prefetch)",
+            ),
+            PeakLine(
+                kind=LineKind.BUFFERS,
+                name=f"{copies} root unit (embeddings, final norm, LM head)",
+                bytes=root * compute.bytes,
+                source=f"{source}: the root unit is not resharded between forward and backward",
+            ),
+        ]
+    lines.append(
+        PeakLine(
+            kind=LineKind.BUFFERS,
+            name="unsharded gradients of one unit",
+            bytes=max(block, root) * compute.bytes,
+            source=f"{source}: a unit's gradients, in the parameter dtype, exist until it is reduced",
+        )
+    )
+    return lines
+
+
 PROFILES: dict[Framework, dict[str, object]] = {
     Framework.PAPER: {
         "strategies": tuple(StrategyName),
@@ -314,6 +466,13 @@ PROFILES: dict[Framework, dict[str, object]] = {
         "strategies": (StrategyName.DDP, StrategyName.ZERO1),
         "source": "Megatron-LM distributed optimizer (bf16 params, fp32 main grads, Adam)",
     },
+    **{
+        framework: {
+            "strategies": tuple(setups),
+            "source": _TORCH_SOURCE[next(iter(setups.values())).framework],
+        }
+        for framework, setups in TORCH_PROFILES.items()
+    },
 }
 """Which strategies each framework profile models, and where its accounting comes from."""
 
@@ -321,7 +480,22 @@ PROFILES: dict[Framework, dict[str, object]] = {
 def _check_framework(estimate: MemoryEstimate, framework: Framework, explicit: bool) -> list[StrategyMemory]:
     request = estimate.request
     supported = PROFILES[framework]["strategies"]
-    if framework is not Framework.PAPER:
+    if framework in TORCH_PROFILES:
+        adam = request.optimizer in (OptimizerName.ADAM, OptimizerName.ADAMW)
+        if not adam or request.fp32_grad_accum:
+            raise InputError(
+                f"--framework {framework.value} models Adam/AdamW with fp32 gradients; "
+                "accepted: --optimizer adam or adamw without --fp32-grad-accum (or --framework paper)"
+            )
+        if (
+            request.offload_optimizer is not OffloadTarget.NONE
+            or request.offload_params is not OffloadTarget.NONE
+        ):
+            raise InputError(
+                f"--framework {framework.value} does not model offload; "
+                "accepted: no --offload-* options (or --framework paper or deepspeed)"
+            )
+    elif framework is not Framework.PAPER:
         mixed = request.precision in (PrecisionName.BF16_MIXED, PrecisionName.FP16_MIXED)
         adam = request.optimizer in (OptimizerName.ADAM, OptimizerName.ADAMW)
         if not (mixed and adam) or request.fp32_grad_accum:
@@ -335,7 +509,8 @@ def _check_framework(estimate: MemoryEstimate, framework: Framework, explicit: b
     if dropped and explicit:
         names = ", ".join(s.value for s in supported)  # type: ignore[attr-defined]
         raise InputError(
-            f"--framework {framework.value} models {names}; {dropped[0].strategy.value} is not one of them"
+            f"--framework {framework.value} models {names}; {dropped[0].strategy.value} is not one of them; "
+            f"accepted: --strategy {names}"
         )
     if not rows:
         names = ", ".join(s.value for s in supported)  # type: ignore[attr-defined]
@@ -359,8 +534,20 @@ def evaluate_peak(
     notes: list[str] = []
     gpu_memory = options.gpu_memory_bytes
     peaks = []
+    if options.framework in TORCH_PROFILES:
+        if options.wrap is Wrap.MODEL:
+            raise InputError(
+                f"--wrap model is not accepted with --framework {options.framework.value}: its profile "
+                "follows the per-block wrapping that zerocalc validate measures; accepted: --wrap block"
+            )
+        if arch.is_moe:
+            raise InputError(
+                f"--framework {options.framework.value} models dense transformers; {arch.name} is a "
+                "mixture of experts; accepted: a dense --model (or --framework paper)"
+            )
     for row in rows:
         host = None
+        title = row.title
         if options.framework is Framework.DEEPSPEED:
             lines, host = _deepspeed_states(row.strategy, estimate, count)
             if row.strategy is StrategyName.ZERO2:  # DeepSpeed's estimator leaves its own buckets out
@@ -370,6 +557,10 @@ def evaluate_peak(
                 ]
         elif options.framework is Framework.MEGATRON:
             lines = _megatron_states(row.strategy, estimate)
+        elif options.framework in TORCH_PROFILES:
+            setup = TORCH_PROFILES[options.framework][row.strategy]
+            title = setup.title
+            lines = _torch_lines(setup, arch, estimate, options)
         else:
             lines = _paper_states(row) + _buffers(row.strategy, row, count, options, b_p, b_g)
         outside = options.framework is Framework.DEEPSPEED
@@ -410,7 +601,7 @@ def evaluate_peak(
         peaks.append(
             StrategyPeak(
                 strategy=row.strategy,
-                title=row.title,
+                title=title,
                 lines=lines,
                 peak_bytes=peak,
                 framework_estimate_bytes=sum(line.bytes for line in lines if line.in_framework_estimate),
@@ -481,11 +672,15 @@ def estimate_peak(
     strategies = memory_options.get("strategies")
     gpu = memory_options.get("gpu")
     reserve = {"reserve": overhead} if gpu is not None else {}
+    profile = options.framework
     estimate = estimate_memory(
         None,
         gpus,
         gpus_per_node,
         model=model,
+        default_strategies=PROFILES[profile]["strategies"]  # type: ignore[arg-type]
+        if profile is not Framework.PAPER
+        else DEFAULT_STRATEGIES,
         **reserve,  # type: ignore[arg-type]
         **memory_options,  # type: ignore[arg-type]
     )

@@ -1,0 +1,148 @@
+"""The fsdp, fsdp2 and torch-zero1 profiles of the peak: exact states by hand, buffers, ordering, CLI."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from zerocalc.cli import app
+from zerocalc.errors import InputError
+from zerocalc.framework_states import largest_rank_states, predict_all_ranks
+from zerocalc.peak import LineKind, estimate_peak
+from zerocalc.presets import load_model
+
+runner = CliRunner()
+PSI = 6_738_415_616  # Llama-2-7B
+BLOCK = 202_383_360  # one Llama-2-7B layer: 4·4096² + 3·4096·11008 + 2·4096
+ROOT = 2 * 32000 * 4096 + 4096  # embedding + LM head + final norm
+GPT2_BLOCK = 7_087_872  # 768·2304+2304 + 768·768+768 + 2·(2·768) + 768·3072+3072 + 3072·768+768
+GPT2_ROOT = 50257 * 768 + 1024 * 768 + 2 * 768  # wte (tied head) + wpe + ln_f
+
+
+def _line(row, name_start: str) -> int:
+    return next(line.bytes for line in row.lines if line.name.startswith(name_start))
+
+
+def _rows(model: str, gpus: int, framework: str, **kwargs):
+    _, peak = estimate_peak(model, gpus, framework=framework, **kwargs)
+    return {row.strategy.value: row for row in peak.strategies}
+
+
+def test_fsdp_full_shard_llama2_7b_by_hand() -> None:
+    row = _rows("llama-2-7b", 8, "fsdp", strategies="zero3")["zero3"]
+    assert row.title == "FSDP FULL_SHARD"
+    local = (32 * BLOCK + ROOT) // 8  # both divide by 8: no padding
+    assert local == PSI // 8
+    assert _line(row, "parameters (fp32 master)") == 4 * local
+    assert _line(row, "gradients (fp32)") == 4 * local
+    assert _line(row, "optimizer states") == 8 * local
+    assert _line(row, "Adam step counters") == 33 * 4  # one per flat parameter: 32 blocks + root
+    assert _line(row, "gathered blocks (current + 1") == 2 * BLOCK * 2
+    assert _line(row, "gathered root unit") == ROOT * 2
+    assert _line(row, "unsharded gradients of one unit") == ROOT * 2
+
+
+def test_fsdp_flat_parameters_are_padded_to_the_world_size() -> None:
+    """GPT-2 on 5 ranks: 7,087,872 / 5 and 39,385,344 / 5 both leave a remainder."""
+    row = _rows("gpt2", 5, "fsdp", strategies="zero3", precision="fp32")["zero3"]
+    local = 12 * -(-GPT2_BLOCK // 5) + -(-GPT2_ROOT // 5)
+    assert local == 24_887_969  # vs Ψ/5 = 24,887,961.6
+    assert _line(row, "parameters (fp32 master)") == 4 * local
+    padded_root = -(-GPT2_ROOT // 5) * 5
+    assert _line(row, "gathered root unit") == 4 * padded_root  # fp32: no MixedPrecision
+    assert _line(row, "unsharded gradients of one unit") == 4 * padded_root
+
+
+def test_fsdp_shard_grad_op_keeps_every_unit_after_forward() -> None:
+    row = _rows("llama-2-7b", 8, "fsdp", strategies="shard_grad_op")["shard_grad_op"]
+    assert _line(row, "unsharded parameters of every unit") == PSI * 2  # bf16, divisible by 8
+    assert row.total(LineKind.BUFFERS) == PSI * 2 + ROOT * 2
+
+
+def test_fsdp_no_shard_in_fp32_has_no_copies() -> None:
+    rows = _rows("llama-2-7b", 8, "fsdp", strategies="ddp", precision="fp32")
+    assert rows["ddp"].total(LineKind.BUFFERS) == 0
+    assert rows["ddp"].total(LineKind.STATES) == 16 * PSI + 33 * 4
+
+
+def test_fsdp2_uses_the_largest_rank_and_padded_dim0_units() -> None:
+    arch, _ = load_model("gpt2")
+    row = _rows("gpt2", 5, "fsdp2", strategies="zero3")["zero3"]
+    ranks = predict_all_ranks(arch, "fsdp2", 5, "bf16-mixed", "adamw")
+    assert sum(r.params.bytes for r in ranks) == 4 * GPT2_ROOT + 4 * 12 * GPT2_BLOCK  # unpadded in sum
+    assert _line(row, "parameters (fp32 master)") == max(r.params.bytes for r in ranks)
+    assert _line(row, "gathered root unit") == ranks[0].unsharded_after_forward.bytes
+
+
+def test_torch_zero1_greedy_partition_by_hand() -> None:
+    """Llama-2-7B on 2 ranks: embed → rank 0, head → rank 1, then 96 MLP and 128 attention matrices
+    alternate, and the 65 RMSNorm weights alternate starting with rank 0 (33 to rank 0)."""
+    rows = _rows("llama-2-7b", 2, "torch-zero1")
+    zero1 = rows["zero1"]
+    owned = 131_072_000 + 48 * 4096 * 11008 + 64 * 4096 * 4096 + 33 * 4096
+    assert owned == 3_369_209_856
+    assert _line(zero1, "optimizer states") == 8 * owned
+    assert _line(zero1, "Adam step counters") == (1 + 48 + 64 + 33) * 4
+    assert _line(zero1, "parameters (fp32 master)") == 4 * PSI
+    # gradient_as_bucket_view=False: DDP's buckets are a second copy of every fp32 gradient
+    assert _line(zero1, "DDP reducer gradient buckets") == 4 * PSI
+    assert _line(rows["ddp"], "optimizer states") == 8 * PSI
+
+
+def test_largest_rank_is_the_maximum_over_ranks() -> None:
+    arch, _ = load_model("gpt2")
+    for framework in ("torch-zero1", "fsdp2"):
+        for world in (2, 3, 7):
+            ranks = predict_all_ranks(arch, framework, world)
+            largest = largest_rank_states(arch, framework, world)
+            assert largest.model_states == max(r.model_states for r in ranks)
+
+
+@pytest.mark.parametrize("model", ["gpt2", "llama-2-7b", "qwen2.5-7b", "mistral-7b"])
+@pytest.mark.parametrize("gpus", [2, 8, 24])
+def test_fsdp_ordering_full_shard_le_shard_grad_op_le_no_shard(model: str, gpus: int) -> None:
+    rows = _rows(model, gpus, "fsdp", strategies="ddp,shard_grad_op,zero3")
+    assert rows["zero3"].peak_bytes <= rows["shard_grad_op"].peak_bytes <= rows["ddp"].peak_bytes
+    fsdp2 = _rows(model, gpus, "fsdp2")
+    assert fsdp2["zero3"].peak_bytes <= fsdp2["shard_grad_op"].peak_bytes
+
+
+def test_default_strategies_are_the_profiles() -> None:
+    assert list(_rows("gpt2", 16, "fsdp")) == [
+        "ddp",
+        "shard_grad_op",
+        "zero3",
+        "hybrid_shard",
+    ]
+    assert list(_rows("gpt2", 4, "torch-zero1")) == ["ddp", "zero1"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"framework": "fsdp", "strategies": "zero2"}, "accepted: --strategy ddp, shard_grad_op"),
+        ({"framework": "fsdp2", "offload_optimizer": "cpu", "strategies": "zero3"}, "does not model offload"),
+        ({"framework": "fsdp", "optimizer": "sgd"}, "Adam/AdamW"),
+        ({"framework": "fsdp2", "wrap": "model"}, "--wrap model is not accepted"),
+    ],
+)
+def test_bad_torch_profile_input(kwargs: dict, fragment: str) -> None:
+    with pytest.raises(InputError) as info:
+        estimate_peak("gpt2", 8, **kwargs)
+    assert fragment in str(info.value)
+
+
+def test_moe_is_refused_by_the_torch_profiles() -> None:
+    with pytest.raises(InputError, match="mixture of experts"):
+        estimate_peak("mixtral-8x7b", 8, framework="fsdp")
+
+
+def test_cli_fsdp2_table() -> None:
+    result = runner.invoke(
+        app, ["memory", "--model", "llama-3-8b", "--gpus", "8", "--framework", "fsdp2", "--gpu", "h100-80gb"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "FSDP2 reshard_after_forward=True" in result.stdout
+    assert "DTensors sharded on dim 0" in result.stdout
+    bad = runner.invoke(app, ["memory", "--model", "gpt2", "--framework", "fsdp", "-s", "zero1"])
+    assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1
