@@ -162,6 +162,44 @@ def _paper_states(row: StrategyMemory) -> list[PeakLine]:
     ]
 
 
+def _units_in_flight(
+    block: int,
+    root: int,
+    b_p: int,
+    b_g: int,
+    prefetch: int,
+    source: str = "FSDP/ZeRO-3",
+    copies: str = "gathered",
+) -> list[PeakLine]:
+    """Unit-by-unit gathering (FSDP docs, "FSDP Notes"): the current block and ``prefetch`` more, the
+    root unit (kept unsharded from forward to backward), and one unit's unsharded gradients.
+    ``block`` and ``root`` are elements as gathered (padding included where the framework pads)."""
+    return [
+        PeakLine(
+            kind=LineKind.BUFFERS,
+            name=f"{copies} blocks (current + {prefetch} prefetched)",
+            bytes=(1 + prefetch) * block * b_p,
+            source=f"{source}: a unit is unsharded before use (forward/backward prefetch)",
+        ),
+        PeakLine(
+            kind=LineKind.BUFFERS,
+            name=f"{copies} root unit (embeddings, final norm, LM head)",
+            bytes=root * b_p,
+            source=f"{source}: the root unit is not resharded between forward and backward",
+        ),
+        _unit_gradients(max(block, root), b_g, source),
+    ]
+
+
+def _unit_gradients(numel: int, b_g: int, source: str) -> PeakLine:
+    return PeakLine(
+        kind=LineKind.BUFFERS,
+        name="unsharded gradients of one unit",
+        bytes=numel * b_g,
+        source=f"{source}: a unit's full gradients exist until they are reduced",
+    )
+
+
 def _buffers(
     strategy: StrategyName,
     row: StrategyMemory,
@@ -199,14 +237,7 @@ def _buffers(
         ]
     elif strategy is StrategyName.SHARD_GRAD_OP:
         unit = psi if options.wrap is Wrap.MODEL else count.largest_block_params
-        lines.append(
-            PeakLine(
-                kind=LineKind.BUFFERS,
-                name="unsharded gradients of one unit",
-                bytes=unit * b_g,
-                source="FSDP: a unit's full gradients exist until its reduce-scatter",
-            )
-        )
+        lines.append(_unit_gradients(unit, b_g, "FSDP"))
     else:  # ZeRO-3, FULL_SHARD, HYBRID_SHARD: parameters are gathered unit by unit
         if options.wrap is Wrap.MODEL:
             lines.append(
@@ -219,28 +250,8 @@ def _buffers(
                 )
             )
         else:
-            block = count.largest_block_params
             root = count.embedding + count.head
-            lines += [
-                PeakLine(
-                    kind=LineKind.BUFFERS,
-                    name=f"gathered blocks (current + {options.prefetch} prefetched)",
-                    bytes=(1 + options.prefetch) * block * b_p,
-                    source="FSDP/ZeRO-3: a unit is all-gathered before use (forward/backward prefetch)",
-                ),
-                PeakLine(
-                    kind=LineKind.BUFFERS,
-                    name="gathered root unit (embeddings, final norm, LM head)",
-                    bytes=root * b_p,
-                    source="FSDP: the root unit is not resharded between forward and backward",
-                ),
-                PeakLine(
-                    kind=LineKind.BUFFERS,
-                    name="unsharded gradients of one unit",
-                    bytes=max(block, root) * b_g,
-                    source="FSDP/ZeRO-3: a unit's full gradients exist until its reduce-scatter",
-                ),
-            ]
+            lines += _units_in_flight(count.largest_block_params, root, b_p, b_g, options.prefetch)
     return lines
 
 
@@ -417,40 +428,21 @@ def _torch_lines(
     if no_shard and not mixed:
         return lines  # the flat parameters and their gradients are used in place
     keeps_all = setup.sharding is _SH.SHARD_GRAD_OP or not setup.reshard_after_forward
-    copies = f"{compute.value} copies of" if no_shard else "gathered"
     if keeps_all:
-        lines.append(
+        return [
+            *lines,
             PeakLine(
                 kind=LineKind.BUFFERS,
                 name="unsharded parameters of every unit (kept from forward to backward)",
                 bytes=rank.unsharded_after_forward.bytes,
                 source=f"{source}: {rank.unsharded_after_forward.explanation}",
-            )
-        )
-    else:
-        lines += [
-            PeakLine(
-                kind=LineKind.BUFFERS,
-                name=f"{copies} blocks (current + {options.prefetch} prefetched)",
-                bytes=(1 + options.prefetch) * block * compute.bytes,
-                source=f"{source}: a unit is unsharded before use, padded (forward/backward prefetch)",
             ),
-            PeakLine(
-                kind=LineKind.BUFFERS,
-                name=f"{copies} root unit (embeddings, final norm, LM head)",
-                bytes=root * compute.bytes,
-                source=f"{source}: the root unit is not resharded between forward and backward",
-            ),
+            _unit_gradients(max(block, root), compute.bytes, source),
         ]
-    lines.append(
-        PeakLine(
-            kind=LineKind.BUFFERS,
-            name="unsharded gradients of one unit",
-            bytes=max(block, root) * compute.bytes,
-            source=f"{source}: a unit's gradients, in the parameter dtype, exist until it is reduced",
-        )
+    copies = f"{compute.value} copies of" if no_shard else "gathered"
+    return lines + _units_in_flight(
+        block, root, compute.bytes, compute.bytes, options.prefetch, source, copies
     )
-    return lines
 
 
 PROFILES: dict[Framework, dict[str, object]] = {
