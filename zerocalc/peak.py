@@ -4,7 +4,9 @@ Each line of a strategy's peak is its own :class:`PeakLine` with the source it f
 
 * model states: from the framework profile (:data:`PROFILES`): ``paper`` is the ZeRO paper's accounting
   (:mod:`zerocalc.memory`), ``deepspeed`` reproduces DeepSpeed's own estimators
-  (:mod:`zerocalc.deepspeed_estimator`), ``megatron`` Megatron-LM's distributed optimizer;
+  (:mod:`zerocalc.deepspeed_estimator`), ``megatron`` Megatron-LM's distributed optimizer, and ``fsdp``,
+  ``fsdp2`` and ``torch-zero1`` what PyTorch 2.13 allocates on its largest rank, exactly
+  (:mod:`zerocalc.framework_states`, checked by ``zerocalc validate``), with those frameworks' buffers;
 * activations: Korthikanti et al. 2022, per op (:mod:`zerocalc.activations`); data parallelism never
   shards them, they scale with the micro-batch;
 * buffers: ZeRO-3 / FSDP units gathered in flight (the current unit plus ``prefetch`` more, and the root
