@@ -146,3 +146,17 @@ def test_cli_fsdp2_table() -> None:
     assert "DTensors sharded on dim 0" in result.stdout
     bad = runner.invoke(app, ["memory", "--model", "gpt2", "--framework", "fsdp", "-s", "zero1"])
     assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_reduce_dtype_fp32_adds_the_cast_copy_of_the_reduced_gradients() -> None:
+    """FSDP MixedPrecision(reduce_dtype=fp32) and DeepSpeed communication_data_type fp32: the bf16
+    gradients and their fp32 copy are both alive at the reduction."""
+    fsdp = _rows("llama-2-7b", 8, "fsdp", strategies="zero3", reduce_dtype="fp32")["zero3"]
+    assert _line(fsdp, "unsharded gradients of one unit + their copy") == ROOT * (2 + 4)
+    paper = _rows("llama-2-7b", 8, "paper", strategies="zero2,zero3", reduce_dtype="fp32")
+    assert _line(paper["zero2"], "reduce bucket") == 500_000_000 * (2 + 4)
+    assert _line(paper["zero3"], "unsharded gradients") == ROOT * (2 + 4)
+    fp32 = _rows("llama-2-7b", 8, "fsdp", strategies="zero3", precision="fp32", reduce_dtype="fp32")
+    assert _line(fp32["zero3"], "unsharded gradients of one unit") == ROOT * 4  # no cast: already fp32
+    with pytest.raises(InputError, match="--reduce-dtype 'fp16'"):
+        estimate_peak("gpt2", 8, reduce_dtype="fp16")

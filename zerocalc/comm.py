@@ -40,9 +40,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from zerocalc.calibration import Calibration, GroupKind
 from zerocalc.cluster import Cluster, make_cluster
 from zerocalc.collectives import COLLECTIVES, Collective
-from zerocalc.dtypes import DType, parse_dtype
+from zerocalc.dtypes import DType
 from zerocalc.errors import InputError
-from zerocalc.precision import RECIPES, PrecisionName, parse_precision
+from zerocalc.precision import RECIPES, PrecisionName, parse_precision, parse_reduce_dtype
 from zerocalc.strategies import DEFAULT_STRATEGIES, STRATEGIES, StrategyName, parse_strategies
 from zerocalc.units import ceil_div, parse_bandwidth, parse_count, parse_duration
 
@@ -492,10 +492,7 @@ def estimate_comm(
     recipe = parse_precision(precision)
     if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
         raise InputError(f"--grad-accum {grad_accum!r} is not accepted; accepted: a whole number, 1 or more")
-    dtype = None
-    if reduce_dtype is not None:
-        allowed = (DType.FP32, recipe.grad_dtype)
-        dtype = parse_dtype(reduce_dtype, "--reduce-dtype", allowed=allowed)
+    dtype = parse_reduce_dtype(reduce_dtype, recipe)
     if (tokens_per_step is None) != (tflops is None):
         raise InputError("--tokens-per-step and --tflops go together; accepted: both or neither")
     if tflops is not None and not tflops > 0:

@@ -30,10 +30,11 @@ from zerocalc.activations import ActivationEstimate, ActivationShape, Recompute,
 from zerocalc.activations import MlpKind as ActMlp
 from zerocalc.architecture import Architecture, MlpKind, NormKind, ParameterCount, count_parameters
 from zerocalc.deepspeed_estimator import zero2_model_states, zero3_model_states
+from zerocalc.dtypes import DType
 from zerocalc.errors import InputError
 from zerocalc.memory import Location, MemoryEstimate, StateKind, StrategyMemory
 from zerocalc.optimizers import OptimizerName
-from zerocalc.precision import RECIPES, PrecisionName
+from zerocalc.precision import RECIPES, PrecisionName, parse_reduce_dtype
 from zerocalc.strategies import DEFAULT_STRATEGIES, OffloadTarget, ShardScope, StrategyName
 from zerocalc.units import ceil_div
 
@@ -98,6 +99,7 @@ class PeakOptions(BaseModel):
     allgather_bucket_elements: int = Field(default=DEEPSPEED_BUCKET_ELEMENTS, ge=0)
     overhead_bytes: int = Field(ge=0)
     fragmentation: float = Field(default=DEFAULT_FRAGMENTATION, ge=0, le=1)
+    reduce_dtype: DType | None = Field(default=None, description="None: the gradient dtype")
     gpu_memory_bytes: int | None = Field(default=None, ge=0, description="the whole GPU: overhead is a line")
 
 
@@ -172,6 +174,7 @@ def _units_in_flight(
     prefetch: int,
     source: str = "FSDP/ZeRO-3",
     copies: str = "gathered",
+    b_r: int | None = None,
 ) -> list[PeakLine]:
     """Unit-by-unit gathering (FSDP docs, "FSDP Notes"): the current block and ``prefetch`` more, the
     root unit (kept unsharded from forward to backward), and one unit's unsharded gradients.
@@ -189,16 +192,25 @@ def _units_in_flight(
             bytes=root * b_p,
             source=f"{source}: the root unit is not resharded between forward and backward",
         ),
-        _unit_gradients(max(block, root), b_g, source),
+        _unit_gradients(max(block, root), b_g, source, b_r),
     ]
 
 
-def _unit_gradients(numel: int, b_g: int, source: str) -> PeakLine:
+def _unit_gradients(numel: int, b_g: int, source: str, b_r: int | None = None) -> PeakLine:
+    """One unit's unsharded gradients; with a wider reduce dtype (``--reduce-dtype fp32``) also the copy
+    cast for the reduce-scatter (FSDP ``MixedPrecision(reduce_dtype=...)``), both alive at once."""
+    if b_r is None or b_r == b_g:
+        return PeakLine(
+            kind=LineKind.BUFFERS,
+            name="unsharded gradients of one unit",
+            bytes=numel * b_g,
+            source=f"{source}: a unit's full gradients exist until they are reduced",
+        )
     return PeakLine(
         kind=LineKind.BUFFERS,
-        name="unsharded gradients of one unit",
-        bytes=numel * b_g,
-        source=f"{source}: a unit's full gradients exist until they are reduced",
+        name="unsharded gradients of one unit + their copy in the reduce dtype",
+        bytes=numel * (b_g + b_r),
+        source=f"{source}: gradients are cast to the reduce dtype before the reduce-scatter",
     )
 
 
@@ -212,6 +224,7 @@ def _buffers(
 ) -> list[PeakLine]:
     """Communication buffers and gathered parameters: a pure function of the strategy and the model."""
     psi = count.total
+    b_r = options.reduce_dtype.bytes if options.reduce_dtype is not None else None
     lines: list[PeakLine] = []
     if strategy is StrategyName.DDP:
         lines.append(
@@ -227,8 +240,9 @@ def _buffers(
             PeakLine(
                 kind=LineKind.BUFFERS,
                 name="reduce bucket",
-                bytes=min(options.reduce_bucket_elements, psi) * b_g,
-                source="DeepSpeed reduce_bucket_size (default 5e8 elements)",
+                bytes=min(options.reduce_bucket_elements, psi) * (b_g if b_r in (None, b_g) else b_g + b_r),
+                source="DeepSpeed reduce_bucket_size (default 5e8 elements)"
+                + ("" if b_r in (None, b_g) else "; with its copy cast to communication_data_type"),
             ),
             PeakLine(
                 kind=LineKind.BUFFERS,
@@ -239,7 +253,7 @@ def _buffers(
         ]
     elif strategy is StrategyName.SHARD_GRAD_OP:
         unit = psi if options.wrap is Wrap.MODEL else count.largest_block_params
-        lines.append(_unit_gradients(unit, b_g, "FSDP"))
+        lines.append(_unit_gradients(unit, b_g, "FSDP", b_r))
     else:  # ZeRO-3, FULL_SHARD, HYBRID_SHARD: parameters are gathered unit by unit
         if options.wrap is Wrap.MODEL:
             lines.append(
@@ -253,7 +267,7 @@ def _buffers(
             )
         else:
             root = count.embedding + count.head
-            lines += _units_in_flight(count.largest_block_params, root, b_p, b_g, options.prefetch)
+            lines += _units_in_flight(count.largest_block_params, root, b_p, b_g, options.prefetch, b_r=b_r)
     return lines
 
 
@@ -389,6 +403,7 @@ def _torch_lines(
     cluster = request.cluster
     world = cluster.ranks_per_node if setup.shard_scope is ShardScope.NODE else cluster.world_size
     mixed = request.precision is not PrecisionName.FP32
+    b_r = options.reduce_dtype.bytes if options.reduce_dtype is not None else None
     rank = torch_states.largest_rank_states(
         arch,
         setup.framework,
@@ -439,11 +454,11 @@ def _torch_lines(
                 bytes=rank.unsharded_after_forward.bytes,
                 source=f"{source}: {rank.unsharded_after_forward.explanation}",
             ),
-            _unit_gradients(max(block, root), compute.bytes, source),
+            _unit_gradients(max(block, root), compute.bytes, source, b_r),
         ]
     copies = f"{compute.value} copies of" if no_shard else "gathered"
     return lines + _units_in_flight(
-        block, root, compute.bytes, compute.bytes, options.prefetch, source, copies
+        block, root, compute.bytes, compute.bytes, options.prefetch, source, copies, b_r
     )
 
 
@@ -636,6 +651,7 @@ def estimate_peak(
     allgather_bucket: int | str = DEEPSPEED_BUCKET_ELEMENTS,
     overhead: int | str | None = None,
     fragmentation: float = DEFAULT_FRAGMENTATION,
+    reduce_dtype: str | None = None,
     **memory_options: object,
 ) -> tuple[MemoryEstimate, PeakEstimate]:
     """Library entry point: the model-state estimate and the peak of each strategy for a named model.
@@ -683,7 +699,10 @@ def estimate_peak(
     else:
         kept = parse_bytes(overhead if overhead is not None else DEFAULT_RESERVE, "--overhead")
         whole = estimate.request.gpu_memory_bytes
-    options = options.model_copy(update={"overhead_bytes": kept, "gpu_memory_bytes": whole})
+    reduce = parse_reduce_dtype(reduce_dtype, RECIPES[estimate.request.precision])
+    options = options.model_copy(
+        update={"overhead_bytes": kept, "gpu_memory_bytes": whole, "reduce_dtype": reduce}
+    )
     arch, _ = load_model(model)
     explicit = strategies not in (None, "all")
     return estimate, evaluate_peak(estimate, arch, options, explicit_strategies=explicit)

@@ -12,7 +12,7 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict
 
-from zerocalc.dtypes import DType
+from zerocalc.dtypes import DType, parse_dtype
 from zerocalc.errors import InputError
 
 
@@ -89,3 +89,11 @@ def parse_precision(text: str) -> PrecisionRecipe:
             return recipe
     accepted = ", ".join(n.value for n in PrecisionName)
     raise InputError(f"--precision {text!r} is not a recipe; accepted: {accepted}")
+
+
+def parse_reduce_dtype(text: str | None, recipe: PrecisionRecipe) -> DType | None:
+    """``--reduce-dtype``: the gradient dtype (None) or fp32 (FSDP ``MixedPrecision(reduce_dtype=...)``,
+    DeepSpeed ``communication_data_type``)."""
+    if text is None:
+        return None
+    return parse_dtype(text, "--reduce-dtype", allowed=(DType.FP32, recipe.grad_dtype))

@@ -48,6 +48,7 @@ def memory_section(s: Scenario) -> dict[str, Any]:
         seq_len=s.seq_len,
         micro_batch=s.micro_batch,
         recompute=s.recompute,
+        reduce_dtype=s.reduce_dtype,
         gpu=s.gpu,
         strategies=s.strategies,
         precision=s.precision,

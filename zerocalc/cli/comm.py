@@ -15,9 +15,6 @@ if TYPE_CHECKING:
     from zerocalc.comm import CommEstimate, LinkFigures
 
 GradAccum = Annotated[int, typer.Option("--grad-accum", "-A", help="A: micro-batches per optimizer step.")]
-ReduceDtype = Annotated[
-    str | None, typer.Option("--reduce-dtype", help="Reduce gradients in fp32 (default: the gradient dtype).")
-]
 Calibration = Annotated[
     str | None, typer.Option("--calibration", help="A calibration JSON written by `zerocalc bench`.")
 ]
@@ -46,7 +43,7 @@ def comm(
     strategy: opt.StrategyOpt = "all",
     precision: opt.Precision = "bf16-mixed",
     grad_accum: GradAccum = 1,
-    reduce_dtype: ReduceDtype = None,
+    reduce_dtype: opt.ReduceDtype = None,
     calibration: Calibration = None,
     gpu: opt.Gpu = None,
     intra_node_bw: IntraBw = None,

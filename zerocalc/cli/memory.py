@@ -50,6 +50,7 @@ def memory(
     reduce_bucket: opt.ReduceBucket = "5e8",
     allgather_bucket: opt.AllgatherBucket = "5e8",
     fragmentation: opt.Fragmentation = 0.1,
+    reduce_dtype: opt.ReduceDtype = None,
     json: opt.Json = False,
 ) -> None:
     """Per-GPU memory under DDP, ZeRO-1/2/3 and FSDP: model states, and with --model the peak of a step
@@ -97,6 +98,7 @@ def memory(
         allgather_bucket=allgather_bucket,
         overhead=reserve,
         fragmentation=fragmentation,
+        reduce_dtype=reduce_dtype,
         **memory_options,
     )
     if json:

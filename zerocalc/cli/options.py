@@ -97,3 +97,7 @@ Fragmentation = Annotated[
         "--fragmentation", help="Allocator-fragmentation allowance, a fraction of what is allocated."
     ),
 ]
+ReduceDtype = Annotated[
+    str | None,
+    typer.Option("--reduce-dtype", help="Reduce gradients in fp32 (default: the gradient dtype)."),
+]
