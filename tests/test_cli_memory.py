@@ -91,6 +91,8 @@ def test_offload_adds_host_columns() -> None:
         (["--params", "7B", "--offload-optimizer", "cpu", "-s", "ddp"], "--offload-optimizer cpu"),
         (["--params", "7B", "--gpus", "12", "--gpus-per-node", "8", "-s", "hybrid_shard"], "--gpus 12"),
         (["--params", "7B", "--no-such-option"], "--no-such-option"),
+        (["--params", "7B", "--reduce-dtype", "fp8"], "--reduce-dtype 'fp8'"),
+        (["--model", "gpt2", "--reduce-dtype", "fp16"], "accepted: fp32, bf16"),
         ([], "give --params or --model"),
     ],
 )

@@ -72,6 +72,9 @@ def memory(
         estimate = estimate_memory(
             params, gpus, gpus_per_node, model=model, reserve=reserve, **memory_options
         )
+        from zerocalc.precision import RECIPES, parse_reduce_dtype
+
+        parse_reduce_dtype(reduce_dtype, RECIPES[estimate.request.precision])  # bad input is still refused
         if json:
             print_json(estimate)
         else:
