@@ -123,6 +123,7 @@ def test_default_strategies_are_the_profiles() -> None:
         ({"framework": "fsdp", "strategies": "zero2"}, "accepted: --strategy ddp, shard_grad_op"),
         ({"framework": "fsdp2", "offload_optimizer": "cpu", "strategies": "zero3"}, "does not model offload"),
         ({"framework": "fsdp", "optimizer": "sgd"}, "Adam/AdamW"),
+        ({"framework": "torch-zero1", "precision": "bf16-pure"}, "accepted: --precision fp32, bf16-mixed"),
         ({"framework": "fsdp2", "wrap": "model"}, "--wrap model is not accepted"),
     ],
 )

@@ -491,10 +491,11 @@ def _check_framework(estimate: MemoryEstimate, framework: Framework, explicit: b
     supported = PROFILES[framework]["strategies"]
     if framework in TORCH_PROFILES:
         adam = request.optimizer in (OptimizerName.ADAM, OptimizerName.ADAMW)
-        if not adam or request.fp32_grad_accum:
+        if not adam or request.fp32_grad_accum or request.precision is PrecisionName.BF16_PURE:
             raise InputError(
-                f"--framework {framework.value} models Adam/AdamW with fp32 gradients; "
-                "accepted: --optimizer adam or adamw without --fp32-grad-accum (or --framework paper)"
+                f"--framework {framework.value} models Adam/AdamW on fp32 parameters and gradients "
+                "(MixedPrecision keeps them fp32); accepted: --precision fp32, bf16-mixed or fp16-mixed, "
+                "--optimizer adam or adamw, no --fp32-grad-accum (or --framework paper)"
             )
         if (
             request.offload_optimizer is not OffloadTarget.NONE
