@@ -164,6 +164,17 @@ def _rest(shape: tuple[int, ...]) -> int:
     return n
 
 
+def padded_unit_numel(unit: list[ParamTensor], world_size: int, framework: Framework | str) -> int:
+    """Elements of one unit when all-gathered (unsharded) on ``world_size`` ranks, padding included.
+
+    FSDP1: the flat parameter padded to a multiple of N (:func:`fsdp1_shard_numel`); FSDP2: each tensor's
+    dim 0 padded to a multiple of N (:func:`dim0_rows`, ``FSDPParamGroup``'s all-gather output).
+    """
+    if Framework(framework) is Framework.FSDP2:
+        return sum(ceil_div(t.shape[0], world_size) * world_size * _rest(t.shape) for t in unit)
+    return ceil_div(sum(t.numel for t in unit), world_size) * world_size
+
+
 # ------------------------------------------------------------------------------------------ the model
 def predict_rank_states(
     arch: Architecture,
@@ -231,7 +242,7 @@ def predict_rank_states(
             # ``_runtime_utils._post_forward_reshard``: free after forward only for non-root units of
             # RESHARD_AFTER_FORWARD strategies (FULL_SHARD); SHARD_GRAD_OP keeps every unit unsharded.
             if shard is Sharding.SHARD_GRAD_OP or (shard is Sharding.FULL_SHARD and name == "root"):
-                kept += ceil_div(numel, world_size) * world_size
+                kept += padded_unit_numel(unit, world_size, fw)
                 kept_units.append(name)
         n_flat = len(units)
         pad_note = "" if shard is Sharding.NO_SHARD else ", padded to a multiple of N"
@@ -269,7 +280,7 @@ def predict_rank_states(
     for name, unit in units:
         if not reshard_after_forward or name == "root":
             # ``FSDPState._lazy_init``: the root's ``post_forward_mesh_info`` is None (not resharded).
-            kept += sum(ceil_div(t.shape[0], world_size) * world_size * _rest(t.shape) for t in unit)
+            kept += padded_unit_numel(unit, world_size, fw)
     kept_text = (
         "every group's padded unsharded parameters (reshard_after_forward=False)"
         if not reshard_after_forward
@@ -313,17 +324,6 @@ def predict_all_ranks(
         )
         for r in range(world_size)
     ]
-
-
-def padded_unit_numel(unit: list[ParamTensor], world_size: int, framework: Framework | str) -> int:
-    """Elements of one unit when all-gathered (unsharded) on ``world_size`` ranks, padding included.
-
-    FSDP1: the flat parameter padded to a multiple of N (:func:`fsdp1_shard_numel`); FSDP2: each tensor's
-    dim 0 padded to a multiple of N (:func:`dim0_rows`, ``FSDPParamGroup``'s all-gather output).
-    """
-    if Framework(framework) is Framework.FSDP2:
-        return sum(ceil_div(t.shape[0], world_size) * world_size * _rest(t.shape) for t in unit)
-    return ceil_div(sum(t.numel for t in unit), world_size) * world_size
 
 
 def largest_rank_states(

@@ -102,6 +102,11 @@ class PeakOptions(BaseModel):
     reduce_dtype: DType | None = Field(default=None, description="None: the gradient dtype")
     gpu_memory_bytes: int | None = Field(default=None, ge=0, description="the whole GPU: overhead is a line")
 
+    @property
+    def reduce_bytes(self) -> int | None:
+        """Bytes per element of ``--reduce-dtype``; None: the gradient dtype."""
+        return self.reduce_dtype.bytes if self.reduce_dtype is not None else None
+
 
 class StrategyPeak(BaseModel):
     strategy: StrategyName
@@ -196,10 +201,15 @@ def _units_in_flight(
     ]
 
 
+def _casts_for_reduction(b_g: int, b_r: int | None) -> bool:
+    """Whether gradients are cast to a wider reduce dtype first, so both copies are alive at once."""
+    return b_r is not None and b_r != b_g
+
+
 def _unit_gradients(numel: int, b_g: int, source: str, b_r: int | None = None) -> PeakLine:
     """One unit's unsharded gradients; with a wider reduce dtype (``--reduce-dtype fp32``) also the copy
     cast for the reduce-scatter (FSDP ``MixedPrecision(reduce_dtype=...)``), both alive at once."""
-    if b_r is None or b_r == b_g:
+    if not _casts_for_reduction(b_g, b_r):
         return PeakLine(
             kind=LineKind.BUFFERS,
             name="unsharded gradients of one unit",
@@ -224,7 +234,8 @@ def _buffers(
 ) -> list[PeakLine]:
     """Communication buffers and gathered parameters: a pure function of the strategy and the model."""
     psi = count.total
-    b_r = options.reduce_dtype.bytes if options.reduce_dtype is not None else None
+    b_r = options.reduce_bytes
+    cast = _casts_for_reduction(b_g, b_r)
     lines: list[PeakLine] = []
     if strategy is StrategyName.DDP:
         lines.append(
@@ -240,9 +251,9 @@ def _buffers(
             PeakLine(
                 kind=LineKind.BUFFERS,
                 name="reduce bucket",
-                bytes=min(options.reduce_bucket_elements, psi) * (b_g if b_r in (None, b_g) else b_g + b_r),
+                bytes=min(options.reduce_bucket_elements, psi) * (b_g + b_r if cast and b_r else b_g),
                 source="DeepSpeed reduce_bucket_size (default 5e8 elements)"
-                + ("" if b_r in (None, b_g) else "; with its copy cast to communication_data_type"),
+                + ("; with its copy cast to communication_data_type" if cast else ""),
             ),
             PeakLine(
                 kind=LineKind.BUFFERS,
@@ -403,7 +414,7 @@ def _torch_lines(
     cluster = request.cluster
     world = cluster.ranks_per_node if setup.shard_scope is ShardScope.NODE else cluster.world_size
     mixed = request.precision is not PrecisionName.FP32
-    b_r = options.reduce_dtype.bytes if options.reduce_dtype is not None else None
+    b_r = options.reduce_bytes
     rank = torch_states.largest_rank_states(
         arch,
         setup.framework,
