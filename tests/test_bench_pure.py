@@ -128,7 +128,7 @@ runner = CliRunner()
         (["--collectives", "allreduce,gossip"], "collective 'gossip' is not known"),
         (["--step-factor", "1"], "--step-factor 1"),
         (["--iters", "0"], "--iters 0"),
-        (["--min-bytes", "1XB"], "--min-bytes '1XB' is not understood"),
+        (["--min-bytes", "1XB"], "--min-bytes '1XB' has an unknown unit"),
         (["--min-bytes", "8KiB", "--max-bytes", "1KiB"], "--max-bytes 1024 is smaller than --min-bytes 8192"),
         (["--backend", "mpi"], "--backend 'mpi' is not accepted; accepted: nccl, gloo"),
         (["--backend", "nccl"], "--backend nccl needs a CUDA GPU"),

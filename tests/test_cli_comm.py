@@ -44,7 +44,7 @@ def test_json_has_exact_bytes_per_collective() -> None:
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["--params", "7B", "--gpus", "8", "--grad-accum", "0"], "--grad-accum 0"),
+        (["--params", "7B", "--gpus", "8", "--grad-accum", "0"], "--grad-accum '0'"),
         (["--params", "7B", "--gpus", "8", "--inter-node-bw", "fast"], "'fast'"),
         (["--params", "7B", "--gpus", "8", "--calibration", "/no/such/file.json"], "/no/such/file.json"),
         (["--params", "7B", "--gpus", "8", "--tflops", "400"], "--tokens-per-step"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerocalc.comm import estimate_comm
+from zerocalc.api import estimate_comm
 
 world = st.integers(min_value=2, max_value=2048)
 

@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 from zerocalc.architecture import Architecture, ParamTensor, count_parameters, parameter_tensors
 from zerocalc.errors import InputError
 from zerocalc.framework_states import (
-    Sharding,
     dim0_rows,
     fsdp1_shard_numel,
     fsdp_units,
@@ -17,7 +16,22 @@ from zerocalc.framework_states import (
     predict_rank_states,
     zero1_partition,
 )
+from zerocalc.frameworks import Fsdp1Sharding, TorchSetup, TorchWrapper
+from zerocalc.optimizers import OptimizerName
+from zerocalc.precision import PrecisionName
 from zerocalc.presets import load_model
+
+DDP = TorchSetup(wrapper=TorchWrapper.DDP, shard_group=None)
+ZERO1 = TorchSetup(wrapper=TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER)
+FSDP2 = TorchSetup(wrapper=TorchWrapper.FSDP2)
+FSDP2_KEEP = TorchSetup(wrapper=TorchWrapper.FSDP2, reshard_after_forward=False)
+
+
+def fsdp1(sharding: Fsdp1Sharding) -> TorchSetup:
+    return TorchSetup(wrapper=TorchWrapper.FSDP1, sharding=sharding)
+
+
+FP32, BF16 = PrecisionName.FP32, PrecisionName.BF16_MIXED
 
 
 def _small(name: str = "gpt2", **changes: int) -> Architecture:
@@ -51,27 +65,27 @@ def test_dim0_rows_are_torch_chunk(rows: int, world: int) -> None:
 
 
 def test_fsdp1_pads_each_flat_parameter_to_a_multiple_of_the_world() -> None:
-    assert fsdp1_shard_numel(10, 4, Sharding.FULL_SHARD) == 3
-    assert fsdp1_shard_numel(10, 4, Sharding.NO_SHARD) == 10
+    assert fsdp1_shard_numel(10, 4, Fsdp1Sharding.FULL_SHARD) == 3
+    assert fsdp1_shard_numel(10, 4, Fsdp1Sharding.NO_SHARD) == 10
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
-@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
-def test_totals_over_ranks(world: int, precision: str) -> None:
+@pytest.mark.parametrize("precision", [FP32, BF16])
+def test_totals_over_ranks(world: int, precision: PrecisionName) -> None:
     arch = _small("llama-2-7b", num_kv_heads=1)
     total = count_parameters(arch).total
     n_tensors = len(parameter_tensors(arch))
-    ddp = predict_all_ranks(arch, "ddp", world, precision)
+    ddp = predict_all_ranks(arch, DDP, world, precision)
     assert all(r.params.bytes == 4 * total and r.optimizer_states.bytes == 8 * total for r in ddp)
-    zero1 = predict_all_ranks(arch, "torch-zero1", world, precision)
+    zero1 = predict_all_ranks(arch, ZERO1, world, precision)
     assert sum(r.optimizer_states.bytes for r in zero1) == 8 * total
     assert sum(r.step.bytes for r in zero1) == 4 * n_tensors
-    fsdp2 = predict_all_ranks(arch, "fsdp2", world, precision)
+    fsdp2 = predict_all_ranks(arch, FSDP2, world, precision)
     assert sum(r.params.bytes for r in fsdp2) == 4 * total
     assert sum(r.grads.bytes for r in fsdp2) == 4 * total
-    fsdp1 = predict_all_ranks(arch, "fsdp1", world, precision, sharding="full_shard")
+    full = predict_all_ranks(arch, fsdp1(Fsdp1Sharding.FULL_SHARD), world, precision)
     padded = sum(-(-sum(t.numel for t in u) // world) * world for _, u in fsdp_units(arch))
-    assert sum(r.params.bytes for r in fsdp1) == 4 * padded
+    assert sum(r.params.bytes for r in full) == 4 * padded
     assert 0 <= padded - total < world * len(fsdp_units(arch))
 
 
@@ -79,22 +93,32 @@ def test_what_stays_unsharded_after_forward() -> None:
     arch = _small()
     units = fsdp_units(arch)
     per = [-(-sum(t.numel for t in u) // 2) * 2 for _, u in units]
-    fs = predict_rank_states(arch, "fsdp1", 2, 0, "bf16-mixed", sharding="full_shard")
-    sgo = predict_rank_states(arch, "fsdp1", 2, 0, "bf16-mixed", sharding="shard_grad_op")
-    ns = predict_rank_states(arch, "fsdp1", 2, 0, "bf16-mixed", sharding="no_shard")
+    fs = predict_rank_states(arch, fsdp1(Fsdp1Sharding.FULL_SHARD), 2, 0, BF16)
+    sgo = predict_rank_states(arch, fsdp1(Fsdp1Sharding.SHARD_GRAD_OP), 2, 0, BF16)
+    ns = predict_rank_states(arch, fsdp1(Fsdp1Sharding.NO_SHARD), 2, 0, BF16)
     assert fs.unsharded_after_forward.bytes == 2 * per[-1]
     assert sgo.unsharded_after_forward.bytes == 2 * sum(per)
     assert ns.unsharded_after_forward.bytes == 0
-    f2 = predict_rank_states(arch, "fsdp2", 2, 1, "fp32")
-    f2_keep = predict_rank_states(arch, "fsdp2", 2, 1, "fp32", reshard_after_forward=False)
+    f2 = predict_rank_states(arch, FSDP2, 2, 1, FP32)
+    f2_keep = predict_rank_states(arch, FSDP2_KEEP, 2, 1, FP32)
     assert 0 < f2.unsharded_after_forward.bytes < f2_keep.unsharded_after_forward.bytes
+
+
+def test_fp16_mixed_gathers_fp16_copies_as_big_as_bf16_ones() -> None:
+    arch = _small()
+    bf16 = predict_rank_states(arch, FSDP2, 2, 0, BF16)
+    fp16 = predict_rank_states(arch, FSDP2, 2, 0, PrecisionName.FP16_MIXED)
+    assert fp16.unsharded_after_forward.bytes == bf16.unsharded_after_forward.bytes
+    assert "fp16" in fp16.unsharded_after_forward.explanation
 
 
 def test_bad_inputs_are_input_errors() -> None:
     arch = _small()
     with pytest.raises(InputError):
-        predict_rank_states(arch, "ddp", 2, 2)
+        predict_rank_states(arch, DDP, 2, 2)
+    with pytest.raises(InputError, match="bf16-pure"):
+        predict_rank_states(arch, DDP, 2, 0, PrecisionName.BF16_PURE)
+    with pytest.raises(InputError, match="sgd"):
+        predict_rank_states(arch, DDP, 2, 0, FP32, OptimizerName.SGD)
     with pytest.raises(InputError):
-        predict_rank_states(arch, "ddp", 2, 0, precision="fp16-mixed")
-    with pytest.raises(InputError):
-        predict_rank_states(load_model("mixtral-8x7b")[0], "ddp", 2, 0)
+        predict_rank_states(load_model("mixtral-8x7b")[0], DDP, 2, 0)

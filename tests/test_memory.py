@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from zerocalc.api import estimate_memory
 from zerocalc.errors import InputError
-from zerocalc.memory import Location, StateKind, estimate_memory
+from zerocalc.memory import Location, StateKind
 
 # ZeRO paper (Rajbhandari et al. 2020), Table 1: Ψ = 7.5B, K = 12, per-device GB (1e9 bytes) for
 # P_os, P_os+g and P_os+g+p at each DP degree, as printed (three significant figures). Baseline DP is
@@ -126,7 +127,7 @@ def test_default_set_leaves_out_what_cannot_offload_with_a_note() -> None:
     [
         ({"params": "7X"}, "'7X'"),
         ({"params": "-1"}, "must be positive"),
-        ({"params": "7B", "gpus": 0}, "--gpus 0"),
+        ({"params": "7B", "gpus": 0}, "gpus 0"),
         ({"params": "7B", "strategies": "zero4"}, "zero4"),
         ({"params": "7B", "precision": "int4"}, "int4"),
         ({"params": "7B", "offload_params": "cpu", "strategies": "zero2"}, "only zero3"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerocalc.memory import estimate_memory
+from zerocalc.api import estimate_memory
 from zerocalc.optimizers import OptimizerName
 from zerocalc.precision import PrecisionName
 

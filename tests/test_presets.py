@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from zerocalc.api import estimate_memory
 from zerocalc.architecture import count_parameters
 from zerocalc.cli import app
 from zerocalc.errors import InputError
 from zerocalc.hf_config import architecture_from_hf_config
-from zerocalc.memory import estimate_memory
 from zerocalc.presets import (
     ModelPreset,
     load_gpu,

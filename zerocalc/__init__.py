@@ -1,28 +1,43 @@
 """zerocalc: memory and communication calculator for data-parallel training.
 
-The core is pure: functions from specs to pydantic results, no torch, no I/O. The public names below are
-loaded on first use (PEP 562), so that ``import zerocalc`` and the CLI start-up stay cheap.
+The core is pure: functions from typed requests to pydantic results, no torch, no I/O. The public names
+below are loaded on first use (PEP 562), so that ``import zerocalc`` and the CLI start-up stay cheap.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["CommEstimate", "InputError", "MemoryEstimate", "estimate_comm", "estimate_memory"]
+__all__ = [
+    "CommEstimate",
+    "InputError",
+    "MemoryEstimate",
+    "MemoryReport",
+    "TrainingRequest",
+    "estimate_comm",
+    "estimate_memory",
+    "estimate_peak",
+]
 __version__ = "0.1.0"
 
 _LAZY = {
     "InputError": "zerocalc.errors",
     "MemoryEstimate": "zerocalc.memory",
-    "estimate_memory": "zerocalc.memory",
+    "MemoryReport": "zerocalc.peak.report",
     "CommEstimate": "zerocalc.comm",
-    "estimate_comm": "zerocalc.comm",
+    "TrainingRequest": "zerocalc.request",
+    "estimate_memory": "zerocalc.api",
+    "estimate_peak": "zerocalc.api",
+    "estimate_comm": "zerocalc.api",
 }
 
 if TYPE_CHECKING:
-    from zerocalc.comm import CommEstimate, estimate_comm
+    from zerocalc.api import estimate_comm, estimate_memory, estimate_peak
+    from zerocalc.comm import CommEstimate
     from zerocalc.errors import InputError
-    from zerocalc.memory import MemoryEstimate, estimate_memory
+    from zerocalc.memory import MemoryEstimate
+    from zerocalc.peak.report import MemoryReport
+    from zerocalc.request import TrainingRequest
 
 
 def __getattr__(name: str) -> Any:

@@ -31,7 +31,7 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from zerocalc.errors import InputError
+from zerocalc.architecture import MlpKind
 
 ACTIVATION_BYTES = 2
 """16-bit activations (bf16/fp16), as in Korthikanti et al. 2022."""
@@ -44,13 +44,6 @@ class Recompute(str, Enum):
     NONE = "none"
     SELECTIVE = "selective"
     FULL = "full"
-
-
-class MlpKind(str, Enum):
-    GELU = "gelu"
-    """Two matrices, h → f → h with a GELU between (GPT-2/3)."""
-    SWIGLU = "swiglu"
-    """Three matrices, gate and up h → f, down f → h (Llama, Mistral, Qwen)."""
 
 
 class ActivationShape(BaseModel):
@@ -144,16 +137,8 @@ def layer_terms(shape: ActivationShape) -> dict[str, int]:
 _S_SQUARED_TERMS = ("softmax_output", "attn_dropout_mask", "attn_dropout_output")
 
 
-def estimate_activations(
-    shape: ActivationShape, recompute: Recompute | str = Recompute.NONE
-) -> ActivationEstimate:
+def estimate_activations(shape: ActivationShape, mode: Recompute = Recompute.NONE) -> ActivationEstimate:
     """Activation bytes of one micro-batch on one GPU (no tensor/sequence parallelism)."""
-    try:
-        mode = Recompute(recompute)
-    except ValueError as exc:
-        raise InputError(
-            f"--recompute {recompute!r} is not accepted; accepted: none, selective, full"
-        ) from exc
     terms = layer_terms(shape)
     per_layer = sum(terms.values())
     s, b, h, v = shape.seq_len, shape.micro_batch, shape.hidden, shape.vocab

@@ -1,14 +1,29 @@
-"""The shape of a data-parallel run: N ranks (one per GPU), g GPUs per node."""
+"""The shape of a data-parallel run: N ranks (one per GPU), g GPUs per node, and its groups of ranks."""
 
 from __future__ import annotations
 
+from enum import Enum
+
 from pydantic import BaseModel, ConfigDict, Field
 
-from zerocalc.errors import InputError
 from zerocalc.units import ceil_div
 
 DEFAULT_GPUS_PER_NODE = 8
 """An HGX/DGX node: 8 GPUs joined by NVLink/NVSwitch."""
+
+
+class RankGroup(str, Enum):
+    """Which ranks something spans: a state's shard group or a collective's process group.
+
+    A state sharded over no group (``None`` where a ``RankGroup | None`` is expected) is replicated.
+    """
+
+    WORLD = "world"
+    """All N data-parallel ranks."""
+    NODE = "node"
+    """The g ranks of one node (HYBRID_SHARD's shard group; replicated across nodes)."""
+    ACROSS_NODES = "across_nodes"
+    """The N/g ranks of equal local rank, one per node (HYBRID_SHARD's replica group)."""
 
 
 class Cluster(BaseModel):
@@ -26,31 +41,26 @@ class Cluster(BaseModel):
     def nodes(self) -> int:
         return ceil_div(self.world_size, self.ranks_per_node)
 
+    def group_size(self, group: RankGroup | None) -> int:
+        """Ranks in one group of this kind; 1 for ``None`` (replicated: nothing is split)."""
+        if group is RankGroup.WORLD:
+            return self.world_size
+        if group is RankGroup.NODE:
+            return self.ranks_per_node
+        if group is RankGroup.ACROSS_NODES:
+            return self.nodes
+        return 1
+
+    def spans_nodes(self, group: RankGroup) -> bool:
+        """Whether a group of this kind has ranks on more than one node (so it runs over the network)."""
+        return group is not RankGroup.NODE and self.nodes > 1
+
     def whole_nodes_problem(self) -> str | None:
         """Why HYBRID_SHARD (shard inside a node, replicate across nodes) cannot run here, or None."""
         if self.world_size % self.ranks_per_node:
             return (
-                f"--gpus {self.world_size} is not a multiple of --gpus-per-node {self.gpus_per_node}; "
+                f"{{gpus}} {self.world_size} is not a multiple of {{gpus_per_node}} {self.gpus_per_node}; "
                 "hybrid_shard shards within whole nodes; "
-                f"accepted: --gpus a multiple of {self.ranks_per_node}"
+                f"accepted: {{gpus}} a multiple of {self.ranks_per_node}"
             )
         return None
-
-
-def parse_gpu_count(value: int | str, what: str) -> int:
-    """A whole number of GPUs, 1 or more (``--gpus``, ``--gpus-per-node``)."""
-    text = str(value).strip()
-    if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
-        raise InputError(f"{what} {value!r} is not accepted; accepted: a whole number of GPUs, 1 or more")
-    return int(text)
-
-
-def make_cluster(gpus: int | str, gpus_per_node: int | str | None = None) -> Cluster:
-    """Validate ``--gpus`` and ``--gpus-per-node`` (default: 8, or N when N is smaller)."""
-    world = parse_gpu_count(gpus, "--gpus")
-    per_node = (
-        min(DEFAULT_GPUS_PER_NODE, world)
-        if gpus_per_node is None
-        else parse_gpu_count(gpus_per_node, "--gpus-per-node")
-    )
-    return Cluster(world_size=world, gpus_per_node=per_node)

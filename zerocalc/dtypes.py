@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from zerocalc.errors import InputError
+from zerocalc.errors import InputError, shown
 
 
 class DType(str, Enum):
@@ -52,11 +52,13 @@ _ALIASES: dict[str, DType] = {
 }
 
 
-def parse_dtype(text: str, what: str = "--dtype", allowed: tuple[DType, ...] | None = None) -> DType:
+def parse_dtype(text: str, what: str = "{dtype}", allowed: tuple[DType, ...] | None = None) -> DType:
     """Resolve a dtype name (``bf16``, ``bfloat16``, ``fp32``, ...), optionally restricted to ``allowed``."""
     key = text.strip().lower()
     dtype = _ALIASES.get(key) or next((d for d in DType if d.value == key), None)
     choices = allowed or tuple(DType)
     if dtype is None or dtype not in choices:
-        raise InputError(f"{what} {text!r} is not accepted; accepted: {', '.join(d.value for d in choices)}")
+        raise InputError(
+            f"{what} {shown(text)} is not accepted; accepted: {', '.join(d.value for d in choices)}"
+        )
     return dtype

@@ -1,11 +1,42 @@
 """The one exception type the core raises for bad input.
 
-The CLI turns it into one line on stderr and exit code 2 (see ``zerocalc.cli``); library callers get a
+A message names the inputs it is about by their concept, written ``{name}`` in the template (``{gpus}``,
+``{gpus_per_node}``, ``{framework}``: the keyword names of the library functions). ``str(error)`` shows
+those names as they are (``{{`` and ``}}`` are literal braces; :func:`shown` quotes a user's value);
+the CLI shows its own flag for each (``--gpus-per-node``), so only ``zerocalc.cli``
+knows about flags. The CLI turns the error into one line on stderr and exit code 2; library callers get a
 ``ValueError`` subclass they can catch.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([a-z][a-z0-9_]*)\}")
+
+
+def shown(value: object) -> str:
+    """A user's value for a message: its ``repr``, braces escaped so they are never read as a name."""
+    return repr(value).replace("{", "{{").replace("}", "}}")
+
 
 class InputError(ValueError):
     """A user-supplied value is not accepted. The message names the value and what is accepted."""
+
+    def __init__(self, template: str) -> None:
+        super().__init__(template)
+        self.template = template
+
+    def render(self, name_of: Callable[[str], str]) -> str:
+        """The message with each ``{concept}`` replaced by ``name_of(concept)`` (e.g. a CLI flag)."""
+
+        def replace(match: re.Match[str]) -> str:
+            if match.group(1) is None:
+                return match.group(0)[0]  # an escaped brace
+            return name_of(match.group(1))
+
+        return _PLACEHOLDER.sub(replace, self.template)
+
+    def __str__(self) -> str:
+        return self.render(lambda name: name)

@@ -25,37 +25,20 @@ Lines per rank:
 
 from __future__ import annotations
 
-from enum import Enum
-
 from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.architecture import Architecture, ParamTensor, parameter_tensors
 from zerocalc.dtypes import DType
 from zerocalc.errors import InputError
+from zerocalc.frameworks import Fsdp1Sharding, TorchSetup, TorchWrapper
+from zerocalc.optimizers import OptimizerName
+from zerocalc.precision import RECIPES, PrecisionName
 from zerocalc.units import ceil_div
 
-
-class Framework(str, Enum):
-    DDP = "ddp"
-    """``DistributedDataParallel`` with a plain optimizer."""
-    TORCH_ZERO1 = "torch-zero1"
-    """DDP + ``torch.distributed.optim.ZeroRedundancyOptimizer``."""
-    FSDP1 = "fsdp1"
-    """``FullyShardedDataParallel`` (``use_orig_params=False``), one unit per block + root."""
-    FSDP2 = "fsdp2"
-    """``fully_shard`` per block, then on the root."""
-
-
-class Sharding(str, Enum):
-    """FSDP1 ``ShardingStrategy`` values (lower-case)."""
-
-    NO_SHARD = "no_shard"
-    SHARD_GRAD_OP = "shard_grad_op"
-    FULL_SHARD = "full_shard"
-
-
-PRECISIONS = ("fp32", "bf16-mixed")
-OPTIMIZERS = ("adam", "adamw")
+OPTIMIZERS = (OptimizerName.ADAM, OptimizerName.ADAMW)
+"""What these rules model: Adam and AdamW (``torch.optim.Adam``/``AdamW``)."""
+PRECISIONS = (PrecisionName.FP32, PrecisionName.BF16_MIXED, PrecisionName.FP16_MIXED)
+"""fp32, or ``MixedPrecision``/``MixedPrecisionPolicy`` (autocast for DDP) with fp32 sharded parameters."""
 STATE_LINES = ("params", "grads", "optimizer", "step")
 """The model-state lines: an exact match is expected for each."""
 LINES = (*STATE_LINES, "unsharded_after_forward")
@@ -64,6 +47,8 @@ STEP_BYTES = DType.FP32.bytes
 """One Adam ``step`` counter: a 0-dim fp32 tensor."""
 ADAM_STATES = 2
 """``exp_avg`` and ``exp_avg_sq`` (no amsgrad)."""
+REPLICATED_WRAPPERS = (TorchWrapper.DDP, TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER)
+"""The wrappers that keep whole parameters and gradients on every rank (DDP's reducer)."""
 
 
 class Line(BaseModel):
@@ -78,13 +63,11 @@ class RankStates(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    framework: Framework
-    sharding: Sharding | None = None
-    reshard_after_forward: bool | None = None
+    setup: TorchSetup
     world_size: int
     rank: int
-    precision: str
-    optimizer: str
+    precision: PrecisionName
+    optimizer: OptimizerName
     params: Line
     grads: Line
     optimizer_states: Line
@@ -98,6 +81,19 @@ class RankStates(BaseModel):
     def model_states(self) -> int:
         """params + grads + optimizer states + step counters."""
         return sum(self.line(name).bytes for name in STATE_LINES)
+
+
+def reducer_buckets(states: RankStates) -> Line:
+    """DDP's reducer buckets: with ``gradient_as_bucket_view=False`` (the default) they are a second copy of
+    every gradient, not a ``.grad`` (``torch/nn/parallel/distributed.py``; DDP docs); ``bucket_cap_mb`` only
+    sets their size. None for the FSDP wrappers."""
+    if states.setup.wrapper not in REPLICATED_WRAPPERS:
+        return Line(bytes=0, explanation="no DDP reducer")
+    return Line(
+        bytes=states.grads.bytes,
+        explanation="PyTorch DDP docs: with gradient_as_bucket_view=False (default) the buckets are a "
+        "second copy of every gradient; bucket_cap_mb only sets their size",
+    )
 
 
 # ------------------------------------------------------------------------------------------ the rules
@@ -114,7 +110,7 @@ def fsdp_units(arch: Architecture) -> list[tuple[str, list[ParamTensor]]]:
     return [*blocks.items(), ("root", root)]
 
 
-def fsdp1_shard_numel(unit_numel: int, world_size: int, sharding: Sharding) -> int:
+def fsdp1_shard_numel(unit_numel: int, world_size: int, sharding: Fsdp1Sharding) -> int:
     """Elements of one FSDP1 ``FlatParameter`` on each rank.
 
     ``torch/distributed/fsdp/_flat_param.py`` ``FlatParamHandle.shard`` / ``_get_shard``: the flat
@@ -124,7 +120,7 @@ def fsdp1_shard_numel(unit_numel: int, world_size: int, sharding: Sharding) -> i
     ``ceil(numel / N)`` elements (the flat parameter padded to a multiple of N). ``NO_SHARD`` does not
     shard (``uses_sharded_strategy`` is false): every rank holds the whole flat parameter, unpadded.
     """
-    if sharding is Sharding.NO_SHARD:
+    if sharding is Fsdp1Sharding.NO_SHARD:
         return unit_numel
     return ceil_div(unit_numel, world_size)
 
@@ -164,62 +160,70 @@ def _rest(shape: tuple[int, ...]) -> int:
     return n
 
 
-def padded_unit_numel(unit: list[ParamTensor], world_size: int, framework: Framework | str) -> int:
+def padded_unit_numel(unit: list[ParamTensor], world_size: int, wrapper: TorchWrapper) -> int:
     """Elements of one unit when all-gathered (unsharded) on ``world_size`` ranks, padding included.
 
     FSDP1: the flat parameter padded to a multiple of N (:func:`fsdp1_shard_numel`); FSDP2: each tensor's
     dim 0 padded to a multiple of N (:func:`dim0_rows`, ``FSDPParamGroup``'s all-gather output).
     """
-    if Framework(framework) is Framework.FSDP2:
+    if wrapper is TorchWrapper.FSDP2:
         return sum(ceil_div(t.shape[0], world_size) * world_size * _rest(t.shape) for t in unit)
     return ceil_div(sum(t.numel for t in unit), world_size) * world_size
 
 
 # ------------------------------------------------------------------------------------------ the model
-def predict_rank_states(
-    arch: Architecture,
-    framework: Framework | str,
-    world_size: int,
-    rank: int,
-    precision: str = "fp32",
-    optimizer: str = "adam",
-    sharding: Sharding | str | None = None,
-    reshard_after_forward: bool = True,
-) -> RankStates:
-    """Exact bytes rank ``rank`` of ``world_size`` holds after one full training step."""
-    fw = Framework(framework)
+def _check(
+    arch: Architecture, world_size: int, rank: int, precision: PrecisionName, optimizer: OptimizerName
+) -> None:
     if world_size < 1 or not 0 <= rank < world_size:
         raise InputError(f"rank {rank} of world {world_size} is not accepted; accepted: 0 ≤ rank < N")
     if precision not in PRECISIONS:
-        raise InputError(f"precision {precision!r} is not accepted; accepted: {', '.join(PRECISIONS)}")
+        accepted = ", ".join(p.value for p in PRECISIONS)
+        raise InputError(
+            f"{{precision}} {precision.value} is not what PyTorch's MixedPrecision runs; accepted: {accepted}"
+        )
     if optimizer not in OPTIMIZERS:
-        raise InputError(f"optimizer {optimizer!r} is not accepted; accepted: {', '.join(OPTIMIZERS)}")
+        accepted = ", ".join(o.value for o in OPTIMIZERS)
+        raise InputError(f"{{optimizer}} {optimizer.value} is not modelled here; accepted: {accepted}")
     if arch.is_moe:
         raise InputError(f"{arch.name}: mixture-of-experts models are not modelled here yet; accepted: dense")
-    shard = Sharding(sharding) if sharding is not None else None
-    if fw is Framework.FSDP1 and shard is None:
-        shard = Sharding.FULL_SHARD
-    if fw is not Framework.FSDP1:
-        shard = None
-    fwd = DType.BF16 if precision == "bf16-mixed" else DType.FP32
+
+
+def predict_rank_states(
+    arch: Architecture,
+    setup: TorchSetup,
+    world_size: int,
+    rank: int,
+    precision: PrecisionName = PrecisionName.FP32,
+    optimizer: OptimizerName = OptimizerName.ADAM,
+) -> RankStates:
+    """Exact bytes rank ``rank`` of ``world_size`` holds after one full training step under ``setup``.
+
+    ``world_size`` is the ranks a parameter is sharded over (one node's under hybrid sharding).
+    """
+    _check(arch, world_size, rank, precision, optimizer)
+    fwd = RECIPES[precision].param_dtype  # the forward dtype: MixedPrecision's param_dtype, or fp32
     f32 = DType.FP32.bytes
     tensors = parameter_tensors(arch)
     total = sum(t.numel for t in tensors)
+    common = {
+        "setup": setup,
+        "world_size": world_size,
+        "rank": rank,
+        "precision": precision,
+        "optimizer": optimizer,
+    }
 
-    if fw in (Framework.DDP, Framework.TORCH_ZERO1):
+    if setup.wrapper in REPLICATED_WRAPPERS:
         held = total
-        if fw is Framework.DDP:
+        if setup.wrapper is TorchWrapper.DDP:
             owned, how = tensors, "every parameter"
         else:
             owned = zero1_partition(tensors, world_size)[rank]
             how = f"{len(owned)} of {len(tensors)} whole tensors (greedy partition, largest first)"
         opt_numel = sum(t.numel for t in owned)
         return RankStates(
-            framework=fw,
-            world_size=world_size,
-            rank=rank,
-            precision=precision,
-            optimizer=optimizer,
+            **common,
             params=Line(bytes=held * f32, explanation=f"{held:,} fp32 elements: the whole model, replicated"),
             grads=Line(bytes=held * f32, explanation=f"{held:,} fp32 elements: all-reduced by DDP"),
             optimizer_states=Line(
@@ -230,8 +234,8 @@ def predict_rank_states(
             unsharded_after_forward=Line(bytes=0, explanation="none: DDP never shards parameters"),
         )
 
-    if fw is Framework.FSDP1:
-        assert shard is not None
+    if setup.wrapper is TorchWrapper.FSDP1:
+        shard = setup.sharding or Fsdp1Sharding.FULL_SHARD
         units = fsdp_units(arch)
         local = 0
         kept = 0
@@ -241,24 +245,19 @@ def predict_rank_states(
             local += fsdp1_shard_numel(numel, world_size, shard)
             # ``_runtime_utils._post_forward_reshard``: free after forward only for non-root units of
             # RESHARD_AFTER_FORWARD strategies (FULL_SHARD); SHARD_GRAD_OP keeps every unit unsharded.
-            if shard is Sharding.SHARD_GRAD_OP or (shard is Sharding.FULL_SHARD and name == "root"):
-                kept += padded_unit_numel(unit, world_size, fw)
+            if shard is Fsdp1Sharding.SHARD_GRAD_OP or (shard is Fsdp1Sharding.FULL_SHARD and name == "root"):
+                kept += padded_unit_numel(unit, world_size, setup.wrapper)
                 kept_units.append(name)
         n_flat = len(units)
-        pad_note = "" if shard is Sharding.NO_SHARD else ", padded to a multiple of N"
-        if shard is Sharding.NO_SHARD:
+        pad_note = "" if shard is Fsdp1Sharding.NO_SHARD else ", padded to a multiple of N"
+        if shard is Fsdp1Sharding.NO_SHARD:
             kept_text = "none: NO_SHARD keeps whole flat parameters"
         elif kept_units == ["root"]:
             kept_text = f"the root unit's padded flat parameter ({kept:,} {fwd.value}); blocks resharded"
         else:
             kept_text = f"all {len(kept_units)} padded flat parameters ({kept:,} {fwd.value}): SHARD_GRAD_OP"
         return RankStates(
-            framework=fw,
-            sharding=shard,
-            world_size=world_size,
-            rank=rank,
-            precision=precision,
-            optimizer=optimizer,
+            **common,
             params=Line(
                 bytes=local * f32,
                 explanation=f"{n_flat} flat parameters, {local:,} fp32 elements on this rank{pad_note}",
@@ -278,21 +277,16 @@ def predict_rank_states(
     local = sum(dim0_rows(t.shape[0], world_size, rank) * _rest(t.shape) for t in tensors)
     kept = 0
     for name, unit in units:
-        if not reshard_after_forward or name == "root":
+        if not setup.reshard_after_forward or name == "root":
             # ``FSDPState._lazy_init``: the root's ``post_forward_mesh_info`` is None (not resharded).
-            kept += padded_unit_numel(unit, world_size, fw)
+            kept += padded_unit_numel(unit, world_size, setup.wrapper)
     kept_text = (
         "every group's padded unsharded parameters (reshard_after_forward=False)"
-        if not reshard_after_forward
+        if not setup.reshard_after_forward
         else "the root group's padded unsharded parameters (the root is never resharded after forward)"
     )
     return RankStates(
-        framework=fw,
-        reshard_after_forward=reshard_after_forward,
-        world_size=world_size,
-        rank=rank,
-        precision=precision,
-        optimizer=optimizer,
+        **common,
         params=Line(
             bytes=local * f32,
             explanation=f"{len(tensors)} DTensors sharded on dim 0: {local:,} fp32 local elements",
@@ -310,45 +304,33 @@ def predict_rank_states(
 
 def predict_all_ranks(
     arch: Architecture,
-    framework: Framework | str,
+    setup: TorchSetup,
     world_size: int,
-    precision: str = "fp32",
-    optimizer: str = "adam",
-    sharding: Sharding | str | None = None,
-    reshard_after_forward: bool = True,
+    precision: PrecisionName = PrecisionName.FP32,
+    optimizer: OptimizerName = OptimizerName.ADAM,
 ) -> list[RankStates]:
     """:func:`predict_rank_states` for every rank, rank 0 first."""
-    return [
-        predict_rank_states(
-            arch, framework, world_size, r, precision, optimizer, sharding, reshard_after_forward
-        )
-        for r in range(world_size)
-    ]
+    return [predict_rank_states(arch, setup, world_size, r, precision, optimizer) for r in range(world_size)]
 
 
 def largest_rank_states(
     arch: Architecture,
-    framework: Framework | str,
+    setup: TorchSetup,
     world_size: int,
-    precision: str = "fp32",
-    optimizer: str = "adam",
-    sharding: Sharding | str | None = None,
-    reshard_after_forward: bool = True,
+    precision: PrecisionName = PrecisionName.FP32,
+    optimizer: OptimizerName = OptimizerName.ADAM,
 ) -> RankStates:
     """The rank holding the most model-state bytes (what a per-GPU peak must use).
 
     FSDP1 ranks hold equal padded shards and FSDP2's dim-0 chunks are largest on rank 0, so rank 0 is
     the largest there; ZeroRedundancyOptimizer's greedy partition is computed once to find its rank.
     """
-    fw = Framework(framework)
     rank = 0
-    if fw is Framework.TORCH_ZERO1:
+    if setup.wrapper is TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER:
         parts = zero1_partition(parameter_tensors(arch), world_size)
         state_bytes = [
             ADAM_STATES * sum(t.numel for t in part) * DType.FP32.bytes + len(part) * STEP_BYTES
             for part in parts
         ]
         rank = state_bytes.index(max(state_bytes))
-    return predict_rank_states(
-        arch, fw, world_size, rank, precision, optimizer, sharding, reshard_after_forward
-    )
+    return predict_rank_states(arch, setup, world_size, rank, precision, optimizer)

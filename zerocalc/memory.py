@@ -28,23 +28,13 @@ from fractions import Fraction
 from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.architecture import ParameterCount
-from zerocalc.cluster import Cluster, make_cluster
+from zerocalc.cluster import Cluster, RankGroup
 from zerocalc.dtypes import DType
-from zerocalc.errors import InputError
-from zerocalc.optimizers import OPTIMIZERS, OptimizerName, OptimizerSpec, parse_optimizer
-from zerocalc.precision import RECIPES, PrecisionName, PrecisionRecipe, parse_precision
-from zerocalc.strategies import (
-    DEFAULT_STRATEGIES,
-    STRATEGIES,
-    OffloadTarget,
-    ShardScope,
-    Strategy,
-    StrategyName,
-    parse_offload,
-    parse_strategies,
-    shard_divisor,
-)
-from zerocalc.units import ceil_div, parse_bytes, parse_count
+from zerocalc.optimizers import OPTIMIZERS, OptimizerName, OptimizerSpec
+from zerocalc.precision import RECIPES, PrecisionName, PrecisionRecipe
+from zerocalc.request import TrainingRequest
+from zerocalc.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName
+from zerocalc.units import ceil_div
 
 SCHEMA_VERSION = 1
 
@@ -104,17 +94,33 @@ class BytesPerParameter(BaseModel):
 
 
 class MemoryRequest(BaseModel):
+    """The request as the model-state estimate echoes it in its JSON."""
+
     model_config = ConfigDict(frozen=True)
 
     params: int = Field(gt=0, description="Ψ: parameter count")
     cluster: Cluster
-    precision: PrecisionName = PrecisionName.BF16_MIXED
-    optimizer: OptimizerName = OptimizerName.ADAMW
-    fp32_grad_accum: bool = False
-    offload_optimizer: OffloadTarget = OffloadTarget.NONE
-    offload_params: OffloadTarget = OffloadTarget.NONE
-    strategies: tuple[StrategyName, ...] = DEFAULT_STRATEGIES
+    precision: PrecisionName
+    optimizer: OptimizerName
+    fp32_grad_accum: bool
+    offload_optimizer: OffloadTarget
+    offload_params: OffloadTarget
+    strategies: tuple[StrategyName, ...]
     gpu_memory_bytes: int | None = Field(default=None, ge=0)
+
+    @classmethod
+    def of(cls, request: TrainingRequest) -> MemoryRequest:
+        return cls(
+            params=request.model.params,
+            cluster=request.cluster,
+            precision=request.precision,
+            optimizer=request.optimizer,
+            fp32_grad_accum=request.fp32_grad_accum,
+            offload_optimizer=request.offload_optimizer,
+            offload_params=request.offload_params,
+            strategies=request.strategies,
+            gpu_memory_bytes=request.gpu_memory_bytes,
+        )
 
 
 class ModelSummary(BaseModel):
@@ -165,15 +171,16 @@ def _optimizer_parts(n: int, recipe: PrecisionRecipe, optimizer: OptimizerSpec) 
 
 def _shard(
     kind: StateKind,
-    scope: ShardScope,
+    group: RankGroup | None,
     location: Location,
-    request: MemoryRequest,
+    request: TrainingRequest,
     parts_for: dict[str, DType] | None = None,
     recipe: PrecisionRecipe | None = None,
     optimizer: OptimizerSpec | None = None,
 ) -> StateShard:
-    d = shard_divisor(scope, request.cluster.world_size, request.cluster.gpus_per_node)
-    n = ceil_div(request.params, d)
+    d = request.cluster.group_size(group)
+    psi = request.model.params
+    n = ceil_div(psi, d)
     if parts_for is not None:
         parts = {name: n * dtype.bytes for name, dtype in parts_for.items()}
     else:
@@ -184,34 +191,33 @@ def _shard(
         location=location,
         shard_ranks=d,
         elements=n,
-        padding_elements=n * d - request.params,
+        padding_elements=n * d - psi,
         bytes=sum(parts.values()),
         parts=parts,
     )
 
 
-def _location(target: OffloadTarget) -> Location:
-    return {
-        OffloadTarget.NONE: Location.GPU,
-        OffloadTarget.CPU: Location.CPU,
-        OffloadTarget.NVME: Location.NVME,
-    }[target]
+_LOCATION = {
+    OffloadTarget.NONE: Location.GPU,
+    OffloadTarget.CPU: Location.CPU,
+    OffloadTarget.NVME: Location.NVME,
+}
 
 
-def strategy_states(strategy: Strategy, request: MemoryRequest) -> list[StateShard]:
+def strategy_states(strategy: Strategy, request: TrainingRequest) -> list[StateShard]:
     """The model states one rank holds under ``strategy``: pure function of the request."""
     recipe = RECIPES[request.precision]
     optimizer = OPTIMIZERS[request.optimizer]
     offload_opt = request.offload_optimizer
     # ZeRO-Offload: with the optimizer on the host, partitioned gradients go there too (fp32 grads
     # are produced on the host from them); replicated ZeRO-1 gradients stay on the GPU.
-    grads_on_host = offload_opt is not OffloadTarget.NONE and strategy.grads is not ShardScope.REPLICATED
+    grads_on_host = offload_opt is not OffloadTarget.NONE and strategy.grads is not None
     grad_location = Location.CPU if grads_on_host else Location.GPU
     states = [
         _shard(
             StateKind.PARAMS,
             strategy.params,
-            _location(request.offload_params),
+            _LOCATION[request.offload_params],
             request,
             parts_for={f"params_{recipe.param_dtype.value}": recipe.param_dtype},
         ),
@@ -237,7 +243,7 @@ def strategy_states(strategy: Strategy, request: MemoryRequest) -> list[StateSha
         _shard(
             StateKind.OPTIMIZER,
             strategy.optimizer,
-            _location(offload_opt),
+            _LOCATION[offload_opt],
             request,
             recipe=recipe,
             optimizer=optimizer,
@@ -250,90 +256,48 @@ def _bytes_at(states: list[StateShard], location: Location) -> int:
     return sum(s.bytes for s in states if s.location is location)
 
 
-def _check_offload(strategy: Strategy, request: MemoryRequest) -> str | None:
-    """Why ``strategy`` cannot do the requested offload, or None."""
-    if (
-        request.offload_optimizer is not OffloadTarget.NONE
-        and request.offload_optimizer not in strategy.optimizer_offload
-    ):
-        can = ", ".join(t.value for t in strategy.optimizer_offload) or "nothing"
-        return f"--offload-optimizer {request.offload_optimizer.value}: {strategy.title} can offload {can}"
-    if (
-        request.offload_params is not OffloadTarget.NONE
-        and request.offload_params not in strategy.param_offload
-    ):
-        return (
-            f"--offload-params {request.offload_params.value}: {strategy.title} keeps whole parameters on "
-            "every GPU; only zero3 can offload parameters"
-        )
-    return None
+def ddp_baseline_gpu_bytes(request: TrainingRequest) -> int:
+    """DDP's model states on one GPU for the same recipe, without offload (the "vs DDP" denominator)."""
+    baseline = request.model_copy(
+        update={"offload_optimizer": OffloadTarget.NONE, "offload_params": OffloadTarget.NONE}
+    )
+    return _bytes_at(strategy_states(STRATEGIES[StrategyName.DDP], baseline), Location.GPU)
 
 
-def _resolve_strategies(request: MemoryRequest, explicit: bool) -> tuple[list[Strategy], list[str]]:
-    """The strategies to report; an explicit choice that cannot run is an error, a default one a note."""
-    chosen: list[Strategy] = []
-    notes: list[str] = []
-    for name in request.strategies:
-        strategy = STRATEGIES[name]
-        problem = _check_offload(strategy, request)
-        if problem is None and name is StrategyName.HYBRID_SHARD:
-            problem = request.cluster.whole_nodes_problem()
-        if problem is None:
-            chosen.append(strategy)
-        elif explicit:
-            raise InputError(problem)
-        else:
-            notes.append(f"{strategy.title} left out: {problem}")
-    if not chosen:
-        raise InputError("no strategy can run with these options: " + "; ".join(notes))
-    return chosen, notes
+def strategy_memory(strategy: Strategy, request: TrainingRequest, ddp_gpu_bytes: int) -> StrategyMemory:
+    """One strategy's row: its states, where they are, and whether they fit."""
+    states = strategy_states(strategy, request)
+    gpu = _bytes_at(states, Location.GPU)
+    cpu = _bytes_at(states, Location.CPU)
+    nvme = _bytes_at(states, Location.NVME)
+    fits = headroom = None
+    if request.gpu_memory_bytes is not None:
+        headroom = request.gpu_memory_bytes - gpu
+        fits = headroom >= 0
+    per_node = request.cluster.ranks_per_node
+    return StrategyMemory(
+        strategy=strategy.name,
+        title=strategy.title,
+        states=states,
+        gpu_bytes=gpu,
+        cpu_bytes_per_gpu=cpu,
+        nvme_bytes_per_gpu=nvme,
+        cpu_bytes_per_node=cpu * per_node,
+        nvme_bytes_per_node=nvme * per_node,
+        fraction_of_ddp=gpu / ddp_gpu_bytes,
+        fits=fits,
+        headroom_bytes=headroom,
+    )
 
 
-def evaluate(request: MemoryRequest, explicit_strategies: bool = True) -> MemoryEstimate:
-    """Compute the memory estimate for a validated request."""
-    if request.params < 1:
-        raise InputError(f"--params {request.params} must be positive")
+def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
+    """Model states per GPU of every strategy of a validated request (pure)."""
     recipe = RECIPES[request.precision]
     optimizer = OPTIMIZERS[request.optimizer]
-    if request.fp32_grad_accum and recipe.grad_dtype is DType.FP32:
-        raise InputError(
-            f"--fp32-grad-accum with --precision {recipe.name.value}: gradients are already fp32; "
-            "accepted with bf16-mixed, fp16-mixed or bf16-pure"
-        )
-    strategies, notes = _resolve_strategies(request, explicit_strategies)
-
-    baseline = MemoryRequest(
-        **{**request.model_dump(), "offload_optimizer": "none", "offload_params": "none"}
-    )
-    ddp_gpu_bytes = _bytes_at(strategy_states(STRATEGIES[StrategyName.DDP], baseline), Location.GPU)
+    ddp_gpu_bytes = ddp_baseline_gpu_bytes(request)
+    rows = [strategy_memory(STRATEGIES[name], request, ddp_gpu_bytes) for name in request.strategies]
 
     cluster = request.cluster
-    rows = []
-    for strategy in strategies:
-        states = strategy_states(strategy, request)
-        gpu = _bytes_at(states, Location.GPU)
-        cpu = _bytes_at(states, Location.CPU)
-        nvme = _bytes_at(states, Location.NVME)
-        fits = headroom = None
-        if request.gpu_memory_bytes is not None:
-            headroom = request.gpu_memory_bytes - gpu
-            fits = headroom >= 0
-        rows.append(
-            StrategyMemory(
-                strategy=strategy.name,
-                title=strategy.title,
-                states=states,
-                gpu_bytes=gpu,
-                cpu_bytes_per_gpu=cpu,
-                nvme_bytes_per_gpu=nvme,
-                cpu_bytes_per_node=cpu * cluster.ranks_per_node,
-                nvme_bytes_per_node=nvme * cluster.ranks_per_node,
-                fraction_of_ddp=gpu / ddp_gpu_bytes,
-                fits=fits,
-                headroom_bytes=headroom,
-            )
-        )
-
     k = optimizer_bytes_per_parameter(recipe, optimizer)
     bpp = BytesPerParameter(
         b_p=recipe.param_dtype.bytes,
@@ -342,7 +306,7 @@ def evaluate(request: MemoryRequest, explicit_strategies: bool = True) -> Memory
         grad_accum=DType.FP32.bytes if request.fp32_grad_accum else 0,
     )
     assumptions = [
-        f"Ψ = {request.params:,} parameters; N = {cluster.world_size} GPUs, "
+        f"Ψ = {request.model.params:,} parameters; N = {cluster.world_size} GPUs, "
         f"g = {cluster.ranks_per_node} per node ({cluster.nodes} node{'s' if cluster.nodes > 1 else ''})",
         f"{recipe.name.value}: {recipe.note}",
         optimizer.assumption,
@@ -363,99 +327,18 @@ def evaluate(request: MemoryRequest, explicit_strategies: bool = True) -> Memory
             f"parameter offload to {request.offload_params.value} (ZeRO-Infinity, Rajbhandari et al. 2021): "
             "the ZeRO-3 parameter partition lives off the GPU and is fetched layer by layer"
         )
+    model = request.model
+    gpu = request.gpu
     return MemoryEstimate(
-        request=request,
+        request=MemoryRequest.of(request),
+        model=None
+        if model.parameter_count is None
+        else ModelSummary(name=model.name or "", title=model.title, parameter_count=model.parameter_count),
+        gpu=None
+        if gpu is None
+        else GpuSummary(name=gpu.name, memory_bytes=gpu.memory_bytes, reserve_bytes=gpu.reserve_bytes),
         bytes_per_parameter=bpp,
         assumptions=assumptions,
-        notes=notes,
+        notes=list(request.strategy_notes),
         strategies=rows,
     )
-
-
-def resolve_params(params: int | str | None, model: str | None) -> tuple[int, ModelSummary | None]:
-    """Ψ from ``--params`` or from a model preset / config.json (``--model``), never both."""
-    if (params is None) == (model is None):
-        raise InputError(
-            "give --params or --model (not both); "
-            "accepted: --params 7B, or --model llama-3-8b / path/config.json"
-        )
-    if model is None:
-        return parse_count(params), None  # type: ignore[arg-type]
-    from zerocalc.architecture import count_parameters
-    from zerocalc.presets import load_model
-
-    architecture, preset = load_model(model)
-    counted = count_parameters(architecture)
-    summary = ModelSummary(
-        name=architecture.name, title=preset.title if preset else None, parameter_count=counted
-    )
-    return counted.total, summary
-
-
-def resolve_gpu_memory(
-    gpu_memory: int | str | None, gpu: str | None, reserve: int | str | None
-) -> tuple[int | None, GpuSummary | None]:
-    """Usable bytes per GPU: ``--gpu-memory`` as given, or a GPU preset's memory less ``--reserve``."""
-    if gpu is None:
-        if reserve is not None:
-            raise InputError("--reserve applies to --gpu; accepted: --gpu NAME --reserve 2GiB")
-        return (None if gpu_memory is None else parse_bytes(gpu_memory, "--gpu-memory")), None
-    if gpu_memory is not None:
-        raise InputError(
-            "give --gpu or --gpu-memory, not both; accepted: --gpu h100-80gb or --gpu-memory 80GiB"
-        )
-    from zerocalc.presets import load_gpu
-
-    spec = load_gpu(gpu)
-    kept = parse_bytes(reserve if reserve is not None else spec.reserve, "--reserve")
-    if kept >= spec.memory_bytes:
-        raise InputError(
-            f"--reserve {reserve} is not below the {spec.title}'s memory; accepted: a smaller size"
-        )
-    summary = GpuSummary(name=spec.name, memory_bytes=spec.memory_bytes, reserve_bytes=kept)
-    return spec.memory_bytes - kept, summary
-
-
-def estimate_memory(
-    params: int | str | None = None,
-    gpus: int | str = 1,
-    gpus_per_node: int | str | None = None,
-    *,
-    model: str | None = None,
-    strategies: str | list[str] | None = None,
-    precision: str = "bf16-mixed",
-    optimizer: str = "adamw",
-    fp32_grad_accum: bool = False,
-    offload_optimizer: str | None = None,
-    offload_params: str | None = None,
-    gpu_memory: int | str | None = None,
-    gpu: str | None = None,
-    reserve: int | str | None = None,
-    default_strategies: tuple[StrategyName, ...] = DEFAULT_STRATEGIES,
-) -> MemoryEstimate:
-    """Library entry point: per-GPU model-state bytes for each strategy.
-
-    ``params`` takes the CLI's spellings (``"7B"``, ``6_738_415_616``), or ``model`` a preset name or a
-    Hugging Face config.json path; ``strategies`` ``"all"``, a comma list or a list of names (FSDP names are
-    aliases), ``default_strategies`` the set ``"all"`` stands for; ``gpu`` a GPU preset whose memory
-    less ``reserve`` gives the fits column.
-    Raises :class:`zerocalc.errors.InputError`.
-    """
-    if isinstance(strategies, list):
-        strategies = ",".join(strategies)
-    chosen = parse_strategies(strategies)
-    psi, model_summary = resolve_params(params, model)
-    usable, gpu_summary = resolve_gpu_memory(gpu_memory, gpu, reserve)
-    request = MemoryRequest(
-        params=psi,
-        cluster=make_cluster(gpus, gpus_per_node),
-        precision=parse_precision(precision).name,
-        optimizer=parse_optimizer(optimizer).name,
-        fp32_grad_accum=fp32_grad_accum,
-        offload_optimizer=parse_offload(offload_optimizer, "--offload-optimizer"),
-        offload_params=parse_offload(offload_params, "--offload-params"),
-        strategies=tuple(s.name for s in chosen) if chosen else default_strategies,
-        gpu_memory_bytes=usable,
-    )
-    estimate = evaluate(request, explicit_strategies=chosen is not None)
-    return estimate.model_copy(update={"model": model_summary, "gpu": gpu_summary})

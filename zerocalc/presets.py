@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -138,19 +139,47 @@ def model_architecture(preset: ModelPreset, name: str, path: Path) -> Architectu
         raise InputError(f"{path}: architecture.{_describe(exc)}") from exc
 
 
+def _file_key(path: Path) -> tuple[str, int, int]:
+    """Identifies a file's content for the cache: its path, modification time and size."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return (str(path), -1, -1)  # the loader reports the problem
+    return (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
 def load_model(name_or_path: str) -> tuple[Architecture, ModelPreset | None]:
-    """A preset name or a Hugging Face config.json path → its architecture (and preset, if any)."""
+    """A preset name or a Hugging Face config.json path → its architecture (and preset, if any).
+
+    Each file is read and validated once per process (cached by path, modification time and size).
+    """
     candidate = Path(name_or_path).expanduser()
     if name_or_path.endswith(".json") or candidate.is_file():
-        from zerocalc.hf_config import architecture_from_hf_config
-
-        return architecture_from_hf_config(candidate), None
+        return _load_hf_config(_file_key(candidate), candidate)
     path = preset_path("models", name_or_path)
+    return _load_model_preset(_file_key(path), path)
+
+
+@lru_cache(maxsize=256)
+def _load_hf_config(key: tuple[str, int, int], path: Path) -> tuple[Architecture, ModelPreset | None]:
+    from zerocalc.hf_config import architecture_from_hf_config
+
+    return architecture_from_hf_config(path), None
+
+
+@lru_cache(maxsize=256)
+def _load_model_preset(key: tuple[str, int, int], path: Path) -> tuple[Architecture, ModelPreset | None]:
     preset = load_toml(path, ModelPreset)
     return model_architecture(preset, path.stem, path), preset
 
 
 def load_gpu(name: str) -> GpuSpec:
+    """A GPU preset by name (read once per process, like the models)."""
     path = preset_path("gpus", name)
+    return _load_gpu(_file_key(path), path)
+
+
+@lru_cache(maxsize=64)
+def _load_gpu(key: tuple[str, int, int], path: Path) -> GpuSpec:
     spec = load_toml(path, GpuSpec)
     return spec.model_copy(update={"name": path.stem})

@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from zerocalc.request import TrainingOptions, parse_request
+
 
 class Scenario(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -36,48 +38,55 @@ class Scenario(BaseModel):
     framework: str = "paper"
 
 
-def memory_section(s: Scenario) -> dict[str, Any]:
-    """Model states and the peak of a step, as `zerocalc memory --model ... --json` prints them."""
-    from zerocalc.peak import estimate_peak, report_json
-
-    estimate, peak = estimate_peak(
-        s.model,
-        s.gpus,
-        s.gpus_per_node,
-        framework=s.framework,
-        seq_len=s.seq_len,
-        micro_batch=s.micro_batch,
-        recompute=s.recompute,
-        reduce_dtype=s.reduce_dtype,
+def training_options(s: Scenario) -> TrainingOptions:
+    """The scenario as the options `zerocalc memory --model ...` would be given."""
+    return TrainingOptions(
+        model=s.model,
+        gpus=s.gpus,
+        gpus_per_node=s.gpus_per_node,
         gpu=s.gpu,
         strategies=s.strategies,
+        framework=s.framework,
         precision=s.precision,
         optimizer=s.optimizer,
         fp32_grad_accum=s.fp32_grad_accum,
         offload_optimizer=s.offload_optimizer,
         offload_params=s.offload_params,
+        seq_len=s.seq_len,
+        micro_batch=s.micro_batch,
+        recompute=s.recompute,
+        reduce_dtype=s.reduce_dtype,
+        grad_accum=s.grad_accum,
+        tokens_per_step=s.tokens_per_step,
+        tflops=s.tflops,
     )
-    return report_json(estimate, peak)
+
+
+def memory_section(s: Scenario) -> dict[str, Any]:
+    """Model states and the peak of a step, as `zerocalc memory --model ... --json` prints them."""
+    from zerocalc.peak.evaluate import evaluate_peak
+
+    return evaluate_peak(parse_request(training_options(s))).to_json_dict()
 
 
 def comm_section(s: Scenario) -> dict[str, Any]:
-    from zerocalc.comm import estimate_comm
+    """Communication per step, as `zerocalc comm --model ... --json` prints it (no --framework, no offload:
+    a scenario that offloads shows every strategy's communication)."""
+    from zerocalc.comm import evaluate_comm
 
-    # communication has no offload: strategies that only exist with offload are the memory section's
-    strategies = s.strategies if s.offload_optimizer == "none" and s.offload_params == "none" else "all"
-    return estimate_comm(
-        None,
-        s.gpus,
-        s.gpus_per_node,
-        model=s.model,
-        gpu=s.gpu,
-        strategies=strategies,
-        precision=s.precision,
-        grad_accum=s.grad_accum,
-        reduce_dtype=s.reduce_dtype,
-        tokens_per_step=s.tokens_per_step,
-        tflops=s.tflops,
-    ).model_dump(mode="json")
+    offloads = s.offload_optimizer != "none" or s.offload_params != "none"
+    options = training_options(s).model_copy(
+        update={
+            "framework": "paper",
+            "strategies": "all" if offloads else s.strategies,
+            "offload_optimizer": None,
+            "offload_params": None,
+            "seq_len": 2048,
+            "micro_batch": 1,
+            "recompute": "none",
+        }
+    )
+    return evaluate_comm(parse_request(options)).model_dump(mode="json")
 
 
 SECTIONS: dict[str, Callable[[Scenario], dict[str, Any]]] = {

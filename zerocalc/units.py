@@ -11,7 +11,7 @@ import re
 from decimal import Decimal, InvalidOperation
 from enum import Enum
 
-from zerocalc.errors import InputError
+from zerocalc.errors import InputError, shown
 
 
 class ByteUnit(str, Enum):
@@ -49,57 +49,122 @@ _COUNT_FACTORS: dict[str, int] = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G"
 
 _NUMBER = r"[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?"
 _COUNT_RE = re.compile(rf"^\s*(?P<num>[+-]?(?:{_NUMBER}))\s*(?P<suffix>[kKmMbBgGtT]?)\s*$")
-_BYTES_RE = re.compile(rf"^\s*(?P<num>{_NUMBER})\s*(?P<unit>[A-Za-z]*)\s*$")
-_BANDWIDTH_RE = re.compile(rf"^\s*(?P<num>{_NUMBER})\s*(?P<unit>[A-Za-z]*)\s*(?:/\s*s)?\s*$")
+_BYTES_RE = re.compile(rf"^\s*(?P<num>[+-]?(?:{_NUMBER}))\s*(?P<unit>[A-Za-z]*)\s*$")
+_BANDWIDTH_RE = re.compile(rf"^\s*(?P<num>[+-]?(?:{_NUMBER}))\s*(?P<unit>[A-Za-z]*)\s*(?:/\s*s)?\s*$")
+_EXPONENT_LIMIT = 100
+"""Numbers are read as decimals; an exponent beyond this (1e400) is refused before any arithmetic."""
 
 
 def _decimal(text: str, what: str, accepted: str) -> Decimal:
     try:
-        return Decimal(text.replace("_", ""))
+        value = Decimal(text.replace("_", ""))
     except InvalidOperation as exc:  # pragma: no cover - the regexes only pass valid numbers
-        raise InputError(f"{what} {text!r} is not a number; accepted: {accepted}") from exc
+        raise InputError(f"{what} {shown(text)} is not a number; accepted: {accepted}") from exc
+    if value and abs(value.adjusted()) > _EXPONENT_LIMIT:
+        raise InputError(f"{what} {shown(text)} is out of range; accepted: {accepted}")
+    return value
 
 
 def _exact_int(value: Decimal, original: str, what: str, accepted: str) -> int:
     if value != value.to_integral_value():
-        raise InputError(f"{what} {original!r} is not a whole number; accepted: {accepted}")
+        raise InputError(f"{what} {shown(original)} is not a whole number; accepted: {accepted}")
     return int(value)
 
 
 PARAMS_ACCEPTED = "a positive count such as 7B, 6.7b, 124M, 1.5T, 6.7e9, 6_738_415_616 or 124439808"
+MAX_COUNT = 10**16
+"""The largest count accepted (10,000T parameters, tokens, elements): far beyond any model, and every
+byte figure derived from it stays an exact integer that floats can still show."""
 
 
-def parse_count(text: str | int, what: str = "--params") -> int:
+def parse_count(
+    text: str | int, what: str = "{params}", accepted: str = PARAMS_ACCEPTED, maximum: int = MAX_COUNT
+) -> int:
     """Parse a positive count with an optional K/M/B/T suffix (powers of 1000) into an exact integer."""
+    if isinstance(text, bool):
+        raise InputError(f"{what} {shown(text)} is not a count; accepted: {accepted}")
     if isinstance(text, int):
-        if text <= 0:
-            raise InputError(f"{what} {text} must be positive; accepted: {PARAMS_ACCEPTED}")
-        return text
-    match = _COUNT_RE.match(text)
-    if not match:
-        raise InputError(f"{what} {text!r} is not understood; accepted: {PARAMS_ACCEPTED}")
-    value = _decimal(match["num"], what, PARAMS_ACCEPTED) * _COUNT_FACTORS[match["suffix"].upper()]
-    count = _exact_int(value, text, what, PARAMS_ACCEPTED)
+        count = text
+    else:
+        match = _COUNT_RE.match(str(text))
+        if not match:
+            raise InputError(f"{what} {shown(text)} is not understood; accepted: {accepted}")
+        value = _decimal(match["num"], what, accepted) * _COUNT_FACTORS[match["suffix"].upper()]
+        count = _exact_int(value, str(text), what, accepted)
     if count <= 0:
-        raise InputError(f"{what} {text!r} must be positive; accepted: {PARAMS_ACCEPTED}")
+        raise InputError(f"{what} {shown(text)} must be positive; accepted: {accepted}")
+    if count > maximum:
+        raise InputError(f"{what} {shown(text)} is more than {maximum:,}; accepted: {accepted}")
     return count
 
 
-BYTES_ACCEPTED = "a size such as 80GiB, 80GB, 512MiB, 1.5TB or a plain number of bytes"
-
-
-def parse_bytes(text: str | int, what: str = "size") -> int:
-    """Parse a byte size such as ``80GiB`` or ``1.5TB`` into an exact integer number of bytes."""
+def parse_whole(text: str | int, what: str, low: int, high: int, unit: str) -> int:
+    """A whole number from ``low`` to ``high`` (``--gpus``, ``--seq-len``, ``--prefetch``...)."""
+    accepted = f"a whole number of {unit} from {low:,} to {high:,}"
+    if isinstance(text, bool):
+        raise InputError(f"{what} {shown(text)} is not accepted; accepted: {accepted}")
     if isinstance(text, int):
-        if text < 0:
-            raise InputError(f"{what} {text} must not be negative; accepted: {BYTES_ACCEPTED}")
-        return text
-    match = _BYTES_RE.match(text)
-    unit = _canonical_byte_unit(match["unit"]) if match else None
-    if not match or unit is None:
-        raise InputError(f"{what} {text!r} is not understood; accepted: {BYTES_ACCEPTED}")
-    value = _decimal(match["num"], what, BYTES_ACCEPTED) * _BYTE_FACTORS[unit]
-    return _exact_int(value, text, what, BYTES_ACCEPTED)
+        value = text
+    else:
+        stripped = str(text).strip().replace("_", "")
+        if not stripped.lstrip("+-").isdigit() or len(stripped) > 30:
+            raise InputError(f"{what} {shown(text)} is not accepted; accepted: {accepted}")
+        value = int(stripped)
+    if not low <= value <= high:
+        raise InputError(f"{what} {shown(text)} is not accepted; accepted: {accepted}")
+    return value
+
+
+def parse_fraction(text: str | float, what: str, low: float, high: float, accepted: str) -> float:
+    """A finite number from ``low`` to ``high`` (``--fragmentation``, ``--tflops``)."""
+    if isinstance(text, bool):
+        raise InputError(f"{what} {shown(text)} is not accepted; accepted: {accepted}")
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise InputError(f"{what} {shown(text)} is not a number; accepted: {accepted}") from None
+    if value != value or not low <= value <= high:  # nan, inf and out of range
+        raise InputError(f"{what} {shown(text)} is not accepted; accepted: {accepted}")
+    return value
+
+
+BYTES_ACCEPTED = "a size with its unit, such as 80GiB, 80GB, 512MiB or 1.5TB"
+MAX_BYTES = 2**60
+"""The largest size accepted (1 EiB)."""
+
+
+def parse_bytes(
+    text: str | int,
+    what: str = "{size}",
+    accepted: str = BYTES_ACCEPTED,
+    bare_unit: str | None = None,
+    maximum: int = MAX_BYTES,
+) -> int:
+    """Parse a byte size such as ``80GiB`` or ``1.5TB`` into an exact integer number of bytes.
+
+    A bare number (no unit) is ambiguous (``--gpu-memory 80``: bytes or GiB?) and is refused unless
+    ``bare_unit`` says which unit it means (``"B"`` for ``bench --min-bytes``, which counts bytes).
+    """
+    if isinstance(text, bool):
+        raise InputError(f"{what} {shown(text)} is not a size; accepted: {accepted}")
+    if isinstance(text, int):
+        value = text
+    else:
+        match = _BYTES_RE.match(str(text))
+        if not match:
+            raise InputError(f"{what} {shown(text)} is not understood; accepted: {accepted}")
+        if not match["unit"] and bare_unit is None:
+            raise InputError(f"{what} {shown(text)} has no unit; accepted: {accepted}")
+        unit = _canonical_byte_unit(match["unit"] or bare_unit or "B")
+        if unit is None:
+            raise InputError(f"{what} {shown(text)} has an unknown unit; accepted: {accepted}")
+        number = _decimal(match["num"], what, accepted) * _BYTE_FACTORS[unit]
+        value = _exact_int(number, str(text), what, accepted)
+    if value < 0:
+        raise InputError(f"{what} {shown(text)} must not be negative; accepted: {accepted}")
+    if value > maximum:
+        raise InputError(f"{what} {shown(text)} is more than {maximum:,} bytes; accepted: {accepted}")
+    return value
 
 
 def _canonical_byte_unit(unit: str) -> str | None:
@@ -112,21 +177,28 @@ def _canonical_byte_unit(unit: str) -> str | None:
     return None
 
 
-BANDWIDTH_ACCEPTED = "a rate such as 450GB/s, 50 GB/s, 25GiB/s, 400Gbit/s or 400Gbps"
+BANDWIDTH_ACCEPTED = "a rate with its unit, such as 450GB/s, 50 GB/s, 25GiB/s, 400Gbit/s or 400Gbps"
+MAX_BANDWIDTH = 1e15
+"""The fastest link accepted: 1 PB/s per GPU (NVLink 5 is 0.9 TB/s per direction)."""
 
 
-def parse_bandwidth(text: str | float, what: str = "bandwidth") -> float:
+def parse_bandwidth(text: str | float, what: str = "{bandwidth}") -> float:
     """Parse a bandwidth into bytes per second.
 
     ``B`` is bytes and ``b``/``bit`` is bits, as network specs write them: ``450GB/s`` (NVLink-class bus
-    bandwidth), ``400Gb/s`` = ``400Gbit/s`` = ``400Gbps`` = 50 GB/s (an InfiniBand NDR port).
+    bandwidth), ``400Gb/s`` = ``400Gbit/s`` = ``400Gbps`` = 50 GB/s (an InfiniBand NDR port). A bare
+    number has no unit and is refused from text; a float from the library is bytes per second.
     """
+    if isinstance(text, bool):
+        raise InputError(f"{what} {shown(text)} is not a rate; accepted: {BANDWIDTH_ACCEPTED}")
     if isinstance(text, (int, float)):
         value = float(text)
     else:
-        match = _BANDWIDTH_RE.match(text)
+        match = _BANDWIDTH_RE.match(str(text))
         if not match:
-            raise InputError(f"{what} {text!r} is not understood; accepted: {BANDWIDTH_ACCEPTED}")
+            raise InputError(f"{what} {shown(text)} is not understood; accepted: {BANDWIDTH_ACCEPTED}")
+        if not match["unit"]:
+            raise InputError(f"{what} {shown(text)} has no unit; accepted: {BANDWIDTH_ACCEPTED}")
         unit = match["unit"].removesuffix("ps")
         bits = False
         if unit.endswith("bit"):
@@ -137,20 +209,25 @@ def parse_bandwidth(text: str | float, what: str = "bandwidth") -> float:
             unit = unit.removesuffix("B")
         canonical = _canonical_byte_unit(unit + "B")
         if canonical is None:
-            raise InputError(f"{what} {text!r} has an unknown unit; accepted: {BANDWIDTH_ACCEPTED}")
+            raise InputError(f"{what} {shown(text)} has an unknown unit; accepted: {BANDWIDTH_ACCEPTED}")
         number = _decimal(match["num"], what, BANDWIDTH_ACCEPTED)
         value = float(number * _BYTE_FACTORS[canonical] / (8 if bits else 1))
-    if not value > 0:
-        raise InputError(f"{what} {text!r} must be positive; accepted: {BANDWIDTH_ACCEPTED}")
+    if value != value or not 0 < value <= MAX_BANDWIDTH:
+        raise InputError(
+            f"{what} {shown(text)} is not accepted; "
+            f"accepted: {BANDWIDTH_ACCEPTED}, positive and at most 1 PB/s"
+        )
     return value
 
 
-def parse_byte_unit(text: str) -> ByteUnit:
+UNITS_ACCEPTED = "GiB, GB, MiB, MB, TiB, TB, KiB, KB or B"
+
+
+def parse_byte_unit(text: str, what: str = "{units}") -> ByteUnit:
     """Resolve ``--units`` (GB, GiB, MB, MiB, B, ...; case-insensitive apart from the binary ``i``)."""
-    canonical = _canonical_byte_unit(text.strip())
+    canonical = _canonical_byte_unit(text.strip()) if text.strip() else None
     if canonical is None:
-        accepted = ", ".join(u.value for u in ByteUnit)
-        raise InputError(f"--units {text!r} is not a unit; accepted: {accepted}")
+        raise InputError(f"{what} {shown(text)} is not a unit; accepted: {UNITS_ACCEPTED}")
     return ByteUnit(canonical)
 
 
@@ -192,7 +269,7 @@ def ceil_div(numerator: int, denominator: int) -> int:
     return -(-numerator // denominator)
 
 
-_DURATION_RE = re.compile(rf"^\s*(?P<num>{_NUMBER})\s*(?P<unit>s|ms|us|µs|ns)?\s*$")
+_DURATION_RE = re.compile(rf"^\s*(?P<num>[+-]?(?:{_NUMBER}))\s*(?P<unit>s|ms|us|µs|ns)?\s*$")
 _DURATION_FACTORS = {
     "s": Decimal(1),
     "ms": Decimal("1e-3"),
@@ -200,19 +277,23 @@ _DURATION_FACTORS = {
     "µs": Decimal("1e-6"),
     "ns": Decimal("1e-9"),
 }
-DURATION_ACCEPTED = "a duration such as 20us, 0.05ms or 2e-5 (seconds)"
+DURATION_ACCEPTED = "a duration such as 20us, 0.05ms or 2e-5 (seconds), from 0 to 10 s"
+MAX_LATENCY_S = 10.0
+"""The longest latency accepted per collective."""
 
 
-def parse_duration(text: str | float, what: str = "duration") -> float:
+def parse_duration(text: str | float, what: str = "{duration}", maximum: float = MAX_LATENCY_S) -> float:
     """Parse a non-negative duration into seconds; a bare number is seconds."""
+    if isinstance(text, bool):
+        raise InputError(f"{what} {shown(text)} is not a duration; accepted: {DURATION_ACCEPTED}")
     if isinstance(text, (int, float)):
         value = float(text)
     else:
-        match = _DURATION_RE.match(text)
+        match = _DURATION_RE.match(str(text))
         if not match:
-            raise InputError(f"{what} {text!r} is not understood; accepted: {DURATION_ACCEPTED}")
+            raise InputError(f"{what} {shown(text)} is not understood; accepted: {DURATION_ACCEPTED}")
         number = _decimal(match["num"], what, DURATION_ACCEPTED)
         value = float(number * _DURATION_FACTORS[match["unit"] or "s"])
-    if value < 0:
-        raise InputError(f"{what} {text!r} must not be negative; accepted: {DURATION_ACCEPTED}")
+    if value != value or not 0 <= value <= maximum:
+        raise InputError(f"{what} {shown(text)} is not accepted; accepted: {DURATION_ACCEPTED}")
     return value

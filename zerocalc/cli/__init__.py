@@ -1,90 +1,52 @@
 """The ``zerocalc`` command line: thin Typer commands over the core (parse, call, render).
 
-Every command module registers itself on :data:`app`. Bad input of any kind (a Click usage error or an
-:class:`~zerocalc.errors.InputError` from the core) becomes one line on stderr and exit code 2.
+One module per command registers itself on the application of :mod:`zerocalc.cli.base`. The console
+script imports only the module of the command it runs (start-up stays at the import floor); ``--help``
+and ``zerocalc.cli.app`` (tests, embedding) load them all.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Any
 
-import typer
-from typer.core import TyperGroup
-
-from zerocalc.errors import InputError
-
-EXIT_BAD_INPUT = 2
-
-
-def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
-    """Print ``zerocalc: error: message`` on stderr and return the Exit to raise."""
-    typer.echo(f"zerocalc: error: {message}", err=True)
-    return typer.Exit(code)
+COMMANDS: dict[str, str] = {
+    "memory": "zerocalc.cli.memory",
+    "comm": "zerocalc.cli.comm",
+    "bench": "zerocalc.cli.bench",
+    "validate": "zerocalc.cli.validate",
+    "presets": "zerocalc.cli.presets",
+    "check": "zerocalc.cli.check",
+}
+"""Command name → the module that registers it, in ``--help`` order."""
 
 
-class OneLineErrorGroup(TyperGroup):
-    """A Typer group whose errors are one line on stderr, never a traceback or a usage panel."""
+def load_commands(names: list[str] | None = None) -> Any:
+    """Import the modules registering ``names`` (all when None) and return the Typer app."""
+    from zerocalc.cli.base import app
 
-    def main(  # type: ignore[override]
-        self,
-        args: Any = None,
-        prog_name: str | None = None,
-        complete_var: str | None = None,
-        standalone_mode: bool = True,
-        **extra: Any,
-    ) -> Any:
-        try:
-            result = super().main(
-                args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra
-            )
-            code = result if isinstance(result, int) else 0
-        except InputError as exc:
-            code = fail(str(exc)).exit_code
-        except typer.TyperException as exc:  # Click-level usage errors (typer >= 0.29 vendors Click)
-            if type(exc).__name__ == "NoArgsIsHelpError":  # bare `zerocalc`: the help text itself
-                typer.echo(exc.format_message(), err=True)
-                code = exc.exit_code
-            else:
-                ctx = getattr(exc, "ctx", None)
-                hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-                code = fail(exc.format_message() + hint, exc.exit_code).exit_code
-        except (typer.Abort, KeyboardInterrupt):
-            typer.echo("zerocalc: interrupted", err=True)
-            code = 130
-        except typer.Exit as exc:
-            code = exc.exit_code
-        if standalone_mode:
-            sys.exit(code)
-        return code
+    for name in names if names is not None else list(COMMANDS):
+        importlib.import_module(COMMANDS[name])
+    return app
 
 
-app = typer.Typer(
-    name="zerocalc",
-    cls=OneLineErrorGroup,
-    help="Memory and communication calculator for data-parallel training (DDP, ZeRO-1/2/3, FSDP).",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-
-@app.callback()
-def _root() -> None:
-    """Memory and communication calculator for data-parallel training (DDP, ZeRO-1/2/3, FSDP)."""
-
-
-# Command modules register themselves on ``app`` when imported.
-from zerocalc.cli import bench as _bench  # noqa: E402,F401
-from zerocalc.cli import memory as _memory  # noqa: E402,F401
+def _invoked(argv: list[str]) -> list[str] | None:
+    """The one command ``argv`` runs, if it names a known command first; None loads every command."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return [first] if first in COMMANDS and argv and argv[0] == first else None
 
 
 def main() -> None:
     """Console-script entry point."""
-    app()
+    load_commands(_invoked(sys.argv[1:]))()
 
 
-from zerocalc.cli import check as _check  # noqa: E402,F401
-from zerocalc.cli import comm as _comm  # noqa: E402,F401
-from zerocalc.cli import presets as _presets  # noqa: E402,F401
-from zerocalc.cli import validate as _validate  # noqa: E402,F401
+def __getattr__(name: str) -> Any:
+    if name == "app":
+        return load_commands()
+    if name == "fail":
+        from zerocalc.cli.base import fail
+
+        return fail
+    raise AttributeError(f"module 'zerocalc.cli' has no attribute {name!r}")

@@ -22,7 +22,7 @@ from zerocalc.bench.defaults import (
     DEFAULT_TIMEOUT_S,
     DEFAULT_WARMUP,
 )
-from zerocalc.cli import app, fail
+from zerocalc.cli.base import app, fail
 from zerocalc.errors import InputError
 
 if TYPE_CHECKING:
@@ -132,8 +132,8 @@ def bench(
     config = BenchConfig(
         collectives=chosen,
         dtype=dt,
-        min_bytes=parse_bytes(min_bytes, "--min-bytes"),
-        max_bytes=parse_bytes(max_bytes, "--max-bytes") if max_bytes is not None else default_max,
+        min_bytes=parse_bytes(min_bytes, "--min-bytes", bare_unit="B"),
+        max_bytes=default_max if max_bytes is None else parse_bytes(max_bytes, "--max-bytes", bare_unit="B"),
         step_factor=_checked_factor(step_factor),
         warmup=warmup,
         iters=iters,

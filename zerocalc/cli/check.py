@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from zerocalc.cli import app, fail
+from zerocalc.cli.base import app, fail
 from zerocalc.cli.render import console
 
 Directory = Annotated[

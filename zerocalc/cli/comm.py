@@ -6,15 +6,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from zerocalc.cli import app
 from zerocalc.cli import options as opt
+from zerocalc.cli.base import app
 from zerocalc.cli.render import byte_cell, console, print_json, unit_label
 from zerocalc.units import ByteUnit, format_bandwidth, format_count, format_seconds, parse_byte_unit
 
 if TYPE_CHECKING:
-    from zerocalc.comm import CommEstimate, LinkFigures
+    from zerocalc.comm import CommEstimate
+    from zerocalc.links import LinkFigures
 
-GradAccum = Annotated[int, typer.Option("--grad-accum", "-A", help="A: micro-batches per optimizer step.")]
+GradAccum = Annotated[str, typer.Option("--grad-accum", "-A", help="A: micro-batches per optimizer step.")]
 Calibration = Annotated[
     str | None, typer.Option("--calibration", help="A calibration JSON written by `zerocalc bench`.")
 ]
@@ -31,7 +32,7 @@ Latency = Annotated[
 TokensPerStep = Annotated[
     str | None, typer.Option("--tokens-per-step", help="T: tokens per optimizer step (all GPUs), e.g. 4M.")
 ]
-Tflops = Annotated[float | None, typer.Option("--tflops", help="F: achieved TFLOP/s per GPU, e.g. 400.")]
+Tflops = Annotated[str | None, typer.Option("--tflops", help="F: achieved TFLOP/s per GPU, e.g. 400.")]
 
 
 @app.command()
@@ -42,7 +43,7 @@ def comm(
     gpus_per_node: opt.GpusPerNode = None,
     strategy: opt.StrategyOpt = "all",
     precision: opt.Precision = "bf16-mixed",
-    grad_accum: GradAccum = 1,
+    grad_accum: GradAccum = "1",
     reduce_dtype: opt.ReduceDtype = None,
     calibration: Calibration = None,
     gpu: opt.Gpu = None,
@@ -55,29 +56,30 @@ def comm(
     json: opt.Json = False,
 ) -> None:
     """Collectives of each strategy per optimizer step: bytes each GPU sends and the time they take."""
-    from zerocalc.calibration import load_calibration
-    from zerocalc.comm import estimate_comm
+    from zerocalc.comm import evaluate_comm
+    from zerocalc.request import TrainingOptions, parse_request
 
     unit = parse_byte_unit(units)
-    loaded = None if calibration is None else load_calibration(calibration)
-    estimate = estimate_comm(
-        params,
-        gpus,
-        gpus_per_node,
-        model=model,
-        gpu=gpu,
-        strategies=strategy,
-        precision=precision,
-        grad_accum=grad_accum,
-        reduce_dtype=reduce_dtype,
-        calibration=loaded,
-        calibration_name=calibration,
-        intra_node_bw=intra_node_bw,
-        inter_node_bw=inter_node_bw,
-        latency_s=latency,
-        tokens_per_step=tokens_per_step,
-        tflops=tflops,
+    request = parse_request(
+        TrainingOptions(
+            params=params,
+            model=model,
+            gpus=gpus,
+            gpus_per_node=gpus_per_node,
+            strategies=strategy,
+            precision=precision,
+            grad_accum=grad_accum,
+            reduce_dtype=reduce_dtype,
+            calibration=calibration,
+            gpu=gpu,
+            intra_node_bw=intra_node_bw,
+            inter_node_bw=inter_node_bw,
+            latency=latency,
+            tokens_per_step=tokens_per_step,
+            tflops=tflops,
+        )
     )
+    estimate = evaluate_comm(request)
     if json:
         print_json(estimate)
     else:

@@ -6,14 +6,14 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from zerocalc.cli import app
 from zerocalc.cli import options as opt
+from zerocalc.cli.base import app
 from zerocalc.cli.render import byte_cell, console, print_json, unit_label
 from zerocalc.units import ByteUnit, format_count, parse_byte_unit
 
 if TYPE_CHECKING:
     from zerocalc.memory import MemoryEstimate, StateKind, StrategyMemory
-    from zerocalc.peak import PeakEstimate
+    from zerocalc.peak.report import PeakEstimate
 
 _STATE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("params", "Params"),
@@ -39,78 +39,77 @@ def memory(
     gpu_memory: opt.GpuMemory = None,
     gpu: opt.Gpu = None,
     reserve: opt.Reserve = None,
-    seq_len: opt.SeqLen = 2048,
-    micro_batch: opt.MicroBatch = 1,
+    seq_len: opt.SeqLen = "2048",
+    micro_batch: opt.MicroBatch = "1",
     recompute: opt.RecomputeOpt = "none",
     flash_attention: opt.FlashAttention = None,
-    prefetch: opt.Prefetch = 1,
+    prefetch: opt.Prefetch = "1",
     wrap: opt.WrapOpt = "block",
     framework: opt.FrameworkOpt = "paper",
     ddp_bucket: opt.DdpBucket = "25MiB",
     reduce_bucket: opt.ReduceBucket = "5e8",
     allgather_bucket: opt.AllgatherBucket = "5e8",
-    fragmentation: opt.Fragmentation = 0.1,
+    fragmentation: opt.Fragmentation = "0.1",
     reduce_dtype: opt.ReduceDtype = None,
     json: opt.Json = False,
 ) -> None:
     """Per-GPU memory under DDP, ZeRO-1/2/3 and FSDP: model states, and with --model the peak of a step
     (activations, buffers, overheads)."""
-    from zerocalc.memory import estimate_memory
+    from zerocalc.request import TrainingOptions, parse_request
 
     unit = parse_byte_unit(units)
-    memory_options = {
-        "strategies": strategy,
-        "precision": precision,
-        "optimizer": optimizer,
-        "fp32_grad_accum": fp32_grad_accum,
-        "offload_optimizer": offload_optimizer,
-        "offload_params": offload_params,
-        "gpu_memory": gpu_memory,
-        "gpu": gpu,
-    }
-    if model is None or params is not None:
-        estimate = estimate_memory(
-            params, gpus, gpus_per_node, model=model, reserve=reserve, **memory_options
+    request = parse_request(
+        TrainingOptions(
+            params=params,
+            model=model,
+            gpus=gpus,
+            gpus_per_node=gpus_per_node,
+            strategies=strategy,
+            precision=precision,
+            optimizer=optimizer,
+            fp32_grad_accum=fp32_grad_accum,
+            offload_optimizer=offload_optimizer,
+            offload_params=offload_params,
+            gpu_memory=gpu_memory,
+            gpu=gpu,
+            reserve=reserve,
+            seq_len=seq_len,
+            micro_batch=micro_batch,
+            recompute=recompute,
+            flash_attention=flash_attention,
+            prefetch=prefetch,
+            wrap=wrap,
+            framework=framework,
+            ddp_bucket=ddp_bucket,
+            reduce_bucket=reduce_bucket,
+            allgather_bucket=allgather_bucket,
+            fragmentation=fragmentation,
+            reduce_dtype=reduce_dtype,
         )
-        from zerocalc.precision import RECIPES, parse_reduce_dtype
+    )
+    if request.model.architecture is None:
+        from zerocalc.memory import evaluate_memory
 
-        parse_reduce_dtype(reduce_dtype, RECIPES[estimate.request.precision])  # bad input is still refused
+        estimate = evaluate_memory(request)
         if json:
             print_json(estimate)
-        else:
-            render_memory(estimate, unit)
-            console().print(
-                "[dim]· model states only: activations, buffers and the peak of a step need --model[/dim]"
-            )
+            return
+        render_memory(estimate, unit)
+        console().print(
+            "[dim]· model states only: activations, buffers and the peak of a step need --model[/dim]"
+        )
         return
-    from zerocalc.peak import estimate_peak, report_json
+    from zerocalc.peak.evaluate import evaluate_peak
 
-    estimate, peak = estimate_peak(
-        model,
-        gpus,
-        gpus_per_node,
-        framework=framework,
-        seq_len=seq_len,
-        micro_batch=micro_batch,
-        recompute=recompute,
-        flash_attention=flash_attention,
-        prefetch=prefetch,
-        wrap=wrap,
-        ddp_bucket=ddp_bucket,
-        reduce_bucket=reduce_bucket,
-        allgather_bucket=allgather_bucket,
-        overhead=reserve,
-        fragmentation=fragmentation,
-        reduce_dtype=reduce_dtype,
-        **memory_options,
-    )
+    report = evaluate_peak(request)
     if json:
         import json as jsonlib
 
-        typer.echo(jsonlib.dumps(report_json(estimate, peak), indent=2))
+        typer.echo(jsonlib.dumps(report.to_json_dict(), indent=2))
         return
-    render_memory(estimate, unit)
-    render_peak(peak, unit)
+    render_memory(report, unit)
+    assert report.peak is not None
+    render_peak(report.peak, unit)
 
 
 def _state_cell(row: StrategyMemory, kind: StateKind, unit: ByteUnit) -> str:
@@ -207,7 +206,8 @@ def render_peak(peak: PeakEstimate, unit: ByteUnit) -> None:
     """The peak of one step per strategy: a column per kind of line, then each line's source."""
     from rich.table import Table
 
-    from zerocalc.peak import Framework, LineKind
+    from zerocalc.frameworks import Framework
+    from zerocalc.peak.report import LineKind
 
     out = console()
     options = peak.options

@@ -1,4 +1,7 @@
-"""Options shared by several commands, declared once (help text included)."""
+"""Options shared by several commands, declared once (help text included).
+
+Every value is taken as typed (text) and parsed by :mod:`zerocalc.request`, which names what is accepted.
+"""
 
 from __future__ import annotations
 
@@ -61,8 +64,8 @@ Reserve = Annotated[
         help="Per-GPU CUDA context + NCCL communicators (with --gpu: kept back from it) [default: 2GiB].",
     ),
 ]
-SeqLen = Annotated[int, typer.Option("--seq-len", help="s: tokens per sequence (activations need --model).")]
-MicroBatch = Annotated[int, typer.Option("--micro-batch", help="b: sequences per micro-batch per GPU.")]
+SeqLen = Annotated[str, typer.Option("--seq-len", help="s: tokens per sequence (activations need --model).")]
+MicroBatch = Annotated[str, typer.Option("--micro-batch", help="b: sequences per micro-batch per GPU.")]
 RecomputeOpt = Annotated[
     str, typer.Option("--recompute", help="Activation recomputation: none, selective, full.")
 ]
@@ -75,12 +78,16 @@ FlashAttention = Annotated[
     ),
 ]
 Prefetch = Annotated[
-    int, typer.Option("--prefetch", help="ZeRO-3/FSDP units gathered ahead of the current one.")
+    str, typer.Option("--prefetch", help="ZeRO-3/FSDP units gathered ahead of the current one.")
 ]
 WrapOpt = Annotated[str, typer.Option("--wrap", help="ZeRO-3/FSDP unit: block (one per layer) or model.")]
 FrameworkOpt = Annotated[
     str,
-    typer.Option("--framework", help="Accounting to follow: paper, deepspeed (its estimators), megatron."),
+    typer.Option(
+        "--framework",
+        help="Accounting to follow: paper, deepspeed (its estimators), megatron, or what PyTorch really "
+        "allocates: fsdp, fsdp2, torch-zero1.",
+    ),
 ]
 DdpBucket = Annotated[str, typer.Option("--ddp-bucket", help="DDP gradient bucket (bucket_cap_mb).")]
 ReduceBucket = Annotated[
@@ -92,7 +99,7 @@ AllgatherBucket = Annotated[
     typer.Option("--allgather-bucket", help="ZeRO-1/2 all-gather bucket, elements (allgather_bucket_size)."),
 ]
 Fragmentation = Annotated[
-    float,
+    str,
     typer.Option(
         "--fragmentation", help="Allocator-fragmentation allowance, a fraction of what is allocated."
     ),

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from zerocalc.cli import app, fail
+from zerocalc.cli.base import app, fail
 from zerocalc.cli.render import console
 
 presets_app = typer.Typer(help="List and show model, GPU and scenario presets.", no_args_is_help=True)
@@ -54,9 +54,9 @@ def show(name: Name, gpus: Gpus = 8) -> None:
     except InputError:
         path = None
     if path is not None:
+        from zerocalc.api import estimate_memory
         from zerocalc.architecture import count_parameters
         from zerocalc.cli.memory import render_memory
-        from zerocalc.memory import estimate_memory
         from zerocalc.units import ByteUnit
 
         arch, preset = load_model(name)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from zerocalc.cli import app, fail
+from zerocalc.cli.base import app, fail
 from zerocalc.cli.options import Json, Model
 from zerocalc.errors import InputError
 
@@ -39,7 +39,8 @@ DEFAULT_SHRINK = {
 """Without ``--model``: GPT-2 shrunk to 2 layers, hidden 63 (3 heads), MLP 252, vocabulary 1001: odd sizes,
 so FSDP1's padding, FSDP2's uneven rows and ZeroRedundancyOptimizer's uneven partition all show."""
 MAX_CPU_PARAMS = 200_000_000
-ALL_STRATEGIES = "ddp,zero1,fsdp1-no-shard,fsdp1-shard-grad-op,fsdp1-full-shard,fsdp2,fsdp2-no-reshard"
+ALL_STRATEGIES = "ddp,zero1,fsdp1-no-shard,fsdp1-shard-grad-op,fsdp1-full-shard,fsdp2-no-reshard,fsdp2"
+"""For --help without importing the records; a test checks it equals validate.config.STRATEGIES."""
 
 Layers = Annotated[int | None, typer.Option("--layers", help="Override the number of transformer blocks.")]
 Hidden = Annotated[int | None, typer.Option("--hidden", help="Override the hidden size d.")]
@@ -78,8 +79,7 @@ def validate(
     if importlib.util.find_spec("torch") is None:
         raise fail(NEEDS_TORCH)
     from zerocalc.bench.topology import launched_by
-    from zerocalc.framework_states import OPTIMIZERS, PRECISIONS
-    from zerocalc.validate.config import STRATEGIES
+    from zerocalc.validate.config import OPTIMIZERS, PRECISIONS, STRATEGIES
 
     overrides = {
         "num_layers": layers,
@@ -91,10 +91,11 @@ def validate(
     }
     arch = resolve_architecture(model, {k: v for k, v in overrides.items() if v is not None})
     chosen = _parse_list(strategies, "--strategies", tuple(STRATEGIES), allow_all=True)
-    recipes = _parse_list(precision, "--precision", PRECISIONS, allow_all=False)
+    recipes = _parse_list(precision, "--precision", tuple(p.value for p in PRECISIONS), allow_all=False)
     opt = optimizer.strip().lower()
-    if opt not in OPTIMIZERS:
-        raise InputError(f"--optimizer {optimizer!r} is not accepted; accepted: {', '.join(OPTIMIZERS)}")
+    if opt not in {o.value for o in OPTIMIZERS}:
+        accepted = ", ".join(o.value for o in OPTIMIZERS)
+        raise InputError(f"--optimizer {optimizer!r} is not accepted; accepted: {accepted}")
     if not timeout > 0:
         raise InputError(f"--timeout {timeout:g} is not accepted; accepted: seconds > 0")
     launched = launched_by() is not None
@@ -296,10 +297,10 @@ def render(report: ValidationReport) -> None:
     out = console()
     out.print(
         f"[bold]{report.model}[/bold]: {report.parameters:,} parameters, {report.world_size} ranks "
-        f"({report.backend}), {report.optimizer}; bytes per rank after one step"
+        f"({report.backend}), {report.optimizer.value}; bytes per rank after one step"
     )
     for config in report.configs:
-        title = f"{config.strategy} · {config.precision}"
+        title = f"{config.strategy} · {config.precision.value}"
         if config.status == "failed":
             out.print(f"[bold red]✗ {title}: failed: {config.error}[/bold red]")
             continue

@@ -8,7 +8,9 @@ from pydantic import BaseModel, Field
 
 from zerocalc.architecture import Architecture
 from zerocalc.dtypes import DType
-from zerocalc.framework_states import LINES, STATE_LINES, Framework, RankStates, predict_all_ranks
+from zerocalc.framework_states import LINES, STATE_LINES, RankStates, predict_all_ranks, reducer_buckets
+from zerocalc.optimizers import OptimizerName
+from zerocalc.precision import PrecisionName
 from zerocalc.validate.config import PERTURB_ENV, STRATEGIES, Measured
 
 PEAK_TOLERANCE = 0.25
@@ -36,7 +38,7 @@ class RankResult(BaseModel):
 
 class ConfigResult(BaseModel):
     strategy: str
-    precision: str
+    precision: PrecisionName
     status: str = Field(description="match, mismatch or failed")
     error: str | None = None
     seconds: float | None = None
@@ -48,7 +50,7 @@ class ValidationReport(BaseModel):
     architecture: Architecture
     parameters: int
     world_size: int
-    optimizer: str
+    optimizer: OptimizerName
     backend: str
     peak: str = Field(description="how the peak was handled")
     configs: list[ConfigResult]
@@ -56,10 +58,10 @@ class ValidationReport(BaseModel):
 
 
 def predictions(
-    arch: Architecture, strategy: str, world_size: int, precision: str, optimizer: str
+    arch: Architecture, strategy: str, world_size: int, precision: PrecisionName, optimizer: OptimizerName
 ) -> list[RankStates]:
-    framework, sharding, reshard = STRATEGIES[strategy]
-    return predict_all_ranks(arch, framework, world_size, precision, optimizer, sharding, reshard)
+    _, _, setup = STRATEGIES[strategy]
+    return predict_all_ranks(arch, setup, world_size, precision, optimizer)
 
 
 def _perturbed(line: str, value: int) -> int:
@@ -68,7 +70,11 @@ def _perturbed(line: str, value: int) -> int:
 
 
 def compare(
-    strategy: str, precision: str, preds: list[RankStates], measured: list[Measured], seconds: float | None
+    strategy: str,
+    precision: PrecisionName,
+    preds: list[RankStates],
+    measured: list[Measured],
+    seconds: float | None,
 ) -> ConfigResult:
     ranks: list[RankResult] = []
     all_ok = True
@@ -92,9 +98,7 @@ def compare(
                 )
             )
         if meas.peak_allocated is not None:
-            floor = pred.model_states + pred.unsharded_after_forward.bytes
-            if pred.framework in (Framework.DDP, Framework.TORCH_ZERO1):
-                floor += pred.grads.bytes  # the reducer's gradient buckets (gradient_as_bucket_view=False)
+            floor = pred.model_states + pred.unsharded_after_forward.bytes + reducer_buckets(pred).bytes
             ceiling = floor * (1 + PEAK_TOLERANCE) + PEAK_SLACK_BYTES
             lines.append(
                 LineResult(

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from zerocalc.architecture import Architecture
-from zerocalc.framework_states import Framework, Sharding
+from zerocalc.optimizers import OptimizerName
+from zerocalc.precision import PrecisionName
+from zerocalc.strategies import validated_setups
 
 OUT_ENV = "ZEROCALC_VALIDATE_OUT"
 """Set by the launcher: rank 0 writes the gathered measurements (JSON) to this file."""
@@ -16,16 +18,11 @@ TEST_FAIL_ENV = "ZEROCALC_VALIDATE_TEST_FAIL"
 """Tests only (not in ``--help``): ``STRATEGY`` makes rank 1 of that strategy's worlds exit with code 1
 right after joining the process group, to check that the other configurations still run."""
 
-STRATEGIES: dict[str, tuple[Framework, Sharding | None, bool]] = {
-    "ddp": (Framework.DDP, None, True),
-    "zero1": (Framework.TORCH_ZERO1, None, True),
-    "fsdp1-no-shard": (Framework.FSDP1, Sharding.NO_SHARD, True),
-    "fsdp1-shard-grad-op": (Framework.FSDP1, Sharding.SHARD_GRAD_OP, True),
-    "fsdp1-full-shard": (Framework.FSDP1, Sharding.FULL_SHARD, True),
-    "fsdp2": (Framework.FSDP2, None, True),
-    "fsdp2-no-reshard": (Framework.FSDP2, None, False),
-}
-"""Strategy names of ``--strategies`` → (framework, FSDP1 sharding, FSDP2 reshard_after_forward)."""
+STRATEGIES = validated_setups()
+"""``--strategies`` names → (framework, strategy, PyTorch setup), from the Strategy records."""
+PRECISIONS = (PrecisionName.FP32, PrecisionName.BF16_MIXED)
+"""What validate runs: fp32, and bf16 ``MixedPrecision``/``MixedPrecisionPolicy`` (autocast for DDP)."""
+OPTIMIZERS = (OptimizerName.ADAM, OptimizerName.ADAMW)
 
 
 class Job(BaseModel):
@@ -33,8 +30,8 @@ class Job(BaseModel):
 
     arch: Architecture
     strategy: str
-    precision: str = Field(description="fp32 or bf16-mixed")
-    optimizer: str = Field(description="adam or adamw")
+    precision: PrecisionName = Field(description="fp32 or bf16-mixed")
+    optimizer: OptimizerName = Field(description="adam or adamw")
     backend: str = Field(description="gloo or nccl")
     timeout_s: float = Field(gt=0)
     batch: int = 2

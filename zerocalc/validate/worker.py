@@ -41,7 +41,9 @@ import torch.distributed as dist
 from zerocalc.bench.topology import Placement, placement_from_env, rendezvous_env
 from zerocalc.bench.worker import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_TIMEOUT, _first_line, _say, _watchdog
 from zerocalc.errors import InputError
-from zerocalc.framework_states import Framework, Sharding
+from zerocalc.frameworks import Fsdp1Sharding, TorchWrapper
+from zerocalc.optimizers import OptimizerName
+from zerocalc.precision import PrecisionName
 from zerocalc.validate.config import OUT_ENV, STRATEGIES, TEST_FAIL_ENV, Job, Measured
 from zerocalc.validate.model import Block, build_model, loss_fn
 
@@ -67,32 +69,33 @@ def _storages(tensors: list[Any]) -> int:
 
 def _wrap(job: Job, model: Any, device: Any) -> tuple[Any, Any, Any]:
     """(wrapped model, optimizer, a function measuring the unsharded bytes after forward)."""
-    framework, sharding, reshard = STRATEGIES[job.strategy]
-    bf16 = job.precision == "bf16-mixed"
-    opt_class = torch.optim.AdamW if job.optimizer == "adamw" else torch.optim.Adam
+    setup = STRATEGIES[job.strategy][2]
+    wrapper, sharding, reshard = setup.wrapper, setup.sharding, setup.reshard_after_forward
+    bf16 = job.precision is PrecisionName.BF16_MIXED
+    opt_class = torch.optim.AdamW if job.optimizer is OptimizerName.ADAMW else torch.optim.Adam
     lr = 1e-3
-    if framework in (Framework.DDP, Framework.TORCH_ZERO1):
+    if wrapper in (TorchWrapper.DDP, TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         model = model.to(device)
         wrapped = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-        if framework is Framework.DDP:
+        if wrapper is TorchWrapper.DDP:
             optimizer = opt_class(wrapped.parameters(), lr=lr)
         else:
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
             optimizer = ZeroRedundancyOptimizer(wrapped.parameters(), optimizer_class=opt_class, lr=lr)
         return wrapped, optimizer, lambda: None  # DDP shards nothing: nothing to measure
-    if framework is Framework.FSDP1:
+    if wrapper is TorchWrapper.FSDP1:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
         strategy = {
-            Sharding.NO_SHARD: ShardingStrategy.NO_SHARD,
-            Sharding.SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP,
-            Sharding.FULL_SHARD: ShardingStrategy.FULL_SHARD,
-        }[sharding or Sharding.FULL_SHARD]
+            Fsdp1Sharding.NO_SHARD: ShardingStrategy.NO_SHARD,
+            Fsdp1Sharding.SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP,
+            Fsdp1Sharding.FULL_SHARD: ShardingStrategy.FULL_SHARD,
+        }[sharding or Fsdp1Sharding.FULL_SHARD]
         mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
         wrapped = FSDP(
             model,
@@ -151,14 +154,15 @@ def _wrap(job: Job, model: Any, device: Any) -> tuple[Any, Any, Any]:
 def _measure(job: Job, placement: Placement, device: Any) -> Measured:
     model = build_model(job.arch, job.seed)
     wrapped, optimizer, unsharded = _wrap(job, model, device)
-    framework = STRATEGIES[job.strategy][0]
+    wrapper = STRATEGIES[job.strategy][2].wrapper
     gen = torch.Generator().manual_seed(job.seed + placement.rank)
     tokens = torch.randint(0, job.arch.vocab_size, (job.batch, job.seq), generator=gen).to(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     autocast = (
         torch.autocast(device.type, dtype=torch.bfloat16)
-        if job.precision == "bf16-mixed" and framework in (Framework.DDP, Framework.TORCH_ZERO1)
+        if job.precision is PrecisionName.BF16_MIXED
+        and wrapper in (TorchWrapper.DDP, TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER)
         else contextlib.nullcontext()
     )
     with autocast:
@@ -167,9 +171,10 @@ def _measure(job: Job, placement: Placement, device: Any) -> Measured:
     loss = loss_fn(logits, tokens)
     loss.backward()
     optimizer.step()
-    local_optim = optimizer.optim if framework is Framework.TORCH_ZERO1 else optimizer
+    zero = wrapper is TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER
+    local_optim = optimizer.optim if zero else optimizer
     params = [p for group in local_optim.param_groups for p in group["params"]]
-    if framework is Framework.TORCH_ZERO1:  # every rank holds every parameter and gradient
+    if zero:  # every rank holds every parameter and gradient
         params = list(wrapped.parameters())
     opt_bytes = step_bytes = 0
     for state in local_optim.state.values():

@@ -1,0 +1,171 @@
+"""The library's entry points: keywords as the CLI spells them → one parsed request → the core.
+
+Each function parses its keywords once into a :class:`~zerocalc.request.TrainingRequest`
+(:func:`~zerocalc.request.parse_request`) and hands it to the pure core; they raise
+:class:`~zerocalc.errors.InputError` for bad input (its message names the keyword).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from zerocalc.request import parse_options
+
+if TYPE_CHECKING:
+    from zerocalc.calibration import Calibration
+    from zerocalc.comm import CommEstimate
+    from zerocalc.memory import MemoryEstimate
+    from zerocalc.peak.report import MemoryReport
+
+
+def estimate_memory(
+    params: int | str | None = None,
+    gpus: int | str = 1,
+    gpus_per_node: int | str | None = None,
+    *,
+    model: str | None = None,
+    strategies: str | list[str] | None = None,
+    precision: str = "bf16-mixed",
+    optimizer: str = "adamw",
+    fp32_grad_accum: bool = False,
+    offload_optimizer: str | None = None,
+    offload_params: str | None = None,
+    gpu_memory: int | str | None = None,
+    gpu: str | None = None,
+    reserve: int | str | None = None,
+) -> MemoryEstimate:
+    """Per-GPU model-state bytes for each strategy (the ZeRO paper's accounting).
+
+    ``params`` takes the CLI's spellings (``"7B"``, ``6_738_415_616``), or ``model`` a preset name or a
+    Hugging Face config.json path; ``strategies`` ``"all"``, a comma list or a list of names (FSDP names are
+    aliases); ``gpu`` a GPU preset whose memory less ``reserve`` gives the fits column.
+    """
+    from zerocalc.memory import evaluate_memory
+
+    request = parse_options(
+        params=params,
+        model=model,
+        gpus=gpus,
+        gpus_per_node=gpus_per_node,
+        strategies=strategies,
+        precision=precision,
+        optimizer=optimizer,
+        fp32_grad_accum=fp32_grad_accum,
+        offload_optimizer=offload_optimizer,
+        offload_params=offload_params,
+        gpu_memory=gpu_memory,
+        gpu=gpu,
+        reserve=reserve,
+    )
+    return evaluate_memory(request)
+
+
+def estimate_peak(
+    model: str,
+    gpus: int | str = 1,
+    gpus_per_node: int | str | None = None,
+    *,
+    strategies: str | list[str] | None = None,
+    framework: str = "paper",
+    precision: str = "bf16-mixed",
+    optimizer: str = "adamw",
+    fp32_grad_accum: bool = False,
+    offload_optimizer: str | None = None,
+    offload_params: str | None = None,
+    gpu_memory: int | str | None = None,
+    gpu: str | None = None,
+    reserve: int | str | None = None,
+    seq_len: int | str = 2048,
+    micro_batch: int | str = 1,
+    recompute: str = "none",
+    flash_attention: bool | None = None,
+    prefetch: int | str = 1,
+    wrap: str = "block",
+    ddp_bucket: int | str = "25MiB",
+    reduce_bucket: int | str = "5e8",
+    allgather_bucket: int | str = "5e8",
+    fragmentation: float | str = 0.1,
+    reduce_dtype: str | None = None,
+) -> MemoryReport:
+    """Model states and the peak of one training step per strategy, for a model preset or config.json.
+
+    The keywords are :func:`estimate_memory`'s and the peak's (``zerocalc memory --model``'s options);
+    ``reserve`` is the CUDA context + NCCL line (kept back from ``gpu`` when one is given).
+    """
+    from zerocalc.peak.evaluate import evaluate_peak
+
+    request = parse_options(
+        model=model,
+        gpus=gpus,
+        gpus_per_node=gpus_per_node,
+        strategies=strategies,
+        framework=framework,
+        precision=precision,
+        optimizer=optimizer,
+        fp32_grad_accum=fp32_grad_accum,
+        offload_optimizer=offload_optimizer,
+        offload_params=offload_params,
+        gpu_memory=gpu_memory,
+        gpu=gpu,
+        reserve=reserve,
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        recompute=recompute,
+        flash_attention=flash_attention,
+        prefetch=prefetch,
+        wrap=wrap,
+        ddp_bucket=ddp_bucket,
+        reduce_bucket=reduce_bucket,
+        allgather_bucket=allgather_bucket,
+        fragmentation=fragmentation,
+        reduce_dtype=reduce_dtype,
+    )
+    return evaluate_peak(request)
+
+
+def estimate_comm(
+    params: int | str | None = None,
+    gpus: int | str = 1,
+    gpus_per_node: int | str | None = None,
+    *,
+    model: str | None = None,
+    gpu: str | None = None,
+    strategies: str | list[str] | None = None,
+    precision: str = "bf16-mixed",
+    grad_accum: int | str = 1,
+    reduce_dtype: str | None = None,
+    calibration: Calibration | str | None = None,
+    calibration_name: str | None = None,
+    intra_node_bw: str | float | None = None,
+    inter_node_bw: str | float | None = None,
+    latency: float | str | None = None,
+    tokens_per_step: int | str | None = None,
+    tflops: float | str | None = None,
+) -> CommEstimate:
+    """Per-GPU bytes and time of every collective of each strategy, per optimizer step.
+
+    ``model`` (a preset or config.json) may replace ``params``; ``gpu`` (a GPU preset) supplies default
+    bandwidths, which explicit ``intra_node_bw``/``inter_node_bw`` and a calibration (an object, or the path
+    of a file ``zerocalc bench`` wrote) override.
+    """
+    from zerocalc.comm import evaluate_comm
+
+    request = parse_options(
+        params=params,
+        model=model,
+        gpus=gpus,
+        gpus_per_node=gpus_per_node,
+        gpu=gpu,
+        strategies=strategies,
+        precision=precision,
+        grad_accum=grad_accum,
+        reduce_dtype=reduce_dtype,
+        calibration=calibration,
+        calibration_name=calibration_name,
+        intra_node_bw=intra_node_bw,
+        inter_node_bw=inter_node_bw,
+        latency=latency,
+        tokens_per_step=tokens_per_step,
+        tflops=tflops,
+    )
+    return evaluate_comm(request)

@@ -1,0 +1,105 @@
+"""The Typer application every command registers on, and its one-line error handling.
+
+Bad input of any kind (a Click usage error or an :class:`~zerocalc.errors.InputError` from the request
+parser or the core) becomes one line on stderr and exit code 2. Core messages name inputs by concept
+(``{gpus_per_node}``); :func:`flag` is the one place that says which flag each concept is.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import typer
+from typer.core import TyperGroup
+
+from zerocalc.errors import InputError
+
+EXIT_BAD_INPUT = 2
+
+_FLAGS = {"strategies": "--strategy"}
+"""Concepts whose flag is not ``--`` + the concept with ``-`` for ``_``."""
+
+
+def flag(concept: str) -> str:
+    """The command-line flag of a request concept (``gpus_per_node`` → ``--gpus-per-node``)."""
+    return _FLAGS.get(concept, "--" + concept.replace("_", "-"))
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    """Print ``zerocalc: error: message`` on stderr and return the Exit to raise."""
+    typer.echo(f"zerocalc: error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _plain_text_options(command: Any) -> None:
+    """Let text options and flags through as they are typed: ``zerocalc.request`` parses every value
+    itself, so Typer's per-option pydantic adapter (built on first use, ~1 ms each) is not needed."""
+    try:
+        from typer._coercion import PassThroughRuntimeParam
+    except ImportError:  # pragma: no cover - another typer: keep its own coercion
+        return
+    for param in getattr(command, "params", ()):
+        descriptor = getattr(param, "type_descriptor", None)
+        if descriptor is not None and descriptor.annotation in (str, bool) and param._runtime_param is None:
+            param._runtime_param = PassThroughRuntimeParam(
+                annotation=descriptor.annotation, parameter_info=descriptor.parameter_info
+            )
+
+
+class OneLineErrorGroup(TyperGroup):
+    """A Typer group whose errors are one line on stderr, never a traceback or a usage panel."""
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        _plain_text_options(command)
+        for sub in getattr(command, "commands", {}).values():
+            _plain_text_options(sub)
+        return command
+
+    def main(  # type: ignore[override]
+        self,
+        args: Any = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        try:
+            result = super().main(
+                args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra
+            )
+            code = result if isinstance(result, int) else 0
+        except InputError as exc:
+            code = fail(exc.render(flag)).exit_code
+        except typer.TyperException as exc:  # Click-level usage errors (typer >= 0.29 vendors Click)
+            if type(exc).__name__ == "NoArgsIsHelpError":  # bare `zerocalc`: the help text itself
+                typer.echo(exc.format_message(), err=True)
+                code = exc.exit_code
+            else:
+                ctx = getattr(exc, "ctx", None)
+                hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+                code = fail(exc.format_message() + hint, exc.exit_code).exit_code
+        except (typer.Abort, KeyboardInterrupt):
+            typer.echo("zerocalc: interrupted", err=True)
+            code = 130
+        except typer.Exit as exc:
+            code = exc.exit_code
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+app = typer.Typer(
+    name="zerocalc",
+    cls=OneLineErrorGroup,
+    help="Memory and communication calculator for data-parallel training (DDP, ZeRO-1/2/3, FSDP).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Memory and communication calculator for data-parallel training (DDP, ZeRO-1/2/3, FSDP)."""

@@ -1,0 +1,565 @@
+"""One training request, parsed and validated once.
+
+Everything a user types (``--params 7B``, ``--gpu h100-80gb``, ``--strategy zero2,zero3``, a scenario's
+TOML fields, a library call's keywords) arrives as :class:`TrainingOptions`, raw. :func:`parse_request`
+turns it into a frozen, typed :class:`TrainingRequest`: numbers with their units resolved, presets and
+config.json files loaded (once per process, :mod:`zerocalc.presets`), the calibration file read, every
+bound and every combination checked, with one :class:`~zerocalc.errors.InputError` line per problem. The
+core (:mod:`zerocalc.memory`, :mod:`zerocalc.comm`, :mod:`zerocalc.peak`) takes only the typed request: it
+never parses a string, reads a file or looks at the environment.
+
+Error messages name each input by its concept, written ``{name}``: the field names below, which are also
+the keyword names of :mod:`zerocalc.api`; the CLI shows its flags instead (:mod:`zerocalc.cli`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from zerocalc.activations import Recompute
+from zerocalc.architecture import Architecture, ParameterCount, count_parameters
+from zerocalc.calibration import Calibration
+from zerocalc.cluster import DEFAULT_GPUS_PER_NODE, Cluster
+from zerocalc.dtypes import DType, parse_dtype
+from zerocalc.errors import InputError, shown
+from zerocalc.frameworks import Framework
+from zerocalc.links import (
+    DEFAULT_DETAIL,
+    DEFAULT_INTER_NODE_BUSBW,
+    DEFAULT_INTRA_NODE_BUSBW,
+    DEFAULT_LATENCY_S,
+    Bandwidths,
+    BandwidthSource,
+    LinkFigures,
+)
+from zerocalc.optimizers import OptimizerName
+from zerocalc.peak.profiles import PROFILES, Wrap, profile_problem
+from zerocalc.precision import RECIPES, PrecisionName
+from zerocalc.strategies import (
+    STRATEGIES,
+    OffloadTarget,
+    Strategy,
+    StrategyName,
+    default_strategies,
+    framework_strategies,
+)
+from zerocalc.units import (
+    MAX_COUNT,
+    parse_bandwidth,
+    parse_bytes,
+    parse_count,
+    parse_duration,
+    parse_fraction,
+    parse_whole,
+)
+
+# ------------------------------------------------------------------------------------------------ bounds
+MAX_GPUS = 2**20
+"""The largest world accepted: 1,048,576 GPUs."""
+MAX_GPUS_PER_NODE = 1024
+MAX_GRAD_ACCUM = 1_000_000
+MAX_SEQ_LEN = 2**26
+"""67,108,864 tokens per sequence."""
+MAX_MICRO_BATCH = 2**20
+MAX_PREFETCH = 1024
+MAX_TFLOPS = 1e6
+"""1 EFLOP/s per GPU: above any accelerator."""
+
+DEFAULT_SEQ_LEN = 2048
+DEFAULT_MICRO_BATCH = 1
+DEFAULT_PREFETCH = 1
+DEFAULT_DDP_BUCKET = "25MiB"
+"""torch.nn.parallel.DistributedDataParallel(bucket_cap_mb=25)."""
+DEFAULT_DEEPSPEED_BUCKET = "5e8"
+"""DeepSpeed ZeRO config defaults: reduce_bucket_size = allgather_bucket_size = 5e8 elements."""
+DEFAULT_FRAGMENTATION = 0.10
+"""A stated allowance: the PyTorch caching allocator typically reserves 5-15% above what is allocated."""
+DEFAULT_RESERVE = "2GiB"
+"""Per-GPU CUDA context (~0.5 GiB), NCCL communicators and allocator slack when no GPU preset says."""
+
+
+# ---------------------------------------------------------------------------------------- raw options
+class TrainingOptions(BaseModel):
+    """What the user asked for, as typed: strings with units, names, numbers. Nothing is checked yet."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    params: int | str | None = None
+    model: str | None = None
+    gpus: int | str = 1
+    gpus_per_node: int | str | None = None
+    strategies: str | list[str] | tuple[str, ...] | None = None
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    fp32_grad_accum: bool = False
+    offload_optimizer: str | None = None
+    offload_params: str | None = None
+    framework: str = "paper"
+    reduce_dtype: str | None = None
+    gpu: str | None = None
+    gpu_memory: int | str | None = None
+    reserve: int | str | None = None
+    """With ``gpu``: memory kept back for the CUDA context and NCCL; it is the peak's overhead line."""
+    seq_len: int | str = DEFAULT_SEQ_LEN
+    micro_batch: int | str = DEFAULT_MICRO_BATCH
+    recompute: str = "none"
+    flash_attention: bool | None = None
+    prefetch: int | str = DEFAULT_PREFETCH
+    wrap: str = "block"
+    ddp_bucket: int | str = DEFAULT_DDP_BUCKET
+    reduce_bucket: int | str = DEFAULT_DEEPSPEED_BUCKET
+    allgather_bucket: int | str = DEFAULT_DEEPSPEED_BUCKET
+    fragmentation: float | str = DEFAULT_FRAGMENTATION
+    grad_accum: int | str = 1
+    calibration: str | Calibration | None = None
+    calibration_name: str | None = None
+    intra_node_bw: str | float | None = None
+    inter_node_bw: str | float | None = None
+    latency: str | float | None = None
+    tokens_per_step: int | str | None = None
+    tflops: float | str | None = None
+
+
+# --------------------------------------------------------------------------------------- typed request
+class ModelSpec(BaseModel):
+    """The model: its parameter count, and its architecture when one was named."""
+
+    model_config = ConfigDict(frozen=True)
+
+    params: int = Field(gt=0, description="Ψ")
+    name: str | None = None
+    title: str | None = None
+    architecture: Architecture | None = None
+    parameter_count: ParameterCount | None = None
+
+
+class GpuChoice(BaseModel):
+    """A GPU preset, its numbers resolved."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    title: str
+    memory_bytes: int
+    reserve_bytes: int = Field(description="kept back for the CUDA context, NCCL and allocator slack")
+    bf16_dense_tflops: float
+    intra_node_Bps: float
+    inter_node_Bps: float
+
+
+class ActivationOptions(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    seq_len: int = Field(default=DEFAULT_SEQ_LEN, ge=1, le=MAX_SEQ_LEN)
+    micro_batch: int = Field(default=DEFAULT_MICRO_BATCH, ge=1, le=MAX_MICRO_BATCH)
+    recompute: Recompute = Recompute.NONE
+    flash_attention: bool | None = Field(default=None, description="None: on for the Llama family")
+
+
+class BufferOptions(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    prefetch: int = Field(default=DEFAULT_PREFETCH, ge=0, le=MAX_PREFETCH)
+    wrap: Wrap = Wrap.BLOCK
+    ddp_bucket_bytes: int = Field(default=25 * 2**20, ge=0)
+    reduce_bucket_elements: int = Field(default=500_000_000, ge=0)
+    allgather_bucket_elements: int = Field(default=500_000_000, ge=0)
+
+
+class TrainingRequest(BaseModel):
+    """A validated request: everything the core needs, typed. Build it with :func:`parse_request`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: ModelSpec
+    cluster: Cluster
+    precision: PrecisionName = PrecisionName.BF16_MIXED
+    optimizer: OptimizerName = OptimizerName.ADAMW
+    fp32_grad_accum: bool = False
+    offload_optimizer: OffloadTarget = OffloadTarget.NONE
+    offload_params: OffloadTarget = OffloadTarget.NONE
+    framework: Framework = Framework.PAPER
+    strategies: tuple[StrategyName, ...]
+    """The strategies to evaluate, each able to run with these options."""
+    strategies_explicit: bool = True
+    strategy_notes: tuple[str, ...] = ()
+    """Strategies of the default set left out, and why."""
+    reduce_dtype: DType | None = Field(default=None, description="None: the gradient dtype")
+    activations: ActivationOptions = ActivationOptions()
+    buffers: BufferOptions = BufferOptions()
+    gpu: GpuChoice | None = None
+    gpu_memory_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="usable per GPU for model states: --gpu-memory, or the GPU less its reserve",
+    )
+    overhead_bytes: int = Field(default=2 * 2**30, ge=0, description="CUDA context + NCCL per GPU (peak)")
+    fragmentation: float = Field(default=DEFAULT_FRAGMENTATION, ge=0, le=1)
+    grad_accum: int = Field(default=1, ge=1, le=MAX_GRAD_ACCUM)
+    links: Bandwidths
+    tokens_per_step: int | None = Field(default=None, gt=0)
+    tflops: float | None = Field(default=None, gt=0)
+    calibration: Calibration | None = None
+    calibration_name: str | None = None
+
+    @property
+    def peak_gpu_memory_bytes(self) -> int | None:
+        """What the peak is compared with: the whole GPU (the reserve is its own line), or --gpu-memory."""
+        return self.gpu.memory_bytes if self.gpu is not None else self.gpu_memory_bytes
+
+    @property
+    def architecture(self) -> Architecture:
+        """The architecture; only called where the request has one (the peak)."""
+        if self.model.architecture is None:  # pragma: no cover - the parser guarantees it where needed
+            raise InputError("this estimate needs an architecture; accepted: {model} NAME or config.json")
+        return self.model.architecture
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+def parse_request(options: TrainingOptions) -> TrainingRequest:
+    """Parse and validate every option once; raises one :class:`InputError` naming the first problem."""
+    o = options
+    model = _model(o.params, o.model)
+    cluster = _cluster(o.gpus, o.gpus_per_node)
+    precision = _choice(o.precision, "{precision}", PrecisionName, {"_": "-"})
+    optimizer = _optimizer(o.optimizer)
+    recipe = RECIPES[precision]
+    if o.fp32_grad_accum and recipe.grad_dtype is DType.FP32:
+        raise InputError(
+            f"{{fp32_grad_accum}} with {{precision}} {precision.value}: gradients are already fp32; "
+            "accepted with bf16-mixed, fp16-mixed or bf16-pure"
+        )
+    offload_optimizer = _offload(o.offload_optimizer, "{offload_optimizer}")
+    offload_params = _offload(o.offload_params, "{offload_params}")
+    framework = _choice(o.framework, "{framework}", Framework, {"_": "-"})
+    reduce_dtype = (
+        None
+        if o.reduce_dtype is None
+        else parse_dtype(o.reduce_dtype, "{reduce_dtype}", allowed=(DType.FP32, recipe.grad_dtype))
+    )
+    activations = ActivationOptions(
+        seq_len=parse_whole(o.seq_len, "{seq_len}", 1, MAX_SEQ_LEN, "tokens"),
+        micro_batch=parse_whole(o.micro_batch, "{micro_batch}", 1, MAX_MICRO_BATCH, "sequences"),
+        recompute=_choice(o.recompute, "{recompute}", Recompute),
+        flash_attention=o.flash_attention,
+    )
+    buffers = BufferOptions(
+        prefetch=parse_whole(o.prefetch, "{prefetch}", 0, MAX_PREFETCH, "units"),
+        wrap=_choice(o.wrap, "{wrap}", Wrap),
+        ddp_bucket_bytes=parse_bytes(o.ddp_bucket, "{ddp_bucket}"),
+        reduce_bucket_elements=_elements(o.reduce_bucket, "{reduce_bucket}"),
+        allgather_bucket_elements=_elements(o.allgather_bucket, "{allgather_bucket}"),
+    )
+    fragmentation = parse_fraction(
+        o.fragmentation, "{fragmentation}", 0.0, 1.0, "a fraction from 0 to 1, e.g. 0.1"
+    )
+    gpu, usable, overhead = _gpu(o.gpu, o.gpu_memory, o.reserve, model.architecture is not None)
+    grad_accum = parse_whole(o.grad_accum, "{grad_accum}", 1, MAX_GRAD_ACCUM, "micro-batches")
+    tokens, tflops = _compute(o.tokens_per_step, o.tflops)
+    links = _links(o.intra_node_bw, o.inter_node_bw, o.latency, gpu)
+    calibration, calibration_name = _calibration(o.calibration, o.calibration_name)
+
+    explicit = _strategy_names(o.strategies)
+    request = TrainingRequest(
+        model=model,
+        cluster=cluster,
+        precision=precision,
+        optimizer=optimizer,
+        fp32_grad_accum=o.fp32_grad_accum,
+        offload_optimizer=offload_optimizer,
+        offload_params=offload_params,
+        framework=framework,
+        strategies=explicit or default_strategies(framework),
+        strategies_explicit=explicit is not None,
+        reduce_dtype=reduce_dtype,
+        activations=activations,
+        buffers=buffers,
+        gpu=gpu,
+        gpu_memory_bytes=usable,
+        overhead_bytes=overhead,
+        fragmentation=fragmentation,
+        grad_accum=grad_accum,
+        links=links,
+        tokens_per_step=tokens,
+        tflops=tflops,
+        calibration=calibration,
+        calibration_name=calibration_name,
+    )
+    return _resolve_strategies(request)
+
+
+def _choice(text: object, what: str, enum: type, replace: dict[str, str] | None = None):
+    """An enum member by its value, case-insensitive (``_`` read as ``-`` where ``replace`` says)."""
+    key = str(text).strip().lower()
+    for old, new in (replace or {}).items():
+        key = key.replace(old, new)
+    for member in enum:
+        if key == member.value:
+            return member
+    accepted = ", ".join(m.value for m in enum)
+    raise InputError(f"{what} {shown(text)} is not accepted; accepted: {accepted}")
+
+
+_OPTIMIZER_ALIASES = {
+    "adam8bit": OptimizerName.ADAM_8BIT,
+    "adamw-8bit": OptimizerName.ADAM_8BIT,
+    "sgd-momentum": OptimizerName.SGD,
+}
+
+
+def _optimizer(text: str) -> OptimizerName:
+    key = str(text).strip().lower().replace("_", "-")
+    if key in _OPTIMIZER_ALIASES:
+        return _OPTIMIZER_ALIASES[key]
+    return _choice(key, "{optimizer}", OptimizerName)
+
+
+def _offload(text: str | None, what: str) -> OffloadTarget:
+    return OffloadTarget.NONE if text is None else _choice(text, what, OffloadTarget)
+
+
+def _elements(text: int | str, what: str) -> int:
+    """A DeepSpeed bucket in elements; 0 turns the bucket off."""
+    if text in (0, "0"):
+        return 0
+    return parse_count(text, what, "a number of elements such as 5e8 or 500M, or 0", MAX_COUNT)
+
+
+def _model(params: int | str | None, model: str | None) -> ModelSpec:
+    """Ψ from ``params``, or from a model preset / config.json (``model``), never both."""
+    if (params is None) == (model is None):
+        raise InputError(
+            "give {params} or {model} (not both); "
+            "accepted: {params} 7B, or {model} llama-3-8b / path/config.json"
+        )
+    if model is None:
+        return ModelSpec(params=parse_count(params))  # type: ignore[arg-type]
+    from zerocalc.presets import load_model
+
+    architecture, preset = load_model(model)
+    count = count_parameters(architecture)
+    return ModelSpec(
+        params=count.total,
+        name=architecture.name,
+        title=preset.title if preset else None,
+        architecture=architecture,
+        parameter_count=count,
+    )
+
+
+def _cluster(gpus: int | str, gpus_per_node: int | str | None) -> Cluster:
+    """``gpus`` and ``gpus_per_node`` (default: 8, or N when N is smaller)."""
+    world = parse_whole(gpus, "{gpus}", 1, MAX_GPUS, "GPUs")
+    per_node = (
+        min(DEFAULT_GPUS_PER_NODE, world)
+        if gpus_per_node is None
+        else parse_whole(gpus_per_node, "{gpus_per_node}", 1, MAX_GPUS_PER_NODE, "GPUs")
+    )
+    return Cluster(world_size=world, gpus_per_node=per_node)
+
+
+def _gpu(
+    gpu: str | None, gpu_memory: int | str | None, reserve: int | str | None, has_architecture: bool
+) -> tuple[GpuChoice | None, int | None, int]:
+    """(the GPU preset, usable bytes for model states, the overhead line of the peak).
+
+    With a preset, ``reserve`` (default: the preset's) is kept back from its memory; without one, it is
+    only the peak's overhead line, so it needs an architecture.
+    """
+    if gpu is None:
+        if reserve is not None and not has_architecture:
+            raise InputError("{reserve} applies to {gpu}; accepted: {gpu} NAME {reserve} 2GiB")
+        usable = None if gpu_memory is None else parse_bytes(gpu_memory, "{gpu_memory}")
+        overhead = parse_bytes(reserve if reserve is not None else DEFAULT_RESERVE, "{reserve}")
+        return None, usable, overhead
+    if gpu_memory is not None:
+        raise InputError(
+            "give {gpu} or {gpu_memory}, not both; accepted: {gpu} h100-80gb or {gpu_memory} 80GiB"
+        )
+    from zerocalc.presets import load_gpu
+
+    spec = load_gpu(gpu)
+    kept = parse_bytes(reserve if reserve is not None else spec.reserve, "{reserve}")
+    if kept >= spec.memory_bytes:
+        raise InputError(
+            f"{{reserve}} {shown(reserve)} is not below the {spec.title}'s memory; accepted: a smaller size"
+        )
+    choice = GpuChoice(
+        name=spec.name,
+        title=spec.title,
+        memory_bytes=spec.memory_bytes,
+        reserve_bytes=kept,
+        bf16_dense_tflops=spec.bf16_dense_tflops,
+        intra_node_Bps=spec.intra_node_Bps,
+        inter_node_Bps=spec.inter_node_Bps,
+    )
+    return choice, spec.memory_bytes - kept, kept
+
+
+def _compute(
+    tokens_per_step: int | str | None, tflops: float | str | None
+) -> tuple[int | None, float | None]:
+    if (tokens_per_step is None) != (tflops is None):
+        raise InputError("{tokens_per_step} and {tflops} go together; accepted: both or neither")
+    if tokens_per_step is None:
+        return None, None
+    tokens = parse_count(tokens_per_step, "{tokens_per_step}", "a token count such as 4M or 1e6")
+    flops = parse_fraction(
+        tflops, "{tflops}", 1e-9, MAX_TFLOPS, "achieved TFLOP/s per GPU, e.g. 400 (at most 1,000,000)"
+    )
+    return tokens, flops
+
+
+def _links(
+    intra_node_bw: str | float | None,
+    inter_node_bw: str | float | None,
+    latency: str | float | None,
+    gpu: GpuChoice | None,
+) -> Bandwidths:
+    """Intra/inter-node figures: explicit values, then the GPU preset's, then the stated defaults."""
+    alpha = DEFAULT_LATENCY_S if latency is None else parse_duration(latency, "{latency}")
+
+    def figure(
+        text: str | float | None, which: str, preset_value: float | None, default: float
+    ) -> LinkFigures:
+        if text is not None:
+            option = "{intra_node_bw}" if which == "intra-node" else "{inter_node_bw}"
+            return LinkFigures(
+                latency_s=alpha,
+                bus_bandwidth_Bps=parse_bandwidth(text, option),
+                source=BandwidthSource.EXPLICIT,
+                detail=f"--{which}-bw",
+            )
+        if preset_value is not None and gpu is not None:
+            return LinkFigures(
+                latency_s=alpha,
+                bus_bandwidth_Bps=preset_value,
+                source=BandwidthSource.GPU_PRESET,
+                detail=f"GPU preset {gpu.name}",
+            )
+        return LinkFigures(
+            latency_s=alpha,
+            bus_bandwidth_Bps=default,
+            source=BandwidthSource.DEFAULT,
+            detail=DEFAULT_DETAIL[which],
+        )
+
+    return Bandwidths(
+        intra_node=figure(
+            intra_node_bw, "intra-node", gpu.intra_node_Bps if gpu else None, DEFAULT_INTRA_NODE_BUSBW
+        ),
+        inter_node=figure(
+            inter_node_bw, "inter-node", gpu.inter_node_Bps if gpu else None, DEFAULT_INTER_NODE_BUSBW
+        ),
+    )
+
+
+def _calibration(
+    calibration: str | Calibration | None, name: str | None
+) -> tuple[Calibration | None, str | None]:
+    if calibration is None or isinstance(calibration, Calibration):
+        return calibration, (name or "calibration") if calibration is not None else None
+    from zerocalc.calibration import load_calibration
+
+    return load_calibration(Path(calibration)), name or str(calibration)
+
+
+def _normalise(text: str) -> str:
+    return text.strip().lower().replace("-", "_")
+
+
+def strategy_named(text: str) -> Strategy:
+    """A strategy by its name or one of its aliases (FSDP names, DeepSpeed stages)."""
+    key = _normalise(text)
+    for strategy in STRATEGIES.values():
+        if key == strategy.name.value or key in strategy.aliases:
+            return strategy
+    accepted = ", ".join(
+        f"{s.name.value} ({', '.join(s.aliases[:3])})" if s.aliases else s.name.value
+        for s in STRATEGIES.values()
+    )
+    raise InputError(f"{{strategies}} {shown(text)} is not known; accepted: all, {accepted}")
+
+
+def _strategy_names(text: str | list[str] | tuple[str, ...] | None) -> tuple[StrategyName, ...] | None:
+    """``all`` or a comma list (or a list of names); None means the framework's default set."""
+    if isinstance(text, (list, tuple)):
+        text = ",".join(text)
+    if text is None or _normalise(text) in ("", "all"):
+        return None
+    chosen: list[StrategyName] = []
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        name = strategy_named(part).name
+        if name not in chosen:
+            chosen.append(name)
+    if not chosen:
+        raise InputError(f"{{strategies}} {shown(text)} names no strategy; accepted: all or a comma list")
+    return tuple(chosen)
+
+
+def offload_problem(strategy: Strategy, request: TrainingRequest) -> str | None:
+    """Why ``strategy`` cannot do the requested offload, or None."""
+    if (
+        request.offload_optimizer is not OffloadTarget.NONE
+        and request.offload_optimizer not in strategy.optimizer_offload
+    ):
+        can = ", ".join(t.value for t in strategy.optimizer_offload) or "nothing"
+        return f"{{offload_optimizer}} {request.offload_optimizer.value}: {strategy.title} can offload {can}"
+    if (
+        request.offload_params is not OffloadTarget.NONE
+        and request.offload_params not in strategy.param_offload
+    ):
+        return (
+            f"{{offload_params}} {request.offload_params.value}: {strategy.title} keeps whole parameters on "
+            "every GPU; only zero3 can offload parameters"
+        )
+    return None
+
+
+def _resolve_strategies(request: TrainingRequest) -> TrainingRequest:
+    """Keep the strategies that can run: an explicit one that cannot is an error, a default one a note."""
+    framework = request.framework
+    supported = framework_strategies(framework)
+    if request.strategies_explicit:
+        for name in request.strategies:
+            if name not in supported:
+                names = ", ".join(s.value for s in supported)
+                raise InputError(
+                    f"{{framework}} {framework.value} models {names}; {name.value} is not one of them; "
+                    f"accepted: {{strategies}} {names}"
+                )
+    if framework is not Framework.PAPER:
+        problem = profile_problem(PROFILES[framework], request)
+        if problem:
+            raise InputError(problem)
+    chosen: list[StrategyName] = []
+    notes: list[str] = []
+    for name in request.strategies:
+        strategy = STRATEGIES[name]
+        problem = offload_problem(strategy, request)
+        if problem is None and name is StrategyName.HYBRID_SHARD:
+            problem = request.cluster.whole_nodes_problem()
+        if problem is None:
+            chosen.append(name)
+        elif request.strategies_explicit:
+            raise InputError(problem)
+        else:
+            notes.append(f"{strategy.title} left out: {problem}")
+    if not chosen:
+        raise InputError("no strategy can run with these options: " + "; ".join(notes))
+    return request.model_copy(update={"strategies": tuple(chosen), "strategy_notes": tuple(notes)})
+
+
+def parse_options(**values: object) -> TrainingRequest:
+    """:func:`parse_request` from keywords; a value of the wrong type is an InputError too."""
+    try:
+        options = TrainingOptions(**values)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "_".join(str(p) for p in first["loc"][:1]) or "options"
+        raise InputError(f"{{{where}}} is not accepted ({first['msg']})") from None
+    return parse_request(options)
