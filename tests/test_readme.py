@@ -24,3 +24,17 @@ def test_quick_start_has_exactly_two_commands() -> None:
 def test_ci_runs_the_readme_test_command() -> None:
     ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
     assert _quick_start_commands()[1] in ci_lines
+
+
+def test_the_library_example_runs_as_written() -> None:
+    """Every ``>>>`` line of README's Python blocks runs and prints what the README says."""
+    import doctest
+
+    text = (ROOT / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if ">>>" in b]
+    assert blocks, "README has no library example"
+    parser, runner = doctest.DocTestParser(), doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    for i, block in enumerate(blocks):
+        runner.run(parser.get_doctest(block, {}, f"README block {i}", "README.md", 0))
+    results = runner.summarize(verbose=False)
+    assert results.failed == 0 and results.attempted > 0

@@ -27,7 +27,7 @@ that layer's full activations. Data parallelism never shards activations: they a
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -40,7 +40,7 @@ MASK_BYTES = 1
 FP32_BYTES = 4
 
 
-class Recompute(str, Enum):
+class Recompute(StrEnum):
     NONE = "none"
     SELECTIVE = "selective"
     FULL = "full"

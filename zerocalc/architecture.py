@@ -15,19 +15,19 @@ largest block all come from the same fact:
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
-class MlpKind(str, Enum):
+class MlpKind(StrEnum):
     GELU = "gelu"
     """Two matrices h → f → h (GPT-2, GPT-3)."""
     SWIGLU = "swiglu"
     """Three matrices: gate and up h → f, down f → h (Llama, Mistral, Qwen2, Mixtral experts)."""
 
 
-class NormKind(str, Enum):
+class NormKind(StrEnum):
     LAYERNORM = "layernorm"
     """Weight and bias."""
     RMSNORM = "rmsnorm"

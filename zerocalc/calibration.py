@@ -8,7 +8,7 @@ the bus bandwidth in bytes per second (nccl-tests ``doc/PERFORMANCE.md``; ``fact
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
@@ -20,7 +20,7 @@ from zerocalc.errors import InputError
 CALIBRATION_SCHEMA_VERSION = 1
 
 
-class GroupKind(str, Enum):
+class GroupKind(StrEnum):
     """Which ranks a measured (or modelled) collective runs over."""
 
     WORLD = "world"

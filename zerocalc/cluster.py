@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -12,7 +12,7 @@ DEFAULT_GPUS_PER_NODE = 8
 """An HGX/DGX node: 8 GPUs joined by NVLink/NVSwitch."""
 
 
-class RankGroup(str, Enum):
+class RankGroup(StrEnum):
     """Which ranks something spans: a state's shard group or a collective's process group.
 
     A state sharded over no group (``None`` where a ``RankGroup | None`` is expected) is replicated.

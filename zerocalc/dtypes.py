@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from zerocalc.errors import InputError, shown
 
 
-class DType(str, Enum):
+class DType(StrEnum):
     """A tensor element format. The value is the short name used on the command line and in JSON."""
 
     FP32 = "fp32"

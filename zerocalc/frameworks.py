@@ -8,14 +8,14 @@ framework; :mod:`zerocalc.framework_states` predicts, from it, exactly what each
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
 from zerocalc.cluster import RankGroup
 
 
-class Framework(str, Enum):
+class Framework(StrEnum):
     """Whose accounting a memory estimate follows (``--framework``)."""
 
     PAPER = "paper"
@@ -32,7 +32,7 @@ class Framework(str, Enum):
     """PyTorch DDP and ``ZeroRedundancyOptimizer`` as they really allocate."""
 
 
-class TorchWrapper(str, Enum):
+class TorchWrapper(StrEnum):
     """The PyTorch class that wraps the model (or the optimizer) for data parallelism."""
 
     DDP = "ddp"
@@ -45,7 +45,7 @@ class TorchWrapper(str, Enum):
     """``fully_shard`` per block, then on the root."""
 
 
-class Fsdp1Sharding(str, Enum):
+class Fsdp1Sharding(StrEnum):
     """FSDP1 ``ShardingStrategy`` (HYBRID_SHARD is FULL_SHARD over a node's ranks)."""
 
     NO_SHARD = "no_shard"

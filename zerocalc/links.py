@@ -7,7 +7,7 @@ preset's typical figures, or the stated defaults below.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
@@ -30,7 +30,7 @@ DEFAULT_DETAIL = {
 }
 
 
-class BandwidthSource(str, Enum):
+class BandwidthSource(StrEnum):
     CALIBRATION = "calibration"
     EXPLICIT = "explicit"
     GPU_PRESET = "gpu_preset"

@@ -22,7 +22,7 @@ optimizer states and parameters under ZeRO-3. Bytes are exact integers.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from fractions import Fraction
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -39,13 +39,13 @@ from zerocalc.units import ceil_div
 SCHEMA_VERSION = 1
 
 
-class Location(str, Enum):
+class Location(StrEnum):
     GPU = "gpu"
     CPU = "cpu"
     NVME = "nvme"
 
 
-class StateKind(str, Enum):
+class StateKind(StrEnum):
     PARAMS = "params"
     GRADS = "grads"
     GRAD_ACCUM = "grad_accum"

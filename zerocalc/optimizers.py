@@ -8,17 +8,16 @@ The fp32 master copy of mixed precision is added by ``zerocalc.memory`` from the
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
 from zerocalc.dtypes import DType
-from zerocalc.errors import InputError
 from zerocalc.precision import PrecisionRecipe
 from zerocalc.units import ceil_div
 
 
-class OptimizerName(str, Enum):
+class OptimizerName(StrEnum):
     ADAM = "adam"
     ADAMW = "adamw"
     SGD = "sgd"
@@ -110,18 +109,3 @@ OPTIMIZERS: dict[OptimizerName, OptimizerSpec] = {
         ),
     )
 }
-
-_ALIASES = {
-    "adam8bit": OptimizerName.ADAM_8BIT,
-    "adamw-8bit": OptimizerName.ADAM_8BIT,
-    "sgd-momentum": OptimizerName.SGD,
-}
-
-
-def parse_optimizer(text: str) -> OptimizerSpec:
-    key = text.strip().lower().replace("_", "-")
-    name = _ALIASES.get(key) or next((n for n in OptimizerName if n.value == key), None)
-    if name is None:
-        accepted = ", ".join(n.value for n in OptimizerName)
-        raise InputError(f"--optimizer {text!r} is not known; accepted: {accepted}")
-    return OPTIMIZERS[name]

@@ -8,15 +8,14 @@ this module says which dtype they are kept in and whether a master copy exists.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from zerocalc.dtypes import DType, parse_dtype
-from zerocalc.errors import InputError
+from zerocalc.dtypes import DType
 
 
-class PrecisionName(str, Enum):
+class PrecisionName(StrEnum):
     BF16_MIXED = "bf16-mixed"
     FP16_MIXED = "fp16-mixed"
     FP32 = "fp32"
@@ -80,20 +79,3 @@ RECIPES: dict[PrecisionName, PrecisionRecipe] = {
         ),
     )
 }
-
-
-def parse_precision(text: str) -> PrecisionRecipe:
-    key = text.strip().lower().replace("_", "-")
-    for name, recipe in RECIPES.items():
-        if key == name.value:
-            return recipe
-    accepted = ", ".join(n.value for n in PrecisionName)
-    raise InputError(f"--precision {text!r} is not a recipe; accepted: {accepted}")
-
-
-def parse_reduce_dtype(text: str | None, recipe: PrecisionRecipe) -> DType | None:
-    """``--reduce-dtype``: the gradient dtype (None) or fp32 (FSDP ``MixedPrecision(reduce_dtype=...)``,
-    DeepSpeed ``communication_data_type``)."""
-    if text is None:
-        return None
-    return parse_dtype(text, "--reduce-dtype", allowed=(DType.FP32, recipe.grad_dtype))

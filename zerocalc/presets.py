@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
-import sys
+import tomllib
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,11 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from zerocalc.architecture import Architecture
 from zerocalc.errors import InputError
 from zerocalc.units import parse_bandwidth, parse_bytes
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 KINDS = ("models", "gpus", "scenarios")
 DEFAULT_RESERVE = "2GiB"

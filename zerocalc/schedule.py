@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
@@ -10,18 +10,18 @@ from zerocalc.cluster import RankGroup
 from zerocalc.collectives import Collective
 
 
-class Phase(str, Enum):
+class Phase(StrEnum):
     FORWARD = "forward"
     BACKWARD = "backward"
     AFTER_STEP = "after_step"
 
 
-class Tensor(str, Enum):
+class Tensor(StrEnum):
     GRADIENTS = "gradients"
     PARAMETERS = "parameters"
 
 
-class Repeat(str, Enum):
+class Repeat(StrEnum):
     PER_STEP = "per_step"
     PER_MICRO_BATCH = "per_micro_batch"
 

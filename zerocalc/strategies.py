@@ -15,7 +15,7 @@ A :class:`Strategy` says everything zerocalc knows about one strategy, once:
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
@@ -25,7 +25,7 @@ from zerocalc.frameworks import Framework, Fsdp1Sharding, TorchSetup, TorchWrapp
 from zerocalc.schedule import Phase, Repeat, ScheduledCollective, Tensor
 
 
-class StrategyName(str, Enum):
+class StrategyName(StrEnum):
     DDP = "ddp"
     ZERO1 = "zero1"
     ZERO2 = "zero2"
@@ -34,13 +34,13 @@ class StrategyName(str, Enum):
     HYBRID_SHARD = "hybrid_shard"
 
 
-class OffloadTarget(str, Enum):
+class OffloadTarget(StrEnum):
     NONE = "none"
     CPU = "cpu"
     NVME = "nvme"
 
 
-class BufferRule(str, Enum):
+class BufferRule(StrEnum):
     """Which communication buffers a strategy holds at the peak (sized in :mod:`zerocalc.peak.buffers`)."""
 
     DDP_BUCKET = "ddp_bucket"

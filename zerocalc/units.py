@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
-from enum import Enum
+from enum import StrEnum
 
 from zerocalc.errors import InputError, shown
 
 
-class ByteUnit(str, Enum):
+class ByteUnit(StrEnum):
     """Units a byte count can be rendered in. The value is the spelling users type."""
 
     B = "B"

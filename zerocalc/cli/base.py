@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from zerocalc.errors import InputError
 
@@ -32,30 +32,38 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _plain_text_options(command: Any) -> None:
+def _plain_text_options(params: list[Any]) -> None:
     """Let text options and flags through as they are typed: ``zerocalc.request`` parses every value
-    itself, so Typer's per-option pydantic adapter (built on first use, ~1 ms each) is not needed."""
+    itself, so Typer's per-option pydantic adapter (built on first use, ~1 ms each, and the import of
+    its adapter module) is not needed."""
     try:
         from typer._coercion import PassThroughRuntimeParam
     except ImportError:  # pragma: no cover - another typer: keep its own coercion
         return
-    for param in getattr(command, "params", ()):
+    for param in params:
         descriptor = getattr(param, "type_descriptor", None)
-        if descriptor is not None and descriptor.annotation in (str, bool) and param._runtime_param is None:
+        if descriptor is None or getattr(param, "_runtime_param", True) is not None:
+            continue
+        if descriptor.annotation in (str, bool):
             param._runtime_param = PassThroughRuntimeParam(
                 annotation=descriptor.annotation, parameter_info=descriptor.parameter_info
             )
 
 
+class PlainTextCommand(TyperCommand):
+    """A command whose text options reach it as typed (see :func:`_plain_text_options`)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        _plain_text_options(self.get_params(ctx))
+        return super().parse_args(ctx, args)
+
+
 class OneLineErrorGroup(TyperGroup):
     """A Typer group whose errors are one line on stderr, never a traceback or a usage panel."""
 
-    def get_command(self, ctx: Any, cmd_name: str) -> Any:
-        command = super().get_command(ctx, cmd_name)
-        _plain_text_options(command)
-        for sub in getattr(command, "commands", {}).values():
-            _plain_text_options(sub)
-        return command
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        _plain_text_options(self.get_params(ctx))
+        return super().parse_args(ctx, args)
 
     def main(  # type: ignore[override]
         self,

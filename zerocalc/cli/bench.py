@@ -22,7 +22,7 @@ from zerocalc.bench.defaults import (
     DEFAULT_TIMEOUT_S,
     DEFAULT_WARMUP,
 )
-from zerocalc.cli.base import app, fail
+from zerocalc.cli.base import PlainTextCommand, app, fail
 from zerocalc.errors import InputError
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ Out = Annotated[
 JsonOut = Annotated[bool, typer.Option("--json", help="Print the calibration JSON on stdout (no tables).")]
 
 
-@app.command()
+@app.command(cls=PlainTextCommand)
 def bench(
     collectives: Collectives = DEFAULT_COLLECTIVES_TEXT,
     min_bytes: MinBytes = "1KiB",

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from zerocalc.cli.base import app, fail
+from zerocalc.cli.base import PlainTextCommand, app, fail
 from zerocalc.cli.render import console
 
 Directory = Annotated[
@@ -21,7 +21,7 @@ Update = Annotated[
 MAX_CHANGES_SHOWN = 8
 
 
-@app.command()
+@app.command(cls=PlainTextCommand)
 def check(directory: Directory = None, update: Update = False) -> None:
     """Recompute every preset scenario (memory and comm) and compare with presets/expected/NAME.json."""
     from rich.table import Table

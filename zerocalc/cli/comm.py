@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from zerocalc.cli import options as opt
-from zerocalc.cli.base import app
+from zerocalc.cli.base import PlainTextCommand, app
 from zerocalc.cli.render import byte_cell, console, print_json, unit_label
 from zerocalc.units import ByteUnit, format_bandwidth, format_count, format_seconds, parse_byte_unit
 
@@ -35,7 +35,7 @@ TokensPerStep = Annotated[
 Tflops = Annotated[str | None, typer.Option("--tflops", help="F: achieved TFLOP/s per GPU, e.g. 400.")]
 
 
-@app.command()
+@app.command(cls=PlainTextCommand)
 def comm(
     params: opt.Params = None,
     model: opt.Model = None,

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from zerocalc.cli import options as opt
-from zerocalc.cli.base import app
+from zerocalc.cli.base import PlainTextCommand, app
 from zerocalc.cli.render import byte_cell, console, print_json, unit_label
 from zerocalc.units import ByteUnit, format_count, parse_byte_unit
 
@@ -23,7 +23,7 @@ _STATE_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 
-@app.command()
+@app.command(cls=PlainTextCommand)
 def memory(
     params: opt.Params = None,
     model: opt.Model = None,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from zerocalc.cli.base import app, fail
+from zerocalc.cli.base import PlainTextCommand, app, fail
 from zerocalc.cli.options import Json, Model
 from zerocalc.errors import InputError
 
@@ -59,7 +59,7 @@ Nproc = Annotated[
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds allowed per configuration.")]
 
 
-@app.command()
+@app.command(cls=PlainTextCommand)
 def validate(
     model: Model = None,
     layers: Layers = None,

@@ -8,7 +8,7 @@ source. Which strategies a framework runs, and how, is in the Strategy records
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
@@ -22,14 +22,14 @@ if TYPE_CHECKING:
     from zerocalc.request import TrainingRequest
 
 
-class Wrap(str, Enum):
+class Wrap(StrEnum):
     BLOCK = "block"
     """One FSDP/ZeRO-3 unit per transformer block; embeddings and head in the root unit."""
     MODEL = "model"
     """The whole model is one unit: gathered whole, so ZeRO-3 saves nothing at the peak."""
 
 
-class StatesModel(str, Enum):
+class StatesModel(StrEnum):
     """How a profile counts model states (and which buffers come with them)."""
 
     PAPER = "paper"

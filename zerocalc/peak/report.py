@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -15,7 +15,7 @@ from zerocalc.peak.profiles import Wrap
 from zerocalc.strategies import StrategyName
 
 
-class LineKind(str, Enum):
+class LineKind(StrEnum):
     STATES = "model_states"
     ACTIVATIONS = "activations"
     BUFFERS = "buffers"
