@@ -44,7 +44,7 @@ from zerocalc.precision import RECIPES, PrecisionName
 from zerocalc.request import TrainingRequest
 from zerocalc.schedule import Phase, Repeat, ScheduledCollective, Tensor
 from zerocalc.strategies import STRATEGIES, StrategyName
-from zerocalc.units import ceil_div
+from zerocalc.units import ceil_div, plural
 
 SCHEMA_VERSION = 1
 
@@ -217,6 +217,14 @@ def evaluate_comm(request: TrainingRequest) -> CommEstimate:
     notes = []
     if request.cluster.world_size == 1:
         notes.append("no communication: a single GPU has nothing to reduce or gather")
+    calibration = request.calibration
+    used = any(c.bandwidth_source is BandwidthSource.CALIBRATION for row in rows for c in row.collectives)
+    if calibration is not None and not used and request.cluster.world_size > 1:
+        notes.append(
+            f"calibration {request.calibration_name} ({plural(calibration.nodes, 'node')} × "
+            f"{plural(calibration.gpus_per_node, 'rank')}) covers none of these collectives and groups: "
+            "every time uses the link figures below"
+        )
     compute = None
     if request.tokens_per_step is not None and request.tflops is not None:
         flops = 6 * request.model.params * request.tokens_per_step

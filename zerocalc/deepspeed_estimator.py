@@ -38,9 +38,15 @@ def zero2_model_states(
     num_nodes: int = 1,
     cpu_offload: bool = True,
     additional_buffer_factor: float = ADDITIONAL_BUFFER_FACTOR,
+    total_gpus: int | None = None,
 ) -> DeepSpeedEstimate:
-    """``estimate_zero2_model_states_mem_needs`` (DeepSpeed 0.19.8)."""
-    total_gpus = num_nodes * num_gpus_per_node
+    """``estimate_zero2_model_states_mem_needs`` (DeepSpeed 0.19.8).
+
+    DeepSpeed takes ``total_gpus = num_nodes · num_gpus_per_node`` (equal nodes); ``total_gpus`` gives the
+    real count when the last node is partly used (12 GPUs on nodes of 8: the states are split 12 ways, and
+    the host term is the fullest node's).
+    """
+    total_gpus = total_gpus or num_nodes * num_gpus_per_node
     if cpu_offload:
         gpu_mem = 2 * total_params
         cpu_mem = total_params * max(4 * total_gpus, 16) * additional_buffer_factor
@@ -67,9 +73,10 @@ def zero3_model_states(
     cpu_offload_params: bool = True,
     zero_init: bool = True,
     additional_buffer_factor: float = ADDITIONAL_BUFFER_FACTOR,
+    total_gpus: int | None = None,
 ) -> DeepSpeedEstimate:
-    """``estimate_zero3_model_states_mem_needs`` (DeepSpeed 0.19.8)."""
-    total_gpus = num_nodes * num_gpus_per_node
+    """``estimate_zero3_model_states_mem_needs`` (DeepSpeed 0.19.8); ``total_gpus`` as for ZeRO-2."""
+    total_gpus = total_gpus or num_nodes * num_gpus_per_node
     gpus_factor = 1 / num_nodes
     largest_layer_memory = 4 * largest_layer_params
     if cpu_offload:

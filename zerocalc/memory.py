@@ -34,7 +34,7 @@ from zerocalc.optimizers import OPTIMIZERS, OptimizerName, OptimizerSpec
 from zerocalc.precision import RECIPES, PrecisionName, PrecisionRecipe
 from zerocalc.request import TrainingRequest
 from zerocalc.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName
-from zerocalc.units import ceil_div
+from zerocalc.units import ceil_div, plural
 
 SCHEMA_VERSION = 1
 
@@ -306,8 +306,8 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
         grad_accum=DType.FP32.bytes if request.fp32_grad_accum else 0,
     )
     assumptions = [
-        f"Ψ = {request.model.params:,} parameters; N = {cluster.world_size} GPUs, "
-        f"g = {cluster.ranks_per_node} per node ({cluster.nodes} node{'s' if cluster.nodes > 1 else ''})",
+        f"Ψ = {request.model.params:,} parameters; N = {plural(cluster.world_size, 'GPU')}, "
+        f"g = {cluster.ranks_per_node} per node ({plural(cluster.nodes, 'node')})",
         f"{recipe.name.value}: {recipe.note}",
         optimizer.assumption,
     ]

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from zerocalc.architecture import Architecture
-from zerocalc.errors import InputError
+from zerocalc.errors import InputError, shown
 from zerocalc.units import parse_bandwidth, parse_bytes
 
 KINDS = ("models", "gpus", "scenarios")
@@ -25,11 +25,21 @@ DEFAULT_RESERVE = "2GiB"
 """Default per-GPU reserve for the CUDA context (~0.5 GiB), NCCL communicators and allocator slack."""
 
 
+PRESETS_ENV = "ZEROCALC_PRESETS"
+
+
 def presets_root() -> Path:
     """The presets folder: $ZEROCALC_PRESETS, the repository's presets/, or the installed copy."""
-    env = os.environ.get("ZEROCALC_PRESETS")
-    if env:
-        return Path(env)
+    env = os.environ.get(PRESETS_ENV)
+    if env is not None:
+        root = Path(env).expanduser()
+        if not env.strip() or not root.is_dir():
+            what = "does not exist" if not root.exists() else "is not a folder"
+            raise InputError(
+                f"{PRESETS_ENV}={env!r} {what}; accepted: a folder with models/, gpus/, scenarios/ "
+                f"(or unset {PRESETS_ENV} for the shipped presets)"
+            )
+        return root
     here = Path(__file__).resolve().parent
     for candidate in (here.parent / "presets", here / "_presets"):
         if (candidate / "models").is_dir():
@@ -37,6 +47,11 @@ def presets_root() -> Path:
     raise InputError(
         "no presets folder found; set ZEROCALC_PRESETS to a folder with models/, gpus/, scenarios/"
     )
+
+
+def installed_presets(root: Path) -> bool:
+    """Whether ``root`` is the copy of the presets installed inside the package (site-packages)."""
+    return root.resolve() == (Path(__file__).resolve().parent / "_presets").resolve()
 
 
 class ModelPreset(BaseModel):
@@ -101,6 +116,8 @@ def load_toml(path: Path, model: type[T]) -> T:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte {exc.start}); accepted: a TOML file") from exc
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: not valid TOML ({exc})") from exc
     try:
@@ -110,21 +127,25 @@ def load_toml(path: Path, model: type[T]) -> T:
 
 
 def preset_names(kind: str, root: Path | None = None) -> list[str]:
+    """The presets of one kind: the ``*.toml`` files of its folder (anything else there is ignored)."""
     folder = (root or presets_root()) / kind
-    return sorted(p.stem for p in folder.glob("*.toml"))
+    return sorted(p.stem for p in folder.glob("*.toml") if p.is_file())
+
+
+_CONCEPT = {"models": "{model}", "gpus": "{gpu}", "scenarios": "scenario"}
 
 
 def preset_path(kind: str, name: str, root: Path | None = None) -> Path:
     """The file of a named preset; an unknown name suggests the closest ones."""
     key = name.strip().lower()
     path = (root or presets_root()) / kind / f"{key}.toml"
-    if path.is_file():
+    if key and "/" not in key and path.is_file():
         return path
     names = preset_names(kind, root)
     close = difflib.get_close_matches(key, names, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
-    option = {"models": "--model", "gpus": "--gpu", "scenarios": "scenario"}[kind]
-    raise InputError(f"{option} {name!r} is not a preset; {hint}accepted: {', '.join(names)}")
+    accepted = ", ".join(names) or f"none: {(root or presets_root()) / kind} holds no *.toml preset"
+    raise InputError(f"{_CONCEPT[kind]} {shown(name)} is not a preset; {hint}accepted: {accepted}")
 
 
 def model_architecture(preset: ModelPreset, name: str, path: Path) -> Architecture:

@@ -94,6 +94,8 @@ class TrainingOptions(BaseModel):
     precision: str = "bf16-mixed"
     optimizer: str = "adamw"
     fp32_grad_accum: bool = False
+    zero_init: bool = True
+    """DeepSpeed ZeRO-3: the model is built under ``deepspeed.zero.Init`` (changes its host estimate)."""
     offload_optimizer: str | None = None
     offload_params: str | None = None
     framework: str = "paper"
@@ -178,6 +180,7 @@ class TrainingRequest(BaseModel):
     precision: PrecisionName = PrecisionName.BF16_MIXED
     optimizer: OptimizerName = OptimizerName.ADAMW
     fp32_grad_accum: bool = False
+    zero_init: bool = True
     offload_optimizer: OffloadTarget = OffloadTarget.NONE
     offload_params: OffloadTarget = OffloadTarget.NONE
     framework: Framework = Framework.PAPER
@@ -268,6 +271,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         precision=precision,
         optimizer=optimizer,
         fp32_grad_accum=o.fp32_grad_accum,
+        zero_init=o.zero_init,
         offload_optimizer=offload_optimizer,
         offload_params=offload_params,
         framework=framework,
@@ -353,11 +357,12 @@ def _cluster(gpus: int | str, gpus_per_node: int | str | None) -> Cluster:
     """``gpus`` and ``gpus_per_node`` (default: 8, or N when N is smaller)."""
     world = parse_whole(gpus, "{gpus}", 1, MAX_GPUS, "GPUs")
     per_node = (
-        min(DEFAULT_GPUS_PER_NODE, world)
+        DEFAULT_GPUS_PER_NODE
         if gpus_per_node is None
         else parse_whole(gpus_per_node, "{gpus_per_node}", 1, MAX_GPUS_PER_NODE, "GPUs")
     )
-    return Cluster(world_size=world, gpus_per_node=per_node)
+    # A run smaller than a node uses N GPUs of it: that is its GPUs per node.
+    return Cluster(world_size=world, gpus_per_node=min(per_node, world))
 
 
 def _gpu(
@@ -461,6 +466,10 @@ def _calibration(
 ) -> tuple[Calibration | None, str | None]:
     if calibration is None or isinstance(calibration, Calibration):
         return calibration, (name or "calibration") if calibration is not None else None
+    if not calibration.strip():
+        raise InputError(
+            "{calibration} '' names no file; accepted: a calibration file written by `zerocalc bench`"
+        )
     from zerocalc.calibration import load_calibration
 
     return load_calibration(Path(calibration)), name or str(calibration)
@@ -487,18 +496,18 @@ def _strategy_names(text: str | list[str] | tuple[str, ...] | None) -> tuple[Str
     """``all`` or a comma list (or a list of names); None means the framework's default set."""
     if isinstance(text, (list, tuple)):
         text = ",".join(text)
-    if text is None or _normalise(text) in ("", "all"):
+    if text is None or _normalise(text) == "all":
         return None
-    chosen: list[StrategyName] = []
-    for part in text.split(","):
-        if not part.strip():
-            continue
-        name = strategy_named(part).name
-        if name not in chosen:
-            chosen.append(name)
-    if not chosen:
-        raise InputError(f"{{strategies}} {shown(text)} names no strategy; accepted: all or a comma list")
-    return tuple(chosen)
+    parts = [part for part in text.split(",") if part.strip()]
+    if not parts:
+        raise InputError(
+            f"{{strategies}} {shown(text)} names no strategy; accepted: all or a comma list of names"
+        )
+    if any(_normalise(part) == "all" for part in parts):
+        raise InputError(
+            f"{{strategies}} {shown(text)}: 'all' stands alone; accepted: all, or a comma list of names"
+        )
+    return tuple(dict.fromkeys(strategy_named(part).name for part in parts))
 
 
 def offload_problem(strategy: Strategy, request: TrainingRequest) -> str | None:

@@ -55,13 +55,14 @@ _EXPONENT_LIMIT = 100
 """Numbers are read as decimals; an exponent beyond this (1e400) is refused before any arithmetic."""
 
 
-def _decimal(text: str, what: str, accepted: str) -> Decimal:
+def _decimal(number: str, what: str, accepted: str, original: object) -> Decimal:
+    """``number`` (the numeric part of ``original``, what the user typed) as an exact decimal."""
     try:
-        value = Decimal(text.replace("_", ""))
+        value = Decimal(number.replace("_", ""))
     except InvalidOperation as exc:  # pragma: no cover - the regexes only pass valid numbers
-        raise InputError(f"{what} {shown(text)} is not a number; accepted: {accepted}") from exc
+        raise InputError(f"{what} {shown(original)} is not a number; accepted: {accepted}") from exc
     if value and abs(value.adjusted()) > _EXPONENT_LIMIT:
-        raise InputError(f"{what} {shown(text)} is out of range; accepted: {accepted}")
+        raise InputError(f"{what} {shown(original)} is out of range; accepted: {accepted}")
     return value
 
 
@@ -89,7 +90,7 @@ def parse_count(
         match = _COUNT_RE.match(str(text))
         if not match:
             raise InputError(f"{what} {shown(text)} is not understood; accepted: {accepted}")
-        value = _decimal(match["num"], what, accepted) * _COUNT_FACTORS[match["suffix"].upper()]
+        value = _decimal(match["num"], what, accepted, text) * _COUNT_FACTORS[match["suffix"].upper()]
         count = _exact_int(value, str(text), what, accepted)
     if count <= 0:
         raise InputError(f"{what} {shown(text)} must be positive; accepted: {accepted}")
@@ -158,7 +159,7 @@ def parse_bytes(
         unit = _canonical_byte_unit(match["unit"] or bare_unit or "B")
         if unit is None:
             raise InputError(f"{what} {shown(text)} has an unknown unit; accepted: {accepted}")
-        number = _decimal(match["num"], what, accepted) * _BYTE_FACTORS[unit]
+        number = _decimal(match["num"], what, accepted, text) * _BYTE_FACTORS[unit]
         value = _exact_int(number, str(text), what, accepted)
     if value < 0:
         raise InputError(f"{what} {shown(text)} must not be negative; accepted: {accepted}")
@@ -210,7 +211,7 @@ def parse_bandwidth(text: str | float, what: str = "{bandwidth}") -> float:
         canonical = _canonical_byte_unit(unit + "B")
         if canonical is None:
             raise InputError(f"{what} {shown(text)} has an unknown unit; accepted: {BANDWIDTH_ACCEPTED}")
-        number = _decimal(match["num"], what, BANDWIDTH_ACCEPTED)
+        number = _decimal(match["num"], what, BANDWIDTH_ACCEPTED, text)
         value = float(number * _BYTE_FACTORS[canonical] / (8 if bits else 1))
     if value != value or not 0 < value <= MAX_BANDWIDTH:
         raise InputError(
@@ -246,6 +247,11 @@ def format_count(count: int) -> str:
                 f"{count / factor:.3g}{suffix}" if count / factor < 100 else f"{count / factor:.4g}{suffix}"
             )
     return str(count)
+
+
+def plural(count: int, word: str) -> str:
+    """``1 GPU``, ``8 GPUs``: a count with its noun (regular plurals only)."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 def format_seconds(seconds: float) -> str:
@@ -292,7 +298,7 @@ def parse_duration(text: str | float, what: str = "{duration}", maximum: float =
         match = _DURATION_RE.match(str(text))
         if not match:
             raise InputError(f"{what} {shown(text)} is not understood; accepted: {DURATION_ACCEPTED}")
-        number = _decimal(match["num"], what, DURATION_ACCEPTED)
+        number = _decimal(match["num"], what, DURATION_ACCEPTED, text)
         value = float(number * _DURATION_FACTORS[match["unit"] or "s"])
     if value != value or not 0 <= value <= maximum:
         raise InputError(f"{what} {shown(text)} is not accepted; accepted: {DURATION_ACCEPTED}")

@@ -108,6 +108,18 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from zerocalc import __version__
+
+        typer.echo(f"zerocalc {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", help="Print the version and exit.", callback=_version, is_eager=True
+    ),
+) -> None:
     """Memory and communication calculator for data-parallel training (DDP, ZeRO-1/2/3, FSDP)."""

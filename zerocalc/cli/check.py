@@ -29,16 +29,23 @@ def check(directory: Directory = None, update: Update = False) -> None:
     from zerocalc.atomic import write_text_atomic
     from zerocalc.check import diff
     from zerocalc.errors import InputError
-    from zerocalc.presets import load_toml, presets_root
+    from zerocalc.presets import installed_presets, load_toml, presets_root
     from zerocalc.scenarios import Scenario, evaluate_scenario
 
     root = directory or presets_root()
+    if not root.exists():
+        raise fail(f"{str(root)!r} does not exist; accepted: a presets folder (scenarios/, expected/)")
     scenarios_dir = root / "scenarios"
     if not scenarios_dir.is_dir():
         raise fail(
             f"{str(root)!r} has no scenarios/ folder; accepted: a presets folder (scenarios/, expected/)"
         )
-    files = sorted(scenarios_dir.glob("*.toml"))
+    if update and directory is None and installed_presets(root):
+        raise fail(
+            f"--update would rewrite the presets installed with zerocalc ({root}); accepted: "
+            "`zerocalc check --update DIR` with the folder you mean to rewrite (e.g. a checkout's presets/)"
+        )
+    files = sorted(p for p in scenarios_dir.glob("*.toml") if p.is_file())
     if not files:
         raise fail(f"{str(scenarios_dir)!r} holds no scenario (*.toml)")
 
@@ -57,7 +64,13 @@ def check(directory: Directory = None, update: Update = False) -> None:
             continue
         text = jsonlib.dumps(actual, indent=2, sort_keys=True) + "\n"
         if update:
-            write_text_atomic(expected_path, text)
+            try:
+                write_text_atomic(expected_path, text)
+            except OSError as exc:
+                raise fail(
+                    f"{str(expected_path)!r} cannot be written ({exc.strerror or exc}); nothing after it was "
+                    "written; accepted: a writable presets folder"
+                ) from None
             table.add_row(path.stem, "[cyan]updated[/cyan]", str(expected_path))
             continue
         if not expected_path.is_file():
@@ -68,6 +81,10 @@ def check(directory: Directory = None, update: Update = False) -> None:
             continue
         try:
             expected = jsonlib.loads(expected_path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            failures += 1
+            table.add_row(path.stem, "[red]broken[/red]", f"{expected_path}: not UTF-8 text")
+            continue
         except jsonlib.JSONDecodeError as exc:
             failures += 1
             table.add_row(path.stem, "[red]broken[/red]", f"{expected_path}: not JSON ({exc.msg})")

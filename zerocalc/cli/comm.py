@@ -9,7 +9,14 @@ import typer
 from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app
 from zerocalc.cli.render import byte_cell, console, print_json, unit_label
-from zerocalc.units import ByteUnit, format_bandwidth, format_count, format_seconds, parse_byte_unit
+from zerocalc.units import (
+    ByteUnit,
+    format_bandwidth,
+    format_count,
+    format_seconds,
+    parse_byte_unit,
+    plural,
+)
 
 if TYPE_CHECKING:
     from zerocalc.comm import CommEstimate
@@ -102,7 +109,7 @@ def render_comm(estimate: CommEstimate, unit: ByteUnit) -> None:
     out.print(
         f"[bold]Communication per optimizer step[/bold]: "
         f"Ψ = {request.params:,} ({format_count(request.params)}), "
-        f"N = {cluster.world_size} GPUs on {cluster.nodes} node{'s' if cluster.nodes > 1 else ''} "
+        f"N = {plural(cluster.world_size, 'GPU')} on {plural(cluster.nodes, 'node')} "
         f"(g = {cluster.ranks_per_node}), A = {request.grad_accum} micro-batch"
         f"{'es' if request.grad_accum > 1 else ''}, {request.precision.value}; sizes in {unit_label(unit)}"
     )

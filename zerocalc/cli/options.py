@@ -38,6 +38,13 @@ Fp32GradAccum = Annotated[
     bool,
     typer.Option("--fp32-grad-accum", help="Add a 4-byte fp32 gradient-accumulation buffer per parameter."),
 ]
+ZeroInit = Annotated[
+    bool,
+    typer.Option(
+        "--zero-init/--no-zero-init",
+        help="DeepSpeed ZeRO-3: the model is built under deepspeed.zero.Init (its host estimate).",
+    ),
+]
 OffloadOptimizer = Annotated[
     str, typer.Option("--offload-optimizer", help="none, cpu or nvme (ZeRO-Offload / ZeRO-Infinity).")
 ]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from zerocalc.cli.base import app, fail
+from zerocalc.cli.base import PlainTextCommand, app, fail
 from zerocalc.cli.render import console
 
 presets_app = typer.Typer(help="List and show model, GPU and scenario presets.", no_args_is_help=True)
@@ -14,14 +14,26 @@ app.add_typer(presets_app, name="presets")
 
 Kind = Annotated[str | None, typer.Argument(help="models, gpus or scenarios [default: all three].")]
 Name = Annotated[str, typer.Argument(help="A model, GPU or scenario preset name.")]
-Gpus = Annotated[int, typer.Option("--gpus", "-n", help="GPUs for the default memory setup of a model.")]
+Gpus = Annotated[str, typer.Option("--gpus", "-n", help="GPUs for the default memory setup of a model.")]
 
 
-@presets_app.command("list")
+def _cell(value: Any) -> str:
+    """A field value as a person reads it: no raw None/False, enums by their value."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(getattr(value, "value", value))
+
+
+@presets_app.command("list", cls=PlainTextCommand)
 def list_presets(kind: Kind = None) -> None:
-    """Names of the presets, with a one-line description each."""
+    """Names of the presets, with a one-line description each (broken files are marked)."""
     from rich.table import Table
 
+    from zerocalc.errors import InputError
     from zerocalc.presets import KINDS, GpuSpec, ModelPreset, load_toml, preset_names, preset_path
     from zerocalc.scenarios import Scenario
 
@@ -29,61 +41,74 @@ def list_presets(kind: Kind = None) -> None:
         raise fail(f"presets list {kind!r} is not a kind; accepted: {', '.join(KINDS)}")
     models: dict[str, type] = {"models": ModelPreset, "gpus": GpuSpec, "scenarios": Scenario}
     out = console()
+    broken = 0
     for k in (kind,) if kind else KINDS:
         table = Table(title=k, header_style="bold")
-        table.add_column("Name")
+        table.add_column("Name", no_wrap=True)
         table.add_column("Description")
         for name in preset_names(k):
-            data = load_toml(preset_path(k, name), models[k])
+            try:
+                data = load_toml(preset_path(k, name), models[k])
+            except InputError as exc:
+                broken += 1
+                table.add_row(name, f"[red]broken: {exc}[/red]")
+                continue
             table.add_row(name, getattr(data, "title", None) or getattr(data, "description", ""))
         out.print(table)
+    if broken:
+        raise typer.Exit(1)
 
 
-@presets_app.command("show")
-def show(name: Name, gpus: Gpus = 8) -> None:
+@presets_app.command("show", cls=PlainTextCommand)
+def show(name: Name, gpus: Gpus = "8") -> None:
     """A model's architecture, counts, largest layer and default memory; a GPU's or scenario's fields."""
     from rich.table import Table
 
-    from zerocalc.errors import InputError
-    from zerocalc.presets import load_gpu, load_model, load_toml, preset_path
+    from zerocalc.errors import InputError, shown
+    from zerocalc.presets import KINDS, load_gpu, load_toml, preset_names, preset_path
     from zerocalc.scenarios import Scenario
 
     out = console()
-    try:
-        path = preset_path("models", name)
-    except InputError:
-        path = None
-    if path is not None:
+    found = None
+    for kind in KINDS:
+        try:
+            found = (kind, preset_path(kind, name))
+            break
+        except InputError:
+            continue
+    if found is None:
+        listing = "; ".join(f"{kind}: {', '.join(preset_names(kind))}" for kind in KINDS)
+        raise InputError(
+            f"presets show {shown(name)} is not a model, GPU or scenario preset; accepted: {listing}"
+        )
+    kind, path = found
+    if kind == "models":
         from zerocalc.api import estimate_memory
-        from zerocalc.architecture import count_parameters
         from zerocalc.cli.memory import render_memory
+        from zerocalc.presets import load_model
         from zerocalc.units import ByteUnit
 
-        arch, preset = load_model(name)
-        count = count_parameters(arch)
-        table = Table(title=f"{preset.title if preset else arch.name} ({path})", header_style="bold")
-        table.add_column("Field")
+        estimate = estimate_memory(model=name, gpus=gpus)
+        _, preset = load_model(name)
+        assert estimate.model is not None
+        arch = estimate.model.parameter_count
+        table = Table(title=f"{preset.title if preset else name} ({path})", header_style="bold")
+        table.add_column("Field", no_wrap=True)
         table.add_column("Value")
-        for field, value in arch.model_dump(exclude={"name"}).items():
-            table.add_row(field, str(getattr(value, "value", value)))
-        for field, value in count.model_dump().items():
-            table.add_row(f"[bold]{field}[/bold]", f"{value:,}" if isinstance(value, int) else str(value))
+        architecture, _ = load_model(name)
+        for field, value in architecture.model_dump(exclude={"name"}).items():
+            table.add_row(field, _cell(value))
+        for field, value in arch.model_dump().items():
+            table.add_row(f"[bold]{field}[/bold]", _cell(value))
         if preset and preset.published_params:
             table.add_row("published count", f"{preset.published_params:,} ({preset.source})")
         out.print(table)
-        render_memory(estimate_memory(model=name, gpus=gpus), ByteUnit.GiB)
+        render_memory(estimate, ByteUnit.GiB)
         return
-    for kind in ("gpus", "scenarios"):
-        try:
-            path = preset_path(kind, name)
-        except InputError:
-            continue
-        data = load_gpu(name) if kind == "gpus" else load_toml(path, Scenario)
-        table = Table(title=f"{name} ({path})", header_style="bold")
-        table.add_column("Field")
-        table.add_column("Value")
-        for field, value in data.model_dump().items():
-            table.add_row(field, str(value))
-        out.print(table)
-        return
-    preset_path("models", name)  # raises the one-line error with the closest model names
+    data = load_gpu(name) if kind == "gpus" else load_toml(path, Scenario)
+    table = Table(title=f"{name} ({path})", header_style="bold")
+    table.add_column("Field", no_wrap=True)
+    table.add_column("Value")
+    for field, value in data.model_dump().items():
+        table.add_row(field, _cell(value))
+    out.print(table)

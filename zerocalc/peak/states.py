@@ -67,7 +67,7 @@ def _deepspeed(request: TrainingRequest, strategy: Strategy, row: StrategyMemory
     offload = request.offload_optimizer is not OffloadTarget.NONE
     psi = request.model.params
     if strategy.name is StrategyName.ZERO2:
-        ds = zero2_model_states(psi, per_node, nodes, cpu_offload=offload)
+        ds = zero2_model_states(psi, per_node, nodes, cpu_offload=offload, total_gpus=cluster.world_size)
         states = PeakLine(
             kind=LineKind.STATES,
             name="DeepSpeed estimate_zero2_model_states_mem_needs",
@@ -89,7 +89,8 @@ def _deepspeed(request: TrainingRequest, strategy: Strategy, row: StrategyMemory
         nodes,
         cpu_offload=offload,
         cpu_offload_params=request.offload_params is not OffloadTarget.NONE,
-        zero_init=True,
+        zero_init=request.zero_init,
+        total_gpus=cluster.world_size,
     )
     layer = ds.largest_layer_bytes or 0
     lines = [
@@ -98,7 +99,7 @@ def _deepspeed(request: TrainingRequest, strategy: Strategy, row: StrategyMemory
             name="DeepSpeed estimate_zero3_model_states_mem_needs (sharded states)",
             bytes=ds.gpu_bytes - layer,
             source=f"DeepSpeed {DEEPSPEED_VERSION} stage3.py "
-            "(18/N bytes per parameter without offload, zero_init=1)",
+            f"(18/N bytes per parameter without offload, zero_init={int(request.zero_init)})",
         ),
         PeakLine(
             kind=LineKind.BUFFERS,
