@@ -1,0 +1,89 @@
+"""Random strings and numbers for every option of every command: exit 0 with output, or exit 2 with
+exactly one line on stderr, never a traceback, and no file written when it fails (hypothesis)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from zerocalc.cli import app, load_commands
+
+runner = CliRunner()
+
+NUMBERS = st.one_of(
+    st.integers(-(10**30), 10**30).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.sampled_from(
+        ["0", "-1", "1e400", "1e-400", "nan", "inf", "10**9", "7B", "1e30T", "80", "80GiB", "2.5"]
+    ),
+)
+TEXT = st.one_of(st.text(max_size=12), NUMBERS, st.sampled_from(["", " ", "all", "all,zero1", "{gpus}", "é"]))
+
+
+def _options(command_name: str) -> list[tuple[str, bool]]:
+    """(flag, is_boolean_flag) of every option of a command, from the command itself."""
+    click_app = load_commands()
+    from typer.main import get_command
+
+    group = get_command(click_app)
+    command = group.commands[command_name]  # type: ignore[attr-defined]
+    flags = []
+    for param in command.params:
+        if param.param_type_name != "option" or param.name in ("help", "json", "out"):
+            continue
+        flags.append((param.opts[0], bool(getattr(param, "is_flag", False))))
+    return flags
+
+
+BASE = {
+    "memory": ["memory", "--params", "1B", "--gpus", "8"],
+    "comm": ["comm", "--params", "1B", "--gpus", "8"],
+}
+
+
+def _check(result, tmp: Path, before: set[str]) -> None:
+    assert "Traceback" not in result.output, result.output
+    if result.exit_code == 0:
+        assert result.stdout.strip()
+        return
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("zerocalc: error: "), result.stderr
+    assert set(os.listdir(tmp)) == before  # nothing written on failure
+
+
+@pytest.mark.parametrize("command", sorted(BASE))
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_every_option_of_memory_and_comm(command: str, data: st.DataObject, tmp_path: Path) -> None:
+    options = _options(command)
+    chosen = data.draw(st.lists(st.sampled_from(options), min_size=1, max_size=4, unique=True))
+    args = list(BASE[command])
+    for flag, boolean in chosen:
+        if boolean:
+            args.append(flag)
+        else:
+            args += [flag, data.draw(TEXT)]
+    before = set(os.listdir(tmp_path))
+    result = runner.invoke(app, args)
+    _check(result, tmp_path, before)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=TEXT, name=TEXT, gpus=TEXT)
+def test_presets_and_check_arguments(kind: str, name: str, gpus: str, tmp_path: Path) -> None:
+    before = set(os.listdir(tmp_path))
+    for args in (
+        ["presets", "list", kind],
+        ["presets", "show", name, "--gpus", gpus],
+        ["check", str(tmp_path / (name.replace("/", "") or "x"))],
+    ):
+        result = runner.invoke(app, args)
+        if result.exit_code == 1 and args[0] == "check":  # a real folder with a changed scenario
+            continue
+        _check(result, tmp_path, before)
