@@ -272,7 +272,8 @@ from zerocalc.errors import InputError
 
 mode = sys.argv[1]
 rank = int(os.environ["RANK"])
-procs.start_watchdog(float(os.environ.get("FAKE_TIMEOUT", "60")), rank, poll_s=0.05)
+timeout = float(os.environ.get("FAKE_TIMEOUT", "60"))
+disarm = procs.start_watchdog(timeout, rank, poll_s=0.05)
 
 def body():
     if mode == "bad":
@@ -283,6 +284,9 @@ def body():
         time.sleep(3600)
     if mode == "hang":
         time.sleep(3600)
+    if mode == "disarmed":
+        disarm()
+        time.sleep(3 * timeout)
     if mode == "nothing" or rank != 0:
         return None
     keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR")
@@ -339,6 +343,11 @@ def test_a_rank_s_watchdog_stops_a_hang_with_exit_3(
     assert str(caught.value).endswith(
         "the run did not finish within --timeout 1 s; the other ranks were stopped"
     )
+
+
+def test_a_disarmed_watchdog_lets_the_rank_finish(rank_module: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_TIMEOUT", "0.2")
+    assert procs.spawn(rank_module, "disarmed", 2, 30, json.loads)["RANK"] == "0"
 
 
 def test_a_result_that_never_came_or_cannot_be_read_is_a_failure(rank_module: str) -> None:

@@ -337,23 +337,25 @@ def fail_rank(rank: int, exc: BaseException, timeout_s: float) -> NoReturn:
     exit_now(EXIT_FAILED)
 
 
-def start_watchdog(timeout_s: float, rank: int, poll_s: float = 0.5) -> None:
+def start_watchdog(timeout_s: float, rank: int, poll_s: float = 0.5) -> Callable[[], None]:
     """Stop this rank after ``timeout_s`` (one line, exit 3), or at once and silently when the process
-    that started it is gone (a killed parent must not leave ranks behind)."""
+    that started it is gone (a killed parent must not leave ranks behind). Returns what disarms it."""
     parent = os.getppid()
     deadline = time.monotonic() + timeout_s
+    disarmed = threading.Event()
 
     def guard() -> None:
-        while True:
+        while not disarmed.is_set():
             if os.getppid() != parent:
                 exit_now(EXIT_FAILED)
             left = deadline - time.monotonic()
             if left <= 0:
                 say(f"rank {rank}: the run did not finish within --timeout {timeout_s:g} s")
                 exit_now(EXIT_TIMEOUT)
-            time.sleep(min(poll_s, left))
+            disarmed.wait(min(poll_s, left))
 
     threading.Thread(target=guard, name="zerocalc-watchdog", daemon=True).start()
+    return disarmed.set
 
 
 def hand_back(text: str) -> bool:

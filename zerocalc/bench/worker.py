@@ -199,7 +199,7 @@ def run(config: BenchConfig, placement: Placement | None = None) -> Calibration 
         raise InputError(
             f"a world of {placement.world_size} rank has nothing to measure; accepted: 2 or more ranks"
         )
-    procs.start_watchdog(config.timeout_s, placement.rank)
+    disarm = procs.start_watchdog(config.timeout_s, placement.rank)
     if config.backend == "nccl":
         if not torch.cuda.is_available():
             raise InputError("--backend nccl needs a CUDA GPU, and none is visible; accepted: --backend gloo")
@@ -227,6 +227,7 @@ def run(config: BenchConfig, placement: Placement | None = None) -> Calibration 
     gc.collect()
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
+    disarm()  # the world is done: writing and printing the result must not be cut short
     return calibration
 
 

@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     job = Job.model_validate_json(argv[0])
     placement = placement_from_env()
-    procs.start_watchdog(job.timeout_s, placement.rank)
+    disarm = procs.start_watchdog(job.timeout_s, placement.rank)
 
     def body() -> str | None:
         try:
@@ -284,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         except Exception as exc:
             procs.fail_rank(placement.rank, exc, job.timeout_s)
+        disarm()
         return None if result is None else json.dumps([m.model_dump() for m in result])
 
     return procs.run_rank(body)
