@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, Protocol, TextIO, TypeVar
 
@@ -163,7 +163,6 @@ def spawn(
     nproc: int,
     timeout_s: float,
     collect: Callable[[str], T],
-    extra_env: Mapping[str, str] | None = None,
 ) -> T:
     """Run ``python -m MODULE PAYLOAD`` as ``nproc`` ranks of one world on this node, watch them, and
     return ``collect(text)`` of what rank 0 handed back (:func:`hand_back`).
@@ -173,7 +172,6 @@ def spawn(
     """
     with tempfile.TemporaryDirectory(prefix="zerocalc-procs-") as folder:
         base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-        base.update(extra_env or {})
         base[DIR_ENV] = folder
         port = free_port()
         procs: list[subprocess.Popen[bytes]] = []
@@ -198,7 +196,7 @@ def spawn(
 
 
 @contextlib.contextmanager
-def _sigterm_interrupts():  # type: ignore[no-untyped-def]
+def _sigterm_interrupts() -> Iterator[None]:
     """While the ranks run, SIGTERM (``kill``, a scheduler) stops them like Ctrl-C does."""
 
     def interrupt(*_: object) -> None:
