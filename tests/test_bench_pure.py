@@ -1,15 +1,32 @@
-"""`zerocalc bench`'s pure parts: sweep sizes, the α/β fit, topology, and CLI input errors."""
+"""`zerocalc bench`'s pure parts: sweep sizes and memory, the α/β fit, topology, calibration files, and
+the CLI (every refusal, the output) through Typer's CliRunner with the ranks faked: no process starts."""
 
 from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import stat
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from zerocalc import procs
+from zerocalc.bench import sweep
 from zerocalc.bench.fit import fit_alpha_beta
-from zerocalc.bench.launch import describe_exit
-from zerocalc.bench.sweep import buffer_bytes, sweep_memory, sweep_points
+from zerocalc.bench.sweep import buffer_bytes, memory_problem, sweep_points
 from zerocalc.bench.topology import launched_by, node_groups, placement_from_env, rendezvous_env
+from zerocalc.calibration import (
+    Calibration,
+    CollectiveFit,
+    GroupKind,
+    Measurement,
+    load_calibration,
+    save_calibration,
+)
 from zerocalc.cli import app
+from zerocalc.cli import bench as cli_bench
 from zerocalc.collectives import Collective
 from zerocalc.errors import InputError
 
@@ -45,7 +62,20 @@ def test_buffer_bytes_follow_the_shapes() -> None:
     assert buffer_bytes(Collective.REDUCE_SCATTER, s, n) == s + 2 * s // n
     assert buffer_bytes(Collective.ALL_GATHER, s, n) == s // n + 2 * s
     assert buffer_bytes(Collective.ALL_TO_ALL, s, n) == 3 * s
-    assert sweep_memory([Collective.ALL_REDUCE, Collective.ALL_GATHER], n, 2, s) == s // n + 2 * s
+
+
+def test_memory_problem_sizes_buffers_for_the_smallest_group() -> None:
+    both, gib = [Collective.ALL_REDUCE, Collective.ALL_GATHER], 2**30
+    # S = 1 GiB: all_reduce holds 2 S, all_gather at n = 2 holds S/2 + 2 S (with --check's copy), per rank
+    need = 2 * (gib // 2 + 2 * gib)
+    assert memory_problem(both, 2, KiB, gib, 2, 2, need, "this node (2 ranks)") is None
+    assert memory_problem(both, 2, KiB, gib, 2, 2, None, "this node (2 ranks)") is None  # unknown: no check
+    problem = memory_problem(both, 2, KiB, gib, 2, 2, need - gib // 4, "GPU 3")
+    assert problem == (
+        "--max-bytes 1073741824: the largest size S = 1,073,741,824 bytes needs 5.00 GiB of buffers on GPU 3 "
+        "but only 4.75 GiB is free; accepted: a smaller --max-bytes"
+    )
+    assert memory_problem(both, 2, KiB, gib, 2, 1, need // 2, "GPU 3") is None  # one rank per GPU
 
 
 def test_fit_recovers_alpha_and_beta_from_exact_data() -> None:
@@ -113,34 +143,242 @@ def test_placement_from_torchrun_and_slurm_env() -> None:
     assert launched_by({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_STEP_ID": "0"}) is None
 
 
-def test_describe_exit() -> None:
-    assert describe_exit(-9) == "was killed by SIGKILL"
-    assert describe_exit(3) == "exited with code 3"
-
-
+# ------------------------------------------------------------------------- the CLI, no process started
 runner = CliRunner()
+TIB = "1,099,511,627,776"
+
+
+@pytest.fixture()
+def no_ranks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict]:
+    """A CPU node of 2 cores, not under torchrun, where starting ranks fails the test (refusals must come
+    first); a test that wants a run replaces ``procs.spawn``. Returns the spawn calls."""
+    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_STEP_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(cli_bench, "_visible_gpus", lambda: 0)
+    monkeypatch.setattr(procs, "usable_cpus", lambda: 2)
+    calls: list[dict] = []
+
+    def spawn(*args: object, **kwargs: object) -> None:
+        calls.append({"args": args, **kwargs})
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(procs, "spawn", spawn)
+    return calls
 
 
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
         (["--dtype", "int8"], "--dtype 'int8' is not accepted; accepted: bf16, fp16, fp32"),
-        (["--collectives", "allreduce,gossip"], "collective 'gossip' is not known"),
-        (["--step-factor", "1"], "--step-factor 1"),
-        (["--iters", "0"], "--iters 0"),
         (["--min-bytes", "1XB"], "--min-bytes '1XB' has an unknown unit"),
+        (["--collectives", "allreduce,gossip"], "collective 'gossip' is not known"),
         (["--min-bytes", "8KiB", "--max-bytes", "1KiB"], "--max-bytes 1024 is smaller than --min-bytes 8192"),
         (["--backend", "mpi"], "--backend 'mpi' is not accepted; accepted: nccl, gloo"),
         (["--backend", "nccl"], "--backend nccl needs a CUDA GPU"),
+        # sizes: at least 1 byte, at most 1 TiB
+        (["--min-bytes", "0"], f"--min-bytes 0 is not accepted; accepted: 1 byte to 1TiB ({TIB} bytes)"),
+        (["--max-bytes", "1e400"], "--max-bytes '1e400' is out of range"),
+        (["--max-bytes", "2TiB"], "--max-bytes 2199023255552 is not accepted; accepted: 1 byte to 1TiB"),
+        (["--min-bytes", "2TiB", "--max-bytes", "4TiB"], "--min-bytes 2199023255552 is not accepted"),
+        # step factor: 2 to 1024
+        (["--step-factor", "1"], "--step-factor 1 is not accepted; accepted: a whole number from 2 to 1024"),
+        (["--step-factor", "1025"], "--step-factor 1025 is not accepted"),
+        (["--step-factor", str(10**21)], f"--step-factor {10**21} is not accepted"),
+        (["--step-factor", "1.5"], "Invalid value for '--step-factor'"),
+        # iterations: at most a million
+        (["--iters", "0"], "--iters 0 is not accepted; accepted: 1 to 1,000,000 iterations"),
+        (["--iters", str(10**21)], f"--iters {10**21} is not accepted; accepted: 1 to 1,000,000 iterations"),
+        (["--warmup", "-1"], "--warmup -1 is not accepted; accepted: 0 to 1,000,000 iterations"),
+        (["--warmup", str(10**21)], f"--warmup {10**21} is not accepted"),
+        # timeout: (0, one day]
+        (["--timeout", "1e400"], "--timeout inf is not accepted; accepted: seconds > 0 and at most 86400"),
+        (["--timeout", "nan"], "--timeout nan is not accepted"),
+        (["--timeout", "0"], "--timeout 0 is not accepted"),
+        (["--timeout", "86401"], "--timeout 86401 is not accepted"),
+        # processes: 2 to 4 per core (2 cores here), or one per GPU
         (["--nproc", "1"], "--nproc 1 is not accepted; accepted: 2 or more processes"),
+        (
+            ["--nproc", "1000000000"],
+            "--nproc 1000000000 is more processes than this node can run (4 per CPU core, 2 usable); "
+            "accepted: 2 to 8",
+        ),
+        # the output: checked before any rank starts
+        (["--out", ""], "--out '' is empty; accepted: a file path such as cal.json"),
+        (["--out", "/"], "--out '/' is a directory; accepted: a file path in a writable folder"),
+        (["--out", "/proc/version/cal.json"], "--out '/proc/version/cal.json' cannot be created"),
     ],
 )
-def test_bad_input_is_one_line(args: list[str], fragment: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID"):
-        monkeypatch.delenv(name, raising=False)
+def test_bad_input_is_one_line_before_any_rank_starts(
+    args: list[str], fragment: str, no_ranks: list[dict]
+) -> None:
     result = runner.invoke(app, ["bench", *args])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("zerocalc: error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert fragment in result.stderr, result.stderr
+    assert result.stdout == "" and no_ranks == []
+
+
+def test_an_unwritable_out_folder_is_refused(no_ranks: list[dict], tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("", encoding="utf-8")
+    result = runner.invoke(app, ["bench", "--out", str(tmp_path / "file" / "cal.json")])
     assert result.exit_code == 2
-    assert result.stderr.count("\n") == 1 and fragment in result.stderr, result.stderr
+    assert f"cannot be created: {str(tmp_path / 'file')!r} is not a directory" in result.stderr
+
+
+def test_a_sweep_larger_than_the_node_s_memory_is_refused_before_any_rank_starts(
+    no_ranks: list[dict], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sweep, "host_available_bytes", lambda: 2**30)
+    result = runner.invoke(app, ["bench", "--nproc", "2", "--max-bytes", "1GiB"])
+    assert result.exit_code == 2 and no_ranks == []
+    assert result.stderr == (
+        "zerocalc: error: --max-bytes 1073741824: the largest size S = 1,073,741,824 bytes needs 5.00 GiB of "
+        "buffers on this node (2 ranks) but only 1.00 GiB is free; accepted: a smaller --max-bytes\n"
+    )
+
+
+def test_missing_torch_is_one_line(no_ranks: list[dict], monkeypatch: pytest.MonkeyPatch) -> None:
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else find_spec(name, *a)
+    )
+    result = runner.invoke(app, ["bench", "--nproc", "2"])
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "zerocalc: error: zerocalc bench needs PyTorch; install it with: pip install 'zerocalc[bench]'\n"
+    )
+
+
+def _calibration(device: str = "Test CPU") -> Calibration:
+    rows = [
+        Measurement(
+            collective=Collective.ALL_REDUCE, group_kind=GroupKind.WORLD, group_size=2, size_bytes=s,
+            count=s // 2, dtype="bf16", time_s=1e-5 + s / 1e9, algbw_Bps=s / (1e-5 + s / 1e9),
+            busbw_Bps=s / (1e-5 + s / 1e9), errors=0,
+        )
+        for s in (1024, 4096)
+    ]  # fmt: skip
+    fit = CollectiveFit(
+        collective=Collective.ALL_REDUCE, group_kind=GroupKind.WORLD, group_size=2, latency_s=1e-5,
+        bus_bandwidth_Bps=1e9, peak_busbw_Bps=rows[-1].busbw_Bps, points=2,
+    )  # fmt: skip
+    return Calibration(
+        created_at="2026-11-23T12:00:00+00:00", backend="gloo", device_name=device, torch_version="2.13.0",
+        world_size=2, nodes=1, gpus_per_node=2, dtype="bf16", measurements=rows, fits=[fit],
+    )  # fmt: skip
+
+
+def test_rank_0_s_calibration_is_written_0644_to_the_default_path_and_rendered(
+    no_ranks: list[dict], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def spawn(module: str, payload: str, nproc: int, timeout_s: float, collect):
+        no_ranks.append({"module": module, "payload": json.loads(payload), "nproc": nproc})
+        return collect(_calibration().model_dump_json())
+
+    monkeypatch.setattr(procs, "spawn", spawn)
+    previous = os.umask(0o022)
+    try:
+        result = runner.invoke(app, ["bench", "--nproc", "2", "--check", "--iters", "3"])
+    finally:
+        os.umask(previous)
+    assert result.exit_code == 0, result.output
+    (call,) = no_ranks
+    assert (call["module"], call["nproc"], call["payload"]["iters"]) == ("zerocalc.bench.worker", 2, 3)
+    assert call["payload"]["max_bytes"] == 64 * 2**20 and call["payload"]["backend"] == "gloo"
+    written = list((tmp_path / "cache" / "zerocalc").iterdir())
+    assert [p.name for p in written] == ["calibration-gloo-2xtest-cpu-20261123T120000.json"]
+    assert stat.S_IMODE(written[0].stat().st_mode) == 0o644
+    assert load_calibration(written[0]) == _calibration()
+    for text in ("all_reduce — world groups of 2", "busbw (GB/s)", "#wrong", "Summary", "α (µs)", "no wrong"):
+        assert text in result.stdout
+    assert str(written[0]) in result.stdout.replace("\n", "")
+
+
+def test_json_prints_the_calibration_alone_on_stdout(
+    no_ranks: list[dict], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(procs, "spawn", lambda *a, collect, **k: collect(_calibration().model_dump_json()))
+    out = tmp_path / "cal.json"
+    result = runner.invoke(app, ["bench", "--json", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == json.loads(_calibration().model_dump_json())
+    assert result.stderr == f"calibration written to {out}\n"
+
+
+@pytest.mark.parametrize(
+    ("failure", "code", "line"),
+    [
+        (
+            procs.RanksFailed("rank 1 exited with code 17; the other ranks were stopped"),
+            1,
+            "zerocalc: error: rank 1 exited with code 17; the other ranks were stopped\n",
+        ),
+        (
+            procs.RanksFailed("ranks [1] did not finish within --timeout 3 s; all ranks were stopped", 3),
+            3,
+            "zerocalc: error: ranks [1] did not finish within --timeout 3 s; all ranks were stopped\n",
+        ),
+        (KeyboardInterrupt(), 130, "zerocalc: interrupted; every spawned process was stopped\n"),
+    ],
+)
+def test_a_failed_run_is_one_line_with_its_exit_code_and_writes_nothing(
+    failure: BaseException,
+    code: int,
+    line: str,
+    no_ranks: list[dict],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    def spawn(*args: object, **kwargs: object) -> None:
+        raise failure
+
+    monkeypatch.setattr(procs, "spawn", spawn)
+    result = runner.invoke(app, ["bench", "--out", str(tmp_path / "cal.json")])
+    assert (result.exit_code, result.stderr) == (code, line)
+    assert not (tmp_path / "cal.json").exists()
+
+
+# ------------------------------------------------------------------------------------ calibration files
+def _fit_json(beta: str) -> str:
+    text = _calibration().model_dump_json()
+    return text.replace('"bus_bandwidth_Bps":1000000000.0', f'"bus_bandwidth_Bps":{beta}')
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (None, "--calibration '' is empty; accepted: a file written by `zerocalc bench`"),
+        (b"\xff\xfe{}", "is not UTF-8 text (byte 0); accepted: a file written by `zerocalc bench`"),
+        (b"{not json", "is not a zerocalc calibration (file: Invalid JSON"),
+        (_fit_json("1e400").encode(), "(fits.0.bus_bandwidth_Bps: Input should be a finite number)"),
+        (_fit_json("NaN").encode(), "(fits.0.bus_bandwidth_Bps: Input should be a finite number)"),
+        (_fit_json("Infinity").encode(), "(fits.0.bus_bandwidth_Bps: Input should be a finite number)"),
+        (_fit_json("-1").encode(), "(fits.0.bus_bandwidth_Bps: Input should be greater than 0)"),
+    ],
+)
+def test_a_bad_calibration_is_refused_in_one_line(
+    content: bytes | None, fragment: str, tmp_path: Path
+) -> None:
+    path = "" if content is None else tmp_path / "cal.json"
+    if content is not None:
+        Path(path).write_bytes(content)
+    with pytest.raises(InputError) as caught:
+        load_calibration(path)
+    assert fragment in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_comm_refuses_a_bad_calibration_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "cal.json").write_bytes(_fit_json("1e400").encode())
+    for name in ("", str(tmp_path), str(tmp_path / "cal.json")):
+        result = runner.invoke(app, ["comm", "--params", "1B", "--gpus", "2", "--calibration", name])
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.startswith(f"zerocalc: error: --calibration {name!r} ")
+
+
+def test_a_saved_calibration_loads_back(tmp_path: Path) -> None:
+    save_calibration(_calibration(), tmp_path / "cal.json")
+    assert load_calibration(tmp_path / "cal.json") == _calibration()
 
 
 def test_default_collectives_are_the_three_zero_uses() -> None:

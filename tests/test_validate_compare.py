@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from zerocalc.cli.validate import resolve_architecture
 from zerocalc.errors import InputError
 from zerocalc.validate.compare import compare, predictions
 from zerocalc.validate.config import PERTURB_ENV, Measured
+from zerocalc.validate.run import resolve_architecture
 
 
 def _measured(strategy: str, peak: int | None = None, extra_grads: int = 0) -> tuple[list, list[Measured]]:

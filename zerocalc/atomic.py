@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -11,12 +12,19 @@ from pathlib import Path
 def write_text_atomic(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` via a temporary file in the same directory, fsync and rename.
 
-    A failure at any point leaves the previous file untouched and no temporary file behind.
+    A new file gets mode 0666 less the umask (0644 with the usual umask 022), like any file a command
+    creates; a file replaced keeps its mode. A failure at any point leaves the previous file untouched
+    and no temporary file behind.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = stat.S_IMODE(target.stat().st_mode)
+    except OSError:
+        mode = 0o666 & ~_umask()
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        os.fchmod(fd, mode)  # mkstemp creates 0600
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
@@ -27,3 +35,30 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
             os.unlink(tmp_name)
         raise
     return target
+
+
+def _umask() -> int:
+    current = os.umask(0o022)  # the only portable way to read it is to set it
+    os.umask(current)
+    return current
+
+
+def unwritable(path: str | Path) -> str | None:
+    """Why :func:`write_text_atomic` could not write ``path`` (checked without writing), or None.
+
+    The path must not be a directory, and its nearest existing ancestor must be a directory this process
+    may create files in (missing folders below it are created by the write).
+    """
+    target = Path(path)
+    if str(path) == "":
+        return "is empty"
+    if target.is_dir():
+        return "is a directory"
+    folder = target.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"cannot be created: {str(folder)!r} is not a directory"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot be created: {str(folder)!r} is not writable"
+    return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from zerocalc.atomic import write_text_atomic
 from zerocalc.collectives import Collective
@@ -31,7 +31,13 @@ class GroupKind(StrEnum):
     """One rank per node (the network)."""
 
 
-class Measurement(BaseModel):
+class _Finite(BaseModel):
+    """Every float is finite: JSON's 1e400 (infinity) and NaN are refused when a file is read."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+
+class Measurement(_Finite):
     """One row of a sweep, as nccl-tests prints it."""
 
     collective: Collective
@@ -46,7 +52,7 @@ class Measurement(BaseModel):
     errors: int | None = Field(default=None, description="wrong elements found by --check, None if unchecked")
 
 
-class CollectiveFit(BaseModel):
+class CollectiveFit(_Finite):
     """t = α + factor(n)·S / β fitted over a sweep by least squares."""
 
     collective: Collective
@@ -58,7 +64,7 @@ class CollectiveFit(BaseModel):
     points: int = Field(ge=1)
 
 
-class Calibration(BaseModel):
+class Calibration(_Finite):
     schema_version: int = CALIBRATION_SCHEMA_VERSION
     created_at: str = Field(description="ISO 8601 date and time of the measurement (UTC)")
     backend: str = Field(description="nccl or gloo")
@@ -83,19 +89,25 @@ def save_calibration(calibration: Calibration, path: str | Path) -> Path:
 
 def load_calibration(path: str | Path) -> Calibration:
     """Read and validate a calibration; any problem is one :class:`InputError` line naming the file."""
+    accepted = "accepted: a file written by `zerocalc bench`"
+    if str(path) == "":
+        raise InputError(f"--calibration '' is empty; {accepted}")
     file = Path(path)
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise InputError(f"--calibration {str(file)!r} cannot be read ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"--calibration {str(file)!r} is not UTF-8 text (byte {exc.start}); {accepted}"
+        ) from exc
     try:
         calibration = Calibration.model_validate_json(text)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "file"
         raise InputError(
-            f"--calibration {str(file)!r} is not a zerocalc calibration ({where}: {first['msg']}); "
-            "accepted: a file written by `zerocalc bench`"
+            f"--calibration {str(file)!r} is not a zerocalc calibration ({where}: {first['msg']}); {accepted}"
         ) from exc
     if calibration.schema_version != CALIBRATION_SCHEMA_VERSION:
         raise InputError(

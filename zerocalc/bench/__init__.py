@@ -1,5 +1,6 @@
 """``zerocalc bench``: measure the collectives ZeRO and FSDP issue and write a calibration.
 
-``sweep`` and ``fit`` are pure (no torch); ``worker`` and ``launch`` import torch and are only imported by
-the ``bench`` command, never at start-up.
+``config``, ``defaults``, ``sweep``, ``fit`` and ``topology`` are pure (no torch); ``worker`` imports torch
+and is only imported by the ``bench`` command, never at start-up. Processes are started and watched by
+:mod:`zerocalc.procs`.
 """

@@ -8,10 +8,14 @@ nccl-tests does, so every rank holds the same whole number of elements.
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 from pydantic import BaseModel, Field
 
+from zerocalc.bench.config import check_sweep
 from zerocalc.collectives import COLLECTIVES, Collective
-from zerocalc.errors import InputError
+from zerocalc.units import ByteUnit, format_bytes
 
 DEFAULT_COLLECTIVES: tuple[Collective, ...] = (
     Collective.ALL_REDUCE,
@@ -54,17 +58,6 @@ def sweep_points(
     return points
 
 
-def check_sweep(min_bytes: int, max_bytes: int, step_factor: int) -> None:
-    if min_bytes < 1:
-        raise InputError(f"--min-bytes {min_bytes} must be at least 1 byte; accepted: a size such as 1KiB")
-    if max_bytes < min_bytes:
-        raise InputError(
-            f"--max-bytes {max_bytes} is smaller than --min-bytes {min_bytes}; accepted: max ≥ min"
-        )
-    if step_factor < 2:
-        raise InputError(f"--step-factor {step_factor} is not accepted; accepted: a whole number ≥ 2")
-
-
 def buffer_bytes(collective: Collective, size_bytes: int, group_size: int) -> int:
     """Bytes one rank allocates for one point: input + output (+ the expected result of ``--check``).
 
@@ -80,12 +73,37 @@ def buffer_bytes(collective: Collective, size_bytes: int, group_size: int) -> in
     return input_bytes + 2 * output_bytes
 
 
-def sweep_memory(
-    collectives: list[Collective], group_size: int, dtype_bytes: int, max_bytes: int, min_bytes: int = 1
-) -> int:
-    """The most bytes one rank holds at once during a sweep (points are measured one at a time)."""
-    most = 0
-    for collective in collectives:
-        points = sweep_points(collective, group_size, dtype_bytes, min(min_bytes, max_bytes), max_bytes, 2)
-        most = max(most, buffer_bytes(collective, points[-1].size_bytes, group_size))
-    return most
+def memory_problem(
+    collectives: list[Collective],
+    dtype_bytes: int,
+    min_bytes: int,
+    max_bytes: int,
+    step_factor: int,
+    ranks_sharing: int,
+    free_bytes: int | None,
+    where: str,
+) -> str | None:
+    """Why the sweep's largest point does not fit in ``free_bytes`` shared by ``ranks_sharing`` ranks
+    (None: it fits, or the free memory is unknown). Buffers are largest for the smallest group (shards of
+    S/n), so they are sized for n = 2."""
+    points = {c: sweep_points(c, 2, dtype_bytes, min_bytes, max_bytes, step_factor)[-1] for c in collectives}
+    need = max(buffer_bytes(c, p.size_bytes, 2) for c, p in points.items()) * ranks_sharing
+    if free_bytes is None or need <= free_bytes:
+        return None
+    largest = max(p.size_bytes for p in points.values())
+    return (
+        f"--max-bytes {max_bytes}: the largest size S = {largest:,} bytes needs "
+        f"{format_bytes(need, ByteUnit.GiB)} GiB of buffers on {where} "
+        f"but only {format_bytes(free_bytes, ByteUnit.GiB)} GiB is free; accepted: a smaller --max-bytes"
+    )
+
+
+def host_available_bytes() -> int | None:
+    """The node's MemAvailable (Linux), else the free physical pages, else None."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo", encoding="utf-8") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None

@@ -1,12 +1,14 @@
-"""The torch side of ``zerocalc bench``: one process of the measured world (imports torch).
+"""The torch side of ``zerocalc bench``: one rank of the measured world (imports torch).
 
-Run as ``python -m zerocalc.bench.worker CONFIG_JSON`` by the launcher, or called in-process by the CLI
-under torchrun/srun. Every rank runs the same sweep in the same order; groups are created by every rank in
-the same order (``dist.new_group`` is collective). Rank 0 gathers the figures (max of the ranks' times,
-sum of the ranks' wrong elements) before tear-down, fits α/β, renders and writes the calibration.
+:func:`run` is called in-process by the CLI under torchrun/srun, or runs in ranks spawned by
+:func:`zerocalc.procs.spawn` as ``python -m zerocalc.bench.worker CONFIG_JSON``. Every rank runs the same
+sweep in the same order; groups are created by every rank in the same order (``dist.new_group`` is
+collective). Rank 0 gathers the figures (max of the ranks' times, sum of the ranks' wrong elements) before
+tear-down, fits α/β and returns the :class:`~zerocalc.calibration.Calibration`; spawned, it hands it back
+to the parent. Writing and rendering it is the CLI's business.
 
-Exit codes: 0 done, 1 a collective or the rendezvous failed (one line on stderr), 2 bad input (one line),
-3 the whole run passed ``--timeout``.
+Exit codes (:mod:`zerocalc.procs`): 0 done, 1 a collective or the rendezvous failed (one line), 2 bad
+input (one line), 3 the run passed ``--timeout``.
 """
 
 from __future__ import annotations
@@ -15,47 +17,26 @@ import contextlib
 import gc
 import os
 import platform
-import signal
 import sys
-import threading
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from zerocalc import procs
+
 if __name__ == "__main__":
-    # Ctrl-C reaches every process of the terminal's group: a spawned rank stops quietly (even while
-    # importing torch) and the launcher, which got the same Ctrl-C, reports it once.
-    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    procs.exit_quietly_on_ctrl_c()  # before torch's slow import
 
 import torch
 import torch.distributed as dist
 
-from zerocalc.bench.config import ERROR_DIR_ENV, TEST_EXIT_ENV, TEST_HANG_ENV, BenchConfig
+from zerocalc.bench.config import TEST_EXIT_ENV, TEST_HANG_ENV, BenchConfig
 from zerocalc.bench.fit import fit_alpha_beta
-from zerocalc.bench.sweep import SweepPoint, buffer_bytes, sweep_points
+from zerocalc.bench.sweep import SweepPoint, host_available_bytes, memory_problem, sweep_points
 from zerocalc.bench.topology import Placement, node_groups, placement_from_env, rendezvous_env
 from zerocalc.calibration import Calibration, CollectiveFit, GroupKind, Measurement
 from zerocalc.collectives import COLLECTIVES, Collective
 from zerocalc.errors import InputError
-
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_TIMEOUT = 3
-
-
-def _say(message: str) -> None:
-    folder = os.environ.get(ERROR_DIR_ENV)
-    if folder:
-        with (
-            contextlib.suppress(OSError),
-            open(
-                os.path.join(folder, f"rank{os.environ.get('RANK', '0')}.err"), "w", encoding="utf-8"
-            ) as handle,
-        ):
-            handle.write(message + "\n")
-        return
-    sys.stderr.write(f"zerocalc: error: {message}\n")
-    sys.stderr.flush()
 
 
 def _test_faults(rank: int) -> None:
@@ -179,84 +160,54 @@ def nccl_version() -> str | None:
     return None
 
 
-def available_bytes(device: Any) -> int | None:
-    """Free memory for this rank's buffers: the GPU's free bytes, or the node's MemAvailable on CPU."""
+def check_memory(config: BenchConfig, placement: Placement, device: Any) -> None:
+    """Refuse a sweep whose largest point does not fit, before any process group exists: the GPU's free
+    memory, or on CPU the node's MemAvailable shared by its ranks (a node-wide fact its first rank says)."""
     if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    with contextlib.suppress(OSError, ValueError):
-        for line in open("/proc/meminfo", encoding="utf-8"):  # noqa: SIM115
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    with contextlib.suppress(ValueError, OSError, AttributeError):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return None
-
-
-def check_memory(config: BenchConfig, world_size: int, ranks_sharing: int, device: Any) -> None:
-    """Refuse a sweep whose largest point does not fit, before any process group exists."""
-    from zerocalc.units import ByteUnit, format_bytes
-
-    need = max(
-        buffer_bytes(c, _largest(config, c, world_size).size_bytes, world_size) for c in config.collectives
+        free, sharing, where = int(torch.cuda.mem_get_info(device)[0]), 1, f"GPU {device.index}"
+    else:
+        sharing = placement.local_world_size
+        free, where = host_available_bytes(), f"this node ({sharing} ranks)"
+    problem = memory_problem(
+        config.collectives,
+        config.dtype.bytes,
+        config.min_bytes,
+        config.max_bytes,
+        config.step_factor,
+        sharing,
+        free,
+        where,
     )
-    largest = max(_largest(config, c, world_size).size_bytes for c in config.collectives)
-    total = need * ranks_sharing
-    free = available_bytes(device)
-    if free is not None and total > free:
-        where = f"GPU {device.index}" if device.type == "cuda" else f"this node ({ranks_sharing} ranks)"
-        raise InputError(
-            f"--max-bytes {config.max_bytes}: the largest size S = {largest:,} bytes needs "
-            f"{format_bytes(total, ByteUnit.GiB)} GiB of buffers "
-            f"on {where} "
-            f"but only {format_bytes(free, ByteUnit.GiB)} GiB is free; accepted: a smaller --max-bytes"
-        )
-
-
-def _largest(config: BenchConfig, collective: Collective, n: int) -> SweepPoint:
-    return sweep_points(
-        collective, n, config.dtype.bytes, config.min_bytes, config.max_bytes, config.step_factor
-    )[-1]
+    if problem is None:
+        return
+    if device.type == "cpu" and placement.local_rank != 0 and not procs.spawned():
+        raise procs.RankStopped(procs.EXIT_BAD_INPUT)
+    raise InputError(problem)
 
 
 # -------------------------------------------------------------------------------------------------- run
-def _watchdog(timeout_s: float, rank: int) -> None:
-    def fire() -> None:
-        _say(f"rank {rank}: the run did not finish within --timeout {timeout_s:g} s")
-        os._exit(EXIT_TIMEOUT)
+def run(config: BenchConfig, placement: Placement | None = None) -> Calibration | None:
+    """This rank's part of the sweep: rank 0 returns the calibration, the other ranks None.
 
-    timer = threading.Timer(timeout_s, fire)
-    timer.daemon = True
-    timer.start()
-
-
-def run(config: BenchConfig, placement: Placement | None = None) -> int:
-    """Run this rank's part of the sweep; returns the process exit code (errors are one line)."""
-    try:
-        placement = placement or placement_from_env()
-        os.environ.update(rendezvous_env())
-    except InputError as exc:
-        _say(str(exc))
-        return EXIT_BAD_INPUT
+    Bad input, found before any process group exists, raises :class:`InputError` (or
+    :class:`zerocalc.procs.RankStopped` on ranks that leave the saying to another). A failure once the
+    world is up is one line (:func:`zerocalc.procs.say`) and ends the process: peers may be gone.
+    """
+    placement = placement or placement_from_env()
+    os.environ.update(rendezvous_env())
     if placement.world_size < 2:
-        _say(f"a world of {placement.world_size} rank has nothing to measure; accepted: 2 or more ranks")
-        return EXIT_BAD_INPUT
-    _watchdog(config.timeout_s, placement.rank)
+        raise InputError(
+            f"a world of {placement.world_size} rank has nothing to measure; accepted: 2 or more ranks"
+        )
+    disarm = procs.start_watchdog(config.timeout_s, placement.rank)
     if config.backend == "nccl":
         if not torch.cuda.is_available():
-            _say("--backend nccl needs a CUDA GPU, and none is visible; accepted: --backend gloo")
-            return EXIT_BAD_INPUT
+            raise InputError("--backend nccl needs a CUDA GPU, and none is visible; accepted: --backend gloo")
         device = torch.device("cuda", placement.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    try:
-        sharing = 1 if device.type == "cuda" else placement.local_world_size
-        # Buffers are largest for the smallest group (shards of S/n): size them for n = 2.
-        check_memory(config, 2, sharing, device)
-    except InputError as exc:
-        if placement.rank == 0 or os.environ.get(ERROR_DIR_ENV):
-            _say(str(exc))
-        return EXIT_BAD_INPUT
+    check_memory(config, placement, device)
     try:
         dist.init_process_group(
             config.backend,
@@ -266,34 +217,18 @@ def run(config: BenchConfig, placement: Placement | None = None) -> int:
             **({"device_id": device} if device.type == "cuda" else {}),
         )
     except Exception as exc:
-        _say(f"rank {placement.rank}: could not join the process group ({_first_line(exc)})")
-        return EXIT_FAILED
+        procs.say(f"rank {placement.rank}: could not join the process group ({procs.first_line(exc)})")
+        procs.exit_now(procs.EXIT_FAILED)
     _test_faults(placement.rank)
     try:
         calibration = _measure(config, placement, device)
     except Exception as exc:
-        if "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
-            _say(
-                f"rank {placement.rank}: a collective did not complete within "
-                f"--timeout {config.timeout_s:g} s (a peer hung or died)"
-            )
-            os._exit(EXIT_TIMEOUT)
-        _say(f"rank {placement.rank}: {type(exc).__name__}: {_first_line(exc)}")
-        os._exit(EXIT_FAILED)  # peers may be gone: a clean tear-down could hang
+        procs.fail_rank(placement.rank, exc, config.timeout_s)
     gc.collect()
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
-    if calibration is not None:
-        from zerocalc.cli.bench import finish
-
-        return finish(config, calibration)
-    return 0
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    text = lines[0].split(". This is typically")[0] if lines else type(exc).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
+    disarm()  # the world is done: writing and printing the result must not be cut short
+    return calibration
 
 
 def _measure(config: BenchConfig, placement: Placement, device: Any) -> Calibration | None:
@@ -331,7 +266,7 @@ def _measure(config: BenchConfig, placement: Placement, device: Any) -> Calibrat
             ):
                 rows.append((kind, len(ranks), collective, point))
 
-    progress = _progress(len(rows)) if placement.rank == 0 else None
+    progress = procs.Progress("zerocalc bench", len(rows)) if placement.rank == 0 else None
     times = torch.zeros(len(rows), dtype=torch.float64)
     wrong = torch.zeros(len(rows), dtype=torch.float64)
     index = 0
@@ -340,9 +275,10 @@ def _measure(config: BenchConfig, placement: Placement, device: Any) -> Calibrat
             r = ranks.index(placement.rank)
             for collective in config.collectives:
                 n = len(ranks)
-                for point in sweep_points(
+                points = sweep_points(
                     collective, n, config.dtype.bytes, config.min_bytes, config.max_bytes, config.step_factor
-                ):
+                )
+                for done, point in enumerate(points, 1):
                     buffers = Point(collective, point.count, n, r, ranks[0], dtype, device)
                     if config.check:
                         buffers.fill_pattern()
@@ -353,12 +289,10 @@ def _measure(config: BenchConfig, placement: Placement, device: Any) -> Calibrat
                     del buffers
                     index += 1
                     if progress is not None:
-                        progress[0].update(
-                            progress[1], advance=1, description=f"{kind.value} {collective.value}"
-                        )
+                        progress.step(f"{collective.value} {kind.value} {n}", f"{done}/{len(points)} sizes")
     finally:
         if progress is not None:
-            progress[0].stop()
+            progress.close()
 
     # Rank 0 needs the slowest rank's time and every rank's wrong elements.
     reduce_device = device if config.backend == "nccl" else torch.device("cpu")
@@ -381,22 +315,6 @@ def _measure(config: BenchConfig, placement: Placement, device: Any) -> Calibrat
         nodes=topo.nodes,
         ranks_per_node=topo.ranks_per_node or placement.local_world_size,
     )
-
-
-def _progress(total: int) -> tuple[Any, Any]:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    progress = Progress(
-        TextColumn("{task.description:<28}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
-    progress.start()
-    return progress, progress.add_task("bench", total=total)
 
 
 def build_calibration(
@@ -464,13 +382,16 @@ def build_calibration(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """A spawned rank: rank 0 hands its calibration back to the parent (:func:`zerocalc.procs.spawn`)."""
     argv = sys.argv[1:] if argv is None else argv
     config = BenchConfig.model_validate_json(argv[0])
-    return run(config)
+
+    def body() -> str | None:
+        calibration = run(config)
+        return None if calibration is None else calibration.model_dump_json()
+
+    return procs.run_rank(body)
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    procs.exit_now(main())

@@ -1,7 +1,8 @@
 """``zerocalc bench``: measure collectives with torch.distributed and write a calibration for ``comm``.
 
-Thin: parse the options into a :class:`~zerocalc.bench.config.BenchConfig`, hand it to the launcher, and
-(on rank 0) render the tables and write the file. torch is imported only once the command runs.
+Thin: check the options (every bound, and the output path, before any rank starts), run the world
+(in-process under torchrun/srun, else ranks spawned by :func:`zerocalc.procs.spawn`), then on rank 0 write
+the returned calibration atomically and render it. torch is imported only once the command runs.
 """
 
 from __future__ import annotations
@@ -40,23 +41,23 @@ Collectives = Annotated[
         help="Comma list of all_reduce, reduce_scatter, all_gather, broadcast, all_to_all, or all.",
     ),
 ]
-MinBytes = Annotated[str, typer.Option("--min-bytes", help="Smallest S (bytes of the whole array).")]
+MinBytes = Annotated[str, typer.Option("--min-bytes", help="Smallest S (bytes of the whole array), ≥ 1.")]
 MaxBytes = Annotated[
     str | None,
-    typer.Option("--max-bytes", help="Largest S.", show_default="1GiB on GPU, 64MiB on CPU"),
+    typer.Option("--max-bytes", help="Largest S, ≤ 1TiB.", show_default="1GiB on GPU, 64MiB on CPU"),
 ]
 StepFactor = Annotated[
-    int, typer.Option("--step-factor", help="Multiply S by this from one size to the next.")
+    int, typer.Option("--step-factor", help="Multiply S by this from one size to the next (2 to 1024).")
 ]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")]
-Warmup = Annotated[int, typer.Option("--warmup", help="Untimed iterations per size.")]
-Iters = Annotated[int, typer.Option("--iters", help="Timed iterations per size.")]
+Warmup = Annotated[int, typer.Option("--warmup", help="Untimed iterations per size (0 to 1,000,000).")]
+Iters = Annotated[int, typer.Option("--iters", help="Timed iterations per size (1 to 1,000,000).")]
 Check = Annotated[bool, typer.Option("--check", help="Verify each collective's result once per size.")]
 Nproc = Annotated[
     int | None,
     typer.Option(
         "--nproc",
-        help="Processes to spawn on this node (not under torchrun/srun).",
+        help="Processes to spawn on this node (not under torchrun/srun): 2 to one per GPU, or 4 per core.",
         show_default="one per visible GPU, else 2",
     ),
 ]
@@ -64,10 +65,11 @@ Backend = Annotated[
     str | None, typer.Option("--backend", help="nccl or gloo.", show_default="nccl with GPUs, else gloo")
 ]
 Timeout = Annotated[
-    float, typer.Option("--timeout", help="Seconds before a hung or failed run is stopped (all ranks).")
+    float,
+    typer.Option("--timeout", help="Seconds before a hung or failed run is stopped (all ranks); ≤ 1 day."),
 ]
 Out = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--out",
         help="Calibration file to write (atomically, by rank 0).",
@@ -96,27 +98,31 @@ def bench(
     """Measure all_reduce / reduce_scatter / all_gather (and more) and write a calibration for `comm`."""
     if importlib.util.find_spec("torch") is None:
         raise fail(NEEDS_TORCH)
-    from zerocalc.bench.config import BenchConfig
+    from zerocalc import procs
+    from zerocalc.bench.config import check_iterations, check_sweep
+    from zerocalc.bench.topology import launched_by, placement_from_env
     from zerocalc.dtypes import DType, parse_dtype
     from zerocalc.units import parse_bytes
 
+    # What needs no torch is checked first, so bad input is refused at once.
     chosen = _parse_collectives(collectives)
     dt = parse_dtype(dtype, "--dtype", (DType.BF16, DType.FP16, DType.FP32))
-    if warmup < 0:
-        raise InputError(f"--warmup {warmup} is negative; accepted: 0 or more")
-    if iters < 1:
-        raise InputError(f"--iters {iters} is not accepted; accepted: 1 or more")
-    if not timeout > 0:
-        raise InputError(f"--timeout {timeout:g} is not accepted; accepted: seconds > 0")
+    check_iterations(warmup, iters)
+    procs.check_timeout(timeout)
+    smallest = parse_bytes(min_bytes, "--min-bytes", bare_unit="B")
+    largest = parse_bytes(max_bytes, "--max-bytes", bare_unit="B") if max_bytes is not None else None
+    check_sweep(smallest, largest if largest is not None else smallest, step_factor)
     if nproc is not None and nproc < 2:
-        raise InputError(f"--nproc {nproc} is not accepted; accepted: 2 or more processes")
-
-    from zerocalc.bench.launch import BenchFailed, run_bench
-    from zerocalc.bench.topology import launched_by
+        raise InputError(f"--nproc {procs.brief(nproc)} is not accepted; accepted: 2 or more processes")
+    if out is not None and out.strip() == "":
+        raise InputError(f"--out {out!r} is empty; accepted: a file path such as cal.json")
+    launched = launched_by() is not None
+    if not launched or placement_from_env().rank == 0:  # rank 0 alone writes
+        _check_out(Path(out) if out is not None else default_out_folder() / "calibration.json")
 
     gpus = _visible_gpus()
     chosen_backend = _parse_backend(backend, gpus)
-    if launched_by() is None:
+    if not launched:
         if nproc is None:
             nproc = gpus if chosen_backend == "nccl" else 2
         if nproc < 2:
@@ -124,43 +130,78 @@ def bench(
                 f"{gpus} GPU visible: a collective needs 2 or more ranks; accepted: a node with 2+ GPUs, "
                 "or --backend gloo --nproc 2"
             )
-        if chosen_backend == "nccl" and nproc > gpus:
-            raise InputError(
-                f"--nproc {nproc} with nccl needs {nproc} GPUs, {gpus} visible; accepted: ≤ {gpus}"
-            )
-    default_max = DEFAULT_MAX_BYTES_GPU if chosen_backend == "nccl" else DEFAULT_MAX_BYTES_CPU
+        procs.check_nproc(nproc, gpus if chosen_backend == "nccl" else 0)
+    if largest is None:
+        largest = max(DEFAULT_MAX_BYTES_GPU if chosen_backend == "nccl" else DEFAULT_MAX_BYTES_CPU, smallest)
+    from zerocalc.bench.config import BenchConfig
+
     config = BenchConfig(
         collectives=chosen,
         dtype=dt,
-        min_bytes=parse_bytes(min_bytes, "--min-bytes", bare_unit="B"),
-        max_bytes=default_max if max_bytes is None else parse_bytes(max_bytes, "--max-bytes", bare_unit="B"),
-        step_factor=_checked_factor(step_factor),
+        min_bytes=smallest,
+        max_bytes=largest,
+        step_factor=step_factor,
         warmup=warmup,
         iters=iters,
         check=check,
         backend=chosen_backend,
         timeout_s=timeout,
-        out=str(out) if out is not None else None,
+        out=out,
         json_output=json,
     )
-    from zerocalc.bench.sweep import check_sweep
-
-    check_sweep(config.min_bytes, config.max_bytes, config.step_factor)
     try:
-        code = run_bench(config, nproc or 1)
-    except BenchFailed as exc:
+        calibration = _measure(config, None if launched else nproc)
+    except procs.RanksFailed as exc:
         raise fail(str(exc), exc.exit_code) from None
-    except KeyboardInterrupt:  # typer turns it into a silent Exit(130); the spawned ranks are stopped
-        typer.echo("zerocalc: interrupted; every spawned process was stopped", err=True)
-        raise typer.Exit(130) from None
-    if code:
-        raise typer.Exit(code)
+    except procs.RankStopped as exc:  # under torchrun: another rank says why
+        raise typer.Exit(exc.code) from None
+    except KeyboardInterrupt:  # every spawned rank has been stopped
+        typer.echo(f"zerocalc: {procs.INTERRUPTED}", err=True)
+        raise typer.Exit(procs.EXIT_INTERRUPTED) from None
+    if calibration is not None:  # rank 0
+        finish(config, calibration)
 
 
-def _checked_factor(step_factor: int) -> int:
-    if step_factor < 2:
-        raise InputError(f"--step-factor {step_factor} is not accepted; accepted: a whole number ≥ 2")
-    return step_factor
+def _measure(config: BenchConfig, nproc: int | None) -> Calibration | None:
+    """Rank 0's calibration: in-process under torchrun/srun (None on the other ranks), else collected
+    from spawned ranks once the memory the sweep needs is known to fit (checked before any rank starts)."""
+    from zerocalc import procs
+
+    if nproc is None:  # under torchrun/srun
+        from zerocalc.bench import worker
+
+        return worker.run(config)
+    from zerocalc.bench.sweep import host_available_bytes, memory_problem
+    from zerocalc.calibration import Calibration
+
+    if config.backend == "gloo":
+        problem = memory_problem(
+            config.collectives,
+            config.dtype.bytes,
+            config.min_bytes,
+            config.max_bytes,
+            config.step_factor,
+            nproc,
+            host_available_bytes(),
+            f"this node ({nproc} ranks)",
+        )
+        if problem:
+            raise InputError(problem)
+    return procs.spawn(
+        "zerocalc.bench.worker",
+        config.model_dump_json(),
+        nproc,
+        config.timeout_s,
+        collect=Calibration.model_validate_json,
+    )
+
+
+def _check_out(path: Path) -> None:
+    from zerocalc.atomic import unwritable
+
+    problem = unwritable(path)
+    if problem:
+        raise InputError(f"--out {str(path)!r} {problem}; accepted: a file path in a writable folder")
 
 
 def _parse_collectives(text: str) -> list[Collective]:
@@ -198,15 +239,19 @@ def _parse_backend(backend: str | None, gpus: int) -> str:
 
 
 # ------------------------------------------------------------------------------------ rank 0: the output
-def default_out_path(calibration: Calibration) -> Path:
+def default_out_folder() -> Path:
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "zerocalc"
+
+
+def default_out_path(calibration: Calibration) -> Path:
     device = re.sub(r"[^A-Za-z0-9]+", "-", calibration.device_name).strip("-").lower()[:40] or "device"
     stamp = re.sub(r"[^0-9T]", "", calibration.created_at.split("+")[0])
     name = f"calibration-{calibration.backend}-{calibration.world_size}x{device}-{stamp}.json"
-    return Path(cache) / "zerocalc" / name
+    return default_out_folder() / name
 
 
-def finish(config: BenchConfig, calibration: Calibration) -> int:
+def finish(config: BenchConfig, calibration: Calibration) -> None:
     """Rank 0, after the sweep: write the file atomically, then print the tables (or the JSON)."""
     from zerocalc.calibration import save_calibration
     from zerocalc.cli.render import console, print_json
@@ -214,18 +259,14 @@ def finish(config: BenchConfig, calibration: Calibration) -> int:
     path = Path(config.out) if config.out else default_out_path(calibration)
     try:
         saved = save_calibration(calibration, path)
-    except OSError as exc:
-        typer.echo(
-            f"zerocalc: error: --out {str(path)!r} cannot be written ({exc.strerror or exc})", err=True
-        )
-        return 2
+    except OSError as exc:  # the path was checked before the run: the disk or its permissions changed
+        raise fail(f"--out {str(path)!r} cannot be written ({exc.strerror or exc})", 1) from None
     if config.json_output:
         print_json(calibration)
         typer.echo(f"calibration written to {saved}", err=True)
     else:
         render_calibration(calibration, config.check)
         console().print(f"calibration written to {saved}")
-    return 0
 
 
 def render_calibration(calibration: Calibration, checked: bool) -> None:

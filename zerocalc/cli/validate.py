@@ -1,19 +1,13 @@
 """``zerocalc validate``: run the real frameworks, measure every rank, compare with the exact prediction.
 
-Each configuration (strategy × precision) is its own world of ``--nproc`` spawned processes (the bench
-launcher), so one failing configuration is reported and the others still run. Under torchrun/srun the
-configurations run one after the other in the launched processes; rank 0 prints.
+Thin: parse the options, call :func:`zerocalc.validate.run.run_all` (the orchestration), render the report.
 Exit codes: 0 every model-state line matches, 1 a model-state line differs or a configuration failed,
-2 bad input. torch is imported only once the command runs.
+2 bad input, 130 Ctrl-C. torch is imported only once the command runs.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import tempfile
-import time
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -23,22 +17,9 @@ from zerocalc.cli.options import Json, Model
 from zerocalc.errors import InputError
 
 if TYPE_CHECKING:
-    from zerocalc.architecture import Architecture
     from zerocalc.validate.compare import ConfigResult, ValidationReport
-    from zerocalc.validate.config import Job
 
 NEEDS_TORCH = "zerocalc validate needs PyTorch; install it with: pip install 'zerocalc[bench]'"
-DEFAULT_MODEL = "gpt2"
-DEFAULT_SHRINK = {
-    "num_layers": 2,
-    "hidden_size": 63,
-    "num_heads": 3,
-    "intermediate_size": 252,
-    "vocab_size": 1001,
-}
-"""Without ``--model``: GPT-2 shrunk to 2 layers, hidden 63 (3 heads), MLP 252, vocabulary 1001: odd sizes,
-so FSDP1's padding, FSDP2's uneven rows and ZeroRedundancyOptimizer's uneven partition all show."""
-MAX_CPU_PARAMS = 200_000_000
 ALL_STRATEGIES = "ddp,zero1,fsdp1-no-shard,fsdp1-shard-grad-op,fsdp1-full-shard,fsdp2-no-reshard,fsdp2"
 """For --help without importing the records; a test checks it equals validate.config.STRATEGIES."""
 
@@ -54,9 +35,13 @@ Strategies = Annotated[
 Precisions = Annotated[str, typer.Option("--precision", help="Comma list of fp32, bf16-mixed.")]
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adam or adamw.")]
 Nproc = Annotated[
-    int, typer.Option("--nproc", help="Processes per configuration (not under torchrun/srun); ≥ 2.")
+    int,
+    typer.Option(
+        "--nproc",
+        help="Processes per configuration (not under torchrun/srun): 2 to one per GPU, or 4 per CPU core.",
+    ),
 ]
-Timeout = Annotated[float, typer.Option("--timeout", help="Seconds allowed per configuration.")]
+Timeout = Annotated[float, typer.Option("--timeout", help="Seconds allowed per configuration; ≤ 1 day.")]
 
 
 @app.command(cls=PlainTextCommand)
@@ -78,7 +63,9 @@ def validate(
     """Run DDP, ZeRO-1, FSDP1 and FSDP2 for real; compare measured bytes per rank with the prediction."""
     if importlib.util.find_spec("torch") is None:
         raise fail(NEEDS_TORCH)
-    from zerocalc.bench.topology import launched_by
+    from zerocalc import procs
+    from zerocalc.bench.topology import launched_by, placement_from_env
+    from zerocalc.validate import run
     from zerocalc.validate.config import OPTIMIZERS, PRECISIONS, STRATEGIES
 
     overrides = {
@@ -89,38 +76,35 @@ def validate(
         "intermediate_size": ffn,
         "vocab_size": vocab,
     }
-    arch = resolve_architecture(model, {k: v for k, v in overrides.items() if v is not None})
+    arch = run.resolve_architecture(model, {k: v for k, v in overrides.items() if v is not None})
     chosen = _parse_list(strategies, "--strategies", tuple(STRATEGIES), allow_all=True)
     recipes = _parse_list(precision, "--precision", tuple(p.value for p in PRECISIONS), allow_all=False)
     opt = optimizer.strip().lower()
     if opt not in {o.value for o in OPTIMIZERS}:
         accepted = ", ".join(o.value for o in OPTIMIZERS)
         raise InputError(f"--optimizer {optimizer!r} is not accepted; accepted: {accepted}")
-    if not timeout > 0:
-        raise InputError(f"--timeout {timeout:g} is not accepted; accepted: seconds > 0")
+    procs.check_timeout(timeout)
     launched = launched_by() is not None
     if not launched and nproc < 2:
-        raise InputError(f"--nproc {nproc} is not accepted; accepted: 2 or more processes")
+        raise InputError(f"--nproc {procs.brief(nproc)} is not accepted; accepted: 2 or more processes")
 
-    import torch
+    shows = not launched or placement_from_env().rank == 0
+    progress = procs.Progress("zerocalc validate", len(chosen) * len(recipes)) if shows else None
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    backend = "nccl" if gpus > 0 else "gloo"
-    from zerocalc.architecture import count_parameters
+    def on_result(result: ConfigResult, done: int, total: int) -> None:
+        if progress is not None:
+            progress.step(f"{result.strategy} · {result.precision}", _progress_line(result, done, total))
 
-    params = count_parameters(arch).total
-    if backend == "gloo" and params > MAX_CPU_PARAMS:
-        raise InputError(
-            f"{arch.name} has {params:,} parameters, too many to train on CPU ({MAX_CPU_PARAMS:,} at most); "
-            "accepted: size overrides such as --layers 2 --hidden 256 --vocab 1001"
-        )
-    if backend == "nccl" and not launched and nproc > gpus:
-        raise InputError(f"--nproc {nproc} needs {nproc} GPUs, {gpus} visible; accepted: ≤ {gpus}")
     try:
-        report = run_all(arch, chosen, recipes, opt, backend, nproc, timeout, launched)
-    except KeyboardInterrupt:
-        typer.echo("zerocalc: interrupted; every spawned process was stopped", err=True)
-        raise typer.Exit(130) from None
+        report = run.run_all(arch, chosen, recipes, opt, None if launched else nproc, timeout, on_result)
+    except KeyboardInterrupt:  # every spawned rank has been stopped
+        if progress is not None:
+            progress.close()  # first: the bar would overwrite the line
+        typer.echo(f"zerocalc: {procs.INTERRUPTED}", err=True)
+        raise typer.Exit(procs.EXIT_INTERRUPTED) from None
+    finally:
+        if progress is not None:
+            progress.close()
     if report is None:  # a rank other than 0 under torchrun
         return
     if json:
@@ -133,53 +117,9 @@ def validate(
         raise typer.Exit(1)
 
 
-def resolve_architecture(model: str | None, overrides: dict[str, int]) -> Architecture:
-    """The preset or config.json with the size overrides (the shrunk GPT-2 without ``--model``)."""
-    from pydantic import ValidationError
-
-    from zerocalc.architecture import Architecture
-    from zerocalc.presets import load_model
-
-    arch, _ = load_model(model or DEFAULT_MODEL)
-    changes = dict(overrides) if model else {**DEFAULT_SHRINK, **overrides}
-    for name, value in changes.items():
-        if value < 1:
-            raise InputError(f"{_OPTION_FIELDS[name]} {value} is not accepted; accepted: a whole number ≥ 1")
-    if not changes:
-        return arch
-    data = arch.model_dump()
-    if "hidden_size" in changes or "num_heads" in changes:
-        data["head_dim"] = None
-        hidden_size = changes.get("hidden_size", arch.hidden_size)
-        heads = changes.get("num_heads", arch.num_heads)
-        if hidden_size % heads:
-            raise InputError(
-                f"--hidden {hidden_size} is not a multiple of --heads {heads}; "
-                "accepted: hidden = heads × head dim"
-            )
-    kv = changes.get("num_kv_heads", data.get("num_kv_heads"))
-    if kv and changes.get("num_heads", arch.num_heads) % kv:
-        raise InputError(
-            f"{changes.get('num_heads', arch.num_heads)} heads are not a multiple of {kv} key/value heads; "
-            "accepted: --kv-heads dividing --heads"
-        )
-    data.update(changes)
-    data["name"] = f"{arch.name} (" + ", ".join(f"{_OPTION_FIELDS[k]} {v}" for k, v in changes.items()) + ")"
-    try:
-        return Architecture.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise InputError(f"the overridden architecture is not accepted: {first['msg']}") from None
-
-
-_OPTION_FIELDS = {
-    "num_layers": "--layers",
-    "hidden_size": "--hidden",
-    "num_heads": "--heads",
-    "num_kv_heads": "--kv-heads",
-    "intermediate_size": "--ffn",
-    "vocab_size": "--vocab",
-}
+def _progress_line(result: ConfigResult, done: int, total: int) -> str:
+    seconds = f" ({result.seconds:g} s)" if result.seconds is not None else ""
+    return f"{result.status}{seconds}, {done}/{total} configurations"
 
 
 def _parse_list(text: str, option: str, accepted: tuple[str, ...], allow_all: bool) -> list[str]:
@@ -191,102 +131,6 @@ def _parse_list(text: str, option: str, accepted: tuple[str, ...], allow_all: bo
         shown = ("all, or " if allow_all else "") + ", ".join(accepted)
         raise InputError(f"{option} {text!r} is not accepted; accepted: {shown}")
     return list(dict.fromkeys(names))
-
-
-def run_all(
-    arch: Architecture,
-    strategies: list[str],
-    precisions: list[str],
-    optimizer: str,
-    backend: str,
-    nproc: int,
-    timeout: float,
-    launched: bool,
-) -> ValidationReport | None:
-    from zerocalc.architecture import count_parameters
-    from zerocalc.validate.compare import ValidationReport
-    from zerocalc.validate.config import Job
-
-    world = nproc
-    if launched:
-        from zerocalc.bench.topology import placement_from_env
-
-        world = placement_from_env().world_size
-    jobs = [
-        Job(arch=arch, strategy=s, precision=p, optimizer=optimizer, backend=backend, timeout_s=timeout)
-        for s in strategies
-        for p in precisions
-    ]
-    if launched:
-        results = _run_launched(jobs, world)
-        if results is None:
-            return None
-    else:
-        results = [_run_spawned(job, world) for job in jobs]
-    return ValidationReport(
-        model=arch.name,
-        architecture=arch,
-        parameters=count_parameters(arch).total,
-        world_size=world,
-        optimizer=optimizer,
-        backend=backend,
-        peak=(
-            "torch.cuda.max_memory_allocated per rank, compared with model states + unsharded parameters"
-            if backend == "nccl"
-            else "not measurable on CPU (torch.cpu has no allocator statistics; RSS is not a measure)"
-        ),
-        configs=results,
-        all_match=all(r.status == "match" for r in results),
-    )
-
-
-def _failed(job: Job, error: str, seconds: float | None = None) -> ConfigResult:
-    from zerocalc.validate.compare import ConfigResult
-
-    return ConfigResult(
-        strategy=job.strategy, precision=job.precision, status="failed", error=error, seconds=seconds
-    )
-
-
-def _run_spawned(job: Job, world: int) -> ConfigResult:
-    """One configuration as its own world of ``world`` spawned processes (the bench launcher)."""
-    from zerocalc.bench.launch import BenchFailed, spawn_module
-    from zerocalc.validate.compare import compare, predictions
-    from zerocalc.validate.config import OUT_ENV, Measured
-
-    preds = predictions(job.arch, job.strategy, world, job.precision, job.optimizer)
-    start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="zerocalc-validate-") as folder:
-        out = os.path.join(folder, "measured.json")
-        try:
-            spawn_module(
-                "zerocalc.validate.worker", job.model_dump_json(), world, job.timeout_s, {OUT_ENV: out}
-            )
-            with open(out, encoding="utf-8") as handle:
-                measured = [Measured.model_validate(m) for m in json.load(handle)]
-        except (BenchFailed, OSError, ValueError) as exc:
-            return _failed(job, str(exc), round(time.monotonic() - start, 2))
-    return compare(job.strategy, job.precision, preds, measured, round(time.monotonic() - start, 2))
-
-
-def _run_launched(jobs: list[Job], world: int) -> list[ConfigResult] | None:
-    """Every configuration in the torchrun/srun world, one process group; None on ranks other than 0."""
-    from zerocalc.validate import worker
-    from zerocalc.validate.compare import compare, predictions
-
-    start = time.monotonic()
-    outcomes = worker.run_many(jobs)
-    if os.environ.get("RANK", "0") != "0":
-        return None
-    seconds = round((time.monotonic() - start) / len(jobs), 2)
-    results = []
-    for job, outcome in zip(jobs, outcomes, strict=True):
-        if outcome is None or isinstance(outcome, str):
-            results.append(_failed(job, outcome or "no figures came back"))
-            continue
-        preds = predictions(job.arch, job.strategy, world, job.precision, job.optimizer)
-        results.append(compare(job.strategy, job.precision, preds, outcome, seconds))
-    return results
 
 
 def render(report: ValidationReport) -> None:

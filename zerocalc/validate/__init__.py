@@ -1,4 +1,5 @@
 """``zerocalc validate``: real frameworks on real processes, measured against the exact predictions.
 
-``config`` and ``compare`` are pure; ``model`` and ``worker`` import torch (only when validate runs).
+``config``, ``compare`` and ``run`` (the orchestration, over :mod:`zerocalc.procs`) import no torch but to
+count GPUs; ``model`` and ``worker`` import torch (only when validate runs).
 """

@@ -9,8 +9,6 @@ from zerocalc.optimizers import OptimizerName
 from zerocalc.precision import PrecisionName
 from zerocalc.strategies import validated_setups
 
-OUT_ENV = "ZEROCALC_VALIDATE_OUT"
-"""Set by the launcher: rank 0 writes the gathered measurements (JSON) to this file."""
 PERTURB_ENV = "ZEROCALC_VALIDATE_PERTURB"
 """Tests only (not in ``--help``): ``LINE`` (e.g. ``params``) adds one fp32 element's bytes to that line
 of every rank's prediction, so a deliberately wrong prediction must be reported as a mismatch (exit 1)."""

@@ -1,7 +1,7 @@
 """The torch side of ``zerocalc validate``: one rank of one configuration (imports torch).
 
-Run as ``python -m zerocalc.validate.worker JOB_JSON`` by the launcher shared with bench
-(:func:`zerocalc.bench.launch.spawn_module`), or called in-process under torchrun. Each rank builds the
+Run as ``python -m zerocalc.validate.worker JOB_JSON`` by :func:`zerocalc.procs.spawn` (rank 0 hands the
+gathered figures back), or called in-process under torchrun (:func:`run_many`). Each rank builds the
 model from the same seed, wraps it in the real framework, runs one full step (forward, backward,
 ``optimizer.step``; no ``zero_grad``) on random tokens and measures what it holds:
 
@@ -17,7 +17,7 @@ model from the same seed, wraps it in the real framework, runs one full step (fo
 
 Rank 0 gathers every rank's figures with ``all_gather_object`` before tear-down; the model and optimizer
 are freed (``gc.collect()``) before ``destroy_process_group`` (torch 2.13 can abort at exit otherwise).
-Exit codes as bench's worker: 0 done, 1 failed (one line), 2 bad input, 3 timeout.
+Exit codes (:mod:`zerocalc.procs`): 0 done, 1 failed (one line), 2 bad input, 3 timeout.
 """
 
 from __future__ import annotations
@@ -26,25 +26,27 @@ import contextlib
 import gc
 import json
 import os
-import signal
 import sys
+import time
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from zerocalc import procs
+
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    procs.exit_quietly_on_ctrl_c()  # before torch's slow import
 
 import torch
 import torch.distributed as dist
 
 from zerocalc.bench.topology import Placement, placement_from_env, rendezvous_env
-from zerocalc.bench.worker import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_TIMEOUT, _first_line, _say, _watchdog
 from zerocalc.errors import InputError
 from zerocalc.frameworks import Fsdp1Sharding, TorchWrapper
 from zerocalc.optimizers import OptimizerName
 from zerocalc.precision import PrecisionName
-from zerocalc.validate.config import OUT_ENV, STRATEGIES, TEST_FAIL_ENV, Job, Measured
+from zerocalc.validate.config import STRATEGIES, TEST_FAIL_ENV, Job, Measured
 from zerocalc.validate.model import Block, build_model, loss_fn
 
 
@@ -234,60 +236,64 @@ def run(job: Job, placement: Placement | None = None) -> list[Measured] | None:
     placement = placement or placement_from_env()
     device = _init(job, placement)
     if os.environ.get(TEST_FAIL_ENV) == job.strategy and placement.rank == 1:
-        os._exit(EXIT_FAILED)
+        procs.exit_now(procs.EXIT_FAILED)
     try:
         return _gathered(job, placement, device)
     finally:
         _teardown()
 
 
-def run_many(jobs: list[Job]) -> list[list[Measured] | str | None]:
+Outcome = list[Measured] | str | None
+"""Of one configuration: rank 0's gathered figures, None on other ranks, or a failure's one line."""
+
+
+def run_many(jobs: list[Job], on_done: Callable[[int, Outcome, float], None] | None = None) -> list[Outcome]:
     """Under torchrun/srun: every configuration in one process group (initialised once: re-creating the
     default group in one process can hang on stale rendezvous keys). Per job: rank 0's figures, None on
     other ranks, or the one-line error of a configuration that failed (the others still run, though a
-    failure inside a collective can leave the world unusable)."""
+    failure inside a collective can leave the world unusable). ``on_done(index, outcome, seconds)`` is
+    called after each job."""
     placement = placement_from_env()
     device = _init(jobs[0], placement)
-    results: list[list[Measured] | str | None] = []
+    results: list[Outcome] = []
     try:
-        for job in jobs:
+        for index, job in enumerate(jobs):
+            start = time.monotonic()
+            outcome: Outcome
             try:
-                results.append(_gathered(job, placement, device))
+                outcome = _gathered(job, placement, device)
             except Exception as exc:
-                results.append(f"rank {placement.rank}: {type(exc).__name__}: {_first_line(exc)}")
+                outcome = f"rank {placement.rank}: {type(exc).__name__}: {procs.first_line(exc)}"
             gc.collect()
             dist.barrier()
+            results.append(outcome)
+            if on_done is not None:
+                on_done(index, outcome, time.monotonic() - start)
     finally:
         _teardown()
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
+    """A spawned rank of one configuration: rank 0 hands every rank's figures back to the parent."""
     warnings.filterwarnings("ignore", category=FutureWarning)  # e.g. NO_SHARD's deprecation notice
     argv = sys.argv[1:] if argv is None else argv
     job = Job.model_validate_json(argv[0])
     placement = placement_from_env()
-    _watchdog(job.timeout_s, placement.rank)
-    try:
-        result = run(job, placement)
-    except InputError as exc:
-        _say(str(exc))
-        return EXIT_BAD_INPUT
-    except Exception as exc:
-        if "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
-            _say(f"rank {placement.rank}: a collective did not complete within --timeout {job.timeout_s:g} s")
-            os._exit(EXIT_TIMEOUT)
-        _say(f"rank {placement.rank}: {type(exc).__name__}: {_first_line(exc)}")
-        os._exit(EXIT_FAILED)
-    out = os.environ.get(OUT_ENV)
-    if result is not None and out:
-        with open(out, "w", encoding="utf-8") as handle:
-            json.dump([m.model_dump() for m in result], handle)
-    return 0
+    disarm = procs.start_watchdog(job.timeout_s, placement.rank)
+
+    def body() -> str | None:
+        try:
+            result = run(job, placement)
+        except InputError:
+            raise
+        except Exception as exc:
+            procs.fail_rank(placement.rank, exc, job.timeout_s)
+        disarm()
+        return None if result is None else json.dumps([m.model_dump() for m in result])
+
+    return procs.run_rank(body)
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    procs.exit_now(main())

@@ -1,0 +1,156 @@
+"""`zerocalc validate` without processes: every refusal before any rank starts, and the report, progress and
+exit codes with the spawned ranks faked (their figures are the predictions; the hooks make them differ)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Callable
+
+import pytest
+from typer.testing import CliRunner
+
+from zerocalc import procs
+from zerocalc.cli import app
+from zerocalc.validate import run
+from zerocalc.validate.compare import predictions
+from zerocalc.validate.config import PERTURB_ENV, Job
+
+runner = CliRunner()
+
+
+@pytest.fixture()
+def spawned(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """A CPU node of 2 cores, not under torchrun; each spawned world "measures" exactly the prediction
+    (``ddp-fails``: the ddp world fails). Returns (strategy · precision, nproc) per world started."""
+    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_STEP_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(run, "visible_gpus", lambda: 0)
+    monkeypatch.setattr(procs, "usable_cpus", lambda: 2)
+    calls: list[tuple[str, int]] = []
+
+    def spawn(
+        module: str, payload: str, nproc: int, timeout_s: float, collect: Callable[[str], object]
+    ) -> object:
+        assert module == "zerocalc.validate.worker"
+        job = Job.model_validate_json(payload)
+        calls.append((f"{job.strategy} · {job.precision}", nproc))
+        if job.strategy == "ddp":
+            raise procs.RanksFailed("rank 1 exited with code 1; the other ranks were stopped")
+        figures = [
+            {
+                "rank": rank,
+                "params": p.params.bytes,
+                "grads": p.grads.bytes,
+                "optimizer": p.optimizer_states.bytes,
+                "step": p.step.bytes,
+                "unsharded_after_forward": p.unsharded_after_forward.bytes
+                if job.strategy != "zero1"
+                else None,
+                "loss": 6.9,
+            }
+            for rank, p in enumerate(predictions(job.arch, job.strategy, nproc, job.precision, job.optimizer))
+        ]
+        return collect(json.dumps(figures))
+
+    monkeypatch.setattr(procs, "spawn", spawn)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--strategies", "zero2"], "--strategies 'zero2' is not accepted; accepted: all, or ddp, zero1"),
+        (["--precision", "fp16-mixed"], "--precision 'fp16-mixed' is not accepted"),
+        (["--optimizer", "sgd"], "--optimizer 'sgd' is not accepted"),
+        (["--nproc", "1"], "--nproc 1 is not accepted; accepted: 2 or more processes"),
+        (
+            ["--nproc", "1000000000"],
+            "--nproc 1000000000 is more processes than this node can run (4 per CPU core, 2 usable); "
+            "accepted: 2 to 8",
+        ),
+        (["--timeout", "1e400"], "--timeout inf is not accepted; accepted: seconds > 0 and at most 86400"),
+        (["--timeout", "nan"], "--timeout nan is not accepted"),
+        (["--timeout", "0"], "--timeout 0 is not accepted"),
+        (["--timeout", "86401"], "--timeout 86401 is not accepted"),
+        (["--hidden", "64"], "--hidden 64 is not a multiple of --heads 3"),
+        (["--heads", "3", "--kv-heads", "2"], "3 heads are not a multiple of 2 key/value heads"),
+        (["--layers", "0"], "--layers 0 is not accepted; accepted: a whole number ≥ 1"),
+        (
+            ["--model", "mixtral-8x7b", "--layers", "1", "--hidden", "64", "--vocab", "101"],
+            "mixture-of-experts",
+        ),
+        (["--model", "llama-2-7b"], "llama-2-7b has 6,738,415,616 parameters, too many to train on CPU"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2_before_any_rank_starts(
+    args: list[str], message: str, spawned: list[tuple[str, int]]
+) -> None:
+    result = runner.invoke(app, ["validate", *args])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("zerocalc: error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert message in result.stderr
+    assert spawned == [] and result.stdout == ""
+
+
+def test_missing_torch_is_one_line_and_exit_2(
+    spawned: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else find_spec(name, *a)
+    )
+    result = runner.invoke(app, ["validate", "--nproc", "2"])
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "zerocalc: error: zerocalc validate needs PyTorch; install it with: pip install 'zerocalc[bench]'\n"
+    )
+
+
+def test_every_configuration_is_its_own_world_and_piped_progress_is_one_line_each(
+    spawned: list[tuple[str, int]],
+) -> None:
+    result = runner.invoke(app, ["validate", "--strategies", "zero1,fsdp2", "--nproc", "3", "--json"])
+    assert result.exit_code == 0, result.output
+    assert spawned == [(f"{s} · {p}", 3) for s in ("zero1", "fsdp2") for p in ("fp32", "bf16-mixed")]
+    report = json.loads(result.stdout)
+    assert report["world_size"] == 3 and report["all_match"] is True and report["backend"] == "gloo"
+    assert [len(c["ranks"]) for c in report["configs"]] == [3, 3, 3, 3]
+    lines = result.stderr.splitlines()
+    assert [line.split(": ")[1] for line in lines] == [name for name, _ in spawned]
+    assert lines[0].startswith("zerocalc validate: zero1 · fp32: match (") and lines[-1].endswith(
+        ", 4/4 configurations"
+    )
+
+
+def test_a_wrong_prediction_is_a_marked_mismatch_with_exit_1(
+    spawned: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(PERTURB_ENV, "grads")
+    result = runner.invoke(app, ["validate", "--strategies", "fsdp1-no-shard", "--precision", "fp32"])
+    assert result.exit_code == 1, result.output
+    assert result.stdout.count("✗ OFF") == 2  # the grads line of each rank
+    assert "0 configurations match, 1 mismatch, 0 failed: NOT all match" in result.stdout
+    assert result.stderr.startswith("zerocalc validate: fsdp1-no-shard · fp32: mismatch (")
+
+
+def test_a_failed_configuration_is_reported_and_the_others_still_run(spawned: list[tuple[str, int]]) -> None:
+    result = runner.invoke(app, ["validate", "--strategies", "ddp,fsdp2", "--precision", "fp32"])
+    assert result.exit_code == 1, result.output
+    assert len(spawned) == 2
+    assert "✗ ddp · fp32: failed: rank 1 exited with code 1; the other ranks were stopped" in result.stdout
+    assert "1 configuration match, 0 mismatch, 1 failed" in result.stdout
+
+
+def test_ctrl_c_is_one_line_and_exit_130(
+    spawned: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(procs, "spawn", interrupted)
+    result = runner.invoke(app, ["validate"])
+    assert (result.exit_code, result.stderr) == (
+        130,
+        "zerocalc: interrupted; every spawned process was stopped\n",
+    )

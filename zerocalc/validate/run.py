@@ -1,0 +1,205 @@
+"""Orchestration of ``zerocalc validate``: which model, which backend, the configurations, their worlds.
+
+Each configuration (strategy × precision) is its own world of ``nproc`` ranks spawned by
+:func:`zerocalc.procs.spawn`, so one failing configuration is reported and the others still run. Under
+torchrun/srun every configuration runs in the launched world, one after the other, in one process group;
+rank 0 gets the report, the other ranks None. Every prediction is made before any rank starts, so bad
+input is refused up front. Imports torch only to count GPUs (and, under torchrun, in the worker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+
+from pydantic import ValidationError
+
+from zerocalc import procs
+from zerocalc.architecture import Architecture, count_parameters
+from zerocalc.errors import InputError
+from zerocalc.framework_states import RankStates
+from zerocalc.validate.compare import ConfigResult, ValidationReport, compare, predictions
+from zerocalc.validate.config import Job, Measured
+
+DEFAULT_MODEL = "gpt2"
+DEFAULT_SHRINK = {
+    "num_layers": 2,
+    "hidden_size": 63,
+    "num_heads": 3,
+    "intermediate_size": 252,
+    "vocab_size": 1001,
+}
+"""Without ``--model``: GPT-2 shrunk to 2 layers, hidden 63 (3 heads), MLP 252, vocabulary 1001: odd sizes,
+so FSDP1's padding, FSDP2's uneven rows and ZeroRedundancyOptimizer's uneven partition all show."""
+MAX_CPU_PARAMS = 200_000_000
+OPTION_FIELDS = {
+    "num_layers": "--layers",
+    "hidden_size": "--hidden",
+    "num_heads": "--heads",
+    "num_kv_heads": "--kv-heads",
+    "intermediate_size": "--ffn",
+    "vocab_size": "--vocab",
+}
+"""Architecture fields that can be overridden, and the options that do it."""
+
+OnResult = Callable[[ConfigResult, int, int], None]
+"""Called after each configuration with its result, how many are done and how many there are."""
+
+
+def resolve_architecture(model: str | None, overrides: dict[str, int]) -> Architecture:
+    """The preset or config.json with the size overrides (the shrunk GPT-2 without ``--model``)."""
+    from zerocalc.presets import load_model
+
+    arch, _ = load_model(model or DEFAULT_MODEL)
+    changes = dict(overrides) if model else {**DEFAULT_SHRINK, **overrides}
+    for name, value in changes.items():
+        if value < 1:
+            raise InputError(
+                f"{OPTION_FIELDS[name]} {procs.brief(value)} is not accepted; accepted: a whole number ≥ 1"
+            )
+    if not changes:
+        return arch
+    data = arch.model_dump()
+    if "hidden_size" in changes or "num_heads" in changes:
+        data["head_dim"] = None
+        hidden_size = changes.get("hidden_size", arch.hidden_size)
+        heads = changes.get("num_heads", arch.num_heads)
+        if hidden_size % heads:
+            raise InputError(
+                f"--hidden {hidden_size} is not a multiple of --heads {heads}; "
+                "accepted: hidden = heads × head dim"
+            )
+    kv = changes.get("num_kv_heads", data.get("num_kv_heads"))
+    if kv and changes.get("num_heads", arch.num_heads) % kv:
+        raise InputError(
+            f"{changes.get('num_heads', arch.num_heads)} heads are not a multiple of {kv} key/value heads; "
+            "accepted: --kv-heads dividing --heads"
+        )
+    data.update(changes)
+    data["name"] = f"{arch.name} (" + ", ".join(f"{OPTION_FIELDS[k]} {v}" for k, v in changes.items()) + ")"
+    try:
+        return Architecture.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InputError(f"the overridden architecture is not accepted: {first['msg']}") from None
+
+
+def visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def choose_backend(arch: Architecture, nproc: int | None, gpus: int) -> str:
+    """nccl with GPUs, else gloo; refuses a model too large for CPU and more ranks than the node runs
+    (``nproc`` None: the world is torchrun's/srun's)."""
+    backend = "nccl" if gpus > 0 else "gloo"
+    params = count_parameters(arch).total
+    if backend == "gloo" and params > MAX_CPU_PARAMS:
+        raise InputError(
+            f"{arch.name} has {params:,} parameters, too many to train on CPU ({MAX_CPU_PARAMS:,} at most); "
+            "accepted: size overrides such as --layers 2 --hidden 256 --vocab 1001"
+        )
+    if nproc is not None:
+        procs.check_nproc(nproc, gpus)
+    return backend
+
+
+def run_all(
+    arch: Architecture,
+    strategies: list[str],
+    precisions: list[str],
+    optimizer: str,
+    nproc: int | None,
+    timeout_s: float,
+    on_result: OnResult | None = None,
+) -> ValidationReport | None:
+    """Run every strategy × precision and compare; ``nproc`` None: in the torchrun/srun world (the report
+    on rank 0, None on the others), else ``nproc`` spawned ranks per configuration."""
+    procs.check_timeout(timeout_s)
+    backend = choose_backend(arch, nproc, visible_gpus())
+    if nproc is None:
+        from zerocalc.bench.topology import placement_from_env
+
+        world = placement_from_env().world_size
+    else:
+        world = nproc
+    jobs = [
+        Job(arch=arch, strategy=s, precision=p, optimizer=optimizer, backend=backend, timeout_s=timeout_s)
+        for s in strategies
+        for p in precisions
+    ]
+    preds = [predictions(arch, job.strategy, world, job.precision, optimizer) for job in jobs]
+    if nproc is None:
+        results = _run_launched(jobs, preds, world, on_result)
+        if results is None:
+            return None
+    else:
+        results = []
+        for job, pred in zip(jobs, preds, strict=True):
+            results.append(_run_spawned(job, pred, world))
+            if on_result is not None:
+                on_result(results[-1], len(results), len(jobs))
+    return ValidationReport(
+        model=arch.name,
+        architecture=arch,
+        parameters=count_parameters(arch).total,
+        world_size=world,
+        optimizer=optimizer,
+        backend=backend,
+        peak=(
+            "torch.cuda.max_memory_allocated per rank, compared with model states + unsharded parameters"
+            if backend == "nccl"
+            else "not measurable on CPU (torch.cpu has no allocator statistics; RSS is not a measure)"
+        ),
+        configs=results,
+        all_match=all(r.status == "match" for r in results),
+    )
+
+
+def _failed(job: Job, error: str, seconds: float | None = None) -> ConfigResult:
+    return ConfigResult(
+        strategy=job.strategy, precision=job.precision, status="failed", error=error, seconds=seconds
+    )
+
+
+def _measured(text: str) -> list[Measured]:
+    return [Measured.model_validate(m) for m in json.loads(text)]
+
+
+def _run_spawned(job: Job, preds: list[RankStates], world: int) -> ConfigResult:
+    """One configuration as its own world of ``world`` spawned ranks; a failure is its one line."""
+    start = time.monotonic()
+    try:
+        measured = procs.spawn(
+            "zerocalc.validate.worker", job.model_dump_json(), world, job.timeout_s, _measured
+        )
+    except procs.RanksFailed as exc:
+        return _failed(job, str(exc), round(time.monotonic() - start, 2))
+    return compare(job.strategy, job.precision, preds, measured, round(time.monotonic() - start, 2))
+
+
+def _run_launched(
+    jobs: list[Job], preds: list[list[RankStates]], world: int, on_result: OnResult | None
+) -> list[ConfigResult] | None:
+    """Every configuration in the torchrun/srun world, one process group; None on ranks other than 0."""
+    from zerocalc.validate import worker
+
+    rank0 = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
+    results: list[ConfigResult] = []
+
+    def done(index: int, outcome: worker.Outcome, seconds: float) -> None:
+        if not rank0:
+            return
+        job = jobs[index]
+        if outcome is None or isinstance(outcome, str):
+            results.append(_failed(job, outcome or "no figures came back", round(seconds, 2)))
+        else:
+            results.append(compare(job.strategy, job.precision, preds[index], outcome, round(seconds, 2)))
+        if on_result is not None:
+            on_result(results[-1], len(results), len(jobs))
+
+    worker.run_many(jobs, done)
+    return results if rank0 else None
