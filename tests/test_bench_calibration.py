@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("torch")
@@ -9,8 +12,9 @@ pytest.importorskip("torch")
 from zerocalc.bench.config import BenchConfig
 from zerocalc.bench.sweep import sweep_points
 from zerocalc.bench.worker import build_calibration
-from zerocalc.calibration import GroupKind, load_calibration, save_calibration
+from zerocalc.calibration import load_calibration, save_calibration
 from zerocalc.cli.bench import default_out_path
+from zerocalc.cluster import RankGroup
 from zerocalc.collectives import COLLECTIVES, Collective
 from zerocalc.dtypes import DType
 
@@ -29,7 +33,7 @@ def test_calibration_from_hand_made_times_round_trips(tmp_path, monkeypatch) -> 
     )
     alpha, beta = 10e-6, 5e9
     rows, times = [], []
-    for kind, n in ((GroupKind.WORLD, 4), (GroupKind.INTRA_NODE, 2), (GroupKind.INTER_NODE, 2)):
+    for kind, n in ((RankGroup.WORLD, 4), (RankGroup.NODE, 2), (RankGroup.ACROSS_NODES, 2)):
         for c in config.collectives:
             for p in sweep_points(c, n, 2, config.min_bytes, config.max_bytes, config.step_factor):
                 rows.append((kind, n, c, p))
@@ -54,9 +58,25 @@ def test_calibration_from_hand_made_times_round_trips(tmp_path, monkeypatch) -> 
     for fit in cal.fits:
         assert fit.latency_s == pytest.approx(alpha, rel=1e-6)
         assert fit.bus_bandwidth_Bps == pytest.approx(beta, rel=1e-6)
-    assert cal.fit_for(Collective.ALL_GATHER, GroupKind.INTER_NODE) is not None
+    assert cal.fit_for(Collective.ALL_GATHER, RankGroup.ACROSS_NODES) is not None
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     path = default_out_path(cal)
     assert path.parent == tmp_path / "zerocalc" and path.name.startswith("calibration-gloo-4xtest-cpu-")
     save_calibration(cal, path)
     assert load_calibration(path) == cal
+
+
+def test_a_schema_1_calibration_is_read_with_its_old_group_names(tmp_path: Path) -> None:
+    """Schema 1 named one node's groups ``intra_node`` and one-rank-per-node groups ``inter_node``."""
+    fit = {
+        "collective": "all_reduce", "group_kind": "inter_node", "group_size": 2, "latency_s": 1e-5,
+        "bus_bandwidth_Bps": 4e10, "peak_busbw_Bps": 3.9e10, "points": 3,
+    }  # fmt: skip
+    old = {
+        "schema_version": 1, "created_at": "2026-11-01T00:00:00+00:00", "backend": "nccl",
+        "device_name": "H100", "torch_version": "2.5", "world_size": 16, "nodes": 2, "gpus_per_node": 8,
+        "dtype": "bf16", "measurements": [], "fits": [fit, {**fit, "group_kind": "intra_node"}],
+    }  # fmt: skip
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    calibration = load_calibration(tmp_path / "old.json")
+    assert [f.group_kind for f in calibration.fits] == [RankGroup.ACROSS_NODES, RankGroup.NODE]

@@ -20,7 +20,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from zerocalc.calibration import GroupKind, load_calibration
+from zerocalc.calibration import load_calibration
+from zerocalc.cluster import RankGroup
 from zerocalc.collectives import COLLECTIVES, Collective
 
 pytestmark = pytest.mark.slow
@@ -76,7 +77,7 @@ def test_spawned_world_of_two_runs_every_collective_and_passes_check(
     assert f"calibration written to {out}" in result.stderr
     assert (cal.backend, cal.world_size, cal.nodes, cal.gpus_per_node, cal.dtype) == ("gloo", 2, 1, 2, "bf16")
     assert {m.collective for m in cal.measurements} == set(Collective)
-    assert {m.group_kind for m in cal.measurements} == {GroupKind.WORLD}
+    assert {m.group_kind for m in cal.measurements} == {RankGroup.WORLD}
     for m in cal.measurements:
         assert m.errors == 0, m
         assert m.time_s > 0
@@ -179,7 +180,7 @@ def test_two_simulated_nodes_measure_intra_and_inter_node_groups(tmp_path: Path)
     cal = load_calibration(out)
     assert (cal.world_size, cal.nodes, cal.gpus_per_node) == (4, 2, 2)
     kinds = {(f.group_kind, f.group_size) for f in cal.fits}
-    assert kinds == {(GroupKind.WORLD, 4), (GroupKind.INTRA_NODE, 2), (GroupKind.INTER_NODE, 2)}
+    assert kinds == {(RankGroup.WORLD, 4), (RankGroup.NODE, 2), (RankGroup.ACROSS_NODES, 2)}
     assert len(cal.fits) == 9  # 3 collectives × 3 group kinds
     assert all(m.errors == 0 for m in cal.measurements)
 
@@ -290,7 +291,7 @@ def test_a_measured_calibration_drives_comm_times(
             after["total_bytes_per_gpu"] == before["total_bytes_per_gpu"]
         )  # bytes do not depend on bandwidth
         for c in after["collectives"]:
-            fit = cal.fit_for(Collective(c["op"]), GroupKind.WORLD)
+            fit = cal.fit_for(Collective(c["op"]), RankGroup.WORLD)
             assert fit is not None and c["bandwidth_source"] == "calibration"
             assert c["time_s"] == pytest.approx(
                 fit.latency_s + c["bytes_sent_per_gpu"] / fit.bus_bandwidth_Bps

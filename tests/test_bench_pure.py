@@ -20,8 +20,8 @@ from zerocalc.bench.topology import launched_by, node_groups, placement_from_env
 from zerocalc.calibration import (
     Calibration,
     CollectiveFit,
-    GroupKind,
     Measurement,
+    RankGroup,
     load_calibration,
     save_calibration,
 )
@@ -253,14 +253,14 @@ def test_missing_torch_is_one_line(no_ranks: list[dict], monkeypatch: pytest.Mon
 def _calibration(device: str = "Test CPU") -> Calibration:
     rows = [
         Measurement(
-            collective=Collective.ALL_REDUCE, group_kind=GroupKind.WORLD, group_size=2, size_bytes=s,
+            collective=Collective.ALL_REDUCE, group_kind=RankGroup.WORLD, group_size=2, size_bytes=s,
             count=s // 2, dtype="bf16", time_s=1e-5 + s / 1e9, algbw_Bps=s / (1e-5 + s / 1e9),
             busbw_Bps=s / (1e-5 + s / 1e9), errors=0,
         )
         for s in (1024, 4096)
     ]  # fmt: skip
     fit = CollectiveFit(
-        collective=Collective.ALL_REDUCE, group_kind=GroupKind.WORLD, group_size=2, latency_s=1e-5,
+        collective=Collective.ALL_REDUCE, group_kind=RankGroup.WORLD, group_size=2, latency_s=1e-5,
         bus_bandwidth_Bps=1e9, peak_busbw_Bps=rows[-1].busbw_Bps, points=2,
     )  # fmt: skip
     return Calibration(
@@ -348,7 +348,7 @@ def _fit_json(beta: str) -> str:
 @pytest.mark.parametrize(
     ("content", "fragment"),
     [
-        (None, "--calibration '' is empty; accepted: a file written by `zerocalc bench`"),
+        (None, "calibration '' is empty; accepted: a file written by `zerocalc bench`"),
         (b"\xff\xfe{}", "is not UTF-8 text (byte 0); accepted: a file written by `zerocalc bench`"),
         (b"{not json", "is not a zerocalc calibration (file: Invalid JSON"),
         (_fit_json("1e400").encode(), "(fits.0.bus_bandwidth_Bps: Input should be a finite number)"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from zerocalc.api import estimate_comm
-from zerocalc.calibration import Calibration, CollectiveFit, GroupKind, save_calibration
+from zerocalc.calibration import Calibration, CollectiveFit, save_calibration
 from zerocalc.cluster import RankGroup
 from zerocalc.collectives import COLLECTIVES, Collective
 from zerocalc.errors import InputError
@@ -111,7 +111,7 @@ def test_compute_side_6_psi_t_over_n_f() -> None:
 
 def test_calibration_fits_replace_the_defaults(tmp_path) -> None:
     fit = CollectiveFit(
-        collective=Collective.ALL_REDUCE, group_kind=GroupKind.WORLD, group_size=8,
+        collective=Collective.ALL_REDUCE, group_kind=RankGroup.WORLD, group_size=8,
         latency_s=5e-5, bus_bandwidth_Bps=120e9, peak_busbw_Bps=118e9, points=10,
     )  # fmt: skip
     cal = Calibration(

@@ -8,27 +8,24 @@ the bus bandwidth in bytes per second (nccl-tests ``doc/PERFORMANCE.md``; ``fact
 
 from __future__ import annotations
 
-from enum import StrEnum
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from zerocalc.atomic import write_text_atomic
+from zerocalc.cluster import RankGroup
 from zerocalc.collectives import Collective
-from zerocalc.errors import InputError
+from zerocalc.errors import InputError, shown
 
-CALIBRATION_SCHEMA_VERSION = 1
+CALIBRATION_SCHEMA_VERSION = 2
+"""2: groups are named as everywhere else (``world``, ``node``, ``across_nodes``)."""
+READABLE_SCHEMA_VERSIONS = (1, 2)
+_VERSION_1_GROUPS = {"intra_node": RankGroup.NODE.value, "inter_node": RankGroup.ACROSS_NODES.value}
+"""Schema 1 called the groups of one node ``intra_node`` and those of one rank per node ``inter_node``."""
 
-
-class GroupKind(StrEnum):
-    """Which ranks a measured (or modelled) collective runs over."""
-
-    WORLD = "world"
-    """All ranks of the run."""
-    INTRA_NODE = "intra_node"
-    """The ranks of one node (NVLink/PCIe, or shared memory on CPU)."""
-    INTER_NODE = "inter_node"
-    """One rank per node (the network)."""
+MeasuredGroup = Annotated[RankGroup, BeforeValidator(lambda name: _VERSION_1_GROUPS.get(name, name))]
+"""The ranks a collective was measured over: all (world), one node's, or one per node (across nodes)."""
 
 
 class _Finite(BaseModel):
@@ -41,7 +38,7 @@ class Measurement(_Finite):
     """One row of a sweep, as nccl-tests prints it."""
 
     collective: Collective
-    group_kind: GroupKind
+    group_kind: MeasuredGroup
     group_size: int = Field(ge=1)
     size_bytes: int = Field(ge=0, description="S, bytes of the whole array (nccl-tests' convention)")
     count: int = Field(ge=0, description="elements of the whole array")
@@ -56,7 +53,7 @@ class CollectiveFit(_Finite):
     """t = α + factor(n)·S / β fitted over a sweep by least squares."""
 
     collective: Collective
-    group_kind: GroupKind
+    group_kind: MeasuredGroup
     group_size: int = Field(ge=1)
     latency_s: float = Field(ge=0, description="α")
     bus_bandwidth_Bps: float = Field(gt=0, description="β")
@@ -78,7 +75,7 @@ class Calibration(_Finite):
     measurements: list[Measurement]
     fits: list[CollectiveFit]
 
-    def fit_for(self, collective: Collective, group_kind: GroupKind) -> CollectiveFit | None:
+    def fit_for(self, collective: Collective, group_kind: MeasuredGroup) -> CollectiveFit | None:
         return next((f for f in self.fits if f.collective is collective and f.group_kind is group_kind), None)
 
 
@@ -88,30 +85,33 @@ def save_calibration(calibration: Calibration, path: str | Path) -> Path:
 
 
 def load_calibration(path: str | Path) -> Calibration:
-    """Read and validate a calibration; any problem is one :class:`InputError` line naming the file."""
+    """Read and validate a calibration; any problem is one :class:`InputError` line naming the file.
+
+    Schema 1 files (groups named ``intra_node``/``inter_node``) are read as well.
+    """
     accepted = "accepted: a file written by `zerocalc bench`"
     if str(path) == "":
-        raise InputError(f"--calibration '' is empty; {accepted}")
+        raise InputError(f"{{calibration}} '' is empty; {accepted}")
     file = Path(path)
+    name = shown(str(file))
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
-        raise InputError(f"--calibration {str(file)!r} cannot be read ({exc.strerror or exc})") from exc
+        raise InputError(f"{{calibration}} {name} cannot be read ({exc.strerror or exc})") from exc
     except UnicodeDecodeError as exc:
-        raise InputError(
-            f"--calibration {str(file)!r} is not UTF-8 text (byte {exc.start}); {accepted}"
-        ) from exc
+        raise InputError(f"{{calibration}} {name} is not UTF-8 text (byte {exc.start}); {accepted}") from exc
     try:
         calibration = Calibration.model_validate_json(text)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "file"
         raise InputError(
-            f"--calibration {str(file)!r} is not a zerocalc calibration ({where}: {first['msg']}); {accepted}"
+            f"{{calibration}} {name} is not a zerocalc calibration ({where}: {shown(first['msg'])[1:-1]}); "
+            f"{accepted}"
         ) from exc
-    if calibration.schema_version != CALIBRATION_SCHEMA_VERSION:
+    if calibration.schema_version not in READABLE_SCHEMA_VERSIONS:
         raise InputError(
-            f"--calibration {str(file)!r} has schema_version {calibration.schema_version}; "
-            f"accepted: {CALIBRATION_SCHEMA_VERSION}"
+            f"{{calibration}} {name} has schema_version {calibration.schema_version}; "
+            f"accepted: {', '.join(map(str, READABLE_SCHEMA_VERSIONS))}"
         )
     return calibration

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from zerocalc.calibration import Calibration, GroupKind
+from zerocalc.calibration import Calibration
 from zerocalc.cluster import Cluster, RankGroup
 from zerocalc.collectives import COLLECTIVES, Collective
 from zerocalc.dtypes import DType
@@ -145,9 +145,9 @@ def _figures_for(
     """The calibration's fit for this collective and kind of group if it has one, else the link figures."""
     if calibration is not None:
         if spans_nodes:
-            kinds = (GroupKind.INTER_NODE, GroupKind.WORLD) if calibration.nodes > 1 else ()
+            kinds = (RankGroup.ACROSS_NODES, RankGroup.WORLD) if calibration.nodes > 1 else ()
         else:
-            kinds = (GroupKind.INTRA_NODE,) + ((GroupKind.WORLD,) if calibration.nodes == 1 else ())
+            kinds = (RankGroup.NODE,) + ((RankGroup.WORLD,) if calibration.nodes == 1 else ())
         for kind in kinds:
             fit = calibration.fit_for(op, kind)
             if fit is not None:

@@ -14,8 +14,6 @@ the keyword names of :mod:`zerocalc.api`; the CLI shows its flags instead (:mod:
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from zerocalc.activations import Recompute
@@ -466,13 +464,9 @@ def _calibration(
 ) -> tuple[Calibration | None, str | None]:
     if calibration is None or isinstance(calibration, Calibration):
         return calibration, (name or "calibration") if calibration is not None else None
-    if not calibration.strip():
-        raise InputError(
-            "{calibration} '' names no file; accepted: a calibration file written by `zerocalc bench`"
-        )
     from zerocalc.calibration import load_calibration
 
-    return load_calibration(Path(calibration)), name or str(calibration)
+    return load_calibration(calibration), name or str(calibration)
 
 
 def _normalise(text: str) -> str:

@@ -34,7 +34,8 @@ from zerocalc.bench.config import TEST_EXIT_ENV, TEST_HANG_ENV, BenchConfig
 from zerocalc.bench.fit import fit_alpha_beta
 from zerocalc.bench.sweep import SweepPoint, host_available_bytes, memory_problem, sweep_points
 from zerocalc.bench.topology import Placement, node_groups, placement_from_env, rendezvous_env
-from zerocalc.calibration import Calibration, CollectiveFit, GroupKind, Measurement
+from zerocalc.calibration import Calibration, CollectiveFit, Measurement
+from zerocalc.cluster import RankGroup
 from zerocalc.collectives import COLLECTIVES, Collective
 from zerocalc.errors import InputError
 
@@ -238,11 +239,11 @@ def _measure(config: BenchConfig, placement: Placement, device: Any) -> Calibrat
     topo = node_groups(gathered)
 
     # (kind, group handle this rank is in, its ranks), every rank creating every group in the same order.
-    plans: list[tuple[GroupKind, Any, list[int]]] = [(GroupKind.WORLD, None, list(range(world)))]
+    plans: list[tuple[RankGroup, Any, list[int]]] = [(RankGroup.WORLD, None, list(range(world)))]
     if topo.nodes > 1 and topo.ranks_per_node > 0:
         for kind, groups in (
-            (GroupKind.INTRA_NODE, topo.intra_node),
-            (GroupKind.INTER_NODE, topo.inter_node),
+            (RankGroup.NODE, topo.intra_node),
+            (RankGroup.ACROSS_NODES, topo.inter_node),
         ):
             mine = None
             for ranks in groups:
@@ -253,7 +254,7 @@ def _measure(config: BenchConfig, placement: Placement, device: Any) -> Calibrat
                 plans.append((kind, *mine))
 
     dtype = getattr(torch, config.dtype.torch_name)
-    rows: list[tuple[GroupKind, int, Collective, SweepPoint]] = []
+    rows: list[tuple[RankGroup, int, Collective, SweepPoint]] = []
     for kind, _, ranks in plans:
         for collective in config.collectives:
             for point in sweep_points(
@@ -319,7 +320,7 @@ def _measure(config: BenchConfig, placement: Placement, device: Any) -> Calibrat
 
 def build_calibration(
     config: BenchConfig,
-    rows: list[tuple[GroupKind, int, Collective, SweepPoint]],
+    rows: list[tuple[RankGroup, int, Collective, SweepPoint]],
     times: list[float],
     wrong: list[float],
     *,

@@ -272,8 +272,8 @@ def finish(config: BenchConfig, calibration: Calibration) -> None:
 def render_calibration(calibration: Calibration, checked: bool) -> None:
     from rich.table import Table
 
-    from zerocalc.calibration import GroupKind
     from zerocalc.cli.render import console
+    from zerocalc.cluster import RankGroup
     from zerocalc.collectives import COLLECTIVES
 
     out = console()
@@ -345,5 +345,5 @@ def render_calibration(calibration: Calibration, checked: bool) -> None:
             else f"[red]--check: {total} wrong elements[/red]"
         )
     kinds = {f.group_kind for f in calibration.fits}
-    if calibration.nodes > 1 and GroupKind.INTER_NODE not in kinds:
+    if calibration.nodes > 1 and RankGroup.ACROSS_NODES not in kinds:
         out.print("[yellow]· nodes run different numbers of ranks: only the world was measured[/yellow]")
