@@ -79,7 +79,7 @@ def validate(
         raise fail(NEEDS_TORCH)
     from zerocalc.bench.topology import launched_by
     from zerocalc.framework_states import OPTIMIZERS, PRECISIONS
-    from zerocalc.validate.config import STRATEGIES
+    from zerocalc.validate.config import STRATEGIES, check_buildable
 
     overrides = {
         "num_layers": layers,
@@ -90,6 +90,7 @@ def validate(
         "vocab_size": vocab,
     }
     arch = resolve_architecture(model, {k: v for k, v in overrides.items() if v is not None})
+    check_buildable(arch)
     chosen = _parse_list(strategies, "--strategies", tuple(STRATEGIES), allow_all=True)
     recipes = _parse_list(precision, "--precision", PRECISIONS, allow_all=False)
     opt = optimizer.strip().lower()

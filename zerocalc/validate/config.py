@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from zerocalc.architecture import Architecture
+from zerocalc.errors import InputError
 from zerocalc.framework_states import Framework, Sharding
 
 OUT_ENV = "ZEROCALC_VALIDATE_OUT"
@@ -26,6 +27,18 @@ STRATEGIES: dict[str, tuple[Framework, Sharding | None, bool]] = {
     "fsdp2-no-reshard": (Framework.FSDP2, None, False),
 }
 """Strategy names of ``--strategies`` → (framework, FSDP1 sharding, FSDP2 reshard_after_forward)."""
+
+
+def check_buildable(arch: Architecture) -> None:
+    """Refuse, in one line, an architecture the real model of ``zerocalc/validate/model.py`` cannot build:
+    it builds the classic dense pre-norm blocks (separate q/k/v/o projections, one MLP) only."""
+    features = arch.beyond_classic_block()
+    if features:
+        raise InputError(
+            f"{arch.name} has {', '.join(features)}; zerocalc validate builds dense pre-norm blocks with "
+            "separate q/k/v/o projections only; accepted: a GPT-2/3, Llama, Mistral or Qwen2 model "
+            "(gpt2, llama-3-8b, mistral-7b, qwen2.5-7b, ... or their config.json)"
+        )
 
 
 class Job(BaseModel):
