@@ -1,20 +1,31 @@
 """Transformer architectures and their exact parameter counts.
 
-The count is derived from one list of parameter tensors per layer (:func:`layer_tensors`), the way the
-Hugging Face implementations (``GPT2Model``, ``LlamaForCausalLM``, ``MistralForCausalLM``,
-``MixtralForCausalLM``, ``Qwen2ForCausalLM``) declare them, so totals, the largest module and the
-largest block all come from the same fact:
+The count is derived from one list of parameter tensors per block (:func:`layer_tensors`), laid out as the
+Hugging Face implementations of ``transformers`` 5.17 declare them (``models/<family>/modeling_<family>.py``:
+``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``MistralForCausalLM``, ``MixtralForCausalLM``,
+``Qwen2ForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``, ``Phi3ForCausalLM``, ``Qwen3ForCausalLM``,
+``Qwen3MoeForCausalLM``, ``Qwen2MoeForCausalLM``, ``DeepseekV3ForCausalLM``, ``Olmo2ForCausalLM``,
+``FalconForCausalLM``, ``GPTNeoXForCausalLM``), so totals, the largest module and the largest block all come
+from the same fact:
 
 * embeddings V·d (+ P·d learned positions); LM head V·d unless tied to the embedding;
-* attention: q d·(a·h_d), k and v d·(kv·h_d) each, o (a·h_d)·d, biases where the family has them
-  (GPT-2 all, Qwen2 q/k/v only, Llama/Mistral none);
-* MLP: GELU d·f + f·d (+ f + d biases); SwiGLU gate, up d·f and down f·d;
-* mixture of experts: a router d·E and E experts (and shared experts) each a full MLP;
-* norms: LayerNorm weight and bias, RMSNorm weight only; two per layer plus the final one.
+* attention: q d·(a·h_d), k and v d·(kv·h_d) each, o (a·h_d)·d, biases where the family has them; or one
+  fused q/k/v projection of the same rows (Phi-3 ``qkv_proj``, Falcon and GPT-NeoX ``query_key_value``);
+  q/k norms per head (Qwen3, Gemma 3) or over all heads (OLMo 2); or multi-head latent attention
+  (DeepSeek-V3, :class:`LatentAttention`);
+* MLP: GELU d·f + f·d (+ f + d biases); gated (SwiGLU, Gemma's GeGLU) gate, up d·f and down f·d, or gate and
+  up fused in one 2f·d projection (Phi-3 ``gate_up_proj``);
+* mixture of experts (transformers 5.x layout): a router E·d, **one** experts module holding every expert's
+  weights as 3-D parameters (``gate_up_proj`` E·2f·d, ``down_proj`` E·d·f), optional shared experts (one
+  MLP of the summed width, Qwen2-MoE's with a 1·d gate), and dense MLP layers where the config says so
+  (DeepSeek-V3 ``first_k_dense_replace``, Qwen ``decoder_sparse_step`` / ``mlp_only_layers``);
+* norms: LayerNorm weight and bias, RMSNorm weight only; per block as :class:`BlockLayout` places them,
+  plus the final one.
 """
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -22,9 +33,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 class MlpKind(StrEnum):
     GELU = "gelu"
-    """Two matrices h → f → h (GPT-2, GPT-3)."""
+    """Two matrices h → f → h (GPT-2, GPT-3, Falcon, GPT-NeoX)."""
     SWIGLU = "swiglu"
-    """Three matrices: gate and up h → f, down f → h (Llama, Mistral, Qwen2, Mixtral experts)."""
+    """Gated, three matrices: gate and up h → f, down f → h (Llama, Mistral, Qwen, Phi-3, DeepSeek; Gemma's
+    GeGLU has the same tensors)."""
 
 
 class NormKind(StrEnum):
@@ -32,6 +44,66 @@ class NormKind(StrEnum):
     """Weight and bias."""
     RMSNORM = "rmsnorm"
     """Weight only."""
+
+
+class BlockLayout(StrEnum):
+    """Where a block's hidden-size norms sit and how its residual adds up."""
+
+    PRE_NORM = "pre_norm"
+    """x + attn(n1(x)), then + mlp(n2(x)): Llama, GPT-2, Falcon with ``parallel_attn`` false."""
+    SANDWICH_NORM = "sandwich_norm"
+    """A norm before and after attention and before and after the MLP (4): Gemma 2, Gemma 3."""
+    POST_NORM = "post_norm"
+    """x + n1(attn(x)), then + n2(mlp(x)): OLMo 2."""
+    PARALLEL = "parallel"
+    """x + attn(n1(x)) + mlp(n2(x)): GPT-NeoX ``use_parallel_residual``, Falcon with two parallel norms."""
+    PARALLEL_SHARED_NORM = "parallel_shared_norm"
+    """x + attn(n(x)) + mlp(n(x)), one norm: Falcon-7B (``parallel_attn``, one layer norm)."""
+
+
+# per layout: the norms before attention, after attention, before the MLP, after the MLP
+_BLOCK_NORMS: dict[BlockLayout, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+    BlockLayout.PRE_NORM: (("input_norm",), (), ("post_attention_norm",), ()),
+    BlockLayout.SANDWICH_NORM: (
+        ("input_norm",),
+        ("post_attention_norm",),
+        ("pre_feedforward_norm",),
+        ("post_feedforward_norm",),
+    ),
+    BlockLayout.POST_NORM: ((), ("post_attention_norm",), (), ("post_feedforward_norm",)),
+    BlockLayout.PARALLEL: (("attn_norm",), (), ("mlp_norm",), ()),
+    BlockLayout.PARALLEL_SHARED_NORM: (("input_norm",), (), (), ()),
+}
+
+
+class QkNorm(StrEnum):
+    NONE = "none"
+    PER_HEAD = "per_head"
+    """q_norm and k_norm over h_d, shared by the heads (Qwen3, Qwen3-MoE, Gemma 3)."""
+    FULL = "full"
+    """q_norm over a·h_d and k_norm over kv·h_d (OLMo 2)."""
+
+
+class LatentAttention(BaseModel):
+    """Multi-head latent attention (``DeepseekV3Attention``, models/deepseek_v3/modeling_deepseek_v3.py).
+
+    q: ``q_proj`` d → a·(nope + rope), or with a q rank ``q_a_proj`` d → r_q, ``q_a_layernorm`` r_q and
+    ``q_b_proj`` r_q → a·(nope + rope); k/v: ``kv_a_proj_with_mqa`` d → r_kv + rope, ``kv_a_layernorm``
+    r_kv, ``kv_b_proj`` r_kv → a·(nope + v); out: ``o_proj`` a·v → d. ``attention_bias`` adds biases to
+    ``q_a_proj``, ``kv_a_proj_with_mqa`` (``qkv_bias``) and ``o_proj`` (``out_bias``) only.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    q_lora_rank: int | None = Field(default=None, gt=0, description="r_q; None: a plain q_proj")
+    kv_lora_rank: int = Field(gt=0, description="r_kv")
+    qk_nope_head_dim: int = Field(gt=0)
+    qk_rope_head_dim: int = Field(gt=0)
+    v_head_dim: int = Field(gt=0)
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
 class Architecture(BaseModel):
@@ -55,10 +127,24 @@ class Architecture(BaseModel):
     tied_embeddings: bool = False
     max_position_embeddings: int = Field(default=0, ge=0, description="P, for learned position embeddings")
     learned_position_embeddings: bool = False
-    num_experts: int = Field(default=0, ge=0, description="routed experts per layer (0: dense)")
+    num_experts: int = Field(default=0, ge=0, description="routed experts per MoE layer (0: dense)")
     experts_per_token: int = Field(default=0, ge=0)
-    num_shared_experts: int = Field(default=0, ge=0)
-    shared_expert_intermediate_size: int | None = Field(default=None, gt=0)
+    num_shared_experts: int = Field(
+        default=0, ge=0, description="one MLP of the shared experts' summed width"
+    )
+    shared_expert_intermediate_size: int | None = Field(
+        default=None, gt=0, description="width of one shared expert; f if unset"
+    )
+    shared_expert_gate: bool = Field(default=False, description="a d → 1 gate on the shared experts")
+    dense_layers: tuple[int, ...] = Field(default=(), description="MoE models: the layers with a dense MLP")
+    dense_intermediate_size: int | None = Field(
+        default=None, gt=0, description="width of the dense layers' MLP in an MoE model; f if unset"
+    )
+    block_layout: BlockLayout = BlockLayout.PRE_NORM
+    fused_qkv: bool = Field(default=False, description="one (a + 2·kv)·h_d × d projection")
+    fused_gate_up: bool = Field(default=False, description="gated MLP: gate and up as one 2f × d projection")
+    qk_norm: QkNorm = QkNorm.NONE
+    latent_attention: LatentAttention | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Architecture:
@@ -66,10 +152,26 @@ class Architecture(BaseModel):
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.kv_heads}")
         if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
             raise ValueError("experts_per_token must be between 1 and num_experts")
-        if not self.num_experts and (self.experts_per_token or self.num_shared_experts):
-            raise ValueError("experts_per_token/num_shared_experts need num_experts > 0")
+        if not self.num_experts and (
+            self.experts_per_token or self.num_shared_experts or self.dense_layers or self.shared_expert_gate
+        ):
+            raise ValueError("experts_per_token, shared experts and dense_layers need num_experts > 0")
+        if self.num_experts and self.mlp_bias:
+            raise ValueError("experts hold no biases in transformers 5.x; mlp_bias needs a dense model")
+        if self.shared_expert_gate and not self.num_shared_experts:
+            raise ValueError("shared_expert_gate needs num_shared_experts > 0")
+        if len(set(self.dense_layers)) != len(self.dense_layers) or any(
+            not 0 <= i < self.num_layers for i in self.dense_layers
+        ):
+            raise ValueError(f"dense_layers must be distinct layer indices from 0 to {self.num_layers - 1}")
+        if self.num_experts and len(self.dense_layers) == self.num_layers:
+            raise ValueError("every layer is dense: set num_experts to 0")
         if self.learned_position_embeddings and not self.max_position_embeddings:
             raise ValueError("learned_position_embeddings needs max_position_embeddings")
+        if self.fused_gate_up and self.mlp is not MlpKind.SWIGLU:
+            raise ValueError("fused_gate_up needs a gated (swiglu) MLP")
+        if self.latent_attention is not None and (self.fused_qkv or self.qk_norm is not QkNorm.NONE):
+            raise ValueError("latent_attention has its own projections and norms (no fused_qkv, no qk_norm)")
         return self
 
     @property
@@ -83,6 +185,28 @@ class Architecture(BaseModel):
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether block ``index`` routes its tokens to experts (else it has a dense MLP)."""
+        return self.is_moe and index not in self.dense_layers
+
+    def beyond_classic_block(self) -> list[str]:
+        """What this architecture has beyond the blocks of GPT-2/3, Llama, Mistral and Qwen2 (pre-norm,
+        separate q/k/v/o, one dense MLP): the features ``zerocalc validate`` does not build."""
+        features = []
+        if self.is_moe:
+            features.append("mixture-of-experts layers")
+        if self.latent_attention is not None:
+            features.append("multi-head latent attention")
+        if self.block_layout is not BlockLayout.PRE_NORM:
+            features.append(f"{self.block_layout.value} block")
+        if self.qk_norm is not QkNorm.NONE:
+            features.append("q/k norms")
+        if self.fused_qkv:
+            features.append("fused q/k/v projection")
+        if self.fused_gate_up:
+            features.append("fused gate/up projection")
+        return features
 
 
 class ParamTensor(BaseModel):
@@ -109,10 +233,11 @@ def _linear(module: str, d_in: int, d_out: int, bias: bool) -> list[ParamTensor]
     return tensors
 
 
-def _norm(module: str, arch: Architecture) -> list[ParamTensor]:
-    tensors = [ParamTensor(module=module, name="weight", shape=(arch.hidden_size,))]
+def _norm(module: str, arch: Architecture, dim: int | None = None) -> list[ParamTensor]:
+    width = dim or arch.hidden_size
+    tensors = [ParamTensor(module=module, name="weight", shape=(width,))]
     if arch.norm is NormKind.LAYERNORM:
-        tensors.append(ParamTensor(module=module, name="bias", shape=(arch.hidden_size,)))
+        tensors.append(ParamTensor(module=module, name="bias", shape=(width,)))
     return tensors
 
 
@@ -120,36 +245,81 @@ def _mlp(prefix: str, arch: Architecture, width: int) -> list[ParamTensor]:
     d, bias = arch.hidden_size, arch.mlp_bias
     if arch.mlp is MlpKind.GELU:
         return _linear(f"{prefix}.fc_in", d, width, bias) + _linear(f"{prefix}.fc_out", width, d, bias)
-    return (
-        _linear(f"{prefix}.gate_proj", d, width, bias)
-        + _linear(f"{prefix}.up_proj", d, width, bias)
-        + _linear(f"{prefix}.down_proj", width, d, bias)
-    )
+    if arch.fused_gate_up:
+        up = _linear(f"{prefix}.gate_up_proj", d, 2 * width, bias)
+    else:
+        up = _linear(f"{prefix}.gate_proj", d, width, bias) + _linear(f"{prefix}.up_proj", d, width, bias)
+    return up + _linear(f"{prefix}.down_proj", width, d, bias)
+
+
+def _experts(module: str, arch: Architecture) -> list[ParamTensor]:
+    """Every routed expert of one layer as one module of 3-D parameters (transformers 5.x
+    ``MixtralExperts``, ``Qwen3MoeExperts``, ``Qwen2MoeExperts``, ``DeepseekV3Experts``)."""
+    e, d, f = arch.num_experts, arch.hidden_size, arch.intermediate_size
+    if arch.mlp is MlpKind.GELU:
+        up = ParamTensor(module=module, name="fc_in", shape=(e, f, d))
+        return [up, ParamTensor(module=module, name="fc_out", shape=(e, d, f))]
+    gate_up = ParamTensor(module=module, name="gate_up_proj", shape=(e, 2 * f, d))
+    return [gate_up, ParamTensor(module=module, name="down_proj", shape=(e, d, f))]
+
+
+def _attention(prefix: str, arch: Architecture) -> list[ParamTensor]:
+    d, hd = arch.hidden_size, arch.dim_per_head
+    mla = arch.latent_attention
+    if mla is not None:
+        q_width = arch.num_heads * mla.qk_head_dim
+        if mla.q_lora_rank is None:
+            tensors = _linear(f"{prefix}.q_proj", d, q_width, False)
+        else:
+            tensors = _linear(f"{prefix}.q_a_proj", d, mla.q_lora_rank, arch.qkv_bias)
+            tensors += _norm(f"{prefix}.q_a_norm", arch, mla.q_lora_rank)
+            tensors += _linear(f"{prefix}.q_b_proj", mla.q_lora_rank, q_width, False)
+        tensors += _linear(f"{prefix}.kv_a_proj", d, mla.kv_lora_rank + mla.qk_rope_head_dim, arch.qkv_bias)
+        tensors += _norm(f"{prefix}.kv_a_norm", arch, mla.kv_lora_rank)
+        kv_width = arch.num_heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+        tensors += _linear(f"{prefix}.kv_b_proj", mla.kv_lora_rank, kv_width, False)
+        return tensors + _linear(f"{prefix}.o_proj", arch.num_heads * mla.v_head_dim, d, arch.out_bias)
+    q_width, kv_width = arch.num_heads * hd, arch.kv_heads * hd
+    if arch.fused_qkv:
+        tensors = _linear(f"{prefix}.qkv_proj", d, q_width + 2 * kv_width, arch.qkv_bias)
+    else:
+        tensors = _linear(f"{prefix}.q_proj", d, q_width, arch.qkv_bias)
+        tensors += _linear(f"{prefix}.k_proj", d, kv_width, arch.qkv_bias)
+        tensors += _linear(f"{prefix}.v_proj", d, kv_width, arch.qkv_bias)
+    if arch.qk_norm is QkNorm.PER_HEAD:
+        tensors += _norm(f"{prefix}.q_norm", arch, hd) + _norm(f"{prefix}.k_norm", arch, hd)
+    elif arch.qk_norm is QkNorm.FULL:
+        tensors += _norm(f"{prefix}.q_norm", arch, q_width) + _norm(f"{prefix}.k_norm", arch, kv_width)
+    return tensors + _linear(f"{prefix}.o_proj", q_width, d, arch.out_bias)
+
+
+def _feed_forward(prefix: str, arch: Architecture, moe: bool) -> list[ParamTensor]:
+    d = arch.hidden_size
+    if not moe:
+        return _mlp(f"{prefix}.mlp", arch, arch.dense_intermediate_size or arch.intermediate_size)
+    tensors = _linear(f"{prefix}.moe.router", d, arch.num_experts, False)
+    tensors += _experts(f"{prefix}.moe.experts", arch)
+    if arch.num_shared_experts:
+        width = arch.num_shared_experts * (arch.shared_expert_intermediate_size or arch.intermediate_size)
+        tensors += _mlp(f"{prefix}.moe.shared_experts", arch, width)
+    if arch.shared_expert_gate:
+        tensors += _linear(f"{prefix}.moe.shared_expert_gate", d, 1, False)
+    return tensors
 
 
 def layer_tensors(arch: Architecture, index: int = 0) -> list[ParamTensor]:
-    """The parameter tensors of transformer block ``index`` (all blocks are alike)."""
+    """The parameter tensors of transformer block ``index``, every module named ``layers.<index>.…``."""
     p = f"layers.{index}"
-    d, q_width, kv_width = (
-        arch.hidden_size,
-        arch.num_heads * arch.dim_per_head,
-        arch.kv_heads * arch.dim_per_head,
-    )
-    tensors = _norm(f"{p}.input_norm", arch)
-    tensors += _linear(f"{p}.attn.q_proj", d, q_width, arch.qkv_bias)
-    tensors += _linear(f"{p}.attn.k_proj", d, kv_width, arch.qkv_bias)
-    tensors += _linear(f"{p}.attn.v_proj", d, kv_width, arch.qkv_bias)
-    tensors += _linear(f"{p}.attn.o_proj", q_width, d, arch.out_bias)
-    tensors += _norm(f"{p}.post_attention_norm", arch)
-    if arch.is_moe:
-        tensors += _linear(f"{p}.moe.router", d, arch.num_experts, False)
-        for e in range(arch.num_experts):
-            tensors += _mlp(f"{p}.moe.experts.{e}", arch, arch.intermediate_size)
-        shared_width = arch.shared_expert_intermediate_size or arch.intermediate_size
-        for e in range(arch.num_shared_experts):
-            tensors += _mlp(f"{p}.moe.shared_experts.{e}", arch, shared_width)
-    else:
-        tensors += _mlp(f"{p}.mlp", arch, arch.intermediate_size)
+    before_attn, after_attn, before_mlp, after_mlp = _BLOCK_NORMS[arch.block_layout]
+    tensors: list[ParamTensor] = []
+    for name in before_attn:
+        tensors += _norm(f"{p}.{name}", arch)
+    tensors += _attention(f"{p}.attn", arch)
+    for name in after_attn + before_mlp:
+        tensors += _norm(f"{p}.{name}", arch)
+    tensors += _feed_forward(p, arch, arch.is_moe_layer(index))
+    for name in after_mlp:
+        tensors += _norm(f"{p}.{name}", arch)
     return tensors
 
 
@@ -186,13 +356,18 @@ def parameter_tensors(arch: Architecture) -> list[ParamTensor]:
 
 class ParameterCount(BaseModel):
     total: int = Field(description="all parameters (memory uses this)")
-    active_per_token: int = Field(description="parameters a token passes through (MoE: k of E experts)")
+    active_per_token: int = Field(
+        description="parameters a token passes through: MoE layers count k of E routed experts (the router, "
+        "the shared experts and everything else in full)"
+    )
     embedding: int
-    per_layer: int
+    per_layer: int = Field(description="one transformer block (the largest, where blocks differ)")
     layers: int = Field(description="all transformer blocks")
     head: int = Field(description="final norm + untied LM head")
     largest_layer_params: int = Field(
-        description="most parameters held directly by one module (DeepSpeed's model_to_params definition)"
+        description="most parameters held directly by one module (DeepSpeed's model_to_params, "
+        "recurse=False), in transformers 5.17's module layout: an MoE layer's experts are one module holding "
+        "every expert's weights as 3-D parameters (4.x held each expert's projections as modules of its own)"
     )
     largest_layer_name: str
     largest_block_params: int = Field(description="one transformer block: the default FSDP/ZeRO-3 unit")
@@ -204,26 +379,33 @@ def _numel(tensors: list[ParamTensor]) -> int:
 
 def count_parameters(arch: Architecture) -> ParameterCount:
     """Exact parameter count of ``arch`` and its largest module and block."""
-    block = layer_tensors(arch)
     embedding, head = embedding_tensors(arch), head_tensors(arch)
-    per_layer = _numel(block)
+    first: dict[bool, int] = {}  # one block of each kind (dense / MoE) stands for the others
+    layers_of: dict[bool, int] = {}
+    for i in range(arch.num_layers):
+        kind = arch.is_moe_layer(i)
+        first.setdefault(kind, i)
+        layers_of[kind] = layers_of.get(kind, 0) + 1
+    blocks = {kind: layer_tensors(arch, i) for kind, i in sorted(first.items(), key=lambda item: item[1])}
+    sizes = {kind: _numel(block) for kind, block in blocks.items()}
+    layers = sum(sizes[kind] * layers_of[kind] for kind in blocks)
     inactive = 0
     if arch.is_moe:
-        expert = _numel(_mlp("expert", arch, arch.intermediate_size))
-        inactive = (arch.num_experts - arch.experts_per_token) * expert * arch.num_layers
+        expert = _numel(_experts("expert", arch)) // arch.num_experts
+        inactive = (arch.num_experts - arch.experts_per_token) * expert * layers_of[True]
     modules: dict[str, int] = {}
-    for t in embedding + block + head:
+    for t in embedding + [t for block in blocks.values() for t in block] + head:
         modules[t.module] = modules.get(t.module, 0) + t.numel
     largest_name = max(modules, key=lambda m: modules[m])
-    total = _numel(embedding) + per_layer * arch.num_layers + _numel(head)
+    total = _numel(embedding) + layers + _numel(head)
     return ParameterCount(
         total=total,
         active_per_token=total - inactive,
         embedding=_numel(embedding),
-        per_layer=per_layer,
-        layers=per_layer * arch.num_layers,
+        per_layer=max(sizes.values()),
+        layers=layers,
         head=_numel(head),
         largest_layer_params=modules[largest_name],
-        largest_layer_name=largest_name.replace("layers.0.", "layers.*."),
-        largest_block_params=per_layer,
+        largest_layer_name=re.sub(r"^layers\.\d+\.", "layers.*.", largest_name),
+        largest_block_params=max(sizes.values()),
     )

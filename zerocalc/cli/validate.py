@@ -66,7 +66,7 @@ def validate(
     from zerocalc import procs
     from zerocalc.bench.topology import launched_by, placement_from_env
     from zerocalc.validate import run
-    from zerocalc.validate.config import OPTIMIZERS, PRECISIONS, STRATEGIES
+    from zerocalc.validate.config import OPTIMIZERS, PRECISIONS, STRATEGIES, check_buildable
 
     overrides = {
         "num_layers": layers,
@@ -77,6 +77,7 @@ def validate(
         "vocab_size": vocab,
     }
     arch = run.resolve_architecture(model, {k: v for k, v in overrides.items() if v is not None})
+    check_buildable(arch)
     chosen = _parse_list(strategies, "--strategies", tuple(STRATEGIES), allow_all=True)
     recipes = _parse_list(precision, "--precision", tuple(p.value for p in PRECISIONS), allow_all=False)
     opt = optimizer.strip().lower()

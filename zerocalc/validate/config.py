@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from zerocalc.architecture import Architecture
+from zerocalc.errors import InputError
 from zerocalc.optimizers import OptimizerName
 from zerocalc.precision import PrecisionName
 from zerocalc.strategies import validated_setups
@@ -21,6 +22,18 @@ STRATEGIES = validated_setups()
 PRECISIONS = (PrecisionName.FP32, PrecisionName.BF16_MIXED)
 """What validate runs: fp32, and bf16 ``MixedPrecision``/``MixedPrecisionPolicy`` (autocast for DDP)."""
 OPTIMIZERS = (OptimizerName.ADAM, OptimizerName.ADAMW)
+
+
+def check_buildable(arch: Architecture) -> None:
+    """Refuse, in one line, an architecture the real model of ``zerocalc/validate/model.py`` cannot build:
+    it builds the classic dense pre-norm blocks (separate q/k/v/o projections, one MLP) only."""
+    features = arch.beyond_classic_block()
+    if features:
+        raise InputError(
+            f"{arch.name} has {', '.join(features)}; zerocalc validate builds dense pre-norm blocks with "
+            "separate q/k/v/o projections only; accepted: a GPT-2/3, Llama, Mistral or Qwen2 model "
+            "(gpt2, llama-3-8b, mistral-7b, qwen2.5-7b, ... or their config.json)"
+        )
 
 
 class Job(BaseModel):

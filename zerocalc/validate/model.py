@@ -6,7 +6,8 @@ positions), per block ``layers.<i>.input_norm``, ``attn.{q,k,v,o}_proj``, ``post
 ``mlp.{fc_in,fc_out}`` (GELU) or ``mlp.{gate,up,down}_proj`` (SwiGLU), then ``final_norm`` and ``lm_head``
 (absent when tied: the head reuses ``embed_tokens.weight``, counted once). Causal attention with
 ``scaled_dot_product_attention`` (GQA by repeating k/v heads); no rotary embeddings (they hold no
-parameters). Mixture-of-experts models are refused.
+parameters). Anything beyond these blocks (mixture of experts, latent attention, q/k norms, fused
+projections, other norm layouts) is refused with one line (:func:`zerocalc.validate.config.check_buildable`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zerocalc.architecture import Architecture, MlpKind, NormKind
-from zerocalc.errors import InputError
+from zerocalc.validate.config import check_buildable
 
 
 def _norm(arch: Architecture) -> nn.Module:
@@ -84,11 +85,7 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     def __init__(self, arch: Architecture):
         super().__init__()
-        if arch.is_moe:
-            raise InputError(
-                f"{arch.name} is a mixture-of-experts model; zerocalc validate builds dense models only; "
-                "accepted: a dense preset (gpt2, llama-2-7b, mistral-7b, qwen2.5-7b, ...)"
-            )
+        check_buildable(arch)
         self.tied = arch.tied_embeddings
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.embed_positions = (
