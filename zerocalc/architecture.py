@@ -145,6 +145,13 @@ class Architecture(BaseModel):
     fused_gate_up: bool = Field(default=False, description="gated MLP: gate and up as one 2f × d projection")
     qk_norm: QkNorm = QkNorm.NONE
     latent_attention: LatentAttention | None = None
+    family: str | None = Field(
+        default=None,
+        description="the transformers model_type whose modeling code this follows (what its forward saves)",
+    )
+    residual_dropout: float = Field(default=0.0, ge=0, lt=1, description="after attention and the MLP")
+    embedding_dropout: float = Field(default=0.0, ge=0, lt=1)
+    attention_dropout: float = Field(default=0.0, ge=0, lt=1, description="on the attention probabilities")
 
     @model_validator(mode="after")
     def _consistent(self) -> Architecture:

@@ -576,6 +576,35 @@ def _load(path: Path) -> Any:
         raise InputError(f"{where} is not a JSON config this reader accepts ({exc})") from exc
 
 
+DROPOUT_KEYS: dict[str, dict[str, tuple[str, float]]] = {
+    "gpt2": {
+        "residual_dropout": ("resid_pdrop", 0.1),
+        "embedding_dropout": ("embd_pdrop", 0.1),
+        "attention_dropout": ("attn_pdrop", 0.1),
+    },
+    "falcon": {"residual_dropout": ("hidden_dropout", 0.0), "attention_dropout": ("attention_dropout", 0.0)},
+    "gpt_neox": {
+        "residual_dropout": ("hidden_dropout", 0.0),
+        "attention_dropout": ("attention_dropout", 0.0),
+    },
+}
+"""Where a family's config keeps its dropout probabilities (``GPT2Config``: 0.1 each by default); the other
+families read ``attention_dropout`` (0.0 by default). Dropout changes what the forward saves, not the count."""
+
+
+def _dropout(model_type: str, config: dict[str, Any], where: str) -> dict[str, float]:
+    keys = DROPOUT_KEYS.get(model_type, {"attention_dropout": ("attention_dropout", 0.0)})
+    values: dict[str, float] = {}
+    for field, (key, default) in keys.items():
+        value = config.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise InputError(
+                f"{where}: {key} {_show(value)} is not accepted; accepted: a probability 0 ≤ p < 1"
+            )
+        values[field] = float(value)
+    return values
+
+
 def architecture_from_hf_config(path: Path) -> Architecture:
     """The architecture a Hugging Face ``config.json`` describes, as transformers 5.17 builds it."""
     where = f"--model {str(path)!r}"
@@ -602,7 +631,7 @@ def architecture_from_hf_config(path: Path) -> Architecture:
                 f"{heads} attention heads are not a multiple of {kv} key/value heads (the config's "
                 "num_key_value_heads, or its family default); accepted: key/value heads dividing the heads"
             )
-        return Architecture(name=name, **fields)
+        return Architecture(name=name, family=model_type, **fields, **_dropout(model_type, config, where))
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
