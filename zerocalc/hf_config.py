@@ -588,8 +588,9 @@ DROPOUT_KEYS: dict[str, dict[str, tuple[str, float]]] = {
         "attention_dropout": ("attention_dropout", 0.0),
     },
 }
-"""Where a family's config keeps its dropout probabilities (``GPT2Config``: 0.1 each by default); the other
-families read ``attention_dropout`` (0.0 by default). Dropout changes what the forward saves, not the count."""
+"""Where a family's config keeps its dropout probabilities (``GPT2Config``: 0.1 each by default); the
+other families read ``attention_dropout`` (0.0 by default). Dropout changes what the forward saves, not
+the count."""
 
 
 def _dropout(model_type: str, config: dict[str, Any], where: str) -> dict[str, float]:
