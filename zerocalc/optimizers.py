@@ -26,6 +26,19 @@ class OptimizerName(StrEnum):
     ADAM_8BIT = "adam-8bit"
 
 
+class OptimizerImpl(StrEnum):
+    """How ``torch.optim.Adam``/``AdamW`` runs its step (``torch/optim/adam.py``), which decides the step's
+    temporaries."""
+
+    FOREACH = "foreach"
+    """The default on CUDA (``_multi_tensor_adam``): ``_foreach_sqrt(exp_avg_sq)`` allocates one fp32 tensor
+    per parameter, all alive together."""
+    FUSED = "fused"
+    """``fused=True``: one kernel, no temporaries; the ``step`` counters are device scalars."""
+    FOR_LOOP = "for-loop"
+    """``foreach=False`` (``_single_tensor_adam``): two temporaries of one parameter at a time."""
+
+
 class StateTensor(BaseModel):
     """One per-parameter optimizer state."""
 

@@ -14,6 +14,8 @@ the keyword names of :mod:`zerocalc.api`; the CLI shows its flags instead (:mod:
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from zerocalc.activations import Recompute
@@ -32,7 +34,8 @@ from zerocalc.links import (
     BandwidthSource,
     LinkFigures,
 )
-from zerocalc.optimizers import OptimizerName
+from zerocalc.model_impl import ModelImplName
+from zerocalc.optimizers import OptimizerImpl, OptimizerName
 from zerocalc.peak.profiles import PROFILES, Wrap, profile_problem
 from zerocalc.precision import RECIPES, PrecisionName
 from zerocalc.strategies import (
@@ -78,6 +81,16 @@ DEFAULT_RESERVE = "2GiB"
 """Per-GPU CUDA context (~0.5 GiB), NCCL communicators and allocator slack when no GPU preset says."""
 
 
+class GradSync(StrEnum):
+    """When gradients are reduced under gradient accumulation (``--grad-sync``)."""
+
+    EVERY = "every"
+    """Every micro-batch: what DDP, FSDP and FSDP2 do unless the training loop says otherwise."""
+    LAST = "last"
+    """Only the last micro-batch: DDP/FSDP ``no_sync()``, FSDP2 ``set_requires_gradient_sync(False)`` on
+    the others."""
+
+
 # ---------------------------------------------------------------------------------------- raw options
 class TrainingOptions(BaseModel):
     """What the user asked for, as typed: strings with units, names, numbers. Nothing is checked yet."""
@@ -106,6 +119,10 @@ class TrainingOptions(BaseModel):
     micro_batch: int | str = DEFAULT_MICRO_BATCH
     recompute: str = "none"
     flash_attention: bool | None = None
+    model_impl: str = "hf"
+    optimizer_impl: str = "foreach"
+    grad_sync: str | None = None
+    expandable_segments: bool = False
     prefetch: int | str = DEFAULT_PREFETCH
     wrap: str = "block"
     ddp_bucket: int | str = DEFAULT_DDP_BUCKET
@@ -199,6 +216,11 @@ class TrainingRequest(BaseModel):
     overhead_bytes: int = Field(default=2 * 2**30, ge=0, description="CUDA context + NCCL per GPU (peak)")
     fragmentation: float = Field(default=DEFAULT_FRAGMENTATION, ge=0, le=1)
     grad_accum: int = Field(default=1, ge=1, le=MAX_GRAD_ACCUM)
+    grad_sync: GradSync = GradSync.EVERY
+    model_impl: ModelImplName = ModelImplName.HF
+    optimizer_impl: OptimizerImpl = OptimizerImpl.FOREACH
+    expandable_segments: bool = False
+    """``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``."""
     links: Bandwidths
     tokens_per_step: int | None = Field(default=None, gt=0)
     tflops: float | None = Field(default=None, gt=0)
@@ -258,6 +280,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
     )
     gpu, usable, overhead = _gpu(o.gpu, o.gpu_memory, o.reserve, model.architecture is not None)
     grad_accum = parse_whole(o.grad_accum, "{grad_accum}", 1, MAX_GRAD_ACCUM, "micro-batches")
+    grad_sync = GradSync.EVERY if o.grad_sync is None else _choice(o.grad_sync, "{grad_sync}", GradSync)
     tokens, tflops = _compute(o.tokens_per_step, o.tflops)
     links = _links(o.intra_node_bw, o.inter_node_bw, o.latency, gpu)
     calibration, calibration_name = _calibration(o.calibration, o.calibration_name)
@@ -283,6 +306,10 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         overhead_bytes=overhead,
         fragmentation=fragmentation,
         grad_accum=grad_accum,
+        grad_sync=grad_sync,
+        model_impl=_choice(o.model_impl, "{model_impl}", ModelImplName),
+        optimizer_impl=_choice(o.optimizer_impl, "{optimizer_impl}", OptimizerImpl, {"_": "-"}),
+        expandable_segments=o.expandable_segments,
         links=links,
         tokens_per_step=tokens,
         tflops=tflops,

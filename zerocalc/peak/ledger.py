@@ -1,0 +1,112 @@
+"""A ledger of the tensors one training step allocates and frees, in program order.
+
+Each allocation is rounded up to the device allocator's block (512 B on CUDA: the caching allocator's
+``kMinBlockSize``, ``c10/cuda/CUDACachingAllocator.cpp``), as ``torch.cuda.memory_allocated`` counts it.
+Events record the allocated total at a point of the step (plus, optionally, an unnamed transient that
+exists only at that point); a phase's peak is the maximum over its events, as
+``torch.cuda.max_memory_allocated`` reads between ``reset_peak_memory_stats`` calls. The log of
+allocations and frees (with the stream each allocation is made on) is what
+:mod:`zerocalc.peak.allocator` replays to find what the caching allocator reserves.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+CUDA_BLOCK = 512
+"""The caching allocator rounds every request up to a multiple of 512 bytes."""
+
+
+class Event(NamedTuple):
+    phase: str
+    name: str
+    allocated: int
+
+
+class Alloc(NamedTuple):
+    name: str
+    nbytes: int
+    stream: str
+
+
+class Free(NamedTuple):
+    name: str
+
+
+class Ledger:
+    """Named live tensors and the step's events. Names are unique while alive."""
+
+    def __init__(self, block: int = CUDA_BLOCK):
+        self.block = block
+        self.live: dict[str, int] = {}
+        self.kinds: dict[str, str] = {}
+        self.total = 0
+        self.phase = "start"
+        self.events: list[Event] = []
+        self.log: list[Alloc | Free] = []
+        self.peak_live: dict[str, dict[str, int]] = {}
+        """Per phase, the live tensors (by kind) at that phase's peak event."""
+        self._peak: dict[str, int] = {}
+        self._transients = 0
+
+    def rounded(self, nbytes: int) -> int:
+        return 0 if nbytes <= 0 else -(-nbytes // self.block) * self.block
+
+    def alloc(self, name: str, nbytes: int, kind: str, stream: str = "default") -> None:
+        """Allocate ``nbytes`` (rounded) named ``name``; ``kind`` groups it in the report."""
+        size = self.rounded(nbytes)
+        if size == 0:
+            return
+        if name in self.live:
+            raise KeyError(f"{name} is already allocated")
+        self.live[name] = size
+        self.kinds[name] = kind
+        self.total += size
+        self.log.append(Alloc(name, size, stream))
+
+    def free(self, name: str) -> None:
+        size = self.live.pop(name, None)
+        if size is None:
+            return  # a zero-byte tensor was never allocated
+        del self.kinds[name]
+        self.total -= size
+        self.log.append(Free(name))
+
+    def free_prefix(self, prefix: str) -> None:
+        for name in [n for n in self.live if n == prefix or n.startswith(prefix + "#")]:
+            self.free(name)
+
+    def rename(self, old: str, new: str, kind: str | None = None) -> None:
+        """The same storage under another name (a view takes over, a variable is rebound)."""
+        if old not in self.live:
+            return
+        self.live[new] = self.live.pop(old)
+        self.kinds[new] = kind or self.kinds.pop(old)
+        self.kinds.pop(old, None)
+        self.log.append(Alloc(new, 0, "rename:" + old))
+
+    def has(self, name: str) -> bool:
+        return name in self.live
+
+    def event(self, name: str, transient: int = 0, transient_kind: str = "transient") -> None:
+        """Record the allocated total here, with an unnamed transient alive only at this point."""
+        extra = self.rounded(transient)
+        allocated = self.total + extra
+        self.events.append(Event(self.phase, name, allocated))
+        if allocated > self._peak.get(self.phase, -1):
+            self._peak[self.phase] = allocated
+            by_kind: dict[str, int] = {}
+            for tensor, size in self.live.items():
+                kind = self.kinds[tensor]
+                by_kind[kind] = by_kind.get(kind, 0) + size
+            if extra:
+                by_kind[transient_kind] = by_kind.get(transient_kind, 0) + extra
+            self.peak_live[self.phase] = by_kind
+        if extra:
+            self._transients += 1
+            self.log.append(Alloc(f"transient{self._transients}", extra, "default"))
+            self.log.append(Free(f"transient{self._transients}"))
+
+    def phase_peak(self, phase: str) -> Event:
+        """The first event of ``phase`` with the largest allocated total."""
+        return max((e for e in self.events if e.phase == phase), key=lambda e: e.allocated)

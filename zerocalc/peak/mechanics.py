@@ -1,0 +1,583 @@
+"""How each framework holds parameters, gradients and optimizer states through a step (pure).
+
+A mechanics object answers the step timeline's (:mod:`zerocalc.peak.timeline`) hooks: what is resident at
+a step's start, what a unit allocates before its forward and backward and frees after them, how a
+parameter's gradient is produced, reduced and kept, and what the optimizer step allocates. Units are the
+FSDP units: ``"root"`` (embeddings, final norm, LM head) and the blocks ``0 … L−1``.
+
+* :class:`Fsdp2` — ``fully_shard`` per block, then the root, torch 2.13 (``torch/distributed/fsdp/
+  _fully_shard/``). At world size 1 (``FSDPParamGroup`` fast path, torch ≥ 2.9): per parameter a bf16 cast
+  of the fp32 shard, then the unsharded storage; no all-gather buffers, no prefetch. At world N
+  (``_fsdp_collectives.foreach_all_gather``): the casts, a copy-in buffer of the unit's padded shard, the
+  all-gather output (kept until the next unit's copy-out), the per-parameter unsharded storages; in
+  backward the previous unit prefetched. Reduction (``foreach_reduce``): the reduce-scatter input in the
+  reduce dtype (one kept until the next unit reduces) while the unsharded gradients still exist, then its
+  output, which becomes the sharded fp32 gradient (on the reduce-scatter stream). The root follows
+  ``reshard_after_forward`` like the blocks when it is given explicitly.
+* :class:`Fsdp1` — ``FullyShardedDataParallel`` (``use_orig_params=False``): one padded flat parameter per
+  unit, ``_mp_shard`` and ``_full_param_padded`` under ``MixedPrecision``, the root kept unsharded after
+  forward, one unit prefetched in backward (``BACKWARD_PRE``), the flat gradient cast to the reduce dtype
+  and reduce-scattered into ``_saved_grad_shard``.
+* :class:`Ddp` — ``DistributedDataParallel`` (and ``ZeroRedundancyOptimizer``): fp32 parameters, the
+  reducer's bucket copy of every gradient (``gradient_as_bucket_view=False``), fp32 ``.grad``; under
+  bf16 autocast the weights' bf16 copies live from their first use to their layer's backward.
+* :class:`Accounting` — the paper's, DeepSpeed's and Megatron's accounting: their model-state lines are
+  resident through the step; gathered units and buckets follow the strategy's buffer rule.
+
+The optimizer step (``torch/optim/adam.py``): ``foreach`` (``_multi_tensor_adam``) allocates one fp32 tensor
+per parameter for ``_foreach_sqrt(exp_avg_sq)``, all alive together; the for-loop path two temporaries of
+the largest parameter; ``fused`` none. Adam's ``step`` counters are CPU tensors unless ``fused`` or
+``capturable`` (then one device scalar per parameter).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from zerocalc.optimizers import OptimizerImpl
+from zerocalc.peak.ledger import Ledger
+from zerocalc.peak.timeline import (
+    BUFFERS,
+    GATHERED,
+    GRADS,
+    OPTIMIZER,
+    OPTIMIZER_TEMP,
+    PARAMS,
+    REDUCE,
+    TRANSIENT,
+)
+from zerocalc.units import ceil_div
+
+FP32 = 4
+BF16 = 2
+
+
+class Accumulation(StrEnum):
+    """Which micro-batch of an accumulation the timeline is (the last one: the step's peak is there)."""
+
+    NONE = "none"
+    """One micro-batch per step."""
+    SYNCED = "synced"
+    """Gradients are reduced every micro-batch: the sharded (or DDP's) gradients of the earlier ones are
+    resident, the new ones are added into them."""
+    UNSYNCED = "unsynced"
+    """Only the last micro-batch reduces (``no_sync`` / ``set_requires_gradient_sync(False)``): the
+    unsharded gradients of the earlier ones are resident and accumulate in place."""
+
+
+class Unit:
+    """One FSDP unit (or, for DDP, one block's parameters): the elements of each parameter."""
+
+    def __init__(self, name: str, params: list[int], local: list[int], padded: list[int]):
+        self.name = name
+        self.params = params
+        """Elements of each parameter, unsharded."""
+        self.local = local
+        """Elements of each parameter on the largest rank (its shard)."""
+        self.padded = padded
+        """Elements of each parameter as gathered, padding included."""
+
+    @property
+    def numel(self) -> int:
+        return sum(self.params)
+
+
+class Mechanics:
+    """The hooks the step timeline calls; the base keeps parameters whole and does nothing."""
+
+    keeps_all_unsharded = False
+    """Blocks stay unsharded from forward to backward (FSDP2 ``reshard_after_forward=False``)."""
+
+    def __init__(
+        self,
+        units: dict[str, Unit],
+        optimizer_states: int,
+        optimizer_impl: OptimizerImpl,
+        grad_bytes: int,
+        accumulation: Accumulation = Accumulation.NONE,
+    ):
+        self.units = units
+        self.optimizer_states = optimizer_states
+        """fp32 states per parameter element (Adam: exp_avg, exp_avg_sq)."""
+        self.optimizer_impl = optimizer_impl
+        self.grad_bytes = grad_bytes
+        """Bytes per element of the gradients backward produces (the unsharded parameters' dtype)."""
+        self.accumulation = accumulation
+
+    @property
+    def accumulating(self) -> bool:
+        """Gradients of earlier micro-batches are resident and this backward accumulates into them."""
+        return self.accumulation is not Accumulation.NONE
+
+    # model creation (the allocator replay's start) and the state at a step's start
+    def create(self, led: Ledger) -> None:
+        self.resident(led, first_step=True)
+
+    def resident(self, led: Ledger, first_step: bool = False) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def pre_forward(self, led: Ledger, unit: str | int) -> None:
+        pass
+
+    def post_forward(self, led: Ledger, unit: str | int) -> None:
+        pass
+
+    def pre_backward(self, led: Ledger, unit: str | int) -> None:
+        pass
+
+    def param_grad(self, led: Ledger, unit: str | int, label: str, numel: int) -> None:
+        """Backward has produced the gradient of ``numel`` elements of ``unit``'s parameters."""
+        if not self.accumulating:
+            led.alloc(f"{unit}.grad {label}", self.grad_bytes * numel, GRADS)
+
+    def tied_grad_sum(self, led: Ledger, numel: int) -> None:
+        """A tied embedding: the LM head's and the embedding's gradients are summed out of place."""
+        if self.accumulating:
+            return
+        led.alloc("root.grad tied sum", self.grad_bytes * numel, GRADS)
+        led.event("tied embedding gradient sum")
+        led.free("root.grad embedding dense")
+        led.free("root.grad embedding")
+        led.rename("root.grad tied sum", "root.grad embedding")
+
+    def post_backward(self, led: Ledger, unit: str | int) -> None:
+        pass
+
+    def _optimizer_elements(self) -> list[int]:
+        """Elements of each tensor the local optimizer steps (the shards this rank updates)."""
+        return [n for u in self.units.values() for n in u.local]
+
+    def optimizer_step(self, led: Ledger, first_step: bool) -> None:
+        elements = self._optimizer_elements()
+        if first_step:  # Adam._init_group: zeros_like exp_avg then exp_avg_sq, parameter by parameter
+            for i, n in enumerate(elements):
+                for state in range(self.optimizer_states):
+                    led.alloc(f"optimizer state {state}#{i}", FP32 * n, OPTIMIZER)
+        if self.optimizer_impl is OptimizerImpl.FOREACH and self.optimizer_states:
+            for i, n in enumerate(elements):
+                led.alloc(f"foreach sqrt#{i}", FP32 * n, OPTIMIZER_TEMP)
+            led.event("optimizer step (foreach: sqrt of every exp_avg_sq)")
+            for i in range(len(elements)):
+                led.free(f"foreach sqrt#{i}")
+        elif self.optimizer_impl is OptimizerImpl.FOR_LOOP and self.optimizer_states:
+            largest = max(elements, default=0)
+            led.event(
+                "optimizer step (for-loop: two temporaries of the largest tensor)",
+                2 * FP32 * largest,
+                OPTIMIZER_TEMP,
+            )
+        else:
+            led.event("optimizer step (fused)")
+
+    def zero_grad(self, led: Ledger) -> None:
+        """``zero_grad(set_to_none=True)``: the gradients are freed."""
+        for name in [n for n in led.live if led.kinds[n] == GRADS]:
+            led.free(name)
+
+    def _resident_optimizer(self, led: Ledger) -> None:
+        for i, n in enumerate(self._optimizer_elements()):
+            for state in range(self.optimizer_states):
+                led.alloc(f"optimizer state {state}#{i}", FP32 * n, OPTIMIZER)
+        if self.optimizer_impl is OptimizerImpl.FUSED:
+            for i in range(len(self._optimizer_elements())):
+                led.alloc(f"adam step counter#{i}", FP32, OPTIMIZER)
+
+
+# --------------------------------------------------------------------------------------------------- FSDP2
+class Fsdp2(Mechanics):
+    def __init__(
+        self,
+        units: dict[str, Unit],
+        world: int,
+        param_bytes: int,
+        reduce_bytes: int,
+        reshard: bool,
+        root_reshard: bool,
+        optimizer_states: int,
+        optimizer_impl: OptimizerImpl,
+        accumulation: Accumulation = Accumulation.NONE,
+    ):
+        super().__init__(units, optimizer_states, optimizer_impl, param_bytes, accumulation)
+        self.world = world
+        self.param_bytes = param_bytes
+        """The unsharded parameters' dtype (MixedPrecisionPolicy.param_dtype, else fp32)."""
+        self.reduce_bytes = reduce_bytes
+        self.reshard = reshard
+        self.root_reshard = root_reshard
+        self.keeps_all_unsharded = not reshard
+        self._gathered: set[str] = set()
+        self._last_reduce_input: str | None = None
+        self._all_gather_state: str | None = None
+
+    def resident(self, led: Ledger, first_step: bool = False) -> None:
+        for unit in self.units.values():
+            for i, n in enumerate(unit.local):
+                led.alloc(f"{unit.name}.fp32 shard#{i}", FP32 * n, PARAMS)
+        if not first_step:
+            self._resident_optimizer(led)
+        if self.accumulating:
+            self._resident_gradients(led)
+
+    def _resident_gradients(self, led: Ledger) -> None:
+        for unit in self.units.values():
+            if self.accumulation is Accumulation.UNSYNCED:
+                led.alloc(f"{unit.name}.accumulated unsharded grads", self.param_bytes * unit.numel, GRADS)
+            else:
+                led.alloc(f"{unit.name}.fp32 grad", FP32 * sum(unit.local), GRADS, stream="reduce_scatter")
+
+    def create(self, led: Ledger) -> None:
+        """``from_config`` in fp32 (every parameter), then ``fully_shard`` per block and the root: each
+        parameter's padded shard is a new tensor and the original is freed."""
+        for unit in self.units.values():
+            for i, n in enumerate(unit.params):
+                led.alloc(f"init {unit.name}#{i}", FP32 * n, PARAMS)
+        for unit in self.units.values():
+            for i, n in enumerate(unit.local):
+                led.alloc(f"{unit.name}.fp32 shard#{i}", FP32 * n, PARAMS)
+                led.free(f"init {unit.name}#{i}")
+        if self.accumulating:
+            self._resident_gradients(led)
+
+    def _unshard(self, led: Ledger, unit: Unit, backward: bool) -> None:
+        if unit.name in self._gathered:
+            return
+        if self.world == 1:
+            # FSDPParamGroup.wait_for_unshard, world-1 fast path: per parameter a cast of the shard to
+            # param_dtype (FSDPParam.all_gather_inputs), then the unsharded storage (alloc_storage + copy)
+            previous = None
+            for i, n in enumerate(unit.params):
+                if self.param_bytes != FP32:
+                    led.alloc(f"{unit.name}.cast#{i}", self.param_bytes * n, GATHERED)
+                led.event(f"unshard {unit.name}")
+                if previous is not None:
+                    led.free(previous)
+                led.alloc(f"{unit.name}.unsharded#{i}", self.param_bytes * n, GATHERED)
+                led.event(f"unshard {unit.name}")
+                previous = f"{unit.name}.cast#{i}" if self.param_bytes != FP32 else None
+            if previous is not None:
+                led.free(previous)
+        else:
+            # foreach_all_gather: casts of the local shards, the copy-in buffer (padded shard), the flat
+            # all-gather output; copy-out into each parameter's unsharded storage; the previous unit's
+            # output is released at this copy-out (all_gather_state)
+            for i, n in enumerate(unit.local):
+                if self.param_bytes != FP32:
+                    led.alloc(f"{unit.name}.cast#{i}", self.param_bytes * n, GATHERED)
+            padded = sum(unit.padded)
+            led.alloc(
+                f"{unit.name}.all-gather input", self.param_bytes * ceil_div(padded, self.world), BUFFERS
+            )
+            for i in range(len(unit.local)):
+                led.free(f"{unit.name}.cast#{i}")
+            led.alloc(f"{unit.name}.all-gather output", self.param_bytes * padded, BUFFERS)
+            led.free(f"{unit.name}.all-gather input")
+            for i, n in enumerate(unit.padded):
+                led.alloc(f"{unit.name}.unsharded#{i}", self.param_bytes * n, GATHERED)
+            led.event(f"unshard {unit.name} (copy-out)")
+            if (
+                self._all_gather_state is not None
+                and self._all_gather_state != f"{unit.name}.all-gather output"
+            ):
+                led.free(self._all_gather_state)
+            self._all_gather_state = f"{unit.name}.all-gather output"
+        self._gathered.add(unit.name)
+
+    def _reshard(self, led: Ledger, unit: Unit) -> None:
+        if unit.name not in self._gathered:
+            return
+        for i in range(len(unit.params)):
+            led.free(f"{unit.name}.unsharded#{i}")
+        self._gathered.discard(unit.name)
+
+    def pre_forward(self, led: Ledger, unit: str | int) -> None:
+        self._unshard(led, self.units[str(unit)], backward=False)
+
+    def post_forward(self, led: Ledger, unit: str | int) -> None:
+        reshard = self.root_reshard if unit == "root" else self.reshard
+        if reshard:
+            self._reshard(led, self.units[str(unit)])
+        if unit == "root" and self.world > 1 and self._all_gather_state is not None:
+            led.free(self._all_gather_state)  # forward is over: nothing waits on it any more
+            self._all_gather_state = None
+
+    def pre_backward(self, led: Ledger, unit: str | int) -> None:
+        self._unshard(led, self.units[str(unit)], backward=True)
+        if self.world > 1 and isinstance(unit, int) and unit > 0:
+            # backward prefetch: the next unit's all-gather is issued before this unit's gradients
+            following = self.units[str(unit - 1)]
+            if following.name not in self._gathered:
+                led.alloc(
+                    f"{following.name}.prefetched all-gather",
+                    self.param_bytes * sum(following.padded),
+                    BUFFERS,
+                )
+                led.event(f"prefetch {following.name}")
+
+    def param_grad(self, led: Ledger, unit: str | int, label: str, numel: int) -> None:
+        if self.accumulation is not Accumulation.UNSYNCED:  # else added in place into the kept gradients
+            led.alloc(f"{unit}.grad {label}", self.param_bytes * numel, GRADS)
+
+    def tied_grad_sum(self, led: Ledger, numel: int) -> None:
+        if self.accumulation is not Accumulation.UNSYNCED:
+            super().tied_grad_sum(led, numel)
+
+    def post_backward(self, led: Ledger, unit: str | int) -> None:
+        u = self.units[str(unit)]
+        prefetched = f"{u.name}.prefetched all-gather"
+        if led.has(prefetched):
+            led.free(prefetched)
+        self._reshard(led, u)
+        if self._last_reduce_input is not None:
+            led.free(self._last_reduce_input)
+        padded = sum(u.padded) if self.world > 1 else u.numel
+        name = f"{u.name}.reduce-scatter input"
+        led.alloc(name, self.reduce_bytes * padded, REDUCE)
+        led.event(f"reduce {u.name} (copy-in)")
+        for grad in [
+            n for n in led.live if n.startswith(f"{u.name}.grad ") or n.startswith(f"{u.name}.accumulated")
+        ]:
+            led.free(grad)
+        shard = ceil_div(padded, self.world) if self.world > 1 else padded
+        output = f"{u.name}.reduce-scatter output"
+        led.alloc(output, self.reduce_bytes * shard, REDUCE, stream="reduce_scatter")
+        if self.reduce_bytes != FP32 or self.accumulation is Accumulation.SYNCED:
+            # the sharded gradient is fp32: the output is cast (or added) into it, then freed
+            if not led.has(f"{u.name}.fp32 grad"):
+                led.alloc(f"{u.name}.fp32 grad", FP32 * sum(u.local), GRADS, stream="reduce_scatter")
+            led.event(f"reduce {u.name} output")
+            led.free(output)
+        else:
+            led.rename(output, f"{u.name}.fp32 grad", GRADS)
+            led.event(f"reduce {u.name} output")
+        self._last_reduce_input = name
+        if unit == "root":
+            led.free(name)
+            self._last_reduce_input = None
+
+
+# --------------------------------------------------------------------------------------------------- FSDP1
+class Fsdp1(Fsdp2):
+    """FSDP1 with one flat parameter per unit (``FlatParamHandle``): the shard is ``ceil(P/N)`` elements of
+    the flat parameter padded to a multiple of N; the root is not resharded after forward (``_runtime_
+    utils._post_forward_reshard``); ``NO_SHARD`` keeps the whole flat parameter and all-reduces."""
+
+    def __init__(self, units: dict[str, Unit], world: int, no_shard: bool, **kwargs: object):
+        flat = {
+            name: Unit(
+                name,
+                [u.numel],
+                [u.numel if no_shard else ceil_div(u.numel, world)],
+                [u.numel if no_shard else ceil_div(u.numel, world) * world],
+            )
+            for name, u in units.items()
+        }
+        super().__init__(flat, world=1 if no_shard else world, **kwargs)  # type: ignore[arg-type]
+        self.no_shard = no_shard
+        self.root_reshard = False
+
+    def _unshard(self, led: Ledger, unit: Unit, backward: bool) -> None:
+        if unit.name in self._gathered:
+            return
+        if self.param_bytes == FP32 and self.no_shard:
+            self._gathered.add(unit.name)  # the flat parameter is used in place
+            return
+        # _mp_shard: the local shard cast to param_dtype; _full_param_padded: the all-gather output
+        led.alloc(f"{unit.name}.mp shard", self.param_bytes * unit.local[0], GATHERED)
+        led.alloc(f"{unit.name}.unsharded#0", self.param_bytes * unit.padded[0], GATHERED)
+        led.event(f"unshard {unit.name}")
+        if not self.no_shard:
+            led.free(f"{unit.name}.mp shard")
+        self._gathered.add(unit.name)
+
+    def _reshard(self, led: Ledger, unit: Unit) -> None:
+        if unit.name not in self._gathered:
+            return
+        led.free(f"{unit.name}.unsharded#0")
+        self._gathered.discard(unit.name)
+
+    def post_forward(self, led: Ledger, unit: str | int) -> None:
+        if unit != "root" and self.reshard and not self.no_shard:
+            self._reshard(led, self.units[str(unit)])
+
+    def pre_backward(self, led: Ledger, unit: str | int) -> None:
+        self._unshard(led, self.units[str(unit)], backward=True)
+        if isinstance(unit, int) and unit > 0 and not self.no_shard and self.reshard:
+            following = self.units[str(unit - 1)]  # BACKWARD_PRE prefetch
+            self._unshard(led, following, backward=True)
+
+    def post_backward(self, led: Ledger, unit: str | int) -> None:
+        u = self.units[str(unit)]
+        if self.no_shard:
+            # _reduce_grad_no_shard: the gradient cast to reduce_dtype is all-reduced, then cast back to
+            # the flat parameter's dtype (fp32) and kept as .grad
+            for grad in [n for n in led.live if n.startswith(f"{u.name}.grad ")]:
+                led.free(grad)
+            led.alloc(f"{u.name}.fp32 grad", FP32 * u.numel, GRADS)
+            led.free(f"{u.name}.mp shard")
+            self._reshard(led, u)
+            return
+        name = f"{u.name}.reduce-scatter input"
+        led.alloc(name, self.reduce_bytes * u.padded[0], REDUCE)
+        led.event(f"reduce {u.name} (cast)")
+        for grad in [n for n in led.live if n.startswith((f"{u.name}.grad ", f"{u.name}.accumulated"))]:
+            led.free(grad)
+        if not led.has(f"{u.name}.fp32 grad"):
+            led.alloc(f"{u.name}.fp32 grad", FP32 * u.local[0], GRADS, stream="post_backward")
+        led.event(f"reduce {u.name} output")
+        led.free(name)
+        self._reshard(led, u)
+
+
+# ----------------------------------------------------------------------------------------------------- DDP
+class Ddp(Mechanics):
+    """DDP, optionally with ZeroRedundancyOptimizer (``owned``: the elements of the tensors the largest
+    rank steps). fp32 parameters; the reducer's buckets are a second copy of every gradient (allocated at
+    construction, ``gradient_as_bucket_view=False``); ``.grad`` is fp32. Under bf16 autocast each block's
+    weights are cast once and the copies are kept for its backward (autocast's weight cache and the
+    linear layers' saved tensors)."""
+
+    def __init__(
+        self,
+        units: dict[str, Unit],
+        autocast_bytes: int | None,
+        optimizer_states: int,
+        optimizer_impl: OptimizerImpl,
+        owned: list[int] | None = None,
+        accumulation: Accumulation = Accumulation.NONE,
+    ):
+        super().__init__(units, optimizer_states, optimizer_impl, FP32, accumulation)
+        self.autocast_bytes = autocast_bytes
+        self.owned = owned
+
+    def _optimizer_elements(self) -> list[int]:
+        return self.owned if self.owned is not None else [n for u in self.units.values() for n in u.params]
+
+    def resident(self, led: Ledger, first_step: bool = False) -> None:
+        for unit in self.units.values():
+            for i, n in enumerate(unit.params):
+                led.alloc(f"{unit.name}.fp32 param#{i}", FP32 * n, PARAMS)
+        total = sum(u.numel for u in self.units.values())
+        led.alloc("DDP reducer buckets (a copy of every gradient)", FP32 * total, BUFFERS)
+        if not first_step:
+            self._resident_optimizer(led)
+        if self.accumulating:
+            for unit in self.units.values():
+                led.alloc(f"{unit.name}.accumulated grads", FP32 * unit.numel, GRADS)
+
+    def pre_forward(self, led: Ledger, unit: str | int) -> None:
+        if self.autocast_bytes is not None and unit != "root":
+            u = self.units[str(unit)]
+            led.alloc(f"{u.name}.autocast weight copies", self.autocast_bytes * u.numel, GATHERED)
+
+    def post_forward(self, led: Ledger, unit: str | int) -> None:
+        if self.autocast_bytes is not None and unit == "root":
+            head = self.units["root"].params[0]
+            led.alloc("root.autocast weight copies", self.autocast_bytes * head, GATHERED)
+
+    def post_backward(self, led: Ledger, unit: str | int) -> None:
+        led.free(f"{unit}.autocast weight copies")
+
+    def param_grad(self, led: Ledger, unit: str | int, label: str, numel: int) -> None:
+        if self.accumulating:
+            return
+        if self.autocast_bytes is not None:
+            led.event(f"{unit} {label} gradient (autocast cast back)", self.autocast_bytes * numel, TRANSIENT)
+        led.alloc(f"{unit}.grad {label}", FP32 * numel, GRADS)
+
+
+# ------------------------------------------------------------------------------------------- accountings
+class Accounting(Mechanics):
+    """An accounting (the ZeRO paper, DeepSpeed's or Megatron's estimators): its model-state lines are
+    resident from start to end; gathered units and buckets follow the strategy's buffer rule."""
+
+    def __init__(
+        self,
+        units: dict[str, Unit],
+        states: list[tuple[str, str, int]],
+        gather: bool,
+        unit_grads: bool,
+        buckets: list[tuple[str, int]],
+        param_bytes: int,
+        grad_bytes: int,
+        reduce_bytes: int,
+        prefetch: int,
+        keep_root: bool,
+        optimizer_elements: int,
+        optimizer_impl: OptimizerImpl,
+    ):
+        super().__init__(units, 0, optimizer_impl, grad_bytes)
+        self.states = states
+        self.gather = gather
+        self.unit_grads = unit_grads
+        self.buckets = buckets
+        self.param_bytes = param_bytes
+        self.reduce_bytes = reduce_bytes
+        self.prefetch = prefetch
+        self.keep_root = keep_root
+        self.elements = optimizer_elements
+
+    def resident(self, led: Ledger, first_step: bool = False) -> None:
+        for name, kind, nbytes in self.states:
+            led.alloc(name, nbytes, kind)
+        for name, nbytes in self.buckets:
+            led.alloc(name, nbytes, BUFFERS)
+
+    def _gather(self, led: Ledger, unit: str | int) -> None:
+        u = self.units[str(unit)]
+        if not led.has(f"{u.name}.gathered"):
+            led.alloc(f"{u.name}.gathered", self.param_bytes * u.numel, GATHERED)
+
+    def pre_forward(self, led: Ledger, unit: str | int) -> None:
+        if not self.gather:
+            return
+        self._gather(led, unit)
+        if isinstance(unit, int):
+            for ahead in range(1, self.prefetch + 1):
+                if str(unit + ahead) in self.units:
+                    self._gather(led, unit + ahead)
+
+    def post_forward(self, led: Ledger, unit: str | int) -> None:
+        if self.gather and not (unit == "root" and self.keep_root):
+            led.free(f"{unit}.gathered")
+
+    def pre_backward(self, led: Ledger, unit: str | int) -> None:
+        if not self.gather:
+            return
+        self._gather(led, unit)
+        if isinstance(unit, int):
+            for behind in range(1, self.prefetch + 1):
+                if unit - behind >= 0:
+                    self._gather(led, unit - behind)
+
+    def param_grad(self, led: Ledger, unit: str | int, label: str, numel: int) -> None:
+        if self.unit_grads:
+            led.alloc(f"{unit}.grad {label}", self.grad_bytes * numel, GRADS)
+
+    def tied_grad_sum(self, led: Ledger, numel: int) -> None:
+        if self.unit_grads:
+            super().tied_grad_sum(led, numel)
+
+    def post_backward(self, led: Ledger, unit: str | int) -> None:
+        if not self.unit_grads:
+            return
+        u = self.units[str(unit)]
+        if self.reduce_bytes != self.grad_bytes:
+            led.event(f"reduce {u.name} (cast)", self.reduce_bytes * u.numel, REDUCE)
+        for grad in [n for n in led.live if n.startswith(f"{u.name}.grad ")]:
+            led.free(grad)
+        if self.gather:
+            led.free(f"{u.name}.gathered")
+
+    def _optimizer_elements(self) -> list[int]:
+        return [self.elements]
+
+    def optimizer_step(self, led: Ledger, first_step: bool) -> None:
+        if self.optimizer_impl is OptimizerImpl.FOREACH and self.elements:
+            led.event(
+                "optimizer step (foreach: sqrt of every exp_avg_sq)", FP32 * self.elements, OPTIMIZER_TEMP
+            )
+        else:
+            led.event("optimizer step")
+
+    def zero_grad(self, led: Ledger) -> None:
+        pass  # the accountings count gradient buffers as resident

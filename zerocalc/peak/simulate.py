@@ -1,0 +1,225 @@
+"""Simulate one strategy's training step for a request: allocated peaks per phase and what is reserved.
+
+* the allocated figures come from one steady step (a step after the first: the optimizer states exist and
+  the runtime's workspaces are allocated), as ``torch.cuda.max_memory_allocated`` reads them phase by
+  phase;
+* the reserve comes from replaying model creation, wrapping and three steps (the first creating the
+  optimizer states lazily and the cuBLAS workspaces at its first matmuls) through the caching allocator
+  (:mod:`zerocalc.peak.allocator`), as ``torch.cuda.max_memory_reserved`` reads it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from zerocalc.architecture import parameter_tensors
+from zerocalc.framework_states import dim0_rows, fsdp_units, zero1_partition
+from zerocalc.frameworks import TORCH_FRAMEWORKS, Fsdp1Sharding, TorchWrapper
+from zerocalc.model_impl import MODEL_IMPLS, Device, Shape
+from zerocalc.peak.allocator import CachingAllocator
+from zerocalc.peak.ledger import Ledger
+from zerocalc.peak.mechanics import Accounting, Accumulation, Ddp, Fsdp1, Fsdp2, Mechanics, Unit
+from zerocalc.peak.timeline import PHASES, Runtime, StepShape, first_start, run_step, steady_start
+from zerocalc.precision import RECIPES, PrecisionName
+from zerocalc.request import GradSync, TrainingRequest
+from zerocalc.strategies import STRATEGIES, BufferRule, StrategyName
+from zerocalc.units import ceil_div
+
+REPLAYED_STEPS = 3
+"""Steps replayed for the reserve: the first creates the optimizer states; the reserve settles after it."""
+
+
+class PhasePeak(NamedTuple):
+    phase: str
+    allocated: int
+    event: str
+    live: dict[str, int]
+    """Bytes alive at that peak, by kind of tensor."""
+
+
+class StepResult(NamedTuple):
+    phases: list[PhasePeak]
+    start: int
+    after_forward: int
+    after_backward: int
+    events: list[tuple[str, str, int]]
+    reserved: int
+    """The caching allocator's high-water mark over model creation and three steps."""
+
+    @property
+    def peak(self) -> PhasePeak:
+        return max(self.phases, key=lambda p: p.allocated)
+
+
+def _rest(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape[1:]:
+        n *= d
+    return n
+
+
+def _units(request: TrainingRequest, world: int) -> dict[str, Unit]:
+    """FSDP units with each parameter's elements, its dim-0 shard on rank 0 and its padded size."""
+    units: dict[str, Unit] = {}
+    for name, tensors in fsdp_units(request.architecture):
+        key = name.removeprefix("layers.") if name != "root" else "root"
+        units[key] = Unit(
+            key,
+            [t.numel for t in tensors],
+            [dim0_rows(t.shape[0], world, 0) * _rest(t.shape) for t in tensors],
+            [ceil_div(t.shape[0], world) * world * _rest(t.shape) for t in tensors],
+        )
+    return units
+
+
+def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
+    arch = request.architecture
+    units = fsdp_units(arch)
+    from zerocalc.peak.evaluate import flash_attention_used
+
+    return StepShape(
+        arch=arch,
+        impl=MODEL_IMPLS[request.model_impl],
+        shape=Shape(request.activations.micro_batch, request.activations.seq_len),
+        act=act,
+        device=device,
+        flash=flash_attention_used(request),
+        recompute=request.activations.recompute,
+        root_params=tuple(t.numel for t in units[-1][1]),
+        layer_params=tuple(tuple(t.numel for t in tensors) for _, tensors in units[:-1]),
+    )
+
+
+def _accumulation(request: TrainingRequest) -> Accumulation:
+    if request.grad_accum == 1:
+        return Accumulation.NONE
+    return Accumulation.UNSYNCED if request.grad_sync is GradSync.LAST else Accumulation.SYNCED
+
+
+def mechanics_for(
+    request: TrainingRequest, name: StrategyName, states: list[tuple[str, str, int]] | None = None
+) -> tuple[Mechanics, int]:
+    """The strategy's mechanics under the request's framework, and the activation bytes per element."""
+    strategy = STRATEGIES[name]
+    recipe = RECIPES[request.precision]
+    mixed = request.precision is not PrecisionName.FP32
+    optimizer_impl = request.optimizer_impl
+    accumulation = _accumulation(request)
+    setup = strategy.frameworks[request.framework].torch if request.framework in TORCH_FRAMEWORKS else None
+    if setup is not None:
+        world = (
+            request.cluster.group_size(setup.shard_group) if setup.shard_group else request.cluster.world_size
+        )
+        units = _units(request, world)
+        reduce = request.reduce_dtype.bytes if request.reduce_dtype is not None else recipe.param_dtype.bytes
+        if setup.wrapper is TorchWrapper.FSDP2:
+            return Fsdp2(
+                units,
+                world=world,
+                param_bytes=recipe.param_dtype.bytes,
+                reduce_bytes=reduce if mixed else 4,
+                reshard=setup.reshard_after_forward,
+                root_reshard=setup.reshard_after_forward,
+                optimizer_states=2,
+                optimizer_impl=optimizer_impl,
+                accumulation=accumulation,
+            ), recipe.param_dtype.bytes
+        if setup.wrapper is TorchWrapper.FSDP1:
+            no_shard = setup.sharding is Fsdp1Sharding.NO_SHARD or world == 1
+            return Fsdp1(
+                units,
+                world=world,
+                no_shard=no_shard,
+                param_bytes=recipe.param_dtype.bytes,
+                reduce_bytes=reduce if mixed else 4,
+                reshard=setup.sharding is not Fsdp1Sharding.SHARD_GRAD_OP,
+                root_reshard=False,
+                optimizer_states=2,
+                optimizer_impl=optimizer_impl,
+                accumulation=accumulation,
+            ), recipe.param_dtype.bytes
+        # DDP / ZeroRedundancyOptimizer: fp32 parameters, bf16 autocast under mixed precision
+        owned = None
+        if setup.wrapper is TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER:
+            parts = zero1_partition(parameter_tensors(request.architecture), request.cluster.world_size)
+            largest = max(parts, key=lambda part: sum(t.numel for t in part))
+            owned = [t.numel for t in largest]
+        return Ddp(
+            _units(request, 1),
+            autocast_bytes=recipe.param_dtype.bytes if mixed else None,
+            optimizer_states=2,
+            optimizer_impl=optimizer_impl,
+            owned=owned,
+            accumulation=accumulation,
+        ), recipe.param_dtype.bytes
+    # the accountings: their state lines resident, the strategy's buffers
+    units = _units(request, 1)
+    rule = strategy.buffers
+    b_p, b_g = recipe.param_dtype.bytes, recipe.grad_dtype.bytes
+    b_r = request.reduce_dtype.bytes if request.reduce_dtype is not None else b_g
+    gather = rule is BufferRule.GATHERED_UNITS and request.framework.value != "megatron"
+    return Accounting(
+        units,
+        states=states or [],
+        gather=gather,
+        unit_grads=rule in (BufferRule.GATHERED_UNITS, BufferRule.UNIT_GRADIENTS),
+        buckets=[],
+        param_bytes=b_p,
+        grad_bytes=b_g,
+        reduce_bytes=b_r,
+        prefetch=request.buffers.prefetch,
+        keep_root=True,
+        optimizer_elements=ceil_div(request.model.params, request.cluster.group_size(strategy.optimizer))
+        if request.framework.value == "paper"
+        else 0,
+        optimizer_impl=optimizer_impl,
+    ), b_p
+
+
+def simulate(
+    request: TrainingRequest,
+    name: StrategyName,
+    runtime: Runtime | None,
+    states: list[tuple[str, str, int]] | None = None,
+    device: Device = Device.CUDA,
+    reserve: bool = True,
+) -> StepResult:
+    """Allocated peaks of one steady step, and (``reserve``) the allocator's high-water mark."""
+    mechanics, act = mechanics_for(request, name, states)
+    step = step_shape(request, act, device)
+    block = 512 if device is Device.CUDA else 1
+    led = Ledger(block)
+    steady_start(step, mechanics, runtime, led)
+    phases = run_step(step, mechanics, runtime, led)
+    peaks = []
+    for phase in PHASES:
+        event = led.phase_peak(phase)
+        peaks.append(PhasePeak(phase, event.allocated, event.name, led.peak_live.get(phase, {})))
+    reserved = _replay(request, name, runtime, states, device) if reserve else 0
+    return StepResult(
+        phases=peaks,
+        start=phases.start,
+        after_forward=phases.after_forward,
+        after_backward=phases.after_backward,
+        events=[(e.phase, e.name, e.allocated) for e in led.events],
+        reserved=reserved,
+    )
+
+
+def _replay(
+    request: TrainingRequest,
+    name: StrategyName,
+    runtime: Runtime | None,
+    states: list[tuple[str, str, int]] | None,
+    device: Device,
+) -> int:
+    mechanics, act = mechanics_for(request, name, states)
+    step = step_shape(request, act, device)
+    led = Ledger()
+    allocator = CachingAllocator(expandable=request.expandable_segments)
+    first_start(step, mechanics, runtime, led)
+    for number in range(REPLAYED_STEPS):
+        run_step(step, mechanics, runtime, led, first_step=number == 0)
+        allocator.replay(led.log)
+        led.log = []
+    return allocator.max_reserved

@@ -1,0 +1,309 @@
+"""One training step as a timeline of the tensors it allocates and frees (pure).
+
+The step — start, forward layer by layer, the loss, backward layer by layer, the optimizer step and
+``zero_grad`` — is written once here, in program order, from the model's code (:mod:`zerocalc.model_impl`:
+what each layer keeps for backward, what the loss allocates) and the framework's mechanics
+(:mod:`zerocalc.peak.mechanics`: where parameters are gathered and released, how gradients are reduced
+and kept, what the optimizer allocates). A :class:`~zerocalc.peak.ledger.Ledger` records every tensor;
+the peak of a phase is the maximum over its events. Written from Hugging Face transformers 5.17 under
+PyTorch FSDP2 (torch 2.13 source), this reproduces every phase of eight H100 runs to the byte.
+
+Loss (``hf``, ``loss_utils.ForCausalLMLoss``): the LM head's logits in the compute dtype (2·T·V), their
+fp32 copy (``logits.float()``, 4·T·V), the labels padded with −100 (8·b·(s+1)) and their shifted copy
+(8·T; a view when b = 1), ``log_softmax``'s fp32 output (saved, 4·T·V), the loss and ``total_weight``. In
+backward ``nll_loss_backward`` allocates d(log_softmax) (4·T·V) and ``log_softmax_backward`` d(logits)
+(4·T·V): with the saved output, 12·T·V of fp32 loss tensors at once — the step's peak when T·V is large.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from zerocalc.activations import Recompute
+from zerocalc.architecture import Architecture
+from zerocalc.model_impl import (
+    FP32,
+    INT64,
+    Device,
+    ModelImpl,
+    ModelImplName,
+    Shape,
+    final_saves,
+    layer_saves,
+    norm_backward_excess,
+    shared_saves,
+    traits,
+)
+from zerocalc.peak.ledger import Ledger
+
+# kinds of tensors, for the report's lines
+PARAMS = "parameters"
+GATHERED = "gathered parameters"
+GRADS = "gradients"
+REDUCE = "gradient reduction buffers"
+OPTIMIZER = "optimizer states"
+OPTIMIZER_TEMP = "optimizer step temporaries"
+ACTIVATIONS = "activations"
+LOSS = "loss"
+INPUTS = "inputs"
+RUNTIME = "runtime workspaces"
+BUFFERS = "communication buffers"
+TRANSIENT = "in-layer temporaries"
+
+PHASES = ("start", "forward", "backward", "optimizer")
+
+
+class StepShape(NamedTuple):
+    """What the timeline needs besides the mechanics: the model, its code, the micro-batch."""
+
+    arch: Architecture
+    impl: ModelImpl
+    shape: Shape
+    act: int
+    """Bytes per activation element (the compute dtype)."""
+    device: Device
+    flash: bool
+    recompute: Recompute
+    root_params: tuple[int, ...]
+    """Elements of each root-unit parameter, in registration order."""
+    layer_params: tuple[tuple[int, ...], ...]
+    """Elements of each parameter of each block, in registration order."""
+
+
+class Runtime(NamedTuple):
+    """Device allocations of the CUDA runtime through the caching allocator (per GPU kind)."""
+
+    cublas_workspace: int
+    """One cuBLAS workspace per (handle, stream): the forward thread's and autograd's device thread's."""
+    start_extra: int
+    """Measured at every step start, not attributed (512 B on H100)."""
+    per_layer_attention: int
+    """Measured per layer from forward to that layer's backward (2 × 512 B on H100, absent under
+    recompute): SDPA's philox seed and offset kept on the device."""
+    recompute_extra: int
+    """Measured under activation checkpointing, from the step start (2 MiB on H100)."""
+    no_reshard_extra: int
+    """Measured with ``reshard_after_forward=False``, from forward to the end of backward (1 MiB)."""
+
+
+class Phases(NamedTuple):
+    start: int
+    after_forward: int
+    after_backward: int
+
+
+def _names(prefix: str, sizes: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    return [(f"{prefix}.{name}", b) for name, b in sizes]
+
+
+def run_step(
+    step: StepShape, mechanics, runtime: Runtime | None, led: Ledger, first_step: bool = False
+) -> Phases:
+    """Append one training step to ``led`` (which holds the state at the step's start) and return the
+    allocated totals at its start, after forward and after backward."""
+    arch, impl, shape, act, device = step.arch, step.impl, step.shape, step.act, step.device
+    T, h, V, L = shape.tokens, arch.hidden_size, arch.vocab_size, arch.num_layers
+    checkpointed = step.recompute is Recompute.FULL
+    t = traits(arch)
+    hf = impl.name is ModelImplName.HF
+    cuda = device is Device.CUDA and runtime is not None
+
+    led.phase = "start"
+    led.event("start")
+    start = led.total
+
+    # ---- forward ---------------------------------------------------------------------------------------
+    led.phase = "forward"
+    mechanics.pre_forward(led, "root")
+    if cuda and mechanics.keeps_all_unsharded:
+        led.alloc("no-reshard runtime extra", runtime.no_reshard_extra, RUNTIME)
+    for name, b in shared_saves(impl, arch, shape, act, checkpointed, device):
+        led.alloc(f"shared.{name}", b, ACTIVATIONS)
+    hidden = "embedding output"
+    led.alloc(hidden, act * T * h, ACTIVATIONS)
+    if not t.rotary:  # GPT-2: wte(ids) + wpe(positions) (+ dropout) is a new tensor; both inputs stay
+        led.alloc("position embedding output", act * shape.s * h, ACTIVATIONS)
+        led.alloc("hidden 0", act * T * h, ACTIVATIONS)
+        hidden = "hidden 0"
+    embedding_alive = impl.embedding_output_alive
+    for i in range(L):
+        mechanics.pre_forward(led, i)
+        if first_step and cuda and i == 0:
+            led.alloc("cuBLAS workspace (forward thread)", runtime.cublas_workspace, RUNTIME)
+        if checkpointed:
+            # torch.utils.checkpoint (use_reentrant=False): the layer's saved tensors are dropped at pack
+            # time, its input is kept; no cache copies (HF turns use_cache off under checkpointing)
+            saves = layer_saves(impl, arch, i, shape, act, device, use_cache=False, flash=step.flash)
+            led.alloc(f"layer {i} work", sum(b for _, b in saves.saved), ACTIVATIONS)
+            led.event(f"layer {i} forward (checkpointed)", saves.forward_excess, TRANSIENT)
+            led.free(f"layer {i} work")
+            new = f"hidden {i + 1}"
+            led.alloc(new, act * T * h, ACTIVATIONS)
+            hidden = new  # every checkpoint input stays alive
+        else:
+            saves = layer_saves(impl, arch, i, shape, act, device, use_cache=True, flash=step.flash)
+            saved = [(n, b) for n, b in saves.saved if b]
+            for name, b in saved:
+                led.alloc(f"layer {i}.{name}", b, ACTIVATIONS)
+            if cuda and hf:
+                led.alloc(f"layer {i}.sdpa rng", runtime.per_layer_attention, ACTIVATIONS)
+            led.event(f"layer {i} forward", saves.forward_excess, TRANSIENT)
+            new = f"hidden {i + 1}"
+            led.alloc(new, act * T * h, ACTIVATIONS)
+            if not saves.keeps_input and not (hidden == "embedding output" and embedding_alive):
+                led.free(hidden)
+            hidden = new
+        mechanics.post_forward(led, i)
+
+    for name, b in final_saves(impl, arch, shape, act, device):
+        led.alloc(f"final.{name}", b, ACTIVATIONS)
+    # RMSNorm forward: while x·rsqrt (fp32) exists its cast exists and the output does not yet
+    led.event(
+        "final norm forward",
+        (FP32 - act) * T * h if t.norm != "layernorm" and impl.norm_fp32_copy else 0,
+        TRANSIENT,
+    )
+    layernorm_keeps = t.norm == "layernorm"
+    if not layernorm_keeps and hidden != "embedding output":
+        led.free(hidden)  # the final norm kept its own copy; the last output is no checkpoint input either
+    if not (checkpointed and t.rotary):
+        led.free(
+            "embedding output"
+        )  # the base model's forward returns (under checkpointing it is layer 0's input)
+    led.free("position embedding output")
+
+    # the loss
+    led.alloc("logits", act * T * V, LOSS)
+    if impl.loss == "hf_upcast":
+        led.alloc("logits fp32 copy", FP32 * T * V, LOSS)
+        led.alloc("labels padded", INT64 * shape.b * (shape.s + 1), LOSS)
+        if shape.b > 1:
+            led.alloc("shift labels", INT64 * T, LOSS)  # labels[..., 1:].contiguous() copies
+        else:
+            led.rename("labels padded", "shift labels")  # b = 1: the slice is contiguous, a view
+    elif impl.loss == "float_cross_entropy":
+        led.alloc("logits fp32 copy", FP32 * T * V, LOSS)
+    led.alloc("log_softmax", FP32 * T * V, LOSS)
+    led.alloc("loss", FP32, LOSS)
+    led.alloc("total_weight", FP32, LOSS)
+    led.event("loss forward (nll_loss)")
+    led.free("logits fp32 copy")
+    led.free("labels padded")
+    led.free("previous step's loss")
+    mechanics.post_forward(led, "root")
+    led.free("logits")  # only the loss is kept by the training loop
+    led.event("after forward")
+    after_forward = led.total
+
+    # ---- backward --------------------------------------------------------------------------------------
+    led.phase = "backward"
+    led.alloc("grad seed", FP32, LOSS)
+    mechanics.pre_backward(led, "root")
+    led.alloc("d log_softmax (nll_loss_backward)", FP32 * T * V, LOSS)
+    led.free("shift labels")
+    led.free("total_weight")
+    led.alloc("d logits fp32 (log_softmax_backward)", FP32 * T * V, LOSS)
+    led.event("loss backward (log_softmax_backward)")
+    led.free("log_softmax")
+    led.free("d log_softmax (nll_loss_backward)")
+    if act != FP32:
+        led.alloc("d logits", act * T * V, LOSS)
+        led.event("logits.float() backward")
+        led.free("d logits fp32 (log_softmax_backward)")
+    else:
+        led.rename("d logits fp32 (log_softmax_backward)", "d logits")
+    if first_step and cuda:
+        led.alloc("cuBLAS workspace (autograd thread)", runtime.cublas_workspace, RUNTIME)
+    led.alloc("d hidden", act * T * h, ACTIVATIONS)
+    head = "embedding" if arch.tied_embeddings else "lm_head"
+    mechanics.param_grad(led, "root", head, V * h)
+    led.event("lm_head backward")
+    led.free("d logits")
+    led.event("final norm backward", norm_backward_excess(impl, arch, shape, act), TRANSIENT)
+    for name in [n for n in led.live if n.startswith("final.")]:
+        led.free(name)
+    if layernorm_keeps:
+        led.free(hidden)  # ln_f's saved input
+    mechanics.param_grad(led, "root", "final norm", h * (2 if t.norm == "layernorm" else 1))
+    for i in reversed(range(L)):
+        mechanics.pre_backward(led, i)
+        saves = layer_saves(impl, arch, i, shape, act, device, use_cache=not checkpointed, flash=step.flash)
+        if checkpointed:
+            for name, b in saves.saved:
+                led.alloc(f"layer {i}.{name}", b, ACTIVATIONS)
+            led.event(f"layer {i} recompute", saves.forward_excess, TRANSIENT)
+        led.event(f"layer {i} backward", saves.backward_excess, TRANSIENT)
+        for name in [n for n in led.live if n.startswith(f"layer {i}.")]:
+            led.free(name)
+        if i == 0:
+            for name in [n for n in led.live if n.startswith("shared.")]:
+                led.free(name)
+        if checkpointed or saves.keeps_input:
+            previous = f"hidden {i}" if i > 0 else ("hidden 0" if led.has("hidden 0") else "embedding output")
+            led.free(previous)
+        mechanics.param_grad(led, i, "block", sum(step.layer_params[i]))
+        led.event(f"layer {i} gradients")
+        mechanics.post_backward(led, i)
+
+    # the embedding's backward: a dense [V, h] gradient; a tied weight's two gradients are summed out of
+    # place (the autograd engine's InputBuffer holds the LM head's until the embedding's arrives)
+    if not t.rotary:
+        mechanics.param_grad(led, "root", "position embedding", arch.max_position_embeddings * h)
+    mechanics.param_grad(led, "root", "embedding dense", V * h)
+    led.event("embedding backward")
+    led.free("d hidden")
+    if arch.tied_embeddings:
+        mechanics.tied_grad_sum(led, V * h)
+        led.event("tied embedding gradient sum")
+    for name in ("embedding output", "hidden 0"):
+        led.free(name)
+    mechanics.post_backward(led, "root")
+    led.free("no-reshard runtime extra")
+    led.free("grad seed")  # held by torch.autograd.backward's frame
+    led.event("after backward")
+    after_backward = led.total
+
+    # ---- optimizer ---------------------------------------------------------------------------------------
+    led.phase = "optimizer"
+    mechanics.optimizer_step(led, first_step)
+    mechanics.zero_grad(led)
+    led.event("zero_grad")
+    led.rename("loss", "previous step's loss")  # the training loop's `loss` lives into the next step
+    return Phases(start, after_forward, after_backward)
+
+
+def steady_start(step: StepShape, mechanics, runtime: Runtime | None, led: Ledger) -> None:
+    """What is allocated at the start of a step after the first: the mechanics' resident state, the input
+    ids (= labels), the previous loss, model buffers and the runtime's workspaces."""
+    mechanics.resident(led)
+    _inputs(step, led)
+    led.alloc("previous step's loss", FP32, LOSS)
+    if runtime is not None and step.device is Device.CUDA:
+        led.alloc("cuBLAS workspace (forward thread)", runtime.cublas_workspace, RUNTIME)
+        led.alloc("cuBLAS workspace (autograd thread)", runtime.cublas_workspace, RUNTIME)
+        _runtime_extras(step, runtime, led)
+
+
+def _inputs(step: StepShape, led: Ledger) -> None:
+    arch = step.arch
+    if traits(arch).rotary and step.impl.name is ModelImplName.HF:
+        d = arch.latent_attention.qk_rope_head_dim if arch.latent_attention else arch.dim_per_head
+        # the rotary embedding's inv_freq and original_inv_freq buffers (fp32 [d/2])
+        led.alloc("rotary inv_freq", 2 * d, INPUTS)
+        led.alloc("rotary original_inv_freq", 2 * d, INPUTS)
+    led.alloc("input ids (= labels)", INT64 * step.shape.tokens, INPUTS)
+
+
+def _runtime_extras(step: StepShape, runtime: Runtime, led: Ledger) -> None:
+    led.alloc("unattributed at step start", runtime.start_extra, RUNTIME)
+    if step.recompute is Recompute.FULL:
+        led.alloc("checkpointing runtime extra", runtime.recompute_extra, RUNTIME)
+
+
+def first_start(step: StepShape, mechanics, runtime: Runtime | None, led: Ledger) -> None:
+    """Model creation and wrapping (the allocation stream before the first step), then the first step's
+    inputs: for the allocator replay."""
+    mechanics.create(led)
+    _inputs(step, led)
+    if runtime is not None and step.device is Device.CUDA:
+        _runtime_extras(step, runtime, led)
