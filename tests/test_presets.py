@@ -130,13 +130,19 @@ def test_model_and_params_are_mutually_exclusive() -> None:
     assert result.exit_code == 2 and "not both" in result.stderr
 
 
-def test_gpu_preset_adds_fits_with_the_reserve() -> None:
+def test_gpu_preset_capacity_is_what_pytorch_sees_less_the_context() -> None:
+    """H100 80GB: nvidia-smi's 81559 MiB; torch.cuda.mem_get_info's total 79.18 GiB (81080 MiB); 1,395,458,048
+    bytes outside the caching allocator (shared/measurements: device_used − max_reserved)."""
     gpu = load_gpu("h100-80gb")
     assert gpu.memory_bytes == 81559 * 2**20
+    assert gpu.usable_bytes == 81080 * 2**20 and gpu.context_bytes == 1_395_458_048
     est = estimate_memory(model="llama-3-8b", gpus=8, gpu="h100-80gb", reserve="4GiB")
-    assert est.request.gpu_memory_bytes == 81559 * 2**20 - 4 * 2**30
+    assert est.request.gpu_memory_bytes == 81080 * 2**20
+    assert est.request.states_capacity_bytes == 81080 * 2**20 - 4 * 2**30
+    default = estimate_memory(model="llama-3-8b", gpus=8, gpu="h100-80gb")
+    assert default.request.states_capacity_bytes == 81080 * 2**20 - 1_395_458_048
     result = runner.invoke(app, ["memory", "--model", "llama-3-70b", "--gpu", "h100-80gb", "--gpus", "64"])
-    assert result.exit_code == 0 and "Fits" in result.stdout and "Llama-3-70B" in result.stdout
+    assert result.exit_code == 0 and "Of 79.18" in result.stdout and "Llama-3-70B" in result.stdout
 
 
 def test_gpu_preset_supplies_comm_bandwidths() -> None:

@@ -56,11 +56,13 @@ def test_default_strategies_follow_the_framework_and_unrunnable_ones_become_note
         ({"params": "7B", "recompute": "bogus"}, "recompute 'bogus'"),
         ({"params": "7B", "wrap": "bogus"}, "wrap 'bogus'"),
         ({"params": "7B", "prefetch": -3}, "prefetch -3"),
-        ({"params": "7B", "fragmentation": -5}, "fragmentation -5"),
+        ({"params": "7B", "model_impl": "keras"}, "model_impl 'keras'"),
+        ({"params": "7B", "optimizer_impl": "apex"}, "optimizer_impl 'apex'"),
         ({"params": "7B", "framework": "nonsense"}, "framework 'nonsense'"),
         ({"params": "7B", "framework": "fsdp2"}, "counts what the implementation allocates"),
         ({"params": "7B", "strategies": "zero9"}, "strategies 'zero9' is not known"),
-        ({"params": "7B", "reserve": "1GiB"}, "reserve applies to gpu"),
+        ({"params": "7B", "gpu_memory": "1GiB"}, "1,395,458,048 bytes) is not below gpu_memory '1GiB'"),
+        ({"params": "7B", "gpu": "h100-80gb", "reserve": "80GiB"}, "reserve ('80GiB'"),
         ({"params": "{gpus}"}, "params '{gpus}'"),  # a user's braces are not read as a name
     ],
 )

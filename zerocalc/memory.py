@@ -36,7 +36,7 @@ from zerocalc.request import TrainingRequest
 from zerocalc.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName
 from zerocalc.units import ceil_div, plural
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class Location(StrEnum):
@@ -74,8 +74,10 @@ class StrategyMemory(BaseModel):
     cpu_bytes_per_node: int
     nvme_bytes_per_node: int
     fraction_of_ddp: float = Field(description="gpu_bytes / DDP's gpu_bytes for the same recipe")
-    fits: bool | None = Field(default=None, description="gpu_bytes <= gpu_memory_bytes, when given")
-    headroom_bytes: int | None = Field(default=None, description="gpu_memory_bytes − gpu_bytes, when given")
+    fits: bool | None = Field(default=None, description="gpu_bytes <= states_capacity_bytes, when given")
+    headroom_bytes: int | None = Field(
+        default=None, description="states_capacity_bytes − gpu_bytes, when a GPU memory is given"
+    )
 
     def bytes_of(self, kind: StateKind) -> int:
         """Bytes of one state kind on this rank's GPU (0 when offloaded or absent)."""
@@ -106,7 +108,11 @@ class MemoryRequest(BaseModel):
     offload_optimizer: OffloadTarget
     offload_params: OffloadTarget
     strategies: tuple[StrategyName, ...]
-    gpu_memory_bytes: int | None = Field(default=None, ge=0)
+    gpu_memory_bytes: int | None = Field(default=None, ge=0, description="what PyTorch sees of one GPU")
+    context_bytes: int = Field(description="held outside the caching allocator (CUDA context, NCCL, kernels)")
+    states_capacity_bytes: int | None = Field(
+        default=None, description="gpu_memory_bytes − context_bytes: what model states are compared with"
+    )
 
     @classmethod
     def of(cls, request: TrainingRequest) -> MemoryRequest:
@@ -120,6 +126,8 @@ class MemoryRequest(BaseModel):
             offload_params=request.offload_params,
             strategies=request.strategies,
             gpu_memory_bytes=request.gpu_memory_bytes,
+            context_bytes=request.runtime.context_bytes,
+            states_capacity_bytes=request.states_capacity_bytes,
         )
 
 
@@ -133,8 +141,10 @@ class ModelSummary(BaseModel):
 
 class GpuSummary(BaseModel):
     name: str
-    memory_bytes: int
-    reserve_bytes: int
+    title: str
+    memory_bytes: int = Field(description="as nvidia-smi reports it")
+    usable_bytes: int = Field(description="what PyTorch sees: torch.cuda.mem_get_info's total")
+    context_bytes: int = Field(description="held outside the caching allocator at world size 1")
 
 
 class MemoryEstimate(BaseModel):
@@ -271,8 +281,9 @@ def strategy_memory(strategy: Strategy, request: TrainingRequest, ddp_gpu_bytes:
     cpu = _bytes_at(states, Location.CPU)
     nvme = _bytes_at(states, Location.NVME)
     fits = headroom = None
-    if request.gpu_memory_bytes is not None:
-        headroom = request.gpu_memory_bytes - gpu
+    capacity = request.states_capacity_bytes
+    if capacity is not None:
+        headroom = capacity - gpu
         fits = headroom >= 0
     per_node = request.cluster.ranks_per_node
     return StrategyMemory(
@@ -336,7 +347,13 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
         else ModelSummary(name=model.name or "", title=model.title, parameter_count=model.parameter_count),
         gpu=None
         if gpu is None
-        else GpuSummary(name=gpu.name, memory_bytes=gpu.memory_bytes, reserve_bytes=gpu.reserve_bytes),
+        else GpuSummary(
+            name=gpu.name,
+            title=gpu.title,
+            memory_bytes=gpu.memory_bytes,
+            usable_bytes=gpu.usable_bytes,
+            context_bytes=gpu.context_bytes,
+        ),
         bytes_per_parameter=bpp,
         assumptions=assumptions,
         notes=list(request.strategy_notes),

@@ -65,22 +65,48 @@ class ModelPreset(BaseModel):
 
 
 class GpuSpec(BaseModel):
+    """A GPU kind: its memory as nvidia-smi and as PyTorch see it, its compute, its links, and what the CUDA
+    runtime takes outside the caching allocator; each figure with its source in the preset's comments."""
+
     model_config = ConfigDict(extra="forbid")
 
     name: str = ""
     title: str
-    memory: str = Field(description="as the preset writes it, e.g. 81559MiB")
+    memory: str = Field(description="total memory as nvidia-smi reports it, e.g. 81559MiB")
+    usable_memory: str = Field(description="what PyTorch sees: torch.cuda.mem_get_info()'s total")
     bf16_dense_tflops: float = Field(gt=0)
     intra_node_busbw: str
     inter_node_busbw: str
-    reserve: str = DEFAULT_RESERVE
+    context: str = Field(
+        description="outside the caching allocator at world size 1: CUDA context, NCCL, the kernels and "
+        "handles loaded by the first steps"
+    )
+    nccl_communicator: str = Field(description="each NCCL communicator of more than one rank adds this")
+    cublas_workspace: str = Field(description="one cuBLAS workspace per (handle, stream)")
     source: str
+    runtime_source: str = Field(description="where usable_memory, context and the workspaces come from")
 
-    @field_validator("memory", "reserve")
+    @field_validator("memory", "usable_memory", "context", "nccl_communicator", "cublas_workspace")
     @classmethod
     def _bytes(cls, value: str) -> str:
         parse_bytes(value, "memory")
         return value
+
+    @property
+    def usable_bytes(self) -> int:
+        return parse_bytes(self.usable_memory)
+
+    @property
+    def context_bytes(self) -> int:
+        return parse_bytes(self.context)
+
+    @property
+    def nccl_communicator_bytes(self) -> int:
+        return parse_bytes(self.nccl_communicator)
+
+    @property
+    def cublas_workspace_bytes(self) -> int:
+        return parse_bytes(self.cublas_workspace)
 
     @field_validator("intra_node_busbw", "inter_node_busbw")
     @classmethod

@@ -75,10 +75,8 @@ DEFAULT_DDP_BUCKET = "25MiB"
 """torch.nn.parallel.DistributedDataParallel(bucket_cap_mb=25)."""
 DEFAULT_DEEPSPEED_BUCKET = "5e8"
 """DeepSpeed ZeRO config defaults: reduce_bucket_size = allgather_bucket_size = 5e8 elements."""
-DEFAULT_FRAGMENTATION = 0.10
-"""A stated allowance: the PyTorch caching allocator typically reserves 5-15% above what is allocated."""
-DEFAULT_RESERVE = "2GiB"
-"""Per-GPU CUDA context (~0.5 GiB), NCCL communicators and allocator slack when no GPU preset says."""
+DEFAULT_GPU = "h100-80gb"
+"""Without ``gpu``, the runtime figures (context, NCCL, cuBLAS workspaces) are this preset's (measured)."""
 
 
 class GradSync(StrEnum):
@@ -114,7 +112,8 @@ class TrainingOptions(BaseModel):
     gpu: str | None = None
     gpu_memory: int | str | None = None
     reserve: int | str | None = None
-    """With ``gpu``: memory kept back for the CUDA context and NCCL; it is the peak's overhead line."""
+    """What the process holds outside the caching allocator (CUDA context, NCCL, kernels) at world size 1;
+    default: the GPU preset's measured figure (:data:`DEFAULT_GPU`'s without a preset)."""
     seq_len: int | str = DEFAULT_SEQ_LEN
     micro_batch: int | str = DEFAULT_MICRO_BATCH
     recompute: str = "none"
@@ -128,7 +127,6 @@ class TrainingOptions(BaseModel):
     ddp_bucket: int | str = DEFAULT_DDP_BUCKET
     reduce_bucket: int | str = DEFAULT_DEEPSPEED_BUCKET
     allgather_bucket: int | str = DEFAULT_DEEPSPEED_BUCKET
-    fragmentation: float | str = DEFAULT_FRAGMENTATION
     grad_accum: int | str = 1
     calibration: str | Calibration | None = None
     calibration_name: str | None = None
@@ -159,8 +157,13 @@ class GpuChoice(BaseModel):
 
     name: str
     title: str
-    memory_bytes: int
-    reserve_bytes: int = Field(description="kept back for the CUDA context, NCCL and allocator slack")
+    memory_bytes: int = Field(description="as nvidia-smi reports it")
+    usable_bytes: int = Field(description="what PyTorch sees (torch.cuda.mem_get_info total): the capacity")
+    context_bytes: int = Field(
+        description="outside the caching allocator: CUDA context, NCCL, kernels (world size 1)"
+    )
+    nccl_communicator_bytes: int
+    cublas_workspace_bytes: int
     bf16_dense_tflops: float
     intra_node_Bps: float
     inter_node_Bps: float
@@ -211,10 +214,12 @@ class TrainingRequest(BaseModel):
     gpu_memory_bytes: int | None = Field(
         default=None,
         ge=0,
-        description="usable per GPU for model states: --gpu-memory, or the GPU less its reserve",
+        description="what PyTorch sees of one GPU (torch.cuda.mem_get_info's total): the GPU preset's "
+        "usable memory or --gpu-memory; None: no fits/headroom",
     )
-    overhead_bytes: int = Field(default=2 * 2**30, ge=0, description="CUDA context + NCCL per GPU (peak)")
-    fragmentation: float = Field(default=DEFAULT_FRAGMENTATION, ge=0, le=1)
+    runtime: GpuChoice
+    """The GPU's runtime figures (context, NCCL, workspaces): the preset's, else :data:`DEFAULT_GPU`'s;
+    ``context_bytes`` is ``reserve`` when given."""
     grad_accum: int = Field(default=1, ge=1, le=MAX_GRAD_ACCUM)
     grad_sync: GradSync = GradSync.EVERY
     model_impl: ModelImplName = ModelImplName.HF
@@ -228,9 +233,12 @@ class TrainingRequest(BaseModel):
     calibration_name: str | None = None
 
     @property
-    def peak_gpu_memory_bytes(self) -> int | None:
-        """What the peak is compared with: the whole GPU (the reserve is its own line), or --gpu-memory."""
-        return self.gpu.memory_bytes if self.gpu is not None else self.gpu_memory_bytes
+    def states_capacity_bytes(self) -> int | None:
+        """What model states alone are compared with (no architecture, so no step to simulate): the GPU's
+        memory less what the process holds outside the caching allocator."""
+        if self.gpu_memory_bytes is None:
+            return None
+        return self.gpu_memory_bytes - self.runtime.context_bytes
 
     @property
     def architecture(self) -> Architecture:
@@ -275,10 +283,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         reduce_bucket_elements=_elements(o.reduce_bucket, "{reduce_bucket}"),
         allgather_bucket_elements=_elements(o.allgather_bucket, "{allgather_bucket}"),
     )
-    fragmentation = parse_fraction(
-        o.fragmentation, "{fragmentation}", 0.0, 1.0, "a fraction from 0 to 1, e.g. 0.1"
-    )
-    gpu, usable, overhead = _gpu(o.gpu, o.gpu_memory, o.reserve, model.architecture is not None)
+    gpu, gpu_memory, runtime = _gpu(o.gpu, o.gpu_memory, o.reserve)
     grad_accum = parse_whole(o.grad_accum, "{grad_accum}", 1, MAX_GRAD_ACCUM, "micro-batches")
     grad_sync = GradSync.EVERY if o.grad_sync is None else _choice(o.grad_sync, "{grad_sync}", GradSync)
     tokens, tflops = _compute(o.tokens_per_step, o.tflops)
@@ -302,9 +307,8 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         activations=activations,
         buffers=buffers,
         gpu=gpu,
-        gpu_memory_bytes=usable,
-        overhead_bytes=overhead,
-        fragmentation=fragmentation,
+        gpu_memory_bytes=gpu_memory,
+        runtime=runtime,
         grad_accum=grad_accum,
         grad_sync=grad_sync,
         model_impl=_choice(o.model_impl, "{model_impl}", ModelImplName),
@@ -390,42 +394,53 @@ def _cluster(gpus: int | str, gpus_per_node: int | str | None) -> Cluster:
     return Cluster(world_size=world, gpus_per_node=min(per_node, world))
 
 
-def _gpu(
-    gpu: str | None, gpu_memory: int | str | None, reserve: int | str | None, has_architecture: bool
-) -> tuple[GpuChoice | None, int | None, int]:
-    """(the GPU preset, usable bytes for model states, the overhead line of the peak).
-
-    With a preset, ``reserve`` (default: the preset's) is kept back from its memory; without one, it is
-    only the peak's overhead line, so it needs an architecture.
-    """
-    if gpu is None:
-        if reserve is not None and not has_architecture:
-            raise InputError("{reserve} applies to {gpu}; accepted: {gpu} NAME {reserve} 2GiB")
-        usable = None if gpu_memory is None else parse_bytes(gpu_memory, "{gpu_memory}")
-        overhead = parse_bytes(reserve if reserve is not None else DEFAULT_RESERVE, "{reserve}")
-        return None, usable, overhead
-    if gpu_memory is not None:
-        raise InputError(
-            "give {gpu} or {gpu_memory}, not both; accepted: {gpu} h100-80gb or {gpu_memory} 80GiB"
-        )
+def _gpu_choice(name: str, reserve: int | str | None) -> GpuChoice:
     from zerocalc.presets import load_gpu
 
-    spec = load_gpu(gpu)
-    kept = parse_bytes(reserve if reserve is not None else spec.reserve, "{reserve}")
-    if kept >= spec.memory_bytes:
-        raise InputError(
-            f"{{reserve}} {shown(reserve)} is not below the {spec.title}'s memory; accepted: a smaller size"
-        )
-    choice = GpuChoice(
+    spec = load_gpu(name)
+    context = spec.context_bytes if reserve is None else parse_bytes(reserve, "{reserve}")
+    return GpuChoice(
         name=spec.name,
         title=spec.title,
         memory_bytes=spec.memory_bytes,
-        reserve_bytes=kept,
+        usable_bytes=spec.usable_bytes,
+        context_bytes=context,
+        nccl_communicator_bytes=spec.nccl_communicator_bytes,
+        cublas_workspace_bytes=spec.cublas_workspace_bytes,
         bf16_dense_tflops=spec.bf16_dense_tflops,
         intra_node_Bps=spec.intra_node_Bps,
         inter_node_Bps=spec.inter_node_Bps,
     )
-    return choice, spec.memory_bytes - kept, kept
+
+
+def _gpu(
+    gpu: str | None, gpu_memory: int | str | None, reserve: int | str | None
+) -> tuple[GpuChoice | None, int | None, GpuChoice]:
+    """(the GPU preset, what PyTorch sees of one GPU, the runtime figures).
+
+    The memory is the preset's usable memory (``torch.cuda.mem_get_info``'s total) or ``gpu_memory``;
+    the runtime figures (context, NCCL, cuBLAS workspaces) are the preset's, else :data:`DEFAULT_GPU`'s,
+    ``reserve`` overriding the context. The context must leave some of the memory.
+    """
+    if gpu is not None and gpu_memory is not None:
+        raise InputError(
+            "give {gpu} or {gpu_memory}, not both; accepted: {gpu} h100-80gb or {gpu_memory} 80GiB"
+        )
+    runtime = _gpu_choice(DEFAULT_GPU if gpu is None else gpu, reserve)
+    if gpu is not None:
+        memory, named = runtime.usable_bytes, f"the {runtime.title}'s usable memory"
+    elif gpu_memory is not None:
+        memory = parse_bytes(gpu_memory, "{gpu_memory}")
+        named = f"{{gpu_memory}} {shown(gpu_memory)}"
+    else:
+        return None, None, runtime
+    if runtime.context_bytes >= memory:
+        given = "its default" if reserve is None else shown(reserve)
+        raise InputError(
+            f"{{reserve}} ({given}, {runtime.context_bytes:,} bytes) is not below {named}; "
+            "accepted: a smaller {reserve} or a larger memory"
+        )
+    return (runtime if gpu is not None else None), memory, runtime
 
 
 def _compute(

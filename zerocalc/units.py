@@ -144,7 +144,8 @@ def parse_bytes(
     """Parse a byte size such as ``80GiB`` or ``1.5TB`` into an exact integer number of bytes.
 
     A bare number (no unit) is ambiguous (``--gpu-memory 80``: bytes or GiB?) and is refused unless
-    ``bare_unit`` says which unit it means (``"B"`` for ``bench --min-bytes``, which counts bytes).
+    ``bare_unit`` says which unit it means (``"B"`` for ``bench --min-bytes``, which counts bytes), or it
+    is zero (the same in every unit).
     """
     if isinstance(text, bool):
         raise InputError(f"{what} {shown(text)} is not a size; accepted: {accepted}")
@@ -154,7 +155,7 @@ def parse_bytes(
         match = _BYTES_RE.match(str(text))
         if not match:
             raise InputError(f"{what} {shown(text)} is not understood; accepted: {accepted}")
-        if not match["unit"] and bare_unit is None:
+        if not match["unit"] and bare_unit is None and _decimal(match["num"], what, accepted, text) != 0:
             raise InputError(f"{what} {shown(text)} has no unit; accepted: {accepted}")
         unit = _canonical_byte_unit(match["unit"] or bare_unit or "B")
         if unit is None:
