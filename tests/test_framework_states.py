@@ -120,5 +120,9 @@ def test_bad_inputs_are_input_errors() -> None:
         predict_rank_states(arch, DDP, 2, 0, PrecisionName.BF16_PURE)
     with pytest.raises(InputError, match="sgd"):
         predict_rank_states(arch, DDP, 2, 0, FP32, OptimizerName.SGD)
-    with pytest.raises(InputError):
-        predict_rank_states(load_model("mixtral-8x7b")[0], DDP, 2, 0)
+
+
+def test_mixture_of_experts_is_counted_like_any_model() -> None:
+    """Mixtral-8x7B (46,702,792,704 parameters) under DDP: every rank holds the whole model in fp32."""
+    states = predict_rank_states(load_model("mixtral-8x7b")[0], DDP, 2, 0)
+    assert states.params.bytes == 4 * 46_702_792_704

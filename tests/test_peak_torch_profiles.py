@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from zerocalc.api import estimate_peak
 from zerocalc.cli import app
 from zerocalc.errors import InputError
-from zerocalc.peak.report import LineKind
+from zerocalc.peak.kinds import TensorKind
 
 runner = CliRunner()
 PSI = 6_738_415_616  # Llama-2-7B
@@ -19,7 +19,7 @@ GPT2_ROOT = 50257 * 768 + 1024 * 768 + 2 * 768  # wte (tied head) + wpe + ln_f
 
 
 def _line(row, name_start: str) -> int:
-    return next(line.bytes for line in row.lines if line.name.startswith(name_start))
+    return next(line.bytes for line in row.states if line.name.startswith(name_start))
 
 
 def _rows(model: str, gpus: int, framework: str, **kwargs):
@@ -35,10 +35,13 @@ def test_fsdp_full_shard_llama2_7b_by_hand() -> None:
     assert _line(row, "parameters (fp32 master)") == 4 * local
     assert _line(row, "gradients (fp32)") == 4 * local
     assert _line(row, "optimizer states") == 8 * local
-    assert _line(row, "Adam step counters") == 33 * 4  # one per flat parameter: 32 blocks + root
-    assert _line(row, "gathered blocks (current + 1") == 2 * BLOCK * 2
-    assert _line(row, "gathered root unit") == ROOT * 2
-    assert _line(row, "unsharded gradients of one unit") == ROOT * 2
+    fused = _rows("llama-2-7b", 8, "fsdp", strategies="zero3", optimizer_impl="fused")["zero3"]
+    assert _line(fused, "Adam step counters") == 33 * 4  # one per flat parameter: 32 blocks + root
+    # at layer 31's reduction: the root (kept unsharded after forward) and layers 31 and 30 (prefetched)
+    # gathered in bf16, and layer 31's flat gradient cast to the fp32 reduce dtype
+    fp32_reduce = _rows("llama-2-7b", 8, "fsdp", strategies="zero3", reduce_dtype="fp32")["zero3"]
+    assert fp32_reduce.peak_event == "reduce 31 (cast)"
+    assert fp32_reduce.term(TensorKind.GATHERED) == 2 * ROOT + 2 * 2 * BLOCK
 
 
 def test_fsdp_flat_parameters_are_padded_to_the_world_size() -> None:
@@ -47,21 +50,20 @@ def test_fsdp_flat_parameters_are_padded_to_the_world_size() -> None:
     local = 12 * -(-GPT2_BLOCK // 5) + -(-GPT2_ROOT // 5)
     assert local == 24_887_969  # vs Ψ/5 = 24,887,961.6
     assert _line(row, "parameters (fp32 master)") == 4 * local
-    padded_root = -(-GPT2_ROOT // 5) * 5
-    assert _line(row, "gathered root unit") == 4 * padded_root  # fp32: no MixedPrecision
-    assert _line(row, "unsharded gradients of one unit") == 4 * padded_root
 
 
 def test_fsdp_shard_grad_op_keeps_every_unit_after_forward() -> None:
+    """SHARD_GRAD_OP at the loss's backward: every unit still unsharded in bf16 (2Ψ, divisible by 8)."""
     row = _rows("llama-2-7b", 8, "fsdp", strategies="shard_grad_op")["shard_grad_op"]
-    assert _line(row, "unsharded parameters of every unit") == PSI * 2  # bf16, divisible by 8
-    assert row.total(LineKind.BUFFERS) == PSI * 2 + ROOT * 2
+    assert row.peak_event == "loss backward (log_softmax_backward)"
+    assert row.term(TensorKind.GATHERED) == PSI * 2
 
 
 def test_fsdp_no_shard_in_fp32_has_no_copies() -> None:
-    rows = _rows("llama-2-7b", 8, "fsdp", strategies="ddp", precision="fp32")
-    assert rows["ddp"].total(LineKind.BUFFERS) == 0
-    assert rows["ddp"].total(LineKind.STATES) == 16 * PSI + 33 * 4
+    """NO_SHARD in fp32 uses the flat parameters in place: nothing gathered at any point."""
+    row = _rows("llama-2-7b", 8, "fsdp", strategies="ddp", precision="fp32")["ddp"]
+    assert row.term(TensorKind.GATHERED) == 0
+    assert sum(line.bytes for line in row.states) == 16 * PSI
 
 
 def test_fsdp2_uses_the_largest_rank_and_padded_dim0_units() -> None:
@@ -71,7 +73,10 @@ def test_fsdp2_uses_the_largest_rank_and_padded_dim0_units() -> None:
     padded to 5·ceil(d0/5): (50260 + 1025) × 768 + 2 × 770 = 39,388,420 bf16 elements."""
     row = _rows("gpt2", 5, "fsdp2", strategies="zero3")["zero3"]
     assert _line(row, "parameters (fp32 master)") == 4 * 24_923_648  # 7,719,936 + 157,440 + 308 + 17,045,964
-    assert _line(row, "gathered root unit") == 2 * 39_388_420
+    # at the loss's backward only the root is unsharded: wte 50260 × 768 and wpe 1025 × 768 in bf16
+    # (multiples of 512 B), ln_f's weight and bias (770 × 2 B, each rounded up to 2048 B)
+    assert row.peak_event == "loss backward (log_softmax_backward)"
+    assert row.term(TensorKind.GATHERED) == 2 * 50260 * 768 + 2 * 1025 * 768 + 2 * 2048 == 78_777_856
 
 
 def test_torch_zero1_greedy_partition_by_hand() -> None:
@@ -82,11 +87,15 @@ def test_torch_zero1_greedy_partition_by_hand() -> None:
     owned = 131_072_000 + 48 * 4096 * 11008 + 64 * 4096 * 4096 + 33 * 4096
     assert owned == 3_369_209_856
     assert _line(zero1, "optimizer states") == 8 * owned
-    assert _line(zero1, "Adam step counters") == (1 + 48 + 64 + 33) * 4
     assert _line(zero1, "parameters (fp32 master)") == 4 * PSI
-    # gradient_as_bucket_view=False: DDP's buckets are a second copy of every fp32 gradient
-    assert _line(zero1, "DDP reducer gradient buckets") == 4 * PSI
+    # gradient_as_bucket_view=False: DDP's buckets are a second copy of every fp32 gradient; the peak is
+    # foreach's sqrt of the owned states
+    assert zero1.peak_phase.value == "optimizer"
+    assert zero1.term(TensorKind.REDUCTION) == 4 * PSI
+    assert zero1.term(TensorKind.OPTIMIZER_TEMPORARIES) == 4 * owned
     assert _line(rows["ddp"], "optimizer states") == 8 * PSI
+    fused = _rows("llama-2-7b", 2, "torch-zero1", strategies="zero1", optimizer_impl="fused")["zero1"]
+    assert _line(fused, "Adam step counters") == (1 + 48 + 64 + 33) * 4
 
 
 @pytest.mark.parametrize("model", ["gpt2", "llama-2-7b", "qwen2.5-7b", "mistral-7b"])
@@ -124,9 +133,11 @@ def test_bad_torch_profile_input(kwargs: dict, fragment: str) -> None:
     assert fragment in str(info.value)
 
 
-def test_moe_is_refused_by_the_torch_profiles() -> None:
-    with pytest.raises(InputError, match="mixture of experts"):
-        estimate_peak("mixtral-8x7b", 8, framework="fsdp")
+def test_moe_is_modelled_by_the_torch_profiles() -> None:
+    """Mixtral-8x7B under FSDP1 FULL_SHARD on 8 GPUs: 46,702,792,704 parameters, every unit's flat
+    parameter divisible by 8, so each rank holds Ψ/8 fp32 elements."""
+    row = _rows("mixtral-8x7b", 8, "fsdp", strategies="zero3")["zero3"]
+    assert _line(row, "parameters (fp32 master)") == 4 * 46_702_792_704 // 8
 
 
 def test_cli_fsdp2_table() -> None:
@@ -134,8 +145,8 @@ def test_cli_fsdp2_table() -> None:
         app, ["memory", "--model", "llama-3-8b", "--gpus", "8", "--framework", "fsdp2", "--gpu", "h100-80gb"]
     )
     assert result.exit_code == 0, result.output
-    assert "FSDP2 reshard_after_forward=True" in result.stdout
-    assert "DTensors sharded on dim 0" in result.stdout
+    assert "FSDP2 reshard" in result.stdout and "reshard_after_forward=True" in result.stdout
+    assert "torch 2.13 FSDP2" in result.stdout
     bad = runner.invoke(app, ["memory", "--model", "gpt2", "--framework", "fsdp", "-s", "zero1"])
     assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1
 
@@ -144,11 +155,10 @@ def test_reduce_dtype_fp32_adds_the_cast_copy_of_the_reduced_gradients() -> None
     """FSDP MixedPrecision(reduce_dtype=fp32) and DeepSpeed communication_data_type fp32: the bf16
     gradients and their fp32 copy are both alive at the reduction."""
     fsdp = _rows("llama-2-7b", 8, "fsdp", strategies="zero3", reduce_dtype="fp32")["zero3"]
-    assert _line(fsdp, "unsharded gradients of one unit + their copy") == ROOT * (2 + 4)
-    paper = _rows("llama-2-7b", 8, "paper", strategies="zero2,zero3", reduce_dtype="fp32")
+    # at layer 31's cast: its bf16 flat gradient and the fp32 copy (the block divides by 8: no padding)
+    assert fsdp.peak_event == "reduce 31 (cast)"
+    assert fsdp.term(TensorKind.REDUCTION) == 4 * BLOCK
+    paper = _rows("llama-2-7b", 8, "paper", strategies="zero2", reduce_dtype="fp32")
     assert _line(paper["zero2"], "reduce bucket") == 500_000_000 * (2 + 4)
-    assert _line(paper["zero3"], "unsharded gradients") == ROOT * (2 + 4)
-    fp32 = _rows("llama-2-7b", 8, "fsdp", strategies="zero3", precision="fp32", reduce_dtype="fp32")
-    assert _line(fp32["zero3"], "unsharded gradients of one unit") == ROOT * 4  # no cast: already fp32
     with pytest.raises(InputError, match="reduce_dtype 'fp16'"):
         estimate_peak("gpt2", 8, reduce_dtype="fp16")

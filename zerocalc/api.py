@@ -38,7 +38,8 @@ def estimate_memory(
 
     ``params`` takes the CLI's spellings (``"7B"``, ``6_738_415_616``), or ``model`` a preset name or a
     Hugging Face config.json path; ``strategies`` ``"all"``, a comma list or a list of names (FSDP names are
-    aliases); ``gpu`` a GPU preset whose memory less ``reserve`` gives the fits column.
+    aliases); ``gpu`` a GPU preset (or ``gpu_memory``, what PyTorch sees of one GPU) whose memory less the
+    context outside the caching allocator (``reserve``) gives the fits column.
     """
     from zerocalc.memory import evaluate_memory
 
@@ -84,13 +85,18 @@ def estimate_peak(
     ddp_bucket: int | str = "25MiB",
     reduce_bucket: int | str = "5e8",
     allgather_bucket: int | str = "5e8",
-    fragmentation: float | str = 0.1,
     reduce_dtype: str | None = None,
+    model_impl: str = "hf",
+    optimizer_impl: str = "foreach",
+    grad_accum: int | str = 1,
+    grad_sync: str | None = None,
+    expandable_segments: bool = False,
 ) -> MemoryReport:
     """Model states and the peak of one training step per strategy, for a model preset or config.json.
 
     The keywords are :func:`estimate_memory`'s and the peak's (``zerocalc memory --model``'s options);
-    ``reserve`` is the CUDA context + NCCL line (kept back from ``gpu`` when one is given).
+    ``reserve`` overrides what the process holds outside the caching allocator (the GPU preset's measured
+    context).
     """
     from zerocalc.peak.evaluate import evaluate_peak
 
@@ -117,8 +123,12 @@ def estimate_peak(
         ddp_bucket=ddp_bucket,
         reduce_bucket=reduce_bucket,
         allgather_bucket=allgather_bucket,
-        fragmentation=fragmentation,
         reduce_dtype=reduce_dtype,
+        model_impl=model_impl,
+        optimizer_impl=optimizer_impl,
+        grad_accum=grad_accum,
+        grad_sync=grad_sync,
+        expandable_segments=expandable_segments,
     )
     return evaluate_peak(request)
 

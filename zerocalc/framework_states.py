@@ -185,8 +185,6 @@ def _check(
     if optimizer not in OPTIMIZERS:
         accepted = ", ".join(o.value for o in OPTIMIZERS)
         raise InputError(f"{{optimizer}} {optimizer.value} is not modelled here; accepted: {accepted}")
-    if arch.is_moe:
-        raise InputError(f"{arch.name}: mixture-of-experts models are not modelled here yet; accepted: dense")
 
 
 def predict_rank_states(

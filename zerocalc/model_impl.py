@@ -75,8 +75,8 @@ MODEL_IMPLS: dict[ModelImplName, ModelImpl] = {
             name=ModelImplName.HF,
             title="Hugging Face transformers",
             library="transformers 5.17.0",
-            source="transformers 5.17.0 modeling_<family>.py, loss_utils.ForCausalLMLoss, sdpa_attention, moe "
-            "(measured with saved_tensors_hooks; eight H100 runs reproduced)",
+            source="transformers 5.17.0 modeling_<family>.py, loss_utils.ForCausalLMLoss, sdpa_attention, "
+            "moe (measured with saved_tensors_hooks; eight H100 runs reproduced)",
             norm_fp32_copy=True,
             kv_cache_copies=True,
             embedding_output_alive=True,
@@ -212,7 +212,7 @@ def layer_saves(
     if impl.name is ModelImplName.MEGATRON:
         return _korthikanti_layer(arch, index, shape, act, flash)
     t = traits(arch)
-    T, h, a, kv, d = shape.tokens, arch.hidden_size, arch.num_heads, arch.kv_heads, arch.dim_per_head
+    T, h = shape.tokens, arch.hidden_size
     copies = impl.kv_cache_copies and use_cache
     saved: list[tuple[str, int]] = []
 
@@ -289,7 +289,7 @@ def _attention(add, norm, arch, t, impl, T, shape, act, device, copies, flash) -
     ``DynamicLayer.update`` copies. GPT-2's q, k, v are views of ``c_attn``'s output, which therefore stays
     whole, next to the k/v cache copies.
     """
-    a, kv, d, h = arch.num_heads, arch.kv_heads, arch.dim_per_head, arch.hidden_size
+    a, kv, d = arch.num_heads, arch.kv_heads, arch.dim_per_head
     mla = arch.latent_attention
     if mla is not None:
         # DeepseekV3Attention: q_a_proj → q_a_layernorm → q_b_proj; kv_a_proj_with_mqa → kv_a_layernorm →

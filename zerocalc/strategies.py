@@ -59,7 +59,9 @@ class FrameworkSetup(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     title: str | None = None
-    """What the framework calls it, for tables (None: the strategy's title)."""
+    """What the framework calls it, for tables (None: the strategy's title); short, for 80 columns."""
+    legend: str | None = None
+    """What the short title stands for, printed under tables that show it."""
     torch: TorchSetup | None = None
     """The PyTorch wrapper and options (PyTorch frameworks only)."""
     in_default_set: bool = True
@@ -86,6 +88,10 @@ class Strategy(BaseModel):
     buffers: BufferRule
     frameworks: dict[Framework, FrameworkSetup]
     """The frameworks that implement this strategy, and how."""
+
+    def legend_under(self, framework: Framework) -> str | None:
+        setup = self.frameworks.get(framework)
+        return setup.legend if setup else None
 
     def title_under(self, framework: Framework) -> str:
         setup = self.frameworks.get(framework)
@@ -186,7 +192,8 @@ STRATEGIES: dict[StrategyName, Strategy] = {
                 Framework.PAPER: _PAPER,
                 Framework.MEGATRON: _PAPER,
                 Framework.TORCH_ZERO1: FrameworkSetup(
-                    title="DDP + ZeroRedundancyOptimizer",
+                    title="DDP + ZeRO-1",
+                    legend="DistributedDataParallel with torch's ZeroRedundancyOptimizer",
                     torch=TorchSetup(wrapper=TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER, validate_name="zero1"),
                 ),
             },
@@ -243,7 +250,8 @@ STRATEGIES: dict[StrategyName, Strategy] = {
                     ),
                 ),
                 Framework.FSDP2: FrameworkSetup(
-                    title="FSDP2 reshard_after_forward=False",
+                    title="FSDP2 no reshard",
+                    legend="fully_shard(reshard_after_forward=False): gathered once per step",
                     torch=TorchSetup(
                         wrapper=TorchWrapper.FSDP2,
                         reshard_after_forward=False,
@@ -279,7 +287,8 @@ STRATEGIES: dict[StrategyName, Strategy] = {
                     ),
                 ),
                 Framework.FSDP2: FrameworkSetup(
-                    title="FSDP2 reshard_after_forward=True",
+                    title="FSDP2 reshard",
+                    legend="fully_shard(reshard_after_forward=True), the default: gathered again in backward",
                     torch=TorchSetup(wrapper=TorchWrapper.FSDP2, validate_name="fsdp2"),
                 ),
             },
@@ -307,7 +316,8 @@ STRATEGIES: dict[StrategyName, Strategy] = {
                     ),
                 ),
                 Framework.FSDP2: FrameworkSetup(
-                    title="FSDP2 HSDP (2-D mesh, shard in node)",
+                    title="FSDP2 HSDP",
+                    legend="fully_shard on a 2-D mesh: sharded in the node, replicated across nodes",
                     torch=TorchSetup(wrapper=TorchWrapper.FSDP2, shard_group=_NODE),
                 ),
             },

@@ -1,14 +1,14 @@
-"""Communication buffers and gathered parameters at the peak, one function per buffer rule.
+"""Communication buffers an accounting keeps resident through the step, one function per buffer rule.
 
-* ZeRO-3 / FULL_SHARD / HYBRID_SHARD gather parameters unit by unit (FSDP docs, "FSDP Notes"): the current
-  block and ``prefetch`` more, the root unit (embeddings, final norm, LM head), which FSDP keeps unsharded
-  between forward and backward, and one unit's unsharded gradients before their reduce-scatter;
-* SHARD_GRAD_OP keeps parameters gathered (counted in its states) and adds one unit's gradients;
-* ZeRO-1/2: DeepSpeed's reduction and all-gather buckets (``reduce_bucket_size``/``allgather_bucket_size``);
-* DDP: one gradient bucket in flight (``bucket_cap_mb``).
+* ZeRO-1/2: DeepSpeed's reduction and all-gather buckets (``reduce_bucket_size``/``allgather_bucket_size``,
+  DeepSpeed config docs), with the reduction bucket's copy in ``communication_data_type`` when gradients
+  are reduced in a wider dtype;
+* DDP: one gradient bucket in flight (``bucket_cap_mb``, PyTorch DDP docs).
 
-With a wider reduce dtype (``--reduce-dtype fp32``: FSDP ``MixedPrecision(reduce_dtype)``, DeepSpeed
-``communication_data_type``) the gradients being reduced exist in both dtypes at once.
+Gathered units and one unit's unsharded gradients (ZeRO-3, FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD) are not
+resident: the step timeline allocates and frees them unit by unit (:class:`~zerocalc.peak.mechanics.
+Accounting`), so those rules keep nothing here. PyTorch's own frameworks model their buffers tensor by
+tensor (:mod:`zerocalc.peak.mechanics`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from zerocalc.architecture import ParameterCount
-from zerocalc.peak.profiles import Wrap
-from zerocalc.peak.report import LineKind, PeakLine
+from zerocalc.peak.kinds import TensorKind
+from zerocalc.peak.report import StateLine
 from zerocalc.request import TrainingRequest
 from zerocalc.strategies import BufferRule
 
@@ -27,115 +27,52 @@ def casts_for_reduction(b_g: int, b_r: int | None) -> bool:
     return b_r is not None and b_r != b_g
 
 
-def unit_gradients(numel: int, b_g: int, source: str, b_r: int | None = None) -> PeakLine:
-    """One unit's unsharded gradients; with a wider reduce dtype also their copy cast for the reduction."""
-    if not casts_for_reduction(b_g, b_r):
-        return PeakLine(
-            kind=LineKind.BUFFERS,
-            name="unsharded gradients of one unit",
-            bytes=numel * b_g,
-            source=f"{source}: a unit's full gradients exist until they are reduced",
-        )
-    assert b_r is not None
-    return PeakLine(
-        kind=LineKind.BUFFERS,
-        name="unsharded gradients of one unit + their copy in the reduce dtype",
-        bytes=numel * (b_g + b_r),
-        source=f"{source}: gradients are cast to the reduce dtype before the reduce-scatter",
-    )
+BufferFunction = Callable[[TrainingRequest, ParameterCount, int, int], list[StateLine]]
 
 
-def units_in_flight(
-    block: int,
-    root: int,
-    b_p: int,
-    b_g: int,
-    prefetch: int,
-    source: str = "FSDP/ZeRO-3",
-    copies: str = "gathered",
-    b_r: int | None = None,
-) -> list[PeakLine]:
-    """The current block and ``prefetch`` more, the root unit, and one unit's unsharded gradients.
-    ``block`` and ``root`` are elements as gathered (padding included where the framework pads)."""
+def _ddp_bucket(request: TrainingRequest, count: ParameterCount, b_p: int, b_g: int) -> list[StateLine]:
     return [
-        PeakLine(
-            kind=LineKind.BUFFERS,
-            name=f"{copies} blocks (current + {prefetch} prefetched)",
-            bytes=(1 + prefetch) * block * b_p,
-            source=f"{source}: a unit is unsharded before use (forward/backward prefetch)",
-        ),
-        PeakLine(
-            kind=LineKind.BUFFERS,
-            name=f"{copies} root unit (embeddings, final norm, LM head)",
-            bytes=root * b_p,
-            source=f"{source}: the root unit is not resharded between forward and backward",
-        ),
-        unit_gradients(max(block, root), b_g, source, b_r),
-    ]
-
-
-BufferFunction = Callable[[TrainingRequest, ParameterCount, int, int], list[PeakLine]]
-
-
-def _ddp_bucket(request: TrainingRequest, count: ParameterCount, b_p: int, b_g: int) -> list[PeakLine]:
-    return [
-        PeakLine(
-            kind=LineKind.BUFFERS,
+        StateLine(
+            kind=TensorKind.BUFFERS,
             name="DDP gradient bucket",
             bytes=min(request.buffers.ddp_bucket_bytes, count.total * b_g),
-            source="PyTorch DDP bucket_cap_mb=25 (one bucket in flight)",
+            source=f"PyTorch DDP bucket_cap_mb={request.buffers.ddp_bucket_bytes / 2**20:g} (one bucket in "
+            "flight)",
         )
     ]
 
 
-def _deepspeed_buckets(request: TrainingRequest, count: ParameterCount, b_p: int, b_g: int) -> list[PeakLine]:
+def _deepspeed_buckets(
+    request: TrainingRequest, count: ParameterCount, b_p: int, b_g: int
+) -> list[StateLine]:
     b_r = request.reduce_dtype.bytes if request.reduce_dtype is not None else None
     cast = casts_for_reduction(b_g, b_r)
     psi = count.total
     return [
-        PeakLine(
-            kind=LineKind.BUFFERS,
+        StateLine(
+            kind=TensorKind.BUFFERS,
             name="reduce bucket",
             bytes=min(request.buffers.reduce_bucket_elements, psi) * (b_g + (b_r or 0) if cast else b_g),
-            source="DeepSpeed reduce_bucket_size (default 5e8 elements)"
+            source=f"DeepSpeed reduce_bucket_size={request.buffers.reduce_bucket_elements:,} elements"
             + ("; with its copy cast to communication_data_type" if cast else ""),
         ),
-        PeakLine(
-            kind=LineKind.BUFFERS,
+        StateLine(
+            kind=TensorKind.BUFFERS,
             name="all-gather bucket",
             bytes=min(request.buffers.allgather_bucket_elements, psi) * b_p,
-            source="DeepSpeed allgather_bucket_size (default 5e8 elements)",
+            source=f"DeepSpeed allgather_bucket_size={request.buffers.allgather_bucket_elements:,} elements",
         ),
     ]
 
 
-def _unit_gradients(request: TrainingRequest, count: ParameterCount, b_p: int, b_g: int) -> list[PeakLine]:
-    b_r = request.reduce_dtype.bytes if request.reduce_dtype is not None else None
-    unit = count.total if request.buffers.wrap is Wrap.MODEL else count.largest_block_params
-    return [unit_gradients(unit, b_g, "FSDP", b_r)]
-
-
-def _gathered_units(request: TrainingRequest, count: ParameterCount, b_p: int, b_g: int) -> list[PeakLine]:
-    psi = count.total
-    if request.buffers.wrap is Wrap.MODEL:
-        return [
-            PeakLine(
-                kind=LineKind.BUFFERS,
-                name="whole model gathered (--wrap model)",
-                bytes=psi * b_p + psi * b_g,
-                source="one unit = the model: all parameters and gradients unsharded at once, "
-                "so ZeRO-3 saves nothing at the peak",
-            )
-        ]
-    b_r = request.reduce_dtype.bytes if request.reduce_dtype is not None else None
-    root = count.embedding + count.head
-    return units_in_flight(count.largest_block_params, root, b_p, b_g, request.buffers.prefetch, b_r=b_r)
+def _in_timeline(request: TrainingRequest, count: ParameterCount, b_p: int, b_g: int) -> list[StateLine]:
+    return []
 
 
 STRATEGY_BUFFERS: dict[BufferRule, BufferFunction] = {
     BufferRule.DDP_BUCKET: _ddp_bucket,
     BufferRule.DEEPSPEED_BUCKETS: _deepspeed_buckets,
-    BufferRule.UNIT_GRADIENTS: _unit_gradients,
-    BufferRule.GATHERED_UNITS: _gathered_units,
+    BufferRule.UNIT_GRADIENTS: _in_timeline,
+    BufferRule.GATHERED_UNITS: _in_timeline,
 }
-"""The buffers of each strategy's rule, for the accountings that do not model their own."""
+"""The resident buffers of each strategy's rule, for the accountings."""

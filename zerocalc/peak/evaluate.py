@@ -1,141 +1,210 @@
-"""Peak memory per GPU of one training step: model states + activations + buffers + fixed overheads.
+"""The peak per GPU of one training step, per strategy (pure): request → :class:`MemoryReport`.
 
-Each line of a strategy's peak is its own :class:`~zerocalc.peak.report.PeakLine` with the source it
-follows:
+The peak is the maximum over the events of one step's timeline (:mod:`zerocalc.peak.simulate`), not a
+sum of terms:
 
-* model states (and the buffers that come with them): from the framework's profile
-  (:data:`~zerocalc.peak.profiles.PROFILES`, built by :mod:`zerocalc.peak.states`);
-* activations: Korthikanti et al. 2022, per op (:mod:`zerocalc.activations`); data parallelism never
-  shards them, they scale with the micro-batch;
-* fixed: the CUDA context and NCCL communicators (the GPU preset's reserve, or ``reserve``, 2 GiB by
-  default) and an allocator-fragmentation allowance (``fragmentation``, a stated 10% of what the caching
-  allocator holds: states, activations and buffers).
+* model states: the framework's accounting (:data:`~zerocalc.peak.profiles.PROFILES`, lines built by
+  :mod:`zerocalc.peak.states`) — resident for the accountings, simulated tensor by tensor for PyTorch's
+  frameworks (:mod:`zerocalc.peak.mechanics`);
+* activations and the loss: the model's code (``--model-impl``, :mod:`zerocalc.model_impl`), layer by
+  layer; data parallelism never shards them;
+* the allocator's reserve: the caching allocator replayed over model creation and three steps
+  (:mod:`zerocalc.peak.allocator`);
+* outside the allocator: the GPU preset's measured context (``--reserve`` overrides it) and one NCCL
+  communicator per process group of more than one rank the strategy's collectives use.
+
+``peak_bytes`` (reserved + context + NCCL) is what ``cudaMemGetInfo`` shows used; it is compared with what
+PyTorch sees of the GPU. Within :data:`FIT_MARGIN` of it the verdict is "tight", never "fits".
 """
 
 from __future__ import annotations
 
-from zerocalc.activations import ActivationEstimate, ActivationShape, estimate_activations
-from zerocalc.architecture import Architecture, MlpKind, NormKind
-from zerocalc.frameworks import Framework
+import re
+
+from zerocalc.cluster import Cluster
+from zerocalc.frameworks import TORCH_SOURCES, Framework
 from zerocalc.memory import StrategyMemory, evaluate_memory
+from zerocalc.model_impl import MODEL_IMPLS
+from zerocalc.peak.kinds import TensorKind
 from zerocalc.peak.profiles import PROFILES, Profile, Wrap
-from zerocalc.peak.report import LineKind, MemoryReport, PeakEstimate, PeakLine, PeakOptions, StrategyPeak
+from zerocalc.peak.report import (
+    MemoryReport,
+    PeakEstimate,
+    PeakOptions,
+    PeakTerm,
+    PhasePeak,
+    StateLine,
+    StrategyPeak,
+    TimelineEvent,
+    Verdict,
+)
+from zerocalc.peak.simulate import StepResult, flash_attention_used, runtime_for, simulate
 from zerocalc.peak.states import STATE_BUILDERS
-from zerocalc.request import TrainingRequest
-from zerocalc.strategies import STRATEGIES
+from zerocalc.peak.timeline import Runtime
+from zerocalc.request import GradSync, TrainingRequest
+from zerocalc.strategies import STRATEGIES, Strategy
+
+FIT_MARGIN = 0.05
+"""A peak within 5% of the GPU's memory is "tight", not "fits": on the eight H100 runs the device
+footprint was predicted from −0.2% to +3.4%; the margin keeps an unmeasured model from being told it fits
+when it would not."""
 
 
-def is_llama_family(arch: Architecture) -> bool:
-    return arch.mlp is MlpKind.SWIGLU and arch.norm is NormKind.RMSNORM
-
-
-def flash_attention_used(request: TrainingRequest) -> bool:
-    """``flash_attention`` as asked, else on for the Llama family (SwiGLU + RMSNorm)."""
-    asked = request.activations.flash_attention
-    return is_llama_family(request.architecture) if asked is None else asked
-
-
-def activation_shape(request: TrainingRequest) -> ActivationShape:
-    arch = request.architecture
-    return ActivationShape(
-        seq_len=request.activations.seq_len,
-        micro_batch=request.activations.micro_batch,
-        hidden=arch.hidden_size,
-        heads=arch.num_heads,
-        kv_heads=arch.kv_heads,
-        head_dim=arch.dim_per_head,
-        ffn_hidden=arch.intermediate_size,
-        layers=arch.num_layers,
-        vocab=arch.vocab_size,
-        mlp=arch.mlp,
-        dropout=arch.mlp is MlpKind.GELU,  # GPT-2/3 train with dropout; Llama-family configs set it to 0
-        flash_attention=flash_attention_used(request),
-        experts=arch.num_experts,
-        experts_per_token=arch.experts_per_token,
-        shared_experts=arch.num_shared_experts,
-    )
+def nccl_communicators(strategy: Strategy, cluster: Cluster) -> int:
+    """NCCL communicators of more than one rank: one per kind of process group the strategy's collectives
+    use (FULL_SHARD: the world; HYBRID_SHARD: the node and across nodes). NCCL creates one lazily, at a
+    group's first collective; a group of one rank communicates nothing."""
+    return len({c.group for c in strategy.schedule if cluster.group_size(c.group) > 1})
 
 
 def peak_options(request: TrainingRequest) -> PeakOptions:
-    a, b = request.activations, request.buffers
+    a, b, rt = request.activations, request.buffers, request.runtime
     return PeakOptions(
         framework=request.framework,
+        model_impl=request.model_impl,
+        optimizer_impl=request.optimizer_impl,
         seq_len=a.seq_len,
         micro_batch=a.micro_batch,
+        grad_accum=request.grad_accum,
+        grad_sync=request.grad_sync,
         recompute=a.recompute,
-        flash_attention=a.flash_attention,
+        flash_attention=flash_attention_used(request),
         prefetch=b.prefetch,
         wrap=b.wrap,
         ddp_bucket_bytes=b.ddp_bucket_bytes,
         reduce_bucket_elements=b.reduce_bucket_elements,
         allgather_bucket_elements=b.allgather_bucket_elements,
-        overhead_bytes=request.overhead_bytes,
-        fragmentation=request.fragmentation,
         reduce_dtype=request.reduce_dtype,
-        gpu_memory_bytes=request.peak_gpu_memory_bytes,
+        expandable_segments=request.expandable_segments,
+        runtime_gpu=rt.name,
+        context_bytes=rt.context_bytes,
+        nccl_communicator_bytes=rt.nccl_communicator_bytes,
+        cublas_workspace_bytes=rt.cublas_workspace_bytes,
+        gpu_memory_bytes=request.gpu_memory_bytes,
     )
+
+
+def term_sources(
+    request: TrainingRequest, strategy: Strategy, profile: Profile, states: list[StateLine]
+) -> dict[TensorKind, str]:
+    """Where each kind of tensor's bytes come from, for this request and strategy: an accounting's own
+    lines name theirs."""
+    setup = strategy.frameworks[request.framework].torch
+    framework = TORCH_SOURCES[setup.wrapper] if setup is not None else profile.source
+    impl = MODEL_IMPLS[request.model_impl]
+    adam = f"torch/optim/adam.py, {request.optimizer_impl.value}"
+    gathered = (
+        f"{framework}: units unsharded before use"
+        if setup is not None
+        else f"ZeRO paper §7.2.2 / FSDP units: the current block + {request.buffers.prefetch} prefetched, "
+        "the root kept from forward to backward"
+    )
+    sources = {
+        TensorKind.PARAMETERS: framework,
+        TensorKind.GATHERED: gathered,
+        TensorKind.GRADIENTS: framework,
+        TensorKind.REDUCTION: f"{framework}: gradient reduction",
+        TensorKind.OPTIMIZER_STATES: framework if setup is None else f"{framework}; {adam}",
+        TensorKind.OPTIMIZER_TEMPORARIES: adam,
+        TensorKind.ACTIVATIONS: impl.source,
+        TensorKind.LOSS: f"{impl.title}: logits and the cross-entropy ({impl.library})",
+        TensorKind.INPUTS: "input ids = labels (int64), the model's buffers",
+        TensorKind.RUNTIME: f"cuBLAS workspaces ({request.runtime.name} preset) and runtime extras",
+        TensorKind.BUFFERS: profile.source,
+        TensorKind.TRANSIENT: f"{impl.title}: intermediates inside one op or layer",
+    }
+    if setup is None:
+        for kind in TensorKind:
+            own = list(dict.fromkeys(line.source for line in states if line.kind is kind))
+            if own:
+                sources[kind] = "; ".join(own)
+    return sources
+
+
+_UNIT_INDEX = re.compile(r"\b(\d+)\b")
+
+
+def condensed_timeline(result: StepResult, layers: int) -> list[TimelineEvent]:
+    """The step's events with runs of one name (per-parameter steps of one unit) kept at their largest,
+    and those of the middle layers (1 … L−2) left out except where a phase peaks."""
+    keep = {(p.phase, p.event) for p in result.phases} | {(result.peak.phase, result.peak.event)}
+    events: list[TimelineEvent] = []
+    for phase, name, allocated in result.events:
+        index = _UNIT_INDEX.search(name)
+        if index and 0 < int(index.group(1)) < layers - 1 and (phase, name) not in keep:
+            continue
+        if events and (events[-1].phase, events[-1].event) == (phase, name):
+            events[-1].allocated_bytes = max(events[-1].allocated_bytes, allocated)
+            continue
+        events.append(TimelineEvent(phase=phase, event=name, allocated_bytes=allocated))
+    return events
 
 
 def strategy_peak(
-    request: TrainingRequest, profile: Profile, row: StrategyMemory, activations: ActivationEstimate
+    request: TrainingRequest, profile: Profile, row: StrategyMemory, runtime: Runtime
 ) -> StrategyPeak:
-    """The peak of one strategy: its profile's states and buffers, activations, overhead, fragmentation."""
+    """One strategy's step: its accounting's lines, the simulated timeline, the device footprint."""
     strategy = STRATEGIES[row.strategy]
-    lines, host = STATE_BUILDERS[profile.states](request, strategy, row)
-    inside = not profile.estimate_covers_states_only
-    a = request.activations
-    lines.append(
-        PeakLine(
-            kind=LineKind.ACTIVATIONS,
-            name=f"activations (s={a.seq_len}, b={a.micro_batch}, recompute {a.recompute.value})",
-            bytes=activations.total_bytes,
-            source="Korthikanti et al. 2022, Table 2, per op"
-            + ("; flash attention" if flash_attention_used(request) else ""),
-            in_framework_estimate=inside,
-        )
-    )
-    allocated = sum(line.bytes for line in lines)
-    lines += [
-        PeakLine(
-            kind=LineKind.OVERHEAD,
-            name="CUDA context + NCCL communicators",
-            bytes=request.overhead_bytes,
-            source="--overhead (GPU preset reserve, default 2 GiB)",
-            in_framework_estimate=inside,
-        ),
-        PeakLine(
-            kind=LineKind.FRAGMENTATION,
-            name=f"allocator fragmentation ({request.fragmentation:.0%})",
-            bytes=round(request.fragmentation * allocated),
-            source="--fragmentation, a stated allowance on the caching allocator",
-            in_framework_estimate=inside,
-        ),
+    states, host = STATE_BUILDERS[profile.states](request, strategy, row)
+    result = simulate(request, row.strategy, runtime, states)
+    sources = term_sources(request, strategy, profile, states)
+    terms = [
+        PeakTerm(kind=kind, bytes=result.peak.live[kind], source=sources[kind])
+        for kind in TensorKind
+        if result.peak.live.get(kind)
     ]
-    peak = sum(line.bytes for line in lines)
-    gpu_memory = request.peak_gpu_memory_bytes
-    headroom = None if gpu_memory is None else gpu_memory - peak
+    communicators = nccl_communicators(strategy, request.cluster)
+    nccl = communicators * request.runtime.nccl_communicator_bytes
+    context = request.runtime.context_bytes
+    allocated = result.peak.allocated
+    reserved = max(result.reserved, allocated)
+    peak = reserved + context + nccl
+    capacity = request.gpu_memory_bytes
+    headroom = None if capacity is None else capacity - peak
+    deepspeed = profile.estimate_covers_states_only
     return StrategyPeak(
         strategy=row.strategy,
         title=strategy.title_under(request.framework),
-        lines=lines,
+        states=states,
+        peak_phase=result.peak.phase,
+        peak_event=result.peak.event,
+        allocated_peak_bytes=allocated,
+        terms=terms,
+        phases=[PhasePeak(phase=p.phase, allocated_bytes=p.allocated, event=p.event) for p in result.phases],
+        start_bytes=result.start,
+        after_forward_bytes=result.after_forward,
+        after_backward_bytes=result.after_backward,
+        reserved_bytes=reserved,
+        allocator_reserve_bytes=reserved - allocated,
+        context_bytes=context,
+        nccl_communicators=communicators,
+        nccl_bytes=nccl,
         peak_bytes=peak,
-        framework_estimate_bytes=sum(line.bytes for line in lines if line.in_framework_estimate),
+        framework_estimate_bytes=sum(line.bytes for line in states if line.in_framework_estimate)
+        if deepspeed
+        else None,
         host_bytes_per_node=host,
-        fits=None if headroom is None else headroom >= 0,
+        fits=None if capacity is None or headroom is None else headroom >= FIT_MARGIN * capacity,
+        verdict=verdict(capacity, headroom),
         headroom_bytes=headroom,
+        timeline=condensed_timeline(result, request.architecture.num_layers),
     )
 
 
-def evaluate_peak(request: TrainingRequest) -> MemoryReport:
-    """Model states and the peak of one step per strategy, for a request with an architecture (pure)."""
-    estimate = evaluate_memory(request)
-    profile = PROFILES[request.framework]
-    activations = estimate_activations(activation_shape(request), request.activations.recompute)
-    rows = [strategy_peak(request, profile, row, activations) for row in estimate.strategies]
+def verdict(capacity: int | None, headroom: int | None) -> Verdict | None:
+    """Fits with :data:`FIT_MARGIN` to spare, tight (below the memory by less), or does not fit."""
+    if capacity is None or headroom is None:
+        return None
+    if headroom >= FIT_MARGIN * capacity:
+        return Verdict.FITS
+    return Verdict.TIGHT if headroom >= 0 else Verdict.DOES_NOT_FIT
+
+
+def _notes(request: TrainingRequest) -> list[str]:
     notes: list[str] = []
     if request.framework is Framework.DEEPSPEED:
         notes.append(
-            "DeepSpeed's estimator covers only the lines marked as in its estimate; it prints GiB labelled "
+            "DeepSpeed's estimator covers only its own lines (its estimate column); it prints GiB labelled "
             "'GB' and adds a 1.5x factor to host memory"
         )
     if request.buffers.wrap is Wrap.MODEL:
@@ -143,14 +212,37 @@ def evaluate_peak(request: TrainingRequest) -> MemoryReport:
             "--wrap model gathers the whole model at once: "
             "ZeRO-3's parameter sharding saves nothing at the peak"
         )
+    if request.grad_accum > 1:
+        when = "every micro-batch" if request.grad_sync is GradSync.EVERY else "at the last"
+        notes.append(
+            f"the timeline is the last of {request.grad_accum} micro-batches (gradients of the earlier ones "
+            f"resident, reduced {when})"
+        )
+    if request.gpu is None:
+        notes.append(
+            "no --gpu: the runtime figures (context, NCCL, cuBLAS workspaces) are the "
+            f"{request.runtime.title}'s"
+        )
+    return notes
+
+
+def evaluate_peak(request: TrainingRequest) -> MemoryReport:
+    """Model states and the peak of one step per strategy, for a request with an architecture (pure).
+
+    The model-state rows carry no fits/headroom here: with a step to simulate, the peak decides."""
+    estimate = evaluate_memory(request)
+    profile = PROFILES[request.framework]
+    runtime = runtime_for(request)
+    rows = [strategy_peak(request, profile, row, runtime) for row in estimate.strategies]
     peak = PeakEstimate(
         options=peak_options(request),
-        flash_attention=flash_attention_used(request),
-        activations=activations,
-        notes=notes,
+        model_impl_source=MODEL_IMPLS[request.model_impl].source,
+        notes=_notes(request),
         strategies=rows,
     )
-    return MemoryReport(**dict(estimate), peak=peak)
+    states = [row.model_copy(update={"fits": None, "headroom_bytes": None}) for row in estimate.strategies]
+    echo = estimate.request.model_copy(update={"states_capacity_bytes": None})
+    return MemoryReport(**{**dict(estimate), "strategies": states, "request": echo}, peak=peak)
 
 
 def evaluate(request: TrainingRequest) -> MemoryReport:

@@ -40,6 +40,8 @@ class Ledger:
         self.block = block
         self.live: dict[str, int] = {}
         self.kinds: dict[str, str] = {}
+        self.by_kind: dict[str, int] = {}
+        self.groups: dict[str, list[str]] = {}
         self.total = 0
         self.phase = "start"
         self.events: list[Event] = []
@@ -52,15 +54,21 @@ class Ledger:
     def rounded(self, nbytes: int) -> int:
         return 0 if nbytes <= 0 else -(-nbytes // self.block) * self.block
 
-    def alloc(self, name: str, nbytes: int, kind: str, stream: str = "default") -> None:
-        """Allocate ``nbytes`` (rounded) named ``name``; ``kind`` groups it in the report."""
+    def alloc(
+        self, name: str, nbytes: int, kind: str, stream: str = "default", group: str | None = None
+    ) -> None:
+        """Allocate ``nbytes`` (rounded) named ``name``; ``kind`` groups it in the report, ``group`` lets
+        :meth:`free_group` free it with the others of its group."""
         size = self.rounded(nbytes)
         if size == 0:
             return
+        if group is not None:
+            self.groups.setdefault(group, []).append(name)
         if name in self.live:
             raise KeyError(f"{name} is already allocated")
         self.live[name] = size
         self.kinds[name] = kind
+        self.by_kind[kind] = self.by_kind.get(kind, 0) + size
         self.total += size
         self.log.append(Alloc(name, size, stream))
 
@@ -68,21 +76,27 @@ class Ledger:
         size = self.live.pop(name, None)
         if size is None:
             return  # a zero-byte tensor was never allocated
-        del self.kinds[name]
+        self.by_kind[self.kinds.pop(name)] -= size
         self.total -= size
         self.log.append(Free(name))
 
-    def free_prefix(self, prefix: str) -> None:
-        for name in [n for n in self.live if n == prefix or n.startswith(prefix + "#")]:
+    def free_group(self, group: str) -> None:
+        for name in self.groups.pop(group, []):
             self.free(name)
 
     def rename(self, old: str, new: str, kind: str | None = None) -> None:
         """The same storage under another name (a view takes over, a variable is rebound)."""
         if old not in self.live:
             return
-        self.live[new] = self.live.pop(old)
-        self.kinds[new] = kind or self.kinds.pop(old)
-        self.kinds.pop(old, None)
+        size = self.live.pop(old)
+        old_kind = self.kinds.pop(old)
+        self.live[new] = size
+        self.kinds[new] = kind or old_kind
+        self.by_kind[old_kind] -= size
+        self.by_kind[self.kinds[new]] = self.by_kind.get(self.kinds[new], 0) + size
+        for members in self.groups.values():
+            if old in members:
+                members[members.index(old)] = new
         self.log.append(Alloc(new, 0, "rename:" + old))
 
     def has(self, name: str) -> bool:
@@ -95,10 +109,7 @@ class Ledger:
         self.events.append(Event(self.phase, name, allocated))
         if allocated > self._peak.get(self.phase, -1):
             self._peak[self.phase] = allocated
-            by_kind: dict[str, int] = {}
-            for tensor, size in self.live.items():
-                kind = self.kinds[tensor]
-                by_kind[kind] = by_kind.get(kind, 0) + size
+            by_kind = {kind: size for kind, size in self.by_kind.items() if size}
             if extra:
                 by_kind[transient_kind] = by_kind.get(transient_kind, 0) + extra
             self.peak_live[self.phase] = by_kind

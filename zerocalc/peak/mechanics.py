@@ -128,13 +128,13 @@ class Mechanics:
     def param_grad(self, led: Ledger, unit: str | int, label: str, numel: int) -> None:
         """Backward has produced the gradient of ``numel`` elements of ``unit``'s parameters."""
         if not self.accumulating:
-            led.alloc(f"{unit}.grad {label}", self.grad_bytes * numel, GRADS)
+            led.alloc(f"{unit}.grad {label}", self.grad_bytes * numel, GRADS, group=f"{unit}.grads")
 
     def tied_grad_sum(self, led: Ledger, numel: int) -> None:
         """A tied embedding: the LM head's and the embedding's gradients are summed out of place."""
         if self.accumulating:
             return
-        led.alloc("root.grad tied sum", self.grad_bytes * numel, GRADS)
+        led.alloc("root.grad tied sum", self.grad_bytes * numel, GRADS, group="root.grads")
         led.event("tied embedding gradient sum")
         led.free("root.grad embedding dense")
         led.free("root.grad embedding")
@@ -257,30 +257,41 @@ class Fsdp2(Mechanics):
             if previous is not None:
                 led.free(previous)
         else:
-            # foreach_all_gather: casts of the local shards, the copy-in buffer (padded shard), the flat
-            # all-gather output; copy-out into each parameter's unsharded storage; the previous unit's
-            # output is released at this copy-out (all_gather_state)
-            for i, n in enumerate(unit.local):
-                if self.param_bytes != FP32:
-                    led.alloc(f"{unit.name}.cast#{i}", self.param_bytes * n, GATHERED)
-            padded = sum(unit.padded)
-            led.alloc(
-                f"{unit.name}.all-gather input", self.param_bytes * ceil_div(padded, self.world), BUFFERS
-            )
-            for i in range(len(unit.local)):
-                led.free(f"{unit.name}.cast#{i}")
-            led.alloc(f"{unit.name}.all-gather output", self.param_bytes * padded, BUFFERS)
-            led.free(f"{unit.name}.all-gather input")
+            # FSDPParamGroup.unshard → foreach_all_gather: casts of the local shards to param_dtype, the
+            # copy-in buffer (the padded shard), the flat all-gather output. A unit prefetched in backward
+            # has done this already.
+            output = f"{unit.name}.all-gather output"
+            prefetched = f"{unit.name}.prefetched all-gather"
+            if led.has(prefetched):
+                led.rename(prefetched, output)
+            else:
+                self._all_gather(led, unit, output)
+            # wait_for_unshard: the previous forward all-gather's result (kept so that its copy-out could
+            # overlap this all-gather, all_gather_state) is released, then the copy-out into each
+            # parameter's unsharded storage; in forward this result is kept in turn, in backward freed
+            if self._all_gather_state is not None:
+                led.free(self._all_gather_state)
+                self._all_gather_state = None
             for i, n in enumerate(unit.padded):
                 led.alloc(f"{unit.name}.unsharded#{i}", self.param_bytes * n, GATHERED)
             led.event(f"unshard {unit.name} (copy-out)")
-            if (
-                self._all_gather_state is not None
-                and self._all_gather_state != f"{unit.name}.all-gather output"
-            ):
-                led.free(self._all_gather_state)
-            self._all_gather_state = f"{unit.name}.all-gather output"
+            if backward:
+                led.free(output)
+            else:
+                self._all_gather_state = output
         self._gathered.add(unit.name)
+
+    def _all_gather(self, led: Ledger, unit: Unit, output: str) -> None:
+        for i, n in enumerate(unit.local):
+            if self.param_bytes != FP32:
+                led.alloc(f"{unit.name}.cast#{i}", self.param_bytes * n, GATHERED)
+        padded = sum(unit.padded)
+        led.alloc(f"{unit.name}.all-gather input", self.param_bytes * ceil_div(padded, self.world), BUFFERS)
+        for i in range(len(unit.local)):
+            led.free(f"{unit.name}.cast#{i}")
+        led.alloc(output, self.param_bytes * padded, BUFFERS)
+        led.event(f"all-gather {unit.name}")
+        led.free(f"{unit.name}.all-gather input")
 
     def _reshard(self, led: Ledger, unit: Unit) -> None:
         if unit.name not in self._gathered:
@@ -315,7 +326,7 @@ class Fsdp2(Mechanics):
 
     def param_grad(self, led: Ledger, unit: str | int, label: str, numel: int) -> None:
         if self.accumulation is not Accumulation.UNSYNCED:  # else added in place into the kept gradients
-            led.alloc(f"{unit}.grad {label}", self.param_bytes * numel, GRADS)
+            led.alloc(f"{unit}.grad {label}", self.param_bytes * numel, GRADS, group=f"{unit}.grads")
 
     def tied_grad_sum(self, led: Ledger, numel: int) -> None:
         if self.accumulation is not Accumulation.UNSYNCED:
@@ -323,9 +334,6 @@ class Fsdp2(Mechanics):
 
     def post_backward(self, led: Ledger, unit: str | int) -> None:
         u = self.units[str(unit)]
-        prefetched = f"{u.name}.prefetched all-gather"
-        if led.has(prefetched):
-            led.free(prefetched)
         self._reshard(led, u)
         if self._last_reduce_input is not None:
             led.free(self._last_reduce_input)
@@ -333,10 +341,8 @@ class Fsdp2(Mechanics):
         name = f"{u.name}.reduce-scatter input"
         led.alloc(name, self.reduce_bytes * padded, REDUCE)
         led.event(f"reduce {u.name} (copy-in)")
-        for grad in [
-            n for n in led.live if n.startswith(f"{u.name}.grad ") or n.startswith(f"{u.name}.accumulated")
-        ]:
-            led.free(grad)
+        led.free_group(f"{u.name}.grads")
+        led.free(f"{u.name}.accumulated unsharded grads")
         shard = ceil_div(padded, self.world) if self.world > 1 else padded
         output = f"{u.name}.reduce-scatter output"
         led.alloc(output, self.reduce_bytes * shard, REDUCE, stream="reduce_scatter")
@@ -350,9 +356,12 @@ class Fsdp2(Mechanics):
             led.rename(output, f"{u.name}.fp32 grad", GRADS)
             led.event(f"reduce {u.name} output")
         self._last_reduce_input = name
-        if unit == "root":
+        if unit == "root":  # the end of backward: nothing waits on the last buffers any more
             led.free(name)
             self._last_reduce_input = None
+            if self._all_gather_state is not None:
+                led.free(self._all_gather_state)
+                self._all_gather_state = None
 
 
 # --------------------------------------------------------------------------------------------------- FSDP1
@@ -410,8 +419,7 @@ class Fsdp1(Fsdp2):
         if self.no_shard:
             # _reduce_grad_no_shard: the gradient cast to reduce_dtype is all-reduced, then cast back to
             # the flat parameter's dtype (fp32) and kept as .grad
-            for grad in [n for n in led.live if n.startswith(f"{u.name}.grad ")]:
-                led.free(grad)
+            led.free_group(f"{u.name}.grads")
             led.alloc(f"{u.name}.fp32 grad", FP32 * u.numel, GRADS)
             led.free(f"{u.name}.mp shard")
             self._reshard(led, u)
@@ -419,8 +427,8 @@ class Fsdp1(Fsdp2):
         name = f"{u.name}.reduce-scatter input"
         led.alloc(name, self.reduce_bytes * u.padded[0], REDUCE)
         led.event(f"reduce {u.name} (cast)")
-        for grad in [n for n in led.live if n.startswith((f"{u.name}.grad ", f"{u.name}.accumulated"))]:
-            led.free(grad)
+        led.free_group(f"{u.name}.grads")
+        led.free(f"{u.name}.accumulated unsharded grads")
         if not led.has(f"{u.name}.fp32 grad"):
             led.alloc(f"{u.name}.fp32 grad", FP32 * u.local[0], GRADS, stream="post_backward")
         led.event(f"reduce {u.name} output")
@@ -457,7 +465,7 @@ class Ddp(Mechanics):
             for i, n in enumerate(unit.params):
                 led.alloc(f"{unit.name}.fp32 param#{i}", FP32 * n, PARAMS)
         total = sum(u.numel for u in self.units.values())
-        led.alloc("DDP reducer buckets (a copy of every gradient)", FP32 * total, BUFFERS)
+        led.alloc("DDP reducer buckets (a copy of every gradient)", FP32 * total, REDUCE)
         if not first_step:
             self._resident_optimizer(led)
         if self.accumulating:
@@ -482,13 +490,16 @@ class Ddp(Mechanics):
             return
         if self.autocast_bytes is not None:
             led.event(f"{unit} {label} gradient (autocast cast back)", self.autocast_bytes * numel, TRANSIENT)
-        led.alloc(f"{unit}.grad {label}", FP32 * numel, GRADS)
+        led.alloc(f"{unit}.grad {label}", FP32 * numel, GRADS, group=f"{unit}.grads")
 
 
 # ------------------------------------------------------------------------------------------- accountings
 class Accounting(Mechanics):
-    """An accounting (the ZeRO paper, DeepSpeed's or Megatron's estimators): its model-state lines are
-    resident from start to end; gathered units and buckets follow the strategy's buffer rule."""
+    """An accounting (the ZeRO paper, DeepSpeed's or Megatron's estimators): its model-state lines and
+    resident buffers (``states``: name, kind, bytes) stay from start to end; with ``gather`` units are
+    gathered before use (``prefetch`` more ahead) and freed after, the root kept from forward to backward;
+    with ``unit_grads`` a unit's unsharded gradients exist until its reduction. ``units`` with only
+    ``"root"`` is one unit for the whole model (``--wrap model``)."""
 
     def __init__(
         self,
@@ -496,7 +507,6 @@ class Accounting(Mechanics):
         states: list[tuple[str, str, int]],
         gather: bool,
         unit_grads: bool,
-        buckets: list[tuple[str, int]],
         param_bytes: int,
         grad_bytes: int,
         reduce_bytes: int,
@@ -509,7 +519,6 @@ class Accounting(Mechanics):
         self.states = states
         self.gather = gather
         self.unit_grads = unit_grads
-        self.buckets = buckets
         self.param_bytes = param_bytes
         self.reduce_bytes = reduce_bytes
         self.prefetch = prefetch
@@ -519,12 +528,10 @@ class Accounting(Mechanics):
     def resident(self, led: Ledger, first_step: bool = False) -> None:
         for name, kind, nbytes in self.states:
             led.alloc(name, nbytes, kind)
-        for name, nbytes in self.buckets:
-            led.alloc(name, nbytes, BUFFERS)
 
     def _gather(self, led: Ledger, unit: str | int) -> None:
-        u = self.units[str(unit)]
-        if not led.has(f"{u.name}.gathered"):
+        u = self.units.get(str(unit))
+        if u is not None and not led.has(f"{u.name}.gathered"):
             led.alloc(f"{u.name}.gathered", self.param_bytes * u.numel, GATHERED)
 
     def pre_forward(self, led: Ledger, unit: str | int) -> None:
@@ -551,20 +558,20 @@ class Accounting(Mechanics):
 
     def param_grad(self, led: Ledger, unit: str | int, label: str, numel: int) -> None:
         if self.unit_grads:
-            led.alloc(f"{unit}.grad {label}", self.grad_bytes * numel, GRADS)
+            owner = unit if str(unit) in self.units else "root"  # one unit for the whole model
+            led.alloc(f"{unit}.grad {label}", self.grad_bytes * numel, GRADS, group=f"{owner}.grads")
 
     def tied_grad_sum(self, led: Ledger, numel: int) -> None:
         if self.unit_grads:
             super().tied_grad_sum(led, numel)
 
     def post_backward(self, led: Ledger, unit: str | int) -> None:
-        if not self.unit_grads:
+        u = self.units.get(str(unit))
+        if not self.unit_grads or u is None:
             return
-        u = self.units[str(unit)]
         if self.reduce_bytes != self.grad_bytes:
             led.event(f"reduce {u.name} (cast)", self.reduce_bytes * u.numel, REDUCE)
-        for grad in [n for n in led.live if n.startswith(f"{u.name}.grad ")]:
-            led.free(grad)
+        led.free_group(f"{u.name}.grads")
         if self.gather:
             led.free(f"{u.name}.gathered")
 

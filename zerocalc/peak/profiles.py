@@ -105,7 +105,6 @@ PROFILES: dict[Framework, Profile] = {
                 fp32_grad_accum=False,
                 offload=False,
                 wrap_model=False,
-                moe=False,
                 accepts="Adam/AdamW on fp32 parameters and gradients (MixedPrecision keeps them fp32); "
                 "accepted: {precision} fp32, bf16-mixed or fp16-mixed, {optimizer} adam or adamw, "
                 "no {fp32_grad_accum} (or {framework} paper)",

@@ -1,4 +1,13 @@
-"""The typed result of ``zerocalc memory``: model states per strategy and, with an architecture, the peak."""
+"""The typed result of ``zerocalc memory``: model states per strategy and, with an architecture, the peak
+of one training step (:mod:`zerocalc.peak.evaluate`).
+
+Per strategy: the framework's accounting of model states (:class:`StateLine`), the step's timeline and the
+phase and event where the allocated total peaks, what is alive there by kind of tensor
+(:class:`PeakTerm`), and the device footprint: ``allocated_peak_bytes`` (what
+``torch.cuda.max_memory_allocated`` reports) + the caching allocator's reserve (``reserved_bytes``, what
+``max_memory_reserved`` reports) + what the process holds outside the allocator (CUDA context, NCCL
+communicators) = ``peak_bytes`` (what ``cudaMemGetInfo`` shows used).
+"""
 
 from __future__ import annotations
 
@@ -7,69 +16,123 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from zerocalc.activations import ActivationEstimate, Recompute
+from zerocalc.activations import Recompute
 from zerocalc.dtypes import DType
 from zerocalc.frameworks import Framework
 from zerocalc.memory import MemoryEstimate
+from zerocalc.model_impl import ModelImplName
+from zerocalc.optimizers import OptimizerImpl
+from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.peak.profiles import Wrap
+from zerocalc.request import GradSync
 from zerocalc.strategies import StrategyName
 
 
-class LineKind(StrEnum):
-    STATES = "model_states"
-    ACTIVATIONS = "activations"
-    BUFFERS = "buffers"
-    OVERHEAD = "overhead"
-    FRAGMENTATION = "fragmentation"
+class Verdict(StrEnum):
+    FITS = "fits"
+    TIGHT = "tight"
+    """Below the GPU's memory, but within the model's margin of it: not promised to fit."""
+    DOES_NOT_FIT = "does not fit"
 
 
-class PeakLine(BaseModel):
-    kind: LineKind
+class StateLine(BaseModel):
+    """One line of a framework's accounting of model states (or of a buffer it keeps resident)."""
+
+    kind: TensorKind
     name: str
     bytes: int
     source: str
     in_framework_estimate: bool = True
-    """False for lines the framework's own estimator leaves out (deepspeed profile)."""
+    """False for lines the framework's own estimator leaves out (DeepSpeed's ZeRO-2 buckets)."""
+
+
+class PeakTerm(BaseModel):
+    """The bytes of one kind of tensor alive at the peak."""
+
+    kind: TensorKind
+    bytes: int
+    source: str
+
+
+class PhasePeak(BaseModel):
+    phase: StepPhase
+    allocated_bytes: int = Field(description="max_memory_allocated over the phase")
+    event: str = Field(description="where in the phase it is reached")
+
+
+class TimelineEvent(BaseModel):
+    phase: StepPhase
+    event: str
+    allocated_bytes: int
 
 
 class PeakOptions(BaseModel):
     """The options the peak was computed with (echoed in the JSON)."""
 
     framework: Framework
+    model_impl: ModelImplName
+    optimizer_impl: OptimizerImpl
     seq_len: int
     micro_batch: int
+    grad_accum: int
+    grad_sync: GradSync
     recompute: Recompute
-    flash_attention: bool | None = Field(description="as asked; None: on for the Llama family")
+    flash_attention: bool = Field(description="as used (asked, else on for the Llama family)")
     prefetch: int
     wrap: Wrap
     ddp_bucket_bytes: int
     reduce_bucket_elements: int
     allgather_bucket_elements: int
-    overhead_bytes: int
-    fragmentation: float
     reduce_dtype: DType | None = Field(description="None: the gradient dtype")
-    gpu_memory_bytes: int | None = Field(description="the whole GPU: the overhead is a line of its own")
+    expandable_segments: bool
+    runtime_gpu: str = Field(description="the GPU preset whose runtime figures are used")
+    context_bytes: int = Field(description="outside the caching allocator at world size 1 (--reserve)")
+    nccl_communicator_bytes: int = Field(description="added per NCCL communicator of more than one rank")
+    cublas_workspace_bytes: int
+    gpu_memory_bytes: int | None = Field(description="what PyTorch sees of one GPU (None: no fits)")
 
 
 class StrategyPeak(BaseModel):
     strategy: StrategyName
     title: str
-    lines: list[PeakLine]
-    peak_bytes: int
-    framework_estimate_bytes: int = Field(description="the lines the framework's own accounting covers")
+    states: list[StateLine] = Field(description="the framework's accounting of model states")
+    peak_phase: StepPhase
+    peak_event: str
+    allocated_peak_bytes: int = Field(description="torch.cuda.max_memory_allocated over the step")
+    terms: list[PeakTerm] = Field(description="alive at the peak, by kind; they sum to allocated_peak_bytes")
+    phases: list[PhasePeak]
+    start_bytes: int = Field(description="allocated at the step's start (a step after the first)")
+    after_forward_bytes: int
+    after_backward_bytes: int
+    reserved_bytes: int = Field(description="torch.cuda.max_memory_reserved over model creation and 3 steps")
+    allocator_reserve_bytes: int = Field(description="reserved_bytes − allocated_peak_bytes")
+    context_bytes: int = Field(description="CUDA context, kernels and NCCL at world size 1")
+    nccl_communicators: int = Field(description="communicators of more than one rank the strategy creates")
+    nccl_bytes: int = Field(description="what those communicators add")
+    peak_bytes: int = Field(
+        description="reserved + context + NCCL: the device footprint cudaMemGetInfo shows"
+    )
+    framework_estimate_bytes: int | None = Field(
+        default=None, description="deepspeed: what its own estimator prints (its lines only)"
+    )
     host_bytes_per_node: int | None = Field(default=None, description="deepspeed: its estimator's CPU memory")
-    fits: bool | None = None
-    headroom_bytes: int | None = None
+    fits: bool | None = Field(default=None, description="verdict is fits (None: no GPU memory given)")
+    verdict: Verdict | None = None
+    headroom_bytes: int | None = Field(default=None, description="gpu_memory_bytes − peak_bytes")
+    timeline: list[TimelineEvent] = Field(
+        description="the step's events (the middle layers' only where a phase peaks)"
+    )
 
-    def total(self, kind: LineKind) -> int:
-        return sum(line.bytes for line in self.lines if line.kind is kind)
+    def term(self, kind: TensorKind) -> int:
+        return sum(t.bytes for t in self.terms if t.kind is kind)
+
+    def phase(self, phase: StepPhase) -> PhasePeak:
+        return next(p for p in self.phases if p.phase is phase)
 
 
 class PeakEstimate(BaseModel):
     options: PeakOptions
-    flash_attention: bool
-    activations: ActivationEstimate
-    activation_note: str = "data parallelism never shards activations: each GPU holds its own micro-batch's"
+    model_impl_source: str
     notes: list[str] = Field(default_factory=list)
     strategies: list[StrategyPeak]
 

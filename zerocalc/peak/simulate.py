@@ -10,15 +10,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
-from zerocalc.architecture import parameter_tensors
+from zerocalc.architecture import Architecture, MlpKind, NormKind, parameter_tensors
 from zerocalc.framework_states import dim0_rows, fsdp_units, zero1_partition
-from zerocalc.frameworks import TORCH_FRAMEWORKS, Fsdp1Sharding, TorchWrapper
+from zerocalc.frameworks import TORCH_FRAMEWORKS, Framework, Fsdp1Sharding, TorchWrapper
 from zerocalc.model_impl import MODEL_IMPLS, Device, Shape
 from zerocalc.peak.allocator import CachingAllocator
+from zerocalc.peak.kinds import StepPhase
 from zerocalc.peak.ledger import Ledger
 from zerocalc.peak.mechanics import Accounting, Accumulation, Ddp, Fsdp1, Fsdp2, Mechanics, Unit
+from zerocalc.peak.profiles import Wrap
+from zerocalc.peak.report import StateLine
 from zerocalc.peak.timeline import PHASES, Runtime, StepShape, first_start, run_step, steady_start
 from zerocalc.precision import RECIPES, PrecisionName
 from zerocalc.request import GradSync, TrainingRequest
@@ -30,7 +34,7 @@ REPLAYED_STEPS = 3
 
 
 class PhasePeak(NamedTuple):
-    phase: str
+    phase: StepPhase
     allocated: int
     event: str
     live: dict[str, int]
@@ -42,13 +46,11 @@ class StepResult(NamedTuple):
     start: int
     after_forward: int
     after_backward: int
-    events: list[tuple[str, str, int]]
+    events: list[tuple[StepPhase, str, int]]
     reserved: int
     """The caching allocator's high-water mark over model creation and three steps."""
-
-    @property
-    def peak(self) -> PhasePeak:
-        return max(self.phases, key=lambda p: p.allocated)
+    peak: PhasePeak
+    """The step's first event with the largest allocated total, and what is alive there by kind."""
 
 
 def _rest(shape: tuple[int, ...]) -> int:
@@ -72,11 +74,19 @@ def _units(request: TrainingRequest, world: int) -> dict[str, Unit]:
     return units
 
 
+def is_llama_family(arch: Architecture) -> bool:
+    return arch.mlp is MlpKind.SWIGLU and arch.norm is NormKind.RMSNORM
+
+
+def flash_attention_used(request: TrainingRequest) -> bool:
+    """``flash_attention`` as asked, else on for the Llama family (SwiGLU + RMSNorm)."""
+    asked = request.activations.flash_attention
+    return is_llama_family(request.architecture) if asked is None else asked
+
+
 def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
     arch = request.architecture
     units = fsdp_units(arch)
-    from zerocalc.peak.evaluate import flash_attention_used
-
     return StepShape(
         arch=arch,
         impl=MODEL_IMPLS[request.model_impl],
@@ -96,8 +106,14 @@ def _accumulation(request: TrainingRequest) -> Accumulation:
     return Accumulation.UNSYNCED if request.grad_sync is GradSync.LAST else Accumulation.SYNCED
 
 
+def runtime_for(request: TrainingRequest) -> Runtime:
+    """The runtime's allocations through the caching allocator on the request's GPU (its preset's cuBLAS
+    workspace; the small extras measured on the H100)."""
+    return Runtime(cublas_workspace=request.runtime.cublas_workspace_bytes)
+
+
 def mechanics_for(
-    request: TrainingRequest, name: StrategyName, states: list[tuple[str, str, int]] | None = None
+    request: TrainingRequest, name: StrategyName, states: Sequence[StateLine] = ()
 ) -> tuple[Mechanics, int]:
     """The strategy's mechanics under the request's framework, and the activation bytes per element."""
     strategy = STRATEGIES[name]
@@ -152,25 +168,28 @@ def mechanics_for(
             owned=owned,
             accumulation=accumulation,
         ), recipe.param_dtype.bytes
-    # the accountings: their state lines resident, the strategy's buffers
-    units = _units(request, 1)
+    # the accountings: their state lines resident; the paper's sharded strategies gather units and reduce
+    # one unit's gradients at a time (DeepSpeed's and Megatron's lines already hold their own)
     rule = strategy.buffers
+    if request.buffers.wrap is Wrap.MODEL:
+        units = {"root": Unit("root", [request.model.params], [request.model.params], [request.model.params])}
+    else:
+        units = _units(request, 1)
     b_p, b_g = recipe.param_dtype.bytes, recipe.grad_dtype.bytes
     b_r = request.reduce_dtype.bytes if request.reduce_dtype is not None else b_g
-    gather = rule is BufferRule.GATHERED_UNITS and request.framework.value != "megatron"
+    paper = request.framework is Framework.PAPER
     return Accounting(
         units,
-        states=states or [],
-        gather=gather,
-        unit_grads=rule in (BufferRule.GATHERED_UNITS, BufferRule.UNIT_GRADIENTS),
-        buckets=[],
+        states=[(f"{line.name} ({line.kind.value})", line.kind, line.bytes) for line in states],
+        gather=paper and rule is BufferRule.GATHERED_UNITS,
+        unit_grads=paper and rule in (BufferRule.GATHERED_UNITS, BufferRule.UNIT_GRADIENTS),
         param_bytes=b_p,
         grad_bytes=b_g,
         reduce_bytes=b_r,
         prefetch=request.buffers.prefetch,
         keep_root=True,
         optimizer_elements=ceil_div(request.model.params, request.cluster.group_size(strategy.optimizer))
-        if request.framework.value == "paper"
+        if paper
         else 0,
         optimizer_impl=optimizer_impl,
     ), b_p
@@ -180,7 +199,7 @@ def simulate(
     request: TrainingRequest,
     name: StrategyName,
     runtime: Runtime | None,
-    states: list[tuple[str, str, int]] | None = None,
+    states: Sequence[StateLine] = (),
     device: Device = Device.CUDA,
     reserve: bool = True,
 ) -> StepResult:
@@ -191,17 +210,31 @@ def simulate(
     led = Ledger(block)
     steady_start(step, mechanics, runtime, led)
     phases = run_step(step, mechanics, runtime, led)
+    # each phase's peak as max_memory_allocated reads it after reset_peak_memory_stats at the phase's
+    # start: at least what is allocated when the phase begins
+    entering = {
+        StepPhase.START: phases.start,
+        StepPhase.FORWARD: phases.start,
+        StepPhase.BACKWARD: phases.after_forward,
+        StepPhase.OPTIMIZER: phases.after_backward,
+    }
     peaks = []
     for phase in PHASES:
         event = led.phase_peak(phase)
-        peaks.append(PhasePeak(phase, event.allocated, event.name, led.peak_live.get(phase, {})))
+        if event.allocated >= entering[phase]:
+            peaks.append(PhasePeak(phase, event.allocated, event.name, led.peak_live.get(phase, {})))
+        else:  # nothing in the phase exceeds what it starts with (its first event is where it stands)
+            first = next(e for e in led.events if e.phase == phase)
+            peaks.append(PhasePeak(phase, entering[phase], first.name, led.peak_live.get(phase, {})))
     reserved = _replay(request, name, runtime, states, device) if reserve else 0
+    top = max(led.events, key=lambda e: e.allocated)
     return StepResult(
+        peak=PhasePeak(StepPhase(top.phase), top.allocated, top.name, led.peak_live[top.phase]),
         phases=peaks,
         start=phases.start,
         after_forward=phases.after_forward,
         after_backward=phases.after_backward,
-        events=[(e.phase, e.name, e.allocated) for e in led.events],
+        events=[(StepPhase(e.phase), e.name, e.allocated) for e in led.events],
         reserved=reserved,
     )
 
@@ -210,7 +243,7 @@ def _replay(
     request: TrainingRequest,
     name: StrategyName,
     runtime: Runtime | None,
-    states: list[tuple[str, str, int]] | None,
+    states: Sequence[StateLine],
     device: Device,
 ) -> int:
     mechanics, act = mechanics_for(request, name, states)

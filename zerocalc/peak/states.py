@@ -1,8 +1,11 @@
-"""The model-state lines of each accounting (:class:`~zerocalc.peak.profiles.StatesModel`), with the
-buffers that come with them.
+"""The model-state lines of each accounting (:class:`~zerocalc.peak.profiles.StatesModel`).
 
 Each builder takes the validated request, the strategy record and its paper-accounting row, and returns
-the lines, in the order they are shown. A registry maps each states model to its builder.
+the lines in the order they are shown, each with the kind of tensor it is. For the accountings (the
+paper's, DeepSpeed's and Megatron's) these lines, with the buffers they keep resident, are what the step
+timeline holds from start to end; PyTorch's own frameworks are simulated tensor by tensor
+(:mod:`zerocalc.peak.mechanics`) and their lines say what each rank holds, exactly. A registry maps each
+states model to its builder.
 """
 
 from __future__ import annotations
@@ -12,46 +15,48 @@ from typing import NamedTuple
 
 from zerocalc import framework_states as torch_states
 from zerocalc.deepspeed_estimator import DEEPSPEED_VERSION, zero2_model_states, zero3_model_states
-from zerocalc.frameworks import TORCH_SOURCES, Fsdp1Sharding, TorchWrapper
+from zerocalc.frameworks import TORCH_SOURCES
 from zerocalc.memory import Location, StateKind, StrategyMemory
-from zerocalc.peak.buffers import STRATEGY_BUFFERS, unit_gradients, units_in_flight
+from zerocalc.optimizers import OptimizerImpl
+from zerocalc.peak.buffers import STRATEGY_BUFFERS
+from zerocalc.peak.kinds import TensorKind
 from zerocalc.peak.profiles import StatesModel
-from zerocalc.peak.report import LineKind, PeakLine
-from zerocalc.precision import RECIPES, PrecisionName
+from zerocalc.peak.report import StateLine
+from zerocalc.precision import RECIPES
 from zerocalc.request import TrainingRequest
 from zerocalc.strategies import OffloadTarget, Strategy, StrategyName
 from zerocalc.units import ceil_div
 
 
 class StateLines(NamedTuple):
-    lines: list[PeakLine]
+    lines: list[StateLine]
     host_bytes_per_node: int | None = None
 
 
-_PAPER_NAMES = {
-    StateKind.PARAMS: "parameters",
-    StateKind.GRADS: "gradients",
-    StateKind.GRAD_ACCUM: "fp32 gradient accumulation",
-    StateKind.OPTIMIZER: "optimizer states",
+_PAPER_LINES = {
+    StateKind.PARAMS: ("parameters", TensorKind.PARAMETERS),
+    StateKind.GRADS: ("gradients", TensorKind.GRADIENTS),
+    StateKind.GRAD_ACCUM: ("fp32 gradient accumulation", TensorKind.GRADIENTS),
+    StateKind.OPTIMIZER: ("optimizer states", TensorKind.OPTIMIZER_STATES),
 }
 
 
 def _paper(request: TrainingRequest, strategy: Strategy, row: StrategyMemory) -> StateLines:
-    """ZeRO paper §5 states on the GPU (:mod:`zerocalc.memory`) + the strategy's buffer rule."""
+    """ZeRO paper §5 states on the GPU (:mod:`zerocalc.memory`) + the buckets the strategy keeps."""
     states = [
-        PeakLine(
-            kind=LineKind.STATES,
-            name=_PAPER_NAMES[s.kind],
+        StateLine(
+            kind=_PAPER_LINES[s.kind][1],
+            name=_PAPER_LINES[s.kind][0],
             bytes=s.bytes,
             source="ZeRO paper §5 (zerocalc memory)",
         )
         for s in row.states
         if s.location is Location.GPU
     ]
-    return StateLines(states + _strategy_buffers(request, strategy))
+    return StateLines(states + _resident_buffers(request, strategy))
 
 
-def _strategy_buffers(request: TrainingRequest, strategy: Strategy) -> list[PeakLine]:
+def _resident_buffers(request: TrainingRequest, strategy: Strategy) -> list[StateLine]:
     recipe = RECIPES[request.precision]
     count = request.model.parameter_count
     assert count is not None
@@ -68,18 +73,24 @@ def _deepspeed(request: TrainingRequest, strategy: Strategy, row: StrategyMemory
     psi = request.model.params
     if strategy.name is StrategyName.ZERO2:
         ds = zero2_model_states(psi, per_node, nodes, cpu_offload=offload, total_gpus=cluster.world_size)
-        states = PeakLine(
-            kind=LineKind.STATES,
-            name="DeepSpeed estimate_zero2_model_states_mem_needs",
-            bytes=ds.gpu_bytes,
-            source=f"DeepSpeed {DEEPSPEED_VERSION} stage_1_and_2.py "
-            "(2 + 18/N bytes per parameter without offload)",
-        )
+        source = f"DeepSpeed {DEEPSPEED_VERSION} stage_1_and_2.py estimate_zero2_model_states_mem_needs"
+        lines = [
+            StateLine(kind=TensorKind.PARAMETERS, name="fp16/bf16 parameters", bytes=2 * psi, source=source)
+        ]
+        if ds.gpu_bytes > 2 * psi:
+            lines.append(
+                StateLine(
+                    kind=TensorKind.OPTIMIZER_STATES,
+                    name="sharded: 16-bit + fp32 gradients, fp32 parameters, Adam (18/N)",
+                    bytes=ds.gpu_bytes - 2 * psi,
+                    source=source,
+                )
+            )
         outside = [
             line.model_copy(update={"in_framework_estimate": False})
-            for line in _strategy_buffers(request, strategy)
+            for line in _resident_buffers(request, strategy)
         ]
-        return StateLines([states, *outside], ds.cpu_bytes)
+        return StateLines([*lines, *outside], ds.cpu_bytes)
     count = request.model.parameter_count
     assert count is not None
     ds = zero3_model_states(
@@ -93,21 +104,28 @@ def _deepspeed(request: TrainingRequest, strategy: Strategy, row: StrategyMemory
         total_gpus=cluster.world_size,
     )
     layer = ds.largest_layer_bytes or 0
+    sharded = ds.gpu_bytes - layer
+    source = f"DeepSpeed {DEEPSPEED_VERSION} stage3.py estimate_zero3_model_states_mem_needs"
     lines = [
-        PeakLine(
-            kind=LineKind.STATES,
-            name="DeepSpeed estimate_zero3_model_states_mem_needs (sharded states)",
-            bytes=ds.gpu_bytes - layer,
-            source=f"DeepSpeed {DEEPSPEED_VERSION} stage3.py "
-            f"(18/N bytes per parameter without offload, zero_init={int(request.zero_init)})",
-        ),
-        PeakLine(
-            kind=LineKind.BUFFERS,
-            name="DeepSpeed largest-layer term (4 × largest layer)",
+        StateLine(
+            kind=TensorKind.GATHERED,
+            name="largest layer gathered: 16-bit parameters + gradients (4 × its parameters)",
             bytes=layer,
-            source=f"DeepSpeed {DEEPSPEED_VERSION} stage3.py largest_layer_memory",
-        ),
+            source=f"{source} (largest_layer_memory)",
+        )
     ]
+    if sharded:
+        lines.insert(
+            0,
+            StateLine(
+                kind=TensorKind.PARAMETERS if offload else TensorKind.OPTIMIZER_STATES,
+                name="sharded 16-bit parameters (2/N; the rest offloaded)"
+                if offload
+                else "sharded: 16-bit + fp32 gradients, fp32 parameters, Adam (18/N)",
+                bytes=sharded,
+                source=source,
+            ),
+        )
     return StateLines(lines, ds.cpu_bytes)
 
 
@@ -118,10 +136,10 @@ def _megatron(request: TrainingRequest, strategy: Strategy, row: StrategyMemory)
     source = "Megatron-LM docs, distributed optimizer: 6 + 12/d bytes per parameter (18 without)"
     return StateLines(
         [
-            PeakLine(kind=LineKind.STATES, name="bf16 parameters", bytes=2 * psi, source=source),
-            PeakLine(kind=LineKind.STATES, name="fp32 main gradients", bytes=4 * psi, source=source),
-            PeakLine(
-                kind=LineKind.STATES,
+            StateLine(kind=TensorKind.PARAMETERS, name="bf16 parameters", bytes=2 * psi, source=source),
+            StateLine(kind=TensorKind.GRADIENTS, name="fp32 main gradients", bytes=4 * psi, source=source),
+            StateLine(
+                kind=TensorKind.OPTIMIZER_STATES,
                 name="fp32 master + Adam m, v" + (" (distributed)" if d > 1 else ""),
                 bytes=12 * ceil_div(psi, d),
                 source=source,
@@ -131,70 +149,32 @@ def _megatron(request: TrainingRequest, strategy: Strategy, row: StrategyMemory)
 
 
 def _torch(request: TrainingRequest, strategy: Strategy, row: StrategyMemory) -> StateLines:
-    """Model states of the largest rank and the framework's buffers, exact to the element.
+    """What the largest rank holds, exactly (:mod:`zerocalc.framework_states`).
 
     fp32 sharded parameters are the master copy under ``MixedPrecision``/``MixedPrecisionPolicy`` (and
     autocast for DDP), so mixed precision has 4 + 4 + 8 bytes of states per parameter and no separate
-    master; the low-precision copies are buffers (FSDP docs, "MixedPrecision").
+    master (FSDP docs, "MixedPrecision"); the low-precision copies, buckets and gathered units are the
+    timeline's. Adam's ``step`` counters are on the device only with ``fused`` (else CPU tensors).
     """
     setup = strategy.frameworks[request.framework].torch
     assert setup is not None
-    arch = request.architecture
     world = request.cluster.group_size(setup.shard_group) if setup.shard_group else request.cluster.world_size
-    mixed = request.precision is not PrecisionName.FP32
-    b_r = request.reduce_dtype.bytes if request.reduce_dtype is not None else None
-    rank = torch_states.largest_rank_states(arch, setup, world, request.precision, request.optimizer)
+    rank = torch_states.largest_rank_states(
+        request.architecture, setup, world, request.precision, request.optimizer
+    )
     source = TORCH_SOURCES[setup.wrapper]
     lines = [
-        PeakLine(kind=LineKind.STATES, name=name, bytes=line.bytes, source=f"{source}: {line.explanation}")
-        for name, line in (
-            ("parameters (fp32 master)", rank.params),
-            ("gradients (fp32)", rank.grads),
-            ("optimizer states (Adam m, v)", rank.optimizer_states),
-            ("Adam step counters", rank.step),
-        )
+        (TensorKind.PARAMETERS, "parameters (fp32 master)", rank.params),
+        (TensorKind.GRADIENTS, "gradients (fp32), from backward to zero_grad", rank.grads),
+        (TensorKind.OPTIMIZER_STATES, "optimizer states (Adam exp_avg, exp_avg_sq)", rank.optimizer_states),
     ]
-    if setup.wrapper in torch_states.REPLICATED_WRAPPERS:
-        buckets = torch_states.reducer_buckets(rank)
-        lines.append(
-            PeakLine(
-                kind=LineKind.BUFFERS,
-                name="DDP reducer gradient buckets",
-                bytes=buckets.bytes,
-                source=buckets.explanation,
-            )
-        )
-        return StateLines(lines)
-    compute = RECIPES[request.precision].param_dtype
-    units = {
-        name: torch_states.padded_unit_numel(unit, world, setup.wrapper)
-        for name, unit in torch_states.fsdp_units(arch)
-    }
-    root = units.pop("root")
-    block = max(units.values(), default=0)
-    no_shard = setup.wrapper is TorchWrapper.FSDP1 and setup.sharding is Fsdp1Sharding.NO_SHARD
-    if no_shard and not mixed:
-        return StateLines(lines)  # the flat parameters and their gradients are used in place
-    keeps_all = setup.sharding is Fsdp1Sharding.SHARD_GRAD_OP or not setup.reshard_after_forward
-    if keeps_all:
-        return StateLines(
-            [
-                *lines,
-                PeakLine(
-                    kind=LineKind.BUFFERS,
-                    name="unsharded parameters of every unit (kept from forward to backward)",
-                    bytes=rank.unsharded_after_forward.bytes,
-                    source=f"{source}: {rank.unsharded_after_forward.explanation}",
-                ),
-                unit_gradients(max(block, root), compute.bytes, source, b_r),
-            ]
-        )
-    copies = f"{compute.value} copies of" if no_shard else "gathered"
+    if request.optimizer_impl is OptimizerImpl.FUSED:
+        lines.append((TensorKind.OPTIMIZER_STATES, "Adam step counters (fused: on the device)", rank.step))
     return StateLines(
-        lines
-        + units_in_flight(
-            block, root, compute.bytes, compute.bytes, request.buffers.prefetch, source, copies, b_r
-        )
+        [
+            StateLine(kind=kind, name=name, bytes=line.bytes, source=f"{source}: {line.explanation}")
+            for kind, name, line in lines
+        ]
     )
 
 

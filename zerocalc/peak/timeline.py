@@ -34,23 +34,35 @@ from zerocalc.model_impl import (
     shared_saves,
     traits,
 )
+from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.peak.ledger import Ledger
 
-# kinds of tensors, for the report's lines
-PARAMS = "parameters"
-GATHERED = "gathered parameters"
-GRADS = "gradients"
-REDUCE = "gradient reduction buffers"
-OPTIMIZER = "optimizer states"
-OPTIMIZER_TEMP = "optimizer step temporaries"
-ACTIVATIONS = "activations"
-LOSS = "loss"
-INPUTS = "inputs"
-RUNTIME = "runtime workspaces"
-BUFFERS = "communication buffers"
-TRANSIENT = "in-layer temporaries"
+# kinds of tensors (short names for the program below)
+PARAMS = TensorKind.PARAMETERS
+GATHERED = TensorKind.GATHERED
+GRADS = TensorKind.GRADIENTS
+REDUCE = TensorKind.REDUCTION
+OPTIMIZER = TensorKind.OPTIMIZER_STATES
+OPTIMIZER_TEMP = TensorKind.OPTIMIZER_TEMPORARIES
+ACTIVATIONS = TensorKind.ACTIVATIONS
+LOSS = TensorKind.LOSS
+INPUTS = TensorKind.INPUTS
+RUNTIME = TensorKind.RUNTIME
+BUFFERS = TensorKind.BUFFERS
+TRANSIENT = TensorKind.TRANSIENT
 
-PHASES = ("start", "forward", "backward", "optimizer")
+PHASES = tuple(StepPhase)
+
+MiB = 2**20
+START_EXTRA = 512
+"""Measured at every step start on the H100 (torch 2.11, CUDA 13), not attributed; taken for every GPU."""
+PER_LAYER_ATTENTION = 1024
+"""Per layer from forward to that layer's backward, without recompute (2 × 512 B on the H100): SDPA's
+philox seed and offset kept on the device."""
+RECOMPUTE_EXTRA = 2 * MiB
+"""Measured under activation checkpointing from the step start (H100)."""
+NO_RESHARD_EXTRA = 1 * MiB
+"""Measured with ``reshard_after_forward=False`` from forward to the end of backward (H100)."""
 
 
 class StepShape(NamedTuple):
@@ -74,16 +86,12 @@ class Runtime(NamedTuple):
     """Device allocations of the CUDA runtime through the caching allocator (per GPU kind)."""
 
     cublas_workspace: int
-    """One cuBLAS workspace per (handle, stream): the forward thread's and autograd's device thread's."""
-    start_extra: int
-    """Measured at every step start, not attributed (512 B on H100)."""
-    per_layer_attention: int
-    """Measured per layer from forward to that layer's backward (2 × 512 B on H100, absent under
-    recompute): SDPA's philox seed and offset kept on the device."""
-    recompute_extra: int
-    """Measured under activation checkpointing, from the step start (2 MiB on H100)."""
-    no_reshard_extra: int
-    """Measured with ``reshard_after_forward=False``, from forward to the end of backward (1 MiB)."""
+    """One cuBLAS workspace per (handle, stream): the forward thread's and autograd's device thread's
+    (the GPU preset's ``cublas_workspace``)."""
+    start_extra: int = START_EXTRA
+    per_layer_attention: int = PER_LAYER_ATTENTION
+    recompute_extra: int = RECOMPUTE_EXTRA
+    no_reshard_extra: int = NO_RESHARD_EXTRA
 
 
 class Phases(NamedTuple):
@@ -108,17 +116,17 @@ def run_step(
     hf = impl.name is ModelImplName.HF
     cuda = device is Device.CUDA and runtime is not None
 
-    led.phase = "start"
+    led.phase = StepPhase.START
     led.event("start")
     start = led.total
 
     # ---- forward ---------------------------------------------------------------------------------------
-    led.phase = "forward"
+    led.phase = StepPhase.FORWARD
     mechanics.pre_forward(led, "root")
     if cuda and mechanics.keeps_all_unsharded:
         led.alloc("no-reshard runtime extra", runtime.no_reshard_extra, RUNTIME)
     for name, b in shared_saves(impl, arch, shape, act, checkpointed, device):
-        led.alloc(f"shared.{name}", b, ACTIVATIONS)
+        led.alloc(f"shared.{name}", b, ACTIVATIONS, group="shared")
     hidden = "embedding output"
     led.alloc(hidden, act * T * h, ACTIVATIONS)
     if not t.rotary:  # GPT-2: wte(ids) + wpe(positions) (+ dropout) is a new tensor; both inputs stay
@@ -144,9 +152,9 @@ def run_step(
             saves = layer_saves(impl, arch, i, shape, act, device, use_cache=True, flash=step.flash)
             saved = [(n, b) for n, b in saves.saved if b]
             for name, b in saved:
-                led.alloc(f"layer {i}.{name}", b, ACTIVATIONS)
+                led.alloc(f"layer {i}.{name}", b, ACTIVATIONS, group=f"layer {i}")
             if cuda and hf:
-                led.alloc(f"layer {i}.sdpa rng", runtime.per_layer_attention, ACTIVATIONS)
+                led.alloc(f"layer {i}.sdpa rng", runtime.per_layer_attention, ACTIVATIONS, group=f"layer {i}")
             led.event(f"layer {i} forward", saves.forward_excess, TRANSIENT)
             new = f"hidden {i + 1}"
             led.alloc(new, act * T * h, ACTIVATIONS)
@@ -156,7 +164,7 @@ def run_step(
         mechanics.post_forward(led, i)
 
     for name, b in final_saves(impl, arch, shape, act, device):
-        led.alloc(f"final.{name}", b, ACTIVATIONS)
+        led.alloc(f"final.{name}", b, ACTIVATIONS, group="final")
     # RMSNorm forward: while x·rsqrt (fp32) exists its cast exists and the output does not yet
     led.event(
         "final norm forward",
@@ -196,7 +204,7 @@ def run_step(
     after_forward = led.total
 
     # ---- backward --------------------------------------------------------------------------------------
-    led.phase = "backward"
+    led.phase = StepPhase.BACKWARD
     led.alloc("grad seed", FP32, LOSS)
     mechanics.pre_backward(led, "root")
     led.alloc("d log_softmax (nll_loss_backward)", FP32 * T * V, LOSS)
@@ -220,8 +228,7 @@ def run_step(
     led.event("lm_head backward")
     led.free("d logits")
     led.event("final norm backward", norm_backward_excess(impl, arch, shape, act), TRANSIENT)
-    for name in [n for n in led.live if n.startswith("final.")]:
-        led.free(name)
+    led.free_group("final")
     if layernorm_keeps:
         led.free(hidden)  # ln_f's saved input
     mechanics.param_grad(led, "root", "final norm", h * (2 if t.norm == "layernorm" else 1))
@@ -230,14 +237,12 @@ def run_step(
         saves = layer_saves(impl, arch, i, shape, act, device, use_cache=not checkpointed, flash=step.flash)
         if checkpointed:
             for name, b in saves.saved:
-                led.alloc(f"layer {i}.{name}", b, ACTIVATIONS)
+                led.alloc(f"layer {i}.{name}", b, ACTIVATIONS, group=f"layer {i}")
             led.event(f"layer {i} recompute", saves.forward_excess, TRANSIENT)
         led.event(f"layer {i} backward", saves.backward_excess, TRANSIENT)
-        for name in [n for n in led.live if n.startswith(f"layer {i}.")]:
-            led.free(name)
+        led.free_group(f"layer {i}")
         if i == 0:
-            for name in [n for n in led.live if n.startswith("shared.")]:
-                led.free(name)
+            led.free_group("shared")
         if checkpointed or saves.keeps_input:
             previous = f"hidden {i}" if i > 0 else ("hidden 0" if led.has("hidden 0") else "embedding output")
             led.free(previous)
@@ -264,7 +269,7 @@ def run_step(
     after_backward = led.total
 
     # ---- optimizer ---------------------------------------------------------------------------------------
-    led.phase = "optimizer"
+    led.phase = StepPhase.OPTIMIZER
     mechanics.optimizer_step(led, first_step)
     mechanics.zero_grad(led)
     led.event("zero_grad")
