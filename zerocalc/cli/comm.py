@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from zerocalc.comm import CommEstimate
     from zerocalc.links import LinkFigures
 
-GradAccum = Annotated[str, typer.Option("--grad-accum", "-A", help="A: micro-batches per optimizer step.")]
 Calibration = Annotated[
     str | None, typer.Option("--calibration", help="A calibration JSON written by `zerocalc bench`.")
 ]
@@ -50,7 +49,7 @@ def comm(
     gpus_per_node: opt.GpusPerNode = None,
     strategy: opt.StrategyOpt = "all",
     precision: opt.Precision = "bf16-mixed",
-    grad_accum: GradAccum = "1",
+    grad_accum: opt.GradAccum = "1",
     reduce_dtype: opt.ReduceDtype = None,
     calibration: Calibration = None,
     gpu: opt.Gpu = None,

@@ -8,17 +8,17 @@ import typer
 
 from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app
-from zerocalc.cli.render import byte_cell, console, print_json, unit_label
+from zerocalc.cli.render import Column, byte_cell, console, print_fitted, print_json, unit_label
 from zerocalc.units import ByteUnit, format_count, parse_byte_unit
 
 if TYPE_CHECKING:
     from zerocalc.memory import MemoryEstimate, StateKind, StrategyMemory
-    from zerocalc.peak.report import PeakEstimate
+    from zerocalc.peak.report import PeakEstimate, StrategyPeak
 
 _STATE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("params", "Params"),
     ("grads", "Grads"),
-    ("grad_accum", "fp32 grad acc."),
+    ("grad_accum", "fp32\ngrad acc."),
     ("optimizer", "Optimizer"),
 )
 
@@ -42,20 +42,24 @@ def memory(
     reserve: opt.Reserve = None,
     seq_len: opt.SeqLen = "2048",
     micro_batch: opt.MicroBatch = "1",
+    grad_accum: opt.GradAccum = "1",
+    grad_sync: opt.GradSyncOpt = None,
     recompute: opt.RecomputeOpt = "none",
     flash_attention: opt.FlashAttention = None,
+    model_impl: opt.ModelImplOpt = "hf",
+    optimizer_impl: opt.OptimizerImplOpt = "foreach",
     prefetch: opt.Prefetch = "1",
     wrap: opt.WrapOpt = "block",
     framework: opt.FrameworkOpt = "paper",
     ddp_bucket: opt.DdpBucket = "25MiB",
     reduce_bucket: opt.ReduceBucket = "5e8",
     allgather_bucket: opt.AllgatherBucket = "5e8",
-    fragmentation: opt.Fragmentation = "0.1",
     reduce_dtype: opt.ReduceDtype = None,
+    expandable_segments: opt.ExpandableSegments = False,
     json: opt.Json = False,
 ) -> None:
-    """Per-GPU memory under DDP, ZeRO-1/2/3 and FSDP: model states, and with --model the peak of a step
-    (activations, buffers, overheads)."""
+    """Per-GPU memory under DDP, ZeRO-1/2/3 and FSDP: model states, and with --model the peak of a
+    training step, simulated event by event (activations, loss, buffers, allocator, CUDA context)."""
     from zerocalc.request import TrainingOptions, parse_request
 
     unit = parse_byte_unit(units)
@@ -77,16 +81,20 @@ def memory(
             reserve=reserve,
             seq_len=seq_len,
             micro_batch=micro_batch,
+            grad_accum=grad_accum,
+            grad_sync=grad_sync,
             recompute=recompute,
             flash_attention=flash_attention,
+            model_impl=model_impl,
+            optimizer_impl=optimizer_impl,
             prefetch=prefetch,
             wrap=wrap,
             framework=framework,
             ddp_bucket=ddp_bucket,
             reduce_bucket=reduce_bucket,
             allgather_bucket=allgather_bucket,
-            fragmentation=fragmentation,
             reduce_dtype=reduce_dtype,
+            expandable_segments=expandable_segments,
         )
     )
     if request.model.architecture is None:
@@ -123,9 +131,14 @@ def _state_cell(row: StrategyMemory, kind: StateKind, unit: ByteUnit) -> str:
     return byte_cell(row.bytes_of(kind), unit)
 
 
-def render_memory(estimate: MemoryEstimate, unit: ByteUnit) -> None:
-    from rich.table import Table
+def _headroom_cell(row: StrategyMemory, unit: ByteUnit) -> str:
+    headroom = row.headroom_bytes or 0
+    if row.fits:
+        return f"[green]{byte_cell(headroom, unit)}[/green]"
+    return f"[red]-{byte_cell(-headroom, unit)}[/red]"
 
+
+def render_memory(estimate: MemoryEstimate, unit: ByteUnit) -> None:
     from zerocalc.memory import StateKind
 
     request = estimate.request
@@ -146,9 +159,10 @@ def render_memory(estimate: MemoryEstimate, unit: ByteUnit) -> None:
             f"largest layer {count.largest_layer_name} ({count.largest_layer_params:,})"
         )
     if estimate.gpu is not None:
+        gpu = estimate.gpu
         out.print(
-            f"[bold]GPU[/bold] {estimate.gpu.name}: {byte_cell(estimate.gpu.memory_bytes, unit)} "
-            f"less a {byte_cell(estimate.gpu.reserve_bytes, unit)} reserve (CUDA context, NCCL, allocator)"
+            f"[bold]GPU[/bold] {gpu.title}: {byte_cell(gpu.usable_bytes, unit)} {unit.value} as PyTorch "
+            f"sees it ({byte_cell(gpu.memory_bytes, unit)} {unit.value} in nvidia-smi)"
         )
     out.print(
         f"[bold]Model states per GPU[/bold]: Ψ = {request.params:,} ({format_count(request.params)}), "
@@ -156,115 +170,149 @@ def render_memory(estimate: MemoryEstimate, unit: ByteUnit) -> None:
         f"b_p = {bpp.b_p}, b_g = {bpp.b_g}, K = {k} bytes/param{extra}; units: {unit_label(unit)}"
     )
     rows = estimate.strategies
-    has_accum = bpp.grad_accum > 0
-    has_cpu = any(r.cpu_bytes_per_gpu for r in rows)
-    has_nvme = any(r.nvme_bytes_per_gpu for r in rows)
-    has_fits = request.gpu_memory_bytes is not None
-
-    table = Table(title=None, header_style="bold")
-    table.add_column("Strategy")
-    for key, label in _STATE_COLUMNS:
-        if key == StateKind.GRAD_ACCUM.value and not has_accum:
-            continue
-        table.add_column(label, justify="right")
-    table.add_column("Total / GPU", justify="right", style="bold")
-    table.add_column("vs DDP", justify="right")
-    if has_cpu:
-        table.add_column("CPU / GPU", justify="right")
-        table.add_column("CPU / node", justify="right")
-    if has_nvme:
-        table.add_column("NVMe / GPU", justify="right")
-        table.add_column("NVMe / node", justify="right")
-    if has_fits:
-        table.add_column(f"Fits {byte_cell(request.gpu_memory_bytes or 0, unit)}", justify="center")
-        table.add_column("Headroom", justify="right")
-
-    for row in rows:
-        cells = [row.title]
-        for key, _ in _STATE_COLUMNS:
-            if key == StateKind.GRAD_ACCUM.value and not has_accum:
-                continue
-            cells.append(_state_cell(row, StateKind(key), unit))
-        cells += [byte_cell(row.gpu_bytes, unit), f"{row.fraction_of_ddp:.1%}"]
-        if has_cpu:
-            cells += [byte_cell(row.cpu_bytes_per_gpu, unit), byte_cell(row.cpu_bytes_per_node, unit)]
-        if has_nvme:
-            cells += [byte_cell(row.nvme_bytes_per_gpu, unit), byte_cell(row.nvme_bytes_per_node, unit)]
-        if has_fits:
-            headroom = row.headroom_bytes or 0
-            cells += [
-                "[green]yes[/green]" if row.fits else "[red]no[/red]",
-                byte_cell(headroom, unit) if headroom >= 0 else f"[red]-{byte_cell(-headroom, unit)}[/red]",
-            ]
-        table.add_row(*cells)
-    out.print(table)
+    columns = [
+        Column(label, [_state_cell(row, StateKind(key), unit) for row in rows])
+        for key, label in _STATE_COLUMNS
+        if key != StateKind.GRAD_ACCUM.value or bpp.grad_accum > 0
+    ]
+    columns += [
+        Column("Total\n/ GPU", [f"[bold]{byte_cell(row.gpu_bytes, unit)}[/bold]" for row in rows]),
+        Column("vs\nDDP", [f"{row.fraction_of_ddp:.1%}" for row in rows]),
+    ]
+    if any(r.cpu_bytes_per_gpu for r in rows):
+        columns += [
+            Column("CPU\n/ GPU", [byte_cell(row.cpu_bytes_per_gpu, unit) for row in rows]),
+            Column("CPU\n/ node", [byte_cell(row.cpu_bytes_per_node, unit) for row in rows]),
+        ]
+    if any(r.nvme_bytes_per_gpu for r in rows):
+        columns += [
+            Column("NVMe\n/ GPU", [byte_cell(row.nvme_bytes_per_gpu, unit) for row in rows]),
+            Column("NVMe\n/ node", [byte_cell(row.nvme_bytes_per_node, unit) for row in rows]),
+        ]
+    capacity = request.states_capacity_bytes
+    if capacity is not None:
+        columns.append(
+            Column(f"Free of\n{byte_cell(capacity, unit)}", [_headroom_cell(row, unit) for row in rows])
+        )
+    print_fitted("Strategy", [row.title for row in rows], columns)
     for line in estimate.assumptions[1:]:
         out.print(f"[dim]· {line}[/dim]")
+    if capacity is not None:
+        out.print(
+            f"[dim]· free of {byte_cell(capacity or 0, unit)}: the GPU's "
+            f"{byte_cell(request.gpu_memory_bytes or 0, unit)} less "
+            f"{byte_cell(request.context_bytes, unit)} held outside the caching allocator, less the "
+            "model states; negative: they do not fit (the peak of a step needs --model)[/dim]"
+        )
     for note in estimate.notes:
         out.print(f"[yellow]· {note}[/yellow]")
 
 
+PEAK_TERM_WIDTH = 26
+"""The longest kind of tensor ("optimizer step temporaries") fits on one line."""
+
+
+def _short_header(name: str) -> str:
+    """``shard_grad_op`` → ``shard_`` / ``grad_op``: a strategy's name on two lines when long."""
+    head, _, tail = name.partition("_")
+    return f"{head}_\n{tail}" if tail and len(name) > 8 else name
+
+
+def _verdict_cell(row: StrategyPeak, unit: ByteUnit) -> str:
+    from zerocalc.peak.report import Verdict
+
+    headroom = row.headroom_bytes or 0
+    if row.verdict is Verdict.FITS:
+        return f"[green]fits[/green], {byte_cell(headroom, unit)} free"
+    if row.verdict is Verdict.TIGHT:
+        return f"[yellow]tight[/yellow], {byte_cell(headroom, unit)} free"
+    return f"[red]no[/red], {byte_cell(-headroom, unit)} over"
+
+
 def render_peak(peak: PeakEstimate, unit: ByteUnit) -> None:
-    """The peak of one step per strategy: a column per kind of line, then each line's source."""
+    """The peak of one step per strategy: where it is and whether it fits, then what is alive there, one
+    line per kind of tensor, down to the device footprint; then each term's source."""
     from rich.table import Table
 
     from zerocalc.frameworks import Framework
-    from zerocalc.peak.report import LineKind
+    from zerocalc.peak.evaluate import FIT_MARGIN
+    from zerocalc.peak.kinds import TensorKind
 
     out = console()
-    options = peak.options
-    deepspeed = options.framework is Framework.DEEPSPEED
-    has_fits = options.gpu_memory_bytes is not None
-    table = Table(
-        title=f"Peak per GPU of one training step ({options.framework.value} accounting), {unit.value}",
-        header_style="bold",
-    )
-    table.add_column("Strategy")
-    columns = (
-        (LineKind.STATES, "Model states"),
-        (LineKind.ACTIVATIONS, "Activations"),
-        (LineKind.BUFFERS, "Buffers"),
-        (LineKind.OVERHEAD, "CUDA+NCCL"),
-        (LineKind.FRAGMENTATION, "Fragmentation"),
-    )
-    for _, label in columns:
-        table.add_column(label, justify="right")
-    table.add_column("Peak", justify="right", style="bold")
-    if deepspeed:
-        table.add_column("DeepSpeed's estimate", justify="right")
-        table.add_column("Host / node", justify="right")
-    if has_fits:
-        table.add_column(f"Fits {byte_cell(options.gpu_memory_bytes or 0, unit)}", justify="center")
-        table.add_column("Headroom", justify="right")
-    for row in peak.strategies:
-        cells = [row.title] + [byte_cell(row.total(kind), unit) for kind, _ in columns]
-        cells.append(byte_cell(row.peak_bytes, unit))
-        if deepspeed:
-            cells += [
-                byte_cell(row.framework_estimate_bytes, unit),
-                byte_cell(row.host_bytes_per_node or 0, unit),
-            ]
-        if has_fits:
-            headroom = row.headroom_bytes or 0
-            cells += [
-                "[green]yes[/green]" if row.fits else "[red]no[/red]",
-                byte_cell(headroom, unit) if headroom >= 0 else f"[red]-{byte_cell(-headroom, unit)}[/red]",
-            ]
-        table.add_row(*cells)
-    out.print(table)
-    if has_fits:
-        fitting = [row.title for row in peak.strategies if row.fits]
-        out.print(f"[bold]Fits:[/bold] {', '.join(fitting) if fitting else 'none of these strategies'}")
-    seen: dict[str, str] = {}
-    for row in peak.strategies:
-        for line in row.lines:
-            marker = "" if line.in_framework_estimate else " [yellow](not in DeepSpeed's estimate)[/yellow]"
-            seen.setdefault(line.name, f"{line.source}{marker}")
-    for name, source in seen.items():
-        out.print(f"[dim]· {name}: {source}[/dim]")
+    o = peak.options
+    capacity = o.gpu_memory_bytes
     out.print(
-        f"[dim]· activations {'with' if peak.flash_attention else 'without'} flash attention; "
-        f"{peak.activation_note}[/dim]"
+        f"[bold]Peak of one training step per GPU[/bold] ({o.framework.value}, {o.model_impl.value} model "
+        f"code, {o.optimizer_impl.value} Adam; s = {o.seq_len}, b = {o.micro_batch}, recompute "
+        f"{o.recompute.value}), {unit.value}"
     )
+    summary = Table(header_style="bold")
+    summary.add_column("Strategy", ratio=1, overflow="fold")
+    summary.add_column("Peak in", ratio=1, overflow="fold")
+    summary.add_column("Device", justify="right", no_wrap=True)
+    if capacity is not None:
+        summary.add_column(f"Of {byte_cell(capacity, unit)}", no_wrap=True)
+    for row in peak.strategies:
+        cells = [
+            f"{row.title} [dim]({row.strategy.value})[/dim]",
+            f"{row.peak_phase.value}: {row.peak_event}",
+            byte_cell(row.peak_bytes, unit),
+        ]
+        if capacity is not None:
+            cells.append(_verdict_cell(row, unit))
+        summary.add_row(*cells)
+    out.print(summary)
+    from zerocalc.strategies import STRATEGIES
+
+    for row in peak.strategies:
+        legend = STRATEGIES[row.strategy].legend_under(o.framework)
+        if legend:
+            out.print(f"[dim]· {row.title}: {legend}[/dim]")
+
+    kinds = [k for k in TensorKind if any(r.term(k) for r in peak.strategies)]
+    rows = peak.strategies
+    lines: list[tuple[str, list[int | None]]] = [(k.value, [r.term(k) or None for r in rows]) for k in kinds]
+    lines += [
+        ("[bold]allocated (max_allocated)[/bold]", [r.allocated_peak_bytes for r in rows]),
+        ("+ allocator reserve", [r.allocator_reserve_bytes for r in rows]),
+        ("+ CUDA context, kernels", [r.context_bytes for r in rows]),
+    ]
+    if any(r.nccl_bytes for r in rows):
+        lines.append(("+ NCCL communicators", [r.nccl_bytes or None for r in rows]))
+    lines.append(("[bold]= device (cudaMemGetInfo)[/bold]", [r.peak_bytes for r in rows]))
+    if o.framework is Framework.DEEPSPEED:
+        lines += [
+            ("DeepSpeed's own estimate", [r.framework_estimate_bytes for r in rows]),
+            ("its host memory per node", [r.host_bytes_per_node for r in rows]),
+        ]
+    columns = [
+        Column(
+            _short_header(row.strategy.value),
+            ["" if values[i] is None else byte_cell(values[i] or 0, unit) for _, values in lines],
+        )
+        for i, row in enumerate(rows)
+    ]
+    print_fitted("At the peak", [label for label, _ in lines], columns, key_width=PEAK_TERM_WIDTH)
+
+    sources: dict[TensorKind, dict[str, list[str]]] = {}
+    for row in rows:
+        for term in row.terms:
+            sources.setdefault(term.kind, {}).setdefault(term.source, []).append(row.strategy.value)
+    for kind in TensorKind:
+        by_source = sources.get(kind, {})
+        for source, names in by_source.items():
+            which = f" ({', '.join(names)})" if len(by_source) > 1 else ""
+            out.print(f"[dim]· {kind.value}{which}: {source}[/dim]")
+    out.print(
+        f"[dim]· reserve: the caching allocator replayed over model creation and three steps"
+        f"{' (expandable segments)' if o.expandable_segments else ''}; context: --reserve, by default the "
+        f"{o.runtime_gpu} preset's measured figure; NCCL: "
+        f"{byte_cell(o.nccl_communicator_bytes, unit)} per communicator of more than one rank[/dim]"
+    )
+    if capacity is not None:
+        out.print(
+            f"[dim]· tight: within {FIT_MARGIN:.0%} of the GPU's memory, the model's margin; "
+            "not promised to fit[/dim]"
+        )
     for note in peak.notes:
         out.print(f"[yellow]· {note}[/yellow]")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from zerocalc.units import ByteUnit, format_bytes
 
@@ -17,9 +17,8 @@ if TYPE_CHECKING:
 def console() -> Console:
     from rich.console import Console
 
-    probe = Console()
-    # Piped output (CI logs, files) gets room for the widest tables instead of Rich's 80 columns.
-    return Console(highlight=False, width=None if probe.is_terminal else 140)
+    # A terminal's width, else COLUMNS, else 80 columns (Rich's rule): tables are designed for 80.
+    return Console(highlight=False)
 
 
 def print_json(model: BaseModel) -> None:
@@ -37,3 +36,54 @@ def unit_label(unit: ByteUnit) -> str:
 
 def byte_cell(n_bytes: int, unit: ByteUnit) -> str:
     return format_bytes(n_bytes, unit)
+
+
+class Column(NamedTuple):
+    """One column of numbers for :func:`print_fitted`: its header (``\\n`` where it may break) and cells."""
+
+    header: str
+    cells: list[str]
+    justify: Literal["left", "center", "right"] = "right"
+
+
+def _cell_width(text: str) -> int:
+    from rich.text import Text
+
+    return max((Text.from_markup(line).cell_len for line in text.split("\n")), default=0)
+
+
+def _pack(columns: list[Column], widths: list[int], budget: int) -> list[list[Column]]:
+    groups: list[list[Column]] = [[]]
+    used = 0
+    for column, width in zip(columns, widths, strict=True):
+        if groups[-1] and used + width + 3 > budget:
+            groups.append([])
+            used = 0
+        groups[-1].append(column)
+        used += width + 3
+    return groups
+
+
+def print_fitted(
+    key_header: str, keys: list[str], columns: list[Column], *, key_width: int = 14, title: str | None = None
+) -> None:
+    """Print a table of a text key column and columns of numbers at the console's width: the numbers are
+    never cut or wrapped; columns that do not fit go to a further table with the same keys, and the key
+    column wraps (at least ``key_width`` wide)."""
+    from rich.table import Table
+
+    out = console()
+    widths = [max(_cell_width(c.header), *(_cell_width(x) for x in c.cells)) for c in columns]
+    natural = max(_cell_width(key_header), *(_cell_width(k) for k in keys))
+    for key in (natural, min(natural, key_width)):  # the keys whole if all columns then fit
+        groups = _pack(columns, widths, out.width - key - 4)  # key padding + separator, outer borders
+        if len(groups) == 1:
+            break
+    for number, group in enumerate(groups):
+        table = Table(title=title if number == 0 else None, header_style="bold")
+        table.add_column(key_header, overflow="fold", min_width=key_width)
+        for column in group:
+            table.add_column(column.header, justify=column.justify, no_wrap=True)
+        for i, key in enumerate(keys):
+            table.add_row(key, *(column.cells[i] for column in group))
+        out.print(table)
