@@ -93,7 +93,7 @@ FrameworkOpt = Annotated[
     typer.Option(
         "--framework",
         help="Accounting to follow: paper, deepspeed (its estimators), megatron, or what PyTorch really "
-        "allocates: fsdp, fsdp2, torch-zero1.",
+        "allocates: fsdp, fsdp2, torch-zero1, ddp.",
     ),
 ]
 DdpBucket = Annotated[str, typer.Option("--ddp-bucket", help="DDP gradient bucket (bucket_cap_mb).")]

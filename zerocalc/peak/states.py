@@ -19,8 +19,10 @@ from zerocalc.peak.profiles import StatesModel
 from zerocalc.peak.report import LineKind, PeakLine
 from zerocalc.precision import RECIPES, PrecisionName
 from zerocalc.request import TrainingRequest
+from zerocalc.schedule import ZeroPP
 from zerocalc.strategies import OffloadTarget, Strategy, StrategyName
 from zerocalc.units import ceil_div
+from zerocalc.zeropp import hpz_secondary_bytes
 
 
 class StateLines(NamedTuple):
@@ -108,6 +110,22 @@ def _deepspeed(request: TrainingRequest, strategy: Strategy, row: StrategyMemory
             source=f"DeepSpeed {DEEPSPEED_VERSION} stage3.py largest_layer_memory",
         ),
     ]
+    if ZeroPP.HPZ in request.zeropp:
+        lines.append(
+            PeakLine(
+                kind=LineKind.BUFFERS,
+                name="ZeRO++ hpZ secondary partition",
+                bytes=hpz_secondary_bytes(
+                    request.architecture,
+                    cluster.world_size,
+                    per_node,
+                    RECIPES[request.precision].param_dtype.bytes,
+                ),
+                source=f"DeepSpeed {DEEPSPEED_VERSION} partition_parameters.py _partition_param_sec: each "
+                "parameter padded to N, over the node's g ranks, in the parameter dtype",
+                in_framework_estimate=False,
+            )
+        )
     return StateLines(lines, ds.cpu_bytes)
 
 
