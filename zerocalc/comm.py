@@ -26,7 +26,7 @@ from zerocalc.calls import Call, CallContext, Layout, rule_calls
 from zerocalc.cluster import Cluster, RankGroup
 from zerocalc.collectives import COLLECTIVES, Collective
 from zerocalc.dtypes import DType
-from zerocalc.frameworks import TORCH_NO_SYNC, Framework
+from zerocalc.frameworks import TORCH_FRAMEWORKS, TORCH_NO_SYNC, Framework
 from zerocalc.links import Bandwidths, BandwidthSource, LinkFigures
 from zerocalc.precision import RECIPES, PrecisionName
 from zerocalc.request import TrainingRequest
@@ -130,7 +130,8 @@ class StrategyComm(BaseModel):
     inter_node_bytes_per_gpu: int
     time_s: float
     ratio_to_ddp: float | None = Field(
-        description="bytes / the same framework's DDP bytes (the paper's where it has no DDP); None at N = 1"
+        description="bytes / DDP's under the same framework (PyTorch's DDP for FSDP2, the paper's for "
+        "DeepSpeed); None at N = 1"
     )
     exposed_time_s: float | None = Field(default=None, description="max(0, comm − compute)")
     hidden_time_s: float | None = Field(default=None, description="min(comm, compute): could overlap compute")
@@ -316,13 +317,13 @@ def strategy_comm(
 
 
 def _ddp_reference(request: TrainingRequest, layout: Layout) -> int | None:
-    """The bytes the ratio is taken to: DDP under the same framework, else the paper's DDP."""
-    ddp = STRATEGIES[StrategyName.DDP]
-    reference = (
-        request
-        if request.framework in ddp.frameworks
-        else request.model_copy(update={"framework": Framework.PAPER})
-    )
+    """The bytes the ratio is taken to: DDP under the same framework (FSDP's is NO_SHARD), PyTorch's DDP for
+    FSDP2, else the paper's DDP (DeepSpeed's stage 0 is not modelled)."""
+    frameworks = STRATEGIES[StrategyName.DDP].frameworks
+    framework = request.framework
+    if framework not in frameworks:
+        framework = Framework.DDP if framework in TORCH_FRAMEWORKS else Framework.PAPER
+    reference = request.model_copy(update={"framework": framework})
     return strategy_comm(StrategyName.DDP, reference, None, layout).total_bytes_per_gpu or None
 
 
