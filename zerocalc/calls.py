@@ -17,6 +17,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.architecture import Architecture, ParamTensor, parameter_tensors
+from zerocalc.collectives import Collective
 from zerocalc.framework_states import fsdp_units, padded_unit_numel, zero1_partition
 from zerocalc.frameworks import TorchWrapper
 from zerocalc.schedule import Calls, Padding, Quantization, ScheduledCollective, Select
@@ -250,7 +251,7 @@ def _split(
         case Calls.MODULE:
             return [call(layout.unit_of(part[0]), part) for part in _by_module(tensors)]
         case Calls.PARAMETER:
-            if rule.op.value == "broadcast":  # ZeroRedundancyOptimizer: from the rank that owns it
+            if rule.op is Collective.BROADCAST:  # ZeroRedundancyOptimizer: from the rank that owns it
                 if not exact:
                     total, n = tensors[0].numel, ctx.group_size
                     return [
