@@ -16,15 +16,69 @@ def test_table_and_summary() -> None:
     result = runner.invoke(app, ["comm", "--params", "7B", "--gpus", "64", "--gpus-per-node", "8"])
     assert result.exit_code == 0, result.output
     for text in (
-        "all_reduce",
-        "reduce_scatter",
-        "all_gather",
+        "AR bwd",
+        "RS bwd",
+        "AG fwd",
+        "AG step",
+        "AG all_gather, RS reduce_scatter",  # the legend
         "HYBRID_SHARD",
         "1.50×",
-        "spans nodes",
+        "world 64*",  # a group spanning nodes
+        "across 8*",
         "default",
+        "ZeRO paper §7",
     ):
         assert text in result.stdout
+
+
+def _rendered(args: list[str], monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """``zerocalc comm ARGS`` as an 80-column terminal shows it."""
+    from rich.console import Console
+
+    import zerocalc.cli.comm as comm_cli
+
+    narrow = Console(width=80, record=True, highlight=False)
+    monkeypatch.setattr(comm_cli, "console", lambda: narrow)
+    result = runner.invoke(app, ["comm", *args])
+    assert result.exit_code == 0, result.output
+    return narrow.export_text().splitlines()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--params", "405B", "--gpus", "1048576", "-u", "B", "--tokens-per-step", "4M", "--tflops", "400"],
+        ["--model", "llama-2-7b", "--gpus", "32", "-g", "8", "--framework", "deepspeed", "--zeropp", "all"],
+        ["--model", "gpt2-xl", "--gpus", "4", "--framework", "torch-zero1", "--per-unit", "-u", "B"],
+        ["--model", "llama-3-8b", "--gpus", "16", "--framework", "fsdp2", "-A", "4", "--grad-sync", "last"],
+    ],
+)
+def test_tables_fit_80_columns_and_never_cut_a_number(
+    args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = _rendered(args, monkeypatch)
+    assert any(line.startswith("collective") for line in lines)
+    for line in lines:
+        assert len(line) <= 80 and "…" not in line, line
+    if "B" in args:  # every byte count whole, even 16 digits of them
+        words = {word for line in lines for word in line.split()}
+        estimate = json.loads(runner.invoke(app, ["comm", *args, "--json"]).stdout)
+        for row in estimate["strategies"]:
+            assert f"{row['total_bytes_per_gpu']:,}" in words
+
+
+def test_per_unit_rows_name_fsdp_units_and_ddp_buckets() -> None:
+    result = runner.invoke(
+        app,
+        ["comm", "--model", "llama-3-8b", "--gpus", "8", "--framework", "fsdp", "-s", "zero3", "--per-unit"],
+    )
+    assert result.exit_code == 0, result.output
+    for unit in ("layers.0", "layers.31", "root"):
+        assert unit in result.stdout
+    result = runner.invoke(
+        app, ["comm", "--params", "1231053", "--gpus", "2", "--framework", "ddp", "--per-unit"]
+    )
+    assert "bucket 1" in result.stdout and "bucket 2" in result.stdout
 
 
 def test_single_gpu_says_there_is_no_communication() -> None:

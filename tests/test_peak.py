@@ -84,8 +84,10 @@ def test_the_issue_command_reproduces_a_measurement_through_the_cli() -> None:
     assert row["timeline"][0] == {"phase": "start", "event": "start", "allocated_bytes": m["start_allocated"]}
 
 
-def _row(model: str, gpus: int, strategy: str, **kwargs):
-    (row,) = estimate_peak(model, gpus, strategies=strategy, **kwargs).peak.strategies
+def _row(model: str, gpus: int, strategy: str | None = None, **kwargs):
+    if strategy is not None:
+        kwargs["strategies"] = strategy
+    (row,) = estimate_peak(model, gpus, **kwargs).peak.strategies
     return row
 
 
@@ -262,3 +264,13 @@ def test_cli_bad_peak_option_is_one_line() -> None:
     assert (
         result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1 and "'half'" in result.stderr
     )
+
+
+def test_selective_recompute_drops_the_attention_cores_s_squared_tensors() -> None:
+    """Korthikanti §4.2 with their own accounting (megatron code), GPT-2 XL (48 layers, 25 heads, eager
+    attention), s = 1024, b = 4: per layer the softmax output 2as²b, its dropout mask as²b and output
+    2as²b are not kept: 48 × 5 × 25 × 1024² × 4 bytes less after forward."""
+    kw = {"strategies": "zero3", "model_impl": "megatron", "seq_len": 1024, "micro_batch": 4}
+    none = _row("gpt2-xl", 8, recompute="none", **kw)
+    selective = _row("gpt2-xl", 8, recompute="selective", **kw)
+    assert none.after_forward_bytes - selective.after_forward_bytes == 48 * 5 * 25 * 1024**2 * 4

@@ -111,7 +111,8 @@ def test_the_framework_enum_is_the_one_memory_and_the_records_use() -> None:
     assert request.framework is Framework.TORCH_ZERO1
 
 
-CORE = ["memory.py", "comm.py", "activations.py", "framework_states.py", "deepspeed_estimator.py"]
+CORE = ["memory.py", "comm.py", "calls.py", "zeropp.py", "activations.py", "framework_states.py"]
+CORE += ["deepspeed_estimator.py", "schedule.py"]
 CORE += [f"peak/{name}" for name in ("evaluate.py", "states.py", "buffers.py", "profiles.py", "report.py")]
 CORE += ["strategies.py", "architecture.py", "cluster.py", "collectives.py", "precision.py", "optimizers.py"]
 
@@ -144,3 +145,38 @@ def test_validate_lists_the_configurations_of_the_records() -> None:
     from zerocalc.validate.config import STRATEGIES
 
     assert ALL_STRATEGIES.split(",") == list(STRATEGIES)
+
+
+def test_grad_sync_is_checked_once_and_named_by_its_concept() -> None:
+    assert parse_options(params="7B", grad_sync="LAST").grad_sync == "last"
+    assert parse_options(params="7B").grad_sync is None  # each framework's default
+    with pytest.raises(InputError) as info:
+        parse_options(
+            params="7B", gpus=8, framework="deepspeed", model=None, strategies="zero1", grad_sync="every"
+        )
+    assert "framework deepspeed models" in str(info.value)  # memory has no DeepSpeed stage-1 estimator
+    with pytest.raises(InputError) as info:
+        parse_options(params="7B", gpus=8, strategies="zero3", grad_sync="last")  # the paper fixes ZeRO-3
+    assert info.value.render(flag).startswith("--grad-sync last: ZeRO-3 / FULL_SHARD reduces gradients every")
+    assert "accepted: --grad-sync every, or no --grad-sync" in info.value.render(flag)
+
+
+def test_comm_and_memory_requests_differ_only_where_the_estimates_do() -> None:
+    from zerocalc.frameworks import Estimate
+
+    comm = parse_options(estimate=Estimate.COMM, params="7B", gpus=8, framework="fsdp")  # Ψ alone is enough
+    assert comm.strategies == ("ddp", "shard_grad_op", "zero3", "hybrid_shard")
+    with pytest.raises(InputError, match="counts what the implementation allocates"):
+        parse_options(params="7B", gpus=8, framework="fsdp")
+    deepspeed = parse_options(estimate=Estimate.COMM, params="7B", gpus=8, framework="deepspeed")
+    assert deepspeed.strategies == ("zero1", "zero2", "zero3")
+    assert parse_options(params="7B", gpus=8, framework="paper").buffers.ddp_first_bucket_bytes == 2**20
+    assert parse_options(params="7B", ddp_bucket="8MiB").buffers.ddp_first_bucket_bytes == 8 * 2**20
+
+
+def test_an_architecture_is_a_model_too() -> None:
+    from zerocalc.validate.run import resolve_architecture
+
+    arch = resolve_architecture(None, {})
+    request = parse_options(model=arch, gpus=2)
+    assert request.model.params == 224_595 and request.model.architecture == arch

@@ -13,14 +13,13 @@ from typer.testing import CliRunner
 from zerocalc import procs
 from zerocalc.cli import app
 from zerocalc.validate import run
-from zerocalc.validate.compare import predictions
 from zerocalc.validate.config import PERTURB_ENV, Job
 
 runner = CliRunner()
 
 
 @pytest.fixture()
-def spawned(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+def spawned(monkeypatch: pytest.MonkeyPatch, perfect: Callable) -> list[tuple[str, int]]:
     """A CPU node of 2 cores, not under torchrun; each spawned world "measures" exactly the prediction
     (``ddp-fails``: the ddp world fails). Returns (strategy · precision, nproc) per world started."""
     for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_STEP_ID"):
@@ -37,20 +36,7 @@ def spawned(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
         calls.append((f"{job.strategy} · {job.precision}", nproc))
         if job.strategy == "ddp":
             raise procs.RanksFailed("rank 1 exited with code 1; the other ranks were stopped")
-        figures = [
-            {
-                "rank": rank,
-                "params": p.params.bytes,
-                "grads": p.grads.bytes,
-                "optimizer": p.optimizer_states.bytes,
-                "step": p.step.bytes,
-                "unsharded_after_forward": p.unsharded_after_forward.bytes
-                if job.strategy != "zero1"
-                else None,
-                "loss": 6.9,
-            }
-            for rank, p in enumerate(predictions(job.arch, job.strategy, nproc, job.precision, job.optimizer))
-        ]
+        figures = [m.model_dump() for m in perfect(job, nproc)]
         return collect(json.dumps(figures))
 
     monkeypatch.setattr(procs, "spawn", spawn)
@@ -76,6 +62,13 @@ def spawned(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
         (["--hidden", "64"], "--hidden 64 is not a multiple of --heads 3"),
         (["--heads", "3", "--kv-heads", "2"], "3 heads are not a multiple of 2 key/value heads"),
         (["--layers", "0"], "--layers 0 is not accepted; accepted: a whole number ≥ 1"),
+        (["--grad-sync", "sometimes"], "--grad-sync 'sometimes' is not accepted; accepted: every, last"),
+        (["--grad-accum", "0"], "--grad-accum 0 is not accepted; accepted: 1 to 1,000,000 micro-batches"),
+        (["--gpus-per-node", "3"], "--gpus-per-node 3 does not divide the 2 ranks"),
+        (
+            ["--strategies", "fsdp2-hsdp"],
+            "fsdp2-hsdp shards inside a node and replicates across nodes: 2 ranks of 2 per node are one node",
+        ),
         (
             ["--model", "mixtral-8x7b", "--layers", "1", "--hidden", "64", "--vocab", "101"],
             "mixture-of-experts",
@@ -121,6 +114,41 @@ def test_every_configuration_is_its_own_world_and_piped_progress_is_one_line_eac
     assert lines[0].startswith("zerocalc validate: zero1 · fp32: match (") and lines[-1].endswith(
         ", 4/4 configurations"
     )
+
+
+def test_hybrid_configurations_need_two_nodes_and_gradient_accumulation_runs_both_modes(
+    spawned: list[tuple[str, int]],
+) -> None:
+    result = runner.invoke(app, ["validate", "--precision", "fp32", "--json"])  # one node of 2: no hybrid
+    assert result.exit_code == 1, result.output  # the faked ddp world fails
+    assert len(spawned) == 7 and not any("hsdp" in name or "hybrid" in name for name, _ in spawned)
+    spawned.clear()
+    args = [
+        "validate",
+        "--nproc",
+        "4",
+        "-g",
+        "2",
+        "--precision",
+        "fp32",
+        "-A",
+        "2",
+        "--grad-sync",
+        "every,last",
+    ]
+    result = runner.invoke(app, [*args, "--strategies", "fsdp1-hybrid-shard,fsdp2-hsdp", "--json"])
+    assert result.exit_code == 0, result.output
+    assert [name for name, _ in spawned] == [
+        f"{s} · fp32" for s in ("fsdp1-hybrid-shard", "fsdp2-hsdp") for _ in "el"
+    ]
+    report = json.loads(result.stdout)
+    assert [(c["grad_accum"], c["grad_sync"]) for c in report["configs"]] == [(2, "every"), (2, "last")] * 2
+    across = [next(x for x in c["collectives"] if x["group"] == "across_nodes") for c in report["configs"]]
+    assert [(x["op"], x["group_size"], x["predicted_calls"]) for x in across] == [
+        ("all_reduce", 2, 6),
+        ("all_reduce", 2, 3),
+    ] * 2
+    assert "fsdp2-hsdp · fp32 · A=2 last: match" in result.stderr
 
 
 def test_a_wrong_prediction_is_a_marked_mismatch_with_exit_1(

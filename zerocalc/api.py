@@ -90,13 +90,15 @@ def estimate_peak(
     optimizer_impl: str = "foreach",
     grad_accum: int | str = 1,
     grad_sync: str | None = None,
+    zeropp: str | None = None,
     expandable_segments: bool = False,
 ) -> MemoryReport:
     """Model states and the peak of one training step per strategy, for a model preset or config.json.
 
     The keywords are :func:`estimate_memory`'s and the peak's (``zerocalc memory --model``'s options);
     ``reserve`` overrides what the process holds outside the caching allocator (the GPU preset's measured
-    context).
+    context); ``grad_sync`` ``every`` or ``last`` micro-batch of ``grad_accum``; ``zeropp`` DeepSpeed ZeRO++
+    features (hpZ's secondary partition is a line of the deepspeed profile's ZeRO-3).
     """
     from zerocalc.peak.evaluate import evaluate_peak
 
@@ -128,6 +130,7 @@ def estimate_peak(
         optimizer_impl=optimizer_impl,
         grad_accum=grad_accum,
         grad_sync=grad_sync,
+        zeropp=zeropp,
         expandable_segments=expandable_segments,
     )
     return evaluate_peak(request)
@@ -141,9 +144,14 @@ def estimate_comm(
     model: str | None = None,
     gpu: str | None = None,
     strategies: str | list[str] | None = None,
+    framework: str = "paper",
     precision: str = "bf16-mixed",
     grad_accum: int | str = 1,
+    grad_sync: str | None = None,
     reduce_dtype: str | None = None,
+    zeropp: str | None = None,
+    ddp_bucket: int | str | None = None,
+    reduce_bucket: int | str = "5e8",
     calibration: Calibration | str | None = None,
     calibration_name: str | None = None,
     intra_node_bw: str | float | None = None,
@@ -154,22 +162,32 @@ def estimate_comm(
 ) -> CommEstimate:
     """Per-GPU bytes and time of every collective of each strategy, per optimizer step.
 
-    ``model`` (a preset or config.json) may replace ``params``; ``gpu`` (a GPU preset) supplies default
-    bandwidths, which explicit ``intra_node_bw``/``inter_node_bw`` and a calibration (an object, or the path
-    of a file ``zerocalc bench`` wrote) override.
+    ``model`` (a preset or config.json) may replace ``params`` (and gives the real units, buckets and
+    calls); ``framework`` whose schedule (``paper``, ``deepspeed``, ``megatron``, ``fsdp``, ``fsdp2``,
+    ``torch-zero1``, ``ddp``); ``grad_sync`` ``every`` or ``last`` micro-batch; ``zeropp`` DeepSpeed ZeRO++
+    features; ``gpu`` (a GPU preset) supplies default bandwidths, which explicit
+    ``intra_node_bw``/``inter_node_bw`` and a calibration (an object, or the path of a file ``zerocalc
+    bench`` wrote) override.
     """
     from zerocalc.comm import evaluate_comm
+    from zerocalc.frameworks import Estimate
 
     request = parse_options(
+        estimate=Estimate.COMM,
         params=params,
         model=model,
         gpus=gpus,
         gpus_per_node=gpus_per_node,
         gpu=gpu,
         strategies=strategies,
+        framework=framework,
         precision=precision,
         grad_accum=grad_accum,
+        grad_sync=grad_sync,
         reduce_dtype=reduce_dtype,
+        zeropp=zeropp,
+        ddp_bucket=ddp_bucket,
+        reduce_bucket=reduce_bucket,
         calibration=calibration,
         calibration_name=calibration_name,
         intra_node_bw=intra_node_bw,

@@ -1,34 +1,20 @@
 """Communication per optimizer step: the collectives each strategy issues, bytes per GPU, and time.
 
-Schedules (each Strategy record's ``schedule``, :mod:`zerocalc.strategies`):
+Schedules come from the Strategy records (:mod:`zerocalc.strategies`): the ZeRO paper's (§7) for
+``--framework paper`` (and megatron), and each framework's own otherwise, every rule citing the source it
+follows. :mod:`zerocalc.calls` turns each rule into its calls (one per FSDP unit, DDP bucket, parameter
+...); this module costs them:
 
-========================  ==========================================================  ===============
-strategy                  collectives (A = micro-batches per step)                    source
-========================  ==========================================================  ===============
-DDP / NO_SHARD            all_reduce(grads) once per step (``no_sync`` on the         ZeRO paper §7.1;
-                          first A-1 micro-batches)                                    PyTorch DDP docs
-ZeRO-1                    reduce_scatter(grads) once per step + all_gather(params)    ZeRO paper §7.2.1
-                          after the step
-ZeRO-2                    reduce_scatter(grads) every micro-batch (its gradients are  ZeRO paper §7.2.1;
-                          partitioned, so they cannot wait) + all_gather(params)      DeepSpeed stage 2
-                          after the step
-FSDP SHARD_GRAD_OP        all_gather(params) in forward + reduce_scatter(grads),      PyTorch FSDP docs
-                          every micro-batch (params stay gathered into backward)
-ZeRO-3 / FULL_SHARD       all_gather(params) in forward and again in backward +       ZeRO paper §7.2.2;
-                          reduce_scatter(grads), every micro-batch                    FSDP paper
-HYBRID_SHARD              ZeRO-3 inside each node (g ranks) + all_reduce of each      PyTorch FSDP docs
-                          rank's gradient shard across nodes (N/g ranks), per
-                          micro-batch
-========================  ==========================================================  ===============
+* bytes each GPU sends per call: the nccl-tests bus factors of :mod:`zerocalc.collectives` (ring
+  algorithm): all_reduce 2(n-1)/n·S, reduce_scatter, all_gather and all_to_all (n-1)/n·S, broadcast S;
+* how many times a rule runs per step (A micro-batches): once, A times, or once per micro-batch that
+  synchronises gradients (A under ``every``, 1 under ``last``; fixed by DeepSpeed's stages and by the
+  paper's accounting, chosen by the training loop under PyTorch, whose default is ``every``);
+* time = α per call + bytes / β, with β the bus bandwidth of the rule's process group (a group with
+  ranks on more than one node runs at the inter-node figure).
 
-Volumes use the nccl-tests bus factors of :mod:`zerocalc.collectives` (ring algorithm): all_reduce sends
-2(n-1)/n·S per rank, reduce_scatter and all_gather (n-1)/n·S. So at A = 1 ZeRO-1/2 move exactly DDP's
-2Ψ and ZeRO-3 3Ψ (1.5×), as the ZeRO paper's section 7 states. Sharded collectives carry the padded
-array, ceil(Ψ/n)·n elements, as FSDP pads its flat parameters. Gradients travel in the gradient dtype
-(or fp32 with ``--reduce-dtype fp32``); parameters in the compute dtype.
-
-Time of a collective = α + bytes sent per rank / β, with β the bus bandwidth of its process group (a
-group with ranks on more than one node runs at the inter-node figure) and α its latency.
+At A = 1 the paper's ZeRO-1/2 move exactly DDP's 2Ψ and ZeRO-3 3Ψ (1.5×), as the ZeRO paper's section 7
+states.
 """
 
 from __future__ import annotations
@@ -36,17 +22,20 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.calibration import Calibration
+from zerocalc.calls import Call, CallContext, Layout, rule_calls
 from zerocalc.cluster import Cluster, RankGroup
 from zerocalc.collectives import COLLECTIVES, Collective
 from zerocalc.dtypes import DType
+from zerocalc.frameworks import TORCH_FRAMEWORKS, TORCH_NO_SYNC, Framework
 from zerocalc.links import Bandwidths, BandwidthSource, LinkFigures
 from zerocalc.precision import RECIPES, PrecisionName
 from zerocalc.request import TrainingRequest
-from zerocalc.schedule import Phase, Repeat, ScheduledCollective, Tensor
-from zerocalc.strategies import STRATEGIES, StrategyName
-from zerocalc.units import ceil_div, plural
+from zerocalc.schedule import DtypeRole, GradSync, Phase, Repeat, ScheduledCollective, Tensor, ZeroPP
+from zerocalc.strategies import STRATEGIES, StrategyName, effective_grad_sync
+from zerocalc.units import plural
+from zerocalc.zeropp import active_features
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class CommRequest(BaseModel):
@@ -55,10 +44,19 @@ class CommRequest(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     params: int = Field(gt=0, description="Ψ")
+    model: str | None = Field(
+        default=None, description="the architecture's name (--model), None with --params"
+    )
     cluster: Cluster
     precision: PrecisionName
+    framework: Framework
     grad_accum: int = Field(ge=1, description="A: micro-batches per optimizer step")
+    grad_sync: GradSync | None = Field(description="as asked; None: each framework's default")
     reduce_dtype: DType | None = Field(description="None: the gradient dtype")
+    zeropp: tuple[ZeroPP, ...] = ()
+    ddp_bucket_bytes: int
+    ddp_first_bucket_bytes: int
+    reduce_bucket_elements: int = Field(description="DeepSpeed reduce_bucket_size")
     strategies: tuple[StrategyName, ...]
     bandwidths: Bandwidths
     tokens_per_step: int | None = Field(default=None, gt=0)
@@ -68,10 +66,17 @@ class CommRequest(BaseModel):
     def of(cls, request: TrainingRequest) -> CommRequest:
         return cls(
             params=request.model.params,
+            model=request.model.name,
             cluster=request.cluster,
             precision=request.precision,
+            framework=request.framework,
             grad_accum=request.grad_accum,
+            grad_sync=request.grad_sync,
             reduce_dtype=request.reduce_dtype,
+            zeropp=request.zeropp,
+            ddp_bucket_bytes=request.buffers.ddp_bucket_bytes,
+            ddp_first_bucket_bytes=request.buffers.ddp_first_bucket_bytes,
+            reduce_bucket_elements=request.buffers.reduce_bucket_elements,
             strategies=request.strategies,
             bandwidths=request.links,
             tokens_per_step=request.tokens_per_step,
@@ -79,34 +84,55 @@ class CommRequest(BaseModel):
         )
 
 
+class UnitCalls(BaseModel):
+    """The calls of one collective that move one FSDP unit, DDP or DeepSpeed bucket, or one rank's
+    parameters (a broadcast's source), each time the collective runs."""
+
+    unit: str
+    elements: list[int] = Field(description="S of each call, in elements")
+    source_rank: int | None = Field(default=None, description="the broadcasting rank")
+    message_bytes: int = Field(description="Σ S")
+    bytes_sent_per_gpu: int = Field(description="Σ over the calls of factor(n)·S")
+
+
 class CollectiveCost(BaseModel):
     op: Collective
     phase: Phase
     tensor: Tensor
+    scales: bool = Field(default=False, description="the fp32 scales of a quantized collective (ZeRO++)")
     dtype: DType
-    message_bytes: int = Field(description="S: bytes of the whole array (nccl-tests)")
     group: RankGroup
     group_size: int
     spans_nodes: bool
-    count_per_step: int
-    bytes_sent_per_gpu: int = Field(description="per call: factor(n)·S")
-    total_bytes_per_gpu: int = Field(description="per step: count × per call")
+    times_per_step: int = Field(description="how many times the collective runs per optimizer step")
+    calls_per_step: int = Field(description="times × calls each time (one per unit, bucket, parameter ...)")
+    message_bytes: int = Field(description="Σ S of the calls each time it runs (S: nccl-tests' whole array)")
+    bytes_sent_per_gpu: int = Field(description="each time it runs: Σ factor(n)·S over its calls")
+    total_bytes_per_gpu: int = Field(description="per step: times × bytes each time")
     latency_s: float
     bus_bandwidth_Bps: float
-    time_s: float = Field(description="per step: count × (α + bytes / β)")
+    time_s: float = Field(description="per step: calls × α + bytes / β")
     bandwidth_source: BandwidthSource
     behaviour: str
+    units: list[UnitCalls]
 
 
 class StrategyComm(BaseModel):
     strategy: StrategyName
     title: str
+    schedule_source: str = Field(description="whose schedule the collectives follow")
+    grad_sync: GradSync = Field(description="when gradients are reduced, as assumed")
+    grad_sync_reason: str
     collectives: list[CollectiveCost]
+    calls_per_step: int
     total_bytes_per_gpu: int
     intra_node_bytes_per_gpu: int
     inter_node_bytes_per_gpu: int
     time_s: float
-    ratio_to_ddp: float | None = Field(description="bytes / DDP's bytes; None when DDP sends nothing (N = 1)")
+    ratio_to_ddp: float | None = Field(
+        description="bytes / DDP's under the same framework (PyTorch's DDP for FSDP2, the paper's for "
+        "DeepSpeed); None at N = 1"
+    )
     exposed_time_s: float | None = Field(default=None, description="max(0, comm − compute)")
     hidden_time_s: float | None = Field(default=None, description="min(comm, compute): could overlap compute")
 
@@ -127,16 +153,6 @@ class CommEstimate(BaseModel):
     def row(self, name: StrategyName | str) -> StrategyComm:
         key = StrategyName(name)
         return next(r for r in self.strategies if r.strategy is key)
-
-
-def _message_bytes(line: ScheduledCollective, n: int, psi: int, dtype: DType, cluster: Cluster) -> int:
-    """S for one call: whole array, padded to n equal shards for sharded collectives."""
-    elements = psi
-    if line.shard_of is not None:
-        elements = ceil_div(psi, cluster.group_size(line.shard_of))
-    if line.op in (Collective.REDUCE_SCATTER, Collective.ALL_GATHER):
-        elements = ceil_div(elements, n) * n
-    return elements * dtype.bytes
 
 
 def _figures_for(
@@ -160,48 +176,138 @@ def _figures_for(
     return bandwidths.inter_node if spans_nodes else bandwidths.intra_node
 
 
-def strategy_comm(name: StrategyName, request: TrainingRequest, ddp_bytes: int | None) -> StrategyComm:
-    """Cost every collective of one strategy's schedule: a pure function of the request."""
+def _dtype(role: DtypeRole, request: TrainingRequest) -> DType:
     recipe = RECIPES[request.precision]
-    cluster = request.cluster
-    grad_dtype = request.reduce_dtype or recipe.grad_dtype
-    strategy = STRATEGIES[name]
-    costs: list[CollectiveCost] = []
-    for line in strategy.schedule:
-        n = cluster.group_size(line.group)
-        if n == 1:
-            continue  # a group of one rank communicates nothing
-        spans = cluster.spans_nodes(line.group)
-        dtype = grad_dtype if line.tensor is Tensor.GRADIENTS else recipe.param_dtype
-        message = _message_bytes(line, n, request.model.params, dtype, cluster)
-        per_call = COLLECTIVES[line.op].bytes_sent_per_rank(message, n)
-        count = request.grad_accum if line.repeat is Repeat.PER_MICRO_BATCH else 1
-        link = _figures_for(line.op, spans, request.links, request.calibration)
-        costs.append(
-            CollectiveCost(
-                op=line.op,
-                phase=line.phase,
-                tensor=line.tensor,
-                dtype=dtype,
-                message_bytes=message,
-                group=line.group,
-                group_size=n,
-                spans_nodes=spans,
-                count_per_step=count,
-                bytes_sent_per_gpu=per_call,
-                total_bytes_per_gpu=count * per_call,
-                latency_s=link.latency_s,
-                bus_bandwidth_Bps=link.bus_bandwidth_Bps,
-                time_s=count * (link.latency_s + per_call / link.bus_bandwidth_Bps),
-                bandwidth_source=link.source,
-                behaviour=line.behaviour,
-            )
+    if role is DtypeRole.COMPUTE:
+        return recipe.param_dtype
+    if role is DtypeRole.STORED:
+        return recipe.master_dtype or recipe.param_dtype
+    return request.reduce_dtype or recipe.grad_dtype
+
+
+def _times(repeat: Repeat, accum: int, sync: GradSync) -> int:
+    match repeat:
+        case Repeat.PER_STEP:
+            return 1
+        case Repeat.PER_MICRO_BATCH:
+            return accum
+        case Repeat.PER_SYNC:
+            return accum if sync is GradSync.EVERY else 1
+        case Repeat.AFTER_FIRST_MICRO_BATCH:
+            return accum - 1
+
+
+def _units(calls: list[Call], op: Collective, n: int, dtype: DType) -> list[UnitCalls]:
+    """The calls grouped by what they move, in order."""
+    spec = COLLECTIVES[op]
+    grouped: dict[tuple[str, int | None], list[int]] = {}
+    for call in calls:
+        grouped.setdefault((call.unit, call.root), []).append(call.elements)
+    return [
+        UnitCalls(
+            unit=unit,
+            elements=elements,
+            source_rank=root,
+            message_bytes=sum(elements) * dtype.bytes,
+            bytes_sent_per_gpu=sum(spec.bytes_sent_per_rank(e * dtype.bytes, n) for e in elements),
         )
+        for (unit, root), elements in grouped.items()
+    ]
+
+
+def _cost(
+    line: ScheduledCollective,
+    calls: list[Call],
+    dtype: DType,
+    times: int,
+    request: TrainingRequest,
+    scales: bool = False,
+) -> CollectiveCost:
+    cluster = request.cluster
+    n = cluster.group_size(line.group)
+    spans = cluster.spans_nodes(line.group)
+    units = _units(calls, line.op, n, dtype)
+    per_run = sum(u.bytes_sent_per_gpu for u in units)
+    link = _figures_for(line.op, spans, request.links, request.calibration)
+    return CollectiveCost(
+        op=line.op,
+        phase=line.phase,
+        tensor=line.tensor,
+        scales=scales,
+        dtype=dtype,
+        group=line.group,
+        group_size=n,
+        spans_nodes=spans,
+        times_per_step=times,
+        calls_per_step=times * len(calls),
+        message_bytes=sum(u.message_bytes for u in units),
+        bytes_sent_per_gpu=per_run,
+        total_bytes_per_gpu=times * per_run,
+        latency_s=link.latency_s,
+        bus_bandwidth_Bps=link.bus_bandwidth_Bps,
+        time_s=times * (len(calls) * link.latency_s + per_run / link.bus_bandwidth_Bps),
+        bandwidth_source=link.source,
+        behaviour=line.behaviour,
+        units=units,
+    )
+
+
+def grad_sync_reason(framework: Framework, name: StrategyName, asked: GradSync | None) -> str:
+    """Why gradients are reduced when they are, for the output."""
+    setup = STRATEGIES[name].frameworks[framework]
+    if setup.grad_sync is not None:
+        return "fixed by this schedule"
+    hook = TORCH_NO_SYNC[setup.torch.wrapper] if setup.torch is not None else "no_sync()"
+    if asked is GradSync.LAST:
+        return f"asked: the first A-1 micro-batches run under {hook}"
+    if asked is GradSync.EVERY:
+        return "asked: every backward reduces"
+    return f"PyTorch's default, every backward reduces; grad-sync last if the loop uses {hook}"
+
+
+def strategy_comm(
+    name: StrategyName, request: TrainingRequest, ddp_bytes: int | None, layout: Layout | None = None
+) -> StrategyComm:
+    """Cost every collective of one strategy's schedule under the request's framework (pure)."""
+    cluster = request.cluster
+    framework = request.framework
+    strategy = STRATEGIES[name]
+    layout = layout or Layout.of(request.model.params, request.model.architecture)
+    sync = effective_grad_sync(framework, name, request.grad_sync)
+    zeropp, _ = active_features(frozenset(request.zeropp), cluster)
+    costs: list[CollectiveCost] = []
+    for line in strategy.schedule_under(framework):
+        n = cluster.group_size(line.group)
+        times = _times(line.repeat, request.grad_accum, sync)
+        if n == 1 or times == 0 or not line.runs_with(zeropp):
+            continue  # a group of one rank communicates nothing
+        dtype = _dtype(line.dtype_role, request)
+        quantized = line.quantized_with(zeropp)
+        ctx = CallContext(
+            world_size=cluster.world_size,
+            group_size=n,
+            shard_size=cluster.group_size(line.shard_of),
+            element_bytes=dtype.bytes,
+            ddp_bucket_bytes=request.buffers.ddp_bucket_bytes,
+            ddp_first_bucket_bytes=request.buffers.ddp_first_bucket_bytes,
+            deepspeed_bucket_elements=request.buffers.reduce_bucket_elements,
+        )
+        data, scales = rule_calls(line, layout, ctx, quantized)
+        if not data:
+            continue
+        costs.append(_cost(line, data, DType.INT8 if quantized else dtype, times, request))
+        if scales:
+            costs.append(_cost(line, scales, DType.FP32, times, request, scales=True))
     total = sum(c.total_bytes_per_gpu for c in costs)
+    setup = strategy.frameworks[framework]
     return StrategyComm(
         strategy=name,
-        title=strategy.title,
+        title=strategy.title_under(framework),
+        schedule_source=setup.schedule_source,
+        grad_sync=sync,
+        grad_sync_reason=grad_sync_reason(framework, name, request.grad_sync),
         collectives=costs,
+        calls_per_step=sum(c.calls_per_step for c in costs),
         total_bytes_per_gpu=total,
         intra_node_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in costs if not c.spans_nodes),
         inter_node_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in costs if c.spans_nodes),
@@ -210,21 +316,53 @@ def strategy_comm(name: StrategyName, request: TrainingRequest, ddp_bytes: int |
     )
 
 
-def evaluate_comm(request: TrainingRequest) -> CommEstimate:
-    """The communication of every requested strategy, with times and the optional compute comparison."""
-    ddp = strategy_comm(StrategyName.DDP, request, None)
-    rows = [strategy_comm(name, request, ddp.total_bytes_per_gpu) for name in request.strategies]
+def _ddp_reference(request: TrainingRequest, layout: Layout) -> int | None:
+    """The bytes the ratio is taken to: DDP under the same framework (FSDP's is NO_SHARD), PyTorch's DDP for
+    FSDP2, else the paper's DDP (DeepSpeed's stage 0 is not modelled)."""
+    frameworks = STRATEGIES[StrategyName.DDP].frameworks
+    framework = request.framework
+    if framework not in frameworks:
+        framework = Framework.DDP if framework in TORCH_FRAMEWORKS else Framework.PAPER
+    reference = request.model_copy(update={"framework": framework})
+    return strategy_comm(StrategyName.DDP, reference, None, layout).total_bytes_per_gpu or None
+
+
+def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -> list[str]:
     notes = []
-    if request.cluster.world_size == 1:
+    cluster = request.cluster
+    if cluster.world_size == 1:
         notes.append("no communication: a single GPU has nothing to reduce or gather")
     calibration = request.calibration
     used = any(c.bandwidth_source is BandwidthSource.CALIBRATION for row in rows for c in row.collectives)
-    if calibration is not None and not used and request.cluster.world_size > 1:
+    if calibration is not None and not used and cluster.world_size > 1:
         notes.append(
             f"calibration {request.calibration_name} ({plural(calibration.nodes, 'node')} × "
             f"{plural(calibration.gpus_per_node, 'rank')}) covers none of these collectives and groups: "
             "every time uses the link figures below"
         )
+    if request.framework not in (Framework.PAPER, Framework.MEGATRON) and not layout.from_architecture:
+        notes.append(
+            "without --model the model is one flat array of Ψ elements: bytes that depend on Ψ alone are "
+            "exact; call counts (units, buckets, parameters), the root unit's rule, per-unit and "
+            "per-parameter padding and DeepSpeed's persistent parameters need --model"
+        )
+    if request.grad_sync is not None:
+        for row in rows:
+            if row.grad_sync is not request.grad_sync:
+                notes.append(
+                    f"{row.title}: grad-sync {request.grad_sync.value} does not apply "
+                    f"({row.grad_sync_reason})"
+                )
+    _, zeropp_notes = active_features(frozenset(request.zeropp), cluster)
+    notes += zeropp_notes
+    return notes
+
+
+def evaluate_comm(request: TrainingRequest) -> CommEstimate:
+    """The communication of every requested strategy, with times and the optional compute comparison."""
+    layout = Layout.of(request.model.params, request.model.architecture)
+    ddp = _ddp_reference(request, layout)
+    rows = [strategy_comm(name, request, ddp, layout) for name in request.strategies]
     compute = None
     if request.tokens_per_step is not None and request.tflops is not None:
         flops = 6 * request.model.params * request.tokens_per_step
@@ -236,7 +374,7 @@ def evaluate_comm(request: TrainingRequest) -> CommEstimate:
     return CommEstimate(
         request=CommRequest.of(request),
         calibration_used=request.calibration_name if request.calibration is not None else None,
-        notes=notes,
+        notes=_notes(request, layout, rows),
         compute=compute,
         strategies=rows,
     )

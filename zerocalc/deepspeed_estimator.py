@@ -5,12 +5,13 @@ and ``deepspeed/runtime/zero/stage3.py::estimate_zero3_model_states_mem_needs``.
 follows theirs operation by operation (Python floats, then ``int()``), so the bytes are identical to what
 DeepSpeed returns; its ``*_all_cold`` printers show them divided by 2**30 but labelled "GB".
 
-What the DeepSpeed estimator leaves out (and zerocalc's other lines add): activations, communication
-buckets and prefetch buffers beyond one "largest layer", the CUDA context and NCCL communicators, and
-allocator fragmentation. Its per-GPU sharded term is 18 bytes per parameter (2 fp16 grads + 4 fp32 grads
-+ 4 fp32 params + 8 Adam states) where the ZeRO paper's accounting has 2 + 12 = 14; the extra 4 are
-DeepSpeed's fp32 gradient partition. ``largest_layer_params`` is DeepSpeed's: the most parameters held
-directly (``recurse=False``) by any one module, e.g. the embedding matrix.
+What the DeepSpeed estimator leaves out (and zerocalc's step timeline adds): activations and the loss,
+communication buckets and prefetch buffers beyond one "largest layer", the CUDA context and NCCL
+communicators, and the caching allocator's reserve. Its per-GPU sharded term is 18 bytes per parameter
+(2 fp16 grads + 4 fp32 grads + 4 fp32 params + 8 Adam states) where the ZeRO paper's accounting has
+2 + 12 = 14; the extra 4 are DeepSpeed's fp32 gradient partition. ``largest_layer_params`` is
+DeepSpeed's: the most parameters held directly (``recurse=False``) by any one module, e.g. the embedding
+matrix.
 """
 
 from __future__ import annotations

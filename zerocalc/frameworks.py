@@ -16,7 +16,8 @@ from zerocalc.cluster import RankGroup
 
 
 class Framework(StrEnum):
-    """Whose accounting a memory estimate follows (``--framework``)."""
+    """Whose accounting a memory estimate, and whose collective schedule a comm estimate, follows
+    (``--framework``)."""
 
     PAPER = "paper"
     """The ZeRO paper (Rajbhandari et al. 2020) §5, with FSDP's unit-by-unit gathering for buffers."""
@@ -30,6 +31,17 @@ class Framework(StrEnum):
     """PyTorch FSDP2 ``fully_shard`` as it really allocates."""
     TORCH_ZERO1 = "torch-zero1"
     """PyTorch DDP and ``ZeroRedundancyOptimizer`` as they really allocate."""
+    DDP = "ddp"
+    """PyTorch ``DistributedDataParallel`` on its own (the DDP of ``torch-zero1``)."""
+
+
+class Estimate(StrEnum):
+    """What a request is for: the command (or library function) it was parsed for."""
+
+    MEMORY = "memory"
+    """Model states and the peak of a step (``zerocalc memory``)."""
+    COMM = "comm"
+    """Collectives per step (``zerocalc comm``)."""
 
 
 class TorchWrapper(StrEnum):
@@ -69,7 +81,12 @@ class TorchSetup(BaseModel):
     """This configuration's name in ``zerocalc validate --strategies`` (None: validate does not run it)."""
 
 
-TORCH_FRAMEWORKS: tuple[Framework, ...] = (Framework.FSDP, Framework.FSDP2, Framework.TORCH_ZERO1)
+TORCH_FRAMEWORKS: tuple[Framework, ...] = (
+    Framework.FSDP,
+    Framework.FSDP2,
+    Framework.TORCH_ZERO1,
+    Framework.DDP,
+)
 """The frameworks whose estimates are PyTorch's real per-rank allocations."""
 
 TORCH_SOURCES: dict[TorchWrapper, str] = {
@@ -79,3 +96,14 @@ TORCH_SOURCES: dict[TorchWrapper, str] = {
     TorchWrapper.FSDP2: "torch 2.13 FSDP2 (largest rank)",
 }
 """How a line computed from a wrapper's real allocations names its source."""
+
+TORCH_NO_SYNC: dict[TorchWrapper, str] = {
+    TorchWrapper.DDP: "DDP.no_sync()",
+    TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER: "DDP.no_sync()",
+    TorchWrapper.FSDP1: "FullyShardedDataParallel.no_sync()",
+    TorchWrapper.FSDP2: "FSDPModule.set_requires_gradient_sync(False)",
+}
+"""What a training loop calls on the first A-1 micro-batches to reduce gradients only on the last
+(``torch/nn/parallel/distributed.py`` ``no_sync``; ``torch/distributed/fsdp/fully_sharded_data_parallel.py``
+``no_sync``, root instance; ``torch/distributed/fsdp/_fully_shard/_fully_shard.py``
+``set_requires_gradient_sync``). Without it every backward reduces."""

@@ -202,13 +202,51 @@ def layer_saves(
     device: Device = Device.CUDA,
     use_cache: bool = True,
     flash: bool = True,
+    selective: bool = False,
 ) -> LayerSaves:
     """What decoder layer ``index`` keeps for backward under ``impl`` (see the module docstring).
 
     ``use_cache`` is False under activation checkpointing (HF forces it off); ``flash`` selects SDPA's
     flash kernel (q, k, v, out and an fp32 log-sum-exp per row) over eager attention (fp32 softmax
-    probabilities [b, a, s, s] and their cast).
+    probabilities [b, a, s, s] and their cast). ``selective``: Korthikanti et al. §4.2's selective
+    recomputation, the attention core's s²-sized tensors (:data:`QUADRATIC_TERMS`) are not kept but
+    recomputed in the layer's backward, where they exist for a moment.
     """
+    saves = _layer_saves(impl, arch, index, shape, act, device, use_cache, flash)
+    if not selective:
+        return saves
+    dropped = sum(b for name, b in saves.saved if name in QUADRATIC_TERMS)
+    return saves._replace(
+        saved=tuple((name, b) for name, b in saves.saved if name not in QUADRATIC_TERMS),
+        backward_excess=saves.backward_excess + dropped,
+    )
+
+
+QUADRATIC_TERMS = frozenset(
+    {
+        "softmax probabilities (fp32)",
+        "probabilities cast",
+        "attention dropout mask",
+        "attention dropout output",
+        "softmax_output",
+        "attn_dropout_mask",
+        "attn_dropout_output",
+    }
+)
+"""The attention core's [b, a, s, s] tensors (eager attention; Korthikanti's softmax and dropout terms),
+which selective recomputation does not keep."""
+
+
+def _layer_saves(
+    impl: ModelImpl,
+    arch: Architecture,
+    index: int,
+    shape: Shape,
+    act: int,
+    device: Device,
+    use_cache: bool,
+    flash: bool,
+) -> LayerSaves:
     if impl.name is ModelImplName.MEGATRON:
         return _korthikanti_layer(arch, index, shape, act, flash)
     t = traits(arch)

@@ -21,8 +21,6 @@ from zerocalc.errors import InputError, shown
 from zerocalc.units import parse_bandwidth, parse_bytes
 
 KINDS = ("models", "gpus", "scenarios")
-DEFAULT_RESERVE = "2GiB"
-"""Default per-GPU reserve for the CUDA context (~0.5 GiB), NCCL communicators and allocator slack."""
 
 
 PRESETS_ENV = "ZEROCALC_PRESETS"

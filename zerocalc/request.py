@@ -14,8 +14,6 @@ the keyword names of :mod:`zerocalc.api`; the CLI shows its flags instead (:mod:
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from zerocalc.activations import Recompute
@@ -24,7 +22,7 @@ from zerocalc.calibration import Calibration
 from zerocalc.cluster import DEFAULT_GPUS_PER_NODE, Cluster
 from zerocalc.dtypes import DType, parse_dtype
 from zerocalc.errors import InputError, shown
-from zerocalc.frameworks import Framework
+from zerocalc.frameworks import Estimate, Framework
 from zerocalc.links import (
     DEFAULT_DETAIL,
     DEFAULT_INTER_NODE_BUSBW,
@@ -38,6 +36,7 @@ from zerocalc.model_impl import ModelImplName
 from zerocalc.optimizers import OptimizerImpl, OptimizerName
 from zerocalc.peak.profiles import PROFILES, Wrap, profile_problem
 from zerocalc.precision import RECIPES, PrecisionName
+from zerocalc.schedule import GradSync, ZeroPP
 from zerocalc.strategies import (
     STRATEGIES,
     OffloadTarget,
@@ -71,22 +70,15 @@ MAX_TFLOPS = 1e6
 DEFAULT_SEQ_LEN = 2048
 DEFAULT_MICRO_BATCH = 1
 DEFAULT_PREFETCH = 1
-DEFAULT_DDP_BUCKET = "25MiB"
-"""torch.nn.parallel.DistributedDataParallel(bucket_cap_mb=25)."""
+DDP_BUCKET_BYTES = 25 * 2**20
+"""torch.nn.parallel.DistributedDataParallel's bucket_cap_mb default, 25 MiB (``_DEFAULT_BUCKET_CAP_MB``)."""
+DDP_FIRST_BUCKET_BYTES = 2**20
+"""``dist._DEFAULT_FIRST_BUCKET_BYTES``: DDP's first bucket when bucket_cap_mb is left at its default
+(``_BucketCapacityConfig.create``); an explicit bucket_cap_mb sets both."""
 DEFAULT_DEEPSPEED_BUCKET = "5e8"
 """DeepSpeed ZeRO config defaults: reduce_bucket_size = allgather_bucket_size = 5e8 elements."""
 DEFAULT_GPU = "h100-80gb"
 """Without ``gpu``, the runtime figures (context, NCCL, cuBLAS workspaces) are this preset's (measured)."""
-
-
-class GradSync(StrEnum):
-    """When gradients are reduced under gradient accumulation (``--grad-sync``)."""
-
-    EVERY = "every"
-    """Every micro-batch: what DDP, FSDP and FSDP2 do unless the training loop says otherwise."""
-    LAST = "last"
-    """Only the last micro-batch: DDP/FSDP ``no_sync()``, FSDP2 ``set_requires_gradient_sync(False)`` on
-    the others."""
 
 
 # ---------------------------------------------------------------------------------------- raw options
@@ -95,8 +87,11 @@ class TrainingOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    estimate: Estimate = Estimate.MEMORY
+    """The command the options were given to (set by the caller, not typed)."""
     params: int | str | None = None
-    model: str | None = None
+    model: str | Architecture | None = None
+    """A preset name, a config.json path, or an architecture (``zerocalc validate``'s)."""
     gpus: int | str = 1
     gpus_per_node: int | str | None = None
     strategies: str | list[str] | tuple[str, ...] | None = None
@@ -120,14 +115,18 @@ class TrainingOptions(BaseModel):
     flash_attention: bool | None = None
     model_impl: str = "hf"
     optimizer_impl: str = "foreach"
-    grad_sync: str | None = None
     expandable_segments: bool = False
     prefetch: int | str = DEFAULT_PREFETCH
     wrap: str = "block"
-    ddp_bucket: int | str = DEFAULT_DDP_BUCKET
+    ddp_bucket: int | str | None = None
+    """None: DDP's default bucket_cap_mb (25 MiB, first bucket 1 MiB)."""
     reduce_bucket: int | str = DEFAULT_DEEPSPEED_BUCKET
     allgather_bucket: int | str = DEFAULT_DEEPSPEED_BUCKET
     grad_accum: int | str = 1
+    grad_sync: str | None = None
+    """``every`` or ``last`` micro-batch; None: each framework's default."""
+    zeropp: str | list[str] | tuple[str, ...] | None = None
+    """DeepSpeed ZeRO++ features: ``all``, ``none`` or a comma list of qwz, hpz, qgz."""
     calibration: str | Calibration | None = None
     calibration_name: str | None = None
     intra_node_bw: str | float | None = None
@@ -183,7 +182,8 @@ class BufferOptions(BaseModel):
 
     prefetch: int = Field(default=DEFAULT_PREFETCH, ge=0, le=MAX_PREFETCH)
     wrap: Wrap = Wrap.BLOCK
-    ddp_bucket_bytes: int = Field(default=25 * 2**20, ge=0)
+    ddp_bucket_bytes: int = Field(default=DDP_BUCKET_BYTES, ge=0)
+    ddp_first_bucket_bytes: int = Field(default=DDP_FIRST_BUCKET_BYTES, ge=0)
     reduce_bucket_elements: int = Field(default=500_000_000, ge=0)
     allgather_bucket_elements: int = Field(default=500_000_000, ge=0)
 
@@ -193,6 +193,7 @@ class TrainingRequest(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
+    estimate: Estimate = Estimate.MEMORY
     model: ModelSpec
     cluster: Cluster
     precision: PrecisionName = PrecisionName.BF16_MIXED
@@ -221,7 +222,10 @@ class TrainingRequest(BaseModel):
     """The GPU's runtime figures (context, NCCL, workspaces): the preset's, else :data:`DEFAULT_GPU`'s;
     ``context_bytes`` is ``reserve`` when given."""
     grad_accum: int = Field(default=1, ge=1, le=MAX_GRAD_ACCUM)
-    grad_sync: GradSync = GradSync.EVERY
+    grad_sync: GradSync | None = Field(
+        default=None, description="asked for; None: each framework's default (strategies.effective_grad_sync)"
+    )
+    zeropp: tuple[ZeroPP, ...] = Field(default=(), description="DeepSpeed ZeRO++ features (ZeRO-3)")
     model_impl: ModelImplName = ModelImplName.HF
     optimizer_impl: OptimizerImpl = OptimizerImpl.FOREACH
     expandable_segments: bool = False
@@ -276,22 +280,26 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         recompute=_choice(o.recompute, "{recompute}", Recompute),
         flash_attention=o.flash_attention,
     )
+    ddp_bucket = DDP_BUCKET_BYTES if o.ddp_bucket is None else parse_bytes(o.ddp_bucket, "{ddp_bucket}")
     buffers = BufferOptions(
         prefetch=parse_whole(o.prefetch, "{prefetch}", 0, MAX_PREFETCH, "units"),
         wrap=_choice(o.wrap, "{wrap}", Wrap),
-        ddp_bucket_bytes=parse_bytes(o.ddp_bucket, "{ddp_bucket}"),
+        ddp_bucket_bytes=ddp_bucket,
+        ddp_first_bucket_bytes=DDP_FIRST_BUCKET_BYTES if o.ddp_bucket is None else ddp_bucket,
         reduce_bucket_elements=_elements(o.reduce_bucket, "{reduce_bucket}"),
         allgather_bucket_elements=_elements(o.allgather_bucket, "{allgather_bucket}"),
     )
     gpu, gpu_memory, runtime = _gpu(o.gpu, o.gpu_memory, o.reserve)
     grad_accum = parse_whole(o.grad_accum, "{grad_accum}", 1, MAX_GRAD_ACCUM, "micro-batches")
-    grad_sync = GradSync.EVERY if o.grad_sync is None else _choice(o.grad_sync, "{grad_sync}", GradSync)
+    grad_sync = None if o.grad_sync is None else _choice(o.grad_sync, "{grad_sync}", GradSync)
+    zeropp = _zeropp(o.zeropp)
     tokens, tflops = _compute(o.tokens_per_step, o.tflops)
     links = _links(o.intra_node_bw, o.inter_node_bw, o.latency, gpu)
     calibration, calibration_name = _calibration(o.calibration, o.calibration_name)
 
     explicit = _strategy_names(o.strategies)
     request = TrainingRequest(
+        estimate=o.estimate,
         model=model,
         cluster=cluster,
         precision=precision,
@@ -301,7 +309,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         offload_optimizer=offload_optimizer,
         offload_params=offload_params,
         framework=framework,
-        strategies=explicit or default_strategies(framework),
+        strategies=explicit or default_strategies(framework, o.estimate),
         strategies_explicit=explicit is not None,
         reduce_dtype=reduce_dtype,
         activations=activations,
@@ -311,6 +319,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         runtime=runtime,
         grad_accum=grad_accum,
         grad_sync=grad_sync,
+        zeropp=zeropp,
         model_impl=_choice(o.model_impl, "{model_impl}", ModelImplName),
         optimizer_impl=_choice(o.optimizer_impl, "{optimizer_impl}", OptimizerImpl, {"_": "-"}),
         expandable_segments=o.expandable_segments,
@@ -360,8 +369,25 @@ def _elements(text: int | str, what: str) -> int:
     return parse_count(text, what, "a number of elements such as 5e8 or 500M, or 0", MAX_COUNT)
 
 
-def _model(params: int | str | None, model: str | None) -> ModelSpec:
-    """Ψ from ``params``, or from a model preset / config.json (``model``), never both."""
+def _zeropp(text: str | list[str] | tuple[str, ...] | None) -> tuple[ZeroPP, ...]:
+    """``all``, ``none`` or a comma list of ZeRO++ features, in :class:`ZeroPP` order."""
+    if text is None:
+        return ()
+    if isinstance(text, (list, tuple)):
+        text = ",".join(text)
+    parts = [part.strip().lower() for part in text.split(",") if part.strip()]
+    if parts == ["all"]:
+        return tuple(ZeroPP)
+    if parts == ["none"]:
+        return ()
+    accepted = "all, none, or a comma list of " + ", ".join(z.value for z in ZeroPP)
+    if not parts or any(part not in {z.value for z in ZeroPP} for part in parts):
+        raise InputError(f"{{zeropp}} {shown(text)} is not accepted; accepted: {accepted}")
+    return tuple(z for z in ZeroPP if z.value in parts)
+
+
+def _model(params: int | str | None, model: str | Architecture | None) -> ModelSpec:
+    """Ψ from ``params``, or from a model preset / config.json / architecture (``model``), never both."""
     if (params is None) == (model is None):
         raise InputError(
             "give {params} or {model} (not both); "
@@ -369,6 +395,9 @@ def _model(params: int | str | None, model: str | None) -> ModelSpec:
         )
     if model is None:
         return ModelSpec(params=parse_count(params))  # type: ignore[arg-type]
+    if isinstance(model, Architecture):
+        count = count_parameters(model)
+        return ModelSpec(params=count.total, name=model.name, architecture=model, parameter_count=count)
     from zerocalc.presets import load_model
 
     architecture, preset = load_model(model)
@@ -568,7 +597,7 @@ def offload_problem(strategy: Strategy, request: TrainingRequest) -> str | None:
 def _resolve_strategies(request: TrainingRequest) -> TrainingRequest:
     """Keep the strategies that can run: an explicit one that cannot is an error, a default one a note."""
     framework = request.framework
-    supported = framework_strategies(framework)
+    supported = framework_strategies(framework, request.estimate)
     if request.strategies_explicit:
         for name in request.strategies:
             if name not in supported:
@@ -577,8 +606,12 @@ def _resolve_strategies(request: TrainingRequest) -> TrainingRequest:
                     f"{{framework}} {framework.value} models {names}; {name.value} is not one of them; "
                     f"accepted: {{strategies}} {names}"
                 )
-    if framework is not Framework.PAPER:
+    if framework is not Framework.PAPER and request.estimate is Estimate.MEMORY:
         problem = profile_problem(PROFILES[framework], request)
+        if problem:
+            raise InputError(problem)
+    if request.estimate is Estimate.COMM:
+        problem = _comm_problem(request)
         if problem:
             raise InputError(problem)
     chosen: list[StrategyName] = []
@@ -596,7 +629,68 @@ def _resolve_strategies(request: TrainingRequest) -> TrainingRequest:
             notes.append(f"{strategy.title} left out: {problem}")
     if not chosen:
         raise InputError("no strategy can run with these options: " + "; ".join(notes))
-    return request.model_copy(update={"strategies": tuple(chosen), "strategy_notes": tuple(notes)})
+    resolved = request.model_copy(update={"strategies": tuple(chosen), "strategy_notes": tuple(notes)})
+    problem = _grad_sync_problem(resolved) or _zeropp_problem(resolved)
+    if problem:
+        raise InputError(problem)
+    return resolved
+
+
+def _comm_problem(request: TrainingRequest) -> str | None:
+    """What the communication model cannot do for this request, or None."""
+    if request.framework in (Framework.TORCH_ZERO1, Framework.DDP) and request.reduce_dtype is not None:
+        recipe = RECIPES[request.precision]
+        stored = recipe.master_dtype or recipe.param_dtype
+        if request.reduce_dtype is not stored:
+            return (
+                f"{{reduce_dtype}} {request.reduce_dtype.value}: DDP reduces gradients in the parameters' "
+                f"dtype, {stored.value} under {request.precision.value} (autocast keeps them); accepted: no "
+                "{reduce_dtype} (a comm hook such as bf16_compress_hook is not modelled)"
+            )
+    return None
+
+
+def _grad_sync_problem(request: TrainingRequest) -> str | None:
+    """An explicit strategy whose framework fixes when gradients are reduced, asked to do otherwise."""
+    asked = request.grad_sync
+    if asked is None or not request.strategies_explicit:
+        return None
+    for name in request.strategies:
+        strategy = STRATEGIES[name]
+        fixed = strategy.frameworks[request.framework].grad_sync
+        if fixed is not None and fixed is not asked:
+            when = "every micro-batch" if fixed is GradSync.EVERY else "once per step"
+            return (
+                f"{{grad_sync}} {asked.value}: {strategy.title_under(request.framework)} reduces gradients "
+                f"{when} under {{framework}} {request.framework.value}; "
+                f"accepted: {{grad_sync}} {fixed.value}, or no {{grad_sync}}"
+            )
+    return None
+
+
+def _zeropp_problem(request: TrainingRequest) -> str | None:
+    """ZeRO++ needs DeepSpeed ZeRO-3; hpZ whole nodes; qgZ each tensor's shape."""
+    if not request.zeropp:
+        return None
+    takes = [n for n in request.strategies if STRATEGIES[n].frameworks[request.framework].zeropp]
+    if not takes:
+        return (
+            "{zeropp} is DeepSpeed ZeRO-3's (ZeRO++); "
+            "accepted: {framework} deepspeed with {strategies} zero3, or no {zeropp}"
+        )
+    cluster = request.cluster
+    if ZeroPP.HPZ in request.zeropp and cluster.world_size % cluster.ranks_per_node:
+        return (
+            f"{{zeropp}} hpz with {{gpus}} {cluster.world_size}: zero_hpz_partition_size "
+            f"({{gpus_per_node}} {cluster.gpus_per_node}) must divide the world; "
+            f"accepted: {{gpus}} a multiple of {cluster.ranks_per_node}"
+        )
+    if ZeroPP.QGZ in request.zeropp and request.model.architecture is None:
+        return (
+            "{zeropp} qgz: its scales follow each gradient's shape; "
+            "accepted: {model} NAME or config.json, or {zeropp} without qgz"
+        )
+    return None
 
 
 def parse_options(**values: object) -> TrainingRequest:

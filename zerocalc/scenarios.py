@@ -29,6 +29,8 @@ class Scenario(BaseModel):
     offload_optimizer: str = "none"
     offload_params: str = "none"
     grad_accum: int = Field(default=1, ge=1)
+    grad_sync: str | None = None
+    zeropp: str | None = None
     reduce_dtype: str | None = None
     tokens_per_step: str | None = None
     tflops: float | None = None
@@ -57,6 +59,8 @@ def training_options(s: Scenario) -> TrainingOptions:
         recompute=s.recompute,
         reduce_dtype=s.reduce_dtype,
         grad_accum=s.grad_accum,
+        grad_sync=s.grad_sync,
+        zeropp=s.zeropp,
         tokens_per_step=s.tokens_per_step,
         tflops=s.tflops,
     )
@@ -70,14 +74,17 @@ def memory_section(s: Scenario) -> dict[str, Any]:
 
 
 def comm_section(s: Scenario) -> dict[str, Any]:
-    """Communication per step, as `zerocalc comm --model ... --json` prints it (no --framework, no offload:
-    a scenario that offloads shows every strategy's communication)."""
+    """Communication per step under the scenario's framework, as `zerocalc comm --model ... --framework
+    ... --json` prints it less each collective's per-unit calls (``units``: hundreds of lines per scenario;
+    their totals and call counts are checked). comm has no offload: a scenario that offloads shows all its
+    framework's strategies."""
     from zerocalc.comm import evaluate_comm
+    from zerocalc.frameworks import Estimate
 
     offloads = s.offload_optimizer != "none" or s.offload_params != "none"
     options = training_options(s).model_copy(
         update={
-            "framework": "paper",
+            "estimate": Estimate.COMM,
             "strategies": "all" if offloads else s.strategies,
             "offload_optimizer": None,
             "offload_params": None,
@@ -86,7 +93,8 @@ def comm_section(s: Scenario) -> dict[str, Any]:
             "recompute": "none",
         }
     )
-    return evaluate_comm(parse_request(options)).model_dump(mode="json")
+    per_unit = {"strategies": {"__all__": {"collectives": {"__all__": {"units"}}}}}
+    return evaluate_comm(parse_request(options)).model_dump(mode="json", exclude=per_unit)
 
 
 SECTIONS: dict[str, Callable[[Scenario], dict[str, Any]]] = {

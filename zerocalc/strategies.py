@@ -7,10 +7,14 @@ A :class:`Strategy` says everything zerocalc knows about one strategy, once:
   "P_os+g", "P_os+g+p") and PyTorch FSDP's ``ShardingStrategy`` (NO_SHARD, SHARD_GRAD_OP, FULL_SHARD,
   HYBRID_SHARD);
 * where it can offload (DeepSpeed's ``offload_optimizer``/``offload_param``, ZeRO-Offload/ZeRO-Infinity);
-* its collective schedule per step (:mod:`zerocalc.schedule`; costed by :mod:`zerocalc.comm`);
+* its collective schedule per step by the ZeRO paper's accounting (§7), in the vocabulary of
+  :mod:`zerocalc.schedule` (split into calls by :mod:`zerocalc.calls`, costed by :mod:`zerocalc.comm`);
 * its communication buffers at the peak (:class:`BufferRule`; sized by :mod:`zerocalc.peak.buffers`);
-* which frameworks implement it and how PyTorch sets it up (:class:`FrameworkSetup`; the exact per-rank
-  states of :mod:`zerocalc.framework_states` and the configurations ``zerocalc validate`` runs).
+* which frameworks implement it and how (:class:`FrameworkSetup`): the collectives each framework really
+  issues (PyTorch 2.13's DDP, ZeroRedundancyOptimizer, FSDP1 and FSDP2, DeepSpeed 0.19.8's stages 1-3
+  and ZeRO++, each rule citing the source function it follows), whether the framework fixes when
+  gradients are reduced, and how PyTorch sets it up (the exact per-rank states of
+  :mod:`zerocalc.framework_states` and the configurations ``zerocalc validate`` runs).
 """
 
 from __future__ import annotations
@@ -21,8 +25,20 @@ from pydantic import BaseModel, ConfigDict
 
 from zerocalc.cluster import RankGroup
 from zerocalc.collectives import Collective
-from zerocalc.frameworks import Framework, Fsdp1Sharding, TorchSetup, TorchWrapper
-from zerocalc.schedule import Phase, Repeat, ScheduledCollective, Tensor
+from zerocalc.frameworks import Estimate, Framework, Fsdp1Sharding, TorchSetup, TorchWrapper
+from zerocalc.schedule import (
+    Calls,
+    DtypeRole,
+    GradSync,
+    Padding,
+    Phase,
+    Quantization,
+    Repeat,
+    ScheduledCollective,
+    Select,
+    Tensor,
+    ZeroPP,
+)
 
 
 class StrategyName(StrEnum):
@@ -66,6 +82,18 @@ class FrameworkSetup(BaseModel):
     """The PyTorch wrapper and options (PyTorch frameworks only)."""
     in_default_set: bool = True
     """Shown when no strategy is named."""
+    schedule: tuple[ScheduledCollective, ...] | None = None
+    """The collectives this framework issues per step (None: the strategy's, the ZeRO paper's)."""
+    schedule_source: str = "ZeRO paper §7 (Rajbhandari et al. 2020)"
+    """Whose schedule ``schedule`` is, for tables."""
+    grad_sync: GradSync | None = None
+    """Fixed by the framework: when gradients are reduced whatever the training loop does. None: the loop
+    chooses (``no_sync()`` / ``set_requires_gradient_sync``); PyTorch's default is every micro-batch."""
+    memory: bool = True
+    """``zerocalc memory`` models it under this framework (DeepSpeed has no stage-1 estimator)."""
+    zeropp: bool = False
+    """Runs DeepSpeed ZeRO++ (``zero_quantized_weights``, ``zero_hpz_partition_size``,
+    ``zero_quantized_gradients``)."""
 
 
 class Strategy(BaseModel):
@@ -84,7 +112,8 @@ class Strategy(BaseModel):
     param_offload: tuple[OffloadTarget, ...] = ()
     """Where it can offload parameters (DeepSpeed ``offload_param``, ZeRO-3 only)."""
     schedule: tuple[ScheduledCollective, ...]
-    """The collectives of one optimizer step (ZeRO paper §7; PyTorch FSDP and DDP docs)."""
+    """The collectives of one optimizer step by the ZeRO paper's accounting (§7), which every framework
+    without a schedule of its own follows."""
     buffers: BufferRule
     frameworks: dict[Framework, FrameworkSetup]
     """The frameworks that implement this strategy, and how."""
@@ -97,13 +126,20 @@ class Strategy(BaseModel):
         setup = self.frameworks.get(framework)
         return (setup.title if setup and setup.title else None) or self.title
 
+    def schedule_under(self, framework: Framework) -> tuple[ScheduledCollective, ...]:
+        """The collectives ``framework`` issues for this strategy."""
+        setup = self.frameworks[framework]
+        return self.schedule if setup.schedule is None else setup.schedule
+
 
 _CPU, _NVME = OffloadTarget.CPU, OffloadTarget.NVME
 _AR, _RS, _AG = Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER
+_BC, _A2A = Collective.BROADCAST, Collective.ALL_TO_ALL
 _FWD, _BWD, _STEP = Phase.FORWARD, Phase.BACKWARD, Phase.AFTER_STEP
 _G, _P = Tensor.GRADIENTS, Tensor.PARAMETERS
-_ONCE, _EACH = Repeat.PER_STEP, Repeat.PER_MICRO_BATCH
+_ONCE, _EACH, _SYNC = Repeat.PER_STEP, Repeat.PER_MICRO_BATCH, Repeat.PER_SYNC
 _WORLD, _NODE, _ACROSS = RankGroup.WORLD, RankGroup.NODE, RankGroup.ACROSS_NODES
+_EVERY, _LAST = GradSync.EVERY, GradSync.LAST
 
 
 def _line(
@@ -114,15 +150,319 @@ def _line(
     repeat: Repeat,
     behaviour: str,
     shard_of: RankGroup | None = None,
+    **rule: object,
 ) -> ScheduledCollective:
     return ScheduledCollective(
-        op=op, phase=phase, tensor=tensor, group=group, repeat=repeat, behaviour=behaviour, shard_of=shard_of
+        op=op,
+        phase=phase,
+        tensor=tensor,
+        group=group,
+        repeat=repeat,
+        behaviour=behaviour,
+        shard_of=shard_of,
+        **rule,  # type: ignore[arg-type]
     )
 
 
-_PAPER = FrameworkSetup()
+# ------------------------------------------------------------------------------- the ZeRO paper's schedule
+_FLAT = {"padding": Padding.FLAT}
 _AG_AFTER_STEP = _line(
-    _AG, _STEP, _P, _WORLD, _ONCE, "updated parameter shards gathered after the step (ZeRO §7.2.1)"
+    _AG, _STEP, _P, _WORLD, _ONCE, "updated parameter shards gathered after the step (ZeRO §7.2.1)", **_FLAT
+)
+
+
+def _paper(grad_sync: GradSync, **fields: object) -> FrameworkSetup:
+    """The ZeRO paper's accounting, which fixes when gradients are reduced."""
+    return FrameworkSetup(grad_sync=grad_sync, **fields)  # type: ignore[arg-type]
+
+
+_MEGATRON_SOURCE = "ZeRO paper §7 (Megatron-LM's own schedule is not modelled separately)"
+
+# ------------------------------------------------------------------------------------ PyTorch 2.13
+_TORCH = "torch 2.13"
+_DDP_ALL_REDUCE = _line(
+    _AR,
+    _BWD,
+    _G,
+    _WORLD,
+    _SYNC,
+    "DDP: one all_reduce per gradient bucket in every synchronised backward, in the parameters' dtype "
+    "(reducer.cpp Reducer::rebuild_buckets, compute_bucket_assignment_by_size)",
+    dtype=DtypeRole.STORED,
+    calls=Calls.DDP_BUCKET,
+)
+_ZERO1_BROADCASTS = _line(
+    _BC,
+    _STEP,
+    _P,
+    _WORLD,
+    _ONCE,
+    "ZeroRedundancyOptimizer.step → _sync_params: each rank broadcasts the parameters it updated, one "
+    "call per parameter (zero_redundancy_optimizer.py _broadcast_params_from_rank)",
+    dtype=DtypeRole.STORED,
+    calls=Calls.PARAMETER,
+)
+
+
+def _fsdp_schedule(fsdp2: bool, shard: RankGroup, reshard: bool) -> tuple[ScheduledCollective, ...]:
+    """FSDP1 (``torch/distributed/fsdp/_runtime_utils.py``) or FSDP2 (``_fully_shard/_fsdp_param_group.py``)
+    sharding over ``shard``: one call per unit (flat parameter / parameter group), padded as each pads."""
+    unit = {"calls": Calls.UNIT, "padding": Padding.DIM0 if fsdp2 else Padding.FLAT}
+    if fsdp2:
+        gather = "FSDPParamGroup.unshard → foreach_all_gather: one all_gather per group, every forward"
+        if not reshard:
+            gather += (
+                " (post_backward reshards after backward, so also under set_requires_gradient_sync(False))"
+            )
+        regather = (
+            "FSDPParamGroup.pre_backward re-gathers resharded groups; the root is never resharded after "
+            "forward (FSDPState._lazy_init: post_forward_mesh_info None)"
+        )
+        reduce = "foreach_reduce: one reduce_scatter per group; set_requires_gradient_sync(False) skips it"
+        across = "foreach_reduce: all_reduce of each group's reduce_scatter output over the replicas"
+        forward_repeat = _EACH
+    else:
+        gather = "FlatParamHandle._all_gather_flat_param: one all_gather per unit in forward"
+        if not reshard:
+            gather += (
+                "; units stay unsharded until a synchronised backward frees them "
+                "(_should_free_in_backward), so no_sync() micro-batches skip it"
+            )
+        regather = (
+            "_pre_backward_hook re-gathers the units _post_forward_reshard freed; the root unit is "
+            "never freed after forward"
+        )
+        reduce = "_reduce_grad: reduce_scatter of each unit's padded flat gradient; skipped under no_sync()"
+        across = "_reduce_grad: all_reduce of each reduce_scatter output over _inter_node_pg"
+        forward_repeat = _EACH if reshard else _SYNC
+    rules = [_line(_AG, _FWD, _P, shard, forward_repeat, gather, **unit)]
+    if reshard:
+        rules.append(_line(_AG, _BWD, _P, shard, _EACH, regather, select=Select.NON_ROOT, **unit))
+    rules.append(_line(_RS, _BWD, _G, shard, _SYNC, reduce, **unit))
+    if shard is _NODE:
+        rules.append(_line(_AR, _BWD, _G, _ACROSS, _SYNC, across, shard_of=_NODE, **unit))
+    return tuple(rules)
+
+
+def _fsdp1(
+    sharding: Fsdp1Sharding, shard: RankGroup, title: str, validate_name: str | None
+) -> FrameworkSetup:
+    if sharding is Fsdp1Sharding.NO_SHARD:
+        schedule: tuple[ScheduledCollective, ...] = (
+            _line(
+                _AR,
+                _BWD,
+                _G,
+                _WORLD,
+                _SYNC,
+                "_reduce_grad_no_shard: one all_reduce per unit's flat gradient, unpadded; skipped under "
+                "no_sync()",
+                calls=Calls.UNIT,
+            ),
+        )
+    else:
+        reshard = sharding is Fsdp1Sharding.FULL_SHARD
+        schedule = _fsdp_schedule(fsdp2=False, shard=shard, reshard=reshard)
+    return FrameworkSetup(
+        title=title,
+        torch=TorchSetup(
+            wrapper=TorchWrapper.FSDP1,
+            sharding=sharding,
+            shard_group=shard if sharding is not Fsdp1Sharding.NO_SHARD else _WORLD,
+            validate_name=validate_name,
+        ),
+        schedule=schedule,
+        schedule_source=f"{_TORCH} FSDP1 (torch/distributed/fsdp/_runtime_utils.py)",
+    )
+
+
+def _fsdp2(
+    reshard: bool, shard: RankGroup, title: str, validate_name: str | None, legend: str
+) -> FrameworkSetup:
+    return FrameworkSetup(
+        title=title,
+        legend=legend,
+        torch=TorchSetup(
+            wrapper=TorchWrapper.FSDP2,
+            reshard_after_forward=reshard,
+            shard_group=shard,
+            validate_name=validate_name,
+        ),
+        schedule=_fsdp_schedule(fsdp2=True, shard=shard, reshard=reshard),
+        schedule_source=f"{_TORCH} FSDP2 (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py)",
+    )
+
+
+# ------------------------------------------------------------------------------------ DeepSpeed 0.19.8
+_DS = "DeepSpeed 0.19.8"
+_DS_ALL_REDUCE = (
+    "stage_1_and_2.py average_tensor → allreduce_and_scatter → allreduce_bucket: with the default "
+    "use_multi_rank_bucket_allreduce=True every reduce bucket is one dist.all_reduce (no reduce_scatter)"
+)
+_DS_AG_AFTER_STEP = _line(
+    _AG,
+    _STEP,
+    _P,
+    _WORLD,
+    _ONCE,
+    "step → all_gather_dp_groups → all_gather_into_tensor_dp_groups (runtime/utils.py): one "
+    "all_gather_into_tensor of the bit16 partitions per param group, aligned to 2N elements (one group)",
+    padding=Padding.TWICE_GROUP,
+)
+
+
+def _deepspeed_zero12(stage: int) -> FrameworkSetup:
+    when = (
+        "stage 1 reduces only at the accumulation boundary (reduce_ready_partitions_and_remove_grads)"
+        if stage == 1
+        else "stage 2 reduces in the backward hooks of every micro-batch (partition_gradients)"
+    )
+    return FrameworkSetup(
+        schedule=(
+            _line(_AR, _BWD, _G, _WORLD, _SYNC, f"{_DS_ALL_REDUCE}; {when}", calls=Calls.DEEPSPEED_BUCKET),
+            _DS_AG_AFTER_STEP,
+        ),
+        schedule_source=f"{_DS} runtime/zero/stage_1_and_2.py",
+        grad_sync=_LAST if stage == 1 else _EVERY,
+        memory=stage == 2,
+    )
+
+
+_DS_FETCH = (
+    "PartitionedParameterCoordinator.fetch_sub_module → all_gather_coalesced: one all_gather_into_tensor "
+    "per fetch of a module's partitions (prefetching may merge fetches)"
+)
+_QWZ = {"quantization": Quantization.INT8_BLOCKS, "quantized_by": ZeroPP.QWZ}
+_DS3 = {"calls": Calls.MODULE, "padding": Padding.PER_TENSOR, **_QWZ}
+_DEEPSPEED_ZERO3 = FrameworkSetup(
+    schedule=(
+        _line(
+            _AG,
+            _FWD,
+            _P,
+            _WORLD,
+            _EACH,
+            _DS_FETCH,
+            select=Select.NON_PERSISTENT,
+            replaced_by=ZeroPP.HPZ,
+            **_DS3,
+        ),
+        _line(
+            _AG,
+            _FWD,
+            _P,
+            _WORLD,
+            _ONCE,
+            f"{_DS_FETCH}; hpZ: the first forward after the step gathers the primary partitions across the "
+            "world (_post_step → invalidate_secondary_tensor)",
+            select=Select.NON_PERSISTENT,
+            requires=ZeroPP.HPZ,
+            **_DS3,
+        ),
+        _line(
+            _AG,
+            _FWD,
+            _P,
+            _NODE,
+            Repeat.AFTER_FIRST_MICRO_BATCH,
+            f"{_DS_FETCH}; hpZ: later forwards gather the secondary partitions inside the node "
+            "(all_gather_coalesced: use_secondary_tensor → zero_param_process_group)",
+            select=Select.NON_PERSISTENT,
+            requires=ZeroPP.HPZ,
+            **_DS3,
+        ),
+        _line(
+            _AG,
+            _BWD,
+            _P,
+            _WORLD,
+            _EACH,
+            f"{_DS_FETCH}; parameters reused within max_reuse_distance (1e9 elements) are not released after "
+            "forward (__params_to_release) and not re-gathered",
+            select=Select.RELEASED_AFTER_FORWARD,
+            replaced_by=ZeroPP.HPZ,
+            **_DS3,
+        ),
+        _line(
+            _AG,
+            _BWD,
+            _P,
+            _NODE,
+            _EACH,
+            f"{_DS_FETCH}; hpZ: released parameters are re-gathered from the secondary partition inside the "
+            "node (_partition_param_sec)",
+            select=Select.RELEASED_AFTER_FORWARD,
+            requires=ZeroPP.HPZ,
+            **_DS3,
+        ),
+        _line(
+            _RS,
+            _BWD,
+            _G,
+            _WORLD,
+            _SYNC,
+            "__reduce_and_partition_ipg_grads → __avg_scatter_grads → reduce_scatter_coalesced: one "
+            "reduce_scatter per reduce bucket, each gradient padded to a multiple of N, every micro-batch",
+            calls=Calls.DEEPSPEED_BUCKET,
+            padding=Padding.PER_TENSOR,
+            replaced_by=ZeroPP.QGZ,
+        ),
+        _line(
+            _A2A,
+            _BWD,
+            _G,
+            _NODE,
+            _SYNC,
+            "qgZ all_to_all_quant_reduce: int4 gradients (swizzle_quant) exchanged inside the node, then "
+            "their scales",
+            calls=Calls.PARAMETER,
+            select=Select.QUANTIZABLE_GRADIENTS,
+            quantization=Quantization.INT4_GROUPS,
+            requires=ZeroPP.QGZ,
+        ),
+        _line(
+            _A2A,
+            _BWD,
+            _G,
+            _ACROSS,
+            _SYNC,
+            "qgZ all_to_all_quant_reduce: the node's reduced, requantized 1/g (quantized_reduction) "
+            "exchanged across nodes, then its scales",
+            shard_of=_NODE,
+            calls=Calls.PARAMETER,
+            select=Select.QUANTIZABLE_GRADIENTS,
+            quantization=Quantization.INT4_GROUPS,
+            requires=ZeroPP.QGZ,
+        ),
+        _line(
+            _RS,
+            _BWD,
+            _G,
+            _WORLD,
+            _SYNC,
+            "qgZ all_to_all_quant_reduce: 1-D gradients and those whose numel is not a multiple of 2N fall "
+            "back to reduce_scatter_coalesced, one call each",
+            calls=Calls.PARAMETER,
+            padding=Padding.PER_TENSOR,
+            select=Select.UNQUANTIZABLE_GRADIENTS,
+            requires=ZeroPP.QGZ,
+        ),
+        _line(
+            _AG,
+            _STEP,
+            _P,
+            _WORLD,
+            _ONCE,
+            "_post_step: persistent parameters (≤ param_persistence_threshold = 1e5 elements) are "
+            "all-gathered after every step, one all_gather_into_tensor each (_allgather_params_coalesced)",
+            calls=Calls.PARAMETER,
+            padding=Padding.PER_TENSOR,
+            select=Select.PERSISTENT,
+        ),
+    ),
+    schedule_source=f"{_DS} runtime/zero/stage3.py, partition_parameters.py",
+    grad_sync=_EVERY,
+    zeropp=True,
 )
 
 # DeepSpeed config docs ("offload_optimizer ... valid for ZeRO stage 1, 2, 3"; NVMe offload of optimizer
@@ -130,6 +470,8 @@ _AG_AFTER_STEP = _line(
 # Torch setups: torch/nn/parallel/distributed.py; torch/distributed/optim/zero_redundancy_optimizer.py;
 # torch/distributed/fsdp/api.py ShardingStrategy (FSDP1, use_orig_params=False, a unit per block);
 # torch/distributed/fsdp/_fully_shard/_fully_shard.py fully_shard(mesh, reshard_after_forward).
+_DDP_TORCH = TorchSetup(wrapper=TorchWrapper.DDP, shard_group=None, validate_name="ddp")
+_DDP_SOURCE = f"{_TORCH} DDP (torch/csrc/distributed/c10d/reducer.cpp)"
 STRATEGIES: dict[StrategyName, Strategy] = {
     s.name: s
     for s in (
@@ -146,25 +488,24 @@ STRATEGIES: dict[StrategyName, Strategy] = {
                     _BWD,
                     _G,
                     _WORLD,
-                    _ONCE,
-                    "PyTorch DDP: bucketed all_reduce; no_sync() skips A-1 micro-batches",
+                    _SYNC,
+                    "all_reduce of the gradients once per step (ZeRO §7.1; no_sync() on the first A-1 "
+                    "micro-batches)",
                 ),
             ),
             buffers=BufferRule.DDP_BUCKET,
             frameworks={
-                Framework.PAPER: _PAPER,
-                Framework.MEGATRON: _PAPER,
-                Framework.FSDP: FrameworkSetup(
-                    title="FSDP NO_SHARD",
-                    torch=TorchSetup(
-                        wrapper=TorchWrapper.FSDP1,
-                        sharding=Fsdp1Sharding.NO_SHARD,
-                        validate_name="fsdp1-no-shard",
-                    ),
-                ),
+                Framework.PAPER: _paper(_LAST),
+                Framework.MEGATRON: _paper(_LAST, schedule_source=_MEGATRON_SOURCE),
+                Framework.FSDP: _fsdp1(Fsdp1Sharding.NO_SHARD, _WORLD, "FSDP NO_SHARD", "fsdp1-no-shard"),
                 Framework.TORCH_ZERO1: FrameworkSetup(
+                    title="DDP", torch=_DDP_TORCH, schedule=(_DDP_ALL_REDUCE,), schedule_source=_DDP_SOURCE
+                ),
+                Framework.DDP: FrameworkSetup(
                     title="DDP",
-                    torch=TorchSetup(wrapper=TorchWrapper.DDP, shard_group=None, validate_name="ddp"),
+                    torch=_DDP_TORCH.model_copy(update={"validate_name": None}),
+                    schedule=(_DDP_ALL_REDUCE,),
+                    schedule_source=_DDP_SOURCE,
                 ),
             },
         ),
@@ -182,19 +523,23 @@ STRATEGIES: dict[StrategyName, Strategy] = {
                     _BWD,
                     _G,
                     _WORLD,
-                    _ONCE,
-                    "DeepSpeed ZeRO-1: gradients reduced once per step (ZeRO §7.2.1)",
+                    _SYNC,
+                    "gradients reduce-scattered once per step (ZeRO §7.2.1)",
+                    **_FLAT,
                 ),
                 _AG_AFTER_STEP,
             ),
             buffers=BufferRule.DEEPSPEED_BUCKETS,
             frameworks={
-                Framework.PAPER: _PAPER,
-                Framework.MEGATRON: _PAPER,
+                Framework.PAPER: _paper(_LAST),
+                Framework.MEGATRON: _paper(_LAST, schedule_source=_MEGATRON_SOURCE),
+                Framework.DEEPSPEED: _deepspeed_zero12(1),
                 Framework.TORCH_ZERO1: FrameworkSetup(
                     title="DDP + ZeRO-1",
                     legend="DistributedDataParallel with torch's ZeroRedundancyOptimizer",
                     torch=TorchSetup(wrapper=TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER, validate_name="zero1"),
+                    schedule=(_DDP_ALL_REDUCE, _ZERO1_BROADCASTS),
+                    schedule_source=f"{_TORCH} DDP + ZeroRedundancyOptimizer",
                 ),
             },
         ),
@@ -212,13 +557,14 @@ STRATEGIES: dict[StrategyName, Strategy] = {
                     _BWD,
                     _G,
                     _WORLD,
-                    _EACH,
-                    "DeepSpeed ZeRO-2: partitioned gradients reduced every micro-batch",
+                    _SYNC,
+                    "partitioned gradients reduce-scattered every micro-batch (ZeRO §7.2.1)",
+                    **_FLAT,
                 ),
                 _AG_AFTER_STEP,
             ),
             buffers=BufferRule.DEEPSPEED_BUCKETS,
-            frameworks={Framework.PAPER: _PAPER, Framework.DEEPSPEED: _PAPER},
+            frameworks={Framework.PAPER: _paper(_EVERY), Framework.DEEPSPEED: _deepspeed_zero12(2)},
         ),
         Strategy(
             name=StrategyName.SHARD_GRAD_OP,
@@ -234,29 +580,23 @@ STRATEGIES: dict[StrategyName, Strategy] = {
                     _P,
                     _WORLD,
                     _EACH,
-                    "FSDP SHARD_GRAD_OP: gathered in forward, kept through backward",
+                    "gathered in forward, kept through backward (FSDP SHARD_GRAD_OP)",
+                    **_FLAT,
                 ),
-                _line(_RS, _BWD, _G, _WORLD, _EACH, "FSDP: reduce_scatter of gradients every micro-batch"),
+                _line(_RS, _BWD, _G, _WORLD, _SYNC, "gradients reduce-scattered every micro-batch", **_FLAT),
             ),
             buffers=BufferRule.UNIT_GRADIENTS,
             frameworks={
-                Framework.PAPER: FrameworkSetup(in_default_set=False),
-                Framework.FSDP: FrameworkSetup(
-                    title="FSDP SHARD_GRAD_OP",
-                    torch=TorchSetup(
-                        wrapper=TorchWrapper.FSDP1,
-                        sharding=Fsdp1Sharding.SHARD_GRAD_OP,
-                        validate_name="fsdp1-shard-grad-op",
-                    ),
+                Framework.PAPER: _paper(_EVERY, in_default_set=False),
+                Framework.FSDP: _fsdp1(
+                    Fsdp1Sharding.SHARD_GRAD_OP, _WORLD, "FSDP SHARD_GRAD_OP", "fsdp1-shard-grad-op"
                 ),
-                Framework.FSDP2: FrameworkSetup(
-                    title="FSDP2 no reshard",
-                    legend="fully_shard(reshard_after_forward=False): gathered once per step",
-                    torch=TorchSetup(
-                        wrapper=TorchWrapper.FSDP2,
-                        reshard_after_forward=False,
-                        validate_name="fsdp2-no-reshard",
-                    ),
+                Framework.FSDP2: _fsdp2(
+                    False,
+                    _WORLD,
+                    "FSDP2 no reshard",
+                    "fsdp2-no-reshard",
+                    "fully_shard(reshard_after_forward=False): gathered once per step",
                 ),
             },
         ),
@@ -270,26 +610,31 @@ STRATEGIES: dict[StrategyName, Strategy] = {
             optimizer_offload=(_CPU, _NVME),
             param_offload=(_CPU, _NVME),
             schedule=(
-                _line(_AG, _FWD, _P, _WORLD, _EACH, "ZeRO-3 / FULL_SHARD: gathered in forward (ZeRO §7.2.2)"),
-                _line(_AG, _BWD, _P, _WORLD, _EACH, "re-gathered in backward after resharding (ZeRO §7.2.2)"),
-                _line(_RS, _BWD, _G, _WORLD, _EACH, "reduce_scatter of gradients every micro-batch"),
+                _line(_AG, _FWD, _P, _WORLD, _EACH, "gathered in forward (ZeRO §7.2.2)", **_FLAT),
+                _line(
+                    _AG,
+                    _BWD,
+                    _P,
+                    _WORLD,
+                    _EACH,
+                    "re-gathered in backward after resharding (ZeRO §7.2.2)",
+                    **_FLAT,
+                ),
+                _line(_RS, _BWD, _G, _WORLD, _SYNC, "gradients reduce-scattered every micro-batch", **_FLAT),
             ),
             buffers=BufferRule.GATHERED_UNITS,
             frameworks={
-                Framework.PAPER: _PAPER,
-                Framework.DEEPSPEED: _PAPER,
-                Framework.FSDP: FrameworkSetup(
-                    title="FSDP FULL_SHARD",
-                    torch=TorchSetup(
-                        wrapper=TorchWrapper.FSDP1,
-                        sharding=Fsdp1Sharding.FULL_SHARD,
-                        validate_name="fsdp1-full-shard",
-                    ),
+                Framework.PAPER: _paper(_EVERY),
+                Framework.DEEPSPEED: _DEEPSPEED_ZERO3,
+                Framework.FSDP: _fsdp1(
+                    Fsdp1Sharding.FULL_SHARD, _WORLD, "FSDP FULL_SHARD", "fsdp1-full-shard"
                 ),
-                Framework.FSDP2: FrameworkSetup(
-                    title="FSDP2 reshard",
-                    legend="fully_shard(reshard_after_forward=True), the default: gathered again in backward",
-                    torch=TorchSetup(wrapper=TorchWrapper.FSDP2, validate_name="fsdp2"),
+                Framework.FSDP2: _fsdp2(
+                    True,
+                    _WORLD,
+                    "FSDP2 reshard",
+                    "fsdp2",
+                    "fully_shard(reshard_after_forward=True), the default: gathered again in backward",
                 ),
             },
         ),
@@ -301,24 +646,32 @@ STRATEGIES: dict[StrategyName, Strategy] = {
             grads=_NODE,
             optimizer=_NODE,
             schedule=(
-                _line(_AG, _FWD, _P, _NODE, _EACH, "FSDP HYBRID_SHARD: FULL_SHARD within the node"),
-                _line(_AG, _BWD, _P, _NODE, _EACH, "re-gathered in backward within the node"),
-                _line(_RS, _BWD, _G, _NODE, _EACH, "reduce_scatter within the node"),
-                _line(_AR, _BWD, _G, _ACROSS, _EACH, "all_reduce of each gradient shard across nodes", _NODE),
+                _line(_AG, _FWD, _P, _NODE, _EACH, "FULL_SHARD within the node (FSDP HYBRID_SHARD)", **_FLAT),
+                _line(_AG, _BWD, _P, _NODE, _EACH, "re-gathered in backward within the node", **_FLAT),
+                _line(_RS, _BWD, _G, _NODE, _SYNC, "gradients reduce-scattered within the node", **_FLAT),
+                _line(
+                    _AR,
+                    _BWD,
+                    _G,
+                    _ACROSS,
+                    _SYNC,
+                    "each gradient shard all-reduced across nodes",
+                    _NODE,
+                    **_FLAT,
+                ),
             ),
             buffers=BufferRule.GATHERED_UNITS,
             frameworks={
-                Framework.PAPER: _PAPER,
-                Framework.FSDP: FrameworkSetup(
-                    title="FSDP HYBRID_SHARD",
-                    torch=TorchSetup(
-                        wrapper=TorchWrapper.FSDP1, sharding=Fsdp1Sharding.FULL_SHARD, shard_group=_NODE
-                    ),
+                Framework.PAPER: _paper(_EVERY),
+                Framework.FSDP: _fsdp1(
+                    Fsdp1Sharding.FULL_SHARD, _NODE, "FSDP HYBRID_SHARD", "fsdp1-hybrid-shard"
                 ),
-                Framework.FSDP2: FrameworkSetup(
-                    title="FSDP2 HSDP",
-                    legend="fully_shard on a 2-D mesh: sharded in the node, replicated across nodes",
-                    torch=TorchSetup(wrapper=TorchWrapper.FSDP2, shard_group=_NODE),
+                Framework.FSDP2: _fsdp2(
+                    True,
+                    _NODE,
+                    "FSDP2 HSDP",
+                    "fsdp2-hsdp",
+                    "fully_shard on a 2-D mesh: sharded in the node, replicated across nodes",
                 ),
             },
         ),
@@ -331,18 +684,38 @@ PAPER_DEFAULT_STRATEGIES: tuple[StrategyName, ...] = tuple(
 """What ``all`` means for the paper's accounting: the ZeRO stages, DDP and HYBRID_SHARD."""
 
 
-def framework_strategies(framework: Framework) -> tuple[StrategyName, ...]:
-    """The strategies a framework implements, in :class:`StrategyName` order."""
-    return tuple(name for name, s in STRATEGIES.items() if framework in s.frameworks)
+def _modelled(setup: FrameworkSetup, estimate: Estimate) -> bool:
+    return estimate is Estimate.COMM or setup.memory
 
 
-def default_strategies(framework: Framework) -> tuple[StrategyName, ...]:
-    """What ``all`` stands for under a framework."""
+def framework_strategies(
+    framework: Framework, estimate: Estimate = Estimate.MEMORY
+) -> tuple[StrategyName, ...]:
+    """The strategies a framework implements (for this kind of estimate), in :class:`StrategyName` order."""
     return tuple(
         name
         for name, s in STRATEGIES.items()
-        if framework in s.frameworks and s.frameworks[framework].in_default_set
+        if framework in s.frameworks and _modelled(s.frameworks[framework], estimate)
     )
+
+
+def default_strategies(
+    framework: Framework, estimate: Estimate = Estimate.MEMORY
+) -> tuple[StrategyName, ...]:
+    """What ``all`` stands for under a framework."""
+    return tuple(
+        name
+        for name in framework_strategies(framework, estimate)
+        if STRATEGIES[name].frameworks[framework].in_default_set
+    )
+
+
+def effective_grad_sync(framework: Framework, strategy: StrategyName, asked: GradSync | None) -> GradSync:
+    """When ``strategy`` reduces gradients under ``framework``: fixed by the framework where it is
+    (DeepSpeed's stages, the paper's accounting), else what the training loop was said to do (``asked``),
+    else PyTorch's default, every micro-batch."""
+    fixed = STRATEGIES[strategy].frameworks[framework].grad_sync
+    return fixed or asked or GradSync.EVERY
 
 
 def torch_setup(framework: Framework, strategy: StrategyName) -> TorchSetup | None:

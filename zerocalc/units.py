@@ -117,7 +117,7 @@ def parse_whole(text: str | int, what: str, low: int, high: int, unit: str) -> i
 
 
 def parse_fraction(text: str | float, what: str, low: float, high: float, accepted: str) -> float:
-    """A finite number from ``low`` to ``high`` (``--fragmentation``, ``--tflops``)."""
+    """A finite number from ``low`` to ``high`` (``--tflops``)."""
     if isinstance(text, bool):
         raise InputError(f"{what} {shown(text)} is not accepted; accepted: {accepted}")
     try:

@@ -8,7 +8,17 @@ import typer
 
 from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app
-from zerocalc.cli.render import byte_cell, console, print_json, unit_label
+from zerocalc.cli.render import (
+    COLLECTIVE_LEGEND,
+    byte_cell,
+    collective_label,
+    compact_table,
+    console,
+    print_json,
+    unit_label,
+)
+from zerocalc.cluster import RankGroup
+from zerocalc.schedule import GradSync, Tensor
 from zerocalc.units import (
     ByteUnit,
     format_bandwidth,
@@ -19,7 +29,9 @@ from zerocalc.units import (
 )
 
 if TYPE_CHECKING:
-    from zerocalc.comm import CommEstimate
+    from rich.table import Table
+
+    from zerocalc.comm import CollectiveCost, CommEstimate, StrategyComm
     from zerocalc.links import LinkFigures
 
 Calibration = Annotated[
@@ -39,6 +51,17 @@ TokensPerStep = Annotated[
     str | None, typer.Option("--tokens-per-step", help="T: tokens per optimizer step (all GPUs), e.g. 4M.")
 ]
 Tflops = Annotated[str | None, typer.Option("--tflops", help="F: achieved TFLOP/s per GPU, e.g. 400.")]
+CommFramework = Annotated[
+    str,
+    typer.Option(
+        "--framework",
+        help="Whose schedule: paper (ZeRO paper §7), deepspeed, megatron, fsdp, fsdp2, torch-zero1, ddp.",
+    ),
+]
+PerUnit = Annotated[
+    bool,
+    typer.Option("--per-unit", help="One row per FSDP unit, DDP or DeepSpeed bucket, or broadcasting rank."),
+]
 
 
 @app.command(cls=PlainTextCommand)
@@ -48,9 +71,14 @@ def comm(
     gpus: opt.Gpus = "1",
     gpus_per_node: opt.GpusPerNode = None,
     strategy: opt.StrategyOpt = "all",
+    framework: CommFramework = "paper",
     precision: opt.Precision = "bf16-mixed",
     grad_accum: opt.GradAccum = "1",
+    grad_sync: opt.GradSyncOpt = None,
     reduce_dtype: opt.ReduceDtype = None,
+    zeropp: opt.ZeroPPOpt = None,
+    ddp_bucket: opt.DdpBucket = None,
+    reduce_bucket: opt.ReduceBucket = "5e8",
     calibration: Calibration = None,
     gpu: opt.Gpu = None,
     intra_node_bw: IntraBw = None,
@@ -59,23 +87,31 @@ def comm(
     tokens_per_step: TokensPerStep = None,
     tflops: Tflops = None,
     units: opt.Units = "GiB",
+    per_unit: PerUnit = False,
     json: opt.Json = False,
 ) -> None:
     """Collectives of each strategy per optimizer step: bytes each GPU sends and the time they take."""
     from zerocalc.comm import evaluate_comm
+    from zerocalc.frameworks import Estimate
     from zerocalc.request import TrainingOptions, parse_request
 
     unit = parse_byte_unit(units)
     request = parse_request(
         TrainingOptions(
+            estimate=Estimate.COMM,
             params=params,
             model=model,
             gpus=gpus,
             gpus_per_node=gpus_per_node,
             strategies=strategy,
+            framework=framework,
             precision=precision,
             grad_accum=grad_accum,
+            grad_sync=grad_sync,
             reduce_dtype=reduce_dtype,
+            zeropp=zeropp,
+            ddp_bucket=ddp_bucket,
+            reduce_bucket=reduce_bucket,
             calibration=calibration,
             gpu=gpu,
             intra_node_bw=intra_node_bw,
@@ -89,7 +125,7 @@ def comm(
     if json:
         print_json(estimate)
     else:
-        render_comm(estimate, unit)
+        render_comm(estimate, unit, per_unit)
 
 
 def _figure_line(label: str, link: LinkFigures) -> str:
@@ -99,103 +135,135 @@ def _figure_line(label: str, link: LinkFigures) -> str:
     )
 
 
-def render_comm(estimate: CommEstimate, unit: ByteUnit) -> None:
-    from rich.table import Table
+def _label(c: CollectiveCost) -> str:
+    return collective_label(c.op.value, c.phase.value)
 
+
+def _tensor(c: CollectiveCost) -> str:
+    what = "scales" if c.scales else ("params" if c.tensor is Tensor.PARAMETERS else "grads")
+    return f"{what} {c.dtype.value}"
+
+
+def _group(c: CollectiveCost) -> str:
+    kind = "across" if c.group is RankGroup.ACROSS_NODES else c.group.value
+    return f"{kind} {c.group_size}{'*' if c.spans_nodes else ''}"
+
+
+def _strategy_table(row: StrategyComm, unit: ByteUnit) -> Table:
+    table = compact_table(
+        ("collective", False, "total"),
+        ("tensor", False, ""),
+        ("group", False, ""),
+        ("calls", True, f"{row.calls_per_step:,}"),
+        ("sent/GPU", True, byte_cell(row.total_bytes_per_gpu, unit)),
+        ("time", True, format_seconds(row.time_s)),
+    )
+    for c in row.collectives:
+        table.add_row(
+            _label(c),
+            _tensor(c),
+            _group(c),
+            f"{c.calls_per_step:,}",
+            byte_cell(c.total_bytes_per_gpu, unit),
+            format_seconds(c.time_s),
+        )
+    return table
+
+
+def _unit_table(row: StrategyComm, unit: ByteUnit) -> Table:
+    """One row per unit, bucket or broadcasting rank of each collective: its calls each time the collective
+    runs, their Σ S, the bytes each GPU sends for them, and how many times per step the collective runs."""
+    table = compact_table(
+        ("collective", False, ""),
+        ("moves", False, ""),
+        ("calls", True, ""),
+        ("Σ S", True, ""),
+        ("sent/GPU", True, ""),
+        ("× step", True, ""),
+    )
+    for c in row.collectives:
+        for i, u in enumerate(c.units):
+            table.add_row(
+                f"{_label(c)}{' scales' if c.scales else ''}" if i == 0 else "",
+                u.unit,
+                f"{len(u.elements):,}",
+                byte_cell(u.message_bytes, unit),
+                byte_cell(u.bytes_sent_per_gpu, unit),
+                f"{c.times_per_step:,}",
+            )
+        table.add_section()
+    return table
+
+
+def render_comm(estimate: CommEstimate, unit: ByteUnit, per_unit: bool = False) -> None:
     request = estimate.request
     cluster = request.cluster
     out = console()
+    model = f"{request.model}, " if request.model else ""
     out.print(
-        f"[bold]Communication per optimizer step[/bold]: "
+        f"[bold]Communication per optimizer step[/bold] ({request.framework.value}): {model}"
         f"Ψ = {request.params:,} ({format_count(request.params)}), "
         f"N = {plural(cluster.world_size, 'GPU')} on {plural(cluster.nodes, 'node')} "
         f"(g = {cluster.ranks_per_node}), A = {request.grad_accum} micro-batch"
-        f"{'es' if request.grad_accum > 1 else ''}, {request.precision.value}; sizes in {unit_label(unit)}"
+        f"{'es' if request.grad_accum > 1 else ''}, {request.precision.value}"
+        + (f", ZeRO++ {'+'.join(z.value for z in request.zeropp)}" if request.zeropp else "")
+        + f"; sizes in {unit_label(unit)}"
     )
     if cluster.world_size == 1:
         out.print(
             "[yellow]No communication: a single GPU has nothing to reduce or gather (0 bytes, 0 s).[/yellow]"
         )
         return
-
-    table = Table(header_style="bold")
-    for name, justify in (
-        ("Strategy", "left"),
-        ("Collective", "left"),
-        ("Phase", "left"),
-        ("Tensor", "left"),
-        ("Group", "left"),
-        ("Size S", "right"),
-        ("× / step", "right"),
-        ("Sent / GPU / step", "right"),
-        ("Time / step", "right"),
-        ("Bandwidth", "left"),
-    ):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for row in estimate.strategies:
-        for i, c in enumerate(row.collectives):
-            group = f"{c.group.value} ({c.group_size}{', spans nodes' if c.spans_nodes else ''})"
-            table.add_row(
-                row.title if i == 0 else "",
-                c.op.value,
-                c.phase.value,
-                f"{c.tensor.value} {c.dtype.value}",
-                group,
-                byte_cell(c.message_bytes, unit),
-                str(c.count_per_step),
-                byte_cell(c.total_bytes_per_gpu, unit),
-                format_seconds(c.time_s),
-                f"{format_bandwidth(c.bus_bandwidth_Bps)} ({c.bandwidth_source.value})",
-            )
-        table.add_section()
-    out.print(table)
-    for row in estimate.strategies:
-        follows = "; ".join(
-            f"{c.op.value} ({c.phase.value}) × {c.count_per_step}: {c.behaviour}" for c in row.collectives
-        )
-        out.print(f"[dim]· {row.title} follows {follows}[/dim]")
+        when = "every micro-batch" if row.grad_sync is GradSync.EVERY else "on the last micro-batch"
+        out.print(f"\n[bold]{row.title}[/bold]: {row.schedule_source}")
+        out.print(f"gradients reduced {when} ({row.grad_sync_reason})")
+        out.print(_unit_table(row, unit) if per_unit else _strategy_table(row, unit))
+        for c in row.collectives:
+            if not c.scales:
+                out.print(f"[dim]  {_label(c)}: {c.behaviour}[/dim]")
+    out.print(
+        f"[dim]· {COLLECTIVE_LEGEND}; * a group spanning nodes (inter-node bandwidth); calls and bytes per "
+        "step, per GPU[/dim]"
+    )
 
-    summary = Table(header_style="bold", title="Per strategy, per GPU, per step")
-    summary.add_column("Strategy")
-    summary.add_column("Sent / GPU", justify="right")
-    summary.add_column("of which inter-node", justify="right")
-    summary.add_column("vs DDP", justify="right")
-    summary.add_column("Comm time", justify="right")
-    if estimate.compute is not None:
-        summary.add_column("Compute time", justify="right")
-        summary.add_column("Could hide", justify="right")
-        summary.add_column("Exposed", justify="right")
+    compute = estimate.compute
+    summary = compact_table(
+        ("strategy", False, ""),
+        ("sent/GPU", True, ""),
+        ("inter-node", True, ""),
+        ("vs DDP", True, ""),
+        ("time", True, ""),
+        *((("exposed", True, ""),) if compute is not None else ()),
+    )
     for row in estimate.strategies:
         ratio = "–" if row.ratio_to_ddp is None else f"{row.ratio_to_ddp:.2f}×"
         cells = [
-            row.title,
+            row.strategy.value,
             byte_cell(row.total_bytes_per_gpu, unit),
             byte_cell(row.inter_node_bytes_per_gpu, unit),
             ratio,
             format_seconds(row.time_s),
         ]
-        if estimate.compute is not None:
-            cells += [
-                format_seconds(estimate.compute.seconds),
-                format_seconds(row.hidden_time_s or 0.0),
-                format_seconds(row.exposed_time_s or 0.0),
-            ]
+        if compute is not None:
+            cells.append(format_seconds(row.exposed_time_s or 0.0))
         summary.add_row(*cells)
+    out.print("\n[bold]Per strategy, per GPU, per step[/bold]")
     out.print(summary)
     if estimate.calibration_used:
         out.print(f"[dim]· bandwidth from calibration {estimate.calibration_used} where it has a fit[/dim]")
     out.print(f"[dim]· {_figure_line('intra-node', request.bandwidths.intra_node)}[/dim]")
     out.print(f"[dim]· {_figure_line('inter-node', request.bandwidths.inter_node)}[/dim]")
-    if estimate.compute is not None:
+    if compute is not None:
         out.print(
-            f"[dim]· compute: 6·Ψ·T / (N·F) = {estimate.compute.flops_per_step:.3g} FLOP / "
+            f"[dim]· compute: 6·Ψ·T / (N·F) = {compute.flops_per_step:.3g} FLOP / "
             f"({cluster.world_size} × {request.tflops:g} TFLOP/s) = "
-            f"{format_seconds(estimate.compute.seconds)} "
-            "(Kaplan et al. 2020); 'could hide' assumes perfect overlap[/dim]"
+            f"{format_seconds(compute.seconds)} "
+            "(Kaplan et al. 2020); 'exposed' is what cannot hide behind it with perfect overlap[/dim]"
         )
     out.print(
-        "[dim]· bytes per GPU: ring algorithm, all_reduce 2(n-1)/n·S, reduce_scatter and all_gather "
-        "(n-1)/n·S (nccl-tests PERFORMANCE.md); a group spanning nodes runs at the inter-node figure[/dim]"
+        "[dim]· bytes per GPU: ring algorithm, all_reduce 2(n-1)/n·S, reduce_scatter, all_gather and "
+        "all_to_all (n-1)/n·S, broadcast S (nccl-tests PERFORMANCE.md); time = calls × α + bytes / β[/dim]"
     )
     for note in estimate.notes:
         out.print(f"[yellow]· {note}[/yellow]")

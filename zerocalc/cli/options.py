@@ -98,10 +98,13 @@ FrameworkOpt = Annotated[
     typer.Option(
         "--framework",
         help="Accounting to follow: paper, deepspeed (its estimators), megatron, or what PyTorch really "
-        "allocates: fsdp, fsdp2, torch-zero1.",
+        "allocates: fsdp, fsdp2, torch-zero1, ddp.",
     ),
 ]
-DdpBucket = Annotated[str, typer.Option("--ddp-bucket", help="DDP gradient bucket (bucket_cap_mb).")]
+DdpBucket = Annotated[
+    str | None,
+    typer.Option("--ddp-bucket", help="DDP bucket_cap_mb in bytes [default: 25MiB, first bucket 1MiB]."),
+]
 ReduceBucket = Annotated[
     str,
     typer.Option("--reduce-bucket", help="ZeRO-1/2 reduce bucket, elements (DeepSpeed reduce_bucket_size)."),
@@ -126,8 +129,14 @@ GradSyncOpt = Annotated[
     str | None,
     typer.Option(
         "--grad-sync",
-        help="With --grad-accum: reduce gradients every micro-batch, or only the last (no_sync).",
+        help="every or last: gradients reduced every micro-batch, or only the last (no_sync / "
+        "set_requires_gradient_sync(False)) [default: each framework's; PyTorch: every].",
+        show_default=False,
     ),
+]
+ZeroPPOpt = Annotated[
+    str | None,
+    typer.Option("--zeropp", help="DeepSpeed ZeRO++ for zero3: all, or a comma list of qwz, hpz, qgz."),
 ]
 ExpandableSegments = Annotated[
     bool,

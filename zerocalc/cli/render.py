@@ -11,6 +11,7 @@ from zerocalc.units import ByteUnit, format_bytes
 if TYPE_CHECKING:
     from pydantic import BaseModel
     from rich.console import Console
+    from rich.table import Table
 
 
 @lru_cache(maxsize=1)
@@ -87,3 +88,48 @@ def print_fitted(
         for i, key in enumerate(keys):
             table.add_row(key, *(column.cells[i] for column in group))
         out.print(table)
+
+
+OP_SHORT = {
+    "all_gather": "AG",
+    "reduce_scatter": "RS",
+    "all_reduce": "AR",
+    "broadcast": "BC",
+    "all_to_all": "A2A",
+}
+PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "after_step": "step"}
+COLLECTIVE_LEGEND = (
+    "AG all_gather, RS reduce_scatter, AR all_reduce, BC broadcast, A2A all_to_all; fwd forward, "
+    "bwd backward, step after optimizer.step"
+)
+
+
+def collective_label(op: str, phase: str) -> str:
+    """``AG fwd``: a collective and its phase, short (:data:`COLLECTIVE_LEGEND` spells them out)."""
+    return f"{OP_SHORT.get(op, op)} {PHASE_SHORT.get(phase, phase)}"
+
+
+def compact_table(*columns: tuple[str, bool, str]) -> Table:
+    """A table without vertical rules, so that it fits 80 columns: (header, numeric, footer) per column;
+    numbers are right-aligned and never wrapped, text wraps."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(
+        box=box.SIMPLE,
+        header_style="bold",
+        footer_style="bold",
+        padding=(0, 1),
+        pad_edge=False,
+        show_edge=False,
+        show_footer=any(footer for _, _, footer in columns),
+    )
+    for header, numeric, footer in columns:
+        table.add_column(
+            header,
+            footer,
+            justify="right" if numeric else "left",
+            no_wrap=numeric,
+            overflow="ellipsis" if numeric else "fold",
+        )
+    return table

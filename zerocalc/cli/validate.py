@@ -17,10 +17,15 @@ from zerocalc.cli.options import Json, Model
 from zerocalc.errors import InputError
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from zerocalc.validate.compare import ConfigResult, ValidationReport
 
 NEEDS_TORCH = "zerocalc validate needs PyTorch; install it with: pip install 'zerocalc[bench]'"
-ALL_STRATEGIES = "ddp,zero1,fsdp1-no-shard,fsdp1-shard-grad-op,fsdp1-full-shard,fsdp2-no-reshard,fsdp2"
+ALL_STRATEGIES = (
+    "ddp,zero1,fsdp1-no-shard,fsdp1-shard-grad-op,fsdp1-full-shard,fsdp1-hybrid-shard,fsdp2-no-reshard,fsdp2,"
+    "fsdp2-hsdp"
+)
 """For --help without importing the records; a test checks it equals validate.config.STRATEGIES."""
 
 Layers = Annotated[int | None, typer.Option("--layers", help="Override the number of transformer blocks.")]
@@ -42,6 +47,25 @@ Nproc = Annotated[
     ),
 ]
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds allowed per configuration; ≤ 1 day.")]
+GradAccum = Annotated[int, typer.Option("--grad-accum", "-A", help="A: micro-batches per optimizer step.")]
+GradSyncs = Annotated[
+    str,
+    typer.Option(
+        "--grad-sync",
+        help="Comma list of every, last: gradients reduced every micro-batch, or only on the last "
+        "(no_sync() / set_requires_gradient_sync(False) before).",
+    ),
+]
+GpusPerNode = Annotated[
+    int | None,
+    typer.Option(
+        "--gpus-per-node",
+        "-g",
+        help="Ranks per node: the shard group of fsdp1-hybrid-shard and fsdp2-hsdp, which need 2 nodes or "
+        "more [default: the launch's; spawned: --nproc].",
+        show_default=False,
+    ),
+]
 
 
 @app.command(cls=PlainTextCommand)
@@ -56,15 +80,21 @@ def validate(
     strategies: Strategies = "all",
     precision: Precisions = "fp32,bf16-mixed",
     optimizer: OptimizerOpt = "adam",
+    grad_accum: GradAccum = 1,
+    grad_sync: GradSyncs = "every",
+    gpus_per_node: GpusPerNode = None,
     nproc: Nproc = 2,
     timeout: Timeout = 120.0,
     json: Json = False,
 ) -> None:
-    """Run DDP, ZeRO-1, FSDP1 and FSDP2 for real; compare measured bytes per rank with the prediction."""
+    """Run DDP, ZeRO-1, FSDP1 and FSDP2 for real; compare each rank's bytes and collectives with the
+    prediction."""
     if importlib.util.find_spec("torch") is None:
         raise fail(NEEDS_TORCH)
     from zerocalc import procs
     from zerocalc.bench.topology import launched_by, placement_from_env
+    from zerocalc.request import MAX_GRAD_ACCUM
+    from zerocalc.schedule import GradSync
     from zerocalc.validate import run
     from zerocalc.validate.config import OPTIMIZERS, PRECISIONS, STRATEGIES, check_buildable
 
@@ -80,6 +110,14 @@ def validate(
     check_buildable(arch)
     chosen = _parse_list(strategies, "--strategies", tuple(STRATEGIES), allow_all=True)
     recipes = _parse_list(precision, "--precision", tuple(p.value for p in PRECISIONS), allow_all=False)
+    syncs = [
+        GradSync(s) for s in _parse_list(grad_sync, "--grad-sync", tuple(g.value for g in GradSync), False)
+    ]
+    if not 1 <= grad_accum <= MAX_GRAD_ACCUM:
+        raise InputError(
+            f"--grad-accum {procs.brief(grad_accum)} is not accepted; "
+            f"accepted: 1 to {MAX_GRAD_ACCUM:,} micro-batches"
+        )
     opt = optimizer.strip().lower()
     if opt not in {o.value for o in OPTIMIZERS}:
         accepted = ", ".join(o.value for o in OPTIMIZERS)
@@ -88,16 +126,30 @@ def validate(
     launched = launched_by() is not None
     if not launched and nproc < 2:
         raise InputError(f"--nproc {procs.brief(nproc)} is not accepted; accepted: 2 or more processes")
+    world, per_node = run.world_and_node(None if launched else nproc, gpus_per_node)
+    chosen = run.check_nodes(world, per_node, chosen, explicit=strategies.strip().lower() != "all")
 
     shows = not launched or placement_from_env().rank == 0
-    progress = procs.Progress("zerocalc validate", len(chosen) * len(recipes)) if shows else None
+    total = len(chosen) * len(recipes) * len(syncs)
+    progress = procs.Progress("zerocalc validate", total) if shows else None
 
     def on_result(result: ConfigResult, done: int, total: int) -> None:
         if progress is not None:
-            progress.step(f"{result.strategy} · {result.precision}", _progress_line(result, done, total))
+            progress.step(config_title(result), _progress_line(result, done, total))
 
     try:
-        report = run.run_all(arch, chosen, recipes, opt, None if launched else nproc, timeout, on_result)
+        report = run.run_all(
+            arch,
+            chosen,
+            recipes,
+            opt,
+            None if launched else nproc,
+            timeout,
+            on_result,
+            grad_accum=grad_accum,
+            grad_syncs=syncs,
+            gpus_per_node=per_node,
+        )
     except KeyboardInterrupt:  # every spawned rank has been stopped
         if progress is not None:
             progress.close()  # first: the bar would overwrite the line
@@ -118,6 +170,14 @@ def validate(
         raise typer.Exit(1)
 
 
+def config_title(config: ConfigResult) -> str:
+    """``fsdp2 · bf16-mixed``, with ``· A=2 last`` under gradient accumulation."""
+    title = f"{config.strategy} · {config.precision.value}"
+    if config.grad_accum > 1:
+        title += f" · A={config.grad_accum} {config.grad_sync.value}"
+    return title
+
+
 def _progress_line(result: ConfigResult, done: int, total: int) -> str:
     seconds = f" ({result.seconds:g} s)" if result.seconds is not None else ""
     return f"{result.status}{seconds}, {done}/{total} configurations"
@@ -134,18 +194,54 @@ def _parse_list(text: str, option: str, accepted: tuple[str, ...], allow_all: bo
     return list(dict.fromkeys(names))
 
 
+def _per_rank(values: list[int]) -> str:
+    """One number when every rank agrees, else the range over ranks."""
+    low, high = min(values, default=0), max(values, default=0)
+    return f"{low:,}" if low == high else f"{low:,}–{high:,}"
+
+
+def _collective_table(config: ConfigResult) -> Table:
+    from zerocalc.cli.render import collective_label, compact_table
+
+    table = compact_table(
+        ("collective", False, ""),
+        ("dtype", False, ""),
+        ("group", False, ""),
+        ("calls", True, ""),
+        ("measured", True, ""),
+        ("bytes/rank", True, ""),
+        ("measured", True, ""),
+        ("", False, ""),
+    )
+    for c in config.collectives:
+        table.add_row(
+            collective_label(c.op, c.phase),
+            c.dtype,
+            f"{c.group.replace('across_nodes', 'across')} {c.group_size}",
+            f"{c.predicted_calls:,}",
+            _per_rank(c.measured_calls),
+            f"{c.predicted_bytes:,}",
+            _per_rank(c.measured_bytes),
+            "✓" if c.ok else "✗ OFF",
+            style=None if c.ok else "bold red",
+        )
+    return table
+
+
 def render(report: ValidationReport) -> None:
     from rich.table import Table
 
-    from zerocalc.cli.render import console
+    from zerocalc.cli.render import COLLECTIVE_LEGEND, console
+    from zerocalc.validate.config import WARMUP_STEPS
 
     out = console()
     out.print(
         f"[bold]{report.model}[/bold]: {report.parameters:,} parameters, {report.world_size} ranks "
-        f"({report.backend}), {report.optimizer.value}; bytes per rank after one step"
+        f"({report.backend}), {report.optimizer.value}; bytes per rank after one step, and the collectives "
+        f"of that step (after {WARMUP_STEPS} warm-up steps)"
     )
     for config in report.configs:
-        title = f"{config.strategy} · {config.precision.value}"
+        title = config_title(config)
         if config.status == "failed":
             out.print(f"[bold red]✗ {title}: failed: {config.error}[/bold red]")
             continue
@@ -172,10 +268,21 @@ def render(report: ValidationReport) -> None:
                 )
             table.add_section()
         out.print(table)
+        if config.collectives:
+            out.print(_collective_table(config))
+            for c in config.collectives:
+                if not c.ok:
+                    out.print(f"[red]  ✗ {c.op} {c.phase} {c.dtype} over {c.group}: {c.explanation}[/red]")
+    out.print(
+        f"[dim]· {COLLECTIVE_LEGEND}; calls and bytes sent per rank in the step (measured: every rank, "
+        "or its range)[/dim]"
+    )
     out.print(f"peak: {report.peak}")
     counts = {s: sum(1 for c in report.configs if c.status == s) for s in ("match", "mismatch", "failed")}
     verdict = (
-        "every model-state line matches exactly" if report.all_match else "[bold red]NOT all match[/bold red]"
+        "every model-state line and collective matches exactly"
+        if report.all_match
+        else "[bold red]NOT all match[/bold red]"
     )
     out.print(
         f"{counts['match']} configuration{'' if counts['match'] == 1 else 's'} match, "

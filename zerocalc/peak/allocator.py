@@ -18,7 +18,7 @@ new segment. This replays a :class:`~zerocalc.peak.ledger.Ledger`'s log through 
 by mapping 2 MiB (small) / 20 MiB (large) pages at its end, and splits whenever ≥ 512 B remain.
 
 Replayed over model creation, sharding and three steps, this reproduced ``max_memory_reserved`` of eight
-H100 FSDP2 runs within −0.15 % … +3.1 %.
+H100 FSDP2 runs within −0.2 % … +3.4 %.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 
+from zerocalc.activations import Recompute
 from zerocalc.cluster import Cluster
 from zerocalc.frameworks import TORCH_SOURCES, Framework
 from zerocalc.memory import StrategyMemory, evaluate_memory
@@ -41,7 +42,7 @@ from zerocalc.peak.report import (
 from zerocalc.peak.simulate import StepResult, flash_attention_used, runtime_for, simulate
 from zerocalc.peak.states import STATE_BUILDERS
 from zerocalc.peak.timeline import Runtime
-from zerocalc.request import GradSync, TrainingRequest
+from zerocalc.request import TrainingRequest
 from zerocalc.strategies import STRATEGIES, Strategy
 
 FIT_MARGIN = 0.05
@@ -213,10 +214,14 @@ def _notes(request: TrainingRequest) -> list[str]:
             "ZeRO-3's parameter sharding saves nothing at the peak"
         )
     if request.grad_accum > 1:
-        when = "every micro-batch" if request.grad_sync is GradSync.EVERY else "at the last"
         notes.append(
-            f"the timeline is the last of {request.grad_accum} micro-batches (gradients of the earlier ones "
-            f"resident, reduced {when})"
+            f"the timeline is the last of {request.grad_accum} micro-batches: the gradients of the earlier "
+            "ones are resident (sharded when reduced every micro-batch, whole under no_sync)"
+        )
+    if request.activations.recompute is Recompute.SELECTIVE and flash_attention_used(request):
+        notes.append(
+            "--recompute selective drops attention's s²-sized tensors; flash attention keeps none, so it "
+            "changes nothing here"
         )
     if request.gpu is None:
         notes.append(

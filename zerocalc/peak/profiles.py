@@ -113,6 +113,7 @@ PROFILES: dict[Framework, Profile] = {
                 (Framework.FSDP, "torch 2.13 FSDP1"),
                 (Framework.FSDP2, "torch 2.13 FSDP2 (largest rank)"),
                 (Framework.TORCH_ZERO1, "torch 2.13 DDP"),
+                (Framework.DDP, "torch 2.13 DDP"),
             )
         ),
     )

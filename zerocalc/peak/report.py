@@ -75,7 +75,7 @@ class PeakOptions(BaseModel):
     seq_len: int
     micro_batch: int
     grad_accum: int
-    grad_sync: GradSync
+    grad_sync: GradSync | None = Field(description="as asked; None: each framework's default")
     recompute: Recompute
     flash_attention: bool = Field(description="as used (asked, else on for the Llama family)")
     prefetch: int

@@ -26,7 +26,7 @@ from zerocalc.peak.report import StateLine
 from zerocalc.peak.timeline import PHASES, Runtime, StepShape, first_start, run_step, steady_start
 from zerocalc.precision import RECIPES, PrecisionName
 from zerocalc.request import GradSync, TrainingRequest
-from zerocalc.strategies import STRATEGIES, BufferRule, StrategyName
+from zerocalc.strategies import STRATEGIES, BufferRule, StrategyName, effective_grad_sync
 from zerocalc.units import ceil_div
 
 REPLAYED_STEPS = 3
@@ -100,10 +100,11 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
     )
 
 
-def _accumulation(request: TrainingRequest) -> Accumulation:
+def _accumulation(request: TrainingRequest, name: StrategyName) -> Accumulation:
     if request.grad_accum == 1:
         return Accumulation.NONE
-    return Accumulation.UNSYNCED if request.grad_sync is GradSync.LAST else Accumulation.SYNCED
+    sync = effective_grad_sync(request.framework, name, request.grad_sync)
+    return Accumulation.UNSYNCED if sync is GradSync.LAST else Accumulation.SYNCED
 
 
 def runtime_for(request: TrainingRequest) -> Runtime:
@@ -120,7 +121,7 @@ def mechanics_for(
     recipe = RECIPES[request.precision]
     mixed = request.precision is not PrecisionName.FP32
     optimizer_impl = request.optimizer_impl
-    accumulation = _accumulation(request)
+    accumulation = _accumulation(request, name)
     setup = strategy.frameworks[request.framework].torch if request.framework in TORCH_FRAMEWORKS else None
     if setup is not None:
         world = (

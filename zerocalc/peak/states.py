@@ -24,8 +24,10 @@ from zerocalc.peak.profiles import StatesModel
 from zerocalc.peak.report import StateLine
 from zerocalc.precision import RECIPES
 from zerocalc.request import TrainingRequest
+from zerocalc.schedule import ZeroPP
 from zerocalc.strategies import OffloadTarget, Strategy, StrategyName
 from zerocalc.units import ceil_div
+from zerocalc.zeropp import hpz_secondary_bytes
 
 
 class StateLines(NamedTuple):
@@ -125,6 +127,22 @@ def _deepspeed(request: TrainingRequest, strategy: Strategy, row: StrategyMemory
                 bytes=sharded,
                 source=source,
             ),
+        )
+    if ZeroPP.HPZ in request.zeropp:
+        lines.append(
+            StateLine(
+                kind=TensorKind.PARAMETERS,
+                name="ZeRO++ hpZ secondary partition",
+                bytes=hpz_secondary_bytes(
+                    request.architecture,
+                    cluster.world_size,
+                    per_node,
+                    RECIPES[request.precision].param_dtype.bytes,
+                ),
+                source=f"DeepSpeed {DEEPSPEED_VERSION} partition_parameters.py _partition_param_sec: each "
+                "parameter padded to N, over the node's g ranks, in the parameter dtype",
+                in_framework_estimate=False,
+            )
         )
     return StateLines(lines, ds.cpu_bytes)
 

@@ -112,6 +112,7 @@ def run_step(
     arch, impl, shape, act, device = step.arch, step.impl, step.shape, step.act, step.device
     T, h, V, L = shape.tokens, arch.hidden_size, arch.vocab_size, arch.num_layers
     checkpointed = step.recompute is Recompute.FULL
+    selective = step.recompute is Recompute.SELECTIVE
     t = traits(arch)
     hf = impl.name is ModelImplName.HF
     cuda = device is Device.CUDA and runtime is not None
@@ -149,7 +150,9 @@ def run_step(
             led.alloc(new, act * T * h, ACTIVATIONS)
             hidden = new  # every checkpoint input stays alive
         else:
-            saves = layer_saves(impl, arch, i, shape, act, device, use_cache=True, flash=step.flash)
+            saves = layer_saves(
+                impl, arch, i, shape, act, device, use_cache=True, flash=step.flash, selective=selective
+            )
             saved = [(n, b) for n, b in saves.saved if b]
             for name, b in saved:
                 led.alloc(f"layer {i}.{name}", b, ACTIVATIONS, group=f"layer {i}")
@@ -234,7 +237,17 @@ def run_step(
     mechanics.param_grad(led, "root", "final norm", h * (2 if t.norm == "layernorm" else 1))
     for i in reversed(range(L)):
         mechanics.pre_backward(led, i)
-        saves = layer_saves(impl, arch, i, shape, act, device, use_cache=not checkpointed, flash=step.flash)
+        saves = layer_saves(
+            impl,
+            arch,
+            i,
+            shape,
+            act,
+            device,
+            use_cache=not checkpointed,
+            flash=step.flash,
+            selective=selective,
+        )
         if checkpointed:
             for name, b in saves.saved:
                 led.alloc(f"layer {i}.{name}", b, ACTIVATIONS, group=f"layer {i}")

@@ -1,17 +1,31 @@
-"""Prediction vs measurement, line by line and rank by rank (pure, no torch)."""
+"""Prediction vs measurement, line by line, collective by collective and rank by rank (pure, no torch).
+
+Model states: :mod:`zerocalc.framework_states`, exact per rank. Collectives: ``zerocalc comm``'s estimate
+of the same configuration (:func:`zerocalc.comm.evaluate_comm` under the framework the configuration is
+in the Strategy records), expanded into its calls and compared with the calls each rank recorded in the
+measured step as multisets of (operation, phase, dtype, process group, S, broadcast source). Calls over a
+group of one rank move nothing and are left out of both sides.
+"""
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 from pydantic import BaseModel, Field
 
 from zerocalc.architecture import Architecture
+from zerocalc.cluster import Cluster, RankGroup
+from zerocalc.collectives import COLLECTIVES, Collective
+from zerocalc.comm import StrategyComm, evaluate_comm
 from zerocalc.dtypes import DType
-from zerocalc.framework_states import LINES, STATE_LINES, RankStates, predict_all_ranks, reducer_buckets
+from zerocalc.framework_states import LINES, STATE_LINES, RankStates, predict_rank_states, reducer_buckets
+from zerocalc.frameworks import Estimate, TorchWrapper
 from zerocalc.optimizers import OptimizerName
 from zerocalc.precision import PrecisionName
-from zerocalc.validate.config import PERTURB_ENV, STRATEGIES, Measured
+from zerocalc.request import parse_options
+from zerocalc.schedule import GradSync
+from zerocalc.validate.config import PERTURB_ENV, STRATEGIES, Job, Measured, RecordedCall
 
 PEAK_TOLERANCE = 0.25
 """GPU only: the measured ``max_memory_allocated`` may exceed the model states + unsharded parameters by
@@ -36,13 +50,32 @@ class RankResult(BaseModel):
     loss: float | None = None
 
 
+class CollectiveResult(BaseModel):
+    """One kind of collective (operation, phase, dtype, process group) of the measured step, per rank."""
+
+    op: str
+    phase: str
+    dtype: str
+    group: str = Field(description="world, node, across_nodes, or other")
+    group_size: int
+    predicted_calls: int
+    measured_calls: list[int] = Field(description="per rank")
+    predicted_bytes: int = Field(description="sent per rank: Σ factor(n)·S (zerocalc.collectives)")
+    measured_bytes: list[int] = Field(description="per rank")
+    ok: bool = Field(description="every rank made exactly the predicted calls (S, source) of this kind")
+    explanation: str
+
+
 class ConfigResult(BaseModel):
     strategy: str
     precision: PrecisionName
+    grad_accum: int = 1
+    grad_sync: GradSync = GradSync.EVERY
     status: str = Field(description="match, mismatch or failed")
     error: str | None = None
     seconds: float | None = None
     ranks: list[RankResult] = []
+    collectives: list[CollectiveResult] = []
 
 
 class ValidationReport(BaseModel):
@@ -58,10 +91,155 @@ class ValidationReport(BaseModel):
 
 
 def predictions(
-    arch: Architecture, strategy: str, world_size: int, precision: PrecisionName, optimizer: OptimizerName
+    arch: Architecture,
+    strategy: str,
+    world_size: int,
+    precision: PrecisionName,
+    optimizer: OptimizerName,
+    gpus_per_node: int | None = None,
 ) -> list[RankStates]:
+    """Each rank's model states; a hybrid configuration shards over the ``gpus_per_node`` ranks of a node,
+    rank r holding shard r mod g."""
     _, _, setup = STRATEGIES[strategy]
-    return predict_all_ranks(arch, setup, world_size, precision, optimizer)
+    shard = world_size
+    if setup.shard_group is RankGroup.NODE and gpus_per_node is not None:
+        shard = gpus_per_node
+    return [
+        predict_rank_states(arch, setup, shard, r % shard, precision, optimizer) for r in range(world_size)
+    ]
+
+
+def predicted_comm(job: Job, world_size: int) -> StrategyComm:
+    """``zerocalc comm``'s estimate of the configuration ``job`` runs: its framework's schedule, with the
+    real units, buckets and calls of ``job.arch`` (``MixedPrecision``'s fp32 reduction under bf16-mixed)."""
+    framework, strategy, setup = STRATEGIES[job.strategy]
+    fsdp = setup.wrapper in (TorchWrapper.FSDP1, TorchWrapper.FSDP2)
+    request = parse_options(
+        estimate=Estimate.COMM,
+        model=job.arch,
+        gpus=world_size,
+        gpus_per_node=job.gpus_per_node,
+        framework=framework.value,
+        strategies=strategy.value,
+        precision=job.precision.value,
+        grad_accum=job.grad_accum,
+        grad_sync=job.grad_sync.value,
+        reduce_dtype="fp32" if fsdp and job.precision is not PrecisionName.FP32 else None,
+    )
+    return evaluate_comm(request).strategies[0]
+
+
+_Key = tuple[str, str, str, str, int, int, int | None]
+"""(op, phase, dtype, group kind, group size, S in elements, broadcast source)."""
+
+
+def _group_kind(ranks: list[int], cluster: Cluster) -> str:
+    n, g = cluster.world_size, cluster.ranks_per_node
+    if sorted(ranks) == list(range(n)):
+        return RankGroup.WORLD.value
+    if len(ranks) == g and ranks == list(range(ranks[0], ranks[0] + g)) and ranks[0] % g == 0:
+        return RankGroup.NODE.value
+    if len(ranks) == cluster.nodes and ranks == list(range(ranks[0], n, g)):
+        return RankGroup.ACROSS_NODES.value
+    return "other"
+
+
+def _predicted_calls(row: StrategyComm) -> Counter[_Key]:
+    calls: Counter[_Key] = Counter()
+    for c in row.collectives:
+        root_matters = c.op is Collective.BROADCAST
+        for unit in c.units:
+            for elements in unit.elements:
+                key = (c.op.value, c.phase.value, c.dtype.value, c.group.value, c.group_size, elements)
+                calls[(*key, unit.source_rank if root_matters else None)] += c.times_per_step
+    return calls
+
+
+def _recorded_calls(calls: list[RecordedCall], cluster: Cluster) -> Counter[_Key]:
+    return Counter(
+        (
+            c.op,
+            c.phase,
+            c.dtype,
+            _group_kind(c.group_ranks, cluster),
+            len(c.group_ranks),
+            c.elements,
+            c.root if c.op == "broadcast" else None,
+        )
+        for c in calls
+        if len(c.group_ranks) > 1
+    )
+
+
+def _bytes(key: _Key, count: int) -> int:
+    op, _, dtype, _, group_size, elements, _ = key
+    if op not in {c.value for c in Collective} or dtype not in {d.value for d in DType}:
+        return 0  # a call zerocalc does not model: it shows as unpredicted calls
+    return count * COLLECTIVES[Collective(op)].bytes_sent_per_rank(elements * DType(dtype).bytes, group_size)
+
+
+def compare_collectives(
+    job: Job, row: StrategyComm, measured: list[Measured], cluster: Cluster
+) -> list[CollectiveResult]:
+    """The predicted calls against each rank's recorded calls, by kind of collective.
+
+    Exact per call, except DDP's all_reduce under autocast: the reducer's buckets follow the order
+    gradients become ready, which autocast changes (the casts add nodes to the graph), so the boundaries
+    move while the calls and the elements stay; there the calls and their total are compared.
+    """
+    predicted = _predicted_calls(row)
+    ranks = [_recorded_calls(m.collectives, cluster) for m in sorted(measured, key=lambda m: m.rank)]
+    phases = ["forward", "backward", "after_step"]
+    kinds = sorted(
+        {k[:5] for k in predicted} | {k[:5] for r in ranks for k in r},
+        key=lambda k: (phases.index(k[1]) if k[1] in phases else len(phases), k),
+    )
+    _, _, setup = STRATEGIES[job.strategy]
+    autocast = job.precision is not PrecisionName.FP32 and setup.wrapper in (
+        TorchWrapper.DDP,
+        TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER,
+    )
+    results = []
+    for kind in kinds:
+        mine = Counter({k: v for k, v in predicted.items() if k[:5] == kind})
+        theirs = [Counter({k: v for k, v in r.items() if k[:5] == kind}) for r in ranks]
+        loose = autocast and kind[0] == Collective.ALL_REDUCE.value
+        if loose:
+            ok = all(
+                r.total() == mine.total()
+                and sum(k[5] * v for k, v in r.items()) == sum(k[5] * v for k, v in mine.items())
+                for r in theirs
+            )
+            explanation = (
+                "under autocast DDP's buckets follow the order gradients become ready, which the casts "
+                "change: calls and elements compared, not each bucket's boundary"
+            )
+        else:
+            ok = all(r == mine for r in theirs)
+            explanation = next(
+                (
+                    c.behaviour
+                    for c in row.collectives
+                    if (c.op.value, c.phase.value, c.dtype.value, c.group.value) == kind
+                ),
+                "not predicted: zerocalc comm's schedule has no such collective",
+            )
+        results.append(
+            CollectiveResult(
+                op=kind[0],
+                phase=kind[1],
+                dtype=kind[2],
+                group=kind[3],
+                group_size=kind[4],
+                predicted_calls=mine.total(),
+                measured_calls=[r.total() for r in theirs],
+                predicted_bytes=sum(_bytes(k, v) for k, v in mine.items()),
+                measured_bytes=[sum(_bytes(k, v) for k, v in r.items()) for r in theirs],
+                ok=ok,
+                explanation=explanation,
+            )
+        )
+    return results
 
 
 def _perturbed(line: str, value: int) -> int:
@@ -70,9 +248,9 @@ def _perturbed(line: str, value: int) -> int:
 
 
 def compare(
-    strategy: str,
-    precision: PrecisionName,
+    job: Job,
     preds: list[RankStates],
+    comm: StrategyComm,
     measured: list[Measured],
     seconds: float | None,
 ) -> ConfigResult:
@@ -117,10 +295,15 @@ def compare(
                 )
             )
         ranks.append(RankResult(rank=meas.rank, lines=lines, loss=meas.loss))
+    cluster = Cluster(world_size=len(measured), gpus_per_node=job.gpus_per_node)
+    collectives = compare_collectives(job, comm, measured, cluster)
     return ConfigResult(
-        strategy=strategy,
-        precision=precision,
-        status="match" if all_ok else "mismatch",
+        strategy=job.strategy,
+        precision=job.precision,
+        grad_accum=job.grad_accum,
+        grad_sync=job.grad_sync,
+        status="match" if all_ok and all(c.ok for c in collectives) else "mismatch",
         seconds=seconds,
         ranks=ranks,
+        collectives=collectives,
     )

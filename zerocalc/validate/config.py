@@ -8,6 +8,7 @@ from zerocalc.architecture import Architecture
 from zerocalc.errors import InputError
 from zerocalc.optimizers import OptimizerName
 from zerocalc.precision import PrecisionName
+from zerocalc.schedule import GradSync
 from zerocalc.strategies import validated_setups
 
 PERTURB_ENV = "ZEROCALC_VALIDATE_PERTURB"
@@ -36,8 +37,14 @@ def check_buildable(arch: Architecture) -> None:
         )
 
 
+WARMUP_STEPS = 2
+"""Steps run before the measured one, so that it is a steady step: DDP rebuilds its buckets (and broadcasts
+their layout) in the forward after its first synchronised backward, at the latest in the second step
+(``reducer.cpp`` ``Reducer::rebuild_buckets``)."""
+
+
 class Job(BaseModel):
-    """One configuration: a strategy × precision, run as its own world."""
+    """One configuration: a strategy × precision × gradient-sync mode, run as its own world."""
 
     arch: Architecture
     strategy: str
@@ -45,9 +52,23 @@ class Job(BaseModel):
     optimizer: OptimizerName = Field(description="adam or adamw")
     backend: str = Field(description="gloo or nccl")
     timeout_s: float = Field(gt=0)
+    grad_accum: int = Field(default=1, ge=1, description="A: micro-batches per optimizer step")
+    grad_sync: GradSync = GradSync.EVERY
+    gpus_per_node: int = Field(default=1, ge=1, description="the ranks of a node: HYBRID_SHARD's shard group")
     batch: int = 2
     seq: int = 16
     seed: int = 0
+
+
+class RecordedCall(BaseModel):
+    """One collective a rank issued in the measured step, as the dispatcher saw it."""
+
+    op: str = Field(description="all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, ...")
+    phase: str = Field(description="forward, backward or after_step")
+    dtype: str = Field(description="fp32, bf16, ... (torch's name for others)")
+    elements: int = Field(description="S: the all_gather output, the reduce_scatter input, else the input")
+    group_ranks: list[int]
+    root: int | None = Field(default=None, description="a broadcast's source, as a rank of its group")
 
 
 class Measured(BaseModel):
@@ -63,3 +84,4 @@ class Measured(BaseModel):
     )
     peak_allocated: int | None = Field(default=None, description="torch.cuda.max_memory_allocated (GPU only)")
     loss: float
+    collectives: list[RecordedCall] = Field(default_factory=list, description="those of the measured step")

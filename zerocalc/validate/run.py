@@ -1,6 +1,6 @@
 """Orchestration of ``zerocalc validate``: which model, which backend, the configurations, their worlds.
 
-Each configuration (strategy × precision) is its own world of ``nproc`` ranks spawned by
+Each configuration (strategy × precision × gradient-sync mode) is its own world of ``nproc`` ranks spawned by
 :func:`zerocalc.procs.spawn`, so one failing configuration is reported and the others still run. Under
 torchrun/srun every configuration runs in the launched world, one after the other, in one process group;
 rank 0 gets the report, the other ranks None. Every prediction is made before any rank starts, so bad
@@ -18,10 +18,13 @@ from pydantic import ValidationError
 
 from zerocalc import procs
 from zerocalc.architecture import Architecture, count_parameters
+from zerocalc.cluster import RankGroup
+from zerocalc.comm import StrategyComm
 from zerocalc.errors import InputError
 from zerocalc.framework_states import RankStates
-from zerocalc.validate.compare import ConfigResult, ValidationReport, compare, predictions
-from zerocalc.validate.config import Job, Measured
+from zerocalc.schedule import GradSync
+from zerocalc.validate.compare import ConfigResult, ValidationReport, compare, predicted_comm, predictions
+from zerocalc.validate.config import STRATEGIES, Job, Measured
 
 DEFAULT_MODEL = "gpt2"
 DEFAULT_SHRINK = {
@@ -107,6 +110,43 @@ def choose_backend(arch: Architecture, nproc: int | None, gpus: int) -> str:
     return backend
 
 
+def is_hybrid(strategy: str) -> bool:
+    """Whether a configuration shards over a node's ranks and replicates across nodes."""
+    return STRATEGIES[strategy][2].shard_group is RankGroup.NODE
+
+
+def world_and_node(nproc: int | None, gpus_per_node: int | None) -> tuple[int, int]:
+    """(ranks, ranks per node): ``nproc`` spawned ranks on this node, or the torchrun/srun world (``nproc``
+    None); ``gpus_per_node`` replaces the launch's ranks per node (a CPU run's nodes are notional)."""
+    if nproc is None:
+        from zerocalc.bench.topology import placement_from_env
+
+        placement = placement_from_env()
+        world, per_node = placement.world_size, placement.local_world_size
+    else:
+        world = per_node = nproc
+    return world, gpus_per_node or per_node
+
+
+def check_nodes(world: int, gpus_per_node: int, strategies: list[str], explicit: bool) -> list[str]:
+    """The strategies that can run on ``world`` ranks of ``gpus_per_node`` per node: a hybrid one needs two
+    nodes or more (left out of ``all`` otherwise, refused when named)."""
+    if gpus_per_node < 1 or world % gpus_per_node:
+        raise InputError(
+            f"--gpus-per-node {procs.brief(gpus_per_node)} does not divide the {world} ranks; "
+            "accepted: a divisor of the world size"
+        )
+    if world // gpus_per_node >= 2:
+        return strategies
+    hybrid = [s for s in strategies if is_hybrid(s)]
+    if hybrid and explicit:
+        raise InputError(
+            f"{hybrid[0]} shards inside a node and replicates across nodes: {world} ranks of "
+            f"{gpus_per_node} per node are one node; accepted: --gpus-per-node {world // 2} or fewer"
+        )
+    return [s for s in strategies if not is_hybrid(s)]
+
+
 def run_all(
     arch: Architecture,
     strategies: list[str],
@@ -115,31 +155,43 @@ def run_all(
     nproc: int | None,
     timeout_s: float,
     on_result: OnResult | None = None,
+    grad_accum: int = 1,
+    grad_syncs: list[GradSync] | None = None,
+    gpus_per_node: int | None = None,
 ) -> ValidationReport | None:
-    """Run every strategy × precision and compare; ``nproc`` None: in the torchrun/srun world (the report
-    on rank 0, None on the others), else ``nproc`` spawned ranks per configuration."""
+    """Run every strategy × precision × gradient-sync mode and compare; ``nproc`` None: in the torchrun/srun
+    world (the report on rank 0, None on the others), else ``nproc`` spawned ranks per configuration.
+    ``strategies`` must run on ``gpus_per_node`` ranks per node (default: the launch's; see
+    :func:`check_nodes`)."""
     procs.check_timeout(timeout_s)
     backend = choose_backend(arch, nproc, visible_gpus())
-    if nproc is None:
-        from zerocalc.bench.topology import placement_from_env
-
-        world = placement_from_env().world_size
-    else:
-        world = nproc
+    world, per_node = world_and_node(nproc, gpus_per_node)
     jobs = [
-        Job(arch=arch, strategy=s, precision=p, optimizer=optimizer, backend=backend, timeout_s=timeout_s)
+        Job(
+            arch=arch,
+            strategy=s,
+            precision=p,
+            optimizer=optimizer,
+            backend=backend,
+            timeout_s=timeout_s,
+            grad_accum=grad_accum,
+            grad_sync=sync,
+            gpus_per_node=per_node,
+        )
         for s in strategies
         for p in precisions
+        for sync in grad_syncs or [GradSync.EVERY]
     ]
-    preds = [predictions(arch, job.strategy, world, job.precision, optimizer) for job in jobs]
+    preds = [predictions(arch, job.strategy, world, job.precision, optimizer, per_node) for job in jobs]
+    comms = [predicted_comm(job, world) for job in jobs]
     if nproc is None:
-        results = _run_launched(jobs, preds, world, on_result)
+        results = _run_launched(jobs, preds, comms, on_result)
         if results is None:
             return None
     else:
         results = []
-        for job, pred in zip(jobs, preds, strict=True):
-            results.append(_run_spawned(job, pred, world))
+        for job, pred, comm in zip(jobs, preds, comms, strict=True):
+            results.append(_run_spawned(job, pred, comm, world))
             if on_result is not None:
                 on_result(results[-1], len(results), len(jobs))
     return ValidationReport(
@@ -161,7 +213,13 @@ def run_all(
 
 def _failed(job: Job, error: str, seconds: float | None = None) -> ConfigResult:
     return ConfigResult(
-        strategy=job.strategy, precision=job.precision, status="failed", error=error, seconds=seconds
+        strategy=job.strategy,
+        precision=job.precision,
+        grad_accum=job.grad_accum,
+        grad_sync=job.grad_sync,
+        status="failed",
+        error=error,
+        seconds=seconds,
     )
 
 
@@ -169,7 +227,7 @@ def _measured(text: str) -> list[Measured]:
     return [Measured.model_validate(m) for m in json.loads(text)]
 
 
-def _run_spawned(job: Job, preds: list[RankStates], world: int) -> ConfigResult:
+def _run_spawned(job: Job, preds: list[RankStates], comm: StrategyComm, world: int) -> ConfigResult:
     """One configuration as its own world of ``world`` spawned ranks; a failure is its one line."""
     start = time.monotonic()
     try:
@@ -178,11 +236,11 @@ def _run_spawned(job: Job, preds: list[RankStates], world: int) -> ConfigResult:
         )
     except procs.RanksFailed as exc:
         return _failed(job, str(exc), round(time.monotonic() - start, 2))
-    return compare(job.strategy, job.precision, preds, measured, round(time.monotonic() - start, 2))
+    return compare(job, preds, comm, measured, round(time.monotonic() - start, 2))
 
 
 def _run_launched(
-    jobs: list[Job], preds: list[list[RankStates]], world: int, on_result: OnResult | None
+    jobs: list[Job], preds: list[list[RankStates]], comms: list[StrategyComm], on_result: OnResult | None
 ) -> list[ConfigResult] | None:
     """Every configuration in the torchrun/srun world, one process group; None on ranks other than 0."""
     from zerocalc.validate import worker
@@ -197,7 +255,7 @@ def _run_launched(
         if outcome is None or isinstance(outcome, str):
             results.append(_failed(job, outcome or "no figures came back", round(seconds, 2)))
         else:
-            results.append(compare(job.strategy, job.precision, preds[index], outcome, round(seconds, 2)))
+            results.append(compare(job, preds[index], comms[index], outcome, round(seconds, 2)))
         if on_result is not None:
             on_result(results[-1], len(results), len(jobs))
 

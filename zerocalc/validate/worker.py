@@ -2,8 +2,15 @@
 
 Run as ``python -m zerocalc.validate.worker JOB_JSON`` by :func:`zerocalc.procs.spawn` (rank 0 hands the
 gathered figures back), or called in-process under torchrun (:func:`run_many`). Each rank builds the
-model from the same seed, wraps it in the real framework, runs one full step (forward, backward,
-``optimizer.step``; no ``zero_grad``) on random tokens and measures what it holds:
+model from the same seed, wraps it in the real framework and runs ``WARMUP_STEPS`` steps, then the measured
+step (A micro-batches of forward and backward, the first A-1 under ``no_sync()`` /
+``set_requires_gradient_sync(False)`` with ``grad_sync`` last, then ``optimizer.step``; no ``zero_grad``
+after it) on random tokens, and measures:
+
+* collectives: every c10d collective of the measured step, seen by a ``TorchDispatchMode``
+  (:class:`CollectiveRecorder`): the C++ ``ProcessGroup`` methods, DDP's reducer included, dispatch to the
+  ``c10d::allreduce_`` ... ops (``torch/csrc/distributed/c10d/ProcessGroup.hpp``), so the Python mode
+  sees them all; per call its operation, dtype, S, process group (global ranks) and broadcast source;
 
 * params / grads: bytes of the parameters the optimizer sees and their ``.grad`` (DTensor: ``to_local()``;
   FSDP1: the sharded ``FlatParameter`` s);
@@ -40,14 +47,110 @@ if __name__ == "__main__":
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from zerocalc.bench.topology import Placement, placement_from_env, rendezvous_env
+from zerocalc.cluster import RankGroup
+from zerocalc.dtypes import DType
 from zerocalc.errors import InputError
 from zerocalc.frameworks import Fsdp1Sharding, TorchWrapper
 from zerocalc.optimizers import OptimizerName
 from zerocalc.precision import PrecisionName
-from zerocalc.validate.config import STRATEGIES, TEST_FAIL_ENV, Job, Measured
+from zerocalc.schedule import GradSync
+from zerocalc.validate.config import STRATEGIES, TEST_FAIL_ENV, WARMUP_STEPS, Job, Measured, RecordedCall
 from zerocalc.validate.model import Block, build_model, loss_fn
+
+_C10D_OPS: dict[str, tuple[str, int, int, int, int | None]] = {
+    "allreduce_": ("all_reduce", 0, 0, 1, None),
+    "allreduce_coalesced_": ("all_reduce", 0, 0, 1, None),
+    "broadcast_": ("broadcast", 0, 0, 1, 2),
+    "reduce_": ("reduce", 0, 0, 1, 3),
+    "allgather_": ("all_gather", 1, 0, 2, None),
+    "allgather_coalesced_": ("all_gather", 1, 0, 2, None),
+    "_allgather_base_": ("all_gather", 1, 0, 2, None),
+    "allgather_into_tensor_coalesced_": ("all_gather", 1, 0, 2, None),
+    "reduce_scatter_": ("reduce_scatter", 1, 0, 2, None),
+    "_reduce_scatter_base_": ("reduce_scatter", 1, 0, 2, None),
+    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1, 0, 2, None),
+    "alltoall_": ("all_to_all", 1, 0, 2, None),
+    "alltoall_base_": ("all_to_all", 1, 0, 2, None),
+    "gather_": ("gather", 1, 0, 2, 3),
+    "scatter_": ("scatter", 1, 0, 2, 3),
+}
+"""torch 2.13 ``c10d`` op schemas (``torch/csrc/distributed/c10d/Ops.cpp``): the collective, and the argument
+positions of its input, output, process group and root (a rank of the group)."""
+_FUNCTIONAL_OPS: dict[str, tuple[str, int]] = {
+    "all_reduce": ("all_reduce", 2),
+    "all_reduce_": ("all_reduce", 2),
+    "all_reduce_coalesced": ("all_reduce", 2),
+    "all_gather_into_tensor": ("all_gather", 2),
+    "all_gather_into_tensor_out": ("all_gather", 2),
+    "all_gather_into_tensor_coalesced": ("all_gather", 2),
+    "reduce_scatter_tensor": ("reduce_scatter", 3),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter", 3),
+    "all_to_all_single": ("all_to_all", 3),
+    "broadcast": ("broadcast", 2),
+    "broadcast_": ("broadcast", 2),
+}
+"""``_c10d_functional`` ops (traceable collectives): the collective and the position of the group name."""
+_DTYPES = {f"torch.{d.torch_name}": d.value for d in DType}
+
+
+def _flat_tensors(x: Any) -> list[Any]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for y in x for t in _flat_tensors(y)]
+    return []
+
+
+def _numel(x: Any) -> int:
+    return sum(t.numel() for t in _flat_tensors(x))
+
+
+def _dtype(x: Any) -> str:
+    tensors = _flat_tensors(x)
+    name = str(tensors[0].dtype) if tensors else "?"
+    return _DTYPES.get(name, name.replace("torch.", ""))
+
+
+def _ranks(group: Any) -> list[int]:
+    if isinstance(group, torch.ScriptObject):
+        group = dist.ProcessGroup.unbox(group)
+    return list(dist.get_process_group_ranks(group))
+
+
+class CollectiveRecorder(TorchDispatchMode):
+    """Every c10d collective dispatched while the mode is active, with the phase the runner sets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[RecordedCall] = []
+        self.phase = "forward"
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        namespace = getattr(func, "namespace", None)
+        name = func._schema.name.split("::")[-1]
+        out = func(*args, **(kwargs or {}))
+        if namespace == "c10d" and name in _C10D_OPS:
+            op, i_in, i_out, i_group, i_root = _C10D_OPS[name]
+            source, ranks = args[i_in], _ranks(args[i_group])
+            elements = _numel(args[i_out]) if op == "all_gather" else _numel(source)
+            root = int(args[i_root]) if i_root is not None else None
+        elif namespace == "_c10d_functional" and name in _FUNCTIONAL_OPS:
+            op, i_group = _FUNCTIONAL_OPS[name]
+            source = args[0]
+            ranks = _ranks(torch._C._distributed_c10d._resolve_process_group(args[i_group]))
+            elements = _numel(out) if op == "all_gather" else _numel(source)
+            root = None
+        else:
+            return out
+        self.calls.append(
+            RecordedCall(
+                op=op, phase=self.phase, dtype=_dtype(source), elements=elements, group_ranks=ranks, root=root
+            )
+        )
+        return out
 
 
 def _local(t: Any) -> Any:
@@ -67,6 +170,14 @@ def _storages(tensors: list[Any]) -> int:
         if storage.nbytes() > 0:
             seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
+
+
+def _mesh(device: Any, job: Job) -> Any:
+    """HYBRID_SHARD's 2-D mesh: replicate across the nodes, shard over the ranks of a node."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    nodes = dist.get_world_size() // job.gpus_per_node
+    return init_device_mesh(device.type, (nodes, job.gpus_per_node), mesh_dim_names=("replicate", "shard"))
 
 
 def _wrap(job: Job, model: Any, device: Any) -> tuple[Any, Any, Any]:
@@ -98,6 +209,10 @@ def _wrap(job: Job, model: Any, device: Any) -> tuple[Any, Any, Any]:
             Fsdp1Sharding.SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP,
             Fsdp1Sharding.FULL_SHARD: ShardingStrategy.FULL_SHARD,
         }[sharding or Fsdp1Sharding.FULL_SHARD]
+        hybrid = {}
+        if setup.shard_group is RankGroup.NODE:  # FULL_SHARD inside a node, replicated across nodes
+            strategy = ShardingStrategy.HYBRID_SHARD
+            hybrid["device_mesh"] = _mesh(device, job)
         mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
         wrapped = FSDP(
             model,
@@ -106,6 +221,7 @@ def _wrap(job: Job, model: Any, device: Any) -> tuple[Any, Any, Any]:
             mixed_precision=mp,
             device_id=device,
             use_orig_params=False,
+            **hybrid,
         )
         optimizer = opt_class(wrapped.parameters(), lr=lr)
 
@@ -126,7 +242,11 @@ def _wrap(job: Job, model: Any, device: Any) -> tuple[Any, Any, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mesh = (
+        _mesh(device, job)
+        if setup.shard_group is RankGroup.NODE
+        else init_device_mesh(device.type, (dist.get_world_size(),))
+    )
     policy = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if bf16
@@ -153,26 +273,51 @@ def _wrap(job: Job, model: Any, device: Any) -> tuple[Any, Any, Any]:
     return model, optimizer, unsharded2
 
 
+def _sync(wrapped: Any, wrapper: TorchWrapper, sync: bool) -> Any:
+    """The context a micro-batch runs in: gradients synchronised, or not (DDP and FSDP1 ``no_sync()`` on
+    the root; FSDP2 ``set_requires_gradient_sync``)."""
+    if wrapper is TorchWrapper.FSDP2:
+        wrapped.set_requires_gradient_sync(sync)
+        return contextlib.nullcontext()
+    return contextlib.nullcontext() if sync else wrapped.no_sync()
+
+
 def _measure(job: Job, placement: Placement, device: Any) -> Measured:
     model = build_model(job.arch, job.seed)
     wrapped, optimizer, unsharded = _wrap(job, model, device)
     wrapper = STRATEGIES[job.strategy][2].wrapper
-    gen = torch.Generator().manual_seed(job.seed + placement.rank)
-    tokens = torch.randint(0, job.arch.vocab_size, (job.batch, job.seq), generator=gen).to(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    autocast = (
-        torch.autocast(device.type, dtype=torch.bfloat16)
+    autocast_dtype = (
+        torch.bfloat16
         if job.precision is PrecisionName.BF16_MIXED
         and wrapper in (TorchWrapper.DDP, TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER)
-        else contextlib.nullcontext()
+        else None
     )
-    with autocast:
-        logits = wrapped(tokens)
-    after_forward = unsharded()
-    loss = loss_fn(logits, tokens)
-    loss.backward()
-    optimizer.step()
+    recorder = CollectiveRecorder()
+    after_forward: int | None = None
+    for step in range(WARMUP_STEPS + 1):
+        measured = step == WARMUP_STEPS
+        if measured and device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        with recorder if measured else contextlib.nullcontext():
+            for micro in range(job.grad_accum):
+                gen = torch.Generator().manual_seed(job.seed + 1000 * placement.rank + 10 * step + micro)
+                tokens = torch.randint(0, job.arch.vocab_size, (job.batch, job.seq), generator=gen).to(device)
+                sync = job.grad_sync is GradSync.EVERY or micro == job.grad_accum - 1
+                with _sync(wrapped, wrapper, sync):
+                    recorder.phase = "forward"
+                    with torch.autocast(
+                        device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
+                    ):
+                        logits = wrapped(tokens)
+                    if measured and micro == 0:
+                        after_forward = unsharded()
+                    loss = loss_fn(logits, tokens) / job.grad_accum
+                    recorder.phase = "backward"
+                    loss.backward()
+            recorder.phase = "after_step"
+            optimizer.step()
+        if not measured:
+            optimizer.zero_grad()
     zero = wrapper is TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER
     local_optim = optimizer.optim if zero else optimizer
     params = [p for group in local_optim.param_groups for p in group["params"]]
@@ -186,7 +331,7 @@ def _measure(job: Job, placement: Placement, device: Any) -> Measured:
                     step_bytes += _nbytes(value)
                 else:
                     opt_bytes += _nbytes(value)
-    measured = Measured(
+    measured_figures = Measured(
         rank=placement.rank,
         params=sum(_nbytes(p) for p in params),
         grads=sum(_nbytes(p.grad) for p in params if p.grad is not None),
@@ -195,10 +340,11 @@ def _measure(job: Job, placement: Placement, device: Any) -> Measured:
         unsharded_after_forward=after_forward,
         peak_allocated=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         loss=float(loss.detach().float().item()),
+        collectives=recorder.calls,
     )
     del logits, loss, wrapped, optimizer, local_optim, params, model
     gc.collect()
-    return measured
+    return measured_figures
 
 
 def _init(job: Job, placement: Placement) -> Any:

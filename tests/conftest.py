@@ -1,0 +1,62 @@
+"""Shared test helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from zerocalc.validate.compare import predicted_comm, predictions
+from zerocalc.validate.config import Job, Measured, RecordedCall
+
+
+def _group_ranks(group: str, rank: int, world: int, per_node: int) -> list[int]:
+    if group == "node":
+        first = rank - rank % per_node
+        return list(range(first, first + per_node))
+    if group == "across_nodes":
+        return list(range(rank % per_node, world, per_node))
+    return list(range(world))
+
+
+def perfect_run(job: Job, world: int) -> list[Measured]:
+    """What every rank of ``job`` measures when the prediction is exactly right: its model states and the
+    calls of ``zerocalc comm``'s schedule (the figures a faked spawned world hands back)."""
+    comm = predicted_comm(job, world)
+    states = predictions(job.arch, job.strategy, world, job.precision, job.optimizer, job.gpus_per_node)
+    measured = []
+    for rank, p in enumerate(states):
+        calls = [
+            RecordedCall(
+                op=c.op.value,
+                phase=c.phase.value,
+                dtype=c.dtype.value,
+                elements=elements,
+                group_ranks=_group_ranks(c.group.value, rank, world, job.gpus_per_node),
+                root=unit.source_rank,
+            )
+            for c in comm.collectives
+            for unit in c.units
+            for elements in unit.elements
+            for _ in range(c.times_per_step)
+        ]
+        measured.append(
+            Measured(
+                rank=rank,
+                params=p.params.bytes,
+                grads=p.grads.bytes,
+                optimizer=p.optimizer_states.bytes,
+                step=p.step.bytes,
+                unsharded_after_forward=None
+                if p.setup.shard_group is None or job.strategy == "zero1"
+                else p.unsharded_after_forward.bytes,
+                loss=6.9,
+                collectives=calls,
+            )
+        )
+    return measured
+
+
+@pytest.fixture()
+def perfect() -> Callable[[Job, int], list[Measured]]:
+    return perfect_run
