@@ -87,3 +87,47 @@ def test_presets_and_check_arguments(kind: str, name: str, gpus: str, tmp_path: 
         if result.exit_code == 1 and args[0] == "check":  # a real folder with a changed scenario
             continue
         _check(result, tmp_path, before)
+
+
+class Reached(Exception):
+    """The options were all accepted: the command got as far as starting its ranks (not run here)."""
+
+
+def _never_measure(*args: object, **kwargs: object) -> None:
+    raise Reached
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_every_option_of_bench(data: st.DataObject, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every bench option, random values: refused in one line before any rank starts, or accepted (the
+    measurement itself is replaced, so no process is spawned)."""
+    import zerocalc.cli.bench as bench_cli
+
+    monkeypatch.setattr(bench_cli, "_measure", _never_measure)
+    options = _options("bench")
+    chosen = data.draw(st.lists(st.sampled_from(options), min_size=1, max_size=4, unique=True))
+    args = ["bench", "--out", str(tmp_path / "cal.json")]
+    for flag, boolean in chosen:
+        args += [flag] if boolean else [flag, data.draw(TEXT)]
+    before = set(os.listdir(tmp_path))
+    result = runner.invoke(app, args)
+    if isinstance(result.exception, Reached):
+        assert set(os.listdir(tmp_path)) == before
+        return
+    _check(result, tmp_path, before)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_every_option_of_memory_with_a_model(data: st.DataObject, tmp_path: Path) -> None:
+    """The peak path too: GPT-2 (a small timeline), random values for every option."""
+    options = _options("memory")
+    chosen = data.draw(st.lists(st.sampled_from(options), min_size=1, max_size=3, unique=True))
+    args = ["memory", "--model", "gpt2", "--gpus", "2"]
+    for flag, boolean in chosen:
+        if flag in ("--params", "--model", "--gpus"):
+            continue
+        args += [flag] if boolean else [flag, data.draw(TEXT)]
+    before = set(os.listdir(tmp_path))
+    _check(runner.invoke(app, args), tmp_path, before)

@@ -161,6 +161,7 @@ class GpuChoice(BaseModel):
     context_bytes: int = Field(
         description="outside the caching allocator: CUDA context, NCCL, kernels (world size 1)"
     )
+    context_given: bool = Field(default=False, description="context_bytes is --reserve, not the preset's")
     nccl_communicator_bytes: int
     cublas_workspace_bytes: int
     bf16_dense_tflops: float
@@ -434,6 +435,7 @@ def _gpu_choice(name: str, reserve: int | str | None) -> GpuChoice:
         memory_bytes=spec.memory_bytes,
         usable_bytes=spec.usable_bytes,
         context_bytes=context,
+        context_given=reserve is not None,
         nccl_communicator_bytes=spec.nccl_communicator_bytes,
         cublas_workspace_bytes=spec.cublas_workspace_bytes,
         bf16_dense_tflops=spec.bf16_dense_tflops,

@@ -270,17 +270,17 @@ def finish(config: BenchConfig, calibration: Calibration) -> None:
 
 
 def render_calibration(calibration: Calibration, checked: bool) -> None:
-    from rich.table import Table
-
-    from zerocalc.cli.render import console
+    from zerocalc.cli.render import Column, console, print_fitted
     from zerocalc.cluster import RankGroup
     from zerocalc.collectives import COLLECTIVES
+    from zerocalc.units import plural
 
     out = console()
     nccl = f", NCCL {calibration.nccl_version}" if calibration.nccl_version else ""
     out.print(
         f"[bold]zerocalc bench[/bold]: {calibration.backend} on {calibration.device_name}, world "
-        f"{calibration.world_size} ({calibration.nodes} node(s) × {calibration.gpus_per_node} ranks), "
+        f"{calibration.world_size} ({plural(calibration.nodes, 'node')} × "
+        f"{plural(calibration.gpus_per_node, 'rank')}), "
         f"{calibration.dtype}, torch {calibration.torch_version}{nccl}"
     )
     for fit in calibration.fits:
@@ -290,53 +290,34 @@ def render_calibration(calibration: Calibration, checked: bool) -> None:
             if (m.collective, m.group_kind, m.group_size) == (fit.collective, fit.group_kind, fit.group_size)
         ]
         spec = COLLECTIVES[fit.collective]
-        table = Table(
-            title=f"{fit.collective.value} — {fit.group_kind.value} groups of {fit.group_size} "
-            f"(busbw = algbw × {spec.formula} = {float(spec.bus_factor(fit.group_size)):g})",
-            title_justify="left",
-            header_style="bold",
+        out.print(
+            f"[bold]{fit.collective.value}[/bold], {fit.group_kind.value} groups of {fit.group_size} "
+            f"(busbw = algbw × {spec.formula} = {float(spec.bus_factor(fit.group_size)):g})"
         )
-        for name in ("size (B)", "count", "type", "time (µs)", "algbw (GB/s)", "busbw (GB/s)"):
-            table.add_column(name, justify="right")
+        columns = [
+            Column("count", [f"{m.count:,}" for m in rows]),
+            Column("type", [m.dtype for m in rows]),
+            Column("time\n(µs)", [f"{m.time_s * 1e6:,.1f}" for m in rows]),
+            Column("algbw\n(GB/s)", [f"{m.algbw_Bps / 1e9:.3f}" for m in rows]),
+            Column("busbw\n(GB/s)", [f"{m.busbw_Bps / 1e9:.3f}" for m in rows]),
+        ]
         if checked:
-            table.add_column("#wrong", justify="right")
-        for m in rows:
-            cells = [
-                f"{m.size_bytes:,}",
-                f"{m.count:,}",
-                m.dtype,
-                f"{m.time_s * 1e6:,.1f}",
-                f"{m.algbw_Bps / 1e9:.3f}",
-                f"{m.busbw_Bps / 1e9:.3f}",
-            ]
-            if checked:
-                cells.append("[red]" + str(m.errors) + "[/red]" if m.errors else str(m.errors))
-            table.add_row(*cells)
-        out.print(table)
-    summary = Table(
-        title="Summary: t = α + factor·S/β (least squares)", title_justify="left", header_style="bold"
+            columns.append(
+                Column("#wrong", [f"[red]{m.errors}[/red]" if m.errors else str(m.errors) for m in rows])
+            )
+        print_fitted("size (B)", [f"{m.size_bytes:,}" for m in rows], columns, key_width=13)
+    out.print("[bold]Summary[/bold]: t = α + factor·S/β (least squares)")
+    fits = calibration.fits
+    print_fitted(
+        "collective\ngroup (ranks)",
+        [f"{f.collective.value}\n{f.group_kind.value} ({f.group_size})" for f in fits],
+        [
+            Column("α (µs)", [f"{f.latency_s * 1e6:,.1f}" for f in fits]),
+            Column("β\n(GB/s)", [f"{f.bus_bandwidth_Bps / 1e9:.3f}" for f in fits]),
+            Column("peak busbw\n(GB/s)", [f"{f.peak_busbw_Bps / 1e9:.3f}" for f in fits]),
+            Column("points", [str(f.points) for f in fits]),
+        ],
     )
-    for name, justify in (
-        ("collective", "left"),
-        ("group", "left"),
-        ("ranks", "right"),
-        ("α (µs)", "right"),
-        ("β (GB/s)", "right"),
-        ("peak busbw (GB/s)", "right"),
-        ("points", "right"),
-    ):
-        summary.add_column(name, justify=justify)  # type: ignore[arg-type]
-    for fit in calibration.fits:
-        summary.add_row(
-            fit.collective.value,
-            fit.group_kind.value,
-            str(fit.group_size),
-            f"{fit.latency_s * 1e6:,.1f}",
-            f"{fit.bus_bandwidth_Bps / 1e9:.3f}",
-            f"{fit.peak_busbw_Bps / 1e9:.3f}",
-            str(fit.points),
-        )
-    out.print(summary)
     if checked:
         total = sum(m.errors or 0 for m in calibration.measurements)
         out.print(

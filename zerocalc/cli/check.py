@@ -10,6 +10,7 @@ import typer
 
 from zerocalc.cli.base import PlainTextCommand, app, fail
 from zerocalc.cli.render import console
+from zerocalc.units import plural
 
 Directory = Annotated[
     Path | None,
@@ -50,9 +51,9 @@ def check(directory: Directory = None, update: Update = False) -> None:
         raise fail(f"{str(scenarios_dir)!r} holds no scenario (*.toml)")
 
     table = Table(header_style="bold", title=f"zerocalc check: {root}")
-    table.add_column("Scenario")
-    table.add_column("Result")
-    table.add_column("Changed fields (old → new)")
+    table.add_column("Scenario", overflow="fold")
+    table.add_column("Result", overflow="fold")
+    table.add_column("Changed fields (old → new)", overflow="fold")
     failures = 0
     for path in files:
         expected_path = root / "expected" / f"{path.stem}.json"
@@ -106,8 +107,9 @@ def check(directory: Directory = None, update: Update = False) -> None:
     out = console()
     out.print(table)
     if update:
-        out.print(f"{len(files) - failures} expectation(s) written, {failures} scenario(s) broken")
+        written = plural(len(files) - failures, "expectation")
+        out.print(f"{written} written, {plural(failures, 'scenario')} broken")
     else:
-        out.print(f"{len(files) - failures} of {len(files)} scenario(s) match their expectations")
+        out.print(f"{len(files) - failures} of {plural(len(files), 'scenario')} match their expectations")
     if failures:
         raise typer.Exit(1)

@@ -8,7 +8,7 @@ import typer
 
 from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app
-from zerocalc.cli.render import Column, byte_cell, console, print_fitted, print_json, unit_label
+from zerocalc.cli.render import Column, byte_cell, byte_text, console, print_fitted, print_json, unit_label
 from zerocalc.units import ByteUnit, format_count, parse_byte_unit
 
 if TYPE_CHECKING:
@@ -201,9 +201,9 @@ def render_memory(estimate: MemoryEstimate, unit: ByteUnit) -> None:
         out.print(f"[dim]· {line}[/dim]")
     if capacity is not None:
         out.print(
-            f"[dim]· free of {byte_cell(capacity or 0, unit)}: the GPU's "
-            f"{byte_cell(request.gpu_memory_bytes or 0, unit)} less "
-            f"{byte_cell(request.context_bytes, unit)} held outside the caching allocator, less the "
+            f"[dim]· free of {byte_text(capacity or 0, unit)}: the GPU's "
+            f"{byte_text(request.gpu_memory_bytes or 0, unit)} less "
+            f"{byte_text(request.context_bytes, unit)} held outside the caching allocator, less the "
             "model states; negative: they do not fit (the peak of a step needs --model)[/dim]"
         )
     for note in estimate.notes:
@@ -305,11 +305,13 @@ def render_peak(peak: PeakEstimate, unit: ByteUnit) -> None:
         for source, names in by_source.items():
             which = f" ({', '.join(names)})" if len(by_source) > 1 else ""
             out.print(f"[dim]· {kind.value}{which}: {source}[/dim]")
+    context = "--reserve" if o.context_given else f"the {o.runtime_gpu} preset's measured figure"
     out.print(
         f"[dim]· reserve: the caching allocator replayed over model creation and three steps"
-        f"{' (expandable segments)' if o.expandable_segments else ''}; context: --reserve, by default the "
-        f"{o.runtime_gpu} preset's measured figure; NCCL: "
-        f"{byte_cell(o.nccl_communicator_bytes, unit)} per communicator of more than one rank[/dim]"
+        f"{' with expandable segments' if o.expandable_segments else ''}; context "
+        f"{byte_text(o.context_bytes, unit)}: {context}; NCCL: "
+        f"{byte_text(o.nccl_communicator_bytes, unit)} per communicator of more than one rank; cuBLAS "
+        f"workspace {byte_text(o.cublas_workspace_bytes, unit)} per stream[/dim]"
     )
     if capacity is not None:
         out.print(

@@ -25,6 +25,12 @@ def _cell(value: Any) -> str:
         return "yes" if value else "no"
     if isinstance(value, int):
         return f"{value:,}"
+    if isinstance(value, (tuple, list)):
+        return ", ".join(_cell(v) for v in value) if value else "none"
+    if hasattr(value, "model_dump"):
+        value = value.model_dump()
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_cell(v)}" for k, v in value.items())
     return str(getattr(value, "value", value))
 
 
@@ -45,7 +51,7 @@ def list_presets(kind: Kind = None) -> None:
     for k in (kind,) if kind else KINDS:
         table = Table(title=k, header_style="bold")
         table.add_column("Name", no_wrap=True)
-        table.add_column("Description")
+        table.add_column("Description", overflow="fold")
         for name in preset_names(k):
             try:
                 data = load_toml(preset_path(k, name), models[k])
@@ -94,7 +100,7 @@ def show(name: Name, gpus: Gpus = "8") -> None:
         arch = estimate.model.parameter_count
         table = Table(title=f"{preset.title if preset else name} ({path})", header_style="bold")
         table.add_column("Field", no_wrap=True)
-        table.add_column("Value")
+        table.add_column("Value", overflow="fold")
         architecture, _ = load_model(name)
         for field, value in architecture.model_dump(exclude={"name"}).items():
             table.add_row(field, _cell(value))
@@ -108,7 +114,7 @@ def show(name: Name, gpus: Gpus = "8") -> None:
     data = load_gpu(name) if kind == "gpus" else load_toml(path, Scenario)
     table = Table(title=f"{name} ({path})", header_style="bold")
     table.add_column("Field", no_wrap=True)
-    table.add_column("Value")
+    table.add_column("Value", overflow="fold")
     for field, value in data.model_dump().items():
         table.add_row(field, _cell(value))
     out.print(table)

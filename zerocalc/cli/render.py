@@ -39,6 +39,11 @@ def byte_cell(n_bytes: int, unit: ByteUnit) -> str:
     return format_bytes(n_bytes, unit)
 
 
+def byte_text(n_bytes: int, unit: ByteUnit) -> str:
+    """A size in running text: with its unit (tables say theirs in the header)."""
+    return f"{format_bytes(n_bytes, unit)} {'bytes' if unit is ByteUnit.B else unit.value}"
+
+
 class Column(NamedTuple):
     """One column of numbers for :func:`print_fitted`: its header (``\\n`` where it may break) and cells."""
 

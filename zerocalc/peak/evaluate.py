@@ -79,6 +79,7 @@ def peak_options(request: TrainingRequest) -> PeakOptions:
         expandable_segments=request.expandable_segments,
         runtime_gpu=rt.name,
         context_bytes=rt.context_bytes,
+        context_given=rt.context_given,
         nccl_communicator_bytes=rt.nccl_communicator_bytes,
         cublas_workspace_bytes=rt.cublas_workspace_bytes,
         gpu_memory_bytes=request.gpu_memory_bytes,

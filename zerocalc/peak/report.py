@@ -87,6 +87,7 @@ class PeakOptions(BaseModel):
     expandable_segments: bool
     runtime_gpu: str = Field(description="the GPU preset whose runtime figures are used")
     context_bytes: int = Field(description="outside the caching allocator at world size 1 (--reserve)")
+    context_given: bool = Field(description="context_bytes is --reserve (else the runtime GPU preset's)")
     nccl_communicator_bytes: int = Field(description="added per NCCL communicator of more than one rank")
     cublas_workspace_bytes: int
     gpu_memory_bytes: int | None = Field(description="what PyTorch sees of one GPU (None: no fits)")
