@@ -118,6 +118,12 @@ class Ledger:
             self.log.append(Alloc(f"transient{self._transients}", extra, "default"))
             self.log.append(Free(f"transient{self._transients}"))
 
+    def clear_events(self) -> None:
+        """Forget the events so far (the live tensors stay): what follows is measured afresh."""
+        self.events = []
+        self._peak = {}
+        self.peak_live = {}
+
     def phase_peak(self, phase: str) -> Event:
         """The first event of ``phase`` with the largest allocated total."""
         return max((e for e in self.events if e.phase == phase), key=lambda e: e.allocated)

@@ -116,6 +116,10 @@ class Mechanics:
     def resident(self, led: Ledger, first_step: bool = False) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def earlier_micro_batches(self, led: Ledger) -> None:
+        """What the step's earlier micro-batches leave behind under gradient accumulation (nothing
+        without it): the timeline is the last micro-batch."""
+
     def pre_forward(self, led: Ledger, unit: str | int) -> None:
         pass
 
@@ -215,10 +219,13 @@ class Fsdp2(Mechanics):
                 led.alloc(f"{unit.name}.fp32 shard#{i}", FP32 * n, PARAMS)
         if not first_step:
             self._resident_optimizer(led)
-        if self.accumulating:
-            self._resident_gradients(led)
+            self.earlier_micro_batches(led)
 
-    def _resident_gradients(self, led: Ledger) -> None:
+    def earlier_micro_batches(self, led: Ledger) -> None:
+        """Unsynced: each unit's unsharded gradients, accumulated in place; synced: the sharded fp32
+        gradients the earlier reductions produced."""
+        if not self.accumulating:
+            return
         for unit in self.units.values():
             if self.accumulation is Accumulation.UNSYNCED:
                 led.alloc(f"{unit.name}.accumulated unsharded grads", self.param_bytes * unit.numel, GRADS)
@@ -235,8 +242,6 @@ class Fsdp2(Mechanics):
             for i, n in enumerate(unit.local):
                 led.alloc(f"{unit.name}.fp32 shard#{i}", FP32 * n, PARAMS)
                 led.free(f"init {unit.name}#{i}")
-        if self.accumulating:
-            self._resident_gradients(led)
 
     def _unshard(self, led: Ledger, unit: Unit, backward: bool) -> None:
         if unit.name in self._gathered:
@@ -468,6 +473,10 @@ class Ddp(Mechanics):
         led.alloc("DDP reducer buckets (a copy of every gradient)", FP32 * total, REDUCE)
         if not first_step:
             self._resident_optimizer(led)
+            self.earlier_micro_batches(led)
+
+    def earlier_micro_batches(self, led: Ledger) -> None:
+        """The fp32 ``.grad`` of every parameter, accumulated (synced or under ``no_sync``)."""
         if self.accumulating:
             for unit in self.units.values():
                 led.alloc(f"{unit.name}.accumulated grads", FP32 * unit.numel, GRADS)

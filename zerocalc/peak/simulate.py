@@ -204,13 +204,32 @@ def simulate(
     device: Device = Device.CUDA,
     reserve: bool = True,
 ) -> StepResult:
-    """Allocated peaks of one steady step, and (``reserve``) the allocator's high-water mark."""
+    """Allocated peaks of one steady step, and (``reserve``) the allocator's high-water mark.
+
+    With ``reserve`` the allocation stream of model creation and :data:`REPLAYED_STEPS` steps goes
+    through the caching allocator, and the last of those steps (a steady one) gives the peaks; without,
+    one steady step from its resident start."""
     mechanics, act = mechanics_for(request, name, states)
     step = step_shape(request, act, device)
     block = 512 if device is Device.CUDA else 1
     led = Ledger(block)
-    steady_start(step, mechanics, runtime, led)
+    allocator = None
+    if reserve:
+        allocator = CachingAllocator(expandable=request.expandable_segments)
+        first_start(step, mechanics, runtime, led)
+        for number in range(REPLAYED_STEPS - 1):
+            mechanics.earlier_micro_batches(led)
+            run_step(step, mechanics, runtime, led, first_step=number == 0)
+            allocator.replay(led.log)
+            led.log = []
+        mechanics.earlier_micro_batches(led)
+        led.clear_events()
+    else:
+        steady_start(step, mechanics, runtime, led)
     phases = run_step(step, mechanics, runtime, led)
+    if allocator is not None:
+        allocator.replay(led.log)
+        led.log = []
     # each phase's peak as max_memory_allocated reads it after reset_peak_memory_stats at the phase's
     # start: at least what is allocated when the phase begins
     entering = {
@@ -227,7 +246,6 @@ def simulate(
         else:  # nothing in the phase exceeds what it starts with (its first event is where it stands)
             first = next(e for e in led.events if e.phase == phase)
             peaks.append(PhasePeak(phase, entering[phase], first.name, led.peak_live.get(phase, {})))
-    reserved = _replay(request, name, runtime, states, device) if reserve else 0
     top = max(led.events, key=lambda e: e.allocated)
     return StepResult(
         peak=PhasePeak(StepPhase(top.phase), top.allocated, top.name, led.peak_live[top.phase]),
@@ -236,24 +254,5 @@ def simulate(
         after_forward=phases.after_forward,
         after_backward=phases.after_backward,
         events=[(StepPhase(e.phase), e.name, e.allocated) for e in led.events],
-        reserved=reserved,
+        reserved=allocator.max_reserved if allocator is not None else 0,
     )
-
-
-def _replay(
-    request: TrainingRequest,
-    name: StrategyName,
-    runtime: Runtime | None,
-    states: Sequence[StateLine],
-    device: Device,
-) -> int:
-    mechanics, act = mechanics_for(request, name, states)
-    step = step_shape(request, act, device)
-    led = Ledger()
-    allocator = CachingAllocator(expandable=request.expandable_segments)
-    first_start(step, mechanics, runtime, led)
-    for number in range(REPLAYED_STEPS):
-        run_step(step, mechanics, runtime, led, first_step=number == 0)
-        allocator.replay(led.log)
-        led.log = []
-    return allocator.max_reserved

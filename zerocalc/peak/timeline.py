@@ -25,6 +25,7 @@ from zerocalc.model_impl import (
     FP32,
     INT64,
     Device,
+    LayerSaves,
     ModelImpl,
     ModelImplName,
     Shape,
@@ -113,6 +114,17 @@ def run_step(
     T, h, V, L = shape.tokens, arch.hidden_size, arch.vocab_size, arch.num_layers
     checkpointed = step.recompute is Recompute.FULL
     selective = step.recompute is Recompute.SELECTIVE
+    saves_by_kind: dict[tuple[bool, bool], LayerSaves] = {}
+
+    def saves_of(i: int, use_cache: bool) -> LayerSaves:
+        """A layer's saves depend on its index only through whether it is a mixture-of-experts layer."""
+        key = (arch.is_moe_layer(i), use_cache)
+        if key not in saves_by_kind:
+            saves_by_kind[key] = layer_saves(
+                impl, arch, i, shape, act, device, use_cache=use_cache, flash=step.flash, selective=selective
+            )
+        return saves_by_kind[key]
+
     t = traits(arch)
     hf = impl.name is ModelImplName.HF
     cuda = device is Device.CUDA and runtime is not None
@@ -142,7 +154,7 @@ def run_step(
         if checkpointed:
             # torch.utils.checkpoint (use_reentrant=False): the layer's saved tensors are dropped at pack
             # time, its input is kept; no cache copies (HF turns use_cache off under checkpointing)
-            saves = layer_saves(impl, arch, i, shape, act, device, use_cache=False, flash=step.flash)
+            saves = saves_of(i, use_cache=False)
             led.alloc(f"layer {i} work", sum(b for _, b in saves.saved), ACTIVATIONS)
             led.event(f"layer {i} forward (checkpointed)", saves.forward_excess, TRANSIENT)
             led.free(f"layer {i} work")
@@ -150,9 +162,7 @@ def run_step(
             led.alloc(new, act * T * h, ACTIVATIONS)
             hidden = new  # every checkpoint input stays alive
         else:
-            saves = layer_saves(
-                impl, arch, i, shape, act, device, use_cache=True, flash=step.flash, selective=selective
-            )
+            saves = saves_of(i, use_cache=True)
             saved = [(n, b) for n, b in saves.saved if b]
             for name, b in saved:
                 led.alloc(f"layer {i}.{name}", b, ACTIVATIONS, group=f"layer {i}")
@@ -237,17 +247,7 @@ def run_step(
     mechanics.param_grad(led, "root", "final norm", h * (2 if t.norm == "layernorm" else 1))
     for i in reversed(range(L)):
         mechanics.pre_backward(led, i)
-        saves = layer_saves(
-            impl,
-            arch,
-            i,
-            shape,
-            act,
-            device,
-            use_cache=not checkpointed,
-            flash=step.flash,
-            selective=selective,
-        )
+        saves = saves_of(i, use_cache=not checkpointed)
         if checkpointed:
             for name, b in saves.saved:
                 led.alloc(f"layer {i}.{name}", b, ACTIVATIONS, group=f"layer {i}")
