@@ -127,3 +127,23 @@ def test_bad_input_is_one_line_on_stderr_with_exit_2(args: list[str], fragment: 
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("zerocalc: error: ") and fragment in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_deepspeed_and_megatron_account_for_params_alone() -> None:
+    """Issue #15: DeepSpeed's ZeRO-2 estimator needs only Ψ: 2Ψ + 18Ψ/N = 14e9 + 31.5e9 = 45.5e9 bytes for
+    7e9 on 4 GPUs, host 4Ψ × 4 GPUs × 1.5; ZeRO-3 needs the largest layer (an architecture); Megatron's
+    distributed optimizer 6Ψ + 12Ψ/d."""
+    result = runner.invoke(app, ["memory", "-p", "7B", "-n", "4", "--framework", "deepspeed", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    (zero2,) = data["framework_states"]
+    assert zero2["framework_estimate_bytes"] == 45_500_000_000
+    assert zero2["host_bytes_per_node"] == 168_000_000_000
+    assert any("ZeRO-3 / FULL_SHARD left out" in note and "largest layer" in note for note in data["notes"])
+    zero3 = runner.invoke(app, ["memory", "-p", "7B", "-n", "4", "--framework", "deepspeed", "-s", "zero3"])
+    assert zero3.exit_code == 2 and "needs the architecture" in zero3.stderr
+    megatron = runner.invoke(app, ["memory", "-p", "7B", "-n", "8", "--framework", "megatron", "--json"])
+    ddp, distopt = json.loads(megatron.stdout)["framework_states"]
+    assert (ddp["gpu_bytes"], distopt["gpu_bytes"]) == (18 * 7 * 10**9, 6 * 7 * 10**9 + 12 * 7 * 10**9 // 8)
+    fsdp2 = runner.invoke(app, ["memory", "-p", "7B", "--framework", "fsdp2"])
+    assert fsdp2.exit_code == 2 and "--model NAME" in fsdp2.stderr

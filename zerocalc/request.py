@@ -34,7 +34,7 @@ from zerocalc.links import (
 )
 from zerocalc.model_impl import ModelImplName
 from zerocalc.optimizers import OptimizerImpl, OptimizerName
-from zerocalc.peak.profiles import PROFILES, Wrap, profile_problem
+from zerocalc.peak.profiles import PROFILES, Wrap, architecture_problem, profile_problem
 from zerocalc.precision import RECIPES, PrecisionName
 from zerocalc.schedule import GradSync, ZeroPP
 from zerocalc.strategies import (
@@ -621,6 +621,8 @@ def _resolve_strategies(request: TrainingRequest) -> TrainingRequest:
     for name in request.strategies:
         strategy = STRATEGIES[name]
         problem = offload_problem(strategy, request)
+        if problem is None and request.estimate is Estimate.MEMORY:
+            problem = architecture_problem(PROFILES[framework], name, request)
         if problem is None and name is StrategyName.HYBRID_SHARD:
             problem = request.cluster.whole_nodes_problem()
         if problem is None:

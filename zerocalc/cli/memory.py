@@ -13,7 +13,7 @@ from zerocalc.units import ByteUnit, format_count, parse_byte_unit
 
 if TYPE_CHECKING:
     from zerocalc.memory import MemoryEstimate, StateKind, StrategyMemory
-    from zerocalc.peak.report import PeakEstimate, StrategyPeak
+    from zerocalc.peak.report import FrameworkStates, PeakEstimate, StrategyPeak
 
 _STATE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("params", "Params"),
@@ -100,13 +100,25 @@ def memory(
         )
     )
     if request.model.architecture is None:
-        from zerocalc.memory import evaluate_memory
+        if request.framework.value != "paper":  # the framework's own accounting of Ψ
+            from zerocalc.peak.evaluate import evaluate
 
-        estimate = evaluate_memory(request)
-        if json:
-            print_json(estimate)
-            return
-        render_memory(estimate, unit)
+            report = evaluate(request)
+            if json:
+                import json as jsonlib
+
+                typer.echo(jsonlib.dumps(report.to_json_dict(), indent=2))
+                return
+            render_memory(report, unit)
+            render_framework_states(report.framework_states or [], unit)
+        else:
+            from zerocalc.memory import evaluate_memory
+
+            estimate = evaluate_memory(request)
+            if json:
+                print_json(estimate)
+                return
+            render_memory(estimate, unit)
         console().print(
             "[dim]· model states only: activations, buffers and the peak of a step need --model[/dim]"
         )
@@ -208,6 +220,37 @@ def render_memory(estimate: MemoryEstimate, unit: ByteUnit) -> None:
         )
     for note in estimate.notes:
         out.print(f"[yellow]· {note}[/yellow]")
+
+
+def render_framework_states(rows: list[FrameworkStates], unit: ByteUnit) -> None:
+    """A framework's own accounting, one line per term and a column per strategy, then the sources."""
+    if not rows:
+        return
+    out = console()
+    out.print(f"[bold]{rows[0].source}[/bold], per GPU, {unit.value}")
+    names = list(dict.fromkeys(line.name for row in rows for line in row.lines))
+    lines: list[tuple[str, list[int | None]]] = [
+        (name, [next((x.bytes for x in row.lines if x.name == name), None) for row in rows]) for name in names
+    ]
+    lines.append(("[bold]total per GPU[/bold]", [row.gpu_bytes for row in rows]))
+    if any(row.framework_estimate_bytes is not None for row in rows):
+        lines.append(("its own estimate", [row.framework_estimate_bytes for row in rows]))
+        lines.append(("its host memory per node", [row.host_bytes_per_node for row in rows]))
+    columns = [
+        Column(
+            _short_header(row.strategy.value),
+            ["" if v[i] is None else byte_cell(v[i] or 0, unit) for _, v in lines],
+        )
+        for i, row in enumerate(rows)
+    ]
+    print_fitted("Term", [label for label, _ in lines], columns, key_width=PEAK_TERM_WIDTH)
+    sources = dict.fromkeys(
+        f"{line.name}: {line.source}" + ("" if line.in_framework_estimate else " (not in its estimate)")
+        for row in rows
+        for line in row.lines
+    )
+    for text in sources:
+        out.print(f"[dim]· {text}[/dim]")
 
 
 PEAK_TERM_WIDTH = 26

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from zerocalc.architecture import ParameterCount
 from zerocalc.peak.kinds import TensorKind
 from zerocalc.peak.report import StateLine
 from zerocalc.request import TrainingRequest
@@ -27,27 +26,25 @@ def casts_for_reduction(b_g: int, b_r: int | None) -> bool:
     return b_r is not None and b_r != b_g
 
 
-BufferFunction = Callable[[TrainingRequest, ParameterCount, int, int], list[StateLine]]
+BufferFunction = Callable[[TrainingRequest, int, int, int], list[StateLine]]
+"""(request, Ψ, bytes per parameter element, bytes per gradient element) → the resident buffers."""
 
 
-def _ddp_bucket(request: TrainingRequest, count: ParameterCount, b_p: int, b_g: int) -> list[StateLine]:
+def _ddp_bucket(request: TrainingRequest, psi: int, b_p: int, b_g: int) -> list[StateLine]:
     return [
         StateLine(
             kind=TensorKind.BUFFERS,
             name="DDP gradient bucket",
-            bytes=min(request.buffers.ddp_bucket_bytes, count.total * b_g),
+            bytes=min(request.buffers.ddp_bucket_bytes, psi * b_g),
             source=f"PyTorch DDP bucket_cap_mb={request.buffers.ddp_bucket_bytes / 2**20:g} (one bucket in "
             "flight)",
         )
     ]
 
 
-def _deepspeed_buckets(
-    request: TrainingRequest, count: ParameterCount, b_p: int, b_g: int
-) -> list[StateLine]:
+def _deepspeed_buckets(request: TrainingRequest, psi: int, b_p: int, b_g: int) -> list[StateLine]:
     b_r = request.reduce_dtype.bytes if request.reduce_dtype is not None else None
     cast = casts_for_reduction(b_g, b_r)
-    psi = count.total
     return [
         StateLine(
             kind=TensorKind.BUFFERS,
@@ -65,7 +62,7 @@ def _deepspeed_buckets(
     ]
 
 
-def _in_timeline(request: TrainingRequest, count: ParameterCount, b_p: int, b_g: int) -> list[StateLine]:
+def _in_timeline(request: TrainingRequest, psi: int, b_p: int, b_g: int) -> list[StateLine]:
     return []
 
 

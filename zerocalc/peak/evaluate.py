@@ -24,11 +24,12 @@ import re
 from zerocalc.activations import Recompute
 from zerocalc.cluster import Cluster
 from zerocalc.frameworks import TORCH_SOURCES, Framework
-from zerocalc.memory import StrategyMemory, evaluate_memory
+from zerocalc.memory import MemoryEstimate, StrategyMemory, evaluate_memory
 from zerocalc.model_impl import MODEL_IMPLS
 from zerocalc.peak.kinds import TensorKind
 from zerocalc.peak.profiles import PROFILES, Profile, Wrap
 from zerocalc.peak.report import (
+    FrameworkStates,
     MemoryReport,
     PeakEstimate,
     PeakOptions,
@@ -251,8 +252,34 @@ def evaluate_peak(request: TrainingRequest) -> MemoryReport:
     return MemoryReport(**{**dict(estimate), "strategies": states, "request": echo}, peak=peak)
 
 
+def framework_states(request: TrainingRequest, estimate: MemoryEstimate) -> list[FrameworkStates]:
+    """Each strategy's model states as the request's framework accounts them (from Ψ alone)."""
+    profile = PROFILES[request.framework]
+    rows = []
+    for row in estimate.strategies:
+        strategy = STRATEGIES[row.strategy]
+        lines, host = STATE_BUILDERS[profile.states](request, strategy, row)
+        rows.append(
+            FrameworkStates(
+                strategy=row.strategy,
+                title=strategy.title_under(request.framework),
+                lines=lines,
+                gpu_bytes=sum(line.bytes for line in lines),
+                framework_estimate_bytes=sum(line.bytes for line in lines if line.in_framework_estimate)
+                if profile.estimate_covers_states_only
+                else None,
+                host_bytes_per_node=host,
+                source=profile.source,
+            )
+        )
+    return rows
+
+
 def evaluate(request: TrainingRequest) -> MemoryReport:
-    """``zerocalc memory``: model states, and the peak when the request has an architecture."""
+    """``zerocalc memory``: model states, the framework's own accounting of them when only Ψ is known,
+    and the peak when the request has an architecture."""
     if request.model.architecture is None:
-        return MemoryReport(**dict(evaluate_memory(request)))
+        estimate = evaluate_memory(request)
+        own = None if request.framework is Framework.PAPER else framework_states(request, estimate)
+        return MemoryReport(**dict(estimate), framework_states=own)
     return evaluate_peak(request)

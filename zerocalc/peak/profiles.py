@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from zerocalc.frameworks import Framework
 from zerocalc.optimizers import OptimizerName
 from zerocalc.precision import PrecisionName
-from zerocalc.strategies import OffloadTarget
+from zerocalc.strategies import OffloadTarget, StrategyName
 
 if TYPE_CHECKING:
     from zerocalc.request import TrainingRequest
@@ -63,6 +63,9 @@ class Profile(BaseModel):
     moe: bool = True
     accepts: str = ""
     """What the profile accepts, for the message when a request asks for something else."""
+    needs_architecture: bool = True
+    """Its model states need the architecture (the PyTorch frameworks count each tensor); False: the
+    parameter count is enough (its strategies may still need more: :func:`architecture_problem`)."""
 
 
 PROFILES: dict[Framework, Profile] = {
@@ -79,6 +82,7 @@ PROFILES: dict[Framework, Profile] = {
             source="DeepSpeed 0.19.8 estimate_zero2/zero3_model_states_mem_needs "
             "(needs fp16/bf16 mixed Adam)",
             estimate_covers_states_only=True,
+            needs_architecture=False,
             precisions=_MIXED,
             optimizers=_ADAM,
             fp32_grad_accum=False,
@@ -89,6 +93,7 @@ PROFILES: dict[Framework, Profile] = {
             framework=Framework.MEGATRON,
             states=StatesModel.MEGATRON_DISTRIBUTED_OPTIMIZER,
             source="Megatron-LM distributed optimizer (bf16 params, fp32 main grads, Adam)",
+            needs_architecture=False,
             precisions=_MIXED,
             optimizers=_ADAM,
             fp32_grad_accum=False,
@@ -121,13 +126,26 @@ PROFILES: dict[Framework, Profile] = {
 """Every framework's profile. The PyTorch ones model exactly what ``zerocalc validate`` measures."""
 
 
+def architecture_problem(profile: Profile, strategy: StrategyName, request: TrainingRequest) -> str | None:
+    """Why ``strategy`` needs the architecture this request does not have, or None."""
+    if request.model.architecture is not None:
+        return None
+    if profile.framework is Framework.DEEPSPEED and strategy is StrategyName.ZERO3:
+        return (
+            "{framework} deepspeed zero3: DeepSpeed's estimator counts 4 × the largest layer, which needs "
+            "the architecture; accepted: {model} NAME or config.json"
+        )
+    return None
+
+
 def profile_problem(profile: Profile, request: TrainingRequest) -> str | None:
     """Why ``request`` asks for something ``profile`` does not model, or None."""
     fw = profile.framework.value
-    if request.model.architecture is None and profile.framework is not Framework.PAPER:
+    if request.model.architecture is None and profile.needs_architecture:
         return (
             f"{{framework}} {fw} counts what the implementation allocates for a given architecture; "
-            "accepted: {model} NAME or config.json (or {framework} paper with {params})"
+            "accepted: {model} NAME or config.json (or {framework} paper, deepspeed or megatron with "
+            "{params})"
         )
     if (
         request.precision not in profile.precisions

@@ -142,11 +142,30 @@ class PeakEstimate(BaseModel):
         return next(r for r in self.strategies if r.strategy is key)
 
 
-class MemoryReport(MemoryEstimate):
-    """Model states per strategy and, when an architecture is known, the peak of one training step."""
+class FrameworkStates(BaseModel):
+    """A framework's own accounting of one strategy's model states, when only Ψ is known (DeepSpeed's
+    estimators, Megatron's distributed optimizer)."""
 
+    strategy: StrategyName
+    title: str
+    lines: list[StateLine]
+    gpu_bytes: int = Field(description="the lines' sum, per GPU")
+    framework_estimate_bytes: int | None = Field(
+        default=None, description="deepspeed: what its own estimator prints (its lines only)"
+    )
+    host_bytes_per_node: int | None = Field(default=None, description="deepspeed: its estimator's CPU memory")
+    source: str
+
+
+class MemoryReport(MemoryEstimate):
+    """Model states per strategy and, when an architecture is known, the peak of one training step; with
+    only Ψ and a framework other than the paper, that framework's own accounting."""
+
+    framework_states: list[FrameworkStates] | None = None
     peak: PeakEstimate | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
-        """The JSON of ``zerocalc memory --json`` (no ``peak`` key without an architecture)."""
-        return self.model_dump(mode="json", exclude={"peak"} if self.peak is None else None)
+        """The JSON of ``zerocalc memory --json`` (no ``peak`` key without an architecture, no
+        ``framework_states`` key without a framework accounting of Ψ alone)."""
+        empty = {k for k in ("peak", "framework_states") if getattr(self, k) is None}
+        return self.model_dump(mode="json", exclude=empty or None)

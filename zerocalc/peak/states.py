@@ -60,10 +60,8 @@ def _paper(request: TrainingRequest, strategy: Strategy, row: StrategyMemory) ->
 
 def _resident_buffers(request: TrainingRequest, strategy: Strategy) -> list[StateLine]:
     recipe = RECIPES[request.precision]
-    count = request.model.parameter_count
-    assert count is not None
     return STRATEGY_BUFFERS[strategy.buffers](
-        request, count, recipe.param_dtype.bytes, recipe.grad_dtype.bytes
+        request, request.model.params, recipe.param_dtype.bytes, recipe.grad_dtype.bytes
     )
 
 
