@@ -82,13 +82,16 @@ def slowest_imports(count: int = 8) -> list[tuple[int, str]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=21)
     args = parser.parse_args()
     medians = measure(args.runs)
     bare, floor = medians["bare imports"], medians["stack floor"]
     for name, seconds in medians.items():
-        print(f"{name:16} {seconds * 1000:6.0f} ms  {seconds / bare:4.2f}× bare  {seconds / floor:4.2f}× floor")
+        ratios = f"{seconds / bare:4.2f}× bare  {seconds / floor:4.2f}× floor"
+        print(f"{name:16} {seconds * 1000:6.0f} ms  {ratios}")
     print(f"(medians of {args.runs} interleaved runs; issue #11 asks zerocalc memory ≤ 1.50× bare)")
     imports = slowest_imports()
     print("slowest imports of zerocalc memory (cumulative µs):")
