@@ -238,9 +238,7 @@ def fitted_allocated(
             raise _Misaligned
         shared = (names, tuple((y[1] - x[1]) / (hi - lo) for x, y in zip(a, z, strict=True)))
     lines = [(x[1], slope) for x, slope in zip(a, shared[1], strict=True)]
-    return {
-        b: round(max(base + slope * (b - lo) for base, slope in lines)) for b in micro_batches
-    }, shared
+    return {b: round(max(base + slope * (b - lo) for base, slope in lines)) for b in micro_batches}, shared
 
 
 class _Misaligned(Exception):

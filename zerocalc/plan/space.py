@@ -293,7 +293,7 @@ def enumerate_groups(plan: PlanRequest, flash: bool) -> tuple[list[Group], list[
     reduce_dtypes: list[DType | None] = [None] + ([DType.FP32] if recipe.grad_dtype is not DType.FP32 else [])
     for world in world_sizes(plan):
         if plan.global_batch_sequences % world:
-            rejected.append(Rejected(f"global batch not divisible by {world} GPUs (b·A·N must equal it)", 1))
+            rejected.append(Rejected("GPU counts not dividing the global batch (b·A·N must equal it)", 1))
             continue
         bs = micro_batches(plan.global_batch_sequences // world)
         if not bs:  # pragma: no cover - b = per-GPU batch always qualifies within bounds
