@@ -74,6 +74,22 @@ def test_every_option_of_memory_and_comm(command: str, data: st.DataObject, tmp_
     _check(result, tmp_path, before)
 
 
+PLAN_BASE = ["plan", "--model", "gpt2", "--gpu", "h100-80gb", "--gpus", "2", "--global-batch", "8seq",
+             "--seq-len", "256", "--framework", "fsdp2"]  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_every_option_of_plan(data: st.DataObject, tmp_path: Path) -> None:
+    """Each option of plan fuzzed on a small space (a later flag overrides the base's)."""
+    chosen = data.draw(st.lists(st.sampled_from(_options("plan")), min_size=1, max_size=3, unique=True))
+    args = list(PLAN_BASE)
+    for flag, boolean in chosen:
+        args += [flag] if boolean else [flag, data.draw(TEXT)]
+    before = set(os.listdir(tmp_path))
+    _check(runner.invoke(app, args), tmp_path, before)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kind=TEXT, name=TEXT, gpus=TEXT)
 def test_presets_and_check_arguments(kind: str, name: str, gpus: str, tmp_path: Path) -> None:

@@ -14,6 +14,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from zerocalc.request import TrainingOptions, parse_request
 
 
+class PlanScenario(BaseModel):
+    """A ``[plan]`` table: the scenario's model, GPU and GPUs searched by ``zerocalc plan``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    global_batch: str
+    frameworks: str | None = None
+    objective: str = "time"
+    top: int = Field(default=3, ge=1)
+    mfu: float = 0.4
+
+
 class Scenario(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -38,6 +50,8 @@ class Scenario(BaseModel):
     micro_batch: int = Field(default=1, ge=1)
     recompute: str = "none"
     framework: str = "paper"
+    plan: PlanScenario | None = None
+    """With a ``[plan]`` table, the expectation has a ``plan`` section too."""
 
 
 def training_options(s: Scenario) -> TrainingOptions:
@@ -103,6 +117,27 @@ SECTIONS: dict[str, Callable[[Scenario], dict[str, Any]]] = {
 }
 
 
+def plan_section(s: Scenario) -> dict[str, Any]:
+    """`zerocalc plan --json` for the scenario's model, GPU, GPUs and sequence length, less what varies from
+    run to run (seconds, rates) and the per-candidate list (its counts are checked)."""
+    from zerocalc.plan.search import search
+    from zerocalc.plan.space import plan_options
+
+    assert s.plan is not None
+    p = s.plan
+    result = search(
+        plan_options(
+            model=s.model, gpu=s.gpu, gpus=s.gpus, gpus_per_node=s.gpus_per_node, seq_len=s.seq_len,
+            global_batch=p.global_batch, frameworks=p.frameworks, objective=p.objective, top=p.top, mfu=p.mfu,
+        )
+    )  # fmt: skip
+    timing = {"seconds", "candidates_per_second", "peaks_per_second", "candidates"}
+    return result.model_dump(mode="json", exclude=timing)
+
+
 def evaluate_scenario(scenario: Scenario) -> dict[str, Any]:
-    """Every section of one scenario, as committed in its expectation file."""
-    return {name: section(scenario) for name, section in SECTIONS.items()}
+    """Every section of one scenario, as committed in its expectation file (``plan`` with a [plan] table)."""
+    out = {name: section(scenario) for name, section in SECTIONS.items()}
+    if scenario.plan is not None:
+        out["plan"] = plan_section(scenario)
+    return out

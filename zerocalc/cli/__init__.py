@@ -14,6 +14,7 @@ from typing import Any
 COMMANDS: dict[str, str] = {
     "memory": "zerocalc.cli.memory",
     "comm": "zerocalc.cli.comm",
+    "plan": "zerocalc.cli.plan",
     "bench": "zerocalc.cli.bench",
     "validate": "zerocalc.cli.validate",
     "presets": "zerocalc.cli.presets",

@@ -17,7 +17,7 @@ from zerocalc.errors import InputError
 
 EXIT_BAD_INPUT = 2
 
-_FLAGS = {"strategies": "--strategy"}
+_FLAGS = {"strategies": "--strategy", "frameworks": "--framework"}
 """Concepts whose flag is not ``--`` + the concept with ``-`` for ``_``."""
 
 

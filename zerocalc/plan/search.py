@@ -1,0 +1,547 @@
+"""The search of ``zerocalc plan`` (pure): every candidate's peak, communication and step time, ranked.
+
+Exact where it matters, fitted where it only screens. The peak of a step is ``memory``'s
+(:func:`zerocalc.peak.evaluate.strategy_peak`), but one exact evaluation replays the caching allocator over
+three steps (tens of ms). Within a :class:`~zerocalc.plan.space.Group` (candidates differing only in the
+micro-batch b) each timeline event's allocated bytes are affine in b — activations and logits scale with
+the tokens of a micro-batch, model states and buffers do not — up to the 512-byte rounding of each tensor.
+So per group the steady step is simulated (without the allocator replay) at the smallest and largest b, and
+every b's allocated peak is the maximum over events of the line through the two:
+``allocated(b) = max_e (a_e(b₀) + (a_e(b₁) − a_e(b₀))·(b − b₀)/(b₁ − b₀))``.
+
+That plus the CUDA context and the NCCL communicators is a **lower bound** of the peak (the allocator's
+reserve is ≥ 0), within :data:`FIT_TOLERANCE_BYTES`. A candidate whose lower bound is already above the
+fit limit does not fit. The rest are walked in the objective's order and evaluated **exactly** (the full
+model, allocator included) until ``top`` fit: every printed peak is exact, and the ranking is the one a
+brute-force exact evaluation of every candidate gives (the communication and the step time are exact for
+every candidate). Candidates never reached keep their fitted lower bound (``peak_exact`` false in JSON).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from zerocalc.activations import Recompute
+from zerocalc.calls import Layout
+from zerocalc.comm import StrategyComm, strategy_comm
+from zerocalc.dtypes import DType
+from zerocalc.errors import InputError
+from zerocalc.frameworks import Estimate, Framework
+from zerocalc.memory import Location, evaluate_memory
+from zerocalc.peak.evaluate import FIT_MARGIN, nccl_communicators, strategy_peak
+from zerocalc.peak.profiles import PROFILES
+from zerocalc.peak.report import StrategyPeak, Verdict
+from zerocalc.peak.simulate import flash_attention_used, runtime_for, simulate
+from zerocalc.peak.states import STATE_BUILDERS
+from zerocalc.plan.space import (
+    Group,
+    Objective,
+    PlanRequest,
+    comm_options,
+    enumerate_groups,
+    group_request,
+    memory_options,
+)
+from zerocalc.plan.timing import (
+    CPU_ADAM_BYTES_PER_PARAM,
+    HOST_MEMORY_BPS,
+    NVME_BPS,
+    PCIE_BPS,
+    StepTime,
+    flops_per_token,
+    offload_seconds,
+    step_time,
+)
+from zerocalc.precision import RECIPES
+from zerocalc.request import TrainingRequest
+from zerocalc.schedule import GradSync
+from zerocalc.strategies import STRATEGIES, OffloadTarget, StrategyName
+
+SCHEMA_VERSION = 1
+FIT_TOLERANCE_BYTES = 64 * 2**20
+"""Allowed error of the fitted allocated peak: each live tensor's 512-byte rounding (a few MB at most; the
+tests measure it on a sample)."""
+
+
+class Status(StrEnum):
+    RANKED = "ranked"
+    FITS = "fits"
+    """Exactly evaluated and fits, ranked below the top rows."""
+    NOT_RANKED = "not ranked"
+    """Its fitted lower bound fits; never reached by the walk, so not evaluated exactly."""
+    NOT_NEEDED = "not needed"
+    """Slower (or larger) than the top rows whatever its peak: its group's peak was never fitted."""
+    TIGHT = "tight"
+    DOES_NOT_FIT = "does not fit"
+
+
+class PlanRow(BaseModel):
+    """One candidate: its options and numbers."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rank: int | None = Field(default=None, description="1 = best, among the top rows")
+    status: Status
+    framework: Framework
+    strategy: StrategyName
+    title: str
+    gpus: int
+    gpus_per_node: int = Field(description="as passed to memory/comm (HYBRID_SHARD: its shard group)")
+    micro_batch: int
+    grad_accum: int
+    recompute: Recompute
+    offload_optimizer: OffloadTarget
+    offload_params: OffloadTarget
+    reduce_dtype: DType | None
+    prefetch: int | None
+    grad_sync: GradSync | None
+    peak_exact: bool = Field(description="the peak is memory's own (else only the fitted lower bound)")
+    peak_bytes: int | None = Field(description="memory's peak_bytes, when evaluated exactly")
+    peak_lower_bound_bytes: int | None = Field(
+        description="fitted allocated peak + context + NCCL (None: never needed)"
+    )
+    verdict: Verdict | None = None
+    headroom_bytes: int | None = None
+    host_bytes_per_node: int | None = Field(default=None, description="offloaded states on the host")
+    compute_s: float
+    comm_s: float = Field(description="comm's time_s for this strategy")
+    exposed_comm_s: float
+    offload_s: float
+    step_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+    memory_options: dict[str, str] = Field(description="zerocalc memory's options (concept → value)")
+    comm_options: dict[str, str] = Field(description="zerocalc comm's options (concept → value)")
+
+
+class Rejection(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    reason: str
+    candidates: int
+
+
+class PlanEcho(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    gpu: str
+    max_gpus: int
+    gpus_per_node: int
+    global_batch_sequences: int
+    global_batch_tokens: int
+    seq_len: int
+    frameworks: tuple[Framework, ...]
+    objective: Objective
+    top: int
+    mfu: float
+    peak_tflops: float = Field(description="the GPU preset's dense bf16 TFLOP/s")
+    gpu_memory_bytes: int
+    calibration: str | None
+
+
+class PlanResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    schema_version: int = SCHEMA_VERSION
+    request: PlanEcho
+    top: list[PlanRow]
+    rejections: list[Rejection]
+    candidates_evaluated: int = Field(
+        description="candidates resolved: each given communication and a step time, and a peak (exact or "
+        "fitted) unless the top rows are faster whatever its peak"
+    )
+    exact_peaks: int = Field(description="of them, peaks from the full memory model")
+    fitted_peaks: int = Field(description="of them, only the fitted lower bound (never reached by the walk)")
+    groups: int = Field(description="groups of candidates differing only in b")
+    groups_fitted: int = Field(description="groups whose peaks were fitted (the walk reached them)")
+    not_needed: int = Field(description="of them, no peak needed: slower than the top rows (pruned)")
+    seconds: float
+    candidates_per_second: float = Field(description="candidates_evaluated / seconds")
+    peaks_per_second: float = Field(description="(exact_peaks + fitted_peaks) / seconds")
+    assumptions: list[str]
+    candidates: list[PlanRow] | None = Field(default=None, description="every candidate (--json)")
+
+
+ASSUMPTIONS = [
+    "b·A·N equals the global batch exactly (in sequences); N: --gpus and every smaller number of whole nodes",
+    "compute: PaLM's 6·P + 12·L·H·Q·T FLOPs per token (Chowdhery et al. 2022, app. B) at --mfu × the GPU's "
+    "dense bf16 peak; recompute full +1 forward, selective +attention core forward (Korthikanti et al. 2022)",
+    "overlap: prefetched all-gathers behind forward, backward collectives behind backward (Zhao et al. 2023, "
+    "PyTorch FSDP; Li et al. 2020, DDP); DeepSpeed ZeRO-1/2 overlap_comm off (its default); after-step "
+    "collectives exposed",
+    f"offload, not overlapped: PCIe {PCIE_BPS / 1e9:.0f} GB/s per GPU, NVMe {NVME_BPS / 1e9:.1f} GB/s per "
+    f"GPU, CPU Adam memory-bound at {CPU_ADAM_BYTES_PER_PARAM} B/parameter over {HOST_MEMORY_BPS / 1e9:.0f} "
+    "GB/s per node (ZeRO-Offload, Ren et al. 2021); assumptions, not measurements",
+    "hybrid_shard with a shard group smaller than the node is run as --gpus-per-node k: its replica group "
+    "is costed at the inter-node bandwidth",
+]
+
+
+class _Cand:
+    __slots__ = ("accum", "b", "comm", "exact", "group", "lower", "request", "status", "time")
+
+    def __init__(self, group: Group, b: int, accum: int, lower: int | None, comm: StrategyComm, t: StepTime):
+        self.group, self.b, self.accum, self.lower, self.comm, self.time = group, b, accum, lower, comm, t
+        self.exact: StrategyPeak | None = None
+        self.status: Status = Status.NOT_RANKED
+        self.request: TrainingRequest | None = None
+
+
+def _with_batch(request: TrainingRequest, b: int, accum: int) -> TrainingRequest:
+    activations = request.activations.model_copy(update={"micro_batch": b})
+    return request.model_copy(update={"activations": activations, "grad_accum": accum})
+
+
+def _exact(request: TrainingRequest) -> StrategyPeak:
+    """``zerocalc memory``'s peak for the request's one strategy (the same functions, the same request)."""
+    row = evaluate_memory(request).strategies[0]
+    return strategy_peak(request, PROFILES[request.framework], row, runtime_for(request))
+
+
+def _allocated_events(request: TrainingRequest) -> list[tuple[str, int]]:
+    """The steady step's events and their allocated bytes (no allocator replay)."""
+    name = request.strategies[0]
+    profile = PROFILES[request.framework]
+    row = evaluate_memory(request).strategies[0]
+    states, _ = STATE_BUILDERS[profile.states](request, STRATEGIES[name], row)
+    result = simulate(request, name, runtime_for(request), states, reserve=False)
+    return [(f"{phase}:{event}", allocated) for phase, event, allocated in result.events]
+
+
+Slopes = tuple[tuple[str, ...], tuple[float, ...]]
+
+
+def fitted_allocated(
+    request: TrainingRequest, micro_batches: tuple[int, ...], shared: Slopes | None = None
+) -> tuple[dict[int, int], Slopes | None]:
+    """The allocated peak of every b, and the per-event slopes used.
+
+    The step is simulated at the smallest b; each event's slope (bytes per sequence) comes from a second
+    simulation at the largest b, or from ``shared`` — the slopes of a group with the same framework,
+    strategy, recompute and accumulation, whose events carry the same activations (states, shards and
+    buffers do not depend on b) — when its events line up with this one's by name."""
+    lo, hi = micro_batches[0], micro_batches[-1]
+    accum = request.grad_accum
+    a = _allocated_events(_with_batch(request, lo, accum))
+    names = tuple(name for name, _ in a)
+    if len(micro_batches) == 1:
+        return {lo: max(x for _, x in a)}, shared
+    if shared is None or shared[0] != names:
+        z = _allocated_events(_with_batch(request, hi, accum))
+        if tuple(name for name, _ in z) != names:
+            raise _Misaligned
+        shared = (names, tuple((y[1] - x[1]) / (hi - lo) for x, y in zip(a, z, strict=True)))
+    lines = [(x[1], slope) for x, slope in zip(a, shared[1], strict=True)]
+    return {b: round(max(base + slope * (b - lo) for base, slope in lines)) for b in micro_batches}, shared
+
+
+class _Misaligned(Exception):
+    """Two timelines of one group do not line up event by event (not seen in the shipped presets)."""
+
+
+def _host_bytes(peak: StrategyPeak, request: TrainingRequest) -> int | None:
+    if peak.host_bytes_per_node is not None:
+        return peak.host_bytes_per_node
+    if request.offload_optimizer is OffloadTarget.NONE and request.offload_params is OffloadTarget.NONE:
+        return None
+    row = evaluate_memory(request).strategies[0]
+    return sum(s.bytes for s in row.states if s.location is Location.CPU) * request.cluster.ranks_per_node
+
+
+def search(
+    plan: PlanRequest, on_progress: Callable[[int, int], None] | None = None, keep_all: bool = False
+) -> PlanResult:
+    """Every candidate of the plan's space, the best ``plan.top`` by its objective evaluated exactly."""
+    start = time.perf_counter()
+    base = plan.base
+    arch, count = base.architecture, base.model.parameter_count
+    assert (
+        arch is not None and count is not None and base.gpu is not None and base.gpu_memory_bytes is not None
+    )
+    capacity = base.gpu_memory_bytes
+    limit = capacity - FIT_MARGIN * capacity  # fits: headroom ≥ FIT_MARGIN × capacity
+    peak_flops = base.gpu.bf16_dense_tflops * 1e12
+    flash = flash_attention_used(base)
+    layout = Layout.of(base.model.params, arch)
+    groups, early = enumerate_groups(plan, flash)
+    rejected: Counter[str] = Counter()
+    for item in early:
+        rejected[item.reason] += item.count
+    comm_cache: dict[tuple, StrategyComm] = {}
+    outsides: dict[int, int] = {}
+    members: dict[int, list[_Cand]] = {}
+    comm_requests: dict[tuple, TrainingRequest | InputError] = {}
+    flops_cache = {r: flops_per_token(arch, count, plan.seq_len, r, flash) for r in Recompute}
+    recipe = RECIPES[base.precision]
+    cands: list[_Cand] = []
+    requests: dict[int, TrainingRequest] = {}
+    step = max(1, len(groups) // 20)
+    for index, group in enumerate(groups):
+        if on_progress is not None and index % step == 0:
+            on_progress(index, len(groups))
+        try:
+            request = group_request(plan, group, Estimate.MEMORY)
+        except InputError as exc:
+            rejected[_reason(exc)] += len(group.micro_batches)
+            continue
+        comm_key = (
+            group.world,
+            group.gpus_per_node,
+            group.framework,
+            group.strategy,
+            group.reduce_dtype,
+            group.grad_sync,
+        )
+        if comm_key not in comm_requests:
+            try:
+                comm_requests[comm_key] = group_request(plan, group, Estimate.COMM)
+            except InputError as exc:
+                comm_requests[comm_key] = exc
+        comm_request = comm_requests[comm_key]
+        if isinstance(comm_request, InputError):
+            rejected[_reason(comm_request)] += len(group.micro_batches)
+            continue
+        requests[id(group)] = request
+        capacity_nccl = (
+            nccl_communicators(STRATEGIES[group.strategy], request.cluster)
+            * request.runtime.nccl_communicator_bytes
+        )
+        outside = request.runtime.context_bytes + capacity_nccl
+        outsides[id(group)] = outside
+        flops = flops_cache[group.recompute]
+        shards = request.cluster.group_size(STRATEGIES[group.strategy].optimizer)
+        for b in group.micro_batches:
+            accum = plan.global_batch_sequences // (group.world * b)
+            key = (*comm_key, accum)
+            if key not in comm_cache:
+                comm_cache[key] = strategy_comm(
+                    group.strategy, comm_request.model_copy(update={"grad_accum": accum}), None, layout
+                )
+            comm = comm_cache[key]
+            offload = offload_seconds(
+                base.model.params,
+                group.world,
+                request.cluster.ranks_per_node,
+                shards,
+                group.offload_optimizer,
+                group.offload_params,
+                accum,
+                recipe.param_dtype.bytes,
+                recipe.grad_dtype.bytes,
+            )
+            timing = step_time(
+                flops,
+                b * accum * plan.seq_len,
+                accum,
+                peak_flops,
+                plan.mfu,
+                comm,
+                group.framework,
+                group.prefetch,
+                offload,
+            )
+            cand = _Cand(group, b, accum, None, comm, timing)
+            members.setdefault(id(group), []).append(cand)
+            cands.append(cand)
+    if on_progress is not None:
+        on_progress(len(groups), len(groups))
+    fitter = _Fitter(plan, requests, outsides, members)
+    if plan.objective is Objective.MEMORY:  # the walk's order needs every lower bound
+        for group in groups:
+            if id(group) in members:
+                fitter.fit(group)
+    ranked = _walk(plan, cands, fitter, limit)
+    for cand in cands:
+        if cand.status is Status.NOT_RANKED and cand.exact is not None:
+            cand.status = _status_of(cand.exact, limit)
+        if cand.status is Status.NOT_RANKED and cand.lower is None:
+            cand.status = Status.NOT_NEEDED
+        if cand.status is Status.NOT_RANKED and cand.lower - FIT_TOLERANCE_BYTES > limit:
+            cand.status = Status.DOES_NOT_FIT
+    for cand in cands:
+        if cand.status is Status.DOES_NOT_FIT:
+            how = "exact peak" if cand.exact is not None else "fitted lower bound"
+            rejected[f"does not fit: peak above {1 - FIT_MARGIN:.0%} of the GPU's memory ({how})"] += 1
+        elif cand.status is Status.TIGHT:
+            rejected[f"tight: within {FIT_MARGIN:.0%} of the GPU's memory (exact peak)"] += 1
+    seconds = time.perf_counter() - start
+    exact_count = sum(1 for c in cands if c.exact is not None)
+    fitted_count = sum(1 for c in cands if c.exact is None and c.lower is not None)
+    rows = [_row(plan, c, requests, i + 1) for i, c in enumerate(ranked)]
+    everything = [_row(plan, c, requests, None) for c in cands] if keep_all else None
+    if everything is not None:
+        ranks = {id(c): i + 1 for i, c in enumerate(ranked)}
+        everything = [
+            r.model_copy(update={"rank": ranks.get(id(c))}) for r, c in zip(everything, cands, strict=True)
+        ]
+    return PlanResult(
+        request=PlanEcho(
+            model=plan.model,
+            gpu=plan.gpu,
+            max_gpus=plan.max_gpus,
+            gpus_per_node=plan.gpus_per_node,
+            global_batch_sequences=plan.global_batch_sequences,
+            global_batch_tokens=plan.global_batch_tokens,
+            seq_len=plan.seq_len,
+            frameworks=plan.frameworks,
+            objective=plan.objective,
+            top=plan.top,
+            mfu=plan.mfu,
+            peak_tflops=base.gpu.bf16_dense_tflops,
+            gpu_memory_bytes=capacity,
+            calibration=plan.calibration_path,
+        ),
+        top=rows,
+        rejections=[Rejection(reason=r, candidates=n) for r, n in rejected.most_common()],
+        candidates_evaluated=len(cands),
+        exact_peaks=exact_count,
+        fitted_peaks=fitted_count,
+        groups=len(groups),
+        groups_fitted=fitter.fitted,
+        seconds=seconds,
+        not_needed=len(cands) - exact_count - fitted_count,
+        candidates_per_second=len(cands) / seconds if seconds > 0 else 0.0,
+        peaks_per_second=(exact_count + fitted_count) / seconds if seconds > 0 else 0.0,
+        assumptions=ASSUMPTIONS,
+        candidates=everything,
+    )
+
+
+def _reason(exc: InputError) -> str:
+    """A rejection's reason: the parser's message up to its 'accepted' part, numbers and all."""
+    text = str(exc).split("; accepted")[0]
+    if "does not model offload" in text:
+        return text.split(":")[0] if ":" in text else text
+    return text
+
+
+def _status_of(peak: StrategyPeak, limit: float) -> Status:
+    if peak.verdict is Verdict.FITS:
+        return Status.FITS
+    return Status.TIGHT if peak.verdict is Verdict.TIGHT else Status.DOES_NOT_FIT
+
+
+def _order(plan: PlanRequest, cand: _Cand) -> tuple:
+    """The walk's order: the objective's key (time and GPUs are exact before any peak is known)."""
+    if plan.objective is Objective.GPUS:
+        return (cand.group.world, cand.time.step_s)
+    if plan.objective is Objective.MEMORY:
+        return (cand.lower, cand.time.step_s)
+    return (cand.time.step_s,)
+
+
+class _Fitter:
+    """Fits a group's peaks when the walk first needs them (each group at most once)."""
+
+    def __init__(
+        self,
+        plan: PlanRequest,
+        requests: dict[int, TrainingRequest],
+        outsides: dict[int, int],
+        members: dict[int, list[_Cand]],
+    ):
+        self.plan, self.requests, self.outsides, self.members = plan, requests, outsides, members
+        self.slopes: dict[tuple, Slopes | None] = {}
+        self.fitted = 0
+
+    def fit(self, group: Group) -> None:
+        cands = self.members[id(group)]
+        if cands[0].lower is not None:
+            return
+        self.fitted += 1
+        request = self.requests[id(group)]
+        family = (
+            group.framework,
+            group.strategy,
+            group.recompute,
+            group.accumulates,
+            group.grad_sync,
+            group.prefetch,
+            group.micro_batches[0],
+            group.micro_batches[-1],
+        )
+        try:
+            fitted, self.slopes[family] = fitted_allocated(
+                request, group.micro_batches, self.slopes.get(family)
+            )
+        except _Misaligned:  # every b exactly
+            for cand in cands:
+                cand.exact = _exact(_with_batch(request, cand.b, cand.accum))
+            fitted = {c.b: c.exact.allocated_peak_bytes for c in cands if c.exact is not None}
+        for cand in cands:
+            cand.lower = fitted[cand.b] + self.outsides[id(group)]
+
+
+def _walk(plan: PlanRequest, cands: list[_Cand], fitter: _Fitter, limit: float) -> list[_Cand]:
+    """Exact evaluation in the objective's order until ``top`` fit (memory: until no lower bound can beat
+    the top rows); returns them best first. Time and GPUs are known exactly before any peak, so the walk
+    stops at the ``top``-th fitting candidate and groups it never reaches are never fitted."""
+    found: list[_Cand] = []
+    for cand in sorted(cands, key=lambda c: _order(plan, c)):
+        if plan.objective is Objective.MEMORY and len(found) >= plan.top:
+            worst = max(f.exact.peak_bytes for f in found if f.exact is not None)
+            if cand.lower is not None and cand.lower - FIT_TOLERANCE_BYTES > worst:
+                break
+        elif len(found) >= plan.top:
+            break
+        fitter.fit(cand.group)
+        assert cand.lower is not None
+        if cand.lower - FIT_TOLERANCE_BYTES > limit:
+            cand.status = Status.DOES_NOT_FIT
+            continue
+        if cand.exact is None:
+            cand.exact = _exact(_with_batch(fitter.requests[id(cand.group)], cand.b, cand.accum))
+        cand.status = _status_of(cand.exact, limit)
+        if cand.status is Status.FITS:
+            found.append(cand)
+    if plan.objective is Objective.MEMORY:
+        found.sort(key=lambda c: (c.exact.peak_bytes if c.exact else 0, c.time.step_s))
+        for extra in found[plan.top :]:
+            extra.status = Status.FITS
+        found = found[: plan.top]
+    for cand in found:
+        cand.status = Status.RANKED
+    return found
+
+
+def _row(plan: PlanRequest, cand: _Cand, requests: dict[int, TrainingRequest], rank: int | None) -> PlanRow:
+    g, peak, t = cand.group, cand.exact, cand.time
+    request = requests[id(g)]
+    return PlanRow(
+        rank=rank,
+        status=cand.status,
+        framework=g.framework,
+        strategy=g.strategy,
+        title=STRATEGIES[g.strategy].title_under(g.framework),
+        gpus=g.world,
+        gpus_per_node=g.gpus_per_node,
+        micro_batch=cand.b,
+        grad_accum=cand.accum,
+        recompute=g.recompute,
+        offload_optimizer=g.offload_optimizer,
+        offload_params=g.offload_params,
+        reduce_dtype=g.reduce_dtype,
+        prefetch=g.prefetch,
+        grad_sync=g.grad_sync,
+        peak_exact=peak is not None,
+        peak_bytes=peak.peak_bytes if peak is not None else None,
+        peak_lower_bound_bytes=cand.lower,
+        verdict=peak.verdict if peak is not None else None,
+        headroom_bytes=peak.headroom_bytes if peak is not None else None,
+        host_bytes_per_node=_host_bytes(peak, request) if peak is not None else None,
+        compute_s=t.compute_s,
+        comm_s=t.comm_s,
+        exposed_comm_s=t.exposed_comm_s,
+        offload_s=t.offload_s,
+        step_s=t.step_s,
+        tokens_per_s_per_gpu=t.tokens_per_s_per_gpu,
+        mfu=t.mfu,
+        memory_options=memory_options(plan, g, cand.b),
+        comm_options=comm_options(plan, g, cand.b),
+    )

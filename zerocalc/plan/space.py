@@ -1,0 +1,406 @@
+"""What ``zerocalc plan`` searches: its options, parsed once, and the space of candidate configurations.
+
+A candidate is one exact ``zerocalc memory`` / ``zerocalc comm`` request: a framework, a strategy, a
+number of GPUs (whole nodes up to ``--gpus``), a micro-batch b and gradient accumulation A with
+**b · A · N = the global batch exactly** (in sequences), recompute, offload where the framework models it,
+the reduce dtype, the prefetch depth where the memory model reads it, and when gradients are reduced.
+Candidates that differ only in b (and so A) form a :class:`Group`: one parsed request, one family for the
+fitted peak of :mod:`zerocalc.plan.search`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import NamedTuple
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from zerocalc.activations import Recompute
+from zerocalc.calibration import Calibration
+from zerocalc.dtypes import DType
+from zerocalc.errors import InputError, shown
+from zerocalc.frameworks import Estimate, Framework
+from zerocalc.precision import RECIPES
+from zerocalc.request import (
+    MAX_GPUS,
+    MAX_GPUS_PER_NODE,
+    MAX_GRAD_ACCUM,
+    MAX_MICRO_BATCH,
+    MAX_SEQ_LEN,
+    TrainingRequest,
+    parse_options,
+)
+from zerocalc.schedule import GradSync
+from zerocalc.strategies import STRATEGIES, BufferRule, OffloadTarget, StrategyName, framework_strategies
+from zerocalc.units import parse_count, parse_fraction, parse_whole
+
+DEFAULT_FRAMEWORKS: tuple[Framework, ...] = (Framework.FSDP2, Framework.TORCH_ZERO1, Framework.DEEPSPEED)
+"""Searched without ``--framework``: the implementations whose allocations zerocalc models exactly or by
+their own estimator, covering every strategy (DDP and ZeRO-1: torch-zero1; ZeRO-2 and offload: DeepSpeed;
+SHARD_GRAD_OP, FULL_SHARD and HYBRID_SHARD: FSDP2)."""
+
+DEFAULT_MFU = 0.40
+"""The fraction of the GPU's dense bf16 peak that executed FLOPs run at. torchtitan reports 33–39% MFU for
+Llama 3.1 8B under FSDP2 on 8 H100 (docs/performance.md, 500 W power limit); PaLM reports 46.2% MFU
+(Chowdhery et al. 2022, Table 3) and Megatron-LM 52% of peak on A100 (Narayanan et al. 2021, §5.1) at
+scale. 0.40 sits in that range for data-parallel training without tensor parallelism."""
+
+MAX_TOP = 1000
+
+
+class Objective(StrEnum):
+    TIME = "time"
+    """Shortest step time (the global batch is fixed, so also the most tokens per second)."""
+    GPUS = "gpus"
+    """Fewest GPUs that fit, then the shortest step."""
+    MEMORY = "memory"
+    """Lowest peak per GPU, then the shortest step."""
+
+
+class PlanOptions(BaseModel):
+    """What the user typed for ``zerocalc plan``; nothing checked yet."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str | None = None
+    gpu: str | None = None
+    gpus: int | str = 8
+    gpus_per_node: int | str | None = None
+    global_batch: int | str | None = None
+    seq_len: int | str = 2048
+    frameworks: str | list[str] | tuple[str, ...] | None = None
+    calibration: str | Calibration | None = None
+    objective: str = "time"
+    top: int | str = 5
+    mfu: float | str = DEFAULT_MFU
+
+
+class PlanRequest(BaseModel):
+    """``zerocalc plan``'s options, typed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    """As given (a preset name or a config.json path): the reproducing commands repeat it."""
+    gpu: str
+    max_gpus: int
+    gpus_per_node: int
+    global_batch_sequences: int
+    seq_len: int
+    frameworks: tuple[Framework, ...]
+    calibration: Calibration | None = None
+    calibration_path: str | None = None
+    objective: Objective = Objective.TIME
+    top: int = 5
+    mfu: float = DEFAULT_MFU
+    base: TrainingRequest
+    """The model and GPU parsed once (at the largest world): the architecture, capacity and peak FLOPs."""
+
+    @property
+    def global_batch_tokens(self) -> int:
+        return self.global_batch_sequences * self.seq_len
+
+
+def _global_batch(text: int | str | None, seq_len: int) -> int:
+    """Sequences per optimizer step from ``4M`` / ``4194304`` (tokens) or ``512seq`` (sequences)."""
+    accepted = "tokens such as 4M or 4194304 (a multiple of {seq_len}), or sequences such as 512seq"
+    if text is None:
+        raise InputError(f"give {{global_batch}}; accepted: {accepted}")
+    raw = str(text).strip().lower().replace(" ", "")
+    for suffix in ("sequences", "seqs", "seq"):
+        if raw.endswith(suffix):
+            return parse_count(
+                raw.removesuffix(suffix), "{global_batch}", accepted, MAX_GPUS * MAX_MICRO_BATCH
+            )
+    tokens = parse_count(text, "{global_batch}", accepted, MAX_GPUS * MAX_MICRO_BATCH * MAX_SEQ_LEN)
+    if tokens % seq_len:
+        raise InputError(
+            f"{{global_batch}} {shown(text)} ({tokens:,} tokens) is not a whole number of sequences of "
+            f"{{seq_len}} {seq_len:,} tokens; accepted: a multiple of {seq_len:,} tokens, "
+            "or sequences (512seq)"
+        )
+    return tokens // seq_len
+
+
+def _frameworks(text: str | list[str] | tuple[str, ...] | None) -> tuple[Framework, ...]:
+    if text is None:
+        return DEFAULT_FRAMEWORKS
+    if isinstance(text, (list, tuple)):
+        text = ",".join(text)
+    parts = [p.strip().lower().replace("_", "-") for p in text.split(",") if p.strip()]
+    accepted = "all, or a comma list of " + ", ".join(f.value for f in Framework)
+    if parts == ["all"]:
+        return tuple(Framework)
+    known = {f.value: f for f in Framework}
+    if not parts or any(p not in known for p in parts):
+        raise InputError(f"{{frameworks}} {shown(text)} is not accepted; accepted: {accepted}")
+    return tuple(dict.fromkeys(known[p] for p in parts))
+
+
+def parse_plan(options: PlanOptions) -> PlanRequest:
+    """Parse and check every option once; one :class:`InputError` line for the first problem."""
+    o = options
+    if o.model is None:
+        raise InputError("give {model}; accepted: a model preset such as llama-3-8b, or a config.json")
+    if o.gpu is None:
+        raise InputError(
+            "give {gpu}: the plan needs its memory and dense peak FLOP/s; accepted: a GPU preset such as "
+            "h100-80gb (see `zerocalc presets list gpus`)"
+        )
+    objective_key = str(o.objective).strip().lower()
+    if objective_key not in {m.value for m in Objective}:
+        raise InputError(
+            f"{{objective}} {shown(o.objective)} is not accepted; accepted: time, gpus or memory"
+        )
+    top = parse_whole(o.top, "{top}", 1, MAX_TOP, "rows")
+    mfu = parse_fraction(o.mfu, "{mfu}", 1e-3, 1.0, "a fraction of the dense peak from 0.001 to 1, e.g. 0.4")
+    frameworks = _frameworks(o.frameworks)
+    max_gpus = parse_whole(o.gpus, "{gpus}", 1, MAX_GPUS, "GPUs")
+    base = parse_options(
+        model=o.model,
+        gpu=o.gpu,
+        gpus=max_gpus,
+        gpus_per_node=o.gpus_per_node,
+        seq_len=o.seq_len,
+        calibration=o.calibration,
+        framework="paper",
+    )
+    if base.model.architecture is None:  # pragma: no cover - a model always has one
+        raise InputError("{model} needs an architecture; accepted: a preset or a config.json")
+    per_node = (
+        8
+        if o.gpus_per_node is None
+        else parse_whole(o.gpus_per_node, "{gpus_per_node}", 1, MAX_GPUS_PER_NODE, "GPUs")
+    )
+    seq_len = base.activations.seq_len
+    sequences = _global_batch(o.global_batch, seq_len)
+    return PlanRequest(
+        model=o.model,
+        gpu=o.gpu,
+        max_gpus=max_gpus,
+        gpus_per_node=per_node,
+        global_batch_sequences=sequences,
+        seq_len=seq_len,
+        frameworks=frameworks,
+        calibration=base.calibration,
+        calibration_path=o.calibration if isinstance(o.calibration, str) else None,
+        objective=Objective(objective_key),
+        top=top,
+        mfu=mfu,
+        base=base,
+    )
+
+
+def plan_options(**values: object) -> PlanRequest:
+    """:func:`parse_plan` from keywords; a value of the wrong type is an InputError too."""
+    try:
+        options = PlanOptions(**values)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "_".join(str(p) for p in first["loc"][:1]) or "options"
+        raise InputError(f"{{{where}}} is not accepted ({first['msg']})") from None
+    return parse_plan(options)
+
+
+# ------------------------------------------------------------------------------------------------ space
+class Group(NamedTuple):
+    """Candidates that differ only in the micro-batch b (and so A = B / (N·b))."""
+
+    world: int
+    gpus_per_node: int
+    """As passed to the request: the node (HYBRID_SHARD: its shard group)."""
+    framework: Framework
+    strategy: StrategyName
+    recompute: Recompute
+    offload_optimizer: OffloadTarget
+    offload_params: OffloadTarget
+    reduce_dtype: DType | None
+    prefetch: int | None
+    """Only where the memory model reads it (the paper's gathered units); None: the default."""
+    grad_sync: GradSync | None
+    accumulates: bool
+    """A > 1 (the timeline keeps earlier micro-batches' gradients)."""
+    micro_batches: tuple[int, ...]
+
+    def options(self, b: int, grad_accum: int) -> dict[str, str]:
+        """The request's options as typed on the command line (concept → value), for one b."""
+        out = {
+            "gpus": str(self.world),
+            "gpus_per_node": str(self.gpus_per_node),
+            "framework": self.framework.value,
+            "strategies": self.strategy.value,
+            "micro_batch": str(b),
+            "grad_accum": str(grad_accum),
+            "recompute": self.recompute.value,
+        }
+        if self.offload_optimizer is not OffloadTarget.NONE:
+            out["offload_optimizer"] = self.offload_optimizer.value
+        if self.offload_params is not OffloadTarget.NONE:
+            out["offload_params"] = self.offload_params.value
+        if self.reduce_dtype is not None:
+            out["reduce_dtype"] = self.reduce_dtype.value
+        if self.prefetch is not None:
+            out["prefetch"] = str(self.prefetch)
+        if self.grad_sync is not None:
+            out["grad_sync"] = self.grad_sync.value
+        return out
+
+
+class Rejected(NamedTuple):
+    reason: str
+    count: int
+
+
+def world_sizes(plan: PlanRequest) -> list[int]:
+    """``--gpus`` and every smaller number of whole nodes; within one node, ``--gpus`` alone."""
+    g, n = plan.gpus_per_node, plan.max_gpus
+    if n <= g:
+        return [n]
+    sizes = [k * g for k in range(1, n // g + 1)]
+    return sizes if n % g == 0 else [*sizes, n]
+
+
+def micro_batches(per_gpu: int) -> tuple[int, ...]:
+    """Every b dividing the sequences per GPU per step, with A = per_gpu / b within the request's bounds."""
+    return tuple(
+        b
+        for b in range(1, min(per_gpu, MAX_MICRO_BATCH) + 1)
+        if per_gpu % b == 0 and per_gpu // b <= MAX_GRAD_ACCUM
+    )
+
+
+def _shard_groups(world: int, per_node: int) -> list[int]:
+    """HYBRID_SHARD's shard-group sizes: divisors of the node (≥ 2) that divide N, smaller than N."""
+    return [k for k in range(2, per_node + 1) if per_node % k == 0 and world % k == 0 and k < world]
+
+
+def _offloads(framework: Framework, name: StrategyName) -> list[tuple[OffloadTarget, OffloadTarget]]:
+    """(optimizer, parameters) offloads the framework's memory model covers for this strategy."""
+    none = OffloadTarget.NONE
+    if framework not in (Framework.PAPER, Framework.DEEPSPEED, Framework.MEGATRON):
+        return [(none, none)]
+    strategy = STRATEGIES[name]
+    out = [(none, none)] + [(t, none) for t in strategy.optimizer_offload]
+    out += [(t, t) for t in strategy.param_offload if t in strategy.optimizer_offload]
+    return list(dict.fromkeys(out))
+
+
+def enumerate_groups(plan: PlanRequest, flash: bool) -> tuple[list[Group], list[Rejected]]:
+    """Every group of the space, and what was left out before evaluation (counted in candidates)."""
+    groups: list[Group] = []
+    rejected: list[Rejected] = []
+    recipe = RECIPES[plan.base.precision]
+    reduce_dtypes: list[DType | None] = [None] + ([DType.FP32] if recipe.grad_dtype is not DType.FP32 else [])
+    for world in world_sizes(plan):
+        if plan.global_batch_sequences % world:
+            rejected.append(Rejected("GPU counts not dividing the global batch (b·A·N must equal it)", 1))
+            continue
+        bs = micro_batches(plan.global_batch_sequences // world)
+        if not bs:  # pragma: no cover - b = per-GPU batch always qualifies within bounds
+            continue
+        single = tuple(b for b in bs if plan.global_batch_sequences // (world * b) == 1)
+        multi = tuple(b for b in bs if plan.global_batch_sequences // (world * b) > 1)
+        for framework in plan.frameworks:
+            names = [
+                n
+                for n in framework_strategies(framework, Estimate.MEMORY)
+                if n in framework_strategies(framework, Estimate.COMM)
+            ]
+            for name in names:
+                strategy = STRATEGIES[name]
+                setup = strategy.frameworks[framework]
+                nodes = (
+                    _shard_groups(world, plan.gpus_per_node)
+                    if name is StrategyName.HYBRID_SHARD
+                    else [plan.gpus_per_node]
+                )
+                if name is StrategyName.HYBRID_SHARD and not nodes:
+                    rejected.append(
+                        Rejected("hybrid_shard: no shard group smaller than N divides it", len(bs))
+                    )
+                prefetches: list[int | None] = (
+                    [0, 1]
+                    if framework is Framework.PAPER and strategy.buffers is BufferRule.GATHERED_UNITS
+                    else [None]
+                )
+                for per_node in nodes:
+                    for recompute in Recompute:
+                        if recompute is Recompute.SELECTIVE and flash:
+                            rejected.append(
+                                Rejected(
+                                    "recompute selective = none here (flash attention keeps no s² tensors)",
+                                    len(bs) * len(prefetches),
+                                )
+                            )
+                            continue
+                        for opt_off, par_off in _offloads(framework, name):
+                            for reduce in reduce_dtypes:
+                                for prefetch in prefetches:
+                                    for accumulates, chosen in ((False, single), (True, multi)):
+                                        if not chosen:
+                                            continue
+                                        syncs: list[GradSync | None] = (
+                                            [None, GradSync.LAST]
+                                            if accumulates and setup.grad_sync is None
+                                            else [None]
+                                        )
+                                        for sync in syncs:
+                                            groups.append(
+                                                Group(
+                                                    world,
+                                                    per_node,
+                                                    framework,
+                                                    name,
+                                                    recompute,
+                                                    opt_off,
+                                                    par_off,
+                                                    reduce,
+                                                    prefetch,
+                                                    sync,
+                                                    accumulates,
+                                                    chosen,
+                                                )
+                                            )
+    return groups, rejected
+
+
+COMM_OPTIONS = ("gpus", "gpus_per_node", "framework", "strategies", "grad_accum", "grad_sync", "reduce_dtype")
+"""The options ``zerocalc comm`` takes of a candidate's (it has no micro-batch, recompute or offload)."""
+
+
+def memory_options(plan: PlanRequest, group: Group, b: int) -> dict[str, str]:
+    """The candidate's ``zerocalc memory`` options, concept → value as typed."""
+    grad_accum = plan.global_batch_sequences // (group.world * b)
+    return {
+        "model": plan.model,
+        "gpu": plan.gpu,
+        "seq_len": str(plan.seq_len),
+        **group.options(b, grad_accum),
+    }
+
+
+def comm_options(plan: PlanRequest, group: Group, b: int) -> dict[str, str]:
+    """The candidate's ``zerocalc comm`` options (the calibration file's path where one was given)."""
+    grad_accum = plan.global_batch_sequences // (group.world * b)
+    chosen = {k: v for k, v in group.options(b, grad_accum).items() if k in COMM_OPTIONS}
+    out = {"model": plan.model, "gpu": plan.gpu, **chosen}
+    if plan.calibration_path is not None:
+        out["calibration"] = plan.calibration_path
+    return out
+
+
+def group_request(plan: PlanRequest, group: Group, estimate: Estimate) -> TrainingRequest:
+    """The group's request (at its first b) for ``memory`` or ``comm``, parsed as the commands parse it; an
+    option the framework does not model raises the parser's own :class:`InputError`."""
+    b = group.micro_batches[0]
+    if estimate is Estimate.MEMORY:
+        options: dict[str, object] = dict(memory_options(plan, group, b))
+    else:
+        options = dict(comm_options(plan, group, b))
+        options.pop("calibration", None)
+    return parse_options(
+        estimate=estimate,
+        calibration=plan.calibration,
+        calibration_name=plan.calibration_path,
+        **options,
+    )

@@ -1,0 +1,177 @@
+"""The step time of one candidate (pure): compute from FLOPs, communication from ``comm``'s schedule with
+the overlap each framework achieves, offload transfers and the CPU optimizer.
+
+Compute. Model FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B): ``6·P + 12·L·H·Q·T`` — P the
+parameters a token's matmuls use (active parameters for MoE; the input embedding is a lookup, not a
+matmul, so it is left out, a tied LM head counted once), L layers, H·Q the attention width (heads × head
+dim), T the sequence length; forward is a third of it. Recompute adds executed FLOPs that are not model
+FLOPs: ``full`` one more forward (``2·P + 4·L·H·Q·T``), ``selective`` the attention core's forward
+(``4·L·H·Q·T``, Korthikanti et al. 2022 §5) where it keeps s² tensors — with flash attention it keeps
+none and recomputes nothing extra. Executed FLOPs run at ``mfu`` × the GPU's dense bf16 peak.
+
+Communication. Each collective's time is ``comm``'s (:func:`zerocalc.comm.strategy_comm`: α per call + bytes
+/ β, the calibration's fit or the preset's bandwidths). Overlap, per phase (exposed = max(0, comm −
+compute the comm can hide behind), per micro-batch):
+
+* forward all-gathers hide behind forward compute when the next unit is prefetched (FSDP's all-gather
+  stream, Zhao et al. 2023 §3.3 / §5.1 "implicit prefetching"; DeepSpeed ZeRO-3's prefetch; the paper's
+  ``--prefetch`` ≥ 1, ZeRO paper §7.2.2); with ``--prefetch 0`` they are exposed;
+* backward all-gathers, reduce-scatters and DDP's bucketed all-reduces hide behind backward compute
+  (Zhao et al. 2023 §3.3; Li et al. 2020, PyTorch DDP, §3.2.3) — except DeepSpeed ZeRO-1/2, whose
+  ``overlap_comm`` defaults to false (DeepSpeed config docs): their reductions are exposed;
+* collectives after ``optimizer.step()`` (ZeRO-1/2 parameter all-gathers, ZeroRedundancyOptimizer's
+  broadcasts) are exposed.
+
+A collective that runs once per step when A > 1 (gradients reduced on the last micro-batch) hides only
+behind that micro-batch's compute. One call of each collective per micro-batch is never hidden: the first
+unit's all-gather precedes all compute and the last unit's reduction follows it (Zhao et al. 2023, §3.3).
+
+Offload (DeepSpeed ZeRO-Offload / ZeRO-Infinity), not overlapped (an upper bound; DeepSpeed overlaps part):
+gradients to the host and updated 16-bit parameters back over PCIe, the CPU Adam step bound by host memory
+bandwidth, NVMe reads and writes of the optimizer states, and offloaded parameters fetched twice per
+micro-batch (forward and backward). The constants below are stated assumptions, not measurements.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from zerocalc.activations import Recompute
+from zerocalc.architecture import Architecture, ParameterCount
+from zerocalc.comm import StrategyComm
+from zerocalc.frameworks import Framework
+from zerocalc.schedule import Phase
+from zerocalc.strategies import OffloadTarget, StrategyName
+
+PCIE_BPS = 25e9
+"""Host ↔ GPU bytes/s per GPU: PCIe 4.0 ×16 achieves about 25 GB/s of its 32 GB/s (an assumption; PCIe 5.0
+hosts reach about twice that)."""
+NVME_BPS = 3.5e9
+"""NVMe bytes/s per GPU: one PCIe 4.0 NVMe drive per GPU (ZeRO-Infinity, Rajbhandari et al. 2021, assumes
+tens of GB/s per node from several drives); an assumption."""
+HOST_MEMORY_BPS = 100e9
+"""Host DRAM bytes/s per node available to the CPU optimizer (an assumption: two sockets of DDR4/DDR5)."""
+CPU_ADAM_BYTES_PER_PARAM = 30
+"""CPU Adam is memory-bound (ZeRO-Offload, Ren et al. 2021, §4.2 CPU-Adam): it reads the fp32 parameter,
+gradient and two moments (16 B) and writes the parameter, the moments (12 B) and the 16-bit copy (2 B)."""
+
+
+class Flops(NamedTuple):
+    """Per token."""
+
+    model: float
+    """Model FLOPs (forward + backward), what MFU counts."""
+    forward: float
+    recompute: float
+    """Executed on top of the model FLOPs, in backward."""
+
+
+def flops_per_token(
+    arch: Architecture, count: ParameterCount, seq_len: int, recompute: Recompute, flash: bool
+) -> Flops:
+    """PaLM's ``6·P + 12·L·H·Q·T`` per token, and what recompute adds (see the module's doc)."""
+    matmul = count.active_per_token - count.embedding
+    if arch.tied_embeddings:
+        matmul += arch.vocab_size * arch.hidden_size  # the LM head's matmul reuses the embedding
+    width = arch.num_heads * (arch.head_dim or arch.hidden_size // arch.num_heads)
+    attention = 12.0 * arch.num_layers * width * seq_len
+    model = 6.0 * matmul + attention
+    forward = model / 3
+    if recompute is Recompute.FULL:
+        extra = forward
+    elif recompute is Recompute.SELECTIVE and not flash:
+        extra = attention / 3
+    else:
+        extra = 0.0
+    return Flops(model=model, forward=forward, recompute=extra)
+
+
+class StepTime(NamedTuple):
+    compute_s: float
+    comm_s: float
+    exposed_comm_s: float
+    offload_s: float
+    step_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+
+
+def _overlaps_backward(framework: Framework, strategy: StrategyName) -> bool:
+    return not (framework is Framework.DEEPSPEED and strategy in (StrategyName.ZERO1, StrategyName.ZERO2))
+
+
+def _exposed(phase: list[float], compute: float, accum: int, hides: bool) -> float:
+    """Exposed time of one phase: ``phase`` = [comm spread evenly over the A micro-batches, comm on the last
+    only, one call of each spread collective, one call of each last-only collective]. Per micro-batch, at
+    least one call is exposed (the first all-gather before any compute, the last reduction after it)."""
+    spread, once, call_spread, call_once = phase
+    if not hides:
+        return spread + once
+    per = compute / accum
+    each = max(call_spread, spread / accum - per)
+    last = max(call_spread + call_once, spread / accum + once - per)
+    return (accum - 1) * each + last
+
+
+def offload_seconds(
+    params: int,
+    world: int,
+    ranks_per_node: int,
+    optimizer_shards: int,
+    offload_optimizer: OffloadTarget,
+    offload_params: OffloadTarget,
+    grad_accum: int,
+    param_bytes: int = 2,
+    grad_bytes: int = 2,
+) -> float:
+    """Offload time per step per GPU (see the module's doc for what moves and the assumed rates)."""
+    seconds = 0.0
+    if offload_optimizer is not OffloadTarget.NONE:
+        owned = params / optimizer_shards
+        seconds += owned * (grad_bytes + param_bytes) / PCIE_BPS
+        seconds += owned * ranks_per_node * CPU_ADAM_BYTES_PER_PARAM / HOST_MEMORY_BPS
+        if offload_optimizer is OffloadTarget.NVME:
+            seconds += 2 * owned * 12 / NVME_BPS  # fp32 parameter and moments read and written
+    if offload_params is not OffloadTarget.NONE:
+        rate = PCIE_BPS if offload_params is OffloadTarget.CPU else NVME_BPS
+        seconds += grad_accum * 2 * (params / world) * param_bytes / rate
+    return seconds
+
+
+def step_time(
+    flops: Flops,
+    tokens_per_gpu: int,
+    grad_accum: int,
+    peak_flops: float,
+    mfu: float,
+    comm: StrategyComm,
+    framework: Framework,
+    prefetch: int | None,
+    offload_s: float,
+) -> StepTime:
+    """Compute + exposed communication + offload, for one GPU's share of the step."""
+    rate = peak_flops * mfu
+    forward = tokens_per_gpu * flops.forward / rate
+    backward = tokens_per_gpu * (flops.model - flops.forward + flops.recompute) / rate
+    compute = forward + backward
+    phases: dict[Phase, list[float]] = {p: [0.0, 0.0, 0.0, 0.0] for p in Phase}
+    for c in comm.collectives:
+        once = grad_accum > 1 and c.times_per_step == 1
+        phases[c.phase][1 if once else 0] += c.time_s
+        call = c.time_s / c.calls_per_step if c.calls_per_step else 0.0
+        phases[c.phase][3 if once else 2] += call
+    exposed = _exposed(phases[Phase.FORWARD], forward, grad_accum, prefetch != 0)
+    exposed += _exposed(
+        phases[Phase.BACKWARD], backward, grad_accum, _overlaps_backward(framework, comm.strategy)
+    )
+    exposed += phases[Phase.AFTER_STEP][0] + phases[Phase.AFTER_STEP][1]
+    step = compute + exposed + offload_s
+    return StepTime(
+        compute_s=compute,
+        comm_s=comm.time_s,
+        exposed_comm_s=exposed,
+        offload_s=offload_s,
+        step_s=step,
+        tokens_per_s_per_gpu=tokens_per_gpu / step,
+        mfu=tokens_per_gpu * flops.model / (step * peak_flops),
+    )
