@@ -364,7 +364,43 @@ def _validate_cuda(model: str | None, precision: str, micro_batch: int, seq_len:
 
     if not torch.cuda.is_available():
         raise fail("--device cuda: no CUDA device is visible to torch here; accepted: a machine with a GPU")
-    raise fail("--device cuda is not built yet")
+    _check_shape(micro_batch, seq_len)
+    name, config = _activation_model(model or "")
+    if importlib.util.find_spec("transformers") is None:
+        raise fail(NEEDS_TRANSFORMERS)
+    from zerocalc.api import estimate_peak
+    from zerocalc.validate import cuda_step
+    from zerocalc.validate.phases import compare_phases
+
+    (row,) = estimate_peak(
+        model, 1, framework="fsdp2", strategies="zero3", micro_batch=micro_batch, seq_len=seq_len,
+        recompute="none", reduce_dtype="fp32", model_impl="hf", flash_attention=True, gpu="h100-80gb",
+    ).peak.strategies  # fmt: skip
+    report = compare_phases(row, cuda_step.run(config, micro_batch, seq_len, reshard=True, recompute=False))
+    if json:
+        from zerocalc.cli.render import print_json
+
+        print_json(report)
+    else:
+        from zerocalc.cli.render import Column, print_fitted
+
+        lines = report.lines
+        print_fitted(
+            "line",
+            [line.line for line in lines],
+            [
+                Column(header="predicted", cells=[f"{line.predicted:,}" for line in lines]),
+                Column(header="measured", cells=[f"{line.measured:,}" for line in lines]),
+                Column(header="diff", cells=[f"{line.relative:+.2%}" for line in lines]),
+                Column(header="", cells=["✓" if line.ok else "✗ OFF" for line in lines], justify="left"),
+            ],
+            title=f"{name}: FSDP2 world 1, b={micro_batch} s={seq_len}",
+        )
+        typer.echo(
+            f"peak phase: predicted {report.predicted_phase.value}, measured {report.measured_phase.value}"
+        )
+    if not report.ok:
+        raise typer.Exit(1)
 
 
 def config_title(config: ConfigResult) -> str:
