@@ -608,8 +608,11 @@ def _dropout(model_type: str, config: dict[str, Any], where: str) -> dict[str, f
 
 def architecture_from_hf_config(path: Path) -> Architecture:
     """The architecture a Hugging Face ``config.json`` describes, as transformers 5.17 builds it."""
-    where = f"--model {str(path)!r}"
-    config = _load(path)
+    return architecture_from_hf_dict(_load(path), f"--model {str(path)!r}", path.parent.name or path.stem)
+
+
+def architecture_from_hf_dict(config: Any, where: str, name: str) -> Architecture:
+    """The architecture of a parsed ``config.json`` (``where`` names it in errors)."""
     if not isinstance(config, dict):
         kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
             type(config), "a number"
@@ -623,7 +626,6 @@ def architecture_from_hf_config(path: Path) -> Architecture:
         shown = repr(model_type) if isinstance(model_type, str) else _show(model_type)
         raise InputError(f"{where}: model_type {shown} is not supported; accepted: {', '.join(SUPPORTED)}")
     values = _values(family, config, where)
-    name = path.parent.name or path.stem
     try:
         fields = family.rule(values)
         heads, kv = fields["num_heads"], fields.get("num_kv_heads") or fields["num_heads"]

@@ -147,8 +147,29 @@ class Traits(NamedTuple):
     qkv_views_kept: bool
     """A fused q/k/v output whose q is saved as a view, so the whole storage stays (GPT-2 ``c_attn``)."""
     router: str
-    """``softmax_topk_norm`` (Mixtral), ``softmax_topk`` (Qwen2-MoE), ``sigmoid_group`` (DeepSeek-V3)."""
+    """``softmax_topk_norm`` (Mixtral: fp32 routing weights), ``softmax_topk_norm_cast`` (Qwen3-MoE with
+    ``norm_topk_prob`` true, as published: the normalised weights cast back to the compute dtype),
+    ``softmax_topk`` (Qwen2-MoE), ``sigmoid_group`` (DeepSeek-V3)."""
     rotary: bool
+    rotary_fraction: float = 1.0
+    """The share of the head dimension the rotary embedding turns (GPT-NeoX ``rotary_pct``, default 0.25
+    in ``GPTNeoXConfig``; Pythia's configs keep it): cos and sin are [1, s, fraction·d]."""
+    rotary_fp32: bool = False
+    """cos and sin stay fp32 (``Olmo2RotaryEmbedding`` returns them uncast; ``apply_rotary_pos_emb`` casts
+    its fp32 products back)."""
+    rotary_cat: bool = False
+    """The rotary output is a ``torch.cat`` (Phi-3's and GPT-NeoX's partial rotary; DeepSeek-V3's
+    nope/pe): a contiguous [b, a, s, d] q, so SDPA's output (``empty_like`` in q's layout) is [b, a, s, d]
+    too and ``transpose(1, 2).reshape(...).contiguous()`` copies it for the o projection."""
+    eager_softmax_fp32: bool = True
+    """Eager attention's softmax runs in fp32 and is cast back (``softmax(..., dtype=float32).to(dtype)``);
+    GPT-2's runs in the compute dtype (``modeling_gpt2.eager_attention_forward``)."""
+    embedding_scale: bool = False
+    """The embedding output is multiplied by a 0-dim ``normalizer`` tensor (√h) in the compute dtype,
+    which ``mul`` saves (Gemma 2 / Gemma 3)."""
+    logit_softcap: bool = False
+    """``final_logit_softcapping`` (Gemma 2: 30.0 in ``Gemma2Config`` and its published configs):
+    ``tanh(logits / cap) · cap``, and ``tanh`` saves its output [T, V] in the compute dtype."""
 
 
 def traits(arch: Architecture) -> Traits:
@@ -163,33 +184,56 @@ def traits(arch: Architecture) -> Traits:
         norm=norm,
         gelu="tanh_decomposed" if family == "gpt2" else "exact",
         qkv_views_kept=family == "gpt2",
-        router={"qwen2_moe": "softmax_topk", "deepseek_v3": "sigmoid_group"}.get(family, "softmax_topk_norm"),
+        router={
+            "qwen2_moe": "softmax_topk",
+            "qwen3_moe": "softmax_topk_norm_cast",
+            "deepseek_v3": "sigmoid_group",
+        }.get(family, "softmax_topk_norm"),
         rotary=not arch.learned_position_embeddings,
+        rotary_fraction=0.25 if family == "gpt_neox" else 1.0,
+        rotary_fp32=family == "olmo2",
+        rotary_cat=family in ("phi3", "gpt_neox", "deepseek_v3"),
+        eager_softmax_fp32=family != "gpt2",
+        embedding_scale=family in ("gemma2", "gemma3_text"),
+        logit_softcap=family == "gemma2",
     )
 
 
 # ---------------------------------------------------------------------------------------------- norms
-def norm_saves(kind: str, rows: int, width: int, act: int, device: Device, fp32_copy: bool) -> list[int]:
-    """Storages a norm over ``rows`` × ``width`` keeps (its output, the next op's input, is not included).
+def norm_saves(
+    kind: str, rows: int, width: int, act: int, device: Device, fp32_copy: bool, input_kept: bool = False
+) -> list[tuple[str, int]]:
+    """Storages a norm over ``rows`` × ``width`` keeps, named (its output, the next op's input, is not
+    included). ``input_kept``: the norm reads the layer's input, which the layer keeps anyway
+    (:attr:`LayerSaves.keeps_input`), so a storage that *is* that input is not counted again.
 
-    * ``llama`` (``LlamaRMSNorm``): ``x.to(float32)`` (saved by ``pow`` and ``mul``; no copy in fp32),
-      ``rsqrt(var + eps)`` [rows, 1] fp32, ``normalized.to(dtype)`` (saved by ``weight *``);
-    * ``gemma`` / ``olmo`` (``Gemma2RMSNorm``: ``* (1 + weight.float())``; ``Olmo2RMSNorm``: ``(weight * x)
-      .to(dtype)``): the product with the weight runs in fp32, so the normalised tensor is kept in fp32;
+    * ``llama`` (``LlamaRMSNorm.forward``): ``x.to(float32)`` (saved by ``pow`` and ``mul``; in fp32 it is
+      ``x`` itself), ``rsqrt(var + eps)`` [rows, 1] fp32, ``normalized.to(dtype)`` (saved by ``weight *``);
+    * ``gemma`` (``Gemma2RMSNorm`` / ``Gemma3RMSNorm``: ``output * (1.0 + self.weight.float())``): the
+      normalised tensor in fp32, and ``1 + weight`` [width] in fp32 (saved by that product);
+    * ``olmo`` (``Olmo2RMSNorm``: ``(self.weight * x).to(dtype)``): the normalised tensor in fp32;
     * ``layernorm`` (``native_layer_norm``): its input, and mean and rstd [rows, 1] in fp32 on CUDA (the
-      accumulate type) but in the input dtype on the CPU;
+      accumulate type) but in the input dtype on the CPU (``aten/src/ATen/native/cpu/layer_norm_kernel.cpp``);
     * fused kernels (megatron, torchtitan ``nn.RMSNorm`` on CUDA: ``_fused_rms_norm``): the input and
       rstd only.
     """
     elements = rows * width
     if kind == "layernorm":
         stats = FP32 if device is Device.CUDA else act
-        return [act * elements, stats * rows, stats * rows]
+        kept = [("mean", stats * rows), ("rstd", stats * rows)]
+        return kept if input_kept else [("input", act * elements), *kept]
     if not fp32_copy:
-        return [act * elements, FP32 * rows]
-    copy = FP32 * elements if act != FP32 else 0
+        return [("input", act * elements), ("rstd (fp32)", FP32 * rows)]
+    copy = 0 if act == FP32 and input_kept else FP32 * elements
     normalized = FP32 * elements if kind in ("gemma", "olmo") else act * elements
-    return [b for b in (copy, FP32 * rows, normalized) if b]
+    parts = [
+        ("input in fp32" if act == FP32 else "x.float() copy", copy),
+        ("rsqrt (fp32)", FP32 * rows),
+        ("normalized (fp32)" if normalized != act * elements or act == FP32 else "normalized", normalized),
+    ]
+    if kind == "gemma":
+        parts.append(("1 + weight (fp32)", FP32 * width))
+    return [(name, b) for name, b in parts if b]
 
 
 # -------------------------------------------------------------------------------------------- the layer
@@ -254,23 +298,24 @@ def _layer_saves(
     copies = impl.kv_cache_copies and use_cache
     saved: list[tuple[str, int]] = []
 
-    def add(name: str, nbytes: int | list[int]) -> None:
-        for i, b in enumerate(nbytes if isinstance(nbytes, list) else [nbytes]):
+    def add(name: str, nbytes: int | list[int] | list[tuple[str, int]]) -> None:
+        if not isinstance(nbytes, list):
+            nbytes = [(name, nbytes)]
+        for i, part in enumerate(nbytes):
+            part_name, b = part if isinstance(part, tuple) else (f"{name}#{i}", part)
             if b:
-                saved.append((f"{name}#{i}" if isinstance(nbytes, list) else name, b))
+                saved.append((f"{name}: {part_name}" if isinstance(part, tuple) else part_name, b))
 
-    def norm(name: str, width: int = h, rows: int = T) -> None:
-        add(name, norm_saves(t.norm, rows, width, act, device, impl.norm_fp32_copy))
+    def norm(name: str, width: int = h, rows: int = T, input_kept: bool = False) -> None:
+        add(name, norm_saves(t.norm, rows, width, act, device, impl.norm_fp32_copy, input_kept))
 
     layout = arch.block_layout
     layernorm = t.norm == "layernorm"
 
     def norm_on_input(name: str) -> None:
-        """A norm reading the layer input: a LayerNorm keeps that input itself (counted as kept)."""
-        if layernorm:
-            add(f"{name} statistics", norm_saves(t.norm, T, h, act, device, False)[1:])
-        else:
-            norm(name)
+        """A norm reading the layer input, which the layer keeps (``keeps_input``) where an op saves it
+        itself: a LayerNorm, and an HF RMSNorm in fp32 (``x.to(float32)`` is ``x``)."""
+        norm(name, input_kept=True)
 
     # ---- attention -----------------------------------------------------------------------------------
     if layout is not BlockLayout.POST_NORM:
@@ -345,7 +390,11 @@ def _attention(add, norm, arch, t, impl, T, shape, act, device, copies, flash) -
         out = a * mla.v_head_dim
     else:
         q_width, kv_width = a * d, kv * d
-        if (t.qkv_views_kept and arch.fused_qkv) or (t.qkv_views_kept and not t.rotary):
+        if t.qkv_views_kept and not flash and shape.b > 1:
+            # eager matmul(q, kᵀ) folds q [b, a, s, d] (a view of c_attn's output) into [b·a, s, d]: a copy
+            # when b > 1, saved by bmm; c_attn's output is then kept by nothing
+            add("q (matmul's contiguous copy)", act * T * q_width)
+        elif (t.qkv_views_kept and arch.fused_qkv) or (t.qkv_views_kept and not t.rotary):
             add("q/k/v projection output (q is a view of it)", act * T * (q_width + 2 * kv_width))
         if arch.qk_norm is QkNorm.PER_HEAD:
             norm("q norm", d, T * a)
@@ -359,14 +408,21 @@ def _attention(add, norm, arch, t, impl, T, shape, act, device, copies, flash) -
             add("k", act * T * kv_width)
             add("v", act * T * kv_width)
         out = q_width
-    add("attention output (o projection input)", act * T * out)
+    if flash and t.rotary_cat:
+        add("attention output", act * T * out)
+        add("o projection input (a copy of the [b, a, s, d] output)", act * T * out)
+    else:
+        add("attention output (o projection input)", act * T * out)
     b, s = shape.b, shape.s
     if flash:
         add("softmax log-sum-exp", FP32 * T * a)
     else:
         probs = b * a * s * s
-        add("softmax probabilities (fp32)", FP32 * probs)
-        add("probabilities cast", act * probs if act != FP32 else 0)
+        if t.eager_softmax_fp32:
+            add("softmax probabilities (fp32)", FP32 * probs)
+            add("probabilities cast", act * probs if act != FP32 else 0)
+        else:
+            add("softmax probabilities", act * probs)
         if arch.attention_dropout > 0:
             add("attention dropout mask", (1 if device is Device.CUDA else act) * probs)
             add("attention dropout output", act * probs)
@@ -411,10 +467,10 @@ def _moe(add, arch, t, T, act) -> None:
             "router softmax (fp32), top-k indices, sum, top-k weights",
             [FP32 * T * E, INT64 * T * k, FP32 * T, FP32 * T * k],
         )
-        weights = FP32 * S
+        weights = act * S if t.router == "softmax_topk_norm_cast" else FP32 * S
     add(
-        "experts: permutation indices, mask, offsets, gathered tokens, gate/up, activation, product",
-        [3 * INT64 * S, S, FP32 * E, act * S * h, 2 * act * S * f, act * S * f, act * S * f],
+        "experts: permutation indices (3), mask, offsets, gathered tokens, gate/up, activation, product",
+        [*[INT64 * S] * 3, S, FP32 * E, act * S * h, 2 * act * S * f, act * S * f, act * S * f],
     )
     add("routing weights, down output", [weights, act * S * h])
     if arch.num_shared_experts:
@@ -432,7 +488,7 @@ def _forward_excess(impl, arch, index, t, T, act) -> int:
     extra = 3 * act * T * h
     if t.norm == "layernorm" and arch.residual_dropout > 0:
         extra += act * T * h  # the dropout output before the residual add
-    if arch.is_moe_layer(index) and t.router == "softmax_topk_norm":
+    if arch.is_moe_layer(index) and t.router == "softmax_topk_norm":  # fp32 routing weights
         S = T * arch.experts_per_token  # the fp32 weighted output [S, h], its gather, the fp32 sum [T, h]
         extra = max(extra, act * T * h + 2 * FP32 * S * h + FP32 * T * h)
     return extra
@@ -446,7 +502,7 @@ def _backward_excess(impl, arch, index, t, T, act) -> int:
     h, f = arch.hidden_size, arch.intermediate_size
     if arch.is_moe_layer(index):
         S = T * arch.experts_per_token
-        moe = (14 if t.router != "softmax_topk" else 7) * S * h * act // 2
+        moe = (14 if t.router == "softmax_topk_norm" else 7) * S * h * act // 2
         shared = 0
         if arch.num_shared_experts:
             fs = arch.num_shared_experts * (arch.shared_expert_intermediate_size or f)
@@ -483,25 +539,55 @@ def shared_saves(
         if arch.embedding_dropout > 0:
             out.append(("embedding dropout mask", (1 if device is Device.CUDA else act) * shape.tokens * h))
         return out
+    t = traits(arch)
     d = arch.latent_attention.qk_rope_head_dim if arch.latent_attention else arch.dim_per_head
-    out = [("rotary cos", act * s * d), ("rotary sin", act * s * d)]
+    d = int(d * t.rotary_fraction)
+    width = FP32 if t.rotary_fp32 else act
+    out = [("rotary cos", width * s * d), ("rotary sin", width * s * d)]
     if checkpointed:
         out.append(("position ids (checkpoint inputs)", INT64 * s))
     return out
 
 
+def embedding_saves(impl: ModelImpl, arch: Architecture, act: int) -> list[tuple[str, int]]:
+    """Saved by the embedding's own ops besides its indices: Gemma's ``hidden * normalizer`` keeps the
+    0-dim √h tensor (``Gemma2Model.forward``, ``Gemma3TextModel.forward``)."""
+    if impl.name is ModelImplName.HF and traits(arch).embedding_scale:
+        return [("embedding scale √h (0-dim)", act)]
+    return []
+
+
+def logits_saves(impl: ModelImpl, arch: Architecture, shape: Shape, act: int) -> list[tuple[str, int]]:
+    """Saved between the LM head and the loss: Gemma 2's ``final_logit_softcapping`` keeps ``tanh``'s
+    output [T, V] in the compute dtype (``Gemma2ForCausalLM.forward``)."""
+    if impl.name is ModelImplName.HF and traits(arch).logit_softcap:
+        return [("logit soft-capping tanh output", act * shape.tokens * arch.vocab_size)]
+    return []
+
+
 def final_saves(
     impl: ModelImpl, arch: Architecture, shape: Shape, act: int, device: Device
 ) -> list[tuple[str, int]]:
-    """The final norm's saved tensors and the LM head's input (the norm's output)."""
+    """The final norm's saved tensors and the LM head's input (the norm's output). A LayerNorm's input is
+    the last hidden state, which the timeline keeps; an HF RMSNorm's fp32 copy is a new tensor (in fp32 it
+    is the last hidden state itself, which the timeline then frees as a hidden state)."""
     T, h = shape.tokens, arch.hidden_size
     t = traits(arch)
     if impl.name is ModelImplName.MEGATRON:
         return [("final norm input", act * T * h), ("LM head input", act * T * h)]
-    sizes = norm_saves(t.norm, T, h, act, device, impl.norm_fp32_copy)
-    if t.norm == "layernorm":
-        sizes = sizes[1:]  # ln_f's input is the last hidden state, alive already
-    return [(f"final norm#{i}", b) for i, b in enumerate(sizes)] + [("LM head input", act * T * h)]
+    parts = norm_saves(t.norm, T, h, act, device, impl.norm_fp32_copy, input_kept=t.norm == "layernorm")
+    return [(f"final norm: {name}", b) for name, b in parts] + [("LM head input", act * T * h)]
+
+
+def loss_saves(impl: ModelImpl, arch: Architecture, shape: Shape) -> list[tuple[str, int]]:
+    """What the loss keeps for backward (``hf``: ``loss/loss_utils.py::ForCausalLMLoss``, 5.17.0): the
+    fp32 ``log_softmax`` output (``logits.float()`` first; saved by ``log_softmax`` and ``nll_loss``), the
+    target (``labels[..., 1:].contiguous()``, a copy of 8·T; for b = 1 the slice is contiguous already, so
+    the target is a view of the padded labels, 8·b·(s + 1)) and ``nll_loss``'s fp32 ``total_weight``. The
+    step timeline (:mod:`zerocalc.peak.timeline`) allocates the same tensors, with the loss's transients."""
+    T, V = shape.tokens, arch.vocab_size
+    target = INT64 * T if shape.b > 1 or impl.loss != "hf_upcast" else INT64 * shape.b * (shape.s + 1)
+    return [("log_softmax output (fp32)", FP32 * T * V), ("target", target), ("total_weight (fp32)", FP32)]
 
 
 # ------------------------------------------------------------------------------------------ Korthikanti

@@ -68,6 +68,36 @@ GpusPerNode = Annotated[
 ]
 
 
+Activations = Annotated[
+    bool,
+    typer.Option(
+        "--activations",
+        help="Measure on the CPU what real Hugging Face modules save for backward (saved_tensors_hooks) and "
+        "compare it, region by region and to the byte, with the hf model profile (needs transformers).",
+    ),
+]
+Families = Annotated[
+    str,
+    typer.Option("--family", help="With --activations: comma list of families (tiny configs), or all."),
+]
+Attentions = Annotated[
+    str, typer.Option("--attention", help="With --activations: comma list of sdpa, eager.")
+]
+MicroBatch = Annotated[int, typer.Option("--micro-batch", "-b", help="With --activations: sequences b.")]
+SeqLen = Annotated[int, typer.Option("--seq-len", "-s", help="With --activations: tokens per sequence s.")]
+DeviceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--device",
+        help="cuda: run real FSDP2 steps on this GPU and compare each phase's peak with the step timeline; "
+        "cpu: the same as --activations.",
+        show_default=False,
+    ),
+]
+MAX_ACTIVATION_TOKENS = 65_536
+"""--activations: b·s at most (a CPU forward of a tiny model; the attention's [b, a, s, s] when eager)."""
+
+
 @app.command(cls=PlainTextCommand)
 def validate(
     model: Model = None,
@@ -85,10 +115,24 @@ def validate(
     gpus_per_node: GpusPerNode = None,
     nproc: Nproc = 2,
     timeout: Timeout = 120.0,
+    activations: Activations = False,
+    family: Families = "all",
+    attention: Attentions = "sdpa,eager",
+    micro_batch: MicroBatch = 2,
+    seq_len: SeqLen = 64,
+    device: DeviceOpt = None,
     json: Json = False,
 ) -> None:
     """Run DDP, ZeRO-1, FSDP1 and FSDP2 for real; compare each rank's bytes and collectives with the
-    prediction."""
+    prediction. --activations: the saved activations of real Hugging Face modules against the hf profile;
+    --device cuda: each phase's peak of real FSDP2 steps against the step timeline."""
+    chosen_device = _parse_device(device)
+    if chosen_device == "cuda":
+        _validate_cuda(model, precision, micro_batch, seq_len, json)
+        return
+    if activations or chosen_device == "cpu":
+        _validate_activations(model, family, precision, attention, micro_batch, seq_len, json)
+        return
     if importlib.util.find_spec("torch") is None:
         raise fail(NEEDS_TORCH)
     from zerocalc import procs
@@ -167,6 +211,195 @@ def validate(
     else:
         render(report)
     if not report.all_match:
+        raise typer.Exit(1)
+
+
+def _parse_device(device: str | None) -> str | None:
+    if device is None:
+        return None
+    name = device.strip().lower()
+    if name not in ("cpu", "cuda"):
+        raise InputError(f"--device {device!r} is not accepted; accepted: cpu, cuda")
+    return name
+
+
+NEEDS_TRANSFORMERS = (
+    "zerocalc validate --activations needs PyTorch and transformers; install them with: "
+    "pip install 'zerocalc[validate]'"
+)
+
+
+def _check_shape(micro_batch: int, seq_len: int) -> None:
+    from zerocalc import procs
+
+    if micro_batch < 1 or seq_len < 2 or micro_batch * seq_len > MAX_ACTIVATION_TOKENS:
+        raise InputError(
+            f"--micro-batch {procs.brief(micro_batch)} --seq-len {procs.brief(seq_len)} is not accepted; "
+            f"accepted: b ≥ 1, s ≥ 2 and b·s ≤ {MAX_ACTIVATION_TOKENS:,} tokens"
+        )
+
+
+def _validate_activations(
+    model: str | None, family: str, precision: str, attention: str, micro_batch: int, seq_len: int, json: bool
+) -> None:
+    """``--activations``: tiny configs of ``family`` (or ``model``, a config.json) measured on the CPU."""
+    from zerocalc.validate.saved import ATTENTIONS, TINY_CONFIGS
+
+    dtypes = [
+        {"fp32": "fp32", "bf16-mixed": "bf16"}[p]
+        for p in _parse_list(precision, "--precision", ("fp32", "bf16-mixed"), allow_all=False)
+    ]
+    attentions = _parse_list(attention, "--attention", ATTENTIONS, allow_all=False)
+    _check_shape(micro_batch, seq_len)
+    if model is not None:
+        if family.strip().lower() != "all":
+            raise InputError(f"--family {family!r} with --model is not accepted; accepted: one of the two")
+        models = [_activation_model(model)]
+    else:
+        models = [(f, TINY_CONFIGS[f]) for f in _parse_list(family, "--family", tuple(TINY_CONFIGS), True)]
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+        raise fail(NEEDS_TRANSFORMERS)
+    from zerocalc.validate import saved_measure
+
+    report = saved_measure.run_cases(models, dtypes, attentions, [(micro_batch, seq_len)])
+    if json:
+        from zerocalc.cli.render import print_json
+
+        print_json(report)
+    else:
+        render_activations(report)
+    if not report.all_match:
+        raise typer.Exit(1)
+
+
+def _activation_model(model: str) -> tuple[str, dict]:
+    """A config.json (of a family the hf profile reads) small enough for a CPU forward."""
+    from pathlib import Path
+
+    from zerocalc.architecture import count_parameters
+    from zerocalc.hf_config import _load, architecture_from_hf_dict
+    from zerocalc.validate.run import MAX_CPU_PARAMS
+
+    path = Path(model).expanduser()
+    if not (model.endswith(".json") or path.is_file()):
+        raise InputError(
+            f"--model {model!r} with --activations is not accepted; accepted: a Hugging Face config.json "
+            "(the modules are built from it), or --family"
+        )
+    config = _load(path)
+    arch = architecture_from_hf_dict(config, f"--model {model!r}", path.parent.name or path.stem)
+    params = count_parameters(arch).total
+    if params > MAX_CPU_PARAMS:
+        raise InputError(
+            f"--model {model!r} has {params:,} parameters, too many for a CPU forward ({MAX_CPU_PARAMS:,} at "
+            "most); accepted: a config.json with fewer layers or a smaller hidden size"
+        )
+    return arch.name, config
+
+
+def render_activations(report) -> None:
+    """One row per case (predicted and measured saved bytes), then the regions that differ."""
+    from zerocalc.cli.render import Column, console, print_fitted
+
+    out = console()
+    out.print(
+        f"Saved activations of one training forward, hf profile vs torch {report.torch} + transformers "
+        f"{report.transformers} on the CPU (saved_tensors_hooks; bytes per storage)"
+    )
+    keys, predicted, measured, difference, marks = [], [], [], [], []
+    for case in report.cases:
+        keys.append(f"{case.model} {case.dtype} {case.attention} b={case.micro_batch} s={case.seq_len}")
+        predicted.append(f"{case.predicted:,}")
+        measured.append(f"{case.measured:,}")
+        difference.append(f"{case.measured - case.predicted:+,}")
+        marks.append("exact" if case.exact else ("not claimed" if case.not_exact else "✗ OFF"))
+    print_fitted(
+        "case",
+        keys,
+        [
+            Column(header="predicted", cells=predicted),
+            Column(header="measured", cells=measured),
+            Column(header="diff", cells=difference),
+            Column(header="", cells=marks, justify="left"),
+        ],
+        key_width=24,
+    )
+    from rich.markup import escape
+
+    notes: dict[str, list[str]] = {}
+    for case in report.cases:
+        if case.exact:
+            continue
+        title = f"{case.model} {case.dtype} {case.attention}"
+        if case.not_exact:
+            notes.setdefault(case.not_exact, []).append(f"{case.model} {case.attention}")
+            continue
+        for region in case.regions:
+            if region.ok:
+                continue
+            out.print(
+                f"[bold red]✗ {title}, {region.region}: predicted {region.predicted:,}, measured "
+                f"{region.measured:,} ({region.difference:+,})[/bold red]"
+            )
+            for term in region.unmatched_terms:
+                out.print(f"    predicted, not measured: {term.name} ({term.bytes:,} B)")
+            for st in region.unmatched_storages:
+                shape = "×".join(map(str, st.shape)) or "scalar"
+                out.print(
+                    f"    measured, not predicted: {st.dtype} {shape} ({st.bytes:,} B) saved by {st.saved_by}"
+                )
+    for reason, cases in notes.items():
+        out.print(f"[dim]· not claimed exact ({', '.join(dict.fromkeys(cases))}): {escape(reason)}[/dim]")
+    exact = sum(c.exact for c in report.cases)
+    claimed = sum(c.not_exact is None for c in report.cases)
+    verdict = "every claimed case is exact" if report.all_match else "[bold red]NOT all exact[/bold red]"
+    out.print(f"{exact} of {len(report.cases)} cases exact to the byte ({claimed} claimed exact): {verdict}")
+
+
+def _validate_cuda(model: str | None, precision: str, micro_batch: int, seq_len: int, json: bool) -> None:
+    """``--device cuda``: real FSDP2 steps on this GPU, each phase's peak against the step timeline."""
+    if importlib.util.find_spec("torch") is None:
+        raise fail(NEEDS_TORCH)
+    import torch
+
+    if not torch.cuda.is_available():
+        raise fail("--device cuda: no CUDA device is visible to torch here; accepted: a machine with a GPU")
+    _check_shape(micro_batch, seq_len)
+    name, config = _activation_model(model or "")
+    if importlib.util.find_spec("transformers") is None:
+        raise fail(NEEDS_TRANSFORMERS)
+    from zerocalc.api import estimate_peak
+    from zerocalc.validate import cuda_step
+    from zerocalc.validate.phases import compare_phases
+
+    (row,) = estimate_peak(
+        model, 1, framework="fsdp2", strategies="zero3", micro_batch=micro_batch, seq_len=seq_len,
+        recompute="none", reduce_dtype="fp32", model_impl="hf", flash_attention=True, gpu="h100-80gb",
+    ).peak.strategies  # fmt: skip
+    report = compare_phases(row, cuda_step.run(config, micro_batch, seq_len, reshard=True, recompute=False))
+    if json:
+        from zerocalc.cli.render import print_json
+
+        print_json(report)
+    else:
+        from zerocalc.cli.render import Column, print_fitted
+
+        lines = report.lines
+        print_fitted(
+            "line",
+            [line.line for line in lines],
+            [
+                Column(header="predicted", cells=[f"{line.predicted:,}" for line in lines]),
+                Column(header="measured", cells=[f"{line.measured:,}" for line in lines]),
+                Column(header="diff", cells=[f"{line.relative:+.2%}" for line in lines]),
+                Column(header="", cells=["✓" if line.ok else "✗ OFF" for line in lines], justify="left"),
+            ],
+            title=f"{name}: FSDP2 world 1, b={micro_batch} s={seq_len}",
+        )
+        typer.echo(
+            f"peak phase: predicted {report.predicted_phase.value}, measured {report.measured_phase.value}"
+        )
+    if not report.ok:
         raise typer.Exit(1)
 
 

@@ -29,8 +29,10 @@ from zerocalc.model_impl import (
     ModelImpl,
     ModelImplName,
     Shape,
+    embedding_saves,
     final_saves,
     layer_saves,
+    logits_saves,
     norm_backward_excess,
     shared_saves,
     traits,
@@ -138,7 +140,8 @@ def run_step(
     mechanics.pre_forward(led, "root")
     if cuda and mechanics.keeps_all_unsharded:
         led.alloc("no-reshard runtime extra", runtime.no_reshard_extra, RUNTIME)
-    for name, b in shared_saves(impl, arch, shape, act, checkpointed, device):
+    shared = embedding_saves(impl, arch, act) + shared_saves(impl, arch, shape, act, checkpointed, device)
+    for name, b in shared:
         led.alloc(f"shared.{name}", b, ACTIVATIONS, group="shared")
     hidden = "embedding output"
     led.alloc(hidden, act * T * h, ACTIVATIONS)
@@ -195,6 +198,9 @@ def run_step(
 
     # the loss
     led.alloc("logits", act * T * V, LOSS)
+    capped = logits_saves(impl, arch, shape, act)
+    for name, b in capped:
+        led.alloc(name, b, LOSS)
     if impl.loss == "hf_upcast":
         led.alloc("logits fp32 copy", FP32 * T * V, LOSS)
         led.alloc("labels padded", INT64 * shape.b * (shape.s + 1), LOSS)
@@ -233,6 +239,8 @@ def run_step(
         led.free("d logits fp32 (log_softmax_backward)")
     else:
         led.rename("d logits fp32 (log_softmax_backward)", "d logits")
+    for name, _ in capped:
+        led.free(name)  # tanh_backward has run
     if first_step and cuda:
         led.alloc("cuBLAS workspace (autograd thread)", runtime.cublas_workspace, RUNTIME)
     led.alloc("d hidden", act * T * h, ACTIVATIONS)

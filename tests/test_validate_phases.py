@@ -1,0 +1,46 @@
+"""``validate --device cuda``'s comparison (pure), checked on CPU with the shared H100 measurements."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from zerocalc.api import estimate_peak
+from zerocalc.cli import app
+from zerocalc.validate.phases import PhaseMeasurement, compare_phases
+
+DATA = Path(__file__).parent / "data" / "h100-fsdp2-hf"
+STEPS = [json.loads(line) for line in (DATA / "steps.jsonl").read_text().splitlines()]
+
+
+def _row(m: dict):
+    (row,) = estimate_peak(
+        str(DATA / "config.json"), 1, framework="fsdp2",
+        strategies="zero3" if m["reshard"] else "shard_grad_op",
+        micro_batch=m["b"], seq_len=m["s"], recompute=m["recompute"], reduce_dtype="fp32", model_impl="hf",
+        flash_attention=True, gpu="h100-80gb",
+    ).peak.strategies  # fmt: skip
+    return row
+
+
+@pytest.mark.parametrize("m", STEPS, ids=[f"b{m['b']}-s{m['s']}-{m['recompute']}" for m in STEPS])
+def test_the_h100_steps_pass_and_a_larger_peak_fails(m: dict) -> None:
+    row = _row(m)
+    report = compare_phases(row, PhaseMeasurement.model_validate(m))
+    assert report.ok, [(line.line, line.relative) for line in report.lines if not line.ok]
+    worse = PhaseMeasurement.model_validate({**m, "backward_peak": int(m["backward_peak"] * 1.2)})
+    off = compare_phases(row, worse)
+    assert not off.ok
+    assert [line.line for line in off.lines if not line.ok] == ["backward peak"]
+
+
+def test_device_cuda_without_a_gpu_is_one_line() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    result = CliRunner().invoke(app, ["validate", "--device", "cuda"])
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "no CUDA device" in result.stderr

@@ -1,0 +1,91 @@
+"""The torch side of ``zerocalc validate --device cuda``: real FSDP2 steps on one GPU, each phase's peak.
+
+The recipe of ``shared/measurements/h100-fsdp2-hf/README.md``: ``AutoModelForCausalLM.from_config`` in fp32
+on the GPU (sdpa), every decoder layer then the root under ``fully_shard(mp_policy=MixedPrecisionPolicy(
+param_dtype=bf16, reduce_dtype=fp32), reshard_after_forward=R)`` on a world-1 NCCL group, ``AdamW(lr=1e-5,
+foreach=True)``, ``labels = input_ids``, three steps, the third measured with
+``torch.cuda.reset_peak_memory_stats`` between phases (``torch/cuda/memory.py``). Written for, and not yet
+run on, a GPU in this repository (no GPU was available to the session that wrote it).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from zerocalc.validate.phases import PhaseMeasurement
+
+STEPS = 3
+
+
+def run(config: dict[str, Any], b: int, s: int, reshard: bool, recompute: bool) -> PhaseMeasurement:
+    import torch.distributed as dist
+    import transformers
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from zerocalc.validate.saved_measure import decoder_layers
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    free, total = torch.cuda.mem_get_info()
+    kw = dict(config)
+    cfg = transformers.AutoConfig.for_model(kw.pop("model_type"), **kw)
+    with device:
+        model = transformers.AutoModelForCausalLM.from_config(
+            cfg, dtype=torch.float32, attn_implementation="sdpa"
+        )
+    if recompute:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in decoder_layers(model, cfg.num_hidden_layers):
+        fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard)
+    fully_shard(model, mp_policy=mp, reshard_after_forward=reshard)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
+    ids = torch.randint(0, cfg.vocab_size, (b, s), device=device)
+    figures: dict[str, int] = {}
+    for step in range(STEPS):
+        last = step == STEPS - 1
+        torch.cuda.synchronize()
+        if last:
+            figures["start_allocated"] = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        loss = model(input_ids=ids, labels=ids).loss
+        torch.cuda.synchronize()
+        if last:
+            figures["forward_peak"] = torch.cuda.max_memory_allocated()
+            figures["after_forward"] = torch.cuda.memory_allocated()
+            reserved = torch.cuda.max_memory_reserved()
+            torch.cuda.reset_peak_memory_stats()
+        loss.backward()
+        torch.cuda.synchronize()
+        if last:
+            figures["backward_peak"] = torch.cuda.max_memory_allocated()
+            figures["after_backward"] = torch.cuda.memory_allocated()
+            reserved = max(reserved, torch.cuda.max_memory_reserved())
+            torch.cuda.reset_peak_memory_stats()
+        opt.step()
+        opt.zero_grad()
+        torch.cuda.synchronize()
+        if last:
+            figures["optimizer_peak"] = torch.cuda.max_memory_allocated()
+            reserved = max(reserved, torch.cuda.max_memory_reserved())
+    free, total = torch.cuda.mem_get_info()
+    peaks = ("forward_peak", "backward_peak", "optimizer_peak")
+    result = PhaseMeasurement(
+        **figures,
+        max_allocated=max(figures[p] for p in peaks),
+        max_reserved=reserved,
+        device_used=total - free,
+    )
+    del model, opt, loss
+    import gc
+
+    gc.collect()
+    dist.destroy_process_group()
+    return result

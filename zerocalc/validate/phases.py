@@ -1,0 +1,101 @@
+"""``zerocalc validate --device cuda``: each phase's measured peak against the step timeline (pure, no torch).
+
+A real step (:mod:`zerocalc.validate.cuda_step`, the recipe of ``shared/measurements/h100-fsdp2-hf``:
+FSDP2 at world 1, bf16 ``MixedPrecisionPolicy`` with fp32 reduce, ``AdamW(foreach=True)``, the model's own
+loss, three steps, ``torch.cuda.reset_peak_memory_stats`` between phases) gives a
+:class:`PhaseMeasurement`; :func:`compare_phases` sets it against the :class:`~zerocalc.peak.report.
+StrategyPeak` that ``zerocalc memory --framework fsdp2 --model-impl hf`` computes for the same case:
+allocated figures within :data:`ALLOCATED_TOLERANCE`, the device footprint within
+:data:`DEVICE_TOLERANCE` (issue #12), and the phase of the peak the same.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from zerocalc.peak.kinds import StepPhase
+from zerocalc.peak.report import StrategyPeak
+
+ALLOCATED_TOLERANCE = 0.05
+"""``torch.cuda.max_memory_allocated`` and the other allocated figures: within 5%."""
+DEVICE_TOLERANCE = 0.10
+"""``max_memory_reserved`` and the device footprint (``total − free`` of ``cudaMemGetInfo``): within 10%."""
+
+
+class PhaseMeasurement(BaseModel):
+    """One measured step, in bytes (the fields of ``tests/data/h100-fsdp2-hf/steps.jsonl``)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    start_allocated: int
+    forward_peak: int
+    after_forward: int
+    backward_peak: int
+    after_backward: int
+    optimizer_peak: int
+    max_allocated: int
+    max_reserved: int
+    device_used: int = Field(description="total − free (cudaMemGetInfo) after the step")
+
+
+class PhaseLine(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    line: str
+    predicted: int
+    measured: int
+    tolerance: float
+
+    @property
+    def relative(self) -> float:
+        """(predicted − measured) / measured."""
+        return (self.predicted - self.measured) / self.measured if self.measured else 0.0
+
+    @property
+    def ok(self) -> bool:
+        return abs(self.relative) <= self.tolerance
+
+
+class PhaseReport(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    lines: tuple[PhaseLine, ...]
+    predicted_phase: StepPhase
+    measured_phase: StepPhase
+
+    @property
+    def ok(self) -> bool:
+        return all(line.ok for line in self.lines) and self.predicted_phase == self.measured_phase
+
+
+def measured_peak_phase(m: PhaseMeasurement) -> StepPhase:
+    """The phase whose reset-to-reset peak is the largest."""
+    peaks = {
+        StepPhase.FORWARD: m.forward_peak,
+        StepPhase.BACKWARD: m.backward_peak,
+        StepPhase.OPTIMIZER: m.optimizer_peak,
+    }
+    return max(peaks, key=peaks.__getitem__)
+
+
+def compare_phases(row: StrategyPeak, m: PhaseMeasurement) -> PhaseReport:
+    """Predicted vs measured, phase by phase, then the maxima and the device footprint."""
+    a, d = ALLOCATED_TOLERANCE, DEVICE_TOLERANCE
+    line = PhaseLine
+    lines = [
+        line(line="start (allocated)", predicted=row.start_bytes, measured=m.start_allocated, tolerance=a),
+        line(line="forward peak", predicted=row.phase(StepPhase.FORWARD).allocated_bytes,
+                  measured=m.forward_peak, tolerance=a),
+        line(line="after forward", predicted=row.after_forward_bytes, measured=m.after_forward, tolerance=a),
+        line(line="backward peak", predicted=row.phase(StepPhase.BACKWARD).allocated_bytes,
+                  measured=m.backward_peak, tolerance=a),
+        line(line="after backward", predicted=row.after_backward_bytes, measured=m.after_backward,
+                  tolerance=a),
+        line(line="optimizer peak", predicted=row.phase(StepPhase.OPTIMIZER).allocated_bytes,
+                  measured=m.optimizer_peak, tolerance=a),
+        line(line="max allocated", predicted=row.allocated_peak_bytes, measured=m.max_allocated, tolerance=a),
+        line(line="max reserved", predicted=row.reserved_bytes, measured=m.max_reserved, tolerance=d),
+        line(line="device used", predicted=row.peak_bytes, measured=m.device_used, tolerance=d),
+    ]  # fmt: skip
+    measured = measured_peak_phase(m)
+    return PhaseReport(lines=tuple(lines), predicted_phase=row.peak_phase, measured_phase=measured)

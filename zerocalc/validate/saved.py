@@ -1,0 +1,282 @@
+"""``zerocalc validate --activations``: the activation profile against what real modules save (pure).
+
+:mod:`zerocalc.model_impl` says, per decoder layer and outside the layers, which storages a model's forward
+keeps for backward. :mod:`zerocalc.validate.saved_measure` runs the real Hugging Face module on the CPU
+under ``torch.autograd.graph.saved_tensors_hooks`` and lists every storage saved, with the region whose
+forward first saved it. This module predicts the same regions from the profile and compares them, region
+by region, to the byte; within a region the predicted terms and the measured storages are matched by size
+so that a mismatch names what is missing or extra.
+
+The profile is written for the ``hf`` model code (transformers 5.17.0): the CPU runs its very modules.
+Regions (what the profile predicts there, and why it is first saved there):
+
+* ``embedding``: the input ids (``nn.Embedding`` saves its indices; they are the labels too); GPT-2 also
+  its position ids (``wpe``) and the embedding dropout mask;
+* ``layer <i>``: :func:`zerocalc.model_impl.layer_saves` — plus the layer's input where the layer keeps it
+  (``keeps_input``: a LayerNorm or a fp32 RMSNorm saves it), plus, in layer 0, the rotary ``cos`` and
+  ``sin`` that every layer's ``q * cos`` saves (:func:`~zerocalc.model_impl.shared_saves`); Gemma's
+  embedding scale (:func:`~zerocalc.model_impl.embedding_saves`) in ``embedding``;
+* ``final``: :func:`zerocalc.model_impl.final_saves` (the final norm and the LM head's input), plus the
+  last hidden state where a LayerNorm keeps it;
+* ``loss``: :func:`zerocalc.model_impl.logits_saves` (Gemma 2's logit soft-capping) and
+  :func:`zerocalc.model_impl.loss_saves` (``ForCausalLMLoss``: log-softmax output, target, ``total_weight``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from zerocalc.architecture import Architecture
+from zerocalc.model_impl import (
+    FP32,
+    INT64,
+    MODEL_IMPLS,
+    Device,
+    ModelImplName,
+    Shape,
+    embedding_saves,
+    final_saves,
+    layer_saves,
+    logits_saves,
+    loss_saves,
+    shared_saves,
+    traits,
+)
+
+ACT_BYTES = {"fp32": FP32, "bf16": 2}
+"""Compute dtypes measured: fp32, and bf16 (the parameters every op sees under FSDP2's
+``MixedPrecisionPolicy(param_dtype=bf16)``; a bf16-cast model saves the same storages)."""
+ATTENTIONS = ("sdpa", "eager")
+"""``sdpa``: ``scaled_dot_product_attention`` (on the CPU its flash kernel, with the fp32 log-sum-exp, when
+there is no mask and no dropout); ``eager``: the softmax probabilities [b, a, s, s] in fp32 and their cast."""
+
+TOKENS = {"pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0}
+_SIZES = {"vocab_size": 1024, "hidden_size": 128, "intermediate_size": 320, "num_hidden_layers": 2,
+          "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16, **TOKENS}  # fmt: skip
+TINY_CONFIGS: dict[str, dict] = {
+    "llama": {"model_type": "llama", **_SIZES, "tie_word_embeddings": True},
+    "mistral": {"model_type": "mistral", **_SIZES},
+    "qwen2": {"model_type": "qwen2", **_SIZES},
+    "qwen3": {"model_type": "qwen3", **_SIZES},
+    "phi3": {"model_type": "phi3", **_SIZES},
+    "olmo2": {"model_type": "olmo2", **_SIZES},
+    "gemma2": {"model_type": "gemma2", **_SIZES},
+    "gemma3_text": {"model_type": "gemma3_text", **_SIZES},
+    "mixtral": {"model_type": "mixtral", **_SIZES, "intermediate_size": 192, "num_local_experts": 4,
+                "num_experts_per_tok": 2},
+    "qwen2_moe": {"model_type": "qwen2_moe", **_SIZES, "moe_intermediate_size": 96,
+                  "shared_expert_intermediate_size": 256, "num_experts": 4, "num_experts_per_tok": 2,
+                  "decoder_sparse_step": 1, "mlp_only_layers": []},
+    "qwen3_moe": {"model_type": "qwen3_moe", **_SIZES, "moe_intermediate_size": 96, "num_experts": 4,
+                  "norm_topk_prob": True,
+                  "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": []},
+    "deepseek_v3": {"model_type": "deepseek_v3", **{k: v for k, v in _SIZES.items()
+                                                    if k not in ("num_key_value_heads", "head_dim")},
+                    "num_key_value_heads": 8, "num_hidden_layers": 3, "moe_intermediate_size": 96,
+                    "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1,
+                    "first_k_dense_replace": 1, "n_shared_experts": 1, "q_lora_rank": 64,
+                    "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 24},
+    "gpt2": {"model_type": "gpt2", "vocab_size": 1024, "n_embd": 128, "n_layer": 2, "n_head": 8,
+             "n_positions": 4096, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, **TOKENS},
+    "gpt_neox": {"model_type": "gpt_neox", **{k: v for k, v in _SIZES.items()
+                                              if k not in ("num_key_value_heads", "head_dim")}},
+    "falcon": {"model_type": "falcon", "vocab_size": 1024, "hidden_size": 128, "num_hidden_layers": 2,
+               "num_attention_heads": 8, **TOKENS},
+}  # fmt: skip
+"""Tiny config.json dicts of every family the ``hf`` profile describes (``zerocalc.hf_config.FAMILIES``):
+h ≠ f ≠ V and kv < a where the family has both, so that every term has its own size; dropout 0 (on the
+CPU, SDPA with dropout falls back to the math kernel, whose [b, a, s, s] tensors the flash path of a GPU
+does not keep)."""
+
+
+NOT_EXACT: dict[tuple[str, str | None], str] = {
+    ("falcon", None): "FalconAttention passes its causal mask to SDPA, so the CPU runs the math kernel "
+    "([b, a, s, s] fp32 tensors a GPU's fused kernels do not keep); its alibi/rotary and fused "
+    "query_key_value layout are not written out term by term",
+    ("deepseek_v3", None): "multi-head latent attention (kv_a/kv_b split, interleaved rotary on a cat of "
+    "nope and pe) and the sigmoid group router are derived from the source, not yet term by term",
+    ("gemma2", "eager"): "eager attention's logit soft-capping (tanh over [b, a, s, s]) is not written out",
+}
+"""Model code the ``hf`` profile does not claim to the byte, keyed by (family, attention or None for
+both), with the reason. Measured on the tiny configs (torch 2.13 CPU, transformers 5.17, b=2 s=64, see
+README): falcon −29.5% … +37%, deepseek_v3 −0.6% … +5.4%, gemma2 eager +6.4% … +9.6% of the saved bytes."""
+
+
+def not_exact_reason(family: str, attention: str) -> str | None:
+    """Why the profile is not claimed exact for this family and attention (None: it is claimed exact)."""
+    return NOT_EXACT.get((family, attention)) or NOT_EXACT.get((family, None))
+
+
+class MeasuredStorage(BaseModel):
+    """One storage an autograd node saved in the forward (the first save of it)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    region: str = Field(description="embedding, layer <i>, final or loss: whose forward saved it first")
+    bytes: int
+    dtype: str
+    shape: tuple[int, ...] = Field(description="of the tensor saved (a view: its storage may be larger)")
+    saved_by: str = Field(default="", description="the autograd nodes that keep it (Mm, Pow, ...)")
+
+
+class Term(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    bytes: int
+
+
+class RegionResult(BaseModel):
+    """One region: predicted terms and measured storages, and what of each the other side lacks."""
+
+    model_config = ConfigDict(frozen=True)
+
+    region: str
+    predicted: int
+    measured: int
+    terms: tuple[Term, ...]
+    storages: tuple[MeasuredStorage, ...]
+    unmatched_terms: tuple[Term, ...] = Field(description="terms no storage matches in size")
+    unmatched_storages: tuple[MeasuredStorage, ...] = Field(description="measured storages no term explains")
+
+    @property
+    def difference(self) -> int:
+        return self.measured - self.predicted
+
+    @property
+    def ok(self) -> bool:
+        return self.measured == self.predicted
+
+
+class SavedCase(BaseModel):
+    """One model × dtype × attention × micro-batch, region by region."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    family: str
+    dtype: str
+    attention: str
+    micro_batch: int
+    seq_len: int
+    regions: tuple[RegionResult, ...]
+    not_exact: str | None = Field(
+        default=None, description="why the profile is not claimed exact here (reported, not failed)"
+    )
+
+    @property
+    def predicted(self) -> int:
+        return sum(r.predicted for r in self.regions)
+
+    @property
+    def measured(self) -> int:
+        return sum(r.measured for r in self.regions)
+
+    @property
+    def exact(self) -> bool:
+        return all(r.ok for r in self.regions)
+
+    @property
+    def ok(self) -> bool:
+        """Exact to the byte, or not claimed exact."""
+        return self.exact or self.not_exact is not None
+
+
+class SavedReport(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    torch: str
+    transformers: str
+    cases: tuple[SavedCase, ...]
+    all_match: bool
+
+
+def predict_regions(arch: Architecture, shape: Shape, dtype: str, attention: str) -> dict[str, list[Term]]:
+    """What the ``hf`` profile says each region's forward saves first (see the module docstring), on the CPU
+    (LayerNorm statistics and dropout noise in the compute dtype: :data:`zerocalc.model_impl.Device`)."""
+    impl = MODEL_IMPLS[ModelImplName.HF]
+    act = ACT_BYTES[dtype]
+    device = Device.CPU
+    T, h = shape.tokens, arch.hidden_size
+    rotary = traits(arch).rotary
+    regions: dict[str, list[Term]] = {"embedding": [Term(name="input ids (= labels)", bytes=INT64 * T)]}
+    regions["embedding"] += [Term(name=n, bytes=b) for n, b in embedding_saves(impl, arch, act)]
+    shared = [Term(name=n, bytes=b) for n, b in shared_saves(impl, arch, shape, act, False, device) if b]
+    if not rotary:
+        regions["embedding"] += shared
+    for i in range(arch.num_layers):
+        saves = layer_saves(impl, arch, i, shape, act, device, use_cache=True, flash=attention == "sdpa")
+        terms = [Term(name=n, bytes=b) for n, b in saves.saved if b]
+        if saves.keeps_input:
+            terms.insert(0, Term(name="layer input (kept by its first op)", bytes=act * T * h))
+        if i == 0 and rotary:
+            terms += shared
+        regions[f"layer {i}"] = terms
+    final = [Term(name=n, bytes=b) for n, b in final_saves(impl, arch, shape, act, device) if b]
+    if traits(arch).norm == "layernorm":
+        final.insert(0, Term(name="final norm: input (the last hidden state)", bytes=act * T * h))
+    regions["final"] = final
+    loss = logits_saves(impl, arch, shape, act) + loss_saves(impl, arch, shape)
+    regions["loss"] = [Term(name=n, bytes=b) for n, b in loss if b]
+    return regions
+
+
+def _match(terms: list[Term], storages: list[MeasuredStorage]) -> tuple[list[Term], list[MeasuredStorage]]:
+    """Pair terms and storages of equal size; return what is left on each side."""
+    sizes = Counter(s.bytes for s in storages)
+    unmatched_terms = []
+    for term in terms:
+        if sizes[term.bytes] > 0:
+            sizes[term.bytes] -= 1
+        else:
+            unmatched_terms.append(term)
+    wanted = Counter(t.bytes for t in terms)
+    unmatched_storages = []
+    for storage in storages:
+        if wanted[storage.bytes] > 0:
+            wanted[storage.bytes] -= 1
+        else:
+            unmatched_storages.append(storage)
+    return unmatched_terms, unmatched_storages
+
+
+def compare(
+    model: str,
+    arch: Architecture,
+    shape: Shape,
+    dtype: str,
+    attention: str,
+    measured: list[MeasuredStorage],
+) -> SavedCase:
+    """Region by region: the profile's bytes against the measured storages."""
+    predicted = predict_regions(arch, shape, dtype, attention)
+    names = list(predicted) + [m.region for m in measured if m.region not in predicted]
+    regions = []
+    for name in dict.fromkeys(names):
+        terms = predicted.get(name, [])
+        storages = [m for m in measured if m.region == name]
+        unmatched_terms, unmatched_storages = _match(terms, storages)
+        regions.append(
+            RegionResult(
+                region=name,
+                predicted=sum(t.bytes for t in terms),
+                measured=sum(s.bytes for s in storages),
+                terms=tuple(terms),
+                storages=tuple(storages),
+                unmatched_terms=tuple(unmatched_terms),
+                unmatched_storages=tuple(unmatched_storages),
+            )
+        )
+    family = arch.family or ""
+    return SavedCase(
+        model=model,
+        family=family,
+        not_exact=not_exact_reason(family, attention),
+        dtype=dtype,
+        attention=attention,
+        micro_batch=shape.b,
+        seq_len=shape.s,
+        regions=tuple(regions),
+    )

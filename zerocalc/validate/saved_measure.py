@@ -1,0 +1,169 @@
+"""The torch side of ``zerocalc validate --activations``: what a real Hugging Face model saves for backward.
+
+One forward of ``AutoModelForCausalLM.from_config(config)`` in train mode with ``labels = input_ids`` (the
+model's own loss, ``loss/loss_utils.py::ForCausalLMLoss``) runs under
+``torch.autograd.graph.saved_tensors_hooks`` (``torch/autograd/graph.py``): every tensor an autograd node
+saves passes through the pack hook. Storages are deduplicated by ``untyped_storage().data_ptr()``;
+parameters and views of parameters are left out (they are model states, not activations). Each storage is
+attributed to the region whose forward first saved it: ``embedding`` (before the first decoder layer),
+``layer <i>``, ``final`` (the final norm and the LM head), ``loss`` (after the LM head). Imports torch and
+transformers; imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from zerocalc.validate.saved import MeasuredStorage, SavedReport, compare
+
+DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "int64",
+          torch.int32: "int32", torch.bool: "bool"}  # fmt: skip
+
+
+def build(config: dict[str, Any], dtype: str, attention: str) -> nn.Module:
+    """The transformers model of ``config`` (a config.json dict), random weights, in train mode, cast to
+    ``dtype`` (bf16: the parameters every op sees under FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16)``,
+    which are leaf parameters as a cast model's are)."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    kw = dict(config)
+    cfg = transformers.AutoConfig.for_model(kw.pop("model_type"), **kw)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        cfg, dtype=torch.float32, attn_implementation=attention
+    )
+    model.train()
+    if dtype == "bf16":
+        model.to(torch.bfloat16)
+    return model
+
+
+def decoder_layers(model: nn.Module, num_layers: int) -> nn.ModuleList:
+    """The decoder's list of blocks: the first ``ModuleList`` of ``num_layers`` modules (``model.layers``,
+    ``transformer.h``, ``gpt_neox.layers``)."""
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) == num_layers:
+            return module
+    raise RuntimeError(f"no list of {num_layers} decoder layers in {type(model).__name__}")
+
+
+def measure(model: nn.Module, num_layers: int, b: int, s: int, vocab: int) -> list[MeasuredStorage]:
+    """Every storage one training forward saves, in the order first saved, with the region saving it."""
+    layers = decoder_layers(model, num_layers)
+    head = model.get_output_embeddings()
+    region = ["embedding"]
+    handles = []
+
+    def enter(name: str):
+        def hook(module: nn.Module, args: Any) -> None:
+            region[0] = name
+
+        return hook
+
+    def leave(name: str):
+        def hook(module: nn.Module, args: Any, out: Any) -> None:
+            region[0] = name
+
+        return hook
+
+    for i, layer in enumerate(layers):
+        handles.append(layer.register_forward_pre_hook(enter(f"layer {i}")))
+    handles.append(layers[-1].register_forward_hook(leave("final")))
+    handles.append(head.register_forward_hook(leave("loss")))
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: set[int] = set()
+    out: list[MeasuredStorage] = []
+    ptrs: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr == 0 or ptr in seen or ptr in params:
+            return t
+        seen.add(ptr)
+        ptrs.append(ptr)
+        out.append(
+            MeasuredStorage(
+                region=region[0],
+                bytes=storage.nbytes(),
+                dtype=DTYPES.get(t.dtype, str(t.dtype).removeprefix("torch.")),
+                shape=tuple(t.shape),
+            )
+        )
+        return t
+
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (b, s), generator=generator)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model(input_ids=ids, labels=ids).loss
+        savers = saved_by(loss)
+        loss.backward()  # the saved tensors are the ones backward uses: it must run
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [
+        m.model_copy(update={"saved_by": ", ".join(savers.get(ptr, []))})
+        for m, ptr in zip(out, ptrs, strict=True)
+    ]
+
+
+def saved_by(loss: torch.Tensor) -> dict[int, list[str]]:
+    """Storage address → the autograd nodes that saved a tensor of it (``node._saved_<name>`` attributes,
+    ``torch/csrc/autograd/generated/python_functions.cpp``), walking the graph from the loss."""
+    found: dict[int, list[str]] = {}
+    stack, visited = [loss.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in visited:
+            continue
+        visited.add(node)
+        for attr in dir(node):
+            if not attr.startswith("_saved_"):
+                continue
+            try:
+                value = getattr(node, attr)
+            except RuntimeError:  # freed, or not a tensor
+                continue
+            for t in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(t, torch.Tensor):
+                    names = found.setdefault(t.untyped_storage().data_ptr(), [])
+                    label = type(node).__name__.removesuffix("Backward0").removesuffix("Backward1")
+                    if label not in names:
+                        names.append(label)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return found
+
+
+def run_cases(
+    models: list[tuple[str, dict[str, Any]]],
+    dtypes: list[str],
+    attentions: list[str],
+    shapes: list[tuple[int, int]],
+) -> SavedReport:
+    """Every model × dtype × attention × (b, s): measured and compared with the ``hf`` profile."""
+    import transformers
+
+    from zerocalc.hf_config import architecture_from_hf_dict
+    from zerocalc.model_impl import Shape
+
+    cases = []
+    for name, config in models:
+        arch = architecture_from_hf_dict(config, f"--model {name!r}", name)
+        for dtype in dtypes:
+            for attention in attentions:
+                model = build(config, dtype, attention)
+                for b, s in shapes:
+                    measured = measure(model, arch.num_layers, b, s, arch.vocab_size)
+                    cases.append(compare(name, arch, Shape(b, s), dtype, attention, measured))
+                del model
+    return SavedReport(
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        cases=tuple(cases),
+        all_match=all(c.ok for c in cases),
+    )
