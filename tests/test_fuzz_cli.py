@@ -147,3 +147,30 @@ def test_every_option_of_memory_with_a_model(data: st.DataObject, tmp_path: Path
         args += [flag] if boolean else [flag, data.draw(TEXT)]
     before = set(os.listdir(tmp_path))
     _check(runner.invoke(app, args), tmp_path, before)
+
+
+VALIDATE_MODES = st.sampled_from([[], ["--activations"], ["--device", "cpu"], ["--device", "cuda"]])
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), mode=VALIDATE_MODES)
+def test_every_option_of_validate(
+    data: st.DataObject, mode: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every validate option, random values, in each of its modes (frameworks, --activations, --device):
+    refused in one line before anything runs, or accepted (the runs themselves are replaced: no process
+    is spawned and no model built)."""
+    from zerocalc.validate import run, saved_measure
+
+    monkeypatch.setattr(run, "run_all", _never_measure)
+    monkeypatch.setattr(saved_measure, "run_cases", _never_measure)
+    chosen = data.draw(st.lists(st.sampled_from(_options("validate")), min_size=1, max_size=4, unique=True))
+    args = ["validate", *mode]
+    for flag, boolean in chosen:
+        args += [flag] if boolean else [flag, data.draw(TEXT)]
+    before = set(os.listdir(tmp_path))
+    result = runner.invoke(app, args)
+    if isinstance(result.exception, Reached):
+        assert set(os.listdir(tmp_path)) == before
+        return
+    _check(result, tmp_path, before)
