@@ -372,9 +372,10 @@ def _validate_cuda(model: str | None, precision: str, micro_batch: int, seq_len:
     from zerocalc.validate import cuda_step
     from zerocalc.validate.phases import compare_phases
 
+    gpu = _device_gpu_preset(torch.cuda.get_device_name(0), torch.cuda.mem_get_info()[1])
     (row,) = estimate_peak(
         model, 1, framework="fsdp2", strategies="zero3", micro_batch=micro_batch, seq_len=seq_len,
-        recompute="none", reduce_dtype="fp32", model_impl="hf", flash_attention=True, gpu="h100-80gb",
+        recompute="none", reduce_dtype="fp32", model_impl="hf", flash_attention=True, gpu=gpu,
     ).peak.strategies  # fmt: skip
     report = compare_phases(row, cuda_step.run(config, micro_batch, seq_len, reshard=True, recompute=False))
     if json:
@@ -394,13 +395,30 @@ def _validate_cuda(model: str | None, precision: str, micro_batch: int, seq_len:
                 Column(header="diff", cells=[f"{line.relative:+.2%}" for line in lines]),
                 Column(header="", cells=["✓" if line.ok else "✗ OFF" for line in lines], justify="left"),
             ],
-            title=f"{name}: FSDP2 world 1, b={micro_batch} s={seq_len}",
+            title=f"{name}: FSDP2 world 1, b={micro_batch} s={seq_len}, GPU preset {gpu}",
         )
         typer.echo(
             f"peak phase: predicted {report.predicted_phase.value}, measured {report.measured_phase.value}"
         )
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _device_gpu_preset(device_name: str, total_bytes: int) -> str:
+    """The GPU preset describing this device (its context and NCCL sizes make the predicted footprint)."""
+    from zerocalc.presets import load_gpu, preset_names
+    from zerocalc.units import parse_bytes
+    from zerocalc.validate.phases import PRESET_MATCH, matching_gpu_preset
+
+    names = preset_names("gpus")
+    usable = {n: parse_bytes(load_gpu(n).usable_memory, "usable_memory") for n in names}
+    gpu = matching_gpu_preset(total_bytes, usable)
+    if gpu is None:
+        raise fail(
+            f"--device cuda: no GPU preset has the usable memory of this {device_name} ({total_bytes:,} "
+            f"bytes, ±{PRESET_MATCH:.0%}); accepted: a GPU among the presets ({', '.join(names)})"
+        )
+    return gpu
 
 
 def config_title(config: ConfigResult) -> str:

@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from zerocalc.peak.kinds import StepPhase
 from zerocalc.peak.report import StrategyPeak
 
+PRESET_MATCH = 0.02
+"""A GPU preset describes the device in hand when its ``usable_memory`` is within 2% of the device's."""
+
 ALLOCATED_TOLERANCE = 0.05
 """``torch.cuda.max_memory_allocated`` and the other allocated figures: within 5%."""
 DEVICE_TOLERANCE = 0.10
@@ -99,3 +102,13 @@ def compare_phases(row: StrategyPeak, m: PhaseMeasurement) -> PhaseReport:
     ]  # fmt: skip
     measured = measured_peak_phase(m)
     return PhaseReport(lines=tuple(lines), predicted_phase=row.peak_phase, measured_phase=measured)
+
+
+def matching_gpu_preset(total_bytes: int, usable: dict[str, int]) -> str | None:
+    """The GPU preset (name → ``usable_memory`` in bytes) whose usable memory is nearest the device's
+    ``torch.cuda.mem_get_info()`` total, if within :data:`PRESET_MATCH`; its context and NCCL sizes are
+    the footprint's. None: no preset describes this device."""
+    if not usable or total_bytes <= 0:
+        return None
+    name = min(usable, key=lambda n: abs(usable[n] - total_bytes))
+    return name if abs(usable[name] - total_bytes) <= PRESET_MATCH * total_bytes else None
