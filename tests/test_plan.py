@@ -83,6 +83,40 @@ def test_the_top_row_is_the_brute_force_optimum(objective: str) -> None:
         assert top.peak_bytes == min(p for _, _, p in fits)
 
 
+def test_every_candidates_step_time_is_comms_at_its_own_accumulation() -> None:
+    """The search costs each key's schedule once (A = 2, 3) and derives every A: each candidate's comm_s and
+    step time equal, to the bit, step_time over strategy_comm run at the candidate's own A."""
+    space = {**SMALL, "gpus": 2, "global_batch": "16seq"}
+    plan = plan_options(**space)
+    result = search(plan, keep_all=True)
+    base = plan.base
+    flash = flash_attention_used(base)
+    recipe = RECIPES[base.precision]
+    assert result.candidates is not None
+    checked = 0
+    for row in result.candidates:
+        comm_request = parse_options(**row.comm_options)
+        comm = strategy_comm(row.strategy, comm_request, None)
+        assert comm.time_s == row.comm_s
+        memory = parse_options(**row.memory_options)
+        offload = offload_seconds(
+            base.model.params, row.gpus, memory.cluster.ranks_per_node,
+            memory.cluster.group_size(STRATEGIES[row.strategy].optimizer),
+            row.offload_optimizer, row.offload_params, row.grad_accum,
+            recipe.param_dtype.bytes, recipe.grad_dtype.bytes,
+        )  # fmt: skip
+        flops = flops_per_token(
+            base.architecture, base.model.parameter_count, plan.seq_len, row.recompute, flash
+        )
+        timing = step_time(
+            flops, row.micro_batch * row.grad_accum * plan.seq_len, row.grad_accum,
+            base.gpu.bf16_dense_tflops * 1e12, plan.mfu, comm, row.framework, row.prefetch, offload,
+        )  # fmt: skip
+        assert (timing.step_s, timing.exposed_comm_s) == (row.step_s, row.exposed_comm_s), row
+        checked += 1
+    assert checked >= 50 and any(r.grad_accum > 2 for r in result.candidates)
+
+
 def test_fitted_peak_is_a_lower_bound_within_its_tolerance() -> None:
     """On a sample of groups (FSDP2 and DDP, with and without accumulation and recompute): the fitted
     allocated peak equals memory's exact allocated peak within FIT_TOLERANCE_BYTES, for every b."""
