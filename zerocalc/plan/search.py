@@ -38,6 +38,7 @@ from zerocalc.peak.profiles import PROFILES
 from zerocalc.peak.report import StrategyPeak, Verdict
 from zerocalc.peak.simulate import flash_attention_used, runtime_for, simulate
 from zerocalc.peak.states import STATE_BUILDERS
+from zerocalc.plan.layers import NotAffine, extrapolated_events
 from zerocalc.plan.space import (
     Group,
     Objective,
@@ -208,7 +209,17 @@ def _exact(request: TrainingRequest) -> StrategyPeak:
 
 
 def _allocated_events(request: TrainingRequest) -> list[tuple[str, int]]:
-    """The steady step's events and their allocated bytes (no allocator replay)."""
+    """The steady step's events that can hold its peak and their allocated bytes (no allocator replay):
+    extrapolated from 6 and 7 layers where the stack allows it (:mod:`zerocalc.plan.layers`), else every
+    event of all L layers."""
+    try:
+        return extrapolated_events(request, simulated_events)
+    except NotAffine:
+        return simulated_events(request)
+
+
+def simulated_events(request: TrainingRequest) -> list[tuple[str, int]]:
+    """The steady step's events and their allocated bytes, all layers simulated (no allocator replay)."""
     name = request.strategies[0]
     profile = PROFILES[request.framework]
     row = evaluate_memory(request).strategies[0]
