@@ -280,9 +280,15 @@ def _host_bytes(peak: StrategyPeak, request: TrainingRequest) -> int | None:
 
 
 def search(
-    plan: PlanRequest, on_progress: Callable[[int, int], None] | None = None, keep_all: bool = False
+    plan: PlanRequest,
+    on_progress: Callable[[int, int], None] | None = None,
+    keep_all: bool = False,
+    fit_all: bool = False,
 ) -> PlanResult:
-    """Every candidate of the plan's space, the best ``plan.top`` by its objective evaluated exactly."""
+    """Every candidate of the plan's space, the best ``plan.top`` by its objective evaluated exactly.
+
+    ``fit_all``: every group's peaks fitted, whether the walk needs them or not (every candidate gets a
+    peak: the benchmark's "full candidates"); the ranking is the same."""
     start = time.perf_counter()
     base = plan.base
     arch, count = base.architecture, base.model.parameter_count
@@ -375,7 +381,7 @@ def search(
     if on_progress is not None:
         on_progress(len(groups), len(groups))
     fitter = _Fitter(plan, requests, outsides, members)
-    if plan.objective is Objective.MEMORY:  # the walk's order needs every lower bound
+    if fit_all or plan.objective is Objective.MEMORY:  # the walk's order needs every lower bound
         for group in groups:
             if id(group) in members:
                 fitter.fit(group)
