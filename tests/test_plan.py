@@ -279,3 +279,12 @@ def test_layer_extrapolation_equals_the_all_layer_simulation(model: str) -> None
             assert abs(extrapolated - full) <= 2048, (group, extrapolated - full)
             inexact += 1
     assert exact >= 5 and inexact >= 3, (exact, inexact, refused)
+
+
+def test_fitting_every_candidate_changes_no_row() -> None:
+    """search(fit_all=True) gives every candidate a peak (none "not needed") and the same top rows."""
+    walked = search(plan_options(**SMALL))
+    every = search(plan_options(**SMALL), fit_all=True)
+    assert every.not_needed == 0 and walked.not_needed > 0
+    assert every.fitted_peaks + every.exact_peaks == every.candidates_evaluated
+    assert [r.model_dump() for r in every.top] == [r.model_dump() for r in walked.top]
