@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.activations import Recompute
 from zerocalc.calls import Layout
-from zerocalc.comm import StrategyComm, strategy_comm
+from zerocalc.comm import strategy_comm
 from zerocalc.dtypes import DType
 from zerocalc.errors import InputError
 from zerocalc.frameworks import Estimate, Framework
@@ -38,6 +38,7 @@ from zerocalc.peak.profiles import PROFILES
 from zerocalc.peak.report import StrategyPeak, Verdict
 from zerocalc.peak.simulate import flash_attention_used, runtime_for, simulate
 from zerocalc.peak.states import STATE_BUILDERS
+from zerocalc.plan.layers import NotAffine, extrapolated_events
 from zerocalc.plan.space import (
     Group,
     Objective,
@@ -52,14 +53,17 @@ from zerocalc.plan.timing import (
     HOST_MEMORY_BPS,
     NVME_BPS,
     PCIE_BPS,
+    CommLine,
     StepTime,
+    comm_lines,
+    comm_of_lines,
     flops_per_token,
     offload_seconds,
-    step_time,
+    step_time_of,
 )
 from zerocalc.precision import RECIPES
 from zerocalc.request import TrainingRequest
-from zerocalc.schedule import GradSync
+from zerocalc.schedule import GradSync, Repeat
 from zerocalc.strategies import STRATEGIES, OffloadTarget, StrategyName
 
 SCHEMA_VERSION = 1
@@ -184,10 +188,10 @@ ASSUMPTIONS = [
 
 
 class _Cand:
-    __slots__ = ("accum", "b", "comm", "exact", "group", "lower", "request", "status", "time")
+    __slots__ = ("accum", "b", "exact", "group", "lower", "request", "status", "time")
 
-    def __init__(self, group: Group, b: int, accum: int, lower: int | None, comm: StrategyComm, t: StepTime):
-        self.group, self.b, self.accum, self.lower, self.comm, self.time = group, b, accum, lower, comm, t
+    def __init__(self, group: Group, b: int, accum: int, lower: int | None, t: StepTime):
+        self.group, self.b, self.accum, self.lower, self.time = group, b, accum, lower, t
         self.exact: StrategyPeak | None = None
         self.status: Status = Status.NOT_RANKED
         self.request: TrainingRequest | None = None
@@ -205,7 +209,17 @@ def _exact(request: TrainingRequest) -> StrategyPeak:
 
 
 def _allocated_events(request: TrainingRequest) -> list[tuple[str, int]]:
-    """The steady step's events and their allocated bytes (no allocator replay)."""
+    """The steady step's events that can hold its peak and their allocated bytes (no allocator replay):
+    extrapolated from 6 and 7 layers where the stack allows it (:mod:`zerocalc.plan.layers`), else every
+    event of all L layers."""
+    try:
+        return extrapolated_events(request, simulated_events)
+    except NotAffine:
+        return simulated_events(request)
+
+
+def simulated_events(request: TrainingRequest) -> list[tuple[str, int]]:
+    """The steady step's events and their allocated bytes, all layers simulated (no allocator replay)."""
     name = request.strategies[0]
     profile = PROFILES[request.framework]
     row = evaluate_memory(request).strategies[0]
@@ -245,6 +259,17 @@ class _Misaligned(Exception):
     """Two timelines of one group do not line up event by event (not seen in the shipped presets)."""
 
 
+def _comm_lines(group: Group, comm_request: TrainingRequest, layout: Layout) -> tuple[CommLine, ...]:
+    """``comm``'s schedule for the group's key, once for every A (:func:`~zerocalc.plan.timing.comm_lines`):
+    ``strategy_comm`` at A = 2, and at A = 3 when a collective runs after the first micro-batch only."""
+    at_2 = strategy_comm(group.strategy, comm_request.model_copy(update={"grad_accum": 2}), None, layout)
+    schedule = STRATEGIES[group.strategy].schedule_under(group.framework)
+    at_3 = None
+    if any(line.repeat is Repeat.AFTER_FIRST_MICRO_BATCH for line in schedule):
+        at_3 = strategy_comm(group.strategy, comm_request.model_copy(update={"grad_accum": 3}), None, layout)
+    return comm_lines(at_2, at_3)
+
+
 def _host_bytes(peak: StrategyPeak, request: TrainingRequest) -> int | None:
     if peak.host_bytes_per_node is not None:
         return peak.host_bytes_per_node
@@ -255,9 +280,15 @@ def _host_bytes(peak: StrategyPeak, request: TrainingRequest) -> int | None:
 
 
 def search(
-    plan: PlanRequest, on_progress: Callable[[int, int], None] | None = None, keep_all: bool = False
+    plan: PlanRequest,
+    on_progress: Callable[[int, int], None] | None = None,
+    keep_all: bool = False,
+    fit_all: bool = False,
 ) -> PlanResult:
-    """Every candidate of the plan's space, the best ``plan.top`` by its objective evaluated exactly."""
+    """Every candidate of the plan's space, the best ``plan.top`` by its objective evaluated exactly.
+
+    ``fit_all``: every group's peaks fitted, whether the walk needs them or not (every candidate gets a
+    peak: the benchmark's "full candidates"); the ranking is the same."""
     start = time.perf_counter()
     base = plan.base
     arch, count = base.architecture, base.model.parameter_count
@@ -273,7 +304,7 @@ def search(
     rejected: Counter[str] = Counter()
     for item in early:
         rejected[item.reason] += item.count
-    comm_cache: dict[tuple, StrategyComm] = {}
+    comm_cache: dict[tuple, tuple[CommLine, ...]] = {}
     outsides: dict[int, int] = {}
     members: dict[int, list[_Cand]] = {}
     comm_requests: dict[tuple, TrainingRequest | InputError] = {}
@@ -316,14 +347,11 @@ def search(
         outsides[id(group)] = outside
         flops = flops_cache[group.recompute]
         shards = request.cluster.group_size(STRATEGIES[group.strategy].optimizer)
+        if comm_key not in comm_cache:
+            comm_cache[comm_key] = _comm_lines(group, comm_request, layout)
+        lines = comm_cache[comm_key]
         for b in group.micro_batches:
             accum = plan.global_batch_sequences // (group.world * b)
-            key = (*comm_key, accum)
-            if key not in comm_cache:
-                comm_cache[key] = strategy_comm(
-                    group.strategy, comm_request.model_copy(update={"grad_accum": accum}), None, layout
-                )
-            comm = comm_cache[key]
             offload = offload_seconds(
                 base.model.params,
                 group.world,
@@ -335,24 +363,25 @@ def search(
                 recipe.param_dtype.bytes,
                 recipe.grad_dtype.bytes,
             )
-            timing = step_time(
+            timing = step_time_of(
                 flops,
                 b * accum * plan.seq_len,
                 accum,
                 peak_flops,
                 plan.mfu,
-                comm,
+                comm_of_lines(lines, accum),
+                group.strategy,
                 group.framework,
                 group.prefetch,
                 offload,
             )
-            cand = _Cand(group, b, accum, None, comm, timing)
+            cand = _Cand(group, b, accum, None, timing)
             members.setdefault(id(group), []).append(cand)
             cands.append(cand)
     if on_progress is not None:
         on_progress(len(groups), len(groups))
     fitter = _Fitter(plan, requests, outsides, members)
-    if plan.objective is Objective.MEMORY:  # the walk's order needs every lower bound
+    if fit_all or plan.objective is Objective.MEMORY:  # the walk's order needs every lower bound
         for group in groups:
             if id(group) in members:
                 fitter.fit(group)

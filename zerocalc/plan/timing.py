@@ -138,6 +138,49 @@ def offload_seconds(
     return seconds
 
 
+class CommLine(NamedTuple):
+    """One collective of ``comm``'s schedule for one key (world, group, framework, strategy, reduce dtype,
+    grad sync), with how its runs per step depend on A: ``times(A) = times_at_2 + slope·(A − 2)`` — every
+    :class:`~zerocalc.schedule.Repeat` is affine in A (once: 1; per micro-batch: A; per sync: A or 1; after
+    the first micro-batch: A − 1), so the costs at A = 2 and A = 3 give it exactly."""
+
+    phase: Phase
+    times_at_2: int
+    slope: int
+    calls_per_run: int
+    run_s: float
+    """One run's time as :func:`zerocalc.comm._cost` computes it: calls × α + bytes / β."""
+
+    def times(self, accum: int) -> int:
+        return self.times_at_2 + self.slope * (accum - 2)
+
+
+def comm_lines(at_2: StrategyComm, at_3: StrategyComm | None) -> tuple[CommLine, ...]:
+    """The schedule's collectives from ``comm`` at A = 2 (and A = 3 where a collective's runs are not
+    determined by A = 2: ``after_first_micro_batch``); ``at_3`` None means no such collective."""
+    lines = []
+    others = at_3.collectives if at_3 is not None else [None] * len(at_2.collectives)
+    for c, d in zip(at_2.collectives, others, strict=True):
+        calls = c.calls_per_step // c.times_per_step
+        run = calls * c.latency_s + c.bytes_sent_per_gpu / c.bus_bandwidth_Bps
+        # at A = 2 without an after-first collective: twice per step ⇔ per micro-batch (or per sync, every)
+        twice = 1 if c.times_per_step == 2 else 0
+        slope = d.times_per_step - c.times_per_step if d is not None else twice
+        lines.append(CommLine(c.phase, c.times_per_step, slope, calls, run))
+    return tuple(lines)
+
+
+def comm_of_lines(lines: tuple[CommLine, ...], accum: int) -> list[tuple[Phase, int, int, float]]:
+    """(phase, times per step, calls per step, time_s) of each collective that runs at this A — the same
+    floats as ``comm`` computes (``times × (calls × α + bytes / β)``)."""
+    out = []
+    for line in lines:
+        times = line.times(accum)
+        if times > 0:
+            out.append((line.phase, times, times * line.calls_per_run, times * line.run_s))
+    return out
+
+
 def step_time(
     flops: Flops,
     tokens_per_gpu: int,
@@ -150,25 +193,44 @@ def step_time(
     offload_s: float,
 ) -> StepTime:
     """Compute + exposed communication + offload, for one GPU's share of the step."""
+    collectives = [(c.phase, c.times_per_step, c.calls_per_step, c.time_s) for c in comm.collectives]
+    return step_time_of(
+        flops, tokens_per_gpu, grad_accum, peak_flops, mfu, collectives, comm.strategy, framework, prefetch,
+        offload_s, comm.time_s,
+    )  # fmt: skip
+
+
+def step_time_of(
+    flops: Flops,
+    tokens_per_gpu: int,
+    grad_accum: int,
+    peak_flops: float,
+    mfu: float,
+    collectives: list[tuple[Phase, int, int, float]],
+    strategy: StrategyName,
+    framework: Framework,
+    prefetch: int | None,
+    offload_s: float,
+    comm_s: float | None = None,
+) -> StepTime:
+    """:func:`step_time` from the collectives' (phase, times per step, calls per step, time_s)."""
     rate = peak_flops * mfu
     forward = tokens_per_gpu * flops.forward / rate
     backward = tokens_per_gpu * (flops.model - flops.forward + flops.recompute) / rate
     compute = forward + backward
     phases: dict[Phase, list[float]] = {p: [0.0, 0.0, 0.0, 0.0] for p in Phase}
-    for c in comm.collectives:
-        once = grad_accum > 1 and c.times_per_step == 1
-        phases[c.phase][1 if once else 0] += c.time_s
-        call = c.time_s / c.calls_per_step if c.calls_per_step else 0.0
-        phases[c.phase][3 if once else 2] += call
+    for phase, times, calls, time_s in collectives:
+        once = grad_accum > 1 and times == 1
+        phases[phase][1 if once else 0] += time_s
+        call = time_s / calls if calls else 0.0
+        phases[phase][3 if once else 2] += call
     exposed = _exposed(phases[Phase.FORWARD], forward, grad_accum, prefetch != 0)
-    exposed += _exposed(
-        phases[Phase.BACKWARD], backward, grad_accum, _overlaps_backward(framework, comm.strategy)
-    )
+    exposed += _exposed(phases[Phase.BACKWARD], backward, grad_accum, _overlaps_backward(framework, strategy))
     exposed += phases[Phase.AFTER_STEP][0] + phases[Phase.AFTER_STEP][1]
     step = compute + exposed + offload_s
     return StepTime(
         compute_s=compute,
-        comm_s=comm.time_s,
+        comm_s=sum(c[3] for c in collectives) if comm_s is None else comm_s,
         exposed_comm_s=exposed,
         offload_s=offload_s,
         step_s=step,
