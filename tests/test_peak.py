@@ -274,3 +274,20 @@ def test_selective_recompute_drops_the_attention_cores_s_squared_tensors() -> No
     none = _row("gpt2-xl", 8, recompute="none", **kw)
     selective = _row("gpt2-xl", 8, recompute="selective", **kw)
     assert none.after_forward_bytes - selective.after_forward_bytes == 48 * 5 * 25 * 1024**2 * 4
+
+
+def test_fsdp1_no_shard_accumulating_every_micro_batch_adds_each_reduced_gradient_to_the_kept_grad() -> None:
+    """FSDP1 NO_SHARD, A = 2 reduced every micro-batch (``_reduce_grad_no_shard``): the last micro-batch
+    starts with the fp32 .grad of the first, 4 bytes × Ψ (GPT-2: Ψ = 124,439,808) more than A = 1; the
+    optimizer step, after both, holds the same (it used to raise 'already allocated')."""
+
+    def row(grad_accum: int):
+        (peak,) = estimate_peak(
+            "gpt2", 2, framework="fsdp", strategies="ddp", grad_accum=grad_accum, grad_sync="every",
+            micro_batch=1, seq_len=256,
+        ).peak.strategies  # fmt: skip
+        return {p.phase: p.allocated_bytes for p in peak.phases}
+
+    one, two = row(1), row(2)
+    assert two[StepPhase.START] - one[StepPhase.START] == 4 * 124_439_808
+    assert two[StepPhase.OPTIMIZER] == one[StepPhase.OPTIMIZER]

@@ -423,9 +423,15 @@ class Fsdp1(Fsdp2):
         u = self.units[str(unit)]
         if self.no_shard:
             # _reduce_grad_no_shard: the gradient cast to reduce_dtype is all-reduced, then cast back to
-            # the flat parameter's dtype (fp32) and kept as .grad
+            # the flat parameter's dtype (fp32) and kept as .grad; a later micro-batch's reduced gradient,
+            # cast the same way, is added to the .grad the earlier ones left (gradient accumulation)
             led.free_group(f"{u.name}.grads")
-            led.alloc(f"{u.name}.fp32 grad", FP32 * u.numel, GRADS)
+            if led.has(f"{u.name}.fp32 grad"):
+                led.alloc(f"{u.name}.fp32 grad (cast)", FP32 * u.numel, GRADS)
+                led.event(f"accumulate {u.name}")
+                led.free(f"{u.name}.fp32 grad (cast)")
+            else:
+                led.alloc(f"{u.name}.fp32 grad", FP32 * u.numel, GRADS)
             led.free(f"{u.name}.mp shard")
             self._reshard(led, u)
             return
