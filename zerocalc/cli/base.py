@@ -51,11 +51,28 @@ def _plain_text_options(params: list[Any]) -> None:
 
 
 class PlainTextCommand(TyperCommand):
-    """A command whose text options reach it as typed (see :func:`_plain_text_options`)."""
+    """A command whose text options reach it as typed (see :func:`_plain_text_options`), and whose help
+    fits 80 columns (see :meth:`format_help`)."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         _plain_text_options(self.get_params(ctx))
         return super().parse_args(ctx, args)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """Typer's help, with a flag's negative form under it in the first column (``--flash-attention
+        / --no-flash-attention``, which wraps there) instead of a column of its own: Rich shrinks every
+        wrappable column alike, so two columns of long option names cut both (``--expandable-segmen…``)
+        at 80 columns. Only the rendering changes; the flags are restored before anything parses."""
+        flags = [p for p in self.get_params(ctx) if p.secondary_opts and p.opts[0].startswith("--")]
+        saved = [(p, p.opts, p.secondary_opts) for p in flags]
+        for param in flags:
+            param.opts = [" / ".join([param.opts[0], *param.secondary_opts]), *param.opts[1:]]
+            param.secondary_opts = []
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            for param, opts, secondary in saved:
+                param.opts, param.secondary_opts = opts, secondary
 
 
 class OneLineErrorGroup(TyperGroup):

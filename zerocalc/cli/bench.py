@@ -72,8 +72,9 @@ Out = Annotated[
     str | None,
     typer.Option(
         "--out",
-        help="Calibration file to write (atomically, by rank 0).",
-        show_default="$XDG_CACHE_HOME/zerocalc/calibration-<backend>-<N>x<device>-<time>.json",
+        help="Calibration file to write (atomically, by rank 0) \\[default: in $XDG_CACHE_HOME/zerocalc "
+        "(~/.cache/zerocalc), a calibration-*.json named after the backend, world, device and time].",
+        show_default=False,
     ),
 ]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print the calibration JSON on stdout (no tables).")]

@@ -14,7 +14,7 @@ from zerocalc.units import plural
 
 Directory = Annotated[
     Path | None,
-    typer.Argument(help="A presets folder with scenarios/ and expected/ [default: the shipped presets]."),
+    typer.Argument(help="A presets folder with scenarios/ and expected/ \\[default: the shipped presets]."),
 ]
 Update = Annotated[
     bool, typer.Option("--update", help="Rewrite the expectations (atomically, file by file).")

@@ -45,7 +45,7 @@ InterBw = Annotated[
 ]
 Latency = Annotated[
     str | None,
-    typer.Option("--latency", help="Latency α per collective: 20us, 0.05ms, 2e-5 (s) [default: 20us]."),
+    typer.Option("--latency", help="Latency α per collective: 20us, 0.05ms, 2e-5 (s) \\[default: 20us]."),
 ]
 TokensPerStep = Annotated[
     str | None, typer.Option("--tokens-per-step", help="T: tokens per optimizer step (all GPUs), e.g. 4M.")

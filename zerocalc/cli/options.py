@@ -18,7 +18,7 @@ Gpus = Annotated[
 ]
 GpusPerNode = Annotated[
     str | None,
-    typer.Option("--gpus-per-node", "-g", help="g: GPUs per node [default: 8, or N when N is smaller]."),
+    typer.Option("--gpus-per-node", "-g", help="g: GPUs per node \\[default: 8, or N when N is smaller]."),
 ]
 StrategyOpt = Annotated[
     str,
@@ -36,13 +36,15 @@ Optimizer = Annotated[
 ]
 Fp32GradAccum = Annotated[
     bool,
-    typer.Option("--fp32-grad-accum", help="Add a 4-byte fp32 gradient-accumulation buffer per parameter."),
+    typer.Option(
+        "--fp32-grad-accum", help="Add a 4-byte fp32 buffer per parameter where gradients accumulate."
+    ),
 ]
 ZeroInit = Annotated[
     bool,
     typer.Option(
         "--zero-init/--no-zero-init",
-        help="DeepSpeed ZeRO-3: the model is built under deepspeed.zero.Init (its host estimate).",
+        help="DeepSpeed ZeRO-3: the model is built under DeepSpeed's zero.Init (its host estimate).",
     ),
 ]
 OffloadOptimizer = Annotated[
@@ -73,7 +75,7 @@ Reserve = Annotated[
         "--reserve",
         "--overhead",
         help="Held outside the caching allocator at world size 1: CUDA context, kernels, NCCL "
-        "[default: the GPU preset's measured, 1.30 GiB on the H100].",
+        "\\[default: the GPU preset's measured, 1.30 GiB on the H100].",
     ),
 ]
 SeqLen = Annotated[str, typer.Option("--seq-len", help="s: tokens per sequence (activations need --model).")]
@@ -85,7 +87,7 @@ FlashAttention = Annotated[
     bool | None,
     typer.Option(
         "--flash-attention/--no-flash-attention",
-        help="Flash attention (no s² terms) [default: on for the Llama family, off for GPT-2/3].",
+        help="Flash attention (no s² terms) \\[default: on for the Llama family, off for GPT-2/3].",
         show_default=False,
     ),
 ]
@@ -103,15 +105,19 @@ FrameworkOpt = Annotated[
 ]
 DdpBucket = Annotated[
     str | None,
-    typer.Option("--ddp-bucket", help="DDP bucket_cap_mb in bytes [default: 25MiB, first bucket 1MiB]."),
+    typer.Option("--ddp-bucket", help="DDP bucket_cap_mb in bytes \\[default: 25MiB, first bucket 1MiB]."),
 ]
 ReduceBucket = Annotated[
     str,
-    typer.Option("--reduce-bucket", help="ZeRO-1/2 reduce bucket, elements (DeepSpeed reduce_bucket_size)."),
+    typer.Option(
+        "--reduce-bucket", help="ZeRO-1/2 reduce bucket, elements (DeepSpeed's reduce bucket size)."
+    ),
 ]
 AllgatherBucket = Annotated[
     str,
-    typer.Option("--allgather-bucket", help="ZeRO-1/2 all-gather bucket, elements (allgather_bucket_size)."),
+    typer.Option(
+        "--allgather-bucket", help="ZeRO-1/2 all-gather bucket, elements (DeepSpeed's allgather bucket size)."
+    ),
 ]
 ModelImplOpt = Annotated[
     str,
@@ -129,8 +135,8 @@ GradSyncOpt = Annotated[
     str | None,
     typer.Option(
         "--grad-sync",
-        help="every or last: gradients reduced every micro-batch, or only the last (no_sync / "
-        "set_requires_gradient_sync(False)) [default: each framework's; PyTorch: every].",
+        help="every or last: gradients reduced every micro-batch, or only the last (no_sync; FSDP2: "
+        "requires gradient sync off) \\[default: each framework's; PyTorch: every].",
         show_default=False,
     ),
 ]
@@ -142,7 +148,7 @@ ExpandableSegments = Annotated[
     bool,
     typer.Option(
         "--expandable-segments",
-        help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the allocator's reserve).",
+        help="The caching allocator with expandable segments on (a PyTorch allocator setting): its reserve.",
     ),
 ]
 ReduceDtype = Annotated[

@@ -29,7 +29,7 @@ Frameworks = Annotated[
     typer.Option(
         "--framework",
         help="all, or a comma list of paper, deepspeed, megatron, fsdp, fsdp2, torch-zero1, ddp "
-        "[default: fsdp2,torch-zero1,deepspeed].",
+        "\\[default: fsdp2,torch-zero1,deepspeed].",
         show_default=False,
     ),
 ]

@@ -12,7 +12,7 @@ from zerocalc.cli.render import console
 presets_app = typer.Typer(help="List and show model, GPU and scenario presets.", no_args_is_help=True)
 app.add_typer(presets_app, name="presets")
 
-Kind = Annotated[str | None, typer.Argument(help="models, gpus or scenarios [default: all three].")]
+Kind = Annotated[str | None, typer.Argument(help="models, gpus or scenarios \\[default: all three].")]
 Name = Annotated[str, typer.Argument(help="A model, GPU or scenario preset name.")]
 Gpus = Annotated[str, typer.Option("--gpus", "-n", help="GPUs for the default memory setup of a model.")]
 

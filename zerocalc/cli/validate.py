@@ -62,7 +62,7 @@ GpusPerNode = Annotated[
         "--gpus-per-node",
         "-g",
         help="Ranks per node: the shard group of fsdp1-hybrid-shard and fsdp2-hsdp, which need 2 nodes or "
-        "more [default: the launch's; spawned: --nproc].",
+        "more \\[default: the launch's; spawned: --nproc].",
         show_default=False,
     ),
 ]
