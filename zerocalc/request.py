@@ -14,6 +14,8 @@ the keyword names of :mod:`zerocalc.api`; the CLI shows its flags instead (:mod:
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from zerocalc.activations import Recompute
@@ -697,12 +699,19 @@ def _zeropp_problem(request: TrainingRequest) -> str | None:
     return None
 
 
-def parse_options(**values: object) -> TrainingRequest:
-    """:func:`parse_request` from keywords; a value of the wrong type is an InputError too."""
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
+
+
+def options_from_keywords(options: type[OptionsT], values: dict[str, object]) -> OptionsT:
+    """``options(**values)``, a value of the wrong type an :class:`InputError` naming its concept."""
     try:
-        options = TrainingOptions(**values)  # type: ignore[arg-type]
+        return options(**values)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = "_".join(str(p) for p in first["loc"][:1]) or "options"
         raise InputError(f"{{{where}}} is not accepted ({first['msg']})") from None
-    return parse_request(options)
+
+
+def parse_options(**values: object) -> TrainingRequest:
+    """:func:`parse_request` from keywords; a value of the wrong type is an InputError too."""
+    return parse_request(options_from_keywords(TrainingOptions, values))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import NamedTuple
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from zerocalc.activations import Recompute
 from zerocalc.calibration import Calibration
@@ -28,6 +28,7 @@ from zerocalc.request import (
     MAX_MICRO_BATCH,
     MAX_SEQ_LEN,
     TrainingRequest,
+    options_from_keywords,
     parse_options,
 )
 from zerocalc.schedule import GradSync
@@ -193,13 +194,7 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
 
 def plan_options(**values: object) -> PlanRequest:
     """:func:`parse_plan` from keywords; a value of the wrong type is an InputError too."""
-    try:
-        options = PlanOptions(**values)  # type: ignore[arg-type]
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = "_".join(str(p) for p in first["loc"][:1]) or "options"
-        raise InputError(f"{{{where}}} is not accepted ({first['msg']})") from None
-    return parse_plan(options)
+    return parse_plan(options_from_keywords(PlanOptions, values))
 
 
 # ------------------------------------------------------------------------------------------------ space
