@@ -46,6 +46,30 @@ BASE = {
 }
 
 
+def _draw_args(
+    data: st.DataObject, command: str, base: list[str], max_size: int = 4, skip: tuple[str, ...] = ()
+) -> list[str]:
+    """``base`` and 1 to ``max_size`` of the command's options (not those in ``skip``), each with a random
+    value (a flag alone)."""
+    options = [(flag, boolean) for flag, boolean in _options(command) if flag not in skip]
+    chosen = data.draw(st.lists(st.sampled_from(options), min_size=1, max_size=max_size, unique=True))
+    args = list(base)
+    for flag, boolean in chosen:
+        args += [flag] if boolean else [flag, data.draw(TEXT)]
+    return args
+
+
+def _run_and_check(args: list[str], tmp: Path) -> None:
+    """Invoke ``args``: accepted (or, where the run is replaced, :class:`Reached`) or refused in one line,
+    and nothing written in ``tmp`` unless it ran."""
+    before = set(os.listdir(tmp))
+    result = runner.invoke(app, args)
+    if isinstance(result.exception, Reached):
+        assert set(os.listdir(tmp)) == before
+        return
+    _check(result, tmp, before)
+
+
 def _check(result, tmp: Path, before: set[str]) -> None:
     assert "Traceback" not in result.output, result.output
     if result.exit_code == 0:
@@ -61,17 +85,7 @@ def _check(result, tmp: Path, before: set[str]) -> None:
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_every_option_of_memory_and_comm(command: str, data: st.DataObject, tmp_path: Path) -> None:
-    options = _options(command)
-    chosen = data.draw(st.lists(st.sampled_from(options), min_size=1, max_size=4, unique=True))
-    args = list(BASE[command])
-    for flag, boolean in chosen:
-        if boolean:
-            args.append(flag)
-        else:
-            args += [flag, data.draw(TEXT)]
-    before = set(os.listdir(tmp_path))
-    result = runner.invoke(app, args)
-    _check(result, tmp_path, before)
+    _run_and_check(_draw_args(data, command, BASE[command]), tmp_path)
 
 
 PLAN_BASE = ["plan", "--model", "gpt2", "--gpu", "h100-80gb", "--gpus", "2", "--global-batch", "8seq",
@@ -82,12 +96,7 @@ PLAN_BASE = ["plan", "--model", "gpt2", "--gpu", "h100-80gb", "--gpus", "2", "--
 @given(data=st.data())
 def test_every_option_of_plan(data: st.DataObject, tmp_path: Path) -> None:
     """Each option of plan fuzzed on a small space (a later flag overrides the base's)."""
-    chosen = data.draw(st.lists(st.sampled_from(_options("plan")), min_size=1, max_size=3, unique=True))
-    args = list(PLAN_BASE)
-    for flag, boolean in chosen:
-        args += [flag] if boolean else [flag, data.draw(TEXT)]
-    before = set(os.listdir(tmp_path))
-    _check(runner.invoke(app, args), tmp_path, before)
+    _run_and_check(_draw_args(data, "plan", PLAN_BASE, max_size=3), tmp_path)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -121,32 +130,17 @@ def test_every_option_of_bench(data: st.DataObject, tmp_path: Path, monkeypatch:
     import zerocalc.cli.bench as bench_cli
 
     monkeypatch.setattr(bench_cli, "_measure", _never_measure)
-    options = _options("bench")
-    chosen = data.draw(st.lists(st.sampled_from(options), min_size=1, max_size=4, unique=True))
-    args = ["bench", "--out", str(tmp_path / "cal.json")]
-    for flag, boolean in chosen:
-        args += [flag] if boolean else [flag, data.draw(TEXT)]
-    before = set(os.listdir(tmp_path))
-    result = runner.invoke(app, args)
-    if isinstance(result.exception, Reached):
-        assert set(os.listdir(tmp_path)) == before
-        return
-    _check(result, tmp_path, before)
+    _run_and_check(_draw_args(data, "bench", ["bench", "--out", str(tmp_path / "cal.json")]), tmp_path)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_every_option_of_memory_with_a_model(data: st.DataObject, tmp_path: Path) -> None:
     """The peak path too: GPT-2 (a small timeline), random values for every option."""
-    options = _options("memory")
-    chosen = data.draw(st.lists(st.sampled_from(options), min_size=1, max_size=3, unique=True))
-    args = ["memory", "--model", "gpt2", "--gpus", "2"]
-    for flag, boolean in chosen:
-        if flag in ("--params", "--model", "--gpus"):
-            continue
-        args += [flag] if boolean else [flag, data.draw(TEXT)]
-    before = set(os.listdir(tmp_path))
-    _check(runner.invoke(app, args), tmp_path, before)
+    base = ["memory", "--model", "gpt2", "--gpus", "2"]
+    _run_and_check(
+        _draw_args(data, "memory", base, max_size=3, skip=("--params", "--model", "--gpus")), tmp_path
+    )
 
 
 VALIDATE_MODES = st.sampled_from([[], ["--activations"], ["--device", "cpu"], ["--device", "cuda"]])
@@ -164,13 +158,4 @@ def test_every_option_of_validate(
 
     monkeypatch.setattr(run, "run_all", _never_measure)
     monkeypatch.setattr(saved_measure, "run_cases", _never_measure)
-    chosen = data.draw(st.lists(st.sampled_from(_options("validate")), min_size=1, max_size=4, unique=True))
-    args = ["validate", *mode]
-    for flag, boolean in chosen:
-        args += [flag] if boolean else [flag, data.draw(TEXT)]
-    before = set(os.listdir(tmp_path))
-    result = runner.invoke(app, args)
-    if isinstance(result.exception, Reached):
-        assert set(os.listdir(tmp_path)) == before
-        return
-    _check(result, tmp_path, before)
+    _run_and_check(_draw_args(data, "validate", ["validate", *mode]), tmp_path)
