@@ -48,10 +48,9 @@ def test_device_cuda_without_a_gpu_is_one_line() -> None:
 
 def test_the_device_in_hand_is_matched_to_the_preset_with_its_usable_memory() -> None:
     from zerocalc.presets import load_gpu, preset_names
-    from zerocalc.units import parse_bytes
     from zerocalc.validate.phases import matching_gpu_preset
 
-    usable = {n: parse_bytes(load_gpu(n).usable_memory, "usable_memory") for n in preset_names("gpus")}
+    usable = {n: load_gpu(n).usable_bytes for n in preset_names("gpus")}
     # torch.cuda.mem_get_info() total on the H100 80GB HBM3 of shared/measurements: 79.18 GiB = 81080 MiB
     assert matching_gpu_preset(81080 * 2**20, usable) == "h100-80gb"
     assert matching_gpu_preset(81920 * 2**20, usable) == "a100-80gb"  # 81,920 MiB (1% more) is the A100

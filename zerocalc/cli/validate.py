@@ -407,11 +407,10 @@ def _validate_cuda(model: str | None, precision: str, micro_batch: int, seq_len:
 def _device_gpu_preset(device_name: str, total_bytes: int) -> str:
     """The GPU preset describing this device (its context and NCCL sizes make the predicted footprint)."""
     from zerocalc.presets import load_gpu, preset_names
-    from zerocalc.units import parse_bytes
     from zerocalc.validate.phases import PRESET_MATCH, matching_gpu_preset
 
     names = preset_names("gpus")
-    usable = {n: parse_bytes(load_gpu(n).usable_memory, "usable_memory") for n in names}
+    usable = {n: load_gpu(n).usable_bytes for n in names}
     gpu = matching_gpu_preset(total_bytes, usable)
     if gpu is None:
         raise fail(
