@@ -182,3 +182,25 @@ def test_ctrl_c_is_one_line_and_exit_130(
         130,
         "zerocalc: interrupted; every spawned process was stopped\n",
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--activations", "--strategies", "ddp"],
+         "--strategies is not read by --activations; accepted there: "
+         "--model, --precision, --family, --attention, --micro-batch, --seq-len, --json"),
+        (["--device", "cpu", "--nproc", "3"], "--nproc is not read by --activations"),
+        (["--device", "cuda", "--precision", "fp32"],
+         "--precision is not read by --device cuda; accepted there: "
+         "--model, --micro-batch, --seq-len, --json"),
+        (["--device", "cuda", "--family", "llama"], "--family is not read by --device cuda"),
+        (["--family", "llama"], "--family is not read by the framework runs"),
+        (["--strategies", "ddp", "-b", "4"], "--micro-batch is not read by the framework runs"),
+    ],
+)  # fmt: skip
+def test_an_option_the_chosen_mode_does_not_read_is_refused_not_ignored(args: list[str], line: str) -> None:
+    result = runner.invoke(app, ["validate", *args])
+    assert result.exit_code == 2, result.output
+    (error,) = result.stderr.strip().splitlines()
+    assert error.startswith(f"zerocalc: error: {line}"), error

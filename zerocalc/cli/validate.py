@@ -83,8 +83,12 @@ Families = Annotated[
 Attentions = Annotated[
     str, typer.Option("--attention", help="With --activations: comma list of sdpa, eager.")
 ]
-MicroBatch = Annotated[int, typer.Option("--micro-batch", "-b", help="With --activations: sequences b.")]
-SeqLen = Annotated[int, typer.Option("--seq-len", "-s", help="With --activations: tokens per sequence s.")]
+MicroBatch = Annotated[
+    int, typer.Option("--micro-batch", "-b", help="With --activations or --device cuda: sequences b.")
+]
+SeqLen = Annotated[
+    int, typer.Option("--seq-len", "-s", help="With --activations or --device cuda: tokens s.")
+]
 DeviceOpt = Annotated[
     str | None,
     typer.Option(
@@ -94,12 +98,24 @@ DeviceOpt = Annotated[
         show_default=False,
     ),
 ]
+FRAMEWORK_RUN_ONLY = (
+    "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "strategies", "optimizer", "grad_accum",
+    "grad_sync", "gpus_per_node", "nproc", "timeout",
+)  # fmt: skip
+"""Options only the framework runs read (the default mode)."""
+READ_BY_MODE = {
+    "activations": ("model", "precision", "family", "attention", "micro_batch", "seq_len", "json"),
+    "cuda": ("model", "micro_batch", "seq_len", "json"),
+    "frameworks": ("model", "precision", *FRAMEWORK_RUN_ONLY, "json"),
+}
+"""The options each mode reads; one given to a mode that does not read it is refused, not ignored."""
 MAX_ACTIVATION_TOKENS = 65_536
 """--activations: b·s at most (a CPU forward of a tiny model; the attention's [b, a, s, s] when eager)."""
 
 
 @app.command(cls=PlainTextCommand)
 def validate(
+    ctx: typer.Context,
     model: Model = None,
     layers: Layers = None,
     hidden: Hidden = None,
@@ -128,7 +144,12 @@ def validate(
     --device cuda: each phase's peak of real FSDP2 steps against the step timeline."""
     chosen_device = _parse_device(device)
     if chosen_device == "cuda":
-        _validate_cuda(model, precision, micro_batch, seq_len, json)
+        mode = "cuda"
+    else:
+        mode = "activations" if activations or chosen_device == "cpu" else "frameworks"
+    _refuse_unread_options(ctx, mode)
+    if chosen_device == "cuda":
+        _validate_cuda(model, micro_batch, seq_len, json)
         return
     if activations or chosen_device == "cpu":
         _validate_activations(model, family, precision, attention, micro_batch, seq_len, json)
@@ -212,6 +233,19 @@ def validate(
         render(report)
     if not report.all_match:
         raise typer.Exit(1)
+
+
+def _refuse_unread_options(ctx: typer.Context, mode: str) -> None:
+    """One line, exit 2, for an option given on the command line that ``mode`` does not read."""
+    read = READ_BY_MODE[mode] + ("activations", "device")
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name)  # typer's own click: compare the member's name
+        if param.name in read or source is None or source.name != "COMMANDLINE":
+            continue
+        what = {"cuda": "--device cuda", "activations": "--activations", "frameworks": "the framework runs"}
+        flags = {p.name: p.opts[0] for p in ctx.command.params}
+        accepted = ", ".join(flags[name] for name in READ_BY_MODE[mode])
+        raise InputError(f"{param.opts[0]} is not read by {what[mode]}; accepted there: {accepted}")
 
 
 def _parse_device(device: str | None) -> str | None:
@@ -356,8 +390,9 @@ def render_activations(report) -> None:
     out.print(f"{exact} of {len(report.cases)} cases exact to the byte ({claimed} claimed exact): {verdict}")
 
 
-def _validate_cuda(model: str | None, precision: str, micro_batch: int, seq_len: int, json: bool) -> None:
-    """``--device cuda``: real FSDP2 steps on this GPU, each phase's peak against the step timeline."""
+def _validate_cuda(model: str | None, micro_batch: int, seq_len: int, json: bool) -> None:
+    """``--device cuda``: real FSDP2 steps on this GPU (bf16 parameters, fp32 reduce: the recipe of the
+    shared H100 measurements), each phase's peak against the step timeline."""
     if importlib.util.find_spec("torch") is None:
         raise fail(NEEDS_TORCH)
     import torch
