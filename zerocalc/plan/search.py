@@ -388,7 +388,7 @@ def search(
     ranked = _walk(plan, cands, fitter, limit)
     for cand in cands:
         if cand.status is Status.NOT_RANKED and cand.exact is not None:
-            cand.status = _status_of(cand.exact, limit)
+            cand.status = _status_of(cand.exact)
         if cand.status is Status.NOT_RANKED and cand.lower is None:
             cand.status = Status.NOT_NEEDED
         if cand.status is Status.NOT_RANKED and cand.lower - FIT_TOLERANCE_BYTES > limit:
@@ -450,7 +450,7 @@ def _reason(exc: InputError) -> str:
     return text
 
 
-def _status_of(peak: StrategyPeak, limit: float) -> Status:
+def _status_of(peak: StrategyPeak) -> Status:
     if peak.verdict is Verdict.FITS:
         return Status.FITS
     return Status.TIGHT if peak.verdict is Verdict.TIGHT else Status.DOES_NOT_FIT
@@ -526,7 +526,7 @@ def _walk(plan: PlanRequest, cands: list[_Cand], fitter: _Fitter, limit: float) 
             continue
         if cand.exact is None:
             cand.exact = _exact(_with_batch(fitter.requests[id(cand.group)], cand.b, cand.accum))
-        cand.status = _status_of(cand.exact, limit)
+        cand.status = _status_of(cand.exact)
         if cand.status is Status.FITS:
             found.append(cand)
     if plan.objective is Objective.MEMORY:
