@@ -1,15 +1,11 @@
 """Candidates per second of `zerocalc plan`, side by side with one `zerocalc memory` evaluation.
 
-Run: python benchmarks/plan.py [--repeat 3]. In-process, one core. For each case, two searches:
-
-* as `zerocalc plan` runs it: every candidate's communication and step time (exact: comm's schedule costed
-  once per key and every A derived), fitted peaks for the groups the walk reaches, exact peaks (the full
-  memory model, allocator replay included) for the candidates it evaluates — the rows printed;
-* ``fit_all``: the same plus a fitted peak for every candidate ("full" candidates: peak + comm + time),
-  the issue's measure. Fitted peaks come from 6- and 7-layer simulations extrapolated to L
-  (zerocalc.plan.layers) where the stack allows it, else from all-layer simulations.
-
-Beside them, the time of one `evaluate(request)` of the same model (every default FSDP2 strategy).
+Run: python benchmarks/plan.py [--repeat 3]. In-process, one core; the median of the repeats and the first
+run (which also fills the per-model caches: units, models cut to 6 and 7 layers). For each case: the
+candidates, each given its peak (the framework's part once per configuration plus the model's once per
+micro-batch and recompute: zerocalc.plan.fitted), its communication and step time, per second of the
+search; then the walk's exact evaluations (memory's full model, allocator replay) of the rows printed,
+timed apart. Beside them, one `evaluate(request)` of the same model (every default FSDP2 strategy).
 """
 
 from __future__ import annotations
@@ -30,13 +26,13 @@ CASES = [
 ]
 
 
-def _median(plan: object, repeat: int, fit_all: bool) -> tuple[float, object]:
+def _median(plan: object, repeat: int) -> tuple[float, float, float, object]:
     runs, result = [], None
     for _ in range(repeat):
-        start = time.perf_counter()
-        result = search(plan, fit_all=fit_all)  # type: ignore[arg-type]
-        runs.append(time.perf_counter() - start)
-    return statistics.median(runs), result
+        result = search(plan)  # type: ignore[arg-type]
+        runs.append((result.search_seconds, result.exact_seconds))
+    median = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+    return runs[0][0], *median, result
 
 
 def main() -> None:
@@ -45,8 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     for case in CASES:
         plan = plan_options(**case)
-        seconds, result = _median(plan, args.repeat, fit_all=False)
-        full_s, full = _median(plan, args.repeat, fit_all=True)
+        first, seconds, exact_s, result = _median(plan, args.repeat)
         request = parse_options(
             model=case["model"], gpu=case["gpu"], gpus=8, seq_len=case["seq_len"], framework="fsdp2"
         )
@@ -54,16 +49,11 @@ def main() -> None:
         evaluate(request)
         one = time.perf_counter() - start
         n = result.candidates_evaluated  # type: ignore[union-attr]
-        peaks = result.exact_peaks + result.fitted_peaks  # type: ignore[union-attr]
-        full_peaks = full.exact_peaks + full.fitted_peaks  # type: ignore[union-attr]
         print(
-            f"{case['model']} ≤{case['gpus']}×{case['gpu']}: {n:,} candidates\n"
-            f"  plan as run: {seconds:.2f} s = {n / seconds:,.0f} candidates/s (comm + time for all; peaks: "
-            f"{result.exact_peaks} exact + {result.fitted_peaks} fitted = {peaks / seconds:,.0f}/s; "  # type: ignore[union-attr]
-            f"{result.not_needed:,} not needed)\n"  # type: ignore[union-attr]
-            f"  every candidate fitted: {full_s:.2f} s = {n / full_s:,.0f} full candidates/s (peak + comm + "
-            f"time; {full.exact_peaks} exact + {full.fitted_peaks} fitted = {full_peaks / full_s:,.0f} "  # type: ignore[union-attr]
-            f"peaks/s)\n"
+            f"{case['model']} ≤{case['gpus']}×{case['gpu']}: {n:,} candidates ({result.groups} groups)\n"  # type: ignore[union-attr]
+            f"  every candidate (peak + comm + time): {seconds:.3f} s = {n / seconds:,.0f} candidates/s "
+            f"(first run: {n / first:,.0f}/s)\n"
+            f"  then {result.exact_peaks} exact peaks for the rows: {exact_s:.3f} s\n"  # type: ignore[union-attr]
             f"  one evaluate() (fsdp2, 8 GPUs, all strategies): {one * 1000:.0f} ms"
         )
 

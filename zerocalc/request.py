@@ -14,6 +14,7 @@ the keyword names of :mod:`zerocalc.api`; the CLI shows its flags instead (:mod:
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -389,6 +390,13 @@ def _zeropp(text: str | list[str] | tuple[str, ...] | None) -> tuple[ZeroPP, ...
     return tuple(z for z in ZeroPP if z.value in parts)
 
 
+@lru_cache(maxsize=64)
+def _counted(architecture: Architecture) -> ParameterCount:
+    """The parameter count of a loaded architecture (once per architecture: ``plan`` parses hundreds of
+    requests of one model)."""
+    return count_parameters(architecture)
+
+
 def _model(params: int | str | None, model: str | Architecture | None) -> ModelSpec:
     """Ψ from ``params``, or from a model preset / config.json / architecture (``model``), never both."""
     if (params is None) == (model is None):
@@ -404,7 +412,7 @@ def _model(params: int | str | None, model: str | Architecture | None) -> ModelS
     from zerocalc.presets import load_model
 
     architecture, preset = load_model(model)
-    count = count_parameters(architecture)
+    count = _counted(architecture)
     return ModelSpec(
         params=count.total,
         name=architecture.name,

@@ -185,11 +185,11 @@ def render_plan(result: PlanResult, unit: ByteUnit) -> None:
             out.print(f"{row.rank}. {command('memory', row.memory_options)}", soft_wrap=True, markup=False)
             out.print(f"   {command('comm', row.comm_options)}", soft_wrap=True, markup=False)
     out.print(
-        f"[bold]Searched[/bold] {result.candidates_evaluated:,} candidates in {result.seconds:.2f} s "
-        f"({result.candidates_per_second:,.0f}/s): {result.exact_peaks:,} exact peaks (the full memory "
-        f"model), {result.fitted_peaks:,} fitted lower bounds, {result.not_needed:,} not needed (slower "
-        f"than the rows above whatever their peak); {result.groups_fitted:,} of {result.groups:,} groups "
-        "fitted"
+        f"[bold]Searched[/bold] {result.candidates_evaluated:,} candidates in {result.search_seconds:.2f} s "
+        f"({result.candidates_per_second:,.0f}/s), each with its peak (the step's allocated peak plus the "
+        "context and NCCL: a lower bound of the device peak), communication and step time; then "
+        f"{result.exact_peaks:,} evaluated exactly (memory's full model, the allocator replayed) in "
+        f"{result.exact_seconds:.2f} s"
     )
     if result.rejections:
         out.print("[bold]Left out[/bold] (candidates):")

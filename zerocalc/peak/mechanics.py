@@ -44,6 +44,7 @@ from zerocalc.peak.timeline import (
     OPTIMIZER_TEMP,
     PARAMS,
     REDUCE,
+    RUNTIME,
     TRANSIENT,
 )
 from zerocalc.units import ceil_div
@@ -119,6 +120,16 @@ class Mechanics:
     def earlier_micro_batches(self, led: Ledger) -> None:
         """What the step's earlier micro-batches leave behind under gradient accumulation (nothing
         without it): the timeline is the last micro-batch."""
+
+    def forward_started(self, led: Ledger, runtime_extra: int) -> None:
+        """After the root's pre-forward: with every block kept unsharded, the runtime's extra (measured
+        from forward to the end of backward, :data:`~zerocalc.peak.timeline.NO_RESHARD_EXTRA`)."""
+        if self.keeps_all_unsharded:
+            led.alloc("no-reshard runtime extra", runtime_extra, RUNTIME)
+
+    def backward_finished(self, led: Ledger) -> None:
+        """After the root's post-backward."""
+        led.free("no-reshard runtime extra")
 
     def pre_forward(self, led: Ledger, unit: str | int) -> None:
         pass

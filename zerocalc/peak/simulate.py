@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import NamedTuple
 
 from zerocalc.architecture import Architecture, MlpKind, NormKind, parameter_tensors
@@ -62,16 +63,22 @@ def _rest(shape: tuple[int, ...]) -> int:
 
 def _units(request: TrainingRequest, world: int) -> dict[str, Unit]:
     """FSDP units with each parameter's elements, its dim-0 shard on rank 0 and its padded size."""
-    units: dict[str, Unit] = {}
-    for name, tensors in fsdp_units(request.architecture):
+    return dict(_units_of(request.architecture, world))
+
+
+@lru_cache(maxsize=256)
+def _units_of(arch: Architecture, world: int) -> tuple[tuple[str, Unit], ...]:
+    units: list[tuple[str, Unit]] = []
+    for name, tensors in fsdp_units(arch):
         key = name.removeprefix("layers.") if name != "root" else "root"
-        units[key] = Unit(
+        unit = Unit(
             key,
             [t.numel for t in tensors],
             [dim0_rows(t.shape[0], world, 0) * _rest(t.shape) for t in tensors],
             [ceil_div(t.shape[0], world) * world * _rest(t.shape) for t in tensors],
         )
-    return units
+        units.append((key, unit))
+    return tuple(units)
 
 
 def is_llama_family(arch: Architecture) -> bool:
@@ -113,6 +120,11 @@ def runtime_for(request: TrainingRequest) -> Runtime:
     return Runtime(cublas_workspace=request.runtime.cublas_workspace_bytes)
 
 
+def activation_bytes(request: TrainingRequest) -> int:
+    """Bytes per activation element: the compute dtype, the unsharded parameters' (every framework)."""
+    return RECIPES[request.precision].param_dtype.bytes
+
+
 def mechanics_for(
     request: TrainingRequest, name: StrategyName, states: Sequence[StateLine] = ()
 ) -> tuple[Mechanics, int]:
@@ -140,7 +152,7 @@ def mechanics_for(
                 optimizer_states=2,
                 optimizer_impl=optimizer_impl,
                 accumulation=accumulation,
-            ), recipe.param_dtype.bytes
+            ), activation_bytes(request)
         if setup.wrapper is TorchWrapper.FSDP1:
             no_shard = setup.sharding is Fsdp1Sharding.NO_SHARD or world == 1
             return Fsdp1(
@@ -154,7 +166,7 @@ def mechanics_for(
                 optimizer_states=2,
                 optimizer_impl=optimizer_impl,
                 accumulation=accumulation,
-            ), recipe.param_dtype.bytes
+            ), activation_bytes(request)
         # DDP / ZeroRedundancyOptimizer: fp32 parameters, bf16 autocast under mixed precision
         owned = None
         if setup.wrapper is TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER:
@@ -168,7 +180,7 @@ def mechanics_for(
             optimizer_impl=optimizer_impl,
             owned=owned,
             accumulation=accumulation,
-        ), recipe.param_dtype.bytes
+        ), activation_bytes(request)
     # the accountings: their state lines resident; the paper's sharded strategies gather units and reduce
     # one unit's gradients at a time (DeepSpeed's and Megatron's lines already hold their own)
     rule = strategy.buffers
@@ -193,7 +205,7 @@ def mechanics_for(
         if paper
         else 0,
         optimizer_impl=optimizer_impl,
-    ), b_p
+    ), activation_bytes(request)
 
 
 def simulate(

@@ -138,8 +138,7 @@ def run_step(
     # ---- forward ---------------------------------------------------------------------------------------
     led.phase = StepPhase.FORWARD
     mechanics.pre_forward(led, "root")
-    if cuda and mechanics.keeps_all_unsharded:
-        led.alloc("no-reshard runtime extra", runtime.no_reshard_extra, RUNTIME)
+    mechanics.forward_started(led, runtime.no_reshard_extra if cuda else 0)
     shared = embedding_saves(impl, arch, act) + shared_saves(impl, arch, shape, act, checkpointed, device)
     for name, b in shared:
         led.alloc(f"shared.{name}", b, ACTIVATIONS, group="shared")
@@ -284,7 +283,7 @@ def run_step(
     for name in ("embedding output", "hidden 0"):
         led.free(name)
     mechanics.post_backward(led, "root")
-    led.free("no-reshard runtime extra")
+    mechanics.backward_finished(led)
     led.free("grad seed")  # held by torch.autograd.backward's frame
     led.event("after backward")
     after_backward = led.total

@@ -1,34 +1,39 @@
-"""A step's allocated bytes per event at the model's L layers, from simulations of the same request with
-a few layers (pure).
+"""A step's allocated bytes per slot (:mod:`zerocalc.peak.split`) at the model's L layers, from runs of the
+same request with a few layers (pure).
 
 The decoder stack of a model whose blocks are all alike (dense, or mixture-of-experts in every block) is
-homogeneous: what block i allocates and frees is the same for every i, and what is alive around it is
-what the blocks before it left (activations saved in forward, gradients kept in backward) plus the model
-states, a sum over the blocks. So the bytes alive at the k-th event named after block i are affine in i
-and L, ``v(L, i) = p + q·i + r·L``, for the inner blocks 2 … L−3 (:data:`EDGE` blocks at each end differ:
+homogeneous: what block i allocates and frees is the same for every i, and what is alive around it is what
+the blocks before it left (activations saved in forward, gradients kept in backward) plus the model
+states, a sum over the blocks. So the bytes alive at the k-th slot named after block i are affine in i and
+L, ``v(L, i) = p + q·i + r·L``, for the inner blocks 2 … L−3 (:data:`EDGE` blocks at each end differ:
 block 0 follows the root and frees the embedding's outputs, block L−1 starts backward unprefetched and
 block L−2 is prefetched while it is gathered), and the events outside the blocks and those of the edge
-blocks are affine in L. Every tensor is rounded to 512 bytes on its own, so the rounding keeps this
-exact wherever the model states are a sum over FSDP units (PyTorch's frameworks): there the
-extrapolation is exact, not fitted (tests/test_plan.py compares it with all-L simulations).
+blocks are affine in L; so is each part of a slot (the framework's, the model's) on its own. Every tensor
+is rounded to 512 bytes on its own, so the rounding keeps this exact wherever the model states are a sum
+over FSDP units (PyTorch's frameworks): there the extrapolation is exact, not fitted (tests/test_plan.py
+compares it with all-L simulations).
 
-Simulated at L' = 6 and 7 layers: each event outside the inner blocks gives its line in L; each inner
-block event its plane from blocks 2 and 3 at L' = 6 and block 2 at L' = 7, checked on blocks 3 and 4 at
-L' = 7 (off by more than :data:`AFFINE_SLACK_BYTES`: :class:`NotAffine`, and the caller simulates all L
-layers). ZeroRedundancyOptimizer partitions whole tensors greedily over the ranks, which is not affine in
-L: it is never extrapolated. The accountings (the paper, DeepSpeed, Megatron) size their state lines from
-Ψ with ``ceil(Ψ/N)``: a few bytes off a line in L (measured: ≤ 2 KiB). The maximum of a plane over the
-inner blocks is at one of its two ends, so the peak at L is the maximum over the events outside the
-inner blocks and those of blocks 2 and L−3.
+Run at L' = 6 and 7 layers: each slot outside the inner blocks gives its line in L; each inner block slot
+its plane from blocks 2 and 3 at L' = 6 and block 2 at L' = 7, checked on every inner block of both runs
+(off by more than :data:`AFFINE_SLACK_BYTES`: :class:`NotAffine`, and the caller runs all L layers). The
+slots' names are the same for every configuration at one depth, so the plan (:func:`extrapolation`) is
+built once and applied to each run's values. ZeroRedundancyOptimizer partitions whole tensors greedily
+over the ranks, which is not affine in L: it is never extrapolated. The accountings (the paper, DeepSpeed,
+Megatron) size their state lines from Ψ with ``ceil(Ψ/N)``: a few bytes off a line in L (measured: ≤ 2
+KiB). The maximum of a plane over the inner blocks is at one of its two ends (the sum of the two parts'
+planes is a plane), so the peak at L is the maximum over the slots outside the inner blocks and those of
+blocks 2 and L−3.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from functools import lru_cache
+from typing import NamedTuple
 
-from zerocalc.architecture import count_parameters
+from zerocalc.architecture import Architecture, count_parameters
 from zerocalc.frameworks import TorchWrapper
+from zerocalc.peak.split import NO_EVENT
 from zerocalc.request import ModelSpec, TrainingRequest
 from zerocalc.strategies import STRATEGIES
 
@@ -66,23 +71,23 @@ def homogeneous(request: TrainingRequest) -> bool:
 
 def with_layers(request: TrainingRequest, layers: int) -> TrainingRequest:
     """The same request for the same model cut to ``layers`` blocks (its parameters recounted)."""
-    arch = request.architecture.model_copy(update={"num_layers": layers})
-    count = count_parameters(arch)
-    model = ModelSpec(
-        params=count.total,
-        name=request.model.name,
-        title=request.model.title,
-        architecture=arch,
-        parameter_count=count,
-    )
-    return request.model_copy(update={"model": model})
+    model = request.model
+    assert model.architecture is not None
+    return request.model_copy(update={"model": _cut(model.architecture, layers, model.name, model.title)})
 
 
-def _keyed(events: list[tuple[str, int]], layers: int) -> dict[Key, tuple[int, int]]:
-    """Each event under its key, with its block index (−1 outside the blocks)."""
-    out: dict[Key, tuple[int, int]] = {}
+@lru_cache(maxsize=64)
+def _cut(arch: Architecture, layers: int, name: str | None, title: str | None) -> ModelSpec:
+    cut = arch.model_copy(update={"num_layers": layers})
+    count = count_parameters(cut)
+    return ModelSpec(params=count.total, name=name, title=title, architecture=cut, parameter_count=count)
+
+
+def _keyed(names: tuple[str, ...], layers: int) -> dict[Key, int]:
+    """Each slot's key and its index among ``names``."""
+    out: dict[Key, int] = {}
     seen: dict[tuple[str, str, int], int] = {}
-    for name, allocated in events:
+    for position, name in enumerate(names):
         phase, _, event = name.partition(":")
         match = _INDEX.search(event)
         index = int(match.group(1)) if match else -1
@@ -94,50 +99,87 @@ def _keyed(events: list[tuple[str, int]], layers: int) -> dict[Key, tuple[int, i
         elif index >= layers - EDGE:
             where = f"last{layers - 1 - index}"
         else:
-            where = "inner"
+            where = f"inner{index}"
         k = seen.get((phase, template, index), 0)
         seen[(phase, template, index)] = k + 1
-        out[(phase, template, where if where != "inner" else f"inner{index}", k)] = (index, allocated)
+        out[(phase, template, where, k)] = position
     return out
 
 
-def extrapolated_events(
-    request: TrainingRequest, events_of: Callable[[TrainingRequest], list[tuple[str, int]]]
-) -> list[tuple[str, int]]:
-    """The allocated bytes, at the request's L, of every event that can hold the step's peak: the events
-    outside the inner blocks and those of blocks 2 and L−3 (in a fixed order, the same for every
-    request of one family). ``events_of`` gives a request's steady-step events ("phase:name", bytes)."""
-    if not homogeneous(request):
+class _Inner(NamedTuple):
+    a: int
+    """Block 2 at L' = 6 (index into that run's values)."""
+    q: int
+    """Block 3 at L' = 6."""
+    r: int
+    """Block 2 at L' = 7."""
+    checks: tuple[tuple[int, int, int, int], ...]
+    """(run, index, L', block) of every inner block of both runs."""
+
+
+class Extrapolation(NamedTuple):
+    """Which values of the 6- and 7-layer runs give each slot at L (built once per model and depth)."""
+
+    big: int
+    outer: tuple[tuple[int, int], ...]
+    """Per slot outside the inner blocks: its index in each run."""
+    inner: tuple[_Inner, ...]
+    names: tuple[str, ...]
+    """The slots at L, in the order of :meth:`apply`'s values."""
+
+    def apply(self, runs: tuple[list[int], list[int]]) -> list[int]:
+        """The values at L from the two runs' values (:class:`NotAffine` where an inner block leaves its
+        plane)."""
+        v0, v1 = runs
+        n0, big = SMALL_LAYERS[0], self.big
+        out = []
+        for i0, i1 in self.outer:
+            a, b = v0[i0], v1[i1]
+            if (a == NO_EVENT) != (b == NO_EVENT):
+                raise NotAffine  # a slot with events at one depth and none at the other
+            out.append(a + (b - a) * (big - n0))
+        # v(L, i) = p + q·i + r·L from blocks 2 and 3 at L' = 6 and block 2 at L' = 7, checked on every
+        # inner block of both runs
+        for inner in self.inner:
+            a = v0[inner.a]
+            q, r = v0[inner.q] - a, v1[inner.r] - a
+            p = a - q * EDGE - r * n0
+            for run, index, n, i in inner.checks:
+                if abs(runs[run][index] - (p + q * i + r * n)) > AFFINE_SLACK_BYTES:
+                    raise NotAffine
+            out += (p + q * EDGE + r * big, p + q * (big - 1 - EDGE) + r * big)
+        return out
+
+
+@lru_cache(maxsize=64)
+def extrapolation(names: tuple[tuple[str, ...], tuple[str, ...]], big: int) -> Extrapolation:
+    """The plan for runs whose slots are ``names`` (at 6 and 7 layers) to L = ``big`` layers."""
+    keyed = [_keyed(ns, n) for ns, n in zip(names, SMALL_LAYERS, strict=True)]
+    outer_keys = [{k for k in run if not k[2].startswith("inner")} for run in keyed]
+    if outer_keys[0] != outer_keys[1]:
         raise NotAffine
-    big = request.architecture.num_layers
-    runs = [_keyed(events_of(with_layers(request, n)), n) for n in SMALL_LAYERS]
-    if any(set(_outer(r)) != set(_outer(runs[0])) for r in runs):
-        raise NotAffine
-    out: list[tuple[str, int]] = []
-    n0 = SMALL_LAYERS[0]
-    for key in sorted(_outer(runs[0])):
-        v0, v1 = runs[0][key][1], runs[1][key][1]
-        out.append((":".join(map(str, key)), v0 + (v1 - v0) * (big - n0)))
-    # block events: v(L, i) = p + q·i + r·L from blocks 2 and 3 at L' = 6 and block 2 at L' = 7, checked
-    # on blocks 3 and 4 at L' = 7
-    inner = sorted({(k[0], k[1], k[3]) for run in runs for k in run if k[2].startswith("inner")})
-    for phase, template, k in inner:
+    ordered = sorted(outer_keys[0])
+    outer = tuple((keyed[0][k], keyed[1][k]) for k in ordered)
+    out_names = [":".join(map(str, k)) for k in ordered]
+    inner = []
+    for phase, template, k in sorted(
+        {(k[0], k[1], k[3]) for run in keyed for k in run if k[2][:5] == "inner"}
+    ):
         try:
-            a = runs[0][(phase, template, f"inner{EDGE}", k)][1]
-            q = runs[0][(phase, template, f"inner{EDGE + 1}", k)][1] - a
-            r = runs[1][(phase, template, f"inner{EDGE}", k)][1] - a
+            checks = tuple(
+                (run, keyed[run][(phase, template, f"inner{i}", k)], n, i)
+                for run, n in enumerate(SMALL_LAYERS)
+                for i in range(EDGE, n - EDGE)
+            )
+            inner.append(
+                _Inner(
+                    keyed[0][(phase, template, f"inner{EDGE}", k)],
+                    keyed[0][(phase, template, f"inner{EDGE + 1}", k)],
+                    keyed[1][(phase, template, f"inner{EDGE}", k)],
+                    checks,
+                )
+            )
         except KeyError:
             raise NotAffine from None
-        p = a - q * EDGE - r * n0
-        for n, run in zip(SMALL_LAYERS, runs, strict=True):
-            for i in range(EDGE, n - EDGE):
-                got = run.get((phase, template, f"inner{i}", k))
-                if got is None or abs(got[1] - (p + q * i + r * n)) > AFFINE_SLACK_BYTES:
-                    raise NotAffine
-        out.append((f"{phase}:{template}:block {EDGE}:{k}", p + q * EDGE + r * big))
-        out.append((f"{phase}:{template}:block L-{EDGE + 1}:{k}", p + q * (big - 1 - EDGE) + r * big))
-    return out
-
-
-def _outer(run: dict[Key, tuple[int, int]]) -> dict[Key, tuple[int, int]]:
-    return {k: v for k, v in run.items() if not k[2].startswith("inner")}
+        out_names += [f"{phase}:{template}:block {EDGE}:{k}", f"{phase}:{template}:block L-{EDGE + 1}:{k}"]
+    return Extrapolation(big, outer, tuple(inner), tuple(out_names))

@@ -1,20 +1,17 @@
 """The search of ``zerocalc plan`` (pure): every candidate's peak, communication and step time, ranked.
 
-Exact where it matters, fitted where it only screens. The peak of a step is ``memory``'s
-(:func:`zerocalc.peak.evaluate.strategy_peak`), but one exact evaluation replays the caching allocator over
-three steps (tens of ms). Within a :class:`~zerocalc.plan.space.Group` (candidates differing only in the
-micro-batch b) each timeline event's allocated bytes are affine in b — activations and logits scale with
-the tokens of a micro-batch, model states and buffers do not — up to the 512-byte rounding of each tensor.
-So per group the steady step is simulated (without the allocator replay) at the smallest and largest b, and
-every b's allocated peak is the maximum over events of the line through the two:
-``allocated(b) = max_e (a_e(b₀) + (a_e(b₁) − a_e(b₀))·(b − b₀)/(b₁ − b₀))``.
+Every candidate gets all three. The communication and the step time are exact (comm's schedule costed
+once per key, every accumulation derived). The peak is ``memory``'s model in two stages:
 
-That plus the CUDA context and the NCCL communicators is a **lower bound** of the peak (the allocator's
-reserve is ≥ 0), within :data:`FIT_TOLERANCE_BYTES`. A candidate whose lower bound is already above the
-fit limit does not fit. The rest are walked in the objective's order and evaluated **exactly** (the full
-model, allocator included) until ``top`` fit: every printed peak is exact, and the ranking is the one a
-brute-force exact evaluation of every candidate gives (the communication and the step time are exact for
-every candidate). Candidates never reached keep their fitted lower bound (``peak_exact`` false in JSON).
+* **every candidate**: the steady step's allocated peak from the framework's part of the step (one run
+  per configuration) and the model's part (one run per micro-batch and recompute), combined slot by slot
+  (:mod:`zerocalc.plan.fitted`; the same number as the full timeline). Plus the CUDA context and the
+  NCCL communicators this is a **lower bound** of the device peak (the caching allocator's reserve is
+  ≥ 0), within :data:`FIT_TOLERANCE_BYTES`: a candidate whose bound is above the fit limit does not fit;
+* **the rows printed**: the candidates are walked in the objective's order and evaluated exactly (the
+  full model, the allocator replay included: ``zerocalc memory``'s own peak) until ``top`` fit. The
+  ranking is the one a brute-force exact evaluation of every candidate gives (tests/test_plan.py).
+  Candidates never reached keep their lower bound (``peak_exact`` false in JSON).
 """
 
 from __future__ import annotations
@@ -36,9 +33,8 @@ from zerocalc.memory import Location, evaluate_memory
 from zerocalc.peak.evaluate import FIT_MARGIN, nccl_communicators, strategy_peak
 from zerocalc.peak.profiles import PROFILES
 from zerocalc.peak.report import StrategyPeak, Verdict
-from zerocalc.peak.simulate import flash_attention_used, runtime_for, simulate
-from zerocalc.peak.states import STATE_BUILDERS
-from zerocalc.plan.layers import NotAffine, extrapolated_events
+from zerocalc.peak.simulate import flash_attention_used, runtime_for
+from zerocalc.plan.fitted import StepParts, with_batch
 from zerocalc.plan.space import (
     Group,
     Objective,
@@ -67,9 +63,10 @@ from zerocalc.schedule import GradSync, Repeat
 from zerocalc.strategies import STRATEGIES, OffloadTarget, StrategyName
 
 SCHEMA_VERSION = 1
-FIT_TOLERANCE_BYTES = 64 * 2**20
-"""Allowed error of the fitted allocated peak: each live tensor's 512-byte rounding (a few MB at most; the
-tests measure it on a sample)."""
+FIT_TOLERANCE_BYTES = 2**20
+"""Allowed error of the fitted allocated peak: exact for PyTorch's frameworks, the accountings' state lines
+(``ceil(Ψ/N)``) a few bytes off their line in L (:mod:`zerocalc.plan.layers`); tests/test_plan.py
+measures it."""
 
 
 class Status(StrEnum):
@@ -78,8 +75,6 @@ class Status(StrEnum):
     """Exactly evaluated and fits, ranked below the top rows."""
     NOT_RANKED = "not ranked"
     """Its fitted lower bound fits; never reached by the walk, so not evaluated exactly."""
-    NOT_NEEDED = "not needed"
-    """Slower (or larger) than the top rows whatever its peak: its group's peak was never fitted."""
     TIGHT = "tight"
     DOES_NOT_FIT = "does not fit"
 
@@ -161,13 +156,14 @@ class PlanResult(BaseModel):
         "fitted) unless the top rows are faster whatever its peak"
     )
     exact_peaks: int = Field(description="of them, peaks from the full memory model")
-    fitted_peaks: int = Field(description="of them, only the fitted lower bound (never reached by the walk)")
+    fitted_peaks: int = Field(description="of them, only the lower bound (never reached by the walk)")
     groups: int = Field(description="groups of candidates differing only in b")
-    groups_fitted: int = Field(description="groups whose peaks were fitted (the walk reached them)")
-    not_needed: int = Field(description="of them, no peak needed: slower than the top rows (pruned)")
-    seconds: float
-    candidates_per_second: float = Field(description="candidates_evaluated / seconds")
-    peaks_per_second: float = Field(description="(exact_peaks + fitted_peaks) / seconds")
+    seconds: float = Field(description="the whole search: search_seconds + exact_seconds")
+    search_seconds: float = Field(
+        description="every candidate's peak (its lower bound), communication and step time, and the ranking"
+    )
+    exact_seconds: float = Field(description="the walk's exact peaks (memory's model, allocator replay)")
+    candidates_per_second: float = Field(description="candidates_evaluated / search_seconds")
     assumptions: list[str]
     candidates: list[PlanRow] | None = Field(default=None, description="every candidate (--json)")
 
@@ -197,66 +193,10 @@ class _Cand:
         self.request: TrainingRequest | None = None
 
 
-def _with_batch(request: TrainingRequest, b: int, accum: int) -> TrainingRequest:
-    activations = request.activations.model_copy(update={"micro_batch": b})
-    return request.model_copy(update={"activations": activations, "grad_accum": accum})
-
-
 def _exact(request: TrainingRequest) -> StrategyPeak:
     """``zerocalc memory``'s peak for the request's one strategy (the same functions, the same request)."""
     row = evaluate_memory(request).strategies[0]
     return strategy_peak(request, PROFILES[request.framework], row, runtime_for(request))
-
-
-def _allocated_events(request: TrainingRequest) -> list[tuple[str, int]]:
-    """The steady step's events that can hold its peak and their allocated bytes (no allocator replay):
-    extrapolated from 6 and 7 layers where the stack allows it (:mod:`zerocalc.plan.layers`), else every
-    event of all L layers."""
-    try:
-        return extrapolated_events(request, simulated_events)
-    except NotAffine:
-        return simulated_events(request)
-
-
-def simulated_events(request: TrainingRequest) -> list[tuple[str, int]]:
-    """The steady step's events and their allocated bytes, all layers simulated (no allocator replay)."""
-    name = request.strategies[0]
-    profile = PROFILES[request.framework]
-    row = evaluate_memory(request).strategies[0]
-    states, _ = STATE_BUILDERS[profile.states](request, STRATEGIES[name], row)
-    result = simulate(request, name, runtime_for(request), states, reserve=False)
-    return [(f"{phase}:{event}", allocated) for phase, event, allocated in result.events]
-
-
-Slopes = tuple[tuple[str, ...], tuple[float, ...]]
-
-
-def fitted_allocated(
-    request: TrainingRequest, micro_batches: tuple[int, ...], shared: Slopes | None = None
-) -> tuple[dict[int, int], Slopes | None]:
-    """The allocated peak of every b, and the per-event slopes used.
-
-    The step is simulated at the smallest b; each event's slope (bytes per sequence) comes from a second
-    simulation at the largest b, or from ``shared`` — the slopes of a group with the same framework,
-    strategy, recompute and accumulation, whose events carry the same activations (states, shards and
-    buffers do not depend on b) — when its events line up with this one's by name."""
-    lo, hi = micro_batches[0], micro_batches[-1]
-    accum = request.grad_accum
-    a = _allocated_events(_with_batch(request, lo, accum))
-    names = tuple(name for name, _ in a)
-    if len(micro_batches) == 1:
-        return {lo: max(x for _, x in a)}, shared
-    if shared is None or shared[0] != names:
-        z = _allocated_events(_with_batch(request, hi, accum))
-        if tuple(name for name, _ in z) != names:
-            raise _Misaligned
-        shared = (names, tuple((y[1] - x[1]) / (hi - lo) for x, y in zip(a, z, strict=True)))
-    lines = [(x[1], slope) for x, slope in zip(a, shared[1], strict=True)]
-    return {b: round(max(base + slope * (b - lo) for base, slope in lines)) for b in micro_batches}, shared
-
-
-class _Misaligned(Exception):
-    """Two timelines of one group do not line up event by event (not seen in the shipped presets)."""
 
 
 def _comm_lines(group: Group, comm_request: TrainingRequest, layout: Layout) -> tuple[CommLine, ...]:
@@ -283,12 +223,9 @@ def search(
     plan: PlanRequest,
     on_progress: Callable[[int, int], None] | None = None,
     keep_all: bool = False,
-    fit_all: bool = False,
 ) -> PlanResult:
-    """Every candidate of the plan's space, the best ``plan.top`` by its objective evaluated exactly.
-
-    ``fit_all``: every group's peaks fitted, whether the walk needs them or not (every candidate gets a
-    peak: the benchmark's "full candidates"); the ranking is the same."""
+    """Every candidate of the plan's space (peak, communication, step time), the best ``plan.top`` by its
+    objective evaluated exactly."""
     start = time.perf_counter()
     base = plan.base
     arch, count = base.architecture, base.model.parameter_count
@@ -305,8 +242,7 @@ def search(
     for item in early:
         rejected[item.reason] += item.count
     comm_cache: dict[tuple, tuple[CommLine, ...]] = {}
-    outsides: dict[int, int] = {}
-    members: dict[int, list[_Cand]] = {}
+    parts = StepParts(runtime_for(base))
     comm_requests: dict[tuple, TrainingRequest | InputError] = {}
     flops_cache = {r: flops_per_token(arch, count, plan.seq_len, r, flash) for r in Recompute}
     recipe = RECIPES[base.precision]
@@ -344,12 +280,12 @@ def search(
             * request.runtime.nccl_communicator_bytes
         )
         outside = request.runtime.context_bytes + capacity_nccl
-        outsides[id(group)] = outside
         flops = flops_cache[group.recompute]
         shards = request.cluster.group_size(STRATEGIES[group.strategy].optimizer)
         if comm_key not in comm_cache:
             comm_cache[comm_key] = _comm_lines(group, comm_request, layout)
         lines = comm_cache[comm_key]
+        members: list[_Cand] = []
         for b in group.micro_batches:
             accum = plan.global_batch_sequences // (group.world * b)
             offload = offload_seconds(
@@ -375,22 +311,20 @@ def search(
                 group.prefetch,
                 offload,
             )
-            cand = _Cand(group, b, accum, None, timing)
-            members.setdefault(id(group), []).append(cand)
-            cands.append(cand)
+            members.append(_Cand(group, b, accum, None, timing))
+        configuration = group._replace(recompute=None, micro_batches=())
+        peaks = parts.allocated_peaks(request, {c.b: c.accum for c in members}, configuration)
+        for cand in members:
+            cand.lower = peaks[cand.b] + outside
+        cands += members
     if on_progress is not None:
         on_progress(len(groups), len(groups))
-    fitter = _Fitter(plan, requests, outsides, members)
-    if fit_all or plan.objective is Objective.MEMORY:  # the walk's order needs every lower bound
-        for group in groups:
-            if id(group) in members:
-                fitter.fit(group)
-    ranked = _walk(plan, cands, fitter, limit)
+    searched = time.perf_counter()
+    ranked = _walk(plan, cands, requests, limit)
+    walked = time.perf_counter()
     for cand in cands:
         if cand.status is Status.NOT_RANKED and cand.exact is not None:
             cand.status = _status_of(cand.exact)
-        if cand.status is Status.NOT_RANKED and cand.lower is None:
-            cand.status = Status.NOT_NEEDED
         if cand.status is Status.NOT_RANKED and cand.lower - FIT_TOLERANCE_BYTES > limit:
             cand.status = Status.DOES_NOT_FIT
     for cand in cands:
@@ -399,7 +333,7 @@ def search(
             rejected[f"does not fit: peak above {1 - FIT_MARGIN:.0%} of the GPU's memory ({how})"] += 1
         elif cand.status is Status.TIGHT:
             rejected[f"tight: within {FIT_MARGIN:.0%} of the GPU's memory (exact peak)"] += 1
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start - (walked - searched)
     exact_count = sum(1 for c in cands if c.exact is not None)
     fitted_count = sum(1 for c in cands if c.exact is None and c.lower is not None)
     rows = [_row(plan, c, requests, i + 1) for i, c in enumerate(ranked)]
@@ -432,11 +366,10 @@ def search(
         exact_peaks=exact_count,
         fitted_peaks=fitted_count,
         groups=len(groups),
-        groups_fitted=fitter.fitted,
-        seconds=seconds,
-        not_needed=len(cands) - exact_count - fitted_count,
+        seconds=seconds + (walked - searched),
+        search_seconds=seconds,
+        exact_seconds=walked - searched,
         candidates_per_second=len(cands) / seconds if seconds > 0 else 0.0,
-        peaks_per_second=(exact_count + fitted_count) / seconds if seconds > 0 else 0.0,
         assumptions=ASSUMPTIONS,
         candidates=everything,
     )
@@ -465,52 +398,11 @@ def _order(plan: PlanRequest, cand: _Cand) -> tuple:
     return (cand.time.step_s,)
 
 
-class _Fitter:
-    """Fits a group's peaks when the walk first needs them (each group at most once)."""
-
-    def __init__(
-        self,
-        plan: PlanRequest,
-        requests: dict[int, TrainingRequest],
-        outsides: dict[int, int],
-        members: dict[int, list[_Cand]],
-    ):
-        self.plan, self.requests, self.outsides, self.members = plan, requests, outsides, members
-        self.slopes: dict[tuple, Slopes | None] = {}
-        self.fitted = 0
-
-    def fit(self, group: Group) -> None:
-        cands = self.members[id(group)]
-        if cands[0].lower is not None:
-            return
-        self.fitted += 1
-        request = self.requests[id(group)]
-        family = (
-            group.framework,
-            group.strategy,
-            group.recompute,
-            group.accumulates,
-            group.grad_sync,
-            group.prefetch,
-            group.micro_batches[0],
-            group.micro_batches[-1],
-        )
-        try:
-            fitted, self.slopes[family] = fitted_allocated(
-                request, group.micro_batches, self.slopes.get(family)
-            )
-        except _Misaligned:  # every b exactly
-            for cand in cands:
-                cand.exact = _exact(_with_batch(request, cand.b, cand.accum))
-            fitted = {c.b: c.exact.allocated_peak_bytes for c in cands if c.exact is not None}
-        for cand in cands:
-            cand.lower = fitted[cand.b] + self.outsides[id(group)]
-
-
-def _walk(plan: PlanRequest, cands: list[_Cand], fitter: _Fitter, limit: float) -> list[_Cand]:
+def _walk(
+    plan: PlanRequest, cands: list[_Cand], requests: dict[int, TrainingRequest], limit: float
+) -> list[_Cand]:
     """Exact evaluation in the objective's order until ``top`` fit (memory: until no lower bound can beat
-    the top rows); returns them best first. Time and GPUs are known exactly before any peak, so the walk
-    stops at the ``top``-th fitting candidate and groups it never reaches are never fitted."""
+    the top rows); returns them best first."""
     found: list[_Cand] = []
     for cand in sorted(cands, key=lambda c: _order(plan, c)):
         if plan.objective is Objective.MEMORY and len(found) >= plan.top:
@@ -519,13 +411,12 @@ def _walk(plan: PlanRequest, cands: list[_Cand], fitter: _Fitter, limit: float) 
                 break
         elif len(found) >= plan.top:
             break
-        fitter.fit(cand.group)
         assert cand.lower is not None
         if cand.lower - FIT_TOLERANCE_BYTES > limit:
             cand.status = Status.DOES_NOT_FIT
             continue
         if cand.exact is None:
-            cand.exact = _exact(_with_batch(fitter.requests[id(cand.group)], cand.b, cand.accum))
+            cand.exact = _exact(with_batch(requests[id(cand.group)], cand.b, cand.accum))
         cand.status = _status_of(cand.exact)
         if cand.status is Status.FITS:
             found.append(cand)

@@ -1,0 +1,225 @@
+"""A steady step's allocated bytes as the framework's part plus the model's part, slot by slot (pure).
+
+In the step timeline (:mod:`zerocalc.peak.timeline`) the framework allocates and frees only inside its
+mechanics' hooks (:mod:`zerocalc.peak.mechanics`), and the model's code only between them. So at every
+event the allocated total is ``F + A``: F the framework's bytes, a function of the strategy, the world,
+the dtypes, offload and accumulation but not of the micro-batch or recompute (the hooks take no
+activation shapes), and A the model's bytes, a function of the micro-batch, the sequence and recompute
+but not of the framework (the hooks are called at the same points in the same order whatever the
+framework). Each hook call h gives two slots:
+
+* ``in h`` — the events inside the hook: F varies, A is the model's bytes when the hook is entered;
+* ``after h`` — the events between it and the next hook: A varies, F is the framework's bytes the hook
+  left.
+
+The step's allocated peak is the largest ``F + A`` over the slots (a slot without events counts
+:data:`NO_EVENT`). One framework run per configuration and one model run per (micro-batch, recompute)
+give every combination's peak: what ``zerocalc plan`` needs for each candidate, without simulating each.
+Both runs are the timeline's own code (the model run calls hooks that do nothing; the framework run
+replays the model run's hook calls on the real mechanics); tests/test_plan.py checks every candidate
+of several spaces against :func:`zerocalc.peak.simulate.simulate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from zerocalc.model_impl import Device
+from zerocalc.peak.ledger import CUDA_BLOCK, Ledger
+from zerocalc.peak.mechanics import Mechanics
+from zerocalc.peak.report import StateLine
+from zerocalc.peak.simulate import activation_bytes, mechanics_for, step_shape
+from zerocalc.peak.timeline import Runtime, run_step, steady_start
+from zerocalc.request import TrainingRequest
+
+NO_EVENT = -(2**62)
+"""A slot's value where it holds no event: below any sum with the other part."""
+
+
+class HookCall(NamedTuple):
+    phase: str
+    method: str
+    args: tuple[object, ...]
+    """The arguments after the ledger."""
+
+    @property
+    def slot(self) -> str:
+        """The hook's name in a slot: its method and unit (and gradient label), no other numbers (a slot's
+        only number is its block's index: :mod:`zerocalc.plan.layers` reads it)."""
+        if self.method in ("pre_forward", "post_forward", "pre_backward", "post_backward"):
+            return f"{self.method} {self.args[0]}"
+        if self.method == "param_grad":
+            return f"{self.method} {self.args[0]} {self.args[1]}"
+        return self.method
+
+
+class SlotLedger(Ledger):
+    """A ledger that keeps each slot's values: F (``framework``: operations outside hooks ignored) or A.
+
+    Lean: no allocation log (no allocator replay), no bytes by kind."""
+
+    def __init__(self, framework: bool, block: int = CUDA_BLOCK):
+        super().__init__(block)
+        self.framework = framework
+        self.in_hook = False
+        self.inside: list[int] = []
+        """Per hook, the largest total at an event inside it."""
+        self.entered: list[int] = []
+        """Per hook, the total when it is entered."""
+        self.left: list[int] = []
+        """Per hook, the total when it returns."""
+        self.between: list[int] = [NO_EVENT]
+        """Per hook, the largest total at an event after it and before the next (first: before any hook)."""
+
+    def alloc(
+        self, name: str, nbytes: int, kind: str, stream: str = "default", group: str | None = None
+    ) -> None:
+        if self.framework and not self.in_hook:
+            return
+        size = self.rounded(nbytes)
+        if size == 0:
+            return
+        if name in self.live:
+            raise KeyError(f"{name} is already allocated")
+        if group is not None:
+            self.groups.setdefault(group, []).append(name)
+        self.live[name] = size
+        self.kinds[name] = kind
+        self.total += size
+
+    def free(self, name: str) -> None:
+        if self.framework and not self.in_hook:
+            return
+        size = self.live.pop(name, None)
+        if size is not None:
+            del self.kinds[name]
+            self.total -= size
+
+    def rename(self, old: str, new: str, kind: str | None = None) -> None:
+        if self.framework and not self.in_hook:
+            return
+        if old not in self.live:
+            return
+        self.live[new] = self.live.pop(old)
+        self.kinds[new] = kind or self.kinds.pop(old)
+        self.kinds.pop(old, None)
+        for members in self.groups.values():
+            if old in members:
+                members[members.index(old)] = new
+
+    def event(self, name: str, transient: int = 0, transient_kind: str = "transient") -> None:
+        if self.framework != self.in_hook:
+            return  # the other part's event: its value comes from the other run
+        value = self.total + self.rounded(transient)
+        if self.in_hook:
+            self.inside[-1] = max(self.inside[-1], value)
+        else:
+            self.between[-1] = max(self.between[-1], value)
+
+    def enter(self) -> None:
+        self.in_hook = True
+        self.entered.append(self.total)
+        self.inside.append(NO_EVENT)
+
+    def leave(self) -> None:
+        self.in_hook = False
+        self.left.append(self.total)
+        self.between.append(NO_EVENT)
+
+
+class _Hooked:
+    """The mechanics as the timeline sees them: each hook call marks its slot (and is recorded)."""
+
+    def __init__(self, mechanics: Mechanics, calls: list[HookCall]):
+        self._mechanics = mechanics
+        self._calls = calls
+
+    def __getattr__(self, method: str) -> Callable[..., None]:
+        hook = getattr(self._mechanics, method)
+
+        def call(led: SlotLedger, *args: object) -> None:
+            self._calls.append(HookCall(led.phase, method, args))
+            led.enter()
+            hook(led, *args)
+            led.leave()
+
+        return call
+
+
+class _NoFramework(Mechanics):
+    """Hooks that allocate nothing: the model run."""
+
+    def __init__(self) -> None:
+        super().__init__({}, 0, None, 0)  # type: ignore[arg-type]
+
+    def resident(self, led: Ledger, first_step: bool = False) -> None:
+        pass
+
+    def param_grad(self, led: Ledger, unit: str | int, label: str, numel: int) -> None:
+        pass
+
+    def tied_grad_sum(self, led: Ledger, numel: int) -> None:
+        pass
+
+    def optimizer_step(self, led: Ledger, first_step: bool) -> None:
+        pass
+
+    def zero_grad(self, led: Ledger) -> None:
+        pass
+
+
+class ModelRun(NamedTuple):
+    values: list[int]
+    """A per slot (:func:`slot_names`): the model's bytes entering each hook, the largest between hooks."""
+    calls: tuple[HookCall, ...]
+    """The hook calls in order (the same for every framework)."""
+
+
+def slot_names(calls: tuple[HookCall, ...]) -> tuple[str, ...]:
+    """The slots' names ("phase:in|after hook"), in the step's order: the first is before any hook."""
+    names = ["start:before hooks"]
+    for call in calls:
+        names += [f"{call.phase}:in {call.slot}", f"{call.phase}:after {call.slot}"]
+    return tuple(names)
+
+
+def _values(inside: list[int], after: list[int], before: int) -> list[int]:
+    values = [before]
+    for value_in, value_after in zip(inside, after, strict=True):
+        values += (value_in, value_after)
+    return values
+
+
+def model_run(request: TrainingRequest, runtime: Runtime | None, device: Device = Device.CUDA) -> ModelRun:
+    """The model's part of the request's steady step (its framework ignored)."""
+    step = step_shape(request, activation_bytes(request), device)
+    calls: list[HookCall] = []
+    led = SlotLedger(framework=False, block=CUDA_BLOCK if device is Device.CUDA else 1)
+    hooked = _Hooked(_NoFramework(), calls)
+    steady_start(step, hooked, runtime, led)
+    run_step(step, hooked, runtime, led)
+    return ModelRun(_values(led.entered, led.between[1:], led.between[0]), tuple(calls))
+
+
+def framework_run(
+    request: TrainingRequest,
+    states: Sequence[StateLine],
+    calls: tuple[HookCall, ...],
+    device: Device = Device.CUDA,
+) -> list[int]:
+    """F per slot (:func:`slot_names`) of the request's steady step: its mechanics given the model run's
+    hook calls (``states``: the accountings' state lines; the PyTorch frameworks derive their own)."""
+    mechanics, _ = mechanics_for(request, request.strategies[0], states)
+    led = SlotLedger(framework=True, block=CUDA_BLOCK if device is Device.CUDA else 1)
+    for call in calls:
+        led.phase = call.phase
+        led.enter()
+        getattr(mechanics, call.method)(led, *call.args)
+        led.leave()
+    return _values(led.inside, led.left, 0)
+
+
+def peak_of(framework: list[int], model: list[int]) -> int:
+    """The step's allocated peak: the largest F + A over the slots (the same slots, in the same order)."""
+    return max(map(int.__add__, framework, model))

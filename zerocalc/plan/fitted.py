@@ -1,0 +1,105 @@
+"""Every candidate's allocated peak, from the step's two parts (pure).
+
+A candidate's steady step is the framework's part plus the model's part, slot by slot
+(:mod:`zerocalc.peak.split`): the framework's depends on the configuration (strategy, world, dtypes,
+offload, accumulation) and not on the micro-batch or recompute, the model's on the micro-batch and
+recompute and not on the configuration. So the search runs the framework's part once per configuration
+(whatever the micro-batch and recompute) and the model's once per (micro-batch, recompute), and each
+candidate's allocated peak is a maximum over the slots of a sum — the same number
+:func:`zerocalc.peak.simulate.simulate` gives for its steady step (tests/test_plan.py). Where the stack
+is homogeneous both parts are run at 6 and 7 layers and extrapolated to L (:mod:`zerocalc.plan.layers`:
+exact for PyTorch's frameworks, the accountings' lines within a few bytes); else at all L layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+
+from zerocalc.activations import Recompute
+from zerocalc.frameworks import TORCH_FRAMEWORKS
+from zerocalc.memory import evaluate_memory
+from zerocalc.peak.profiles import PROFILES
+from zerocalc.peak.report import StateLine
+from zerocalc.peak.split import ModelRun, framework_run, model_run, peak_of, slot_names
+from zerocalc.peak.states import STATE_BUILDERS
+from zerocalc.peak.timeline import Runtime
+from zerocalc.plan.layers import SMALL_LAYERS, NotAffine, extrapolation, homogeneous, with_layers
+from zerocalc.request import TrainingRequest
+from zerocalc.strategies import STRATEGIES
+
+
+def with_batch(request: TrainingRequest, b: int, accum: int) -> TrainingRequest:
+    """The same request at micro-batch ``b`` and accumulation ``accum``."""
+    activations = request.activations.model_copy(update={"micro_batch": b})
+    return request.model_copy(update={"activations": activations, "grad_accum": accum})
+
+
+class StepParts:
+    """The model's parts (cached per micro-batch, recompute and layer count) and the framework's of each
+    configuration, combined into allocated peaks."""
+
+    def __init__(self, runtime: Runtime):
+        self.runtime = runtime
+        self._runs: dict[tuple[Recompute, int, int], ModelRun] = {}
+        self._models: dict[tuple[Recompute, int, bool], list[int]] = {}
+        self._frameworks: dict[Hashable, tuple[list[int], bool]] = {}
+
+    def _model_run(self, request: TrainingRequest) -> ModelRun:
+        activations = request.activations
+        key = (activations.recompute, activations.micro_batch, request.architecture.num_layers)
+        if key not in self._runs:
+            self._runs[key] = model_run(request, self.runtime)
+        return self._runs[key]
+
+    def _framework_run(self, request: TrainingRequest) -> list[int]:
+        return framework_run(request, _states(request), self._model_run(request).calls)
+
+    def _extrapolated(
+        self, request: TrainingRequest, run: Callable[[TrainingRequest], list[int]]
+    ) -> list[int]:
+        """``run``'s values at the request's L from 6 and 7 layers (:mod:`zerocalc.plan.layers`)."""
+        if not homogeneous(request):
+            raise NotAffine
+        cut = [with_layers(request, n) for n in SMALL_LAYERS]
+        names = tuple(slot_names(self._model_run(r).calls) for r in cut)
+        plan = extrapolation(names, request.architecture.num_layers)  # type: ignore[arg-type]
+        return plan.apply((run(cut[0]), run(cut[1])))
+
+    def _model(self, request: TrainingRequest, extrapolate: bool) -> list[int]:
+        key = (request.activations.recompute, request.activations.micro_batch, extrapolate)
+        if key not in self._models:
+            self._models[key] = (
+                self._extrapolated(request, lambda r: self._model_run(r).values)
+                if extrapolate
+                else self._model_run(request).values
+            )
+        return self._models[key]
+
+    def allocated_peaks(
+        self, request: TrainingRequest, batches: dict[int, int], configuration: Hashable
+    ) -> dict[int, int]:
+        """The steady step's allocated peak at each micro-batch b of ``batches`` (b → accumulation) for
+        the request (at any of them, any recompute); ``configuration`` names what the framework's part
+        depends on (the request's options but the micro-batch and recompute): runs are shared by it."""
+        if configuration not in self._frameworks:
+            try:
+                self._frameworks[configuration] = (self._extrapolated(request, self._framework_run), True)
+            except NotAffine:
+                self._frameworks[configuration] = (self._framework_run(request), False)
+        framework, extrapolated = self._frameworks[configuration]
+        try:
+            models = {b: self._model(with_batch(request, b, a), extrapolated) for b, a in batches.items()}
+        except NotAffine:  # the model's part is not affine in L: both at all L layers
+            framework, extrapolated = self._framework_run(request), False
+            self._frameworks[configuration] = (framework, extrapolated)
+            models = {b: self._model(with_batch(request, b, a), False) for b, a in batches.items()}
+        return {b: peak_of(framework, model) for b, model in models.items()}
+
+
+def _states(request: TrainingRequest) -> list[StateLine]:
+    """The accountings' state lines (the PyTorch frameworks' mechanics derive their own)."""
+    if request.framework in TORCH_FRAMEWORKS:
+        return []
+    row = evaluate_memory(request).strategies[0]
+    states, _ = STATE_BUILDERS[PROFILES[request.framework].states](request, STRATEGIES[row.strategy], row)
+    return list(states)
