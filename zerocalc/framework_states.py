@@ -160,14 +160,20 @@ def _rest(shape: tuple[int, ...]) -> int:
     return n
 
 
+def dim0_padded_numel(shape: tuple[int, ...], world_size: int) -> int:
+    """FSDP2: one tensor with its dim 0 padded to a multiple of N (:func:`dim0_rows`, ``FSDPParamGroup``'s
+    all-gather output)."""
+    return ceil_div(shape[0], world_size) * world_size * _rest(shape)
+
+
 def padded_unit_numel(unit: list[ParamTensor], world_size: int, wrapper: TorchWrapper) -> int:
     """Elements of one unit when all-gathered (unsharded) on ``world_size`` ranks, padding included.
 
     FSDP1: the flat parameter padded to a multiple of N (:func:`fsdp1_shard_numel`); FSDP2: each tensor's
-    dim 0 padded to a multiple of N (:func:`dim0_rows`, ``FSDPParamGroup``'s all-gather output).
+    dim 0 padded to a multiple of N (:func:`dim0_padded_numel`).
     """
     if wrapper is TorchWrapper.FSDP2:
-        return sum(ceil_div(t.shape[0], world_size) * world_size * _rest(t.shape) for t in unit)
+        return sum(dim0_padded_numel(t.shape, world_size) for t in unit)
     return ceil_div(sum(t.numel for t in unit), world_size) * world_size
 
 
