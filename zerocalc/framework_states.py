@@ -25,6 +25,8 @@ Lines per rank:
 
 from __future__ import annotations
 
+import heapq
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.architecture import Architecture, ParamTensor, parameter_tensors
@@ -145,11 +147,11 @@ def zero1_partition(tensors: list[ParamTensor], world_size: int) -> list[list[Pa
     (``_get_min_index``: the first such rank).
     """
     ranks: list[list[ParamTensor]] = [[] for _ in range(world_size)]
-    sizes = [0] * world_size
+    totals = [(0, rank) for rank in range(world_size)]  # a heap: the smallest total, then the first rank
     for t in sorted(tensors, key=lambda t: t.numel, reverse=True):
-        rank = sizes.index(min(sizes))
+        total, rank = totals[0]
         ranks[rank].append(t)
-        sizes[rank] += t.numel
+        heapq.heapreplace(totals, (total + t.numel, rank))
     return ranks
 
 
