@@ -14,6 +14,8 @@ notes say which call counts and paddings need ``--model``.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.architecture import Architecture, ParamTensor, parameter_tensors
@@ -84,10 +86,8 @@ class CallContext(BaseModel):
     deepspeed_bucket_elements: int = Field(ge=0)
 
 
-class Call(BaseModel):
+class Call(NamedTuple):
     """One call: what it moves (for per-unit tables), S in elements, and a broadcast's source rank."""
-
-    model_config = ConfigDict(frozen=True)
 
     unit: str
     elements: int
@@ -301,6 +301,6 @@ def rule_calls(
     data, scales = [], []
     for tensor, c in zip(tensors, calls, strict=True):
         groups = qgz_groups(tensor.shape, ctx.world_size)
-        data.append(c.model_copy(update={"elements": ceil_div(c.elements, 2)}))
+        data.append(c._replace(elements=ceil_div(c.elements, 2)))
         scales.append(Call(unit=c.unit, elements=groups // ctx.shard_size))
     return data, scales
