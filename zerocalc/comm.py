@@ -19,7 +19,10 @@ states.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from functools import lru_cache
+from typing import NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from zerocalc.calibration import Calibration
 from zerocalc.calls import Call, CallContext, Layout, rule_calls
@@ -86,7 +89,10 @@ class CommRequest(BaseModel):
 
 class UnitCalls(BaseModel):
     """The calls of one collective that move one FSDP unit, DDP or DeepSpeed bucket, or one rank's
-    parameters (a broadcast's source), each time the collective runs."""
+    parameters (a broadcast's source), each time the collective runs (frozen: costs that make the same calls
+    share them)."""
+
+    model_config = ConfigDict(frozen=True)
 
     unit: str
     elements: list[int] = Field(description="S of each call, in elements")
@@ -197,27 +203,65 @@ def _times(repeat: Repeat, accum: int, sync: GradSync) -> int:
             return accum - 1
 
 
-def _units(calls: list[Call], op: Collective, n: int, dtype: DType) -> list[UnitCalls]:
-    """The calls grouped by what they move, in order."""
+_UNIT_CALLS = TypeAdapter(tuple[UnitCalls, ...])
+"""Validates a collective's units in one call (a model's collectives have thousands)."""
+
+
+class _Traffic(NamedTuple):
+    """What one run of a collective moves: its calls grouped by what they move, in order, and their sums."""
+
+    units: tuple[UnitCalls, ...]
+    calls: int
+    message_bytes: int
+    bytes_sent_per_gpu: int
+
+
+@lru_cache(maxsize=256)
+def _traffic(calls: tuple[Call, ...], op: Collective, n: int, element_bytes: int) -> _Traffic:
+    """The calls grouped by what they move, in order, and their sums (once per value: rules of one
+    schedule often make the same calls)."""
     spec = COLLECTIVES[op]
     grouped: dict[tuple[str, int | None], list[int]] = {}
-    for call in calls:
-        grouped.setdefault((call.unit, call.root), []).append(call.elements)
-    return [
-        UnitCalls(
-            unit=unit,
-            elements=elements,
-            source_rank=root,
-            message_bytes=sum(elements) * dtype.bytes,
-            bytes_sent_per_gpu=sum(spec.bytes_sent_per_rank(e * dtype.bytes, n) for e in elements),
-        )
-        for (unit, root), elements in grouped.items()
-    ]
+    for unit, elements, root in calls:
+        grouped.setdefault((unit, root), []).append(elements)
+    sent = {s: spec.bytes_sent_per_rank(s * element_bytes, n) for s in {s for _, s, _ in calls}}
+    units = _UNIT_CALLS.validate_python(
+        [
+            {
+                "unit": unit,
+                "elements": elements,
+                "source_rank": root,
+                "message_bytes": sum(elements) * element_bytes,
+                "bytes_sent_per_gpu": sum(map(sent.__getitem__, elements)),
+            }
+            for (unit, root), elements in grouped.items()
+        ]
+    )
+    return _Traffic(
+        units=units,
+        calls=len(calls),
+        message_bytes=sum(u.message_bytes for u in units),
+        bytes_sent_per_gpu=sum(u.bytes_sent_per_gpu for u in units),
+    )
+
+
+def _line_traffic(
+    layout: Layout, line: ScheduledCollective, ctx: CallContext, quantized: bool
+) -> tuple[_Traffic, _Traffic | None] | None:
+    """What one run of ``line`` moves (int8 quantized, else in the context's dtype) and its fp32 scales (None
+    unless quantized); None when it has no calls."""
+    data, scales = rule_calls(line, layout, ctx, quantized)
+    if not data:
+        return None
+    moved = _traffic(
+        tuple(data), line.op, ctx.group_size, DType.INT8.bytes if quantized else ctx.element_bytes
+    )
+    return moved, _traffic(tuple(scales), line.op, ctx.group_size, DType.FP32.bytes) if scales else None
 
 
 def _cost(
     line: ScheduledCollective,
-    calls: list[Call],
+    traffic: _Traffic,
     dtype: DType,
     times: int,
     request: TrainingRequest,
@@ -226,8 +270,7 @@ def _cost(
     cluster = request.cluster
     n = cluster.group_size(line.group)
     spans = cluster.spans_nodes(line.group)
-    units = _units(calls, line.op, n, dtype)
-    per_run = sum(u.bytes_sent_per_gpu for u in units)
+    per_run = traffic.bytes_sent_per_gpu
     link = _figures_for(line.op, spans, request.links, request.calibration)
     return CollectiveCost(
         op=line.op,
@@ -239,16 +282,16 @@ def _cost(
         group_size=n,
         spans_nodes=spans,
         times_per_step=times,
-        calls_per_step=times * len(calls),
-        message_bytes=sum(u.message_bytes for u in units),
+        calls_per_step=times * traffic.calls,
+        message_bytes=traffic.message_bytes,
         bytes_sent_per_gpu=per_run,
         total_bytes_per_gpu=times * per_run,
         latency_s=link.latency_s,
         bus_bandwidth_Bps=link.bus_bandwidth_Bps,
-        time_s=times * (len(calls) * link.latency_s + per_run / link.bus_bandwidth_Bps),
+        time_s=times * (traffic.calls * link.latency_s + per_run / link.bus_bandwidth_Bps),
         bandwidth_source=link.source,
         behaviour=line.behaviour,
-        units=units,
+        units=list(traffic.units),
     )
 
 
@@ -292,11 +335,12 @@ def strategy_comm(
             ddp_first_bucket_bytes=request.buffers.ddp_first_bucket_bytes,
             deepspeed_bucket_elements=request.buffers.reduce_bucket_elements,
         )
-        data, scales = rule_calls(line, layout, ctx, quantized)
-        if not data:
+        traffic = layout.cached(_line_traffic, line, ctx, quantized)
+        if traffic is None:
             continue
+        data, scales = traffic
         costs.append(_cost(line, data, DType.INT8 if quantized else dtype, times, request))
-        if scales:
+        if scales is not None:
             costs.append(_cost(line, scales, DType.FP32, times, request, scales=True))
     total = sum(c.total_bytes_per_gpu for c in costs)
     setup = strategy.frameworks[framework]
