@@ -32,7 +32,7 @@ from zerocalc.dtypes import DType
 from zerocalc.frameworks import TORCH_FRAMEWORKS, TORCH_NO_SYNC, Framework
 from zerocalc.links import Bandwidths, BandwidthSource, LinkFigures
 from zerocalc.precision import RECIPES, PrecisionName
-from zerocalc.request import TrainingRequest
+from zerocalc.request import BufferOptions, TrainingRequest
 from zerocalc.schedule import DtypeRole, GradSync, Phase, Repeat, ScheduledCollective, Tensor, ZeroPP
 from zerocalc.strategies import STRATEGIES, StrategyName, effective_grad_sync
 from zerocalc.units import plural
@@ -182,13 +182,13 @@ def _figures_for(
     return bandwidths.inter_node if spans_nodes else bandwidths.intra_node
 
 
-def _dtype(role: DtypeRole, request: TrainingRequest) -> DType:
-    recipe = RECIPES[request.precision]
+def _dtype(role: DtypeRole, precision: PrecisionName, reduce_dtype: DType | None) -> DType:
+    recipe = RECIPES[precision]
     if role is DtypeRole.COMPUTE:
         return recipe.param_dtype
     if role is DtypeRole.STORED:
         return recipe.master_dtype or recipe.param_dtype
-    return request.reduce_dtype or recipe.grad_dtype
+    return reduce_dtype or recipe.grad_dtype
 
 
 def _times(repeat: Repeat, accum: int, sync: GradSync) -> int:
@@ -201,6 +201,45 @@ def _times(repeat: Repeat, accum: int, sync: GradSync) -> int:
             return accum if sync is GradSync.EVERY else 1
         case Repeat.AFTER_FIRST_MICRO_BATCH:
             return accum - 1
+
+
+class _Run(NamedTuple):
+    """A rule that moves data: its dtype, whether it runs quantized, and what sizes its calls."""
+
+    line: ScheduledCollective
+    dtype: DType
+    quantized: bool
+    ctx: CallContext
+
+
+@lru_cache(maxsize=1024)
+def _runs(
+    name: StrategyName,
+    framework: Framework,
+    cluster: Cluster,
+    precision: PrecisionName,
+    reduce_dtype: DType | None,
+    buffers: BufferOptions,
+    zeropp: frozenset[ZeroPP],
+) -> tuple[_Run, ...]:
+    """The rules of ``name``'s schedule under ``framework`` that move data on ``cluster``."""
+    runs = []
+    for line in STRATEGIES[name].schedule_under(framework):
+        n = cluster.group_size(line.group)
+        if n == 1 or not line.runs_with(zeropp):
+            continue  # a group of one rank communicates nothing
+        dtype = _dtype(line.dtype_role, precision, reduce_dtype)
+        ctx = CallContext(
+            world_size=cluster.world_size,
+            group_size=n,
+            shard_size=cluster.group_size(line.shard_of),
+            element_bytes=dtype.bytes,
+            ddp_bucket_bytes=buffers.ddp_bucket_bytes,
+            ddp_first_bucket_bytes=buffers.ddp_first_bucket_bytes,
+            deepspeed_bucket_elements=buffers.reduce_bucket_elements,
+        )
+        runs.append(_Run(line, dtype, line.quantized_with(zeropp), ctx))
+    return tuple(runs)
 
 
 _UNIT_CALLS = TypeAdapter(tuple[UnitCalls, ...])
@@ -319,22 +358,11 @@ def strategy_comm(
     sync = effective_grad_sync(framework, name, request.grad_sync)
     zeropp, _ = active_features(frozenset(request.zeropp), cluster)
     costs: list[CollectiveCost] = []
-    for line in strategy.schedule_under(framework):
-        n = cluster.group_size(line.group)
+    runs = _runs(name, framework, cluster, request.precision, request.reduce_dtype, request.buffers, zeropp)
+    for line, dtype, quantized, ctx in runs:
         times = _times(line.repeat, request.grad_accum, sync)
-        if n == 1 or times == 0 or not line.runs_with(zeropp):
-            continue  # a group of one rank communicates nothing
-        dtype = _dtype(line.dtype_role, request)
-        quantized = line.quantized_with(zeropp)
-        ctx = CallContext(
-            world_size=cluster.world_size,
-            group_size=n,
-            shard_size=cluster.group_size(line.shard_of),
-            element_bytes=dtype.bytes,
-            ddp_bucket_bytes=request.buffers.ddp_bucket_bytes,
-            ddp_first_bucket_bytes=request.buffers.ddp_first_bucket_bytes,
-            deepspeed_bucket_elements=request.buffers.reduce_bucket_elements,
-        )
+        if times == 0:
+            continue
         traffic = layout.cached(_line_traffic, line, ctx, quantized)
         if traffic is None:
             continue
