@@ -204,12 +204,14 @@ def _times(repeat: Repeat, accum: int, sync: GradSync) -> int:
 
 
 class _Run(NamedTuple):
-    """A rule that moves data: its dtype, whether it runs quantized, and what sizes its calls."""
+    """A rule that moves data: its dtype, whether it runs quantized, what sizes its calls, and whether its
+    group spans nodes."""
 
     line: ScheduledCollective
     dtype: DType
     quantized: bool
     ctx: CallContext
+    spans_nodes: bool
 
 
 @lru_cache(maxsize=1024)
@@ -238,7 +240,7 @@ def _runs(
             ddp_first_bucket_bytes=buffers.ddp_first_bucket_bytes,
             deepspeed_bucket_elements=buffers.reduce_bucket_elements,
         )
-        runs.append(_Run(line, dtype, line.quantized_with(zeropp), ctx))
+        runs.append(_Run(line, dtype, line.quantized_with(zeropp), ctx, cluster.spans_nodes(line.group)))
     return tuple(runs)
 
 
@@ -299,16 +301,9 @@ def _line_traffic(
 
 
 def _cost(
-    line: ScheduledCollective,
-    traffic: _Traffic,
-    dtype: DType,
-    times: int,
-    request: TrainingRequest,
-    scales: bool = False,
+    run: _Run, traffic: _Traffic, dtype: DType, times: int, request: TrainingRequest, scales: bool = False
 ) -> CollectiveCost:
-    cluster = request.cluster
-    n = cluster.group_size(line.group)
-    spans = cluster.spans_nodes(line.group)
+    line, n, spans = run.line, run.ctx.group_size, run.spans_nodes
     per_run = traffic.bytes_sent_per_gpu
     link = _figures_for(line.op, spans, request.links, request.calibration)
     return CollectiveCost(
@@ -359,17 +354,17 @@ def strategy_comm(
     zeropp, _ = active_features(frozenset(request.zeropp), cluster)
     costs: list[CollectiveCost] = []
     runs = _runs(name, framework, cluster, request.precision, request.reduce_dtype, request.buffers, zeropp)
-    for line, dtype, quantized, ctx in runs:
-        times = _times(line.repeat, request.grad_accum, sync)
+    for run in runs:
+        times = _times(run.line.repeat, request.grad_accum, sync)
         if times == 0:
             continue
-        traffic = layout.cached(_line_traffic, line, ctx, quantized)
+        traffic = layout.cached(_line_traffic, run.line, run.ctx, run.quantized)
         if traffic is None:
             continue
         data, scales = traffic
-        costs.append(_cost(line, data, DType.INT8 if quantized else dtype, times, request))
+        costs.append(_cost(run, data, DType.INT8 if run.quantized else run.dtype, times, request))
         if scales is not None:
-            costs.append(_cost(line, scales, DType.FP32, times, request, scales=True))
+            costs.append(_cost(run, scales, DType.FP32, times, request, scales=True))
     total = sum(c.total_bytes_per_gpu for c in costs)
     setup = strategy.frameworks[framework]
     return StrategyComm(
