@@ -14,12 +14,15 @@ notes say which call counts and paddings need ``--model``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
+from functools import cached_property
+from typing import Any, NamedTuple, TypeVar
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.architecture import Architecture, ParamTensor, parameter_tensors
 from zerocalc.collectives import Collective
-from zerocalc.framework_states import fsdp_units, padded_unit_numel, zero1_partition
-from zerocalc.frameworks import TorchWrapper
+from zerocalc.framework_states import dim0_padded_numel, fsdp_units, zero1_partition
 from zerocalc.schedule import Calls, Padding, Quantization, ScheduledCollective, Select
 from zerocalc.units import ceil_div
 from zerocalc.zeropp import qgz_groups, qgz_quantizes, qwz_blocks
@@ -35,9 +38,12 @@ most this many elements are never released (``Init._convert_to_zero_parameters``
 DEEPSPEED_MAX_REUSE_DISTANCE = 1_000_000_000
 """DeepSpeed ``stage3_max_reuse_distance`` default (elements)."""
 
+T = TypeVar("T")
+
 
 class Layout(BaseModel):
-    """The parameter tensors a schedule moves, in registration order, and their FSDP units."""
+    """The parameter tensors a schedule moves, in registration order, and their FSDP units; what is derived
+    from them is computed once per layout (:meth:`cached`)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -65,6 +71,40 @@ class Layout(BaseModel):
     def unit_of(self, tensor: ParamTensor) -> str:
         return self.unit_by_tensor[_key(tensor)]
 
+    @cached_property
+    def numels(self) -> tuple[int, ...]:
+        """Each tensor's elements, in registration order."""
+        return tuple(t.numel for t in self.tensors)
+
+    @cached_property
+    def tensor_units(self) -> tuple[str, ...]:
+        """Each tensor's unit, in registration order."""
+        return tuple(self.unit_of(t) for t in self.tensors)
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        """Each tensor's position in ``tensors``, by its ``module.name``."""
+        return {_key(t): i for i, t in enumerate(self.tensors)}
+
+    @cached_property
+    def unit_indices(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """Each unit's tensors as positions in ``tensors``."""
+        return tuple((name, tuple(self.index[_key(t)] for t in unit)) for name, unit in self.units)
+
+    def cached(self, function: Callable[..., T], *args: Hashable) -> T:
+        """``function(self, *args)``, computed once per layout and arguments: what a rule's calls derive
+        from the tensors (their padded sizes, their costs)."""
+        key = (function, *args)
+        try:
+            return self._cache[key]
+        except KeyError:
+            value = self._cache[key] = function(self, *args)
+            return value
+
+    @cached_property
+    def _cache(self) -> dict[Hashable, Any]:
+        return {}
+
 
 def _key(tensor: ParamTensor) -> str:
     return f"{tensor.module}.{tensor.name}"
@@ -84,10 +124,8 @@ class CallContext(BaseModel):
     deepspeed_bucket_elements: int = Field(ge=0)
 
 
-class Call(BaseModel):
+class Call(NamedTuple):
     """One call: what it moves (for per-unit tables), S in elements, and a broadcast's source rank."""
-
-    model_config = ConfigDict(frozen=True)
 
     unit: str
     elements: int
@@ -105,8 +143,8 @@ def _released_modules(layout: Layout) -> set[str]:
     distance.
     """
     order: dict[str, int] = {}
-    for t in layout.tensors:
-        order[t.module] = order.get(t.module, 0) + t.numel
+    for t, numel in zip(layout.tensors, layout.numels, strict=True):
+        order[t.module] = order.get(t.module, 0) + numel
     modules = list(order)
     released = set()
     after = 0
@@ -117,57 +155,117 @@ def _released_modules(layout: Layout) -> set[str]:
     return released
 
 
-def _selected(rule: ScheduledCollective, layout: Layout, world_size: int) -> list[ParamTensor]:
-    tensors = list(layout.tensors)
+def _selected(layout: Layout, select: Select, world_size: int) -> tuple[int, ...]:
+    """The positions in ``layout.tensors`` of the tensors ``select`` picks, in registration order."""
+    every = range(len(layout.tensors))
     if not layout.from_architecture:
-        if rule.select is Select.PERSISTENT:
-            return []  # unknown without --model: the flat model is taken as one large parameter
-        return tensors
-    persistent = {_key(t) for t in tensors if t.numel <= DEEPSPEED_PERSISTENCE_THRESHOLD}
-    match rule.select:
+        if select is Select.PERSISTENT:
+            return ()  # unknown without --model: the flat model is taken as one large parameter
+        return tuple(every)
+    tensors, numels = layout.tensors, layout.numels
+    persistent = [numel <= DEEPSPEED_PERSISTENCE_THRESHOLD for numel in numels]
+    match select:
         case Select.ALL:
-            return tensors
+            return tuple(every)
         case Select.NON_ROOT:
-            return [t for t in tensors if layout.unit_of(t) != ROOT]
+            return tuple(i for i in every if layout.tensor_units[i] != ROOT)
         case Select.NON_PERSISTENT:
-            return [t for t in tensors if _key(t) not in persistent]
+            return tuple(i for i in every if not persistent[i])
         case Select.PERSISTENT:
-            return [t for t in tensors if _key(t) in persistent]
+            return tuple(i for i in every if persistent[i])
         case Select.RELEASED_AFTER_FORWARD:
             released = _released_modules(layout)
-            return [t for t in tensors if _key(t) not in persistent and t.module in released]
+            return tuple(i for i in every if not persistent[i] and tensors[i].module in released)
         case Select.QUANTIZABLE_GRADIENTS:
-            return [t for t in tensors if qgz_quantizes(t.shape, world_size)]
+            return tuple(i for i in every if qgz_quantizes(tensors[i].shape, world_size))
         case Select.UNQUANTIZABLE_GRADIENTS:
-            return [t for t in tensors if not qgz_quantizes(t.shape, world_size)]
+            return tuple(i for i in every if not qgz_quantizes(tensors[i].shape, world_size))
 
 
 # ---------------------------------------------------------------------------------------------- padding
-def _padded(tensors: list[ParamTensor], padding: Padding, ranks: int, world_size: int) -> int:
-    """Elements of the array ``tensors`` make once padded for ``ranks`` ranks."""
-    numel = sum(t.numel for t in tensors)
+class _Sizing(NamedTuple):
+    """How a rule sizes a call from its tensors: its padding for ``ranks`` ranks (N = ``world_size``), and
+    the ranks S is one shard of (``shard_of``; 1: S is the whole array)."""
+
+    padding: Padding
+    ranks: int
+    world_size: int
+    shard: int
+
+
+def _padding(layout: Layout, padding: Padding, ranks: int, world_size: int) -> tuple[tuple[int, ...], int]:
+    """How ``padding`` pads an array of the layout's tensors for ``ranks`` ranks: each tensor's elements once
+    padded, in registration order, and the multiple the array is then padded to."""
     match padding:
         case Padding.NONE:
-            return numel
-        case Padding.FLAT:  # FSDP1 FlatParamHandle; the paper's ceil(Ψ/n)·n
-            return padded_unit_numel(tensors, ranks, TorchWrapper.FSDP1)
+            return layout.numels, 1
+        case Padding.FLAT:  # FSDP1 FlatParamHandle (padded_unit_numel); the paper's ceil(Ψ/n)·n
+            return layout.numels, ranks
         case Padding.DIM0:  # FSDP2: each dim 0 to ranks·ceil(d0/ranks)
-            return padded_unit_numel(tensors, ranks, TorchWrapper.FSDP2)
+            return layout.cached(_dim0_padded, ranks), 1
         case Padding.PER_TENSOR:  # DeepSpeed ZeRO-3 _aligned_size: each parameter to a multiple of N
-            return sum(ceil_div(t.numel, world_size) * world_size for t in tensors)
+            return layout.cached(_aligned, world_size), 1
         case Padding.TWICE_GROUP:  # DeepSpeed ZeRO-1/2: flatten_dense_tensors_aligned(2·N)
-            return ceil_div(numel, 2 * ranks) * 2 * ranks
+            return layout.numels, 2 * ranks
 
 
-def _elements(rule: ScheduledCollective, tensors: list[ParamTensor], ctx: CallContext) -> int:
-    """S of one call: the padded array, or one rank's shard of it (``shard_of``)."""
-    if rule.shard_of is not None:
-        return _padded(tensors, rule.padding, ctx.shard_size, ctx.world_size) // ctx.shard_size
-    return _padded(tensors, rule.padding, ctx.group_size, ctx.world_size)
+def _dim0_padded(layout: Layout, ranks: int) -> tuple[int, ...]:
+    """Each tensor's elements with its dim 0 padded for ``ranks`` ranks, in registration order."""
+    padded = {shape: dim0_padded_numel(shape, ranks) for shape in {t.shape for t in layout.tensors}}
+    return tuple(padded[t.shape] for t in layout.tensors)
+
+
+def _aligned(layout: Layout, world_size: int) -> tuple[int, ...]:
+    """Each tensor's elements padded to a multiple of N, in registration order."""
+    return tuple(ceil_div(numel, world_size) * world_size for numel in layout.numels)
 
 
 # ------------------------------------------------------------------------------------------------ calls
-def _ddp_buckets(tensors: list[ParamTensor], ctx: CallContext, exact: bool) -> list[list[ParamTensor] | int]:
+_Part = tuple[str, tuple[int, ...] | int, int | None]
+"""What one call carries: its unit, the positions of its tensors (or S itself, without the tensors) and a
+broadcast's source rank."""
+
+
+def _whole_parts(layout: Layout, select: Select, world_size: int) -> tuple[_Part, ...]:
+    """One call carrying every selected parameter."""
+    unit = "all parameters" if layout.from_architecture else FLAT_MODEL
+    return ((unit, layout.cached(_selected, select, world_size), None),)
+
+
+def _unit_parts(layout: Layout, select: Select, world_size: int) -> tuple[_Part, ...]:
+    """One call per unit holding selected tensors, in unit order."""
+    chosen = set(layout.cached(_selected, select, world_size))
+    parts = ((name, tuple(i for i in unit if i in chosen)) for name, unit in layout.unit_indices)
+    return tuple((name, part, None) for name, part in parts if part)
+
+
+def _module_parts(layout: Layout, select: Select, world_size: int) -> tuple[_Part, ...]:
+    """One call per module holding selected tensors, in order (each with its unit)."""
+    modules: dict[str, list[int]] = {}
+    for i in layout.cached(_selected, select, world_size):
+        modules.setdefault(layout.tensors[i].module, []).append(i)
+    return tuple((layout.tensor_units[part[0]], tuple(part), None) for part in modules.values())
+
+
+def _tensor_parts(layout: Layout, select: Select, world_size: int) -> tuple[_Part, ...]:
+    """One call per selected tensor."""
+    return tuple((layout.tensor_units[i], (i,), None) for i in layout.cached(_selected, select, world_size))
+
+
+def _owner_parts(layout: Layout, select: Select, world_size: int, ranks: int) -> tuple[_Part, ...]:
+    """ZeroRedundancyOptimizer's broadcasts: one call per parameter, from the rank that owns it."""
+    selected = layout.cached(_selected, select, world_size)
+    if not layout.from_architecture:
+        total = layout.numels[selected[0]]
+        shares = ((r, total // ranks + (r < total % ranks)) for r in range(ranks))
+        return tuple((f"rank {r}", share, r) for r, share in shares if share)
+    owned = zero1_partition([layout.tensors[i] for i in selected], ranks)
+    return tuple((f"rank {r}", (layout.index[_key(t)],), r) for r, part in enumerate(owned) for t in part)
+
+
+def _ddp_parts(
+    layout: Layout, select: Select, world_size: int, element_bytes: int, first_bytes: int, bucket_bytes: int
+) -> tuple[_Part, ...]:
     """DDP's rebuilt buckets, in reduction order.
 
     ``reducer.cpp`` ``Reducer::rebuild_buckets`` → ``compute_bucket_assignment_by_size`` with limits
@@ -177,104 +275,99 @@ def _ddp_buckets(tensors: list[ParamTensor], ctx: CallContext, exact: bool) -> l
     only when ``bucket_cap_mb`` is left at its default. (The first iteration runs one bucket of every
     parameter; this is every later one.) Without the tensors, the array is cut at the limits.
     """
-    b = ctx.element_bytes
-    limits = [ctx.ddp_first_bucket_bytes, ctx.ddp_bucket_bytes]
-    if not exact:
-        left = sum(t.numel for t in tensors)
-        sizes: list[list[ParamTensor] | int] = []
+    selected = layout.cached(_selected, select, world_size)
+    b = element_bytes
+    limits = [first_bytes, bucket_bytes]
+    numels = layout.numels
+    buckets: list[tuple[int, ...] | int] = []
+    if not layout.from_architecture:
+        left = sum(numels[i] for i in selected)
         while left > 0:
-            cap = max(1, ceil_div(limits[min(len(sizes), 1)], b))
-            sizes.append(min(cap, left))
-            left -= sizes[-1]
-        return sizes
-    buckets: list[list[ParamTensor] | int] = []
-    current: list[ParamTensor] = []
+            size = min(max(1, ceil_div(limits[min(len(buckets), 1)], b)), left)
+            buckets.append(size)
+            left -= size
+        return _buckets(buckets)
+    current: list[int] = []
     size = 0
-    for t in reversed(tensors):
-        current.append(t)
-        size += t.numel * b
+    for i in reversed(selected):
+        current.append(i)
+        size += numels[i] * b
         if size >= limits[min(len(buckets), 1)]:
-            buckets.append(current)
+            buckets.append(tuple(current))
             current, size = [], 0
     if current:
-        buckets.append(current)
-    return buckets
+        buckets.append(tuple(current))
+    return _buckets(buckets)
 
 
-def _deepspeed_buckets(tensors: list[ParamTensor], bucket: int, exact: bool) -> list[list[ParamTensor] | int]:
+def _deepspeed_parts(layout: Layout, select: Select, world_size: int, bucket: int) -> tuple[_Part, ...]:
     """DeepSpeed's reduce (IPG) buckets, in reduction order: gradients in ready order (reverse registration),
     the bucket reduced before a gradient that would take it past ``reduce_bucket_size`` elements
     (``stage_1_and_2.py`` / ``stage3.py`` ``reduce_independent_p_g_buckets_and_remove_grads``); 0 reduces
     every gradient on its own. Without the tensors, the array is cut every ``reduce_bucket_size``."""
-    if not exact:
-        left = sum(t.numel for t in tensors)
+    selected = layout.cached(_selected, select, world_size)
+    numels = layout.numels
+    if not layout.from_architecture:
+        left = sum(numels[i] for i in selected)
         cap = bucket or left
-        return [min(cap, left - start) for start in range(0, left, cap)]
-    buckets: list[list[ParamTensor] | int] = []
-    current: list[ParamTensor] = []
+        return _buckets([min(cap, left - start) for start in range(0, left, cap)])
+    buckets: list[tuple[int, ...] | int] = []
+    current: list[int] = []
     elements = 0
-    for t in reversed(tensors):
-        if current and elements + t.numel > bucket:
-            buckets.append(current)
+    for i in reversed(selected):
+        if current and elements + numels[i] > bucket:
+            buckets.append(tuple(current))
             current, elements = [], 0
-        current.append(t)
-        elements += t.numel
+        current.append(i)
+        elements += numels[i]
     if current:
-        buckets.append(current)
-    return buckets
+        buckets.append(tuple(current))
+    return _buckets(buckets)
 
 
-def _by_module(tensors: list[ParamTensor]) -> list[list[ParamTensor]]:
-    modules: dict[str, list[ParamTensor]] = {}
-    for t in tensors:
-        modules.setdefault(t.module, []).append(t)
-    return list(modules.values())
+def _buckets(buckets: list[tuple[int, ...] | int]) -> tuple[_Part, ...]:
+    return tuple((f"bucket {i}", bucket, None) for i, bucket in enumerate(buckets, start=1))
 
 
-def _split(
-    rule: ScheduledCollective, tensors: list[ParamTensor], layout: Layout, ctx: CallContext
-) -> list[Call]:
-    exact = layout.from_architecture
-    if not tensors:
-        return []
+def _sized_calls(
+    layout: Layout, parts: Callable[..., tuple[_Part, ...]], args: tuple[Hashable, ...], sizing: _Sizing
+) -> tuple[Call, ...]:
+    """The calls carrying ``parts(layout, *args)``: S the padded array of each part's tensors, or one
+    rank's shard of it."""
+    sizes, multiple = _padding(layout, sizing.padding, sizing.ranks, sizing.world_size)
+    calls = []
+    for unit, part, root in layout.cached(parts, *args):
+        elements = part
+        if not isinstance(part, int):
+            elements = ceil_div(sum(map(sizes.__getitem__, part)), multiple) * multiple // sizing.shard
+        calls.append(Call(unit, elements, root))
+    return tuple(calls)
 
-    def call(unit: str, part: list[ParamTensor], root: int | None = None) -> Call:
-        return Call(unit=unit, elements=_elements(rule, part, ctx), root=root)
 
+def _split(rule: ScheduledCollective, layout: Layout, ctx: CallContext) -> tuple[Call, ...]:
+    """The calls of ``rule`` in ``ctx``, before quantization (once per layout, split and sizing)."""
+    if not layout.cached(_selected, rule.select, ctx.world_size):
+        return ()
+    sharded = rule.shard_of is not None
+    ranks = ctx.shard_size if sharded else ctx.group_size
+    sizing = _Sizing(rule.padding, ranks, ctx.world_size, ranks if sharded else 1)
+    extra: tuple[int, ...] = ()
     match rule.calls:
         case Calls.WHOLE:
-            return [call("all parameters" if exact else FLAT_MODEL, tensors)]
+            parts = _whole_parts
         case Calls.UNIT:
-            chosen = {_key(t) for t in tensors}
-            parts = [(name, [t for t in unit if _key(t) in chosen]) for name, unit in layout.units]
-            return [call(name, part) for name, part in parts if part]
+            parts = _unit_parts
         case Calls.MODULE:
-            return [call(layout.unit_of(part[0]), part) for part in _by_module(tensors)]
+            parts = _module_parts
+        case Calls.PARAMETER if rule.op is Collective.BROADCAST:
+            parts, extra = _owner_parts, (ctx.group_size,)
         case Calls.PARAMETER:
-            if rule.op is Collective.BROADCAST:  # ZeroRedundancyOptimizer: from the rank that owns it
-                if not exact:
-                    total, n = tensors[0].numel, ctx.group_size
-                    return [
-                        Call(unit=f"rank {r}", elements=total // n + (r < total % n), root=r)
-                        for r in range(n)
-                        if total // n + (r < total % n)
-                    ]
-                owned = zero1_partition(tensors, ctx.group_size)
-                return [call(f"rank {r}", [t], r) for r, part in enumerate(owned) for t in part]
-            return [call(layout.unit_of(t), [t]) for t in tensors]
-        case Calls.DDP_BUCKET | Calls.DEEPSPEED_BUCKET:
-            buckets = (
-                _ddp_buckets(tensors, ctx, exact)
-                if rule.calls is Calls.DDP_BUCKET
-                else _deepspeed_buckets(tensors, ctx.deepspeed_bucket_elements, exact)
-            )
-            calls = []
-            for i, bucket in enumerate(buckets, start=1):
-                if isinstance(bucket, int):
-                    calls.append(Call(unit=f"bucket {i}", elements=bucket))
-                else:
-                    calls.append(call(f"bucket {i}", bucket))
-            return calls
+            parts = _tensor_parts
+        case Calls.DDP_BUCKET:
+            parts, extra = _ddp_parts, (ctx.element_bytes, ctx.ddp_first_bucket_bytes, ctx.ddp_bucket_bytes)
+        case Calls.DEEPSPEED_BUCKET:
+            parts, extra = _deepspeed_parts, (ctx.deepspeed_bucket_elements,)
+    return layout.cached(_sized_calls, parts, (rule.select, ctx.world_size, *extra), sizing)
 
 
 def rule_calls(
@@ -287,8 +380,7 @@ def rule_calls(
     qwZ, one fp32 per block of the rank's partition, all-gathered (``_all_gather_coalesced``); qgZ, the
     ``max(rows, cols, N)`` groups of each gradient, and 1/g of them on the second hop.
     """
-    tensors = _selected(rule, layout, ctx.world_size)
-    calls = _split(rule, tensors, layout, ctx)
+    calls = list(_split(rule, layout, ctx))
     if not quantized or rule.quantization is Quantization.NONE:
         return calls, []
     if rule.quantization is Quantization.INT8_BLOCKS:
@@ -299,8 +391,8 @@ def rule_calls(
         return calls, scales
     # INT4: one call per quantizable gradient (Calls.PARAMETER), in the selection's order
     data, scales = [], []
-    for tensor, c in zip(tensors, calls, strict=True):
-        groups = qgz_groups(tensor.shape, ctx.world_size)
-        data.append(c.model_copy(update={"elements": ceil_div(c.elements, 2)}))
+    for i, c in zip(layout.cached(_selected, rule.select, ctx.world_size), calls, strict=True):
+        groups = qgz_groups(layout.tensors[i].shape, ctx.world_size)
+        data.append(c._replace(elements=ceil_div(c.elements, 2)))
         scales.append(Call(unit=c.unit, elements=groups // ctx.shard_size))
     return data, scales

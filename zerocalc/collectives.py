@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
+from functools import cache
 
 from zerocalc.errors import InputError
 from zerocalc.units import ceil_div
@@ -46,14 +47,17 @@ class Collective(StrEnum):
         return COLLECTIVES[self]
 
 
+@cache
 def _ring_all_reduce(n: int) -> Fraction:
     return Fraction(2 * (n - 1), n)
 
 
+@cache
 def _ring_one_pass(n: int) -> Fraction:
     return Fraction(n - 1, n)
 
 
+@cache
 def _pipelined_broadcast(n: int) -> Fraction:
     return Fraction(1)
 

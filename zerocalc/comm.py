@@ -19,7 +19,10 @@ states.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from functools import lru_cache
+from typing import NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from zerocalc.calibration import Calibration
 from zerocalc.calls import Call, CallContext, Layout, rule_calls
@@ -29,7 +32,7 @@ from zerocalc.dtypes import DType
 from zerocalc.frameworks import TORCH_FRAMEWORKS, TORCH_NO_SYNC, Framework
 from zerocalc.links import Bandwidths, BandwidthSource, LinkFigures
 from zerocalc.precision import RECIPES, PrecisionName
-from zerocalc.request import TrainingRequest
+from zerocalc.request import BufferOptions, TrainingRequest
 from zerocalc.schedule import DtypeRole, GradSync, Phase, Repeat, ScheduledCollective, Tensor, ZeroPP
 from zerocalc.strategies import STRATEGIES, StrategyName, effective_grad_sync
 from zerocalc.units import plural
@@ -86,7 +89,10 @@ class CommRequest(BaseModel):
 
 class UnitCalls(BaseModel):
     """The calls of one collective that move one FSDP unit, DDP or DeepSpeed bucket, or one rank's
-    parameters (a broadcast's source), each time the collective runs."""
+    parameters (a broadcast's source), each time the collective runs (frozen: costs that make the same calls
+    share them)."""
+
+    model_config = ConfigDict(frozen=True)
 
     unit: str
     elements: list[int] = Field(description="S of each call, in elements")
@@ -176,13 +182,13 @@ def _figures_for(
     return bandwidths.inter_node if spans_nodes else bandwidths.intra_node
 
 
-def _dtype(role: DtypeRole, request: TrainingRequest) -> DType:
-    recipe = RECIPES[request.precision]
+def _dtype(role: DtypeRole, precision: PrecisionName, reduce_dtype: DType | None) -> DType:
+    recipe = RECIPES[precision]
     if role is DtypeRole.COMPUTE:
         return recipe.param_dtype
     if role is DtypeRole.STORED:
         return recipe.master_dtype or recipe.param_dtype
-    return request.reduce_dtype or recipe.grad_dtype
+    return reduce_dtype or recipe.grad_dtype
 
 
 def _times(repeat: Repeat, accum: int, sync: GradSync) -> int:
@@ -197,37 +203,108 @@ def _times(repeat: Repeat, accum: int, sync: GradSync) -> int:
             return accum - 1
 
 
-def _units(calls: list[Call], op: Collective, n: int, dtype: DType) -> list[UnitCalls]:
-    """The calls grouped by what they move, in order."""
+class _Run(NamedTuple):
+    """A rule that moves data: its dtype, whether it runs quantized, what sizes its calls, and whether its
+    group spans nodes."""
+
+    line: ScheduledCollective
+    dtype: DType
+    quantized: bool
+    ctx: CallContext
+    spans_nodes: bool
+
+
+@lru_cache(maxsize=1024)
+def _runs(
+    name: StrategyName,
+    framework: Framework,
+    cluster: Cluster,
+    precision: PrecisionName,
+    reduce_dtype: DType | None,
+    buffers: BufferOptions,
+    zeropp: frozenset[ZeroPP],
+) -> tuple[_Run, ...]:
+    """The rules of ``name``'s schedule under ``framework`` that move data on ``cluster``."""
+    runs = []
+    for line in STRATEGIES[name].schedule_under(framework):
+        n = cluster.group_size(line.group)
+        if n == 1 or not line.runs_with(zeropp):
+            continue  # a group of one rank communicates nothing
+        dtype = _dtype(line.dtype_role, precision, reduce_dtype)
+        ctx = CallContext(
+            world_size=cluster.world_size,
+            group_size=n,
+            shard_size=cluster.group_size(line.shard_of),
+            element_bytes=dtype.bytes,
+            ddp_bucket_bytes=buffers.ddp_bucket_bytes,
+            ddp_first_bucket_bytes=buffers.ddp_first_bucket_bytes,
+            deepspeed_bucket_elements=buffers.reduce_bucket_elements,
+        )
+        runs.append(_Run(line, dtype, line.quantized_with(zeropp), ctx, cluster.spans_nodes(line.group)))
+    return tuple(runs)
+
+
+_UNIT_CALLS = TypeAdapter(tuple[UnitCalls, ...])
+"""Validates a collective's units in one call (a model's collectives have thousands)."""
+
+
+class _Traffic(NamedTuple):
+    """What one run of a collective moves: its calls grouped by what they move, in order, and their sums."""
+
+    units: tuple[UnitCalls, ...]
+    calls: int
+    message_bytes: int
+    bytes_sent_per_gpu: int
+
+
+@lru_cache(maxsize=256)
+def _traffic(calls: tuple[Call, ...], op: Collective, n: int, element_bytes: int) -> _Traffic:
+    """The calls grouped by what they move, in order, and their sums (once per value: rules of one
+    schedule often make the same calls)."""
     spec = COLLECTIVES[op]
     grouped: dict[tuple[str, int | None], list[int]] = {}
-    for call in calls:
-        grouped.setdefault((call.unit, call.root), []).append(call.elements)
-    return [
-        UnitCalls(
-            unit=unit,
-            elements=elements,
-            source_rank=root,
-            message_bytes=sum(elements) * dtype.bytes,
-            bytes_sent_per_gpu=sum(spec.bytes_sent_per_rank(e * dtype.bytes, n) for e in elements),
-        )
-        for (unit, root), elements in grouped.items()
-    ]
+    for unit, elements, root in calls:
+        grouped.setdefault((unit, root), []).append(elements)
+    sent = {s: spec.bytes_sent_per_rank(s * element_bytes, n) for s in {s for _, s, _ in calls}}
+    units = _UNIT_CALLS.validate_python(
+        [
+            {
+                "unit": unit,
+                "elements": elements,
+                "source_rank": root,
+                "message_bytes": sum(elements) * element_bytes,
+                "bytes_sent_per_gpu": sum(map(sent.__getitem__, elements)),
+            }
+            for (unit, root), elements in grouped.items()
+        ]
+    )
+    return _Traffic(
+        units=units,
+        calls=len(calls),
+        message_bytes=sum(u.message_bytes for u in units),
+        bytes_sent_per_gpu=sum(u.bytes_sent_per_gpu for u in units),
+    )
+
+
+def _line_traffic(
+    layout: Layout, line: ScheduledCollective, ctx: CallContext, quantized: bool
+) -> tuple[_Traffic, _Traffic | None] | None:
+    """What one run of ``line`` moves (int8 quantized, else in the context's dtype) and its fp32 scales (None
+    unless quantized); None when it has no calls."""
+    data, scales = rule_calls(line, layout, ctx, quantized)
+    if not data:
+        return None
+    moved = _traffic(
+        tuple(data), line.op, ctx.group_size, DType.INT8.bytes if quantized else ctx.element_bytes
+    )
+    return moved, _traffic(tuple(scales), line.op, ctx.group_size, DType.FP32.bytes) if scales else None
 
 
 def _cost(
-    line: ScheduledCollective,
-    calls: list[Call],
-    dtype: DType,
-    times: int,
-    request: TrainingRequest,
-    scales: bool = False,
+    run: _Run, traffic: _Traffic, dtype: DType, times: int, request: TrainingRequest, scales: bool = False
 ) -> CollectiveCost:
-    cluster = request.cluster
-    n = cluster.group_size(line.group)
-    spans = cluster.spans_nodes(line.group)
-    units = _units(calls, line.op, n, dtype)
-    per_run = sum(u.bytes_sent_per_gpu for u in units)
+    line, n, spans = run.line, run.ctx.group_size, run.spans_nodes
+    per_run = traffic.bytes_sent_per_gpu
     link = _figures_for(line.op, spans, request.links, request.calibration)
     return CollectiveCost(
         op=line.op,
@@ -239,16 +316,16 @@ def _cost(
         group_size=n,
         spans_nodes=spans,
         times_per_step=times,
-        calls_per_step=times * len(calls),
-        message_bytes=sum(u.message_bytes for u in units),
+        calls_per_step=times * traffic.calls,
+        message_bytes=traffic.message_bytes,
         bytes_sent_per_gpu=per_run,
         total_bytes_per_gpu=times * per_run,
         latency_s=link.latency_s,
         bus_bandwidth_Bps=link.bus_bandwidth_Bps,
-        time_s=times * (len(calls) * link.latency_s + per_run / link.bus_bandwidth_Bps),
+        time_s=times * (traffic.calls * link.latency_s + per_run / link.bus_bandwidth_Bps),
         bandwidth_source=link.source,
         behaviour=line.behaviour,
-        units=units,
+        units=list(traffic.units),
     )
 
 
@@ -276,28 +353,18 @@ def strategy_comm(
     sync = effective_grad_sync(framework, name, request.grad_sync)
     zeropp, _ = active_features(frozenset(request.zeropp), cluster)
     costs: list[CollectiveCost] = []
-    for line in strategy.schedule_under(framework):
-        n = cluster.group_size(line.group)
-        times = _times(line.repeat, request.grad_accum, sync)
-        if n == 1 or times == 0 or not line.runs_with(zeropp):
-            continue  # a group of one rank communicates nothing
-        dtype = _dtype(line.dtype_role, request)
-        quantized = line.quantized_with(zeropp)
-        ctx = CallContext(
-            world_size=cluster.world_size,
-            group_size=n,
-            shard_size=cluster.group_size(line.shard_of),
-            element_bytes=dtype.bytes,
-            ddp_bucket_bytes=request.buffers.ddp_bucket_bytes,
-            ddp_first_bucket_bytes=request.buffers.ddp_first_bucket_bytes,
-            deepspeed_bucket_elements=request.buffers.reduce_bucket_elements,
-        )
-        data, scales = rule_calls(line, layout, ctx, quantized)
-        if not data:
+    runs = _runs(name, framework, cluster, request.precision, request.reduce_dtype, request.buffers, zeropp)
+    for run in runs:
+        times = _times(run.line.repeat, request.grad_accum, sync)
+        if times == 0:
             continue
-        costs.append(_cost(line, data, DType.INT8 if quantized else dtype, times, request))
-        if scales:
-            costs.append(_cost(line, scales, DType.FP32, times, request, scales=True))
+        traffic = layout.cached(_line_traffic, run.line, run.ctx, run.quantized)
+        if traffic is None:
+            continue
+        data, scales = traffic
+        costs.append(_cost(run, data, DType.INT8 if run.quantized else run.dtype, times, request))
+        if scales is not None:
+            costs.append(_cost(run, scales, DType.FP32, times, request, scales=True))
     total = sum(c.total_bytes_per_gpu for c in costs)
     setup = strategy.frameworks[framework]
     return StrategyComm(

@@ -25,6 +25,8 @@ Lines per rank:
 
 from __future__ import annotations
 
+import heapq
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.architecture import Architecture, ParamTensor, parameter_tensors
@@ -145,11 +147,11 @@ def zero1_partition(tensors: list[ParamTensor], world_size: int) -> list[list[Pa
     (``_get_min_index``: the first such rank).
     """
     ranks: list[list[ParamTensor]] = [[] for _ in range(world_size)]
-    sizes = [0] * world_size
+    totals = [(0, rank) for rank in range(world_size)]  # a heap: the smallest total, then the first rank
     for t in sorted(tensors, key=lambda t: t.numel, reverse=True):
-        rank = sizes.index(min(sizes))
+        total, rank = totals[0]
         ranks[rank].append(t)
-        sizes[rank] += t.numel
+        heapq.heapreplace(totals, (total + t.numel, rank))
     return ranks
 
 
@@ -160,14 +162,20 @@ def _rest(shape: tuple[int, ...]) -> int:
     return n
 
 
+def dim0_padded_numel(shape: tuple[int, ...], world_size: int) -> int:
+    """FSDP2: one tensor with its dim 0 padded to a multiple of N (:func:`dim0_rows`, ``FSDPParamGroup``'s
+    all-gather output)."""
+    return ceil_div(shape[0], world_size) * world_size * _rest(shape)
+
+
 def padded_unit_numel(unit: list[ParamTensor], world_size: int, wrapper: TorchWrapper) -> int:
     """Elements of one unit when all-gathered (unsharded) on ``world_size`` ranks, padding included.
 
     FSDP1: the flat parameter padded to a multiple of N (:func:`fsdp1_shard_numel`); FSDP2: each tensor's
-    dim 0 padded to a multiple of N (:func:`dim0_rows`, ``FSDPParamGroup``'s all-gather output).
+    dim 0 padded to a multiple of N (:func:`dim0_padded_numel`).
     """
     if wrapper is TorchWrapper.FSDP2:
-        return sum(ceil_div(t.shape[0], world_size) * world_size * _rest(t.shape) for t in unit)
+        return sum(dim0_padded_numel(t.shape, world_size) for t in unit)
     return ceil_div(sum(t.numel for t in unit), world_size) * world_size
 
 
