@@ -28,7 +28,12 @@ PRESETS_ENV = "ZEROCALC_PRESETS"
 
 def presets_root() -> Path:
     """The presets folder: $ZEROCALC_PRESETS, the repository's presets/, or the installed copy."""
-    env = os.environ.get(PRESETS_ENV)
+    return _presets_root(os.environ.get(PRESETS_ENV))
+
+
+@lru_cache(maxsize=8)
+def _presets_root(env: str | None) -> Path:
+    """Resolved once per value of the variable (``plan`` parses hundreds of requests)."""
     if env is not None:
         root = Path(env).expanduser()
         if not env.strip() or not root.is_dir():
