@@ -185,12 +185,13 @@ def model_architecture(preset: ModelPreset, name: str, path: Path) -> Architectu
 
 
 def _file_key(path: Path) -> tuple[str, int, int]:
-    """Identifies a file's content for the cache: its path, modification time and size."""
+    """Identifies a file's content for the cache: its absolute path, modification time and size (two
+    spellings of one file are cached twice, harmlessly)."""
     try:
         stat = path.stat()
     except OSError:
         return (str(path), -1, -1)  # the loader reports the problem
-    return (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    return (str(path.absolute()), stat.st_mtime_ns, stat.st_size)
 
 
 def load_model(name_or_path: str) -> tuple[Architecture, ModelPreset | None]:

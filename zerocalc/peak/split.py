@@ -22,7 +22,7 @@ of several spaces against :func:`zerocalc.peak.simulate.simulate`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import NamedTuple
 
 from zerocalc.model_impl import Device
@@ -174,6 +174,8 @@ class ModelRun(NamedTuple):
     """A per slot (:func:`slot_names`): the model's bytes entering each hook, the largest between hooks."""
     calls: tuple[HookCall, ...]
     """The hook calls in order (the same for every framework)."""
+    names: tuple[str, ...]
+    """The slots' names (:func:`slot_names`)."""
 
 
 def slot_names(calls: tuple[HookCall, ...]) -> tuple[str, ...]:
@@ -199,18 +201,34 @@ def model_run(request: TrainingRequest, runtime: Runtime | None, device: Device 
     hooked = _Hooked(_NoFramework(), calls)
     steady_start(step, hooked, runtime, led)
     run_step(step, hooked, runtime, led)
-    return ModelRun(_values(led.entered, led.between[1:], led.between[0]), tuple(calls))
+    done = tuple(calls)
+    return ModelRun(_values(led.entered, led.between[1:], led.between[0]), done, slot_names(done))
+
+
+def framework_mechanics(request: TrainingRequest, states: Sequence[StateLine]) -> Mechanics:
+    """The request's mechanics (``states``: the accountings' state lines; PyTorch's derive their own)."""
+    return mechanics_for(request, request.strategies[0], states)[0]
+
+
+def fingerprint(mechanics: Mechanics) -> Hashable:
+    """What a fresh mechanics object's hooks depend on: its class and every attribute (each unit's
+    elements, shards and padding; the dtypes, flags, state lines). Two configurations with equal
+    fingerprints allocate the same (DDP at any world, HYBRID_SHARD's shard group at any world...)."""
+    parts: list[object] = [type(mechanics).__name__]
+    for name, value in sorted(vars(mechanics).items()):
+        if name == "units":
+            value = tuple((u.name, tuple(u.params), tuple(u.local), tuple(u.padded)) for u in value.values())
+        elif isinstance(value, (list, set)):
+            value = tuple(sorted(value) if isinstance(value, set) else value)
+        parts.append((name, value))
+    return tuple(parts)
 
 
 def framework_run(
-    request: TrainingRequest,
-    states: Sequence[StateLine],
-    calls: tuple[HookCall, ...],
-    device: Device = Device.CUDA,
+    mechanics: Mechanics, calls: tuple[HookCall, ...], device: Device = Device.CUDA
 ) -> list[int]:
-    """F per slot (:func:`slot_names`) of the request's steady step: its mechanics given the model run's
-    hook calls (``states``: the accountings' state lines; the PyTorch frameworks derive their own)."""
-    mechanics, _ = mechanics_for(request, request.strategies[0], states)
+    """F per slot (:func:`slot_names`) of a steady step: fresh ``mechanics`` given the model run's hook
+    calls."""
     led = SlotLedger(framework=True, block=CUDA_BLOCK if device is Device.CUDA else 1)
     for call in calls:
         led.phase = call.phase

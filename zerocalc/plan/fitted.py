@@ -20,7 +20,14 @@ from zerocalc.frameworks import TORCH_FRAMEWORKS
 from zerocalc.memory import evaluate_memory
 from zerocalc.peak.profiles import PROFILES
 from zerocalc.peak.report import StateLine
-from zerocalc.peak.split import ModelRun, framework_run, model_run, peak_of, slot_names
+from zerocalc.peak.split import (
+    ModelRun,
+    fingerprint,
+    framework_mechanics,
+    framework_run,
+    model_run,
+    peak_of,
+)
 from zerocalc.peak.states import STATE_BUILDERS
 from zerocalc.peak.timeline import Runtime
 from zerocalc.plan.layers import SMALL_LAYERS, NotAffine, extrapolation, homogeneous, with_layers
@@ -43,6 +50,7 @@ class StepParts:
         self._runs: dict[tuple[Recompute, int, int], ModelRun] = {}
         self._models: dict[tuple[Recompute, int, bool], list[int]] = {}
         self._frameworks: dict[Hashable, tuple[list[int], bool]] = {}
+        self._framework_runs: dict[tuple[Hashable, int], list[int]] = {}
 
     def _model_run(self, request: TrainingRequest) -> ModelRun:
         activations = request.activations
@@ -52,7 +60,12 @@ class StepParts:
         return self._runs[key]
 
     def _framework_run(self, request: TrainingRequest) -> list[int]:
-        return framework_run(request, _states(request), self._model_run(request).calls)
+        """F of the request's mechanics, run once per distinct mechanics (:func:`fingerprint`)."""
+        mechanics = framework_mechanics(request, _states(request))
+        key = (fingerprint(mechanics), request.architecture.num_layers)
+        if key not in self._framework_runs:
+            self._framework_runs[key] = framework_run(mechanics, self._model_run(request).calls)
+        return self._framework_runs[key]
 
     def _extrapolated(
         self, request: TrainingRequest, run: Callable[[TrainingRequest], list[int]]
@@ -61,7 +74,7 @@ class StepParts:
         if not homogeneous(request):
             raise NotAffine
         cut = [with_layers(request, n) for n in SMALL_LAYERS]
-        names = tuple(slot_names(self._model_run(r).calls) for r in cut)
+        names = tuple(self._model_run(r).names for r in cut)
         plan = extrapolation(names, request.architecture.num_layers)  # type: ignore[arg-type]
         return plan.apply((run(cut[0]), run(cut[1])))
 
