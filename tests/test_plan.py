@@ -10,6 +10,7 @@ from functools import cache
 import pytest
 from typer.testing import CliRunner
 
+from zerocalc.activations import Recompute
 from zerocalc.cli import app
 from zerocalc.cli.plan import command
 from zerocalc.comm import strategy_comm
@@ -17,7 +18,7 @@ from zerocalc.errors import InputError
 from zerocalc.frameworks import TORCH_FRAMEWORKS, Estimate, Framework
 from zerocalc.peak.report import Verdict
 from zerocalc.peak.simulate import flash_attention_used, runtime_for, simulate
-from zerocalc.plan.fitted import StepParts, _states, with_batch
+from zerocalc.plan.fitted import StepParts, _states, with_batch, with_recompute
 from zerocalc.plan.layers import homogeneous
 from zerocalc.plan.search import Status, _exact, search
 from zerocalc.plan.space import Group, Objective, PlanRequest, enumerate_groups, group_request, plan_options
@@ -305,3 +306,22 @@ def test_every_candidate_has_a_peak() -> None:
     assert all(c.peak_lower_bound_bytes is not None for c in result.candidates)
     exact = [c for c in result.candidates if c.peak_exact]
     assert all(c.peak_bytes >= c.peak_lower_bound_bytes for c in exact)  # type: ignore[operator]
+
+
+def test_a_groups_request_with_another_recompute_is_the_parsers() -> None:
+    """search parses each group once for every recompute: the request with another recompute equals the
+    one the parser gives for it (recompute reaches the activations only)."""
+    plan = plan_options(**{**SMALL, "frameworks": "fsdp2,deepspeed,paper,torch-zero1"})
+    groups, _ = enumerate_groups(plan, flash_attention_used(plan.base))
+    checked = 0
+    for group in groups:
+        if group.recompute is Recompute.NONE:
+            continue
+        try:
+            parsed = group_request(plan, group, Estimate.MEMORY)
+        except InputError:
+            continue
+        base = group_request(plan, group._replace(recompute=Recompute.NONE), Estimate.MEMORY)
+        assert with_recompute(base, group.recompute) == parsed
+        checked += 1
+    assert checked >= 20, checked

@@ -41,6 +41,15 @@ def with_batch(request: TrainingRequest, b: int, accum: int) -> TrainingRequest:
     return request.model_copy(update={"activations": activations, "grad_accum": accum})
 
 
+def with_recompute(request: TrainingRequest, recompute: Recompute) -> TrainingRequest:
+    """The same request with another recompute (the parser puts it in the activations and nowhere else:
+    tests/test_plan.py compares with parsing)."""
+    if request.activations.recompute is recompute:
+        return request
+    activations = request.activations.model_copy(update={"recompute": recompute})
+    return request.model_copy(update={"activations": activations})
+
+
 class StepParts:
     """The model's parts (cached per micro-batch, recompute and layer count) and the framework's of each
     configuration, combined into allocated peaks."""

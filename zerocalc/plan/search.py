@@ -34,7 +34,7 @@ from zerocalc.peak.evaluate import FIT_MARGIN, nccl_communicators, strategy_peak
 from zerocalc.peak.profiles import PROFILES
 from zerocalc.peak.report import StrategyPeak, Verdict
 from zerocalc.peak.simulate import flash_attention_used, runtime_for
-from zerocalc.plan.fitted import StepParts, with_batch
+from zerocalc.plan.fitted import StepParts, with_batch, with_recompute
 from zerocalc.plan.space import (
     Group,
     Objective,
@@ -243,6 +243,7 @@ def search(
         rejected[item.reason] += item.count
     comm_cache: dict[tuple, tuple[CommLine, ...]] = {}
     parts = StepParts(runtime_for(base))
+    parsed: dict[Group, TrainingRequest | InputError] = {}
     comm_requests: dict[tuple, TrainingRequest | InputError] = {}
     flops_cache = {r: flops_per_token(arch, count, plan.seq_len, r, flash) for r in Recompute}
     recipe = RECIPES[base.precision]
@@ -252,11 +253,16 @@ def search(
     for index, group in enumerate(groups):
         if on_progress is not None and index % step == 0:
             on_progress(index, len(groups))
-        try:
-            request = group_request(plan, group, Estimate.MEMORY)
-        except InputError as exc:
-            rejected[_reason(exc)] += len(group.micro_batches)
+        parse_key = group._replace(recompute=Recompute.NONE)
+        if parse_key not in parsed:  # recompute reaches the request's activations only: parsed once
+            try:
+                parsed[parse_key] = group_request(plan, parse_key, Estimate.MEMORY)
+            except InputError as exc:
+                parsed[parse_key] = exc
+        if isinstance(parsed[parse_key], InputError):
+            rejected[_reason(parsed[parse_key])] += len(group.micro_batches)
             continue
+        request = with_recompute(parsed[parse_key], group.recompute)
         comm_key = (
             group.world,
             group.gpus_per_node,
