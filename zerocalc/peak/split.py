@@ -111,11 +111,10 @@ class SlotLedger(Ledger):
     def event(self, name: str, transient: int = 0, transient_kind: str = "transient") -> None:
         if self.framework != self.in_hook:
             return  # the other part's event: its value comes from the other run
-        value = self.total + self.rounded(transient)
-        if self.in_hook:
-            self.inside[-1] = max(self.inside[-1], value)
-        else:
-            self.between[-1] = max(self.between[-1], value)
+        value = self.total + (self.rounded(transient) if transient else 0)
+        slots = self.inside if self.in_hook else self.between
+        if value > slots[-1]:
+            slots[-1] = value
 
     def enter(self) -> None:
         self.in_hook = True
