@@ -93,7 +93,7 @@ def flash_attention_used(request: TrainingRequest) -> bool:
 
 def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
     arch = request.architecture
-    units = fsdp_units(arch)
+    root_params, layer_params = _parameter_elements(arch)
     return StepShape(
         arch=arch,
         impl=MODEL_IMPLS[request.model_impl],
@@ -102,9 +102,16 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
         device=device,
         flash=flash_attention_used(request),
         recompute=request.activations.recompute,
-        root_params=tuple(t.numel for t in units[-1][1]),
-        layer_params=tuple(tuple(t.numel for t in tensors) for _, tensors in units[:-1]),
+        root_params=root_params,
+        layer_params=layer_params,
     )
+
+
+@lru_cache(maxsize=64)
+def _parameter_elements(arch: Architecture) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """Elements of each root-unit parameter, and of each block's parameters, in registration order."""
+    units = fsdp_units(arch)
+    return tuple(t.numel for t in units[-1][1]), tuple(tuple(t.numel for t in ts) for _, ts in units[:-1])
 
 
 def _accumulation(request: TrainingRequest, name: StrategyName) -> Accumulation:
