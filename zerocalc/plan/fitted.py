@@ -87,13 +87,15 @@ class StepParts:
         plan = extrapolation(names, request.architecture.num_layers)  # type: ignore[arg-type]
         return plan.apply((run(cut[0]), run(cut[1])))
 
-    def _model(self, request: TrainingRequest, extrapolate: bool) -> list[int]:
-        key = (request.activations.recompute, request.activations.micro_batch, extrapolate)
+    def _model(self, request: TrainingRequest, b: int, accum: int, extrapolate: bool) -> list[int]:
+        """A of the request at micro-batch ``b`` (once per b, recompute and way of running)."""
+        key = (request.activations.recompute, b, extrapolate)
         if key not in self._models:
+            at_b = with_batch(request, b, accum)
             self._models[key] = (
-                self._extrapolated(request, lambda r: self._model_run(r).values)
+                self._extrapolated(at_b, lambda r: self._model_run(r).values)
                 if extrapolate
-                else self._model_run(request).values
+                else self._model_run(at_b).values
             )
         return self._models[key]
 
@@ -110,11 +112,11 @@ class StepParts:
                 self._frameworks[configuration] = (self._framework_run(request), False)
         framework, extrapolated = self._frameworks[configuration]
         try:
-            models = {b: self._model(with_batch(request, b, a), extrapolated) for b, a in batches.items()}
+            models = {b: self._model(request, b, a, extrapolated) for b, a in batches.items()}
         except NotAffine:  # the model's part is not affine in L: both at all L layers
             framework, extrapolated = self._framework_run(request), False
             self._frameworks[configuration] = (framework, extrapolated)
-            models = {b: self._model(with_batch(request, b, a), False) for b, a in batches.items()}
+            models = {b: self._model(request, b, a, False) for b, a in batches.items()}
         return {b: peak_of(framework, model) for b, model in models.items()}
 
 
