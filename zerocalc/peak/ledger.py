@@ -36,8 +36,10 @@ class Free(NamedTuple):
 class Ledger:
     """Named live tensors and the step's events. Names are unique while alive."""
 
-    def __init__(self, block: int = CUDA_BLOCK):
+    def __init__(self, block: int = CUDA_BLOCK, record: bool = True):
         self.block = block
+        self.record = record
+        """Keep the allocation log and the bytes by kind (the allocator replay and the report need them)."""
         self.live: dict[str, int] = {}
         self.kinds: dict[str, str] = {}
         self.by_kind: dict[str, int] = {}
@@ -68,17 +70,20 @@ class Ledger:
             raise KeyError(f"{name} is already allocated")
         self.live[name] = size
         self.kinds[name] = kind
-        self.by_kind[kind] = self.by_kind.get(kind, 0) + size
         self.total += size
-        self.log.append(Alloc(name, size, stream))
+        if self.record:
+            self.by_kind[kind] = self.by_kind.get(kind, 0) + size
+            self.log.append(Alloc(name, size, stream))
 
     def free(self, name: str) -> None:
         size = self.live.pop(name, None)
         if size is None:
             return  # a zero-byte tensor was never allocated
-        self.by_kind[self.kinds.pop(name)] -= size
+        kind = self.kinds.pop(name)
         self.total -= size
-        self.log.append(Free(name))
+        if self.record:
+            self.by_kind[kind] -= size
+            self.log.append(Free(name))
 
     def free_group(self, group: str) -> None:
         for name in self.groups.pop(group, []):
@@ -92,12 +97,13 @@ class Ledger:
         old_kind = self.kinds.pop(old)
         self.live[new] = size
         self.kinds[new] = kind or old_kind
-        self.by_kind[old_kind] -= size
-        self.by_kind[self.kinds[new]] = self.by_kind.get(self.kinds[new], 0) + size
         for members in self.groups.values():
             if old in members:
                 members[members.index(old)] = new
-        self.log.append(Alloc(new, 0, "rename:" + old))
+        if self.record:
+            self.by_kind[old_kind] -= size
+            self.by_kind[self.kinds[new]] = self.by_kind.get(self.kinds[new], 0) + size
+            self.log.append(Alloc(new, 0, "rename:" + old))
 
     def has(self, name: str) -> bool:
         return name in self.live

@@ -56,11 +56,10 @@ class HookCall(NamedTuple):
 
 class SlotLedger(Ledger):
     """A ledger that keeps each slot's values: F (``framework``: operations outside hooks ignored) or A.
-
-    Lean: no allocation log (no allocator replay), no bytes by kind."""
+    It records no allocation log (no allocator replay) and no bytes by kind."""
 
     def __init__(self, framework: bool, block: int = CUDA_BLOCK):
-        super().__init__(block)
+        super().__init__(block, record=False)
         self.framework = framework
         self.in_hook = False
         self.inside: list[int] = []
@@ -75,38 +74,16 @@ class SlotLedger(Ledger):
     def alloc(
         self, name: str, nbytes: int, kind: str, stream: str = "default", group: str | None = None
     ) -> None:
-        if self.framework and not self.in_hook:
-            return
-        size = self.rounded(nbytes)
-        if size == 0:
-            return
-        if name in self.live:
-            raise KeyError(f"{name} is already allocated")
-        if group is not None:
-            self.groups.setdefault(group, []).append(name)
-        self.live[name] = size
-        self.kinds[name] = kind
-        self.total += size
+        if self.in_hook or not self.framework:
+            super().alloc(name, nbytes, kind, stream, group)
 
     def free(self, name: str) -> None:
-        if self.framework and not self.in_hook:
-            return
-        size = self.live.pop(name, None)
-        if size is not None:
-            del self.kinds[name]
-            self.total -= size
+        if self.in_hook or not self.framework:
+            super().free(name)
 
     def rename(self, old: str, new: str, kind: str | None = None) -> None:
-        if self.framework and not self.in_hook:
-            return
-        if old not in self.live:
-            return
-        self.live[new] = self.live.pop(old)
-        self.kinds[new] = kind or self.kinds.pop(old)
-        self.kinds.pop(old, None)
-        for members in self.groups.values():
-            if old in members:
-                members[members.index(old)] = new
+        if self.in_hook or not self.framework:
+            super().rename(old, new, kind)
 
     def event(self, name: str, transient: int = 0, transient_kind: str = "transient") -> None:
         if self.framework != self.in_hook:
