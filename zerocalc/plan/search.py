@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -243,8 +243,8 @@ def search(
         rejected[item.reason] += item.count
     comm_cache: dict[tuple, tuple[CommLine, ...]] = {}
     parts = StepParts(runtime_for(base))
-    parsed: dict[Group, TrainingRequest | InputError] = {}
-    comm_requests: dict[tuple, TrainingRequest | InputError] = {}
+    parsed: dict[Hashable, TrainingRequest | InputError] = {}
+    comm_requests: dict[Hashable, TrainingRequest | InputError] = {}
     flops_cache = {r: flops_per_token(arch, count, plan.seq_len, r, flash) for r in Recompute}
     recipe = RECIPES[base.precision]
     cands: list[_Cand] = []
@@ -253,16 +253,13 @@ def search(
     for index, group in enumerate(groups):
         if on_progress is not None and index % step == 0:
             on_progress(index, len(groups))
+        # recompute reaches the request's activations only: parsed once for every recompute
         parse_key = group._replace(recompute=Recompute.NONE)
-        if parse_key not in parsed:  # recompute reaches the request's activations only: parsed once
-            try:
-                parsed[parse_key] = group_request(plan, parse_key, Estimate.MEMORY)
-            except InputError as exc:
-                parsed[parse_key] = exc
-        if isinstance(parsed[parse_key], InputError):
-            rejected[_reason(parsed[parse_key])] += len(group.micro_batches)
+        memory_request = _parsed_once(parsed, parse_key, plan, parse_key, Estimate.MEMORY)
+        if isinstance(memory_request, InputError):
+            rejected[_reason(memory_request)] += len(group.micro_batches)
             continue
-        request = with_recompute(parsed[parse_key], group.recompute)
+        request = with_recompute(memory_request, group.recompute)
         comm_key = (
             group.world,
             group.gpus_per_node,
@@ -271,12 +268,7 @@ def search(
             group.reduce_dtype,
             group.grad_sync,
         )
-        if comm_key not in comm_requests:
-            try:
-                comm_requests[comm_key] = group_request(plan, group, Estimate.COMM)
-            except InputError as exc:
-                comm_requests[comm_key] = exc
-        comm_request = comm_requests[comm_key]
+        comm_request = _parsed_once(comm_requests, comm_key, plan, group, Estimate.COMM)
         if isinstance(comm_request, InputError):
             rejected[_reason(comm_request)] += len(group.micro_batches)
             continue
@@ -379,6 +371,22 @@ def search(
         assumptions=ASSUMPTIONS,
         candidates=everything,
     )
+
+
+def _parsed_once(
+    cache: dict[Hashable, TrainingRequest | InputError],
+    key: Hashable,
+    plan: PlanRequest,
+    group: Group,
+    estimate: Estimate,
+) -> TrainingRequest | InputError:
+    """The group's request, or the parser's error, parsed once per ``key``."""
+    if key not in cache:
+        try:
+            cache[key] = group_request(plan, group, estimate)
+        except InputError as exc:
+            cache[key] = exc
+    return cache[key]
 
 
 def _reason(exc: InputError) -> str:
