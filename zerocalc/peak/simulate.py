@@ -68,6 +68,8 @@ def _units(request: TrainingRequest, world: int) -> dict[str, Unit]:
 
 @lru_cache(maxsize=256)
 def _units_of(arch: Architecture, world: int) -> tuple[tuple[str, Unit], ...]:
+    """The blocks' units in order, then the root's; once per architecture and world (the units are shared:
+    nothing mutates them)."""
     units: list[tuple[str, Unit]] = []
     for name, tensors in fsdp_units(arch):
         key = name.removeprefix("layers.") if name != "root" else "root"
@@ -93,7 +95,7 @@ def flash_attention_used(request: TrainingRequest) -> bool:
 
 def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
     arch = request.architecture
-    root_params, layer_params = _parameter_elements(arch)
+    units = _units_of(arch, 1)
     return StepShape(
         arch=arch,
         impl=MODEL_IMPLS[request.model_impl],
@@ -102,16 +104,9 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
         device=device,
         flash=flash_attention_used(request),
         recompute=request.activations.recompute,
-        root_params=root_params,
-        layer_params=layer_params,
+        root_params=tuple(units[-1][1].params),
+        layer_params=tuple(tuple(unit.params) for _, unit in units[:-1]),
     )
-
-
-@lru_cache(maxsize=64)
-def _parameter_elements(arch: Architecture) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
-    """Elements of each root-unit parameter, and of each block's parameters, in registration order."""
-    units = fsdp_units(arch)
-    return tuple(t.numel for t in units[-1][1]), tuple(tuple(t.numel for t in ts) for _, ts in units[:-1])
 
 
 def _accumulation(request: TrainingRequest, name: StrategyName) -> Accumulation:
