@@ -162,6 +162,11 @@ def _rest(shape: tuple[int, ...]) -> int:
     return n
 
 
+def dim0_shard_numel(shape: tuple[int, ...], world_size: int, rank: int) -> int:
+    """FSDP2: the elements of one tensor's dim-0 shard on ``rank`` (:func:`dim0_rows` rows)."""
+    return dim0_rows(shape[0], world_size, rank) * _rest(shape)
+
+
 def dim0_padded_numel(shape: tuple[int, ...], world_size: int) -> int:
     """FSDP2: one tensor with its dim 0 padded to a multiple of N (:func:`dim0_rows`, ``FSDPParamGroup``'s
     all-gather output)."""
@@ -280,7 +285,7 @@ def predict_rank_states(
 
     # FSDP2
     units = fsdp_units(arch)
-    local = sum(dim0_rows(t.shape[0], world_size, rank) * _rest(t.shape) for t in tensors)
+    local = sum(dim0_shard_numel(t.shape, world_size, rank) for t in tensors)
     kept = 0
     for name, unit in units:
         if not setup.reshard_after_forward or name == "root":

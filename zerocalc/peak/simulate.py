@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from zerocalc.architecture import Architecture, MlpKind, NormKind, parameter_tensors
-from zerocalc.framework_states import dim0_rows, fsdp_units, zero1_partition
+from zerocalc.framework_states import dim0_padded_numel, dim0_shard_numel, fsdp_units, zero1_partition
 from zerocalc.frameworks import TORCH_FRAMEWORKS, Framework, Fsdp1Sharding, TorchWrapper
 from zerocalc.model_impl import MODEL_IMPLS, Device, Shape
 from zerocalc.peak.allocator import CachingAllocator
@@ -54,13 +54,6 @@ class StepResult(NamedTuple):
     """The step's first event with the largest allocated total, and what is alive there by kind."""
 
 
-def _rest(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape[1:]:
-        n *= d
-    return n
-
-
 def _units(request: TrainingRequest, world: int) -> dict[str, Unit]:
     """FSDP units with each parameter's elements, its dim-0 shard on rank 0 and its padded size."""
     return dict(_units_of(request.architecture, world))
@@ -76,8 +69,8 @@ def _units_of(arch: Architecture, world: int) -> tuple[tuple[str, Unit], ...]:
         unit = Unit(
             key,
             [t.numel for t in tensors],
-            [dim0_rows(t.shape[0], world, 0) * _rest(t.shape) for t in tensors],
-            [ceil_div(t.shape[0], world) * world * _rest(t.shape) for t in tensors],
+            [dim0_shard_numel(t.shape, world, 0) for t in tensors],
+            [dim0_padded_numel(t.shape, world) for t in tensors],
         )
         units.append((key, unit))
     return tuple(units)
