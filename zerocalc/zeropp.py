@@ -20,6 +20,8 @@ backward gather inside the node 0, int4 gradients 0.25M).
 
 from __future__ import annotations
 
+from math import isqrt
+
 from zerocalc.architecture import Architecture, parameter_tensors
 from zerocalc.cluster import Cluster
 from zerocalc.schedule import ZeroPP
@@ -38,14 +40,27 @@ def qwz_blocks(numel: int) -> int:
     """
     if numel <= 0:
         return 0
-    blocks = ceil_div(numel, QWZ_TARGET_BLOCK)
-    while blocks < numel and numel % (8 * blocks):
-        blocks += 1
-    if numel % (8 * blocks):
-        return ceil_div(numel, QWZ_TARGET_BLOCK)
+    start = ceil_div(numel, QWZ_TARGET_BLOCK)
+    # DeepSpeed counts up from ``start`` one block at a time; 8·blocks divides numel exactly when blocks
+    # divides numel/8, so the count stops at the smallest such divisor (none: the fallback). Found from
+    # the divisors up to √(numel/8): milliseconds where counting took minutes on a large prime shard.
+    blocks = _smallest_divisor_from(numel // 8, start) if numel % 8 == 0 else None
+    if blocks is None:
+        return start
     while numel % (16 * blocks) == 0 and numel / blocks > QWZ_TARGET_BLOCK:
         blocks *= 2
     return blocks
+
+
+def _smallest_divisor_from(m: int, start: int) -> int | None:
+    """The smallest divisor of ``m`` that is at least ``start`` (None when ``start > m``)."""
+    best = None
+    for i in range(1, isqrt(m) + 1):
+        if m % i == 0:
+            for d in (i, m // i):
+                if d >= start and (best is None or d < best):
+                    best = d
+    return best
 
 
 def qgz_quantizes(shape: tuple[int, ...], world_size: int) -> bool:
