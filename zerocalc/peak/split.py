@@ -55,8 +55,10 @@ class HookCall(NamedTuple):
 
 
 class SlotLedger(Ledger):
-    """A ledger that keeps each slot's values: F (``framework``: operations outside hooks ignored) or A.
-    It records no allocation log (no allocator replay) and no bytes by kind."""
+    """A ledger that keeps each slot's values: F (``framework``: the events inside hooks) or A (the events
+    between them). It records no allocation log (no allocator replay) and no bytes by kind. A framework
+    run makes every operation inside a hook (it replays only the hook calls) and a model run's hooks
+    allocate nothing, so each run's operations are its part's alone."""
 
     def __init__(self, framework: bool, block: int = CUDA_BLOCK):
         super().__init__(block, record=False)
@@ -70,20 +72,6 @@ class SlotLedger(Ledger):
         """Per hook, the total when it returns."""
         self.between: list[int] = [NO_EVENT]
         """Per hook, the largest total at an event after it and before the next (first: before any hook)."""
-
-    def alloc(
-        self, name: str, nbytes: int, kind: str, stream: str = "default", group: str | None = None
-    ) -> None:
-        if self.in_hook or not self.framework:
-            super().alloc(name, nbytes, kind, stream, group)
-
-    def free(self, name: str) -> None:
-        if self.in_hook or not self.framework:
-            super().free(name)
-
-    def rename(self, old: str, new: str, kind: str | None = None) -> None:
-        if self.in_hook or not self.framework:
-            super().rename(old, new, kind)
 
     def event(self, name: str, transient: int = 0, transient_kind: str = "transient") -> None:
         if self.framework != self.in_hook:
