@@ -11,9 +11,13 @@ import pytest
 from typer.testing import CliRunner
 
 from zerocalc.activations import Recompute
+from zerocalc.calibration import Calibration, CollectiveFit, save_calibration
 from zerocalc.cli import app
 from zerocalc.cli.plan import command
+from zerocalc.cluster import RankGroup
+from zerocalc.collectives import Collective
 from zerocalc.comm import strategy_comm
+from zerocalc.dtypes import DType
 from zerocalc.errors import InputError
 from zerocalc.frameworks import TORCH_FRAMEWORKS, Estimate, Framework
 from zerocalc.peak.report import Verdict
@@ -21,11 +25,20 @@ from zerocalc.peak.simulate import flash_attention_used, runtime_for, simulate
 from zerocalc.plan.fitted import StepParts, _states, with_batch, with_recompute
 from zerocalc.plan.layers import homogeneous
 from zerocalc.plan.search import Status, _exact, search
-from zerocalc.plan.space import Group, Objective, PlanRequest, enumerate_groups, group_request, plan_options
+from zerocalc.plan.space import (
+    Group,
+    Objective,
+    PlanRequest,
+    derived_request,
+    enumerate_groups,
+    group_request,
+    plan_options,
+)
 from zerocalc.plan.timing import flops_per_token, offload_seconds, step_time
 from zerocalc.precision import RECIPES
 from zerocalc.request import TrainingRequest, parse_options
-from zerocalc.strategies import STRATEGIES
+from zerocalc.schedule import GradSync
+from zerocalc.strategies import STRATEGIES, OffloadTarget, StrategyName
 
 runner = CliRunner()
 
@@ -325,3 +338,76 @@ def test_a_groups_request_with_another_recompute_is_the_parsers() -> None:
         assert with_recompute(base, group.recompute) == parsed
         checked += 1
     assert checked >= 20, checked
+
+
+def _parsed_or_error(make: object, plan: PlanRequest, group: Group, estimate: Estimate) -> object:
+    try:
+        return make(plan, group, estimate)  # type: ignore[operator]
+    except InputError as exc:
+        return str(exc)
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        {**SMALL, "gpus": 16, "frameworks": "all"},
+        dict(model="mixtral-8x7b", gpu="h100-80gb", gpus=24, gpus_per_node=4, global_batch="96seq",
+             seq_len=4096, frameworks="all"),
+        dict(model="llama-3-8b", gpu="h100-80gb", gpus=32, global_batch="1048576", seq_len=8192),
+    ],
+)  # fmt: skip
+def test_every_derived_request_is_the_parsers(space: dict) -> None:
+    """search derives each group's memory and comm requests from the plan's base instead of parsing them:
+    for every group of three spaces (every framework, a shard group below the node, MoE, errors included)
+    the derived request equals the parsed one, or both give the same InputError line."""
+    plan = plan_options(**space)
+    groups, _ = enumerate_groups(plan, flash_attention_used(plan.base))
+    assert len(groups) > 100
+    for group in groups:
+        for estimate in (Estimate.MEMORY, Estimate.COMM):
+            parsed = _parsed_or_error(group_request, plan, group, estimate)
+            assert _parsed_or_error(derived_request, plan, group, estimate) == parsed, (group, estimate)
+
+
+def test_a_derived_request_fails_as_the_parser_does() -> None:
+    """Options the space never pairs (the parser would refuse them) give the parser's own line."""
+    plan = plan_options(**{**SMALL, "gpus": 8, "global_batch": "32seq", "frameworks": "all"})
+    groups, _ = enumerate_groups(plan, flash_attention_used(plan.base))
+    fsdp2 = next(g for g in groups if g.framework is Framework.FSDP2 and g.accumulates)
+    hybrid = next(g for g in groups if g.strategy is StrategyName.HYBRID_SHARD)
+    torch_zero1 = next(g for g in groups if g.framework is Framework.TORCH_ZERO1)
+    refused = [
+        fsdp2._replace(offload_optimizer=OffloadTarget.CPU),
+        fsdp2._replace(grad_sync=GradSync.EVERY, strategy=StrategyName.ZERO3),
+        hybrid._replace(gpus_per_node=3),
+        torch_zero1._replace(reduce_dtype=DType.BF16),
+    ]
+    for group in refused:
+        for estimate in (Estimate.MEMORY, Estimate.COMM):
+            parsed = _parsed_or_error(group_request, plan, group, estimate)
+            assert _parsed_or_error(derived_request, plan, group, estimate) == parsed, (group, estimate)
+    assert isinstance(_parsed_or_error(group_request, plan, refused[0], Estimate.MEMORY), str)
+    assert isinstance(_parsed_or_error(group_request, plan, refused[2], Estimate.MEMORY), str)
+    assert isinstance(_parsed_or_error(group_request, plan, refused[3], Estimate.COMM), str)
+
+
+def test_a_derived_request_keeps_the_calibration(tmp_path) -> None:
+    """With ``--calibration FILE`` the derived requests carry the calibration and its name as parsed."""
+    fit = CollectiveFit(
+        collective=Collective.ALL_GATHER, group_kind=RankGroup.WORLD, group_size=8,
+        latency_s=5e-5, bus_bandwidth_Bps=120e9, peak_busbw_Bps=118e9, points=10,
+    )  # fmt: skip
+    cal = Calibration(
+        created_at="2026-11-23T00:00:00Z", backend="nccl", device_name="test", torch_version="2.13.0",
+        world_size=8, nodes=1, gpus_per_node=8, dtype="bf16", measurements=[], fits=[fit],
+    )  # fmt: skip
+    path = tmp_path / "cal.json"
+    save_calibration(cal, path)
+    plan = plan_options(**{**SMALL, "gpus": 16, "calibration": str(path)})
+    groups, _ = enumerate_groups(plan, flash_attention_used(plan.base))
+    for group in groups[:40]:
+        for estimate in (Estimate.MEMORY, Estimate.COMM):
+            derived = _parsed_or_error(derived_request, plan, group, estimate)
+            assert derived == _parsed_or_error(group_request, plan, group, estimate)
+    request = derived_request(plan, groups[0], Estimate.COMM)
+    assert request.calibration == cal and request.calibration_name == str(path)

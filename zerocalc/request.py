@@ -650,6 +650,16 @@ def _resolve_strategies(request: TrainingRequest) -> TrainingRequest:
     return resolved
 
 
+def request_with(request: TrainingRequest, **changes: object) -> TrainingRequest:
+    """A request with some of its typed fields changed, checked again as :func:`parse_request` checks a
+    request (its strategies resolved afresh): the request that parsing the changed options gives, where the
+    changes stay within the parser's bounds and the strategies are explicit. ``zerocalc plan`` derives its
+    hundreds of candidate requests so (tests/test_plan.py compares each with the parser's)."""
+    if not request.strategies_explicit:
+        raise ValueError("request_with needs explicit strategies (a default set resolves to other notes)")
+    return _resolve_strategies(request.model_copy(update={**changes, "strategy_notes": ()}))
+
+
 def _comm_problem(request: TrainingRequest) -> str | None:
     """What the communication model cannot do for this request, or None."""
     if request.framework in (Framework.TORCH_ZERO1, Framework.DDP) and request.reduce_dtype is not None:

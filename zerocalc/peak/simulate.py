@@ -54,6 +54,14 @@ class StepResult(NamedTuple):
     """The step's first event with the largest allocated total, and what is alive there by kind."""
 
 
+@lru_cache(maxsize=256)
+def _largest_partition(arch: Architecture, world: int) -> tuple[int, ...]:
+    """The elements of each tensor ZeroRedundancyOptimizer gives its most loaded rank (once per
+    architecture and world)."""
+    parts = zero1_partition(parameter_tensors(arch), world)
+    return tuple(t.numel for t in max(parts, key=lambda part: sum(t.numel for t in part)))
+
+
 def _units(request: TrainingRequest, world: int) -> dict[str, Unit]:
     """FSDP units with each parameter's elements, its dim-0 shard on rank 0 and its padded size."""
     return dict(_units_of(request.architecture, world))
@@ -165,9 +173,7 @@ def mechanics_for(
         # DDP / ZeroRedundancyOptimizer: fp32 parameters, bf16 autocast under mixed precision
         owned = None
         if setup.wrapper is TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER:
-            parts = zero1_partition(parameter_tensors(request.architecture), request.cluster.world_size)
-            largest = max(parts, key=lambda part: sum(t.numel for t in part))
-            owned = [t.numel for t in largest]
+            owned = list(_largest_partition(request.architecture, request.cluster.world_size))
         return Ddp(
             _units(request, 1),
             autocast_bytes=recipe.param_dtype.bytes if mixed else None,

@@ -40,8 +40,8 @@ from zerocalc.plan.space import (
     Objective,
     PlanRequest,
     comm_options,
+    derived_request,
     enumerate_groups,
-    group_request,
     memory_options,
 )
 from zerocalc.plan.timing import (
@@ -243,7 +243,7 @@ def search(
         rejected[item.reason] += item.count
     comm_cache: dict[tuple, tuple[CommLine, ...]] = {}
     parts = StepParts(runtime_for(base))
-    parsed: dict[Hashable, TrainingRequest | InputError] = {}
+    memory_requests: dict[Hashable, TrainingRequest | InputError] = {}
     comm_requests: dict[Hashable, TrainingRequest | InputError] = {}
     flops_cache = {r: flops_per_token(arch, count, plan.seq_len, r, flash) for r in Recompute}
     recipe = RECIPES[base.precision]
@@ -253,9 +253,9 @@ def search(
     for index, group in enumerate(groups):
         if on_progress is not None and index % step == 0:
             on_progress(index, len(groups))
-        # recompute reaches the request's activations only: parsed once for every recompute
-        parse_key = group._replace(recompute=Recompute.NONE)
-        memory_request = _parsed_once(parsed, parse_key, plan, parse_key, Estimate.MEMORY)
+        # recompute reaches the request's activations only: derived once for every recompute
+        request_key = group._replace(recompute=Recompute.NONE)
+        memory_request = _request_once(memory_requests, request_key, plan, request_key, Estimate.MEMORY)
         if isinstance(memory_request, InputError):
             rejected[_reason(memory_request)] += len(group.micro_batches)
             continue
@@ -268,7 +268,7 @@ def search(
             group.reduce_dtype,
             group.grad_sync,
         )
-        comm_request = _parsed_once(comm_requests, comm_key, plan, group, Estimate.COMM)
+        comm_request = _request_once(comm_requests, comm_key, plan, group, Estimate.COMM)
         if isinstance(comm_request, InputError):
             rejected[_reason(comm_request)] += len(group.micro_batches)
             continue
@@ -373,17 +373,17 @@ def search(
     )
 
 
-def _parsed_once(
+def _request_once(
     cache: dict[Hashable, TrainingRequest | InputError],
     key: Hashable,
     plan: PlanRequest,
     group: Group,
     estimate: Estimate,
 ) -> TrainingRequest | InputError:
-    """The group's request, or the parser's error, parsed once per ``key``."""
+    """The group's request, or the parser's error, derived once per ``key`` (as parsing gives it)."""
     if key not in cache:
         try:
-            cache[key] = group_request(plan, group, estimate)
+            cache[key] = derived_request(plan, group, estimate)
         except InputError as exc:
             cache[key] = exc
     return cache[key]
