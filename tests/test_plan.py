@@ -23,7 +23,7 @@ from zerocalc.frameworks import TORCH_FRAMEWORKS, Estimate, Framework
 from zerocalc.peak.report import Verdict
 from zerocalc.peak.simulate import flash_attention_used, runtime_for, simulate
 from zerocalc.plan.fitted import StepParts, _states, with_batch, with_recompute
-from zerocalc.plan.layers import homogeneous
+from zerocalc.plan.layers import NotAffine, homogeneous, restriction
 from zerocalc.plan.search import Status, _exact, search
 from zerocalc.plan.space import (
     Group,
@@ -282,7 +282,8 @@ def test_layer_extrapolation_equals_the_all_layer_timeline(model: str) -> None:
     """zerocalc.plan.layers: each candidate's allocated peak at L = 32 from runs of both parts at 6 and 7
     layers equals its all-layer timeline's to the byte under PyTorch's frameworks (FSDP2, DDP, FSDP1), and
     within 2 KiB under the accountings (DeepSpeed, the paper: ceil(Ψ/N) lines), over strategies, recompute,
-    offload, reduce dtype, accumulation and grad sync; ZeroRedundancyOptimizer is never extrapolated."""
+    offload, reduce dtype, accumulation and grad sync. ZeroRedundancyOptimizer's part is not affine in L:
+    it is run at all L, restricted to the extrapolation's slots (affine in the block index), exact too."""
     plan = plan_options(
         model=model,
         gpu="h100-80gb",
@@ -301,6 +302,7 @@ def test_layer_extrapolation_equals_the_all_layer_timeline(model: str) -> None:
         if not homogeneous(request):
             assert group.framework is Framework.TORCH_ZERO1 and group.strategy.value == "zero1"
             assert fitted == full
+            assert parts._frameworks[group][1], "restricted to the extrapolation's slots"
             refused += 1
         elif group.framework in TORCH_FRAMEWORKS:
             assert fitted == full, group
@@ -411,3 +413,17 @@ def test_a_derived_request_keeps_the_calibration(tmp_path) -> None:
             assert derived == _parsed_or_error(group_request, plan, group, estimate)
     request = derived_request(plan, groups[0], Estimate.COMM)
     assert request.calibration == cal and request.calibration_name == str(path)
+
+
+def test_a_restriction_refuses_inner_blocks_off_their_line() -> None:
+    """layers.restriction keeps blocks 2 and L−3 of each inner slot only where the values of blocks
+    2 … L−3 lie on one line in the block index (so the maximum of a sum of lines is at an end)."""
+    names = tuple(f"backward:in post_backward {i}" for i in range(30))
+    plan = restriction(names, 30)
+    line = [100 + 7 * i for i in range(30)]
+    # the edges (blocks 0, 1, L−1, L−2) as they are, then blocks 2 and L−3 of the inner slot
+    assert plan.apply(line) == [100, 107, 100 + 7 * 29, 100 + 7 * 28, 100 + 7 * 2, 100 + 7 * 27]
+    bent = list(line)
+    bent[10] += 512
+    with pytest.raises(NotAffine):
+        plan.apply(bent)

@@ -8,7 +8,9 @@ recompute and not on the configuration. So the search runs the framework's part 
 candidate's allocated peak is a maximum over the slots of a sum — the same number
 :func:`zerocalc.peak.simulate.simulate` gives for its steady step (tests/test_plan.py). Where the stack
 is homogeneous both parts are run at 6 and 7 layers and extrapolated to L (:mod:`zerocalc.plan.layers`:
-exact for PyTorch's frameworks, the accountings' lines within a few bytes); else at all L layers.
+exact for PyTorch's frameworks, the accountings' lines within a few bytes). ZeroRedundancyOptimizer's
+framework part is run at all L and restricted to the same slots; a stack that is not homogeneous is run
+at all L layers.
 """
 
 from __future__ import annotations
@@ -30,7 +32,16 @@ from zerocalc.peak.split import (
 )
 from zerocalc.peak.states import STATE_BUILDERS
 from zerocalc.peak.timeline import Runtime
-from zerocalc.plan.layers import SMALL_LAYERS, NotAffine, extrapolation, homogeneous, with_layers
+from zerocalc.plan.layers import (
+    SMALL_LAYERS,
+    Extrapolation,
+    NotAffine,
+    extrapolation,
+    homogeneous,
+    homogeneous_stack,
+    restriction,
+    with_layers,
+)
 from zerocalc.request import TrainingRequest
 from zerocalc.strategies import STRATEGIES
 
@@ -76,16 +87,33 @@ class StepParts:
             self._framework_runs[key] = framework_run(mechanics, self._model_run(request).calls)
         return self._framework_runs[key]
 
+    def _plan(self, request: TrainingRequest) -> Extrapolation:
+        """The extrapolation of the request's runs at 6 and 7 layers to its L (:mod:`zerocalc.plan.layers`);
+        :class:`NotAffine` where the stack is not homogeneous."""
+        if not homogeneous_stack(request):
+            raise NotAffine
+        names = tuple(self._model_run(with_layers(request, n)).names for n in SMALL_LAYERS)
+        return extrapolation(names, request.architecture.num_layers)  # type: ignore[arg-type]
+
     def _extrapolated(
         self, request: TrainingRequest, run: Callable[[TrainingRequest], list[int]]
     ) -> list[int]:
-        """``run``'s values at the request's L from 6 and 7 layers (:mod:`zerocalc.plan.layers`)."""
-        if not homogeneous(request):
-            raise NotAffine
-        cut = [with_layers(request, n) for n in SMALL_LAYERS]
-        names = tuple(self._model_run(r).names for r in cut)
-        plan = extrapolation(names, request.architecture.num_layers)  # type: ignore[arg-type]
-        return plan.apply((run(cut[0]), run(cut[1])))
+        """``run``'s values at the request's L from 6 and 7 layers."""
+        plan = self._plan(request)
+        return plan.apply(tuple(run(with_layers(request, n)) for n in SMALL_LAYERS))  # type: ignore[arg-type]
+
+    def _at_all_layers(self, request: TrainingRequest) -> tuple[list[int], bool]:
+        """F run at all L layers (its states are not affine in L), restricted to the extrapolation's slots
+        where it is affine in the block index (so the model's part is extrapolated); else all its slots."""
+        framework = self._framework_run(request)
+        try:
+            plan = self._plan(request)
+            restricted = restriction(self._model_run(request).names, request.architecture.num_layers)
+            if restricted.names != plan.names:
+                raise NotAffine
+            return restricted.apply(framework), True
+        except NotAffine:
+            return framework, False
 
     def _model(self, request: TrainingRequest, b: int, accum: int, extrapolate: bool) -> list[int]:
         """A of the request at micro-batch ``b`` (once per b, recompute and way of running)."""
@@ -107,9 +135,11 @@ class StepParts:
         depends on (the request's options but the micro-batch and recompute): runs are shared by it."""
         if configuration not in self._frameworks:
             try:
+                if not homogeneous(request):
+                    raise NotAffine
                 self._frameworks[configuration] = (self._extrapolated(request, self._framework_run), True)
             except NotAffine:
-                self._frameworks[configuration] = (self._framework_run(request), False)
+                self._frameworks[configuration] = self._at_all_layers(request)
         framework, extrapolated = self._frameworks[configuration]
         try:
             models = {b: self._model(request, b, a, extrapolated) for b, a in batches.items()}
