@@ -408,7 +408,9 @@ def group_request(plan: PlanRequest, group: Group, estimate: Estimate) -> Traini
 def derived_request(plan: PlanRequest, group: Group, estimate: Estimate) -> TrainingRequest:
     """:func:`group_request`'s request without parsing: the plan's parsed base with the group's typed options
     (:func:`~zerocalc.request.request_with` checks them as the parser does; the same request or the same
-    :class:`InputError`, tests/test_plan.py). Ten times cheaper than a parse: the search needs hundreds."""
+    :class:`InputError`, tests/test_plan.py). The base was parsed with the plan's model, GPU, sequence
+    length and calibration, as every group's command gives them. Ten times cheaper than a parse: the search
+    needs hundreds."""
     base = plan.base
     b = group.micro_batches[0]
     changes: dict[str, object] = {
@@ -420,8 +422,6 @@ def derived_request(plan: PlanRequest, group: Group, estimate: Estimate) -> Trai
         "reduce_dtype": group.reduce_dtype,
         "grad_accum": plan.global_batch_sequences // (group.world * b),
         "grad_sync": group.grad_sync,
-        "calibration": plan.calibration,
-        "calibration_name": (plan.calibration_path or "calibration") if plan.calibration else None,
     }
     if estimate is Estimate.COMM:  # comm takes no sequence length: the parser's default
         changes["activations"] = base.activations.model_copy(update={"seq_len": DEFAULT_SEQ_LEN})
