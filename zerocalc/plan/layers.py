@@ -113,6 +113,11 @@ def _keyed(names: tuple[str, ...], layers: int) -> dict[Key, int]:
     return out
 
 
+def _inner_names(phase: str, template: str, k: int) -> list[str]:
+    """The two slots at L an inner slot gives: its blocks 2 and L−3 (where its line peaks)."""
+    return [f"{phase}:{template}:block {EDGE}:{k}", f"{phase}:{template}:block L-{EDGE + 1}:{k}"]
+
+
 class _Inner(NamedTuple):
     a: int
     """Block 2 at L' = 6 (index into that run's values)."""
@@ -167,7 +172,7 @@ def extrapolation(names: tuple[tuple[str, ...], tuple[str, ...]], big: int) -> E
         raise NotAffine
     ordered = sorted(outer_keys[0])
     outer = tuple((keyed[0][k], keyed[1][k]) for k in ordered)
-    out_names = [":".join(map(str, k)) for k in ordered]
+    out_names = [":".join(map(str, key)) for key in ordered]
     inner = []
     for phase, template, k in sorted(
         {(k[0], k[1], k[3]) for run in keyed for k in run if k[2][:5] == "inner"}
@@ -188,7 +193,7 @@ def extrapolation(names: tuple[tuple[str, ...], tuple[str, ...]], big: int) -> E
             )
         except KeyError:
             raise NotAffine from None
-        out_names += [f"{phase}:{template}:block {EDGE}:{k}", f"{phase}:{template}:block L-{EDGE + 1}:{k}"]
+        out_names += _inner_names(phase, template, k)
     return Extrapolation(big, outer, tuple(inner), tuple(out_names))
 
 
@@ -221,12 +226,12 @@ def restriction(names: tuple[str, ...], layers: int) -> Restriction:
     """The restriction of a run at ``layers`` whose slots are ``names`` (built once per model and depth)."""
     keyed = _keyed(names, layers)
     ordered = sorted(k for k in keyed if not k[2].startswith("inner"))
-    out_names = [":".join(map(str, k)) for k in ordered]
+    out_names = [":".join(map(str, key)) for key in ordered]
     inner = []
     for phase, template, k in sorted({(k[0], k[1], k[3]) for k in keyed if k[2][:5] == "inner"}):
         try:
             inner.append(tuple(keyed[(phase, template, f"inner{i}", k)] for i in range(EDGE, layers - EDGE)))
         except KeyError:
             raise NotAffine from None
-        out_names += [f"{phase}:{template}:block {EDGE}:{k}", f"{phase}:{template}:block L-{EDGE + 1}:{k}"]
+        out_names += _inner_names(phase, template, k)
     return Restriction(tuple(keyed[k] for k in ordered), tuple(inner), tuple(out_names))
