@@ -61,9 +61,9 @@ class Ledger:
     ) -> None:
         """Allocate ``nbytes`` (rounded) named ``name``; ``kind`` groups it in the report, ``group`` lets
         :meth:`free_group` free it with the others of its group."""
-        if nbytes <= 0:
+        size = self.rounded(nbytes)
+        if size == 0:
             return
-        size = -(-nbytes // self.block) * self.block  # rounded(), inline: the hottest line of a search
         if group is not None:
             self.groups.setdefault(group, []).append(name)
         if name in self.live:
