@@ -32,6 +32,11 @@ class Cluster(BaseModel):
     world_size: int = Field(ge=1, description="N: data-parallel ranks, one per GPU")
     gpus_per_node: int = Field(ge=1, description="g: GPUs per node")
 
+    @classmethod
+    def of(cls, world_size: int, gpus_per_node: int) -> Cluster:
+        """N GPUs on nodes of g; a run smaller than a node uses N GPUs of it: that is its GPUs per node."""
+        return cls(world_size=world_size, gpus_per_node=min(gpus_per_node, world_size))
+
     @property
     def ranks_per_node(self) -> int:
         """GPUs of the run on one node (g, or N when the run is smaller than a node)."""

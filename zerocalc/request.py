@@ -430,8 +430,7 @@ def _cluster(gpus: int | str, gpus_per_node: int | str | None) -> Cluster:
         if gpus_per_node is None
         else parse_whole(gpus_per_node, "{gpus_per_node}", 1, MAX_GPUS_PER_NODE, "GPUs")
     )
-    # A run smaller than a node uses N GPUs of it: that is its GPUs per node.
-    return Cluster(world_size=world, gpus_per_node=min(per_node, world))
+    return Cluster.of(world, per_node)
 
 
 def _gpu_choice(name: str, reserve: int | str | None) -> GpuChoice:

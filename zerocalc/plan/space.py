@@ -415,7 +415,7 @@ def derived_request(plan: PlanRequest, group: Group, estimate: Estimate) -> Trai
     b = group.micro_batches[0]
     changes: dict[str, object] = {
         "estimate": estimate,
-        "cluster": Cluster(world_size=group.world, gpus_per_node=min(group.gpus_per_node, group.world)),
+        "cluster": Cluster.of(group.world, group.gpus_per_node),
         "framework": group.framework,
         "strategies": (group.strategy,),
         "strategies_explicit": True,
