@@ -113,9 +113,23 @@ def _keyed(names: tuple[str, ...], layers: int) -> dict[Key, int]:
     return out
 
 
-def _inner_names(phase: str, template: str, k: int) -> list[str]:
-    """The two slots at L an inner slot gives: its blocks 2 and L−3 (where its line peaks)."""
-    return [f"{phase}:{template}:block {EDGE}:{k}", f"{phase}:{template}:block L-{EDGE + 1}:{k}"]
+def _outer_keys(run: dict[Key, int]) -> set[Key]:
+    """A run's slots outside the inner blocks."""
+    return {k for k in run if not k[2].startswith("inner")}
+
+
+def _inner_slots(*runs: dict[Key, int]) -> list[tuple[str, str, int]]:
+    """The (phase, event, occurrence) of the runs' inner-block slots, in order."""
+    return sorted({(k[0], k[1], k[3]) for run in runs for k in run if k[2].startswith("inner")})
+
+
+def _names_at_l(outer: list[Key], inner: list[tuple[str, str, int]]) -> tuple[str, ...]:
+    """The slots at L: those outside the inner blocks, then blocks 2 and L−3 of each inner slot (where its
+    line peaks)."""
+    names = [":".join(map(str, key)) for key in outer]
+    for phase, template, k in inner:
+        names += [f"{phase}:{template}:block {EDGE}:{k}", f"{phase}:{template}:block L-{EDGE + 1}:{k}"]
+    return tuple(names)
 
 
 class _Inner(NamedTuple):
@@ -167,16 +181,14 @@ class Extrapolation(NamedTuple):
 def extrapolation(names: tuple[tuple[str, ...], tuple[str, ...]], big: int) -> Extrapolation:
     """The plan for runs whose slots are ``names`` (at 6 and 7 layers) to L = ``big`` layers."""
     keyed = [_keyed(ns, n) for ns, n in zip(names, SMALL_LAYERS, strict=True)]
-    outer_keys = [{k for k in run if not k[2].startswith("inner")} for run in keyed]
+    outer_keys = [_outer_keys(run) for run in keyed]
     if outer_keys[0] != outer_keys[1]:
         raise NotAffine
     ordered = sorted(outer_keys[0])
     outer = tuple((keyed[0][k], keyed[1][k]) for k in ordered)
-    out_names = [":".join(map(str, key)) for key in ordered]
+    slots = _inner_slots(*keyed)
     inner = []
-    for phase, template, k in sorted(
-        {(k[0], k[1], k[3]) for run in keyed for k in run if k[2][:5] == "inner"}
-    ):
+    for phase, template, k in slots:
         try:
             checks = tuple(
                 (run, keyed[run][(phase, template, f"inner{i}", k)], n, i)
@@ -193,8 +205,7 @@ def extrapolation(names: tuple[tuple[str, ...], tuple[str, ...]], big: int) -> E
             )
         except KeyError:
             raise NotAffine from None
-        out_names += _inner_names(phase, template, k)
-    return Extrapolation(big, outer, tuple(inner), tuple(out_names))
+    return Extrapolation(big, outer, tuple(inner), _names_at_l(ordered, slots))
 
 
 class Restriction(NamedTuple):
@@ -225,13 +236,13 @@ class Restriction(NamedTuple):
 def restriction(names: tuple[str, ...], layers: int) -> Restriction:
     """The restriction of a run at ``layers`` whose slots are ``names`` (built once per model and depth)."""
     keyed = _keyed(names, layers)
-    ordered = sorted(k for k in keyed if not k[2].startswith("inner"))
-    out_names = [":".join(map(str, key)) for key in ordered]
-    inner = []
-    for phase, template, k in sorted({(k[0], k[1], k[3]) for k in keyed if k[2][:5] == "inner"}):
-        try:
-            inner.append(tuple(keyed[(phase, template, f"inner{i}", k)] for i in range(EDGE, layers - EDGE)))
-        except KeyError:
-            raise NotAffine from None
-        out_names += _inner_names(phase, template, k)
-    return Restriction(tuple(keyed[k] for k in ordered), tuple(inner), tuple(out_names))
+    ordered = sorted(_outer_keys(keyed))
+    slots = _inner_slots(keyed)
+    try:
+        inner = tuple(
+            tuple(keyed[(phase, template, f"inner{i}", k)] for i in range(EDGE, layers - EDGE))
+            for phase, template, k in slots
+        )
+    except KeyError:
+        raise NotAffine from None
+    return Restriction(tuple(keyed[k] for k in ordered), inner, _names_at_l(ordered, slots))
