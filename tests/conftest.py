@@ -6,6 +6,9 @@ from collections.abc import Callable
 
 import pytest
 
+from zerocalc.calibration import Calibration, CollectiveFit
+from zerocalc.cluster import RankGroup
+from zerocalc.collectives import Collective
 from zerocalc.validate.compare import predicted_comm, predictions
 from zerocalc.validate.config import Job, Measured, RecordedCall
 
@@ -60,3 +63,22 @@ def perfect_run(job: Job, world: int) -> list[Measured]:
 @pytest.fixture()
 def perfect() -> Callable[[Job, int], list[Measured]]:
     return perfect_run
+
+
+def one_fit_calibration(collective: Collective) -> Calibration:
+    """An NCCL calibration of one node of 8 GPUs with one fit: ``collective`` over the world at
+    α = 50 µs and a bus bandwidth of 120 GB/s."""
+    fit = CollectiveFit(
+        collective=collective, group_kind=RankGroup.WORLD, group_size=8,
+        latency_s=5e-5, bus_bandwidth_Bps=120e9, peak_busbw_Bps=118e9, points=10,
+    )  # fmt: skip
+    return Calibration(
+        created_at="2026-11-22T00:00:00Z", backend="nccl", device_name="test", torch_version="2.13.0",
+        world_size=8, nodes=1, gpus_per_node=8, dtype="bf16", measurements=[], fits=[fit],
+    )  # fmt: skip
+
+
+@pytest.fixture()
+def calibration_of() -> Callable[[Collective], Calibration]:
+    """:func:`one_fit_calibration`."""
+    return one_fit_calibration

@@ -129,18 +129,11 @@ def test_check_update_refuses_to_rewrite_the_installed_presets(monkeypatch: pyte
     _one_line_exit_2(["check", "--update"], "would rewrite the presets installed with zerocalc")
 
 
-def test_a_calibration_that_covers_nothing_says_so(tmp_path: Path) -> None:
-    from zerocalc.calibration import Calibration, CollectiveFit, save_calibration
+def test_a_calibration_that_covers_nothing_says_so(tmp_path: Path, calibration_of) -> None:
+    from zerocalc.calibration import save_calibration
     from zerocalc.collectives import Collective
 
-    fit = CollectiveFit(
-        collective=Collective.ALL_REDUCE, group_kind="world", group_size=8,
-        latency_s=5e-5, bus_bandwidth_Bps=120e9, peak_busbw_Bps=118e9, points=10,
-    )  # fmt: skip
-    calibration = Calibration(
-        created_at="2026-11-22T00:00:00Z", backend="nccl", device_name="test", torch_version="2.13.0",
-        world_size=8, nodes=1, gpus_per_node=8, dtype="bf16", measurements=[], fits=[fit],
-    )  # fmt: skip
+    calibration = calibration_of(Collective.ALL_REDUCE)
     path = save_calibration(calibration, tmp_path / "cal.json")
     result = runner.invoke(
         app, ["comm", "--params", "7B", "--gpus", "16", "-s", "ddp", "--calibration", str(path), "--json"]

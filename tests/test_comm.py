@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from zerocalc.api import estimate_comm
-from zerocalc.calibration import Calibration, CollectiveFit, save_calibration
+from zerocalc.calibration import save_calibration
 from zerocalc.cluster import RankGroup
 from zerocalc.collectives import COLLECTIVES, Collective
 from zerocalc.errors import InputError
@@ -109,15 +109,8 @@ def test_compute_side_6_psi_t_over_n_f() -> None:
     assert row.exposed_time_s == 0.0
 
 
-def test_calibration_fits_replace_the_defaults(tmp_path) -> None:
-    fit = CollectiveFit(
-        collective=Collective.ALL_REDUCE, group_kind=RankGroup.WORLD, group_size=8,
-        latency_s=5e-5, bus_bandwidth_Bps=120e9, peak_busbw_Bps=118e9, points=10,
-    )  # fmt: skip
-    cal = Calibration(
-        created_at="2026-11-22T00:00:00Z", backend="nccl", device_name="test", torch_version="2.13.0",
-        world_size=8, nodes=1, gpus_per_node=8, dtype="bf16", measurements=[], fits=[fit],
-    )  # fmt: skip
+def test_calibration_fits_replace_the_defaults(tmp_path, calibration_of) -> None:
+    cal = calibration_of(Collective.ALL_REDUCE)
     save_calibration(cal, tmp_path / "cal.json")
     est = estimate_comm(PSI, 8, strategies="ddp,zero1", calibration=cal, calibration_name="cal.json")
     (ar,) = est.row("ddp").collectives

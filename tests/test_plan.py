@@ -11,10 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from zerocalc.activations import Recompute
-from zerocalc.calibration import Calibration, CollectiveFit, save_calibration
+from zerocalc.calibration import save_calibration
 from zerocalc.cli import app
 from zerocalc.cli.plan import command
-from zerocalc.cluster import RankGroup
 from zerocalc.collectives import Collective
 from zerocalc.comm import strategy_comm
 from zerocalc.dtypes import DType
@@ -393,16 +392,9 @@ def test_a_derived_request_fails_as_the_parser_does() -> None:
     assert isinstance(_parsed_or_error(group_request, plan, refused[3], Estimate.COMM), str)
 
 
-def test_a_derived_request_keeps_the_calibration(tmp_path) -> None:
+def test_a_derived_request_keeps_the_calibration(tmp_path, calibration_of) -> None:
     """With ``--calibration FILE`` the derived requests carry the calibration and its name as parsed."""
-    fit = CollectiveFit(
-        collective=Collective.ALL_GATHER, group_kind=RankGroup.WORLD, group_size=8,
-        latency_s=5e-5, bus_bandwidth_Bps=120e9, peak_busbw_Bps=118e9, points=10,
-    )  # fmt: skip
-    cal = Calibration(
-        created_at="2026-11-23T00:00:00Z", backend="nccl", device_name="test", torch_version="2.13.0",
-        world_size=8, nodes=1, gpus_per_node=8, dtype="bf16", measurements=[], fits=[fit],
-    )  # fmt: skip
+    cal = calibration_of(Collective.ALL_GATHER)
     path = tmp_path / "cal.json"
     save_calibration(cal, path)
     plan = plan_options(**{**SMALL, "gpus": 16, "calibration": str(path)})
