@@ -11,6 +11,7 @@ allocations and frees (with the stream each allocation is made on) is what
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 CUDA_BLOCK = 512
@@ -84,6 +85,20 @@ class Ledger:
         if self.record:
             self.by_kind[kind] -= size
             self.log.append(Free(name))
+
+    def alloc_each(
+        self, prefixes: tuple[str, ...], sizes: Sequence[int], kind: str, stream: str = "default"
+    ) -> None:
+        """One tensor per size and prefix: ``{prefix}#{i}`` of ``sizes[i]`` bytes, i by i and each
+        prefix in turn (Adam's two states of one parameter, then the next parameter's)."""
+        for i, nbytes in enumerate(sizes):
+            for prefix in prefixes:
+                self.alloc(f"{prefix}#{i}", nbytes, kind, stream)
+
+    def free_each(self, prefix: str, count: int) -> None:
+        """Free ``{prefix}#0`` … ``{prefix}#{count − 1}``."""
+        for i in range(count):
+            self.free(f"{prefix}#{i}")
 
     def free_group(self, group: str) -> None:
         for name in self.groups.pop(group, []):

@@ -165,15 +165,11 @@ class Mechanics:
     def optimizer_step(self, led: Ledger, first_step: bool) -> None:
         elements = self._optimizer_elements()
         if first_step:  # Adam._init_group: zeros_like exp_avg then exp_avg_sq, parameter by parameter
-            for i, n in enumerate(elements):
-                for state in range(self.optimizer_states):
-                    led.alloc(f"optimizer state {state}#{i}", FP32 * n, OPTIMIZER)
+            led.alloc_each(self._state_names(), [FP32 * n for n in elements], OPTIMIZER)
         if self.optimizer_impl is OptimizerImpl.FOREACH and self.optimizer_states:
-            for i, n in enumerate(elements):
-                led.alloc(f"foreach sqrt#{i}", FP32 * n, OPTIMIZER_TEMP)
+            led.alloc_each(("foreach sqrt",), [FP32 * n for n in elements], OPTIMIZER_TEMP)
             led.event("optimizer step (foreach: sqrt of every exp_avg_sq)")
-            for i in range(len(elements)):
-                led.free(f"foreach sqrt#{i}")
+            led.free_each("foreach sqrt", len(elements))
         elif self.optimizer_impl is OptimizerImpl.FOR_LOOP and self.optimizer_states:
             largest = max(elements, default=0)
             led.event(
@@ -189,13 +185,14 @@ class Mechanics:
         for name in [n for n in led.live if led.kinds[n] == GRADS]:
             led.free(name)
 
+    def _state_names(self) -> tuple[str, ...]:
+        return tuple(f"optimizer state {state}" for state in range(self.optimizer_states))
+
     def _resident_optimizer(self, led: Ledger) -> None:
-        for i, n in enumerate(self._optimizer_elements()):
-            for state in range(self.optimizer_states):
-                led.alloc(f"optimizer state {state}#{i}", FP32 * n, OPTIMIZER)
+        elements = self._optimizer_elements()
+        led.alloc_each(self._state_names(), [FP32 * n for n in elements], OPTIMIZER)
         if self.optimizer_impl is OptimizerImpl.FUSED:
-            for i in range(len(self._optimizer_elements())):
-                led.alloc(f"adam step counter#{i}", FP32, OPTIMIZER)
+            led.alloc_each(("adam step counter",), [FP32] * len(elements), OPTIMIZER)
 
 
 # --------------------------------------------------------------------------------------------------- FSDP2
@@ -226,8 +223,7 @@ class Fsdp2(Mechanics):
 
     def resident(self, led: Ledger, first_step: bool = False) -> None:
         for unit in self.units.values():
-            for i, n in enumerate(unit.local):
-                led.alloc(f"{unit.name}.fp32 shard#{i}", FP32 * n, PARAMS)
+            led.alloc_each((f"{unit.name}.fp32 shard",), [FP32 * n for n in unit.local], PARAMS)
         if not first_step:
             self._resident_optimizer(led)
             self.earlier_micro_batches(led)
@@ -288,8 +284,7 @@ class Fsdp2(Mechanics):
             if self._all_gather_state is not None:
                 led.free(self._all_gather_state)
                 self._all_gather_state = None
-            for i, n in enumerate(unit.padded):
-                led.alloc(f"{unit.name}.unsharded#{i}", self.param_bytes * n, GATHERED)
+            led.alloc_each((f"{unit.name}.unsharded",), [self.param_bytes * n for n in unit.padded], GATHERED)
             led.event(f"unshard {unit.name} (copy-out)")
             if backward:
                 led.free(output)
@@ -298,13 +293,11 @@ class Fsdp2(Mechanics):
         self._gathered.add(unit.name)
 
     def _all_gather(self, led: Ledger, unit: Unit, output: str) -> None:
-        for i, n in enumerate(unit.local):
-            if self.param_bytes != FP32:
-                led.alloc(f"{unit.name}.cast#{i}", self.param_bytes * n, GATHERED)
+        if self.param_bytes != FP32:
+            led.alloc_each((f"{unit.name}.cast",), [self.param_bytes * n for n in unit.local], GATHERED)
         padded = sum(unit.padded)
         led.alloc(f"{unit.name}.all-gather input", self.param_bytes * ceil_div(padded, self.world), BUFFERS)
-        for i in range(len(unit.local)):
-            led.free(f"{unit.name}.cast#{i}")
+        led.free_each(f"{unit.name}.cast", len(unit.local))
         led.alloc(output, self.param_bytes * padded, BUFFERS)
         led.event(f"all-gather {unit.name}")
         led.free(f"{unit.name}.all-gather input")
@@ -312,8 +305,7 @@ class Fsdp2(Mechanics):
     def _reshard(self, led: Ledger, unit: Unit) -> None:
         if unit.name not in self._gathered:
             return
-        for i in range(len(unit.params)):
-            led.free(f"{unit.name}.unsharded#{i}")
+        led.free_each(f"{unit.name}.unsharded", len(unit.params))
         self._gathered.discard(unit.name)
 
     def pre_forward(self, led: Ledger, unit: str | int) -> None:
@@ -484,8 +476,7 @@ class Ddp(Mechanics):
 
     def resident(self, led: Ledger, first_step: bool = False) -> None:
         for unit in self.units.values():
-            for i, n in enumerate(unit.params):
-                led.alloc(f"{unit.name}.fp32 param#{i}", FP32 * n, PARAMS)
+            led.alloc_each((f"{unit.name}.fp32 param",), [FP32 * n for n in unit.params], PARAMS)
         total = sum(u.numel for u in self.units.values())
         led.alloc("DDP reducer buckets (a copy of every gradient)", FP32 * total, REDUCE)
         if not first_step:

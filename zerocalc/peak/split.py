@@ -73,6 +73,26 @@ class SlotLedger(Ledger):
         self.between: list[int] = [NO_EVENT]
         """Per hook, the largest total at an event after it and before the next (first: before any hook)."""
 
+    def alloc_each(
+        self, prefixes: tuple[str, ...], sizes: Sequence[int], kind: str, stream: str = "default"
+    ) -> None:
+        """The tensors of each prefix as one entry named by the prefix: their sizes, each rounded, summed
+        (nothing is read between them, and :meth:`free_each` frees them together)."""
+        block = self.block
+        size = sum(-(-nbytes // block) for nbytes in sizes) * block
+        if size <= 0:
+            return
+        for prefix in prefixes:
+            self.live[prefix] = size
+            self.kinds[prefix] = kind
+        self.total += size * len(prefixes)
+
+    def free_each(self, prefix: str, count: int) -> None:
+        if prefix in self.live:
+            self.free(prefix)
+        else:  # allocated one by one
+            super().free_each(prefix, count)
+
     def event(self, name: str, transient: int = 0, transient_kind: str = "transient") -> None:
         if self.framework != self.in_hook:
             return  # the other part's event: its value comes from the other run

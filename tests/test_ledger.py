@@ -1,0 +1,46 @@
+"""The ledger's tensors allocated and freed together: one by one in the full ledger (the allocator replay
+needs each block), as one entry in the slot ledger (plan's runs); the same totals either way."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from zerocalc.peak.ledger import CUDA_BLOCK, Ledger
+from zerocalc.peak.split import SlotLedger
+
+sizes = st.lists(st.integers(min_value=0, max_value=3 * CUDA_BLOCK), max_size=6)
+
+
+def test_alloc_each_names_and_rounds_every_tensor() -> None:
+    led = Ledger()
+    led.alloc_each(("exp_avg", "exp_avg_sq"), [1, 512, 0, 513], "optimizer")
+    assert list(led.live) == [
+        "exp_avg#0", "exp_avg_sq#0", "exp_avg#1", "exp_avg_sq#1", "exp_avg#3", "exp_avg_sq#3",
+    ]  # fmt: skip
+    assert led.total == 2 * (512 + 512 + 1024)  # a zero-byte tensor is not allocated
+    led.free_each("exp_avg", 4)
+    assert led.total == 512 + 512 + 1024
+
+
+@given(st.lists(st.tuples(st.booleans(), sizes), min_size=1, max_size=8))
+def test_the_slot_ledger_keeps_the_full_ledgers_totals(steps: list[tuple[bool, list[int]]]) -> None:
+    """Bundles of tensors allocated (two prefixes each) and some freed again: after every step both
+    ledgers hold the same bytes."""
+    full, slots = Ledger(), SlotLedger(framework=True)
+    for step, (free_again, each) in enumerate(steps):
+        prefixes = (f"a{step}", f"b{step}")
+        for led in (full, slots):
+            led.alloc_each(prefixes, each, "kind")
+            if free_again:
+                led.free_each(prefixes[0], len(each))
+        assert slots.total == full.total
+
+
+def test_free_each_frees_tensors_allocated_one_by_one() -> None:
+    """The slot ledger frees a prefix's tensors even when they were allocated one at a time."""
+    led = SlotLedger(framework=True)
+    for i in range(3):
+        led.alloc(f"unsharded#{i}", 100, "gathered")
+    led.free_each("unsharded", 3)
+    assert led.total == 0 and not led.live
