@@ -21,6 +21,7 @@ from zerocalc.errors import InputError
 from zerocalc.frameworks import TORCH_FRAMEWORKS, Estimate, Framework
 from zerocalc.peak.report import Verdict
 from zerocalc.peak.simulate import flash_attention_used, runtime_for, simulate
+from zerocalc.peak.split import model_run
 from zerocalc.plan.fitted import StepParts, _states, with_batch, with_recompute
 from zerocalc.plan.layers import NotAffine, homogeneous, restriction
 from zerocalc.plan.search import Status, _exact, search
@@ -310,6 +311,22 @@ def test_layer_extrapolation_equals_the_all_layer_timeline(model: str) -> None:
             assert abs(fitted - full) <= 2048, (group, fitted - full)
             inexact += 1
     assert exact >= 5 and inexact >= 3 and refused >= 1, (exact, inexact, refused)
+
+
+@pytest.mark.parametrize("model", ["gpt2", "llama-3-8b", "mixtral-8x7b"])
+def test_the_hook_calls_are_the_same_at_every_micro_batch_and_recompute(model: str) -> None:
+    """StepParts runs the framework's part on the hook calls of one model run per layer count: the timeline
+    calls the hooks with the same arguments, in the same order, whatever the micro-batch and recompute."""
+    request = parse_options(model=model, gpus=8, framework="fsdp2", strategies="full_shard", seq_len=512)
+    runtime = runtime_for(request)
+    runs = [
+        model_run(with_recompute(with_batch(request, b, 1), recompute), runtime)
+        for b in (1, 3, 8)
+        for recompute in Recompute
+    ]
+    assert len(runs[0].calls) > 3 * request.architecture.num_layers
+    assert all(run.calls == runs[0].calls and run.names == runs[0].names for run in runs)
+    assert len({tuple(run.values) for run in runs}) >= 3  # the model's bytes do differ (3 micro-batches)
 
 
 def test_every_candidate_has_a_peak() -> None:

@@ -301,6 +301,12 @@ def strategy_memory(strategy: Strategy, request: TrainingRequest, ddp_gpu_bytes:
     )
 
 
+def strategy_row(request: TrainingRequest) -> StrategyMemory:
+    """:func:`evaluate_memory`'s row of the request's first strategy (the same functions), without the rest
+    of the estimate: what ``zerocalc plan`` needs of each candidate."""
+    return strategy_memory(STRATEGIES[request.strategies[0]], request, ddp_baseline_gpu_bytes(request))
+
+
 def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
     """Model states per GPU of every strategy of a validated request (pure)."""
     recipe = RECIPES[request.precision]

@@ -19,7 +19,7 @@ from collections.abc import Callable, Hashable
 
 from zerocalc.activations import Recompute
 from zerocalc.frameworks import TORCH_FRAMEWORKS
-from zerocalc.memory import evaluate_memory
+from zerocalc.memory import strategy_row
 from zerocalc.peak.profiles import PROFILES
 from zerocalc.peak.report import StateLine
 from zerocalc.peak.split import (
@@ -68,6 +68,11 @@ class StepParts:
     def __init__(self, runtime: Runtime):
         self.runtime = runtime
         self._runs: dict[tuple[Recompute, int, int], ModelRun] = {}
+        self._hooks_at: dict[int, ModelRun] = {}
+        """Per layer count, a model run: its hook calls and slot names, the same at every micro-batch and
+        recompute (the timeline calls the hooks whatever the activations: tests/test_plan.py)."""
+        self._extrapolation: Extrapolation | None = None
+        self._homogeneous: bool | None = None
         self._models: dict[tuple[Recompute, int, bool], list[int]] = {}
         self._frameworks: dict[Hashable, tuple[list[int], bool]] = {}
         self._framework_runs: dict[tuple[Hashable, int], list[int]] = {}
@@ -79,21 +84,36 @@ class StepParts:
             self._runs[key] = model_run(request, self.runtime)
         return self._runs[key]
 
+    def _hooks(self, request: TrainingRequest) -> ModelRun:
+        """A model run at the request's layer count, for its hook calls and slot names."""
+        layers = request.architecture.num_layers
+        if layers not in self._hooks_at:
+            self._hooks_at[layers] = self._model_run(request)
+        return self._hooks_at[layers]
+
     def _framework_run(self, request: TrainingRequest) -> list[int]:
         """F of the request's mechanics, run once per distinct mechanics (:func:`fingerprint`)."""
         mechanics = framework_mechanics(request, _states(request))
         key = (fingerprint(mechanics), request.architecture.num_layers)
         if key not in self._framework_runs:
-            self._framework_runs[key] = framework_run(mechanics, self._model_run(request).calls)
+            self._framework_runs[key] = framework_run(mechanics, self._hooks(request).calls)
         return self._framework_runs[key]
 
     def _plan(self, request: TrainingRequest) -> Extrapolation:
-        """The extrapolation of the request's runs at 6 and 7 layers to its L (:mod:`zerocalc.plan.layers`);
-        :class:`NotAffine` where the stack is not homogeneous."""
-        if not homogeneous_stack(request):
+        """The extrapolation of the request's runs at 6 and 7 layers to its L (:mod:`zerocalc.plan.layers`;
+        the same for every request of the search: one model); :class:`NotAffine` where the stack is not
+        homogeneous."""
+        if self._homogeneous is None:
+            self._homogeneous = homogeneous_stack(request)
+            if self._homogeneous:
+                names = tuple(self._hooks(with_layers(request, n)).names for n in SMALL_LAYERS)
+                try:
+                    self._extrapolation = extrapolation(names, request.architecture.num_layers)  # type: ignore[arg-type]
+                except NotAffine:
+                    self._homogeneous = False
+        if not self._homogeneous or self._extrapolation is None:
             raise NotAffine
-        names = tuple(self._model_run(with_layers(request, n)).names for n in SMALL_LAYERS)
-        return extrapolation(names, request.architecture.num_layers)  # type: ignore[arg-type]
+        return self._extrapolation
 
     def _extrapolated(
         self, request: TrainingRequest, run: Callable[[TrainingRequest], list[int]]
@@ -108,7 +128,7 @@ class StepParts:
         framework = self._framework_run(request)
         try:
             plan = self._plan(request)
-            restricted = restriction(self._model_run(request).names, request.architecture.num_layers)
+            restricted = restriction(self._hooks(request).names, request.architecture.num_layers)
             if restricted.names != plan.names:
                 raise NotAffine
             return restricted.apply(framework), True
@@ -154,6 +174,6 @@ def _states(request: TrainingRequest) -> list[StateLine]:
     """The accountings' state lines (the PyTorch frameworks' mechanics derive their own)."""
     if request.framework in TORCH_FRAMEWORKS:
         return []
-    row = evaluate_memory(request).strategies[0]
+    row = strategy_row(request)
     states, _ = STATE_BUILDERS[PROFILES[request.framework].states](request, STRATEGIES[row.strategy], row)
     return list(states)

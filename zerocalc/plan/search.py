@@ -29,7 +29,7 @@ from zerocalc.comm import strategy_comm
 from zerocalc.dtypes import DType
 from zerocalc.errors import InputError
 from zerocalc.frameworks import Estimate, Framework
-from zerocalc.memory import Location, evaluate_memory
+from zerocalc.memory import Location, strategy_row
 from zerocalc.peak.evaluate import FIT_MARGIN, nccl_communicators, strategy_peak
 from zerocalc.peak.profiles import PROFILES
 from zerocalc.peak.report import StrategyPeak, Verdict
@@ -195,7 +195,7 @@ class _Cand:
 
 def _exact(request: TrainingRequest) -> StrategyPeak:
     """``zerocalc memory``'s peak for the request's one strategy (the same functions, the same request)."""
-    row = evaluate_memory(request).strategies[0]
+    row = strategy_row(request)
     return strategy_peak(request, PROFILES[request.framework], row, runtime_for(request))
 
 
@@ -215,7 +215,7 @@ def _host_bytes(peak: StrategyPeak, request: TrainingRequest) -> int | None:
         return peak.host_bytes_per_node
     if request.offload_optimizer is OffloadTarget.NONE and request.offload_params is OffloadTarget.NONE:
         return None
-    row = evaluate_memory(request).strategies[0]
+    row = strategy_row(request)
     return sum(s.bytes for s in row.states if s.location is Location.CPU) * request.cluster.ranks_per_node
 
 
