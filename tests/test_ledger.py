@@ -44,3 +44,18 @@ def test_free_each_frees_tensors_allocated_one_by_one() -> None:
         led.alloc(f"unsharded#{i}", 100, "gathered")
     led.free_each("unsharded", 3)
     assert led.total == 0 and not led.live
+
+
+@given(st.lists(st.integers(min_value=0, max_value=3 * CUDA_BLOCK), max_size=6), st.integers(0, 2000))
+def test_a_group_allocated_together_is_freed_with_the_others(saved: list[int], extra: int) -> None:
+    """A layer's saved activations (alloc_group) and a tensor added to its group alone: the same totals in
+    both ledgers, and free_group frees them all."""
+    full, slots = Ledger(), SlotLedger(framework=False)
+    for led in (full, slots):
+        led.alloc("hidden", 1000, "activations")
+        led.alloc_group("layer 3", [(f"save {i}", b) for i, b in enumerate(saved)], "activations")
+        led.alloc("layer 3.sdpa rng", extra, "activations", group="layer 3")
+    assert slots.total == full.total == 1024 + sum(-(-b // 512) * 512 for b in [*saved, extra])
+    for led in (full, slots):
+        led.free_group("layer 3")
+        assert led.total == 1024

@@ -11,7 +11,7 @@ allocations and frees (with the stream each allocation is made on) is what
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 CUDA_BLOCK = 512
@@ -94,6 +94,12 @@ class Ledger:
         for i, nbytes in enumerate(sizes):
             for prefix in prefixes:
                 self.alloc(f"{prefix}#{i}", nbytes, kind, stream)
+
+    def alloc_group(self, group: str, entries: Iterable[tuple[str, int]], kind: str) -> None:
+        """Allocate each (name, bytes) of ``entries`` as ``{group}.{name}`` in ``group`` (a layer's saved
+        activations, freed by :meth:`free_group` in its backward)."""
+        for name, nbytes in entries:
+            self.alloc(f"{group}.{name}", nbytes, kind, group=group)
 
     def free_each(self, prefix: str, count: int) -> None:
         """Free ``{prefix}#0`` … ``{prefix}#{count − 1}``."""

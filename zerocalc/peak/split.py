@@ -22,7 +22,8 @@ of several spaces against :func:`zerocalc.peak.simulate.simulate`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from functools import cached_property
 from typing import NamedTuple
 
 from zerocalc.model_impl import Device
@@ -86,6 +87,17 @@ class SlotLedger(Ledger):
             self.live[prefix] = size
             self.kinds[prefix] = kind
         self.total += size * len(prefixes)
+
+    def alloc_group(self, group: str, entries: Iterable[tuple[str, int]], kind: str) -> None:
+        """The entries as one tensor of the group (their sizes, each rounded, summed)."""
+        name = f"{group}.*"
+        if name in self.live:  # pragma: no cover - one bundle per group at a time in the timeline
+            super().alloc_group(group, entries, kind)
+            return
+        block = self.block
+        size = sum(-(-nbytes // block) for _, nbytes in entries) * block
+        if size > 0:
+            self.alloc(name, size, kind, group=group)
 
     def free_each(self, prefix: str, count: int) -> None:
         if prefix in self.live:
@@ -153,13 +165,19 @@ class _NoFramework(Mechanics):
         pass
 
 
-class ModelRun(NamedTuple):
-    values: list[int]
-    """A per slot (:func:`slot_names`): the model's bytes entering each hook, the largest between hooks."""
-    calls: tuple[HookCall, ...]
-    """The hook calls in order (the same for every framework)."""
-    names: tuple[str, ...]
-    """The slots' names (:func:`slot_names`)."""
+class ModelRun:
+    """The model's part of a steady step."""
+
+    def __init__(self, values: list[int], calls: tuple[HookCall, ...]):
+        self.values = values
+        """A per slot (:func:`slot_names`): the bytes entering each hook, the largest between hooks."""
+        self.calls = calls
+        """The hook calls in order (the same for every framework)."""
+
+    @cached_property
+    def names(self) -> tuple[str, ...]:
+        """The slots' names (:func:`slot_names`)."""
+        return slot_names(self.calls)
 
 
 def slot_names(calls: tuple[HookCall, ...]) -> tuple[str, ...]:
@@ -186,7 +204,7 @@ def model_run(request: TrainingRequest, runtime: Runtime | None, device: Device 
     steady_start(step, hooked, runtime, led)
     run_step(step, hooked, runtime, led)
     done = tuple(calls)
-    return ModelRun(_values(led.entered, led.between[1:], led.between[0]), done, slot_names(done))
+    return ModelRun(_values(led.entered, led.between[1:], led.between[0]), done)
 
 
 def framework_mechanics(request: TrainingRequest, states: Sequence[StateLine]) -> Mechanics:

@@ -140,8 +140,7 @@ def run_step(
     mechanics.pre_forward(led, "root")
     mechanics.forward_started(led, runtime.no_reshard_extra if cuda else 0)
     shared = embedding_saves(impl, arch, act) + shared_saves(impl, arch, shape, act, checkpointed, device)
-    for name, b in shared:
-        led.alloc(f"shared.{name}", b, ACTIVATIONS, group="shared")
+    led.alloc_group("shared", shared, ACTIVATIONS)
     hidden = "embedding output"
     led.alloc(hidden, act * T * h, ACTIVATIONS)
     if not t.rotary:  # GPT-2: wte(ids) + wpe(positions) (+ dropout) is a new tensor; both inputs stay
@@ -165,9 +164,7 @@ def run_step(
             hidden = new  # every checkpoint input stays alive
         else:
             saves = saves_of(i, use_cache=True)
-            saved = [(n, b) for n, b in saves.saved if b]
-            for name, b in saved:
-                led.alloc(f"layer {i}.{name}", b, ACTIVATIONS, group=f"layer {i}")
+            led.alloc_group(f"layer {i}", saves.saved, ACTIVATIONS)
             if cuda and hf:
                 led.alloc(f"layer {i}.sdpa rng", runtime.per_layer_attention, ACTIVATIONS, group=f"layer {i}")
             led.event(f"layer {i} forward", saves.forward_excess, TRANSIENT)
@@ -178,8 +175,7 @@ def run_step(
             hidden = new
         mechanics.post_forward(led, i)
 
-    for name, b in final_saves(impl, arch, shape, act, device):
-        led.alloc(f"final.{name}", b, ACTIVATIONS, group="final")
+    led.alloc_group("final", final_saves(impl, arch, shape, act, device), ACTIVATIONS)
     # RMSNorm forward: while x·rsqrt (fp32) exists its cast exists and the output does not yet
     led.event(
         "final norm forward",
@@ -256,8 +252,7 @@ def run_step(
         mechanics.pre_backward(led, i)
         saves = saves_of(i, use_cache=not checkpointed)
         if checkpointed:
-            for name, b in saves.saved:
-                led.alloc(f"layer {i}.{name}", b, ACTIVATIONS, group=f"layer {i}")
+            led.alloc_group(f"layer {i}", saves.saved, ACTIVATIONS)
             led.event(f"layer {i} recompute", saves.forward_excess, TRANSIENT)
         led.event(f"layer {i} backward", saves.backward_excess, TRANSIENT)
         led.free_group(f"layer {i}")
