@@ -59,3 +59,14 @@ def test_a_group_allocated_together_is_freed_with_the_others(saved: list[int], e
     for led in (full, slots):
         led.free_group("layer 3")
         assert led.total == 1024
+
+
+def test_a_group_allocated_twice_keeps_both() -> None:
+    full, slots = Ledger(), SlotLedger(framework=False)
+    for led in (full, slots):
+        led.alloc_group("layer 0", [("a", 100), ("b", 600)], "activations")
+        led.alloc_group("layer 0", [("c", 1)], "activations")
+    assert slots.total == full.total == 512 + 1024 + 512
+    for led in (full, slots):
+        led.free_group("layer 0")
+    assert slots.total == full.total == 0

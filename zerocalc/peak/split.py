@@ -91,7 +91,7 @@ class SlotLedger(Ledger):
     def alloc_group(self, group: str, entries: Iterable[tuple[str, int]], kind: str) -> None:
         """The entries as one tensor of the group (their sizes, each rounded, summed)."""
         name = f"{group}.*"
-        if name in self.live:  # pragma: no cover - one bundle per group at a time in the timeline
+        if name in self.live:  # a second bundle of the group: its tensors one by one
             super().alloc_group(group, entries, kind)
             return
         block = self.block
