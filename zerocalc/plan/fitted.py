@@ -63,7 +63,8 @@ def with_recompute(request: TrainingRequest, recompute: Recompute) -> TrainingRe
 
 class StepParts:
     """The model's parts (cached per micro-batch, recompute and layer count) and the framework's of each
-    configuration, combined into allocated peaks."""
+    configuration, combined into allocated peaks. One per search: every request it is given is of the same
+    model (the caches are keyed by options, not by architecture)."""
 
     def __init__(self, runtime: Runtime):
         self.runtime = runtime
