@@ -57,6 +57,10 @@ class Ledger:
     def rounded(self, nbytes: int) -> int:
         return 0 if nbytes <= 0 else -(-nbytes // self.block) * self.block
 
+    def rounded_total(self, sizes: Iterable[int]) -> int:
+        """The bytes of tensors of these sizes, each rounded on its own."""
+        return sum(map(self.rounded, sizes))
+
     def alloc(
         self, name: str, nbytes: int, kind: str, stream: str = "default", group: str | None = None
     ) -> None:

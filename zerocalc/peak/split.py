@@ -79,14 +79,9 @@ class SlotLedger(Ledger):
     ) -> None:
         """The tensors of each prefix as one entry named by the prefix: their sizes, each rounded, summed
         (nothing is read between them, and :meth:`free_each` frees them together)."""
-        block = self.block
-        size = sum(-(-nbytes // block) for nbytes in sizes) * block
-        if size <= 0:
-            return
+        size = self.rounded_total(sizes)
         for prefix in prefixes:
-            self.live[prefix] = size
-            self.kinds[prefix] = kind
-        self.total += size * len(prefixes)
+            self.alloc(prefix, size, kind, stream)
 
     def alloc_group(self, group: str, entries: Iterable[tuple[str, int]], kind: str) -> None:
         """The entries as one tensor of the group (their sizes, each rounded, summed)."""
@@ -94,10 +89,7 @@ class SlotLedger(Ledger):
         if name in self.live:  # a second bundle of the group: its tensors one by one
             super().alloc_group(group, entries, kind)
             return
-        block = self.block
-        size = sum(-(-nbytes // block) for _, nbytes in entries) * block
-        if size > 0:
-            self.alloc(name, size, kind, group=group)
+        self.alloc(name, self.rounded_total(nbytes for _, nbytes in entries), kind, group=group)
 
     def free_each(self, prefix: str, count: int) -> None:
         if prefix in self.live:
