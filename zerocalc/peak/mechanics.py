@@ -165,7 +165,7 @@ class Mechanics:
     def optimizer_step(self, led: Ledger, first_step: bool) -> None:
         elements = self._optimizer_elements()
         if first_step:  # Adam._init_group: zeros_like exp_avg then exp_avg_sq, parameter by parameter
-            led.alloc_each(self._state_names(), [FP32 * n for n in elements], OPTIMIZER)
+            self._alloc_optimizer_states(led, elements)
         if self.optimizer_impl is OptimizerImpl.FOREACH and self.optimizer_states:
             led.alloc_each(("foreach sqrt",), [FP32 * n for n in elements], OPTIMIZER_TEMP)
             led.event("optimizer step (foreach: sqrt of every exp_avg_sq)")
@@ -185,12 +185,14 @@ class Mechanics:
         for name in [n for n in led.live if led.kinds[n] == GRADS]:
             led.free(name)
 
-    def _state_names(self) -> tuple[str, ...]:
-        return tuple(f"optimizer state {state}" for state in range(self.optimizer_states))
+    def _alloc_optimizer_states(self, led: Ledger, elements: list[int]) -> None:
+        """The fp32 states of each tensor stepped (Adam: exp_avg, exp_avg_sq), tensor by tensor."""
+        names = tuple(f"optimizer state {state}" for state in range(self.optimizer_states))
+        led.alloc_each(names, [FP32 * n for n in elements], OPTIMIZER)
 
     def _resident_optimizer(self, led: Ledger) -> None:
         elements = self._optimizer_elements()
-        led.alloc_each(self._state_names(), [FP32 * n for n in elements], OPTIMIZER)
+        self._alloc_optimizer_states(led, elements)
         if self.optimizer_impl is OptimizerImpl.FUSED:
             led.alloc_each(("adam step counter",), [FP32] * len(elements), OPTIMIZER)
 
