@@ -72,8 +72,8 @@ class StepParts:
         self._hooks_at: dict[int, ModelRun] = {}
         """Per layer count, a model run: its hook calls and slot names, the same at every micro-batch and
         recompute (the timeline calls the hooks whatever the activations: tests/test_plan.py)."""
-        self._extrapolation: Extrapolation | None = None
-        self._homogeneous: bool | None = None
+        self._extrapolation: Extrapolation | NotAffine | None = None
+        """The search's extrapolation, or why there is none (built at the first request)."""
         self._models: dict[tuple[Recompute, int, bool], list[int]] = {}
         self._frameworks: dict[Hashable, tuple[list[int], bool]] = {}
         self._framework_runs: dict[tuple[Hashable, int], list[int]] = {}
@@ -104,15 +104,15 @@ class StepParts:
         """The extrapolation of the request's runs at 6 and 7 layers to its L (:mod:`zerocalc.plan.layers`;
         the same for every request of the search: one model); :class:`NotAffine` where the stack is not
         homogeneous."""
-        if self._homogeneous is None:
-            self._homogeneous = homogeneous_stack(request)
-            if self._homogeneous:
+        if self._extrapolation is None:
+            try:
+                if not homogeneous_stack(request):
+                    raise NotAffine
                 names = tuple(self._hooks(with_layers(request, n)).names for n in SMALL_LAYERS)
-                try:
-                    self._extrapolation = extrapolation(names, request.architecture.num_layers)  # type: ignore[arg-type]
-                except NotAffine:
-                    self._homogeneous = False
-        if not self._homogeneous or self._extrapolation is None:
+                self._extrapolation = extrapolation(names, request.architecture.num_layers)  # type: ignore[arg-type]
+            except NotAffine as refused:
+                self._extrapolation = refused
+        if isinstance(self._extrapolation, NotAffine):
             raise NotAffine
         return self._extrapolation
 
