@@ -38,3 +38,16 @@ def test_the_library_example_runs_as_written() -> None:
         runner.run(parser.get_doctest(block, {}, f"README block {i}", "README.md", 0))
     results = runner.summarize(verbose=False)
     assert results.failed == 0 and results.attempted > 0
+
+
+def test_every_package_is_installed_by_pip_install_dot() -> None:
+    """Quick start 1 installs with ``pip install .`` (not editable): setuptools installs only the packages
+    pyproject.toml lists, so every folder of ``zerocalc/`` with an ``__init__.py`` must be among them (a
+    missing one makes its commands fail with ModuleNotFoundError after a real install)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {
+        ".".join(init.parent.relative_to(ROOT).parts) for init in (ROOT / "zerocalc").rglob("__init__.py")
+    }
+    assert packages - listed == set()
