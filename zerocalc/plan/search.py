@@ -152,8 +152,8 @@ class PlanResult(BaseModel):
     top: list[PlanRow]
     rejections: list[Rejection]
     candidates_evaluated: int = Field(
-        description="candidates resolved: each given communication and a step time, and a peak (exact or "
-        "fitted) unless the top rows are faster whatever its peak"
+        description="candidates resolved: each given its communication, step time and peak (exact, or the "
+        "fitted lower bound)"
     )
     exact_peaks: int = Field(description="of them, peaks from the full memory model")
     fitted_peaks: int = Field(description="of them, only the lower bound (never reached by the walk)")
