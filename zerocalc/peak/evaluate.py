@@ -148,7 +148,7 @@ def strategy_peak(
 ) -> StrategyPeak:
     """One strategy's step: its accounting's lines, the simulated timeline, the device footprint."""
     strategy = STRATEGIES[row.strategy]
-    states, host = STATE_BUILDERS[profile.states](request, strategy, row)
+    states, host = STATE_BUILDERS[profile.states](request, strategy)
     result = simulate(request, row.strategy, runtime, states)
     sources = term_sources(request, strategy, profile, states)
     terms = [
@@ -258,7 +258,7 @@ def framework_states(request: TrainingRequest, estimate: MemoryEstimate) -> list
     rows = []
     for row in estimate.strategies:
         strategy = STRATEGIES[row.strategy]
-        lines, host = STATE_BUILDERS[profile.states](request, strategy, row)
+        lines, host = STATE_BUILDERS[profile.states](request, strategy)
         rows.append(
             FrameworkStates(
                 strategy=row.strategy,

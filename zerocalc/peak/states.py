@@ -1,6 +1,6 @@
 """The model-state lines of each accounting (:class:`~zerocalc.peak.profiles.StatesModel`).
 
-Each builder takes the validated request, the strategy record and its paper-accounting row, and returns
+Each builder takes the validated request and the strategy record, and returns
 the lines in the order they are shown, each with the kind of tensor it is. For the accountings (the
 paper's, DeepSpeed's and Megatron's) these lines, with the buffers they keep resident, are what the step
 timeline holds from start to end; PyTorch's own frameworks are simulated tensor by tensor
@@ -16,7 +16,7 @@ from typing import NamedTuple
 from zerocalc import framework_states as torch_states
 from zerocalc.deepspeed_estimator import DEEPSPEED_VERSION, zero2_model_states, zero3_model_states
 from zerocalc.frameworks import TORCH_SOURCES
-from zerocalc.memory import Location, StateKind, StrategyMemory
+from zerocalc.memory import Location, StateKind, strategy_states
 from zerocalc.optimizers import OptimizerImpl
 from zerocalc.peak.buffers import STRATEGY_BUFFERS
 from zerocalc.peak.kinds import TensorKind
@@ -43,8 +43,9 @@ _PAPER_LINES = {
 }
 
 
-def _paper(request: TrainingRequest, strategy: Strategy, row: StrategyMemory) -> StateLines:
-    """ZeRO paper §5 states on the GPU (:mod:`zerocalc.memory`) + the buckets the strategy keeps."""
+def _paper(request: TrainingRequest, strategy: Strategy) -> StateLines:
+    """ZeRO paper §5 states on the GPU (:func:`zerocalc.memory.strategy_states`, the states of memory's
+    row) + the buckets the strategy keeps."""
     states = [
         StateLine(
             kind=_PAPER_LINES[s.kind][1],
@@ -52,7 +53,7 @@ def _paper(request: TrainingRequest, strategy: Strategy, row: StrategyMemory) ->
             bytes=s.bytes,
             source="ZeRO paper §5 (zerocalc memory)",
         )
-        for s in row.states
+        for s in strategy_states(strategy, request)
         if s.location is Location.GPU
     ]
     return StateLines(states + _resident_buffers(request, strategy))
@@ -65,7 +66,7 @@ def _resident_buffers(request: TrainingRequest, strategy: Strategy) -> list[Stat
     )
 
 
-def _deepspeed(request: TrainingRequest, strategy: Strategy, row: StrategyMemory) -> StateLines:
+def _deepspeed(request: TrainingRequest, strategy: Strategy) -> StateLines:
     """DeepSpeed's estimators, exactly; its ZeRO-2 estimate leaves its own buckets out (marked)."""
     cluster = request.cluster
     nodes, per_node = cluster.nodes, cluster.ranks_per_node
@@ -145,7 +146,7 @@ def _deepspeed(request: TrainingRequest, strategy: Strategy, row: StrategyMemory
     return StateLines(lines, ds.cpu_bytes)
 
 
-def _megatron(request: TrainingRequest, strategy: Strategy, row: StrategyMemory) -> StateLines:
+def _megatron(request: TrainingRequest, strategy: Strategy) -> StateLines:
     """Megatron-LM distributed optimizer docs: bf16 params (2) + fp32 main grads (4) + 12/d optimizer."""
     psi = request.model.params
     d = request.cluster.group_size(strategy.optimizer)
@@ -164,7 +165,7 @@ def _megatron(request: TrainingRequest, strategy: Strategy, row: StrategyMemory)
     )
 
 
-def _torch(request: TrainingRequest, strategy: Strategy, row: StrategyMemory) -> StateLines:
+def _torch(request: TrainingRequest, strategy: Strategy) -> StateLines:
     """What the largest rank holds, exactly (:mod:`zerocalc.framework_states`).
 
     fp32 sharded parameters are the master copy under ``MixedPrecision``/``MixedPrecisionPolicy`` (and
@@ -194,7 +195,7 @@ def _torch(request: TrainingRequest, strategy: Strategy, row: StrategyMemory) ->
     )
 
 
-StateBuilder = Callable[[TrainingRequest, Strategy, StrategyMemory], StateLines]
+StateBuilder = Callable[[TrainingRequest, Strategy], StateLines]
 
 STATE_BUILDERS: dict[StatesModel, StateBuilder] = {
     StatesModel.PAPER: _paper,

@@ -19,7 +19,6 @@ from collections.abc import Callable, Hashable
 
 from zerocalc.activations import Recompute
 from zerocalc.frameworks import TORCH_FRAMEWORKS
-from zerocalc.memory import strategy_row
 from zerocalc.peak.profiles import PROFILES
 from zerocalc.peak.report import StateLine
 from zerocalc.peak.split import (
@@ -175,6 +174,5 @@ def _states(request: TrainingRequest) -> list[StateLine]:
     """The accountings' state lines (the PyTorch frameworks' mechanics derive their own)."""
     if request.framework in TORCH_FRAMEWORKS:
         return []
-    row = strategy_row(request)
-    states, _ = STATE_BUILDERS[PROFILES[request.framework].states](request, STRATEGIES[row.strategy], row)
+    states, _ = STATE_BUILDERS[PROFILES[request.framework].states](request, STRATEGIES[request.strategies[0]])
     return list(states)
