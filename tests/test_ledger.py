@@ -6,7 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from zerocalc.peak.ledger import CUDA_BLOCK, Ledger
+from zerocalc.peak.ledger import CUDA_BLOCK, Ledger, Sizes
+from zerocalc.peak.mechanics import Unit
 from zerocalc.peak.split import SlotLedger
 
 sizes = st.lists(st.integers(min_value=0, max_value=3 * CUDA_BLOCK), max_size=6)
@@ -70,3 +71,21 @@ def test_a_group_allocated_twice_keeps_both() -> None:
     for led in (full, slots):
         led.free_group("layer 0")
     assert slots.total == full.total == 0
+
+
+def test_sizes_keep_their_rounded_total_per_block() -> None:
+    """A unit's sizes are rounded once per allocator block: 512 on CUDA, 1 on CPU."""
+    sizes = Sizes([1, 512, 0, 513])
+    assert Ledger().rounded_total(sizes) == 512 + 512 + 1024
+    assert Ledger(block=1).rounded_total(sizes) == 1 + 512 + 513
+    assert Ledger().rounded_total(sizes) == 2048  # the CPU total did not replace the CUDA one
+    assert list(sizes) == [1, 512, 0, 513]
+
+
+def test_a_units_bytes_are_its_elements_times_the_element_size() -> None:
+    unit = Unit("0", params=[10, 3], local=[5, 2], padded=[10, 4])
+    assert unit.bytes_each("local", 4) == (20, 8)
+    assert unit.bytes_each("padded", 2) == (20, 8)
+    assert unit.bytes_each("params", 2) == (20, 6)
+    assert unit.bytes_each("local", 4) is unit.bytes_each("local", 4)  # computed once
+    assert unit.numel == 13

@@ -34,6 +34,14 @@ class Free(NamedTuple):
     name: str
 
 
+class Sizes(tuple[int, ...]):
+    """The sizes in bytes of tensors allocated together (:meth:`Ledger.alloc_each`), their rounded total
+    kept per allocator block: a unit's tensors are allocated thousands of times in a plan's runs."""
+
+    def __init__(self, _sizes: Iterable[int] = ()) -> None:
+        self._rounded: dict[int, int] = {}
+
+
 class Ledger:
     """Named live tensors and the step's events. Names are unique while alive."""
 
@@ -58,8 +66,13 @@ class Ledger:
         return 0 if nbytes <= 0 else -(-nbytes // self.block) * self.block
 
     def rounded_total(self, sizes: Iterable[int]) -> int:
-        """The bytes of tensors of these sizes, each rounded on its own."""
-        return sum(map(self.rounded, sizes))
+        """The bytes of tensors of these sizes, each rounded on its own (:class:`Sizes`: once)."""
+        if not isinstance(sizes, Sizes):
+            return sum(map(self.rounded, sizes))
+        total = sizes._rounded.get(self.block)
+        if total is None:
+            total = sizes._rounded[self.block] = sum(map(self.rounded, sizes))
+        return total
 
     def alloc(
         self, name: str, nbytes: int, kind: str, stream: str = "default", group: str | None = None

@@ -33,9 +33,11 @@ the largest parameter; ``fused`` none. Adam's ``step`` counters are CPU tensors 
 from __future__ import annotations
 
 from enum import StrEnum
+from functools import cached_property
+from typing import Literal
 
 from zerocalc.optimizers import OptimizerImpl
-from zerocalc.peak.ledger import Ledger
+from zerocalc.peak.ledger import Ledger, Sizes
 from zerocalc.peak.timeline import (
     BUFFERS,
     GATHERED,
@@ -67,7 +69,8 @@ class Accumulation(StrEnum):
 
 
 class Unit:
-    """One FSDP unit (or, for DDP, one block's parameters): the elements of each parameter."""
+    """One FSDP unit (or, for DDP, one block's parameters): the elements of each parameter. Not mutated:
+    units are shared by every request of a model and world (:func:`zerocalc.peak.simulate._units_of`)."""
 
     def __init__(self, name: str, params: list[int], local: list[int], padded: list[int]):
         self.name = name
@@ -77,10 +80,19 @@ class Unit:
         """Elements of each parameter on the largest rank (its shard)."""
         self.padded = padded
         """Elements of each parameter as gathered, padding included."""
+        self.numel = sum(params)
+        self.key = (name, tuple(params), tuple(local), tuple(padded))
+        """What the unit is (equal keys: the same unit)."""
+        self._bytes: dict[tuple[str, int], Sizes] = {}
 
-    @property
-    def numel(self) -> int:
-        return sum(self.params)
+    def bytes_each(self, elements: Literal["params", "local", "padded"], element_bytes: int) -> Sizes:
+        """Each parameter's bytes at ``element_bytes`` per element: unsharded (``params``), its shard
+        (``local``) or as gathered (``padded``); computed once per unit."""
+        key = (elements, element_bytes)
+        sizes = self._bytes.get(key)
+        if sizes is None:
+            sizes = self._bytes[key] = Sizes(element_bytes * n for n in getattr(self, elements))
+        return sizes
 
 
 class Mechanics:
@@ -162,12 +174,17 @@ class Mechanics:
         """Elements of each tensor the local optimizer steps (the shards this rank updates)."""
         return [n for u in self.units.values() for n in u.local]
 
+    @cached_property
+    def _optimizer_bytes(self) -> Sizes:
+        """fp32 bytes of each tensor the local optimizer steps: one of its states, or foreach's sqrt."""
+        return Sizes(FP32 * n for n in self._optimizer_elements())
+
     def optimizer_step(self, led: Ledger, first_step: bool) -> None:
         elements = self._optimizer_elements()
         if first_step:  # Adam._init_group: zeros_like exp_avg then exp_avg_sq, parameter by parameter
-            self._alloc_optimizer_states(led, elements)
+            self._alloc_optimizer_states(led)
         if self.optimizer_impl is OptimizerImpl.FOREACH and self.optimizer_states:
-            led.alloc_each(("foreach sqrt",), [FP32 * n for n in elements], OPTIMIZER_TEMP)
+            led.alloc_each(("foreach sqrt",), self._optimizer_bytes, OPTIMIZER_TEMP)
             led.event("optimizer step (foreach: sqrt of every exp_avg_sq)")
             led.free_each("foreach sqrt", len(elements))
         elif self.optimizer_impl is OptimizerImpl.FOR_LOOP and self.optimizer_states:
@@ -185,16 +202,15 @@ class Mechanics:
         for name in [n for n in led.live if led.kinds[n] == GRADS]:
             led.free(name)
 
-    def _alloc_optimizer_states(self, led: Ledger, elements: list[int]) -> None:
+    def _alloc_optimizer_states(self, led: Ledger) -> None:
         """The fp32 states of each tensor stepped (Adam: exp_avg, exp_avg_sq), tensor by tensor."""
         names = tuple(f"optimizer state {state}" for state in range(self.optimizer_states))
-        led.alloc_each(names, [FP32 * n for n in elements], OPTIMIZER)
+        led.alloc_each(names, self._optimizer_bytes, OPTIMIZER)
 
     def _resident_optimizer(self, led: Ledger) -> None:
-        elements = self._optimizer_elements()
-        self._alloc_optimizer_states(led, elements)
+        self._alloc_optimizer_states(led)
         if self.optimizer_impl is OptimizerImpl.FUSED:
-            led.alloc_each(("adam step counter",), [FP32] * len(elements), OPTIMIZER)
+            led.alloc_each(("adam step counter",), [FP32] * len(self._optimizer_bytes), OPTIMIZER)
 
 
 # --------------------------------------------------------------------------------------------------- FSDP2
@@ -225,7 +241,7 @@ class Fsdp2(Mechanics):
 
     def resident(self, led: Ledger, first_step: bool = False) -> None:
         for unit in self.units.values():
-            led.alloc_each((f"{unit.name}.fp32 shard",), [FP32 * n for n in unit.local], PARAMS)
+            led.alloc_each((f"{unit.name}.fp32 shard",), unit.bytes_each("local", FP32), PARAMS)
         if not first_step:
             self._resident_optimizer(led)
             self.earlier_micro_batches(led)
@@ -286,7 +302,7 @@ class Fsdp2(Mechanics):
             if self._all_gather_state is not None:
                 led.free(self._all_gather_state)
                 self._all_gather_state = None
-            led.alloc_each((f"{unit.name}.unsharded",), [self.param_bytes * n for n in unit.padded], GATHERED)
+            led.alloc_each((f"{unit.name}.unsharded",), unit.bytes_each("padded", self.param_bytes), GATHERED)
             led.event(f"unshard {unit.name} (copy-out)")
             if backward:
                 led.free(output)
@@ -296,7 +312,7 @@ class Fsdp2(Mechanics):
 
     def _all_gather(self, led: Ledger, unit: Unit, output: str) -> None:
         if self.param_bytes != FP32:
-            led.alloc_each((f"{unit.name}.cast",), [self.param_bytes * n for n in unit.local], GATHERED)
+            led.alloc_each((f"{unit.name}.cast",), unit.bytes_each("local", self.param_bytes), GATHERED)
         padded = sum(unit.padded)
         led.alloc(f"{unit.name}.all-gather input", self.param_bytes * ceil_div(padded, self.world), BUFFERS)
         led.free_each(f"{unit.name}.cast", len(unit.local))
@@ -478,7 +494,7 @@ class Ddp(Mechanics):
 
     def resident(self, led: Ledger, first_step: bool = False) -> None:
         for unit in self.units.values():
-            led.alloc_each((f"{unit.name}.fp32 param",), [FP32 * n for n in unit.params], PARAMS)
+            led.alloc_each((f"{unit.name}.fp32 param",), unit.bytes_each("params", FP32), PARAMS)
         total = sum(u.numel for u in self.units.values())
         led.alloc("DDP reducer buckets (a copy of every gradient)", FP32 * total, REDUCE)
         if not first_step:

@@ -211,7 +211,7 @@ def fingerprint(mechanics: Mechanics) -> Hashable:
     parts: list[object] = [type(mechanics).__name__]
     for name, value in sorted(vars(mechanics).items()):
         if name == "units":
-            value = tuple((u.name, tuple(u.params), tuple(u.local), tuple(u.padded)) for u in value.values())
+            value = tuple(u.key for u in value.values())
         elif isinstance(value, (list, set)):
             value = tuple(sorted(value) if isinstance(value, set) else value)
         parts.append((name, value))
