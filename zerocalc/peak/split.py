@@ -133,6 +133,7 @@ class _Hooked:
             hook(led, *args)
             led.leave()
 
+        setattr(self, method, call)  # found without __getattr__ from now on
         return call
 
 
