@@ -226,12 +226,15 @@ def framework_run(
     """F per slot (:func:`slot_names`) of a steady step: fresh ``mechanics`` given the model run's hook
     calls."""
     led = SlotLedger(framework=True, block=CUDA_BLOCK if device is Device.CUDA else 1)
-    for call in calls:
-        led.phase = call.phase
-        led.enter()
-        getattr(mechanics, call.method)(led, *call.args)
-        led.leave()
-    return _values(led.inside, led.left, 0)
+    # every operation is inside a hook: SlotLedger.enter and leave, without the model's lists
+    led.in_hook = True
+    inside, left = led.inside, led.left
+    for phase, method, args in calls:
+        led.phase = phase
+        inside.append(NO_EVENT)
+        getattr(mechanics, method)(led, *args)
+        left.append(led.total)
+    return _values(inside, left, 0)
 
 
 def peak_of(framework: list[int], model: list[int]) -> int:
