@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.activations import Recompute
 from zerocalc.calls import Layout
-from zerocalc.comm import strategy_comm
+from zerocalc.comm import collective_runs
 from zerocalc.dtypes import DType
 from zerocalc.errors import InputError
 from zerocalc.frameworks import Estimate, Framework
@@ -50,17 +50,19 @@ from zerocalc.plan.timing import (
     NVME_BPS,
     PCIE_BPS,
     CommLine,
+    CommTime,
     StepTime,
     comm_lines,
     comm_of_lines,
+    comm_time,
     flops_per_token,
     offload_seconds,
     step_time_of,
 )
 from zerocalc.precision import RECIPES
 from zerocalc.request import TrainingRequest
-from zerocalc.schedule import GradSync, Repeat
-from zerocalc.strategies import STRATEGIES, OffloadTarget, StrategyName
+from zerocalc.schedule import GradSync
+from zerocalc.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
 
 SCHEMA_VERSION = 1
 FIT_TOLERANCE_BYTES = 2**20
@@ -201,13 +203,9 @@ def _exact(request: TrainingRequest) -> StrategyPeak:
 
 def _comm_lines(group: Group, comm_request: TrainingRequest, layout: Layout) -> tuple[CommLine, ...]:
     """``comm``'s schedule for the group's key, once for every A (:func:`~zerocalc.plan.timing.comm_lines`):
-    ``strategy_comm`` at A = 2, and at A = 3 when a collective runs after the first micro-batch only."""
-    at_2 = strategy_comm(group.strategy, comm_request.model_copy(update={"grad_accum": 2}), None, layout)
-    schedule = STRATEGIES[group.strategy].schedule_under(group.framework)
-    at_3 = None
-    if any(line.repeat is Repeat.AFTER_FIRST_MICRO_BATCH for line in schedule):
-        at_3 = strategy_comm(group.strategy, comm_request.model_copy(update={"grad_accum": 3}), None, layout)
-    return comm_lines(at_2, at_3)
+    each collective run once, counted at A = 2 and 3."""
+    sync = effective_grad_sync(group.framework, group.strategy, comm_request.grad_sync)
+    return comm_lines(collective_runs(group.strategy, comm_request, layout), sync)
 
 
 def _host_bytes(peak: StrategyPeak, request: TrainingRequest) -> int | None:
@@ -242,6 +240,7 @@ def search(
     for item in early:
         rejected[item.reason] += item.count
     comm_cache: dict[tuple, tuple[CommLine, ...]] = {}
+    comm_times: dict[tuple, CommTime] = {}
     parts = StepParts(runtime_for(base))
     memory_requests: dict[Hashable, TrainingRequest | InputError] = {}
     comm_requests: dict[Hashable, TrainingRequest | InputError] = {}
@@ -286,6 +285,8 @@ def search(
         members: list[_Cand] = []
         for b in group.micro_batches:
             accum = plan.global_batch_sequences // (group.world * b)
+            if (comm_key, accum) not in comm_times:
+                comm_times[comm_key, accum] = comm_time(comm_of_lines(lines, accum), accum)
             offload = offload_seconds(
                 base.model.params,
                 group.world,
@@ -303,7 +304,7 @@ def search(
                 accum,
                 peak_flops,
                 plan.mfu,
-                comm_of_lines(lines, accum),
+                comm_times[comm_key, accum],
                 group.strategy,
                 group.framework,
                 group.prefetch,
