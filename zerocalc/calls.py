@@ -39,6 +39,7 @@ DEEPSPEED_MAX_REUSE_DISTANCE = 1_000_000_000
 """DeepSpeed ``stage3_max_reuse_distance`` default (elements)."""
 
 T = TypeVar("T")
+Shape = tuple[int, ...]
 
 
 class Layout(BaseModel):
@@ -75,6 +76,16 @@ class Layout(BaseModel):
     def numels(self) -> tuple[int, ...]:
         """Each tensor's elements, in registration order."""
         return tuple(t.numel for t in self.tensors)
+
+    @cached_property
+    def shapes(self) -> tuple[Shape, ...]:
+        """Each tensor's shape, in registration order."""
+        return tuple(t.shape for t in self.tensors)
+
+    @cached_property
+    def numel_of_shape(self) -> dict[Shape, int]:
+        """The elements of a tensor of each of the layout's shapes."""
+        return {t.shape: t.numel for t in self.tensors}
 
     @cached_property
     def tensor_units(self) -> tuple[str, ...]:
@@ -155,8 +166,19 @@ def _released_modules(layout: Layout) -> set[str]:
     return released
 
 
-def _selected(layout: Layout, select: Select, world_size: int) -> tuple[int, ...]:
-    """The positions in ``layout.tensors`` of the tensors ``select`` picks, in registration order."""
+_SELECTED_BY_N = frozenset({Select.QUANTIZABLE_GRADIENTS, Select.UNQUANTIZABLE_GRADIENTS})
+"""The selections that depend on N (qgZ's divisibility by 2N); the others, and their parts, are the same at
+every N."""
+
+
+def _selection(select: Select, world_size: int) -> tuple[Select, int | None]:
+    """``select`` with the N its tensors depend on (None: none): the key of its tensors and parts."""
+    return select, world_size if select in _SELECTED_BY_N else None
+
+
+def _selected(layout: Layout, select: Select, world_size: int | None) -> tuple[int, ...]:
+    """The positions in ``layout.tensors`` of the tensors ``select`` picks, in registration order
+    (``world_size``: :func:`_selection`'s)."""
     every = range(len(layout.tensors))
     if not layout.from_architecture:
         if select is Select.PERSISTENT:
@@ -176,10 +198,11 @@ def _selected(layout: Layout, select: Select, world_size: int) -> tuple[int, ...
         case Select.RELEASED_AFTER_FORWARD:
             released = _released_modules(layout)
             return tuple(i for i in every if not persistent[i] and tensors[i].module in released)
-        case Select.QUANTIZABLE_GRADIENTS:
+        case Select.QUANTIZABLE_GRADIENTS if world_size is not None:
             return tuple(i for i in every if qgz_quantizes(tensors[i].shape, world_size))
-        case Select.UNQUANTIZABLE_GRADIENTS:
+        case Select.UNQUANTIZABLE_GRADIENTS if world_size is not None:
             return tuple(i for i in every if not qgz_quantizes(tensors[i].shape, world_size))
+    raise AssertionError(f"{select} needs N")
 
 
 # ---------------------------------------------------------------------------------------------- padding
@@ -193,31 +216,21 @@ class _Sizing(NamedTuple):
     shard: int
 
 
-def _padding(layout: Layout, padding: Padding, ranks: int, world_size: int) -> tuple[tuple[int, ...], int]:
-    """How ``padding`` pads an array of the layout's tensors for ``ranks`` ranks: each tensor's elements once
-    padded, in registration order, and the multiple the array is then padded to."""
+def _padding(layout: Layout, padding: Padding, ranks: int, world_size: int) -> tuple[dict[Shape, int], int]:
+    """How ``padding`` pads an array of the layout's tensors for ``ranks`` ranks: the elements of a tensor of
+    each shape once padded, and the multiple the array is then padded to."""
+    numels = layout.numel_of_shape
     match padding:
         case Padding.NONE:
-            return layout.numels, 1
+            return numels, 1
         case Padding.FLAT:  # FSDP1 FlatParamHandle (padded_unit_numel); the paper's ceil(Ψ/n)·n
-            return layout.numels, ranks
+            return numels, ranks
         case Padding.DIM0:  # FSDP2: each dim 0 to ranks·ceil(d0/ranks)
-            return layout.cached(_dim0_padded, ranks), 1
+            return {shape: dim0_padded_numel(shape, ranks) for shape in numels}, 1
         case Padding.PER_TENSOR:  # DeepSpeed ZeRO-3 _aligned_size: each parameter to a multiple of N
-            return layout.cached(_aligned, world_size), 1
+            return {shape: ceil_div(n, world_size) * world_size for shape, n in numels.items()}, 1
         case Padding.TWICE_GROUP:  # DeepSpeed ZeRO-1/2: flatten_dense_tensors_aligned(2·N)
-            return layout.numels, 2 * ranks
-
-
-def _dim0_padded(layout: Layout, ranks: int) -> tuple[int, ...]:
-    """Each tensor's elements with its dim 0 padded for ``ranks`` ranks, in registration order."""
-    padded = {shape: dim0_padded_numel(shape, ranks) for shape in {t.shape for t in layout.tensors}}
-    return tuple(padded[t.shape] for t in layout.tensors)
-
-
-def _aligned(layout: Layout, world_size: int) -> tuple[int, ...]:
-    """Each tensor's elements padded to a multiple of N, in registration order."""
-    return tuple(ceil_div(numel, world_size) * world_size for numel in layout.numels)
+            return numels, 2 * ranks
 
 
 # ------------------------------------------------------------------------------------------------ calls
@@ -226,20 +239,20 @@ _Part = tuple[str, tuple[int, ...] | int, int | None]
 broadcast's source rank."""
 
 
-def _whole_parts(layout: Layout, select: Select, world_size: int) -> tuple[_Part, ...]:
+def _whole_parts(layout: Layout, select: Select, world_size: int | None) -> tuple[_Part, ...]:
     """One call carrying every selected parameter."""
     unit = "all parameters" if layout.from_architecture else FLAT_MODEL
     return ((unit, layout.cached(_selected, select, world_size), None),)
 
 
-def _unit_parts(layout: Layout, select: Select, world_size: int) -> tuple[_Part, ...]:
+def _unit_parts(layout: Layout, select: Select, world_size: int | None) -> tuple[_Part, ...]:
     """One call per unit holding selected tensors, in unit order."""
     chosen = set(layout.cached(_selected, select, world_size))
     parts = ((name, tuple(i for i in unit if i in chosen)) for name, unit in layout.unit_indices)
     return tuple((name, part, None) for name, part in parts if part)
 
 
-def _module_parts(layout: Layout, select: Select, world_size: int) -> tuple[_Part, ...]:
+def _module_parts(layout: Layout, select: Select, world_size: int | None) -> tuple[_Part, ...]:
     """One call per module holding selected tensors, in order (each with its unit)."""
     modules: dict[str, list[int]] = {}
     for i in layout.cached(_selected, select, world_size):
@@ -247,12 +260,12 @@ def _module_parts(layout: Layout, select: Select, world_size: int) -> tuple[_Par
     return tuple((layout.tensor_units[part[0]], tuple(part), None) for part in modules.values())
 
 
-def _tensor_parts(layout: Layout, select: Select, world_size: int) -> tuple[_Part, ...]:
+def _tensor_parts(layout: Layout, select: Select, world_size: int | None) -> tuple[_Part, ...]:
     """One call per selected tensor."""
     return tuple((layout.tensor_units[i], (i,), None) for i in layout.cached(_selected, select, world_size))
 
 
-def _owner_parts(layout: Layout, select: Select, world_size: int, ranks: int) -> tuple[_Part, ...]:
+def _owner_parts(layout: Layout, select: Select, world_size: int | None, ranks: int) -> tuple[_Part, ...]:
     """ZeroRedundancyOptimizer's broadcasts: one call per parameter, from the rank that owns it."""
     selected = layout.cached(_selected, select, world_size)
     if not layout.from_architecture:
@@ -264,7 +277,12 @@ def _owner_parts(layout: Layout, select: Select, world_size: int, ranks: int) ->
 
 
 def _ddp_parts(
-    layout: Layout, select: Select, world_size: int, element_bytes: int, first_bytes: int, bucket_bytes: int
+    layout: Layout,
+    select: Select,
+    world_size: int | None,
+    element_bytes: int,
+    first_bytes: int,
+    bucket_bytes: int,
 ) -> tuple[_Part, ...]:
     """DDP's rebuilt buckets, in reduction order.
 
@@ -300,7 +318,9 @@ def _ddp_parts(
     return _buckets(buckets)
 
 
-def _deepspeed_parts(layout: Layout, select: Select, world_size: int, bucket: int) -> tuple[_Part, ...]:
+def _deepspeed_parts(
+    layout: Layout, select: Select, world_size: int | None, bucket: int
+) -> tuple[_Part, ...]:
     """DeepSpeed's reduce (IPG) buckets, in reduction order: gradients in ready order (reverse registration),
     the bucket reduced before a gradient that would take it past ``reduce_bucket_size`` elements
     (``stage_1_and_2.py`` / ``stage3.py`` ``reduce_independent_p_g_buckets_and_remove_grads``); 0 reduces
@@ -329,24 +349,53 @@ def _buckets(buckets: list[tuple[int, ...] | int]) -> tuple[_Part, ...]:
     return tuple((f"bucket {i}", bucket, None) for i, bucket in enumerate(buckets, start=1))
 
 
+class _Shapes(NamedTuple):
+    """The parts of a split with their tensors counted by shape: parts of the same shapes (a model's
+    blocks) pad alike, so each is sized once."""
+
+    parts: tuple[_Part, ...]
+    counts: tuple[tuple[tuple[Shape, int], ...], ...]
+    """Each distinct part's tensors: (shape, how many), in order of first appearance."""
+    kinds: tuple[int | None, ...]
+    """Each part's position in ``counts`` (None: a part given as S itself)."""
+
+
+def _shapes(layout: Layout, parts: Callable[..., tuple[_Part, ...]], args: tuple[Hashable, ...]) -> _Shapes:
+    """``parts(layout, *args)`` with each part's tensors counted by shape."""
+    split = layout.cached(parts, *args)
+    shapes = layout.shapes
+    counts: dict[tuple[tuple[Shape, int], ...], int] = {}
+    kinds: list[int | None] = []
+    for _, part, _ in split:
+        if isinstance(part, int):
+            kinds.append(None)
+            continue
+        count: dict[Shape, int] = {}
+        for i in part:
+            count[shapes[i]] = count.get(shapes[i], 0) + 1
+        kinds.append(counts.setdefault(tuple(count.items()), len(counts)))
+    return _Shapes(split, tuple(counts), tuple(kinds))
+
+
 def _sized_calls(
     layout: Layout, parts: Callable[..., tuple[_Part, ...]], args: tuple[Hashable, ...], sizing: _Sizing
 ) -> tuple[Call, ...]:
     """The calls carrying ``parts(layout, *args)``: S the padded array of each part's tensors, or one
     rank's shard of it."""
-    sizes, multiple = _padding(layout, sizing.padding, sizing.ranks, sizing.world_size)
-    calls = []
-    for unit, part, root in layout.cached(parts, *args):
-        elements = part
-        if not isinstance(part, int):
-            elements = ceil_div(sum(map(sizes.__getitem__, part)), multiple) * multiple // sizing.shard
-        calls.append(Call(unit, elements, root))
-    return tuple(calls)
+    split = layout.cached(_shapes, parts, args)
+    padded, multiple = _padding(layout, sizing.padding, sizing.ranks, sizing.world_size)
+    totals = (sum(padded[shape] * n for shape, n in count) for count in split.counts)
+    sizes = [ceil_div(total, multiple) * multiple // sizing.shard for total in totals]
+    return tuple(
+        Call(unit, part if kind is None else sizes[kind], root)
+        for (unit, part, root), kind in zip(split.parts, split.kinds, strict=True)
+    )
 
 
 def _split(rule: ScheduledCollective, layout: Layout, ctx: CallContext) -> tuple[Call, ...]:
     """The calls of ``rule`` in ``ctx``, before quantization (once per layout, split and sizing)."""
-    if not layout.cached(_selected, rule.select, ctx.world_size):
+    selection = _selection(rule.select, ctx.world_size)
+    if not layout.cached(_selected, *selection):
         return ()
     sharded = rule.shard_of is not None
     ranks = ctx.shard_size if sharded else ctx.group_size
@@ -367,7 +416,7 @@ def _split(rule: ScheduledCollective, layout: Layout, ctx: CallContext) -> tuple
             parts, extra = _ddp_parts, (ctx.element_bytes, ctx.ddp_first_bucket_bytes, ctx.ddp_bucket_bytes)
         case Calls.DEEPSPEED_BUCKET:
             parts, extra = _deepspeed_parts, (ctx.deepspeed_bucket_elements,)
-    return layout.cached(_sized_calls, parts, (rule.select, ctx.world_size, *extra), sizing)
+    return layout.cached(_sized_calls, parts, (*selection, *extra), sizing)
 
 
 def rule_calls(
@@ -391,7 +440,7 @@ def rule_calls(
         return calls, scales
     # INT4: one call per quantizable gradient (Calls.PARAMETER), in the selection's order
     data, scales = [], []
-    for i, c in zip(layout.cached(_selected, rule.select, ctx.world_size), calls, strict=True):
+    for i, c in zip(layout.cached(_selected, *_selection(rule.select, ctx.world_size)), calls, strict=True):
         groups = qgz_groups(layout.tensors[i].shape, ctx.world_size)
         data.append(c._replace(elements=ceil_div(c.elements, 2)))
         scales.append(Call(unit=c.unit, elements=groups // ctx.shard_size))
