@@ -14,7 +14,8 @@ notes say which call counts and paddings need ``--model``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterator
 from functools import cached_property
 from typing import Any, NamedTuple, TypeVar
 
@@ -22,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.architecture import Architecture, ParamTensor, parameter_tensors
 from zerocalc.collectives import Collective
-from zerocalc.framework_states import dim0_padded_numel, fsdp_units, zero1_partition
+from zerocalc.framework_states import dim0_padded_numel, fsdp_units, zero1_owners
 from zerocalc.schedule import Calls, Padding, Quantization, ScheduledCollective, Select
 from zerocalc.units import ceil_div
 from zerocalc.zeropp import qgz_groups, qgz_quantizes, qwz_blocks
@@ -272,8 +273,8 @@ def _owner_parts(layout: Layout, select: Select, world_size: int | None, ranks: 
         total = layout.numels[selected[0]]
         shares = ((r, total // ranks + (r < total % ranks)) for r in range(ranks))
         return tuple((f"rank {r}", share, r) for r, share in shares if share)
-    owned = zero1_partition([layout.tensors[i] for i in selected], ranks)
-    return tuple((f"rank {r}", (layout.index[_key(t)],), r) for r, part in enumerate(owned) for t in part)
+    owned = zero1_owners([layout.numels[i] for i in selected], ranks)
+    return tuple((f"rank {r}", (selected[i],), r) for r, part in enumerate(owned) for i in part)
 
 
 def _ddp_parts(
@@ -349,54 +350,87 @@ def _buckets(buckets: list[tuple[int, ...] | int]) -> tuple[_Part, ...]:
     return tuple((f"bucket {i}", bucket, None) for i, bucket in enumerate(buckets, start=1))
 
 
-class _Shapes(NamedTuple):
-    """The parts of a split with their tensors counted by shape: parts of the same shapes (a model's
-    blocks) pad alike, so each is sized once."""
+class _Carried(NamedTuple):
+    """What a rule's calls carry, in order, before sizing: each call's unit and broadcast root, and which of
+    the distinct parts it carries (parts of the same shapes pad alike: a model's blocks)."""
 
-    parts: tuple[_Part, ...]
-    counts: tuple[tuple[tuple[Shape, int], ...], ...]
-    """Each distinct part's tensors: (shape, how many), in order of first appearance."""
-    kinds: tuple[int | None, ...]
-    """Each part's position in ``counts`` (None: a part given as S itself)."""
+    units: tuple[str, ...]
+    roots: tuple[int | None, ...]
+    kinds: tuple[int, ...]
+    """Each call's position in ``parts``."""
+    parts: tuple[tuple[Shape, ...] | int, ...]
+    """Each distinct part: its tensors' shapes, or S itself (without the tensors)."""
+    calls: tuple[int, ...]
+    """How many calls carry each part."""
 
 
-def _shapes(layout: Layout, parts: Callable[..., tuple[_Part, ...]], args: tuple[Hashable, ...]) -> _Shapes:
-    """``parts(layout, *args)`` with each part's tensors counted by shape."""
+def _carried(layout: Layout, parts: Callable[..., tuple[_Part, ...]], args: tuple[Hashable, ...]) -> _Carried:
+    """``parts(layout, *args)``, each part as its tensors' shapes."""
     split = layout.cached(parts, *args)
     shapes = layout.shapes
-    counts: dict[tuple[tuple[Shape, int], ...], int] = {}
-    kinds: list[int | None] = []
-    for _, part, _ in split:
-        if isinstance(part, int):
-            kinds.append(None)
-            continue
-        count: dict[Shape, int] = {}
-        for i in part:
-            count[shapes[i]] = count.get(shapes[i], 0) + 1
-        kinds.append(counts.setdefault(tuple(count.items()), len(counts)))
-    return _Shapes(split, tuple(counts), tuple(kinds))
+    distinct: dict[tuple[Shape, ...] | int, int] = {}
+    kinds = tuple(
+        distinct.setdefault(
+            part if isinstance(part, int) else tuple(map(shapes.__getitem__, part)), len(distinct)
+        )
+        for _, part, _ in split
+    )
+    calls = Counter(kinds)
+    units, _, roots = zip(*split, strict=True)
+    return _Carried(units, roots, kinds, tuple(distinct), tuple(calls[kind] for kind in range(len(distinct))))
+
+
+class RuleCalls(NamedTuple):
+    """Calls in order, call i carrying ``carried.units[i]`` (from rank ``carried.roots[i]``) with S =
+    ``sizes[carried.kinds[i]]`` elements: a model's thousands of calls have a few sizes."""
+
+    carried: _Carried
+    sizes: tuple[int, ...]
+    """S of the calls carrying each distinct part."""
+
+    @property
+    def count(self) -> int:
+        return len(self.carried.kinds)
+
+    def each(self) -> tuple[Call, ...]:
+        """Every call, in order."""
+        sizes, carried = self.sizes, self.carried
+        return tuple(
+            Call(unit, sizes[kind], root)
+            for unit, kind, root in zip(carried.units, carried.kinds, carried.roots, strict=True)
+        )
+
+    def by_size(self) -> Iterator[tuple[int, int]]:
+        """(S, how many calls) of each distinct part."""
+        return zip(self.sizes, self.carried.calls, strict=True)
+
+    def resized(self, size: Callable[[int], int]) -> RuleCalls:
+        """The same calls, each with S = ``size(S)``."""
+        return self._replace(sizes=tuple(map(size, self.sizes)))
 
 
 def _sized_calls(
     layout: Layout, parts: Callable[..., tuple[_Part, ...]], args: tuple[Hashable, ...], sizing: _Sizing
-) -> tuple[Call, ...]:
+) -> RuleCalls:
     """The calls carrying ``parts(layout, *args)``: S the padded array of each part's tensors, or one
     rank's shard of it."""
-    split = layout.cached(_shapes, parts, args)
+    carried = layout.cached(_carried, parts, args)
     padded, multiple = _padding(layout, sizing.padding, sizing.ranks, sizing.world_size)
-    totals = (sum(padded[shape] * n for shape, n in count) for count in split.counts)
-    sizes = [ceil_div(total, multiple) * multiple // sizing.shard for total in totals]
-    return tuple(
-        Call(unit, part if kind is None else sizes[kind], root)
-        for (unit, part, root), kind in zip(split.parts, split.kinds, strict=True)
-    )
+
+    def size(part: tuple[Shape, ...] | int) -> int:
+        if isinstance(part, int):
+            return part
+        return ceil_div(sum(map(padded.__getitem__, part)), multiple) * multiple // sizing.shard
+
+    return RuleCalls(carried, tuple(map(size, carried.parts)))
 
 
-def _split(rule: ScheduledCollective, layout: Layout, ctx: CallContext) -> tuple[Call, ...]:
-    """The calls of ``rule`` in ``ctx``, before quantization (once per layout, split and sizing)."""
+def _split(rule: ScheduledCollective, layout: Layout, ctx: CallContext) -> RuleCalls | None:
+    """The calls of ``rule`` in ``ctx``, before quantization (once per layout, split and sizing); None when
+    it selects no tensor."""
     selection = _selection(rule.select, ctx.world_size)
     if not layout.cached(_selected, *selection):
-        return ()
+        return None
     sharded = rule.shard_of is not None
     ranks = ctx.shard_size if sharded else ctx.group_size
     sizing = _Sizing(rule.padding, ranks, ctx.world_size, ranks if sharded else 1)
@@ -421,27 +455,23 @@ def _split(rule: ScheduledCollective, layout: Layout, ctx: CallContext) -> tuple
 
 def rule_calls(
     rule: ScheduledCollective, layout: Layout, ctx: CallContext, quantized: bool = False
-) -> tuple[list[Call], list[Call]]:
-    """The calls ``rule`` makes each time it runs: (data calls, scale calls). Scale calls exist only for a
-    rule running quantized (ZeRO++), as their own collectives after the data's.
+) -> tuple[RuleCalls, RuleCalls | None] | None:
+    """The calls ``rule`` makes each time it runs: (data calls, scale calls); None when it makes none. Scale
+    calls exist only for a rule running quantized (ZeRO++), as their own collectives after the data's.
 
     Data of a quantized call: int8 elements (qwZ: one per value; qgZ: two int4 values per int8). Scales:
     qwZ, one fp32 per block of the rank's partition, all-gathered (``_all_gather_coalesced``); qgZ, the
     ``max(rows, cols, N)`` groups of each gradient, and 1/g of them on the second hop.
     """
-    calls = list(_split(rule, layout, ctx))
+    calls = _split(rule, layout, ctx)
+    if calls is None:
+        return None
     if not quantized or rule.quantization is Quantization.NONE:
-        return calls, []
+        return calls, None
+    group = ctx.group_size
     if rule.quantization is Quantization.INT8_BLOCKS:
-        scales = [
-            Call(unit=c.unit, elements=qwz_blocks(c.elements // ctx.group_size) * ctx.group_size)
-            for c in calls
-        ]
-        return calls, scales
-    # INT4: one call per quantizable gradient (Calls.PARAMETER), in the selection's order
-    data, scales = [], []
-    for i, c in zip(layout.cached(_selected, *_selection(rule.select, ctx.world_size)), calls, strict=True):
-        groups = qgz_groups(layout.tensors[i].shape, ctx.world_size)
-        data.append(c._replace(elements=ceil_div(c.elements, 2)))
-        scales.append(Call(unit=c.unit, elements=groups // ctx.shard_size))
-    return data, scales
+        return calls, calls.resized(lambda elements: qwz_blocks(elements // group) * group)
+    # INT4: one call per quantizable gradient (Calls.PARAMETER): each part is one tensor
+    groups = (qgz_groups(shape, ctx.world_size) for (shape,) in calls.carried.parts)
+    scales = calls._replace(sizes=tuple(g // ctx.shard_size for g in groups))
+    return calls.resized(lambda elements: ceil_div(elements, 2)), scales

@@ -25,7 +25,7 @@ from typing import NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from zerocalc.calibration import Calibration
-from zerocalc.calls import Call, CallContext, Layout, rule_calls
+from zerocalc.calls import Call, CallContext, Layout, RuleCalls, rule_calls
 from zerocalc.cluster import Cluster, RankGroup
 from zerocalc.collectives import COLLECTIVES, Collective
 from zerocalc.dtypes import DType
@@ -250,9 +250,9 @@ _UNIT_CALLS = TypeAdapter(tuple[UnitCalls, ...])
 
 
 class _Traffic(NamedTuple):
-    """What one run of a collective moves: its calls, in order, and their sums."""
+    """What one run of a collective moves: its calls and their sums."""
 
-    calls: tuple[Call, ...]
+    calls: RuleCalls
     message_bytes: int
     bytes_sent_per_gpu: int
 
@@ -263,11 +263,11 @@ def _bytes_sent(sizes: set[int], op: Collective, n: int, element_bytes: int) -> 
     return {s: spec.bytes_sent_per_rank(s * element_bytes, n) for s in sizes}
 
 
-def _traffic(calls: tuple[Call, ...], op: Collective, n: int, element_bytes: int) -> _Traffic:
+def _traffic(calls: RuleCalls, op: Collective, n: int, element_bytes: int) -> _Traffic:
     """The calls and their sums."""
-    sizes = [s for _, s, _ in calls]
-    sent = _bytes_sent(set(sizes), op, n, element_bytes)
-    return _Traffic(calls, sum(sizes) * element_bytes, sum(map(sent.__getitem__, sizes)))
+    sent = _bytes_sent(set(calls.sizes), op, n, element_bytes)
+    message = sum(s * count for s, count in calls.by_size()) * element_bytes
+    return _Traffic(calls, message, sum(sent[s] * count for s, count in calls.by_size()))
 
 
 @lru_cache(maxsize=256)
@@ -297,13 +297,12 @@ def _line_traffic(
 ) -> tuple[_Traffic, _Traffic | None] | None:
     """What one run of ``line`` moves (int8 quantized, else in the context's dtype) and its fp32 scales (None
     unless quantized); None when it has no calls."""
-    data, scales = rule_calls(line, layout, ctx, quantized)
-    if not data:
+    calls = rule_calls(line, layout, ctx, quantized)
+    if calls is None:
         return None
-    moved = _traffic(
-        tuple(data), line.op, ctx.group_size, DType.INT8.bytes if quantized else ctx.element_bytes
-    )
-    return moved, _traffic(tuple(scales), line.op, ctx.group_size, DType.FP32.bytes) if scales else None
+    data, scales = calls
+    moved = _traffic(data, line.op, ctx.group_size, DType.INT8.bytes if quantized else ctx.element_bytes)
+    return moved, _traffic(scales, line.op, ctx.group_size, DType.FP32.bytes) if scales is not None else None
 
 
 class CollectiveRun(NamedTuple):
@@ -323,7 +322,7 @@ def _collective_run(
     run: _Run, traffic: _Traffic, dtype: DType, request: TrainingRequest, scales: bool = False
 ) -> CollectiveRun:
     link = _figures_for(run.line.op, run.spans_nodes, request.links, request.calibration)
-    seconds = len(traffic.calls) * link.latency_s + traffic.bytes_sent_per_gpu / link.bus_bandwidth_Bps
+    seconds = traffic.calls.count * link.latency_s + traffic.bytes_sent_per_gpu / link.bus_bandwidth_Bps
     return CollectiveRun(run, dtype, scales, traffic, link, seconds)
 
 
@@ -361,7 +360,7 @@ def _cost(collective: CollectiveRun, times: int) -> CollectiveCost:
         group_size=n,
         spans_nodes=run.spans_nodes,
         times_per_step=times,
-        calls_per_step=times * len(traffic.calls),
+        calls_per_step=times * traffic.calls.count,
         message_bytes=traffic.message_bytes,
         bytes_sent_per_gpu=per_run,
         total_bytes_per_gpu=times * per_run,
@@ -370,7 +369,7 @@ def _cost(collective: CollectiveRun, times: int) -> CollectiveCost:
         time_s=times * collective.seconds,
         bandwidth_source=link.source,
         behaviour=line.behaviour,
-        units=list(_unit_calls(traffic.calls, line.op, n, collective.dtype.bytes)),
+        units=list(_unit_calls(traffic.calls.each(), line.op, n, collective.dtype.bytes)),
     )
 
 

@@ -175,7 +175,7 @@ def comm_lines(collectives: list[CollectiveRun], sync: GradSync) -> tuple[CommLi
         line = c.run.line
         at_2 = times_per_step(line.repeat, 2, sync)
         slope = times_per_step(line.repeat, 3, sync) - at_2
-        lines.append(CommLine(line.phase, at_2, slope, len(c.traffic.calls), c.seconds))
+        lines.append(CommLine(line.phase, at_2, slope, c.traffic.calls.count, c.seconds))
     return tuple(lines)
 
 
