@@ -20,13 +20,8 @@ TENSORS = [
 
 
 def _layout() -> Layout:
-    units = (("layers.0", tuple(TENSORS[:2])), ("layers.1", tuple(TENSORS[2:4])), ("root", (TENSORS[4],)))
-    return Layout(
-        tensors=tuple(TENSORS),
-        units=units,
-        unit_by_tensor={f"{t.module}.{t.name}": name for name, unit in units for t in unit},
-        from_architecture=True,
-    )
+    units = (("layers.0", (0, 1)), ("layers.1", (2, 3)), ("root", (4,)))
+    return Layout(tensors=tuple(TENSORS), units=units, from_architecture=True)
 
 
 def _rule(op: Collective, calls: Calls, padding: Padding, **extra: object) -> ScheduledCollective:

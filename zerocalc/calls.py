@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.architecture import Architecture, ParamTensor, parameter_tensors
 from zerocalc.collectives import Collective
-from zerocalc.framework_states import dim0_padded_numel, fsdp_units, zero1_owners
+from zerocalc.framework_states import dim0_padded_numel, fsdp_unit_positions, zero1_owners
 from zerocalc.schedule import Calls, Padding, Quantization, ScheduledCollective, Select
 from zerocalc.units import ceil_div
 from zerocalc.zeropp import qgz_groups, qgz_quantizes, qwz_blocks
@@ -50,28 +50,19 @@ class Layout(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     tensors: tuple[ParamTensor, ...]
-    units: tuple[tuple[str, tuple[ParamTensor, ...]], ...]
-    unit_by_tensor: dict[str, str]
+    units: tuple[tuple[str, tuple[int, ...]], ...] = Field(
+        description="each unit's tensors, as positions in tensors"
+    )
     from_architecture: bool = Field(description="False: only Ψ is known (one flat tensor, one unit)")
 
     @classmethod
     def of(cls, params: int, architecture: Architecture | None) -> Layout:
         if architecture is None:
-            flat = (ParamTensor(module=FLAT_MODEL, name="parameters", shape=(params,)),)
-            units: tuple[tuple[str, tuple[ParamTensor, ...]], ...] = ((FLAT_MODEL, flat),)
-            tensors = flat
-        else:
-            units = tuple((name, tuple(unit)) for name, unit in fsdp_units(architecture))
-            tensors = tuple(parameter_tensors(architecture))
-        return cls(
-            tensors=tensors,
-            units=units,
-            unit_by_tensor={_key(t): name for name, unit in units for t in unit},
-            from_architecture=architecture is not None,
-        )
-
-    def unit_of(self, tensor: ParamTensor) -> str:
-        return self.unit_by_tensor[_key(tensor)]
+            flat = ParamTensor(module=FLAT_MODEL, name="parameters", shape=(params,))
+            return cls(tensors=(flat,), units=((FLAT_MODEL, (0,)),), from_architecture=False)
+        tensors = parameter_tensors(architecture)
+        units = tuple((name, tuple(unit)) for name, unit in fsdp_unit_positions(tensors))
+        return cls(tensors=tuple(tensors), units=units, from_architecture=True)
 
     @cached_property
     def numels(self) -> tuple[int, ...]:
@@ -86,22 +77,13 @@ class Layout(BaseModel):
     @cached_property
     def numel_of_shape(self) -> dict[Shape, int]:
         """The elements of a tensor of each of the layout's shapes."""
-        return {t.shape: t.numel for t in self.tensors}
+        return dict(zip(self.shapes, self.numels, strict=True))
 
     @cached_property
     def tensor_units(self) -> tuple[str, ...]:
         """Each tensor's unit, in registration order."""
-        return tuple(self.unit_of(t) for t in self.tensors)
-
-    @cached_property
-    def index(self) -> dict[str, int]:
-        """Each tensor's position in ``tensors``, by its ``module.name``."""
-        return {_key(t): i for i, t in enumerate(self.tensors)}
-
-    @cached_property
-    def unit_indices(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
-        """Each unit's tensors as positions in ``tensors``."""
-        return tuple((name, tuple(self.index[_key(t)] for t in unit)) for name, unit in self.units)
+        unit_of = {i: name for name, unit in self.units for i in unit}
+        return tuple(unit_of[i] for i in range(len(self.tensors)))
 
     def cached(self, function: Callable[..., T], *args: Hashable) -> T:
         """``function(self, *args)``, computed once per layout and arguments: what a rule's calls derive
@@ -116,10 +98,6 @@ class Layout(BaseModel):
     @cached_property
     def _cache(self) -> dict[Hashable, Any]:
         return {}
-
-
-def _key(tensor: ParamTensor) -> str:
-    return f"{tensor.module}.{tensor.name}"
 
 
 class CallContext(BaseModel):
@@ -249,7 +227,7 @@ def _whole_parts(layout: Layout, select: Select, world_size: int | None) -> tupl
 def _unit_parts(layout: Layout, select: Select, world_size: int | None) -> tuple[_Part, ...]:
     """One call per unit holding selected tensors, in unit order."""
     chosen = set(layout.cached(_selected, select, world_size))
-    parts = ((name, tuple(i for i in unit if i in chosen)) for name, unit in layout.unit_indices)
+    parts = ((name, tuple(i for i in unit if i in chosen)) for name, unit in layout.units)
     return tuple((name, part, None) for name, part in parts if part)
 
 

@@ -101,14 +101,20 @@ def reducer_buckets(states: RankStates) -> Line:
 # ------------------------------------------------------------------------------------------ the rules
 def fsdp_units(arch: Architecture) -> list[tuple[str, list[ParamTensor]]]:
     """The wrapping: ``("layers.<i>", block tensors)`` per block, then ``("root", the rest)``."""
-    blocks: dict[str, list[ParamTensor]] = {}
-    root: list[ParamTensor] = []
-    for t in parameter_tensors(arch):
+    tensors = parameter_tensors(arch)
+    return [(name, [tensors[i] for i in unit]) for name, unit in fsdp_unit_positions(tensors)]
+
+
+def fsdp_unit_positions(tensors: list[ParamTensor]) -> list[tuple[str, list[int]]]:
+    """:func:`fsdp_units` of these tensors (in registration order), each unit's as positions in them."""
+    blocks: dict[str, list[int]] = {}
+    root: list[int] = []
+    for i, t in enumerate(tensors):
         if t.module.startswith("layers."):
             unit = ".".join(t.module.split(".")[:2])
-            blocks.setdefault(unit, []).append(t)
+            blocks.setdefault(unit, []).append(i)
         else:
-            root.append(t)
+            root.append(i)
     return [*blocks.items(), ("root", root)]
 
 
