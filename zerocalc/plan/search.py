@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.activations import Recompute
 from zerocalc.calls import Layout
-from zerocalc.comm import collective_runs
+from zerocalc.comm import CollectiveRun, collective_runs
 from zerocalc.dtypes import DType
 from zerocalc.errors import InputError
 from zerocalc.frameworks import Estimate, Framework
@@ -201,13 +201,6 @@ def _exact(request: TrainingRequest) -> StrategyPeak:
     return strategy_peak(request, PROFILES[request.framework], row, runtime_for(request))
 
 
-def _comm_lines(group: Group, comm_request: TrainingRequest, layout: Layout) -> tuple[CommLine, ...]:
-    """``comm``'s schedule for the group's key, once for every A (:func:`~zerocalc.plan.timing.comm_lines`):
-    each collective run once, counted at A = 2 and 3."""
-    sync = effective_grad_sync(group.framework, group.strategy, comm_request.grad_sync)
-    return comm_lines(collective_runs(group.strategy, comm_request, layout), sync)
-
-
 def _host_bytes(peak: StrategyPeak, request: TrainingRequest) -> int | None:
     if peak.host_bytes_per_node is not None:
         return peak.host_bytes_per_node
@@ -239,6 +232,7 @@ def search(
     rejected: Counter[str] = Counter()
     for item in early:
         rejected[item.reason] += item.count
+    schedules: dict[tuple, list[CollectiveRun]] = {}
     comm_cache: dict[tuple, tuple[CommLine, ...]] = {}
     comm_times: dict[tuple, CommTime] = {}
     parts = StepParts(runtime_for(base))
@@ -259,14 +253,8 @@ def search(
             rejected[_reason(memory_request)] += len(group.micro_batches)
             continue
         request = with_recompute(memory_request, group.recompute)
-        comm_key = (
-            group.world,
-            group.gpus_per_node,
-            group.framework,
-            group.strategy,
-            group.reduce_dtype,
-            group.grad_sync,
-        )
+        schedule_key = (group.world, group.gpus_per_node, group.framework, group.strategy, group.reduce_dtype)
+        comm_key = (*schedule_key, group.grad_sync)
         comm_request = _request_once(comm_requests, comm_key, plan, group, Estimate.COMM)
         if isinstance(comm_request, InputError):
             rejected[_reason(comm_request)] += len(group.micro_batches)
@@ -280,7 +268,10 @@ def search(
         flops = flops_cache[group.recompute]
         shards = request.cluster.group_size(STRATEGIES[group.strategy].optimizer)
         if comm_key not in comm_cache:
-            comm_cache[comm_key] = _comm_lines(group, comm_request, layout)
+            if schedule_key not in schedules:  # the collectives' runs: the same under every grad sync
+                schedules[schedule_key] = collective_runs(group.strategy, comm_request, layout)
+            sync = effective_grad_sync(group.framework, group.strategy, comm_request.grad_sync)
+            comm_cache[comm_key] = comm_lines(schedules[schedule_key], sync)
         lines = comm_cache[comm_key]
         members: list[_Cand] = []
         for b in group.micro_batches:

@@ -190,6 +190,10 @@ def comm_of_lines(lines: tuple[CommLine, ...], accum: int) -> list[tuple[Phase, 
     return out
 
 
+_PHASES = tuple(Phase)
+"""The phases, in order (iterating the enum itself costs more than the sums)."""
+
+
 class CommTime(NamedTuple):
     """A schedule's communication at one A, as the step time reads it."""
 
@@ -205,15 +209,19 @@ def comm_time(
 ) -> CommTime:
     """The collectives' (phase, times per step, calls per step, time_s) summed per phase, and their total
     (``time_s``, when comm's is at hand)."""
-    phases: dict[Phase, list[float]] = {p: [0.0, 0.0, 0.0, 0.0] for p in Phase}
+    sums = {phase: [0.0, 0.0, 0.0, 0.0] for phase in _PHASES}
+    total = 0  # as sum() starts
     for phase, times, calls, seconds in collectives:
         once = accum > 1 and times == 1
-        phases[phase][1 if once else 0] += seconds
-        call = seconds / calls if calls else 0.0
-        phases[phase][3 if once else 2] += call
-    total = sum(c[3] for c in collectives) if time_s is None else time_s
+        phase_sums = sums[phase]
+        phase_sums[1 if once else 0] += seconds
+        phase_sums[3 if once else 2] += seconds / calls if calls else 0.0
+        total += seconds
     return CommTime(
-        total, *(PhaseComm(*phases[p]) for p in (Phase.FORWARD, Phase.BACKWARD, Phase.AFTER_STEP))
+        total if time_s is None else time_s,
+        PhaseComm(*sums[Phase.FORWARD]),
+        PhaseComm(*sums[Phase.BACKWARD]),
+        PhaseComm(*sums[Phase.AFTER_STEP]),
     )
 
 
@@ -257,12 +265,5 @@ def step_time_of(
     exposed += _exposed(comm.backward, backward, grad_accum, _overlaps_backward(framework, strategy))
     exposed += comm.after_step.spread + comm.after_step.once
     step = compute + exposed + offload_s
-    return StepTime(
-        compute_s=compute,
-        comm_s=comm.time_s,
-        exposed_comm_s=exposed,
-        offload_s=offload_s,
-        step_s=step,
-        tokens_per_s_per_gpu=tokens_per_gpu / step,
-        mfu=tokens_per_gpu * flops.model / (step * peak_flops),
-    )
+    achieved = tokens_per_gpu * flops.model / (step * peak_flops)
+    return StepTime(compute, comm.time_s, exposed, offload_s, step, tokens_per_gpu / step, achieved)
