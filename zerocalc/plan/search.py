@@ -57,7 +57,7 @@ from zerocalc.plan.timing import (
     comm_time,
     flops_per_token,
     offload_seconds,
-    step_time_of,
+    step_times,
 )
 from zerocalc.precision import RECIPES
 from zerocalc.request import TrainingRequest
@@ -273,7 +273,7 @@ def search(
             sync = effective_grad_sync(group.framework, group.strategy, comm_request.grad_sync)
             comm_cache[comm_key] = comm_lines(schedules[schedule_key], sync)
         lines = comm_cache[comm_key]
-        members: list[_Cand] = []
+        steps = []
         for b in group.micro_batches:
             accum = plan.global_batch_sequences // (group.world * b)
             if (comm_key, accum) not in comm_times:
@@ -289,19 +289,14 @@ def search(
                 recipe.param_dtype.bytes,
                 recipe.grad_dtype.bytes,
             )
-            timing = step_time_of(
-                flops,
-                b * accum * plan.seq_len,
-                accum,
-                peak_flops,
-                plan.mfu,
-                comm_times[comm_key, accum],
-                group.strategy,
-                group.framework,
-                group.prefetch,
-                offload,
-            )
-            members.append(_Cand(group, b, accum, None, timing))
+            steps.append((b * accum * plan.seq_len, accum, comm_times[comm_key, accum], offload))
+        timings = step_times(
+            flops, peak_flops, plan.mfu, group.strategy, group.framework, group.prefetch, steps
+        )
+        members = [
+            _Cand(group, b, accum, None, timing)
+            for b, (_, accum, _, _), timing in zip(group.micro_batches, steps, timings, strict=True)
+        ]
         configuration = group._replace(recompute=None, micro_batches=())
         peaks = parts.allocated_peaks(request, {c.b: c.accum for c in members}, configuration)
         for cand in members:

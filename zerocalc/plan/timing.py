@@ -238,32 +238,35 @@ def step_time(
 ) -> StepTime:
     """Compute + exposed communication + offload, for one GPU's share of the step."""
     collectives = [(c.phase, c.times_per_step, c.calls_per_step, c.time_s) for c in comm.collectives]
-    return step_time_of(
-        flops, tokens_per_gpu, grad_accum, peak_flops, mfu, comm_time(collectives, grad_accum, comm.time_s),
-        comm.strategy, framework, prefetch, offload_s,
-    )  # fmt: skip
+    at = (tokens_per_gpu, grad_accum, comm_time(collectives, grad_accum, comm.time_s), offload_s)
+    return step_times(flops, peak_flops, mfu, comm.strategy, framework, prefetch, [at])[0]
 
 
-def step_time_of(
+def step_times(
     flops: Flops,
-    tokens_per_gpu: int,
-    grad_accum: int,
     peak_flops: float,
     mfu: float,
-    comm: CommTime,
     strategy: StrategyName,
     framework: Framework,
     prefetch: int | None,
-    offload_s: float,
-) -> StepTime:
-    """:func:`step_time` from the communication's sums at this A (:func:`comm_time`)."""
+    steps: list[tuple[int, int, CommTime, float]],
+) -> list[StepTime]:
+    """:func:`step_time` of one configuration at each of ``steps``: (tokens per GPU, A, the communication's
+    sums at that A (:func:`comm_time`), offload seconds)."""
     rate = peak_flops * mfu
-    forward = tokens_per_gpu * flops.forward / rate
-    backward = tokens_per_gpu * (flops.model - flops.forward + flops.recompute) / rate
-    compute = forward + backward
-    exposed = _exposed(comm.forward, forward, grad_accum, prefetch != 0)
-    exposed += _exposed(comm.backward, backward, grad_accum, _overlaps_backward(framework, strategy))
-    exposed += comm.after_step.spread + comm.after_step.once
-    step = compute + exposed + offload_s
-    achieved = tokens_per_gpu * flops.model / (step * peak_flops)
-    return StepTime(compute, comm.time_s, exposed, offload_s, step, tokens_per_gpu / step, achieved)
+    backward_flops = flops.model - flops.forward + flops.recompute
+    hides_forward, hides_backward = prefetch != 0, _overlaps_backward(framework, strategy)
+    times = []
+    for tokens_per_gpu, grad_accum, comm, offload_s in steps:
+        forward = tokens_per_gpu * flops.forward / rate
+        backward = tokens_per_gpu * backward_flops / rate
+        compute = forward + backward
+        exposed = _exposed(comm.forward, forward, grad_accum, hides_forward)
+        exposed += _exposed(comm.backward, backward, grad_accum, hides_backward)
+        exposed += comm.after_step.spread + comm.after_step.once
+        step = compute + exposed + offload_s
+        achieved = tokens_per_gpu * flops.model / (step * peak_flops)
+        times.append(
+            StepTime(compute, comm.time_s, exposed, offload_s, step, tokens_per_gpu / step, achieved)
+        )
+    return times
