@@ -12,10 +12,11 @@ from typer.testing import CliRunner
 
 from zerocalc.activations import Recompute
 from zerocalc.calibration import save_calibration
+from zerocalc.calls import Layout
 from zerocalc.cli import app
 from zerocalc.cli.plan import command
 from zerocalc.collectives import Collective
-from zerocalc.comm import strategy_comm
+from zerocalc.comm import collective_runs, strategy_comm
 from zerocalc.dtypes import DType
 from zerocalc.errors import InputError
 from zerocalc.frameworks import TORCH_FRAMEWORKS, Estimate, Framework
@@ -34,11 +35,19 @@ from zerocalc.plan.space import (
     group_request,
     plan_options,
 )
-from zerocalc.plan.timing import flops_per_token, offload_seconds, step_time
+from zerocalc.plan.timing import (
+    PhaseComm,
+    comm_lines,
+    comm_of_lines,
+    comm_time,
+    flops_per_token,
+    offload_seconds,
+    step_time,
+)
 from zerocalc.precision import RECIPES
 from zerocalc.request import TrainingRequest, parse_options
-from zerocalc.schedule import GradSync
-from zerocalc.strategies import STRATEGIES, OffloadTarget, StrategyName
+from zerocalc.schedule import GradSync, Phase
+from zerocalc.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
 
 runner = CliRunner()
 
@@ -126,6 +135,51 @@ def test_every_candidates_step_time_is_comms_at_its_own_accumulation() -> None:
         assert (timing.step_s, timing.exposed_comm_s) == (row.step_s, row.exposed_comm_s), row
         checked += 1
     assert checked >= 50 and any(r.grad_accum > 2 for r in result.candidates)
+
+
+@pytest.mark.parametrize("grad_sync", ["every", "last"])
+@pytest.mark.parametrize(
+    ("framework", "strategy", "zeropp"),
+    [("deepspeed", "zero3", "hpz"), ("fsdp2", "hybrid_shard", "none"), ("ddp", "ddp", "none")],
+)
+def test_a_keys_lines_are_comms_collectives_at_every_accumulation(
+    framework: str, strategy: str, zeropp: str, grad_sync: str
+) -> None:
+    """comm_lines counts each collective's runs at every A from A = 2 and 3 (hpZ's after-first-micro-batch
+    gathers included): at A = 1..5 its (phase, times, calls, time_s) are strategy_comm's, to the bit."""
+    options = dict(model="gpt2", gpus=16, gpus_per_node=8, framework=framework, strategies=strategy)
+    if zeropp != "none":
+        options["zeropp"] = zeropp
+    if framework != "deepspeed":
+        options["grad_sync"] = grad_sync
+    request = parse_options(**options)
+    layout = Layout.of(request.model.params, request.model.architecture)
+    name = StrategyName(strategy)
+    sync = effective_grad_sync(request.framework, name, request.grad_sync)
+    lines = comm_lines(collective_runs(name, request, layout), sync)
+    for accum in range(1, 6):
+        comm = strategy_comm(name, request.model_copy(update={"grad_accum": accum}), None)
+        expected = [(c.phase, c.times_per_step, c.calls_per_step, c.time_s) for c in comm.collectives]
+        assert comm_of_lines(lines, accum) == expected
+
+
+def test_comm_time_sums_each_phase_apart_from_its_last_micro_batch_only_collectives() -> None:
+    """At A = 2 a collective run once is the last micro-batch's (summed apart); at A = 1 every one is
+    spread."""
+    collectives = [
+        (Phase.FORWARD, 2, 8, 0.5),
+        (Phase.BACKWARD, 1, 4, 0.25),
+        (Phase.BACKWARD, 2, 2, 1.0),
+        (Phase.AFTER_STEP, 1, 1, 0.125),
+    ]
+    at_2 = comm_time(collectives, 2)
+    assert at_2.time_s == 1.875
+    assert at_2.forward == PhaseComm(spread=0.5, once=0.0, call_spread=0.0625, call_once=0.0)
+    assert at_2.backward == PhaseComm(spread=1.0, once=0.25, call_spread=0.5, call_once=0.0625)
+    assert at_2.after_step == PhaseComm(spread=0.0, once=0.125, call_spread=0.0, call_once=0.125)
+    at_1 = comm_time(collectives, 1, time_s=2.0)
+    assert at_1.time_s == 2.0
+    assert at_1.backward == PhaseComm(spread=1.25, once=0.0, call_spread=0.5625, call_once=0.0)
 
 
 def _timeline_peak(request: TrainingRequest) -> int:

@@ -14,7 +14,8 @@ notes say which call counts and paddings need ``--model``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterator
 from functools import cached_property
 from typing import Any, NamedTuple, TypeVar
 
@@ -22,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.architecture import Architecture, ParamTensor, parameter_tensors
 from zerocalc.collectives import Collective
-from zerocalc.framework_states import dim0_padded_numel, fsdp_units, zero1_partition
+from zerocalc.framework_states import dim0_padded_numel, fsdp_unit_positions, zero1_owners
 from zerocalc.schedule import Calls, Padding, Quantization, ScheduledCollective, Select
 from zerocalc.units import ceil_div
 from zerocalc.zeropp import qgz_groups, qgz_quantizes, qwz_blocks
@@ -39,6 +40,7 @@ DEEPSPEED_MAX_REUSE_DISTANCE = 1_000_000_000
 """DeepSpeed ``stage3_max_reuse_distance`` default (elements)."""
 
 T = TypeVar("T")
+Shape = tuple[int, ...]
 
 
 class Layout(BaseModel):
@@ -48,28 +50,19 @@ class Layout(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     tensors: tuple[ParamTensor, ...]
-    units: tuple[tuple[str, tuple[ParamTensor, ...]], ...]
-    unit_by_tensor: dict[str, str]
+    units: tuple[tuple[str, tuple[int, ...]], ...] = Field(
+        description="each unit's tensors, as positions in tensors"
+    )
     from_architecture: bool = Field(description="False: only Ψ is known (one flat tensor, one unit)")
 
     @classmethod
     def of(cls, params: int, architecture: Architecture | None) -> Layout:
         if architecture is None:
-            flat = (ParamTensor(module=FLAT_MODEL, name="parameters", shape=(params,)),)
-            units: tuple[tuple[str, tuple[ParamTensor, ...]], ...] = ((FLAT_MODEL, flat),)
-            tensors = flat
-        else:
-            units = tuple((name, tuple(unit)) for name, unit in fsdp_units(architecture))
-            tensors = tuple(parameter_tensors(architecture))
-        return cls(
-            tensors=tensors,
-            units=units,
-            unit_by_tensor={_key(t): name for name, unit in units for t in unit},
-            from_architecture=architecture is not None,
-        )
-
-    def unit_of(self, tensor: ParamTensor) -> str:
-        return self.unit_by_tensor[_key(tensor)]
+            flat = ParamTensor(module=FLAT_MODEL, name="parameters", shape=(params,))
+            return cls(tensors=(flat,), units=((FLAT_MODEL, (0,)),), from_architecture=False)
+        tensors = parameter_tensors(architecture)
+        units = tuple((name, tuple(unit)) for name, unit in fsdp_unit_positions(tensors))
+        return cls(tensors=tuple(tensors), units=units, from_architecture=True)
 
     @cached_property
     def numels(self) -> tuple[int, ...]:
@@ -77,19 +70,20 @@ class Layout(BaseModel):
         return tuple(t.numel for t in self.tensors)
 
     @cached_property
+    def shapes(self) -> tuple[Shape, ...]:
+        """Each tensor's shape, in registration order."""
+        return tuple(t.shape for t in self.tensors)
+
+    @cached_property
+    def numel_of_shape(self) -> dict[Shape, int]:
+        """The elements of a tensor of each of the layout's shapes."""
+        return dict(zip(self.shapes, self.numels, strict=True))
+
+    @cached_property
     def tensor_units(self) -> tuple[str, ...]:
         """Each tensor's unit, in registration order."""
-        return tuple(self.unit_of(t) for t in self.tensors)
-
-    @cached_property
-    def index(self) -> dict[str, int]:
-        """Each tensor's position in ``tensors``, by its ``module.name``."""
-        return {_key(t): i for i, t in enumerate(self.tensors)}
-
-    @cached_property
-    def unit_indices(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
-        """Each unit's tensors as positions in ``tensors``."""
-        return tuple((name, tuple(self.index[_key(t)] for t in unit)) for name, unit in self.units)
+        unit_of = {i: name for name, unit in self.units for i in unit}
+        return tuple(unit_of[i] for i in range(len(self.tensors)))
 
     def cached(self, function: Callable[..., T], *args: Hashable) -> T:
         """``function(self, *args)``, computed once per layout and arguments: what a rule's calls derive
@@ -104,10 +98,6 @@ class Layout(BaseModel):
     @cached_property
     def _cache(self) -> dict[Hashable, Any]:
         return {}
-
-
-def _key(tensor: ParamTensor) -> str:
-    return f"{tensor.module}.{tensor.name}"
 
 
 class CallContext(BaseModel):
@@ -155,8 +145,19 @@ def _released_modules(layout: Layout) -> set[str]:
     return released
 
 
-def _selected(layout: Layout, select: Select, world_size: int) -> tuple[int, ...]:
-    """The positions in ``layout.tensors`` of the tensors ``select`` picks, in registration order."""
+_SELECTED_BY_N = frozenset({Select.QUANTIZABLE_GRADIENTS, Select.UNQUANTIZABLE_GRADIENTS})
+"""The selections that depend on N (qgZ's divisibility by 2N); the others, and their parts, are the same at
+every N."""
+
+
+def _selection(select: Select, world_size: int) -> tuple[Select, int | None]:
+    """``select`` with the N its tensors depend on (None: none): the key of its tensors and parts."""
+    return select, world_size if select in _SELECTED_BY_N else None
+
+
+def _selected(layout: Layout, select: Select, world_size: int | None) -> tuple[int, ...]:
+    """The positions in ``layout.tensors`` of the tensors ``select`` picks, in registration order
+    (``world_size``: :func:`_selection`'s)."""
     every = range(len(layout.tensors))
     if not layout.from_architecture:
         if select is Select.PERSISTENT:
@@ -176,10 +177,11 @@ def _selected(layout: Layout, select: Select, world_size: int) -> tuple[int, ...
         case Select.RELEASED_AFTER_FORWARD:
             released = _released_modules(layout)
             return tuple(i for i in every if not persistent[i] and tensors[i].module in released)
-        case Select.QUANTIZABLE_GRADIENTS:
+        case Select.QUANTIZABLE_GRADIENTS if world_size is not None:
             return tuple(i for i in every if qgz_quantizes(tensors[i].shape, world_size))
-        case Select.UNQUANTIZABLE_GRADIENTS:
+        case Select.UNQUANTIZABLE_GRADIENTS if world_size is not None:
             return tuple(i for i in every if not qgz_quantizes(tensors[i].shape, world_size))
+    raise AssertionError(f"{select} needs N")
 
 
 # ---------------------------------------------------------------------------------------------- padding
@@ -193,31 +195,21 @@ class _Sizing(NamedTuple):
     shard: int
 
 
-def _padding(layout: Layout, padding: Padding, ranks: int, world_size: int) -> tuple[tuple[int, ...], int]:
-    """How ``padding`` pads an array of the layout's tensors for ``ranks`` ranks: each tensor's elements once
-    padded, in registration order, and the multiple the array is then padded to."""
+def _padding(layout: Layout, padding: Padding, ranks: int, world_size: int) -> tuple[dict[Shape, int], int]:
+    """How ``padding`` pads an array of the layout's tensors for ``ranks`` ranks: the elements of a tensor of
+    each shape once padded, and the multiple the array is then padded to."""
+    numels = layout.numel_of_shape
     match padding:
         case Padding.NONE:
-            return layout.numels, 1
+            return numels, 1
         case Padding.FLAT:  # FSDP1 FlatParamHandle (padded_unit_numel); the paper's ceil(Ψ/n)·n
-            return layout.numels, ranks
+            return numels, ranks
         case Padding.DIM0:  # FSDP2: each dim 0 to ranks·ceil(d0/ranks)
-            return layout.cached(_dim0_padded, ranks), 1
+            return {shape: dim0_padded_numel(shape, ranks) for shape in numels}, 1
         case Padding.PER_TENSOR:  # DeepSpeed ZeRO-3 _aligned_size: each parameter to a multiple of N
-            return layout.cached(_aligned, world_size), 1
+            return {shape: ceil_div(n, world_size) * world_size for shape, n in numels.items()}, 1
         case Padding.TWICE_GROUP:  # DeepSpeed ZeRO-1/2: flatten_dense_tensors_aligned(2·N)
-            return layout.numels, 2 * ranks
-
-
-def _dim0_padded(layout: Layout, ranks: int) -> tuple[int, ...]:
-    """Each tensor's elements with its dim 0 padded for ``ranks`` ranks, in registration order."""
-    padded = {shape: dim0_padded_numel(shape, ranks) for shape in {t.shape for t in layout.tensors}}
-    return tuple(padded[t.shape] for t in layout.tensors)
-
-
-def _aligned(layout: Layout, world_size: int) -> tuple[int, ...]:
-    """Each tensor's elements padded to a multiple of N, in registration order."""
-    return tuple(ceil_div(numel, world_size) * world_size for numel in layout.numels)
+            return numels, 2 * ranks
 
 
 # ------------------------------------------------------------------------------------------------ calls
@@ -226,20 +218,20 @@ _Part = tuple[str, tuple[int, ...] | int, int | None]
 broadcast's source rank."""
 
 
-def _whole_parts(layout: Layout, select: Select, world_size: int) -> tuple[_Part, ...]:
+def _whole_parts(layout: Layout, select: Select, world_size: int | None) -> tuple[_Part, ...]:
     """One call carrying every selected parameter."""
     unit = "all parameters" if layout.from_architecture else FLAT_MODEL
     return ((unit, layout.cached(_selected, select, world_size), None),)
 
 
-def _unit_parts(layout: Layout, select: Select, world_size: int) -> tuple[_Part, ...]:
+def _unit_parts(layout: Layout, select: Select, world_size: int | None) -> tuple[_Part, ...]:
     """One call per unit holding selected tensors, in unit order."""
     chosen = set(layout.cached(_selected, select, world_size))
-    parts = ((name, tuple(i for i in unit if i in chosen)) for name, unit in layout.unit_indices)
+    parts = ((name, tuple(i for i in unit if i in chosen)) for name, unit in layout.units)
     return tuple((name, part, None) for name, part in parts if part)
 
 
-def _module_parts(layout: Layout, select: Select, world_size: int) -> tuple[_Part, ...]:
+def _module_parts(layout: Layout, select: Select, world_size: int | None) -> tuple[_Part, ...]:
     """One call per module holding selected tensors, in order (each with its unit)."""
     modules: dict[str, list[int]] = {}
     for i in layout.cached(_selected, select, world_size):
@@ -247,24 +239,29 @@ def _module_parts(layout: Layout, select: Select, world_size: int) -> tuple[_Par
     return tuple((layout.tensor_units[part[0]], tuple(part), None) for part in modules.values())
 
 
-def _tensor_parts(layout: Layout, select: Select, world_size: int) -> tuple[_Part, ...]:
+def _tensor_parts(layout: Layout, select: Select, world_size: int | None) -> tuple[_Part, ...]:
     """One call per selected tensor."""
     return tuple((layout.tensor_units[i], (i,), None) for i in layout.cached(_selected, select, world_size))
 
 
-def _owner_parts(layout: Layout, select: Select, world_size: int, ranks: int) -> tuple[_Part, ...]:
+def _owner_parts(layout: Layout, select: Select, world_size: int | None, ranks: int) -> tuple[_Part, ...]:
     """ZeroRedundancyOptimizer's broadcasts: one call per parameter, from the rank that owns it."""
     selected = layout.cached(_selected, select, world_size)
     if not layout.from_architecture:
         total = layout.numels[selected[0]]
         shares = ((r, total // ranks + (r < total % ranks)) for r in range(ranks))
         return tuple((f"rank {r}", share, r) for r, share in shares if share)
-    owned = zero1_partition([layout.tensors[i] for i in selected], ranks)
-    return tuple((f"rank {r}", (layout.index[_key(t)],), r) for r, part in enumerate(owned) for t in part)
+    owned = zero1_owners([layout.numels[i] for i in selected], ranks)
+    return tuple((f"rank {r}", (selected[i],), r) for r, part in enumerate(owned) for i in part)
 
 
 def _ddp_parts(
-    layout: Layout, select: Select, world_size: int, element_bytes: int, first_bytes: int, bucket_bytes: int
+    layout: Layout,
+    select: Select,
+    world_size: int | None,
+    element_bytes: int,
+    first_bytes: int,
+    bucket_bytes: int,
 ) -> tuple[_Part, ...]:
     """DDP's rebuilt buckets, in reduction order.
 
@@ -300,7 +297,9 @@ def _ddp_parts(
     return _buckets(buckets)
 
 
-def _deepspeed_parts(layout: Layout, select: Select, world_size: int, bucket: int) -> tuple[_Part, ...]:
+def _deepspeed_parts(
+    layout: Layout, select: Select, world_size: int | None, bucket: int
+) -> tuple[_Part, ...]:
     """DeepSpeed's reduce (IPG) buckets, in reduction order: gradients in ready order (reverse registration),
     the bucket reduced before a gradient that would take it past ``reduce_bucket_size`` elements
     (``stage_1_and_2.py`` / ``stage3.py`` ``reduce_independent_p_g_buckets_and_remove_grads``); 0 reduces
@@ -329,25 +328,87 @@ def _buckets(buckets: list[tuple[int, ...] | int]) -> tuple[_Part, ...]:
     return tuple((f"bucket {i}", bucket, None) for i, bucket in enumerate(buckets, start=1))
 
 
+class _Carried(NamedTuple):
+    """What a rule's calls carry, in order, before sizing: each call's unit and broadcast root, and which of
+    the distinct parts it carries (parts of the same shapes pad alike: a model's blocks)."""
+
+    units: tuple[str, ...]
+    roots: tuple[int | None, ...]
+    kinds: tuple[int, ...]
+    """Each call's position in ``parts``."""
+    parts: tuple[tuple[Shape, ...] | int, ...]
+    """Each distinct part: its tensors' shapes, or S itself (without the tensors)."""
+    calls: tuple[int, ...]
+    """How many calls carry each part."""
+
+
+def _carried(layout: Layout, parts: Callable[..., tuple[_Part, ...]], args: tuple[Hashable, ...]) -> _Carried:
+    """``parts(layout, *args)``, each part as its tensors' shapes."""
+    split = layout.cached(parts, *args)
+    shapes = layout.shapes
+    distinct: dict[tuple[Shape, ...] | int, int] = {}
+    kinds = tuple(
+        distinct.setdefault(
+            part if isinstance(part, int) else tuple(map(shapes.__getitem__, part)), len(distinct)
+        )
+        for _, part, _ in split
+    )
+    calls = Counter(kinds)
+    units, _, roots = zip(*split, strict=True)
+    return _Carried(units, roots, kinds, tuple(distinct), tuple(calls[kind] for kind in range(len(distinct))))
+
+
+class RuleCalls(NamedTuple):
+    """Calls in order, call i carrying ``carried.units[i]`` (from rank ``carried.roots[i]``) with S =
+    ``sizes[carried.kinds[i]]`` elements: a model's thousands of calls have a few sizes."""
+
+    carried: _Carried
+    sizes: tuple[int, ...]
+    """S of the calls carrying each distinct part."""
+
+    @property
+    def count(self) -> int:
+        return len(self.carried.kinds)
+
+    def each(self) -> tuple[Call, ...]:
+        """Every call, in order."""
+        sizes, carried = self.sizes, self.carried
+        return tuple(
+            Call(unit, sizes[kind], root)
+            for unit, kind, root in zip(carried.units, carried.kinds, carried.roots, strict=True)
+        )
+
+    def by_size(self) -> Iterator[tuple[int, int]]:
+        """(S, how many calls) of each distinct part."""
+        return zip(self.sizes, self.carried.calls, strict=True)
+
+    def resized(self, size: Callable[[int], int]) -> RuleCalls:
+        """The same calls, each with S = ``size(S)``."""
+        return self._replace(sizes=tuple(map(size, self.sizes)))
+
+
 def _sized_calls(
     layout: Layout, parts: Callable[..., tuple[_Part, ...]], args: tuple[Hashable, ...], sizing: _Sizing
-) -> tuple[Call, ...]:
+) -> RuleCalls:
     """The calls carrying ``parts(layout, *args)``: S the padded array of each part's tensors, or one
     rank's shard of it."""
-    sizes, multiple = _padding(layout, sizing.padding, sizing.ranks, sizing.world_size)
-    calls = []
-    for unit, part, root in layout.cached(parts, *args):
-        elements = part
-        if not isinstance(part, int):
-            elements = ceil_div(sum(map(sizes.__getitem__, part)), multiple) * multiple // sizing.shard
-        calls.append(Call(unit, elements, root))
-    return tuple(calls)
+    carried = layout.cached(_carried, parts, args)
+    padded, multiple = _padding(layout, sizing.padding, sizing.ranks, sizing.world_size)
+
+    def size(part: tuple[Shape, ...] | int) -> int:
+        if isinstance(part, int):
+            return part
+        return ceil_div(sum(map(padded.__getitem__, part)), multiple) * multiple // sizing.shard
+
+    return RuleCalls(carried, tuple(map(size, carried.parts)))
 
 
-def _split(rule: ScheduledCollective, layout: Layout, ctx: CallContext) -> tuple[Call, ...]:
-    """The calls of ``rule`` in ``ctx``, before quantization (once per layout, split and sizing)."""
-    if not layout.cached(_selected, rule.select, ctx.world_size):
-        return ()
+def _split(rule: ScheduledCollective, layout: Layout, ctx: CallContext) -> RuleCalls | None:
+    """The calls of ``rule`` in ``ctx``, before quantization (once per layout, split and sizing); None when
+    it selects no tensor."""
+    selection = _selection(rule.select, ctx.world_size)
+    if not layout.cached(_selected, *selection):
+        return None
     sharded = rule.shard_of is not None
     ranks = ctx.shard_size if sharded else ctx.group_size
     sizing = _Sizing(rule.padding, ranks, ctx.world_size, ranks if sharded else 1)
@@ -367,32 +428,28 @@ def _split(rule: ScheduledCollective, layout: Layout, ctx: CallContext) -> tuple
             parts, extra = _ddp_parts, (ctx.element_bytes, ctx.ddp_first_bucket_bytes, ctx.ddp_bucket_bytes)
         case Calls.DEEPSPEED_BUCKET:
             parts, extra = _deepspeed_parts, (ctx.deepspeed_bucket_elements,)
-    return layout.cached(_sized_calls, parts, (rule.select, ctx.world_size, *extra), sizing)
+    return layout.cached(_sized_calls, parts, (*selection, *extra), sizing)
 
 
 def rule_calls(
     rule: ScheduledCollective, layout: Layout, ctx: CallContext, quantized: bool = False
-) -> tuple[list[Call], list[Call]]:
-    """The calls ``rule`` makes each time it runs: (data calls, scale calls). Scale calls exist only for a
-    rule running quantized (ZeRO++), as their own collectives after the data's.
+) -> tuple[RuleCalls, RuleCalls | None] | None:
+    """The calls ``rule`` makes each time it runs: (data calls, scale calls); None when it makes none. Scale
+    calls exist only for a rule running quantized (ZeRO++), as their own collectives after the data's.
 
     Data of a quantized call: int8 elements (qwZ: one per value; qgZ: two int4 values per int8). Scales:
     qwZ, one fp32 per block of the rank's partition, all-gathered (``_all_gather_coalesced``); qgZ, the
     ``max(rows, cols, N)`` groups of each gradient, and 1/g of them on the second hop.
     """
-    calls = list(_split(rule, layout, ctx))
+    calls = _split(rule, layout, ctx)
+    if calls is None:
+        return None
     if not quantized or rule.quantization is Quantization.NONE:
-        return calls, []
+        return calls, None
+    group = ctx.group_size
     if rule.quantization is Quantization.INT8_BLOCKS:
-        scales = [
-            Call(unit=c.unit, elements=qwz_blocks(c.elements // ctx.group_size) * ctx.group_size)
-            for c in calls
-        ]
-        return calls, scales
-    # INT4: one call per quantizable gradient (Calls.PARAMETER), in the selection's order
-    data, scales = [], []
-    for i, c in zip(layout.cached(_selected, rule.select, ctx.world_size), calls, strict=True):
-        groups = qgz_groups(layout.tensors[i].shape, ctx.world_size)
-        data.append(c._replace(elements=ceil_div(c.elements, 2)))
-        scales.append(Call(unit=c.unit, elements=groups // ctx.shard_size))
-    return data, scales
+        return calls, calls.resized(lambda elements: qwz_blocks(elements // group) * group)
+    # INT4: one call per quantizable gradient (Calls.PARAMETER): each part is one tensor
+    groups = (qgz_groups(shape, ctx.world_size) for (shape,) in calls.carried.parts)
+    scales = calls._replace(sizes=tuple(g // ctx.shard_size for g in groups))
+    return calls.resized(lambda elements: ceil_div(elements, 2)), scales

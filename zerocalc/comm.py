@@ -25,7 +25,7 @@ from typing import NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from zerocalc.calibration import Calibration
-from zerocalc.calls import Call, CallContext, Layout, rule_calls
+from zerocalc.calls import Call, CallContext, Layout, RuleCalls, rule_calls
 from zerocalc.cluster import Cluster, RankGroup
 from zerocalc.collectives import COLLECTIVES, Collective
 from zerocalc.dtypes import DType
@@ -191,7 +191,8 @@ def _dtype(role: DtypeRole, precision: PrecisionName, reduce_dtype: DType | None
     return reduce_dtype or recipe.grad_dtype
 
 
-def _times(repeat: Repeat, accum: int, sync: GradSync) -> int:
+def times_per_step(repeat: Repeat, accum: int, sync: GradSync) -> int:
+    """How many times a rule of this repeat runs in a step of ``accum`` micro-batches."""
     match repeat:
         case Repeat.PER_STEP:
             return 1
@@ -249,24 +250,35 @@ _UNIT_CALLS = TypeAdapter(tuple[UnitCalls, ...])
 
 
 class _Traffic(NamedTuple):
-    """What one run of a collective moves: its calls grouped by what they move, in order, and their sums."""
+    """What one run of a collective moves: its calls and their sums."""
 
-    units: tuple[UnitCalls, ...]
-    calls: int
+    calls: RuleCalls
     message_bytes: int
     bytes_sent_per_gpu: int
 
 
-@lru_cache(maxsize=256)
-def _traffic(calls: tuple[Call, ...], op: Collective, n: int, element_bytes: int) -> _Traffic:
-    """The calls grouped by what they move, in order, and their sums (once per value: rules of one
-    schedule often make the same calls)."""
+def _bytes_sent(sizes: set[int], op: Collective, n: int, element_bytes: int) -> dict[int, int]:
+    """Bytes each rank sends for a call of each of ``sizes`` elements (the collective's bus factor)."""
     spec = COLLECTIVES[op]
+    return {s: spec.bytes_sent_per_rank(s * element_bytes, n) for s in sizes}
+
+
+def _traffic(calls: RuleCalls, op: Collective, n: int, element_bytes: int) -> _Traffic:
+    """The calls and their sums."""
+    sent = _bytes_sent(set(calls.sizes), op, n, element_bytes)
+    message = sum(s * count for s, count in calls.by_size()) * element_bytes
+    return _Traffic(calls, message, sum(sent[s] * count for s, count in calls.by_size()))
+
+
+@lru_cache(maxsize=256)
+def _unit_calls(calls: tuple[Call, ...], op: Collective, n: int, element_bytes: int) -> tuple[UnitCalls, ...]:
+    """The calls grouped by what they move, in order (once per value: rules of one schedule often make the
+    same calls)."""
     grouped: dict[tuple[str, int | None], list[int]] = {}
     for unit, elements, root in calls:
         grouped.setdefault((unit, root), []).append(elements)
-    sent = {s: spec.bytes_sent_per_rank(s * element_bytes, n) for s in {s for _, s, _ in calls}}
-    units = _UNIT_CALLS.validate_python(
+    sent = _bytes_sent({s for _, s, _ in calls}, op, n, element_bytes)
+    return _UNIT_CALLS.validate_python(
         [
             {
                 "unit": unit,
@@ -278,12 +290,6 @@ def _traffic(calls: tuple[Call, ...], op: Collective, n: int, element_bytes: int
             for (unit, root), elements in grouped.items()
         ]
     )
-    return _Traffic(
-        units=units,
-        calls=len(calls),
-        message_bytes=sum(u.message_bytes for u in units),
-        bytes_sent_per_gpu=sum(u.bytes_sent_per_gpu for u in units),
-    )
 
 
 def _line_traffic(
@@ -291,41 +297,79 @@ def _line_traffic(
 ) -> tuple[_Traffic, _Traffic | None] | None:
     """What one run of ``line`` moves (int8 quantized, else in the context's dtype) and its fp32 scales (None
     unless quantized); None when it has no calls."""
-    data, scales = rule_calls(line, layout, ctx, quantized)
-    if not data:
+    calls = rule_calls(line, layout, ctx, quantized)
+    if calls is None:
         return None
-    moved = _traffic(
-        tuple(data), line.op, ctx.group_size, DType.INT8.bytes if quantized else ctx.element_bytes
-    )
-    return moved, _traffic(tuple(scales), line.op, ctx.group_size, DType.FP32.bytes) if scales else None
+    data, scales = calls
+    moved = _traffic(data, line.op, ctx.group_size, DType.INT8.bytes if quantized else ctx.element_bytes)
+    return moved, _traffic(scales, line.op, ctx.group_size, DType.FP32.bytes) if scales is not None else None
 
 
-def _cost(
-    run: _Run, traffic: _Traffic, dtype: DType, times: int, request: TrainingRequest, scales: bool = False
-) -> CollectiveCost:
-    line, n, spans = run.line, run.ctx.group_size, run.spans_nodes
+class CollectiveRun(NamedTuple):
+    """One collective of a schedule, run once: its rule's run, the dtype it moves, whether it is a quantized
+    rule's scales, its calls, the link it runs over and its time."""
+
+    run: _Run
+    dtype: DType
+    scales: bool
+    traffic: _Traffic
+    link: LinkFigures
+    seconds: float
+    """α per call + bytes / β."""
+
+
+def _collective_run(
+    run: _Run, traffic: _Traffic, dtype: DType, request: TrainingRequest, scales: bool = False
+) -> CollectiveRun:
+    link = _figures_for(run.line.op, run.spans_nodes, request.links, request.calibration)
+    seconds = traffic.calls.count * link.latency_s + traffic.bytes_sent_per_gpu / link.bus_bandwidth_Bps
+    return CollectiveRun(run, dtype, scales, traffic, link, seconds)
+
+
+def collective_runs(name: StrategyName, request: TrainingRequest, layout: Layout) -> list[CollectiveRun]:
+    """Every collective of one strategy's schedule under the request's framework that moves data, each run
+    once, in order (pure; how many times each runs per step is :func:`times_per_step`'s)."""
+    zeropp, _ = active_features(frozenset(request.zeropp), request.cluster)
+    runs = _runs(
+        name, request.framework, request.cluster, request.precision, request.reduce_dtype, request.buffers,
+        zeropp,
+    )  # fmt: skip
+    collectives = []
+    for run in runs:
+        traffic = layout.cached(_line_traffic, run.line, run.ctx, run.quantized)
+        if traffic is None:
+            continue
+        data, scales = traffic
+        collectives.append(_collective_run(run, data, DType.INT8 if run.quantized else run.dtype, request))
+        if scales is not None:
+            collectives.append(_collective_run(run, scales, DType.FP32, request, scales=True))
+    return collectives
+
+
+def _cost(collective: CollectiveRun, times: int) -> CollectiveCost:
+    run, traffic, link = collective.run, collective.traffic, collective.link
+    line, n = run.line, run.ctx.group_size
     per_run = traffic.bytes_sent_per_gpu
-    link = _figures_for(line.op, spans, request.links, request.calibration)
     return CollectiveCost(
         op=line.op,
         phase=line.phase,
         tensor=line.tensor,
-        scales=scales,
-        dtype=dtype,
+        scales=collective.scales,
+        dtype=collective.dtype,
         group=line.group,
         group_size=n,
-        spans_nodes=spans,
+        spans_nodes=run.spans_nodes,
         times_per_step=times,
-        calls_per_step=times * traffic.calls,
+        calls_per_step=times * traffic.calls.count,
         message_bytes=traffic.message_bytes,
         bytes_sent_per_gpu=per_run,
         total_bytes_per_gpu=times * per_run,
         latency_s=link.latency_s,
         bus_bandwidth_Bps=link.bus_bandwidth_Bps,
-        time_s=times * (traffic.calls * link.latency_s + per_run / link.bus_bandwidth_Bps),
+        time_s=times * collective.seconds,
         bandwidth_source=link.source,
         behaviour=line.behaviour,
-        units=list(traffic.units),
+        units=list(_unit_calls(traffic.calls.each(), line.op, n, collective.dtype.bytes)),
     )
 
 
@@ -346,25 +390,15 @@ def strategy_comm(
     name: StrategyName, request: TrainingRequest, ddp_bytes: int | None, layout: Layout | None = None
 ) -> StrategyComm:
     """Cost every collective of one strategy's schedule under the request's framework (pure)."""
-    cluster = request.cluster
     framework = request.framework
     strategy = STRATEGIES[name]
     layout = layout or Layout.of(request.model.params, request.model.architecture)
     sync = effective_grad_sync(framework, name, request.grad_sync)
-    zeropp, _ = active_features(frozenset(request.zeropp), cluster)
     costs: list[CollectiveCost] = []
-    runs = _runs(name, framework, cluster, request.precision, request.reduce_dtype, request.buffers, zeropp)
-    for run in runs:
-        times = _times(run.line.repeat, request.grad_accum, sync)
-        if times == 0:
-            continue
-        traffic = layout.cached(_line_traffic, run.line, run.ctx, run.quantized)
-        if traffic is None:
-            continue
-        data, scales = traffic
-        costs.append(_cost(run, data, DType.INT8 if run.quantized else run.dtype, times, request))
-        if scales is not None:
-            costs.append(_cost(run, scales, DType.FP32, times, request, scales=True))
+    for collective in collective_runs(name, request, layout):
+        times = times_per_step(collective.run.line.repeat, request.grad_accum, sync)
+        if times > 0:
+            costs.append(_cost(collective, times))
     total = sum(c.total_bytes_per_gpu for c in costs)
     setup = strategy.frameworks[framework]
     return StrategyComm(

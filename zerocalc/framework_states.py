@@ -101,14 +101,20 @@ def reducer_buckets(states: RankStates) -> Line:
 # ------------------------------------------------------------------------------------------ the rules
 def fsdp_units(arch: Architecture) -> list[tuple[str, list[ParamTensor]]]:
     """The wrapping: ``("layers.<i>", block tensors)`` per block, then ``("root", the rest)``."""
-    blocks: dict[str, list[ParamTensor]] = {}
-    root: list[ParamTensor] = []
-    for t in parameter_tensors(arch):
+    tensors = parameter_tensors(arch)
+    return [(name, [tensors[i] for i in unit]) for name, unit in fsdp_unit_positions(tensors)]
+
+
+def fsdp_unit_positions(tensors: list[ParamTensor]) -> list[tuple[str, list[int]]]:
+    """:func:`fsdp_units` of these tensors (in registration order), each unit's as positions in them."""
+    blocks: dict[str, list[int]] = {}
+    root: list[int] = []
+    for i, t in enumerate(tensors):
         if t.module.startswith("layers."):
             unit = ".".join(t.module.split(".")[:2])
-            blocks.setdefault(unit, []).append(t)
+            blocks.setdefault(unit, []).append(i)
         else:
-            root.append(t)
+            root.append(i)
     return [*blocks.items(), ("root", root)]
 
 
@@ -139,19 +145,25 @@ def dim0_rows(rows: int, world_size: int, rank: int) -> int:
 
 
 def zero1_partition(tensors: list[ParamTensor], world_size: int) -> list[list[ParamTensor]]:
-    """``ZeroRedundancyOptimizer``'s partition of whole tensors over ranks.
+    """``ZeroRedundancyOptimizer``'s partition of whole tensors over ranks (:func:`zero1_owners`)."""
+    return [[tensors[i] for i in owned] for owned in zero1_owners([t.numel for t in tensors], world_size)]
+
+
+def zero1_owners(numels: list[int], world_size: int) -> list[list[int]]:
+    """``ZeroRedundancyOptimizer``'s partition of tensors of these sizes over ranks: each rank's tensors, as
+    positions in ``numels``.
 
     ``torch/distributed/optim/zero_redundancy_optimizer.py`` ``_partition_parameters``: the (one)
     param group's parameters sorted by ``numel`` largest first (Python's stable sort: ties keep
     ``model.parameters()`` order), each assigned to the rank with the smallest total so far
     (``_get_min_index``: the first such rank).
     """
-    ranks: list[list[ParamTensor]] = [[] for _ in range(world_size)]
+    ranks: list[list[int]] = [[] for _ in range(world_size)]
     totals = [(0, rank) for rank in range(world_size)]  # a heap: the smallest total, then the first rank
-    for t in sorted(tensors, key=lambda t: t.numel, reverse=True):
+    for i in sorted(range(len(numels)), key=numels.__getitem__, reverse=True):
         total, rank = totals[0]
-        ranks[rank].append(t)
-        heapq.heapreplace(totals, (total + t.numel, rank))
+        ranks[rank].append(i)
+        heapq.heapreplace(totals, (total + numels[i], rank))
     return ranks
 
 

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.activations import Recompute
 from zerocalc.calls import Layout
-from zerocalc.comm import strategy_comm
+from zerocalc.comm import CollectiveRun, collective_runs
 from zerocalc.dtypes import DType
 from zerocalc.errors import InputError
 from zerocalc.frameworks import Estimate, Framework
@@ -50,17 +50,19 @@ from zerocalc.plan.timing import (
     NVME_BPS,
     PCIE_BPS,
     CommLine,
+    CommTime,
     StepTime,
     comm_lines,
     comm_of_lines,
+    comm_time,
     flops_per_token,
     offload_seconds,
-    step_time_of,
+    step_times,
 )
 from zerocalc.precision import RECIPES
 from zerocalc.request import TrainingRequest
-from zerocalc.schedule import GradSync, Repeat
-from zerocalc.strategies import STRATEGIES, OffloadTarget, StrategyName
+from zerocalc.schedule import GradSync
+from zerocalc.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
 
 SCHEMA_VERSION = 1
 FIT_TOLERANCE_BYTES = 2**20
@@ -199,17 +201,6 @@ def _exact(request: TrainingRequest) -> StrategyPeak:
     return strategy_peak(request, PROFILES[request.framework], row, runtime_for(request))
 
 
-def _comm_lines(group: Group, comm_request: TrainingRequest, layout: Layout) -> tuple[CommLine, ...]:
-    """``comm``'s schedule for the group's key, once for every A (:func:`~zerocalc.plan.timing.comm_lines`):
-    ``strategy_comm`` at A = 2, and at A = 3 when a collective runs after the first micro-batch only."""
-    at_2 = strategy_comm(group.strategy, comm_request.model_copy(update={"grad_accum": 2}), None, layout)
-    schedule = STRATEGIES[group.strategy].schedule_under(group.framework)
-    at_3 = None
-    if any(line.repeat is Repeat.AFTER_FIRST_MICRO_BATCH for line in schedule):
-        at_3 = strategy_comm(group.strategy, comm_request.model_copy(update={"grad_accum": 3}), None, layout)
-    return comm_lines(at_2, at_3)
-
-
 def _host_bytes(peak: StrategyPeak, request: TrainingRequest) -> int | None:
     if peak.host_bytes_per_node is not None:
         return peak.host_bytes_per_node
@@ -241,7 +232,9 @@ def search(
     rejected: Counter[str] = Counter()
     for item in early:
         rejected[item.reason] += item.count
+    schedules: dict[tuple, list[CollectiveRun]] = {}
     comm_cache: dict[tuple, tuple[CommLine, ...]] = {}
+    comm_times: dict[tuple, CommTime] = {}
     parts = StepParts(runtime_for(base))
     memory_requests: dict[Hashable, TrainingRequest | InputError] = {}
     comm_requests: dict[Hashable, TrainingRequest | InputError] = {}
@@ -260,14 +253,8 @@ def search(
             rejected[_reason(memory_request)] += len(group.micro_batches)
             continue
         request = with_recompute(memory_request, group.recompute)
-        comm_key = (
-            group.world,
-            group.gpus_per_node,
-            group.framework,
-            group.strategy,
-            group.reduce_dtype,
-            group.grad_sync,
-        )
+        schedule_key = (group.world, group.gpus_per_node, group.framework, group.strategy, group.reduce_dtype)
+        comm_key = (*schedule_key, group.grad_sync)
         comm_request = _request_once(comm_requests, comm_key, plan, group, Estimate.COMM)
         if isinstance(comm_request, InputError):
             rejected[_reason(comm_request)] += len(group.micro_batches)
@@ -281,11 +268,16 @@ def search(
         flops = flops_cache[group.recompute]
         shards = request.cluster.group_size(STRATEGIES[group.strategy].optimizer)
         if comm_key not in comm_cache:
-            comm_cache[comm_key] = _comm_lines(group, comm_request, layout)
+            if schedule_key not in schedules:  # the collectives' runs: the same under every grad sync
+                schedules[schedule_key] = collective_runs(group.strategy, comm_request, layout)
+            sync = effective_grad_sync(group.framework, group.strategy, comm_request.grad_sync)
+            comm_cache[comm_key] = comm_lines(schedules[schedule_key], sync)
         lines = comm_cache[comm_key]
-        members: list[_Cand] = []
+        steps = []
         for b in group.micro_batches:
             accum = plan.global_batch_sequences // (group.world * b)
+            if (comm_key, accum) not in comm_times:
+                comm_times[comm_key, accum] = comm_time(comm_of_lines(lines, accum), accum)
             offload = offload_seconds(
                 base.model.params,
                 group.world,
@@ -297,19 +289,14 @@ def search(
                 recipe.param_dtype.bytes,
                 recipe.grad_dtype.bytes,
             )
-            timing = step_time_of(
-                flops,
-                b * accum * plan.seq_len,
-                accum,
-                peak_flops,
-                plan.mfu,
-                comm_of_lines(lines, accum),
-                group.strategy,
-                group.framework,
-                group.prefetch,
-                offload,
-            )
-            members.append(_Cand(group, b, accum, None, timing))
+            steps.append((b * accum * plan.seq_len, accum, comm_times[comm_key, accum], offload))
+        timings = step_times(
+            flops, peak_flops, plan.mfu, group.strategy, group.framework, group.prefetch, steps
+        )
+        members = [
+            _Cand(group, b, accum, None, timing)
+            for b, (_, accum, _, _), timing in zip(group.micro_batches, steps, timings, strict=True)
+        ]
         configuration = group._replace(recompute=None, micro_batches=())
         peaks = parts.allocated_peaks(request, {c.b: c.accum for c in members}, configuration)
         for cand in members:

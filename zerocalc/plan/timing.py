@@ -38,9 +38,9 @@ from typing import NamedTuple
 
 from zerocalc.activations import Recompute
 from zerocalc.architecture import Architecture, ParameterCount
-from zerocalc.comm import StrategyComm
+from zerocalc.comm import CollectiveRun, StrategyComm, times_per_step
 from zerocalc.frameworks import Framework
-from zerocalc.schedule import Phase
+from zerocalc.schedule import GradSync, Phase
 from zerocalc.strategies import OffloadTarget, StrategyName
 
 PCIE_BPS = 25e9
@@ -100,10 +100,22 @@ def _overlaps_backward(framework: Framework, strategy: StrategyName) -> bool:
     return not (framework is Framework.DEEPSPEED and strategy in (StrategyName.ZERO1, StrategyName.ZERO2))
 
 
-def _exposed(phase: list[float], compute: float, accum: int, hides: bool) -> float:
-    """Exposed time of one phase: ``phase`` = [comm spread evenly over the A micro-batches, comm on the last
-    only, one call of each spread collective, one call of each last-only collective]. Per micro-batch, at
-    least one call is exposed (the first all-gather before any compute, the last reduction after it)."""
+class PhaseComm(NamedTuple):
+    """One phase's communication at one A, as its exposed time reads it."""
+
+    spread: float
+    """Comm of the collectives that run on every micro-batch, spread evenly over the A micro-batches."""
+    once: float
+    """Comm of the collectives that run on the last micro-batch only."""
+    call_spread: float
+    """One call of each spread collective."""
+    call_once: float
+    """One call of each last-only collective."""
+
+
+def _exposed(phase: PhaseComm, compute: float, accum: int, hides: bool) -> float:
+    """Exposed time of one phase. Per micro-batch, at least one call is exposed (the first all-gather before
+    any compute, the last reduction after it)."""
     spread, once, call_spread, call_once = phase
     if not hides:
         return spread + once
@@ -142,31 +154,28 @@ class CommLine(NamedTuple):
     """One collective of ``comm``'s schedule for one key (world, group, framework, strategy, reduce dtype,
     grad sync), with how its runs per step depend on A: ``times(A) = times_at_2 + slope·(A − 2)`` — every
     :class:`~zerocalc.schedule.Repeat` is affine in A (once: 1; per micro-batch: A; per sync: A or 1; after
-    the first micro-batch: A − 1), so the costs at A = 2 and A = 3 give it exactly."""
+    the first micro-batch: A − 1), so its runs at A = 2 and A = 3 give it exactly."""
 
     phase: Phase
     times_at_2: int
     slope: int
     calls_per_run: int
     run_s: float
-    """One run's time as :func:`zerocalc.comm._cost` computes it: calls × α + bytes / β."""
+    """One run's time (:attr:`zerocalc.comm.CollectiveRun.seconds`): calls × α + bytes / β."""
 
     def times(self, accum: int) -> int:
         return self.times_at_2 + self.slope * (accum - 2)
 
 
-def comm_lines(at_2: StrategyComm, at_3: StrategyComm | None) -> tuple[CommLine, ...]:
-    """The schedule's collectives from ``comm`` at A = 2 (and A = 3 where a collective's runs are not
-    determined by A = 2: ``after_first_micro_batch``); ``at_3`` None means no such collective."""
+def comm_lines(collectives: list[CollectiveRun], sync: GradSync) -> tuple[CommLine, ...]:
+    """The schedule's collectives (:func:`zerocalc.comm.collective_runs`), each with its runs per step at
+    A = 2 and A = 3 (:func:`zerocalc.comm.times_per_step`); every one runs at A = 2."""
     lines = []
-    others = at_3.collectives if at_3 is not None else [None] * len(at_2.collectives)
-    for c, d in zip(at_2.collectives, others, strict=True):
-        calls = c.calls_per_step // c.times_per_step
-        run = calls * c.latency_s + c.bytes_sent_per_gpu / c.bus_bandwidth_Bps
-        # at A = 2 without an after-first collective: twice per step ⇔ per micro-batch (or per sync, every)
-        twice = 1 if c.times_per_step == 2 else 0
-        slope = d.times_per_step - c.times_per_step if d is not None else twice
-        lines.append(CommLine(c.phase, c.times_per_step, slope, calls, run))
+    for c in collectives:
+        line = c.run.line
+        at_2 = times_per_step(line.repeat, 2, sync)
+        slope = times_per_step(line.repeat, 3, sync) - at_2
+        lines.append(CommLine(line.phase, at_2, slope, c.traffic.calls.count, c.seconds))
     return tuple(lines)
 
 
@@ -179,6 +188,41 @@ def comm_of_lines(lines: tuple[CommLine, ...], accum: int) -> list[tuple[Phase, 
         if times > 0:
             out.append((line.phase, times, times * line.calls_per_run, times * line.run_s))
     return out
+
+
+_PHASES = tuple(Phase)
+"""The phases, in order (iterating the enum itself costs more than the sums)."""
+
+
+class CommTime(NamedTuple):
+    """A schedule's communication at one A, as the step time reads it."""
+
+    time_s: float
+    """comm's ``time_s``: every collective's, summed in order."""
+    forward: PhaseComm
+    backward: PhaseComm
+    after_step: PhaseComm
+
+
+def comm_time(
+    collectives: list[tuple[Phase, int, int, float]], accum: int, time_s: float | None = None
+) -> CommTime:
+    """The collectives' (phase, times per step, calls per step, time_s) summed per phase, and their total
+    (``time_s``, when comm's is at hand)."""
+    sums = {phase: [0.0, 0.0, 0.0, 0.0] for phase in _PHASES}
+    total = 0  # as sum() starts
+    for phase, times, calls, seconds in collectives:
+        once = accum > 1 and times == 1
+        phase_sums = sums[phase]
+        phase_sums[1 if once else 0] += seconds
+        phase_sums[3 if once else 2] += seconds / calls if calls else 0.0
+        total += seconds
+    return CommTime(
+        total if time_s is None else time_s,
+        PhaseComm(*sums[Phase.FORWARD]),
+        PhaseComm(*sums[Phase.BACKWARD]),
+        PhaseComm(*sums[Phase.AFTER_STEP]),
+    )
 
 
 def step_time(
@@ -194,46 +238,35 @@ def step_time(
 ) -> StepTime:
     """Compute + exposed communication + offload, for one GPU's share of the step."""
     collectives = [(c.phase, c.times_per_step, c.calls_per_step, c.time_s) for c in comm.collectives]
-    return step_time_of(
-        flops, tokens_per_gpu, grad_accum, peak_flops, mfu, collectives, comm.strategy, framework, prefetch,
-        offload_s, comm.time_s,
-    )  # fmt: skip
+    at = (tokens_per_gpu, grad_accum, comm_time(collectives, grad_accum, comm.time_s), offload_s)
+    return step_times(flops, peak_flops, mfu, comm.strategy, framework, prefetch, [at])[0]
 
 
-def step_time_of(
+def step_times(
     flops: Flops,
-    tokens_per_gpu: int,
-    grad_accum: int,
     peak_flops: float,
     mfu: float,
-    collectives: list[tuple[Phase, int, int, float]],
     strategy: StrategyName,
     framework: Framework,
     prefetch: int | None,
-    offload_s: float,
-    comm_s: float | None = None,
-) -> StepTime:
-    """:func:`step_time` from the collectives' (phase, times per step, calls per step, time_s)."""
+    steps: list[tuple[int, int, CommTime, float]],
+) -> list[StepTime]:
+    """:func:`step_time` of one configuration at each of ``steps``: (tokens per GPU, A, the communication's
+    sums at that A (:func:`comm_time`), offload seconds)."""
     rate = peak_flops * mfu
-    forward = tokens_per_gpu * flops.forward / rate
-    backward = tokens_per_gpu * (flops.model - flops.forward + flops.recompute) / rate
-    compute = forward + backward
-    phases: dict[Phase, list[float]] = {p: [0.0, 0.0, 0.0, 0.0] for p in Phase}
-    for phase, times, calls, time_s in collectives:
-        once = grad_accum > 1 and times == 1
-        phases[phase][1 if once else 0] += time_s
-        call = time_s / calls if calls else 0.0
-        phases[phase][3 if once else 2] += call
-    exposed = _exposed(phases[Phase.FORWARD], forward, grad_accum, prefetch != 0)
-    exposed += _exposed(phases[Phase.BACKWARD], backward, grad_accum, _overlaps_backward(framework, strategy))
-    exposed += phases[Phase.AFTER_STEP][0] + phases[Phase.AFTER_STEP][1]
-    step = compute + exposed + offload_s
-    return StepTime(
-        compute_s=compute,
-        comm_s=sum(c[3] for c in collectives) if comm_s is None else comm_s,
-        exposed_comm_s=exposed,
-        offload_s=offload_s,
-        step_s=step,
-        tokens_per_s_per_gpu=tokens_per_gpu / step,
-        mfu=tokens_per_gpu * flops.model / (step * peak_flops),
-    )
+    backward_flops = flops.model - flops.forward + flops.recompute
+    hides_forward, hides_backward = prefetch != 0, _overlaps_backward(framework, strategy)
+    times = []
+    for tokens_per_gpu, grad_accum, comm, offload_s in steps:
+        forward = tokens_per_gpu * flops.forward / rate
+        backward = tokens_per_gpu * backward_flops / rate
+        compute = forward + backward
+        exposed = _exposed(comm.forward, forward, grad_accum, hides_forward)
+        exposed += _exposed(comm.backward, backward, grad_accum, hides_backward)
+        exposed += comm.after_step.spread + comm.after_step.once
+        step = compute + exposed + offload_s
+        achieved = tokens_per_gpu * flops.model / (step * peak_flops)
+        times.append(
+            StepTime(compute, comm.time_s, exposed, offload_s, step, tokens_per_gpu / step, achieved)
+        )
+    return times
