@@ -24,7 +24,7 @@ import re
 from zerocalc.activations import Recompute
 from zerocalc.cluster import Cluster
 from zerocalc.frameworks import TORCH_SOURCES, Framework
-from zerocalc.memory import MemoryEstimate, StrategyMemory, evaluate_memory
+from zerocalc.memory import MemoryEstimate, evaluate_memory
 from zerocalc.model_impl import MODEL_IMPLS
 from zerocalc.peak.kinds import TensorKind
 from zerocalc.peak.profiles import PROFILES, Profile, Wrap
@@ -44,7 +44,7 @@ from zerocalc.peak.simulate import StepResult, flash_attention_used, runtime_for
 from zerocalc.peak.states import STATE_BUILDERS
 from zerocalc.peak.timeline import Runtime
 from zerocalc.request import TrainingRequest
-from zerocalc.strategies import STRATEGIES, Strategy
+from zerocalc.strategies import STRATEGIES, Strategy, StrategyName
 
 FIT_MARGIN = 0.05
 """A peak within 5% of the GPU's memory is "tight", not "fits": on the eight H100 runs the device
@@ -144,12 +144,12 @@ def condensed_timeline(result: StepResult, layers: int) -> list[TimelineEvent]:
 
 
 def strategy_peak(
-    request: TrainingRequest, profile: Profile, row: StrategyMemory, runtime: Runtime
+    request: TrainingRequest, profile: Profile, name: StrategyName, runtime: Runtime
 ) -> StrategyPeak:
     """One strategy's step: its accounting's lines, the simulated timeline, the device footprint."""
-    strategy = STRATEGIES[row.strategy]
+    strategy = STRATEGIES[name]
     states, host = STATE_BUILDERS[profile.states](request, strategy)
-    result = simulate(request, row.strategy, runtime, states)
+    result = simulate(request, name, runtime, states)
     sources = term_sources(request, strategy, profile, states)
     terms = [
         PeakTerm(kind=kind, bytes=result.peak.live[kind], source=sources[kind])
@@ -166,7 +166,7 @@ def strategy_peak(
     headroom = None if capacity is None else capacity - peak
     deepspeed = profile.estimate_covers_states_only
     return StrategyPeak(
-        strategy=row.strategy,
+        strategy=name,
         title=strategy.title_under(request.framework),
         states=states,
         peak_phase=result.peak.phase,
@@ -240,7 +240,7 @@ def evaluate_peak(request: TrainingRequest) -> MemoryReport:
     estimate = evaluate_memory(request)
     profile = PROFILES[request.framework]
     runtime = runtime_for(request)
-    rows = [strategy_peak(request, profile, row, runtime) for row in estimate.strategies]
+    rows = [strategy_peak(request, profile, row.strategy, runtime) for row in estimate.strategies]
     peak = PeakEstimate(
         options=peak_options(request),
         model_impl_source=MODEL_IMPLS[request.model_impl].source,

@@ -197,8 +197,7 @@ class _Cand:
 
 def _exact(request: TrainingRequest) -> StrategyPeak:
     """``zerocalc memory``'s peak for the request's one strategy (the same functions, the same request)."""
-    row = strategy_row(request)
-    return strategy_peak(request, PROFILES[request.framework], row, runtime_for(request))
+    return strategy_peak(request, PROFILES[request.framework], request.strategies[0], runtime_for(request))
 
 
 def _host_bytes(peak: StrategyPeak, request: TrainingRequest) -> int | None:
