@@ -180,18 +180,16 @@ class Mechanics:
         return Sizes(FP32 * n for n in self._optimizer_elements())
 
     def optimizer_step(self, led: Ledger, first_step: bool) -> None:
-        elements = self._optimizer_elements()
         if first_step:  # Adam._init_group: zeros_like exp_avg then exp_avg_sq, parameter by parameter
             self._alloc_optimizer_states(led)
         if self.optimizer_impl is OptimizerImpl.FOREACH and self.optimizer_states:
             led.alloc_each(("foreach sqrt",), self._optimizer_bytes, OPTIMIZER_TEMP)
             led.event("optimizer step (foreach: sqrt of every exp_avg_sq)")
-            led.free_each("foreach sqrt", len(elements))
+            led.free_each("foreach sqrt", len(self._optimizer_bytes))
         elif self.optimizer_impl is OptimizerImpl.FOR_LOOP and self.optimizer_states:
-            largest = max(elements, default=0)
             led.event(
                 "optimizer step (for-loop: two temporaries of the largest tensor)",
-                2 * FP32 * largest,
+                2 * max(self._optimizer_bytes, default=0),
                 OPTIMIZER_TEMP,
             )
         else:
