@@ -24,7 +24,7 @@ from zerocalc.peak.report import Verdict
 from zerocalc.peak.simulate import flash_attention_used, runtime_for, simulate
 from zerocalc.peak.split import model_run
 from zerocalc.plan.fitted import StepParts, _states, with_batch, with_recompute
-from zerocalc.plan.layers import NotAffine, homogeneous, restriction
+from zerocalc.plan.layers import AFFINE_SLACK_BYTES, NotAffine, extrapolation, homogeneous, restriction
 from zerocalc.plan.search import Status, _exact, search
 from zerocalc.plan.space import (
     Group,
@@ -490,3 +490,24 @@ def test_a_restriction_refuses_inner_blocks_off_their_line() -> None:
     bent[10] += 512
     with pytest.raises(NotAffine):
         plan.apply(bent)
+
+
+def test_an_extrapolation_follows_the_plane_and_refuses_blocks_off_it() -> None:
+    """layers.extrapolation: v(L, i) = p + q·i + r·L from blocks 2 and 3 at L' = 6 and block 2 at L' = 7
+    (hand-computed at L = 32); the other inner blocks (3 and 4 at L' = 7) must lie on that plane."""
+    names = tuple(tuple(f"backward:in post_backward {i}" for i in range(n)) for n in (6, 7))
+    plan = extrapolation(names, 32)  # type: ignore[arg-type]
+
+    def values(n: int) -> list[int]:
+        return [100 + 7 * i + 1000 * n for i in range(n)]
+
+    # the edges in key order (blocks 0, 1, L−1, L−2), then blocks 2 and L−3 of the inner slot
+    expected = [32100, 32107, 32100 + 7 * 31, 32100 + 7 * 30, 32100 + 7 * 2, 32100 + 7 * 29]
+    assert plan.apply((values(6), values(7))) == expected
+    for block in (3, 4):
+        bent = values(7)
+        bent[block] += AFFINE_SLACK_BYTES + 1
+        with pytest.raises(NotAffine):
+            plan.apply((values(6), bent))
+        bent[block] -= 1  # within the slack: still extrapolated
+        assert plan.apply((values(6), bent)) == expected

@@ -140,7 +140,8 @@ class _Inner(NamedTuple):
     r: int
     """Block 2 at L' = 7."""
     checks: tuple[tuple[int, int, int, int], ...]
-    """(run, index, L', block) of every inner block of both runs."""
+    """(run, index, block − 2, L' − 6) of every other inner block of both runs (the three above define the
+    plane: they are on it)."""
 
 
 class Extrapolation(NamedTuple):
@@ -165,15 +166,17 @@ class Extrapolation(NamedTuple):
                 raise NotAffine  # a slot with events at one depth and none at the other
             out.append(a + (b - a) * (big - n0))
         # v(L, i) = p + q·i + r·L from blocks 2 and 3 at L' = 6 and block 2 at L' = 7, checked on every
-        # inner block of both runs
+        # other inner block of both runs
+        # (relative to block 2 at L' = 6: v = a + q·(i − 2) + r·(L − 6))
+        deeper, last = big - n0, big - 1 - 2 * EDGE
         for inner in self.inner:
             a = v0[inner.a]
             q, r = v0[inner.q] - a, v1[inner.r] - a
-            p = a - q * EDGE - r * n0
-            for run, index, n, i in inner.checks:
-                if abs(runs[run][index] - (p + q * i + r * n)) > AFFINE_SLACK_BYTES:
+            for run, index, blocks, layers in inner.checks:
+                if abs(runs[run][index] - a - q * blocks - r * layers) > AFFINE_SLACK_BYTES:
                     raise NotAffine
-            out += (p + q * EDGE + r * big, p + q * (big - 1 - EDGE) + r * big)
+            at_2 = a + r * deeper
+            out += (at_2, at_2 + q * last)
         return out
 
 
@@ -190,10 +193,12 @@ def extrapolation(names: tuple[tuple[str, ...], tuple[str, ...]], big: int) -> E
     inner = []
     for phase, template, k in slots:
         try:
+            defining = {(0, EDGE), (0, EDGE + 1), (1, EDGE)}
             checks = tuple(
-                (run, keyed[run][(phase, template, f"inner{i}", k)], n, i)
+                (run, keyed[run][(phase, template, f"inner{i}", k)], i - EDGE, n - SMALL_LAYERS[0])
                 for run, n in enumerate(SMALL_LAYERS)
                 for i in range(EDGE, n - EDGE)
+                if (run, i) not in defining
             )
             inner.append(
                 _Inner(
