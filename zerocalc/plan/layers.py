@@ -166,8 +166,7 @@ class Extrapolation(NamedTuple):
                 raise NotAffine  # a slot with events at one depth and none at the other
             out.append(a + (b - a) * (big - n0))
         # v(L, i) = p + q·i + r·L from blocks 2 and 3 at L' = 6 and block 2 at L' = 7, checked on every
-        # other inner block of both runs
-        # (relative to block 2 at L' = 6: v = a + q·(i − 2) + r·(L − 6))
+        # other inner block of both runs; relative to block 2 at L' = 6: v = a + q·(i − 2) + r·(L − 6)
         deeper, last = big - n0, big - 1 - 2 * EDGE
         for inner in self.inner:
             a = v0[inner.a]
@@ -191,9 +190,9 @@ def extrapolation(names: tuple[tuple[str, ...], tuple[str, ...]], big: int) -> E
     outer = tuple((keyed[0][k], keyed[1][k]) for k in ordered)
     slots = _inner_slots(*keyed)
     inner = []
+    defining = {(0, EDGE), (0, EDGE + 1), (1, EDGE)}  # (run, block) of a, q and r: on the plane
     for phase, template, k in slots:
         try:
-            defining = {(0, EDGE), (0, EDGE + 1), (1, EDGE)}
             checks = tuple(
                 (run, keyed[run][(phase, template, f"inner{i}", k)], i - EDGE, n - SMALL_LAYERS[0])
                 for run, n in enumerate(SMALL_LAYERS)
