@@ -5,7 +5,8 @@ run (which also fills the per-model caches: units, models cut to 6 and 7 layers)
 candidates, each given its peak (the framework's part once per configuration plus the model's once per
 micro-batch and recompute: zerocalc.plan.fitted), its communication and step time, per second of the
 search; then the walk's exact evaluations (memory's full model, allocator replay) of the rows printed,
-timed apart. Beside them, one `evaluate(request)` of the same model (every default FSDP2 strategy).
+timed apart. Beside them, one `estimate_memory` call (the model states of every strategy, `zerocalc memory`
+without the peak) and one `evaluate(request)` of the same model (every default FSDP2 strategy, the peak).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import statistics
 import time
 
+from zerocalc.api import estimate_memory
 from zerocalc.peak.evaluate import evaluate
 from zerocalc.plan.search import search
 from zerocalc.plan.space import plan_options
@@ -46,6 +48,9 @@ def main() -> None:
             model=case["model"], gpu=case["gpu"], gpus=8, seq_len=case["seq_len"], framework="fsdp2"
         )
         start = time.perf_counter()
+        estimate_memory(model=case["model"], gpus=8, gpu=case["gpu"])
+        states = time.perf_counter() - start
+        start = time.perf_counter()
         evaluate(request)
         one = time.perf_counter() - start
         n = result.candidates_evaluated  # type: ignore[union-attr]
@@ -54,6 +59,7 @@ def main() -> None:
             f"  every candidate (peak + comm + time): {seconds:.3f} s = {n / seconds:,.0f} candidates/s "
             f"(first run: {n / first:,.0f}/s)\n"
             f"  then {result.exact_peaks} exact peaks for the rows: {exact_s:.3f} s\n"  # type: ignore[union-attr]
+            f"  one estimate_memory() (model states, 8 GPUs, every strategy): {states * 1000:.1f} ms\n"
             f"  one evaluate() (fsdp2, 8 GPUs, all strategies): {one * 1000:.0f} ms"
         )
 
