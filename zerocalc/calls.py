@@ -187,7 +187,8 @@ def _selected(layout: Layout, select: Select, world_size: int | None) -> tuple[i
 # ---------------------------------------------------------------------------------------------- padding
 class _Sizing(NamedTuple):
     """How a rule sizes a call from its tensors: its padding for ``ranks`` ranks (N = ``world_size``), and
-    the ranks S is one shard of (``shard_of``; 1: S is the whole array)."""
+    ``shard``, how many shards the padded array is cut into, S being one (the rule's ``shard_of`` group;
+    1: S is the whole array)."""
 
     padding: Padding
     ranks: int

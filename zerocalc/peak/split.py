@@ -197,8 +197,7 @@ def model_run(request: TrainingRequest, runtime: Runtime | None, device: Device 
     hooked = _Hooked(_NoFramework(), calls)
     steady_start(step, hooked, runtime, led)
     run_step(step, hooked, runtime, led)
-    done = tuple(calls)
-    return ModelRun(_values(led.entered, led.between[1:], led.between[0]), done)
+    return ModelRun(_values(led.entered, led.between[1:], led.between[0]), tuple(calls))
 
 
 def framework_mechanics(request: TrainingRequest, states: Sequence[StateLine]) -> Mechanics:
