@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
+from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -355,10 +356,17 @@ def head_tensors(arch: Architecture) -> list[ParamTensor]:
 
 def parameter_tensors(arch: Architecture) -> list[ParamTensor]:
     """Every parameter tensor of the model, in module order (shared tensors once)."""
+    return list(_parameter_tensors(arch))
+
+
+@lru_cache(maxsize=64)
+def _parameter_tensors(arch: Architecture) -> tuple[ParamTensor, ...]:
+    """:func:`parameter_tensors`, built once per architecture (a plan's search asks for them per world and
+    per layer count)."""
     tensors = embedding_tensors(arch)
     for i in range(arch.num_layers):
         tensors += layer_tensors(arch, i)
-    return tensors + head_tensors(arch)
+    return tuple(tensors + head_tensors(arch))
 
 
 class ParameterCount(BaseModel):
