@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
-from zerocalc.architecture import Architecture, MlpKind, NormKind, parameter_tensors
+from zerocalc.architecture import Architecture, MlpKind, NormKind, ParamTensor, parameter_tensors
 from zerocalc.framework_states import dim0_padded_numel, dim0_shard_numel, fsdp_units, zero1_partition
 from zerocalc.frameworks import TORCH_FRAMEWORKS, Framework, Fsdp1Sharding, TorchWrapper
 from zerocalc.model_impl import MODEL_IMPLS, Device, Shape
@@ -71,17 +71,26 @@ def _units(request: TrainingRequest, world: int) -> dict[str, Unit]:
 def _units_of(arch: Architecture, world: int) -> tuple[tuple[str, Unit], ...]:
     """The blocks' units in order, then the root's; once per architecture and world (the units are shared:
     nothing mutates them)."""
+    sizes: dict[tuple[int, ...], tuple[int, int, int]] = {}  # per shape: every block repeats them
     units: list[tuple[str, Unit]] = []
-    for name, tensors in fsdp_units(arch):
-        key = name.removeprefix("layers.") if name != "root" else "root"
-        unit = Unit(
-            key,
-            [t.numel for t in tensors],
-            [dim0_shard_numel(t.shape, world, 0) for t in tensors],
-            [dim0_padded_numel(t.shape, world) for t in tensors],
-        )
-        units.append((key, unit))
+    for key, tensors in _fsdp_units_of(arch):
+        for t in tensors:
+            shape = t.shape
+            if shape not in sizes:
+                sizes[shape] = (t.numel, dim0_shard_numel(shape, world, 0), dim0_padded_numel(shape, world))
+        numel, local, padded = zip(*(sizes[t.shape] for t in tensors), strict=True)
+        units.append((key, Unit(key, list(numel), list(local), list(padded))))
     return tuple(units)
+
+
+@lru_cache(maxsize=64)
+def _fsdp_units_of(arch: Architecture) -> tuple[tuple[str, tuple[ParamTensor, ...]], ...]:
+    """:func:`fsdp_units` keyed as the timeline names units (``"root"``, ``"0"`` … ``"L−1"``), once per
+    architecture (a plan's search asks at every world)."""
+    return tuple(
+        (name.removeprefix("layers.") if name != "root" else "root", tuple(tensors))
+        for name, tensors in fsdp_units(arch)
+    )
 
 
 def is_llama_family(arch: Architecture) -> bool:
