@@ -3,6 +3,7 @@ reproduce the top row, monotonic in GPUs and GPU memory, a published throughput,
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Iterator
 from functools import cache
@@ -303,6 +304,28 @@ def test_json_counts_every_candidate() -> None:
     assert len(ranked) == len(result.top)
     assert all(c.peak_exact for c in ranked)
     assert plan_options(**SMALL).objective is Objective.TIME
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_search_leaves_the_garbage_collector_as_it_found_it(enabled: bool) -> None:
+    """The search pauses the cyclic collector (zerocalc.plan.search._collector_paused), and restores it
+    after a search and after one that raises."""
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        paused: list[bool] = []
+        search(plan_options(**SMALL), on_progress=lambda done, total: paused.append(gc.isenabled()))
+        assert paused and not any(paused)
+        assert gc.isenabled() is enabled
+
+        def fail(done: int, total: int) -> None:
+            raise RuntimeError("interrupted")
+
+        with pytest.raises(RuntimeError):
+            search(plan_options(**SMALL), on_progress=fail)
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
 
 
 @pytest.mark.parametrize(
