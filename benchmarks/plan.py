@@ -1,18 +1,25 @@
 """Candidates per second of `zerocalc plan`, side by side with one `zerocalc memory` evaluation.
 
-Run: python benchmarks/plan.py [--repeat 3]. In-process, one core; the median of the repeats and the first
-run (which also fills the per-model caches: units, models cut to 6 and 7 layers). For each case: the
-candidates, each given its peak (the framework's part once per configuration plus the model's once per
-micro-batch and recompute: zerocalc.plan.fitted), its communication and step time, per second of the
-search; then the walk's exact evaluations (memory's full model, allocator replay) of the rows printed,
-timed apart. Beside them, one `estimate_memory` call (the model states of every strategy, `zerocalc memory`
-without the peak) and one `evaluate(request)` of the same model (every default FSDP2 strategy, the peak).
+Run: python benchmarks/plan.py [--repeat 5]. One core. For each case, the candidates, each given its peak
+(the framework's part once per configuration plus the model's once per micro-batch and recompute:
+zerocalc.plan.fitted), its communication and step time, per second of the search:
+
+* cold: the first search of a fresh Python process (what `zerocalc plan` does: the per-model caches —
+  units, models cut to 6 and 7 layers, layouts — are filled by it), the median over ``--repeat`` processes;
+* warm: later searches of the same plan in one process, the median of ``--repeat``.
+
+Then the walk's exact evaluations (memory's full model, allocator replay) of the rows printed, timed apart.
+Beside them, one `estimate_memory` call (the model states of every strategy, `zerocalc memory` without the
+peak) and one `evaluate(request)` of the same model (every default FSDP2 strategy, the peak).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
+import sys
 import time
 
 from zerocalc.api import estimate_memory
@@ -21,29 +28,54 @@ from zerocalc.plan.search import search
 from zerocalc.plan.space import plan_options
 from zerocalc.request import parse_options
 
+LLAMA_16 = dict(model="llama-3-8b", gpu="h100-80gb", gpus=16, global_batch="1048576", seq_len=8192)
 CASES = [
     dict(model="gpt2", gpu="rtx-4090", gpus=16, global_batch="512seq", seq_len=1024),
-    dict(model="llama-3-8b", gpu="h100-80gb", gpus=16, global_batch="1048576", seq_len=8192),
+    LLAMA_16,
     dict(model="llama-3-8b", gpu="h100-80gb", gpus=64, global_batch="4194304", seq_len=8192),
+    dict(LLAMA_16, frameworks="fsdp2"),
 ]
+"""The default frameworks (fsdp2, torch-zero1, deepspeed), then README's `plan` example (FSDP2 alone)."""
 
 
-def _median(plan: object, repeat: int) -> tuple[float, float, float, object]:
-    runs, result = [], None
+def _label(case: dict) -> str:
+    frameworks = f" [{case['frameworks']}]" if "frameworks" in case else ""
+    return f"{case['model']} ≤{case['gpus']}×{case['gpu']}{frameworks}"
+
+
+def _cold(index: int, repeat: int) -> float:
+    """The median over ``repeat`` fresh processes of their first search's seconds."""
+    runs = []
     for _ in range(repeat):
-        result = search(plan)  # type: ignore[arg-type]
-        runs.append((result.search_seconds, result.exact_seconds))
-    median = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
-    return runs[0][0], *median, result
+        out = subprocess.run(
+            [sys.executable, __file__, "--one", str(index)], capture_output=True, text=True, check=True
+        )
+        runs.append(json.loads(out.stdout)["search_seconds"])
+    return statistics.median(runs)
+
+
+def _one(index: int) -> None:
+    """One search of case ``index`` in this (fresh) process: its times as JSON on stdout."""
+    result = search(plan_options(**CASES[index]))
+    print(json.dumps({"search_seconds": result.search_seconds, "exact_seconds": result.exact_seconds}))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    for case in CASES:
+    if args.one is not None:
+        _one(args.one)
+        return
+    for index, case in enumerate(CASES):
+        cold = _cold(index, args.repeat)
         plan = plan_options(**case)
-        first, seconds, exact_s, result = _median(plan, args.repeat)
+        search(plan)  # the process's first search: fills the per-model caches
+        runs = [search(plan) for _ in range(args.repeat)]
+        warm = statistics.median(r.search_seconds for r in runs)
+        exact = statistics.median(r.exact_seconds for r in runs)
+        result = runs[-1]
         request = parse_options(
             model=case["model"], gpu=case["gpu"], gpus=8, seq_len=case["seq_len"], framework="fsdp2"
         )
@@ -53,12 +85,12 @@ def main() -> None:
         start = time.perf_counter()
         evaluate(request)
         one = time.perf_counter() - start
-        n = result.candidates_evaluated  # type: ignore[union-attr]
+        n = result.candidates_evaluated
         print(
-            f"{case['model']} ≤{case['gpus']}×{case['gpu']}: {n:,} candidates ({result.groups} groups)\n"  # type: ignore[union-attr]
-            f"  every candidate (peak + comm + time): {seconds:.3f} s = {n / seconds:,.0f} candidates/s "
-            f"(first run: {n / first:,.0f}/s)\n"
-            f"  then {result.exact_peaks} exact peaks for the rows: {exact_s:.3f} s\n"  # type: ignore[union-attr]
+            f"{_label(case)}: {n:,} candidates ({result.groups} groups)\n"
+            f"  every candidate (peak + comm + time), cold: {cold:.3f} s = {n / cold:,.0f} candidates/s; "
+            f"warm: {warm:.3f} s = {n / warm:,.0f}/s\n"
+            f"  then {result.exact_peaks} exact peaks for the rows: {exact:.3f} s\n"
             f"  one estimate_memory() (model states, 8 GPUs, every strategy): {states * 1000:.1f} ms\n"
             f"  one evaluate() (fsdp2, 8 GPUs, all strategies): {one * 1000:.0f} ms"
         )
