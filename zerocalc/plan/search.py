@@ -214,9 +214,9 @@ def _host_bytes(peak: StrategyPeak, request: TrainingRequest) -> int | None:
 @contextmanager
 def _collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off, then as it was: a search allocates a few hundred thousand
-    short-lived objects (freed by reference counting; it makes no cycles it needs collected), and each
-    full collection they trigger walks every object of the process (in ``zerocalc plan``, the CLI's
-    imports: ~14 ms each, measured)."""
+    short-lived objects, freed by reference counting (``gc.collect()`` after a search finds nothing
+    unreachable), and each full collection they would trigger walks every object of the process (in
+    ``zerocalc plan``, with the CLI's imports: ~14 ms each, measured)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
