@@ -53,6 +53,18 @@ def _one_line_exit_2(args: list[str], fragment: str, env: dict[str, str] | None 
         (["memory", "--params", "7B", "--optimizer-impl", "apex"], "--optimizer-impl 'apex'"),
         (["memory", "--params", "7B", "--grad-sync", "never"], "--grad-sync 'never'"),
         (["comm", "--params", "7B", "--gpus", "8", "--calibration", ""], "--calibration ''"),
+        (
+            ["comm", "--params", "7B", "--gpus", "8", "--calibration", "/no/such/calibration.json"],
+            "cannot be read (No such file or directory); accepted: a file written by `zerocalc bench`",
+        ),
+        (
+            ["plan", "--model", "gpt2", "--gpu", "rtx-4090", "--global-batch", "8seq", "--calibration", "/c"],
+            "--calibration '/c' cannot be read (No such file or directory); accepted:",
+        ),
+        (
+            ["memory", "--model", "/no/such/config.json", "--gpus", "8"],
+            "cannot be read (No such file or directory); accepted: a preset name or a readable config.json",
+        ),
         (["check", "/no/such/folder"], "does not exist"),
         (["presets", "show", "nonsense"], "is not a model, GPU or scenario preset"),
     ],

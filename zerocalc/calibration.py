@@ -97,7 +97,8 @@ def load_calibration(path: str | Path) -> Calibration:
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
-        raise InputError(f"{{calibration}} {name} cannot be read ({exc.strerror or exc})") from exc
+        reason = exc.strerror or exc
+        raise InputError(f"{{calibration}} {name} cannot be read ({reason}); {accepted}") from exc
     except UnicodeDecodeError as exc:
         raise InputError(f"{{calibration}} {name} is not UTF-8 text (byte {exc.start}); {accepted}") from exc
     try:

@@ -560,7 +560,10 @@ def _load(path: Path) -> Any:
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise InputError(f"{where} cannot be read ({exc.strerror or exc})") from exc
+        raise InputError(
+            f"{where} cannot be read ({exc.strerror or exc}); "
+            "accepted: a preset name or a readable config.json"
+        ) from exc
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -571,9 +574,13 @@ def _load(path: Path) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError(f"{where} is not JSON ({exc.msg} at line {exc.lineno})") from exc
+        raise InputError(
+            f"{where} is not JSON ({exc.msg} at line {exc.lineno}); accepted: a Hugging Face config.json"
+        ) from exc
     except (ValueError, RecursionError) as exc:  # a number of more than 4300 digits, nesting too deep
-        raise InputError(f"{where} is not a JSON config this reader accepts ({exc})") from exc
+        raise InputError(
+            f"{where} is not a JSON config this reader accepts ({exc}); accepted: a Hugging Face config.json"
+        ) from exc
 
 
 DROPOUT_KEYS: dict[str, dict[str, tuple[str, float]]] = {

@@ -144,7 +144,9 @@ def load_toml(path: Path, model: type[T]) -> T:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+        raise InputError(
+            f"{path}: cannot be read ({exc.strerror or exc}); accepted: a readable TOML file"
+        ) from exc
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not UTF-8 text (byte {exc.start}); accepted: a TOML file") from exc
     except tomllib.TOMLDecodeError as exc:
