@@ -33,7 +33,7 @@ the largest parameter; ``fused`` none. Adam's ``step`` counters are CPU tensors 
 from __future__ import annotations
 
 from enum import StrEnum
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Literal
 
 from zerocalc.optimizers import OptimizerImpl
@@ -68,6 +68,53 @@ class Accumulation(StrEnum):
     unsharded gradients of the earlier ones are resident and accumulate in place."""
 
 
+class UnitLabels:
+    """The names a unit's tensors and events have in the ledger."""
+
+    __slots__ = (
+        "accumulated_grads",
+        "all_gather",
+        "all_gather_input",
+        "all_gather_output",
+        "cast",
+        "fp32_grad",
+        "fp32_shard",
+        "grads",
+        "mp_shard",
+        "prefetch",
+        "prefetched",
+        "reduce_copy_in",
+        "reduce_input",
+        "reduce_output",
+        "reduce_output_event",
+        "unshard",
+        "unshard_copy_out",
+        "unsharded",
+        "unsharded_0",
+    )
+
+    def __init__(self, unit: str):
+        self.cast = f"{unit}.cast"
+        self.fp32_shard = f"{unit}.fp32 shard"
+        self.all_gather_input = f"{unit}.all-gather input"
+        self.all_gather_output = f"{unit}.all-gather output"
+        self.all_gather = f"all-gather {unit}"
+        self.prefetched = f"{unit}.prefetched all-gather"
+        self.prefetch = f"prefetch {unit}"
+        self.unsharded = f"{unit}.unsharded"
+        self.unsharded_0 = f"{unit}.unsharded#0"
+        self.unshard = f"unshard {unit}"
+        self.unshard_copy_out = f"unshard {unit} (copy-out)"
+        self.mp_shard = f"{unit}.mp shard"
+        self.grads = f"{unit}.grads"
+        self.accumulated_grads = f"{unit}.accumulated unsharded grads"
+        self.fp32_grad = f"{unit}.fp32 grad"
+        self.reduce_input = f"{unit}.reduce-scatter input"
+        self.reduce_output = f"{unit}.reduce-scatter output"
+        self.reduce_copy_in = f"reduce {unit} (copy-in)"
+        self.reduce_output_event = f"reduce {unit} output"
+
+
 class Unit:
     """One FSDP unit (or, for DDP, one block's parameters): the elements of each parameter. Not mutated:
     units are shared by every request of a model and world (:func:`zerocalc.peak.simulate._units_of`)."""
@@ -81,9 +128,17 @@ class Unit:
         self.padded = padded
         """Elements of each parameter as gathered, padding included."""
         self.numel = sum(params)
+        self.local_numel = sum(local)
+        self.padded_numel = sum(padded)
         self.key = (name, tuple(params), tuple(local), tuple(padded))
         """What the unit is (equal keys: the same unit)."""
         self._bytes: dict[tuple[str, int], Sizes] = {}
+
+    @cached_property
+    def labels(self) -> UnitLabels:
+        """Its tensors' and events' names, formatted once (a plan runs each unit's hooks thousands of
+        times)."""
+        return UnitLabels(self.name)
 
     def bytes_each(self, elements: Literal["params", "local", "padded"], element_bytes: int) -> Sizes:
         """Each parameter's bytes at ``element_bytes`` per element: unsharded (``params``), its shard
@@ -93,6 +148,13 @@ class Unit:
         if sizes is None:
             sizes = self._bytes[key] = Sizes(element_bytes * n for n in getattr(self, elements))
         return sizes
+
+
+@lru_cache(maxsize=256)
+def _fp32_sizes(elements: tuple[int, ...]) -> Sizes:
+    """fp32 bytes of tensors of these elements (shared: every configuration of a world steps the same
+    shards, and :class:`Sizes` keeps their rounded total)."""
+    return Sizes(FP32 * n for n in elements)
 
 
 class Mechanics:
@@ -170,14 +232,14 @@ class Mechanics:
     def post_backward(self, led: Ledger, unit: str | int) -> None:
         pass
 
-    def _optimizer_elements(self) -> list[int]:
+    def _optimizer_elements(self) -> tuple[int, ...]:
         """Elements of each tensor the local optimizer steps (the shards this rank updates)."""
-        return [n for u in self.units.values() for n in u.local]
+        return tuple(n for u in self.units.values() for n in u.local)
 
     @cached_property
     def _optimizer_bytes(self) -> Sizes:
         """fp32 bytes of each tensor the local optimizer steps: one of its states, or foreach's sqrt."""
-        return Sizes(FP32 * n for n in self._optimizer_elements())
+        return _fp32_sizes(self._optimizer_elements())
 
     def optimizer_step(self, led: Ledger, first_step: bool) -> None:
         if first_step:  # Adam._init_group: zeros_like exp_avg then exp_avg_sq, parameter by parameter
@@ -239,7 +301,7 @@ class Fsdp2(Mechanics):
 
     def resident(self, led: Ledger, first_step: bool = False) -> None:
         for unit in self.units.values():
-            led.alloc_each((f"{unit.name}.fp32 shard",), unit.bytes_each("local", FP32), PARAMS)
+            led.alloc_each((unit.labels.fp32_shard,), unit.bytes_each("local", FP32), PARAMS)
         if not first_step:
             self._resident_optimizer(led)
             self.earlier_micro_batches(led)
@@ -251,9 +313,9 @@ class Fsdp2(Mechanics):
             return
         for unit in self.units.values():
             if self.accumulation is Accumulation.UNSYNCED:
-                led.alloc(f"{unit.name}.accumulated unsharded grads", self.param_bytes * unit.numel, GRADS)
+                led.alloc(unit.labels.accumulated_grads, self.param_bytes * unit.numel, GRADS)
             else:
-                led.alloc(f"{unit.name}.fp32 grad", FP32 * sum(unit.local), GRADS, stream="reduce_scatter")
+                led.alloc(unit.labels.fp32_grad, FP32 * unit.local_numel, GRADS, stream="reduce_scatter")
 
     def create(self, led: Ledger) -> None:
         """``from_config`` in fp32 (every parameter), then ``fully_shard`` per block and the root: each
@@ -288,10 +350,10 @@ class Fsdp2(Mechanics):
             # FSDPParamGroup.unshard → foreach_all_gather: casts of the local shards to param_dtype, the
             # copy-in buffer (the padded shard), the flat all-gather output. A unit prefetched in backward
             # has done this already.
-            output = f"{unit.name}.all-gather output"
-            prefetched = f"{unit.name}.prefetched all-gather"
-            if led.has(prefetched):
-                led.rename(prefetched, output)
+            labels = unit.labels
+            output = labels.all_gather_output
+            if labels.prefetched in led.live:
+                led.rename(labels.prefetched, output)
             else:
                 self._all_gather(led, unit, output)
             # wait_for_unshard: the previous forward all-gather's result (kept so that its copy-out could
@@ -300,8 +362,8 @@ class Fsdp2(Mechanics):
             if self._all_gather_state is not None:
                 led.free(self._all_gather_state)
                 self._all_gather_state = None
-            led.alloc_each((f"{unit.name}.unsharded",), unit.bytes_each("padded", self.param_bytes), GATHERED)
-            led.event(f"unshard {unit.name} (copy-out)")
+            led.alloc_each((labels.unsharded,), unit.bytes_each("padded", self.param_bytes), GATHERED)
+            led.event(labels.unshard_copy_out)
             if backward:
                 led.free(output)
             else:
@@ -309,19 +371,20 @@ class Fsdp2(Mechanics):
         self._gathered.add(unit.name)
 
     def _all_gather(self, led: Ledger, unit: Unit, output: str) -> None:
+        labels = unit.labels
         if self.param_bytes != FP32:
-            led.alloc_each((f"{unit.name}.cast",), unit.bytes_each("local", self.param_bytes), GATHERED)
-        padded = sum(unit.padded)
-        led.alloc(f"{unit.name}.all-gather input", self.param_bytes * ceil_div(padded, self.world), BUFFERS)
-        led.free_each(f"{unit.name}.cast", len(unit.local))
+            led.alloc_each((labels.cast,), unit.bytes_each("local", self.param_bytes), GATHERED)
+        padded = unit.padded_numel
+        led.alloc(labels.all_gather_input, self.param_bytes * ceil_div(padded, self.world), BUFFERS)
+        led.free_each(labels.cast, len(unit.local))
         led.alloc(output, self.param_bytes * padded, BUFFERS)
-        led.event(f"all-gather {unit.name}")
-        led.free(f"{unit.name}.all-gather input")
+        led.event(labels.all_gather)
+        led.free(labels.all_gather_input)
 
     def _reshard(self, led: Ledger, unit: Unit) -> None:
         if unit.name not in self._gathered:
             return
-        led.free_each(f"{unit.name}.unsharded", len(unit.params))
+        led.free_each(unit.labels.unsharded, len(unit.params))
         self._gathered.discard(unit.name)
 
     def pre_forward(self, led: Ledger, unit: str | int) -> None:
@@ -341,12 +404,9 @@ class Fsdp2(Mechanics):
             # backward prefetch: the next unit's all-gather is issued before this unit's gradients
             following = self.units[str(unit - 1)]
             if following.name not in self._gathered:
-                led.alloc(
-                    f"{following.name}.prefetched all-gather",
-                    self.param_bytes * sum(following.padded),
-                    BUFFERS,
-                )
-                led.event(f"prefetch {following.name}")
+                labels = following.labels
+                led.alloc(labels.prefetched, self.param_bytes * following.padded_numel, BUFFERS)
+                led.event(labels.prefetch)
 
     def param_grad(self, led: Ledger, unit: str | int, label: str, numel: int) -> None:
         if self.accumulation is not Accumulation.UNSYNCED:  # else added in place into the kept gradients
@@ -358,27 +418,28 @@ class Fsdp2(Mechanics):
 
     def post_backward(self, led: Ledger, unit: str | int) -> None:
         u = self.units[str(unit)]
+        labels = u.labels
         self._reshard(led, u)
         if self._last_reduce_input is not None:
             led.free(self._last_reduce_input)
-        padded = sum(u.padded) if self.world > 1 else u.numel
-        name = f"{u.name}.reduce-scatter input"
+        padded = u.padded_numel if self.world > 1 else u.numel
+        name = labels.reduce_input
         led.alloc(name, self.reduce_bytes * padded, REDUCE)
-        led.event(f"reduce {u.name} (copy-in)")
-        led.free_group(f"{u.name}.grads")
-        led.free(f"{u.name}.accumulated unsharded grads")
+        led.event(labels.reduce_copy_in)
+        led.free_group(labels.grads)
+        led.free(labels.accumulated_grads)
         shard = ceil_div(padded, self.world) if self.world > 1 else padded
-        output = f"{u.name}.reduce-scatter output"
+        output = labels.reduce_output
         led.alloc(output, self.reduce_bytes * shard, REDUCE, stream="reduce_scatter")
         if self.reduce_bytes != FP32 or self.accumulation is Accumulation.SYNCED:
             # the sharded gradient is fp32: the output is cast (or added) into it, then freed
-            if not led.has(f"{u.name}.fp32 grad"):
-                led.alloc(f"{u.name}.fp32 grad", FP32 * sum(u.local), GRADS, stream="reduce_scatter")
-            led.event(f"reduce {u.name} output")
+            if labels.fp32_grad not in led.live:
+                led.alloc(labels.fp32_grad, FP32 * u.local_numel, GRADS, stream="reduce_scatter")
+            led.event(labels.reduce_output_event)
             led.free(output)
         else:
-            led.rename(output, f"{u.name}.fp32 grad", GRADS)
-            led.event(f"reduce {u.name} output")
+            led.rename(output, labels.fp32_grad, GRADS)
+            led.event(labels.reduce_output_event)
         self._last_reduce_input = name
         if unit == "root":  # the end of backward: nothing waits on the last buffers any more
             led.free(name)
@@ -487,8 +548,10 @@ class Ddp(Mechanics):
         self.autocast_bytes = autocast_bytes
         self.owned = owned
 
-    def _optimizer_elements(self) -> list[int]:
-        return self.owned if self.owned is not None else [n for u in self.units.values() for n in u.params]
+    def _optimizer_elements(self) -> tuple[int, ...]:
+        if self.owned is not None:
+            return tuple(self.owned)
+        return tuple(n for u in self.units.values() for n in u.params)
 
     def resident(self, led: Ledger, first_step: bool = False) -> None:
         for unit in self.units.values():
@@ -608,8 +671,8 @@ class Accounting(Mechanics):
         if self.gather:
             led.free(f"{u.name}.gathered")
 
-    def _optimizer_elements(self) -> list[int]:
-        return [self.elements]
+    def _optimizer_elements(self) -> tuple[int, ...]:
+        return (self.elements,)
 
     def optimizer_step(self, led: Ledger, first_step: bool) -> None:
         if self.optimizer_impl is OptimizerImpl.FOREACH and self.elements:
