@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,7 +36,7 @@ class Cluster(BaseModel):
     @classmethod
     def of(cls, world_size: int, gpus_per_node: int) -> Cluster:
         """N GPUs on nodes of g; a run smaller than a node uses N GPUs of it: that is its GPUs per node."""
-        return cls(world_size=world_size, gpus_per_node=min(gpus_per_node, world_size))
+        return _cluster(world_size, min(gpus_per_node, world_size))
 
     @property
     def ranks_per_node(self) -> int:
@@ -69,3 +70,9 @@ class Cluster(BaseModel):
                 f"accepted: {{gpus}} a multiple of {self.ranks_per_node}"
             )
         return None
+
+
+@lru_cache(maxsize=1024)
+def _cluster(world_size: int, gpus_per_node: int) -> Cluster:
+    """One (frozen) cluster per shape: a plan's search asks for each of its worlds hundreds of times."""
+    return Cluster(world_size=world_size, gpus_per_node=gpus_per_node)

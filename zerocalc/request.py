@@ -642,7 +642,11 @@ def _resolve_strategies(request: TrainingRequest) -> TrainingRequest:
             notes.append(f"{strategy.title} left out: {problem}")
     if not chosen:
         raise InputError("no strategy can run with these options: " + "; ".join(notes))
-    resolved = request.model_copy(update={"strategies": tuple(chosen), "strategy_notes": tuple(notes)})
+    resolved = (
+        request  # nothing left out (every explicit strategy): the same fields, no copy
+        if tuple(chosen) == request.strategies and tuple(notes) == request.strategy_notes
+        else request.model_copy(update={"strategies": tuple(chosen), "strategy_notes": tuple(notes)})
+    )
     problem = _grad_sync_problem(resolved) or _zeropp_problem(resolved)
     if problem:
         raise InputError(problem)
@@ -654,7 +658,7 @@ def request_with(request: TrainingRequest, **changes: object) -> TrainingRequest
     request (its strategies resolved afresh): the request that parsing the changed options gives, where the
     changes stay within the parser's bounds and the strategies are explicit. ``zerocalc plan`` derives its
     hundreds of candidate requests so (tests/test_plan.py compares each with the parser's)."""
-    if not request.strategies_explicit:
+    if not changes.get("strategies_explicit", request.strategies_explicit):
         raise ValueError("request_with needs explicit strategies (a default set resolves to other notes)")
     return _resolve_strategies(request.model_copy(update={**changes, "strategy_notes": ()}))
 

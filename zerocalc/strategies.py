@@ -20,6 +20,7 @@ A :class:`Strategy` says everything zerocalc knows about one strategy, once:
 from __future__ import annotations
 
 from enum import StrEnum
+from functools import cache
 
 from pydantic import BaseModel, ConfigDict
 
@@ -688,10 +689,12 @@ def _modelled(setup: FrameworkSetup, estimate: Estimate) -> bool:
     return estimate is Estimate.COMM or setup.memory
 
 
+@cache
 def framework_strategies(
     framework: Framework, estimate: Estimate = Estimate.MEMORY
 ) -> tuple[StrategyName, ...]:
-    """The strategies a framework implements (for this kind of estimate), in :class:`StrategyName` order."""
+    """The strategies a framework implements (for this kind of estimate), in :class:`StrategyName` order
+    (once per pair: :data:`STRATEGIES` is a constant table; a plan's search asks hundreds of times)."""
     return tuple(
         name
         for name, s in STRATEGIES.items()

@@ -433,4 +433,4 @@ def derived_request(plan: PlanRequest, group: Group, estimate: Estimate) -> Trai
         changes["offload_params"] = group.offload_params
         if group.prefetch is not None:
             changes["buffers"] = base.buffers.model_copy(update={"prefetch": group.prefetch})
-    return request_with(base.model_copy(update={"strategies_explicit": True}), **changes)
+    return request_with(base, **changes)
