@@ -476,17 +476,18 @@ class Fsdp1(Fsdp2):
             self._gathered.add(unit.name)  # the flat parameter is used in place
             return
         # _mp_shard: the local shard cast to param_dtype; _full_param_padded: the all-gather output
-        led.alloc(f"{unit.name}.mp shard", self.param_bytes * unit.local[0], GATHERED)
-        led.alloc(f"{unit.name}.unsharded#0", self.param_bytes * unit.padded[0], GATHERED)
-        led.event(f"unshard {unit.name}")
+        labels = unit.labels
+        led.alloc(labels.mp_shard, self.param_bytes * unit.local[0], GATHERED)
+        led.alloc(labels.unsharded_0, self.param_bytes * unit.padded[0], GATHERED)
+        led.event(labels.unshard)
         if not self.no_shard:
-            led.free(f"{unit.name}.mp shard")
+            led.free(labels.mp_shard)
         self._gathered.add(unit.name)
 
     def _reshard(self, led: Ledger, unit: Unit) -> None:
         if unit.name not in self._gathered:
             return
-        led.free(f"{unit.name}.unsharded#0")
+        led.free(unit.labels.unsharded_0)
         self._gathered.discard(unit.name)
 
     def post_forward(self, led: Ledger, unit: str | int) -> None:
@@ -501,28 +502,29 @@ class Fsdp1(Fsdp2):
 
     def post_backward(self, led: Ledger, unit: str | int) -> None:
         u = self.units[str(unit)]
+        labels = u.labels
         if self.no_shard:
             # _reduce_grad_no_shard: the gradient cast to reduce_dtype is all-reduced, then cast back to
             # the flat parameter's dtype (fp32) and kept as .grad; a later micro-batch's reduced gradient,
             # cast the same way, is added to the .grad the earlier ones left (gradient accumulation)
-            led.free_group(f"{u.name}.grads")
-            if led.has(f"{u.name}.fp32 grad"):
+            led.free_group(labels.grads)
+            if labels.fp32_grad in led.live:
                 led.alloc(f"{u.name}.fp32 grad (cast)", FP32 * u.numel, GRADS)
                 led.event(f"accumulate {u.name}")
                 led.free(f"{u.name}.fp32 grad (cast)")
             else:
-                led.alloc(f"{u.name}.fp32 grad", FP32 * u.numel, GRADS)
-            led.free(f"{u.name}.mp shard")
+                led.alloc(labels.fp32_grad, FP32 * u.numel, GRADS)
+            led.free(labels.mp_shard)
             self._reshard(led, u)
             return
-        name = f"{u.name}.reduce-scatter input"
+        name = labels.reduce_input
         led.alloc(name, self.reduce_bytes * u.padded[0], REDUCE)
         led.event(f"reduce {u.name} (cast)")
-        led.free_group(f"{u.name}.grads")
-        led.free(f"{u.name}.accumulated unsharded grads")
-        if not led.has(f"{u.name}.fp32 grad"):
-            led.alloc(f"{u.name}.fp32 grad", FP32 * u.local[0], GRADS, stream="post_backward")
-        led.event(f"reduce {u.name} output")
+        led.free_group(labels.grads)
+        led.free(labels.accumulated_grads)
+        if labels.fp32_grad not in led.live:
+            led.alloc(labels.fp32_grad, FP32 * u.local[0], GRADS, stream="post_backward")
+        led.event(labels.reduce_output_event)
         led.free(name)
         self._reshard(led, u)
 
