@@ -225,13 +225,17 @@ def framework_run(
     """F per slot (:func:`slot_names`) of a steady step: fresh ``mechanics`` given the model run's hook
     calls."""
     led = SlotLedger(framework=True, block=CUDA_BLOCK if device is Device.CUDA else 1)
-    # every operation is inside a hook: SlotLedger.enter and leave, without the model's lists
+    # every operation is inside a hook: SlotLedger.enter and leave, without the model's lists (no hook
+    # reads the phase: it names slots only)
     led.in_hook = True
     inside, left = led.inside, led.left
-    for phase, method, args in calls:
-        led.phase = phase
+    hooks: dict[str, Callable[..., None]] = {}
+    for _, method, args in calls:
+        hook = hooks.get(method)
+        if hook is None:
+            hook = hooks[method] = getattr(mechanics, method)
         inside.append(NO_EVENT)
-        getattr(mechanics, method)(led, *args)
+        hook(led, *args)
         left.append(led.total)
     return _values(inside, left, 0)
 
