@@ -132,23 +132,25 @@ def _names_at_l(outer: list[Key], inner: list[tuple[str, str, int]]) -> tuple[st
     return tuple(names)
 
 
+class _Inner(NamedTuple):
+    a: int
+    """Block 2 at L' = 6 (index into that run's values)."""
+    q: int
+    """Block 3 at L' = 6."""
+    r: int
+    """Block 2 at L' = 7."""
+    checks: tuple[tuple[int, int, int, int], ...]
+    """(run, index, block − 2, L' − 6) of every other inner block of both runs (the three above define the
+    plane: they are on it)."""
+
+
 class Extrapolation(NamedTuple):
     """Which values of the 6- and 7-layer runs give each slot at L (built once per model and depth)."""
 
     big: int
-    outer_6: tuple[int, ...]
-    """Per slot outside the inner blocks: its index in the 6-layer run."""
-    outer_7: tuple[int, ...]
-    """The same slots' indices in the 7-layer run."""
-    inner_a: tuple[int, ...]
-    """Per inner slot: block 2 at L' = 6 (index into that run's values)."""
-    inner_q: tuple[int, ...]
-    """Block 3 at L' = 6."""
-    inner_r: tuple[int, ...]
-    """Block 2 at L' = 7."""
-    checks: tuple[tuple[int, int, int, int, int], ...]
-    """(inner slot, run, index, block − 2, L' − 6) of every other inner block of both runs (the three above
-    define the plane: they are on it)."""
+    outer: tuple[tuple[int, int], ...]
+    """Per slot outside the inner blocks: its index in each run."""
+    inner: tuple[_Inner, ...]
     names: tuple[str, ...]
     """The slots at L, in the order of :meth:`apply`'s values."""
 
@@ -156,24 +158,22 @@ class Extrapolation(NamedTuple):
         """The values at L from the two runs' values (:class:`NotAffine` where an inner block leaves its
         plane)."""
         v0, v1 = runs
-        deeper, last = self.big - SMALL_LAYERS[0], self.big - 1 - 2 * EDGE
-        at_6 = [v0[i] for i in self.outer_6]
-        at_7 = [v1[i] for i in self.outer_7]
-        if NO_EVENT in at_6 or NO_EVENT in at_7:
-            for a, b in zip(at_6, at_7, strict=True):
-                if (a == NO_EVENT) != (b == NO_EVENT):
-                    raise NotAffine  # a slot with events at one depth and none at the other
-        out = [a + (b - a) * deeper for a, b in zip(at_6, at_7, strict=True)]
+        n0, big = SMALL_LAYERS[0], self.big
+        out = []
+        for i0, i1 in self.outer:
+            a, b = v0[i0], v1[i1]
+            if (a == NO_EVENT) != (b == NO_EVENT):
+                raise NotAffine  # a slot with events at one depth and none at the other
+            out.append(a + (b - a) * (big - n0))
         # v(L, i) = p + q·i + r·L from blocks 2 and 3 at L' = 6 and block 2 at L' = 7, checked on every
         # other inner block of both runs; relative to block 2 at L' = 6: v = a + q·(i − 2) + r·(L − 6)
-        a_s = [v0[i] for i in self.inner_a]
-        q_s = [v0[i] - a for i, a in zip(self.inner_q, a_s, strict=True)]
-        r_s = [v1[i] - a for i, a in zip(self.inner_r, a_s, strict=True)]
-        for slot, run, index, blocks, layers in self.checks:
-            off_plane = runs[run][index] - a_s[slot] - q_s[slot] * blocks - r_s[slot] * layers
-            if abs(off_plane) > AFFINE_SLACK_BYTES:
-                raise NotAffine
-        for a, q, r in zip(a_s, q_s, r_s, strict=True):
+        deeper, last = big - n0, big - 1 - 2 * EDGE
+        for inner in self.inner:
+            a = v0[inner.a]
+            q, r = v0[inner.q] - a, v1[inner.r] - a
+            for run, index, blocks, layers in inner.checks:
+                if abs(runs[run][index] - a - q * blocks - r * layers) > AFFINE_SLACK_BYTES:
+                    raise NotAffine
             at_2 = a + r * deeper
             out += (at_2, at_2 + q * last)
         return out
@@ -187,28 +187,29 @@ def extrapolation(names: tuple[tuple[str, ...], tuple[str, ...]], big: int) -> E
     if outer_keys[0] != outer_keys[1]:
         raise NotAffine
     ordered = sorted(outer_keys[0])
+    outer = tuple((keyed[0][k], keyed[1][k]) for k in ordered)
     slots = _inner_slots(*keyed)
+    inner = []
     defining = {(0, EDGE), (0, EDGE + 1), (1, EDGE)}  # (run, block) of a, q and r: on the plane
-    try:
-        checks = tuple(
-            (slot, run, keyed[run][(phase, template, f"inner{i}", k)], i - EDGE, n - SMALL_LAYERS[0])
-            for slot, (phase, template, k) in enumerate(slots)
-            for run, n in enumerate(SMALL_LAYERS)
-            for i in range(EDGE, n - EDGE)
-            if (run, i) not in defining
-        )
-        return Extrapolation(
-            big,
-            tuple(keyed[0][k] for k in ordered),
-            tuple(keyed[1][k] for k in ordered),
-            tuple(keyed[0][(phase, template, f"inner{EDGE}", k)] for phase, template, k in slots),
-            tuple(keyed[0][(phase, template, f"inner{EDGE + 1}", k)] for phase, template, k in slots),
-            tuple(keyed[1][(phase, template, f"inner{EDGE}", k)] for phase, template, k in slots),
-            checks,
-            _names_at_l(ordered, slots),
-        )
-    except KeyError:
-        raise NotAffine from None
+    for phase, template, k in slots:
+        try:
+            checks = tuple(
+                (run, keyed[run][(phase, template, f"inner{i}", k)], i - EDGE, n - SMALL_LAYERS[0])
+                for run, n in enumerate(SMALL_LAYERS)
+                for i in range(EDGE, n - EDGE)
+                if (run, i) not in defining
+            )
+            inner.append(
+                _Inner(
+                    keyed[0][(phase, template, f"inner{EDGE}", k)],
+                    keyed[0][(phase, template, f"inner{EDGE + 1}", k)],
+                    keyed[1][(phase, template, f"inner{EDGE}", k)],
+                    checks,
+                )
+            )
+        except KeyError:
+            raise NotAffine from None
+    return Extrapolation(big, outer, tuple(inner), _names_at_l(ordered, slots))
 
 
 class Restriction(NamedTuple):
