@@ -23,7 +23,7 @@ from zerocalc.errors import InputError
 from zerocalc.frameworks import TORCH_FRAMEWORKS, Estimate, Framework
 from zerocalc.peak.report import Verdict
 from zerocalc.peak.simulate import flash_attention_used, runtime_for, simulate
-from zerocalc.peak.split import model_run
+from zerocalc.peak.split import model_run, model_values
 from zerocalc.plan.fitted import StepParts, _states, with_batch, with_recompute
 from zerocalc.plan.layers import AFFINE_SLACK_BYTES, NotAffine, extrapolation, homogeneous, restriction
 from zerocalc.plan.search import Status, _exact, search
@@ -404,6 +404,12 @@ def test_the_hook_calls_are_the_same_at_every_micro_batch_and_recompute(model: s
     assert len(runs[0].calls) > 3 * request.architecture.num_layers
     assert all(run.calls == runs[0].calls and run.names == runs[0].names for run in runs)
     assert len({tuple(run.values) for run in runs}) >= 3  # the model's bytes do differ (3 micro-batches)
+    # the runs that do not record the calls (the search's, after the first per layer count) give the same
+    assert [
+        model_values(with_recompute(with_batch(request, b, 1), recompute), runtime)
+        for b in (1, 3, 8)
+        for recompute in Recompute
+    ] == [run.values for run in runs]
 
 
 def test_every_candidate_has_a_peak() -> None:

@@ -74,6 +74,8 @@ class SlotLedger(Ledger):
         """Per hook, the total when it returns."""
         self.between: list[int] = [NO_EVENT]
         """Per hook, the largest total at an event after it and before the next (first: before any hook)."""
+        self._group_totals: dict[tuple[tuple[str, int], ...], int] = {}
+        """The rounded total of each tuple of entries :meth:`alloc_group` has been given."""
 
     def alloc_each(
         self, prefixes: tuple[str, ...], sizes: Sequence[int], kind: str, stream: str = "default"
@@ -90,7 +92,13 @@ class SlotLedger(Ledger):
         if name in self.live:  # a second bundle of the group: its tensors one by one
             super().alloc_group(group, entries, kind)
             return
-        self.alloc(name, self.rounded_total(nbytes for _, nbytes in entries), kind, group=group)
+        if isinstance(entries, tuple):  # a layer's saves: the same tuple for every layer of a run
+            total = self._group_totals.get(entries)
+            if total is None:
+                total = self._group_totals[entries] = self.rounded_total(nbytes for _, nbytes in entries)
+        else:
+            total = self.rounded_total(nbytes for _, nbytes in entries)
+        self.alloc(name, total, kind, group=group)
 
     def free_each(self, prefix: str, count: int) -> None:
         if prefix in self.live:
@@ -118,23 +126,29 @@ class SlotLedger(Ledger):
 
 
 class _Hooked:
-    """The mechanics as the timeline sees them: each hook call marks its slot (and is recorded)."""
+    """The mechanics as the timeline sees them: each hook call marks its slot (and is recorded in
+    ``calls``, unless None)."""
 
-    def __init__(self, mechanics: Mechanics, calls: list[HookCall]):
+    def __init__(self, mechanics: Mechanics, calls: list[HookCall] | None):
         self._mechanics = mechanics
         self._calls = calls
 
     def __getattr__(self, method: str) -> Callable[..., None]:
         hook = getattr(self._mechanics, method)
+        calls = self._calls
 
         def call(led: SlotLedger, *args: object) -> None:
-            self._calls.append(HookCall(led.phase, method, args))
             led.enter()
             hook(led, *args)
             led.leave()
 
-        setattr(self, method, call)  # found without __getattr__ from now on
-        return call
+        def recorded_call(led: SlotLedger, *args: object) -> None:
+            calls.append(HookCall(led.phase, method, args))  # type: ignore[union-attr]
+            call(led, *args)
+
+        wrapper = call if calls is None else recorded_call
+        setattr(self, method, wrapper)  # found without __getattr__ from now on
+        return wrapper
 
 
 class _NoFramework(Mechanics):
@@ -190,14 +204,28 @@ def _values(inside: list[int], after: list[int], before: int) -> list[int]:
 
 
 def model_run(request: TrainingRequest, runtime: Runtime | None, device: Device = Device.CUDA) -> ModelRun:
-    """The model's part of the request's steady step (its framework ignored)."""
-    step = step_shape(request, activation_bytes(request), device)
+    """The model's part of the request's steady step (its framework ignored), and its hook calls."""
     calls: list[HookCall] = []
+    return ModelRun(_model_step(request, runtime, device, calls), tuple(calls))
+
+
+def model_values(
+    request: TrainingRequest, runtime: Runtime | None, device: Device = Device.CUDA
+) -> list[int]:
+    """:func:`model_run`'s values alone: the hook calls are the same at every micro-batch and recompute
+    (tests/test_plan.py), so a search records them once per layer count."""
+    return _model_step(request, runtime, device, None)
+
+
+def _model_step(
+    request: TrainingRequest, runtime: Runtime | None, device: Device, calls: list[HookCall] | None
+) -> list[int]:
+    step = step_shape(request, activation_bytes(request), device)
     led = SlotLedger(framework=False, block=CUDA_BLOCK if device is Device.CUDA else 1)
     hooked = _Hooked(_NoFramework(), calls)
     steady_start(step, hooked, runtime, led)
     run_step(step, hooked, runtime, led)
-    return ModelRun(_values(led.entered, led.between[1:], led.between[0]), tuple(calls))
+    return _values(led.entered, led.between[1:], led.between[0])
 
 
 def framework_mechanics(request: TrainingRequest, states: Sequence[StateLine]) -> Mechanics:

@@ -27,6 +27,7 @@ from zerocalc.peak.split import (
     framework_mechanics,
     framework_run,
     model_run,
+    model_values,
     peak_of,
 )
 from zerocalc.peak.states import STATE_BUILDERS
@@ -67,28 +68,36 @@ class StepParts:
 
     def __init__(self, runtime: Runtime):
         self.runtime = runtime
-        self._runs: dict[tuple[Recompute, int, int], ModelRun] = {}
+        self._runs: dict[tuple[Recompute, int, int], list[int]] = {}
+        """A's values per (recompute, micro-batch, layer count)."""
         self._hooks_at: dict[int, ModelRun] = {}
         """Per layer count, a model run: its hook calls and slot names, the same at every micro-batch and
-        recompute (the timeline calls the hooks whatever the activations: tests/test_plan.py)."""
+        recompute (the timeline calls the hooks whatever the activations: tests/test_plan.py), so the
+        other runs do not record them (:func:`model_values`)."""
         self._extrapolation: Extrapolation | NotAffine | None = None
         """The search's extrapolation, or why there is none (built at the first request)."""
         self._models: dict[tuple[Recompute, int, bool], list[int]] = {}
         self._frameworks: dict[Hashable, tuple[list[int], bool]] = {}
         self._framework_runs: dict[tuple[Hashable, int], list[int]] = {}
 
-    def _model_run(self, request: TrainingRequest) -> ModelRun:
+    @staticmethod
+    def _key(request: TrainingRequest) -> tuple[Recompute, int, int]:
         activations = request.activations
-        key = (activations.recompute, activations.micro_batch, request.architecture.num_layers)
+        return (activations.recompute, activations.micro_batch, request.architecture.num_layers)
+
+    def _model_values(self, request: TrainingRequest) -> list[int]:
+        key = self._key(request)
         if key not in self._runs:
-            self._runs[key] = model_run(request, self.runtime)
+            self._runs[key] = model_values(request, self.runtime)
         return self._runs[key]
 
     def _hooks(self, request: TrainingRequest) -> ModelRun:
-        """A model run at the request's layer count, for its hook calls and slot names."""
+        """A model run at the request's layer count, for its hook calls and slot names (its values kept
+        for its micro-batch and recompute)."""
         layers = request.architecture.num_layers
         if layers not in self._hooks_at:
-            self._hooks_at[layers] = self._model_run(request)
+            run = self._hooks_at[layers] = model_run(request, self.runtime)
+            self._runs.setdefault(self._key(request), run.values)
         return self._hooks_at[layers]
 
     def _framework_run(self, request: TrainingRequest) -> list[int]:
@@ -141,9 +150,7 @@ class StepParts:
         if key not in self._models:
             at_b = with_batch(request, b, accum)
             self._models[key] = (
-                self._extrapolated(at_b, lambda r: self._model_run(r).values)
-                if extrapolate
-                else self._model_run(at_b).values
+                self._extrapolated(at_b, self._model_values) if extrapolate else self._model_values(at_b)
             )
         return self._models[key]
 
