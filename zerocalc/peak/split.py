@@ -135,18 +135,20 @@ class _Hooked:
 
     def __getattr__(self, method: str) -> Callable[..., None]:
         hook = getattr(self._mechanics, method)
-        calls = self._calls
 
         def call(led: SlotLedger, *args: object) -> None:
             led.enter()
             hook(led, *args)
             led.leave()
 
-        def recorded_call(led: SlotLedger, *args: object) -> None:
-            calls.append(HookCall(led.phase, method, args))  # type: ignore[union-attr]
-            call(led, *args)
+        wrapper = call
+        if self._calls is not None:
+            calls = self._calls
 
-        wrapper = call if calls is None else recorded_call
+            def wrapper(led: SlotLedger, *args: object) -> None:
+                calls.append(HookCall(led.phase, method, args))
+                call(led, *args)
+
         setattr(self, method, wrapper)  # found without __getattr__ from now on
         return wrapper
 
