@@ -99,6 +99,9 @@ def parse_count(
     return count
 
 
+_WHOLE_RE = re.compile(r"[+-]?[0-9]+")
+
+
 def parse_whole(text: str | int, what: str, low: int, high: int, unit: str) -> int:
     """A whole number from ``low`` to ``high`` (``--gpus``, ``--seq-len``, ``--prefetch``...)."""
     accepted = f"a whole number of {unit} from {low:,} to {high:,}"
@@ -108,7 +111,8 @@ def parse_whole(text: str | int, what: str, low: int, high: int, unit: str) -> i
         value = text
     else:
         stripped = str(text).strip().replace("_", "")
-        if not stripped.lstrip("+-").isdigit() or len(stripped) > 30:
+        # ASCII digits with one optional sign: str.isdigit() also passes '²', which int() refuses
+        if not _WHOLE_RE.fullmatch(stripped) or len(stripped) > 30:
             raise InputError(f"{what} {shown(text)} is not accepted; accepted: {accepted}")
         value = int(stripped)
     if not low <= value <= high:
