@@ -69,6 +69,9 @@ def _one_line_exit_2(args: list[str], fragment: str, env: dict[str, str] | None 
             "cannot be read (No such file or directory); accepted: a preset name or a readable config.json",
         ),
         (["check", "/no/such/folder"], "does not exist"),
+        (["comm", "--params", "7B", "--gpus", "8", "--calibration", "\x00"], "cannot be read (embedded null"),
+        (["memory", "--model", "a\x00.json", "--gpus", "8"], "cannot be read (embedded null byte); accepted"),
+        (["bench", "--out", "\x00"], "--out '\\x00' contains a NUL byte; accepted: a file path"),
         (["presets", "show", "nonsense"], "is not a model, GPU or scenario preset"),
     ],
 )

@@ -52,6 +52,8 @@ def unwritable(path: str | Path) -> str | None:
     target = Path(path)
     if str(path) == "":
         return "is empty"
+    if "\x00" in str(path):
+        return "contains a NUL byte"
     if target.is_dir():
         return "is a directory"
     folder = target.parent

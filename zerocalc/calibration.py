@@ -96,11 +96,11 @@ def load_calibration(path: str | Path) -> Calibration:
     name = shown(str(file))
     try:
         text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        reason = exc.strerror or exc
-        raise InputError(f"{{calibration}} {name} cannot be read ({reason}); {accepted}") from exc
     except UnicodeDecodeError as exc:
         raise InputError(f"{{calibration}} {name} is not UTF-8 text (byte {exc.start}); {accepted}") from exc
+    except (OSError, ValueError) as exc:  # ValueError: a path with a NUL byte
+        reason = getattr(exc, "strerror", None) or exc
+        raise InputError(f"{{calibration}} {name} cannot be read ({reason}); {accepted}") from exc
     try:
         calibration = Calibration.model_validate_json(text)
     except ValidationError as exc:

@@ -559,9 +559,9 @@ def _load(path: Path) -> Any:
     where = f"--model {str(path)!r}"
     try:
         raw = path.read_bytes()
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a path with a NUL byte
         raise InputError(
-            f"{where} cannot be read ({exc.strerror or exc}); "
+            f"{where} cannot be read ({getattr(exc, 'strerror', None) or exc}); "
             "accepted: a preset name or a readable config.json"
         ) from exc
     try:

@@ -191,7 +191,7 @@ def _file_key(path: Path) -> tuple[str, int, int]:
     spellings of one file are cached twice, harmlessly)."""
     try:
         stat = path.stat()
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a path with a NUL byte
         return (str(path), -1, -1)  # the loader reports the problem
     return (str(path.absolute()), stat.st_mtime_ns, stat.st_size)
 
