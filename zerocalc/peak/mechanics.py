@@ -543,7 +543,7 @@ class Ddp(Mechanics):
         autocast_bytes: int | None,
         optimizer_states: int,
         optimizer_impl: OptimizerImpl,
-        owned: list[int] | None = None,
+        owned: tuple[int, ...] | None = None,
         accumulation: Accumulation = Accumulation.NONE,
     ):
         super().__init__(units, optimizer_states, optimizer_impl, FP32, accumulation)
@@ -552,7 +552,7 @@ class Ddp(Mechanics):
 
     def _optimizer_elements(self) -> tuple[int, ...]:
         if self.owned is not None:
-            return tuple(self.owned)
+            return self.owned
         return tuple(n for u in self.units.values() for n in u.params)
 
     def resident(self, led: Ledger, first_step: bool = False) -> None:

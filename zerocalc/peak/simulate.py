@@ -182,7 +182,7 @@ def mechanics_for(
         # DDP / ZeroRedundancyOptimizer: fp32 parameters, bf16 autocast under mixed precision
         owned = None
         if setup.wrapper is TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER:
-            owned = list(_largest_partition(request.architecture, request.cluster.world_size))
+            owned = _largest_partition(request.architecture, request.cluster.world_size)
         return Ddp(
             _units(request, 1),
             autocast_bytes=recipe.param_dtype.bytes if mixed else None,
