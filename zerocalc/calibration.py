@@ -16,7 +16,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from zerocalc.atomic import write_text_atomic
 from zerocalc.cluster import RankGroup
 from zerocalc.collectives import Collective
-from zerocalc.errors import InputError, shown
+from zerocalc.errors import InputError, shown, why_not
 
 CALIBRATION_SCHEMA_VERSION = 2
 """2: groups are named as everywhere else (``world``, ``node``, ``across_nodes``)."""
@@ -99,8 +99,7 @@ def load_calibration(path: str | Path) -> Calibration:
     except UnicodeDecodeError as exc:
         raise InputError(f"{{calibration}} {name} is not UTF-8 text (byte {exc.start}); {accepted}") from exc
     except (OSError, ValueError) as exc:  # ValueError: a path with a NUL byte
-        reason = getattr(exc, "strerror", None) or exc
-        raise InputError(f"{{calibration}} {name} cannot be read ({reason}); {accepted}") from exc
+        raise InputError(f"{{calibration}} {name} cannot be read ({why_not(exc)}); {accepted}") from exc
     try:
         calibration = Calibration.model_validate_json(text)
     except ValidationError as exc:

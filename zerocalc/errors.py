@@ -21,6 +21,12 @@ def shown(value: object) -> str:
     return repr(value).replace("{", "{{").replace("}", "}}")
 
 
+def why_not(exc: Exception) -> str:
+    """Why a file could not be read or written, for a message: the OS's reason (``No such file or
+    directory``), else the error itself (a path with a NUL byte raises a ValueError with no errno)."""
+    return getattr(exc, "strerror", None) or str(exc)
+
+
 class InputError(ValueError):
     """A user-supplied value is not accepted. The message names the value and what is accepted."""
 

@@ -37,7 +37,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from zerocalc.architecture import Architecture, BlockLayout, LatentAttention, MlpKind, NormKind, QkNorm
-from zerocalc.errors import InputError
+from zerocalc.errors import InputError, why_not
 
 MAX_SIZE = 2**31 - 1
 """The largest whole number a size key may hold."""
@@ -561,8 +561,7 @@ def _load(path: Path) -> Any:
         raw = path.read_bytes()
     except (OSError, ValueError) as exc:  # ValueError: a path with a NUL byte
         raise InputError(
-            f"{where} cannot be read ({getattr(exc, 'strerror', None) or exc}); "
-            "accepted: a preset name or a readable config.json"
+            f"{where} cannot be read ({why_not(exc)}); accepted: a preset name or a readable config.json"
         ) from exc
     try:
         text = raw.decode("utf-8-sig")

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from zerocalc.architecture import Architecture
-from zerocalc.errors import InputError, shown
+from zerocalc.errors import InputError, shown, why_not
 from zerocalc.units import parse_bandwidth, parse_bytes
 
 KINDS = ("models", "gpus", "scenarios")
@@ -144,9 +144,7 @@ def load_toml(path: Path, model: type[T]) -> T:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise InputError(
-            f"{path}: cannot be read ({exc.strerror or exc}); accepted: a readable TOML file"
-        ) from exc
+        raise InputError(f"{path}: cannot be read ({why_not(exc)}); accepted: a readable TOML file") from exc
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not UTF-8 text (byte {exc.start}); accepted: a TOML file") from exc
     except tomllib.TOMLDecodeError as exc:

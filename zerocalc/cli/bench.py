@@ -24,7 +24,7 @@ from zerocalc.bench.defaults import (
     DEFAULT_WARMUP,
 )
 from zerocalc.cli.base import PlainTextCommand, app, fail
-from zerocalc.errors import InputError
+from zerocalc.errors import InputError, why_not
 
 if TYPE_CHECKING:
     from zerocalc.bench.config import BenchConfig
@@ -261,7 +261,7 @@ def finish(config: BenchConfig, calibration: Calibration) -> None:
     try:
         saved = save_calibration(calibration, path)
     except OSError as exc:  # the path was checked before the run: the disk or its permissions changed
-        raise fail(f"--out {str(path)!r} cannot be written ({exc.strerror or exc})", 1) from None
+        raise fail(f"--out {str(path)!r} cannot be written ({why_not(exc)})", 1) from None
     if config.json_output:
         print_json(calibration)
         typer.echo(f"calibration written to {saved}", err=True)

@@ -29,7 +29,7 @@ def check(directory: Directory = None, update: Update = False) -> None:
 
     from zerocalc.atomic import write_text_atomic
     from zerocalc.check import diff
-    from zerocalc.errors import InputError
+    from zerocalc.errors import InputError, why_not
     from zerocalc.presets import installed_presets, load_toml, presets_root
     from zerocalc.scenarios import Scenario, evaluate_scenario
 
@@ -69,7 +69,7 @@ def check(directory: Directory = None, update: Update = False) -> None:
                 write_text_atomic(expected_path, text)
             except OSError as exc:
                 raise fail(
-                    f"{str(expected_path)!r} cannot be written ({exc.strerror or exc}); nothing after it was "
+                    f"{str(expected_path)!r} cannot be written ({why_not(exc)}); nothing after it was "
                     "written; accepted: a writable presets folder"
                 ) from None
             table.add_row(path.stem, "[cyan]updated[/cyan]", str(expected_path))
