@@ -540,6 +540,7 @@ class Ddp(Mechanics):
     def __init__(
         self,
         units: dict[str, Unit],
+        reducer_elements: int,
         autocast_bytes: int | None,
         optimizer_states: int,
         optimizer_impl: OptimizerImpl,
@@ -547,6 +548,8 @@ class Ddp(Mechanics):
         accumulation: Accumulation = Accumulation.NONE,
     ):
         super().__init__(units, optimizer_states, optimizer_impl, FP32, accumulation)
+        self.reducer_elements = reducer_elements
+        """Elements of every gradient the reducer's buckets copy (the whole model's)."""
         self.autocast_bytes = autocast_bytes
         self.owned = owned
 
@@ -558,8 +561,7 @@ class Ddp(Mechanics):
     def resident(self, led: Ledger, first_step: bool = False) -> None:
         for unit in self.units.values():
             led.alloc_each((f"{unit.name}.fp32 param",), unit.bytes_each("params", FP32), PARAMS)
-        total = sum(u.numel for u in self.units.values())
-        led.alloc("DDP reducer buckets (a copy of every gradient)", FP32 * total, REDUCE)
+        led.alloc("DDP reducer buckets (a copy of every gradient)", FP32 * self.reducer_elements, REDUCE)
         if not first_step:
             self._resident_optimizer(led)
             self.earlier_micro_batches(led)

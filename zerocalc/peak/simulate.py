@@ -62,9 +62,14 @@ def _largest_partition(arch: Architecture, world: int) -> tuple[int, ...]:
     return tuple(t.numel for t in max(parts, key=lambda part: sum(t.numel for t in part)))
 
 
-def _units(request: TrainingRequest, world: int) -> dict[str, Unit]:
-    """FSDP units with each parameter's elements, its dim-0 shard on rank 0 and its padded size."""
-    return dict(_units_of(request.architecture, world))
+def _units(request: TrainingRequest, world: int, blocks: int | None = None) -> dict[str, Unit]:
+    """FSDP units with each parameter's elements, its dim-0 shard on rank 0 and its padded size; with
+    ``blocks``, only the first ``blocks`` blocks' units and the root's (the units of the model cut to that
+    many blocks: each block's tensors are the same whatever the depth)."""
+    units = _units_of(request.architecture, world)
+    if blocks is None:
+        return dict(units)
+    return {name: unit for name, unit in units if name == "root" or int(name) < blocks}
 
 
 @lru_cache(maxsize=256)
@@ -138,9 +143,16 @@ def activation_bytes(request: TrainingRequest) -> int:
 
 
 def mechanics_for(
-    request: TrainingRequest, name: StrategyName, states: Sequence[StateLine] = ()
+    request: TrainingRequest, name: StrategyName, states: Sequence[StateLine] = (), blocks: int | None = None
 ) -> tuple[Mechanics, int]:
-    """The strategy's mechanics under the request's framework, and the activation bytes per element."""
+    """The strategy's mechanics under the request's framework, and the activation bytes per element.
+
+    With ``blocks``, the hooks of only the first ``blocks`` blocks and the root exist (their units); every
+    whole-model quantity stays the request's: the accountings' state lines (``states``) and optimizer
+    elements, DDP's reducer buckets, ZeroRedundancyOptimizer's partition, a whole-model unit (``--wrap
+    model``). That is what :mod:`zerocalc.plan.layers` runs at a few blocks to extrapolate to the request's
+    L: what scales with L is then only the blocks' own tensors, a sum of like terms (the whole-model
+    quantities are not affine in L: DeepSpeed's buckets are capped, every line rounded on its own)."""
     strategy = STRATEGIES[name]
     recipe = RECIPES[request.precision]
     mixed = request.precision is not PrecisionName.FP32
@@ -151,7 +163,7 @@ def mechanics_for(
         world = (
             request.cluster.group_size(setup.shard_group) if setup.shard_group else request.cluster.world_size
         )
-        units = _units(request, world)
+        units = _units(request, world, blocks)
         reduce = request.reduce_dtype.bytes if request.reduce_dtype is not None else recipe.param_dtype.bytes
         if setup.wrapper is TorchWrapper.FSDP2:
             return Fsdp2(
@@ -184,7 +196,8 @@ def mechanics_for(
         if setup.wrapper is TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER:
             owned = _largest_partition(request.architecture, request.cluster.world_size)
         return Ddp(
-            _units(request, 1),
+            _units(request, 1, blocks),
+            reducer_elements=sum(unit.numel for unit in _units(request, 1).values()),
             autocast_bytes=recipe.param_dtype.bytes if mixed else None,
             optimizer_states=2,
             optimizer_impl=optimizer_impl,
@@ -197,7 +210,7 @@ def mechanics_for(
     if request.buffers.wrap is Wrap.MODEL:
         units = {"root": Unit("root", [request.model.params], [request.model.params], [request.model.params])}
     else:
-        units = _units(request, 1)
+        units = _units(request, 1, blocks)
     b_p, b_g = recipe.param_dtype.bytes, recipe.grad_dtype.bytes
     b_r = request.reduce_dtype.bytes if request.reduce_dtype is not None else b_g
     paper = request.framework is Framework.PAPER

@@ -230,9 +230,13 @@ def _model_step(
     return _values(led.entered, led.between[1:], led.between[0])
 
 
-def framework_mechanics(request: TrainingRequest, states: Sequence[StateLine]) -> Mechanics:
-    """The request's mechanics (``states``: the accountings' state lines; PyTorch's derive their own)."""
-    return mechanics_for(request, request.strategies[0], states)[0]
+def framework_mechanics(
+    request: TrainingRequest, states: Sequence[StateLine], blocks: int | None = None
+) -> Mechanics:
+    """The request's mechanics (``states``: the accountings' state lines; PyTorch's derive their own);
+    with ``blocks``, those of its first ``blocks`` blocks and the root only, the whole-model quantities
+    the request's (:func:`~zerocalc.peak.simulate.mechanics_for`)."""
+    return mechanics_for(request, request.strategies[0], states, blocks)[0]
 
 
 def fingerprint(mechanics: Mechanics) -> Hashable:

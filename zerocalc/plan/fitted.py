@@ -15,13 +15,14 @@ at all L layers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 
 from zerocalc.activations import Recompute
 from zerocalc.frameworks import TORCH_FRAMEWORKS
 from zerocalc.peak.profiles import PROFILES
 from zerocalc.peak.report import StateLine
 from zerocalc.peak.split import (
+    HookCall,
     ModelRun,
     fingerprint,
     framework_mechanics,
@@ -100,12 +101,22 @@ class StepParts:
             self._runs.setdefault(self._key(request), run.values)
         return self._hooks_at[layers]
 
-    def _framework_run(self, request: TrainingRequest) -> list[int]:
-        """F of the request's mechanics, run once per distinct mechanics (:func:`fingerprint`)."""
-        mechanics = framework_mechanics(request, _states(request))
-        key = (fingerprint(mechanics), request.architecture.num_layers)
+    def _calls(self, request: TrainingRequest, layers: int) -> tuple[HookCall, ...]:
+        """The hook calls of the request's model cut to ``layers`` blocks (recorded once per depth)."""
+        run = self._hooks_at.get(layers)
+        if run is None:
+            at_depth = request if layers == request.architecture.num_layers else with_layers(request, layers)
+            run = self._hooks(at_depth)
+        return run.calls
+
+    def _framework_run(self, request: TrainingRequest, blocks: int | None = None) -> list[int]:
+        """F of the request's mechanics (with ``blocks``: of its first ``blocks`` blocks and the root, every
+        whole-model quantity the request's), run once per distinct mechanics (:func:`fingerprint`)."""
+        mechanics = framework_mechanics(request, _states(request), blocks)
+        layers = request.architecture.num_layers if blocks is None else blocks
+        key = (fingerprint(mechanics), layers)
         if key not in self._framework_runs:
-            self._framework_runs[key] = framework_run(mechanics, self._hooks(request).calls)
+            self._framework_runs[key] = framework_run(mechanics, self._calls(request, layers))
         return self._framework_runs[key]
 
     def _plan(self, request: TrainingRequest) -> Extrapolation:
@@ -124,12 +135,11 @@ class StepParts:
             raise NotAffine
         return self._extrapolation
 
-    def _extrapolated(
-        self, request: TrainingRequest, run: Callable[[TrainingRequest], list[int]]
-    ) -> list[int]:
-        """``run``'s values at the request's L from 6 and 7 layers."""
+    def _extrapolated_model(self, request: TrainingRequest) -> list[int]:
+        """A at the request's L from the model cut to 6 and 7 layers."""
         plan = self._plan(request)
-        return plan.apply(tuple(run(with_layers(request, n)) for n in SMALL_LAYERS))  # type: ignore[arg-type]
+        runs = tuple(self._model_values(with_layers(request, n)) for n in SMALL_LAYERS)
+        return plan.apply(runs)  # type: ignore[arg-type]
 
     def _at_all_layers(self, request: TrainingRequest) -> tuple[list[int], bool]:
         """F run at all L layers (its states are not affine in L), restricted to the extrapolation's slots
@@ -149,9 +159,7 @@ class StepParts:
         key = (request.activations.recompute, b, extrapolate)
         if key not in self._models:
             at_b = with_batch(request, b, accum)
-            self._models[key] = (
-                self._extrapolated(at_b, self._model_values) if extrapolate else self._model_values(at_b)
-            )
+            self._models[key] = self._extrapolated_model(at_b) if extrapolate else self._model_values(at_b)
         return self._models[key]
 
     def allocated_peaks(
@@ -164,7 +172,9 @@ class StepParts:
             try:
                 if not homogeneous(request):
                     raise NotAffine
-                self._frameworks[configuration] = (self._extrapolated(request, self._framework_run), True)
+                plan = self._plan(request)
+                runs = tuple(self._framework_run(request, blocks) for blocks in SMALL_LAYERS)
+                self._frameworks[configuration] = (plan.apply(runs), True)  # type: ignore[arg-type]
             except NotAffine:
                 self._frameworks[configuration] = self._at_all_layers(request)
         framework, extrapolated = self._frameworks[configuration]

@@ -9,21 +9,23 @@ L, ``v(L, i) = p + q·i + r·L``, for the inner blocks 2 … L−3 (:data:`EDGE`
 block 0 follows the root and frees the embedding's outputs, block L−1 starts backward unprefetched and
 block L−2 is prefetched while it is gathered), and the events outside the blocks and those of the edge
 blocks are affine in L; so is each part of a slot (the framework's, the model's) on its own. Every tensor
-is rounded to 512 bytes on its own, so the rounding keeps this exact wherever the model states are a sum
-over FSDP units (PyTorch's frameworks): there the extrapolation is exact, not fitted (tests/test_plan.py
-compares it with all-L simulations).
+is rounded to 512 bytes on its own, so the rounding keeps this exact for the blocks' own tensors. What is
+not a sum over blocks is not affine in L: the accountings' state lines (``ceil(Ψ/N)``, each rounded once;
+DeepSpeed's buckets ``min(bucket, Ψ)``, capped at L but not at a few layers for a small model), DDP's
+reducer buffer (one tensor). The framework's runs at a few blocks therefore keep every such quantity at
+the whole model's value (:func:`zerocalc.peak.simulate.mechanics_for` with ``blocks``): constant between
+the runs, so the extrapolation is exact under every framework, not fitted (tests/test_plan.py compares it
+with all-L timelines, GPT-2 XL's capped bucket included).
 
 Run at L' = 6 and 7 layers: each slot outside the inner blocks gives its line in L; each inner block slot
 its plane from blocks 2 and 3 at L' = 6 and block 2 at L' = 7, checked on every inner block of both runs
-(off by more than :data:`AFFINE_SLACK_BYTES`: :class:`NotAffine`, and the caller runs all L layers). The
+(off it by a byte: :class:`NotAffine`, and the caller runs all L layers). The
 slots' names are the same for every configuration at one depth, so the plan (:func:`extrapolation`) is built
 once and applied to each run's values. ZeroRedundancyOptimizer partitions whole tensors greedily over the
 ranks, which is not affine in L: its framework part is run at all L layers and :func:`restriction` keeps the
-extrapolation's slots of it (where it is affine in the block index). The accountings (the paper, DeepSpeed,
-Megatron) size their state lines from Ψ with ``ceil(Ψ/N)``: a few bytes off a line in L (measured: ≤ 2 KiB).
-The maximum of a plane over the inner blocks is at one of its two ends (the sum of the two parts' planes is
-a plane), so the peak at L is the maximum over the slots outside the inner blocks and those of blocks 2 and
-L−3.
+extrapolation's slots of it (where it is affine in the block index). The maximum of a plane over the
+inner blocks is at one of its two ends (the sum of the two parts' planes is a plane), so the peak at L is
+the maximum over the slots outside the inner blocks and those of blocks 2 and L−3.
 """
 
 from __future__ import annotations
@@ -46,9 +48,6 @@ embedding's outputs); the last starts backward unprefetched, and the one before 
 last is still gathered."""
 WORTH_IT = 2 * sum(SMALL_LAYERS)
 """Below this many layers simulating all of them is as cheap."""
-AFFINE_SLACK_BYTES = 64 * 1024
-"""The most an event's bytes may leave its line in L and still be extrapolated (the accountings'
-``ceil(Ψ/N)`` and 512-byte rounding of Ψ-sized lines); more means the stack is not homogeneous."""
 
 _INDEX = re.compile(r"\b(\d+)\b")
 
@@ -172,7 +171,7 @@ class Extrapolation(NamedTuple):
             a = v0[inner.a]
             q, r = v0[inner.q] - a, v1[inner.r] - a
             for run, index, blocks, layers in inner.checks:
-                if abs(runs[run][index] - a - q * blocks - r * layers) > AFFINE_SLACK_BYTES:
+                if runs[run][index] != a + q * blocks + r * layers:
                     raise NotAffine
             at_2 = a + r * deeper
             out += (at_2, at_2 + q * last)

@@ -5,9 +5,9 @@ once per key, every accumulation derived). The peak is ``memory``'s model in two
 
 * **every candidate**: the steady step's allocated peak from the framework's part of the step (one run
   per configuration) and the model's part (one run per micro-batch and recompute), combined slot by slot
-  (:mod:`zerocalc.plan.fitted`; the same number as the full timeline). Plus the CUDA context and the
-  NCCL communicators this is a **lower bound** of the device peak (the caching allocator's reserve is
-  ≥ 0), within :data:`FIT_TOLERANCE_BYTES`: a candidate whose bound is above the fit limit does not fit;
+  (:mod:`zerocalc.plan.fitted`; the same number as the full timeline, to the byte). Plus the CUDA
+  context and the NCCL communicators this is a **lower bound** of the device peak (the caching allocator's
+  reserve is ≥ 0): a candidate whose bound is above the fit limit does not fit;
 * **the rows printed**: the candidates are walked in the objective's order and evaluated exactly (the
   full model, the allocator replay included: ``zerocalc memory``'s own peak) until ``top`` fit. The
   ranking is the one a brute-force exact evaluation of every candidate gives (tests/test_plan.py).
@@ -67,10 +67,6 @@ from zerocalc.schedule import GradSync
 from zerocalc.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
 
 SCHEMA_VERSION = 1
-FIT_TOLERANCE_BYTES = 2**20
-"""Allowed error of the fitted allocated peak: exact for PyTorch's frameworks, the accountings' state lines
-(``ceil(Ψ/N)``) a few bytes off their line in L (:mod:`zerocalc.plan.layers`); tests/test_plan.py
-measures it."""
 
 
 class Status(StrEnum):
@@ -331,7 +327,7 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
     for cand in cands:
         if cand.status is Status.NOT_RANKED and cand.exact is not None:
             cand.status = _status_of(cand.exact)
-        if cand.status is Status.NOT_RANKED and cand.lower - FIT_TOLERANCE_BYTES > limit:
+        if cand.status is Status.NOT_RANKED and cand.lower > limit:
             cand.status = Status.DOES_NOT_FIT
     for cand in cands:
         if cand.status is Status.DOES_NOT_FIT:
@@ -429,12 +425,12 @@ def _walk(
     for cand in sorted(cands, key=lambda c: _order(plan, c)):
         if plan.objective is Objective.MEMORY and len(found) >= plan.top:
             worst = max(f.exact.peak_bytes for f in found if f.exact is not None)
-            if cand.lower is not None and cand.lower - FIT_TOLERANCE_BYTES > worst:
+            if cand.lower is not None and cand.lower > worst:
                 break
         elif len(found) >= plan.top:
             break
         assert cand.lower is not None
-        if cand.lower - FIT_TOLERANCE_BYTES > limit:
+        if cand.lower > limit:
             cand.status = Status.DOES_NOT_FIT
             continue
         if cand.exact is None:
