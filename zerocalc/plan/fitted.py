@@ -8,9 +8,8 @@ recompute and not on the configuration. So the search runs the framework's part 
 candidate's allocated peak is a maximum over the slots of a sum — the same number
 :func:`zerocalc.peak.simulate.simulate` gives for its steady step (tests/test_plan.py). Where the stack
 is homogeneous both parts are run at 6 and 7 layers and extrapolated to L (:mod:`zerocalc.plan.layers`:
-exact for PyTorch's frameworks, the accountings' lines within a few bytes). ZeroRedundancyOptimizer's
-framework part is run at all L and restricted to the same slots; a stack that is not homogeneous is run
-at all L layers.
+exact under every framework, the framework's runs keeping the whole model's quantities); a stack that is
+not homogeneous is run at all L layers.
 """
 
 from __future__ import annotations
@@ -39,8 +38,6 @@ from zerocalc.plan.layers import (
     NotAffine,
     extrapolation,
     homogeneous,
-    homogeneous_stack,
-    restriction,
     with_layers,
 )
 from zerocalc.request import TrainingRequest
@@ -125,7 +122,7 @@ class StepParts:
         homogeneous."""
         if self._extrapolation is None:
             try:
-                if not homogeneous_stack(request):
+                if not homogeneous(request):
                     raise NotAffine
                 names = tuple(self._hooks(with_layers(request, n)).names for n in SMALL_LAYERS)
                 self._extrapolation = extrapolation(names, request.architecture.num_layers)  # type: ignore[arg-type]
@@ -140,19 +137,6 @@ class StepParts:
         plan = self._plan(request)
         runs = tuple(self._model_values(with_layers(request, n)) for n in SMALL_LAYERS)
         return plan.apply(runs)  # type: ignore[arg-type]
-
-    def _at_all_layers(self, request: TrainingRequest) -> tuple[list[int], bool]:
-        """F run at all L layers (its states are not affine in L), restricted to the extrapolation's slots
-        where it is affine in the block index (so the model's part is extrapolated); else all its slots."""
-        framework = self._framework_run(request)
-        try:
-            plan = self._plan(request)
-            restricted = restriction(self._hooks(request).names, request.architecture.num_layers)
-            if restricted.names != plan.names:
-                raise NotAffine
-            return restricted.apply(framework), True
-        except NotAffine:
-            return framework, False
 
     def _model(self, request: TrainingRequest, b: int, accum: int, extrapolate: bool) -> list[int]:
         """A of the request at micro-batch ``b`` (once per b, recompute and way of running)."""
@@ -170,13 +154,11 @@ class StepParts:
         depends on (the request's options but the micro-batch and recompute): runs are shared by it."""
         if configuration not in self._frameworks:
             try:
-                if not homogeneous(request):
-                    raise NotAffine
                 plan = self._plan(request)
                 runs = tuple(self._framework_run(request, blocks) for blocks in SMALL_LAYERS)
                 self._frameworks[configuration] = (plan.apply(runs), True)  # type: ignore[arg-type]
             except NotAffine:
-                self._frameworks[configuration] = self._at_all_layers(request)
+                self._frameworks[configuration] = (self._framework_run(request), False)
         framework, extrapolated = self._frameworks[configuration]
         try:
             models = {b: self._model(request, b, a, extrapolated) for b, a in batches.items()}

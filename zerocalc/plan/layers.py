@@ -15,17 +15,16 @@ DeepSpeed's buckets ``min(bucket, Ψ)``, capped at L but not at a few layers for
 reducer buffer (one tensor). The framework's runs at a few blocks therefore keep every such quantity at
 the whole model's value (:func:`zerocalc.peak.simulate.mechanics_for` with ``blocks``): constant between
 the runs, so the extrapolation is exact under every framework, not fitted (tests/test_plan.py compares it
-with all-L timelines, GPT-2 XL's capped bucket included).
+with all-L timelines, GPT-2 XL's capped bucket included). ZeroRedundancyOptimizer's greedy partition of
+whole tensors over the ranks is such a quantity too: the optimizer states the largest rank keeps.
 
 Run at L' = 6 and 7 layers: each slot outside the inner blocks gives its line in L; each inner block slot
 its plane from blocks 2 and 3 at L' = 6 and block 2 at L' = 7, checked on every inner block of both runs
-(off it by a byte: :class:`NotAffine`, and the caller runs all L layers). The
-slots' names are the same for every configuration at one depth, so the plan (:func:`extrapolation`) is built
-once and applied to each run's values. ZeroRedundancyOptimizer partitions whole tensors greedily over the
-ranks, which is not affine in L: its framework part is run at all L layers and :func:`restriction` keeps the
-extrapolation's slots of it (where it is affine in the block index). The maximum of a plane over the
-inner blocks is at one of its two ends (the sum of the two parts' planes is a plane), so the peak at L is
-the maximum over the slots outside the inner blocks and those of blocks 2 and L−3.
+(off it by a byte: :class:`NotAffine`, and the caller runs all L layers). The slots' names are the same
+for every configuration at one depth, so the plan (:func:`extrapolation`) is built once and applied to each
+run's values. The maximum of a plane over the inner blocks is at one of its two ends (the sum of the two
+parts' planes is a plane), so the peak at L is the maximum over the slots outside the inner blocks and
+those of blocks 2 and L−3.
 """
 
 from __future__ import annotations
@@ -35,10 +34,8 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from zerocalc.architecture import Architecture, count_parameters
-from zerocalc.frameworks import TorchWrapper
 from zerocalc.peak.split import NO_EVENT
 from zerocalc.request import ModelSpec, TrainingRequest
-from zerocalc.strategies import STRATEGIES
 
 SMALL_LAYERS = (6, 7)
 """The layer counts simulated (blocks 2 … L'−3 inner: two, then three)."""
@@ -60,19 +57,11 @@ class NotAffine(Exception):
     """The step's bytes are not affine in the layer count for this request (simulate all layers)."""
 
 
-def homogeneous_stack(request: TrainingRequest) -> bool:
+def homogeneous(request: TrainingRequest) -> bool:
     """Every block has the same tensors (no dense blocks among MoE ones) and there are more of them than
-    simulated: the model's part can be extrapolated."""
+    simulated: both parts can be extrapolated."""
     arch = request.architecture
     return not arch.dense_layers and arch.num_layers >= WORTH_IT
-
-
-def homogeneous(request: TrainingRequest) -> bool:
-    """A homogeneous stack whose model states are a sum over units (not ZeroRedundancyOptimizer's
-    partition): both parts can be extrapolated."""
-    setup = STRATEGIES[request.strategies[0]].frameworks[request.framework].torch
-    partitioned = setup is not None and setup.wrapper is TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER
-    return homogeneous_stack(request) and not partitioned
 
 
 def with_layers(request: TrainingRequest, layers: int) -> TrainingRequest:
@@ -209,43 +198,3 @@ def extrapolation(names: tuple[tuple[str, ...], tuple[str, ...]], big: int) -> E
         except KeyError:
             raise NotAffine from None
     return Extrapolation(big, outer, tuple(inner), _names_at_l(ordered, slots))
-
-
-class Restriction(NamedTuple):
-    """Which slots of a run at all L layers are :func:`extrapolation`'s slots (those outside the inner
-    blocks, then blocks 2 and L−3 of each inner slot), for a part that is not affine in L (ZeroRedundancy-
-    Optimizer's greedy partition) but is, within its run, affine in the block index: then the maximum of
-    its sum with the other part over the inner blocks is still at blocks 2 or L−3."""
-
-    outer: tuple[int, ...]
-    inner: tuple[tuple[int, ...], ...]
-    """Per inner slot, its index at blocks 2 … L−3."""
-    names: tuple[str, ...]
-
-    def apply(self, values: list[int]) -> list[int]:
-        """The run's values at the extrapolation's slots (:class:`NotAffine` where an inner slot's values
-        are not exactly affine in the block index)."""
-        out = [values[i] for i in self.outer]
-        for slots in self.inner:
-            first = values[slots[0]]
-            step = values[slots[1]] - first
-            if any(values[s] != first + k * step for k, s in enumerate(slots)):
-                raise NotAffine
-            out += (first, values[slots[-1]])
-        return out
-
-
-@lru_cache(maxsize=64)
-def restriction(names: tuple[str, ...], layers: int) -> Restriction:
-    """The restriction of a run at ``layers`` whose slots are ``names`` (built once per model and depth)."""
-    keyed = _keyed(names, layers)
-    ordered = sorted(_outer_keys(keyed))
-    slots = _inner_slots(keyed)
-    try:
-        inner = tuple(
-            tuple(keyed[(phase, template, f"inner{i}", k)] for i in range(EDGE, layers - EDGE))
-            for phase, template, k in slots
-        )
-    except KeyError:
-        raise NotAffine from None
-    return Restriction(tuple(keyed[k] for k in ordered), inner, _names_at_l(ordered, slots))
