@@ -5,7 +5,7 @@ Run: python benchmarks/plan.py [--repeat 5]. One core. For each case, the candid
 zerocalc.plan.fitted), its communication and step time, per second of the search:
 
 * cold: the first search of a fresh Python process (what `zerocalc plan` does: the per-model caches —
-  units, models cut to 6 and 7 layers, layouts — are filled by it), the median over ``--repeat`` processes;
+  units, models cut to 4 and 5 layers, layouts — are filled by it), the median over ``--repeat`` processes;
 * warm: later searches of the same plan in one process, the median of ``--repeat``.
 
 Then the walk's exact evaluations (memory's full model, allocator replay) of the rows printed, timed apart.

@@ -25,7 +25,7 @@ from zerocalc.peak.report import Verdict
 from zerocalc.peak.simulate import flash_attention_used, runtime_for, simulate
 from zerocalc.peak.split import model_run, model_values
 from zerocalc.plan.fitted import StepParts, _states, with_batch, with_recompute
-from zerocalc.plan.layers import NotAffine, extrapolation
+from zerocalc.plan.layers import EDGE, NotAffine, extrapolation
 from zerocalc.plan.search import Status, _exact, search
 from zerocalc.plan.space import (
     Group,
@@ -356,11 +356,11 @@ def test_no_gpu_or_model_is_one_line() -> None:
 
 @pytest.mark.parametrize("model", ["llama-3-8b", "mixtral-8x7b", "gpt2-xl"])
 def test_layer_extrapolation_equals_the_all_layer_timeline(model: str) -> None:
-    """zerocalc.plan.layers: each candidate's allocated peak at L from runs of both parts at 6 and 7
+    """zerocalc.plan.layers: each candidate's allocated peak at L from runs of both parts at 4 and 5
     layers equals its all-layer timeline's to the byte under every framework, over strategies, recompute,
     offload, reduce dtype, accumulation and grad sync: the framework's runs at a few blocks keep the
     whole model's quantities (simulate.mechanics_for). GPT-2 XL (48 layers, 1.6 B parameters) is the case
-    that needs it: DeepSpeed's reduce bucket (5e8 elements) is capped at L but not at 6 or 7 layers, and
+    that needs it: DeepSpeed's reduce bucket (5e8 elements) is capped at L but not at 4 or 5 layers, and
     DDP's reducer buffer is one tensor rounded once; so is ZeroRedundancyOptimizer's greedy partition."""
     plan = plan_options(
         model=model,
@@ -385,10 +385,10 @@ def test_layer_extrapolation_equals_the_all_layer_timeline(model: str) -> None:
 
 
 def test_capped_buckets_are_exact_where_the_cut_model_is_below_the_cap() -> None:
-    """DeepSpeed ZeRO-2's reduce bucket is min(5e8, Ψ) elements: GPT-2 XL cut to 6 or 7 blocks is below
-    it (≈ 0.4 B parameters), the whole model above (1.56 B). Extrapolating the cut models' own lines gave
-    a fitted peak 8.46 GB above the timeline's (≈ 1.06 B elements × (2 + 4) bytes, at 42 more layers);
-    with the whole model's lines at every depth it is the timeline's to the byte."""
+    """DeepSpeed ZeRO-2's reduce bucket is min(5e8, Ψ) elements: GPT-2 XL cut to 4 or 5 blocks is below
+    it (≈ 0.2 B parameters), the whole model above (1.56 B). Extrapolating the cut models' own lines put
+    the fitted peak 8.46 GB above the timeline's (measured with the runs then at 6 and 7 layers); with the
+    whole model's lines at every depth it is the timeline's to the byte."""
     plan = plan_options(
         model="gpt2-xl", gpu="h100-80gb", gpus=16, global_batch="128seq", seq_len=1024,
         frameworks="deepspeed",
@@ -523,20 +523,35 @@ def test_a_derived_request_keeps_the_calibration(tmp_path, calibration_of) -> No
     assert request.calibration == cal and request.calibration_name == str(path)
 
 
+@pytest.mark.parametrize("prefetch", [0, 1, 3])
+def test_units_gathered_beyond_the_edges_are_run_at_all_layers(prefetch: int) -> None:
+    """The paper's ZeRO-3 gathers k units ahead: k blocks at each end are edges. Deeper than layers.EDGE
+    the runs at 4 and 5 layers are all edge (at k = 3 every block's window reaches past the stack, and the
+    plane through them was 11.7 GB off the timeline's peak): all L layers are run, and the peak is the
+    timeline's."""
+    request = parse_options(
+        model="llama-3-8b", gpus=16, framework="paper", strategies="zero3", seq_len=512, prefetch=prefetch
+    )
+    parts = StepParts(runtime_for(request))
+    fitted = parts.allocated_peaks(request, {1: 1}, prefetch)[1]
+    assert fitted == _timeline_peak(with_batch(request, 1, 1))
+    assert parts._frameworks[prefetch][1] is (prefetch <= EDGE)
+
+
 def test_an_extrapolation_follows_the_plane_and_refuses_blocks_off_it() -> None:
-    """layers.extrapolation: v(L, i) = p + q·i + r·L from blocks 2 and 3 at L' = 6 and block 2 at L' = 7
-    (hand-computed at L = 32); the other inner blocks (3 and 4 at L' = 7) must lie on that plane."""
-    names = tuple(tuple(f"backward:in post_backward {i}" for i in range(n)) for n in (6, 7))
+    """layers.extrapolation: v(L, i) = p + q·i + r·L from blocks 1 and 2 at L' = 4 and block 1 at L' = 5
+    (hand-computed at L = 32); the other inner blocks (2 and 3 at L' = 5) must lie on that plane."""
+    names = tuple(tuple(f"backward:in post_backward {i}" for i in range(n)) for n in (4, 5))
     plan = extrapolation(names, 32)  # type: ignore[arg-type]
 
     def values(n: int) -> list[int]:
         return [100 + 7 * i + 1000 * n for i in range(n)]
 
-    # the edges in key order (blocks 0, 1, L−1, L−2), then blocks 2 and L−3 of the inner slot
-    expected = [32100, 32107, 32100 + 7 * 31, 32100 + 7 * 30, 32100 + 7 * 2, 32100 + 7 * 29]
-    assert plan.apply((values(6), values(7))) == expected
-    for block in (3, 4):
-        bent = values(7)
+    # the edges in key order (blocks 0 and L−1), then blocks 1 and L−2 of the inner slot
+    expected = [32100, 32100 + 7 * 31, 32100 + 7 * 1, 32100 + 7 * 30]
+    assert plan.apply((values(4), values(5))) == expected
+    for block in (2, 3):
+        bent = values(5)
         bent[block] += 1
         with pytest.raises(NotAffine):  # a byte off the plane
-            plan.apply((values(6), bent))
+            plan.apply((values(4), bent))

@@ -1,15 +1,14 @@
 """Every candidate's allocated peak, from the step's two parts (pure).
 
 A candidate's steady step is the framework's part plus the model's part, slot by slot
-(:mod:`zerocalc.peak.split`): the framework's depends on the configuration (strategy, world, dtypes,
-offload, accumulation) and not on the micro-batch or recompute, the model's on the micro-batch and
-recompute and not on the configuration. So the search runs the framework's part once per configuration
-(whatever the micro-batch and recompute) and the model's once per (micro-batch, recompute), and each
-candidate's allocated peak is a maximum over the slots of a sum — the same number
-:func:`zerocalc.peak.simulate.simulate` gives for its steady step (tests/test_plan.py). Where the stack
-is homogeneous both parts are run at 6 and 7 layers and extrapolated to L (:mod:`zerocalc.plan.layers`:
-exact under every framework, the framework's runs keeping the whole model's quantities); a stack that is
-not homogeneous is run at all L layers.
+(:mod:`zerocalc.peak.split`): the framework's depends on the configuration (strategy, world, dtypes, offload,
+accumulation) and not on the micro-batch or recompute, the model's on the micro-batch and recompute and not on
+the configuration. So the search runs the framework's part once per configuration (whatever the micro-batch
+and recompute) and the model's once per (micro-batch, recompute), and each candidate's allocated peak is a
+maximum over the slots of a sum — the same number :func:`zerocalc.peak.simulate.simulate` gives for its steady
+step (tests/test_plan.py). Where the stack is homogeneous both parts are run at a few layers (4 and 5) and
+extrapolated to L (:mod:`zerocalc.plan.layers`: exact under every framework, the framework's runs keeping the
+whole model's quantities); a stack that is not homogeneous is run at all L layers.
 """
 
 from __future__ import annotations
@@ -117,7 +116,7 @@ class StepParts:
         return self._framework_runs[key]
 
     def _plan(self, request: TrainingRequest) -> Extrapolation:
-        """The extrapolation of the request's runs at 6 and 7 layers to its L (:mod:`zerocalc.plan.layers`;
+        """The extrapolation of the request's runs at 4 and 5 layers to its L (:mod:`zerocalc.plan.layers`;
         the same for every request of the search: one model); :class:`NotAffine` where the stack is not
         homogeneous."""
         if self._extrapolation is None:
@@ -133,7 +132,7 @@ class StepParts:
         return self._extrapolation
 
     def _extrapolated_model(self, request: TrainingRequest) -> list[int]:
-        """A at the request's L from the model cut to 6 and 7 layers."""
+        """A at the request's L from the model cut to 4 and 5 layers."""
         plan = self._plan(request)
         runs = tuple(self._model_values(with_layers(request, n)) for n in SMALL_LAYERS)
         return plan.apply(runs)  # type: ignore[arg-type]

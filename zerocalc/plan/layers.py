@@ -2,29 +2,29 @@
 same request with a few layers (pure).
 
 The decoder stack of a model whose blocks are all alike (dense, or mixture-of-experts in every block) is
-homogeneous: what block i allocates and frees is the same for every i, and what is alive around it is what
-the blocks before it left (activations saved in forward, gradients kept in backward) plus the model
-states, a sum over the blocks. So the bytes alive at the k-th slot named after block i are affine in i and
-L, ``v(L, i) = p + q·i + r·L``, for the inner blocks 2 … L−3 (:data:`EDGE` blocks at each end differ:
-block 0 follows the root and frees the embedding's outputs, block L−1 starts backward unprefetched and
-block L−2 is prefetched while it is gathered), and the events outside the blocks and those of the edge
-blocks are affine in L; so is each part of a slot (the framework's, the model's) on its own. Every tensor
-is rounded to 512 bytes on its own, so the rounding keeps this exact for the blocks' own tensors. What is
-not a sum over blocks is not affine in L: the accountings' state lines (``ceil(Ψ/N)``, each rounded once;
-DeepSpeed's buckets ``min(bucket, Ψ)``, capped at L but not at a few layers for a small model), DDP's
-reducer buffer (one tensor). The framework's runs at a few blocks therefore keep every such quantity at
-the whole model's value (:func:`zerocalc.peak.simulate.mechanics_for` with ``blocks``): constant between
-the runs, so the extrapolation is exact under every framework, not fitted (tests/test_plan.py compares it
-with all-L timelines, GPT-2 XL's capped bucket included). ZeroRedundancyOptimizer's greedy partition of
-whole tensors over the ranks is such a quantity too: the optimizer states the largest rank keeps.
+homogeneous: what block i allocates and frees is the same for every i, and what is alive around it is what the
+blocks before it left (activations saved in forward, gradients kept in backward) plus the model states, a sum
+over the blocks. So the bytes alive at the k-th slot named after block i are affine in i and L,
+``v(L, i) = p + q·i + r·L``, for the inner blocks 1 … L−2 (:data:`EDGE` block at each end differs: block 0
+follows the root and frees the embedding's outputs, block L−1 starts backward unprefetched), and the events
+outside the blocks and those of the edge blocks are affine in L; so is each part of a slot (the framework's,
+the model's) on its own. Every tensor is rounded to 512 bytes on its own, so the rounding keeps this exact for
+the blocks' own tensors. What is not a sum over blocks is not affine in L: the accountings' state lines
+(``ceil(Ψ/N)``, each rounded once; DeepSpeed's buckets ``min(bucket, Ψ)``, capped at L but not at a few layers
+for a small model), DDP's reducer buffer (one tensor). The framework's runs at a few blocks therefore keep
+every such quantity at the whole model's value (:func:`zerocalc.peak.simulate.mechanics_for` with ``blocks``):
+constant between the runs, so the extrapolation is exact under every framework, not fitted (tests/test_plan.py
+compares it with all-L timelines, GPT-2 XL's capped bucket included). ZeroRedundancyOptimizer's greedy
+partition of whole tensors over the ranks is such a quantity too: the optimizer states the largest rank keeps.
 
-Run at L' = 6 and 7 layers: each slot outside the inner blocks gives its line in L; each inner block slot
-its plane from blocks 2 and 3 at L' = 6 and block 2 at L' = 7, checked on every inner block of both runs
-(off it by a byte: :class:`NotAffine`, and the caller runs all L layers). The slots' names are the same
-for every configuration at one depth, so the plan (:func:`extrapolation`) is built once and applied to each
-run's values. The maximum of a plane over the inner blocks is at one of its two ends (the sum of the two
-parts' planes is a plane), so the peak at L is the maximum over the slots outside the inner blocks and
-those of blocks 2 and L−3.
+Run at L' = 4 and 5 layers: each slot outside the inner blocks gives its line in L; each inner block slot its
+plane from blocks 1 and 2 at L' = 4 and block 1 at L' = 5, checked on the other inner blocks (2 and 3 at
+L' = 5; off the plane by a byte: :class:`NotAffine`, and the caller runs all L layers). The slots' names are
+the same for every configuration at one depth, so the plan (:func:`extrapolation`) is built once and applied
+to each run's values. The maximum of a plane over the inner blocks is at one of its two ends (the sum of the
+two parts' planes is a plane), so the peak at L is the maximum over the slots outside the inner blocks and
+those of blocks 1 and L−2. A unit gathered k blocks ahead (the paper's ``--prefetch k``) makes k blocks at
+each end edges: deeper than :data:`EDGE`, all L layers are run (:func:`homogeneous`).
 """
 
 from __future__ import annotations
@@ -37,12 +37,13 @@ from zerocalc.architecture import Architecture, count_parameters
 from zerocalc.peak.split import NO_EVENT
 from zerocalc.request import ModelSpec, TrainingRequest
 
-SMALL_LAYERS = (6, 7)
-"""The layer counts simulated (blocks 2 … L'−3 inner: two, then three)."""
-EDGE = 2
+SMALL_LAYERS = (4, 5)
+"""The layer counts simulated (blocks 1 … L'−2 inner: two, then three)."""
+EDGE = 1
 """Blocks at each end of the stack taken on their own: the first follows the root (and frees the
-embedding's outputs); the last starts backward unprefetched, and the one before it is prefetched while the
-last is still gathered."""
+embedding's outputs), the last starts backward unprefetched. Measured: every inner block of every model
+preset's steady step, under every framework, is on its plane at L' = 4, 5 (tests/test_plan.py compares
+the extrapolation with all-L runs)."""
 WORTH_IT = 2 * sum(SMALL_LAYERS)
 """Below this many layers simulating all of them is as cheap."""
 
@@ -58,10 +59,10 @@ class NotAffine(Exception):
 
 
 def homogeneous(request: TrainingRequest) -> bool:
-    """Every block has the same tensors (no dense blocks among MoE ones) and there are more of them than
-    simulated: both parts can be extrapolated."""
+    """Every block has the same tensors (no dense blocks among MoE ones), there are more of them than
+    simulated, and no unit is gathered further ahead than the edges: both parts can be extrapolated."""
     arch = request.architecture
-    return not arch.dense_layers and arch.num_layers >= WORTH_IT
+    return not arch.dense_layers and arch.num_layers >= WORTH_IT and request.buffers.prefetch <= EDGE
 
 
 def with_layers(request: TrainingRequest, layers: int) -> TrainingRequest:
@@ -112,7 +113,7 @@ def _inner_slots(*runs: dict[Key, int]) -> list[tuple[str, str, int]]:
 
 
 def _names_at_l(outer: list[Key], inner: list[tuple[str, str, int]]) -> tuple[str, ...]:
-    """The slots at L: those outside the inner blocks, then blocks 2 and L−3 of each inner slot (where its
+    """The slots at L: those outside the inner blocks, then blocks 1 and L−2 of each inner slot (where its
     line peaks)."""
     names = [":".join(map(str, key)) for key in outer]
     for phase, template, k in inner:
@@ -122,18 +123,18 @@ def _names_at_l(outer: list[Key], inner: list[tuple[str, str, int]]) -> tuple[st
 
 class _Inner(NamedTuple):
     a: int
-    """Block 2 at L' = 6 (index into that run's values)."""
+    """Block 1 at L' = 4 (index into that run's values)."""
     q: int
-    """Block 3 at L' = 6."""
+    """Block 2 at L' = 4."""
     r: int
-    """Block 2 at L' = 7."""
+    """Block 1 at L' = 5."""
     checks: tuple[tuple[int, int, int, int], ...]
-    """(run, index, block − 2, L' − 6) of every other inner block of both runs (the three above define the
+    """(run, index, block − 1, L' − 4) of every other inner block of both runs (the three above define the
     plane: they are on it)."""
 
 
 class Extrapolation(NamedTuple):
-    """Which values of the 6- and 7-layer runs give each slot at L (built once per model and depth)."""
+    """Which values of the 4- and 5-layer runs give each slot at L (built once per model and depth)."""
 
     big: int
     outer: tuple[tuple[int, int], ...]
@@ -153,8 +154,8 @@ class Extrapolation(NamedTuple):
             if (a == NO_EVENT) != (b == NO_EVENT):
                 raise NotAffine  # a slot with events at one depth and none at the other
             out.append(a + (b - a) * (big - n0))
-        # v(L, i) = p + q·i + r·L from blocks 2 and 3 at L' = 6 and block 2 at L' = 7, checked on every
-        # other inner block of both runs; relative to block 2 at L' = 6: v = a + q·(i − 2) + r·(L − 6)
+        # v(L, i) = p + q·i + r·L from blocks 1 and 2 at L' = 4 and block 1 at L' = 5, checked on every
+        # other inner block of both runs; relative to block 1 at L' = 4: v = a + q·(i − 1) + r·(L − 4)
         deeper, last = big - n0, big - 1 - 2 * EDGE
         for inner in self.inner:
             a = v0[inner.a]
@@ -169,7 +170,7 @@ class Extrapolation(NamedTuple):
 
 @lru_cache(maxsize=64)
 def extrapolation(names: tuple[tuple[str, ...], tuple[str, ...]], big: int) -> Extrapolation:
-    """The plan for runs whose slots are ``names`` (at 6 and 7 layers) to L = ``big`` layers."""
+    """The plan for runs whose slots are ``names`` (at 4 and 5 layers) to L = ``big`` layers."""
     keyed = [_keyed(ns, n) for ns, n in zip(names, SMALL_LAYERS, strict=True)]
     outer_keys = [_outer_keys(run) for run in keyed]
     if outer_keys[0] != outer_keys[1]:
