@@ -105,15 +105,24 @@ class StepParts:
             run = self._hooks(at_depth)
         return run.calls
 
-    def _framework_run(self, request: TrainingRequest, blocks: int | None = None) -> list[int]:
-        """F of the request's mechanics (with ``blocks``: of its first ``blocks`` blocks and the root, every
-        whole-model quantity the request's), run once per distinct mechanics (:func:`fingerprint`)."""
-        mechanics = framework_mechanics(request, _states(request), blocks)
-        layers = request.architecture.num_layers if blocks is None else blocks
-        key = (fingerprint(mechanics), layers)
-        if key not in self._framework_runs:
-            self._framework_runs[key] = framework_run(mechanics, self._calls(request, layers))
-        return self._framework_runs[key]
+    def _framework_runs_at(self, request: TrainingRequest, depths: tuple[int | None, ...]) -> list[list[int]]:
+        """F of the request's mechanics at each depth (``None``: all its L blocks; else its first ``blocks``
+        blocks and the root, every whole-model quantity the request's), run once per distinct mechanics
+        (:func:`fingerprint`). The mechanics at the first depth fingerprint every depth: a search is of one
+        model, whose blocks are alike, so equal units at one depth are equal at any."""
+        states = _states(request)
+        first = framework_mechanics(request, states, depths[0])
+        identity = fingerprint(first)
+        values = []
+        for blocks in depths:
+            layers = request.architecture.num_layers if blocks is None else blocks
+            key = (identity, layers)
+            run = self._framework_runs.get(key)
+            if run is None:
+                mechanics = first if blocks == depths[0] else framework_mechanics(request, states, blocks)
+                run = self._framework_runs[key] = framework_run(mechanics, self._calls(request, layers))
+            values.append(run)
+        return values
 
     def _plan(self, request: TrainingRequest) -> Extrapolation:
         """The extrapolation of the request's runs at 4 and 5 layers to its L (:mod:`zerocalc.plan.layers`;
@@ -154,15 +163,15 @@ class StepParts:
         if configuration not in self._frameworks:
             try:
                 plan = self._plan(request)
-                runs = tuple(self._framework_run(request, blocks) for blocks in SMALL_LAYERS)
+                runs = tuple(self._framework_runs_at(request, SMALL_LAYERS))
                 self._frameworks[configuration] = (plan.apply(runs), True)  # type: ignore[arg-type]
             except NotAffine:
-                self._frameworks[configuration] = (self._framework_run(request), False)
+                self._frameworks[configuration] = (self._framework_runs_at(request, (None,))[0], False)
         framework, extrapolated = self._frameworks[configuration]
         try:
             models = {b: self._model(request, b, a, extrapolated) for b, a in batches.items()}
         except NotAffine:  # the model's part is not affine in L: both at all L layers
-            framework, extrapolated = self._framework_run(request), False
+            framework, extrapolated = self._framework_runs_at(request, (None,))[0], False
             self._frameworks[configuration] = (framework, extrapolated)
             models = {b: self._model(request, b, a, False) for b, a in batches.items()}
         return {b: peak_of(framework, model) for b, model in models.items()}
