@@ -66,26 +66,45 @@ def _units(request: TrainingRequest, world: int, blocks: int | None = None) -> d
     """FSDP units with each parameter's elements, its dim-0 shard on rank 0 and its padded size; with
     ``blocks``, only the first ``blocks`` blocks' units and the root's (the units of the model cut to that
     many blocks: each block's tensors are the same whatever the depth)."""
-    units = _units_of(request.architecture, world)
-    if blocks is None:
-        return dict(units)
-    return {name: unit for name, unit in units if name == "root" or int(name) < blocks}
+    return dict(
+        _units_of(request.architecture, world)
+        if blocks is None
+        else _first_units(request.architecture, world, blocks)
+    )
+
+
+@lru_cache(maxsize=256)
+def _first_units(arch: Architecture, world: int, blocks: int) -> tuple[tuple[str, Unit], ...]:
+    """The units of the first ``blocks`` blocks and the root's (a plan asks at two depths per world, and
+    builds no other block's)."""
+    return _built_units(
+        tuple((key, tensors) for key, tensors in _fsdp_units_of(arch) if key == "root" or int(key) < blocks),
+        world,
+    )
 
 
 @lru_cache(maxsize=256)
 def _units_of(arch: Architecture, world: int) -> tuple[tuple[str, Unit], ...]:
     """The blocks' units in order, then the root's; once per architecture and world (the units are shared:
     nothing mutates them)."""
-    sizes: dict[tuple[int, ...], tuple[int, int, int]] = {}  # per shape: every block repeats them
-    units: list[tuple[str, Unit]] = []
-    for key, tensors in _fsdp_units_of(arch):
+    return _built_units(_fsdp_units_of(arch), world)
+
+
+def _built_units(
+    units: tuple[tuple[str, tuple[ParamTensor, ...]], ...], world: int
+) -> tuple[tuple[str, Unit], ...]:
+    """Each unit's elements, shards and padding at ``world``, computed once per shape (every block repeats
+    them)."""
+    sizes: dict[tuple[int, ...], tuple[int, int, int]] = {}
+    built: list[tuple[str, Unit]] = []
+    for key, tensors in units:
         for t in tensors:
             shape = t.shape
             if shape not in sizes:
                 sizes[shape] = (t.numel, dim0_shard_numel(shape, world, 0), dim0_padded_numel(shape, world))
         numel, local, padded = zip(*(sizes[t.shape] for t in tensors), strict=True)
-        units.append((key, Unit(key, list(numel), list(local), list(padded))))
-    return tuple(units)
+        built.append((key, Unit(key, list(numel), list(local), list(padded))))
+    return tuple(built)
 
 
 @lru_cache(maxsize=64)
