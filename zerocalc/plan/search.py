@@ -252,6 +252,7 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
     schedules: dict[tuple, list[CollectiveRun]] = {}
     comm_cache: dict[tuple, tuple[CommLine, ...]] = {}
     comm_times: dict[tuple, CommTime] = {}
+    outsides: dict[tuple, int] = {}
     parts = StepParts(runtime_for(base))
     memory_requests: dict[Hashable, TrainingRequest | InputError] = {}
     comm_requests: dict[Hashable, TrainingRequest | InputError] = {}
@@ -277,11 +278,12 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
             rejected[_reason(comm_request)] += len(group.micro_batches)
             continue
         requests[id(group)] = request
-        capacity_nccl = (
-            nccl_communicators(STRATEGIES[group.strategy], request.cluster)
-            * request.runtime.nccl_communicator_bytes
-        )
-        outside = request.runtime.context_bytes + capacity_nccl
+        outside_key = (group.strategy, group.world, group.gpus_per_node)
+        outside = outsides.get(outside_key)
+        if outside is None:  # the CUDA context and the NCCL communicators: the same for every b, recompute
+            communicators = nccl_communicators(STRATEGIES[group.strategy], request.cluster)
+            outside = request.runtime.context_bytes + communicators * request.runtime.nccl_communicator_bytes
+            outsides[outside_key] = outside
         flops = flops_cache[group.recompute]
         shards = request.cluster.group_size(STRATEGIES[group.strategy].optimizer)
         if comm_key not in comm_cache:
