@@ -11,6 +11,8 @@ from functools import cache
 import pytest
 from typer.testing import CliRunner
 
+import zerocalc.plan.fitted as fitted_module
+import zerocalc.plan.search as search_module
 from zerocalc.activations import Recompute
 from zerocalc.calibration import save_calibration
 from zerocalc.calls import Layout
@@ -382,6 +384,29 @@ def test_layer_extrapolation_equals_the_all_layer_timeline(model: str) -> None:
         covered.add((group.framework, group.strategy.value))
     frameworks = {framework for framework, _ in covered}
     assert (Framework.TORCH_ZERO1, "zero1") in covered and len(frameworks) >= 5, covered
+
+
+@pytest.mark.parametrize("model", ["gemma-3-1b", "pythia-1.4b", "qwen1.5-moe-a2.7b", "gpt3-175b"])
+def test_every_candidates_extrapolated_bound_is_its_all_layer_bound(
+    model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every candidate of a 64-GPU space under every framework: its lower bound from runs at 4 and 5
+    layers equals the one from runs at all L layers (what the search does where a stack is not homogeneous:
+    the timeline's, test_every_candidates_allocated_peak_is_the_timelines). Extrapolating the cut models'
+    own state lines had put gemma-3-1b's paper ZeRO-2 bound (fp32 reduce) 4.0 GB too high."""
+    plan = plan_options(
+        model=model, gpu="h100-80gb", gpus=64, global_batch="512seq", seq_len=1024, frameworks="all"
+    )
+    monkeypatch.setattr(search_module, "_walk", lambda *args: [])  # the bounds alone
+    extrapolated = search(plan, keep_all=True).candidates
+    monkeypatch.setattr(fitted_module, "homogeneous", lambda request: False)
+    every_layer = search(plan, keep_all=True).candidates
+    assert extrapolated is not None and every_layer is not None and len(extrapolated) > 1000
+    for fast, full in zip(extrapolated, every_layer, strict=True):
+        assert (fast.framework, fast.strategy, fast.gpus, fast.micro_batch) == (
+            full.framework, full.strategy, full.gpus, full.micro_batch
+        )  # fmt: skip
+        assert fast.peak_lower_bound_bytes == full.peak_lower_bound_bytes, fast
 
 
 def test_capped_buckets_are_exact_where_the_cut_model_is_below_the_cap() -> None:
