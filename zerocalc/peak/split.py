@@ -59,13 +59,11 @@ class HookCall(NamedTuple):
 class SlotLedger(Ledger):
     """A ledger that keeps each slot's values: F (``framework``: the events inside hooks) or A (the events
     between them). It records no allocation log (no allocator replay) and no bytes by kind. A framework
-    run makes every operation inside a hook (it replays only the hook calls) and a model run's hooks
-    allocate nothing, so each run's operations are its part's alone."""
+    run makes every operation inside a hook (it replays only the hook calls) and a model run calls no hook
+    (it marks where each is called: :class:`_SlotMarks`), so each run's operations are its part's alone."""
 
     def __init__(self, framework: bool, block: int = CUDA_BLOCK):
         super().__init__(block, record=False)
-        self.framework = framework
-        self.in_hook = False
         self.inside: list[int] = []
         """Per hook, the largest total at an event inside it."""
         self.entered: list[int] = []
@@ -76,6 +74,8 @@ class SlotLedger(Ledger):
         """Per hook, the largest total at an event after it and before the next (first: before any hook)."""
         self._group_totals: dict[tuple[tuple[str, int], ...], int] = {}
         """The rounded total of each tuple of entries :meth:`alloc_group` has been given."""
+        self._slots = self.inside if framework else self.between
+        """Where an event counts: every event of a framework run is inside a hook, of a model run between."""
 
     def alloc(
         self, name: str, nbytes: int, kind: str, stream: str = "default", group: str | None = None
@@ -129,72 +129,31 @@ class SlotLedger(Ledger):
             super().free_each(prefix, count)
 
     def event(self, name: str, transient: int = 0, transient_kind: str = "transient") -> None:
-        if self.framework != self.in_hook:
-            return  # the other part's event: its value comes from the other run
         value = self.total + (self.rounded(transient) if transient else 0)
-        slots = self.inside if self.in_hook else self.between
+        slots = self._slots
         if value > slots[-1]:
             slots[-1] = value
 
-    def enter(self) -> None:
-        self.in_hook = True
-        self.entered.append(self.total)
-        self.inside.append(NO_EVENT)
 
-    def leave(self) -> None:
-        self.in_hook = False
-        self.left.append(self.total)
-        self.between.append(NO_EVENT)
+class _SlotMarks:
+    """The hooks of a model run: each call marks its slot (the bytes entering it; the events after it count
+    towards the next) and allocates nothing, the framework's part being another run's; it is recorded in
+    ``calls`` unless None."""
 
-
-class _Hooked:
-    """The mechanics as the timeline sees them: each hook call marks its slot (and is recorded in
-    ``calls``, unless None)."""
-
-    def __init__(self, mechanics: Mechanics, calls: list[HookCall] | None):
-        self._mechanics = mechanics
+    def __init__(self, calls: list[HookCall] | None):
         self._calls = calls
 
     def __getattr__(self, method: str) -> Callable[..., None]:
-        hook = getattr(self._mechanics, method)
+        calls = self._calls
 
-        def call(led: SlotLedger, *args: object) -> None:
-            led.enter()
-            hook(led, *args)
-            led.leave()
-
-        wrapper = call
-        if self._calls is not None:
-            calls = self._calls
-
-            def wrapper(led: SlotLedger, *args: object) -> None:
+        def mark(led: SlotLedger, *args: object) -> None:
+            if calls is not None:
                 calls.append(HookCall(led.phase, method, args))
-                call(led, *args)
+            led.entered.append(led.total)
+            led.between.append(NO_EVENT)
 
-        setattr(self, method, wrapper)  # found without __getattr__ from now on
-        return wrapper
-
-
-class _NoFramework(Mechanics):
-    """Hooks that allocate nothing: the model run."""
-
-    def __init__(self) -> None:
-        super().__init__({}, 0, None, 0)  # type: ignore[arg-type]
-
-    def resident(self, led: Ledger, first_step: bool = False) -> None:
-        pass
-
-    def param_grad(self, led: Ledger, unit: str | int, label: str, numel: int) -> None:
-        pass
-
-    def tied_grad_sum(self, led: Ledger, numel: int) -> None:
-        pass
-
-    def optimizer_step(self, led: Ledger, first_step: bool) -> None:
-        pass
-
-    def zero_grad(self, led: Ledger) -> None:
-        pass
+        setattr(self, method, mark)  # found without __getattr__ from now on
+        return mark
 
 
 class ModelRun:
@@ -246,7 +205,7 @@ def _model_step(
 ) -> list[int]:
     step = step_shape(request, activation_bytes(request), device)
     led = SlotLedger(framework=False, block=CUDA_BLOCK if device is Device.CUDA else 1)
-    hooked = _Hooked(_NoFramework(), calls)
+    hooked = _SlotMarks(calls)
     steady_start(step, hooked, runtime, led)
     run_step(step, hooked, runtime, led)
     return _values(led.entered, led.between[1:], led.between[0])
@@ -281,10 +240,7 @@ def framework_run(
     """F per slot (:func:`slot_names`) of a steady step: fresh ``mechanics`` given the model run's hook
     calls."""
     led = SlotLedger(framework=True, block=CUDA_BLOCK if device is Device.CUDA else 1)
-    # every operation is inside a hook: SlotLedger.enter and leave, without the model's lists (no hook
-    # reads the phase: it names slots only)
-    led.in_hook = True
-    inside, left = led.inside, led.left
+    inside, left = led.inside, led.left  # every operation is inside a hook (none reads the phase)
     hooks: dict[str, Callable[..., None]] = {}
     for _, method, args in calls:
         hook = hooks.get(method)
