@@ -163,8 +163,8 @@ class Extrapolation(NamedTuple):
             for run, index, blocks, layers in inner.checks:
                 if runs[run][index] != a + q * blocks + r * layers:
                     raise NotAffine
-            at_2 = a + r * deeper
-            out += (at_2, at_2 + q * last)
+            first = a + r * deeper  # block EDGE at L
+            out += (first, first + q * last)
         return out
 
 
