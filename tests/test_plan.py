@@ -553,7 +553,7 @@ def test_units_gathered_beyond_the_edges_are_run_at_all_layers(prefetch: int) ->
     """The paper's ZeRO-3 gathers k units ahead: k blocks at each end are edges. Deeper than layers.EDGE
     the runs at 4 and 5 layers are all edge (at k = 3 every block's window reaches past the stack, and the
     plane through them was 11.7 GB off the timeline's peak): all L layers are run, and the peak is the
-    timeline's."""
+    timeline's. The refusal is that request's, not the search's (the model's extrapolation is kept)."""
     request = parse_options(
         model="llama-3-8b", gpus=16, framework="paper", strategies="zero3", seq_len=512, prefetch=prefetch
     )
@@ -561,6 +561,10 @@ def test_units_gathered_beyond_the_edges_are_run_at_all_layers(prefetch: int) ->
     fitted = parts.allocated_peaks(request, {1: 1}, prefetch)[1]
     assert fitted == _timeline_peak(with_batch(request, 1, 1))
     assert parts._frameworks[prefetch][1] is (prefetch <= EDGE)
+    # the refusal is this request's: the same search's next request, one unit ahead, is extrapolated
+    ahead = request.model_copy(update={"buffers": request.buffers.model_copy(update={"prefetch": 1})})
+    assert parts.allocated_peaks(ahead, {1: 1}, "one ahead")[1] == _timeline_peak(with_batch(ahead, 1, 1))
+    assert parts._frameworks["one ahead"][1]
 
 
 def test_an_extrapolation_follows_the_plane_and_refuses_blocks_off_it() -> None:

@@ -38,6 +38,7 @@ from zerocalc.plan.layers import (
     extrapolation,
     homogeneous,
     with_layers,
+    within_edges,
 )
 from zerocalc.request import TrainingRequest
 from zerocalc.strategies import STRATEGIES
@@ -127,7 +128,9 @@ class StepParts:
     def _plan(self, request: TrainingRequest) -> Extrapolation:
         """The extrapolation of the request's runs at 4 and 5 layers to its L (:mod:`zerocalc.plan.layers`;
         the same for every request of the search: one model); :class:`NotAffine` where the stack is not
-        homogeneous."""
+        homogeneous, or this request gathers units beyond the edges."""
+        if not within_edges(request):
+            raise NotAffine
         if self._extrapolation is None:
             try:
                 if not homogeneous(request):

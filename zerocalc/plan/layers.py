@@ -24,7 +24,7 @@ the same for every configuration at one depth, so the plan (:func:`extrapolation
 to each run's values. The maximum of a plane over the inner blocks is at one of its two ends (the sum of the
 two parts' planes is a plane), so the peak at L is the maximum over the slots outside the inner blocks and
 those of blocks 1 and L−2. A unit gathered k blocks ahead (the paper's ``--prefetch k``) makes k blocks at
-each end edges: deeper than :data:`EDGE`, all L layers are run (:func:`homogeneous`).
+each end edges: deeper than :data:`EDGE`, all L layers are run (:func:`within_edges`).
 """
 
 from __future__ import annotations
@@ -59,10 +59,15 @@ class NotAffine(Exception):
 
 
 def homogeneous(request: TrainingRequest) -> bool:
-    """Every block has the same tensors (no dense blocks among MoE ones), there are more of them than
-    simulated, and no unit is gathered further ahead than the edges: both parts can be extrapolated."""
+    """Every block has the same tensors (no dense blocks among MoE ones) and there are more of them than
+    simulated: both parts can be extrapolated (where :func:`within_edges`)."""
     arch = request.architecture
-    return not arch.dense_layers and arch.num_layers >= WORTH_IT and request.buffers.prefetch <= EDGE
+    return not arch.dense_layers and arch.num_layers >= WORTH_IT
+
+
+def within_edges(request: TrainingRequest) -> bool:
+    """No unit is gathered further ahead than the :data:`EDGE` blocks reach (the paper's ``--prefetch``)."""
+    return request.buffers.prefetch <= EDGE
 
 
 def with_layers(request: TrainingRequest, layers: int) -> TrainingRequest:
