@@ -77,28 +77,6 @@ class SlotLedger(Ledger):
         self._slots = self.inside if framework else self.between
         """Where an event counts: every event of a framework run is inside a hook, of a model run between."""
 
-    def alloc(
-        self, name: str, nbytes: int, kind: str, stream: str = "default", group: str | None = None
-    ) -> None:
-        """:meth:`Ledger.alloc` without its log and bytes by kind (``record`` is off), its rounding inline:
-        a plan's runs make tens of thousands."""
-        if nbytes <= 0:
-            return
-        size = -(-nbytes // self.block) * self.block
-        if group is not None:
-            self.groups.setdefault(group, []).append(name)
-        if name in self.live:
-            raise KeyError(f"{name} is already allocated")
-        self.live[name] = size
-        self.kinds[name] = kind
-        self.total += size
-
-    def free(self, name: str) -> None:
-        size = self.live.pop(name, None)
-        if size is not None:  # else a zero-byte tensor, never allocated
-            del self.kinds[name]
-            self.total -= size
-
     def alloc_each(
         self, prefixes: tuple[str, ...], sizes: Sequence[int], kind: str, stream: str = "default"
     ) -> None:
