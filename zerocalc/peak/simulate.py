@@ -216,7 +216,7 @@ def mechanics_for(
             owned = _largest_partition(request.architecture, request.cluster.world_size)
         return Ddp(
             _units(request, 1, blocks),
-            reducer_elements=sum(unit.numel for unit in _units(request, 1).values()),
+            reducer_elements=sum(unit.numel for _, unit in _units_of(request.architecture, 1)),
             autocast_bytes=recipe.param_dtype.bytes if mixed else None,
             optimizer_states=2,
             optimizer_impl=optimizer_impl,
