@@ -83,6 +83,7 @@ class UnitLabels:
         "mp_shard",
         "prefetch",
         "prefetched",
+        "reduce_cast",
         "reduce_copy_in",
         "reduce_input",
         "reduce_output",
@@ -112,6 +113,7 @@ class UnitLabels:
         self.reduce_input = f"{unit}.reduce-scatter input"
         self.reduce_output = f"{unit}.reduce-scatter output"
         self.reduce_copy_in = f"reduce {unit} (copy-in)"
+        self.reduce_cast = f"reduce {unit} (cast)"
         self.reduce_output_event = f"reduce {unit} output"
 
 
@@ -519,7 +521,7 @@ class Fsdp1(Fsdp2):
             return
         name = labels.reduce_input
         led.alloc(name, self.reduce_bytes * u.padded[0], REDUCE)
-        led.event(f"reduce {u.name} (cast)")
+        led.event(labels.reduce_cast)
         led.free_group(labels.grads)
         led.free(labels.accumulated_grads)
         if labels.fp32_grad not in led.live:
