@@ -26,7 +26,7 @@ from zerocalc.api import estimate_memory
 from zerocalc.peak.evaluate import evaluate
 from zerocalc.plan.search import search
 from zerocalc.plan.space import plan_options
-from zerocalc.request import parse_options
+from zerocalc.request.training import parse_options
 
 LLAMA_16 = dict(model="llama-3-8b", gpu="h100-80gb", gpus=16, global_batch="1048576", seq_len=8192)
 CASES = [

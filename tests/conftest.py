@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import pytest
 
-from zerocalc.calibration import Calibration, CollectiveFit
-from zerocalc.cluster import RankGroup
-from zerocalc.collectives import Collective
+from zerocalc.network.calibration import Calibration, CollectiveFit
+from zerocalc.network.cluster import RankGroup
+from zerocalc.network.collectives import Collective
 from zerocalc.validate.compare import predicted_comm, predictions
 from zerocalc.validate.config import Job, Measured, RecordedCall
 

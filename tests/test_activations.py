@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerocalc.activations import ActivationShape, MlpKind, Recompute, estimate_activations, layer_terms
+from zerocalc.model.activations import ActivationShape, MlpKind, Recompute, estimate_activations, layer_terms
 
 
 def gpt(h: int, a: int, layers: int, s: int = 2048, b: int = 1) -> ActivationShape:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from zerocalc.atomic import unwritable, write_text_atomic
+from zerocalc.base.atomic import unwritable, write_text_atomic
 
 
 @pytest.fixture()

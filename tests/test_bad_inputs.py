@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from zerocalc.cli import app
-from zerocalc.presets import presets_root
+from zerocalc.request.presets import presets_root
 
 runner = CliRunner()
 
@@ -141,15 +141,15 @@ def test_check_update_into_a_read_only_folder_is_one_line(presets_copy: Path) ->
 
 
 def test_check_update_refuses_to_rewrite_the_installed_presets(monkeypatch: pytest.MonkeyPatch) -> None:
-    from zerocalc import presets
+    from zerocalc.request import presets
 
     monkeypatch.setattr(presets, "installed_presets", lambda root: True)
     _one_line_exit_2(["check", "--update"], "would rewrite the presets installed with zerocalc")
 
 
 def test_a_calibration_that_covers_nothing_says_so(tmp_path: Path, calibration_of) -> None:
-    from zerocalc.calibration import save_calibration
-    from zerocalc.collectives import Collective
+    from zerocalc.network.calibration import save_calibration
+    from zerocalc.network.collectives import Collective
 
     calibration = calibration_of(Collective.ALL_REDUCE)
     path = save_calibration(calibration, tmp_path / "cal.json")

@@ -1,4 +1,5 @@
-"""build_calibration: algbw/busbw through zerocalc.collectives, one fit per (collective, group kind)."""
+"""build_calibration: algbw/busbw through zerocalc.network.collectives, one fit per (collective, group
+kind)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ import pytest
 
 pytest.importorskip("torch")
 
+from zerocalc.base.dtypes import DType
 from zerocalc.bench.config import BenchConfig
 from zerocalc.bench.sweep import sweep_points
 from zerocalc.bench.worker import build_calibration
-from zerocalc.calibration import load_calibration, save_calibration
 from zerocalc.cli.bench import default_out_path
-from zerocalc.cluster import RankGroup
-from zerocalc.collectives import COLLECTIVES, Collective
-from zerocalc.dtypes import DType
+from zerocalc.network.calibration import load_calibration, save_calibration
+from zerocalc.network.cluster import RankGroup
+from zerocalc.network.collectives import COLLECTIVES, Collective
 
 
 def test_calibration_from_hand_made_times_round_trips(tmp_path, monkeypatch) -> None:

@@ -20,9 +20,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from zerocalc.calibration import load_calibration
-from zerocalc.cluster import RankGroup
-from zerocalc.collectives import COLLECTIVES, Collective
+from zerocalc.network.calibration import load_calibration
+from zerocalc.network.cluster import RankGroup
+from zerocalc.network.collectives import COLLECTIVES, Collective
 
 pytestmark = pytest.mark.slow
 

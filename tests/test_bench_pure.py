@@ -12,12 +12,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from zerocalc import procs
+from zerocalc.base.errors import InputError
 from zerocalc.bench import sweep
 from zerocalc.bench.fit import fit_alpha_beta
 from zerocalc.bench.sweep import buffer_bytes, memory_problem, sweep_points
 from zerocalc.bench.topology import launched_by, node_groups, placement_from_env, rendezvous_env
-from zerocalc.calibration import (
+from zerocalc.cli import app
+from zerocalc.cli import bench as cli_bench
+from zerocalc.harness import procs
+from zerocalc.network.calibration import (
     Calibration,
     CollectiveFit,
     Measurement,
@@ -25,10 +28,7 @@ from zerocalc.calibration import (
     load_calibration,
     save_calibration,
 )
-from zerocalc.cli import app
-from zerocalc.cli import bench as cli_bench
-from zerocalc.collectives import Collective
-from zerocalc.errors import InputError
+from zerocalc.network.collectives import Collective
 
 KiB = 1024
 

@@ -1,13 +1,13 @@
-"""zerocalc.calls: a rule's calls on a small hand-made layout, every size computed by hand."""
+"""zerocalc.comm.calls: a rule's calls on a small hand-made layout, every size computed by hand."""
 
 from __future__ import annotations
 
-from zerocalc.architecture import ParamTensor
-from zerocalc.calls import CallContext, Layout, rule_calls
-from zerocalc.cluster import RankGroup
-from zerocalc.collectives import Collective
-from zerocalc.framework_states import zero1_owners
-from zerocalc.schedule import Calls, Padding, Phase, Quantization, Repeat, ScheduledCollective, Tensor
+from zerocalc.comm.calls import CallContext, Layout, rule_calls
+from zerocalc.model.architecture import ParamTensor
+from zerocalc.network.cluster import RankGroup
+from zerocalc.network.collectives import Collective
+from zerocalc.network.schedule import Calls, Padding, Phase, Quantization, Repeat, ScheduledCollective, Tensor
+from zerocalc.states.framework import zero1_owners
 
 TENSORS = [
     ParamTensor(module="layers.0.attn", name="weight", shape=(6, 4)),

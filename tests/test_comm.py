@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from zerocalc.api import estimate_comm
-from zerocalc.calibration import save_calibration
-from zerocalc.cluster import RankGroup
-from zerocalc.collectives import COLLECTIVES, Collective
-from zerocalc.errors import InputError
-from zerocalc.links import BandwidthSource
+from zerocalc.base.errors import InputError
+from zerocalc.network.calibration import save_calibration
+from zerocalc.network.cluster import RankGroup
+from zerocalc.network.collectives import COLLECTIVES, Collective
+from zerocalc.network.links import BandwidthSource
 
 PSI = 7_000_000_000
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from zerocalc.api import estimate_comm, estimate_peak
-from zerocalc.errors import InputError
+from zerocalc.base.errors import InputError
 from zerocalc.validate.run import resolve_architecture
 
 PSI = 1_231_053

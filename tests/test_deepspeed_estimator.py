@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zerocalc.deepspeed_estimator import (
+from zerocalc.states.deepspeed import (
     zero2_model_states,
     zero2_variants,
     zero3_model_states,

@@ -21,9 +21,9 @@ transformers = pytest.importorskip("transformers")
 
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
-from zerocalc.architecture import ParameterCount, count_parameters  # noqa: E402
-from zerocalc.hf_config import FAMILIES, architecture_from_hf_config  # noqa: E402
-from zerocalc.presets import load_model  # noqa: E402
+from zerocalc.model.architecture import ParameterCount, count_parameters  # noqa: E402
+from zerocalc.model.hf_config import FAMILIES, architecture_from_hf_config  # noqa: E402
+from zerocalc.request.presets import load_model  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 

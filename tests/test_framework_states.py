@@ -6,9 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from zerocalc.architecture import Architecture, ParamTensor, count_parameters, parameter_tensors
-from zerocalc.errors import InputError
-from zerocalc.framework_states import (
+from zerocalc.base.errors import InputError
+from zerocalc.model.architecture import Architecture, ParamTensor, count_parameters, parameter_tensors
+from zerocalc.parallel.frameworks import Fsdp1Sharding, TorchSetup, TorchWrapper
+from zerocalc.parallel.optimizers import OptimizerName
+from zerocalc.parallel.precision import PrecisionName
+from zerocalc.request.presets import load_model
+from zerocalc.states.framework import (
     dim0_rows,
     fsdp1_shard_numel,
     fsdp_units,
@@ -16,10 +20,6 @@ from zerocalc.framework_states import (
     predict_rank_states,
     zero1_partition,
 )
-from zerocalc.frameworks import Fsdp1Sharding, TorchSetup, TorchWrapper
-from zerocalc.optimizers import OptimizerName
-from zerocalc.precision import PrecisionName
-from zerocalc.presets import load_model
 
 DDP = TorchSetup(wrapper=TorchWrapper.DDP, shard_group=None)
 ZERO1 = TorchSetup(wrapper=TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER)

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from zerocalc.architecture import count_parameters
 from zerocalc.cli import app
-from zerocalc.hf_config import SUPPORTED, architecture_from_hf_config
+from zerocalc.model.architecture import count_parameters
+from zerocalc.model.hf_config import SUPPORTED, architecture_from_hf_config
 
 runner = CliRunner()
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from zerocalc.api import estimate_memory
-from zerocalc.errors import InputError
-from zerocalc.memory import Location, StateKind
+from zerocalc.base.errors import InputError
+from zerocalc.states.memory import Location, StateKind
 
 # ZeRO paper (Rajbhandari et al. 2020), Table 1: Ψ = 7.5B, K = 12, per-device GB (1e9 bytes) for
 # P_os, P_os+g and P_os+g+p at each DP degree, as printed (three significant figures). Baseline DP is

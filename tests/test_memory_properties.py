@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zerocalc.api import estimate_memory
-from zerocalc.optimizers import OptimizerName
-from zerocalc.precision import PrecisionName
+from zerocalc.parallel.optimizers import OptimizerName
+from zerocalc.parallel.precision import PrecisionName
 
 params = st.integers(min_value=1, max_value=2 * 10**12)
 world = st.integers(min_value=1, max_value=4096)

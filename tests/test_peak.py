@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from zerocalc.api import estimate_peak
+from zerocalc.base.errors import InputError
 from zerocalc.cli import app
-from zerocalc.errors import InputError
 from zerocalc.peak.evaluate import FIT_MARGIN
 from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.peak.report import Verdict

@@ -6,8 +6,8 @@ import pytest
 from typer.testing import CliRunner
 
 from zerocalc.api import estimate_peak
+from zerocalc.base.errors import InputError
 from zerocalc.cli import app
-from zerocalc.errors import InputError
 from zerocalc.peak.kinds import TensorKind
 
 runner = CliRunner()

@@ -13,16 +13,19 @@ from typer.testing import CliRunner
 
 import zerocalc.plan.fitted as fitted_module
 import zerocalc.plan.search as search_module
-from zerocalc.activations import Recompute
-from zerocalc.calibration import save_calibration
-from zerocalc.calls import Layout
+from zerocalc.base.dtypes import DType
+from zerocalc.base.errors import InputError
 from zerocalc.cli import app
 from zerocalc.cli.plan import command
-from zerocalc.collectives import Collective
-from zerocalc.comm import collective_runs, strategy_comm
-from zerocalc.dtypes import DType
-from zerocalc.errors import InputError
-from zerocalc.frameworks import Estimate, Framework
+from zerocalc.comm.calls import Layout
+from zerocalc.comm.estimate import collective_runs, strategy_comm
+from zerocalc.model.activations import Recompute
+from zerocalc.network.calibration import save_calibration
+from zerocalc.network.collectives import Collective
+from zerocalc.network.schedule import GradSync, Phase
+from zerocalc.parallel.frameworks import Estimate, Framework
+from zerocalc.parallel.precision import RECIPES
+from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
 from zerocalc.peak.report import Verdict
 from zerocalc.peak.simulate import flash_attention_used, runtime_for, simulate
 from zerocalc.peak.split import model_run, model_values
@@ -47,10 +50,7 @@ from zerocalc.plan.timing import (
     offload_seconds,
     step_time,
 )
-from zerocalc.precision import RECIPES
-from zerocalc.request import TrainingRequest, parse_options
-from zerocalc.schedule import GradSync, Phase
-from zerocalc.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
+from zerocalc.request.training import TrainingRequest, parse_options
 
 runner = CliRunner()
 

@@ -10,11 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from zerocalc.api import estimate_memory
-from zerocalc.architecture import count_parameters
+from zerocalc.base.errors import InputError
 from zerocalc.cli import app
-from zerocalc.errors import InputError
-from zerocalc.hf_config import architecture_from_hf_config
-from zerocalc.presets import (
+from zerocalc.model.architecture import count_parameters
+from zerocalc.model.hf_config import architecture_from_hf_config
+from zerocalc.request.presets import (
     ModelPreset,
     load_gpu,
     load_model,

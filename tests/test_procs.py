@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from zerocalc import procs
-from zerocalc.errors import InputError
+from zerocalc.base.errors import InputError
+from zerocalc.harness import procs
 
 
 # ------------------------------------------------------------------------------- fake processes (pure)
@@ -267,8 +267,8 @@ def test_progress_is_plain_lines_when_piped_and_a_bar_on_a_terminal() -> None:
 # ---------------------------------------------------------------------- real worlds of tiny ranks (no torch)
 RANK_MODULE = """
 import json, os, sys, time
-from zerocalc import procs
-from zerocalc.errors import InputError
+from zerocalc.harness import procs
+from zerocalc.base.errors import InputError
 
 mode = sys.argv[1]
 rank = int(os.environ["RANK"])
@@ -359,7 +359,7 @@ def test_a_result_that_never_came_or_cannot_be_read_is_a_failure(rank_module: st
 
 PARENT = """
 import json, sys
-from zerocalc import procs
+from zerocalc.harness import procs
 try:
     procs.spawn("zc_tiny_rank", "hang", 2, 60, json.loads)
 except KeyboardInterrupt:

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from zerocalc.base.errors import InputError
 from zerocalc.cli import app
 from zerocalc.cli.base import flag
-from zerocalc.errors import InputError
-from zerocalc.frameworks import Framework
-from zerocalc.request import TrainingOptions, parse_options, parse_request
-from zerocalc.strategies import StrategyName
+from zerocalc.parallel.frameworks import Framework
+from zerocalc.parallel.strategies import StrategyName
+from zerocalc.request.training import TrainingOptions, parse_options, parse_request
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1] / "zerocalc"
@@ -89,7 +89,7 @@ def test_options_given_with_params_are_validated_too() -> None:
 
 
 def test_presets_are_read_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    from zerocalc import presets
+    from zerocalc.request import presets
 
     reads: list[Path] = []
     original = presets.load_toml
@@ -111,10 +111,11 @@ def test_the_framework_enum_is_the_one_memory_and_the_records_use() -> None:
     assert request.framework is Framework.TORCH_ZERO1
 
 
-CORE = ["memory.py", "comm.py", "calls.py", "zeropp.py", "activations.py", "framework_states.py"]
-CORE += ["deepspeed_estimator.py", "schedule.py"]
-CORE += [f"peak/{name}" for name in ("evaluate.py", "states.py", "buffers.py", "profiles.py", "report.py")]
-CORE += ["strategies.py", "architecture.py", "cluster.py", "collectives.py", "precision.py", "optimizers.py"]
+CORE = ["states/memory.py", "comm/estimate.py", "comm/calls.py", "parallel/zeropp.py", "model/activations.py"]
+CORE += ["states/framework.py", "states/deepspeed.py", "network/schedule.py"]
+CORE += [f"peak/{name}" for name in ("evaluate.py", "states.py", "buffers.py", "report.py")]
+CORE += ["parallel/profiles.py", "parallel/strategies.py", "model/architecture.py", "network/cluster.py"]
+CORE += ["network/collectives.py", "parallel/precision.py", "parallel/optimizers.py"]
 
 
 @pytest.mark.parametrize("module", CORE)
@@ -126,7 +127,15 @@ def test_the_core_reads_no_files_no_environment_and_parses_no_strings(module: st
         if isinstance(node, (ast.Import, ast.ImportFrom))
         for alias in node.names
     }
-    forbidden = {"os", "pathlib", "tomllib", "json", "torch", "zerocalc.presets", "zerocalc.hf_config"}
+    forbidden = {
+        "os",
+        "pathlib",
+        "tomllib",
+        "json",
+        "torch",
+        "zerocalc.request.presets",
+        "zerocalc.model.hf_config",
+    }
     assert not imported & forbidden
     names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
     assert "open" not in names and "environ" not in (ROOT / module).read_text()
@@ -162,7 +171,7 @@ def test_grad_sync_is_checked_once_and_named_by_its_concept() -> None:
 
 
 def test_comm_and_memory_requests_differ_only_where_the_estimates_do() -> None:
-    from zerocalc.frameworks import Estimate
+    from zerocalc.parallel.frameworks import Estimate
 
     comm = parse_options(estimate=Estimate.COMM, params="7B", gpus=8, framework="fsdp")  # Ψ alone is enough
     assert comm.strategies == ("ddp", "shard_grad_op", "zero3", "hybrid_shard")

@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from zerocalc.cli import app
-from zerocalc.hf_config import architecture_from_hf_dict
-from zerocalc.model_impl import Shape
+from zerocalc.model.hf_config import architecture_from_hf_dict
+from zerocalc.model.model_impl import Shape
 from zerocalc.validate.saved import (
     NOT_EXACT,
     TINY_CONFIGS,
@@ -59,7 +59,7 @@ def test_saved_bytes_per_region_equal_the_profile(family: str, dtype: str, atten
 
 
 def test_every_family_the_hf_profile_reads_has_a_tiny_config() -> None:
-    from zerocalc.hf_config import FAMILIES
+    from zerocalc.model.hf_config import FAMILIES
 
     assert set(TINY_CONFIGS) == set(FAMILIES)
     assert {family for family, _ in NOT_EXACT} <= set(FAMILIES)

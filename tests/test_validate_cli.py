@@ -10,8 +10,8 @@ from collections.abc import Callable
 import pytest
 from typer.testing import CliRunner
 
-from zerocalc import procs
 from zerocalc.cli import app
+from zerocalc.harness import procs
 from zerocalc.validate import run
 from zerocalc.validate.config import PERTURB_ENV, Job
 

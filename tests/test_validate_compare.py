@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from zerocalc.errors import InputError
+from zerocalc.base.errors import InputError
 from zerocalc.validate.compare import ConfigResult, compare, predicted_comm, predictions
 from zerocalc.validate.config import PERTURB_ENV, Job, Measured, RecordedCall
 from zerocalc.validate.run import resolve_architecture

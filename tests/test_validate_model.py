@@ -6,9 +6,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from zerocalc.architecture import Architecture, count_parameters, parameter_tensors  # noqa: E402
-from zerocalc.errors import InputError  # noqa: E402
-from zerocalc.presets import load_model  # noqa: E402
+from zerocalc.base.errors import InputError  # noqa: E402
+from zerocalc.model.architecture import Architecture, count_parameters, parameter_tensors  # noqa: E402
+from zerocalc.request.presets import load_model  # noqa: E402
 from zerocalc.validate.model import build_model, loss_fn  # noqa: E402
 
 

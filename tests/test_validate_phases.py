@@ -47,7 +47,7 @@ def test_device_cuda_without_a_gpu_is_one_line() -> None:
 
 
 def test_the_device_in_hand_is_matched_to_the_preset_with_its_usable_memory() -> None:
-    from zerocalc.presets import load_gpu, preset_names
+    from zerocalc.request.presets import load_gpu, preset_names
     from zerocalc.validate.phases import matching_gpu_preset
 
     usable = {n: load_gpu(n).usable_bytes for n in preset_names("gpus")}

@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from zerocalc.framework_states import STATE_LINES
+from zerocalc.states.framework import STATE_LINES
 from zerocalc.validate.config import PERTURB_ENV, STRATEGIES, TEST_FAIL_ENV
 
 pytestmark = pytest.mark.slow

@@ -7,8 +7,8 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerocalc.units import ceil_div
-from zerocalc.zeropp import QWZ_TARGET_BLOCK, qwz_blocks
+from zerocalc.base.units import ceil_div
+from zerocalc.parallel.zeropp import QWZ_TARGET_BLOCK, qwz_blocks
 
 
 def _counted(numel: int) -> int:

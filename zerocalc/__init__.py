@@ -21,11 +21,11 @@ __all__ = [
 __version__ = "0.1.0"
 
 _LAZY = {
-    "InputError": "zerocalc.errors",
-    "MemoryEstimate": "zerocalc.memory",
+    "InputError": "zerocalc.base.errors",
+    "MemoryEstimate": "zerocalc.states.memory",
     "MemoryReport": "zerocalc.peak.report",
-    "CommEstimate": "zerocalc.comm",
-    "TrainingRequest": "zerocalc.request",
+    "CommEstimate": "zerocalc.comm.estimate",
+    "TrainingRequest": "zerocalc.request.training",
     "estimate_memory": "zerocalc.api",
     "estimate_peak": "zerocalc.api",
     "estimate_comm": "zerocalc.api",
@@ -33,11 +33,11 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from zerocalc.api import estimate_comm, estimate_memory, estimate_peak
-    from zerocalc.comm import CommEstimate
-    from zerocalc.errors import InputError
-    from zerocalc.memory import MemoryEstimate
+    from zerocalc.base.errors import InputError
+    from zerocalc.comm.estimate import CommEstimate
     from zerocalc.peak.report import MemoryReport
-    from zerocalc.request import TrainingRequest
+    from zerocalc.request.training import TrainingRequest
+    from zerocalc.states.memory import MemoryEstimate
 
 
 def __getattr__(name: str) -> Any:

@@ -1,21 +1,21 @@
 """The library's entry points: keywords as the CLI spells them → one parsed request → the core.
 
-Each function parses its keywords once into a :class:`~zerocalc.request.TrainingRequest`
-(:func:`~zerocalc.request.parse_request`) and hands it to the pure core; they raise
-:class:`~zerocalc.errors.InputError` for bad input (its message names the keyword).
+Each function parses its keywords once into a :class:`~zerocalc.request.training.TrainingRequest`
+(:func:`~zerocalc.request.training.parse_request`) and hands it to the pure core; they raise
+:class:`~zerocalc.base.errors.InputError` for bad input (its message names the keyword).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zerocalc.request import parse_options
+from zerocalc.request.training import parse_options
 
 if TYPE_CHECKING:
-    from zerocalc.calibration import Calibration
-    from zerocalc.comm import CommEstimate
-    from zerocalc.memory import MemoryEstimate
+    from zerocalc.comm.estimate import CommEstimate
+    from zerocalc.network.calibration import Calibration
     from zerocalc.peak.report import MemoryReport
+    from zerocalc.states.memory import MemoryEstimate
 
 
 def estimate_memory(
@@ -41,7 +41,7 @@ def estimate_memory(
     aliases); ``gpu`` a GPU preset (or ``gpu_memory``, what PyTorch sees of one GPU) whose memory less the
     context outside the caching allocator (``reserve``) gives the fits column.
     """
-    from zerocalc.memory import evaluate_memory
+    from zerocalc.states.memory import evaluate_memory
 
     request = parse_options(
         params=params,
@@ -169,8 +169,8 @@ def estimate_comm(
     ``intra_node_bw``/``inter_node_bw`` and a calibration (an object, or the path of a file ``zerocalc
     bench`` wrote) override.
     """
-    from zerocalc.comm import evaluate_comm
-    from zerocalc.frameworks import Estimate
+    from zerocalc.comm.estimate import evaluate_comm
+    from zerocalc.parallel.frameworks import Estimate
 
     request = parse_options(
         estimate=Estimate.COMM,

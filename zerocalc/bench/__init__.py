@@ -2,5 +2,5 @@
 
 ``config``, ``defaults``, ``sweep``, ``fit`` and ``topology`` are pure (no torch); ``worker`` imports torch
 and is only imported by the ``bench`` command, never at start-up. Processes are started and watched by
-:mod:`zerocalc.procs`.
+:mod:`zerocalc.harness.procs`.
 """

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from zerocalc.collectives import Collective
-from zerocalc.dtypes import DType
-from zerocalc.errors import InputError
-from zerocalc.procs import MAX_TIMEOUT_S, brief
+from zerocalc.base.dtypes import DType
+from zerocalc.base.errors import InputError
+from zerocalc.harness.procs import MAX_TIMEOUT_S, brief
+from zerocalc.network.collectives import Collective
 
 TEST_EXIT_ENV = "ZEROCALC_BENCH_TEST_EXIT_RANK"
 """Tests only: ``RANK:CODE`` makes that rank exit with CODE right after joining the group."""

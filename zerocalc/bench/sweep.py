@@ -1,6 +1,6 @@
 """The sizes of a sweep and the memory it needs (pure, no torch).
 
-S is the size in bytes of the whole array, as in nccl-tests (see :mod:`zerocalc.collectives`). For the
+S is the size in bytes of the whole array, as in nccl-tests (see :mod:`zerocalc.network.collectives`). For the
 collectives whose per-rank buffer is a shard of S (reduce_scatter, all_gather) or that send one block of
 S/n to each rank (all_to_all), the element count is rounded down to a multiple of the group size n, as
 nccl-tests does, so every rank holds the same whole number of elements.
@@ -13,9 +13,9 @@ import os
 
 from pydantic import BaseModel, Field
 
+from zerocalc.base.units import ByteUnit, format_bytes
 from zerocalc.bench.config import check_sweep
-from zerocalc.collectives import COLLECTIVES, Collective
-from zerocalc.units import ByteUnit, format_bytes
+from zerocalc.network.collectives import COLLECTIVES, Collective
 
 DEFAULT_COLLECTIVES: tuple[Collective, ...] = (
     Collective.ALL_REDUCE,

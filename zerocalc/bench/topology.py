@@ -12,7 +12,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from zerocalc.errors import InputError
+from zerocalc.base.errors import InputError
 
 DEFAULT_MASTER_PORT = 29500
 

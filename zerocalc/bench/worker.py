@@ -1,13 +1,15 @@
 """The torch side of ``zerocalc bench``: one rank of the measured world (imports torch).
 
 :func:`run` is called in-process by the CLI under torchrun/srun, or runs in ranks spawned by
-:func:`zerocalc.procs.spawn` as ``python -m zerocalc.bench.worker CONFIG_JSON``. Every rank runs the same
+:func:`zerocalc.harness.procs.spawn` as ``python -m zerocalc.bench.worker CONFIG_JSON``. Every rank runs the
+same
 sweep in the same order; groups are created by every rank in the same order (``dist.new_group`` is
 collective). Rank 0 gathers the figures (max of the ranks' times, sum of the ranks' wrong elements) before
-tear-down, fits α/β and returns the :class:`~zerocalc.calibration.Calibration`; spawned, it hands it back
+tear-down, fits α/β and returns the :class:`~zerocalc.network.calibration.Calibration`; spawned, it hands it
+back
 to the parent. Writing and rendering it is the CLI's business.
 
-Exit codes (:mod:`zerocalc.procs`): 0 done, 1 a collective or the rendezvous failed (one line), 2 bad
+Exit codes (:mod:`zerocalc.harness.procs`): 0 done, 1 a collective or the rendezvous failed (one line), 2 bad
 input (one line), 3 the run passed ``--timeout``.
 """
 
@@ -22,7 +24,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from zerocalc import procs
+from zerocalc.harness import procs
 
 if __name__ == "__main__":
     procs.exit_quietly_on_ctrl_c()  # before torch's slow import
@@ -30,14 +32,19 @@ if __name__ == "__main__":
 import torch
 import torch.distributed as dist
 
+from zerocalc.base.errors import InputError
 from zerocalc.bench.config import TEST_EXIT_ENV, TEST_HANG_ENV, BenchConfig
 from zerocalc.bench.fit import fit_alpha_beta
 from zerocalc.bench.sweep import SweepPoint, host_available_bytes, memory_problem, sweep_points
 from zerocalc.bench.topology import Placement, node_groups, placement_from_env, rendezvous_env
-from zerocalc.calibration import Calibration, CollectiveFit, Measurement
-from zerocalc.cluster import RankGroup
-from zerocalc.collectives import COLLECTIVES, Collective
-from zerocalc.errors import InputError
+from zerocalc.network.calibration import Calibration, CollectiveFit, Measurement
+from zerocalc.network.cluster import RankGroup
+from zerocalc.network.collectives import COLLECTIVES, Collective
+
+
+def visible_gpus() -> int:
+    """CUDA devices torch sees here (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _test_faults(rank: int) -> None:
@@ -191,8 +198,8 @@ def run(config: BenchConfig, placement: Placement | None = None) -> Calibration 
     """This rank's part of the sweep: rank 0 returns the calibration, the other ranks None.
 
     Bad input, found before any process group exists, raises :class:`InputError` (or
-    :class:`zerocalc.procs.RankStopped` on ranks that leave the saying to another). A failure once the
-    world is up is one line (:func:`zerocalc.procs.say`) and ends the process: peers may be gone.
+    :class:`zerocalc.harness.procs.RankStopped` on ranks that leave the saying to another). A failure once the
+    world is up is one line (:func:`zerocalc.harness.procs.say`) and ends the process: peers may be gone.
     """
     placement = placement or placement_from_env()
     os.environ.update(rendezvous_env())
@@ -330,7 +337,8 @@ def build_calibration(
     nodes: int,
     ranks_per_node: int,
 ) -> Calibration:
-    """Measurements (algbw/busbw through :mod:`zerocalc.collectives`) and one α/β fit per group kind."""
+    """Measurements (algbw/busbw through :mod:`zerocalc.network.collectives`) and one α/β fit per group
+    kind."""
     measurements: list[Measurement] = []
     for (kind, n, collective, point), t, errors in zip(rows, times, wrong, strict=True):
         spec = COLLECTIVES[collective]
@@ -383,7 +391,8 @@ def build_calibration(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """A spawned rank: rank 0 hands its calibration back to the parent (:func:`zerocalc.procs.spawn`)."""
+    """A spawned rank: rank 0 hands its calibration back to the parent
+    (:func:`zerocalc.harness.procs.spawn`)."""
     argv = sys.argv[1:] if argv is None else argv
     config = BenchConfig.model_validate_json(argv[0])
 

@@ -1,6 +1,6 @@
 """The Typer application every command registers on, and its one-line error handling.
 
-Bad input of any kind (a Click usage error or an :class:`~zerocalc.errors.InputError` from the request
+Bad input of any kind (a Click usage error or an :class:`~zerocalc.base.errors.InputError` from the request
 parser or the core) becomes one line on stderr and exit code 2. Core messages name inputs by concept
 (``{gpus_per_node}``); :func:`flag` is the one place that says which flag each concept is.
 """
@@ -13,7 +13,7 @@ from typing import Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from zerocalc.errors import InputError
+from zerocalc.base.errors import InputError
 
 EXIT_BAD_INPUT = 2
 
@@ -33,7 +33,7 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
 
 
 def _plain_text_options(params: list[Any]) -> None:
-    """Let text options and flags through as they are typed: ``zerocalc.request`` parses every value
+    """Let text options and flags through as they are typed: ``zerocalc.request.training`` parses every value
     itself, so Typer's per-option pydantic adapter (built on first use, ~1 ms each, and the import of
     its adapter module) is not needed."""
     try:

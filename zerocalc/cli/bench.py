@@ -1,7 +1,8 @@
 """``zerocalc bench``: measure collectives with torch.distributed and write a calibration for ``comm``.
 
 Thin: check the options (every bound, and the output path, before any rank starts), run the world
-(in-process under torchrun/srun, else ranks spawned by :func:`zerocalc.procs.spawn`), then on rank 0 write
+(in-process under torchrun/srun, else ranks spawned by :func:`zerocalc.harness.procs.spawn`), then on rank 0
+write
 the returned calibration atomically and render it. torch is imported only once the command runs.
 """
 
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from zerocalc.base.errors import InputError, why_not
 from zerocalc.bench.defaults import (
     DEFAULT_COLLECTIVES_TEXT,
     DEFAULT_ITERS,
@@ -24,12 +26,11 @@ from zerocalc.bench.defaults import (
     DEFAULT_WARMUP,
 )
 from zerocalc.cli.base import PlainTextCommand, app, fail
-from zerocalc.errors import InputError, why_not
 
 if TYPE_CHECKING:
     from zerocalc.bench.config import BenchConfig
-    from zerocalc.calibration import Calibration
-    from zerocalc.collectives import Collective
+    from zerocalc.network.calibration import Calibration
+    from zerocalc.network.collectives import Collective
 
 NEEDS_TORCH = "zerocalc bench needs PyTorch; install it with: pip install 'zerocalc[bench]'"
 
@@ -99,11 +100,11 @@ def bench(
     """Measure all_reduce / reduce_scatter / all_gather (and more) and write a calibration for `comm`."""
     if importlib.util.find_spec("torch") is None:
         raise fail(NEEDS_TORCH)
-    from zerocalc import procs
+    from zerocalc.base.dtypes import DType, parse_dtype
+    from zerocalc.base.units import parse_bytes
     from zerocalc.bench.config import check_iterations, check_sweep
     from zerocalc.bench.topology import launched_by, placement_from_env
-    from zerocalc.dtypes import DType, parse_dtype
-    from zerocalc.units import parse_bytes
+    from zerocalc.harness import procs
 
     # What needs no torch is checked first, so bad input is refused at once.
     chosen = _parse_collectives(collectives)
@@ -166,14 +167,14 @@ def bench(
 def _measure(config: BenchConfig, nproc: int | None) -> Calibration | None:
     """Rank 0's calibration: in-process under torchrun/srun (None on the other ranks), else collected
     from spawned ranks once the memory the sweep needs is known to fit (checked before any rank starts)."""
-    from zerocalc import procs
+    from zerocalc.harness import procs
 
     if nproc is None:  # under torchrun/srun
         from zerocalc.bench import worker
 
         return worker.run(config)
     from zerocalc.bench.sweep import host_available_bytes, memory_problem
-    from zerocalc.calibration import Calibration
+    from zerocalc.network.calibration import Calibration
 
     if config.backend == "gloo":
         problem = memory_problem(
@@ -198,7 +199,7 @@ def _measure(config: BenchConfig, nproc: int | None) -> Calibration | None:
 
 
 def _check_out(path: Path) -> None:
-    from zerocalc.atomic import unwritable
+    from zerocalc.base.atomic import unwritable
 
     problem = unwritable(path)
     if problem:
@@ -206,7 +207,7 @@ def _check_out(path: Path) -> None:
 
 
 def _parse_collectives(text: str) -> list[Collective]:
-    from zerocalc.collectives import COLLECTIVES, parse_collective
+    from zerocalc.network.collectives import COLLECTIVES, parse_collective
 
     names = [t for t in (p.strip() for p in text.split(",")) if t]
     if not names:
@@ -217,15 +218,15 @@ def _parse_collectives(text: str) -> list[Collective]:
 
 
 def _all_names() -> str:
-    from zerocalc.collectives import COLLECTIVES
+    from zerocalc.network.collectives import COLLECTIVES
 
     return ", ".join(c.value for c in COLLECTIVES)
 
 
 def _visible_gpus() -> int:
-    import torch
+    from zerocalc.bench.worker import visible_gpus
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return visible_gpus()
 
 
 def _parse_backend(backend: str | None, gpus: int) -> str:
@@ -254,8 +255,8 @@ def default_out_path(calibration: Calibration) -> Path:
 
 def finish(config: BenchConfig, calibration: Calibration) -> None:
     """Rank 0, after the sweep: write the file atomically, then print the tables (or the JSON)."""
-    from zerocalc.calibration import save_calibration
     from zerocalc.cli.render import console, print_json
+    from zerocalc.network.calibration import save_calibration
 
     path = Path(config.out) if config.out else default_out_path(calibration)
     try:
@@ -271,10 +272,10 @@ def finish(config: BenchConfig, calibration: Calibration) -> None:
 
 
 def render_calibration(calibration: Calibration, checked: bool) -> None:
+    from zerocalc.base.units import plural
     from zerocalc.cli.render import Column, console, print_fitted
-    from zerocalc.cluster import RankGroup
-    from zerocalc.collectives import COLLECTIVES
-    from zerocalc.units import plural
+    from zerocalc.network.cluster import RankGroup
+    from zerocalc.network.collectives import COLLECTIVES
 
     out = console()
     nccl = f", NCCL {calibration.nccl_version}" if calibration.nccl_version else ""

@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
+from zerocalc.base.units import plural
 from zerocalc.cli.base import PlainTextCommand, app, fail
 from zerocalc.cli.render import console
-from zerocalc.units import plural
 
 Directory = Annotated[
     Path | None,
@@ -27,11 +27,11 @@ def check(directory: Directory = None, update: Update = False) -> None:
     """Recompute every preset scenario (memory and comm) and compare with presets/expected/NAME.json."""
     from rich.table import Table
 
-    from zerocalc.atomic import write_text_atomic
-    from zerocalc.check import diff
-    from zerocalc.errors import InputError, why_not
-    from zerocalc.presets import installed_presets, load_toml, presets_root
-    from zerocalc.scenarios import Scenario, evaluate_scenario
+    from zerocalc.base.atomic import write_text_atomic
+    from zerocalc.base.errors import InputError, why_not
+    from zerocalc.request.presets import installed_presets, load_toml, presets_root
+    from zerocalc.scenarios.check import diff
+    from zerocalc.scenarios.scenario import Scenario, evaluate_scenario
 
     root = directory or presets_root()
     if not root.exists():

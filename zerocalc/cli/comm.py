@@ -6,6 +6,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from zerocalc.base.units import (
+    ByteUnit,
+    format_bandwidth,
+    format_count,
+    format_seconds,
+    parse_byte_unit,
+    plural,
+)
 from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app
 from zerocalc.cli.render import (
@@ -17,22 +25,14 @@ from zerocalc.cli.render import (
     print_json,
     unit_label,
 )
-from zerocalc.cluster import RankGroup
-from zerocalc.schedule import GradSync, Tensor
-from zerocalc.units import (
-    ByteUnit,
-    format_bandwidth,
-    format_count,
-    format_seconds,
-    parse_byte_unit,
-    plural,
-)
+from zerocalc.network.cluster import RankGroup
+from zerocalc.network.schedule import GradSync, Tensor
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from zerocalc.comm import CollectiveCost, CommEstimate, StrategyComm
-    from zerocalc.links import LinkFigures
+    from zerocalc.comm.estimate import CollectiveCost, CommEstimate, StrategyComm
+    from zerocalc.network.links import LinkFigures
 
 Calibration = Annotated[
     str | None, typer.Option("--calibration", help="A calibration JSON written by `zerocalc bench`.")
@@ -91,9 +91,9 @@ def comm(
     json: opt.Json = False,
 ) -> None:
     """Collectives of each strategy per optimizer step: bytes each GPU sends and the time they take."""
-    from zerocalc.comm import evaluate_comm
-    from zerocalc.frameworks import Estimate
-    from zerocalc.request import TrainingOptions, parse_request
+    from zerocalc.comm.estimate import evaluate_comm
+    from zerocalc.parallel.frameworks import Estimate
+    from zerocalc.request.training import TrainingOptions, parse_request
 
     unit = parse_byte_unit(units)
     request = parse_request(

@@ -6,14 +6,14 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from zerocalc.base.units import ByteUnit, format_count, parse_byte_unit
 from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app
 from zerocalc.cli.render import Column, byte_cell, byte_text, console, print_fitted, print_json, unit_label
-from zerocalc.units import ByteUnit, format_count, parse_byte_unit
 
 if TYPE_CHECKING:
-    from zerocalc.memory import MemoryEstimate, StateKind, StrategyMemory
     from zerocalc.peak.report import FrameworkStates, PeakEstimate, StrategyPeak
+    from zerocalc.states.memory import MemoryEstimate, StateKind, StrategyMemory
 
 _STATE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("params", "Params"),
@@ -61,7 +61,7 @@ def memory(
 ) -> None:
     """Per-GPU memory under DDP, ZeRO-1/2/3 and FSDP: model states, and with --model the peak of a
     training step, simulated event by event (activations, loss, buffers, allocator, CUDA context)."""
-    from zerocalc.request import TrainingOptions, parse_request
+    from zerocalc.request.training import TrainingOptions, parse_request
 
     unit = parse_byte_unit(units)
     request = parse_request(
@@ -112,7 +112,7 @@ def memory(
             render_memory(report, unit)
             render_framework_states(report.framework_states or [], unit)
         else:
-            from zerocalc.memory import evaluate_memory
+            from zerocalc.states.memory import evaluate_memory
 
             estimate = evaluate_memory(request)
             if json:
@@ -137,7 +137,7 @@ def memory(
 
 
 def _state_cell(row: StrategyMemory, kind: StateKind, unit: ByteUnit) -> str:
-    from zerocalc.memory import Location
+    from zerocalc.states.memory import Location
 
     states = [s for s in row.states if s.kind is kind]
     if states and all(s.location is not Location.GPU for s in states):
@@ -153,7 +153,7 @@ def _headroom_cell(row: StrategyMemory, unit: ByteUnit) -> str:
 
 
 def render_memory(estimate: MemoryEstimate, unit: ByteUnit) -> None:
-    from zerocalc.memory import StateKind
+    from zerocalc.states.memory import StateKind
 
     request = estimate.request
     bpp = estimate.bytes_per_parameter
@@ -279,7 +279,7 @@ def render_peak(peak: PeakEstimate, unit: ByteUnit) -> None:
     line per kind of tensor, down to the device footprint; then each term's source."""
     from rich.table import Table
 
-    from zerocalc.frameworks import Framework
+    from zerocalc.parallel.frameworks import Framework
     from zerocalc.peak.evaluate import FIT_MARGIN
     from zerocalc.peak.kinds import TensorKind
 
@@ -307,7 +307,7 @@ def render_peak(peak: PeakEstimate, unit: ByteUnit) -> None:
             cells.append(_verdict_cell(row, unit))
         summary.add_row(*cells)
     out.print(summary)
-    from zerocalc.strategies import STRATEGIES
+    from zerocalc.parallel.strategies import STRATEGIES
 
     for row in peak.strategies:
         legend = STRATEGIES[row.strategy].legend_under(o.framework)

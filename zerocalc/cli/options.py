@@ -1,6 +1,7 @@
 """Options shared by several commands, declared once (help text included).
 
-Every value is taken as typed (text) and parsed by :mod:`zerocalc.request`, which names what is accepted.
+Every value is taken as typed (text) and parsed by :mod:`zerocalc.request.training`, which names what is
+accepted.
 """
 
 from __future__ import annotations

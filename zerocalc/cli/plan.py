@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from zerocalc.base.units import ByteUnit, parse_byte_unit
 from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app, flag
 from zerocalc.cli.render import Column, byte_cell, console, print_fitted, print_json, unit_label
-from zerocalc.units import ByteUnit, parse_byte_unit
 
 if TYPE_CHECKING:
     from zerocalc.plan.search import PlanResult, PlanRow
@@ -104,7 +104,7 @@ def plan(
 
 
 class _Progress:
-    """Progress on stderr once the search has run for more than a second (zerocalc.procs.Progress)."""
+    """Progress on stderr once the search has run for more than a second (zerocalc.harness.procs.Progress)."""
 
     def __init__(self) -> None:
         self.start = time.perf_counter()
@@ -114,7 +114,7 @@ class _Progress:
         if self.bar is None:
             if time.perf_counter() - self.start < 1.0 or done >= total:
                 return
-            from zerocalc.procs import Progress
+            from zerocalc.harness.procs import Progress
 
             self.bar = Progress("zerocalc plan", 20)
         self.bar.step("groups", f"{done}/{total} groups of candidates")

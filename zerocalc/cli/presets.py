@@ -39,9 +39,9 @@ def list_presets(kind: Kind = None) -> None:
     """Names of the presets, with a one-line description each (broken files are marked)."""
     from rich.table import Table
 
-    from zerocalc.errors import InputError
-    from zerocalc.presets import KINDS, GpuSpec, ModelPreset, load_toml, preset_names, preset_path
-    from zerocalc.scenarios import Scenario
+    from zerocalc.base.errors import InputError
+    from zerocalc.request.presets import KINDS, GpuSpec, ModelPreset, load_toml, preset_names, preset_path
+    from zerocalc.scenarios.scenario import Scenario
 
     if kind is not None and kind not in KINDS:
         raise fail(f"presets list {kind!r} is not a kind; accepted: {', '.join(KINDS)}")
@@ -70,9 +70,9 @@ def show(name: Name, gpus: Gpus = "8") -> None:
     """A model's architecture, counts, largest layer and default memory; a GPU's or scenario's fields."""
     from rich.table import Table
 
-    from zerocalc.errors import InputError, shown
-    from zerocalc.presets import KINDS, load_gpu, load_toml, preset_names, preset_path
-    from zerocalc.scenarios import Scenario
+    from zerocalc.base.errors import InputError, shown
+    from zerocalc.request.presets import KINDS, load_gpu, load_toml, preset_names, preset_path
+    from zerocalc.scenarios.scenario import Scenario
 
     out = console()
     found = None
@@ -90,9 +90,9 @@ def show(name: Name, gpus: Gpus = "8") -> None:
     kind, path = found
     if kind == "models":
         from zerocalc.api import estimate_memory
+        from zerocalc.base.units import ByteUnit
         from zerocalc.cli.memory import render_memory
-        from zerocalc.presets import load_model
-        from zerocalc.units import ByteUnit
+        from zerocalc.request.presets import load_model
 
         estimate = estimate_memory(model=name, gpus=gpus)
         _, preset = load_model(name)

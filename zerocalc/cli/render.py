@@ -6,7 +6,7 @@ import sys
 from functools import lru_cache
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from zerocalc.units import ByteUnit, format_bytes
+from zerocalc.base.units import ByteUnit, format_bytes
 
 if TYPE_CHECKING:
     from pydantic import BaseModel

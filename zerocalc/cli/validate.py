@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from zerocalc.base.errors import InputError
 from zerocalc.cli.base import PlainTextCommand, app, fail
 from zerocalc.cli.options import Json, Model
-from zerocalc.errors import InputError
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -156,10 +156,10 @@ def validate(
         return
     if importlib.util.find_spec("torch") is None:
         raise fail(NEEDS_TORCH)
-    from zerocalc import procs
     from zerocalc.bench.topology import launched_by, placement_from_env
-    from zerocalc.request import MAX_GRAD_ACCUM
-    from zerocalc.schedule import GradSync
+    from zerocalc.harness import procs
+    from zerocalc.network.schedule import GradSync
+    from zerocalc.request.training import MAX_GRAD_ACCUM
     from zerocalc.validate import run
     from zerocalc.validate.config import OPTIMIZERS, PRECISIONS, STRATEGIES, check_buildable
 
@@ -264,7 +264,7 @@ NEEDS_TRANSFORMERS = (
 
 
 def _check_shape(micro_batch: int, seq_len: int) -> None:
-    from zerocalc import procs
+    from zerocalc.harness import procs
 
     if micro_batch < 1 or seq_len < 2 or micro_batch * seq_len > MAX_ACTIVATION_TOKENS:
         raise InputError(
@@ -310,8 +310,8 @@ def _activation_model(model: str) -> tuple[str, dict]:
     """A config.json (of a family the hf profile reads) small enough for a CPU forward."""
     from pathlib import Path
 
-    from zerocalc.architecture import count_parameters
-    from zerocalc.hf_config import _load, architecture_from_hf_dict
+    from zerocalc.model.architecture import count_parameters
+    from zerocalc.model.hf_config import _load, architecture_from_hf_dict
     from zerocalc.validate.run import MAX_CPU_PARAMS
 
     path = Path(model).expanduser()
@@ -395,19 +395,19 @@ def _validate_cuda(model: str | None, micro_batch: int, seq_len: int, json: bool
     shared H100 measurements), each phase's peak against the step timeline."""
     if importlib.util.find_spec("torch") is None:
         raise fail(NEEDS_TORCH)
-    import torch
+    from zerocalc.validate import cuda_step
 
-    if not torch.cuda.is_available():
+    device = cuda_step.cuda_device()
+    if device is None:
         raise fail("--device cuda: no CUDA device is visible to torch here; accepted: a machine with a GPU")
     _check_shape(micro_batch, seq_len)
     name, config = _activation_model(model or "")
     if importlib.util.find_spec("transformers") is None:
         raise fail(NEEDS_TRANSFORMERS)
     from zerocalc.api import estimate_peak
-    from zerocalc.validate import cuda_step
     from zerocalc.validate.phases import compare_phases
 
-    gpu = _device_gpu_preset(torch.cuda.get_device_name(0), torch.cuda.mem_get_info()[1])
+    gpu = _device_gpu_preset(*device)
     (row,) = estimate_peak(
         model, 1, framework="fsdp2", strategies="zero3", micro_batch=micro_batch, seq_len=seq_len,
         recompute="none", reduce_dtype="fp32", model_impl="hf", flash_attention=True, gpu=gpu,
@@ -441,7 +441,7 @@ def _validate_cuda(model: str | None, micro_batch: int, seq_len: int, json: bool
 
 def _device_gpu_preset(device_name: str, total_bytes: int) -> str:
     """The GPU preset describing this device (its context and NCCL sizes make the predicted footprint)."""
-    from zerocalc.presets import load_gpu, preset_names
+    from zerocalc.request.presets import load_gpu, preset_names
     from zerocalc.validate.phases import PRESET_MATCH, matching_gpu_preset
 
     names = preset_names("gpus")

@@ -1,6 +1,7 @@
 """Peak memory per GPU of one training step.
 
-* :mod:`~zerocalc.peak.profiles`: one declarative :class:`~zerocalc.peak.profiles.Profile` per framework
+* :mod:`~zerocalc.parallel.profiles`: one declarative :class:`~zerocalc.parallel.profiles.Profile` per
+framework
   (paper, deepspeed, megatron, fsdp, fsdp2, torch-zero1), each citing its source, in a registry;
 * :mod:`~zerocalc.peak.states`: the model-state lines of each profile's accounting;
 * :mod:`~zerocalc.peak.buffers`: communication buffers and gathered parameters;

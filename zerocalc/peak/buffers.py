@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from zerocalc.parallel.strategies import BufferRule
 from zerocalc.peak.kinds import TensorKind
 from zerocalc.peak.report import StateLine
-from zerocalc.request import TrainingRequest
-from zerocalc.strategies import BufferRule
+from zerocalc.request.training import TrainingRequest
 
 
 def casts_for_reduction(b_g: int, b_r: int | None) -> bool:

@@ -3,10 +3,10 @@
 The peak is the maximum over the events of one step's timeline (:mod:`zerocalc.peak.simulate`), not a
 sum of terms:
 
-* model states: the framework's accounting (:data:`~zerocalc.peak.profiles.PROFILES`, lines built by
+* model states: the framework's accounting (:data:`~zerocalc.parallel.profiles.PROFILES`, lines built by
   :mod:`zerocalc.peak.states`) — resident for the accountings, simulated tensor by tensor for PyTorch's
   frameworks (:mod:`zerocalc.peak.mechanics`);
-* activations and the loss: the model's code (``--model-impl``, :mod:`zerocalc.model_impl`), layer by
+* activations and the loss: the model's code (``--model-impl``, :mod:`zerocalc.model.model_impl`), layer by
   layer; data parallelism never shards them;
 * the allocator's reserve: the caching allocator replayed over model creation and three steps
   (:mod:`zerocalc.peak.allocator`);
@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import re
 
-from zerocalc.activations import Recompute
-from zerocalc.cluster import Cluster
-from zerocalc.frameworks import TORCH_SOURCES, Framework
-from zerocalc.memory import MemoryEstimate, evaluate_memory
-from zerocalc.model_impl import MODEL_IMPLS
+from zerocalc.model.activations import Recompute
+from zerocalc.model.model_impl import MODEL_IMPLS
+from zerocalc.network.cluster import Cluster
+from zerocalc.parallel.frameworks import TORCH_SOURCES, Framework
+from zerocalc.parallel.profiles import PROFILES, Profile, Wrap
+from zerocalc.parallel.strategies import STRATEGIES, Strategy, StrategyName
 from zerocalc.peak.kinds import TensorKind
-from zerocalc.peak.profiles import PROFILES, Profile, Wrap
 from zerocalc.peak.report import (
     FrameworkStates,
     MemoryReport,
@@ -43,8 +43,8 @@ from zerocalc.peak.report import (
 from zerocalc.peak.simulate import StepResult, flash_attention_used, runtime_for, simulate
 from zerocalc.peak.states import STATE_BUILDERS
 from zerocalc.peak.timeline import Runtime
-from zerocalc.request import TrainingRequest
-from zerocalc.strategies import STRATEGIES, Strategy, StrategyName
+from zerocalc.request.training import TrainingRequest
+from zerocalc.states.memory import MemoryEstimate, evaluate_memory
 
 FIT_MARGIN = 0.05
 """A peak within 5% of the GPU's memory is "tight", not "fits": on the eight H100 runs the device

@@ -36,7 +36,8 @@ from enum import StrEnum
 from functools import cached_property, lru_cache
 from typing import Literal
 
-from zerocalc.optimizers import OptimizerImpl
+from zerocalc.base.units import ceil_div
+from zerocalc.parallel.optimizers import OptimizerImpl
 from zerocalc.peak.ledger import Ledger, Sizes
 from zerocalc.peak.timeline import (
     BUFFERS,
@@ -49,7 +50,6 @@ from zerocalc.peak.timeline import (
     RUNTIME,
     TRANSIENT,
 )
-from zerocalc.units import ceil_div
 
 FP32 = 4
 BF16 = 2

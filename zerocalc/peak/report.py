@@ -16,16 +16,16 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from zerocalc.activations import Recompute
-from zerocalc.dtypes import DType
-from zerocalc.frameworks import Framework
-from zerocalc.memory import MemoryEstimate
-from zerocalc.model_impl import ModelImplName
-from zerocalc.optimizers import OptimizerImpl
+from zerocalc.base.dtypes import DType
+from zerocalc.model.activations import Recompute
+from zerocalc.model.model_impl import ModelImplName
+from zerocalc.parallel.frameworks import Framework
+from zerocalc.parallel.optimizers import OptimizerImpl
+from zerocalc.parallel.profiles import Wrap
+from zerocalc.parallel.strategies import StrategyName
 from zerocalc.peak.kinds import StepPhase, TensorKind
-from zerocalc.peak.profiles import Wrap
-from zerocalc.request import GradSync
-from zerocalc.strategies import StrategyName
+from zerocalc.request.training import GradSync
+from zerocalc.states.memory import MemoryEstimate
 
 
 class Verdict(StrEnum):

@@ -14,21 +14,21 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
-from zerocalc.architecture import Architecture, MlpKind, NormKind, ParamTensor, parameter_tensors
-from zerocalc.framework_states import dim0_padded_numel, dim0_shard_numel, fsdp_units, zero1_partition
-from zerocalc.frameworks import TORCH_FRAMEWORKS, Framework, Fsdp1Sharding, TorchWrapper
-from zerocalc.model_impl import MODEL_IMPLS, Device, Shape
+from zerocalc.base.units import ceil_div
+from zerocalc.model.architecture import Architecture, MlpKind, NormKind, ParamTensor, parameter_tensors
+from zerocalc.model.model_impl import MODEL_IMPLS, Device, Shape
+from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, Framework, Fsdp1Sharding, TorchWrapper
+from zerocalc.parallel.precision import RECIPES, PrecisionName
+from zerocalc.parallel.profiles import Wrap
+from zerocalc.parallel.strategies import STRATEGIES, BufferRule, StrategyName, effective_grad_sync
 from zerocalc.peak.allocator import CachingAllocator
 from zerocalc.peak.kinds import StepPhase
 from zerocalc.peak.ledger import Ledger
 from zerocalc.peak.mechanics import Accounting, Accumulation, Ddp, Fsdp1, Fsdp2, Mechanics, Unit
-from zerocalc.peak.profiles import Wrap
 from zerocalc.peak.report import StateLine
 from zerocalc.peak.timeline import PHASES, Runtime, StepShape, first_start, run_step, steady_start
-from zerocalc.precision import RECIPES, PrecisionName
-from zerocalc.request import GradSync, TrainingRequest
-from zerocalc.strategies import STRATEGIES, BufferRule, StrategyName, effective_grad_sync
-from zerocalc.units import ceil_div
+from zerocalc.request.training import GradSync, TrainingRequest
+from zerocalc.states.framework import dim0_padded_numel, dim0_shard_numel, fsdp_units, zero1_partition
 
 REPLAYED_STEPS = 3
 """Steps replayed for the reserve: the first creates the optimizer states; the reserve settles after it."""

@@ -27,13 +27,13 @@ from functools import cached_property
 from operator import add
 from typing import NamedTuple
 
-from zerocalc.model_impl import Device
+from zerocalc.model.model_impl import Device
 from zerocalc.peak.ledger import CUDA_BLOCK, Ledger
 from zerocalc.peak.mechanics import Mechanics
 from zerocalc.peak.report import StateLine
 from zerocalc.peak.simulate import activation_bytes, mechanics_for, step_shape
 from zerocalc.peak.timeline import Runtime, run_step, steady_start
-from zerocalc.request import TrainingRequest
+from zerocalc.request.training import TrainingRequest
 
 NO_EVENT = -(2**62)
 """A slot's value where it holds no event: below any sum with the other part."""

@@ -1,4 +1,4 @@
-"""The model-state lines of each accounting (:class:`~zerocalc.peak.profiles.StatesModel`).
+"""The model-state lines of each accounting (:class:`~zerocalc.parallel.profiles.StatesModel`).
 
 Each builder takes the validated request and the strategy record, and returns
 the lines in the order they are shown, each with the kind of tensor it is. For the accountings (the
@@ -13,21 +13,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from zerocalc import framework_states as torch_states
-from zerocalc.deepspeed_estimator import DEEPSPEED_VERSION, zero2_model_states, zero3_model_states
-from zerocalc.frameworks import TORCH_SOURCES
-from zerocalc.memory import Location, StateKind, strategy_states
-from zerocalc.optimizers import OptimizerImpl
+from zerocalc.base.units import ceil_div
+from zerocalc.network.schedule import ZeroPP
+from zerocalc.parallel.frameworks import TORCH_SOURCES
+from zerocalc.parallel.optimizers import OptimizerImpl
+from zerocalc.parallel.precision import RECIPES
+from zerocalc.parallel.profiles import StatesModel
+from zerocalc.parallel.strategies import OffloadTarget, Strategy, StrategyName
+from zerocalc.parallel.zeropp import hpz_secondary_bytes
 from zerocalc.peak.buffers import STRATEGY_BUFFERS
 from zerocalc.peak.kinds import TensorKind
-from zerocalc.peak.profiles import StatesModel
 from zerocalc.peak.report import StateLine
-from zerocalc.precision import RECIPES
-from zerocalc.request import TrainingRequest
-from zerocalc.schedule import ZeroPP
-from zerocalc.strategies import OffloadTarget, Strategy, StrategyName
-from zerocalc.units import ceil_div
-from zerocalc.zeropp import hpz_secondary_bytes
+from zerocalc.request.training import TrainingRequest
+from zerocalc.states import framework as torch_states
+from zerocalc.states.deepspeed import DEEPSPEED_VERSION, zero2_model_states, zero3_model_states
+from zerocalc.states.memory import Location, StateKind, strategy_states
 
 
 class StateLines(NamedTuple):
@@ -44,7 +44,7 @@ _PAPER_LINES = {
 
 
 def _paper(request: TrainingRequest, strategy: Strategy) -> StateLines:
-    """ZeRO paper §5 states on the GPU (:func:`zerocalc.memory.strategy_states`, the states of memory's
+    """ZeRO paper §5 states on the GPU (:func:`zerocalc.states.memory.strategy_states`, the states of memory's
     row) + the buckets the strategy keeps."""
     states = [
         StateLine(
@@ -166,7 +166,7 @@ def _megatron(request: TrainingRequest, strategy: Strategy) -> StateLines:
 
 
 def _torch(request: TrainingRequest, strategy: Strategy) -> StateLines:
-    """What the largest rank holds, exactly (:mod:`zerocalc.framework_states`).
+    """What the largest rank holds, exactly (:mod:`zerocalc.states.framework`).
 
     fp32 sharded parameters are the master copy under ``MixedPrecision``/``MixedPrecisionPolicy`` (and
     autocast for DDP), so mixed precision has 4 + 4 + 8 bytes of states per parameter and no separate

@@ -1,7 +1,8 @@
 """One training step as a timeline of the tensors it allocates and frees (pure).
 
 The step — start, forward layer by layer, the loss, backward layer by layer, the optimizer step and
-``zero_grad`` — is written once here, in program order, from the model's code (:mod:`zerocalc.model_impl`:
+``zero_grad`` — is written once here, in program order, from the model's code
+(:mod:`zerocalc.model.model_impl`:
 what each layer keeps for backward, what the loss allocates) and the framework's mechanics
 (:mod:`zerocalc.peak.mechanics`: where parameters are gathered and released, how gradients are reduced
 and kept, what the optimizer allocates). A :class:`~zerocalc.peak.ledger.Ledger` records every tensor;
@@ -19,9 +20,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from zerocalc.activations import Recompute
-from zerocalc.architecture import Architecture
-from zerocalc.model_impl import (
+from zerocalc.model.activations import Recompute
+from zerocalc.model.architecture import Architecture
+from zerocalc.model.model_impl import (
     FP32,
     INT64,
     Device,

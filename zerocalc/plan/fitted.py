@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from zerocalc.activations import Recompute
-from zerocalc.frameworks import TORCH_FRAMEWORKS
-from zerocalc.peak.profiles import PROFILES
+from zerocalc.model.activations import Recompute
+from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS
+from zerocalc.parallel.profiles import PROFILES
+from zerocalc.parallel.strategies import STRATEGIES
 from zerocalc.peak.report import StateLine
 from zerocalc.peak.split import (
     HookCall,
@@ -40,8 +41,7 @@ from zerocalc.plan.layers import (
     with_layers,
     within_edges,
 )
-from zerocalc.request import TrainingRequest
-from zerocalc.strategies import STRATEGIES
+from zerocalc.request.training import TrainingRequest
 
 
 def with_batch(request: TrainingRequest, b: int, accum: int) -> TrainingRequest:

@@ -33,9 +33,9 @@ import re
 from functools import lru_cache
 from typing import NamedTuple
 
-from zerocalc.architecture import Architecture, count_parameters
+from zerocalc.model.architecture import Architecture, count_parameters
 from zerocalc.peak.split import NO_EVENT
-from zerocalc.request import ModelSpec, TrainingRequest
+from zerocalc.request.training import ModelSpec, TrainingRequest
 
 SMALL_LAYERS = (4, 5)
 """The layer counts simulated (blocks 1 … L'−2 inner: two, then three)."""

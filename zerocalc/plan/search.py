@@ -25,15 +25,17 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from zerocalc.activations import Recompute
-from zerocalc.calls import Layout
-from zerocalc.comm import CollectiveRun, collective_runs
-from zerocalc.dtypes import DType
-from zerocalc.errors import InputError
-from zerocalc.frameworks import Estimate, Framework
-from zerocalc.memory import Location, strategy_row
+from zerocalc.base.dtypes import DType
+from zerocalc.base.errors import InputError
+from zerocalc.comm.calls import Layout
+from zerocalc.comm.estimate import CollectiveRun, collective_runs
+from zerocalc.model.activations import Recompute
+from zerocalc.network.schedule import GradSync
+from zerocalc.parallel.frameworks import Estimate, Framework
+from zerocalc.parallel.precision import RECIPES
+from zerocalc.parallel.profiles import PROFILES
+from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
 from zerocalc.peak.evaluate import FIT_MARGIN, nccl_communicators, strategy_peak
-from zerocalc.peak.profiles import PROFILES
 from zerocalc.peak.report import StrategyPeak, Verdict
 from zerocalc.peak.simulate import flash_attention_used, runtime_for
 from zerocalc.plan.fitted import StepParts, with_batch, with_recompute
@@ -61,10 +63,8 @@ from zerocalc.plan.timing import (
     offload_seconds,
     step_times,
 )
-from zerocalc.precision import RECIPES
-from zerocalc.request import TrainingRequest
-from zerocalc.schedule import GradSync
-from zerocalc.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
+from zerocalc.request.training import TrainingRequest
+from zerocalc.states.memory import Location, strategy_row
 
 SCHEMA_VERSION = 1
 

@@ -15,14 +15,23 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
-from zerocalc.activations import Recompute
-from zerocalc.calibration import Calibration
-from zerocalc.cluster import Cluster
-from zerocalc.dtypes import DType
-from zerocalc.errors import InputError, shown
-from zerocalc.frameworks import Estimate, Framework
-from zerocalc.precision import RECIPES
-from zerocalc.request import (
+from zerocalc.base.dtypes import DType
+from zerocalc.base.errors import InputError, shown
+from zerocalc.base.units import parse_count, parse_fraction, parse_whole
+from zerocalc.model.activations import Recompute
+from zerocalc.network.calibration import Calibration
+from zerocalc.network.cluster import Cluster
+from zerocalc.network.schedule import GradSync
+from zerocalc.parallel.frameworks import Estimate, Framework
+from zerocalc.parallel.precision import RECIPES
+from zerocalc.parallel.strategies import (
+    STRATEGIES,
+    BufferRule,
+    OffloadTarget,
+    StrategyName,
+    framework_strategies,
+)
+from zerocalc.request.training import (
     DEFAULT_SEQ_LEN,
     MAX_GPUS,
     MAX_GPUS_PER_NODE,
@@ -34,9 +43,6 @@ from zerocalc.request import (
     parse_options,
     request_with,
 )
-from zerocalc.schedule import GradSync
-from zerocalc.strategies import STRATEGIES, BufferRule, OffloadTarget, StrategyName, framework_strategies
-from zerocalc.units import parse_count, parse_fraction, parse_whole
 
 DEFAULT_FRAMEWORKS: tuple[Framework, ...] = (Framework.FSDP2, Framework.TORCH_ZERO1, Framework.DEEPSPEED)
 """Searched without ``--framework``: the implementations whose allocations zerocalc models exactly or by
@@ -407,7 +413,8 @@ def group_request(plan: PlanRequest, group: Group, estimate: Estimate) -> Traini
 
 def derived_request(plan: PlanRequest, group: Group, estimate: Estimate) -> TrainingRequest:
     """:func:`group_request`'s request without parsing: the plan's parsed base with the group's typed options
-    (:func:`~zerocalc.request.request_with` checks them as the parser does; the same request or the same
+    (:func:`~zerocalc.request.training.request_with` checks them as the parser does; the same request or the
+    same
     :class:`InputError`, tests/test_plan.py). The base was parsed with the plan's model, GPU, sequence
     length and calibration, as every group's command gives them. Ten times cheaper than a parse: the search
     needs hundreds."""

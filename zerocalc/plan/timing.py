@@ -9,7 +9,8 @@ FLOPs: ``full`` one more forward (``2·P + 4·L·H·Q·T``), ``selective`` the a
 (``4·L·H·Q·T``, Korthikanti et al. 2022 §5) where it keeps s² tensors — with flash attention it keeps
 none and recomputes nothing extra. Executed FLOPs run at ``mfu`` × the GPU's dense bf16 peak.
 
-Communication. Each collective's time is ``comm``'s (:func:`zerocalc.comm.strategy_comm`: α per call + bytes
+Communication. Each collective's time is ``comm``'s (:func:`zerocalc.comm.estimate.strategy_comm`: α per call
++ bytes
 / β, the calibration's fit or the preset's bandwidths). Overlap, per phase (exposed = max(0, comm −
 compute the comm can hide behind), per micro-batch):
 
@@ -36,12 +37,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from zerocalc.activations import Recompute
-from zerocalc.architecture import Architecture, ParameterCount
-from zerocalc.comm import CollectiveRun, StrategyComm, times_per_step
-from zerocalc.frameworks import Framework
-from zerocalc.schedule import GradSync, Phase
-from zerocalc.strategies import OffloadTarget, StrategyName
+from zerocalc.comm.estimate import CollectiveRun, StrategyComm, times_per_step
+from zerocalc.model.activations import Recompute
+from zerocalc.model.architecture import Architecture, ParameterCount
+from zerocalc.network.schedule import GradSync, Phase
+from zerocalc.parallel.frameworks import Framework
+from zerocalc.parallel.strategies import OffloadTarget, StrategyName
 
 PCIE_BPS = 25e9
 """Host ↔ GPU bytes/s per GPU: PCIe 4.0 ×16 achieves about 25 GB/s of its 32 GB/s (an assumption; PCIe 5.0
@@ -153,7 +154,8 @@ def offload_seconds(
 class CommLine(NamedTuple):
     """One collective of ``comm``'s schedule for one key (world, group, framework, strategy, reduce dtype,
     grad sync), with how its runs per step depend on A: ``times(A) = times_at_2 + slope·(A − 2)`` — every
-    :class:`~zerocalc.schedule.Repeat` is affine in A (once: 1; per micro-batch: A; per sync: A or 1; after
+    :class:`~zerocalc.network.schedule.Repeat` is affine in A (once: 1; per micro-batch: A; per sync: A or 1;
+    after
     the first micro-batch: A − 1), so its runs at A = 2 and A = 3 give it exactly."""
 
     phase: Phase
@@ -161,15 +163,16 @@ class CommLine(NamedTuple):
     slope: int
     calls_per_run: int
     run_s: float
-    """One run's time (:attr:`zerocalc.comm.CollectiveRun.seconds`): calls × α + bytes / β."""
+    """One run's time (:attr:`zerocalc.comm.estimate.CollectiveRun.seconds`): calls × α + bytes / β."""
 
     def times(self, accum: int) -> int:
         return self.times_at_2 + self.slope * (accum - 2)
 
 
 def comm_lines(collectives: list[CollectiveRun], sync: GradSync) -> tuple[CommLine, ...]:
-    """The schedule's collectives (:func:`zerocalc.comm.collective_runs`), each with its runs per step at
-    A = 2 and A = 3 (:func:`zerocalc.comm.times_per_step`); every one runs at A = 2."""
+    """The schedule's collectives (:func:`zerocalc.comm.estimate.collective_runs`), each with its runs per
+    step at
+    A = 2 and A = 3 (:func:`zerocalc.comm.estimate.times_per_step`); every one runs at A = 2."""
     lines = []
     for c in collectives:
         line = c.run.line

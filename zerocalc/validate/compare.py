@@ -1,7 +1,8 @@
 """Prediction vs measurement, line by line, collective by collective and rank by rank (pure, no torch).
 
-Model states: :mod:`zerocalc.framework_states`, exact per rank. Collectives: ``zerocalc comm``'s estimate
-of the same configuration (:func:`zerocalc.comm.evaluate_comm` under the framework the configuration is
+Model states: :mod:`zerocalc.states.framework`, exact per rank. Collectives: ``zerocalc comm``'s estimate
+of the same configuration (:func:`zerocalc.comm.estimate.evaluate_comm` under the framework the configuration
+is
 in the Strategy records), expanded into its calls and compared with the calls each rank recorded in the
 measured step as multisets of (operation, phase, dtype, process group, S, broadcast source). Calls over a
 group of one rank move nothing and are left out of both sides.
@@ -14,17 +15,17 @@ from collections import Counter
 
 from pydantic import BaseModel, Field
 
-from zerocalc.architecture import Architecture
-from zerocalc.cluster import Cluster, RankGroup
-from zerocalc.collectives import COLLECTIVES, Collective
-from zerocalc.comm import StrategyComm, evaluate_comm
-from zerocalc.dtypes import DType
-from zerocalc.framework_states import LINES, STATE_LINES, RankStates, predict_rank_states, reducer_buckets
-from zerocalc.frameworks import Estimate, TorchWrapper
-from zerocalc.optimizers import OptimizerName
-from zerocalc.precision import PrecisionName
-from zerocalc.request import parse_options
-from zerocalc.schedule import GradSync
+from zerocalc.base.dtypes import DType
+from zerocalc.comm.estimate import StrategyComm, evaluate_comm
+from zerocalc.model.architecture import Architecture
+from zerocalc.network.cluster import Cluster, RankGroup
+from zerocalc.network.collectives import COLLECTIVES, Collective
+from zerocalc.network.schedule import GradSync
+from zerocalc.parallel.frameworks import Estimate, TorchWrapper
+from zerocalc.parallel.optimizers import OptimizerName
+from zerocalc.parallel.precision import PrecisionName
+from zerocalc.request.training import parse_options
+from zerocalc.states.framework import LINES, STATE_LINES, RankStates, predict_rank_states, reducer_buckets
 from zerocalc.validate.config import PERTURB_ENV, STRATEGIES, Job, Measured, RecordedCall
 
 PEAK_TOLERANCE = 0.25
@@ -60,7 +61,7 @@ class CollectiveResult(BaseModel):
     group_size: int
     predicted_calls: int
     measured_calls: list[int] = Field(description="per rank")
-    predicted_bytes: int = Field(description="sent per rank: Σ factor(n)·S (zerocalc.collectives)")
+    predicted_bytes: int = Field(description="sent per rank: Σ factor(n)·S (zerocalc.network.collectives)")
     measured_bytes: list[int] = Field(description="per rank")
     ok: bool = Field(description="every rank made exactly the predicted calls (S, source) of this kind")
     explanation: str

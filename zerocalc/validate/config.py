@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from zerocalc.architecture import Architecture
-from zerocalc.errors import InputError
-from zerocalc.optimizers import OptimizerName
-from zerocalc.precision import PrecisionName
-from zerocalc.schedule import GradSync
-from zerocalc.strategies import validated_setups
+from zerocalc.base.errors import InputError
+from zerocalc.model.architecture import Architecture
+from zerocalc.network.schedule import GradSync
+from zerocalc.parallel.optimizers import OptimizerName
+from zerocalc.parallel.precision import PrecisionName
+from zerocalc.parallel.strategies import validated_setups
 
 PERTURB_ENV = "ZEROCALC_VALIDATE_PERTURB"
 """Tests only (not in ``--help``): ``LINE`` (e.g. ``params``) adds one fp32 element's bytes to that line

@@ -20,6 +20,13 @@ from zerocalc.validate.phases import PhaseMeasurement
 STEPS = 3
 
 
+def cuda_device() -> tuple[str, int] | None:
+    """The first CUDA device's name and total memory (``cudaMemGetInfo``), or None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(0), torch.cuda.mem_get_info()[1]
+
+
 def run(config: dict[str, Any], b: int, s: int, reshard: bool, recompute: bool) -> PhaseMeasurement:
     import torch.distributed as dist
     import transformers

@@ -1,7 +1,8 @@
-"""A real ``torch.nn`` transformer built from an :class:`~zerocalc.architecture.Architecture` (imports torch).
+"""A real ``torch.nn`` transformer built from an :class:`~zerocalc.model.architecture.Architecture` (imports
+torch).
 
 Its named parameters are, name for name, shape for shape and in the same order, the list
-:func:`zerocalc.architecture.parameter_tensors` returns: ``embed_tokens``, ``embed_positions`` (learned
+:func:`zerocalc.model.architecture.parameter_tensors` returns: ``embed_tokens``, ``embed_positions`` (learned
 positions), per block ``layers.<i>.input_norm``, ``attn.{q,k,v,o}_proj``, ``post_attention_norm`` and
 ``mlp.{fc_in,fc_out}`` (GELU) or ``mlp.{gate,up,down}_proj`` (SwiGLU), then ``final_norm`` and ``lm_head``
 (absent when tied: the head reuses ``embed_tokens.weight``, counted once). Causal attention with
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zerocalc.architecture import Architecture, MlpKind, NormKind
+from zerocalc.model.architecture import Architecture, MlpKind, NormKind
 from zerocalc.validate.config import check_buildable
 
 

@@ -1,7 +1,7 @@
 """Orchestration of ``zerocalc validate``: which model, which backend, the configurations, their worlds.
 
 Each configuration (strategy × precision × gradient-sync mode) is its own world of ``nproc`` ranks spawned by
-:func:`zerocalc.procs.spawn`, so one failing configuration is reported and the others still run. Under
+:func:`zerocalc.harness.procs.spawn`, so one failing configuration is reported and the others still run. Under
 torchrun/srun every configuration runs in the launched world, one after the other, in one process group;
 rank 0 gets the report, the other ranks None. Every prediction is made before any rank starts, so bad
 input is refused up front. Imports torch only to count GPUs (and, under torchrun, in the worker).
@@ -16,13 +16,13 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from zerocalc import procs
-from zerocalc.architecture import Architecture, count_parameters
-from zerocalc.cluster import RankGroup
-from zerocalc.comm import StrategyComm
-from zerocalc.errors import InputError
-from zerocalc.framework_states import RankStates
-from zerocalc.schedule import GradSync
+from zerocalc.base.errors import InputError
+from zerocalc.comm.estimate import StrategyComm
+from zerocalc.harness import procs
+from zerocalc.model.architecture import Architecture, count_parameters
+from zerocalc.network.cluster import RankGroup
+from zerocalc.network.schedule import GradSync
+from zerocalc.states.framework import RankStates
 from zerocalc.validate.compare import ConfigResult, ValidationReport, compare, predicted_comm, predictions
 from zerocalc.validate.config import STRATEGIES, Job, Measured
 
@@ -53,7 +53,7 @@ OnResult = Callable[[ConfigResult, int, int], None]
 
 def resolve_architecture(model: str | None, overrides: dict[str, int]) -> Architecture:
     """The preset or config.json with the size overrides (the shrunk GPT-2 without ``--model``)."""
-    from zerocalc.presets import load_model
+    from zerocalc.request.presets import load_model
 
     arch, _ = load_model(model or DEFAULT_MODEL)
     changes = dict(overrides) if model else {**DEFAULT_SHRINK, **overrides}

@@ -1,6 +1,7 @@
 """``zerocalc validate --activations``: the activation profile against what real modules save (pure).
 
-:mod:`zerocalc.model_impl` says, per decoder layer and outside the layers, which storages a model's forward
+:mod:`zerocalc.model.model_impl` says, per decoder layer and outside the layers, which storages a model's
+forward
 keeps for backward. :mod:`zerocalc.validate.saved_measure` runs the real Hugging Face module on the CPU
 under ``torch.autograd.graph.saved_tensors_hooks`` and lists every storage saved, with the region whose
 forward first saved it. This module predicts the same regions from the profile and compares them, region
@@ -12,14 +13,16 @@ Regions (what the profile predicts there, and why it is first saved there):
 
 * ``embedding``: the input ids (``nn.Embedding`` saves its indices; they are the labels too); GPT-2 also
   its position ids (``wpe``) and the embedding dropout mask;
-* ``layer <i>``: :func:`zerocalc.model_impl.layer_saves` — plus the layer's input where the layer keeps it
+* ``layer <i>``: :func:`zerocalc.model.model_impl.layer_saves` — plus the layer's input where the layer keeps
+it
   (``keeps_input``: a LayerNorm or a fp32 RMSNorm saves it), plus, in layer 0, the rotary ``cos`` and
-  ``sin`` that every layer's ``q * cos`` saves (:func:`~zerocalc.model_impl.shared_saves`); Gemma's
-  embedding scale (:func:`~zerocalc.model_impl.embedding_saves`) in ``embedding``;
-* ``final``: :func:`zerocalc.model_impl.final_saves` (the final norm and the LM head's input), plus the
+  ``sin`` that every layer's ``q * cos`` saves (:func:`~zerocalc.model.model_impl.shared_saves`); Gemma's
+  embedding scale (:func:`~zerocalc.model.model_impl.embedding_saves`) in ``embedding``;
+* ``final``: :func:`zerocalc.model.model_impl.final_saves` (the final norm and the LM head's input), plus the
   last hidden state where a LayerNorm keeps it;
-* ``loss``: :func:`zerocalc.model_impl.logits_saves` (Gemma 2's logit soft-capping) and
-  :func:`zerocalc.model_impl.loss_saves` (``ForCausalLMLoss``: log-softmax output, target, ``total_weight``).
+* ``loss``: :func:`zerocalc.model.model_impl.logits_saves` (Gemma 2's logit soft-capping) and
+  :func:`zerocalc.model.model_impl.loss_saves` (``ForCausalLMLoss``: log-softmax output, target,
+  ``total_weight``).
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from collections import Counter
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from zerocalc.architecture import Architecture
-from zerocalc.model_impl import (
+from zerocalc.model.architecture import Architecture
+from zerocalc.model.model_impl import (
     FP32,
     INT64,
     MODEL_IMPLS,
@@ -85,7 +88,8 @@ TINY_CONFIGS: dict[str, dict] = {
     "falcon": {"model_type": "falcon", "vocab_size": 1024, "hidden_size": 128, "num_hidden_layers": 2,
                "num_attention_heads": 8, **TOKENS},
 }  # fmt: skip
-"""Tiny config.json dicts of every family the ``hf`` profile describes (``zerocalc.hf_config.FAMILIES``):
+"""Tiny config.json dicts of every family the ``hf`` profile describes
+(``zerocalc.model.hf_config.FAMILIES``):
 h ≠ f ≠ V and kv < a where the family has both, so that every term has its own size; dropout 0 (on the
 CPU, SDPA with dropout falls back to the math kernel, whose [b, a, s, s] tensors the flash path of a GPU
 does not keep)."""
@@ -195,7 +199,8 @@ class SavedReport(BaseModel):
 
 def predict_regions(arch: Architecture, shape: Shape, dtype: str, attention: str) -> dict[str, list[Term]]:
     """What the ``hf`` profile says each region's forward saves first (see the module docstring), on the CPU
-    (LayerNorm statistics and dropout noise in the compute dtype: :data:`zerocalc.model_impl.Device`)."""
+    (LayerNorm statistics and dropout noise in the compute dtype:
+    :data:`zerocalc.model.model_impl.Device`)."""
     impl = MODEL_IMPLS[ModelImplName.HF]
     act = ACT_BYTES[dtype]
     device = Device.CPU

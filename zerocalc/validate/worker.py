@@ -1,6 +1,7 @@
 """The torch side of ``zerocalc validate``: one rank of one configuration (imports torch).
 
-Run as ``python -m zerocalc.validate.worker JOB_JSON`` by :func:`zerocalc.procs.spawn` (rank 0 hands the
+Run as ``python -m zerocalc.validate.worker JOB_JSON`` by :func:`zerocalc.harness.procs.spawn` (rank 0 hands
+the
 gathered figures back), or called in-process under torchrun (:func:`run_many`). Each rank builds the
 model from the same seed, wraps it in the real framework and runs ``WARMUP_STEPS`` steps, then the measured
 step (A micro-batches of forward and backward, the first A-1 under ``no_sync()`` /
@@ -24,7 +25,7 @@ after it) on random tokens, and measures:
 
 Rank 0 gathers every rank's figures with ``all_gather_object`` before tear-down; the model and optimizer
 are freed (``gc.collect()``) before ``destroy_process_group`` (torch 2.13 can abort at exit otherwise).
-Exit codes (:mod:`zerocalc.procs`): 0 done, 1 failed (one line), 2 bad input, 3 timeout.
+Exit codes (:mod:`zerocalc.harness.procs`): 0 done, 1 failed (one line), 2 bad input, 3 timeout.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from zerocalc import procs
+from zerocalc.harness import procs
 
 if __name__ == "__main__":
     procs.exit_quietly_on_ctrl_c()  # before torch's slow import
@@ -49,14 +50,14 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from zerocalc.base.dtypes import DType
+from zerocalc.base.errors import InputError
 from zerocalc.bench.topology import Placement, placement_from_env, rendezvous_env
-from zerocalc.cluster import RankGroup
-from zerocalc.dtypes import DType
-from zerocalc.errors import InputError
-from zerocalc.frameworks import Fsdp1Sharding, TorchWrapper
-from zerocalc.optimizers import OptimizerName
-from zerocalc.precision import PrecisionName
-from zerocalc.schedule import GradSync
+from zerocalc.network.cluster import RankGroup
+from zerocalc.network.schedule import GradSync
+from zerocalc.parallel.frameworks import Fsdp1Sharding, TorchWrapper
+from zerocalc.parallel.optimizers import OptimizerName
+from zerocalc.parallel.precision import PrecisionName
 from zerocalc.validate.config import STRATEGIES, TEST_FAIL_ENV, WARMUP_STEPS, Job, Measured, RecordedCall
 from zerocalc.validate.model import Block, build_model, loss_fn
 

@@ -1,0 +1,481 @@
+"""Communication per optimizer step: the collectives each strategy issues, bytes per GPU, and time.
+
+Schedules come from the Strategy records (:mod:`zerocalc.parallel.strategies`): the ZeRO paper's (§7) for
+``--framework paper`` (and megatron), and each framework's own otherwise, every rule citing the source it
+follows. :mod:`zerocalc.comm.calls` turns each rule into its calls (one per FSDP unit, DDP bucket, parameter
+...); this module costs them:
+
+* bytes each GPU sends per call: the nccl-tests bus factors of :mod:`zerocalc.network.collectives` (ring
+  algorithm): all_reduce 2(n-1)/n·S, reduce_scatter, all_gather and all_to_all (n-1)/n·S, broadcast S;
+* how many times a rule runs per step (A micro-batches): once, A times, or once per micro-batch that
+  synchronises gradients (A under ``every``, 1 under ``last``; fixed by DeepSpeed's stages and by the
+  paper's accounting, chosen by the training loop under PyTorch, whose default is ``every``);
+* time = α per call + bytes / β, with β the bus bandwidth of the rule's process group (a group with
+  ranks on more than one node runs at the inter-node figure).
+
+At A = 1 the paper's ZeRO-1/2 move exactly DDP's 2Ψ and ZeRO-3 3Ψ (1.5×), as the ZeRO paper's section 7
+states.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from zerocalc.base.dtypes import DType
+from zerocalc.base.units import plural
+from zerocalc.comm.calls import Call, CallContext, Layout, RuleCalls, rule_calls
+from zerocalc.network.calibration import Calibration
+from zerocalc.network.cluster import Cluster, RankGroup
+from zerocalc.network.collectives import COLLECTIVES, Collective
+from zerocalc.network.links import Bandwidths, BandwidthSource, LinkFigures
+from zerocalc.network.schedule import DtypeRole, GradSync, Phase, Repeat, ScheduledCollective, Tensor, ZeroPP
+from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, TORCH_NO_SYNC, Framework
+from zerocalc.parallel.precision import RECIPES, PrecisionName
+from zerocalc.parallel.strategies import STRATEGIES, StrategyName, effective_grad_sync
+from zerocalc.parallel.zeropp import active_features
+from zerocalc.request.training import BufferOptions, TrainingRequest
+
+SCHEMA_VERSION = 2
+
+
+class CommRequest(BaseModel):
+    """The request as the communication estimate echoes it in its JSON."""
+
+    model_config = ConfigDict(frozen=True)
+
+    params: int = Field(gt=0, description="Ψ")
+    model: str | None = Field(
+        default=None, description="the architecture's name (--model), None with --params"
+    )
+    cluster: Cluster
+    precision: PrecisionName
+    framework: Framework
+    grad_accum: int = Field(ge=1, description="A: micro-batches per optimizer step")
+    grad_sync: GradSync | None = Field(description="as asked; None: each framework's default")
+    reduce_dtype: DType | None = Field(description="None: the gradient dtype")
+    zeropp: tuple[ZeroPP, ...] = ()
+    ddp_bucket_bytes: int
+    ddp_first_bucket_bytes: int
+    reduce_bucket_elements: int = Field(description="DeepSpeed reduce_bucket_size")
+    strategies: tuple[StrategyName, ...]
+    bandwidths: Bandwidths
+    tokens_per_step: int | None = Field(default=None, gt=0)
+    tflops: float | None = Field(default=None, gt=0, description="achieved TFLOP/s per GPU")
+
+    @classmethod
+    def of(cls, request: TrainingRequest) -> CommRequest:
+        return cls(
+            params=request.model.params,
+            model=request.model.name,
+            cluster=request.cluster,
+            precision=request.precision,
+            framework=request.framework,
+            grad_accum=request.grad_accum,
+            grad_sync=request.grad_sync,
+            reduce_dtype=request.reduce_dtype,
+            zeropp=request.zeropp,
+            ddp_bucket_bytes=request.buffers.ddp_bucket_bytes,
+            ddp_first_bucket_bytes=request.buffers.ddp_first_bucket_bytes,
+            reduce_bucket_elements=request.buffers.reduce_bucket_elements,
+            strategies=request.strategies,
+            bandwidths=request.links,
+            tokens_per_step=request.tokens_per_step,
+            tflops=request.tflops,
+        )
+
+
+class UnitCalls(BaseModel):
+    """The calls of one collective that move one FSDP unit, DDP or DeepSpeed bucket, or one rank's
+    parameters (a broadcast's source), each time the collective runs (frozen: costs that make the same calls
+    share them)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    unit: str
+    elements: list[int] = Field(description="S of each call, in elements")
+    source_rank: int | None = Field(default=None, description="the broadcasting rank")
+    message_bytes: int = Field(description="Σ S")
+    bytes_sent_per_gpu: int = Field(description="Σ over the calls of factor(n)·S")
+
+
+class CollectiveCost(BaseModel):
+    op: Collective
+    phase: Phase
+    tensor: Tensor
+    scales: bool = Field(default=False, description="the fp32 scales of a quantized collective (ZeRO++)")
+    dtype: DType
+    group: RankGroup
+    group_size: int
+    spans_nodes: bool
+    times_per_step: int = Field(description="how many times the collective runs per optimizer step")
+    calls_per_step: int = Field(description="times × calls each time (one per unit, bucket, parameter ...)")
+    message_bytes: int = Field(description="Σ S of the calls each time it runs (S: nccl-tests' whole array)")
+    bytes_sent_per_gpu: int = Field(description="each time it runs: Σ factor(n)·S over its calls")
+    total_bytes_per_gpu: int = Field(description="per step: times × bytes each time")
+    latency_s: float
+    bus_bandwidth_Bps: float
+    time_s: float = Field(description="per step: calls × α + bytes / β")
+    bandwidth_source: BandwidthSource
+    behaviour: str
+    units: list[UnitCalls]
+
+
+class StrategyComm(BaseModel):
+    strategy: StrategyName
+    title: str
+    schedule_source: str = Field(description="whose schedule the collectives follow")
+    grad_sync: GradSync = Field(description="when gradients are reduced, as assumed")
+    grad_sync_reason: str
+    collectives: list[CollectiveCost]
+    calls_per_step: int
+    total_bytes_per_gpu: int
+    intra_node_bytes_per_gpu: int
+    inter_node_bytes_per_gpu: int
+    time_s: float
+    ratio_to_ddp: float | None = Field(
+        description="bytes / DDP's under the same framework (PyTorch's DDP for FSDP2, the paper's for "
+        "DeepSpeed); None at N = 1"
+    )
+    exposed_time_s: float | None = Field(default=None, description="max(0, comm − compute)")
+    hidden_time_s: float | None = Field(default=None, description="min(comm, compute): could overlap compute")
+
+
+class ComputeTime(BaseModel):
+    flops_per_step: float = Field(description="6·Ψ·T (Kaplan et al. 2020)")
+    seconds: float = Field(description="6·Ψ·T / (N·F)")
+
+
+class CommEstimate(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    request: CommRequest
+    calibration_used: str | None = None
+    notes: list[str] = Field(default_factory=list)
+    compute: ComputeTime | None = None
+    strategies: list[StrategyComm]
+
+    def row(self, name: StrategyName | str) -> StrategyComm:
+        key = StrategyName(name)
+        return next(r for r in self.strategies if r.strategy is key)
+
+
+def _figures_for(
+    op: Collective, spans_nodes: bool, bandwidths: Bandwidths, calibration: Calibration | None
+) -> LinkFigures:
+    """The calibration's fit for this collective and kind of group if it has one, else the link figures."""
+    if calibration is not None:
+        if spans_nodes:
+            kinds = (RankGroup.ACROSS_NODES, RankGroup.WORLD) if calibration.nodes > 1 else ()
+        else:
+            kinds = (RankGroup.NODE,) + ((RankGroup.WORLD,) if calibration.nodes == 1 else ())
+        for kind in kinds:
+            fit = calibration.fit_for(op, kind)
+            if fit is not None:
+                return LinkFigures(
+                    latency_s=fit.latency_s,
+                    bus_bandwidth_Bps=fit.bus_bandwidth_Bps,
+                    source=BandwidthSource.CALIBRATION,
+                    detail=f"calibration fit of {op.value} over {kind.value} groups of {fit.group_size}",
+                )
+    return bandwidths.inter_node if spans_nodes else bandwidths.intra_node
+
+
+def _dtype(role: DtypeRole, precision: PrecisionName, reduce_dtype: DType | None) -> DType:
+    recipe = RECIPES[precision]
+    if role is DtypeRole.COMPUTE:
+        return recipe.param_dtype
+    if role is DtypeRole.STORED:
+        return recipe.master_dtype or recipe.param_dtype
+    return reduce_dtype or recipe.grad_dtype
+
+
+def times_per_step(repeat: Repeat, accum: int, sync: GradSync) -> int:
+    """How many times a rule of this repeat runs in a step of ``accum`` micro-batches."""
+    match repeat:
+        case Repeat.PER_STEP:
+            return 1
+        case Repeat.PER_MICRO_BATCH:
+            return accum
+        case Repeat.PER_SYNC:
+            return accum if sync is GradSync.EVERY else 1
+        case Repeat.AFTER_FIRST_MICRO_BATCH:
+            return accum - 1
+
+
+class _Run(NamedTuple):
+    """A rule that moves data: its dtype, whether it runs quantized, what sizes its calls, and whether its
+    group spans nodes."""
+
+    line: ScheduledCollective
+    dtype: DType
+    quantized: bool
+    ctx: CallContext
+    spans_nodes: bool
+
+
+@lru_cache(maxsize=1024)
+def _runs(
+    name: StrategyName,
+    framework: Framework,
+    cluster: Cluster,
+    precision: PrecisionName,
+    reduce_dtype: DType | None,
+    buffers: BufferOptions,
+    zeropp: frozenset[ZeroPP],
+) -> tuple[_Run, ...]:
+    """The rules of ``name``'s schedule under ``framework`` that move data on ``cluster``."""
+    runs = []
+    for line in STRATEGIES[name].schedule_under(framework):
+        n = cluster.group_size(line.group)
+        if n == 1 or not line.runs_with(zeropp):
+            continue  # a group of one rank communicates nothing
+        dtype = _dtype(line.dtype_role, precision, reduce_dtype)
+        ctx = CallContext(
+            world_size=cluster.world_size,
+            group_size=n,
+            shard_size=cluster.group_size(line.shard_of),
+            element_bytes=dtype.bytes,
+            ddp_bucket_bytes=buffers.ddp_bucket_bytes,
+            ddp_first_bucket_bytes=buffers.ddp_first_bucket_bytes,
+            deepspeed_bucket_elements=buffers.reduce_bucket_elements,
+        )
+        runs.append(_Run(line, dtype, line.quantized_with(zeropp), ctx, cluster.spans_nodes(line.group)))
+    return tuple(runs)
+
+
+_UNIT_CALLS = TypeAdapter(tuple[UnitCalls, ...])
+"""Validates a collective's units in one call (a model's collectives have thousands)."""
+
+
+class _Traffic(NamedTuple):
+    """What one run of a collective moves: its calls and their sums."""
+
+    calls: RuleCalls
+    message_bytes: int
+    bytes_sent_per_gpu: int
+
+
+def _bytes_sent(sizes: set[int], op: Collective, n: int, element_bytes: int) -> dict[int, int]:
+    """Bytes each rank sends for a call of each of ``sizes`` elements (the collective's bus factor)."""
+    spec = COLLECTIVES[op]
+    return {s: spec.bytes_sent_per_rank(s * element_bytes, n) for s in sizes}
+
+
+def _traffic(calls: RuleCalls, op: Collective, n: int, element_bytes: int) -> _Traffic:
+    """The calls and their sums."""
+    sent = _bytes_sent(set(calls.sizes), op, n, element_bytes)
+    message = sum(s * count for s, count in calls.by_size()) * element_bytes
+    return _Traffic(calls, message, sum(sent[s] * count for s, count in calls.by_size()))
+
+
+@lru_cache(maxsize=256)
+def _unit_calls(calls: tuple[Call, ...], op: Collective, n: int, element_bytes: int) -> tuple[UnitCalls, ...]:
+    """The calls grouped by what they move, in order (once per value: rules of one schedule often make the
+    same calls)."""
+    grouped: dict[tuple[str, int | None], list[int]] = {}
+    for unit, elements, root in calls:
+        grouped.setdefault((unit, root), []).append(elements)
+    sent = _bytes_sent({s for _, s, _ in calls}, op, n, element_bytes)
+    return _UNIT_CALLS.validate_python(
+        [
+            {
+                "unit": unit,
+                "elements": elements,
+                "source_rank": root,
+                "message_bytes": sum(elements) * element_bytes,
+                "bytes_sent_per_gpu": sum(map(sent.__getitem__, elements)),
+            }
+            for (unit, root), elements in grouped.items()
+        ]
+    )
+
+
+def _line_traffic(
+    layout: Layout, line: ScheduledCollective, ctx: CallContext, quantized: bool
+) -> tuple[_Traffic, _Traffic | None] | None:
+    """What one run of ``line`` moves (int8 quantized, else in the context's dtype) and its fp32 scales (None
+    unless quantized); None when it has no calls."""
+    calls = rule_calls(line, layout, ctx, quantized)
+    if calls is None:
+        return None
+    data, scales = calls
+    moved = _traffic(data, line.op, ctx.group_size, DType.INT8.bytes if quantized else ctx.element_bytes)
+    return moved, _traffic(scales, line.op, ctx.group_size, DType.FP32.bytes) if scales is not None else None
+
+
+class CollectiveRun(NamedTuple):
+    """One collective of a schedule, run once: its rule's run, the dtype it moves, whether it is a quantized
+    rule's scales, its calls, the link it runs over and its time."""
+
+    run: _Run
+    dtype: DType
+    scales: bool
+    traffic: _Traffic
+    link: LinkFigures
+    seconds: float
+    """α per call + bytes / β."""
+
+
+def _collective_run(
+    run: _Run, traffic: _Traffic, dtype: DType, request: TrainingRequest, scales: bool = False
+) -> CollectiveRun:
+    link = _figures_for(run.line.op, run.spans_nodes, request.links, request.calibration)
+    seconds = traffic.calls.count * link.latency_s + traffic.bytes_sent_per_gpu / link.bus_bandwidth_Bps
+    return CollectiveRun(run, dtype, scales, traffic, link, seconds)
+
+
+def collective_runs(name: StrategyName, request: TrainingRequest, layout: Layout) -> list[CollectiveRun]:
+    """Every collective of one strategy's schedule under the request's framework that moves data, each run
+    once, in order (pure; how many times each runs per step is :func:`times_per_step`'s)."""
+    zeropp, _ = active_features(frozenset(request.zeropp), request.cluster)
+    runs = _runs(
+        name, request.framework, request.cluster, request.precision, request.reduce_dtype, request.buffers,
+        zeropp,
+    )  # fmt: skip
+    collectives = []
+    for run in runs:
+        traffic = layout.cached(_line_traffic, run.line, run.ctx, run.quantized)
+        if traffic is None:
+            continue
+        data, scales = traffic
+        collectives.append(_collective_run(run, data, DType.INT8 if run.quantized else run.dtype, request))
+        if scales is not None:
+            collectives.append(_collective_run(run, scales, DType.FP32, request, scales=True))
+    return collectives
+
+
+def _cost(collective: CollectiveRun, times: int) -> CollectiveCost:
+    run, traffic, link = collective.run, collective.traffic, collective.link
+    line, n = run.line, run.ctx.group_size
+    per_run = traffic.bytes_sent_per_gpu
+    return CollectiveCost(
+        op=line.op,
+        phase=line.phase,
+        tensor=line.tensor,
+        scales=collective.scales,
+        dtype=collective.dtype,
+        group=line.group,
+        group_size=n,
+        spans_nodes=run.spans_nodes,
+        times_per_step=times,
+        calls_per_step=times * traffic.calls.count,
+        message_bytes=traffic.message_bytes,
+        bytes_sent_per_gpu=per_run,
+        total_bytes_per_gpu=times * per_run,
+        latency_s=link.latency_s,
+        bus_bandwidth_Bps=link.bus_bandwidth_Bps,
+        time_s=times * collective.seconds,
+        bandwidth_source=link.source,
+        behaviour=line.behaviour,
+        units=list(_unit_calls(traffic.calls.each(), line.op, n, collective.dtype.bytes)),
+    )
+
+
+def grad_sync_reason(framework: Framework, name: StrategyName, asked: GradSync | None) -> str:
+    """Why gradients are reduced when they are, for the output."""
+    setup = STRATEGIES[name].frameworks[framework]
+    if setup.grad_sync is not None:
+        return "fixed by this schedule"
+    hook = TORCH_NO_SYNC[setup.torch.wrapper] if setup.torch is not None else "no_sync()"
+    if asked is GradSync.LAST:
+        return f"asked: the first A-1 micro-batches run under {hook}"
+    if asked is GradSync.EVERY:
+        return "asked: every backward reduces"
+    return f"PyTorch's default, every backward reduces; grad-sync last if the loop uses {hook}"
+
+
+def strategy_comm(
+    name: StrategyName, request: TrainingRequest, ddp_bytes: int | None, layout: Layout | None = None
+) -> StrategyComm:
+    """Cost every collective of one strategy's schedule under the request's framework (pure)."""
+    framework = request.framework
+    strategy = STRATEGIES[name]
+    layout = layout or Layout.of(request.model.params, request.model.architecture)
+    sync = effective_grad_sync(framework, name, request.grad_sync)
+    costs: list[CollectiveCost] = []
+    for collective in collective_runs(name, request, layout):
+        times = times_per_step(collective.run.line.repeat, request.grad_accum, sync)
+        if times > 0:
+            costs.append(_cost(collective, times))
+    total = sum(c.total_bytes_per_gpu for c in costs)
+    setup = strategy.frameworks[framework]
+    return StrategyComm(
+        strategy=name,
+        title=strategy.title_under(framework),
+        schedule_source=setup.schedule_source,
+        grad_sync=sync,
+        grad_sync_reason=grad_sync_reason(framework, name, request.grad_sync),
+        collectives=costs,
+        calls_per_step=sum(c.calls_per_step for c in costs),
+        total_bytes_per_gpu=total,
+        intra_node_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in costs if not c.spans_nodes),
+        inter_node_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in costs if c.spans_nodes),
+        time_s=sum(c.time_s for c in costs),
+        ratio_to_ddp=(total / ddp_bytes) if ddp_bytes else None,
+    )
+
+
+def _ddp_reference(request: TrainingRequest, layout: Layout) -> int | None:
+    """The bytes the ratio is taken to: DDP under the same framework (FSDP's is NO_SHARD), PyTorch's DDP for
+    FSDP2, else the paper's DDP (DeepSpeed's stage 0 is not modelled)."""
+    frameworks = STRATEGIES[StrategyName.DDP].frameworks
+    framework = request.framework
+    if framework not in frameworks:
+        framework = Framework.DDP if framework in TORCH_FRAMEWORKS else Framework.PAPER
+    reference = request.model_copy(update={"framework": framework})
+    return strategy_comm(StrategyName.DDP, reference, None, layout).total_bytes_per_gpu or None
+
+
+def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -> list[str]:
+    notes = []
+    cluster = request.cluster
+    if cluster.world_size == 1:
+        notes.append("no communication: a single GPU has nothing to reduce or gather")
+    calibration = request.calibration
+    used = any(c.bandwidth_source is BandwidthSource.CALIBRATION for row in rows for c in row.collectives)
+    if calibration is not None and not used and cluster.world_size > 1:
+        notes.append(
+            f"calibration {request.calibration_name} ({plural(calibration.nodes, 'node')} × "
+            f"{plural(calibration.gpus_per_node, 'rank')}) covers none of these collectives and groups: "
+            "every time uses the link figures below"
+        )
+    if request.framework not in (Framework.PAPER, Framework.MEGATRON) and not layout.from_architecture:
+        notes.append(
+            "without --model the model is one flat array of Ψ elements: bytes that depend on Ψ alone are "
+            "exact; call counts (units, buckets, parameters), the root unit's rule, per-unit and "
+            "per-parameter padding and DeepSpeed's persistent parameters need --model"
+        )
+    if request.grad_sync is not None:
+        for row in rows:
+            if row.grad_sync is not request.grad_sync:
+                notes.append(
+                    f"{row.title}: grad-sync {request.grad_sync.value} does not apply "
+                    f"({row.grad_sync_reason})"
+                )
+    _, zeropp_notes = active_features(frozenset(request.zeropp), cluster)
+    notes += zeropp_notes
+    return notes
+
+
+def evaluate_comm(request: TrainingRequest) -> CommEstimate:
+    """The communication of every requested strategy, with times and the optional compute comparison."""
+    layout = Layout.of(request.model.params, request.model.architecture)
+    ddp = _ddp_reference(request, layout)
+    rows = [strategy_comm(name, request, ddp, layout) for name in request.strategies]
+    compute = None
+    if request.tokens_per_step is not None and request.tflops is not None:
+        flops = 6 * request.model.params * request.tokens_per_step
+        seconds = flops / (request.cluster.world_size * request.tflops * 1e12)
+        compute = ComputeTime(flops_per_step=flops, seconds=seconds)
+        for row in rows:
+            row.hidden_time_s = min(row.time_s, seconds)
+            row.exposed_time_s = max(0.0, row.time_s - seconds)
+    return CommEstimate(
+        request=CommRequest.of(request),
+        calibration_used=request.calibration_name if request.calibration is not None else None,
+        notes=_notes(request, layout, rows),
+        compute=compute,
+        strategies=rows,
+    )

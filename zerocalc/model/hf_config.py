@@ -1,0 +1,650 @@
+"""Hugging Face ``config.json`` → :class:`~zerocalc.model.architecture.Architecture`, read offline.
+
+One declarative record per ``model_type`` (:data:`FAMILIES`) says which ``transformers`` 5.17 modeling file
+and classes it follows, the keys it reads (with the configuration class's default where it has one), and
+the keys it knows do not change the parameter count. The count is then the count of
+``AutoModelForCausalLM.from_config(config)`` (checked on the meta device in ``tests/test_families.py``).
+
+How a key is treated, in this order:
+
+1. a key the record reads (or an alias transformers maps onto it) is checked: whole numbers from 1 (0
+   where stated) to 2**31 − 1, ``true``/``false``, lists of layer indices, ``null`` only where the
+   configuration class allows it; anything else is refused naming the file, the key and what is accepted;
+2. a key the record pins (transformers does not read it, but it would change the model it describes) is
+   accepted with that one value only (DeepSeek-V3 ``moe_layer_freq`` 1, GPT-2 ``add_cross_attention``
+   false);
+3. a key the record lists as not changing the count, or one of the common keys (:data:`COMMON_IGNORED`,
+   :data:`HARMLESS`: token ids, dtypes, dropout, norm epsilon, rotary settings, attention masks...), is
+   accepted and not read;
+4. any other key whose name looks like it sizes the model (:data:`COUNT_AFFECTING`: layers, heads,
+   experts, MoE, sizes, dims, ranks, biases, norms, ties, projections...) is **refused, not guessed**;
+5. any other key is accepted (it cannot change the count).
+
+Keys a record reads and does not find take the configuration class's default, except the sizes every
+count needs (vocabulary, hidden size, layers, heads, MLP width, and for MoE families the experts, top-k and
+the experts' width), which are required.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from zerocalc.base.errors import InputError, why_not
+from zerocalc.model.architecture import Architecture, BlockLayout, LatentAttention, MlpKind, NormKind, QkNorm
+
+MAX_SIZE = 2**31 - 1
+"""The largest whole number a size key may hold."""
+
+
+class KeyKind(StrEnum):
+    SIZE = "a whole number from 1 to 2147483647"
+    COUNT = "a whole number from 0 to 2147483647"
+    OPTIONAL_SIZE = "null or a whole number from 1 to 2147483647"
+    FLAG = "true or false"
+    LAYERS = "null or a list of layer indices (whole numbers from 0)"
+
+
+class Key(BaseModel):
+    """One key a family record reads."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: KeyKind = KeyKind.SIZE
+    required: bool = False
+    default: Any = None
+
+
+Values = dict[str, Any]
+
+
+class Family(BaseModel):
+    """What one ``model_type`` reads, in the layout of the transformers file it follows."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model_type: str
+    follows: str
+    reads: dict[str, Key]
+    aliases: dict[str, str] = {}
+    """Other spellings transformers maps onto a read key (``attribute_map``, ``FalconConfig``'s n_embed)."""
+    pinned: dict[str, Any] = {}
+    ignores: frozenset[str] = frozenset()
+    rule: Callable[[Values], dict[str, Any]]
+
+
+def _req(kind: KeyKind = KeyKind.SIZE) -> Key:
+    return Key(kind=kind, required=True)
+
+
+def _opt(default: int | None = None) -> Key:
+    return Key(kind=KeyKind.OPTIONAL_SIZE, default=default)
+
+
+def _size(default: int) -> Key:
+    return Key(kind=KeyKind.SIZE, default=default)
+
+
+def _count(default: int) -> Key:
+    return Key(kind=KeyKind.COUNT, default=default)
+
+
+def _flag(default: bool) -> Key:
+    return Key(kind=KeyKind.FLAG, default=default)
+
+
+CORE = {
+    "vocab_size": _req(),
+    "hidden_size": _req(),
+    "num_hidden_layers": _req(),
+    "num_attention_heads": _req(),
+}
+"""The sizes every family requires (with ``intermediate_size`` where the family has no default width)."""
+
+COMMON_IGNORED = frozenset(
+    {
+        "architectures", "auto_map", "_name_or_path", "transformers_version", "torch_dtype", "dtype",
+        "max_position_embeddings", "original_max_position_embeddings",  # rotary: no learned positions
+        "hidden_act", "hidden_activation", "activation_function", "activation",
+        "sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "sliding_window_pattern",
+        "_sliding_window_pattern", "use_bidirectional_attention", "attention_chunk_size",  # attention masks
+        "pretraining_tp",  # Llama/DeepSeek: how pre-training sliced the projections, not their size
+        "router_aux_loss_coef", "router_jitter_noise", "norm_topk_prob",  # routing, not sizes
+        "quantization_config",  # applied by from_pretrained, not by from_config: the count is the model's
+        "chunk_size_feed_forward", "is_decoder", "is_encoder_decoder", "add_cross_attention",
+        "cross_attention_hidden_size", "tie_encoder_decoder", "num_labels", "id2label", "label2id",
+        "problem_type", "task_specific_params", "tokenizer_class", "prefix", "pruned_heads",
+        "use_cache", "return_dict", "torchscript", "use_bfloat16", "tf_legacy_loss",
+        "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "num_beams", "num_beam_groups",
+        "num_return_sequences",  # generation settings of 4.x configs
+    }
+)  # fmt: skip
+"""Keys of every family that do not change the parameter count."""
+
+HARMLESS = re.compile(
+    r"dropout|pdrop|(^|_)eps$|epsilon|_token_id$|^rope|rotary|softcapping|initializer|^output_"
+)
+"""Key names that never size a model: dropout, norm epsilon, token ids, rotary embeddings (buffers, no
+parameters), logit soft-capping, initialisation, outputs."""
+
+COUNT_AFFECTING = re.compile(
+    r"layer|head|expert|moe|embd|embed|hidden|inner|intermediate|ffn|mlp|vocab|bias|norm|tie|shared|dense|"
+    r"sparse|lora|rank|dim|parallel|proj|qkv|query|key|value|position|n_ctx|^n_|^num_|size|width|gate|"
+    r"router|cross|multi|fused|group|decoder|architecture"
+)
+"""Key names that may size a model: refused unless the family record reads or lists them."""
+
+
+# ------------------------------------------------------------------------------------------ the rules
+GATED_RMS = {"mlp": MlpKind.SWIGLU, "norm": NormKind.RMSNORM}
+
+
+def _core(v: Values) -> dict[str, Any]:
+    return {
+        "vocab_size": v["vocab_size"],
+        "hidden_size": v["hidden_size"],
+        "num_layers": v["num_hidden_layers"],
+        "num_heads": v["num_attention_heads"],
+    }
+
+
+def _attention(v: Values) -> dict[str, Any]:
+    """q/k/v/o of ``num_key_value_heads`` and ``head_dim`` (d / a when null or absent)."""
+    return {"num_kv_heads": v["num_key_value_heads"], "head_dim": v.get("head_dim")}
+
+
+def _biases(flag: bool) -> dict[str, Any]:
+    return {"qkv_bias": flag, "out_bias": flag}
+
+
+def _llama(v: Values) -> dict[str, Any]:
+    return {
+        **_core(v), **GATED_RMS, **_attention(v), **_biases(v["attention_bias"]),
+        "intermediate_size": v["intermediate_size"], "mlp_bias": v["mlp_bias"],
+        "tied_embeddings": v["tie_word_embeddings"],
+    }  # fmt: skip
+
+
+def _mistral(v: Values) -> dict[str, Any]:
+    return {
+        **_core(v), **GATED_RMS, **_attention(v), "intermediate_size": v["intermediate_size"],
+        "tied_embeddings": v["tie_word_embeddings"],
+    }  # fmt: skip
+
+
+def _mixtral(v: Values) -> dict[str, Any]:
+    return {
+        **_mistral(v),
+        "num_experts": v["num_local_experts"],
+        "experts_per_token": v["num_experts_per_tok"],
+    }
+
+
+def _qwen2(v: Values) -> dict[str, Any]:
+    return {**_mistral(v), "qkv_bias": True}
+
+
+def _gpt2(v: Values) -> dict[str, Any]:
+    d = v["n_embd"]
+    return {
+        "vocab_size": v["vocab_size"], "hidden_size": d, "num_layers": v["n_layer"], "num_heads": v["n_head"],
+        "intermediate_size": v["n_inner"] or 4 * d, "mlp": MlpKind.GELU, "norm": NormKind.LAYERNORM,
+        **_biases(True), "mlp_bias": True, "tied_embeddings": v["tie_word_embeddings"],
+        "learned_position_embeddings": True, "max_position_embeddings": v["n_positions"],
+    }  # fmt: skip
+
+
+def _gemma2(v: Values) -> dict[str, Any]:
+    return {
+        **_llama({**v, "mlp_bias": False}),
+        "block_layout": BlockLayout.SANDWICH_NORM,
+    }
+
+
+def _gemma3(v: Values) -> dict[str, Any]:
+    return {**_gemma2(v), "qk_norm": QkNorm.PER_HEAD}
+
+
+def _phi3(v: Values) -> dict[str, Any]:
+    return {**_mistral(v), "fused_qkv": True, "fused_gate_up": True}
+
+
+def _qwen3(v: Values) -> dict[str, Any]:
+    return {**_llama({**v, "mlp_bias": False}), "qk_norm": QkNorm.PER_HEAD}
+
+
+def _olmo2(v: Values) -> dict[str, Any]:
+    return {**_llama({**v, "mlp_bias": False}), "qk_norm": QkNorm.FULL, "block_layout": BlockLayout.POST_NORM}
+
+
+def _moe(v: Values, sparse: list[int], experts: int, shared: dict[str, Any]) -> dict[str, Any]:
+    """Expert fields for the layers in ``sparse``; every other layer has a dense MLP of
+    ``intermediate_size``. No sparse layer: a dense model."""
+    if not sparse:
+        return {"intermediate_size": v["intermediate_size"]}
+    dense = tuple(i for i in range(v["num_hidden_layers"]) if i not in sparse)
+    return {
+        "num_experts": experts, "experts_per_token": v["num_experts_per_tok"],
+        "intermediate_size": v["moe_intermediate_size"], "dense_layers": dense,
+        "dense_intermediate_size": v["intermediate_size"] if dense else None, **shared,
+    }  # fmt: skip
+
+
+def _qwen_sparse_layers(v: Values) -> list[int]:
+    """``Qwen3MoeDecoderLayer`` / ``Qwen2MoeDecoderLayer``: layer i is sparse when it is not in
+    ``mlp_only_layers``, there are experts and (i + 1) is a multiple of ``decoder_sparse_step``."""
+    only, step = set(v["mlp_only_layers"]), v["decoder_sparse_step"]
+    return [
+        i
+        for i in range(v["num_hidden_layers"])
+        if i not in only and v["num_experts"] > 0 and (i + 1) % step == 0
+    ]
+
+
+def _qwen3_moe(v: Values) -> dict[str, Any]:
+    return {**_qwen3(v), **_moe(v, _qwen_sparse_layers(v), v["num_experts"], {})}
+
+
+def _qwen2_moe(v: Values) -> dict[str, Any]:
+    shared = {
+        "num_shared_experts": 1,
+        "shared_expert_intermediate_size": v["shared_expert_intermediate_size"],
+        "shared_expert_gate": True,
+    }
+    base = {**_mistral(v), "qkv_bias": v["qkv_bias"]}
+    return {**base, **_moe(v, _qwen_sparse_layers(v), v["num_experts"], shared)}
+
+
+def _deepseek_v3(v: Values) -> dict[str, Any]:
+    mla = LatentAttention(
+        q_lora_rank=v["q_lora_rank"],
+        kv_lora_rank=v["kv_lora_rank"],
+        qk_nope_head_dim=v["qk_nope_head_dim"],
+        qk_rope_head_dim=v["qk_rope_head_dim"],
+        v_head_dim=v["v_head_dim"],
+    )
+    n_shared = v["n_shared_experts"]
+    shared = {
+        "num_shared_experts": n_shared,
+        "shared_expert_intermediate_size": v["moe_intermediate_size"] if n_shared else None,
+    }
+    # DeepseekV3DecoderLayer: layer i has DeepseekV3MoE when i >= first_k_dense_replace, else DeepseekV3MLP
+    sparse = list(range(v["first_k_dense_replace"], v["num_hidden_layers"]))
+    return {
+        **_core(v), **GATED_RMS, **_biases(v["attention_bias"]), "latent_attention": mla,
+        "head_dim": mla.qk_head_dim, "tied_embeddings": v["tie_word_embeddings"],
+        **_moe(v, sparse, v["n_routed_experts"], shared),
+    }  # fmt: skip
+
+
+def _divisible_heads(v: Values, where: str) -> None:
+    d, a = v["hidden_size"], v["num_attention_heads"]
+    if d % a:
+        raise ValueError(
+            f"hidden_size {d} is not a multiple of num_attention_heads {a} ({where} splits the hidden size "
+            "into heads); accepted: hidden_size = heads × head dim"
+        )
+
+
+def _falcon(v: Values) -> dict[str, Any]:
+    """``FalconAttention``: query_key_value of (a + 2·kv)·h_d rows, kv = num_kv_heads with
+    new_decoder_architecture, else 1 with multi_query, else a; ``FalconDecoderLayer``: two norms without
+    parallel_attn, ln_attn + ln_mlp with two parallel norms (the new architecture's default), else one."""
+    _divisible_heads(v, "FalconAttention")
+    a, new = v["num_attention_heads"], v["new_decoder_architecture"]
+    kv = (v["num_kv_heads"] or a) if new else (1 if v["multi_query"] else a)
+    norms = v["num_ln_in_parallel_attn"] or (2 if new else None)
+    if not v["parallel_attn"]:
+        layout = BlockLayout.PRE_NORM
+    else:
+        layout = BlockLayout.PARALLEL if norms == 2 else BlockLayout.PARALLEL_SHARED_NORM
+    return {
+        **_core(v), "num_kv_heads": kv, "intermediate_size": v["ffn_hidden_size"] or 4 * v["hidden_size"],
+        "mlp": MlpKind.GELU, "norm": NormKind.LAYERNORM, **_biases(v["bias"]), "mlp_bias": v["bias"],
+        "tied_embeddings": v["tie_word_embeddings"], "fused_qkv": True, "block_layout": layout,
+    }  # fmt: skip
+
+
+def _gpt_neox(v: Values) -> dict[str, Any]:
+    _divisible_heads(v, "GPTNeoXAttention")
+    parallel = v["use_parallel_residual"]
+    return {
+        **_core(v), "intermediate_size": v["intermediate_size"], "mlp": MlpKind.GELU,
+        "norm": NormKind.LAYERNORM, **_biases(v["attention_bias"]), "mlp_bias": True,
+        "tied_embeddings": v["tie_word_embeddings"], "fused_qkv": True,
+        "block_layout": BlockLayout.PARALLEL if parallel else BlockLayout.PRE_NORM,
+    }  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------- the records
+_QWEN_MOE_LAYOUT = {
+    "num_experts": _req(KeyKind.COUNT),
+    "num_experts_per_tok": _req(KeyKind.COUNT),
+    "moe_intermediate_size": _req(),
+    "decoder_sparse_step": _size(1),
+    "mlp_only_layers": Key(kind=KeyKind.LAYERS, default=()),
+}
+
+_RECORDS = [
+    Family(
+        model_type="llama",
+        follows="models/llama/modeling_llama.py: LlamaForCausalLM (LlamaAttention, LlamaMLP)",
+        reads={**CORE, "intermediate_size": _req(), "num_key_value_heads": _opt(), "head_dim": _opt(),
+               "attention_bias": _flag(False), "mlp_bias": _flag(False), "tie_word_embeddings": _flag(False)},
+        rule=_llama,
+    ),
+    Family(
+        model_type="mistral",
+        follows="models/mistral/modeling_mistral.py: MistralForCausalLM (projections without biases)",
+        reads={**CORE, "intermediate_size": _req(), "num_key_value_heads": _opt(8), "head_dim": _opt(),
+               "tie_word_embeddings": _flag(False)},
+        ignores=frozenset({"attention_bias", "mlp_bias"}),  # MistralAttention and MistralMLP: bias=False
+        rule=_mistral,
+    ),
+    Family(
+        model_type="mixtral",
+        follows="models/mixtral/modeling_mixtral.py: MixtralForCausalLM (MixtralTopKRouter, MixtralExperts)",
+        reads={**CORE, "intermediate_size": _req(), "num_key_value_heads": _opt(8), "head_dim": _opt(),
+               "num_local_experts": _req(), "num_experts_per_tok": _req(),
+               "tie_word_embeddings": _flag(False)},
+        aliases={"num_experts": "num_local_experts"},
+        ignores=frozenset({"attention_bias", "mlp_bias"}),
+        rule=_mixtral,
+    ),
+    Family(
+        model_type="qwen2",
+        follows="models/qwen2/modeling_qwen2.py: Qwen2ForCausalLM (q/k/v biases, none on o)",
+        reads={**CORE, "intermediate_size": _req(), "num_key_value_heads": _opt(32), "head_dim": _opt(),
+               "tie_word_embeddings": _flag(False)},
+        ignores=frozenset({"attention_bias"}),  # Qwen2Attention: bias=True on q/k/v whatever the config says
+        rule=_qwen2,
+    ),
+    Family(
+        model_type="gpt2",
+        follows="models/gpt2/modeling_gpt2.py: GPT2LMHeadModel (c_attn, c_proj, c_fc: Conv1D with biases)",
+        reads={"vocab_size": _req(), "n_embd": _req(), "n_layer": _req(), "n_head": _req(),
+               "n_positions": _req(), "n_inner": _opt(), "tie_word_embeddings": _flag(True)},
+        aliases={"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
+                 "max_position_embeddings": "n_positions"},  # GPT2Config.attribute_map
+        pinned={"add_cross_attention": False},  # true adds cross-attention blocks to GPT2LMHeadModel
+        ignores=frozenset({"n_ctx", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
+                           "reorder_and_upcast_attn", "summary_type", "summary_use_proj",
+                           "summary_activation", "summary_proj_to_labels", "summary_first_dropout"}),
+        rule=_gpt2,
+    ),
+    Family(
+        model_type="gemma2",
+        follows="models/gemma2/modeling_gemma2.py: Gemma2ForCausalLM (Gemma2DecoderLayer: four norms)",
+        reads={**CORE, "intermediate_size": _req(), "num_key_value_heads": _size(4), "head_dim": _size(256),
+               "attention_bias": _flag(False), "tie_word_embeddings": _flag(True)},
+        ignores=frozenset({"query_pre_attn_scalar", "cache_implementation"}),
+        rule=_gemma2,
+    ),
+    Family(
+        model_type="gemma3_text",
+        follows="models/gemma3/modeling_gemma3.py: Gemma3ForCausalLM (Gemma3Attention q_norm/k_norm on h_d)",
+        reads={**CORE, "intermediate_size": _req(), "num_key_value_heads": _size(4), "head_dim": _size(256),
+               "attention_bias": _flag(False), "tie_word_embeddings": _flag(True)},
+        ignores=frozenset({"query_pre_attn_scalar", "cache_implementation"}),
+        rule=_gemma3,
+    ),
+    Family(
+        model_type="phi3",
+        follows="models/phi3/modeling_phi3.py: Phi3ForCausalLM (fused qkv_proj and gate_up_proj)",
+        reads={**CORE, "intermediate_size": _req(), "num_key_value_heads": _opt(), "head_dim": _opt(),
+               "tie_word_embeddings": _flag(False)},
+        ignores=frozenset({"attention_bias"}),  # Phi3Attention: bias=False whatever the config says
+        rule=_phi3,
+    ),
+    Family(
+        model_type="qwen3",
+        follows="models/qwen3/modeling_qwen3.py: Qwen3ForCausalLM (Qwen3Attention q_norm/k_norm over h_d)",
+        reads={**CORE, "intermediate_size": _req(), "num_key_value_heads": _opt(32), "head_dim": _size(128),
+               "attention_bias": _flag(False), "tie_word_embeddings": _flag(False)},
+        rule=_qwen3,
+    ),
+    Family(
+        model_type="qwen3_moe",
+        follows="models/qwen3_moe/modeling_qwen3_moe.py: Qwen3MoeForCausalLM (Qwen3MoeSparseMoeBlock: "
+        "Qwen3MoeTopKRouter, Qwen3MoeExperts; Qwen3MoeMLP on mlp_only_layers and between sparse steps)",
+        reads={**CORE, "intermediate_size": _req(), "num_key_value_heads": _opt(4), "head_dim": _opt(),
+               "attention_bias": _flag(False), "tie_word_embeddings": _flag(False), **_QWEN_MOE_LAYOUT},
+        aliases={"num_local_experts": "num_experts"},  # Qwen3MoeConfig.attribute_map
+        rule=_qwen3_moe,
+    ),
+    Family(
+        model_type="qwen2_moe",
+        follows="models/qwen2_moe/modeling_qwen2_moe.py: Qwen2MoeForCausalLM (Qwen2MoeSparseMoeBlock: "
+        "gate, experts, shared_expert, shared_expert_gate)",
+        reads={**CORE, "intermediate_size": _req(), "num_key_value_heads": _opt(16), "head_dim": _opt(),
+               "qkv_bias": _flag(True), "shared_expert_intermediate_size": _size(5632),
+               "tie_word_embeddings": _flag(False), **_QWEN_MOE_LAYOUT},
+        ignores=frozenset({"attention_bias"}),  # Qwen2MoeAttention reads qkv_bias; o_proj has no bias
+        rule=_qwen2_moe,
+    ),
+    Family(
+        model_type="deepseek_v3",
+        follows="models/deepseek_v3/modeling_deepseek_v3.py: DeepseekV3ForCausalLM (DeepseekV3Attention, "
+        "DeepseekV3MoE: DeepseekV3TopkRouter, DeepseekV3Experts, shared_experts; no MTP layers)",
+        reads={**CORE, "intermediate_size": _req(), "moe_intermediate_size": _req(),
+               "n_routed_experts": _req(), "num_experts_per_tok": _req(KeyKind.COUNT),
+               "n_shared_experts": _count(1), "first_k_dense_replace": _count(3), "q_lora_rank": _opt(1536),
+               "kv_lora_rank": _size(512), "qk_nope_head_dim": _size(128), "qk_rope_head_dim": _size(64),
+               "v_head_dim": _size(128), "attention_bias": _flag(False), "tie_word_embeddings": _flag(False)},
+        aliases={"num_local_experts": "n_routed_experts"},  # DeepseekV3Config.attribute_map
+        # transformers builds every layer from first_k_dense_replace on as MoE: it does not read
+        # moe_layer_freq (DeepSeek's own code does), so only the value it implies is accepted
+        pinned={"moe_layer_freq": 1},
+        ignores=frozenset({
+            "num_key_value_heads",  # MLA projections do not depend on it (kv_b_proj serves every head)
+            "head_dim", "qk_head_dim",  # DeepseekV3Config.__post_init__ derives both
+            "num_nextn_predict_layers", "num_mtp_layers",  # the MTP module is not built by from_config
+            "n_group", "topk_group", "topk_method", "routed_scaling_factor", "scoring_func", "seq_aux",
+            "aux_loss_alpha", "ep_size",  # routing and expert parallelism, not sizes
+        }),
+        rule=_deepseek_v3,
+    ),
+    Family(
+        model_type="olmo2",
+        follows="models/olmo2/modeling_olmo2.py: Olmo2ForCausalLM (q_norm/k_norm over all heads, norms "
+        "after attention and MLP)",
+        reads={**CORE, "intermediate_size": _req(), "num_key_value_heads": _opt(), "head_dim": _opt(),
+               "attention_bias": _flag(False), "tie_word_embeddings": _flag(False)},
+        rule=_olmo2,
+    ),
+    Family(
+        model_type="falcon",
+        follows="models/falcon/modeling_falcon.py: FalconForCausalLM (FalconAttention.query_key_value, "
+        "FalconDecoderLayer norms)",
+        reads={**CORE, "num_kv_heads": _opt(), "new_decoder_architecture": _flag(False),
+               "multi_query": _flag(True), "parallel_attn": _flag(True), "num_ln_in_parallel_attn": _opt(),
+               "bias": _flag(False), "ffn_hidden_size": _opt(), "tie_word_embeddings": _flag(True)},
+        aliases={"n_embed": "hidden_size"},  # FalconConfig.__post_init__
+        ignores=frozenset({"alibi", "apply_residual_connection_post_layernorm"}),
+        rule=_falcon,
+    ),
+    Family(
+        model_type="gpt_neox",
+        follows="models/gpt_neox/modeling_gpt_neox.py: GPTNeoXForCausalLM (query_key_value, MLP with biases)",
+        reads={**CORE, "intermediate_size": _req(), "attention_bias": _flag(True),
+               "use_parallel_residual": _flag(True), "tie_word_embeddings": _flag(False)},
+        rule=_gpt_neox,
+    ),
+]  # fmt: skip
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in _RECORDS}
+SUPPORTED = tuple(FAMILIES)
+
+
+# --------------------------------------------------------------------------------------------- reading
+def _show(value: Any) -> str:
+    try:
+        text = json.dumps(value)
+    except ValueError:  # pragma: no cover - json values always serialise
+        text = repr(value)
+    return text if len(text) <= 40 else f"{text[:24]}… ({len(text)} characters)"
+
+
+def _is_whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check(where: str, key: str, value: Any, kind: KeyKind) -> Any:
+    """The value of a read key, or InputError naming the file, the key and what is accepted."""
+    if kind is KeyKind.FLAG:
+        if isinstance(value, bool):
+            return value
+    elif kind is KeyKind.LAYERS:
+        if value is None:
+            return ()
+        if isinstance(value, list) and all(_is_whole(i) and 0 <= i <= MAX_SIZE for i in value):
+            return tuple(value)
+    elif value is None and kind is KeyKind.OPTIONAL_SIZE:
+        return None
+    elif _is_whole(value) and (0 if kind is KeyKind.COUNT else 1) <= value <= MAX_SIZE:
+        return value
+    raise InputError(f"{where}: {key} {_show(value)} is not accepted; accepted: {kind.value}")
+
+
+def _values(family: Family, config: dict[str, Any], where: str) -> Values:
+    """Every key ``family`` reads, checked (defaults filled in); every other key sorted by the rule above."""
+    values: Values = {}
+    spelled: dict[str, str] = {}
+    for key, value in config.items():
+        if key == "model_type":
+            continue
+        target = family.aliases.get(key, key)
+        if target in family.reads:
+            checked = _check(where, key, value, family.reads[target].kind)
+            if target in values and values[target] != checked:
+                raise InputError(
+                    f"{where}: {spelled[target]} and {key} disagree ({_show(values[target])} vs "
+                    f"{_show(value)}); accepted: one of them, or both equal"
+                )
+            values[target], spelled[target] = checked, key
+        elif key in family.pinned:
+            accepted = family.pinned[key]
+            if value != accepted or type(value) is not type(accepted):
+                raise InputError(
+                    f"{where}: {key} {_show(value)} describes a model that transformers' {family.model_type} "
+                    f"({family.follows.split(':')[0]}) does not build; accepted: {_show(accepted)}"
+                )
+        elif key in family.ignores or key in COMMON_IGNORED or HARMLESS.search(key):
+            continue
+        elif COUNT_AFFECTING.search(key):
+            raise InputError(
+                f"{where}: key {key!r} is not read by the {family.model_type} record "
+                f"({family.follows.split(':')[0]}) and may change the parameter count, so it is refused, not "
+                f"guessed; accepted: the keys it reads ({', '.join(family.reads)}), their aliases and keys "
+                "that do not size the model"
+            )
+    for key, spec in family.reads.items():
+        if key not in values:
+            if spec.required:
+                raise InputError(
+                    f"{where}: config.json lacks the key {key!r} needed for {family.model_type}; "
+                    f"accepted: {spec.kind.value}"
+                )
+            values[key] = spec.default
+    return values
+
+
+def _load(path: Path) -> Any:
+    where = f"--model {str(path)!r}"
+    try:
+        raw = path.read_bytes()
+    except (OSError, ValueError) as exc:  # ValueError: a path with a NUL byte
+        raise InputError(
+            f"{where} cannot be read ({why_not(exc)}); accepted: a preset name or a readable config.json"
+        ) from exc
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{where} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+            "accepted: a config.json in UTF-8"
+        ) from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{where} is not JSON ({exc.msg} at line {exc.lineno}); accepted: a Hugging Face config.json"
+        ) from exc
+    except (ValueError, RecursionError) as exc:  # a number of more than 4300 digits, nesting too deep
+        raise InputError(
+            f"{where} is not a JSON config this reader accepts ({exc}); accepted: a Hugging Face config.json"
+        ) from exc
+
+
+DROPOUT_KEYS: dict[str, dict[str, tuple[str, float]]] = {
+    "gpt2": {
+        "residual_dropout": ("resid_pdrop", 0.1),
+        "embedding_dropout": ("embd_pdrop", 0.1),
+        "attention_dropout": ("attn_pdrop", 0.1),
+    },
+    "falcon": {"residual_dropout": ("hidden_dropout", 0.0), "attention_dropout": ("attention_dropout", 0.0)},
+    "gpt_neox": {
+        "residual_dropout": ("hidden_dropout", 0.0),
+        "attention_dropout": ("attention_dropout", 0.0),
+    },
+}
+"""Where a family's config keeps its dropout probabilities (``GPT2Config``: 0.1 each by default); the
+other families read ``attention_dropout`` (0.0 by default). Dropout changes what the forward saves, not
+the count."""
+
+
+def _dropout(model_type: str, config: dict[str, Any], where: str) -> dict[str, float]:
+    keys = DROPOUT_KEYS.get(model_type, {"attention_dropout": ("attention_dropout", 0.0)})
+    values: dict[str, float] = {}
+    for field, (key, default) in keys.items():
+        value = config.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise InputError(
+                f"{where}: {key} {_show(value)} is not accepted; accepted: a probability 0 ≤ p < 1"
+            )
+        values[field] = float(value)
+    return values
+
+
+def architecture_from_hf_config(path: Path) -> Architecture:
+    """The architecture a Hugging Face ``config.json`` describes, as transformers 5.17 builds it."""
+    return architecture_from_hf_dict(_load(path), f"--model {str(path)!r}", path.parent.name or path.stem)
+
+
+def architecture_from_hf_dict(config: Any, where: str, name: str) -> Architecture:
+    """The architecture of a parsed ``config.json`` (``where`` names it in errors)."""
+    if not isinstance(config, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+            type(config), "a number"
+        )
+        raise InputError(
+            f"{where} is not a config.json object (it holds {kind}); accepted: a JSON object {{...}}"
+        )
+    model_type = config.get("model_type")
+    family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if family is None:
+        shown = repr(model_type) if isinstance(model_type, str) else _show(model_type)
+        raise InputError(f"{where}: model_type {shown} is not supported; accepted: {', '.join(SUPPORTED)}")
+    values = _values(family, config, where)
+    try:
+        fields = family.rule(values)
+        heads, kv = fields["num_heads"], fields.get("num_kv_heads") or fields["num_heads"]
+        if heads % kv:
+            raise ValueError(
+                f"{heads} attention heads are not a multiple of {kv} key/value heads (the config's "
+                "num_key_value_heads, or its family default); accepted: key/value heads dividing the heads"
+            )
+        return Architecture(name=name, family=model_type, **fields, **_dropout(model_type, config, where))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        message = first["msg"].removeprefix("Value error, ")
+        raise InputError(f"{where}: {field + ': ' if field else ''}{message}") from exc
+    except ValueError as exc:
+        raise InputError(f"{where}: {exc}") from exc

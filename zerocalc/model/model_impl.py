@@ -1,0 +1,624 @@
+"""Model-implementation profiles: which tensors a model's code allocates and keeps in one training step.
+
+The same architecture trained through different code keeps different tensors for backward. A
+:class:`ModelImpl` record names the code it describes and its version; the functions below give, per
+decoder layer and for the loss, the tensors that code keeps (``saved``, each one storage) and the extra
+memory it holds for a moment inside a layer (``forward_excess``, ``backward_excess``). The step timeline
+(:mod:`zerocalc.peak.timeline`) allocates and frees them in program order.
+
+* ``hf`` — Hugging Face transformers 5.17.0 (``models/<family>/modeling_<family>.py``,
+  ``loss/loss_utils.py::ForCausalLMLoss``, ``integrations/sdpa_attention.py``, ``integrations/moe.py``),
+  measured op by op with ``torch.autograd.graph.saved_tensors_hooks`` on CPU for Llama, Qwen2, GPT-2,
+  Mixtral and Qwen2-MoE (exact to the byte) and checked against eight H100 runs (every phase exact);
+* ``megatron`` — Korthikanti et al. 2022 (Megatron-LM's fused kernels), the paper's accounting;
+* ``torchtitan`` — torchtitan's Llama (``models/llama3/model.py``: ``nn.RMSNorm``, SDPA, SwiGLU;
+  ``components/loss.py::cross_entropy_loss``), derived from the source.
+
+Notation: T = b·s tokens, h hidden, f MLP width, a heads, kv key/value heads, d head dimension, V vocabulary,
+E experts, k experts per token, S = T·k routed token-expert pairs; ``act`` bytes per activation element
+(2 for bf16/fp16 compute, 4 for fp32).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import NamedTuple
+
+from pydantic import BaseModel, ConfigDict
+
+from zerocalc.model.architecture import Architecture, BlockLayout, MlpKind, NormKind, QkNorm
+
+FP32 = 4
+INT64 = 8
+
+
+class ModelImplName(StrEnum):
+    HF = "hf"
+    MEGATRON = "megatron"
+    TORCHTITAN = "torchtitan"
+
+
+class Device(StrEnum):
+    """Where the step runs: a few kernels keep other dtypes on the CPU (LayerNorm statistics, dropout)."""
+
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+class ModelImpl(BaseModel):
+    """The code a model is trained with, and what of it the activation accounting follows."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: ModelImplName
+    title: str
+    library: str
+    source: str
+    norm_fp32_copy: bool
+    """Norms upcast their input with ``x.to(float32)`` and keep the copy (HF RMSNorm)."""
+    kv_cache_copies: bool
+    """Training forwards still build a ``DynamicCache`` (``use_cache`` defaults to True): attention keeps
+    the cache's ``torch.cat`` copies of k and v (HF)."""
+    embedding_output_alive: bool
+    """The embedding output lives through the whole base-model forward in a local variable (HF)."""
+    loss: str
+    """How the loss is computed, for the loss terms."""
+    transients: bool
+    """In-layer transient peaks are counted (measured for HF, derived for torchtitan; Korthikanti counts
+    none)."""
+
+
+MODEL_IMPLS: dict[ModelImplName, ModelImpl] = {
+    m.name: m
+    for m in (
+        ModelImpl(
+            name=ModelImplName.HF,
+            title="Hugging Face transformers",
+            library="transformers 5.17.0",
+            source="transformers 5.17.0 modeling_<family>.py, loss_utils.ForCausalLMLoss, sdpa_attention, "
+            "moe (measured with saved_tensors_hooks; eight H100 runs reproduced)",
+            norm_fp32_copy=True,
+            kv_cache_copies=True,
+            embedding_output_alive=True,
+            loss="hf_upcast",
+            transients=True,
+        ),
+        ModelImpl(
+            name=ModelImplName.MEGATRON,
+            title="Megatron-LM (fused kernels)",
+            library="Megatron-LM",
+            source="Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer Models, "
+            "§4.1, Table 2",
+            norm_fp32_copy=False,
+            kv_cache_copies=False,
+            embedding_output_alive=False,
+            loss="fp32_logits",
+            transients=False,
+        ),
+        ModelImpl(
+            name=ModelImplName.TORCHTITAN,
+            title="torchtitan Llama",
+            library="torchtitan (main, 2026)",
+            source="torchtitan models/llama3/model.py (nn.RMSNorm, SDPA, SwiGLU), "
+            "components/loss.py cross_entropy_loss (pred.float())",
+            norm_fp32_copy=False,
+            kv_cache_copies=False,
+            embedding_output_alive=False,
+            loss="float_cross_entropy",
+            transients=True,
+        ),
+    )
+}
+
+
+class Shape(NamedTuple):
+    """One micro-batch: b sequences of s tokens."""
+
+    b: int
+    s: int
+
+    @property
+    def tokens(self) -> int:
+        return self.b * self.s
+
+
+class LayerSaves(NamedTuple):
+    """What one decoder layer's forward keeps for backward, and its transient peaks."""
+
+    saved: tuple[tuple[str, int], ...]
+    """(name, bytes) per storage kept until the layer's backward."""
+    keeps_input: bool
+    """An op saves the layer's input hidden state itself (GPT-2's ln_1, fp32 training), so it stays."""
+    forward_excess: int
+    """Above what is alive plus ``saved``, at the layer's forward peak (its freshly computed outputs)."""
+    backward_excess: int
+    """Above what is alive at the start of the layer's backward, at its backward peak."""
+
+
+# ---------------------------------------------------------------------------------------- family traits
+class Traits(NamedTuple):
+    """How a family's transformers code computes what the architecture describes."""
+
+    norm: str
+    """``llama`` (x.float(), rsqrt, .to(dtype), weight *), ``gemma`` / ``olmo`` (the product with the
+    weight in fp32: the normalised fp32 tensor is kept), ``layernorm`` (input, mean, rstd)."""
+    gelu: str
+    """``tanh_decomposed`` (GPT-2 ``NewGELUActivation``: four tensors), ``exact`` (``nn.GELU``)."""
+    qkv_views_kept: bool
+    """A fused q/k/v output whose q is saved as a view, so the whole storage stays (GPT-2 ``c_attn``)."""
+    router: str
+    """``softmax_topk_norm`` (Mixtral: fp32 routing weights), ``softmax_topk_norm_cast`` (Qwen3-MoE with
+    ``norm_topk_prob`` true, as published: the normalised weights cast back to the compute dtype),
+    ``softmax_topk`` (Qwen2-MoE), ``sigmoid_group`` (DeepSeek-V3)."""
+    rotary: bool
+    rotary_fraction: float = 1.0
+    """The share of the head dimension the rotary embedding turns (GPT-NeoX ``rotary_pct``, default 0.25
+    in ``GPTNeoXConfig``; Pythia's configs keep it): cos and sin are [1, s, fraction·d]."""
+    rotary_fp32: bool = False
+    """cos and sin stay fp32 (``Olmo2RotaryEmbedding`` returns them uncast; ``apply_rotary_pos_emb`` casts
+    its fp32 products back)."""
+    rotary_cat: bool = False
+    """The rotary output is a ``torch.cat`` (Phi-3's and GPT-NeoX's partial rotary; DeepSeek-V3's
+    nope/pe): a contiguous [b, a, s, d] q, so SDPA's output (``empty_like`` in q's layout) is [b, a, s, d]
+    too and ``transpose(1, 2).reshape(...).contiguous()`` copies it for the o projection."""
+    eager_softmax_fp32: bool = True
+    """Eager attention's softmax runs in fp32 and is cast back (``softmax(..., dtype=float32).to(dtype)``);
+    GPT-2's runs in the compute dtype (``modeling_gpt2.eager_attention_forward``)."""
+    embedding_scale: bool = False
+    """The embedding output is multiplied by a 0-dim ``normalizer`` tensor (√h) in the compute dtype,
+    which ``mul`` saves (Gemma 2 / Gemma 3)."""
+    logit_softcap: bool = False
+    """``final_logit_softcapping`` (Gemma 2: 30.0 in ``Gemma2Config`` and its published configs):
+    ``tanh(logits / cap) · cap``, and ``tanh`` saves its output [T, V] in the compute dtype."""
+
+
+def traits(arch: Architecture) -> Traits:
+    """The family's traits: from ``arch.family`` (the transformers model_type), else from the block."""
+    family = arch.family or (
+        "gpt2" if arch.norm is NormKind.LAYERNORM and arch.mlp is MlpKind.GELU else "llama"
+    )
+    norm = {"gemma2": "gemma", "gemma3_text": "gemma", "olmo2": "olmo"}.get(family, "llama")
+    if arch.norm is NormKind.LAYERNORM:
+        norm = "layernorm"
+    return Traits(
+        norm=norm,
+        gelu="tanh_decomposed" if family == "gpt2" else "exact",
+        qkv_views_kept=family == "gpt2",
+        router={
+            "qwen2_moe": "softmax_topk",
+            "qwen3_moe": "softmax_topk_norm_cast",
+            "deepseek_v3": "sigmoid_group",
+        }.get(family, "softmax_topk_norm"),
+        rotary=not arch.learned_position_embeddings,
+        rotary_fraction=0.25 if family == "gpt_neox" else 1.0,
+        rotary_fp32=family == "olmo2",
+        rotary_cat=family in ("phi3", "gpt_neox", "deepseek_v3"),
+        eager_softmax_fp32=family != "gpt2",
+        embedding_scale=family in ("gemma2", "gemma3_text"),
+        logit_softcap=family == "gemma2",
+    )
+
+
+# ---------------------------------------------------------------------------------------------- norms
+def norm_saves(
+    kind: str, rows: int, width: int, act: int, device: Device, fp32_copy: bool, input_kept: bool = False
+) -> list[tuple[str, int]]:
+    """Storages a norm over ``rows`` × ``width`` keeps, named (its output, the next op's input, is not
+    included). ``input_kept``: the norm reads the layer's input, which the layer keeps anyway
+    (:attr:`LayerSaves.keeps_input`), so a storage that *is* that input is not counted again.
+
+    * ``llama`` (``LlamaRMSNorm.forward``): ``x.to(float32)`` (saved by ``pow`` and ``mul``; in fp32 it is
+      ``x`` itself), ``rsqrt(var + eps)`` [rows, 1] fp32, ``normalized.to(dtype)`` (saved by ``weight *``);
+    * ``gemma`` (``Gemma2RMSNorm`` / ``Gemma3RMSNorm``: ``output * (1.0 + self.weight.float())``): the
+      normalised tensor in fp32, and ``1 + weight`` [width] in fp32 (saved by that product);
+    * ``olmo`` (``Olmo2RMSNorm``: ``(self.weight * x).to(dtype)``): the normalised tensor in fp32;
+    * ``layernorm`` (``native_layer_norm``): its input, and mean and rstd [rows, 1] in fp32 on CUDA (the
+      accumulate type) but in the input dtype on the CPU (``aten/src/ATen/native/cpu/layer_norm_kernel.cpp``);
+    * fused kernels (megatron, torchtitan ``nn.RMSNorm`` on CUDA: ``_fused_rms_norm``): the input and
+      rstd only.
+    """
+    elements = rows * width
+    if kind == "layernorm":
+        stats = FP32 if device is Device.CUDA else act
+        kept = [("mean", stats * rows), ("rstd", stats * rows)]
+        return kept if input_kept else [("input", act * elements), *kept]
+    if not fp32_copy:
+        return [("input", act * elements), ("rstd (fp32)", FP32 * rows)]
+    copy = 0 if act == FP32 and input_kept else FP32 * elements
+    normalized = FP32 * elements if kind in ("gemma", "olmo") else act * elements
+    parts = [
+        ("input in fp32" if act == FP32 else "x.float() copy", copy),
+        ("rsqrt (fp32)", FP32 * rows),
+        ("normalized (fp32)" if normalized != act * elements or act == FP32 else "normalized", normalized),
+    ]
+    if kind == "gemma":
+        parts.append(("1 + weight (fp32)", FP32 * width))
+    return [(name, b) for name, b in parts if b]
+
+
+# -------------------------------------------------------------------------------------------- the layer
+def layer_saves(
+    impl: ModelImpl,
+    arch: Architecture,
+    index: int,
+    shape: Shape,
+    act: int,
+    device: Device = Device.CUDA,
+    use_cache: bool = True,
+    flash: bool = True,
+    selective: bool = False,
+) -> LayerSaves:
+    """What decoder layer ``index`` keeps for backward under ``impl`` (see the module docstring).
+
+    ``use_cache`` is False under activation checkpointing (HF forces it off); ``flash`` selects SDPA's
+    flash kernel (q, k, v, out and an fp32 log-sum-exp per row) over eager attention (fp32 softmax
+    probabilities [b, a, s, s] and their cast). ``selective``: Korthikanti et al. §4.2's selective
+    recomputation, the attention core's s²-sized tensors (:data:`QUADRATIC_TERMS`) are not kept but
+    recomputed in the layer's backward, where they exist for a moment.
+    """
+    saves = _layer_saves(impl, arch, index, shape, act, device, use_cache, flash)
+    if not selective:
+        return saves
+    dropped = sum(b for name, b in saves.saved if name in QUADRATIC_TERMS)
+    return saves._replace(
+        saved=tuple((name, b) for name, b in saves.saved if name not in QUADRATIC_TERMS),
+        backward_excess=saves.backward_excess + dropped,
+    )
+
+
+QUADRATIC_TERMS = frozenset(
+    {
+        "softmax probabilities (fp32)",
+        "probabilities cast",
+        "attention dropout mask",
+        "attention dropout output",
+        "softmax_output",
+        "attn_dropout_mask",
+        "attn_dropout_output",
+    }
+)
+"""The attention core's [b, a, s, s] tensors (eager attention; Korthikanti's softmax and dropout terms),
+which selective recomputation does not keep."""
+
+
+def _layer_saves(
+    impl: ModelImpl,
+    arch: Architecture,
+    index: int,
+    shape: Shape,
+    act: int,
+    device: Device,
+    use_cache: bool,
+    flash: bool,
+) -> LayerSaves:
+    if impl.name is ModelImplName.MEGATRON:
+        return _korthikanti_layer(arch, index, shape, act, flash)
+    t = traits(arch)
+    T, h = shape.tokens, arch.hidden_size
+    copies = impl.kv_cache_copies and use_cache
+    saved: list[tuple[str, int]] = []
+
+    def add(name: str, nbytes: int | list[int] | list[tuple[str, int]]) -> None:
+        if not isinstance(nbytes, list):
+            nbytes = [(name, nbytes)]
+        for i, part in enumerate(nbytes):
+            part_name, b = part if isinstance(part, tuple) else (f"{name}#{i}", part)
+            if b:
+                saved.append((f"{name}: {part_name}" if isinstance(part, tuple) else part_name, b))
+
+    def norm(name: str, width: int = h, rows: int = T, input_kept: bool = False) -> None:
+        add(name, norm_saves(t.norm, rows, width, act, device, impl.norm_fp32_copy, input_kept))
+
+    layout = arch.block_layout
+    layernorm = t.norm == "layernorm"
+
+    def norm_on_input(name: str) -> None:
+        """A norm reading the layer input, which the layer keeps (``keeps_input``) where an op saves it
+        itself: a LayerNorm, and an HF RMSNorm in fp32 (``x.to(float32)`` is ``x``)."""
+        norm(name, input_kept=True)
+
+    # ---- attention -----------------------------------------------------------------------------------
+    if layout is not BlockLayout.POST_NORM:
+        norm_on_input("attention norm")
+        add("attention input (norm output)", act * T * h)
+    _attention(add, norm, arch, t, impl, T, shape, act, device, copies, flash)
+    if layout in (BlockLayout.SANDWICH_NORM, BlockLayout.POST_NORM):
+        norm("post-attention norm")
+    if arch.residual_dropout > 0:
+        add("attention residual dropout mask", (1 if device is Device.CUDA else act) * T * h)
+
+    # ---- MLP ---------------------------------------------------------------------------------------
+    if layout in (BlockLayout.PRE_NORM, BlockLayout.SANDWICH_NORM):
+        norm("MLP norm")  # its input is the mid residual, a tensor of this layer
+        add("MLP input (norm output)", act * T * h)
+    elif layout is BlockLayout.PARALLEL:
+        norm_on_input("MLP norm")
+        add("MLP input (norm output)", act * T * h)
+    elif layout is BlockLayout.POST_NORM:
+        add("MLP input (mid residual)", act * T * h)
+    # PARALLEL_SHARED_NORM: the MLP reads the attention norm's output, kept already
+    if arch.is_moe_layer(index):
+        _moe(add, arch, t, T, act)
+    else:
+        width = (
+            (arch.dense_intermediate_size or arch.intermediate_size)
+            if arch.is_moe
+            else arch.intermediate_size
+        )
+        _mlp(add, arch, t, T, width, act)
+    if layout in (BlockLayout.SANDWICH_NORM, BlockLayout.POST_NORM):
+        norm("post-MLP norm")
+    if arch.residual_dropout > 0:
+        add("MLP residual dropout mask", (1 if device is Device.CUDA else act) * T * h)
+
+    keeps_input = (
+        (layernorm and layout is not BlockLayout.POST_NORM)
+        or layout is BlockLayout.POST_NORM  # q/k/v read the raw input
+        or (act == FP32 and impl.norm_fp32_copy)  # x.to(float32) is x itself: the norm keeps the input
+    )
+    return LayerSaves(
+        saved=tuple(saved),
+        keeps_input=keeps_input,
+        forward_excess=_forward_excess(impl, arch, index, t, T, act) if impl.transients else 0,
+        backward_excess=_backward_excess(impl, arch, index, t, T, act) if impl.transients else 0,
+    )
+
+
+def _attention(add, norm, arch, t, impl, T, shape, act, device, copies, flash) -> None:
+    """q, k, v as attention keeps them, its output (the o projection's input) and its softmax statistics.
+
+    SDPA with GQA is not expanded (``sdpa_attention.use_gqa_in_sdpa``: ``enable_gqa=True``); q and k are
+    kept after the rotary embedding (``q * cos`` keeps only ``cos``); with ``use_cache`` k and v are the
+    ``DynamicLayer.update`` copies. GPT-2's q, k, v are views of ``c_attn``'s output, which therefore stays
+    whole, next to the k/v cache copies.
+    """
+    a, kv, d = arch.num_heads, arch.kv_heads, arch.dim_per_head
+    mla = arch.latent_attention
+    if mla is not None:
+        # DeepseekV3Attention: q_a_proj → q_a_layernorm → q_b_proj; kv_a_proj_with_mqa → kv_a_layernorm →
+        # kv_b_proj; q/k as cat(nope, roped pe); v padded to the qk head dim only for flash-attn-2
+        q_width = a * mla.qk_head_dim
+        if mla.q_lora_rank is not None:
+            norm("q_a norm", mla.q_lora_rank)
+            add("q_b_proj input", act * T * mla.q_lora_rank)
+        add("kv_a_proj output", act * T * (mla.kv_lora_rank + mla.qk_rope_head_dim))
+        norm("kv_a norm", mla.kv_lora_rank)
+        add("kv_b_proj input", act * T * mla.kv_lora_rank)
+        add("q", act * T * q_width)
+        add("k", act * T * q_width)
+        add("v", act * T * a * mla.v_head_dim)
+        out = a * mla.v_head_dim
+    else:
+        q_width, kv_width = a * d, kv * d
+        if t.qkv_views_kept and not flash and shape.b > 1:
+            # eager matmul(q, kᵀ) folds q [b, a, s, d] (a view of c_attn's output) into [b·a, s, d]: a copy
+            # when b > 1, saved by bmm; c_attn's output is then kept by nothing
+            add("q (matmul's contiguous copy)", act * T * q_width)
+        elif (t.qkv_views_kept and arch.fused_qkv) or (t.qkv_views_kept and not t.rotary):
+            add("q/k/v projection output (q is a view of it)", act * T * (q_width + 2 * kv_width))
+        if arch.qk_norm is QkNorm.PER_HEAD:
+            norm("q norm", d, T * a)
+            norm("k norm", d, T * kv)
+        elif arch.qk_norm is QkNorm.FULL:
+            norm("q norm", q_width)
+            norm("k norm", kv_width)
+        if not t.qkv_views_kept:
+            add("q", act * T * q_width)
+        if copies or not t.qkv_views_kept:
+            add("k", act * T * kv_width)
+            add("v", act * T * kv_width)
+        out = q_width
+    if flash and t.rotary_cat:
+        add("attention output", act * T * out)
+        add("o projection input (a copy of the [b, a, s, d] output)", act * T * out)
+    else:
+        add("attention output (o projection input)", act * T * out)
+    b, s = shape.b, shape.s
+    if flash:
+        add("softmax log-sum-exp", FP32 * T * a)
+    else:
+        probs = b * a * s * s
+        if t.eager_softmax_fp32:
+            add("softmax probabilities (fp32)", FP32 * probs)
+            add("probabilities cast", act * probs if act != FP32 else 0)
+        else:
+            add("softmax probabilities", act * probs)
+        if arch.attention_dropout > 0:
+            add("attention dropout mask", (1 if device is Device.CUDA else act) * probs)
+            add("attention dropout output", act * probs)
+        if kv != a:  # eager repeats k and v to every head (repeat_kv)
+            add("k, v repeated", 2 * act * T * (a - kv) * d)
+
+
+def _mlp(add, arch, t, T, width, act) -> None:
+    """Gated (SwiGLU, GeGLU): gate output, activation output, up output, their product (the down
+    projection's input), 4·act·T·f; fused gate/up (Phi-3) keeps its 2f output whole, the same bytes.
+    GELU: GPT-2's ``NewGELUActivation`` keeps x, tanh(...), 0.5x and 1 + tanh, plus the output;
+    ``nn.GELU`` keeps its input and the output."""
+    if arch.mlp is MlpKind.SWIGLU:
+        if arch.fused_gate_up:
+            add("gate/up output", 2 * act * T * width)
+        else:
+            add("gate output", act * T * width)
+            add("up output", act * T * width)
+        add("activation output", act * T * width)
+        add("activation × up (down input)", act * T * width)
+        return
+    if t.gelu == "tanh_decomposed":
+        add("GELU input, tanh, 0.5x, 1 + tanh", [act * T * width] * 4)
+    else:
+        add("GELU input", act * T * width)
+    add("GELU output (down input)", act * T * width)
+
+
+def _moe(add, arch, t, T, act) -> None:
+    """A mixture-of-experts layer under transformers 5.17's default ``grouped_mm`` experts
+    (``integrations/moe.py::grouped_mm_experts_forward``): the router's fp32 softmax, top-k indices and
+    weights, the permutation indices (3 × int64 [S]), the sentinel mask, per-expert offsets (int32 [E]),
+    the gathered tokens, gate/up output [S, 2f], activation, product, routing weights and the down
+    output; plus the shared experts (Qwen2-MoE: with a sigmoid gate)."""
+    E, k, f, h = arch.num_experts, arch.experts_per_token, arch.intermediate_size, arch.hidden_size
+    S = T * k
+    if t.router == "softmax_topk":
+        add("router softmax (fp32), top-k indices", [FP32 * T * E, INT64 * T * k])
+        weights = act * S
+    else:
+        add(
+            "router softmax (fp32), top-k indices, sum, top-k weights",
+            [FP32 * T * E, INT64 * T * k, FP32 * T, FP32 * T * k],
+        )
+        weights = act * S if t.router == "softmax_topk_norm_cast" else FP32 * S
+    add(
+        "experts: permutation indices (3), mask, offsets, gathered tokens, gate/up, activation, product",
+        [*[INT64 * S] * 3, S, FP32 * E, act * S * h, 2 * act * S * f, act * S * f, act * S * f],
+    )
+    add("routing weights, down output", [weights, act * S * h])
+    if arch.num_shared_experts:
+        width = arch.num_shared_experts * (arch.shared_expert_intermediate_size or f)
+        add("shared experts", [act * T * width] * 4)
+        if arch.shared_expert_gate:
+            add("shared expert gate, its output", [act * T, act * T * h])
+
+
+def _forward_excess(impl, arch, index, t, T, act) -> int:
+    """Above the saved tensors at the layer's forward peak: the mid residual, the down projection's output
+    and the new hidden (3·act·T·h; measured on CPU op by op); Mixtral's fp32 routing weights promote the
+    combined expert output to fp32 [T, h] and its [S, h] gather."""
+    h = arch.hidden_size
+    extra = 3 * act * T * h
+    if t.norm == "layernorm" and arch.residual_dropout > 0:
+        extra += act * T * h  # the dropout output before the residual add
+    if arch.is_moe_layer(index) and t.router == "softmax_topk_norm":  # fp32 routing weights
+        S = T * arch.experts_per_token  # the fp32 weighted output [S, h], its gather, the fp32 sum [T, h]
+        extra = max(extra, act * T * h + 2 * FP32 * S * h + FP32 * T * h)
+    return extra
+
+
+def _backward_excess(impl, arch, index, t, T, act) -> int:
+    """Above the state at the start of a layer's backward: the down projection's weight gradient (act·h·f,
+    plus its bias) and the two f-wide gradients of the activation product (2·act·T·f); measured on CPU
+    op by op (the same aten ops run on CUDA). MoE: the combine backward's [S, h] gradients (fp32 for
+    Mixtral's fp32 routing weights, 14·S·h; 7·S·h for Qwen2-MoE)."""
+    h, f = arch.hidden_size, arch.intermediate_size
+    if arch.is_moe_layer(index):
+        S = T * arch.experts_per_token
+        moe = (14 if t.router == "softmax_topk_norm" else 7) * S * h * act // 2
+        shared = 0
+        if arch.num_shared_experts:
+            fs = arch.num_shared_experts * (arch.shared_expert_intermediate_size or f)
+            shared = act * h * fs + 2 * act * T * fs
+        return max(moe, shared)
+    width = arch.dense_intermediate_size or f if arch.is_moe else f
+    bias = act * h if arch.mlp_bias else 0
+    return act * h * width + 2 * act * T * width + ((bias + 511) // 512 * 512 if bias else 0)
+
+
+def norm_backward_excess(impl: ModelImpl, arch: Architecture, shape: Shape, act: int) -> int:
+    """The final norm's backward transient: RMSNorm's fp32 input gradient accumulates through pow, mean
+    and mul (3 · fp32 · T·h, measured); LayerNorm's: the input gradient (act·T·h)."""
+    if not impl.transients:
+        return 0
+    T, h = shape.tokens, arch.hidden_size
+    if traits(arch).norm == "layernorm":
+        return act * T * h
+    return 3 * FP32 * T * h if impl.norm_fp32_copy else act * T * h
+
+
+# ------------------------------------------------------------------------------- outside the layers
+def shared_saves(
+    impl: ModelImpl, arch: Architecture, shape: Shape, act: int, checkpointed: bool, device: Device
+) -> list[tuple[str, int]]:
+    """Saved once per step and shared by the layers: the rotary cos and sin [1, s, d] (every layer's
+    ``q * cos`` keeps them), or GPT-2's position ids (int64 [1, s], kept by ``wpe``) and its embedding
+    dropout mask; under checkpointing also the position ids every checkpoint closure keeps."""
+    if impl.name is ModelImplName.MEGATRON:
+        return []
+    s, h = shape.s, arch.hidden_size
+    if not traits(arch).rotary:
+        out = [("position ids", INT64 * s)]
+        if arch.embedding_dropout > 0:
+            out.append(("embedding dropout mask", (1 if device is Device.CUDA else act) * shape.tokens * h))
+        return out
+    t = traits(arch)
+    d = arch.latent_attention.qk_rope_head_dim if arch.latent_attention else arch.dim_per_head
+    d = int(d * t.rotary_fraction)
+    width = FP32 if t.rotary_fp32 else act
+    out = [("rotary cos", width * s * d), ("rotary sin", width * s * d)]
+    if checkpointed:
+        out.append(("position ids (checkpoint inputs)", INT64 * s))
+    return out
+
+
+def embedding_saves(impl: ModelImpl, arch: Architecture, act: int) -> list[tuple[str, int]]:
+    """Saved by the embedding's own ops besides its indices: Gemma's ``hidden * normalizer`` keeps the
+    0-dim √h tensor (``Gemma2Model.forward``, ``Gemma3TextModel.forward``)."""
+    if impl.name is ModelImplName.HF and traits(arch).embedding_scale:
+        return [("embedding scale √h (0-dim)", act)]
+    return []
+
+
+def logits_saves(impl: ModelImpl, arch: Architecture, shape: Shape, act: int) -> list[tuple[str, int]]:
+    """Saved between the LM head and the loss: Gemma 2's ``final_logit_softcapping`` keeps ``tanh``'s
+    output [T, V] in the compute dtype (``Gemma2ForCausalLM.forward``)."""
+    if impl.name is ModelImplName.HF and traits(arch).logit_softcap:
+        return [("logit soft-capping tanh output", act * shape.tokens * arch.vocab_size)]
+    return []
+
+
+def final_saves(
+    impl: ModelImpl, arch: Architecture, shape: Shape, act: int, device: Device
+) -> list[tuple[str, int]]:
+    """The final norm's saved tensors and the LM head's input (the norm's output). A LayerNorm's input is
+    the last hidden state, which the timeline keeps; an HF RMSNorm's fp32 copy is a new tensor (in fp32 it
+    is the last hidden state itself, which the timeline then frees as a hidden state)."""
+    T, h = shape.tokens, arch.hidden_size
+    t = traits(arch)
+    if impl.name is ModelImplName.MEGATRON:
+        return [("final norm input", act * T * h), ("LM head input", act * T * h)]
+    parts = norm_saves(t.norm, T, h, act, device, impl.norm_fp32_copy, input_kept=t.norm == "layernorm")
+    return [(f"final norm: {name}", b) for name, b in parts] + [("LM head input", act * T * h)]
+
+
+def loss_saves(impl: ModelImpl, arch: Architecture, shape: Shape) -> list[tuple[str, int]]:
+    """What the loss keeps for backward (``hf``: ``loss/loss_utils.py::ForCausalLMLoss``, 5.17.0): the
+    fp32 ``log_softmax`` output (``logits.float()`` first; saved by ``log_softmax`` and ``nll_loss``), the
+    target (``labels[..., 1:].contiguous()``, a copy of 8·T; for b = 1 the slice is contiguous already, so
+    the target is a view of the padded labels, 8·b·(s + 1)) and ``nll_loss``'s fp32 ``total_weight``. The
+    step timeline (:mod:`zerocalc.peak.timeline`) allocates the same tensors, with the loss's transients."""
+    T, V = shape.tokens, arch.vocab_size
+    target = INT64 * T if shape.b > 1 or impl.loss != "hf_upcast" else INT64 * shape.b * (shape.s + 1)
+    return [("log_softmax output (fp32)", FP32 * T * V), ("target", target), ("total_weight (fp32)", FP32)]
+
+
+# ------------------------------------------------------------------------------------------ Korthikanti
+def _korthikanti_layer(arch: Architecture, index: int, shape: Shape, act: int, flash: bool) -> LayerSaves:
+    """Korthikanti et al. 2022 §4.1, Table 2, op by op (:mod:`zerocalc.model.activations`)."""
+    from zerocalc.model.activations import ActivationShape, layer_terms
+
+    moe = arch.is_moe_layer(index)
+    terms = layer_terms(
+        ActivationShape(
+            seq_len=shape.s,
+            micro_batch=shape.b,
+            hidden=arch.hidden_size,
+            heads=arch.num_heads,
+            kv_heads=arch.kv_heads,
+            head_dim=arch.dim_per_head,
+            ffn_hidden=arch.intermediate_size,
+            layers=arch.num_layers,
+            vocab=arch.vocab_size,
+            mlp=arch.mlp,
+            dropout=arch.residual_dropout > 0 or (arch.mlp is MlpKind.GELU and arch.family is None),
+            flash_attention=flash,
+            experts=arch.num_experts if moe else 0,
+            experts_per_token=arch.experts_per_token if moe else 0,
+            shared_experts=arch.num_shared_experts if moe else 0,
+        )
+    )
+    scale = act / 2  # Korthikanti counts 16-bit activations
+    return LayerSaves(
+        saved=tuple((name, int(b * scale)) for name, b in terms.items()),
+        keeps_input=False,
+        forward_excess=0,
+        backward_excess=0,
+    )

@@ -1,0 +1,124 @@
+"""Optimizer states per parameter: one table, one place.
+
+Each optimizer is a list of state tensors kept per parameter element. A state either has a fixed dtype
+(8-bit Adam's quantised moments) or follows the precision recipe's optimizer-state dtype (fp32 for the
+mixed and fp32 recipes, bf16 for ``bf16-pure``). Block-wise quantisation scales are counted per block.
+The fp32 master copy of mixed precision is added by ``zerocalc.states.memory`` from the recipe, not here.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+from zerocalc.base.dtypes import DType
+from zerocalc.base.units import ceil_div
+from zerocalc.parallel.precision import PrecisionRecipe
+
+
+class OptimizerName(StrEnum):
+    ADAM = "adam"
+    ADAMW = "adamw"
+    SGD = "sgd"
+    SGD_NO_MOMENTUM = "sgd-no-momentum"
+    ADAFACTOR = "adafactor"
+    ADAM_8BIT = "adam-8bit"
+
+
+class OptimizerImpl(StrEnum):
+    """How ``torch.optim.Adam``/``AdamW`` runs its step (``torch/optim/adam.py``), which decides the step's
+    temporaries."""
+
+    FOREACH = "foreach"
+    """The default on CUDA (``_multi_tensor_adam``): ``_foreach_sqrt(exp_avg_sq)`` allocates one fp32 tensor
+    per parameter, all alive together."""
+    FUSED = "fused"
+    """``fused=True``: one kernel, no temporaries; the ``step`` counters are device scalars."""
+    FOR_LOOP = "for-loop"
+    """``foreach=False`` (``_single_tensor_adam``): two temporaries of one parameter at a time."""
+
+
+class StateTensor(BaseModel):
+    """One per-parameter optimizer state."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    dtype: DType | None = None
+    """Fixed dtype, or None to follow the recipe's optimizer-state dtype."""
+    block_size: int | None = None
+    """If set, one element of ``dtype`` per block of this many parameters (a quantisation scale)."""
+
+    def bytes_for(self, n_elements: int, recipe: PrecisionRecipe) -> int:
+        dtype = self.dtype or recipe.optimizer_state_dtype
+        count = n_elements if self.block_size is None else ceil_div(n_elements, self.block_size)
+        return count * dtype.bytes
+
+
+class OptimizerSpec(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: OptimizerName
+    states: tuple[StateTensor, ...]
+    assumption: str
+    """What the count assumes, shown to the user."""
+
+    def state_bytes(self, n_elements: int, recipe: PrecisionRecipe) -> dict[str, int]:
+        """Bytes of each state for a shard of ``n_elements`` parameters."""
+        return {state.name: state.bytes_for(n_elements, recipe) for state in self.states}
+
+
+_ADAM_MOMENTS = (StateTensor(name="exp_avg"), StateTensor(name="exp_avg_sq"))
+
+# bitsandbytes Adam8bit: uint8 state1/state2 plus one fp32 absmax per 256-element block for each
+# (bitsandbytes/optim/optimizer.py, Optimizer2State.init_state, block_wise=True, blocksize = 256).
+BNB_BLOCK_SIZE = 256
+
+OPTIMIZERS: dict[OptimizerName, OptimizerSpec] = {
+    spec.name: spec
+    for spec in (
+        OptimizerSpec(
+            name=OptimizerName.ADAM,
+            states=_ADAM_MOMENTS,
+            assumption="Adam: first and second moments (m, v) per parameter (Kingma & Ba 2015)",
+        ),
+        OptimizerSpec(
+            name=OptimizerName.ADAMW,
+            states=_ADAM_MOMENTS,
+            assumption="AdamW: first and second moments (m, v) per parameter (Loshchilov & Hutter 2019)",
+        ),
+        OptimizerSpec(
+            name=OptimizerName.SGD,
+            states=(StateTensor(name="momentum_buffer"),),
+            assumption="SGD with momentum: one momentum buffer per parameter",
+        ),
+        OptimizerSpec(
+            name=OptimizerName.SGD_NO_MOMENTUM,
+            states=(),
+            assumption="SGD without momentum: no per-parameter state",
+        ),
+        OptimizerSpec(
+            name=OptimizerName.ADAFACTOR,
+            states=(),
+            assumption=(
+                "Adafactor without first moment (beta1=None, Shazeer & Stern 2018): the second moment of "
+                "an r x c matrix is factored into r + c values, counted as 0 bytes per parameter "
+                "(under 0.1% of the model for transformer-sized matrices)"
+            ),
+        ),
+        OptimizerSpec(
+            name=OptimizerName.ADAM_8BIT,
+            states=(
+                StateTensor(name="state1_uint8", dtype=DType.INT8),
+                StateTensor(name="state2_uint8", dtype=DType.INT8),
+                StateTensor(name="absmax1", dtype=DType.FP32, block_size=BNB_BLOCK_SIZE),
+                StateTensor(name="absmax2", dtype=DType.FP32, block_size=BNB_BLOCK_SIZE),
+            ),
+            assumption=(
+                f"8-bit Adam (bitsandbytes, block-wise): m and v in 1 byte each plus one fp32 scale per "
+                f"{BNB_BLOCK_SIZE}-element block for each, 2.03125 bytes per parameter"
+            ),
+        ),
+    )
+}

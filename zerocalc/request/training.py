@@ -1,0 +1,740 @@
+"""One training request, parsed and validated once.
+
+Everything a user types (``--params 7B``, ``--gpu h100-80gb``, ``--strategy zero2,zero3``, a scenario's
+TOML fields, a library call's keywords) arrives as :class:`TrainingOptions`, raw. :func:`parse_request`
+turns it into a frozen, typed :class:`TrainingRequest`: numbers with their units resolved, presets and
+config.json files loaded (once per process, :mod:`zerocalc.request.presets`), the calibration file read, every
+bound and every combination checked, with one :class:`~zerocalc.base.errors.InputError` line per problem. The
+core (:mod:`zerocalc.states.memory`, :mod:`zerocalc.comm.estimate`, :mod:`zerocalc.peak`) takes only the
+typed request: it
+never parses a string, reads a file or looks at the environment.
+
+Error messages name each input by its concept, written ``{name}``: the field names below, which are also
+the keyword names of :mod:`zerocalc.api`; the CLI shows its flags instead (:mod:`zerocalc.cli`).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from zerocalc.base.dtypes import DType, parse_dtype
+from zerocalc.base.errors import InputError, shown
+from zerocalc.base.units import (
+    MAX_COUNT,
+    parse_bandwidth,
+    parse_bytes,
+    parse_count,
+    parse_duration,
+    parse_fraction,
+    parse_whole,
+)
+from zerocalc.model.activations import Recompute
+from zerocalc.model.architecture import Architecture, ParameterCount, count_parameters
+from zerocalc.model.model_impl import ModelImplName
+from zerocalc.network.calibration import Calibration
+from zerocalc.network.cluster import DEFAULT_GPUS_PER_NODE, Cluster
+from zerocalc.network.links import (
+    DEFAULT_DETAIL,
+    DEFAULT_INTER_NODE_BUSBW,
+    DEFAULT_INTRA_NODE_BUSBW,
+    DEFAULT_LATENCY_S,
+    Bandwidths,
+    BandwidthSource,
+    LinkFigures,
+)
+from zerocalc.network.schedule import GradSync, ZeroPP
+from zerocalc.parallel.frameworks import Estimate, Framework
+from zerocalc.parallel.optimizers import OptimizerImpl, OptimizerName
+from zerocalc.parallel.precision import RECIPES, PrecisionName
+from zerocalc.parallel.profiles import PROFILES, Wrap
+from zerocalc.parallel.strategies import (
+    STRATEGIES,
+    OffloadTarget,
+    Strategy,
+    StrategyName,
+    default_strategies,
+    framework_strategies,
+)
+from zerocalc.request.problems import architecture_problem, profile_problem
+
+# ------------------------------------------------------------------------------------------------ bounds
+MAX_GPUS = 2**20
+"""The largest world accepted: 1,048,576 GPUs."""
+MAX_GPUS_PER_NODE = 1024
+MAX_GRAD_ACCUM = 1_000_000
+MAX_SEQ_LEN = 2**26
+"""67,108,864 tokens per sequence."""
+MAX_MICRO_BATCH = 2**20
+MAX_PREFETCH = 1024
+MAX_TFLOPS = 1e6
+"""1 EFLOP/s per GPU: above any accelerator."""
+
+DEFAULT_SEQ_LEN = 2048
+DEFAULT_MICRO_BATCH = 1
+DEFAULT_PREFETCH = 1
+DDP_BUCKET_BYTES = 25 * 2**20
+"""torch.nn.parallel.DistributedDataParallel's bucket_cap_mb default, 25 MiB (``_DEFAULT_BUCKET_CAP_MB``)."""
+DDP_FIRST_BUCKET_BYTES = 2**20
+"""``dist._DEFAULT_FIRST_BUCKET_BYTES``: DDP's first bucket when bucket_cap_mb is left at its default
+(``_BucketCapacityConfig.create``); an explicit bucket_cap_mb sets both."""
+DEFAULT_DEEPSPEED_BUCKET = "5e8"
+"""DeepSpeed ZeRO config defaults: reduce_bucket_size = allgather_bucket_size = 5e8 elements."""
+DEFAULT_GPU = "h100-80gb"
+"""Without ``gpu``, the runtime figures (context, NCCL, cuBLAS workspaces) are this preset's (measured)."""
+
+
+# ---------------------------------------------------------------------------------------- raw options
+class TrainingOptions(BaseModel):
+    """What the user asked for, as typed: strings with units, names, numbers. Nothing is checked yet."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    estimate: Estimate = Estimate.MEMORY
+    """The command the options were given to (set by the caller, not typed)."""
+    params: int | str | None = None
+    model: str | Architecture | None = None
+    """A preset name, a config.json path, or an architecture (``zerocalc validate``'s)."""
+    gpus: int | str = 1
+    gpus_per_node: int | str | None = None
+    strategies: str | list[str] | tuple[str, ...] | None = None
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    fp32_grad_accum: bool = False
+    zero_init: bool = True
+    """DeepSpeed ZeRO-3: the model is built under ``deepspeed.zero.Init`` (changes its host estimate)."""
+    offload_optimizer: str | None = None
+    offload_params: str | None = None
+    framework: str = "paper"
+    reduce_dtype: str | None = None
+    gpu: str | None = None
+    gpu_memory: int | str | None = None
+    reserve: int | str | None = None
+    """What the process holds outside the caching allocator (CUDA context, NCCL, kernels) at world size 1;
+    default: the GPU preset's measured figure (:data:`DEFAULT_GPU`'s without a preset)."""
+    seq_len: int | str = DEFAULT_SEQ_LEN
+    micro_batch: int | str = DEFAULT_MICRO_BATCH
+    recompute: str = "none"
+    flash_attention: bool | None = None
+    model_impl: str = "hf"
+    optimizer_impl: str = "foreach"
+    expandable_segments: bool = False
+    prefetch: int | str = DEFAULT_PREFETCH
+    wrap: str = "block"
+    ddp_bucket: int | str | None = None
+    """None: DDP's default bucket_cap_mb (25 MiB, first bucket 1 MiB)."""
+    reduce_bucket: int | str = DEFAULT_DEEPSPEED_BUCKET
+    allgather_bucket: int | str = DEFAULT_DEEPSPEED_BUCKET
+    grad_accum: int | str = 1
+    grad_sync: str | None = None
+    """``every`` or ``last`` micro-batch; None: each framework's default."""
+    zeropp: str | list[str] | tuple[str, ...] | None = None
+    """DeepSpeed ZeRO++ features: ``all``, ``none`` or a comma list of qwz, hpz, qgz."""
+    calibration: str | Calibration | None = None
+    calibration_name: str | None = None
+    intra_node_bw: str | float | None = None
+    inter_node_bw: str | float | None = None
+    latency: str | float | None = None
+    tokens_per_step: int | str | None = None
+    tflops: float | str | None = None
+
+
+# --------------------------------------------------------------------------------------- typed request
+class ModelSpec(BaseModel):
+    """The model: its parameter count, and its architecture when one was named."""
+
+    model_config = ConfigDict(frozen=True)
+
+    params: int = Field(gt=0, description="Ψ")
+    name: str | None = None
+    title: str | None = None
+    architecture: Architecture | None = None
+    parameter_count: ParameterCount | None = None
+
+
+class GpuChoice(BaseModel):
+    """A GPU preset, its numbers resolved."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    title: str
+    memory_bytes: int = Field(description="as nvidia-smi reports it")
+    usable_bytes: int = Field(description="what PyTorch sees (torch.cuda.mem_get_info total): the capacity")
+    context_bytes: int = Field(
+        description="outside the caching allocator: CUDA context, NCCL, kernels (world size 1)"
+    )
+    context_given: bool = Field(default=False, description="context_bytes is --reserve, not the preset's")
+    nccl_communicator_bytes: int
+    cublas_workspace_bytes: int
+    bf16_dense_tflops: float
+    intra_node_Bps: float
+    inter_node_Bps: float
+
+
+class ActivationOptions(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    seq_len: int = Field(default=DEFAULT_SEQ_LEN, ge=1, le=MAX_SEQ_LEN)
+    micro_batch: int = Field(default=DEFAULT_MICRO_BATCH, ge=1, le=MAX_MICRO_BATCH)
+    recompute: Recompute = Recompute.NONE
+    flash_attention: bool | None = Field(default=None, description="None: on for the Llama family")
+
+
+class BufferOptions(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    prefetch: int = Field(default=DEFAULT_PREFETCH, ge=0, le=MAX_PREFETCH)
+    wrap: Wrap = Wrap.BLOCK
+    ddp_bucket_bytes: int = Field(default=DDP_BUCKET_BYTES, ge=0)
+    ddp_first_bucket_bytes: int = Field(default=DDP_FIRST_BUCKET_BYTES, ge=0)
+    reduce_bucket_elements: int = Field(default=500_000_000, ge=0)
+    allgather_bucket_elements: int = Field(default=500_000_000, ge=0)
+
+
+class TrainingRequest(BaseModel):
+    """A validated request: everything the core needs, typed. Build it with :func:`parse_request`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    estimate: Estimate = Estimate.MEMORY
+    model: ModelSpec
+    cluster: Cluster
+    precision: PrecisionName = PrecisionName.BF16_MIXED
+    optimizer: OptimizerName = OptimizerName.ADAMW
+    fp32_grad_accum: bool = False
+    zero_init: bool = True
+    offload_optimizer: OffloadTarget = OffloadTarget.NONE
+    offload_params: OffloadTarget = OffloadTarget.NONE
+    framework: Framework = Framework.PAPER
+    strategies: tuple[StrategyName, ...]
+    """The strategies to evaluate, each able to run with these options."""
+    strategies_explicit: bool = True
+    strategy_notes: tuple[str, ...] = ()
+    """Strategies of the default set left out, and why."""
+    reduce_dtype: DType | None = Field(default=None, description="None: the gradient dtype")
+    activations: ActivationOptions = ActivationOptions()
+    buffers: BufferOptions = BufferOptions()
+    gpu: GpuChoice | None = None
+    gpu_memory_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="what PyTorch sees of one GPU (torch.cuda.mem_get_info's total): the GPU preset's "
+        "usable memory or --gpu-memory; None: no fits/headroom",
+    )
+    runtime: GpuChoice
+    """The GPU's runtime figures (context, NCCL, workspaces): the preset's, else :data:`DEFAULT_GPU`'s;
+    ``context_bytes`` is ``reserve`` when given."""
+    grad_accum: int = Field(default=1, ge=1, le=MAX_GRAD_ACCUM)
+    grad_sync: GradSync | None = Field(
+        default=None, description="asked for; None: each framework's default (strategies.effective_grad_sync)"
+    )
+    zeropp: tuple[ZeroPP, ...] = Field(default=(), description="DeepSpeed ZeRO++ features (ZeRO-3)")
+    model_impl: ModelImplName = ModelImplName.HF
+    optimizer_impl: OptimizerImpl = OptimizerImpl.FOREACH
+    expandable_segments: bool = False
+    """``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``."""
+    links: Bandwidths
+    tokens_per_step: int | None = Field(default=None, gt=0)
+    tflops: float | None = Field(default=None, gt=0)
+    calibration: Calibration | None = None
+    calibration_name: str | None = None
+
+    @property
+    def states_capacity_bytes(self) -> int | None:
+        """What model states alone are compared with (no architecture, so no step to simulate): the GPU's
+        memory less what the process holds outside the caching allocator."""
+        if self.gpu_memory_bytes is None:
+            return None
+        return self.gpu_memory_bytes - self.runtime.context_bytes
+
+    @property
+    def architecture(self) -> Architecture:
+        """The architecture; only called where the request has one (the peak)."""
+        if self.model.architecture is None:  # pragma: no cover - the parser guarantees it where needed
+            raise InputError("this estimate needs an architecture; accepted: {model} NAME or config.json")
+        return self.model.architecture
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+def parse_request(options: TrainingOptions) -> TrainingRequest:
+    """Parse and validate every option once; raises one :class:`InputError` naming the first problem."""
+    o = options
+    model = _model(o.params, o.model)
+    cluster = _cluster(o.gpus, o.gpus_per_node)
+    precision = _choice(o.precision, "{precision}", PrecisionName, {"_": "-"})
+    optimizer = _optimizer(o.optimizer)
+    recipe = RECIPES[precision]
+    if o.fp32_grad_accum and recipe.grad_dtype is DType.FP32:
+        raise InputError(
+            f"{{fp32_grad_accum}} with {{precision}} {precision.value}: gradients are already fp32; "
+            "accepted with bf16-mixed, fp16-mixed or bf16-pure"
+        )
+    offload_optimizer = _offload(o.offload_optimizer, "{offload_optimizer}")
+    offload_params = _offload(o.offload_params, "{offload_params}")
+    framework = _choice(o.framework, "{framework}", Framework, {"_": "-"})
+    reduce_dtype = (
+        None
+        if o.reduce_dtype is None
+        else parse_dtype(o.reduce_dtype, "{reduce_dtype}", allowed=(DType.FP32, recipe.grad_dtype))
+    )
+    activations = ActivationOptions(
+        seq_len=parse_whole(o.seq_len, "{seq_len}", 1, MAX_SEQ_LEN, "tokens"),
+        micro_batch=parse_whole(o.micro_batch, "{micro_batch}", 1, MAX_MICRO_BATCH, "sequences"),
+        recompute=_choice(o.recompute, "{recompute}", Recompute),
+        flash_attention=o.flash_attention,
+    )
+    ddp_bucket = DDP_BUCKET_BYTES if o.ddp_bucket is None else parse_bytes(o.ddp_bucket, "{ddp_bucket}")
+    buffers = BufferOptions(
+        prefetch=parse_whole(o.prefetch, "{prefetch}", 0, MAX_PREFETCH, "units"),
+        wrap=_choice(o.wrap, "{wrap}", Wrap),
+        ddp_bucket_bytes=ddp_bucket,
+        ddp_first_bucket_bytes=DDP_FIRST_BUCKET_BYTES if o.ddp_bucket is None else ddp_bucket,
+        reduce_bucket_elements=_elements(o.reduce_bucket, "{reduce_bucket}"),
+        allgather_bucket_elements=_elements(o.allgather_bucket, "{allgather_bucket}"),
+    )
+    gpu, gpu_memory, runtime = _gpu(o.gpu, o.gpu_memory, o.reserve)
+    grad_accum = parse_whole(o.grad_accum, "{grad_accum}", 1, MAX_GRAD_ACCUM, "micro-batches")
+    grad_sync = None if o.grad_sync is None else _choice(o.grad_sync, "{grad_sync}", GradSync)
+    zeropp = _zeropp(o.zeropp)
+    tokens, tflops = _compute(o.tokens_per_step, o.tflops)
+    links = _links(o.intra_node_bw, o.inter_node_bw, o.latency, gpu)
+    calibration, calibration_name = _calibration(o.calibration, o.calibration_name)
+
+    explicit = _strategy_names(o.strategies)
+    request = TrainingRequest(
+        estimate=o.estimate,
+        model=model,
+        cluster=cluster,
+        precision=precision,
+        optimizer=optimizer,
+        fp32_grad_accum=o.fp32_grad_accum,
+        zero_init=o.zero_init,
+        offload_optimizer=offload_optimizer,
+        offload_params=offload_params,
+        framework=framework,
+        strategies=explicit or default_strategies(framework, o.estimate),
+        strategies_explicit=explicit is not None,
+        reduce_dtype=reduce_dtype,
+        activations=activations,
+        buffers=buffers,
+        gpu=gpu,
+        gpu_memory_bytes=gpu_memory,
+        runtime=runtime,
+        grad_accum=grad_accum,
+        grad_sync=grad_sync,
+        zeropp=zeropp,
+        model_impl=_choice(o.model_impl, "{model_impl}", ModelImplName),
+        optimizer_impl=_choice(o.optimizer_impl, "{optimizer_impl}", OptimizerImpl, {"_": "-"}),
+        expandable_segments=o.expandable_segments,
+        links=links,
+        tokens_per_step=tokens,
+        tflops=tflops,
+        calibration=calibration,
+        calibration_name=calibration_name,
+    )
+    return _resolve_strategies(request)
+
+
+def _choice(text: object, what: str, enum: type, replace: dict[str, str] | None = None):
+    """An enum member by its value, case-insensitive (``_`` read as ``-`` where ``replace`` says)."""
+    key = str(text).strip().lower()
+    for old, new in (replace or {}).items():
+        key = key.replace(old, new)
+    for member in enum:
+        if key == member.value:
+            return member
+    accepted = ", ".join(m.value for m in enum)
+    raise InputError(f"{what} {shown(text)} is not accepted; accepted: {accepted}")
+
+
+_OPTIMIZER_ALIASES = {
+    "adam8bit": OptimizerName.ADAM_8BIT,
+    "adamw-8bit": OptimizerName.ADAM_8BIT,
+    "sgd-momentum": OptimizerName.SGD,
+}
+
+
+def _optimizer(text: str) -> OptimizerName:
+    key = str(text).strip().lower().replace("_", "-")
+    if key in _OPTIMIZER_ALIASES:
+        return _OPTIMIZER_ALIASES[key]
+    return _choice(key, "{optimizer}", OptimizerName)
+
+
+def _offload(text: str | None, what: str) -> OffloadTarget:
+    return OffloadTarget.NONE if text is None else _choice(text, what, OffloadTarget)
+
+
+def _elements(text: int | str, what: str) -> int:
+    """A DeepSpeed bucket in elements; 0 turns the bucket off."""
+    if text in (0, "0"):
+        return 0
+    return parse_count(text, what, "a number of elements such as 5e8 or 500M, or 0", MAX_COUNT)
+
+
+def _zeropp(text: str | list[str] | tuple[str, ...] | None) -> tuple[ZeroPP, ...]:
+    """``all``, ``none`` or a comma list of ZeRO++ features, in :class:`ZeroPP` order."""
+    if text is None:
+        return ()
+    if isinstance(text, (list, tuple)):
+        text = ",".join(text)
+    parts = [part.strip().lower() for part in text.split(",") if part.strip()]
+    if parts == ["all"]:
+        return tuple(ZeroPP)
+    if parts == ["none"]:
+        return ()
+    accepted = "all, none, or a comma list of " + ", ".join(z.value for z in ZeroPP)
+    if not parts or any(part not in {z.value for z in ZeroPP} for part in parts):
+        raise InputError(f"{{zeropp}} {shown(text)} is not accepted; accepted: {accepted}")
+    return tuple(z for z in ZeroPP if z.value in parts)
+
+
+@lru_cache(maxsize=64)
+def _counted(architecture: Architecture) -> ParameterCount:
+    """The parameter count of a loaded architecture (once per architecture: ``plan`` parses hundreds of
+    requests of one model)."""
+    return count_parameters(architecture)
+
+
+def _model(params: int | str | None, model: str | Architecture | None) -> ModelSpec:
+    """Ψ from ``params``, or from a model preset / config.json / architecture (``model``), never both."""
+    if (params is None) == (model is None):
+        raise InputError(
+            "give {params} or {model} (not both); "
+            "accepted: {params} 7B, or {model} llama-3-8b / path/config.json"
+        )
+    if model is None:
+        return ModelSpec(params=parse_count(params))  # type: ignore[arg-type]
+    if isinstance(model, Architecture):
+        count = count_parameters(model)
+        return ModelSpec(params=count.total, name=model.name, architecture=model, parameter_count=count)
+    from zerocalc.request.presets import load_model
+
+    architecture, preset = load_model(model)
+    count = _counted(architecture)
+    return ModelSpec(
+        params=count.total,
+        name=architecture.name,
+        title=preset.title if preset else None,
+        architecture=architecture,
+        parameter_count=count,
+    )
+
+
+def _cluster(gpus: int | str, gpus_per_node: int | str | None) -> Cluster:
+    """``gpus`` and ``gpus_per_node`` (default: 8, or N when N is smaller)."""
+    world = parse_whole(gpus, "{gpus}", 1, MAX_GPUS, "GPUs")
+    per_node = (
+        DEFAULT_GPUS_PER_NODE
+        if gpus_per_node is None
+        else parse_whole(gpus_per_node, "{gpus_per_node}", 1, MAX_GPUS_PER_NODE, "GPUs")
+    )
+    return Cluster.of(world, per_node)
+
+
+def _gpu_choice(name: str, reserve: int | str | None) -> GpuChoice:
+    from zerocalc.request.presets import load_gpu
+
+    spec = load_gpu(name)
+    context = spec.context_bytes if reserve is None else parse_bytes(reserve, "{reserve}")
+    return GpuChoice(
+        name=spec.name,
+        title=spec.title,
+        memory_bytes=spec.memory_bytes,
+        usable_bytes=spec.usable_bytes,
+        context_bytes=context,
+        context_given=reserve is not None,
+        nccl_communicator_bytes=spec.nccl_communicator_bytes,
+        cublas_workspace_bytes=spec.cublas_workspace_bytes,
+        bf16_dense_tflops=spec.bf16_dense_tflops,
+        intra_node_Bps=spec.intra_node_Bps,
+        inter_node_Bps=spec.inter_node_Bps,
+    )
+
+
+def _gpu(
+    gpu: str | None, gpu_memory: int | str | None, reserve: int | str | None
+) -> tuple[GpuChoice | None, int | None, GpuChoice]:
+    """(the GPU preset, what PyTorch sees of one GPU, the runtime figures).
+
+    The memory is the preset's usable memory (``torch.cuda.mem_get_info``'s total) or ``gpu_memory``;
+    the runtime figures (context, NCCL, cuBLAS workspaces) are the preset's, else :data:`DEFAULT_GPU`'s,
+    ``reserve`` overriding the context. The context must leave some of the memory.
+    """
+    if gpu is not None and gpu_memory is not None:
+        raise InputError(
+            "give {gpu} or {gpu_memory}, not both; accepted: {gpu} h100-80gb or {gpu_memory} 80GiB"
+        )
+    runtime = _gpu_choice(DEFAULT_GPU if gpu is None else gpu, reserve)
+    if gpu is not None:
+        memory, named = runtime.usable_bytes, f"the {runtime.title}'s usable memory"
+    elif gpu_memory is not None:
+        memory = parse_bytes(gpu_memory, "{gpu_memory}")
+        named = f"{{gpu_memory}} {shown(gpu_memory)}"
+    else:
+        return None, None, runtime
+    if runtime.context_bytes >= memory:
+        given = "its default" if reserve is None else shown(reserve)
+        raise InputError(
+            f"{{reserve}} ({given}, {runtime.context_bytes:,} bytes) is not below {named}; "
+            "accepted: a smaller {reserve} or a larger memory"
+        )
+    return (runtime if gpu is not None else None), memory, runtime
+
+
+def _compute(
+    tokens_per_step: int | str | None, tflops: float | str | None
+) -> tuple[int | None, float | None]:
+    if (tokens_per_step is None) != (tflops is None):
+        raise InputError("{tokens_per_step} and {tflops} go together; accepted: both or neither")
+    if tokens_per_step is None:
+        return None, None
+    tokens = parse_count(tokens_per_step, "{tokens_per_step}", "a token count such as 4M or 1e6")
+    flops = parse_fraction(
+        tflops, "{tflops}", 1e-9, MAX_TFLOPS, "achieved TFLOP/s per GPU, e.g. 400 (at most 1,000,000)"
+    )
+    return tokens, flops
+
+
+def _links(
+    intra_node_bw: str | float | None,
+    inter_node_bw: str | float | None,
+    latency: str | float | None,
+    gpu: GpuChoice | None,
+) -> Bandwidths:
+    """Intra/inter-node figures: explicit values, then the GPU preset's, then the stated defaults."""
+    alpha = DEFAULT_LATENCY_S if latency is None else parse_duration(latency, "{latency}")
+
+    def figure(
+        text: str | float | None, which: str, preset_value: float | None, default: float
+    ) -> LinkFigures:
+        if text is not None:
+            option = "{intra_node_bw}" if which == "intra-node" else "{inter_node_bw}"
+            return LinkFigures(
+                latency_s=alpha,
+                bus_bandwidth_Bps=parse_bandwidth(text, option),
+                source=BandwidthSource.EXPLICIT,
+                detail=f"--{which}-bw",
+            )
+        if preset_value is not None and gpu is not None:
+            return LinkFigures(
+                latency_s=alpha,
+                bus_bandwidth_Bps=preset_value,
+                source=BandwidthSource.GPU_PRESET,
+                detail=f"GPU preset {gpu.name}",
+            )
+        return LinkFigures(
+            latency_s=alpha,
+            bus_bandwidth_Bps=default,
+            source=BandwidthSource.DEFAULT,
+            detail=DEFAULT_DETAIL[which],
+        )
+
+    return Bandwidths(
+        intra_node=figure(
+            intra_node_bw, "intra-node", gpu.intra_node_Bps if gpu else None, DEFAULT_INTRA_NODE_BUSBW
+        ),
+        inter_node=figure(
+            inter_node_bw, "inter-node", gpu.inter_node_Bps if gpu else None, DEFAULT_INTER_NODE_BUSBW
+        ),
+    )
+
+
+def _calibration(
+    calibration: str | Calibration | None, name: str | None
+) -> tuple[Calibration | None, str | None]:
+    if calibration is None or isinstance(calibration, Calibration):
+        return calibration, (name or "calibration") if calibration is not None else None
+    from zerocalc.network.calibration import load_calibration
+
+    return load_calibration(calibration), name or str(calibration)
+
+
+def _normalise(text: str) -> str:
+    return text.strip().lower().replace("-", "_")
+
+
+def strategy_named(text: str) -> Strategy:
+    """A strategy by its name or one of its aliases (FSDP names, DeepSpeed stages)."""
+    key = _normalise(text)
+    for strategy in STRATEGIES.values():
+        if key == strategy.name.value or key in strategy.aliases:
+            return strategy
+    accepted = ", ".join(
+        f"{s.name.value} ({', '.join(s.aliases[:3])})" if s.aliases else s.name.value
+        for s in STRATEGIES.values()
+    )
+    raise InputError(f"{{strategies}} {shown(text)} is not known; accepted: all, {accepted}")
+
+
+def _strategy_names(text: str | list[str] | tuple[str, ...] | None) -> tuple[StrategyName, ...] | None:
+    """``all`` or a comma list (or a list of names); None means the framework's default set."""
+    if isinstance(text, (list, tuple)):
+        text = ",".join(text)
+    if text is None or _normalise(text) == "all":
+        return None
+    parts = [part for part in text.split(",") if part.strip()]
+    if not parts:
+        raise InputError(
+            f"{{strategies}} {shown(text)} names no strategy; accepted: all or a comma list of names"
+        )
+    if any(_normalise(part) == "all" for part in parts):
+        raise InputError(
+            f"{{strategies}} {shown(text)}: 'all' stands alone; accepted: all, or a comma list of names"
+        )
+    return tuple(dict.fromkeys(strategy_named(part).name for part in parts))
+
+
+def offload_problem(strategy: Strategy, request: TrainingRequest) -> str | None:
+    """Why ``strategy`` cannot do the requested offload, or None."""
+    if (
+        request.offload_optimizer is not OffloadTarget.NONE
+        and request.offload_optimizer not in strategy.optimizer_offload
+    ):
+        can = ", ".join(t.value for t in strategy.optimizer_offload) or "nothing"
+        return f"{{offload_optimizer}} {request.offload_optimizer.value}: {strategy.title} can offload {can}"
+    if (
+        request.offload_params is not OffloadTarget.NONE
+        and request.offload_params not in strategy.param_offload
+    ):
+        return (
+            f"{{offload_params}} {request.offload_params.value}: {strategy.title} keeps whole parameters on "
+            "every GPU; only zero3 can offload parameters"
+        )
+    return None
+
+
+def _resolve_strategies(request: TrainingRequest) -> TrainingRequest:
+    """Keep the strategies that can run: an explicit one that cannot is an error, a default one a note."""
+    framework = request.framework
+    supported = framework_strategies(framework, request.estimate)
+    if request.strategies_explicit:
+        for name in request.strategies:
+            if name not in supported:
+                names = ", ".join(s.value for s in supported)
+                raise InputError(
+                    f"{{framework}} {framework.value} models {names}; {name.value} is not one of them; "
+                    f"accepted: {{strategies}} {names}"
+                )
+    if framework is not Framework.PAPER and request.estimate is Estimate.MEMORY:
+        problem = profile_problem(PROFILES[framework], request)
+        if problem:
+            raise InputError(problem)
+    if request.estimate is Estimate.COMM:
+        problem = _comm_problem(request)
+        if problem:
+            raise InputError(problem)
+    chosen: list[StrategyName] = []
+    notes: list[str] = []
+    for name in request.strategies:
+        strategy = STRATEGIES[name]
+        problem = offload_problem(strategy, request)
+        if problem is None and request.estimate is Estimate.MEMORY:
+            problem = architecture_problem(PROFILES[framework], name, request)
+        if problem is None and name is StrategyName.HYBRID_SHARD:
+            problem = request.cluster.whole_nodes_problem()
+        if problem is None:
+            chosen.append(name)
+        elif request.strategies_explicit:
+            raise InputError(problem)
+        else:
+            notes.append(f"{strategy.title} left out: {problem}")
+    if not chosen:
+        raise InputError("no strategy can run with these options: " + "; ".join(notes))
+    resolved = (
+        request  # nothing left out (every explicit strategy): the same fields, no copy
+        if tuple(chosen) == request.strategies and tuple(notes) == request.strategy_notes
+        else request.model_copy(update={"strategies": tuple(chosen), "strategy_notes": tuple(notes)})
+    )
+    problem = _grad_sync_problem(resolved) or _zeropp_problem(resolved)
+    if problem:
+        raise InputError(problem)
+    return resolved
+
+
+def request_with(request: TrainingRequest, **changes: object) -> TrainingRequest:
+    """A request with some of its typed fields changed, checked again as :func:`parse_request` checks a
+    request (its strategies resolved afresh): the request that parsing the changed options gives, where the
+    changes stay within the parser's bounds and the strategies are explicit. ``zerocalc plan`` derives its
+    hundreds of candidate requests so (tests/test_plan.py compares each with the parser's)."""
+    if not changes.get("strategies_explicit", request.strategies_explicit):
+        raise ValueError("request_with needs explicit strategies (a default set resolves to other notes)")
+    return _resolve_strategies(request.model_copy(update={**changes, "strategy_notes": ()}))
+
+
+def _comm_problem(request: TrainingRequest) -> str | None:
+    """What the communication model cannot do for this request, or None."""
+    if request.framework in (Framework.TORCH_ZERO1, Framework.DDP) and request.reduce_dtype is not None:
+        recipe = RECIPES[request.precision]
+        stored = recipe.master_dtype or recipe.param_dtype
+        if request.reduce_dtype is not stored:
+            return (
+                f"{{reduce_dtype}} {request.reduce_dtype.value}: DDP reduces gradients in the parameters' "
+                f"dtype, {stored.value} under {request.precision.value} (autocast keeps them); accepted: no "
+                "{reduce_dtype} (a comm hook such as bf16_compress_hook is not modelled)"
+            )
+    return None
+
+
+def _grad_sync_problem(request: TrainingRequest) -> str | None:
+    """An explicit strategy whose framework fixes when gradients are reduced, asked to do otherwise."""
+    asked = request.grad_sync
+    if asked is None or not request.strategies_explicit:
+        return None
+    for name in request.strategies:
+        strategy = STRATEGIES[name]
+        fixed = strategy.frameworks[request.framework].grad_sync
+        if fixed is not None and fixed is not asked:
+            when = "every micro-batch" if fixed is GradSync.EVERY else "once per step"
+            return (
+                f"{{grad_sync}} {asked.value}: {strategy.title_under(request.framework)} reduces gradients "
+                f"{when} under {{framework}} {request.framework.value}; "
+                f"accepted: {{grad_sync}} {fixed.value}, or no {{grad_sync}}"
+            )
+    return None
+
+
+def _zeropp_problem(request: TrainingRequest) -> str | None:
+    """ZeRO++ needs DeepSpeed ZeRO-3; hpZ whole nodes; qgZ each tensor's shape."""
+    if not request.zeropp:
+        return None
+    takes = [n for n in request.strategies if STRATEGIES[n].frameworks[request.framework].zeropp]
+    if not takes:
+        return (
+            "{zeropp} is DeepSpeed ZeRO-3's (ZeRO++); "
+            "accepted: {framework} deepspeed with {strategies} zero3, or no {zeropp}"
+        )
+    cluster = request.cluster
+    if ZeroPP.HPZ in request.zeropp and cluster.world_size % cluster.ranks_per_node:
+        return (
+            f"{{zeropp}} hpz with {{gpus}} {cluster.world_size}: zero_hpz_partition_size "
+            f"({{gpus_per_node}} {cluster.gpus_per_node}) must divide the world; "
+            f"accepted: {{gpus}} a multiple of {cluster.ranks_per_node}"
+        )
+    if ZeroPP.QGZ in request.zeropp and request.model.architecture is None:
+        return (
+            "{zeropp} qgz: its scales follow each gradient's shape; "
+            "accepted: {model} NAME or config.json, or {zeropp} without qgz"
+        )
+    return None
+
+
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
+
+
+def options_from_keywords(options: type[OptionsT], values: dict[str, object]) -> OptionsT:
+    """``options(**values)``, a value of the wrong type an :class:`InputError` naming its concept."""
+    try:
+        return options(**values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "_".join(str(p) for p in first["loc"][:1]) or "options"
+        raise InputError(f"{{{where}}} is not accepted ({first['msg']})") from None
+
+
+def parse_options(**values: object) -> TrainingRequest:
+    """:func:`parse_request` from keywords; a value of the wrong type is an InputError too."""
+    return parse_request(options_from_keywords(TrainingOptions, values))

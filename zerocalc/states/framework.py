@@ -1,0 +1,359 @@
+"""Exact per-rank model-state bytes of the real PyTorch frameworks (pure: no torch).
+
+``zerocalc memory``'s analytic model counts Ψ·bytes/N. The real implementations differ in small, exact
+ways that this module models tensor by tensor, from :func:`zerocalc.model.architecture.parameter_tensors` (the
+same list the analytic count uses). Every rule below is read from the torch 2.13 source named in its
+docstring (``torch/distributed/...``); ``zerocalc validate`` measures the same quantities on a real run
+and compares them line by line.
+
+Wrapping (FSDP1 and FSDP2): one unit per transformer block ``layers.<i>`` (its norms, attention and MLP
+parameters), plus the root unit holding everything else: ``embed_tokens`` (shared with the LM head when
+tied, counted once), ``embed_positions`` (learned positions), ``final_norm`` and ``lm_head``.
+
+Lines per rank:
+
+* ``params``: bytes of the parameters this rank holds at rest (fp32: the model is built in fp32 and the
+  mixed-precision recipes keep the fp32 sharded parameter as the master copy);
+* ``grads``: bytes of ``.grad`` of the parameters the optimizer sees, after ``backward`` and ``step``;
+* ``optimizer``: Adam/AdamW ``exp_avg`` and ``exp_avg_sq`` of the parameters whose state lives on this
+  rank (fp32, shaped like the local parameter);
+* ``step``: Adam's ``step`` counters, one 0-dim fp32 tensor per parameter with state
+  (``torch/optim/adam.py`` ``Adam._init_group``: ``torch.tensor(0.0, dtype=_get_scalar_dtype())``);
+* ``unsharded_after_forward``: bytes of full (all-gathered) parameters the framework still holds after
+  the forward pass, in the forward dtype (bf16 under ``bf16-mixed``).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from zerocalc.base.dtypes import DType
+from zerocalc.base.errors import InputError
+from zerocalc.base.units import ceil_div
+from zerocalc.model.architecture import Architecture, ParamTensor, parameter_tensors
+from zerocalc.parallel.frameworks import Fsdp1Sharding, TorchSetup, TorchWrapper
+from zerocalc.parallel.optimizers import OptimizerName
+from zerocalc.parallel.precision import RECIPES, PrecisionName
+
+OPTIMIZERS = (OptimizerName.ADAM, OptimizerName.ADAMW)
+"""What these rules model: Adam and AdamW (``torch.optim.Adam``/``AdamW``)."""
+PRECISIONS = (PrecisionName.FP32, PrecisionName.BF16_MIXED, PrecisionName.FP16_MIXED)
+"""fp32, or ``MixedPrecision``/``MixedPrecisionPolicy`` (autocast for DDP) with fp32 sharded parameters."""
+STATE_LINES = ("params", "grads", "optimizer", "step")
+"""The model-state lines: an exact match is expected for each."""
+LINES = (*STATE_LINES, "unsharded_after_forward")
+
+STEP_BYTES = DType.FP32.bytes
+"""One Adam ``step`` counter: a 0-dim fp32 tensor."""
+ADAM_STATES = 2
+"""``exp_avg`` and ``exp_avg_sq`` (no amsgrad)."""
+REPLICATED_WRAPPERS = (TorchWrapper.DDP, TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER)
+"""The wrappers that keep whole parameters and gradients on every rank (DDP's reducer)."""
+
+
+class Line(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    bytes: int = Field(ge=0)
+    explanation: str
+
+
+class RankStates(BaseModel):
+    """What one rank holds, exactly, with a short explanation per line."""
+
+    model_config = ConfigDict(frozen=True)
+
+    setup: TorchSetup
+    world_size: int
+    rank: int
+    precision: PrecisionName
+    optimizer: OptimizerName
+    params: Line
+    grads: Line
+    optimizer_states: Line
+    step: Line
+    unsharded_after_forward: Line
+
+    def line(self, name: str) -> Line:
+        return self.optimizer_states if name == "optimizer" else getattr(self, name)
+
+    @property
+    def model_states(self) -> int:
+        """params + grads + optimizer states + step counters."""
+        return sum(self.line(name).bytes for name in STATE_LINES)
+
+
+def reducer_buckets(states: RankStates) -> Line:
+    """DDP's reducer buckets: with ``gradient_as_bucket_view=False`` (the default) they are a second copy of
+    every gradient, not a ``.grad`` (``torch/nn/parallel/distributed.py``; DDP docs); ``bucket_cap_mb`` only
+    sets their size. None for the FSDP wrappers."""
+    if states.setup.wrapper not in REPLICATED_WRAPPERS:
+        return Line(bytes=0, explanation="no DDP reducer")
+    return Line(
+        bytes=states.grads.bytes,
+        explanation="PyTorch DDP docs: with gradient_as_bucket_view=False (default) the buckets are a "
+        "second copy of every gradient; bucket_cap_mb only sets their size",
+    )
+
+
+# ------------------------------------------------------------------------------------------ the rules
+def fsdp_units(arch: Architecture) -> list[tuple[str, list[ParamTensor]]]:
+    """The wrapping: ``("layers.<i>", block tensors)`` per block, then ``("root", the rest)``."""
+    tensors = parameter_tensors(arch)
+    return [(name, [tensors[i] for i in unit]) for name, unit in fsdp_unit_positions(tensors)]
+
+
+def fsdp_unit_positions(tensors: list[ParamTensor]) -> list[tuple[str, list[int]]]:
+    """:func:`fsdp_units` of these tensors (in registration order), each unit's as positions in them."""
+    blocks: dict[str, list[int]] = {}
+    root: list[int] = []
+    for i, t in enumerate(tensors):
+        if t.module.startswith("layers."):
+            unit = ".".join(t.module.split(".")[:2])
+            blocks.setdefault(unit, []).append(i)
+        else:
+            root.append(i)
+    return [*blocks.items(), ("root", root)]
+
+
+def fsdp1_shard_numel(unit_numel: int, world_size: int, sharding: Fsdp1Sharding) -> int:
+    """Elements of one FSDP1 ``FlatParameter`` on each rank.
+
+    ``torch/distributed/fsdp/_flat_param.py`` ``FlatParamHandle.shard`` / ``_get_shard``: the flat
+    parameter (the unit's parameters concatenated, no alignment padding with ``use_orig_params=False``:
+    ``_get_aligned_numel`` applies only with ``align_addresses = use_orig_params``) is cut with
+    ``torch.chunk(world_size)`` and each chunk right-padded to the first chunk's size, so every rank holds
+    ``ceil(numel / N)`` elements (the flat parameter padded to a multiple of N). ``NO_SHARD`` does not
+    shard (``uses_sharded_strategy`` is false): every rank holds the whole flat parameter, unpadded.
+    """
+    if sharding is Fsdp1Sharding.NO_SHARD:
+        return unit_numel
+    return ceil_div(unit_numel, world_size)
+
+
+def dim0_rows(rows: int, world_size: int, rank: int) -> int:
+    """Rows of a dim-0 ``torch.chunk`` that ``rank`` gets (FSDP2).
+
+    ``torch/distributed/fsdp/_fully_shard/_fsdp_param.py`` ``FSDPParam._init_sharded_param`` uses
+    ``_chunk_with_empty(param, world_size, dim=0)`` (``torch.chunk`` padded with empty chunks): chunk
+    size ``ceil(d0 / N)``; the last ranks get fewer rows, or none.
+    """
+    chunk = ceil_div(rows, world_size)
+    return max(0, min(chunk, rows - rank * chunk))
+
+
+def zero1_partition(tensors: list[ParamTensor], world_size: int) -> list[list[ParamTensor]]:
+    """``ZeroRedundancyOptimizer``'s partition of whole tensors over ranks (:func:`zero1_owners`)."""
+    return [[tensors[i] for i in owned] for owned in zero1_owners([t.numel for t in tensors], world_size)]
+
+
+def zero1_owners(numels: list[int], world_size: int) -> list[list[int]]:
+    """``ZeroRedundancyOptimizer``'s partition of tensors of these sizes over ranks: each rank's tensors, as
+    positions in ``numels``.
+
+    ``torch/distributed/optim/zero_redundancy_optimizer.py`` ``_partition_parameters``: the (one)
+    param group's parameters sorted by ``numel`` largest first (Python's stable sort: ties keep
+    ``model.parameters()`` order), each assigned to the rank with the smallest total so far
+    (``_get_min_index``: the first such rank).
+    """
+    ranks: list[list[int]] = [[] for _ in range(world_size)]
+    totals = [(0, rank) for rank in range(world_size)]  # a heap: the smallest total, then the first rank
+    for i in sorted(range(len(numels)), key=numels.__getitem__, reverse=True):
+        total, rank = totals[0]
+        ranks[rank].append(i)
+        heapq.heapreplace(totals, (total + numels[i], rank))
+    return ranks
+
+
+def _rest(shape: tuple[int, ...]) -> int:
+    n = 1
+    for dim in shape[1:]:
+        n *= dim
+    return n
+
+
+def dim0_shard_numel(shape: tuple[int, ...], world_size: int, rank: int) -> int:
+    """FSDP2: the elements of one tensor's dim-0 shard on ``rank`` (:func:`dim0_rows` rows)."""
+    return dim0_rows(shape[0], world_size, rank) * _rest(shape)
+
+
+def dim0_padded_numel(shape: tuple[int, ...], world_size: int) -> int:
+    """FSDP2: one tensor with its dim 0 padded to a multiple of N (:func:`dim0_rows`, ``FSDPParamGroup``'s
+    all-gather output)."""
+    return ceil_div(shape[0], world_size) * world_size * _rest(shape)
+
+
+def padded_unit_numel(unit: list[ParamTensor], world_size: int, wrapper: TorchWrapper) -> int:
+    """Elements of one unit when all-gathered (unsharded) on ``world_size`` ranks, padding included.
+
+    FSDP1: the flat parameter padded to a multiple of N (:func:`fsdp1_shard_numel`); FSDP2: each tensor's
+    dim 0 padded to a multiple of N (:func:`dim0_padded_numel`).
+    """
+    if wrapper is TorchWrapper.FSDP2:
+        return sum(dim0_padded_numel(t.shape, world_size) for t in unit)
+    return ceil_div(sum(t.numel for t in unit), world_size) * world_size
+
+
+# ------------------------------------------------------------------------------------------ the model
+def _check(
+    arch: Architecture, world_size: int, rank: int, precision: PrecisionName, optimizer: OptimizerName
+) -> None:
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise InputError(f"rank {rank} of world {world_size} is not accepted; accepted: 0 ≤ rank < N")
+    if precision not in PRECISIONS:
+        accepted = ", ".join(p.value for p in PRECISIONS)
+        raise InputError(
+            f"{{precision}} {precision.value} is not what PyTorch's MixedPrecision runs; accepted: {accepted}"
+        )
+    if optimizer not in OPTIMIZERS:
+        accepted = ", ".join(o.value for o in OPTIMIZERS)
+        raise InputError(f"{{optimizer}} {optimizer.value} is not modelled here; accepted: {accepted}")
+
+
+def predict_rank_states(
+    arch: Architecture,
+    setup: TorchSetup,
+    world_size: int,
+    rank: int,
+    precision: PrecisionName = PrecisionName.FP32,
+    optimizer: OptimizerName = OptimizerName.ADAM,
+) -> RankStates:
+    """Exact bytes rank ``rank`` of ``world_size`` holds after one full training step under ``setup``.
+
+    ``world_size`` is the ranks a parameter is sharded over (one node's under hybrid sharding).
+    """
+    _check(arch, world_size, rank, precision, optimizer)
+    fwd = RECIPES[precision].param_dtype  # the forward dtype: MixedPrecision's param_dtype, or fp32
+    f32 = DType.FP32.bytes
+    tensors = parameter_tensors(arch)
+    total = sum(t.numel for t in tensors)
+    common = {
+        "setup": setup,
+        "world_size": world_size,
+        "rank": rank,
+        "precision": precision,
+        "optimizer": optimizer,
+    }
+
+    if setup.wrapper in REPLICATED_WRAPPERS:
+        held = total
+        if setup.wrapper is TorchWrapper.DDP:
+            owned, how = tensors, "every parameter"
+        else:
+            owned = zero1_partition(tensors, world_size)[rank]
+            how = f"{len(owned)} of {len(tensors)} whole tensors (greedy partition, largest first)"
+        opt_numel = sum(t.numel for t in owned)
+        return RankStates(
+            **common,
+            params=Line(bytes=held * f32, explanation=f"{held:,} fp32 elements: the whole model, replicated"),
+            grads=Line(bytes=held * f32, explanation=f"{held:,} fp32 elements: all-reduced by DDP"),
+            optimizer_states=Line(
+                bytes=ADAM_STATES * opt_numel * f32,
+                explanation=f"exp_avg + exp_avg_sq of {how}: 2 × {opt_numel:,} fp32",
+            ),
+            step=Line(bytes=len(owned) * STEP_BYTES, explanation=f"{len(owned)} fp32 step counters"),
+            unsharded_after_forward=Line(bytes=0, explanation="none: DDP never shards parameters"),
+        )
+
+    if setup.wrapper is TorchWrapper.FSDP1:
+        shard = setup.sharding or Fsdp1Sharding.FULL_SHARD
+        units = fsdp_units(arch)
+        local = 0
+        kept = 0
+        kept_units: list[str] = []
+        for name, unit in units:
+            numel = sum(t.numel for t in unit)
+            local += fsdp1_shard_numel(numel, world_size, shard)
+            # ``_runtime_utils._post_forward_reshard``: free after forward only for non-root units of
+            # RESHARD_AFTER_FORWARD strategies (FULL_SHARD); SHARD_GRAD_OP keeps every unit unsharded.
+            if shard is Fsdp1Sharding.SHARD_GRAD_OP or (shard is Fsdp1Sharding.FULL_SHARD and name == "root"):
+                kept += padded_unit_numel(unit, world_size, setup.wrapper)
+                kept_units.append(name)
+        n_flat = len(units)
+        pad_note = "" if shard is Fsdp1Sharding.NO_SHARD else ", padded to a multiple of N"
+        if shard is Fsdp1Sharding.NO_SHARD:
+            kept_text = "none: NO_SHARD keeps whole flat parameters"
+        elif kept_units == ["root"]:
+            kept_text = f"the root unit's padded flat parameter ({kept:,} {fwd.value}); blocks resharded"
+        else:
+            kept_text = f"all {len(kept_units)} padded flat parameters ({kept:,} {fwd.value}): SHARD_GRAD_OP"
+        return RankStates(
+            **common,
+            params=Line(
+                bytes=local * f32,
+                explanation=f"{n_flat} flat parameters, {local:,} fp32 elements on this rank{pad_note}",
+            ),
+            grads=Line(bytes=local * f32, explanation=f"{local:,} fp32: the sharded flat parameters' dtype"),
+            optimizer_states=Line(
+                bytes=ADAM_STATES * local * f32, explanation=f"2 × {local:,} fp32 (follow the flat params)"
+            ),
+            step=Line(
+                bytes=n_flat * STEP_BYTES, explanation=f"{n_flat} fp32 step counters (one per flat param)"
+            ),
+            unsharded_after_forward=Line(bytes=kept * fwd.bytes, explanation=kept_text),
+        )
+
+    # FSDP2
+    units = fsdp_units(arch)
+    local = sum(dim0_shard_numel(t.shape, world_size, rank) for t in tensors)
+    kept = 0
+    for name, unit in units:
+        if not setup.reshard_after_forward or name == "root":
+            # ``FSDPState._lazy_init``: the root's ``post_forward_mesh_info`` is None (not resharded).
+            kept += padded_unit_numel(unit, world_size, setup.wrapper)
+    kept_text = (
+        "every group's padded unsharded parameters (reshard_after_forward=False)"
+        if not setup.reshard_after_forward
+        else "the root group's padded unsharded parameters (the root is never resharded after forward)"
+    )
+    return RankStates(
+        **common,
+        params=Line(
+            bytes=local * f32,
+            explanation=f"{len(tensors)} DTensors sharded on dim 0: {local:,} fp32 local elements",
+        ),
+        grads=Line(bytes=local * f32, explanation=f"{local:,} fp32: sharded like the parameters"),
+        optimizer_states=Line(
+            bytes=ADAM_STATES * local * f32, explanation=f"2 × {local:,} fp32 local shards"
+        ),
+        step=Line(bytes=len(tensors) * STEP_BYTES, explanation=f"{len(tensors)} fp32 step counters"),
+        unsharded_after_forward=Line(
+            bytes=kept * fwd.bytes, explanation=f"{kept:,} {fwd.value}: {kept_text}"
+        ),
+    )
+
+
+def predict_all_ranks(
+    arch: Architecture,
+    setup: TorchSetup,
+    world_size: int,
+    precision: PrecisionName = PrecisionName.FP32,
+    optimizer: OptimizerName = OptimizerName.ADAM,
+) -> list[RankStates]:
+    """:func:`predict_rank_states` for every rank, rank 0 first."""
+    return [predict_rank_states(arch, setup, world_size, r, precision, optimizer) for r in range(world_size)]
+
+
+def largest_rank_states(
+    arch: Architecture,
+    setup: TorchSetup,
+    world_size: int,
+    precision: PrecisionName = PrecisionName.FP32,
+    optimizer: OptimizerName = OptimizerName.ADAM,
+) -> RankStates:
+    """The rank holding the most model-state bytes (what a per-GPU peak must use).
+
+    FSDP1 ranks hold equal padded shards and FSDP2's dim-0 chunks are largest on rank 0, so rank 0 is
+    the largest there; ZeroRedundancyOptimizer's greedy partition is computed once to find its rank.
+    """
+    rank = 0
+    if setup.wrapper is TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER:
+        parts = zero1_partition(parameter_tensors(arch), world_size)
+        state_bytes = [
+            ADAM_STATES * sum(t.numel for t in part) * DType.FP32.bytes + len(part) * STEP_BYTES
+            for part in parts
+        ]
+        rank = state_bytes.index(max(state_bytes))
+    return predict_rank_states(arch, setup, world_size, rank, precision, optimizer)

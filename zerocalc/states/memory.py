@@ -1,0 +1,367 @@
+"""Per-GPU bytes of model states (parameters, gradients, optimizer states) under each strategy.
+
+Model (ZeRO paper, Rajbhandari et al. 2020, section 5, Figure 1 and Table 1): with Ψ parameters, N
+data-parallel ranks, b_p bytes per compute parameter, b_g per gradient and K bytes of optimizer state,
+
+==============================  ========  ========  ========
+strategy                        params    grads     optimizer
+==============================  ========  ========  ========
+DDP (FSDP NO_SHARD)             b_p·Ψ     b_g·Ψ     K·Ψ
+ZeRO-1 (P_os)                   b_p·Ψ     b_g·Ψ     K·Ψ/N
+ZeRO-2, FSDP SHARD_GRAD_OP      b_p·Ψ     b_g·Ψ/N   K·Ψ/N
+ZeRO-3, FSDP FULL_SHARD         b_p·Ψ/N   b_g·Ψ/N   K·Ψ/N
+FSDP HYBRID_SHARD               b_p·Ψ/g   b_g·Ψ/g   K·Ψ/g
+==============================  ========  ========  ========
+
+A shard is whole elements: the largest rank holds ceil(Ψ/d) of a tensor split over d ranks, and the
+figures are that rank's. Offload follows ZeRO-Offload (Ren et al. 2021, section 4): the optimizer step
+runs on the host, so the fp32 states *and the gradient partitions* it consumes leave the GPU (gradients
+only where they are partitioned, i.e. ZeRO-2/3); ZeRO-Infinity (Rajbhandari et al. 2021) adds NVMe for
+optimizer states and parameters under ZeRO-3. Bytes are exact integers.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from fractions import Fraction
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from zerocalc.base.dtypes import DType
+from zerocalc.base.units import ceil_div, plural
+from zerocalc.model.architecture import ParameterCount
+from zerocalc.network.cluster import Cluster, RankGroup
+from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerName, OptimizerSpec
+from zerocalc.parallel.precision import RECIPES, PrecisionName, PrecisionRecipe
+from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName
+from zerocalc.request.training import TrainingRequest
+
+SCHEMA_VERSION = 2
+
+
+class Location(StrEnum):
+    GPU = "gpu"
+    CPU = "cpu"
+    NVME = "nvme"
+
+
+class StateKind(StrEnum):
+    PARAMS = "params"
+    GRADS = "grads"
+    GRAD_ACCUM = "grad_accum"
+    OPTIMIZER = "optimizer"
+
+
+class StateShard(BaseModel):
+    """One kind of model state as held by the largest rank."""
+
+    kind: StateKind
+    location: Location
+    shard_ranks: int = Field(description="d: ranks the state is partitioned over (1 = replicated)")
+    elements: int = Field(description="parameter elements this rank holds: ceil(Ψ/d)")
+    padding_elements: int = Field(description="d·ceil(Ψ/d) − Ψ: elements added so every shard is equal")
+    bytes: int
+    parts: dict[str, int] = Field(description="bytes of each tensor making up this state")
+
+
+class StrategyMemory(BaseModel):
+    strategy: StrategyName
+    title: str
+    states: list[StateShard]
+    gpu_bytes: int = Field(description="model-state bytes on each GPU")
+    cpu_bytes_per_gpu: int
+    nvme_bytes_per_gpu: int
+    cpu_bytes_per_node: int
+    nvme_bytes_per_node: int
+    fraction_of_ddp: float = Field(description="gpu_bytes / DDP's gpu_bytes for the same recipe")
+    fits: bool | None = Field(default=None, description="gpu_bytes <= states_capacity_bytes, when given")
+    headroom_bytes: int | None = Field(
+        default=None, description="states_capacity_bytes − gpu_bytes, when a GPU memory is given"
+    )
+
+    def bytes_of(self, kind: StateKind) -> int:
+        """Bytes of one state kind on this rank's GPU (0 when offloaded or absent)."""
+        return sum(s.bytes for s in self.states if s.kind is kind and s.location is Location.GPU)
+
+
+class BytesPerParameter(BaseModel):
+    """The recipe in the ZeRO paper's notation."""
+
+    b_p: int = Field(description="bytes per compute parameter")
+    b_g: int = Field(description="bytes per gradient")
+    k: float = Field(description="K: optimizer-state bytes per parameter (master copy included)")
+    grad_accum: int = Field(
+        description="bytes per parameter of an fp32 gradient-accumulation buffer (0: none)"
+    )
+
+
+class MemoryRequest(BaseModel):
+    """The request as the model-state estimate echoes it in its JSON."""
+
+    model_config = ConfigDict(frozen=True)
+
+    params: int = Field(gt=0, description="Ψ: parameter count")
+    cluster: Cluster
+    precision: PrecisionName
+    optimizer: OptimizerName
+    fp32_grad_accum: bool
+    offload_optimizer: OffloadTarget
+    offload_params: OffloadTarget
+    strategies: tuple[StrategyName, ...]
+    gpu_memory_bytes: int | None = Field(default=None, ge=0, description="what PyTorch sees of one GPU")
+    context_bytes: int = Field(description="held outside the caching allocator (CUDA context, NCCL, kernels)")
+    states_capacity_bytes: int | None = Field(
+        default=None, description="gpu_memory_bytes − context_bytes: what model states are compared with"
+    )
+
+    @classmethod
+    def of(cls, request: TrainingRequest) -> MemoryRequest:
+        return cls(
+            params=request.model.params,
+            cluster=request.cluster,
+            precision=request.precision,
+            optimizer=request.optimizer,
+            fp32_grad_accum=request.fp32_grad_accum,
+            offload_optimizer=request.offload_optimizer,
+            offload_params=request.offload_params,
+            strategies=request.strategies,
+            gpu_memory_bytes=request.gpu_memory_bytes,
+            context_bytes=request.runtime.context_bytes,
+            states_capacity_bytes=request.states_capacity_bytes,
+        )
+
+
+class ModelSummary(BaseModel):
+    """The architecture Ψ came from, when the user named a model."""
+
+    name: str
+    title: str | None = None
+    parameter_count: ParameterCount
+
+
+class GpuSummary(BaseModel):
+    name: str
+    title: str
+    memory_bytes: int = Field(description="as nvidia-smi reports it")
+    usable_bytes: int = Field(description="what PyTorch sees: torch.cuda.mem_get_info's total")
+    context_bytes: int = Field(description="held outside the caching allocator at world size 1")
+
+
+class MemoryEstimate(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    request: MemoryRequest
+    model: ModelSummary | None = None
+    gpu: GpuSummary | None = None
+    bytes_per_parameter: BytesPerParameter
+    assumptions: list[str]
+    notes: list[str] = Field(default_factory=list)
+    strategies: list[StrategyMemory]
+
+    def row(self, name: StrategyName | str) -> StrategyMemory:
+        key = StrategyName(name)
+        return next(r for r in self.strategies if r.strategy is key)
+
+
+def optimizer_bytes_per_parameter(recipe: PrecisionRecipe, optimizer: OptimizerSpec) -> Fraction:
+    """K: master copy plus optimizer states per parameter, exactly (block scales as a fraction)."""
+    k = Fraction(recipe.master_dtype.bytes if recipe.master_dtype else 0)
+    for state in optimizer.states:
+        dtype = state.dtype or recipe.optimizer_state_dtype
+        k += Fraction(dtype.bytes, state.block_size or 1)
+    return k
+
+
+def _optimizer_parts(n: int, recipe: PrecisionRecipe, optimizer: OptimizerSpec) -> dict[str, int]:
+    parts: dict[str, int] = {}
+    if recipe.master_dtype is not None:
+        parts[f"master_{recipe.master_dtype.value}"] = n * recipe.master_dtype.bytes
+    parts.update(optimizer.state_bytes(n, recipe))
+    return parts
+
+
+def _shard(
+    kind: StateKind,
+    group: RankGroup | None,
+    location: Location,
+    request: TrainingRequest,
+    parts_for: dict[str, DType] | None = None,
+    recipe: PrecisionRecipe | None = None,
+    optimizer: OptimizerSpec | None = None,
+) -> StateShard:
+    d = request.cluster.group_size(group)
+    psi = request.model.params
+    n = ceil_div(psi, d)
+    if parts_for is not None:
+        parts = {name: n * dtype.bytes for name, dtype in parts_for.items()}
+    else:
+        assert recipe is not None and optimizer is not None
+        parts = _optimizer_parts(n, recipe, optimizer)
+    return StateShard(
+        kind=kind,
+        location=location,
+        shard_ranks=d,
+        elements=n,
+        padding_elements=n * d - psi,
+        bytes=sum(parts.values()),
+        parts=parts,
+    )
+
+
+_LOCATION = {
+    OffloadTarget.NONE: Location.GPU,
+    OffloadTarget.CPU: Location.CPU,
+    OffloadTarget.NVME: Location.NVME,
+}
+
+
+def strategy_states(strategy: Strategy, request: TrainingRequest) -> list[StateShard]:
+    """The model states one rank holds under ``strategy``: pure function of the request."""
+    recipe = RECIPES[request.precision]
+    optimizer = OPTIMIZERS[request.optimizer]
+    offload_opt = request.offload_optimizer
+    # ZeRO-Offload: with the optimizer on the host, partitioned gradients go there too (fp32 grads
+    # are produced on the host from them); replicated ZeRO-1 gradients stay on the GPU.
+    grads_on_host = offload_opt is not OffloadTarget.NONE and strategy.grads is not None
+    grad_location = Location.CPU if grads_on_host else Location.GPU
+    states = [
+        _shard(
+            StateKind.PARAMS,
+            strategy.params,
+            _LOCATION[request.offload_params],
+            request,
+            parts_for={f"params_{recipe.param_dtype.value}": recipe.param_dtype},
+        ),
+        _shard(
+            StateKind.GRADS,
+            strategy.grads,
+            grad_location,
+            request,
+            parts_for={f"grads_{recipe.grad_dtype.value}": recipe.grad_dtype},
+        ),
+    ]
+    if request.fp32_grad_accum:
+        states.append(
+            _shard(
+                StateKind.GRAD_ACCUM,
+                strategy.grads,
+                grad_location,
+                request,
+                parts_for={"grad_accum_fp32": DType.FP32},
+            )
+        )
+    states.append(
+        _shard(
+            StateKind.OPTIMIZER,
+            strategy.optimizer,
+            _LOCATION[offload_opt],
+            request,
+            recipe=recipe,
+            optimizer=optimizer,
+        )
+    )
+    return states
+
+
+def _bytes_at(states: list[StateShard], location: Location) -> int:
+    return sum(s.bytes for s in states if s.location is location)
+
+
+def ddp_baseline_gpu_bytes(request: TrainingRequest) -> int:
+    """DDP's model states on one GPU for the same recipe, without offload (the "vs DDP" denominator)."""
+    baseline = request.model_copy(
+        update={"offload_optimizer": OffloadTarget.NONE, "offload_params": OffloadTarget.NONE}
+    )
+    return _bytes_at(strategy_states(STRATEGIES[StrategyName.DDP], baseline), Location.GPU)
+
+
+def strategy_memory(strategy: Strategy, request: TrainingRequest, ddp_gpu_bytes: int) -> StrategyMemory:
+    """One strategy's row: its states, where they are, and whether they fit."""
+    states = strategy_states(strategy, request)
+    gpu = _bytes_at(states, Location.GPU)
+    cpu = _bytes_at(states, Location.CPU)
+    nvme = _bytes_at(states, Location.NVME)
+    fits = headroom = None
+    capacity = request.states_capacity_bytes
+    if capacity is not None:
+        headroom = capacity - gpu
+        fits = headroom >= 0
+    per_node = request.cluster.ranks_per_node
+    return StrategyMemory(
+        strategy=strategy.name,
+        title=strategy.title,
+        states=states,
+        gpu_bytes=gpu,
+        cpu_bytes_per_gpu=cpu,
+        nvme_bytes_per_gpu=nvme,
+        cpu_bytes_per_node=cpu * per_node,
+        nvme_bytes_per_node=nvme * per_node,
+        fraction_of_ddp=gpu / ddp_gpu_bytes,
+        fits=fits,
+        headroom_bytes=headroom,
+    )
+
+
+def strategy_row(request: TrainingRequest) -> StrategyMemory:
+    """:func:`evaluate_memory`'s row of the request's first strategy (the same functions), without the rest
+    of the estimate: what ``zerocalc plan`` needs of each candidate."""
+    return strategy_memory(STRATEGIES[request.strategies[0]], request, ddp_baseline_gpu_bytes(request))
+
+
+def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
+    """Model states per GPU of every strategy of a validated request (pure)."""
+    recipe = RECIPES[request.precision]
+    optimizer = OPTIMIZERS[request.optimizer]
+    ddp_gpu_bytes = ddp_baseline_gpu_bytes(request)
+    rows = [strategy_memory(STRATEGIES[name], request, ddp_gpu_bytes) for name in request.strategies]
+
+    cluster = request.cluster
+    k = optimizer_bytes_per_parameter(recipe, optimizer)
+    bpp = BytesPerParameter(
+        b_p=recipe.param_dtype.bytes,
+        b_g=recipe.grad_dtype.bytes,
+        k=float(k),
+        grad_accum=DType.FP32.bytes if request.fp32_grad_accum else 0,
+    )
+    assumptions = [
+        f"Ψ = {request.model.params:,} parameters; N = {plural(cluster.world_size, 'GPU')}, "
+        f"g = {cluster.ranks_per_node} per node ({plural(cluster.nodes, 'node')})",
+        f"{recipe.name.value}: {recipe.note}",
+        optimizer.assumption,
+    ]
+    if request.fp32_grad_accum:
+        assumptions.append(
+            "fp32 gradient-accumulation buffer: 4 bytes per parameter, sharded like the gradients "
+            "(Ultra-Scale Playbook: 2 + 2 + 12 + 4 bytes per parameter)"
+        )
+    if request.offload_optimizer is not OffloadTarget.NONE:
+        assumptions.append(
+            f"optimizer offload to {request.offload_optimizer.value} (ZeRO-Offload, Ren et al. 2021; "
+            "ZeRO-Infinity for NVMe): master copy and optimizer states move off the GPU, and so do "
+            "partitioned gradients, which the host-side optimizer step consumes"
+        )
+    if request.offload_params is not OffloadTarget.NONE:
+        assumptions.append(
+            f"parameter offload to {request.offload_params.value} (ZeRO-Infinity, Rajbhandari et al. 2021): "
+            "the ZeRO-3 parameter partition lives off the GPU and is fetched layer by layer"
+        )
+    model = request.model
+    gpu = request.gpu
+    return MemoryEstimate(
+        request=MemoryRequest.of(request),
+        model=None
+        if model.parameter_count is None
+        else ModelSummary(name=model.name or "", title=model.title, parameter_count=model.parameter_count),
+        gpu=None
+        if gpu is None
+        else GpuSummary(
+            name=gpu.name,
+            title=gpu.title,
+            memory_bytes=gpu.memory_bytes,
+            usable_bytes=gpu.usable_bytes,
+            context_bytes=gpu.context_bytes,
+        ),
+        bytes_per_parameter=bpp,
+        assumptions=assumptions,
+        notes=list(request.strategy_notes),
+        strategies=rows,
+    )
