@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from zerocalc.base.errors import keyword, with_names
 from zerocalc.request.training import parse_options
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def estimate_memory(
         gpu=gpu,
         reserve=reserve,
     )
-    return evaluate_memory(request)
+    return with_names(evaluate_memory(request), keyword)
 
 
 def estimate_peak(
@@ -133,7 +134,7 @@ def estimate_peak(
         zeropp=zeropp,
         expandable_segments=expandable_segments,
     )
-    return evaluate_peak(request)
+    return with_names(evaluate_peak(request), keyword)
 
 
 def estimate_comm(
@@ -196,4 +197,4 @@ def estimate_comm(
         tokens_per_step=tokens_per_step,
         tflops=tflops,
     )
-    return evaluate_comm(request)
+    return with_names(evaluate_comm(request), keyword)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([a-z][a-z0-9_]*)\}")
 
@@ -27,6 +28,44 @@ def why_not(exc: Exception) -> str:
     return getattr(exc, "strerror", None) or str(exc)
 
 
+def render(template: str, name_of: Callable[[str], str]) -> str:
+    """``template`` with each ``{concept}`` replaced by ``name_of(concept)`` and ``{{``/``}}`` unescaped."""
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(1) is None:
+            return match.group(0)[0]  # an escaped brace
+        return name_of(match.group(1))
+
+    return _PLACEHOLDER.sub(replace, template)
+
+
+def keyword(concept: str) -> str:
+    """A concept as the library names it: its keyword (``gpus_per_node``)."""
+    return concept
+
+
+ResultT = TypeVar("ResultT")
+
+
+def with_names(result: ResultT, name_of: Callable[[str], str]) -> ResultT:
+    """A result whose ``notes`` (templates naming inputs by concept, like an :class:`InputError`'s), its own
+    and those of the results it holds, are rendered with ``name_of``: flags for the CLI, keywords for the
+    library."""
+    fields = getattr(type(result), "model_fields", None)
+    if fields is None:
+        return result
+    changes: dict[str, Any] = {}
+    for name in fields:
+        value = getattr(result, name)
+        if name == "notes" and isinstance(value, list):
+            changes[name] = [render(note, name_of) for note in value]
+        elif hasattr(type(value), "model_fields"):
+            named = with_names(value, name_of)
+            if named is not value:
+                changes[name] = named
+    return result.model_copy(update=changes) if changes else result  # type: ignore[attr-defined]
+
+
 class InputError(ValueError):
     """A user-supplied value is not accepted. The message names the value and what is accepted."""
 
@@ -36,13 +75,7 @@ class InputError(ValueError):
 
     def render(self, name_of: Callable[[str], str]) -> str:
         """The message with each ``{concept}`` replaced by ``name_of(concept)`` (e.g. a CLI flag)."""
-
-        def replace(match: re.Match[str]) -> str:
-            if match.group(1) is None:
-                return match.group(0)[0]  # an escaped brace
-            return name_of(match.group(1))
-
-        return _PLACEHOLDER.sub(replace, self.template)
+        return render(self.template, name_of)
 
     def __str__(self) -> str:
-        return self.render(lambda name: name)
+        return self.render(keyword)

@@ -7,15 +7,34 @@ parser or the core) becomes one line on stderr and exit code 2. Core messages na
 
 from __future__ import annotations
 
+import codecs
+import os
 import sys
 from typing import Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from zerocalc.base.errors import InputError
+from zerocalc.base.errors import InputError, why_not
 
 EXIT_BAD_INPUT = 2
+EXIT_OUTPUT_FAILED = 1
+"""Standard output could not be written (a full disk, a closed descriptor): nothing usable was written."""
+
+MIN_COLUMNS = 60
+"""Below this width no table of numbers fits whole; a narrower ``COLUMNS`` (0, 1…59, text) is taken as
+:data:`DEFAULT_COLUMNS`."""
+DEFAULT_COLUMNS = 80
+"""The width every table is designed for."""
+
+ASCII_FALLBACKS = {
+    "Ψ": "Psi", "α": "alpha", "β": "beta", "Σ": "Sum", "µ": "u", "μ": "u", "·": "*", "×": "x",
+    "→": "->", "←": "<-", "≤": "<=", "≥": ">=", "≈": "~", "−": "-", "–": "-", "—": "-", "…": "...",
+    "²": "^2", "³": "^3", "§": "sec.", "⏎": "|", "✓": "ok", "✗": "x", "’": "'", "“": '"',
+    "”": '"', "\u00a0": " ",
+}  # fmt: skip
+"""How a symbol is written where the output's encoding cannot represent it (``PYTHONIOENCODING=ascii``, a
+C locale); anything else not representable becomes ``?``."""
 
 _FLAGS = {"strategies": "--strategy", "frameworks": "--framework"}
 """Concepts whose flag is not ``--`` + the concept with ``-`` for ``_``."""
@@ -24,6 +43,50 @@ _FLAGS = {"strategies": "--strategy", "frameworks": "--framework"}
 def flag(concept: str) -> str:
     """The command-line flag of a request concept (``gpus_per_node`` → ``--gpus-per-node``)."""
     return _FLAGS.get(concept, "--" + concept.replace("_", "-"))
+
+
+def _ascii_fallback(error: UnicodeError) -> tuple[str, int]:
+    """The ``zerocalc-fallback`` codec error handler: :data:`ASCII_FALLBACKS`, else ``?``."""
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    bad = error.object[error.start : error.end]
+    return "".join(ASCII_FALLBACKS.get(char, "?") for char in bad), error.end
+
+
+codecs.register_error("zerocalc-fallback", _ascii_fallback)
+
+
+def _prepare_output() -> str | None:
+    """Make standard output safe to write: symbols its encoding lacks are written in ASCII, and a
+    ``COLUMNS`` narrower than :data:`MIN_COLUMNS` (or not a number) is taken as :data:`DEFAULT_COLUMNS`.
+    Returns why nothing can be written (standard output closed), or None."""
+    columns = os.environ.get("COLUMNS")
+    if columns is not None and not (columns.strip().isdigit() and int(columns) >= MIN_COLUMNS):
+        os.environ["COLUMNS"] = str(DEFAULT_COLUMNS)
+    for stream in (sys.stdout, sys.stderr):
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        try:
+            "Ψµ·×→".encode(encoding)
+        except (UnicodeEncodeError, LookupError):
+            reconfigure = getattr(stream, "reconfigure", None)
+            if reconfigure is not None:
+                reconfigure(errors="zerocalc-fallback")
+    if sys.stdout is None or getattr(sys.stdout, "closed", False):
+        return "standard output is closed"
+    return None
+
+
+def _output_failed(exc: OSError) -> int:
+    """Standard output could not be written: one line on stderr (none for a reader that stopped reading,
+    ``| head``), exit code :data:`EXIT_OUTPUT_FAILED`; later writes go nowhere."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
+    except (OSError, ValueError, AttributeError):
+        pass
+    if not isinstance(exc, BrokenPipeError):
+        typer.echo(f"zerocalc: error: cannot write the output ({why_not(exc)})", err=True)
+    return EXIT_OUTPUT_FAILED
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
@@ -90,11 +153,18 @@ class OneLineErrorGroup(TyperGroup):
         standalone_mode: bool = True,
         **extra: Any,
     ) -> Any:
+        closed = _prepare_output()
+        if closed is not None:
+            typer.echo(f"zerocalc: error: {closed}; accepted: a terminal, file or pipe to write to", err=True)
+            if standalone_mode:
+                sys.exit(EXIT_OUTPUT_FAILED)
+            return EXIT_OUTPUT_FAILED
         try:
             result = super().main(
                 args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra
             )
             code = result if isinstance(result, int) else 0
+            sys.stdout.flush()  # a full disk or a closed pipe is reported here, not at interpreter exit
         except InputError as exc:
             code = fail(exc.render(flag)).exit_code
         except typer.TyperException as exc:  # Click-level usage errors (typer >= 0.29 vendors Click)
@@ -110,6 +180,8 @@ class OneLineErrorGroup(TyperGroup):
             code = 130
         except typer.Exit as exc:
             code = exc.exit_code
+        except OSError as exc:  # writing standard output: every file the commands read or write is checked
+            code = _output_failed(exc)
         if standalone_mode:
             sys.exit(code)
         return code

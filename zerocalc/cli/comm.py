@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from zerocalc.base.errors import with_names
 from zerocalc.base.units import (
     ByteUnit,
     format_bandwidth,
@@ -15,7 +16,7 @@ from zerocalc.base.units import (
     plural,
 )
 from zerocalc.cli import options as opt
-from zerocalc.cli.base import PlainTextCommand, app
+from zerocalc.cli.base import PlainTextCommand, app, flag
 from zerocalc.cli.render import (
     COLLECTIVE_LEGEND,
     byte_cell,
@@ -121,7 +122,7 @@ def comm(
             tflops=tflops,
         )
     )
-    estimate = evaluate_comm(request)
+    estimate = with_names(evaluate_comm(request), flag)
     if json:
         print_json(estimate)
     else:

@@ -6,9 +6,10 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from zerocalc.base.errors import with_names
 from zerocalc.base.units import ByteUnit, format_count, parse_byte_unit
 from zerocalc.cli import options as opt
-from zerocalc.cli.base import PlainTextCommand, app
+from zerocalc.cli.base import PlainTextCommand, app, flag
 from zerocalc.cli.render import Column, byte_cell, byte_text, console, print_fitted, print_json, unit_label
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ def memory(
         if request.framework.value != "paper":  # the framework's own accounting of Ψ
             from zerocalc.peak.evaluate import evaluate
 
-            report = evaluate(request)
+            report = with_names(evaluate(request), flag)
             if json:
                 import json as jsonlib
 
@@ -114,7 +115,7 @@ def memory(
         else:
             from zerocalc.states.memory import evaluate_memory
 
-            estimate = evaluate_memory(request)
+            estimate = with_names(evaluate_memory(request), flag)
             if json:
                 print_json(estimate)
                 return
@@ -125,7 +126,7 @@ def memory(
         return
     from zerocalc.peak.evaluate import evaluate_peak
 
-    report = evaluate_peak(request)
+    report = with_names(evaluate_peak(request), flag)
     if json:
         import json as jsonlib
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from functools import lru_cache
 from typing import TYPE_CHECKING, Literal, NamedTuple
@@ -14,17 +15,34 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 
-@lru_cache(maxsize=1)
 def console() -> Console:
+    """The console commands print on: COLUMNS wide, else the terminal's width, else 80 columns (Rich's
+    rule); a width below ``MIN_COLUMNS``, where no table of numbers fits whole, is taken as 80, the width
+    the tables are designed for."""
+    return _console(os.environ.get("COLUMNS"))
+
+
+@lru_cache(maxsize=4)
+def _console(columns: str | None) -> Console:
     from rich.console import Console
 
-    # A terminal's width, else COLUMNS, else 80 columns (Rich's rule): tables are designed for 80.
-    return Console(highlight=False)
+    from zerocalc.cli.base import DEFAULT_COLUMNS, MIN_COLUMNS
+
+    out = Console(highlight=False)
+    return out if out.width >= MIN_COLUMNS else Console(highlight=False, width=DEFAULT_COLUMNS)
 
 
 def print_json(model: BaseModel) -> None:
-    """Write a pydantic result as JSON on stdout (no Rich markup, so programs can parse it)."""
-    sys.stdout.write(model.model_dump_json(indent=2) + "\n")
+    """Write a pydantic result as JSON on stdout (no Rich markup, so programs can parse it); where the
+    output's encoding lacks a character, as a ``\\u`` escape (the same JSON value)."""
+    text = model.model_dump_json(indent=2)
+    try:
+        text.encode(sys.stdout.encoding or "utf-8")
+    except (UnicodeEncodeError, LookupError):
+        import json
+
+        text = json.dumps(json.loads(text), indent=2, ensure_ascii=True)
+    sys.stdout.write(text + "\n")
 
 
 def unit_label(unit: ByteUnit) -> str:

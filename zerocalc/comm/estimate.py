@@ -428,6 +428,11 @@ def _ddp_reference(request: TrainingRequest, layout: Layout) -> int | None:
     return strategy_comm(StrategyName.DDP, reference, None, layout).total_bytes_per_gpu or None
 
 
+def _escaped(text: str | None) -> str:
+    """A name the user typed, inside a note (a template: its braces are doubled)."""
+    return str(text).replace("{", "{{").replace("}", "}}")
+
+
 def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -> list[str]:
     notes = []
     cluster = request.cluster
@@ -437,21 +442,21 @@ def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -
     used = any(c.bandwidth_source is BandwidthSource.CALIBRATION for row in rows for c in row.collectives)
     if calibration is not None and not used and cluster.world_size > 1:
         notes.append(
-            f"calibration {request.calibration_name} ({plural(calibration.nodes, 'node')} × "
+            f"calibration {_escaped(request.calibration_name)} ({plural(calibration.nodes, 'node')} × "
             f"{plural(calibration.gpus_per_node, 'rank')}) covers none of these collectives and groups: "
             "every time uses the link figures below"
         )
     if request.framework not in (Framework.PAPER, Framework.MEGATRON) and not layout.from_architecture:
         notes.append(
-            "without --model the model is one flat array of Ψ elements: bytes that depend on Ψ alone are "
+            "without {model} the model is one flat array of Ψ elements: bytes that depend on Ψ alone are "
             "exact; call counts (units, buckets, parameters), the root unit's rule, per-unit and "
-            "per-parameter padding and DeepSpeed's persistent parameters need --model"
+            "per-parameter padding and DeepSpeed's persistent parameters need {model}"
         )
     if request.grad_sync is not None:
         for row in rows:
             if row.grad_sync is not request.grad_sync:
                 notes.append(
-                    f"{row.title}: grad-sync {request.grad_sync.value} does not apply "
+                    f"{row.title}: {{grad_sync}} {request.grad_sync.value} does not apply "
                     f"({row.grad_sync_reason})"
                 )
     _, zeropp_notes = active_features(frozenset(request.zeropp), cluster)

@@ -212,7 +212,7 @@ def _notes(request: TrainingRequest) -> list[str]:
         )
     if request.buffers.wrap is Wrap.MODEL:
         notes.append(
-            "--wrap model gathers the whole model at once: "
+            "{wrap} model gathers the whole model at once: "
             "ZeRO-3's parameter sharding saves nothing at the peak"
         )
     if request.grad_accum > 1:
@@ -222,12 +222,12 @@ def _notes(request: TrainingRequest) -> list[str]:
         )
     if request.activations.recompute is Recompute.SELECTIVE and flash_attention_used(request):
         notes.append(
-            "--recompute selective drops attention's s²-sized tensors; flash attention keeps none, so it "
+            "{recompute} selective drops attention's s²-sized tensors; flash attention keeps none, so it "
             "changes nothing here"
         )
     if request.gpu is None:
         notes.append(
-            "no --gpu: the runtime figures (context, NCCL, cuBLAS workspaces) are the "
+            "no {gpu}: the runtime figures (context, NCCL, cuBLAS workspaces) are the "
             f"{request.runtime.title}'s"
         )
     return notes

@@ -35,7 +35,7 @@ from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, ParameterCount, count_parameters
 from zerocalc.model.model_impl import ModelImplName
 from zerocalc.network.calibration import Calibration
-from zerocalc.network.cluster import DEFAULT_GPUS_PER_NODE, Cluster
+from zerocalc.network.cluster import DEFAULT_GPUS_PER_NODE, Cluster, RankGroup
 from zerocalc.network.links import (
     DEFAULT_DETAIL,
     DEFAULT_INTER_NODE_BUSBW,
@@ -588,6 +588,13 @@ def _strategy_names(text: str | list[str] | tuple[str, ...] | None) -> tuple[Str
     return tuple(dict.fromkeys(strategy_named(part).name for part in parts))
 
 
+_GROUP_WORDS = {
+    RankGroup.WORLD: "the world",
+    RankGroup.NODE: "each node",
+    RankGroup.ACROSS_NODES: "groups of one rank per node",
+}
+
+
 def offload_problem(strategy: Strategy, request: TrainingRequest) -> str | None:
     """Why ``strategy`` cannot do the requested offload, or None."""
     if (
@@ -600,9 +607,15 @@ def offload_problem(strategy: Strategy, request: TrainingRequest) -> str | None:
         request.offload_params is not OffloadTarget.NONE
         and request.offload_params not in strategy.param_offload
     ):
+        if strategy.params is None:
+            return (
+                f"{{offload_params}} {request.offload_params.value}: {strategy.title} keeps whole parameters "
+                "on every GPU; only zero3 can offload parameters"
+            )
         return (
-            f"{{offload_params}} {request.offload_params.value}: {strategy.title} keeps whole parameters on "
-            "every GPU; only zero3 can offload parameters"
+            f"{{offload_params}} {request.offload_params.value}: {strategy.title} shards parameters within "
+            f"{_GROUP_WORDS[strategy.params]}, and parameter offload is modelled for zero3 only (DeepSpeed "
+            "offload_param)"
         )
     return None
 

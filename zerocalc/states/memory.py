@@ -154,7 +154,11 @@ class MemoryEstimate(BaseModel):
     gpu: GpuSummary | None = None
     bytes_per_parameter: BytesPerParameter
     assumptions: list[str]
-    notes: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(
+        default_factory=list,
+        description="each naming inputs by concept ({gpus}), as InputError messages do: the CLI shows flags, "
+        "the library keywords (errors.with_names)",
+    )
     strategies: list[StrategyMemory]
 
     def row(self, name: StrategyName | str) -> StrategyMemory:

@@ -1,0 +1,162 @@
+"""Defects a new user hit (issue 32), one parametrised test each: every case fails on the code before its
+fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from zerocalc.cli import app
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m zerocalc ARGS`` in a process of its own (real standard streams), this checkout first."""
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    return subprocess.run(
+        [sys.executable, "-m", "zerocalc", *args], capture_output=True, text=True, env=environ, timeout=120
+    )
+
+
+def _one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("zerocalc: error: "), stderr
+    return lines[0]
+
+
+# ------------------------------------------------------------------ 1. COLUMNS=0 / 1…20: a sane width
+@pytest.mark.parametrize("columns", ["0", "1", "20", "59", "abc"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["memory", "--params", "7B", "--gpus", "8", "--gpu", "h100-80gb"],
+        ["comm", "--params", "7B", "--gpus", "16"],
+        ["presets", "list"],
+    ],
+)
+def test_narrow_or_zero_columns_print_whole_tables(args: list[str], columns: str) -> None:
+    result = runner.invoke(app, args, env={"COLUMNS": columns})
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip(), "printed nothing"
+    assert "…" not in result.stdout  # no number (nor header) cut
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+
+
+def test_check_at_zero_columns_prints_its_verdict(tmp_path: Path) -> None:
+    """``check`` under a CI job's COLUMNS=0: a table and the count line, never exit 0 having printed
+    nothing (one scenario, copied, to keep it short)."""
+    presets = ROOT / "presets"
+    for folder in ("scenarios", "expected"):
+        (tmp_path / folder).mkdir()
+    name = "gpt2-xl-2x4090"
+    for folder, suffix in (("scenarios", ".toml"), ("expected", ".json")):
+        (tmp_path / folder / f"{name}{suffix}").write_bytes(
+            (presets / folder / f"{name}{suffix}").read_bytes()
+        )
+    result = runner.invoke(app, ["check", str(tmp_path)], env={"COLUMNS": "0"})
+    assert result.exit_code == 0, result.output
+    assert name in result.stdout and "1 of 1 scenario match" in result.stdout
+
+
+# -------------------------------------------------- 4. notes name flags (CLI) or keywords (library)
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["--gpus", "10", "-g", "8"],
+            "HYBRID_SHARD left out: --gpus 10 is not a multiple of --gpus-per-node 8",
+        ),
+        (["--gpus", "8", "--offload-params", "cpu"], "HYBRID_SHARD shards parameters within each node"),
+        (["--gpus", "8", "--offload-params", "cpu"], "DDP left out: --offload-params cpu: DDP keeps whole"),
+    ],
+)
+def test_notes_render_flags_not_templates(args: list[str], expected: str) -> None:
+    result = runner.invoke(app, ["memory", "--params", "7B", *args], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "{" not in result.stdout and expected in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("keywords", "expected"),
+    [
+        ({"gpus": 10, "gpus_per_node": 8}, "gpus 10 is not a multiple of gpus_per_node 8"),
+        ({"gpus": 8, "offload_params": "cpu"}, "offload_params cpu: HYBRID_SHARD shards parameters"),
+    ],
+)
+def test_library_notes_name_keywords(keywords: dict[str, object], expected: str) -> None:
+    from zerocalc import estimate_memory
+
+    notes = estimate_memory("7B", **keywords).notes  # type: ignore[arg-type]
+    assert any(expected in note for note in notes), notes
+    assert not any("{" in note for note in notes)
+
+
+def test_peak_notes_name_flags() -> None:
+    result = runner.invoke(app, ["memory", "--model", "gpt2", "--gpus", "2", "--wrap", "model"])
+    assert result.exit_code == 0, result.output
+    assert "--wrap model gathers" in result.stdout and "no --gpu:" in result.stdout
+    assert "{" not in result.stdout
+
+
+# --------------------------------------------------------------------- 5. output errors, encodings
+MEMORY_7B = ["memory", "--params", "7B", "--gpus", "8"]
+
+
+@pytest.mark.parametrize(
+    "args", [MEMORY_7B, [*MEMORY_7B, "--json"], ["comm", "--params", "7B", "--gpus", "8"]]
+)
+def test_full_disk_is_one_line_and_exit_1(args: list[str]) -> None:
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [sys.executable, "-m", "zerocalc", *args],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            timeout=120,
+        )
+    assert result.returncode == 1
+    assert "cannot write the output (No space left on device)" in _one_line(result.stderr)
+
+
+@pytest.mark.parametrize(
+    "args", [MEMORY_7B, ["memory", "--model", "gpt2"], ["comm", "--params", "7B", "-n", "8"]]
+)
+def test_closed_stdout_is_one_line_and_exit_1(args: list[str]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "zerocalc", *args],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+        pass_fds=(),
+        preexec_fn=lambda: os.close(1),
+    )
+    assert result.returncode == 1
+    assert "standard output is closed" in _one_line(result.stderr)
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_json_in_a_narrow_encoding_is_escaped_not_a_traceback(encoding: str) -> None:
+    result = _run([*MEMORY_7B, "--json"], PYTHONIOENCODING=encoding)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["assumptions"][0].startswith("Ψ = 7,000,000,000")  # the value itself, escaped as \u03a8
+
+
+@pytest.mark.parametrize(
+    ("args", "fallback"),
+    [(MEMORY_7B, "Psi = 7,000,000,000"), (["comm", "--params", "7B", "-n", "8"], "alpha = 20.0 us")],
+)
+def test_tables_in_ascii_write_symbols_in_ascii(args: list[str], fallback: str) -> None:
+    result = _run(args, PYTHONIOENCODING="ascii", COLUMNS="200")
+    assert result.returncode == 0, result.stderr
+    assert fallback in result.stdout and "Traceback" not in result.stderr
