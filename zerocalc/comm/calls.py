@@ -22,6 +22,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from zerocalc.base.errors import InputError
 from zerocalc.base.units import ceil_div
 from zerocalc.model.architecture import Architecture, ParamTensor, parameter_tensors
 from zerocalc.network.collectives import Collective
@@ -39,6 +40,11 @@ DEEPSPEED_PERSISTENCE_THRESHOLD = 100_000
 most this many elements are never released (``Init._convert_to_zero_parameters``: ``ds_persist``)."""
 DEEPSPEED_MAX_REUSE_DISTANCE = 1_000_000_000
 """DeepSpeed ``stage3_max_reuse_distance`` default (elements)."""
+
+MAX_FLAT_CALLS = 100_000
+"""The most calls one collective may be cut into when only Ψ is known (a flat array split at any element):
+each is a row of the per-unit output, and a 7B model in 1-byte buckets would be billions. With ``--model``
+the calls follow the tensors and are bounded by them."""
 
 T = TypeVar("T")
 Shape = tuple[int, ...]
@@ -251,6 +257,12 @@ def _owner_parts(layout: Layout, select: Select, world_size: int | None, ranks: 
     selected = layout.cached(_selected, select, world_size)
     if not layout.from_architecture:
         total = layout.numels[selected[0]]
+        if min(ranks, total) > MAX_FLAT_CALLS:
+            raise InputError(
+                f"{{gpus}} {ranks:,}: ZeroRedundancyOptimizer broadcasts a model known only by {{params}} in "
+                f"one call per rank, {min(ranks, total):,} calls; accepted: {{gpus}} up to "
+                f"{MAX_FLAT_CALLS:,}, or {{model}} NAME or config.json (one call per parameter)"
+            )
         shares = ((r, total // ranks + (r < total % ranks)) for r in range(ranks))
         return tuple((f"rank {r}", share, r) for r, share in shares if share)
     owned = zero1_owners([layout.numels[i] for i in selected], ranks)
@@ -281,6 +293,16 @@ def _ddp_parts(
     buckets: list[tuple[int, ...] | int] = []
     if not layout.from_architecture:
         left = sum(numels[i] for i in selected)
+        first, rest = (max(1, ceil_div(limit, b)) for limit in limits)
+        count = 1 if left <= first else 1 + ceil_div(left - first, rest)
+        if count > MAX_FLAT_CALLS:
+            smallest = ceil_div(left, MAX_FLAT_CALLS) * b
+            raise InputError(
+                f"{{ddp_bucket}} {bucket_bytes:,} bytes cuts a model known only by {{params}} ({left:,} "
+                f"elements of {b} bytes) into {count:,} buckets; accepted: {{ddp_bucket}} from {smallest}B "
+                f"(at most {MAX_FLAT_CALLS:,} buckets), or {{model}} NAME or config.json (buckets of "
+                "its tensors)"
+            )
         while left > 0:
             size = min(max(1, ceil_div(limits[min(len(buckets), 1)], b)), left)
             buckets.append(size)
@@ -311,6 +333,13 @@ def _deepspeed_parts(
     if not layout.from_architecture:
         left = sum(numels[i] for i in selected)
         cap = bucket or left
+        if ceil_div(left, cap) > MAX_FLAT_CALLS:
+            raise InputError(
+                f"{{reduce_bucket}} {bucket:,} elements cuts a model known only by {{params}} ({left:,} "
+                f"elements) into {ceil_div(left, cap):,} buckets; accepted: {{reduce_bucket}} from "
+                f"{ceil_div(left, MAX_FLAT_CALLS):,} elements (at most {MAX_FLAT_CALLS:,} buckets), 0 (one "
+                "bucket), or {model} NAME or config.json (buckets of its tensors)"
+            )
         return _buckets([min(cap, left - start) for start in range(0, left, cap)])
     buckets: list[tuple[int, ...] | int] = []
     current: list[int] = []

@@ -107,6 +107,11 @@ class LatentAttention(BaseModel):
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
+MAX_LAYERS = 512
+"""The deepest model accepted: four times the deepest published decoder (Llama 3.1 405B, 126 layers; PaLM
+540B, 118). A step's simulation grows faster than the layers (10 s at 512 layers on two cores)."""
+
+
 class Architecture(BaseModel):
     """A decoder-only transformer as its config describes it."""
 
@@ -115,7 +120,7 @@ class Architecture(BaseModel):
     name: str
     vocab_size: int = Field(gt=0, description="V")
     hidden_size: int = Field(gt=0, description="d")
-    num_layers: int = Field(gt=0, description="L")
+    num_layers: int = Field(gt=0, le=MAX_LAYERS, description="L")
     num_heads: int = Field(gt=0, description="a")
     num_kv_heads: int | None = Field(default=None, gt=0, description="key/value heads (GQA/MQA); a if unset")
     head_dim: int | None = Field(default=None, gt=0, description="d / a if unset")

@@ -37,7 +37,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from zerocalc.base.errors import InputError, why_not
-from zerocalc.model.architecture import Architecture, BlockLayout, LatentAttention, MlpKind, NormKind, QkNorm
+from zerocalc.model.architecture import (
+    MAX_LAYERS,
+    Architecture,
+    BlockLayout,
+    LatentAttention,
+    MlpKind,
+    NormKind,
+    QkNorm,
+)
 
 MAX_SIZE = 2**31 - 1
 """The largest whole number a size key may hold."""
@@ -45,6 +53,7 @@ MAX_SIZE = 2**31 - 1
 
 class KeyKind(StrEnum):
     SIZE = "a whole number from 1 to 2147483647"
+    LAYER_COUNT = f"a whole number of layers from 1 to {MAX_LAYERS}"
     COUNT = "a whole number from 0 to 2147483647"
     OPTIONAL_SIZE = "null or a whole number from 1 to 2147483647"
     FLAG = "true or false"
@@ -102,7 +111,7 @@ def _flag(default: bool) -> Key:
 CORE = {
     "vocab_size": _req(),
     "hidden_size": _req(),
-    "num_hidden_layers": _req(),
+    "num_hidden_layers": _req(KeyKind.LAYER_COUNT),
     "num_attention_heads": _req(),
 }
 """The sizes every family requires (with ``intermediate_size`` where the family has no default width)."""
@@ -368,7 +377,7 @@ _RECORDS = [
     Family(
         model_type="gpt2",
         follows="models/gpt2/modeling_gpt2.py: GPT2LMHeadModel (c_attn, c_proj, c_fc: Conv1D with biases)",
-        reads={"vocab_size": _req(), "n_embd": _req(), "n_layer": _req(), "n_head": _req(),
+        reads={"vocab_size": _req(), "n_embd": _req(), "n_layer": _req(KeyKind.LAYER_COUNT), "n_head": _req(),
                "n_positions": _req(), "n_inner": _opt(), "tie_word_embeddings": _flag(True)},
         aliases={"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
                  "max_position_embeddings": "n_positions"},  # GPT2Config.attribute_map
@@ -507,7 +516,9 @@ def _check(where: str, key: str, value: Any, kind: KeyKind) -> Any:
             return tuple(value)
     elif value is None and kind is KeyKind.OPTIONAL_SIZE:
         return None
-    elif _is_whole(value) and (0 if kind is KeyKind.COUNT else 1) <= value <= MAX_SIZE:
+    elif _is_whole(value) and (0 if kind is KeyKind.COUNT else 1) <= value <= (
+        MAX_LAYERS if kind is KeyKind.LAYER_COUNT else MAX_SIZE
+    ):
         return value
     raise InputError(f"{where}: {key} {_show(value)} is not accepted; accepted: {kind.value}")
 

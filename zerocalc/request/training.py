@@ -415,6 +415,11 @@ def _model(params: int | str | None, model: str | Architecture | None) -> ModelS
 
     architecture, preset = load_model(model)
     count = _counted(architecture)
+    if count.total > MAX_COUNT:
+        raise InputError(
+            f"{{model}} {shown(model)} has {count.total:,} parameters; accepted: a model of at most "
+            f"{MAX_COUNT:,}, as {{params}} accepts"
+        )
     return ModelSpec(
         params=count.total,
         name=architecture.name,
