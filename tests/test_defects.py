@@ -224,3 +224,39 @@ def test_a_model_beyond_the_params_bound_is_refused(tmp_path: Path) -> None:
     result = runner.invoke(app, ["memory", "--model", str(path)])
     assert result.exit_code == 2
     assert "accepted: a model of at most 10,000,000,000,000,000" in _one_line(result.stderr)
+
+
+# ---------------------------------------------- 7. bandwidths in a physical range, durations, headers
+@pytest.mark.parametrize("rate", ["1e-30GB/s", "0.5MB/s", "7bit/s", "2000TB/s"])
+@pytest.mark.parametrize("option", ["--intra-node-bw", "--inter-node-bw"])
+def test_bandwidth_outside_the_physical_range_is_refused(option: str, rate: str) -> None:
+    result = runner.invoke(app, ["comm", "--params", "7B", "--gpus", "16", option, rate])
+    assert result.exit_code == 2
+    assert "from 1 MB/s to 1 PB/s" in _one_line(result.stderr)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (54.46e-3, "54.46 ms"),
+        (2.5, "2.500 s"),
+        (90.0, "1.5 min"),
+        (6.8 * 3600, "6.8 h"),
+        (3 * 86_400, "3.0 d"),
+        (2.45e31, "2.8e+26 d"),  # 2.45e31 s / 86,400 s per day
+    ],
+)
+def test_durations_are_short(seconds: float, shown: str) -> None:
+    from zerocalc.base.units import format_seconds
+
+    assert format_seconds(seconds) == shown
+
+
+def test_slowest_link_keeps_headers_and_times_whole_at_80_columns() -> None:
+    """7B over 1 MB/s: an all_reduce of 2·7/8·14 GB = 24.5 GB (ring) takes 24,500 s = 6.8 h."""
+    args = ["comm", "--params", "7B", "--gpus", "8", "--intra-node-bw", "1MB/s", "-s", "ddp"]
+    result = runner.invoke(app, args, env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert any(line.split()[:3] == ["collective", "tensor", "group"] for line in lines if line.strip())
+    assert any(line.startswith("AR bwd") and line.endswith("6.8 h") for line in lines)

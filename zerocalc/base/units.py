@@ -186,6 +186,8 @@ def _canonical_byte_unit(unit: str) -> str | None:
 BANDWIDTH_ACCEPTED = "a rate with its unit, such as 450GB/s, 50 GB/s, 25GiB/s, 400Gbit/s or 400Gbps"
 MAX_BANDWIDTH = 1e15
 """The fastest link accepted: 1 PB/s per GPU (NVLink 5 is 0.9 TB/s per direction)."""
+MIN_BANDWIDTH = 1e6
+"""The slowest link accepted: 1 MB/s per GPU (8 Mbit/s, below any network a job trains over)."""
 
 
 def parse_bandwidth(text: str | float, what: str = "{bandwidth}") -> float:
@@ -218,10 +220,9 @@ def parse_bandwidth(text: str | float, what: str = "{bandwidth}") -> float:
             raise InputError(f"{what} {shown(text)} has an unknown unit; accepted: {BANDWIDTH_ACCEPTED}")
         number = _decimal(match["num"], what, BANDWIDTH_ACCEPTED, text)
         value = float(number * _BYTE_FACTORS[canonical] / (8 if bits else 1))
-    if value != value or not 0 < value <= MAX_BANDWIDTH:
+    if value != value or not MIN_BANDWIDTH <= value <= MAX_BANDWIDTH:
         raise InputError(
-            f"{what} {shown(text)} is not accepted; "
-            f"accepted: {BANDWIDTH_ACCEPTED}, positive and at most 1 PB/s"
+            f"{what} {shown(text)} is not accepted; accepted: {BANDWIDTH_ACCEPTED}, from 1 MB/s to 1 PB/s"
         )
     return value
 
@@ -259,15 +260,23 @@ def plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
+_LONG_DURATIONS = ((86_400.0, "d"), (3_600.0, "h"), (60.0, "min"))
+
+
 def format_seconds(seconds: float) -> str:
-    """Render a duration with a unit fitting its size (µs, ms, s)."""
+    """Render a duration with a unit fitting its size (µs, ms, s; min, h, d past a minute), at most four
+    significant figures before the point: ``54.46 ms``, ``2.500 s``, ``1.9 h``, ``2.8e+05 d``."""
     if seconds == 0:
         return "0"
     if seconds < 1e-3:
         return f"{seconds * 1e6:.1f} µs"
     if seconds < 1:
         return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds:.3f} s"
+    if seconds < 60:
+        return f"{seconds:.3f} s"
+    factor, unit = next((f, u) for f, u in _LONG_DURATIONS if seconds >= f)
+    value = seconds / factor
+    return f"{value:.1f} {unit}" if value < 10_000 else f"{value:.1e} {unit}"
 
 
 def format_bandwidth(bytes_per_second: float) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from zerocalc.base.errors import keyword, with_names
 from zerocalc.request.training import TrainingOptions, parse_request
 
 
@@ -81,10 +82,11 @@ def training_options(s: Scenario) -> TrainingOptions:
 
 
 def memory_section(s: Scenario) -> dict[str, Any]:
-    """Model states and the peak of a step, as `zerocalc memory --model ... --json` prints them."""
+    """Model states and the peak of a step, as `zerocalc memory --model ... --json` prints them (notes
+    naming options by their keywords, as the library does)."""
     from zerocalc.peak.evaluate import evaluate_peak
 
-    return evaluate_peak(parse_request(training_options(s))).to_json_dict()
+    return with_names(evaluate_peak(parse_request(training_options(s))), keyword).to_json_dict()
 
 
 def comm_section(s: Scenario) -> dict[str, Any]:
@@ -108,7 +110,8 @@ def comm_section(s: Scenario) -> dict[str, Any]:
         }
     )
     per_unit = {"strategies": {"__all__": {"collectives": {"__all__": {"units"}}}}}
-    return evaluate_comm(parse_request(options)).model_dump(mode="json", exclude=per_unit)
+    estimate = with_names(evaluate_comm(parse_request(options)), keyword)
+    return estimate.model_dump(mode="json", exclude=per_unit)
 
 
 SECTIONS: dict[str, Callable[[Scenario], dict[str, Any]]] = {
