@@ -56,7 +56,7 @@ def parse_dtype(text: str, what: str = "{dtype}", allowed: tuple[DType, ...] | N
     """Resolve a dtype name (``bf16``, ``bfloat16``, ``fp32``, ...), optionally restricted to ``allowed``."""
     key = text.strip().lower()
     dtype = _ALIASES.get(key) or next((d for d in DType if d.value == key), None)
-    choices = allowed or tuple(DType)
+    choices = tuple(dict.fromkeys(allowed or DType))  # (fp32, fp32) under fp32: named once
     if dtype is None or dtype not in choices:
         raise InputError(
             f"{what} {shown(text)} is not accepted; accepted: {', '.join(d.value for d in choices)}"

@@ -120,6 +120,28 @@ def parse_whole(text: str | int, what: str, low: int, high: int, unit: str) -> i
     return value
 
 
+_TOKENS_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)([kKmM])")
+_TOKEN_FACTORS = {"k": 2**10, "m": 2**20}
+"""Sequence lengths as model cards and trainers write them: 8k = 8,192 and 128k = 131,072 tokens (powers
+of 1024, as Llama 3.1's 128k context, torchtitan's and Hugging Face's ``max_position_embeddings``)."""
+
+
+def parse_tokens(text: str | int, what: str, low: int, high: int) -> int:
+    """A whole number of tokens from ``low`` to ``high``: ``8192``, or ``8k`` (× 1024), ``1M`` (× 1024²)."""
+    whole = text
+    if isinstance(text, str):
+        match = _TOKENS_RE.fullmatch(text.strip().replace("_", ""))
+        if match is not None:
+            value = Decimal(match[1]) * _TOKEN_FACTORS[match[2].lower()]
+            if value == value.to_integral_value():
+                whole = str(int(value))
+    accepted = f"a whole number of tokens from {low:,} to {high:,}, or with k (1,024) or M (1,048,576): 8k"
+    try:
+        return parse_whole(whole, what, low, high, "tokens")
+    except InputError:
+        raise InputError(f"{what} {shown(text)} is not accepted; accepted: {accepted}") from None
+
+
 def parse_fraction(text: str | float, what: str, low: float, high: float, accepted: str) -> float:
     """A finite number from ``low`` to ``high`` (``--tflops``)."""
     if isinstance(text, bool):
@@ -289,12 +311,13 @@ def ceil_div(numerator: int, denominator: int) -> int:
     return -(-numerator // denominator)
 
 
-_DURATION_RE = re.compile(rf"^\s*(?P<num>[+-]?(?:{_NUMBER}))\s*(?P<unit>s|ms|us|µs|ns)?\s*$")
+_DURATION_RE = re.compile(rf"^\s*(?P<num>[+-]?(?:{_NUMBER}))\s*(?P<unit>s|ms|us|µs|μs|ns)?\s*$")
 _DURATION_FACTORS = {
     "s": Decimal(1),
     "ms": Decimal("1e-3"),
     "us": Decimal("1e-6"),
-    "µs": Decimal("1e-6"),
+    "µs": Decimal("1e-6"),  # U+00B5 MICRO SIGN
+    "μs": Decimal("1e-6"),  # U+03BC GREEK SMALL LETTER MU, which keyboards and some fonts give instead
     "ns": Decimal("1e-9"),
 }
 DURATION_ACCEPTED = "a duration such as 20us, 0.05ms or 2e-5 (seconds), from 0 to 10 s"

@@ -125,17 +125,22 @@ class PlainTextCommand(TyperCommand):
         """Typer's help, with a flag's negative form under it in the first column (``--flash-attention
         / --no-flash-attention``, which wraps there) instead of a column of its own: Rich shrinks every
         wrappable column alike, so two columns of long option names cut both (``--expandable-segmen…``)
-        at 80 columns. Only the rendering changes; the flags are restored before anything parses."""
-        flags = [p for p in self.get_params(ctx) if p.secondary_opts and p.opts[0].startswith("--")]
-        saved = [(p, p.opts, p.secondary_opts) for p in flags]
+        at 80 columns; and no type column for a flag (it takes no value: Typer shows ``<bool>``). Only the
+        rendering changes; the flags are restored before anything parses."""
+        params = self.get_params(ctx)
+        flags = [p for p in params if p.secondary_opts and p.opts[0].startswith("--")]
+        saved = [(p, p.opts, p.secondary_opts, p.metavar) for p in params]
         for param in flags:
             param.opts = [" / ".join([param.opts[0], *param.secondary_opts]), *param.opts[1:]]
             param.secondary_opts = []
+        for param in params:
+            if getattr(param, "is_flag", False):
+                param.metavar = ""
         try:
             super().format_help(ctx, formatter)
         finally:
-            for param, opts, secondary in saved:
-                param.opts, param.secondary_opts = opts, secondary
+            for param, opts, secondary, metavar in saved:
+                param.opts, param.secondary_opts, param.metavar = opts, secondary, metavar
 
 
 class OneLineErrorGroup(TyperGroup):
@@ -144,6 +149,18 @@ class OneLineErrorGroup(TyperGroup):
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         _plain_text_options(self.get_params(ctx))
         return super().parse_args(ctx, args)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """Typer's help, with no type column for a flag (``--version``: Typer shows ``<bool>``)."""
+        params = [p for p in self.get_params(ctx) if getattr(p, "is_flag", False)]
+        saved = [(p, p.metavar) for p in params]
+        for param in params:
+            param.metavar = ""
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            for param, metavar in saved:
+                param.metavar = metavar
 
     def main(  # type: ignore[override]
         self,

@@ -34,7 +34,7 @@ def memory(
     precision: opt.Precision = "bf16-mixed",
     optimizer: opt.Optimizer = "adamw",
     fp32_grad_accum: opt.Fp32GradAccum = False,
-    zero_init: opt.ZeroInit = True,
+    zero_init: opt.ZeroInit = None,
     offload_optimizer: opt.OffloadOptimizer = "none",
     offload_params: opt.OffloadParams = "none",
     units: opt.Units = "GiB",

@@ -42,10 +42,12 @@ Fp32GradAccum = Annotated[
     ),
 ]
 ZeroInit = Annotated[
-    bool,
+    bool | None,
     typer.Option(
         "--zero-init/--no-zero-init",
-        help="DeepSpeed ZeRO-3: the model is built under DeepSpeed's zero.Init (its host estimate).",
+        help="DeepSpeed ZeRO-3: the model is built under DeepSpeed's zero.Init (its host estimate) "
+        "\\[default: on].",
+        show_default=False,
     ),
 ]
 OffloadOptimizer = Annotated[
@@ -79,7 +81,12 @@ Reserve = Annotated[
         "\\[default: the GPU preset's measured, 1.30 GiB on the H100].",
     ),
 ]
-SeqLen = Annotated[str, typer.Option("--seq-len", help="s: tokens per sequence (activations need --model).")]
+SeqLen = Annotated[
+    str,
+    typer.Option(
+        "--seq-len", help="s: tokens per sequence, 4096 or 8k (= 8192, k = 1024); activations need --model."
+    ),
+]
 MicroBatch = Annotated[str, typer.Option("--micro-batch", help="b: sequences per micro-batch per GPU.")]
 RecomputeOpt = Annotated[
     str, typer.Option("--recompute", help="Activation recomputation: none, selective, full.")

@@ -6,10 +6,12 @@ from typing import Annotated, Any
 
 import typer
 
-from zerocalc.cli.base import PlainTextCommand, app, fail
+from zerocalc.cli.base import OneLineErrorGroup, PlainTextCommand, app, fail
 from zerocalc.cli.render import console
 
-presets_app = typer.Typer(help="List and show model, GPU and scenario presets.", no_args_is_help=True)
+presets_app = typer.Typer(
+    help="List and show model, GPU and scenario presets.", no_args_is_help=True, cls=OneLineErrorGroup
+)
 app.add_typer(presets_app, name="presets")
 
 Kind = Annotated[str | None, typer.Argument(help="models, gpus or scenarios \\[default: all three].")]

@@ -571,9 +571,19 @@ def _load(path: Path) -> Any:
     try:
         raw = path.read_bytes()
     except (OSError, ValueError) as exc:  # ValueError: a path with a NUL byte
+        if path.name == "config.json" and path.parent.is_dir():
+            raise InputError(
+                f"--model {str(path.parent)!r} is a folder without a readable config.json ({why_not(exc)}); "
+                "accepted: a preset name, a config.json or a folder holding one"
+            ) from exc
         raise InputError(
             f"{where} cannot be read ({why_not(exc)}); accepted: a preset name or a readable config.json"
         ) from exc
+    return _parsed(raw, where)
+
+
+def _parsed(raw: bytes, where: str) -> Any:
+    """The JSON value of a config.json's bytes (``where`` names it in errors)."""
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -626,6 +636,18 @@ def _dropout(model_type: str, config: dict[str, Any], where: str) -> dict[str, f
 def architecture_from_hf_config(path: Path) -> Architecture:
     """The architecture a Hugging Face ``config.json`` describes, as transformers 5.17 builds it."""
     return architecture_from_hf_dict(_load(path), f"--model {str(path)!r}", path.parent.name or path.stem)
+
+
+def architecture_from_hf_text(raw: bytes, where: str, name: str) -> Architecture:
+    """The architecture of a config.json's bytes read from elsewhere than a file (standard input)."""
+    return architecture_from_hf_dict(_parsed(raw, where), where, name)
+
+
+def config_title(architecture: Architecture, where: str) -> str:
+    """How a config.json's model is titled: the class transformers builds for it, and where it was read
+    (``LlamaForCausalLM, cfg/config``), whatever the file or its folder is named."""
+    built = FAMILIES[architecture.family].follows.split(": ", 1)[-1].split(" ", 1)[0]
+    return f"{built}, {where}"
 
 
 def architecture_from_hf_dict(config: Any, where: str, name: str) -> Architecture:

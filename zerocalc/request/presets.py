@@ -195,15 +195,40 @@ def _file_key(path: Path) -> tuple[str, int, int]:
 
 
 def load_model(name_or_path: str) -> tuple[Architecture, ModelPreset | None]:
-    """A preset name or a Hugging Face config.json path → its architecture (and preset, if any).
+    """A preset name, a Hugging Face config.json path, a folder holding one or ``-`` (standard input) → its
+    architecture (and preset, if any).
 
     Each file is read and validated once per process (cached by path, modification time and size).
     """
+    if name_or_path.strip() in STDIN_NAMES:
+        return _load_hf_stdin(), None
     candidate = Path(name_or_path).expanduser()
-    if name_or_path.endswith(".json") or candidate.is_file():
+    folder = candidate.is_dir()
+    if folder:
+        candidate = candidate / "config.json"  # a checkpoint's folder, as from_pretrained takes it
+    if folder or name_or_path.endswith(".json") or candidate.is_file():
         return _load_hf_config(_file_key(candidate), candidate)
     path = preset_path("models", name_or_path)
     return _load_model_preset(_file_key(path), path)
+
+
+STDIN_NAMES = ("-", "/dev/stdin")
+"""``--model -``: the config.json is read from standard input (once per process)."""
+
+
+@lru_cache(maxsize=1)
+def _load_hf_stdin() -> Architecture:
+    import sys
+
+    from zerocalc.model.hf_config import architecture_from_hf_text
+
+    data = sys.stdin.buffer.read() if sys.stdin is not None else b""
+    if not data.strip():
+        raise InputError(
+            "{model} - reads config.json from standard input, which is empty; accepted: "
+            "`{model} - < config.json`, or a path"
+        )
+    return architecture_from_hf_text(data, "{model} '-' (standard input)", "stdin")
 
 
 @lru_cache(maxsize=256)

@@ -29,6 +29,7 @@ from zerocalc.base.units import (
     parse_count,
     parse_duration,
     parse_fraction,
+    parse_tokens,
     parse_whole,
 )
 from zerocalc.model.activations import Recompute
@@ -103,8 +104,9 @@ class TrainingOptions(BaseModel):
     precision: str = "bf16-mixed"
     optimizer: str = "adamw"
     fp32_grad_accum: bool = False
-    zero_init: bool = True
-    """DeepSpeed ZeRO-3: the model is built under ``deepspeed.zero.Init`` (changes its host estimate)."""
+    zero_init: bool | None = None
+    """DeepSpeed ZeRO-3: the model is built under ``deepspeed.zero.Init`` (changes its host estimate);
+    None: yes, as DeepSpeed's estimator assumes. Given, it needs deepspeed's zero3."""
     offload_optimizer: str | None = None
     offload_params: str | None = None
     framework: str = "paper"
@@ -281,7 +283,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         else parse_dtype(o.reduce_dtype, "{reduce_dtype}", allowed=(DType.FP32, recipe.grad_dtype))
     )
     activations = ActivationOptions(
-        seq_len=parse_whole(o.seq_len, "{seq_len}", 1, MAX_SEQ_LEN, "tokens"),
+        seq_len=parse_tokens(o.seq_len, "{seq_len}", 1, MAX_SEQ_LEN),
         micro_batch=parse_whole(o.micro_batch, "{micro_batch}", 1, MAX_MICRO_BATCH, "sequences"),
         recompute=_choice(o.recompute, "{recompute}", Recompute),
         flash_attention=o.flash_attention,
@@ -311,7 +313,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         precision=precision,
         optimizer=optimizer,
         fp32_grad_accum=o.fp32_grad_accum,
-        zero_init=o.zero_init,
+        zero_init=True if o.zero_init is None else o.zero_init,
         offload_optimizer=offload_optimizer,
         offload_params=offload_params,
         framework=framework,
@@ -335,7 +337,37 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         calibration=calibration,
         calibration_name=calibration_name,
     )
-    return _resolve_strategies(request)
+    resolved = _resolve_strategies(request)
+    problem = _ignored_problem(o, resolved)
+    if problem:
+        raise InputError(problem)
+    return resolved
+
+
+def _ignored_problem(options: TrainingOptions, request: TrainingRequest) -> str | None:
+    """An option given that changes nothing in this request (never ignored silently), or None."""
+    if (
+        options.reserve is not None
+        and request.gpu_memory_bytes is None
+        and request.model.architecture is None
+        and request.estimate is Estimate.MEMORY
+    ):
+        return (
+            f"{{reserve}} {shown(options.reserve)} changes nothing here: it is subtracted from a GPU's "
+            "memory ({gpu} or {gpu_memory}) or added to the peak of a step ({model}); accepted: {reserve} "
+            "with one of them, or no {reserve}"
+        )
+    if options.zero_init is not None and not (
+        request.framework is Framework.DEEPSPEED and StrategyName.ZERO3 in request.strategies
+    ):
+        given = "on" if options.zero_init else "off"
+        return (
+            f"{{zero_init}} {given}: deepspeed.zero.Init is DeepSpeed ZeRO-3's, and this request has no "
+            "DeepSpeed zero3 "
+            f"({{framework}} {request.framework.value}); accepted: {{framework}} deepspeed with zero3 among "
+            "{strategies}, or neither zero-init flag"
+        )
+    return None
 
 
 def _choice(text: object, what: str, enum: type, replace: dict[str, str] | None = None):
@@ -411,6 +443,7 @@ def _model(params: int | str | None, model: str | Architecture | None) -> ModelS
     if isinstance(model, Architecture):
         count = count_parameters(model)
         return ModelSpec(params=count.total, name=model.name, architecture=model, parameter_count=count)
+    from zerocalc.model.hf_config import config_title
     from zerocalc.request.presets import load_model
 
     architecture, preset = load_model(model)
@@ -423,7 +456,7 @@ def _model(params: int | str | None, model: str | Architecture | None) -> ModelS
     return ModelSpec(
         params=count.total,
         name=architecture.name,
-        title=preset.title if preset else None,
+        title=preset.title if preset else config_title(architecture, model),
         architecture=architecture,
         parameter_count=count,
     )
