@@ -25,7 +25,7 @@ def _mode(path: Path) -> int:
 
 def test_a_new_file_is_0644_under_umask_022_in_new_folders(tmp_path: Path, umask: None) -> None:
     target = tmp_path / "a" / "b" / "cal.json"
-    assert write_text_atomic(target, "{}\n") == target
+    assert write_text_atomic(target, "{}\n", parents=True) == target
     assert target.read_text(encoding="utf-8") == "{}\n"
     assert _mode(target) == 0o644
 
@@ -55,7 +55,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> 
 
 def test_writable_paths(tmp_path: Path) -> None:
     assert unwritable(tmp_path / "cal.json") is None
-    assert unwritable(tmp_path / "new" / "deeper" / "cal.json") is None  # folders are created
+    assert unwritable(tmp_path / "new" / "deeper" / "cal.json", parents=True) is None  # folders are created
     (tmp_path / "cal.json").write_text("old", encoding="utf-8")
     assert unwritable(tmp_path / "cal.json") is None  # replaced
 
@@ -71,8 +71,18 @@ def test_unwritable_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert unwritable(
         tmp_path / "file" / "x" / "cal.json",
     ) == (f"cannot be created: {str(tmp_path / 'file')!r} is not a directory")
-    # root may write anywhere, so permissions are simulated
-    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != tmp_path)
     assert (
-        unwritable(tmp_path / "sub" / "cal.json") == f"cannot be created: {str(tmp_path)!r} is not writable"
+        unwritable(tmp_path / "new" / "cal.json")
+        == f"cannot be created: {str(tmp_path / 'new')!r} does not exist"
     )
+    assert not (tmp_path / "new").exists()
+    assert unwritable("/proc/version").startswith("cannot be created in '/proc'")  # even for root
+    assert unwritable("/dev/null") == "is not a regular file"
+    # root may write anywhere, so a refusal is simulated
+    import tempfile
+
+    def refused(**kwargs: object) -> tuple[int, str]:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    assert unwritable(tmp_path / "cal.json") == f"cannot be created in {str(tmp_path)!r} (Permission denied)"

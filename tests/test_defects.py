@@ -374,3 +374,35 @@ def test_help_shows_no_type_for_flags(command: list[str]) -> None:
     result = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
     assert result.exit_code == 0
     assert "<bool>" not in result.stdout and "--help" in result.stdout
+
+
+# ------------------------------------------------ 6. bench --out checked before the run, no new folders
+@pytest.mark.parametrize(
+    ("out", "fragment"),
+    [
+        ("/proc/version", "cannot be created in '/proc'"),
+        ("/dev/null", "is not a regular file"),
+        ("MISSING/dir/cal.json", "MISSING/dir' does not exist"),
+    ],
+)
+def test_bench_out_is_checked_before_any_rank_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out: str, fragment: str
+) -> None:
+    import zerocalc.cli.bench as bench_cli
+
+    started: list[object] = []
+    monkeypatch.setattr(bench_cli, "_measure", lambda *args: started.append(args))
+    out = out.replace("MISSING", str(tmp_path / "missing"))
+    result = runner.invoke(app, ["bench", "--backend", "gloo", "--out", out])
+    assert result.exit_code == 2, result.output
+    assert fragment.replace("MISSING", str(tmp_path / "missing")) in _one_line(result.stderr)
+    assert started == [] and not (tmp_path / "missing").exists()
+
+
+def test_bench_default_out_folder_is_created(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache folder zerocalc chose is created (the user named none)."""
+    from zerocalc.cli.bench import _check_out, default_out_folder
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    _check_out(default_out_folder() / "calibration.json", parents=True)  # accepted, nothing created yet
+    assert not (tmp_path / "cache").exists()

@@ -9,15 +9,17 @@ import tempfile
 from pathlib import Path
 
 
-def write_text_atomic(path: str | Path, text: str) -> Path:
+def write_text_atomic(path: str | Path, text: str, parents: bool = False) -> Path:
     """Write ``text`` to ``path`` via a temporary file in the same directory, fsync and rename.
 
     A new file gets mode 0666 less the umask (0644 with the usual umask 022), like any file a command
     creates; a file replaced keeps its mode. A failure at any point leaves the previous file untouched
-    and no temporary file behind.
+    and no temporary file behind. Missing folders are created only with ``parents`` (a folder zerocalc
+    chose, such as its cache): a path the user typed names a folder that exists.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if parents:
+        target.parent.mkdir(parents=True, exist_ok=True)
     try:
         mode = stat.S_IMODE(target.stat().st_mode)
     except OSError:
@@ -43,11 +45,14 @@ def _umask() -> int:
     return current
 
 
-def unwritable(path: str | Path) -> str | None:
-    """Why :func:`write_text_atomic` could not write ``path`` (checked without writing), or None.
+def unwritable(path: str | Path, parents: bool = False) -> str | None:
+    """Why :func:`write_text_atomic` could not write ``path``, or None: checked before any work, by
+    creating and removing an empty temporary file where the write would create its own (permissions,
+    read-only mounts and pseudo file systems such as /proc all answer).
 
-    The path must not be a directory, and its nearest existing ancestor must be a directory this process
-    may create files in (missing folders below it are created by the write).
+    The path must not be a directory nor an existing non-regular file (a device, a pipe); its folder
+    must exist, or with ``parents`` its nearest existing ancestor (the folders below it are created by
+    the write).
     """
     target = Path(path)
     if str(path) == "":
@@ -56,11 +61,19 @@ def unwritable(path: str | Path) -> str | None:
         return "contains a NUL byte"
     if target.is_dir():
         return "is a directory"
+    if target.exists() and not target.is_file():
+        return "is not a regular file"
     folder = target.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
         return f"cannot be created: {str(folder)!r} is not a directory"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"cannot be created: {str(folder)!r} is not writable"
+    if folder != target.parent and not parents:
+        return f"cannot be created: {str(target.parent)!r} does not exist"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        return f"cannot be created in {str(folder)!r} ({exc.strerror or exc})"
+    os.close(fd)
+    os.unlink(probe)
     return None

@@ -120,7 +120,7 @@ def bench(
         raise InputError(f"--out {out!r} is empty; accepted: a file path such as cal.json")
     launched = launched_by() is not None
     if not launched or placement_from_env().rank == 0:  # rank 0 alone writes
-        _check_out(Path(out) if out is not None else default_out_folder() / "calibration.json")
+        _check_out(Path(out) if out is not None else default_out_folder() / "calibration.json", out is None)
 
     gpus = _visible_gpus()
     chosen_backend = _parse_backend(backend, gpus)
@@ -198,10 +198,12 @@ def _measure(config: BenchConfig, nproc: int | None) -> Calibration | None:
     )
 
 
-def _check_out(path: Path) -> None:
+def _check_out(path: Path, parents: bool) -> None:
+    """``--out`` (or, ``parents``, the default file in zerocalc's cache folder, created if missing) can be
+    written: checked before any rank starts."""
     from zerocalc.base.atomic import unwritable
 
-    problem = unwritable(path)
+    problem = unwritable(path, parents)
     if problem:
         raise InputError(f"--out {str(path)!r} {problem}; accepted: a file path in a writable folder")
 
@@ -260,7 +262,7 @@ def finish(config: BenchConfig, calibration: Calibration) -> None:
 
     path = Path(config.out) if config.out else default_out_path(calibration)
     try:
-        saved = save_calibration(calibration, path)
+        saved = save_calibration(calibration, path, parents=not config.out)
     except OSError as exc:  # the path was checked before the run: the disk or its permissions changed
         raise fail(f"--out {str(path)!r} cannot be written ({why_not(exc)})", 1) from None
     if config.json_output:

@@ -66,7 +66,7 @@ def check(directory: Directory = None, update: Update = False) -> None:
         text = jsonlib.dumps(actual, indent=2, sort_keys=True) + "\n"
         if update:
             try:
-                write_text_atomic(expected_path, text)
+                write_text_atomic(expected_path, text, parents=True)  # expected/ of the named folder
             except OSError as exc:
                 raise fail(
                     f"{str(expected_path)!r} cannot be written ({why_not(exc)}); nothing after it was "

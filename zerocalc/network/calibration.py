@@ -79,9 +79,9 @@ class Calibration(_Finite):
         return next((f for f in self.fits if f.collective is collective and f.group_kind is group_kind), None)
 
 
-def save_calibration(calibration: Calibration, path: str | Path) -> Path:
-    """Write atomically (see :mod:`zerocalc.base.atomic`)."""
-    return write_text_atomic(path, calibration.model_dump_json(indent=2) + "\n")
+def save_calibration(calibration: Calibration, path: str | Path, parents: bool = False) -> Path:
+    """Write atomically (see :mod:`zerocalc.base.atomic`); ``parents``: create missing folders."""
+    return write_text_atomic(path, calibration.model_dump_json(indent=2) + "\n", parents)
 
 
 def load_calibration(path: str | Path) -> Calibration:
