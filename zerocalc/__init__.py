@@ -40,6 +40,11 @@ if TYPE_CHECKING:
     from zerocalc.states.memory import MemoryEstimate
 
 
+def __dir__() -> list[str]:
+    """The public names too (they are loaded on first use, so not yet in the module's namespace)."""
+    return sorted({*globals(), *__all__})
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib

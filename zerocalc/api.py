@@ -7,7 +7,7 @@ Each function parses its keywords once into a :class:`~zerocalc.request.training
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from zerocalc.base.errors import keyword, with_names
 from zerocalc.request.training import parse_options
@@ -24,7 +24,7 @@ def estimate_memory(
     gpus: int | str = 1,
     gpus_per_node: int | str | None = None,
     *,
-    model: str | None = None,
+    model: str | dict[str, Any] | None = None,
     strategies: str | list[str] | None = None,
     precision: str = "bf16-mixed",
     optimizer: str = "adamw",
@@ -63,7 +63,7 @@ def estimate_memory(
 
 
 def estimate_peak(
-    model: str,
+    model: str | dict[str, Any],
     gpus: int | str = 1,
     gpus_per_node: int | str | None = None,
     *,
@@ -94,7 +94,8 @@ def estimate_peak(
     zeropp: str | None = None,
     expandable_segments: bool = False,
 ) -> MemoryReport:
-    """Model states and the peak of one training step per strategy, for a model preset or config.json.
+    """Model states and the peak of one training step per strategy, for a model preset, a config.json path
+    or a parsed one (``AutoConfig.from_pretrained(name).to_dict()``).
 
     The keywords are :func:`estimate_memory`'s and the peak's (``zerocalc memory --model``'s options);
     ``reserve`` overrides what the process holds outside the caching allocator (the GPU preset's measured
@@ -142,7 +143,7 @@ def estimate_comm(
     gpus: int | str = 1,
     gpus_per_node: int | str | None = None,
     *,
-    model: str | None = None,
+    model: str | dict[str, Any] | None = None,
     gpu: str | None = None,
     strategies: str | list[str] | None = None,
     framework: str = "paper",

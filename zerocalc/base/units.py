@@ -340,3 +340,14 @@ def parse_duration(text: str | float, what: str = "{duration}", maximum: float =
     if value != value or not 0 <= value <= maximum:
         raise InputError(f"{what} {shown(text)} is not accepted; accepted: {DURATION_ACCEPTED}")
     return value
+
+
+def summary_repr(type_name: str, items: list[tuple[str, object]]) -> str:
+    """A result in one line, for a notebook or a REPL: ``MemoryEstimate(params='7B', gpus=8, ddp='104.31
+    GiB', ...)`` (its ``__rich_repr__`` yields the same items)."""
+    return f"{type_name}({', '.join(f'{key}={value!r}' for key, value in items)})"
+
+
+def gib(n_bytes: int | float) -> str:
+    """A size in GiB for a one-line summary (``104.31 GiB``)."""
+    return f"{format_bytes(n_bytes, ByteUnit.GiB)} GiB"

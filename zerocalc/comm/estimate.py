@@ -19,13 +19,14 @@ states.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from zerocalc.base.dtypes import DType
-from zerocalc.base.units import plural
+from zerocalc.base.units import format_count, format_seconds, gib, plural, summary_repr
 from zerocalc.comm.calls import Call, CallContext, Layout, RuleCalls, rule_calls
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import Cluster, RankGroup
@@ -34,7 +35,7 @@ from zerocalc.network.links import Bandwidths, BandwidthSource, LinkFigures
 from zerocalc.network.schedule import DtypeRole, GradSync, Phase, Repeat, ScheduledCollective, Tensor, ZeroPP
 from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, TORCH_NO_SYNC, Framework
 from zerocalc.parallel.precision import RECIPES, PrecisionName
-from zerocalc.parallel.strategies import STRATEGIES, StrategyName, effective_grad_sync
+from zerocalc.parallel.strategies import STRATEGIES, StrategyName, effective_grad_sync, row_named
 from zerocalc.parallel.zeropp import active_features
 from zerocalc.request.training import BufferOptions, TrainingRequest
 
@@ -157,8 +158,27 @@ class CommEstimate(BaseModel):
     strategies: list[StrategyComm]
 
     def row(self, name: StrategyName | str) -> StrategyComm:
-        key = StrategyName(name)
-        return next(r for r in self.strategies if r.strategy is key)
+        """The row of a strategy, by any of its names (``fsdp``, ``full_shard``, ``zero3``)."""
+        return row_named(self.strategies, name)
+
+    def summary(self) -> list[tuple[str, object]]:
+        """What a one-line repr shows: Ψ, N, the framework and each strategy's bytes and time per step."""
+        request = self.request
+        head = [
+            ("params", format_count(request.params)),
+            ("gpus", request.cluster.world_size),
+            ("framework", request.framework.value),
+        ]
+        return head + [
+            (row.strategy.value, f"{gib(row.total_bytes_per_gpu)} in {format_seconds(row.time_s)}")
+            for row in self.strategies
+        ]
+
+    def __repr__(self) -> str:
+        return summary_repr(type(self).__name__, self.summary())
+
+    def __rich_repr__(self) -> Iterator[tuple[str, object]]:
+        yield from self.summary()
 
 
 def _figures_for(

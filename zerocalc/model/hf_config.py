@@ -36,7 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from zerocalc.base.errors import InputError, why_not
+from zerocalc.base.errors import InputError, shown, why_not
 from zerocalc.model.architecture import (
     MAX_LAYERS,
     Architecture,
@@ -497,7 +497,8 @@ def _show(value: Any) -> str:
         text = json.dumps(value)
     except ValueError:  # pragma: no cover - json values always serialise
         text = repr(value)
-    return text if len(text) <= 40 else f"{text[:24]}… ({len(text)} characters)"
+    text = text if len(text) <= 40 else f"{text[:24]}… ({len(text)} characters)"
+    return text.replace("{", "{{").replace("}", "}}")  # a message template's literal braces
 
 
 def _is_whole(value: Any) -> bool:
@@ -550,7 +551,7 @@ def _values(family: Family, config: dict[str, Any], where: str) -> Values:
             continue
         elif COUNT_AFFECTING.search(key):
             raise InputError(
-                f"{where}: key {key!r} is not read by the {family.model_type} record "
+                f"{where}: key {shown(key)} is not read by the {family.model_type} record "
                 f"({family.follows.split(':')[0]}) and may change the parameter count, so it is refused, not "
                 f"guessed; accepted: the keys it reads ({', '.join(family.reads)}), their aliases and keys "
                 "that do not size the model"
@@ -567,14 +568,14 @@ def _values(family: Family, config: dict[str, Any], where: str) -> Values:
 
 
 def _load(path: Path) -> Any:
-    where = f"--model {str(path)!r}"
+    where = f"{{model}} {shown(str(path))}"
     try:
         raw = path.read_bytes()
     except (OSError, ValueError) as exc:  # ValueError: a path with a NUL byte
         if path.name == "config.json" and path.parent.is_dir():
             raise InputError(
-                f"--model {str(path.parent)!r} is a folder without a readable config.json ({why_not(exc)}); "
-                "accepted: a preset name, a config.json or a folder holding one"
+                f"{{model}} {shown(str(path.parent))} is a folder without a readable config.json "
+                f"({why_not(exc)}); accepted: a preset name, a config.json or a folder holding one"
             ) from exc
         raise InputError(
             f"{where} cannot be read ({why_not(exc)}); accepted: a preset name or a readable config.json"
@@ -635,7 +636,8 @@ def _dropout(model_type: str, config: dict[str, Any], where: str) -> dict[str, f
 
 def architecture_from_hf_config(path: Path) -> Architecture:
     """The architecture a Hugging Face ``config.json`` describes, as transformers 5.17 builds it."""
-    return architecture_from_hf_dict(_load(path), f"--model {str(path)!r}", path.parent.name or path.stem)
+    where = f"{{model}} {shown(str(path))}"
+    return architecture_from_hf_dict(_load(path), where, path.parent.name or path.stem)
 
 
 def architecture_from_hf_text(raw: bytes, where: str, name: str) -> Architecture:
@@ -662,8 +664,8 @@ def architecture_from_hf_dict(config: Any, where: str, name: str) -> Architectur
     model_type = config.get("model_type")
     family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
     if family is None:
-        shown = repr(model_type) if isinstance(model_type, str) else _show(model_type)
-        raise InputError(f"{where}: model_type {shown} is not supported; accepted: {', '.join(SUPPORTED)}")
+        named = shown(model_type) if isinstance(model_type, str) else _show(model_type)
+        raise InputError(f"{where}: model_type {named} is not supported; accepted: {', '.join(SUPPORTED)}")
     values = _values(family, config, where)
     try:
         fields = family.rule(values)

@@ -20,11 +20,14 @@ A :class:`Strategy` says everything zerocalc knows about one strategy, once:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from functools import cache
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from zerocalc.base.errors import InputError, shown
 from zerocalc.network.cluster import RankGroup
 from zerocalc.network.collectives import Collective
 from zerocalc.network.schedule import (
@@ -739,3 +742,28 @@ def validated_setups() -> dict[str, tuple[Framework, StrategyName, TorchSetup]]:
     wrappers, names = list(TorchWrapper), list(StrategyName)
     found.sort(key=lambda item: (wrappers.index(item[1][2].wrapper), names.index(item[1][1])))
     return {validate_name: value for validate_name, value in found if validate_name}
+
+
+def find_strategy(text: str) -> Strategy | None:
+    """The strategy ``text`` names: its name or one of its aliases (FSDP names, DeepSpeed stages), case and
+    ``-``/``_`` forgiven; None when it names none. ``strategies=``, ``--strategy`` and a result's ``row``
+    all look names up here."""
+    key = str(text).strip().lower().replace("-", "_")
+    return next((s for s in STRATEGIES.values() if key == s.name.value or key in s.aliases), None)
+
+
+RowT = TypeVar("RowT")
+
+
+def row_named(rows: Sequence[RowT], name: StrategyName | str) -> RowT:
+    """The row of ``rows`` (each with a ``strategy``) for the strategy ``name`` names, by any of its
+    names; a KeyError naming the rows there when it has none, an InputError when ``name`` is no strategy."""
+    strategy = find_strategy(name)
+    if strategy is None:
+        known = ", ".join(s.name.value for s in STRATEGIES.values())
+        raise InputError(f"{shown(str(name))} is not a strategy; accepted: {known} or one of their aliases")
+    for row in rows:
+        if row.strategy is strategy.name:  # type: ignore[attr-defined]
+            return row
+    present = ", ".join(row.strategy.value for row in rows) or "none"  # type: ignore[attr-defined]
+    raise KeyError(f"no {strategy.name.value} row in this result; its rows: {present}")

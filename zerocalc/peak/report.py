@@ -17,12 +17,13 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from zerocalc.base.dtypes import DType
+from zerocalc.base.units import gib
 from zerocalc.model.activations import Recompute
 from zerocalc.model.model_impl import ModelImplName
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.optimizers import OptimizerImpl
 from zerocalc.parallel.profiles import Wrap
-from zerocalc.parallel.strategies import StrategyName
+from zerocalc.parallel.strategies import StrategyName, row_named
 from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.request.training import GradSync
 from zerocalc.states.memory import MemoryEstimate
@@ -138,8 +139,8 @@ class PeakEstimate(BaseModel):
     strategies: list[StrategyPeak]
 
     def row(self, name: StrategyName | str) -> StrategyPeak:
-        key = StrategyName(name)
-        return next(r for r in self.strategies if r.strategy is key)
+        """The row of a strategy, by any of its names (``fsdp``, ``full_shard``, ``zero3``)."""
+        return row_named(self.strategies, name)
 
 
 class FrameworkStates(BaseModel):
@@ -163,6 +164,17 @@ class MemoryReport(MemoryEstimate):
 
     framework_states: list[FrameworkStates] | None = None
     peak: PeakEstimate | None = None
+
+    def summary(self) -> list[tuple[str, object]]:
+        """What a one-line repr shows: the model, N and each strategy's peak per GPU (with its verdict
+        where a GPU was given), else its model states."""
+        if self.peak is None:
+            return super().summary()
+        head = [("model", self.model.name if self.model else None), ("gpus", self.request.cluster.world_size)]
+        return head + [
+            (row.strategy.value, gib(row.peak_bytes) + (f" ({row.verdict.value})" if row.verdict else ""))
+            for row in self.peak.strategies
+        ]
 
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON of ``zerocalc memory --json`` (no ``peak`` key without an architecture, no

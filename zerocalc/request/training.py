@@ -16,7 +16,7 @@ the keyword names of :mod:`zerocalc.api`; the CLI shows its flags instead (:mod:
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -57,6 +57,7 @@ from zerocalc.parallel.strategies import (
     Strategy,
     StrategyName,
     default_strategies,
+    find_strategy,
     framework_strategies,
 )
 from zerocalc.request.problems import architecture_problem, profile_problem
@@ -96,8 +97,9 @@ class TrainingOptions(BaseModel):
     estimate: Estimate = Estimate.MEMORY
     """The command the options were given to (set by the caller, not typed)."""
     params: int | str | None = None
-    model: str | Architecture | None = None
-    """A preset name, a config.json path, or an architecture (``zerocalc validate``'s)."""
+    model: str | Architecture | dict[str, Any] | None = None
+    """A preset name, a config.json path, a parsed config.json (``AutoConfig.to_dict()``), or an
+    architecture (``zerocalc validate``'s)."""
     gpus: int | str = 1
     gpus_per_node: int | str | None = None
     strategies: str | list[str] | tuple[str, ...] | None = None
@@ -431,7 +433,7 @@ def _counted(architecture: Architecture) -> ParameterCount:
     return count_parameters(architecture)
 
 
-def _model(params: int | str | None, model: str | Architecture | None) -> ModelSpec:
+def _model(params: int | str | None, model: str | Architecture | dict[str, Any] | None) -> ModelSpec:
     """Ψ from ``params``, or from a model preset / config.json / architecture (``model``), never both."""
     if (params is None) == (model is None):
         raise InputError(
@@ -439,10 +441,20 @@ def _model(params: int | str | None, model: str | Architecture | None) -> ModelS
             "accepted: {params} 7B, or {model} llama-3-8b / path/config.json"
         )
     if model is None:
-        return ModelSpec(params=parse_count(params))  # type: ignore[arg-type]
+        try:
+            return ModelSpec(params=parse_count(params))  # type: ignore[arg-type]
+        except InputError:
+            if _names_a_model(params):
+                raise InputError(
+                    f"{{params}} {shown(params)} is a model, not a parameter count; accepted: {{model}} "
+                    f"{shown(params)}, or {{params}} a count such as 7B"
+                ) from None
+            raise
     if isinstance(model, Architecture):
         count = count_parameters(model)
         return ModelSpec(params=count.total, name=model.name, architecture=model, parameter_count=count)
+    if isinstance(model, dict):
+        return _config_dict_model(model)
     from zerocalc.model.hf_config import config_title
     from zerocalc.request.presets import load_model
 
@@ -460,6 +472,44 @@ def _model(params: int | str | None, model: str | Architecture | None) -> ModelS
         architecture=architecture,
         parameter_count=count,
     )
+
+
+def _config_dict_model(config: dict[str, Any]) -> ModelSpec:
+    """A parsed config.json (``AutoConfig.from_pretrained(...).to_dict()``), read as the file would be."""
+    from zerocalc.model.hf_config import architecture_from_hf_dict, config_title
+
+    source = config.get("_name_or_path")
+    name = str(source).rstrip("/").rsplit("/", 1)[-1] if source else str(config.get("model_type", "config"))
+    architecture = architecture_from_hf_dict(config, "{model} (a config dict)", name or "config")
+    count = _counted(architecture)
+    if count.total > MAX_COUNT:
+        raise InputError(
+            f"{{model}} (a config dict) has {count.total:,} parameters; accepted: at most {MAX_COUNT:,}"
+        )
+    return ModelSpec(
+        params=count.total,
+        name=architecture.name,
+        title=config_title(architecture, "a config dict"),
+        architecture=architecture,
+        parameter_count=count,
+    )
+
+
+def _names_a_model(text: object) -> bool:
+    """Whether ``text``, given as Ψ, names a model preset or a config.json (a keyword mixed up)."""
+    if not isinstance(text, str) or not text.strip():
+        return False
+    from pathlib import Path
+
+    from zerocalc.request.presets import preset_names
+
+    name = text.strip()
+    if name.lower() in preset_names("models") or name.endswith(".json"):
+        return True
+    try:
+        return Path(name).exists()
+    except (OSError, ValueError):  # a name too long for a path, a NUL byte
+        return False
 
 
 def _cluster(gpus: int | str, gpus_per_node: int | str | None) -> Cluster:
@@ -597,10 +647,9 @@ def _normalise(text: str) -> str:
 
 def strategy_named(text: str) -> Strategy:
     """A strategy by its name or one of its aliases (FSDP names, DeepSpeed stages)."""
-    key = _normalise(text)
-    for strategy in STRATEGIES.values():
-        if key == strategy.name.value or key in strategy.aliases:
-            return strategy
+    strategy = find_strategy(text)
+    if strategy is not None:
+        return strategy
     accepted = ", ".join(
         f"{s.name.value} ({', '.join(s.aliases[:3])})" if s.aliases else s.name.value
         for s in STRATEGIES.values()

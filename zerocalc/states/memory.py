@@ -22,18 +22,19 @@ optimizer states and parameters under ZeRO-3. Bytes are exact integers.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from enum import StrEnum
 from fractions import Fraction
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.base.dtypes import DType
-from zerocalc.base.units import ceil_div, plural
+from zerocalc.base.units import ceil_div, format_count, gib, plural, summary_repr
 from zerocalc.model.architecture import ParameterCount
 from zerocalc.network.cluster import Cluster, RankGroup
 from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerName, OptimizerSpec
 from zerocalc.parallel.precision import RECIPES, PrecisionName, PrecisionRecipe
-from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName
+from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName, row_named
 from zerocalc.request.training import TrainingRequest
 
 SCHEMA_VERSION = 2
@@ -162,8 +163,19 @@ class MemoryEstimate(BaseModel):
     strategies: list[StrategyMemory]
 
     def row(self, name: StrategyName | str) -> StrategyMemory:
-        key = StrategyName(name)
-        return next(r for r in self.strategies if r.strategy is key)
+        """The row of a strategy, by any of its names (``fsdp``, ``full_shard``, ``zero3``)."""
+        return row_named(self.strategies, name)
+
+    def summary(self) -> list[tuple[str, object]]:
+        """What a one-line repr shows: Ψ, N and each strategy's model states per GPU."""
+        head = [("params", format_count(self.request.params)), ("gpus", self.request.cluster.world_size)]
+        return head + [(row.strategy.value, gib(row.gpu_bytes)) for row in self.strategies]
+
+    def __repr__(self) -> str:
+        return summary_repr(type(self).__name__, self.summary())
+
+    def __rich_repr__(self) -> Iterator[tuple[str, object]]:
+        yield from self.summary()
 
 
 def optimizer_bytes_per_parameter(recipe: PrecisionRecipe, optimizer: OptimizerSpec) -> Fraction:
