@@ -267,6 +267,14 @@ def format_bytes(n_bytes: int | float, unit: ByteUnit, digits: int = 2) -> str:
     return f"{n_bytes / unit.factor:,.{digits}f}"
 
 
+def format_size(n_bytes: int) -> str:
+    """A size in running text, in the largest binary unit it reaches: ``512 B``, ``1.0 MiB``, ``6.5 GiB``."""
+    for unit in (ByteUnit.TiB, ByteUnit.GiB, ByteUnit.MiB, ByteUnit.KiB):
+        if n_bytes >= unit.factor:
+            return f"{n_bytes / unit.factor:,.1f} {unit.value}"
+    return f"{n_bytes:,} B"
+
+
 def format_count(count: int) -> str:
     """Render a parameter count the way model cards do: 6.74B, 124.44M."""
     for suffix, factor in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):

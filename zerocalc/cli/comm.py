@@ -27,6 +27,7 @@ from zerocalc.cli.render import (
     unit_label,
 )
 from zerocalc.network.cluster import RankGroup
+from zerocalc.network.links import BandwidthSource
 from zerocalc.network.schedule import GradSync, Tensor
 
 if TYPE_CHECKING:
@@ -150,6 +151,19 @@ def _group(c: CollectiveCost) -> str:
     return f"{kind} {c.group_size}{'*' if c.spans_nodes else ''}"
 
 
+BETA_FROM = {
+    BandwidthSource.CALIBRATION: "fit",
+    BandwidthSource.EXPLICIT: "flag",
+    BandwidthSource.GPU_PRESET: "preset",
+    BandwidthSource.DEFAULT: "default",
+}
+"""Where a row's β came from, in its column."""
+BETA_LEGEND = (
+    "β from: fit, the calibration's fit; flag, --intra-node-bw/--inter-node-bw; preset, the --gpu preset's; "
+    "default, the stated default below"
+)
+
+
 def _strategy_table(row: StrategyComm, unit: ByteUnit) -> Table:
     table = compact_table(
         ("collective", False, "total"),
@@ -158,6 +172,7 @@ def _strategy_table(row: StrategyComm, unit: ByteUnit) -> Table:
         ("calls", True, f"{row.calls_per_step:,}"),
         ("sent/GPU", True, byte_cell(row.total_bytes_per_gpu, unit)),
         ("time", True, format_seconds(row.time_s)),
+        ("β from", False, ""),
     )
     for c in row.collectives:
         table.add_row(
@@ -167,6 +182,7 @@ def _strategy_table(row: StrategyComm, unit: ByteUnit) -> Table:
             f"{c.calls_per_step:,}",
             byte_cell(c.total_bytes_per_gpu, unit),
             format_seconds(c.time_s),
+            BETA_FROM[c.bandwidth_source],
         )
     return table
 
@@ -225,7 +241,7 @@ def render_comm(estimate: CommEstimate, unit: ByteUnit, per_unit: bool = False) 
                 out.print(f"[dim]  {_label(c)}: {c.behaviour}[/dim]")
     out.print(
         f"[dim]· {COLLECTIVE_LEGEND}; * a group spanning nodes (inter-node bandwidth); calls and bytes per "
-        "step, per GPU[/dim]"
+        f"step, per GPU{'' if per_unit else '; ' + BETA_LEGEND}[/dim]"
     )
 
     compute = estimate.compute

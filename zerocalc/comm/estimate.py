@@ -26,9 +26,9 @@ from typing import NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from zerocalc.base.dtypes import DType
-from zerocalc.base.units import format_count, format_seconds, gib, plural, summary_repr
+from zerocalc.base.units import format_count, format_seconds, format_size, gib, plural, summary_repr
 from zerocalc.comm.calls import Call, CallContext, Layout, RuleCalls, rule_calls
-from zerocalc.network.calibration import Calibration
+from zerocalc.network.calibration import Calibration, CollectiveFit
 from zerocalc.network.cluster import Cluster, RankGroup
 from zerocalc.network.collectives import COLLECTIVES, Collective
 from zerocalc.network.links import Bandwidths, BandwidthSource, LinkFigures
@@ -181,25 +181,63 @@ class CommEstimate(BaseModel):
         yield from self.summary()
 
 
+def _fit_for(op: Collective, spans_nodes: bool, calibration: Calibration) -> CollectiveFit | None:
+    """The calibration's fit for this collective over this kind of group, if it has one."""
+    if spans_nodes:
+        kinds = (RankGroup.ACROSS_NODES, RankGroup.WORLD) if calibration.nodes > 1 else ()
+    else:
+        kinds = (RankGroup.NODE,) + ((RankGroup.WORLD,) if calibration.nodes == 1 else ())
+    return next((fit for kind in kinds if (fit := calibration.fit_for(op, kind)) is not None), None)
+
+
 def _figures_for(
     op: Collective, spans_nodes: bool, bandwidths: Bandwidths, calibration: Calibration | None
 ) -> LinkFigures:
     """The calibration's fit for this collective and kind of group if it has one, else the link figures."""
-    if calibration is not None:
-        if spans_nodes:
-            kinds = (RankGroup.ACROSS_NODES, RankGroup.WORLD) if calibration.nodes > 1 else ()
-        else:
-            kinds = (RankGroup.NODE,) + ((RankGroup.WORLD,) if calibration.nodes == 1 else ())
-        for kind in kinds:
-            fit = calibration.fit_for(op, kind)
-            if fit is not None:
-                return LinkFigures(
-                    latency_s=fit.latency_s,
-                    bus_bandwidth_Bps=fit.bus_bandwidth_Bps,
-                    source=BandwidthSource.CALIBRATION,
-                    detail=f"calibration fit of {op.value} over {kind.value} groups of {fit.group_size}",
-                )
+    fit = _fit_for(op, spans_nodes, calibration) if calibration is not None else None
+    if fit is not None:
+        return LinkFigures(
+            latency_s=fit.latency_s,
+            bus_bandwidth_Bps=fit.bus_bandwidth_Bps,
+            source=BandwidthSource.CALIBRATION,
+            detail=f"calibration fit of {op.value} over {fit.group_kind.value} groups of {fit.group_size}",
+        )
     return bandwidths.inter_node if spans_nodes else bandwidths.intra_node
+
+
+def _calibration_notes(calibration: Calibration, name: str, rows: list[StrategyComm]) -> list[str]:
+    """Where a calibration is used beyond what it measured: calls larger or smaller than its sweep's sizes
+    (its fit extrapolated), and a table mixing a calibration of another backend than NCCL with the
+    NCCL-class link figures."""
+    notes = []
+    sizes: dict[tuple[Collective, bool], list[int]] = {}
+    mixed = False
+    for row in rows:
+        for cost in row.collectives:
+            if cost.bandwidth_source is not BandwidthSource.CALIBRATION:
+                mixed = True
+                continue
+            calls = [s * cost.dtype.bytes for unit in cost.units for s in unit.elements]
+            sizes.setdefault((cost.op, cost.spans_nodes), []).extend(calls)
+    for (op, spans_nodes), calls in sizes.items():
+        fit = _fit_for(op, spans_nodes, calibration)
+        measured = calibration.measured_range(op, fit.group_kind) if fit is not None else None
+        if fit is None or measured is None or not calls:
+            continue
+        low, high = measured
+        if min(calls) < low or max(calls) > high:
+            notes.append(
+                f"calibration {_escaped(name)} measured {op.value} over {fit.group_kind.value} groups of "
+                f"{fit.group_size} from {format_size(low)} to {format_size(high)} per call; these calls move "
+                f"{format_size(min(calls))} to {format_size(max(calls))}: its fit is extrapolated"
+            )
+    if sizes and mixed and calibration.backend != "nccl":
+        notes.append(
+            f"calibration {_escaped(name)} was measured with {calibration.backend} on "
+            f"{_escaped(calibration.device_name)}; the collectives it has no fit for use NCCL-class link "
+            "figures: times in one table mix the two (β from, per collective)"
+        )
+    return notes
 
 
 def _dtype(role: DtypeRole, precision: PrecisionName, reduce_dtype: DType | None) -> DType:
@@ -466,6 +504,8 @@ def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -
             f"{plural(calibration.gpus_per_node, 'rank')}) covers none of these collectives and groups: "
             "every time uses the link figures below"
         )
+    if calibration is not None and used:
+        notes += _calibration_notes(calibration, request.calibration_name or "calibration", rows)
     if request.framework not in (Framework.PAPER, Framework.MEGATRON) and not layout.from_architecture:
         notes.append(
             "without {model} the model is one flat array of Ψ elements: bytes that depend on Ψ alone are "

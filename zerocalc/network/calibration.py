@@ -78,6 +78,15 @@ class Calibration(_Finite):
     def fit_for(self, collective: Collective, group_kind: MeasuredGroup) -> CollectiveFit | None:
         return next((f for f in self.fits if f.collective is collective and f.group_kind is group_kind), None)
 
+    def measured_range(self, collective: Collective, group_kind: MeasuredGroup) -> tuple[int, int] | None:
+        """The smallest and largest S (bytes) the sweep measured for a fit (None: no measurement kept)."""
+        sizes = [
+            m.size_bytes
+            for m in self.measurements
+            if m.collective is collective and m.group_kind is group_kind
+        ]
+        return (min(sizes), max(sizes)) if sizes else None
+
 
 def save_calibration(calibration: Calibration, path: str | Path, parents: bool = False) -> Path:
     """Write atomically (see :mod:`zerocalc.base.atomic`); ``parents``: create missing folders."""
