@@ -543,3 +543,91 @@ def test_a_calibration_within_its_sweep_adds_no_warning(tmp_path: Path) -> None:
     path = _gloo_all_gather_calibration(tmp_path / "cal.json")
     estimate = estimate_comm("500K", 2, strategies="zero3", calibration=str(path))
     assert not any("extrapolated" in note for note in estimate.notes), estimate.notes
+
+
+@pytest.mark.parametrize(
+    ("args", "phrases"),
+    [
+        (
+            ["memory", "--params", "7B", "--gpus", "8", "--fp32-grad-accum"],
+            ["b_p = 2,", "b_g = 2,", "K = 12"],
+        ),
+        (["memory", "--model", "llama-3-8b", "--gpus", "8"], ["Ψ = 8,030,261,248 (8.03B),", "s = 2048,"]),
+        (["comm", "--model", "llama-3-8b", "--gpus", "8"], ["Ψ = 8,030,261,248 (8.03B),", "(g = 8),"]),
+    ],
+)
+def test_headings_break_between_phrases_at_80_columns(args: list[str], phrases: list[str]) -> None:
+    result = runner.invoke(app, args, env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    for phrase in phrases:
+        assert any(phrase in line for line in lines), phrase
+    assert not any(line.rstrip().endswith("=") or line.startswith("= ") for line in lines)
+
+
+def test_plan_rows_keep_their_title_whole_and_name_the_framework_once() -> None:
+    args = ["plan", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "16", "--global-batch", "64seq",
+            "--framework", "fsdp2", "--top", "3"]  # fmt: skip
+    result = runner.invoke(app, args, env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    keys = [line.split("│")[1].strip() for line in result.stdout.splitlines() if line.startswith("│")]
+    firsts = [key for key in keys if key[:2] in ("1.", "2.", "3.")]
+    assert [key[:15] for key in firsts] == [f"{n}. FSDP2 HSDP g" for n in "123"]
+    assert all(key.endswith("×16") for key in firsts)  # the rank, title, nodes and GPUs on one line
+    assert all(key.startswith("b") for key in keys[1:2])  # then b×A and the options
+    assert "global batch 131,072 tokens (64 × 2,048)," in result.stdout
+
+
+@pytest.mark.parametrize("name", ["llama-3-8b", "h100-80gb", "llama-3-8b-fsdp-no-sync-16xh100"])
+def test_presets_show_prints_its_file_path_whole(name: str) -> None:
+    result = runner.invoke(app, ["presets", "show", name], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    first = result.stdout.splitlines()[0]
+    assert first.endswith(".toml") and "/presets/" in first
+
+
+def test_check_keeps_scenario_names_whole_and_shows_progress(tmp_path: Path) -> None:
+    """The longest shipped name at 80 columns; progress on stderr, one line per scenario when piped."""
+    name = "llama-3-8b-fsdp-no-sync-16xh100"
+    for folder, suffix in (("scenarios", ".toml"), ("expected", ".json")):
+        (tmp_path / folder).mkdir()
+        shipped = ROOT / "presets" / folder / f"{name}{suffix}"
+        (tmp_path / folder / f"{name}{suffix}").write_bytes(shipped.read_bytes())
+    result = runner.invoke(app, ["check", str(tmp_path)], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert any(f"│ {name} │ ok" in line for line in result.stdout.splitlines())
+    assert result.stderr == f"zerocalc check: {name}: 1/1 scenarios\n"
+
+
+def test_a_progress_bar_names_what_runs_now() -> None:
+    import io
+
+    from zerocalc.harness.procs import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    bar = Progress("zerocalc validate", 2, Terminal())
+    bar.running("ddp · fp32")
+    bar.step("ddp · fp32", "match")
+    bar.running("fsdp2 · fp32")  # the one now running, not the one finished
+    assert bar._bar.tasks[0].description == "fsdp2 · fp32" and bar._bar.tasks[0].completed == 1
+    bar.close()
+
+
+def test_validate_collective_headers_are_distinct() -> None:
+    from zerocalc.cli.validate import _collective_table
+    from zerocalc.parallel.precision import PrecisionName
+    from zerocalc.validate.compare import CollectiveResult, ConfigResult
+
+    collective = CollectiveResult(op="all_reduce", phase="backward", dtype="fp32", group="world",
+                                  group_size=2,
+                                  predicted_calls=1, measured_calls=[1, 1], predicted_bytes=8,
+                                  measured_bytes=[8, 8], ok=True, explanation="")  # fmt: skip
+    config = ConfigResult(
+        strategy="ddp", precision=PrecisionName.FP32, status="match", collectives=[collective]
+    )
+    headers = [str(column.header) for column in _collective_table(config).columns if str(column.header)]
+    assert len(headers) == len(set(headers))
+    assert "calls\nmeasured" in headers and "bytes/rank\nmeasured" in headers

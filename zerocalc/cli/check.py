@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json as jsonlib
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -21,17 +21,17 @@ Update = Annotated[
 ]
 MAX_CHANGES_SHOWN = 8
 
+if TYPE_CHECKING:
+    from rich.table import Table
+
 
 @app.command(cls=PlainTextCommand)
 def check(directory: Directory = None, update: Update = False) -> None:
     """Recompute every preset scenario (memory and comm) and compare with presets/expected/NAME.json."""
     from rich.table import Table
 
-    from zerocalc.base.atomic import write_text_atomic
-    from zerocalc.base.errors import InputError, why_not
-    from zerocalc.request.presets import installed_presets, load_toml, presets_root
-    from zerocalc.scenarios.check import diff
-    from zerocalc.scenarios.scenario import Scenario, evaluate_scenario
+    from zerocalc.harness import procs
+    from zerocalc.request.presets import installed_presets, presets_root
 
     root = directory or presets_root()
     if not root.exists():
@@ -50,62 +50,32 @@ def check(directory: Directory = None, update: Update = False) -> None:
     if not files:
         raise fail(f"{str(scenarios_dir)!r} holds no scenario (*.toml)")
 
-    table = Table(header_style="bold", title=f"zerocalc check: {root}")
-    table.add_column("Scenario", overflow="fold")
-    table.add_column("Result", overflow="fold")
-    table.add_column("Changed fields (old → new)", overflow="fold")
+    table = Table(header_style="bold")
+    table.add_column("Scenario", no_wrap=True)
+    table.add_column("Result", no_wrap=True)
+    details: dict[str, list[str]] = {}
     failures = 0
-    for path in files:
-        expected_path = root / "expected" / f"{path.stem}.json"
-        try:
-            actual = evaluate_scenario(load_toml(path, Scenario))
-        except InputError as exc:
-            failures += 1
-            table.add_row(path.stem, "[red]broken[/red]", str(exc))
-            continue
-        text = jsonlib.dumps(actual, indent=2, sort_keys=True) + "\n"
-        if update:
-            try:
-                write_text_atomic(expected_path, text, parents=True)  # expected/ of the named folder
-            except OSError as exc:
-                raise fail(
-                    f"{str(expected_path)!r} cannot be written ({why_not(exc)}); nothing after it was "
-                    "written; accepted: a writable presets folder"
-                ) from None
-            table.add_row(path.stem, "[cyan]updated[/cyan]", str(expected_path))
-            continue
-        if not expected_path.is_file():
-            failures += 1
-            table.add_row(
-                path.stem, "[red]no expectation[/red]", f"{expected_path} is missing (run --update)"
-            )
-            continue
-        try:
-            expected = jsonlib.loads(expected_path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError:
-            failures += 1
-            table.add_row(path.stem, "[red]broken[/red]", f"{expected_path}: not UTF-8 text")
-            continue
-        except jsonlib.JSONDecodeError as exc:
-            failures += 1
-            table.add_row(path.stem, "[red]broken[/red]", f"{expected_path}: not JSON ({exc.msg})")
-            continue
-        changes = diff(expected, jsonlib.loads(text))
-        if not changes:
-            table.add_row(path.stem, "[green]ok[/green]", "")
-            continue
-        failures += 1
-        shown = [f"{c.path}: {c.old} → {c.new}" for c in changes[:MAX_CHANGES_SHOWN]]
-        if len(changes) > MAX_CHANGES_SHOWN:
-            shown.append(f"… and {len(changes) - MAX_CHANGES_SHOWN} more")
-        table.add_row(path.stem, f"[red]changed ({len(changes)})[/red]", "\n".join(shown))
+    progress = procs.Progress("zerocalc check", len(files))
+    try:
+        for number, path in enumerate(files):
+            progress.running(path.stem)
+            failures += _check_one(root, path, update, table, details)
+            progress.step(path.stem, f"{number + 1}/{len(files)} scenarios")
+    finally:
+        progress.close()
     known = {path.stem for path in files}
     for orphan in sorted((root / "expected").glob("*.json")):
         if orphan.stem not in known:
             failures += 1
-            table.add_row(orphan.stem, "[red]orphan[/red]", f"{orphan} has no scenario (delete or add one)")
+            table.add_row(orphan.stem, "[red]orphan[/red]")
+            details[orphan.stem] = [f"expected/{orphan.name} has no scenario (delete or add one)"]
     out = console()
+    out.print(f"[bold]zerocalc check[/bold]: {root}", soft_wrap=True)
     out.print(table)
+    for name, lines in details.items():  # whole lines, never cut: a terminal wraps them
+        out.print(f"[bold]{name}[/bold]")
+        for line in lines:
+            out.print(f"  {line}", soft_wrap=True, markup=False)
     if update:
         written = plural(len(files) - failures, "expectation")
         out.print(f"{written} written, {plural(failures, 'scenario')} broken")
@@ -113,3 +83,57 @@ def check(directory: Directory = None, update: Update = False) -> None:
         out.print(f"{len(files) - failures} of {plural(len(files), 'scenario')} match their expectations")
     if failures:
         raise typer.Exit(1)
+
+
+def _check_one(root: Path, path: Path, update: bool, table: Table, details: dict[str, list[str]]) -> int:
+    """Recompute one scenario, add its row and what changed (``details``); 1 when it is broken or changed,
+    else 0."""
+    from zerocalc.base.atomic import write_text_atomic
+    from zerocalc.base.errors import InputError, why_not
+    from zerocalc.request.presets import load_toml
+    from zerocalc.scenarios.check import diff
+    from zerocalc.scenarios.scenario import Scenario, evaluate_scenario
+
+    expected_path = root / "expected" / f"{path.stem}.json"
+    expected_name = f"expected/{expected_path.name}"
+    try:
+        actual = evaluate_scenario(load_toml(path, Scenario))
+    except InputError as exc:
+        table.add_row(path.stem, "[red]broken[/red]")
+        details[path.stem] = [str(exc)]
+        return 1
+    text = jsonlib.dumps(actual, indent=2, sort_keys=True) + "\n"
+    if update:
+        try:
+            write_text_atomic(expected_path, text, parents=True)  # expected/ of the named folder
+        except OSError as exc:
+            raise fail(
+                f"{str(expected_path)!r} cannot be written ({why_not(exc)}); nothing after it was "
+                "written; accepted: a writable presets folder"
+            ) from None
+        table.add_row(path.stem, f"[cyan]updated[/cyan] {expected_name}")
+        return 0
+    if not expected_path.is_file():
+        table.add_row(path.stem, "[red]no expectation[/red]")
+        details[path.stem] = [f"{expected_name} is missing (run --update)"]
+        return 1
+    try:
+        expected = jsonlib.loads(expected_path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        table.add_row(path.stem, "[red]broken[/red]")
+        details[path.stem] = [f"{expected_name}: not UTF-8 text"]
+        return 1
+    except jsonlib.JSONDecodeError as exc:
+        table.add_row(path.stem, "[red]broken[/red]")
+        details[path.stem] = [f"{expected_name}: not JSON ({exc.msg})"]
+        return 1
+    changes = diff(expected, jsonlib.loads(text))
+    if not changes:
+        table.add_row(path.stem, "[green]ok[/green]")
+        return 0
+    shown = [f"{c.path}: {c.old} → {c.new}" for c in changes[:MAX_CHANGES_SHOWN]]
+    if len(changes) > MAX_CHANGES_SHOWN:
+        shown.append(f"… and {len(changes) - MAX_CHANGES_SHOWN} more")
+    table.add_row(path.stem, f"[red]changed ({len(changes)})[/red]")
+    details[path.stem] = shown
+    return 1

@@ -24,6 +24,7 @@ from zerocalc.cli.render import (
     compact_table,
     console,
     print_json,
+    print_phrases,
     unit_label,
 )
 from zerocalc.network.cluster import RankGroup
@@ -216,15 +217,17 @@ def render_comm(estimate: CommEstimate, unit: ByteUnit, per_unit: bool = False) 
     request = estimate.request
     cluster = request.cluster
     out = console()
-    model = f"{request.model}, " if request.model else ""
-    out.print(
-        f"[bold]Communication per optimizer step[/bold] ({request.framework.value}): {model}"
-        f"Ψ = {request.params:,} ({format_count(request.params)}), "
-        f"N = {plural(cluster.world_size, 'GPU')} on {plural(cluster.nodes, 'node')} "
-        f"(g = {cluster.ranks_per_node}), A = {request.grad_accum} micro-batch"
-        f"{'es' if request.grad_accum > 1 else ''}, {request.precision.value}"
+    model = f" {request.model}," if request.model else ""
+    print_phrases(
+        f"[bold]Communication per optimizer step[/bold] ({request.framework.value}):{model}",
+        f"Ψ = {request.params:,} ({format_count(request.params)}),",
+        f"N = {plural(cluster.world_size, 'GPU')} on {plural(cluster.nodes, 'node')}",
+        f"(g = {cluster.ranks_per_node}),",
+        f"A = {request.grad_accum} micro-batch{'es' if request.grad_accum > 1 else ''},",
+        request.precision.value
         + (f", ZeRO++ {'+'.join(z.value for z in request.zeropp)}" if request.zeropp else "")
-        + f"; sizes in {unit_label(unit)}"
+        + ";",
+        f"sizes in {unit_label(unit)}",
     )
     if cluster.world_size == 1:
         out.print(

@@ -10,7 +10,16 @@ from zerocalc.base.errors import with_names
 from zerocalc.base.units import ByteUnit, format_count, parse_byte_unit
 from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app, flag
-from zerocalc.cli.render import Column, byte_cell, byte_text, console, print_fitted, print_json, unit_label
+from zerocalc.cli.render import (
+    Column,
+    byte_cell,
+    byte_text,
+    console,
+    print_fitted,
+    print_json,
+    print_phrases,
+    unit_label,
+)
 
 if TYPE_CHECKING:
     from zerocalc.peak.report import FrameworkStates, PeakEstimate, StrategyPeak
@@ -168,10 +177,10 @@ def render_memory(estimate: MemoryEstimate, unit: ByteUnit) -> None:
             if count.active_per_token != count.total
             else ""
         )
-        out.print(
-            f"[bold]Model[/bold] {estimate.model.title or estimate.model.name}: "
-            f"{count.total:,} parameters{active}; "
-            f"largest layer {count.largest_layer_name} ({count.largest_layer_params:,})"
+        print_phrases(
+            f"[bold]Model[/bold] {estimate.model.title or estimate.model.name}:",
+            f"{count.total:,} parameters{active};",
+            f"largest layer {count.largest_layer_name} ({count.largest_layer_params:,})",
         )
     if estimate.gpu is not None:
         gpu = estimate.gpu
@@ -179,10 +188,14 @@ def render_memory(estimate: MemoryEstimate, unit: ByteUnit) -> None:
             f"[bold]GPU[/bold] {gpu.title}: {byte_cell(gpu.usable_bytes, unit)} {unit.value} as PyTorch "
             f"sees it ({byte_cell(gpu.memory_bytes, unit)} {unit.value} in nvidia-smi)"
         )
-    out.print(
-        f"[bold]Model states per GPU[/bold]: Ψ = {request.params:,} ({format_count(request.params)}), "
-        f"N = {request.cluster.world_size}, {request.precision.value} + {request.optimizer.value}: "
-        f"b_p = {bpp.b_p}, b_g = {bpp.b_g}, K = {k} bytes/param{extra}; units: {unit_label(unit)}"
+    print_phrases(
+        f"[bold]Model states per GPU[/bold]: Ψ = {request.params:,} ({format_count(request.params)}),",
+        f"N = {request.cluster.world_size},",
+        f"{request.precision.value} + {request.optimizer.value}:",
+        f"b_p = {bpp.b_p},",
+        f"b_g = {bpp.b_g},",
+        f"K = {k} bytes/param{extra};",
+        f"units: {unit_label(unit)}",
     )
     rows = estimate.strategies
     columns = [
@@ -287,10 +300,14 @@ def render_peak(peak: PeakEstimate, unit: ByteUnit) -> None:
     out = console()
     o = peak.options
     capacity = o.gpu_memory_bytes
-    out.print(
-        f"[bold]Peak of one training step per GPU[/bold] ({o.framework.value}, {o.model_impl.value} model "
-        f"code, {o.optimizer_impl.value} Adam; s = {o.seq_len}, b = {o.micro_batch}, recompute "
-        f"{o.recompute.value}), {unit.value}"
+    print_phrases(
+        f"[bold]Peak of one training step per GPU[/bold] ({o.framework.value},",
+        f"{o.model_impl.value} model code,",
+        f"{o.optimizer_impl.value} Adam;",
+        f"s = {o.seq_len},",
+        f"b = {o.micro_batch},",
+        f"recompute {o.recompute.value}),",
+        unit.value,
     )
     summary = Table(header_style="bold")
     summary.add_column("Strategy", ratio=1, overflow="fold")

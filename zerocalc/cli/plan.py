@@ -10,7 +10,15 @@ import typer
 from zerocalc.base.units import ByteUnit, parse_byte_unit
 from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app, flag
-from zerocalc.cli.render import Column, byte_cell, console, print_fitted, print_json, unit_label
+from zerocalc.cli.render import (
+    Column,
+    byte_cell,
+    console,
+    print_fitted,
+    print_json,
+    print_phrases,
+    unit_label,
+)
 
 if TYPE_CHECKING:
     from zerocalc.plan.search import PlanResult, PlanRow
@@ -136,7 +144,9 @@ def command(name: str, options: dict[str, str]) -> str:
 
 def _label(row: PlanRow) -> str:
     node = f" g{row.gpus_per_node}" if row.strategy.value == "hybrid_shard" else ""
-    extras = [f"b{row.micro_batch}×A{row.grad_accum}", f"rc {row.recompute.value}"]
+    extras = [f"b{row.micro_batch}×A{row.grad_accum}"]
+    if row.recompute.value != "none":
+        extras.append(f"rc {row.recompute.value}")
     if row.offload_optimizer.value != "none":
         extras.append(f"opt→{row.offload_optimizer.value}")
     if row.offload_params.value != "none":
@@ -147,19 +157,23 @@ def _label(row: PlanRow) -> str:
         extras.append(f"prefetch {row.prefetch}")
     if row.grad_sync is not None:
         extras.append(f"sync {row.grad_sync.value}")
-    return f"{row.rank}. {row.framework.value} {row.title}{node} ×{row.gpus}\n" + " ".join(extras)
+    framework = row.framework.value
+    named = framework.replace("-", "") in row.title.lower().replace("-", "")  # "FSDP2 HSDP" names fsdp2
+    head = f"{row.rank}. {'' if named else framework + ' '}{row.title}{node} ×{row.gpus}"
+    return head + "\n" + " ".join(extras)
 
 
 def render_plan(result: PlanResult, unit: ByteUnit) -> None:
     out = console()
     r = result.request
-    title = (
-        f"{r.model} on up to {r.max_gpus} × {r.gpu}: global batch {r.global_batch_tokens:,} tokens "
-        f"({r.global_batch_sequences:,} × {r.seq_len:,}), objective {r.objective.value}"
+    print_phrases(
+        f"[bold]{r.model} on up to {r.max_gpus} × {r.gpu}:[/bold]",
+        f"global batch {r.global_batch_tokens:,} tokens",
+        f"({r.global_batch_sequences:,} × {r.seq_len:,}),",
+        f"objective {r.objective.value}",
     )
     rows = result.top
     if not rows:
-        out.print(title)
         out.print("[bold red]No configuration fits.[/bold red]")
     else:
         print_fitted(
@@ -174,7 +188,6 @@ def render_plan(result: PlanResult, unit: ByteUnit) -> None:
                 Column("MFU", [f"{row.mfu:.1%}" for row in rows]),
             ],
             key_width=24,
-            title=title,
         )
         out.print(
             f"[dim]{unit_label(unit)}; Peak: memory's exact peak_bytes; Free: headroom to the GPU's "

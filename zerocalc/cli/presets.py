@@ -100,7 +100,8 @@ def show(name: Name, gpus: Gpus = "8") -> None:
         _, preset = load_model(name)
         assert estimate.model is not None
         arch = estimate.model.parameter_count
-        table = Table(title=f"{preset.title if preset else name} ({path})", header_style="bold")
+        out.print(f"[bold]{preset.title if preset else name}[/bold]: {path}", soft_wrap=True)
+        table = Table(header_style="bold")
         table.add_column("Field", no_wrap=True)
         table.add_column("Value", overflow="fold")
         architecture, _ = load_model(name)
@@ -114,7 +115,8 @@ def show(name: Name, gpus: Gpus = "8") -> None:
         render_memory(estimate, ByteUnit.GiB)
         return
     data = load_gpu(name) if kind == "gpus" else load_toml(path, Scenario)
-    table = Table(title=f"{name} ({path})", header_style="bold")
+    out.print(f"[bold]{name}[/bold]: {path}", soft_wrap=True)
+    table = Table(header_style="bold")
     table.add_column("Field", no_wrap=True)
     table.add_column("Value", overflow="fold")
     for field, value in data.model_dump().items():

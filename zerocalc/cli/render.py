@@ -45,6 +45,21 @@ def print_json(model: BaseModel) -> None:
     sys.stdout.write(text + "\n")
 
 
+def print_phrases(*phrases: str) -> None:
+    """Print a heading made of phrases (``Ψ = 7,000,000,000 (7B),``, ``b_p = 2,``) joined by spaces,
+    breaking lines only between them, so that a formula is never cut (``b_p =`` / ``2``) at the
+    console's width; a phrase wider than the console wraps on its own."""
+    out = console()
+    lines: list[str] = []
+    for phrase in phrases:
+        if lines and _cell_width(lines[-1] + " " + phrase) <= out.width:
+            lines[-1] += " " + phrase
+        else:
+            lines.append(phrase)
+    for line in lines:
+        out.print(line)
+
+
 def unit_label(unit: ByteUnit) -> str:
     if unit is ByteUnit.B:
         return "bytes"

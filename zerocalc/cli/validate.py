@@ -19,6 +19,8 @@ from zerocalc.cli.options import Json, Model
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from zerocalc.network.schedule import GradSync
+    from zerocalc.parallel.precision import PrecisionName
     from zerocalc.validate.compare import ConfigResult, ValidationReport
 
 NEEDS_TORCH = "zerocalc validate needs PyTorch; install it with: pip install 'zerocalc[bench]'"
@@ -159,6 +161,7 @@ def validate(
     from zerocalc.bench.topology import launched_by, placement_from_env
     from zerocalc.harness import procs
     from zerocalc.network.schedule import GradSync
+    from zerocalc.parallel.precision import PrecisionName
     from zerocalc.request.training import MAX_GRAD_ACCUM
     from zerocalc.validate import run
     from zerocalc.validate.config import OPTIMIZERS, PRECISIONS, STRATEGIES, check_buildable
@@ -198,9 +201,17 @@ def validate(
     total = len(chosen) * len(recipes) * len(syncs)
     progress = procs.Progress("zerocalc validate", total) if shows else None
 
+    upcoming = [
+        job_title(s, PrecisionName(p), grad_accum, sync) for s in chosen for p in recipes for sync in syncs
+    ]  # run_all's order
+    if progress is not None and upcoming:
+        progress.running(upcoming[0])
+
     def on_result(result: ConfigResult, done: int, total: int) -> None:
         if progress is not None:
             progress.step(config_title(result), _progress_line(result, done, total))
+            if done < len(upcoming):
+                progress.running(upcoming[done])
 
     try:
         report = run.run_all(
@@ -457,9 +468,14 @@ def _device_gpu_preset(device_name: str, total_bytes: int) -> str:
 
 def config_title(config: ConfigResult) -> str:
     """``fsdp2 · bf16-mixed``, with ``· A=2 last`` under gradient accumulation."""
-    title = f"{config.strategy} · {config.precision.value}"
-    if config.grad_accum > 1:
-        title += f" · A={config.grad_accum} {config.grad_sync.value}"
+    return job_title(config.strategy, config.precision, config.grad_accum, config.grad_sync)
+
+
+def job_title(strategy: str, precision: PrecisionName, grad_accum: int, grad_sync: GradSync) -> str:
+    """A configuration's title, before or after it runs (:func:`config_title`)."""
+    title = f"{strategy} · {precision.value}"
+    if grad_accum > 1:
+        title += f" · A={grad_accum} {grad_sync.value}"
     return title
 
 
@@ -492,10 +508,10 @@ def _collective_table(config: ConfigResult) -> Table:
         ("collective", False, ""),
         ("dtype", False, ""),
         ("group", False, ""),
-        ("calls", True, ""),
-        ("measured", True, ""),
-        ("bytes/rank", True, ""),
-        ("measured", True, ""),
+        ("calls\npredicted", True, ""),
+        ("calls\nmeasured", True, ""),
+        ("bytes/rank\npredicted", True, ""),
+        ("bytes/rank\nmeasured", True, ""),
         ("", False, ""),
     )
     for c in config.collectives:

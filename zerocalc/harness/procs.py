@@ -435,6 +435,11 @@ class Progress:
         self.stream.write(f"{self.command}: {label}: {detail}\n")
         self.stream.flush()
 
+    def running(self, label: str) -> None:
+        """Name on the bar what runs now (the next step); the plain lines name steps once done."""
+        if self._bar is not None:
+            self._bar.update(self._task, description=label)
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
