@@ -159,3 +159,92 @@ def test_every_option_of_validate(
     monkeypatch.setattr(run, "run_all", _never_measure)
     monkeypatch.setattr(saved_measure, "run_cases", _never_measure)
     _run_and_check(_draw_args(data, "validate", ["validate", *mode]), tmp_path)
+
+
+COLUMNS = st.one_of(st.integers(-5, 400).map(str), st.sampled_from(["", " ", "abc", "80x", "1e3"]))
+ENVIRONMENT = st.fixed_dictionaries(
+    {
+        "COLUMNS": COLUMNS,
+        "NO_COLOR": st.sampled_from(["", "1"]),
+        "TERM": st.sampled_from(["", "dumb", "xterm-256color", "vt100", "linux"]),
+    }
+)
+
+
+@pytest.mark.parametrize("command", sorted(BASE))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), environment=ENVIRONMENT)
+def test_every_option_under_any_terminal_settings(
+    command: str, data: st.DataObject, environment: dict[str, str], tmp_path: Path
+) -> None:
+    """COLUMNS (0, negative, huge, text), NO_COLOR and TERM with random options: the same contract, and an
+    accepted run prints every number whole (no '…') in lines no wider than its width (80 below 60)."""
+    args = _draw_args(data, command, BASE[command], max_size=2)
+    before = set(os.listdir(tmp_path))
+    result = runner.invoke(app, args, env=environment)
+    _check(result, tmp_path, before)
+    if result.exit_code == 0:
+        columns = environment["COLUMNS"].strip()
+        width = int(columns) if columns.isdigit() and int(columns) >= 60 else 80
+        assert "…" not in result.stdout, result.stdout
+        assert max(len(line) for line in result.stdout.splitlines()) <= width, result.stdout
+
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = st.sampled_from(
+    [
+        ["memory", "--params", "7B", "--gpus", "8"],
+        ["memory", "--params", "7B", "--gpus", "8", "--json"],
+        ["memory", "--model", "gpt2", "--gpus", "2"],
+        ["comm", "--params", "7B", "--gpus", "16", "--gpu", "h100-80gb"],
+        ["comm", "--params", "7B", "--gpus", "16", "--json"],
+        ["presets", "list"],
+        ["memory", "--help"],
+        ["memory", "--params", "nonsense"],
+    ]
+)
+SINKS = st.sampled_from(["pipe", "/dev/full", "closed"])
+ENCODINGS = st.sampled_from(["utf-8", "ascii", "latin-1", "cp1252"])
+
+
+@settings(max_examples=20, deadline=None)
+@given(args=RUNS, sink=SINKS, encoding=ENCODINGS, environment=ENVIRONMENT)
+def test_output_errors_and_encodings(
+    args: list[str], sink: str, encoding: str, environment: dict[str, str]
+) -> None:
+    """A real process (its own standard streams): any PYTHONIOENCODING, stdout a pipe, a full disk or
+    closed. Written: exit 0 (2 for bad input); a full disk: exit 1 and one line; closed: exit 1 and one
+    line; never a traceback."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, **environment, "PYTHONPATH": str(ROOT), "PYTHONIOENCODING": encoding}
+    bad_input = args[-1] == "nonsense"
+    with open(os.devnull if sink != "/dev/full" else "/dev/full", "w") as full:
+        result = subprocess.run(
+            [sys.executable, "-m", "zerocalc", *args],
+            stdout=subprocess.PIPE if sink == "pipe" else full,
+            stderr=subprocess.PIPE,
+            env=env,
+            timeout=120,
+            preexec_fn=(lambda: os.close(1)) if sink == "closed" else None,
+        )
+    stderr = result.stderr.decode(encoding, errors="replace")
+    assert "Traceback" not in stderr, stderr
+    lines = stderr.strip().splitlines()
+    if sink == "closed":
+        assert result.returncode == 1 and lines == [
+            "zerocalc: error: standard output is closed; accepted: a terminal, file or pipe to write to"
+        ]
+    elif bad_input:
+        assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("zerocalc: error: ")
+    elif sink == "/dev/full":
+        assert result.returncode == 1
+        assert lines == ["zerocalc: error: cannot write the output (No space left on device)"]
+    else:
+        assert result.returncode == 0 and stderr == "", stderr
+        result.stdout.decode(encoding)  # what was written is in the encoding asked for
+        if "--json" in args:
+            import json
+
+            json.loads(result.stdout)
