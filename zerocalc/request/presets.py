@@ -203,7 +203,7 @@ def load_model(name_or_path: str) -> tuple[Architecture, ModelPreset | None]:
     if name_or_path.strip() in STDIN_NAMES:
         return _load_hf_stdin(), None
     candidate = Path(name_or_path).expanduser()
-    folder = candidate.is_dir()
+    folder = bool(name_or_path.strip()) and candidate.is_dir()
     if folder:
         candidate = candidate / "config.json"  # a checkpoint's folder, as from_pretrained takes it
     if folder or name_or_path.endswith(".json") or candidate.is_file():
