@@ -250,6 +250,6 @@ def test_grad_sync_is_stated_and_frameworks_that_fix_it_say_so() -> None:
     assert "PyTorch's default" in est.row("zero3").grad_sync_reason
     paper = estimate_comm(PSI, 2, grad_accum=4, grad_sync="every")  # the paper fixes DDP and ZeRO-1 to once
     assert paper.row("ddp").grad_sync.value == "last"
-    assert any(note.startswith("DDP: grad-sync every does not apply") for note in paper.notes)
+    assert any(note.startswith("DDP: grad_sync every does not apply") for note in paper.notes)
     with pytest.raises(InputError, match="grad_sync 'sometimes' is not accepted; accepted: every, last"):
         estimate_comm(PSI, 2, grad_sync="sometimes")

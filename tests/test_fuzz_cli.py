@@ -243,8 +243,8 @@ def test_output_errors_and_encodings(
         assert lines == ["zerocalc: error: cannot write the output (No space left on device)"]
     else:
         assert result.returncode == 0 and stderr == "", stderr
-        result.stdout.decode(encoding)  # what was written is in the encoding asked for
+        text = result.stdout.decode(encoding)  # what was written is in the encoding asked for
         if "--json" in args:
             import json
 
-            json.loads(result.stdout)
+            json.loads(text)
