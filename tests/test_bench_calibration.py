@@ -63,7 +63,7 @@ def test_calibration_from_hand_made_times_round_trips(tmp_path, monkeypatch) -> 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     path = default_out_path(cal)
     assert path.parent == tmp_path / "zerocalc" and path.name.startswith("calibration-gloo-4xtest-cpu-")
-    save_calibration(cal, path)
+    save_calibration(cal, path, parents=True)  # the default cache folder is created, as bench does
     assert load_calibration(path) == cal
 
 
