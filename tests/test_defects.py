@@ -630,4 +630,4 @@ def test_validate_collective_headers_are_distinct() -> None:
     )
     headers = [str(column.header) for column in _collective_table(config).columns if str(column.header)]
     assert len(headers) == len(set(headers))
-    assert "calls\nmeasured" in headers and "bytes/rank\nmeasured" in headers
+    assert "calls\nmeas." in headers and "bytes/rank\nmeas." in headers

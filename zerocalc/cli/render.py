@@ -169,6 +169,6 @@ def compact_table(*columns: tuple[str, bool, str]) -> Table:
             justify="right" if numeric else "left",
             no_wrap=numeric,
             overflow="ellipsis" if numeric else "fold",
-            min_width=None if numeric else max(len(word) for word in header.split() or [""]),
+            min_width=None if numeric else max([1, *(len(word) for word in header.split())]),
         )
     return table

@@ -508,10 +508,10 @@ def _collective_table(config: ConfigResult) -> Table:
         ("collective", False, ""),
         ("dtype", False, ""),
         ("group", False, ""),
-        ("calls\npredicted", True, ""),
-        ("calls\nmeasured", True, ""),
-        ("bytes/rank\npredicted", True, ""),
-        ("bytes/rank\nmeasured", True, ""),
+        ("calls\npred.", True, ""),
+        ("calls\nmeas.", True, ""),
+        ("bytes/rank\npred.", True, ""),
+        ("bytes/rank\nmeas.", True, ""),
         ("", False, ""),
     )
     for c in config.collectives:
@@ -575,8 +575,8 @@ def render(report: ValidationReport) -> None:
                 if not c.ok:
                     out.print(f"[red]  ✗ {c.op} {c.phase} {c.dtype} over {c.group}: {c.explanation}[/red]")
     out.print(
-        f"[dim]· {COLLECTIVE_LEGEND}; calls and bytes sent per rank in the step (measured: every rank, "
-        "or its range)[/dim]"
+        f"[dim]· {COLLECTIVE_LEGEND}; calls and bytes sent per rank in the step, pred. predicted by "
+        "zerocalc, meas. measured (every rank, or its range)[/dim]"
     )
     out.print(f"peak: {report.peak}")
     counts = {s: sum(1 for c in report.configs if c.status == s) for s in ("match", "mismatch", "failed")}
