@@ -631,3 +631,19 @@ def test_validate_collective_headers_are_distinct() -> None:
     headers = [str(column.header) for column in _collective_table(config).columns if str(column.header)]
     assert len(headers) == len(set(headers))
     assert "calls\nmeas." in headers and "bytes/rank\nmeas." in headers
+
+
+def test_model_dash_at_a_terminal_is_refused_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from zerocalc.base.errors import InputError
+    from zerocalc.request import presets
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal())
+    presets._load_hf_stdin.cache_clear()
+    with pytest.raises(InputError, match="reads config.json from standard input, which is a terminal"):
+        presets.load_model("-")

@@ -222,6 +222,11 @@ def _load_hf_stdin() -> Architecture:
 
     from zerocalc.model.hf_config import architecture_from_hf_text
 
+    if sys.stdin is not None and sys.stdin.isatty():
+        raise InputError(
+            "{model} - reads config.json from standard input, which is a terminal; accepted: "
+            "`{model} - < config.json`, `cat config.json | zerocalc ... {model} -`, or a path"
+        )
     data = sys.stdin.buffer.read() if sys.stdin is not None else b""
     if not data.strip():
         raise InputError(
