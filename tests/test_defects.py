@@ -645,5 +645,5 @@ def test_model_dash_at_a_terminal_is_refused_not_waited_for(monkeypatch: pytest.
 
     monkeypatch.setattr(sys, "stdin", Terminal())
     presets._load_hf_stdin.cache_clear()
-    with pytest.raises(InputError, match="reads config.json from standard input, which is a terminal"):
+    with pytest.raises(InputError, match=r"reads config\.json from standard input, which is a terminal"):
         presets.load_model("-")
