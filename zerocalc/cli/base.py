@@ -17,13 +17,13 @@ from zerocalc.base.errors import InputError
 
 EXIT_BAD_INPUT = 2
 
-_FLAGS = {"strategies": "--strategy", "frameworks": "--framework"}
-"""Concepts whose flag is not ``--`` + the concept with ``-`` for ``_``."""
-
 
 def flag(concept: str) -> str:
-    """The command-line flag of a request concept (``gpus_per_node`` → ``--gpus-per-node``)."""
-    return _FLAGS.get(concept, "--" + concept.replace("_", "-"))
+    """The command-line flag of a request concept (``gpus_per_node`` → ``--gpus-per-node``): the option's
+    (:data:`zerocalc.request.options.FLAGS`), else ``--`` + the concept with ``-`` for ``_``."""
+    from zerocalc.request.options import FLAGS
+
+    return FLAGS.get(concept, "--" + concept.replace("_", "-"))
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:

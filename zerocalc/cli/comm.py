@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from zerocalc.base.units import (
     ByteUnit,
@@ -27,6 +25,7 @@ from zerocalc.cli.render import (
 )
 from zerocalc.network.cluster import RankGroup
 from zerocalc.network.schedule import GradSync, Tensor
+from zerocalc.request.options import Command, echo
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -34,94 +33,20 @@ if TYPE_CHECKING:
     from zerocalc.comm.estimate import CollectiveCost, CommEstimate, StrategyComm
     from zerocalc.network.links import LinkFigures
 
-Calibration = Annotated[
-    str | None, typer.Option("--calibration", help="A calibration JSON written by `zerocalc bench`.")
-]
-IntraBw = Annotated[
-    str | None, typer.Option("--intra-node-bw", help="Bus bandwidth per GPU inside a node, e.g. 450GB/s.")
-]
-InterBw = Annotated[
-    str | None, typer.Option("--inter-node-bw", help="Bus bandwidth per GPU across nodes, e.g. 50GB/s.")
-]
-Latency = Annotated[
-    str | None,
-    typer.Option("--latency", help="Latency α per collective: 20us, 0.05ms, 2e-5 (s) \\[default: 20us]."),
-]
-TokensPerStep = Annotated[
-    str | None, typer.Option("--tokens-per-step", help="T: tokens per optimizer step (all GPUs), e.g. 4M.")
-]
-Tflops = Annotated[str | None, typer.Option("--tflops", help="F: achieved TFLOP/s per GPU, e.g. 400.")]
-CommFramework = Annotated[
-    str,
-    typer.Option(
-        "--framework",
-        help="Whose schedule: paper (ZeRO paper §7), deepspeed, megatron, fsdp, fsdp2, torch-zero1, ddp.",
-    ),
-]
-PerUnit = Annotated[
-    bool,
-    typer.Option("--per-unit", help="One row per FSDP unit, DDP or DeepSpeed bucket, or broadcasting rank."),
-]
-
 
 @app.command(cls=PlainTextCommand)
-def comm(
-    params: opt.Params = None,
-    model: opt.Model = None,
-    gpus: opt.Gpus = "1",
-    gpus_per_node: opt.GpusPerNode = None,
-    strategy: opt.StrategyOpt = "all",
-    framework: CommFramework = "paper",
-    precision: opt.Precision = "bf16-mixed",
-    grad_accum: opt.GradAccum = "1",
-    grad_sync: opt.GradSyncOpt = None,
-    reduce_dtype: opt.ReduceDtype = None,
-    zeropp: opt.ZeroPPOpt = None,
-    ddp_bucket: opt.DdpBucket = None,
-    reduce_bucket: opt.ReduceBucket = "5e8",
-    calibration: Calibration = None,
-    gpu: opt.Gpu = None,
-    intra_node_bw: IntraBw = None,
-    inter_node_bw: InterBw = None,
-    latency: Latency = None,
-    tokens_per_step: TokensPerStep = None,
-    tflops: Tflops = None,
-    units: opt.Units = "GiB",
-    per_unit: PerUnit = False,
-    json: opt.Json = False,
-) -> None:
+@opt.takes_options(Command.COMM)
+def comm(values: dict[str, Any]) -> None:
     """Collectives of each strategy per optimizer step: bytes each GPU sends and the time they take."""
     from zerocalc.comm.estimate import evaluate_comm
     from zerocalc.parallel.frameworks import Estimate
     from zerocalc.request.training import TrainingOptions, parse_request
 
-    unit = parse_byte_unit(units)
-    request = parse_request(
-        TrainingOptions(
-            estimate=Estimate.COMM,
-            params=params,
-            model=model,
-            gpus=gpus,
-            gpus_per_node=gpus_per_node,
-            strategies=strategy,
-            framework=framework,
-            precision=precision,
-            grad_accum=grad_accum,
-            grad_sync=grad_sync,
-            reduce_dtype=reduce_dtype,
-            zeropp=zeropp,
-            ddp_bucket=ddp_bucket,
-            reduce_bucket=reduce_bucket,
-            calibration=calibration,
-            gpu=gpu,
-            intra_node_bw=intra_node_bw,
-            inter_node_bw=inter_node_bw,
-            latency=latency,
-            tokens_per_step=tokens_per_step,
-            tflops=tflops,
-        )
-    )
-    estimate = evaluate_comm(request)
+    unit = parse_byte_unit(values["units"])
+    json, per_unit = values["json"], values["per_unit"]
+    given = opt.request_values(Command.COMM, values)
+    request = parse_request(TrainingOptions(estimate=Estimate.COMM, **given))
+    estimate = evaluate_comm(request).model_copy(update={"options": echo(Command.COMM, given)})
     if json:
         print_json(estimate)
     else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -10,6 +10,7 @@ from zerocalc.base.units import ByteUnit, format_count, parse_byte_unit
 from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app
 from zerocalc.cli.render import Column, byte_cell, byte_text, console, print_fitted, print_json, unit_label
+from zerocalc.request.options import Command, echo
 
 if TYPE_CHECKING:
     from zerocalc.peak.report import FrameworkStates, PeakEstimate, StrategyPeak
@@ -24,86 +25,22 @@ _STATE_COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 @app.command(cls=PlainTextCommand)
-def memory(
-    params: opt.Params = None,
-    model: opt.Model = None,
-    gpus: opt.Gpus = "1",
-    gpus_per_node: opt.GpusPerNode = None,
-    strategy: opt.StrategyOpt = "all",
-    precision: opt.Precision = "bf16-mixed",
-    optimizer: opt.Optimizer = "adamw",
-    fp32_grad_accum: opt.Fp32GradAccum = False,
-    zero_init: opt.ZeroInit = True,
-    offload_optimizer: opt.OffloadOptimizer = "none",
-    offload_params: opt.OffloadParams = "none",
-    units: opt.Units = "GiB",
-    gpu_memory: opt.GpuMemory = None,
-    gpu: opt.Gpu = None,
-    reserve: opt.Reserve = None,
-    seq_len: opt.SeqLen = "2048",
-    micro_batch: opt.MicroBatch = "1",
-    grad_accum: opt.GradAccum = "1",
-    grad_sync: opt.GradSyncOpt = None,
-    zeropp: opt.ZeroPPOpt = None,
-    recompute: opt.RecomputeOpt = "none",
-    flash_attention: opt.FlashAttention = None,
-    model_impl: opt.ModelImplOpt = "hf",
-    optimizer_impl: opt.OptimizerImplOpt = "foreach",
-    prefetch: opt.Prefetch = "1",
-    wrap: opt.WrapOpt = "block",
-    framework: opt.FrameworkOpt = "paper",
-    ddp_bucket: opt.DdpBucket = None,
-    reduce_bucket: opt.ReduceBucket = "5e8",
-    allgather_bucket: opt.AllgatherBucket = "5e8",
-    reduce_dtype: opt.ReduceDtype = None,
-    expandable_segments: opt.ExpandableSegments = False,
-    json: opt.Json = False,
-) -> None:
+@opt.takes_options(Command.MEMORY)
+def memory(values: dict[str, Any]) -> None:
     """Per-GPU memory under DDP, ZeRO-1/2/3 and FSDP: model states, and with --model the peak of a
     training step, simulated event by event (activations, loss, buffers, allocator, CUDA context)."""
     from zerocalc.request.training import TrainingOptions, parse_request
 
-    unit = parse_byte_unit(units)
-    request = parse_request(
-        TrainingOptions(
-            params=params,
-            model=model,
-            gpus=gpus,
-            gpus_per_node=gpus_per_node,
-            strategies=strategy,
-            precision=precision,
-            optimizer=optimizer,
-            fp32_grad_accum=fp32_grad_accum,
-            zero_init=zero_init,
-            offload_optimizer=offload_optimizer,
-            offload_params=offload_params,
-            gpu_memory=gpu_memory,
-            gpu=gpu,
-            reserve=reserve,
-            seq_len=seq_len,
-            micro_batch=micro_batch,
-            grad_accum=grad_accum,
-            grad_sync=grad_sync,
-            zeropp=zeropp,
-            recompute=recompute,
-            flash_attention=flash_attention,
-            model_impl=model_impl,
-            optimizer_impl=optimizer_impl,
-            prefetch=prefetch,
-            wrap=wrap,
-            framework=framework,
-            ddp_bucket=ddp_bucket,
-            reduce_bucket=reduce_bucket,
-            allgather_bucket=allgather_bucket,
-            reduce_dtype=reduce_dtype,
-            expandable_segments=expandable_segments,
-        )
-    )
+    unit = parse_byte_unit(values["units"])
+    json = values["json"]
+    given = opt.request_values(Command.MEMORY, values)
+    request = parse_request(TrainingOptions(**given))
+    given = echo(Command.MEMORY, given)
     if request.model.architecture is None:
         if request.framework.value != "paper":  # the framework's own accounting of Ψ
             from zerocalc.peak.evaluate import evaluate
 
-            report = evaluate(request)
+            report = evaluate(request).model_copy(update={"options": given})
             if json:
                 import json as jsonlib
 
@@ -114,7 +51,7 @@ def memory(
         else:
             from zerocalc.states.memory import evaluate_memory
 
-            estimate = evaluate_memory(request)
+            estimate = evaluate_memory(request).model_copy(update={"options": given})
             if json:
                 print_json(estimate)
                 return
@@ -125,7 +62,7 @@ def memory(
         return
     from zerocalc.peak.evaluate import evaluate_peak
 
-    report = evaluate_peak(request)
+    report = evaluate_peak(request).model_copy(update={"options": given})
     if json:
         import json as jsonlib
 

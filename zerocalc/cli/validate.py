@@ -14,7 +14,11 @@ import typer
 
 from zerocalc.base.errors import InputError
 from zerocalc.cli.base import PlainTextCommand, app, fail
-from zerocalc.cli.options import Json, Model
+from zerocalc.cli.options import annotated
+from zerocalc.request.options import Command
+
+Json = annotated(Command.MEMORY, "json")
+Model = annotated(Command.MEMORY, "model")
 
 if TYPE_CHECKING:
     from rich.table import Table

@@ -20,7 +20,7 @@ states.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -151,6 +151,11 @@ class ComputeTime(BaseModel):
 class CommEstimate(BaseModel):
     schema_version: int = SCHEMA_VERSION
     request: CommRequest
+    options: dict[str, Any] | None = Field(
+        default=None,
+        description="every option of the command as given (its default where not given), keyed by the "
+        "library's keyword: zerocalc.request.options.echo",
+    )
     calibration_used: str | None = None
     notes: list[str] = Field(default_factory=list)
     compute: ComputeTime | None = None

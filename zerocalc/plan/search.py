@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -149,6 +150,11 @@ class PlanResult(BaseModel):
 
     schema_version: int = SCHEMA_VERSION
     request: PlanEcho
+    options: dict[str, Any] | None = Field(
+        default=None,
+        description="every option of the command as given (its default where not given), keyed by the "
+        "library's keyword: zerocalc.request.options.echo",
+    )
     top: list[PlanRow]
     rejections: list[Rejection]
     candidates_evaluated: int = Field(

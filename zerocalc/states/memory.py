@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from fractions import Fraction
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -150,6 +151,11 @@ class GpuSummary(BaseModel):
 class MemoryEstimate(BaseModel):
     schema_version: int = SCHEMA_VERSION
     request: MemoryRequest
+    options: dict[str, Any] | None = Field(
+        default=None,
+        description="every option of the command as given (its default where not given), keyed by the "
+        "library's keyword: zerocalc.request.options.echo",
+    )
     model: ModelSummary | None = None
     gpu: GpuSummary | None = None
     bytes_per_parameter: BytesPerParameter
