@@ -310,8 +310,8 @@ def _validate_activations(
         raise typer.Exit(1)
 
 
-def _activation_model(model: str) -> tuple[str, dict]:
-    """A config.json (of a family the hf profile reads) small enough for a CPU forward."""
+def _activation_model(model: str, mode: str = "--activations", on_cpu: bool = True) -> tuple[str, dict]:
+    """A config.json of a family the hf profile reads (``on_cpu``: small enough for a CPU forward)."""
     from pathlib import Path
 
     from zerocalc.model.architecture import count_parameters
@@ -321,13 +321,13 @@ def _activation_model(model: str) -> tuple[str, dict]:
     path = Path(model).expanduser()
     if not (model.endswith(".json") or path.is_file()):
         raise InputError(
-            f"--model {model!r} with --activations is not accepted; accepted: a Hugging Face config.json "
+            f"--model {model!r} with {mode} is not accepted; accepted: a Hugging Face config.json "
             "(the modules are built from it), or --family"
         )
     config = _load(path)
     arch = architecture_from_hf_dict(config, f"--model {model!r}", path.parent.name or path.stem)
     params = count_parameters(arch).total
-    if params > MAX_CPU_PARAMS:
+    if on_cpu and params > MAX_CPU_PARAMS:
         raise InputError(
             f"--model {model!r} has {params:,} parameters, too many for a CPU forward ({MAX_CPU_PARAMS:,} at "
             "most); accepted: a config.json with fewer layers or a smaller hidden size"
@@ -405,7 +405,7 @@ def _validate_cuda(model: str | None, micro_batch: int, seq_len: int, json: bool
     if device is None:
         raise fail("--device cuda: no CUDA device is visible to torch here; accepted: a machine with a GPU")
     _check_shape(micro_batch, seq_len)
-    name, config = _activation_model(model or "")
+    name, config = _activation_model(model or "", "--device cuda", on_cpu=False)
     if importlib.util.find_spec("transformers") is None:
         raise fail(NEEDS_TRANSFORMERS)
     from zerocalc.api import estimate_peak
