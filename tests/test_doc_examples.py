@@ -280,6 +280,15 @@ def as_shown(shown: str, output: str) -> str:
     return "\n".join([*lines[: len(head)], ELISION, *lines[len(lines) - len(tail) :]])
 
 
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_code_block_is_run_or_parsed(page: Path) -> None:
+    """A code block is ``console`` (run), ``bash`` (its zerocalc commands parsed) or README's ``python``
+    library example (run by tests/test_readme.py): no block escapes the tests unmarked."""
+    allowed = {"console", "bash", "python"} if page.name == "README.md" else {"console", "bash"}
+    languages = [fence.group(1) for fence in _FENCE.finditer(page.read_text())]
+    assert set(languages) <= allowed, f"{page.name}: code blocks marked {languages}"
+
+
 @pytest.mark.parametrize("example", _all_examples())
 def test_example_prints_what_the_page_shows(example: Example, tmp_path: Path) -> None:
     _, output = run(example.args, tmp_path)
@@ -322,17 +331,14 @@ def _commands_only() -> list[Any]:
 def test_command_without_output_parses(args: list[str]) -> None:
     """A command shown without its output (it needs torchrun, several nodes or a GPU) names a command and
     options that exist: the command line's parser accepts it (the values are checked when it runs)."""
-    import click
     import typer.main
 
     from zerocalc.cli import app
 
-    command: click.Command = typer.main.get_command(app)
+    command: Any = typer.main.get_command(app)
     rest = list(args)
-    while isinstance(command, click.Group):
-        assert rest and rest[0] in command.commands, (
-            f"no command {rest[:1]} (accepted: {sorted(command.commands)})"
-        )
+    while hasattr(command, "commands"):  # a group: the next word names one of its commands
+        assert rest and rest[0] in command.commands, f"no command {rest[:1]} in {sorted(command.commands)}"
         name, rest = rest[0], rest[1:]
         command = command.commands[name]
     command.make_context(command.name or "zerocalc", rest)
@@ -352,6 +358,47 @@ def test_every_path_a_page_names_exists(page: Path) -> None:
         if not (ROOT / path).exists():
             missing.append(path)
     assert not missing, f"{page.name} names paths that do not exist: {missing}"
+
+
+OTHER_TOOLS_OPTIONS = {
+    "--help",
+    "--nnodes",  # torchrun and srun
+    "--nproc-per-node",
+    "--rdzv-backend",
+    "--rdzv-endpoint",
+    "--standalone",
+    "--max-restarts",
+    "--max",
+    "--nodes",
+    "--ntasks-per-node",
+    "--fast",  # tests/update_doc_examples.py
+    "--repeat",  # benchmarks/plan.py
+    "--runs",  # benchmarks/startup.py
+}
+
+
+def _zerocalc_options() -> set[str]:
+    import typer.main
+
+    from zerocalc.cli import app
+
+    options: set[str] = set()
+    pending: list[Any] = [typer.main.get_command(app)]
+    while pending:
+        command = pending.pop()
+        for param in command.params:
+            options.update(o for o in (*param.opts, *param.secondary_opts) if o.startswith("--"))
+        pending.extend(getattr(command, "commands", {}).values())  # a group: its commands
+    return options
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_option_a_page_names_exists(page: Path) -> None:
+    """Every ``--option`` the page names is an option of some zerocalc command (or of torchrun, srun and
+    the repository's scripts), so a renamed or removed option cannot stay in the documentation."""
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", page.read_text()))
+    unknown = named - _zerocalc_options() - OTHER_TOOLS_OPTIONS
+    assert not unknown, f"{page.name} names options no command has: {sorted(unknown)}"
 
 
 def test_normalise_masks_only_what_varies() -> None:
