@@ -126,7 +126,13 @@ def run(args: list[str], scratch: Path) -> tuple[int, str]:
 
     cwd = scratch if args[:1] and args[0] in RUNS_PROCESSES else ROOT
 
-    env: dict[str, str | None] = {"COLUMNS": "80", "NO_COLOR": "1", "ZEROCALC_PRESETS": None}
+    env: dict[str, str | None] = {
+        "COLUMNS": "80",
+        "NO_COLOR": "1",
+        "FORCE_COLOR": None,
+        "TTY_COMPATIBLE": None,
+    }
+    env["ZEROCALC_PRESETS"] = None  # the repository's presets
     previous = Path.cwd()
     os.chdir(cwd)
     try:
@@ -399,6 +405,27 @@ def test_every_option_a_page_names_exists(page: Path) -> None:
     named = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", page.read_text()))
     unknown = named - _zerocalc_options() - OTHER_TOOLS_OPTIONS
     assert not unknown, f"{page.name} names options no command has: {sorted(unknown)}"
+
+
+def test_examples_are_read_as_written(tmp_path: Path) -> None:
+    """Continuation lines join a command; each command's output ends at the next ``$`` line; an elided
+    output keeps as many first and last lines as the page shows."""
+    page = tmp_path / "page.md"
+    page.write_text(
+        "text\n```console\n$ zerocalc memory \\\n    --params 7B\nout 1\nout 2\n"
+        "$ zerocalc presets list gpus\nfirst\n...\nlast\n```\n```bash\nzerocalc check --update  # note\n```\n"
+    )
+    first, second = examples(page)
+    assert (first.command, first.args, first.shown, first.line) == (
+        "zerocalc memory --params 7B",
+        ["memory", "--params", "7B"],
+        "out 1\nout 2",
+        3,
+    )
+    assert page.read_text()[first.start : first.end] == "out 1\nout 2\n"
+    assert second.args == ["presets", "list", "gpus"] and shown_parts(second.shown) == (["first"], ["last"])
+    assert as_shown(second.shown, "a\nb\nc\nd") == "a\n...\nd"
+    assert commands_only(page) == [(13, ["check", "--update"])]
 
 
 def test_normalise_masks_only_what_varies() -> None:
