@@ -316,7 +316,8 @@ def test_example_prints_what_the_page_shows(example: Example, tmp_path: Path) ->
 
 
 @pytest.mark.parametrize(
-    ("page", "model"), [(page, model) for page in PAGES for model, *_ in schemas(page)], ids=str
+    ("page", "model"),
+    [pytest.param(page, model, id=f"{page.name}:{model}") for page in PAGES for model, *_ in schemas(page)],
 )
 def test_schema_tables_are_the_models(page: Path, model: str) -> None:
     """Every field table of docs/json-schema.md lists exactly the fields the JSON has (the tables are
