@@ -6,7 +6,7 @@ loss, three steps, ``torch.cuda.reset_peak_memory_stats`` between phases) gives 
 :class:`PhaseMeasurement`; :func:`compare_phases` sets it against the :class:`~zerocalc.peak.report.
 StrategyPeak` that ``zerocalc memory --framework fsdp2 --model-impl hf`` computes for the same case:
 allocated figures within :data:`ALLOCATED_TOLERANCE`, the device footprint within
-:data:`DEVICE_TOLERANCE` (issue #12), and the phase of the peak the same.
+:data:`DEVICE_TOLERANCE`, and the phase of the peak the same.
 """
 
 from __future__ import annotations
