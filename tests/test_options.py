@@ -129,7 +129,7 @@ def test_the_library_takes_every_option_as_a_keyword_with_its_default(
     function: Any, command: Command
 ) -> None:
     parameters = inspect.signature(function).parameters
-    expected = {o.name: o.default for o in options_for(command, request_only=True)}
+    expected = {o.name: o.default for o in options_for(command) if o.request or o.name in api.LAUNCH_CONFIGS}
     assert {n: p.default for n, p in parameters.items() if n in expected} == {
         n: d for n, d in expected.items() if parameters[n].default is not inspect.Parameter.empty
     }

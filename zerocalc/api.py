@@ -21,25 +21,48 @@ if TYPE_CHECKING:
     from zerocalc.states.memory import MemoryEstimate
 
 
+LAUNCH_CONFIGS = ("deepspeed", "torchtitan", "accelerate")
+"""Keywords naming a launch configuration file (:mod:`zerocalc.request.launch`): the other keywords given
+override what it sets."""
+
+POSITIONAL_DEFAULTS = {"params": None, "model": None, "gpus": 1, "gpus_per_node": None}
+
+
 def _request(
     function: str, command: Command, values: dict[str, Any], extra: tuple[str, ...] = ()
-) -> TrainingRequest:
-    """The request of ``command``'s keywords (and ``extra``, keywords of the library only); a keyword the
-    command does not take is an InputError."""
+) -> tuple[TrainingRequest, dict[str, Any], list[str]]:
+    """The request of ``command``'s keywords (and ``extra``, keywords of the library only), the options it
+    was made of, and the notes of the launch configs it names; a keyword the command does not take is an
+    InputError."""
     from zerocalc.parallel.frameworks import Estimate
     from zerocalc.request.training import parse_options
 
-    accepted = [o.name for o in options_for(command, request_only=True)]
+    accepted = [o.name for o in options_for(command) if o.request or o.name in LAUNCH_CONFIGS]
     unknown = sorted(set(values) - set(accepted) - set(extra))
     if unknown:
         raise InputError(f"{function}() takes no keyword {unknown[0]!r}; accepted: {', '.join(accepted)}")
+    notes: list[str] = []
+    if any(values.get(name) is not None for name in LAUNCH_CONFIGS):
+        from zerocalc.request.launch import with_launch_configs
+
+        given = frozenset(
+            name for name, value in values.items() if POSITIONAL_DEFAULTS.get(name, object()) != value
+        )
+        requested = frozenset(o.name for o in options_for(command, request_only=True))
+        values, notes = with_launch_configs(values, given, requested)
+    options = {name: value for name, value in values.items() if name not in LAUNCH_CONFIGS}
     estimate = Estimate.COMM if command is Command.COMM else Estimate.MEMORY
-    return parse_options(estimate=estimate, **values)
+    return parse_options(estimate=estimate, **options), options, notes
+
+
+def _given(result: Any, command: Command, options: dict[str, Any], notes: list[str]) -> Any:
+    """The result with the options as given (its JSON's ``options``) and the launch configs' notes."""
+    return result.model_copy(update={"options": echo(command, options), "notes": [*result.notes, *notes]})
 
 
 def _with_signature(function: Any, command: Command, positional: tuple[str, ...]) -> Any:
     """Give ``function`` the signature its command's options make (for help(), IDEs and the tests)."""
-    keywords = {o.name: o for o in options_for(command, request_only=True)}
+    keywords = {o.name: o for o in options_for(command) if o.request or o.name in LAUNCH_CONFIGS}
     parameters = [
         inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=keywords[name].default)
         for name in positional
@@ -70,8 +93,8 @@ def estimate_memory(
     from zerocalc.states.memory import evaluate_memory
 
     values = {"params": params, "gpus": gpus, "gpus_per_node": gpus_per_node, **options}
-    result = evaluate_memory(_request("estimate_memory", Command.MEMORY, values))
-    return result.model_copy(update={"options": echo(Command.MEMORY, values)})
+    request, given, notes = _request("estimate_memory", Command.MEMORY, values)
+    return _given(evaluate_memory(request), Command.MEMORY, given, notes)
 
 
 def estimate_peak(
@@ -82,8 +105,8 @@ def estimate_peak(
     from zerocalc.peak.evaluate import evaluate_peak
 
     values = {"model": model, "gpus": gpus, "gpus_per_node": gpus_per_node, **options}
-    result = evaluate_peak(_request("estimate_peak", Command.MEMORY, values))
-    return result.model_copy(update={"options": echo(Command.MEMORY, values)})
+    request, given, notes = _request("estimate_peak", Command.MEMORY, values)
+    return _given(evaluate_peak(request), Command.MEMORY, given, notes)
 
 
 def estimate_comm(
@@ -102,8 +125,8 @@ def estimate_comm(
     from zerocalc.comm.estimate import evaluate_comm
 
     values = {"params": params, "gpus": gpus, "gpus_per_node": gpus_per_node, **options}
-    result = evaluate_comm(_request("estimate_comm", Command.COMM, values, extra=("calibration_name",)))
-    return result.model_copy(update={"options": echo(Command.COMM, values)})
+    request, given, notes = _request("estimate_comm", Command.COMM, values, extra=("calibration_name",))
+    return _given(evaluate_comm(request), Command.COMM, given, notes)
 
 
 _with_signature(estimate_memory, Command.MEMORY, ("params", "gpus", "gpus_per_node"))

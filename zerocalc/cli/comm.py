@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 @app.command(cls=PlainTextCommand)
 @opt.takes_options(Command.COMM)
-def comm(values: dict[str, Any]) -> None:
+def comm(values: dict[str, Any], given_flags: frozenset[str]) -> None:
     """Collectives of each strategy per optimizer step: bytes each GPU sends and the time they take."""
     from zerocalc.comm.estimate import evaluate_comm
     from zerocalc.parallel.frameworks import Estimate
@@ -44,9 +44,12 @@ def comm(values: dict[str, Any]) -> None:
 
     unit = parse_byte_unit(values["units"])
     json, per_unit = values["json"], values["per_unit"]
-    given = opt.request_values(Command.COMM, values)
-    request = parse_request(TrainingOptions(estimate=Estimate.COMM, **given))
-    estimate = evaluate_comm(request).model_copy(update={"options": echo(Command.COMM, given)})
+    options, notes = opt.request_values(Command.COMM, values, given_flags)
+    request = parse_request(TrainingOptions(estimate=Estimate.COMM, **options))
+    estimate = evaluate_comm(request)
+    estimate = estimate.model_copy(
+        update={"options": echo(Command.COMM, options), "notes": [*estimate.notes, *notes]}
+    )
     if json:
         print_json(estimate)
     else:

@@ -26,21 +26,25 @@ _STATE_COLUMNS: tuple[tuple[str, str], ...] = (
 
 @app.command(cls=PlainTextCommand)
 @opt.takes_options(Command.MEMORY)
-def memory(values: dict[str, Any]) -> None:
+def memory(values: dict[str, Any], given_flags: frozenset[str]) -> None:
     """Per-GPU memory under DDP, ZeRO-1/2/3 and FSDP: model states, and with --model the peak of a
     training step, simulated event by event (activations, loss, buffers, allocator, CUDA context)."""
     from zerocalc.request.training import TrainingOptions, parse_request
 
     unit = parse_byte_unit(values["units"])
     json = values["json"]
-    given = opt.request_values(Command.MEMORY, values)
-    request = parse_request(TrainingOptions(**given))
-    given = echo(Command.MEMORY, given)
+    options, notes = opt.request_values(Command.MEMORY, values, given_flags)
+    request = parse_request(TrainingOptions(**options))
+    echoed = echo(Command.MEMORY, options)
+
+    def given(result: Any) -> Any:  # the options as given, and the launch configs' notes
+        return result.model_copy(update={"options": echoed, "notes": [*result.notes, *notes]})
+
     if request.model.architecture is None:
         if request.framework.value != "paper":  # the framework's own accounting of Ψ
             from zerocalc.peak.evaluate import evaluate
 
-            report = evaluate(request).model_copy(update={"options": given})
+            report = given(evaluate(request))
             if json:
                 import json as jsonlib
 
@@ -51,7 +55,7 @@ def memory(values: dict[str, Any]) -> None:
         else:
             from zerocalc.states.memory import evaluate_memory
 
-            estimate = evaluate_memory(request).model_copy(update={"options": given})
+            estimate = given(evaluate_memory(request))
             if json:
                 print_json(estimate)
                 return
@@ -62,7 +66,7 @@ def memory(values: dict[str, Any]) -> None:
         return
     from zerocalc.peak.evaluate import evaluate_peak
 
-    report = evaluate_peak(request).model_copy(update={"options": given})
+    report = given(evaluate_peak(request))
     if json:
         import json as jsonlib
 

@@ -42,30 +42,48 @@ def _parameter(option: Option) -> inspect.Parameter:
     )
 
 
-def takes_options(command: Command) -> Callable[[Callable[[dict[str, Any]], None]], Callable[..., None]]:
-    """Give ``run(values)`` the parameters of every option of ``command``: Typer sees one keyword per
-    option (named as the library's keyword, spelled as the option's flags); ``run`` gets them as a dict."""
+Run = Callable[[dict[str, Any], frozenset[str]], None]
 
-    def decorate(run: Callable[[dict[str, Any]], None]) -> Callable[..., None]:
+
+def takes_options(command: Command) -> Callable[[Run], Callable[..., None]]:
+    """Give ``run(values, given)`` the parameters of every option of ``command``: Typer sees one keyword per
+    option (named as the library's keyword, spelled as the option's flags); ``run`` gets them as a dict,
+    and the names of those typed on the command line (``given``: they override a launch config's)."""
+
+    def decorate(run: Run) -> Callable[..., None]:
         parameters = [_parameter(o) for o in options_for(command)]
+        context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
 
-        def command_function(**values: Any) -> None:
-            run(values)
+        def command_function(ctx: typer.Context, **values: Any) -> None:
+            sources = {name: ctx.get_parameter_source(name) for name in values}
+            given = frozenset(name for name, s in sources.items() if getattr(s, "name", "") == "COMMANDLINE")
+            run(values, given)
 
         command_function.__name__ = command.value
         command_function.__qualname__ = command.value
         command_function.__doc__ = run.__doc__
         command_function.__module__ = run.__module__
-        command_function.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
-        command_function.__annotations__ = {p.name: p.annotation for p in parameters}
+        command_function.__signature__ = inspect.Signature([context, *parameters])  # type: ignore[attr-defined]
+        command_function.__annotations__ = {p.name: p.annotation for p in [context, *parameters]}
         return command_function
 
     return decorate
 
 
-def request_values(command: Command, values: dict[str, Any]) -> dict[str, Any]:
-    """The values of ``command``'s request options among the command's parameters."""
-    return {o.name: values[o.name] for o in options_for(command, request_only=True)}
+def request_values(
+    command: Command, values: dict[str, Any], given: frozenset[str] = frozenset()
+) -> tuple[dict[str, Any], list[str]]:
+    """The values of ``command``'s request options among the command's parameters, with what the launch
+    configs it names set where an option was not ``given`` (:func:`zerocalc.request.launch.
+    with_launch_configs`), and the notes those configs add."""
+    names = [o.name for o in options_for(command, request_only=True)]
+    accepted = frozenset(names)
+    notes: list[str] = []
+    if any(values.get(name) is not None for name in ("deepspeed", "torchtitan", "accelerate")):
+        from zerocalc.request.launch import with_launch_configs
+
+        values, notes = with_launch_configs(values, given, accepted)
+    return {name: values[name] for name in names if name in values}, notes
 
 
 def annotated(command: Command, name: str) -> Any:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 @app.command(cls=PlainTextCommand)
 @opt.takes_options(Command.PLAN)
-def plan(values: dict[str, Any]) -> None:
+def plan(values: dict[str, Any], given_flags: frozenset[str]) -> None:
     """Search strategies, frameworks, micro-batch × accumulation, recompute, offload, reduce dtype,
     prefetch, gradient sync and whole nodes: the configurations that fit, fastest first, each with the
     memory and comm commands that reproduce it."""
@@ -26,7 +26,7 @@ def plan(values: dict[str, Any]) -> None:
 
     unit = parse_byte_unit(values["units"])
     json = values["json"]
-    given = opt.request_values(Command.PLAN, values)
+    given, _ = opt.request_values(Command.PLAN, values)
     request = parse_plan(PlanOptions(**given))
     progress = _Progress()
     try:

@@ -193,6 +193,16 @@ OPTIONS: tuple[Option, ...] = (
     _opt("mfu", ("--mfu",),
          "Fraction of the GPU's dense bf16 peak executed FLOPs run at (torchtitan: 0.33-0.39 for Llama "
          "3.1 8B FSDP2 on 8 H100; PaLM 0.46).", frozenset({PLAN}), default=0.4, value_type="float | str"),
+    # ---------------------------------------------------------------------------------- launch configs
+    _opt("deepspeed", ("--deepspeed",),
+         "A DeepSpeed ds_config.json: its ZeRO stage, offload, buckets, batch, precision, ZeRO++ (flags "
+         "override it).", ESTIMATES, value_type=OPT_STR, request=False),
+    _opt("torchtitan", ("--torchtitan",),
+         "A torchtitan job TOML: its degrees, local batch, seq len, checkpointing, reshard (flags override "
+         "it).", ESTIMATES, value_type=OPT_STR, request=False),
+    _opt("accelerate", ("--accelerate",),
+         "An accelerate config (FSDP or DeepSpeed): processes, precision, sharding (flags override it).",
+         ESTIMATES, value_type=OPT_STR, request=False),
     # ---------------------------------------------------------------------------------- the output
     _opt("units", ("--units", "-u"), "GiB, GB, MiB, MB, TiB, TB or B.", ESTIMATES | {PLAN}, default="GiB",
          value_type=STR, request=False),
