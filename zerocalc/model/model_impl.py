@@ -605,8 +605,6 @@ def _korthikanti_layer(arch: Architecture, index: int, shape: Shape, act: int, f
             kv_heads=arch.kv_heads,
             head_dim=arch.dim_per_head,
             ffn_hidden=arch.intermediate_size,
-            layers=arch.num_layers,
-            vocab=arch.vocab_size,
             mlp=arch.mlp,
             dropout=arch.residual_dropout > 0 or (arch.mlp is MlpKind.GELU and arch.family is None),
             flash_attention=flash,
