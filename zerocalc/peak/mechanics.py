@@ -5,6 +5,8 @@ a step's start, what a unit allocates before its forward and backward and frees 
 parameter's gradient is produced, reduced and kept, and what the optimizer step allocates. Units are the
 FSDP units: ``"root"`` (embeddings, final norm, LM head) and the blocks ``0 … L−1``.
 
+* :class:`Fsdp` — what both FSDPs share: the fp32 shards resident, a unit gathered around its forward and
+  backward, the unsharded gradients in the parameters' dtype.
 * :class:`Fsdp2` — ``fully_shard`` per block, then the root, torch 2.13 (``torch/distributed/fsdp/
   _fully_shard/``). At world size 1 (``FSDPParamGroup`` fast path, torch ≥ 2.9): per parameter a bf16 cast
   of the fp32 shard, then the unsharded storage; no all-gather buffers, no prefetch. At world N
@@ -160,7 +162,8 @@ def _fp32_sizes(elements: tuple[int, ...]) -> Sizes:
 
 
 class Mechanics:
-    """The hooks the step timeline calls; the base keeps parameters whole and does nothing."""
+    """The hooks the step timeline calls (:class:`~zerocalc.peak.timeline.CreationHooks`); the base keeps
+    parameters whole and does nothing."""
 
     keeps_all_unsharded = False
     """Blocks stay unsharded from forward to backward (FSDP2 ``reshard_after_forward=False``)."""
@@ -180,6 +183,19 @@ class Mechanics:
         self.grad_bytes = grad_bytes
         """Bytes per element of the gradients backward produces (the unsharded parameters' dtype)."""
         self.accumulation = accumulation
+
+    def run_identity(self) -> tuple[object, ...]:
+        """Everything a fresh object's hooks depend on, declared by each class for the fields it adds:
+        two objects with equal identities allocate the same on the same hook calls, so a plan runs one of
+        them (:mod:`zerocalc.plan.allocated`). What the hooks change as they run is not part of it."""
+        return (
+            type(self),
+            tuple(unit.key for unit in self.units.values()),
+            self.optimizer_states,
+            self.optimizer_impl,
+            self.grad_bytes,
+            self.accumulation,
+        )
 
     @property
     def accumulating(self) -> bool:
@@ -275,8 +291,12 @@ class Mechanics:
             led.alloc_each(("adam step counter",), [FP32] * len(self._optimizer_bytes), OPTIMIZER)
 
 
-# --------------------------------------------------------------------------------------------------- FSDP2
-class Fsdp2(Mechanics):
+# ---------------------------------------------------------------------------------------------------- FSDP
+class Fsdp(Mechanics):
+    """What FSDP1 and FSDP2 share: each unit's fp32 shard resident from creation, the unit gathered before
+    its forward and backward (:meth:`_unshard`, the framework's own) and released after (:meth:`_reshard`),
+    the unsharded gradients in the parameters' dtype until the unit's reduction."""
+
     def __init__(
         self,
         units: dict[str, Unit],
@@ -284,7 +304,6 @@ class Fsdp2(Mechanics):
         param_bytes: int,
         reduce_bytes: int,
         reshard: bool,
-        root_reshard: bool,
         optimizer_states: int,
         optimizer_impl: OptimizerImpl,
         accumulation: Accumulation = Accumulation.NONE,
@@ -295,11 +314,11 @@ class Fsdp2(Mechanics):
         """The unsharded parameters' dtype (MixedPrecisionPolicy.param_dtype, else fp32)."""
         self.reduce_bytes = reduce_bytes
         self.reshard = reshard
-        self.root_reshard = root_reshard
         self.keeps_all_unsharded = not reshard
         self._gathered: set[str] = set()
-        self._last_reduce_input: str | None = None
-        self._all_gather_state: str | None = None
+
+    def run_identity(self) -> tuple[object, ...]:
+        return (*super().run_identity(), self.world, self.param_bytes, self.reduce_bytes, self.reshard)
 
     def resident(self, led: Ledger, first_step: bool = False) -> None:
         for unit in self.units.values():
@@ -329,6 +348,48 @@ class Fsdp2(Mechanics):
             for i, n in enumerate(unit.local):
                 led.alloc(f"{unit.name}.fp32 shard#{i}", FP32 * n, PARAMS)
                 led.free(f"init {unit.name}#{i}")
+
+    def _unshard(self, led: Ledger, unit: Unit, backward: bool) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _reshard(self, led: Ledger, unit: Unit) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def pre_forward(self, led: Ledger, unit: str | int) -> None:
+        self._unshard(led, self.units[str(unit)], backward=False)
+
+    def param_grad(self, led: Ledger, unit: str | int, label: str, numel: int) -> None:
+        if self.accumulation is not Accumulation.UNSYNCED:  # else added in place into the kept gradients
+            led.alloc(f"{unit}.grad {label}", self.param_bytes * numel, GRADS, group=f"{unit}.grads")
+
+    def tied_grad_sum(self, led: Ledger, numel: int) -> None:
+        if self.accumulation is not Accumulation.UNSYNCED:
+            super().tied_grad_sum(led, numel)
+
+
+# --------------------------------------------------------------------------------------------------- FSDP2
+class Fsdp2(Fsdp):
+    def __init__(
+        self,
+        units: dict[str, Unit],
+        world: int,
+        param_bytes: int,
+        reduce_bytes: int,
+        reshard: bool,
+        root_reshard: bool,
+        optimizer_states: int,
+        optimizer_impl: OptimizerImpl,
+        accumulation: Accumulation = Accumulation.NONE,
+    ):
+        super().__init__(
+            units, world, param_bytes, reduce_bytes, reshard, optimizer_states, optimizer_impl, accumulation
+        )
+        self.root_reshard = root_reshard
+        self._last_reduce_input: str | None = None
+        self._all_gather_state: str | None = None
+
+    def run_identity(self) -> tuple[object, ...]:
+        return (*super().run_identity(), self.root_reshard)
 
     def _unshard(self, led: Ledger, unit: Unit, backward: bool) -> None:
         if unit.name in self._gathered:
@@ -389,9 +450,6 @@ class Fsdp2(Mechanics):
         led.free_each(unit.labels.unsharded, len(unit.params))
         self._gathered.discard(unit.name)
 
-    def pre_forward(self, led: Ledger, unit: str | int) -> None:
-        self._unshard(led, self.units[str(unit)], backward=False)
-
     def post_forward(self, led: Ledger, unit: str | int) -> None:
         reshard = self.root_reshard if unit == "root" else self.reshard
         if reshard:
@@ -409,14 +467,6 @@ class Fsdp2(Mechanics):
                 labels = following.labels
                 led.alloc(labels.prefetched, self.param_bytes * following.padded_numel, BUFFERS)
                 led.event(labels.prefetch)
-
-    def param_grad(self, led: Ledger, unit: str | int, label: str, numel: int) -> None:
-        if self.accumulation is not Accumulation.UNSYNCED:  # else added in place into the kept gradients
-            led.alloc(f"{unit}.grad {label}", self.param_bytes * numel, GRADS, group=f"{unit}.grads")
-
-    def tied_grad_sum(self, led: Ledger, numel: int) -> None:
-        if self.accumulation is not Accumulation.UNSYNCED:
-            super().tied_grad_sum(led, numel)
 
     def post_backward(self, led: Ledger, unit: str | int) -> None:
         u = self.units[str(unit)]
@@ -452,12 +502,23 @@ class Fsdp2(Mechanics):
 
 
 # --------------------------------------------------------------------------------------------------- FSDP1
-class Fsdp1(Fsdp2):
+class Fsdp1(Fsdp):
     """FSDP1 with one flat parameter per unit (``FlatParamHandle``): the shard is ``ceil(P/N)`` elements of
     the flat parameter padded to a multiple of N; the root is not resharded after forward (``_runtime_
     utils._post_forward_reshard``); ``NO_SHARD`` keeps the whole flat parameter and all-reduces."""
 
-    def __init__(self, units: dict[str, Unit], world: int, no_shard: bool, **kwargs: object):
+    def __init__(
+        self,
+        units: dict[str, Unit],
+        world: int,
+        no_shard: bool,
+        param_bytes: int,
+        reduce_bytes: int,
+        reshard: bool,
+        optimizer_states: int,
+        optimizer_impl: OptimizerImpl,
+        accumulation: Accumulation = Accumulation.NONE,
+    ):
         flat = {
             name: Unit(
                 name,
@@ -467,9 +528,20 @@ class Fsdp1(Fsdp2):
             )
             for name, u in units.items()
         }
-        super().__init__(flat, world=1 if no_shard else world, **kwargs)  # type: ignore[arg-type]
+        super().__init__(
+            flat,
+            1 if no_shard else world,
+            param_bytes,
+            reduce_bytes,
+            reshard,
+            optimizer_states,
+            optimizer_impl,
+            accumulation,
+        )
         self.no_shard = no_shard
-        self.root_reshard = False
+
+    def run_identity(self) -> tuple[object, ...]:
+        return (*super().run_identity(), self.no_shard)
 
     def _unshard(self, led: Ledger, unit: Unit, backward: bool) -> None:
         if unit.name in self._gathered:
@@ -555,6 +627,9 @@ class Ddp(Mechanics):
         self.autocast_bytes = autocast_bytes
         self.owned = owned
 
+    def run_identity(self) -> tuple[object, ...]:
+        return (*super().run_identity(), self.reducer_elements, self.autocast_bytes, self.owned)
+
     def _optimizer_elements(self) -> tuple[int, ...]:
         if self.owned is not None:
             return self.owned
@@ -626,6 +701,19 @@ class Accounting(Mechanics):
         self.prefetch = prefetch
         self.keep_root = keep_root
         self.elements = optimizer_elements
+
+    def run_identity(self) -> tuple[object, ...]:
+        return (
+            *super().run_identity(),
+            tuple(self.states),
+            self.gather,
+            self.unit_grads,
+            self.param_bytes,
+            self.reduce_bytes,
+            self.prefetch,
+            self.keep_root,
+            self.elements,
+        )
 
     def resident(self, led: Ledger, first_step: bool = False) -> None:
         for name, kind, nbytes in self.states:

@@ -138,7 +138,6 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
         device=device,
         flash=flash_attention_used(request),
         recompute=request.activations.recompute,
-        root_params=tuple(units[-1][1].params),
         layer_params=tuple(tuple(unit.params) for _, unit in units[:-1]),
     )
 
@@ -205,7 +204,6 @@ def mechanics_for(
                 param_bytes=recipe.param_dtype.bytes,
                 reduce_bytes=reduce if mixed else 4,
                 reshard=setup.sharding is not Fsdp1Sharding.SHARD_GRAD_OP,
-                root_reshard=False,
                 optimizer_states=2,
                 optimizer_impl=optimizer_impl,
                 accumulation=accumulation,

@@ -18,7 +18,7 @@ backward ``nll_loss_backward`` allocates d(log_softmax) (4·T·V) and ``log_soft
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture
@@ -80,8 +80,6 @@ class StepShape(NamedTuple):
     device: Device
     flash: bool
     recompute: Recompute
-    root_params: tuple[int, ...]
-    """Elements of each root-unit parameter, in registration order."""
     layer_params: tuple[tuple[int, ...], ...]
     """Elements of each parameter of each block, in registration order."""
 
@@ -104,12 +102,42 @@ class Phases(NamedTuple):
     after_backward: int
 
 
-def _names(prefix: str, sizes: list[tuple[str, int]]) -> list[tuple[str, int]]:
-    return [(f"{prefix}.{name}", b) for name, b in sizes]
+class StepHooks(Protocol):
+    """The hooks a steady step (:func:`steady_start`, :func:`run_step`) calls, in program order: where the
+    framework allocates and frees (:mod:`zerocalc.peak.mechanics`). ``unit`` is ``"root"`` or a block's
+    index."""
+
+    def resident(self, led: Ledger, first_step: bool = False) -> None: ...
+
+    def pre_forward(self, led: Ledger, unit: str | int) -> None: ...
+
+    def forward_started(self, led: Ledger, runtime_extra: int) -> None: ...
+
+    def post_forward(self, led: Ledger, unit: str | int) -> None: ...
+
+    def pre_backward(self, led: Ledger, unit: str | int) -> None: ...
+
+    def param_grad(self, led: Ledger, unit: str | int, label: str, numel: int) -> None: ...
+
+    def tied_grad_sum(self, led: Ledger, numel: int) -> None: ...
+
+    def post_backward(self, led: Ledger, unit: str | int) -> None: ...
+
+    def backward_finished(self, led: Ledger) -> None: ...
+
+    def optimizer_step(self, led: Ledger, first_step: bool) -> None: ...
+
+    def zero_grad(self, led: Ledger) -> None: ...
+
+
+class CreationHooks(StepHooks, Protocol):
+    """A step's hooks and the model's creation and wrapping before the first step (:func:`first_start`)."""
+
+    def create(self, led: Ledger) -> None: ...
 
 
 def run_step(
-    step: StepShape, mechanics, runtime: Runtime | None, led: Ledger, first_step: bool = False
+    step: StepShape, mechanics: StepHooks, runtime: Runtime | None, led: Ledger, first_step: bool = False
 ) -> Phases:
     """Append one training step to ``led`` (which holds the state at the step's start) and return the
     allocated totals at its start, after forward and after backward."""
@@ -293,7 +321,7 @@ def run_step(
     return Phases(start, after_forward, after_backward)
 
 
-def steady_start(step: StepShape, mechanics, runtime: Runtime | None, led: Ledger) -> None:
+def steady_start(step: StepShape, mechanics: StepHooks, runtime: Runtime | None, led: Ledger) -> None:
     """What is allocated at the start of a step after the first: the mechanics' resident state, the input
     ids (= labels), the previous loss, model buffers and the runtime's workspaces."""
     mechanics.resident(led)
@@ -321,7 +349,7 @@ def _runtime_extras(step: StepShape, runtime: Runtime, led: Ledger) -> None:
         led.alloc("checkpointing runtime extra", runtime.recompute_extra, RUNTIME)
 
 
-def first_start(step: StepShape, mechanics, runtime: Runtime | None, led: Ledger) -> None:
+def first_start(step: StepShape, mechanics: CreationHooks, runtime: Runtime | None, led: Ledger) -> None:
     """Model creation and wrapping (the allocation stream before the first step), then the first step's
     inputs: for the allocator replay."""
     mechanics.create(led)
