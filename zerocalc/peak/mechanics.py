@@ -36,7 +36,9 @@ from enum import StrEnum
 from functools import cached_property, lru_cache
 from typing import Literal
 
+from zerocalc.base.dtypes import DType
 from zerocalc.base.units import ceil_div
+from zerocalc.parallel.frameworks import Fsdp1Sharding
 from zerocalc.parallel.optimizers import OptimizerImpl
 from zerocalc.peak.ledger import Ledger, Sizes
 from zerocalc.peak.timeline import (
@@ -50,9 +52,9 @@ from zerocalc.peak.timeline import (
     RUNTIME,
     TRANSIENT,
 )
+from zerocalc.states.framework import fsdp1_padded_numel, fsdp1_shard_numel
 
-FP32 = 4
-BF16 = 2
+FP32 = DType.FP32.bytes
 
 
 class Accumulation(StrEnum):
@@ -458,12 +460,13 @@ class Fsdp1(Fsdp2):
     utils._post_forward_reshard``); ``NO_SHARD`` keeps the whole flat parameter and all-reduces."""
 
     def __init__(self, units: dict[str, Unit], world: int, no_shard: bool, **kwargs: object):
+        sharding = Fsdp1Sharding.NO_SHARD if no_shard else Fsdp1Sharding.FULL_SHARD
         flat = {
             name: Unit(
                 name,
                 [u.numel],
-                [u.numel if no_shard else ceil_div(u.numel, world)],
-                [u.numel if no_shard else ceil_div(u.numel, world) * world],
+                [fsdp1_shard_numel(u.numel, world, sharding)],
+                [u.numel if no_shard else fsdp1_padded_numel(u.numel, world)],
             )
             for name, u in units.items()
         }
