@@ -52,7 +52,7 @@ from zerocalc.peak.timeline import (
     RUNTIME,
     TRANSIENT,
 )
-from zerocalc.states.framework import fsdp1_padded_numel, fsdp1_shard_numel
+from zerocalc.states.framework import STEP_BYTES, fsdp1_padded_numel, fsdp1_shard_numel
 
 FP32 = DType.FP32.bytes
 
@@ -274,7 +274,7 @@ class Mechanics:
     def _resident_optimizer(self, led: Ledger) -> None:
         self._alloc_optimizer_states(led)
         if self.optimizer_impl is OptimizerImpl.FUSED:
-            led.alloc_each(("adam step counter",), [FP32] * len(self._optimizer_bytes), OPTIMIZER)
+            led.alloc_each(("adam step counter",), [STEP_BYTES] * len(self._optimizer_bytes), OPTIMIZER)
 
 
 # --------------------------------------------------------------------------------------------------- FSDP2
