@@ -143,6 +143,14 @@ def condensed_timeline(result: StepResult, layers: int) -> list[TimelineEvent]:
     return events
 
 
+def framework_estimate_bytes(profile: Profile, states: list[StateLine]) -> int | None:
+    """What the framework's own estimator reports: the lines it covers (DeepSpeed); None for a profile
+    without an estimator of its own."""
+    if not profile.estimate_covers_states_only:
+        return None
+    return sum(line.bytes for line in states if line.in_framework_estimate)
+
+
 def strategy_peak(
     request: TrainingRequest, profile: Profile, name: StrategyName, runtime: Runtime
 ) -> StrategyPeak:
@@ -164,7 +172,6 @@ def strategy_peak(
     peak = reserved + context + nccl
     capacity = request.gpu_memory_bytes
     headroom = None if capacity is None else capacity - peak
-    deepspeed = profile.estimate_covers_states_only
     return StrategyPeak(
         strategy=name,
         title=strategy.title_under(request.framework),
@@ -183,9 +190,7 @@ def strategy_peak(
         nccl_communicators=communicators,
         nccl_bytes=nccl,
         peak_bytes=peak,
-        framework_estimate_bytes=sum(line.bytes for line in states if line.in_framework_estimate)
-        if deepspeed
-        else None,
+        framework_estimate_bytes=framework_estimate_bytes(profile, states),
         host_bytes_per_node=host,
         fits=None if capacity is None or headroom is None else headroom >= FIT_MARGIN * capacity,
         verdict=verdict(capacity, headroom),
@@ -265,9 +270,7 @@ def framework_states(request: TrainingRequest, estimate: MemoryEstimate) -> list
                 title=strategy.title_under(request.framework),
                 lines=lines,
                 gpu_bytes=sum(line.bytes for line in lines),
-                framework_estimate_bytes=sum(line.bytes for line in lines if line.in_framework_estimate)
-                if profile.estimate_covers_states_only
-                else None,
+                framework_estimate_bytes=framework_estimate_bytes(profile, lines),
                 host_bytes_per_node=host,
                 source=profile.source,
             )

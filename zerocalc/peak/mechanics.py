@@ -38,7 +38,9 @@ from enum import StrEnum
 from functools import cached_property, lru_cache
 from typing import Literal
 
+from zerocalc.base.dtypes import DType
 from zerocalc.base.units import ceil_div
+from zerocalc.parallel.frameworks import Fsdp1Sharding
 from zerocalc.parallel.optimizers import OptimizerImpl
 from zerocalc.peak.ledger import Ledger, Sizes
 from zerocalc.peak.timeline import (
@@ -52,9 +54,9 @@ from zerocalc.peak.timeline import (
     RUNTIME,
     TRANSIENT,
 )
+from zerocalc.states.framework import STEP_BYTES, fsdp1_padded_numel, fsdp1_shard_numel
 
-FP32 = 4
-BF16 = 2
+FP32 = DType.FP32.bytes
 
 
 class Accumulation(StrEnum):
@@ -288,7 +290,7 @@ class Mechanics:
     def _resident_optimizer(self, led: Ledger) -> None:
         self._alloc_optimizer_states(led)
         if self.optimizer_impl is OptimizerImpl.FUSED:
-            led.alloc_each(("adam step counter",), [FP32] * len(self._optimizer_bytes), OPTIMIZER)
+            led.alloc_each(("adam step counter",), [STEP_BYTES] * len(self._optimizer_bytes), OPTIMIZER)
 
 
 # ---------------------------------------------------------------------------------------------------- FSDP
@@ -519,12 +521,13 @@ class Fsdp1(Fsdp):
         optimizer_impl: OptimizerImpl,
         accumulation: Accumulation = Accumulation.NONE,
     ):
+        sharding = Fsdp1Sharding.NO_SHARD if no_shard else Fsdp1Sharding.FULL_SHARD
         flat = {
             name: Unit(
                 name,
                 [u.numel],
-                [u.numel if no_shard else ceil_div(u.numel, world)],
-                [u.numel if no_shard else ceil_div(u.numel, world) * world],
+                [fsdp1_shard_numel(u.numel, world, sharding)],
+                [u.numel if no_shard else fsdp1_padded_numel(u.numel, world)],
             )
             for name, u in units.items()
         }

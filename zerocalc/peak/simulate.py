@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
-from zerocalc.base.units import ceil_div
-from zerocalc.model.architecture import Architecture, MlpKind, NormKind, ParamTensor, parameter_tensors
+from zerocalc.model.architecture import Architecture, MlpKind, NormKind, ParamTensor
 from zerocalc.model.model_impl import MODEL_IMPLS, Device, Shape
 from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, Framework, Fsdp1Sharding, TorchWrapper
 from zerocalc.parallel.precision import RECIPES, PrecisionName
@@ -28,7 +27,16 @@ from zerocalc.peak.mechanics import Accounting, Accumulation, Ddp, Fsdp1, Fsdp2,
 from zerocalc.peak.report import StateLine
 from zerocalc.peak.timeline import PHASES, Runtime, StepShape, first_start, run_step, steady_start
 from zerocalc.request.training import GradSync, TrainingRequest
-from zerocalc.states.framework import dim0_padded_numel, dim0_shard_numel, fsdp_units, zero1_partition
+from zerocalc.states.framework import (
+    ADAM_STATES,
+    STATES_RECIPE,
+    dim0_padded_numel,
+    dim0_shard_numel,
+    fsdp_units,
+    shard_ranks,
+    zero1_rank_elements,
+)
+from zerocalc.states.memory import shard_elements
 
 REPLAYED_STEPS = 3
 """Steps replayed for the reserve: the first creates the optimizer states; the reserve settles after it."""
@@ -56,10 +64,9 @@ class StepResult(NamedTuple):
 
 @lru_cache(maxsize=256)
 def _largest_partition(arch: Architecture, world: int) -> tuple[int, ...]:
-    """The elements of each tensor ZeroRedundancyOptimizer gives its most loaded rank (once per
+    """The elements of each tensor ZeroRedundancyOptimizer gives the rank with the most elements (once per
     architecture and world)."""
-    parts = zero1_partition(parameter_tensors(arch), world)
-    return tuple(t.numel for t in max(parts, key=lambda part: sum(t.numel for t in part)))
+    return max(zero1_rank_elements(arch, world), key=sum)
 
 
 def _units(request: TrainingRequest, world: int, blocks: int | None = None) -> dict[str, Unit]:
@@ -178,9 +185,7 @@ def mechanics_for(
     accumulation = _accumulation(request, name)
     setup = strategy.frameworks[request.framework].torch if request.framework in TORCH_FRAMEWORKS else None
     if setup is not None:
-        world = (
-            request.cluster.group_size(setup.shard_group) if setup.shard_group else request.cluster.world_size
-        )
+        world = shard_ranks(request.cluster, setup)
         units = _units(request, world, blocks)
         reduce = request.reduce_dtype.bytes if request.reduce_dtype is not None else recipe.param_dtype.bytes
         if setup.wrapper is TorchWrapper.FSDP2:
@@ -188,10 +193,10 @@ def mechanics_for(
                 units,
                 world=world,
                 param_bytes=recipe.param_dtype.bytes,
-                reduce_bytes=reduce if mixed else 4,
+                reduce_bytes=reduce if mixed else STATES_RECIPE.grad_dtype.bytes,
                 reshard=setup.reshard_after_forward,
                 root_reshard=setup.reshard_after_forward,
-                optimizer_states=2,
+                optimizer_states=ADAM_STATES,
                 optimizer_impl=optimizer_impl,
                 accumulation=accumulation,
             ), activation_bytes(request)
@@ -202,9 +207,9 @@ def mechanics_for(
                 world=world,
                 no_shard=no_shard,
                 param_bytes=recipe.param_dtype.bytes,
-                reduce_bytes=reduce if mixed else 4,
+                reduce_bytes=reduce if mixed else STATES_RECIPE.grad_dtype.bytes,
                 reshard=setup.sharding is not Fsdp1Sharding.SHARD_GRAD_OP,
-                optimizer_states=2,
+                optimizer_states=ADAM_STATES,
                 optimizer_impl=optimizer_impl,
                 accumulation=accumulation,
             ), activation_bytes(request)
@@ -216,7 +221,7 @@ def mechanics_for(
             _units(request, 1, blocks),
             reducer_elements=sum(unit.numel for _, unit in _units_of(request.architecture, 1)),
             autocast_bytes=recipe.param_dtype.bytes if mixed else None,
-            optimizer_states=2,
+            optimizer_states=ADAM_STATES,
             optimizer_impl=optimizer_impl,
             owned=owned,
             accumulation=accumulation,
@@ -241,9 +246,7 @@ def mechanics_for(
         reduce_bytes=b_r,
         prefetch=request.buffers.prefetch,
         keep_root=True,
-        optimizer_elements=ceil_div(request.model.params, request.cluster.group_size(strategy.optimizer))
-        if paper
-        else 0,
+        optimizer_elements=shard_elements(request, strategy.optimizer) if paper else 0,
         optimizer_impl=optimizer_impl,
     ), activation_bytes(request)
 

@@ -65,7 +65,7 @@ from zerocalc.plan.timing import (
     step_times,
 )
 from zerocalc.request.training import TrainingRequest
-from zerocalc.states.memory import Location, strategy_row
+from zerocalc.states.memory import strategy_row
 
 SCHEMA_VERSION = 2
 
@@ -211,8 +211,7 @@ def _host_bytes(peak: StrategyPeak, request: TrainingRequest) -> int | None:
         return peak.host_bytes_per_node
     if request.offload_optimizer is OffloadTarget.NONE and request.offload_params is OffloadTarget.NONE:
         return None
-    row = strategy_row(request)
-    return sum(s.bytes for s in row.states if s.location is Location.CPU) * request.cluster.ranks_per_node
+    return strategy_row(request).cpu_bytes_per_node
 
 
 @contextmanager
