@@ -10,7 +10,12 @@ from pathlib import Path
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` via a temporary file in the same directory, fsync and rename.
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`write_bytes_atomic`)."""
+    return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` via a temporary file in the same directory, fsync and rename.
 
     A new file gets mode 0666 less the umask (0644 with the usual umask 022), like any file a command
     creates; a file replaced keeps its mode. A failure at any point leaves the previous file untouched
@@ -25,8 +30,8 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         os.fchmod(fd, mode)  # mkstemp creates 0600
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_name, target)
