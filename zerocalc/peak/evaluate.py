@@ -132,7 +132,7 @@ def condensed_timeline(result: StepResult, layers: int) -> list[TimelineEvent]:
     and those of the middle layers (1 … L−2) left out except where a phase peaks."""
     keep = {(p.phase, p.event) for p in result.phases} | {(result.peak.phase, result.peak.event)}
     events: list[TimelineEvent] = []
-    for phase, name, allocated, reserved in result.events:
+    for (phase, name, allocated), reserved in zip(result.events, result.reserved_at, strict=True):
         index = _UNIT_INDEX.search(name)
         if index and 0 < int(index.group(1)) < layers - 1 and (phase, name) not in keep:
             continue

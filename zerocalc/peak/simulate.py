@@ -47,13 +47,13 @@ class StepResult(NamedTuple):
     start: int
     after_forward: int
     after_backward: int
-    events: list[tuple[StepPhase, str, int, int | None]]
-    """Each event of the step: its phase, name, the allocated total and what the caching allocator has
-    reserved there (None without the allocator replay)."""
+    events: list[tuple[StepPhase, str, int]]
     reserved: int
     """The caching allocator's high-water mark over model creation and three steps."""
     peak: PhasePeak
     """The step's first event with the largest allocated total, and what is alive there by kind."""
+    reserved_at: list[int | None]
+    """At each event, what the caching allocator has reserved (None without the allocator replay)."""
 
 
 @lru_cache(maxsize=256)
@@ -320,9 +320,7 @@ def simulate(
         start=phases.start,
         after_forward=phases.after_forward,
         after_backward=phases.after_backward,
-        events=[
-            (StepPhase(e.phase), e.name, e.allocated, reserved)
-            for e, reserved in zip(led.events, reserved_at, strict=True)
-        ],
+        events=[(StepPhase(e.phase), e.name, e.allocated) for e in led.events],
         reserved=allocator.max_reserved if allocator is not None else 0,
+        reserved_at=reserved_at,
     )

@@ -41,22 +41,17 @@ Value = int | float | str | None
 
 
 def _state_columns(estimate: MemoryEstimate, unit: ByteUnit) -> list[tuple[Column, list[Value]]]:
-    """The model-state table's columns after the strategy, each with its rows' values (bytes, fractions)."""
-    from zerocalc.states.memory import Location, StateKind
+    """The model-state table's columns after the strategy, each with its rows' values: bytes on the GPU
+    (0 for a state the table shows offloaded), fractions."""
+    from zerocalc.states.memory import StateKind
 
     rows = estimate.strategies
     bpp = estimate.bytes_per_parameter
 
-    def on_gpu(row: StrategyMemory, kind: StateKind) -> int | str:
-        states = [s for s in row.states if s.kind is kind]
-        if states and all(s.location is not Location.GPU for s in states):
-            return f"→ {states[0].location.value}"
-        return row.bytes_of(kind)
-
     columns = [
         (
             Column(label, [_state_cell(row, StateKind(key), unit) for row in rows]),
-            [on_gpu(row, StateKind(key)) for row in rows],
+            [row.bytes_of(StateKind(key)) for row in rows],
         )
         for key, label in _STATE_COLUMNS
         if key != StateKind.GRAD_ACCUM.value or bpp.grad_accum > 0
