@@ -219,6 +219,7 @@ def test_pytorchs_memory_viz_renders_the_predicted_snapshot(options: list[str], 
     assert result.exit_code == 0, result.output
     assert f"written to {path}" in result.stderr
     (row,) = json.loads(result.stdout)["peak"]["strategies"]
+    assert b"zerocalc" not in path.read_bytes()  # plain dicts, lists, str and int: loads without zerocalc
     snapshot = pickle.loads(path.read_bytes())
     actions = {e["action"] for e in snapshot["device_traces"][0]}
     assert {"alloc", "free_requested", "free_completed"} <= actions

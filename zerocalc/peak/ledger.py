@@ -163,10 +163,11 @@ class Ledger:
             self.peak_live[self.phase] = by_kind
         if extra:
             self._transients += 1
-            self.log.append(Alloc(f"transient{self._transients}", extra, "default", transient_kind))
+            transient_name = f"during {name} #{self._transients}"
+            self.log.append(Alloc(transient_name, extra, "default", transient_kind))
         self.marks.append(len(self.log))
         if extra:
-            self.log.append(Free(f"transient{self._transients}"))
+            self.log.append(Free(transient_name))
 
     def clear_events(self) -> None:
         """Forget the events so far (the live tensors stay): what follows is measured afresh."""

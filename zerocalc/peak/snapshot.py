@@ -106,7 +106,7 @@ class RecordingAllocator(CachingAllocator):
     def replay(self, log: list[Alloc | Free]) -> None:
         for op in log:
             if isinstance(op, Alloc):
-                self._kind = op.kind
+                self._kind = str(op.kind)  # a plain str: the pickle must load without zerocalc
             super().replay([op])
 
     def segments_now(self) -> list[dict[str, Any]]:
