@@ -65,6 +65,19 @@ def test_the_html_holds_every_number_the_cli_prints(args, compute) -> None:
             assert line.rstrip() in shown
 
 
+def test_in_a_notebook_the_html_is_returned_not_displayed(monkeypatch) -> None:
+    """Inside Jupyter a Rich console displays what it prints by itself (``rich.jupyter.display``); the
+    recording console must not, or the notebook would show the tables twice."""
+    import rich.console
+    import rich.jupyter
+
+    shown: list[object] = []
+    monkeypatch.setattr(rich.console, "_is_jupyter", lambda: True)
+    monkeypatch.setattr(rich.jupyter, "display", lambda *args: shown.append(args))
+    markup = estimate_memory("7B", 8)._repr_html_()
+    assert "104.31" in _html_text(markup) and shown == []
+
+
 def test_the_html_shows_the_hand_computed_model_states() -> None:
     """7B, bf16-mixed AdamW: 16 bytes per parameter under DDP = 112e9 bytes = 104.31 GiB; ZeRO-3 over 8
     GPUs: 14e9 bytes = 13.04 GiB (ZeRO paper §5, Ψ(2 + 2 + 12)/N_d)."""

@@ -62,8 +62,13 @@ def result_html(result: Any) -> str:
     """What the CLI prints for ``result`` at :data:`NOTEBOOK_WIDTH` columns, as an HTML ``<pre>``."""
     from rich.console import Console
 
-    out = Console(
-        record=True, width=NOTEBOOK_WIDTH, file=io.StringIO(), highlight=False, color_system="truecolor"
+    out = Console(  # never Jupyter's own display: in a notebook that would show the tables a second time
+        record=True,
+        width=NOTEBOOK_WIDTH,
+        file=io.StringIO(),
+        highlight=False,
+        color_system="truecolor",
+        force_jupyter=False,
     )
     _render(result, out)
     return out.export_html(inline_styles=True, code_format=HTML_FORMAT)
