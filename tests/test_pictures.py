@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import pickle
 import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -131,6 +133,15 @@ def test_bad_picture_options_are_one_line_exit_2(args: list[str], fragment: str)
     result = runner.invoke(app, ["memory", *args])
     assert result.exit_code == 2
     assert fragment in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_snapshot_never_replaces_a_file_that_is_not_regular(tmp_path: Path) -> None:
+    """The atomic write renames over its target: a pipe (or a device such as /dev/null) is refused."""
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    result = runner.invoke(app, ["memory", "--model", "gpt2", "-s", "ddp", "--snapshot-out", str(pipe)])
+    assert result.exit_code == 2 and "is not a regular file" in result.stderr
+    assert stat.S_ISFIFO(pipe.stat().st_mode)
 
 
 def _memory_viz_peak(snapshot: dict) -> tuple[int, int]:

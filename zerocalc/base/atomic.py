@@ -51,7 +51,8 @@ def _umask() -> int:
 def unwritable(path: str | Path) -> str | None:
     """Why :func:`write_text_atomic` could not write ``path`` (checked without writing), or None.
 
-    The path must not be a directory, and its nearest existing ancestor must be a directory this process
+    The path must not be a directory or another file that is not a regular one (a device, a pipe: the
+    atomic rename would replace it), and its nearest existing ancestor must be a directory this process
     may create files in (missing folders below it are created by the write).
     """
     target = Path(path)
@@ -61,6 +62,8 @@ def unwritable(path: str | Path) -> str | None:
         return "contains a NUL byte"
     if target.is_dir():
         return "is a directory"
+    if target.exists() and not target.is_file():
+        return "is not a regular file (a device, a pipe or a socket)"
     folder = target.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent

@@ -8,7 +8,7 @@ import typer
 
 from zerocalc.base.units import ByteUnit, parse_byte_unit
 from zerocalc.cli import options as opt
-from zerocalc.cli.base import PlainTextCommand, app
+from zerocalc.cli.base import PlainTextCommand, app, fail
 from zerocalc.cli.render import console, print_json
 from zerocalc.render.memory import render_framework_states, render_memory, render_peak
 from zerocalc.request.options import Command, echo
@@ -107,10 +107,14 @@ def _write_snapshot(request: TrainingRequest, path: str, json: bool) -> None:
     import pickle
 
     from zerocalc.base.atomic import write_bytes_atomic
+    from zerocalc.base.errors import why_not
     from zerocalc.peak.snapshot import predicted_snapshot
 
     snapshot, _ = predicted_snapshot(request, request.strategies[0])
-    write_bytes_atomic(path, pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL))
+    try:
+        write_bytes_atomic(path, pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL))
+    except OSError as exc:  # the path was checked first: the disk or its permissions changed
+        raise fail(f"--snapshot-out {path!r} cannot be written ({why_not(exc)})", 1) from None
     events = len(snapshot["device_traces"][0])
     typer.echo(
         f"snapshot of the predicted step ({events:,} allocator events) written to {path}; draw it with "

@@ -462,8 +462,13 @@ def _validate_cuda(
 
         predicted, _ = predicted_snapshot(request, StrategyName.ZERO3)
         beside = predicted_snapshot_path(snapshot_out)
-        write_bytes_atomic(snapshot_out, pickle.dumps(recorded, protocol=pickle.HIGHEST_PROTOCOL))
-        write_bytes_atomic(beside, pickle.dumps(predicted, protocol=pickle.HIGHEST_PROTOCOL))
+        from zerocalc.base.errors import why_not
+
+        for path, snapshot in ((Path(snapshot_out), recorded), (beside, predicted)):
+            try:
+                write_bytes_atomic(path, pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL))
+            except OSError as exc:  # the paths were checked before the run: the disk changed
+                raise fail(f"--snapshot-out {str(path)!r} cannot be written ({why_not(exc)})", 1) from None
         typer.echo(
             f"snapshots of the last step written: measured {snapshot_out}, predicted {beside}; draw each "
             "with python -m torch.cuda._memory_viz trace_plot FILE -o out.html",
