@@ -39,10 +39,15 @@ def _headroom_cell(row: StrategyMemory, unit: ByteUnit) -> str:
 Value = int | float | str | None
 """A table cell's value in :func:`memory_rows`: bytes, a fraction, a text, or absent."""
 
+FREE_KEY = "Free"
+"""The key of the model-state table's "Free of <capacity>" column."""
+VERDICT_KEY = "Of GPU"
+"""The key of the peak table's "Of <capacity>" column (fits, tight or does not fit)."""
 
-def _state_columns(estimate: MemoryEstimate, unit: ByteUnit) -> list[tuple[Column, list[Value]]]:
-    """The model-state table's columns after the strategy, each with its rows' values: bytes on the GPU
-    (0 for a state the table shows offloaded), fractions."""
+
+def _state_columns(estimate: MemoryEstimate, unit: ByteUnit) -> list[tuple[Column, list[Value], str]]:
+    """The model-state table's columns after the strategy, each with its rows' values (bytes on the GPU,
+    0 for a state the table shows offloaded; fractions) and its key in :func:`memory_rows`."""
     from zerocalc.states.memory import StateKind
 
     rows = estimate.strategies
@@ -52,6 +57,7 @@ def _state_columns(estimate: MemoryEstimate, unit: ByteUnit) -> list[tuple[Colum
         (
             Column(label, [_state_cell(row, StateKind(key), unit) for row in rows]),
             [row.bytes_of(StateKind(key)) for row in rows],
+            column_key(label),
         )
         for key, label in _STATE_COLUMNS
         if key != StateKind.GRAD_ACCUM.value or bpp.grad_accum > 0
@@ -60,10 +66,12 @@ def _state_columns(estimate: MemoryEstimate, unit: ByteUnit) -> list[tuple[Colum
         (
             Column("Total\n/ GPU", [f"[bold]{byte_cell(row.gpu_bytes, unit)}[/bold]" for row in rows]),
             [row.gpu_bytes for row in rows],
+            column_key("Total\n/ GPU"),
         ),
         (
             Column("vs\nDDP", [f"{row.fraction_of_ddp:.1%}" for row in rows]),
             [row.fraction_of_ddp for row in rows],
+            column_key("vs\nDDP"),
         ),
     ]
     sizes: list[tuple[str, list[int]]] = []
@@ -78,7 +86,8 @@ def _state_columns(estimate: MemoryEstimate, unit: ByteUnit) -> list[tuple[Colum
             ("NVMe\n/ node", [row.nvme_bytes_per_node for row in rows]),
         ]
     columns += [
-        (Column(header, [byte_cell(v, unit) for v in values]), list(values)) for header, values in sizes
+        (Column(header, [byte_cell(v, unit) for v in values]), list(values), column_key(header))
+        for header, values in sizes
     ]
     capacity = estimate.request.states_capacity_bytes
     if capacity is not None:
@@ -86,6 +95,7 @@ def _state_columns(estimate: MemoryEstimate, unit: ByteUnit) -> list[tuple[Colum
             (
                 Column(f"Free of\n{byte_cell(capacity, unit)}", [_headroom_cell(row, unit) for row in rows]),
                 [row.headroom_bytes for row in rows],
+                FREE_KEY,
             )
         )
     return columns
@@ -122,7 +132,7 @@ def render_memory(out: Output, estimate: MemoryEstimate, unit: ByteUnit) -> None
         f"b_p = {bpp.b_p}, b_g = {bpp.b_g}, K = {k} bytes/param{extra}; units: {unit_label(unit)}"
     )
     capacity = request.states_capacity_bytes
-    columns = [column for column, _ in _state_columns(estimate, unit)]
+    columns = [column for column, _, _ in _state_columns(estimate, unit)]
     print_fitted(out, "Strategy", [row.title for row in estimate.strategies], columns)
     for line in estimate.assumptions[1:]:
         out.print(f"[dim]· {line}[/dim]")
@@ -314,12 +324,6 @@ def column_key(header: str) -> str:
     return " ".join(Text.from_markup(header).plain.split())
 
 
-FREE_KEY = "Free"
-"""The key of the model-state table's "Free of <capacity>" column."""
-VERDICT_KEY = "Of GPU"
-"""The key of the peak table's "Of <capacity>" column (fits, tight or does not fit)."""
-
-
 def memory_rows(estimate: MemoryEstimate) -> list[dict[str, Value]]:
     """One dict per strategy: ``strategy`` (its name), then the tables' columns and lines under their
     headers as printed, sizes in bytes and fractions as fractions (``vs DDP`` 0.25 for 25.0%)."""
@@ -329,8 +333,7 @@ def memory_rows(estimate: MemoryEstimate) -> list[dict[str, Value]]:
     rows: list[dict[str, Value]] = [
         {"strategy": r.strategy.value, "Strategy": r.title} for r in estimate.strategies
     ]
-    for column, values in _state_columns(estimate, ByteUnit.B):
-        key = FREE_KEY if column.header.startswith("Free of") else column_key(column.header)
+    for _, values, key in _state_columns(estimate, ByteUnit.B):
         for row, value in zip(rows, values, strict=True):
             row[key] = value
     if not isinstance(estimate, MemoryReport):
