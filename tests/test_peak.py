@@ -81,7 +81,15 @@ def test_the_issue_command_reproduces_a_measurement_through_the_cli() -> None:
     assert row["allocated_peak_bytes"] == m["max_allocated"]
     assert abs(row["peak_bytes"] / m["device_used"] - 1) < 0.035
     assert row["peak_phase"] == "backward" and row["peak_event"] == "loss backward (log_softmax_backward)"
-    assert row["timeline"][0] == {"phase": "start", "event": "start", "allocated_bytes": m["start_allocated"]}
+    start, end = row["timeline"][0], row["timeline"][-1]
+    assert start == {
+        "phase": "start",
+        "event": "start",
+        "allocated_bytes": m["start_allocated"],
+        "reserved_bytes": start["reserved_bytes"],
+    }
+    # the allocator never returns a segment: what it reserves only grows, to the maximum at the step's end
+    assert start["reserved_bytes"] <= end["reserved_bytes"] == row["reserved_bytes"]
 
 
 def _row(model: str, gpus: int, strategy: str | None = None, **kwargs):

@@ -10,7 +10,12 @@ from pathlib import Path
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` via a temporary file in the same directory, fsync and rename.
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`write_bytes_atomic`)."""
+    return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` via a temporary file in the same directory, fsync and rename.
 
     A new file gets mode 0666 less the umask (0644 with the usual umask 022), like any file a command
     creates; a file replaced keeps its mode. A failure at any point leaves the previous file untouched
@@ -25,8 +30,8 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         os.fchmod(fd, mode)  # mkstemp creates 0600
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_name, target)
@@ -46,7 +51,8 @@ def _umask() -> int:
 def unwritable(path: str | Path) -> str | None:
     """Why :func:`write_text_atomic` could not write ``path`` (checked without writing), or None.
 
-    The path must not be a directory, and its nearest existing ancestor must be a directory this process
+    The path must not be a directory or another file that is not a regular one (a device, a pipe: the
+    atomic rename would replace it), and its nearest existing ancestor must be a directory this process
     may create files in (missing folders below it are created by the write).
     """
     target = Path(path)
@@ -56,6 +62,8 @@ def unwritable(path: str | Path) -> str | None:
         return "contains a NUL byte"
     if target.is_dir():
         return "is a directory"
+    if target.exists() and not target.is_file():
+        return "is not a regular file (a device, a pipe or a socket)"
     folder = target.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent

@@ -8,6 +8,7 @@ Exit codes: 0 every model-state line matches, 1 a model-state line differs or a 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -102,6 +103,15 @@ DeviceOpt = Annotated[
         show_default=False,
     ),
 ]
+SnapshotOut = Annotated[
+    str | None,
+    typer.Option(
+        "--snapshot-out",
+        help="With --device cuda: write the measured step's PyTorch memory snapshot to this file, and the "
+        "predicted one beside it (NAME.predicted.pickle for NAME.pickle).",
+        show_default=False,
+    ),
+]
 FRAMEWORK_RUN_ONLY = (
     "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "strategies", "optimizer", "grad_accum",
     "grad_sync", "gpus_per_node", "nproc", "timeout",
@@ -109,7 +119,7 @@ FRAMEWORK_RUN_ONLY = (
 """Options only the framework runs read (the default mode)."""
 READ_BY_MODE = {
     "activations": ("model", "precision", "family", "attention", "micro_batch", "seq_len", "json"),
-    "cuda": ("model", "micro_batch", "seq_len", "json"),
+    "cuda": ("model", "micro_batch", "seq_len", "snapshot_out", "json"),
     "frameworks": ("model", "precision", *FRAMEWORK_RUN_ONLY, "json"),
 }
 """The options each mode reads; one given to a mode that does not read it is refused, not ignored."""
@@ -141,6 +151,7 @@ def validate(
     micro_batch: MicroBatch = 2,
     seq_len: SeqLen = 64,
     device: DeviceOpt = None,
+    snapshot_out: SnapshotOut = None,
     json: Json = False,
 ) -> None:
     """Run DDP, ZeRO-1, FSDP1 and FSDP2 for real; compare each rank's bytes and collectives with the
@@ -153,7 +164,7 @@ def validate(
         mode = "activations" if activations or chosen_device == "cpu" else "frameworks"
     _refuse_unread_options(ctx, mode)
     if chosen_device == "cuda":
-        _validate_cuda(model, micro_batch, seq_len, json)
+        _validate_cuda(model, micro_batch, seq_len, json, snapshot_out)
         return
     if activations or chosen_device == "cpu":
         _validate_activations(model, family, precision, attention, micro_batch, seq_len, json)
@@ -394,9 +405,19 @@ def render_activations(report) -> None:
     out.print(f"{exact} of {len(report.cases)} cases exact to the byte ({claimed} claimed exact): {verdict}")
 
 
-def _validate_cuda(model: str | None, micro_batch: int, seq_len: int, json: bool) -> None:
+def predicted_snapshot_path(path: str) -> Path:
+    """Where ``--device cuda --snapshot-out FILE`` puts the predicted snapshot: beside FILE, ``.predicted``
+    before its suffix."""
+    measured = Path(path)
+    return measured.with_name(f"{measured.stem}.predicted{measured.suffix}")
+
+
+def _validate_cuda(
+    model: str | None, micro_batch: int, seq_len: int, json: bool, snapshot_out: str | None = None
+) -> None:
     """``--device cuda``: real FSDP2 steps on this GPU (bf16 parameters, fp32 reduce: the recipe of the
-    shared H100 measurements), each phase's peak against the step timeline."""
+    shared H100 measurements), each phase's peak against the step timeline; with ``snapshot_out``, the
+    measured and the predicted step as PyTorch memory snapshots."""
     if importlib.util.find_spec("torch") is None:
         raise fail(NEEDS_TORCH)
     from zerocalc.validate import cuda_step
@@ -405,18 +426,54 @@ def _validate_cuda(model: str | None, micro_batch: int, seq_len: int, json: bool
     if device is None:
         raise fail("--device cuda: no CUDA device is visible to torch here; accepted: a machine with a GPU")
     _check_shape(micro_batch, seq_len)
+    if snapshot_out is not None:
+        from zerocalc.base.atomic import unwritable
+        from zerocalc.base.errors import shown
+
+        for path in (snapshot_out, predicted_snapshot_path(snapshot_out)):
+            why = unwritable(path)
+            if why is not None:
+                raise InputError(f"--snapshot-out {shown(str(path))} {why}; accepted: a file path to write")
     name, config = _activation_model(model or "", "--device cuda", on_cpu=False)
     if importlib.util.find_spec("transformers") is None:
         raise fail(NEEDS_TRANSFORMERS)
-    from zerocalc.api import estimate_peak
+    from zerocalc.parallel.strategies import StrategyName
+    from zerocalc.peak.evaluate import evaluate_peak
+    from zerocalc.request.training import parse_options
     from zerocalc.validate.phases import compare_phases
 
     gpu = _device_gpu_preset(*device)
-    (row,) = estimate_peak(
-        model, 1, framework="fsdp2", strategies="zero3", micro_batch=micro_batch, seq_len=seq_len,
+    request = parse_options(
+        model=model, gpus=1, framework="fsdp2", strategies="zero3", micro_batch=micro_batch, seq_len=seq_len,
         recompute="none", reduce_dtype="fp32", model_impl="hf", flash_attention=True, gpu=gpu,
-    ).peak.strategies  # fmt: skip
-    report = compare_phases(row, cuda_step.run(config, micro_batch, seq_len, reshard=True, recompute=False))
+    )  # fmt: skip
+    peak = evaluate_peak(request).peak
+    assert peak is not None
+    (row,) = peak.strategies
+    measured, recorded = cuda_step.run(
+        config, micro_batch, seq_len, reshard=True, recompute=False, snapshot=snapshot_out is not None
+    )
+    report = compare_phases(row, measured)
+    if snapshot_out is not None and recorded is not None:
+        import pickle
+
+        from zerocalc.base.atomic import write_bytes_atomic
+        from zerocalc.peak.snapshot import predicted_snapshot
+
+        predicted, _ = predicted_snapshot(request, StrategyName.ZERO3)
+        beside = predicted_snapshot_path(snapshot_out)
+        from zerocalc.base.errors import why_not
+
+        for path, snapshot in ((Path(snapshot_out), recorded), (beside, predicted)):
+            try:
+                write_bytes_atomic(path, pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL))
+            except OSError as exc:  # the paths were checked before the run: the disk changed
+                raise fail(f"--snapshot-out {str(path)!r} cannot be written ({why_not(exc)})", 1) from None
+        typer.echo(
+            f"snapshots of the last step written: measured {snapshot_out}, predicted {beside}; draw each "
+            "with python -m torch.cuda._memory_viz trace_plot FILE -o out.html",
+            err=json,
+        )
     if json:
         from zerocalc.cli.render import print_json
 

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from zerocalc.base.display import TableDisplay
 from zerocalc.base.dtypes import DType
 from zerocalc.base.units import plural
 from zerocalc.comm.calls import Call, CallContext, Layout, RuleCalls, rule_calls
@@ -148,7 +149,7 @@ class ComputeTime(BaseModel):
     seconds: float = Field(description="6·Ψ·T / (N·F)")
 
 
-class CommEstimate(BaseModel):
+class CommEstimate(TableDisplay, BaseModel):
     schema_version: int = SCHEMA_VERSION
     request: CommRequest
     options: dict[str, Any] | None = Field(

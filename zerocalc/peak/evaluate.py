@@ -132,14 +132,19 @@ def condensed_timeline(result: StepResult, layers: int) -> list[TimelineEvent]:
     and those of the middle layers (1 … L−2) left out except where a phase peaks."""
     keep = {(p.phase, p.event) for p in result.phases} | {(result.peak.phase, result.peak.event)}
     events: list[TimelineEvent] = []
-    for phase, name, allocated in result.events:
+    for (phase, name, allocated), reserved in zip(result.events, result.reserved_at, strict=True):
         index = _UNIT_INDEX.search(name)
         if index and 0 < int(index.group(1)) < layers - 1 and (phase, name) not in keep:
             continue
         if events and (events[-1].phase, events[-1].event) == (phase, name):
-            events[-1].allocated_bytes = max(events[-1].allocated_bytes, allocated)
+            last = events[-1]
+            last.allocated_bytes = max(last.allocated_bytes, allocated)
+            if reserved is not None:
+                last.reserved_bytes = max(last.reserved_bytes or 0, reserved)
             continue
-        events.append(TimelineEvent(phase=phase, event=name, allocated_bytes=allocated))
+        events.append(
+            TimelineEvent(phase=phase, event=name, allocated_bytes=allocated, reserved_bytes=reserved)
+        )
     return events
 
 

@@ -60,6 +60,8 @@ class StepResult(NamedTuple):
     """The caching allocator's high-water mark over model creation and three steps."""
     peak: PhasePeak
     """The step's first event with the largest allocated total, and what is alive there by kind."""
+    reserved_at: list[int | None]
+    """At each event, what the caching allocator has reserved (None without the allocator replay)."""
 
 
 @lru_cache(maxsize=256)
@@ -258,19 +260,23 @@ def simulate(
     states: Sequence[StateLine] = (),
     device: Device = Device.CUDA,
     reserve: bool = True,
+    allocator: CachingAllocator | None = None,
 ) -> StepResult:
     """Allocated peaks of one steady step, and (``reserve``) the allocator's high-water mark.
 
     With ``reserve`` the allocation stream of model creation and :data:`REPLAYED_STEPS` steps goes
-    through the caching allocator, and the last of those steps (a steady one) gives the peaks; without,
-    one steady step from its resident start."""
+    through the caching allocator (``allocator``, else a fresh one for the request), and the last of
+    those steps (a steady one) gives the peaks and what is reserved at each of its events; without, one
+    steady step from its resident start."""
     mechanics, act = mechanics_for(request, name, states)
     step = step_shape(request, act, device)
     block = 512 if device is Device.CUDA else 1
     led = Ledger(block)
-    allocator = None
-    if reserve:
+    if not reserve:
+        allocator = None
+    elif allocator is None:
         allocator = CachingAllocator(expandable=request.expandable_segments)
+    if allocator is not None:
         first_start(step, mechanics, runtime, led)
         for number in range(REPLAYED_STEPS - 1):
             mechanics.earlier_micro_batches(led)
@@ -278,12 +284,21 @@ def simulate(
             allocator.replay(led.log)
             led.log = []
         mechanics.earlier_micro_batches(led)
+        allocator.replay(led.log)
+        led.log = []
         led.clear_events()
+        allocator.measured_step_begins()
     else:
         steady_start(step, mechanics, runtime, led)
     phases = run_step(step, mechanics, runtime, led)
+    reserved_at: list[int | None] = [None] * len(led.events)
     if allocator is not None:
-        allocator.replay(led.log)
+        done = 0
+        for i, mark in enumerate(led.marks):
+            allocator.replay(led.log[done:mark])
+            done = mark
+            reserved_at[i] = allocator.reserved
+        allocator.replay(led.log[done:])
         led.log = []
     # each phase's peak as max_memory_allocated reads it after reset_peak_memory_stats at the phase's
     # start: at least what is allocated when the phase begins
@@ -310,4 +325,5 @@ def simulate(
         after_backward=phases.after_backward,
         events=[(StepPhase(e.phase), e.name, e.allocated) for e in led.events],
         reserved=allocator.max_reserved if allocator is not None else 0,
+        reserved_at=reserved_at,
     )

@@ -208,6 +208,13 @@ OPTIONS: tuple[Option, ...] = (
          value_type=STR, request=False),
     _opt("per_unit", ("--per-unit",), "One row per FSDP unit, DDP or DeepSpeed bucket, or broadcasting rank.",
          frozenset({COMM}), default=False, kind=Kind.FLAG, value_type=BOOL, request=False),
+    _opt("timeline", ("--timeline",),
+         "With --model: draw allocated and reserved memory over the step's events, per strategy.",
+         frozenset({MEMORY}), default=False, kind=Kind.FLAG, value_type=BOOL, request=False),
+    _opt("snapshot_out", ("--snapshot-out",),
+         "With --model and one --strategy: write the predicted step as a PyTorch memory snapshot "
+         "(python -m torch.cuda._memory_viz trace_plot FILE -o out.html draws it).",
+         frozenset({MEMORY}), value_type=OPT_STR, request=False, metavar="FILE"),
     _opt("json", ("--json",), "Print the result as JSON (exact integer bytes).", ESTIMATES | {PLAN},
          default=False, kind=Kind.FLAG, value_type=BOOL, request=False),
 )  # fmt: skip

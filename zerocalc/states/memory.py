@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from zerocalc.base.display import TableDisplay
 from zerocalc.base.dtypes import DType
 from zerocalc.base.units import ceil_div, plural
 from zerocalc.model.architecture import ParameterCount
@@ -151,7 +152,7 @@ class GpuSummary(BaseModel):
     context_bytes: int = Field(description="held outside the caching allocator at world size 1")
 
 
-class MemoryEstimate(BaseModel):
+class MemoryEstimate(TableDisplay, BaseModel):
     schema_version: int = SCHEMA_VERSION
     request: MemoryRequest
     options: dict[str, Any] | None = Field(
