@@ -147,7 +147,7 @@ def test_a_refused_launch_config_is_one_line_and_exit_2(tmp_path: Path) -> None:
     result = runner.invoke(app, ["memory", "--model", "llama-3-8b", "--torchtitan", str(path)])
     assert result.exit_code == 2
     assert result.stderr.strip().splitlines() == [
-        f"zerocalc: error: --torchtitan {path}: parallelism.tensor_parallel_degree 8 is not modelled; "
+        f"zerocalc: error: --torchtitan {str(path)!r}: parallelism.tensor_parallel_degree 8 is not modelled; "
         "accepted: 1 (zerocalc models data parallelism only)"
     ]
     missing = runner.invoke(

@@ -385,7 +385,7 @@ def with_launch_configs(
     is listed). Files are read in :class:`LaunchFormat`'s order; a later one overrides an earlier one."""
     from pathlib import Path
 
-    from zerocalc.base.errors import why_not
+    from zerocalc.base.errors import shown, why_not
 
     merged = dict(values)
     notes: list[str] = []
@@ -393,7 +393,7 @@ def with_launch_configs(
         path = values.get(kind.value)
         if path is None:
             continue
-        where = f"{{{kind.value}}} {path}"
+        where = f"{{{kind.value}}} {shown(path)}"
         try:
             text = Path(path).expanduser().read_text(encoding="utf-8-sig")
         except (OSError, ValueError) as exc:
