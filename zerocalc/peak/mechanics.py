@@ -420,14 +420,16 @@ class Fsdp2(Fsdp):
                 led.rename(labels.prefetched, output)
             else:
                 self._all_gather(led, unit, output)
-            # wait_for_unshard: the previous forward all-gather's result (kept so that its copy-out could
-            # overlap this all-gather, all_gather_state) is released, then the copy-out into each
-            # parameter's unsharded storage; in forward this result is kept in turn, in backward freed
+            # wait_for_unshard (_fsdp_param_group.py): the copy-out into each parameter's unsharded
+            # storage, then the previous forward all-gather's result (comm_ctx.all_gather_state, kept so
+            # that its copy-out could overlap this all-gather) is released: the method's local
+            # `prev_all_gather_state` holds it until the method returns, after the copy-out. In forward
+            # this result is kept in turn, in backward freed.
+            led.alloc_each((labels.unsharded,), unit.bytes_each("padded", self.param_bytes), GATHERED)
+            led.event(labels.unshard_copy_out)
             if self._all_gather_state is not None:
                 led.free(self._all_gather_state)
                 self._all_gather_state = None
-            led.alloc_each((labels.unsharded,), unit.bytes_each("padded", self.param_bytes), GATHERED)
-            led.event(labels.unshard_copy_out)
             if backward:
                 led.free(output)
             else:

@@ -172,6 +172,10 @@ def run_step(
     led.alloc_group("shared", shared, ACTIVATIONS)
     hidden = "embedding output"
     led.alloc(hidden, act * T * h, ACTIVATIONS)
+    if hf and t.rotary and not checkpointed:
+        # LlamaModel.forward (and every rotary family's): position_ids = arange(s) + past_seen_tokens,
+        # int64 [1, s], alive until the base model returns; saved only by checkpoint closures
+        led.alloc("position ids", INT64 * shape.s, ACTIVATIONS)
     if not t.rotary:  # GPT-2: wte(ids) + wpe(positions) (+ dropout) is a new tensor; both inputs stay
         led.alloc("position embedding output", act * shape.s * h, ACTIVATIONS)
         led.alloc("hidden 0", act * T * h, ACTIVATIONS)
@@ -219,6 +223,7 @@ def run_step(
             "embedding output"
         )  # the base model's forward returns (under checkpointing it is layer 0's input)
     led.free("position embedding output")
+    led.free("position ids")
 
     # the loss
     led.alloc("logits", act * T * V, LOSS)
