@@ -198,6 +198,8 @@ def run_step(
         else:
             saves = saves_of(i, use_cache=True)
             led.alloc_group(f"layer {i}", saves.saved, ACTIVATIONS)
+            if hf and t.sliding_pattern and (i + 1) % t.sliding_pattern:
+                led.alloc(f"layer {i} sliding-window cache tensor", INT64, ACTIVATIONS, group="sliding cache")
             if cuda and hf:
                 led.alloc(f"layer {i}.sdpa rng", runtime.per_layer_attention, ACTIVATIONS, group=f"layer {i}")
             led.event(f"layer {i} forward", saves.forward_excess, TRANSIENT)
@@ -248,6 +250,7 @@ def run_step(
     led.free("previous step's loss")
     mechanics.post_forward(led, "root")
     led.free("logits")  # only the loss is kept by the training loop
+    led.free_group("sliding cache")  # the DynamicCache of the dropped output
     led.event("after forward")
     after_forward = led.total
 
@@ -340,11 +343,15 @@ def steady_start(step: StepShape, mechanics: StepHooks, runtime: Runtime | None,
 
 def _inputs(step: StepShape, led: Ledger) -> None:
     arch = step.arch
-    if traits(arch).rotary and step.impl.name is ModelImplName.HF:
+    t = traits(arch)
+    if t.rotary and step.impl.name is ModelImplName.HF:
         d = arch.latent_attention.qk_rope_head_dim if arch.latent_attention else arch.dim_per_head
-        # the rotary embedding's inv_freq and original_inv_freq buffers (fp32 [d/2])
-        led.alloc("rotary inv_freq", 2 * d, INPUTS)
-        led.alloc("rotary original_inv_freq", 2 * d, INPUTS)
+        # the rotary embedding's inv_freq and original_inv_freq buffers (fp32 [d/2]), per table
+        for table in ("", " (global)")[: t.rotary_tables]:
+            led.alloc(f"rotary inv_freq{table}", 2 * d, INPUTS)
+            led.alloc(f"rotary original_inv_freq{table}", 2 * d, INPUTS)
+    if t.embedding_scale_buffer and step.impl.name is ModelImplName.HF:
+        led.alloc("embedding scale buffer (fp32 0-dim)", FP32, INPUTS)
     led.alloc("input ids (= labels)", INT64 * step.shape.tokens, INPUTS)
 
 

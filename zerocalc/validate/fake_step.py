@@ -21,6 +21,10 @@ Artefacts of a fake CPU run that a GPU run does not have, neutralised here:
   ``use_cache=False``, as under checkpointing). A real run returns None there; so does the run here;
 * Adam's ``step`` counters are host tensors in a GPU run (``torch/optim/adam.py``, not ``capturable``, not
   ``fused``): they are untracked after each ``optimizer.step``;
+* a sliding-window cache layer (``cache_utils.DynamicSlidingWindowLayer``) makes its 0-dim
+  ``_sliding_window_tensor`` on the host and copies it to the device at its first update; on the CPU the
+  copy is the same tensor, so it would count from the cache's creation: the host tensor is made on "meta"
+  here, and the copy at the first update is counted;
 * the tracker refuses a second forward of the root without ``reset_mod_stats()``: called every step;
 * fake CUDA tensors on a CPU-only torch abort at the first autograd edge: the device is "cpu" (CPU SDPA
   runs ``_scaled_dot_product_flash_attention_for_cpu``: the output and log-sum-exp CUDA flash keeps).
@@ -51,7 +55,7 @@ CUDA_BLOCK = 512
 def _neutralised() -> Iterator[None]:
     """Every storage rounded to 512 B in the tracker; no packed-sequence index from fake positions."""
     from torch.distributed._tools import mem_tracker
-    from transformers import masking_utils
+    from transformers import cache_utils, masking_utils
 
     def rounded(info: Any) -> int:
         return math.ceil(info.size * info.element_size / CUDA_BLOCK) * CUDA_BLOCK
@@ -59,13 +63,21 @@ def _neutralised() -> Iterator[None]:
     def one_sequence(position_ids: torch.Tensor) -> None:
         return None  # the inputs are one sequence per row (positions 0 … s−1)
 
+    sliding_init = cache_utils.DynamicSlidingWindowLayer.__init__
+
+    def host_window_tensor(layer: Any, *args: Any, **kwargs: Any) -> None:
+        sliding_init(layer, *args, **kwargs)
+        layer._sliding_window_tensor = layer._sliding_window_tensor.to("meta")  # a host tensor, untracked
+
     saved = mem_tracker._WeakRefInfo._calculate_mem_consumed, masking_utils.find_packed_sequence_indices
     mem_tracker._WeakRefInfo._calculate_mem_consumed = rounded
     masking_utils.find_packed_sequence_indices = one_sequence
+    cache_utils.DynamicSlidingWindowLayer.__init__ = host_window_tensor
     try:
         yield
     finally:
         mem_tracker._WeakRefInfo._calculate_mem_consumed, masking_utils.find_packed_sequence_indices = saved
+        cache_utils.DynamicSlidingWindowLayer.__init__ = sliding_init
 
 
 def run_cases(config: dict[str, Any], cases: list[tuple[FakeCase, TrainingRequest]]) -> FakeReport:
