@@ -220,7 +220,6 @@ def traits(arch: Architecture) -> Traits:
     )
 
 
-
 # ---------------------------------------------------------------------------------------------- norms
 def norm_saves(
     kind: str, rows: int, width: int, act: int, device: Device, fp32_copy: bool, input_kept: bool = False
