@@ -560,6 +560,8 @@ def _fake_model(model: str | None):
 def render_fake(report) -> None:
     """Per case: each line's timeline bytes (CUDA extras left out), the tracker's, the difference; the
     CUDA extras named under the table."""
+    from rich.markup import escape
+
     from zerocalc.cli.render import Column, console, print_fitted
 
     out = console()
@@ -576,11 +578,15 @@ def render_fake(report) -> None:
                 Column(header="predicted", cells=[f"{line.predicted:,}" for line in lines]),
                 Column(header="tracker", cells=[f"{line.measured:,}" for line in lines]),
                 Column(header="diff", cells=[f"{line.measured - line.predicted:+,}" for line in lines]),
-                Column(header="", cells=["✓" if line.ok else "✗ OFF" for line in lines], justify="left"),
+                Column(
+                    header="", cells=[_fake_mark(line.ok, case.not_claimed) for line in lines], justify="left"
+                ),
             ],
             title=f"{case.case.title} ({case.seconds:g} s)",
             key_width=17,
         )
+        if case.not_claimed and not case.exact:
+            out.print(f"[dim]· not claimed exact: {escape(case.not_claimed)}[/dim]")
         extras = "; ".join(
             f"{extra.name} {extra.count} × {extra.bytes:,} B ({extra.lifetime})" for extra in case.cuda_extras
         )
@@ -588,9 +594,16 @@ def render_fake(report) -> None:
             f"[dim]· predicted leaves out what only a CUDA step allocates (zerocalc memory adds it: "
             f"+{max(case.cuda_added):,} B at most): {extras}[/dim]"
         )
-    exact = sum(case.ok for case in report.cases)
-    verdict = "every case is exact" if report.all_match else "[bold red]NOT all exact[/bold red]"
-    out.print(f"{exact} of {len(report.cases)} cases exact to the byte: {verdict}")
+    exact = sum(case.exact for case in report.cases)
+    claimed = sum(case.not_claimed is None for case in report.cases)
+    verdict = "every claimed case is exact" if report.all_match else "[bold red]NOT all exact[/bold red]"
+    out.print(f"{exact} of {len(report.cases)} cases exact to the byte ({claimed} claimed exact): {verdict}")
+
+
+def _fake_mark(ok: bool, not_claimed: str | None) -> str:
+    if ok:
+        return "✓"
+    return "~ not claimed" if not_claimed else "✗ OFF"
 
 
 def _device_gpu_preset(device_name: str, total_bytes: int) -> str:

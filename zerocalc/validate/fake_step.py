@@ -88,7 +88,7 @@ def run_cases(config: dict[str, Any], cases: list[tuple[FakeCase, TrainingReques
     for case, request in cases:
         recompute = case.recompute is Recompute.FULL
         measured, seconds = run(config, case.world, case.micro_batch, case.seq_len, case.reshard, recompute)
-        results.append(compare(request, case, measured, seconds))
+        results.append(compare(request, case, measured, seconds, config))
     return FakeReport(torch=torch.__version__, transformers=transformers.__version__, cases=tuple(results))
 
 
