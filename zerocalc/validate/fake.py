@@ -89,6 +89,11 @@ def not_claimed(config: dict[str, Any], arch: Architecture, case: FakeCase) -> s
     """Why the case is measured and shown but not claimed exact (None: claimed). ``config`` is the
     config.json transformers builds (the sliding window is read there: the architecture has none)."""
     family = arch.family or "llama"
+    if max(arch.residual_dropout, arch.embedding_dropout, arch.attention_dropout) > 0:
+        return (
+            "dropout on the CPU takes a slow path (bf16 noise tensors, SDPA's math kernel with the score "
+            "matrices) where CUDA fuses it into the attention kernel"
+        )
     window = config.get("sliding_window", SLIDING_WINDOW_DEFAULTS.get(family))
     applies = family not in USE_SLIDING_WINDOW or bool(config.get("use_sliding_window"))
     if window is not None and applies and not traits(arch).sliding_pattern:
