@@ -12,7 +12,8 @@ FSDP units: ``"root"`` (embeddings, final norm, LM head) and the blocks ``0 … 
   of the fp32 shard, then the unsharded storage; no all-gather buffers, no prefetch. At world N
   (``_fsdp_collectives.foreach_all_gather``): the casts, a copy-in buffer of the unit's padded shard, the
   all-gather output (kept until the next unit's copy-out), the per-parameter unsharded storages; in
-  backward the previous unit prefetched. Reduction (``foreach_reduce``): the reduce-scatter input in the
+  backward the unit that ran forward before the current one prefetched (the last block from the root's
+  pre-backward, before the loss backward). Reduction (``foreach_reduce``): the reduce-scatter input in the
   reduce dtype (one kept until the next unit reduces) while the unsharded gradients still exist, then its
   output, which becomes the sharded fp32 gradient (on the reduce-scatter stream). The root follows
   ``reshard_after_forward`` like the blocks when it is given explicitly.
@@ -421,14 +422,16 @@ class Fsdp2(Fsdp):
                 led.rename(labels.prefetched, output)
             else:
                 self._all_gather(led, unit, output)
-            # wait_for_unshard: the previous forward all-gather's result (kept so that its copy-out could
-            # overlap this all-gather, all_gather_state) is released, then the copy-out into each
-            # parameter's unsharded storage; in forward this result is kept in turn, in backward freed
+            # wait_for_unshard (_fsdp_param_group.py): the copy-out into each parameter's unsharded
+            # storage, then the previous forward all-gather's result (comm_ctx.all_gather_state, kept so
+            # that its copy-out could overlap this all-gather) is released: the method's local
+            # `prev_all_gather_state` holds it until the method returns, after the copy-out. In forward
+            # this result is kept in turn, in backward freed.
+            led.alloc_each((labels.unsharded,), unit.bytes_each("padded", self.param_bytes), GATHERED)
+            led.event(labels.unshard_copy_out)
             if self._all_gather_state is not None:
                 led.free(self._all_gather_state)
                 self._all_gather_state = None
-            led.alloc_each((labels.unsharded,), unit.bytes_each("padded", self.param_bytes), GATHERED)
-            led.event(labels.unshard_copy_out)
             if backward:
                 led.free(output)
             else:
@@ -462,13 +465,22 @@ class Fsdp2(Fsdp):
 
     def pre_backward(self, led: Ledger, unit: str | int) -> None:
         self._unshard(led, self.units[str(unit)], backward=True)
-        if self.world > 1 and isinstance(unit, int) and unit > 0:
-            # backward prefetch: the next unit's all-gather is issued before this unit's gradients
-            following = self.units[str(unit - 1)]
-            if following.name not in self._gathered:
-                labels = following.labels
-                led.alloc(labels.prefetched, self.param_bytes * following.padded_numel, BUFFERS)
-                led.event(labels.prefetch)
+        following = self._backward_prefetch_target(unit)
+        if self.world > 1 and following is not None and following.name not in self._gathered:
+            # FSDPParamGroup.pre_backward → _backward_prefetch (_fsdp_param_group.py): the unit that ran
+            # forward just before this one is all-gathered now, before this unit's gradients. The root's
+            # pre-backward hook sits on the forward's output (FSDPState._pre_backward, _fsdp_state.py), so
+            # the last block is gathered before the loss backward. World 1: its unshard allocates nothing.
+            self._all_gather(led, following, following.labels.prefetched)
+            led.event(following.labels.prefetch)
+
+    def _backward_prefetch_target(self, unit: str | int) -> Unit | None:
+        """The unit before ``unit`` in forward order (``comm_ctx.post_forward_order``): the previous
+        block, and for the root (whose forward ends last) the last block."""
+        if unit == "root":
+            blocks = [name for name in self.units if name != "root"]
+            return self.units[blocks[-1]] if blocks else None
+        return self.units[str(unit - 1)] if unit > 0 else None
 
     def post_backward(self, led: Ledger, unit: str | int) -> None:
         u = self.units[str(unit)]

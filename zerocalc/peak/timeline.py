@@ -172,6 +172,10 @@ def run_step(
     led.alloc_group("shared", shared, ACTIVATIONS)
     hidden = "embedding output"
     led.alloc(hidden, act * T * h, ACTIVATIONS)
+    if hf and t.rotary and not checkpointed:
+        # LlamaModel.forward (and every rotary family's): position_ids = arange(s) + past_seen_tokens,
+        # int64 [1, s], alive until the base model returns; saved only by checkpoint closures
+        led.alloc("position ids", INT64 * shape.s, ACTIVATIONS)
     if not t.rotary:  # GPT-2: wte(ids) + wpe(positions) (+ dropout) is a new tensor; both inputs stay
         led.alloc("position embedding output", act * shape.s * h, ACTIVATIONS)
         led.alloc("hidden 0", act * T * h, ACTIVATIONS)
@@ -194,6 +198,8 @@ def run_step(
         else:
             saves = saves_of(i, use_cache=True)
             led.alloc_group(f"layer {i}", saves.saved, ACTIVATIONS)
+            if hf and t.sliding_pattern and (i + 1) % t.sliding_pattern:
+                led.alloc(f"layer {i} sliding-window cache tensor", INT64, ACTIVATIONS, group="sliding cache")
             if cuda and hf:
                 led.alloc(f"layer {i}.sdpa rng", runtime.per_layer_attention, ACTIVATIONS, group=f"layer {i}")
             led.event(f"layer {i} forward", saves.forward_excess, TRANSIENT)
@@ -219,6 +225,7 @@ def run_step(
             "embedding output"
         )  # the base model's forward returns (under checkpointing it is layer 0's input)
     led.free("position embedding output")
+    led.free("position ids")
 
     # the loss
     led.alloc("logits", act * T * V, LOSS)
@@ -243,6 +250,7 @@ def run_step(
     led.free("previous step's loss")
     mechanics.post_forward(led, "root")
     led.free("logits")  # only the loss is kept by the training loop
+    led.free_group("sliding cache")  # the DynamicCache of the dropped output
     led.event("after forward")
     after_forward = led.total
 
@@ -335,11 +343,15 @@ def steady_start(step: StepShape, mechanics: StepHooks, runtime: Runtime | None,
 
 def _inputs(step: StepShape, led: Ledger) -> None:
     arch = step.arch
-    if traits(arch).rotary and step.impl.name is ModelImplName.HF:
+    t = traits(arch)
+    if t.rotary and step.impl.name is ModelImplName.HF:
         d = arch.latent_attention.qk_rope_head_dim if arch.latent_attention else arch.dim_per_head
-        # the rotary embedding's inv_freq and original_inv_freq buffers (fp32 [d/2])
-        led.alloc("rotary inv_freq", 2 * d, INPUTS)
-        led.alloc("rotary original_inv_freq", 2 * d, INPUTS)
+        # the rotary embedding's inv_freq and original_inv_freq buffers (fp32 [d/2]), per table
+        for table in ("", " (global)")[: t.rotary_tables]:
+            led.alloc(f"rotary inv_freq{table}", 2 * d, INPUTS)
+            led.alloc(f"rotary original_inv_freq{table}", 2 * d, INPUTS)
+    if t.embedding_scale_buffer and step.impl.name is ModelImplName.HF:
+        led.alloc("embedding scale buffer (fp32 0-dim)", FP32, INPUTS)
     led.alloc("input ids (= labels)", INT64 * step.shape.tokens, INPUTS)
 
 

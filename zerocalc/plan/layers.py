@@ -36,6 +36,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from zerocalc.model.architecture import Architecture, count_parameters
+from zerocalc.model.model_impl import traits
 from zerocalc.plan.split import NO_EVENT, Slot
 from zerocalc.request.training import ModelSpec, TrainingRequest
 
@@ -73,10 +74,11 @@ class Key(NamedTuple):
 
 
 def homogeneous(request: TrainingRequest) -> bool:
-    """Every block has the same tensors (no dense blocks among MoE ones) and there are more of them than
-    simulated: both parts can be extrapolated (where :func:`within_edges`)."""
+    """Every block has the same tensors (no dense blocks among MoE ones, no sliding-window layers among
+    full-attention ones: their cache tensor and Gemma 3's second rotary table follow the layer index) and
+    there are more of them than simulated: both parts can be extrapolated (where :func:`within_edges`)."""
     arch = request.architecture
-    return not arch.dense_layers and arch.num_layers >= WORTH_IT
+    return not arch.dense_layers and not traits(arch).sliding_pattern and arch.num_layers >= WORTH_IT
 
 
 def within_edges(request: TrainingRequest) -> bool:
