@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -82,3 +83,25 @@ def one_fit_calibration(collective: Collective) -> Calibration:
 def calibration_of() -> Callable[[Collective], Calibration]:
     """:func:`one_fit_calibration`."""
     return one_fit_calibration
+
+
+def keywords_in_notes(data: Any) -> Any:
+    """The CLI's JSON with each flag its notes name written as the library's keyword (the one place the
+    two differ: a note names an option as its caller spells it)."""
+    import re
+
+    from zerocalc.request.options import FLAGS
+
+    by_flag = {flag: name for name, flag in FLAGS.items()}
+
+    def as_keywords(note: str) -> str:
+        return re.sub(r"--[a-z0-9-]+", lambda m: by_flag.get(m.group(0), m.group(0)), note)
+
+    if isinstance(data, dict):
+        return {
+            key: [as_keywords(n) for n in value] if key == "notes" else keywords_in_notes(value)
+            for key, value in data.items()
+        }
+    if isinstance(data, list):
+        return [keywords_in_notes(item) for item in data]
+    return data

@@ -77,7 +77,7 @@ def test_unwritable_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     )
     assert not (tmp_path / "new").exists()
     assert unwritable("/proc/version").startswith("cannot be created in '/proc'")  # even for root
-    assert unwritable("/dev/null") == "is not a regular file"
+    assert unwritable("/dev/null") == "is not a regular file (a device, a pipe or a socket)"
     # root may write anywhere, so a refusal is simulated
     import tempfile
 

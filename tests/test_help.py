@@ -29,7 +29,7 @@ def test_a_flag_and_its_negative_form_are_both_shown_and_both_still_parse() -> N
     shown = runner.invoke(app, ["memory", "--help"], env={"COLUMNS": "80"}, terminal_width=80).stdout
     assert "--flash-attention /" in shown and "--no-flash-attention" in shown
     wide = runner.invoke(app, ["memory", "--help"], env={"COLUMNS": "200"}, terminal_width=200).stdout
-    assert "g: GPUs per node [default: 8, or N when N is smaller]." in wide
+    assert "g: GPUs per node. [default: 8, or N when N is smaller]" in wide
     for flag in ("--flash-attention", "--no-flash-attention"):
         result = runner.invoke(app, ["memory", "--model", "gpt2", "--gpus", "2", flag, "--json"])
         assert result.exit_code == 0, result.output

@@ -32,11 +32,16 @@ _layer("plan", "comm", "peak")
 _layer("scenarios", "plan")
 _layer("api", "comm", "peak")
 _layer("zerocalc", "api")  # the package's facade (__init__): lazy names from api and the results
+_layer("render", "comm", "peak")  # the tables of results, shared by the CLI and the results' display
 _layer("bench", "network", "harness")
 _layer("validate", "bench", "comm", "peak", "api")
-_layer("cli", "validate", "scenarios", "zerocalc")
+_layer("cli", "validate", "scenarios", "zerocalc", "render")
 _layer("__main__", "cli")
 
+DISPLAY_HOOK = ("zerocalc.base.display", "zerocalc.render.display")
+"""The one import up the layers: the results' display mixin (in the core's vocabulary, so that result
+models can inherit it) imports the renderers inside its methods, when a result is displayed, never at
+module level."""
 MEASUREMENT = {"bench", "validate"}
 TORCH_LIBRARIES = ("torch", "transformers", "numpy")
 
@@ -87,8 +92,16 @@ def test_imports_point_down_the_layers(module: str) -> None:
         if target.split(".")[0] == "zerocalc"
         and _package(target) != package
         and _package(target) not in BELOW[package]
+        and (module, target) != DISPLAY_HOOK
     }
     assert not upward, f"{module} ({package}) imports {sorted(upward)} from a layer it may not use"
+
+
+def test_the_display_hook_imports_the_renderers_only_when_called() -> None:
+    module, target = DISPLAY_HOOK
+    assert target in _imports(MODULES[module]), "the display hook is gone: remove DISPLAY_HOOK"
+    assert target not in _imports(MODULES[module], top_level_only=True)
+    assert not {t for t in _imports(MODULES[module], True) if t.startswith("zerocalc.render")}
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from zerocalc.peak.ledger import CUDA_BLOCK, Ledger, Sizes
 from zerocalc.peak.mechanics import Unit
-from zerocalc.peak.split import SlotLedger
+from zerocalc.plan.split import SlotLedger
 
 sizes = st.lists(st.integers(min_value=0, max_value=3 * CUDA_BLOCK), max_size=6)
 

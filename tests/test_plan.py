@@ -1,4 +1,4 @@
-"""``zerocalc plan``: optimal by brute force, the fitted peak within its tolerance, the printed commands
+"""``zerocalc plan``: optimal by brute force, the allocated peak exact, the printed commands
 reproduce the top row, monotonic in GPUs and GPU memory, a published throughput, bad input."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from functools import cache
 import pytest
 from typer.testing import CliRunner
 
-import zerocalc.plan.fitted as fitted_module
+import zerocalc.plan.allocated as allocated_module
 import zerocalc.plan.search as search_module
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
@@ -24,13 +24,15 @@ from zerocalc.network.calibration import save_calibration
 from zerocalc.network.collectives import Collective
 from zerocalc.network.schedule import GradSync, Phase
 from zerocalc.parallel.frameworks import Estimate, Framework
+from zerocalc.parallel.optimizers import OptimizerImpl
 from zerocalc.parallel.precision import RECIPES
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
+from zerocalc.peak.mechanics import Accounting, Accumulation, Ddp, Fsdp1, Fsdp2, Mechanics, Unit
 from zerocalc.peak.report import Verdict
 from zerocalc.peak.simulate import flash_attention_used, runtime_for, simulate
-from zerocalc.peak.split import model_run, model_values
-from zerocalc.plan.fitted import StepParts, _states, with_batch, with_recompute
-from zerocalc.plan.layers import EDGE, NotAffine, extrapolation
+from zerocalc.peak.timeline import StepHooks
+from zerocalc.plan.allocated import StepParts, _states, with_batch, with_recompute
+from zerocalc.plan.layers import EDGE, extrapolation
 from zerocalc.plan.search import Status, _exact, search
 from zerocalc.plan.space import (
     Group,
@@ -41,6 +43,7 @@ from zerocalc.plan.space import (
     group_request,
     plan_options,
 )
+from zerocalc.plan.split import Slot, Where, _SlotMarks, model_run, model_values
 from zerocalc.plan.timing import (
     PhaseComm,
     comm_lines,
@@ -206,7 +209,7 @@ def _candidates(
 
 
 def test_every_candidates_allocated_peak_is_the_timelines() -> None:
-    """zerocalc.plan.fitted: the framework's part (once per configuration) plus the model's part (once per
+    """zerocalc.plan.allocated: the framework's part (once per configuration) plus the model's part (once per
     b and recompute) gives, for every candidate of a space with every framework (GPT-2, 12 layers: all L
     layers run), the allocated peak of that candidate's own whole timeline to the byte; and memory's."""
     plan = plan_options(
@@ -235,6 +238,8 @@ def test_the_printed_commands_reproduce_the_top_row() -> None:
     result = runner.invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
+    assert plan["schema_version"] == 2
+    assert plan["exact_peaks"] + plan["lower_bound_peaks"] == plan["candidates_evaluated"]
     top = plan["top"][0]
     text = runner.invoke(app, args)
     assert text.exit_code == 0
@@ -301,7 +306,7 @@ def test_json_counts_every_candidate() -> None:
     result = search(plan_options(**SMALL), keep_all=True)
     assert result.candidates is not None
     assert len(result.candidates) == result.candidates_evaluated
-    assert result.exact_peaks + result.fitted_peaks == result.candidates_evaluated
+    assert result.exact_peaks + result.lower_bound_peaks == result.candidates_evaluated
     ranked = [c for c in result.candidates if c.status is Status.RANKED]
     assert len(ranked) == len(result.top)
     assert all(c.peak_exact for c in ranked)
@@ -377,10 +382,10 @@ def test_layer_extrapolation_equals_the_all_layer_timeline(model: str) -> None:
     covered: set[tuple[Framework, str]] = set()
     for group, request, batches in _candidates(plan, groups[:: 7 if model == "llama-3-8b" else 29]):
         b = max(batches)
-        fitted = parts.allocated_peaks(request, {b: batches[b]}, group)[b]
+        allocated = parts.allocated_peaks(request, {b: batches[b]}, group)[b]
         full = _timeline_peak(with_batch(request, b, batches[b]))
-        assert fitted == full, (group, fitted - full)
-        assert parts._frameworks[group][1], "extrapolated"
+        assert allocated == full, (group, allocated - full)
+        assert parts.frameworks[group].extrapolated
         covered.add((group.framework, group.strategy.value))
     frameworks = {framework for framework, _ in covered}
     assert (Framework.TORCH_ZERO1, "zero1") in covered and len(frameworks) >= 5, covered
@@ -399,7 +404,7 @@ def test_every_candidates_extrapolated_bound_is_its_all_layer_bound(
     )
     monkeypatch.setattr(search_module, "_walk", lambda *args: [])  # the bounds alone
     extrapolated = search(plan, keep_all=True).candidates
-    monkeypatch.setattr(fitted_module, "homogeneous", lambda request: False)
+    monkeypatch.setattr(allocated_module, "homogeneous", lambda request: False)
     every_layer = search(plan, keep_all=True).candidates
     assert extrapolated is not None and every_layer is not None and len(extrapolated) > 1000
     for fast, full in zip(extrapolated, every_layer, strict=True):
@@ -412,7 +417,7 @@ def test_every_candidates_extrapolated_bound_is_its_all_layer_bound(
 def test_capped_buckets_are_exact_where_the_cut_model_is_below_the_cap() -> None:
     """DeepSpeed ZeRO-2's reduce bucket is min(5e8, Ψ) elements: GPT-2 XL cut to 4 or 5 blocks is below
     it (≈ 0.2 B parameters), the whole model above (1.56 B). Extrapolating the cut models' own lines put
-    the fitted peak 8.46 GB above the timeline's (measured with the runs then at 6 and 7 layers); with the
+    the allocated peak 8.46 GB above the timeline's (measured with the runs then at 6 and 7 layers); with the
     whole model's lines at every depth it is the timeline's to the byte."""
     plan = plan_options(
         model="gpt2-xl", gpu="h100-80gb", gpus=16, global_batch="128seq", seq_len=1024,
@@ -425,8 +430,8 @@ def test_capped_buckets_are_exact_where_the_cut_model_is_below_the_cap() -> None
         if group.strategy.value != "zero2" or group.reduce_dtype is None:
             continue
         b = min(batches)
-        fitted = parts.allocated_peaks(request, {b: batches[b]}, group)[b]
-        assert fitted == _timeline_peak(with_batch(request, b, batches[b])), group
+        allocated = parts.allocated_peaks(request, {b: batches[b]}, group)[b]
+        assert allocated == _timeline_peak(with_batch(request, b, batches[b])), group
         checked += 1
     assert checked >= 2
 
@@ -443,7 +448,7 @@ def test_the_hook_calls_are_the_same_at_every_micro_batch_and_recompute(model: s
         for recompute in Recompute
     ]
     assert len(runs[0].calls) > 3 * request.architecture.num_layers
-    assert all(run.calls == runs[0].calls and run.names == runs[0].names for run in runs)
+    assert all(run.calls == runs[0].calls and run.slots == runs[0].slots for run in runs)
     assert len({tuple(run.values) for run in runs}) >= 3  # the model's bytes do differ (3 micro-batches)
     # the runs that do not record the calls (the search's, after the first per layer count) give the same
     assert [
@@ -453,11 +458,71 @@ def test_the_hook_calls_are_the_same_at_every_micro_batch_and_recompute(model: s
     ] == [run.values for run in runs]
 
 
+UNITS = {"0": Unit("0", [6, 4], [3, 2], [6, 4]), "root": Unit("root", [10], [5], [10])}
+OTHER_UNITS = {"0": Unit("0", [6, 4], [3, 2], [6, 4]), "root": Unit("root", [12], [6], [12])}
+ADAM = {"optimizer_states": 2, "optimizer_impl": OptimizerImpl.FOREACH}
+MECHANICS: dict[type[Mechanics], dict[str, object]] = {
+    Fsdp2: dict(
+        units=UNITS, world=2, param_bytes=2, reduce_bytes=4, reshard=True, root_reshard=True, **ADAM,
+        accumulation=Accumulation.NONE,
+    ),
+    Fsdp1: dict(
+        units=UNITS, world=2, no_shard=False, param_bytes=2, reduce_bytes=4, reshard=True, **ADAM,
+        accumulation=Accumulation.NONE,
+    ),
+    Ddp: dict(
+        units=UNITS, reducer_elements=20, autocast_bytes=2, **ADAM, owned=(3, 2),
+        accumulation=Accumulation.NONE,
+    ),
+    Accounting: dict(
+        units=UNITS, states=[("params", "parameters", 64)], gather=True, unit_grads=True, param_bytes=2,
+        grad_bytes=2, reduce_bytes=4, prefetch=1, keep_root=True, optimizer_elements=10,
+        optimizer_impl=OptimizerImpl.FOREACH,
+    ),
+}  # fmt: skip
+
+
+def _another(value: object) -> object:
+    """A different value of the same kind."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, (OptimizerImpl, Accumulation)):
+        return next(member for member in type(value) if member is not value)
+    if value is UNITS:
+        return OTHER_UNITS
+    if isinstance(value, tuple):
+        return (*value, 1)
+    assert isinstance(value, list)
+    return [*value, ("buffers", "buffers", 8)]
+
+
+@pytest.mark.parametrize("kind", list(MECHANICS), ids=lambda kind: kind.__name__)
+def test_a_mechanics_run_identity_names_every_argument(kind: type[Mechanics]) -> None:
+    """A plan shares one framework run among the configurations whose mechanics have equal identities:
+    equal for equal arguments, different where any argument differs (each class declares its fields)."""
+    arguments = MECHANICS[kind]
+    identity = kind(**arguments).run_identity()  # type: ignore[arg-type]
+    assert kind(**arguments).run_identity() == identity  # type: ignore[arg-type]
+    for name, value in arguments.items():
+        changed = kind(**{**arguments, name: _another(value)}).run_identity()  # type: ignore[arg-type]
+        assert changed != identity, name
+        hash(changed)
+
+
+def test_the_slot_marker_implements_exactly_the_step_hooks() -> None:
+    """The model run's marker and every mechanics answer the same hooks: the timeline's StepHooks."""
+    hooks = {name for name in vars(StepHooks) if not name.startswith("_")}
+    assert {name for name in vars(_SlotMarks) if not name.startswith("_")} == hooks
+    assert len(hooks) == 11 and all(callable(getattr(Mechanics, name)) for name in hooks)
+
+
 def test_every_candidate_has_a_peak() -> None:
-    """Every candidate gets a peak: memory's exact one (the walk's) or the fitted lower bound."""
+    """Every candidate gets a peak: memory's exact one (the walk's) or the lower bound."""
     result = search(plan_options(**SMALL), keep_all=True)
     assert result.candidates is not None
-    assert result.fitted_peaks + result.exact_peaks == result.candidates_evaluated
+    assert result.lower_bound_peaks + result.exact_peaks == result.candidates_evaluated
     assert all(c.peak_lower_bound_bytes is not None for c in result.candidates)
     exact = [c for c in result.candidates if c.peak_exact]
     assert all(c.peak_bytes >= c.peak_lower_bound_bytes for c in exact)  # type: ignore[operator]
@@ -558,20 +623,23 @@ def test_units_gathered_beyond_the_edges_are_run_at_all_layers(prefetch: int) ->
         model="llama-3-8b", gpus=16, framework="paper", strategies="zero3", seq_len=512, prefetch=prefetch
     )
     parts = StepParts(runtime_for(request))
-    fitted = parts.allocated_peaks(request, {1: 1}, prefetch)[1]
-    assert fitted == _timeline_peak(with_batch(request, 1, 1))
-    assert parts._frameworks[prefetch][1] is (prefetch <= EDGE)
+    allocated = parts.allocated_peaks(request, {1: 1}, prefetch)[1]
+    assert allocated == _timeline_peak(with_batch(request, 1, 1))
+    assert parts.frameworks[prefetch].extrapolated is (prefetch <= EDGE)
     # the refusal is this request's: the same search's next request, one unit ahead, is extrapolated
     ahead = request.model_copy(update={"buffers": request.buffers.model_copy(update={"prefetch": 1})})
     assert parts.allocated_peaks(ahead, {1: 1}, "one ahead")[1] == _timeline_peak(with_batch(ahead, 1, 1))
-    assert parts._frameworks["one ahead"][1]
+    assert parts.frameworks["one ahead"].extrapolated
 
 
 def test_an_extrapolation_follows_the_plane_and_refuses_blocks_off_it() -> None:
     """layers.extrapolation: v(L, i) = p + q·i + r·L from blocks 1 and 2 at L' = 4 and block 1 at L' = 5
     (hand-computed at L = 32); the other inner blocks (2 and 3 at L' = 5) must lie on that plane."""
-    names = tuple(tuple(f"backward:in post_backward {i}" for i in range(n)) for n in (4, 5))
-    plan = extrapolation(names, 32)  # type: ignore[arg-type]
+    slots = tuple(
+        tuple(Slot("backward", Where.IN, "post_backward", i, None) for i in range(n)) for n in (4, 5)
+    )
+    plan = extrapolation(slots, 32)  # type: ignore[arg-type]
+    assert plan is not None
 
     def values(n: int) -> list[int]:
         return [100 + 7 * i + 1000 * n for i in range(n)]
@@ -579,8 +647,8 @@ def test_an_extrapolation_follows_the_plane_and_refuses_blocks_off_it() -> None:
     # the edges in key order (blocks 0 and L−1), then blocks 1 and L−2 of the inner slot
     expected = [32100, 32100 + 7 * 31, 32100 + 7 * 1, 32100 + 7 * 30]
     assert plan.apply((values(4), values(5))) == expected
+    assert [slot.unit for slot in plan.slots] == [0, 31, 1, 30]
     for block in (2, 3):
         bent = values(5)
         bent[block] += 1
-        with pytest.raises(NotAffine):  # a byte off the plane
-            plan.apply((values(4), bent))
+        assert plan.apply((values(4), bent)) is None  # a byte off the plane

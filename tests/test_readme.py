@@ -51,3 +51,8 @@ def test_every_package_is_installed_by_pip_install_dot() -> None:
         ".".join(init.parent.relative_to(ROOT).parts) for init in (ROOT / "zerocalc").rglob("__init__.py")
     }
     assert packages - listed == set()
+
+
+def test_readme_is_at_most_350_lines() -> None:
+    """README is the user's five-minute read; the method and its sources live in docs/."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 350

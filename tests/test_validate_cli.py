@@ -193,8 +193,9 @@ def test_ctrl_c_is_one_line_and_exit_130(
         (["--device", "cpu", "--nproc", "3"], "--nproc is not read by --activations"),
         (["--device", "cuda", "--precision", "fp32"],
          "--precision is not read by --device cuda; accepted there: "
-         "--model, --micro-batch, --seq-len, --json"),
+         "--model, --micro-batch, --seq-len, --snapshot-out, --json"),
         (["--device", "cuda", "--family", "llama"], "--family is not read by --device cuda"),
+        (["--activations", "--snapshot-out", "x.pickle"], "--snapshot-out is not read by --activations"),
         (["--family", "llama"], "--family is not read by the framework runs"),
         (["--strategies", "ddp", "-b", "4"], "--micro-batch is not read by the framework runs"),
     ],

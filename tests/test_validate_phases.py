@@ -56,3 +56,35 @@ def test_the_device_in_hand_is_matched_to_the_preset_with_its_usable_memory() ->
     assert matching_gpu_preset(81920 * 2**20, usable) == "a100-80gb"  # 81,920 MiB (1% more) is the A100
     assert matching_gpu_preset(23 * 2**30, usable) is None  # a 24 GB L4: no preset, refused in one line
     assert matching_gpu_preset(0, usable) is None
+
+
+H200 = Path(__file__).parent / "data" / "h200-fsdp2-hf"
+H200_STEPS = [
+    pytest.param(
+        step,
+        marks=[pytest.mark.xfail(reason="reserve +15.9% (allocator replay), device +15.7%", strict=True)]
+        if (step["model"], step["b"], step["s"]) == ("qwen2.5-0.5b", 4, 4096)
+        else [],
+        id=f"{step['model']}-b{step['b']}-s{step['s']}-{step['recompute']}",
+    )
+    for step in map(json.loads, (H200 / "steps.jsonl").read_text().splitlines())
+]
+ALLOCATED_LINES = ("start (allocated)", "forward peak", "after forward", "backward peak", "after backward")
+ALLOCATED_LINES += ("optimizer peak", "max allocated")
+
+
+@pytest.mark.parametrize("m", H200_STEPS)
+def test_held_out_h200_steps_within_2_percent_allocated_and_10_percent_device(m: dict) -> None:
+    """Steps of other families, on another GPU, with the validate recipe's flags: every allocated line within
+    2% and the device footprint within 10%, the peak in the measured phase (tests/data/h200-fsdp2-hf)."""
+    (row,) = estimate_peak(
+        str(H200 / f"{m['model']}.json"), 1, framework="fsdp2", strategies="zero3", micro_batch=m["b"],
+        seq_len=m["s"], recompute=m["recompute"], reduce_dtype="fp32", model_impl="hf", flash_attention=True,
+        gpu="h200-141gb",
+    ).peak.strategies  # fmt: skip
+    report = compare_phases(row, PhaseMeasurement.model_validate(m))
+    lines = {line.line: line.relative for line in report.lines}
+    off = {name: f"{lines[name]:+.2%}" for name in ALLOCATED_LINES if abs(lines[name]) > 0.02}
+    assert not off, off
+    assert abs(lines["device used"]) <= 0.10, f"device used {lines['device used']:+.2%}"
+    assert report.predicted_phase == report.measured_phase

@@ -1,201 +1,137 @@
 """The library's entry points: keywords as the CLI spells them → one parsed request → the core.
 
-Each function parses its keywords once into a :class:`~zerocalc.request.training.TrainingRequest`
-(:func:`~zerocalc.request.training.parse_request`) and hands it to the pure core; they raise
-:class:`~zerocalc.base.errors.InputError` for bad input (its message names the keyword).
+Each function takes the keywords of its command's options (:data:`zerocalc.request.options.OPTIONS`: the
+same names, defaults and accepted values as the CLI's flags), parses them once into a
+:class:`~zerocalc.request.training.TrainingRequest` and hands it to the pure core; bad input raises
+:class:`~zerocalc.base.errors.InputError`, whose message names the keyword.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
-from zerocalc.base.errors import keyword, with_names
-from zerocalc.request.training import parse_options
+from zerocalc.base.errors import InputError, keyword, with_names
+from zerocalc.request.options import Command, echo, options_for
 
 if TYPE_CHECKING:
     from zerocalc.comm.estimate import CommEstimate
-    from zerocalc.network.calibration import Calibration
     from zerocalc.peak.report import MemoryReport
+    from zerocalc.request.training import TrainingRequest
     from zerocalc.states.memory import MemoryEstimate
+
+
+LAUNCH_CONFIGS = ("deepspeed", "torchtitan", "accelerate")
+"""Keywords naming a launch configuration file (:mod:`zerocalc.request.launch`): the other keywords given
+override what it sets."""
+
+POSITIONAL_DEFAULTS = {"params": None, "model": None, "gpus": 1, "gpus_per_node": None}
+
+
+def _request(
+    function: str, command: Command, values: dict[str, Any], extra: tuple[str, ...] = ()
+) -> tuple[TrainingRequest, dict[str, Any], list[str]]:
+    """The request of ``command``'s keywords (and ``extra``, keywords of the library only), the options it
+    was made of, and the notes of the launch configs it names; a keyword the command does not take is an
+    InputError."""
+    from zerocalc.parallel.frameworks import Estimate
+    from zerocalc.request.training import parse_options
+
+    accepted = [o.name for o in options_for(command) if o.request or o.name in LAUNCH_CONFIGS]
+    unknown = sorted(set(values) - set(accepted) - set(extra))
+    if unknown:
+        raise InputError(f"{function}() takes no keyword {unknown[0]!r}; accepted: {', '.join(accepted)}")
+    notes: list[str] = []
+    if any(values.get(name) is not None for name in LAUNCH_CONFIGS):
+        from zerocalc.request.launch import with_launch_configs
+
+        given = frozenset(
+            name for name, value in values.items() if POSITIONAL_DEFAULTS.get(name, object()) != value
+        )
+        requested = frozenset(o.name for o in options_for(command, request_only=True))
+        values, notes = with_launch_configs(values, given, requested)
+    options = {name: value for name, value in values.items() if name not in LAUNCH_CONFIGS}
+    estimate = Estimate.COMM if command is Command.COMM else Estimate.MEMORY
+    return parse_options(estimate=estimate, **options), options, notes
+
+
+def _given(result: Any, command: Command, options: dict[str, Any], notes: list[str]) -> Any:
+    """The result with the options as given (its JSON's ``options``), its notes naming keywords
+    (:func:`~zerocalc.base.errors.with_names`) and the launch configs' notes."""
+    named = with_names(result, keyword)
+    return named.model_copy(update={"options": echo(command, options), "notes": [*named.notes, *notes]})
+
+
+def _with_signature(function: Any, command: Command, positional: tuple[str, ...]) -> Any:
+    """Give ``function`` the signature its command's options make (for help(), IDEs and the tests)."""
+    keywords = {o.name: o for o in options_for(command) if o.request or o.name in LAUNCH_CONFIGS}
+    parameters = [
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=keywords[name].default)
+        for name in positional
+    ]
+    parameters += [
+        inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default)
+        for o in keywords.values()
+        if o.name not in positional
+    ]
+    function.__signature__ = inspect.Signature(parameters)
+    return function
 
 
 def estimate_memory(
     params: int | str | None = None,
     gpus: int | str = 1,
     gpus_per_node: int | str | None = None,
-    *,
-    model: str | dict[str, Any] | None = None,
-    strategies: str | list[str] | None = None,
-    precision: str = "bf16-mixed",
-    optimizer: str = "adamw",
-    fp32_grad_accum: bool = False,
-    offload_optimizer: str | None = None,
-    offload_params: str | None = None,
-    gpu_memory: int | str | None = None,
-    gpu: str | None = None,
-    reserve: int | str | None = None,
+    **options: Any,
 ) -> MemoryEstimate:
-    """Per-GPU model-state bytes for each strategy (the ZeRO paper's accounting).
+    """Per-GPU model-state bytes for each strategy (the ZeRO paper's accounting): ``zerocalc memory``.
 
     ``params`` takes the CLI's spellings (``"7B"``, ``6_738_415_616``), or ``model`` a preset name or a
     Hugging Face config.json path; ``strategies`` ``"all"``, a comma list or a list of names (FSDP names are
     aliases); ``gpu`` a GPU preset (or ``gpu_memory``, what PyTorch sees of one GPU) whose memory less the
-    context outside the caching allocator (``reserve``) gives the fits column.
+    context outside the caching allocator (``reserve``) gives the fits column. Every other keyword is a
+    ``zerocalc memory`` option.
     """
     from zerocalc.states.memory import evaluate_memory
 
-    request = parse_options(
-        params=params,
-        model=model,
-        gpus=gpus,
-        gpus_per_node=gpus_per_node,
-        strategies=strategies,
-        precision=precision,
-        optimizer=optimizer,
-        fp32_grad_accum=fp32_grad_accum,
-        offload_optimizer=offload_optimizer,
-        offload_params=offload_params,
-        gpu_memory=gpu_memory,
-        gpu=gpu,
-        reserve=reserve,
-    )
-    return with_names(evaluate_memory(request), keyword)
+    values = {"params": params, "gpus": gpus, "gpus_per_node": gpus_per_node, **options}
+    request, given, notes = _request("estimate_memory", Command.MEMORY, values)
+    return _given(evaluate_memory(request), Command.MEMORY, given, notes)
 
 
 def estimate_peak(
-    model: str | dict[str, Any],
-    gpus: int | str = 1,
-    gpus_per_node: int | str | None = None,
-    *,
-    strategies: str | list[str] | None = None,
-    framework: str = "paper",
-    precision: str = "bf16-mixed",
-    optimizer: str = "adamw",
-    fp32_grad_accum: bool = False,
-    offload_optimizer: str | None = None,
-    offload_params: str | None = None,
-    gpu_memory: int | str | None = None,
-    gpu: str | None = None,
-    reserve: int | str | None = None,
-    seq_len: int | str = 2048,
-    micro_batch: int | str = 1,
-    recompute: str = "none",
-    flash_attention: bool | None = None,
-    prefetch: int | str = 1,
-    wrap: str = "block",
-    ddp_bucket: int | str = "25MiB",
-    reduce_bucket: int | str = "5e8",
-    allgather_bucket: int | str = "5e8",
-    reduce_dtype: str | None = None,
-    model_impl: str = "hf",
-    optimizer_impl: str = "foreach",
-    grad_accum: int | str = 1,
-    grad_sync: str | None = None,
-    zeropp: str | None = None,
-    expandable_segments: bool = False,
+    model: Any, gpus: int | str = 1, gpus_per_node: int | str | None = None, **options: Any
 ) -> MemoryReport:
     """Model states and the peak of one training step per strategy, for a model preset, a config.json path
-    or a parsed one (``AutoConfig.from_pretrained(name).to_dict()``).
-
-    The keywords are :func:`estimate_memory`'s and the peak's (``zerocalc memory --model``'s options);
-    ``reserve`` overrides what the process holds outside the caching allocator (the GPU preset's measured
-    context); ``grad_sync`` ``every`` or ``last`` micro-batch of ``grad_accum``; ``zeropp`` DeepSpeed ZeRO++
-    features (hpZ's secondary partition is a line of the deepspeed profile's ZeRO-3).
-    """
+    or a parsed one (``AutoConfig.from_pretrained(name).to_dict()``): ``zerocalc memory --model``, every
+    keyword one of its options."""
     from zerocalc.peak.evaluate import evaluate_peak
 
-    request = parse_options(
-        model=model,
-        gpus=gpus,
-        gpus_per_node=gpus_per_node,
-        strategies=strategies,
-        framework=framework,
-        precision=precision,
-        optimizer=optimizer,
-        fp32_grad_accum=fp32_grad_accum,
-        offload_optimizer=offload_optimizer,
-        offload_params=offload_params,
-        gpu_memory=gpu_memory,
-        gpu=gpu,
-        reserve=reserve,
-        seq_len=seq_len,
-        micro_batch=micro_batch,
-        recompute=recompute,
-        flash_attention=flash_attention,
-        prefetch=prefetch,
-        wrap=wrap,
-        ddp_bucket=ddp_bucket,
-        reduce_bucket=reduce_bucket,
-        allgather_bucket=allgather_bucket,
-        reduce_dtype=reduce_dtype,
-        model_impl=model_impl,
-        optimizer_impl=optimizer_impl,
-        grad_accum=grad_accum,
-        grad_sync=grad_sync,
-        zeropp=zeropp,
-        expandable_segments=expandable_segments,
-    )
-    return with_names(evaluate_peak(request), keyword)
+    values = {"model": model, "gpus": gpus, "gpus_per_node": gpus_per_node, **options}
+    request, given, notes = _request("estimate_peak", Command.MEMORY, values)
+    return _given(evaluate_peak(request), Command.MEMORY, given, notes)
 
 
 def estimate_comm(
     params: int | str | None = None,
     gpus: int | str = 1,
     gpus_per_node: int | str | None = None,
-    *,
-    model: str | dict[str, Any] | None = None,
-    gpu: str | None = None,
-    strategies: str | list[str] | None = None,
-    framework: str = "paper",
-    precision: str = "bf16-mixed",
-    grad_accum: int | str = 1,
-    grad_sync: str | None = None,
-    reduce_dtype: str | None = None,
-    zeropp: str | None = None,
-    ddp_bucket: int | str | None = None,
-    reduce_bucket: int | str = "5e8",
-    calibration: Calibration | str | None = None,
-    calibration_name: str | None = None,
-    intra_node_bw: str | float | None = None,
-    inter_node_bw: str | float | None = None,
-    latency: float | str | None = None,
-    tokens_per_step: int | str | None = None,
-    tflops: float | str | None = None,
+    **options: Any,
 ) -> CommEstimate:
-    """Per-GPU bytes and time of every collective of each strategy, per optimizer step.
+    """Per-GPU bytes and time of every collective of each strategy, per optimizer step: ``zerocalc comm``.
 
     ``model`` (a preset or config.json) may replace ``params`` (and gives the real units, buckets and
-    calls); ``framework`` whose schedule (``paper``, ``deepspeed``, ``megatron``, ``fsdp``, ``fsdp2``,
-    ``torch-zero1``, ``ddp``); ``grad_sync`` ``every`` or ``last`` micro-batch; ``zeropp`` DeepSpeed ZeRO++
-    features; ``gpu`` (a GPU preset) supplies default bandwidths, which explicit
+    calls); ``framework`` whose schedule; ``gpu`` (a GPU preset) supplies default bandwidths, which explicit
     ``intra_node_bw``/``inter_node_bw`` and a calibration (an object, or the path of a file ``zerocalc
-    bench`` wrote) override.
+    bench`` wrote) override. Every other keyword is a ``zerocalc comm`` option.
     """
     from zerocalc.comm.estimate import evaluate_comm
-    from zerocalc.parallel.frameworks import Estimate
 
-    request = parse_options(
-        estimate=Estimate.COMM,
-        params=params,
-        model=model,
-        gpus=gpus,
-        gpus_per_node=gpus_per_node,
-        gpu=gpu,
-        strategies=strategies,
-        framework=framework,
-        precision=precision,
-        grad_accum=grad_accum,
-        grad_sync=grad_sync,
-        reduce_dtype=reduce_dtype,
-        zeropp=zeropp,
-        ddp_bucket=ddp_bucket,
-        reduce_bucket=reduce_bucket,
-        calibration=calibration,
-        calibration_name=calibration_name,
-        intra_node_bw=intra_node_bw,
-        inter_node_bw=inter_node_bw,
-        latency=latency,
-        tokens_per_step=tokens_per_step,
-        tflops=tflops,
-    )
-    return with_names(evaluate_comm(request), keyword)
+    values = {"params": params, "gpus": gpus, "gpus_per_node": gpus_per_node, **options}
+    request, given, notes = _request("estimate_comm", Command.COMM, values, extra=("calibration_name",))
+    return _given(evaluate_comm(request), Command.COMM, given, notes)
+
+
+_with_signature(estimate_memory, Command.MEMORY, ("params", "gpus", "gpus_per_node"))
+_with_signature(estimate_peak, Command.MEMORY, ("model", "gpus", "gpus_per_node"))
+_with_signature(estimate_comm, Command.COMM, ("params", "gpus", "gpus_per_node"))

@@ -10,7 +10,12 @@ from pathlib import Path
 
 
 def write_text_atomic(path: str | Path, text: str, parents: bool = False) -> Path:
-    """Write ``text`` to ``path`` via a temporary file in the same directory, fsync and rename.
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`write_bytes_atomic`)."""
+    return write_bytes_atomic(path, text.encode("utf-8"), parents)
+
+
+def write_bytes_atomic(path: str | Path, data: bytes, parents: bool = False) -> Path:
+    """Write ``data`` to ``path`` via a temporary file in the same directory, fsync and rename.
 
     A new file gets mode 0666 less the umask (0644 with the usual umask 022), like any file a command
     creates; a file replaced keeps its mode. A failure at any point leaves the previous file untouched
@@ -27,8 +32,8 @@ def write_text_atomic(path: str | Path, text: str, parents: bool = False) -> Pat
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         os.fchmod(fd, mode)  # mkstemp creates 0600
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_name, target)
@@ -50,9 +55,9 @@ def unwritable(path: str | Path, parents: bool = False) -> str | None:
     creating and removing an empty temporary file where the write would create its own (permissions,
     read-only mounts and pseudo file systems such as /proc all answer).
 
-    The path must not be a directory nor an existing non-regular file (a device, a pipe); its folder
-    must exist, or with ``parents`` its nearest existing ancestor (the folders below it are created by
-    the write).
+    The path must not be a directory or another file that is not a regular one (a device, a pipe: the
+    atomic rename would replace it); its folder must exist, or with ``parents`` its nearest existing
+    ancestor (the folders below it are created by the write).
     """
     target = Path(path)
     if str(path) == "":
@@ -62,7 +67,7 @@ def unwritable(path: str | Path, parents: bool = False) -> str | None:
     if target.is_dir():
         return "is a directory"
     if target.exists() and not target.is_file():
-        return "is not a regular file"
+        return "is not a regular file (a device, a pipe or a socket)"
     folder = target.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent

@@ -36,13 +36,13 @@ ASCII_FALLBACKS = {
 """How a symbol is written where the output's encoding cannot represent it (``PYTHONIOENCODING=ascii``, a
 C locale); anything else not representable becomes ``?``."""
 
-_FLAGS = {"strategies": "--strategy", "frameworks": "--framework"}
-"""Concepts whose flag is not ``--`` + the concept with ``-`` for ``_``."""
-
 
 def flag(concept: str) -> str:
-    """The command-line flag of a request concept (``gpus_per_node`` → ``--gpus-per-node``)."""
-    return _FLAGS.get(concept, "--" + concept.replace("_", "-"))
+    """The command-line flag of a request concept (``gpus_per_node`` → ``--gpus-per-node``): the option's
+    (:data:`zerocalc.request.options.FLAGS`), else ``--`` + the concept with ``-`` for ``_``."""
+    from zerocalc.request.options import FLAGS
+
+    return FLAGS.get(concept, "--" + concept.replace("_", "-"))
 
 
 def _ascii_fallback(error: UnicodeError) -> tuple[str, int]:

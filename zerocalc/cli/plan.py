@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Annotated
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from zerocalc.base.units import ByteUnit, parse_byte_unit
 from zerocalc.cli import options as opt
@@ -19,90 +17,29 @@ from zerocalc.cli.render import (
     print_phrases,
     unit_label,
 )
+from zerocalc.request.options import Command, echo
 
 if TYPE_CHECKING:
     from zerocalc.plan.search import PlanResult, PlanRow
 
-GlobalBatch = Annotated[
-    str | None,
-    typer.Option(
-        "--global-batch",
-        "-B",
-        help="Per optimizer step: tokens (4194304, 4M = 4,000,000; a multiple of --seq-len) or sequences "
-        "(512seq). b × A × N equals it exactly.",
-    ),
-]
-Frameworks = Annotated[
-    str | None,
-    typer.Option(
-        "--framework",
-        help="all, or a comma list of paper, deepspeed, megatron, fsdp, fsdp2, torch-zero1, ddp "
-        "\\[default: fsdp2,torch-zero1,deepspeed].",
-        show_default=False,
-    ),
-]
-CalibrationOpt = Annotated[
-    str | None, typer.Option("--calibration", help="A calibration JSON written by `zerocalc bench`.")
-]
-ObjectiveOpt = Annotated[
-    str, typer.Option("--objective", help="time (shortest step), gpus (fewest GPUs) or memory (lowest peak).")
-]
-Top = Annotated[str, typer.Option("--top", "-k", help="K: configurations shown.")]
-Mfu = Annotated[
-    str,
-    typer.Option(
-        "--mfu",
-        help="Fraction of the GPU's dense bf16 peak executed FLOPs run at (torchtitan: 0.33-0.39 for Llama "
-        "3.1 8B FSDP2 on 8 H100; PaLM 0.46).",
-    ),
-]
-GpusMax = Annotated[
-    str,
-    typer.Option("--gpus", "-n", metavar="N", help="N: the most GPUs; fewer whole nodes are searched too."),
-]
-
 
 @app.command(cls=PlainTextCommand)
-def plan(
-    model: opt.Model = None,
-    gpu: opt.Gpu = None,
-    gpus: GpusMax = "8",
-    gpus_per_node: opt.GpusPerNode = None,
-    global_batch: GlobalBatch = None,
-    seq_len: opt.SeqLen = "2048",
-    framework: Frameworks = None,
-    calibration: CalibrationOpt = None,
-    objective: ObjectiveOpt = "time",
-    top: Top = "5",
-    mfu: Mfu = "0.4",
-    units: opt.Units = "GiB",
-    json: opt.Json = False,
-) -> None:
+@opt.takes_options(Command.PLAN)
+def plan(values: dict[str, Any], given_flags: frozenset[str]) -> None:
     """Search strategies, frameworks, micro-batch × accumulation, recompute, offload, reduce dtype,
     prefetch, gradient sync and whole nodes: the configurations that fit, fastest first, each with the
     memory and comm commands that reproduce it."""
     from zerocalc.plan.search import search
     from zerocalc.plan.space import PlanOptions, parse_plan
 
-    unit = parse_byte_unit(units)
-    request = parse_plan(
-        PlanOptions(
-            model=model,
-            gpu=gpu,
-            gpus=gpus,
-            gpus_per_node=gpus_per_node,
-            global_batch=global_batch,
-            seq_len=seq_len,
-            frameworks=framework,
-            calibration=calibration,
-            objective=objective,
-            top=top,
-            mfu=mfu,
-        )
-    )
+    unit = parse_byte_unit(values["units"])
+    json = values["json"]
+    given, _ = opt.request_values(Command.PLAN, values)
+    request = parse_plan(PlanOptions(**given))
     progress = _Progress()
     try:
         result = search(request, progress.update, keep_all=json)
+        result = result.model_copy(update={"options": echo(Command.PLAN, given)})
     finally:
         progress.close()
     if json:

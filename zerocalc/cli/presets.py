@@ -93,7 +93,7 @@ def show(name: Name, gpus: Gpus = "8") -> None:
     if kind == "models":
         from zerocalc.api import estimate_memory
         from zerocalc.base.units import ByteUnit
-        from zerocalc.cli.memory import render_memory
+        from zerocalc.render.memory import render_memory
         from zerocalc.request.presets import load_model
 
         estimate = estimate_memory(model=name, gpus=gpus)
@@ -112,7 +112,7 @@ def show(name: Name, gpus: Gpus = "8") -> None:
         if preset and preset.published_params:
             table.add_row("published count", f"{preset.published_params:,} ({preset.source})")
         out.print(table)
-        render_memory(estimate, ByteUnit.GiB)
+        render_memory(out, estimate, ByteUnit.GiB)
         return
     data = load_gpu(name) if kind == "gpus" else load_toml(path, Scenario)
     out.print(f"[bold]{name}[/bold]: {path}", soft_wrap=True)

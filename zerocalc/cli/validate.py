@@ -8,13 +8,18 @@ Exit codes: 0 every model-state line matches, 1 a model-state line differs or a 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from zerocalc.base.errors import InputError
 from zerocalc.cli.base import PlainTextCommand, app, fail
-from zerocalc.cli.options import Json, Model
+from zerocalc.cli.options import annotated
+from zerocalc.request.options import Command
+
+Json = annotated(Command.MEMORY, "json")
+Model = annotated(Command.MEMORY, "model")
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -100,6 +105,34 @@ DeviceOpt = Annotated[
         show_default=False,
     ),
 ]
+SnapshotOut = Annotated[
+    str | None,
+    typer.Option(
+        "--snapshot-out",
+        help="With --device cuda: write the measured step's PyTorch memory snapshot to this file, and the "
+        "predicted one beside it (NAME.predicted.pickle for NAME.pickle).",
+        show_default=False,
+    ),
+]
+Fake = Annotated[
+    bool,
+    typer.Option(
+        "--fake",
+        help="Run real FSDP2 steps of a real Hugging Face model on the CPU under fake tensors and a fake "
+        "process group of --world ranks (FSDPMemTracker), and compare each phase's allocated bytes with the "
+        "step timeline, exactly (needs transformers).",
+    ),
+]
+World = Annotated[
+    str,
+    typer.Option("--world", help="With --fake: comma list of world sizes (ranks of the fake group), ≥ 1."),
+]
+RecomputeOpt = Annotated[
+    str, typer.Option("--recompute", help="With --fake: comma list of none, full (activation checkpointing).")
+]
+Reshard = Annotated[
+    str, typer.Option("--reshard", help="With --fake: comma list of yes, no (FSDP2 reshard_after_forward).")
+]
 FRAMEWORK_RUN_ONLY = (
     "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "strategies", "optimizer", "grad_accum",
     "grad_sync", "gpus_per_node", "nproc", "timeout",
@@ -107,7 +140,8 @@ FRAMEWORK_RUN_ONLY = (
 """Options only the framework runs read (the default mode)."""
 READ_BY_MODE = {
     "activations": ("model", "precision", "family", "attention", "micro_batch", "seq_len", "json"),
-    "cuda": ("model", "micro_batch", "seq_len", "json"),
+    "cuda": ("model", "micro_batch", "seq_len", "snapshot_out", "json"),
+    "fake": ("model", "world", "micro_batch", "seq_len", "recompute", "reshard", "json"),
     "frameworks": ("model", "precision", *FRAMEWORK_RUN_ONLY, "json"),
 }
 """The options each mode reads; one given to a mode that does not read it is refused, not ignored."""
@@ -139,19 +173,33 @@ def validate(
     micro_batch: MicroBatch = 2,
     seq_len: SeqLen = 64,
     device: DeviceOpt = None,
+    snapshot_out: SnapshotOut = None,
+    fake: Fake = False,
+    world: World = "8",
+    recompute: RecomputeOpt = "none",
+    reshard: Reshard = "yes",
     json: Json = False,
 ) -> None:
     """Run DDP, ZeRO-1, FSDP1 and FSDP2 for real; compare each rank's bytes and collectives with the
     prediction. --activations: the saved activations of real Hugging Face modules against the hf profile;
-    --device cuda: each phase's peak of real FSDP2 steps against the step timeline."""
+    --device cuda: each phase's peak of real FSDP2 steps against the step timeline; --fake: the same at
+    any world size, on the CPU, under fake tensors."""
     chosen_device = _parse_device(device)
-    if chosen_device == "cuda":
+    if fake and (activations or chosen_device is not None):
+        given = "--activations" if activations else f"--device {chosen_device}"
+        raise InputError(f"--fake with {given} is not accepted; accepted: one of the two")
+    if fake:
+        mode = "fake"
+    elif chosen_device == "cuda":
         mode = "cuda"
     else:
         mode = "activations" if activations or chosen_device == "cpu" else "frameworks"
     _refuse_unread_options(ctx, mode)
+    if fake:
+        _validate_fake(model, world, micro_batch, seq_len, recompute, reshard, json)
+        return
     if chosen_device == "cuda":
-        _validate_cuda(model, micro_batch, seq_len, json)
+        _validate_cuda(model, micro_batch, seq_len, json, snapshot_out)
         return
     if activations or chosen_device == "cpu":
         _validate_activations(model, family, precision, attention, micro_batch, seq_len, json)
@@ -248,12 +296,17 @@ def validate(
 
 def _refuse_unread_options(ctx: typer.Context, mode: str) -> None:
     """One line, exit 2, for an option given on the command line that ``mode`` does not read."""
-    read = READ_BY_MODE[mode] + ("activations", "device")
+    read = READ_BY_MODE[mode] + ("activations", "device", "fake")
     for param in ctx.command.params:
         source = ctx.get_parameter_source(param.name)  # typer's own click: compare the member's name
         if param.name in read or source is None or source.name != "COMMANDLINE":
             continue
-        what = {"cuda": "--device cuda", "activations": "--activations", "frameworks": "the framework runs"}
+        what = {
+            "cuda": "--device cuda",
+            "activations": "--activations",
+            "fake": "--fake",
+            "frameworks": "the framework runs",
+        }
         flags = {p.name: p.opts[0] for p in ctx.command.params}
         accepted = ", ".join(flags[name] for name in READ_BY_MODE[mode])
         raise InputError(f"{param.opts[0]} is not read by {what[mode]}; accepted there: {accepted}")
@@ -317,8 +370,8 @@ def _validate_activations(
         raise typer.Exit(1)
 
 
-def _activation_model(model: str) -> tuple[str, dict]:
-    """A config.json (of a family the hf profile reads) small enough for a CPU forward."""
+def _activation_model(model: str, mode: str = "--activations", on_cpu: bool = True) -> tuple[str, dict]:
+    """A config.json of a family the hf profile reads (``on_cpu``: small enough for a CPU forward)."""
     from pathlib import Path
 
     from zerocalc.model.architecture import count_parameters
@@ -328,13 +381,13 @@ def _activation_model(model: str) -> tuple[str, dict]:
     path = Path(model).expanduser()
     if not (model.endswith(".json") or path.is_file()):
         raise InputError(
-            f"--model {model!r} with --activations is not accepted; accepted: a Hugging Face config.json "
+            f"--model {model!r} with {mode} is not accepted; accepted: a Hugging Face config.json "
             "(the modules are built from it), or --family"
         )
     config = _load(path)
     arch = architecture_from_hf_dict(config, f"--model {model!r}", path.parent.name or path.stem)
     params = count_parameters(arch).total
-    if params > MAX_CPU_PARAMS:
+    if on_cpu and params > MAX_CPU_PARAMS:
         raise InputError(
             f"--model {model!r} has {params:,} parameters, too many for a CPU forward ({MAX_CPU_PARAMS:,} at "
             "most); accepted: a config.json with fewer layers or a smaller hidden size"
@@ -401,9 +454,19 @@ def render_activations(report) -> None:
     out.print(f"{exact} of {len(report.cases)} cases exact to the byte ({claimed} claimed exact): {verdict}")
 
 
-def _validate_cuda(model: str | None, micro_batch: int, seq_len: int, json: bool) -> None:
+def predicted_snapshot_path(path: str) -> Path:
+    """Where ``--device cuda --snapshot-out FILE`` puts the predicted snapshot: beside FILE, ``.predicted``
+    before its suffix."""
+    measured = Path(path)
+    return measured.with_name(f"{measured.stem}.predicted{measured.suffix}")
+
+
+def _validate_cuda(
+    model: str | None, micro_batch: int, seq_len: int, json: bool, snapshot_out: str | None = None
+) -> None:
     """``--device cuda``: real FSDP2 steps on this GPU (bf16 parameters, fp32 reduce: the recipe of the
-    shared H100 measurements), each phase's peak against the step timeline."""
+    shared H100 measurements), each phase's peak against the step timeline; with ``snapshot_out``, the
+    measured and the predicted step as PyTorch memory snapshots."""
     if importlib.util.find_spec("torch") is None:
         raise fail(NEEDS_TORCH)
     from zerocalc.validate import cuda_step
@@ -412,18 +475,54 @@ def _validate_cuda(model: str | None, micro_batch: int, seq_len: int, json: bool
     if device is None:
         raise fail("--device cuda: no CUDA device is visible to torch here; accepted: a machine with a GPU")
     _check_shape(micro_batch, seq_len)
-    name, config = _activation_model(model or "")
+    if snapshot_out is not None:
+        from zerocalc.base.atomic import unwritable
+        from zerocalc.base.errors import shown
+
+        for path in (snapshot_out, predicted_snapshot_path(snapshot_out)):
+            why = unwritable(path)
+            if why is not None:
+                raise InputError(f"--snapshot-out {shown(str(path))} {why}; accepted: a file path to write")
+    name, config = _activation_model(model or "", "--device cuda", on_cpu=False)
     if importlib.util.find_spec("transformers") is None:
         raise fail(NEEDS_TRANSFORMERS)
-    from zerocalc.api import estimate_peak
+    from zerocalc.parallel.strategies import StrategyName
+    from zerocalc.peak.evaluate import evaluate_peak
+    from zerocalc.request.training import parse_options
     from zerocalc.validate.phases import compare_phases
 
     gpu = _device_gpu_preset(*device)
-    (row,) = estimate_peak(
-        model, 1, framework="fsdp2", strategies="zero3", micro_batch=micro_batch, seq_len=seq_len,
+    request = parse_options(
+        model=model, gpus=1, framework="fsdp2", strategies="zero3", micro_batch=micro_batch, seq_len=seq_len,
         recompute="none", reduce_dtype="fp32", model_impl="hf", flash_attention=True, gpu=gpu,
-    ).peak.strategies  # fmt: skip
-    report = compare_phases(row, cuda_step.run(config, micro_batch, seq_len, reshard=True, recompute=False))
+    )  # fmt: skip
+    peak = evaluate_peak(request).peak
+    assert peak is not None
+    (row,) = peak.strategies
+    measured, recorded = cuda_step.run(
+        config, micro_batch, seq_len, reshard=True, recompute=False, snapshot=snapshot_out is not None
+    )
+    report = compare_phases(row, measured)
+    if snapshot_out is not None and recorded is not None:
+        import pickle
+
+        from zerocalc.base.atomic import write_bytes_atomic
+        from zerocalc.peak.snapshot import predicted_snapshot
+
+        predicted, _ = predicted_snapshot(request, StrategyName.ZERO3)
+        beside = predicted_snapshot_path(snapshot_out)
+        from zerocalc.base.errors import why_not
+
+        for path, snapshot in ((Path(snapshot_out), recorded), (beside, predicted)):
+            try:
+                write_bytes_atomic(path, pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL))
+            except OSError as exc:  # the paths were checked before the run: the disk changed
+                raise fail(f"--snapshot-out {str(path)!r} cannot be written ({why_not(exc)})", 1) from None
+        typer.echo(
+            f"snapshots of the last step written: measured {snapshot_out}, predicted {beside}; draw each "
+            "with python -m torch.cuda._memory_viz trace_plot FILE -o out.html",
+            err=json,
+        )
     if json:
         from zerocalc.cli.render import print_json
 
@@ -448,6 +547,131 @@ def _validate_cuda(model: str | None, micro_batch: int, seq_len: int, json: bool
         )
     if not report.ok:
         raise typer.Exit(1)
+
+
+MAX_FAKE_WORLD = 1_048_576
+"""--fake: ranks of the fake process group at most (each rank's shard is computed, none allocated)."""
+
+
+def _validate_fake(
+    model: str | None, world: str, micro_batch: int, seq_len: int, recompute: str, reshard: str, json: bool
+) -> None:
+    """``--fake``: every (world, recompute, reshard) case of the model, tracked under fake tensors."""
+    from zerocalc.harness import procs
+    from zerocalc.model.activations import Recompute
+    from zerocalc.validate.fake import RECOMPUTES, FakeCase, request_for
+
+    worlds = []
+    for text in world.split(","):
+        size = text.strip()
+        if not size.isdigit() or not 1 <= int(size) <= MAX_FAKE_WORLD:
+            raise InputError(
+                f"--world {world!r} is not accepted; accepted: a comma list of world sizes from 1 to "
+                f"{MAX_FAKE_WORLD:,}"
+            )
+        worlds.append(int(size))
+    recomputes = [
+        Recompute(r) for r in _parse_list(recompute, "--recompute", tuple(r.value for r in RECOMPUTES), False)
+    ]
+    reshards = [r == "yes" for r in _parse_list(reshard, "--reshard", ("yes", "no"), allow_all=False)]
+    if micro_batch < 1 or seq_len < 2:
+        raise InputError(
+            f"--micro-batch {procs.brief(micro_batch)} --seq-len {procs.brief(seq_len)} is not accepted; "
+            "accepted: b ≥ 1 and s ≥ 2"
+        )
+    name, config, arch = _fake_model(model)
+    cases = [
+        FakeCase(model=name, world=w, micro_batch=micro_batch, seq_len=seq_len, recompute=r, reshard=rs)
+        for w in dict.fromkeys(worlds)
+        for r in recomputes
+        for rs in reshards
+    ]
+    requests = [request_for(arch, case) for case in cases]  # every option checked before the first run
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+        raise fail(NEEDS_TRANSFORMERS.replace("--activations", "--fake"))
+    from zerocalc.validate import fake_step
+
+    report = fake_step.run_cases(config, list(zip(cases, requests, strict=True)))
+    if json:
+        from zerocalc.cli.render import print_json
+
+        print_json(report)
+    else:
+        render_fake(report)
+    if not report.all_match:
+        raise typer.Exit(1)
+
+
+def _fake_model(model: str | None):
+    """The model's name, its config.json dict (what transformers builds) and its architecture: the tiny
+    Llama of ``--activations`` without ``--model``, else a config.json or a preset."""
+    from pathlib import Path
+
+    from zerocalc.model.hf_config import _load, architecture_from_hf_dict
+    from zerocalc.validate.saved import TINY_CONFIGS
+
+    if model is None:
+        config = TINY_CONFIGS["llama"]
+        return "tiny llama", config, architecture_from_hf_dict(config, "the tiny llama", "tiny llama")
+    path = Path(model).expanduser()
+    if model.endswith(".json") or path.is_file():
+        config = _load(path)
+        name = path.parent.name or path.stem
+        return name, config, architecture_from_hf_dict(config, f"--model {model!r}", name)
+    from zerocalc.request.presets import load_model
+    from zerocalc.validate.hf_export import hf_config_of
+
+    arch, _ = load_model(model)
+    return model, hf_config_of(arch, f"--model {model!r}"), arch
+
+
+def render_fake(report) -> None:
+    """Per case: each line's timeline bytes (CUDA extras left out), the tracker's, the difference; the
+    CUDA extras named under the table."""
+    from rich.markup import escape
+
+    from zerocalc.cli.render import Column, console, print_fitted
+
+    out = console()
+    out.print(
+        f"FSDP2 steps under fake tensors (torch {report.torch}, transformers {report.transformers}, CPU, "
+        "FSDPMemTracker, storages rounded to 512 B) against the step timeline"
+    )
+    for case in report.cases:
+        lines = case.lines
+        print_fitted(
+            "line",
+            [line.line for line in lines],
+            [
+                Column(header="predicted", cells=[f"{line.predicted:,}" for line in lines]),
+                Column(header="tracker", cells=[f"{line.measured:,}" for line in lines]),
+                Column(header="diff", cells=[f"{line.measured - line.predicted:+,}" for line in lines]),
+                Column(
+                    header="", cells=[_fake_mark(line.ok, case.not_claimed) for line in lines], justify="left"
+                ),
+            ],
+            title=f"{case.case.title} ({case.seconds:g} s)",
+            key_width=17,
+        )
+        if case.not_claimed and not case.exact:
+            out.print(f"[dim]· not claimed exact: {escape(case.not_claimed)}[/dim]")
+        extras = "; ".join(
+            f"{extra.name} {extra.count} × {extra.bytes:,} B ({extra.lifetime})" for extra in case.cuda_extras
+        )
+        out.print(
+            f"[dim]· predicted leaves out what only a CUDA step allocates (zerocalc memory adds it: "
+            f"+{max(case.cuda_added):,} B at most): {extras}[/dim]"
+        )
+    exact = sum(case.exact for case in report.cases)
+    claimed = sum(case.not_claimed is None for case in report.cases)
+    verdict = "every claimed case is exact" if report.all_match else "[bold red]NOT all exact[/bold red]"
+    out.print(f"{exact} of {len(report.cases)} cases exact to the byte ({claimed} claimed exact): {verdict}")
+
+
+def _fake_mark(ok: bool, not_claimed: str | None) -> str:
+    if ok:
+        return "✓"
+    return "~ not claimed" if not_claimed else "✗ OFF"
 
 
 def _device_gpu_preset(device_name: str, total_bytes: int) -> str:

@@ -27,7 +27,7 @@ from zerocalc.base.units import ceil_div
 from zerocalc.model.architecture import Architecture, ParamTensor, parameter_tensors
 from zerocalc.network.collectives import Collective
 from zerocalc.network.schedule import Calls, Padding, Quantization, ScheduledCollective, Select
-from zerocalc.parallel.zeropp import qgz_groups, qgz_quantizes, qwz_blocks
+from zerocalc.parallel.zeropp import aligned_numel, qgz_groups, qgz_quantizes, qwz_blocks
 from zerocalc.states.framework import dim0_padded_numel, fsdp_unit_positions, zero1_owners
 
 ROOT = "root"
@@ -215,7 +215,7 @@ def _padding(layout: Layout, padding: Padding, ranks: int, world_size: int) -> t
         case Padding.DIM0:  # FSDP2: each dim 0 to ranks·ceil(d0/ranks)
             return {shape: dim0_padded_numel(shape, ranks) for shape in numels}, 1
         case Padding.PER_TENSOR:  # DeepSpeed ZeRO-3 _aligned_size: each parameter to a multiple of N
-            return {shape: ceil_div(n, world_size) * world_size for shape, n in numels.items()}, 1
+            return {shape: aligned_numel(n, world_size) for shape, n in numels.items()}, 1
         case Padding.TWICE_GROUP:  # DeepSpeed ZeRO-1/2: flatten_dense_tensors_aligned(2·N)
             return numels, 2 * ranks
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from zerocalc.base.display import TableDisplay
 from zerocalc.base.dtypes import DType
 from zerocalc.base.units import format_count, format_seconds, format_size, gib, plural, summary_repr
 from zerocalc.comm.calls import Call, CallContext, Layout, RuleCalls, rule_calls
@@ -149,9 +150,14 @@ class ComputeTime(BaseModel):
     seconds: float = Field(description="6·Ψ·T / (N·F)")
 
 
-class CommEstimate(BaseModel):
+class CommEstimate(TableDisplay, BaseModel):
     schema_version: int = SCHEMA_VERSION
     request: CommRequest
+    options: dict[str, Any] | None = Field(
+        default=None,
+        description="every option of the command as given (its default where not given), keyed by the "
+        "library's keyword: zerocalc.request.options.echo",
+    )
     calibration_used: str | None = None
     notes: list[str] = Field(default_factory=list)
     compute: ComputeTime | None = None

@@ -20,9 +20,10 @@ router logits (fp32, s·b·E·4) are listed apart. Flash attention (Dao et al. 2
 output (the projection's input, counted once) and a fp32 log-sum-exp per head and row (4·a·s·b)
 instead of the s² terms.
 
-Recomputation (Korthikanti section 4.2): ``selective`` drops the s²-proportional attention terms and
-recomputes them; ``full`` keeps only each layer's input (2·s·b·h) and, while one layer is recomputed,
-that layer's full activations. Data parallelism never shards activations: they are per micro-batch.
+Recomputation (Korthikanti section 4.2) is the step timeline's (:mod:`zerocalc.peak.timeline`): ``selective``
+drops the s²-proportional attention terms (:data:`zerocalc.model.model_impl.QUADRATIC_TERMS`) and recomputes
+them in the layer's backward; ``full`` keeps only each layer's input. Data parallelism never shards
+activations: they are per micro-batch.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class Recompute(StrEnum):
 
 
 class ActivationShape(BaseModel):
-    """What the activation count needs to know about the model and the micro-batch."""
+    """What one layer's activation count needs to know about the model and the micro-batch."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -58,8 +59,6 @@ class ActivationShape(BaseModel):
     kv_heads: int = Field(gt=0, description="key/value heads (a for MHA, 1 for MQA)")
     head_dim: int = Field(gt=0, description="h / a unless the model says otherwise")
     ffn_hidden: int = Field(gt=0, description="f, the MLP intermediate size (per expert for MoE)")
-    layers: int = Field(gt=0, description="L")
-    vocab: int = Field(gt=0, description="V")
     mlp: MlpKind = MlpKind.GELU
     dropout: bool = True
     """GPT-style dropout after attention probabilities, attention output, MLP and embeddings."""
@@ -67,19 +66,6 @@ class ActivationShape(BaseModel):
     experts: int = Field(default=0, ge=0, description="routed experts (0: dense)")
     experts_per_token: int = Field(default=0, ge=0, description="k")
     shared_experts: int = Field(default=0, ge=0)
-
-
-class LayerActivations(BaseModel):
-    terms: dict[str, int] = Field(description="bytes saved for backward by each op of one layer")
-    bytes: int
-
-
-class ActivationEstimate(BaseModel):
-    recompute: Recompute
-    per_layer: LayerActivations = Field(description="one layer without recomputation")
-    layers_bytes: int = Field(description="all layers, after recomputation")
-    outside_layers: dict[str, int] = Field(description="embedding output, final norm, LM head, logits")
-    total_bytes: int
 
 
 def layer_terms(shape: ActivationShape) -> dict[str, int]:
@@ -132,35 +118,3 @@ def layer_terms(shape: ActivationShape) -> dict[str, int]:
     else:
         terms.update(mlp)
     return terms
-
-
-_S_SQUARED_TERMS = ("softmax_output", "attn_dropout_mask", "attn_dropout_output")
-
-
-def estimate_activations(shape: ActivationShape, mode: Recompute = Recompute.NONE) -> ActivationEstimate:
-    """Activation bytes of one micro-batch on one GPU (no tensor/sequence parallelism)."""
-    terms = layer_terms(shape)
-    per_layer = sum(terms.values())
-    s, b, h, v = shape.seq_len, shape.micro_batch, shape.hidden, shape.vocab
-    if mode is Recompute.NONE:
-        layers_bytes = shape.layers * per_layer
-    elif mode is Recompute.SELECTIVE:
-        kept = per_layer - sum(terms.get(name, 0) for name in _S_SQUARED_TERMS)
-        layers_bytes = shape.layers * kept
-    else:
-        layers_bytes = shape.layers * ACTIVATION_BYTES * s * b * h + per_layer
-    outside = {
-        "embedding_output": ACTIVATION_BYTES * s * b * h,
-        "final_norm_input": ACTIVATION_BYTES * s * b * h,
-        "lm_head_input": ACTIVATION_BYTES * s * b * h,
-        "logits_fp32": FP32_BYTES * s * b * v,
-    }
-    if shape.dropout:
-        outside["embedding_dropout_mask"] = MASK_BYTES * s * b * h
-    return ActivationEstimate(
-        recompute=mode,
-        per_layer=LayerActivations(terms=terms, bytes=per_layer),
-        layers_bytes=layers_bytes,
-        outside_layers=outside,
-        total_bytes=layers_bytes + sum(outside.values()),
-    )

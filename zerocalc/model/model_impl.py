@@ -170,6 +170,24 @@ class Traits(NamedTuple):
     logit_softcap: bool = False
     """``final_logit_softcapping`` (Gemma 2: 30.0 in ``Gemma2Config`` and its published configs):
     ``tanh(logits / cap) · cap``, and ``tanh`` saves its output [T, V] in the compute dtype."""
+    sliding_pattern: int = 0
+    """Layer i has sliding-window attention when (i + 1) % pattern ≠ 0 (the configs' default
+    ``layer_types``: ``Gemma2Config`` 2, ``Gemma3TextConfig``'s ``sliding_window_pattern`` 6); 0: none.
+    Its ``DynamicCache`` layer (``cache_utils.DynamicSlidingWindowLayer``) moves a 0-dim int64
+    ``_sliding_window_tensor`` to the device at its first update, alive until the forward's output is
+    dropped."""
+    rotary_tables: int = 1
+    """Rotary tables: Gemma 3 keeps one per attention type (``Gemma3RotaryEmbedding``: ``inv_freq`` and
+    ``original_inv_freq`` per layer type; ``Gemma3TextModel.forward``: cos and sin per type), local and
+    global once the model has both (from ``sliding_pattern`` layers)."""
+    embedding_scale_buffer: bool = False
+    """The √h scale is a fp32 0-dim buffer of the embedding (``Gemma2ScaledWordEmbedding.embed_scale``,
+    ``Gemma3TextScaledWordEmbedding.embed_scale``), resident like the rotary tables."""
+
+
+SLIDING_PATTERNS = {"gemma2": 2, "gemma3_text": 6}
+"""Layer i is full attention when (i + 1) % pattern == 0, the others sliding-window: the default
+``layer_types`` of ``Gemma2Config`` and ``Gemma3TextConfig`` (``sliding_window_pattern``)."""
 
 
 def traits(arch: Architecture) -> Traits:
@@ -196,6 +214,9 @@ def traits(arch: Architecture) -> Traits:
         eager_softmax_fp32=family != "gpt2",
         embedding_scale=family in ("gemma2", "gemma3_text"),
         logit_softcap=family == "gemma2",
+        sliding_pattern=SLIDING_PATTERNS.get(family, 0),
+        rotary_tables=2 if family == "gemma3_text" and arch.num_layers >= SLIDING_PATTERNS[family] else 1,
+        embedding_scale_buffer=family in ("gemma2", "gemma3_text"),
     )
 
 
@@ -543,7 +564,9 @@ def shared_saves(
     d = arch.latent_attention.qk_rope_head_dim if arch.latent_attention else arch.dim_per_head
     d = int(d * t.rotary_fraction)
     width = FP32 if t.rotary_fp32 else act
-    out = [("rotary cos", width * s * d), ("rotary sin", width * s * d)]
+    out = []
+    for table in ("", " (global)")[: t.rotary_tables]:
+        out += [(f"rotary cos{table}", width * s * d), (f"rotary sin{table}", width * s * d)]
     if checkpointed:
         out.append(("position ids (checkpoint inputs)", INT64 * s))
     return out
@@ -605,8 +628,6 @@ def _korthikanti_layer(arch: Architecture, index: int, shape: Shape, act: int, f
             kv_heads=arch.kv_heads,
             head_dim=arch.dim_per_head,
             ffn_hidden=arch.intermediate_size,
-            layers=arch.num_layers,
-            vocab=arch.vocab_size,
             mlp=arch.mlp,
             dropout=arch.residual_dropout > 0 or (arch.mlp is MlpKind.GELU and arch.family is None),
             flash_attention=flash,

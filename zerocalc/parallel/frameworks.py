@@ -13,6 +13,8 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict
 
 from zerocalc.network.cluster import RankGroup
+from zerocalc.parallel.optimizers import OptimizerName
+from zerocalc.parallel.precision import PrecisionName
 
 
 class Framework(StrEnum):
@@ -88,6 +90,12 @@ TORCH_FRAMEWORKS: tuple[Framework, ...] = (
     Framework.DDP,
 )
 """The frameworks whose estimates are PyTorch's real per-rank allocations."""
+
+TORCH_PRECISIONS = (PrecisionName.FP32, PrecisionName.BF16_MIXED, PrecisionName.FP16_MIXED)
+"""What PyTorch's frameworks are modelled under: fp32, or ``MixedPrecision``/``MixedPrecisionPolicy``
+(autocast for DDP) with fp32 sharded parameters."""
+TORCH_OPTIMIZERS = (OptimizerName.ADAM, OptimizerName.ADAMW)
+"""What PyTorch's frameworks are modelled with: ``torch.optim.Adam``/``AdamW``."""
 
 TORCH_SOURCES: dict[TorchWrapper, str] = {
     TorchWrapper.DDP: "torch 2.13 DDP",

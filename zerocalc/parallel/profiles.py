@@ -13,7 +13,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from zerocalc.parallel.frameworks import Framework
+from zerocalc.parallel.frameworks import TORCH_OPTIMIZERS, TORCH_PRECISIONS, Framework
 from zerocalc.parallel.optimizers import OptimizerName
 from zerocalc.parallel.precision import PrecisionName
 
@@ -33,7 +33,8 @@ class StatesModel(StrEnum):
     DEEPSPEED_ESTIMATOR = "deepspeed_estimator"
     """DeepSpeed's ``estimate_zero2/zero3_model_states_mem_needs`` (:mod:`zerocalc.states.deepspeed`)."""
     MEGATRON_DISTRIBUTED_OPTIMIZER = "megatron_distributed_optimizer"
-    """Megatron-LM: bf16 params + fp32 main grads + 12/d bytes of optimizer state (no buffers counted)."""
+    """Megatron-LM: bf16 params + fp32 main grads + 12/d bytes of optimizer state (no buffers counted;
+    :mod:`zerocalc.states.megatron`)."""
     TORCH_EXACT = "torch_exact"
     """PyTorch's real per-rank allocations (:mod:`zerocalc.states.framework`) and its own buffers."""
 
@@ -101,8 +102,8 @@ PROFILES: dict[Framework, Profile] = {
                 framework=framework,
                 states=StatesModel.TORCH_EXACT,
                 source=source,
-                precisions=(PrecisionName.FP32, *_MIXED),
-                optimizers=_ADAM,
+                precisions=TORCH_PRECISIONS,
+                optimizers=TORCH_OPTIMIZERS,
                 fp32_grad_accum=False,
                 offload=False,
                 wrap_model=False,

@@ -683,11 +683,6 @@ STRATEGIES: dict[StrategyName, Strategy] = {
     )
 }
 
-PAPER_DEFAULT_STRATEGIES: tuple[StrategyName, ...] = tuple(
-    name for name, s in STRATEGIES.items() if s.frameworks[Framework.PAPER].in_default_set
-)
-"""What ``all`` means for the paper's accounting: the ZeRO stages, DDP and HYBRID_SHARD."""
-
 
 def _modelled(setup: FrameworkSetup, estimate: Estimate) -> bool:
     return estimate is Estimate.COMM or setup.memory
@@ -723,12 +718,6 @@ def effective_grad_sync(framework: Framework, strategy: StrategyName, asked: Gra
     else PyTorch's default, every micro-batch."""
     fixed = STRATEGIES[strategy].frameworks[framework].grad_sync
     return fixed or asked or GradSync.EVERY
-
-
-def torch_setup(framework: Framework, strategy: StrategyName) -> TorchSetup | None:
-    """How PyTorch runs ``strategy`` under ``framework`` (None for the non-PyTorch accountings)."""
-    setup = STRATEGIES[strategy].frameworks.get(framework)
-    return setup.torch if setup else None
 
 
 def validated_setups() -> dict[str, tuple[Framework, StrategyName, TorchSetup]]:

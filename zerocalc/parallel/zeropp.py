@@ -78,11 +78,17 @@ def qgz_groups(shape: tuple[int, ...], world_size: int) -> int:
     return max(shape[0], shape[1], world_size)
 
 
+def aligned_numel(numel: int, world_size: int) -> int:
+    """A ZeRO-3 parameter padded to a multiple of N (``partition_parameters.py`` ``_aligned_size``): what
+    its partitions are cut from and what an all-gather of it returns."""
+    return ceil_div(numel, world_size) * world_size
+
+
 def hpz_secondary_elements(numels: list[int], world_size: int, partition_size: int) -> int:
     """Elements of every parameter's hpZ secondary partition on one GPU: each parameter padded to a multiple
-    of N (``_aligned_size``), divided over the ``h`` ranks of its secondary group (``_partition_param_sec``:
-    ``secondary_partition_size = aligned_size // num_ranks_in_param_group``)."""
-    return sum(ceil_div(n, world_size) * world_size // partition_size for n in numels)
+    of N (:func:`aligned_numel`), divided over the ``h`` ranks of its secondary group
+    (``_partition_param_sec``: ``secondary_partition_size = aligned_size // num_ranks_in_param_group``)."""
+    return sum(aligned_numel(n, world_size) // partition_size for n in numels)
 
 
 def hpz_secondary_bytes(arch: Architecture, world_size: int, partition_size: int, dtype_bytes: int) -> int:

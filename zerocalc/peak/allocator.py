@@ -48,6 +48,10 @@ class CachingAllocator:
         self.reserved = self.allocated = self.max_reserved = self.max_allocated = 0
         self.handles: dict[str, tuple[int, int]] = {}
 
+    def measured_step_begins(self) -> None:
+        """Called before the step whose events are reported is replayed (a recording allocator starts
+        its trace here)."""
+
     def _pool(self, stream: str, small: bool) -> list[tuple[int, int, int]]:
         return self.free_lists.setdefault((stream, small), [])
 

@@ -132,15 +132,28 @@ def condensed_timeline(result: StepResult, layers: int) -> list[TimelineEvent]:
     and those of the middle layers (1 … L−2) left out except where a phase peaks."""
     keep = {(p.phase, p.event) for p in result.phases} | {(result.peak.phase, result.peak.event)}
     events: list[TimelineEvent] = []
-    for phase, name, allocated in result.events:
+    for (phase, name, allocated), reserved in zip(result.events, result.reserved_at, strict=True):
         index = _UNIT_INDEX.search(name)
         if index and 0 < int(index.group(1)) < layers - 1 and (phase, name) not in keep:
             continue
         if events and (events[-1].phase, events[-1].event) == (phase, name):
-            events[-1].allocated_bytes = max(events[-1].allocated_bytes, allocated)
+            last = events[-1]
+            last.allocated_bytes = max(last.allocated_bytes, allocated)
+            if reserved is not None:
+                last.reserved_bytes = max(last.reserved_bytes or 0, reserved)
             continue
-        events.append(TimelineEvent(phase=phase, event=name, allocated_bytes=allocated))
+        events.append(
+            TimelineEvent(phase=phase, event=name, allocated_bytes=allocated, reserved_bytes=reserved)
+        )
     return events
+
+
+def framework_estimate_bytes(profile: Profile, states: list[StateLine]) -> int | None:
+    """What the framework's own estimator reports: the lines it covers (DeepSpeed); None for a profile
+    without an estimator of its own."""
+    if not profile.estimate_covers_states_only:
+        return None
+    return sum(line.bytes for line in states if line.in_framework_estimate)
 
 
 def strategy_peak(
@@ -164,7 +177,6 @@ def strategy_peak(
     peak = reserved + context + nccl
     capacity = request.gpu_memory_bytes
     headroom = None if capacity is None else capacity - peak
-    deepspeed = profile.estimate_covers_states_only
     return StrategyPeak(
         strategy=name,
         title=strategy.title_under(request.framework),
@@ -183,9 +195,7 @@ def strategy_peak(
         nccl_communicators=communicators,
         nccl_bytes=nccl,
         peak_bytes=peak,
-        framework_estimate_bytes=sum(line.bytes for line in states if line.in_framework_estimate)
-        if deepspeed
-        else None,
+        framework_estimate_bytes=framework_estimate_bytes(profile, states),
         host_bytes_per_node=host,
         fits=None if capacity is None or headroom is None else headroom >= FIT_MARGIN * capacity,
         verdict=verdict(capacity, headroom),
@@ -265,9 +275,7 @@ def framework_states(request: TrainingRequest, estimate: MemoryEstimate) -> list
                 title=strategy.title_under(request.framework),
                 lines=lines,
                 gpu_bytes=sum(line.bytes for line in lines),
-                framework_estimate_bytes=sum(line.bytes for line in lines if line.in_framework_estimate)
-                if profile.estimate_covers_states_only
-                else None,
+                framework_estimate_bytes=framework_estimate_bytes(profile, lines),
                 host_bytes_per_node=host,
                 source=profile.source,
             )

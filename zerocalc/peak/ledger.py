@@ -28,6 +28,7 @@ class Alloc(NamedTuple):
     name: str
     nbytes: int
     stream: str
+    kind: str = ""
 
 
 class Free(NamedTuple):
@@ -57,6 +58,9 @@ class Ledger:
         self.phase = "start"
         self.events: list[Event] = []
         self.log: list[Alloc | Free] = []
+        self.marks: list[int] = []
+        """Per event, the length of the log at it (its transient included): where a replay of the log
+        stands at that event."""
         self.peak_live: dict[str, dict[str, int]] = {}
         """Per phase, the live tensors (by kind) at that phase's peak event."""
         self._peak: dict[str, int] = {}
@@ -91,7 +95,7 @@ class Ledger:
         self.total += size
         if self.record:
             self.by_kind[kind] = self.by_kind.get(kind, 0) + size
-            self.log.append(Alloc(name, size, stream))
+            self.log.append(Alloc(name, size, stream, kind))
 
     def free(self, name: str) -> None:
         size = self.live.pop(name, None)
@@ -159,12 +163,16 @@ class Ledger:
             self.peak_live[self.phase] = by_kind
         if extra:
             self._transients += 1
-            self.log.append(Alloc(f"transient{self._transients}", extra, "default"))
-            self.log.append(Free(f"transient{self._transients}"))
+            transient_name = f"during {name} #{self._transients}"
+            self.log.append(Alloc(transient_name, extra, "default", transient_kind))
+        self.marks.append(len(self.log))
+        if extra:
+            self.log.append(Free(transient_name))
 
     def clear_events(self) -> None:
         """Forget the events so far (the live tensors stay): what follows is measured afresh."""
         self.events = []
+        self.marks = []
         self._peak = {}
         self.peak_live = {}
 

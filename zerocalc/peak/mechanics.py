@@ -5,12 +5,15 @@ a step's start, what a unit allocates before its forward and backward and frees 
 parameter's gradient is produced, reduced and kept, and what the optimizer step allocates. Units are the
 FSDP units: ``"root"`` (embeddings, final norm, LM head) and the blocks ``0 … L−1``.
 
+* :class:`Fsdp` — what both FSDPs share: the fp32 shards resident, a unit gathered around its forward and
+  backward, the unsharded gradients in the parameters' dtype.
 * :class:`Fsdp2` — ``fully_shard`` per block, then the root, torch 2.13 (``torch/distributed/fsdp/
   _fully_shard/``). At world size 1 (``FSDPParamGroup`` fast path, torch ≥ 2.9): per parameter a bf16 cast
   of the fp32 shard, then the unsharded storage; no all-gather buffers, no prefetch. At world N
   (``_fsdp_collectives.foreach_all_gather``): the casts, a copy-in buffer of the unit's padded shard, the
   all-gather output (kept until the next unit's copy-out), the per-parameter unsharded storages; in
-  backward the previous unit prefetched. Reduction (``foreach_reduce``): the reduce-scatter input in the
+  backward the unit that ran forward before the current one prefetched (the last block from the root's
+  pre-backward, before the loss backward). Reduction (``foreach_reduce``): the reduce-scatter input in the
   reduce dtype (one kept until the next unit reduces) while the unsharded gradients still exist, then its
   output, which becomes the sharded fp32 gradient (on the reduce-scatter stream). The root follows
   ``reshard_after_forward`` like the blocks when it is given explicitly.
@@ -36,7 +39,9 @@ from enum import StrEnum
 from functools import cached_property, lru_cache
 from typing import Literal
 
+from zerocalc.base.dtypes import DType
 from zerocalc.base.units import ceil_div
+from zerocalc.parallel.frameworks import Fsdp1Sharding
 from zerocalc.parallel.optimizers import OptimizerImpl
 from zerocalc.peak.ledger import Ledger, Sizes
 from zerocalc.peak.timeline import (
@@ -50,9 +55,9 @@ from zerocalc.peak.timeline import (
     RUNTIME,
     TRANSIENT,
 )
+from zerocalc.states.framework import STEP_BYTES, fsdp1_padded_numel, fsdp1_shard_numel
 
-FP32 = 4
-BF16 = 2
+FP32 = DType.FP32.bytes
 
 
 class Accumulation(StrEnum):
@@ -160,7 +165,8 @@ def _fp32_sizes(elements: tuple[int, ...]) -> Sizes:
 
 
 class Mechanics:
-    """The hooks the step timeline calls; the base keeps parameters whole and does nothing."""
+    """The hooks the step timeline calls (:class:`~zerocalc.peak.timeline.CreationHooks`); the base keeps
+    parameters whole and does nothing."""
 
     keeps_all_unsharded = False
     """Blocks stay unsharded from forward to backward (FSDP2 ``reshard_after_forward=False``)."""
@@ -180,6 +186,19 @@ class Mechanics:
         self.grad_bytes = grad_bytes
         """Bytes per element of the gradients backward produces (the unsharded parameters' dtype)."""
         self.accumulation = accumulation
+
+    def run_identity(self) -> tuple[object, ...]:
+        """Everything a fresh object's hooks depend on, declared by each class for the fields it adds:
+        two objects with equal identities allocate the same on the same hook calls, so a plan runs one of
+        them (:mod:`zerocalc.plan.allocated`). What the hooks change as they run is not part of it."""
+        return (
+            type(self),
+            tuple(unit.key for unit in self.units.values()),
+            self.optimizer_states,
+            self.optimizer_impl,
+            self.grad_bytes,
+            self.accumulation,
+        )
 
     @property
     def accumulating(self) -> bool:
@@ -272,11 +291,15 @@ class Mechanics:
     def _resident_optimizer(self, led: Ledger) -> None:
         self._alloc_optimizer_states(led)
         if self.optimizer_impl is OptimizerImpl.FUSED:
-            led.alloc_each(("adam step counter",), [FP32] * len(self._optimizer_bytes), OPTIMIZER)
+            led.alloc_each(("adam step counter",), [STEP_BYTES] * len(self._optimizer_bytes), OPTIMIZER)
 
 
-# --------------------------------------------------------------------------------------------------- FSDP2
-class Fsdp2(Mechanics):
+# ---------------------------------------------------------------------------------------------------- FSDP
+class Fsdp(Mechanics):
+    """What FSDP1 and FSDP2 share: each unit's fp32 shard resident from creation, the unit gathered before
+    its forward and backward (:meth:`_unshard`, the framework's own) and released after (:meth:`_reshard`),
+    the unsharded gradients in the parameters' dtype until the unit's reduction."""
+
     def __init__(
         self,
         units: dict[str, Unit],
@@ -284,7 +307,6 @@ class Fsdp2(Mechanics):
         param_bytes: int,
         reduce_bytes: int,
         reshard: bool,
-        root_reshard: bool,
         optimizer_states: int,
         optimizer_impl: OptimizerImpl,
         accumulation: Accumulation = Accumulation.NONE,
@@ -295,11 +317,11 @@ class Fsdp2(Mechanics):
         """The unsharded parameters' dtype (MixedPrecisionPolicy.param_dtype, else fp32)."""
         self.reduce_bytes = reduce_bytes
         self.reshard = reshard
-        self.root_reshard = root_reshard
         self.keeps_all_unsharded = not reshard
         self._gathered: set[str] = set()
-        self._last_reduce_input: str | None = None
-        self._all_gather_state: str | None = None
+
+    def run_identity(self) -> tuple[object, ...]:
+        return (*super().run_identity(), self.world, self.param_bytes, self.reduce_bytes, self.reshard)
 
     def resident(self, led: Ledger, first_step: bool = False) -> None:
         for unit in self.units.values():
@@ -330,6 +352,48 @@ class Fsdp2(Mechanics):
                 led.alloc(f"{unit.name}.fp32 shard#{i}", FP32 * n, PARAMS)
                 led.free(f"init {unit.name}#{i}")
 
+    def _unshard(self, led: Ledger, unit: Unit, backward: bool) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _reshard(self, led: Ledger, unit: Unit) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def pre_forward(self, led: Ledger, unit: str | int) -> None:
+        self._unshard(led, self.units[str(unit)], backward=False)
+
+    def param_grad(self, led: Ledger, unit: str | int, label: str, numel: int) -> None:
+        if self.accumulation is not Accumulation.UNSYNCED:  # else added in place into the kept gradients
+            led.alloc(f"{unit}.grad {label}", self.param_bytes * numel, GRADS, group=f"{unit}.grads")
+
+    def tied_grad_sum(self, led: Ledger, numel: int) -> None:
+        if self.accumulation is not Accumulation.UNSYNCED:
+            super().tied_grad_sum(led, numel)
+
+
+# --------------------------------------------------------------------------------------------------- FSDP2
+class Fsdp2(Fsdp):
+    def __init__(
+        self,
+        units: dict[str, Unit],
+        world: int,
+        param_bytes: int,
+        reduce_bytes: int,
+        reshard: bool,
+        root_reshard: bool,
+        optimizer_states: int,
+        optimizer_impl: OptimizerImpl,
+        accumulation: Accumulation = Accumulation.NONE,
+    ):
+        super().__init__(
+            units, world, param_bytes, reduce_bytes, reshard, optimizer_states, optimizer_impl, accumulation
+        )
+        self.root_reshard = root_reshard
+        self._last_reduce_input: str | None = None
+        self._all_gather_state: str | None = None
+
+    def run_identity(self) -> tuple[object, ...]:
+        return (*super().run_identity(), self.root_reshard)
+
     def _unshard(self, led: Ledger, unit: Unit, backward: bool) -> None:
         if unit.name in self._gathered:
             return
@@ -358,14 +422,16 @@ class Fsdp2(Mechanics):
                 led.rename(labels.prefetched, output)
             else:
                 self._all_gather(led, unit, output)
-            # wait_for_unshard: the previous forward all-gather's result (kept so that its copy-out could
-            # overlap this all-gather, all_gather_state) is released, then the copy-out into each
-            # parameter's unsharded storage; in forward this result is kept in turn, in backward freed
+            # wait_for_unshard (_fsdp_param_group.py): the copy-out into each parameter's unsharded
+            # storage, then the previous forward all-gather's result (comm_ctx.all_gather_state, kept so
+            # that its copy-out could overlap this all-gather) is released: the method's local
+            # `prev_all_gather_state` holds it until the method returns, after the copy-out. In forward
+            # this result is kept in turn, in backward freed.
+            led.alloc_each((labels.unsharded,), unit.bytes_each("padded", self.param_bytes), GATHERED)
+            led.event(labels.unshard_copy_out)
             if self._all_gather_state is not None:
                 led.free(self._all_gather_state)
                 self._all_gather_state = None
-            led.alloc_each((labels.unsharded,), unit.bytes_each("padded", self.param_bytes), GATHERED)
-            led.event(labels.unshard_copy_out)
             if backward:
                 led.free(output)
             else:
@@ -389,9 +455,6 @@ class Fsdp2(Mechanics):
         led.free_each(unit.labels.unsharded, len(unit.params))
         self._gathered.discard(unit.name)
 
-    def pre_forward(self, led: Ledger, unit: str | int) -> None:
-        self._unshard(led, self.units[str(unit)], backward=False)
-
     def post_forward(self, led: Ledger, unit: str | int) -> None:
         reshard = self.root_reshard if unit == "root" else self.reshard
         if reshard:
@@ -402,21 +465,22 @@ class Fsdp2(Mechanics):
 
     def pre_backward(self, led: Ledger, unit: str | int) -> None:
         self._unshard(led, self.units[str(unit)], backward=True)
-        if self.world > 1 and isinstance(unit, int) and unit > 0:
-            # backward prefetch: the next unit's all-gather is issued before this unit's gradients
-            following = self.units[str(unit - 1)]
-            if following.name not in self._gathered:
-                labels = following.labels
-                led.alloc(labels.prefetched, self.param_bytes * following.padded_numel, BUFFERS)
-                led.event(labels.prefetch)
+        following = self._backward_prefetch_target(unit)
+        if self.world > 1 and following is not None and following.name not in self._gathered:
+            # FSDPParamGroup.pre_backward → _backward_prefetch (_fsdp_param_group.py): the unit that ran
+            # forward just before this one is all-gathered now, before this unit's gradients. The root's
+            # pre-backward hook sits on the forward's output (FSDPState._pre_backward, _fsdp_state.py), so
+            # the last block is gathered before the loss backward. World 1: its unshard allocates nothing.
+            self._all_gather(led, following, following.labels.prefetched)
+            led.event(following.labels.prefetch)
 
-    def param_grad(self, led: Ledger, unit: str | int, label: str, numel: int) -> None:
-        if self.accumulation is not Accumulation.UNSYNCED:  # else added in place into the kept gradients
-            led.alloc(f"{unit}.grad {label}", self.param_bytes * numel, GRADS, group=f"{unit}.grads")
-
-    def tied_grad_sum(self, led: Ledger, numel: int) -> None:
-        if self.accumulation is not Accumulation.UNSYNCED:
-            super().tied_grad_sum(led, numel)
+    def _backward_prefetch_target(self, unit: str | int) -> Unit | None:
+        """The unit before ``unit`` in forward order (``comm_ctx.post_forward_order``): the previous
+        block, and for the root (whose forward ends last) the last block."""
+        if unit == "root":
+            blocks = [name for name in self.units if name != "root"]
+            return self.units[blocks[-1]] if blocks else None
+        return self.units[str(unit - 1)] if unit > 0 else None
 
     def post_backward(self, led: Ledger, unit: str | int) -> None:
         u = self.units[str(unit)]
@@ -452,24 +516,47 @@ class Fsdp2(Mechanics):
 
 
 # --------------------------------------------------------------------------------------------------- FSDP1
-class Fsdp1(Fsdp2):
+class Fsdp1(Fsdp):
     """FSDP1 with one flat parameter per unit (``FlatParamHandle``): the shard is ``ceil(P/N)`` elements of
     the flat parameter padded to a multiple of N; the root is not resharded after forward (``_runtime_
     utils._post_forward_reshard``); ``NO_SHARD`` keeps the whole flat parameter and all-reduces."""
 
-    def __init__(self, units: dict[str, Unit], world: int, no_shard: bool, **kwargs: object):
+    def __init__(
+        self,
+        units: dict[str, Unit],
+        world: int,
+        no_shard: bool,
+        param_bytes: int,
+        reduce_bytes: int,
+        reshard: bool,
+        optimizer_states: int,
+        optimizer_impl: OptimizerImpl,
+        accumulation: Accumulation = Accumulation.NONE,
+    ):
+        sharding = Fsdp1Sharding.NO_SHARD if no_shard else Fsdp1Sharding.FULL_SHARD
         flat = {
             name: Unit(
                 name,
                 [u.numel],
-                [u.numel if no_shard else ceil_div(u.numel, world)],
-                [u.numel if no_shard else ceil_div(u.numel, world) * world],
+                [fsdp1_shard_numel(u.numel, world, sharding)],
+                [u.numel if no_shard else fsdp1_padded_numel(u.numel, world)],
             )
             for name, u in units.items()
         }
-        super().__init__(flat, world=1 if no_shard else world, **kwargs)  # type: ignore[arg-type]
+        super().__init__(
+            flat,
+            1 if no_shard else world,
+            param_bytes,
+            reduce_bytes,
+            reshard,
+            optimizer_states,
+            optimizer_impl,
+            accumulation,
+        )
         self.no_shard = no_shard
-        self.root_reshard = False
+
+    def run_identity(self) -> tuple[object, ...]:
+        return (*super().run_identity(), self.no_shard)
 
     def _unshard(self, led: Ledger, unit: Unit, backward: bool) -> None:
         if unit.name in self._gathered:
@@ -555,6 +642,9 @@ class Ddp(Mechanics):
         self.autocast_bytes = autocast_bytes
         self.owned = owned
 
+    def run_identity(self) -> tuple[object, ...]:
+        return (*super().run_identity(), self.reducer_elements, self.autocast_bytes, self.owned)
+
     def _optimizer_elements(self) -> tuple[int, ...]:
         if self.owned is not None:
             return self.owned
@@ -626,6 +716,19 @@ class Accounting(Mechanics):
         self.prefetch = prefetch
         self.keep_root = keep_root
         self.elements = optimizer_elements
+
+    def run_identity(self) -> tuple[object, ...]:
+        return (
+            *super().run_identity(),
+            tuple(self.states),
+            self.gather,
+            self.unit_grads,
+            self.param_bytes,
+            self.reduce_bytes,
+            self.prefetch,
+            self.keep_root,
+            self.elements,
+        )
 
     def resident(self, led: Ledger, first_step: bool = False) -> None:
         for name, kind, nbytes in self.states:

@@ -65,6 +65,9 @@ class TimelineEvent(BaseModel):
     phase: StepPhase
     event: str
     allocated_bytes: int
+    reserved_bytes: int | None = Field(
+        default=None, description="what the caching allocator has reserved there (memory_reserved)"
+    )
 
 
 class PeakOptions(BaseModel):

@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
-from zerocalc.base.units import ceil_div
-from zerocalc.model.architecture import Architecture, MlpKind, NormKind, ParamTensor, parameter_tensors
+from zerocalc.model.architecture import Architecture, MlpKind, NormKind, ParamTensor
 from zerocalc.model.model_impl import MODEL_IMPLS, Device, Shape
 from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, Framework, Fsdp1Sharding, TorchWrapper
 from zerocalc.parallel.precision import RECIPES, PrecisionName
@@ -28,7 +27,16 @@ from zerocalc.peak.mechanics import Accounting, Accumulation, Ddp, Fsdp1, Fsdp2,
 from zerocalc.peak.report import StateLine
 from zerocalc.peak.timeline import PHASES, Runtime, StepShape, first_start, run_step, steady_start
 from zerocalc.request.training import GradSync, TrainingRequest
-from zerocalc.states.framework import dim0_padded_numel, dim0_shard_numel, fsdp_units, zero1_partition
+from zerocalc.states.framework import (
+    ADAM_STATES,
+    STATES_RECIPE,
+    dim0_padded_numel,
+    dim0_shard_numel,
+    fsdp_units,
+    shard_ranks,
+    zero1_rank_elements,
+)
+from zerocalc.states.memory import shard_elements
 
 REPLAYED_STEPS = 3
 """Steps replayed for the reserve: the first creates the optimizer states; the reserve settles after it."""
@@ -52,14 +60,15 @@ class StepResult(NamedTuple):
     """The caching allocator's high-water mark over model creation and three steps."""
     peak: PhasePeak
     """The step's first event with the largest allocated total, and what is alive there by kind."""
+    reserved_at: list[int | None]
+    """At each event, what the caching allocator has reserved (None without the allocator replay)."""
 
 
 @lru_cache(maxsize=256)
 def _largest_partition(arch: Architecture, world: int) -> tuple[int, ...]:
-    """The elements of each tensor ZeroRedundancyOptimizer gives its most loaded rank (once per
+    """The elements of each tensor ZeroRedundancyOptimizer gives the rank with the most elements (once per
     architecture and world)."""
-    parts = zero1_partition(parameter_tensors(arch), world)
-    return tuple(t.numel for t in max(parts, key=lambda part: sum(t.numel for t in part)))
+    return max(zero1_rank_elements(arch, world), key=sum)
 
 
 def _units(request: TrainingRequest, world: int, blocks: int | None = None) -> dict[str, Unit]:
@@ -138,7 +147,6 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
         device=device,
         flash=flash_attention_used(request),
         recompute=request.activations.recompute,
-        root_params=tuple(units[-1][1].params),
         layer_params=tuple(tuple(unit.params) for _, unit in units[:-1]),
     )
 
@@ -179,9 +187,7 @@ def mechanics_for(
     accumulation = _accumulation(request, name)
     setup = strategy.frameworks[request.framework].torch if request.framework in TORCH_FRAMEWORKS else None
     if setup is not None:
-        world = (
-            request.cluster.group_size(setup.shard_group) if setup.shard_group else request.cluster.world_size
-        )
+        world = shard_ranks(request.cluster, setup)
         units = _units(request, world, blocks)
         reduce = request.reduce_dtype.bytes if request.reduce_dtype is not None else recipe.param_dtype.bytes
         if setup.wrapper is TorchWrapper.FSDP2:
@@ -189,10 +195,10 @@ def mechanics_for(
                 units,
                 world=world,
                 param_bytes=recipe.param_dtype.bytes,
-                reduce_bytes=reduce if mixed else 4,
+                reduce_bytes=reduce if mixed else STATES_RECIPE.grad_dtype.bytes,
                 reshard=setup.reshard_after_forward,
                 root_reshard=setup.reshard_after_forward,
-                optimizer_states=2,
+                optimizer_states=ADAM_STATES,
                 optimizer_impl=optimizer_impl,
                 accumulation=accumulation,
             ), activation_bytes(request)
@@ -203,10 +209,9 @@ def mechanics_for(
                 world=world,
                 no_shard=no_shard,
                 param_bytes=recipe.param_dtype.bytes,
-                reduce_bytes=reduce if mixed else 4,
+                reduce_bytes=reduce if mixed else STATES_RECIPE.grad_dtype.bytes,
                 reshard=setup.sharding is not Fsdp1Sharding.SHARD_GRAD_OP,
-                root_reshard=False,
-                optimizer_states=2,
+                optimizer_states=ADAM_STATES,
                 optimizer_impl=optimizer_impl,
                 accumulation=accumulation,
             ), activation_bytes(request)
@@ -218,7 +223,7 @@ def mechanics_for(
             _units(request, 1, blocks),
             reducer_elements=sum(unit.numel for _, unit in _units_of(request.architecture, 1)),
             autocast_bytes=recipe.param_dtype.bytes if mixed else None,
-            optimizer_states=2,
+            optimizer_states=ADAM_STATES,
             optimizer_impl=optimizer_impl,
             owned=owned,
             accumulation=accumulation,
@@ -243,9 +248,7 @@ def mechanics_for(
         reduce_bytes=b_r,
         prefetch=request.buffers.prefetch,
         keep_root=True,
-        optimizer_elements=ceil_div(request.model.params, request.cluster.group_size(strategy.optimizer))
-        if paper
-        else 0,
+        optimizer_elements=shard_elements(request, strategy.optimizer) if paper else 0,
         optimizer_impl=optimizer_impl,
     ), activation_bytes(request)
 
@@ -257,19 +260,23 @@ def simulate(
     states: Sequence[StateLine] = (),
     device: Device = Device.CUDA,
     reserve: bool = True,
+    allocator: CachingAllocator | None = None,
 ) -> StepResult:
     """Allocated peaks of one steady step, and (``reserve``) the allocator's high-water mark.
 
     With ``reserve`` the allocation stream of model creation and :data:`REPLAYED_STEPS` steps goes
-    through the caching allocator, and the last of those steps (a steady one) gives the peaks; without,
-    one steady step from its resident start."""
+    through the caching allocator (``allocator``, else a fresh one for the request), and the last of
+    those steps (a steady one) gives the peaks and what is reserved at each of its events; without, one
+    steady step from its resident start."""
     mechanics, act = mechanics_for(request, name, states)
     step = step_shape(request, act, device)
     block = 512 if device is Device.CUDA else 1
     led = Ledger(block)
-    allocator = None
-    if reserve:
+    if not reserve:
+        allocator = None
+    elif allocator is None:
         allocator = CachingAllocator(expandable=request.expandable_segments)
+    if allocator is not None:
         first_start(step, mechanics, runtime, led)
         for number in range(REPLAYED_STEPS - 1):
             mechanics.earlier_micro_batches(led)
@@ -277,12 +284,21 @@ def simulate(
             allocator.replay(led.log)
             led.log = []
         mechanics.earlier_micro_batches(led)
+        allocator.replay(led.log)
+        led.log = []
         led.clear_events()
+        allocator.measured_step_begins()
     else:
         steady_start(step, mechanics, runtime, led)
     phases = run_step(step, mechanics, runtime, led)
+    reserved_at: list[int | None] = [None] * len(led.events)
     if allocator is not None:
-        allocator.replay(led.log)
+        done = 0
+        for i, mark in enumerate(led.marks):
+            allocator.replay(led.log[done:mark])
+            done = mark
+            reserved_at[i] = allocator.reserved
+        allocator.replay(led.log[done:])
         led.log = []
     # each phase's peak as max_memory_allocated reads it after reset_peak_memory_stats at the phase's
     # start: at least what is allocated when the phase begins
@@ -309,4 +325,5 @@ def simulate(
         after_backward=phases.after_backward,
         events=[(StepPhase(e.phase), e.name, e.allocated) for e in led.events],
         reserved=allocator.max_reserved if allocator is not None else 0,
+        reserved_at=reserved_at,
     )

@@ -1,9 +1,10 @@
 """The model-state lines of each accounting (:class:`~zerocalc.parallel.profiles.StatesModel`).
 
-Each builder takes the validated request and the strategy record, and returns
-the lines in the order they are shown, each with the kind of tensor it is. For the accountings (the
-paper's, DeepSpeed's and Megatron's) these lines, with the buffers they keep resident, are what the step
-timeline holds from start to end; PyTorch's own frameworks are simulated tensor by tensor
+Each builder takes the validated request and the strategy record, looks its states up in
+:mod:`zerocalc.states` (the bytes are computed there, once) and returns them as the lines shown, in order,
+each with the kind of tensor it is on the timeline and its name. For the accountings (the paper's,
+DeepSpeed's and Megatron's) these lines, with the buffers they keep resident, are what the step timeline
+holds from start to end; PyTorch's own frameworks are simulated tensor by tensor
 (:mod:`zerocalc.peak.mechanics`) and their lines say what each rank holds, exactly. A registry maps each
 states model to its builder.
 """
@@ -13,20 +14,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from zerocalc.base.units import ceil_div
 from zerocalc.network.schedule import ZeroPP
 from zerocalc.parallel.frameworks import TORCH_SOURCES
 from zerocalc.parallel.optimizers import OptimizerImpl
 from zerocalc.parallel.precision import RECIPES
 from zerocalc.parallel.profiles import StatesModel
 from zerocalc.parallel.strategies import OffloadTarget, Strategy, StrategyName
-from zerocalc.parallel.zeropp import hpz_secondary_bytes
 from zerocalc.peak.buffers import STRATEGY_BUFFERS
 from zerocalc.peak.kinds import TensorKind
 from zerocalc.peak.report import StateLine
 from zerocalc.request.training import TrainingRequest
+from zerocalc.states import deepspeed, megatron
 from zerocalc.states import framework as torch_states
-from zerocalc.states.deepspeed import DEEPSPEED_VERSION, zero2_model_states, zero3_model_states
 from zerocalc.states.memory import Location, StateKind, strategy_states
 
 
@@ -35,11 +34,19 @@ class StateLines(NamedTuple):
     host_bytes_per_node: int | None = None
 
 
-_PAPER_LINES = {
-    StateKind.PARAMS: ("parameters", TensorKind.PARAMETERS),
-    StateKind.GRADS: ("gradients", TensorKind.GRADIENTS),
-    StateKind.GRAD_ACCUM: ("fp32 gradient accumulation", TensorKind.GRADIENTS),
-    StateKind.OPTIMIZER: ("optimizer states", TensorKind.OPTIMIZER_STATES),
+_KINDS = {
+    StateKind.PARAMS: TensorKind.PARAMETERS,
+    StateKind.GRADS: TensorKind.GRADIENTS,
+    StateKind.GRAD_ACCUM: TensorKind.GRADIENTS,
+    StateKind.OPTIMIZER: TensorKind.OPTIMIZER_STATES,
+}
+"""The kind of tensor each model state is on the timeline."""
+
+_PAPER_NAMES = {
+    StateKind.PARAMS: "parameters",
+    StateKind.GRADS: "gradients",
+    StateKind.GRAD_ACCUM: "fp32 gradient accumulation",
+    StateKind.OPTIMIZER: "optimizer states",
 }
 
 
@@ -48,8 +55,8 @@ def _paper(request: TrainingRequest, strategy: Strategy) -> StateLines:
     row) + the buckets the strategy keeps."""
     states = [
         StateLine(
-            kind=_PAPER_LINES[s.kind][1],
-            name=_PAPER_LINES[s.kind][0],
+            kind=_KINDS[s.kind],
+            name=_PAPER_NAMES[s.kind],
             bytes=s.bytes,
             source="ZeRO paper §5 (zerocalc memory)",
         )
@@ -66,24 +73,29 @@ def _resident_buffers(request: TrainingRequest, strategy: Strategy) -> list[Stat
     )
 
 
+_DEEPSPEED_SHARDED = f"sharded: 16-bit + fp32 gradients, fp32 parameters, Adam ({deepspeed.SHARDED_BYTES}/N)"
+
+
 def _deepspeed(request: TrainingRequest, strategy: Strategy) -> StateLines:
-    """DeepSpeed's estimators, exactly; its ZeRO-2 estimate leaves its own buckets out (marked)."""
-    cluster = request.cluster
-    nodes, per_node = cluster.nodes, cluster.ranks_per_node
-    offload = request.offload_optimizer is not OffloadTarget.NONE
-    psi = request.model.params
+    """DeepSpeed's estimators, exactly (:func:`zerocalc.states.deepspeed.deepspeed_estimate`), one line per
+    term; its ZeRO-2 estimate leaves its own buckets out (marked)."""
+    ds = deepspeed.deepspeed_estimate(request, strategy)
     if strategy.name is StrategyName.ZERO2:
-        ds = zero2_model_states(psi, per_node, nodes, cpu_offload=offload, total_gpus=cluster.world_size)
-        source = f"DeepSpeed {DEEPSPEED_VERSION} stage_1_and_2.py estimate_zero2_model_states_mem_needs"
+        source = deepspeed.ZERO2_SOURCE
         lines = [
-            StateLine(kind=TensorKind.PARAMETERS, name="fp16/bf16 parameters", bytes=2 * psi, source=source)
+            StateLine(
+                kind=TensorKind.PARAMETERS,
+                name="fp16/bf16 parameters",
+                bytes=ds.params_16bit_bytes,
+                source=source,
+            )
         ]
-        if ds.gpu_bytes > 2 * psi:
+        if ds.sharded_bytes > 0:
             lines.append(
                 StateLine(
                     kind=TensorKind.OPTIMIZER_STATES,
-                    name="sharded: 16-bit + fp32 gradients, fp32 parameters, Adam (18/N)",
-                    bytes=ds.gpu_bytes - 2 * psi,
+                    name=_DEEPSPEED_SHARDED,
+                    bytes=ds.sharded_bytes,
                     source=source,
                 )
             )
@@ -92,38 +104,26 @@ def _deepspeed(request: TrainingRequest, strategy: Strategy) -> StateLines:
             for line in _resident_buffers(request, strategy)
         ]
         return StateLines([*lines, *outside], ds.cpu_bytes)
-    count = request.model.parameter_count
-    assert count is not None
-    ds = zero3_model_states(
-        psi,
-        count.largest_layer_params,
-        per_node,
-        nodes,
-        cpu_offload=offload,
-        cpu_offload_params=request.offload_params is not OffloadTarget.NONE,
-        zero_init=request.zero_init,
-        total_gpus=cluster.world_size,
-    )
-    layer = ds.largest_layer_bytes or 0
-    sharded = ds.gpu_bytes - layer
-    source = f"DeepSpeed {DEEPSPEED_VERSION} stage3.py estimate_zero3_model_states_mem_needs"
+    source = deepspeed.ZERO3_SOURCE
     lines = [
         StateLine(
             kind=TensorKind.GATHERED,
-            name="largest layer gathered: 16-bit parameters + gradients (4 × its parameters)",
-            bytes=layer,
+            name="largest layer gathered: 16-bit parameters + gradients "
+            f"({deepspeed.LARGEST_LAYER_BYTES} × its parameters)",
+            bytes=ds.largest_layer_bytes or 0,
             source=f"{source} (largest_layer_memory)",
         )
     ]
-    if sharded:
+    if ds.sharded_bytes:
+        offload = request.offload_optimizer is not OffloadTarget.NONE
         lines.insert(
             0,
             StateLine(
                 kind=TensorKind.PARAMETERS if offload else TensorKind.OPTIMIZER_STATES,
-                name="sharded 16-bit parameters (2/N; the rest offloaded)"
+                name=f"sharded 16-bit parameters ({deepspeed.PARAMS_16BIT_BYTES}/N; the rest offloaded)"
                 if offload
-                else "sharded: 16-bit + fp32 gradients, fp32 parameters, Adam (18/N)",
-                bytes=sharded,
+                else _DEEPSPEED_SHARDED,
+                bytes=ds.sharded_bytes,
                 source=source,
             ),
         )
@@ -132,35 +132,32 @@ def _deepspeed(request: TrainingRequest, strategy: Strategy) -> StateLines:
             StateLine(
                 kind=TensorKind.PARAMETERS,
                 name="ZeRO++ hpZ secondary partition",
-                bytes=hpz_secondary_bytes(
-                    request.architecture,
-                    cluster.world_size,
-                    per_node,
-                    RECIPES[request.precision].param_dtype.bytes,
-                ),
-                source=f"DeepSpeed {DEEPSPEED_VERSION} partition_parameters.py _partition_param_sec: each "
-                "parameter padded to N, over the node's g ranks, in the parameter dtype",
+                bytes=deepspeed.hpz_partition_bytes(request),
+                source=deepspeed.HPZ_SOURCE,
                 in_framework_estimate=False,
             )
         )
     return StateLines(lines, ds.cpu_bytes)
 
 
+_MEGATRON_NAMES = {
+    StateKind.PARAMS: "bf16 parameters",
+    StateKind.GRAD_ACCUM: "fp32 main gradients",
+    StateKind.OPTIMIZER: "fp32 master + Adam m, v",
+}
+
+
 def _megatron(request: TrainingRequest, strategy: Strategy) -> StateLines:
-    """Megatron-LM distributed optimizer docs: bf16 params (2) + fp32 main grads (4) + 12/d optimizer."""
-    psi = request.model.params
-    d = request.cluster.group_size(strategy.optimizer)
-    source = "Megatron-LM docs, distributed optimizer: 6 + 12/d bytes per parameter (18 without)"
+    """Megatron-LM's distributed optimizer (:func:`zerocalc.states.megatron.megatron_states`)."""
     return StateLines(
         [
-            StateLine(kind=TensorKind.PARAMETERS, name="bf16 parameters", bytes=2 * psi, source=source),
-            StateLine(kind=TensorKind.GRADIENTS, name="fp32 main gradients", bytes=4 * psi, source=source),
             StateLine(
-                kind=TensorKind.OPTIMIZER_STATES,
-                name="fp32 master + Adam m, v" + (" (distributed)" if d > 1 else ""),
-                bytes=12 * ceil_div(psi, d),
-                source=source,
-            ),
+                kind=_KINDS[s.kind],
+                name=_MEGATRON_NAMES[s.kind] + (" (distributed)" if s.shard_ranks > 1 else ""),
+                bytes=s.bytes,
+                source=megatron.SOURCE,
+            )
+            for s in megatron.megatron_states(request, strategy)
         ]
     )
 
@@ -175,7 +172,7 @@ def _torch(request: TrainingRequest, strategy: Strategy) -> StateLines:
     """
     setup = strategy.frameworks[request.framework].torch
     assert setup is not None
-    world = request.cluster.group_size(setup.shard_group) if setup.shard_group else request.cluster.world_size
+    world = torch_states.shard_ranks(request.cluster, setup)
     rank = torch_states.largest_rank_states(
         request.architecture, setup, world, request.precision, request.optimizer
     )

@@ -18,7 +18,7 @@ backward ``nll_loss_backward`` allocates d(log_softmax) (4·T·V) and ``log_soft
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture
@@ -80,8 +80,6 @@ class StepShape(NamedTuple):
     device: Device
     flash: bool
     recompute: Recompute
-    root_params: tuple[int, ...]
-    """Elements of each root-unit parameter, in registration order."""
     layer_params: tuple[tuple[int, ...], ...]
     """Elements of each parameter of each block, in registration order."""
 
@@ -104,12 +102,42 @@ class Phases(NamedTuple):
     after_backward: int
 
 
-def _names(prefix: str, sizes: list[tuple[str, int]]) -> list[tuple[str, int]]:
-    return [(f"{prefix}.{name}", b) for name, b in sizes]
+class StepHooks(Protocol):
+    """The hooks a steady step (:func:`steady_start`, :func:`run_step`) calls, in program order: where the
+    framework allocates and frees (:mod:`zerocalc.peak.mechanics`). ``unit`` is ``"root"`` or a block's
+    index."""
+
+    def resident(self, led: Ledger, first_step: bool = False) -> None: ...
+
+    def pre_forward(self, led: Ledger, unit: str | int) -> None: ...
+
+    def forward_started(self, led: Ledger, runtime_extra: int) -> None: ...
+
+    def post_forward(self, led: Ledger, unit: str | int) -> None: ...
+
+    def pre_backward(self, led: Ledger, unit: str | int) -> None: ...
+
+    def param_grad(self, led: Ledger, unit: str | int, label: str, numel: int) -> None: ...
+
+    def tied_grad_sum(self, led: Ledger, numel: int) -> None: ...
+
+    def post_backward(self, led: Ledger, unit: str | int) -> None: ...
+
+    def backward_finished(self, led: Ledger) -> None: ...
+
+    def optimizer_step(self, led: Ledger, first_step: bool) -> None: ...
+
+    def zero_grad(self, led: Ledger) -> None: ...
+
+
+class CreationHooks(StepHooks, Protocol):
+    """A step's hooks and the model's creation and wrapping before the first step (:func:`first_start`)."""
+
+    def create(self, led: Ledger) -> None: ...
 
 
 def run_step(
-    step: StepShape, mechanics, runtime: Runtime | None, led: Ledger, first_step: bool = False
+    step: StepShape, mechanics: StepHooks, runtime: Runtime | None, led: Ledger, first_step: bool = False
 ) -> Phases:
     """Append one training step to ``led`` (which holds the state at the step's start) and return the
     allocated totals at its start, after forward and after backward."""
@@ -144,6 +172,10 @@ def run_step(
     led.alloc_group("shared", shared, ACTIVATIONS)
     hidden = "embedding output"
     led.alloc(hidden, act * T * h, ACTIVATIONS)
+    if hf and t.rotary and not checkpointed:
+        # LlamaModel.forward (and every rotary family's): position_ids = arange(s) + past_seen_tokens,
+        # int64 [1, s], alive until the base model returns; saved only by checkpoint closures
+        led.alloc("position ids", INT64 * shape.s, ACTIVATIONS)
     if not t.rotary:  # GPT-2: wte(ids) + wpe(positions) (+ dropout) is a new tensor; both inputs stay
         led.alloc("position embedding output", act * shape.s * h, ACTIVATIONS)
         led.alloc("hidden 0", act * T * h, ACTIVATIONS)
@@ -166,6 +198,8 @@ def run_step(
         else:
             saves = saves_of(i, use_cache=True)
             led.alloc_group(f"layer {i}", saves.saved, ACTIVATIONS)
+            if hf and t.sliding_pattern and (i + 1) % t.sliding_pattern:
+                led.alloc(f"layer {i} sliding-window cache tensor", INT64, ACTIVATIONS, group="sliding cache")
             if cuda and hf:
                 led.alloc(f"layer {i}.sdpa rng", runtime.per_layer_attention, ACTIVATIONS, group=f"layer {i}")
             led.event(f"layer {i} forward", saves.forward_excess, TRANSIENT)
@@ -191,6 +225,7 @@ def run_step(
             "embedding output"
         )  # the base model's forward returns (under checkpointing it is layer 0's input)
     led.free("position embedding output")
+    led.free("position ids")
 
     # the loss
     led.alloc("logits", act * T * V, LOSS)
@@ -215,6 +250,7 @@ def run_step(
     led.free("previous step's loss")
     mechanics.post_forward(led, "root")
     led.free("logits")  # only the loss is kept by the training loop
+    led.free_group("sliding cache")  # the DynamicCache of the dropped output
     led.event("after forward")
     after_forward = led.total
 
@@ -293,7 +329,7 @@ def run_step(
     return Phases(start, after_forward, after_backward)
 
 
-def steady_start(step: StepShape, mechanics, runtime: Runtime | None, led: Ledger) -> None:
+def steady_start(step: StepShape, mechanics: StepHooks, runtime: Runtime | None, led: Ledger) -> None:
     """What is allocated at the start of a step after the first: the mechanics' resident state, the input
     ids (= labels), the previous loss, model buffers and the runtime's workspaces."""
     mechanics.resident(led)
@@ -307,11 +343,15 @@ def steady_start(step: StepShape, mechanics, runtime: Runtime | None, led: Ledge
 
 def _inputs(step: StepShape, led: Ledger) -> None:
     arch = step.arch
-    if traits(arch).rotary and step.impl.name is ModelImplName.HF:
+    t = traits(arch)
+    if t.rotary and step.impl.name is ModelImplName.HF:
         d = arch.latent_attention.qk_rope_head_dim if arch.latent_attention else arch.dim_per_head
-        # the rotary embedding's inv_freq and original_inv_freq buffers (fp32 [d/2])
-        led.alloc("rotary inv_freq", 2 * d, INPUTS)
-        led.alloc("rotary original_inv_freq", 2 * d, INPUTS)
+        # the rotary embedding's inv_freq and original_inv_freq buffers (fp32 [d/2]), per table
+        for table in ("", " (global)")[: t.rotary_tables]:
+            led.alloc(f"rotary inv_freq{table}", 2 * d, INPUTS)
+            led.alloc(f"rotary original_inv_freq{table}", 2 * d, INPUTS)
+    if t.embedding_scale_buffer and step.impl.name is ModelImplName.HF:
+        led.alloc("embedding scale buffer (fp32 0-dim)", FP32, INPUTS)
     led.alloc("input ids (= labels)", INT64 * step.shape.tokens, INPUTS)
 
 
@@ -321,7 +361,7 @@ def _runtime_extras(step: StepShape, runtime: Runtime, led: Ledger) -> None:
         led.alloc("checkpointing runtime extra", runtime.recompute_extra, RUNTIME)
 
 
-def first_start(step: StepShape, mechanics, runtime: Runtime | None, led: Ledger) -> None:
+def first_start(step: StepShape, mechanics: CreationHooks, runtime: Runtime | None, led: Ledger) -> None:
     """Model creation and wrapping (the allocation stream before the first step), then the first step's
     inputs: for the allocator replay."""
     mechanics.create(led)

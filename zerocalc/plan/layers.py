@@ -1,4 +1,4 @@
-"""A step's allocated bytes per slot (:mod:`zerocalc.peak.split`) at the model's L layers, from runs of the
+"""A step's allocated bytes per slot (:mod:`zerocalc.plan.split`) at the model's L layers, from runs of the
 same request with a few layers (pure).
 
 The decoder stack of a model whose blocks are all alike (dense, or mixture-of-experts in every block) is
@@ -19,8 +19,10 @@ partition of whole tensors over the ranks is such a quantity too: the optimizer 
 
 Run at L' = 4 and 5 layers: each slot outside the inner blocks gives its line in L; each inner block slot its
 plane from blocks 1 and 2 at L' = 4 and block 1 at L' = 5, checked on the other inner blocks (2 and 3 at
-L' = 5; off the plane by a byte: :class:`NotAffine`, and the caller runs all L layers). The slots' names are
-the same for every configuration at one depth, so the plan (:func:`extrapolation`) is built once and applied
+L' = 5; off the plane by a byte, :meth:`Extrapolation.apply` gives None and the caller runs all L layers).
+A slot is known by its hook call's phase, method, unit and label (:class:`~zerocalc.plan.split.Slot`); a
+block's slots by their block's place in the stack (:class:`Key`). The slots are the same for every
+configuration at one depth, so the plan (:func:`extrapolation`) is built once and applied
 to each run's values. The maximum of a plane over the inner blocks is at one of its two ends (the sum of the
 two parts' planes is a plane), so the peak at L is the maximum over the slots outside the inner blocks and
 those of blocks 1 and L−2. A unit gathered k blocks ahead (the paper's ``--prefetch k``) makes k blocks at
@@ -29,12 +31,13 @@ each end edges: deeper than :data:`EDGE`, all L layers are run (:func:`within_ed
 
 from __future__ import annotations
 
-import re
+from enum import StrEnum
 from functools import lru_cache
 from typing import NamedTuple
 
 from zerocalc.model.architecture import Architecture, count_parameters
-from zerocalc.peak.split import NO_EVENT
+from zerocalc.model.model_impl import traits
+from zerocalc.plan.split import NO_EVENT, Slot
 from zerocalc.request.training import ModelSpec, TrainingRequest
 
 SMALL_LAYERS = (4, 5)
@@ -47,22 +50,35 @@ the extrapolation with all-L runs)."""
 WORTH_IT = 2 * sum(SMALL_LAYERS)
 """Below this many layers simulating all of them is as cheap."""
 
-_INDEX = re.compile(r"\b(\d+)\b")
 
-Key = tuple[str, str, str, int]
-"""(phase, event name with its block index replaced, where the block is: first/last/inner/none, the
-occurrence among events of that name and block)."""
+class End(StrEnum):
+    """Where a slot's block is in the stack."""
+
+    OUTSIDE = "outside"
+    """Not a block's slot (the root's, or a hook without a unit)."""
+    FIRST = "first"
+    LAST = "last"
+    INNER = "inner"
 
 
-class NotAffine(Exception):
-    """The step's bytes are not affine in the layer count for this request (simulate all layers)."""
+class Key(NamedTuple):
+    """A slot as the runs at different depths share it."""
+
+    slot: Slot
+    """The slot, its block's index taken out (``unit`` None)."""
+    end: End
+    block: int
+    """The block's index counted from its end (first, last), its index (inner), −1 (outside)."""
+    occurrence: int
+    """Among the run's slots of the same ``slot`` and block."""
 
 
 def homogeneous(request: TrainingRequest) -> bool:
-    """Every block has the same tensors (no dense blocks among MoE ones) and there are more of them than
-    simulated: both parts can be extrapolated (where :func:`within_edges`)."""
+    """Every block has the same tensors (no dense blocks among MoE ones, no sliding-window layers among
+    full-attention ones: their cache tensor and Gemma 3's second rotary table follow the layer index) and
+    there are more of them than simulated: both parts can be extrapolated (where :func:`within_edges`)."""
     arch = request.architecture
-    return not arch.dense_layers and arch.num_layers >= WORTH_IT
+    return not arch.dense_layers and not traits(arch).sliding_pattern and arch.num_layers >= WORTH_IT
 
 
 def within_edges(request: TrainingRequest) -> bool:
@@ -84,46 +100,39 @@ def _cut(arch: Architecture, layers: int, name: str | None, title: str | None) -
     return ModelSpec(params=count.total, name=name, title=title, architecture=cut, parameter_count=count)
 
 
-def _keyed(names: tuple[str, ...], layers: int) -> dict[Key, int]:
-    """Each slot's key and its index among ``names``."""
+def _keyed(slots: tuple[Slot, ...], layers: int) -> dict[Key, int]:
+    """Each slot's key and its index among ``slots``."""
     out: dict[Key, int] = {}
-    seen: dict[tuple[str, str, int], int] = {}
-    for position, name in enumerate(names):
-        phase, _, event = name.partition(":")
-        match = _INDEX.search(event)
-        index = int(match.group(1)) if match else -1
-        template = _INDEX.sub("#", event, count=1) if match else event
+    seen: dict[tuple[Slot, int], int] = {}
+    for position, slot in enumerate(slots):
+        index = slot.unit if isinstance(slot.unit, int) else -1
+        template = slot._replace(unit=None) if index >= 0 else slot
         if index < 0:
-            where = "none"
+            end, block = End.OUTSIDE, -1
         elif index < EDGE:
-            where = f"first{index}"
+            end, block = End.FIRST, index
         elif index >= layers - EDGE:
-            where = f"last{layers - 1 - index}"
+            end, block = End.LAST, layers - 1 - index
         else:
-            where = f"inner{index}"
-        k = seen.get((phase, template, index), 0)
-        seen[(phase, template, index)] = k + 1
-        out[(phase, template, where, k)] = position
+            end, block = End.INNER, index
+        k = seen.get((template, index), 0)
+        seen[(template, index)] = k + 1
+        out[Key(template, end, block, k)] = position
     return out
 
 
-def _outer_keys(run: dict[Key, int]) -> set[Key]:
-    """A run's slots outside the inner blocks."""
-    return {k for k in run if not k[2].startswith("inner")}
+def _at(key: Key, layers: int) -> Slot:
+    """The slot of ``key`` at ``layers`` blocks (an inner key's block as it is)."""
+    if key.end is End.FIRST or key.end is End.INNER:
+        return key.slot._replace(unit=key.block)
+    if key.end is End.LAST:
+        return key.slot._replace(unit=layers - 1 - key.block)
+    return key.slot
 
 
-def _inner_slots(*runs: dict[Key, int]) -> list[tuple[str, str, int]]:
-    """The (phase, event, occurrence) of the runs' inner-block slots, in order."""
-    return sorted({(k[0], k[1], k[3]) for run in runs for k in run if k[2].startswith("inner")})
-
-
-def _names_at_l(outer: list[Key], inner: list[tuple[str, str, int]]) -> tuple[str, ...]:
-    """The slots at L: those outside the inner blocks, then blocks 1 and L−2 of each inner slot (where its
-    line peaks)."""
-    names = [":".join(map(str, key)) for key in outer]
-    for phase, template, k in inner:
-        names += [f"{phase}:{template}:block {EDGE}:{k}", f"{phase}:{template}:block L-{EDGE + 1}:{k}"]
-    return tuple(names)
+def _inner_slots(*runs: dict[Key, int]) -> list[tuple[Slot, int]]:
+    """The (slot, occurrence) of the runs' inner-block slots, in the order they first appear."""
+    return list(dict.fromkeys((k.slot, k.occurrence) for run in runs for k in run if k.end is End.INNER))
 
 
 class _Inner(NamedTuple):
@@ -145,19 +154,20 @@ class Extrapolation(NamedTuple):
     outer: tuple[tuple[int, int], ...]
     """Per slot outside the inner blocks: its index in each run."""
     inner: tuple[_Inner, ...]
-    names: tuple[str, ...]
-    """The slots at L, in the order of :meth:`apply`'s values."""
+    slots: tuple[Slot, ...]
+    """The slots at L, in the order of :meth:`apply`'s values: those outside the inner blocks, then blocks
+    1 and L−2 of each inner slot (where its line peaks)."""
 
-    def apply(self, runs: tuple[list[int], list[int]]) -> list[int]:
-        """The values at L from the two runs' values (:class:`NotAffine` where an inner block leaves its
-        plane)."""
+    def apply(self, runs: tuple[list[int], list[int]]) -> list[int] | None:
+        """The values at L from the two runs' values; None where they are not affine in L (a slot with
+        events at one depth and none at the other, an inner block off its plane)."""
         v0, v1 = runs
         n0, big = SMALL_LAYERS[0], self.big
         out = []
         for i0, i1 in self.outer:
             a, b = v0[i0], v1[i1]
             if (a == NO_EVENT) != (b == NO_EVENT):
-                raise NotAffine  # a slot with events at one depth and none at the other
+                return None
             out.append(a + (b - a) * (big - n0))
         # v(L, i) = p + q·i + r·L from blocks 1 and 2 at L' = 4 and block 1 at L' = 5, checked on every
         # other inner block of both runs; relative to block 1 at L' = 4: v = a + q·(i − 1) + r·(L − 4)
@@ -167,40 +177,43 @@ class Extrapolation(NamedTuple):
             q, r = v0[inner.q] - a, v1[inner.r] - a
             for run, index, blocks, layers in inner.checks:
                 if runs[run][index] != a + q * blocks + r * layers:
-                    raise NotAffine
+                    return None
             first = a + r * deeper  # block EDGE at L
             out += (first, first + q * last)
         return out
 
 
 @lru_cache(maxsize=64)
-def extrapolation(names: tuple[tuple[str, ...], tuple[str, ...]], big: int) -> Extrapolation:
-    """The plan for runs whose slots are ``names`` (at 4 and 5 layers) to L = ``big`` layers."""
-    keyed = [_keyed(ns, n) for ns, n in zip(names, SMALL_LAYERS, strict=True)]
-    outer_keys = [_outer_keys(run) for run in keyed]
-    if outer_keys[0] != outer_keys[1]:
-        raise NotAffine
-    ordered = sorted(outer_keys[0])
+def extrapolation(slots: tuple[tuple[Slot, ...], tuple[Slot, ...]], big: int) -> Extrapolation | None:
+    """The plan for runs whose slots are ``slots`` (at 4 and 5 layers) to L = ``big`` layers; None where
+    the runs' slots do not match (other slots outside the inner blocks, an inner slot missing in a block)."""
+    keyed = [_keyed(ss, n) for ss, n in zip(slots, SMALL_LAYERS, strict=True)]
+    ordered = [k for k in keyed[0] if k.end is not End.INNER]
+    if set(ordered) != {k for k in keyed[1] if k.end is not End.INNER}:
+        return None
     outer = tuple((keyed[0][k], keyed[1][k]) for k in ordered)
-    slots = _inner_slots(*keyed)
+    inner_slots = _inner_slots(*keyed)
     inner = []
     defining = {(0, EDGE), (0, EDGE + 1), (1, EDGE)}  # (run, block) of a, q and r: on the plane
-    for phase, template, k in slots:
+    for slot, k in inner_slots:
         try:
             checks = tuple(
-                (run, keyed[run][(phase, template, f"inner{i}", k)], i - EDGE, n - SMALL_LAYERS[0])
+                (run, keyed[run][Key(slot, End.INNER, i, k)], i - EDGE, n - SMALL_LAYERS[0])
                 for run, n in enumerate(SMALL_LAYERS)
                 for i in range(EDGE, n - EDGE)
                 if (run, i) not in defining
             )
             inner.append(
                 _Inner(
-                    keyed[0][(phase, template, f"inner{EDGE}", k)],
-                    keyed[0][(phase, template, f"inner{EDGE + 1}", k)],
-                    keyed[1][(phase, template, f"inner{EDGE}", k)],
+                    keyed[0][Key(slot, End.INNER, EDGE, k)],
+                    keyed[0][Key(slot, End.INNER, EDGE + 1, k)],
+                    keyed[1][Key(slot, End.INNER, EDGE, k)],
                     checks,
                 )
             )
         except KeyError:
-            raise NotAffine from None
-    return Extrapolation(big, outer, tuple(inner), _names_at_l(ordered, slots))
+            return None
+    at_l = [_at(k, big) for k in ordered]
+    for slot, _ in inner_slots:
+        at_l += (slot._replace(unit=EDGE), slot._replace(unit=big - 1 - EDGE))
+    return Extrapolation(big, outer, tuple(inner), tuple(at_l))

@@ -5,7 +5,7 @@ once per key, every accumulation derived). The peak is ``memory``'s model in two
 
 * **every candidate**: the steady step's allocated peak from the framework's part of the step (one run
   per configuration) and the model's part (one run per micro-batch and recompute), combined slot by slot
-  (:mod:`zerocalc.plan.fitted`; the same number as the full timeline, to the byte). Plus the CUDA
+  (:mod:`zerocalc.plan.allocated`; the same number as the full timeline, to the byte). Plus the CUDA
   context and the NCCL communicators this is a **lower bound** of the device peak (the caching allocator's
   reserve is ≥ 0): a candidate whose bound is above the fit limit does not fit;
 * **the rows printed**: the candidates are walked in the objective's order and evaluated exactly (the
@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,7 +39,7 @@ from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
 from zerocalc.peak.evaluate import FIT_MARGIN, nccl_communicators, strategy_peak
 from zerocalc.peak.report import StrategyPeak, Verdict
 from zerocalc.peak.simulate import flash_attention_used, runtime_for
-from zerocalc.plan.fitted import StepParts, with_batch, with_recompute
+from zerocalc.plan.allocated import StepParts, with_batch, with_recompute
 from zerocalc.plan.space import (
     Group,
     Objective,
@@ -64,9 +65,9 @@ from zerocalc.plan.timing import (
     step_times,
 )
 from zerocalc.request.training import TrainingRequest
-from zerocalc.states.memory import Location, strategy_row
+from zerocalc.states.memory import strategy_row
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class Status(StrEnum):
@@ -74,7 +75,7 @@ class Status(StrEnum):
     FITS = "fits"
     """Exactly evaluated and fits, ranked below the top rows."""
     NOT_RANKED = "not ranked"
-    """Its fitted lower bound fits; never reached by the walk, so not evaluated exactly."""
+    """Its lower bound fits; never reached by the walk, so not evaluated exactly."""
     TIGHT = "tight"
     DOES_NOT_FIT = "does not fit"
 
@@ -99,10 +100,10 @@ class PlanRow(BaseModel):
     reduce_dtype: DType | None
     prefetch: int | None
     grad_sync: GradSync | None
-    peak_exact: bool = Field(description="the peak is memory's own (else only the fitted lower bound)")
+    peak_exact: bool = Field(description="the peak is memory's own (else only the lower bound)")
     peak_bytes: int | None = Field(description="memory's peak_bytes, when evaluated exactly")
     peak_lower_bound_bytes: int | None = Field(
-        description="fitted allocated peak + context + NCCL (None: never needed)"
+        description="the exact allocated peak + context + NCCL (None: never needed)"
     )
     verdict: Verdict | None = None
     headroom_bytes: int | None = None
@@ -149,14 +150,19 @@ class PlanResult(BaseModel):
 
     schema_version: int = SCHEMA_VERSION
     request: PlanEcho
+    options: dict[str, Any] | None = Field(
+        default=None,
+        description="every option of the command as given (its default where not given), keyed by the "
+        "library's keyword: zerocalc.request.options.echo",
+    )
     top: list[PlanRow]
     rejections: list[Rejection]
     candidates_evaluated: int = Field(
         description="candidates resolved: each given its communication, step time and peak (exact, or the "
-        "fitted lower bound)"
+        "lower bound)"
     )
     exact_peaks: int = Field(description="of them, peaks from the full memory model")
-    fitted_peaks: int = Field(description="of them, only the lower bound (never reached by the walk)")
+    lower_bound_peaks: int = Field(description="of them, only the lower bound (never reached by the walk)")
     groups: int = Field(description="groups of candidates differing only in b")
     seconds: float = Field(description="the whole search: search_seconds + exact_seconds")
     search_seconds: float = Field(
@@ -186,11 +192,13 @@ ASSUMPTIONS = [
 class _Cand:
     __slots__ = ("accum", "b", "exact", "group", "lower", "request", "status", "time")
 
-    def __init__(self, group: Group, b: int, accum: int, lower: int | None, t: StepTime):
-        self.group, self.b, self.accum, self.lower, self.time = group, b, accum, lower, t
+    def __init__(self, group: Group, request: TrainingRequest, b: int, accum: int, t: StepTime, lower: int):
+        self.group, self.request, self.b, self.accum, self.time = group, request, b, accum, t
+        self.lower = lower
+        """The allocated peak (exact) + the CUDA context + the NCCL communicators: the device peak's lower
+        bound."""
         self.exact: StrategyPeak | None = None
         self.status: Status = Status.NOT_RANKED
-        self.request: TrainingRequest | None = None
 
 
 def _exact(request: TrainingRequest) -> StrategyPeak:
@@ -203,8 +211,7 @@ def _host_bytes(peak: StrategyPeak, request: TrainingRequest) -> int | None:
         return peak.host_bytes_per_node
     if request.offload_optimizer is OffloadTarget.NONE and request.offload_params is OffloadTarget.NONE:
         return None
-    row = strategy_row(request)
-    return sum(s.bytes for s in row.states if s.location is Location.CPU) * request.cluster.ranks_per_node
+    return strategy_row(request).cpu_bytes_per_node
 
 
 @contextmanager
@@ -233,70 +240,138 @@ def search(
         return _search(plan, on_progress, keep_all)
 
 
-def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, keep_all: bool) -> PlanResult:
-    start = time.perf_counter()
-    base = plan.base
-    arch, count = base.architecture, base.model.parameter_count
-    assert (
-        arch is not None and count is not None and base.gpu is not None and base.gpu_memory_bytes is not None
-    )
-    capacity = base.gpu_memory_bytes
-    limit = capacity - FIT_MARGIN * capacity  # fits: headroom ≥ FIT_MARGIN × capacity
-    peak_flops = base.gpu.bf16_dense_tflops * 1e12
-    flash = flash_attention_used(base)
-    layout = Layout.of(base.model.params, arch)
-    groups, early = enumerate_groups(plan, flash)
-    rejected: Counter[str] = Counter()
-    for item in early:
-        rejected[item.reason] += item.count
-    schedules: dict[tuple, list[CollectiveRun]] = {}
-    comm_cache: dict[tuple, tuple[CommLine, ...]] = {}
-    comm_times: dict[tuple, CommTime] = {}
-    outsides: dict[tuple, int] = {}
-    parts = StepParts(runtime_for(base))
-    memory_requests: dict[Hashable, TrainingRequest | InputError] = {}
-    comm_requests: dict[Hashable, TrainingRequest | InputError] = {}
-    flops_cache = {r: flops_per_token(arch, count, plan.seq_len, r, flash) for r in Recompute}
-    recipe = RECIPES[base.precision]
-    cands: list[_Cand] = []
-    requests: dict[int, TrainingRequest] = {}
-    step = max(1, len(groups) // 20)
-    for index, group in enumerate(groups):
-        if on_progress is not None and index % step == 0:
-            on_progress(index, len(groups))
-        # recompute reaches the request's activations only: derived once for every recompute
-        request_key = group._replace(recompute=Recompute.NONE)
-        memory_request = _request_once(memory_requests, request_key, plan, request_key, Estimate.MEMORY)
-        if isinstance(memory_request, InputError):
-            rejected[_reason(memory_request)] += len(group.micro_batches)
-            continue
-        request = with_recompute(memory_request, group.recompute)
-        schedule_key = (group.world, group.gpus_per_node, group.framework, group.strategy, group.reduce_dtype)
-        comm_key = (*schedule_key, group.grad_sync)
-        comm_request = _request_once(comm_requests, comm_key, plan, group, Estimate.COMM)
-        if isinstance(comm_request, InputError):
-            rejected[_reason(comm_request)] += len(group.micro_batches)
-            continue
-        requests[id(group)] = request
-        outside_key = (group.strategy, group.world, group.gpus_per_node)
-        outside = outsides.get(outside_key)
-        if outside is None:  # the CUDA context and the NCCL communicators: the same for every b, recompute
+class _Setting(NamedTuple):
+    """What every candidate of a plan shares: the base request's model and GPU."""
+
+    limit: float
+    """The fit limit: headroom ≥ FIT_MARGIN × the GPU's memory."""
+    peak_flops: float
+    flash: bool
+    layout: Layout
+    flops: dict[Recompute, float]
+    """FLOPs per token under each recompute."""
+
+    @classmethod
+    def of(cls, plan: PlanRequest) -> _Setting:
+        base = plan.base
+        arch, count = base.architecture, base.model.parameter_count
+        assert arch is not None and count is not None and base.gpu is not None
+        assert base.gpu_memory_bytes is not None
+        flash = flash_attention_used(base)
+        return cls(
+            limit=base.gpu_memory_bytes - FIT_MARGIN * base.gpu_memory_bytes,
+            peak_flops=base.gpu.bf16_dense_tflops * 1e12,
+            flash=flash,
+            layout=Layout.of(base.model.params, arch),
+            flops={r: flops_per_token(arch, count, plan.seq_len, r, flash) for r in Recompute},
+        )
+
+
+class _Requests:
+    """Each group's memory and comm requests (or the parser's errors), derived once per key: recompute
+    reaches the memory request's activations only, and the comm request depends on the schedule's options
+    and the grad sync."""
+
+    def __init__(self, plan: PlanRequest):
+        self.plan = plan
+        self._memory: dict[Hashable, TrainingRequest | InputError] = {}
+        self._comm: dict[Hashable, TrainingRequest | InputError] = {}
+
+    def memory(self, group: Group) -> TrainingRequest | InputError:
+        key = group._replace(recompute=Recompute.NONE)
+        request = _request_once(self._memory, key, self.plan, key, Estimate.MEMORY)
+        return request if isinstance(request, InputError) else with_recompute(request, group.recompute)
+
+    def comm(self, group: Group) -> TrainingRequest | InputError:
+        return _request_once(self._comm, _comm_key(group), self.plan, group, Estimate.COMM)
+
+
+def _schedule_key(group: Group) -> tuple:
+    return (group.world, group.gpus_per_node, group.framework, group.strategy, group.reduce_dtype)
+
+
+def _comm_key(group: Group) -> tuple:
+    return (*_schedule_key(group), group.grad_sync)
+
+
+class _CommCosts:
+    """Comm's costs: the collectives' runs once per schedule (the same under every grad sync), their lines
+    once per grad sync, their time once per accumulation."""
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+        self._runs: dict[tuple, list[CollectiveRun]] = {}
+        self._lines: dict[tuple, tuple[CommLine, ...]] = {}
+        self._times: dict[tuple, CommTime] = {}
+
+    def time(self, group: Group, request: TrainingRequest, accum: int) -> CommTime:
+        key = _comm_key(group)
+        time = self._times.get((key, accum))
+        if time is None:
+            lines = self._lines.get(key)
+            if lines is None:
+                schedule = _schedule_key(group)
+                runs = self._runs.get(schedule)
+                if runs is None:
+                    runs = self._runs[schedule] = collective_runs(group.strategy, request, self.layout)
+                sync = effective_grad_sync(group.framework, group.strategy, request.grad_sync)
+                lines = self._lines[key] = comm_lines(runs, sync)
+            time = self._times[key, accum] = comm_time(comm_of_lines(lines, accum), accum)
+        return time
+
+
+class _OutsideBytes:
+    """The CUDA context and the NCCL communicators: the same for every micro-batch and recompute, once per
+    (strategy, world, GPUs per node)."""
+
+    def __init__(self) -> None:
+        self._bytes: dict[tuple, int] = {}
+
+    def of(self, group: Group, request: TrainingRequest) -> int:
+        key = (group.strategy, group.world, group.gpus_per_node)
+        outside = self._bytes.get(key)
+        if outside is None:
             communicators = nccl_communicators(STRATEGIES[group.strategy], request.cluster)
             outside = request.runtime.context_bytes + communicators * request.runtime.nccl_communicator_bytes
-            outsides[outside_key] = outside
-        flops = flops_cache[group.recompute]
+            self._bytes[key] = outside
+        return outside
+
+
+class _Resolver:
+    """Each group's candidates, every one given its step time and its peak's lower bound; the caches are
+    shared by the groups of one search."""
+
+    def __init__(self, plan: PlanRequest, setting: _Setting):
+        self.plan, self.setting = plan, setting
+        self.requests = _Requests(plan)
+        self.comm = _CommCosts(setting.layout)
+        self.outside = _OutsideBytes()
+        self.parts = StepParts(runtime_for(plan.base))
+        self.recipe = RECIPES[plan.base.precision]
+
+    def candidates(self, group: Group) -> list[_Cand] | InputError:
+        """The group's candidates, or why the parser refuses the group."""
+        request = self.requests.memory(group)
+        if isinstance(request, InputError):
+            return request
+        comm_request = self.requests.comm(group)
+        if isinstance(comm_request, InputError):
+            return comm_request
+        timed = self._timed(group, request, comm_request)
+        configuration = group._replace(recompute=None, micro_batches=())
+        peaks = self.parts.allocated_peaks(request, {b: accum for b, accum, _ in timed}, configuration)
+        outside = self.outside.of(group, request)
+        return [_Cand(group, request, b, accum, t, peaks[b] + outside) for b, accum, t in timed]
+
+    def _timed(
+        self, group: Group, request: TrainingRequest, comm_request: TrainingRequest
+    ) -> list[tuple[int, int, StepTime]]:
+        """Each micro-batch of the group, its accumulation and its step time."""
+        plan, base = self.plan, self.plan.base
         shards = request.cluster.group_size(STRATEGIES[group.strategy].optimizer)
-        if comm_key not in comm_cache:
-            if schedule_key not in schedules:  # the collectives' runs: the same under every grad sync
-                schedules[schedule_key] = collective_runs(group.strategy, comm_request, layout)
-            sync = effective_grad_sync(group.framework, group.strategy, comm_request.grad_sync)
-            comm_cache[comm_key] = comm_lines(schedules[schedule_key], sync)
-        lines = comm_cache[comm_key]
         steps = []
         for b in group.micro_batches:
             accum = plan.global_batch_sequences // (group.world * b)
-            if (comm_key, accum) not in comm_times:
-                comm_times[comm_key, accum] = comm_time(comm_of_lines(lines, accum), accum)
             offload = offload_seconds(
                 base.model.params,
                 group.world,
@@ -305,27 +380,48 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
                 group.offload_optimizer,
                 group.offload_params,
                 accum,
-                recipe.param_dtype.bytes,
-                recipe.grad_dtype.bytes,
+                self.recipe.param_dtype.bytes,
+                self.recipe.grad_dtype.bytes,
             )
-            steps.append((b * accum * plan.seq_len, accum, comm_times[comm_key, accum], offload))
+            steps.append(
+                (b * accum * plan.seq_len, accum, self.comm.time(group, comm_request, accum), offload)
+            )
+        flops = self.setting.flops[group.recompute]
         timings = step_times(
-            flops, peak_flops, plan.mfu, group.strategy, group.framework, group.prefetch, steps
+            flops, self.setting.peak_flops, plan.mfu, group.strategy, group.framework, group.prefetch, steps
         )
-        members = [
-            _Cand(group, b, accum, None, timing)
+        return [
+            (b, accum, timing)
             for b, (_, accum, _, _), timing in zip(group.micro_batches, steps, timings, strict=True)
         ]
-        configuration = group._replace(recompute=None, micro_batches=())
-        peaks = parts.allocated_peaks(request, {c.b: c.accum for c in members}, configuration)
-        for cand in members:
-            cand.lower = peaks[cand.b] + outside
-        cands += members
+
+
+def _resolve(
+    plan: PlanRequest,
+    setting: _Setting,
+    groups: list[Group],
+    rejected: Counter[str],
+    on_progress: Callable[[int, int], None] | None,
+) -> list[_Cand]:
+    """Every candidate of the groups the parser accepts (the others counted in ``rejected``)."""
+    resolver = _Resolver(plan, setting)
+    cands: list[_Cand] = []
+    step = max(1, len(groups) // 20)
+    for index, group in enumerate(groups):
+        if on_progress is not None and index % step == 0:
+            on_progress(index, len(groups))
+        members = resolver.candidates(group)
+        if isinstance(members, InputError):
+            rejected[_reason(members)] += len(group.micro_batches)
+        else:
+            cands += members
     if on_progress is not None:
         on_progress(len(groups), len(groups))
-    searched = time.perf_counter()
-    ranked = _walk(plan, cands, requests, limit)
-    walked = time.perf_counter()
+    return cands
+
+
+def _settle(cands: list[_Cand], limit: float, rejected: Counter[str]) -> None:
+    """The status of the candidates the walk left unranked, and the rejections it found."""
     for cand in cands:
         if cand.status is Status.NOT_RANKED and cand.exact is not None:
             cand.status = _status_of(cand.exact)
@@ -333,20 +429,33 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
             cand.status = Status.DOES_NOT_FIT
     for cand in cands:
         if cand.status is Status.DOES_NOT_FIT:
-            how = "exact peak" if cand.exact is not None else "fitted lower bound"
+            how = "exact peak" if cand.exact is not None else "lower bound"
             rejected[f"does not fit: peak above {1 - FIT_MARGIN:.0%} of the GPU's memory ({how})"] += 1
         elif cand.status is Status.TIGHT:
             rejected[f"tight: within {FIT_MARGIN:.0%} of the GPU's memory (exact peak)"] += 1
+
+
+def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, keep_all: bool) -> PlanResult:
+    start = time.perf_counter()
+    setting = _Setting.of(plan)
+    groups, early = enumerate_groups(plan, setting.flash)
+    rejected: Counter[str] = Counter()
+    for item in early:
+        rejected[item.reason] += item.count
+    cands = _resolve(plan, setting, groups, rejected, on_progress)
+    searched = time.perf_counter()
+    ranked = _walk(plan, cands, setting.limit)
+    walked = time.perf_counter()
+    _settle(cands, setting.limit, rejected)
     seconds = time.perf_counter() - start - (walked - searched)
-    exact_count = sum(1 for c in cands if c.exact is not None)
-    fitted_count = sum(1 for c in cands if c.exact is None and c.lower is not None)
-    rows = [_row(plan, c, requests, i + 1) for i, c in enumerate(ranked)]
-    everything = [_row(plan, c, requests, None) for c in cands] if keep_all else None
-    if everything is not None:
+    rows = [_row(plan, c, i + 1) for i, c in enumerate(ranked)]
+    everything = None
+    if keep_all:
         ranks = {id(c): i + 1 for i, c in enumerate(ranked)}
-        everything = [
-            r.model_copy(update={"rank": ranks.get(id(c))}) for r, c in zip(everything, cands, strict=True)
-        ]
+        everything = [_row(plan, c, ranks.get(id(c))) for c in cands]
+    exact_count = sum(1 for c in cands if c.exact is not None)
+    base = plan.base
+    assert base.gpu is not None and base.gpu_memory_bytes is not None
     return PlanResult(
         request=PlanEcho(
             model=plan.model,
@@ -361,14 +470,14 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
             top=plan.top,
             mfu=plan.mfu,
             peak_tflops=base.gpu.bf16_dense_tflops,
-            gpu_memory_bytes=capacity,
+            gpu_memory_bytes=base.gpu_memory_bytes,
             calibration=plan.calibration_path,
         ),
         top=rows,
         rejections=[Rejection(reason=r, candidates=n) for r, n in rejected.most_common()],
         candidates_evaluated=len(cands),
         exact_peaks=exact_count,
-        fitted_peaks=fitted_count,
+        lower_bound_peaks=len(cands) - exact_count,
         groups=len(groups),
         seconds=seconds + (walked - searched),
         search_seconds=seconds,
@@ -418,25 +527,22 @@ def _order(plan: PlanRequest, cand: _Cand) -> tuple:
     return (cand.time.step_s,)
 
 
-def _walk(
-    plan: PlanRequest, cands: list[_Cand], requests: dict[int, TrainingRequest], limit: float
-) -> list[_Cand]:
+def _walk(plan: PlanRequest, cands: list[_Cand], limit: float) -> list[_Cand]:
     """Exact evaluation in the objective's order until ``top`` fit (memory: until no lower bound can beat
     the top rows); returns them best first."""
     found: list[_Cand] = []
     for cand in sorted(cands, key=lambda c: _order(plan, c)):
         if plan.objective is Objective.MEMORY and len(found) >= plan.top:
             worst = max(f.exact.peak_bytes for f in found if f.exact is not None)
-            if cand.lower is not None and cand.lower > worst:
+            if cand.lower > worst:
                 break
         elif len(found) >= plan.top:
             break
-        assert cand.lower is not None
         if cand.lower > limit:
             cand.status = Status.DOES_NOT_FIT
             continue
         if cand.exact is None:
-            cand.exact = _exact(with_batch(requests[id(cand.group)], cand.b, cand.accum))
+            cand.exact = _exact(with_batch(cand.request, cand.b, cand.accum))
         cand.status = _status_of(cand.exact)
         if cand.status is Status.FITS:
             found.append(cand)
@@ -450,9 +556,9 @@ def _walk(
     return found
 
 
-def _row(plan: PlanRequest, cand: _Cand, requests: dict[int, TrainingRequest], rank: int | None) -> PlanRow:
+def _row(plan: PlanRequest, cand: _Cand, rank: int | None) -> PlanRow:
     g, peak, t = cand.group, cand.exact, cand.time
-    request = requests[id(g)]
+    request = cand.request
     return PlanRow(
         rank=rank,
         status=cand.status,

@@ -31,6 +31,7 @@ from zerocalc.parallel.strategies import (
     StrategyName,
     framework_strategies,
 )
+from zerocalc.request.options import Command, option
 from zerocalc.request.training import (
     DEFAULT_SEQ_LEN,
     MAX_GPUS,
@@ -40,6 +41,7 @@ from zerocalc.request.training import (
     MAX_SEQ_LEN,
     TrainingRequest,
     options_from_keywords,
+    options_model,
     parse_options,
     request_with,
 )
@@ -49,7 +51,7 @@ DEFAULT_FRAMEWORKS: tuple[Framework, ...] = (Framework.FSDP2, Framework.TORCH_ZE
 their own estimator, covering every strategy (DDP and ZeRO-1: torch-zero1; ZeRO-2 and offload: DeepSpeed;
 SHARD_GRAD_OP, FULL_SHARD and HYBRID_SHARD: FSDP2)."""
 
-DEFAULT_MFU = 0.40
+DEFAULT_MFU: float = option(Command.PLAN, "mfu").default
 """The fraction of the GPU's dense bf16 peak that executed FLOPs run at. torchtitan reports 33–39% MFU for
 Llama 3.1 8B under FSDP2 on 8 H100 (docs/performance.md, 500 W power limit); PaLM reports 46.2% MFU
 (Chowdhery et al. 2022, Table 3) and Megatron-LM 52% of peak on A100 (Narayanan et al. 2021, §5.1) at
@@ -67,22 +69,9 @@ class Objective(StrEnum):
     """Lowest peak per GPU, then the shortest step."""
 
 
-class PlanOptions(BaseModel):
-    """What the user typed for ``zerocalc plan``; nothing checked yet."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    model: str | None = None
-    gpu: str | None = None
-    gpus: int | str = 8
-    gpus_per_node: int | str | None = None
-    global_batch: int | str | None = None
-    seq_len: int | str = 2048
-    frameworks: str | list[str] | tuple[str, ...] | None = None
-    calibration: str | Calibration | None = None
-    objective: str = "time"
-    top: int | str = 5
-    mfu: float | str = DEFAULT_MFU
+PlanOptions = options_model("PlanOptions", (Command.PLAN,))
+"""What the user typed for ``zerocalc plan`` (its options, :data:`~zerocalc.request.options.OPTIONS`);
+nothing checked yet."""
 
 
 class PlanRequest(BaseModel):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from zerocalc.base.dtypes import DType, parse_dtype
 from zerocalc.base.errors import InputError, shown
@@ -60,6 +60,7 @@ from zerocalc.parallel.strategies import (
     find_strategy,
     framework_strategies,
 )
+from zerocalc.request.options import Command, option, options_for
 from zerocalc.request.problems import architecture_problem, profile_problem
 
 # ------------------------------------------------------------------------------------------------ bounds
@@ -74,75 +75,42 @@ MAX_PREFETCH = 1024
 MAX_TFLOPS = 1e6
 """1 EFLOP/s per GPU: above any accelerator."""
 
-DEFAULT_SEQ_LEN = 2048
-DEFAULT_MICRO_BATCH = 1
-DEFAULT_PREFETCH = 1
+DEFAULT_SEQ_LEN: int = option(Command.MEMORY, "seq_len").default
+DEFAULT_MICRO_BATCH: int = option(Command.MEMORY, "micro_batch").default
+DEFAULT_PREFETCH: int = option(Command.MEMORY, "prefetch").default
 DDP_BUCKET_BYTES = 25 * 2**20
 """torch.nn.parallel.DistributedDataParallel's bucket_cap_mb default, 25 MiB (``_DEFAULT_BUCKET_CAP_MB``)."""
 DDP_FIRST_BUCKET_BYTES = 2**20
 """``dist._DEFAULT_FIRST_BUCKET_BYTES``: DDP's first bucket when bucket_cap_mb is left at its default
 (``_BucketCapacityConfig.create``); an explicit bucket_cap_mb sets both."""
-DEFAULT_DEEPSPEED_BUCKET = "5e8"
+DEFAULT_DEEPSPEED_BUCKET_ELEMENTS = int(float(option(Command.MEMORY, "reduce_bucket").default))
 """DeepSpeed ZeRO config defaults: reduce_bucket_size = allgather_bucket_size = 5e8 elements."""
 DEFAULT_GPU = "h100-80gb"
 """Without ``gpu``, the runtime figures (context, NCCL, cuBLAS workspaces) are this preset's (measured)."""
 
 
 # ---------------------------------------------------------------------------------------- raw options
-class TrainingOptions(BaseModel):
-    """What the user asked for, as typed: strings with units, names, numbers. Nothing is checked yet."""
+def options_model(name: str, commands: tuple[Command, ...], **fields: Any) -> type[BaseModel]:
+    """A frozen pydantic model of the raw request options of ``commands``, one field per
+    :class:`~zerocalc.request.options.Option` (its default the option's), plus ``fields``; nothing is
+    checked yet but the types a library caller passes."""
+    namespace = {"Architecture": Architecture, "Calibration": Calibration, "Any": Any}
+    for command in commands:
+        for o in options_for(command, request_only=True):
+            fields.setdefault(o.name, (eval(o.value_type, namespace), o.default))
+    config = ConfigDict(frozen=True, extra="forbid")
+    return create_model(name, __config__=config, __module__=__name__, **fields)
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    estimate: Estimate = Estimate.MEMORY
-    """The command the options were given to (set by the caller, not typed)."""
-    params: int | str | None = None
-    model: str | Architecture | dict[str, Any] | None = None
-    """A preset name, a config.json path, a parsed config.json (``AutoConfig.to_dict()``), or an
-    architecture (``zerocalc validate``'s)."""
-    gpus: int | str = 1
-    gpus_per_node: int | str | None = None
-    strategies: str | list[str] | tuple[str, ...] | None = None
-    precision: str = "bf16-mixed"
-    optimizer: str = "adamw"
-    fp32_grad_accum: bool = False
-    zero_init: bool | None = None
-    """DeepSpeed ZeRO-3: the model is built under ``deepspeed.zero.Init`` (changes its host estimate);
-    None: yes, as DeepSpeed's estimator assumes. Given, it needs deepspeed's zero3."""
-    offload_optimizer: str | None = None
-    offload_params: str | None = None
-    framework: str = "paper"
-    reduce_dtype: str | None = None
-    gpu: str | None = None
-    gpu_memory: int | str | None = None
-    reserve: int | str | None = None
-    """What the process holds outside the caching allocator (CUDA context, NCCL, kernels) at world size 1;
-    default: the GPU preset's measured figure (:data:`DEFAULT_GPU`'s without a preset)."""
-    seq_len: int | str = DEFAULT_SEQ_LEN
-    micro_batch: int | str = DEFAULT_MICRO_BATCH
-    recompute: str = "none"
-    flash_attention: bool | None = None
-    model_impl: str = "hf"
-    optimizer_impl: str = "foreach"
-    expandable_segments: bool = False
-    prefetch: int | str = DEFAULT_PREFETCH
-    wrap: str = "block"
-    ddp_bucket: int | str | None = None
-    """None: DDP's default bucket_cap_mb (25 MiB, first bucket 1 MiB)."""
-    reduce_bucket: int | str = DEFAULT_DEEPSPEED_BUCKET
-    allgather_bucket: int | str = DEFAULT_DEEPSPEED_BUCKET
-    grad_accum: int | str = 1
-    grad_sync: str | None = None
-    """``every`` or ``last`` micro-batch; None: each framework's default."""
-    zeropp: str | list[str] | tuple[str, ...] | None = None
-    """DeepSpeed ZeRO++ features: ``all``, ``none`` or a comma list of qwz, hpz, qgz."""
-    calibration: str | Calibration | None = None
-    calibration_name: str | None = None
-    intra_node_bw: str | float | None = None
-    inter_node_bw: str | float | None = None
-    latency: str | float | None = None
-    tokens_per_step: int | str | None = None
-    tflops: float | str | None = None
+TrainingOptions = options_model(
+    "TrainingOptions",
+    (Command.MEMORY, Command.COMM),
+    estimate=(Estimate, Estimate.MEMORY),
+    calibration_name=(str | None, None),
+)
+"""What the user asked for, as typed: strings with units, names, numbers (the options of ``memory`` and
+``comm``, :data:`~zerocalc.request.options.OPTIONS`). ``estimate``: the command the options were given to
+(set by the caller, not typed); ``calibration_name``: how a calibration object given as such is named."""
 
 
 # --------------------------------------------------------------------------------------- typed request
@@ -194,8 +162,8 @@ class BufferOptions(BaseModel):
     wrap: Wrap = Wrap.BLOCK
     ddp_bucket_bytes: int = Field(default=DDP_BUCKET_BYTES, ge=0)
     ddp_first_bucket_bytes: int = Field(default=DDP_FIRST_BUCKET_BYTES, ge=0)
-    reduce_bucket_elements: int = Field(default=500_000_000, ge=0)
-    allgather_bucket_elements: int = Field(default=500_000_000, ge=0)
+    reduce_bucket_elements: int = Field(default=DEFAULT_DEEPSPEED_BUCKET_ELEMENTS, ge=0)
+    allgather_bucket_elements: int = Field(default=DEFAULT_DEEPSPEED_BUCKET_ELEMENTS, ge=0)
 
 
 class TrainingRequest(BaseModel):

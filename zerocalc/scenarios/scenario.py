@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from zerocalc.base.errors import keyword, with_names
+from zerocalc.request.options import Command, echo, option
 from zerocalc.request.training import TrainingOptions, parse_request
 
 
@@ -27,58 +28,30 @@ class PlanScenario(BaseModel):
     mfu: float = 0.4
 
 
-class Scenario(BaseModel):
+class _ScenarioBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     description: str
-    model: str
-    gpu: str
-    gpus: int = Field(ge=1)
-    gpus_per_node: int | None = Field(default=None, ge=1)
-    strategies: str = "all"
-    precision: str = "bf16-mixed"
-    optimizer: str = "adamw"
-    fp32_grad_accum: bool = False
-    offload_optimizer: str = "none"
-    offload_params: str = "none"
-    grad_accum: int = Field(default=1, ge=1)
-    grad_sync: str | None = None
-    zeropp: str | None = None
-    reduce_dtype: str | None = None
-    tokens_per_step: str | None = None
-    tflops: float | None = None
-    seq_len: int = Field(default=2048, ge=1)
-    micro_batch: int = Field(default=1, ge=1)
-    recompute: str = "none"
-    framework: str = "paper"
     plan: PlanScenario | None = None
     """With a ``[plan]`` table, the expectation has a ``plan`` section too."""
 
 
+_OPTION_FIELDS = tuple(TrainingOptions.model_fields.keys() - {"estimate", "calibration_name", "calibration"})
+
+Scenario = create_model(
+    "Scenario",
+    __base__=_ScenarioBase,
+    __module__=__name__,
+    **{name: (TrainingOptions.model_fields[name].annotation, TrainingOptions.model_fields[name].default)
+       for name in _OPTION_FIELDS},
+)  # fmt: skip
+"""A scenario: its description, an optional ``[plan]`` table, and any option of ``memory`` and ``comm``
+by its keyword (:data:`zerocalc.request.options.OPTIONS`), as TOML values."""
+
+
 def training_options(s: Scenario) -> TrainingOptions:
     """The scenario as the options `zerocalc memory --model ...` would be given."""
-    return TrainingOptions(
-        model=s.model,
-        gpus=s.gpus,
-        gpus_per_node=s.gpus_per_node,
-        gpu=s.gpu,
-        strategies=s.strategies,
-        framework=s.framework,
-        precision=s.precision,
-        optimizer=s.optimizer,
-        fp32_grad_accum=s.fp32_grad_accum,
-        offload_optimizer=s.offload_optimizer,
-        offload_params=s.offload_params,
-        seq_len=s.seq_len,
-        micro_batch=s.micro_batch,
-        recompute=s.recompute,
-        reduce_dtype=s.reduce_dtype,
-        grad_accum=s.grad_accum,
-        grad_sync=s.grad_sync,
-        zeropp=s.zeropp,
-        tokens_per_step=s.tokens_per_step,
-        tflops=s.tflops,
-    )
+    return TrainingOptions(**{name: getattr(s, name) for name in _OPTION_FIELDS})
 
 
 def memory_section(s: Scenario) -> dict[str, Any]:
@@ -86,7 +59,10 @@ def memory_section(s: Scenario) -> dict[str, Any]:
     naming options by their keywords, as the library does)."""
     from zerocalc.peak.evaluate import evaluate_peak
 
-    return with_names(evaluate_peak(parse_request(training_options(s))), keyword).to_json_dict()
+    options = training_options(s)
+    report = with_names(evaluate_peak(parse_request(options)), keyword)
+    given = {name: getattr(options, name) for name in options.model_fields_set}
+    return report.model_copy(update={"options": echo(Command.MEMORY, given)}).to_json_dict()
 
 
 def comm_section(s: Scenario) -> dict[str, Any]:
@@ -104,13 +80,15 @@ def comm_section(s: Scenario) -> dict[str, Any]:
             "strategies": "all" if offloads else s.strategies,
             "offload_optimizer": None,
             "offload_params": None,
-            "seq_len": 2048,
-            "micro_batch": 1,
-            "recompute": "none",
+            **{
+                name: option(Command.MEMORY, name).default for name in ("seq_len", "micro_batch", "recompute")
+            },
         }
     )
     per_unit = {"strategies": {"__all__": {"collectives": {"__all__": {"units"}}}}}
+    given = {name: getattr(options, name) for name in options.model_fields_set}
     estimate = with_names(evaluate_comm(parse_request(options)), keyword)
+    estimate = estimate.model_copy(update={"options": echo(Command.COMM, given)})
     return estimate.model_dump(mode="json", exclude=per_unit)
 
 

@@ -18,9 +18,27 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from zerocalc.parallel.precision import RECIPES
+from zerocalc.parallel.strategies import OffloadTarget, Strategy, StrategyName
+from zerocalc.parallel.zeropp import hpz_secondary_bytes
+from zerocalc.request.training import TrainingRequest
+
 DEEPSPEED_VERSION = "0.19.8"
+ZERO2_SOURCE = f"DeepSpeed {DEEPSPEED_VERSION} stage_1_and_2.py estimate_zero2_model_states_mem_needs"
+ZERO3_SOURCE = f"DeepSpeed {DEEPSPEED_VERSION} stage3.py estimate_zero3_model_states_mem_needs"
+HPZ_SOURCE = (
+    f"DeepSpeed {DEEPSPEED_VERSION} partition_parameters.py _partition_param_sec: each parameter padded to "
+    "N, over the node's g ranks, in the parameter dtype"
+)
 ADDITIONAL_BUFFER_FACTOR = 1.5
 """DeepSpeed's unexplained default safety factor on host memory."""
+PARAMS_16BIT_BYTES = 2
+"""``params_16bit``: the estimators' 2 bytes per fp16/bf16 parameter."""
+SHARDED_BYTES = 18
+"""Bytes per parameter the estimators partition over the GPUs: 2 grads_16bit + 4 grads_32bit + 4
+params_32bit + 8 optimizer states."""
+LARGEST_LAYER_BYTES = 4
+"""Bytes per parameter of the largest layer gathered (ZeRO-3): its 16-bit parameters and gradients."""
 
 
 class DeepSpeedEstimate(BaseModel):
@@ -31,6 +49,15 @@ class DeepSpeedEstimate(BaseModel):
     cpu_bytes: int = Field(description="host memory per node, as DeepSpeed returns it")
     gpu_bytes: int = Field(description="GPU memory per GPU, as DeepSpeed returns it")
     largest_layer_bytes: int | None = Field(default=None, description="4 x largest_layer_params (stage 3)")
+    params_16bit_bytes: int = Field(
+        default=0, description="the 16-bit parameters every GPU holds whole: 2 x total_params (stage 2)"
+    )
+
+    @property
+    def sharded_bytes(self) -> int:
+        """What of ``gpu_bytes`` is partitioned over the GPUs (18/N, or the 16-bit parameters' 2/N when the
+        optimizer is offloaded under stage 3; 0 when nothing stays)."""
+        return self.gpu_bytes - self.params_16bit_bytes - (self.largest_layer_bytes or 0)
 
 
 def zero2_model_states(
@@ -48,12 +75,12 @@ def zero2_model_states(
     the host term is the fullest node's).
     """
     total_gpus = total_gpus or num_nodes * num_gpus_per_node
+    params_16bit = PARAMS_16BIT_BYTES * total_params
     if cpu_offload:
-        gpu_mem = 2 * total_params
+        gpu_mem = params_16bit
         cpu_mem = total_params * max(4 * total_gpus, 16) * additional_buffer_factor
     else:
-        # 2 = params_16bit; 18 = 2 grads_16bit + 4 grads_32bit + 4 params_32bit + 8 optimizer states
-        gpu_mem = 2 * total_params + int(18 * total_params / total_gpus)
+        gpu_mem = params_16bit + int(SHARDED_BYTES * total_params / total_gpus)
         cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
     return DeepSpeedEstimate(
         stage=2,
@@ -62,6 +89,7 @@ def zero2_model_states(
         zero_init=False,
         cpu_bytes=int(cpu_mem),
         gpu_bytes=int(gpu_mem),
+        params_16bit_bytes=params_16bit,
     )
 
 
@@ -79,26 +107,20 @@ def zero3_model_states(
     """``estimate_zero3_model_states_mem_needs`` (DeepSpeed 0.19.8); ``total_gpus`` as for ZeRO-2."""
     total_gpus = total_gpus or num_nodes * num_gpus_per_node
     gpus_factor = 1 / num_nodes
-    largest_layer_memory = 4 * largest_layer_params
+    largest_layer_memory = LARGEST_LAYER_BYTES * largest_layer_params
     if cpu_offload:
-        if cpu_offload_params:
-            gpu_mem = largest_layer_memory
-            if zero_init:
-                cpu_mem = total_params * 18 * gpus_factor * additional_buffer_factor
-            else:
-                cpu_mem = (
-                    total_params * max(4 * num_gpus_per_node, 18 * gpus_factor) * additional_buffer_factor
-                )
+        # on the host: every sharded byte (18), or all but the 16-bit parameters' partition, which stays
+        # on the GPU (16)
+        host = SHARDED_BYTES if cpu_offload_params else SHARDED_BYTES - PARAMS_16BIT_BYTES
+        gpu_mem = largest_layer_memory
+        if not cpu_offload_params:
+            gpu_mem += int(PARAMS_16BIT_BYTES * total_params / total_gpus)
+        if zero_init:
+            cpu_mem = total_params * host * gpus_factor * additional_buffer_factor
         else:
-            gpu_mem = largest_layer_memory + int(2 * total_params / total_gpus)
-            if zero_init:
-                cpu_mem = total_params * 16 * gpus_factor * additional_buffer_factor
-            else:
-                cpu_mem = (
-                    total_params * max(4 * num_gpus_per_node, 16 * gpus_factor) * additional_buffer_factor
-                )
+            cpu_mem = total_params * max(4 * num_gpus_per_node, host * gpus_factor) * additional_buffer_factor
     else:
-        gpu_mem = largest_layer_memory + int(18 * total_params / total_gpus)
+        gpu_mem = largest_layer_memory + int(SHARDED_BYTES * total_params / total_gpus)
         if zero_init:
             cpu_mem = largest_layer_params * 4 * num_gpus_per_node * additional_buffer_factor
         else:
@@ -111,6 +133,42 @@ def zero3_model_states(
         cpu_bytes=int(cpu_mem),
         gpu_bytes=int(gpu_mem),
         largest_layer_bytes=largest_layer_memory,
+    )
+
+
+def deepspeed_estimate(request: TrainingRequest, strategy: Strategy) -> DeepSpeedEstimate:
+    """The estimator of the strategy's stage (ZeRO-2, else ZeRO-3) for the request: its nodes of g GPUs and
+    its real GPU count, offload and ``zero.Init`` as asked; the largest layer is DeepSpeed's (the most
+    parameters one module holds directly)."""
+    cluster = request.cluster
+    nodes, per_node = cluster.nodes, cluster.ranks_per_node
+    offload = request.offload_optimizer is not OffloadTarget.NONE
+    psi = request.model.params
+    if strategy.name is StrategyName.ZERO2:
+        return zero2_model_states(psi, per_node, nodes, cpu_offload=offload, total_gpus=cluster.world_size)
+    count = request.model.parameter_count
+    assert count is not None
+    return zero3_model_states(
+        psi,
+        count.largest_layer_params,
+        per_node,
+        nodes,
+        cpu_offload=offload,
+        cpu_offload_params=request.offload_params is not OffloadTarget.NONE,
+        zero_init=request.zero_init,
+        total_gpus=cluster.world_size,
+    )
+
+
+def hpz_partition_bytes(request: TrainingRequest) -> int:
+    """ZeRO++ hpZ's secondary partition on one GPU: every parameter over the node's ranks, in the recipe's
+    parameter dtype (:func:`~zerocalc.parallel.zeropp.hpz_secondary_bytes`)."""
+    cluster = request.cluster
+    return hpz_secondary_bytes(
+        request.architecture,
+        cluster.world_size,
+        cluster.ranks_per_node,
+        RECIPES[request.precision].param_dtype.bytes,
     )
 
 

@@ -26,6 +26,7 @@ Lines per rank:
 from __future__ import annotations
 
 import heapq
+from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,21 +34,30 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.base.units import ceil_div
 from zerocalc.model.architecture import Architecture, ParamTensor, parameter_tensors
-from zerocalc.parallel.frameworks import Fsdp1Sharding, TorchSetup, TorchWrapper
-from zerocalc.parallel.optimizers import OptimizerName
+from zerocalc.network.cluster import Cluster
+from zerocalc.parallel.frameworks import (
+    TORCH_OPTIMIZERS,
+    TORCH_PRECISIONS,
+    Fsdp1Sharding,
+    TorchSetup,
+    TorchWrapper,
+)
+from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerName
 from zerocalc.parallel.precision import RECIPES, PrecisionName
 
-OPTIMIZERS = (OptimizerName.ADAM, OptimizerName.ADAMW)
-"""What these rules model: Adam and AdamW (``torch.optim.Adam``/``AdamW``)."""
-PRECISIONS = (PrecisionName.FP32, PrecisionName.BF16_MIXED, PrecisionName.FP16_MIXED)
-"""fp32, or ``MixedPrecision``/``MixedPrecisionPolicy`` (autocast for DDP) with fp32 sharded parameters."""
 STATE_LINES = ("params", "grads", "optimizer", "step")
 """The model-state lines: an exact match is expected for each."""
 LINES = (*STATE_LINES, "unsharded_after_forward")
 
+STATES_RECIPE = RECIPES[PrecisionName.FP32]
+"""The dtypes of the states every rank keeps under each accepted precision (``TORCH_PRECISIONS``): the
+fp32 recipe's. The sharded fp32 parameter is the master copy under ``MixedPrecision``/
+``MixedPrecisionPolicy`` (and DDP's autocast keeps fp32 parameters), ``.grad`` is in the sharded
+parameter's dtype, and Adam creates its states ``zeros_like`` the parameter (``torch/optim/adam.py``
+``Adam._init_group``)."""
 STEP_BYTES = DType.FP32.bytes
 """One Adam ``step`` counter: a 0-dim fp32 tensor."""
-ADAM_STATES = 2
+ADAM_STATES = len(OPTIMIZERS[OptimizerName.ADAM].states)
 """``exp_avg`` and ``exp_avg_sq`` (no amsgrad)."""
 REPLICATED_WRAPPERS = (TorchWrapper.DDP, TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER)
 """The wrappers that keep whole parameters and gradients on every rank (DDP's reducer)."""
@@ -98,6 +108,28 @@ def reducer_buckets(states: RankStates) -> Line:
     )
 
 
+def param_bytes(elements: int) -> int:
+    """Bytes of ``elements`` parameter elements as every rank keeps them (:data:`STATES_RECIPE`)."""
+    return elements * STATES_RECIPE.param_dtype.bytes
+
+
+def grad_bytes(elements: int) -> int:
+    """Bytes of ``elements`` gradient elements (``.grad`` in the sharded parameter's dtype)."""
+    return elements * STATES_RECIPE.grad_dtype.bytes
+
+
+def optimizer_state_bytes(elements: int, optimizer: OptimizerName) -> int:
+    """Bytes of the optimizer's states of ``elements`` parameter elements (Adam: ``exp_avg`` and
+    ``exp_avg_sq``, shaped like the fp32 parameter)."""
+    return sum(OPTIMIZERS[optimizer].state_bytes(elements, STATES_RECIPE).values())
+
+
+def shard_ranks(cluster: Cluster, setup: TorchSetup) -> int:
+    """The ranks a parameter is sharded over (one node's under hybrid sharding); the world where nothing is
+    sharded (DDP, and ZeroRedundancyOptimizer, which partitions over the world)."""
+    return cluster.group_size(setup.shard_group) if setup.shard_group else cluster.world_size
+
+
 # ------------------------------------------------------------------------------------------ the rules
 def fsdp_units(arch: Architecture) -> list[tuple[str, list[ParamTensor]]]:
     """The wrapping: ``("layers.<i>", block tensors)`` per block, then ``("root", the rest)``."""
@@ -130,7 +162,13 @@ def fsdp1_shard_numel(unit_numel: int, world_size: int, sharding: Fsdp1Sharding)
     """
     if sharding is Fsdp1Sharding.NO_SHARD:
         return unit_numel
-    return ceil_div(unit_numel, world_size)
+    return fsdp1_padded_numel(unit_numel, world_size) // world_size
+
+
+def fsdp1_padded_numel(unit_numel: int, world_size: int) -> int:
+    """Elements of one sharded FSDP1 ``FlatParameter`` padded to a multiple of N (:func:`fsdp1_shard_numel`):
+    what each rank's shard is cut from and what an all-gather returns."""
+    return ceil_div(unit_numel, world_size) * world_size
 
 
 def dim0_rows(rows: int, world_size: int, rank: int) -> int:
@@ -147,6 +185,14 @@ def dim0_rows(rows: int, world_size: int, rank: int) -> int:
 def zero1_partition(tensors: list[ParamTensor], world_size: int) -> list[list[ParamTensor]]:
     """``ZeroRedundancyOptimizer``'s partition of whole tensors over ranks (:func:`zero1_owners`)."""
     return [[tensors[i] for i in owned] for owned in zero1_owners([t.numel for t in tensors], world_size)]
+
+
+@lru_cache(maxsize=256)
+def zero1_rank_elements(arch: Architecture, world_size: int) -> tuple[tuple[int, ...], ...]:
+    """The elements of each tensor each rank owns under :func:`zero1_partition` (once per architecture and
+    world), rank 0 first."""
+    parts = zero1_partition(parameter_tensors(arch), world_size)
+    return tuple(tuple(t.numel for t in part) for part in parts)
 
 
 def zero1_owners(numels: list[int], world_size: int) -> list[list[int]]:
@@ -193,7 +239,7 @@ def padded_unit_numel(unit: list[ParamTensor], world_size: int, wrapper: TorchWr
     """
     if wrapper is TorchWrapper.FSDP2:
         return sum(dim0_padded_numel(t.shape, world_size) for t in unit)
-    return ceil_div(sum(t.numel for t in unit), world_size) * world_size
+    return fsdp1_padded_numel(sum(t.numel for t in unit), world_size)
 
 
 # ------------------------------------------------------------------------------------------ the model
@@ -202,14 +248,36 @@ def _check(
 ) -> None:
     if world_size < 1 or not 0 <= rank < world_size:
         raise InputError(f"rank {rank} of world {world_size} is not accepted; accepted: 0 ≤ rank < N")
-    if precision not in PRECISIONS:
-        accepted = ", ".join(p.value for p in PRECISIONS)
+    if precision not in TORCH_PRECISIONS:
+        accepted = ", ".join(p.value for p in TORCH_PRECISIONS)
         raise InputError(
             f"{{precision}} {precision.value} is not what PyTorch's MixedPrecision runs; accepted: {accepted}"
         )
-    if optimizer not in OPTIMIZERS:
-        accepted = ", ".join(o.value for o in OPTIMIZERS)
+    if optimizer not in TORCH_OPTIMIZERS:
+        accepted = ", ".join(o.value for o in TORCH_OPTIMIZERS)
         raise InputError(f"{{optimizer}} {optimizer.value} is not modelled here; accepted: {accepted}")
+
+
+def _rank_states(
+    common: dict[str, object],
+    optimizer: OptimizerName,
+    held: int,
+    stepped: int,
+    counters: int,
+    texts: tuple[str, str, str, str],
+    unsharded_after_forward: Line,
+) -> RankStates:
+    """A rank's lines from its elements: ``held`` parameter (and gradient) elements, ``stepped`` elements
+    with optimizer states, ``counters`` step counters; ``texts`` explain params, grads, optimizer, step."""
+    params, grads, states, step = texts
+    return RankStates(
+        **common,  # type: ignore[arg-type]
+        params=Line(bytes=param_bytes(held), explanation=params),
+        grads=Line(bytes=grad_bytes(held), explanation=grads),
+        optimizer_states=Line(bytes=optimizer_state_bytes(stepped, optimizer), explanation=states),
+        step=Line(bytes=counters * STEP_BYTES, explanation=step),
+        unsharded_after_forward=unsharded_after_forward,
+    )
 
 
 def predict_rank_states(
@@ -226,10 +294,8 @@ def predict_rank_states(
     """
     _check(arch, world_size, rank, precision, optimizer)
     fwd = RECIPES[precision].param_dtype  # the forward dtype: MixedPrecision's param_dtype, or fp32
-    f32 = DType.FP32.bytes
     tensors = parameter_tensors(arch)
-    total = sum(t.numel for t in tensors)
-    common = {
+    common: dict[str, object] = {
         "setup": setup,
         "world_size": world_size,
         "rank": rank,
@@ -238,23 +304,27 @@ def predict_rank_states(
     }
 
     if setup.wrapper in REPLICATED_WRAPPERS:
-        held = total
+        held = sum(t.numel for t in tensors)
         if setup.wrapper is TorchWrapper.DDP:
-            owned, how = tensors, "every parameter"
+            owned = [t.numel for t in tensors]
+            how = "every parameter"
         else:
-            owned = zero1_partition(tensors, world_size)[rank]
+            owned = list(zero1_rank_elements(arch, world_size)[rank])
             how = f"{len(owned)} of {len(tensors)} whole tensors (greedy partition, largest first)"
-        opt_numel = sum(t.numel for t in owned)
-        return RankStates(
-            **common,
-            params=Line(bytes=held * f32, explanation=f"{held:,} fp32 elements: the whole model, replicated"),
-            grads=Line(bytes=held * f32, explanation=f"{held:,} fp32 elements: all-reduced by DDP"),
-            optimizer_states=Line(
-                bytes=ADAM_STATES * opt_numel * f32,
-                explanation=f"exp_avg + exp_avg_sq of {how}: 2 × {opt_numel:,} fp32",
+        opt_numel = sum(owned)
+        return _rank_states(
+            common,
+            optimizer,
+            held,
+            opt_numel,
+            len(owned),
+            (
+                f"{held:,} fp32 elements: the whole model, replicated",
+                f"{held:,} fp32 elements: all-reduced by DDP",
+                f"exp_avg + exp_avg_sq of {how}: 2 × {opt_numel:,} fp32",
+                f"{len(owned)} fp32 step counters",
             ),
-            step=Line(bytes=len(owned) * STEP_BYTES, explanation=f"{len(owned)} fp32 step counters"),
-            unsharded_after_forward=Line(bytes=0, explanation="none: DDP never shards parameters"),
+            Line(bytes=0, explanation="none: DDP never shards parameters"),
         )
 
     if setup.wrapper is TorchWrapper.FSDP1:
@@ -279,27 +349,25 @@ def predict_rank_states(
             kept_text = f"the root unit's padded flat parameter ({kept:,} {fwd.value}); blocks resharded"
         else:
             kept_text = f"all {len(kept_units)} padded flat parameters ({kept:,} {fwd.value}): SHARD_GRAD_OP"
-        return RankStates(
-            **common,
-            params=Line(
-                bytes=local * f32,
-                explanation=f"{n_flat} flat parameters, {local:,} fp32 elements on this rank{pad_note}",
+        return _rank_states(
+            common,
+            optimizer,
+            local,
+            local,
+            n_flat,
+            (
+                f"{n_flat} flat parameters, {local:,} fp32 elements on this rank{pad_note}",
+                f"{local:,} fp32: the sharded flat parameters' dtype",
+                f"2 × {local:,} fp32 (follow the flat params)",
+                f"{n_flat} fp32 step counters (one per flat param)",
             ),
-            grads=Line(bytes=local * f32, explanation=f"{local:,} fp32: the sharded flat parameters' dtype"),
-            optimizer_states=Line(
-                bytes=ADAM_STATES * local * f32, explanation=f"2 × {local:,} fp32 (follow the flat params)"
-            ),
-            step=Line(
-                bytes=n_flat * STEP_BYTES, explanation=f"{n_flat} fp32 step counters (one per flat param)"
-            ),
-            unsharded_after_forward=Line(bytes=kept * fwd.bytes, explanation=kept_text),
+            Line(bytes=kept * fwd.bytes, explanation=kept_text),
         )
 
     # FSDP2
-    units = fsdp_units(arch)
     local = sum(dim0_shard_numel(t.shape, world_size, rank) for t in tensors)
     kept = 0
-    for name, unit in units:
+    for name, unit in fsdp_units(arch):
         if not setup.reshard_after_forward or name == "root":
             # ``FSDPState._lazy_init``: the root's ``post_forward_mesh_info`` is None (not resharded).
             kept += padded_unit_numel(unit, world_size, setup.wrapper)
@@ -308,20 +376,19 @@ def predict_rank_states(
         if not setup.reshard_after_forward
         else "the root group's padded unsharded parameters (the root is never resharded after forward)"
     )
-    return RankStates(
-        **common,
-        params=Line(
-            bytes=local * f32,
-            explanation=f"{len(tensors)} DTensors sharded on dim 0: {local:,} fp32 local elements",
+    return _rank_states(
+        common,
+        optimizer,
+        local,
+        local,
+        len(tensors),
+        (
+            f"{len(tensors)} DTensors sharded on dim 0: {local:,} fp32 local elements",
+            f"{local:,} fp32: sharded like the parameters",
+            f"2 × {local:,} fp32 local shards",
+            f"{len(tensors)} fp32 step counters",
         ),
-        grads=Line(bytes=local * f32, explanation=f"{local:,} fp32: sharded like the parameters"),
-        optimizer_states=Line(
-            bytes=ADAM_STATES * local * f32, explanation=f"2 × {local:,} fp32 local shards"
-        ),
-        step=Line(bytes=len(tensors) * STEP_BYTES, explanation=f"{len(tensors)} fp32 step counters"),
-        unsharded_after_forward=Line(
-            bytes=kept * fwd.bytes, explanation=f"{kept:,} {fwd.value}: {kept_text}"
-        ),
+        Line(bytes=kept * fwd.bytes, explanation=f"{kept:,} {fwd.value}: {kept_text}"),
     )
 
 
@@ -350,10 +417,9 @@ def largest_rank_states(
     """
     rank = 0
     if setup.wrapper is TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER:
-        parts = zero1_partition(parameter_tensors(arch), world_size)
         state_bytes = [
-            ADAM_STATES * sum(t.numel for t in part) * DType.FP32.bytes + len(part) * STEP_BYTES
-            for part in parts
+            optimizer_state_bytes(sum(owned), optimizer) + len(owned) * STEP_BYTES
+            for owned in zero1_rank_elements(arch, world_size)
         ]
         rank = state_bytes.index(max(state_bytes))
     return predict_rank_states(arch, setup, world_size, rank, precision, optimizer)

@@ -22,12 +22,14 @@ optimizer states and parameters under ZeRO-3. Bytes are exact integers.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from enum import StrEnum
 from fractions import Fraction
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from zerocalc.base.display import TableDisplay
 from zerocalc.base.dtypes import DType
 from zerocalc.base.units import ceil_div, format_count, gib, plural, summary_repr
 from zerocalc.model.architecture import ParameterCount
@@ -38,6 +40,8 @@ from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, St
 from zerocalc.request.training import TrainingRequest
 
 SCHEMA_VERSION = 2
+GRAD_ACCUM_DTYPE = DType.FP32
+"""``--fp32-grad-accum``: the gradient-accumulation buffer's dtype."""
 
 
 class Location(StrEnum):
@@ -148,9 +152,14 @@ class GpuSummary(BaseModel):
     context_bytes: int = Field(description="held outside the caching allocator at world size 1")
 
 
-class MemoryEstimate(BaseModel):
+class MemoryEstimate(TableDisplay, BaseModel):
     schema_version: int = SCHEMA_VERSION
     request: MemoryRequest
+    options: dict[str, Any] | None = Field(
+        default=None,
+        description="every option of the command as given (its default where not given), keyed by the "
+        "library's keyword: zerocalc.request.options.echo",
+    )
     model: ModelSummary | None = None
     gpu: GpuSummary | None = None
     bytes_per_parameter: BytesPerParameter
@@ -187,37 +196,46 @@ def optimizer_bytes_per_parameter(recipe: PrecisionRecipe, optimizer: OptimizerS
     return k
 
 
-def _optimizer_parts(n: int, recipe: PrecisionRecipe, optimizer: OptimizerSpec) -> dict[str, int]:
-    parts: dict[str, int] = {}
-    if recipe.master_dtype is not None:
-        parts[f"master_{recipe.master_dtype.value}"] = n * recipe.master_dtype.bytes
-    parts.update(optimizer.state_bytes(n, recipe))
+PartsOf = Callable[[int], dict[str, int]]
+"""The bytes of each tensor making up a state, for a shard of so many parameter elements."""
+
+
+def tensor_parts(name: str, dtype: DType) -> PartsOf:
+    """One tensor of ``dtype`` per parameter element."""
+    return lambda n: {name: n * dtype.bytes}
+
+
+def optimizer_parts(recipe: PrecisionRecipe, optimizer: OptimizerSpec) -> PartsOf:
+    """K's tensors: the recipe's master copy, if any, and the optimizer's states."""
+
+    def parts(n: int) -> dict[str, int]:
+        found: dict[str, int] = {}
+        if recipe.master_dtype is not None:
+            found[f"master_{recipe.master_dtype.value}"] = n * recipe.master_dtype.bytes
+        found.update(optimizer.state_bytes(n, recipe))
+        return found
+
     return parts
 
 
-def _shard(
-    kind: StateKind,
-    group: RankGroup | None,
-    location: Location,
-    request: TrainingRequest,
-    parts_for: dict[str, DType] | None = None,
-    recipe: PrecisionRecipe | None = None,
-    optimizer: OptimizerSpec | None = None,
+def shard_elements(request: TrainingRequest, group: RankGroup | None) -> int:
+    """ceil(Ψ/d): the parameter elements of a state sharded over ``group`` that the largest rank holds."""
+    return ceil_div(request.model.params, request.cluster.group_size(group))
+
+
+def state_shard(
+    kind: StateKind, group: RankGroup | None, location: Location, request: TrainingRequest, parts_of: PartsOf
 ) -> StateShard:
+    """One state sharded over ``group`` (None: replicated), as the largest rank holds it."""
     d = request.cluster.group_size(group)
-    psi = request.model.params
-    n = ceil_div(psi, d)
-    if parts_for is not None:
-        parts = {name: n * dtype.bytes for name, dtype in parts_for.items()}
-    else:
-        assert recipe is not None and optimizer is not None
-        parts = _optimizer_parts(n, recipe, optimizer)
+    n = shard_elements(request, group)
+    parts = parts_of(n)
     return StateShard(
         kind=kind,
         location=location,
         shard_ranks=d,
         elements=n,
-        padding_elements=n * d - psi,
+        padding_elements=n * d - request.model.params,
         bytes=sum(parts.values()),
         parts=parts,
     )
@@ -239,40 +257,40 @@ def strategy_states(strategy: Strategy, request: TrainingRequest) -> list[StateS
     # are produced on the host from them); replicated ZeRO-1 gradients stay on the GPU.
     grads_on_host = offload_opt is not OffloadTarget.NONE and strategy.grads is not None
     grad_location = Location.CPU if grads_on_host else Location.GPU
+    param_dtype, grad_dtype = recipe.param_dtype, recipe.grad_dtype
     states = [
-        _shard(
+        state_shard(
             StateKind.PARAMS,
             strategy.params,
             _LOCATION[request.offload_params],
             request,
-            parts_for={f"params_{recipe.param_dtype.value}": recipe.param_dtype},
+            tensor_parts(f"params_{param_dtype.value}", param_dtype),
         ),
-        _shard(
+        state_shard(
             StateKind.GRADS,
             strategy.grads,
             grad_location,
             request,
-            parts_for={f"grads_{recipe.grad_dtype.value}": recipe.grad_dtype},
+            tensor_parts(f"grads_{grad_dtype.value}", grad_dtype),
         ),
     ]
     if request.fp32_grad_accum:
         states.append(
-            _shard(
+            state_shard(
                 StateKind.GRAD_ACCUM,
                 strategy.grads,
                 grad_location,
                 request,
-                parts_for={"grad_accum_fp32": DType.FP32},
+                tensor_parts(f"grad_accum_{GRAD_ACCUM_DTYPE.value}", GRAD_ACCUM_DTYPE),
             )
         )
     states.append(
-        _shard(
+        state_shard(
             StateKind.OPTIMIZER,
             strategy.optimizer,
             _LOCATION[offload_opt],
             request,
-            recipe=recipe,
-            optimizer=optimizer,
+            optimizer_parts(recipe, optimizer),
         )
     )
     return states
@@ -336,7 +354,7 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
         b_p=recipe.param_dtype.bytes,
         b_g=recipe.grad_dtype.bytes,
         k=float(k),
-        grad_accum=DType.FP32.bytes if request.fp32_grad_accum else 0,
+        grad_accum=GRAD_ACCUM_DTYPE.bytes if request.fp32_grad_accum else 0,
     )
     assumptions = [
         f"Ψ = {request.model.params:,} parameters; N = {plural(cluster.world_size, 'GPU')}, "
@@ -346,8 +364,8 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
     ]
     if request.fp32_grad_accum:
         assumptions.append(
-            "fp32 gradient-accumulation buffer: 4 bytes per parameter, sharded like the gradients "
-            "(Ultra-Scale Playbook: 2 + 2 + 12 + 4 bytes per parameter)"
+            f"fp32 gradient-accumulation buffer: {GRAD_ACCUM_DTYPE.bytes} bytes per parameter, sharded like "
+            "the gradients (Ultra-Scale Playbook: 2 + 2 + 12 + 4 bytes per parameter)"
         )
     if request.offload_optimizer is not OffloadTarget.NONE:
         assumptions.append(

@@ -25,7 +25,14 @@ from zerocalc.parallel.frameworks import Estimate, TorchWrapper
 from zerocalc.parallel.optimizers import OptimizerName
 from zerocalc.parallel.precision import PrecisionName
 from zerocalc.request.training import parse_options
-from zerocalc.states.framework import LINES, STATE_LINES, RankStates, predict_rank_states, reducer_buckets
+from zerocalc.states.framework import (
+    LINES,
+    STATE_LINES,
+    RankStates,
+    predict_rank_states,
+    reducer_buckets,
+    shard_ranks,
+)
 from zerocalc.validate.config import PERTURB_ENV, STRATEGIES, Job, Measured, RecordedCall
 
 PEAK_TOLERANCE = 0.25
@@ -102,9 +109,7 @@ def predictions(
     """Each rank's model states; a hybrid configuration shards over the ``gpus_per_node`` ranks of a node,
     rank r holding shard r mod g."""
     _, _, setup = STRATEGIES[strategy]
-    shard = world_size
-    if setup.shard_group is RankGroup.NODE and gpus_per_node is not None:
-        shard = gpus_per_node
+    shard = shard_ranks(Cluster.of(world_size, gpus_per_node or world_size), setup)
     return [
         predict_rank_states(arch, setup, shard, r % shard, precision, optimizer) for r in range(world_size)
     ]

@@ -7,6 +7,7 @@ from pydantic import BaseModel, Field
 from zerocalc.base.errors import InputError
 from zerocalc.model.architecture import Architecture
 from zerocalc.network.schedule import GradSync
+from zerocalc.parallel.frameworks import TORCH_OPTIMIZERS
 from zerocalc.parallel.optimizers import OptimizerName
 from zerocalc.parallel.precision import PrecisionName
 from zerocalc.parallel.strategies import validated_setups
@@ -22,7 +23,7 @@ STRATEGIES = validated_setups()
 """``--strategies`` names → (framework, strategy, PyTorch setup), from the Strategy records."""
 PRECISIONS = (PrecisionName.FP32, PrecisionName.BF16_MIXED)
 """What validate runs: fp32, and bf16 ``MixedPrecision``/``MixedPrecisionPolicy`` (autocast for DDP)."""
-OPTIMIZERS = (OptimizerName.ADAM, OptimizerName.ADAMW)
+OPTIMIZERS = TORCH_OPTIMIZERS
 
 
 def check_buildable(arch: Architecture) -> None:

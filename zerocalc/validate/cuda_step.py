@@ -18,6 +18,8 @@ import torch
 from zerocalc.validate.phases import PhaseMeasurement
 
 STEPS = 3
+SNAPSHOT_MAX_ENTRIES = 1_000_000
+"""At most this many allocator events in a recorded step's history (torch keeps the latest)."""
 
 
 def cuda_device() -> tuple[str, int] | None:
@@ -27,7 +29,12 @@ def cuda_device() -> tuple[str, int] | None:
     return torch.cuda.get_device_name(0), torch.cuda.mem_get_info()[1]
 
 
-def run(config: dict[str, Any], b: int, s: int, reshard: bool, recompute: bool) -> PhaseMeasurement:
+def run(
+    config: dict[str, Any], b: int, s: int, reshard: bool, recompute: bool, snapshot: bool = False
+) -> tuple[PhaseMeasurement, dict[str, Any] | None]:
+    """The phases' peaks of the last of :data:`STEPS` steps; with ``snapshot``, the allocator's history of
+    that step (``torch.cuda.memory._record_memory_history`` from its start, Python frames) and its state
+    at the end, as ``torch.cuda.memory._snapshot()`` returns them (``torch/cuda/memory.py``)."""
     import torch.distributed as dist
     import transformers
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -62,6 +69,10 @@ def run(config: dict[str, Any], b: int, s: int, reshard: bool, recompute: bool) 
         if last:
             figures["start_allocated"] = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
+            if snapshot:
+                torch.cuda.memory._record_memory_history(
+                    enabled="all", context="all", stacks="python", max_entries=SNAPSHOT_MAX_ENTRIES
+                )
         loss = model(input_ids=ids, labels=ids).loss
         torch.cuda.synchronize()
         if last:
@@ -82,6 +93,10 @@ def run(config: dict[str, Any], b: int, s: int, reshard: bool, recompute: bool) 
         if last:
             figures["optimizer_peak"] = torch.cuda.max_memory_allocated()
             reserved = max(reserved, torch.cuda.max_memory_reserved())
+    recorded = None
+    if snapshot:
+        recorded = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
     free, total = torch.cuda.mem_get_info()
     peaks = ("forward_peak", "backward_peak", "optimizer_peak")
     result = PhaseMeasurement(
@@ -95,4 +110,4 @@ def run(config: dict[str, Any], b: int, s: int, reshard: bool, recompute: bool) 
 
     gc.collect()
     dist.destroy_process_group()
-    return result
+    return result, recorded

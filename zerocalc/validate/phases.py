@@ -6,7 +6,8 @@ loss, three steps, ``torch.cuda.reset_peak_memory_stats`` between phases) gives 
 :class:`PhaseMeasurement`; :func:`compare_phases` sets it against the :class:`~zerocalc.peak.report.
 StrategyPeak` that ``zerocalc memory --framework fsdp2 --model-impl hf`` computes for the same case:
 allocated figures within :data:`ALLOCATED_TOLERANCE`, the device footprint within
-:data:`DEVICE_TOLERANCE` (issue #12), and the phase of the peak the same.
+:data:`DEVICE_TOLERANCE`, and the phase of the peak the same. ``zerocalc validate --fake``
+(:mod:`zerocalc.validate.fake`) compares the same allocated lines (:func:`allocated_lines`), exactly.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ DEVICE_TOLERANCE = 0.10
 """``max_memory_reserved`` and the device footprint (``total − free`` of ``cudaMemGetInfo``): within 10%."""
 
 
-class PhaseMeasurement(BaseModel):
-    """One measured step, in bytes (the fields of ``tests/data/h100-fsdp2-hf/steps.jsonl``)."""
+class AllocatedPhases(BaseModel):
+    """What one step allocates, phase by phase, in bytes: at its start, each phase's peak (reset to reset)
+    and what is left after forward and after backward."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -36,6 +38,22 @@ class PhaseMeasurement(BaseModel):
     backward_peak: int
     after_backward: int
     optimizer_peak: int
+
+
+ALLOCATED_LINES = (
+    ("start (allocated)", "start_allocated"),
+    ("forward peak", "forward_peak"),
+    ("after forward", "after_forward"),
+    ("backward peak", "backward_peak"),
+    ("after backward", "after_backward"),
+    ("optimizer peak", "optimizer_peak"),
+)
+"""Each line's label and its :class:`AllocatedPhases` field, in step order."""
+
+
+class PhaseMeasurement(AllocatedPhases):
+    """One measured step, in bytes (the fields of ``tests/data/h100-fsdp2-hf/steps.jsonl``)."""
+
     max_allocated: int
     max_reserved: int
     device_used: int = Field(description="total − free (cudaMemGetInfo) after the step")
@@ -81,21 +99,39 @@ def measured_peak_phase(m: PhaseMeasurement) -> StepPhase:
     return max(peaks, key=peaks.__getitem__)
 
 
+def predicted_phases(row: StrategyPeak) -> AllocatedPhases:
+    """The allocated lines of a strategy's simulated step."""
+    return AllocatedPhases(
+        start_allocated=row.start_bytes,
+        forward_peak=row.phase(StepPhase.FORWARD).allocated_bytes,
+        after_forward=row.after_forward_bytes,
+        backward_peak=row.phase(StepPhase.BACKWARD).allocated_bytes,
+        after_backward=row.after_backward_bytes,
+        optimizer_peak=row.phase(StepPhase.OPTIMIZER).allocated_bytes,
+    )
+
+
+def allocated_lines(
+    predicted: AllocatedPhases, measured: AllocatedPhases, tolerance: float
+) -> list[PhaseLine]:
+    """Predicted vs measured, line by line in step order (:data:`ALLOCATED_LINES`)."""
+    return [
+        PhaseLine(
+            line=label,
+            predicted=getattr(predicted, field),
+            measured=getattr(measured, field),
+            tolerance=tolerance,
+        )
+        for label, field in ALLOCATED_LINES
+    ]
+
+
 def compare_phases(row: StrategyPeak, m: PhaseMeasurement) -> PhaseReport:
     """Predicted vs measured, phase by phase, then the maxima and the device footprint."""
     a, d = ALLOCATED_TOLERANCE, DEVICE_TOLERANCE
     line = PhaseLine
     lines = [
-        line(line="start (allocated)", predicted=row.start_bytes, measured=m.start_allocated, tolerance=a),
-        line(line="forward peak", predicted=row.phase(StepPhase.FORWARD).allocated_bytes,
-                  measured=m.forward_peak, tolerance=a),
-        line(line="after forward", predicted=row.after_forward_bytes, measured=m.after_forward, tolerance=a),
-        line(line="backward peak", predicted=row.phase(StepPhase.BACKWARD).allocated_bytes,
-                  measured=m.backward_peak, tolerance=a),
-        line(line="after backward", predicted=row.after_backward_bytes, measured=m.after_backward,
-                  tolerance=a),
-        line(line="optimizer peak", predicted=row.phase(StepPhase.OPTIMIZER).allocated_bytes,
-                  measured=m.optimizer_peak, tolerance=a),
+        *allocated_lines(predicted_phases(row), m, a),
         line(line="max allocated", predicted=row.allocated_peak_bytes, measured=m.max_allocated, tolerance=a),
         line(line="max reserved", predicted=row.reserved_bytes, measured=m.max_reserved, tolerance=d),
         line(line="device used", predicted=row.peak_bytes, measured=m.device_used, tolerance=d),

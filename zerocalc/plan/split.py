@@ -22,7 +22,8 @@ of several spaces against :func:`zerocalc.peak.simulate.simulate`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from enum import StrEnum
 from functools import cached_property
 from operator import add
 from typing import NamedTuple
@@ -32,7 +33,7 @@ from zerocalc.peak.ledger import CUDA_BLOCK, Ledger
 from zerocalc.peak.mechanics import Mechanics
 from zerocalc.peak.report import StateLine
 from zerocalc.peak.simulate import activation_bytes, mechanics_for, step_shape
-from zerocalc.peak.timeline import Runtime, run_step, steady_start
+from zerocalc.peak.timeline import Runtime, StepHooks, run_step, steady_start
 from zerocalc.request.training import TrainingRequest
 
 NO_EVENT = -(2**62)
@@ -42,18 +43,40 @@ NO_EVENT = -(2**62)
 class HookCall(NamedTuple):
     phase: str
     method: str
+    """The :class:`~zerocalc.peak.timeline.StepHooks` method called."""
     args: tuple[object, ...]
     """The arguments after the ledger."""
+    unit: str | int | None = None
+    """The unit it is called for (``"root"`` or a block's index), if the hook takes one."""
+    label: str | None = None
+    """The gradient's label of a ``param_grad`` call."""
 
-    @property
-    def slot(self) -> str:
-        """The hook's name in a slot: its method and unit (and gradient label), no other numbers (a slot's
-        only number is its block's index: :mod:`zerocalc.plan.layers` reads it)."""
-        if self.method in ("pre_forward", "post_forward", "pre_backward", "post_backward"):
-            return f"{self.method} {self.args[0]}"
-        if self.method == "param_grad":
-            return f"{self.method} {self.args[0]} {self.args[1]}"
-        return self.method
+
+class Where(StrEnum):
+    """Which events of a hook call a slot holds."""
+
+    BEFORE = "before hooks"
+    """The events before the step's first hook."""
+    IN = "in"
+    """The events inside the hook: the framework's bytes vary."""
+    AFTER = "after"
+    """The events after it and before the next hook: the model's bytes vary."""
+
+
+class Slot(NamedTuple):
+    """One slot of a steady step: a hook call's events (:class:`Where`), named by the call's phase, method,
+    unit and gradient label, never by its other arguments' values."""
+
+    phase: str
+    where: Where
+    method: str | None
+    unit: str | int | None
+    """``"root"``, a block's index, or None (a hook without a unit)."""
+    label: str | None
+
+
+START = Slot("start", Where.BEFORE, None, None, None)
+"""The first slot: before any hook."""
 
 
 class SlotLedger(Ledger):
@@ -113,7 +136,7 @@ class SlotLedger(Ledger):
             slots[-1] = value
 
 
-class _SlotMarks:
+class _SlotMarks(StepHooks):
     """The hooks of a model run: each call marks its slot (the bytes entering it; the events after it count
     towards the next) and allocates nothing, the framework's part being another run's; it is recorded in
     ``calls`` unless None."""
@@ -121,17 +144,52 @@ class _SlotMarks:
     def __init__(self, calls: list[HookCall] | None):
         self._calls = calls
 
-    def __getattr__(self, method: str) -> Callable[..., None]:
-        calls = self._calls
+    def _mark(
+        self,
+        led: Ledger,
+        method: str,
+        args: tuple[object, ...],
+        unit: str | int | None = None,
+        label: str | None = None,
+    ) -> None:
+        assert isinstance(led, SlotLedger)
+        if self._calls is not None:
+            self._calls.append(HookCall(led.phase, method, args, unit, label))
+        led.entered.append(led.total)
+        led.between.append(NO_EVENT)
 
-        def mark(led: SlotLedger, *args: object) -> None:
-            if calls is not None:
-                calls.append(HookCall(led.phase, method, args))
-            led.entered.append(led.total)
-            led.between.append(NO_EVENT)
+    def resident(self, led: Ledger, first_step: bool = False) -> None:
+        self._mark(led, "resident", (first_step,))
 
-        setattr(self, method, mark)  # found without __getattr__ from now on
-        return mark
+    def pre_forward(self, led: Ledger, unit: str | int) -> None:
+        self._mark(led, "pre_forward", (unit,), unit)
+
+    def forward_started(self, led: Ledger, runtime_extra: int) -> None:
+        self._mark(led, "forward_started", (runtime_extra,))
+
+    def post_forward(self, led: Ledger, unit: str | int) -> None:
+        self._mark(led, "post_forward", (unit,), unit)
+
+    def pre_backward(self, led: Ledger, unit: str | int) -> None:
+        self._mark(led, "pre_backward", (unit,), unit)
+
+    def param_grad(self, led: Ledger, unit: str | int, label: str, numel: int) -> None:
+        self._mark(led, "param_grad", (unit, label, numel), unit, label)
+
+    def tied_grad_sum(self, led: Ledger, numel: int) -> None:
+        self._mark(led, "tied_grad_sum", (numel,))
+
+    def post_backward(self, led: Ledger, unit: str | int) -> None:
+        self._mark(led, "post_backward", (unit,), unit)
+
+    def backward_finished(self, led: Ledger) -> None:
+        self._mark(led, "backward_finished", ())
+
+    def optimizer_step(self, led: Ledger, first_step: bool) -> None:
+        self._mark(led, "optimizer_step", (first_step,))
+
+    def zero_grad(self, led: Ledger) -> None:
+        self._mark(led, "zero_grad", ())
 
 
 class ModelRun:
@@ -139,22 +197,23 @@ class ModelRun:
 
     def __init__(self, values: list[int], calls: tuple[HookCall, ...]):
         self.values = values
-        """A per slot (:func:`slot_names`): the bytes entering each hook, the largest between hooks."""
+        """A per slot (:func:`slots_of`): the bytes entering each hook, the largest between hooks."""
         self.calls = calls
         """The hook calls in order (the same for every framework)."""
 
     @cached_property
-    def names(self) -> tuple[str, ...]:
-        """The slots' names (:func:`slot_names`)."""
-        return slot_names(self.calls)
+    def slots(self) -> tuple[Slot, ...]:
+        """The slots (:func:`slots_of`)."""
+        return slots_of(self.calls)
 
 
-def slot_names(calls: tuple[HookCall, ...]) -> tuple[str, ...]:
-    """The slots' names ("phase:in|after hook"), in the step's order: the first is before any hook."""
-    names = ["start:before hooks"]
+def slots_of(calls: tuple[HookCall, ...]) -> tuple[Slot, ...]:
+    """The slots in the step's order: :data:`START`, then in and after each hook call."""
+    slots = [START]
     for call in calls:
-        names += [f"{call.phase}:in {call.slot}", f"{call.phase}:after {call.slot}"]
-    return tuple(names)
+        phase, method, unit, label = call.phase, call.method, call.unit, call.label
+        slots += (Slot(phase, Where.IN, method, unit, label), Slot(phase, Where.AFTER, method, unit, label))
+    return tuple(slots)
 
 
 def _values(inside: list[int], after: list[int], before: int) -> list[int]:
@@ -198,29 +257,15 @@ def framework_mechanics(
     return mechanics_for(request, request.strategies[0], states, blocks)[0]
 
 
-def fingerprint(mechanics: Mechanics) -> Hashable:
-    """What a fresh mechanics object's hooks depend on: its class and every attribute (each unit's
-    elements, shards and padding; the dtypes, flags, state lines). Two configurations with equal
-    fingerprints allocate the same (DDP at any world, HYBRID_SHARD's shard group at any world...)."""
-    parts: list[object] = [type(mechanics).__name__]
-    for name, value in sorted(vars(mechanics).items()):
-        if name == "units":
-            value = tuple(u.key for u in value.values())
-        elif isinstance(value, (list, set)):
-            value = tuple(sorted(value) if isinstance(value, set) else value)
-        parts.append((name, value))
-    return tuple(parts)
-
-
 def framework_run(
     mechanics: Mechanics, calls: tuple[HookCall, ...], device: Device = Device.CUDA
 ) -> list[int]:
-    """F per slot (:func:`slot_names`) of a steady step: fresh ``mechanics`` given the model run's hook
+    """F per slot (:func:`slots_of`) of a steady step: fresh ``mechanics`` given the model run's hook
     calls."""
     led = SlotLedger(framework=True, block=CUDA_BLOCK if device is Device.CUDA else 1)
     inside, left = led.inside, led.left  # every operation is inside a hook (none reads the phase)
     hooks: dict[str, Callable[..., None]] = {}
-    for _, method, args in calls:
+    for _, method, args, _, _ in calls:
         hook = hooks.get(method)
         if hook is None:
             hook = hooks[method] = getattr(mechanics, method)

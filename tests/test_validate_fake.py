@@ -1,0 +1,221 @@
+"""``zerocalc validate --fake``: FSDP2 at any world size under fake tensors, tracked by PyTorch's own
+``FSDPMemTracker``, against the step timeline to the byte.
+
+The pure tests assert the timeline's figures against what the real tracker gave for the same case (torch
+2.13.0, transformers 5.17.0, tiny configs of ``zerocalc/validate/saved.py``); the torch tests run the real
+thing at worlds 2, 8 and 64 on a dense (llama) and a mixture-of-experts (qwen3_moe) family.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from zerocalc.cli import app
+from zerocalc.model.activations import Recompute
+from zerocalc.model.hf_config import architecture_from_hf_dict
+from zerocalc.validate import fake
+from zerocalc.validate.phases import AllocatedPhases
+from zerocalc.validate.saved import TINY_CONFIGS
+
+HAS_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
+needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="needs torch and transformers")
+GIB = 2**30
+
+
+def _case(
+    family: str, world: int, b: int, s: int, recompute: str = "none", reshard: bool = True, **sizes: int
+):
+    config = dict(TINY_CONFIGS[family], **sizes)
+    arch = architecture_from_hf_dict(config, family, family)
+    case = fake.FakeCase(
+        model=family, world=world, micro_batch=b, seq_len=s, recompute=Recompute(recompute), reshard=reshard
+    )
+    return config, fake.request_for(arch, case), case
+
+
+def _predicted(family: str, world: int, b: int, s: int, **sizes: int) -> AllocatedPhases:
+    _, request, case = _case(family, world, b, s, **sizes)
+    return fake.predict(request, case)[0]
+
+
+def _tracker(start: int, fwd: int, after_fwd: int, bwd: int, after_bwd: int, opt: int) -> AllocatedPhases:
+    return AllocatedPhases(
+        start_allocated=start, forward_peak=fwd, after_forward=after_fwd, backward_peak=bwd,
+        after_backward=after_bwd, optimizer_peak=opt,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ the timeline, pure
+def test_the_root_prefetches_the_last_block_before_the_loss_backward() -> None:
+    """World ≥ 2: FSDPState._pre_backward → FSDPParamGroup._backward_prefetch gathers the last block when
+    the loss's gradient reaches the root, so its padded bf16 all-gather output is alive in the loss
+    backward. Tiny llama (q 128×128, k and v 32×128, o 128×128, gate/up/down 320×128, two norms of 128:
+    164,096 elements per block) at world 8, b=1 s=512: the tracker's backward peak."""
+    world8 = _predicted("llama", 8, 1, 512)
+    assert world8 == _tracker(701_440, 12_514_816, 8_777_728, 13_558_272, 932_352, 1_164_288)
+    _, request, case = _case("llama", 8, 1, 512)
+    *_, step = fake.predict(request, case)
+    backward = [(e, a) for p, e, a in step.events if p.value == "backward"]
+    names = [e for e, _ in backward]
+    at = dict(backward)
+    assert names[:5] == [
+        "all-gather root", "unshard root (copy-out)", "all-gather 1", "prefetch 1",
+        "loss backward (log_softmax_backward)",
+    ]  # fmt: skip
+    block = 2 * 164_096  # bf16; every dim of the block divides by 8: no padding
+    root_output = 262_656  # the root's all-gather output, freed after its copy-out: 2 × 131,200 B → 512 B
+    assert at["prefetch 1"] - at["unshard root (copy-out)"] == block - root_output
+    assert at["loss backward (log_softmax_backward)"] == world8.backward_peak
+    # world 1: FSDP2's fast path allocates nothing when it prefetches (the tracker's backward peak)
+    assert _predicted("llama", 1, 1, 512).backward_peak == 18_046_976
+
+
+def test_expert_tensors_pad_to_the_world_and_three_gathers_coexist_in_forward() -> None:
+    """Stacked experts [4, 192, 128] and [4, 128, 96] are gathered as 64 rows each at world 64; at a
+    block's copy-out the previous block's all-gather output is still alive (wait_for_unshard's local
+    ``prev_all_gather_state``), beside this block's output and its unsharded parameters."""
+    assert _predicted("qwen3_moe", 64, 1, 256) == _tracker(
+        972_800, 17_786_368, 5_574_656, 22_967_296, 1_292_800, 1_615_872
+    )
+    assert _predicted("mixtral", 64, 1, 256) == _tracker(
+        1_851_392, 32_956_928, 6_729_728, 43_003_904, 2_466_304, 3_082_240
+    )
+
+
+def test_gemma3_keeps_two_rotary_tables_and_its_embedding_scale() -> None:
+    """2 layers (all sliding-window): one table; 6 layers: a local and a global one. Both keep the fp32
+    0-dim ``embed_scale`` buffer, and each sliding layer's cache tensor until the output is dropped."""
+    assert _predicted("gemma3_text", 1, 1, 256) == _tracker(
+        5_529_088, 13_468_160, 11_631_104, 13_988_352, 7_369_728, 9_211_392
+    )
+    assert _predicted("gemma3_text", 8, 1, 256, num_hidden_layers=6) == _tracker(
+        1_733_120, 19_427_840, 17_260_032, 19_946_496, 2_293_760, 2_869_760
+    )
+
+
+def test_cuda_extras_are_named_and_account_for_the_difference_with_zerocalc_memory() -> None:
+    _, request, case = _case("llama", 8, 2, 64)
+    bare, cuda, _ = fake.predict(request, case)
+    extras = fake.cuda_extras(request, case)
+    assert [e.name.split(" (")[0] for e in extras] == [
+        "cuBLAS workspace", "unattributed at the step start", "SDPA philox seed and offset",
+    ]  # fmt: skip
+    whole_step = sum(e.bytes * e.count for e in extras if e.lifetime == "the whole step")
+    assert cuda.start_allocated - bare.start_allocated == whole_step == 2 * 32 * 2**20 + 512
+    layers = 2 * 1024  # two layers' philox seed and offset, alive at the loss
+    assert cuda.forward_peak - bare.forward_peak == whole_step + layers
+
+
+def test_what_is_not_claimed() -> None:
+    config, request, case = _case("llama", 8, 1, 64, recompute="full")
+    assert fake.not_claimed(config, request.architecture, case) is None
+    config, request, case = _case("mixtral", 8, 1, 64, recompute="full")
+    assert "checkpointing" in (fake.not_claimed(config, request.architecture, case) or "")
+    config, request, case = _case("qwen3_moe", 8, 1, 64, reshard=False)
+    assert "mixture of experts" in (fake.not_claimed(config, request.architecture, case) or "")
+    config, request, case = _case("mistral", 8, 1, 64)  # MistralConfig's sliding_window is 4096
+    assert "sliding-window" in (fake.not_claimed(config, request.architecture, case) or "")
+    config, request, case = _case("gemma3_text", 8, 1, 64)  # its layer types are modelled
+    assert fake.not_claimed(config, request.architecture, case) is None
+
+
+def test_presets_are_written_back_as_the_config_json_transformers_builds() -> None:
+    from zerocalc.base.errors import InputError
+    from zerocalc.request.presets import load_model
+    from zerocalc.validate.hf_export import hf_config_of
+
+    for name in ("llama-3-8b", "llama-2-7b", "mixtral-8x7b", "qwen3-30b-a3b", "qwen2.5-7b"):
+        arch, _ = load_model(name)
+        back = architecture_from_hf_dict(hf_config_of(arch, name), name, arch.name)
+        assert back.model_dump(exclude={"head_dim", "num_kv_heads"}) == arch.model_dump(
+            exclude={"head_dim", "num_kv_heads"}
+        )
+    with pytest.raises(InputError, match="gpt2"):
+        hf_config_of(load_model("gpt2")[0], "--model gpt2")
+
+
+# ------------------------------------------------------------------------- the real runs (torch)
+CI_CASES = [(family, world) for family in ("llama", "qwen3_moe") for world in (2, 8, 64)]
+
+
+@needs_torch
+@pytest.mark.parametrize(("family", "world"), CI_CASES, ids=[f"{f}-w{w}" for f, w in CI_CASES])
+def test_the_tracker_agrees_with_the_timeline_to_the_byte(family: str, world: int) -> None:
+    from zerocalc.validate import fake_step
+
+    config, request, case = _case(family, world, 1, 256)
+    measured, seconds = fake_step.run(config, world, 1, 256, reshard=True, recompute=False)
+    result = fake.compare(request, case, measured, seconds, config)
+    assert result.not_claimed is None
+    assert result.exact, [(line.line, line.measured - line.predicted) for line in result.lines]
+
+
+SLOW_CASES = [
+    ("llama", 8, "full", True), ("llama", 8, "none", False), ("llama", 64, "full", False),
+    ("mixtral", 64, "none", True), ("gemma3_text", 8, "none", True), ("qwen3", 8, "full", True),
+]  # fmt: skip
+
+
+@needs_torch
+@pytest.mark.slow
+@pytest.mark.parametrize(("family", "world", "recompute", "reshard"), SLOW_CASES)
+def test_more_families_and_modes_agree(family: str, world: int, recompute: str, reshard: bool) -> None:
+    from zerocalc.validate import fake_step
+
+    config, request, case = _case(family, world, 2, 64, recompute=recompute, reshard=reshard)
+    measured, seconds = fake_step.run(config, world, 2, 64, reshard=reshard, recompute=recompute == "full")
+    result = fake.compare(request, case, measured, seconds, config)
+    assert result.not_claimed is None and result.exact, [
+        (line.line, line.measured - line.predicted) for line in result.lines
+    ]
+
+
+# ---------------------------------------------------------------------------------------- the CLI
+@needs_torch
+def test_cli_validate_fake_world_8() -> None:
+    result = CliRunner().invoke(app, ["validate", "--fake", "--world", "8"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "1 of 1 cases exact to the byte (1 claimed exact): every claimed case is exact" in result.output
+    assert "tiny llama: FSDP2 world 8" in result.output
+    assert all(len(line) <= 80 for line in result.output.splitlines())
+
+
+@needs_torch
+def test_cli_validate_fake_json_of_a_config_json(tmp_path: Path) -> None:
+    path = tmp_path / "qwen3-moe-tiny" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(TINY_CONFIGS["qwen3_moe"]))
+    result = CliRunner().invoke(
+        app, ["validate", "--fake", "--model", str(path), "--world", "4", "-b", "1", "-s", "32", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    report: dict[str, Any] = json.loads(result.output)
+    (case,) = report["cases"]
+    assert case["case"]["model"] == "qwen3-moe-tiny" and case["case"]["world"] == 4
+    assert all(line["predicted"] == line["measured"] for line in case["lines"])
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--fake", "--nproc", "4"], "--nproc is not read by --fake"),
+        (["--fake", "--world", "0"], "--world '0' is not accepted"),
+        (["--fake", "--world", "8,x"], "--world '8,x' is not accepted"),
+        (["--fake", "--recompute", "selective"], "--recompute 'selective' is not accepted"),
+        (["--fake", "--reshard", "maybe"], "--reshard 'maybe' is not accepted"),
+        (["--fake", "--activations"], "--fake with --activations is not accepted"),
+        (["--world", "8"], "--world is not read by the framework runs"),
+        (["--fake", "--model", "gpt2"], "--model 'gpt2' is a gpt2 model"),
+    ],
+)
+def test_cli_validate_fake_refuses_in_one_line(args: list[str], says: str) -> None:
+    result = CliRunner().invoke(app, ["validate", *args])
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert says in result.stderr

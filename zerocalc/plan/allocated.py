@@ -1,0 +1,219 @@
+"""Every candidate's allocated peak, exact, from the step's two parts (pure).
+
+A candidate's steady step is the framework's part plus the model's part, slot by slot
+(:mod:`zerocalc.plan.split`): the framework's depends on the configuration (strategy, world, dtypes, offload,
+accumulation) and not on the micro-batch or recompute, the model's on the micro-batch and recompute and not on
+the configuration. So the search runs the framework's part once per configuration (whatever the micro-batch
+and recompute) and the model's once per (micro-batch, recompute), and each candidate's allocated peak is a
+maximum over the slots of a sum — the same number :func:`zerocalc.peak.simulate.simulate` gives for its steady
+step (tests/test_plan.py). Where the stack is homogeneous both parts are run at a few layers (4 and 5) and
+extrapolated to L (:mod:`zerocalc.plan.layers`: exact under every framework, the framework's runs keeping the
+whole model's quantities); a stack that is not homogeneous is run at all L layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import NamedTuple
+
+from zerocalc.model.activations import Recompute
+from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS
+from zerocalc.parallel.profiles import PROFILES
+from zerocalc.parallel.strategies import STRATEGIES
+from zerocalc.peak.report import StateLine
+from zerocalc.peak.states import STATE_BUILDERS
+from zerocalc.peak.timeline import Runtime
+from zerocalc.plan.layers import (
+    SMALL_LAYERS,
+    Extrapolation,
+    extrapolation,
+    homogeneous,
+    with_layers,
+    within_edges,
+)
+from zerocalc.plan.split import (
+    HookCall,
+    ModelRun,
+    framework_mechanics,
+    framework_run,
+    model_run,
+    model_values,
+    peak_of,
+)
+from zerocalc.request.training import TrainingRequest
+
+
+def with_batch(request: TrainingRequest, b: int, accum: int) -> TrainingRequest:
+    """The same request at micro-batch ``b`` and accumulation ``accum``."""
+    activations = request.activations.model_copy(update={"micro_batch": b})
+    return request.model_copy(update={"activations": activations, "grad_accum": accum})
+
+
+def with_recompute(request: TrainingRequest, recompute: Recompute) -> TrainingRequest:
+    """The same request with another recompute (the parser puts it in the activations and nowhere else:
+    tests/test_plan.py compares with parsing)."""
+    if request.activations.recompute is recompute:
+        return request
+    activations = request.activations.model_copy(update={"recompute": recompute})
+    return request.model_copy(update={"activations": activations})
+
+
+class ModelParts:
+    """The model's part of a search's steps: one run per (recompute, micro-batch, layer count), and the hook
+    calls and slots of one run per layer count (the same at every micro-batch and recompute: the timeline
+    calls the hooks whatever the activations, tests/test_plan.py; the other runs do not record them,
+    :func:`~zerocalc.plan.split.model_values`). Every request is of the search's one model."""
+
+    def __init__(self, runtime: Runtime):
+        self.runtime = runtime
+        self._values: dict[tuple[Recompute, int, int], list[int]] = {}
+        """A per (recompute, micro-batch, layer count)."""
+        self._hooked: dict[int, ModelRun] = {}
+        """Per layer count, the run that recorded the hook calls."""
+
+    @staticmethod
+    def _key(request: TrainingRequest) -> tuple[Recompute, int, int]:
+        activations = request.activations
+        return (activations.recompute, activations.micro_batch, request.architecture.num_layers)
+
+    def values(self, request: TrainingRequest) -> list[int]:
+        """A of the request, at its own layer count."""
+        key = self._key(request)
+        values = self._values.get(key)
+        if values is None:
+            values = self._values[key] = model_values(request, self.runtime)
+        return values
+
+    def hooked(self, request: TrainingRequest) -> ModelRun:
+        """A run at the request's layer count, for its hook calls and slots (its values kept for its
+        micro-batch and recompute)."""
+        layers = request.architecture.num_layers
+        run = self._hooked.get(layers)
+        if run is None:
+            run = self._hooked[layers] = model_run(request, self.runtime)
+            self._values.setdefault(self._key(request), run.values)
+        return run
+
+    def calls(self, request: TrainingRequest, layers: int) -> tuple[HookCall, ...]:
+        """The hook calls of the request's model cut to ``layers`` blocks."""
+        run = self._hooked.get(layers)
+        if run is None:
+            at_depth = request if layers == request.architecture.num_layers else with_layers(request, layers)
+            run = self.hooked(at_depth)
+        return run.calls
+
+
+class FrameworkRuns:
+    """The framework's part of a search's steps: one run per mechanics (its
+    :meth:`~zerocalc.peak.mechanics.Mechanics.run_identity`) and layer count."""
+
+    def __init__(self, model: ModelParts):
+        self._model = model
+        self._runs: dict[tuple[Hashable, int], list[int]] = {}
+
+    def at(self, request: TrainingRequest, depths: tuple[int | None, ...]) -> list[list[int]]:
+        """F of the request's mechanics at each depth (``None``: all its L blocks; else its first ``blocks``
+        blocks and the root, every whole-model quantity the request's). The mechanics at the first depth
+        identify every depth: a search is of one model, whose blocks are alike, so equal units at one
+        depth are equal at any."""
+        states = _states(request)
+        first = framework_mechanics(request, states, depths[0])
+        identity = first.run_identity()
+        values = []
+        for blocks in depths:
+            layers = request.architecture.num_layers if blocks is None else blocks
+            run = self._runs.get((identity, layers))
+            if run is None:
+                mechanics = first if blocks == depths[0] else framework_mechanics(request, states, blocks)
+                run = framework_run(mechanics, self._model.calls(request, layers))
+                self._runs[identity, layers] = run
+            values.append(run)
+        return values
+
+
+class FrameworkPart(NamedTuple):
+    """F of one configuration at L."""
+
+    values: list[int]
+    extrapolated: bool
+    """From the runs at 4 and 5 layers (else run at all L layers)."""
+
+
+class StepParts:
+    """The model's parts and the framework's of each configuration, combined into allocated peaks. One per
+    search: every request it is given is of the same model (the caches are keyed by options, not by
+    architecture)."""
+
+    def __init__(self, runtime: Runtime):
+        self.models = ModelParts(runtime)
+        self.framework_runs = FrameworkRuns(self.models)
+        self._extrapolations: dict[int, Extrapolation | None] = {}
+        """Per L (one for a search: one model), the extrapolation from 4 and 5 layers, or None: the stack
+        is not homogeneous or its runs' slots do not match."""
+        self.frameworks: dict[Hashable, FrameworkPart] = {}
+        """F per configuration."""
+        self._model_parts: dict[tuple[Recompute, int, bool], list[int] | None] = {}
+        """A at L per (recompute, micro-batch, extrapolated); None: not affine in L."""
+
+    def _extrapolation(self, request: TrainingRequest) -> Extrapolation | None:
+        """The extrapolation of the request's runs at 4 and 5 layers to its L (:mod:`zerocalc.plan.layers`);
+        None where the stack is not homogeneous or this request gathers units beyond the edges."""
+        if not within_edges(request):
+            return None
+        big = request.architecture.num_layers
+        if big not in self._extrapolations:
+            plan = None
+            if homogeneous(request):
+                slots = tuple(self.models.hooked(with_layers(request, n)).slots for n in SMALL_LAYERS)
+                plan = extrapolation(slots, big)  # type: ignore[arg-type]
+            self._extrapolations[big] = plan
+        return self._extrapolations[big]
+
+    def _framework_part(self, request: TrainingRequest) -> FrameworkPart:
+        """F of the request's configuration at L: extrapolated where it can be, else run at all L layers."""
+        plan = self._extrapolation(request)
+        if plan is not None:
+            values = plan.apply(tuple(self.framework_runs.at(request, SMALL_LAYERS)))  # type: ignore[arg-type]
+            if values is not None:
+                return FrameworkPart(values, True)
+        return FrameworkPart(self.framework_runs.at(request, (None,))[0], False)
+
+    def _model_part(
+        self, request: TrainingRequest, b: int, accum: int, extrapolate: bool
+    ) -> list[int] | None:
+        """A of the request at micro-batch ``b`` and its L (once per b, recompute and way of running); None
+        where it is not affine in L."""
+        key = (request.activations.recompute, b, extrapolate)
+        if key not in self._model_parts:
+            at_b = with_batch(request, b, accum)
+            if not extrapolate:
+                self._model_parts[key] = self.models.values(at_b)
+            else:
+                plan = self._extrapolation(at_b)
+                runs = tuple(self.models.values(with_layers(at_b, n)) for n in SMALL_LAYERS)
+                self._model_parts[key] = None if plan is None else plan.apply(runs)  # type: ignore[arg-type]
+        return self._model_parts[key]
+
+    def allocated_peaks(
+        self, request: TrainingRequest, batches: dict[int, int], configuration: Hashable
+    ) -> dict[int, int]:
+        """The steady step's allocated peak at each micro-batch b of ``batches`` (b → accumulation) for
+        the request (at any of them, any recompute); ``configuration`` names what the framework's part
+        depends on (the request's options but the micro-batch and recompute): runs are shared by it."""
+        framework = self.frameworks.get(configuration)
+        if framework is None:
+            framework = self.frameworks[configuration] = self._framework_part(request)
+        models = {b: self._model_part(request, b, a, framework.extrapolated) for b, a in batches.items()}
+        if any(model is None for model in models.values()):  # the model's part is not affine in L: all L
+            framework = FrameworkPart(self.framework_runs.at(request, (None,))[0], False)
+            self.frameworks[configuration] = framework
+            models = {b: self._model_part(request, b, a, False) for b, a in batches.items()}
+        return {b: peak_of(framework.values, model) for b, model in models.items()}  # type: ignore[arg-type]
+
+
+def _states(request: TrainingRequest) -> list[StateLine]:
+    """The accountings' state lines (the PyTorch frameworks' mechanics derive their own)."""
+    if request.framework in TORCH_FRAMEWORKS:
+        return []
+    states, _ = STATE_BUILDERS[PROFILES[request.framework].states](request, STRATEGIES[request.strategies[0]])
+    return list(states)

@@ -1,0 +1,222 @@
+"""The tables of ``zerocalc comm``: each strategy's collectives per optimizer step, then a summary per
+strategy (printed by the CLI, and by the results' display in a notebook or on a Rich console)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from zerocalc.base.units import ByteUnit, format_bandwidth, format_count, format_seconds, plural
+from zerocalc.network.cluster import RankGroup
+from zerocalc.network.links import BandwidthSource
+from zerocalc.network.schedule import GradSync, Tensor
+from zerocalc.render.tables import (
+    COLLECTIVE_LEGEND,
+    Output,
+    byte_cell,
+    collective_label,
+    compact_table,
+    print_phrases,
+    unit_label,
+)
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from zerocalc.comm.estimate import CollectiveCost, CommEstimate, StrategyComm
+    from zerocalc.network.links import LinkFigures
+
+
+def _figure_line(label: str, link: LinkFigures) -> str:
+    return (
+        f"{label}: {format_bandwidth(link.bus_bandwidth_Bps)} bus bandwidth, "
+        f"α = {format_seconds(link.latency_s)} ({link.detail})"
+    )
+
+
+def _label(c: CollectiveCost) -> str:
+    return collective_label(c.op.value, c.phase.value)
+
+
+def _tensor(c: CollectiveCost) -> str:
+    what = "scales" if c.scales else ("params" if c.tensor is Tensor.PARAMETERS else "grads")
+    return f"{what} {c.dtype.value}"
+
+
+def _group(c: CollectiveCost) -> str:
+    kind = "across" if c.group is RankGroup.ACROSS_NODES else c.group.value
+    return f"{kind} {c.group_size}{'*' if c.spans_nodes else ''}"
+
+
+BETA_FROM = {
+    BandwidthSource.CALIBRATION: "fit",
+    BandwidthSource.EXPLICIT: "flag",
+    BandwidthSource.GPU_PRESET: "preset",
+    BandwidthSource.DEFAULT: "default",
+}
+"""Where a row's β came from, in its column."""
+BETA_LEGEND = (
+    "β from: fit, the calibration's fit; flag, --intra-node-bw/--inter-node-bw; preset, the --gpu preset's; "
+    "default, the stated default below"
+)
+
+
+def _strategy_table(row: StrategyComm, unit: ByteUnit) -> Table:
+    table = compact_table(
+        ("collective", False, "total"),
+        ("tensor", False, ""),
+        ("group", False, ""),
+        ("calls", True, f"{row.calls_per_step:,}"),
+        ("sent/GPU", True, byte_cell(row.total_bytes_per_gpu, unit)),
+        ("time", True, format_seconds(row.time_s)),
+        ("β from", False, ""),
+    )
+    for c in row.collectives:
+        table.add_row(
+            _label(c),
+            _tensor(c),
+            _group(c),
+            f"{c.calls_per_step:,}",
+            byte_cell(c.total_bytes_per_gpu, unit),
+            format_seconds(c.time_s),
+            BETA_FROM[c.bandwidth_source],
+        )
+    return table
+
+
+def _unit_table(row: StrategyComm, unit: ByteUnit) -> Table:
+    """One row per unit, bucket or broadcasting rank of each collective: its calls each time the collective
+    runs, their Σ S, the bytes each GPU sends for them, and how many times per step the collective runs."""
+    table = compact_table(
+        ("collective", False, ""),
+        ("moves", False, ""),
+        ("calls", True, ""),
+        ("Σ S", True, ""),
+        ("sent/GPU", True, ""),
+        ("× step", True, ""),
+    )
+    for c in row.collectives:
+        for i, u in enumerate(c.units):
+            table.add_row(
+                f"{_label(c)}{' scales' if c.scales else ''}" if i == 0 else "",
+                u.unit,
+                f"{len(u.elements):,}",
+                byte_cell(u.message_bytes, unit),
+                byte_cell(u.bytes_sent_per_gpu, unit),
+                f"{c.times_per_step:,}",
+            )
+        table.add_section()
+    return table
+
+
+def render_comm(out: Output, estimate: CommEstimate, unit: ByteUnit, per_unit: bool = False) -> None:
+    """Each strategy's collectives (or, ``per_unit``, their units and buckets), then a summary per
+    strategy and the figures and formulas behind the times."""
+    request = estimate.request
+    cluster = request.cluster
+    model = f" {request.model}," if request.model else ""
+    print_phrases(
+        out,
+        f"[bold]Communication per optimizer step[/bold] ({request.framework.value}):{model}",
+        f"Ψ = {request.params:,} ({format_count(request.params)}),",
+        f"N = {plural(cluster.world_size, 'GPU')} on {plural(cluster.nodes, 'node')}",
+        f"(g = {cluster.ranks_per_node}),",
+        f"A = {request.grad_accum} micro-batch{'es' if request.grad_accum > 1 else ''},",
+        request.precision.value
+        + (f", ZeRO++ {'+'.join(z.value for z in request.zeropp)}" if request.zeropp else "")
+        + ";",
+        f"sizes in {unit_label(unit)}",
+    )
+    if cluster.world_size == 1:
+        out.print(
+            "[yellow]No communication: a single GPU has nothing to reduce or gather (0 bytes, 0 s).[/yellow]"
+        )
+        return
+    for row in estimate.strategies:
+        when = "every micro-batch" if row.grad_sync is GradSync.EVERY else "on the last micro-batch"
+        out.print(f"\n[bold]{row.title}[/bold]: {row.schedule_source}")
+        out.print(f"gradients reduced {when} ({row.grad_sync_reason})")
+        out.print(_unit_table(row, unit) if per_unit else _strategy_table(row, unit))
+        for c in row.collectives:
+            if not c.scales:
+                out.print(f"[dim]  {_label(c)}: {c.behaviour}[/dim]")
+    out.print(
+        f"[dim]· {COLLECTIVE_LEGEND}; * a group spanning nodes (inter-node bandwidth); calls and bytes per "
+        f"step, per GPU{'' if per_unit else '; ' + BETA_LEGEND}[/dim]"
+    )
+
+    compute = estimate.compute
+    columns = _summary_columns(estimate, unit)
+    summary = compact_table(*((header, numeric, "") for header, numeric, _, _ in columns))
+    for i in range(len(estimate.strategies)):
+        summary.add_row(*(cells[i] for _, _, cells, _ in columns))
+    out.print("\n[bold]Per strategy, per GPU, per step[/bold]")
+    out.print(summary)
+    if estimate.calibration_used:
+        out.print(f"[dim]· bandwidth from calibration {estimate.calibration_used} where it has a fit[/dim]")
+    out.print(f"[dim]· {_figure_line('intra-node', request.bandwidths.intra_node)}[/dim]")
+    out.print(f"[dim]· {_figure_line('inter-node', request.bandwidths.inter_node)}[/dim]")
+    if compute is not None:
+        out.print(
+            f"[dim]· compute: 6·Ψ·T / (N·F) = {compute.flops_per_step:.3g} FLOP / "
+            f"({cluster.world_size} × {request.tflops:g} TFLOP/s) = "
+            f"{format_seconds(compute.seconds)} "
+            "(Kaplan et al. 2020); 'exposed' is what cannot hide behind it with perfect overlap[/dim]"
+        )
+    out.print(
+        "[dim]· bytes per GPU: ring algorithm, all_reduce 2(n-1)/n·S, reduce_scatter, all_gather and "
+        "all_to_all (n-1)/n·S, broadcast S (nccl-tests PERFORMANCE.md); time = calls × α + bytes / β[/dim]"
+    )
+    for note in estimate.notes:
+        out.print(f"[yellow]· {note}[/yellow]")
+
+
+def _summary_columns(
+    estimate: CommEstimate, unit: ByteUnit
+) -> list[tuple[str, bool, list[str], list[str | int | float | None]]]:
+    """The summary table's columns: header, numeric, each strategy's cell and value (bytes, seconds)."""
+    rows = estimate.strategies
+    columns: list[tuple[str, bool, list[str], list[str | int | float | None]]] = [
+        ("strategy", False, [r.strategy.value for r in rows], [r.strategy.value for r in rows]),
+        (
+            "sent/GPU",
+            True,
+            [byte_cell(r.total_bytes_per_gpu, unit) for r in rows],
+            [r.total_bytes_per_gpu for r in rows],
+        ),
+        (
+            "inter-node",
+            True,
+            [byte_cell(r.inter_node_bytes_per_gpu, unit) for r in rows],
+            [r.inter_node_bytes_per_gpu for r in rows],
+        ),
+        (
+            "vs DDP",
+            True,
+            ["–" if r.ratio_to_ddp is None else f"{r.ratio_to_ddp:.2f}×" for r in rows],
+            [r.ratio_to_ddp for r in rows],
+        ),
+        ("time", True, [format_seconds(r.time_s) for r in rows], [r.time_s for r in rows]),
+    ]
+    if estimate.compute is not None:
+        columns.append(
+            (
+                "exposed",
+                True,
+                [format_seconds(r.exposed_time_s or 0.0) for r in rows],
+                [r.exposed_time_s for r in rows],
+            )
+        )
+    return columns
+
+
+def comm_rows(estimate: CommEstimate) -> list[dict[str, str | int | float | None]]:
+    """One dict per strategy: the summary table's columns under their headers, sizes in bytes, times in
+    seconds, ``vs DDP`` as a ratio; ``title`` and ``calls`` (per step) besides."""
+    from zerocalc.base.units import ByteUnit
+
+    columns = _summary_columns(estimate, ByteUnit.B)
+    rows = []
+    for i, row in enumerate(estimate.strategies):
+        values: dict[str, str | int | float | None] = {header: v[i] for header, _, _, v in columns}
+        rows.append({**values, "title": row.title, "calls": row.calls_per_step})
+    return rows

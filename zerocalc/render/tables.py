@@ -1,0 +1,157 @@
+"""Table building shared by the CLI and the results' notebook display: byte cells, tables of numbers
+fitted to a width, compact tables.
+
+Everything here prints on an :class:`Output` (a Rich console, or a collector of renderables): the CLI
+passes its console, :mod:`zerocalc.render.display` a recording console or the console it is printed on.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
+
+from zerocalc.base.units import ByteUnit, format_bytes
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+
+class Output(Protocol):
+    """Where a renderer prints: Rich markup strings and renderables, at a width."""
+
+    @property
+    def width(self) -> int: ...
+
+    def print(self, *objects: Any) -> None: ...
+
+
+def print_phrases(out: Output, *phrases: str) -> None:
+    """Print a heading made of phrases (``Ψ = 7,000,000,000 (7B),``, ``b_p = 2,``) joined by spaces,
+    breaking lines only between them, so that a formula is never cut (``b_p =`` / ``2``) at the
+    output's width; a phrase wider than the output wraps on its own."""
+    lines: list[str] = []
+    for phrase in phrases:
+        if lines and _cell_width(lines[-1] + " " + phrase) <= out.width:
+            lines[-1] += " " + phrase
+        else:
+            lines.append(phrase)
+    for line in lines:
+        out.print(line)
+
+
+def unit_label(unit: ByteUnit) -> str:
+    if unit is ByteUnit.B:
+        return "bytes"
+    power = {"Ki": "2^10", "Mi": "2^20", "Gi": "2^30", "Ti": "2^40"}.get(unit.value[:2])
+    decimal = {"K": "10^3", "M": "10^6", "G": "10^9", "T": "10^12"}.get(unit.value[0])
+    return f"{unit.value} (1 {unit.value} = {power if power else decimal} bytes)"
+
+
+def byte_cell(n_bytes: int, unit: ByteUnit) -> str:
+    return format_bytes(n_bytes, unit)
+
+
+def byte_text(n_bytes: int, unit: ByteUnit) -> str:
+    """A size in running text: with its unit (tables say theirs in the header)."""
+    return f"{format_bytes(n_bytes, unit)} {'bytes' if unit is ByteUnit.B else unit.value}"
+
+
+class Column(NamedTuple):
+    """One column of numbers for :func:`print_fitted`: its header (``\\n`` where it may break) and cells."""
+
+    header: str
+    cells: list[str]
+    justify: Literal["left", "center", "right"] = "right"
+
+
+def _cell_width(text: str) -> int:
+    from rich.text import Text
+
+    return max((Text.from_markup(line).cell_len for line in text.split("\n")), default=0)
+
+
+def _pack(columns: list[Column], widths: list[int], budget: int) -> list[list[Column]]:
+    groups: list[list[Column]] = [[]]
+    used = 0
+    for column, width in zip(columns, widths, strict=True):
+        if groups[-1] and used + width + 3 > budget:
+            groups.append([])
+            used = 0
+        groups[-1].append(column)
+        used += width + 3
+    return groups
+
+
+def print_fitted(
+    out: Output,
+    key_header: str,
+    keys: list[str],
+    columns: list[Column],
+    *,
+    key_width: int = 14,
+    title: str | None = None,
+) -> None:
+    """Print a table of a text key column and columns of numbers at ``out``'s width: the numbers are
+    never cut or wrapped; columns that do not fit go to a further table with the same keys, and the key
+    column wraps (at least ``key_width`` wide)."""
+    from rich.table import Table
+
+    widths = [max(_cell_width(c.header), *(_cell_width(x) for x in c.cells)) for c in columns]
+    natural = max(_cell_width(key_header), *(_cell_width(k) for k in keys))
+    for key in (natural, min(natural, key_width)):  # the keys whole if all columns then fit
+        groups = _pack(columns, widths, out.width - key - 4)  # key padding + separator, outer borders
+        if len(groups) == 1:
+            break
+    for number, group in enumerate(groups):
+        table = Table(title=title if number == 0 else None, header_style="bold")
+        table.add_column(key_header, overflow="fold", min_width=key_width)
+        for column in group:
+            table.add_column(column.header, justify=column.justify, no_wrap=True)
+        for i, key in enumerate(keys):
+            table.add_row(key, *(column.cells[i] for column in group))
+        out.print(table)
+
+
+OP_SHORT = {
+    "all_gather": "AG",
+    "reduce_scatter": "RS",
+    "all_reduce": "AR",
+    "broadcast": "BC",
+    "all_to_all": "A2A",
+}
+PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "after_step": "step"}
+COLLECTIVE_LEGEND = (
+    "AG all_gather, RS reduce_scatter, AR all_reduce, BC broadcast, A2A all_to_all; fwd forward, "
+    "bwd backward, step after optimizer.step"
+)
+
+
+def collective_label(op: str, phase: str) -> str:
+    """``AG fwd``: a collective and its phase, short (:data:`COLLECTIVE_LEGEND` spells them out)."""
+    return f"{OP_SHORT.get(op, op)} {PHASE_SHORT.get(phase, phase)}"
+
+
+def compact_table(*columns: tuple[str, bool, str]) -> Table:
+    """A table without vertical rules, so that it fits 80 columns: (header, numeric, footer) per column;
+    numbers are right-aligned and never wrapped, text wraps."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(
+        box=box.SIMPLE,
+        header_style="bold",
+        footer_style="bold",
+        padding=(0, 1),
+        pad_edge=False,
+        show_edge=False,
+        show_footer=any(footer for _, _, footer in columns),
+    )
+    for header, numeric, footer in columns:
+        table.add_column(
+            header,
+            footer,
+            justify="right" if numeric else "left",
+            no_wrap=numeric,
+            overflow="ellipsis" if numeric else "fold",
+            min_width=None if numeric else max([1, *(len(word) for word in header.split())]),
+        )
+    return table

@@ -1,0 +1,265 @@
+"""Every option of ``memory``, ``comm`` and ``plan``, defined once.
+
+An :class:`Option` is the one definition of an input: its keyword (also its name in messages, ``{gpus}``,
+in the raw options models and in the JSON echo), its flags, its default, its help and what it accepts.
+Everything else is derived from :data:`OPTIONS`: the raw options models (:func:`options_model`), the
+Typer commands' parameters (``zerocalc.cli.options``), the library functions' keywords
+(``zerocalc.api``), the flag each message names (``zerocalc.cli.base.flag``) and the JSON's ``options``
+echo (:func:`echo`). Values arrive as typed (text, or numbers from the library) and are checked where
+they are parsed (:func:`zerocalc.request.training.parse_request`, :func:`zerocalc.plan.space.parse_plan`),
+with the bounds named here where an option has them.
+
+Adding an option is one :class:`Option` here plus its use where it is parsed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class Command(StrEnum):
+    MEMORY = "memory"
+    COMM = "comm"
+    PLAN = "plan"
+
+
+class Kind(StrEnum):
+    """How the command line takes an option."""
+
+    TEXT = "text"
+    """A value typed after the flag (``--gpus 8``), parsed by the request."""
+    FLAG = "flag"
+    """On when given (``--json``)."""
+    SWITCH = "switch"
+    """``--x`` or ``--no-x``; unset means the default the help names."""
+
+
+MEMORY, COMM, PLAN = Command.MEMORY, Command.COMM, Command.PLAN
+ESTIMATES = frozenset({MEMORY, COMM})
+
+
+@dataclass(frozen=True)
+class Option:
+    """One input: the one place its name, flags, default, help and accepted values are written."""
+
+    name: str
+    """The keyword (``gpus_per_node``): the library's, the raw model's field, the JSON echo's key."""
+    flags: tuple[str, ...]
+    """The CLI's spellings, the first the long one messages name."""
+    help: str
+    commands: frozenset[Command]
+    default: Any = None
+    """The library's default (the CLI shows it as text); None: unset, each parser says what that means."""
+    kind: Kind = Kind.TEXT
+    value_type: Any = "int | str | None"
+    """What the raw model's field holds before parsing (a type expression, as the library may pass it)."""
+    metavar: str | None = None
+    default_help: str | None = None
+    """The help's ``[default: …]`` where the default is not a plain value (``each framework's``)."""
+    request: bool = True
+    """Part of the request (False: how the command prints, ``--units``, ``--json``)."""
+    negative: str | None = None
+    """A switch's negative flag (``--no-flash-attention``)."""
+
+    @property
+    def flag(self) -> str:
+        return self.flags[0]
+
+
+def _opt(name: str, flags: tuple[str, ...], help: str, commands: frozenset[Command], **fields: Any) -> Option:
+    return Option(name=name, flags=flags, help=help, commands=commands, **fields)
+
+
+STR = "str"
+OPT_STR = "str | None"
+OPT_NUM = "int | str | None"
+NUM = "int | str"
+FLOAT = "float | str | None"
+LIST = "str | list[str] | tuple[str, ...] | None"
+BOOL = "bool"
+
+OPTIONS: tuple[Option, ...] = (
+    # ---------------------------------------------------------------------------------- the model
+    _opt("params", ("--params", "-p"), "Parameter count Ψ: 7B, 6.7b, 124M, 1.5T, 6.7e9, 6_738_415_616.",
+         ESTIMATES, value_type=OPT_NUM),
+    _opt("model", ("--model", "-m"),
+         "A model preset (see `zerocalc presets list models`), a HF config.json, the folder holding one, "
+         "or - (read from standard input).",
+         ESTIMATES | {PLAN}, value_type="str | Architecture | dict[str, Any] | None"),
+    # ---------------------------------------------------------------------------------- the cluster
+    _opt("gpus", ("--gpus", "-n"), "N: data-parallel world size (GPUs of the run).", ESTIMATES,
+         default=1, value_type=NUM, metavar="N"),
+    _opt("gpus", ("--gpus", "-n"), "N: the most GPUs; fewer whole nodes are searched too.", frozenset({PLAN}),
+         default=8, value_type=NUM, metavar="N"),
+    _opt("gpus_per_node", ("--gpus-per-node", "-g"), "g: GPUs per node.", ESTIMATES | {PLAN},
+         value_type=OPT_NUM, default_help="8, or N when N is smaller"),
+    _opt("gpu", ("--gpu",), "A GPU preset, e.g. h100-80gb (see `zerocalc presets list gpus`).",
+         ESTIMATES | {PLAN}, value_type=OPT_STR),
+    _opt("gpu_memory", ("--gpu-memory",),
+         "Memory of one GPU as PyTorch sees it, e.g. 79GiB: adds fits/headroom (instead of --gpu).",
+         frozenset({MEMORY}), value_type=OPT_NUM),
+    _opt("reserve", ("--reserve", "--overhead"),
+         "Held outside the caching allocator at world size 1: CUDA context, kernels, NCCL.",
+         frozenset({MEMORY}), value_type=OPT_NUM,
+         default_help="the GPU preset's measured, 1.30 GiB on the H100"),
+    # ---------------------------------------------------------------------------------- the job
+    _opt("strategies", ("--strategy", "-s"),
+         "all, or a comma list of ddp, zero1, zero2, shard_grad_op, zero3, hybrid_shard "
+         "(FSDP names such as no_shard, full_shard, hybrid are aliases).",
+         ESTIMATES, value_type=LIST, default_help="all"),
+    _opt("framework", ("--framework",),
+         "Accounting to follow: paper, deepspeed (its estimators), megatron, or what PyTorch really "
+         "allocates: fsdp, fsdp2, torch-zero1, ddp.",
+         ESTIMATES, default="paper", value_type=STR),
+    _opt("frameworks", ("--framework",),
+         "all, or a comma list of paper, deepspeed, megatron, fsdp, fsdp2, torch-zero1, ddp.",
+         frozenset({PLAN}), value_type=LIST, default_help="fsdp2,torch-zero1,deepspeed"),
+    _opt("precision", ("--precision",), "bf16-mixed, fp16-mixed, fp32 or bf16-pure.", ESTIMATES,
+         default="bf16-mixed", value_type=STR),
+    _opt("optimizer", ("--optimizer",), "adam, adamw, sgd (momentum), sgd-no-momentum, adafactor, adam-8bit.",
+         frozenset({MEMORY}), default="adamw", value_type=STR),
+    _opt("fp32_grad_accum", ("--fp32-grad-accum",),
+         "Add a 4-byte fp32 buffer per parameter where gradients accumulate.", frozenset({MEMORY}),
+         default=False, kind=Kind.FLAG, value_type=BOOL),
+    _opt("zero_init", ("--zero-init",),
+         "DeepSpeed ZeRO-3: the model is built under DeepSpeed's zero.Init (its host estimate).",
+         frozenset({MEMORY}), kind=Kind.SWITCH, value_type="bool | None", negative="--no-zero-init",
+         default_help="on; given, it needs --framework deepspeed with zero3"),
+    _opt("offload_optimizer", ("--offload-optimizer",), "none, cpu or nvme (ZeRO-Offload / ZeRO-Infinity).",
+         frozenset({MEMORY}), default="none", value_type=OPT_STR),
+    _opt("offload_params", ("--offload-params",), "none, cpu or nvme (zero3 only).", frozenset({MEMORY}),
+         default="none", value_type=OPT_STR),
+    _opt("reduce_dtype", ("--reduce-dtype",), "Reduce gradients in fp32.", ESTIMATES, value_type=OPT_STR,
+         default_help="the gradient dtype"),
+    # ---------------------------------------------------------------------------------- the step
+    _opt("seq_len", ("--seq-len",),
+         "s: tokens per sequence, 4096 or 8k (= 8192, k = 1024); activations need --model.",
+         frozenset({MEMORY, PLAN}), default=2048, value_type=NUM),
+    _opt("micro_batch", ("--micro-batch",), "b: sequences per micro-batch per GPU.", frozenset({MEMORY}),
+         default=1, value_type=NUM),
+    _opt("grad_accum", ("--grad-accum", "-A"), "A: micro-batches per optimizer step.", ESTIMATES,
+         default=1, value_type=NUM),
+    _opt("grad_sync", ("--grad-sync",),
+         "every or last: gradients reduced every micro-batch, or only the last (no_sync; FSDP2: requires "
+         "gradient sync off).", ESTIMATES, value_type=OPT_STR,
+         default_help="each framework's; PyTorch: every"),
+    _opt("zeropp", ("--zeropp",), "DeepSpeed ZeRO++ for zero3: all, or a comma list of qwz, hpz, qgz.",
+         ESTIMATES, value_type=LIST),
+    _opt("recompute", ("--recompute",), "Activation recomputation: none, selective, full.",
+         frozenset({MEMORY}), default="none", value_type=STR),
+    _opt("flash_attention", ("--flash-attention",), "Flash attention (no s² terms).", frozenset({MEMORY}),
+         kind=Kind.SWITCH, value_type="bool | None", negative="--no-flash-attention",
+         default_help="on for the Llama family, off for GPT-2/3"),
+    _opt("model_impl", ("--model-impl",),
+         "The model's code: hf (transformers 5.17), megatron (fused kernels), torchtitan.",
+         frozenset({MEMORY}), default="hf", value_type=STR),
+    _opt("optimizer_impl", ("--optimizer-impl",),
+         "torch.optim Adam implementation: foreach, fused or for-loop.",
+         frozenset({MEMORY}), default="foreach", value_type=STR),
+    _opt("prefetch", ("--prefetch",), "ZeRO-3/FSDP units gathered ahead of the current one.",
+         frozenset({MEMORY}), default=1, value_type=NUM),
+    _opt("wrap", ("--wrap",), "ZeRO-3/FSDP unit: block (one per layer) or model.", frozenset({MEMORY}),
+         default="block", value_type=STR),
+    _opt("ddp_bucket", ("--ddp-bucket",), "DDP bucket_cap_mb in bytes.", ESTIMATES, value_type=OPT_NUM,
+         default_help="25MiB, first bucket 1MiB"),
+    _opt("reduce_bucket", ("--reduce-bucket",),
+         "ZeRO-1/2 reduce bucket, elements (DeepSpeed's reduce_bucket_size).", ESTIMATES, default="5e8",
+         value_type=NUM),
+    _opt("allgather_bucket", ("--allgather-bucket",),
+         "ZeRO-1/2 all-gather bucket, elements (DeepSpeed's allgather_bucket_size).", frozenset({MEMORY}),
+         default="5e8", value_type=NUM),
+    _opt("expandable_segments", ("--expandable-segments",),
+         "The caching allocator with expandable segments on (a PyTorch allocator setting): its reserve.",
+         frozenset({MEMORY}), default=False, kind=Kind.FLAG, value_type=BOOL),
+    # ---------------------------------------------------------------------------------- the links
+    _opt("calibration", ("--calibration",), "A calibration JSON written by `zerocalc bench`.",
+         frozenset({COMM, PLAN}), value_type="str | Calibration | None"),
+    _opt("intra_node_bw", ("--intra-node-bw",), "Bus bandwidth per GPU inside a node, e.g. 450GB/s.",
+         frozenset({COMM}), value_type=FLOAT),
+    _opt("inter_node_bw", ("--inter-node-bw",), "Bus bandwidth per GPU across nodes, e.g. 50GB/s.",
+         frozenset({COMM}), value_type=FLOAT),
+    _opt("latency", ("--latency",), "Latency α per collective: 20us, 0.05ms, 2e-5 (s).", frozenset({COMM}),
+         value_type=FLOAT, default_help="20us"),
+    _opt("tokens_per_step", ("--tokens-per-step",), "T: tokens per optimizer step (all GPUs), e.g. 4M.",
+         frozenset({COMM}), value_type=OPT_NUM),
+    _opt("tflops", ("--tflops",), "F: achieved TFLOP/s per GPU, e.g. 400.", frozenset({COMM}),
+         value_type=FLOAT),
+    # ---------------------------------------------------------------------------------- the search
+    _opt("global_batch", ("--global-batch", "-B"),
+         "Per optimizer step: tokens (4194304, 4M = 4,000,000; a multiple of --seq-len) or sequences "
+         "(512seq). b × A × N equals it exactly.", frozenset({PLAN}), value_type=OPT_NUM),
+    _opt("objective", ("--objective",), "time (shortest step), gpus (fewest GPUs) or memory (lowest peak).",
+         frozenset({PLAN}), default="time", value_type=STR),
+    _opt("top", ("--top", "-k"), "K: configurations shown.", frozenset({PLAN}), default=5, value_type=NUM),
+    _opt("mfu", ("--mfu",),
+         "Fraction of the GPU's dense bf16 peak executed FLOPs run at (torchtitan: 0.33-0.39 for Llama "
+         "3.1 8B FSDP2 on 8 H100; PaLM 0.46).", frozenset({PLAN}), default=0.4, value_type="float | str"),
+    # ---------------------------------------------------------------------------------- launch configs
+    _opt("deepspeed", ("--deepspeed",),
+         "A DeepSpeed ds_config.json: its ZeRO stage, offload, buckets, batch, precision, ZeRO++ (flags "
+         "override it).", ESTIMATES, value_type=OPT_STR, request=False),
+    _opt("torchtitan", ("--torchtitan",),
+         "A torchtitan job TOML: its degrees, local batch, seq len, checkpointing, reshard (flags override "
+         "it).", ESTIMATES, value_type=OPT_STR, request=False),
+    _opt("accelerate", ("--accelerate",),
+         "An accelerate config (FSDP or DeepSpeed): processes, precision, sharding (flags override it).",
+         ESTIMATES, value_type=OPT_STR, request=False),
+    # ---------------------------------------------------------------------------------- the output
+    _opt("units", ("--units", "-u"), "GiB, GB, MiB, MB, TiB, TB or B.", ESTIMATES | {PLAN}, default="GiB",
+         value_type=STR, request=False),
+    _opt("per_unit", ("--per-unit",), "One row per FSDP unit, DDP or DeepSpeed bucket, or broadcasting rank.",
+         frozenset({COMM}), default=False, kind=Kind.FLAG, value_type=BOOL, request=False),
+    _opt("timeline", ("--timeline",),
+         "With --model: draw allocated and reserved memory over the step's events, per strategy.",
+         frozenset({MEMORY}), default=False, kind=Kind.FLAG, value_type=BOOL, request=False),
+    _opt("snapshot_out", ("--snapshot-out",),
+         "With --model and one --strategy: write the predicted step as a PyTorch memory snapshot "
+         "(python -m torch.cuda._memory_viz trace_plot FILE -o out.html draws it).",
+         frozenset({MEMORY}), value_type=OPT_STR, request=False, metavar="FILE"),
+    _opt("json", ("--json",), "Print the result as JSON (exact integer bytes).", ESTIMATES | {PLAN},
+         default=False, kind=Kind.FLAG, value_type=BOOL, request=False),
+)  # fmt: skip
+"""Every option, in the order the commands list them."""
+
+
+def options_for(command: Command, request_only: bool = False) -> tuple[Option, ...]:
+    """The options ``command`` takes, in :data:`OPTIONS`' order."""
+    return tuple(o for o in OPTIONS if command in o.commands and (o.request or not request_only))
+
+
+def option(command: Command, name: str) -> Option:
+    """The option ``name`` of ``command``."""
+    for candidate in options_for(command):
+        if candidate.name == name:
+            return candidate
+    raise KeyError(f"{command.value} has no option {name!r}")
+
+
+def defaults(command: Command) -> dict[str, Any]:
+    """Each request option of ``command`` at its default."""
+    return {o.name: o.default for o in options_for(command, request_only=True)}
+
+
+FLAGS: dict[str, str] = {o.name: o.flag for o in OPTIONS}
+"""The flag each concept (``{gpus_per_node}``) is on the command line. A name means one flag in every
+command that takes it (tests/test_options.py)."""
+
+
+def echo(command: Command, values: dict[str, Any]) -> dict[str, Any]:
+    """The JSON's ``options``: every request option of ``command`` with the value it was given (its
+    default where not given), keyed by its keyword, as the library takes it back."""
+    echoed = {}
+    for o in options_for(command, request_only=True):
+        value = values.get(o.name, o.default)
+        if value is not None and o.default is not None and str(value) == str(o.default):
+            value = o.default  # the CLI's text of the default is the default
+        if o.name == "model" and value is not None and not isinstance(value, str):
+            value = getattr(value, "name", str(value))
+        if o.name == "calibration" and value is not None and not isinstance(value, str):
+            value = values.get("calibration_name") or "(a Calibration object)"
+        if isinstance(value, tuple):
+            value = list(value)
+        echoed[o.name] = value
+    return echoed

@@ -1,0 +1,58 @@
+"""Megatron-LM's accounting of model states with its distributed optimizer (for the ``megatron`` profile).
+
+Source: Megatron-LM docs, "Distributed Optimizer": 16-bit parameters (2 bytes) and fp32 main gradients
+(4 bytes) on every data-parallel rank, the fp32 master copy and Adam's m and v (12 bytes) sharded over the
+d data-parallel ranks: 6 + 12/d bytes per parameter, 18 without the distributed optimizer. The terms are
+the ZeRO paper's states (:mod:`zerocalc.states.memory`): the recipe's parameters replicated, the main
+gradient as an fp32 gradient buffer replicated (no separate 16-bit gradient: backward accumulates into
+it), and the recipe's optimizer states (K) sharded over the strategy's optimizer group.
+"""
+
+from __future__ import annotations
+
+from zerocalc.base.dtypes import DType
+from zerocalc.parallel.optimizers import OPTIMIZERS
+from zerocalc.parallel.precision import RECIPES
+from zerocalc.parallel.strategies import Strategy
+from zerocalc.request.training import TrainingRequest
+from zerocalc.states.memory import (
+    Location,
+    StateKind,
+    StateShard,
+    optimizer_parts,
+    state_shard,
+    tensor_parts,
+)
+
+SOURCE = "Megatron-LM docs, distributed optimizer: 6 + 12/d bytes per parameter (18 without)"
+MAIN_GRAD_DTYPE = DType.FP32
+"""``main_grad``: the fp32 buffer backward accumulates gradients into and the data-parallel ranks reduce."""
+
+
+def megatron_states(request: TrainingRequest, strategy: Strategy) -> list[StateShard]:
+    """Parameters, main gradients and optimizer states on one GPU, in that order."""
+    recipe = RECIPES[request.precision]
+    param_dtype = recipe.param_dtype
+    return [
+        state_shard(
+            StateKind.PARAMS,
+            None,
+            Location.GPU,
+            request,
+            tensor_parts(f"params_{param_dtype.value}", param_dtype),
+        ),
+        state_shard(
+            StateKind.GRAD_ACCUM,
+            None,
+            Location.GPU,
+            request,
+            tensor_parts(f"main_grads_{MAIN_GRAD_DTYPE.value}", MAIN_GRAD_DTYPE),
+        ),
+        state_shard(
+            StateKind.OPTIMIZER,
+            strategy.optimizer,
+            Location.GPU,
+            request,
+            optimizer_parts(recipe, OPTIMIZERS[request.optimizer]),
+        ),
+    ]
