@@ -32,7 +32,7 @@ SAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "precision": ("fp32", {}),
     "optimizer": ("adam", {}),
     "fp32_grad_accum": (True, {}),
-    "zero_init": (False, {"framework": "deepspeed", "strategies": "zero3"}),
+    "init": ("cpu", {"framework": "fsdp2"}),
     "offload_optimizer": ("cpu", {"strategies": "zero2"}),
     "offload_params": ("cpu", {"strategies": "zero3"}),
     "reduce_dtype": ("fp32", {}),
