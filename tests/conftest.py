@@ -86,8 +86,8 @@ def calibration_of() -> Callable[[Collective], Calibration]:
 
 
 def keywords_in_notes(data: Any) -> Any:
-    """The CLI's JSON with each flag its notes name written as the library's keyword (the one place the
-    two differ: a note names an option as its caller spells it)."""
+    """A result's JSON with each flag its notes name written as the library's keyword: the CLI's notes
+    name flags, the library's keywords (a note names an option as its caller spells it)."""
     import re
 
     from zerocalc.request.options import FLAGS

@@ -37,6 +37,7 @@ def _measured_case(m: dict) -> dict:
         "model_impl": "hf",
         "flash_attention": True,
         "gpu": "h100-80gb",
+        "init": "gpu",  # the measurements' recipe: from_config in fp32 on the GPU, then fully_shard
     }
 
 
@@ -73,6 +74,8 @@ def test_the_issue_command_reproduces_a_measurement_through_the_cli() -> None:
         "--flash-attention",
         "--gpu",
         "h100-80gb",
+        "--init",
+        "gpu",
         "--json",
     ]
     result = runner.invoke(app, args)

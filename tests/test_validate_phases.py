@@ -21,7 +21,7 @@ def _row(m: dict):
         str(DATA / "config.json"), 1, framework="fsdp2",
         strategies="zero3" if m["reshard"] else "shard_grad_op",
         micro_batch=m["b"], seq_len=m["s"], recompute=m["recompute"], reduce_dtype="fp32", model_impl="hf",
-        flash_attention=True, gpu="h100-80gb",
+        flash_attention=True, gpu="h100-80gb", init="gpu",
     ).peak.strategies  # fmt: skip
     return row
 
@@ -80,7 +80,7 @@ def test_held_out_h200_steps_within_2_percent_allocated_and_10_percent_device(m:
     (row,) = estimate_peak(
         str(H200 / f"{m['model']}.json"), 1, framework="fsdp2", strategies="zero3", micro_batch=m["b"],
         seq_len=m["s"], recompute=m["recompute"], reduce_dtype="fp32", model_impl="hf", flash_attention=True,
-        gpu="h200-141gb",
+        gpu="h200-141gb", init="gpu",
     ).peak.strategies  # fmt: skip
     report = compare_phases(row, PhaseMeasurement.model_validate(m))
     lines = {line.line: line.relative for line in report.lines}

@@ -494,7 +494,7 @@ def _validate_cuda(
     gpu = _device_gpu_preset(*device)
     request = parse_options(
         model=model, gpus=1, framework="fsdp2", strategies="zero3", micro_batch=micro_batch, seq_len=seq_len,
-        recompute="none", reduce_dtype="fp32", model_impl="hf", flash_attention=True, gpu=gpu,
+        recompute="none", reduce_dtype="fp32", model_impl="hf", flash_attention=True, gpu=gpu, init="gpu",
     )  # fmt: skip
     peak = evaluate_peak(request).peak
     assert peak is not None

@@ -131,7 +131,12 @@ class Architecture(BaseModel):
     out_bias: bool = False
     mlp_bias: bool = False
     tied_embeddings: bool = False
-    max_position_embeddings: int = Field(default=0, ge=0, description="P, for learned position embeddings")
+    max_position_embeddings: int = Field(
+        default=0,
+        ge=0,
+        description="P: the learned position table's rows, or the positions a rotary model was trained for "
+        "(its config's max_position_embeddings; 0: not known)",
+    )
     learned_position_embeddings: bool = False
     num_experts: int = Field(default=0, ge=0, description="routed experts per MoE layer (0: dense)")
     experts_per_token: int = Field(default=0, ge=0)

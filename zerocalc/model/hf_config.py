@@ -125,7 +125,6 @@ COMMON_IGNORED = frozenset(
         "_sliding_window_pattern", "use_bidirectional_attention", "attention_chunk_size",  # attention masks
         "pretraining_tp",  # Llama/DeepSeek: how pre-training sliced the projections, not their size
         "router_aux_loss_coef", "router_jitter_noise", "norm_topk_prob",  # routing, not sizes
-        "quantization_config",  # applied by from_pretrained, not by from_config: the count is the model's
         "chunk_size_feed_forward", "is_decoder", "is_encoder_decoder", "add_cross_attention",
         "cross_attention_hidden_size", "tie_encoder_decoder", "num_labels", "id2label", "label2id",
         "problem_type", "task_specific_params", "tokenizer_class", "prefix", "pruned_heads",
@@ -636,8 +635,54 @@ def _dropout(model_type: str, config: dict[str, Any], where: str) -> dict[str, f
 
 def architecture_from_hf_config(path: Path) -> Architecture:
     """The architecture a Hugging Face ``config.json`` describes, as transformers 5.17 builds it."""
+    return read_hf_config(path)[0]
+
+
+def read_hf_config(path: Path) -> tuple[Architecture, tuple[str, ...]]:
+    """The architecture of a ``config.json`` and what the reader says about it (the text model of a
+    multimodal config)."""
+    config = _load(path)
     where = f"{{model}} {shown(str(path))}"
-    return architecture_from_hf_dict(_load(path), where, path.parent.name or path.stem)
+    return architecture_from_hf_dict(config, where, path.parent.name or path.stem), hf_config_notes(config)
+
+
+def _refuse_quantization(config: dict[str, Any], where: str) -> None:
+    """``quantization_config`` (bitsandbytes 4/8-bit, FP8, GPTQ, AWQ...): ``from_pretrained`` would store
+    the weights quantized, which the model of states and steps does not count; refused, not ignored."""
+    quantization = config.get("quantization_config")
+    if quantization is None:
+        return
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+    if isinstance(quantization, dict) and method is None and quantization.get("load_in_4bit"):
+        method = "bitsandbytes 4-bit"
+    named = f" ({method})" if isinstance(method, str) else ""
+    raise InputError(
+        f"{where}: quantization_config{named} is not modelled (quantized weights and their adapters); "
+        "accepted: a config.json without quantization_config, counted as trained in --precision"
+    )
+
+
+def _text_config(config: dict[str, Any]) -> dict[str, Any] | None:
+    """A multimodal config's ``text_config`` when it is a supported family (and the whole is not)."""
+    text = config.get("text_config")
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or model_type in FAMILIES or not isinstance(text, dict):
+        return None
+    text_type = text.get("model_type")
+    return text if isinstance(text_type, str) and text_type in FAMILIES else None
+
+
+def hf_config_notes(config: Any) -> tuple[str, ...]:
+    """What the reader tells the user about a config it accepted: a multimodal config's text model."""
+    if not isinstance(config, dict):
+        return ()
+    text = _text_config(config)
+    if text is None:
+        return ()
+    return (
+        f"model_type {config.get('model_type')!r} is multimodal: its text_config ({text['model_type']}) is "
+        "the model read; the vision tower and projector are not counted",
+    )
 
 
 def architecture_from_hf_text(raw: bytes, where: str, name: str) -> Architecture:
@@ -661,6 +706,11 @@ def architecture_from_hf_dict(config: Any, where: str, name: str) -> Architectur
         raise InputError(
             f"{where} is not a config.json object (it holds {kind}); accepted: a JSON object {{...}}"
         )
+    _refuse_quantization(config, where)
+    text = _text_config(config)
+    if text is not None:
+        config, where = text, f"{where} text_config"
+        _refuse_quantization(config, where)
     model_type = config.get("model_type")
     family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
     if family is None:
@@ -675,6 +725,13 @@ def architecture_from_hf_dict(config: Any, where: str, name: str) -> Architectur
                 f"{heads} attention heads are not a multiple of {kv} key/value heads (the config's "
                 "num_key_value_heads, or its family default); accepted: key/value heads dividing the heads"
             )
+        positions = config.get("max_position_embeddings")
+        if (
+            not fields.get("learned_position_embeddings")
+            and _is_whole(positions)
+            and 0 < positions <= MAX_SIZE
+        ):
+            fields["max_position_embeddings"] = positions  # rotary: the positions it was trained for
         return Architecture(name=name, family=model_type, **fields, **_dropout(model_type, config, where))
     except ValidationError as exc:
         first = exc.errors()[0]

@@ -25,6 +25,19 @@ class Wrap(StrEnum):
     """The whole model is one unit: gathered whole, so ZeRO-3 saves nothing at the peak."""
 
 
+class ModelInit(StrEnum):
+    """How the model is created on each rank before its first step (``--init``)."""
+
+    META = "meta"
+    """Built on the meta device, sharded, then ``to_empty`` and each rank's shard initialised (FSDP2's
+    large-model path, torchtitan; DeepSpeed ``zero.Init``): no whole-model tensor on the GPU."""
+    GPU = "gpu"
+    """The whole model materialised on every GPU in fp32 (``from_config``), then sharded."""
+    CPU = "cpu"
+    """Built or loaded on the host (``from_pretrained``), then moved to the GPU unit by unit as it is
+    sharded, or whole where nothing is sharded."""
+
+
 class StatesModel(StrEnum):
     """How a profile counts model states (and which buffers come with them)."""
 
@@ -63,6 +76,17 @@ class Profile(BaseModel):
     needs_architecture: bool = True
     """Its model states need the architecture (the PyTorch frameworks count each tensor); False: the
     parameter count is enough (its strategies may still need more: :func:`architecture_problem`)."""
+    init: ModelInit
+    """How a sharded job of this framework creates its model when ``--init`` is not given: its documented
+    path (:attr:`init_source`)."""
+    init_source: str
+    init_in_param_dtype: bool = False
+    """``--init gpu`` allocates the parameters in the compute dtype, not fp32 (Megatron-LM's
+    ``params_dtype``)."""
+    host_copy_per_node: bool = False
+    """``--init cpu`` holds one host copy of the model per node (the node's first rank loads it, the others
+    receive it: accelerate's ``cpu_ram_efficient_loading``, FSDP ``sync_module_states``); else every rank
+    builds its own."""
 
 
 PROFILES: dict[Framework, Profile] = {
@@ -72,6 +96,8 @@ PROFILES: dict[Framework, Profile] = {
             framework=Framework.PAPER,
             states=StatesModel.PAPER,
             source="ZeRO paper (Rajbhandari et al. 2020) §5; FSDP docs for units",
+            init=ModelInit.META,
+            init_source="the ZeRO paper counts model states only: creation allocates no more than them",
         ),
         Profile(
             framework=Framework.DEEPSPEED,
@@ -80,6 +106,9 @@ PROFILES: dict[Framework, Profile] = {
             "(needs fp16/bf16 mixed Adam)",
             estimate_covers_states_only=True,
             needs_architecture=False,
+            init=ModelInit.META,
+            init_source="DeepSpeed docs, Constructing Massive Models: the model built under "
+            "deepspeed.zero.Init (ZeRO-3; each parameter partitioned as it is created)",
             precisions=_MIXED,
             optimizers=_ADAM,
             fp32_grad_accum=False,
@@ -91,6 +120,10 @@ PROFILES: dict[Framework, Profile] = {
             states=StatesModel.MEGATRON_DISTRIBUTED_OPTIMIZER,
             source="Megatron-LM distributed optimizer (bf16 params, fp32 main grads, Adam)",
             needs_architecture=False,
+            init=ModelInit.GPU,
+            init_source="Megatron-LM initialises each rank's parameters on its GPU in params_dtype "
+            "(its CPU initialisation option off by default)",
+            init_in_param_dtype=True,
             precisions=_MIXED,
             optimizers=_ADAM,
             fp32_grad_accum=False,
@@ -110,12 +143,37 @@ PROFILES: dict[Framework, Profile] = {
                 accepts="Adam/AdamW on fp32 parameters and gradients (MixedPrecision keeps them fp32); "
                 "accepted: {precision} fp32, bf16-mixed or fp16-mixed, {optimizer} adam or adamw, "
                 "no {fp32_grad_accum} (or {framework} paper)",
+                init=init,
+                init_source=init_source,
+                host_copy_per_node=framework in (Framework.FSDP, Framework.FSDP2),
             )
-            for framework, source in (
-                (Framework.FSDP, "torch 2.13 FSDP1"),
-                (Framework.FSDP2, "torch 2.13 FSDP2 (largest rank)"),
-                (Framework.TORCH_ZERO1, "torch 2.13 DDP"),
-                (Framework.DDP, "torch 2.13 DDP"),
+            for framework, source, init, init_source in (
+                (
+                    Framework.FSDP,
+                    "torch 2.13 FSDP1",
+                    ModelInit.CPU,
+                    "FullyShardedDataParallel docs (device_id, sync_module_states): the model on the host, "
+                    "moved to the GPU unit by unit as it is sharded",
+                ),
+                (
+                    Framework.FSDP2,
+                    "torch 2.13 FSDP2 (largest rank)",
+                    ModelInit.META,
+                    "fully_shard docs and torchtitan: built on the meta device, sharded, to_empty, "
+                    "each shard initialised",
+                ),
+                (
+                    Framework.TORCH_ZERO1,
+                    "torch 2.13 DDP",
+                    ModelInit.CPU,
+                    "DDP tutorial: the model built on the host, then .to(rank) whole",
+                ),
+                (
+                    Framework.DDP,
+                    "torch 2.13 DDP",
+                    ModelInit.CPU,
+                    "DDP tutorial: the model built on the host, then .to(rank) whole",
+                ),
             )
         ),
     )

@@ -22,10 +22,10 @@ from __future__ import annotations
 import re
 
 from zerocalc.model.activations import Recompute
-from zerocalc.model.model_impl import MODEL_IMPLS
+from zerocalc.model.model_impl import MODEL_IMPLS, AttentionKernel, default_attention
 from zerocalc.network.cluster import Cluster
 from zerocalc.parallel.frameworks import TORCH_SOURCES, Framework
-from zerocalc.parallel.profiles import PROFILES, Profile, Wrap
+from zerocalc.parallel.profiles import PROFILES, ModelInit, Profile, Wrap
 from zerocalc.parallel.strategies import STRATEGIES, Strategy, StrategyName
 from zerocalc.peak.kinds import TensorKind
 from zerocalc.peak.report import (
@@ -71,6 +71,11 @@ def peak_options(request: TrainingRequest) -> PeakOptions:
         grad_sync=request.grad_sync,
         recompute=a.recompute,
         flash_attention=flash_attention_used(request),
+        attention_kernel=AttentionKernel.FLASH if flash_attention_used(request) else AttentionKernel.EAGER,
+        attention_source=attention_source(request),
+        init=request.init,
+        init_given=request.init_asked is not None,
+        init_source=PROFILES[request.framework].init_source,
         prefetch=b.prefetch,
         wrap=b.wrap,
         ddp_bucket_bytes=b.ddp_bucket_bytes,
@@ -213,8 +218,57 @@ def verdict(capacity: int | None, headroom: int | None) -> Verdict | None:
     return Verdict.TIGHT if headroom >= 0 else Verdict.DOES_NOT_FIT
 
 
+INIT_HOST_BYTES = 4
+"""``--init cpu``: the model is built or loaded on the host in fp32 (``from_config``, or ``from_pretrained``
+with ``torch_dtype=float32`` for mixed-precision training)."""
+
+
+def init_host_bytes_per_node(request: TrainingRequest) -> int | None:
+    """``--init cpu``: host bytes per node of the whole model at creation, fp32, one copy per rank that
+    builds it (one per node where the framework's loading broadcasts from the node's first rank)."""
+    if request.init is not ModelInit.CPU:
+        return None
+    copies = 1 if PROFILES[request.framework].host_copy_per_node else request.cluster.ranks_per_node
+    return copies * INIT_HOST_BYTES * request.model.params
+
+
+INIT_MEANING = {
+    ModelInit.META: "nothing whole on the GPU",
+    ModelInit.GPU: "the whole fp32 model on every GPU first",
+    ModelInit.CPU: "built on the host, moved as it is sharded",
+}
+
+
+def _init_part(request: TrainingRequest) -> str:
+    init = request.init
+    if request.init_asked is not None:
+        return f"model creation: --init {init.value} ({INIT_MEANING[init]})"
+    return f"model creation: {init.value} ({request.framework.value}'s default)"
+
+
+def attention_source(request: TrainingRequest) -> str:
+    """Why the attention kernel is what it is: the flag, or the model code's default."""
+    asked = request.activations.flash_attention
+    if asked is not None:
+        return "--flash-attention" if asked else "--no-flash-attention"
+    return default_attention(MODEL_IMPLS[request.model_impl], request.architecture)[1]
+
+
+def _attention_part(request: TrainingRequest) -> str:
+    kernel = "flash" if flash_attention_used(request) else "eager, s² kept"
+    asked = request.activations.flash_attention is not None
+    why = attention_source(request) if asked else "the model code's"
+    return f"attention: {kernel} ({why})"
+
+
+def _creation_note(request: TrainingRequest) -> str:
+    """How the model is created and which attention kernel is assumed, and why (their sources in full:
+    ``options.init_source``, ``options.attention_source``)."""
+    return f"{_init_part(request)}; {_attention_part(request)}"
+
+
 def _notes(request: TrainingRequest) -> list[str]:
-    notes: list[str] = []
+    notes: list[str] = [_creation_note(request)]
     if request.framework is Framework.DEEPSPEED:
         notes.append(
             "DeepSpeed's estimator covers only its own lines (its estimate column); it prints GiB labelled "
@@ -256,6 +310,7 @@ def evaluate_peak(request: TrainingRequest) -> MemoryReport:
         model_impl_source=MODEL_IMPLS[request.model_impl].source,
         notes=_notes(request),
         strategies=rows,
+        init_host_bytes_per_node=init_host_bytes_per_node(request),
     )
     states = [row.model_copy(update={"fits": None, "headroom_bytes": None}) for row in estimate.strategies]
     echo = estimate.request.model_copy(update={"states_capacity_bytes": None})

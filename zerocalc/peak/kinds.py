@@ -10,8 +10,11 @@ from enum import StrEnum
 
 
 class StepPhase(StrEnum):
-    """A phase of one training step, as ``torch.cuda.reset_peak_memory_stats`` separates them."""
+    """A phase of one training step, as ``torch.cuda.reset_peak_memory_stats`` separates them, and the
+    model's creation before the first step."""
 
+    CREATION = "creation"
+    """Model creation and wrapping (``--init``), before the first step."""
     START = "start"
     FORWARD = "forward"
     """The forward pass and the loss."""

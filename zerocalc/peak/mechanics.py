@@ -1,8 +1,9 @@
 """How each framework holds parameters, gradients and optimizer states through a step (pure).
 
-A mechanics object answers the step timeline's (:mod:`zerocalc.peak.timeline`) hooks: what is resident at
-a step's start, what a unit allocates before its forward and backward and frees after them, how a
-parameter's gradient is produced, reduced and kept, and what the optimizer step allocates. Units are the
+A mechanics object answers the step timeline's (:mod:`zerocalc.peak.timeline`) hooks: what model creation
+allocates (``--init``: :class:`~zerocalc.parallel.profiles.ModelInit`), what is resident at a step's
+start, what a unit allocates before its forward and backward and frees after them, how a parameter's
+gradient is produced, reduced and kept, and what the optimizer step allocates. Units are the
 FSDP units: ``"root"`` (embeddings, final norm, LM head) and the blocks ``0 … L−1``.
 
 * :class:`Fsdp` — what both FSDPs share: the fp32 shards resident, a unit gathered around its forward and
@@ -43,6 +44,7 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.units import ceil_div
 from zerocalc.parallel.frameworks import Fsdp1Sharding
 from zerocalc.parallel.optimizers import OptimizerImpl
+from zerocalc.parallel.profiles import ModelInit
 from zerocalc.peak.ledger import Ledger, Sizes
 from zerocalc.peak.timeline import (
     BUFFERS,
@@ -206,8 +208,11 @@ class Mechanics:
         return self.accumulation is not Accumulation.NONE
 
     # model creation (the allocator replay's start) and the state at a step's start
-    def create(self, led: Ledger) -> None:
+    def create(self, led: Ledger, init: ModelInit, element_bytes: int = FP32) -> None:
+        """Model creation and wrapping, up to the first step: what is resident before the optimizer
+        states exist (the whole parameters, each created where ``init`` says, are what the rank keeps)."""
         self.resident(led, first_step=True)
+        led.event(f"model created ({init.value})")
 
     def resident(self, led: Ledger, first_step: bool = False) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -341,16 +346,34 @@ class Fsdp(Mechanics):
             else:
                 led.alloc(unit.labels.fp32_grad, FP32 * unit.local_numel, GRADS, stream="reduce_scatter")
 
-    def create(self, led: Ledger) -> None:
-        """``from_config`` in fp32 (every parameter), then ``fully_shard`` per block and the root: each
-        parameter's padded shard is a new tensor and the original is freed."""
+    def create(self, led: Ledger, init: ModelInit, element_bytes: int = FP32) -> None:
+        """Model creation, then ``fully_shard`` per block and the root; each parameter's fp32 shard is what
+        the rank keeps.
+
+        * ``meta``: the shards are allocated by ``to_empty`` and initialised in place (FSDP2 docs,
+          torchtitan): nothing whole;
+        * ``gpu``: ``from_config`` in fp32 allocates every parameter whole; ``fully_shard`` then makes each
+          parameter's shard a new tensor and frees the original;
+        * ``cpu``: ``fully_shard`` moves each unit's parameters to the GPU whole
+          (``_fully_shard/_fsdp_init.py::_move_states_to_device``), then shards them: one unit whole at a
+          time (FSDP1 with ``device_id`` likewise)."""
+        if init is ModelInit.META:
+            super().create(led, init, element_bytes)
+            return
+        if init is ModelInit.GPU:
+            for unit in self.units.values():
+                for i, n in enumerate(unit.params):
+                    led.alloc(f"init {unit.name}#{i}", element_bytes * n, PARAMS)
+            led.event("model created (gpu: whole, fp32)")
         for unit in self.units.values():
-            for i, n in enumerate(unit.params):
-                led.alloc(f"init {unit.name}#{i}", FP32 * n, PARAMS)
-        for unit in self.units.values():
+            if init is ModelInit.CPU:
+                for i, n in enumerate(unit.params):
+                    led.alloc(f"init {unit.name}#{i}", element_bytes * n, PARAMS)
+                led.event(f"{unit.name} moved to the GPU (cpu: whole, fp32)")
             for i, n in enumerate(unit.local):
                 led.alloc(f"{unit.name}.fp32 shard#{i}", FP32 * n, PARAMS)
                 led.free(f"init {unit.name}#{i}")
+        led.event("model sharded")
 
     def _unshard(self, led: Ledger, unit: Unit, backward: bool) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -733,6 +756,17 @@ class Accounting(Mechanics):
     def resident(self, led: Ledger, first_step: bool = False) -> None:
         for name, kind, nbytes in self.states:
             led.alloc(name, nbytes, kind)
+
+    def create(self, led: Ledger, init: ModelInit, element_bytes: int = FP32) -> None:
+        """``gpu``: the whole model on the GPU in ``element_bytes`` per parameter before the framework
+        builds its states from it (the whole model must fit once); ``meta`` and ``cpu`` put nothing on the
+        GPU beyond the states."""
+        if init is ModelInit.GPU:
+            elements = sum(unit.numel for unit in self.units.values())
+            led.alloc("whole model at creation", element_bytes * elements, PARAMS)
+            led.event(f"model created (gpu: whole, {element_bytes} bytes per parameter)")
+            led.free("whole model at creation")
+        super().create(led, init, element_bytes)
 
     def _gather(self, led: Ledger, unit: str | int) -> None:
         u = self.units.get(str(unit))

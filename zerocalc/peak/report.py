@@ -19,10 +19,10 @@ from pydantic import BaseModel, Field
 from zerocalc.base.dtypes import DType
 from zerocalc.base.units import gib
 from zerocalc.model.activations import Recompute
-from zerocalc.model.model_impl import ModelImplName
+from zerocalc.model.model_impl import AttentionKernel, ModelImplName
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.optimizers import OptimizerImpl
-from zerocalc.parallel.profiles import Wrap
+from zerocalc.parallel.profiles import ModelInit, Wrap
 from zerocalc.parallel.strategies import StrategyName, row_named
 from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.request.training import GradSync
@@ -81,7 +81,14 @@ class PeakOptions(BaseModel):
     grad_accum: int
     grad_sync: GradSync | None = Field(description="as asked; None: each framework's default")
     recompute: Recompute
-    flash_attention: bool = Field(description="as used (asked, else on for the Llama family)")
+    flash_attention: bool = Field(description="as used: asked, else the model code's (attention_source)")
+    attention_kernel: AttentionKernel = Field(description="the attention kernel assumed: flash or eager")
+    attention_source: str = Field(
+        description="--flash-attention/--no-flash-attention, or the model code that sets the default"
+    )
+    init: ModelInit = Field(description="how the model is created (--init; else the framework's default)")
+    init_given: bool = Field(description="init was asked for (else the framework's documented path)")
+    init_source: str = Field(description="where the framework's default comes from")
     prefetch: int
     wrap: Wrap
     ddp_bucket_bytes: int
@@ -140,6 +147,10 @@ class PeakEstimate(BaseModel):
     model_impl_source: str
     notes: list[str] = Field(default_factory=list)
     strategies: list[StrategyPeak]
+    init_host_bytes_per_node: int | None = Field(
+        default=None,
+        description="--init cpu: the fp32 copies of the whole model the node's host memory holds at creation",
+    )
 
     def row(self, name: StrategyName | str) -> StrategyPeak:
         """The row of a strategy, by any of its names (``fsdp``, ``full_shard``, ``zero3``)."""

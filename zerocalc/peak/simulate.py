@@ -3,9 +3,11 @@
 * the allocated figures come from one steady step (a step after the first: the optimizer states exist and
   the runtime's workspaces are allocated), as ``torch.cuda.max_memory_allocated`` reads them phase by
   phase;
-* the reserve comes from replaying model creation, wrapping and three steps (the first creating the
-  optimizer states lazily and the cuBLAS workspaces at its first matmuls) through the caching allocator
-  (:mod:`zerocalc.peak.allocator`), as ``torch.cuda.max_memory_reserved`` reads it.
+* the reserve comes from replaying model creation (as ``request.init`` says), wrapping and three steps
+  (the first creating the optimizer states lazily and the cuBLAS workspaces at its first matmuls) through
+  the caching allocator (:mod:`zerocalc.peak.allocator`), as ``torch.cuda.max_memory_reserved`` reads it;
+* the creation's own peak is a phase (:attr:`StepPhase.CREATION`): where it is larger than the step's
+  (a whole model created on every GPU), it is the peak.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
-from zerocalc.model.architecture import Architecture, MlpKind, NormKind, ParamTensor
-from zerocalc.model.model_impl import MODEL_IMPLS, Device, Shape
+from zerocalc.model.architecture import Architecture, ParamTensor
+from zerocalc.model.model_impl import MODEL_IMPLS, AttentionKernel, Device, Shape, default_attention
 from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, Framework, Fsdp1Sharding, TorchWrapper
 from zerocalc.parallel.precision import RECIPES, PrecisionName
-from zerocalc.parallel.profiles import Wrap
+from zerocalc.parallel.profiles import PROFILES, Wrap
 from zerocalc.parallel.strategies import STRATEGIES, BufferRule, StrategyName, effective_grad_sync
 from zerocalc.peak.allocator import CachingAllocator
 from zerocalc.peak.kinds import StepPhase
@@ -59,7 +61,8 @@ class StepResult(NamedTuple):
     reserved: int
     """The caching allocator's high-water mark over model creation and three steps."""
     peak: PhasePeak
-    """The step's first event with the largest allocated total, and what is alive there by kind."""
+    """The first event with the largest allocated total, and what is alive there by kind: the step's, or
+    the model's creation where that is larger."""
     reserved_at: list[int | None]
     """At each event, what the caching allocator has reserved (None without the allocator replay)."""
 
@@ -126,14 +129,13 @@ def _fsdp_units_of(arch: Architecture) -> tuple[tuple[str, tuple[ParamTensor, ..
     )
 
 
-def is_llama_family(arch: Architecture) -> bool:
-    return arch.mlp is MlpKind.SWIGLU and arch.norm is NormKind.RMSNORM
-
-
 def flash_attention_used(request: TrainingRequest) -> bool:
-    """``flash_attention`` as asked, else on for the Llama family (SwiGLU + RMSNorm)."""
+    """``flash_attention`` as asked, else what the model's code runs (:func:`default_attention`)."""
     asked = request.activations.flash_attention
-    return is_llama_family(request.architecture) if asked is None else asked
+    if asked is not None:
+        return asked
+    kernel, _ = default_attention(MODEL_IMPLS[request.model_impl], request.architecture)
+    return kernel is AttentionKernel.FLASH
 
 
 def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
@@ -276,8 +278,15 @@ def simulate(
         allocator = None
     elif allocator is None:
         allocator = CachingAllocator(expandable=request.expandable_segments)
+    creation = None
     if allocator is not None:
-        first_start(step, mechanics, runtime, led)
+        profile = PROFILES[request.framework]
+        element_bytes = RECIPES[request.precision].param_dtype.bytes if profile.init_in_param_dtype else 4
+        first_start(step, mechanics, runtime, led, request.init, element_bytes)
+        created = led.phase_peak(StepPhase.CREATION)
+        creation = PhasePeak(
+            StepPhase.CREATION, created.allocated, created.name, led.peak_live.get(StepPhase.CREATION, {})
+        )
         for number in range(REPLAYED_STEPS - 1):
             mechanics.earlier_micro_batches(led)
             run_step(step, mechanics, runtime, led, first_step=number == 0)
@@ -317,8 +326,13 @@ def simulate(
             first = next(e for e in led.events if e.phase == phase)
             peaks.append(PhasePeak(phase, entering[phase], first.name, led.peak_live.get(phase, {})))
     top = max(led.events, key=lambda e: e.allocated)
+    peak = PhasePeak(StepPhase(top.phase), top.allocated, top.name, led.peak_live[top.phase])
+    if creation is not None:
+        peaks.insert(0, creation)
+        if creation.allocated > peak.allocated:  # the whole model at creation outgrows the step
+            peak = creation
     return StepResult(
-        peak=PhasePeak(StepPhase(top.phase), top.allocated, top.name, led.peak_live[top.phase]),
+        peak=peak,
         phases=peaks,
         start=phases.start,
         after_forward=phases.after_forward,

@@ -38,6 +38,7 @@ from zerocalc.model.model_impl import (
     shared_saves,
     traits,
 )
+from zerocalc.parallel.profiles import ModelInit
 from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.peak.ledger import Ledger
 
@@ -55,7 +56,8 @@ RUNTIME = TensorKind.RUNTIME
 BUFFERS = TensorKind.BUFFERS
 TRANSIENT = TensorKind.TRANSIENT
 
-PHASES = tuple(StepPhase)
+PHASES = (StepPhase.START, StepPhase.FORWARD, StepPhase.BACKWARD, StepPhase.OPTIMIZER)
+"""The phases of a step (creation comes once, before the first)."""
 
 MiB = 2**20
 START_EXTRA = 512
@@ -133,7 +135,7 @@ class StepHooks(Protocol):
 class CreationHooks(StepHooks, Protocol):
     """A step's hooks and the model's creation and wrapping before the first step (:func:`first_start`)."""
 
-    def create(self, led: Ledger) -> None: ...
+    def create(self, led: Ledger, init: ModelInit, element_bytes: int) -> None: ...
 
 
 def run_step(
@@ -361,10 +363,18 @@ def _runtime_extras(step: StepShape, runtime: Runtime, led: Ledger) -> None:
         led.alloc("checkpointing runtime extra", runtime.recompute_extra, RUNTIME)
 
 
-def first_start(step: StepShape, mechanics: CreationHooks, runtime: Runtime | None, led: Ledger) -> None:
-    """Model creation and wrapping (the allocation stream before the first step), then the first step's
-    inputs: for the allocator replay."""
-    mechanics.create(led)
+def first_start(
+    step: StepShape,
+    mechanics: CreationHooks,
+    runtime: Runtime | None,
+    led: Ledger,
+    init: ModelInit,
+    element_bytes: int,
+) -> None:
+    """Model creation and wrapping as ``init`` says (the allocation stream before the first step, its
+    events in the creation phase), then the first step's inputs: for the allocator replay."""
+    led.phase = StepPhase.CREATION
+    mechanics.create(led, init, element_bytes)
     _inputs(step, led)
     if runtime is not None and step.device is Device.CUDA:
         _runtime_extras(step, runtime, led)

@@ -33,13 +33,13 @@ from zerocalc.parallel.strategies import (
 )
 from zerocalc.request.options import Command, option
 from zerocalc.request.training import (
-    DEFAULT_SEQ_LEN,
     MAX_GPUS,
     MAX_GPUS_PER_NODE,
     MAX_GRAD_ACCUM,
     MAX_MICRO_BATCH,
     MAX_SEQ_LEN,
     TrainingRequest,
+    default_seq_len,
     options_from_keywords,
     options_model,
     parse_options,
@@ -163,6 +163,7 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         seq_len=o.seq_len,
         calibration=o.calibration,
         framework="paper",
+        init=o.init,
     )
     if base.model.architecture is None:  # pragma: no cover - a model always has one
         raise InputError("{model} needs an architecture; accepted: a preset or a config.json")
@@ -364,11 +365,13 @@ COMM_OPTIONS = ("gpus", "gpus_per_node", "framework", "strategies", "grad_accum"
 def memory_options(plan: PlanRequest, group: Group, b: int) -> dict[str, str]:
     """The candidate's ``zerocalc memory`` options, concept → value as typed."""
     grad_accum = plan.global_batch_sequences // (group.world * b)
+    init = plan.base.init_asked
     return {
         "model": plan.model,
         "gpu": plan.gpu,
         "seq_len": str(plan.seq_len),
         **group.options(b, grad_accum),
+        **({"init": init.value} if init is not None else {}),
     }
 
 
@@ -420,7 +423,9 @@ def derived_request(plan: PlanRequest, group: Group, estimate: Estimate) -> Trai
         "grad_sync": group.grad_sync,
     }
     if estimate is Estimate.COMM:  # comm takes no sequence length: the parser's default
-        changes["activations"] = base.activations.model_copy(update={"seq_len": DEFAULT_SEQ_LEN})
+        changes["activations"] = base.activations.model_copy(
+            update={"seq_len": default_seq_len(base.model.architecture)}
+        )
     else:
         changes["activations"] = base.activations.model_copy(
             update={"micro_batch": b, "recompute": group.recompute}

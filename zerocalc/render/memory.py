@@ -319,6 +319,12 @@ def render_peak(out: Output, peak: PeakEstimate, unit: ByteUnit) -> None:
             f"[dim]· tight: within {FIT_MARGIN:.0%} of the GPU's memory, the model's margin; "
             "not promised to fit[/dim]"
         )
+    if peak.init_host_bytes_per_node is not None:
+        out.print(
+            f"[dim]· host memory per node at creation (--init cpu): "
+            f"{byte_text(peak.init_host_bytes_per_node, unit)}, the whole model in fp32 per rank that "
+            "loads it[/dim]"
+        )
     for note in peak.notes:
         out.print(f"[yellow]· {note}[/yellow]")
 

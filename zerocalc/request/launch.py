@@ -352,8 +352,8 @@ def _accelerate(config: dict[str, Any], where: str) -> LaunchConfig:
                 values[option] = str(device).lower()
         if get("deepspeed_config.gradient_accumulation_steps") is not None:
             values["grad_accum"] = str(get("deepspeed_config.gradient_accumulation_steps"))
-        if get("deepspeed_config.zero3_init_flag") is not None and values.get("strategies") == "zero3":
-            values["zero_init"] = bool(get("deepspeed_config.zero3_init_flag"))  # read by stage 3 only
+        if get("deepspeed_config.zero3_init_flag") is not None:  # deepspeed.zero.Init, or built on the host
+            values["init"] = "meta" if get("deepspeed_config.zero3_init_flag") else "cpu"
     elif kind == "MULTI_GPU":
         values["framework"] = "ddp"
         values["strategies"] = "ddp"

@@ -236,11 +236,27 @@ def _load_hf_stdin() -> Architecture:
     return architecture_from_hf_text(data, "{model} '-' (standard input)", "stdin")
 
 
-@lru_cache(maxsize=256)
-def _load_hf_config(key: tuple[str, int, int], path: Path) -> tuple[Architecture, ModelPreset | None]:
-    from zerocalc.model.hf_config import architecture_from_hf_config
+def model_notes(name_or_path: str) -> tuple[str, ...]:
+    """What reading the model said about it (a config.json's notes; none for a preset or standard input)."""
+    if name_or_path.strip() in STDIN_NAMES:
+        return ()
+    candidate = Path(name_or_path).expanduser()
+    if bool(name_or_path.strip()) and candidate.is_dir():
+        candidate = candidate / "config.json"
+    if candidate.name == "config.json" or name_or_path.endswith(".json") or candidate.is_file():
+        return _read_hf_config(_file_key(candidate), candidate)[1]
+    return ()
 
-    return architecture_from_hf_config(path), None
+
+def _load_hf_config(key: tuple[str, int, int], path: Path) -> tuple[Architecture, ModelPreset | None]:
+    return _read_hf_config(key, path)[0], None
+
+
+@lru_cache(maxsize=256)
+def _read_hf_config(key: tuple[str, int, int], path: Path) -> tuple[Architecture, tuple[str, ...]]:
+    from zerocalc.model.hf_config import read_hf_config
+
+    return read_hf_config(path)
 
 
 @lru_cache(maxsize=256)

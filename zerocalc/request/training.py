@@ -50,7 +50,7 @@ from zerocalc.network.schedule import GradSync, ZeroPP
 from zerocalc.parallel.frameworks import Estimate, Framework
 from zerocalc.parallel.optimizers import OptimizerImpl, OptimizerName
 from zerocalc.parallel.precision import RECIPES, PrecisionName
-from zerocalc.parallel.profiles import PROFILES, Wrap
+from zerocalc.parallel.profiles import PROFILES, ModelInit, Wrap
 from zerocalc.parallel.strategies import (
     STRATEGIES,
     OffloadTarget,
@@ -75,7 +75,8 @@ MAX_PREFETCH = 1024
 MAX_TFLOPS = 1e6
 """1 EFLOP/s per GPU: above any accelerator."""
 
-DEFAULT_SEQ_LEN: int = option(Command.MEMORY, "seq_len").default
+DEFAULT_SEQ_LEN = 2048
+"""s without ``seq_len`` (:func:`default_seq_len`: a model's learned positions where fewer)."""
 DEFAULT_MICRO_BATCH: int = option(Command.MEMORY, "micro_batch").default
 DEFAULT_PREFETCH: int = option(Command.MEMORY, "prefetch").default
 DDP_BUCKET_BYTES = 25 * 2**20
@@ -177,7 +178,7 @@ class TrainingRequest(BaseModel):
     precision: PrecisionName = PrecisionName.BF16_MIXED
     optimizer: OptimizerName = OptimizerName.ADAMW
     fp32_grad_accum: bool = False
-    zero_init: bool = True
+    init_asked: ModelInit | None = Field(default=None, description="None: the framework's (Profile.init)")
     offload_optimizer: OffloadTarget = OffloadTarget.NONE
     offload_params: OffloadTarget = OffloadTarget.NONE
     framework: Framework = Framework.PAPER
@@ -213,6 +214,9 @@ class TrainingRequest(BaseModel):
     tflops: float | None = Field(default=None, gt=0)
     calibration: Calibration | None = None
     calibration_name: str | None = None
+    notes: tuple[str, ...] = ()
+    """What parsing tells the user about the inputs (the text model of a multimodal config, a sequence
+    beyond a rotary model's trained positions)."""
 
     @property
     def states_capacity_bytes(self) -> int | None:
@@ -221,6 +225,16 @@ class TrainingRequest(BaseModel):
         if self.gpu_memory_bytes is None:
             return None
         return self.gpu_memory_bytes - self.runtime.context_bytes
+
+    @property
+    def init(self) -> ModelInit:
+        """How the model is created: as asked, else the framework's documented path."""
+        return self.init_asked or PROFILES[self.framework].init
+
+    @property
+    def zero_init(self) -> bool:
+        """DeepSpeed ZeRO-3 builds the model under ``deepspeed.zero.Init`` (``init`` meta)."""
+        return self.init is ModelInit.META
 
     @property
     def architecture(self) -> Architecture:
@@ -252,8 +266,9 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         if o.reduce_dtype is None
         else parse_dtype(o.reduce_dtype, "{reduce_dtype}", allowed=(DType.FP32, recipe.grad_dtype))
     )
+    seq_len, position_notes = _seq_len(o.seq_len, model)
     activations = ActivationOptions(
-        seq_len=parse_tokens(o.seq_len, "{seq_len}", 1, MAX_SEQ_LEN),
+        seq_len=seq_len,
         micro_batch=parse_whole(o.micro_batch, "{micro_batch}", 1, MAX_MICRO_BATCH, "sequences"),
         recompute=_choice(o.recompute, "{recompute}", Recompute),
         flash_attention=o.flash_attention,
@@ -283,7 +298,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         precision=precision,
         optimizer=optimizer,
         fp32_grad_accum=o.fp32_grad_accum,
-        zero_init=True if o.zero_init is None else o.zero_init,
+        init_asked=None if o.init is None else _choice(o.init, "{init}", ModelInit),
         offload_optimizer=offload_optimizer,
         offload_params=offload_params,
         framework=framework,
@@ -306,6 +321,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         tflops=tflops,
         calibration=calibration,
         calibration_name=calibration_name,
+        notes=(*_model_notes(o.model), *position_notes),
     )
     resolved = _resolve_strategies(request)
     problem = _ignored_problem(o, resolved)
@@ -327,17 +343,46 @@ def _ignored_problem(options: TrainingOptions, request: TrainingRequest) -> str 
             "memory ({gpu} or {gpu_memory}) or added to the peak of a step ({model}); accepted: {reserve} "
             "with one of them, or no {reserve}"
         )
-    if options.zero_init is not None and not (
-        request.framework is Framework.DEEPSPEED and StrategyName.ZERO3 in request.strategies
-    ):
-        given = "on" if options.zero_init else "off"
-        return (
-            f"{{zero_init}} {given}: deepspeed.zero.Init is DeepSpeed ZeRO-3's, and this request has no "
-            "DeepSpeed zero3 "
-            f"({{framework}} {request.framework.value}); accepted: {{framework}} deepspeed with zero3 among "
-            "{strategies}, or neither zero-init flag"
-        )
     return None
+
+
+def default_seq_len(arch: Architecture | None) -> int:
+    """s when none is given: :data:`DEFAULT_SEQ_LEN`, or a model's learned positions where fewer."""
+    if arch is not None and arch.learned_position_embeddings:
+        return min(DEFAULT_SEQ_LEN, arch.max_position_embeddings)
+    return DEFAULT_SEQ_LEN
+
+
+def _seq_len(text: int | str | None, model: ModelSpec) -> tuple[int, tuple[str, ...]]:
+    """s: as given, else :data:`DEFAULT_SEQ_LEN` (a model's learned positions where fewer). Beyond learned
+    positions is refused (the position table has no row for them: ``wpe(position_ids)`` fails); beyond a
+    rotary model's ``max_position_embeddings`` it runs, with a note."""
+    arch = model.architecture
+    positions = arch.max_position_embeddings if arch is not None else 0
+    learned = arch is not None and arch.learned_position_embeddings
+    if text is None:
+        return default_seq_len(arch), ()
+    seq_len = parse_tokens(text, "{seq_len}", 1, MAX_SEQ_LEN)
+    if not positions or seq_len <= positions:
+        return seq_len, ()
+    name = model.name or "the model"
+    if learned:
+        raise InputError(
+            f"{{seq_len}} {seq_len:,} is beyond {name}'s {positions:,} learned positions (its position "
+            f"embedding has {positions:,} rows); accepted: {{seq_len}} 1 to {positions:,}"
+        )
+    return seq_len, (
+        f"--seq-len {seq_len:,} is beyond {name}'s max_position_embeddings ({positions:,}): rotary "
+        "positions run, past what the model was trained for",
+    )
+
+
+def _model_notes(model: str | Architecture | None) -> tuple[str, ...]:
+    if not isinstance(model, str):
+        return ()
+    from zerocalc.request.presets import model_notes
+
+    return model_notes(model)
 
 
 def _choice(text: object, what: str, enum: type, replace: dict[str, str] | None = None):

@@ -396,6 +396,6 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
         ),
         bytes_per_parameter=bpp,
         assumptions=assumptions,
-        notes=list(request.strategy_notes),
+        notes=[*request.notes, *request.strategy_notes],
         strategies=rows,
     )

@@ -31,6 +31,7 @@ def _common(arch: Architecture) -> dict[str, Any]:
         "head_dim": arch.dim_per_head,
         "intermediate_size": arch.intermediate_size,
         "tie_word_embeddings": arch.tied_embeddings,
+        **({"max_position_embeddings": arch.max_position_embeddings} if arch.max_position_embeddings else {}),
         **TOKENS,
     }
 
