@@ -48,32 +48,48 @@ def test_the_traced_h200_run_is_replayed_to_the_byte() -> None:
     assert allocator.allocated == measured["start_allocated"]  # after the last step: the next one's start
 
 
-def test_the_llama_family_layer_program_keeps_the_saved_tensors_and_peaks_where_the_lump_did() -> None:
-    """model_impl.forward_program: its kept tensors are the layer's saved ones; with autograd keeping them,
-    the most alive at once is the saved tensors plus ``forward_excess`` (the mid residual, the down
-    projection's output and the new hidden state); under checkpointing every kept tensor is released;
-    other code (GPT-2, Mixtral's experts) has none."""
-    impl = MODEL_IMPLS[ModelImplName.HF]
+def _program_check(arch, use_cache: bool, shape: Shape) -> tuple[int, int]:
+    """The most a layer program holds at once (autograd keeping the saved tensors), and the saved bytes;
+    asserts its kept tensors are the saved ones and that checkpointing releases every one."""
+    saves = layer_saves(MODEL_IMPLS[ModelImplName.HF], arch, 0, shape, 2, Device.CUDA, use_cache=use_cache)
+    kept = [(n, b) for verb, n, b in saves.program if verb == "keep"]
+    assert sorted(kept) == sorted(saves.saved)
+    assert {n for verb, n, _ in saves.program if verb == "release"} == {n for n, _ in saves.saved}
+    sizes = {n: b for verb, n, b in saves.program if verb in ("keep", "temp")}
+    total = most = 0
+    for verb, n, b in saves.program:
+        total += {
+            "keep": _rounded(b),
+            "temp": _rounded(b),
+            "output": _rounded(2 * shape.tokens * arch.hidden_size),
+        }.get(verb, 0)
+        total -= _rounded(sizes[n]) if verb == "drop" else 0
+        most = max(most, total)
+    return most, sum(_rounded(b) for _, b in saves.saved) + saves.forward_excess
 
-    def rounded(nbytes: int) -> int:
-        return -(-nbytes // 512) * 512
 
+def _rounded(nbytes: int) -> int:
+    return -(-nbytes // 512) * 512
+
+
+def test_the_layer_programs_keep_the_saved_tensors_and_peak_where_the_code_does() -> None:
+    """model_impl.forward_program: its kept tensors are the layer's saved ones, and checkpointing releases
+    every one. Llama family: with autograd keeping them, the most alive at once is the saved tensors plus
+    ``forward_excess`` (the mid residual, the down projection's output, the new hidden state). GPT-2 on
+    CUDA: the saved tensors plus three [T, h] tensors (the attention's dropout output, the MLP's, and
+    the down projection's output or the new hidden state), one fewer than ``forward_excess`` measured on
+    the CPU, whose dropout keeps a noise tensor. Other code (Mixtral's experts, GPT-2 on the CPU): none."""
+    shape = Shape(2, 1024)
     for name in ("llama-3-8b", "qwen2.5-7b", "qwen3-8b"):
         arch, _ = load_model(name)
-        hidden = 2 * 2048 * arch.hidden_size
         for use_cache in (True, False):
-            saves = layer_saves(impl, arch, 0, Shape(2, 1024), 2, Device.CUDA, use_cache=use_cache)
-            kept = [(n, b) for verb, n, b in saves.program if verb == "keep"]
-            assert sorted(kept) == sorted(saves.saved), name
-            released = {n for verb, n, _ in saves.program if verb == "release"}
-            assert released == {n for n, _ in saves.saved}, name
-            sizes = {n: b for verb, n, b in saves.program if verb in ("keep", "temp")}
-            total = most = 0
-            for verb, n, b in saves.program:
-                total += {"keep": rounded(b), "temp": rounded(b), "output": rounded(hidden)}.get(verb, 0)
-                total -= rounded(sizes[n]) if verb == "drop" else 0
-                most = max(most, total)
-            assert most == sum(rounded(b) for _, b in saves.saved) + saves.forward_excess, name
-    for name in ("gpt2", "mixtral-8x7b"):
-        arch, _ = load_model(name)
-        assert layer_saves(impl, arch, 0, Shape(2, 1024), 2, Device.CUDA).program == ()
+            most, lump = _program_check(arch, use_cache, shape)
+            assert most == lump, name
+    arch, _ = load_model("gpt2-xl")
+    for use_cache in (True, False):
+        most, lump = _program_check(arch, use_cache, shape)
+        assert lump - most == 2 * shape.tokens * arch.hidden_size
+    impl = MODEL_IMPLS[ModelImplName.HF]
+    assert layer_saves(impl, arch, 0, shape, 2, Device.CPU).program == ()
+    mixtral, _ = load_model("mixtral-8x7b")
+    assert layer_saves(impl, mixtral, 0, shape, 2, Device.CUDA).program == ()

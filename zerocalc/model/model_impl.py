@@ -449,7 +449,7 @@ def _layer_saves(
         keeps_input=keeps_input,
         forward_excess=_forward_excess(impl, arch, index, t, T, act) if impl.transients else 0,
         backward_excess=_backward_excess(impl, arch, index, t, T, act) if impl.transients else 0,
-        program=forward_program(impl, arch, index, shape, act, copies, flash, tuple(saved)),
+        program=forward_program(impl, arch, index, shape, act, copies, flash, tuple(saved), device),
     )
 
 
@@ -508,10 +508,12 @@ def forward_program(
     copies: bool,
     flash: bool,
     saved: tuple[tuple[str, int], ...],
+    device: Device = Device.CUDA,
 ) -> tuple[tuple[str, str, int], ...]:
     """The decoder layer's forward op by op (:attr:`LayerSaves.program`) for the transformers 5.17 Llama
     family (``LlamaDecoderLayer``, ``Qwen2DecoderLayer``, ``Qwen3DecoderLayer``: pre-norm RMSNorm, rotary
-    q and k, SDPA's flash kernel, a SwiGLU MLP) in a 16- or 8-bit compute dtype; empty for other code.
+    q and k, SDPA's flash kernel, a SwiGLU MLP) and GPT-2 on CUDA (:func:`_gpt2_program`) in a 16- or 8-bit
+    compute dtype; empty for other code.
     The order decides which cached blocks the caching allocator can reuse, not what is allocated: the
     saved tensors are :attr:`LayerSaves.saved`, and at the output (the new hidden state being written) the
     mid residual and the down projection's output are the layer's ``forward_excess``.
@@ -521,6 +523,18 @@ def forward_program(
     replace the rotated k and the projected v), SDPA's output and log-sum-exp, ``o_proj``; the residual
     add; the MLP norm; ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``; the residual add."""
     t = traits(arch)
+    if (
+        impl.name is ModelImplName.HF
+        and impl.transients
+        and act != FP32
+        and flash
+        and device is Device.CUDA
+        and arch.family == "gpt2"
+        and arch.block_layout is BlockLayout.PRE_NORM
+        and arch.residual_dropout > 0
+        and not arch.is_moe
+    ):
+        return _matched(_gpt2_program(arch, shape, act, copies), saved)
     if not (
         impl.name is ModelImplName.HF
         and impl.transients
@@ -592,6 +606,80 @@ def forward_program(
         ("drop", "mid residual", 0),
     ]
     return _matched(ops, saved)
+
+
+def _gpt2_program(arch: Architecture, shape: Shape, act: int, copies: bool) -> list[tuple[str, str, int]]:
+    """``GPT2Block.forward`` (transformers 5.17, on CUDA: dropout is one fused kernel giving its output and
+    a bool mask): ``ln_1``, ``c_attn`` (one [3h] output that q, k and v view), the cache copies of k and
+    v, SDPA (flash, dropout inside), ``c_proj`` and ``resid_dropout``, the residual add (kept by
+    ``ln_2``), ``ln_2``, ``c_fc``, ``NewGELUActivation`` (``0.5 * x`` first, then ``pow(x, 3)``,
+    ``0.044715 *``, ``x +``, ``√(2/π) *``, ``tanh``, ``1 +``, the product), ``c_proj``, the MLP's
+    dropout, the residual add. Under checkpointing the attention's tensors are released when it returns,
+    the norms' outputs when the block rebinds ``hidden_states``, GELU's operands when their products
+    exist."""
+    T, h, f = shape.tokens, arch.hidden_size, arch.intermediate_size
+    kv, qkv = arch.kv_heads * arch.dim_per_head, arch.num_heads * arch.dim_per_head
+    full, mask, wide, stats = act * T * h, T * h, act * T * f, FP32 * T
+    gelu = "GELU input, tanh, 0.5x, 1 + tanh"
+    ops = [
+        ("keep", "attention norm: mean", stats),
+        ("keep", "attention norm: rstd", stats),
+        ("keep", "attention input (norm output)", full),
+        ("keep", "q/k/v projection output (q is a view of it)", act * T * (qkv + 2 * kv)),
+    ]
+    if copies:
+        ops += [("keep", "k", act * T * kv), ("keep", "v", act * T * kv)]
+    ops += [
+        ("keep", "attention output (o projection input)", act * T * qkv),
+        ("keep", "softmax log-sum-exp", FP32 * T * arch.num_heads),
+        ("release", "softmax log-sum-exp", 0),
+        ("temp", "o projection output", full),
+        ("release", "attention output (o projection input)", 0),
+        ("keep", "attention residual dropout mask", mask),
+        ("temp", "attention dropout output", full),
+        ("release", "attention residual dropout mask", 0),
+        ("drop", "o projection output", 0),
+        ("release", "q/k/v projection output (q is a view of it)", 0),
+        *([("release", "k", 0), ("release", "v", 0)] if copies else []),
+        ("keep", "MLP norm: input", full),
+        ("release", "attention input (norm output)", 0),
+        ("release", "attention norm: mean", 0),
+        ("release", "attention norm: rstd", 0),
+        ("keep", "MLP norm: mean", stats),
+        ("keep", "MLP norm: rstd", stats),
+        ("keep", "MLP input (norm output)", full),
+        ("release", "MLP norm: mean", 0),
+        ("release", "MLP norm: rstd", 0),
+        ("keep", f"{gelu}#0", wide),
+        ("keep", f"{gelu}#2", wide),
+        ("temp", "GELU pow(x, 3)", wide),
+        ("temp", "GELU 0.044715 · x³", wide),
+        ("drop", "GELU pow(x, 3)", 0),
+        ("temp", "GELU x + 0.044715 · x³", wide),
+        ("drop", "GELU 0.044715 · x³", 0),
+        ("temp", "GELU √(2/π) · (…)", wide),
+        ("drop", "GELU x + 0.044715 · x³", 0),
+        ("keep", f"{gelu}#1", wide),
+        ("drop", "GELU √(2/π) · (…)", 0),
+        ("keep", f"{gelu}#3", wide),
+        ("release", f"{gelu}#1", 0),
+        ("keep", "GELU output (down input)", wide),
+        ("release", f"{gelu}#2", 0),
+        ("release", f"{gelu}#3", 0),
+        ("release", f"{gelu}#0", 0),
+        ("temp", "down projection output", full),
+        ("release", "GELU output (down input)", 0),
+        ("keep", "MLP residual dropout mask", mask),
+        ("temp", "MLP dropout output", full),
+        ("release", "MLP residual dropout mask", 0),
+        ("drop", "down projection output", 0),
+        ("output", "", 0),
+        ("release", "MLP input (norm output)", 0),
+        ("release", "MLP norm: input", 0),
+        ("drop", "attention dropout output", 0),
+        ("drop", "MLP dropout output", 0),
+    ]
+    return ops
 
 
 def _matched(

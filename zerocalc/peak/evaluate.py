@@ -48,7 +48,7 @@ from zerocalc.states.memory import MemoryEstimate, evaluate_memory
 
 FIT_MARGIN = 0.05
 """A peak within 5% of the GPU's memory is "tight", not "fits": on the eight H100 and five H200 runs the
-device footprint was predicted from −5.9% to +0.8%; the margin keeps an unmeasured model from being told it
+device footprint was predicted from −5.0% to +0.8%; the margin keeps an unmeasured model from being told it
 fits when it would not."""
 
 
