@@ -766,14 +766,16 @@ class Accounting(Mechanics):
         for name, kind, nbytes in self.states:
             led.alloc(name, nbytes, kind)
 
-    def create(self, led: Ledger, init: ModelInit, element_bytes: int = FP32) -> None:
-        """``gpu``: the whole model on the GPU in ``element_bytes`` per parameter before the framework
-        builds its states from it (the whole model must fit once); ``meta`` and ``cpu`` put nothing on the
-        GPU beyond the states."""
+    def create(self, led: Ledger, init: ModelInit, element_bytes: int = FP32, replaced: int = 0) -> None:
+        """``gpu``: the whole model on the GPU in ``element_bytes`` per parameter (and ``replaced``, a tied
+        LM head's own weight until ``tie_weights``) before the framework builds its states from it (the
+        whole model must fit once); ``meta`` and ``cpu`` put nothing on the GPU beyond the states."""
         if init is ModelInit.GPU:
             elements = sum(unit.numel for unit in self.units.values())
             led.alloc("whole model at creation", element_bytes * elements, PARAMS)
+            led.alloc("init LM head (replaced by the tied embedding)", replaced, PARAMS)
             led.event(f"model created (gpu: whole, {element_bytes} bytes per parameter)")
+            led.free("init LM head (replaced by the tied embedding)")
             led.free("whole model at creation")
         super().create(led, init, element_bytes)
 
