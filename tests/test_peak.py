@@ -11,9 +11,13 @@ from typer.testing import CliRunner
 from zerocalc.api import estimate_peak
 from zerocalc.base.errors import InputError
 from zerocalc.cli import app
+from zerocalc.parallel.frameworks import Estimate
 from zerocalc.peak.evaluate import FIT_MARGIN
 from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.peak.report import Verdict
+from zerocalc.peak.simulate import StepResult, runtime_for, simulate
+from zerocalc.plan.allocated import _states
+from zerocalc.request.training import parse_options
 
 runner = CliRunner()
 DATA = Path(__file__).parent / "data" / "h100-fsdp2-hf"
@@ -45,15 +49,27 @@ def _measured_case(m: dict) -> dict:
     "m", STEPS, ids=[f"b{m['b']}-s{m['s']}-{m['recompute']}-r{m['reshard']:d}" for m in STEPS]
 )
 def test_the_measured_h100_steps_are_reproduced(m: dict) -> None:
-    """Every allocated figure of the eight H100 runs to the byte (issue #12 asks 5%); the device footprint
-    (reserved + context) within 3.5% (it asks 10%); the phase of the peak the same."""
+    """The eight H100 runs: the tensors of every figure to the byte; every allocated figure within 4 MiB,
+    a few blocks' unsplit remainders (memory_allocated counts up to 1 MiB a block that a large request takes
+    whole, and the replay places a few 2–4 MiB tensors, k/v and SDPA's log-sum-exp, in blocks the run
+    did not); the device footprint (reserved + context) within 3.5% (issue #12 asks 10%); the phase of
+    the peak the same."""
+    case = _measured_case(m)
+    tensors = _tensors(str(DATA / "config.json"), 1, case.pop("strategies"), **case)
+    assert (tensors.start, tensors.after_forward, tensors.after_backward) == (
+        m["start_allocated"], m["after_forward"], m["after_backward"]
+    )  # fmt: skip
+    assert {p.phase.value: p.allocated for p in tensors.phases if p.phase is not StepPhase.START} == {
+        p: m[f"{p}_peak"] for p in ("forward", "backward", "optimizer")
+    }  # fmt: skip
     (row,) = estimate_peak(str(DATA / "config.json"), 1, **_measured_case(m)).peak.strategies
-    assert row.start_bytes == m["start_allocated"]
-    assert row.after_forward_bytes == m["after_forward"]
-    assert row.after_backward_bytes == m["after_backward"]
+    assert row.allocated_peak_bytes - row.term(TensorKind.BLOCK_REMAINDERS) == m["max_allocated"]
+    figures = {"start_allocated": row.start_bytes, "after_forward": row.after_forward_bytes}
+    figures |= {"after_backward": row.after_backward_bytes, "max_allocated": row.allocated_peak_bytes}
     for phase in (StepPhase.FORWARD, StepPhase.BACKWARD, StepPhase.OPTIMIZER):
-        assert row.phase(phase).allocated_bytes == m[f"{phase.value}_peak"]
-    assert row.allocated_peak_bytes == m["max_allocated"]
+        figures[f"{phase.value}_peak"] = row.phase(phase).allocated_bytes
+    off = {name: value - m[name] for name, value in figures.items() if abs(value - m[name]) > 4 * MiB}
+    assert not off, off
     measured_phase = max(("forward", "backward", "optimizer"), key=lambda p: m[f"{p}_peak"])
     assert row.peak_phase.value == measured_phase
     assert abs(row.reserved_bytes / m["max_reserved"] - 1) < 0.035
@@ -81,16 +97,13 @@ def test_the_issue_command_reproduces_a_measurement_through_the_cli() -> None:
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     (row,) = json.loads(result.stdout)["peak"]["strategies"]
-    assert row["allocated_peak_bytes"] == m["max_allocated"]
+    remainders = sum(t["bytes"] for t in row["terms"] if t["kind"] == TensorKind.BLOCK_REMAINDERS.value)
+    assert row["allocated_peak_bytes"] - remainders == m["max_allocated"]
     assert abs(row["peak_bytes"] / m["device_used"] - 1) < 0.035
     assert row["peak_phase"] == "backward" and row["peak_event"] == "loss backward (log_softmax_backward)"
     start, end = row["timeline"][0], row["timeline"][-1]
-    assert start == {
-        "phase": "start",
-        "event": "start",
-        "allocated_bytes": m["start_allocated"],
-        "reserved_bytes": start["reserved_bytes"],
-    }
+    assert (start["phase"], start["event"]) == ("start", "start")
+    assert abs(start["allocated_bytes"] - m["start_allocated"]) <= 4 * MiB
     # the allocator never returns a segment: what it reserves only grows, to the maximum at the step's end
     assert start["reserved_bytes"] <= end["reserved_bytes"] == row["reserved_bytes"]
 
@@ -102,14 +115,25 @@ def _row(model: str, gpus: int, strategy: str | None = None, **kwargs):
     return row
 
 
+def _tensors(model: str, gpus: int, strategy: str, **kwargs) -> StepResult:
+    """The step's tensors alone, without the allocator replay (so without blocks' remainders): what a hand
+    calculation counts."""
+    request = parse_options(estimate=Estimate.MEMORY, model=model, gpus=gpus, strategies=strategy, **kwargs)
+    return simulate(request, request.strategies[0], runtime_for(request), _states(request), reserve=False)
+
+
+def _phase(result: StepResult, phase: StepPhase) -> int:
+    return next(p.allocated for p in result.phases if p.phase is phase)
+
+
 def test_paper_zero3_step_start_by_hand() -> None:
     """Llama-2-7B on 8 GPUs (Ψ/8 = 842,301,952): 2 + 2 + 12 bytes of states per parameter, the input ids
     (8 × 2048), the rotary inv_freq and original_inv_freq (fp32 [64], 512 B each after rounding), the
     previous step's loss (512), two 32 MiB cuBLAS workspaces and 512 B the runtime keeps."""
-    row = _row("llama-2-7b", 8, "zero3")
     states = 16 * (PSI // 8)
     assert states == 13_476_831_232
-    assert row.start_bytes == states + 8 * 2048 + 2 * 512 + 512 + 2 * 32 * MiB + 512 == 13_543_958_528
+    start = _tensors("llama-2-7b", 8, "zero3").start
+    assert start == states + 8 * 2048 + 2 * 512 + 512 + 2 * 32 * MiB + 512 == 13_543_958_528
 
 
 def test_paper_zero3_peak_terms_by_hand() -> None:
@@ -122,7 +146,8 @@ def test_paper_zero3_peak_terms_by_hand() -> None:
     assert row.term(TensorKind.GRADIENTS) == 2 * PSI // 8 + 2 * (32000 * 4096 + 4096)
     assert row.term(TensorKind.OPTIMIZER_STATES) == 12 * PSI // 8
     # the optimizer step: foreach's sqrt(exp_avg_sq) is one fp32 copy of the shard
-    assert row.phase(StepPhase.OPTIMIZER).allocated_bytes - row.after_backward_bytes == 4 * PSI // 8
+    tensors = _tensors("llama-2-7b", 8, "zero3")
+    assert _phase(tensors, StepPhase.OPTIMIZER) - tensors.after_backward == 4 * PSI // 8
 
 
 def test_hugging_face_loss_at_its_backward_is_twelve_bytes_per_token_and_word() -> None:
@@ -225,12 +250,12 @@ def test_mixture_of_experts_runs_under_fsdp2() -> None:
 
 def test_optimizer_impl_changes_the_optimizer_step() -> None:
     """foreach: one fp32 temporary per parameter shard, all alive; fused: none."""
-    foreach = _row("llama-2-7b", 8, "zero3", framework="fsdp2", optimizer_impl="foreach")
-    fused = _row("llama-2-7b", 8, "zero3", framework="fsdp2", optimizer_impl="fused")
+    foreach = _tensors("llama-2-7b", 8, "zero3", framework="fsdp2", optimizer_impl="foreach")
+    fused = _tensors("llama-2-7b", 8, "zero3", framework="fsdp2", optimizer_impl="fused")
     local = PSI // 8  # every Llama-2-7B dim 0 divides by 8
     step = StepPhase.OPTIMIZER
-    assert foreach.phase(step).allocated_bytes - foreach.after_backward_bytes == 4 * local
-    assert fused.phase(step).allocated_bytes < foreach.phase(step).allocated_bytes
+    assert _phase(foreach, step) - foreach.after_backward == 4 * local
+    assert _phase(fused, step) < _phase(foreach, step)
 
 
 @pytest.mark.parametrize(
@@ -293,11 +318,11 @@ def test_fsdp1_no_shard_accumulating_every_micro_batch_adds_each_reduced_gradien
     optimizer step, after both, holds the same (it used to raise 'already allocated')."""
 
     def row(grad_accum: int):
-        (peak,) = estimate_peak(
-            "gpt2", 2, framework="fsdp", strategies="ddp", grad_accum=grad_accum, grad_sync="every",
-            micro_batch=1, seq_len=256,
-        ).peak.strategies  # fmt: skip
-        return {p.phase: p.allocated_bytes for p in peak.phases}
+        result = _tensors(
+            "gpt2", 2, "ddp", framework="fsdp", grad_accum=grad_accum, grad_sync="every", micro_batch=1,
+            seq_len=256,
+        )  # fmt: skip
+        return {p.phase: p.allocated for p in result.phases}
 
     one, two = row(1), row(2)
     assert two[StepPhase.START] - one[StepPhase.START] == 4 * 124_439_808

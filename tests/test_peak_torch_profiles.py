@@ -101,10 +101,13 @@ def test_torch_zero1_greedy_partition_by_hand() -> None:
 @pytest.mark.parametrize("model", ["gpt2", "llama-2-7b", "qwen2.5-7b", "mistral-7b"])
 @pytest.mark.parametrize("gpus", [2, 8, 24])
 def test_fsdp_ordering_full_shard_le_shard_grad_op_le_no_shard(model: str, gpus: int) -> None:
+    """Resharding holds less: the allocated peaks are ordered (what the caching allocator reserves on top
+    follows the order of the requests, and can invert a close pair: GPT-2 on 2 GPUs, FSDP1)."""
     rows = _rows(model, gpus, "fsdp", strategies="ddp,shard_grad_op,zero3")
-    assert rows["zero3"].peak_bytes <= rows["shard_grad_op"].peak_bytes <= rows["ddp"].peak_bytes
+    peak = {name: row.allocated_peak_bytes for name, row in rows.items()}
+    assert peak["zero3"] <= peak["shard_grad_op"] <= peak["ddp"]
     fsdp2 = _rows(model, gpus, "fsdp2")
-    assert fsdp2["zero3"].peak_bytes <= fsdp2["shard_grad_op"].peak_bytes
+    assert fsdp2["zero3"].allocated_peak_bytes <= fsdp2["shard_grad_op"].allocated_peak_bytes
 
 
 def test_default_strategies_are_the_profiles() -> None:

@@ -45,3 +45,6 @@ class TensorKind(StrEnum):
     """Buckets an accounting keeps resident (DeepSpeed's reduce/all-gather buckets, DDP's bucket)."""
     TRANSIENT = "in-layer temporaries"
     """Intermediates alive only inside one op or layer."""
+    BLOCK_REMAINDERS = "allocator block remainders"
+    """What ``torch.cuda.memory_allocated`` counts above the requests: cached blocks the caching allocator
+    handed out whole (:mod:`zerocalc.peak.allocator`)."""

@@ -208,11 +208,17 @@ class Mechanics:
         return self.accumulation is not Accumulation.NONE
 
     # model creation (the allocator replay's start) and the state at a step's start
-    def create(self, led: Ledger, init: ModelInit, element_bytes: int = FP32) -> None:
+    def create(self, led: Ledger, init: ModelInit, element_bytes: int = FP32, replaced: int = 0) -> None:
         """Model creation and wrapping, up to the first step: what is resident before the optimizer
-        states exist (the whole parameters, each created where ``init`` says, are what the rank keeps)."""
+        states exist (the whole parameters, each created where ``init`` says, are what the rank keeps);
+        ``replaced``: bytes the model's construction on the GPU allocates and frees (a tied LM head's own
+        weight)."""
         self.resident(led, first_step=True)
+        head = "init LM head (replaced by the tied embedding)"
+        if init is ModelInit.GPU:
+            led.alloc(head, replaced, PARAMS)
         led.event(f"model created ({init.value})")
+        led.free(head)
 
     def resident(self, led: Ledger, first_step: bool = False) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -346,13 +352,14 @@ class Fsdp(Mechanics):
             else:
                 led.alloc(unit.labels.fp32_grad, FP32 * unit.local_numel, GRADS, stream="reduce_scatter")
 
-    def create(self, led: Ledger, init: ModelInit, element_bytes: int = FP32) -> None:
+    def create(self, led: Ledger, init: ModelInit, element_bytes: int = FP32, replaced: int = 0) -> None:
         """Model creation, then ``fully_shard`` per block and the root; each parameter's fp32 shard is what
         the rank keeps.
 
         * ``meta``: the shards are allocated by ``to_empty`` and initialised in place (FSDP2 docs,
           torchtitan): nothing whole;
-        * ``gpu``: ``from_config`` in fp32 allocates every parameter whole; ``fully_shard`` then makes each
+        * ``gpu``: ``from_config`` in fp32 allocates every parameter whole (then ``replaced``, a tied LM
+          head's own weight, allocated last and freed by ``tie_weights``); ``fully_shard`` then makes each
           parameter's shard a new tensor and frees the original;
         * ``cpu``: ``fully_shard`` moves each unit's parameters to the GPU whole
           (``_fully_shard/_fsdp_init.py::_move_states_to_device``), then shards them: one unit whole at a
@@ -364,7 +371,9 @@ class Fsdp(Mechanics):
             for unit in self.units.values():
                 for i, n in enumerate(unit.params):
                     led.alloc(f"init {unit.name}#{i}", element_bytes * n, PARAMS)
+            led.alloc("init LM head (replaced by the tied embedding)", replaced, PARAMS)
             led.event("model created (gpu: whole, fp32)")
+            led.free("init LM head (replaced by the tied embedding)")
         for unit in self.units.values():
             if init is ModelInit.CPU:
                 for i, n in enumerate(unit.params):
@@ -757,14 +766,16 @@ class Accounting(Mechanics):
         for name, kind, nbytes in self.states:
             led.alloc(name, nbytes, kind)
 
-    def create(self, led: Ledger, init: ModelInit, element_bytes: int = FP32) -> None:
-        """``gpu``: the whole model on the GPU in ``element_bytes`` per parameter before the framework
-        builds its states from it (the whole model must fit once); ``meta`` and ``cpu`` put nothing on the
-        GPU beyond the states."""
+    def create(self, led: Ledger, init: ModelInit, element_bytes: int = FP32, replaced: int = 0) -> None:
+        """``gpu``: the whole model on the GPU in ``element_bytes`` per parameter (and ``replaced``, a tied
+        LM head's own weight until ``tie_weights``) before the framework builds its states from it (the
+        whole model must fit once); ``meta`` and ``cpu`` put nothing on the GPU beyond the states."""
         if init is ModelInit.GPU:
             elements = sum(unit.numel for unit in self.units.values())
             led.alloc("whole model at creation", element_bytes * elements, PARAMS)
+            led.alloc("init LM head (replaced by the tied embedding)", replaced, PARAMS)
             led.event(f"model created (gpu: whole, {element_bytes} bytes per parameter)")
+            led.free("init LM head (replaced by the tied embedding)")
             led.free("whole model at creation")
         super().create(led, init, element_bytes)
 

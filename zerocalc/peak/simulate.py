@@ -23,8 +23,8 @@ from zerocalc.parallel.precision import RECIPES, PrecisionName
 from zerocalc.parallel.profiles import PROFILES, Wrap
 from zerocalc.parallel.strategies import STRATEGIES, BufferRule, StrategyName, effective_grad_sync
 from zerocalc.peak.allocator import CachingAllocator
-from zerocalc.peak.kinds import StepPhase
-from zerocalc.peak.ledger import Ledger
+from zerocalc.peak.kinds import StepPhase, TensorKind
+from zerocalc.peak.ledger import Event, Ledger
 from zerocalc.peak.mechanics import Accounting, Accumulation, Ddp, Fsdp1, Fsdp2, Mechanics, Unit
 from zerocalc.peak.report import StateLine
 from zerocalc.peak.timeline import PHASES, Runtime, StepShape, first_start, run_step, steady_start
@@ -299,34 +299,50 @@ def simulate(
         allocator.measured_step_begins()
     else:
         steady_start(step, mechanics, runtime, led)
-    phases = run_step(step, mechanics, runtime, led)
+    run_step(step, mechanics, runtime, led)
+    # with the replay, at each event what is reserved, and the allocated total as memory_allocated counts
+    # it: the requests plus the remainders of the blocks handed out whole
     reserved_at: list[int | None] = [None] * len(led.events)
+    remainders = [0] * len(led.events)
     if allocator is not None:
         done = 0
         for i, mark in enumerate(led.marks):
             allocator.replay(led.log[done:mark])
             done = mark
-            reserved_at[i] = allocator.reserved
+            reserved_at[i], remainders[i] = allocator.reserved, allocator.remainder
         allocator.replay(led.log[done:])
         led.log = []
+
+    remainder_of = {id(event): r for event, r in zip(led.events, remainders, strict=True)}
+
+    def counted(event: Event) -> int:
+        return event.allocated + remainder_of[id(event)]
+
+    def live(event: Event) -> dict[str, int]:
+        kinds = dict(led.peak_live.get(event.phase, {}))
+        if counted(event) > event.allocated:
+            kinds[TensorKind.BLOCK_REMAINDERS] = counted(event) - event.allocated
+        return kinds
+
+    named = {e.name: counted(e) for e in led.events if e.name in ("start", "after forward", "after backward")}
     # each phase's peak as max_memory_allocated reads it after reset_peak_memory_stats at the phase's
     # start: at least what is allocated when the phase begins
     entering = {
-        StepPhase.START: phases.start,
-        StepPhase.FORWARD: phases.start,
-        StepPhase.BACKWARD: phases.after_forward,
-        StepPhase.OPTIMIZER: phases.after_backward,
+        StepPhase.START: named["start"],
+        StepPhase.FORWARD: named["start"],
+        StepPhase.BACKWARD: named["after forward"],
+        StepPhase.OPTIMIZER: named["after backward"],
     }
     peaks = []
     for phase in PHASES:
         event = led.phase_peak(phase)
-        if event.allocated >= entering[phase]:
-            peaks.append(PhasePeak(phase, event.allocated, event.name, led.peak_live.get(phase, {})))
+        if counted(event) >= entering[phase]:
+            peaks.append(PhasePeak(phase, counted(event), event.name, live(event)))
         else:  # nothing in the phase exceeds what it starts with (its first event is where it stands)
             first = next(e for e in led.events if e.phase == phase)
-            peaks.append(PhasePeak(phase, entering[phase], first.name, led.peak_live.get(phase, {})))
+            peaks.append(PhasePeak(phase, entering[phase], first.name, live(event)))
     top = max(led.events, key=lambda e: e.allocated)
-    peak = PhasePeak(StepPhase(top.phase), top.allocated, top.name, led.peak_live[top.phase])
+    peak = PhasePeak(StepPhase(top.phase), counted(top), top.name, live(top))
     if creation is not None:
         peaks.insert(0, creation)
         if creation.allocated > peak.allocated:  # the whole model at creation outgrows the step
@@ -334,10 +350,10 @@ def simulate(
     return StepResult(
         peak=peak,
         phases=peaks,
-        start=phases.start,
-        after_forward=phases.after_forward,
-        after_backward=phases.after_backward,
-        events=[(StepPhase(e.phase), e.name, e.allocated) for e in led.events],
+        start=named["start"],
+        after_forward=named["after forward"],
+        after_backward=named["after backward"],
+        events=[(StepPhase(e.phase), e.name, counted(e)) for e in led.events],
         reserved=allocator.max_reserved if allocator is not None else 0,
         reserved_at=reserved_at,
     )

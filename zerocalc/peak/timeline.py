@@ -7,7 +7,8 @@ what each layer keeps for backward, what the loss allocates) and the framework's
 (:mod:`zerocalc.peak.mechanics`: where parameters are gathered and released, how gradients are reduced
 and kept, what the optimizer allocates). A :class:`~zerocalc.peak.ledger.Ledger` records every tensor;
 the peak of a phase is the maximum over its events. Written from Hugging Face transformers 5.17 under
-PyTorch FSDP2 (torch 2.13 source), this reproduces every phase of eight H100 runs to the byte.
+PyTorch FSDP2 (torch 2.13 source), this reproduces the tensors of every phase of eight H100 runs to the
+byte.
 
 Loss (``hf``, ``loss_utils.ForCausalLMLoss``): the LM head's logits in the compute dtype (2·T·V), their
 fp32 copy (``logits.float()``, 4·T·V), the labels padded with −100 (8·b·(s+1)) and their shifted copy
@@ -135,7 +136,7 @@ class StepHooks(Protocol):
 class CreationHooks(StepHooks, Protocol):
     """A step's hooks and the model's creation and wrapping before the first step (:func:`first_start`)."""
 
-    def create(self, led: Ledger, init: ModelInit, element_bytes: int) -> None: ...
+    def create(self, led: Ledger, init: ModelInit, element_bytes: int, replaced: int = 0) -> None: ...
 
 
 def run_step(
@@ -191,22 +192,31 @@ def run_step(
             # torch.utils.checkpoint (use_reentrant=False): the layer's saved tensors are dropped at pack
             # time, its input is kept; no cache copies (HF turns use_cache off under checkpointing)
             saves = saves_of(i, use_cache=False)
-            led.alloc(f"layer {i} work", sum(b for _, b in saves.saved), ACTIVATIONS)
-            led.event(f"layer {i} forward (checkpointed)", saves.forward_excess, TRANSIENT)
-            led.free(f"layer {i} work")
             new = f"hidden {i + 1}"
-            led.alloc(new, act * T * h, ACTIVATIONS)
+            if saves.program:
+                label = "forward (checkpointed)"
+                _run_program(led, i, saves.program, 0, new, act * T * h, label, checkpointed=True)
+            else:
+                led.alloc(f"layer {i} work", sum(b for _, b in saves.saved), ACTIVATIONS)
+                led.event(f"layer {i} forward (checkpointed)", saves.forward_excess, TRANSIENT)
+                led.free(f"layer {i} work")
+                led.alloc(new, act * T * h, ACTIVATIONS)
             hidden = new  # every checkpoint input stays alive
         else:
             saves = saves_of(i, use_cache=True)
-            led.alloc_group(f"layer {i}", saves.saved, ACTIVATIONS)
-            if hf and t.sliding_pattern and (i + 1) % t.sliding_pattern:
-                led.alloc(f"layer {i} sliding-window cache tensor", INT64, ACTIVATIONS, group="sliding cache")
-            if cuda and hf:
-                led.alloc(f"layer {i}.sdpa rng", runtime.per_layer_attention, ACTIVATIONS, group=f"layer {i}")
-            led.event(f"layer {i} forward", saves.forward_excess, TRANSIENT)
             new = f"hidden {i + 1}"
-            led.alloc(new, act * T * h, ACTIVATIONS)
+            rng = runtime.per_layer_attention if cuda and hf else 0
+            if saves.program:
+                _run_program(led, i, saves.program, rng, new, act * T * h)
+            else:
+                led.alloc_group(f"layer {i}", saves.saved, ACTIVATIONS)
+                if hf and t.sliding_pattern and (i + 1) % t.sliding_pattern:
+                    led.alloc(
+                        f"layer {i} sliding-window cache tensor", INT64, ACTIVATIONS, group="sliding cache"
+                    )
+                led.alloc(f"layer {i}.sdpa rng", rng, ACTIVATIONS, group=f"layer {i}")
+                led.event(f"layer {i} forward", saves.forward_excess, TRANSIENT)
+                led.alloc(new, act * T * h, ACTIVATIONS)
             if not saves.keeps_input and not (hidden == "embedding output" and embedding_alive):
                 led.free(hidden)
             hidden = new
@@ -290,7 +300,11 @@ def run_step(
     for i in reversed(range(L)):
         mechanics.pre_backward(led, i)
         saves = saves_of(i, use_cache=not checkpointed)
-        if checkpointed:
+        if checkpointed and saves.program:
+            # the recomputed forward (torch.utils.checkpoint, use_reentrant=False): its output is dropped
+            _run_program(led, i, saves.program, 0, f"layer {i} recomputed output", act * T * h, "recompute")
+            led.free(f"layer {i} recomputed output")
+        elif checkpointed:
             led.alloc_group(f"layer {i}", saves.saved, ACTIVATIONS)
             led.event(f"layer {i} recompute", saves.forward_excess, TRANSIENT)
         led.event(f"layer {i} backward", saves.backward_excess, TRANSIENT)
@@ -329,6 +343,59 @@ def run_step(
     led.event("zero_grad")
     led.rename("loss", "previous step's loss")  # the training loop's `loss` lives into the next step
     return Phases(start, after_forward, after_backward)
+
+
+def _run_program(
+    led: Ledger,
+    i: int,
+    program: tuple[tuple[str, str, int], ...],
+    rng: int,
+    output: str,
+    output_bytes: int,
+    label: str = "forward",
+    checkpointed: bool = False,
+) -> None:
+    """Layer ``i``'s forward op by op (:attr:`~zerocalc.model.model_impl.LayerSaves.program`): the saved
+    tensors in its group, the intermediates freed where the code drops them, SDPA's philox seed and offset
+    (``rng`` bytes) with the saved tensors, the output where the program writes it; the layer's event where
+    the most is allocated. ``checkpointed``: the forward of a layer under ``torch.utils.checkpoint``
+    (``use_reentrant=False``), whose saved tensors are freed where the code releases them."""
+    group = f"layer {i}"
+    peak = _program_peak(program, output_bytes, checkpointed, led.rounded)
+    for at, (verb, name, nbytes) in enumerate(program):
+        if verb == "keep":
+            if checkpointed:
+                led.alloc(f"{group}.{name}", nbytes, TRANSIENT)
+            else:
+                led.alloc(f"{group}.{name}", nbytes, ACTIVATIONS, group=group)
+                if name.startswith("softmax log-sum-exp"):
+                    led.alloc(f"{group}.sdpa rng", rng, ACTIVATIONS, group=group)
+        elif verb == "temp":
+            led.alloc(f"{group}.{name}", nbytes, TRANSIENT)
+        elif verb == "drop" or (verb == "release" and checkpointed):
+            led.free(f"{group}.{name}")
+        elif verb == "output":
+            led.alloc(output, output_bytes, ACTIVATIONS)
+        if at == peak:
+            led.event(f"layer {i} {label}")
+
+
+def _program_peak(
+    program: tuple[tuple[str, str, int], ...], output_bytes: int, checkpointed: bool, rounded
+) -> int:
+    """The index of the program's op after which the most is allocated (the first such)."""
+    total = best = 0
+    peak = len(program) - 1
+    for at, (verb, _, nbytes) in enumerate(program):
+        if verb in ("keep", "temp"):
+            total += rounded(nbytes)
+        elif verb == "output":
+            total += rounded(output_bytes)
+        elif verb == "drop" or (verb == "release" and checkpointed):
+            total -= rounded(next(b for v, n, b in program if n == program[at][1] and v in ("keep", "temp")))
+        if total > best:
+            best, peak = total, at
+    return peak
 
 
 def steady_start(step: StepShape, mechanics: StepHooks, runtime: Runtime | None, led: Ledger) -> None:
@@ -372,9 +439,15 @@ def first_start(
     element_bytes: int,
 ) -> None:
     """Model creation and wrapping as ``init`` says (the allocation stream before the first step, its
-    events in the creation phase), then the first step's inputs: for the allocator replay."""
+    events in the creation phase), then the first step's inputs: for the allocator replay. Hugging Face's
+    ``PreTrainedModel.post_init`` ties a tied LM head after the model is built (``init_weights`` →
+    ``tie_weights``, transformers 5.17): its own [V, h] weight exists until then."""
     led.phase = StepPhase.CREATION
-    mechanics.create(led, init, element_bytes)
+    arch = step.arch
+    tied = step.impl.name is ModelImplName.HF and arch.tied_embeddings
+    mechanics.create(
+        led, init, element_bytes, element_bytes * arch.vocab_size * arch.hidden_size if tied else 0
+    )
     _inputs(step, led)
     if runtime is not None and step.device is Device.CUDA:
         _runtime_extras(step, runtime, led)
