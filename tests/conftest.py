@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from zerocalc.network.calibration import Calibration, CollectiveFit
 from zerocalc.network.cluster import RankGroup
 from zerocalc.network.collectives import Collective
+from zerocalc.request.presets import presets_root
 from zerocalc.validate.compare import predicted_comm, predictions
 from zerocalc.validate.config import Job, Measured, RecordedCall
 
@@ -82,3 +86,20 @@ def one_fit_calibration(collective: Collective) -> Calibration:
 def calibration_of() -> Callable[[Collective], Calibration]:
     """:func:`one_fit_calibration`."""
     return one_fit_calibration
+
+
+@pytest.fixture()
+def presets_copy(tmp_path: Path) -> Path:
+    """A copy of the shipped presets folder, to change."""
+    root = tmp_path / "presets"
+    shutil.copytree(presets_root(), root)
+    return root
+
+
+@pytest.fixture()
+def torch_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``importlib.util.find_spec("torch")`` finds nothing, as where PyTorch is not installed."""
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else find_spec(name, *a)
+    )
