@@ -32,14 +32,26 @@ class Outcome(Protocol):
     def stderr(self) -> str: ...
 
 
+def h100_step_options(m: dict[str, Any]) -> dict[str, Any]:
+    """The ``estimate_peak`` keywords of the measured H100 step ``m`` (its model:
+    ``H100_DATA / "config.json"`` on one GPU)."""
+    return {
+        "strategies": "zero3" if m["reshard"] else "shard_grad_op",
+        "framework": "fsdp2",
+        "micro_batch": m["b"],
+        "seq_len": m["s"],
+        "recompute": m["recompute"],
+        "reduce_dtype": "fp32",
+        "model_impl": "hf",
+        "flash_attention": True,
+        "gpu": "h100-80gb",
+        "init": "gpu",  # the measurements' recipe: from_config in fp32 on the GPU, then fully_shard
+    }
+
+
 def h100_step_row(m: dict[str, Any]) -> Any:
     """The predicted peak of the measured H100 step ``m``: FSDP2 on one GPU, its recipe as run."""
-    (row,) = estimate_peak(
-        str(H100_DATA / "config.json"), 1, framework="fsdp2",
-        strategies="zero3" if m["reshard"] else "shard_grad_op",
-        micro_batch=m["b"], seq_len=m["s"], recompute=m["recompute"], reduce_dtype="fp32", model_impl="hf",
-        flash_attention=True, gpu="h100-80gb",
-    ).peak.strategies  # fmt: skip
+    (row,) = estimate_peak(str(H100_DATA / "config.json"), 1, **h100_step_options(m)).peak.strategies
     return row
 
 

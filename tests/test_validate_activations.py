@@ -10,6 +10,7 @@ fails. A few seconds per family (model build included), in-process.
 from __future__ import annotations
 
 import pytest
+from helpers import one_line_error
 from typer.testing import CliRunner
 
 from zerocalc.cli import app
@@ -131,6 +132,4 @@ def test_cli_activations_table_and_exit_codes(monkeypatch: pytest.MonkeyPatch) -
     ],
 )
 def test_cli_activations_bad_input(args: list[str], fragment: str) -> None:
-    result = runner.invoke(app, ["validate", *args])
-    assert result.exit_code == 2, result.output
-    assert fragment in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    one_line_error(runner.invoke(app, ["validate", *args]), fragment)
