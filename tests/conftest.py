@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +13,7 @@ import pytest
 from zerocalc.network.calibration import Calibration, CollectiveFit
 from zerocalc.network.cluster import RankGroup
 from zerocalc.network.collectives import Collective
+from zerocalc.request.presets import presets_root
 from zerocalc.validate.compare import predicted_comm, predictions
 from zerocalc.validate.config import Job, Measured, RecordedCall
 
@@ -105,3 +109,20 @@ def keywords_in_notes(data: Any) -> Any:
     if isinstance(data, list):
         return [keywords_in_notes(item) for item in data]
     return data
+
+
+@pytest.fixture()
+def presets_copy(tmp_path: Path) -> Path:
+    """A copy of the shipped presets folder, to change."""
+    root = tmp_path / "presets"
+    shutil.copytree(presets_root(), root)
+    return root
+
+
+@pytest.fixture()
+def torch_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``importlib.util.find_spec("torch")`` finds nothing, as where PyTorch is not installed."""
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else find_spec(name, *a)
+    )

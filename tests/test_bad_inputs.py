@@ -4,25 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
+from helpers import one_line_error
 from typer.testing import CliRunner
 
 from zerocalc.cli import app
-from zerocalc.request.presets import presets_root
 
 runner = CliRunner()
 
 
 def _one_line_exit_2(args: list[str], fragment: str, env: dict[str, str] | None = None) -> None:
-    result = runner.invoke(app, args, env=env)
-    assert result.exit_code == 2, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("zerocalc: error: "), result.stderr
-    assert fragment in lines[0]
-    assert "Traceback" not in result.stderr and result.stdout == ""
+    one_line_error(runner.invoke(app, args, env=env), fragment)
 
 
 @pytest.mark.parametrize(
@@ -94,13 +88,6 @@ def test_deepspeed_counts_the_real_gpus_of_a_partial_node() -> None:
 def test_version() -> None:
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0 and result.stdout.startswith("zerocalc ")
-
-
-@pytest.fixture
-def presets_copy(tmp_path: Path) -> Path:
-    root = tmp_path / "presets"
-    shutil.copytree(presets_root(), root)
-    return root
 
 
 @pytest.mark.parametrize("target", ["a-file", "missing", ""])

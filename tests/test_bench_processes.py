@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -20,36 +19,22 @@ import pytest
 
 pytest.importorskip("torch")
 
+from helpers import BIN, clean_env, run_zerocalc
+
+from zerocalc.harness.procs import free_port
 from zerocalc.network.calibration import load_calibration
 from zerocalc.network.cluster import RankGroup
 from zerocalc.network.collectives import COLLECTIVES, Collective
 
 pytestmark = pytest.mark.slow
 
-BIN = Path(sys.executable).parent
 TINY = ["--min-bytes", "1KiB", "--max-bytes", "16KiB", "--step-factor", "4", "--warmup", "1", "--iters", "3"]
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))
-    }
-    env.update(
-        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", XDG_CACHE_HOME=str(tmp_path), OMP_NUM_THREADS="1"
-    )
-    return env
 
 
 def _zerocalc(
     *args: str, tmp_path: Path, timeout: float = 60, **extra: str
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "zerocalc", *args],
-        capture_output=True,
-        text=True,
-        env={**_env(tmp_path), **extra},
-        timeout=timeout,
-    )
+    return run_zerocalc(*args, env=clean_env(tmp_path, **extra), timeout=timeout)
 
 
 def _keys(path: Path) -> list[tuple[str, str, int, int]]:
@@ -107,7 +92,7 @@ def test_torchrun_gives_the_same_shape_and_rank_0_alone_writes_and_prints(
     result = subprocess.run(
         [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "zerocalc", "bench",
          "--check", *TINY],
-        capture_output=True, text=True, env=_env(tmp_path), timeout=90,
+        capture_output=True, text=True, env=clean_env(tmp_path), timeout=90,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("Summary") == 1  # rank 0 alone prints
@@ -123,15 +108,9 @@ def test_torchrun_gives_the_same_shape_and_rank_0_alone_writes_and_prints(
     assert (cal.world_size, cal.nodes, cal.gpus_per_node) == (2, 1, 2)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_two_simulated_nodes_measure_intra_and_inter_node_groups(tmp_path: Path) -> None:
     out = tmp_path / "two-nodes.json"
-    port = str(_free_port())
+    port = str(free_port())
     agents = [
         subprocess.Popen(
             [
@@ -166,7 +145,7 @@ def test_two_simulated_nodes_measure_intra_and_inter_node_groups(tmp_path: Path)
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=_env(tmp_path),
+            env=clean_env(tmp_path),
         )
         for node in (0, 1)
     ]
@@ -239,7 +218,7 @@ main()
 def test_memory_works_where_torch_cannot_be_imported(tmp_path: Path) -> None:
     memory = subprocess.run(
         [sys.executable, "-c", BLOCK_TORCH, "memory", "--params", "7B", "--gpus", "4"],
-        capture_output=True, text=True, env=_env(tmp_path), timeout=30,
+        capture_output=True, text=True, env=clean_env(tmp_path), timeout=30,
     )  # fmt: skip
     assert memory.returncode == 0, memory.stderr
     assert "ZeRO-3" in memory.stdout
@@ -260,7 +239,8 @@ def test_ctrl_c_stops_every_spawned_process(tmp_path: Path) -> None:
     out = tmp_path / "never.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "zerocalc", "bench", "--nproc", "2", "--iters", "1000", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(tmp_path), start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(tmp_path),
+        start_new_session=True,
     )  # fmt: skip
     time.sleep(3.5)  # the ranks have started and are measuring
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C: the whole process group

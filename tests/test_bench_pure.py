@@ -3,13 +3,13 @@ the CLI (every refusal, the output) through Typer's CliRunner with the ranks fak
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import stat
 from pathlib import Path
 
 import pytest
+from helpers import one_line_error
 from typer.testing import CliRunner
 
 from zerocalc.base.errors import InputError
@@ -212,11 +212,8 @@ def no_ranks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict]:
 def test_bad_input_is_one_line_before_any_rank_starts(
     args: list[str], fragment: str, no_ranks: list[dict]
 ) -> None:
-    result = runner.invoke(app, ["bench", *args])
-    assert result.exit_code == 2, result.output
-    assert result.stderr.startswith("zerocalc: error: ") and result.stderr.count("\n") == 1, result.stderr
-    assert fragment in result.stderr, result.stderr
-    assert result.stdout == "" and no_ranks == []
+    one_line_error(runner.invoke(app, ["bench", *args]), fragment)
+    assert no_ranks == []
 
 
 def test_an_unwritable_out_folder_is_refused(no_ranks: list[dict], tmp_path: Path) -> None:
@@ -238,11 +235,8 @@ def test_a_sweep_larger_than_the_node_s_memory_is_refused_before_any_rank_starts
     )
 
 
-def test_missing_torch_is_one_line(no_ranks: list[dict], monkeypatch: pytest.MonkeyPatch) -> None:
-    find_spec = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else find_spec(name, *a)
-    )
+@pytest.mark.usefixtures("torch_hidden")
+def test_missing_torch_is_one_line(no_ranks: list[dict]) -> None:
     result = runner.invoke(app, ["bench", "--nproc", "2"])
     assert result.exit_code == 2
     assert result.stderr == (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import one_line_error
 from typer.testing import CliRunner
 
 from zerocalc.cli import app
@@ -106,7 +107,4 @@ def test_json_has_exact_bytes_per_collective() -> None:
     ],
 )
 def test_bad_input_is_one_line(args: list[str], fragment: str) -> None:
-    result = runner.invoke(app, ["comm", *args])
-    assert result.exit_code == 2 and result.stdout == ""
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and fragment in lines[0]
+    one_line_error(runner.invoke(app, ["comm", *args]), fragment)

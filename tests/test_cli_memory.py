@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import one_line_error
 from typer.testing import CliRunner
 
 from zerocalc.cli import app
@@ -120,13 +121,7 @@ def test_offload_adds_host_columns() -> None:
     ],
 )
 def test_bad_input_is_one_line_on_stderr_with_exit_2(args: list[str], fragment: str) -> None:
-    result = runner.invoke(app, ["memory", *args])
-    assert result.exit_code == 2
-    assert result.stdout == ""
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("zerocalc: error: ") and fragment in lines[0]
-    assert "Traceback" not in result.stderr
+    one_line_error(runner.invoke(app, ["memory", *args]), fragment)
 
 
 def test_deepspeed_and_megatron_account_for_params_alone() -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from helpers import shrunk
 from hypothesis import given
 from hypothesis import strategies as st
 
 from zerocalc.base.errors import InputError
-from zerocalc.model.architecture import Architecture, ParamTensor, count_parameters, parameter_tensors
+from zerocalc.model.architecture import ParamTensor, count_parameters, parameter_tensors
 from zerocalc.parallel.frameworks import Fsdp1Sharding, TorchSetup, TorchWrapper
 from zerocalc.parallel.optimizers import OptimizerName
 from zerocalc.parallel.precision import PrecisionName
@@ -34,14 +35,11 @@ def fsdp1(sharding: Fsdp1Sharding) -> TorchSetup:
 FP32, BF16 = PrecisionName.FP32, PrecisionName.BF16_MIXED
 
 
-def _small(name: str = "gpt2", **changes: int) -> Architecture:
-    arch, _ = load_model(name)
-    sizes = dict(num_layers=2, hidden_size=63, num_heads=3, intermediate_size=252, vocab_size=1001)
-    return Architecture.model_validate({**arch.model_dump(), "head_dim": None, **sizes, **changes})
+ODD = dict(num_layers=2, hidden_size=63, num_heads=3, intermediate_size=252, vocab_size=1001)
 
 
 def test_units_are_one_per_block_plus_the_root() -> None:
-    arch = _small()
+    arch = shrunk("gpt2", ODD)
     units = fsdp_units(arch)
     assert [name for name, _ in units] == ["layers.0", "layers.1", "root"]
     assert [t.module for t in units[-1][1]] == ["embed_tokens", "embed_positions", "final_norm", "final_norm"]
@@ -72,7 +70,7 @@ def test_fsdp1_pads_each_flat_parameter_to_a_multiple_of_the_world() -> None:
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
 @pytest.mark.parametrize("precision", [FP32, BF16])
 def test_totals_over_ranks(world: int, precision: PrecisionName) -> None:
-    arch = _small("llama-2-7b", num_kv_heads=1)
+    arch = shrunk("llama-2-7b", ODD, num_kv_heads=1)
     total = count_parameters(arch).total
     n_tensors = len(parameter_tensors(arch))
     ddp = predict_all_ranks(arch, DDP, world, precision)
@@ -90,7 +88,7 @@ def test_totals_over_ranks(world: int, precision: PrecisionName) -> None:
 
 
 def test_what_stays_unsharded_after_forward() -> None:
-    arch = _small()
+    arch = shrunk("gpt2", ODD)
     units = fsdp_units(arch)
     per = [-(-sum(t.numel for t in u) // 2) * 2 for _, u in units]
     fs = predict_rank_states(arch, fsdp1(Fsdp1Sharding.FULL_SHARD), 2, 0, BF16)
@@ -105,7 +103,7 @@ def test_what_stays_unsharded_after_forward() -> None:
 
 
 def test_fp16_mixed_gathers_fp16_copies_as_big_as_bf16_ones() -> None:
-    arch = _small()
+    arch = shrunk("gpt2", ODD)
     bf16 = predict_rank_states(arch, FSDP2, 2, 0, BF16)
     fp16 = predict_rank_states(arch, FSDP2, 2, 0, PrecisionName.FP16_MIXED)
     assert fp16.unsharded_after_forward.bytes == bf16.unsharded_after_forward.bytes
@@ -113,7 +111,7 @@ def test_fp16_mixed_gathers_fp16_copies_as_big_as_bf16_ones() -> None:
 
 
 def test_bad_inputs_are_input_errors() -> None:
-    arch = _small()
+    arch = shrunk("gpt2", ODD)
     with pytest.raises(InputError):
         predict_rank_states(arch, DDP, 2, 2)
     with pytest.raises(InputError, match="bf16-pure"):

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers import one_line_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -75,9 +76,7 @@ def _check(result, tmp: Path, before: set[str]) -> None:
     if result.exit_code == 0:
         assert result.stdout.strip()
         return
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("zerocalc: error: "), result.stderr
+    one_line_error(result)
     assert set(os.listdir(tmp)) == before  # nothing written on failure
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from helpers import H100_DATA, H100_STEPS, h100_step_options, h100_step_row
 from typer.testing import CliRunner
 
 from zerocalc.api import estimate_peak
@@ -20,8 +20,6 @@ from zerocalc.plan.allocated import _states
 from zerocalc.request.training import parse_options
 
 runner = CliRunner()
-DATA = Path(__file__).parent / "data" / "h100-fsdp2-hf"
-STEPS = [json.loads(line) for line in (DATA / "steps.jsonl").read_text().splitlines()]
 
 PSI = 6_738_415_616  # Llama-2-7B
 BLOCK = 202_383_360  # one Llama-2-7B layer: 4·4096² + 3·4096·11008 + 2·4096
@@ -30,23 +28,8 @@ T_V = 2048 * 32000  # tokens × vocabulary at s = 2048, b = 1
 MiB = 2**20
 
 
-def _measured_case(m: dict) -> dict:
-    return {
-        "strategies": "zero3" if m["reshard"] else "shard_grad_op",
-        "framework": "fsdp2",
-        "micro_batch": m["b"],
-        "seq_len": m["s"],
-        "recompute": m["recompute"],
-        "reduce_dtype": "fp32",
-        "model_impl": "hf",
-        "flash_attention": True,
-        "gpu": "h100-80gb",
-        "init": "gpu",  # the measurements' recipe: from_config in fp32 on the GPU, then fully_shard
-    }
-
-
 @pytest.mark.parametrize(
-    "m", STEPS, ids=[f"b{m['b']}-s{m['s']}-{m['recompute']}-r{m['reshard']:d}" for m in STEPS]
+    "m", H100_STEPS, ids=[f"b{m['b']}-s{m['s']}-{m['recompute']}-r{m['reshard']:d}" for m in H100_STEPS]
 )
 def test_the_measured_h100_steps_are_reproduced(m: dict) -> None:
     """The eight H100 runs: the tensors of every figure to the byte; every allocated figure within 4 MiB,
@@ -54,15 +37,15 @@ def test_the_measured_h100_steps_are_reproduced(m: dict) -> None:
     whole, and the replay places a few 2–4 MiB tensors, k/v and SDPA's log-sum-exp, in blocks the run
     did not); the device footprint (reserved + context) within 3.5% (issue #12 asks 10%); the phase of
     the peak the same."""
-    case = _measured_case(m)
-    tensors = _tensors(str(DATA / "config.json"), 1, case.pop("strategies"), **case)
+    case = h100_step_options(m)
+    tensors = _tensors(str(H100_DATA / "config.json"), 1, case.pop("strategies"), **case)
     assert (tensors.start, tensors.after_forward, tensors.after_backward) == (
         m["start_allocated"], m["after_forward"], m["after_backward"]
     )  # fmt: skip
     assert {p.phase.value: p.allocated for p in tensors.phases if p.phase is not StepPhase.START} == {
         p: m[f"{p}_peak"] for p in ("forward", "backward", "optimizer")
     }  # fmt: skip
-    (row,) = estimate_peak(str(DATA / "config.json"), 1, **_measured_case(m)).peak.strategies
+    row = h100_step_row(m)
     assert row.allocated_peak_bytes - row.term(TensorKind.BLOCK_REMAINDERS) == m["max_allocated"]
     figures = {"start_allocated": row.start_bytes, "after_forward": row.after_forward_bytes}
     figures |= {"after_backward": row.after_backward_bytes, "max_allocated": row.allocated_peak_bytes}
@@ -79,8 +62,8 @@ def test_the_measured_h100_steps_are_reproduced(m: dict) -> None:
 
 
 def test_the_issue_command_reproduces_a_measurement_through_the_cli() -> None:
-    m = STEPS[4]  # b = 1, s = 16384: the run the old model put at 62.6 GB when it used 78.8 GB
-    args = ["memory", "--model", str(DATA / "config.json"), "--gpus", "1", "--framework", "fsdp2"]
+    m = H100_STEPS[4]  # b = 1, s = 16384: the run the old model put at 62.6 GB when it used 78.8 GB
+    args = ["memory", "--model", str(H100_DATA / "config.json"), "--gpus", "1", "--framework", "fsdp2"]
     args += ["--strategy", "zero3", "--micro-batch", "1", "--seq-len", "16384", "--recompute", "none"]
     args += [
         "--reduce-dtype",

@@ -215,6 +215,7 @@ def _viz(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "options",
     [

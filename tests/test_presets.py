@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,6 @@ from zerocalc.request.presets import (
     load_toml,
     preset_names,
     preset_path,
-    presets_root,
 )
 
 runner = CliRunner()
@@ -158,13 +156,6 @@ def test_a_broken_preset_names_its_path_and_field(tmp_path: Path) -> None:
     bad.write_text('title = "x"\nsource = "y"\nsurprise = 1\n[architecture]\n')
     with pytest.raises(InputError, match=r"bad\.toml: surprise"):
         load_toml(bad, ModelPreset)
-
-
-@pytest.fixture
-def presets_copy(tmp_path: Path) -> Path:
-    root = tmp_path / "presets"
-    shutil.copytree(presets_root(), root)
-    return root
 
 
 def test_check_passes_on_the_shipped_presets() -> None:

@@ -13,6 +13,7 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,6 +131,21 @@ def test_watch_times_out_with_exit_3_and_kills_what_ignores_sigterm(tmp_path: Pa
     assert ranks[1].signals == ["TERM", "KILL"]
 
 
+def test_watch_restarts_the_timeout_whenever_the_work_moves_on(tmp_path: Path) -> None:
+    clock = Clock()
+    ranks = [FakeProc(clock, 0, at=30.0), FakeProc(clock, 0, at=30.0)]
+    steps = [10.0, 20.0]  # two results come in; alone, 5 s + GRACE_S would end at 15
+
+    def progressed() -> bool:
+        if steps and clock.now >= steps[0]:
+            steps.pop(0)
+            return True
+        return False
+
+    procs.watch(ranks, 5, tmp_path, clock=clock, pause=clock.pause, progressed=progressed)
+    assert 30.0 <= clock.now < 30.1 and not steps
+
+
 def test_watch_turns_ctrl_c_in_the_ranks_into_an_interrupt_after_stopping_them(tmp_path: Path) -> None:
     clock = Clock()
     ranks = [FakeProc(clock, 130, at=0.2), FakeProc(clock, None)]
@@ -220,7 +236,8 @@ def test_run_rank_hands_back_rank_0_s_result_and_turns_bad_input_into_exit_2(
     monkeypatch.setenv(procs.DIR_ENV, str(tmp_path))
     monkeypatch.setenv("RANK", "0")
     assert procs.run_rank(lambda: '{"answer": 42}') == 0
-    assert json.loads((tmp_path / procs.RESULT_FILE).read_text(encoding="utf-8")) == {"answer": 42}
+    result = tmp_path / procs.RESULT_FILE.format(index=0)
+    assert json.loads(result.read_text(encoding="utf-8")) == {"answer": 42}
 
     def bad() -> str:
         raise InputError("--x 7 is not accepted; accepted: 1")
@@ -355,6 +372,88 @@ def test_a_result_that_never_came_or_cannot_be_read_is_a_failure(rank_module: st
         procs.spawn(rank_module, "nothing", 2, 30, json.loads)
     with pytest.raises(procs.RanksFailed, match=r"rank 0 handed back a result that cannot be read \(nope\)"):
         procs.spawn(rank_module, "ok", 2, 30, lambda text: (_ for _ in ()).throw(ValueError("nope")))
+
+
+SERIES_MODULE = """
+import json, os, sys, time
+from zerocalc.harness import procs
+
+rank = int(os.environ["RANK"])
+watchdog = procs.Watchdog(float(os.environ.get("FAKE_TIMEOUT", "60")), rank, poll_s=0.05)
+
+def handed_back(index):
+    return os.path.exists(os.path.join(os.environ[procs.DIR_ENV], procs.RESULT_FILE.format(index=index)))
+
+def body():
+    for index, mode in enumerate(sys.argv[1:]):
+        while index and not handed_back(index - 1):  # in step, as collectives keep real ranks
+            time.sleep(0.01)
+        watchdog.restart()
+        if mode == "die":
+            if rank == 1:
+                os._exit(17)
+            time.sleep(3600)
+        if mode == "hang":
+            time.sleep(3600)
+        time.sleep(float(mode))  # seconds of work
+        if rank == 0:
+            procs.hand_back(json.dumps({"pid": os.getpid(), "index": index}), index)
+    if rank == 1 and os.environ.get("FAKE_TEARDOWN_EXIT"):
+        while not handed_back(len(sys.argv) - 2):
+            time.sleep(0.01)
+        os._exit(int(os.environ["FAKE_TEARDOWN_EXIT"]))
+    watchdog.disarm()
+
+procs.exit_now(procs.run_rank(body))
+"""
+
+
+@pytest.fixture()
+def series_module(rank_module: str, tmp_path: Path) -> str:
+    """Ranks that run their payloads in turn: a number (seconds of work), ``die`` (rank 1 exits 17) or
+    ``hang``; rank 0 hands back its pid and the payload's index."""
+    (tmp_path / "zc_tiny_series.py").write_text(textwrap.dedent(SERIES_MODULE), encoding="utf-8")
+    return "zc_tiny_series"
+
+
+def _series(module: str, payloads: list[str], timeout_s: float) -> list[tuple[Any, float]]:
+    outcomes: list[tuple[int, Any, float]] = []
+    procs.spawn_series(module, payloads, 2, timeout_s, json.loads, lambda *outcome: outcomes.append(outcome))
+    assert [index for index, _, _ in outcomes] == list(range(len(payloads)))
+    return [(outcome, seconds) for _, outcome, seconds in outcomes]
+
+
+def test_a_series_runs_in_one_world_with_a_timeout_per_payload(
+    series_module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_TIMEOUT", "1")  # each rank's watchdog: 1 s per payload, 1.8 s in all
+    results = _series(series_module, ["0.6", "0.6", "0.6"], 30)
+    assert [r["index"] for r, _ in results] == [0, 1, 2]
+    assert len({r["pid"] for r, _ in results}) == 1
+    assert all(0.5 < seconds < 10 for _, seconds in results[1:])
+
+
+def test_a_failing_payload_is_its_one_line_and_the_rest_run_in_a_fresh_world(series_module: str) -> None:
+    results = [outcome for outcome, _ in _series(series_module, ["0", "die", "0", "0"], 30)]
+    assert isinstance(results[1], procs.RanksFailed)
+    assert str(results[1]) == "rank 1 exited with code 17; the other ranks were stopped"
+    first, _, third, fourth = results
+    assert first["pid"] != third["pid"] == fourth["pid"]
+    assert (third["index"], fourth["index"]) == (0, 1)
+
+
+def test_a_hung_payload_times_out_and_a_failed_tear_down_fails_the_last(
+    series_module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_TIMEOUT", "1")
+    hung, after = [outcome for outcome, _ in _series(series_module, ["hang", "0"], 1)]
+    assert isinstance(hung, procs.RanksFailed) and hung.exit_code == procs.EXIT_TIMEOUT
+    assert str(hung).endswith("the run did not finish within --timeout 1 s; the other ranks were stopped")
+    assert after["index"] == 0
+    monkeypatch.setenv("FAKE_TEARDOWN_EXIT", "17")
+    done, last = [outcome for outcome, _ in _series(series_module, ["0", "0"], 30)]
+    assert done["index"] == 0
+    assert str(last) == "rank 1 exited with code 17; the other ranks were stopped"
 
 
 PARENT = """

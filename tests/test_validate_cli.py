@@ -3,11 +3,11 @@ exit codes with the spawned ranks faked (their figures are the predictions; the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Callable
 
 import pytest
+from helpers import one_line_error
 from typer.testing import CliRunner
 
 from zerocalc.cli import app
@@ -19,27 +19,46 @@ runner = CliRunner()
 
 
 @pytest.fixture()
-def spawned(monkeypatch: pytest.MonkeyPatch, perfect: Callable) -> list[tuple[str, int]]:
-    """A CPU node of 2 cores, not under torchrun; each spawned world "measures" exactly the prediction
-    (``ddp-fails``: the ddp world fails). Returns (strategy · precision, nproc) per world started."""
+def worlds() -> list[int]:
+    """How many configurations each faked spawned world was given, one entry per world."""
+    return []
+
+
+@pytest.fixture()
+def spawned(monkeypatch: pytest.MonkeyPatch, perfect: Callable, worlds: list[int]) -> list[tuple[str, int]]:
+    """A CPU node of 2 cores, not under torchrun; each configuration of a spawned world "measures" exactly
+    the prediction (the ddp configuration fails, and the ones after it go on in a fresh world). Returns
+    (strategy · precision, nproc) per configuration run."""
     for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_STEP_ID"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(run, "visible_gpus", lambda: 0)
     monkeypatch.setattr(procs, "usable_cpus", lambda: 2)
     calls: list[tuple[str, int]] = []
 
-    def spawn(
-        module: str, payload: str, nproc: int, timeout_s: float, collect: Callable[[str], object]
-    ) -> object:
+    def spawn_series(
+        module: str,
+        payloads: list[str],
+        nproc: int,
+        timeout_s: float,
+        collect: Callable[[str], object],
+        on_done: Callable[[int, object, float], None],
+    ) -> None:
         assert module == "zerocalc.validate.worker"
-        job = Job.model_validate_json(payload)
-        calls.append((f"{job.strategy} · {job.precision}", nproc))
-        if job.strategy == "ddp":
-            raise procs.RanksFailed("rank 1 exited with code 1; the other ranks were stopped")
-        figures = [m.model_dump() for m in perfect(job, nproc)]
-        return collect(json.dumps(figures))
+        worlds.append(len(payloads))
+        for index, payload in enumerate(payloads):
+            job = Job.model_validate_json(payload)
+            calls.append((f"{job.strategy} · {job.precision}", nproc))
+            if job.strategy == "ddp":
+                on_done(
+                    index, procs.RanksFailed("rank 1 exited with code 1; the other ranks were stopped"), 0.5
+                )
+                if index + 1 < len(payloads):
+                    worlds.append(len(payloads) - index - 1)
+                continue
+            figures = [m.model_dump() for m in perfect(job, nproc)]
+            on_done(index, collect(json.dumps(figures)), 0.5)
 
-    monkeypatch.setattr(procs, "spawn", spawn)
+    monkeypatch.setattr(procs, "spawn_series", spawn_series)
     return calls
 
 
@@ -79,20 +98,12 @@ def spawned(monkeypatch: pytest.MonkeyPatch, perfect: Callable) -> list[tuple[st
 def test_bad_input_is_one_line_and_exit_2_before_any_rank_starts(
     args: list[str], message: str, spawned: list[tuple[str, int]]
 ) -> None:
-    result = runner.invoke(app, ["validate", *args])
-    assert result.exit_code == 2, result.output
-    assert result.stderr.startswith("zerocalc: error: ") and result.stderr.count("\n") == 1, result.stderr
-    assert message in result.stderr
-    assert spawned == [] and result.stdout == ""
+    one_line_error(runner.invoke(app, ["validate", *args]), message)
+    assert spawned == []
 
 
-def test_missing_torch_is_one_line_and_exit_2(
-    spawned: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    find_spec = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else find_spec(name, *a)
-    )
+@pytest.mark.usefixtures("torch_hidden")
+def test_missing_torch_is_one_line_and_exit_2(spawned: list[tuple[str, int]]) -> None:
     result = runner.invoke(app, ["validate", "--nproc", "2"])
     assert result.exit_code == 2
     assert result.stderr == (
@@ -100,12 +111,13 @@ def test_missing_torch_is_one_line_and_exit_2(
     )
 
 
-def test_every_configuration_is_its_own_world_and_piped_progress_is_one_line_each(
-    spawned: list[tuple[str, int]],
+def test_the_configurations_share_one_world_and_piped_progress_is_one_line_each(
+    spawned: list[tuple[str, int]], worlds: list[int]
 ) -> None:
     result = runner.invoke(app, ["validate", "--strategies", "zero1,fsdp2", "--nproc", "3", "--json"])
     assert result.exit_code == 0, result.output
     assert spawned == [(f"{s} · {p}", 3) for s in ("zero1", "fsdp2") for p in ("fp32", "bf16-mixed")]
+    assert worlds == [4]
     report = json.loads(result.stdout)
     assert report["world_size"] == 3 and report["all_match"] is True and report["backend"] == "gloo"
     assert [len(c["ranks"]) for c in report["configs"]] == [3, 3, 3, 3]
@@ -162,10 +174,12 @@ def test_a_wrong_prediction_is_a_marked_mismatch_with_exit_1(
     assert result.stderr.startswith("zerocalc validate: fsdp1-no-shard · fp32: mismatch (")
 
 
-def test_a_failed_configuration_is_reported_and_the_others_still_run(spawned: list[tuple[str, int]]) -> None:
+def test_a_failed_configuration_is_reported_and_the_others_still_run(
+    spawned: list[tuple[str, int]], worlds: list[int]
+) -> None:
     result = runner.invoke(app, ["validate", "--strategies", "ddp,fsdp2", "--precision", "fp32"])
     assert result.exit_code == 1, result.output
-    assert len(spawned) == 2
+    assert len(spawned) == 2 and worlds == [2, 1]  # fsdp2 in a fresh world
     assert "✗ ddp · fp32: failed: rank 1 exited with code 1; the other ranks were stopped" in result.stdout
     assert "1 configuration match, 0 mismatch, 1 failed" in result.stdout
 
@@ -176,7 +190,7 @@ def test_ctrl_c_is_one_line_and_exit_130(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(procs, "spawn", interrupted)
+    monkeypatch.setattr(procs, "spawn_series", interrupted)
     result = runner.invoke(app, ["validate"])
     assert (result.exit_code, result.stderr) == (
         130,

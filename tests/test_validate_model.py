@@ -6,16 +6,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from helpers import shrunk  # noqa: E402
+
 from zerocalc.base.errors import InputError  # noqa: E402
-from zerocalc.model.architecture import Architecture, count_parameters, parameter_tensors  # noqa: E402
+from zerocalc.model.architecture import count_parameters, parameter_tensors  # noqa: E402
 from zerocalc.request.presets import load_model  # noqa: E402
 from zerocalc.validate.model import build_model, loss_fn  # noqa: E402
 
-
-def _small(name: str, **changes: int) -> Architecture:
-    arch, _ = load_model(name)
-    sizes = dict(num_layers=2, hidden_size=64, num_heads=4, intermediate_size=96, vocab_size=1001)
-    return Architecture.model_validate({**arch.model_dump(), "head_dim": None, **sizes, **changes})
+SMALL = dict(num_layers=2, hidden_size=64, num_heads=4, intermediate_size=96, vocab_size=1001)
 
 
 @pytest.mark.parametrize(
@@ -31,7 +29,7 @@ def _small(name: str, **changes: int) -> Architecture:
     ],
 )
 def test_built_parameters_are_the_analytic_list(name: str, changes: dict[str, int]) -> None:
-    arch = _small(name, **changes)
+    arch = shrunk(name, SMALL, **changes)
     model = build_model(arch)
     built = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
     expected = [(f"{t.module}.{t.name}", t.shape) for t in parameter_tensors(arch)]

@@ -6,29 +6,17 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import H100_STEPS, h100_step_row
 from typer.testing import CliRunner
 
 from zerocalc.api import estimate_peak
 from zerocalc.cli import app
 from zerocalc.validate.phases import PhaseMeasurement, compare_phases
 
-DATA = Path(__file__).parent / "data" / "h100-fsdp2-hf"
-STEPS = [json.loads(line) for line in (DATA / "steps.jsonl").read_text().splitlines()]
 
-
-def _row(m: dict):
-    (row,) = estimate_peak(
-        str(DATA / "config.json"), 1, framework="fsdp2",
-        strategies="zero3" if m["reshard"] else "shard_grad_op",
-        micro_batch=m["b"], seq_len=m["s"], recompute=m["recompute"], reduce_dtype="fp32", model_impl="hf",
-        flash_attention=True, gpu="h100-80gb", init="gpu",
-    ).peak.strategies  # fmt: skip
-    return row
-
-
-@pytest.mark.parametrize("m", STEPS, ids=[f"b{m['b']}-s{m['s']}-{m['recompute']}" for m in STEPS])
+@pytest.mark.parametrize("m", H100_STEPS, ids=[f"b{m['b']}-s{m['s']}-{m['recompute']}" for m in H100_STEPS])
 def test_the_h100_steps_pass_and_a_larger_peak_fails(m: dict) -> None:
-    row = _row(m)
+    row = h100_step_row(m)
     report = compare_phases(row, PhaseMeasurement.model_validate(m))
     assert report.ok, [(line.line, line.relative) for line in report.lines if not line.ok]
     worse = PhaseMeasurement.model_validate({**m, "backward_peak": int(m["backward_peak"] * 1.2)})

@@ -13,35 +13,22 @@ test_validate_compare.py.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
+
+from helpers import BIN, clean_env, run_zerocalc
 
 from zerocalc.states.framework import STATE_LINES
 from zerocalc.validate.config import PERTURB_ENV, STRATEGIES, TEST_FAIL_ENV
 
 pytestmark = pytest.mark.slow
 
-BIN = Path(sys.executable).parent
 
-
-def _zerocalc(*args: str, timeout: float = 300, **extra: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))
-    }
-    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1", **extra)
-    return subprocess.run(
-        [sys.executable, "-m", "zerocalc", "validate", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
+def _validate(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return run_zerocalc("validate", *args, env=clean_env(**extra))
 
 
 def _state_lines(report: dict) -> list[dict]:
@@ -58,7 +45,7 @@ def _collectives(config: dict) -> dict[tuple[str, str, str], tuple[int, list[int
 
 
 def test_every_strategy_and_precision_matches_exactly_per_rank() -> None:
-    result = _zerocalc("--nproc", "2", "--grad-accum", "2", "--grad-sync", "last", "--json")
+    result = _validate("--nproc", "2", "--grad-accum", "2", "--grad-sync", "last", "--json")
     assert result.returncode == 0, result.stderr + result.stdout[-3000:]
     progress = result.stderr.splitlines()  # piped: one plain line per configuration
     assert len(progress) == 14 and progress[0].startswith("zerocalc validate: ddp · fp32 · A=2 last: match (")
@@ -119,7 +106,7 @@ def test_every_strategy_and_precision_matches_exactly_per_rank() -> None:
 
 
 def test_llama_family_with_adamw_matches_and_renders_a_table() -> None:
-    result = _zerocalc(
+    result = _validate(
         "--model", "llama-3-8b", "--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2",
         "--ffn", "96", "--vocab", "1001", "--optimizer", "adamw", "--precision", "bf16-mixed",
         "--strategies", "zero1,fsdp1-full-shard",
@@ -133,7 +120,7 @@ def test_llama_family_with_adamw_matches_and_renders_a_table() -> None:
 
 def test_a_failing_configuration_is_reported_and_the_others_still_run() -> None:
     extra = {TEST_FAIL_ENV: "ddp", PERTURB_ENV: "params"}
-    result = _zerocalc("--strategies", "ddp,fsdp2", "--precision", "fp32", "--json", **extra)
+    result = _validate("--strategies", "ddp,fsdp2", "--precision", "fp32", "--json", **extra)
     assert result.returncode == 1, result.stderr + result.stdout
     report = json.loads(result.stdout)
     ddp, fsdp2 = report["configs"]
@@ -145,15 +132,11 @@ def test_a_failing_configuration_is_reported_and_the_others_still_run() -> None:
 
 
 def test_under_torchrun_every_configuration_shares_one_world() -> None:
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))
-    }
-    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1")
     result = subprocess.run(
         [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "zerocalc", "validate",
          "--strategies", "fsdp1-shard-grad-op,zero1", "--precision", "fp32", "-A", "2",
          "--grad-sync", "every", "--json"],
-        capture_output=True, text=True, env=env, timeout=120,
+        capture_output=True, text=True, env=clean_env(), timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)  # rank 0 alone prints
@@ -167,7 +150,7 @@ def test_under_torchrun_every_configuration_shares_one_world() -> None:
 def test_world_of_four_with_tiny_sizes_where_a_rank_gets_no_rows() -> None:
     # hidden 9 over 4 ranks: torch.chunk gives 3, 3, 3 and 0 rows; ZeRO-1's greedy partition is lopsided;
     # 2 "nodes" of 2 ranks: HYBRID_SHARD and HSDP shard over a node and all-reduce across the 2 nodes
-    result = _zerocalc(
+    result = _validate(
         "--nproc", "4", "-g", "2", "--hidden", "9", "--heads", "3", "--ffn", "10", "--vocab", "101",
         "--strategies", "fsdp2,zero1,fsdp1-hybrid-shard,fsdp2-hsdp", "--precision", "fp32", "-A", "2",
         "--json",

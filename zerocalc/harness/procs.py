@@ -4,11 +4,15 @@ Parent side, :func:`spawn`: start ``python -m MODULE PAYLOAD`` as N ranks with R
 LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR=127.0.0.1 and a free MASTER_PORT, watch them, and
 return what rank 0 handed back. The first rank to fail stops the others and is named in one line
 (:class:`RanksFailed`); the whole world is stopped after its timeout; Ctrl-C (or SIGTERM) stops every rank.
+:func:`spawn_series` runs several payloads one after the other in one world (``python -m MODULE P0 P1
+...``), with the timeout applying to each payload; a failure is the payload's in progress, and the payloads
+after it go on in a fresh world.
 
-Rank side: :func:`say` (the one-line error channel), :func:`start_watchdog`, :func:`fail_rank`,
-:func:`hand_back` (collect), :func:`run_rank` and :func:`exit_now`. Ranks and the parent share one folder,
-named by :data:`DIR_ENV`: ``rank<N>.err`` holds a rank's one line, ``result.json`` rank 0's result.
-Without it (under torchrun/srun, or in-process) a rank prints its line on stderr and hands nothing back.
+Rank side: :func:`say` (the one-line error channel), :func:`start_watchdog` (:class:`Watchdog`),
+:func:`fail_rank`, :func:`hand_back` (collect), :func:`run_rank` and :func:`exit_now`. Ranks and the parent
+share one folder, named by :data:`DIR_ENV`: ``rank<N>.err`` holds a rank's one line, ``result-<I>.json``
+rank 0's result of payload I. Without it (under torchrun/srun, or in-process) a rank prints its line on
+stderr and hands nothing back.
 
 Exit codes (a rank's, and the command's): 0 ok, 1 failed, 2 bad input, 3 timeout, 130 Ctrl-C.
 """
@@ -40,7 +44,11 @@ EXIT_INTERRUPTED = 130
 
 DIR_ENV = "ZEROCALC_PROCS_DIR"
 """Set by :func:`spawn` for its ranks: the folder of their one-line errors and of rank 0's result."""
-RESULT_FILE = "result.json"
+PARENT_ENV = "ZEROCALC_PROCS_PARENT"
+"""Set by :func:`spawn` for its ranks: its process id, so a rank whose parent died before the rank's
+:class:`Watchdog` started still sees it gone."""
+RESULT_FILE = "result-{index}.json"
+"""Rank 0's result of the payload at ``index`` (its position in the ranks' arguments)."""
 GRACE_S = 10.0
 """Extra seconds the parent gives the ranks past their timeout (each rank's watchdog fires at it)."""
 MAX_TIMEOUT_S = 86_400.0
@@ -170,29 +178,99 @@ def spawn(
     Raises :class:`RanksFailed` (one line naming the failing rank) or KeyboardInterrupt (Ctrl-C, SIGTERM);
     every rank is stopped before this returns or raises.
     """
+    outcomes: list[T | RanksFailed] = []
+    spawn_series(
+        module, [payload], nproc, timeout_s, collect, lambda _, outcome, __: outcomes.append(outcome)
+    )
+    (outcome,) = outcomes
+    if isinstance(outcome, RanksFailed):
+        raise outcome
+    return outcome
+
+
+def spawn_series(
+    module: str,
+    payloads: Sequence[str],
+    nproc: int,
+    timeout_s: float,
+    collect: Callable[[str], T],
+    on_done: Callable[[int, T | RanksFailed, float], None],
+) -> None:
+    """Run every payload in turn, as few worlds of ``nproc`` ranks as failures allow: a world runs
+    ``python -m MODULE P0 P1 ...`` and rank 0 hands back each payload's result (``hand_back(text, I)``)
+    as soon as it has it. ``on_done(index, collect(text) or the failure, seconds)`` is called for each
+    payload, in order, as its result comes in.
+
+    ``timeout_s`` (+ :data:`GRACE_S`) applies to each payload: from the world's start or the previous
+    result. When a world fails (a rank fails, or the payload in progress times out), the failure is that
+    payload's one line and the payloads after it run in a fresh world. A result counts once the next one
+    has started (rank 0 hands it back before going on), the last one once every rank has exited cleanly,
+    so a rank failing in tear-down fails the last payload. A result ``collect`` cannot read (ValueError)
+    fails its payload alone. Raises KeyboardInterrupt (Ctrl-C, SIGTERM) after stopping every rank.
+    """
+    first = 0
+    while first < len(payloads):
+        first = _world_of_series(module, payloads, first, nproc, timeout_s, collect, on_done)
+
+
+def _world_of_series(
+    module: str,
+    payloads: Sequence[str],
+    first: int,
+    nproc: int,
+    timeout_s: float,
+    collect: Callable[[str], T],
+    on_done: Callable[[int, T | RanksFailed, float], None],
+) -> int:
+    """One world running ``payloads[first:]``; returns the index of the first payload it did not run."""
+    mine = list(payloads[first:])
     with tempfile.TemporaryDirectory(prefix="zerocalc-procs-") as folder:
+        started = time.monotonic()
+        done = 0  # payloads of this world whose outcome was handed to on_done
+
+        def deliver(outcome: T | RanksFailed) -> None:
+            nonlocal done, started
+            now = time.monotonic()
+            on_done(first + done, outcome, now - started)
+            done, started = done + 1, now
+
+        def read(index: int) -> T | RanksFailed:
+            try:
+                text = (Path(folder) / RESULT_FILE.format(index=index)).read_text(encoding="utf-8")
+            except OSError:
+                return RanksFailed("rank 0 finished without handing back its result")
+            try:
+                return collect(text)
+            except ValueError as exc:
+                first_text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                return RanksFailed(f"rank 0 handed back a result that cannot be read ({first_text})")
+
+        def progressed() -> bool:
+            """Hand on every result that counts already (all but the last payload's)."""
+            moved = False
+            while done < len(mine) - 1 and (Path(folder) / RESULT_FILE.format(index=done)).exists():
+                deliver(read(done))
+                moved = True
+            return moved
+
         base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-        base[DIR_ENV] = folder
+        base[DIR_ENV], base[PARENT_ENV] = folder, str(os.getpid())
         port = free_port()
         procs: list[subprocess.Popen[bytes]] = []
         with _sigterm_interrupts():
             try:
                 for rank in range(nproc):
                     env = rank_env(base, rank, nproc, port)
-                    procs.append(subprocess.Popen([sys.executable, "-m", module, payload], env=env))
-                watch(procs, timeout_s, Path(folder))
+                    procs.append(subprocess.Popen([sys.executable, "-m", module, *mine], env=env))
+                watch(procs, timeout_s, Path(folder), progressed=progressed)
+            except RanksFailed as failure:
+                deliver(failure)
+                return first + done
             finally:
                 stop(procs)
-        result = Path(folder) / RESULT_FILE
-        try:
-            text = result.read_text(encoding="utf-8")
-        except OSError:
-            raise RanksFailed("rank 0 finished without handing back its result") from None
-        try:
-            return collect(text)
-        except ValueError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise RanksFailed(f"rank 0 handed back a result that cannot be read ({first})") from None
+        while done < len(mine):
+            deliver(read(done))
+    return first + done
 
 
 @contextlib.contextmanager
@@ -251,12 +329,17 @@ def watch(
     errors: Path,
     clock: Callable[[], float] = time.monotonic,
     pause: Callable[[float], None] = time.sleep,
+    progressed: Callable[[], bool] = lambda: False,
 ) -> None:
     """Wait until every rank exits 0; on the first failure or after ``timeout_s`` + :data:`GRACE_S`
-    stop them all and raise :class:`RanksFailed` (or KeyboardInterrupt when the ranks got Ctrl-C)."""
+    stop them all and raise :class:`RanksFailed` (or KeyboardInterrupt when the ranks got Ctrl-C).
+    ``progressed()``, asked after each look at the ranks, says the work moved on: the timeout starts
+    again from there."""
     deadline = clock() + timeout_s + GRACE_S
     while True:
         codes = [p.poll() for p in procs]
+        if progressed():
+            deadline = clock() + timeout_s + GRACE_S
         try:
             failure = verdict(codes, lambda rank: said(errors, rank))
         except KeyboardInterrupt:
@@ -335,33 +418,47 @@ def fail_rank(rank: int, exc: BaseException, timeout_s: float) -> NoReturn:
     exit_now(EXIT_FAILED)
 
 
-def start_watchdog(timeout_s: float, rank: int, poll_s: float = 0.5) -> Callable[[], None]:
-    """Stop this rank after ``timeout_s`` (one line, exit 3), or at once and silently when the process
-    that started it is gone (a killed parent must not leave ranks behind). Returns what disarms it."""
-    parent = os.getppid()
-    deadline = time.monotonic() + timeout_s
-    disarmed = threading.Event()
+class Watchdog:
+    """Stops this rank after ``timeout_s`` (one line, exit 3), or at once and silently when the process
+    that started it is gone (a killed parent must not leave ranks behind). :meth:`restart` gives the next
+    piece of work its own ``timeout_s``; :meth:`disarm` stops watching."""
 
-    def guard() -> None:
-        while not disarmed.is_set():
-            if os.getppid() != parent:
+    def __init__(self, timeout_s: float, rank: int, poll_s: float = 0.5):
+        self.timeout_s, self.rank, self.poll_s = timeout_s, rank, poll_s
+        self._parent = int(os.environ.get(PARENT_ENV) or os.getppid())
+        self._deadline = time.monotonic() + timeout_s
+        self._disarmed = threading.Event()
+        threading.Thread(target=self._guard, name="zerocalc-watchdog", daemon=True).start()
+
+    def restart(self) -> None:
+        self._deadline = time.monotonic() + self.timeout_s
+
+    def disarm(self) -> None:
+        self._disarmed.set()
+
+    def _guard(self) -> None:
+        while not self._disarmed.is_set():
+            if os.getppid() != self._parent:
                 exit_now(EXIT_FAILED)
-            left = deadline - time.monotonic()
+            left = self._deadline - time.monotonic()
             if left <= 0:
-                say(f"rank {rank}: the run did not finish within --timeout {timeout_s:g} s")
+                say(f"rank {self.rank}: the run did not finish within --timeout {self.timeout_s:g} s")
                 exit_now(EXIT_TIMEOUT)
-            disarmed.wait(min(poll_s, left))
-
-    threading.Thread(target=guard, name="zerocalc-watchdog", daemon=True).start()
-    return disarmed.set
+            self._disarmed.wait(min(self.poll_s, left))
 
 
-def hand_back(text: str) -> bool:
-    """Rank 0: hand ``text`` (JSON) back to the parent that spawned it. False when not spawned."""
+def start_watchdog(timeout_s: float, rank: int, poll_s: float = 0.5) -> Callable[[], None]:
+    """A :class:`Watchdog` for one piece of work; returns what disarms it."""
+    return Watchdog(timeout_s, rank, poll_s).disarm
+
+
+def hand_back(text: str, index: int = 0) -> bool:
+    """Rank 0: hand ``text`` (JSON), the result of payload ``index``, back to the parent that spawned it.
+    False when not spawned."""
     folder = os.environ.get(DIR_ENV)
     if not folder:
         return False
-    write_text_atomic(Path(folder) / RESULT_FILE, text)
+    write_text_atomic(Path(folder) / RESULT_FILE.format(index=index), text)
     return True
 
 

@@ -16,8 +16,8 @@ PERTURB_ENV = "ZEROCALC_VALIDATE_PERTURB"
 """Tests only (not in ``--help``): ``LINE`` (e.g. ``params``) adds one fp32 element's bytes to that line
 of every rank's prediction, so a deliberately wrong prediction must be reported as a mismatch (exit 1)."""
 TEST_FAIL_ENV = "ZEROCALC_VALIDATE_TEST_FAIL"
-"""Tests only (not in ``--help``): ``STRATEGY`` makes rank 1 of that strategy's worlds exit with code 1
-right after joining the process group, to check that the other configurations still run."""
+"""Tests only (not in ``--help``): ``STRATEGY`` makes rank 1 of a spawned world exit with code 1 when that
+strategy's configuration starts, to check that the other configurations still run."""
 
 STRATEGIES = validated_setups()
 """``--strategies`` names → (framework, strategy, PyTorch setup), from the Strategy records."""
@@ -45,7 +45,7 @@ their layout) in the forward after its first synchronised backward, at the lates
 
 
 class Job(BaseModel):
-    """One configuration: a strategy × precision × gradient-sync mode, run as its own world."""
+    """One configuration: a strategy × precision × gradient-sync mode."""
 
     arch: Architecture
     strategy: str

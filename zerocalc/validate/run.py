@@ -1,7 +1,8 @@
 """Orchestration of ``zerocalc validate``: which model, which backend, the configurations, their worlds.
 
-Each configuration (strategy × precision × gradient-sync mode) is its own world of ``nproc`` ranks spawned by
-:func:`zerocalc.harness.procs.spawn`, so one failing configuration is reported and the others still run. Under
+The configurations (strategy × precision × gradient-sync mode) run one after the other in one world of
+``nproc`` ranks spawned by :func:`zerocalc.harness.procs.spawn_series`, each within its own ``--timeout``;
+a configuration that fails is reported in one line and the ones after it run in a fresh world. Under
 torchrun/srun every configuration runs in the launched world, one after the other, in one process group;
 rank 0 gets the report, the other ranks None. Every prediction is made before any rank starts, so bad
 input is refused up front. Imports torch only to count GPUs (and, under torchrun, in the worker).
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable
 
 from pydantic import ValidationError
@@ -160,7 +160,7 @@ def run_all(
     gpus_per_node: int | None = None,
 ) -> ValidationReport | None:
     """Run every strategy × precision × gradient-sync mode and compare; ``nproc`` None: in the torchrun/srun
-    world (the report on rank 0, None on the others), else ``nproc`` spawned ranks per configuration.
+    world (the report on rank 0, None on the others), else in a world of ``nproc`` spawned ranks.
     ``strategies`` must run on ``gpus_per_node`` ranks per node (default: the launch's; see
     :func:`check_nodes`)."""
     procs.check_timeout(timeout_s)
@@ -184,16 +184,13 @@ def run_all(
     ]
     preds = [predictions(arch, job.strategy, world, job.precision, optimizer, per_node) for job in jobs]
     comms = [predicted_comm(job, world) for job in jobs]
-    if nproc is None:
-        results = _run_launched(jobs, preds, comms, on_result)
-        if results is None:
-            return None
-    else:
-        results = []
-        for job, pred, comm in zip(jobs, preds, comms, strict=True):
-            results.append(_run_spawned(job, pred, comm, world))
-            if on_result is not None:
-                on_result(results[-1], len(results), len(jobs))
+    results = (
+        _run_launched(jobs, preds, comms, on_result)
+        if nproc is None
+        else _run_spawned(jobs, preds, comms, world, timeout_s, on_result)
+    )
+    if results is None:
+        return None
     return ValidationReport(
         model=arch.name,
         architecture=arch,
@@ -227,16 +224,30 @@ def _measured(text: str) -> list[Measured]:
     return [Measured.model_validate(m) for m in json.loads(text)]
 
 
-def _run_spawned(job: Job, preds: list[RankStates], comm: StrategyComm, world: int) -> ConfigResult:
-    """One configuration as its own world of ``world`` spawned ranks; a failure is its one line."""
-    start = time.monotonic()
-    try:
-        measured = procs.spawn(
-            "zerocalc.validate.worker", job.model_dump_json(), world, job.timeout_s, _measured
-        )
-    except procs.RanksFailed as exc:
-        return _failed(job, str(exc), round(time.monotonic() - start, 2))
-    return compare(job, preds, comm, measured, round(time.monotonic() - start, 2))
+def _run_spawned(
+    jobs: list[Job],
+    preds: list[list[RankStates]],
+    comms: list[StrategyComm],
+    world: int,
+    timeout_s: float,
+    on_result: OnResult | None,
+) -> list[ConfigResult]:
+    """Every configuration in a world of ``world`` spawned ranks (a fresh one after a failure); a failure
+    is its configuration's one line."""
+    results: list[ConfigResult] = []
+
+    def done(index: int, outcome: list[Measured] | procs.RanksFailed, seconds: float) -> None:
+        job = jobs[index]
+        if isinstance(outcome, procs.RanksFailed):
+            results.append(_failed(job, str(outcome), round(seconds, 2)))
+        else:
+            results.append(compare(job, preds[index], comms[index], outcome, round(seconds, 2)))
+        if on_result is not None:
+            on_result(results[-1], len(results), len(jobs))
+
+    payloads = [job.model_dump_json() for job in jobs]
+    procs.spawn_series("zerocalc.validate.worker", payloads, world, timeout_s, _measured, done)
+    return results
 
 
 def _run_launched(

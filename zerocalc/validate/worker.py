@@ -1,8 +1,9 @@
-"""The torch side of ``zerocalc validate``: one rank of one configuration (imports torch).
+"""The torch side of ``zerocalc validate``: one rank running configurations one after the other (imports
+torch).
 
-Run as ``python -m zerocalc.validate.worker JOB_JSON`` by :func:`zerocalc.harness.procs.spawn` (rank 0 hands
-the
-gathered figures back), or called in-process under torchrun (:func:`run_many`). Each rank builds the
+Run as ``python -m zerocalc.validate.worker JOB_JSON...`` by :func:`zerocalc.harness.procs.spawn_series`
+(rank 0 hands each configuration's gathered figures back as soon as it has them), or called in-process
+under torchrun (:func:`run_many`). Every configuration runs in the one process group. Each rank builds the
 model from the same seed, wraps it in the real framework and runs ``WARMUP_STEPS`` steps, then the measured
 step (A micro-batches of forward and backward, the first A-1 under ``no_sync()`` /
 ``set_requires_gradient_sync(False)`` with ``grad_sync`` last, then ``optimizer.step``; no ``zero_grad``
@@ -378,14 +379,21 @@ def _gathered(job: Job, placement: Placement, device: Any) -> list[Measured] | N
     return [Measured.model_validate(m) for m in everyone] if placement.rank == 0 else None
 
 
-def run(job: Job, placement: Placement | None = None) -> list[Measured] | None:
-    """This rank's part of one configuration in its own world; rank 0 returns every rank's figures."""
-    placement = placement or placement_from_env()
-    device = _init(job, placement)
-    if os.environ.get(TEST_FAIL_ENV) == job.strategy and placement.rank == 1:
-        procs.exit_now(procs.EXIT_FAILED)
+def run_spawned(jobs: list[Job], placement: Placement, watchdog: procs.Watchdog) -> None:
+    """This rank's part of every configuration in the spawned world; rank 0 hands each one's figures back
+    (:func:`zerocalc.harness.procs.hand_back`) before the next starts. Any failure ends the world: the
+    parent reports it as the configuration's and runs the rest in a fresh world."""
+    device = _init(jobs[0], placement)
     try:
-        return _gathered(job, placement, device)
+        for index, job in enumerate(jobs):
+            watchdog.restart()
+            if os.environ.get(TEST_FAIL_ENV) == job.strategy and placement.rank == 1:
+                procs.exit_now(procs.EXIT_FAILED)
+            figures = _gathered(job, placement, device)
+            if figures is not None:
+                procs.hand_back(json.dumps([m.model_dump() for m in figures]), index)
+            gc.collect()
+            dist.barrier()
     finally:
         _teardown()
 
@@ -422,22 +430,21 @@ def run_many(jobs: list[Job], on_done: Callable[[int, Outcome, float], None] | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    """A spawned rank of one configuration: rank 0 hands every rank's figures back to the parent."""
+    """A spawned rank: every configuration given (one JSON job per argument) in one world."""
     warnings.filterwarnings("ignore", category=FutureWarning)  # e.g. NO_SHARD's deprecation notice
     argv = sys.argv[1:] if argv is None else argv
-    job = Job.model_validate_json(argv[0])
+    jobs = [Job.model_validate_json(text) for text in argv]
     placement = placement_from_env()
-    disarm = procs.start_watchdog(job.timeout_s, placement.rank)
+    watchdog = procs.Watchdog(jobs[0].timeout_s, placement.rank)
 
-    def body() -> str | None:
+    def body() -> None:
         try:
-            result = run(job, placement)
+            run_spawned(jobs, placement, watchdog)
         except InputError:
             raise
         except Exception as exc:
-            procs.fail_rank(placement.rank, exc, job.timeout_s)
-        disarm()
-        return None if result is None else json.dumps([m.model_dump() for m in result])
+            procs.fail_rank(placement.rank, exc, jobs[0].timeout_s)
+        watchdog.disarm()
 
     return procs.run_rank(body)
 

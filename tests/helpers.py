@@ -1,0 +1,100 @@
+"""Functions and data shared by several test files (the shared fixtures are in conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Protocol
+
+from zerocalc.api import estimate_peak
+from zerocalc.model.architecture import Architecture
+from zerocalc.request.presets import load_model
+
+BIN = Path(sys.executable).parent
+"""The virtual environment's scripts (torchrun)."""
+
+H100_DATA = Path(__file__).parent / "data" / "h100-fsdp2-hf"
+H100_STEPS: list[dict[str, Any]] = [
+    json.loads(line) for line in (H100_DATA / "steps.jsonl").read_text().splitlines()
+]
+"""The measured FSDP2 steps on one H100 (``tests/data/h100-fsdp2-hf``), one dict per run."""
+
+
+class Outcome(Protocol):
+    """What a CliRunner result and a finished subprocess both tell (``exit_code`` / ``returncode``)."""
+
+    @property
+    def stdout(self) -> str: ...
+    @property
+    def stderr(self) -> str: ...
+
+
+def h100_step_options(m: dict[str, Any]) -> dict[str, Any]:
+    """The ``estimate_peak`` keywords of the measured H100 step ``m`` (its model:
+    ``H100_DATA / "config.json"`` on one GPU)."""
+    return {
+        "strategies": "zero3" if m["reshard"] else "shard_grad_op",
+        "framework": "fsdp2",
+        "micro_batch": m["b"],
+        "seq_len": m["s"],
+        "recompute": m["recompute"],
+        "reduce_dtype": "fp32",
+        "model_impl": "hf",
+        "flash_attention": True,
+        "gpu": "h100-80gb",
+        "init": "gpu",  # the measurements' recipe: from_config in fp32 on the GPU, then fully_shard
+    }
+
+
+def h100_step_row(m: dict[str, Any]) -> Any:
+    """The predicted peak of the measured H100 step ``m``: FSDP2 on one GPU, its recipe as run."""
+    (row,) = estimate_peak(str(H100_DATA / "config.json"), 1, **h100_step_options(m)).peak.strategies
+    return row
+
+
+def shrunk(name: str, sizes: dict[str, int], **changes: int) -> Architecture:
+    """The preset ``name`` with ``sizes`` (``num_layers``, ``hidden_size``, ...) and then ``changes``; the
+    head dimension follows hidden / heads."""
+    arch, _ = load_model(name)
+    return Architecture.model_validate({**arch.model_dump(), "head_dim": None, **sizes, **changes})
+
+
+def one_line_error(result: Outcome, fragment: str = "") -> str:
+    """Assert that a refused command exited 2 with nothing on stdout and one line on stderr,
+    ``zerocalc: error: ...`` holding ``fragment``, no traceback; returns that line."""
+    code = getattr(result, "exit_code", getattr(result, "returncode", None))
+    assert code == 2, (code, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("zerocalc: error: "), result.stderr
+    assert fragment in lines[0], lines[0]
+    assert "Traceback" not in result.stderr and result.stdout == "", (result.stdout, result.stderr)
+    return lines[0]
+
+
+def clean_env(cache_home: Path | None = None, **extra: str) -> dict[str, str]:
+    """This process's environment for a real-process test: no launcher's variables (SLURM_*, RANK*,
+    WORLD_SIZE*, MASTER_*), the virtual environment's scripts first on PATH, one thread per process,
+    ``XDG_CACHE_HOME`` at ``cache_home`` when given, then ``extra``."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))
+    }
+    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1")
+    if cache_home is not None:
+        env["XDG_CACHE_HOME"] = str(cache_home)
+    return {**env, **extra}
+
+
+def run_zerocalc(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``python -m zerocalc ARGS`` in a fresh process (:func:`clean_env` unless ``env``), output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "zerocalc", *args],
+        capture_output=True,
+        text=True,
+        env=clean_env() if env is None else env,
+        timeout=timeout,
+    )
