@@ -19,6 +19,7 @@ backward ``nll_loss_backward`` allocates d(log_softmax) (4·T·V) and ``log_soft
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple, Protocol
 
 from zerocalc.model.activations import Recompute
@@ -384,15 +385,32 @@ def _program_peak(
     program: tuple[tuple[str, str, int], ...], output_bytes: int, checkpointed: bool, rounded
 ) -> int:
     """The index of the program's op after which the most is allocated (the first such)."""
+    return _program_peak_at(program, output_bytes, checkpointed, rounded(1))
+
+
+@lru_cache(maxsize=4096)
+def _program_peak_at(
+    program: tuple[tuple[str, str, int], ...], output_bytes: int, checkpointed: bool, block: int
+) -> int:
+    """:func:`_program_peak` for tensors rounded up to ``block`` bytes (computed once per program and
+    sizes: the plan runs the same layer programs thousands of times)."""
+
+    def rounded(nbytes: int) -> int:
+        return 0 if nbytes <= 0 else -(-nbytes // block) * block
+
+    held: dict[str, int] = {}
+    for verb, name, nbytes in program:
+        if verb in ("keep", "temp"):
+            held.setdefault(name, nbytes)
     total = best = 0
     peak = len(program) - 1
-    for at, (verb, _, nbytes) in enumerate(program):
+    for at, (verb, name, nbytes) in enumerate(program):
         if verb in ("keep", "temp"):
             total += rounded(nbytes)
         elif verb == "output":
             total += rounded(output_bytes)
         elif verb == "drop" or (verb == "release" and checkpointed):
-            total -= rounded(next(b for v, n, b in program if n == program[at][1] and v in ("keep", "temp")))
+            total -= rounded(held[name])
         if total > best:
             best, peak = total, at
     return peak
