@@ -4,8 +4,8 @@ The recipe of ``shared/measurements/h100-fsdp2-hf/README.md``: ``AutoModelForCau
 on the GPU (sdpa), every decoder layer then the root under ``fully_shard(mp_policy=MixedPrecisionPolicy(
 param_dtype=bf16, reduce_dtype=fp32), reshard_after_forward=R)`` on a world-1 NCCL group, ``AdamW(lr=1e-5,
 foreach=True)``, ``labels = input_ids``, three steps, the third measured with
-``torch.cuda.reset_peak_memory_stats`` between phases (``torch/cuda/memory.py``). Written for, and not yet
-run on, a GPU in this repository (no GPU was available to the session that wrote it).
+``torch.cuda.reset_peak_memory_stats`` between phases (``torch/cuda/memory.py``). The model and optimizer
+are :func:`zerocalc.validate.recipe.fsdp2_model`'s.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from zerocalc.validate.phases import PhaseMeasurement
+from zerocalc.validate.recipe import fsdp2_model
 
 STEPS = 3
 SNAPSHOT_MAX_ENTRIES = 1_000_000
@@ -36,10 +37,6 @@ def run(
     that step (``torch.cuda.memory._record_memory_history`` from its start, Python frames) and its state
     at the end, as ``torch.cuda.memory._snapshot()`` returns them (``torch/cuda/memory.py``)."""
     import torch.distributed as dist
-    import transformers
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    from zerocalc.validate.saved_measure import decoder_layers
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
@@ -47,20 +44,7 @@ def run(
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", rank=0, world_size=1)
     free, total = torch.cuda.mem_get_info()
-    kw = dict(config)
-    cfg = transformers.AutoConfig.for_model(kw.pop("model_type"), **kw)
-    with device:
-        model = transformers.AutoModelForCausalLM.from_config(
-            cfg, dtype=torch.float32, attn_implementation="sdpa"
-        )
-    if recompute:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for layer in decoder_layers(model, cfg.num_hidden_layers):
-        fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard)
-    fully_shard(model, mp_policy=mp, reshard_after_forward=reshard)
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
+    cfg, model, opt = fsdp2_model(config, reshard, recompute, device=device)
     ids = torch.randint(0, cfg.vocab_size, (b, s), device=device)
     figures: dict[str, int] = {}
     for step in range(STEPS):

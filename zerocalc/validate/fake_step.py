@@ -121,26 +121,13 @@ def _steps(
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import _UpdateType
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from zerocalc.validate.saved_measure import decoder_layers
+    from zerocalc.validate.recipe import fsdp2_model
 
     transformers.logging.set_verbosity_error()
     cpu = torch.device("cpu")
     with FakeTensorMode():
-        kw = dict(config)
-        cfg = transformers.AutoConfig.for_model(kw.pop("model_type"), **kw)
-        model = transformers.AutoModelForCausalLM.from_config(
-            cfg, dtype=torch.float32, attn_implementation="sdpa"
-        )
-        if recompute:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for layer in decoder_layers(model, cfg.num_hidden_layers):
-            fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-        model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
+        cfg, model, opt = fsdp2_model(config, reshard, recompute, mesh=mesh)
         ids = torch.randint(0, cfg.vocab_size, (b, s), device=cpu)
         tracker = FSDPMemTracker(model, opt)
         tracker.track_inputs((ids,))
