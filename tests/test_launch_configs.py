@@ -157,3 +157,9 @@ def test_a_refused_launch_config_is_one_line_and_exit_2(tmp_path: Path) -> None:
         app, ["memory", "--model", "llama-3-8b", "--deepspeed", str(tmp_path / "none.json")]
     )
     assert missing.exit_code == 2 and "cannot be read (No such file or directory)" in missing.stderr
+
+
+def test_each_launch_config_option_names_a_format() -> None:
+    from zerocalc.request.options import LAUNCH_CONFIGS
+
+    assert tuple(kind.value for kind in LaunchFormat) == LAUNCH_CONFIGS

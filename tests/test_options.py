@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from zerocalc import api
 from zerocalc.cli import app, load_commands
 from zerocalc.plan.space import PlanOptions
-from zerocalc.request.options import FLAGS, OPTIONS, Command, Kind, echo, option, options_for
+from zerocalc.request.options import FLAGS, OPTIONS, Command, Kind, echo, library_options, option, options_for
 from zerocalc.request.training import TrainingOptions
 
 runner = CliRunner()
@@ -130,7 +130,7 @@ def test_the_library_takes_every_option_as_a_keyword_with_its_default(
     function: Any, command: Command
 ) -> None:
     parameters = inspect.signature(function).parameters
-    expected = {o.name: o.default for o in options_for(command) if o.request or o.name in api.LAUNCH_CONFIGS}
+    expected = {o.name: o.default for o in library_options(command)}
     assert {n: p.default for n, p in parameters.items() if n in expected} == {
         n: d for n, d in expected.items() if parameters[n].default is not inspect.Parameter.empty
     }

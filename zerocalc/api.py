@@ -12,7 +12,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from zerocalc.base.errors import InputError, keyword, with_names
-from zerocalc.request.options import Command, echo, options_for
+from zerocalc.request.options import Command, echo, library_options, with_launch_configs
 
 if TYPE_CHECKING:
     from zerocalc.comm.estimate import CommEstimate
@@ -20,10 +20,6 @@ if TYPE_CHECKING:
     from zerocalc.request.training import TrainingRequest
     from zerocalc.states.memory import MemoryEstimate
 
-
-LAUNCH_CONFIGS = ("deepspeed", "torchtitan", "accelerate")
-"""Keywords naming a launch configuration file (:mod:`zerocalc.request.launch`): the other keywords given
-override what it sets."""
 
 POSITIONAL_DEFAULTS = {"params": None, "model": None, "gpus": 1, "gpus_per_node": None}
 
@@ -37,20 +33,15 @@ def _request(
     from zerocalc.parallel.frameworks import Estimate
     from zerocalc.request.training import parse_options
 
-    accepted = [o.name for o in options_for(command) if o.request or o.name in LAUNCH_CONFIGS]
+    accepted = [o.name for o in library_options(command)]
     unknown = sorted(set(values) - set(accepted) - set(extra))
     if unknown:
         raise InputError(f"{function}() takes no keyword {unknown[0]!r}; accepted: {', '.join(accepted)}")
-    notes: list[str] = []
-    if any(values.get(name) is not None for name in LAUNCH_CONFIGS):
-        from zerocalc.request.launch import with_launch_configs
-
-        given = frozenset(
-            name for name, value in values.items() if POSITIONAL_DEFAULTS.get(name, object()) != value
-        )
-        requested = frozenset(o.name for o in options_for(command, request_only=True))
-        values, notes = with_launch_configs(values, given, requested)
-    options = {name: value for name, value in values.items() if name not in LAUNCH_CONFIGS}
+    given = frozenset(
+        name for name, value in values.items() if POSITIONAL_DEFAULTS.get(name, object()) != value
+    )
+    options, notes = with_launch_configs(command, values, given)
+    options.update({name: values[name] for name in extra if name in values})
     estimate = Estimate.COMM if command is Command.COMM else Estimate.MEMORY
     return parse_options(estimate=estimate, **options), options, notes
 
@@ -64,7 +55,7 @@ def _given(result: Any, command: Command, options: dict[str, Any], notes: list[s
 
 def _with_signature(function: Any, command: Command, positional: tuple[str, ...]) -> Any:
     """Give ``function`` the signature its command's options make (for help(), IDEs and the tests)."""
-    keywords = {o.name: o for o in options_for(command) if o.request or o.name in LAUNCH_CONFIGS}
+    keywords = {o.name: o for o in library_options(command)}
     parameters = [
         inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=keywords[name].default)
         for name in positional

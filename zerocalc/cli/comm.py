@@ -10,7 +10,7 @@ from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app, flag
 from zerocalc.cli.render import console, print_json
 from zerocalc.render.comm import render_comm
-from zerocalc.request.options import Command, echo
+from zerocalc.request.options import Command, echo, with_launch_configs
 
 
 @app.command(cls=PlainTextCommand)
@@ -23,7 +23,7 @@ def comm(values: dict[str, Any], given_flags: frozenset[str]) -> None:
 
     unit = parse_byte_unit(values["units"])
     json, per_unit = values["json"], values["per_unit"]
-    options, notes = opt.request_values(Command.COMM, values, given_flags)
+    options, notes = with_launch_configs(Command.COMM, values, given_flags)
     request = parse_request(TrainingOptions(estimate=Estimate.COMM, **options))
     estimate = with_names(evaluate_comm(request), flag)
     estimate = estimate.model_copy(

@@ -12,7 +12,7 @@ from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app, fail, flag
 from zerocalc.cli.render import console, print_json
 from zerocalc.render.memory import render_framework_states, render_memory, render_peak
-from zerocalc.request.options import Command, echo
+from zerocalc.request.options import Command, echo, with_launch_configs
 
 if TYPE_CHECKING:
     from zerocalc.peak.report import MemoryReport
@@ -28,7 +28,7 @@ def memory(values: dict[str, Any], given_flags: frozenset[str]) -> None:
 
     unit = parse_byte_unit(values["units"])
     json = values["json"]
-    options, notes = opt.request_values(Command.MEMORY, values, given_flags)
+    options, notes = with_launch_configs(Command.MEMORY, values, given_flags)
     request = parse_request(TrainingOptions(**options))
     echoed = echo(Command.MEMORY, options)
 

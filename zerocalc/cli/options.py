@@ -70,22 +70,6 @@ def takes_options(command: Command) -> Callable[[Run], Callable[..., None]]:
     return decorate
 
 
-def request_values(
-    command: Command, values: dict[str, Any], given: frozenset[str] = frozenset()
-) -> tuple[dict[str, Any], list[str]]:
-    """The values of ``command``'s request options among the command's parameters, with what the launch
-    configs it names set where an option was not ``given`` (:func:`zerocalc.request.launch.
-    with_launch_configs`), and the notes those configs add."""
-    names = [o.name for o in options_for(command, request_only=True)]
-    accepted = frozenset(names)
-    notes: list[str] = []
-    if any(values.get(name) is not None for name in ("deepspeed", "torchtitan", "accelerate")):
-        from zerocalc.request.launch import with_launch_configs
-
-        values, notes = with_launch_configs(values, given, accepted)
-    return {name: values[name] for name in names if name in values}, notes
-
-
 def annotated(command: Command, name: str) -> Any:
     """One option's Typer annotation, for a command that declares its other options itself."""
     from zerocalc.request.options import option

@@ -17,7 +17,7 @@ from zerocalc.cli.render import (
     print_phrases,
     unit_label,
 )
-from zerocalc.request.options import Command, echo
+from zerocalc.request.options import Command, echo, with_launch_configs
 
 if TYPE_CHECKING:
     from zerocalc.plan.search import PlanResult, PlanRow
@@ -34,7 +34,7 @@ def plan(values: dict[str, Any], given_flags: frozenset[str]) -> None:
 
     unit = parse_byte_unit(values["units"])
     json = values["json"]
-    given, _ = opt.request_values(Command.PLAN, values)
+    given, _ = with_launch_configs(Command.PLAN, values, given_flags)
     request = parse_plan(PlanOptions(**given))
     progress = _Progress()
     try:

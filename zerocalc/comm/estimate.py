@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -38,6 +38,7 @@ from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, TORCH_NO_SYNC, Framew
 from zerocalc.parallel.precision import RECIPES, PrecisionName
 from zerocalc.parallel.strategies import STRATEGIES, StrategyName, effective_grad_sync, row_named
 from zerocalc.parallel.zeropp import active_features
+from zerocalc.request.options import OptionsEcho
 from zerocalc.request.training import BufferOptions, TrainingRequest
 
 SCHEMA_VERSION = 2
@@ -153,11 +154,7 @@ class ComputeTime(BaseModel):
 class CommEstimate(TableDisplay, BaseModel):
     schema_version: int = SCHEMA_VERSION
     request: CommRequest
-    options: dict[str, Any] | None = Field(
-        default=None,
-        description="every option of the command as given (its default where not given), keyed by the "
-        "library's keyword: zerocalc.request.options.echo",
-    )
+    options: OptionsEcho = None
     calibration_used: str | None = None
     notes: list[str] = Field(default_factory=list)
     compute: ComputeTime | None = None

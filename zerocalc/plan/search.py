@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -64,6 +64,7 @@ from zerocalc.plan.timing import (
     offload_seconds,
     step_times,
 )
+from zerocalc.request.options import OptionsEcho
 from zerocalc.request.training import TrainingRequest
 from zerocalc.states.memory import strategy_row
 
@@ -150,11 +151,7 @@ class PlanResult(BaseModel):
 
     schema_version: int = SCHEMA_VERSION
     request: PlanEcho
-    options: dict[str, Any] | None = Field(
-        default=None,
-        description="every option of the command as given (its default where not given), keyed by the "
-        "library's keyword: zerocalc.request.options.echo",
-    )
+    options: OptionsEcho = None
     top: list[PlanRow]
     rejections: list[Rejection]
     candidates_evaluated: int = Field(

@@ -376,7 +376,7 @@ def _accelerate(config: dict[str, Any], where: str) -> LaunchConfig:
     return LaunchConfig(values=values, notes=tuple(notes), unmodelled=tuple(unmodelled))
 
 
-def with_launch_configs(
+def read_launch_configs(
     values: dict[str, Any], given: frozenset[str], accepted: frozenset[str]
 ) -> tuple[dict[str, Any], list[str]]:
     """``values`` with what each named launch configuration (``values[format]``: a path) sets, for every

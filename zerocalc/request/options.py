@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 
 class Command(StrEnum):
@@ -240,14 +242,45 @@ def option(command: Command, name: str) -> Option:
     raise KeyError(f"{command.value} has no option {name!r}")
 
 
-def defaults(command: Command) -> dict[str, Any]:
-    """Each request option of ``command`` at its default."""
-    return {o.name: o.default for o in options_for(command, request_only=True)}
+LAUNCH_CONFIGS: tuple[str, ...] = ("deepspeed", "torchtitan", "accelerate")
+"""The options naming a launch configuration file, each read as the :class:`~zerocalc.request.launch.
+LaunchFormat` of its name: not part of the request, what the file sets is."""
+
+
+def library_options(command: Command) -> tuple[Option, ...]:
+    """The keywords of ``command``'s library function: its request options and its launch configs."""
+    return tuple(o for o in options_for(command) if o.request or o.name in LAUNCH_CONFIGS)
+
+
+def with_launch_configs(
+    command: Command, values: dict[str, Any], given: frozenset[str]
+) -> tuple[dict[str, Any], list[str]]:
+    """The values of ``command``'s request options, each launch config named in ``values`` setting those
+    not ``given`` explicitly (:func:`zerocalc.request.launch.read_launch_configs`), and the notes the
+    configs add. The CLI and the library both call it; each says which options were given."""
+    names = [o.name for o in options_for(command, request_only=True)]
+    notes: list[str] = []
+    if any(values.get(name) is not None for name in LAUNCH_CONFIGS):
+        from zerocalc.request.launch import read_launch_configs
+
+        values, notes = read_launch_configs(values, given, frozenset(names))
+    return {name: values[name] for name in names if name in values}, notes
 
 
 FLAGS: dict[str, str] = {o.name: o.flag for o in OPTIONS}
 """The flag each concept (``{gpus_per_node}``) is on the command line. A name means one flag in every
 command that takes it (tests/test_options.py)."""
+
+
+OptionsEcho = Annotated[
+    dict[str, Any] | None,
+    Field(
+        default=None,
+        description="every option of the command as given (its default where not given), keyed by the "
+        "library's keyword: zerocalc.request.options.echo",
+    ),
+]
+"""The ``options`` field of a command's result (:func:`echo`)."""
 
 
 def echo(command: Command, values: dict[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from enum import StrEnum
 from fractions import Fraction
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,6 +36,7 @@ from zerocalc.network.cluster import Cluster, RankGroup
 from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerName, OptimizerSpec
 from zerocalc.parallel.precision import RECIPES, PrecisionName, PrecisionRecipe
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName, row_named
+from zerocalc.request.options import OptionsEcho
 from zerocalc.request.training import TrainingRequest
 
 SCHEMA_VERSION = 2
@@ -155,11 +155,7 @@ class GpuSummary(BaseModel):
 class MemoryEstimate(TableDisplay, BaseModel):
     schema_version: int = SCHEMA_VERSION
     request: MemoryRequest
-    options: dict[str, Any] | None = Field(
-        default=None,
-        description="every option of the command as given (its default where not given), keyed by the "
-        "library's keyword: zerocalc.request.options.echo",
-    )
+    options: OptionsEcho = None
     model: ModelSummary | None = None
     gpu: GpuSummary | None = None
     bytes_per_parameter: BytesPerParameter
