@@ -154,6 +154,24 @@ _DS_HARMLESS = {"train_batch_size", "steps_per_print", "wall_clock_breakdown", "
 """Keys with no bearing on memory or communication per step (listed as not modelled all the same)."""
 
 
+def _zero(values: dict[str, Any], where: str, get: Any, key: str) -> None:
+    """A DeepSpeed ZeRO stage (``key``) as ``strategies``."""
+    stage = get(key)
+    if stage is not None:
+        if stage not in _DS_STAGES:
+            raise _refuse(where, key, stage, "0, 1, 2 or 3")
+        values["strategies"] = _DS_STAGES[stage]
+
+
+def _offload(values: dict[str, Any], where: str, get: Any, key: str, option: str) -> None:
+    """A DeepSpeed offload device (``key``) as ``option``."""
+    device = get(key)
+    if device is not None:
+        if str(device).lower() not in ("none", "cpu", "nvme"):
+            raise _refuse(where, key, device, "none, cpu or nvme")
+        values[option] = str(device).lower()
+
+
 def _deepspeed(config: dict[str, Any], where: str) -> LaunchConfig:
     flat = _flatten(config)
     values: dict[str, Any] = {"framework": "deepspeed"}
@@ -164,20 +182,9 @@ def _deepspeed(config: dict[str, Any], where: str) -> LaunchConfig:
                 f"{key} is 'auto' (filled in by the Hugging Face Trainer): zerocalc's default is used"
             )
     get = {k: v for k, v in flat.items() if v != "auto"}.get
-    stage = get("zero_optimization.stage")
-    if stage is not None:
-        if stage not in _DS_STAGES:
-            raise _refuse(where, "zero_optimization.stage", stage, "0, 1, 2 or 3")
-        values["strategies"] = _DS_STAGES[stage]
-    for key, option in (
-        ("zero_optimization.offload_optimizer.device", "offload_optimizer"),
-        ("zero_optimization.offload_param.device", "offload_params"),
-    ):
-        device = get(key)
-        if device is not None:
-            if str(device).lower() not in ("none", "cpu", "nvme"):
-                raise _refuse(where, key, device, "none, cpu or nvme")
-            values[option] = str(device).lower()
+    _zero(values, where, get, "zero_optimization.stage")
+    _offload(values, where, get, "zero_optimization.offload_optimizer.device", "offload_optimizer")
+    _offload(values, where, get, "zero_optimization.offload_param.device", "offload_params")
     for key, option in (
         ("zero_optimization.reduce_bucket_size", "reduce_bucket"),
         ("zero_optimization.allgather_bucket_size", "allgather_bucket"),
@@ -338,18 +345,9 @@ def _accelerate(config: dict[str, Any], where: str) -> LaunchConfig:
             values["offload_params"] = "cpu"
     elif kind == "DEEPSPEED":
         values["framework"] = "deepspeed"
-        stage = get("deepspeed_config.zero_stage")
-        if stage is not None:
-            if stage not in _DS_STAGES:
-                raise _refuse(where, "deepspeed_config.zero_stage", stage, "0, 1, 2 or 3")
-            values["strategies"] = _DS_STAGES[stage]
-        for key, option in (
-            ("offload_optimizer_device", "offload_optimizer"),
-            ("offload_param_device", "offload_params"),
-        ):
-            device = get(f"deepspeed_config.{key}")
-            if device is not None:
-                values[option] = str(device).lower()
+        _zero(values, where, get, "deepspeed_config.zero_stage")
+        _offload(values, where, get, "deepspeed_config.offload_optimizer_device", "offload_optimizer")
+        _offload(values, where, get, "deepspeed_config.offload_param_device", "offload_params")
         if get("deepspeed_config.gradient_accumulation_steps") is not None:
             values["grad_accum"] = str(get("deepspeed_config.gradient_accumulation_steps"))
         if get("deepspeed_config.zero3_init_flag") is not None:  # deepspeed.zero.Init, or built on the host
