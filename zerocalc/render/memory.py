@@ -180,13 +180,7 @@ def render_framework_states(out: Output, rows: list[FrameworkStates], unit: Byte
         return
     out.print(f"[bold]{rows[0].source}[/bold], per GPU, {unit.value}")
     lines = _framework_lines(rows)
-    columns = [
-        Column(
-            _short_header(row.strategy.value),
-            ["" if v[i] is None else byte_cell(v[i] or 0, unit) for _, v in lines],
-        )
-        for i, row in enumerate(rows)
-    ]
+    columns = _strategy_columns(rows, lines, unit)
     print_fitted(out, "Term", [label for label, _ in lines], columns, key_width=PEAK_TERM_WIDTH)
     sources = dict.fromkeys(
         f"{line.name}: {line.source}" + ("" if line.in_framework_estimate else " (not in its estimate)")
@@ -205,6 +199,17 @@ def _short_header(name: str) -> str:
     """``shard_grad_op`` → ``shard_`` / ``grad_op``: a strategy's name on two lines when long."""
     head, _, tail = name.partition("_")
     return f"{head}_\n{tail}" if tail and len(name) > 8 else name
+
+
+def _strategy_columns(rows: list, lines: list, unit: ByteUnit) -> list[Column]:
+    """One column per strategy of ``rows``: each line's value for it in ``unit`` (blank where None)."""
+    return [
+        Column(
+            _short_header(row.strategy.value),
+            ["" if values[i] is None else byte_cell(values[i] or 0, unit) for _, values in lines],
+        )
+        for i, row in enumerate(rows)
+    ]
 
 
 def _verdict_cell(row: StrategyPeak, unit: ByteUnit) -> str:
@@ -288,13 +293,7 @@ def render_peak(out: Output, peak: PeakEstimate, unit: ByteUnit) -> None:
 
     rows = peak.strategies
     lines = _peak_lines(peak)
-    columns = [
-        Column(
-            _short_header(row.strategy.value),
-            ["" if values[i] is None else byte_cell(values[i] or 0, unit) for _, values in lines],
-        )
-        for i, row in enumerate(rows)
-    ]
+    columns = _strategy_columns(rows, lines, unit)
     print_fitted(out, "At the peak", [label for label, _ in lines], columns, key_width=PEAK_TERM_WIDTH)
 
     sources: dict[TensorKind, dict[str, list[str]]] = {}
