@@ -12,7 +12,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from zerocalc.base.errors import InputError, keyword, with_names
-from zerocalc.request.options import Command, echo, library_options, with_launch_configs
+from zerocalc.request.options import Command, echo, library_options, option, with_launch_configs
 
 if TYPE_CHECKING:
     from zerocalc.comm.estimate import CommEstimate
@@ -21,25 +21,26 @@ if TYPE_CHECKING:
     from zerocalc.states.memory import MemoryEstimate
 
 
-POSITIONAL_DEFAULTS = {"params": None, "model": None, "gpus": 1, "gpus_per_node": None}
-
-
 def _request(
-    function: str, command: Command, values: dict[str, Any], extra: tuple[str, ...] = ()
+    function: str,
+    command: Command,
+    positional: dict[str, Any],
+    keywords: dict[str, Any],
+    extra: tuple[str, ...] = (),
 ) -> tuple[TrainingRequest, dict[str, Any], list[str]]:
-    """The request of ``command``'s keywords (and ``extra``, keywords of the library only), the options it
-    was made of, and the notes of the launch configs it names; a keyword the command does not take is an
-    InputError."""
+    """The request of ``command``'s options given as the function's ``positional`` parameters and its
+    ``keywords`` (and ``extra``, keywords of the library only), the options it was made of, and the notes
+    of the launch configs it names; a keyword the command does not take is an InputError. What a launch
+    config sets gives way to every keyword and to each positional parameter not left at its default."""
     from zerocalc.parallel.frameworks import Estimate
     from zerocalc.request.training import parse_options
 
+    values = {**positional, **keywords}
     accepted = [o.name for o in library_options(command)]
     unknown = sorted(set(values) - set(accepted) - set(extra))
     if unknown:
         raise InputError(f"{function}() takes no keyword {unknown[0]!r}; accepted: {', '.join(accepted)}")
-    given = frozenset(
-        name for name, value in values.items() if POSITIONAL_DEFAULTS.get(name, object()) != value
-    )
+    given = frozenset(keywords) | {n for n, v in positional.items() if v != option(command, n).default}
     options, notes = with_launch_configs(command, values, given)
     options.update({name: values[name] for name in extra if name in values})
     estimate = Estimate.COMM if command is Command.COMM else Estimate.MEMORY
@@ -85,8 +86,8 @@ def estimate_memory(
     """
     from zerocalc.states.memory import evaluate_memory
 
-    values = {"params": params, "gpus": gpus, "gpus_per_node": gpus_per_node, **options}
-    request, given, notes = _request("estimate_memory", Command.MEMORY, values)
+    positional = {"params": params, "gpus": gpus, "gpus_per_node": gpus_per_node}
+    request, given, notes = _request("estimate_memory", Command.MEMORY, positional, options)
     return _given(evaluate_memory(request), Command.MEMORY, given, notes)
 
 
@@ -98,8 +99,8 @@ def estimate_peak(
     keyword one of its options."""
     from zerocalc.peak.evaluate import evaluate_peak
 
-    values = {"model": model, "gpus": gpus, "gpus_per_node": gpus_per_node, **options}
-    request, given, notes = _request("estimate_peak", Command.MEMORY, values)
+    positional = {"model": model, "gpus": gpus, "gpus_per_node": gpus_per_node}
+    request, given, notes = _request("estimate_peak", Command.MEMORY, positional, options)
     return _given(evaluate_peak(request), Command.MEMORY, given, notes)
 
 
@@ -118,8 +119,9 @@ def estimate_comm(
     """
     from zerocalc.comm.estimate import evaluate_comm
 
-    values = {"params": params, "gpus": gpus, "gpus_per_node": gpus_per_node, **options}
-    request, given, notes = _request("estimate_comm", Command.COMM, values, extra=("calibration_name",))
+    positional = {"params": params, "gpus": gpus, "gpus_per_node": gpus_per_node}
+    extra = ("calibration_name",)
+    request, given, notes = _request("estimate_comm", Command.COMM, positional, options, extra)
     return _given(evaluate_comm(request), Command.COMM, given, notes)
 
 
