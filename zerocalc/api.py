@@ -11,8 +11,8 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any
 
-from zerocalc.base.errors import InputError, keyword, with_names
-from zerocalc.request.options import Command, echo, library_options, option, with_launch_configs
+from zerocalc.base.errors import InputError, keyword
+from zerocalc.request.options import Command, as_given, library_options, option, with_launch_configs
 
 if TYPE_CHECKING:
     from zerocalc.comm.estimate import CommEstimate
@@ -45,13 +45,6 @@ def _request(
     options.update({name: values[name] for name in extra if name in values})
     estimate = Estimate.COMM if command is Command.COMM else Estimate.MEMORY
     return parse_options(estimate=estimate, **options), options, notes
-
-
-def _given(result: Any, command: Command, options: dict[str, Any], notes: list[str]) -> Any:
-    """The result with the options as given (its JSON's ``options``), its notes naming keywords
-    (:func:`~zerocalc.base.errors.with_names`) and the launch configs' notes."""
-    named = with_names(result, keyword)
-    return named.model_copy(update={"options": echo(command, options), "notes": [*named.notes, *notes]})
 
 
 def _with_signature(function: Any, command: Command, positional: tuple[str, ...]) -> Any:
@@ -88,7 +81,7 @@ def estimate_memory(
 
     positional = {"params": params, "gpus": gpus, "gpus_per_node": gpus_per_node}
     request, given, notes = _request("estimate_memory", Command.MEMORY, positional, options)
-    return _given(evaluate_memory(request), Command.MEMORY, given, notes)
+    return as_given(evaluate_memory(request), Command.MEMORY, given, keyword, notes)
 
 
 def estimate_peak(
@@ -101,7 +94,7 @@ def estimate_peak(
 
     positional = {"model": model, "gpus": gpus, "gpus_per_node": gpus_per_node}
     request, given, notes = _request("estimate_peak", Command.MEMORY, positional, options)
-    return _given(evaluate_peak(request), Command.MEMORY, given, notes)
+    return as_given(evaluate_peak(request), Command.MEMORY, given, keyword, notes)
 
 
 def estimate_comm(
@@ -122,7 +115,7 @@ def estimate_comm(
     positional = {"params": params, "gpus": gpus, "gpus_per_node": gpus_per_node}
     extra = ("calibration_name",)
     request, given, notes = _request("estimate_comm", Command.COMM, positional, options, extra)
-    return _given(evaluate_comm(request), Command.COMM, given, notes)
+    return as_given(evaluate_comm(request), Command.COMM, given, keyword, notes)
 
 
 _with_signature(estimate_memory, Command.MEMORY, ("params", "gpus", "gpus_per_node"))

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from zerocalc.base.errors import with_names
 from zerocalc.base.units import parse_byte_unit
 from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app, flag
 from zerocalc.cli.render import console, print_json
 from zerocalc.render.comm import render_comm
-from zerocalc.request.options import Command, echo, with_launch_configs
+from zerocalc.request.options import Command, as_given, with_launch_configs
 
 
 @app.command(cls=PlainTextCommand)
@@ -25,10 +24,7 @@ def comm(values: dict[str, Any], given_flags: frozenset[str]) -> None:
     json, per_unit = values["json"], values["per_unit"]
     options, notes = with_launch_configs(Command.COMM, values, given_flags)
     request = parse_request(TrainingOptions(estimate=Estimate.COMM, **options))
-    estimate = with_names(evaluate_comm(request), flag)
-    estimate = estimate.model_copy(
-        update={"options": echo(Command.COMM, options), "notes": [*estimate.notes, *notes]}
-    )
+    estimate = as_given(evaluate_comm(request), Command.COMM, options, flag, notes)
     if json:
         print_json(estimate)
     else:

@@ -6,13 +6,12 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from zerocalc.base.errors import with_names
 from zerocalc.base.units import ByteUnit, parse_byte_unit
 from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app, fail, flag
 from zerocalc.cli.render import console, print_json
 from zerocalc.render.memory import render_framework_states, render_memory, render_peak
-from zerocalc.request.options import Command, echo, with_launch_configs
+from zerocalc.request.options import Command, as_given, with_launch_configs
 
 if TYPE_CHECKING:
     from zerocalc.peak.report import MemoryReport
@@ -30,11 +29,9 @@ def memory(values: dict[str, Any], given_flags: frozenset[str]) -> None:
     json = values["json"]
     options, notes = with_launch_configs(Command.MEMORY, values, given_flags)
     request = parse_request(TrainingOptions(**options))
-    echoed = echo(Command.MEMORY, options)
 
-    def given(result: Any) -> Any:  # notes naming flags, the options as given, the launch configs' notes
-        named = with_names(result, flag)
-        return named.model_copy(update={"options": echoed, "notes": [*named.notes, *notes]})
+    def given(result: Any) -> Any:
+        return as_given(result, Command.MEMORY, options, flag, notes)
 
     timeline, snapshot_out = values["timeline"], values["snapshot_out"]
     _check_pictures(request, timeline, snapshot_out, json)

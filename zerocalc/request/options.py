@@ -299,3 +299,17 @@ def echo(command: Command, values: dict[str, Any]) -> dict[str, Any]:
             value = list(value)
         echoed[o.name] = value
     return echoed
+
+
+def as_given(
+    result: Any, command: Command, options: dict[str, Any], name_of: Any, notes: list[str] | None = None
+) -> Any:
+    """A ``command`` result as its caller reads it: its notes naming inputs with ``name_of`` (flags for the
+    CLI, keywords for the library: :func:`~zerocalc.base.errors.with_names`), the options it was given
+    (:func:`echo`) and the launch configs' ``notes`` after its own."""
+    from zerocalc.base.errors import with_names
+
+    named = with_names(result, name_of)
+    return named.model_copy(
+        update={"options": echo(command, options), "notes": [*named.notes, *(notes or [])]}
+    )

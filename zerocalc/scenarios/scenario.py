@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from zerocalc.base.errors import keyword, with_names
-from zerocalc.request.options import Command, echo, option
+from zerocalc.base.errors import keyword
+from zerocalc.request.options import Command, as_given, option
 from zerocalc.request.training import TrainingOptions, parse_request
 
 
@@ -60,9 +60,8 @@ def memory_section(s: Scenario) -> dict[str, Any]:
     from zerocalc.peak.evaluate import evaluate_peak
 
     options = training_options(s)
-    report = with_names(evaluate_peak(parse_request(options)), keyword)
-    given = {name: getattr(options, name) for name in options.model_fields_set}
-    return report.model_copy(update={"options": echo(Command.MEMORY, given)}).to_json_dict()
+    report = evaluate_peak(parse_request(options))
+    return as_given(report, Command.MEMORY, dict(options), keyword).to_json_dict()
 
 
 def comm_section(s: Scenario) -> dict[str, Any]:
@@ -86,9 +85,7 @@ def comm_section(s: Scenario) -> dict[str, Any]:
         }
     )
     per_unit = {"strategies": {"__all__": {"collectives": {"__all__": {"units"}}}}}
-    given = {name: getattr(options, name) for name in options.model_fields_set}
-    estimate = with_names(evaluate_comm(parse_request(options)), keyword)
-    estimate = estimate.model_copy(update={"options": echo(Command.COMM, given)})
+    estimate = as_given(evaluate_comm(parse_request(options)), Command.COMM, dict(options), keyword)
     return estimate.model_dump(mode="json", exclude=per_unit)
 
 
