@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from zerocalc.request.options import Command, Kind, Option, options_for
+from zerocalc.request.options import Command, Kind, Option, option, options_for
 
 
 def _help(option: Option) -> str:
@@ -72,6 +72,4 @@ def takes_options(command: Command) -> Callable[[Run], Callable[..., None]]:
 
 def annotated(command: Command, name: str) -> Any:
     """One option's Typer annotation, for a command that declares its other options itself."""
-    from zerocalc.request.options import option
-
     return _parameter(option(command, name)).annotation
