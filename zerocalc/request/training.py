@@ -6,8 +6,7 @@ turns it into a frozen, typed :class:`TrainingRequest`: numbers with their units
 config.json files loaded (once per process, :mod:`zerocalc.request.presets`), the calibration file read, every
 bound and every combination checked, with one :class:`~zerocalc.base.errors.InputError` line per problem. The
 core (:mod:`zerocalc.states.memory`, :mod:`zerocalc.comm.estimate`, :mod:`zerocalc.peak`) takes only the
-typed request: it
-never parses a string, reads a file or looks at the environment.
+typed request: it never parses a string, reads a file or looks at the environment.
 
 Error messages name each input by its concept, written ``{name}``: the field names below, which are also
 the keyword names of :mod:`zerocalc.api`; the CLI shows its flags instead (:mod:`zerocalc.cli`).
