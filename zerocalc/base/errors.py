@@ -17,9 +17,14 @@ from typing import Any, TypeVar
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([a-z][a-z0-9_]*)\}")
 
 
+def literal(text: str) -> str:
+    """Text for a message template, its braces escaped so they are never read as a name."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
 def shown(value: object) -> str:
-    """A user's value for a message: its ``repr``, braces escaped so they are never read as a name."""
-    return repr(value).replace("{", "{{").replace("}", "}}")
+    """A user's value for a message: its ``repr``, as a :func:`literal`."""
+    return literal(repr(value))
 
 
 def why_not(exc: Exception) -> str:

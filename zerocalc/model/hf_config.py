@@ -36,7 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from zerocalc.base.errors import InputError, shown, why_not
+from zerocalc.base.errors import InputError, literal, shown, why_not
 from zerocalc.model.architecture import (
     MAX_LAYERS,
     Architecture,
@@ -496,8 +496,7 @@ def _show(value: Any) -> str:
         text = json.dumps(value)
     except ValueError:  # pragma: no cover - json values always serialise
         text = repr(value)
-    text = text if len(text) <= 40 else f"{text[:24]}… ({len(text)} characters)"
-    return text.replace("{", "{{").replace("}", "}}")  # a message template's literal braces
+    return literal(text if len(text) <= 40 else f"{text[:24]}… ({len(text)} characters)")
 
 
 def _is_whole(value: Any) -> bool:

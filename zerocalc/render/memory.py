@@ -351,7 +351,6 @@ def column_key(header: str) -> str:
 def memory_rows(estimate: MemoryEstimate) -> list[dict[str, Value]]:
     """One dict per strategy: ``strategy`` (its name), then the tables' columns and lines under their
     headers as printed, sizes in bytes and fractions as fractions (``vs DDP`` 0.25 for 25.0%)."""
-    from zerocalc.base.units import ByteUnit
     from zerocalc.peak.report import MemoryReport
 
     rows: list[dict[str, Value]] = [
@@ -364,10 +363,7 @@ def memory_rows(estimate: MemoryEstimate) -> list[dict[str, Value]]:
         return rows
     by_name = {row["strategy"]: row for row in rows}
     if estimate.framework_states:
-        states = estimate.framework_states
-        for label, values in _framework_lines(states):
-            for state, value in zip(states, values, strict=True):
-                by_name[state.strategy.value][column_key(label)] = value
+        _put_lines(by_name, estimate.framework_states, _framework_lines(estimate.framework_states))
     if estimate.peak is not None:
         peaks = estimate.peak.strategies
         for peak in peaks:
@@ -377,7 +373,15 @@ def memory_rows(estimate: MemoryEstimate) -> list[dict[str, Value]]:
             if estimate.peak.options.gpu_memory_bytes is not None:
                 row[VERDICT_KEY] = None if peak.verdict is None else peak.verdict.value
                 row[FREE_KEY] = peak.headroom_bytes
-        for label, values in _peak_lines(estimate.peak):
-            for peak, value in zip(peaks, values, strict=True):
-                by_name[peak.strategy.value][column_key(label)] = value
+        _put_lines(by_name, peaks, _peak_lines(estimate.peak))
     return rows
+
+
+def _put_lines(
+    by_name: dict[Value, dict[str, Value]], strategies: list, lines: list[tuple[str, list[int | None]]]
+) -> None:
+    """Each line's value for each of ``strategies`` (a column per strategy) into that strategy's row, under
+    the line's label as plain text."""
+    for label, values in lines:
+        for strategy, value in zip(strategies, values, strict=True):
+            by_name[strategy.strategy.value][column_key(label)] = value
