@@ -61,6 +61,7 @@ def nccl_communicators(strategy: Strategy, cluster: Cluster) -> int:
 
 def peak_options(request: TrainingRequest) -> PeakOptions:
     a, b, rt = request.activations, request.buffers, request.runtime
+    flash = flash_attention_used(request)
     return PeakOptions(
         framework=request.framework,
         model_impl=request.model_impl,
@@ -70,8 +71,8 @@ def peak_options(request: TrainingRequest) -> PeakOptions:
         grad_accum=request.grad_accum,
         grad_sync=request.grad_sync,
         recompute=a.recompute,
-        flash_attention=flash_attention_used(request),
-        attention_kernel=AttentionKernel.FLASH if flash_attention_used(request) else AttentionKernel.EAGER,
+        flash_attention=flash,
+        attention_kernel=AttentionKernel.FLASH if flash else AttentionKernel.EAGER,
         attention_source=attention_source(request),
         init=request.init,
         init_given=request.init_asked is not None,

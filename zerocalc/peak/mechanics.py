@@ -166,6 +166,15 @@ def _fp32_sizes(elements: tuple[int, ...]) -> Sizes:
     return Sizes(FP32 * n for n in elements)
 
 
+def _model_created(led: Ledger, event: str, replaced: int) -> None:
+    """The event that ends the model's construction, with ``replaced`` bytes (a tied LM head's own weight,
+    allocated last by the construction) alive at it and freed after it (``tie_weights``)."""
+    head = "init LM head (replaced by the tied embedding)"
+    led.alloc(head, replaced, PARAMS)
+    led.event(event)
+    led.free(head)
+
+
 class Mechanics:
     """The hooks the step timeline calls (:class:`~zerocalc.peak.timeline.CreationHooks`); the base keeps
     parameters whole and does nothing."""
@@ -214,11 +223,7 @@ class Mechanics:
         ``replaced``: bytes the model's construction on the GPU allocates and frees (a tied LM head's own
         weight)."""
         self.resident(led, first_step=True)
-        head = "init LM head (replaced by the tied embedding)"
-        if init is ModelInit.GPU:
-            led.alloc(head, replaced, PARAMS)
-        led.event(f"model created ({init.value})")
-        led.free(head)
+        _model_created(led, f"model created ({init.value})", replaced if init is ModelInit.GPU else 0)
 
     def resident(self, led: Ledger, first_step: bool = False) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -371,9 +376,7 @@ class Fsdp(Mechanics):
             for unit in self.units.values():
                 for i, n in enumerate(unit.params):
                     led.alloc(f"init {unit.name}#{i}", element_bytes * n, PARAMS)
-            led.alloc("init LM head (replaced by the tied embedding)", replaced, PARAMS)
-            led.event("model created (gpu: whole, fp32)")
-            led.free("init LM head (replaced by the tied embedding)")
+            _model_created(led, "model created (gpu: whole, fp32)", replaced)
         for unit in self.units.values():
             if init is ModelInit.CPU:
                 for i, n in enumerate(unit.params):
@@ -773,9 +776,7 @@ class Accounting(Mechanics):
         if init is ModelInit.GPU:
             elements = sum(unit.numel for unit in self.units.values())
             led.alloc("whole model at creation", element_bytes * elements, PARAMS)
-            led.alloc("init LM head (replaced by the tied embedding)", replaced, PARAMS)
-            led.event(f"model created (gpu: whole, {element_bytes} bytes per parameter)")
-            led.free("init LM head (replaced by the tied embedding)")
+            _model_created(led, f"model created (gpu: whole, {element_bytes} bytes per parameter)", replaced)
             led.free("whole model at creation")
         super().create(led, init, element_bytes)
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
+from zerocalc.base.dtypes import DType
 from zerocalc.model.architecture import Architecture, ParamTensor
 from zerocalc.model.model_impl import MODEL_IMPLS, AttentionKernel, Device, Shape, default_attention
 from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, Framework, Fsdp1Sharding, TorchWrapper
@@ -281,7 +282,9 @@ def simulate(
     creation = None
     if allocator is not None:
         profile = PROFILES[request.framework]
-        element_bytes = RECIPES[request.precision].param_dtype.bytes if profile.init_in_param_dtype else 4
+        element_bytes = (
+            RECIPES[request.precision].param_dtype.bytes if profile.init_in_param_dtype else DType.FP32.bytes
+        )
         first_start(step, mechanics, runtime, led, request.init, element_bytes)
         created = led.phase_peak(StepPhase.CREATION)
         creation = PhasePeak(

@@ -362,7 +362,7 @@ def _run_program(
     the most is allocated. ``checkpointed``: the forward of a layer under ``torch.utils.checkpoint``
     (``use_reentrant=False``), whose saved tensors are freed where the code releases them."""
     group = f"layer {i}"
-    peak = _program_peak(program, output_bytes, checkpointed, led.rounded)
+    peak = _program_peak(program, output_bytes, checkpointed, led.block)
     for at, (verb, name, nbytes) in enumerate(program):
         if verb == "keep":
             if checkpointed:
@@ -381,19 +381,13 @@ def _run_program(
             led.event(f"layer {i} {label}")
 
 
-def _program_peak(
-    program: tuple[tuple[str, str, int], ...], output_bytes: int, checkpointed: bool, rounded
-) -> int:
-    """The index of the program's op after which the most is allocated (the first such)."""
-    return _program_peak_at(program, output_bytes, checkpointed, rounded(1))
-
-
 @lru_cache(maxsize=4096)
-def _program_peak_at(
+def _program_peak(
     program: tuple[tuple[str, str, int], ...], output_bytes: int, checkpointed: bool, block: int
 ) -> int:
-    """:func:`_program_peak` for tensors rounded up to ``block`` bytes (computed once per program and
-    sizes: the plan runs the same layer programs thousands of times)."""
+    """The index of the program's op after which the most is allocated (the first such), its tensors
+    rounded up to ``block`` bytes (computed once per program and sizes: the plan runs the same layer
+    programs thousands of times)."""
 
     def rounded(nbytes: int) -> int:
         return 0 if nbytes <= 0 else -(-nbytes // block) * block
