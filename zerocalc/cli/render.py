@@ -10,11 +10,8 @@ from typing import TYPE_CHECKING
 
 from zerocalc.render.tables import (
     COLLECTIVE_LEGEND,
-    OP_SHORT,
-    PHASE_SHORT,
     Column,
     byte_cell,
-    byte_text,
     collective_label,
     compact_table,
     unit_label,
@@ -28,11 +25,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COLLECTIVE_LEGEND",
-    "OP_SHORT",
-    "PHASE_SHORT",
     "Column",
     "byte_cell",
-    "byte_text",
     "collective_label",
     "compact_table",
     "console",

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from zerocalc.base.display import TableDisplay
 from zerocalc.base.dtypes import DType
+from zerocalc.base.errors import literal
 from zerocalc.base.units import format_count, format_seconds, format_size, gib, plural, summary_repr
 from zerocalc.comm.calls import Call, CallContext, Layout, RuleCalls, rule_calls
 from zerocalc.network.calibration import Calibration, CollectiveFit
@@ -230,14 +231,14 @@ def _calibration_notes(calibration: Calibration, name: str, rows: list[StrategyC
         low, high = measured
         if min(calls) < low or max(calls) > high:
             notes.append(
-                f"calibration {_escaped(name)} measured {op.value} over {fit.group_kind.value} groups of "
+                f"calibration {literal(name)} measured {op.value} over {fit.group_kind.value} groups of "
                 f"{fit.group_size} from {format_size(low)} to {format_size(high)} per call; these calls move "
                 f"{format_size(min(calls))} to {format_size(max(calls))}: its fit is extrapolated"
             )
     if sizes and mixed and calibration.backend != "nccl":
         notes.append(
-            f"calibration {_escaped(name)} was measured with {calibration.backend} on "
-            f"{_escaped(calibration.device_name)}; the collectives it has no fit for use NCCL-class link "
+            f"calibration {literal(name)} was measured with {calibration.backend} on "
+            f"{literal(calibration.device_name)}; the collectives it has no fit for use NCCL-class link "
             "figures: times in one table mix the two (β from, per collective)"
         )
     return notes
@@ -489,11 +490,6 @@ def _ddp_reference(request: TrainingRequest, layout: Layout) -> int | None:
     return strategy_comm(StrategyName.DDP, reference, None, layout).total_bytes_per_gpu or None
 
 
-def _escaped(text: str | None) -> str:
-    """A name the user typed, inside a note (a template: its braces are doubled)."""
-    return str(text).replace("{", "{{").replace("}", "}}")
-
-
 def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -> list[str]:
     notes = []
     cluster = request.cluster
@@ -503,7 +499,7 @@ def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -
     used = any(c.bandwidth_source is BandwidthSource.CALIBRATION for row in rows for c in row.collectives)
     if calibration is not None and not used and cluster.world_size > 1:
         notes.append(
-            f"calibration {_escaped(request.calibration_name)} ({plural(calibration.nodes, 'node')} × "
+            f"calibration {literal(str(request.calibration_name))} ({plural(calibration.nodes, 'node')} × "
             f"{plural(calibration.gpus_per_node, 'rank')}) covers none of these collectives and groups: "
             "every time uses the link figures below"
         )
