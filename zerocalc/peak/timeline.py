@@ -360,8 +360,20 @@ def _run_program(
     tensors in its group, the intermediates freed where the code drops them, SDPA's philox seed and offset
     (``rng`` bytes) with the saved tensors, the output where the program writes it; the layer's event where
     the most is allocated. ``checkpointed``: the forward of a layer under ``torch.utils.checkpoint``
-    (``use_reentrant=False``), whose saved tensors are freed where the code releases them."""
+    (``use_reentrant=False``), whose saved tensors are freed where the code releases them.
+
+    A ledger that keeps no allocation log (no allocator replay reads its tensors one by one) is given the
+    program's effect instead (:func:`_program_effect`): the same event, the same bytes left in the group
+    and the same output."""
     group = f"layer {i}"
+    if not led.record:
+        effect = _program_effect(program, rng, output_bytes, checkpointed, led.block)
+        if effect is not None:
+            led.event(f"layer {i} {label}", effect.peak, ACTIVATIONS)
+            led.alloc(f"{group}.saved", effect.saved, ACTIVATIONS, group=group)
+            if effect.output:
+                led.alloc(output, output_bytes, ACTIVATIONS)
+            return
     peak = _program_peak(program, output_bytes, checkpointed, led.block)
     for at, (verb, name, nbytes) in enumerate(program):
         if verb == "keep":
@@ -408,6 +420,60 @@ def _program_peak(
         if total > best:
             best, peak = total, at
     return peak
+
+
+class ProgramEffect(NamedTuple):
+    """What :func:`_run_program` leaves in a ledger, above what was allocated before it."""
+
+    peak: int
+    """The bytes the program has allocated at its event."""
+    saved: int
+    """The bytes of its tensors left in the layer's group (the saved tensors and SDPA's philox state)."""
+    output: bool
+    """It allocates the layer's output."""
+
+
+@lru_cache(maxsize=4096)
+def _program_effect(
+    program: tuple[tuple[str, str, int], ...], rng: int, output_bytes: int, checkpointed: bool, block: int
+) -> ProgramEffect | None:
+    """The program's effect on a ledger (:class:`ProgramEffect`), its ops taken as :func:`_run_program`
+    takes them one by one, each tensor rounded up to ``block`` bytes; None where it leaves a tensor alive
+    outside the layer's group (none of :func:`~zerocalc.model.model_impl.forward_program`'s does): that
+    program runs op by op."""
+
+    def rounded(nbytes: int) -> int:
+        return 0 if nbytes <= 0 else -(-nbytes // block) * block
+
+    at_peak = _program_peak(program, output_bytes, checkpointed, block)
+    live: dict[str, tuple[int, bool]] = {}
+    """Per name, the rounded bytes and whether the tensor is in the layer's group."""
+    peak = output_size = 0
+    output = False
+
+    def alloc(name: str, nbytes: int, grouped: bool) -> None:
+        size = rounded(nbytes)
+        if size:
+            if name in live:
+                raise KeyError(f"{name} is already allocated")
+            live[name] = (size, grouped)
+
+    for at, (verb, name, nbytes) in enumerate(program):
+        if verb == "keep":
+            alloc(name, nbytes, not checkpointed)
+            if not checkpointed and name.startswith("softmax log-sum-exp"):
+                alloc("sdpa rng", rng, True)
+        elif verb == "temp":
+            alloc(name, nbytes, False)
+        elif verb == "drop" or (verb == "release" and checkpointed):
+            live.pop(name, None)
+        elif verb == "output":
+            output, output_size = True, rounded(output_bytes)
+        if at == at_peak:
+            peak = sum(size for size, _ in live.values()) + output_size
+    if any(not grouped for _, grouped in live.values()):
+        return None
+    return ProgramEffect(peak, sum(size for size, _ in live.values()), output)
 
 
 def steady_start(step: StepShape, mechanics: StepHooks, runtime: Runtime | None, led: Ledger) -> None:
