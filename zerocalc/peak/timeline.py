@@ -86,6 +86,10 @@ class StepShape(NamedTuple):
     recompute: Recompute
     layer_params: tuple[tuple[int, ...], ...]
     """Elements of each parameter of each block, in registration order."""
+    saves: dict[tuple[bool, bool], LayerSaves] | None = None
+    """Where the step finds and keeps its layers' saves, per kind of layer (mixture-of-experts or not) and
+    cache use: steps of one micro-batch and recompute whose blocks are alike may share one (the plan's
+    runs of one model at a few layers and at all); None: the step's own."""
 
 
 class Runtime(NamedTuple):
@@ -149,7 +153,7 @@ def run_step(
     T, h, V, L = shape.tokens, arch.hidden_size, arch.vocab_size, arch.num_layers
     checkpointed = step.recompute is Recompute.FULL
     selective = step.recompute is Recompute.SELECTIVE
-    saves_by_kind: dict[tuple[bool, bool], LayerSaves] = {}
+    saves_by_kind: dict[tuple[bool, bool], LayerSaves] = {} if step.saves is None else step.saves
 
     def saves_of(i: int, use_cache: bool) -> LayerSaves:
         """A layer's saves depend on its index only through whether it is a mixture-of-experts layer."""

@@ -33,6 +33,7 @@ from zerocalc.plan.layers import (
 )
 from zerocalc.plan.split import (
     HookCall,
+    LayerSavesCache,
     ModelRun,
     framework_mechanics,
     framework_run,
@@ -70,6 +71,13 @@ class ModelParts:
         """A per (recompute, micro-batch, layer count)."""
         self._hooked: dict[int, ModelRun] = {}
         """Per layer count, the run that recorded the hook calls."""
+        self._saves: dict[tuple[Recompute, int], LayerSavesCache] = {}
+        """The layers' saves per (recompute, micro-batch), shared by the runs at every layer count: the
+        search's one model has the same blocks at any depth."""
+
+    def _saves_of(self, request: TrainingRequest) -> LayerSavesCache:
+        activations = request.activations
+        return self._saves.setdefault((activations.recompute, activations.micro_batch), {})
 
     @staticmethod
     def _key(request: TrainingRequest) -> tuple[Recompute, int, int]:
@@ -81,7 +89,7 @@ class ModelParts:
         key = self._key(request)
         values = self._values.get(key)
         if values is None:
-            values = self._values[key] = model_values(request, self.runtime)
+            values = self._values[key] = model_values(request, self.runtime, saves=self._saves_of(request))
         return values
 
     def hooked(self, request: TrainingRequest) -> ModelRun:
@@ -90,7 +98,7 @@ class ModelParts:
         layers = request.architecture.num_layers
         run = self._hooked.get(layers)
         if run is None:
-            run = self._hooked[layers] = model_run(request, self.runtime)
+            run = self._hooked[layers] = model_run(request, self.runtime, saves=self._saves_of(request))
             self._values.setdefault(self._key(request), run.values)
         return run
 

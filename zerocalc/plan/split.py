@@ -28,7 +28,7 @@ from functools import cached_property
 from operator import add
 from typing import NamedTuple
 
-from zerocalc.model.model_impl import Device
+from zerocalc.model.model_impl import Device, LayerSaves
 from zerocalc.peak.ledger import CUDA_BLOCK, Ledger
 from zerocalc.peak.mechanics import Mechanics
 from zerocalc.peak.report import StateLine
@@ -255,24 +255,42 @@ def _values(inside: list[int], after: list[int], before: int) -> list[int]:
     return values
 
 
-def model_run(request: TrainingRequest, runtime: Runtime | None, device: Device = Device.CUDA) -> ModelRun:
-    """The model's part of the request's steady step (its framework ignored), and its hook calls."""
+LayerSavesCache = dict[tuple[bool, bool], LayerSaves]
+"""A step's layers' saves (:attr:`~zerocalc.peak.timeline.StepShape.saves`)."""
+
+
+def model_run(
+    request: TrainingRequest,
+    runtime: Runtime | None,
+    device: Device = Device.CUDA,
+    saves: LayerSavesCache | None = None,
+) -> ModelRun:
+    """The model's part of the request's steady step (its framework ignored), and its hook calls;
+    ``saves``: its layers' saves, shared with steps of the same micro-batch and recompute whose blocks are
+    alike (the same model cut to other layer counts)."""
     calls: list[HookCall] = []
-    return ModelRun(_model_step(request, runtime, device, calls), tuple(calls))
+    return ModelRun(_model_step(request, runtime, device, calls, saves), tuple(calls))
 
 
 def model_values(
-    request: TrainingRequest, runtime: Runtime | None, device: Device = Device.CUDA
+    request: TrainingRequest,
+    runtime: Runtime | None,
+    device: Device = Device.CUDA,
+    saves: LayerSavesCache | None = None,
 ) -> list[int]:
     """:func:`model_run`'s values alone: the hook calls are the same at every micro-batch and recompute
     (tests/test_plan.py), so a search records them once per layer count."""
-    return _model_step(request, runtime, device, None)
+    return _model_step(request, runtime, device, None, saves)
 
 
 def _model_step(
-    request: TrainingRequest, runtime: Runtime | None, device: Device, calls: list[HookCall] | None
+    request: TrainingRequest,
+    runtime: Runtime | None,
+    device: Device,
+    calls: list[HookCall] | None,
+    saves: LayerSavesCache | None,
 ) -> list[int]:
-    step = step_shape(request, activation_bytes(request), device)
+    step = step_shape(request, activation_bytes(request), device)._replace(saves=saves)
     led = SlotLedger(framework=False, block=CUDA_BLOCK if device is Device.CUDA else 1)
     hooked = _SlotMarks(calls)
     steady_start(step, hooked, runtime, led)
