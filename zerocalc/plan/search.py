@@ -364,25 +364,25 @@ class _Resolver:
         self, group: Group, request: TrainingRequest, comm_request: TrainingRequest
     ) -> list[tuple[int, int, StepTime]]:
         """Each micro-batch of the group, its accumulation and its step time."""
-        plan, base = self.plan, self.plan.base
-        shards = request.cluster.group_size(STRATEGIES[group.strategy].optimizer)
+        plan, base, cluster, world = self.plan, self.plan.base, request.cluster, group.world
+        shards = cluster.group_size(STRATEGIES[group.strategy].optimizer)
+        sequences, seq_len, params = plan.global_batch_sequences, plan.seq_len, base.model.params
+        param_bytes, grad_bytes = self.recipe.param_dtype.bytes, self.recipe.grad_dtype.bytes
         steps = []
         for b in group.micro_batches:
-            accum = plan.global_batch_sequences // (group.world * b)
+            accum = sequences // (world * b)
             offload = offload_seconds(
-                base.model.params,
-                group.world,
-                request.cluster.ranks_per_node,
+                params,
+                world,
+                cluster.ranks_per_node,
                 shards,
                 group.offload_optimizer,
                 group.offload_params,
                 accum,
-                self.recipe.param_dtype.bytes,
-                self.recipe.grad_dtype.bytes,
+                param_bytes,
+                grad_bytes,
             )
-            steps.append(
-                (b * accum * plan.seq_len, accum, self.comm.time(group, comm_request, accum), offload)
-            )
+            steps.append((b * accum * seq_len, accum, self.comm.time(group, comm_request, accum), offload))
         flops = self.setting.flops[group.recompute]
         timings = step_times(
             flops, self.setting.peak_flops, plan.mfu, group.strategy, group.framework, group.prefetch, steps
