@@ -364,6 +364,8 @@ class ProgramEffect(NamedTuple):
 
 
 class ProgramRun(NamedTuple):
+    """A layer's program as :func:`_run_program` runs it: its event, and its effect."""
+
     at: int
     """The index of the op after which the most is allocated (the first such), SDPA's philox state left
     out: the layer's event."""
@@ -375,7 +377,7 @@ class ProgramRun(NamedTuple):
 class Program(tuple[tuple[str, str, int], ...]):
     """A layer's forward op by op (:attr:`~zerocalc.model.model_impl.LayerSaves.program`), its runs
     (:class:`ProgramRun`) kept per (philox bytes, output bytes, checkpointing, allocator block): a step
-    runs a layer's program once per layer, and a plan's steps the same programs thousands of times."""
+    runs a layer's program once per layer, and a plan's steps run the same programs thousands of times."""
 
     def __init__(self, _ops: tuple[tuple[str, str, int], ...] = ()) -> None:
         self._runs: dict[tuple[int, int, bool, int], ProgramRun] = {}
@@ -383,7 +385,7 @@ class Program(tuple[tuple[str, str, int], ...]):
     def run(self, rng: int, output_bytes: int, checkpointed: bool, block: int) -> ProgramRun:
         key = (rng, output_bytes, checkpointed, block)
         run = self._runs.get(key)
-        if run is None:  # another step's equal program may have run (the model cut to other layer counts)
+        if run is None:  # by content: an earlier search's steps may have run an equal program
             run = self._runs[key] = _program_run(self, rng, output_bytes, checkpointed, block)
         return run
 
