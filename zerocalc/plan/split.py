@@ -127,7 +127,10 @@ class SlotLedger(Ledger):
     ) -> None:
         """The tensors of each prefix as one entry named by the prefix: their sizes, each rounded, summed
         (nothing is read between them, and :meth:`free_each` frees them together)."""
-        size = self.rounded_total(sizes)
+        try:  # a unit's Sizes whose total is known (the rest of a search's calls)
+            size = sizes.totals[self.block]  # type: ignore[attr-defined]
+        except (AttributeError, KeyError):
+            size = self.rounded_total(sizes)
         if size > 0:
             live, kinds = self.live, self.kinds
             for prefix in prefixes:  # each as :meth:`alloc` (inline: a search calls this ~10³ times)
