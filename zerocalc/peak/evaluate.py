@@ -231,8 +231,9 @@ def init_host_bytes_per_node(request: TrainingRequest) -> int | None:
     builds it (one per node where the framework's loading broadcasts from the node's first rank)."""
     if request.init is not ModelInit.CPU:
         return None
-    copies = 1 if PROFILES[request.framework].host_copy_per_node else request.cluster.ranks_per_node
-    return copies * INIT_HOST_BYTES * request.model.params
+    mesh = request.mesh
+    copies = mesh.tp if PROFILES[request.framework].host_copy_per_node else mesh.gpus_per_node
+    return copies * INIT_HOST_BYTES * request.rank_model.params
 
 
 INIT_MEANING = {

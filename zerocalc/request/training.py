@@ -32,7 +32,14 @@ from zerocalc.base.units import (
     parse_whole,
 )
 from zerocalc.model.activations import Recompute
-from zerocalc.model.architecture import Architecture, ParameterCount, count_parameters
+from zerocalc.model.architecture import (
+    Architecture,
+    LatentAttention,
+    ParameterCount,
+    QkNorm,
+    TensorParallelRank,
+    count_parameters,
+)
 from zerocalc.model.model_impl import ModelImplName
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import DEFAULT_GPUS_PER_NODE, Cluster, RankGroup
@@ -47,6 +54,17 @@ from zerocalc.network.links import (
 )
 from zerocalc.network.schedule import GradSync, ZeroPP
 from zerocalc.parallel.frameworks import Estimate, Framework
+from zerocalc.parallel.mesh import (
+    CP_IMPLS,
+    SEQUENCE_PARALLEL_DEFAULT,
+    TP_STYLES,
+    CpImpl,
+    Mesh,
+    TpStyle,
+    data_parallel_mesh,
+    framework_cp_impl,
+    framework_tp_style,
+)
 from zerocalc.parallel.optimizers import OptimizerImpl, OptimizerName
 from zerocalc.parallel.precision import RECIPES, PrecisionName
 from zerocalc.parallel.profiles import PROFILES, ModelInit, Wrap
@@ -173,7 +191,15 @@ class TrainingRequest(BaseModel):
 
     estimate: Estimate = Estimate.MEMORY
     model: ModelSpec
+    """The whole model, as given."""
+    rank_model: ModelSpec
+    """What one tensor-parallel rank holds of it (:class:`~zerocalc.model.architecture.TensorParallelRank`):
+    the model itself without tensor parallelism. Model states and the peak count this."""
+    mesh: Mesh
     cluster: Cluster
+    """The dp × cp ranks model states are sharded over and gradients reduced across
+    (:meth:`~zerocalc.parallel.mesh.Mesh.data_cluster`): the whole run without tensor and context
+    parallelism."""
     precision: PrecisionName = PrecisionName.BF16_MIXED
     optimizer: OptimizerName = OptimizerName.ADAMW
     fp32_grad_accum: bool = False
@@ -237,10 +263,11 @@ class TrainingRequest(BaseModel):
 
     @property
     def architecture(self) -> Architecture:
-        """The architecture; only called where the request has one (the peak)."""
-        if self.model.architecture is None:  # pragma: no cover - the parser guarantees it where needed
+        """The architecture as one tensor-parallel rank holds it; only called where the request has one
+        (the peak)."""
+        if self.rank_model.architecture is None:  # pragma: no cover - the parser guarantees it where needed
             raise InputError("this estimate needs an architecture; accepted: {model} NAME or config.json")
-        return self.model.architecture
+        return self.rank_model.architecture
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -248,7 +275,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
     """Parse and validate every option once; raises one :class:`InputError` naming the first problem."""
     o = options
     model = _model(o.params, o.model)
-    cluster = _cluster(o.gpus, o.gpus_per_node)
+    whole = _cluster(o.gpus, o.gpus_per_node)
     precision = _choice(o.precision, "{precision}", PrecisionName, {"_": "-"})
     optimizer = _optimizer(o.optimizer)
     recipe = RECIPES[precision]
@@ -272,6 +299,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         recompute=_choice(o.recompute, "{recompute}", Recompute),
         flash_attention=o.flash_attention,
     )
+    mesh = _mesh(o, whole, framework, model, activations)
     ddp_bucket = DDP_BUCKET_BYTES if o.ddp_bucket is None else parse_bytes(o.ddp_bucket, "{ddp_bucket}")
     buffers = BufferOptions(
         prefetch=parse_whole(o.prefetch, "{prefetch}", 0, MAX_PREFETCH, "units"),
@@ -293,7 +321,9 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
     request = TrainingRequest(
         estimate=o.estimate,
         model=model,
-        cluster=cluster,
+        rank_model=_rank_model(model, mesh),
+        mesh=mesh,
+        cluster=mesh.data_cluster(),
         precision=precision,
         optimizer=optimizer,
         fp32_grad_accum=o.fp32_grad_accum,
@@ -535,6 +565,138 @@ def _cluster(gpus: int | str, gpus_per_node: int | str | None) -> Cluster:
     return Cluster.of(world, per_node)
 
 
+def _mesh(
+    o: TrainingOptions, whole: Cluster, framework: Framework, model: ModelSpec, activations: ActivationOptions
+) -> Mesh:
+    """dp × cp × tp of ``o.gpus`` ranks (:mod:`zerocalc.parallel.mesh`), each combination a framework
+    cannot run, or a model cannot be split by, one :class:`InputError`."""
+    tp = parse_whole(o.tp, "{tp}", 1, MAX_GPUS, "ranks")
+    cp = parse_whole(o.cp, "{cp}", 1, MAX_GPUS, "ranks")
+    n, per_node = whole.world_size, whole.ranks_per_node
+    if n % (tp * cp):
+        raise InputError(
+            f"{{gpus}} {n} is not a multiple of {{tp}} {tp} × {{cp}} {cp} = {tp * cp}; "
+            f"accepted: {{gpus}} a multiple of {tp * cp}"
+        )
+    style = TP_STYLES.get(framework)
+    if tp > 1 and style is None:
+        names = ", ".join(f.value for f in TP_STYLES)
+        raise InputError(
+            f"{{tp}} {tp} with {{framework}} {framework.value}: its tensor parallelism is not modelled; "
+            f"accepted: {{framework}} {names}, or {{tp}} 1"
+        )
+    impls = CP_IMPLS.get(framework, ())
+    if cp > 1 and not impls:
+        names = ", ".join(f.value for f in CP_IMPLS)
+        raise InputError(
+            f"{{cp}} {cp} with {{framework}} {framework.value}: it has no context parallelism modelled; "
+            f"accepted: {{framework}} {names}, or {{cp}} 1"
+        )
+    if o.cp_impl is None:
+        cp_impl = framework_cp_impl(framework)
+    else:
+        cp_impl = _choice(o.cp_impl, "{cp_impl}", CpImpl)
+        if cp == 1:
+            raise InputError(
+                f"{{cp_impl}} {cp_impl.value} changes nothing with {{cp}} 1; accepted: {{cp}} 2 or more, "
+                "or no {cp_impl}"
+            )
+        if cp_impl not in impls:
+            names = ", ".join(i.value for i in impls)
+            raise InputError(
+                f"{{cp_impl}} {cp_impl.value}: {{framework}} {framework.value} does not implement it; "
+                f"accepted: {{cp_impl}} {names}"
+            )
+    if o.sequence_parallel is None:
+        sequence_parallel = tp > 1 and SEQUENCE_PARALLEL_DEFAULT.get(framework, False)
+    elif o.sequence_parallel and tp == 1:
+        raise InputError(
+            "{sequence_parallel} shards over the tensor-parallel group, and {tp} is 1; "
+            "accepted: {tp} 2 or more, or no {sequence_parallel}"
+        )
+    else:
+        sequence_parallel = o.sequence_parallel
+    if tp > 1 or cp > 1:
+        _model_split_problem(model, tp, cp, cp_impl, sequence_parallel, activations.seq_len)
+    tp_fits = per_node % tp == 0
+    if o.tp_across_nodes and tp_fits:
+        raise InputError(
+            f"{{tp_across_nodes}} changes nothing: {{tp}} {tp} ranks fit in a node of {per_node}; "
+            "accepted: no {tp_across_nodes}"
+        )
+    if not tp_fits and not o.tp_across_nodes:
+        raise InputError(
+            f"{{tp}} {tp} does not fit the nodes' {per_node} GPUs: a TP group would span nodes; accepted: "
+            f"{{tp}} a divisor of {per_node}, or {{tp_across_nodes}}"
+        )
+    return Mesh(
+        world=n,
+        gpus_per_node=per_node,
+        tp=tp,
+        cp=cp,
+        sequence_parallel=sequence_parallel,
+        cp_impl=cp_impl,
+        tp_style=framework_tp_style(framework),
+    )
+
+
+def _model_split_problem(
+    model: ModelSpec, tp: int, cp: int, cp_impl: CpImpl, sequence_parallel: bool, seq_len: int
+) -> None:
+    """The tensor-parallel split of heads and widths, and the context-parallel split of the sequence,
+    as Megatron-LM checks them (``core/transformer/transformer_config.py``, ``core/parallel_state.py``)."""
+    arch = model.architecture
+    if arch is None:
+        raise InputError(
+            f"{{tp}} {tp} and {{cp}} {cp} split the model's tensors and sequence, which needs its "
+            "architecture; accepted: {model} NAME, config.json or a model TOML"
+        )
+    checks: list[tuple[str, str, int, int]] = []
+    if tp > 1:
+        latent: LatentAttention | None = arch.latent_attention
+        checks.append(("{tp}", "attention heads", arch.num_heads, tp))
+        if latent is None:
+            checks.append(("{tp}", "key/value heads", arch.kv_heads, tp))
+        widths = (arch.intermediate_size, arch.dense_intermediate_size, arch.shared_expert_intermediate_size)
+        checks += [("{tp}", "MLP width", width, tp) for width in widths if width]
+        if arch.qk_norm is QkNorm.FULL:
+            raise InputError(
+                f"{{tp}} {tp}: {arch.name}'s q/k norms over all heads are not split by tensor parallelism "
+                "here; accepted: {tp} 1"
+            )
+    if cp > 1 and cp_impl is CpImpl.ULYSSES:
+        checks.append(("{cp}", "attention heads", arch.num_heads // tp, cp))
+        checks.append(("{cp}", "key/value heads", arch.kv_heads // tp, cp))
+    for flag, what, count, ranks in checks:
+        if count % ranks:
+            per_rank = " per tensor-parallel rank" if flag == "{cp}" and tp > 1 else ""
+            raise InputError(
+                f"{flag} {ranks}: {arch.name} has {count:,} {what}{per_rank}, not a multiple of {ranks}; "
+                f"accepted: {flag} a divisor of {count:,}"
+            )
+    chunks = 2 * cp if cp > 1 and cp_impl is not CpImpl.ULYSSES else cp
+    if sequence_parallel:
+        chunks *= tp
+    if seq_len % chunks:
+        why = "2·c load-balanced chunks" if cp > 1 and cp_impl is not CpImpl.ULYSSES else "c chunks"
+        if sequence_parallel:
+            why += ", each split t ways by sequence parallelism" if cp > 1 else "t sequence-parallel chunks"
+        raise InputError(
+            f"{{seq_len}} {seq_len:,} does not split into {why}; accepted: {{seq_len}} a multiple of {chunks}"
+        )
+
+
+def _rank_model(model: ModelSpec, mesh: Mesh) -> ModelSpec:
+    """What one tensor-parallel rank holds: its local shards of every tensor (the model itself at t 1)."""
+    arch = model.architecture
+    if mesh.tp == 1 or arch is None:
+        return model
+    vocab_multiple = 128 if mesh.tp_style is TpStyle.MEGATRON else 1
+    rank = TensorParallelRank(**dict(arch), tp=mesh.tp, vocab_multiple=vocab_multiple)
+    count = count_parameters(rank)
+    return model.model_copy(update={"params": count.total, "architecture": rank, "parameter_count": count})
+
+
 def _gpu_choice(name: str, reserve: int | str | None) -> GpuChoice:
     from zerocalc.request.presets import load_gpu
 
@@ -774,7 +936,25 @@ def request_with(request: TrainingRequest, **changes: object) -> TrainingRequest
     hundreds of candidate requests so (tests/test_plan.py compares each with the parser's)."""
     if not changes.get("strategies_explicit", request.strategies_explicit):
         raise ValueError("request_with needs explicit strategies (a default set resolves to other notes)")
+    if ("cluster" in changes or "framework" in changes) and "mesh" not in changes:
+        if request.mesh.model_parallel:
+            raise ValueError("request_with changes the cluster of a model-parallel mesh: give its mesh")
+        cluster = changes.get("cluster", request.cluster)
+        assert isinstance(cluster, Cluster)
+        framework = changes.get("framework", request.framework)
+        assert isinstance(framework, Framework)
+        changes["mesh"] = data_parallel_mesh(cluster.world_size, cluster.ranks_per_node, framework)
+    if "model" in changes and "rank_model" not in changes:
+        model = changes["model"]
+        assert isinstance(model, ModelSpec)
+        changes["rank_model"] = _rank_model(model, changes.get("mesh", request.mesh))  # type: ignore[arg-type]
     return _resolve_strategies(request.model_copy(update={**changes, "strategy_notes": ()}))
+
+
+def with_model(request: TrainingRequest, model: ModelSpec) -> TrainingRequest:
+    """The same request for another model (its tensor-parallel share recounted), unchecked: the caller
+    derives it from a request already checked (a plan's model cut to fewer layers)."""
+    return request.model_copy(update={"model": model, "rank_model": _rank_model(model, request.mesh)})
 
 
 def _comm_problem(request: TrainingRequest) -> str | None:
