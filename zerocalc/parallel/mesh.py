@@ -20,7 +20,7 @@ from __future__ import annotations
 from enum import StrEnum
 from functools import lru_cache
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from zerocalc.base.units import ceil_div
 from zerocalc.network.cluster import Cluster
@@ -80,6 +80,17 @@ SEQUENCE_PARALLEL_DEFAULT: dict[Framework, bool] = {
 norms' sequence (``SequenceParallel``); Megatron-LM's ``--sequence-parallel`` is off unless asked."""
 
 
+class MeshGroup(BaseModel):
+    """One dimension's process group as the layout places it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dimension: str = Field(description="tp, cp or dp")
+    size: int = Field(description="ranks in one group")
+    stride: int = Field(description="the distance between consecutive ranks of a group")
+    spans_nodes: bool = Field(description="a group has ranks on more than one node")
+
+
 class Mesh(BaseModel):
     """dp × cp × tp ranks on nodes of g GPUs, TP innermost (the module docstring's layout)."""
 
@@ -97,10 +108,27 @@ class Mesh(BaseModel):
     cp_impl: CpImpl = Field(default=CpImpl.RING, description="how attention exchanges K/V across CP ranks")
     tp_style: TpStyle = Field(default=TpStyle.MEGATRON, description="whose tensor-parallel layers")
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def dp(self) -> int:
         """d: data-parallel replicas, N / (t·c)."""
         return self.world // (self.tp * self.cp)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def groups(self) -> list[MeshGroup]:
+        """Each dimension's group of ranks: rank r's tp group is the t ranks from t·⌊r/t⌋, its cp group
+        the c ranks t apart, its dp group the d ranks t·c apart; model states shard over dp × cp."""
+        return [
+            MeshGroup(dimension="tp", size=self.tp, stride=1, spans_nodes=self.tp_spans_nodes),
+            MeshGroup(dimension="cp", size=self.cp, stride=self.tp, spans_nodes=self.cp_spans_nodes),
+            MeshGroup(
+                dimension="dp",
+                size=self.dp,
+                stride=self.tp * self.cp,
+                spans_nodes=self.group_spans_nodes(self.tp * self.cp, self.dp),
+            ),
+        ]
 
     @property
     def model_parallel(self) -> bool:

@@ -647,9 +647,9 @@ def _model_split_problem(
     as Megatron-LM checks them (``core/transformer/transformer_config.py``, ``core/parallel_state.py``)."""
     arch = model.architecture
     if arch is None:
+        split = f"{{tp}} {tp} splits the model's tensors" if tp > 1 else f"{{cp}} {cp} splits every sequence"
         raise InputError(
-            f"{{tp}} {tp} and {{cp}} {cp} split the model's tensors and sequence, which needs its "
-            "architecture; accepted: {model} NAME, config.json or a model TOML"
+            f"{split}, which needs its architecture; accepted: {{model}} NAME, config.json or a model TOML"
         )
     checks: list[tuple[str, str, int, int]] = []
     if tp > 1:
