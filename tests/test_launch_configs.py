@@ -148,7 +148,8 @@ def test_a_torchtitan_mesh_gives_the_flags_mesh(tmp_path: Path) -> None:
     path = tmp_path / "llama3_8b_tp.toml"
     path.write_text(
         TITAN_TOML.replace("tensor_parallel_degree = 1", "tensor_parallel_degree = 2")
-        .replace("data_parallel_shard_degree = 8", "data_parallel_shard_degree = 2\ncontext_parallel_degree = 2")
+        .replace("data_parallel_shard_degree = 8", "data_parallel_shard_degree = 2")
+        .replace("[activation_checkpoint]", "context_parallel_degree = 2\n[activation_checkpoint]")
     )
     from_file = _memory(["--torchtitan", str(path)])
     flags = [*TITAN_FLAGS, "--tp", "2", "--cp", "2"]
