@@ -110,7 +110,7 @@ def test_context_parallel_shards_states_over_dp_times_cp() -> None:
     ("args", "fragment"),
     [
         (["--params", "7B", "--tp", "2", "--gpus", "8"], "--tp 2 splits the model's tensors, which needs"),
-        ([*L3, "--tp", "2", "--gpus", "7"], "--gpus 7 is not a multiple of --tp 2 × --cp 1"),
+        ([*L3, "--tp", "2", "--gpus", "7"], "--gpus 7 is not a multiple of --tp 2; accepted"),
         ([*L3, "--tp", "3", "--gpus", "6"], "32 attention heads, not a multiple of 3"),
         ([*L3, "--tp", "16", "--gpus", "16", "-g", "16"], "8 key/value heads"),
         ([*L3, "--tp", "2", "--gpus", "8", "--framework", "fsdp"], "accepted: --framework"),
@@ -128,6 +128,20 @@ def test_context_parallel_shards_states_over_dp_times_cp() -> None:
 )  # fmt: skip
 def test_bad_meshes_are_refused_in_one_line(args: list[str], fragment: str) -> None:
     one_line_error(runner.invoke(app, ["memory", *args]), fragment)
+
+
+def test_pipeline_options_are_checked() -> None:
+    for args, fragment in (
+        ([*L3, "--framework", "megatron", "--pp", "3", "--gpus", "24"], "32 layers do not split into 3"),
+        ([*L3, "--vpp", "2", "--gpus", "8"], "--vpp changes nothing with --pp 1"),
+        ([*L3, "--pp", "4", "--vpp", "8", "--gpus", "32", "--pp-schedule", "1f1b"], "one stage per rank"),
+        ([*L3, "--pp", "4", "--gpus", "32", "--pp-schedule", "ScheduleInterleaved1F1B"], "virtual stages"),
+        ([*L3, "--pp", "2", "--gpus", "12", "--tp", "4"], "--gpus 12 is not a multiple of --pp 2 × --tp 4"),
+        ([*L3, "--ep", "2", "--gpus", "2"], "llama-3-8b, a dense model"),
+        (["--model", "mixtral-8x7b", "--ep", "16", "--gpus", "16"], "8 experts, not a multiple of 16"),
+        (["--model", "mixtral-8x7b", "--ep", "8", "--gpus", "8", "--tp", "2"], "does not divide the 4 ranks"),
+    ):
+        one_line_error(runner.invoke(app, ["memory", *args]), fragment)
 
 
 def test_tp_across_nodes_is_accepted_when_said() -> None:

@@ -1,12 +1,14 @@
-"""The device mesh of a run: data, tensor and context parallelism, and where each group's ranks sit.
+"""The device mesh of a run: data, tensor, context, pipeline and expert parallelism, and where each
+group's ranks sit.
 
-A run of N GPUs is a mesh dp × cp × tp (``--tp``, ``--cp``; dp = N / (tp·cp)). Ranks are laid out as
-Megatron-LM (``core/parallel_state.py``, ``RankGenerator`` order ``tp-cp-ep-dp-pp``) and torchtitan
-(``distributed/parallel_dims.py``: mesh dims ``["dp_replicate", "dp_shard", "cp", "tp"]``, the last
-varying fastest) both lay them out: tensor parallelism innermost (consecutive ranks, inside a node), then
-context parallelism, then data parallelism, so that
+A run of N GPUs is a mesh pp × dp × cp × tp (``--pp``, ``--tp``, ``--cp``; dp = N / (pp·tp·cp)), with
+expert parallelism (``--ep``) carved from dp × cp. Ranks are laid out as Megatron-LM
+(``core/parallel_state.py``, ``RankGenerator`` order ``tp-cp-ep-dp-pp``) and torchtitan
+(``distributed/parallel_dims.py``: mesh dims ``["pp", "dp_replicate", "dp_shard", "cp", "tp"]``, the
+last varying fastest) both lay them out: tensor parallelism innermost (consecutive ranks, inside a node),
+then context parallelism, then data parallelism, pipeline stages outermost, so that
 
-    rank = (dp_index · cp + cp_index) · tp + tp_index.
+    rank = ((pp_index · dp + dp_index) · cp + cp_index) · tp + tp_index.
 
 Model states are sharded over the dp × cp ranks of equal tp index in every framework modelled:
 Megatron's distributed optimizer over ``data_parallel_group_with_cp``, torchtitan's FSDP2 over
@@ -51,6 +53,42 @@ class TpStyle(StrEnum):
     """``torch.distributed.tensor.parallel`` plans (torchtitan ``models/llama3/infra/parallelize.py``
     ``apply_tp``): ColwiseParallel, RowwiseParallel, SequenceParallel; shards as ``torch.chunk``."""
 
+
+class PpSchedule(StrEnum):
+    """The pipeline schedule (``--pp-schedule``)."""
+
+    GPIPE = "gpipe"
+    """All forwards, then all backwards (Huang et al. 2019; torch ``ScheduleGPipe``)."""
+    ONE_F_ONE_B = "1f1b"
+    """One forward, one backward in the steady state (Narayanan et al. 2021, PipeDream-Flush; torch
+    ``Schedule1F1B``; Megatron-LM ``forward_backward_pipelining_without_interleaving``)."""
+    INTERLEAVED_1F1B = "interleaved-1f1b"
+    """v virtual stages per rank (Narayanan et al. 2021 §2.2; torch ``ScheduleInterleaved1F1B``;
+    Megatron-LM ``forward_backward_pipelining_with_interleaving``)."""
+    ZERO_BUBBLE = "zero-bubble"
+    """Backward split into input- and weight-gradient passes (Qi et al. 2023, ZB-H1; torch
+    ``ScheduleInterleavedZeroBubble``)."""
+
+
+PP_SCHEDULE_NAMES: dict[str, PpSchedule] = {
+    "schedulegpipe": PpSchedule.GPIPE,
+    "schedule1f1b": PpSchedule.ONE_F_ONE_B,
+    "scheduleinterleaved1f1b": PpSchedule.INTERLEAVED_1F1B,
+    "interleaved": PpSchedule.INTERLEAVED_1F1B,
+    "scheduleinterleavedzerobubble": PpSchedule.ZERO_BUBBLE,
+    "zb": PpSchedule.ZERO_BUBBLE,
+    "zbh1": PpSchedule.ZERO_BUBBLE,
+}
+"""torch.distributed.pipelining's class names and Megatron-LM's words accepted for a schedule."""
+
+_COMPOSING = (Framework.PAPER, Framework.MEGATRON, Framework.FSDP2, Framework.DEEPSPEED)
+PP_FRAMEWORKS: tuple[Framework, ...] = _COMPOSING
+"""The frameworks that compose pipeline parallelism with their data parallelism here: Megatron-LM,
+torchtitan (``torch.distributed.pipelining`` with FSDP2), DeepSpeed's pipeline engine (ZeRO-1 at most)."""
+
+EP_FRAMEWORKS: tuple[Framework, ...] = _COMPOSING
+"""The frameworks with expert parallelism: Megatron-LM (``--expert-model-parallel-size``), torchtitan
+(``expert_parallel_degree``), DeepSpeed-MoE (``ep_size``)."""
 
 CP_IMPLS: dict[Framework, tuple[CpImpl, ...]] = {
     Framework.PAPER: tuple(CpImpl),
@@ -107,12 +145,16 @@ class Mesh(BaseModel):
     )
     cp_impl: CpImpl = Field(default=CpImpl.RING, description="how attention exchanges K/V across CP ranks")
     tp_style: TpStyle = Field(default=TpStyle.MEGATRON, description="whose tensor-parallel layers")
+    pp: int = Field(default=1, ge=1, description="p: pipeline stages")
+    vpp: int = Field(default=1, ge=1, description="v: virtual stages (model chunks) per pipeline rank")
+    pp_schedule: PpSchedule = Field(default=PpSchedule.ONE_F_ONE_B, description="the pipeline schedule")
+    ep: int = Field(default=1, ge=1, description="e: expert-parallel ranks, carved from dp × cp")
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def dp(self) -> int:
-        """d: data-parallel replicas, N / (t·c)."""
-        return self.world // (self.tp * self.cp)
+        """d: data-parallel replicas, N / (t·c·p)."""
+        return self.world // (self.tp * self.cp * self.pp)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -128,11 +170,17 @@ class Mesh(BaseModel):
                 stride=self.tp * self.cp,
                 spans_nodes=self.group_spans_nodes(self.tp * self.cp, self.dp),
             ),
+            MeshGroup(
+                dimension="pp",
+                size=self.pp,
+                stride=self.tp * self.cp * self.dp,
+                spans_nodes=self.group_spans_nodes(self.tp * self.cp * self.dp, self.pp),
+            ),
         ]
 
     @property
     def model_parallel(self) -> bool:
-        return self.tp > 1 or self.cp > 1
+        return self.tp > 1 or self.cp > 1 or self.pp > 1 or self.ep > 1
 
     def data_cluster(self) -> Cluster:
         """The dp × cp ranks of one TP index, which model states are sharded over and gradients reduced
@@ -156,13 +204,18 @@ class Mesh(BaseModel):
     def nodes(self) -> int:
         return ceil_div(self.world, self.gpus_per_node)
 
-    def rank_of(self, dp_index: int, cp_index: int, tp_index: int) -> int:
-        """The global rank at a mesh coordinate."""
-        return (dp_index * self.cp + cp_index) * self.tp + tp_index
+    def rank_of(self, dp_index: int, cp_index: int, tp_index: int, pp_index: int = 0) -> int:
+        """The global rank at a mesh coordinate (pipeline stages outermost, as Megatron-LM's
+        ``tp-cp-ep-dp-pp`` order and torchtitan's ``["pp", "dp_replicate", "dp_shard", "cp", "tp"]``)."""
+        return ((pp_index * self.dp + dp_index) * self.cp + cp_index) * self.tp + tp_index
 
     def describe(self) -> str:
-        """``dp 2 × cp 2 × tp 4`` (degrees of 1 omitted but dp)."""
-        parts = [f"dp {self.dp}"]
+        """``pp 4 × dp 2 × cp 2 × tp 4`` (degrees of 1 omitted but dp)."""
+        parts = []
+        if self.pp > 1:
+            virtual = f" × v {self.vpp}" if self.vpp > 1 else ""
+            parts.append(f"pp {self.pp}{virtual} ({self.pp_schedule.value})")
+        parts.append(f"dp {self.dp}" + (f" (ep {self.ep})" if self.ep > 1 else ""))
         if self.cp > 1:
             parts.append(f"cp {self.cp} ({self.cp_impl.value})")
         if self.tp > 1:

@@ -33,6 +33,7 @@ from zerocalc.base.units import (
 )
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import (
+    MAX_LAYERS,
     Architecture,
     LatentAttention,
     ParameterCount,
@@ -56,10 +57,14 @@ from zerocalc.network.schedule import GradSync, ZeroPP
 from zerocalc.parallel.frameworks import Estimate, Framework
 from zerocalc.parallel.mesh import (
     CP_IMPLS,
+    EP_FRAMEWORKS,
+    PP_FRAMEWORKS,
+    PP_SCHEDULE_NAMES,
     SEQUENCE_PARALLEL_DEFAULT,
     TP_STYLES,
     CpImpl,
     Mesh,
+    PpSchedule,
     TpStyle,
     data_parallel_mesh,
     framework_cp_impl,
@@ -414,14 +419,20 @@ def _model_notes(model: str | Architecture | None) -> tuple[str, ...]:
     return model_notes(model)
 
 
-def _choice(text: object, what: str, enum: type, replace: dict[str, str] | None = None):
-    """An enum member by its value, case-insensitive (``_`` read as ``-`` where ``replace`` says)."""
+def _choice(
+    text: object, what: str, enum: type, replace: dict[str, str] | None = None, aliases: dict | None = None
+):
+    """An enum member by its value, case-insensitive (``_`` read as ``-`` where ``replace`` says), or by
+    one of its ``aliases`` (keys lower-case, without ``-`` and ``_``)."""
     key = str(text).strip().lower()
     for old, new in (replace or {}).items():
         key = key.replace(old, new)
     for member in enum:
         if key == member.value:
             return member
+    alias = (aliases or {}).get(key.replace("-", "").replace("_", ""))
+    if alias is not None:
+        return alias
     accepted = ", ".join(m.value for m in enum)
     raise InputError(f"{what} {shown(text)} is not accepted; accepted: {accepted}")
 
@@ -572,12 +583,23 @@ def _mesh(
     cannot run, or a model cannot be split by, one :class:`InputError`."""
     tp = parse_whole(o.tp, "{tp}", 1, MAX_GPUS, "ranks")
     cp = parse_whole(o.cp, "{cp}", 1, MAX_GPUS, "ranks")
+    pp = parse_whole(o.pp, "{pp}", 1, MAX_GPUS, "stages")
     n, per_node = whole.world_size, whole.ranks_per_node
-    if n % (tp * cp):
+    if n % (tp * cp * pp):
+        ranks = tp * cp * pp
+        degrees = [f"{{{name}}} {d}" for name, d in (("pp", pp), ("tp", tp), ("cp", cp)) if d > 1]
+        product = " × ".join(degrees) + (f" = {ranks}" if len(degrees) > 1 else "")
         raise InputError(
-            f"{{gpus}} {n} is not a multiple of {{tp}} {tp} × {{cp}} {cp} = {tp * cp}; "
-            f"accepted: {{gpus}} a multiple of {tp * cp}"
+            f"{{gpus}} {n} is not a multiple of {product}; accepted: {{gpus}} a multiple of {ranks}"
         )
+    vpp, schedule = _pipeline(o, framework, model, pp)
+    ep = _expert_parallel(o, framework, model, n // (tp * pp))
+    for flag, degree, what in (("{pp}", pp, "pipeline stages"), ("{ep}", ep, "expert parallelism")):
+        if degree > 1:
+            raise InputError(
+                f"{flag} {degree}: the memory and communication of {what} are not modelled yet; "
+                f"accepted: {flag} 1"
+            )
     style = TP_STYLES.get(framework)
     if tp > 1 and style is None:
         names = ", ".join(f.value for f in TP_STYLES)
@@ -637,7 +659,89 @@ def _mesh(
         sequence_parallel=sequence_parallel,
         cp_impl=cp_impl,
         tp_style=framework_tp_style(framework),
+        pp=pp,
+        vpp=vpp,
+        pp_schedule=schedule,
+        ep=ep,
     )
+
+
+def _pipeline(o: TrainingOptions, framework: Framework, model: ModelSpec, pp: int) -> tuple[int, PpSchedule]:
+    """``vpp`` and ``pp_schedule``, checked against the stages and the model's layers as Megatron-LM checks
+    them (``core/transformer/transformer_config.py``: layers divisible by p, and by p·v interleaved)."""
+    vpp = parse_whole(o.vpp, "{vpp}", 1, MAX_LAYERS, "virtual stages")
+    if o.pp_schedule is None:
+        schedule = PpSchedule.INTERLEAVED_1F1B if vpp > 1 else PpSchedule.ONE_F_ONE_B
+    else:
+        schedule = _choice(o.pp_schedule, "{pp_schedule}", PpSchedule, None, PP_SCHEDULE_NAMES)
+    if pp == 1:
+        for name, given in (("{vpp}", vpp > 1), ("{pp_schedule}", o.pp_schedule is not None)):
+            if given:
+                raise InputError(
+                    f"{name} changes nothing with {{pp}} 1; accepted: {{pp}} 2 or more, or no {name}"
+                )
+        return vpp, schedule
+    if framework not in PP_FRAMEWORKS:
+        names = ", ".join(f.value for f in PP_FRAMEWORKS)
+        raise InputError(
+            f"{{pp}} {pp} with {{framework}} {framework.value}: its pipeline parallelism is not modelled; "
+            f"accepted: {{framework}} {names}, or {{pp}} 1"
+        )
+    if vpp > 1 and schedule in (PpSchedule.GPIPE, PpSchedule.ONE_F_ONE_B):
+        raise InputError(
+            f"{{vpp}} {vpp} with {{pp_schedule}} {schedule.value}: it runs one stage per rank; accepted: "
+            "{pp_schedule} interleaved-1f1b or zero-bubble, or {vpp} 1"
+        )
+    if vpp == 1 and schedule is PpSchedule.INTERLEAVED_1F1B:
+        raise InputError(
+            "{pp_schedule} interleaved-1f1b needs virtual stages; accepted: {vpp} 2 or more, or "
+            "{pp_schedule} 1f1b"
+        )
+    arch = model.architecture
+    if arch is None:
+        raise InputError(
+            f"{{pp}} {pp} splits the model's layers, which needs its architecture; accepted: {{model}} NAME, "
+            "config.json or a model TOML"
+        )
+    chunks = pp * vpp
+    if arch.num_layers % chunks:
+        raise InputError(
+            f"{{pp}} {pp} × {{vpp}} {vpp}: {arch.name}'s {arch.num_layers} layers do not split into {chunks} "
+            f"equal chunks; accepted: {{pp}} × {{vpp}} a divisor of {arch.num_layers}"
+        )
+    return vpp, schedule
+
+
+def _expert_parallel(o: TrainingOptions, framework: Framework, model: ModelSpec, dp_cp: int) -> int:
+    """``ep``: a divisor of the experts and of the dp × cp ranks it is carved from (Megatron-LM
+    ``core/parallel_state.py``; torchtitan ``ParallelDims``)."""
+    ep = parse_whole(o.ep, "{ep}", 1, MAX_GPUS, "ranks")
+    if ep == 1:
+        return ep
+    if framework not in EP_FRAMEWORKS:
+        names = ", ".join(f.value for f in EP_FRAMEWORKS)
+        raise InputError(
+            f"{{ep}} {ep} with {{framework}} {framework.value}: its expert parallelism is not modelled; "
+            f"accepted: {{framework}} {names}, or {{ep}} 1"
+        )
+    arch = model.architecture
+    if arch is None or not arch.is_moe:
+        what = "a model without its architecture" if arch is None else f"{arch.name}, a dense model"
+        raise InputError(
+            f"{{ep}} {ep} shards experts, and {{model}} is {what}; accepted: {{model}} a mixture of experts "
+            "(mixtral-8x7b, qwen3-30b-a3b, deepseek-v3), or {ep} 1"
+        )
+    if arch.num_experts % ep:
+        raise InputError(
+            f"{{ep}} {ep}: {arch.name} has {arch.num_experts} experts, not a multiple of {ep}; "
+            f"accepted: {{ep}} a divisor of {arch.num_experts}"
+        )
+    if dp_cp % ep:
+        raise InputError(
+            f"{{ep}} {ep} does not divide the {dp_cp} ranks of dp × cp it is carved from; "
+            f"accepted: {{ep}} a divisor of {dp_cp}"
+        )
+    return ep
 
 
 def _model_split_problem(
