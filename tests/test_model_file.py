@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -13,31 +14,14 @@ from typer.testing import CliRunner
 
 from zerocalc.api import estimate_memory
 from zerocalc.cli import app
-from zerocalc.request.presets import load_toml, preset_path
+from zerocalc.request.presets import ModelPreset, load_toml, preset_names, preset_path
 from zerocalc.scenarios.scenario import Scenario, comm_section, memory_section
 
 runner = CliRunner()
 
-MEGATRON_GPT = """\
-# A GPT of Megatron-LM's layout: LayerNorm, GELU MLP of 4h, biases, learned positions, tied embeddings.
-name = "megatron-gpt-350m"
-title = "Megatron GPT 350M"
-
-[architecture]
-vocab_size = 51200  # GPT-2's 50257 padded to a multiple of 128 × 8
-hidden_size = 1024
-num_layers = 24
-num_heads = 16
-intermediate_size = 4096
-mlp = "gelu"
-norm = "layernorm"
-qkv_bias = true
-out_bias = true
-mlp_bias = true
-tied_embeddings = true
-learned_position_embeddings = true
-max_position_embeddings = 2048
-"""
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "model.md"
+MEGATRON_GPT = re.search(r"```toml\n(.*?)```", DOCS.read_text(), re.S).group(1)  # type: ignore[union-attr]
+"""docs/model.md's example model file: a GPT of Megatron-LM's layout."""
 
 SMALL_LLAMA = """\
 title = "Small Llama"
@@ -89,13 +73,13 @@ def test_the_files_name_names_the_model_whatever_the_files_stem(tmp_path: Path) 
 
 
 def test_a_megatron_gpt_counts_as_by_hand(tmp_path: Path) -> None:
-    """V·h + P·h + L·(12h² + 13h) + 2h (Narayanan et al. 2021, §5.1, with biases and norms): per layer
-    q, k, v, o 4h² + 4h, MLP 8h² + 5h, two LayerNorms 4h; the final LayerNorm 2h; the head tied."""
+    """Narayanan et al. 2021 §5.1's V·h + P·h + L·(12h² + 13h), plus the final LayerNorm's 2h: per layer
+    q, k, v, o 4h² + 4h, the MLP 8h² + 5h, two LayerNorms 4h; the head tied to the embedding."""
     path = tmp_path / "gpt.toml"
     path.write_text(MEGATRON_GPT)
     v, p, h, layers = 51200, 2048, 1024, 24
     expected = v * h + p * h + layers * (12 * h * h + 13 * h) + 2 * h
-    assert expected == 356_837_376
+    assert expected == 356_837_376 and "= 356,837,376 parameters" in DOCS.read_text()
     data = _json(["memory", "--model", str(path), "--gpus", "8", "--framework", "megatron"])
     assert data["request"]["params"] == expected
     assert data["model"]["name"] == "megatron-gpt-350m" and data["model"]["title"] == "Megatron GPT 350M"
@@ -212,3 +196,11 @@ def test_a_model_file_given_as_params_is_named_a_model(tmp_path: Path) -> None:
         runner.invoke(app, ["memory", "--params", "mine.toml"]),
         "--params 'mine.toml' is a model, not a parameter count; accepted: --model 'mine.toml'",
     )
+
+
+def test_every_shipped_model_preset_cites_its_source_and_sets_no_name() -> None:
+    """A user's file may leave ``source`` and ``name`` out; a shipped preset cites its source and is named
+    by its file."""
+    for name in preset_names("models"):
+        preset = load_toml(preset_path("models", name), ModelPreset)
+        assert preset.source.strip() and preset.name is None, name
