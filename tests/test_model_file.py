@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -204,3 +205,19 @@ def test_every_shipped_model_preset_cites_its_source_and_sets_no_name() -> None:
     for name in preset_names("models"):
         preset = load_toml(preset_path("models", name), ModelPreset)
         assert preset.source.strip() and preset.name is None, name
+
+
+@pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in ("torch", "transformers")),
+    reason="needs torch and transformers",
+)
+def test_validate_fake_builds_a_model_file(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.toml"
+    path.write_text(SMALL_LLAMA.replace("[architecture]\n", '[architecture]\nfamily = "llama"\n'))
+    result = runner.invoke(
+        app, ["validate", "--fake", "--model", str(path), "--world", "2", "-s", "32", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    (case,) = json.loads(result.output)["cases"]
+    assert case["case"]["world"] == 2
+    assert all(line["predicted"] == line["measured"] for line in case["lines"])

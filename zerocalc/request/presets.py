@@ -250,7 +250,7 @@ def load_model(name_or_path: str) -> tuple[Architecture, ModelPreset | None]:
     """
     if name_or_path.strip() in STDIN_NAMES:
         return _load_hf_stdin(), None
-    read_as = _model_file(name_or_path)
+    read_as = model_file(name_or_path)
     if read_as is not None:
         kind, path = read_as
         loader = _load_model_file if kind == "toml" else _load_hf_config
@@ -262,7 +262,7 @@ def load_model(name_or_path: str) -> tuple[Architecture, ModelPreset | None]:
 MODEL_FILE_SUFFIX = ".toml"
 
 
-def _model_file(name_or_path: str) -> tuple[str, Path] | None:
+def model_file(name_or_path: str) -> tuple[str, Path] | None:
     """What ``--model`` names: ``("toml", path)`` a model file in the presets' schema (a name ending in
     .toml, or an existing file that parses as TOML), ``("json", path)`` a config.json (a name ending in
     .json, a folder holding one, any other existing file), None a preset name."""
@@ -332,7 +332,7 @@ def model_notes(name_or_path: str) -> tuple[str, ...]:
     or standard input)."""
     if name_or_path.strip() in STDIN_NAMES:
         return ()
-    read_as = _model_file(name_or_path)
+    read_as = model_file(name_or_path)
     if read_as is None or read_as[0] != "json":
         return ()
     return _read_hf_config(_file_key(read_as[1]), read_as[1])[1]
