@@ -192,6 +192,16 @@ def test_a_missing_model_file_is_refused_in_one_line(tmp_path: Path) -> None:
         estimate_memory(model=str(tmp_path / "mine.toml"))
 
 
+def test_a_torchtitan_job_toml_is_pointed_to_its_option(tmp_path: Path) -> None:
+    job = tmp_path / "llama3_8b.toml"
+    job.write_text('[job]\ndump_folder = "./outputs"\n[model]\nname = "llama3"\nflavor = "8B"\n')
+    one_line_error(
+        runner.invoke(app, ["memory", "--model", str(job)]),
+        f"is a torchtitan job TOML ([job], [model]), not a model file; accepted: --torchtitan {str(job)!r} "
+        "for the job, or a model TOML file",
+    )
+
+
 def test_a_model_file_given_as_params_is_named_a_model(tmp_path: Path) -> None:
     one_line_error(
         runner.invoke(app, ["memory", "--params", "mine.toml"]),

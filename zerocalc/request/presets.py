@@ -287,6 +287,9 @@ def _holds_toml(key: tuple[str, int, int], path: Path) -> bool:
         return False
 
 
+TORCHTITAN_JOB_TABLES = frozenset({"job", "model", "training", "parallelism"})
+"""Tables of a torchtitan job TOML (torchtitan/config/job_config.py), read by ``--torchtitan``."""
+
 MODEL_FILE_ACCEPTED = (
     "a model TOML file in the schema of the model presets (`zerocalc presets show llama-3-8b --toml`)"
 )
@@ -299,7 +302,14 @@ def _load_model_file(key: tuple[str, int, int], path: Path) -> tuple[Architectur
     accepted = MODEL_FILE_ACCEPTED
     if not path.is_file() and path.stem.lower() in preset_names("models"):
         accepted += f", or the preset name {shown(path.stem.lower())}"
-    preset = _validated(_toml_data(path, where, accepted), ModelPreset, where)
+    data = _toml_data(path, where, accepted)
+    job_tables = sorted(TORCHTITAN_JOB_TABLES & data.keys()) if "architecture" not in data else []
+    if job_tables:
+        raise InputError(
+            f"{where} is a torchtitan job TOML ({', '.join(f'[{t}]' for t in job_tables)}), not a model "
+            f"file; accepted: {{torchtitan}} {shown(str(path))} for the job, or {accepted}"
+        )
+    preset = _validated(data, ModelPreset, where)
     return model_architecture(preset, preset.name or path.stem, where), preset
 
 
