@@ -362,7 +362,7 @@ def _read_hf_config(key: tuple[str, int, int], path: Path) -> tuple[Architecture
 @lru_cache(maxsize=256)
 def _load_model_preset(key: tuple[str, int, int], path: Path) -> tuple[Architecture, ModelPreset | None]:
     preset = load_toml(path, ModelPreset)
-    return model_architecture(preset, path.stem, path), preset
+    return model_architecture(preset, preset.name or path.stem, path), preset
 
 
 def load_gpu(name: str) -> GpuSpec:
