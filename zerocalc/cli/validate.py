@@ -604,7 +604,7 @@ def _validate_fake(
 
 def _fake_model(model: str | None):
     """The model's name, its config.json dict (what transformers builds) and its architecture: the tiny
-    Llama of ``--activations`` without ``--model``, else a config.json or a preset."""
+    Llama of ``--activations`` without ``--model``, else a config.json, a preset or a model TOML file."""
     from pathlib import Path
 
     from zerocalc.model.hf_config import _load, architecture_from_hf_dict
@@ -613,13 +613,14 @@ def _fake_model(model: str | None):
     if model is None:
         config = TINY_CONFIGS["llama"]
         return "tiny llama", config, architecture_from_hf_dict(config, "the tiny llama", "tiny llama")
+    from zerocalc.request.presets import load_model, model_file
+    from zerocalc.validate.hf_export import hf_config_of
+
     path = Path(model).expanduser()
-    if model.endswith(".json") or path.is_file():
+    if model.endswith(".json") or (path.is_file() and model_file(model) != ("toml", path)):
         config = _load(path)
         name = path.parent.name or path.stem
         return name, config, architecture_from_hf_dict(config, f"--model {model!r}", name)
-    from zerocalc.request.presets import load_model
-    from zerocalc.validate.hf_export import hf_config_of
 
     arch, _ = load_model(model)
     return model, hf_config_of(arch, f"--model {model!r}"), arch

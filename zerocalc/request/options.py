@@ -87,8 +87,8 @@ OPTIONS: tuple[Option, ...] = (
     _opt("params", ("--params", "-p"), "Parameter count Ψ: 7B, 6.7b, 124M, 1.5T, 6.7e9, 6_738_415_616.",
          ESTIMATES, value_type=OPT_NUM),
     _opt("model", ("--model", "-m"),
-         "A model preset (see `zerocalc presets list models`), a HF config.json, the folder holding one, "
-         "or - (read from standard input).",
+         "A model preset (see `zerocalc presets list models`), a model TOML file in the presets' schema, "
+         "a HF config.json, the folder holding one, or - (read from standard input).",
          ESTIMATES | {PLAN}, value_type="str | Architecture | dict[str, Any] | None"),
     # ---------------------------------------------------------------------------------- the cluster
     _opt("gpus", ("--gpus", "-n"), "N: GPUs of the run, dp × cp × tp.", ESTIMATES,

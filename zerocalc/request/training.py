@@ -487,11 +487,12 @@ def _counted(architecture: Architecture) -> ParameterCount:
 
 
 def _model(params: int | str | None, model: str | Architecture | dict[str, Any] | None) -> ModelSpec:
-    """Ψ from ``params``, or from a model preset / config.json / architecture (``model``), never both."""
+    """Ψ from ``params``, or from a model preset / model TOML file / config.json / architecture (``model``),
+    never both."""
     if (params is None) == (model is None):
         raise InputError(
             "give {params} or {model} (not both); "
-            "accepted: {params} 7B, or {model} llama-3-8b / path/config.json"
+            "accepted: {params} 7B, or {model} llama-3-8b / path/model.toml / path/config.json"
         )
     if model is None:
         try:
@@ -549,7 +550,7 @@ def _config_dict_model(config: dict[str, Any]) -> ModelSpec:
 
 
 def _names_a_model(text: object) -> bool:
-    """Whether ``text``, given as Ψ, names a model preset or a config.json (a keyword mixed up)."""
+    """Whether ``text``, given as Ψ, names a model preset or file (a keyword mixed up)."""
     if not isinstance(text, str) or not text.strip():
         return False
     from pathlib import Path
@@ -557,7 +558,7 @@ def _names_a_model(text: object) -> bool:
     from zerocalc.request.presets import preset_names
 
     name = text.strip()
-    if name.lower() in preset_names("models") or name.endswith(".json"):
+    if name.lower() in preset_names("models") or name.lower().endswith((".json", ".toml")):
         return True
     try:
         return Path(name).exists()
