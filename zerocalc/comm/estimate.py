@@ -30,6 +30,7 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import literal
 from zerocalc.base.units import format_count, format_seconds, format_size, gib, plural, summary_repr
 from zerocalc.comm.calls import Call, CallContext, Layout, RuleCalls, rule_calls
+from zerocalc.comm.pipeline import PipelineComm, pipeline_comm
 from zerocalc.network.calibration import Calibration, CollectiveFit
 from zerocalc.network.cluster import Cluster, RankGroup
 from zerocalc.network.collectives import COLLECTIVES, Collective
@@ -37,7 +38,13 @@ from zerocalc.network.links import Bandwidths, BandwidthSource, LinkFigures
 from zerocalc.network.schedule import DtypeRole, GradSync, Phase, Repeat, ScheduledCollective, Tensor, ZeroPP
 from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, TORCH_NO_SYNC, Framework
 from zerocalc.parallel.precision import RECIPES, PrecisionName
-from zerocalc.parallel.strategies import STRATEGIES, StrategyName, effective_grad_sync, row_named
+from zerocalc.parallel.strategies import (
+    PIPELINE_GRAD_SYNC,
+    STRATEGIES,
+    StrategyName,
+    effective_grad_sync,
+    row_named,
+)
 from zerocalc.parallel.zeropp import active_features
 from zerocalc.request.options import OptionsEcho
 from zerocalc.request.training import BufferOptions, TrainingRequest
@@ -160,6 +167,9 @@ class CommEstimate(TableDisplay, BaseModel):
     notes: list[str] = Field(default_factory=list)
     compute: ComputeTime | None = None
     strategies: list[StrategyComm]
+    pipeline: PipelineComm | None = Field(
+        default=None, description="pipeline parallelism: the sends between stages and the bubble"
+    )
 
     def row(self, name: StrategyName | str) -> StrategyComm:
         """The row of a strategy, by any of its names (``fsdp``, ``full_shard``, ``zero3``)."""
@@ -435,11 +445,15 @@ def _cost(collective: CollectiveRun, times: int) -> CollectiveCost:
     )
 
 
-def grad_sync_reason(framework: Framework, name: StrategyName, asked: GradSync | None) -> str:
+def grad_sync_reason(
+    framework: Framework, name: StrategyName, asked: GradSync | None, pipelined: bool = False
+) -> str:
     """Why gradients are reduced when they are, for the output."""
     setup = STRATEGIES[name].frameworks[framework]
     if setup.grad_sync is not None:
         return "fixed by this schedule"
+    if pipelined and framework in PIPELINE_GRAD_SYNC:
+        return "fixed by the pipeline schedule (torch.distributed.pipelining)"
     hook = TORCH_NO_SYNC[setup.torch.wrapper] if setup.torch is not None else "no_sync()"
     if asked is GradSync.LAST:
         return f"asked: the first A-1 micro-batches run under {hook}"
@@ -455,7 +469,7 @@ def strategy_comm(
     framework = request.framework
     strategy = STRATEGIES[name]
     layout = layout or Layout.of(request.rank_model.params, request.rank_model.architecture)
-    sync = effective_grad_sync(framework, name, request.grad_sync)
+    sync = effective_grad_sync(framework, name, request.grad_sync, pipelined=request.mesh.pp > 1)
     costs: list[CollectiveCost] = []
     for collective in collective_runs(name, request, layout):
         times = times_per_step(collective.run.line.repeat, request.grad_accum, sync)
@@ -468,7 +482,7 @@ def strategy_comm(
         title=strategy.title_under(framework),
         schedule_source=setup.schedule_source,
         grad_sync=sync,
-        grad_sync_reason=grad_sync_reason(framework, name, request.grad_sync),
+        grad_sync_reason=grad_sync_reason(framework, name, request.grad_sync, request.mesh.pp > 1),
         collectives=costs,
         calls_per_step=sum(c.calls_per_step for c in costs),
         total_bytes_per_gpu=total,
@@ -493,8 +507,15 @@ def _ddp_reference(request: TrainingRequest, layout: Layout) -> int | None:
 def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -> list[str]:
     notes = []
     cluster = request.cluster
+    if request.mesh.pp > 1:
+        largest = request.stages.index(request.rank_model)
+        notes.append(
+            f"data-parallel collectives of pipeline stage {largest}, the largest (Ψ_s = "
+            f"{request.rank_model.params:,}): each stage reduces its own layers over its dp × cp ranks"
+        )
     if cluster.world_size == 1:
-        notes.append("no communication: a single GPU has nothing to reduce or gather")
+        nothing = "no data-parallel communication" if request.mesh.pp > 1 else "no communication"
+        notes.append(f"{nothing}: a single GPU has nothing to reduce or gather")
     calibration = request.calibration
     used = any(c.bandwidth_source is BandwidthSource.CALIBRATION for row in rows for c in row.collectives)
     if calibration is not None and not used and cluster.world_size > 1:
@@ -542,4 +563,5 @@ def evaluate_comm(request: TrainingRequest) -> CommEstimate:
         notes=_notes(request, layout, rows),
         compute=compute,
         strategies=rows,
+        pipeline=pipeline_comm(request),
     )

@@ -342,7 +342,14 @@ def _notes(request: TrainingRequest) -> list[str]:
             "{wrap} model gathers the whole model at once: "
             "ZeRO-3's parameter sharding saves nothing at the peak"
         )
-    if request.grad_accum > 1:
+    mesh = request.mesh
+    if mesh.pp > 1:
+        notes.append(
+            f"pipeline: each stage's timeline runs its {mesh.pp_schedule.value} passes over the last of the "
+            f"{request.grad_accum} micro-batches, as many as it holds in flight (parallel.pipeline.window); "
+            "the gradients of the earlier ones are resident"
+        )
+    elif request.grad_accum > 1:
         notes.append(
             f"the timeline is the last of {request.grad_accum} micro-batches: the gradients of the earlier "
             "ones are resident (sharded when reduced every micro-batch, whole under no_sync)"

@@ -224,6 +224,9 @@ class MemoryReport(MemoryEstimate):
 
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON of ``zerocalc memory --json`` (no ``peak`` key without an architecture, no
-        ``framework_states`` key without a framework accounting of Ψ alone)."""
-        empty = {k for k in ("peak", "framework_states") if getattr(self, k) is None}
-        return self.model_dump(mode="json", exclude=empty or None)
+        ``framework_states`` key without a framework accounting of Ψ alone, no ``stage`` and ``stages``
+        without pipeline parallelism)."""
+        exclude: dict[str, Any] = {k: True for k in ("peak", "framework_states") if getattr(self, k) is None}
+        if self.peak is not None and self.request.mesh.pp == 1:  # no pipeline: no stages
+            exclude["peak"] = {"strategies": {"__all__": {"stage", "stages"}}}
+        return self.model_dump(mode="json", exclude=exclude or None)

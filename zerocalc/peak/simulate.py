@@ -179,6 +179,12 @@ def stage_plan(request: TrainingRequest, act: int) -> StagePlan | None:
     )
 
 
+def _chunk_size(request: TrainingRequest) -> int | None:
+    """Blocks per model chunk of a pipeline rank holding several; None otherwise."""
+    arch = request.architecture
+    return arch.chunk_size if isinstance(arch, PipelineStage) and arch.vpp > 1 else None
+
+
 def stage_window(request: TrainingRequest) -> int:
     """The micro-batches a pipeline rank's simulated step runs (:func:`~zerocalc.parallel.pipeline.
     window`); 1 without pipeline stages."""
@@ -248,6 +254,7 @@ def _mechanics(
                 optimizer_impl=optimizer_impl,
                 accumulation=accumulation,
                 pipelined=request.mesh.pp > 1,
+                chunk_size=_chunk_size(request),
             ), activation_bytes(request)
         if setup.wrapper is TorchWrapper.FSDP1:
             no_shard = setup.sharding is Fsdp1Sharding.NO_SHARD or world == 1

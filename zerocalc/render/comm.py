@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zerocalc.base.units import ByteUnit, format_bandwidth, format_count, format_seconds, plural
+from zerocalc.base.units import ByteUnit, format_bandwidth, format_count, format_seconds, format_size, plural
 from zerocalc.network.cluster import RankGroup
 from zerocalc.network.links import BandwidthSource
 from zerocalc.network.schedule import GradSync, Tensor
@@ -13,6 +13,7 @@ from zerocalc.render.tables import (
     COLLECTIVE_LEGEND,
     Output,
     byte_cell,
+    byte_text,
     collective_label,
     compact_table,
     print_phrases,
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from zerocalc.comm.estimate import CollectiveCost, CommEstimate, StrategyComm
+    from zerocalc.comm.pipeline import PipelineComm, PipelineLink
     from zerocalc.network.links import LinkFigures
 
 
@@ -127,9 +129,16 @@ def render_comm(out: Output, estimate: CommEstimate, unit: ByteUnit, per_unit: b
         f"sizes in {unit_label(unit)}",
     )
     if cluster.world_size == 1:
-        out.print(
-            "[yellow]No communication: a single GPU has nothing to reduce or gather (0 bytes, 0 s).[/yellow]"
-        )
+        if estimate.pipeline is None:
+            out.print(
+                "[yellow]No communication: a single GPU has nothing to reduce or gather (0 bytes, 0 s)."
+                "[/yellow]"
+            )
+            return
+        out.print("[yellow]No data-parallel communication: one rank per stage (dp × cp = 1).[/yellow]")
+        render_pipeline(out, estimate.pipeline, unit)
+        for note in estimate.notes:
+            out.print(f"[yellow]· {note}[/yellow]")
         return
     for row in estimate.strategies:
         when = "every micro-batch" if row.grad_sync is GradSync.EVERY else "on the last micro-batch"
@@ -166,8 +175,88 @@ def render_comm(out: Output, estimate: CommEstimate, unit: ByteUnit, per_unit: b
         "[dim]· bytes per GPU: ring algorithm, all_reduce 2(n-1)/n·S, reduce_scatter, all_gather and "
         "all_to_all (n-1)/n·S, broadcast S (nccl-tests PERFORMANCE.md); time = calls × α + bytes / β[/dim]"
     )
+    if estimate.pipeline is not None:
+        render_pipeline(out, estimate.pipeline, unit)
     for note in estimate.notes:
         out.print(f"[yellow]· {note}[/yellow]")
+
+
+def _link_runs(pipeline: PipelineComm) -> list[tuple[str, PipelineLink]]:
+    """The links as printed: consecutive ones that send alike as one row (``0→1 … 6→7``)."""
+    runs: list[list[PipelineLink]] = []
+    for link in pipeline.links:
+        last = runs[-1][-1] if runs else None
+        if (
+            last is not None
+            and link.next_stage == link.stage + 1
+            and last.next_stage == last.stage + 1
+            and (link.forward_sends, link.spans_nodes) == (last.forward_sends, last.spans_nodes)
+        ):
+            runs[-1].append(link)
+        else:
+            runs.append([link])
+    named = []
+    for run in runs:
+        first, last = run[0], run[-1]
+        label = f"{first.stage}→{first.next_stage}"
+        if len(run) > 1:
+            label += f" … {last.stage}→{last.next_stage}"
+        named.append((label, first))
+    return named
+
+
+def render_pipeline(out: Output, pipeline: PipelineComm, unit: ByteUnit) -> None:
+    """The pipeline's sends per pair of consecutive ranks, the tied embedding's gradient sync, the busiest
+    rank and the bubble."""
+    virtual = f" × v {pipeline.vpp}" if pipeline.vpp > 1 else ""
+    print_phrases(
+        out,
+        f"\n[bold]Pipeline[/bold] pp {pipeline.pp}{virtual} ({pipeline.schedule.value}),",
+        f"m = {pipeline.micro_batches}:",
+        f"each send {pipeline.message_elements:,} {pipeline.dtype.value} elements",
+        f"({format_size(pipeline.message_bytes)}),",
+        f"{pipeline.boundaries} boundaries per micro-batch, forward and back",
+    )
+    table = compact_table(
+        ("link", False, ""),
+        ("sends each way", True, ""),
+        ("sent each way", True, ""),
+        ("pair", False, ""),
+        ("time", True, ""),
+        ("β from", False, ""),
+    )
+    for label, link in _link_runs(pipeline):
+        table.add_row(
+            label,
+            f"{link.forward_sends:,}",
+            byte_cell(link.bytes_per_direction, unit),
+            "inter*" if link.spans_nodes else "intra",
+            format_seconds(link.time_s),
+            BETA_FROM[link.bandwidth_source],
+        )
+    sync = pipeline.embedding_sync
+    if sync is not None:
+        table.add_row(
+            "embedding",
+            "1",
+            byte_cell(sync.bytes_per_gpu, unit),
+            "inter*" if sync.spans_nodes else "intra",
+            format_seconds(sync.time_s),
+            "",
+        )
+    out.print(table)
+    out.print(
+        f"[dim]· per link, per step: m sends a boundary each way (activations forward, their gradients "
+        f"back), time both ways; the busiest rank sends {byte_text(pipeline.busiest_rank_bytes, unit)} in "
+        f"{format_seconds(pipeline.busiest_rank_time_s)}[/dim]"
+    )
+    if sync is not None:
+        out.print(
+            f"[dim]· embedding: the tied embedding's gradients, {sync.op.value} over the first and the last "
+            f"stage ({sync.source})[/dim]"
+        )
+    bubble = f"{pipeline.bubble_fraction:.2%}"
+    out.print(f"[dim]· bubble {bubble} of the step's ideal time: {pipeline.bubble_source}[/dim]")
 
 
 def _summary_columns(
