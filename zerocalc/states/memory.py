@@ -359,7 +359,8 @@ def mesh_assumption(request: TrainingRequest) -> str:
         chunks = mesh.pp * mesh.vpp
         per_chunk = request.model.architecture.num_layers // chunks if request.model.architecture else 0
         text += (
-            f"; pipeline ranks outermost, each holding {plural(mesh.vpp, 'chunk')} of {per_chunk} layers "
+            f"; pipeline ranks outermost, each holding {plural(mesh.vpp, 'chunk')} of "
+            f"{plural(per_chunk, 'layer')} "
             "(chunk j of rank i: virtual stage j·p + i), the embedding on the first, the final norm and "
             f"LM head on the last; the rows are stage {largest}'s, the largest: Ψ_s = "
             f"{request.rank_model.params:,} parameters"
