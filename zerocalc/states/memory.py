@@ -107,7 +107,11 @@ class MemoryRequest(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     params: int = Field(gt=0, description="Ψ: parameter count")
-    rank_params: int = Field(gt=0, description="Ψ_t: what one tensor-parallel rank holds (Ψ at tp 1)")
+    rank_params: int = Field(
+        gt=0,
+        description="Ψ_t: what one tensor-parallel rank holds (Ψ at tp 1); with pipeline stages the largest "
+        "stage's, Ψ_s",
+    )
     mesh: Mesh
     cluster: Cluster = Field(description="the dp × cp ranks model states are sharded over")
     precision: PrecisionName
