@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from zerocalc.model.activations import (
     ActivationShape,
-    ContextParallelImpl,
+    CpImpl,
     MlpKind,
     layer_input_bytes,
     layer_terms,
@@ -205,8 +205,8 @@ def test_grouped_query_attention_under_tensor_parallelism() -> None:
     assert sum(terms.values()) == expected
 
 
-@pytest.mark.parametrize("impl", list(ContextParallelImpl))
-def test_context_parallelism_divides_the_sequence(impl: ContextParallelImpl) -> None:
+@pytest.mark.parametrize("impl", list(CpImpl))
+def test_context_parallelism_divides_the_sequence(impl: CpImpl) -> None:
     """Every per-token term of a rank holds s/c tokens; Ulysses keeps the attention output twice (the
     kernel's, over s × a/c, and the projection input all-to-all'd back, over s/c × a)."""
     base = gpt(12288, 96).model_copy(update={"flash_attention": True, "seq_len": 8192})
@@ -215,7 +215,7 @@ def test_context_parallelism_divides_the_sequence(impl: ContextParallelImpl) -> 
     for name, value in whole.items():
         assert cp[name] == value // 4, name
     extra = set(cp) - set(whole)
-    if impl is ContextParallelImpl.ULYSSES:
+    if impl is CpImpl.ULYSSES:
         assert extra == {"attn_output_before_all_to_all"}
         assert cp["attn_output_before_all_to_all"] == cp["out_proj_input"] == 2 * 2048 * 12288
     else:

@@ -62,7 +62,7 @@ class Recompute(StrEnum):
     FULL = "full"
 
 
-class ContextParallelImpl(StrEnum):
+class CpImpl(StrEnum):
     """How attention gets the keys and values of the other context-parallel ranks."""
 
     RING = "ring"
@@ -107,7 +107,7 @@ class ActivationShape(BaseModel):
     sequence_parallel: bool = False
     """Megatron sequence parallelism: the norm and dropout regions split along s over the t ranks."""
     cp: int = Field(default=1, gt=0, description="c, context-parallel degree")
-    cp_impl: ContextParallelImpl = ContextParallelImpl.RING
+    cp_impl: CpImpl = CpImpl.RING
 
     @property
     def local_rows(self) -> int:
@@ -151,7 +151,7 @@ def layer_terms(shape: ActivationShape) -> dict[str, int]:
         if shape.dropout:
             terms["attn_dropout_mask"] = mask * a * s * s * b
             terms["attn_dropout_output"] = act * a * s * s * b
-    if shape.cp > 1 and shape.cp_impl is ContextParallelImpl.ULYSSES:
+    if shape.cp > 1 and shape.cp_impl is CpImpl.ULYSSES:
         # the kernel's output over s × a/c heads, before the all-to-all back to s/c × a
         terms["attn_output_before_all_to_all"] = act * local * h_q
     terms["out_proj_input"] = act * local * h_q
