@@ -77,10 +77,12 @@ def test_torchtitan_llama_3_8b_per_rank_by_hand() -> None:
     total = 2 * (2 * R * h + 4 * R) + 2 * 2 * L * h + 2 * 2 * L * 512 + 2 * 2 * L * 128 + 4 * L * 4
     assert sum(s.values()) == total + 4 * 2 * L * 1792 == 289_546_240
     saves = layer_saves(TORCHTITAN, arch, 0, shape, 2)
-    # forward: mid residual and new hidden (R rows) beside w2's partial output (L rows): 2(2R + L)h
-    assert saves.forward_excess == 2 * (2 * R + L) * h == 83_886_080
-    # backward: the input gradient of w1/w3 (partial, L x h), funcol's contiguous copy, the R-row result
-    assert saves.backward_excess == 2 * (2 * L + R) * h == 142_606_336
+    # forward: w2's partial output (L x h), funcol's contiguous copy of it for the Shard(1) reduce-scatter,
+    # the R-row result and the MLP norm's R-row output (feed_forward's argument): 2·2(L + R)h
+    assert saves.forward_excess == 2 * 2 * (L + R) * h == 150_994_944
+    # backward: the output gradient all-gathered to L rows beside w2's input gradient (L x f/t) and weight
+    # gradient (h x f/t): 2(Lh + 1792L + 1792h), above the MLP moment 2(1792h) + 2·2(1792L)
+    assert saves.backward_excess == 2 * (L * h + L * 1792 + h * 1792) == 111_149_056
     assert saves.program == ()
 
 
@@ -99,7 +101,7 @@ def test_hf_tensor_parallel_replicates_the_norms() -> None:
     saves = layer_saves(HF, arch, 0, Shape(1, 4096, tp=4), 2)
     assert saves.forward_excess == 3 * 2 * 4096 * 4096  # mid residual, partial output, all-reduced output
     # the down projection's weight gradient and two f/t-wide gradients (2·4096·3584 + 2·2·4096·3584)
-    # outweigh the input gradient and its all-reduced copy (2·2·4096·4096 = 67,108,864)
+    # outweigh the up projection's all-reduced input gradient moment (2·2·4096·4096 = 67,108,864)
     assert saves.backward_excess == 2 * 4096 * 3584 + 2 * 2 * 4096 * 3584 == 88_080_384
 
 
@@ -133,6 +135,33 @@ def test_torchtitan_block_matches_a_cpu_measurement() -> None:
         ("target", 256),
         ("total_weight (fp32)", 4),
     ]
+
+
+@pytest.mark.parametrize(
+    ("b", "f", "sequence_parallel", "forward", "backward"),
+    [
+        (2, 512, True, 49_152, 163_840),  # backward: w2's weight gradient and two f/t-wide gradients
+        (2, 64, True, 49_152, 32_768),  # backward: the output gradient's all-gather staging and cat
+        (1, 64, True, 24_576, 16_384),  # b 1: the gather is a view; w2's input and weight gradients
+        # w3's input gradient and its all-reduce, dW2, dW3, d(silu) (the trace's one larger moment is
+        # the stand-in norm's own backward, which no layer's excess counts)
+        (2, 64, False, None, 24_576),
+    ],
+)
+def test_tensor_parallel_excess_matches_a_cpu_trace(b, f, sequence_parallel, forward, backward) -> None:
+    """Traced op by op on CPU (torch 2.13, gloo, world 2, rank 0): every local tensor a dispatch mode sees
+    (the DTensor ops run first), live bytes after each op, for a torchtitan v0.2.2 Llama block (s 64,
+    h 64, 8 heads, 4 kv heads, bf16) under apply_tp's plan at t 2 (and the same without SequenceParallel
+    norms and with Replicate row-parallel outputs), its RMSNorm saving the input and an fp32 rstd as the
+    CUDA kernel does; excess = peak − (live before the layer + the layer's saved tensors)."""
+    tiny = Architecture(
+        name="tiny-llama", family="llama", vocab_size=128, hidden_size=64, num_layers=1, num_heads=8,
+        num_kv_heads=4, intermediate_size=f, mlp=MlpKind.SWIGLU, norm=NormKind.RMSNORM,
+    )  # fmt: skip
+    saves = layer_saves(TORCHTITAN, tiny, 0, Shape(b, 64, tp=2, sequence_parallel=sequence_parallel), 2)
+    if forward is not None:
+        assert saves.forward_excess == forward
+    assert saves.backward_excess == backward
 
 
 @pytest.mark.parametrize("impl", [TORCHTITAN, HF])
@@ -224,6 +253,7 @@ def test_vocabulary_per_rank() -> None:
         (HF, "llama-3-8b", Shape(1, 8192, cp=2), False, "needs flash attention"),
         (HF, "mixtral-8x7b", Shape(1, 4096, tp=2), True, "mixture-of-experts"),
         (HF, "phi-3-mini-4k", Shape(1, 4096, tp=2), True, "dense colwise"),
+        (HF, "llama-3-8b", Shape(1, 4096, tp=2, sequence_parallel=True), True, "no sequence parallelism"),
         (MEGATRON, "llama-3-8b", Shape(1, 4096, tp=16), True, r"value heads \(8\) is not divisible by 16"),
         (MEGATRON, "llama-3-8b", Shape(1, 4100, cp=8), True, r"sequence length \(4100\)"),
         (MEGATRON, "llama-3-8b", Shape(1, 4096, tp=8, cp=8, cp_impl=CpImpl.ULYSSES), True, "Ulysses needs"),

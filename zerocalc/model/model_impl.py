@@ -913,19 +913,36 @@ def _forward_excess(impl, arch, index, t, shape, act) -> int:
     and the new hidden (3·act·T·h; measured on CPU op by op); Mixtral's fp32 routing weights promote the
     combined expert output to fp32 [T, h] and its [S, h] gather.
 
-    Per rank, the down projection's output is the row-parallel partial sum, L × h, until it is all-reduced
-    (out of place: ``funcol.all_reduce``) or reduce-scattered to R rows (``Partial`` → ``Shard(1)``, torch
-    ``distributed/tensor/placement_types.py``), and the mid residual and the new hidden have R rows:
-    act·(2R + L)·h; without sequence parallelism R = L. Derived from the source (torchtitan v0.2.2
-    ``apply_tp``, transformers 5.17 ``RowwiseParallel``)."""
-    L, R, h = shape.local_tokens, shape.sequence_tokens, arch.hidden_size
-    extra = act * (2 * R + L) * h
+    Under tensor parallelism (:func:`_tensor_parallel_forward_excess`) the peak is the down projection's
+    row-parallel reduction instead."""
+    if shape.tp > 1:
+        return _tensor_parallel_forward_excess(impl, arch, shape, act)
+    T, h = shape.local_tokens, arch.hidden_size
+    extra = 3 * act * T * h
     if t.norm == "layernorm" and arch.residual_dropout > 0:
-        extra += act * R * h  # the dropout output before the residual add
+        extra += act * T * h  # the dropout output before the residual add
     if arch.is_moe_layer(index) and t.router == "softmax_topk_norm":  # fp32 routing weights
-        S = L * arch.experts_per_token  # the fp32 weighted output [S, h], its gather, the fp32 sum [T, h]
-        extra = max(extra, act * L * h + 2 * FP32 * S * h + FP32 * L * h)
+        S = T * arch.experts_per_token  # the fp32 weighted output [S, h], its gather, the fp32 sum [T, h]
+        extra = max(extra, act * T * h + 2 * FP32 * S * h + FP32 * T * h)
     return extra
+
+
+def _tensor_parallel_forward_excess(impl: ModelImpl, arch: Architecture, shape: Shape, act: int) -> int:
+    """The down projection's reduction, per rank: its row-parallel partial output (L × h) and the reduced
+    result (R rows), out of place (``funcol.all_reduce`` for ``Partial`` → ``Replicate``; torch 2.13
+    ``distributed/_functional_collectives.py::reduce_scatter_single`` makes the Shard(1) scatter dimension
+    contiguous first, one more L × h copy, under sequence parallelism, while the MLP norm's R-row output
+    stays alive as the call argument of ``feed_forward``); the mid residual counts where the norm keeps an
+    fp32 copy rather than the residual itself (``hf``). Measured op by op on CPU (torch 2.13, gloo,
+    world 2, a torchtitan Llama block with a norm saving its input and rstd as the fused CUDA kernel
+    does): b 2, s 64, h 64, f 512 and 64, t 2 with sequence parallelism: 2·act·(L + R)·h."""
+    L, R, h = shape.local_tokens, shape.sequence_tokens, arch.hidden_size
+    rows = L + R
+    if R < L:
+        rows += L + R
+    if impl.norm_fp32_copy:
+        rows += R
+    return act * rows * h
 
 
 def _backward_excess(impl, arch, index, t, shape, act) -> int:
@@ -934,12 +951,18 @@ def _backward_excess(impl, arch, index, t, shape, act) -> int:
     op by op (the same aten ops run on CUDA). MoE: the combine backward's [S, h] gradients (fp32 for
     Mixtral's fp32 routing weights, 14·S·h; 7·S·h for Qwen2-MoE).
 
-    Per rank under tensor parallelism, f/t columns of L tokens, and two more moments (derived from the
-    source): under sequence parallelism the output gradient all-gathered to L rows (the backward of the
-    reduce-scatter) beside the down projection's input gradient and weight gradient; the column-parallel
-    input gradient, a partial sum of L × h, with its reduction: reduce-scatter (the contiguous copy
-    ``funcol`` scatters and the R-row result) under sequence parallelism, else an out-of-place all-reduce."""
-    L, R, h, f = shape.local_tokens, shape.sequence_tokens, arch.hidden_size, arch.intermediate_size
+    Per rank under tensor parallelism, f/t columns of L tokens, and the moment the reductions add, where
+    larger (measured op by op on CPU as :func:`_tensor_parallel_forward_excess`, b 1 and 2, f 512 and 64):
+
+    * sequence parallelism: the output gradient all-gathered to L rows (``funcol``'s gather on dim 1 is a
+      staging buffer and a ``cat`` copy unless b = 1, ``_maybe_view_chunk_cat``); then beside it the down
+      projection's input and weight gradients. The input gradient's reduce-scatter comes after the MLP's
+      saved tensors are freed, and is smaller;
+    * without: the up projection's input gradient (L × h) and its out-of-place all-reduce, beside the
+      weight gradients of the down and up projections and the activation's pending gradient, once the
+      product, activation output and up output are freed (autograd runs the up projection's backward
+      before the activation's)."""
+    L, h, f = shape.local_tokens, arch.hidden_size, arch.intermediate_size
     if arch.is_moe_layer(index):
         S = L * arch.experts_per_token
         moe = (14 if t.router == "softmax_topk_norm" else 7) * S * h * act // 2
@@ -953,10 +976,10 @@ def _backward_excess(impl, arch, index, t, shape, act) -> int:
     mlp = act * h * width + 2 * act * L * width + ((bias + 511) // 512 * 512 if bias else 0)
     if shape.tp == 1:
         return mlp
-    if R < L:  # sequence parallel
-        gathered = act * (L * h + L * width + h * width)
-        return max(mlp, gathered, act * (2 * L + R) * h)
-    return max(mlp, 2 * act * L * h)
+    if shape.sequence_tokens < L:
+        gather = act * L * h * (2 if shape.b > 1 else 1)
+        return max(mlp, gather, act * (L * h + L * width + h * width))
+    return max(mlp, act * (2 * h * width + 2 * L * h - 2 * L * width))
 
 
 def norm_backward_excess(impl: ModelImpl, arch: Architecture, shape: Shape, act: int) -> int:
@@ -1120,6 +1143,7 @@ def parallel_unsupported(impl: ModelImpl, arch: Architecture, shape: Shape, flas
     * context parallelism runs in fused attention only (TE's ``attn_forward_func_with_cp``, torch's
       ``_context_parallel`` dispatch of SDPA's flash and efficient kernels);
     * torchtitan's context parallelism rotates K/V (ring or all-gather), it has no Ulysses;
+    * ``hf`` has no sequence parallelism (``base_model_tp_plan`` leaves the norms replicated);
     * ``hf`` and ``torchtitan`` under TP: the dense plan of the module docstring only (transformers' other
       plans gather or pack their outputs: Phi-3, OLMo 2, GPT-NeoX; GPT-2 and Falcon have none; MoE and
       latent attention plans are not modelled here).
@@ -1147,6 +1171,8 @@ def parallel_unsupported(impl: ModelImpl, arch: Architecture, shape: Shape, flas
             return f"Ulysses needs the {kv} key/value heads per tensor-parallel rank divisible by {c}"
         if impl.name is ModelImplName.TORCHTITAN:
             return "torchtitan's context parallelism is ring or all-gather attention, not Ulysses"
+    if t > 1 and shape.sequence_parallel and impl.name is ModelImplName.HF:
+        return "transformers' tensor-parallel plans have no sequence parallelism (the norms are replicated)"
     if t > 1 and impl.name is not ModelImplName.MEGATRON:
         tr = traits(arch)
         if arch.is_moe:
