@@ -1079,7 +1079,9 @@ def loss_parallel_transients(impl: ModelImpl, arch: Architecture, shape: Shape) 
     ``exp(shifted)`` and then ``shifted - logsumexp``; ``_nll_loss_and_log_softmax_backward`` computes
     ``(zeros_like(x) + exp(x)) * grad_output`` beside the saved ``x``). Megatron-LM's vocab-parallel
     cross-entropy works in place on its fp32 copy (``calculate_predicted_logits``,
-    ``calculate_gradients``): nothing more."""
+    ``calculate_gradients``): nothing more. Traced on CPU (torch 2.13, gloo, world 2): the bf16 logits
+    and 3 fp32 shards at the forward peak, 4 at the backward peak, against 2 and 3 without
+    ``loss_parallel``."""
     shard = vocab_shard(impl, arch, shape)
     if impl.name is not ModelImplName.TORCHTITAN or not shard.loss_parallel:
         return 0, 0
