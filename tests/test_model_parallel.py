@@ -14,6 +14,7 @@ from zerocalc.model.model_impl import (
     Device,
     ModelImplName,
     Shape,
+    embedding_excess,
     final_saves,
     hidden_bytes,
     layer_saves,
@@ -278,3 +279,23 @@ def test_megatron_moe_and_every_family_run_unsplit() -> None:
     assert split["experts_gate_output"] == whole["experts_gate_output"] // 2
     assert split["router_logits_fp32"] == whole["router_logits_fp32"] // 2  # the router reads R rows
     assert parallel_unsupported(MEGATRON, arch, Shape(1, 4096, tp=2), True) is None
+
+
+def test_vocabulary_parallel_embedding_excess() -> None:
+    """torchtitan: the L x h partial lookup and reduce_scatter_single's contiguous copy of it (traced on
+    CPU: 32,768 B at b 2, s 64, h 64, t 2). Megatron-LM under SP: the partial output and its
+    transpose(0, 1).contiguous() copy beside the masked ids (int64) and mask (bool); at b 1 the transpose
+    is already contiguous, so the copy and the R-row reduce-scatter output; without SP nothing but the ids
+    (the all-reduce is in place)."""
+    tiny = Architecture(
+        name="tiny-llama", family="llama", vocab_size=128, hidden_size=64, num_layers=1, num_heads=8,
+        num_kv_heads=4, intermediate_size=96, mlp=MlpKind.SWIGLU, norm=NormKind.RMSNORM,
+    )  # fmt: skip
+    sp = Shape(2, 64, tp=2, sequence_parallel=True)
+    assert embedding_excess(TORCHTITAN, tiny, sp, 2) == 32_768
+    assert embedding_excess(MEGATRON, tiny, sp, 2) == 9 * 128 + 2 * (2 * 128 - 64) * 64
+    b1 = Shape(1, 64, tp=2, sequence_parallel=True)  # L 64, R 32: the copy (L) and the result (R) above R
+    assert embedding_excess(MEGATRON, tiny, b1, 2) == 9 * 64 + 2 * 64 * 64
+    assert embedding_excess(MEGATRON, tiny, Shape(2, 64, tp=2), 2) == 9 * 128
+    assert embedding_excess(HF, tiny, Shape(2, 64, tp=2), 2) == 0
+    assert embedding_excess(TORCHTITAN, tiny, Shape(2, 64), 2) == 0

@@ -1031,6 +1031,32 @@ def shared_saves(
     return out
 
 
+def embedding_excess(impl: ModelImpl, arch: Architecture, shape: Shape, act: int) -> int:
+    """Bytes the vocabulary-parallel embedding holds at its forward peak above its output (the R-row hidden
+    state of :func:`hidden_bytes`) and what was alive before it, on one rank; 0 without tensor parallelism.
+
+    * ``torchtitan``: ``tok_embeddings`` is ``RowwiseParallel(input_layouts=Replicate(),
+      output_layouts=Shard(1))``: the local lookup gives a partial sum of L × h, which ``Partial`` →
+      ``Shard(1)`` reduce-scatters after ``reduce_scatter_single``'s contiguous copy: 2·act·L·h (traced on
+      CPU, torch 2.13, gloo, world 2: 32,768 B at b 2, s 64, h 64);
+    * ``megatron``: ``VocabParallelEmbedding.forward`` (``core/tensor_parallel/layers.py``) keeps the
+      masked ids (int64) and the mask (bool) while the L × h partial output exists; under sequence
+      parallelism ``transpose(0, 1).contiguous()`` copies it (no copy at b = 1) before the reduce-scatter
+      to R rows; without, the all-reduce runs in place on the output itself;
+    * ``hf``: the embedding has no tensor-parallel plan (replicated): nothing.
+    """
+    if shape.tp == 1 or impl.name is ModelImplName.HF:
+        return 0
+    L, R, h = shape.local_tokens, shape.sequence_tokens, arch.hidden_size
+    if impl.name is ModelImplName.TORCHTITAN:
+        return 2 * act * L * h
+    ids = (INT64 + 1) * L
+    if R == L:
+        return ids
+    peak_rows = 2 * L if shape.b > 1 else L + R
+    return ids + act * (peak_rows - R) * h
+
+
 def embedding_saves(impl: ModelImpl, arch: Architecture, act: int) -> list[tuple[str, int]]:
     """Saved by the embedding's own ops besides its indices: Gemma's ``hidden * normalizer`` keeps the
     0-dim √h tensor (``Gemma2Model.forward``, ``Gemma3TextModel.forward``)."""
