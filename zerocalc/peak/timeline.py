@@ -23,7 +23,7 @@ from functools import lru_cache
 from typing import NamedTuple, Protocol
 
 from zerocalc.model.activations import Recompute
-from zerocalc.model.architecture import Architecture
+from zerocalc.model.architecture import Architecture, TensorParallelRank, embedding_tensors, head_tensors
 from zerocalc.model.model_impl import (
     FP32,
     INT64,
@@ -32,13 +32,17 @@ from zerocalc.model.model_impl import (
     ModelImpl,
     ModelImplName,
     Shape,
+    embedding_excess,
     embedding_saves,
     final_saves,
+    hidden_bytes,
     layer_saves,
     logits_saves,
+    loss_parallel_transients,
     norm_backward_excess,
     shared_saves,
     traits,
+    vocab_shard,
 )
 from zerocalc.parallel.profiles import ModelInit
 from zerocalc.peak.kinds import StepPhase, TensorKind
@@ -146,7 +150,12 @@ def run_step(
     """Append one training step to ``led`` (which holds the state at the step's start) and return the
     allocated totals at its start, after forward and after backward."""
     arch, impl, shape, act, device = step.arch, step.impl, step.shape, step.act, step.device
-    T, h, V, L = shape.tokens, arch.hidden_size, arch.vocab_size, arch.num_layers
+    h, L = arch.hidden_size, arch.num_layers
+    hidden_size_bytes = hidden_bytes(arch, shape, act)  # act·R·h: R rows of the rank's sequence share
+    R = shape.sequence_tokens
+    logits = vocab_shard(impl, arch, shape, vocab=_allocated_vocab(arch, impl))
+    TV = logits.rows * logits.columns  # the rank's logits: its b·s/c tokens × its vocabulary columns
+    loss_parallel_forward, loss_parallel_backward = loss_parallel_transients(impl, arch, shape)
     checkpointed = step.recompute is Recompute.FULL
     selective = step.recompute is Recompute.SELECTIVE
     saves_by_kind: dict[tuple[bool, bool], LayerSaves] = {}
@@ -175,14 +184,16 @@ def run_step(
     shared = embedding_saves(impl, arch, act) + shared_saves(impl, arch, shape, act, checkpointed, device)
     led.alloc_group("shared", shared, ACTIVATIONS)
     hidden = "embedding output"
-    led.alloc(hidden, act * T * h, ACTIVATIONS)
+    led.alloc(hidden, hidden_size_bytes, ACTIVATIONS)
+    if shape.tp > 1:
+        led.event("embedding forward", embedding_excess(impl, arch, shape, act), TRANSIENT)
     if hf and t.rotary and not checkpointed:
         # LlamaModel.forward (and every rotary family's): position_ids = arange(s) + past_seen_tokens,
         # int64 [1, s], alive until the base model returns; saved only by checkpoint closures
-        led.alloc("position ids", INT64 * shape.s, ACTIVATIONS)
+        led.alloc("position ids", INT64 * (shape.s // shape.cp), ACTIVATIONS)
     if not t.rotary:  # GPT-2: wte(ids) + wpe(positions) (+ dropout) is a new tensor; both inputs stay
-        led.alloc("position embedding output", act * shape.s * h, ACTIVATIONS)
-        led.alloc("hidden 0", act * T * h, ACTIVATIONS)
+        led.alloc("position embedding output", act * (shape.s // shape.cp) * h, ACTIVATIONS)
+        led.alloc("hidden 0", hidden_size_bytes, ACTIVATIONS)
         hidden = "hidden 0"
     embedding_alive = impl.embedding_output_alive
     for i in range(L):
@@ -196,19 +207,19 @@ def run_step(
             new = f"hidden {i + 1}"
             if saves.program:
                 label = "forward (checkpointed)"
-                _run_program(led, i, saves.program, 0, new, act * T * h, label, checkpointed=True)
+                _run_program(led, i, saves.program, 0, new, hidden_size_bytes, label, checkpointed=True)
             else:
                 led.alloc(f"layer {i} work", sum(b for _, b in saves.saved), ACTIVATIONS)
                 led.event(f"layer {i} forward (checkpointed)", saves.forward_excess, TRANSIENT)
                 led.free(f"layer {i} work")
-                led.alloc(new, act * T * h, ACTIVATIONS)
+                led.alloc(new, hidden_size_bytes, ACTIVATIONS)
             hidden = new  # every checkpoint input stays alive
         else:
             saves = saves_of(i, use_cache=True)
             new = f"hidden {i + 1}"
             rng = runtime.per_layer_attention if cuda and hf else 0
             if saves.program:
-                _run_program(led, i, saves.program, rng, new, act * T * h)
+                _run_program(led, i, saves.program, rng, new, hidden_size_bytes)
             else:
                 led.alloc_group(f"layer {i}", saves.saved, ACTIVATIONS)
                 if hf and t.sliding_pattern and (i + 1) % t.sliding_pattern:
@@ -217,7 +228,7 @@ def run_step(
                     )
                 led.alloc(f"layer {i}.sdpa rng", rng, ACTIVATIONS, group=f"layer {i}")
                 led.event(f"layer {i} forward", saves.forward_excess, TRANSIENT)
-                led.alloc(new, act * T * h, ACTIVATIONS)
+                led.alloc(new, hidden_size_bytes, ACTIVATIONS)
             if not saves.keeps_input and not (hidden == "embedding output" and embedding_alive):
                 led.free(hidden)
             hidden = new
@@ -227,7 +238,7 @@ def run_step(
     # RMSNorm forward: while x·rsqrt (fp32) exists its cast exists and the output does not yet
     led.event(
         "final norm forward",
-        (FP32 - act) * T * h if t.norm != "layernorm" and impl.norm_fp32_copy else 0,
+        (FP32 - act) * R * h if t.norm != "layernorm" and impl.norm_fp32_copy else 0,
         TRANSIENT,
     )
     layernorm_keeps = t.norm == "layernorm"
@@ -241,23 +252,23 @@ def run_step(
     led.free("position ids")
 
     # the loss
-    led.alloc("logits", act * T * V, LOSS)
+    led.alloc("logits", act * TV, LOSS)
     capped = logits_saves(impl, arch, shape, act)
     for name, b in capped:
         led.alloc(name, b, LOSS)
     if impl.loss == "hf_upcast":
-        led.alloc("logits fp32 copy", FP32 * T * V, LOSS)
+        led.alloc("logits fp32 copy", FP32 * TV, LOSS)
         led.alloc("labels padded", INT64 * shape.b * (shape.s + 1), LOSS)
-        if shape.b > 1:
-            led.alloc("shift labels", INT64 * T, LOSS)  # labels[..., 1:].contiguous() copies
+        if shape.b > 1 or shape.cp > 1:
+            led.alloc("shift labels", INT64 * logits.rows, LOSS)  # labels[..., 1:].contiguous() copies
         else:
             led.rename("labels padded", "shift labels")  # b = 1: the slice is contiguous, a view
     elif impl.loss == "float_cross_entropy":
-        led.alloc("logits fp32 copy", FP32 * T * V, LOSS)
-    led.alloc("log_softmax", FP32 * T * V, LOSS)
+        led.alloc("logits fp32 copy", FP32 * TV, LOSS)
+    led.alloc("log_softmax", FP32 * TV, LOSS)
     led.alloc("loss", FP32, LOSS)
     led.alloc("total_weight", FP32, LOSS)
-    led.event("loss forward (nll_loss)")
+    led.event("loss forward (nll_loss)", loss_parallel_forward, TRANSIENT)
     led.free("logits fp32 copy")
     led.free("labels padded")
     led.free("previous step's loss")
@@ -271,15 +282,15 @@ def run_step(
     led.phase = StepPhase.BACKWARD
     led.alloc("grad seed", FP32, LOSS)
     mechanics.pre_backward(led, "root")
-    led.alloc("d log_softmax (nll_loss_backward)", FP32 * T * V, LOSS)
+    led.alloc("d log_softmax (nll_loss_backward)", FP32 * TV, LOSS)
     led.free("shift labels")
     led.free("total_weight")
-    led.alloc("d logits fp32 (log_softmax_backward)", FP32 * T * V, LOSS)
-    led.event("loss backward (log_softmax_backward)")
+    led.alloc("d logits fp32 (log_softmax_backward)", FP32 * TV, LOSS)
+    led.event("loss backward (log_softmax_backward)", loss_parallel_backward, TRANSIENT)
     led.free("log_softmax")
     led.free("d log_softmax (nll_loss_backward)")
     if act != FP32:
-        led.alloc("d logits", act * T * V, LOSS)
+        led.alloc("d logits", act * TV, LOSS)
         led.event("logits.float() backward")
         led.free("d logits fp32 (log_softmax_backward)")
     else:
@@ -288,9 +299,9 @@ def run_step(
         led.free(name)  # tanh_backward has run
     if first_step and cuda:
         led.alloc("cuBLAS workspace (autograd thread)", runtime.cublas_workspace, RUNTIME)
-    led.alloc("d hidden", act * T * h, ACTIVATIONS)
+    led.alloc("d hidden", hidden_size_bytes, ACTIVATIONS)
     head = "embedding" if arch.tied_embeddings else "lm_head"
-    mechanics.param_grad(led, "root", head, V * h)
+    mechanics.param_grad(led, "root", head, _vocab_numel(arch, head))
     led.event("lm_head backward")
     led.free("d logits")
     led.event("final norm backward", norm_backward_excess(impl, arch, shape, act), TRANSIENT)
@@ -303,7 +314,9 @@ def run_step(
         saves = saves_of(i, use_cache=not checkpointed)
         if checkpointed and saves.program:
             # the recomputed forward (torch.utils.checkpoint, use_reentrant=False): its output is dropped
-            _run_program(led, i, saves.program, 0, f"layer {i} recomputed output", act * T * h, "recompute")
+            _run_program(
+                led, i, saves.program, 0, f"layer {i} recomputed output", hidden_size_bytes, "recompute"
+            )
             led.free(f"layer {i} recomputed output")
         elif checkpointed:
             led.alloc_group(f"layer {i}", saves.saved, ACTIVATIONS)
@@ -323,11 +336,11 @@ def run_step(
     # place (the autograd engine's InputBuffer holds the LM head's until the embedding's arrives)
     if not t.rotary:
         mechanics.param_grad(led, "root", "position embedding", arch.max_position_embeddings * h)
-    mechanics.param_grad(led, "root", "embedding dense", V * h)
+    mechanics.param_grad(led, "root", "embedding dense", _vocab_numel(arch, "embedding"))
     led.event("embedding backward")
     led.free("d hidden")
     if arch.tied_embeddings:
-        mechanics.tied_grad_sum(led, V * h)
+        mechanics.tied_grad_sum(led, _vocab_numel(arch, "embedding"))
         led.event("tied embedding gradient sum")
     for name in ("embedding output", "hidden 0"):
         led.free(name)
@@ -344,6 +357,21 @@ def run_step(
     led.event("zero_grad")
     led.rename("loss", "previous step's loss")  # the training loop's `loss` lives into the next step
     return Phases(start, after_forward, after_backward)
+
+
+def _allocated_vocab(arch: Architecture, impl: ModelImpl) -> int | None:
+    """The vocabulary the output layer allocates: Megatron-LM's padded one under tensor parallelism
+    (:attr:`~zerocalc.model.architecture.TensorParallelRank.padded_vocab`), else the model's."""
+    if isinstance(arch, TensorParallelRank) and impl.name is ModelImplName.MEGATRON:
+        return arch.padded_vocab
+    return None
+
+
+def _vocab_numel(arch: Architecture, module: str) -> int:
+    """Elements of the rank's embedding (``embedding``) or untied LM head (``lm_head``) weight."""
+    name = "embed_tokens" if module == "embedding" else "lm_head"
+    tensors = embedding_tensors(arch) if module == "embedding" else head_tensors(arch)
+    return next(t.numel for t in tensors if t.module == name)
 
 
 def _run_program(
@@ -433,7 +461,7 @@ def _inputs(step: StepShape, led: Ledger) -> None:
             led.alloc(f"rotary original_inv_freq{table}", 2 * d, INPUTS)
     if t.embedding_scale_buffer and step.impl.name is ModelImplName.HF:
         led.alloc("embedding scale buffer (fp32 0-dim)", FP32, INPUTS)
-    led.alloc("input ids (= labels)", INT64 * step.shape.tokens, INPUTS)
+    led.alloc("input ids (= labels)", INT64 * step.shape.local_tokens, INPUTS)
 
 
 def _runtime_extras(step: StepShape, runtime: Runtime, led: Ledger) -> None:
