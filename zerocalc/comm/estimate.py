@@ -154,9 +154,9 @@ class DimensionComm(BaseModel):
     group_size: int = Field(description="ranks of one group (dp: the dp × cp ranks of one TP index)")
     ranks_apart: int = Field(description="how far apart consecutive ranks of a group are: 1 (tp), t (cp, dp)")
     spans_nodes: bool = Field(description="a group has ranks on more than one node")
-    calls_per_step: int
-    total_bytes_per_gpu: int
-    time_s: float
+    calls_per_step: int = Field(description="Σ over the dimension's collectives")
+    total_bytes_per_gpu: int = Field(description="Σ over the dimension's collectives")
+    time_s: float = Field(description="Σ over the dimension's collectives")
 
 
 class StrategyComm(BaseModel):

@@ -558,11 +558,13 @@ class MeshCollectiveCost(BaseModel):
     recomputed: bool = Field(
         description="a forward collective run again in backward (activation recomputation)"
     )
-    moves: str
-    scope: Scope
+    moves: str = Field(description="what it carries")
+    scope: Scope = Field(
+        description="runs per layer, per micro-batch, per step, or per synchronising micro-batch"
+    )
     dtype: DType
-    group_size: int
-    spans_nodes: bool
+    group_size: int = Field(description="t (tp) or c (cp)")
+    spans_nodes: bool = Field(description="its group has ranks on more than one node (inter-node bandwidth)")
     elements: list[int] = Field(description="S of each call each time it runs, in elements")
     times_per_step: int = Field(description="L·A (per layer), A (per micro-batch), or 1 (per step)")
     calls_per_step: int
