@@ -281,6 +281,13 @@ def test_tables_show_each_dimension_within_80_columns(
                 assert f"{d['total_bytes_per_gpu']:,}" in words
 
 
+def test_activation_options_without_a_mesh_say_they_change_nothing() -> None:
+    def said(**options: object) -> bool:
+        return any("change nothing here" in note for note in estimate_comm("7B", 8, **options).notes)
+
+    assert said(recompute="full") and said(micro_batch=4) and not said()
+
+
 def test_mixture_of_experts_under_tensor_parallelism_is_refused() -> None:
     with pytest.raises(InputError, match="mixture-of-experts"):
         estimate_comm(None, 8, model="mixtral-8x7b", tp=2, framework="megatron")

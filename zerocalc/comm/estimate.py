@@ -674,6 +674,14 @@ def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -
                 )
     _, zeropp_notes = active_features(frozenset(request.zeropp), cluster)
     notes += zeropp_notes
+    activations = request.activations
+    if not request.mesh.model_parallel and (
+        activations.recompute is not Recompute.NONE or activations.micro_batch > 1
+    ):
+        notes.append(
+            "{micro_batch}, {seq_len} and {recompute} size the tensor- and context-parallel collectives; "
+            "with {tp} 1 and {cp} 1 there are none: they change nothing here"
+        )
     return notes
 
 
