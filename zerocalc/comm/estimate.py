@@ -208,7 +208,7 @@ class CommEstimate(TableDisplay, BaseModel):
         request = self.request
         head = [
             ("params", format_count(request.params)),
-            ("gpus", request.cluster.world_size),
+            ("gpus", request.mesh.world),
             ("framework", request.framework.value),
         ]
         return head + [
