@@ -99,6 +99,8 @@ def _mesh_label(c: MeshCollectiveCost) -> str:
 
 def _group_text(size: int, apart: int, spans_nodes: bool) -> str:
     """``8 consecutive``, ``2, 8 apart*``: a group's ranks and where they sit (* across nodes)."""
+    if size == 1:
+        return "1"
     where = " consecutive" if apart == 1 else f", {apart:,} apart"
     return f"{size:,}{where}{'*' if spans_nodes else ''}"
 
