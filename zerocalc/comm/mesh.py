@@ -373,7 +373,7 @@ def _ulysses(source: str, inside: bool) -> tuple[MeshCall, ...]:
     )  # fmt: skip
 
 
-class _CpFamily(StrEnum):
+class CpFamily(StrEnum):
     """Whose context-parallel attention a framework runs."""
 
     TRANSFORMER_ENGINE = "transformer_engine"
@@ -381,17 +381,17 @@ class _CpFamily(StrEnum):
     DEEPSPEED = "deepspeed"
 
 
-CP_FAMILIES: dict[Framework, _CpFamily] = {
-    Framework.PAPER: _CpFamily.TRANSFORMER_ENGINE,
-    Framework.MEGATRON: _CpFamily.TRANSFORMER_ENGINE,
-    Framework.FSDP2: _CpFamily.TORCH,
-    Framework.DEEPSPEED: _CpFamily.DEEPSPEED,
+CP_FAMILIES: dict[Framework, CpFamily] = {
+    Framework.PAPER: CpFamily.TRANSFORMER_ENGINE,
+    Framework.MEGATRON: CpFamily.TRANSFORMER_ENGINE,
+    Framework.FSDP2: CpFamily.TORCH,
+    Framework.DEEPSPEED: CpFamily.DEEPSPEED,
 }
 """Megatron-LM's context parallelism is Transformer Engine's ``DotProductAttention`` (``cp_comm_type``);
 torchtitan's is torch's ``context_parallel``; DeepSpeed's is Ulysses."""
 
-CP_LAYER: dict[tuple[_CpFamily, CpImpl], tuple[MeshCall, ...]] = {
-    (_CpFamily.TRANSFORMER_ENGINE, CpImpl.RING): (
+CP_LAYER: dict[tuple[CpFamily, CpImpl], tuple[MeshCall, ...]] = {
+    (CpFamily.TRANSFORMER_ENGINE, CpImpl.RING): (
         MeshCall(P2P, FWD, "K, V to the next rank", Size.KV, f"{_TE} AttnFuncWithCPAndKVP2P.forward",
                  count=Count.CP_STEPS, in_core_attention=True),
         MeshCall(P2P, BWD, "K, V (first step)", Size.KV, f"{_TE} AttnFuncWithCPAndKVP2P.backward"),
@@ -399,25 +399,23 @@ CP_LAYER: dict[tuple[_CpFamily, CpImpl], tuple[MeshCall, ...]] = {
                  count=Count.CP_INNER),
         MeshCall(P2P, BWD, "dK, dV (last step)", Size.KV, f"{_TE} AttnFuncWithCPAndKVP2P.backward"),
     ),
-    (_CpFamily.TRANSFORMER_ENGINE, CpImpl.ALLGATHER): (
-        MeshCall(AG, FWD, "K", Size.K_GATHERED, f"{_TE_AG}.forward",
-                 in_core_attention=True),
-        MeshCall(AG, FWD, "V", Size.V_GATHERED, f"{_TE_AG}.forward",
-                 in_core_attention=True),
+    (CpFamily.TRANSFORMER_ENGINE, CpImpl.ALLGATHER): (
+        MeshCall(AG, FWD, "K", Size.K_GATHERED, f"{_TE_AG}.forward", in_core_attention=True),
+        MeshCall(AG, FWD, "V", Size.V_GATHERED, f"{_TE_AG}.forward", in_core_attention=True),
         MeshCall(AG, BWD, "K, gathered again", Size.K_GATHERED, f"{_TE_AG}.backward"),
         MeshCall(AG, BWD, "V, gathered again", Size.V_GATHERED, f"{_TE_AG}.backward"),
         MeshCall(RS, BWD, "dK", Size.K_GATHERED, f"{_TE_AG}.backward"),
         MeshCall(RS, BWD, "dV", Size.V_GATHERED, f"{_TE_AG}.backward"),
     ),
-    (_CpFamily.TRANSFORMER_ENGINE, CpImpl.ULYSSES): _ulysses(f"{_TE} AttnFuncWithCPAndQKVOA2A", True),
-    (_CpFamily.TORCH, CpImpl.ALLGATHER): (
+    (CpFamily.TRANSFORMER_ENGINE, CpImpl.ULYSSES): _ulysses(f"{_TE} AttnFuncWithCPAndQKVOA2A", True),
+    (CpFamily.TORCH, CpImpl.ALLGATHER): (
         MeshCall(AG, FWD, "K, V", Size.KV_GATHERED, f"{_TORCH_CP} _AllGatherRotater"),
         MeshCall(AG, BWD, "K, V, gathered again", Size.KV_GATHERED, f"{_TORCH_CP} _AllGatherRotater"),
         MeshCall(P2P, BWD, "dK, dV to the next rank", Size.KV,
                  f"{_TORCH_CP} _templated_ring_attention_backward: _AllToAllRotater (permute_tensor)",
                  count=Count.CP_SIZE, carried=Carried.FP32),
     ),
-    (_CpFamily.TORCH, CpImpl.RING): (
+    (CpFamily.TORCH, CpImpl.RING): (
         MeshCall(P2P, FWD, "K, V to the next rank", Size.KV, f"{_TORCH_CP} _AllToAllRotater (permute_tensor)",
                  count=Count.CP_STEPS),
         MeshCall(P2P, BWD, "K, V to the next rank", Size.KV, f"{_TORCH_CP} _AllToAllRotater (permute_tensor)",
@@ -426,7 +424,7 @@ CP_LAYER: dict[tuple[_CpFamily, CpImpl], tuple[MeshCall, ...]] = {
                  f"{_TORCH_CP} _templated_ring_attention_backward: _AllToAllRotater (permute_tensor)",
                  count=Count.CP_SIZE, carried=Carried.FP32),
     ),
-    (_CpFamily.DEEPSPEED, CpImpl.ULYSSES): _ulysses(_DEEPSPEED, False),
+    (CpFamily.DEEPSPEED, CpImpl.ULYSSES): _ulysses(_DEEPSPEED, False),
 }  # fmt: skip
 """What one layer's context-parallel attention communicates per micro-batch. Transformer Engine's ring
 sends the K/V buffer c − 1 times in forward; in backward K/V and the dK/dV accumulated so far travel in one
