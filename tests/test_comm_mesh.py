@@ -59,7 +59,7 @@ def test_gpt3_tensor_parallel_without_sequence_parallelism() -> None:
     assert tp_bytes(row) == 96 * 4 * GPT3_ALL_REDUCE + 2 * GPT3_ALL_REDUCE + 3 * GPT3_CROSS_ENTROPY
     assert tp_bytes(row) == 33_999_071_232
     (tp,) = [d for d in row.dimensions if d.dimension is Dimension.TP]
-    assert (tp.group_size, tp.ranks_apart, tp.spans_nodes, tp.calls_per_step) == (8, 1, False, 96 * 4 + 5)
+    assert (tp.group_size, tp.stride, tp.spans_nodes, tp.calls_per_step) == (8, 1, False, 96 * 4 + 5)
     (dp,) = [d for d in row.dimensions if d.dimension is Dimension.DP]
     assert (dp.group_size, dp.total_bytes_per_gpu) == (1, 0)  # 8 GPUs, t 8: one data-parallel replica
     assert row.total_bytes_per_gpu == 33_999_071_232
@@ -146,7 +146,7 @@ def test_ring_attention_of_transformer_engine() -> None:
     # forward 3 KV, backward KV + 2·2KV + KV = 6 KV: 9 · 4,194,304 bytes per layer, 32 layers
     assert cp_bytes(row) == 32 * 9 * LLAMA_KV == 1_207_959_552
     (dim,) = [d for d in row.dimensions if d.dimension is Dimension.CP]
-    assert (dim.group_size, dim.ranks_apart, dim.spans_nodes, dim.calls_per_step) == (4, 2, False, 32 * 7)
+    assert (dim.group_size, dim.stride, dim.spans_nodes, dim.calls_per_step) == (4, 2, False, 32 * 7)
     selective = llama8b(16, framework="megatron", tp=2, cp=4, cp_impl="ring", recompute="selective")
     assert cp_bytes(selective) == cp_bytes(row) + 32 * 3 * LLAMA_KV  # the core attention's forward again
 
@@ -189,7 +189,7 @@ def test_groups_are_placed_by_the_layout() -> None:
     assert {c.bus_bandwidth_Bps for c in row.mesh_collectives if c.dimension is Dimension.TP} == {400e9}
     # 4 GPUs per node: tp 2 × cp 2 fits one node, the data-parallel pairs are on two
     row = llama8b(8, gpus_per_node=4, framework="megatron", tp=2, cp=2)
-    spans = {d.dimension: (d.group_size, d.ranks_apart, d.spans_nodes) for d in row.dimensions}
+    spans = {d.dimension: (d.group_size, d.stride, d.spans_nodes) for d in row.dimensions}
     assert spans == {Dimension.DP: (4, 2, True), Dimension.TP: (2, 1, False), Dimension.CP: (2, 2, False)}
     # a TP group of 16 on nodes of 8, allowed by --tp-across-nodes, runs at the inter-node figure
     row = gpt3(16, tp=16, tp_across_nodes=True, inter_node_bw="40GB/s")
@@ -227,7 +227,7 @@ def test_data_parallel_rows_are_unchanged_without_tensor_or_context_parallelism(
     row = estimate_comm(7_000_000_000, 8, strategies="ddp").row("ddp")
     assert row.mesh_collectives == []
     (dp,) = row.dimensions
-    assert (dp.dimension, dp.group_size, dp.ranks_apart) == (Dimension.DP, 8, 1)
+    assert (dp.dimension, dp.group_size, dp.stride) == (Dimension.DP, 8, 1)
     assert dp.total_bytes_per_gpu == row.total_bytes_per_gpu == 24_500_000_000  # 2 · 7/8 · 14e9
 
 
@@ -248,7 +248,7 @@ def test_comm_json_carries_each_dimension() -> None:
         assert set(dims) == {"dp", "tp"}
         assert (dims["tp"]["group_size"], dims["tp"]["spans_nodes"]) == (8, False)
         dp = dims["dp"]
-        assert (dp["group_size"], dp["ranks_apart"], dp["spans_nodes"]) == (2, 8, True)
+        assert (dp["group_size"], dp["stride"], dp["spans_nodes"]) == (2, 8, True)
         assert dims["tp"]["total_bytes_per_gpu"] == 33_999_071_232
         assert row["total_bytes_per_gpu"] == sum(d["total_bytes_per_gpu"] for d in row["dimensions"])
 

@@ -152,7 +152,7 @@ class DimensionComm(BaseModel):
 
     dimension: Dimension
     group_size: int = Field(description="ranks of one group (dp: the dp × cp ranks of one TP index)")
-    ranks_apart: int = Field(description="how far apart consecutive ranks of a group are: 1 (tp), t (cp, dp)")
+    stride: int = Field(description="the distance between consecutive ranks of a group: 1 (tp), t (cp, dp)")
     spans_nodes: bool = Field(description="a group has ranks on more than one node")
     calls_per_step: int = Field(description="Σ over the dimension's collectives")
     total_bytes_per_gpu: int = Field(description="Σ over the dimension's collectives")
@@ -549,7 +549,7 @@ def _dimensions(
         DimensionComm(
             dimension=Dimension.DP,
             group_size=cluster.world_size,
-            ranks_apart=mesh.tp,
+            stride=mesh.tp,
             spans_nodes=cluster.nodes > 1,
             calls_per_step=sum(c.calls_per_step for c in costs),
             total_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in costs),
@@ -567,7 +567,7 @@ def _dimensions(
             DimensionComm(
                 dimension=dimension,
                 group_size=size,
-                ranks_apart=apart,
+                stride=apart,
                 spans_nodes=spans,
                 calls_per_step=sum(c.calls_per_step for c in mine),
                 total_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in mine),

@@ -112,7 +112,7 @@ def _mesh_heading(estimate: CommEstimate, dimension: DimensionComm) -> str:
     else:
         sp = " + sequence parallel" if mesh.sequence_parallel else ""
         what = f"tp {mesh.tp}{sp} ({mesh.tp_style.value} layers)"
-    apart = "consecutive" if dimension.ranks_apart == 1 else f"{dimension.ranks_apart:,} apart"
+    apart = "consecutive" if dimension.stride == 1 else f"{dimension.stride:,} apart"
     placement = "across nodes" if dimension.spans_nodes else "within a node"
     title = DIMENSION_TITLES[dimension.dimension.value]
     return f"[bold]{title}[/bold]: {what}; groups of {dimension.group_size:,} GPUs, {apart}, {placement}"
@@ -207,7 +207,7 @@ def _dimension_table(estimate: CommEstimate, unit: ByteUnit) -> Table:
             table.add_row(
                 row.strategy.value if i == 0 else "",
                 d.dimension.value,
-                _group_text(d.group_size, d.ranks_apart, d.spans_nodes),
+                _group_text(d.group_size, d.stride, d.spans_nodes),
                 f"{d.calls_per_step:,}",
                 byte_cell(d.total_bytes_per_gpu, unit),
                 format_seconds(d.time_s),
