@@ -49,6 +49,7 @@ if __name__ == "__main__":
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from zerocalc.base.dtypes import DType
@@ -131,6 +132,12 @@ class CollectiveRecorder(TorchDispatchMode):
         self.phase = "forward"
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if any(issubclass(t, DTensor) for t in types):
+            # A mode runs before a tensor subclass and is off while its handler runs: handing a DTensor op
+            # back lets DTensor run first, so the collectives it issues inside its dispatch (loss_parallel's
+            # all-reduces, implicit redistributions) come here as plain-tensor ops
+            # (``torch/distributed/tensor/debug/_comm_mode.py`` ``CommDebugMode`` does the same).
+            return NotImplemented
         namespace = getattr(func, "namespace", None)
         name = func._schema.name.split("::")[-1]
         out = func(*args, **(kwargs or {}))
