@@ -74,6 +74,29 @@ GpusPerNode = Annotated[
     ),
 ]
 
+Tp = Annotated[
+    int,
+    typer.Option(
+        "--tp",
+        help="Tensor-parallel ranks t: torchtitan's TP plan on a dp × tp mesh (TP innermost, dp = ranks / "
+        "t), then FSDP2 over dp (fsdp2, fsdp2-no-reshard).",
+    ),
+]
+SequenceParallelOpt = Annotated[
+    bool,
+    typer.Option(
+        "--sequence-parallel/--no-sequence-parallel",
+        help="With --tp: SequenceParallel norms, activations sharded on the sequence between blocks.",
+    ),
+]
+LossParallelOpt = Annotated[
+    bool,
+    typer.Option(
+        "--loss-parallel/--no-loss-parallel",
+        help="With --tp: the logits stay sharded over the vocabulary into the cross entropy (loss_parallel).",
+    ),
+]
+
 
 Activations = Annotated[
     bool,
@@ -135,7 +158,7 @@ Reshard = Annotated[
 ]
 FRAMEWORK_RUN_ONLY = (
     "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "strategies", "optimizer", "grad_accum",
-    "grad_sync", "gpus_per_node", "nproc", "timeout",
+    "grad_sync", "gpus_per_node", "nproc", "timeout", "tp", "sequence_parallel", "loss_parallel",
 )  # fmt: skip
 """Options only the framework runs read (the default mode)."""
 READ_BY_MODE = {
@@ -167,6 +190,9 @@ def validate(
     gpus_per_node: GpusPerNode = None,
     nproc: Nproc = 2,
     timeout: Timeout = 120.0,
+    tp: Tp = 1,
+    sequence_parallel: SequenceParallelOpt = True,
+    loss_parallel: LossParallelOpt = True,
     activations: Activations = False,
     family: Families = "all",
     attention: Attentions = "sdpa,eager",
@@ -213,6 +239,7 @@ def validate(
     from zerocalc.request.training import MAX_GRAD_ACCUM
     from zerocalc.validate import run
     from zerocalc.validate.config import OPTIMIZERS, PRECISIONS, STRATEGIES, check_buildable
+    from zerocalc.validate.tp import TP_STRATEGIES, check_tp, plan_for
 
     overrides = {
         "num_layers": layers,
@@ -222,9 +249,23 @@ def validate(
         "intermediate_size": ffn,
         "vocab_size": vocab,
     }
-    arch = run.resolve_architecture(model, {k: v for k, v in overrides.items() if v is not None})
+    if tp < 1:
+        raise InputError(f"--tp {procs.brief(tp)} is not accepted; accepted: a whole number ≥ 1")
+    if tp == 1:
+        for name, value in (("sequence_parallel", sequence_parallel), ("loss_parallel", loss_parallel)):
+            if _given(ctx, name):
+                flag = f"--{'' if value else 'no-'}{name.replace('_', '-')}"
+                raise InputError(f"{flag} without --tp is not accepted; accepted: --tp 2 or more with it")
+    elif gpus_per_node is not None:
+        raise InputError(
+            f"--gpus-per-node with --tp {tp} is not accepted; accepted: one of the two (TP groups are the "
+            "innermost ranks)"
+        )
+    arch = run.resolve_architecture(model, {k: v for k, v in overrides.items() if v is not None}, tp)
     check_buildable(arch)
     chosen = _parse_list(strategies, "--strategies", tuple(STRATEGIES), allow_all=True)
+    if tp > 1 and strategies.strip().lower() == "all":
+        chosen = list(TP_STRATEGIES)
     recipes = _parse_list(precision, "--precision", tuple(p.value for p in PRECISIONS), allow_all=False)
     syncs = [
         GradSync(s) for s in _parse_list(grad_sync, "--grad-sync", tuple(g.value for g in GradSync), False)
@@ -243,7 +284,12 @@ def validate(
     if not launched and nproc < 2:
         raise InputError(f"--nproc {procs.brief(nproc)} is not accepted; accepted: 2 or more processes")
     world, per_node = run.world_and_node(None if launched else nproc, gpus_per_node)
-    chosen = run.check_nodes(world, per_node, chosen, explicit=strategies.strip().lower() != "all")
+    tp_plan = None
+    if tp > 1:
+        tp_plan = plan_for(world, tp, sequence_parallel, loss_parallel)
+        check_tp(arch, tp_plan, chosen, grad_accum)
+    else:
+        chosen = run.check_nodes(world, per_node, chosen, explicit=strategies.strip().lower() != "all")
 
     shows = not launched or placement_from_env().rank == 0
     total = len(chosen) * len(recipes) * len(syncs)
@@ -273,6 +319,7 @@ def validate(
             grad_accum=grad_accum,
             grad_syncs=syncs,
             gpus_per_node=per_node,
+            tp_plan=tp_plan,
         )
     except KeyboardInterrupt:  # every spawned rank has been stopped
         if progress is not None:
@@ -292,6 +339,12 @@ def validate(
         render(report)
     if not report.all_match:
         raise typer.Exit(1)
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether the option ``name`` was given on the command line."""
+    source = ctx.get_parameter_source(name)  # typer's own click: compare the member's name
+    return source is not None and source.name == "COMMANDLINE"
 
 
 def _refuse_unread_options(ctx: typer.Context, mode: str) -> None:
@@ -745,7 +798,7 @@ def _collective_table(config: ConfigResult) -> Table:
             f"{c.group.replace('across_nodes', 'across')} {c.group_size}",
             f"{c.predicted_calls:,}",
             _per_rank(c.measured_calls),
-            f"{c.predicted_bytes:,}",
+            _per_rank(c.predicted_bytes),
             _per_rank(c.measured_bytes),
             "✓" if c.ok else "✗ OFF",
             style=None if c.ok else "bold red",
@@ -754,6 +807,7 @@ def _collective_table(config: ConfigResult) -> Table:
 
 
 def render(report: ValidationReport) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     from zerocalc.cli.render import COLLECTIVE_LEGEND, console
@@ -765,6 +819,14 @@ def render(report: ValidationReport) -> None:
         f"({report.backend}), {report.optimizer.value}; bytes per rank after one step, and the collectives "
         f"of that step (after {WARMUP_STEPS} warm-up steps)"
     )
+    plan = report.tp_plan
+    if plan is not None:
+        firsts = range(0, plan.world, plan.tp)
+        groups = ", ".join(f"{first}-{first + plan.tp - 1}" for first in firsts)
+        out.print(
+            f"mesh {plan.title}; TP innermost: TP groups {groups}, DP groups strided by {plan.tp}; "
+            "predicted by zerocalc/validate/tp.py"
+        )
     for config in report.configs:
         title = config_title(config)
         if config.status == "failed":
@@ -798,6 +860,10 @@ def render(report: ValidationReport) -> None:
             for c in config.collectives:
                 if not c.ok:
                     out.print(f"[red]  ✗ {c.op} {c.phase} {c.dtype} over {c.group}: {c.explanation}[/red]")
+        if config.call_order_ok is True:
+            out.print("  every rank issued the predicted calls in the predicted order ✓")
+        elif config.call_order_ok is False:
+            out.print(f"[red]  ✗ out of order: {escape(config.call_order_note or '')}[/red]")
     out.print(
         f"[dim]· {COLLECTIVE_LEGEND}; calls and bytes sent per rank in the step, pred. predicted by "
         "zerocalc, meas. measured (every rank, or its range)[/dim]"

@@ -49,7 +49,7 @@ from zerocalc.states.framework import (
     optimizer_state_bytes,
     param_bytes,
 )
-from zerocalc.validate.config import TpPlan
+from zerocalc.validate.config import STRATEGIES, Job, TpPlan
 
 TP_STRATEGIES = ("fsdp2", "fsdp2-no-reshard")
 """The ``--strategies`` that run under ``--tp``: FSDP2 over the dp sub-mesh after the TP plan."""
@@ -133,6 +133,16 @@ def padded_numel(tensor: ParamTensor, plan: TpPlan, rank: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------ refusals
+def plan_for(world: int, tp: int, sequence_parallel: bool, loss_parallel: bool) -> TpPlan:
+    """The ``dp × tp`` mesh of ``world`` ranks; one line when ``tp`` does not divide it."""
+    if tp < 2 or world % tp:
+        raise InputError(
+            f"--tp {tp} does not divide the {world} ranks; accepted: a divisor ≥ 2 of the world size "
+            "(dp = ranks / tp)"
+        )
+    return TpPlan(dp=world // tp, tp=tp, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel)
+
+
 def check_tp(arch: Architecture, plan: TpPlan, strategies: list[str], grad_accum: int) -> None:
     """One line (:class:`InputError`) for a combination ``validate --tp`` cannot build or predict."""
     t = plan.tp
@@ -343,3 +353,15 @@ def predicted_tp_calls(
     grad_all_reduces("root")
     dp_call("reduce_scatter", "backward", "root")
     return calls
+
+
+def tp_predictions(job: Job) -> tuple[list[RankStates], list[list[TpCall]]]:
+    """Every rank's states and calls for ``job`` (which has a ``tp_plan``), rank 0 first."""
+    plan = job.tp_plan
+    assert plan is not None
+    setup = STRATEGIES[job.strategy][2]
+    ranks = range(plan.world)
+    return (
+        [predicted_tp_states(job.arch, setup, plan, r, job.precision, job.optimizer) for r in ranks],
+        [predicted_tp_calls(job.arch, setup, plan, r, job.precision, job.batch, job.seq) for r in ranks],
+    )
