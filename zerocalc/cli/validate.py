@@ -265,7 +265,7 @@ def validate(
     check_buildable(arch)
     chosen = _parse_list(strategies, "--strategies", tuple(STRATEGIES), allow_all=True)
     if tp > 1 and strategies.strip().lower() == "all":
-        chosen = list(TP_STRATEGIES)
+        chosen = [s for s in chosen if s in TP_STRATEGIES]
     recipes = _parse_list(precision, "--precision", tuple(p.value for p in PRECISIONS), allow_all=False)
     syncs = [
         GradSync(s) for s in _parse_list(grad_sync, "--grad-sync", tuple(g.value for g in GradSync), False)
