@@ -152,6 +152,21 @@ def check_tp(arch: Architecture, plan: TpPlan, strategies: list[str], grad_accum
             f"--strategies {bad[0]} with --tp {t} is not accepted; accepted: {', '.join(TP_STRATEGIES)} "
             "(FSDP2 over the dp mesh after the TP plan)"
         )
+    check_tp_model(arch, t)
+    if grad_accum != 1:
+        raise InputError(f"--grad-accum {grad_accum} with --tp {t} is not accepted; accepted: --grad-accum 1")
+
+
+def check_tp_model(arch: Architecture, t: int) -> None:
+    """One line for a model the plan cannot split over ``t`` ranks: heads, key/value heads or the MLP width
+    not divisible by t; a module the plan does not cover; a tied head, learned positions, row-parallel
+    biases."""
+    uncovered = sorted({m.module.rsplit(".", 1)[-1] for m in parameter_tensors(arch)} - set(TP_STYLES))
+    if uncovered:
+        raise InputError(
+            f"{arch.name} has modules torchtitan's TP plan does not cover ({', '.join(uncovered)}); "
+            "accepted: a dense Llama-layout model (llama, mistral, qwen2)"
+        )
     divisible = {
         "--heads": arch.num_heads,
         "--kv-heads": arch.kv_heads,
@@ -175,8 +190,6 @@ def check_tp(arch: Architecture, plan: TpPlan, strategies: list[str], grad_accum
             f"{arch.name} has {' and '.join(beyond)}; --tp builds torchtitan's plan, which has none; "
             "accepted: an untied model with rotary positions (llama, mistral, qwen2: e.g. --model llama-3-8b)"
         )
-    if grad_accum != 1:
-        raise InputError(f"--grad-accum {grad_accum} with --tp {t} is not accepted; accepted: --grad-accum 1")
 
 
 # ---------------------------------------------------------------------------------- the seam: states
