@@ -5,7 +5,9 @@ of the same configuration (:func:`zerocalc.comm.estimate.evaluate_comm` under th
 is
 in the Strategy records), expanded into its calls and compared with the calls each rank recorded in the
 measured step as multisets of (operation, phase, dtype, process group, S, broadcast source). Calls over a
-group of one rank move nothing and are left out of both sides.
+group of one rank move nothing and are left out of both sides. On a ``dp × tp`` mesh the states and the
+calls are :mod:`zerocalc.validate.tp`'s, each call's group is ``dp`` or ``tp``, and each rank's calls are
+compared in the order it issued them as well.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ after it) on random tokens, and measures:
 * collectives: every c10d collective of the measured step, seen by a ``TorchDispatchMode``
   (:class:`CollectiveRecorder`): the C++ ``ProcessGroup`` methods, DDP's reducer included, dispatch to the
   ``c10d::allreduce_`` ... ops (``torch/csrc/distributed/c10d/ProcessGroup.hpp``), so the Python mode
-  sees them all; per call its operation, dtype, S, process group (global ranks) and broadcast source;
+  sees them all, and DTensor's from inside its dispatch too; per call, in order, its operation, dtype, S,
+  process group (global ranks) and broadcast source;
 
 * params / grads: bytes of the parameters the optimizer sees and their ``.grad`` (DTensor: ``to_local()``;
   FSDP1: the sharded ``FlatParameter`` s);
@@ -23,6 +24,10 @@ after it) on random tokens, and measures:
   ``FlatParameter._full_param_padded`` (and the low-precision ``_mp_shard`` under NO_SHARD) whose storage
   is allocated; FSDP2 the ``all_gather_outputs`` of every ``FSDPParamGroup`` still ``is_unsharded``;
 * on GPU also ``torch.cuda.max_memory_allocated``.
+
+Under a ``dp × tp`` mesh (``Job.tp_plan``) the model gets torchtitan's TP plan on the tp sub-mesh
+(:func:`parallelize`) before ``fully_shard`` over the dp sub-mesh, the ranks of a TP group take the same
+tokens, and the loss runs under ``loss_parallel()`` when the plan keeps the logits vocab-sharded.
 
 Rank 0 gathers every rank's figures with ``all_gather_object`` before tear-down; the model and optimizer
 are freed (``gc.collect()``) before ``destroy_process_group`` (torch 2.13 can abort at exit otherwise).
