@@ -714,7 +714,7 @@ def _validate_fake(
 def _fake_model(model: str | None, tp: bool = False):
     """The model's name, its config.json dict (what transformers builds) and its architecture: the tiny
     Llama of ``--activations`` without ``--model`` (with ``tp``: untied, 8 key/value heads, which TP up to
-    8 ranks splits), else a config.json or a preset."""
+    8 ranks splits), else a config.json, a preset or a model TOML file."""
     from pathlib import Path
 
     from zerocalc.model.hf_config import _load, architecture_from_hf_dict
@@ -727,13 +727,14 @@ def _fake_model(model: str | None, tp: bool = False):
             config = dict(config, tie_word_embeddings=False, num_key_value_heads=8)
             name = "tiny llama (untied, 8 kv heads)"
         return name, config, architecture_from_hf_dict(config, f"the {name}", name)
+    from zerocalc.request.presets import load_model, model_file
+    from zerocalc.validate.hf_export import hf_config_of
+
     path = Path(model).expanduser()
-    if model.endswith(".json") or path.is_file():
+    if model.endswith(".json") or (path.is_file() and model_file(model) != ("toml", path)):
         config = _load(path)
         name = path.parent.name or path.stem
         return name, config, architecture_from_hf_dict(config, f"--model {model!r}", name)
-    from zerocalc.request.presets import load_model
-    from zerocalc.validate.hf_export import hf_config_of
 
     arch, _ = load_model(model)
     return model, hf_config_of(arch, f"--model {model!r}"), arch

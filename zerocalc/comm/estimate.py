@@ -454,7 +454,7 @@ def strategy_comm(
     """Cost every collective of one strategy's schedule under the request's framework (pure)."""
     framework = request.framework
     strategy = STRATEGIES[name]
-    layout = layout or Layout.of(request.model.params, request.model.architecture)
+    layout = layout or Layout.of(request.rank_model.params, request.rank_model.architecture)
     sync = effective_grad_sync(framework, name, request.grad_sync)
     costs: list[CollectiveCost] = []
     for collective in collective_runs(name, request, layout):
@@ -525,13 +525,13 @@ def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -
 
 def evaluate_comm(request: TrainingRequest) -> CommEstimate:
     """The communication of every requested strategy, with times and the optional compute comparison."""
-    layout = Layout.of(request.model.params, request.model.architecture)
+    layout = Layout.of(request.rank_model.params, request.rank_model.architecture)
     ddp = _ddp_reference(request, layout)
     rows = [strategy_comm(name, request, ddp, layout) for name in request.strategies]
     compute = None
     if request.tokens_per_step is not None and request.tflops is not None:
         flops = 6 * request.model.params * request.tokens_per_step
-        seconds = flops / (request.cluster.world_size * request.tflops * 1e12)
+        seconds = flops / (request.mesh.world * request.tflops * 1e12)
         compute = ComputeTime(flops_per_step=flops, seconds=seconds)
         for row in rows:
             row.hidden_time_s = min(row.time_s, seconds)

@@ -244,6 +244,76 @@ class ParamTensor(BaseModel):
         return n
 
 
+class TensorParallelRank(Architecture):
+    """An architecture as one of its t tensor-parallel ranks holds it: the same description, and
+    :func:`parameter_tensors` gives that rank's local shards (:func:`tensor_parallel_shape`).
+
+    Sources: Megatron-LM ``core/tensor_parallel/layers.py`` (``ColumnParallelLinear`` splits the output
+    dimension and its bias, ``RowParallelLinear`` the input dimension with the bias replicated,
+    ``VocabParallelEmbedding`` the vocabulary; ``training/tokenizer`` pads the vocabulary to a multiple
+    of ``make_vocab_size_divisible_by`` (128) × t); torchtitan ``models/llama3/infra/parallelize.py``
+    ``apply_tp`` (``ColwiseParallel`` q/k/v, w1/w3 and the output, ``RowwiseParallel`` wo, w2 and the
+    embedding over its vocabulary, norms replicated), whose DTensor shards follow ``torch.chunk``: the
+    first ranks hold ceil(n/t). Routers, norms, position tables and the low-rank ``q_a``/``kv_a``
+    projections of latent attention are replicated; each routed expert's width is split like a dense
+    MLP's (Megatron's expert tensor parallelism at its default, the TP degree).
+    """
+
+    tp: int = Field(ge=1, description="t: tensor-parallel ranks")
+    vocab_multiple: int = Field(
+        default=1, ge=1, description="the vocabulary is padded to a multiple of this × t (Megatron: 128)"
+    )
+
+    @property
+    def padded_vocab(self) -> int:
+        """V padded as Megatron-LM's ``_vocab_size_with_padding`` does (unpadded for DTensor plans)."""
+        multiple = self.vocab_multiple * self.tp
+        return -(-self.vocab_size // multiple) * multiple
+
+
+_COLUMN_PARALLEL = frozenset(
+    {"q_proj", "k_proj", "v_proj", "qkv_proj", "q_b_proj", "kv_b_proj", "fc_in", "gate_proj", "up_proj",
+     "gate_up_proj"}
+)  # fmt: skip
+_ROW_PARALLEL = frozenset({"o_proj", "fc_out", "down_proj"})
+_VOCAB_PARALLEL = frozenset({"embed_tokens", "lm_head"})
+
+
+def tensor_parallel_dim(tensor: ParamTensor) -> int | None:
+    """The dimension tensor parallelism splits (:class:`TensorParallelRank`), None where replicated."""
+    if tensor.module in _VOCAB_PARALLEL:
+        return 0
+    leaf = tensor.module.rsplit(".", 1)[-1]
+    if leaf == "experts":  # 3-D [E, out, in] expert weights: fc_in / gate_up split out, fc_out / down in
+        return 1 if tensor.name in _COLUMN_PARALLEL else 2
+    if leaf in _COLUMN_PARALLEL:
+        return 0
+    if leaf in _ROW_PARALLEL and tensor.name == "weight":
+        return 1
+    return None
+
+
+def tensor_parallel_shape(tensor: ParamTensor, arch: TensorParallelRank) -> tuple[int, ...]:
+    """The largest rank's local shape of ``tensor`` (ceil(n/t) of the split dimension; the vocabulary
+    padded first)."""
+    dim = tensor_parallel_dim(tensor)
+    if dim is None or arch.tp == 1:
+        return tensor.shape
+    shape = list(tensor.shape)
+    if tensor.module in _VOCAB_PARALLEL:
+        shape[0] = arch.padded_vocab
+    shape[dim] = -(-shape[dim] // arch.tp)
+    return tuple(shape)
+
+
+def _rank_local(arch: Architecture, tensors: list[ParamTensor]) -> list[ParamTensor]:
+    if not isinstance(arch, TensorParallelRank):
+        return tensors
+    return [
+        ParamTensor(module=t.module, name=t.name, shape=tensor_parallel_shape(t, arch)) for t in tensors
+    ]
+
+
 def _linear(module: str, d_in: int, d_out: int, bias: bool) -> list[ParamTensor]:
     tensors = [ParamTensor(module=module, name="weight", shape=(d_out, d_in))]
     if bias:
@@ -338,7 +408,7 @@ def layer_tensors(arch: Architecture, index: int = 0) -> list[ParamTensor]:
     tensors += _feed_forward(p, arch, arch.is_moe_layer(index))
     for name in after_mlp:
         tensors += _norm(f"{p}.{name}", arch)
-    return tensors
+    return _rank_local(arch, tensors)
 
 
 def embedding_tensors(arch: Architecture) -> list[ParamTensor]:
@@ -351,7 +421,7 @@ def embedding_tensors(arch: Architecture) -> list[ParamTensor]:
                 shape=(arch.max_position_embeddings, arch.hidden_size),
             )
         )
-    return tensors
+    return _rank_local(arch, tensors)
 
 
 def head_tensors(arch: Architecture) -> list[ParamTensor]:
@@ -361,7 +431,7 @@ def head_tensors(arch: Architecture) -> list[ParamTensor]:
         tensors.append(
             ParamTensor(module="lm_head", name="weight", shape=(arch.vocab_size, arch.hidden_size))
         )
-    return tensors
+    return _rank_local(arch, tensors)
 
 
 def parameter_tensors(arch: Architecture) -> list[ParamTensor]:
@@ -416,7 +486,7 @@ def count_parameters(arch: Architecture) -> ParameterCount:
     layers = sum(sizes[kind] * layers_of[kind] for kind in blocks)
     inactive = 0
     if arch.is_moe:
-        expert = _numel(_experts("expert", arch)) // arch.num_experts
+        expert = _numel(_rank_local(arch, _experts("moe.experts", arch))) // arch.num_experts
         inactive = (arch.num_experts - arch.experts_per_token) * expert * layers_of[True]
     modules: dict[str, int] = {}
     for t in embedding + [t for block in blocks.values() for t in block] + head:

@@ -25,6 +25,7 @@ from zerocalc.model.activations import Recompute
 from zerocalc.model.model_impl import MODEL_IMPLS, AttentionKernel, default_attention
 from zerocalc.network.cluster import Cluster
 from zerocalc.parallel.frameworks import TORCH_SOURCES, Framework
+from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.profiles import PROFILES, ModelInit, Profile, Wrap
 from zerocalc.parallel.strategies import STRATEGIES, Strategy, StrategyName
 from zerocalc.peak.kinds import TensorKind
@@ -52,11 +53,15 @@ device footprint was predicted from −5.0% to +0.8%; the margin keeps an unmeas
 fits when it would not."""
 
 
-def nccl_communicators(strategy: Strategy, cluster: Cluster) -> int:
+def nccl_communicators(strategy: Strategy, cluster: Cluster, mesh: Mesh | None = None) -> int:
     """NCCL communicators of more than one rank: one per kind of process group the strategy's collectives
-    use (FULL_SHARD: the world; HYBRID_SHARD: the node and across nodes). NCCL creates one lazily, at a
+    use (FULL_SHARD: the data-parallel group; HYBRID_SHARD: the node and across nodes), plus the tensor- and
+    context-parallel groups of the mesh where they have more than one rank. NCCL creates one lazily, at a
     group's first collective; a group of one rank communicates nothing."""
-    return len({c.group for c in strategy.schedule if cluster.group_size(c.group) > 1})
+    data = len({c.group for c in strategy.schedule if cluster.group_size(c.group) > 1})
+    if mesh is None:
+        return data
+    return data + (mesh.tp > 1) + (mesh.cp > 1)
 
 
 def peak_options(request: TrainingRequest) -> PeakOptions:
@@ -177,7 +182,7 @@ def strategy_peak(
         for kind in TensorKind
         if result.peak.live.get(kind)
     ]
-    communicators = nccl_communicators(strategy, request.cluster)
+    communicators = nccl_communicators(strategy, request.cluster, request.mesh)
     nccl = communicators * request.runtime.nccl_communicator_bytes
     context = request.runtime.context_bytes
     allocated = result.peak.allocated
@@ -231,8 +236,9 @@ def init_host_bytes_per_node(request: TrainingRequest) -> int | None:
     builds it (one per node where the framework's loading broadcasts from the node's first rank)."""
     if request.init is not ModelInit.CPU:
         return None
-    copies = 1 if PROFILES[request.framework].host_copy_per_node else request.cluster.ranks_per_node
-    return copies * INIT_HOST_BYTES * request.model.params
+    mesh = request.mesh
+    copies = mesh.tp if PROFILES[request.framework].host_copy_per_node else mesh.gpus_per_node
+    return copies * INIT_HOST_BYTES * request.rank_model.params
 
 
 INIT_MEANING = {

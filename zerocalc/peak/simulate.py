@@ -235,7 +235,8 @@ def mechanics_for(
     # one unit's gradients at a time (DeepSpeed's and Megatron's lines already hold their own)
     rule = strategy.buffers
     if request.buffers.wrap is Wrap.MODEL:
-        units = {"root": Unit("root", [request.model.params], [request.model.params], [request.model.params])}
+        params = request.rank_model.params
+        units = {"root": Unit("root", [params], [params], [params])}
     else:
         units = _units(request, 1, blocks)
     b_p, b_g = recipe.param_dtype.bytes, recipe.grad_dtype.bytes

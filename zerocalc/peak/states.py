@@ -69,7 +69,7 @@ def _paper(request: TrainingRequest, strategy: Strategy) -> StateLines:
 def _resident_buffers(request: TrainingRequest, strategy: Strategy) -> list[StateLine]:
     recipe = RECIPES[request.precision]
     return STRATEGY_BUFFERS[strategy.buffers](
-        request, request.model.params, recipe.param_dtype.bytes, recipe.grad_dtype.bytes
+        request, request.rank_model.params, recipe.param_dtype.bytes, recipe.grad_dtype.bytes
     )
 
 

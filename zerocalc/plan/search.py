@@ -328,7 +328,7 @@ class _OutsideBytes:
         key = (group.strategy, group.world, group.gpus_per_node)
         outside = self._bytes.get(key)
         if outside is None:
-            communicators = nccl_communicators(STRATEGIES[group.strategy], request.cluster)
+            communicators = nccl_communicators(STRATEGIES[group.strategy], request.cluster, request.mesh)
             outside = request.runtime.context_bytes + communicators * request.runtime.nccl_communicator_bytes
             self._bytes[key] = outside
         return outside

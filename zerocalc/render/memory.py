@@ -18,7 +18,7 @@ from zerocalc.render.tables import (
 
 if TYPE_CHECKING:
     from zerocalc.peak.report import FrameworkStates, PeakEstimate, StrategyPeak
-    from zerocalc.states.memory import MemoryEstimate, StateKind, StrategyMemory
+    from zerocalc.states.memory import MemoryEstimate, MemoryRequest, StateKind, StrategyMemory
 
 _STATE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("params", "Params"),
@@ -138,7 +138,8 @@ def render_memory(out: Output, estimate: MemoryEstimate, unit: ByteUnit) -> None
     print_phrases(
         out,
         f"[bold]Model states per GPU[/bold]: Ψ = {request.params:,} ({format_count(request.params)}),",
-        f"N = {request.cluster.world_size},",
+        f"N = {request.mesh.world}" + (f" ({mesh_text})," if (mesh_text := _mesh_text(request)) else ","),
+        *([f"Ψ_t = {request.rank_params:,} per TP rank,"] if request.mesh.tp > 1 else []),
         f"{request.precision.value} + {request.optimizer.value}:",
         f"b_p = {bpp.b_p},",
         f"b_g = {bpp.b_g},",
@@ -385,3 +386,8 @@ def _put_lines(
     for label, values in lines:
         for strategy, value in zip(strategies, values, strict=True):
             by_name[strategy.strategy.value][column_key(label)] = value
+
+
+def _mesh_text(request: MemoryRequest) -> str | None:
+    """``dp 1 × tp 8 + sp`` where the run is more than data-parallel."""
+    return request.mesh.describe() if request.mesh.model_parallel else None

@@ -32,7 +32,15 @@ from zerocalc.base.units import (
     parse_whole,
 )
 from zerocalc.model.activations import Recompute
-from zerocalc.model.architecture import Architecture, ParameterCount, count_parameters
+from zerocalc.model.architecture import (
+    MAX_LAYERS,
+    Architecture,
+    LatentAttention,
+    ParameterCount,
+    QkNorm,
+    TensorParallelRank,
+    count_parameters,
+)
 from zerocalc.model.model_impl import ModelImplName
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import DEFAULT_GPUS_PER_NODE, Cluster, RankGroup
@@ -47,6 +55,21 @@ from zerocalc.network.links import (
 )
 from zerocalc.network.schedule import GradSync, ZeroPP
 from zerocalc.parallel.frameworks import Estimate, Framework
+from zerocalc.parallel.mesh import (
+    CP_IMPLS,
+    EP_FRAMEWORKS,
+    PP_FRAMEWORKS,
+    PP_SCHEDULE_NAMES,
+    SEQUENCE_PARALLEL_DEFAULT,
+    TP_STYLES,
+    CpImpl,
+    Mesh,
+    PpSchedule,
+    TpStyle,
+    data_parallel_mesh,
+    framework_cp_impl,
+    framework_tp_style,
+)
 from zerocalc.parallel.optimizers import OptimizerImpl, OptimizerName
 from zerocalc.parallel.precision import RECIPES, PrecisionName
 from zerocalc.parallel.profiles import PROFILES, ModelInit, Wrap
@@ -173,7 +196,15 @@ class TrainingRequest(BaseModel):
 
     estimate: Estimate = Estimate.MEMORY
     model: ModelSpec
+    """The whole model, as given."""
+    rank_model: ModelSpec
+    """What one tensor-parallel rank holds of it (:class:`~zerocalc.model.architecture.TensorParallelRank`):
+    the model itself without tensor parallelism. Model states and the peak count this."""
+    mesh: Mesh
     cluster: Cluster
+    """The dp × cp ranks model states are sharded over and gradients reduced across
+    (:meth:`~zerocalc.parallel.mesh.Mesh.data_cluster`): the whole run without tensor and context
+    parallelism."""
     precision: PrecisionName = PrecisionName.BF16_MIXED
     optimizer: OptimizerName = OptimizerName.ADAMW
     fp32_grad_accum: bool = False
@@ -237,10 +268,11 @@ class TrainingRequest(BaseModel):
 
     @property
     def architecture(self) -> Architecture:
-        """The architecture; only called where the request has one (the peak)."""
-        if self.model.architecture is None:  # pragma: no cover - the parser guarantees it where needed
+        """The architecture as one tensor-parallel rank holds it; only called where the request has one
+        (the peak)."""
+        if self.rank_model.architecture is None:  # pragma: no cover - the parser guarantees it where needed
             raise InputError("this estimate needs an architecture; accepted: {model} NAME or config.json")
-        return self.model.architecture
+        return self.rank_model.architecture
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -248,7 +280,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
     """Parse and validate every option once; raises one :class:`InputError` naming the first problem."""
     o = options
     model = _model(o.params, o.model)
-    cluster = _cluster(o.gpus, o.gpus_per_node)
+    whole = _cluster(o.gpus, o.gpus_per_node)
     precision = _choice(o.precision, "{precision}", PrecisionName, {"_": "-"})
     optimizer = _optimizer(o.optimizer)
     recipe = RECIPES[precision]
@@ -272,6 +304,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         recompute=_choice(o.recompute, "{recompute}", Recompute),
         flash_attention=o.flash_attention,
     )
+    mesh = _mesh(o, whole, framework, model, activations)
     ddp_bucket = DDP_BUCKET_BYTES if o.ddp_bucket is None else parse_bytes(o.ddp_bucket, "{ddp_bucket}")
     buffers = BufferOptions(
         prefetch=parse_whole(o.prefetch, "{prefetch}", 0, MAX_PREFETCH, "units"),
@@ -293,7 +326,9 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
     request = TrainingRequest(
         estimate=o.estimate,
         model=model,
-        cluster=cluster,
+        rank_model=_rank_model(model, mesh),
+        mesh=mesh,
+        cluster=mesh.data_cluster(),
         precision=precision,
         optimizer=optimizer,
         fp32_grad_accum=o.fp32_grad_accum,
@@ -384,14 +419,20 @@ def _model_notes(model: str | Architecture | None) -> tuple[str, ...]:
     return model_notes(model)
 
 
-def _choice(text: object, what: str, enum: type, replace: dict[str, str] | None = None):
-    """An enum member by its value, case-insensitive (``_`` read as ``-`` where ``replace`` says)."""
+def _choice(
+    text: object, what: str, enum: type, replace: dict[str, str] | None = None, aliases: dict | None = None
+):
+    """An enum member by its value, case-insensitive (``_`` read as ``-`` where ``replace`` says), or by
+    one of its ``aliases`` (keys lower-case, without ``-`` and ``_``)."""
     key = str(text).strip().lower()
     for old, new in (replace or {}).items():
         key = key.replace(old, new)
     for member in enum:
         if key == member.value:
             return member
+    alias = (aliases or {}).get(key.replace("-", "").replace("_", ""))
+    if alias is not None:
+        return alias
     accepted = ", ".join(m.value for m in enum)
     raise InputError(f"{what} {shown(text)} is not accepted; accepted: {accepted}")
 
@@ -446,11 +487,12 @@ def _counted(architecture: Architecture) -> ParameterCount:
 
 
 def _model(params: int | str | None, model: str | Architecture | dict[str, Any] | None) -> ModelSpec:
-    """Ψ from ``params``, or from a model preset / config.json / architecture (``model``), never both."""
+    """Ψ from ``params``, or from a model preset / model TOML file / config.json / architecture (``model``),
+    never both."""
     if (params is None) == (model is None):
         raise InputError(
             "give {params} or {model} (not both); "
-            "accepted: {params} 7B, or {model} llama-3-8b / path/config.json"
+            "accepted: {params} 7B, or {model} llama-3-8b / path/model.toml / path/config.json"
         )
     if model is None:
         try:
@@ -508,7 +550,7 @@ def _config_dict_model(config: dict[str, Any]) -> ModelSpec:
 
 
 def _names_a_model(text: object) -> bool:
-    """Whether ``text``, given as Ψ, names a model preset or a config.json (a keyword mixed up)."""
+    """Whether ``text``, given as Ψ, names a model preset or file (a keyword mixed up)."""
     if not isinstance(text, str) or not text.strip():
         return False
     from pathlib import Path
@@ -516,7 +558,7 @@ def _names_a_model(text: object) -> bool:
     from zerocalc.request.presets import preset_names
 
     name = text.strip()
-    if name.lower() in preset_names("models") or name.endswith(".json"):
+    if name.lower() in preset_names("models") or name.lower().endswith((".json", ".toml")):
         return True
     try:
         return Path(name).exists()
@@ -533,6 +575,231 @@ def _cluster(gpus: int | str, gpus_per_node: int | str | None) -> Cluster:
         else parse_whole(gpus_per_node, "{gpus_per_node}", 1, MAX_GPUS_PER_NODE, "GPUs")
     )
     return Cluster.of(world, per_node)
+
+
+def _mesh(
+    o: TrainingOptions, whole: Cluster, framework: Framework, model: ModelSpec, activations: ActivationOptions
+) -> Mesh:
+    """dp × cp × tp of ``o.gpus`` ranks (:mod:`zerocalc.parallel.mesh`), each combination a framework
+    cannot run, or a model cannot be split by, one :class:`InputError`."""
+    tp = parse_whole(o.tp, "{tp}", 1, MAX_GPUS, "ranks")
+    cp = parse_whole(o.cp, "{cp}", 1, MAX_GPUS, "ranks")
+    pp = parse_whole(o.pp, "{pp}", 1, MAX_GPUS, "stages")
+    n, per_node = whole.world_size, whole.ranks_per_node
+    if n % (tp * cp * pp):
+        ranks = tp * cp * pp
+        degrees = [f"{{{name}}} {d}" for name, d in (("pp", pp), ("tp", tp), ("cp", cp)) if d > 1]
+        product = " × ".join(degrees) + (f" = {ranks}" if len(degrees) > 1 else "")
+        raise InputError(
+            f"{{gpus}} {n} is not a multiple of {product}; accepted: {{gpus}} a multiple of {ranks}"
+        )
+    vpp, schedule = _pipeline(o, framework, model, pp)
+    ep = _expert_parallel(o, framework, model, n // (tp * pp))
+    for flag, degree, what in (("{pp}", pp, "pipeline stages"), ("{ep}", ep, "expert parallelism")):
+        if degree > 1:
+            raise InputError(
+                f"{flag} {degree}: the memory and communication of {what} are not modelled yet; "
+                f"accepted: {flag} 1"
+            )
+    style = TP_STYLES.get(framework)
+    if tp > 1 and style is None:
+        names = ", ".join(f.value for f in TP_STYLES)
+        raise InputError(
+            f"{{tp}} {tp} with {{framework}} {framework.value}: its tensor parallelism is not modelled; "
+            f"accepted: {{framework}} {names}, or {{tp}} 1"
+        )
+    impls = CP_IMPLS.get(framework, ())
+    if cp > 1 and not impls:
+        names = ", ".join(f.value for f in CP_IMPLS)
+        raise InputError(
+            f"{{cp}} {cp} with {{framework}} {framework.value}: it has no context parallelism modelled; "
+            f"accepted: {{framework}} {names}, or {{cp}} 1"
+        )
+    if o.cp_impl is None:
+        cp_impl = framework_cp_impl(framework)
+    else:
+        cp_impl = _choice(o.cp_impl, "{cp_impl}", CpImpl)
+        if cp == 1:
+            raise InputError(
+                f"{{cp_impl}} {cp_impl.value} changes nothing with {{cp}} 1; accepted: {{cp}} 2 or more, "
+                "or no {cp_impl}"
+            )
+        if cp_impl not in impls:
+            names = ", ".join(i.value for i in impls)
+            raise InputError(
+                f"{{cp_impl}} {cp_impl.value}: {{framework}} {framework.value} does not implement it; "
+                f"accepted: {{cp_impl}} {names}"
+            )
+    if o.sequence_parallel is None:
+        sequence_parallel = tp > 1 and SEQUENCE_PARALLEL_DEFAULT.get(framework, False)
+    elif o.sequence_parallel and tp == 1:
+        raise InputError(
+            "{sequence_parallel} shards over the tensor-parallel group, and {tp} is 1; "
+            "accepted: {tp} 2 or more, or no {sequence_parallel}"
+        )
+    else:
+        sequence_parallel = o.sequence_parallel
+    if tp > 1 or cp > 1:
+        _model_split_problem(model, tp, cp, cp_impl, sequence_parallel, activations.seq_len)
+    tp_fits = per_node % tp == 0
+    if o.tp_across_nodes and tp_fits:
+        raise InputError(
+            f"{{tp_across_nodes}} changes nothing: {{tp}} {tp} ranks fit in a node of {per_node}; "
+            "accepted: no {tp_across_nodes}"
+        )
+    if not tp_fits and not o.tp_across_nodes:
+        raise InputError(
+            f"{{tp}} {tp} does not fit the nodes' {per_node} GPUs: a TP group would span nodes; accepted: "
+            f"{{tp}} a divisor of {per_node}, or {{tp_across_nodes}}"
+        )
+    return Mesh(
+        world=n,
+        gpus_per_node=per_node,
+        tp=tp,
+        cp=cp,
+        sequence_parallel=sequence_parallel,
+        cp_impl=cp_impl,
+        tp_style=framework_tp_style(framework),
+        pp=pp,
+        vpp=vpp,
+        pp_schedule=schedule,
+        ep=ep,
+    )
+
+
+def _pipeline(o: TrainingOptions, framework: Framework, model: ModelSpec, pp: int) -> tuple[int, PpSchedule]:
+    """``vpp`` and ``pp_schedule``, checked against the stages and the model's layers as Megatron-LM checks
+    them (``core/transformer/transformer_config.py``: layers divisible by p, and by p·v interleaved)."""
+    vpp = parse_whole(o.vpp, "{vpp}", 1, MAX_LAYERS, "virtual stages")
+    if o.pp_schedule is None:
+        schedule = PpSchedule.INTERLEAVED_1F1B if vpp > 1 else PpSchedule.ONE_F_ONE_B
+    else:
+        schedule = _choice(o.pp_schedule, "{pp_schedule}", PpSchedule, None, PP_SCHEDULE_NAMES)
+    if pp == 1:
+        for name, given in (("{vpp}", vpp > 1), ("{pp_schedule}", o.pp_schedule is not None)):
+            if given:
+                raise InputError(
+                    f"{name} changes nothing with {{pp}} 1; accepted: {{pp}} 2 or more, or no {name}"
+                )
+        return vpp, schedule
+    if framework not in PP_FRAMEWORKS:
+        names = ", ".join(f.value for f in PP_FRAMEWORKS)
+        raise InputError(
+            f"{{pp}} {pp} with {{framework}} {framework.value}: its pipeline parallelism is not modelled; "
+            f"accepted: {{framework}} {names}, or {{pp}} 1"
+        )
+    if vpp > 1 and schedule in (PpSchedule.GPIPE, PpSchedule.ONE_F_ONE_B):
+        raise InputError(
+            f"{{vpp}} {vpp} with {{pp_schedule}} {schedule.value}: it runs one stage per rank; accepted: "
+            "{pp_schedule} interleaved-1f1b or zero-bubble, or {vpp} 1"
+        )
+    if vpp == 1 and schedule is PpSchedule.INTERLEAVED_1F1B:
+        raise InputError(
+            "{pp_schedule} interleaved-1f1b needs virtual stages; accepted: {vpp} 2 or more, or "
+            "{pp_schedule} 1f1b"
+        )
+    arch = model.architecture
+    if arch is None:
+        raise InputError(
+            f"{{pp}} {pp} splits the model's layers, which needs its architecture; accepted: {{model}} NAME, "
+            "config.json or a model TOML"
+        )
+    chunks = pp * vpp
+    if arch.num_layers % chunks:
+        raise InputError(
+            f"{{pp}} {pp} × {{vpp}} {vpp}: {arch.name}'s {arch.num_layers} layers do not split into {chunks} "
+            f"equal chunks; accepted: {{pp}} × {{vpp}} a divisor of {arch.num_layers}"
+        )
+    return vpp, schedule
+
+
+def _expert_parallel(o: TrainingOptions, framework: Framework, model: ModelSpec, dp_cp: int) -> int:
+    """``ep``: a divisor of the experts and of the dp × cp ranks it is carved from (Megatron-LM
+    ``core/parallel_state.py``; torchtitan ``ParallelDims``)."""
+    ep = parse_whole(o.ep, "{ep}", 1, MAX_GPUS, "ranks")
+    if ep == 1:
+        return ep
+    if framework not in EP_FRAMEWORKS:
+        names = ", ".join(f.value for f in EP_FRAMEWORKS)
+        raise InputError(
+            f"{{ep}} {ep} with {{framework}} {framework.value}: its expert parallelism is not modelled; "
+            f"accepted: {{framework}} {names}, or {{ep}} 1"
+        )
+    arch = model.architecture
+    if arch is None or not arch.is_moe:
+        what = "a model without its architecture" if arch is None else f"{arch.name}, a dense model"
+        raise InputError(
+            f"{{ep}} {ep} shards experts, and {{model}} is {what}; accepted: {{model}} a mixture of experts "
+            "(mixtral-8x7b, qwen3-30b-a3b, deepseek-v3), or {ep} 1"
+        )
+    if arch.num_experts % ep:
+        raise InputError(
+            f"{{ep}} {ep}: {arch.name} has {arch.num_experts} experts, not a multiple of {ep}; "
+            f"accepted: {{ep}} a divisor of {arch.num_experts}"
+        )
+    if dp_cp % ep:
+        raise InputError(
+            f"{{ep}} {ep} does not divide the {dp_cp} ranks of dp × cp it is carved from; "
+            f"accepted: {{ep}} a divisor of {dp_cp}"
+        )
+    return ep
+
+
+def _model_split_problem(
+    model: ModelSpec, tp: int, cp: int, cp_impl: CpImpl, sequence_parallel: bool, seq_len: int
+) -> None:
+    """The tensor-parallel split of heads and widths, and the context-parallel split of the sequence,
+    as Megatron-LM checks them (``core/transformer/transformer_config.py``, ``core/parallel_state.py``)."""
+    arch = model.architecture
+    if arch is None:
+        split = f"{{tp}} {tp} splits the model's tensors" if tp > 1 else f"{{cp}} {cp} splits every sequence"
+        raise InputError(
+            f"{split}, which needs its architecture; accepted: {{model}} NAME, config.json or a model TOML"
+        )
+    checks: list[tuple[str, str, int, int]] = []
+    if tp > 1:
+        latent: LatentAttention | None = arch.latent_attention
+        checks.append(("{tp}", "attention heads", arch.num_heads, tp))
+        if latent is None:
+            checks.append(("{tp}", "key/value heads", arch.kv_heads, tp))
+        widths = (arch.intermediate_size, arch.dense_intermediate_size, arch.shared_expert_intermediate_size)
+        checks += [("{tp}", "MLP width", width, tp) for width in widths if width]
+        if arch.qk_norm is QkNorm.FULL:
+            raise InputError(
+                f"{{tp}} {tp}: {arch.name}'s q/k norms over all heads are not split by tensor parallelism "
+                "here; accepted: {tp} 1"
+            )
+    if cp > 1 and cp_impl is CpImpl.ULYSSES:
+        checks.append(("{cp}", "attention heads", arch.num_heads // tp, cp))
+        checks.append(("{cp}", "key/value heads", arch.kv_heads // tp, cp))
+    for flag, what, count, ranks in checks:
+        if count % ranks:
+            per_rank = " per tensor-parallel rank" if flag == "{cp}" and tp > 1 else ""
+            raise InputError(
+                f"{flag} {ranks}: {arch.name} has {count:,} {what}{per_rank}, not a multiple of {ranks}; "
+                f"accepted: {flag} a divisor of {count:,}"
+            )
+    chunks = 2 * cp if cp > 1 and cp_impl is not CpImpl.ULYSSES else cp
+    if sequence_parallel:
+        chunks *= tp
+    if seq_len % chunks:
+        why = "2·c load-balanced chunks" if cp > 1 and cp_impl is not CpImpl.ULYSSES else "c chunks"
+        if sequence_parallel:
+            why += ", each split t ways by sequence parallelism" if cp > 1 else "t sequence-parallel chunks"
+        raise InputError(
+            f"{{seq_len}} {seq_len:,} does not split into {why}; accepted: {{seq_len}} a multiple of {chunks}"
+        )
+
+
+def _rank_model(model: ModelSpec, mesh: Mesh) -> ModelSpec:
+    """What one tensor-parallel rank holds: its local shards of every tensor (the model itself at t 1)."""
+    arch = model.architecture
+    if mesh.tp == 1 or arch is None:
+        return model
+    vocab_multiple = 128 if mesh.tp_style is TpStyle.MEGATRON else 1
+    rank = TensorParallelRank(**dict(arch), tp=mesh.tp, vocab_multiple=vocab_multiple)
+    count = count_parameters(rank)
+    return model.model_copy(update={"params": count.total, "architecture": rank, "parameter_count": count})
 
 
 def _gpu_choice(name: str, reserve: int | str | None) -> GpuChoice:
@@ -774,7 +1041,25 @@ def request_with(request: TrainingRequest, **changes: object) -> TrainingRequest
     hundreds of candidate requests so (tests/test_plan.py compares each with the parser's)."""
     if not changes.get("strategies_explicit", request.strategies_explicit):
         raise ValueError("request_with needs explicit strategies (a default set resolves to other notes)")
+    if ("cluster" in changes or "framework" in changes) and "mesh" not in changes:
+        if request.mesh.model_parallel:
+            raise ValueError("request_with changes the cluster of a model-parallel mesh: give its mesh")
+        cluster = changes.get("cluster", request.cluster)
+        assert isinstance(cluster, Cluster)
+        framework = changes.get("framework", request.framework)
+        assert isinstance(framework, Framework)
+        changes["mesh"] = data_parallel_mesh(cluster.world_size, cluster.ranks_per_node, framework)
+    if "model" in changes and "rank_model" not in changes:
+        model = changes["model"]
+        assert isinstance(model, ModelSpec)
+        changes["rank_model"] = _rank_model(model, changes.get("mesh", request.mesh))  # type: ignore[arg-type]
     return _resolve_strategies(request.model_copy(update={**changes, "strategy_notes": ()}))
+
+
+def with_model(request: TrainingRequest, model: ModelSpec) -> TrainingRequest:
+    """The same request for another model (its tensor-parallel share recounted), unchecked: the caller
+    derives it from a request already checked (a plan's model cut to fewer layers)."""
+    return request.model_copy(update={"model": model, "rank_model": _rank_model(model, request.mesh)})
 
 
 def _comm_problem(request: TrainingRequest) -> str | None:

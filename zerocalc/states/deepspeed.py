@@ -143,10 +143,10 @@ def deepspeed_estimate(request: TrainingRequest, strategy: Strategy) -> DeepSpee
     cluster = request.cluster
     nodes, per_node = cluster.nodes, cluster.ranks_per_node
     offload = request.offload_optimizer is not OffloadTarget.NONE
-    psi = request.model.params
+    psi = request.rank_model.params
     if strategy.name is StrategyName.ZERO2:
         return zero2_model_states(psi, per_node, nodes, cpu_offload=offload, total_gpus=cluster.world_size)
-    count = request.model.parameter_count
+    count = request.rank_model.parameter_count
     assert count is not None
     return zero3_model_states(
         psi,

@@ -33,6 +33,7 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.units import ceil_div, format_count, gib, plural, summary_repr
 from zerocalc.model.architecture import ParameterCount
 from zerocalc.network.cluster import Cluster, RankGroup
+from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerName, OptimizerSpec
 from zerocalc.parallel.precision import RECIPES, PrecisionName, PrecisionRecipe
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName, row_named
@@ -106,7 +107,9 @@ class MemoryRequest(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     params: int = Field(gt=0, description="Ψ: parameter count")
-    cluster: Cluster
+    rank_params: int = Field(gt=0, description="Ψ_t: what one tensor-parallel rank holds (Ψ at tp 1)")
+    mesh: Mesh
+    cluster: Cluster = Field(description="the dp × cp ranks model states are sharded over")
     precision: PrecisionName
     optimizer: OptimizerName
     fp32_grad_accum: bool
@@ -123,6 +126,8 @@ class MemoryRequest(BaseModel):
     def of(cls, request: TrainingRequest) -> MemoryRequest:
         return cls(
             params=request.model.params,
+            rank_params=request.rank_model.params,
+            mesh=request.mesh,
             cluster=request.cluster,
             precision=request.precision,
             optimizer=request.optimizer,
@@ -216,7 +221,7 @@ def optimizer_parts(recipe: PrecisionRecipe, optimizer: OptimizerSpec) -> PartsO
 
 def shard_elements(request: TrainingRequest, group: RankGroup | None) -> int:
     """ceil(Ψ/d): the parameter elements of a state sharded over ``group`` that the largest rank holds."""
-    return ceil_div(request.model.params, request.cluster.group_size(group))
+    return ceil_div(request.rank_model.params, request.cluster.group_size(group))
 
 
 def state_shard(
@@ -231,7 +236,7 @@ def state_shard(
         location=location,
         shard_ranks=d,
         elements=n,
-        padding_elements=n * d - request.model.params,
+        padding_elements=n * d - request.rank_model.params,
         bytes=sum(parts.values()),
         parts=parts,
     )
@@ -315,7 +320,7 @@ def strategy_memory(strategy: Strategy, request: TrainingRequest, ddp_gpu_bytes:
     if capacity is not None:
         headroom = capacity - gpu
         fits = headroom >= 0
-    per_node = request.cluster.ranks_per_node
+    per_node = request.mesh.gpus_per_node
     return StrategyMemory(
         strategy=strategy.name,
         title=strategy.title,
@@ -337,6 +342,21 @@ def strategy_row(request: TrainingRequest) -> StrategyMemory:
     return strategy_memory(STRATEGIES[request.strategies[0]], request, ddp_baseline_gpu_bytes(request))
 
 
+def mesh_assumption(request: TrainingRequest) -> str:
+    """The mesh, its layout and what a rank holds, in words."""
+    mesh, cluster = request.mesh, request.cluster
+    text = (
+        f"mesh {mesh.describe()}, TP innermost then CP then DP (Megatron-LM and torchtitan order); model "
+        f"states sharded over the {plural(cluster.world_size, 'rank')} of dp × cp"
+    )
+    if mesh.tp > 1:
+        text += (
+            f"; each of the {mesh.tp} tensor-parallel ranks holds Ψ_t = {request.rank_model.params:,} "
+            f"parameters ({mesh.tp_style.value} layers)"
+        )
+    return text
+
+
 def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
     """Model states per GPU of every strategy of a validated request (pure)."""
     recipe = RECIPES[request.precision]
@@ -344,7 +364,6 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
     ddp_gpu_bytes = ddp_baseline_gpu_bytes(request)
     rows = [strategy_memory(STRATEGIES[name], request, ddp_gpu_bytes) for name in request.strategies]
 
-    cluster = request.cluster
     k = optimizer_bytes_per_parameter(recipe, optimizer)
     bpp = BytesPerParameter(
         b_p=recipe.param_dtype.bytes,
@@ -352,9 +371,14 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
         k=float(k),
         grad_accum=GRAD_ACCUM_DTYPE.bytes if request.fp32_grad_accum else 0,
     )
+    mesh = request.mesh
     assumptions = [
-        f"Ψ = {request.model.params:,} parameters; N = {plural(cluster.world_size, 'GPU')}, "
-        f"g = {cluster.ranks_per_node} per node ({plural(cluster.nodes, 'node')})",
+        f"Ψ = {request.model.params:,} parameters; N = {plural(mesh.world, 'GPU')}, "
+        f"g = {mesh.gpus_per_node} per node ({plural(mesh.nodes, 'node')})",
+    ]
+    if mesh.model_parallel:
+        assumptions.append(mesh_assumption(request))
+    assumptions += [
         f"{recipe.name.value}: {recipe.note}",
         optimizer.assumption,
     ]
