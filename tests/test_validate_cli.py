@@ -93,7 +93,7 @@ def spawned(monkeypatch: pytest.MonkeyPatch, perfect: Callable, worlds: list[int
             "mixture-of-experts",
         ),
         (["--model", "llama-2-7b"], "llama-2-7b has 6,738,415,616 parameters, too many to train on CPU"),
-        (["--tp", "0"], "--tp 0 is not accepted; accepted: a whole number ≥ 1"),
+        (["--tp", "0"], "--tp '0' is not accepted; accepted: a whole number ≥ 1"),
         (["--nproc", "4", "--tp", "3"], "--tp 3 does not divide the 4 ranks; accepted: a divisor ≥ 2"),
         (
             ["--nproc", "4", "--tp", "2", "--strategies", "fsdp2,zero1"],
@@ -103,7 +103,7 @@ def spawned(monkeypatch: pytest.MonkeyPatch, perfect: Callable, worlds: list[int
         (["--nproc", "4", "--tp", "2", "--ffn", "175"], "--ffn 175 is not a multiple of --tp 2"),
         (
             ["--nproc", "4", "--tp", "2", "--model", "gpt2", "--layers", "1", "--vocab", "101"],
-            "gpt2 (--layers 1, --vocab 101) has an LM head tied to the embedding and learned position",
+            "gpt2 (--layers 1, --vocab 101) has an LM head tied to the embedding, learned position",
         ),
         (["--nproc", "4", "--tp", "2", "-A", "2"], "--grad-accum 2 with --tp 2 is not accepted"),
         (["--nproc", "4", "--tp", "2", "-g", "2"], "--gpus-per-node with --tp 2 is not accepted"),

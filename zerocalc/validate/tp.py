@@ -159,14 +159,8 @@ def check_tp(arch: Architecture, plan: TpPlan, strategies: list[str], grad_accum
 
 def check_tp_model(arch: Architecture, t: int) -> None:
     """One line for a model the plan cannot split over ``t`` ranks: heads, key/value heads or the MLP width
-    not divisible by t; a module the plan does not cover; a tied head, learned positions, row-parallel
-    biases."""
-    uncovered = sorted({m.module.rsplit(".", 1)[-1] for m in parameter_tensors(arch)} - set(TP_STYLES))
-    if uncovered:
-        raise InputError(
-            f"{arch.name} has modules torchtitan's TP plan does not cover ({', '.join(uncovered)}); "
-            "accepted: a dense Llama-layout model (llama, mistral, qwen2)"
-        )
+    not divisible by t; a tied head, learned positions, row-parallel biases; a module the plan does not
+    cover."""
     divisible = {
         "--heads": arch.num_heads,
         "--kv-heads": arch.kv_heads,
@@ -186,9 +180,16 @@ def check_tp_model(arch: Architecture, t: int) -> None:
     if arch.out_bias or arch.mlp_bias:
         beyond.append("biases on the row-parallel projections (o_proj, down_proj / fc_out)")
     if beyond:
+        listed = beyond[0] if len(beyond) == 1 else f"{', '.join(beyond[:-1])} and {beyond[-1]}"
         raise InputError(
-            f"{arch.name} has {' and '.join(beyond)}; --tp builds torchtitan's plan, which has none; "
+            f"{arch.name} has {listed}; --tp builds torchtitan's plan, which has none; "
             "accepted: an untied model with rotary positions (llama, mistral, qwen2: e.g. --model llama-3-8b)"
+        )
+    uncovered = sorted({m.module.rsplit(".", 1)[-1] for m in parameter_tensors(arch)} - set(TP_STYLES))
+    if uncovered:
+        raise InputError(
+            f"{arch.name} has modules torchtitan's TP plan does not cover ({', '.join(uncovered)}); "
+            "accepted: a dense Llama-layout model (llama, mistral, qwen2)"
         )
 
 
