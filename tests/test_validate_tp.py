@@ -63,23 +63,6 @@ def test_the_hand_calculation_per_rank() -> None:
             assert kept_all.unsharded_after_forward.bytes == forward_bytes * (root + 2 * BLOCK_GATHERED)
 
 
-def test_the_seam_agrees_with_the_core_on_the_largest_tp_rank() -> None:
-    """The analytic core's TP rank (``TensorParallelRank``: the largest rank's shards) with its FSDP2 states
-    over the dp ranks gives what :func:`predicted_tp_states` gives on tp rank 0, line by line; the core has
-    no tp rank 1 (500 of the 1001 vocabulary rows here), which validate compares too."""
-    from zerocalc.model.architecture import TensorParallelRank
-    from zerocalc.states.framework import predict_rank_states
-
-    core = TensorParallelRank(**dict(ARCH), tp=2)
-    lines = ("params", "grads", "optimizer", "step", "unsharded_after_forward")
-    for setup in (FSDP2, NO_RESHARD):
-        for rank in (0, 2):  # tp rank 0 of dp ranks 0 and 1
-            for precision in (PrecisionName.FP32, PrecisionName.BF16_MIXED):
-                theirs = predict_rank_states(core, setup, PLAN.dp, PLAN.dp_rank(rank), precision, "adam")
-                mine = predicted_tp_states(ARCH, setup, PLAN, rank, precision, "adam")
-                assert [theirs.line(n).bytes for n in lines] == [mine.line(n).bytes for n in lines]
-
-
 def test_the_local_shards_cover_the_model_once_per_dp_replica() -> None:
     """Over the two ranks of a dp replica's tp group the shards are the model, the five norms (66 each)
     once per tp rank; FSDP2 splits each over the two dp ranks."""
@@ -273,3 +256,30 @@ def test_a_real_2x2_mesh_without_sequence_or_loss_parallel() -> None:
     }
     params = [next(x["measured"] for x in r["lines"] if x["line"] == "params") for r in config["ranks"]]
     assert params == HAND_PARAMS  # the norms stay plain tensors, sharded over dp only: the same bytes
+
+
+def test_the_validate_schedule_is_the_cores_tensor_parallel_collectives() -> None:
+    """The TP calls validate matches the real run against, summed by collective and phase, are the analytic
+    core's (``zerocalc comm``'s mesh collectives for the same model, mesh, b and s) but for the loss: the
+    validate model's cross-entropy scores the s − 1 shifted positions, torchtitan's the s pre-shifted
+    labels, so loss_parallel's three all-reduces carry b·(s − 1) values in one and b·s in the other."""
+    from collections import Counter
+
+    from zerocalc.api import estimate_comm
+
+    b, s = 2, 16
+    validate: Counter = Counter()
+    for call in predicted_tp_calls(ARCH, FSDP2, PLAN, 0, PrecisionName.FP32, b, s):
+        if call.group == "tp":
+            validate[(call.op, call.phase)] += call.elements
+    estimate = estimate_comm(
+        model=ARCH, gpus=4, tp=2, framework="fsdp2", strategies="zero3", precision="fp32", micro_batch=b,
+        seq_len=s,
+    )  # fmt: skip
+    core: Counter = Counter()
+    for row in estimate.strategies[0].mesh_collectives:
+        if row.dimension.value == "tp":
+            core[(row.op.value, row.phase.value)] += sum(row.elements) * row.times_per_step
+    assert core[("all_reduce", "forward")] - validate[("all_reduce", "forward")] == 3 * b
+    core[("all_reduce", "forward")] -= 3 * b
+    assert core == validate

@@ -314,8 +314,8 @@ def predicted_tracked_states(arch: Architecture, case: FakeCase) -> TrackedState
     plan = case.tp_plan
     assert plan is not None
     param = DType.FP32.bytes
-    per_tensor = [_rounded(local_numel(t, plan, 0) * param) for t in parameter_tensors(arch)]
-    per_unit = [sum(local_numel(t, plan, 0) for t in unit) for _, unit in fsdp_units(arch)]
+    per_tensor = [_rounded(local_numel(t, plan, 0, arch) * param) for t in parameter_tensors(arch)]
+    per_unit = [sum(local_numel(t, plan, 0, arch) for t in unit) for _, unit in fsdp_units(arch)]
     return TrackedStates(
         params=sum(per_tensor),
         optimizer=ADAM_STATES * sum(per_tensor),

@@ -35,20 +35,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.base.units import ceil_div
-from zerocalc.model.architecture import Architecture, ParamTensor, parameter_tensors
+from zerocalc.model.architecture import (
+    Architecture,
+    ParamTensor,
+    TensorParallelRank,
+    parameter_tensors,
+    tensor_parallel_dim,
+    tensor_parallel_shape,
+)
 from zerocalc.parallel.frameworks import TorchSetup, TorchWrapper
 from zerocalc.parallel.optimizers import OptimizerName
 from zerocalc.parallel.precision import RECIPES, PrecisionName
-from zerocalc.states.framework import (
-    STEP_BYTES,
-    Line,
-    RankStates,
-    dim0_rows,
-    fsdp_units,
-    grad_bytes,
-    optimizer_state_bytes,
-    param_bytes,
-)
+from zerocalc.states.framework import RankStates, dim0_rows, fsdp_units, predict_rank_states
 from zerocalc.validate.config import STRATEGIES, Job, TpPlan
 
 TP_STRATEGIES = ("fsdp2", "fsdp2-no-reshard")
@@ -86,31 +84,10 @@ def tp_style(tensor: ParamTensor) -> TpStyle:
     return TP_STYLES[tensor.module.rsplit(".", 1)[-1]]
 
 
-def tp_shard_dim(tensor: ParamTensor) -> int | None:
-    """The dim the plan shards over the tp ranks (None: replicated).
-
-    ``torch/distributed/tensor/parallel/style.py``: ``ColwiseParallel._partition_linear_fn`` weight and bias
-    ``Shard(0)``; ``RowwiseParallel._partition_linear_fn`` weight ``Shard(1)``, bias ``Replicate()``;
-    ``RowwiseParallel._partition_embedding_fn`` weight ``Shard(0)``; ``SequenceParallel`` replicates.
-    """
-    style = tp_style(tensor)
-    if style is TpStyle.COLWISE:
-        return 0
-    if style is TpStyle.ROWWISE:
-        if tensor.module.endswith("embed_tokens"):
-            return 0
-        return 1 if tensor.name == "weight" else None
-    return None
-
-
-def tp_local_shape(tensor: ParamTensor, tp: int, tp_rank: int) -> tuple[int, ...]:
-    """The tensor's shape on ``tp_rank`` of ``tp`` (``torch.chunk`` over its TP shard dim)."""
-    dim = tp_shard_dim(tensor)
-    if dim is None:
-        return tensor.shape
-    shape = list(tensor.shape)
-    shape[dim] = dim0_rows(shape[dim], tp, tp_rank)
-    return tuple(shape)
+def tp_local_shape(tensor: ParamTensor, tp: int, tp_rank: int, arch: Architecture) -> tuple[int, ...]:
+    """The tensor's shape on ``tp_rank`` of ``tp``: the analytic core's
+    (:func:`~zerocalc.model.architecture.tensor_parallel_shape`: ``torch.chunk`` over the split dim)."""
+    return tensor_parallel_shape(tensor, TensorParallelRank(**dict(arch), tp=tp, tp_index=tp_rank))
 
 
 def _rest(shape: tuple[int, ...]) -> int:
@@ -120,15 +97,15 @@ def _rest(shape: tuple[int, ...]) -> int:
     return n
 
 
-def local_numel(tensor: ParamTensor, plan: TpPlan, rank: int) -> int:
+def local_numel(tensor: ParamTensor, plan: TpPlan, rank: int, arch: Architecture) -> int:
     """Elements ``rank`` holds at rest: the tp-local tensor's dim-0 chunk over the dp ranks."""
-    shape = tp_local_shape(tensor, plan.tp, plan.tp_rank(rank))
+    shape = tp_local_shape(tensor, plan.tp, plan.tp_rank(rank), arch)
     return dim0_rows(shape[0], plan.dp, plan.dp_rank(rank)) * _rest(shape)
 
 
-def padded_numel(tensor: ParamTensor, plan: TpPlan, rank: int) -> int:
+def padded_numel(tensor: ParamTensor, plan: TpPlan, rank: int, arch: Architecture) -> int:
     """Elements of the tp-local tensor with dim 0 padded to a multiple of dp (FSDP2's all-gather output)."""
-    shape = tp_local_shape(tensor, plan.tp, plan.tp_rank(rank))
+    shape = tp_local_shape(tensor, plan.tp, plan.tp_rank(rank), arch)
     return ceil_div(shape[0], plan.dp) * plan.dp * _rest(shape)
 
 
@@ -202,50 +179,14 @@ def predicted_tp_states(
     precision: PrecisionName,
     optimizer: OptimizerName,
 ) -> RankStates:
-    """SEAM (to be replaced by the analytic core's per-rank states under ``request.mesh``): the bytes
-    ``rank`` of a ``dp × tp`` mesh holds after one step of FSDP2 over dp after the TP plan.
-
-    Each parameter: its tp-local shard (:func:`tp_local_shape`), then that tensor's dim-0 chunk over dp
-    (:func:`local_numel`); fp32 parameters (the master copy under bf16-mixed), ``.grad`` alike, Adam's
-    ``exp_avg`` and ``exp_avg_sq`` alike, one fp32 ``step`` per parameter. After forward the root group
-    (every group without resharding) keeps its padded all-gather output in the forward dtype.
-    """
+    """What the analytic core predicts ``rank`` of a ``dp × tp`` mesh holds after one step of FSDP2 over dp
+    after the TP plan: :func:`~zerocalc.states.framework.predict_rank_states` of the rank's
+    :class:`~zerocalc.model.architecture.TensorParallelRank` (its tp index's ``torch.chunk`` shards, no
+    vocabulary padding) over the dp ranks."""
     if setup.wrapper is not TorchWrapper.FSDP2:
         raise InputError(f"--tp runs FSDP2 only; accepted: {', '.join(TP_STRATEGIES)}")
-    fwd = RECIPES[precision].param_dtype
-    tensors = parameter_tensors(arch)
-    local = sum(local_numel(t, plan, rank) for t in tensors)
-    kept = sum(
-        padded_numel(t, plan, rank)
-        for name, unit in fsdp_units(arch)
-        if not setup.reshard_after_forward or name == "root"
-        for t in unit
-    )
-    where = f"tp rank {plan.tp_rank(rank)} of {plan.tp}, dp rank {plan.dp_rank(rank)} of {plan.dp}"
-    kept_text = (
-        "every group's padded tp-local parameters (reshard_after_forward=False)"
-        if not setup.reshard_after_forward
-        else "the root group's padded tp-local parameters (the root is not resharded after forward)"
-    )
-    return RankStates(
-        setup=setup,
-        world_size=plan.world,
-        rank=rank,
-        precision=precision,
-        optimizer=optimizer,
-        params=Line(
-            bytes=param_bytes(local),
-            explanation=f"{len(tensors)} DTensors, tp shard then dim-0 dp chunk ({where}): {local:,} fp32",
-        ),
-        grads=Line(bytes=grad_bytes(local), explanation=f"{local:,} fp32: sharded like the parameters"),
-        optimizer_states=Line(
-            bytes=optimizer_state_bytes(local, optimizer), explanation=f"2 × {local:,} fp32 local shards"
-        ),
-        step=Line(bytes=len(tensors) * STEP_BYTES, explanation=f"{len(tensors)} fp32 step counters"),
-        unsharded_after_forward=Line(
-            bytes=kept * fwd.bytes, explanation=f"{kept:,} {fwd.value}: {kept_text}"
-        ),
-    )
+    share = TensorParallelRank(**dict(arch), tp=plan.tp, tp_index=plan.tp_rank(rank))
+    return predict_rank_states(share, setup, plan.dp, plan.dp_rank(rank), precision, optimizer)
 
 
 # ----------------------------------------------------------------------------- the seam: collectives
@@ -263,8 +204,8 @@ class TpCall(BaseModel):
     behaviour: str
 
 
-def _unit_numel(unit: list[ParamTensor], plan: TpPlan, rank: int) -> int:
-    return sum(padded_numel(t, plan, rank) for t in unit)
+def _unit_numel(unit: list[ParamTensor], plan: TpPlan, rank: int, arch: Architecture) -> int:
+    return sum(padded_numel(t, plan, rank, arch) for t in unit)
 
 
 def predicted_tp_calls(
@@ -276,7 +217,7 @@ def predicted_tp_calls(
     batch: int,
     seq: int,
 ) -> list[TpCall]:
-    """SEAM (to be replaced by the analytic core's TP + FSDP2 schedule): every collective ``rank`` issues in
+    """Every collective ``rank`` issues in
     one step of ``batch`` sequences of ``seq`` tokens (loss over the first ``seq − 1`` positions), in order.
 
     TP (``torch/distributed/tensor/parallel/style.py``, ``_redistribute.py``; activations b·s·h in the
@@ -300,7 +241,7 @@ def predicted_tp_calls(
     units = dict(fsdp_units(arch))
     blocks = [name for name in units if name != "root"]
     replicated = {
-        name: [t for t in unit if tp_style(t) is TpStyle.REPLICATED] for name, unit in units.items()
+        name: [t for t in unit if tensor_parallel_dim(t) is None] for name, unit in units.items()
     }
     calls: list[TpCall] = []
 
@@ -315,7 +256,7 @@ def predicted_tp_calls(
             else f"FSDP2 reduce-scatters {unit}'s gradients over dp in fp32"
         )
         calls.append(TpCall(op=op, phase=phase, dtype=fwd if op == "all_gather" else reduce, group="dp",
-                            group_size=plan.dp, elements=_unit_numel(units[unit], plan, rank),
+                            group_size=plan.dp, elements=_unit_numel(units[unit], plan, rank, arch),
                             behaviour=behaviour))  # fmt: skip
 
     def grad_all_reduces(unit: str) -> None:
