@@ -21,9 +21,10 @@ DTensor shards a dimension with ``torch.chunk`` semantics (``ceil(d/t)`` on the 
 shards each parameter's tp-local tensor on dim 0 over the dp ranks the same way
 (``_fully_shard/_fsdp_param.py`` ``FSDPParam._init_sharded_param``: ``_StridedShard`` when both shard dim 0).
 
-:func:`predicted_tp_states` and :func:`predicted_tp_calls` are the seam between ``validate --tp`` and the
-analytic core: they compute, from the plan above, what the core's TP model states and TP schedule must
-give for this model, rank by rank.
+:func:`predicted_tp_states` is the analytic core's model states of each rank;
+:func:`predicted_tp_calls` lists each rank's collectives in the order it issues them, with the sizes of
+the core's tensor shards (their sums per collective and phase are ``zerocalc comm``'s mesh collectives,
+tests/test_validate_tp.py).
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ def check_tp_model(arch: Architecture, t: int) -> None:
         )
 
 
-# ---------------------------------------------------------------------------------- the seam: states
+# ------------------------------------------------------------------------------------- the states
 def predicted_tp_states(
     arch: Architecture,
     setup: TorchSetup,
@@ -189,7 +190,7 @@ def predicted_tp_states(
     return predict_rank_states(share, setup, plan.dp, plan.dp_rank(rank), precision, optimizer)
 
 
-# ----------------------------------------------------------------------------- the seam: collectives
+# -------------------------------------------------------------------------------- the collectives
 class TpCall(BaseModel):
     """One collective a rank issues in the step, in the order it issues it."""
 
