@@ -218,8 +218,8 @@ def predicted_tp_calls(
     batch: int,
     seq: int,
 ) -> list[TpCall]:
-    """Every collective ``rank`` issues in
-    one step of ``batch`` sequences of ``seq`` tokens (loss over the first ``seq − 1`` positions), in order.
+    """Every collective ``rank`` issues in one step of ``batch`` sequences of ``seq`` tokens (loss over the
+    first ``seq − 1`` positions), in order.
 
     TP (``torch/distributed/tensor/parallel/style.py``, ``_redistribute.py``; activations b·s·h in the
     forward dtype): with sequence parallel each block all-gathers its attention and MLP inputs (``Shard(1)
