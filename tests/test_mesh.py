@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from helpers import one_line_error
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from zerocalc.api import estimate_memory
@@ -58,7 +62,13 @@ def test_megatron_tensor_parallel_rank_of_gpt3_175b() -> None:
     assert request.rank_model.params == GPT3_175B_TP8
     assert request.model.params == 174_604_259_328
     estimate = estimate_memory(
-        model="gpt3-175b", gpus=8, tp=8, sequence_parallel=True, framework="megatron", strategies="zero1"
+        model="gpt3-175b",
+        gpus=8,
+        tp=8,
+        sequence_parallel=True,
+        framework="megatron",
+        strategies="zero1",
+        model_impl="megatron",
     )
     row = estimate.row("zero1")
     # the ZeRO paper's ZeRO-1 over dp × cp = 1 rank: 2 + 2 + 12 bytes per local parameter
@@ -72,7 +82,7 @@ def test_dtensor_rank_of_llama_3_8b() -> None:
     layer = (4096 * 4096 * 2 + 4096 * 1024 * 2 + 3 * 4096 * 14336) // 2 + 2 * 4096
     expected = 32 * layer + 2 * (128256 // 2) * 4096 + 4096
     assert expected == 4_015_263_744
-    request = parse_options(model="llama-3-8b", gpus=8, tp=2, framework="fsdp2")
+    request = parse_options(model="llama-3-8b", gpus=8, tp=2, framework="fsdp2", model_impl="torchtitan")
     assert request.rank_model.params == expected
     assert request.mesh.sequence_parallel  # torchtitan's plan
     assert request.cluster.world_size == 4
@@ -117,6 +127,12 @@ def test_context_parallel_shards_states_over_dp_times_cp() -> None:
         ([*L3, "--cp", "2", "--gpus", "8", "--framework", "fsdp2", "--cp-impl", "ulysses"],
          "--cp-impl ulysses: --framework fsdp2 does not implement it; accepted: --cp-impl allgather, ring"),
         ([*L3, "--cp", "2", "--gpus", "8", "--framework", "ddp"], "no context parallelism"),
+        ([*L3, "--tp", "2", "--gpus", "8", "--framework", "fsdp2", "--sequence-parallel"],
+         "--tp 2 with --model-impl hf: transformers' tensor-parallel plans have no sequence parallelism"),
+        ([*L3, "--cp", "2", "--gpus", "8", "--framework", "fsdp2", "--no-flash-attention"],
+         "context parallelism needs flash attention (fused kernels keep no s × s tensor); accepted: --flash"),
+        (["--model", "mixtral-8x7b", "--tp", "2", "--gpus", "8", "--framework", "fsdp2", "--model-impl",
+          "torchtitan"], "mixture-of-experts layers is not modelled; accepted: --model-impl megatron"),
         ([*L3, "--gpus", "8", "--cp-impl", "ring"], "changes nothing with --cp 1"),
         ([*L3, "--gpus", "8", "--sequence-parallel"], "--tp is 1"),
         ([*L3, "--tp", "8", "--gpus", "16", "-g", "4"], "a TP group would span nodes"),
@@ -144,6 +160,47 @@ def test_pipeline_options_are_checked() -> None:
         one_line_error(runner.invoke(app, ["memory", *args]), fragment)
 
 
+def test_hf_code_under_fsdp2_tensor_parallelism_has_no_sequence_parallelism() -> None:
+    assert not parse_options(model="llama-3-8b", gpus=8, tp=2, framework="fsdp2").mesh.sequence_parallel
+    titan = parse_options(model="llama-3-8b", gpus=8, tp=2, framework="fsdp2", model_impl="torchtitan")
+    assert titan.mesh.sequence_parallel
+
+
 def test_tp_across_nodes_is_accepted_when_said() -> None:
     request = parse_options(model="llama-3-8b", gpus=16, gpus_per_node=4, tp=8, tp_across_nodes=True)
     assert request.mesh.tp_spans_nodes
+
+
+@settings(
+    max_examples=int(os.environ.get("MESH_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_any_mesh_is_estimated_or_refused_in_one_line(data: st.DataObject) -> None:
+    """Meshes of every degree, framework, model code and model: an estimate, or one line and exit 2."""
+    command = data.draw(st.sampled_from(["memory", "comm"]))
+    model = data.draw(st.sampled_from(["gpt2", "llama-3-8b", "mixtral-8x7b", "gpt3-175b"]))
+    args = [command, "--model", model]
+    args += ["--gpus", str(data.draw(st.sampled_from([2, 4, 8, 16, 32, 64])))]
+    args += ["--framework", data.draw(st.sampled_from(["paper", "megatron", "fsdp2", "deepspeed", "ddp"]))]
+    for flag, values in (
+        ("--tp", ["1", "2", "3", "4", "8", "16"]),
+        ("--cp", ["1", "2", "4", "3"]),
+        ("--cp-impl", ["ring", "allgather", "ulysses", "rings"]),
+        ("--seq-len", ["1024", "4096", "1000"]),
+        ("--micro-batch", ["1", "2"]),
+    ):
+        if data.draw(st.booleans()):
+            args += [flag, data.draw(st.sampled_from(values))]
+    if command == "memory" and data.draw(st.booleans()):
+        args += ["--model-impl", data.draw(st.sampled_from(["hf", "megatron", "torchtitan"]))]
+    switch = data.draw(st.sampled_from([None, "--sequence-parallel", "--no-sequence-parallel"]))
+    if switch:
+        args.append(switch)
+    if command == "memory" and data.draw(st.booleans()):
+        args.append("--flash-attention")
+    result = runner.invoke(app, args)
+    assert "Traceback" not in result.output, (args, result.output)
+    if result.exit_code != 0:
+        one_line_error(result)

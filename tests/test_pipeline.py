@@ -161,15 +161,9 @@ def test_gpt3_175b_stages_with_virtual_stages() -> None:
     h = 12288
     vocab = 51200 // 8 * h
     request = parse_options(
-        model="gpt3-175b",
-        gpus=64,
-        tp=8,
-        pp=8,
-        vpp=2,
-        framework="megatron",
-        sequence_parallel=True,
-        grad_accum=16,
-    )
+        model="gpt3-175b", gpus=64, tp=8, pp=8, vpp=2, framework="megatron", model_impl="megatron",
+        sequence_parallel=True, grad_accum=16,
+    )  # fmt: skip
     params = [s.params for s in request.stages]
     assert params[0] == 12 * GPT3_LAYER_TP8 + vocab + 2048 * h
     assert params[1:7] == [12 * GPT3_LAYER_TP8] * 6

@@ -209,20 +209,27 @@ def _check_out(path: Path, parents: bool) -> None:
 
 
 def _parse_collectives(text: str) -> list[Collective]:
-    from zerocalc.network.collectives import COLLECTIVES, parse_collective
+    from zerocalc.network.collectives import BENCHMARKED, parse_collective
 
     names = [t for t in (p.strip() for p in text.split(",")) if t]
     if not names:
         raise InputError("--collectives is empty; accepted: all or a comma list of " + _all_names())
     if names == ["all"]:
-        return list(COLLECTIVES)
-    return list(dict.fromkeys(parse_collective(name) for name in names))
+        return list(BENCHMARKED)
+    chosen = list(dict.fromkeys(parse_collective(name) for name in names))
+    for collective in chosen:
+        if collective not in BENCHMARKED:
+            raise InputError(
+                f"--collectives {collective.value} is not measured by bench; "
+                "accepted: all or a comma list of " + _all_names()
+            )
+    return chosen
 
 
 def _all_names() -> str:
-    from zerocalc.network.collectives import COLLECTIVES
+    from zerocalc.network.collectives import BENCHMARKED
 
-    return ", ".join(c.value for c in COLLECTIVES)
+    return ", ".join(c.value for c in BENCHMARKED)
 
 
 def _visible_gpus() -> int:

@@ -74,6 +74,29 @@ GpusPerNode = Annotated[
     ),
 ]
 
+Tp = Annotated[
+    str,
+    typer.Option(
+        "--tp",
+        help="Tensor-parallel ranks t: torchtitan's TP plan on a dp × tp mesh (TP innermost, dp = ranks / "
+        "t), then FSDP2 over dp (fsdp2, fsdp2-no-reshard); with --fake a comma list (a case per --world).",
+    ),
+]
+SequenceParallelOpt = Annotated[
+    bool,
+    typer.Option(
+        "--sequence-parallel/--no-sequence-parallel",
+        help="With --tp: SequenceParallel norms, activations sharded on the sequence between blocks.",
+    ),
+]
+LossParallelOpt = Annotated[
+    bool,
+    typer.Option(
+        "--loss-parallel/--no-loss-parallel",
+        help="With --tp: the logits stay sharded over the vocabulary into the cross entropy (loss_parallel).",
+    ),
+]
+
 
 Activations = Annotated[
     bool,
@@ -135,13 +158,24 @@ Reshard = Annotated[
 ]
 FRAMEWORK_RUN_ONLY = (
     "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "strategies", "optimizer", "grad_accum",
-    "grad_sync", "gpus_per_node", "nproc", "timeout",
+    "grad_sync", "gpus_per_node", "nproc", "timeout", "tp", "sequence_parallel", "loss_parallel",
 )  # fmt: skip
 """Options only the framework runs read (the default mode)."""
 READ_BY_MODE = {
     "activations": ("model", "precision", "family", "attention", "micro_batch", "seq_len", "json"),
     "cuda": ("model", "micro_batch", "seq_len", "snapshot_out", "json"),
-    "fake": ("model", "world", "micro_batch", "seq_len", "recompute", "reshard", "json"),
+    "fake": (
+        "model",
+        "world",
+        "micro_batch",
+        "seq_len",
+        "recompute",
+        "reshard",
+        "tp",
+        "sequence_parallel",
+        "loss_parallel",
+        "json",
+    ),
     "frameworks": ("model", "precision", *FRAMEWORK_RUN_ONLY, "json"),
 }
 """The options each mode reads; one given to a mode that does not read it is refused, not ignored."""
@@ -167,6 +201,9 @@ def validate(
     gpus_per_node: GpusPerNode = None,
     nproc: Nproc = 2,
     timeout: Timeout = 120.0,
+    tp: Tp = "1",
+    sequence_parallel: SequenceParallelOpt = True,
+    loss_parallel: LossParallelOpt = True,
     activations: Activations = False,
     family: Families = "all",
     attention: Attentions = "sdpa,eager",
@@ -195,8 +232,15 @@ def validate(
     else:
         mode = "activations" if activations or chosen_device == "cpu" else "frameworks"
     _refuse_unread_options(ctx, mode)
+    tps = _parse_tps(tp, many=fake)
+    if tps == [1]:
+        for name, value in (("sequence_parallel", sequence_parallel), ("loss_parallel", loss_parallel)):
+            if _given(ctx, name):
+                flag = f"--{'' if value else 'no-'}{name.replace('_', '-')}"
+                raise InputError(f"{flag} without --tp is not accepted; accepted: --tp 2 or more with it")
     if fake:
-        _validate_fake(model, world, micro_batch, seq_len, recompute, reshard, json)
+        switches = (sequence_parallel, loss_parallel)
+        _validate_fake(model, world, micro_batch, seq_len, recompute, reshard, json, tps, switches)
         return
     if chosen_device == "cuda":
         _validate_cuda(model, micro_batch, seq_len, json, snapshot_out)
@@ -213,6 +257,7 @@ def validate(
     from zerocalc.request.training import MAX_GRAD_ACCUM
     from zerocalc.validate import run
     from zerocalc.validate.config import OPTIMIZERS, PRECISIONS, STRATEGIES, check_buildable
+    from zerocalc.validate.tp import TP_STRATEGIES, check_tp, plan_for
 
     overrides = {
         "num_layers": layers,
@@ -222,9 +267,17 @@ def validate(
         "intermediate_size": ffn,
         "vocab_size": vocab,
     }
-    arch = run.resolve_architecture(model, {k: v for k, v in overrides.items() if v is not None})
+    (tp_size,) = tps
+    if tp_size > 1 and gpus_per_node is not None:
+        raise InputError(
+            f"--gpus-per-node with --tp {tp_size} is not accepted; accepted: one of the two (TP groups are "
+            "the innermost ranks)"
+        )
+    arch = run.resolve_architecture(model, {k: v for k, v in overrides.items() if v is not None}, tp_size)
     check_buildable(arch)
     chosen = _parse_list(strategies, "--strategies", tuple(STRATEGIES), allow_all=True)
+    if tp_size > 1 and strategies.strip().lower() == "all":
+        chosen = [s for s in chosen if s in TP_STRATEGIES]
     recipes = _parse_list(precision, "--precision", tuple(p.value for p in PRECISIONS), allow_all=False)
     syncs = [
         GradSync(s) for s in _parse_list(grad_sync, "--grad-sync", tuple(g.value for g in GradSync), False)
@@ -243,7 +296,12 @@ def validate(
     if not launched and nproc < 2:
         raise InputError(f"--nproc {procs.brief(nproc)} is not accepted; accepted: 2 or more processes")
     world, per_node = run.world_and_node(None if launched else nproc, gpus_per_node)
-    chosen = run.check_nodes(world, per_node, chosen, explicit=strategies.strip().lower() != "all")
+    tp_plan = None
+    if tp_size > 1:
+        tp_plan = plan_for(world, tp_size, sequence_parallel, loss_parallel)
+        check_tp(arch, tp_plan, chosen, grad_accum)
+    else:
+        chosen = run.check_nodes(world, per_node, chosen, explicit=strategies.strip().lower() != "all")
 
     shows = not launched or placement_from_env().rank == 0
     total = len(chosen) * len(recipes) * len(syncs)
@@ -273,6 +331,7 @@ def validate(
             grad_accum=grad_accum,
             grad_syncs=syncs,
             gpus_per_node=per_node,
+            tp_plan=tp_plan,
         )
     except KeyboardInterrupt:  # every spawned rank has been stopped
         if progress is not None:
@@ -292,6 +351,25 @@ def validate(
         render(report)
     if not report.all_match:
         raise typer.Exit(1)
+
+
+MAX_TP = 1_048_576
+"""--tp at most (the ranks of the largest fake world)."""
+
+
+def _parse_tps(text: str, many: bool) -> list[int]:
+    """``--tp``: one whole number ≥ 1, or with ``many`` (``--fake``) a comma list of them."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() and 1 <= int(p) <= MAX_TP for p in parts) or (len(parts) > 1 and not many):
+        accepted = "a comma list of whole numbers ≥ 1" if many else "a whole number ≥ 1"
+        raise InputError(f"--tp {text!r} is not accepted; accepted: {accepted}")
+    return list(dict.fromkeys(int(p) for p in parts))
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether the option ``name`` was given on the command line."""
+    source = ctx.get_parameter_source(name)  # typer's own click: compare the member's name
+    return source is not None and source.name == "COMMANDLINE"
 
 
 def _refuse_unread_options(ctx: typer.Context, mode: str) -> None:
@@ -554,12 +632,22 @@ MAX_FAKE_WORLD = 1_048_576
 
 
 def _validate_fake(
-    model: str | None, world: str, micro_batch: int, seq_len: int, recompute: str, reshard: str, json: bool
+    model: str | None,
+    world: str,
+    micro_batch: int,
+    seq_len: int,
+    recompute: str,
+    reshard: str,
+    json: bool,
+    tps: list[int] | None = None,
+    switches: tuple[bool, bool] = (True, True),
 ) -> None:
-    """``--fake``: every (world, recompute, reshard) case of the model, tracked under fake tensors."""
+    """``--fake``: every (world, tp, recompute, reshard) case of the model, tracked under fake tensors;
+    ``switches``: sequence parallel and loss parallel of the dp × tp cases."""
     from zerocalc.harness import procs
     from zerocalc.model.activations import Recompute
     from zerocalc.validate.fake import RECOMPUTES, FakeCase, request_for
+    from zerocalc.validate.tp import check_tp_model
 
     worlds = []
     for text in world.split(","):
@@ -579,19 +667,40 @@ def _validate_fake(
             f"--micro-batch {procs.brief(micro_batch)} --seq-len {procs.brief(seq_len)} is not accepted; "
             "accepted: b ≥ 1 and s ≥ 2"
         )
-    name, config, arch = _fake_model(model)
+    tps = tps or [1]
+    for w in worlds:
+        for t in tps:
+            if w % t:
+                raise InputError(
+                    f"--tp {t} does not divide --world {w}; accepted: tensor-parallel sizes dividing every "
+                    "world size (dp = world / tp)"
+                )
+    name, config, arch = _fake_model(model, tp=max(tps) > 1)
+    sp, lp = switches
     cases = [
-        FakeCase(model=name, world=w, micro_batch=micro_batch, seq_len=seq_len, recompute=r, reshard=rs)
+        FakeCase(
+            model=name, world=w, micro_batch=micro_batch, seq_len=seq_len, recompute=r, reshard=rs, tp=t,
+            sequence_parallel=sp, loss_parallel=lp,
+        )
         for w in dict.fromkeys(worlds)
+        for t in tps
         for r in recomputes
         for rs in reshards
-    ]
-    requests = [request_for(arch, case) for case in cases]  # every option checked before the first run
+    ]  # fmt: skip
+    for t in tps:
+        if t > 1:
+            check_tp_model(arch, t)
+    plain = [case for case in cases if case.tp == 1]
+    requests = [request_for(arch, case) for case in plain]  # every option checked before the first run
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
         raise fail(NEEDS_TRANSFORMERS.replace("--activations", "--fake"))
     from zerocalc.validate import fake_step
 
-    report = fake_step.run_cases(config, list(zip(cases, requests, strict=True)))
+    report = fake_step.run_cases(
+        config,
+        list(zip(plain, requests, strict=True)),
+        tuple((case, arch) for case in cases if case.tp > 1),
+    )
     if json:
         from zerocalc.cli.render import print_json
 
@@ -602,9 +711,10 @@ def _validate_fake(
         raise typer.Exit(1)
 
 
-def _fake_model(model: str | None):
+def _fake_model(model: str | None, tp: bool = False):
     """The model's name, its config.json dict (what transformers builds) and its architecture: the tiny
-    Llama of ``--activations`` without ``--model``, else a config.json, a preset or a model TOML file."""
+    Llama of ``--activations`` without ``--model`` (with ``tp``: untied, 8 key/value heads, which TP up to
+    8 ranks splits), else a config.json, a preset or a model TOML file."""
     from pathlib import Path
 
     from zerocalc.model.hf_config import _load, architecture_from_hf_dict
@@ -612,7 +722,11 @@ def _fake_model(model: str | None):
 
     if model is None:
         config = TINY_CONFIGS["llama"]
-        return "tiny llama", config, architecture_from_hf_dict(config, "the tiny llama", "tiny llama")
+        name = "tiny llama"
+        if tp:
+            config = dict(config, tie_word_embeddings=False, num_key_value_heads=8)
+            name = "tiny llama (untied, 8 kv heads)"
+        return name, config, architecture_from_hf_dict(config, f"the {name}", name)
     from zerocalc.request.presets import load_model, model_file
     from zerocalc.validate.hf_export import hf_config_of
 
@@ -663,10 +777,46 @@ def render_fake(report) -> None:
             f"[dim]· predicted leaves out what only a CUDA step allocates (zerocalc memory adds it: "
             f"+{max(case.cuda_added):,} B at most): {extras}[/dim]"
         )
-    exact = sum(case.exact for case in report.cases)
-    claimed = sum(case.not_claimed is None for case in report.cases)
+    for tp_case in report.tp_cases:
+        _render_fake_tp(tp_case)
     verdict = "every claimed case is exact" if report.all_match else "[bold red]NOT all exact[/bold red]"
-    out.print(f"{exact} of {len(report.cases)} cases exact to the byte ({claimed} claimed exact): {verdict}")
+    if report.cases:
+        exact = sum(case.exact for case in report.cases)
+        claimed = sum(case.not_claimed is None for case in report.cases)
+        total = len(report.cases)
+        out.print(f"{exact} of {total} cases exact to the byte ({claimed} claimed exact): {verdict}")
+    if report.tp_cases:
+        exact = sum(case.exact for case in report.tp_cases)
+        out.print(
+            f"{exact} of {len(report.tp_cases)} dp × tp cases with model states exact to the byte: {verdict}"
+        )
+
+
+def _render_fake_tp(result) -> None:
+    """A dp × tp case: the model states against zerocalc/validate/tp.py, then the tracker's phases."""
+    from zerocalc.cli.render import Column, console, print_fitted
+    from zerocalc.validate.phases import ALLOCATED_LINES
+
+    lines = result.lines
+    phases = [(label, getattr(result.phases, field)) for label, field in ALLOCATED_LINES]
+    blank = [""] * len(phases)
+    tracked = [f"{value:,}" for _, value in phases]
+    print_fitted(
+        "line",
+        [line.line for line in lines] + [label for label, _ in phases],
+        [
+            Column(header="predicted", cells=[f"{line.predicted:,}" for line in lines] + ["—"] * len(phases)),
+            Column(header="tracker", cells=[f"{x.measured:,}" for x in lines] + tracked),
+            Column(header="diff", cells=[f"{line.measured - line.predicted:+,}" for line in lines] + blank),
+            Column(header="", cells=["✓" if line.ok else "✗ OFF" for line in lines] + blank, justify="left"),
+        ],
+        title=f"{result.case.title} ({result.seconds:g} s)",
+        key_width=17,
+    )
+    console().print(
+        "[dim]· model states on rank 0 (zerocalc/validate/tp.py, storages rounded to 512 B); the phases as "
+        "the tracker gives them: the step timeline does not model TP activations[/dim]"
+    )
 
 
 def _fake_mark(ok: bool, not_claimed: str | None) -> str:
@@ -746,7 +896,7 @@ def _collective_table(config: ConfigResult) -> Table:
             f"{c.group.replace('across_nodes', 'across')} {c.group_size}",
             f"{c.predicted_calls:,}",
             _per_rank(c.measured_calls),
-            f"{c.predicted_bytes:,}",
+            _per_rank(c.predicted_bytes),
             _per_rank(c.measured_bytes),
             "✓" if c.ok else "✗ OFF",
             style=None if c.ok else "bold red",
@@ -755,6 +905,7 @@ def _collective_table(config: ConfigResult) -> Table:
 
 
 def render(report: ValidationReport) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     from zerocalc.cli.render import COLLECTIVE_LEGEND, console
@@ -766,6 +917,14 @@ def render(report: ValidationReport) -> None:
         f"({report.backend}), {report.optimizer.value}; bytes per rank after one step, and the collectives "
         f"of that step (after {WARMUP_STEPS} warm-up steps)"
     )
+    plan = report.tp_plan
+    if plan is not None:
+        firsts = range(0, plan.world, plan.tp)
+        groups = ", ".join(f"{first}-{first + plan.tp - 1}" for first in firsts)
+        out.print(
+            f"mesh {plan.title}; TP innermost: TP groups {groups}, DP groups strided by {plan.tp}; "
+            "predicted by zerocalc/validate/tp.py"
+        )
     for config in report.configs:
         title = config_title(config)
         if config.status == "failed":
@@ -799,6 +958,10 @@ def render(report: ValidationReport) -> None:
             for c in config.collectives:
                 if not c.ok:
                     out.print(f"[red]  ✗ {c.op} {c.phase} {c.dtype} over {c.group}: {c.explanation}[/red]")
+        if config.call_order_ok is True:
+            out.print("  every rank issued the predicted calls in the predicted order ✓")
+        elif config.call_order_ok is False:
+            out.print(f"[red]  ✗ out of order: {escape(config.call_order_note or '')}[/red]")
     out.print(
         f"[dim]· {COLLECTIVE_LEGEND}; calls and bytes sent per rank in the step, pred. predicted by "
         "zerocalc, meas. measured (every rank, or its range)[/dim]"

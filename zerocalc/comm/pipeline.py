@@ -90,9 +90,12 @@ class PipelineComm(BaseModel):
     message_bytes: int
     boundaries: int = Field(description="p·v − 1 boundaries between virtual stages per micro-batch")
     links: list[PipelineLink] = Field(description="per pair of consecutive pipeline ranks that exchange")
-    busiest_rank_bytes: int = Field(description="the most one rank sends per step (both directions)")
-    busiest_rank_time_s: float = Field(description="its sends' time per step")
     embedding_sync: EmbeddingSync | None = None
+    busiest_rank: int = Field(description="the pipeline rank that sends the most per step")
+    busiest_rank_calls: int = Field(description="its sends (and the embedding sync, on the first and last)")
+    busiest_rank_bytes: int = Field(description="what it sends per step, both directions")
+    busiest_rank_inter_node_bytes: int = Field(description="of which over the inter-node link")
+    busiest_rank_time_s: float = Field(description="their time per step")
     bubble_fraction: float = Field(description="idle time over the ideal time of a step")
     bubble_source: str
 
@@ -132,8 +135,7 @@ def pipeline_comm(request: TrainingRequest) -> PipelineComm | None:
     if chunks > 1:
         carried.append((p - 1, 0, chunks - 1))
     links: list[PipelineLink] = []
-    sent = [0] * p
-    times = [0.0] * p
+    calls, sent, inter, times = [0] * p, [0] * p, [0] * p, [0.0] * p
     for stage, following, boundaries in carried:
         spans = pair_spans_nodes(mesh, stage, following)
         figures = request.links.inter_node if spans else request.links.intra_node
@@ -154,8 +156,17 @@ def pipeline_comm(request: TrainingRequest) -> PipelineComm | None:
         )
         links.append(link)
         for rank in (stage, following):  # the forward sender and the backward sender
+            calls[rank] += sends
             sent[rank] += nbytes
+            inter[rank] += nbytes if spans else 0
             times[rank] += _link_time(sends, nbytes, figures)
+    sync = _embedding_sync(request)
+    if sync is not None:
+        for rank in (0, p - 1):
+            calls[rank] += 1
+            sent[rank] += sync.bytes_per_gpu
+            inter[rank] += sync.bytes_per_gpu if sync.spans_nodes else 0
+            times[rank] += sync.time_s
     busiest = max(range(p), key=lambda rank: (sent[rank], times[rank]))
     return PipelineComm(
         pp=p,
@@ -167,9 +178,12 @@ def pipeline_comm(request: TrainingRequest) -> PipelineComm | None:
         message_bytes=message,
         boundaries=p * chunks - 1,
         links=links,
+        embedding_sync=sync,
+        busiest_rank=busiest,
+        busiest_rank_calls=calls[busiest],
         busiest_rank_bytes=sent[busiest],
+        busiest_rank_inter_node_bytes=inter[busiest],
         busiest_rank_time_s=times[busiest],
-        embedding_sync=_embedding_sync(request),
         bubble_fraction=float(bubble_fraction(mesh.pp_schedule, p, v, m)),
         bubble_source=BUBBLE_SOURCE[mesh.pp_schedule],
     )

@@ -22,8 +22,23 @@ instead of the s² terms.
 
 Recomputation (Korthikanti section 4.2) is the step timeline's (:mod:`zerocalc.peak.timeline`): ``selective``
 drops the s²-proportional attention terms (:data:`zerocalc.model.model_impl.QUADRATIC_TERMS`) and recomputes
-them in the layer's backward; ``full`` keeps only each layer's input. Data parallelism never shards
-activations: they are per micro-batch.
+them in the layer's backward; ``full`` keeps only each layer's input (:func:`layer_input_bytes`). Data
+parallelism never shards activations: they are per micro-batch.
+
+Per rank under tensor parallelism of degree t (Korthikanti §4.2.2, Table 2; Megatron-LM
+``core/tensor_parallel/layers.py``): the column-parallel linears (QKV, fc1) split their output columns and
+the row-parallel ones (projection, fc2) their input rows, so Q, K, V, the attention core, the projection
+input and the MLP's f-wide tensors are /t; the two norm inputs, the QKV and MLP inputs and the two dropout
+masks after the row-parallel linears are replicated — sbh(10 + 24/t + 5as/(ht)). Sequence parallelism
+(§4.2.2) splits those replicated regions along s, and ``LinearWithGradAccumulationAndAsyncCommunication``
+saves the s/t-sharded input of a column-parallel linear and all-gathers it again in backward:
+sbh(34/t + 5as/(ht)). Context parallelism of degree c gives each rank s/c tokens of every per-token tensor;
+its attention runs in Transformer Engine's fused kernels (``attention/dot_product_attention/
+context_parallel.py``: ``AttnFuncWithCPAndKVP2P`` ring, ``AttnFuncWithCPAndKVAllGather``,
+``AttnFuncWithCPAndQKVOA2A`` Ulysses), so only with flash attention: ring and all-gather save the local q,
+the local-sized K/V, the output and the log-sum-exp; Ulysses saves q, K, V and the output after its
+all-to-all (s × a/c, the same bytes) and the projection saves the output all-to-all'd back, one more
+s/c × a tensor.
 """
 
 from __future__ import annotations
@@ -47,6 +62,28 @@ class Recompute(StrEnum):
     FULL = "full"
 
 
+class CpImpl(StrEnum):
+    """How attention gets the keys and values of the other context-parallel ranks."""
+
+    RING = "ring"
+    """K/V chunks passed around the ring, one neighbour's chunk per step (Megatron-LM with Transformer
+    Engine ``AttnFuncWithCPAndKVP2P``; torch ``_context_parallel`` with the ``alltoall`` rotater)."""
+    ALLGATHER = "allgather"
+    """The whole K/V all-gathered once per layer (TE ``AttnFuncWithCPAndKVAllGather``; torch's default
+    ``allgather`` rotater, torchtitan's default ``context_parallel_rotate_method``)."""
+    ULYSSES = "ulysses"
+    """All-to-all of q, k, v from s/c × a to s × a/c heads and back (DeepSpeed ``sequence/layer.py``
+    ``DistributedAttention``, ``runtime/sequence_parallel/ulysses_sp.py``; TE
+    ``AttnFuncWithCPAndQKVOA2A``)."""
+
+
+def exact_split(total: int, parts: int, what: str) -> int:
+    """``total / parts`` when it divides exactly; else ``ValueError`` naming ``what``."""
+    if total % parts:
+        raise ValueError(f"{what} ({total}) is not divisible by {parts}")
+    return total // parts
+
+
 class ActivationShape(BaseModel):
     """What one layer's activation count needs to know about the model and the micro-batch."""
 
@@ -66,55 +103,90 @@ class ActivationShape(BaseModel):
     experts: int = Field(default=0, ge=0, description="routed experts (0: dense)")
     experts_per_token: int = Field(default=0, ge=0, description="k")
     shared_experts: int = Field(default=0, ge=0)
+    tp: int = Field(default=1, gt=0, description="t, tensor-parallel degree")
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism: the norm and dropout regions split along s over the t ranks."""
+    cp: int = Field(default=1, gt=0, description="c, context-parallel degree")
+    cp_impl: CpImpl = CpImpl.RING
+
+    @property
+    def local_rows(self) -> int:
+        """Tokens of this rank's sequence chunk, b·s/c: the rows of the tensor-parallel region."""
+        return exact_split(self.seq_len * self.micro_batch, self.cp, "b·s")
+
+    @property
+    def sequence_rows(self) -> int:
+        """Rows of the norms, dropouts and residual adds: b·s/c, and /t under sequence parallelism."""
+        if self.sequence_parallel and self.tp > 1:
+            return exact_split(self.local_rows, self.tp, "b·s/c")
+        return self.local_rows
 
 
 def layer_terms(shape: ActivationShape) -> dict[str, int]:
-    """Bytes saved by each op of one transformer layer (no recomputation)."""
+    """Bytes saved by each op of one transformer layer on one rank (no recomputation)."""
     s, b, h = shape.seq_len, shape.micro_batch, shape.hidden
-    a, f = shape.heads, shape.ffn_hidden
-    sb = s * b
+    t = shape.tp
+    rows, local = shape.sequence_rows, shape.local_rows
+    a = exact_split(shape.heads, t, "attention heads")
+    kv = exact_split(shape.kv_heads, t, "key/value heads")
+    f = exact_split(shape.ffn_hidden, t, "the MLP width")
     h_q = a * shape.head_dim
-    h_kv = shape.kv_heads * shape.head_dim
+    h_kv = kv * shape.head_dim
     act, mask = ACTIVATION_BYTES, MASK_BYTES
     terms: dict[str, int] = {
-        "attn_norm_input": act * sb * h,
-        "qkv_input": act * sb * h,
-        "q": act * sb * h_q,
-        "k": act * sb * h_kv,
-        "v": act * sb * h_kv,
+        "attn_norm_input": act * rows * h,
+        "qkv_input": act * rows * h,
+        "q": act * local * h_q,
+        "k": act * local * h_kv,
+        "v": act * local * h_kv,
     }
     if shape.flash_attention:
         # flash attention keeps Q, K, V, its output O (= the projection input below) and the row-wise
         # log-sum-exp, never the s x s probabilities
-        terms["softmax_logsumexp_fp32"] = FP32_BYTES * sb * a
+        terms["softmax_logsumexp_fp32"] = FP32_BYTES * local * a
+    elif shape.cp > 1:
+        raise ValueError("context parallelism runs only in fused (flash) attention kernels")
     else:
         terms["softmax_output"] = act * a * s * s * b
         if shape.dropout:
             terms["attn_dropout_mask"] = mask * a * s * s * b
             terms["attn_dropout_output"] = act * a * s * s * b
-    terms["out_proj_input"] = act * sb * h_q
+    if shape.cp > 1 and shape.cp_impl is CpImpl.ULYSSES:
+        # the kernel's output over s × a/c heads, before the all-to-all back to s/c × a
+        terms["attn_output_before_all_to_all"] = act * local * h_q
+    terms["out_proj_input"] = act * local * h_q
     if shape.dropout:
-        terms["attn_out_dropout_mask"] = mask * sb * h
-    terms["mlp_norm_input"] = act * sb * h
+        terms["attn_out_dropout_mask"] = mask * rows * h
+    terms["mlp_norm_input"] = act * rows * h
 
     if shape.mlp is MlpKind.GELU:
-        mlp = {"mlp_input": act * sb * h, "gelu_input": act * sb * f, "fc2_input": act * sb * f}
+        mlp = {"mlp_input": act * rows * h, "gelu_input": act * local * f, "fc2_input": act * local * f}
     else:
         mlp = {
-            "mlp_input": act * sb * h,
-            "gate_output": act * sb * f,
-            "up_output": act * sb * f,
-            "silu_output": act * sb * f,
-            "down_input": act * sb * f,
+            "mlp_input": act * rows * h,
+            "gate_output": act * local * f,
+            "up_output": act * local * f,
+            "silu_output": act * local * f,
+            "down_input": act * local * f,
         }
     if shape.dropout:
-        mlp["mlp_dropout_mask"] = mask * sb * h
+        mlp["mlp_dropout_mask"] = mask * rows * h
     if shape.experts:
+        # the router reads the (sequence-parallel) hidden states; the experts, tensor-parallel over the
+        # same t ranks (Megatron-LM's expert_tensor_parallel_size defaults to the TP size), get every
+        # token of the local chunk, with f/t columns
         routed = shape.experts_per_token + shape.shared_experts
         terms["router_input"] = mlp.pop("mlp_input")
-        terms["router_logits_fp32"] = FP32_BYTES * sb * shape.experts
+        terms["router_logits_fp32"] = FP32_BYTES * rows * shape.experts
         for name, value in mlp.items():
             terms[f"experts_{name}"] = routed * value
     else:
         terms.update(mlp)
     return terms
+
+
+def layer_input_bytes(shape: ActivationShape) -> int:
+    """What full recomputation keeps of a layer: its input hidden state, 2·s·b·h (Korthikanti Table 2),
+    b·s/c rows per rank and /t under sequence parallelism (the hidden states between Megatron-LM's layers
+    are [s/t, b, h] then)."""
+    return ACTIVATION_BYTES * shape.sequence_rows * shape.hidden

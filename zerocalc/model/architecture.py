@@ -263,10 +263,16 @@ class TensorParallelRank(Architecture):
     vocab_multiple: int = Field(
         default=1, ge=1, description="the vocabulary is padded to a multiple of this × t (Megatron: 128)"
     )
+    tp_index: int = Field(
+        default=0, ge=0, description="which tensor-parallel rank (0: the largest, which the estimates count)"
+    )
 
     @property
     def padded_vocab(self) -> int:
-        """V padded as Megatron-LM's ``_vocab_size_with_padding`` does (unpadded for DTensor plans)."""
+        """V padded as Megatron-LM's ``_vocab_size_with_padding`` does (unpadded for DTensor plans, whose
+        ``torch.chunk`` leaves the last ranks fewer rows)."""
+        if self.vocab_multiple == 1:
+            return self.vocab_size
         multiple = self.vocab_multiple * self.tp
         return -(-self.vocab_size // multiple) * multiple
 
@@ -355,15 +361,16 @@ def tensor_parallel_dim(tensor: ParamTensor) -> int | None:
 
 
 def tensor_parallel_shape(tensor: ParamTensor, arch: TensorParallelRank) -> tuple[int, ...]:
-    """The largest rank's local shape of ``tensor`` (ceil(n/t) of the split dimension; the vocabulary
-    padded first)."""
+    """Rank ``arch.tp_index``'s local shape of ``tensor``: its ``torch.chunk`` of the split dimension
+    (ceil(n/t) on the first ranks, fewer or none on the last), the vocabulary padded first."""
     dim = tensor_parallel_dim(tensor)
     if dim is None or arch.tp == 1:
         return tensor.shape
     shape = list(tensor.shape)
     if tensor.module in _VOCAB_PARALLEL:
         shape[0] = arch.padded_vocab
-    shape[dim] = -(-shape[dim] // arch.tp)
+    chunk = -(-shape[dim] // arch.tp)
+    shape[dim] = max(0, min(chunk, shape[dim] - arch.tp_index * chunk))
     return tuple(shape)
 
 

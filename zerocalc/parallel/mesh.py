@@ -25,22 +25,9 @@ from functools import lru_cache
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from zerocalc.base.units import ceil_div
+from zerocalc.model.activations import CpImpl
 from zerocalc.network.cluster import Cluster
 from zerocalc.parallel.frameworks import Framework
-
-
-class CpImpl(StrEnum):
-    """How attention exchanges keys and values across the context-parallel ranks (``--cp-impl``)."""
-
-    RING = "ring"
-    """Ring attention: c − 1 steps, each passing one K/V chunk to the next rank (Megatron-LM / Transformer
-    Engine ``cp_comm_type="p2p"``; torch ``context_parallel`` with rotate method ``alltoall``)."""
-    ALLGATHER = "allgather"
-    """K and V all-gathered before attention (Transformer Engine ``cp_comm_type="all_gather"``; torch
-    ``context_parallel``'s default rotate method ``allgather``)."""
-    ULYSSES = "ulysses"
-    """DeepSpeed-Ulysses: all-to-all from sequence-sharded to head-sharded Q, K, V and back (Jacobs et al.
-    2023; Transformer Engine ``cp_comm_type="a2a"``)."""
 
 
 class TpStyle(StrEnum):

@@ -143,13 +143,27 @@ def flash_attention_used(request: TrainingRequest) -> bool:
     return kernel is AttentionKernel.FLASH
 
 
+def activation_shape(request: TrainingRequest) -> Shape:
+    """One micro-batch on one rank of the mesh: b sequences of s tokens, split by tensor, sequence and
+    context parallelism as the model's code splits them (:class:`~zerocalc.model.model_impl.Shape`)."""
+    a, mesh = request.activations, request.mesh
+    return Shape(
+        a.micro_batch,
+        a.seq_len,
+        tp=mesh.tp,
+        sequence_parallel=mesh.sequence_parallel,
+        cp=mesh.cp,
+        cp_impl=mesh.cp_impl,
+    )
+
+
 def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
     arch = request.architecture
     units = _units_of(arch, 1)
     return StepShape(
         arch=arch,
         impl=MODEL_IMPLS[request.model_impl],
-        shape=Shape(request.activations.micro_batch, request.activations.seq_len),
+        shape=activation_shape(request),
         act=act,
         device=device,
         flash=flash_attention_used(request),

@@ -23,7 +23,13 @@ from functools import lru_cache
 from typing import NamedTuple, Protocol
 
 from zerocalc.model.activations import Recompute
-from zerocalc.model.architecture import Architecture, global_layer
+from zerocalc.model.architecture import (
+    Architecture,
+    TensorParallelRank,
+    embedding_tensors,
+    global_layer,
+    head_tensors,
+)
 from zerocalc.model.model_impl import (
     FP32,
     INT64,
@@ -32,13 +38,17 @@ from zerocalc.model.model_impl import (
     ModelImpl,
     ModelImplName,
     Shape,
+    embedding_excess,
     embedding_saves,
     final_saves,
+    hidden_bytes,
     layer_saves,
     logits_saves,
+    loss_parallel_transients,
     norm_backward_excess,
     shared_saves,
     traits,
+    vocab_shard,
 )
 from zerocalc.parallel.pipeline import Pass
 from zerocalc.parallel.profiles import ModelInit
@@ -221,7 +231,9 @@ class _Passes:
         self.cuda = step.device is Device.CUDA and runtime is not None
         self.checkpointed = step.recompute is Recompute.FULL
         self.selective = step.recompute is Recompute.SELECTIVE
-        self.hidden_bytes = step.act * step.shape.tokens * arch.hidden_size
+        self.hidden_bytes = hidden_bytes(arch, step.shape, step.act)  # act·R·h: the rank's sequence share
+        self.logits = vocab_shard(step.impl, arch, step.shape, vocab=_allocated_vocab(arch, step.impl))
+        self.loss_parallel = loss_parallel_transients(step.impl, arch, step.shape)
         self._saves: dict[tuple[bool, bool], LayerSaves] = {}
         self._losses: list[str] = []
 
@@ -253,7 +265,8 @@ class _Passes:
     def forward(self, one: Pass, first: bool) -> None:
         step, mechanics, runtime, led = self.step, self.mechanics, self.runtime, self.led
         arch, impl, shape, act, t = step.arch, step.impl, step.shape, step.act, self.t
-        T, h, V = shape.tokens, arch.hidden_size, arch.vocab_size
+        h, R = arch.hidden_size, shape.sequence_tokens
+        TV = self.logits.rows * self.logits.columns  # the rank's logits: its tokens × its vocabulary columns
         hf, cuda, checkpointed = self.hf, self.cuda, self.checkpointed
         tag, layers, embedding, head = self._part(one)
         led.phase = StepPhase.FORWARD
@@ -268,6 +281,8 @@ class _Passes:
             led.alloc_group(f"shared{tag}", shared, ACTIVATIONS)
             hidden = f"embedding output{tag}"
             led.alloc(hidden, self.hidden_bytes, ACTIVATIONS)
+            if shape.tp > 1:
+                led.event(f"embedding forward{tag}", embedding_excess(impl, arch, shape, act), TRANSIENT)
         else:
             # a later stage: the previous stage's output, received, kept for its gradient; the rotary
             # tables are computed again by this stage's forward
@@ -279,9 +294,9 @@ class _Passes:
         if hf and t.rotary and not checkpointed:
             # LlamaModel.forward (and every rotary family's): position_ids = arange(s) + past_seen_tokens,
             # int64 [1, s], alive until the base model returns; saved only by checkpoint closures
-            led.alloc(f"position ids{tag}", INT64 * shape.s, ACTIVATIONS)
+            led.alloc(f"position ids{tag}", INT64 * (shape.s // shape.cp), ACTIVATIONS)
         if embedding and not t.rotary:  # GPT-2: wte(ids) + wpe(positions) (+ dropout) is a new tensor
-            led.alloc(f"position embedding output{tag}", act * shape.s * h, ACTIVATIONS)
+            led.alloc(f"position embedding output{tag}", act * (shape.s // shape.cp) * h, ACTIVATIONS)
             hidden = f"hidden 0{tag}"
             led.alloc(hidden, self.hidden_bytes, ACTIVATIONS)
         kept = {f"embedding output{tag}"} if impl.embedding_output_alive else set()
@@ -341,7 +356,7 @@ class _Passes:
         # RMSNorm forward: while x·rsqrt (fp32) exists its cast exists and the output does not yet
         led.event(
             f"final norm forward{tag}",
-            (FP32 - act) * T * h if t.norm != "layernorm" and impl.norm_fp32_copy else 0,
+            (FP32 - act) * R * h if t.norm != "layernorm" and impl.norm_fp32_copy else 0,
             TRANSIENT,
         )
         if t.norm != "layernorm" and hidden != f"embedding output{tag}":
@@ -351,24 +366,24 @@ class _Passes:
         self._forward_done(tag, embedding)
 
         # the loss
-        led.alloc(f"logits{tag}", act * T * V, LOSS)
+        led.alloc(f"logits{tag}", act * TV, LOSS)
         capped = logits_saves(impl, arch, shape, act)
         for name, b in capped:
             led.alloc(f"{name}{tag}", b, LOSS)
         if impl.loss == "hf_upcast":
-            led.alloc(f"logits fp32 copy{tag}", FP32 * T * V, LOSS)
+            led.alloc(f"logits fp32 copy{tag}", FP32 * TV, LOSS)
             led.alloc(f"labels padded{tag}", INT64 * shape.b * (shape.s + 1), LOSS)
-            if shape.b > 1:
-                led.alloc(f"shift labels{tag}", INT64 * T, LOSS)  # labels[..., 1:].contiguous() copies
+            if shape.b > 1 or shape.cp > 1:  # labels[..., 1:].contiguous() copies
+                led.alloc(f"shift labels{tag}", INT64 * self.logits.rows, LOSS)
             else:
                 led.rename(f"labels padded{tag}", f"shift labels{tag}")  # b = 1: the slice is a view
         elif impl.loss == "float_cross_entropy":
-            led.alloc(f"logits fp32 copy{tag}", FP32 * T * V, LOSS)
-        led.alloc(f"log_softmax{tag}", FP32 * T * V, LOSS)
+            led.alloc(f"logits fp32 copy{tag}", FP32 * TV, LOSS)
+        led.alloc(f"log_softmax{tag}", FP32 * TV, LOSS)
         led.alloc(f"loss{tag}", FP32, LOSS)
         self._losses.append(f"loss{tag}")
         led.alloc(f"total_weight{tag}", FP32, LOSS)
-        led.event(f"loss forward (nll_loss){tag}")
+        led.event(f"loss forward (nll_loss){tag}", self.loss_parallel[0], TRANSIENT)
         led.free(f"logits fp32 copy{tag}")
         led.free(f"labels padded{tag}")
         led.free("previous step's loss")
@@ -387,7 +402,8 @@ class _Passes:
     def backward(self, one: Pass, last: bool) -> None:
         step, mechanics, runtime, led = self.step, self.mechanics, self.runtime, self.led
         arch, impl, shape, act, t = step.arch, step.impl, step.shape, step.act, self.t
-        T, h, V = shape.tokens, arch.hidden_size, arch.vocab_size
+        h = arch.hidden_size
+        TV = self.logits.rows * self.logits.columns
         checkpointed = self.checkpointed
         tag, layers, embedding, head = self._part(one)
         led.phase = StepPhase.BACKWARD
@@ -397,15 +413,15 @@ class _Passes:
         if head:
             led.alloc(f"grad seed{tag}", FP32, LOSS)
             mechanics.pre_backward(led, "root")
-            led.alloc(f"d log_softmax (nll_loss_backward){tag}", FP32 * T * V, LOSS)
+            led.alloc(f"d log_softmax (nll_loss_backward){tag}", FP32 * TV, LOSS)
             led.free(f"shift labels{tag}")
             led.free(f"total_weight{tag}")
-            led.alloc(f"d logits fp32 (log_softmax_backward){tag}", FP32 * T * V, LOSS)
-            led.event(f"loss backward (log_softmax_backward){tag}")
+            led.alloc(f"d logits fp32 (log_softmax_backward){tag}", FP32 * TV, LOSS)
+            led.event(f"loss backward (log_softmax_backward){tag}", self.loss_parallel[1], TRANSIENT)
             led.free(f"log_softmax{tag}")
             led.free(f"d log_softmax (nll_loss_backward){tag}")
             if act != FP32:
-                led.alloc(f"d logits{tag}", act * T * V, LOSS)
+                led.alloc(f"d logits{tag}", act * TV, LOSS)
                 led.event(f"logits.float() backward{tag}")
                 led.free(f"d logits fp32 (log_softmax_backward){tag}")
             else:
@@ -415,7 +431,8 @@ class _Passes:
             if self.first_step and self.cuda and not led.has(workspace):
                 led.alloc(workspace, runtime.cublas_workspace, RUNTIME)
             led.alloc(f"d hidden{tag}", self.hidden_bytes, ACTIVATIONS)
-            mechanics.param_grad(led, "root", "embedding" if arch.tied_embeddings else "lm_head", V * h)
+            head_weight = "embedding" if arch.tied_embeddings else "lm_head"
+            mechanics.param_grad(led, "root", head_weight, _vocab_numel(arch, head_weight))
             led.event(f"lm_head backward{tag}")
             led.free(f"d logits{tag}")
             led.event(f"final norm backward{tag}", norm_backward_excess(impl, arch, shape, act), TRANSIENT)
@@ -459,11 +476,11 @@ class _Passes:
             # of place (the autograd engine's InputBuffer holds the LM head's until the embedding's arrives)
             if not t.rotary:
                 mechanics.param_grad(led, "root", "position embedding", arch.max_position_embeddings * h)
-            mechanics.param_grad(led, "root", "embedding dense", V * h)
+            mechanics.param_grad(led, "root", "embedding dense", _vocab_numel(arch, "embedding"))
             led.event(f"embedding backward{tag}")
             led.free(f"d hidden{tag}")
             if arch.tied_embeddings:
-                mechanics.tied_grad_sum(led, V * h)
+                mechanics.tied_grad_sum(led, _vocab_numel(arch, "embedding"))
                 led.event("tied embedding gradient sum")
             for name in ("embedding output", "hidden 0"):
                 led.free(f"{name}{tag}")
@@ -486,6 +503,21 @@ class _Passes:
             self.led.free(name)
         if self._losses:
             self.led.rename(self._losses[-1], "previous step's loss")
+
+
+def _allocated_vocab(arch: Architecture, impl: ModelImpl) -> int | None:
+    """The vocabulary the output layer allocates: Megatron-LM's padded one under tensor parallelism
+    (:attr:`~zerocalc.model.architecture.TensorParallelRank.padded_vocab`), else the model's."""
+    if isinstance(arch, TensorParallelRank) and impl.name is ModelImplName.MEGATRON:
+        return arch.padded_vocab
+    return None
+
+
+def _vocab_numel(arch: Architecture, module: str) -> int:
+    """Elements of the rank's embedding (``embedding``) or untied LM head (``lm_head``) weight."""
+    name = "embed_tokens" if module == "embedding" else "lm_head"
+    tensors = embedding_tensors(arch) if module == "embedding" else head_tensors(arch)
+    return next(t.numel for t in tensors if t.module == name)
 
 
 def _run_program(
@@ -577,7 +609,7 @@ def _inputs(step: StepShape, led: Ledger) -> None:
             led.alloc(f"rotary original_inv_freq{table}", 2 * d, INPUTS)
     if t.embedding_scale_buffer and step.impl.name is ModelImplName.HF:
         led.alloc("embedding scale buffer (fp32 0-dim)", FP32, INPUTS)
-    led.alloc("input ids (= labels)", INT64 * step.shape.tokens, INPUTS)
+    led.alloc("input ids (= labels)", INT64 * step.shape.local_tokens, INPUTS)
 
 
 def _runtime_extras(step: StepShape, runtime: Runtime, led: Ledger) -> None:

@@ -11,6 +11,8 @@ from zerocalc.network.links import BandwidthSource
 from zerocalc.network.schedule import GradSync, Tensor
 from zerocalc.render.tables import (
     COLLECTIVE_LEGEND,
+    OP_SHORT,
+    PHASE_SHORT,
     Output,
     byte_cell,
     byte_text,
@@ -23,7 +25,8 @@ from zerocalc.render.tables import (
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from zerocalc.comm.estimate import CollectiveCost, CommEstimate, StrategyComm
+    from zerocalc.comm.estimate import CollectiveCost, CommEstimate, DimensionComm, StrategyComm
+    from zerocalc.comm.mesh import MeshCollectiveCost
     from zerocalc.comm.pipeline import PipelineComm, PipelineLink
     from zerocalc.network.links import LinkFigures
 
@@ -63,13 +66,15 @@ BETA_LEGEND = (
 
 
 def _strategy_table(row: StrategyComm, unit: ByteUnit) -> Table:
+    """The data-parallel collectives of a strategy, with their totals."""
+    costs = row.collectives
     table = compact_table(
         ("collective", False, "total"),
         ("tensor", False, ""),
         ("group", False, ""),
-        ("calls", True, f"{row.calls_per_step:,}"),
-        ("sent/GPU", True, byte_cell(row.total_bytes_per_gpu, unit)),
-        ("time", True, format_seconds(row.time_s)),
+        ("calls", True, f"{sum(c.calls_per_step for c in costs):,}"),
+        ("sent/GPU", True, byte_cell(sum(c.total_bytes_per_gpu for c in costs), unit)),
+        ("time", True, format_seconds(sum(c.time_s for c in costs))),
         ("β from", False, ""),
     )
     for c in row.collectives:
@@ -82,6 +87,134 @@ def _strategy_table(row: StrategyComm, unit: ByteUnit) -> Table:
             format_seconds(c.time_s),
             BETA_FROM[c.bandwidth_source],
         )
+    return table
+
+
+MESH_LEGEND = "P2P send/recv (factor 1: each rank sends S to one peer); rec forward re-run in backward"
+
+DIMENSION_TITLES = {"tp": "Tensor parallelism", "cp": "Context parallelism"}
+
+
+def _mesh_label(c: MeshCollectiveCost) -> str:
+    return f"{OP_SHORT.get(c.op.value, c.op.value)} {'rec' if c.recomputed else PHASE_SHORT[c.phase.value]}"
+
+
+def _group_text(size: int, apart: int, spans_nodes: bool) -> str:
+    """``8 consecutive``, ``2, 8 apart*``: a group's ranks and where they sit (* across nodes)."""
+    if size == 1:
+        return "1"
+    where = " consecutive" if apart == 1 else f", {apart:,} apart"
+    return f"{size:,}{where}{'*' if spans_nodes else ''}"
+
+
+def _mesh_heading(estimate: CommEstimate, dimension: DimensionComm) -> str:
+    mesh = estimate.request.mesh
+    if dimension.dimension.value == "cp":
+        what = f"cp {mesh.cp} ({mesh.cp_impl.value})"
+    else:
+        sp = " + sequence parallel" if mesh.sequence_parallel else ""
+        what = f"tp {mesh.tp}{sp} ({mesh.tp_style.value} layers)"
+    apart = "consecutive" if dimension.stride == 1 else f"{dimension.stride:,} apart"
+    placement = "across nodes" if dimension.spans_nodes else "within a node"
+    title = DIMENSION_TITLES[dimension.dimension.value]
+    return f"[bold]{title}[/bold]: {what}; groups of {dimension.group_size:,} GPUs, {apart}, {placement}"
+
+
+def _mesh_table(costs: list[MeshCollectiveCost], unit: ByteUnit) -> Table:
+    """A dimension's collectives per step: each row's calls over the layers and micro-batches."""
+    table = compact_table(
+        ("collective", False, "total"),
+        ("moves", False, ""),
+        ("dtype", False, ""),
+        ("calls", True, f"{sum(c.calls_per_step for c in costs):,}"),
+        ("sent/GPU", True, byte_cell(sum(c.total_bytes_per_gpu for c in costs), unit)),
+        ("time", True, format_seconds(sum(c.time_s for c in costs))),
+        ("β from", False, ""),
+    )
+    for c in costs:
+        table.add_row(
+            _mesh_label(c),
+            c.moves,
+            c.dtype.value,
+            f"{c.calls_per_step:,}",
+            byte_cell(c.total_bytes_per_gpu, unit),
+            format_seconds(c.time_s),
+            BETA_FROM[c.bandwidth_source],
+        )
+    return table
+
+
+SCOPE_EACH = {"layer": "layer", "model": "micro-batch", "step": "step", "sync": "sync"}
+
+
+def _mesh_unit_table(costs: list[MeshCollectiveCost], unit: ByteUnit) -> Table:
+    """A dimension's collectives each time they run (per layer, micro-batch or step): their calls, S of a
+    call, the bytes each GPU sends, and how many times per step they run."""
+    table = compact_table(
+        ("collective", False, ""),
+        ("each", False, ""),
+        ("calls", True, ""),
+        ("S/call", True, ""),
+        ("sent/GPU", True, ""),
+        ("× step", True, ""),
+    )
+    for c in costs:
+        sizes = sorted(set(c.elements))
+        table.add_row(
+            f"{_mesh_label(c)} {c.moves}",
+            SCOPE_EACH[c.scope.value],
+            f"{len(c.elements):,}",
+            byte_cell(sizes[0] * c.dtype.bytes, unit)
+            if len(sizes) == 1
+            else f"{byte_cell(sizes[0] * c.dtype.bytes, unit)}–{byte_cell(sizes[-1] * c.dtype.bytes, unit)}",
+            byte_cell(c.bytes_sent_per_gpu, unit),
+            f"{c.times_per_step:,}",
+        )
+    return table
+
+
+def _render_mesh(
+    out: Output, estimate: CommEstimate, row: StrategyComm, unit: ByteUnit, per_unit: bool
+) -> None:
+    """The tensor- and context-parallel collectives of a strategy, one table per dimension, and the code
+    each follows."""
+    for dimension in row.dimensions:
+        if dimension.dimension.value in ("dp", "pp"):  # the pipeline's sends: render_pipeline
+            continue
+        costs = [c for c in row.mesh_collectives if c.dimension is dimension.dimension]
+        out.print("")
+        out.print(_mesh_heading(estimate, dimension))
+        if not per_unit:
+            out.print(_mesh_table(costs, unit))
+            out.print("[dim]  the code issuing each collective: --per-unit or --json[/dim]")
+            continue
+        out.print(_mesh_unit_table(costs, unit))
+        for c in costs:
+            if not c.recomputed:
+                out.print(f"[dim]  {_mesh_label(c)} {c.moves}: {c.source}[/dim]")
+
+
+def _dimension_table(estimate: CommEstimate, unit: ByteUnit) -> Table:
+    """Each strategy's bytes and time per dimension of the mesh."""
+    table = compact_table(
+        ("strategy", False, ""),
+        ("dim", False, ""),
+        ("group", False, ""),
+        ("calls", True, ""),
+        ("sent/GPU", True, ""),
+        ("time", True, ""),
+    )
+    for row in estimate.strategies:
+        for i, d in enumerate(row.dimensions):
+            table.add_row(
+                row.strategy.value if i == 0 else "",
+                d.dimension.value,
+                _group_text(d.group_size, d.stride, d.spans_nodes),
+                f"{d.calls_per_step:,}",
+                byte_cell(d.total_bytes_per_gpu, unit),
+                format_seconds(d.time_s),
+            )
+        table.add_section()
     return table
 
 
@@ -111,55 +244,82 @@ def _unit_table(row: StrategyComm, unit: ByteUnit) -> Table:
 
 
 def render_comm(out: Output, estimate: CommEstimate, unit: ByteUnit, per_unit: bool = False) -> None:
-    """Each strategy's collectives (or, ``per_unit``, their units and buckets), then a summary per
-    strategy and the figures and formulas behind the times."""
+    """The tensor- and context-parallel collectives where the mesh has them, each strategy's data-parallel
+    collectives (or, ``per_unit``, their units and buckets, and the model-parallel collectives per layer),
+    then a summary per dimension and per strategy and the figures and formulas behind the times."""
     request = estimate.request
-    cluster = request.cluster
+    cluster, mesh = request.cluster, request.mesh
     model = f" {request.model}," if request.model else ""
+    if mesh.model_parallel:
+        shape = [
+            f"N = {plural(mesh.world, 'GPU')} on {plural(mesh.nodes, 'node')}",
+            f"(g = {mesh.gpus_per_node}),",
+            f"mesh {mesh.describe()},",
+            f"b = {request.micro_batch}, s = {request.seq_len:,},",
+        ]
+        if request.recompute.value != "none":
+            shape.append(f"{request.recompute.value} recompute,")
+    else:
+        shape = [
+            f"N = {plural(cluster.world_size, 'GPU')} on {plural(cluster.nodes, 'node')}",
+            f"(g = {cluster.ranks_per_node}),",
+        ]
     print_phrases(
         out,
         f"[bold]Communication per optimizer step[/bold] ({request.framework.value}):{model}",
         f"Ψ = {request.params:,} ({format_count(request.params)}),",
-        f"N = {plural(cluster.world_size, 'GPU')} on {plural(cluster.nodes, 'node')}",
-        f"(g = {cluster.ranks_per_node}),",
+        *shape,
         f"A = {request.grad_accum} micro-batch{'es' if request.grad_accum > 1 else ''},",
         request.precision.value
         + (f", ZeRO++ {'+'.join(z.value for z in request.zeropp)}" if request.zeropp else "")
         + ";",
         f"sizes in {unit_label(unit)}",
     )
-    if cluster.world_size == 1:
-        if estimate.pipeline is None:
-            out.print(
-                "[yellow]No communication: a single GPU has nothing to reduce or gather (0 bytes, 0 s)."
-                "[/yellow]"
-            )
-            return
-        out.print("[yellow]No data-parallel communication: one rank per stage (dp × cp = 1).[/yellow]")
-        render_pipeline(out, estimate.pipeline, unit)
-        for note in estimate.notes:
-            out.print(f"[yellow]· {note}[/yellow]")
+    if mesh.world == 1:
+        out.print(
+            "[yellow]No communication: a single GPU has nothing to reduce or gather (0 bytes, 0 s).[/yellow]"
+        )
         return
-    for row in estimate.strategies:
+    rows = estimate.strategies
+    shared = all(row.mesh_collectives == rows[0].mesh_collectives for row in rows)
+    if mesh.model_parallel and shared:
+        _render_mesh(out, estimate, rows[0], unit, per_unit)
+    for row in rows:
         when = "every micro-batch" if row.grad_sync is GradSync.EVERY else "on the last micro-batch"
         out.print(f"\n[bold]{row.title}[/bold]: {row.schedule_source}")
+        if mesh.model_parallel and not shared:
+            _render_mesh(out, estimate, row, unit, per_unit)
+            out.print(f"\n[bold]{row.title}[/bold], data parallelism:")
+        if cluster.world_size == 1:
+            out.print("no data-parallel collectives: the dp × cp group of a TP rank is one GPU")
+            continue
         out.print(f"gradients reduced {when} ({row.grad_sync_reason})")
         out.print(_unit_table(row, unit) if per_unit else _strategy_table(row, unit))
         for c in row.collectives:
             if not c.scales:
                 out.print(f"[dim]  {_label(c)}: {c.behaviour}[/dim]")
+    legend = COLLECTIVE_LEGEND + (f"; {MESH_LEGEND}" if mesh.model_parallel else "")
     out.print(
-        f"[dim]· {COLLECTIVE_LEGEND}; * a group spanning nodes (inter-node bandwidth); calls and bytes per "
+        f"[dim]· {legend}; * a group spanning nodes (inter-node bandwidth); calls and bytes per "
         f"step, per GPU{'' if per_unit else '; ' + BETA_LEGEND}[/dim]"
     )
 
+    if estimate.pipeline is not None:
+        render_pipeline(out, estimate.pipeline, unit)
     compute = estimate.compute
+    if mesh.model_parallel:
+        out.print("\n[bold]Per dimension, per GPU, per step[/bold]")
+        out.print(_dimension_table(estimate, unit))
     columns = _summary_columns(estimate, unit)
     summary = compact_table(*((header, numeric, "") for header, numeric, _, _ in columns))
     for i in range(len(estimate.strategies)):
         summary.add_row(*(cells[i] for _, _, cells, _ in columns))
     out.print("\n[bold]Per strategy, per GPU, per step[/bold]")
     out.print(summary)
+    if mesh.model_parallel:
+        out.print(
+            "[dim]· sent/GPU and time: every dimension; vs DDP: the data-parallel bytes over DDP's[/dim]"
+        )
     if estimate.calibration_used:
         out.print(f"[dim]· bandwidth from calibration {estimate.calibration_used} where it has a fit[/dim]")
     out.print(f"[dim]· {_figure_line('intra-node', request.bandwidths.intra_node)}[/dim]")
@@ -167,7 +327,7 @@ def render_comm(out: Output, estimate: CommEstimate, unit: ByteUnit, per_unit: b
     if compute is not None:
         out.print(
             f"[dim]· compute: 6·Ψ·T / (N·F) = {compute.flops_per_step:.3g} FLOP / "
-            f"({cluster.world_size} × {request.tflops:g} TFLOP/s) = "
+            f"({mesh.world} × {request.tflops:g} TFLOP/s) = "
             f"{format_seconds(compute.seconds)} "
             "(Kaplan et al. 2020); 'exposed' is what cannot hide behind it with perfect overlap[/dim]"
         )
@@ -175,8 +335,6 @@ def render_comm(out: Output, estimate: CommEstimate, unit: ByteUnit, per_unit: b
         "[dim]· bytes per GPU: ring algorithm, all_reduce 2(n-1)/n·S, reduce_scatter, all_gather and "
         "all_to_all (n-1)/n·S, broadcast S (nccl-tests PERFORMANCE.md); time = calls × α + bytes / β[/dim]"
     )
-    if estimate.pipeline is not None:
-        render_pipeline(out, estimate.pipeline, unit)
     for note in estimate.notes:
         out.print(f"[yellow]· {note}[/yellow]")
 

@@ -176,7 +176,7 @@ OPTIONS: tuple[Option, ...] = (
     _opt("zeropp", ("--zeropp",), "DeepSpeed ZeRO++ for zero3: all, or a comma list of qwz, hpz, qgz.",
          ESTIMATES, value_type=LIST),
     _opt("recompute", ("--recompute",), "Activation recomputation: none, selective, full.",
-         frozenset({MEMORY}), default="none", value_type=STR),
+         ESTIMATES, default="none", value_type=STR),
     _opt("flash_attention", ("--flash-attention",), "Flash attention (no s² terms).", frozenset({MEMORY}),
          kind=Kind.SWITCH, value_type="bool | None", negative="--no-flash-attention",
          default_help="the model code's: SDPA's flash kernel for every transformers family, eager without "

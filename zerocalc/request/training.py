@@ -42,7 +42,14 @@ from zerocalc.model.architecture import (
     count_parameters,
     pipeline_stage,
 )
-from zerocalc.model.model_impl import ModelImplName
+from zerocalc.model.model_impl import (
+    MODEL_IMPLS,
+    AttentionKernel,
+    ModelImplName,
+    Shape,
+    default_attention,
+    parallel_unsupported,
+)
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import DEFAULT_GPUS_PER_NODE, Cluster, RankGroup
 from zerocalc.network.links import (
@@ -311,7 +318,8 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         recompute=_choice(o.recompute, "{recompute}", Recompute),
         flash_attention=o.flash_attention,
     )
-    mesh = _mesh(o, whole, framework, model, activations)
+    model_impl = _choice(o.model_impl, "{model_impl}", ModelImplName)
+    mesh = _mesh(o, whole, framework, model, activations, model_impl)
     ddp_bucket = DDP_BUCKET_BYTES if o.ddp_bucket is None else parse_bytes(o.ddp_bucket, "{ddp_bucket}")
     buffers = BufferOptions(
         prefetch=parse_whole(o.prefetch, "{prefetch}", 0, MAX_PREFETCH, "units"),
@@ -356,7 +364,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         grad_accum=grad_accum,
         grad_sync=grad_sync,
         zeropp=zeropp,
-        model_impl=_choice(o.model_impl, "{model_impl}", ModelImplName),
+        model_impl=model_impl,
         optimizer_impl=_choice(o.optimizer_impl, "{optimizer_impl}", OptimizerImpl, {"_": "-"}),
         expandable_segments=o.expandable_segments,
         links=links,
@@ -367,10 +375,45 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         notes=(*_model_notes(o.model), *position_notes),
     )
     resolved = _resolve_strategies(request)
-    problem = _ignored_problem(o, resolved)
+    problem = _ignored_problem(o, resolved) or _model_code_problem(resolved)
     if problem:
         raise InputError(problem)
     return resolved
+
+
+def _model_code_problem(request: TrainingRequest) -> str | None:
+    """A mesh the model's code cannot run the step of (:func:`~zerocalc.model.model_impl.
+    parallel_unsupported`), for the peak of a step; None when it can or no step is simulated."""
+    mesh, arch = request.mesh, request.model.architecture
+    if request.estimate is not Estimate.MEMORY or arch is None or (mesh.tp == 1 and mesh.cp == 1):
+        return None
+    impl = MODEL_IMPLS[request.model_impl]
+    flash = request.activations.flash_attention
+    if flash is None:
+        flash = default_attention(impl, arch)[0] is AttentionKernel.FLASH
+    shape = Shape(
+        request.activations.micro_batch,
+        request.activations.seq_len,
+        tp=mesh.tp,
+        sequence_parallel=mesh.sequence_parallel,
+        cp=mesh.cp,
+        cp_impl=mesh.cp_impl,
+    )
+    reason = parallel_unsupported(impl, arch, shape, flash)
+    if reason is None:
+        return None
+    degrees = " and ".join(f"{{{n}}} {d}" for n, d in (("tp", mesh.tp), ("cp", mesh.cp)) if d > 1)
+    if "flash attention" in reason:
+        accepted = "{flash_attention}"
+    elif "sequence parallelism (the norms" in reason:
+        accepted = "{sequence_parallel} off, or {model_impl} torchtitan"
+    elif "Ulysses" in reason and impl.name is ModelImplName.TORCHTITAN:
+        accepted = "{cp_impl} ring or allgather"
+    elif "not modelled" in reason:
+        accepted = "{model_impl} megatron, or {tp} 1"
+    else:
+        accepted = "a mesh that divides them"
+    return f"{degrees} with {{model_impl}} {impl.name.value}: {reason}; accepted: {accepted}"
 
 
 def _ignored_problem(options: TrainingOptions, request: TrainingRequest) -> str | None:
@@ -587,7 +630,12 @@ def _cluster(gpus: int | str, gpus_per_node: int | str | None) -> Cluster:
 
 
 def _mesh(
-    o: TrainingOptions, whole: Cluster, framework: Framework, model: ModelSpec, activations: ActivationOptions
+    o: TrainingOptions,
+    whole: Cluster,
+    framework: Framework,
+    model: ModelSpec,
+    activations: ActivationOptions,
+    model_impl: ModelImplName,
 ) -> Mesh:
     """dp × cp × tp of ``o.gpus`` ranks (:mod:`zerocalc.parallel.mesh`), each combination a framework
     cannot run, or a model cannot be split by, one :class:`InputError`."""
@@ -639,7 +687,10 @@ def _mesh(
                 f"accepted: {{cp_impl}} {names}"
             )
     if o.sequence_parallel is None:
-        sequence_parallel = tp > 1 and SEQUENCE_PARALLEL_DEFAULT.get(framework, False)
+        # transformers' tensor-parallel plans replicate the norms: no sequence parallelism in hf code
+        sequence_parallel = (
+            tp > 1 and SEQUENCE_PARALLEL_DEFAULT.get(framework, False) and model_impl is not ModelImplName.HF
+        )
     elif o.sequence_parallel and tp == 1:
         raise InputError(
             "{sequence_parallel} shards over the tensor-parallel group, and {tp} is 1; "
