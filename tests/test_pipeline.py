@@ -277,6 +277,10 @@ def test_p2p_sends_of_llama_3_8b() -> None:
     assert pipeline.busiest_rank_bytes == 16 * 16 * 2**20
     assert pipeline.bubble_fraction == 3 / 8
     assert pipeline.embedding_sync is None  # untied
+    # the pipeline as a dimension of each strategy: the busiest rank's sends, tp·cp·dp = 8 ranks apart
+    (pp,) = [d for d in estimate.strategies[0].dimensions if d.dimension.value == "pp"]
+    assert (pp.group_size, pp.stride, pp.calls_per_step) == (4, 8, 16)
+    assert pp.total_bytes_per_gpu == pipeline.busiest_rank_bytes
 
 
 def test_p2p_sends_of_gpt3_175b_interleaved() -> None:
