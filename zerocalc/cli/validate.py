@@ -60,7 +60,7 @@ GradSyncs = Annotated[
     typer.Option(
         "--grad-sync",
         help="Comma list of every, last: gradients reduced every micro-batch, or only on the last "
-        "(no_sync() / set_requires_gradient_sync(False) before).",
+        "(no_sync() or FSDP2 gradient sync off before).",
     ),
 ]
 GpusPerNode = Annotated[
