@@ -184,9 +184,9 @@ def fake_pipeline(
     ]
     if importlib.util.find_spec("torch") is None:
         raise fail(NEEDS_TORCH.replace("validate", "validate --fake"))
-    from zerocalc.validate import pipeline_fake
+    from zerocalc.validate.pipeline import run_fake_pipeline
 
-    report = pipeline_fake.run_cases(arch, cases, opt)
+    report = run_fake_pipeline(arch, cases, opt)
     if json:
         from zerocalc.cli.render import print_json
 

@@ -36,6 +36,7 @@ from zerocalc.model.architecture import (
 from zerocalc.parallel.frameworks import TorchWrapper
 from zerocalc.parallel.optimizers import OptimizerName
 from zerocalc.parallel.precision import PrecisionName
+from zerocalc.request.training import MAX_GRAD_ACCUM
 from zerocalc.states.framework import (
     STATE_LINES,
     Line,
@@ -65,6 +66,11 @@ def check_pipeline(arch: Architecture, pp: int, world: int, microbatches: int) -
     if arch.num_layers % pp:
         raise InputError(
             f"--pp {pp} does not divide the {arch.num_layers} blocks; accepted: --layers a multiple of {pp}"
+        )
+    if microbatches > MAX_GRAD_ACCUM:
+        raise InputError(
+            f"--grad-accum {microbatches:,} is not accepted; accepted: {pp} to {MAX_GRAD_ACCUM:,} "
+            "micro-batches"
         )
     if microbatches < pp:
         raise InputError(
@@ -696,3 +702,12 @@ def compare_fake_stage(
     return FakeStageResult(
         case=case, figures=figures, lines=lines, outputs_kept=kept, seconds=round(seconds, 2)
     )
+
+
+def run_fake_pipeline(
+    arch: Architecture, cases: list[FakePipelineCase], optimizer: OptimizerName
+) -> FakePipelineReport:
+    """Every case run under fake tensors (:mod:`zerocalc.validate.pipeline_fake`, which imports torch)."""
+    from zerocalc.validate import pipeline_fake
+
+    return pipeline_fake.run_cases(arch, cases, optimizer)
