@@ -137,13 +137,29 @@ def test_the_gradient_reduction_is_the_stages_once_per_step() -> None:
     assert predicted_reduction(job("none"), 2, 1) == ("none", [])
 
 
-def test_the_last_stage_keeps_m_minus_one_outputs_at_its_peak() -> None:
+def test_the_last_stage_keeps_every_micro_batchs_output() -> None:
     case = FakePipelineCase(world=8, pp=2, stage=1, microbatches=4, micro_batch=2, seq_len=16,
                             precision=PrecisionName.FP32, reshard=True)  # fmt: skip
     logits = 2 * 16 * 1_001 * 4  # 128,128 B, 251 blocks of 512
-    assert kept_outputs_bytes(llama(), case) == 3 * 251 * 512 == 385_536 > 3 * logits
+    assert kept_outputs_bytes(llama(), case) == 4 * 251 * 512 == 514_048 > 4 * logits
     bf16 = case.model_copy(update={"precision": PrecisionName.BF16_MIXED})
-    assert kept_outputs_bytes(llama(), bf16) == 3 * 126 * 512  # 64,064 B in 126 blocks
+    assert kept_outputs_bytes(llama(), bf16) == 4 * 126 * 512  # 64,064 B in 126 blocks
+
+
+def test_a_stage_keeps_a_receive_buffer_per_micro_batch_and_direction() -> None:
+    """b × s × h = 2 × 16 × 64 fp32 = 8,192 B per buffer; the token batch m × b × s int64; the last stage's
+    previous logits m × 2 × 16 × 1,001 fp32 (251 blocks of 512 B each)."""
+    arch = llama()
+
+    def case(stage: int, pp: int = 3, m: int = 5, precision: str = "fp32") -> FakePipelineCase:
+        return FakePipelineCase(world=2 * pp, pp=pp, stage=stage, microbatches=m, micro_batch=2, seq_len=16,
+                                precision=PrecisionName(precision), reshard=True)  # fmt: skip
+
+    tokens = 3 * 512  # 5 × 2 × 16 × 8 = 1,280 B
+    assert pipeline.pipeline_buffers(arch, case(0)) == 5 * 8_192 + tokens
+    assert pipeline.pipeline_buffers(arch, case(1)) == 2 * 5 * 8_192
+    assert pipeline.pipeline_buffers(arch, case(2)) == 5 * 8_192 + tokens + 5 * 251 * 512
+    assert pipeline.pipeline_buffers(arch, case(1, precision="bf16-mixed")) == 2 * 5 * 4_096
 
 
 # ------------------------------------------------------------------------------------------ comparison

@@ -369,12 +369,12 @@ def render_fake_pipeline(report: FakePipelineReport) -> None:
                     header="activations\nat the peak",
                     cells=[f"{st.figures.at_peak.get('Activation', 0):,}" for st in stages],
                 ),
-                Column(header="params\n(= grads)", cells=[f"{st.figures.params:,}" for st in stages]),
                 Column(
-                    header="optimizer\n+ step",
-                    cells=[f"{st.figures.optimizer + st.figures.step:,}" for st in stages],
+                    header="buffers\nat start",
+                    cells=[f"{st.figures.at_start.get('Activation', 0):,}" for st in stages],
                 ),
-                Column(header="states", cells=[_mark(ok) for ok in states_ok], justify="left"),
+                Column(header="params\n(= grads)", cells=[f"{st.figures.params:,}" for st in stages]),
+                Column(header="exact", cells=[_mark(ok) for ok in states_ok], justify="left"),
             ],
             title=title,
             key_width=9,
@@ -386,15 +386,20 @@ def render_fake_pipeline(report: FakePipelineReport) -> None:
                         f"[red]  ✗ stage {st.case.stage} {line.line}: predicted {line.predicted:,}, measured "
                         f"{line.measured:,}[/red]"
                     )
-            if st.outputs_kept is not None:
-                kept = st.outputs_kept
+            if st.outputs_kept is not None and st.figures.peak_without_outputs is not None:
+                kept, higher = st.outputs_kept, st.figures.peak - st.figures.peak_without_outputs
                 out.print(
-                    f"[dim]· last stage, outputs kept by step(return_outputs=True): the peak is "
-                    f"{kept.measured:,} B higher than without them; predicted {kept.predicted:,} = "
-                    f"(m − 1) logits of b × s × V {_mark(kept.ok)}[/dim]"
+                    f"[dim]· last stage, outputs kept by step(return_outputs=True): {kept.measured:,} B when "
+                    f"the step returns, predicted {kept.predicted:,} = m logits of b × s × V "
+                    f"{_mark(kept.ok)}; the peak {higher:,} B higher than without them[/dim]"
                 )
+    out.print(
+        "[dim]· exact: params, grads, optimizer states and step counters against the stage's tensors "
+        "sharded over dp, and the buffers at the step's start against m receive buffers per direction "
+        "(b × s × h), the last stage's previous outputs and the token batch[/dim]"
+    )
     exact = sum(st.ok for st in report.stages)
-    verdict = "every stage's states exact" if report.all_match else "[bold red]NOT all exact[/bold red]"
+    verdict = "every stage exact" if report.all_match else "[bold red]NOT all exact[/bold red]"
     out.print(f"{exact} of {len(report.stages)} stages exact to the byte: {verdict}")
 
 

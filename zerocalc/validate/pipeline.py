@@ -33,6 +33,7 @@ from zerocalc.model.architecture import (
     head_tensors,
     layer_tensors,
 )
+from zerocalc.model.model_impl import INT64
 from zerocalc.parallel.frameworks import TorchWrapper
 from zerocalc.parallel.optimizers import OptimizerName
 from zerocalc.parallel.precision import PrecisionName
@@ -612,25 +613,36 @@ class FakePipelineCase(BaseModel):
 class FakeStageFigures(BaseModel):
     """What the tracker saw on one stage's rank (bytes, every storage rounded to 512 B)."""
 
+    start: int = Field(description="allocated at the step's start")
+    at_start: dict[str, int] = Field(description="FSDPMemTracker's categories at the step's start")
     peak: int = Field(description="the step's high-water mark of every tracked storage")
     at_peak: dict[str, int] = Field(description="FSDPMemTracker's categories at that moment")
     params: int
     grads: int
     optimizer: int
     step: int
+    after_schedule: int = Field(
+        description="allocated when Schedule1F1B.step returns (before optimizer.step)"
+    )
     peak_without_outputs: int | None = Field(
         default=None, description="last stage: the peak of the same step with return_outputs=False"
+    )
+    after_schedule_without_outputs: int | None = Field(
+        default=None, description="last stage: after_schedule of the same step with return_outputs=False"
     )
 
 
 class FakeStageResult(BaseModel):
     case: FakePipelineCase
     figures: FakeStageFigures
-    lines: list[LineResult] = Field(description="model states against predicted_stage_states, exactly")
+    lines: list[LineResult] = Field(
+        description="model states against predicted_stage_states, and the buffers at the step's start "
+        "against pipeline_buffers, exactly"
+    )
     outputs_kept: LineResult | None = Field(
         default=None,
-        description="last stage: what keeping the micro-batches' outputs adds to the peak, against "
-        "(m − 1) logits of b × s × V",
+        description="last stage: what keeping the micro-batches' outputs adds when the step returns, "
+        "against m logits of b × s × V",
     )
     seconds: float
 
@@ -654,13 +666,36 @@ class FakePipelineReport(BaseModel):
 
 
 def kept_outputs_bytes(arch: Architecture, case: FakePipelineCase) -> int:
-    """What the last stage's kept outputs add to its peak: ``Schedule1F1B.step(return_outputs=True)`` (the
-    default) appends every micro-batch's output to ``output_chunks`` (torch 2.13 ``pipelining/stage.py``
-    ``forward_one_chunk``) until the step returns, so at the peak, in the last micro-batch, the m − 1
-    earlier logits (b × s × V, fp32, or bf16 under FSDP2's bf16 parameters) are alive that would
-    otherwise be freed."""
+    """What the last stage's kept outputs hold when ``Schedule1F1B.step(return_outputs=True)`` (the
+    default) returns: every micro-batch's output appended to ``output_chunks`` (torch 2.13
+    ``pipelining/stage.py`` ``forward_one_chunk``), m logits of b × s × V (fp32, or bf16 under FSDP2's
+    bf16 parameters), alive until the next step clears them."""
     dtype = activation_dtype("fsdp2", case.precision)
-    return (case.microbatches - 1) * rounded(case.micro_batch * case.seq_len * arch.vocab_size * dtype.bytes)
+    return case.microbatches * rounded(case.micro_batch * case.seq_len * arch.vocab_size * dtype.bytes)
+
+
+def pipeline_buffers(arch: Architecture, case: FakePipelineCase) -> int:
+    """What a stage holds at a step's start besides its model states (each storage rounded to 512 B):
+
+    * a receive buffer per micro-batch for its input (every stage but the first) and one for its output's
+      gradient (every stage but the last), b × s × h each, allocated once and kept (torch 2.13
+      ``pipelining/stage.py`` ``_setup_forward_recv_info`` and ``_setup_backward_recv_info`` →
+      ``_create_grad_recv_info``, one ``_make_tensor_from_meta`` per micro-batch);
+    * the last stage: the previous step's m outputs (b × s × V logits), which ``output_chunks`` keeps
+      until the next ``step`` clears it (``clear_runtime_states``) when ``return_outputs`` is true (the
+      default);
+    * the first stage's inputs and the last stage's targets: the step's m·b·s token ids, one tensor.
+    """
+    dtype = activation_dtype("fsdp2", case.precision)
+    m, b, s = case.microbatches, case.micro_batch, case.seq_len
+    first, last = case.stage == 0, case.stage == case.pp - 1
+    hidden = rounded(b * s * arch.hidden_size * dtype.bytes)
+    total = (int(not first) + int(not last)) * m * hidden
+    if first or last:
+        total += rounded(m * b * s * INT64)  # token ids: torch.randint's int64
+    if last:
+        total += m * rounded(b * s * arch.vocab_size * dtype.bytes)
+    return total
 
 
 def compare_fake_stage(
@@ -687,9 +722,23 @@ def compare_fake_stage(
                 explanation=pred.line(name).explanation,
             )
         )
+    buffers = pipeline_buffers(arch, case)
+    at_start = figures.at_start.get("Activation", 0)
+    lines.append(
+        LineResult(
+            line="buffers_at_start",
+            predicted=buffers,
+            measured=at_start,
+            difference=at_start - buffers,
+            ok=at_start == buffers,
+            model_state=False,
+            explanation="m receive buffers per direction, the last stage's previous outputs, the token batch",
+        )
+    )
     kept = None
-    if figures.peak_without_outputs is not None:
-        predicted, value = kept_outputs_bytes(arch, case), figures.peak - figures.peak_without_outputs
+    if figures.after_schedule_without_outputs is not None:
+        predicted = kept_outputs_bytes(arch, case)
+        value = figures.after_schedule - figures.after_schedule_without_outputs
         kept = LineResult(
             line="outputs_kept",
             predicted=predicted,
@@ -697,7 +746,7 @@ def compare_fake_stage(
             difference=value - predicted,
             ok=value == predicted,
             model_state=False,
-            explanation="(m − 1) micro-batches' logits kept in output_chunks by step(return_outputs=True)",
+            explanation="m micro-batches' logits in output_chunks when step(return_outputs=True) returns",
         )
     return FakeStageResult(
         case=case, figures=figures, lines=lines, outputs_kept=kept, seconds=round(seconds, 2)

@@ -85,7 +85,11 @@ def run_cases(
         figures = run(arch, case, optimizer, keep_outputs=True)
         if case.stage == case.pp - 1:
             without = run(arch, case, optimizer, keep_outputs=False)
-            figures = figures.model_copy(update={"peak_without_outputs": without.peak})
+            update = {
+                "peak_without_outputs": without.peak,
+                "after_schedule_without_outputs": without.after_schedule,
+            }
+            figures = figures.model_copy(update=update)
         results.append(compare_fake_stage(arch, case, figures, optimizer, time.perf_counter() - started))
     return FakePipelineReport(model=arch.name, architecture=arch, torch=torch.__version__, stages=results)
 
@@ -186,10 +190,12 @@ def _steps(
         with tracker:
             for step in range(WARMUP_STEPS + 1):
                 current = tracker.get_tracker_snapshot("current")
+                start = current.get(cpu, {})
                 tracker._peak_mem = {cpu: current.get(cpu, {}).get("Total", 0)}
                 tracker._peak_mem_snap = current
                 args = (tokens,) if first else ()
                 schedule.step(*args, target=tokens if last else None, return_outputs=keep_outputs)
+                after_schedule = tracker.get_tracker_snapshot("current").get(cpu, {}).get("Total", 0)
                 opt.step()
                 untrack_step_counters()
                 if step < WARMUP_STEPS:
@@ -198,7 +204,10 @@ def _steps(
         params = [p for group in opt.param_groups for p in group["params"]]
         states = [(key, value) for state in opt.state.values() for key, value in state.items()]
         figures = FakeStageFigures(
+            start=start.get("Total", 0),
+            at_start={str(getattr(k, "value", k)): v for k, v in start.items() if v},
             peak=tracker._peak_mem.get(cpu, 0),
+            after_schedule=after_schedule,
             at_peak={str(getattr(k, "value", k)): v for k, v in at_peak.items() if v},
             params=sum(_nbytes(p) for p in params),
             grads=sum(_nbytes(p.grad) for p in params if p.grad is not None),
