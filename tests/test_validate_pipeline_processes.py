@@ -146,6 +146,13 @@ def test_fake_four_stages() -> None:
                      "-s", "16")  # fmt: skip
     assert [s["case"]["stage"] for s in report["stages"]] == [0, 1, 2, 3]
     assert all(line["ok"] for s in report["stages"] for line in s["lines"])
+    # 1F1B: stage i has min(m, P − i) micro-batches in flight at its peak; stages 1 and 2 hold one block
+    # each, so beyond their receive buffers they hold 3 and 2 micro-batches' activations of that block
+    held = [
+        s["figures"]["at_peak"]["Activation"] - s["figures"]["at_start"]["Activation"]
+        for s in report["stages"]
+    ]
+    assert held[1] * 2 == held[2] * 3 > 0
     middle = report["stages"][1]["figures"]
     assert middle["at_start"]["Activation"] == 2 * 8 * 8_192  # m = 8 buffers each way, 8,064 B → 8,192
     block = 4 * 32 + 4 * 32 * 63 + 4 * 32 + 126 * 63 + 126 + 32 * 252 + 32  # rank 2: dp rank 0's shard
