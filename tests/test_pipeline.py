@@ -350,3 +350,21 @@ def test_no_pipeline_keys_without_pipeline() -> None:
 )  # fmt: skip
 def test_pipeline_refusals(args: list[str], fragment: str) -> None:
     one_line_error(runner.invoke(app, ["memory", "--model", "llama-3-8b", *args]), fragment)
+
+
+def test_the_core_stages_are_what_validate_builds() -> None:
+    # zerocalc validate --pp builds each stage from validate/pipeline.py's seam (stage_tensors); the core's
+    # PipelineStage holds the same tensors (an untied model: no second head), and a boundary carries the
+    # b·s·h elements validate predicts
+    from zerocalc.model.architecture import parameter_tensors
+    from zerocalc.parallel.pipeline import boundary_elements
+    from zerocalc.validate.pipeline import activation_elements, stage_tensors
+
+    request = parse_options(model="llama-3-8b", gpus=8, pp=4, grad_accum=4)
+    arch = request.model.architecture
+    assert arch is not None
+    for i, stage in enumerate(request.stages):
+        assert stage.architecture is not None
+        core = [t.shape for t in parameter_tensors(stage.architecture)]
+        assert core == [t.shape for t in stage_tensors(arch, 4, i)]
+    assert boundary_elements(request.mesh, 1, 2048, 4096) == activation_elements(arch, 1, 2048)

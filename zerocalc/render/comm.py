@@ -47,8 +47,11 @@ def _tensor(c: CollectiveCost) -> str:
     return f"{what} {c.dtype.value}"
 
 
-def _group(c: CollectiveCost) -> str:
+def _group(c: CollectiveCost, mesh_run: bool = False) -> str:
+    """``world 16*``; in a mesh the data-parallel group is the dp × cp ranks of one TP index: ``dp 8*``."""
     kind = "across" if c.group is RankGroup.ACROSS_NODES else c.group.value
+    if mesh_run and c.group is RankGroup.WORLD:
+        kind = "dp"
     return f"{kind} {c.group_size}{'*' if c.spans_nodes else ''}"
 
 
@@ -65,7 +68,7 @@ BETA_LEGEND = (
 )
 
 
-def _strategy_table(row: StrategyComm, unit: ByteUnit) -> Table:
+def _strategy_table(row: StrategyComm, unit: ByteUnit, mesh_run: bool = False) -> Table:
     """The data-parallel collectives of a strategy, with their totals."""
     costs = row.collectives
     table = compact_table(
@@ -81,7 +84,7 @@ def _strategy_table(row: StrategyComm, unit: ByteUnit) -> Table:
         table.add_row(
             _label(c),
             _tensor(c),
-            _group(c),
+            _group(c, mesh_run),
             f"{c.calls_per_step:,}",
             byte_cell(c.total_bytes_per_gpu, unit),
             format_seconds(c.time_s),
@@ -294,7 +297,9 @@ def render_comm(out: Output, estimate: CommEstimate, unit: ByteUnit, per_unit: b
             out.print("no data-parallel collectives: the dp × cp group of a TP rank is one GPU")
             continue
         out.print(f"gradients reduced {when} ({row.grad_sync_reason})")
-        out.print(_unit_table(row, unit) if per_unit else _strategy_table(row, unit))
+        out.print(
+            _unit_table(row, unit) if per_unit else _strategy_table(row, unit, mesh.model_parallel)
+        )
         for c in row.collectives:
             if not c.scales:
                 out.print(f"[dim]  {_label(c)}: {c.behaviour}[/dim]")
