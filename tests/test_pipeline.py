@@ -353,12 +353,13 @@ def test_pipeline_refusals(args: list[str], fragment: str) -> None:
 
 
 def test_the_core_stages_are_what_validate_builds() -> None:
-    # zerocalc validate --pp builds each stage from validate/pipeline.py's seam (stage_tensors); the core's
-    # PipelineStage holds the same tensors (an untied model: no second head), and a boundary carries the
+    # zerocalc validate --pp builds each stage's modules from the core's layers; the core's PipelineStage
+    # holds the whole model's tensors of those modules: the embedding on stage 0, L/p consecutive blocks,
+    # the final norm and head on stage p − 1 (an untied model: no second head); a boundary carries the
     # b·s·h elements validate predicts
-    from zerocalc.model.architecture import parameter_tensors
+    from zerocalc.model.architecture import embedding_tensors, head_tensors, layer_tensors, parameter_tensors
     from zerocalc.parallel.pipeline import boundary_elements
-    from zerocalc.validate.pipeline import activation_elements, stage_tensors
+    from zerocalc.validate.pipeline import activation_elements
 
     request = parse_options(model="llama-3-8b", gpus=8, pp=4, grad_accum=4)
     arch = request.model.architecture
@@ -366,5 +367,9 @@ def test_the_core_stages_are_what_validate_builds() -> None:
     for i, stage in enumerate(request.stages):
         assert stage.architecture is not None
         core = [t.shape for t in parameter_tensors(stage.architecture)]
-        assert core == [t.shape for t in stage_tensors(arch, 4, i)]
+        whole = embedding_tensors(arch) if i == 0 else []
+        for index in range(8 * i, 8 * i + 8):
+            whole += layer_tensors(arch, index)
+        whole += head_tensors(arch) if i == 3 else []
+        assert core == [t.shape for t in whole]
     assert boundary_elements(request.mesh, 1, 2048, 4096) == activation_elements(arch, 1, 2048)

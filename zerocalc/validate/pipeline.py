@@ -29,13 +29,13 @@ from zerocalc.harness import procs
 from zerocalc.model.architecture import (
     Architecture,
     ParamTensor,
-    embedding_tensors,
-    head_tensors,
-    layer_tensors,
+    parameter_tensors,
+    pipeline_stage,
 )
 from zerocalc.model.model_impl import INT64
 from zerocalc.parallel.frameworks import TorchWrapper
 from zerocalc.parallel.optimizers import OptimizerName
+from zerocalc.parallel.pipeline import chunk_layers
 from zerocalc.parallel.precision import PrecisionName
 from zerocalc.request.training import MAX_GRAD_ACCUM
 from zerocalc.states.framework import (
@@ -86,20 +86,18 @@ def check_pipeline(arch: Architecture, pp: int, world: int, microbatches: int) -
 
 
 def stage_layers(num_layers: int, pp: int, stage: int) -> range:
-    """The blocks of ``stage``: L/p consecutive ones (Megatron-LM ``get_num_layers_to_build``)."""
-    per_stage = num_layers // pp
-    return range(stage * per_stage, (stage + 1) * per_stage)
+    """The blocks of ``stage``: the analytic core's (:func:`~zerocalc.parallel.pipeline.chunk_layers`, one
+    chunk per rank: L/p consecutive blocks, Megatron-LM ``get_num_layers_to_build``)."""
+    (layers,) = chunk_layers(num_layers, pp, 1, stage)
+    return layers
 
 
 def stage_tensors(arch: Architecture, pp: int, stage: int) -> list[ParamTensor]:
-    """The parameter tensors ``stage`` holds, in registration order: the embeddings on the first stage,
-    its blocks, the final norm and the LM head on the last."""
-    tensors = embedding_tensors(arch) if stage == 0 else []
-    for index in stage_layers(arch.num_layers, pp, stage):
-        tensors += layer_tensors(arch, index)
-    if stage == pp - 1:
-        tensors += head_tensors(arch)
-    return tensors
+    """The parameter tensors ``stage`` holds, in registration order: the analytic core's pipeline stage
+    (:func:`~zerocalc.model.architecture.pipeline_stage`): the embeddings on the first stage, its blocks,
+    the final norm and the LM head on the last."""
+    layers = tuple(stage_layers(arch.num_layers, pp, stage))
+    return parameter_tensors(pipeline_stage(arch, pp, 1, stage, layers))
 
 
 def predicted_stage_states(
