@@ -96,7 +96,9 @@ def _label(row: PlanRow) -> str:
         extras.append(f"sync {row.grad_sync.value}")
     framework = row.framework.value
     named = framework.replace("-", "") in row.title.lower().replace("-", "")  # "FSDP2 HSDP" names fsdp2
-    head = f"{row.rank}. {'' if named else framework + ' '}{row.title}{node} ×{row.gpus}"
+    names = (("tp", row.tp), ("cp", row.cp), ("pp", row.pp), ("v", row.vpp), ("ep", row.ep))
+    mesh = "".join(f" {name}{degree}" for name, degree in names if degree > 1)
+    head = f"{row.rank}. {'' if named else framework + ' '}{row.title}{node} ×{row.gpus}{mesh}"
     return head + "\n" + " ".join(extras)
 
 

@@ -29,14 +29,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.comm.calls import Layout
-from zerocalc.comm.estimate import CollectiveRun, collective_runs
+from zerocalc.comm.estimate import CollectiveRun, collective_runs, mesh_request
+from zerocalc.comm.mesh import mesh_costs
+from zerocalc.comm.pipeline import pipeline_comm
 from zerocalc.model.activations import Recompute
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.frameworks import Estimate, Framework
 from zerocalc.parallel.precision import RECIPES
 from zerocalc.parallel.profiles import PROFILES
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
-from zerocalc.peak.evaluate import FIT_MARGIN, nccl_communicators, strategy_peak
+from zerocalc.peak.evaluate import FIT_MARGIN, nccl_communicators, pipeline_peak, strategy_peak
 from zerocalc.peak.report import StrategyPeak, Verdict
 from zerocalc.peak.simulate import flash_attention_used, runtime_for
 from zerocalc.plan.allocated import StepParts, with_batch, with_recompute
@@ -101,6 +103,11 @@ class PlanRow(BaseModel):
     reduce_dtype: DType | None
     prefetch: int | None
     grad_sync: GradSync | None
+    tp: int = Field(default=1, description="t: tensor-parallel ranks")
+    cp: int = Field(default=1, description="c: context-parallel ranks")
+    pp: int = Field(default=1, description="p: pipeline stages")
+    vpp: int = Field(default=1, description="v: virtual stages per pipeline rank")
+    ep: int = Field(default=1, description="e: expert-parallel ranks")
     peak_exact: bool = Field(description="the peak is memory's own (else only the lower bound)")
     peak_bytes: int | None = Field(description="memory's peak_bytes, when evaluated exactly")
     peak_lower_bound_bytes: int | None = Field(
@@ -113,6 +120,7 @@ class PlanRow(BaseModel):
     comm_s: float = Field(description="comm's time_s for this strategy")
     exposed_comm_s: float
     offload_s: float
+    bubble_s: float = Field(default=0.0, description="the pipeline's idle time: compute × (p−1)/(v·m)")
     step_s: float
     tokens_per_s_per_gpu: float
     mfu: float
@@ -172,7 +180,8 @@ class PlanResult(BaseModel):
 
 
 ASSUMPTIONS = [
-    "b·A·N equals the global batch exactly (in sequences); N: --gpus and every smaller number of whole nodes",
+    "b·A·d equals the global batch exactly (in sequences; d = N/(t·c·p) data-parallel replicas); N: --gpus "
+    "and every smaller number of whole nodes",
     "compute: PaLM's 6·P + 12·L·H·Q·T FLOPs per token (Chowdhery et al. 2022, app. B) at --mfu × the GPU's "
     "dense bf16 peak; recompute full +1 forward, selective +attention core forward (Korthikanti et al. 2022)",
     "overlap: prefetched all-gathers behind forward, backward collectives behind backward (Zhao et al. 2023, "
@@ -186,11 +195,25 @@ ASSUMPTIONS = [
 ]
 
 
-class _Cand:
-    __slots__ = ("accum", "b", "exact", "group", "lower", "request", "status", "time")
+MESH_ASSUMPTION = (
+    "mesh: compute split evenly over t·c·p ranks; tensor- and context-parallel collectives and pipeline "
+    "sends (comm's, at each candidate's b, recompute and A) exposed, not overlapped; the pipeline bubble "
+    "(p−1)/m, (p−1)/(v·m) interleaved, of the compute added (comm's bubble_fraction); a model-parallel "
+    "candidate's lower bound is its largest rank's model states + context + NCCL, its exact peak the "
+    "worst stage's"
+)
 
-    def __init__(self, group: Group, request: TrainingRequest, b: int, accum: int, t: StepTime, lower: int):
+
+class _Cand:
+    __slots__ = ("accum", "b", "bubble", "exact", "group", "lower", "request", "status", "time")
+
+    def __init__(
+        self, group: Group, request: TrainingRequest, b: int, accum: int, t: StepTime, lower: int,
+        bubble: float = 0.0,
+    ):  # fmt: skip
         self.group, self.request, self.b, self.accum, self.time = group, request, b, accum, t
+        self.bubble = bubble
+        """The pipeline's idle seconds, in the step time."""
         self.lower = lower
         """The allocated peak (exact) + the CUDA context + the NCCL communicators: the device peak's lower
         bound."""
@@ -199,8 +222,10 @@ class _Cand:
 
 
 def _exact(request: TrainingRequest) -> StrategyPeak:
-    """``zerocalc memory``'s peak for the request's one strategy (the same functions, the same request)."""
-    return strategy_peak(request, PROFILES[request.framework], request.strategies[0], runtime_for(request))
+    """``zerocalc memory``'s peak for the request's one strategy (the same functions, the same request;
+    with pipeline stages the worst stage's)."""
+    peak = pipeline_peak if request.mesh.pp > 1 else strategy_peak
+    return peak(request, PROFILES[request.framework], request.strategies[0], runtime_for(request))
 
 
 def _host_bytes(peak: StrategyPeak, request: TrainingRequest) -> int | None:
@@ -280,11 +305,17 @@ class _Requests:
         return request if isinstance(request, InputError) else with_recompute(request, group.recompute)
 
     def comm(self, group: Group) -> TrainingRequest | InputError:
-        return _request_once(self._comm, _comm_key(group), self.plan, group, Estimate.COMM)
+        """At the group's first micro-batch (a model-parallel group's mesh collectives read b and the
+        recompute: :func:`with_batch` gives the others)."""
+        key = (*_comm_key(group), group.recompute) if group.model_parallel else _comm_key(group)
+        return _request_once(self._comm, key, self.plan, group, Estimate.COMM)
 
 
 def _schedule_key(group: Group) -> tuple:
-    return (group.world, group.gpus_per_node, group.framework, group.strategy, group.reduce_dtype)
+    return (
+        group.world, group.gpus_per_node, group.framework, group.strategy, group.reduce_dtype,
+        group.tp, group.cp, group.pp, group.vpp, group.ep,
+    )  # fmt: skip
 
 
 def _comm_key(group: Group) -> tuple:
@@ -297,6 +328,8 @@ class _CommCosts:
 
     def __init__(self, layout: Layout):
         self.layout = layout
+        """The whole model's; a model-parallel group's collectives are its rank's (:meth:`layout_of`)."""
+        self._layouts: dict[tuple, Layout] = {}
         self._runs: dict[tuple, list[CollectiveRun]] = {}
         self._lines: dict[tuple, tuple[CommLine, ...]] = {}
         self._times: dict[tuple, CommTime] = {}
@@ -310,11 +343,26 @@ class _CommCosts:
                 schedule = _schedule_key(group)
                 runs = self._runs.get(schedule)
                 if runs is None:
-                    runs = self._runs[schedule] = collective_runs(group.strategy, request, self.layout)
-                sync = effective_grad_sync(group.framework, group.strategy, request.grad_sync)
+                    layout = self.layout_of(group, request)
+                    runs = self._runs[schedule] = collective_runs(group.strategy, request, layout)
+                sync = effective_grad_sync(
+                    group.framework, group.strategy, request.grad_sync, pipelined=group.pp > 1
+                )
                 lines = self._lines[key] = comm_lines(runs, sync)
             time = self._times[key, accum] = comm_time(comm_of_lines(lines, accum), accum)
         return time
+
+    def layout_of(self, group: Group, request: TrainingRequest) -> Layout:
+        """The parameters the data-parallel collectives move: one rank's (its pipeline stage's, its
+        tensor-parallel shards), as ``comm`` lays them out."""
+        if not group.model_parallel:
+            return self.layout
+        key = (group.tp, group.cp, group.pp, group.vpp, group.ep)
+        layout = self._layouts.get(key)
+        if layout is None:
+            rank = request.rank_model
+            layout = self._layouts[key] = Layout.of(rank.params, rank.architecture)
+        return layout
 
 
 class _OutsideBytes:
@@ -325,7 +373,7 @@ class _OutsideBytes:
         self._bytes: dict[tuple, int] = {}
 
     def of(self, group: Group, request: TrainingRequest) -> int:
-        key = (group.strategy, group.world, group.gpus_per_node)
+        key = (group.strategy, group.world, group.gpus_per_node, group.tp, group.cp, group.pp)
         outside = self._bytes.get(key)
         if outside is None:
             communicators = nccl_communicators(STRATEGIES[group.strategy], request.cluster, request.mesh)
@@ -345,6 +393,8 @@ class _Resolver:
         self.outside = _OutsideBytes()
         self.parts = StepParts(runtime_for(plan.base))
         self.recipe = RECIPES[plan.base.precision]
+        self.states: dict[Hashable, int] = {}
+        """A model-parallel configuration's model-state bytes on its largest rank."""
 
     def candidates(self, group: Group) -> list[_Cand] | InputError:
         """The group's candidates, or why the parser refuses the group."""
@@ -354,24 +404,65 @@ class _Resolver:
         comm_request = self.requests.comm(group)
         if isinstance(comm_request, InputError):
             return comm_request
+        if group.model_parallel:
+            return self._mesh_candidates(group, request, comm_request)
         timed = self._timed(group, request, comm_request)
         configuration = group._replace(recompute=None, micro_batches=())
         peaks = self.parts.allocated_peaks(request, {b: accum for b, accum, _ in timed}, configuration)
         outside = self.outside.of(group, request)
         return [_Cand(group, request, b, accum, t, peaks[b] + outside) for b, accum, t in timed]
 
+    def _mesh_candidates(
+        self, group: Group, request: TrainingRequest, comm_request: TrainingRequest
+    ) -> list[_Cand] | InputError:
+        """A model-parallel group's candidates: each one's step time with its mesh's communication (``comm``'s
+        tensor- and context-parallel collectives and pipeline sends at its b, recompute and A, all exposed)
+        and its pipeline bubble; its peak's lower bound is the context, the NCCL communicators and the
+        model states of the largest rank (:func:`~zerocalc.states.memory.strategy_row`: all resident
+        between the last backward and the optimizer step), the exact peak left to the walk."""
+        timed = self._timed(group, request, comm_request)
+        key = group._replace(recompute=None, micro_batches=(), accumulates=False)
+        states = self.states.get(key)
+        if states is None:
+            states = self.states[key] = strategy_row(request).gpu_bytes
+        lower = self.outside.of(group, request) + states
+        pipelined = group.pp > 1
+        cands = []
+        for b, accum, dp_time in timed:
+            priced = with_batch(comm_request, b, accum)
+            try:
+                meshed = mesh_request(priced)
+            except InputError as exc:
+                return exc
+            sync = effective_grad_sync(group.framework, group.strategy, priced.grad_sync, pipelined=pipelined)
+            mesh_s = [c.time_s for c in mesh_costs(meshed, sync)] if meshed is not None else []
+            pipeline = pipeline_comm(priced)
+            sends = pipeline.busiest_rank_time_s if pipeline else 0.0
+            comm_s = sum(mesh_s, dp_time.comm_s) + sends
+            exposed = sum(mesh_s, dp_time.exposed_comm_s) + sends
+            bubble = dp_time.compute_s * pipeline.bubble_fraction if pipeline else 0.0
+            step = dp_time.compute_s + bubble + exposed + dp_time.offload_s
+            tokens = dp_time.tokens_per_s_per_gpu * dp_time.step_s
+            t = StepTime(
+                dp_time.compute_s, comm_s, exposed, dp_time.offload_s, step, tokens / step,
+                dp_time.mfu * dp_time.step_s / step,
+            )  # fmt: skip
+            cands.append(_Cand(group, request, b, accum, t, lower, bubble))
+        return cands
+
     def _timed(
         self, group: Group, request: TrainingRequest, comm_request: TrainingRequest
     ) -> list[tuple[int, int, StepTime]]:
         """Each micro-batch of the group, its accumulation and its step time."""
-        plan, base = self.plan, self.plan.base
+        plan = self.plan
         shards = request.cluster.group_size(STRATEGIES[group.strategy].optimizer)
         steps = []
+        ranks_per_replica = group.tp * group.cp * group.pp
         for b in group.micro_batches:
-            accum = plan.global_batch_sequences // (group.world * b)
+            accum = group.accumulation(plan.global_batch_sequences, b)
             offload = offload_seconds(
-                base.model.params,
-                group.world,
+                request.rank_model.params,
+                request.cluster.world_size,
                 request.cluster.ranks_per_node,
                 shards,
                 group.offload_optimizer,
@@ -380,9 +471,9 @@ class _Resolver:
                 self.recipe.param_dtype.bytes,
                 self.recipe.grad_dtype.bytes,
             )
-            steps.append(
-                (b * accum * plan.seq_len, accum, self.comm.time(group, comm_request, accum), offload)
-            )
+            tokens = b * accum * plan.seq_len
+            per_gpu = tokens / ranks_per_replica if ranks_per_replica > 1 else tokens
+            steps.append((per_gpu, accum, self.comm.time(group, comm_request, accum), offload))
         flops = self.setting.flops[group.recompute]
         timings = step_times(
             flops, self.setting.peak_flops, plan.mfu, group.strategy, group.framework, group.prefetch, steps
@@ -480,7 +571,7 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
         search_seconds=seconds,
         exact_seconds=walked - searched,
         candidates_per_second=len(cands) / seconds if seconds > 0 else 0.0,
-        assumptions=ASSUMPTIONS,
+        assumptions=ASSUMPTIONS + ([MESH_ASSUMPTION] if any(g.model_parallel for g in groups) else []),
         candidates=everything,
     )
 
@@ -572,6 +663,11 @@ def _row(plan: PlanRequest, cand: _Cand, rank: int | None) -> PlanRow:
         reduce_dtype=g.reduce_dtype,
         prefetch=g.prefetch,
         grad_sync=g.grad_sync,
+        tp=g.tp,
+        cp=g.cp,
+        pp=g.pp,
+        vpp=g.vpp,
+        ep=g.ep,
         peak_exact=peak is not None,
         peak_bytes=peak.peak_bytes if peak is not None else None,
         peak_lower_bound_bytes=cand.lower,
@@ -582,6 +678,7 @@ def _row(plan: PlanRequest, cand: _Cand, rank: int | None) -> PlanRow:
         comm_s=t.comm_s,
         exposed_comm_s=t.exposed_comm_s,
         offload_s=t.offload_s,
+        bubble_s=cand.bubble,
         step_s=t.step_s,
         tokens_per_s_per_gpu=t.tokens_per_s_per_gpu,
         mfu=t.mfu,

@@ -687,10 +687,7 @@ def _mesh(
                 f"accepted: {{cp_impl}} {names}"
             )
     if o.sequence_parallel is None:
-        # transformers' tensor-parallel plans replicate the norms: no sequence parallelism in hf code
-        sequence_parallel = (
-            tp > 1 and SEQUENCE_PARALLEL_DEFAULT.get(framework, False) and model_impl is not ModelImplName.HF
-        )
+        sequence_parallel = default_sequence_parallel(framework, tp, model_impl)
     elif o.sequence_parallel and tp == 1:
         raise InputError(
             "{sequence_parallel} shards over the tensor-parallel group, and {tp} is 1; "
@@ -724,6 +721,56 @@ def _mesh(
         pp_schedule=schedule,
         ep=ep,
     )
+
+
+def default_sequence_parallel(framework: Framework, tp: int, model_impl: ModelImplName) -> bool:
+    """Sequence parallelism when ``--sequence-parallel`` is not given (transformers' tensor-parallel plans
+    replicate the norms: none in hf code)."""
+    return tp > 1 and SEQUENCE_PARALLEL_DEFAULT.get(framework, False) and model_impl is not ModelImplName.HF
+
+
+def _mesh_change_problem(request: TrainingRequest) -> None:
+    """The checks of :func:`_mesh` a mesh built outside the parser (``zerocalc plan``'s, with the parser's
+    defaults for the schedule, the CP implementation and sequence parallelism, its degrees dividing the
+    GPUs and TP inside a node) can fail, in the parser's order and with its lines."""
+    mesh, framework, model = request.mesh, request.framework, request.model
+    if mesh.pp > 1:
+        if framework not in PP_FRAMEWORKS:
+            names = ", ".join(f.value for f in PP_FRAMEWORKS)
+            raise InputError(
+                f"{{pp}} {mesh.pp} with {{framework}} {framework.value}: its pipeline parallelism is not "
+                f"modelled; accepted: {{framework}} {names}, or {{pp}} 1"
+            )
+        arch = model.architecture
+        if arch is not None and arch.num_layers % (mesh.pp * mesh.vpp):
+            chunks = mesh.pp * mesh.vpp
+            raise InputError(
+                f"{{pp}} {mesh.pp} × {{vpp}} {mesh.vpp}: {arch.name}'s {arch.num_layers} layers do not split "
+                f"into {chunks} equal chunks; accepted: {{pp}} × {{vpp}} a divisor of {arch.num_layers}"
+            )
+    if mesh.ep > 1:
+        options = TrainingOptions(ep=mesh.ep)
+        _expert_parallel(options, framework, model, mesh.world // (mesh.tp * mesh.pp))
+        raise InputError(
+            f"{{ep}} {mesh.ep}: the memory and communication of expert parallelism are not modelled yet; "
+            "accepted: {ep} 1"
+        )
+    if mesh.tp > 1 and framework not in TP_STYLES:
+        names = ", ".join(f.value for f in TP_STYLES)
+        raise InputError(
+            f"{{tp}} {mesh.tp} with {{framework}} {framework.value}: its tensor parallelism is not modelled; "
+            f"accepted: {{framework}} {names}, or {{tp}} 1"
+        )
+    if mesh.cp > 1 and not CP_IMPLS.get(framework, ()):
+        names = ", ".join(f.value for f in CP_IMPLS)
+        raise InputError(
+            f"{{cp}} {mesh.cp} with {{framework}} {framework.value}: it has no context parallelism modelled; "
+            f"accepted: {{framework}} {names}, or {{cp}} 1"
+        )
+    if mesh.tp > 1 or mesh.cp > 1:
+        _model_split_problem(
+            model, mesh.tp, mesh.cp, mesh.cp_impl, mesh.sequence_parallel, request.activations.seq_len
+        )
 
 
 def _pipeline(o: TrainingOptions, framework: Framework, model: ModelSpec, pp: int) -> tuple[int, PpSchedule]:
@@ -1135,13 +1182,29 @@ def request_with(request: TrainingRequest, **changes: object) -> TrainingRequest
         framework = changes.get("framework", request.framework)
         assert isinstance(framework, Framework)
         changes["mesh"] = data_parallel_mesh(cluster.world_size, cluster.ranks_per_node, framework)
+    elif "mesh" in changes and changes["mesh"] != request.mesh:
+        mesh = changes["mesh"]
+        assert isinstance(mesh, Mesh)
+        changes["cluster"] = mesh.data_cluster()
+        if "rank_model" not in changes:
+            model = changes.get("model", request.model)
+            assert isinstance(model, ModelSpec)
+            changes["rank_model"], changes["stages"] = _rank_models(model, mesh)
     if "model" in changes and "rank_model" not in changes:
         model = changes["model"]
         assert isinstance(model, ModelSpec)
         mesh = changes.get("mesh", request.mesh)
         assert isinstance(mesh, Mesh)
         changes["rank_model"], changes["stages"] = _rank_models(model, mesh)
-    return _resolve_strategies(request.model_copy(update={**changes, "strategy_notes": ()}))
+    changed = request.model_copy(update={**changes, "strategy_notes": ()})
+    if changed.mesh.model_parallel:
+        _mesh_change_problem(changed)
+        resolved = _resolve_strategies(changed)
+        problem = _model_code_problem(resolved)
+        if problem:
+            raise InputError(problem)
+        return resolved
+    return _resolve_strategies(changed)
 
 
 def with_model(request: TrainingRequest, model: ModelSpec) -> TrainingRequest:
