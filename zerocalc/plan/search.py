@@ -365,6 +365,38 @@ class _CommCosts:
         return layout
 
 
+class _MeshComm:
+    """The tensor- and context-parallel collectives' times (``comm``'s, in its order) and the pipeline's
+    sends and bubble, once per (framework, GPUs, mesh, reduce dtype, recompute, b, A, grad sync): the same
+    for every strategy, offload and prefetch of the mesh."""
+
+    def __init__(self) -> None:
+        self._costs: dict[tuple, tuple[list[float], float, float] | InputError] = {}
+
+    def of(
+        self, group: Group, comm_request: TrainingRequest, b: int, accum: int, sync: GradSync
+    ) -> tuple[list[float], float, float] | InputError:
+        """(each mesh collective's seconds, the busiest pipeline rank's sends' seconds, the bubble fraction),
+        or why ``comm`` refuses the mesh."""
+        key = (
+            group.world, group.gpus_per_node, group.framework, group.reduce_dtype,
+            group.tp, group.cp, group.pp, group.vpp, group.ep, group.recompute, b, accum, sync,
+        )  # fmt: skip
+        costs = self._costs.get(key)
+        if costs is None:
+            priced = with_batch(comm_request, b, accum)
+            try:
+                meshed = mesh_request(priced)
+            except InputError as exc:
+                costs = self._costs[key] = exc
+                return exc
+            mesh_s = [c.time_s for c in mesh_costs(meshed, sync)] if meshed is not None else []
+            pipeline = pipeline_comm(priced)
+            sends = pipeline.busiest_rank_time_s if pipeline else 0.0
+            costs = self._costs[key] = (mesh_s, sends, pipeline.bubble_fraction if pipeline else 0.0)
+        return costs
+
+
 class _OutsideBytes:
     """The CUDA context and the NCCL communicators: the same for every micro-batch and recompute, once per
     (strategy, world, GPUs per node)."""
@@ -393,6 +425,7 @@ class _Resolver:
         self.outside = _OutsideBytes()
         self.parts = StepParts(runtime_for(plan.base))
         self.recipe = RECIPES[plan.base.precision]
+        self.mesh_comm = _MeshComm()
         self.states: dict[Hashable, int] = {}
         """A model-parallel configuration's model-state bytes on its largest rank."""
 
@@ -426,21 +459,18 @@ class _Resolver:
         if states is None:
             states = self.states[key] = strategy_row(request).gpu_bytes
         lower = self.outside.of(group, request) + states
-        pipelined = group.pp > 1
         cands = []
+        sync = effective_grad_sync(
+            group.framework, group.strategy, comm_request.grad_sync, pipelined=group.pp > 1
+        )
         for b, accum, dp_time in timed:
-            priced = with_batch(comm_request, b, accum)
-            try:
-                meshed = mesh_request(priced)
-            except InputError as exc:
-                return exc
-            sync = effective_grad_sync(group.framework, group.strategy, priced.grad_sync, pipelined=pipelined)
-            mesh_s = [c.time_s for c in mesh_costs(meshed, sync)] if meshed is not None else []
-            pipeline = pipeline_comm(priced)
-            sends = pipeline.busiest_rank_time_s if pipeline else 0.0
+            priced = self.mesh_comm.of(group, comm_request, b, accum, sync)
+            if isinstance(priced, InputError):
+                return priced
+            mesh_s, sends, bubble_fraction = priced
             comm_s = sum(mesh_s, dp_time.comm_s) + sends
             exposed = sum(mesh_s, dp_time.exposed_comm_s) + sends
-            bubble = dp_time.compute_s * pipeline.bubble_fraction if pipeline else 0.0
+            bubble = dp_time.compute_s * bubble_fraction
             step = dp_time.compute_s + bubble + exposed + dp_time.offload_s
             tokens = dp_time.tokens_per_s_per_gpu * dp_time.step_s
             t = StepTime(

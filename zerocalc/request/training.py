@@ -903,9 +903,16 @@ def _rank_model(model: ModelSpec, mesh: Mesh) -> ModelSpec:
     if mesh.tp == 1 or arch is None:
         return model
     vocab_multiple = 128 if mesh.tp_style is TpStyle.MEGATRON else 1
-    rank = TensorParallelRank(**dict(arch), tp=mesh.tp, vocab_multiple=vocab_multiple)
-    count = count_parameters(rank)
+    rank, count = _tp_share(arch, mesh.tp, vocab_multiple)
     return model.model_copy(update={"params": count.total, "architecture": rank, "parameter_count": count})
+
+
+@lru_cache(maxsize=1024)
+def _tp_share(arch: Architecture, tp: int, vocab_multiple: int) -> tuple[TensorParallelRank, ParameterCount]:
+    """One tensor-parallel rank's share of ``arch`` and its count, once per architecture and split (a plan
+    asks for each many times)."""
+    rank = TensorParallelRank(**dict(arch), tp=tp, vocab_multiple=vocab_multiple)
+    return rank, count_parameters(rank)
 
 
 def _rank_models(model: ModelSpec, mesh: Mesh) -> tuple[ModelSpec, tuple[ModelSpec, ...]]:
