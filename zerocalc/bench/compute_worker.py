@@ -39,6 +39,11 @@ def fp8_available() -> bool:
     )
 
 
+def visible_device() -> bool:
+    """A CUDA device is visible to torch here."""
+    return torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+
 def device_name(device: str) -> str:
     if device == "cuda":
         return torch.cuda.get_device_name()

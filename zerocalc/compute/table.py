@@ -10,9 +10,11 @@ in ``presets/compute/``) and a *roofline* for what was not measured:
 * **memory**: achieved bytes/s (read + written) of an element-wise kernel per tensor size.
 
 A lookup takes the exact shape where measured, else interpolates between the nearest measured points
-in log space (inverse-distance weights of the rates, over the four nearest), else the roofline: a tier
-of efficiency by the operation's size (Calculon's form, Isaev et al. 2023, ``systems/*.json``:
-``gflops_efficiency`` and ``MB_efficiency``) of the datasheet's peak.
+in log space (inverse-distance weights of the rates, over the four nearest), else the roofline:
+Calculon's model (Isaev et al. 2023; ``systems/*.json`` ``gflops_efficiency`` and ``MB_efficiency``,
+``calculon/system.py`` ``no_overlap`` processing): a tier of efficiency by the operation's size of the
+datasheet's peak, and a GEMM's time its FLOPs at that rate plus its operands' and result's bytes at the
+memory tier's bandwidth.
 
 The file is JSON from these pydantic models, written atomically.
 """
@@ -198,7 +200,11 @@ class _Rates:
                 rate = _interpolated(points, (m, n, k))
             else:
                 roofline = self._roofline(f"{dtype.value} GEMMs")
-                rate = self._peak(dtype) * _tier(roofline.gemm_tiers, 2.0 * m * n * k)
+                flops = 2.0 * m * n * k
+                moved = dtype.bytes * (m * k + k * n + m * n)
+                seconds = flops / (self._peak(dtype) * _tier(roofline.gemm_tiers, flops))
+                seconds += moved / (roofline.memory_bytes_per_s * _tier(roofline.memory_tiers, moved))
+                rate = flops / seconds
             self._cache[key] = rate
         return rate  # type: ignore[return-value]
 
