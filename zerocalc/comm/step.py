@@ -23,7 +23,7 @@ behind that micro-batch's compute. One call of each collective per micro-batch i
 unit's all-gather precedes all compute and the last unit's reduction follows it (Zhao et al. 2023, §3.3).
 
 **Tensor- and context-parallel communication**: tensor-parallel collectives sit on the critical path
-between a layer's GEMMs (Megatron-LM without ``--tp-comm-overlap``, DTensor plans without async TP:
+between a layer's GEMMs (Megatron-LM without its ``tp_comm_overlap`` option, DTensor plans without async TP:
 Narayanan et al. 2021 §3.3, Korthikanti et al. 2022 §4.2.2), exposed; a context-parallel ring's
 point-to-point exchanges run beside the attention blocks they feed (Transformer Engine
 ``AttnFuncWithCPAndKVP2P``; torch ``context_parallel``'s ring), hidden behind that phase's attention
