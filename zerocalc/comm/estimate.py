@@ -40,6 +40,7 @@ from zerocalc.comm.mesh import (
     mesh_problem,
     replicated_gradients,
 )
+from zerocalc.comm.pipeline import PipelineComm, pipeline_comm
 from zerocalc.comm.step import StepEstimate
 from zerocalc.compute.table import ComputeTable
 from zerocalc.model.activations import Recompute
@@ -51,7 +52,13 @@ from zerocalc.network.schedule import DtypeRole, GradSync, Phase, Repeat, Schedu
 from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, TORCH_NO_SYNC, Framework
 from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.precision import RECIPES, PrecisionName
-from zerocalc.parallel.strategies import STRATEGIES, StrategyName, effective_grad_sync, row_named
+from zerocalc.parallel.strategies import (
+    PIPELINE_GRAD_SYNC,
+    STRATEGIES,
+    StrategyName,
+    effective_grad_sync,
+    row_named,
+)
 from zerocalc.parallel.zeropp import active_features
 from zerocalc.request.options import OptionsEcho
 from zerocalc.request.training import BufferOptions, TrainingRequest
@@ -172,7 +179,7 @@ class StrategyComm(BaseModel):
         default_factory=list, description="the tensor- and context-parallel collectives (none at tp = cp = 1)"
     )
     dimensions: list[DimensionComm] = Field(
-        default_factory=list, description="per dimension of the mesh: dp, then tp and cp where above 1"
+        default_factory=list, description="per dimension of the mesh: dp, then tp, cp and pp where above 1"
     )
     calls_per_step: int = Field(description="every dimension's")
     total_bytes_per_gpu: int = Field(description="every dimension's")
@@ -205,6 +212,9 @@ class CommEstimate(TableDisplay, BaseModel):
     notes: list[str] = Field(default_factory=list)
     compute: ComputeTime | None = None
     strategies: list[StrategyComm]
+    pipeline: PipelineComm | None = Field(
+        default=None, description="pipeline parallelism: the sends between stages and the bubble"
+    )
 
     def row(self, name: StrategyName | str) -> StrategyComm:
         """The row of a strategy, by any of its names (``fsdp``, ``full_shard``, ``zero3``)."""
@@ -506,11 +516,15 @@ def _cost(collective: CollectiveRun, times: int) -> CollectiveCost:
     )
 
 
-def grad_sync_reason(framework: Framework, name: StrategyName, asked: GradSync | None) -> str:
+def grad_sync_reason(
+    framework: Framework, name: StrategyName, asked: GradSync | None, pipelined: bool = False
+) -> str:
     """Why gradients are reduced when they are, for the output."""
     setup = STRATEGIES[name].frameworks[framework]
     if setup.grad_sync is not None:
         return "fixed by this schedule"
+    if pipelined and framework in PIPELINE_GRAD_SYNC:
+        return "fixed by the pipeline schedule (torch.distributed.pipelining)"
     hook = TORCH_NO_SYNC[setup.torch.wrapper] if setup.torch is not None else "no_sync()"
     if asked is GradSync.LAST:
         return f"asked: the first A-1 micro-batches run under {hook}"
@@ -533,7 +547,10 @@ def mesh_request(request: TrainingRequest) -> MeshRequest | None:
     return MeshRequest(
         mesh=mesh,
         framework=request.framework,
-        shape=MeshShape.of(arch, mesh, activations.micro_batch, activations.seq_len),
+        # a pipeline rank runs its stage's layers: the largest stage's (request.architecture)
+        shape=MeshShape.of(
+            request.architecture if mesh.pp > 1 else arch, mesh, activations.micro_batch, activations.seq_len
+        ),
         learned_positions=arch.learned_position_embeddings,
         replicated=replicated_gradients(request.architecture, mesh.tp_style, mesh.sequence_parallel)
         if mesh.tp > 1
@@ -548,9 +565,13 @@ def mesh_request(request: TrainingRequest) -> MeshRequest | None:
 
 
 def _dimensions(
-    request: TrainingRequest, costs: list[CollectiveCost], mesh_collectives: list[MeshCollectiveCost]
+    request: TrainingRequest,
+    costs: list[CollectiveCost],
+    mesh_collectives: list[MeshCollectiveCost],
+    pipeline: PipelineComm | None = None,
 ) -> list[DimensionComm]:
-    """The data-parallel dimension, then each model-parallel one above 1, with their totals."""
+    """The data-parallel dimension, then each model-parallel one above 1, with their totals (the pipeline's:
+    its busiest rank's sends)."""
     mesh, cluster = request.mesh, request.cluster
     dimensions = [
         DimensionComm(
@@ -581,6 +602,18 @@ def _dimensions(
                 time_s=sum(c.time_s for c in mine),
             )
         )
+    if pipeline is not None:
+        dimensions.append(
+            DimensionComm(
+                dimension=Dimension.PP,
+                group_size=mesh.pp,
+                stride=mesh.tp * mesh.cp * mesh.dp,
+                spans_nodes=any(link.spans_nodes for link in pipeline.links),
+                calls_per_step=pipeline.busiest_rank_calls,
+                total_bytes_per_gpu=pipeline.busiest_rank_bytes,
+                time_s=pipeline.busiest_rank_time_s,
+            )
+        )
     return dimensions
 
 
@@ -588,7 +621,7 @@ def _data_parallel_costs(
     name: StrategyName, request: TrainingRequest, layout: Layout
 ) -> list[CollectiveCost]:
     """Every data-parallel collective of one strategy's schedule that runs in a step."""
-    sync = effective_grad_sync(request.framework, name, request.grad_sync)
+    sync = effective_grad_sync(request.framework, name, request.grad_sync, pipelined=request.mesh.pp > 1)
     costs: list[CollectiveCost] = []
     for collective in collective_runs(name, request, layout):
         times = times_per_step(collective.run.line.repeat, request.grad_accum, sync)
@@ -603,32 +636,39 @@ def strategy_comm(
     ddp_bytes: int | None,
     layout: Layout | None = None,
     mesh: MeshRequest | None = None,
+    pipeline: PipelineComm | None = None,
 ) -> StrategyComm:
     """Cost every collective of one strategy's schedule under the request's framework, and the tensor- and
-    context-parallel collectives of ``mesh`` (:func:`mesh_request`) beside it (pure)."""
+    context-parallel collectives of ``mesh`` (:func:`mesh_request`) and the pipeline's sends
+    (:func:`~zerocalc.comm.pipeline.pipeline_comm`) beside it (pure)."""
     framework = request.framework
     strategy = STRATEGIES[name]
     layout = layout or Layout.of(request.rank_model.params, request.rank_model.architecture)
-    sync = effective_grad_sync(framework, name, request.grad_sync)
+    sync = effective_grad_sync(framework, name, request.grad_sync, pipelined=request.mesh.pp > 1)
     costs = _data_parallel_costs(name, request, layout)
     mesh_collectives = mesh_costs(mesh, sync) if mesh is not None else []
     every = [*costs, *mesh_collectives]
     data_parallel = sum(c.total_bytes_per_gpu for c in costs)
+    sent = pipeline.busiest_rank_bytes if pipeline else 0
+    inter = pipeline.busiest_rank_inter_node_bytes if pipeline else 0
     setup = strategy.frameworks[framework]
     return StrategyComm(
         strategy=name,
         title=strategy.title_under(framework),
         schedule_source=setup.schedule_source,
         grad_sync=sync,
-        grad_sync_reason=grad_sync_reason(framework, name, request.grad_sync),
+        grad_sync_reason=grad_sync_reason(framework, name, request.grad_sync, request.mesh.pp > 1),
         collectives=costs,
         mesh_collectives=mesh_collectives,
-        dimensions=_dimensions(request, costs, mesh_collectives),
-        calls_per_step=sum(c.calls_per_step for c in every),
-        total_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in every),
-        intra_node_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in every if not c.spans_nodes),
-        inter_node_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in every if c.spans_nodes),
-        time_s=sum(c.time_s for c in every),
+        dimensions=_dimensions(request, costs, mesh_collectives, pipeline),
+        calls_per_step=sum(c.calls_per_step for c in every)
+        + (pipeline.busiest_rank_calls if pipeline else 0),
+        total_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in every) + sent,
+        intra_node_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in every if not c.spans_nodes)
+        + sent
+        - inter,
+        inter_node_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in every if c.spans_nodes) + inter,
+        time_s=sum(c.time_s for c in every) + (pipeline.busiest_rank_time_s if pipeline else 0.0),
         ratio_to_ddp=(data_parallel / ddp_bytes) if ddp_bytes else None,
     )
 
@@ -651,6 +691,13 @@ def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -
     cluster = request.cluster
     if request.mesh.world == 1:
         notes.append("no communication: a single GPU has nothing to reduce or gather")
+    if request.mesh.pp > 1:
+        largest = request.stages.index(request.rank_model)
+        notes.append(
+            f"data-parallel collectives of pipeline stage {largest}, the largest (Ψ_s = "
+            f"{request.rank_model.params:,}): each stage reduces its own layers over its dp × cp ranks; the "
+            "pipeline's sends are its busiest rank's"
+        )
     calibration = request.calibration
     used = any(
         c.bandwidth_source is BandwidthSource.CALIBRATION
@@ -715,9 +762,10 @@ def evaluate_comm(
     where the mesh has them), with times, each strategy's step time where the model has an architecture
     and ``compute`` (the GPU's compute table) is given, and the optional compute comparison."""
     mesh = mesh_request(request)
+    pipeline = pipeline_comm(request)
     layout = Layout.of(request.rank_model.params, request.rank_model.architecture)
     ddp = _ddp_reference(request, layout)
-    rows = [strategy_comm(name, request, ddp, layout, mesh) for name in request.strategies]
+    rows = [strategy_comm(name, request, ddp, layout, mesh, pipeline) for name in request.strategies]
     if compute is not None and request.model.architecture is not None:
         rows = [_with_step(row, request, compute, compute_name) for row in rows]
     compute = None
@@ -734,4 +782,5 @@ def evaluate_comm(
         notes=_notes(request, layout, rows),
         compute=compute,
         strategies=rows,
+        pipeline=pipeline,
     )
