@@ -742,7 +742,11 @@ def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -
 
 
 def _with_step(
-    row: StrategyComm, request: TrainingRequest, compute: ComputeTable, compute_name: str
+    row: StrategyComm,
+    request: TrainingRequest,
+    compute: ComputeTable,
+    compute_name: str,
+    pipeline: PipelineComm | None,
 ) -> StrategyComm:
     """The row with its step time (:func:`zerocalc.comm.step.step_estimate`)."""
     from zerocalc.comm.step import step_estimate
@@ -750,7 +754,7 @@ def _with_step(
     collectives = [(c.phase, c.times_per_step, c.calls_per_step, c.time_s) for c in row.collectives]
     dp_s = sum(c.time_s for c in row.collectives)
     step = step_estimate(
-        request, compute, compute_name, row.strategy, collectives, dp_s, row.mesh_collectives
+        request, compute, compute_name, row.strategy, collectives, dp_s, row.mesh_collectives, pipeline
     )
     return row.model_copy(update={"step": step})
 
@@ -767,7 +771,7 @@ def evaluate_comm(
     ddp = _ddp_reference(request, layout)
     rows = [strategy_comm(name, request, ddp, layout, mesh, pipeline) for name in request.strategies]
     if compute is not None and request.model.architecture is not None:
-        rows = [_with_step(row, request, compute, compute_name) for row in rows]
+        rows = [_with_step(row, request, compute, compute_name, pipeline) for row in rows]
     compute = None
     if request.tokens_per_step is not None and request.tflops is not None:
         flops = 6 * request.model.params * request.tokens_per_step

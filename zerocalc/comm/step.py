@@ -29,7 +29,10 @@ point-to-point exchanges run beside the attention blocks they feed (Transformer 
 ``AttnFuncWithCPAndKVP2P``; torch ``context_parallel``'s ring), hidden behind that phase's attention
 compute; its all-gathers and all-to-alls precede the attention that waits for them, exposed.
 
-**Pipeline bubble**: a fraction of the ideal compute time (the schedule's, :func:`pipeline_bubble`).
+**Pipeline**: the busiest pipeline rank's sends, exposed (Megatron-LM overlaps them with compute only under
+interleaving, ``overlap_p2p_comm``); the bubble, the schedule's fraction of the slowest stage's compute
+(:func:`~zerocalc.parallel.pipeline.bubble_fraction`: Narayanan et al. 2021 §2.2, Qi et al. 2023 §3.1),
+which is the stage the step waits for.
 
 **Offload** (DeepSpeed ZeRO-Offload / ZeRO-Infinity), not overlapped (an upper bound; DeepSpeed overlaps
 part): gradients to the host and updated 16-bit parameters back over PCIe, the CPU Adam step bound by
@@ -45,6 +48,7 @@ from typing import NamedTuple
 from pydantic import BaseModel, Field
 
 from zerocalc.comm.mesh import Dimension, MeshCollectiveCost
+from zerocalc.comm.pipeline import PipelineComm
 from zerocalc.compute.ops import (
     Kernels,
     MicroBatchOps,
@@ -55,15 +59,15 @@ from zerocalc.compute.ops import (
 )
 from zerocalc.compute.table import ComputeTable
 from zerocalc.compute.time import ComputeTime, micro_batch_time, step_compute
+from zerocalc.model.architecture import Architecture
 from zerocalc.model.model_impl import MODEL_IMPLS, AttentionKernel, ModelImplName, Shape, default_attention
 from zerocalc.network.collectives import Collective
 from zerocalc.network.schedule import Phase
 from zerocalc.parallel.frameworks import Framework
-from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.optimizers import OptimizerImpl
 from zerocalc.parallel.precision import RECIPES
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
-from zerocalc.request.training import TrainingRequest
+from zerocalc.request.training import ModelSpec, TrainingRequest
 
 PCIE_BPS = 25e9
 """Host ↔ GPU bytes/s per GPU: PCIe 4.0 ×16 achieves about 25 GB/s of its 32 GB/s (an assumption; PCIe 5.0
@@ -190,6 +194,7 @@ class StepTime(NamedTuple):
     exposed_dp_s: float
     exposed_tp_s: float
     exposed_cp_s: float
+    exposed_pp_s: float
     bubble_s: float
     offload_s: float
     step_s: float
@@ -202,7 +207,7 @@ def mesh_exposed(
     costs: list[MeshCollectiveCost], attention_forward: float, attention_backward: float
 ) -> dict[Dimension, float]:
     """Exposed seconds of the tensor- and context-parallel collectives (see the module's doc)."""
-    exposed = {Dimension.TP: 0.0, Dimension.CP: 0.0}
+    exposed = {Dimension.TP: 0.0, Dimension.CP: 0.0, Dimension.PP: 0.0}
     ring = {Phase.FORWARD: 0.0, Phase.BACKWARD: 0.0}
     for cost in costs:
         if cost.dimension is Dimension.CP and cost.op is Collective.SEND_RECV and cost.phase in ring:
@@ -235,7 +240,7 @@ def assemble(
     dp += exposed_time(comm.backward, backward, grad_accum, hides_backward)
     dp += comm.after_step.spread + comm.after_step.once
     bubble = bubble_fraction * (forward + backward)
-    exposed = dp + mesh[Dimension.TP] + mesh[Dimension.CP]
+    exposed = dp + mesh[Dimension.TP] + mesh[Dimension.CP] + mesh[Dimension.PP]
     step = compute.total_s + exposed + bubble + offload_s
     by_class = compute.by_class
     flops = tokens_per_gpu * model_flops_per_token
@@ -251,6 +256,7 @@ def assemble(
         exposed_dp_s=dp,
         exposed_tp_s=mesh[Dimension.TP],
         exposed_cp_s=mesh[Dimension.CP],
+        exposed_pp_s=mesh[Dimension.PP],
         bubble_s=bubble,
         offload_s=offload_s,
         step_s=step,
@@ -280,70 +286,53 @@ def kernels(request: TrainingRequest) -> Kernels:
     return Kernels(fused=model_code(request) is ModelImplName.MEGATRON, flash=attention_fused(request))
 
 
-def stage_layers(mesh: Mesh, num_layers: int) -> range | None:
-    """The layers the slowest pipeline rank runs: all without pipeline parallelism, else the last stage's
-    L/p (it holds the LM head and the loss too)."""
-    if mesh.pp == 1:
-        return None
-    per_stage = num_layers // mesh.pp
-    return range(num_layers - per_stage, num_layers)
-
-
-def pipeline_bubble(mesh: Mesh, grad_accum: int) -> float:
-    """The bubble over the ideal time of a step of A micro-batches: (p − 1)/(v·A) (Narayanan et al. 2021
-    §2.2.1–2.2.2; 0 without pipeline parallelism)."""
-    if mesh.pp == 1:
-        return 0.0
-    return (mesh.pp - 1) / (mesh.vpp * grad_accum)
-
-
-def request_ops(request: TrainingRequest, micro_batch: int | None = None) -> MicroBatchOps:
-    """What one rank of the request's mesh runs for one micro-batch (of ``micro_batch`` sequences, else the
-    request's b)."""
+def request_ops(request: TrainingRequest, arch: Architecture | None = None) -> MicroBatchOps:
+    """What one rank of the request's mesh runs for one micro-batch (``arch``: a pipeline stage's share;
+    the rank's architecture by default)."""
     mesh, activations = request.mesh, request.activations
     shape = Shape(
-        micro_batch or activations.micro_batch,
+        activations.micro_batch,
         activations.seq_len,
         tp=mesh.tp,
         sequence_parallel=mesh.sequence_parallel,
         cp=mesh.cp,
         cp_impl=mesh.cp_impl,
     )
-    arch = request.architecture
-    layers = stage_layers(mesh, arch.num_layers)
-    return micro_batch_ops(
-        arch,
-        shape,
-        kernels(request),
-        RECIPES[request.precision].param_dtype,
-        layers=layers,
-        first_stage=layers is None,
-        ep=mesh.ep,
-    )
+    dtype = RECIPES[request.precision].param_dtype
+    return micro_batch_ops(arch or request.architecture, shape, kernels(request), dtype, ep=mesh.ep)
 
 
-def optimizer_traffic(request: TrainingRequest, strategy: StrategyName) -> tuple[int, int, int]:
-    """(parameters the rank's optimizer owns, bytes per parameter, parameters of its largest tensor)."""
+def optimizer_traffic(
+    request: TrainingRequest, strategy: StrategyName, stage: ModelSpec | None = None
+) -> tuple[int, int, int]:
+    """(parameters the rank's optimizer owns, bytes per parameter, parameters of its largest tensor), for
+    the rank's model or a pipeline stage's."""
     recipe = RECIPES[request.precision]
     shards = request.cluster.group_size(STRATEGIES[strategy].optimizer)
-    params = request.rank_model.params // max(1, request.mesh.pp)
-    count = request.rank_model.parameter_count
-    largest = count.largest_layer_params if count is not None else params
+    model = stage or request.rank_model
+    count = model.parameter_count
+    largest = count.largest_layer_params if count is not None else model.params
     grad = recipe.master_dtype or recipe.grad_dtype
     impl = OptimizerImpl.FUSED if request.framework in FUSED_OPTIMIZERS else request.optimizer_impl
     per = optimizer_bytes_per_param(request.optimizer, impl, recipe, grad)
-    return params // shards, per, max(1, largest // shards)
+    return model.params // shards, per, max(1, largest // shards)
 
 
 def request_compute(
     request: TrainingRequest, table: ComputeTable, strategy: StrategyName
 ) -> tuple[ComputeTime, float]:
-    """One rank's compute in a step of the request (A micro-batches), and its attention's forward seconds."""
-    ops = request_ops(request)
-    micro = micro_batch_time(table, ops, request.activations.recompute)
-    params, per, largest = optimizer_traffic(request, strategy)
-    compute = step_compute(table, micro, request.grad_accum, params, per, largest)
-    return compute, micro.forward.attention * request.grad_accum
+    """One rank's compute in a step of the request (A micro-batches), and its attention's forward seconds:
+    with pipeline stages, the slowest stage's (its layers, and the embedding or the head it holds)."""
+    stages = [(stage.architecture, stage) for stage in request.stages] or [(None, None)]
+    best: tuple[ComputeTime, float] | None = None
+    for arch, stage in stages:
+        micro = micro_batch_time(table, request_ops(request, arch), request.activations.recompute)
+        params, per, largest = optimizer_traffic(request, strategy, stage)
+        compute = step_compute(table, micro, request.grad_accum, params, per, largest)
+        if best is None or compute.total_s > best[0].total_s:
+            best = (compute, micro.forward.attention * request.grad_accum)
+    assert best is not None
+    return best
 
 
 class StepEstimate(BaseModel):
@@ -355,11 +344,12 @@ class StepEstimate(BaseModel):
     elementwise_s: float = Field(description="norms, activations, residuals, rotary, dropout, the loss")
     optimizer_s: float
     recompute_s: float = Field(description="of compute_s: what activation recomputation re-runs")
-    exposed_comm_s: float = Field(description="exposed_dp_s + exposed_tp_s + exposed_cp_s")
+    exposed_comm_s: float = Field(description="exposed_dp_s + exposed_tp_s + exposed_cp_s + exposed_pp_s")
     exposed_dp_s: float
     exposed_tp_s: float
     exposed_cp_s: float
-    bubble_s: float = Field(description="the pipeline bubble")
+    exposed_pp_s: float = Field(description="the busiest pipeline rank's sends (not overlapped)")
+    bubble_s: float = Field(description="the pipeline bubble: its fraction of the slowest stage's compute")
     offload_s: float
     step_s: float = Field(description="compute_s + exposed_comm_s + bubble_s + offload_s")
     tokens_per_s_per_gpu: float
@@ -375,12 +365,14 @@ def step_estimate(
     comm_collectives: list[tuple[Phase, int, int, float]],
     comm_s: float,
     mesh_costs: list[MeshCollectiveCost],
+    pipeline: PipelineComm | None = None,
 ) -> StepEstimate:
     """The step time of the request's one configuration under ``strategy`` (comm's costs as given)."""
     compute, attention_forward = request_compute(request, table, strategy)
     attention_backward = compute.by_class[OpClass.ATTENTION] - attention_forward
     accum = request.grad_accum
     mesh = mesh_exposed(mesh_costs, attention_forward, attention_backward)
+    mesh[Dimension.PP] = pipeline.busiest_rank_time_s if pipeline is not None else 0.0
     recipe = RECIPES[request.precision]
     offload = offload_seconds(
         request.model.params,
@@ -404,13 +396,13 @@ def step_estimate(
         attention_forward,
         comm_time(comm_collectives, accum, comm_s),
         mesh,
-        sum(c.time_s for c in mesh_costs),
+        sum(c.time_s for c in mesh_costs) + mesh[Dimension.PP],
         tokens,
         accum,
         request.buffers.prefetch != 0,
         overlaps_backward(request.framework, strategy),
         offload,
-        pipeline_bubble(request.mesh, accum),
+        pipeline.bubble_fraction if pipeline is not None else 0.0,
         model_flops_per_token(arch, count, activations.seq_len),
         peak,
     )

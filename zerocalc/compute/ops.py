@@ -312,18 +312,11 @@ def _core_traffic(
 
 
 def micro_batch_ops(
-    arch: Architecture,
-    shape: Shape,
-    kernels: Kernels,
-    dtype: DType,
-    layers: range | None = None,
-    first_stage: bool = True,
-    last_stage: bool = True,
-    ep: int = 1,
+    arch: Architecture, shape: Shape, kernels: Kernels, dtype: DType, ep: int = 1
 ) -> MicroBatchOps:
-    """The forward of one micro-batch on one rank: the layers of ``layers`` (all by default; a pipeline
-    stage's otherwise), the embedding on the first stage, the final norm, LM head and loss on the last."""
-    indices = range(arch.num_layers) if layers is None else layers
+    """The forward of one micro-batch on one rank holding ``arch`` (a pipeline stage's share: its layers,
+    the embedding where it holds it, the final norm, LM head and loss where it holds them)."""
+    indices = range(arch.num_layers)
     act = dtype.bytes
     groups: dict[bool, list[int]] = {}
     for index in indices:
@@ -335,13 +328,13 @@ def micro_batch_ops(
     scale = act / 2
     gemms: list[Gemm] = []
     traffic: list[Traffic] = []
-    if first_stage:
-        lookups = len(embedding_tensors(arch))
+    lookups = len(embedding_tensors(arch))
+    if lookups:
         traffic.append(Traffic("embedding", int(EMBEDDING_LOOKUP * scale * tokens * h), lookups))
         if arch.learned_position_embeddings:
             traffic.append(Traffic("position add", int(RESIDUAL_ADD * scale * tokens * h)))
-    if last_stage:
-        head = head_tensors(arch)
+    head = head_tensors(arch)
+    if head:
         traffic.append(Traffic("final norm", int(_norm_bytes(arch, kernels.fused) * scale * rows * h)))
         matrix = next((t for t in head if t.module == "lm_head"), None)
         if matrix is None:  # tied: the embedding's matrix

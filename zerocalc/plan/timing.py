@@ -45,7 +45,7 @@ __all__ = [
     "step_times",
 ]
 
-NO_MESH = {Dimension.TP: 0.0, Dimension.CP: 0.0}
+NO_MESH = {Dimension.TP: 0.0, Dimension.CP: 0.0, Dimension.PP: 0.0}
 """The plan's candidates are data-parallel: no tensor- or context-parallel collectives."""
 
 

@@ -376,6 +376,7 @@ def render_step(out: Output, estimate: CommEstimate) -> None:
     if mesh.cp > 1:
         columns.append(Column("Comm\ncp", seconds([s.exposed_cp_s for s in steps])))
     if mesh.pp > 1:
+        columns.append(Column("Comm\npp", seconds([s.exposed_pp_s for s in steps])))
         columns.append(Column("Bubble", seconds([s.bubble_s for s in steps])))
     if any(s.offload_s for s in steps):
         columns.append(Column("Off-\nload", seconds([s.offload_s for s in steps])))
