@@ -421,3 +421,41 @@ def test_a_file_that_is_no_table_is_one_line(tmp_path: Path) -> None:
         ),
         "is not a zerocalc compute table",
     )
+
+
+# ------------------------------------------------------------------------------ validate --time-steps
+def test_timing_loop_warms_up_synchronises_and_times_each_step() -> None:
+    """The loop behind ``validate --device cuda --time-steps``: warm-up steps untimed, one
+    synchronisation before timing, each timed step closed by one (a clock that advances 1 s per read)."""
+    from zerocalc.validate.step_timing import step_timing, time_steps
+
+    calls: list[str] = []
+    ticks = iter(range(100))
+    seconds = time_steps(
+        lambda: calls.append("step"), lambda: calls.append("sync"), 3, warmup=2, clock=lambda: next(ticks)
+    )
+    assert calls == ["step", "step", "sync"] + ["step", "sync"] * 3
+    assert seconds == [1, 1, 1]
+    timing = step_timing([1.0, 3.0, 2.0], 2, 2.2, "the h100-80gb preset's")
+    assert timing.measured_s == 2.0 and timing.relative == pytest.approx(0.1)
+
+
+def test_timing_loop_runs_a_real_torch_step_on_the_cpu() -> None:
+    torch = pytest.importorskip("torch")
+    from zerocalc.validate.step_timing import time_steps
+
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(8, 64)
+
+    def step() -> None:
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    seconds = time_steps(step, lambda: None, 4, warmup=1)
+    assert len(seconds) == 4 and all(s > 0 for s in seconds)
+
+
+def test_time_steps_is_read_only_by_the_cuda_mode() -> None:
+    one_line_error(runner.invoke(app, ["validate", "--time-steps", "3"]), "--time-steps")
