@@ -62,11 +62,11 @@ from zerocalc.compute.time import ComputeTime, micro_batch_time, step_compute
 from zerocalc.model.architecture import Architecture
 from zerocalc.model.model_impl import MODEL_IMPLS, AttentionKernel, ModelImplName, Shape, default_attention
 from zerocalc.network.collectives import Collective
-from zerocalc.network.schedule import Phase
+from zerocalc.network.schedule import GradSync, Phase
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.optimizers import OptimizerImpl
 from zerocalc.parallel.precision import RECIPES
-from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
+from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
 from zerocalc.request.training import ModelSpec, TrainingRequest
 
 PCIE_BPS = 25e9
@@ -318,6 +318,45 @@ def optimizer_traffic(
     return model.params // shards, per, max(1, largest // shards)
 
 
+FSDP2_GATHERS = {StrategyName.ZERO3: 2, StrategyName.HYBRID_SHARD: 2, StrategyName.SHARD_GRAD_OP: 1}
+"""Parameter all-gathers per micro-batch under FSDP2: forward and backward when it reshards after forward,
+forward alone otherwise (``reshard_after_forward``)."""
+
+
+def fsdp2_traffic(
+    request: TrainingRequest,
+    strategy: StrategyName,
+    table: ComputeTable,
+    stage: ModelSpec | None = None,
+    grad_accum: int | None = None,
+) -> tuple[float, float]:
+    """FSDP2's own element-wise kernels per step, forward and backward seconds (0 for other frameworks).
+    Per all-gather (torch ``distributed/fsdp/_fully_shard/_fsdp_param.py`` ``all_gather_inputs``,
+    ``_fsdp_collectives.py`` ``foreach_all_gather``, ``foreach_all_gather_copy_out``): the shard cast to the
+    compute dtype and copied into the all-gather buffer, and the gathered parameters split back out
+    (``split_with_sizes_copy``: read and written, P·2·b_p); per reduce-scatter (``foreach_reduce``): the
+    unsharded gradients copied into the reduce buffer in the reduce dtype (``_chunk_cat``: P·(b_g + b_r))."""
+    gathers = FSDP2_GATHERS.get(strategy, 0) if request.framework is Framework.FSDP2 else 0
+    if not gathers:
+        return 0.0, 0.0
+    recipe = RECIPES[request.precision]
+    model = stage or request.rank_model
+    params = model.params
+    shard = params / request.cluster.group_size(STRATEGIES[strategy].optimizer)
+    p, master = recipe.param_dtype.bytes, (recipe.master_dtype or recipe.param_dtype).bytes
+    reduce = (request.reduce_dtype or recipe.grad_dtype).bytes
+    gather = shard * (master + 3 * p) + params * 2 * p
+    scatter = params * (recipe.grad_dtype.bytes + reduce)
+    count = model.parameter_count
+    unit = max(1, count.largest_block_params if count is not None else params)
+    accum = grad_accum or request.grad_accum
+    sync = effective_grad_sync(request.framework, strategy, request.grad_sync, pipelined=request.mesh.pp > 1)
+    reductions = accum if sync is GradSync.EVERY else 1
+    forward = accum * gather / table.bandwidth(unit * 2 * p)
+    backward = ((gathers - 1) * accum * gather + reductions * scatter) / table.bandwidth(unit * 2 * p)
+    return forward, backward
+
+
 def request_compute(
     request: TrainingRequest, table: ComputeTable, strategy: StrategyName
 ) -> tuple[ComputeTime, float]:
@@ -329,10 +368,23 @@ def request_compute(
         micro = micro_batch_time(table, request_ops(request, arch), request.activations.recompute)
         params, per, largest = optimizer_traffic(request, strategy, stage)
         compute = step_compute(table, micro, request.grad_accum, params, per, largest)
+        compute = with_framework_traffic(compute, fsdp2_traffic(request, strategy, table, stage))
         if best is None or compute.total_s > best[0].total_s:
             best = (compute, micro.forward.attention * request.grad_accum)
     assert best is not None
     return best
+
+
+def with_framework_traffic(compute: ComputeTime, traffic: tuple[float, float]) -> ComputeTime:
+    """The compute with the framework's own element-wise seconds (forward, backward) added."""
+    forward, backward = traffic
+    if not forward and not backward:
+        return compute
+    by_class = dict(compute.by_class)
+    by_class[OpClass.ELEMENTWISE] += forward + backward
+    return compute._replace(
+        forward_s=compute.forward_s + forward, backward_s=compute.backward_s + backward, by_class=by_class
+    )
 
 
 class StepEstimate(BaseModel):

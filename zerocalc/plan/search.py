@@ -30,7 +30,7 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.comm.calls import Layout
 from zerocalc.comm.estimate import CollectiveRun, collective_runs
-from zerocalc.comm.step import kernels, optimizer_traffic
+from zerocalc.comm.step import fsdp2_traffic, kernels, optimizer_traffic, with_framework_traffic
 from zerocalc.compute.ops import Kernels, MicroBatchOps, micro_batch_ops, model_flops_per_token
 from zerocalc.compute.time import ComputeTime, MicroBatchTime, micro_batch_time, step_compute
 from zerocalc.model.activations import Recompute
@@ -380,7 +380,8 @@ class _Compute:
                     ops = self._ops[b, code] = micro_batch_ops(request.architecture, shape, code, self.dtype)
                 micro = self._micro[b, code, recompute] = micro_batch_time(self.table, ops, recompute)
             compute = self._steps[key] = step_compute(self.table, micro, accum, *optimizer)
-        return compute
+        traffic = fsdp2_traffic(request, request.strategies[0], self.table, grad_accum=accum)
+        return with_framework_traffic(compute, traffic)
 
 
 class _Resolver:
