@@ -285,16 +285,25 @@ def test_the_plans_ranking_follows_the_efficiencies(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------- measured and published
+MEASURED = [
+    (gpu, run)
+    for gpu, folder in (("h100-80gb", "h100-steps-hf"), ("h200-141gb", "h200-steps-hf"))
+    for run in json.loads((STEPS.parent.parent / folder / "steps.json").read_text())["results"]
+]
+
+
 @pytest.mark.parametrize(
-    "run", json.loads(STEPS.read_text())["results"], ids=lambda r: f"L{r['layers']}b{r['b']}"
+    ("gpu", "run"),
+    MEASURED,
+    ids=[f"{g}-L{r['layers']}b{r['b']}{'-ckpt' * r['checkpointing']}" for g, r in MEASURED],
 )
-def test_measured_h100_steps_within_10_percent(run: dict) -> None:
-    """Real eager steps of Llama 3 8B layers on the H100 the h100-80gb compute table was measured on
-    (tests/data/h100-steps-hf): transformers 5.17, bf16, b × 8192 tokens, forward + backward (full recompute
-    where checkpointing)."""
+def test_measured_steps_within_10_percent(gpu: str, run: dict) -> None:
+    """Real eager steps of Llama 3 8B layers on the H100 and the H200 their presets' compute tables were
+    measured on (tests/data/h100-steps-hf, h200-steps-hf): transformers 5.17, bf16, b × 8192 tokens,
+    forward + backward (full recompute where checkpointing)."""
     arch, _ = load_model("llama-3-8b")
     arch = arch.model_copy(update={"num_layers": run["layers"]})
-    named = compute_table(None, "h100-80gb")
+    named = compute_table(None, gpu)
     assert named is not None
     ops = micro_batch_ops(arch, Shape(run["b"], run["s"]), EAGER_FLASH, DType.BF16)
     recompute = Recompute.FULL if run["checkpointing"] else Recompute.NONE
