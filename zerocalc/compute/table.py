@@ -25,7 +25,7 @@ import itertools
 import math
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from zerocalc.base.atomic import write_text_atomic
 from zerocalc.base.dtypes import DType
@@ -109,12 +109,12 @@ class ComputeTable(_Record):
     attention: tuple[AttentionPoint, ...] = ()
     memory: tuple[BandwidthPoint, ...] = ()
     roofline: Roofline | None = None
-    _lookups: _Rates | None = PrivateAttr(default=None)
 
     def _rates(self) -> _Rates:
-        if self._lookups is None:
-            self._lookups = _Rates(self)
-        return self._lookups
+        rates = _LOOKUPS.get(id(self))
+        if rates is None or rates.table is not self:
+            rates = _LOOKUPS[id(self)] = _Rates(self)
+        return rates
 
     def gemm_rate(self, m: int, n: int, k: int, dtype: DType) -> float:
         """FLOP/s of one ``m × k · k × n`` product in ``dtype``."""
@@ -238,6 +238,11 @@ class _Rates:
                 rate = roofline.memory_bytes_per_s * _tier(roofline.memory_tiers, nbytes)
             self._cache[key] = rate
         return rate  # type: ignore[return-value]
+
+
+_LOOKUPS: dict[int, _Rates] = {}
+"""Each table's lookups (by the table's identity; the entry keeps the table alive, so the identity is not
+reused while it stands)."""
 
 
 def _log_linear(points: list[tuple[int, float]], x: float) -> float:

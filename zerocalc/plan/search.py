@@ -359,6 +359,8 @@ class _Compute:
         self._ops: dict[tuple[int, Kernels], MicroBatchOps] = {}
         self._micro: dict[tuple[int, Kernels, Recompute], MicroBatchTime] = {}
         self._steps: dict[tuple, ComputeTime] = {}
+        self._kernels: dict[tuple, Kernels] = {}
+        self._traffic: dict[tuple, tuple[float, float]] = {}
 
     def step(
         self,
@@ -368,7 +370,10 @@ class _Compute:
         accum: int,
         optimizer: tuple[int, int, int],
     ) -> ComputeTime:
-        code = kernels(request)
+        code_key = (request.framework, request.model_impl, request.activations.flash_attention)
+        code = self._kernels.get(code_key)
+        if code is None:
+            code = self._kernels[code_key] = kernels(request)
         key = (b, code, recompute, accum, optimizer)
         compute = self._steps.get(key)
         if compute is None:
@@ -380,7 +385,20 @@ class _Compute:
                     ops = self._ops[b, code] = micro_batch_ops(request.architecture, shape, code, self.dtype)
                 micro = self._micro[b, code, recompute] = micro_batch_time(self.table, ops, recompute)
             compute = self._steps[key] = step_compute(self.table, micro, accum, *optimizer)
-        traffic = fsdp2_traffic(request, request.strategies[0], self.table, grad_accum=accum)
+        strategy = request.strategies[0]
+        traffic_key = (
+            strategy,
+            request.framework,
+            request.reduce_dtype,
+            request.grad_sync,
+            request.cluster,
+            accum,
+        )
+        traffic = self._traffic.get(traffic_key)
+        if traffic is None:
+            traffic = self._traffic[traffic_key] = fsdp2_traffic(
+                request, strategy, self.table, grad_accum=accum
+            )
         return with_framework_traffic(compute, traffic)
 
 
