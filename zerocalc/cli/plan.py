@@ -132,7 +132,7 @@ def render_plan(result: PlanResult, unit: ByteUnit) -> None:
         )
         print_fitted(
             "Step (s)",
-            [f"{row.rank}." for row in rows],
+            [f"#{row.rank}" for row in rows],
             [
                 Column("Matmul", [f"{row.matmul_s:.3f}" for row in rows]),
                 Column("Attn", [f"{row.attention_s:.3f}" for row in rows]),
