@@ -30,7 +30,11 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.comm.calls import Layout
 from zerocalc.comm.estimate import CollectiveRun, collective_runs
+from zerocalc.comm.step import fsdp2_traffic, kernels, optimizer_traffic, with_framework_traffic
+from zerocalc.compute.ops import Kernels, MicroBatchOps, micro_batch_ops, model_flops_per_token
+from zerocalc.compute.time import ComputeTime, MicroBatchTime, micro_batch_time, step_compute
 from zerocalc.model.activations import Recompute
+from zerocalc.model.model_impl import Shape
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.frameworks import Estimate, Framework
 from zerocalc.parallel.precision import RECIPES
@@ -60,7 +64,6 @@ from zerocalc.plan.timing import (
     comm_lines,
     comm_of_lines,
     comm_time,
-    flops_per_token,
     offload_seconds,
     step_times,
 )
@@ -109,13 +112,19 @@ class PlanRow(BaseModel):
     verdict: Verdict | None = None
     headroom_bytes: int | None = None
     host_bytes_per_node: int | None = Field(default=None, description="offloaded states on the host")
-    compute_s: float
+    compute_s: float = Field(description="matmul + attention + elementwise + optimizer (recompute included)")
+    matmul_s: float
+    attention_s: float
+    elementwise_s: float = Field(description="norms, activations, residuals, rotary, dropout, the loss")
+    optimizer_s: float
+    recompute_s: float = Field(description="of compute_s: what activation recomputation re-runs")
     comm_s: float = Field(description="comm's time_s for this strategy")
-    exposed_comm_s: float
+    exposed_comm_s: float = Field(description="exposed data-parallel communication (no TP/CP searched)")
+    bubble_s: float = Field(description="the pipeline bubble (no pipeline parallelism searched: 0)")
     offload_s: float
-    step_s: float
+    step_s: float = Field(description="compute_s + exposed_comm_s + bubble_s + offload_s")
     tokens_per_s_per_gpu: float
-    mfu: float
+    mfu: float = Field(description="PaLM's model FLOPs per second over the GPU's dense bf16 peak")
     memory_options: dict[str, str] = Field(description="zerocalc memory's options (concept → value)")
     comm_options: dict[str, str] = Field(description="zerocalc comm's options (concept → value)")
 
@@ -140,8 +149,10 @@ class PlanEcho(BaseModel):
     frameworks: tuple[Framework, ...]
     objective: Objective
     top: int
-    mfu: float
-    peak_tflops: float = Field(description="the GPU preset's dense bf16 TFLOP/s")
+    compute_table: str = Field(
+        description="what compute is priced with: a bench --compute file or the preset's"
+    )
+    peak_tflops: float = Field(description="the GPU preset's dense bf16 TFLOP/s (for the MFU)")
     gpu_memory_bytes: int
     calibration: str | None
 
@@ -173,8 +184,10 @@ class PlanResult(BaseModel):
 
 ASSUMPTIONS = [
     "b·A·N equals the global batch exactly (in sequences); N: --gpus and every smaller number of whole nodes",
-    "compute: PaLM's 6·P + 12·L·H·Q·T FLOPs per token (Chowdhery et al. 2022, app. B) at --mfu × the GPU's "
-    "dense bf16 peak; recompute full +1 forward, selective +attention core forward (Korthikanti et al. 2022)",
+    "compute: each layer's GEMMs, attention and element-wise kernels at their shapes, at the rates of the "
+    "GPU's compute table (measured by zerocalc bench --compute, or the preset's); recompute full re-runs the "
+    "layers' forward, selective eager attention's core (Korthikanti et al. 2022); MFU counts PaLM's "
+    "6·P + 12·L·H·Q·T FLOPs per token (Chowdhery et al. 2022, app. B)",
     "overlap: prefetched all-gathers behind forward, backward collectives behind backward (Zhao et al. 2023, "
     "PyTorch FSDP; Li et al. 2020, DDP); DeepSpeed ZeRO-1/2 overlap_comm off (its default); after-step "
     "collectives exposed",
@@ -245,8 +258,8 @@ class _Setting(NamedTuple):
     peak_flops: float
     flash: bool
     layout: Layout
-    flops: dict[Recompute, float]
-    """FLOPs per token under each recompute."""
+    model_flops: float
+    """PaLM's model FLOPs per token (the MFU's numerator)."""
 
     @classmethod
     def of(cls, plan: PlanRequest) -> _Setting:
@@ -260,7 +273,7 @@ class _Setting(NamedTuple):
             peak_flops=base.gpu.bf16_dense_tflops * 1e12,
             flash=flash,
             layout=Layout.of(base.model.params, arch),
-            flops={r: flops_per_token(arch, count, plan.seq_len, r, flash) for r in Recompute},
+            model_flops=model_flops_per_token(arch, count, plan.seq_len),
         )
 
 
@@ -334,6 +347,61 @@ class _OutsideBytes:
         return outside
 
 
+class _Compute:
+    """Every candidate's compute (:mod:`zerocalc.compute`): one rank's operations once per (b, kernels),
+    their times once per recompute, a step's once per (A, optimizer traffic). The plan's candidates are
+    data-parallel: every rank runs the whole model."""
+
+    def __init__(self, plan: PlanRequest):
+        base = plan.base
+        self.plan, self.table = plan, plan.compute
+        self.dtype = RECIPES[base.precision].param_dtype
+        self._ops: dict[tuple[int, Kernels], MicroBatchOps] = {}
+        self._micro: dict[tuple[int, Kernels, Recompute], MicroBatchTime] = {}
+        self._steps: dict[tuple, ComputeTime] = {}
+        self._kernels: dict[tuple, Kernels] = {}
+        self._traffic: dict[tuple, tuple[float, float]] = {}
+
+    def step(
+        self,
+        request: TrainingRequest,
+        b: int,
+        recompute: Recompute,
+        accum: int,
+        optimizer: tuple[int, int, int],
+    ) -> ComputeTime:
+        code_key = (request.framework, request.model_impl, request.activations.flash_attention)
+        code = self._kernels.get(code_key)
+        if code is None:
+            code = self._kernels[code_key] = kernels(request)
+        key = (b, code, recompute, accum, optimizer)
+        compute = self._steps.get(key)
+        if compute is None:
+            micro = self._micro.get((b, code, recompute))
+            if micro is None:
+                ops = self._ops.get((b, code))
+                if ops is None:
+                    shape = Shape(b, self.plan.seq_len)
+                    ops = self._ops[b, code] = micro_batch_ops(request.architecture, shape, code, self.dtype)
+                micro = self._micro[b, code, recompute] = micro_batch_time(self.table, ops, recompute)
+            compute = self._steps[key] = step_compute(self.table, micro, accum, *optimizer)
+        strategy = request.strategies[0]
+        traffic_key = (
+            strategy,
+            request.framework,
+            request.reduce_dtype,
+            request.grad_sync,
+            request.cluster,
+            accum,
+        )
+        traffic = self._traffic.get(traffic_key)
+        if traffic is None:
+            traffic = self._traffic[traffic_key] = fsdp2_traffic(
+                request, strategy, self.table, grad_accum=accum
+            )
+        return with_framework_traffic(compute, traffic)
+
+
 class _Resolver:
     """Each group's candidates, every one given its step time and its peak's lower bound; the caches are
     shared by the groups of one search."""
@@ -345,6 +413,7 @@ class _Resolver:
         self.outside = _OutsideBytes()
         self.parts = StepParts(runtime_for(plan.base))
         self.recipe = RECIPES[plan.base.precision]
+        self.compute = _Compute(plan)
 
     def candidates(self, group: Group) -> list[_Cand] | InputError:
         """The group's candidates, or why the parser refuses the group."""
@@ -366,6 +435,7 @@ class _Resolver:
         """Each micro-batch of the group, its accumulation and its step time."""
         plan, base = self.plan, self.plan.base
         shards = request.cluster.group_size(STRATEGIES[group.strategy].optimizer)
+        optimizer = optimizer_traffic(request, group.strategy)
         steps = []
         for b in group.micro_batches:
             accum = plan.global_batch_sequences // (group.world * b)
@@ -380,16 +450,23 @@ class _Resolver:
                 self.recipe.param_dtype.bytes,
                 self.recipe.grad_dtype.bytes,
             )
+            compute = self.compute.step(request, b, group.recompute, accum, optimizer)
             steps.append(
-                (b * accum * plan.seq_len, accum, self.comm.time(group, comm_request, accum), offload)
+                (
+                    b * accum * plan.seq_len,
+                    accum,
+                    self.comm.time(group, comm_request, accum),
+                    offload,
+                    compute,
+                )
             )
-        flops = self.setting.flops[group.recompute]
+        setting = self.setting
         timings = step_times(
-            flops, self.setting.peak_flops, plan.mfu, group.strategy, group.framework, group.prefetch, steps
+            group.strategy, group.framework, group.prefetch, setting.model_flops, setting.peak_flops, steps
         )
         return [
             (b, accum, timing)
-            for b, (_, accum, _, _), timing in zip(group.micro_batches, steps, timings, strict=True)
+            for b, (_, accum, _, _, _), timing in zip(group.micro_batches, steps, timings, strict=True)
         ]
 
 
@@ -465,7 +542,7 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
             frameworks=plan.frameworks,
             objective=plan.objective,
             top=plan.top,
-            mfu=plan.mfu,
+            compute_table=plan.compute_name,
             peak_tflops=base.gpu.bf16_dense_tflops,
             gpu_memory_bytes=base.gpu_memory_bytes,
             calibration=plan.calibration_path,
@@ -579,8 +656,14 @@ def _row(plan: PlanRequest, cand: _Cand, rank: int | None) -> PlanRow:
         headroom_bytes=peak.headroom_bytes if peak is not None else None,
         host_bytes_per_node=_host_bytes(peak, request) if peak is not None else None,
         compute_s=t.compute_s,
+        matmul_s=t.matmul_s,
+        attention_s=t.attention_s,
+        elementwise_s=t.elementwise_s,
+        optimizer_s=t.optimizer_s,
+        recompute_s=t.recompute_s,
         comm_s=t.comm_s,
         exposed_comm_s=t.exposed_comm_s,
+        bubble_s=t.bubble_s,
         offload_s=t.offload_s,
         step_s=t.step_s,
         tokens_per_s_per_gpu=t.tokens_per_s_per_gpu,

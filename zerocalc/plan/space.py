@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict
 
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError, shown
-from zerocalc.base.units import parse_count, parse_fraction, parse_whole
+from zerocalc.base.units import parse_count, parse_whole
+from zerocalc.compute.table import ComputeTable
 from zerocalc.model.activations import Recompute
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import Cluster
@@ -31,7 +32,8 @@ from zerocalc.parallel.strategies import (
     StrategyName,
     framework_strategies,
 )
-from zerocalc.request.options import Command, option
+from zerocalc.request.compute import compute_table
+from zerocalc.request.options import Command
 from zerocalc.request.training import (
     MAX_GPUS,
     MAX_GPUS_PER_NODE,
@@ -39,7 +41,6 @@ from zerocalc.request.training import (
     MAX_MICRO_BATCH,
     MAX_SEQ_LEN,
     TrainingRequest,
-    default_seq_len,
     options_from_keywords,
     options_model,
     parse_options,
@@ -50,12 +51,6 @@ DEFAULT_FRAMEWORKS: tuple[Framework, ...] = (Framework.FSDP2, Framework.TORCH_ZE
 """Searched without ``--framework``: the implementations whose allocations zerocalc models exactly or by
 their own estimator, covering every strategy (DDP and ZeRO-1: torch-zero1; ZeRO-2 and offload: DeepSpeed;
 SHARD_GRAD_OP, FULL_SHARD and HYBRID_SHARD: FSDP2)."""
-
-DEFAULT_MFU: float = option(Command.PLAN, "mfu").default
-"""The fraction of the GPU's dense bf16 peak that executed FLOPs run at. torchtitan reports 33–39% MFU for
-Llama 3.1 8B under FSDP2 on 8 H100 (docs/performance.md, 500 W power limit); PaLM reports 46.2% MFU
-(Chowdhery et al. 2022, Table 3) and Megatron-LM 52% of peak on A100 (Narayanan et al. 2021, §5.1) at
-scale. 0.40 sits in that range for data-parallel training without tensor parallelism."""
 
 MAX_TOP = 1000
 
@@ -91,7 +86,10 @@ class PlanRequest(BaseModel):
     calibration_path: str | None = None
     objective: Objective = Objective.TIME
     top: int = 5
-    mfu: float = DEFAULT_MFU
+    compute: ComputeTable
+    """What the step times are priced with (:mod:`zerocalc.compute`)."""
+    compute_name: str
+    """``--compute-calibration``'s path, else "the <gpu> preset's"."""
     base: TrainingRequest
     """The model and GPU parsed once (at the largest world): the architecture, capacity and peak FLOPs."""
 
@@ -152,7 +150,6 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
             f"{{objective}} {shown(o.objective)} is not accepted; accepted: time, gpus or memory"
         )
     top = parse_whole(o.top, "{top}", 1, MAX_TOP, "rows")
-    mfu = parse_fraction(o.mfu, "{mfu}", 1e-3, 1.0, "a fraction of the dense peak from 0.001 to 1, e.g. 0.4")
     frameworks = _frameworks(o.frameworks)
     max_gpus = parse_whole(o.gpus, "{gpus}", 1, MAX_GPUS, "GPUs")
     base = parse_options(
@@ -162,9 +159,17 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         gpus_per_node=o.gpus_per_node,
         seq_len=o.seq_len,
         calibration=o.calibration,
+        compute_calibration=o.compute_calibration,
         framework="paper",
         init=o.init,
     )
+    assert base.gpu is not None
+    table = compute_table(base.compute_calibration, base.gpu.name)
+    if table is None:
+        raise InputError(
+            f"{{gpu}} {base.gpu.name} has no compute table (presets/compute/{base.gpu.name}.json); accepted: "
+            "{compute_calibration} a file written by `zerocalc bench --compute`"
+        )
     if base.model.architecture is None:  # pragma: no cover - a model always has one
         raise InputError("{model} needs an architecture; accepted: a preset or a config.json")
     per_node = (
@@ -186,7 +191,8 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         calibration_path=o.calibration if isinstance(o.calibration, str) else None,
         objective=Objective(objective_key),
         top=top,
-        mfu=mfu,
+        compute=table.table,
+        compute_name=table.name,
         base=base,
     )
 
@@ -358,8 +364,12 @@ def enumerate_groups(plan: PlanRequest, flash: bool) -> tuple[list[Group], list[
     return groups, rejected
 
 
-COMM_OPTIONS = ("gpus", "gpus_per_node", "framework", "strategies", "grad_accum", "grad_sync", "reduce_dtype")
-"""The options ``zerocalc comm`` takes of a candidate's (it has no micro-batch, recompute or offload)."""
+COMM_OPTIONS = (
+    "gpus", "gpus_per_node", "framework", "strategies", "micro_batch", "grad_accum", "recompute", "grad_sync",
+    "reduce_dtype",
+)  # fmt: skip
+"""The options ``zerocalc comm`` takes of a candidate's (it has no offload); with the sequence length, its
+step time is the candidate's."""
 
 
 def memory_options(plan: PlanRequest, group: Group, b: int) -> dict[str, str]:
@@ -379,9 +389,11 @@ def comm_options(plan: PlanRequest, group: Group, b: int) -> dict[str, str]:
     """The candidate's ``zerocalc comm`` options (the calibration file's path where one was given)."""
     grad_accum = plan.global_batch_sequences // (group.world * b)
     chosen = {k: v for k, v in group.options(b, grad_accum).items() if k in COMM_OPTIONS}
-    out = {"model": plan.model, "gpu": plan.gpu, **chosen}
+    out = {"model": plan.model, "gpu": plan.gpu, "seq_len": str(plan.seq_len), **chosen}
     if plan.calibration_path is not None:
         out["calibration"] = plan.calibration_path
+    if plan.base.compute_calibration is not None:
+        out["compute_calibration"] = plan.base.compute_calibration
     return out
 
 
@@ -395,6 +407,7 @@ def group_request(plan: PlanRequest, group: Group, estimate: Estimate) -> Traini
     else:
         options = dict(comm_options(plan, group, b))
         options.pop("calibration", None)
+        options.pop("compute_calibration", None)
     return parse_options(
         estimate=estimate,
         calibration=plan.calibration,
@@ -422,14 +435,10 @@ def derived_request(plan: PlanRequest, group: Group, estimate: Estimate) -> Trai
         "grad_accum": plan.global_batch_sequences // (group.world * b),
         "grad_sync": group.grad_sync,
     }
-    if estimate is Estimate.COMM:  # comm takes no sequence length: the parser's default
-        changes["activations"] = base.activations.model_copy(
-            update={"seq_len": default_seq_len(base.model.architecture)}
-        )
-    else:
-        changes["activations"] = base.activations.model_copy(
-            update={"micro_batch": b, "recompute": group.recompute}
-        )
+    changes["activations"] = base.activations.model_copy(
+        update={"micro_batch": b, "recompute": group.recompute}
+    )
+    if estimate is not Estimate.COMM:
         changes["offload_optimizer"] = group.offload_optimizer
         changes["offload_params"] = group.offload_params
         if group.prefetch is not None:
