@@ -246,7 +246,7 @@ def test_ctrl_c_is_one_line_and_exit_130(
         (["--device", "cpu", "--nproc", "3"], "--nproc is not read by --activations"),
         (["--device", "cuda", "--precision", "fp32"],
          "--precision is not read by --device cuda; accepted there: "
-         "--model, --micro-batch, --seq-len, --snapshot-out, --json"),
+         "--model, --micro-batch, --seq-len, --snapshot-out, --time-steps, --json"),
         (["--device", "cuda", "--family", "llama"], "--family is not read by --device cuda"),
         (["--activations", "--snapshot-out", "x.pickle"], "--snapshot-out is not read by --activations"),
         (["--family", "llama"], "--family is not read by the framework runs"),

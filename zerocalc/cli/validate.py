@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 
     from zerocalc.network.schedule import GradSync
     from zerocalc.parallel.precision import PrecisionName
+    from zerocalc.request.training import TrainingRequest
     from zerocalc.validate.compare import ConfigResult, ValidationReport
+    from zerocalc.validate.step_timing import StepTiming
 
 NEEDS_TORCH = "zerocalc validate needs PyTorch; install it with: pip install 'zerocalc[bench]'"
 ALL_STRATEGIES = (
@@ -128,6 +130,15 @@ DeviceOpt = Annotated[
         show_default=False,
     ),
 ]
+TimeSteps = Annotated[
+    int | None,
+    typer.Option(
+        "--time-steps",
+        help="With --device cuda: then time this many whole steps (after 3 warm-up steps) and print their "
+        "median against the step time `zerocalc comm` predicts (1 to 1,000).",
+        show_default=False,
+    ),
+]
 SnapshotOut = Annotated[
     str | None,
     typer.Option(
@@ -193,7 +204,7 @@ FAKE_PIPELINE_READS = (
 )  # fmt: skip
 READ_BY_MODE = {
     "activations": ("model", "precision", "family", "attention", "micro_batch", "seq_len", "json"),
-    "cuda": ("model", "micro_batch", "seq_len", "snapshot_out", "json"),
+    "cuda": ("model", "micro_batch", "seq_len", "snapshot_out", "time_steps", "json"),
     "fake": (
         "model",
         "world",
@@ -244,6 +255,7 @@ def validate(
     seq_len: SeqLen = 64,
     device: DeviceOpt = None,
     snapshot_out: SnapshotOut = None,
+    time_steps: TimeSteps = None,
     fake: Fake = False,
     world: World = "8",
     recompute: RecomputeOpt = "none",
@@ -303,7 +315,7 @@ def validate(
         _validate_fake(model, world, micro_batch, seq_len, recompute, reshard, json, tps, switches)
         return
     if chosen_device == "cuda":
-        _validate_cuda(model, micro_batch, seq_len, json, snapshot_out)
+        _validate_cuda(model, micro_batch, seq_len, json, snapshot_out, time_steps)
         return
     if activations or chosen_device == "cpu":
         _validate_activations(model, family, precision, attention, micro_batch, seq_len, json)
@@ -603,7 +615,12 @@ def predicted_snapshot_path(path: str) -> Path:
 
 
 def _validate_cuda(
-    model: str | None, micro_batch: int, seq_len: int, json: bool, snapshot_out: str | None = None
+    model: str | None,
+    micro_batch: int,
+    seq_len: int,
+    json: bool,
+    snapshot_out: str | None = None,
+    time_steps: int | None = None,
 ) -> None:
     """``--device cuda``: real FSDP2 steps on this GPU (bf16 parameters, fp32 reduce: the recipe of the
     shared H100 measurements), each phase's peak against the step timeline; with ``snapshot_out``, the
@@ -616,6 +633,14 @@ def _validate_cuda(
     if device is None:
         raise fail("--device cuda: no CUDA device is visible to torch here; accepted: a machine with a GPU")
     _check_shape(micro_batch, seq_len)
+    from zerocalc.harness import procs
+    from zerocalc.validate.step_timing import MAX_TIMED_STEPS
+
+    if time_steps is not None and not 1 <= time_steps <= MAX_TIMED_STEPS:
+        raise InputError(
+            f"--time-steps {procs.brief(time_steps)} is not accepted; "
+            f"accepted: 1 to {MAX_TIMED_STEPS:,} steps"
+        )
     if snapshot_out is not None:
         from zerocalc.base.atomic import unwritable
         from zerocalc.base.errors import shown
@@ -664,10 +689,11 @@ def _validate_cuda(
             "with python -m torch.cuda._memory_viz trace_plot FILE -o out.html",
             err=json,
         )
+    timing = _timed(config, request, micro_batch, seq_len, time_steps) if time_steps else None
     if json:
         from zerocalc.cli.render import print_json
 
-        print_json(report)
+        print_json(report if timing is None else {"phases": report, "step_time": timing})
     else:
         from zerocalc.cli.render import Column, print_fitted
 
@@ -686,8 +712,33 @@ def _validate_cuda(
         typer.echo(
             f"peak phase: predicted {report.predicted_phase.value}, measured {report.measured_phase.value}"
         )
+        if timing is not None:
+            typer.echo(
+                f"step time: predicted {timing.predicted_s:.4f} s, measured {timing.measured_s:.4f} s "
+                f"(median of {len(timing.step_seconds)} steps after {timing.warmup_steps} warm-up), "
+                f"{timing.relative:+.1%} ({timing.compute_table} compute table)"
+            )
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _timed(config: dict, request: TrainingRequest, micro_batch: int, seq_len: int, steps: int) -> StepTiming:
+    """Time ``steps`` real steps of the recipe and predict the same configuration (``comm``'s step)."""
+    from zerocalc.comm.estimate import evaluate_comm
+    from zerocalc.parallel.frameworks import Estimate
+    from zerocalc.request.compute import compute_table
+    from zerocalc.validate import cuda_step
+    from zerocalc.validate.step_timing import WARMUP_STEPS, step_timing
+
+    assert request.gpu is not None
+    table = compute_table(None, request.gpu.name)
+    if table is None:
+        raise fail(f"--time-steps: the GPU preset {request.gpu.name} has no compute table", 1)
+    comm = evaluate_comm(request.model_copy(update={"estimate": Estimate.COMM}), table.table, table.name)
+    step = comm.strategies[0].step
+    assert step is not None
+    seconds = cuda_step.timed_steps(config, micro_batch, seq_len, steps, WARMUP_STEPS)
+    return step_timing(seconds, WARMUP_STEPS, step.step_s, table.name)
 
 
 MAX_FAKE_WORLD = 1_048_576

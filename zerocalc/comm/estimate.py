@@ -41,6 +41,8 @@ from zerocalc.comm.mesh import (
     replicated_gradients,
 )
 from zerocalc.comm.pipeline import PipelineComm, pipeline_comm
+from zerocalc.comm.step import StepEstimate
+from zerocalc.compute.table import ComputeTable
 from zerocalc.model.activations import Recompute
 from zerocalc.network.calibration import Calibration, CollectiveFit
 from zerocalc.network.cluster import Cluster, RankGroup
@@ -190,6 +192,11 @@ class StrategyComm(BaseModel):
     )
     exposed_time_s: float | None = Field(default=None, description="max(0, comm − compute)")
     hidden_time_s: float | None = Field(default=None, description="min(comm, compute): could overlap compute")
+    step: StepEstimate | None = Field(
+        default=None,
+        description="the step time of this configuration on one GPU (with {model} and a compute table: "
+        "{gpu}'s preset or {compute_calibration})",
+    )
 
 
 class ComputeTime(BaseModel):
@@ -722,8 +729,10 @@ def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -
     _, zeropp_notes = active_features(frozenset(request.zeropp), cluster)
     notes += zeropp_notes
     activations = request.activations
-    if not request.mesh.model_parallel and (
-        activations.recompute is not Recompute.NONE or activations.micro_batch > 1
+    if (
+        not request.mesh.model_parallel
+        and (activations.recompute is not Recompute.NONE or activations.micro_batch > 1)
+        and not any(row.step is not None for row in rows)
     ):
         notes.append(
             "{micro_batch}, {seq_len} and {recompute} size the tensor- and context-parallel collectives; "
@@ -732,14 +741,37 @@ def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -
     return notes
 
 
-def evaluate_comm(request: TrainingRequest) -> CommEstimate:
+def _with_step(
+    row: StrategyComm,
+    request: TrainingRequest,
+    compute: ComputeTable,
+    compute_name: str,
+    pipeline: PipelineComm | None,
+) -> StrategyComm:
+    """The row with its step time (:func:`zerocalc.comm.step.step_estimate`)."""
+    from zerocalc.comm.step import step_estimate
+
+    collectives = [(c.phase, c.times_per_step, c.calls_per_step, c.time_s) for c in row.collectives]
+    dp_s = sum(c.time_s for c in row.collectives)
+    step = step_estimate(
+        request, compute, compute_name, row.strategy, collectives, dp_s, row.mesh_collectives, pipeline
+    )
+    return row.model_copy(update={"step": step})
+
+
+def evaluate_comm(
+    request: TrainingRequest, compute: ComputeTable | None = None, compute_name: str = "compute table"
+) -> CommEstimate:
     """The communication of every requested strategy (data parallelism, and tensor and context parallelism
-    where the mesh has them), with times and the optional compute comparison."""
+    where the mesh has them), with times, each strategy's step time where the model has an architecture
+    and ``compute`` (the GPU's compute table) is given, and the optional compute comparison."""
     mesh = mesh_request(request)
     pipeline = pipeline_comm(request)
     layout = Layout.of(request.rank_model.params, request.rank_model.architecture)
     ddp = _ddp_reference(request, layout)
     rows = [strategy_comm(name, request, ddp, layout, mesh, pipeline) for name in request.strategies]
+    if compute is not None and request.model.architecture is not None:
+        rows = [_with_step(row, request, compute, compute_name, pipeline) for row in rows]
     compute = None
     if request.tokens_per_step is not None and request.tflops is not None:
         flops = 6 * request.model.params * request.tokens_per_step

@@ -29,10 +29,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.comm.calls import Layout
-from zerocalc.comm.estimate import CollectiveRun, collective_runs, mesh_request
-from zerocalc.comm.mesh import mesh_costs
+from zerocalc.comm.estimate import CollectiveRun, collective_runs, mesh_request, strategy_comm
 from zerocalc.comm.pipeline import pipeline_comm
+from zerocalc.comm.step import (
+    fsdp2_traffic,
+    kernels,
+    optimizer_traffic,
+    step_estimate,
+    with_framework_traffic,
+)
+from zerocalc.compute.ops import Kernels, MicroBatchOps, micro_batch_ops, model_flops_per_token
+from zerocalc.compute.time import ComputeTime, MicroBatchTime, micro_batch_time, step_compute
 from zerocalc.model.activations import Recompute
+from zerocalc.model.model_impl import Shape
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.frameworks import Estimate, Framework
 from zerocalc.parallel.precision import RECIPES
@@ -62,7 +71,6 @@ from zerocalc.plan.timing import (
     comm_lines,
     comm_of_lines,
     comm_time,
-    flops_per_token,
     offload_seconds,
     step_times,
 )
@@ -116,14 +124,19 @@ class PlanRow(BaseModel):
     verdict: Verdict | None = None
     headroom_bytes: int | None = None
     host_bytes_per_node: int | None = Field(default=None, description="offloaded states on the host")
-    compute_s: float
+    compute_s: float = Field(description="matmul + attention + elementwise + optimizer (recompute included)")
+    matmul_s: float
+    attention_s: float
+    elementwise_s: float = Field(description="norms, activations, residuals, rotary, dropout, the loss")
+    optimizer_s: float
+    recompute_s: float = Field(description="of compute_s: what activation recomputation re-runs")
     comm_s: float = Field(description="comm's time_s for this strategy")
-    exposed_comm_s: float
+    exposed_comm_s: float = Field(description="exposed communication: data-parallel, TP, CP and PP")
+    bubble_s: float = Field(description="the pipeline bubble (0 without pipeline stages)")
     offload_s: float
-    bubble_s: float = Field(default=0.0, description="the pipeline's idle time: compute × (p−1)/(v·m)")
-    step_s: float
+    step_s: float = Field(description="compute_s + exposed_comm_s + bubble_s + offload_s")
     tokens_per_s_per_gpu: float
-    mfu: float
+    mfu: float = Field(description="PaLM's model FLOPs per second over the GPU's dense bf16 peak")
     memory_options: dict[str, str] = Field(description="zerocalc memory's options (concept → value)")
     comm_options: dict[str, str] = Field(description="zerocalc comm's options (concept → value)")
 
@@ -148,8 +161,10 @@ class PlanEcho(BaseModel):
     frameworks: tuple[Framework, ...]
     objective: Objective
     top: int
-    mfu: float
-    peak_tflops: float = Field(description="the GPU preset's dense bf16 TFLOP/s")
+    compute_table: str = Field(
+        description="what compute is priced with: a bench --compute file or the preset's"
+    )
+    peak_tflops: float = Field(description="the GPU preset's dense bf16 TFLOP/s (for the MFU)")
     gpu_memory_bytes: int
     calibration: str | None
 
@@ -182,8 +197,10 @@ class PlanResult(BaseModel):
 ASSUMPTIONS = [
     "b·A·d equals the global batch exactly (in sequences; d = N/(t·c·p) data-parallel replicas); N: --gpus "
     "and every smaller number of whole nodes",
-    "compute: PaLM's 6·P + 12·L·H·Q·T FLOPs per token (Chowdhery et al. 2022, app. B) at --mfu × the GPU's "
-    "dense bf16 peak; recompute full +1 forward, selective +attention core forward (Korthikanti et al. 2022)",
+    "compute: each layer's GEMMs, attention and element-wise kernels at their shapes, at the rates of the "
+    "GPU's compute table (measured by zerocalc bench --compute, or the preset's); recompute full re-runs the "
+    "layers' forward, selective eager attention's core (Korthikanti et al. 2022); MFU counts PaLM's "
+    "6·P + 12·L·H·Q·T FLOPs per token (Chowdhery et al. 2022, app. B)",
     "overlap: prefetched all-gathers behind forward, backward collectives behind backward (Zhao et al. 2023, "
     "PyTorch FSDP; Li et al. 2020, DDP); DeepSpeed ZeRO-1/2 overlap_comm off (its default); after-step "
     "collectives exposed",
@@ -196,24 +213,20 @@ ASSUMPTIONS = [
 
 
 MESH_ASSUMPTION = (
-    "mesh: compute split evenly over t·c·p ranks; tensor- and context-parallel collectives and pipeline "
-    "sends (comm's, at each candidate's b, recompute and A) exposed, not overlapped; the pipeline bubble "
-    "(p−1)/m, (p−1)/(v·m) interleaved, of the compute added (comm's bubble_fraction); a model-parallel "
-    "candidate's lower bound is its largest rank's model states + context + NCCL, its exact peak the "
-    "worst stage's"
+    "mesh: a model-parallel candidate's step is comm's for its b, recompute and A (its rank's compute, the "
+    "tensor-parallel collectives on the critical path, the context-parallel ring behind attention, the "
+    "busiest pipeline rank's sends exposed, the bubble a fraction of the slowest stage's compute); its "
+    "lower bound is its largest rank's model states + context + NCCL, its exact peak the worst stage's"
 )
 
 
 class _Cand:
-    __slots__ = ("accum", "b", "bubble", "exact", "group", "lower", "request", "status", "time")
+    __slots__ = ("accum", "b", "exact", "group", "lower", "request", "status", "time")
 
     def __init__(
-        self, group: Group, request: TrainingRequest, b: int, accum: int, t: StepTime, lower: int,
-        bubble: float = 0.0,
+        self, group: Group, request: TrainingRequest, b: int, accum: int, t: StepTime, lower: int
     ):  # fmt: skip
         self.group, self.request, self.b, self.accum, self.time = group, request, b, accum, t
-        self.bubble = bubble
-        """The pipeline's idle seconds, in the step time."""
         self.lower = lower
         """The allocated peak (exact) + the CUDA context + the NCCL communicators: the device peak's lower
         bound."""
@@ -270,8 +283,8 @@ class _Setting(NamedTuple):
     peak_flops: float
     flash: bool
     layout: Layout
-    flops: dict[Recompute, float]
-    """FLOPs per token under each recompute."""
+    model_flops: float
+    """PaLM's model FLOPs per token (the MFU's numerator)."""
 
     @classmethod
     def of(cls, plan: PlanRequest) -> _Setting:
@@ -285,7 +298,7 @@ class _Setting(NamedTuple):
             peak_flops=base.gpu.bf16_dense_tflops * 1e12,
             flash=flash,
             layout=Layout.of(base.model.params, arch),
-            flops={r: flops_per_token(arch, count, plan.seq_len, r, flash) for r in Recompute},
+            model_flops=model_flops_per_token(arch, count, plan.seq_len),
         )
 
 
@@ -365,36 +378,53 @@ class _CommCosts:
         return layout
 
 
-class _MeshComm:
-    """The tensor- and context-parallel collectives' times (``comm``'s, in its order) and the pipeline's
-    sends and bubble, once per (framework, GPUs, mesh, reduce dtype, recompute, b, A, grad sync): the same
-    for every strategy, offload and prefetch of the mesh."""
+class _MeshSteps:
+    """A model-parallel candidate's step time and communication: ``comm``'s own for its request (the
+    data-parallel collectives of its rank's layout, the tensor- and context-parallel collectives, the
+    pipeline's sends and bubble, :func:`~zerocalc.comm.step.step_estimate`), once per (comm's options,
+    b, A): the same for every offload and prefetch of the mesh."""
 
-    def __init__(self) -> None:
-        self._costs: dict[tuple, tuple[list[float], float, float] | InputError] = {}
+    def __init__(self, plan: PlanRequest):
+        self.plan = plan
+        self._steps: dict[tuple, StepTime | InputError] = {}
 
-    def of(
-        self, group: Group, comm_request: TrainingRequest, b: int, accum: int, sync: GradSync
-    ) -> tuple[list[float], float, float] | InputError:
-        """(each mesh collective's seconds, the busiest pipeline rank's sends' seconds, the bubble fraction),
-        or why ``comm`` refuses the mesh."""
-        key = (
-            group.world, group.gpus_per_node, group.framework, group.reduce_dtype,
-            group.tp, group.cp, group.pp, group.vpp, group.ep, group.recompute, b, accum, sync,
-        )  # fmt: skip
-        costs = self._costs.get(key)
-        if costs is None:
-            priced = with_batch(comm_request, b, accum)
+    def of(self, group: Group, comm_request: TrainingRequest, b: int, accum: int) -> StepTime | InputError:
+        key = (*_comm_key(group), group.recompute, b, accum)
+        step = self._steps.get(key)
+        if step is None:
             try:
-                meshed = mesh_request(priced)
+                step = self._steps[key] = self._priced(group.strategy, with_batch(comm_request, b, accum))
             except InputError as exc:
-                costs = self._costs[key] = exc
-                return exc
-            mesh_s = [c.time_s for c in mesh_costs(meshed, sync)] if meshed is not None else []
-            pipeline = pipeline_comm(priced)
-            sends = pipeline.busiest_rank_time_s if pipeline else 0.0
-            costs = self._costs[key] = (mesh_s, sends, pipeline.bubble_fraction if pipeline else 0.0)
-        return costs
+                step = self._steps[key] = exc
+        return step
+
+    def _priced(self, strategy: StrategyName, request: TrainingRequest) -> StepTime:
+        """As :func:`~zerocalc.comm.estimate.evaluate_comm` prices the request's one strategy."""
+        plan = self.plan
+        rank = request.rank_model
+        pipeline = pipeline_comm(request)
+        row = strategy_comm(
+            strategy,
+            request,
+            None,
+            Layout.of(rank.params, rank.architecture),
+            mesh_request(request),
+            pipeline,
+        )
+        collectives = [(c.phase, c.times_per_step, c.calls_per_step, c.time_s) for c in row.collectives]
+        dp_s = sum(c.time_s for c in row.collectives)
+        step = step_estimate(
+            request,
+            plan.compute,
+            plan.compute_name,
+            strategy,
+            collectives,
+            dp_s,
+            row.mesh_collectives,
+            pipeline,
+        )
+        values = step.model_dump(exclude={"compute_table"})
+        return StepTime(**values, comm_s=row.time_s)
 
 
 class _OutsideBytes:
@@ -414,6 +444,61 @@ class _OutsideBytes:
         return outside
 
 
+class _Compute:
+    """Every candidate's compute (:mod:`zerocalc.compute`): one rank's operations once per (b, kernels),
+    their times once per recompute, a step's once per (A, optimizer traffic). The plan's candidates are
+    data-parallel: every rank runs the whole model."""
+
+    def __init__(self, plan: PlanRequest):
+        base = plan.base
+        self.plan, self.table = plan, plan.compute
+        self.dtype = RECIPES[base.precision].param_dtype
+        self._ops: dict[tuple[int, Kernels], MicroBatchOps] = {}
+        self._micro: dict[tuple[int, Kernels, Recompute], MicroBatchTime] = {}
+        self._steps: dict[tuple, ComputeTime] = {}
+        self._kernels: dict[tuple, Kernels] = {}
+        self._traffic: dict[tuple, tuple[float, float]] = {}
+
+    def step(
+        self,
+        request: TrainingRequest,
+        b: int,
+        recompute: Recompute,
+        accum: int,
+        optimizer: tuple[int, int, int],
+    ) -> ComputeTime:
+        code_key = (request.framework, request.model_impl, request.activations.flash_attention)
+        code = self._kernels.get(code_key)
+        if code is None:
+            code = self._kernels[code_key] = kernels(request)
+        key = (b, code, recompute, accum, optimizer)
+        compute = self._steps.get(key)
+        if compute is None:
+            micro = self._micro.get((b, code, recompute))
+            if micro is None:
+                ops = self._ops.get((b, code))
+                if ops is None:
+                    shape = Shape(b, self.plan.seq_len)
+                    ops = self._ops[b, code] = micro_batch_ops(request.architecture, shape, code, self.dtype)
+                micro = self._micro[b, code, recompute] = micro_batch_time(self.table, ops, recompute)
+            compute = self._steps[key] = step_compute(self.table, micro, accum, *optimizer)
+        strategy = request.strategies[0]
+        traffic_key = (
+            strategy,
+            request.framework,
+            request.reduce_dtype,
+            request.grad_sync,
+            request.cluster,
+            accum,
+        )
+        traffic = self._traffic.get(traffic_key)
+        if traffic is None:
+            traffic = self._traffic[traffic_key] = fsdp2_traffic(
+                request, strategy, self.table, grad_accum=accum
+            )
+        return with_framework_traffic(compute, traffic)
+
+
 class _Resolver:
     """Each group's candidates, every one given its step time and its peak's lower bound; the caches are
     shared by the groups of one search."""
@@ -425,7 +510,8 @@ class _Resolver:
         self.outside = _OutsideBytes()
         self.parts = StepParts(runtime_for(plan.base))
         self.recipe = RECIPES[plan.base.precision]
-        self.mesh_comm = _MeshComm()
+        self.compute = _Compute(plan)
+        self.mesh_steps = _MeshSteps(plan)
         self.states: dict[Hashable, int] = {}
         """A model-parallel configuration's model-state bytes on its largest rank."""
 
@@ -448,36 +534,23 @@ class _Resolver:
     def _mesh_candidates(
         self, group: Group, request: TrainingRequest, comm_request: TrainingRequest
     ) -> list[_Cand] | InputError:
-        """A model-parallel group's candidates: each one's step time with its mesh's communication (``comm``'s
-        tensor- and context-parallel collectives and pipeline sends at its b, recompute and A, all exposed)
-        and its pipeline bubble; its peak's lower bound is the context, the NCCL communicators and the
-        model states of the largest rank (:func:`~zerocalc.states.memory.strategy_row`: all resident
-        between the last backward and the optimizer step), the exact peak left to the walk."""
-        timed = self._timed(group, request, comm_request)
+        """A model-parallel group's candidates: each one's step time and communication are ``comm``'s for
+        its b, recompute and A (:class:`_MeshSteps`); its peak's lower bound is the context, the NCCL
+        communicators and the model states of the largest rank (:func:`~zerocalc.states.memory.
+        strategy_row`: all resident between the last backward and the optimizer step), the exact peak left
+        to the walk."""
         key = group._replace(recompute=None, micro_batches=(), accumulates=False)
         states = self.states.get(key)
         if states is None:
             states = self.states[key] = strategy_row(request).gpu_bytes
         lower = self.outside.of(group, request) + states
         cands = []
-        sync = effective_grad_sync(
-            group.framework, group.strategy, comm_request.grad_sync, pipelined=group.pp > 1
-        )
-        for b, accum, dp_time in timed:
-            priced = self.mesh_comm.of(group, comm_request, b, accum, sync)
-            if isinstance(priced, InputError):
-                return priced
-            mesh_s, sends, bubble_fraction = priced
-            comm_s = sum(mesh_s, dp_time.comm_s) + sends
-            exposed = sum(mesh_s, dp_time.exposed_comm_s) + sends
-            bubble = dp_time.compute_s * bubble_fraction
-            step = dp_time.compute_s + bubble + exposed + dp_time.offload_s
-            tokens = dp_time.tokens_per_s_per_gpu * dp_time.step_s
-            t = StepTime(
-                dp_time.compute_s, comm_s, exposed, dp_time.offload_s, step, tokens / step,
-                dp_time.mfu * dp_time.step_s / step,
-            )  # fmt: skip
-            cands.append(_Cand(group, request, b, accum, t, lower, bubble))
+        for b in group.micro_batches:
+            accum = group.accumulation(self.plan.global_batch_sequences, b)
+            timed = self.mesh_steps.of(group, comm_request, b, accum)
+            if isinstance(timed, InputError):
+                return timed
+            cands.append(_Cand(group, request, b, accum, timed, lower))
         return cands
 
     def _timed(
@@ -486,13 +559,13 @@ class _Resolver:
         """Each micro-batch of the group, its accumulation and its step time."""
         plan = self.plan
         shards = request.cluster.group_size(STRATEGIES[group.strategy].optimizer)
+        optimizer = optimizer_traffic(request, group.strategy)
         steps = []
-        ranks_per_replica = group.tp * group.cp * group.pp
         for b in group.micro_batches:
             accum = group.accumulation(plan.global_batch_sequences, b)
             offload = offload_seconds(
-                request.rank_model.params,
-                request.cluster.world_size,
+                plan.base.model.params,
+                group.world,
                 request.cluster.ranks_per_node,
                 shards,
                 group.offload_optimizer,
@@ -501,16 +574,23 @@ class _Resolver:
                 self.recipe.param_dtype.bytes,
                 self.recipe.grad_dtype.bytes,
             )
-            tokens = b * accum * plan.seq_len
-            per_gpu = tokens / ranks_per_replica if ranks_per_replica > 1 else tokens
-            steps.append((per_gpu, accum, self.comm.time(group, comm_request, accum), offload))
-        flops = self.setting.flops[group.recompute]
+            compute = self.compute.step(request, b, group.recompute, accum, optimizer)
+            steps.append(
+                (
+                    b * accum * plan.seq_len,
+                    accum,
+                    self.comm.time(group, comm_request, accum),
+                    offload,
+                    compute,
+                )
+            )
+        setting = self.setting
         timings = step_times(
-            flops, self.setting.peak_flops, plan.mfu, group.strategy, group.framework, group.prefetch, steps
+            group.strategy, group.framework, group.prefetch, setting.model_flops, setting.peak_flops, steps
         )
         return [
             (b, accum, timing)
-            for b, (_, accum, _, _), timing in zip(group.micro_batches, steps, timings, strict=True)
+            for b, (_, accum, _, _, _), timing in zip(group.micro_batches, steps, timings, strict=True)
         ]
 
 
@@ -586,7 +666,7 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
             frameworks=plan.frameworks,
             objective=plan.objective,
             top=plan.top,
-            mfu=plan.mfu,
+            compute_table=plan.compute_name,
             peak_tflops=base.gpu.bf16_dense_tflops,
             gpu_memory_bytes=base.gpu_memory_bytes,
             calibration=plan.calibration_path,
@@ -705,10 +785,15 @@ def _row(plan: PlanRequest, cand: _Cand, rank: int | None) -> PlanRow:
         headroom_bytes=peak.headroom_bytes if peak is not None else None,
         host_bytes_per_node=_host_bytes(peak, request) if peak is not None else None,
         compute_s=t.compute_s,
+        matmul_s=t.matmul_s,
+        attention_s=t.attention_s,
+        elementwise_s=t.elementwise_s,
+        optimizer_s=t.optimizer_s,
+        recompute_s=t.recompute_s,
         comm_s=t.comm_s,
         exposed_comm_s=t.exposed_comm_s,
+        bubble_s=t.bubble_s,
         offload_s=t.offload_s,
-        bubble_s=cand.bubble,
         step_s=t.step_s,
         tokens_per_s_per_gpu=t.tokens_per_s_per_gpu,
         mfu=t.mfu,

@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict
 
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError, shown
-from zerocalc.base.units import parse_count, parse_fraction, parse_whole
+from zerocalc.base.units import parse_count, parse_whole
+from zerocalc.compute.table import ComputeTable
 from zerocalc.model.activations import Recompute
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import Cluster
@@ -35,7 +36,8 @@ from zerocalc.parallel.strategies import (
     StrategyName,
     framework_strategies,
 )
-from zerocalc.request.options import Command, option
+from zerocalc.request.compute import compute_table
+from zerocalc.request.options import Command
 from zerocalc.request.training import (
     MAX_GPUS,
     MAX_GPUS_PER_NODE,
@@ -43,7 +45,6 @@ from zerocalc.request.training import (
     MAX_MICRO_BATCH,
     MAX_SEQ_LEN,
     TrainingRequest,
-    default_seq_len,
     default_sequence_parallel,
     options_from_keywords,
     options_model,
@@ -55,12 +56,6 @@ DEFAULT_FRAMEWORKS: tuple[Framework, ...] = (Framework.FSDP2, Framework.TORCH_ZE
 """Searched without ``--framework``: the implementations whose allocations zerocalc models exactly or by
 their own estimator, covering every strategy (DDP and ZeRO-1: torch-zero1; ZeRO-2 and offload: DeepSpeed;
 SHARD_GRAD_OP, FULL_SHARD and HYBRID_SHARD: FSDP2)."""
-
-DEFAULT_MFU: float = option(Command.PLAN, "mfu").default
-"""The fraction of the GPU's dense bf16 peak that executed FLOPs run at. torchtitan reports 33–39% MFU for
-Llama 3.1 8B under FSDP2 on 8 H100 (docs/performance.md, 500 W power limit); PaLM reports 46.2% MFU
-(Chowdhery et al. 2022, Table 3) and Megatron-LM 52% of peak on A100 (Narayanan et al. 2021, §5.1) at
-scale. 0.40 sits in that range for data-parallel training without tensor parallelism."""
 
 MAX_TOP = 1000
 
@@ -99,7 +94,10 @@ class PlanRequest(BaseModel):
     calibration_path: str | None = None
     objective: Objective = Objective.TIME
     top: int = 5
-    mfu: float = DEFAULT_MFU
+    compute: ComputeTable
+    """What the step times are priced with (:mod:`zerocalc.compute`)."""
+    compute_name: str
+    """``--compute-calibration``'s path, else "the <gpu> preset's"."""
     base: TrainingRequest
     """The model and GPU parsed once (at the largest world): the architecture, capacity and peak FLOPs."""
     degrees: dict[str, tuple[int, ...] | None] = {name: (1,) for name in MESH_DEGREES}
@@ -178,7 +176,6 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
             f"{{objective}} {shown(o.objective)} is not accepted; accepted: time, gpus or memory"
         )
     top = parse_whole(o.top, "{top}", 1, MAX_TOP, "rows")
-    mfu = parse_fraction(o.mfu, "{mfu}", 1e-3, 1.0, "a fraction of the dense peak from 0.001 to 1, e.g. 0.4")
     frameworks = _frameworks(o.frameworks)
     degrees = {name: _degrees(getattr(o, name), name) for name in MESH_DEGREES}
     max_gpus = parse_whole(o.gpus, "{gpus}", 1, MAX_GPUS, "GPUs")
@@ -189,9 +186,17 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         gpus_per_node=o.gpus_per_node,
         seq_len=o.seq_len,
         calibration=o.calibration,
+        compute_calibration=o.compute_calibration,
         framework="paper",
         init=o.init,
     )
+    assert base.gpu is not None
+    table = compute_table(base.compute_calibration, base.gpu.name)
+    if table is None:
+        raise InputError(
+            f"{{gpu}} {base.gpu.name} has no compute table (presets/compute/{base.gpu.name}.json); accepted: "
+            "{compute_calibration} a file written by `zerocalc bench --compute`"
+        )
     if base.model.architecture is None:  # pragma: no cover - a model always has one
         raise InputError("{model} needs an architecture; accepted: a preset or a config.json")
     per_node = (
@@ -213,7 +218,8 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         calibration_path=o.calibration if isinstance(o.calibration, str) else None,
         objective=Objective(objective_key),
         top=top,
-        mfu=mfu,
+        compute=table.table,
+        compute_name=table.name,
         base=base,
         degrees=degrees,
     )
@@ -511,14 +517,11 @@ def _mesh_groups(
 
 
 COMM_OPTIONS = (
-    "gpus", "gpus_per_node", "framework", "strategies", "grad_accum", "grad_sync", "reduce_dtype",
-    *MESH_DEGREES,
+    "gpus", "gpus_per_node", "framework", "strategies", "micro_batch", "grad_accum", "recompute", "grad_sync",
+    "reduce_dtype", *MESH_DEGREES,
 )  # fmt: skip
-"""The options ``zerocalc comm`` takes of a candidate's (it has no offload; the micro-batch, sequence
-length and recompute only where they size the mesh's collectives: :data:`MESH_COMM_OPTIONS`)."""
-
-MESH_COMM_OPTIONS = ("seq_len", "micro_batch", "recompute")
-"""What sizes the tensor-, context- and pipeline-parallel communication (``comm``'s notes)."""
+"""The options ``zerocalc comm`` takes of a candidate's (it has no offload); with the sequence length, its
+step time is the candidate's."""
 
 
 def memory_options(plan: PlanRequest, group: Group, b: int) -> dict[str, str]:
@@ -537,12 +540,12 @@ def memory_options(plan: PlanRequest, group: Group, b: int) -> dict[str, str]:
 def comm_options(plan: PlanRequest, group: Group, b: int) -> dict[str, str]:
     """The candidate's ``zerocalc comm`` options (the calibration file's path where one was given)."""
     grad_accum = group.accumulation(plan.global_batch_sequences, b)
-    kept = COMM_OPTIONS + MESH_COMM_OPTIONS if group.model_parallel else COMM_OPTIONS
-    options = {"seq_len": str(plan.seq_len), **group.options(b, grad_accum)}
-    chosen = {k: v for k, v in options.items() if k in kept}
-    out = {"model": plan.model, "gpu": plan.gpu, **chosen}
+    chosen = {k: v for k, v in group.options(b, grad_accum).items() if k in COMM_OPTIONS}
+    out = {"model": plan.model, "gpu": plan.gpu, "seq_len": str(plan.seq_len), **chosen}
     if plan.calibration_path is not None:
         out["calibration"] = plan.calibration_path
+    if plan.base.compute_calibration is not None:
+        out["compute_calibration"] = plan.base.compute_calibration
     return out
 
 
@@ -556,6 +559,7 @@ def group_request(plan: PlanRequest, group: Group, estimate: Estimate) -> Traini
     else:
         options = dict(comm_options(plan, group, b))
         options.pop("calibration", None)
+        options.pop("compute_calibration", None)
     return parse_options(
         estimate=estimate,
         calibration=plan.calibration,
@@ -586,18 +590,10 @@ def derived_request(plan: PlanRequest, group: Group, estimate: Estimate) -> Trai
     if group.model_parallel:
         del changes["cluster"]
         changes["mesh"] = group_mesh(plan, group)
-    if estimate is Estimate.COMM and group.model_parallel:  # the mesh's collectives read the activations
-        changes["activations"] = base.activations.model_copy(
-            update={"micro_batch": b, "recompute": group.recompute}
-        )
-    elif estimate is Estimate.COMM:  # comm takes no sequence length: the parser's default
-        changes["activations"] = base.activations.model_copy(
-            update={"seq_len": default_seq_len(base.model.architecture)}
-        )
-    else:
-        changes["activations"] = base.activations.model_copy(
-            update={"micro_batch": b, "recompute": group.recompute}
-        )
+    changes["activations"] = base.activations.model_copy(
+        update={"micro_batch": b, "recompute": group.recompute}
+    )
+    if estimate is not Estimate.COMM:
         changes["offload_optimizer"] = group.offload_optimizer
         changes["offload_params"] = group.offload_params
         if group.prefetch is not None:

@@ -13,11 +13,13 @@ from zerocalc.render.tables import (
     COLLECTIVE_LEGEND,
     OP_SHORT,
     PHASE_SHORT,
+    Column,
     Output,
     byte_cell,
     byte_text,
     collective_label,
     compact_table,
+    print_fitted,
     print_phrases,
     unit_label,
 )
@@ -267,6 +269,10 @@ def render_comm(out: Output, estimate: CommEstimate, unit: ByteUnit, per_unit: b
             f"N = {plural(cluster.world_size, 'GPU')} on {plural(cluster.nodes, 'node')}",
             f"(g = {cluster.ranks_per_node}),",
         ]
+        if any(row.step is not None for row in estimate.strategies):
+            shape.append(f"b = {request.micro_batch}, s = {request.seq_len:,},")
+            if request.recompute.value != "none":
+                shape.append(f"{request.recompute.value} recompute,")
     print_phrases(
         out,
         f"[bold]Communication per optimizer step[/bold] ({request.framework.value}):{model}",
@@ -282,6 +288,7 @@ def render_comm(out: Output, estimate: CommEstimate, unit: ByteUnit, per_unit: b
         out.print(
             "[yellow]No communication: a single GPU has nothing to reduce or gather (0 bytes, 0 s).[/yellow]"
         )
+        render_step(out, estimate)
         return
     rows = estimate.strategies
     shared = all(row.mesh_collectives == rows[0].mesh_collectives for row in rows)
@@ -340,8 +347,55 @@ def render_comm(out: Output, estimate: CommEstimate, unit: ByteUnit, per_unit: b
         "[dim]· bytes per GPU: ring algorithm, all_reduce 2(n-1)/n·S, reduce_scatter, all_gather and "
         "all_to_all (n-1)/n·S, broadcast S (nccl-tests PERFORMANCE.md); time = calls × α + bytes / β[/dim]"
     )
+    render_step(out, estimate)
     for note in estimate.notes:
         out.print(f"[yellow]· {note}[/yellow]")
+
+
+def render_step(out: Output, estimate: CommEstimate) -> None:
+    """Each strategy's step time on one GPU: compute by class, exposed communication by dimension, the
+    pipeline bubble and offload (none printed without a step time)."""
+    rows = [row for row in estimate.strategies if row.step is not None]
+    if not rows:
+        return
+    steps = [row.step for row in rows if row.step is not None]
+    mesh = estimate.request.mesh
+
+    def seconds(values: list[float]) -> list[str]:
+        return [f"{v:.3f}" for v in values]
+
+    columns = [
+        Column("Matmul", seconds([s.matmul_s for s in steps])),
+        Column("Attn", seconds([s.attention_s for s in steps])),
+        Column("Elem-\nwise", seconds([s.elementwise_s for s in steps])),
+        Column("Optim", seconds([s.optimizer_s for s in steps])),
+        Column("Comm\ndp", seconds([s.exposed_dp_s for s in steps])),
+    ]
+    if mesh.tp > 1:
+        columns.append(Column("Comm\ntp", seconds([s.exposed_tp_s for s in steps])))
+    if mesh.cp > 1:
+        columns.append(Column("Comm\ncp", seconds([s.exposed_cp_s for s in steps])))
+    if mesh.pp > 1:
+        columns.append(Column("Comm\npp", seconds([s.exposed_pp_s for s in steps])))
+        columns.append(Column("Bubble", seconds([s.bubble_s for s in steps])))
+    if any(s.offload_s for s in steps):
+        columns.append(Column("Off-\nload", seconds([s.offload_s for s in steps])))
+    columns += [
+        Column("Step", seconds([s.step_s for s in steps])),
+        Column("tok/s\n/GPU", [f"{s.tokens_per_s_per_gpu:,.0f}" for s in steps]),
+        Column("MFU", [f"{s.mfu:.1%}" if s.mfu is not None else "-" for s in steps]),
+    ]
+    out.print("\n[bold]Step time per GPU[/bold] (s): compute by class, exposed communication")
+    print_fitted(out, "strategy", [row.title for row in rows], columns, key_width=10)
+    recompute = [s.recompute_s for s in steps]
+    extra = (
+        f"; of compute, recomputation {', '.join(f'{r:.3f}' for r in recompute)} s" if any(recompute) else ""
+    )
+    out.print(
+        f"[dim]· compute: each layer's GEMMs, attention and element-wise kernels at their per-rank shapes, "
+        f"at the rates of {steps[0].compute_table} compute table{extra}; comm: what the framework's overlap "
+        "leaves exposed (docs/model.md, Step time)[/dim]"
+    )
 
 
 def _link_runs(pipeline: PipelineComm) -> list[tuple[str, PipelineLink]]:

@@ -217,6 +217,9 @@ OPTIONS: tuple[Option, ...] = (
     # ---------------------------------------------------------------------------------- the links
     _opt("calibration", ("--calibration",), "A calibration JSON written by `zerocalc bench`.",
          frozenset({COMM, PLAN}), value_type="str | Calibration | None"),
+    _opt("compute_calibration", ("--compute-calibration",),
+         "A compute table written by `zerocalc bench --compute` for the step time (else the GPU preset's).",
+         frozenset({COMM, PLAN}), value_type=OPT_STR, metavar="FILE"),
     _opt("intra_node_bw", ("--intra-node-bw",), "Bus bandwidth per GPU inside a node, e.g. 450GB/s.",
          frozenset({COMM}), value_type=FLOAT),
     _opt("inter_node_bw", ("--inter-node-bw",), "Bus bandwidth per GPU across nodes, e.g. 50GB/s.",
@@ -234,9 +237,6 @@ OPTIONS: tuple[Option, ...] = (
     _opt("objective", ("--objective",), "time (shortest step), gpus (fewest GPUs) or memory (lowest peak).",
          frozenset({PLAN}), default="time", value_type=STR),
     _opt("top", ("--top", "-k"), "K: configurations shown.", frozenset({PLAN}), default=5, value_type=NUM),
-    _opt("mfu", ("--mfu",),
-         "Fraction of the GPU's dense bf16 peak executed FLOPs run at (torchtitan: 0.33-0.39 for Llama "
-         "3.1 8B FSDP2 on 8 H100; PaLM 0.46).", frozenset({PLAN}), default=0.4, value_type="float | str"),
     # ---------------------------------------------------------------------------------- launch configs
     _opt("deepspeed", ("--deepspeed",),
          "A DeepSpeed ds_config.json: its ZeRO stage, offload, buckets, batch, precision, ZeRO++ (flags "

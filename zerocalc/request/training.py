@@ -258,6 +258,9 @@ class TrainingRequest(BaseModel):
     tflops: float | None = Field(default=None, gt=0)
     calibration: Calibration | None = None
     calibration_name: str | None = None
+    compute_calibration: str | None = Field(
+        default=None, description="the compute table's file (``zerocalc bench --compute``); None: the GPU's"
+    )
     notes: tuple[str, ...] = ()
     """What parsing tells the user about the inputs (the text model of a multimodal config, a sequence
     beyond a rotary model's trained positions)."""
@@ -372,6 +375,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         tflops=tflops,
         calibration=calibration,
         calibration_name=calibration_name,
+        compute_calibration=_compute_calibration(o.compute_calibration),
         notes=(*_model_notes(o.model), *position_notes),
     )
     resolved = _resolve_strategies(request)
@@ -1048,6 +1052,14 @@ def _links(
             inter_node_bw, "inter-node", gpu.inter_node_Bps if gpu else None, DEFAULT_INTER_NODE_BUSBW
         ),
     )
+
+
+def _compute_calibration(path: str | None) -> str | None:
+    if path is not None and str(path).strip() == "":
+        raise InputError(
+            "{compute_calibration} '' is empty; accepted: a file written by `zerocalc bench --compute`"
+        )
+    return path
 
 
 def _calibration(

@@ -25,7 +25,6 @@ class PlanScenario(BaseModel):
     frameworks: str | None = None
     objective: str = "time"
     top: int = Field(default=3, ge=1)
-    mfu: float = 0.4
 
 
 class _ScenarioBase(BaseModel):
@@ -108,7 +107,7 @@ def plan_section(s: Scenario) -> dict[str, Any]:
     result = search(
         plan_options(
             model=s.model, gpu=s.gpu, gpus=s.gpus, gpus_per_node=s.gpus_per_node, seq_len=s.seq_len,
-            global_batch=p.global_batch, frameworks=p.frameworks, objective=p.objective, top=p.top, mfu=p.mfu,
+            global_batch=p.global_batch, frameworks=p.frameworks, objective=p.objective, top=p.top,
         )
     )  # fmt: skip
     timing = {"seconds", "search_seconds", "exact_seconds", "candidates_per_second", "candidates"}
