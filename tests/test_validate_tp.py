@@ -274,7 +274,7 @@ def test_the_validate_schedule_is_the_cores_tensor_parallel_collectives() -> Non
             validate[(call.op, call.phase)] += call.elements
     estimate = estimate_comm(
         model=ARCH, gpus=4, tp=2, framework="fsdp2", strategies="zero3", precision="fp32", micro_batch=b,
-        seq_len=s,
+        seq_len=s, sequence_parallel=True,
     )  # fmt: skip
     core: Counter = Counter()
     for row in estimate.strategies[0].mesh_collectives:
