@@ -642,8 +642,8 @@ def _mesh(
             f"{{gpus}} {n} is not a multiple of {product}; accepted: {{gpus}} a multiple of {ranks}"
         )
     vpp, schedule = _pipeline(o, framework, model, pp)
-    ep = _expert_parallel(o, framework, model, n // (tp * pp))
-    for flag, degree, what in (("{pp}", pp, "pipeline stages"), ("{ep}", ep, "expert parallelism")):
+    ep = _expert_parallel(o, framework, model, n // (tp * pp), cp)
+    for flag, degree, what in (("{pp}", pp, "pipeline stages"),):
         if degree > 1:
             raise InputError(
                 f"{flag} {degree}: the memory and communication of {what} are not modelled yet; "
@@ -764,9 +764,9 @@ def _pipeline(o: TrainingOptions, framework: Framework, model: ModelSpec, pp: in
     return vpp, schedule
 
 
-def _expert_parallel(o: TrainingOptions, framework: Framework, model: ModelSpec, dp_cp: int) -> int:
+def _expert_parallel(o: TrainingOptions, framework: Framework, model: ModelSpec, dp_cp: int, cp: int) -> int:
     """``ep``: a divisor of the experts and of the dp × cp ranks it is carved from (Megatron-LM
-    ``core/parallel_state.py``; torchtitan ``ParallelDims``)."""
+    ``core/parallel_state.py``; torchtitan ``ParallelDims``, whose EP group takes all of cp)."""
     ep = parse_whole(o.ep, "{ep}", 1, MAX_GPUS, "ranks")
     if ep == 1:
         return ep
@@ -792,6 +792,11 @@ def _expert_parallel(o: TrainingOptions, framework: Framework, model: ModelSpec,
         raise InputError(
             f"{{ep}} {ep} does not divide the {dp_cp} ranks of dp × cp it is carved from; "
             f"accepted: {{ep}} a divisor of {dp_cp}"
+        )
+    if framework is Framework.FSDP2 and ep % cp:
+        raise InputError(
+            f"{{ep}} {ep} with {{cp}} {cp}: torchtitan's expert-parallel group takes all of the context-"
+            f"parallel ranks (ParallelDims: ep % cp == 0); accepted: {{ep}} a multiple of {cp}"
         )
     return ep
 
@@ -843,12 +848,13 @@ def _model_split_problem(
 
 
 def _rank_model(model: ModelSpec, mesh: Mesh) -> ModelSpec:
-    """What one tensor-parallel rank holds: its local shards of every tensor (the model itself at t 1)."""
+    """What one tensor- and expert-parallel rank holds: its local shards of every tensor, E/e routed experts
+    (the model itself at t = e = 1)."""
     arch = model.architecture
-    if mesh.tp == 1 or arch is None:
+    if (mesh.tp == 1 and mesh.ep == 1) or arch is None:
         return model
     vocab_multiple = 128 if mesh.tp_style is TpStyle.MEGATRON else 1
-    rank = TensorParallelRank(**dict(arch), tp=mesh.tp, vocab_multiple=vocab_multiple)
+    rank = TensorParallelRank(**dict(arch), tp=mesh.tp, ep=mesh.ep, vocab_multiple=vocab_multiple)
     count = count_parameters(rank)
     return model.model_copy(update={"params": count.total, "architecture": rank, "parameter_count": count})
 

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.base.units import ceil_div
-from zerocalc.model.architecture import Architecture, ParamTensor, parameter_tensors
+from zerocalc.model.architecture import Architecture, ParamTensor, is_expert_tensor, parameter_tensors
 from zerocalc.network.cluster import Cluster
 from zerocalc.parallel.frameworks import (
     TORCH_OPTIMIZERS,
@@ -231,6 +231,31 @@ def dim0_padded_numel(shape: tuple[int, ...], world_size: int) -> int:
     return ceil_div(shape[0], world_size) * world_size * _rest(shape)
 
 
+def expert_parallel_degree(arch: Architecture) -> int:
+    """e: the expert-parallel ranks the routed experts are split over (E / the experts the rank holds)."""
+    return arch.num_experts // arch.local_experts if arch.is_moe else 1
+
+
+def fsdp2_sharding(
+    tensor: ParamTensor, arch: Architecture, world_size: int, expert_world: int
+) -> tuple[tuple[int, ...], int]:
+    """How FSDP2 shards ``tensor`` of rank architecture ``arch``: the shape whose dim 0 it splits (the
+    sharded dimension moved first) and the ranks it splits it over.
+
+    Without expert parallelism every tensor is split on dim 0 over the ``world_size`` ranks. With it
+    (torchtitan ``models/llama4/infra/parallelize.py`` ``apply_fsdp``): the routed experts are a
+    ``fully_shard`` group of their own on the ``dp_shard_mod_ep`` mesh, ``expert_world`` ranks, split on
+    dim 0 (the rank's E/e experts), or on dim 1 when ``dp_shard_mod_ep · ep > num_experts``
+    (``shard_placement_fn``: ``Shard(1)``), the other tensors as without it."""
+    ep = expert_parallel_degree(arch)
+    if ep == 1 or not is_expert_tensor(tensor):
+        return tensor.shape, world_size
+    shape = tensor.shape
+    if expert_world * ep > arch.num_experts:
+        shape = (shape[1], shape[0], *shape[2:])
+    return shape, expert_world
+
+
 def padded_unit_numel(unit: list[ParamTensor], world_size: int, wrapper: TorchWrapper) -> int:
     """Elements of one unit when all-gathered (unsharded) on ``world_size`` ranks, padding included.
 
@@ -287,10 +312,14 @@ def predict_rank_states(
     rank: int,
     precision: PrecisionName = PrecisionName.FP32,
     optimizer: OptimizerName = OptimizerName.ADAM,
+    expert_world: int | None = None,
 ) -> RankStates:
     """Exact bytes rank ``rank`` of ``world_size`` holds after one full training step under ``setup``.
 
-    ``world_size`` is the ranks a parameter is sharded over (one node's under hybrid sharding).
+    ``world_size`` is the ranks a parameter is sharded over (one node's under hybrid sharding). Under
+    expert parallelism (``arch`` an expert-parallel rank's share) ``expert_world`` is the ranks the routed
+    experts are sharded over (:func:`fsdp2_sharding`), ``world_size`` / e; rank ``rank`` holds the
+    experts' shard of index ``rank // e`` there (the EP group is innermost).
     """
     _check(arch, world_size, rank, precision, optimizer)
     fwd = RECIPES[precision].param_dtype  # the forward dtype: MixedPrecision's param_dtype, or fp32
@@ -365,12 +394,22 @@ def predict_rank_states(
         )
 
     # FSDP2
-    local = sum(dim0_shard_numel(t.shape, world_size, rank) for t in tensors)
+    ep = expert_parallel_degree(arch)
+    experts_world = world_size // ep if expert_world is None else expert_world
+
+    def local_numel(t: ParamTensor) -> int:
+        shape, ranks = fsdp2_sharding(t, arch, world_size, experts_world)
+        return dim0_shard_numel(shape, ranks, rank // ep if is_expert_tensor(t) else rank)
+
+    def padded_numel(t: ParamTensor) -> int:
+        return dim0_padded_numel(*fsdp2_sharding(t, arch, world_size, experts_world))
+
+    local = sum(local_numel(t) for t in tensors)
     kept = 0
     for name, unit in fsdp_units(arch):
         if not setup.reshard_after_forward or name == "root":
             # ``FSDPState._lazy_init``: the root's ``post_forward_mesh_info`` is None (not resharded).
-            kept += padded_unit_numel(unit, world_size, setup.wrapper)
+            kept += sum(padded_numel(t) for t in unit)
     kept_text = (
         "every group's padded unsharded parameters (reshard_after_forward=False)"
         if not setup.reshard_after_forward
@@ -409,6 +448,7 @@ def largest_rank_states(
     world_size: int,
     precision: PrecisionName = PrecisionName.FP32,
     optimizer: OptimizerName = OptimizerName.ADAM,
+    expert_world: int | None = None,
 ) -> RankStates:
     """The rank holding the most model-state bytes (what a per-GPU peak must use).
 
@@ -422,4 +462,4 @@ def largest_rank_states(
             for owned in zero1_rank_elements(arch, world_size)
         ]
         rank = state_bytes.index(max(state_bytes))
-    return predict_rank_states(arch, setup, world_size, rank, precision, optimizer)
+    return predict_rank_states(arch, setup, world_size, rank, precision, optimizer, expert_world)
