@@ -163,7 +163,8 @@ def flash_attention_used(request: TrainingRequest) -> bool:
 
 def activation_shape(request: TrainingRequest) -> Shape:
     """One micro-batch on one rank of the mesh: b sequences of s tokens, split by tensor, sequence and
-    context parallelism as the model's code splits them (:class:`~zerocalc.model.model_impl.Shape`)."""
+    context parallelism as the model's code splits them, and the routed tokens expert parallelism brings
+    the rank's experts (:class:`~zerocalc.model.model_impl.Shape`)."""
     a, mesh = request.activations, request.mesh
     return Shape(
         a.micro_batch,
@@ -172,6 +173,8 @@ def activation_shape(request: TrainingRequest) -> Shape:
         sequence_parallel=mesh.sequence_parallel,
         cp=mesh.cp,
         cp_impl=mesh.cp_impl,
+        ep=mesh.ep,
+        capacity_factor=a.capacity_factor,
     )
 
 

@@ -121,6 +121,10 @@ OPTIONS: tuple[Option, ...] = (
          default_help="1f1b, interleaved-1f1b with --vpp"),
     _opt("ep", ("--ep",), "e: expert-parallel ranks, carved from dp × cp (MoE models).", ESTIMATES,
          default=1, value_type=NUM, metavar="E"),
+    _opt("capacity_factor", ("--capacity-factor",),
+         "Tokens a rank's E/e experts receive, as a multiple of the balanced k·b·s/c (routing imbalance; "
+         "Megatron --moe-expert-capacity-factor, DeepSpeed capacity_factor); needs --ep.", ESTIMATES,
+         value_type=FLOAT, metavar="F", default_help="1.0: balanced routing"),
     _opt("gpu", ("--gpu",), "A GPU preset, e.g. h100-80gb (see `zerocalc presets list gpus`).",
          ESTIMATES | {PLAN}, value_type=OPT_STR),
     _opt("gpu_memory", ("--gpu-memory",),

@@ -183,6 +183,11 @@ class ActivationOptions(BaseModel):
     micro_batch: int = Field(default=DEFAULT_MICRO_BATCH, ge=1, le=MAX_MICRO_BATCH)
     recompute: Recompute = Recompute.NONE
     flash_attention: bool | None = Field(default=None, description="None: on for the Llama family")
+    capacity_factor: float = Field(
+        default=1.0,
+        gt=0,
+        description="under expert parallelism, the tokens a rank's experts receive over the balanced k·b·s/c",
+    )
 
 
 class BufferOptions(BaseModel):
@@ -313,6 +318,10 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
     )
     model_impl = _choice(o.model_impl, "{model_impl}", ModelImplName)
     mesh = _mesh(o, whole, framework, model, activations, model_impl)
+    if o.capacity_factor is not None:
+        activations = activations.model_copy(
+            update={"capacity_factor": _capacity_factor(o.capacity_factor, mesh, model)}
+        )
     ddp_bucket = DDP_BUCKET_BYTES if o.ddp_bucket is None else parse_bytes(o.ddp_bucket, "{ddp_bucket}")
     buffers = BufferOptions(
         prefetch=parse_whole(o.prefetch, "{prefetch}", 0, MAX_PREFETCH, "units"),
@@ -801,6 +810,28 @@ def _expert_parallel(o: TrainingOptions, framework: Framework, model: ModelSpec,
     return ep
 
 
+def _capacity_factor(text: float | str, mesh: Mesh, model: ModelSpec) -> float:
+    """``capacity_factor``: with expert parallelism only (a rank without it computes all of its own k·T
+    routed tokens, however they are spread over the experts), above 0 and at most the most a rank's E/e
+    experts can receive, every token of the EP group that routes to them: e·min(k, E/e)/k."""
+    if mesh.ep == 1:
+        raise InputError(
+            f"{{capacity_factor}} {shown(text)} changes nothing with {{ep}} 1: a rank computes all of its "
+            "own routed tokens whatever the routing; accepted: {ep} 2 or more, or no {capacity_factor}"
+        )
+    arch = model.architecture
+    assert arch is not None  # ep > 1 needs the architecture
+    k, local = arch.experts_per_token, arch.num_experts // mesh.ep
+    most = mesh.ep * min(k, local) / k
+    accepted = (
+        f"a number above 0 and at most {most:g} (e·min(k, E/e)/k: every token routed to a rank's experts)"
+    )
+    value = parse_fraction(text, "{capacity_factor}", 0, most, accepted)
+    if value == 0:
+        raise InputError(f"{{capacity_factor}} {shown(text)} is not accepted; accepted: {accepted}")
+    return value
+
+
 def _model_split_problem(
     model: ModelSpec, tp: int, cp: int, cp_impl: CpImpl, sequence_parallel: bool, seq_len: int
 ) -> None:
@@ -1155,6 +1186,11 @@ def _zeropp_problem(request: TrainingRequest) -> str | None:
     """ZeRO++ needs DeepSpeed ZeRO-3; hpZ whole nodes; qgZ each tensor's shape."""
     if not request.zeropp:
         return None
+    if request.mesh.ep > 1:
+        return (
+            f"{{zeropp}} with {{ep}} {request.mesh.ep}: ZeRO++ over expert-data-parallel groups is not "
+            "modelled; accepted: no {zeropp}, or {ep} 1"
+        )
     takes = [n for n in request.strategies if STRATEGIES[n].frameworks[request.framework].zeropp]
     if not takes:
         return (
