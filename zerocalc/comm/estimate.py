@@ -53,6 +53,7 @@ from zerocalc.parallel.strategies import STRATEGIES, StrategyName, effective_gra
 from zerocalc.parallel.zeropp import active_features
 from zerocalc.request.options import OptionsEcho
 from zerocalc.request.training import BufferOptions, TrainingRequest
+from zerocalc.states.framework import expert_shard_dim
 
 SCHEMA_VERSION = 2
 
@@ -526,7 +527,9 @@ def mesh_request(request: TrainingRequest) -> MeshRequest | None:
     return MeshRequest(
         mesh=mesh,
         framework=request.framework,
-        shape=MeshShape.of(arch, mesh, activations.micro_batch, activations.seq_len),
+        shape=MeshShape.of(
+            arch, mesh, activations.micro_batch, activations.seq_len, activations.capacity_factor
+        ),
         learned_positions=arch.learned_position_embeddings,
         replicated=replicated_gradients(request.architecture, mesh.tp_style, mesh.sequence_parallel)
         if mesh.tp > 1
@@ -543,7 +546,8 @@ def mesh_request(request: TrainingRequest) -> MeshRequest | None:
 def _dimensions(
     request: TrainingRequest, costs: list[CollectiveCost], mesh_collectives: list[MeshCollectiveCost]
 ) -> list[DimensionComm]:
-    """The data-parallel dimension, then each model-parallel one above 1, with their totals."""
+    """The data-parallel dimension (the routed experts' collectives over their expert-data-parallel groups
+    included), then each model-parallel one above 1, with their totals."""
     mesh, cluster = request.mesh, request.cluster
     dimensions = [
         DimensionComm(
@@ -559,6 +563,7 @@ def _dimensions(
     for dimension, size, apart, spans in (
         (Dimension.TP, mesh.tp, 1, mesh.tp_spans_nodes),
         (Dimension.CP, mesh.cp, mesh.tp, mesh.cp_spans_nodes),
+        (Dimension.EP, mesh.ep, mesh.tp, mesh.ep_spans_nodes),
     ):
         if size == 1:
             continue
@@ -577,16 +582,46 @@ def _dimensions(
     return dimensions
 
 
-def _data_parallel_costs(
-    name: StrategyName, request: TrainingRequest, layout: Layout
-) -> list[CollectiveCost]:
-    """Every data-parallel collective of one strategy's schedule that runs in a step."""
-    sync = effective_grad_sync(request.framework, name, request.grad_sync)
+class DataPart(NamedTuple):
+    """Parameters of a rank whose data-parallel collectives run over one group: the request whose cluster is
+    that group, and the tensors (:func:`data_parts`)."""
+
+    request: TrainingRequest
+    layout: Layout
+    experts: bool
+    """The routed experts under expert parallelism, over the expert-data-parallel ranks."""
+
+
+def data_parts(request: TrainingRequest, layout: Layout | None = None) -> tuple[DataPart, ...]:
+    """The rank's parameters as the data-parallel collectives move them: all of them over the dp × cp ranks
+    (``layout``, else the rank's); under expert parallelism, everything but the routed experts over those
+    ranks and the routed experts over the dp·c/e expert-data-parallel ranks
+    (:meth:`~zerocalc.comm.calls.Layout.expert_parallel_parts`), as the states are sharded
+    (:func:`~zerocalc.states.memory.state_parts`)."""
+    arch = request.rank_model.architecture
+    mesh = request.mesh
+    if mesh.ep == 1 or arch is None:
+        return (DataPart(request, layout or Layout.of(request.rank_model.params, arch), False),)
+    rest, experts = Layout.expert_parallel_parts(arch, expert_shard_dim(arch, mesh.dp * mesh.cp))
+    expert_request = request.model_copy(update={"cluster": mesh.expert_data_cluster()})
+    return DataPart(request, rest, False), DataPart(expert_request, experts, True)
+
+
+def _data_parallel_costs(name: StrategyName, parts: tuple[DataPart, ...]) -> list[CollectiveCost]:
+    """Every data-parallel collective of one strategy's schedule that runs in a step, for each part of the
+    parameters over its group (the routed experts' said so in their behaviour)."""
     costs: list[CollectiveCost] = []
-    for collective in collective_runs(name, request, layout):
-        times = times_per_step(collective.run.line.repeat, request.grad_accum, sync)
-        if times > 0:
-            costs.append(_cost(collective, times))
+    for request, layout, experts in parts:
+        sync = effective_grad_sync(request.framework, name, request.grad_sync)
+        for collective in collective_runs(name, request, layout):
+            times = times_per_step(collective.run.line.repeat, request.grad_accum, sync)
+            if times <= 0:
+                continue
+            cost = _cost(collective, times)
+            if experts:
+                where = f"routed experts, over the {cost.group_size:,} expert-data-parallel ranks: "
+                cost = cost.model_copy(update={"behaviour": where + cost.behaviour})
+            costs.append(cost)
     return costs
 
 
@@ -594,19 +629,22 @@ def strategy_comm(
     name: StrategyName,
     request: TrainingRequest,
     ddp_bytes: int | None,
-    layout: Layout | None = None,
+    parts: tuple[DataPart, ...] | None = None,
     mesh: MeshRequest | None = None,
 ) -> StrategyComm:
-    """Cost every collective of one strategy's schedule under the request's framework, and the tensor- and
-    context-parallel collectives of ``mesh`` (:func:`mesh_request`) beside it (pure)."""
+    """Cost every collective of one strategy's schedule under the request's framework over each part of the
+    parameters (:func:`data_parts`), and the tensor-, context- and expert-parallel collectives of ``mesh``
+    (:func:`mesh_request`) beside it (pure)."""
     framework = request.framework
     strategy = STRATEGIES[name]
-    layout = layout or Layout.of(request.rank_model.params, request.rank_model.architecture)
     sync = effective_grad_sync(framework, name, request.grad_sync)
-    costs = _data_parallel_costs(name, request, layout)
+    costs = _data_parallel_costs(name, parts or data_parts(request))
     mesh_collectives = mesh_costs(mesh, sync) if mesh is not None else []
     every = [*costs, *mesh_collectives]
     data_parallel = sum(c.total_bytes_per_gpu for c in costs)
+    inter_node = sum(c.total_bytes_per_gpu for c in costs if c.spans_nodes) + sum(
+        c.inter_node_bytes_per_gpu for c in mesh_collectives
+    )
     setup = strategy.frameworks[framework]
     return StrategyComm(
         strategy=name,
@@ -619,24 +657,24 @@ def strategy_comm(
         dimensions=_dimensions(request, costs, mesh_collectives),
         calls_per_step=sum(c.calls_per_step for c in every),
         total_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in every),
-        intra_node_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in every if not c.spans_nodes),
-        inter_node_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in every if c.spans_nodes),
+        intra_node_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in every) - inter_node,
+        inter_node_bytes_per_gpu=inter_node,
         time_s=sum(c.time_s for c in every),
         ratio_to_ddp=(data_parallel / ddp_bytes) if ddp_bytes else None,
     )
 
 
-def _ddp_reference(request: TrainingRequest, layout: Layout) -> int | None:
+def _ddp_reference(parts: tuple[DataPart, ...]) -> int | None:
     """The data-parallel bytes the ratio is taken to: DDP under the same framework (FSDP's is NO_SHARD),
     PyTorch's DDP for FSDP2, else the paper's DDP (DeepSpeed's stage 0 is not modelled)."""
     frameworks = STRATEGIES[StrategyName.DDP].frameworks
-    framework = request.framework
+    framework = parts[0].request.framework
     if framework not in frameworks:
         framework = Framework.DDP if framework in TORCH_FRAMEWORKS else Framework.PAPER
-    reference = request.model_copy(update={"framework": framework})
-    return (
-        sum(c.total_bytes_per_gpu for c in _data_parallel_costs(StrategyName.DDP, reference, layout)) or None
+    reference = tuple(
+        part._replace(request=part.request.model_copy(update={"framework": framework})) for part in parts
     )
+    return sum(c.total_bytes_per_gpu for c in _data_parallel_costs(StrategyName.DDP, reference)) or None
 
 
 def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -> list[str]:
@@ -674,6 +712,8 @@ def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -
                 )
     _, zeropp_notes = active_features(frozenset(request.zeropp), cluster)
     notes += zeropp_notes
+    if request.mesh.ep > 1:
+        notes.append(expert_parallel_note(request))
     activations = request.activations
     if not request.mesh.model_parallel and (
         activations.recompute is not Recompute.NONE or activations.micro_batch > 1
@@ -685,13 +725,31 @@ def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -
     return notes
 
 
+def expert_parallel_note(request: TrainingRequest) -> str:
+    """The routing the expert-parallel all-to-alls assume, in words."""
+    arch, mesh = request.architecture, request.mesh
+    factor = request.activations.capacity_factor
+    routing = (
+        "balanced routing"
+        if factor == 1
+        else f"the busiest rank's experts get {factor:g}× the balanced share"
+    )
+    return (
+        f"expert parallelism: each rank routes its b·s/c tokens to k = {arch.experts_per_token} of "
+        f"{arch.num_experts} experts, {arch.local_experts} on each of the {mesh.ep} ranks of an EP group; a "
+        f"dispatch or combine all-to-all carries {{capacity_factor}} {factor:g} × k·b·s/c·h elements "
+        f"({routing}), (e−1)/e of them to other GPUs"
+    )
+
+
 def evaluate_comm(request: TrainingRequest) -> CommEstimate:
     """The communication of every requested strategy (data parallelism, and tensor and context parallelism
     where the mesh has them), with times and the optional compute comparison."""
     mesh = mesh_request(request)
-    layout = Layout.of(request.rank_model.params, request.rank_model.architecture)
-    ddp = _ddp_reference(request, layout)
-    rows = [strategy_comm(name, request, ddp, layout, mesh) for name in request.strategies]
+    parts = data_parts(request)
+    layout = parts[0].layout
+    ddp = _ddp_reference(parts)
+    rows = [strategy_comm(name, request, ddp, parts, mesh) for name in request.strategies]
     compute = None
     if request.tokens_per_step is not None and request.tflops is not None:
         flops = 6 * request.model.params * request.tokens_per_step

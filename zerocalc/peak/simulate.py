@@ -35,6 +35,7 @@ from zerocalc.states.framework import (
     STATES_RECIPE,
     dim0_padded_numel,
     dim0_shard_numel,
+    expert_shard_dim,
     fsdp2_sharding,
     fsdp_units,
     shard_ranks,
@@ -77,23 +78,23 @@ def _largest_partition(arch: Architecture, world: int) -> tuple[int, ...]:
 
 
 def _units(
-    request: TrainingRequest, world: int, blocks: int | None = None, expert_world: int | None = None
+    request: TrainingRequest, world: int, blocks: int | None = None, experts: tuple[int, int] | None = None
 ) -> dict[str, Unit]:
     """FSDP units with each parameter's elements, its dim-0 shard on rank 0 and its padded size; with
     ``blocks``, only the first ``blocks`` blocks' units and the root's (the units of the model cut to that
-    many blocks: each block's tensors are the same whatever the depth); with ``expert_world``, the routed
-    experts sharded over those ranks as FSDP2 shards them under expert parallelism
+    many blocks: each block's tensors are the same whatever the depth); with ``experts`` (the ranks and
+    the dimension), the routed experts sharded as FSDP2 shards them under expert parallelism
     (:func:`~zerocalc.states.framework.fsdp2_sharding`)."""
     return dict(
-        _units_of(request.architecture, world, expert_world)
+        _units_of(request.architecture, world, experts)
         if blocks is None
-        else _first_units(request.architecture, world, blocks, expert_world)
+        else _first_units(request.architecture, world, blocks, experts)
     )
 
 
 @lru_cache(maxsize=256)
 def _first_units(
-    arch: Architecture, world: int, blocks: int, expert_world: int | None = None
+    arch: Architecture, world: int, blocks: int, experts: tuple[int, int] | None = None
 ) -> tuple[tuple[str, Unit], ...]:
     """The units of the first ``blocks`` blocks and the root's (a plan asks at two depths per world, and
     builds no other block's)."""
@@ -101,35 +102,33 @@ def _first_units(
         tuple((key, tensors) for key, tensors in _fsdp_units_of(arch) if key == "root" or int(key) < blocks),
         world,
         arch,
-        expert_world,
+        experts,
     )
 
 
 @lru_cache(maxsize=256)
 def _units_of(
-    arch: Architecture, world: int, expert_world: int | None = None
+    arch: Architecture, world: int, experts: tuple[int, int] | None = None
 ) -> tuple[tuple[str, Unit], ...]:
     """The blocks' units in order, then the root's; once per architecture and world (the units are shared:
     nothing mutates them)."""
-    return _built_units(_fsdp_units_of(arch), world, arch, expert_world)
+    return _built_units(_fsdp_units_of(arch), world, arch, experts)
 
 
 def _built_units(
     units: tuple[tuple[str, tuple[ParamTensor, ...]], ...],
     world: int,
     arch: Architecture,
-    expert_world: int | None = None,
+    experts: tuple[int, int] | None = None,
 ) -> tuple[tuple[str, Unit], ...]:
-    """Each unit's elements, shards and padding at ``world`` (the routed experts' at ``expert_world`` where
-    given), computed once per shape and shard group (every block repeats them)."""
+    """Each unit's elements, shards and padding at ``world`` (the routed experts' over ``experts``' ranks
+    and dimension where given), computed once per shape and shard group (every block repeats them)."""
     sizes: dict[tuple[tuple[int, ...], int], tuple[int, int, int]] = {}
     built: list[tuple[str, Unit]] = []
     for key, tensors in units:
         keys = []
         for t in tensors:
-            shape, ranks = (
-                (t.shape, world) if expert_world is None else fsdp2_sharding(t, arch, world, expert_world)
-            )
+            shape, ranks = (t.shape, world) if experts is None else fsdp2_sharding(t, arch, world, *experts)
             keys.append((shape, ranks))
             if (shape, ranks) not in sizes:
                 sizes[shape, ranks] = (
@@ -230,8 +229,12 @@ def mechanics_for(
     setup = strategy.frameworks[request.framework].torch if request.framework in TORCH_FRAMEWORKS else None
     if setup is not None:
         world = shard_ranks(request.cluster, setup)
-        expert_world = shard_ranks(request.mesh.expert_data_cluster(), setup) if request.mesh.ep > 1 else None
-        units = _units(request, world, blocks, expert_world)
+        mesh = request.mesh
+        experts = None
+        if mesh.ep > 1:
+            expert_world = shard_ranks(mesh.expert_data_cluster(), setup)
+            experts = (expert_world, expert_shard_dim(request.architecture, mesh.dp * mesh.cp))
+        units = _units(request, world, blocks, experts)
         reduce = request.reduce_dtype.bytes if request.reduce_dtype is not None else recipe.param_dtype.bytes
         if setup.wrapper is TorchWrapper.FSDP2:
             return Fsdp2(

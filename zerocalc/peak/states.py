@@ -179,10 +179,12 @@ def _torch(request: TrainingRequest, strategy: Strategy) -> StateLines:
     """
     setup = strategy.frameworks[request.framework].torch
     assert setup is not None
+    mesh, arch = request.mesh, request.architecture
     world = torch_states.shard_ranks(request.cluster, setup)
-    expert_world = torch_states.shard_ranks(request.mesh.expert_data_cluster(), setup)
+    expert_world = torch_states.shard_ranks(mesh.expert_data_cluster(), setup)
+    expert_dim = torch_states.expert_shard_dim(arch, mesh.dp * mesh.cp)
     rank = torch_states.largest_rank_states(
-        request.architecture, setup, world, request.precision, request.optimizer, expert_world
+        arch, setup, world, request.precision, request.optimizer, expert_world, expert_dim
     )
     source = TORCH_SOURCES[setup.wrapper]
     lines = [

@@ -236,24 +236,33 @@ def expert_parallel_degree(arch: Architecture) -> int:
     return arch.num_experts // arch.local_experts if arch.is_moe else 1
 
 
+def expert_shard_dim(arch: Architecture, data_ranks: int) -> int:
+    """The dimension FSDP2 shards the routed experts on under expert parallelism, with ``data_ranks`` = dp·c
+    (torchtitan ``models/llama4/infra/parallelize.py`` ``apply_fsdp``: ``Shard(1)`` when
+    ``dp_mod_ep_mesh.size() * ep_degree > num_experts``, the dp·c ranks outnumbering the experts; else
+    dim 0, the rank's E/e experts)."""
+    return 1 if data_ranks > arch.num_experts else 0
+
+
 def fsdp2_sharding(
-    tensor: ParamTensor, arch: Architecture, world_size: int, expert_world: int
+    tensor: ParamTensor, arch: Architecture, world_size: int, expert_world: int, expert_dim: int
 ) -> tuple[tuple[int, ...], int]:
     """How FSDP2 shards ``tensor`` of rank architecture ``arch``: the shape whose dim 0 it splits (the
     sharded dimension moved first) and the ranks it splits it over.
 
     Without expert parallelism every tensor is split on dim 0 over the ``world_size`` ranks. With it
-    (torchtitan ``models/llama4/infra/parallelize.py`` ``apply_fsdp``): the routed experts are a
+    (torchtitan ``models/llama4/infra/parallelize.py`` ``apply_fsdp``) the routed experts are a
     ``fully_shard`` group of their own on the ``dp_shard_mod_ep`` mesh, ``expert_world`` ranks, split on
-    dim 0 (the rank's E/e experts), or on dim 1 when ``dp_shard_mod_ep · ep > num_experts``
-    (``shard_placement_fn``: ``Shard(1)``), the other tensors as without it."""
-    ep = expert_parallel_degree(arch)
-    if ep == 1 or not is_expert_tensor(tensor):
+    ``expert_dim`` (:func:`expert_shard_dim`); the other tensors as without it."""
+    if expert_parallel_degree(arch) == 1 or not is_expert_tensor(tensor):
         return tensor.shape, world_size
-    shape = tensor.shape
-    if expert_world * ep > arch.num_experts:
-        shape = (shape[1], shape[0], *shape[2:])
-    return shape, expert_world
+    return sharded_dim_first(tensor.shape, expert_dim), expert_world
+
+
+def sharded_dim_first(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
+    """``shape`` with dimension ``dim`` moved first: a tensor sharded on ``dim`` has the chunks and padding
+    of this shape sharded on dim 0 (the rest of the shape multiplies each row)."""
+    return (shape[dim], *shape[:dim], *shape[dim + 1 :]) if dim else shape
 
 
 def padded_unit_numel(unit: list[ParamTensor], world_size: int, wrapper: TorchWrapper) -> int:
@@ -313,13 +322,15 @@ def predict_rank_states(
     precision: PrecisionName = PrecisionName.FP32,
     optimizer: OptimizerName = OptimizerName.ADAM,
     expert_world: int | None = None,
+    expert_dim: int | None = None,
 ) -> RankStates:
     """Exact bytes rank ``rank`` of ``world_size`` holds after one full training step under ``setup``.
 
     ``world_size`` is the ranks a parameter is sharded over (one node's under hybrid sharding). Under
     expert parallelism (``arch`` an expert-parallel rank's share) ``expert_world`` is the ranks the routed
-    experts are sharded over (:func:`fsdp2_sharding`), ``world_size`` / e; rank ``rank`` holds the
-    experts' shard of index ``rank // e`` there (the EP group is innermost).
+    experts are sharded over and ``expert_dim`` the dimension (:func:`fsdp2_sharding`; defaults:
+    ``world_size`` / e, and :func:`expert_shard_dim` of ``world_size``, as under full sharding); rank
+    ``rank`` holds the experts' shard of index ``rank // e`` there (the EP group is innermost).
     """
     _check(arch, world_size, rank, precision, optimizer)
     fwd = RECIPES[precision].param_dtype  # the forward dtype: MixedPrecision's param_dtype, or fp32
@@ -396,13 +407,14 @@ def predict_rank_states(
     # FSDP2
     ep = expert_parallel_degree(arch)
     experts_world = world_size // ep if expert_world is None else expert_world
+    dim = expert_shard_dim(arch, world_size) if expert_dim is None else expert_dim
 
     def local_numel(t: ParamTensor) -> int:
-        shape, ranks = fsdp2_sharding(t, arch, world_size, experts_world)
+        shape, ranks = fsdp2_sharding(t, arch, world_size, experts_world, dim)
         return dim0_shard_numel(shape, ranks, rank // ep if is_expert_tensor(t) else rank)
 
     def padded_numel(t: ParamTensor) -> int:
-        return dim0_padded_numel(*fsdp2_sharding(t, arch, world_size, experts_world))
+        return dim0_padded_numel(*fsdp2_sharding(t, arch, world_size, experts_world, dim))
 
     local = sum(local_numel(t) for t in tensors)
     kept = 0
@@ -449,6 +461,7 @@ def largest_rank_states(
     precision: PrecisionName = PrecisionName.FP32,
     optimizer: OptimizerName = OptimizerName.ADAM,
     expert_world: int | None = None,
+    expert_dim: int | None = None,
 ) -> RankStates:
     """The rank holding the most model-state bytes (what a per-GPU peak must use).
 
@@ -462,4 +475,4 @@ def largest_rank_states(
             for owned in zero1_rank_elements(arch, world_size)
         ]
         rank = state_bytes.index(max(state_bytes))
-    return predict_rank_states(arch, setup, world_size, rank, precision, optimizer, expert_world)
+    return predict_rank_states(arch, setup, world_size, rank, precision, optimizer, expert_world, expert_dim)
