@@ -54,6 +54,7 @@ from zerocalc.parallel.zeropp import active_features
 from zerocalc.request.options import OptionsEcho
 from zerocalc.request.training import BufferOptions, TrainingRequest
 from zerocalc.states.framework import expert_shard_dim
+from zerocalc.states.memory import routing_assumption
 
 SCHEMA_VERSION = 2
 
@@ -713,7 +714,7 @@ def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -
     _, zeropp_notes = active_features(frozenset(request.zeropp), cluster)
     notes += zeropp_notes
     if request.mesh.ep > 1:
-        notes.append(expert_parallel_note(request))
+        notes.append(routing_assumption(request))
     activations = request.activations
     if not request.mesh.model_parallel and (
         activations.recompute is not Recompute.NONE or activations.micro_batch > 1
@@ -723,23 +724,6 @@ def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -
             "with {tp} 1 and {cp} 1 there are none: they change nothing here"
         )
     return notes
-
-
-def expert_parallel_note(request: TrainingRequest) -> str:
-    """The routing the expert-parallel all-to-alls assume, in words."""
-    arch, mesh = request.architecture, request.mesh
-    factor = request.activations.capacity_factor
-    routing = (
-        "balanced routing"
-        if factor == 1
-        else f"the busiest rank's experts get {factor:g}× the balanced share"
-    )
-    return (
-        f"expert parallelism: each rank routes its b·s/c tokens to k = {arch.experts_per_token} of "
-        f"{arch.num_experts} experts, {arch.local_experts} on each of the {mesh.ep} ranks of an EP group; a "
-        f"dispatch or combine all-to-all carries {{capacity_factor}} {factor:g} × k·b·s/c·h elements "
-        f"({routing}), (e−1)/e of them to other GPUs"
-    )
 
 
 def evaluate_comm(request: TrainingRequest) -> CommEstimate:

@@ -426,6 +426,24 @@ def mesh_assumption(request: TrainingRequest) -> str:
     return text
 
 
+def routing_assumption(request: TrainingRequest) -> str:
+    """What expert parallelism assumes of the routing, in words: the tokens a rank's experts get (its
+    routed activations) and the all-to-alls carry."""
+    arch, mesh = request.architecture, request.mesh
+    factor = request.activations.capacity_factor
+    routing = (
+        "balanced routing"
+        if factor == 1
+        else f"the busiest rank's experts get {factor:g}× the balanced share"
+    )
+    return (
+        f"expert parallelism: each rank routes its b·s/c tokens to k = {arch.experts_per_token} of the "
+        f"{arch.num_experts} experts, {arch.local_experts} on each of the {mesh.ep} ranks of an EP group; a "
+        f"rank's experts compute, and a dispatch or combine all-to-all carries, cf·k·b·s/c tokens with the "
+        f"capacity factor cf = {factor:g} ({routing}), (e−1)/e of them from or to other GPUs"
+    )
+
+
 def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
     """Model states per GPU of every strategy of a validated request (pure)."""
     recipe = RECIPES[request.precision]
@@ -447,6 +465,8 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
     ]
     if mesh.model_parallel:
         assumptions.append(mesh_assumption(request))
+    if mesh.ep > 1:
+        assumptions.append(routing_assumption(request))
     assumptions += [
         f"{recipe.name.value}: {recipe.note}",
         optimizer.assumption,
