@@ -154,7 +154,9 @@ class DimensionComm(BaseModel):
 
     dimension: Dimension
     group_size: int = Field(description="ranks of one group (dp: the dp × cp ranks of one TP index)")
-    stride: int = Field(description="the distance between consecutive ranks of a group: 1 (tp), t (cp, dp)")
+    stride: int = Field(
+        description="the distance between consecutive ranks of a group: 1 (tp), t (cp, dp, ep)"
+    )
     spans_nodes: bool = Field(description="a group has ranks on more than one node")
     calls_per_step: int = Field(description="Σ over the dimension's collectives")
     total_bytes_per_gpu: int = Field(description="Σ over the dimension's collectives")
@@ -169,10 +171,11 @@ class StrategyComm(BaseModel):
     grad_sync_reason: str
     collectives: list[CollectiveCost] = Field(description="the data-parallel collectives")
     mesh_collectives: list[MeshCollectiveCost] = Field(
-        default_factory=list, description="the tensor- and context-parallel collectives (none at tp = cp = 1)"
+        default_factory=list,
+        description="the tensor-, context- and expert-parallel collectives (none at tp = cp = ep = 1)",
     )
     dimensions: list[DimensionComm] = Field(
-        default_factory=list, description="per dimension of the mesh: dp, then tp and cp where above 1"
+        default_factory=list, description="per dimension of the mesh: dp, then tp, cp and ep where above 1"
     )
     calls_per_step: int = Field(description="every dimension's")
     total_bytes_per_gpu: int = Field(description="every dimension's")

@@ -615,7 +615,8 @@ class MeshCollectiveCost(BaseModel):
     )
     moves: str = Field(description="what it carries")
     scope: Scope = Field(
-        description="runs per layer, per micro-batch, per step, or per synchronising micro-batch"
+        description="runs per layer, per micro-batch, per step, per synchronising micro-batch, or per MoE "
+        "layer"
     )
     dtype: DType
     group_size: int = Field(description="t (tp), c (cp) or e (ep)")
