@@ -14,8 +14,12 @@ Expert sizes (gated MLPs: gate, up and down, 3·h·f per expert):
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
-from helpers import one_line_error
+from helpers import clean_env, one_line_error
 from typer.testing import CliRunner
 
 from zerocalc.api import estimate_comm
@@ -32,7 +36,12 @@ from zerocalc.peak.evaluate import evaluate_peak
 from zerocalc.peak.states import STATE_BUILDERS
 from zerocalc.request.training import parse_options
 from zerocalc.states.deepspeed import deepspeed_estimate
-from zerocalc.states.framework import predict_rank_states
+from zerocalc.states.framework import (
+    dim0_padded_numel,
+    dim0_shard_numel,
+    predict_rank_states,
+    sharded_dim_first,
+)
 from zerocalc.states.memory import StateKind, evaluate_memory, state_parts
 
 runner = CliRunner()
@@ -287,6 +296,8 @@ def test_capacity_factor_scales_the_all_to_alls() -> None:
          "--zeropp with --ep 8"),
         ([*MIXTRAL, "--gpus", "8", "--ep", "8", "--framework", "ddp"], "accepted: --framework"),
         ([*MIXTRAL, "--gpus", "12", "--ep", "8"], "does not divide the 12 ranks"),
+        ([*MIXTRAL, "--gpus", "96", "--ep", "8", "--framework", "fsdp2"],
+         "gate_up_proj's 28,672 rows do not split evenly, which FSDP2 refuses"),
     ],
 )  # fmt: skip
 def test_bad_expert_parallel_inputs_are_refused_in_one_line(args: list[str], fragment: str) -> None:
@@ -301,3 +312,50 @@ def test_ep_is_shown_in_the_tables() -> None:
     comm = runner.invoke(app, ["comm", "--model", "mixtral-8x7b", "--gpus", "64", "--ep", "8"])
     assert comm.exit_code == 0, comm.output
     assert "Expert parallelism: ep 8" in comm.stdout
+
+
+FULLY_SHARD_EXPERTS = """
+import json, sys
+import torch, torch.nn as nn, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Shard
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+world, rank, local, d, f, dim = json.loads(sys.argv[1])
+dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+experts = nn.Module()
+experts.gate_up_proj = nn.Parameter(torch.zeros(local, 2 * f, d))
+experts.down_proj = nn.Parameter(torch.zeros(local, d, f))
+fully_shard(experts, mesh=init_device_mesh("cpu", (world,)), shard_placement_fn=lambda p: Shard(dim))
+group = experts._get_fsdp_state()._fsdp_param_group.fsdp_params
+print(json.dumps([[p.to_local().numel() for p in experts.parameters()],
+                  [q.padded_sharded_param_size.numel() * world for q in group]]))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("world", "rank", "local", "d", "f", "dim"),
+    [(8, 0, 1, 16, 12, 1), (8, 7, 1, 24, 28, 1), (4, 3, 3, 8, 6, 0), (8, 6, 5, 8, 4, 0), (2, 1, 16, 8, 6, 0)],
+)
+def test_fsdp2_expert_shards_are_fully_shard_s(
+    world: int, rank: int, local: int, d: int, f: int, dim: int
+) -> None:
+    """torch's ``fully_shard`` of an experts module ([E/e, 2f, d] and [E/e, d, f]) with ``Shard(dim)``, as
+    torchtitan wraps it, on the fake process group: each rank's local elements and the gathered (padded)
+    sizes are :func:`~zerocalc.states.framework.fsdp2_sharding`'s, dim 0 unevenly chunked included."""
+    pytest.importorskip("torch")
+    done = subprocess.run(
+        [sys.executable, "-c", FULLY_SHARD_EXPERTS, json.dumps([world, rank, local, d, f, dim])],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=120,
+        check=True,
+    )
+    local_numels, padded = json.loads(done.stdout.strip().splitlines()[-1])
+    shapes = [sharded_dim_first(shape, dim) for shape in ((local, 2 * f, d), (local, d, f))]
+    assert local_numels == [dim0_shard_numel(shape, world, rank) for shape in shapes]
+    assert padded == [dim0_padded_numel(shape, world) for shape in shapes]

@@ -40,6 +40,8 @@ from zerocalc.model.architecture import (
     QkNorm,
     TensorParallelRank,
     count_parameters,
+    is_expert_tensor,
+    parameter_tensors,
 )
 from zerocalc.model.model_impl import (
     MODEL_IMPLS,
@@ -340,10 +342,13 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
     calibration, calibration_name = _calibration(o.calibration, o.calibration_name)
 
     explicit = _strategy_names(o.strategies)
+    rank_model = _rank_model(model, mesh)
+    if framework is Framework.FSDP2 and mesh.ep > 1:
+        _fsdp2_expert_sharding_problem(rank_model, mesh)
     request = TrainingRequest(
         estimate=o.estimate,
         model=model,
-        rank_model=_rank_model(model, mesh),
+        rank_model=rank_model,
         mesh=mesh,
         cluster=mesh.data_cluster(),
         precision=precision,
@@ -808,6 +813,27 @@ def _expert_parallel(o: TrainingOptions, framework: Framework, model: ModelSpec,
             f"parallel ranks (ParallelDims: ep % cp == 0); accepted: {{ep}} a multiple of {cp}"
         )
     return ep
+
+
+def _fsdp2_expert_sharding_problem(rank_model: ModelSpec, mesh: Mesh) -> None:
+    """torchtitan shards the routed experts on dim 1 when the dp·c ranks outnumber the experts
+    (``apply_fsdp``: ``Shard(1)``), and FSDP2 shards a dimension other than 0 only evenly
+    (``torch/distributed/fsdp/_fully_shard/_fsdp_param.py`` ``_init_sharded_param``: "FSDP does not
+    support uneven sharding on dim 1"): each expert tensor's dim 1 must divide by the dp·c/e ranks."""
+    arch = rank_model.architecture
+    assert arch is not None  # ep > 1 needs the architecture
+    ranks = mesh.expert_dp
+    if mesh.dp * mesh.cp <= arch.num_experts or ranks == 1:
+        return
+    for tensor in parameter_tensors(arch):
+        rows = tensor.shape[1] if is_expert_tensor(tensor) else 0
+        if rows % ranks:
+            raise InputError(
+                f"{{ep}} {mesh.ep} with {{framework}} fsdp2: torchtitan shards the routed experts on dim 1 "
+                f"over the {ranks} expert-data-parallel ranks (dp·cp {mesh.dp * mesh.cp} > "
+                f"{arch.num_experts} experts), and {tensor.name}'s {rows:,} rows do not split evenly, which "
+                f"FSDP2 refuses; accepted: {{gpus}}, {{cp}} and {{ep}} whose dp·cp/ep divides {rows:,}"
+            )
 
 
 def _capacity_factor(text: float | str, mesh: Mesh, model: ModelSpec) -> float:
