@@ -205,8 +205,8 @@ def test_dtensor_layers_reduce_each_projection_input_gradient() -> None:
 
 
 def test_fsdp2_reduces_sequence_parallel_norm_weights_where_it_reduces_gradients() -> None:
-    every = llama8b(8, framework="fsdp2", tp=2, grad_accum=4)
-    last = llama8b(8, framework="fsdp2", tp=2, grad_accum=4, grad_sync="last")
+    every = llama8b(8, framework="fsdp2", tp=2, grad_accum=4, sequence_parallel=True)
+    last = llama8b(8, framework="fsdp2", tp=2, grad_accum=4, grad_sync="last", sequence_parallel=True)
     (norms,) = [c for c in every.mesh_collectives if c.scope.value == "sync"]
     assert norms.elements == [4096] * 65  # two norms per layer and the final norm, one call each
     assert norms.times_per_step == 4

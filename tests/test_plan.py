@@ -516,7 +516,7 @@ def test_the_slot_marker_implements_exactly_the_step_hooks() -> None:
     """The model run's marker and every mechanics answer the same hooks: the timeline's StepHooks."""
     hooks = {name for name in vars(StepHooks) if not name.startswith("_")}
     assert {name for name in vars(_SlotMarks) if not name.startswith("_")} == hooks
-    assert len(hooks) == 11 and all(callable(getattr(Mechanics, name)) for name in hooks)
+    assert len(hooks) == 12 and all(callable(getattr(Mechanics, name)) for name in hooks)
 
 
 def test_every_candidate_has_a_peak() -> None:

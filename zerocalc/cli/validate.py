@@ -60,7 +60,7 @@ GradSyncs = Annotated[
     typer.Option(
         "--grad-sync",
         help="Comma list of every, last: gradients reduced every micro-batch, or only on the last "
-        "(no_sync() / set_requires_gradient_sync(False) before).",
+        "(no_sync() or FSDP2 gradient sync off before).",
     ),
 ]
 GpusPerNode = Annotated[
@@ -156,11 +156,41 @@ RecomputeOpt = Annotated[
 Reshard = Annotated[
     str, typer.Option("--reshard", help="With --fake: comma list of yes, no (FSDP2 reshard_after_forward).")
 ]
+Pp = Annotated[
+    int | None,
+    typer.Option(
+        "--pp",
+        help="Pipeline stages: torch.distributed.pipelining Schedule1F1B over --nproc ranks (pp × dp, "
+        "-A micro-batches, default 2·pp; --strategies none, ddp, fsdp2 per stage); with --fake, FSDP2 "
+        "stages at each --world.",
+        show_default=False,
+    ),
+]
+Ep = Annotated[
+    int | None,
+    typer.Option(
+        "--ep",
+        help="Expert-parallel ranks: the all-to-alls of a tiny MoE layer with a fixed router over --nproc "
+        "ranks.",
+        show_default=False,
+    ),
+]
+Routing = Annotated[str, typer.Option("--routing", help="With --ep: comma list of balanced, skewed, or all.")]
 FRAMEWORK_RUN_ONLY = (
     "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "strategies", "optimizer", "grad_accum",
     "grad_sync", "gpus_per_node", "nproc", "timeout", "tp", "sequence_parallel", "loss_parallel",
 )  # fmt: skip
 """Options only the framework runs read (the default mode)."""
+MODEL_SIZES = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
+"""The architecture overrides (``--pp`` reads them too)."""
+PIPELINE_READS = (
+    "model", "precision", *MODEL_SIZES, "strategies", "optimizer", "grad_accum", "nproc", "timeout", "pp",
+    "json",
+)  # fmt: skip
+FAKE_PIPELINE_READS = (
+    "model", "precision", *MODEL_SIZES, "optimizer", "grad_accum", "world", "pp", "micro_batch", "seq_len",
+    "reshard", "json",
+)  # fmt: skip
 READ_BY_MODE = {
     "activations": ("model", "precision", "family", "attention", "micro_batch", "seq_len", "json"),
     "cuda": ("model", "micro_batch", "seq_len", "snapshot_out", "json"),
@@ -177,6 +207,9 @@ READ_BY_MODE = {
         "json",
     ),
     "frameworks": ("model", "precision", *FRAMEWORK_RUN_ONLY, "json"),
+    "pipeline": PIPELINE_READS,
+    "fake-pipeline": FAKE_PIPELINE_READS,
+    "expert": ("ep", "routing", "nproc", "timeout", "micro_batch", "seq_len", "json"),
 }
 """The options each mode reads; one given to a mode that does not read it is refused, not ignored."""
 MAX_ACTIVATION_TOKENS = 65_536
@@ -215,6 +248,9 @@ def validate(
     world: World = "8",
     recompute: RecomputeOpt = "none",
     reshard: Reshard = "yes",
+    pp: Pp = None,
+    ep: Ep = None,
+    routing: Routing = "all",
     json: Json = False,
 ) -> None:
     """Run DDP, ZeRO-1, FSDP1 and FSDP2 for real; compare each rank's bytes and collectives with the
@@ -231,7 +267,31 @@ def validate(
         mode = "cuda"
     else:
         mode = "activations" if activations or chosen_device == "cpu" else "frameworks"
+    if pp is not None and mode in ("fake", "frameworks"):
+        mode = "fake-pipeline" if fake else "pipeline"
+    elif ep is not None and mode == "frameworks":
+        mode = "expert"
     _refuse_unread_options(ctx, mode)
+    if mode in ("pipeline", "fake-pipeline", "expert"):
+        from zerocalc.cli import validate_parallel
+
+        sizes = {"num_layers": layers, "hidden_size": hidden, "num_heads": heads, "num_kv_heads": kv_heads,
+                 "intermediate_size": ffn, "vocab_size": vocab}  # fmt: skip
+        overrides = {k: v for k, v in sizes.items() if v is not None}
+        microbatches = grad_accum if _given(ctx, "grad_accum") else None
+        if mode == "pipeline":
+            validate_parallel.pipeline(
+                model, overrides, strategies, precision, optimizer, microbatches, nproc, timeout, pp or 0,
+                json,
+            )  # fmt: skip
+        elif mode == "fake-pipeline":
+            validate_parallel.fake_pipeline(
+                model, overrides, world, pp or 0, microbatches, micro_batch, seq_len, precision, optimizer,
+                reshard, json,
+            )  # fmt: skip
+        else:
+            validate_parallel.expert(ep or 0, routing, nproc, timeout, micro_batch, seq_len, json)
+        return
     tps = _parse_tps(tp, many=fake)
     if tps == [1]:
         for name, value in (("sequence_parallel", sequence_parallel), ("loss_parallel", loss_parallel)):
@@ -384,6 +444,9 @@ def _refuse_unread_options(ctx: typer.Context, mode: str) -> None:
             "activations": "--activations",
             "fake": "--fake",
             "frameworks": "the framework runs",
+            "pipeline": "--pp",
+            "fake-pipeline": "--fake --pp",
+            "expert": "--ep",
         }
         flags = {p.name: p.opts[0] for p in ctx.command.params}
         accepted = ", ".join(flags[name] for name in READ_BY_MODE[mode])

@@ -40,6 +40,7 @@ from zerocalc.comm.mesh import (
     mesh_problem,
     replicated_gradients,
 )
+from zerocalc.comm.pipeline import PipelineComm, pipeline_comm
 from zerocalc.model.activations import Recompute
 from zerocalc.network.calibration import Calibration, CollectiveFit
 from zerocalc.network.cluster import Cluster, RankGroup
@@ -49,7 +50,13 @@ from zerocalc.network.schedule import DtypeRole, GradSync, Phase, Repeat, Schedu
 from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, TORCH_NO_SYNC, Framework
 from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.precision import RECIPES, PrecisionName
-from zerocalc.parallel.strategies import STRATEGIES, StrategyName, effective_grad_sync, row_named
+from zerocalc.parallel.strategies import (
+    PIPELINE_GRAD_SYNC,
+    STRATEGIES,
+    StrategyName,
+    effective_grad_sync,
+    row_named,
+)
 from zerocalc.parallel.zeropp import active_features
 from zerocalc.request.options import OptionsEcho
 from zerocalc.request.training import BufferOptions, TrainingRequest
@@ -175,7 +182,8 @@ class StrategyComm(BaseModel):
         description="the tensor-, context- and expert-parallel collectives (none at tp = cp = ep = 1)",
     )
     dimensions: list[DimensionComm] = Field(
-        default_factory=list, description="per dimension of the mesh: dp, then tp, cp and ep where above 1"
+        default_factory=list,
+        description="per dimension of the mesh: dp, then tp, cp, pp and ep where above 1",
     )
     calls_per_step: int = Field(description="every dimension's")
     total_bytes_per_gpu: int = Field(description="every dimension's")
@@ -203,6 +211,9 @@ class CommEstimate(TableDisplay, BaseModel):
     notes: list[str] = Field(default_factory=list)
     compute: ComputeTime | None = None
     strategies: list[StrategyComm]
+    pipeline: PipelineComm | None = Field(
+        default=None, description="pipeline parallelism: the sends between stages and the bubble"
+    )
 
     def row(self, name: StrategyName | str) -> StrategyComm:
         """The row of a strategy, by any of its names (``fsdp``, ``full_shard``, ``zero3``)."""
@@ -504,11 +515,15 @@ def _cost(collective: CollectiveRun, times: int) -> CollectiveCost:
     )
 
 
-def grad_sync_reason(framework: Framework, name: StrategyName, asked: GradSync | None) -> str:
+def grad_sync_reason(
+    framework: Framework, name: StrategyName, asked: GradSync | None, pipelined: bool = False
+) -> str:
     """Why gradients are reduced when they are, for the output."""
     setup = STRATEGIES[name].frameworks[framework]
     if setup.grad_sync is not None:
         return "fixed by this schedule"
+    if pipelined and framework in PIPELINE_GRAD_SYNC:
+        return "fixed by the pipeline schedule (torch.distributed.pipelining)"
     hook = TORCH_NO_SYNC[setup.torch.wrapper] if setup.torch is not None else "no_sync()"
     if asked is GradSync.LAST:
         return f"asked: the first A-1 micro-batches run under {hook}"
@@ -531,8 +546,13 @@ def mesh_request(request: TrainingRequest) -> MeshRequest | None:
     return MeshRequest(
         mesh=mesh,
         framework=request.framework,
+        # a pipeline rank runs its stage's layers: the largest stage's (request.architecture)
         shape=MeshShape.of(
-            arch, mesh, activations.micro_batch, activations.seq_len, activations.capacity_factor
+            request.architecture if mesh.pp > 1 else arch,
+            mesh,
+            activations.micro_batch,
+            activations.seq_len,
+            activations.capacity_factor,
         ),
         learned_positions=arch.learned_position_embeddings,
         replicated=replicated_gradients(request.architecture, mesh.tp_style, mesh.sequence_parallel)
@@ -548,10 +568,14 @@ def mesh_request(request: TrainingRequest) -> MeshRequest | None:
 
 
 def _dimensions(
-    request: TrainingRequest, costs: list[CollectiveCost], mesh_collectives: list[MeshCollectiveCost]
+    request: TrainingRequest,
+    costs: list[CollectiveCost],
+    mesh_collectives: list[MeshCollectiveCost],
+    pipeline: PipelineComm | None = None,
 ) -> list[DimensionComm]:
     """The data-parallel dimension (the routed experts' collectives over their expert-data-parallel groups
-    included), then each model-parallel one above 1, with their totals."""
+    included), then each model-parallel one above 1, with their totals (the pipeline's: its busiest rank's
+    sends)."""
     mesh, cluster = request.mesh, request.cluster
     dimensions = [
         DimensionComm(
@@ -581,6 +605,18 @@ def _dimensions(
                 calls_per_step=sum(c.calls_per_step for c in mine),
                 total_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in mine),
                 time_s=sum(c.time_s for c in mine),
+            )
+        )
+    if pipeline is not None:
+        dimensions.append(
+            DimensionComm(
+                dimension=Dimension.PP,
+                group_size=mesh.pp,
+                stride=mesh.tp * mesh.cp * mesh.dp,
+                spans_nodes=any(link.spans_nodes for link in pipeline.links),
+                calls_per_step=pipeline.busiest_rank_calls,
+                total_bytes_per_gpu=pipeline.busiest_rank_bytes,
+                time_s=pipeline.busiest_rank_time_s,
             )
         )
     return dimensions
@@ -616,7 +652,7 @@ def _data_parallel_costs(name: StrategyName, parts: tuple[DataPart, ...]) -> lis
     parameters over its group (the routed experts' said so in their behaviour)."""
     costs: list[CollectiveCost] = []
     for request, layout, experts in parts:
-        sync = effective_grad_sync(request.framework, name, request.grad_sync)
+        sync = effective_grad_sync(request.framework, name, request.grad_sync, pipelined=request.mesh.pp > 1)
         for collective in collective_runs(name, request, layout):
             times = times_per_step(collective.run.line.repeat, request.grad_accum, sync)
             if times <= 0:
@@ -635,19 +671,24 @@ def strategy_comm(
     ddp_bytes: int | None,
     parts: tuple[DataPart, ...] | None = None,
     mesh: MeshRequest | None = None,
+    pipeline: PipelineComm | None = None,
 ) -> StrategyComm:
     """Cost every collective of one strategy's schedule under the request's framework over each part of the
     parameters (:func:`data_parts`), and the tensor-, context- and expert-parallel collectives of ``mesh``
-    (:func:`mesh_request`) beside it (pure)."""
+    (:func:`mesh_request`) and the pipeline's sends (:func:`~zerocalc.comm.pipeline.pipeline_comm`) beside
+    it (pure)."""
     framework = request.framework
     strategy = STRATEGIES[name]
-    sync = effective_grad_sync(framework, name, request.grad_sync)
+    sync = effective_grad_sync(framework, name, request.grad_sync, pipelined=request.mesh.pp > 1)
     costs = _data_parallel_costs(name, parts or data_parts(request))
     mesh_collectives = mesh_costs(mesh, sync) if mesh is not None else []
     every = [*costs, *mesh_collectives]
     data_parallel = sum(c.total_bytes_per_gpu for c in costs)
-    inter_node = sum(c.total_bytes_per_gpu for c in costs if c.spans_nodes) + sum(
-        c.inter_node_bytes_per_gpu for c in mesh_collectives
+    sent = pipeline.busiest_rank_bytes if pipeline else 0
+    inter_node = (
+        sum(c.total_bytes_per_gpu for c in costs if c.spans_nodes)
+        + sum(c.inter_node_bytes_per_gpu for c in mesh_collectives)
+        + (pipeline.busiest_rank_inter_node_bytes if pipeline else 0)
     )
     setup = strategy.frameworks[framework]
     return StrategyComm(
@@ -655,15 +696,16 @@ def strategy_comm(
         title=strategy.title_under(framework),
         schedule_source=setup.schedule_source,
         grad_sync=sync,
-        grad_sync_reason=grad_sync_reason(framework, name, request.grad_sync),
+        grad_sync_reason=grad_sync_reason(framework, name, request.grad_sync, request.mesh.pp > 1),
         collectives=costs,
         mesh_collectives=mesh_collectives,
-        dimensions=_dimensions(request, costs, mesh_collectives),
-        calls_per_step=sum(c.calls_per_step for c in every),
-        total_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in every),
-        intra_node_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in every) - inter_node,
+        dimensions=_dimensions(request, costs, mesh_collectives, pipeline),
+        calls_per_step=sum(c.calls_per_step for c in every)
+        + (pipeline.busiest_rank_calls if pipeline else 0),
+        total_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in every) + sent,
+        intra_node_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in every) + sent - inter_node,
         inter_node_bytes_per_gpu=inter_node,
-        time_s=sum(c.time_s for c in every),
+        time_s=sum(c.time_s for c in every) + (pipeline.busiest_rank_time_s if pipeline else 0.0),
         ratio_to_ddp=(data_parallel / ddp_bytes) if ddp_bytes else None,
     )
 
@@ -686,6 +728,13 @@ def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -
     cluster = request.cluster
     if request.mesh.world == 1:
         notes.append("no communication: a single GPU has nothing to reduce or gather")
+    if request.mesh.pp > 1:
+        largest = request.stages.index(request.rank_model)
+        notes.append(
+            f"data-parallel collectives of pipeline stage {largest}, the largest (Ψ_s = "
+            f"{request.rank_model.params:,}): each stage reduces its own layers over its dp × cp ranks; the "
+            "pipeline's sends are its busiest rank's"
+        )
     calibration = request.calibration
     used = any(
         c.bandwidth_source is BandwidthSource.CALIBRATION
@@ -733,10 +782,11 @@ def evaluate_comm(request: TrainingRequest) -> CommEstimate:
     """The communication of every requested strategy (data parallelism, and tensor and context parallelism
     where the mesh has them), with times and the optional compute comparison."""
     mesh = mesh_request(request)
+    pipeline = pipeline_comm(request)
     parts = data_parts(request)
     layout = parts[0].layout
     ddp = _ddp_reference(parts)
-    rows = [strategy_comm(name, request, ddp, parts, mesh) for name in request.strategies]
+    rows = [strategy_comm(name, request, ddp, parts, mesh, pipeline) for name in request.strategies]
     compute = None
     if request.tokens_per_step is not None and request.tflops is not None:
         flops = 6 * request.model.params * request.tokens_per_step
@@ -751,4 +801,5 @@ def evaluate_comm(request: TrainingRequest) -> CommEstimate:
         notes=_notes(request, layout, rows),
         compute=compute,
         strategies=rows,
+        pipeline=pipeline,
     )

@@ -68,6 +68,8 @@ class Dimension(StrEnum):
     """Tensor parallelism: t consecutive ranks."""
     CP = "cp"
     """Context parallelism: c ranks, t apart."""
+    PP = "pp"
+    """Pipeline parallelism: p stages, t·c·dp apart (:mod:`zerocalc.comm.pipeline`)."""
     EP = "ep"
     """Expert parallelism: e ranks, t apart."""
 

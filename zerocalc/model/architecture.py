@@ -294,6 +294,67 @@ class TensorParallelRank(Architecture):
         return -(-self.vocab_size // multiple) * multiple
 
 
+class PipelineStage(TensorParallelRank):
+    """What one pipeline rank holds of an architecture (of one tensor-parallel rank's share at t > 1): its
+    layers, numbered 0 … n − 1 here in the order its chunks hold them (``global_layers`` gives each one's
+    index in the whole model), the embedding where it holds the first stage, the final norm and the LM
+    head where it holds the last. :func:`pipeline_stage` builds it; :func:`parameter_tensors` gives that
+    rank's tensors. A tied LM head is a weight of its own on the last stage (Megatron-LM
+    ``LanguageModule.setup_embeddings_and_output_layer``: the last stage allocates ``output_layer.weight``,
+    kept equal to the first stage's embedding by an all-reduce of their gradients; torch.distributed.
+    pipelining's stages are separate modules)."""
+
+    tp: int = Field(default=1, ge=1, description="t: tensor-parallel ranks")
+    pp: int = Field(ge=2, description="p: pipeline ranks")
+    vpp: int = Field(default=1, ge=1, description="v: model chunks per pipeline rank")
+    stage: int = Field(ge=0, description="i: this pipeline rank, 0 … p − 1")
+    global_layers: tuple[int, ...] = Field(description="the whole model's index of each layer held")
+    holds_embedding: bool = Field(description="the first stage: the embedding (and learned positions)")
+    holds_head: bool = Field(description="the last stage: the final norm, the LM head and the loss")
+
+    @property
+    def chunk_size(self) -> int:
+        """Layers per model chunk, L/(p·v)."""
+        return self.num_layers // self.vpp
+
+
+def pipeline_stage(
+    arch: Architecture, pp: int, vpp: int, stage: int, layers: tuple[int, ...]
+) -> PipelineStage:
+    """Pipeline rank ``stage``'s share of ``arch`` (a :class:`TensorParallelRank` keeps its t): the layers
+    ``layers`` (global indices, chunk by chunk), the embedding on rank 0, the head on rank p − 1. Dense
+    layers of a mixture-of-experts model keep their place; a stage whose layers are all dense is a dense
+    model of their width."""
+    fields = dict(arch)
+    dense = tuple(k for k, index in enumerate(layers) if index in arch.dense_layers)
+    fields.update(num_layers=len(layers), dense_layers=dense, tied_embeddings=False)
+    if arch.is_moe and len(dense) == len(layers):
+        fields.update(
+            num_experts=0,
+            experts_per_token=0,
+            num_shared_experts=0,
+            shared_expert_intermediate_size=None,
+            shared_expert_gate=False,
+            dense_layers=(),
+            intermediate_size=arch.dense_intermediate_size or arch.intermediate_size,
+            dense_intermediate_size=None,
+        )
+    return PipelineStage(
+        **fields,
+        pp=pp,
+        vpp=vpp,
+        stage=stage,
+        global_layers=layers,
+        holds_embedding=stage == 0,
+        holds_head=stage == pp - 1,
+    )
+
+
+def global_layer(arch: Architecture, index: int) -> int:
+    """The whole model's index of layer ``index`` of ``arch`` (itself but on a pipeline stage)."""
+    return arch.global_layers[index] if isinstance(arch, PipelineStage) else index
+
+
 _COLUMN_PARALLEL = frozenset(
     {"q_proj", "k_proj", "v_proj", "qkv_proj", "q_b_proj", "kv_b_proj", "fc_in", "gate_proj", "up_proj",
      "gate_up_proj"}
@@ -448,6 +509,8 @@ def layer_tensors(arch: Architecture, index: int = 0) -> list[ParamTensor]:
 
 
 def embedding_tensors(arch: Architecture) -> list[ParamTensor]:
+    if isinstance(arch, PipelineStage) and not arch.holds_embedding:
+        return []
     tensors = [ParamTensor(module="embed_tokens", name="weight", shape=(arch.vocab_size, arch.hidden_size))]
     if arch.learned_position_embeddings:
         tensors.append(
@@ -462,6 +525,8 @@ def embedding_tensors(arch: Architecture) -> list[ParamTensor]:
 
 def head_tensors(arch: Architecture) -> list[ParamTensor]:
     """Final norm and, unless tied to the embedding, the LM head."""
+    if isinstance(arch, PipelineStage) and not arch.holds_head:
+        return []
     tensors = _norm("final_norm", arch)
     if not arch.tied_embeddings:
         tensors.append(

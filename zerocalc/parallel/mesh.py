@@ -80,9 +80,11 @@ PP_SCHEDULE_NAMES: dict[str, PpSchedule] = {
 """torch.distributed.pipelining's class names and Megatron-LM's words accepted for a schedule."""
 
 _COMPOSING = (Framework.PAPER, Framework.MEGATRON, Framework.FSDP2, Framework.DEEPSPEED)
-PP_FRAMEWORKS: tuple[Framework, ...] = _COMPOSING
+PP_FRAMEWORKS: tuple[Framework, ...] = (Framework.PAPER, Framework.MEGATRON, Framework.FSDP2)
 """The frameworks that compose pipeline parallelism with their data parallelism here: Megatron-LM,
-torchtitan (``torch.distributed.pipelining`` with FSDP2), DeepSpeed's pipeline engine (ZeRO-1 at most)."""
+torchtitan (``torch.distributed.pipelining`` with FSDP2). DeepSpeed's pipeline engine runs ZeRO-1 at most
+(``deepspeed/runtime/pipe/engine.py``: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"),
+and ``--framework deepspeed`` is its ZeRO-2/3 estimators."""
 
 EP_FRAMEWORKS: tuple[Framework, ...] = _COMPOSING
 """The frameworks with expert parallelism: Megatron-LM (``--expert-model-parallel-size``), torchtitan

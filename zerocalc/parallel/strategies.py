@@ -712,11 +712,21 @@ def default_strategies(
     )
 
 
-def effective_grad_sync(framework: Framework, strategy: StrategyName, asked: GradSync | None) -> GradSync:
+PIPELINE_GRAD_SYNC: dict[Framework, GradSync] = {Framework.FSDP2: GradSync.LAST}
+"""When a framework's pipeline schedule reduces gradients, whatever the training loop: torch.distributed.
+pipelining turns FSDP2's gradient sync off for every micro-batch's backward and reduces after the last
+(``torch/distributed/pipelining/stage.py`` ``backward_maybe_with_nosync``)."""
+
+
+def effective_grad_sync(
+    framework: Framework, strategy: StrategyName, asked: GradSync | None, pipelined: bool = False
+) -> GradSync:
     """When ``strategy`` reduces gradients under ``framework``: fixed by the framework where it is
-    (DeepSpeed's stages, the paper's accounting), else what the training loop was said to do (``asked``),
-    else PyTorch's default, every micro-batch."""
+    (DeepSpeed's stages, the paper's accounting; a pipeline schedule, :data:`PIPELINE_GRAD_SYNC`), else what
+    the training loop was said to do (``asked``), else PyTorch's default, every micro-batch."""
     fixed = STRATEGIES[strategy].frameworks[framework].grad_sync
+    if fixed is None and pipelined:
+        fixed = PIPELINE_GRAD_SYNC.get(framework)
     return fixed or asked or GradSync.EVERY
 
 

@@ -17,9 +17,10 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from zerocalc.base.dtypes import DType
-from zerocalc.model.architecture import Architecture, ParamTensor
+from zerocalc.model.architecture import Architecture, ParamTensor, PipelineStage
 from zerocalc.model.model_impl import MODEL_IMPLS, AttentionKernel, Device, Shape, default_attention
 from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, Framework, Fsdp1Sharding, TorchWrapper
+from zerocalc.parallel.pipeline import KEEPS_STAGE_OUTPUT, boundary_elements, rank_passes, window
 from zerocalc.parallel.precision import RECIPES, PrecisionName
 from zerocalc.parallel.profiles import PROFILES, Wrap
 from zerocalc.parallel.strategies import STRATEGIES, BufferRule, StrategyName, effective_grad_sync
@@ -28,7 +29,7 @@ from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.peak.ledger import Event, Ledger
 from zerocalc.peak.mechanics import Accounting, Accumulation, Ddp, Fsdp1, Fsdp2, Mechanics, Unit
 from zerocalc.peak.report import StateLine
-from zerocalc.peak.timeline import PHASES, Runtime, StepShape, first_start, run_step, steady_start
+from zerocalc.peak.timeline import PHASES, Runtime, StagePlan, StepShape, first_start, run_step, steady_start
 from zerocalc.request.training import GradSync, TrainingRequest
 from zerocalc.states.framework import (
     ADAM_STATES,
@@ -136,6 +137,9 @@ def _built_units(
                     dim0_shard_numel(shape, ranks, 0),
                     dim0_padded_numel(shape, ranks),
                 )
+        if not tensors:  # a middle pipeline stage's root: no embedding, no head
+            built.append((key, Unit(key, [], [], [])))
+            continue
         numel, local, padded = zip(*(sizes[k] for k in keys), strict=True)
         built.append((key, Unit(key, list(numel), list(local), list(padded))))
     return tuple(built)
@@ -189,13 +193,50 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
         flash=flash_attention_used(request),
         recompute=request.activations.recompute,
         layer_params=tuple(tuple(unit.params) for _, unit in units[:-1]),
+        stage=stage_plan(request, act),
     )
+
+
+def stage_plan(request: TrainingRequest, act: int) -> StagePlan | None:
+    """What the request's pipeline rank runs (its share is a
+    :class:`~zerocalc.model.architecture.PipelineStage`): its passes over the micro-batches in flight."""
+    arch = request.architecture
+    if not isinstance(arch, PipelineStage):
+        return None
+    mesh = request.mesh
+    micro_batches = stage_window(request)
+    a = request.activations
+    return StagePlan(
+        passes=rank_passes(mesh.pp_schedule, mesh.pp, mesh.vpp, arch.stage, micro_batches),
+        micro_batches=micro_batches,
+        chunk_size=arch.chunk_size,
+        holds_embedding=arch.holds_embedding,
+        holds_head=arch.holds_head,
+        keeps_output=KEEPS_STAGE_OUTPUT[request.framework],
+        boundary_bytes=act * boundary_elements(mesh, a.micro_batch, a.seq_len, arch.hidden_size),
+    )
+
+
+def _chunk_size(request: TrainingRequest) -> int | None:
+    """Blocks per model chunk of a pipeline rank holding several; None otherwise."""
+    arch = request.architecture
+    return arch.chunk_size if isinstance(arch, PipelineStage) and arch.vpp > 1 else None
+
+
+def stage_window(request: TrainingRequest) -> int:
+    """The micro-batches a pipeline rank's simulated step runs (:func:`~zerocalc.parallel.pipeline.
+    window`); 1 without pipeline stages."""
+    arch = request.architecture
+    if not isinstance(arch, PipelineStage):
+        return 1
+    mesh = request.mesh
+    return window(mesh.pp_schedule, mesh.pp, mesh.vpp, arch.stage, request.grad_accum)
 
 
 def _accumulation(request: TrainingRequest, name: StrategyName) -> Accumulation:
     if request.grad_accum == 1:
         return Accumulation.NONE
-    sync = effective_grad_sync(request.framework, name, request.grad_sync)
+    sync = effective_grad_sync(request.framework, name, request.grad_sync, pipelined=request.mesh.pp > 1)
     return Accumulation.UNSYNCED if sync is GradSync.LAST else Accumulation.SYNCED
 
 
@@ -221,6 +262,14 @@ def mechanics_for(
     model``). That is what :mod:`zerocalc.plan.layers` runs at a few blocks to extrapolate to the request's
     L: what scales with L is then only the blocks' own tensors, a sum of like terms (the whole-model
     quantities are not affine in L: DeepSpeed's buckets are capped, every line rounded on its own)."""
+    mechanics, act = _mechanics(request, name, states, blocks)
+    mechanics.earlier = stage_window(request) < request.grad_accum or request.mesh.pp == 1
+    return mechanics, act
+
+
+def _mechanics(
+    request: TrainingRequest, name: StrategyName, states: Sequence[StateLine], blocks: int | None
+) -> tuple[Mechanics, int]:
     strategy = STRATEGIES[name]
     recipe = RECIPES[request.precision]
     mixed = request.precision is not PrecisionName.FP32
@@ -247,6 +296,8 @@ def mechanics_for(
                 optimizer_states=ADAM_STATES,
                 optimizer_impl=optimizer_impl,
                 accumulation=accumulation,
+                pipelined=request.mesh.pp > 1,
+                chunk_size=_chunk_size(request),
             ), activation_bytes(request)
         if setup.wrapper is TorchWrapper.FSDP1:
             no_shard = setup.sharding is Fsdp1Sharding.NO_SHARD or world == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zerocalc.base.units import ByteUnit, format_bandwidth, format_count, format_seconds, plural
+from zerocalc.base.units import ByteUnit, format_bandwidth, format_count, format_seconds, format_size, plural
 from zerocalc.network.cluster import RankGroup
 from zerocalc.network.links import BandwidthSource
 from zerocalc.network.schedule import GradSync, Tensor
@@ -15,6 +15,7 @@ from zerocalc.render.tables import (
     PHASE_SHORT,
     Output,
     byte_cell,
+    byte_text,
     collective_label,
     compact_table,
     print_phrases,
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 
     from zerocalc.comm.estimate import CollectiveCost, CommEstimate, DimensionComm, StrategyComm
     from zerocalc.comm.mesh import MeshCollectiveCost
+    from zerocalc.comm.pipeline import PipelineComm, PipelineLink
     from zerocalc.network.links import LinkFigures
 
 
@@ -45,8 +47,11 @@ def _tensor(c: CollectiveCost) -> str:
     return f"{what} {c.dtype.value}"
 
 
-def _group(c: CollectiveCost) -> str:
+def _group(c: CollectiveCost, mesh_run: bool = False) -> str:
+    """``world 16*``; in a mesh the data-parallel group is the dp × cp ranks of one TP index: ``dp 8*``."""
     kind = "across" if c.group is RankGroup.ACROSS_NODES else c.group.value
+    if mesh_run and c.group is RankGroup.WORLD:
+        kind = "dp"
     return f"{kind} {c.group_size}{'*' if c.spans_nodes else ''}"
 
 
@@ -63,7 +68,7 @@ BETA_LEGEND = (
 )
 
 
-def _strategy_table(row: StrategyComm, unit: ByteUnit) -> Table:
+def _strategy_table(row: StrategyComm, unit: ByteUnit, mesh_run: bool = False) -> Table:
     """The data-parallel collectives of a strategy, with their totals."""
     costs = row.collectives
     table = compact_table(
@@ -79,7 +84,7 @@ def _strategy_table(row: StrategyComm, unit: ByteUnit) -> Table:
         table.add_row(
             _label(c),
             _tensor(c),
-            _group(c),
+            _group(c, mesh_run),
             f"{c.calls_per_step:,}",
             byte_cell(c.total_bytes_per_gpu, unit),
             format_seconds(c.time_s),
@@ -185,7 +190,7 @@ def _render_mesh(
     """The tensor- and context-parallel collectives of a strategy, one table per dimension, and the code
     each follows."""
     for dimension in row.dimensions:
-        if dimension.dimension.value == "dp":
+        if dimension.dimension.value in ("dp", "pp"):  # the pipeline's sends: render_pipeline
             continue
         costs = [c for c in row.mesh_collectives if c.dimension is dimension.dimension]
         out.print("")
@@ -300,7 +305,9 @@ def render_comm(out: Output, estimate: CommEstimate, unit: ByteUnit, per_unit: b
             out.print("no data-parallel collectives: the dp × cp group of a TP rank is one GPU")
             continue
         out.print(f"gradients reduced {when} ({row.grad_sync_reason})")
-        out.print(_unit_table(row, unit) if per_unit else _strategy_table(row, unit))
+        out.print(
+            _unit_table(row, unit) if per_unit else _strategy_table(row, unit, mesh.model_parallel)
+        )
         for c in row.collectives:
             if not c.scales:
                 out.print(f"[dim]  {_label(c)}: {c.behaviour}[/dim]")
@@ -310,6 +317,8 @@ def render_comm(out: Output, estimate: CommEstimate, unit: ByteUnit, per_unit: b
         f"step, per GPU{'' if per_unit else '; ' + BETA_LEGEND}[/dim]"
     )
 
+    if estimate.pipeline is not None:
+        render_pipeline(out, estimate.pipeline, unit)
     compute = estimate.compute
     if mesh.model_parallel:
         out.print("\n[bold]Per dimension, per GPU, per step[/bold]")
@@ -341,6 +350,84 @@ def render_comm(out: Output, estimate: CommEstimate, unit: ByteUnit, per_unit: b
     )
     for note in estimate.notes:
         out.print(f"[yellow]· {note}[/yellow]")
+
+
+def _link_runs(pipeline: PipelineComm) -> list[tuple[str, PipelineLink]]:
+    """The links as printed: consecutive ones that send alike as one row (``0→1 … 6→7``)."""
+    runs: list[list[PipelineLink]] = []
+    for link in pipeline.links:
+        last = runs[-1][-1] if runs else None
+        if (
+            last is not None
+            and link.next_stage == link.stage + 1
+            and last.next_stage == last.stage + 1
+            and (link.forward_sends, link.spans_nodes) == (last.forward_sends, last.spans_nodes)
+        ):
+            runs[-1].append(link)
+        else:
+            runs.append([link])
+    named = []
+    for run in runs:
+        first, last = run[0], run[-1]
+        label = f"{first.stage}→{first.next_stage}"
+        if len(run) > 1:
+            label += f" … {last.stage}→{last.next_stage}"
+        named.append((label, first))
+    return named
+
+
+def render_pipeline(out: Output, pipeline: PipelineComm, unit: ByteUnit) -> None:
+    """The pipeline's sends per pair of consecutive ranks, the tied embedding's gradient sync, the busiest
+    rank and the bubble."""
+    virtual = f" × v {pipeline.vpp}" if pipeline.vpp > 1 else ""
+    print_phrases(
+        out,
+        f"\n[bold]Pipeline[/bold] pp {pipeline.pp}{virtual} ({pipeline.schedule.value}),",
+        f"m = {pipeline.micro_batches}:",
+        f"each send {pipeline.message_elements:,} {pipeline.dtype.value} elements",
+        f"({format_size(pipeline.message_bytes)}),",
+        f"{pipeline.boundaries} boundaries per micro-batch, forward and back",
+    )
+    table = compact_table(
+        ("link", False, ""),
+        ("sends each way", True, ""),
+        ("sent each way", True, ""),
+        ("pair", False, ""),
+        ("time", True, ""),
+        ("β from", False, ""),
+    )
+    for label, link in _link_runs(pipeline):
+        table.add_row(
+            label,
+            f"{link.forward_sends:,}",
+            byte_cell(link.bytes_per_direction, unit),
+            "inter*" if link.spans_nodes else "intra",
+            format_seconds(link.time_s),
+            BETA_FROM[link.bandwidth_source],
+        )
+    sync = pipeline.embedding_sync
+    if sync is not None:
+        table.add_row(
+            "embedding",
+            "1",
+            byte_cell(sync.bytes_per_gpu, unit),
+            "inter*" if sync.spans_nodes else "intra",
+            format_seconds(sync.time_s),
+            "",
+        )
+    out.print(table)
+    out.print(
+        f"[dim]· per link, per step: m sends a boundary each way (activations forward, their gradients "
+        f"back), time both ways; the busiest rank sends {byte_text(pipeline.busiest_rank_bytes, unit)} in "
+        f"{format_seconds(pipeline.busiest_rank_time_s)}[/dim]"
+    )
+    if sync is not None:
+        out.print(
+            f"[dim]· embedding: the tied embedding's gradients, {sync.op.value} over the first and the last "
+            f"stage ({sync.source})[/dim]"
+        )
+    bubble = f"{pipeline.bubble_fraction:.2%}"
+    out.print(f"[dim]· bubble {bubble} of the step's ideal time: {pipeline.bubble_source}[/dim]")
 
 
 def _summary_columns(

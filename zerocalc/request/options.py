@@ -103,7 +103,8 @@ OPTIONS: tuple[Option, ...] = (
     _opt("sequence_parallel", ("--sequence-parallel",),
          "Shard norms and dropouts by sequence over the TP group (all-gather + reduce-scatter in place "
          "of all-reduce).", ESTIMATES, kind=Kind.SWITCH, value_type="bool | None",
-         negative="--no-sequence-parallel", default_help="fsdp2: on (torchtitan's plan); off otherwise"),
+         negative="--no-sequence-parallel",
+         default_help="on for fsdp2 with torchtitan code (its plan); off otherwise"),
     _opt("cp", ("--cp",), "c: context-parallel ranks, each holding s/c of every sequence.", ESTIMATES,
          default=1, value_type=NUM, metavar="C"),
     _opt("cp_impl", ("--cp-impl",), "How attention exchanges K/V across the CP ranks: ring, allgather "

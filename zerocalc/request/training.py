@@ -42,6 +42,7 @@ from zerocalc.model.architecture import (
     count_parameters,
     is_expert_tensor,
     parameter_tensors,
+    pipeline_stage,
 )
 from zerocalc.model.model_impl import (
     MODEL_IMPLS,
@@ -80,9 +81,11 @@ from zerocalc.parallel.mesh import (
     framework_tp_style,
 )
 from zerocalc.parallel.optimizers import OptimizerImpl, OptimizerName
+from zerocalc.parallel.pipeline import INTERLEAVED, chunk_layers
 from zerocalc.parallel.precision import RECIPES, PrecisionName
 from zerocalc.parallel.profiles import PROFILES, ModelInit, Wrap
 from zerocalc.parallel.strategies import (
+    PIPELINE_GRAD_SYNC,
     STRATEGIES,
     OffloadTarget,
     Strategy,
@@ -213,7 +216,11 @@ class TrainingRequest(BaseModel):
     """The whole model, as given."""
     rank_model: ModelSpec
     """What one tensor-parallel rank holds of it (:class:`~zerocalc.model.architecture.TensorParallelRank`):
-    the model itself without tensor parallelism. Model states and the peak count this."""
+    the model itself without tensor or pipeline parallelism; with pipeline stages, the stage with the most
+    parameters (the first such). Model states and the peak count this."""
+    stages: tuple[ModelSpec, ...] = ()
+    """With pipeline parallelism, what each pipeline rank holds (:class:`~zerocalc.model.architecture.
+    PipelineStage`), rank 0 first; empty at p = 1. The peak is simulated per stage (:func:`stage_request`)."""
     mesh: Mesh
     cluster: Cluster
     """The dp × cp ranks model states are sharded over and gradients reduced across
@@ -342,13 +349,14 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
     calibration, calibration_name = _calibration(o.calibration, o.calibration_name)
 
     explicit = _strategy_names(o.strategies)
-    rank_model = _rank_model(model, mesh)
+    rank_model, stages = _rank_models(model, mesh)
     if framework is Framework.FSDP2 and mesh.ep > 1:
         _fsdp2_expert_sharding_problem(rank_model, mesh)
     request = TrainingRequest(
         estimate=o.estimate,
         model=model,
         rank_model=rank_model,
+        stages=stages,
         mesh=mesh,
         cluster=mesh.data_cluster(),
         precision=precision,
@@ -657,12 +665,6 @@ def _mesh(
         )
     vpp, schedule = _pipeline(o, framework, model, pp)
     ep = _expert_parallel(o, framework, model, n // (tp * pp), cp)
-    for flag, degree, what in (("{pp}", pp, "pipeline stages"),):
-        if degree > 1:
-            raise InputError(
-                f"{flag} {degree}: the memory and communication of {what} are not modelled yet; "
-                f"accepted: {flag} 1"
-            )
     style = TP_STYLES.get(framework)
     if tp > 1 and style is None:
         names = ", ".join(f.value for f in TP_STYLES)
@@ -916,6 +918,33 @@ def _rank_model(model: ModelSpec, mesh: Mesh) -> ModelSpec:
     return model.model_copy(update={"params": count.total, "architecture": rank, "parameter_count": count})
 
 
+def _rank_models(model: ModelSpec, mesh: Mesh) -> tuple[ModelSpec, tuple[ModelSpec, ...]]:
+    """What one rank holds (:attr:`TrainingRequest.rank_model`) and, with pipeline stages, what each
+    pipeline rank holds (:attr:`TrainingRequest.stages`): its chunks' layers
+    (:func:`~zerocalc.parallel.pipeline.chunk_layers`) of one tensor-parallel rank's share."""
+    rank = _rank_model(model, mesh)
+    arch = rank.architecture
+    if mesh.pp == 1 or arch is None:
+        return rank, ()
+    stages = []
+    for i in range(mesh.pp):
+        share, count = _stage_share(arch, mesh.pp, mesh.vpp, i)
+        stages.append(
+            rank.model_copy(update={"params": count.total, "architecture": share, "parameter_count": count})
+        )
+    largest = max(stages, key=lambda stage: stage.params)
+    return largest, tuple(stages)
+
+
+@lru_cache(maxsize=1024)
+def _stage_share(arch: Architecture, pp: int, vpp: int, stage: int) -> tuple[Architecture, ParameterCount]:
+    """Pipeline rank ``stage``'s share of ``arch`` and its count, once per architecture and split (a plan
+    asks for each many times)."""
+    layers = tuple(i for chunk in chunk_layers(arch.num_layers, pp, vpp, stage) for i in chunk)
+    share = pipeline_stage(arch, pp, vpp, stage, layers)
+    return share, count_parameters(share)
+
+
 def _gpu_choice(name: str, reserve: int | str | None) -> GpuChoice:
     from zerocalc.request.presets import load_gpu
 
@@ -1142,7 +1171,7 @@ def _resolve_strategies(request: TrainingRequest) -> TrainingRequest:
         if tuple(chosen) == request.strategies and tuple(notes) == request.strategy_notes
         else request.model_copy(update={"strategies": tuple(chosen), "strategy_notes": tuple(notes)})
     )
-    problem = _grad_sync_problem(resolved) or _zeropp_problem(resolved)
+    problem = _grad_sync_problem(resolved) or _zeropp_problem(resolved) or _micro_batches_problem(resolved)
     if problem:
         raise InputError(problem)
     return resolved
@@ -1166,14 +1195,36 @@ def request_with(request: TrainingRequest, **changes: object) -> TrainingRequest
     if "model" in changes and "rank_model" not in changes:
         model = changes["model"]
         assert isinstance(model, ModelSpec)
-        changes["rank_model"] = _rank_model(model, changes.get("mesh", request.mesh))  # type: ignore[arg-type]
+        mesh = changes.get("mesh", request.mesh)
+        assert isinstance(mesh, Mesh)
+        changes["rank_model"], changes["stages"] = _rank_models(model, mesh)
     return _resolve_strategies(request.model_copy(update={**changes, "strategy_notes": ()}))
 
 
 def with_model(request: TrainingRequest, model: ModelSpec) -> TrainingRequest:
     """The same request for another model (its tensor-parallel share recounted), unchecked: the caller
     derives it from a request already checked (a plan's model cut to fewer layers)."""
-    return request.model_copy(update={"model": model, "rank_model": _rank_model(model, request.mesh)})
+    rank_model, stages = _rank_models(model, request.mesh)
+    return request.model_copy(update={"model": model, "rank_model": rank_model, "stages": stages})
+
+
+def stage_request(request: TrainingRequest, stage: int) -> TrainingRequest:
+    """The request as pipeline rank ``stage`` runs it: its share of the model (``request.stages``)."""
+    return request.model_copy(update={"rank_model": request.stages[stage]})
+
+
+def _micro_batches_problem(request: TrainingRequest) -> str | None:
+    """The interleaved schedules run the micro-batches in groups of p (Megatron-LM
+    ``forward_backward_pipelining_with_interleaving``: ``microbatch_group_size_per_vp_stage`` defaults to
+    p, and M must be a multiple of it; torch's interleaved schedules split M into rounds of p)."""
+    mesh = request.mesh
+    if mesh.pp == 1 or mesh.pp_schedule not in INTERLEAVED or request.grad_accum % mesh.pp == 0:
+        return None
+    return (
+        f"{{grad_accum}} {request.grad_accum} with {{pp_schedule}} {mesh.pp_schedule.value} over {{pp}} "
+        f"{mesh.pp}: its micro-batches run in groups of {mesh.pp}; accepted: {{grad_accum}} a multiple of "
+        f"{mesh.pp}"
+    )
 
 
 def _comm_problem(request: TrainingRequest) -> str | None:
@@ -1198,6 +1249,8 @@ def _grad_sync_problem(request: TrainingRequest) -> str | None:
     for name in request.strategies:
         strategy = STRATEGIES[name]
         fixed = strategy.frameworks[request.framework].grad_sync
+        if fixed is None and request.mesh.pp > 1:
+            fixed = PIPELINE_GRAD_SYNC.get(request.framework)
         if fixed is not None and fixed is not asked:
             when = "every micro-batch" if fixed is GradSync.EVERY else "once per step"
             return (

@@ -67,8 +67,8 @@ def memory_section(s: Scenario) -> dict[str, Any]:
 def comm_section(s: Scenario) -> dict[str, Any]:
     """Communication per step under the scenario's framework, as `zerocalc comm --model ... --framework
     ... --json` prints it less each collective's per-unit calls (``units``: hundreds of lines per scenario;
-    their totals and call counts are checked). comm has no offload: a scenario that offloads shows all its
-    framework's strategies."""
+    their totals and call counts are checked), and without ``pipeline`` where there are no pipeline
+    stages. comm has no offload: a scenario that offloads shows all its framework's strategies."""
     from zerocalc.comm.estimate import evaluate_comm
     from zerocalc.parallel.frameworks import Estimate
 
@@ -84,9 +84,11 @@ def comm_section(s: Scenario) -> dict[str, Any]:
             },
         }
     )
-    per_unit = {"strategies": {"__all__": {"collectives": {"__all__": {"units"}}}}}
+    left_out: dict[str, Any] = {"strategies": {"__all__": {"collectives": {"__all__": {"units"}}}}}
     estimate = as_given(evaluate_comm(parse_request(options)), Command.COMM, dict(options), keyword)
-    return estimate.model_dump(mode="json", exclude=per_unit)
+    if estimate.pipeline is None:
+        left_out["pipeline"] = True
+    return estimate.model_dump(mode="json", exclude=left_out)
 
 
 SECTIONS: dict[str, Callable[[Scenario], dict[str, Any]]] = {

@@ -321,20 +321,29 @@ def predict_rank_states(
     rank: int,
     precision: PrecisionName = PrecisionName.FP32,
     optimizer: OptimizerName = OptimizerName.ADAM,
+    tensors: list[ParamTensor] | None = None,
     expert_world: int | None = None,
     expert_dim: int | None = None,
 ) -> RankStates:
     """Exact bytes rank ``rank`` of ``world_size`` holds after one full training step under ``setup``.
 
-    ``world_size`` is the ranks a parameter is sharded over (one node's under hybrid sharding). Under
-    expert parallelism (``arch`` an expert-parallel rank's share) ``expert_world`` is the ranks the routed
-    experts are sharded over and ``expert_dim`` the dimension (:func:`fsdp2_sharding`; defaults:
-    ``world_size`` / e, and :func:`expert_shard_dim` of ``world_size``, as under full sharding); rank
-    ``rank`` holds the experts' shard of index ``rank // e`` there (the EP group is innermost).
+    ``world_size`` is the ranks a parameter is sharded over (one node's under hybrid sharding).
+    ``tensors``: the parameters the wrapped module holds, in registration order (a pipeline stage's);
+    None: every parameter of ``arch``. Under expert parallelism (``arch`` an expert-parallel rank's share)
+    ``expert_world`` is the ranks the routed experts are sharded over and ``expert_dim`` the dimension
+    (:func:`fsdp2_sharding`; defaults: ``world_size`` / e, and :func:`expert_shard_dim` of ``world_size``,
+    as under full sharding); rank ``rank`` holds the experts' shard of index ``rank // e`` there (the EP
+    group is innermost).
     """
     _check(arch, world_size, rank, precision, optimizer)
     fwd = RECIPES[precision].param_dtype  # the forward dtype: MixedPrecision's param_dtype, or fp32
-    tensors = parameter_tensors(arch)
+    whole_model = tensors is None
+    tensors = parameter_tensors(arch) if tensors is None else tensors
+    units = (
+        fsdp_units(arch)
+        if whole_model
+        else [(name, [tensors[i] for i in unit]) for name, unit in fsdp_unit_positions(tensors)]
+    )
     common: dict[str, object] = {
         "setup": setup,
         "world_size": world_size,
@@ -349,7 +358,11 @@ def predict_rank_states(
             owned = [t.numel for t in tensors]
             how = "every parameter"
         else:
-            owned = list(zero1_rank_elements(arch, world_size)[rank])
+            owned = (
+                list(zero1_rank_elements(arch, world_size)[rank])
+                if whole_model
+                else [tensors[i].numel for i in zero1_owners([t.numel for t in tensors], world_size)[rank]]
+            )
             how = f"{len(owned)} of {len(tensors)} whole tensors (greedy partition, largest first)"
         opt_numel = sum(owned)
         return _rank_states(
@@ -369,7 +382,6 @@ def predict_rank_states(
 
     if setup.wrapper is TorchWrapper.FSDP1:
         shard = setup.sharding or Fsdp1Sharding.FULL_SHARD
-        units = fsdp_units(arch)
         local = 0
         kept = 0
         kept_units: list[str] = []
@@ -418,7 +430,7 @@ def predict_rank_states(
 
     local = sum(local_numel(t) for t in tensors)
     kept = 0
-    for name, unit in fsdp_units(arch):
+    for name, unit in units:
         if not setup.reshard_after_forward or name == "root":
             # ``FSDPState._lazy_init``: the root's ``post_forward_mesh_info`` is None (not resharded).
             kept += sum(padded_numel(t) for t in unit)
@@ -475,4 +487,6 @@ def largest_rank_states(
             for owned in zero1_rank_elements(arch, world_size)
         ]
         rank = state_bytes.index(max(state_bytes))
-    return predict_rank_states(arch, setup, world_size, rank, precision, optimizer, expert_world, expert_dim)
+    return predict_rank_states(
+        arch, setup, world_size, rank, precision, optimizer, expert_world=expert_world, expert_dim=expert_dim
+    )

@@ -126,7 +126,11 @@ class MemoryRequest(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     params: int = Field(gt=0, description="Ψ: parameter count")
-    rank_params: int = Field(gt=0, description="Ψ_t: what one tensor-parallel rank holds (Ψ at tp 1)")
+    rank_params: int = Field(
+        gt=0,
+        description="Ψ_t: what one tensor-parallel rank holds (Ψ at tp 1); with pipeline stages the largest "
+        "stage's, Ψ_s",
+    )
     mesh: Mesh
     cluster: Cluster = Field(description="the dp × cp ranks model states are sharded over")
     precision: PrecisionName
@@ -408,10 +412,22 @@ def mesh_assumption(request: TrainingRequest) -> str:
         f"mesh {mesh.describe()}, TP innermost then CP then DP (Megatron-LM and torchtitan order); model "
         f"states sharded over the {plural(cluster.world_size, 'rank')} of dp × cp"
     )
-    if mesh.tp > 1:
+    if mesh.tp > 1 and mesh.pp == 1:
         text += (
             f"; each of the {mesh.tp} tensor-parallel ranks holds Ψ_t = {request.rank_model.params:,} "
             f"parameters ({mesh.tp_style.value} layers)"
+        )
+    if mesh.pp > 1:
+        largest = request.stages.index(request.rank_model)
+        chunks = mesh.pp * mesh.vpp
+        per_chunk = request.model.architecture.num_layers // chunks if request.model.architecture else 0
+        text += (
+            f"; pipeline ranks outermost, each holding {plural(mesh.vpp, 'chunk')} of "
+            f"{plural(per_chunk, 'layer')} "
+            "(chunk j of rank i: virtual stage j·p + i), the embedding on the first, the final norm and "
+            f"LM head on the last; the rows are stage {largest}'s, the largest: Ψ_s = "
+            f"{request.rank_model.params:,} parameters"
+            + (f" per tensor-parallel rank ({mesh.tp_style.value} layers)" if mesh.tp > 1 else "")
         )
     if mesh.ep > 1:
         arch = request.architecture
