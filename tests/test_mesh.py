@@ -190,6 +190,8 @@ def test_any_mesh_is_estimated_or_refused_in_one_line(data: st.DataObject) -> No
         ("--cp-impl", ["ring", "allgather", "ulysses", "rings"]),
         ("--seq-len", ["1024", "4096", "1000"]),
         ("--micro-batch", ["1", "2"]),
+        ("--ep", ["1", "2", "4", "8", "3"]),
+        ("--capacity-factor", ["1", "1.25", "0"]),
     ):
         if data.draw(st.booleans()):
             args += [flag, data.draw(st.sampled_from(values))]

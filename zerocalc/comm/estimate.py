@@ -62,6 +62,8 @@ from zerocalc.parallel.strategies import (
 from zerocalc.parallel.zeropp import active_features
 from zerocalc.request.options import OptionsEcho
 from zerocalc.request.training import BufferOptions, TrainingRequest
+from zerocalc.states.framework import expert_shard_dim
+from zerocalc.states.memory import routing_assumption
 
 SCHEMA_VERSION = 2
 
@@ -161,7 +163,9 @@ class DimensionComm(BaseModel):
 
     dimension: Dimension
     group_size: int = Field(description="ranks of one group (dp: the dp × cp ranks of one TP index)")
-    stride: int = Field(description="the distance between consecutive ranks of a group: 1 (tp), t (cp, dp)")
+    stride: int = Field(
+        description="the distance between consecutive ranks of a group: 1 (tp), t (cp, dp, ep)"
+    )
     spans_nodes: bool = Field(description="a group has ranks on more than one node")
     calls_per_step: int = Field(description="Σ over the dimension's collectives")
     total_bytes_per_gpu: int = Field(description="Σ over the dimension's collectives")
@@ -176,10 +180,12 @@ class StrategyComm(BaseModel):
     grad_sync_reason: str
     collectives: list[CollectiveCost] = Field(description="the data-parallel collectives")
     mesh_collectives: list[MeshCollectiveCost] = Field(
-        default_factory=list, description="the tensor- and context-parallel collectives (none at tp = cp = 1)"
+        default_factory=list,
+        description="the tensor-, context- and expert-parallel collectives (none at tp = cp = ep = 1)",
     )
     dimensions: list[DimensionComm] = Field(
-        default_factory=list, description="per dimension of the mesh: dp, then tp, cp and pp where above 1"
+        default_factory=list,
+        description="per dimension of the mesh: dp, then tp, cp, pp and ep where above 1",
     )
     calls_per_step: int = Field(description="every dimension's")
     total_bytes_per_gpu: int = Field(description="every dimension's")
@@ -549,7 +555,11 @@ def mesh_request(request: TrainingRequest) -> MeshRequest | None:
         framework=request.framework,
         # a pipeline rank runs its stage's layers: the largest stage's (request.architecture)
         shape=MeshShape.of(
-            request.architecture if mesh.pp > 1 else arch, mesh, activations.micro_batch, activations.seq_len
+            request.architecture if mesh.pp > 1 else arch,
+            mesh,
+            activations.micro_batch,
+            activations.seq_len,
+            activations.capacity_factor,
         ),
         learned_positions=arch.learned_position_embeddings,
         replicated=replicated_gradients(request.architecture, mesh.tp_style, mesh.sequence_parallel)
@@ -570,8 +580,9 @@ def _dimensions(
     mesh_collectives: list[MeshCollectiveCost],
     pipeline: PipelineComm | None = None,
 ) -> list[DimensionComm]:
-    """The data-parallel dimension, then each model-parallel one above 1, with their totals (the pipeline's:
-    its busiest rank's sends)."""
+    """The data-parallel dimension (the routed experts' collectives over their expert-data-parallel groups
+    included), then each model-parallel one above 1, with their totals (the pipeline's: its busiest rank's
+    sends)."""
     mesh, cluster = request.mesh, request.cluster
     dimensions = [
         DimensionComm(
@@ -587,6 +598,7 @@ def _dimensions(
     for dimension, size, apart, spans in (
         (Dimension.TP, mesh.tp, 1, mesh.tp_spans_nodes),
         (Dimension.CP, mesh.cp, mesh.tp, mesh.cp_spans_nodes),
+        (Dimension.EP, mesh.ep, mesh.tp, mesh.ep_spans_nodes),
     ):
         if size == 1:
             continue
@@ -617,16 +629,46 @@ def _dimensions(
     return dimensions
 
 
-def _data_parallel_costs(
-    name: StrategyName, request: TrainingRequest, layout: Layout
-) -> list[CollectiveCost]:
-    """Every data-parallel collective of one strategy's schedule that runs in a step."""
-    sync = effective_grad_sync(request.framework, name, request.grad_sync, pipelined=request.mesh.pp > 1)
+class DataPart(NamedTuple):
+    """Parameters of a rank whose data-parallel collectives run over one group: the request whose cluster is
+    that group, and the tensors (:func:`data_parts`)."""
+
+    request: TrainingRequest
+    layout: Layout
+    experts: bool
+    """The routed experts under expert parallelism, over the expert-data-parallel ranks."""
+
+
+def data_parts(request: TrainingRequest, layout: Layout | None = None) -> tuple[DataPart, ...]:
+    """The rank's parameters as the data-parallel collectives move them: all of them over the dp × cp ranks
+    (``layout``, else the rank's); under expert parallelism, everything but the routed experts over those
+    ranks and the routed experts over the dp·c/e expert-data-parallel ranks
+    (:meth:`~zerocalc.comm.calls.Layout.expert_parallel_parts`), as the states are sharded
+    (:func:`~zerocalc.states.memory.state_parts`)."""
+    arch = request.rank_model.architecture
+    mesh = request.mesh
+    if mesh.ep == 1 or arch is None:
+        return (DataPart(request, layout or Layout.of(request.rank_model.params, arch), False),)
+    rest, experts = Layout.expert_parallel_parts(arch, expert_shard_dim(arch, mesh.dp * mesh.cp))
+    expert_request = request.model_copy(update={"cluster": mesh.expert_data_cluster()})
+    return DataPart(request, rest, False), DataPart(expert_request, experts, True)
+
+
+def _data_parallel_costs(name: StrategyName, parts: tuple[DataPart, ...]) -> list[CollectiveCost]:
+    """Every data-parallel collective of one strategy's schedule that runs in a step, for each part of the
+    parameters over its group (the routed experts' said so in their behaviour)."""
     costs: list[CollectiveCost] = []
-    for collective in collective_runs(name, request, layout):
-        times = times_per_step(collective.run.line.repeat, request.grad_accum, sync)
-        if times > 0:
-            costs.append(_cost(collective, times))
+    for request, layout, experts in parts:
+        sync = effective_grad_sync(request.framework, name, request.grad_sync, pipelined=request.mesh.pp > 1)
+        for collective in collective_runs(name, request, layout):
+            times = times_per_step(collective.run.line.repeat, request.grad_accum, sync)
+            if times <= 0:
+                continue
+            cost = _cost(collective, times)
+            if experts:
+                where = f"routed experts, over the {cost.group_size:,} expert-data-parallel ranks: "
+                cost = cost.model_copy(update={"behaviour": where + cost.behaviour})
+            costs.append(cost)
     return costs
 
 
@@ -634,23 +676,27 @@ def strategy_comm(
     name: StrategyName,
     request: TrainingRequest,
     ddp_bytes: int | None,
-    layout: Layout | None = None,
+    parts: tuple[DataPart, ...] | None = None,
     mesh: MeshRequest | None = None,
     pipeline: PipelineComm | None = None,
 ) -> StrategyComm:
-    """Cost every collective of one strategy's schedule under the request's framework, and the tensor- and
-    context-parallel collectives of ``mesh`` (:func:`mesh_request`) and the pipeline's sends
-    (:func:`~zerocalc.comm.pipeline.pipeline_comm`) beside it (pure)."""
+    """Cost every collective of one strategy's schedule under the request's framework over each part of the
+    parameters (:func:`data_parts`), and the tensor-, context- and expert-parallel collectives of ``mesh``
+    (:func:`mesh_request`) and the pipeline's sends (:func:`~zerocalc.comm.pipeline.pipeline_comm`) beside
+    it (pure)."""
     framework = request.framework
     strategy = STRATEGIES[name]
-    layout = layout or Layout.of(request.rank_model.params, request.rank_model.architecture)
     sync = effective_grad_sync(framework, name, request.grad_sync, pipelined=request.mesh.pp > 1)
-    costs = _data_parallel_costs(name, request, layout)
+    costs = _data_parallel_costs(name, parts or data_parts(request))
     mesh_collectives = mesh_costs(mesh, sync) if mesh is not None else []
     every = [*costs, *mesh_collectives]
     data_parallel = sum(c.total_bytes_per_gpu for c in costs)
     sent = pipeline.busiest_rank_bytes if pipeline else 0
-    inter = pipeline.busiest_rank_inter_node_bytes if pipeline else 0
+    inter_node = (
+        sum(c.total_bytes_per_gpu for c in costs if c.spans_nodes)
+        + sum(c.inter_node_bytes_per_gpu for c in mesh_collectives)
+        + (pipeline.busiest_rank_inter_node_bytes if pipeline else 0)
+    )
     setup = strategy.frameworks[framework]
     return StrategyComm(
         strategy=name,
@@ -664,26 +710,24 @@ def strategy_comm(
         calls_per_step=sum(c.calls_per_step for c in every)
         + (pipeline.busiest_rank_calls if pipeline else 0),
         total_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in every) + sent,
-        intra_node_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in every if not c.spans_nodes)
-        + sent
-        - inter,
-        inter_node_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in every if c.spans_nodes) + inter,
+        intra_node_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in every) + sent - inter_node,
+        inter_node_bytes_per_gpu=inter_node,
         time_s=sum(c.time_s for c in every) + (pipeline.busiest_rank_time_s if pipeline else 0.0),
         ratio_to_ddp=(data_parallel / ddp_bytes) if ddp_bytes else None,
     )
 
 
-def _ddp_reference(request: TrainingRequest, layout: Layout) -> int | None:
+def _ddp_reference(parts: tuple[DataPart, ...]) -> int | None:
     """The data-parallel bytes the ratio is taken to: DDP under the same framework (FSDP's is NO_SHARD),
     PyTorch's DDP for FSDP2, else the paper's DDP (DeepSpeed's stage 0 is not modelled)."""
     frameworks = STRATEGIES[StrategyName.DDP].frameworks
-    framework = request.framework
+    framework = parts[0].request.framework
     if framework not in frameworks:
         framework = Framework.DDP if framework in TORCH_FRAMEWORKS else Framework.PAPER
-    reference = request.model_copy(update={"framework": framework})
-    return (
-        sum(c.total_bytes_per_gpu for c in _data_parallel_costs(StrategyName.DDP, reference, layout)) or None
+    reference = tuple(
+        part._replace(request=part.request.model_copy(update={"framework": framework})) for part in parts
     )
+    return sum(c.total_bytes_per_gpu for c in _data_parallel_costs(StrategyName.DDP, reference)) or None
 
 
 def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -> list[str]:
@@ -728,6 +772,8 @@ def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -
                 )
     _, zeropp_notes = active_features(frozenset(request.zeropp), cluster)
     notes += zeropp_notes
+    if request.mesh.ep > 1:
+        notes.append(routing_assumption(request))
     activations = request.activations
     if (
         not request.mesh.model_parallel
@@ -767,16 +813,17 @@ def evaluate_comm(
     and ``compute`` (the GPU's compute table) is given, and the optional compute comparison."""
     mesh = mesh_request(request)
     pipeline = pipeline_comm(request)
-    layout = Layout.of(request.rank_model.params, request.rank_model.architecture)
-    ddp = _ddp_reference(request, layout)
-    rows = [strategy_comm(name, request, ddp, layout, mesh, pipeline) for name in request.strategies]
+    parts = data_parts(request)
+    layout = parts[0].layout
+    ddp = _ddp_reference(parts)
+    rows = [strategy_comm(name, request, ddp, parts, mesh, pipeline) for name in request.strategies]
     if compute is not None and request.model.architecture is not None:
         rows = [_with_step(row, request, compute, compute_name, pipeline) for row in rows]
-    compute = None
+    compared = None
     if request.tokens_per_step is not None and request.tflops is not None:
         flops = 6 * request.model.params * request.tokens_per_step
         seconds = flops / (request.mesh.world * request.tflops * 1e12)
-        compute = ComputeTime(flops_per_step=flops, seconds=seconds)
+        compared = ComputeTime(flops_per_step=flops, seconds=seconds)
         for row in rows:
             row.hidden_time_s = min(row.time_s, seconds)
             row.exposed_time_s = max(0.0, row.time_s - seconds)
@@ -784,7 +831,7 @@ def evaluate_comm(
         request=CommRequest.of(request),
         calibration_used=request.calibration_name if request.calibration is not None else None,
         notes=_notes(request, layout, rows),
-        compute=compute,
+        compute=compared,
         strategies=rows,
         pipeline=pipeline,
     )

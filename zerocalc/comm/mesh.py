@@ -20,7 +20,13 @@ every call of a layer's activation moves S = b·(s/c)·h elements:
 * the gradients of the parameters every tensor-parallel rank holds whole but computes from its own
   sequence shard (norms; Megatron's row-parallel biases), all-reduced over the TP group;
 * context parallelism, per layer and micro-batch: the K/V exchange of attention (ring, all-gather or
-  Ulysses all-to-all), c ranks t apart.
+  Ulysses all-to-all), c ranks t apart;
+* expert parallelism, per MoE layer and micro-batch: the dispatch all-to-all of the routed tokens to the
+  ranks of their experts and the combine all-to-all of the experts' outputs back, each of S = cf·k·b·(s/c)·h
+  elements (k experts per token, cf the capacity factor: the busiest rank's buffer, the balanced k·b·s/c·h
+  at cf = 1), and the gradients of both in backward; e ranks t apart, (e−1)/e of each buffer leaving the
+  GPU and, where the group spans nodes, (e − m)/e of it the node (m of its ranks per node). The exchange
+  of the per-expert token counts before each dispatch (E integers) is left out.
 
 Activation recomputation re-runs forward collectives in backward: full recompute every forward
 collective of a layer; selective recompute (Korthikanti et al.'s core attention) those inside the core
@@ -41,7 +47,8 @@ from typing import NamedTuple
 from pydantic import BaseModel, Field
 
 from zerocalc.base.dtypes import DType
-from zerocalc.model.activations import Recompute
+from zerocalc.base.units import ceil_div
+from zerocalc.model.activations import Recompute, routed_rows
 from zerocalc.model.architecture import Architecture, MlpKind, parameter_tensors, tensor_parallel_dim
 from zerocalc.network.calibration import Calibration, CollectiveFit
 from zerocalc.network.cluster import RankGroup
@@ -63,6 +70,8 @@ class Dimension(StrEnum):
     """Context parallelism: c ranks, t apart."""
     PP = "pp"
     """Pipeline parallelism: p stages, t·c·dp apart (:mod:`zerocalc.comm.pipeline`)."""
+    EP = "ep"
+    """Expert parallelism: e ranks, t apart."""
 
 
 class Size(StrEnum):
@@ -94,6 +103,8 @@ class Size(StrEnum):
     """Σ of the replicated parameters' elements, one flat buffer."""
     REPLICATED_GRAD = "replicated_grad"
     """One call per replicated parameter, of its elements."""
+    ROUTED = "routed"
+    """routed_rows(k·b·(s/c), cf)·h: the token copies routed to the experts (all-to-all)."""
 
 
 class Count(StrEnum):
@@ -132,6 +143,8 @@ class Scope(StrEnum):
     """Once per step."""
     SYNC = "sync"
     """Once per micro-batch that synchronises gradients (A under ``every``, 1 under ``last``)."""
+    MOE_LAYER = "moe_layer"
+    """In every mixture-of-experts layer, every micro-batch: L_moe·A times."""
 
 
 @dataclass(frozen=True)
@@ -151,7 +164,7 @@ class MeshCall:
 
     def reruns_under(self, recompute: Recompute) -> bool:
         """Whether ``recompute`` runs this forward collective again in backward."""
-        if self.phase is not Phase.FORWARD or self.scope is not Scope.LAYER:
+        if self.phase is not Phase.FORWARD or self.scope not in (Scope.LAYER, Scope.MOE_LAYER):
             return False
         return recompute is Recompute.FULL or (recompute is Recompute.SELECTIVE and self.in_core_attention)
 
@@ -436,6 +449,39 @@ gathers (or rotates) K and V in one buffer and rotates dK/dV with the one-peer `
 ``all_to_all_single``) in fp32 (``_cp_options.convert_to_f32``), c times."""
 
 
+def _expert_parallel(dispatch: str, combine: str) -> tuple[MeshCall, ...]:
+    """The dispatch and combine all-to-alls of one MoE layer, and their gradients in backward (the
+    backward of an all-to-all is the all-to-all back)."""
+    moe = Scope.MOE_LAYER
+    return (
+        MeshCall(A2A, FWD, "dispatch: routed tokens to their experts", Size.ROUTED, dispatch, scope=moe),
+        MeshCall(A2A, FWD, "combine: expert outputs back", Size.ROUTED, combine, scope=moe),
+        MeshCall(A2A, BWD, "combine gradient", Size.ROUTED, f"{combine}, backward", scope=moe),
+        MeshCall(A2A, BWD, "dispatch gradient", Size.ROUTED, f"{dispatch}, backward", scope=moe),
+    )
+
+
+_MEGATRON_MOE = "Megatron-LM core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher"
+_TITAN_MOE = "torchtitan distributed/expert_parallel.py ExpertParallel"
+_DEEPSPEED_MOE = "DeepSpeed deepspeed/moe/sharded_moe.py MOELayer.forward"
+EP_LAYER: dict[Framework, tuple[MeshCall, ...]] = {
+    Framework.PAPER: _expert_parallel(f"{_MEGATRON_MOE}.token_dispatch", f"{_MEGATRON_MOE}.token_combine"),
+    Framework.MEGATRON: _expert_parallel(f"{_MEGATRON_MOE}.token_dispatch", f"{_MEGATRON_MOE}.token_combine"),
+    Framework.FSDP2: _expert_parallel(
+        f"{_TITAN_MOE}._token_dispatch: all_to_all_single_autograd",
+        f"{_TITAN_MOE}._token_combine: all_to_all_single_autograd",
+    ),
+    Framework.DEEPSPEED: _expert_parallel(
+        f"{_DEEPSPEED_MOE}: _AllToAll of dispatched_input", f"{_DEEPSPEED_MOE}: _AllToAll of expert_output"
+    ),
+}
+"""What one MoE layer's expert parallelism communicates per micro-batch, by framework: Megatron-LM's
+all-to-all token dispatcher (``--moe-token-dispatcher-type alltoall``; ``all_to_all`` of
+``core/tensor_parallel/mappings.py`` over the EP group), torchtitan's ``ExpertParallel`` style on the
+experts, DeepSpeed-MoE's ``MOELayer`` (GShard-style dispatch to capacity, then ``_AllToAll`` over
+``ep_group``)."""
+
+
 class MeshShape(NamedTuple):
     """What sizes the tensor- and context-parallel calls of one rank."""
 
@@ -454,6 +500,11 @@ class MeshShape(NamedTuple):
     v_dim: int
     attention_inputs: int
     mlp_inputs: int
+    moe_layers: int = 0
+    """L_moe: the layers that route tokens to experts."""
+    routed: int = 0
+    """The token copies a rank's experts receive per MoE layer under expert parallelism
+    (:func:`~zerocalc.model.activations.routed_rows` of k·b·(s/c))."""
 
     @property
     def tokens(self) -> int:
@@ -461,7 +512,9 @@ class MeshShape(NamedTuple):
         return self.micro_batch * (self.seq_len // self.cp)
 
     @classmethod
-    def of(cls, arch: Architecture, mesh: Mesh, micro_batch: int, seq_len: int) -> MeshShape:
+    def of(
+        cls, arch: Architecture, mesh: Mesh, micro_batch: int, seq_len: int, capacity_factor: float = 1.0
+    ) -> MeshShape:
         latent = arch.latent_attention
         if latent is not None:
             kv_heads, qk_dim, v_dim = arch.num_heads, latent.qk_head_dim, latent.v_head_dim
@@ -481,6 +534,8 @@ class MeshShape(NamedTuple):
             v_dim=v_dim,
             attention_inputs=1 if arch.fused_qkv else 3,
             mlp_inputs=2 if gated else 1,
+            moe_layers=sum(arch.is_moe_layer(i) for i in range(arch.num_layers)),
+            routed=routed_rows(arch.experts_per_token * micro_batch * (seq_len // mesh.cp), capacity_factor),
         )
 
 
@@ -511,6 +566,8 @@ def _elements(size: Size, shape: MeshShape) -> int:
             return tokens * shape.kv_heads * shape.v_dim
         case Size.O_HEADS:
             return tokens * shape.q_heads * shape.v_dim
+        case Size.ROUTED:
+            return shape.routed * shape.hidden
     raise AssertionError(size)  # pragma: no cover - the replicated gradients are sized by their tensors
 
 
@@ -560,10 +617,11 @@ class MeshCollectiveCost(BaseModel):
     )
     moves: str = Field(description="what it carries")
     scope: Scope = Field(
-        description="runs per layer, per micro-batch, per step, or per synchronising micro-batch"
+        description="runs per layer, per micro-batch, per step, per synchronising micro-batch, or per MoE "
+        "layer"
     )
     dtype: DType
-    group_size: int = Field(description="t (tp) or c (cp)")
+    group_size: int = Field(description="t (tp), c (cp) or e (ep)")
     spans_nodes: bool = Field(description="its group has ranks on more than one node (inter-node bandwidth)")
     elements: list[int] = Field(description="S of each call each time it runs, in elements")
     times_per_step: int = Field(description="L·A (per layer), A (per micro-batch), or 1 (per step)")
@@ -571,6 +629,11 @@ class MeshCollectiveCost(BaseModel):
     message_bytes: int = Field(description="Σ S of the calls each time it runs")
     bytes_sent_per_gpu: int = Field(description="each time it runs: Σ factor(n)·S over its calls")
     total_bytes_per_gpu: int = Field(description="per step: times × bytes each time")
+    inter_node_bytes_per_gpu: int = Field(
+        description="per step, what of total_bytes_per_gpu crosses nodes: all of it for a ring spanning "
+        "nodes, the blocks for the e − m ranks of other nodes for an expert-parallel all_to_all "
+        "(m of the group's ranks per node), 0 within a node"
+    )
     latency_s: float
     bus_bandwidth_Bps: float
     time_s: float = Field(description="per step: calls × α + bytes / β")
@@ -616,7 +679,21 @@ def _group(dimension: Dimension, mesh: Mesh) -> tuple[int, bool]:
     """A dimension's group size and whether it spans nodes (the layout of :mod:`zerocalc.parallel.mesh`)."""
     if dimension is Dimension.TP:
         return mesh.tp, mesh.tp_spans_nodes
+    if dimension is Dimension.EP:
+        return mesh.ep, mesh.ep_spans_nodes
     return mesh.cp, mesh.cp_spans_nodes
+
+
+def _off_node_bytes(dimension: Dimension, message_bytes: int, sent: int, mesh: Mesh) -> int:
+    """What of one call's ``sent`` bytes leaves the node: for the expert-parallel all_to_all, the blocks of
+    S/e for the e − m ranks of the group on other nodes (m = :attr:`Mesh.ep_ranks_per_node`); for the
+    other collectives, all of it where their group spans nodes (the ring runs at the inter-node link)."""
+    n, spans_nodes = _group(dimension, mesh)
+    if not spans_nodes:
+        return 0
+    if dimension is Dimension.EP:
+        return ceil_div(message_bytes * (n - mesh.ep_ranks_per_node), n)
+    return sent
 
 
 def mesh_fit(op: Collective, spans_nodes: bool, size: int, calibration: Calibration) -> CollectiveFit | None:
@@ -643,8 +720,8 @@ def _link(op: Collective, spans_nodes: bool, size: int, request: MeshRequest) ->
 
 
 def _schedule(request: MeshRequest) -> list[tuple[Dimension, MeshCall]]:
-    """Every tensor- and context-parallel row of the request's mesh, in order: TP per layer, per
-    micro-batch and per step, then CP per layer."""
+    """Every tensor-, context- and expert-parallel row of the request's mesh, in order: TP per layer, per
+    micro-batch and per step, then CP per layer, then EP per MoE layer."""
     mesh = request.mesh
     rows: list[tuple[Dimension, MeshCall]] = []
     if mesh.tp > 1:
@@ -657,6 +734,8 @@ def _schedule(request: MeshRequest) -> list[tuple[Dimension, MeshCall]]:
             rows.append((Dimension.TP, TP_GRADIENTS[mesh.tp_style]))
     if mesh.cp > 1:
         rows += [(Dimension.CP, call) for call in CP_LAYER[CP_FAMILIES[request.framework], mesh.cp_impl]]
+    if mesh.ep > 1:
+        rows += [(Dimension.EP, call) for call in EP_LAYER[request.framework]]
     return rows
 
 
@@ -679,6 +758,8 @@ def _times(scope: Scope, request: MeshRequest, sync: GradSync) -> int:
             return 1
         case Scope.SYNC:
             return request.grad_accum if sync is GradSync.EVERY else 1
+        case Scope.MOE_LAYER:
+            return request.shape.moe_layers * request.grad_accum
 
 
 def _dtype(carried: Carried, request: MeshRequest) -> DType:
@@ -705,6 +786,9 @@ def mesh_costs(request: MeshRequest, sync: GradSync) -> list[MeshCollectiveCost]
         spec = COLLECTIVES[call.op]
         sent = {size: spec.bytes_sent_per_rank(size * dtype.bytes, n) for size in set(sizes)}
         each = sum(sent[size] for size in sizes)
+        off_node = sum(
+            _off_node_bytes(dimension, size * dtype.bytes, sent[size], request.mesh) for size in sizes
+        )
         link = _link(call.op, spans_nodes, n, request)
         seconds = len(sizes) * link.latency_s + each / link.bus_bandwidth_Bps
         times = _times(call.scope, request, sync)
@@ -726,6 +810,7 @@ def mesh_costs(request: MeshRequest, sync: GradSync) -> list[MeshCollectiveCost]
                     message_bytes=sum(sizes) * dtype.bytes,
                     bytes_sent_per_gpu=each,
                     total_bytes_per_gpu=times * each,
+                    inter_node_bytes_per_gpu=times * off_node,
                     latency_s=link.latency_s,
                     bus_bandwidth_Bps=link.bus_bandwidth_Bps,
                     time_s=times * seconds,

@@ -15,10 +15,11 @@ rather than GPT's 34: grouped-query attention saves K and V of h_kv = kv_heads·
 SwiGLU MLP of width f saves its input 2sbh plus gate, up, SiLU output and product (8·s·b·f, autograd
 of ``silu(x W1) * (x W3)`` unfused); RMSNorm saves its input like LayerNorm (per-token statistics are
 ignored, O(s·b)); no dropout means no masks. A mixture-of-experts layer with k experts per token saves
-the router input once and each routed copy of a token's MLP activations (k × the MLP terms); its
-router logits (fp32, s·b·E·4) are listed apart. Flash attention (Dao et al. 2022) saves Q, K, V, the
-output (the projection's input, counted once) and a fp32 log-sum-exp per head and row (4·a·s·b)
-instead of the s² terms.
+the router input once and each routed copy of a token's MLP activations (k × the MLP terms; under
+expert parallelism the copies routed to the rank's E/e experts, k·cf × with cf the capacity factor,
+:func:`routed_rows`); its router logits (fp32, s·b·E·4) are listed apart. Flash attention (Dao et al.
+2022) saves Q, K, V, the output (the projection's input, counted once) and a fp32 log-sum-exp per head
+and row (4·a·s·b) instead of the s² terms.
 
 Recomputation (Korthikanti section 4.2) is the step timeline's (:mod:`zerocalc.peak.timeline`): ``selective``
 drops the s²-proportional attention terms (:data:`zerocalc.model.model_impl.QUADRATIC_TERMS`) and recomputes
@@ -44,6 +45,7 @@ s/c × a tensor.
 from __future__ import annotations
 
 from enum import StrEnum
+from fractions import Fraction
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -77,6 +79,15 @@ class CpImpl(StrEnum):
     ``AttnFuncWithCPAndQKVOA2A``)."""
 
 
+def routed_rows(pairs: int, capacity_factor: float) -> int:
+    """Token-expert pairs one expert-parallel rank's E/e experts compute when the EP group's ranks route
+    ``pairs`` each (k·b·s/c): as many under balanced routing, ``capacity_factor`` times as many on the
+    busiest rank (Megatron-LM ``--moe-expert-capacity-factor``; DeepSpeed-MoE ``capacity_factor``,
+    ``deepspeed/moe/sharded_moe.py`` ``_capacity``: ceil(k·T/E · factor) per expert), rounded up."""
+    factor = Fraction(capacity_factor).limit_denominator(1_000_000)
+    return -(-pairs * factor.numerator // factor.denominator)
+
+
 def exact_split(total: int, parts: int, what: str) -> int:
     """``total / parts`` when it divides exactly; else ``ValueError`` naming ``what``."""
     if total % parts:
@@ -103,6 +114,9 @@ class ActivationShape(BaseModel):
     experts: int = Field(default=0, ge=0, description="routed experts (0: dense)")
     experts_per_token: int = Field(default=0, ge=0, description="k")
     shared_experts: int = Field(default=0, ge=0)
+    capacity_factor: float = Field(
+        default=1.0, gt=0, description="routed tokens a rank's experts compute over k·b·s/c (routed_rows)"
+    )
     tp: int = Field(default=1, gt=0, description="t, tensor-parallel degree")
     sequence_parallel: bool = False
     """Megatron sequence parallelism: the norm and dropout regions split along s over the t ranks."""
@@ -175,11 +189,11 @@ def layer_terms(shape: ActivationShape) -> dict[str, int]:
         # the router reads the (sequence-parallel) hidden states; the experts, tensor-parallel over the
         # same t ranks (Megatron-LM's expert_tensor_parallel_size defaults to the TP size), get every
         # token of the local chunk, with f/t columns
-        routed = shape.experts_per_token + shape.shared_experts
+        routed, shared = shape.experts_per_token, shape.shared_experts
         terms["router_input"] = mlp.pop("mlp_input")
         terms["router_logits_fp32"] = FP32_BYTES * rows * shape.experts
         for name, value in mlp.items():
-            terms[f"experts_{name}"] = routed * value
+            terms[f"experts_{name}"] = routed_rows(routed * value, shape.capacity_factor) + shared * value
     else:
         terms.update(mlp)
     return terms

@@ -204,6 +204,11 @@ class Architecture(BaseModel):
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    @property
+    def local_experts(self) -> int:
+        """The routed experts of one MoE layer that this description's parameters hold: all E."""
+        return self.num_experts
+
     def is_moe_layer(self, index: int) -> bool:
         """Whether block ``index`` routes its tokens to experts (else it has a dense MLP)."""
         return self.is_moe and index not in self.dense_layers
@@ -257,15 +262,27 @@ class TensorParallelRank(Architecture):
     first ranks hold ceil(n/t). Routers, norms, position tables and the low-rank ``q_a``/``kv_a``
     projections of latent attention are replicated; each routed expert's width is split like a dense
     MLP's (Megatron's expert tensor parallelism at its default, the TP degree).
+
+    With expert parallelism of degree e the rank holds E/e of each layer's routed experts: the experts'
+    3-D tensors are cut on dim 0 (torchtitan ``distributed/expert_parallel.py`` ``ExpertParallel``:
+    ``distribute_tensor(param, ep_mesh, [Shard(0)])``; Megatron-LM ``num_local_experts = E /
+    expert_model_parallel_size``; DeepSpeed-MoE ``num_local_experts = num_experts // ep_size``). The
+    router and the shared experts stay whole.
     """
 
     tp: int = Field(ge=1, description="t: tensor-parallel ranks")
+    ep: int = Field(default=1, ge=1, description="e: expert-parallel ranks; E/e routed experts on this rank")
     vocab_multiple: int = Field(
         default=1, ge=1, description="the vocabulary is padded to a multiple of this × t (Megatron: 128)"
     )
     tp_index: int = Field(
         default=0, ge=0, description="which tensor-parallel rank (0: the largest, which the estimates count)"
     )
+
+    @property
+    def local_experts(self) -> int:
+        """E/e: the routed experts of one MoE layer on this rank."""
+        return self.num_experts // self.ep
 
     @property
     def padded_vocab(self) -> int:
@@ -346,6 +363,12 @@ _ROW_PARALLEL = frozenset({"o_proj", "fc_out", "down_proj"})
 _VOCAB_PARALLEL = frozenset({"embed_tokens", "lm_head"})
 
 
+def is_expert_tensor(tensor: ParamTensor) -> bool:
+    """Whether ``tensor`` holds routed experts' weights ([E, out, in], the ``experts`` module): the tensors
+    expert parallelism splits and whose states are sharded over the expert-data-parallel ranks."""
+    return tensor.module.rsplit(".", 1)[-1] == "experts"
+
+
 def tensor_parallel_dim(tensor: ParamTensor) -> int | None:
     """The dimension tensor parallelism splits (:class:`TensorParallelRank`), None where replicated."""
     if tensor.module in _VOCAB_PARALLEL:
@@ -374,12 +397,18 @@ def tensor_parallel_shape(tensor: ParamTensor, arch: TensorParallelRank) -> tupl
     return tuple(shape)
 
 
+def _rank_shape(tensor: ParamTensor, arch: TensorParallelRank) -> tuple[int, ...]:
+    """The rank's local shape: its tensor-parallel shard, and E/e experts of an expert tensor."""
+    shape = tensor_parallel_shape(tensor, arch)
+    if arch.ep > 1 and is_expert_tensor(tensor):
+        shape = (arch.local_experts, *shape[1:])
+    return shape
+
+
 def _rank_local(arch: Architecture, tensors: list[ParamTensor]) -> list[ParamTensor]:
     if not isinstance(arch, TensorParallelRank):
         return tensors
-    return [
-        ParamTensor(module=t.module, name=t.name, shape=tensor_parallel_shape(t, arch)) for t in tensors
-    ]
+    return [ParamTensor(module=t.module, name=t.name, shape=_rank_shape(t, arch)) for t in tensors]
 
 
 def _linear(module: str, d_in: int, d_out: int, bias: bool) -> list[ParamTensor]:
@@ -521,11 +550,18 @@ def _parameter_tensors(arch: Architecture) -> tuple[ParamTensor, ...]:
     return tuple(tensors + head_tensors(arch))
 
 
+def expert_parameters(arch: Architecture) -> int:
+    """The routed experts' parameter elements this description holds (:func:`is_expert_tensor`): every
+    MoE layer's E experts, or a rank's E/e (0 for a dense model)."""
+    return sum(t.numel for t in _parameter_tensors(arch) if is_expert_tensor(t)) if arch.is_moe else 0
+
+
 class ParameterCount(BaseModel):
     total: int = Field(description="all parameters (memory uses this)")
     active_per_token: int = Field(
         description="parameters a token passes through: MoE layers count k of E routed experts (the router, "
-        "the shared experts and everything else in full)"
+        "the shared experts and everything else in full); of one expert-parallel rank's E/e experts, at "
+        "most k"
     )
     embedding: int
     per_layer: int = Field(description="one transformer block (the largest, where blocks differ)")
@@ -558,8 +594,9 @@ def count_parameters(arch: Architecture) -> ParameterCount:
     layers = sum(sizes[kind] * layers_of[kind] for kind in blocks)
     inactive = 0
     if arch.is_moe:
-        expert = _numel(_rank_local(arch, _experts("moe.experts", arch))) // arch.num_experts
-        inactive = (arch.num_experts - arch.experts_per_token) * expert * layers_of[True]
+        local = arch.local_experts
+        expert = _numel(_rank_local(arch, _experts("moe.experts", arch))) // local
+        inactive = (local - min(arch.experts_per_token, local)) * expert * layers_of[True]
     modules: dict[str, int] = {}
     for t in embedding + [t for block in blocks.values() for t in block] + head:
         modules[t.module] = modules.get(t.module, 0) + t.numel

@@ -48,7 +48,7 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
-from zerocalc.model.activations import ActivationShape, CpImpl, exact_split, layer_terms
+from zerocalc.model.activations import ActivationShape, CpImpl, exact_split, layer_terms, routed_rows
 from zerocalc.model.architecture import Architecture, BlockLayout, MlpKind, NormKind, QkNorm
 
 FP32 = 4
@@ -147,6 +147,11 @@ class Shape(NamedTuple):
     cp: int = 1
     """c, the context-parallel degree: each rank holds s/c tokens of every sequence."""
     cp_impl: CpImpl = CpImpl.RING
+    ep: int = 1
+    """e, the expert-parallel degree: the rank computes the tokens routed to its E/e experts."""
+    capacity_factor: float = 1.0
+    """Under expert parallelism, the tokens the rank's experts receive over the balanced k·b·s/c
+    (:func:`~zerocalc.model.activations.routed_rows`)."""
 
     @property
     def tokens(self) -> int:
@@ -169,6 +174,12 @@ class Shape(NamedTuple):
     def split(self, columns: int, what: str) -> int:
         """A column-parallel width on one rank: ``columns`` / t exactly, else ``ValueError``."""
         return exact_split(columns, self.tp, what)
+
+    def expert_rows(self, pairs: int) -> int:
+        """The token-expert pairs the rank's experts compute when each rank routes ``pairs``: those pairs
+        without expert parallelism; with it, the pairs the EP group routes to the rank's experts
+        (:func:`~zerocalc.model.activations.routed_rows`)."""
+        return pairs if self.ep == 1 else routed_rows(pairs, self.capacity_factor)
 
 
 class LayerSaves(NamedTuple):
@@ -491,7 +502,7 @@ def _layer_saves(
         add("MLP input (mid residual)", act * L * h)
     # PARALLEL_SHARED_NORM: the MLP reads the attention norm's output, kept already
     if arch.is_moe_layer(index):
-        _moe(add, arch, t, L, act)
+        _moe(add, arch, t, L, act, shape.expert_rows(L * arch.experts_per_token))
     else:
         width = (
             (arch.dense_intermediate_size or arch.intermediate_size)
@@ -879,12 +890,19 @@ def _mlp(add, arch, t, T, width, act) -> None:
     add("GELU output (down input)", act * T * width)
 
 
-def _moe(add, arch, t, T, act) -> None:
+def _moe(add, arch, t, T, act, R) -> None:
     """A mixture-of-experts layer under transformers 5.17's default ``grouped_mm`` experts
     (``integrations/moe.py::grouped_mm_experts_forward``): the router's fp32 softmax, top-k indices and
     weights, the permutation indices (3 × int64 [S]), the sentinel mask, per-expert offsets (int32 [E]),
     the gathered tokens, gate/up output [S, 2f], activation, product, routing weights and the down
-    output; plus the shared experts (Qwen2-MoE: with a sigmoid gate)."""
+    output; plus the shared experts (Qwen2-MoE: with a sigmoid gate).
+
+    Under expert parallelism (derived from torchtitan ``distributed/expert_parallel.py`` ``ExpertParallel``,
+    not measured) the rank's E/e experts compute the R pairs the dispatch all-to-all brings them
+    (:meth:`Shape.expert_rows`): the gathered tokens become the all-to-all's output [R, h] and the experts'
+    tensors have R rows, offsets E/e; the routing and permutation stay on the rank's own S pairs, and the
+    down output the weights multiply is the combine all-to-all's [S, h] (``all_to_all_single_autograd``
+    saves nothing itself)."""
     E, k, f, h = arch.num_experts, arch.experts_per_token, arch.intermediate_size, arch.hidden_size
     S = T * k
     if t.router == "softmax_topk":
@@ -898,7 +916,15 @@ def _moe(add, arch, t, T, act) -> None:
         weights = act * S if t.router == "softmax_topk_norm_cast" else FP32 * S
     add(
         "experts: permutation indices (3), mask, offsets, gathered tokens, gate/up, activation, product",
-        [*[INT64 * S] * 3, S, FP32 * E, act * S * h, 2 * act * S * f, act * S * f, act * S * f],
+        [
+            *[INT64 * S] * 3,
+            S,
+            FP32 * arch.local_experts,
+            act * R * h,
+            2 * act * R * f,
+            act * R * f,
+            act * R * f,
+        ],
     )
     add("routing weights, down output", [weights, act * S * h])
     if arch.num_shared_experts:
@@ -1259,9 +1285,19 @@ def parallel_transients(
       ((c + 1)·kv); both merge the output in fp32 (4·L·a/t·d); in backward the same K/V, fp32
       accumulators for dq, dk, dv and the fp32 dK/dV chunk sent and received. DeepSpeed Ulysses (``hf``):
       q, k, v before the all-to-all (``UlyssesSPAttentionHF`` holds them), as for Megatron.
+    * expert parallelism, in a mixture-of-experts layer (Megatron-LM ``core/transformer/moe/
+      token_dispatcher.py`` ``MoEAlltoAllTokenDispatcher``, torchtitan ``ExpertParallel``; derived, not
+      measured): forward, the rank's S = k·L permuted tokens while the dispatch all-to-all sends them (what
+      it receives is the experts' saved input); backward, the combine's output gradient sent (S rows) and
+      received (:meth:`Shape.expert_rows`).
     """
     L, R, h, c = shape.local_tokens, shape.sequence_tokens, arch.hidden_size, shape.cp
     out: list[Transient] = []
+    if shape.ep > 1 and arch.is_moe_layer(index):
+        pairs = L * arch.experts_per_token
+        out.append(Transient("forward", "dispatch all-to-all: the permuted tokens sent", act * pairs * h))
+        both = act * (pairs + shape.expert_rows(pairs)) * h
+        out.append(Transient("backward", "combine all-to-all backward: the gradient sent and received", both))
     megatron = impl.name is ModelImplName.MEGATRON
     if megatron and shape.tp > 1 and R < L:
         out.append(Transient("forward", "all-gathered input of a column-parallel linear", act * L * h))
@@ -1315,6 +1351,7 @@ def _korthikanti_layer(arch: Architecture, index: int, shape: Shape, act: int, f
             experts=arch.num_experts if moe else 0,
             experts_per_token=arch.experts_per_token if moe else 0,
             shared_experts=arch.num_shared_experts if moe else 0,
+            capacity_factor=shape.capacity_factor if shape.ep > 1 else 1.0,
             tp=shape.tp,
             sequence_parallel=shape.sequence_parallel,
             cp=shape.cp,

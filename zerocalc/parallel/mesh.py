@@ -15,6 +15,17 @@ Megatron's distributed optimizer over ``data_parallel_group_with_cp``, torchtita
 ``dp_shard_cp``, DeepSpeed ZeRO over the sequence-data-parallel group of Ulysses. That group is the
 :class:`~zerocalc.network.cluster.Cluster` the data-parallel strategies see (:meth:`Mesh.data_cluster`):
 dp·cp ranks, g/tp of them per node.
+
+Expert parallelism of degree e splits those dp·cp ranks again, the EP group innermost: e consecutive
+ranks of the flattened dp × cp index (cp varying fastest), t apart, each holding E/e routed experts; the
+ranks of equal EP index, t·e apart, form the expert-data-parallel group of dp·cp/e ranks that the routed
+experts' states are sharded over (:meth:`Mesh.expert_data_cluster`). Megatron-LM ``core/parallel_state.py``
+builds the expert groups with a second ``RankGenerator(tp=expert_tensor_parallel_size, ep, dp=
+expert_data_parallel_size, cp=1, order="tp-cp-ep-dp-pp")`` (``expert_model_parallel_group``,
+``expert_data_parallel_group``); torchtitan ``distributed/parallel_dims.py`` unflattens dp_shard × cp into
+``["dp_shard_in_ep", "ep", "tp"]`` with ep borrowing all of cp (``ep % cp == 0``) and shards the routed
+experts over the remaining ``dp_shard_mod_ep`` ranks; DeepSpeed-MoE (``deepspeed/utils/groups.py``
+``_create_expert_and_data_parallel``) groups ``ep_size`` consecutive data-parallel ranks likewise.
 """
 
 from __future__ import annotations
@@ -112,7 +123,10 @@ class MeshGroup(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    dimension: str = Field(description="tp, cp or dp")
+    dimension: str = Field(
+        description="tp, cp, dp or pp; with expert parallelism also ep and expert_dp (the ranks of equal EP "
+        "index that the routed experts' states are sharded over)"
+    )
     size: int = Field(description="ranks in one group")
     stride: int = Field(description="the distance between consecutive ranks of a group")
     spans_nodes: bool = Field(description="a group has ranks on more than one node")
@@ -149,8 +163,10 @@ class Mesh(BaseModel):
     @property
     def groups(self) -> list[MeshGroup]:
         """Each dimension's group of ranks: rank r's tp group is the t ranks from t·⌊r/t⌋, its cp group
-        the c ranks t apart, its dp group the d ranks t·c apart; model states shard over dp × cp."""
-        return [
+        the c ranks t apart, its dp group the d ranks t·c apart; model states shard over dp × cp. With
+        expert parallelism, its ep group the e ranks t apart and its expert_dp group the dp·c/e ranks t·e
+        apart (the module docstring)."""
+        groups = [
             MeshGroup(dimension="tp", size=self.tp, stride=1, spans_nodes=self.tp_spans_nodes),
             MeshGroup(dimension="cp", size=self.cp, stride=self.tp, spans_nodes=self.cp_spans_nodes),
             MeshGroup(
@@ -166,6 +182,17 @@ class Mesh(BaseModel):
                 spans_nodes=self.group_spans_nodes(self.tp * self.cp * self.dp, self.pp),
             ),
         ]
+        if self.ep > 1:
+            groups += [
+                MeshGroup(dimension="ep", size=self.ep, stride=self.tp, spans_nodes=self.ep_spans_nodes),
+                MeshGroup(
+                    dimension="expert_dp",
+                    size=self.expert_dp,
+                    stride=self.tp * self.ep,
+                    spans_nodes=self.group_spans_nodes(self.tp * self.ep, self.expert_dp),
+                ),
+            ]
+        return groups
 
     @property
     def model_parallel(self) -> bool:
@@ -175,6 +202,28 @@ class Mesh(BaseModel):
         """The dp × cp ranks of one TP index, which model states are sharded over and gradients reduced
         across: consecutive such ranks are t apart, so a node holds g/t of them."""
         return Cluster.of(self.dp * self.cp, max(1, self.gpus_per_node // self.tp))
+
+    @property
+    def expert_dp(self) -> int:
+        """The expert-data-parallel ranks a routed expert is replicated on: dp·c/e (Megatron-LM
+        ``expert_data_parallel_size``; torchtitan ``dp_shard_mod_ep``)."""
+        return self.dp * self.cp // self.ep
+
+    def expert_data_cluster(self) -> Cluster:
+        """The dp·c/e ranks of equal TP and EP index, which the routed experts' states are sharded over and
+        their gradients reduced across (the dp × cp ranks at e = 1): consecutive such ranks are t·e apart, so
+        a node holds g/(t·e) of them (at least one)."""
+        return Cluster.of(self.expert_dp, max(1, self.gpus_per_node // (self.tp * self.ep)))
+
+    @property
+    def ep_spans_nodes(self) -> bool:
+        """An EP group (e ranks t apart) has ranks on more than one node: t·e > g."""
+        return self.group_spans_nodes(self.tp, self.ep)
+
+    @property
+    def ep_ranks_per_node(self) -> int:
+        """How many ranks of one EP group share a node: e, or g/t when the group spans nodes."""
+        return min(self.ep, max(1, self.gpus_per_node // self.tp))
 
     def group_spans_nodes(self, inner: int, size: int) -> bool:
         """Whether a group of ``size`` ranks, ``inner`` apart (tp: 1, cp: t, dp: t·c), has ranks on more

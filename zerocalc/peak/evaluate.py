@@ -59,13 +59,18 @@ fits when it would not."""
 def nccl_communicators(strategy: Strategy, cluster: Cluster, mesh: Mesh | None = None) -> int:
     """NCCL communicators of more than one rank: one per kind of process group the strategy's collectives
     use (FULL_SHARD: the data-parallel group; HYBRID_SHARD: the node and across nodes), plus the tensor- and
-    context-parallel groups of the mesh where they have more than one rank, and the pipeline group, whose
-    batched sends and receives (``batch_isend_irecv``) run on its communicator. NCCL creates one lazily, at
-    a group's first collective; a group of one rank communicates nothing."""
+    context-parallel groups of the mesh where they have more than one rank, the pipeline group, whose
+    batched sends and receives (``batch_isend_irecv``) run on its communicator, and under expert parallelism
+    the EP group (its all-to-alls) and the expert-data-parallel groups the routed experts' collectives use.
+    NCCL creates one lazily, at a group's first collective; a group of one rank communicates nothing."""
     data = len({c.group for c in strategy.schedule if cluster.group_size(c.group) > 1})
     if mesh is None:
         return data
-    return data + (mesh.tp > 1) + (mesh.cp > 1) + (mesh.pp > 1)
+    experts = 0
+    if mesh.ep > 1:
+        expert_cluster = mesh.expert_data_cluster()
+        experts = 1 + len({c.group for c in strategy.schedule if expert_cluster.group_size(c.group) > 1})
+    return data + (mesh.tp > 1) + (mesh.cp > 1) + (mesh.pp > 1) + experts
 
 
 def peak_options(request: TrainingRequest) -> PeakOptions:

@@ -36,6 +36,8 @@ from zerocalc.states.framework import (
     STATES_RECIPE,
     dim0_padded_numel,
     dim0_shard_numel,
+    expert_shard_dim,
+    fsdp2_sharding,
     fsdp_units,
     shard_ranks,
     zero1_rank_elements,
@@ -76,50 +78,69 @@ def _largest_partition(arch: Architecture, world: int) -> tuple[int, ...]:
     return max(zero1_rank_elements(arch, world), key=sum)
 
 
-def _units(request: TrainingRequest, world: int, blocks: int | None = None) -> dict[str, Unit]:
+def _units(
+    request: TrainingRequest, world: int, blocks: int | None = None, experts: tuple[int, int] | None = None
+) -> dict[str, Unit]:
     """FSDP units with each parameter's elements, its dim-0 shard on rank 0 and its padded size; with
     ``blocks``, only the first ``blocks`` blocks' units and the root's (the units of the model cut to that
-    many blocks: each block's tensors are the same whatever the depth)."""
+    many blocks: each block's tensors are the same whatever the depth); with ``experts`` (the ranks and
+    the dimension), the routed experts sharded as FSDP2 shards them under expert parallelism
+    (:func:`~zerocalc.states.framework.fsdp2_sharding`)."""
     return dict(
-        _units_of(request.architecture, world)
+        _units_of(request.architecture, world, experts)
         if blocks is None
-        else _first_units(request.architecture, world, blocks)
+        else _first_units(request.architecture, world, blocks, experts)
     )
 
 
 @lru_cache(maxsize=256)
-def _first_units(arch: Architecture, world: int, blocks: int) -> tuple[tuple[str, Unit], ...]:
+def _first_units(
+    arch: Architecture, world: int, blocks: int, experts: tuple[int, int] | None = None
+) -> tuple[tuple[str, Unit], ...]:
     """The units of the first ``blocks`` blocks and the root's (a plan asks at two depths per world, and
     builds no other block's)."""
     return _built_units(
         tuple((key, tensors) for key, tensors in _fsdp_units_of(arch) if key == "root" or int(key) < blocks),
         world,
+        arch,
+        experts,
     )
 
 
 @lru_cache(maxsize=256)
-def _units_of(arch: Architecture, world: int) -> tuple[tuple[str, Unit], ...]:
+def _units_of(
+    arch: Architecture, world: int, experts: tuple[int, int] | None = None
+) -> tuple[tuple[str, Unit], ...]:
     """The blocks' units in order, then the root's; once per architecture and world (the units are shared:
     nothing mutates them)."""
-    return _built_units(_fsdp_units_of(arch), world)
+    return _built_units(_fsdp_units_of(arch), world, arch, experts)
 
 
 def _built_units(
-    units: tuple[tuple[str, tuple[ParamTensor, ...]], ...], world: int
+    units: tuple[tuple[str, tuple[ParamTensor, ...]], ...],
+    world: int,
+    arch: Architecture,
+    experts: tuple[int, int] | None = None,
 ) -> tuple[tuple[str, Unit], ...]:
-    """Each unit's elements, shards and padding at ``world``, computed once per shape (every block repeats
-    them)."""
-    sizes: dict[tuple[int, ...], tuple[int, int, int]] = {}
+    """Each unit's elements, shards and padding at ``world`` (the routed experts' over ``experts``' ranks
+    and dimension where given), computed once per shape and shard group (every block repeats them)."""
+    sizes: dict[tuple[tuple[int, ...], int], tuple[int, int, int]] = {}
     built: list[tuple[str, Unit]] = []
     for key, tensors in units:
+        keys = []
         for t in tensors:
-            shape = t.shape
-            if shape not in sizes:
-                sizes[shape] = (t.numel, dim0_shard_numel(shape, world, 0), dim0_padded_numel(shape, world))
+            shape, ranks = (t.shape, world) if experts is None else fsdp2_sharding(t, arch, world, *experts)
+            keys.append((shape, ranks))
+            if (shape, ranks) not in sizes:
+                sizes[shape, ranks] = (
+                    t.numel,
+                    dim0_shard_numel(shape, ranks, 0),
+                    dim0_padded_numel(shape, ranks),
+                )
         if not tensors:  # a middle pipeline stage's root: no embedding, no head
             built.append((key, Unit(key, [], [], [])))
             continue
-        numel, local, padded = zip(*(sizes[t.shape] for t in tensors), strict=True)
+        numel, local, padded = zip(*(sizes[k] for k in keys), strict=True)
         built.append((key, Unit(key, list(numel), list(local), list(padded))))
     return tuple(built)
 
@@ -145,7 +166,8 @@ def flash_attention_used(request: TrainingRequest) -> bool:
 
 def activation_shape(request: TrainingRequest) -> Shape:
     """One micro-batch on one rank of the mesh: b sequences of s tokens, split by tensor, sequence and
-    context parallelism as the model's code splits them (:class:`~zerocalc.model.model_impl.Shape`)."""
+    context parallelism as the model's code splits them, and the routed tokens expert parallelism brings
+    the rank's experts (:class:`~zerocalc.model.model_impl.Shape`)."""
     a, mesh = request.activations, request.mesh
     return Shape(
         a.micro_batch,
@@ -154,6 +176,8 @@ def activation_shape(request: TrainingRequest) -> Shape:
         sequence_parallel=mesh.sequence_parallel,
         cp=mesh.cp,
         cp_impl=mesh.cp_impl,
+        ep=mesh.ep,
+        capacity_factor=a.capacity_factor,
     )
 
 
@@ -254,7 +278,12 @@ def _mechanics(
     setup = strategy.frameworks[request.framework].torch if request.framework in TORCH_FRAMEWORKS else None
     if setup is not None:
         world = shard_ranks(request.cluster, setup)
-        units = _units(request, world, blocks)
+        mesh = request.mesh
+        experts = None
+        if mesh.ep > 1:
+            expert_world = shard_ranks(mesh.expert_data_cluster(), setup)
+            experts = (expert_world, expert_shard_dim(request.architecture, mesh.dp * mesh.cp))
+        units = _units(request, world, blocks, experts)
         reduce = request.reduce_dtype.bytes if request.reduce_dtype is not None else recipe.param_dtype.bytes
         if setup.wrapper is TorchWrapper.FSDP2:
             return Fsdp2(

@@ -97,7 +97,7 @@ def _strategy_table(row: StrategyComm, unit: ByteUnit, mesh_run: bool = False) -
 
 MESH_LEGEND = "P2P send/recv (factor 1: each rank sends S to one peer); rec forward re-run in backward"
 
-DIMENSION_TITLES = {"tp": "Tensor parallelism", "cp": "Context parallelism"}
+DIMENSION_TITLES = {"tp": "Tensor parallelism", "cp": "Context parallelism", "ep": "Expert parallelism"}
 
 
 def _mesh_label(c: MeshCollectiveCost) -> str:
@@ -116,6 +116,8 @@ def _mesh_heading(estimate: CommEstimate, dimension: DimensionComm) -> str:
     mesh = estimate.request.mesh
     if dimension.dimension.value == "cp":
         what = f"cp {mesh.cp} ({mesh.cp_impl.value})"
+    elif dimension.dimension.value == "ep":
+        what = f"ep {mesh.ep} (token dispatch and combine per MoE layer)"
     else:
         sp = " + sequence parallel" if mesh.sequence_parallel else ""
         what = f"tp {mesh.tp}{sp} ({mesh.tp_style.value} layers)"
@@ -149,7 +151,13 @@ def _mesh_table(costs: list[MeshCollectiveCost], unit: ByteUnit) -> Table:
     return table
 
 
-SCOPE_EACH = {"layer": "layer", "model": "micro-batch", "step": "step", "sync": "sync"}
+SCOPE_EACH = {
+    "layer": "layer",
+    "model": "micro-batch",
+    "step": "step",
+    "sync": "sync",
+    "moe_layer": "MoE layer",
+}
 
 
 def _mesh_unit_table(costs: list[MeshCollectiveCost], unit: ByteUnit) -> Table:

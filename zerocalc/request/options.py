@@ -133,6 +133,10 @@ OPTIONS: tuple[Option, ...] = (
          frozenset({PLAN}), value_type=LIST, default_help="1"),
     _opt("ep", ("--ep",), "Expert-parallel degrees searched: a comma list or auto (MoE models).",
          frozenset({PLAN}), value_type=LIST, default_help="1"),
+    _opt("capacity_factor", ("--capacity-factor",),
+         "Tokens a rank's E/e experts receive, as a multiple of the balanced k·b·s/c (routing imbalance; "
+         "Megatron moe_expert_capacity_factor, DeepSpeed capacity_factor); needs --ep.", ESTIMATES,
+         value_type=FLOAT, metavar="F", default_help="1.0: balanced routing"),
     _opt("gpu", ("--gpu",), "A GPU preset, e.g. h100-80gb (see `zerocalc presets list gpus`).",
          ESTIMATES | {PLAN}, value_type=OPT_STR),
     _opt("gpu_memory", ("--gpu-memory",),

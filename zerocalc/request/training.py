@@ -40,6 +40,8 @@ from zerocalc.model.architecture import (
     QkNorm,
     TensorParallelRank,
     count_parameters,
+    is_expert_tensor,
+    parameter_tensors,
     pipeline_stage,
 )
 from zerocalc.model.model_impl import (
@@ -186,6 +188,11 @@ class ActivationOptions(BaseModel):
     micro_batch: int = Field(default=DEFAULT_MICRO_BATCH, ge=1, le=MAX_MICRO_BATCH)
     recompute: Recompute = Recompute.NONE
     flash_attention: bool | None = Field(default=None, description="None: on for the Llama family")
+    capacity_factor: float = Field(
+        default=1.0,
+        gt=0,
+        description="under expert parallelism, the tokens a rank's experts receive over the balanced k·b·s/c",
+    )
 
 
 class BufferOptions(BaseModel):
@@ -323,6 +330,10 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
     )
     model_impl = _choice(o.model_impl, "{model_impl}", ModelImplName)
     mesh = _mesh(o, whole, framework, model, activations, model_impl)
+    if o.capacity_factor is not None:
+        activations = activations.model_copy(
+            update={"capacity_factor": _capacity_factor(o.capacity_factor, mesh, model)}
+        )
     ddp_bucket = DDP_BUCKET_BYTES if o.ddp_bucket is None else parse_bytes(o.ddp_bucket, "{ddp_bucket}")
     buffers = BufferOptions(
         prefetch=parse_whole(o.prefetch, "{prefetch}", 0, MAX_PREFETCH, "units"),
@@ -342,6 +353,8 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
 
     explicit = _strategy_names(o.strategies)
     rank_model, stages = _rank_models(model, mesh)
+    if framework is Framework.FSDP2 and mesh.ep > 1:
+        _fsdp2_expert_sharding_problem(rank_model, mesh)
     request = TrainingRequest(
         estimate=o.estimate,
         model=model,
@@ -655,12 +668,7 @@ def _mesh(
             f"{{gpus}} {n} is not a multiple of {product}; accepted: {{gpus}} a multiple of {ranks}"
         )
     vpp, schedule = _pipeline(o, framework, model, pp)
-    ep = _expert_parallel(o, framework, model, n // (tp * pp))
-    if ep > 1:
-        raise InputError(
-            f"{{ep}} {ep}: the memory and communication of expert parallelism are not modelled yet; "
-            "accepted: {ep} 1"
-        )
+    ep = _expert_parallel(o, framework, model, n // (tp * pp), cp)
     style = TP_STYLES.get(framework)
     if tp > 1 and style is None:
         names = ", ".join(f.value for f in TP_STYLES)
@@ -754,11 +762,7 @@ def _mesh_change_problem(request: TrainingRequest) -> None:
             )
     if mesh.ep > 1:
         options = TrainingOptions(ep=mesh.ep)
-        _expert_parallel(options, framework, model, mesh.world // (mesh.tp * mesh.pp))
-        raise InputError(
-            f"{{ep}} {mesh.ep}: the memory and communication of expert parallelism are not modelled yet; "
-            "accepted: {ep} 1"
-        )
+        _expert_parallel(options, framework, model, mesh.world // (mesh.tp * mesh.pp), mesh.cp)
     if mesh.tp > 1 and framework not in TP_STYLES:
         names = ", ".join(f.value for f in TP_STYLES)
         raise InputError(
@@ -823,9 +827,9 @@ def _pipeline(o: TrainingOptions, framework: Framework, model: ModelSpec, pp: in
     return vpp, schedule
 
 
-def _expert_parallel(o: TrainingOptions, framework: Framework, model: ModelSpec, dp_cp: int) -> int:
+def _expert_parallel(o: TrainingOptions, framework: Framework, model: ModelSpec, dp_cp: int, cp: int) -> int:
     """``ep``: a divisor of the experts and of the dp × cp ranks it is carved from (Megatron-LM
-    ``core/parallel_state.py``; torchtitan ``ParallelDims``)."""
+    ``core/parallel_state.py``; torchtitan ``ParallelDims``, whose EP group takes all of cp)."""
     ep = parse_whole(o.ep, "{ep}", 1, MAX_GPUS, "ranks")
     if ep == 1:
         return ep
@@ -852,7 +856,55 @@ def _expert_parallel(o: TrainingOptions, framework: Framework, model: ModelSpec,
             f"{{ep}} {ep} does not divide the {dp_cp} ranks of dp × cp it is carved from; "
             f"accepted: {{ep}} a divisor of {dp_cp}"
         )
+    if framework is Framework.FSDP2 and ep % cp:
+        raise InputError(
+            f"{{ep}} {ep} with {{cp}} {cp}: torchtitan's expert-parallel group takes all of the context-"
+            f"parallel ranks (ParallelDims: ep % cp == 0); accepted: {{ep}} a multiple of {cp}"
+        )
     return ep
+
+
+def _fsdp2_expert_sharding_problem(rank_model: ModelSpec, mesh: Mesh) -> None:
+    """torchtitan shards the routed experts on dim 1 when the dp·c ranks outnumber the experts
+    (``apply_fsdp``: ``Shard(1)``), and FSDP2 shards a dimension other than 0 only evenly
+    (``torch/distributed/fsdp/_fully_shard/_fsdp_param.py`` ``_init_sharded_param``: "FSDP does not
+    support uneven sharding on dim 1"): each expert tensor's dim 1 must divide by the dp·c/e ranks."""
+    arch = rank_model.architecture
+    assert arch is not None  # ep > 1 needs the architecture
+    ranks = mesh.expert_dp
+    if mesh.dp * mesh.cp <= arch.num_experts or ranks == 1:
+        return
+    for tensor in parameter_tensors(arch):
+        rows = tensor.shape[1] if is_expert_tensor(tensor) else 0
+        if rows % ranks:
+            raise InputError(
+                f"{{ep}} {mesh.ep} with {{framework}} fsdp2: torchtitan shards the routed experts on dim 1 "
+                f"over the {ranks} expert-data-parallel ranks (dp·cp {mesh.dp * mesh.cp} > "
+                f"{arch.num_experts} experts), and {tensor.name}'s {rows:,} rows do not split evenly, which "
+                f"FSDP2 refuses; accepted: {{gpus}}, {{cp}} and {{ep}} whose dp·cp/ep divides {rows:,}"
+            )
+
+
+def _capacity_factor(text: float | str, mesh: Mesh, model: ModelSpec) -> float:
+    """``capacity_factor``: with expert parallelism only (a rank without it computes all of its own k·T
+    routed tokens, however they are spread over the experts), above 0 and at most the most a rank's E/e
+    experts can receive, every token of the EP group that routes to them: e·min(k, E/e)/k."""
+    if mesh.ep == 1:
+        raise InputError(
+            f"{{capacity_factor}} {shown(text)} changes nothing with {{ep}} 1: a rank computes all of its "
+            "own routed tokens whatever the routing; accepted: {ep} 2 or more, or no {capacity_factor}"
+        )
+    arch = model.architecture
+    assert arch is not None  # ep > 1 needs the architecture
+    k, local = arch.experts_per_token, arch.num_experts // mesh.ep
+    most = mesh.ep * min(k, local) / k
+    accepted = (
+        f"a number above 0 and at most {most:g} (e·min(k, E/e)/k: every token routed to a rank's experts)"
+    )
+    value = parse_fraction(text, "{capacity_factor}", 0, most, accepted)
+    if value == 0:
+        raise InputError(f"{{capacity_factor}} {shown(text)} is not accepted; accepted: {accepted}")
+    return value
 
 
 def _model_split_problem(
@@ -902,20 +954,23 @@ def _model_split_problem(
 
 
 def _rank_model(model: ModelSpec, mesh: Mesh) -> ModelSpec:
-    """What one tensor-parallel rank holds: its local shards of every tensor (the model itself at t 1)."""
+    """What one tensor- and expert-parallel rank holds: its local shards of every tensor, E/e routed experts
+    (the model itself at t = e = 1)."""
     arch = model.architecture
-    if mesh.tp == 1 or arch is None:
+    if (mesh.tp == 1 and mesh.ep == 1) or arch is None:
         return model
     vocab_multiple = 128 if mesh.tp_style is TpStyle.MEGATRON else 1
-    rank, count = _tp_share(arch, mesh.tp, vocab_multiple)
+    rank, count = _tp_share(arch, mesh.tp, mesh.ep, vocab_multiple)
     return model.model_copy(update={"params": count.total, "architecture": rank, "parameter_count": count})
 
 
 @lru_cache(maxsize=1024)
-def _tp_share(arch: Architecture, tp: int, vocab_multiple: int) -> tuple[TensorParallelRank, ParameterCount]:
-    """One tensor-parallel rank's share of ``arch`` and its count, once per architecture and split (a plan
-    asks for each many times)."""
-    rank = TensorParallelRank(**dict(arch), tp=tp, vocab_multiple=vocab_multiple)
+def _tp_share(
+    arch: Architecture, tp: int, ep: int, vocab_multiple: int
+) -> tuple[TensorParallelRank, ParameterCount]:
+    """One tensor- and expert-parallel rank's share of ``arch`` and its count, once per architecture and
+    split (a plan asks for each many times)."""
+    rank = TensorParallelRank(**dict(arch), tp=tp, ep=ep, vocab_multiple=vocab_multiple)
     return rank, count_parameters(rank)
 
 
@@ -1290,6 +1345,11 @@ def _zeropp_problem(request: TrainingRequest) -> str | None:
     """ZeRO++ needs DeepSpeed ZeRO-3; hpZ whole nodes; qgZ each tensor's shape."""
     if not request.zeropp:
         return None
+    if request.mesh.ep > 1:
+        return (
+            f"{{zeropp}} with {{ep}} {request.mesh.ep}: ZeRO++ over expert-data-parallel groups is not "
+            "modelled; accepted: no {zeropp}, or {ep} 1"
+        )
     takes = [n for n in request.strategies if STRATEGIES[n].frameworks[request.framework].zeropp]
     if not takes:
         return (

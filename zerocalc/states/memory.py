@@ -14,7 +14,12 @@ FSDP HYBRID_SHARD               b_p·Ψ/g   b_g·Ψ/g   K·Ψ/g
 ==============================  ========  ========  ========
 
 A shard is whole elements: the largest rank holds ceil(Ψ/d) of a tensor split over d ranks, and the
-figures are that rank's. Offload follows ZeRO-Offload (Ren et al. 2021, section 4): the optimizer step
+figures are that rank's. Under expert parallelism of degree e a rank's parameters are two parts, each
+sharded over its own group (:func:`state_parts`): the routed experts it holds (E/e of each layer's) over
+the dp·c/e expert-data-parallel ranks, everything else over the dp·c ranks as without it (Megatron-LM's
+distributed optimizer over ``expert_data_parallel_group``, torchtitan's FSDP2 of the experts over
+``dp_shard_mod_ep``, DeepSpeed-MoE's ZeRO over ``expert_data_parallel_group``), one row per part.
+Offload follows ZeRO-Offload (Ren et al. 2021, section 4): the optimizer step
 runs on the host, so the fp32 states *and the gradient partitions* it consumes leave the GPU (gradients
 only where they are partitioned, i.e. ZeRO-2/3); ZeRO-Infinity (Rajbhandari et al. 2021) adds NVMe for
 optimizer states and parameters under ZeRO-3. Bytes are exact integers.
@@ -25,13 +30,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from enum import StrEnum
 from fractions import Fraction
+from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from zerocalc.base.display import TableDisplay
 from zerocalc.base.dtypes import DType
 from zerocalc.base.units import ceil_div, format_count, gib, plural, summary_repr
-from zerocalc.model.architecture import ParameterCount
+from zerocalc.model.architecture import ParameterCount, expert_parameters
 from zerocalc.network.cluster import Cluster, RankGroup
 from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerName, OptimizerSpec
@@ -68,6 +74,19 @@ class StateShard(BaseModel):
     padding_elements: int = Field(description="d·ceil(Ψ/d) − Ψ: elements added so every shard is equal")
     bytes: int
     parts: dict[str, int] = Field(description="bytes of each tensor making up this state")
+    experts: bool = Field(
+        default=False,
+        description="the routed experts' part under expert parallelism, sharded over the expert-data-"
+        "parallel ranks (shown only when true; the other part is everything else)",
+    )
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``experts`` only where it is true: without expert parallelism the record is as it always was."""
+        data = handler(self)
+        if not self.experts:
+            data.pop("experts", None)
+        return data
 
 
 class StrategyMemory(BaseModel):
@@ -223,27 +242,71 @@ def optimizer_parts(recipe: PrecisionRecipe, optimizer: OptimizerSpec) -> PartsO
     return parts
 
 
+class StatePart(NamedTuple):
+    """Parameters of one rank whose states are sharded over one data-parallel group."""
+
+    params: int
+    """Ψ of the part on this rank."""
+    cluster: Cluster
+    """The ranks its states are sharded over."""
+    experts: bool
+    """The routed experts under expert parallelism."""
+
+
+def state_parts(request: TrainingRequest) -> tuple[StatePart, ...]:
+    """A rank's parameters as its states are sharded: all of them over the dp × cp ranks
+    (``request.cluster``); under expert parallelism, the rest over those and its E/e routed experts over the
+    dp·c/e expert-data-parallel ranks (:meth:`~zerocalc.parallel.mesh.Mesh.expert_data_cluster`)."""
+    whole = request.rank_model.params
+    if request.mesh.ep == 1:
+        return (StatePart(whole, request.cluster, False),)
+    experts = expert_parameters(request.architecture)
+    return (
+        StatePart(whole - experts, request.cluster, False),
+        StatePart(experts, request.mesh.expert_data_cluster(), True),
+    )
+
+
 def shard_elements(request: TrainingRequest, group: RankGroup | None) -> int:
-    """ceil(Ψ/d): the parameter elements of a state sharded over ``group`` that the largest rank holds."""
-    return ceil_div(request.rank_model.params, request.cluster.group_size(group))
+    """Σ ceil(Ψ/d) over the parts (:func:`state_parts`): the parameter elements of a state sharded over
+    ``group`` that the largest rank holds."""
+    return sum(ceil_div(part.params, part.cluster.group_size(group)) for part in state_parts(request))
 
 
 def state_shard(
-    kind: StateKind, group: RankGroup | None, location: Location, request: TrainingRequest, parts_of: PartsOf
+    kind: StateKind,
+    group: RankGroup | None,
+    location: Location,
+    request: TrainingRequest,
+    parts_of: PartsOf,
+    part: StatePart | None = None,
 ) -> StateShard:
-    """One state sharded over ``group`` (None: replicated), as the largest rank holds it."""
-    d = request.cluster.group_size(group)
-    n = shard_elements(request, group)
+    """One state of ``part`` (the rank's whole share when None) sharded over ``group`` of its ranks (None:
+    replicated), as the largest rank holds it."""
+    if part is None:
+        part = StatePart(request.rank_model.params, request.cluster, False)
+    psi = part.params
+    d = part.cluster.group_size(group)
+    n = ceil_div(psi, d)
     parts = parts_of(n)
     return StateShard(
         kind=kind,
         location=location,
         shard_ranks=d,
         elements=n,
-        padding_elements=n * d - request.rank_model.params,
+        padding_elements=n * d - psi,
         bytes=sum(parts.values()),
         parts=parts,
+        experts=part.experts,
     )
+
+
+def state_shards(
+    kind: StateKind, group: RankGroup | None, location: Location, request: TrainingRequest, parts_of: PartsOf
+) -> list[StateShard]:
+    """:func:`state_shard` of each part of the rank's parameters (:func:`state_parts`): one row, or the
+    rest's and the routed experts' under expert parallelism."""
+    return [state_shard(kind, group, location, request, parts_of, part) for part in state_parts(request)]
 
 
 _LOCATION = {
@@ -264,14 +327,14 @@ def strategy_states(strategy: Strategy, request: TrainingRequest) -> list[StateS
     grad_location = Location.CPU if grads_on_host else Location.GPU
     param_dtype, grad_dtype = recipe.param_dtype, recipe.grad_dtype
     states = [
-        state_shard(
+        *state_shards(
             StateKind.PARAMS,
             strategy.params,
             _LOCATION[request.offload_params],
             request,
             tensor_parts(f"params_{param_dtype.value}", param_dtype),
         ),
-        state_shard(
+        *state_shards(
             StateKind.GRADS,
             strategy.grads,
             grad_location,
@@ -280,23 +343,19 @@ def strategy_states(strategy: Strategy, request: TrainingRequest) -> list[StateS
         ),
     ]
     if request.fp32_grad_accum:
-        states.append(
-            state_shard(
-                StateKind.GRAD_ACCUM,
-                strategy.grads,
-                grad_location,
-                request,
-                tensor_parts(f"grad_accum_{GRAD_ACCUM_DTYPE.value}", GRAD_ACCUM_DTYPE),
-            )
-        )
-    states.append(
-        state_shard(
-            StateKind.OPTIMIZER,
-            strategy.optimizer,
-            _LOCATION[offload_opt],
+        states += state_shards(
+            StateKind.GRAD_ACCUM,
+            strategy.grads,
+            grad_location,
             request,
-            optimizer_parts(recipe, optimizer),
+            tensor_parts(f"grad_accum_{GRAD_ACCUM_DTYPE.value}", GRAD_ACCUM_DTYPE),
         )
+    states += state_shards(
+        StateKind.OPTIMIZER,
+        strategy.optimizer,
+        _LOCATION[offload_opt],
+        request,
+        optimizer_parts(recipe, optimizer),
     )
     return states
 
@@ -370,7 +429,35 @@ def mesh_assumption(request: TrainingRequest) -> str:
             f"{request.rank_model.params:,} parameters"
             + (f" per tensor-parallel rank ({mesh.tp_style.value} layers)" if mesh.tp > 1 else "")
         )
+    if mesh.ep > 1:
+        arch = request.architecture
+        rest, experts = state_parts(request)
+        text += (
+            f"; expert parallelism: each of the {mesh.ep} ranks of an EP group ({mesh.tp} apart) holds "
+            f"{arch.local_experts} of the {arch.num_experts} routed experts of every MoE layer, "
+            f"{experts.params:,} parameters whose states are sharded over the "
+            f"{plural(experts.cluster.world_size, 'expert-data-parallel rank')} ({mesh.tp * mesh.ep} apart), "
+            f"and {rest.params:,} other parameters"
+        )
     return text
+
+
+def routing_assumption(request: TrainingRequest) -> str:
+    """What expert parallelism assumes of the routing, in words: the tokens a rank's experts get (its
+    routed activations) and the all-to-alls carry."""
+    arch, mesh = request.architecture, request.mesh
+    factor = request.activations.capacity_factor
+    routing = (
+        "balanced routing"
+        if factor == 1
+        else f"the busiest rank's experts get {factor:g}× the balanced share"
+    )
+    return (
+        f"expert parallelism: each rank routes its b·s/c tokens to k = {arch.experts_per_token} of the "
+        f"{arch.num_experts} experts, {arch.local_experts} on each of the {mesh.ep} ranks of an EP group; a "
+        f"rank's experts compute, and a dispatch or combine all-to-all carries, cf·k·b·s/c tokens with the "
+        f"capacity factor cf = {factor:g} ({routing}), (e−1)/e of them from or to other GPUs"
+    )
 
 
 def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
@@ -394,6 +481,8 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
     ]
     if mesh.model_parallel:
         assumptions.append(mesh_assumption(request))
+    if mesh.ep > 1:
+        assumptions.append(routing_assumption(request))
     assumptions += [
         f"{recipe.name.value}: {recipe.note}",
         optimizer.assumption,

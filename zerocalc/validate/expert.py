@@ -28,6 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.harness import procs
+from zerocalc.model.activations import routed_rows
+from zerocalc.network.collectives import COLLECTIVES, Collective
 from zerocalc.validate.compare import LineResult
 
 EXPERTS_PER_RANK = 2
@@ -146,10 +148,13 @@ def predicted_calls(job: ExpertJob, rank: int) -> list[A2ACall]:
 
 
 def predicted_dispatch_bytes(tokens: int, top_k: int, hidden: int, dtype: DType, ep: int) -> int:
-    """Bytes one rank's dispatch sends to the other EP ranks under a balanced routing (seam for the
-    analytic expert-parallel model): k·b·s·h elements routed, (e − 1)/e of them to other ranks (exact
-    when E divides k·b·s); the combine sends as many back, and backward repeats both."""
-    return top_k * tokens * hidden * dtype.bytes * (ep - 1) // ep
+    """Bytes one rank's dispatch sends to the other EP ranks under a balanced routing, as the analytic
+    expert-parallel model prices it (:data:`zerocalc.comm.mesh.EP_LAYER`): S = k·b·s·h elements routed
+    (:func:`~zerocalc.model.activations.routed_rows` at capacity factor 1), (e − 1)/e of them to other
+    ranks (the all_to_all bus factor; exact when E divides k·b·s); the combine sends as many back, and
+    backward repeats both."""
+    message = routed_rows(top_k * tokens, 1.0) * hidden * dtype.bytes
+    return COLLECTIVES[Collective.ALL_TO_ALL].bytes_sent_per_rank(message, ep)
 
 
 def expert_param_bytes(job: ExpertJob) -> int:
