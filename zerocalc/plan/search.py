@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.comm.calls import Layout
-from zerocalc.comm.estimate import CollectiveRun, collective_runs, mesh_request, strategy_comm
+from zerocalc.comm.estimate import CollectiveRun, collective_runs, data_parts, mesh_request, strategy_comm
 from zerocalc.comm.pipeline import pipeline_comm
 from zerocalc.comm.step import (
     fsdp2_traffic,
@@ -407,7 +407,7 @@ class _MeshSteps:
             strategy,
             request,
             None,
-            Layout.of(rank.params, rank.architecture),
+            data_parts(request, Layout.of(rank.params, rank.architecture)),
             mesh_request(request),
             pipeline,
         )
