@@ -502,7 +502,7 @@ STRATEGIES: dict[StrategyName, Strategy] = {
                 ),
                 Framework.DDP: FrameworkSetup(
                     title="DDP",
-                    torch=_DDP_TORCH.model_copy(update={"validate_name": None}),
+                    torch=_DDP_TORCH._replace(validate_name=None),
                     schedule=(_DDP_ALL_REDUCE,),
                     schedule_source=_DDP_SOURCE,
                 ),
