@@ -7,6 +7,7 @@ and ``zerocalc.cli.app`` (tests, embedding) load them all.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 from typing import Any
@@ -39,8 +40,12 @@ def _invoked(argv: list[str]) -> list[str] | None:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    load_commands(_invoked(sys.argv[1:]))()
+    """Console-script entry point. What loading the command created (modules, classes, tables) lives as
+    long as the process: it is moved out of the garbage collector's generations (``gc.freeze``), so that
+    no collection traverses it again, the last one at exit included."""
+    app = load_commands(_invoked(sys.argv[1:]))
+    gc.freeze()
+    app()
 
 
 def __getattr__(name: str) -> Any:
