@@ -215,7 +215,7 @@ class CommEstimate(TableDisplay, BaseModel):
     request: CommRequest
     options: OptionsEcho = None
     calibration_used: str | None = None
-    notes: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default=[])
     compute: ComputeTime | None = None
     strategies: list[StrategyComm]
     pipeline: PipelineComm | None = Field(

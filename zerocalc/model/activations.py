@@ -98,7 +98,7 @@ def exact_split(total: int, parts: int, what: str) -> int:
 class ActivationShape(BaseModel):
     """What one layer's activation count needs to know about the model and the micro-batch."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     seq_len: int = Field(gt=0, description="s")
     micro_batch: int = Field(gt=0, description="b")

@@ -46,8 +46,6 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import NamedTuple
 
-from pydantic import BaseModel, ConfigDict
-
 from zerocalc.model.activations import ActivationShape, CpImpl, exact_split, layer_terms, routed_rows
 from zerocalc.model.architecture import Architecture, BlockLayout, MlpKind, NormKind, QkNorm
 
@@ -68,10 +66,8 @@ class Device(StrEnum):
     CPU = "cpu"
 
 
-class ModelImpl(BaseModel):
+class ModelImpl(NamedTuple):
     """The code a model is trained with, and what of it the activation accounting follows."""
-
-    model_config = ConfigDict(frozen=True)
 
     name: ModelImplName
     title: str

@@ -32,10 +32,10 @@ Conventions follow nccl-tests ``doc/PERFORMANCE.md`` (NVIDIA/nccl-tests):
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
 from functools import cache
+from typing import NamedTuple
 
 from zerocalc.base.errors import InputError
 from zerocalc.base.units import ceil_div
@@ -74,8 +74,7 @@ def _point_to_point(n: int) -> Fraction:
     return Fraction(1)
 
 
-@dataclass(frozen=True)
-class CollectiveSpec:
+class CollectiveSpec(NamedTuple):
     """What is particular to one collective (cf. nccl-tests' ``struct testColl``)."""
 
     collective: Collective

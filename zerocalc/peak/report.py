@@ -177,7 +177,7 @@ class StrategyPeak(BaseModel):
 class PeakEstimate(BaseModel):
     options: PeakOptions
     model_impl_source: str
-    notes: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default=[])
     strategies: list[StrategyPeak]
     init_host_bytes_per_node: int | None = Field(
         default=None,

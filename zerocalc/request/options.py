@@ -14,9 +14,8 @@ Adding an option is one :class:`Option` here plus its use where it is parsed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 from pydantic import Field
 
@@ -42,8 +41,7 @@ MEMORY, COMM, PLAN = Command.MEMORY, Command.COMM, Command.PLAN
 ESTIMATES = frozenset({MEMORY, COMM})
 
 
-@dataclass(frozen=True)
-class Option:
+class Option(NamedTuple):
     """One input: the one place its name, flags, default, help and accepted values are written."""
 
     name: str

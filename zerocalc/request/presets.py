@@ -61,7 +61,7 @@ class ModelPreset(BaseModel):
     """A model file: a preset of ``presets/models/`` or a user's file of the same schema (``--model
     path.toml``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     name: str | None = Field(
         default=None,

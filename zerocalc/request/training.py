@@ -130,9 +130,13 @@ def options_model(name: str, commands: tuple[Command, ...], **fields: Any) -> ty
     :class:`~zerocalc.request.options.Option` (its default the option's), plus ``fields``; nothing is
     checked yet but the types a library caller passes."""
     namespace = {"Architecture": Architecture, "Calibration": Calibration, "Any": Any}
+    types: dict[str, Any] = {}  # each type expression evaluated once (options share a handful)
     for command in commands:
         for o in options_for(command, request_only=True):
-            fields.setdefault(o.name, (eval(o.value_type, namespace), o.default))
+            if o.name not in fields:
+                if o.value_type not in types:
+                    types[o.value_type] = eval(o.value_type, namespace)
+                fields[o.name] = (types[o.value_type], o.default)
     config = ConfigDict(frozen=True, extra="forbid")
     return create_model(name, __config__=config, __module__=__name__, **fields)
 

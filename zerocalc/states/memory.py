@@ -189,7 +189,7 @@ class MemoryEstimate(TableDisplay, BaseModel):
     bytes_per_parameter: BytesPerParameter
     assumptions: list[str]
     notes: list[str] = Field(
-        default_factory=list,
+        default=[],
         description="each naming inputs by concept ({gpus}), as InputError messages do: the CLI shows flags, "
         "the library keywords (errors.with_names)",
     )

@@ -127,4 +127,4 @@ class Measured(BaseModel):
     )
     peak_allocated: int | None = Field(default=None, description="torch.cuda.max_memory_allocated (GPU only)")
     loss: float
-    collectives: list[RecordedCall] = Field(default_factory=list, description="those of the measured step")
+    collectives: list[RecordedCall] = Field(default=[], description="those of the measured step")
