@@ -34,13 +34,16 @@ CASES = [
     LLAMA_16,
     dict(model="llama-3-8b", gpu="h100-80gb", gpus=64, global_batch="4194304", seq_len=8192),
     dict(LLAMA_16, frameworks="fsdp2"),
+    dict(LLAMA_16, frameworks="megatron,fsdp2", tp="1,2,4,8", pp="1,2,4"),
 ]
-"""The default frameworks (fsdp2, torch-zero1, deepspeed), then README's `plan` example (FSDP2 alone)."""
+"""The default frameworks (fsdp2, torch-zero1, deepspeed), then README's `plan` example (FSDP2 alone), then
+a mesh space (Megatron-LM and FSDP2 over tp × pp)."""
 
 
 def _label(case: dict) -> str:
     frameworks = f" [{case['frameworks']}]" if "frameworks" in case else ""
-    return f"{case['model']} ≤{case['gpus']}×{case['gpu']}{frameworks}"
+    mesh = "".join(f" {name} {case[name]}" for name in ("tp", "cp", "pp", "vpp", "ep") if name in case)
+    return f"{case['model']} ≤{case['gpus']}×{case['gpu']}{frameworks}{mesh}"
 
 
 def _cold(index: int, repeat: int) -> float:

@@ -27,9 +27,46 @@ def _group_ranks(group: str, rank: int, world: int, per_node: int) -> list[int]:
     return list(range(world))
 
 
+def perfect_tp_run(job: Job) -> list[Measured]:
+    """:func:`perfect_run` of a ``dp × tp`` job: the states and the calls, in order, of
+    ``zerocalc.validate.tp``."""
+    from zerocalc.validate.tp import tp_predictions
+
+    plan = job.tp_plan
+    assert plan is not None
+    states, calls = tp_predictions(job)
+    measured = []
+    for rank, p in enumerate(states):
+        recorded = [
+            RecordedCall(
+                op=c.op,
+                phase=c.phase,
+                dtype=c.dtype,
+                elements=c.elements,
+                group_ranks=plan.tp_group(rank) if c.group == "tp" else plan.dp_group(rank),
+            )
+            for c in calls[rank]
+        ]
+        measured.append(
+            Measured(
+                rank=rank,
+                params=p.params.bytes,
+                grads=p.grads.bytes,
+                optimizer=p.optimizer_states.bytes,
+                step=p.step.bytes,
+                unsharded_after_forward=p.unsharded_after_forward.bytes,
+                loss=6.9,
+                collectives=recorded,
+            )
+        )
+    return measured
+
+
 def perfect_run(job: Job, world: int) -> list[Measured]:
     """What every rank of ``job`` measures when the prediction is exactly right: its model states and the
     calls of ``zerocalc comm``'s schedule (the figures a faked spawned world hands back)."""
+    if job.tp_plan is not None:
+        return perfect_tp_run(job)
     comm = predicted_comm(job, world)
     states = predictions(job.arch, job.strategy, world, job.precision, job.optimizer, job.gpus_per_node)
     measured = []

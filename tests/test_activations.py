@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerocalc.model.activations import ActivationShape, MlpKind, layer_terms
+from zerocalc.model.activations import (
+    ActivationShape,
+    CpImpl,
+    MlpKind,
+    layer_input_bytes,
+    layer_terms,
+)
 from zerocalc.model.model_impl import QUADRATIC_TERMS
 
 
@@ -118,3 +124,109 @@ def test_monotone_in_micro_batch_and_sequence(shape: ActivationShape, k: int) ->
         terms = layer_terms(shape)
         assert sum(bigger.values()) > sum(terms.values())
         assert selective(bigger) > selective(terms)
+
+
+# Korthikanti et al. 2022, Table 2, GPT-3 175B (Table 3: s 2048, h 12288, a 96, t 8) with b = 1, per layer
+# and per rank; sbh = 2048 * 12288 = 25_165_824 and 5as/h = 5 * 96 * 2048 / 12288 = 80:
+#   tensor parallel                     sbh(10 + 24/t + 5as/(ht)) = sbh(10 + 3 + 10)  = 23 sbh
+#   tensor + sequence parallel          sbh(34/t + 5as/(ht))      = sbh(4.25 + 10)   = 14.25 sbh
+#   tensor parallel + selective         sbh(10 + 24/t)            = 13 sbh
+#   tensor + sequence + selective       sbh(34/t)                 = 4.25 sbh
+#   full recomputation                  2sbh (the layer input), 2sbh/t under sequence parallelism
+SBH = 2048 * 12288
+
+
+@pytest.mark.parametrize(
+    ("sequence_parallel", "per_layer", "kept"),
+    [
+        (False, 578_813_952, 327_155_712),  # 23 sbh, 13 sbh
+        (True, 358_612_992, 106_954_752),  # 14.25 sbh, 4.25 sbh
+    ],
+)
+def test_korthikanti_table_2_gpt3_175b_tensor_parallel(
+    sequence_parallel: bool, per_layer: int, kept: int
+) -> None:
+    shape = gpt(12288, 96).model_copy(update={"tp": 8, "sequence_parallel": sequence_parallel})
+    terms = layer_terms(shape)
+    assert sum(terms.values()) == per_layer
+    assert selective(terms) == kept
+    if sequence_parallel:
+        assert per_layer == SBH * 57 // 4 and kept == SBH * 17 // 4
+    else:
+        assert per_layer == 23 * SBH and kept == 13 * SBH
+
+
+def test_korthikanti_table_2_full_recomputation_keeps_the_layer_input() -> None:
+    assert layer_input_bytes(gpt(12288, 96)) == 2 * SBH == 50_331_648
+    tp = gpt(12288, 96).model_copy(update={"tp": 8})
+    assert layer_input_bytes(tp) == 2 * SBH  # replicated without sequence parallelism
+    sp = tp.model_copy(update={"sequence_parallel": True})
+    assert layer_input_bytes(sp) == 2 * SBH // 8 == 6_291_456
+
+
+def test_megatron_theoretical_memory_usage_formulas() -> None:
+    """Megatron-LM ``training/theoretical_memory_usage.py``: per layer per rank sbh(18 + 4f/h)/t with
+    sequence parallelism and selective recomputation, sbh(10 + 24/t) without sequence parallelism; here
+    the 22B model of Korthikanti Table 3 (h 6144, a 64, f 4h) at t 8, s 2048, b 4."""
+    shape = gpt(6144, 64, b=4).model_copy(update={"tp": 8})
+    sbh = 2048 * 4 * 6144
+    assert selective(layer_terms(shape)) == sbh * (10 + 24 // 8)
+    sp = shape.model_copy(update={"sequence_parallel": True})
+    assert selective(layer_terms(sp)) == sbh * (18 + 4 * 4) // 8
+
+
+def test_tensor_parallel_splits_the_columns_and_keeps_the_replicated_ten() -> None:
+    """Without sequence parallelism the two norm inputs, the QKV and MLP inputs (2sbh each) and the two
+    dropout masks (sbh each) stay whole: 10 sbh; every other term is /t."""
+    whole, split = layer_terms(gpt(12288, 96)), layer_terms(gpt(12288, 96).model_copy(update={"tp": 8}))
+    replicated = {"attn_norm_input", "qkv_input", "attn_out_dropout_mask", "mlp_norm_input", "mlp_input"}
+    replicated |= {"mlp_dropout_mask"}
+    assert sum(whole[name] for name in replicated) == 10 * SBH
+    for name, value in whole.items():
+        assert split[name] == (value if name in replicated else value // 8), name
+
+
+def test_grouped_query_attention_under_tensor_parallelism() -> None:
+    # Llama-3-70B style: h 8192, 64 heads of 128, 8 kv heads, SwiGLU f 28672, flash, t 8: per rank 8 heads,
+    # 1 kv head, f/t 3584; s 4096, b 1, sequence parallel: the norms' and inputs' rows are s/t = 512
+    s, h, f = 4096, 8192, 28672
+    shape = ActivationShape(
+        seq_len=s, micro_batch=1, hidden=h, heads=64, kv_heads=8, head_dim=128, ffn_hidden=f,
+        mlp=MlpKind.SWIGLU, dropout=False, flash_attention=True, tp=8, sequence_parallel=True,
+    )  # fmt: skip
+    terms = layer_terms(shape)
+    assert terms["k"] == terms["v"] == 2 * s * 128
+    assert terms["q"] == terms["out_proj_input"] == 2 * s * 1024
+    assert terms["gate_output"] == 2 * s * 3584
+    assert terms["mlp_input"] == terms["qkv_input"] == 2 * 512 * h
+    assert terms["softmax_logsumexp_fp32"] == 4 * s * 8
+    # norms and inputs 4 x 2 x 512h, q/out 2 x 2s x 1024, k/v 2 x 2s x 128, SwiGLU 4 x 2s x 3584, lse
+    expected = 8 * 512 * h + 4 * s * 1024 + 4 * s * 128 + 8 * s * 3584 + 4 * s * 8
+    assert sum(terms.values()) == expected
+
+
+@pytest.mark.parametrize("impl", list(CpImpl))
+def test_context_parallelism_divides_the_sequence(impl: CpImpl) -> None:
+    """Every per-token term of a rank holds s/c tokens; Ulysses keeps the attention output twice (the
+    kernel's, over s × a/c, and the projection input all-to-all'd back, over s/c × a)."""
+    base = gpt(12288, 96).model_copy(update={"flash_attention": True, "seq_len": 8192})
+    cp = layer_terms(base.model_copy(update={"cp": 4, "cp_impl": impl}))
+    whole = layer_terms(base)
+    for name, value in whole.items():
+        assert cp[name] == value // 4, name
+    extra = set(cp) - set(whole)
+    if impl is CpImpl.ULYSSES:
+        assert extra == {"attn_output_before_all_to_all"}
+        assert cp["attn_output_before_all_to_all"] == cp["out_proj_input"] == 2 * 2048 * 12288
+    else:
+        assert extra == set()
+
+
+def test_context_parallelism_needs_flash_attention() -> None:
+    with pytest.raises(ValueError, match="flash"):
+        layer_terms(gpt(12288, 96).model_copy(update={"cp": 2}))
+
+
+def test_indivisible_heads_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"attention heads \(96\) is not divisible by 5"):
+        layer_terms(gpt(12288, 96).model_copy(update={"tp": 5}))

@@ -173,6 +173,7 @@ def no_ranks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict]:
         (["--dtype", "int8"], "--dtype 'int8' is not accepted; accepted: bf16, fp16, fp32"),
         (["--min-bytes", "1XB"], "--min-bytes '1XB' has an unknown unit"),
         (["--collectives", "allreduce,gossip"], "collective 'gossip' is not known"),
+        (["--collectives", "send_recv"], "--collectives send_recv is not measured by bench"),
         (["--min-bytes", "8KiB", "--max-bytes", "1KiB"], "--max-bytes 1024 is smaller than --min-bytes 8192"),
         (["--backend", "mpi"], "--backend 'mpi' is not accepted; accepted: nccl, gloo"),
         (["--backend", "nccl"], "--backend nccl needs a CUDA GPU"),

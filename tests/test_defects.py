@@ -617,7 +617,7 @@ def test_validate_collective_headers_are_distinct() -> None:
 
     collective = CollectiveResult(op="all_reduce", phase="backward", dtype="fp32", group="world",
                                   group_size=2,
-                                  predicted_calls=1, measured_calls=[1, 1], predicted_bytes=8,
+                                  predicted_calls=1, measured_calls=[1, 1], predicted_bytes=[8, 8],
                                   measured_bytes=[8, 8], ok=True, explanation="")  # fmt: skip
     config = ConfigResult(
         strategy="ddp", precision=PrecisionName.FP32, status="match", collectives=[collective]

@@ -288,11 +288,24 @@ def as_shown(shown: str, output: str) -> str:
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_every_code_block_is_run_or_parsed(page: Path) -> None:
-    """A code block is ``console`` (run), ``bash`` (its zerocalc commands parsed) or README's ``python``
-    library example (run by tests/test_readme.py): no block escapes the tests unmarked."""
-    allowed = {"console", "bash", "python"} if page.name == "README.md" else {"console", "bash"}
+    """A code block is ``console`` (run), ``bash`` (its zerocalc commands parsed), ``toml`` (a model file,
+    read by :func:`test_every_toml_block_is_a_model_file`) or README's ``python`` library example (run by
+    tests/test_readme.py): no block escapes the tests unmarked."""
+    allowed = {"console", "bash", "toml"} | ({"python"} if page.name == "README.md" else set())
     languages = [fence.group(1) for fence in _FENCE.finditer(page.read_text())]
     assert set(languages) <= allowed, f"{page.name}: code blocks marked {languages}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_toml_block_is_a_model_file(page: Path, tmp_path: Path) -> None:
+    """A ``toml`` block is a model file `--model path/to/model.toml` reads as it stands."""
+    from zerocalc.request.presets import load_model
+
+    blocks = [fence.group(2) for fence in _FENCE.finditer(page.read_text()) if fence.group(1) == "toml"]
+    for i, block in enumerate(blocks):
+        path = tmp_path / f"block-{i}.toml"
+        path.write_text(block)
+        load_model(str(path))
 
 
 @pytest.mark.parametrize("example", _all_examples())

@@ -142,7 +142,10 @@ def test_every_option_of_memory_with_a_model(data: st.DataObject, tmp_path: Path
     )
 
 
-VALIDATE_MODES = st.sampled_from([[], ["--activations"], ["--device", "cpu"], ["--device", "cuda"]])
+VALIDATE_MODES = st.sampled_from(
+    [[], ["--activations"], ["--device", "cpu"], ["--device", "cuda"], ["--pp", "2"], ["--fake", "--pp", "2"],
+     ["--ep", "2"]]
+)  # fmt: skip
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -150,13 +153,15 @@ VALIDATE_MODES = st.sampled_from([[], ["--activations"], ["--device", "cpu"], ["
 def test_every_option_of_validate(
     data: st.DataObject, mode: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every validate option, random values, in each of its modes (frameworks, --activations, --device):
-    refused in one line before anything runs, or accepted (the runs themselves are replaced: no process
-    is spawned and no model built)."""
-    from zerocalc.validate import run, saved_measure
+    """Every validate option, random values, in each of its modes (frameworks, --activations, --device,
+    --pp, --fake --pp, --ep): refused in one line before anything runs, or accepted (the runs themselves
+    are replaced: no process is spawned and no model built)."""
+    from zerocalc.validate import expert, pipeline, run, saved_measure
 
     monkeypatch.setattr(run, "run_all", _never_measure)
     monkeypatch.setattr(saved_measure, "run_cases", _never_measure)
+    for module, name in ((pipeline, "run_pipeline"), (pipeline, "run_fake_pipeline"), (expert, "run_expert")):
+        monkeypatch.setattr(module, name, _never_measure)
     _run_and_check(_draw_args(data, "validate", ["validate", *mode]), tmp_path)
 
 

@@ -128,8 +128,8 @@ def test_flags_override_the_file_and_the_library_reads_it_too(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("kind", "text", "message"),
     [
-        (LaunchFormat.TORCHTITAN, "[parallelism]\ntensor_parallel_degree = 8\n",
-         "parallelism.tensor_parallel_degree 8 is not modelled; accepted: 1 .zerocalc models data"),
+        (LaunchFormat.TORCHTITAN, "[parallelism]\npipeline_parallel_degree = 8\n",
+         "parallelism.pipeline_parallel_degree 8 is not modelled; accepted: 1 .zerocalc models dp × cp × tp"),
         (LaunchFormat.DEEPSPEED, '{"zero_optimization": {"stage": 4}}',
          "zero_optimization.stage 4 is not modelled; accepted: 0, 1, 2 or 3"),
         (LaunchFormat.DEEPSPEED, "{not json", "is not JSON"),
@@ -144,14 +144,30 @@ def test_what_cannot_be_honoured_is_refused_naming_the_key(
         read_launch_config(kind, text, "{deepspeed} f")
 
 
+def test_a_torchtitan_mesh_gives_the_flags_mesh(tmp_path: Path) -> None:
+    path = tmp_path / "llama3_8b_tp.toml"
+    path.write_text(
+        TITAN_TOML.replace("tensor_parallel_degree = 1", "tensor_parallel_degree = 2")
+        .replace("data_parallel_shard_degree = 8", "data_parallel_shard_degree = 2")
+        .replace("[activation_checkpoint]", "context_parallel_degree = 2\n[activation_checkpoint]")
+    )
+    from_file = _memory(["--torchtitan", str(path)])
+    flags = [*TITAN_FLAGS, "--tp", "2", "--cp", "2"]
+    from_flags = _memory(flags)
+    # FSDP2 shards over dp_shard × cp = 4 ranks; the whole run is dp_shard × cp × tp = 8 GPUs
+    assert from_file["request"]["mesh"] == from_flags["request"]["mesh"]
+    assert from_file["request"]["mesh"]["world"] == 8 and from_file["request"]["cluster"]["world_size"] == 4
+    assert from_file["peak"]["strategies"] == from_flags["peak"]["strategies"]
+
+
 def test_a_refused_launch_config_is_one_line_and_exit_2(tmp_path: Path) -> None:
     path = tmp_path / "tp.toml"
-    path.write_text("[parallelism]\ntensor_parallel_degree = 8\n")
+    path.write_text("[parallelism]\nexpert_parallel_degree = 8\n")
     result = runner.invoke(app, ["memory", "--model", "llama-3-8b", "--torchtitan", str(path)])
     assert result.exit_code == 2
     assert result.stderr.strip().splitlines() == [
-        f"zerocalc: error: --torchtitan {str(path)!r}: parallelism.tensor_parallel_degree 8 is not modelled; "
-        "accepted: 1 (zerocalc models data parallelism only)"
+        f"zerocalc: error: --torchtitan {str(path)!r}: parallelism.expert_parallel_degree 8 is not modelled; "
+        "accepted: 1 (zerocalc models dp × cp × tp meshes)"
     ]
     missing = runner.invoke(
         app, ["memory", "--model", "llama-3-8b", "--deepspeed", str(tmp_path / "none.json")]

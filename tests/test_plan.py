@@ -20,6 +20,8 @@ from zerocalc.cli import app
 from zerocalc.cli.plan import command
 from zerocalc.comm.calls import Layout
 from zerocalc.comm.estimate import collective_runs, strategy_comm
+from zerocalc.comm.step import request_compute
+from zerocalc.compute.ops import model_flops_per_token
 from zerocalc.model.activations import Recompute
 from zerocalc.network.calibration import save_calibration
 from zerocalc.network.collectives import Collective
@@ -51,7 +53,6 @@ from zerocalc.plan.timing import (
     comm_lines,
     comm_of_lines,
     comm_time,
-    flops_per_token,
     offload_seconds,
     step_time,
 )
@@ -87,12 +88,11 @@ def _brute_force() -> list[tuple[tuple, float, int]]:
                 group.offload_optimizer, group.offload_params, accum,
                 recipe.param_dtype.bytes, recipe.grad_dtype.bytes,
             )  # fmt: skip
-            flops = flops_per_token(
-                base.architecture, base.model.parameter_count, plan.seq_len, group.recompute, flash
-            )
+            compute, _ = request_compute(with_batch(request, b, accum), plan.compute, group.strategy)
             timing = step_time(
-                flops, b * accum * plan.seq_len, accum, base.gpu.bf16_dense_tflops * 1e12, plan.mfu, comm,
-                group.framework, group.prefetch, offload,
+                compute, b * accum * plan.seq_len, accum, comm, group.framework, group.prefetch, offload,
+                model_flops_per_token(base.architecture, base.model.parameter_count, plan.seq_len),
+                base.gpu.bf16_dense_tflops * 1e12,
             )  # fmt: skip
             out.append(((group.framework, group.strategy, group.world, b), timing.step_s, peak.peak_bytes))
     return out
@@ -118,7 +118,6 @@ def test_every_candidates_step_time_is_comms_at_its_own_accumulation() -> None:
     plan = plan_options(**space)
     result = search(plan, keep_all=True)
     base = plan.base
-    flash = flash_attention_used(base)
     recipe = RECIPES[base.precision]
     assert result.candidates is not None
     checked = 0
@@ -133,12 +132,12 @@ def test_every_candidates_step_time_is_comms_at_its_own_accumulation() -> None:
             row.offload_optimizer, row.offload_params, row.grad_accum,
             recipe.param_dtype.bytes, recipe.grad_dtype.bytes,
         )  # fmt: skip
-        flops = flops_per_token(
-            base.architecture, base.model.parameter_count, plan.seq_len, row.recompute, flash
-        )
+        compute, _ = request_compute(memory, plan.compute, row.strategy)
         timing = step_time(
-            flops, row.micro_batch * row.grad_accum * plan.seq_len, row.grad_accum,
-            base.gpu.bf16_dense_tflops * 1e12, plan.mfu, comm, row.framework, row.prefetch, offload,
+            compute, row.micro_batch * row.grad_accum * plan.seq_len, row.grad_accum, comm, row.framework,
+            row.prefetch, offload,
+            model_flops_per_token(base.architecture, base.model.parameter_count, plan.seq_len),
+            base.gpu.bf16_dense_tflops * 1e12,
         )  # fmt: skip
         assert (timing.step_s, timing.exposed_comm_s) == (row.step_s, row.exposed_comm_s), row
         checked += 1
@@ -285,25 +284,21 @@ def test_a_larger_gpu_keeps_every_configuration_that_fits() -> None:
         assert _exact(request).verdict is Verdict.FITS
 
 
-def test_torchtitan_llama_3_8b_fsdp_on_8_h100() -> None:
-    """torchtitan docs/performance.md, Table 1: Llama 3.1 8B, FSDP (FSDP2) on 8 H100, local batch 2, global
-    batch 16, sequence length 8192, selective activation checkpointing, no torch.compile: 5,762 tokens/s
-    per GPU (its H100s at a 500 W power limit; 33-39% MFU). At the default --mfu 0.4 the plan's FULL_SHARD
-    b=2 A=1 predicts within 20% of it (the MFU gap); at --mfu 0.35 within 10%."""
-    for mfu, tolerance in ((0.4, 0.20), (0.35, 0.10)):
-        plan = plan_options(
-            model="llama-3-8b", gpu="h100-80gb", gpus=8, global_batch="16seq", seq_len=8192,
-            frameworks="fsdp2", mfu=mfu, top=1,
-        )  # fmt: skip
-        result = search(plan, keep_all=True)
-        assert result.candidates is not None
-        row = next(
-            c
-            for c in result.candidates
-            if c.strategy.value == "zero3" and c.micro_batch == 2 and c.recompute.value == "none"
-            and c.reduce_dtype is None
-        )  # fmt: skip
-        assert row.tokens_per_s_per_gpu == pytest.approx(5762, rel=tolerance)
+def test_the_plans_rows_are_comms_step_times() -> None:
+    """A row's step time is ``zerocalc comm``'s for the row's own command (its options, the sequence
+    length, micro-batch and recompute included): one step-time model for both."""
+    from zerocalc.api import estimate_comm
+
+    result = search(plan_options(**SMALL, top=3))
+    for row in result.top:
+        options = {k: v for k, v in row.comm_options.items() if k not in ("gpus", "gpus_per_node")}
+        comm = estimate_comm(
+            gpus=row.comm_options["gpus"], gpus_per_node=row.comm_options["gpus_per_node"], **options
+        )
+        step = comm.strategies[0].step
+        assert step is not None
+        assert step.step_s == pytest.approx(row.step_s, rel=1e-9)
+        assert step.matmul_s == pytest.approx(row.matmul_s, rel=1e-12)
 
 
 def test_json_counts_every_candidate() -> None:
@@ -345,7 +340,6 @@ def test_the_search_leaves_the_garbage_collector_as_it_found_it(enabled: bool) -
         (["--global-batch", "1000"], "--global-batch"),
         (["--global-batch", "8seq", "--objective", "fast"], "--objective"),
         (["--global-batch", "8seq", "--top", "0"], "--top"),
-        (["--global-batch", "8seq", "--mfu", "2"], "--mfu"),
         (["--global-batch", "8seq", "--framework", "jax"], "--framework"),
         (["--global-batch", "8seq", "--gpus", "0"], "--gpus"),
     ],
@@ -532,7 +526,7 @@ def test_the_slot_marker_implements_exactly_the_step_hooks() -> None:
     """The model run's marker and every mechanics answer the same hooks: the timeline's StepHooks."""
     hooks = {name for name in vars(StepHooks) if not name.startswith("_")}
     assert {name for name in vars(_SlotMarks) if not name.startswith("_")} == hooks
-    assert len(hooks) == 11 and all(callable(getattr(Mechanics, name)) for name in hooks)
+    assert len(hooks) == 12 and all(callable(getattr(Mechanics, name)) for name in hooks)
 
 
 def test_every_candidate_has_a_peak() -> None:

@@ -93,6 +93,22 @@ def spawned(monkeypatch: pytest.MonkeyPatch, perfect: Callable, worlds: list[int
             "mixture-of-experts",
         ),
         (["--model", "llama-2-7b"], "llama-2-7b has 6,738,415,616 parameters, too many to train on CPU"),
+        (["--tp", "0"], "--tp '0' is not accepted; accepted: a whole number ≥ 1"),
+        (["--nproc", "4", "--tp", "3"], "--tp 3 does not divide the 4 ranks; accepted: a divisor ≥ 2"),
+        (
+            ["--nproc", "4", "--tp", "2", "--strategies", "fsdp2,zero1"],
+            "--strategies zero1 with --tp 2 is not accepted; accepted: fsdp2, fsdp2-no-reshard",
+        ),
+        (["--nproc", "4", "--tp", "2", "--kv-heads", "1"], "--kv-heads 1 is not a multiple of --tp 2"),
+        (["--nproc", "4", "--tp", "2", "--ffn", "175"], "--ffn 175 is not a multiple of --tp 2"),
+        (
+            ["--nproc", "4", "--tp", "2", "--model", "gpt2", "--layers", "1", "--vocab", "101"],
+            "gpt2 (--layers 1, --vocab 101) has an LM head tied to the embedding, learned position",
+        ),
+        (["--nproc", "4", "--tp", "2", "-A", "2"], "--grad-accum 2 with --tp 2 is not accepted"),
+        (["--nproc", "4", "--tp", "2", "-g", "2"], "--gpus-per-node with --tp 2 is not accepted"),
+        (["--no-sequence-parallel"], "--no-sequence-parallel without --tp is not accepted"),
+        (["--loss-parallel"], "--loss-parallel without --tp is not accepted"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_before_any_rank_starts(
@@ -126,6 +142,29 @@ def test_the_configurations_share_one_world_and_piped_progress_is_one_line_each(
     assert lines[0].startswith("zerocalc validate: zero1 · fp32: match (") and lines[-1].endswith(
         ", 4/4 configurations"
     )
+
+
+def test_a_dp_by_tp_mesh_runs_the_fsdp2_configurations_and_reports_the_mesh(
+    spawned: list[tuple[str, int]],
+) -> None:
+    result = runner.invoke(app, ["validate", "--nproc", "4", "--tp", "2", "--no-loss-parallel", "--json"])
+    assert result.exit_code == 0, result.output
+    strategies, precisions = ("fsdp2-no-reshard", "fsdp2"), ("fp32", "bf16-mixed")
+    assert spawned == [(f"{s} · {p}", 4) for s in strategies for p in precisions]
+    report = json.loads(result.stdout)
+    assert report["tp_plan"] == {"dp": 2, "tp": 2, "sequence_parallel": True, "loss_parallel": False}
+    assert report["model"].startswith("llama-3-8b (--layers 2, --hidden 66, --heads 6, --kv-heads 2")
+    assert all(c["status"] == "match" and c["call_order_ok"] for c in report["configs"])
+    groups = {c["group"] for config in report["configs"] for c in config["collectives"]}
+    assert groups == {"dp", "tp"}
+    text = runner.invoke(
+        app, ["validate", "--nproc", "4", "--tp", "2", "--strategies", "fsdp2", "--precision", "fp32"],
+        env={"COLUMNS": "80"},
+    )  # fmt: skip
+    assert text.exit_code == 0, text.output
+    assert "mesh dp 2 × tp 2, sequence parallel, loss parallel; TP innermost" in text.stdout
+    assert "every rank issued the predicted calls in the predicted order ✓" in text.stdout
+    assert all(len(line) <= 80 for line in text.stdout.splitlines())
 
 
 def test_hybrid_configurations_need_two_nodes_and_gradient_accumulation_runs_both_modes(
@@ -207,7 +246,7 @@ def test_ctrl_c_is_one_line_and_exit_130(
         (["--device", "cpu", "--nproc", "3"], "--nproc is not read by --activations"),
         (["--device", "cuda", "--precision", "fp32"],
          "--precision is not read by --device cuda; accepted there: "
-         "--model, --micro-batch, --seq-len, --snapshot-out, --json"),
+         "--model, --micro-batch, --seq-len, --snapshot-out, --time-steps, --json"),
         (["--device", "cuda", "--family", "llama"], "--family is not read by --device cuda"),
         (["--activations", "--snapshot-out", "x.pickle"], "--snapshot-out is not read by --activations"),
         (["--family", "llama"], "--family is not read by the framework runs"),

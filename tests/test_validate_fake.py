@@ -176,6 +176,64 @@ def test_more_families_and_modes_agree(family: str, world: int, recompute: str, 
     ]
 
 
+# --------------------------------------------------------------------------------- dp × tp meshes
+TP_CONFIG = dict(TINY_CONFIGS["llama"], tie_word_embeddings=False, num_key_value_heads=8)
+"""The tiny llama untied with 8 key/value heads: hidden 128 (8 heads of 16), MLP 320, vocabulary 1,024."""
+
+
+def _tp_case(world: int, tp: int, **switches: bool) -> fake.FakeCase:
+    return fake.FakeCase(model="tiny llama", world=world, micro_batch=1, seq_len=256,
+                         recompute=Recompute.NONE, reshard=True, tp=tp, **switches)  # fmt: skip
+
+
+def test_model_states_on_a_dp_by_tp_mesh_by_hand() -> None:
+    """Rank 0 of dp 4 × tp 2: the tp shard, then its dim-0 chunk over dp. Embedding and LM head [1024, 128]
+    → 512 → 128 rows (65,536 B); q, k, v [128, 128] → 64 → 16 rows (8,192 B); o [128, 128] → [128, 64]
+    → 32 rows (8,192 B); gate, up [320, 128] → 160 → 40 rows (20,480 B); down [128, 320] → [128, 160] →
+    32 rows (20,480 B); each norm [128] → 32 elements (128 B, a 512 B block). Gradients: one fp32
+    reduce-scatter output per unit, rounded once."""
+    arch = architecture_from_hf_dict(TP_CONFIG, "tiny", "tiny")
+    block = 4 * 8_192 + 3 * 20_480 + 2 * 512
+    params = 2 * 65_536 + 2 * block + 512
+    block_grads = (4 * 2_048 + 3 * 5_120 + 2 * 32) * 4  # 94,464 B → 185 blocks of 512 B
+    root_grads = (2 * 16_384 + 32) * 4  # 131,200 B → 257 blocks
+    assert (block_grads, root_grads) == (184.5 * 512, 256.25 * 512)
+    grads = (2 * 185 + 257) * 512
+    assert fake.predicted_tracked_states(arch, _tp_case(8, 2)) == fake.TrackedStates(
+        params=params, optimizer=2 * params, grads=grads
+    )
+    assert (params, grads) == (322_048, 321_024)
+
+
+TP_CASES = [(8, 2), (64, 8)]
+
+
+@needs_torch
+@pytest.mark.parametrize(("world", "tp"), TP_CASES, ids=[f"w{w}-tp{t}" for w, t in TP_CASES])
+def test_the_tracker_follows_dtensor_tp_and_fsdp2_on_a_2d_mesh(world: int, tp: int) -> None:
+    from zerocalc.validate import fake_step
+
+    arch = architecture_from_hf_dict(TP_CONFIG, "tiny", "tiny")
+    case = _tp_case(world, tp)
+    phases, states, seconds = fake_step.run_tp(TP_CONFIG, case)
+    result = fake.compare_tp(arch, case, phases, states, seconds)
+    assert result.exact, [(line.line, line.measured - line.predicted) for line in result.lines]
+    assert phases.start_allocated < phases.after_backward < phases.forward_peak
+
+
+@needs_torch
+@pytest.mark.slow
+def test_loss_parallel_saves_the_vocab_sharded_log_probabilities() -> None:
+    """After forward the cross entropy's saved fp32 log-probabilities are b·s·V/t elements under
+    loss_parallel and b·s·V with the logits gathered: 256 × (1,024 − 512) × 4 B less at tp 2."""
+    from zerocalc.validate import fake_step
+
+    after = [
+        fake_step.run_tp(TP_CONFIG, _tp_case(8, 2, loss_parallel=lp))[0].after_forward for lp in (True, False)
+    ]
+    assert after[1] - after[0] == 256 * (1_024 - 512) * 4
+
+
 # ---------------------------------------------------------------------------------------- the CLI
 @needs_torch
 def test_cli_validate_fake_world_8() -> None:
@@ -201,6 +259,28 @@ def test_cli_validate_fake_json_of_a_config_json(tmp_path: Path) -> None:
     assert all(line["predicted"] == line["measured"] for line in case["lines"])
 
 
+@needs_torch
+def test_cli_validate_fake_dp_by_tp_json() -> None:
+    args = ["--fake", "--tp", "2", "--world", "4", "-b", "1", "-s", "32", "--no-sequence-parallel", "--json"]
+    result = CliRunner().invoke(app, ["validate", *args])
+    assert result.exit_code == 0, result.output
+    report: dict[str, Any] = json.loads(result.output)
+    assert report["cases"] == []
+    (case,) = report["tp_cases"]
+    assert (case["case"]["world"], case["case"]["tp"], case["case"]["sequence_parallel"]) == (4, 2, False)
+    assert [line["line"] for line in case["lines"]] == ["sharded params", "optimizer states", "sharded grads"]
+    assert all(line["predicted"] == line["measured"] for line in case["lines"])
+
+
+def test_cli_validate_fake_tp_refuses_a_tied_head(tmp_path: Path) -> None:
+    path = tmp_path / "tied" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(TINY_CONFIGS["llama"]))  # tie_word_embeddings
+    result = CliRunner().invoke(app, ["validate", "--fake", "--tp", "2", "--model", str(path)])
+    assert result.exit_code == 2, result.output
+    assert "tied has an LM head tied to the embedding; --tp builds torchtitan's plan" in result.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
@@ -212,6 +292,11 @@ def test_cli_validate_fake_json_of_a_config_json(tmp_path: Path) -> None:
         (["--fake", "--activations"], "--fake with --activations is not accepted"),
         (["--world", "8"], "--world is not read by the framework runs"),
         (["--fake", "--model", "gpt2"], "--model 'gpt2' is a gpt2 model"),
+        (["--fake", "--tp", "3", "--world", "8"], "--tp 3 does not divide --world 8"),
+        (["--fake", "--tp", "2,x"], "--tp '2,x' is not accepted; accepted: a comma list of whole numbers"),
+        (["--tp", "2,4"], "--tp '2,4' is not accepted; accepted: a whole number ≥ 1"),
+        (["--fake", "--no-loss-parallel"], "--no-loss-parallel without --tp is not accepted"),
+        (["--fake", "--tp", "2", "--model", "qwen3-8b"], "TP plan does not cover (k_norm, q_norm)"),
     ],
 )
 def test_cli_validate_fake_refuses_in_one_line(args: list[str], says: str) -> None:

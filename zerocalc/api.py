@@ -111,11 +111,14 @@ def estimate_comm(
     bench`` wrote) override. Every other keyword is a ``zerocalc comm`` option.
     """
     from zerocalc.comm.estimate import evaluate_comm
+    from zerocalc.request.compute import compute_table
 
     positional = {"params": params, "gpus": gpus, "gpus_per_node": gpus_per_node}
     extra = ("calibration_name",)
     request, given, notes = _request("estimate_comm", Command.COMM, positional, options, extra)
-    return as_given(evaluate_comm(request), Command.COMM, given, keyword, notes)
+    table = compute_table(request.compute_calibration, request.gpu.name if request.gpu else None)
+    computed = evaluate_comm(request, table.table, table.name) if table else evaluate_comm(request)
+    return as_given(computed, Command.COMM, given, keyword, notes)
 
 
 _with_signature(estimate_memory, Command.MEMORY, ("params", "gpus", "gpus_per_node"))

@@ -53,9 +53,6 @@ def _ascii_fallback(error: UnicodeError) -> tuple[str, int]:
     return "".join(ASCII_FALLBACKS.get(char, "?") for char in bad), error.end
 
 
-codecs.register_error("zerocalc-fallback", _ascii_fallback)
-
-
 def _prepare_output() -> str | None:
     """Make standard output safe to write: symbols its encoding lacks are written in ASCII, and a
     ``COLUMNS`` narrower than :data:`MIN_COLUMNS` (or not a number) is taken as :data:`DEFAULT_COLUMNS`.
@@ -70,6 +67,9 @@ def _prepare_output() -> str | None:
         except (UnicodeEncodeError, LookupError):
             reconfigure = getattr(stream, "reconfigure", None)
             if reconfigure is not None:
+                # registered only where needed: a registered handler keeps this module's globals alive
+                # into the interpreter's final clean-up, which lengthens every exit
+                codecs.register_error("zerocalc-fallback", _ascii_fallback)
                 reconfigure(errors="zerocalc-fallback")
     if sys.stdout is None or getattr(sys.stdout, "closed", False):
         return "standard output is closed"

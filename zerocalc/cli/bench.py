@@ -79,6 +79,22 @@ Out = Annotated[
     ),
 ]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print the calibration JSON on stdout (no tables).")]
+ComputeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--compute",
+        help="Measure compute instead (no collectives): GEMMs (bf16, and fp8 where the GPU has it), SDPA "
+        "forward and backward and an element-wise kernel on this process's device, for `comm` and `plan` "
+        "(--compute-calibration).",
+    ),
+]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option("--model", help="With --compute: also measure this model's GEMM and attention shapes."),
+]
+MicroBatchOpt = Annotated[int, typer.Option("--micro-batch", help="With --compute and --model: b.")]
+SeqLenOpt = Annotated[int | None, typer.Option("--seq-len", help="With --compute and --model: s.")]
+TpOpt = Annotated[int, typer.Option("--tp", help="With --compute and --model: the TP degree of the shapes.")]
 
 
 @app.command(cls=PlainTextCommand)
@@ -96,10 +112,49 @@ def bench(
     timeout: Timeout = DEFAULT_TIMEOUT_S,
     out: Out = None,
     json: JsonOut = False,
+    compute: ComputeOpt = False,
+    model: ModelOpt = None,
+    micro_batch: MicroBatchOpt = 1,
+    seq_len: SeqLenOpt = None,
+    tp: TpOpt = 1,
 ) -> None:
-    """Measure all_reduce / reduce_scatter / all_gather (and more) and write a calibration for `comm`."""
+    """Measure all_reduce / reduce_scatter / all_gather (and more) and write a calibration for `comm`;
+    with --compute, measure GEMMs, attention and memory bandwidth for the step time."""
     if importlib.util.find_spec("torch") is None:
         raise fail(NEEDS_TORCH)
+    collective_options = {
+        "--collectives": collectives != DEFAULT_COLLECTIVES_TEXT,
+        "--min-bytes": min_bytes != "1KiB",
+        "--max-bytes": max_bytes is not None,
+        "--step-factor": step_factor != 2,
+        "--check": check,
+        "--nproc": nproc is not None,
+        "--backend": backend is not None,
+        "--timeout": timeout != DEFAULT_TIMEOUT_S,
+    }
+    if compute:
+        given = [name for name, on in collective_options.items() if on]
+        if given:
+            raise InputError(
+                f"{given[0]} with --compute is not accepted: it measures no collective; accepted: "
+                "--compute with --model, --micro-batch, --seq-len, --tp, --dtype, --warmup, --iters, --out, "
+                "--json"
+            )
+        from zerocalc.cli.bench_compute import bench_compute
+
+        bench_compute(model, micro_batch, seq_len, tp, dtype, warmup, iters, out, json)
+        return
+    shape_options = {
+        "--model": model is not None,
+        "--micro-batch": micro_batch != 1,
+        "--seq-len": seq_len is not None,
+        "--tp": tp != 1,
+    }
+    given = [name for name, on in shape_options.items() if on]
+    if given:
+        raise InputError(
+            f"{given[0]} sizes the shapes of --compute; accepted: --compute {given[0]}, or no {given[0]}"
+        )
     from zerocalc.base.dtypes import DType, parse_dtype
     from zerocalc.base.units import parse_bytes
     from zerocalc.bench.config import check_iterations, check_sweep
@@ -209,20 +264,27 @@ def _check_out(path: Path, parents: bool) -> None:
 
 
 def _parse_collectives(text: str) -> list[Collective]:
-    from zerocalc.network.collectives import COLLECTIVES, parse_collective
+    from zerocalc.network.collectives import BENCHMARKED, parse_collective
 
     names = [t for t in (p.strip() for p in text.split(",")) if t]
     if not names:
         raise InputError("--collectives is empty; accepted: all or a comma list of " + _all_names())
     if names == ["all"]:
-        return list(COLLECTIVES)
-    return list(dict.fromkeys(parse_collective(name) for name in names))
+        return list(BENCHMARKED)
+    chosen = list(dict.fromkeys(parse_collective(name) for name in names))
+    for collective in chosen:
+        if collective not in BENCHMARKED:
+            raise InputError(
+                f"--collectives {collective.value} is not measured by bench; "
+                "accepted: all or a comma list of " + _all_names()
+            )
+    return chosen
 
 
 def _all_names() -> str:
-    from zerocalc.network.collectives import COLLECTIVES
+    from zerocalc.network.collectives import BENCHMARKED
 
-    return ", ".join(c.value for c in COLLECTIVES)
+    return ", ".join(c.value for c in BENCHMARKED)
 
 
 def _visible_gpus() -> int:

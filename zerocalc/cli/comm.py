@@ -23,8 +23,12 @@ def comm(values: dict[str, Any], given_flags: frozenset[str]) -> None:
     unit = parse_byte_unit(values["units"])
     json, per_unit = values["json"], values["per_unit"]
     options, notes = with_launch_configs(Command.COMM, values, given_flags)
+    from zerocalc.request.compute import compute_table
+
     request = parse_request(TrainingOptions(estimate=Estimate.COMM, **options))
-    estimate = as_given(evaluate_comm(request), Command.COMM, options, flag, notes)
+    table = compute_table(request.compute_calibration, request.gpu.name if request.gpu else None)
+    computed = evaluate_comm(request, table.table, table.name) if table else evaluate_comm(request)
+    estimate = as_given(computed, Command.COMM, options, flag, notes)
     if json:
         print_json(estimate)
     else:

@@ -96,7 +96,9 @@ def _label(row: PlanRow) -> str:
         extras.append(f"sync {row.grad_sync.value}")
     framework = row.framework.value
     named = framework.replace("-", "") in row.title.lower().replace("-", "")  # "FSDP2 HSDP" names fsdp2
-    head = f"{row.rank}. {'' if named else framework + ' '}{row.title}{node} ×{row.gpus}"
+    names = (("tp", row.tp), ("cp", row.cp), ("pp", row.pp), ("v", row.vpp), ("ep", row.ep))
+    mesh = "".join(f" {name}{degree}" for name, degree in names if degree > 1)
+    head = f"{row.rank}. {'' if named else framework + ' '}{row.title}{node} ×{row.gpus}{mesh}"
     return head + "\n" + " ".join(extras)
 
 
@@ -129,6 +131,24 @@ def render_plan(result: PlanResult, unit: ByteUnit) -> None:
         out.print(
             f"[dim]{unit_label(unit)}; Peak: memory's exact peak_bytes; Free: headroom to the GPU's "
             "memory[/dim]"
+        )
+        print_fitted(
+            "Step (s)",
+            [f"#{row.rank}" for row in rows],
+            [
+                Column("Matmul", [f"{row.matmul_s:.3f}" for row in rows]),
+                Column("Attn", [f"{row.attention_s:.3f}" for row in rows]),
+                Column("Elem-\nwise", [f"{row.elementwise_s:.3f}" for row in rows]),
+                Column("Optim", [f"{row.optimizer_s:.3f}" for row in rows]),
+                Column("Re-\ncompute", [f"{row.recompute_s:.3f}" for row in rows]),
+                Column("Comm", [f"{row.exposed_comm_s:.3f}" for row in rows]),
+                Column("Off-\nload", [f"{row.offload_s:.3f}" for row in rows]),
+            ],
+            key_width=8,
+        )
+        out.print(
+            f"[dim]compute by class (recompute included in each, and shown apart) at the rates of "
+            f"{r.compute_table} compute table; Comm: exposed[/dim]"
         )
         out.print("[bold]Reproduce[/bold] (peak: memory's peak_bytes; comm: its time_s for the strategy):")
         for row in rows:

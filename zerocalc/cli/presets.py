@@ -17,6 +17,13 @@ app.add_typer(presets_app, name="presets")
 Kind = Annotated[str | None, typer.Argument(help="models, gpus or scenarios \\[default: all three].")]
 Name = Annotated[str, typer.Argument(help="A model, GPU or scenario preset name.")]
 Gpus = Annotated[str, typer.Option("--gpus", "-n", help="GPUs for the default memory setup of a model.")]
+AsToml = Annotated[
+    bool,
+    typer.Option(
+        "--toml",
+        help="Print the preset's file as it is: a model's is a starting point for --model path.toml.",
+    ),
+]
 
 
 def _cell(value: Any) -> str:
@@ -68,8 +75,9 @@ def list_presets(kind: Kind = None) -> None:
 
 
 @presets_app.command("show", cls=PlainTextCommand)
-def show(name: Name, gpus: Gpus = "8") -> None:
-    """A model's architecture, counts, largest layer and default memory; a GPU's or scenario's fields."""
+def show(name: Name, gpus: Gpus = "8", as_toml: AsToml = False) -> None:
+    """A model's architecture, counts, largest layer and default memory; a GPU's or scenario's fields;
+    with --toml, the preset's file."""
     from rich.table import Table
 
     from zerocalc.base.errors import InputError, shown
@@ -90,6 +98,9 @@ def show(name: Name, gpus: Gpus = "8") -> None:
             f"presets show {shown(name)} is not a model, GPU or scenario preset; accepted: {listing}"
         )
     kind, path = found
+    if as_toml:
+        typer.echo(path.read_text(encoding="utf-8"), nl=False)
+        return
     if kind == "models":
         from zerocalc.api import estimate_memory
         from zerocalc.base.units import ByteUnit

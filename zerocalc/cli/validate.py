@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 
     from zerocalc.network.schedule import GradSync
     from zerocalc.parallel.precision import PrecisionName
+    from zerocalc.request.training import TrainingRequest
     from zerocalc.validate.compare import ConfigResult, ValidationReport
+    from zerocalc.validate.step_timing import StepTiming
 
 NEEDS_TORCH = "zerocalc validate needs PyTorch; install it with: pip install 'zerocalc[bench]'"
 ALL_STRATEGIES = (
@@ -60,7 +62,7 @@ GradSyncs = Annotated[
     typer.Option(
         "--grad-sync",
         help="Comma list of every, last: gradients reduced every micro-batch, or only on the last "
-        "(no_sync() / set_requires_gradient_sync(False) before).",
+        "(no_sync() or FSDP2 gradient sync off before).",
     ),
 ]
 GpusPerNode = Annotated[
@@ -71,6 +73,29 @@ GpusPerNode = Annotated[
         help="Ranks per node: the shard group of fsdp1-hybrid-shard and fsdp2-hsdp, which need 2 nodes or "
         "more \\[default: the launch's; spawned: --nproc].",
         show_default=False,
+    ),
+]
+
+Tp = Annotated[
+    str,
+    typer.Option(
+        "--tp",
+        help="Tensor-parallel ranks t: torchtitan's TP plan on a dp × tp mesh (TP innermost, dp = ranks / "
+        "t), then FSDP2 over dp (fsdp2, fsdp2-no-reshard); with --fake a comma list (a case per --world).",
+    ),
+]
+SequenceParallelOpt = Annotated[
+    bool,
+    typer.Option(
+        "--sequence-parallel/--no-sequence-parallel",
+        help="With --tp: SequenceParallel norms, activations sharded on the sequence between blocks.",
+    ),
+]
+LossParallelOpt = Annotated[
+    bool,
+    typer.Option(
+        "--loss-parallel/--no-loss-parallel",
+        help="With --tp: the logits stay sharded over the vocabulary into the cross entropy (loss_parallel).",
     ),
 ]
 
@@ -105,6 +130,15 @@ DeviceOpt = Annotated[
         show_default=False,
     ),
 ]
+TimeSteps = Annotated[
+    int | None,
+    typer.Option(
+        "--time-steps",
+        help="With --device cuda: then time this many whole steps (after 3 warm-up steps) and print their "
+        "median against the step time `zerocalc comm` predicts (1 to 1,000).",
+        show_default=False,
+    ),
+]
 SnapshotOut = Annotated[
     str | None,
     typer.Option(
@@ -133,16 +167,60 @@ RecomputeOpt = Annotated[
 Reshard = Annotated[
     str, typer.Option("--reshard", help="With --fake: comma list of yes, no (FSDP2 reshard_after_forward).")
 ]
+Pp = Annotated[
+    int | None,
+    typer.Option(
+        "--pp",
+        help="Pipeline stages: torch.distributed.pipelining Schedule1F1B over --nproc ranks (pp × dp, "
+        "-A micro-batches, default 2·pp; --strategies none, ddp, fsdp2 per stage); with --fake, FSDP2 "
+        "stages at each --world.",
+        show_default=False,
+    ),
+]
+Ep = Annotated[
+    int | None,
+    typer.Option(
+        "--ep",
+        help="Expert-parallel ranks: the all-to-alls of a tiny MoE layer with a fixed router over --nproc "
+        "ranks.",
+        show_default=False,
+    ),
+]
+Routing = Annotated[str, typer.Option("--routing", help="With --ep: comma list of balanced, skewed, or all.")]
 FRAMEWORK_RUN_ONLY = (
     "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "strategies", "optimizer", "grad_accum",
-    "grad_sync", "gpus_per_node", "nproc", "timeout",
+    "grad_sync", "gpus_per_node", "nproc", "timeout", "tp", "sequence_parallel", "loss_parallel",
 )  # fmt: skip
 """Options only the framework runs read (the default mode)."""
+MODEL_SIZES = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
+"""The architecture overrides (``--pp`` reads them too)."""
+PIPELINE_READS = (
+    "model", "precision", *MODEL_SIZES, "strategies", "optimizer", "grad_accum", "nproc", "timeout", "pp",
+    "json",
+)  # fmt: skip
+FAKE_PIPELINE_READS = (
+    "model", "precision", *MODEL_SIZES, "optimizer", "grad_accum", "world", "pp", "micro_batch", "seq_len",
+    "reshard", "json",
+)  # fmt: skip
 READ_BY_MODE = {
     "activations": ("model", "precision", "family", "attention", "micro_batch", "seq_len", "json"),
-    "cuda": ("model", "micro_batch", "seq_len", "snapshot_out", "json"),
-    "fake": ("model", "world", "micro_batch", "seq_len", "recompute", "reshard", "json"),
+    "cuda": ("model", "micro_batch", "seq_len", "snapshot_out", "time_steps", "json"),
+    "fake": (
+        "model",
+        "world",
+        "micro_batch",
+        "seq_len",
+        "recompute",
+        "reshard",
+        "tp",
+        "sequence_parallel",
+        "loss_parallel",
+        "json",
+    ),
     "frameworks": ("model", "precision", *FRAMEWORK_RUN_ONLY, "json"),
+    "pipeline": PIPELINE_READS,
+    "fake-pipeline": FAKE_PIPELINE_READS,
+    "expert": ("ep", "routing", "nproc", "timeout", "micro_batch", "seq_len", "json"),
 }
 """The options each mode reads; one given to a mode that does not read it is refused, not ignored."""
 MAX_ACTIVATION_TOKENS = 65_536
@@ -167,6 +245,9 @@ def validate(
     gpus_per_node: GpusPerNode = None,
     nproc: Nproc = 2,
     timeout: Timeout = 120.0,
+    tp: Tp = "1",
+    sequence_parallel: SequenceParallelOpt = True,
+    loss_parallel: LossParallelOpt = True,
     activations: Activations = False,
     family: Families = "all",
     attention: Attentions = "sdpa,eager",
@@ -174,10 +255,14 @@ def validate(
     seq_len: SeqLen = 64,
     device: DeviceOpt = None,
     snapshot_out: SnapshotOut = None,
+    time_steps: TimeSteps = None,
     fake: Fake = False,
     world: World = "8",
     recompute: RecomputeOpt = "none",
     reshard: Reshard = "yes",
+    pp: Pp = None,
+    ep: Ep = None,
+    routing: Routing = "all",
     json: Json = False,
 ) -> None:
     """Run DDP, ZeRO-1, FSDP1 and FSDP2 for real; compare each rank's bytes and collectives with the
@@ -194,12 +279,43 @@ def validate(
         mode = "cuda"
     else:
         mode = "activations" if activations or chosen_device == "cpu" else "frameworks"
+    if pp is not None and mode in ("fake", "frameworks"):
+        mode = "fake-pipeline" if fake else "pipeline"
+    elif ep is not None and mode == "frameworks":
+        mode = "expert"
     _refuse_unread_options(ctx, mode)
+    if mode in ("pipeline", "fake-pipeline", "expert"):
+        from zerocalc.cli import validate_parallel
+
+        sizes = {"num_layers": layers, "hidden_size": hidden, "num_heads": heads, "num_kv_heads": kv_heads,
+                 "intermediate_size": ffn, "vocab_size": vocab}  # fmt: skip
+        overrides = {k: v for k, v in sizes.items() if v is not None}
+        microbatches = grad_accum if _given(ctx, "grad_accum") else None
+        if mode == "pipeline":
+            validate_parallel.pipeline(
+                model, overrides, strategies, precision, optimizer, microbatches, nproc, timeout, pp or 0,
+                json,
+            )  # fmt: skip
+        elif mode == "fake-pipeline":
+            validate_parallel.fake_pipeline(
+                model, overrides, world, pp or 0, microbatches, micro_batch, seq_len, precision, optimizer,
+                reshard, json,
+            )  # fmt: skip
+        else:
+            validate_parallel.expert(ep or 0, routing, nproc, timeout, micro_batch, seq_len, json)
+        return
+    tps = _parse_tps(tp, many=fake)
+    if tps == [1]:
+        for name, value in (("sequence_parallel", sequence_parallel), ("loss_parallel", loss_parallel)):
+            if _given(ctx, name):
+                flag = f"--{'' if value else 'no-'}{name.replace('_', '-')}"
+                raise InputError(f"{flag} without --tp is not accepted; accepted: --tp 2 or more with it")
     if fake:
-        _validate_fake(model, world, micro_batch, seq_len, recompute, reshard, json)
+        switches = (sequence_parallel, loss_parallel)
+        _validate_fake(model, world, micro_batch, seq_len, recompute, reshard, json, tps, switches)
         return
     if chosen_device == "cuda":
-        _validate_cuda(model, micro_batch, seq_len, json, snapshot_out)
+        _validate_cuda(model, micro_batch, seq_len, json, snapshot_out, time_steps)
         return
     if activations or chosen_device == "cpu":
         _validate_activations(model, family, precision, attention, micro_batch, seq_len, json)
@@ -213,6 +329,7 @@ def validate(
     from zerocalc.request.training import MAX_GRAD_ACCUM
     from zerocalc.validate import run
     from zerocalc.validate.config import OPTIMIZERS, PRECISIONS, STRATEGIES, check_buildable
+    from zerocalc.validate.tp import TP_STRATEGIES, check_tp, plan_for
 
     overrides = {
         "num_layers": layers,
@@ -222,9 +339,17 @@ def validate(
         "intermediate_size": ffn,
         "vocab_size": vocab,
     }
-    arch = run.resolve_architecture(model, {k: v for k, v in overrides.items() if v is not None})
+    (tp_size,) = tps
+    if tp_size > 1 and gpus_per_node is not None:
+        raise InputError(
+            f"--gpus-per-node with --tp {tp_size} is not accepted; accepted: one of the two (TP groups are "
+            "the innermost ranks)"
+        )
+    arch = run.resolve_architecture(model, {k: v for k, v in overrides.items() if v is not None}, tp_size)
     check_buildable(arch)
     chosen = _parse_list(strategies, "--strategies", tuple(STRATEGIES), allow_all=True)
+    if tp_size > 1 and strategies.strip().lower() == "all":
+        chosen = [s for s in chosen if s in TP_STRATEGIES]
     recipes = _parse_list(precision, "--precision", tuple(p.value for p in PRECISIONS), allow_all=False)
     syncs = [
         GradSync(s) for s in _parse_list(grad_sync, "--grad-sync", tuple(g.value for g in GradSync), False)
@@ -243,7 +368,12 @@ def validate(
     if not launched and nproc < 2:
         raise InputError(f"--nproc {procs.brief(nproc)} is not accepted; accepted: 2 or more processes")
     world, per_node = run.world_and_node(None if launched else nproc, gpus_per_node)
-    chosen = run.check_nodes(world, per_node, chosen, explicit=strategies.strip().lower() != "all")
+    tp_plan = None
+    if tp_size > 1:
+        tp_plan = plan_for(world, tp_size, sequence_parallel, loss_parallel)
+        check_tp(arch, tp_plan, chosen, grad_accum)
+    else:
+        chosen = run.check_nodes(world, per_node, chosen, explicit=strategies.strip().lower() != "all")
 
     shows = not launched or placement_from_env().rank == 0
     total = len(chosen) * len(recipes) * len(syncs)
@@ -273,6 +403,7 @@ def validate(
             grad_accum=grad_accum,
             grad_syncs=syncs,
             gpus_per_node=per_node,
+            tp_plan=tp_plan,
         )
     except KeyboardInterrupt:  # every spawned rank has been stopped
         if progress is not None:
@@ -294,6 +425,25 @@ def validate(
         raise typer.Exit(1)
 
 
+MAX_TP = 1_048_576
+"""--tp at most (the ranks of the largest fake world)."""
+
+
+def _parse_tps(text: str, many: bool) -> list[int]:
+    """``--tp``: one whole number ≥ 1, or with ``many`` (``--fake``) a comma list of them."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() and 1 <= int(p) <= MAX_TP for p in parts) or (len(parts) > 1 and not many):
+        accepted = "a comma list of whole numbers ≥ 1" if many else "a whole number ≥ 1"
+        raise InputError(f"--tp {text!r} is not accepted; accepted: {accepted}")
+    return list(dict.fromkeys(int(p) for p in parts))
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether the option ``name`` was given on the command line."""
+    source = ctx.get_parameter_source(name)  # typer's own click: compare the member's name
+    return source is not None and source.name == "COMMANDLINE"
+
+
 def _refuse_unread_options(ctx: typer.Context, mode: str) -> None:
     """One line, exit 2, for an option given on the command line that ``mode`` does not read."""
     read = READ_BY_MODE[mode] + ("activations", "device", "fake")
@@ -306,6 +456,9 @@ def _refuse_unread_options(ctx: typer.Context, mode: str) -> None:
             "activations": "--activations",
             "fake": "--fake",
             "frameworks": "the framework runs",
+            "pipeline": "--pp",
+            "fake-pipeline": "--fake --pp",
+            "expert": "--ep",
         }
         flags = {p.name: p.opts[0] for p in ctx.command.params}
         accepted = ", ".join(flags[name] for name in READ_BY_MODE[mode])
@@ -462,7 +615,12 @@ def predicted_snapshot_path(path: str) -> Path:
 
 
 def _validate_cuda(
-    model: str | None, micro_batch: int, seq_len: int, json: bool, snapshot_out: str | None = None
+    model: str | None,
+    micro_batch: int,
+    seq_len: int,
+    json: bool,
+    snapshot_out: str | None = None,
+    time_steps: int | None = None,
 ) -> None:
     """``--device cuda``: real FSDP2 steps on this GPU (bf16 parameters, fp32 reduce: the recipe of the
     shared H100 measurements), each phase's peak against the step timeline; with ``snapshot_out``, the
@@ -475,6 +633,14 @@ def _validate_cuda(
     if device is None:
         raise fail("--device cuda: no CUDA device is visible to torch here; accepted: a machine with a GPU")
     _check_shape(micro_batch, seq_len)
+    from zerocalc.harness import procs
+    from zerocalc.validate.step_timing import MAX_TIMED_STEPS
+
+    if time_steps is not None and not 1 <= time_steps <= MAX_TIMED_STEPS:
+        raise InputError(
+            f"--time-steps {procs.brief(time_steps)} is not accepted; "
+            f"accepted: 1 to {MAX_TIMED_STEPS:,} steps"
+        )
     if snapshot_out is not None:
         from zerocalc.base.atomic import unwritable
         from zerocalc.base.errors import shown
@@ -523,10 +689,11 @@ def _validate_cuda(
             "with python -m torch.cuda._memory_viz trace_plot FILE -o out.html",
             err=json,
         )
+    timing = _timed(config, request, micro_batch, seq_len, time_steps) if time_steps else None
     if json:
         from zerocalc.cli.render import print_json
 
-        print_json(report)
+        print_json(report if timing is None else {"phases": report, "step_time": timing})
     else:
         from zerocalc.cli.render import Column, print_fitted
 
@@ -545,8 +712,33 @@ def _validate_cuda(
         typer.echo(
             f"peak phase: predicted {report.predicted_phase.value}, measured {report.measured_phase.value}"
         )
+        if timing is not None:
+            typer.echo(
+                f"step time: predicted {timing.predicted_s:.4f} s, measured {timing.measured_s:.4f} s "
+                f"(median of {len(timing.step_seconds)} steps after {timing.warmup_steps} warm-up), "
+                f"{timing.relative:+.1%} ({timing.compute_table} compute table)"
+            )
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _timed(config: dict, request: TrainingRequest, micro_batch: int, seq_len: int, steps: int) -> StepTiming:
+    """Time ``steps`` real steps of the recipe and predict the same configuration (``comm``'s step)."""
+    from zerocalc.comm.estimate import evaluate_comm
+    from zerocalc.parallel.frameworks import Estimate
+    from zerocalc.request.compute import compute_table
+    from zerocalc.validate import cuda_step
+    from zerocalc.validate.step_timing import WARMUP_STEPS, step_timing
+
+    assert request.gpu is not None
+    table = compute_table(None, request.gpu.name)
+    if table is None:
+        raise fail(f"--time-steps: the GPU preset {request.gpu.name} has no compute table", 1)
+    comm = evaluate_comm(request.model_copy(update={"estimate": Estimate.COMM}), table.table, table.name)
+    step = comm.strategies[0].step
+    assert step is not None
+    seconds = cuda_step.timed_steps(config, micro_batch, seq_len, steps, WARMUP_STEPS)
+    return step_timing(seconds, WARMUP_STEPS, step.step_s, table.name)
 
 
 MAX_FAKE_WORLD = 1_048_576
@@ -554,12 +746,22 @@ MAX_FAKE_WORLD = 1_048_576
 
 
 def _validate_fake(
-    model: str | None, world: str, micro_batch: int, seq_len: int, recompute: str, reshard: str, json: bool
+    model: str | None,
+    world: str,
+    micro_batch: int,
+    seq_len: int,
+    recompute: str,
+    reshard: str,
+    json: bool,
+    tps: list[int] | None = None,
+    switches: tuple[bool, bool] = (True, True),
 ) -> None:
-    """``--fake``: every (world, recompute, reshard) case of the model, tracked under fake tensors."""
+    """``--fake``: every (world, tp, recompute, reshard) case of the model, tracked under fake tensors;
+    ``switches``: sequence parallel and loss parallel of the dp × tp cases."""
     from zerocalc.harness import procs
     from zerocalc.model.activations import Recompute
     from zerocalc.validate.fake import RECOMPUTES, FakeCase, request_for
+    from zerocalc.validate.tp import check_tp_model
 
     worlds = []
     for text in world.split(","):
@@ -579,19 +781,40 @@ def _validate_fake(
             f"--micro-batch {procs.brief(micro_batch)} --seq-len {procs.brief(seq_len)} is not accepted; "
             "accepted: b ≥ 1 and s ≥ 2"
         )
-    name, config, arch = _fake_model(model)
+    tps = tps or [1]
+    for w in worlds:
+        for t in tps:
+            if w % t:
+                raise InputError(
+                    f"--tp {t} does not divide --world {w}; accepted: tensor-parallel sizes dividing every "
+                    "world size (dp = world / tp)"
+                )
+    name, config, arch = _fake_model(model, tp=max(tps) > 1)
+    sp, lp = switches
     cases = [
-        FakeCase(model=name, world=w, micro_batch=micro_batch, seq_len=seq_len, recompute=r, reshard=rs)
+        FakeCase(
+            model=name, world=w, micro_batch=micro_batch, seq_len=seq_len, recompute=r, reshard=rs, tp=t,
+            sequence_parallel=sp, loss_parallel=lp,
+        )
         for w in dict.fromkeys(worlds)
+        for t in tps
         for r in recomputes
         for rs in reshards
-    ]
-    requests = [request_for(arch, case) for case in cases]  # every option checked before the first run
+    ]  # fmt: skip
+    for t in tps:
+        if t > 1:
+            check_tp_model(arch, t)
+    plain = [case for case in cases if case.tp == 1]
+    requests = [request_for(arch, case) for case in plain]  # every option checked before the first run
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
         raise fail(NEEDS_TRANSFORMERS.replace("--activations", "--fake"))
     from zerocalc.validate import fake_step
 
-    report = fake_step.run_cases(config, list(zip(cases, requests, strict=True)))
+    report = fake_step.run_cases(
+        config,
+        list(zip(plain, requests, strict=True)),
+        tuple((case, arch) for case in cases if case.tp > 1),
+    )
     if json:
         from zerocalc.cli.render import print_json
 
@@ -602,9 +825,10 @@ def _validate_fake(
         raise typer.Exit(1)
 
 
-def _fake_model(model: str | None):
+def _fake_model(model: str | None, tp: bool = False):
     """The model's name, its config.json dict (what transformers builds) and its architecture: the tiny
-    Llama of ``--activations`` without ``--model``, else a config.json or a preset."""
+    Llama of ``--activations`` without ``--model`` (with ``tp``: untied, 8 key/value heads, which TP up to
+    8 ranks splits), else a config.json, a preset or a model TOML file."""
     from pathlib import Path
 
     from zerocalc.model.hf_config import _load, architecture_from_hf_dict
@@ -612,14 +836,19 @@ def _fake_model(model: str | None):
 
     if model is None:
         config = TINY_CONFIGS["llama"]
-        return "tiny llama", config, architecture_from_hf_dict(config, "the tiny llama", "tiny llama")
+        name = "tiny llama"
+        if tp:
+            config = dict(config, tie_word_embeddings=False, num_key_value_heads=8)
+            name = "tiny llama (untied, 8 kv heads)"
+        return name, config, architecture_from_hf_dict(config, f"the {name}", name)
+    from zerocalc.request.presets import load_model, model_file
+    from zerocalc.validate.hf_export import hf_config_of
+
     path = Path(model).expanduser()
-    if model.endswith(".json") or path.is_file():
+    if model.endswith(".json") or (path.is_file() and model_file(model) != ("toml", path)):
         config = _load(path)
         name = path.parent.name or path.stem
         return name, config, architecture_from_hf_dict(config, f"--model {model!r}", name)
-    from zerocalc.request.presets import load_model
-    from zerocalc.validate.hf_export import hf_config_of
 
     arch, _ = load_model(model)
     return model, hf_config_of(arch, f"--model {model!r}"), arch
@@ -662,10 +891,46 @@ def render_fake(report) -> None:
             f"[dim]· predicted leaves out what only a CUDA step allocates (zerocalc memory adds it: "
             f"+{max(case.cuda_added):,} B at most): {extras}[/dim]"
         )
-    exact = sum(case.exact for case in report.cases)
-    claimed = sum(case.not_claimed is None for case in report.cases)
+    for tp_case in report.tp_cases:
+        _render_fake_tp(tp_case)
     verdict = "every claimed case is exact" if report.all_match else "[bold red]NOT all exact[/bold red]"
-    out.print(f"{exact} of {len(report.cases)} cases exact to the byte ({claimed} claimed exact): {verdict}")
+    if report.cases:
+        exact = sum(case.exact for case in report.cases)
+        claimed = sum(case.not_claimed is None for case in report.cases)
+        total = len(report.cases)
+        out.print(f"{exact} of {total} cases exact to the byte ({claimed} claimed exact): {verdict}")
+    if report.tp_cases:
+        exact = sum(case.exact for case in report.tp_cases)
+        out.print(
+            f"{exact} of {len(report.tp_cases)} dp × tp cases with model states exact to the byte: {verdict}"
+        )
+
+
+def _render_fake_tp(result) -> None:
+    """A dp × tp case: the model states against zerocalc/validate/tp.py, then the tracker's phases."""
+    from zerocalc.cli.render import Column, console, print_fitted
+    from zerocalc.validate.phases import ALLOCATED_LINES
+
+    lines = result.lines
+    phases = [(label, getattr(result.phases, field)) for label, field in ALLOCATED_LINES]
+    blank = [""] * len(phases)
+    tracked = [f"{value:,}" for _, value in phases]
+    print_fitted(
+        "line",
+        [line.line for line in lines] + [label for label, _ in phases],
+        [
+            Column(header="predicted", cells=[f"{line.predicted:,}" for line in lines] + ["—"] * len(phases)),
+            Column(header="tracker", cells=[f"{x.measured:,}" for x in lines] + tracked),
+            Column(header="diff", cells=[f"{line.measured - line.predicted:+,}" for line in lines] + blank),
+            Column(header="", cells=["✓" if line.ok else "✗ OFF" for line in lines] + blank, justify="left"),
+        ],
+        title=f"{result.case.title} ({result.seconds:g} s)",
+        key_width=17,
+    )
+    console().print(
+        "[dim]· model states on rank 0 (zerocalc/validate/tp.py, storages rounded to 512 B); the phases as "
+        "the tracker gives them: the step timeline does not model TP activations[/dim]"
+    )
 
 
 def _fake_mark(ok: bool, not_claimed: str | None) -> str:
@@ -745,7 +1010,7 @@ def _collective_table(config: ConfigResult) -> Table:
             f"{c.group.replace('across_nodes', 'across')} {c.group_size}",
             f"{c.predicted_calls:,}",
             _per_rank(c.measured_calls),
-            f"{c.predicted_bytes:,}",
+            _per_rank(c.predicted_bytes),
             _per_rank(c.measured_bytes),
             "✓" if c.ok else "✗ OFF",
             style=None if c.ok else "bold red",
@@ -754,6 +1019,7 @@ def _collective_table(config: ConfigResult) -> Table:
 
 
 def render(report: ValidationReport) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     from zerocalc.cli.render import COLLECTIVE_LEGEND, console
@@ -765,6 +1031,14 @@ def render(report: ValidationReport) -> None:
         f"({report.backend}), {report.optimizer.value}; bytes per rank after one step, and the collectives "
         f"of that step (after {WARMUP_STEPS} warm-up steps)"
     )
+    plan = report.tp_plan
+    if plan is not None:
+        firsts = range(0, plan.world, plan.tp)
+        groups = ", ".join(f"{first}-{first + plan.tp - 1}" for first in firsts)
+        out.print(
+            f"mesh {plan.title}; TP innermost: TP groups {groups}, DP groups strided by {plan.tp}; "
+            "predicted by zerocalc/validate/tp.py"
+        )
     for config in report.configs:
         title = config_title(config)
         if config.status == "failed":
@@ -798,6 +1072,10 @@ def render(report: ValidationReport) -> None:
             for c in config.collectives:
                 if not c.ok:
                     out.print(f"[red]  ✗ {c.op} {c.phase} {c.dtype} over {c.group}: {c.explanation}[/red]")
+        if config.call_order_ok is True:
+            out.print("  every rank issued the predicted calls in the predicted order ✓")
+        elif config.call_order_ok is False:
+            out.print(f"[red]  ✗ out of order: {escape(config.call_order_note or '')}[/red]")
     out.print(
         f"[dim]· {COLLECTIVE_LEGEND}; calls and bytes sent per rank in the step, pred. predicted by "
         "zerocalc, meas. measured (every rank, or its range)[/dim]"

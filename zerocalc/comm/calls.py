@@ -24,11 +24,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.base.errors import InputError
 from zerocalc.base.units import ceil_div
-from zerocalc.model.architecture import Architecture, ParamTensor, parameter_tensors
+from zerocalc.model.architecture import Architecture, ParamTensor, is_expert_tensor, parameter_tensors
 from zerocalc.network.collectives import Collective
 from zerocalc.network.schedule import Calls, Padding, Quantization, ScheduledCollective, Select
 from zerocalc.parallel.zeropp import aligned_numel, qgz_groups, qgz_quantizes, qwz_blocks
-from zerocalc.states.framework import dim0_padded_numel, fsdp_unit_positions, zero1_owners
+from zerocalc.states.framework import (
+    dim0_padded_numel,
+    fsdp_unit_positions,
+    sharded_dim_first,
+    zero1_owners,
+)
 
 ROOT = "root"
 """The FSDP unit holding what no block holds (:func:`zerocalc.states.framework.fsdp_units`)."""
@@ -70,6 +75,33 @@ class Layout(BaseModel):
         tensors = parameter_tensors(architecture)
         units = tuple((name, tuple(unit)) for name, unit in fsdp_unit_positions(tensors))
         return cls(tensors=tuple(tensors), units=units, from_architecture=True)
+
+    @classmethod
+    def expert_parallel_parts(cls, architecture: Architecture, expert_dim: int) -> tuple[Layout, Layout]:
+        """An expert-parallel rank's tensors as its two groups move them: everything but the routed experts
+        (over the dp × cp ranks, in its FSDP units), and the routed experts (over the expert-data-parallel
+        ranks), each layer's a unit of its own (torchtitan ``apply_fsdp``: ``fully_shard`` of
+        ``moe.experts`` on the ``dp_shard_mod_ep`` mesh), its shape with the dimension FSDP2 shards
+        (``expert_dim``, :func:`~zerocalc.states.framework.expert_shard_dim`) first."""
+        tensors = parameter_tensors(architecture)
+        rest = [t for t in tensors if not is_expert_tensor(t)]
+        experts = [
+            ParamTensor(module=t.module, name=t.name, shape=sharded_dim_first(t.shape, expert_dim))
+            for t in tensors
+            if is_expert_tensor(t)
+        ]
+        units: dict[str, list[int]] = {}
+        for i, t in enumerate(experts):
+            units.setdefault(t.module, []).append(i)
+        rest_units = tuple((name, tuple(unit)) for name, unit in fsdp_unit_positions(rest))
+        return (
+            cls(tensors=tuple(rest), units=rest_units, from_architecture=True),
+            cls(
+                tensors=tuple(experts),
+                units=tuple((name, tuple(unit)) for name, unit in units.items()),
+                from_architecture=True,
+            ),
+        )
 
     @cached_property
     def numels(self) -> tuple[int, ...]:

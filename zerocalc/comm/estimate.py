@@ -27,20 +27,43 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from zerocalc.base.display import TableDisplay
 from zerocalc.base.dtypes import DType
-from zerocalc.base.errors import literal
+from zerocalc.base.errors import InputError, literal
 from zerocalc.base.units import format_count, format_seconds, format_size, gib, plural, summary_repr
 from zerocalc.comm.calls import Call, CallContext, Layout, RuleCalls, rule_calls
+from zerocalc.comm.mesh import (
+    Dimension,
+    MeshCollectiveCost,
+    MeshRequest,
+    MeshShape,
+    mesh_costs,
+    mesh_fit,
+    mesh_problem,
+    replicated_gradients,
+)
+from zerocalc.comm.pipeline import PipelineComm, pipeline_comm
+from zerocalc.comm.step import StepEstimate
+from zerocalc.compute.table import ComputeTable
+from zerocalc.model.activations import Recompute
 from zerocalc.network.calibration import Calibration, CollectiveFit
 from zerocalc.network.cluster import Cluster, RankGroup
 from zerocalc.network.collectives import COLLECTIVES, Collective
 from zerocalc.network.links import Bandwidths, BandwidthSource, LinkFigures
 from zerocalc.network.schedule import DtypeRole, GradSync, Phase, Repeat, ScheduledCollective, Tensor, ZeroPP
 from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, TORCH_NO_SYNC, Framework
+from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.precision import RECIPES, PrecisionName
-from zerocalc.parallel.strategies import STRATEGIES, StrategyName, effective_grad_sync, row_named
+from zerocalc.parallel.strategies import (
+    PIPELINE_GRAD_SYNC,
+    STRATEGIES,
+    StrategyName,
+    effective_grad_sync,
+    row_named,
+)
 from zerocalc.parallel.zeropp import active_features
 from zerocalc.request.options import OptionsEcho
 from zerocalc.request.training import BufferOptions, TrainingRequest
+from zerocalc.states.framework import expert_shard_dim
+from zerocalc.states.memory import routing_assumption
 
 SCHEMA_VERSION = 2
 
@@ -55,9 +78,13 @@ class CommRequest(BaseModel):
         default=None, description="the architecture's name (--model), None with --params"
     )
     cluster: Cluster
+    mesh: Mesh
     precision: PrecisionName
     framework: Framework
     grad_accum: int = Field(ge=1, description="A: micro-batches per optimizer step")
+    micro_batch: int = Field(ge=1, description="b: sequences per micro-batch per GPU")
+    seq_len: int = Field(ge=1, description="s: tokens per sequence")
+    recompute: Recompute = Field(description="activation recomputation (re-runs forward collectives)")
     grad_sync: GradSync | None = Field(description="as asked; None: each framework's default")
     reduce_dtype: DType | None = Field(description="None: the gradient dtype")
     zeropp: tuple[ZeroPP, ...] = ()
@@ -75,9 +102,13 @@ class CommRequest(BaseModel):
             params=request.model.params,
             model=request.model.name,
             cluster=request.cluster,
+            mesh=request.mesh,
             precision=request.precision,
             framework=request.framework,
             grad_accum=request.grad_accum,
+            micro_batch=request.activations.micro_batch,
+            seq_len=request.activations.seq_len,
+            recompute=request.activations.recompute,
             grad_sync=request.grad_sync,
             reduce_dtype=request.reduce_dtype,
             zeropp=request.zeropp,
@@ -127,24 +158,51 @@ class CollectiveCost(BaseModel):
     units: list[UnitCalls]
 
 
+class DimensionComm(BaseModel):
+    """What one dimension of the mesh sends per GPU per step, over its groups."""
+
+    dimension: Dimension
+    group_size: int = Field(description="ranks of one group (dp: the dp × cp ranks of one TP index)")
+    stride: int = Field(
+        description="the distance between consecutive ranks of a group: 1 (tp), t (cp, dp, ep)"
+    )
+    spans_nodes: bool = Field(description="a group has ranks on more than one node")
+    calls_per_step: int = Field(description="Σ over the dimension's collectives")
+    total_bytes_per_gpu: int = Field(description="Σ over the dimension's collectives")
+    time_s: float = Field(description="Σ over the dimension's collectives")
+
+
 class StrategyComm(BaseModel):
     strategy: StrategyName
     title: str
     schedule_source: str = Field(description="whose schedule the collectives follow")
     grad_sync: GradSync = Field(description="when gradients are reduced, as assumed")
     grad_sync_reason: str
-    collectives: list[CollectiveCost]
-    calls_per_step: int
-    total_bytes_per_gpu: int
+    collectives: list[CollectiveCost] = Field(description="the data-parallel collectives")
+    mesh_collectives: list[MeshCollectiveCost] = Field(
+        default_factory=list,
+        description="the tensor-, context- and expert-parallel collectives (none at tp = cp = ep = 1)",
+    )
+    dimensions: list[DimensionComm] = Field(
+        default_factory=list,
+        description="per dimension of the mesh: dp, then tp, cp, pp and ep where above 1",
+    )
+    calls_per_step: int = Field(description="every dimension's")
+    total_bytes_per_gpu: int = Field(description="every dimension's")
     intra_node_bytes_per_gpu: int
     inter_node_bytes_per_gpu: int
-    time_s: float
+    time_s: float = Field(description="every dimension's")
     ratio_to_ddp: float | None = Field(
-        description="bytes / DDP's under the same framework (PyTorch's DDP for FSDP2, the paper's for "
-        "DeepSpeed); None at N = 1"
+        description="data-parallel bytes / DDP's under the same framework (PyTorch's DDP for FSDP2, the "
+        "paper's for DeepSpeed); None without data-parallel communication"
     )
     exposed_time_s: float | None = Field(default=None, description="max(0, comm − compute)")
     hidden_time_s: float | None = Field(default=None, description="min(comm, compute): could overlap compute")
+    step: StepEstimate | None = Field(
+        default=None,
+        description="the step time of this configuration on one GPU (with {model} and a compute table: "
+        "{gpu}'s preset or {compute_calibration})",
+    )
 
 
 class ComputeTime(BaseModel):
@@ -157,9 +215,12 @@ class CommEstimate(TableDisplay, BaseModel):
     request: CommRequest
     options: OptionsEcho = None
     calibration_used: str | None = None
-    notes: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default=[])
     compute: ComputeTime | None = None
     strategies: list[StrategyComm]
+    pipeline: PipelineComm | None = Field(
+        default=None, description="pipeline parallelism: the sends between stages and the bubble"
+    )
 
     def row(self, name: StrategyName | str) -> StrategyComm:
         """The row of a strategy, by any of its names (``fsdp``, ``full_shard``, ``zero3``)."""
@@ -170,7 +231,7 @@ class CommEstimate(TableDisplay, BaseModel):
         request = self.request
         head = [
             ("params", format_count(request.params)),
-            ("gpus", request.cluster.world_size),
+            ("gpus", request.mesh.world),
             ("framework", request.framework.value),
         ]
         return head + [
@@ -241,6 +302,32 @@ def _calibration_notes(calibration: Calibration, name: str, rows: list[StrategyC
             f"{literal(calibration.device_name)}; the collectives it has no fit for use NCCL-class link "
             "figures: times in one table mix the two (β from, per collective)"
         )
+    return notes
+
+
+def _mesh_calibration_notes(calibration: Calibration, name: str, rows: list[StrategyComm]) -> list[str]:
+    """Tensor- and context-parallel calls larger or smaller than the sweep behind the fit that priced them
+    (its fit extrapolated)."""
+    sizes: dict[tuple[Collective, bool, int], list[int]] = {}
+    for row in rows:
+        for cost in row.mesh_collectives:
+            if cost.bandwidth_source is BandwidthSource.CALIBRATION:
+                key = (cost.op, cost.spans_nodes, cost.group_size)
+                sizes.setdefault(key, []).extend(s * cost.dtype.bytes for s in cost.elements)
+    notes = []
+    for (op, spans_nodes, group_size), calls in sizes.items():
+        fit = mesh_fit(op, spans_nodes, group_size, calibration)
+        measured = calibration.measured_range(op, fit.group_kind) if fit is not None else None
+        if fit is None or measured is None:
+            continue
+        low, high = measured
+        if min(calls) < low or max(calls) > high:
+            notes.append(
+                f"calibration {literal(name)} measured {op.value} over {fit.group_kind.value} groups of "
+                f"{fit.group_size} from {format_size(low)} to {format_size(high)} per call; the tensor- and "
+                f"context-parallel calls move {format_size(min(calls))} to {format_size(max(calls))}: "
+                "its fit is extrapolated"
+            )
     return notes
 
 
@@ -435,11 +522,15 @@ def _cost(collective: CollectiveRun, times: int) -> CollectiveCost:
     )
 
 
-def grad_sync_reason(framework: Framework, name: StrategyName, asked: GradSync | None) -> str:
+def grad_sync_reason(
+    framework: Framework, name: StrategyName, asked: GradSync | None, pipelined: bool = False
+) -> str:
     """Why gradients are reduced when they are, for the output."""
     setup = STRATEGIES[name].frameworks[framework]
     if setup.grad_sync is not None:
         return "fixed by this schedule"
+    if pipelined and framework in PIPELINE_GRAD_SYNC:
+        return "fixed by the pipeline schedule (torch.distributed.pipelining)"
     hook = TORCH_NO_SYNC[setup.torch.wrapper] if setup.torch is not None else "no_sync()"
     if asked is GradSync.LAST:
         return f"asked: the first A-1 micro-batches run under {hook}"
@@ -448,56 +539,216 @@ def grad_sync_reason(framework: Framework, name: StrategyName, asked: GradSync |
     return f"PyTorch's default, every backward reduces; grad-sync last if the loop uses {hook}"
 
 
+def mesh_request(request: TrainingRequest) -> MeshRequest | None:
+    """What sizes and prices the request's tensor- and context-parallel collectives; None at tp = cp = 1.
+    Raises :class:`InputError` for a model whose tensor-parallel communication is not modelled."""
+    mesh = request.mesh
+    arch = request.model.architecture
+    if not mesh.model_parallel or arch is None:
+        return None
+    problem = mesh_problem(arch, mesh)
+    if problem:
+        raise InputError(problem)
+    activations = request.activations
+    return MeshRequest(
+        mesh=mesh,
+        framework=request.framework,
+        # a pipeline rank runs its stage's layers: the largest stage's (request.architecture)
+        shape=MeshShape.of(
+            request.architecture if mesh.pp > 1 else arch,
+            mesh,
+            activations.micro_batch,
+            activations.seq_len,
+            activations.capacity_factor,
+        ),
+        learned_positions=arch.learned_position_embeddings,
+        replicated=replicated_gradients(request.architecture, mesh.tp_style, mesh.sequence_parallel)
+        if mesh.tp > 1
+        else (),
+        recompute=activations.recompute,
+        grad_accum=request.grad_accum,
+        activation=RECIPES[request.precision].param_dtype,
+        gradient=_dtype(DtypeRole.REDUCE, request.precision, request.reduce_dtype),
+        bandwidths=request.links,
+        calibration=request.calibration,
+    )
+
+
+def _dimensions(
+    request: TrainingRequest,
+    costs: list[CollectiveCost],
+    mesh_collectives: list[MeshCollectiveCost],
+    pipeline: PipelineComm | None = None,
+) -> list[DimensionComm]:
+    """The data-parallel dimension (the routed experts' collectives over their expert-data-parallel groups
+    included), then each model-parallel one above 1, with their totals (the pipeline's: its busiest rank's
+    sends)."""
+    mesh, cluster = request.mesh, request.cluster
+    dimensions = [
+        DimensionComm(
+            dimension=Dimension.DP,
+            group_size=cluster.world_size,
+            stride=mesh.tp,
+            spans_nodes=cluster.nodes > 1,
+            calls_per_step=sum(c.calls_per_step for c in costs),
+            total_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in costs),
+            time_s=sum(c.time_s for c in costs),
+        )
+    ]
+    for dimension, size, apart, spans in (
+        (Dimension.TP, mesh.tp, 1, mesh.tp_spans_nodes),
+        (Dimension.CP, mesh.cp, mesh.tp, mesh.cp_spans_nodes),
+        (Dimension.EP, mesh.ep, mesh.tp, mesh.ep_spans_nodes),
+    ):
+        if size == 1:
+            continue
+        mine = [c for c in mesh_collectives if c.dimension is dimension]
+        dimensions.append(
+            DimensionComm(
+                dimension=dimension,
+                group_size=size,
+                stride=apart,
+                spans_nodes=spans,
+                calls_per_step=sum(c.calls_per_step for c in mine),
+                total_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in mine),
+                time_s=sum(c.time_s for c in mine),
+            )
+        )
+    if pipeline is not None:
+        dimensions.append(
+            DimensionComm(
+                dimension=Dimension.PP,
+                group_size=mesh.pp,
+                stride=mesh.tp * mesh.cp * mesh.dp,
+                spans_nodes=any(link.spans_nodes for link in pipeline.links),
+                calls_per_step=pipeline.busiest_rank_calls,
+                total_bytes_per_gpu=pipeline.busiest_rank_bytes,
+                time_s=pipeline.busiest_rank_time_s,
+            )
+        )
+    return dimensions
+
+
+class DataPart(NamedTuple):
+    """Parameters of a rank whose data-parallel collectives run over one group: the request whose cluster is
+    that group, and the tensors (:func:`data_parts`)."""
+
+    request: TrainingRequest
+    layout: Layout
+    experts: bool
+    """The routed experts under expert parallelism, over the expert-data-parallel ranks."""
+
+
+def data_parts(request: TrainingRequest, layout: Layout | None = None) -> tuple[DataPart, ...]:
+    """The rank's parameters as the data-parallel collectives move them: all of them over the dp × cp ranks
+    (``layout``, else the rank's); under expert parallelism, everything but the routed experts over those
+    ranks and the routed experts over the dp·c/e expert-data-parallel ranks
+    (:meth:`~zerocalc.comm.calls.Layout.expert_parallel_parts`), as the states are sharded
+    (:func:`~zerocalc.states.memory.state_parts`)."""
+    arch = request.rank_model.architecture
+    mesh = request.mesh
+    if mesh.ep == 1 or arch is None:
+        return (DataPart(request, layout or Layout.of(request.rank_model.params, arch), False),)
+    rest, experts = Layout.expert_parallel_parts(arch, expert_shard_dim(arch, mesh.dp * mesh.cp))
+    expert_request = request.model_copy(update={"cluster": mesh.expert_data_cluster()})
+    return DataPart(request, rest, False), DataPart(expert_request, experts, True)
+
+
+def _data_parallel_costs(name: StrategyName, parts: tuple[DataPart, ...]) -> list[CollectiveCost]:
+    """Every data-parallel collective of one strategy's schedule that runs in a step, for each part of the
+    parameters over its group (the routed experts' said so in their behaviour)."""
+    costs: list[CollectiveCost] = []
+    for request, layout, experts in parts:
+        sync = effective_grad_sync(request.framework, name, request.grad_sync, pipelined=request.mesh.pp > 1)
+        for collective in collective_runs(name, request, layout):
+            times = times_per_step(collective.run.line.repeat, request.grad_accum, sync)
+            if times <= 0:
+                continue
+            cost = _cost(collective, times)
+            if experts:
+                where = f"routed experts, over the {cost.group_size:,} expert-data-parallel ranks: "
+                cost = cost.model_copy(update={"behaviour": where + cost.behaviour})
+            costs.append(cost)
+    return costs
+
+
 def strategy_comm(
-    name: StrategyName, request: TrainingRequest, ddp_bytes: int | None, layout: Layout | None = None
+    name: StrategyName,
+    request: TrainingRequest,
+    ddp_bytes: int | None,
+    parts: tuple[DataPart, ...] | None = None,
+    mesh: MeshRequest | None = None,
+    pipeline: PipelineComm | None = None,
 ) -> StrategyComm:
-    """Cost every collective of one strategy's schedule under the request's framework (pure)."""
+    """Cost every collective of one strategy's schedule under the request's framework over each part of the
+    parameters (:func:`data_parts`), and the tensor-, context- and expert-parallel collectives of ``mesh``
+    (:func:`mesh_request`) and the pipeline's sends (:func:`~zerocalc.comm.pipeline.pipeline_comm`) beside
+    it (pure)."""
     framework = request.framework
     strategy = STRATEGIES[name]
-    layout = layout or Layout.of(request.model.params, request.model.architecture)
-    sync = effective_grad_sync(framework, name, request.grad_sync)
-    costs: list[CollectiveCost] = []
-    for collective in collective_runs(name, request, layout):
-        times = times_per_step(collective.run.line.repeat, request.grad_accum, sync)
-        if times > 0:
-            costs.append(_cost(collective, times))
-    total = sum(c.total_bytes_per_gpu for c in costs)
+    sync = effective_grad_sync(framework, name, request.grad_sync, pipelined=request.mesh.pp > 1)
+    costs = _data_parallel_costs(name, parts or data_parts(request))
+    mesh_collectives = mesh_costs(mesh, sync) if mesh is not None else []
+    every = [*costs, *mesh_collectives]
+    data_parallel = sum(c.total_bytes_per_gpu for c in costs)
+    sent = pipeline.busiest_rank_bytes if pipeline else 0
+    inter_node = (
+        sum(c.total_bytes_per_gpu for c in costs if c.spans_nodes)
+        + sum(c.inter_node_bytes_per_gpu for c in mesh_collectives)
+        + (pipeline.busiest_rank_inter_node_bytes if pipeline else 0)
+    )
     setup = strategy.frameworks[framework]
     return StrategyComm(
         strategy=name,
         title=strategy.title_under(framework),
         schedule_source=setup.schedule_source,
         grad_sync=sync,
-        grad_sync_reason=grad_sync_reason(framework, name, request.grad_sync),
+        grad_sync_reason=grad_sync_reason(framework, name, request.grad_sync, request.mesh.pp > 1),
         collectives=costs,
-        calls_per_step=sum(c.calls_per_step for c in costs),
-        total_bytes_per_gpu=total,
-        intra_node_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in costs if not c.spans_nodes),
-        inter_node_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in costs if c.spans_nodes),
-        time_s=sum(c.time_s for c in costs),
-        ratio_to_ddp=(total / ddp_bytes) if ddp_bytes else None,
+        mesh_collectives=mesh_collectives,
+        dimensions=_dimensions(request, costs, mesh_collectives, pipeline),
+        calls_per_step=sum(c.calls_per_step for c in every)
+        + (pipeline.busiest_rank_calls if pipeline else 0),
+        total_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in every) + sent,
+        intra_node_bytes_per_gpu=sum(c.total_bytes_per_gpu for c in every) + sent - inter_node,
+        inter_node_bytes_per_gpu=inter_node,
+        time_s=sum(c.time_s for c in every) + (pipeline.busiest_rank_time_s if pipeline else 0.0),
+        ratio_to_ddp=(data_parallel / ddp_bytes) if ddp_bytes else None,
     )
 
 
-def _ddp_reference(request: TrainingRequest, layout: Layout) -> int | None:
-    """The bytes the ratio is taken to: DDP under the same framework (FSDP's is NO_SHARD), PyTorch's DDP for
-    FSDP2, else the paper's DDP (DeepSpeed's stage 0 is not modelled)."""
+def _ddp_reference(parts: tuple[DataPart, ...]) -> int | None:
+    """The data-parallel bytes the ratio is taken to: DDP under the same framework (FSDP's is NO_SHARD),
+    PyTorch's DDP for FSDP2, else the paper's DDP (DeepSpeed's stage 0 is not modelled)."""
     frameworks = STRATEGIES[StrategyName.DDP].frameworks
-    framework = request.framework
+    framework = parts[0].request.framework
     if framework not in frameworks:
         framework = Framework.DDP if framework in TORCH_FRAMEWORKS else Framework.PAPER
-    reference = request.model_copy(update={"framework": framework})
-    return strategy_comm(StrategyName.DDP, reference, None, layout).total_bytes_per_gpu or None
+    reference = tuple(
+        part._replace(request=part.request.model_copy(update={"framework": framework})) for part in parts
+    )
+    return sum(c.total_bytes_per_gpu for c in _data_parallel_costs(StrategyName.DDP, reference)) or None
 
 
 def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -> list[str]:
     notes = []
     cluster = request.cluster
-    if cluster.world_size == 1:
+    if request.mesh.world == 1:
         notes.append("no communication: a single GPU has nothing to reduce or gather")
+    if request.mesh.pp > 1:
+        largest = request.stages.index(request.rank_model)
+        notes.append(
+            f"data-parallel collectives of pipeline stage {largest}, the largest (Ψ_s = "
+            f"{request.rank_model.params:,}): each stage reduces its own layers over its dp × cp ranks; the "
+            "pipeline's sends are its busiest rank's"
+        )
     calibration = request.calibration
-    used = any(c.bandwidth_source is BandwidthSource.CALIBRATION for row in rows for c in row.collectives)
-    if calibration is not None and not used and cluster.world_size > 1:
+    used = any(
+        c.bandwidth_source is BandwidthSource.CALIBRATION
+        for row in rows
+        for c in (*row.collectives, *row.mesh_collectives)
+    )
+    if calibration is not None and not used and request.mesh.world > 1:
         notes.append(
             f"calibration {literal(str(request.calibration_name))} ({plural(calibration.nodes, 'node')} × "
             f"{plural(calibration.gpus_per_node, 'rank')}) covers none of these collectives and groups: "
@@ -505,6 +756,7 @@ def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -
         )
     if calibration is not None and used:
         notes += _calibration_notes(calibration, request.calibration_name or "calibration", rows)
+        notes += _mesh_calibration_notes(calibration, request.calibration_name or "calibration", rows)
     if request.framework not in (Framework.PAPER, Framework.MEGATRON) and not layout.from_architecture:
         notes.append(
             "without {model} the model is one flat array of Ψ elements: bytes that depend on Ψ alone are "
@@ -520,19 +772,58 @@ def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -
                 )
     _, zeropp_notes = active_features(frozenset(request.zeropp), cluster)
     notes += zeropp_notes
+    if request.mesh.ep > 1:
+        notes.append(routing_assumption(request))
+    activations = request.activations
+    if (
+        not request.mesh.model_parallel
+        and (activations.recompute is not Recompute.NONE or activations.micro_batch > 1)
+        and not any(row.step is not None for row in rows)
+    ):
+        notes.append(
+            "{micro_batch}, {seq_len} and {recompute} size the tensor- and context-parallel collectives; "
+            "with {tp} 1 and {cp} 1 there are none: they change nothing here"
+        )
     return notes
 
 
-def evaluate_comm(request: TrainingRequest) -> CommEstimate:
-    """The communication of every requested strategy, with times and the optional compute comparison."""
-    layout = Layout.of(request.model.params, request.model.architecture)
-    ddp = _ddp_reference(request, layout)
-    rows = [strategy_comm(name, request, ddp, layout) for name in request.strategies]
-    compute = None
+def _with_step(
+    row: StrategyComm,
+    request: TrainingRequest,
+    compute: ComputeTable,
+    compute_name: str,
+    pipeline: PipelineComm | None,
+) -> StrategyComm:
+    """The row with its step time (:func:`zerocalc.comm.step.step_estimate`)."""
+    from zerocalc.comm.step import step_estimate
+
+    collectives = [(c.phase, c.times_per_step, c.calls_per_step, c.time_s) for c in row.collectives]
+    dp_s = sum(c.time_s for c in row.collectives)
+    step = step_estimate(
+        request, compute, compute_name, row.strategy, collectives, dp_s, row.mesh_collectives, pipeline
+    )
+    return row.model_copy(update={"step": step})
+
+
+def evaluate_comm(
+    request: TrainingRequest, compute: ComputeTable | None = None, compute_name: str = "compute table"
+) -> CommEstimate:
+    """The communication of every requested strategy (data parallelism, and tensor and context parallelism
+    where the mesh has them), with times, each strategy's step time where the model has an architecture
+    and ``compute`` (the GPU's compute table) is given, and the optional compute comparison."""
+    mesh = mesh_request(request)
+    pipeline = pipeline_comm(request)
+    parts = data_parts(request)
+    layout = parts[0].layout
+    ddp = _ddp_reference(parts)
+    rows = [strategy_comm(name, request, ddp, parts, mesh, pipeline) for name in request.strategies]
+    if compute is not None and request.model.architecture is not None:
+        rows = [_with_step(row, request, compute, compute_name, pipeline) for row in rows]
+    compared = None
     if request.tokens_per_step is not None and request.tflops is not None:
         flops = 6 * request.model.params * request.tokens_per_step
-        seconds = flops / (request.cluster.world_size * request.tflops * 1e12)
-        compute = ComputeTime(flops_per_step=flops, seconds=seconds)
+        seconds = flops / (request.mesh.world * request.tflops * 1e12)
+        compared = ComputeTime(flops_per_step=flops, seconds=seconds)
         for row in rows:
             row.hidden_time_s = min(row.time_s, seconds)
             row.exposed_time_s = max(0.0, row.time_s - seconds)
@@ -540,6 +831,7 @@ def evaluate_comm(request: TrainingRequest) -> CommEstimate:
         request=CommRequest.of(request),
         calibration_used=request.calibration_name if request.calibration is not None else None,
         notes=_notes(request, layout, rows),
-        compute=compute,
+        compute=compared,
         strategies=rows,
+        pipeline=pipeline,
     )

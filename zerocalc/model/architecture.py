@@ -204,6 +204,11 @@ class Architecture(BaseModel):
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    @property
+    def local_experts(self) -> int:
+        """The routed experts of one MoE layer that this description's parameters hold: all E."""
+        return self.num_experts
+
     def is_moe_layer(self, index: int) -> bool:
         """Whether block ``index`` routes its tokens to experts (else it has a dense MLP)."""
         return self.is_moe and index not in self.dense_layers
@@ -242,6 +247,168 @@ class ParamTensor(BaseModel):
         for dim in self.shape:
             n *= dim
         return n
+
+
+class TensorParallelRank(Architecture):
+    """An architecture as one of its t tensor-parallel ranks holds it: the same description, and
+    :func:`parameter_tensors` gives that rank's local shards (:func:`tensor_parallel_shape`).
+
+    Sources: Megatron-LM ``core/tensor_parallel/layers.py`` (``ColumnParallelLinear`` splits the output
+    dimension and its bias, ``RowParallelLinear`` the input dimension with the bias replicated,
+    ``VocabParallelEmbedding`` the vocabulary; ``training/tokenizer`` pads the vocabulary to a multiple
+    of ``make_vocab_size_divisible_by`` (128) × t); torchtitan ``models/llama3/infra/parallelize.py``
+    ``apply_tp`` (``ColwiseParallel`` q/k/v, w1/w3 and the output, ``RowwiseParallel`` wo, w2 and the
+    embedding over its vocabulary, norms replicated), whose DTensor shards follow ``torch.chunk``: the
+    first ranks hold ceil(n/t). Routers, norms, position tables and the low-rank ``q_a``/``kv_a``
+    projections of latent attention are replicated; each routed expert's width is split like a dense
+    MLP's (Megatron's expert tensor parallelism at its default, the TP degree).
+
+    With expert parallelism of degree e the rank holds E/e of each layer's routed experts: the experts'
+    3-D tensors are cut on dim 0 (torchtitan ``distributed/expert_parallel.py`` ``ExpertParallel``:
+    ``distribute_tensor(param, ep_mesh, [Shard(0)])``; Megatron-LM ``num_local_experts = E /
+    expert_model_parallel_size``; DeepSpeed-MoE ``num_local_experts = num_experts // ep_size``). The
+    router and the shared experts stay whole.
+    """
+
+    tp: int = Field(ge=1, description="t: tensor-parallel ranks")
+    ep: int = Field(default=1, ge=1, description="e: expert-parallel ranks; E/e routed experts on this rank")
+    vocab_multiple: int = Field(
+        default=1, ge=1, description="the vocabulary is padded to a multiple of this × t (Megatron: 128)"
+    )
+    tp_index: int = Field(
+        default=0, ge=0, description="which tensor-parallel rank (0: the largest, which the estimates count)"
+    )
+
+    @property
+    def local_experts(self) -> int:
+        """E/e: the routed experts of one MoE layer on this rank."""
+        return self.num_experts // self.ep
+
+    @property
+    def padded_vocab(self) -> int:
+        """V padded as Megatron-LM's ``_vocab_size_with_padding`` does (unpadded for DTensor plans, whose
+        ``torch.chunk`` leaves the last ranks fewer rows)."""
+        if self.vocab_multiple == 1:
+            return self.vocab_size
+        multiple = self.vocab_multiple * self.tp
+        return -(-self.vocab_size // multiple) * multiple
+
+
+class PipelineStage(TensorParallelRank):
+    """What one pipeline rank holds of an architecture (of one tensor-parallel rank's share at t > 1): its
+    layers, numbered 0 … n − 1 here in the order its chunks hold them (``global_layers`` gives each one's
+    index in the whole model), the embedding where it holds the first stage, the final norm and the LM
+    head where it holds the last. :func:`pipeline_stage` builds it; :func:`parameter_tensors` gives that
+    rank's tensors. A tied LM head is a weight of its own on the last stage (Megatron-LM
+    ``LanguageModule.setup_embeddings_and_output_layer``: the last stage allocates ``output_layer.weight``,
+    kept equal to the first stage's embedding by an all-reduce of their gradients; torch.distributed.
+    pipelining's stages are separate modules)."""
+
+    tp: int = Field(default=1, ge=1, description="t: tensor-parallel ranks")
+    pp: int = Field(ge=2, description="p: pipeline ranks")
+    vpp: int = Field(default=1, ge=1, description="v: model chunks per pipeline rank")
+    stage: int = Field(ge=0, description="i: this pipeline rank, 0 … p − 1")
+    global_layers: tuple[int, ...] = Field(description="the whole model's index of each layer held")
+    holds_embedding: bool = Field(description="the first stage: the embedding (and learned positions)")
+    holds_head: bool = Field(description="the last stage: the final norm, the LM head and the loss")
+
+    @property
+    def chunk_size(self) -> int:
+        """Layers per model chunk, L/(p·v)."""
+        return self.num_layers // self.vpp
+
+
+def pipeline_stage(
+    arch: Architecture, pp: int, vpp: int, stage: int, layers: tuple[int, ...]
+) -> PipelineStage:
+    """Pipeline rank ``stage``'s share of ``arch`` (a :class:`TensorParallelRank` keeps its t): the layers
+    ``layers`` (global indices, chunk by chunk), the embedding on rank 0, the head on rank p − 1. Dense
+    layers of a mixture-of-experts model keep their place; a stage whose layers are all dense is a dense
+    model of their width."""
+    fields = dict(arch)
+    dense = tuple(k for k, index in enumerate(layers) if index in arch.dense_layers)
+    fields.update(num_layers=len(layers), dense_layers=dense, tied_embeddings=False)
+    if arch.is_moe and len(dense) == len(layers):
+        fields.update(
+            num_experts=0,
+            experts_per_token=0,
+            num_shared_experts=0,
+            shared_expert_intermediate_size=None,
+            shared_expert_gate=False,
+            dense_layers=(),
+            intermediate_size=arch.dense_intermediate_size or arch.intermediate_size,
+            dense_intermediate_size=None,
+        )
+    return PipelineStage(
+        **fields,
+        pp=pp,
+        vpp=vpp,
+        stage=stage,
+        global_layers=layers,
+        holds_embedding=stage == 0,
+        holds_head=stage == pp - 1,
+    )
+
+
+def global_layer(arch: Architecture, index: int) -> int:
+    """The whole model's index of layer ``index`` of ``arch`` (itself but on a pipeline stage)."""
+    return arch.global_layers[index] if isinstance(arch, PipelineStage) else index
+
+
+_COLUMN_PARALLEL = frozenset(
+    {"q_proj", "k_proj", "v_proj", "qkv_proj", "q_b_proj", "kv_b_proj", "fc_in", "gate_proj", "up_proj",
+     "gate_up_proj"}
+)  # fmt: skip
+_ROW_PARALLEL = frozenset({"o_proj", "fc_out", "down_proj"})
+_VOCAB_PARALLEL = frozenset({"embed_tokens", "lm_head"})
+
+
+def is_expert_tensor(tensor: ParamTensor) -> bool:
+    """Whether ``tensor`` holds routed experts' weights ([E, out, in], the ``experts`` module): the tensors
+    expert parallelism splits and whose states are sharded over the expert-data-parallel ranks."""
+    return tensor.module.rsplit(".", 1)[-1] == "experts"
+
+
+def tensor_parallel_dim(tensor: ParamTensor) -> int | None:
+    """The dimension tensor parallelism splits (:class:`TensorParallelRank`), None where replicated."""
+    if tensor.module in _VOCAB_PARALLEL:
+        return 0
+    leaf = tensor.module.rsplit(".", 1)[-1]
+    if leaf == "experts":  # 3-D [E, out, in] expert weights: fc_in / gate_up split out, fc_out / down in
+        return 1 if tensor.name in _COLUMN_PARALLEL else 2
+    if leaf in _COLUMN_PARALLEL:
+        return 0
+    if leaf in _ROW_PARALLEL and tensor.name == "weight":
+        return 1
+    return None
+
+
+def tensor_parallel_shape(tensor: ParamTensor, arch: TensorParallelRank) -> tuple[int, ...]:
+    """Rank ``arch.tp_index``'s local shape of ``tensor``: its ``torch.chunk`` of the split dimension
+    (ceil(n/t) on the first ranks, fewer or none on the last), the vocabulary padded first."""
+    dim = tensor_parallel_dim(tensor)
+    if dim is None or arch.tp == 1:
+        return tensor.shape
+    shape = list(tensor.shape)
+    if tensor.module in _VOCAB_PARALLEL:
+        shape[0] = arch.padded_vocab
+    chunk = -(-shape[dim] // arch.tp)
+    shape[dim] = max(0, min(chunk, shape[dim] - arch.tp_index * chunk))
+    return tuple(shape)
+
+
+def _rank_shape(tensor: ParamTensor, arch: TensorParallelRank) -> tuple[int, ...]:
+    """The rank's local shape: its tensor-parallel shard, and E/e experts of an expert tensor."""
+    shape = tensor_parallel_shape(tensor, arch)
+    if arch.ep > 1 and is_expert_tensor(tensor):
+        shape = (arch.local_experts, *shape[1:])
+    return shape
+
+
+def _rank_local(arch: Architecture, tensors: list[ParamTensor]) -> list[ParamTensor]:
+    if not isinstance(arch, TensorParallelRank):
+        return tensors
+    return [ParamTensor(module=t.module, name=t.name, shape=_rank_shape(t, arch)) for t in tensors]
 
 
 def _linear(module: str, d_in: int, d_out: int, bias: bool) -> list[ParamTensor]:
@@ -338,10 +505,12 @@ def layer_tensors(arch: Architecture, index: int = 0) -> list[ParamTensor]:
     tensors += _feed_forward(p, arch, arch.is_moe_layer(index))
     for name in after_mlp:
         tensors += _norm(f"{p}.{name}", arch)
-    return tensors
+    return _rank_local(arch, tensors)
 
 
 def embedding_tensors(arch: Architecture) -> list[ParamTensor]:
+    if isinstance(arch, PipelineStage) and not arch.holds_embedding:
+        return []
     tensors = [ParamTensor(module="embed_tokens", name="weight", shape=(arch.vocab_size, arch.hidden_size))]
     if arch.learned_position_embeddings:
         tensors.append(
@@ -351,17 +520,19 @@ def embedding_tensors(arch: Architecture) -> list[ParamTensor]:
                 shape=(arch.max_position_embeddings, arch.hidden_size),
             )
         )
-    return tensors
+    return _rank_local(arch, tensors)
 
 
 def head_tensors(arch: Architecture) -> list[ParamTensor]:
     """Final norm and, unless tied to the embedding, the LM head."""
+    if isinstance(arch, PipelineStage) and not arch.holds_head:
+        return []
     tensors = _norm("final_norm", arch)
     if not arch.tied_embeddings:
         tensors.append(
             ParamTensor(module="lm_head", name="weight", shape=(arch.vocab_size, arch.hidden_size))
         )
-    return tensors
+    return _rank_local(arch, tensors)
 
 
 def parameter_tensors(arch: Architecture) -> list[ParamTensor]:
@@ -379,11 +550,18 @@ def _parameter_tensors(arch: Architecture) -> tuple[ParamTensor, ...]:
     return tuple(tensors + head_tensors(arch))
 
 
+def expert_parameters(arch: Architecture) -> int:
+    """The routed experts' parameter elements this description holds (:func:`is_expert_tensor`): every
+    MoE layer's E experts, or a rank's E/e (0 for a dense model)."""
+    return sum(t.numel for t in _parameter_tensors(arch) if is_expert_tensor(t)) if arch.is_moe else 0
+
+
 class ParameterCount(BaseModel):
     total: int = Field(description="all parameters (memory uses this)")
     active_per_token: int = Field(
         description="parameters a token passes through: MoE layers count k of E routed experts (the router, "
-        "the shared experts and everything else in full)"
+        "the shared experts and everything else in full); of one expert-parallel rank's E/e experts, at "
+        "most k"
     )
     embedding: int
     per_layer: int = Field(description="one transformer block (the largest, where blocks differ)")
@@ -416,8 +594,9 @@ def count_parameters(arch: Architecture) -> ParameterCount:
     layers = sum(sizes[kind] * layers_of[kind] for kind in blocks)
     inactive = 0
     if arch.is_moe:
-        expert = _numel(_experts("expert", arch)) // arch.num_experts
-        inactive = (arch.num_experts - arch.experts_per_token) * expert * layers_of[True]
+        local = arch.local_experts
+        expert = _numel(_rank_local(arch, _experts("moe.experts", arch))) // local
+        inactive = (local - min(arch.experts_per_token, local)) * expert * layers_of[True]
     modules: dict[str, int] = {}
     for t in embedding + [t for block in blocks.values() for t in block] + head:
         modules[t.module] = modules.get(t.module, 0) + t.numel

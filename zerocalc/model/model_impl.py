@@ -17,6 +17,28 @@ memory it holds for a moment inside a layer (``forward_excess``, ``backward_exce
 Notation: T = b·s tokens, h hidden, f MLP width, a heads, kv key/value heads, d head dimension, V vocabulary,
 E experts, k experts per token, S = T·k routed token-expert pairs; ``act`` bytes per activation element
 (2 for bf16/fp16 compute, 4 for fp32).
+
+Per rank under tensor parallelism of degree t, sequence parallelism and context parallelism of degree c
+(:class:`Shape`): every per-token tensor has the rank's L = b·s/c tokens (:attr:`Shape.local_tokens`); the
+column-parallel outputs (q, k, v, the MLP's f-wide tensors) and the attention core are /t; the norms, the
+residual dropout masks and the hidden states between layers have R rows (:attr:`Shape.sequence_tokens`: L,
+or L/t under sequence parallelism). Where the code keeps the column-parallel linears' input:
+
+* ``megatron`` (Korthikanti et al. 2022 §4.2.2; Megatron-LM ``core/tensor_parallel/layers.py``): the
+  s/t-sharded input under sequence parallelism, all-gathered again in backward (:mod:`.activations`);
+* ``torchtitan`` (v0.2.2 ``models/llama3/infra/parallelize.py::apply_tp``: ``attention_norm`` / ``ffn_norm``
+  ``SequenceParallel``, ``PrepareModuleInput`` Shard(1) → Replicate before ``attention`` and
+  ``feed_forward``, wq/wk/wv/w1/w3 ``ColwiseParallel``, wo/w2 ``RowwiseParallel(output_layouts=Shard(1))``;
+  sequence parallelism always goes with TP): the all-gathered Replicate input, L·h, which the linears save
+  and do not gather again;
+* ``hf`` (transformers 5.17 ``base_model_tp_plan``: q/k/v, gate/up ``colwise``, o/down ``rowwise``,
+  ``distributed/tensor_parallel.py`` DTensor styles; no sequence parallelism, the norms replicated): the
+  replicated input, L·h. Families whose plan differs (gathered or packed outputs, mixture-of-experts, no
+  plan) are refused by :func:`parallel_unsupported`.
+
+Measured once on CPU (torch 2.13, gloo, world 2, a Llama block under torchtitan's plan with
+``saved_tensors_hooks``): the attention and MLP inputs are saved whole ([b·s, h]), q, k, v, the attention
+output, log-sum-exp and the f-wide tensors with a/t, kv/t, f/t columns, the norms' tensors with s/t rows.
 """
 
 from __future__ import annotations
@@ -24,8 +46,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import NamedTuple
 
-from pydantic import BaseModel, ConfigDict
-
+from zerocalc.model.activations import ActivationShape, CpImpl, exact_split, layer_terms, routed_rows
 from zerocalc.model.architecture import Architecture, BlockLayout, MlpKind, NormKind, QkNorm
 
 FP32 = 4
@@ -45,10 +66,8 @@ class Device(StrEnum):
     CPU = "cpu"
 
 
-class ModelImpl(BaseModel):
+class ModelImpl(NamedTuple):
     """The code a model is trained with, and what of it the activation accounting follows."""
-
-    model_config = ConfigDict(frozen=True)
 
     name: ModelImplName
     title: str
@@ -112,14 +131,51 @@ MODEL_IMPLS: dict[ModelImplName, ModelImpl] = {
 
 
 class Shape(NamedTuple):
-    """One micro-batch: b sequences of s tokens."""
+    """One micro-batch: b sequences of s tokens, and how one rank's share of it is split."""
 
     b: int
     s: int
+    tp: int = 1
+    """t, the tensor-parallel degree."""
+    sequence_parallel: bool = False
+    """The norm, dropout and residual regions split along the sequence over the t ranks (Korthikanti
+    et al. 2022 §4.2.2; torchtitan's ``SequenceParallel`` norms)."""
+    cp: int = 1
+    """c, the context-parallel degree: each rank holds s/c tokens of every sequence."""
+    cp_impl: CpImpl = CpImpl.RING
+    ep: int = 1
+    """e, the expert-parallel degree: the rank computes the tokens routed to its E/e experts."""
+    capacity_factor: float = 1.0
+    """Under expert parallelism, the tokens the rank's experts receive over the balanced k·b·s/c
+    (:func:`~zerocalc.model.activations.routed_rows`)."""
 
     @property
     def tokens(self) -> int:
+        """The micro-batch's tokens, b·s."""
         return self.b * self.s
+
+    @property
+    def local_tokens(self) -> int:
+        """This rank's tokens, b·s/c: the rows of the tensor-parallel region, the logits and the loss."""
+        return exact_split(self.tokens, self.cp, "b·s")
+
+    @property
+    def sequence_tokens(self) -> int:
+        """Rows of the hidden states, norms and residual dropouts on this rank: b·s/c, /t under sequence
+        parallelism."""
+        if self.sequence_parallel and self.tp > 1:
+            return exact_split(self.local_tokens, self.tp, "b·s/c")
+        return self.local_tokens
+
+    def split(self, columns: int, what: str) -> int:
+        """A column-parallel width on one rank: ``columns`` / t exactly, else ``ValueError``."""
+        return exact_split(columns, self.tp, what)
+
+    def expert_rows(self, pairs: int) -> int:
+        """The token-expert pairs the rank's experts compute when each rank routes ``pairs``: those pairs
+        without expert parallelism; with it, the pairs the EP group routes to the rank's experts
+        (:func:`~zerocalc.model.activations.routed_rows`)."""
+        return pairs if self.ep == 1 else routed_rows(pairs, self.capacity_factor)
 
 
 class LayerSaves(NamedTuple):
@@ -343,8 +399,23 @@ def layer_saves(
     probabilities [b, a, s, s] and their cast). ``selective``: Korthikanti et al. §4.2's selective
     recomputation, the attention core's s²-sized tensors (:data:`QUADRATIC_TERMS`) are not kept but
     recomputed in the layer's backward, where they exist for a moment.
+
+    Per rank under ``shape``'s tensor, sequence and context parallelism (module docstring); the buffers
+    tensor and context parallelism add inside the layer are in ``forward_excess`` and ``backward_excess``
+    (:func:`parallel_transients`). A combination :func:`parallel_unsupported` refuses raises ``ValueError``.
     """
+    reason = parallel_unsupported(impl, arch, shape, flash)
+    if reason is not None:
+        raise ValueError(reason)
     saves = _layer_saves(impl, arch, index, shape, act, device, use_cache, flash)
+    moments = parallel_transients(impl, arch, index, shape, act)
+    forward = max((m.nbytes for m in moments if m.phase == "forward"), default=0)
+    backward = max((m.nbytes for m in moments if m.phase == "backward"), default=0)
+    if forward or backward:
+        saves = saves._replace(
+            forward_excess=max(saves.forward_excess, forward),
+            backward_excess=max(saves.backward_excess, backward),
+        )
     if not selective:
         return saves
     dropped = sum(b for name, b in saves.saved if name in QUADRATIC_TERMS)
@@ -382,7 +453,8 @@ def _layer_saves(
     if impl.name is ModelImplName.MEGATRON:
         return _korthikanti_layer(arch, index, shape, act, flash)
     t = traits(arch)
-    T, h = shape.tokens, arch.hidden_size
+    # L: the rank's tokens (the tensor-parallel region); R: the rows of the norms and residual dropouts
+    L, R, h = shape.local_tokens, shape.sequence_tokens, arch.hidden_size
     copies = impl.kv_cache_copies and use_cache
     saved: list[tuple[str, int]] = []
 
@@ -394,7 +466,7 @@ def _layer_saves(
             if b:
                 saved.append((f"{name}: {part_name}" if isinstance(part, tuple) else part_name, b))
 
-    def norm(name: str, width: int = h, rows: int = T, input_kept: bool = False) -> None:
+    def norm(name: str, width: int = h, rows: int = R, input_kept: bool = False) -> None:
         add(name, norm_saves(t.norm, rows, width, act, device, impl.norm_fp32_copy, input_kept))
 
     layout = arch.block_layout
@@ -408,36 +480,36 @@ def _layer_saves(
     # ---- attention -----------------------------------------------------------------------------------
     if layout is not BlockLayout.POST_NORM:
         norm_on_input("attention norm")
-        add("attention input (norm output)", act * T * h)
-    _attention(add, norm, arch, t, impl, T, shape, act, device, copies, flash)
+        add("attention input (norm output)", act * L * h)  # replicated, or all-gathered under SP
+    _attention(add, norm, arch, t, impl, L, shape, act, device, copies, flash)
     if layout in (BlockLayout.SANDWICH_NORM, BlockLayout.POST_NORM):
         norm("post-attention norm")
     if arch.residual_dropout > 0:
-        add("attention residual dropout mask", (1 if device is Device.CUDA else act) * T * h)
+        add("attention residual dropout mask", (1 if device is Device.CUDA else act) * R * h)
 
     # ---- MLP ---------------------------------------------------------------------------------------
     if layout in (BlockLayout.PRE_NORM, BlockLayout.SANDWICH_NORM):
         norm("MLP norm")  # its input is the mid residual, a tensor of this layer
-        add("MLP input (norm output)", act * T * h)
+        add("MLP input (norm output)", act * L * h)
     elif layout is BlockLayout.PARALLEL:
         norm_on_input("MLP norm")
-        add("MLP input (norm output)", act * T * h)
+        add("MLP input (norm output)", act * L * h)
     elif layout is BlockLayout.POST_NORM:
-        add("MLP input (mid residual)", act * T * h)
+        add("MLP input (mid residual)", act * L * h)
     # PARALLEL_SHARED_NORM: the MLP reads the attention norm's output, kept already
     if arch.is_moe_layer(index):
-        _moe(add, arch, t, T, act)
+        _moe(add, arch, t, L, act, shape.expert_rows(L * arch.experts_per_token))
     else:
         width = (
             (arch.dense_intermediate_size or arch.intermediate_size)
             if arch.is_moe
             else arch.intermediate_size
         )
-        _mlp(add, arch, t, T, width, act)
+        _mlp(add, arch, t, L, shape.split(width, "the MLP width"), act)
     if layout in (BlockLayout.SANDWICH_NORM, BlockLayout.POST_NORM):
         norm("post-MLP norm")
     if arch.residual_dropout > 0:
-        add("MLP residual dropout mask", (1 if device is Device.CUDA else act) * T * h)
+        add("MLP residual dropout mask", (1 if device is Device.CUDA else act) * R * h)
 
     keeps_input = (
         (layernorm and layout is not BlockLayout.POST_NORM)
@@ -447,8 +519,8 @@ def _layer_saves(
     return LayerSaves(
         saved=tuple(saved),
         keeps_input=keeps_input,
-        forward_excess=_forward_excess(impl, arch, index, t, T, act) if impl.transients else 0,
-        backward_excess=_backward_excess(impl, arch, index, t, T, act) if impl.transients else 0,
+        forward_excess=_forward_excess(impl, arch, index, t, shape, act) if impl.transients else 0,
+        backward_excess=_backward_excess(impl, arch, index, t, shape, act) if impl.transients else 0,
         program=forward_program(impl, arch, index, shape, act, copies, flash, tuple(saved), device),
     )
 
@@ -523,6 +595,8 @@ def forward_program(
     replace the rotated k and the projected v), SDPA's output and log-sum-exp, ``o_proj``; the residual
     add; the MLP norm; ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``; the residual add."""
     t = traits(arch)
+    if shape.tp > 1 or shape.cp > 1:
+        return ()  # written for one rank holding the whole micro-batch
     if (
         impl.name is ModelImplName.HF
         and impl.transients
@@ -708,24 +782,33 @@ def _matched(
 
 
 def _attention(add, norm, arch, t, impl, T, shape, act, device, copies, flash) -> None:
-    """q, k, v as attention keeps them, its output (the o projection's input) and its softmax statistics.
+    """q, k, v as attention keeps them, its output (the o projection's input) and its softmax statistics,
+    for the rank's T tokens and its a/t heads and kv/t key/value heads.
 
     SDPA with GQA is not expanded (``sdpa_attention.use_gqa_in_sdpa``: ``enable_gqa=True``); q and k are
     kept after the rotary embedding (``q * cos`` keeps only ``cos``); with ``use_cache`` k and v are the
     ``DynamicLayer.update`` copies. GPT-2's q, k, v are views of ``c_attn``'s output, which therefore stays
     whole, next to the k/v cache copies.
+
+    Ulysses context parallelism (DeepSpeed ``runtime/sequence_parallel/ulysses_sp.py``
+    ``UlyssesSPAttentionHF``): SDPA keeps q, k, v and its output all-to-all'd to s × a/c heads (the same
+    bytes; k and v repeated to c heads where fewer, ``kv_replication_factor``), and the o projection keeps
+    the output all-to-all'd back; the cache's k and v copies are the local ones.
     """
-    a, kv, d = arch.num_heads, arch.kv_heads, arch.dim_per_head
+    a = shape.split(arch.num_heads, "attention heads")
+    kv = shape.split(arch.kv_heads, "key/value heads")
+    d = arch.dim_per_head
+    ulysses = shape.cp > 1 and shape.cp_impl is CpImpl.ULYSSES
     mla = arch.latent_attention
     if mla is not None:
         # DeepseekV3Attention: q_a_proj → q_a_layernorm → q_b_proj; kv_a_proj_with_mqa → kv_a_layernorm →
         # kv_b_proj; q/k as cat(nope, roped pe); v padded to the qk head dim only for flash-attn-2
         q_width = a * mla.qk_head_dim
         if mla.q_lora_rank is not None:
-            norm("q_a norm", mla.q_lora_rank)
+            norm("q_a norm", mla.q_lora_rank, T)
             add("q_b_proj input", act * T * mla.q_lora_rank)
         add("kv_a_proj output", act * T * (mla.kv_lora_rank + mla.qk_rope_head_dim))
-        norm("kv_a norm", mla.kv_lora_rank)
+        norm("kv_a norm", mla.kv_lora_rank, T)
         add("kv_b_proj input", act * T * mla.kv_lora_rank)
         add("q", act * T * q_width)
         add("k", act * T * q_width)
@@ -743,14 +826,23 @@ def _attention(add, norm, arch, t, impl, T, shape, act, device, copies, flash) -
             norm("q norm", d, T * a)
             norm("k norm", d, T * kv)
         elif arch.qk_norm is QkNorm.FULL:
-            norm("q norm", q_width)
-            norm("k norm", kv_width)
+            norm("q norm", q_width, T)
+            norm("k norm", kv_width, T)
         if not t.qkv_views_kept:
             add("q", act * T * q_width)
-        if copies or not t.qkv_views_kept:
+        if ulysses:
+            all_to_all_width = max(kv, shape.cp) * d  # this rank's s × kv/c heads, as many bytes as T × kv
+            if copies:
+                add("k", act * T * kv_width)
+                add("v", act * T * kv_width)
+            add("k after the all-to-all", act * T * all_to_all_width)
+            add("v after the all-to-all", act * T * all_to_all_width)
+        elif copies or not t.qkv_views_kept:
             add("k", act * T * kv_width)
             add("v", act * T * kv_width)
         out = q_width
+    if ulysses:
+        add("attention output before the all-to-all", act * T * out)
     if flash and t.rotary_cat:
         add("attention output", act * T * out)
         add("o projection input (a copy of the [b, a, s, d] output)", act * T * out)
@@ -794,12 +886,19 @@ def _mlp(add, arch, t, T, width, act) -> None:
     add("GELU output (down input)", act * T * width)
 
 
-def _moe(add, arch, t, T, act) -> None:
+def _moe(add, arch, t, T, act, R) -> None:
     """A mixture-of-experts layer under transformers 5.17's default ``grouped_mm`` experts
     (``integrations/moe.py::grouped_mm_experts_forward``): the router's fp32 softmax, top-k indices and
     weights, the permutation indices (3 × int64 [S]), the sentinel mask, per-expert offsets (int32 [E]),
     the gathered tokens, gate/up output [S, 2f], activation, product, routing weights and the down
-    output; plus the shared experts (Qwen2-MoE: with a sigmoid gate)."""
+    output; plus the shared experts (Qwen2-MoE: with a sigmoid gate).
+
+    Under expert parallelism (derived from torchtitan ``distributed/expert_parallel.py`` ``ExpertParallel``,
+    not measured) the rank's E/e experts compute the R pairs the dispatch all-to-all brings them
+    (:meth:`Shape.expert_rows`): the gathered tokens become the all-to-all's output [R, h] and the experts'
+    tensors have R rows, offsets E/e; the routing and permutation stay on the rank's own S pairs, and the
+    down output the weights multiply is the combine all-to-all's [S, h] (``all_to_all_single_autograd``
+    saves nothing itself)."""
     E, k, f, h = arch.num_experts, arch.experts_per_token, arch.intermediate_size, arch.hidden_size
     S = T * k
     if t.router == "softmax_topk":
@@ -813,7 +912,15 @@ def _moe(add, arch, t, T, act) -> None:
         weights = act * S if t.router == "softmax_topk_norm_cast" else FP32 * S
     add(
         "experts: permutation indices (3), mask, offsets, gathered tokens, gate/up, activation, product",
-        [*[INT64 * S] * 3, S, FP32 * E, act * S * h, 2 * act * S * f, act * S * f, act * S * f],
+        [
+            *[INT64 * S] * 3,
+            S,
+            FP32 * arch.local_experts,
+            act * R * h,
+            2 * act * R * f,
+            act * R * f,
+            act * R * f,
+        ],
     )
     add("routing weights, down output", [weights, act * S * h])
     if arch.num_shared_experts:
@@ -823,11 +930,16 @@ def _moe(add, arch, t, T, act) -> None:
             add("shared expert gate, its output", [act * T, act * T * h])
 
 
-def _forward_excess(impl, arch, index, t, T, act) -> int:
+def _forward_excess(impl, arch, index, t, shape, act) -> int:
     """Above the saved tensors at the layer's forward peak: the mid residual, the down projection's output
     and the new hidden (3·act·T·h; measured on CPU op by op); Mixtral's fp32 routing weights promote the
-    combined expert output to fp32 [T, h] and its [S, h] gather."""
-    h = arch.hidden_size
+    combined expert output to fp32 [T, h] and its [S, h] gather.
+
+    Under tensor parallelism (:func:`_tensor_parallel_forward_excess`) the peak is the down projection's
+    row-parallel reduction instead."""
+    if shape.tp > 1:
+        return _tensor_parallel_forward_excess(impl, arch, shape, act)
+    T, h = shape.local_tokens, arch.hidden_size
     extra = 3 * act * T * h
     if t.norm == "layernorm" and arch.residual_dropout > 0:
         extra += act * T * h  # the dropout output before the residual add
@@ -837,34 +949,79 @@ def _forward_excess(impl, arch, index, t, T, act) -> int:
     return extra
 
 
-def _backward_excess(impl, arch, index, t, T, act) -> int:
+def _tensor_parallel_forward_excess(impl: ModelImpl, arch: Architecture, shape: Shape, act: int) -> int:
+    """The down projection's reduction, per rank: its row-parallel partial output (L × h) and the reduced
+    result (R rows), out of place (``funcol.all_reduce`` for ``Partial`` → ``Replicate``; torch 2.13
+    ``distributed/_functional_collectives.py::reduce_scatter_single`` makes the Shard(1) scatter dimension
+    contiguous first, one more L × h copy, under sequence parallelism, while the MLP norm's R-row output
+    stays alive as the call argument of ``feed_forward``); the mid residual counts where the norm keeps an
+    fp32 copy rather than the residual itself (``hf``). Measured op by op on CPU (torch 2.13, gloo,
+    world 2, a torchtitan Llama block with a norm saving its input and rstd as the fused CUDA kernel
+    does): b 2, s 64, h 64, f 512 and 64, t 2 with sequence parallelism: 2·act·(L + R)·h."""
+    L, R, h = shape.local_tokens, shape.sequence_tokens, arch.hidden_size
+    rows = L + R
+    if R < L:
+        rows += L + R
+    if impl.norm_fp32_copy:
+        rows += R
+    return act * rows * h
+
+
+def _backward_excess(impl, arch, index, t, shape, act) -> int:
     """Above the state at the start of a layer's backward: the down projection's weight gradient (act·h·f,
     plus its bias) and the two f-wide gradients of the activation product (2·act·T·f); measured on CPU
     op by op (the same aten ops run on CUDA). MoE: the combine backward's [S, h] gradients (fp32 for
-    Mixtral's fp32 routing weights, 14·S·h; 7·S·h for Qwen2-MoE)."""
-    h, f = arch.hidden_size, arch.intermediate_size
+    Mixtral's fp32 routing weights, 14·S·h; 7·S·h for Qwen2-MoE).
+
+    Per rank under tensor parallelism, f/t columns of L tokens, and the moment the reductions add, where
+    larger (measured op by op on CPU as :func:`_tensor_parallel_forward_excess`, b 1 and 2, f 512 and 64):
+
+    * sequence parallelism: the output gradient all-gathered to L rows (``funcol``'s gather on dim 1 is a
+      staging buffer and a ``cat`` copy unless b = 1, ``_maybe_view_chunk_cat``); then beside it the down
+      projection's input and weight gradients. The input gradient's reduce-scatter comes after the MLP's
+      saved tensors are freed, and is smaller;
+    * without: the up projection's input gradient (L × h) and its out-of-place all-reduce, beside the
+      weight gradients of the down and up projections and the activation's pending gradient, once the
+      product, activation output and up output are freed (autograd runs the up projection's backward
+      before the activation's)."""
+    L, h, f = shape.local_tokens, arch.hidden_size, arch.intermediate_size
     if arch.is_moe_layer(index):
-        S = T * arch.experts_per_token
+        S = L * arch.experts_per_token
         moe = (14 if t.router == "softmax_topk_norm" else 7) * S * h * act // 2
         shared = 0
         if arch.num_shared_experts:
             fs = arch.num_shared_experts * (arch.shared_expert_intermediate_size or f)
-            shared = act * h * fs + 2 * act * T * fs
+            shared = act * h * fs + 2 * act * L * fs
         return max(moe, shared)
-    width = arch.dense_intermediate_size or f if arch.is_moe else f
+    width = shape.split(arch.dense_intermediate_size or f if arch.is_moe else f, "the MLP width")
     bias = act * h if arch.mlp_bias else 0
-    return act * h * width + 2 * act * T * width + ((bias + 511) // 512 * 512 if bias else 0)
+    mlp = act * h * width + 2 * act * L * width + ((bias + 511) // 512 * 512 if bias else 0)
+    if shape.tp == 1:
+        return mlp
+    if shape.sequence_tokens < L:
+        gather = act * L * h * (2 if shape.b > 1 else 1)
+        return max(mlp, gather, act * (L * h + L * width + h * width))
+    return max(mlp, act * (2 * h * width + 2 * L * h - 2 * L * width))
 
 
 def norm_backward_excess(impl: ModelImpl, arch: Architecture, shape: Shape, act: int) -> int:
     """The final norm's backward transient: RMSNorm's fp32 input gradient accumulates through pow, mean
-    and mul (3 · fp32 · T·h, measured); LayerNorm's: the input gradient (act·T·h)."""
+    and mul (3 · fp32 · T·h, measured); LayerNorm's: the input gradient (act·T·h); T is the norm's rows
+    on the rank (:attr:`Shape.sequence_tokens`)."""
     if not impl.transients:
         return 0
-    T, h = shape.tokens, arch.hidden_size
+    T, h = shape.sequence_tokens, arch.hidden_size
     if traits(arch).norm == "layernorm":
         return act * T * h
     return 3 * FP32 * T * h if impl.norm_fp32_copy else act * T * h
+
+
+def hidden_bytes(arch: Architecture, shape: Shape, act: int) -> int:
+    """One hidden state between layers on one rank (the embedding output, each layer's output, the input
+    full recomputation keeps): act · R · h, R = :attr:`Shape.sequence_tokens` (Megatron-LM's hidden
+    states are [s/t, b, h] under sequence parallelism; torchtitan's ``tok_embeddings``
+    ``RowwiseParallel(output_layouts=Shard(1))`` hands the layers Shard(1) hidden states)."""
+    return act * shape.sequence_tokens * arch.hidden_size
 
 
 # ------------------------------------------------------------------------------- outside the layers
@@ -873,14 +1030,16 @@ def shared_saves(
 ) -> list[tuple[str, int]]:
     """Saved once per step and shared by the layers: the rotary cos and sin [1, s, d] (every layer's
     ``q * cos`` keeps them), or GPT-2's position ids (int64 [1, s], kept by ``wpe``) and its embedding
-    dropout mask; under checkpointing also the position ids every checkpoint closure keeps."""
+    dropout mask; under checkpointing also the position ids every checkpoint closure keeps. Under context
+    parallelism s is the rank's s/c positions (the position ids are sharded with the inputs)."""
     if impl.name is ModelImplName.MEGATRON:
         return []
-    s, h = shape.s, arch.hidden_size
+    s, h = exact_split(shape.s, shape.cp, "the sequence length"), arch.hidden_size
     if not traits(arch).rotary:
         out = [("position ids", INT64 * s)]
         if arch.embedding_dropout > 0:
-            out.append(("embedding dropout mask", (1 if device is Device.CUDA else act) * shape.tokens * h))
+            mask = (1 if device is Device.CUDA else act) * shape.sequence_tokens * h
+            out.append(("embedding dropout mask", mask))
         return out
     t = traits(arch)
     d = arch.latent_attention.qk_rope_head_dim if arch.latent_attention else arch.dim_per_head
@@ -894,6 +1053,32 @@ def shared_saves(
     return out
 
 
+def embedding_excess(impl: ModelImpl, arch: Architecture, shape: Shape, act: int) -> int:
+    """Bytes the vocabulary-parallel embedding holds at its forward peak above its output (the R-row hidden
+    state of :func:`hidden_bytes`) and what was alive before it, on one rank; 0 without tensor parallelism.
+
+    * ``torchtitan``: ``tok_embeddings`` is ``RowwiseParallel(input_layouts=Replicate(),
+      output_layouts=Shard(1))``: the local lookup gives a partial sum of L × h, which ``Partial`` →
+      ``Shard(1)`` reduce-scatters after ``reduce_scatter_single``'s contiguous copy: 2·act·L·h (traced on
+      CPU, torch 2.13, gloo, world 2: 32,768 B at b 2, s 64, h 64);
+    * ``megatron``: ``VocabParallelEmbedding.forward`` (``core/tensor_parallel/layers.py``) keeps the
+      masked ids (int64) and the mask (bool) while the L × h partial output exists; under sequence
+      parallelism ``transpose(0, 1).contiguous()`` copies it (no copy at b = 1) before the reduce-scatter
+      to R rows; without, the all-reduce runs in place on the output itself;
+    * ``hf``: the embedding has no tensor-parallel plan (replicated): nothing.
+    """
+    if shape.tp == 1 or impl.name is ModelImplName.HF:
+        return 0
+    L, R, h = shape.local_tokens, shape.sequence_tokens, arch.hidden_size
+    if impl.name is ModelImplName.TORCHTITAN:
+        return 2 * act * L * h
+    ids = (INT64 + 1) * L
+    if R == L:
+        return ids
+    peak_rows = 2 * L if shape.b > 1 else L + R
+    return ids + act * (peak_rows - R) * h
+
+
 def embedding_saves(impl: ModelImpl, arch: Architecture, act: int) -> list[tuple[str, int]]:
     """Saved by the embedding's own ops besides its indices: Gemma's ``hidden * normalizer`` keeps the
     0-dim √h tensor (``Gemma2Model.forward``, ``Gemma3TextModel.forward``)."""
@@ -902,11 +1087,62 @@ def embedding_saves(impl: ModelImpl, arch: Architecture, act: int) -> list[tuple
     return []
 
 
+# ------------------------------------------------------------------------------ vocabulary per rank
+class VocabShard(NamedTuple):
+    """The logits one rank computes: ``rows`` tokens × ``columns`` vocabulary entries."""
+
+    rows: int
+    """The rank's tokens, b·s/c (the LM head's input is all-gathered over the TP group first)."""
+    columns: int
+    loss_parallel: bool
+    """The cross-entropy runs on the vocabulary shard (max, sum of exponentials and target logit
+    all-reduced over the TP group) instead of on gathered logits."""
+
+
+def vocab_shard(impl: ModelImpl, arch: Architecture, shape: Shape, vocab: int | None = None) -> VocabShard:
+    """Logits per rank. ``vocab``: the vocabulary the output layer allocates, ``arch.vocab_size`` unless
+    given (Megatron-LM pads it to a multiple of ``make_vocab_size_divisible_by`` · t, 128·t by default:
+    ``core/tokenizers/utils/build_tokenizer.py::vocab_size_with_padding``).
+
+    * ``megatron``: the output layer is a ``ColumnParallelLinear`` over the padded vocabulary, V/t
+      columns, and ``core/tensor_parallel/cross_entropy.py``'s ``_VocabParallelCrossEntropy`` works on
+      them;
+    * ``torchtitan``: ``output`` is ``ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1))``
+      under ``loss_parallel`` (v0.2.2 ``apply_tp``; the default unless ``disable_loss_parallel``): a
+      Shard(-1) chunk, ⌈V/t⌉ columns on the first ranks;
+    * ``hf``: ``lm_head`` is ``colwise_gather_output`` (``LlamaForCausalLM._tp_plan``): every rank holds
+      all V columns.
+    """
+    rows, t = shape.local_tokens, shape.tp
+    V = arch.vocab_size if vocab is None else vocab
+    if impl.name is ModelImplName.MEGATRON or (impl.name is ModelImplName.TORCHTITAN and t > 1):
+        return VocabShard(rows, -(-V // t), loss_parallel=t > 1)
+    return VocabShard(rows, V, loss_parallel=False)
+
+
+def loss_parallel_transients(impl: ModelImpl, arch: Architecture, shape: Shape) -> tuple[int, int]:
+    """Bytes torchtitan's ``loss_parallel`` holds beyond an unsharded cross-entropy of the same logits, at
+    the loss's forward and backward peaks: one more fp32 [rows, columns] tensor in each (torch
+    ``distributed/tensor/parallel/loss.py``: ``_log_softmax`` keeps ``shifted = x - max`` while it computes
+    ``exp(shifted)`` and then ``shifted - logsumexp``; ``_nll_loss_and_log_softmax_backward`` computes
+    ``(zeros_like(x) + exp(x)) * grad_output`` beside the saved ``x``). Megatron-LM's vocab-parallel
+    cross-entropy works in place on its fp32 copy (``calculate_predicted_logits``,
+    ``calculate_gradients``): nothing more. Traced on CPU (torch 2.13, gloo, world 2): the bf16 logits
+    and 3 fp32 shards at the forward peak, 4 at the backward peak, against 2 and 3 without
+    ``loss_parallel``."""
+    shard = vocab_shard(impl, arch, shape)
+    if impl.name is not ModelImplName.TORCHTITAN or not shard.loss_parallel:
+        return 0, 0
+    extra = FP32 * shard.rows * shard.columns
+    return extra, extra
+
+
 def logits_saves(impl: ModelImpl, arch: Architecture, shape: Shape, act: int) -> list[tuple[str, int]]:
     """Saved between the LM head and the loss: Gemma 2's ``final_logit_softcapping`` keeps ``tanh``'s
-    output [T, V] in the compute dtype (``Gemma2ForCausalLM.forward``)."""
+    output [T, V] in the compute dtype (``Gemma2ForCausalLM.forward``), on the rank's gathered logits."""
     if impl.name is ModelImplName.HF and traits(arch).logit_softcap:
-        return [("logit soft-capping tanh output", act * shape.tokens * arch.vocab_size)]
+        shard = vocab_shard(impl, arch, shape)
+        return [("logit soft-capping tanh output", act * shard.rows * shard.columns)]
     return []
 
 
@@ -915,13 +1151,17 @@ def final_saves(
 ) -> list[tuple[str, int]]:
     """The final norm's saved tensors and the LM head's input (the norm's output). A LayerNorm's input is
     the last hidden state, which the timeline keeps; an HF RMSNorm's fp32 copy is a new tensor (in fp32 it
-    is the last hidden state itself, which the timeline then frees as a hidden state)."""
-    T, h = shape.tokens, arch.hidden_size
+    is the last hidden state itself, which the timeline then frees as a hidden state).
+
+    Per rank: the norm has R rows (:attr:`Shape.sequence_tokens`); the LM head is column-parallel, so it
+    keeps its R-row input under Megatron-LM's sequence parallelism (gathered again in backward) and the
+    all-gathered L-row input under torchtitan's ``ColwiseParallel(input_layouts=Shard(1))``."""
+    L, R, h = shape.local_tokens, shape.sequence_tokens, arch.hidden_size
     t = traits(arch)
     if impl.name is ModelImplName.MEGATRON:
-        return [("final norm input", act * T * h), ("LM head input", act * T * h)]
-    parts = norm_saves(t.norm, T, h, act, device, impl.norm_fp32_copy, input_kept=t.norm == "layernorm")
-    return [(f"final norm: {name}", b) for name, b in parts] + [("LM head input", act * T * h)]
+        return [("final norm input", act * R * h), ("LM head input", act * R * h)]
+    parts = norm_saves(t.norm, R, h, act, device, impl.norm_fp32_copy, input_kept=t.norm == "layernorm")
+    return [(f"final norm: {name}", b) for name, b in parts] + [("LM head input", act * L * h)]
 
 
 def loss_saves(impl: ModelImpl, arch: Architecture, shape: Shape) -> list[tuple[str, int]]:
@@ -929,17 +1169,168 @@ def loss_saves(impl: ModelImpl, arch: Architecture, shape: Shape) -> list[tuple[
     fp32 ``log_softmax`` output (``logits.float()`` first; saved by ``log_softmax`` and ``nll_loss``), the
     target (``labels[..., 1:].contiguous()``, a copy of 8·T; for b = 1 the slice is contiguous already, so
     the target is a view of the padded labels, 8·b·(s + 1)) and ``nll_loss``'s fp32 ``total_weight``. The
-    step timeline (:mod:`zerocalc.peak.timeline`) allocates the same tensors, with the loss's transients."""
-    T, V = shape.tokens, arch.vocab_size
-    target = INT64 * T if shape.b > 1 or impl.loss != "hf_upcast" else INT64 * shape.b * (shape.s + 1)
-    return [("log_softmax output (fp32)", FP32 * T * V), ("target", target), ("total_weight (fp32)", FP32)]
+    step timeline (:mod:`zerocalc.peak.timeline`) allocates the same tensors, with the loss's transients.
+    Per rank: the logits of :func:`vocab_shard` (Megatron-LM's vocab-parallel cross-entropy keeps its fp32
+    softmax of the same size, ``exp_logits``)."""
+    shard = vocab_shard(impl, arch, shape)
+    T = shard.rows
+    unshifted = shape.b > 1 or impl.loss != "hf_upcast" or shape.cp > 1
+    target = INT64 * T if unshifted else INT64 * shape.b * (shape.s + 1)
+    return [
+        ("log_softmax output (fp32)", FP32 * T * shard.columns),
+        ("target", target),
+        ("total_weight (fp32)", FP32),
+    ]
+
+
+# ------------------------------------------------------------------------- parallel limits, buffers
+def parallel_unsupported(impl: ModelImpl, arch: Architecture, shape: Shape, flash: bool) -> str | None:
+    """Why the model code cannot run ``arch`` under ``shape``'s tensor and context parallelism, as one
+    sentence; None when it can.
+
+    * heads, key/value heads and the MLP width divide by t (Megatron-LM ``num_query_groups % t``;
+      ``ColwiseParallel`` splits whole heads), s by c, and s/c by t under sequence parallelism;
+    * context parallelism runs in fused attention only (TE's ``attn_forward_func_with_cp``, torch's
+      ``_context_parallel`` dispatch of SDPA's flash and efficient kernels);
+    * torchtitan's context parallelism rotates K/V (ring or all-gather), it has no Ulysses;
+    * ``hf`` has no sequence parallelism (``base_model_tp_plan`` leaves the norms replicated);
+    * ``hf`` and ``torchtitan`` under TP: the dense plan of the module docstring only (transformers' other
+      plans gather or pack their outputs: Phi-3, OLMo 2, GPT-NeoX; GPT-2 and Falcon have none; MoE and
+      latent attention plans are not modelled here).
+    """
+    t, c = shape.tp, shape.cp
+    checks = [
+        (arch.num_heads, t, "attention heads"),
+        (arch.kv_heads, t, "key/value heads"),
+        (arch.intermediate_size, t, "the MLP width"),
+        (shape.s, c, "the sequence length"),
+    ]
+    for total, parts, what in checks:
+        if total % parts:
+            return f"{what} ({total}) is not divisible by {parts}"
+    if shape.sequence_parallel and shape.local_tokens % t:
+        return f"b·s/c ({shape.local_tokens}) is not divisible by {t} for sequence parallelism"
+    if c > 1 and not flash:
+        return "context parallelism needs flash attention (fused kernels keep no s × s tensor)"
+    if c > 1 and shape.cp_impl is CpImpl.ULYSSES:
+        a, kv = arch.num_heads // t, arch.kv_heads // t
+        if a % c:
+            return f"Ulysses needs the {a} attention heads per tensor-parallel rank divisible by {c}"
+        if impl.name is ModelImplName.MEGATRON and kv % c:
+            # TE's AttnFuncWithCPAndQKVOA2A splits k and v by heads too (DeepSpeed repeats them instead)
+            return f"Ulysses needs the {kv} key/value heads per tensor-parallel rank divisible by {c}"
+        if impl.name is ModelImplName.TORCHTITAN:
+            return "torchtitan's context parallelism is ring or all-gather attention, not Ulysses"
+    if t > 1 and shape.sequence_parallel and impl.name is ModelImplName.HF:
+        return "transformers' tensor-parallel plans have no sequence parallelism (the norms are replicated)"
+    if t > 1 and impl.name is not ModelImplName.MEGATRON:
+        tr = traits(arch)
+        if arch.is_moe:
+            return f"{impl.name.value} code's tensor parallelism of mixture-of-experts layers is not modelled"
+        if (
+            arch.latent_attention is not None
+            or arch.fused_qkv
+            or arch.fused_gate_up
+            or arch.qk_norm is QkNorm.FULL
+            or tr.qkv_views_kept
+            or arch.mlp is not MlpKind.SWIGLU
+        ):
+            return (
+                f"{impl.name.value} code's tensor-parallel plan for this architecture is not the dense "
+                "colwise q/k/v, gate/up and rowwise o/down plan that is modelled"
+            )
+    return None
+
+
+class Transient(NamedTuple):
+    """Buffers tensor or context parallelism holds together at one moment inside a layer."""
+
+    phase: str
+    """``forward`` or ``backward``."""
+    name: str
+    nbytes: int
+
+
+def parallel_transients(
+    impl: ModelImpl, arch: Architecture, index: int, shape: Shape, act: int
+) -> tuple[Transient, ...]:
+    """The moments inside one layer where tensor or context parallelism holds buffers above the layer's
+    saved tensors, on one rank; :func:`layer_saves` takes the largest of each phase into
+    ``forward_excess`` / ``backward_excess`` (the timeline counts them above all of the layer's saved
+    tensors: at most the MLP's saved tensors more than the moment holds). ``hf`` and ``torchtitan``'s
+    tensor-parallel buffers are in their measured excess instead (:func:`_forward_excess`,
+    :func:`_backward_excess`). Derived from the source, not measured. With kv = 2·act·L·h_kv/t, the rank's
+    K and V:
+
+    * ``megatron`` tensor parallelism with sequence parallelism (TE ``Linear``/``LayerNormLinear``, Megatron
+      ``LinearWithGradAccumulationAndAsyncCommunication``): forward, the all-gathered L × h input of a
+      column-parallel linear (the row-parallel partial output before its reduce-scatter is as large, at
+      another moment); backward, the input gathered again and the L × h input gradient before its
+      reduce-scatter. Without sequence parallelism the all-reduces run in place: nothing.
+    * ``megatron`` context parallelism, Transformer Engine ``attention/dot_product_attention/
+      context_parallel.py``: ring (``AttnFuncWithCPAndKVP2P``) keeps every step's K/V buffer in
+      ``p2p_comm_buffers`` until the forward returns (c·kv) and in backward two buffers of K/V with dK/dV
+      (4·kv) and dq; all-gather (``AttnFuncWithCPAndKVAllGather``) gathers K and V and reorders them for
+      causal load balance (3c/2·kv), and in backward adds dK, dV over the whole sequence (c·kv) and dq;
+      Ulysses (``AttnFuncWithCPAndQKVOA2A``) keeps the caller's q, k, v from before the all-to-all beside
+      the ones after it, and in backward the gradients before their all-to-all back.
+    * ``hf`` (accelerate's torch context parallelism) and ``torchtitan``, torch
+      ``distributed/tensor/experimental/_context_parallel/_attention.py`` (``_templated_ring_attention``,
+      ``convert_to_f32``): the ``alltoall`` rotater (ring) holds the chunk in use, the copy it sends and
+      the one it receives (min(c, 3)·kv), the ``allgather`` rotater the local copy and all of K/V
+      ((c + 1)·kv); both merge the output in fp32 (4·L·a/t·d); in backward the same K/V, fp32
+      accumulators for dq, dk, dv and the fp32 dK/dV chunk sent and received. DeepSpeed Ulysses (``hf``):
+      q, k, v before the all-to-all (``UlyssesSPAttentionHF`` holds them), as for Megatron.
+    * expert parallelism, in a mixture-of-experts layer (Megatron-LM ``core/transformer/moe/
+      token_dispatcher.py`` ``MoEAlltoAllTokenDispatcher``, torchtitan ``ExpertParallel``; derived, not
+      measured): forward, the rank's S = k·L permuted tokens while the dispatch all-to-all sends them (what
+      it receives is the experts' saved input); backward, the combine's output gradient sent (S rows) and
+      received (:meth:`Shape.expert_rows`).
+    """
+    L, R, h, c = shape.local_tokens, shape.sequence_tokens, arch.hidden_size, shape.cp
+    out: list[Transient] = []
+    if shape.ep > 1 and arch.is_moe_layer(index):
+        pairs = L * arch.experts_per_token
+        out.append(Transient("forward", "dispatch all-to-all: the permuted tokens sent", act * pairs * h))
+        both = act * (pairs + shape.expert_rows(pairs)) * h
+        out.append(Transient("backward", "combine all-to-all backward: the gradient sent and received", both))
+    megatron = impl.name is ModelImplName.MEGATRON
+    if megatron and shape.tp > 1 and R < L:
+        out.append(Transient("forward", "all-gathered input of a column-parallel linear", act * L * h))
+        both = "input gathered again, input gradient before its reduce-scatter"
+        out.append(Transient("backward", both, 2 * act * L * h))
+    if c == 1:
+        return tuple(out)
+    d = arch.dim_per_head
+    q_width = shape.split(arch.num_heads, "attention heads") * d
+    kv_width = shape.split(arch.kv_heads, "key/value heads") * d
+    kv = 2 * act * L * kv_width
+    qkv = act * L * (q_width + 2 * kv_width)
+    if shape.cp_impl is CpImpl.ULYSSES:
+        out.append(Transient("forward", "q, k, v before the all-to-all", qkv))
+        out.append(Transient("backward", "q, k, v gradients before the all-to-all back", qkv))
+    elif megatron and shape.cp_impl is CpImpl.RING:
+        out.append(Transient("forward", "K/V buffer of every ring step", c * kv))
+        out.append(Transient("backward", "two K/V + dK/dV ring buffers, dq", 4 * kv + act * L * q_width))
+    elif megatron:
+        out.append(Transient("forward", "all-gathered K/V and its causal reordering", 3 * c * kv // 2))
+        dq = act * L * q_width
+        both = "dK/dV over s, all-gathered K/V reordered, dq"
+        out.append(Transient("backward", both, 5 * c * kv // 2 + dq))
+    else:
+        held = min(c, 3) * kv if shape.cp_impl is CpImpl.RING else (c + 1) * kv
+        merged = FP32 * L * q_width
+        accumulators = FP32 * L * (q_width + 2 * kv_width)
+        dkv_in_flight = 2 * FP32 * 2 * L * kv_width
+        out.append(Transient("forward", "K/V in flight, fp32 merged output", held + merged))
+        backward = held + accumulators + dkv_in_flight
+        out.append(Transient("backward", "K/V in flight, fp32 dq/dk/dv, dK/dV in flight", backward))
+    return tuple(out)
 
 
 # ------------------------------------------------------------------------------------------ Korthikanti
 def _korthikanti_layer(arch: Architecture, index: int, shape: Shape, act: int, flash: bool) -> LayerSaves:
-    """Korthikanti et al. 2022 §4.1, Table 2, op by op (:mod:`zerocalc.model.activations`)."""
-    from zerocalc.model.activations import ActivationShape, layer_terms
-
+    """Korthikanti et al. 2022 §4.1, Table 2, op by op (:mod:`zerocalc.model.activations`), per rank."""
     moe = arch.is_moe_layer(index)
     terms = layer_terms(
         ActivationShape(
@@ -956,6 +1347,11 @@ def _korthikanti_layer(arch: Architecture, index: int, shape: Shape, act: int, f
             experts=arch.num_experts if moe else 0,
             experts_per_token=arch.experts_per_token if moe else 0,
             shared_experts=arch.num_shared_experts if moe else 0,
+            capacity_factor=shape.capacity_factor if shape.ep > 1 else 1.0,
+            tp=shape.tp,
+            sequence_parallel=shape.sequence_parallel,
+            cp=shape.cp,
+            cp_impl=shape.cp_impl,
         )
     )
     scale = act / 2  # Korthikanti counts 16-bit activations

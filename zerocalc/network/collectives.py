@@ -16,7 +16,13 @@ Conventions follow nccl-tests ``doc/PERFORMANCE.md`` (NVIDIA/nccl-tests):
   all_gather      (n-1)/n      each rank sends n-1 chunks of S/n
   broadcast       1            pipelined: every rank but the last forwards all of S
   all_to_all      (n-1)/n      each rank sends n-1 of its n blocks of S/n
+  send_recv       1            each rank sends its S to one peer (and receives as much)
   ==============  ===========  ==========================================================
+
+  ``send_recv`` is the point-to-point exchange of a ring step (context parallelism's K/V rotation,
+  ``isend``/``irecv`` or a one-peer ``all_to_all_single``): S is the per-rank send buffer, its bus factor 1
+  as nccl-tests' ``sendrecv`` test (``src/sendrecv.cu``: busBw = algBw). ``zerocalc bench`` does not
+  measure it (:data:`BENCHMARKED`).
 
 * Consequently the bytes each rank puts on the wire are ``factor(n) * S``, and the time of a collective
   at bus bandwidth ``B`` is ``factor(n) * S / B`` plus latency. That single definition is used both to
@@ -26,10 +32,10 @@ Conventions follow nccl-tests ``doc/PERFORMANCE.md`` (NVIDIA/nccl-tests):
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
 from functools import cache
+from typing import NamedTuple
 
 from zerocalc.base.errors import InputError
 from zerocalc.base.units import ceil_div
@@ -41,6 +47,7 @@ class Collective(StrEnum):
     ALL_GATHER = "all_gather"
     BROADCAST = "broadcast"
     ALL_TO_ALL = "all_to_all"
+    SEND_RECV = "send_recv"
 
     @property
     def spec(self) -> CollectiveSpec:
@@ -62,8 +69,12 @@ def _pipelined_broadcast(n: int) -> Fraction:
     return Fraction(1)
 
 
-@dataclass(frozen=True)
-class CollectiveSpec:
+@cache
+def _point_to_point(n: int) -> Fraction:
+    return Fraction(1)
+
+
+class CollectiveSpec(NamedTuple):
     """What is particular to one collective (cf. nccl-tests' ``struct testColl``)."""
 
     collective: Collective
@@ -77,6 +88,8 @@ class CollectiveSpec:
     """The per-rank output holds S/n bytes (reduce_scatter) rather than S."""
     torch_functions: tuple[str, ...]
     """``torch.distributed`` functions that run it, in order of preference (probed at run time)."""
+    benchmarked: bool = True
+    """``zerocalc bench`` measures it (a group collective with one call per rank)."""
 
     def bus_factor(self, n_ranks: int) -> Fraction:
         _check_group(n_ranks)
@@ -128,8 +141,20 @@ COLLECTIVES: dict[Collective, CollectiveSpec] = {
         CollectiveSpec(
             Collective.ALL_TO_ALL, _ring_one_pass, "(n-1)/n", False, False, ("all_to_all_single",)
         ),
+        CollectiveSpec(
+            Collective.SEND_RECV,
+            _point_to_point,
+            "1",
+            False,
+            False,
+            ("batch_isend_irecv",),
+            benchmarked=False,
+        ),
     )
 }
+
+BENCHMARKED: tuple[Collective, ...] = tuple(c for c, spec in COLLECTIVES.items() if spec.benchmarked)
+"""The collectives ``zerocalc bench`` measures, in order."""
 
 
 def parse_collective(text: str) -> Collective:

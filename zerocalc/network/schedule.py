@@ -11,8 +11,7 @@ parameter or module), how the array is padded and in which dtype. The Strategy r
 from __future__ import annotations
 
 from enum import StrEnum
-
-from pydantic import BaseModel, ConfigDict
+from typing import NamedTuple
 
 from zerocalc.network.cluster import RankGroup
 from zerocalc.network.collectives import Collective
@@ -139,10 +138,8 @@ class ZeroPP(StrEnum):
     """Quantized gradients, all-to-all in two hops (``zero_quantized_gradients``)."""
 
 
-class ScheduledCollective(BaseModel):
+class ScheduledCollective(NamedTuple):
     """One rule of a strategy's schedule under one framework."""
-
-    model_config = ConfigDict(frozen=True)
 
     op: Collective
     phase: Phase

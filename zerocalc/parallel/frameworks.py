@@ -9,8 +9,7 @@ framework; :mod:`zerocalc.states.framework` predicts, from it, exactly what each
 from __future__ import annotations
 
 from enum import StrEnum
-
-from pydantic import BaseModel, ConfigDict
+from typing import NamedTuple
 
 from zerocalc.network.cluster import RankGroup
 from zerocalc.parallel.optimizers import OptimizerName
@@ -67,10 +66,8 @@ class Fsdp1Sharding(StrEnum):
     FULL_SHARD = "full_shard"
 
 
-class TorchSetup(BaseModel):
+class TorchSetup(NamedTuple):
     """How PyTorch runs one strategy: the wrapper and its options."""
-
-    model_config = ConfigDict(frozen=True)
 
     wrapper: TorchWrapper
     sharding: Fsdp1Sharding | None = None

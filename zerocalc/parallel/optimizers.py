@@ -9,8 +9,7 @@ The fp32 master copy of mixed precision is added by ``zerocalc.states.memory`` f
 from __future__ import annotations
 
 from enum import StrEnum
-
-from pydantic import BaseModel, ConfigDict
+from typing import NamedTuple
 
 from zerocalc.base.dtypes import DType
 from zerocalc.base.units import ceil_div
@@ -39,10 +38,8 @@ class OptimizerImpl(StrEnum):
     """``foreach=False`` (``_single_tensor_adam``): two temporaries of one parameter at a time."""
 
 
-class StateTensor(BaseModel):
+class StateTensor(NamedTuple):
     """One per-parameter optimizer state."""
-
-    model_config = ConfigDict(frozen=True)
 
     name: str
     dtype: DType | None = None
@@ -56,9 +53,7 @@ class StateTensor(BaseModel):
         return count * dtype.bytes
 
 
-class OptimizerSpec(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class OptimizerSpec(NamedTuple):
     name: OptimizerName
     states: tuple[StateTensor, ...]
     assumption: str

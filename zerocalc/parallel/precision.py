@@ -10,8 +10,7 @@ this module says which dtype they are kept in and whether a master copy exists.
 from __future__ import annotations
 
 from enum import StrEnum
-
-from pydantic import BaseModel, ConfigDict
+from typing import NamedTuple
 
 from zerocalc.base.dtypes import DType
 
@@ -23,10 +22,8 @@ class PrecisionName(StrEnum):
     BF16_PURE = "bf16-pure"
 
 
-class PrecisionRecipe(BaseModel):
+class PrecisionRecipe(NamedTuple):
     """Which dtype each model-state tensor is kept in."""
-
-    model_config = ConfigDict(frozen=True)
 
     name: PrecisionName
     param_dtype: DType

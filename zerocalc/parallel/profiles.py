@@ -10,8 +10,7 @@ source. Which strategies a framework runs, and how, is in the Strategy records
 from __future__ import annotations
 
 from enum import StrEnum
-
-from pydantic import BaseModel, ConfigDict
+from typing import NamedTuple
 
 from zerocalc.parallel.frameworks import TORCH_OPTIMIZERS, TORCH_PRECISIONS, Framework
 from zerocalc.parallel.optimizers import OptimizerName
@@ -56,12 +55,14 @@ _ADAM = (OptimizerName.ADAM, OptimizerName.ADAMW)
 _MIXED = (PrecisionName.BF16_MIXED, PrecisionName.FP16_MIXED)
 
 
-class Profile(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class Profile(NamedTuple):
     framework: Framework
     states: StatesModel
     source: str
+    init: ModelInit
+    """How a sharded job of this framework creates its model when ``--init`` is not given: its documented
+    path (:attr:`init_source`)."""
+    init_source: str
     estimate_covers_states_only: bool = False
     """The framework's own estimate counts model states (and its own buffer term) only: every other line
     is marked as outside it (DeepSpeed)."""
@@ -76,10 +77,6 @@ class Profile(BaseModel):
     needs_architecture: bool = True
     """Its model states need the architecture (the PyTorch frameworks count each tensor); False: the
     parameter count is enough (its strategies may still need more: :func:`architecture_problem`)."""
-    init: ModelInit
-    """How a sharded job of this framework creates its model when ``--init`` is not given: its documented
-    path (:attr:`init_source`)."""
-    init_source: str
     init_in_param_dtype: bool = False
     """``--init gpu`` allocates the parameters in the compute dtype, not fp32 (Megatron-LM's
     ``params_dtype``)."""

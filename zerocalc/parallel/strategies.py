@@ -23,9 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import StrEnum
 from functools import cache
-from typing import TypeVar
-
-from pydantic import BaseModel, ConfigDict
+from typing import NamedTuple, TypeVar
 
 from zerocalc.base.errors import InputError, shown
 from zerocalc.network.cluster import RankGroup
@@ -74,10 +72,8 @@ class BufferRule(StrEnum):
     """Parameters are gathered unit by unit: units in flight, the root unit, one unit's gradients."""
 
 
-class FrameworkSetup(BaseModel):
+class FrameworkSetup(NamedTuple):
     """How one framework runs a strategy."""
-
-    model_config = ConfigDict(frozen=True)
 
     title: str | None = None
     """What the framework calls it, for tables (None: the strategy's title); short, for 80 columns."""
@@ -101,27 +97,25 @@ class FrameworkSetup(BaseModel):
     ``zero_quantized_gradients``)."""
 
 
-class Strategy(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class Strategy(NamedTuple):
     name: StrategyName
     title: str
     """How the ZeRO paper / FSDP calls it, for tables."""
-    aliases: tuple[str, ...] = ()
     params: RankGroup | None
     """The ranks the compute parameters are sharded over (None: replicated)."""
     grads: RankGroup | None
     optimizer: RankGroup | None
-    optimizer_offload: tuple[OffloadTarget, ...] = ()
-    """Where this strategy can offload optimizer states (DeepSpeed ``offload_optimizer``)."""
-    param_offload: tuple[OffloadTarget, ...] = ()
-    """Where it can offload parameters (DeepSpeed ``offload_param``, ZeRO-3 only)."""
     schedule: tuple[ScheduledCollective, ...]
     """The collectives of one optimizer step by the ZeRO paper's accounting (§7), which every framework
     without a schedule of its own follows."""
     buffers: BufferRule
     frameworks: dict[Framework, FrameworkSetup]
     """The frameworks that implement this strategy, and how."""
+    aliases: tuple[str, ...] = ()
+    optimizer_offload: tuple[OffloadTarget, ...] = ()
+    """Where this strategy can offload optimizer states (DeepSpeed ``offload_optimizer``)."""
+    param_offload: tuple[OffloadTarget, ...] = ()
+    """Where it can offload parameters (DeepSpeed ``offload_param``, ZeRO-3 only)."""
 
     def legend_under(self, framework: Framework) -> str | None:
         setup = self.frameworks.get(framework)
@@ -508,7 +502,7 @@ STRATEGIES: dict[StrategyName, Strategy] = {
                 ),
                 Framework.DDP: FrameworkSetup(
                     title="DDP",
-                    torch=_DDP_TORCH.model_copy(update={"validate_name": None}),
+                    torch=_DDP_TORCH._replace(validate_name=None),
                     schedule=(_DDP_ALL_REDUCE,),
                     schedule_source=_DDP_SOURCE,
                 ),
@@ -712,11 +706,21 @@ def default_strategies(
     )
 
 
-def effective_grad_sync(framework: Framework, strategy: StrategyName, asked: GradSync | None) -> GradSync:
+PIPELINE_GRAD_SYNC: dict[Framework, GradSync] = {Framework.FSDP2: GradSync.LAST}
+"""When a framework's pipeline schedule reduces gradients, whatever the training loop: torch.distributed.
+pipelining turns FSDP2's gradient sync off for every micro-batch's backward and reduces after the last
+(``torch/distributed/pipelining/stage.py`` ``backward_maybe_with_nosync``)."""
+
+
+def effective_grad_sync(
+    framework: Framework, strategy: StrategyName, asked: GradSync | None, pipelined: bool = False
+) -> GradSync:
     """When ``strategy`` reduces gradients under ``framework``: fixed by the framework where it is
-    (DeepSpeed's stages, the paper's accounting), else what the training loop was said to do (``asked``),
-    else PyTorch's default, every micro-batch."""
+    (DeepSpeed's stages, the paper's accounting; a pipeline schedule, :data:`PIPELINE_GRAD_SYNC`), else what
+    the training loop was said to do (``asked``), else PyTorch's default, every micro-batch."""
     fixed = STRATEGIES[strategy].frameworks[framework].grad_sync
+    if fixed is None and pipelined:
+        fixed = PIPELINE_GRAD_SYNC.get(framework)
     return fixed or asked or GradSync.EVERY
 
 

@@ -22,9 +22,12 @@ from __future__ import annotations
 import re
 
 from zerocalc.model.activations import Recompute
+from zerocalc.model.architecture import PipelineStage
 from zerocalc.model.model_impl import MODEL_IMPLS, AttentionKernel, default_attention
 from zerocalc.network.cluster import Cluster
 from zerocalc.parallel.frameworks import TORCH_SOURCES, Framework
+from zerocalc.parallel.mesh import Mesh
+from zerocalc.parallel.pipeline import KEEPS_STAGE_OUTPUT, in_flight
 from zerocalc.parallel.profiles import PROFILES, ModelInit, Profile, Wrap
 from zerocalc.parallel.strategies import STRATEGIES, Strategy, StrategyName
 from zerocalc.peak.kinds import TensorKind
@@ -35,15 +38,16 @@ from zerocalc.peak.report import (
     PeakOptions,
     PeakTerm,
     PhasePeak,
+    StagePeak,
     StateLine,
     StrategyPeak,
     TimelineEvent,
     Verdict,
 )
-from zerocalc.peak.simulate import StepResult, flash_attention_used, runtime_for, simulate
+from zerocalc.peak.simulate import StepResult, flash_attention_used, runtime_for, simulate, stage_window
 from zerocalc.peak.states import STATE_BUILDERS
 from zerocalc.peak.timeline import Runtime
-from zerocalc.request.training import TrainingRequest
+from zerocalc.request.training import TrainingRequest, stage_request
 from zerocalc.states.memory import MemoryEstimate, evaluate_memory
 
 FIT_MARGIN = 0.05
@@ -52,11 +56,21 @@ device footprint was predicted from −5.0% to +0.8%; the margin keeps an unmeas
 fits when it would not."""
 
 
-def nccl_communicators(strategy: Strategy, cluster: Cluster) -> int:
+def nccl_communicators(strategy: Strategy, cluster: Cluster, mesh: Mesh | None = None) -> int:
     """NCCL communicators of more than one rank: one per kind of process group the strategy's collectives
-    use (FULL_SHARD: the world; HYBRID_SHARD: the node and across nodes). NCCL creates one lazily, at a
-    group's first collective; a group of one rank communicates nothing."""
-    return len({c.group for c in strategy.schedule if cluster.group_size(c.group) > 1})
+    use (FULL_SHARD: the data-parallel group; HYBRID_SHARD: the node and across nodes), plus the tensor- and
+    context-parallel groups of the mesh where they have more than one rank, the pipeline group, whose
+    batched sends and receives (``batch_isend_irecv``) run on its communicator, and under expert parallelism
+    the EP group (its all-to-alls) and the expert-data-parallel groups the routed experts' collectives use.
+    NCCL creates one lazily, at a group's first collective; a group of one rank communicates nothing."""
+    data = len({c.group for c in strategy.schedule if cluster.group_size(c.group) > 1})
+    if mesh is None:
+        return data
+    experts = 0
+    if mesh.ep > 1:
+        expert_cluster = mesh.expert_data_cluster()
+        experts = 1 + len({c.group for c in strategy.schedule if expert_cluster.group_size(c.group) > 1})
+    return data + (mesh.tp > 1) + (mesh.cp > 1) + (mesh.pp > 1) + experts
 
 
 def peak_options(request: TrainingRequest) -> PeakOptions:
@@ -120,6 +134,7 @@ def term_sources(
         TensorKind.INPUTS: "input ids = labels (int64), the model's buffers",
         TensorKind.RUNTIME: f"cuBLAS workspaces ({request.runtime.name} preset) and runtime extras",
         TensorKind.BUFFERS: profile.source,
+        TensorKind.PIPELINE: pipeline_source(request),
         TensorKind.TRANSIENT: f"{impl.title}: intermediates inside one op or layer",
         TensorKind.BLOCK_REMAINDERS: "c10/cuda/CUDACachingAllocator.cpp: blocks handed out whole "
         "(a remainder of at most 1 MiB is not split off)",
@@ -130,6 +145,17 @@ def term_sources(
             if own:
                 sources[kind] = "; ".join(own)
     return sources
+
+
+def pipeline_source(request: TrainingRequest) -> str:
+    """Where a pipeline stage's buffers come from: the schedule and whether the framework keeps a stage's
+    output."""
+    mesh = request.mesh
+    kept = "kept until its backward" if KEEPS_STAGE_OUTPUT.get(request.framework) else "freed once sent"
+    return (
+        f"{mesh.pp_schedule.value} schedule: per micro-batch in flight the received activation; the "
+        f"stage output {kept}; the gradients received and sent"
+    )
 
 
 _UNIT_INDEX = re.compile(r"\b(\d+)\b")
@@ -177,7 +203,7 @@ def strategy_peak(
         for kind in TensorKind
         if result.peak.live.get(kind)
     ]
-    communicators = nccl_communicators(strategy, request.cluster)
+    communicators = nccl_communicators(strategy, request.cluster, request.mesh)
     nccl = communicators * request.runtime.nccl_communicator_bytes
     context = request.runtime.context_bytes
     allocated = result.peak.allocated
@@ -212,6 +238,44 @@ def strategy_peak(
     )
 
 
+def pipeline_peak(
+    request: TrainingRequest, profile: Profile, name: StrategyName, runtime: Runtime
+) -> StrategyPeak:
+    """Every pipeline rank's step (its share of the model, its schedule's passes): the row of the stage with
+    the largest device footprint (the first such), with every stage's in ``stages``."""
+    mesh = request.mesh
+    rows: list[StrategyPeak] = []
+    stages: list[StagePeak] = []
+    for i in range(mesh.pp):
+        staged = stage_request(request, i)
+        row = strategy_peak(staged, profile, name, runtime)
+        rows.append(row)
+        arch = staged.architecture
+        assert isinstance(arch, PipelineStage)
+        held, size = arch.global_layers, arch.chunk_size
+        stages.append(
+            StagePeak(
+                stage=i,
+                layers=[[held[k], held[k + size - 1]] for k in range(0, len(held), size)],
+                holds_embedding=arch.holds_embedding,
+                holds_head=arch.holds_head,
+                params=staged.rank_model.params,
+                in_flight=float(in_flight(mesh.pp_schedule, mesh.pp, mesh.vpp, i, request.grad_accum)),
+                micro_batches_simulated=stage_window(staged),
+                peak_phase=row.peak_phase,
+                peak_event=row.peak_event,
+                allocated_peak_bytes=row.allocated_peak_bytes,
+                reserved_bytes=row.reserved_bytes,
+                peak_bytes=row.peak_bytes,
+                terms=row.terms,
+                verdict=row.verdict,
+                headroom_bytes=row.headroom_bytes,
+            )
+        )
+    worst = max(range(mesh.pp), key=lambda i: rows[i].peak_bytes)
+    return rows[worst].model_copy(update={"stage": worst, "stages": stages})
+
+
 def verdict(capacity: int | None, headroom: int | None) -> Verdict | None:
     """Fits with :data:`FIT_MARGIN` to spare, tight (below the memory by less), or does not fit."""
     if capacity is None or headroom is None:
@@ -231,8 +295,9 @@ def init_host_bytes_per_node(request: TrainingRequest) -> int | None:
     builds it (one per node where the framework's loading broadcasts from the node's first rank)."""
     if request.init is not ModelInit.CPU:
         return None
-    copies = 1 if PROFILES[request.framework].host_copy_per_node else request.cluster.ranks_per_node
-    return copies * INIT_HOST_BYTES * request.model.params
+    mesh = request.mesh
+    copies = mesh.tp if PROFILES[request.framework].host_copy_per_node else mesh.gpus_per_node
+    return copies * INIT_HOST_BYTES * request.rank_model.params
 
 
 INIT_MEANING = {
@@ -282,7 +347,14 @@ def _notes(request: TrainingRequest) -> list[str]:
             "{wrap} model gathers the whole model at once: "
             "ZeRO-3's parameter sharding saves nothing at the peak"
         )
-    if request.grad_accum > 1:
+    mesh = request.mesh
+    if mesh.pp > 1:
+        notes.append(
+            f"pipeline: each stage's timeline runs its {mesh.pp_schedule.value} passes over the last of the "
+            f"{request.grad_accum} micro-batches, as many as it holds in flight (parallel.pipeline.window); "
+            "the gradients of the earlier ones are resident"
+        )
+    elif request.grad_accum > 1:
         notes.append(
             f"the timeline is the last of {request.grad_accum} micro-batches: the gradients of the earlier "
             "ones are resident (sharded when reduced every micro-batch, whole under no_sync)"
@@ -307,7 +379,8 @@ def evaluate_peak(request: TrainingRequest) -> MemoryReport:
     estimate = evaluate_memory(request)
     profile = PROFILES[request.framework]
     runtime = runtime_for(request)
-    rows = [strategy_peak(request, profile, row.strategy, runtime) for row in estimate.strategies]
+    one = strategy_peak if request.mesh.pp == 1 else pipeline_peak
+    rows = [one(request, profile, row.strategy, runtime) for row in estimate.strategies]
     peak = PeakEstimate(
         options=peak_options(request),
         model_impl_source=MODEL_IMPLS[request.model_impl].source,

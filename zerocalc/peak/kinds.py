@@ -43,6 +43,9 @@ class TensorKind(StrEnum):
     """cuBLAS workspaces and small runtime allocations."""
     BUFFERS = "communication buffers"
     """Buckets an accounting keeps resident (DeepSpeed's reduce/all-gather buckets, DDP's bucket)."""
+    PIPELINE = "pipeline buffers"
+    """A pipeline stage's activations received from the previous stage (kept for their gradient), the
+    gradients it receives and sends, and its output where the framework keeps it until its backward."""
     TRANSIENT = "in-layer temporaries"
     """Intermediates alive only inside one op or layer."""
     BLOCK_REMAINDERS = "allocator block remainders"

@@ -197,6 +197,11 @@ class Mechanics:
         self.grad_bytes = grad_bytes
         """Bytes per element of the gradients backward produces (the unsharded parameters' dtype)."""
         self.accumulation = accumulation
+        self.final_micro_batch = True
+        """A pipeline rank's backward pass is of the last micro-batch (:meth:`pipeline_backward`)."""
+        self.earlier = True
+        """Under accumulation, micro-batches ran before the timeline's (:meth:`earlier_micro_batches`); a
+        pipeline rank that holds the step's every micro-batch in flight has none."""
 
     def run_identity(self) -> tuple[object, ...]:
         """Everything a fresh object's hooks depend on, declared by each class for the fields it adds:
@@ -241,6 +246,11 @@ class Mechanics:
     def backward_finished(self, led: Ledger) -> None:
         """After the root's post-backward."""
         led.free("no-reshard runtime extra")
+
+    def pipeline_backward(self, led: Ledger, final: bool) -> None:
+        """A pipeline rank's backward pass begins, of the step's last micro-batch (``final``) or of an
+        earlier one."""
+        self.final_micro_batch = final
 
     def pre_forward(self, led: Ledger, unit: str | int) -> None:
         pass
@@ -349,7 +359,7 @@ class Fsdp(Mechanics):
     def earlier_micro_batches(self, led: Ledger) -> None:
         """Unsynced: each unit's unsharded gradients, accumulated in place; synced: the sharded fp32
         gradients the earlier reductions produced."""
-        if not self.accumulating:
+        if not self.accumulating or not self.earlier:
             return
         for unit in self.units.values():
             if self.accumulation is Accumulation.UNSYNCED:
@@ -399,6 +409,10 @@ class Fsdp(Mechanics):
     def param_grad(self, led: Ledger, unit: str | int, label: str, numel: int) -> None:
         if self.accumulation is not Accumulation.UNSYNCED:  # else added in place into the kept gradients
             led.alloc(f"{unit}.grad {label}", self.param_bytes * numel, GRADS, group=f"{unit}.grads")
+        elif not self.earlier:  # the step's first backward of the unit: its gradients, kept unsharded
+            u = self.units[str(unit)]
+            if not led.has(u.labels.accumulated_grads):
+                led.alloc(u.labels.accumulated_grads, self.param_bytes * u.numel, GRADS)
 
     def tied_grad_sum(self, led: Ledger, numel: int) -> None:
         if self.accumulation is not Accumulation.UNSYNCED:
@@ -418,16 +432,24 @@ class Fsdp2(Fsdp):
         optimizer_states: int,
         optimizer_impl: OptimizerImpl,
         accumulation: Accumulation = Accumulation.NONE,
+        pipelined: bool = False,
+        chunk_size: int | None = None,
     ):
         super().__init__(
             units, world, param_bytes, reduce_bytes, reshard, optimizer_states, optimizer_impl, accumulation
         )
         self.root_reshard = root_reshard
+        self.pipelined = pipelined
+        """A torch.distributed.pipelining stage (:meth:`post_backward`)."""
+        self.chunk_size = chunk_size
+        """Blocks per model chunk of a pipeline rank that holds several, each its own ``fully_shard`` root
+        whose prefetch stays within it; None: one."""
         self._last_reduce_input: str | None = None
         self._all_gather_state: str | None = None
+        self._deferred: list[str | int] = []
 
     def run_identity(self) -> tuple[object, ...]:
-        return (*super().run_identity(), self.root_reshard)
+        return (*super().run_identity(), self.root_reshard, self.pipelined, self.chunk_size)
 
     def _unshard(self, led: Ledger, unit: Unit, backward: bool) -> None:
         if unit.name in self._gathered:
@@ -511,13 +533,34 @@ class Fsdp2(Fsdp):
 
     def _backward_prefetch_target(self, unit: str | int) -> Unit | None:
         """The unit before ``unit`` in forward order (``comm_ctx.post_forward_order``): the previous
-        block, and for the root (whose forward ends last) the last block."""
-        if unit == "root":
+        block, and for the root (whose forward ends last) the last block. Model chunks are roots of their
+        own: none across them (the root's is left out)."""
+        chunk = self.chunk_size
+        if not isinstance(unit, int):
             blocks = [name for name in self.units if name != "root"]
-            return self.units[blocks[-1]] if blocks else None
-        return self.units[str(unit - 1)] if unit > 0 else None
+            return self.units[blocks[-1]] if blocks and chunk is None else None
+        if unit == 0 or (chunk is not None and unit % chunk == 0):
+            return None
+        return self.units[str(unit - 1)]
 
     def post_backward(self, led: Ledger, unit: str | int) -> None:
+        """A unit's reduction after its backward. A torch.distributed.pipelining stage turns every unit's
+        own off (``stage.py`` ``backward_maybe_with_nosync``: ``set_requires_gradient_sync(False)``,
+        ``set_reshard_after_backward(False)``) and, after the last micro-batch's backward, runs each unit's
+        ``post_backward`` itself: the units stay unsharded and their gradients whole until then."""
+        if not self.pipelined:
+            self._reduce(led, unit)
+            return
+        if not self.final_micro_batch:
+            return
+        if unit != "root":
+            self._deferred.append(unit)
+            return
+        for deferred in [*self._deferred, "root"]:
+            self._reduce(led, deferred)
+        self._deferred = []
+
+    def _reduce(self, led: Ledger, unit: str | int) -> None:
         u = self.units[str(unit)]
         labels = u.labels
         self._reshard(led, u)

@@ -104,6 +104,32 @@ class PeakOptions(BaseModel):
     gpu_memory_bytes: int | None = Field(description="what PyTorch sees of one GPU (None: no fits)")
 
 
+class StagePeak(BaseModel):
+    """One pipeline rank's step: what it holds, how many micro-batches it holds in flight, its peak."""
+
+    stage: int = Field(description="the pipeline rank, 0 … p − 1")
+    layers: list[list[int]] = Field(description="per model chunk, its first and last layer (whole model's)")
+    holds_embedding: bool
+    holds_head: bool = Field(description="the final norm, the LM head and the loss")
+    params: int = Field(description="parameters the rank holds (of one tensor-parallel rank's share)")
+    in_flight: float = Field(
+        description="micro-batches' worth of the stage's activations held at its peak: forward passes in "
+        "flight over v (parallel.pipeline.in_flight)"
+    )
+    micro_batches_simulated: int = Field(description="the last micro-batches of the step its timeline runs")
+    peak_phase: StepPhase
+    peak_event: str
+    allocated_peak_bytes: int
+    reserved_bytes: int
+    peak_bytes: int = Field(description="reserved + context + NCCL: the device footprint")
+    terms: list[PeakTerm] = Field(description="alive at the stage's peak, by kind")
+    verdict: Verdict | None = None
+    headroom_bytes: int | None = None
+
+    def term(self, kind: TensorKind) -> int:
+        return sum(t.bytes for t in self.terms if t.kind is kind)
+
+
 class StrategyPeak(BaseModel):
     strategy: StrategyName
     title: str
@@ -134,6 +160,12 @@ class StrategyPeak(BaseModel):
     timeline: list[TimelineEvent] = Field(
         description="the step's events (the middle layers' only where a phase peaks)"
     )
+    stage: int | None = Field(
+        default=None, description="pipeline parallelism: the stage this row is, the one with the largest peak"
+    )
+    stages: list[StagePeak] = Field(
+        default_factory=list, description="pipeline parallelism: every stage's step, rank 0 first"
+    )
 
     def term(self, kind: TensorKind) -> int:
         return sum(t.bytes for t in self.terms if t.kind is kind)
@@ -145,7 +177,7 @@ class StrategyPeak(BaseModel):
 class PeakEstimate(BaseModel):
     options: PeakOptions
     model_impl_source: str
-    notes: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default=[])
     strategies: list[StrategyPeak]
     init_host_bytes_per_node: int | None = Field(
         default=None,
@@ -192,6 +224,9 @@ class MemoryReport(MemoryEstimate):
 
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON of ``zerocalc memory --json`` (no ``peak`` key without an architecture, no
-        ``framework_states`` key without a framework accounting of Ψ alone)."""
-        empty = {k for k in ("peak", "framework_states") if getattr(self, k) is None}
-        return self.model_dump(mode="json", exclude=empty or None)
+        ``framework_states`` key without a framework accounting of Ψ alone, no ``stage`` and ``stages``
+        without pipeline parallelism)."""
+        exclude: dict[str, Any] = {k: True for k in ("peak", "framework_states") if getattr(self, k) is None}
+        if self.peak is not None and self.request.mesh.pp == 1:  # no pipeline: no stages
+            exclude["peak"] = {"strategies": {"__all__": {"stage", "stages"}}}
+        return self.model_dump(mode="json", exclude=exclude or None)

@@ -17,9 +17,10 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from zerocalc.base.dtypes import DType
-from zerocalc.model.architecture import Architecture, ParamTensor
+from zerocalc.model.architecture import Architecture, ParamTensor, PipelineStage
 from zerocalc.model.model_impl import MODEL_IMPLS, AttentionKernel, Device, Shape, default_attention
 from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, Framework, Fsdp1Sharding, TorchWrapper
+from zerocalc.parallel.pipeline import KEEPS_STAGE_OUTPUT, boundary_elements, rank_passes, window
 from zerocalc.parallel.precision import RECIPES, PrecisionName
 from zerocalc.parallel.profiles import PROFILES, Wrap
 from zerocalc.parallel.strategies import STRATEGIES, BufferRule, StrategyName, effective_grad_sync
@@ -28,13 +29,15 @@ from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.peak.ledger import Event, Ledger
 from zerocalc.peak.mechanics import Accounting, Accumulation, Ddp, Fsdp1, Fsdp2, Mechanics, Unit
 from zerocalc.peak.report import StateLine
-from zerocalc.peak.timeline import PHASES, Runtime, StepShape, first_start, run_step, steady_start
+from zerocalc.peak.timeline import PHASES, Runtime, StagePlan, StepShape, first_start, run_step, steady_start
 from zerocalc.request.training import GradSync, TrainingRequest
 from zerocalc.states.framework import (
     ADAM_STATES,
     STATES_RECIPE,
     dim0_padded_numel,
     dim0_shard_numel,
+    expert_shard_dim,
+    fsdp2_sharding,
     fsdp_units,
     shard_ranks,
     zero1_rank_elements,
@@ -75,47 +78,69 @@ def _largest_partition(arch: Architecture, world: int) -> tuple[int, ...]:
     return max(zero1_rank_elements(arch, world), key=sum)
 
 
-def _units(request: TrainingRequest, world: int, blocks: int | None = None) -> dict[str, Unit]:
+def _units(
+    request: TrainingRequest, world: int, blocks: int | None = None, experts: tuple[int, int] | None = None
+) -> dict[str, Unit]:
     """FSDP units with each parameter's elements, its dim-0 shard on rank 0 and its padded size; with
     ``blocks``, only the first ``blocks`` blocks' units and the root's (the units of the model cut to that
-    many blocks: each block's tensors are the same whatever the depth)."""
+    many blocks: each block's tensors are the same whatever the depth); with ``experts`` (the ranks and
+    the dimension), the routed experts sharded as FSDP2 shards them under expert parallelism
+    (:func:`~zerocalc.states.framework.fsdp2_sharding`)."""
     return dict(
-        _units_of(request.architecture, world)
+        _units_of(request.architecture, world, experts)
         if blocks is None
-        else _first_units(request.architecture, world, blocks)
+        else _first_units(request.architecture, world, blocks, experts)
     )
 
 
 @lru_cache(maxsize=256)
-def _first_units(arch: Architecture, world: int, blocks: int) -> tuple[tuple[str, Unit], ...]:
+def _first_units(
+    arch: Architecture, world: int, blocks: int, experts: tuple[int, int] | None = None
+) -> tuple[tuple[str, Unit], ...]:
     """The units of the first ``blocks`` blocks and the root's (a plan asks at two depths per world, and
     builds no other block's)."""
     return _built_units(
         tuple((key, tensors) for key, tensors in _fsdp_units_of(arch) if key == "root" or int(key) < blocks),
         world,
+        arch,
+        experts,
     )
 
 
 @lru_cache(maxsize=256)
-def _units_of(arch: Architecture, world: int) -> tuple[tuple[str, Unit], ...]:
+def _units_of(
+    arch: Architecture, world: int, experts: tuple[int, int] | None = None
+) -> tuple[tuple[str, Unit], ...]:
     """The blocks' units in order, then the root's; once per architecture and world (the units are shared:
     nothing mutates them)."""
-    return _built_units(_fsdp_units_of(arch), world)
+    return _built_units(_fsdp_units_of(arch), world, arch, experts)
 
 
 def _built_units(
-    units: tuple[tuple[str, tuple[ParamTensor, ...]], ...], world: int
+    units: tuple[tuple[str, tuple[ParamTensor, ...]], ...],
+    world: int,
+    arch: Architecture,
+    experts: tuple[int, int] | None = None,
 ) -> tuple[tuple[str, Unit], ...]:
-    """Each unit's elements, shards and padding at ``world``, computed once per shape (every block repeats
-    them)."""
-    sizes: dict[tuple[int, ...], tuple[int, int, int]] = {}
+    """Each unit's elements, shards and padding at ``world`` (the routed experts' over ``experts``' ranks
+    and dimension where given), computed once per shape and shard group (every block repeats them)."""
+    sizes: dict[tuple[tuple[int, ...], int], tuple[int, int, int]] = {}
     built: list[tuple[str, Unit]] = []
     for key, tensors in units:
+        keys = []
         for t in tensors:
-            shape = t.shape
-            if shape not in sizes:
-                sizes[shape] = (t.numel, dim0_shard_numel(shape, world, 0), dim0_padded_numel(shape, world))
-        numel, local, padded = zip(*(sizes[t.shape] for t in tensors), strict=True)
+            shape, ranks = (t.shape, world) if experts is None else fsdp2_sharding(t, arch, world, *experts)
+            keys.append((shape, ranks))
+            if (shape, ranks) not in sizes:
+                sizes[shape, ranks] = (
+                    t.numel,
+                    dim0_shard_numel(shape, ranks, 0),
+                    dim0_padded_numel(shape, ranks),
+                )
+        if not tensors:  # a middle pipeline stage's root: no embedding, no head
+            built.append((key, Unit(key, [], [], [])))
+            continue
+        numel, local, padded = zip(*(sizes[k] for k in keys), strict=True)
         built.append((key, Unit(key, list(numel), list(local), list(padded))))
     return tuple(built)
 
@@ -139,25 +164,79 @@ def flash_attention_used(request: TrainingRequest) -> bool:
     return kernel is AttentionKernel.FLASH
 
 
+def activation_shape(request: TrainingRequest) -> Shape:
+    """One micro-batch on one rank of the mesh: b sequences of s tokens, split by tensor, sequence and
+    context parallelism as the model's code splits them, and the routed tokens expert parallelism brings
+    the rank's experts (:class:`~zerocalc.model.model_impl.Shape`)."""
+    a, mesh = request.activations, request.mesh
+    return Shape(
+        a.micro_batch,
+        a.seq_len,
+        tp=mesh.tp,
+        sequence_parallel=mesh.sequence_parallel,
+        cp=mesh.cp,
+        cp_impl=mesh.cp_impl,
+        ep=mesh.ep,
+        capacity_factor=a.capacity_factor,
+    )
+
+
 def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
     arch = request.architecture
     units = _units_of(arch, 1)
     return StepShape(
         arch=arch,
         impl=MODEL_IMPLS[request.model_impl],
-        shape=Shape(request.activations.micro_batch, request.activations.seq_len),
+        shape=activation_shape(request),
         act=act,
         device=device,
         flash=flash_attention_used(request),
         recompute=request.activations.recompute,
         layer_params=tuple(tuple(unit.params) for _, unit in units[:-1]),
+        stage=stage_plan(request, act),
     )
+
+
+def stage_plan(request: TrainingRequest, act: int) -> StagePlan | None:
+    """What the request's pipeline rank runs (its share is a
+    :class:`~zerocalc.model.architecture.PipelineStage`): its passes over the micro-batches in flight."""
+    arch = request.architecture
+    if not isinstance(arch, PipelineStage):
+        return None
+    mesh = request.mesh
+    micro_batches = stage_window(request)
+    a = request.activations
+    return StagePlan(
+        passes=rank_passes(mesh.pp_schedule, mesh.pp, mesh.vpp, arch.stage, micro_batches),
+        micro_batches=micro_batches,
+        chunk_size=arch.chunk_size,
+        holds_embedding=arch.holds_embedding,
+        holds_head=arch.holds_head,
+        keeps_output=KEEPS_STAGE_OUTPUT[request.framework],
+        boundary_bytes=act * boundary_elements(mesh, a.micro_batch, a.seq_len, arch.hidden_size),
+    )
+
+
+def _chunk_size(request: TrainingRequest) -> int | None:
+    """Blocks per model chunk of a pipeline rank holding several; None otherwise."""
+    arch = request.architecture
+    return arch.chunk_size if isinstance(arch, PipelineStage) and arch.vpp > 1 else None
+
+
+def stage_window(request: TrainingRequest) -> int:
+    """The micro-batches a pipeline rank's simulated step runs (:func:`~zerocalc.parallel.pipeline.
+    window`); 1 without pipeline stages."""
+    arch = request.architecture
+    if not isinstance(arch, PipelineStage):
+        return 1
+    mesh = request.mesh
+    return window(mesh.pp_schedule, mesh.pp, mesh.vpp, arch.stage, request.grad_accum)
 
 
 def _accumulation(request: TrainingRequest, name: StrategyName) -> Accumulation:
     if request.grad_accum == 1:
         return Accumulation.NONE
-    sync = effective_grad_sync(request.framework, name, request.grad_sync)
+    sync = effective_grad_sync(request.framework, name, request.grad_sync, pipelined=request.mesh.pp > 1)
     return Accumulation.UNSYNCED if sync is GradSync.LAST else Accumulation.SYNCED
 
 
@@ -183,6 +262,14 @@ def mechanics_for(
     model``). That is what :mod:`zerocalc.plan.layers` runs at a few blocks to extrapolate to the request's
     L: what scales with L is then only the blocks' own tensors, a sum of like terms (the whole-model
     quantities are not affine in L: DeepSpeed's buckets are capped, every line rounded on its own)."""
+    mechanics, act = _mechanics(request, name, states, blocks)
+    mechanics.earlier = stage_window(request) < request.grad_accum or request.mesh.pp == 1
+    return mechanics, act
+
+
+def _mechanics(
+    request: TrainingRequest, name: StrategyName, states: Sequence[StateLine], blocks: int | None
+) -> tuple[Mechanics, int]:
     strategy = STRATEGIES[name]
     recipe = RECIPES[request.precision]
     mixed = request.precision is not PrecisionName.FP32
@@ -191,7 +278,12 @@ def mechanics_for(
     setup = strategy.frameworks[request.framework].torch if request.framework in TORCH_FRAMEWORKS else None
     if setup is not None:
         world = shard_ranks(request.cluster, setup)
-        units = _units(request, world, blocks)
+        mesh = request.mesh
+        experts = None
+        if mesh.ep > 1:
+            expert_world = shard_ranks(mesh.expert_data_cluster(), setup)
+            experts = (expert_world, expert_shard_dim(request.architecture, mesh.dp * mesh.cp))
+        units = _units(request, world, blocks, experts)
         reduce = request.reduce_dtype.bytes if request.reduce_dtype is not None else recipe.param_dtype.bytes
         if setup.wrapper is TorchWrapper.FSDP2:
             return Fsdp2(
@@ -204,6 +296,8 @@ def mechanics_for(
                 optimizer_states=ADAM_STATES,
                 optimizer_impl=optimizer_impl,
                 accumulation=accumulation,
+                pipelined=request.mesh.pp > 1,
+                chunk_size=_chunk_size(request),
             ), activation_bytes(request)
         if setup.wrapper is TorchWrapper.FSDP1:
             no_shard = setup.sharding is Fsdp1Sharding.NO_SHARD or world == 1
@@ -235,7 +329,8 @@ def mechanics_for(
     # one unit's gradients at a time (DeepSpeed's and Megatron's lines already hold their own)
     rule = strategy.buffers
     if request.buffers.wrap is Wrap.MODEL:
-        units = {"root": Unit("root", [request.model.params], [request.model.params], [request.model.params])}
+        params = request.rank_model.params
+        units = {"root": Unit("root", [params], [params], [params])}
     else:
         units = _units(request, 1, blocks)
     b_p, b_g = recipe.param_dtype.bytes, recipe.grad_dtype.bytes

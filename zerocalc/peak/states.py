@@ -50,13 +50,18 @@ _PAPER_NAMES = {
 }
 
 
+EXPERTS_SUFFIX = " of the routed experts"
+"""Names a state line of the routed experts' part under expert parallelism
+(:func:`~zerocalc.states.memory.state_parts`)."""
+
+
 def _paper(request: TrainingRequest, strategy: Strategy) -> StateLines:
     """ZeRO paper §5 states on the GPU (:func:`zerocalc.states.memory.strategy_states`, the states of memory's
     row) + the buckets the strategy keeps."""
     states = [
         StateLine(
             kind=_KINDS[s.kind],
-            name=_PAPER_NAMES[s.kind],
+            name=_PAPER_NAMES[s.kind] + (EXPERTS_SUFFIX if s.experts else ""),
             bytes=s.bytes,
             source="ZeRO paper §5 (zerocalc memory)",
         )
@@ -69,7 +74,7 @@ def _paper(request: TrainingRequest, strategy: Strategy) -> StateLines:
 def _resident_buffers(request: TrainingRequest, strategy: Strategy) -> list[StateLine]:
     recipe = RECIPES[request.precision]
     return STRATEGY_BUFFERS[strategy.buffers](
-        request, request.model.params, recipe.param_dtype.bytes, recipe.grad_dtype.bytes
+        request, request.rank_model.params, recipe.param_dtype.bytes, recipe.grad_dtype.bytes
     )
 
 
@@ -153,7 +158,9 @@ def _megatron(request: TrainingRequest, strategy: Strategy) -> StateLines:
         [
             StateLine(
                 kind=_KINDS[s.kind],
-                name=_MEGATRON_NAMES[s.kind] + (" (distributed)" if s.shard_ranks > 1 else ""),
+                name=_MEGATRON_NAMES[s.kind]
+                + (EXPERTS_SUFFIX if s.experts else "")
+                + (" (distributed)" if s.shard_ranks > 1 else ""),
                 bytes=s.bytes,
                 source=megatron.SOURCE,
             )
@@ -172,9 +179,12 @@ def _torch(request: TrainingRequest, strategy: Strategy) -> StateLines:
     """
     setup = strategy.frameworks[request.framework].torch
     assert setup is not None
+    mesh, arch = request.mesh, request.architecture
     world = torch_states.shard_ranks(request.cluster, setup)
+    expert_world = torch_states.shard_ranks(mesh.expert_data_cluster(), setup)
+    expert_dim = torch_states.expert_shard_dim(arch, mesh.dp * mesh.cp)
     rank = torch_states.largest_rank_states(
-        request.architecture, setup, world, request.precision, request.optimizer
+        arch, setup, world, request.precision, request.optimizer, expert_world, expert_dim
     )
     source = TORCH_SOURCES[setup.wrapper]
     lines = [

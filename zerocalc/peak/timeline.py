@@ -23,7 +23,13 @@ from functools import lru_cache
 from typing import NamedTuple, Protocol
 
 from zerocalc.model.activations import Recompute
-from zerocalc.model.architecture import Architecture
+from zerocalc.model.architecture import (
+    Architecture,
+    TensorParallelRank,
+    embedding_tensors,
+    global_layer,
+    head_tensors,
+)
 from zerocalc.model.model_impl import (
     FP32,
     INT64,
@@ -32,14 +38,19 @@ from zerocalc.model.model_impl import (
     ModelImpl,
     ModelImplName,
     Shape,
+    embedding_excess,
     embedding_saves,
     final_saves,
+    hidden_bytes,
     layer_saves,
     logits_saves,
+    loss_parallel_transients,
     norm_backward_excess,
     shared_saves,
     traits,
+    vocab_shard,
 )
+from zerocalc.parallel.pipeline import Pass
 from zerocalc.parallel.profiles import ModelInit
 from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.peak.ledger import Ledger
@@ -57,6 +68,7 @@ INPUTS = TensorKind.INPUTS
 RUNTIME = TensorKind.RUNTIME
 BUFFERS = TensorKind.BUFFERS
 TRANSIENT = TensorKind.TRANSIENT
+PIPELINE = TensorKind.PIPELINE
 
 PHASES = (StepPhase.START, StepPhase.FORWARD, StepPhase.BACKWARD, StepPhase.OPTIMIZER)
 """The phases of a step (creation comes once, before the first)."""
@@ -86,10 +98,30 @@ class StepShape(NamedTuple):
     recompute: Recompute
     layer_params: tuple[tuple[int, ...], ...]
     """Elements of each parameter of each block, in registration order."""
+    stage: StagePlan | None = None
+    """A pipeline rank's passes and what its stage holds; None without pipeline parallelism."""
     saves: dict[tuple[bool, bool], LayerSaves] | None = None
     """Where the step finds and keeps its layers' saves, per kind of layer (mixture-of-experts or not) and
     cache use: steps of one micro-batch and recompute whose blocks are alike may share one (the plan's
     runs of one model at a few layers and at all); None: the step's own."""
+
+
+class StagePlan(NamedTuple):
+    """What a pipeline rank runs in a step (:mod:`zerocalc.parallel.pipeline`)."""
+
+    passes: tuple[Pass, ...]
+    """Its forward and backward passes in its schedule's order, over the micro-batches simulated."""
+    micro_batches: int
+    """The micro-batches simulated: the last of the step's, as many as its schedule holds in flight."""
+    chunk_size: int
+    """Layers per model chunk."""
+    holds_embedding: bool
+    holds_head: bool
+    keeps_output: bool
+    """The stage's output stays allocated from its send to its backward (torch, DeepSpeed)."""
+    boundary_bytes: int
+    """The activation received from the previous stage per micro-batch, and the gradients received and
+    sent: b·s·h elements (÷ t under sequence parallelism, ÷ c under context parallelism)."""
 
 
 class Runtime(NamedTuple):
@@ -133,6 +165,8 @@ class StepHooks(Protocol):
 
     def backward_finished(self, led: Ledger) -> None: ...
 
+    def pipeline_backward(self, led: Ledger, final: bool) -> None: ...
+
     def optimizer_step(self, led: Ledger, first_step: bool) -> None: ...
 
     def zero_grad(self, led: Ledger) -> None: ...
@@ -148,197 +182,27 @@ def run_step(
     step: StepShape, mechanics: StepHooks, runtime: Runtime | None, led: Ledger, first_step: bool = False
 ) -> Phases:
     """Append one training step to ``led`` (which holds the state at the step's start) and return the
-    allocated totals at its start, after forward and after backward."""
-    arch, impl, shape, act, device = step.arch, step.impl, step.shape, step.act, step.device
-    T, h, V, L = shape.tokens, arch.hidden_size, arch.vocab_size, arch.num_layers
-    checkpointed = step.recompute is Recompute.FULL
-    selective = step.recompute is Recompute.SELECTIVE
-    saves_by_kind: dict[tuple[bool, bool], LayerSaves] = {} if step.saves is None else step.saves
+    allocated totals at its start, after forward and after backward.
 
-    def saves_of(i: int, use_cache: bool) -> LayerSaves:
-        """A layer's saves depend on its index only through whether it is a mixture-of-experts layer."""
-        key = (arch.is_moe_layer(i), use_cache)
-        if key not in saves_by_kind:
-            saves = layer_saves(
-                impl, arch, i, shape, act, device, use_cache=use_cache, flash=step.flash, selective=selective
-            )
-            saves_by_kind[key] = saves._replace(program=Program(saves.program))
-        return saves_by_kind[key]
-
-    t = traits(arch)
-    hf = impl.name is ModelImplName.HF
-    cuda = device is Device.CUDA and runtime is not None
-
+    Without pipeline stages the step is one forward and one backward; a pipeline rank runs its passes
+    (:attr:`StepShape.stage`) in its schedule's order, "after forward" where its warm-up ends (its first
+    backward is next: the most micro-batches in flight)."""
+    passes = step.stage.passes if step.stage is not None else _ONE_MICRO_BATCH
+    run = _Passes(step, mechanics, runtime, led, first_step)
     led.phase = StepPhase.START
     led.event("start")
     start = led.total
-
-    # ---- forward ---------------------------------------------------------------------------------------
-    led.phase = StepPhase.FORWARD
-    mechanics.pre_forward(led, "root")
-    mechanics.forward_started(led, runtime.no_reshard_extra if cuda else 0)
-    shared = embedding_saves(impl, arch, act) + shared_saves(impl, arch, shape, act, checkpointed, device)
-    led.alloc_group("shared", shared, ACTIVATIONS)
-    hidden = "embedding output"
-    led.alloc(hidden, act * T * h, ACTIVATIONS)
-    if hf and t.rotary and not checkpointed:
-        # LlamaModel.forward (and every rotary family's): position_ids = arange(s) + past_seen_tokens,
-        # int64 [1, s], alive until the base model returns; saved only by checkpoint closures
-        led.alloc("position ids", INT64 * shape.s, ACTIVATIONS)
-    if not t.rotary:  # GPT-2: wte(ids) + wpe(positions) (+ dropout) is a new tensor; both inputs stay
-        led.alloc("position embedding output", act * shape.s * h, ACTIVATIONS)
-        led.alloc("hidden 0", act * T * h, ACTIVATIONS)
-        hidden = "hidden 0"
-    embedding_alive = impl.embedding_output_alive
-    for i in range(L):
-        mechanics.pre_forward(led, i)
-        if first_step and cuda and i == 0:
-            led.alloc("cuBLAS workspace (forward thread)", runtime.cublas_workspace, RUNTIME)
-        if checkpointed:
-            # torch.utils.checkpoint (use_reentrant=False): the layer's saved tensors are dropped at pack
-            # time, its input is kept; no cache copies (HF turns use_cache off under checkpointing)
-            saves = saves_of(i, use_cache=False)
-            new = f"hidden {i + 1}"
-            if saves.program:
-                label = "forward (checkpointed)"
-                _run_program(led, i, saves.program, 0, new, act * T * h, label, checkpointed=True)
-            else:
-                led.alloc(f"layer {i} work", sum(b for _, b in saves.saved), ACTIVATIONS)
-                led.event(f"layer {i} forward (checkpointed)", saves.forward_excess, TRANSIENT)
-                led.free(f"layer {i} work")
-                led.alloc(new, act * T * h, ACTIVATIONS)
-            hidden = new  # every checkpoint input stays alive
+    first_backward = next(k for k, one in enumerate(passes) if not one.forward)
+    last_backward = max(k for k, one in enumerate(passes) if not one.forward)
+    after_forward = start
+    for k, one in enumerate(passes):
+        if one.forward:
+            run.forward(one, first=k == 0)
         else:
-            saves = saves_of(i, use_cache=True)
-            new = f"hidden {i + 1}"
-            rng = runtime.per_layer_attention if cuda and hf else 0
-            if saves.program:
-                _run_program(led, i, saves.program, rng, new, act * T * h)
-            else:
-                led.alloc_group(f"layer {i}", saves.saved, ACTIVATIONS)
-                if hf and t.sliding_pattern and (i + 1) % t.sliding_pattern:
-                    led.alloc(
-                        f"layer {i} sliding-window cache tensor", INT64, ACTIVATIONS, group="sliding cache"
-                    )
-                led.alloc(f"layer {i}.sdpa rng", rng, ACTIVATIONS, group=f"layer {i}")
-                led.event(f"layer {i} forward", saves.forward_excess, TRANSIENT)
-                led.alloc(new, act * T * h, ACTIVATIONS)
-            if not saves.keeps_input and not (hidden == "embedding output" and embedding_alive):
-                led.free(hidden)
-            hidden = new
-        mechanics.post_forward(led, i)
-
-    led.alloc_group("final", final_saves(impl, arch, shape, act, device), ACTIVATIONS)
-    # RMSNorm forward: while x·rsqrt (fp32) exists its cast exists and the output does not yet
-    led.event(
-        "final norm forward",
-        (FP32 - act) * T * h if t.norm != "layernorm" and impl.norm_fp32_copy else 0,
-        TRANSIENT,
-    )
-    layernorm_keeps = t.norm == "layernorm"
-    if not layernorm_keeps and hidden != "embedding output":
-        led.free(hidden)  # the final norm kept its own copy; the last output is no checkpoint input either
-    if not (checkpointed and t.rotary):
-        led.free(
-            "embedding output"
-        )  # the base model's forward returns (under checkpointing it is layer 0's input)
-    led.free("position embedding output")
-    led.free("position ids")
-
-    # the loss
-    led.alloc("logits", act * T * V, LOSS)
-    capped = logits_saves(impl, arch, shape, act)
-    for name, b in capped:
-        led.alloc(name, b, LOSS)
-    if impl.loss == "hf_upcast":
-        led.alloc("logits fp32 copy", FP32 * T * V, LOSS)
-        led.alloc("labels padded", INT64 * shape.b * (shape.s + 1), LOSS)
-        if shape.b > 1:
-            led.alloc("shift labels", INT64 * T, LOSS)  # labels[..., 1:].contiguous() copies
-        else:
-            led.rename("labels padded", "shift labels")  # b = 1: the slice is contiguous, a view
-    elif impl.loss == "float_cross_entropy":
-        led.alloc("logits fp32 copy", FP32 * T * V, LOSS)
-    led.alloc("log_softmax", FP32 * T * V, LOSS)
-    led.alloc("loss", FP32, LOSS)
-    led.alloc("total_weight", FP32, LOSS)
-    led.event("loss forward (nll_loss)")
-    led.free("logits fp32 copy")
-    led.free("labels padded")
-    led.free("previous step's loss")
-    mechanics.post_forward(led, "root")
-    led.free("logits")  # only the loss is kept by the training loop
-    led.free_group("sliding cache")  # the DynamicCache of the dropped output
-    led.event("after forward")
-    after_forward = led.total
-
-    # ---- backward --------------------------------------------------------------------------------------
-    led.phase = StepPhase.BACKWARD
-    led.alloc("grad seed", FP32, LOSS)
-    mechanics.pre_backward(led, "root")
-    led.alloc("d log_softmax (nll_loss_backward)", FP32 * T * V, LOSS)
-    led.free("shift labels")
-    led.free("total_weight")
-    led.alloc("d logits fp32 (log_softmax_backward)", FP32 * T * V, LOSS)
-    led.event("loss backward (log_softmax_backward)")
-    led.free("log_softmax")
-    led.free("d log_softmax (nll_loss_backward)")
-    if act != FP32:
-        led.alloc("d logits", act * T * V, LOSS)
-        led.event("logits.float() backward")
-        led.free("d logits fp32 (log_softmax_backward)")
-    else:
-        led.rename("d logits fp32 (log_softmax_backward)", "d logits")
-    for name, _ in capped:
-        led.free(name)  # tanh_backward has run
-    if first_step and cuda:
-        led.alloc("cuBLAS workspace (autograd thread)", runtime.cublas_workspace, RUNTIME)
-    led.alloc("d hidden", act * T * h, ACTIVATIONS)
-    head = "embedding" if arch.tied_embeddings else "lm_head"
-    mechanics.param_grad(led, "root", head, V * h)
-    led.event("lm_head backward")
-    led.free("d logits")
-    led.event("final norm backward", norm_backward_excess(impl, arch, shape, act), TRANSIENT)
-    led.free_group("final")
-    if layernorm_keeps:
-        led.free(hidden)  # ln_f's saved input
-    mechanics.param_grad(led, "root", "final norm", h * (2 if t.norm == "layernorm" else 1))
-    for i in reversed(range(L)):
-        mechanics.pre_backward(led, i)
-        saves = saves_of(i, use_cache=not checkpointed)
-        if checkpointed and saves.program:
-            # the recomputed forward (torch.utils.checkpoint, use_reentrant=False): its output is dropped
-            _run_program(led, i, saves.program, 0, f"layer {i} recomputed output", act * T * h, "recompute")
-            led.free(f"layer {i} recomputed output")
-        elif checkpointed:
-            led.alloc_group(f"layer {i}", saves.saved, ACTIVATIONS)
-            led.event(f"layer {i} recompute", saves.forward_excess, TRANSIENT)
-        led.event(f"layer {i} backward", saves.backward_excess, TRANSIENT)
-        led.free_group(f"layer {i}")
-        if i == 0:
-            led.free_group("shared")
-        if checkpointed or saves.keeps_input:
-            previous = f"hidden {i}" if i > 0 else ("hidden 0" if led.has("hidden 0") else "embedding output")
-            led.free(previous)
-        mechanics.param_grad(led, i, "block", sum(step.layer_params[i]))
-        led.event(f"layer {i} gradients")
-        mechanics.post_backward(led, i)
-
-    # the embedding's backward: a dense [V, h] gradient; a tied weight's two gradients are summed out of
-    # place (the autograd engine's InputBuffer holds the LM head's until the embedding's arrives)
-    if not t.rotary:
-        mechanics.param_grad(led, "root", "position embedding", arch.max_position_embeddings * h)
-    mechanics.param_grad(led, "root", "embedding dense", V * h)
-    led.event("embedding backward")
-    led.free("d hidden")
-    if arch.tied_embeddings:
-        mechanics.tied_grad_sum(led, V * h)
-        led.event("tied embedding gradient sum")
-    for name in ("embedding output", "hidden 0"):
-        led.free(name)
-    mechanics.post_backward(led, "root")
-    mechanics.backward_finished(led)
-    led.free("grad seed")  # held by torch.autograd.backward's frame
+            run.backward(one, last=k == last_backward)
+        if k == first_backward - 1:
+            led.event("after forward")
+            after_forward = led.total
     led.event("after backward")
     after_backward = led.total
 
@@ -347,8 +211,318 @@ def run_step(
     mechanics.optimizer_step(led, first_step)
     mechanics.zero_grad(led)
     led.event("zero_grad")
-    led.rename("loss", "previous step's loss")  # the training loop's `loss` lives into the next step
+    run.keep_last_loss()  # the training loop's `loss` lives into the next step
     return Phases(start, after_forward, after_backward)
+
+
+_ONE_MICRO_BATCH = (Pass(True, 0, 0), Pass(False, 0, 0))
+"""The passes of a step without pipeline stages."""
+
+
+class _Passes:
+    """The forward and backward passes of one step on one rank: the whole model's, or a pipeline rank's
+    chunks', each micro-batch's tensors named apart (`` (mb3)``, `` (mb3 chunk1)``) where several are in
+    flight (no word boundary before a digit: the condensed timeline reads the first number as a layer's)."""
+
+    def __init__(
+        self, step: StepShape, mechanics: StepHooks, runtime: Runtime | None, led: Ledger, first_step: bool
+    ):
+        self.step, self.mechanics, self.runtime, self.led = step, mechanics, runtime, led
+        self.first_step = first_step
+        arch = step.arch
+        self.t = traits(arch)
+        self.hf = step.impl.name is ModelImplName.HF
+        self.cuda = step.device is Device.CUDA and runtime is not None
+        self.checkpointed = step.recompute is Recompute.FULL
+        self.selective = step.recompute is Recompute.SELECTIVE
+        self.hidden_bytes = hidden_bytes(arch, step.shape, step.act)  # act·R·h: the rank's sequence share
+        self.logits = vocab_shard(step.impl, arch, step.shape, vocab=_allocated_vocab(arch, step.impl))
+        self.loss_parallel = loss_parallel_transients(step.impl, arch, step.shape)
+        self._saves: dict[tuple[bool, bool], LayerSaves] = {} if step.saves is None else step.saves
+        self._losses: list[str] = []
+
+    def saves_of(self, i: int, use_cache: bool) -> LayerSaves:
+        """A layer's saves depend on its index only through whether it is a mixture-of-experts layer."""
+        step, arch = self.step, self.step.arch
+        key = (arch.is_moe_layer(i), use_cache)
+        if key not in self._saves:
+            saves = layer_saves(
+                step.impl, arch, i, step.shape, step.act, step.device, use_cache=use_cache, flash=step.flash,
+                selective=self.selective,
+            )  # fmt: skip
+            self._saves[key] = saves._replace(program=Program(saves.program))
+        return self._saves[key]
+
+    def _part(self, one: Pass) -> tuple[str, range, bool, bool]:
+        """The pass's tag, its layers and whether it holds the embedding and the head."""
+        stage, layers = self.step.stage, self.step.arch.num_layers
+        if stage is None:
+            return "", range(layers), True, True
+        size = stage.chunk_size
+        chunks = layers // size
+        tag = f" (mb{one.micro_batch})" if stage.micro_batches > 1 else ""
+        if chunks > 1:
+            tag = f" (mb{one.micro_batch} chunk{one.chunk})"
+        embedding = stage.holds_embedding and one.chunk == 0
+        head = stage.holds_head and one.chunk == chunks - 1
+        return tag, range(one.chunk * size, (one.chunk + 1) * size), embedding, head
+
+    def forward(self, one: Pass, first: bool) -> None:
+        step, mechanics, runtime, led = self.step, self.mechanics, self.runtime, self.led
+        arch, impl, shape, act, t = step.arch, step.impl, step.shape, step.act, self.t
+        h, R = arch.hidden_size, shape.sequence_tokens
+        TV = self.logits.rows * self.logits.columns  # the rank's logits: its tokens × its vocabulary columns
+        hf, cuda, checkpointed = self.hf, self.cuda, self.checkpointed
+        tag, layers, embedding, head = self._part(one)
+        led.phase = StepPhase.FORWARD
+        mechanics.pre_forward(led, "root")
+        if first:
+            mechanics.forward_started(led, runtime.no_reshard_extra if cuda else 0)
+        received = f"received activation{tag}"
+        if embedding:
+            shared = embedding_saves(impl, arch, act) + shared_saves(
+                impl, arch, shape, act, checkpointed, step.device
+            )
+            led.alloc_group(f"shared{tag}", shared, ACTIVATIONS)
+            hidden = f"embedding output{tag}"
+            led.alloc(hidden, self.hidden_bytes, ACTIVATIONS)
+            if shape.tp > 1:
+                led.event(f"embedding forward{tag}", embedding_excess(impl, arch, shape, act), TRANSIENT)
+        else:
+            # a later stage: the previous stage's output, received, kept for its gradient; the rotary
+            # tables are computed again by this stage's forward
+            if t.rotary:
+                shared = shared_saves(impl, arch, shape, act, checkpointed, step.device)
+                led.alloc_group(f"shared{tag}", shared, ACTIVATIONS)
+            hidden = received
+            led.alloc(hidden, step.stage.boundary_bytes, PIPELINE)
+        if hf and t.rotary and not checkpointed:
+            # LlamaModel.forward (and every rotary family's): position_ids = arange(s) + past_seen_tokens,
+            # int64 [1, s], alive until the base model returns; saved only by checkpoint closures
+            led.alloc(f"position ids{tag}", INT64 * (shape.s // shape.cp), ACTIVATIONS)
+        if embedding and not t.rotary:  # GPT-2: wte(ids) + wpe(positions) (+ dropout) is a new tensor
+            led.alloc(f"position embedding output{tag}", act * (shape.s // shape.cp) * h, ACTIVATIONS)
+            hidden = f"hidden 0{tag}"
+            led.alloc(hidden, self.hidden_bytes, ACTIVATIONS)
+        kept = {f"embedding output{tag}"} if impl.embedding_output_alive else set()
+        kept.add(received)
+        for i in layers:
+            mechanics.pre_forward(led, i)
+            if self.first_step and cuda and not led.has("cuBLAS workspace (forward thread)"):
+                led.alloc("cuBLAS workspace (forward thread)", runtime.cublas_workspace, RUNTIME)
+            new = f"hidden {i + 1}{tag}"
+            if checkpointed:
+                # torch.utils.checkpoint (use_reentrant=False): the layer's saved tensors are dropped at pack
+                # time, its input is kept; no cache copies (HF turns use_cache off under checkpointing)
+                saves = self.saves_of(i, use_cache=False)
+                if saves.program:
+                    label = "forward (checkpointed)"
+                    _run_program(led, i, saves.program, 0, new, self.hidden_bytes, label, True, tag)
+                else:
+                    led.alloc(f"layer {i} work{tag}", sum(b for _, b in saves.saved), ACTIVATIONS)
+                    led.event(f"layer {i} forward (checkpointed){tag}", saves.forward_excess, TRANSIENT)
+                    led.free(f"layer {i} work{tag}")
+                    led.alloc(new, self.hidden_bytes, ACTIVATIONS)
+                hidden = new  # every checkpoint input stays alive
+            else:
+                saves = self.saves_of(i, use_cache=True)
+                rng = runtime.per_layer_attention if cuda and hf else 0
+                if saves.program:
+                    _run_program(led, i, saves.program, rng, new, self.hidden_bytes, tag=tag)
+                else:
+                    group = f"layer {i}{tag}"
+                    led.alloc_group(group, saves.saved, ACTIVATIONS)
+                    if hf and t.sliding_pattern and (global_layer(arch, i) + 1) % t.sliding_pattern:
+                        led.alloc(
+                            f"layer {i} sliding-window cache tensor{tag}", INT64, ACTIVATIONS,
+                            group=f"sliding cache{tag}",
+                        )  # fmt: skip
+                    led.alloc(f"{group}.sdpa rng", rng, ACTIVATIONS, group=group)
+                    led.event(f"layer {i} forward{tag}", saves.forward_excess, TRANSIENT)
+                    led.alloc(new, self.hidden_bytes, ACTIVATIONS)
+                if not saves.keeps_input and hidden not in kept:
+                    led.free(hidden)
+                hidden = new
+            mechanics.post_forward(led, i)
+
+        if not head:
+            # the output is sent to the next stage (pipeline.KEEPS_STAGE_OUTPUT: kept until its backward,
+            # or its storage freed once sent)
+            if step.stage.keeps_output:
+                led.rename(hidden, f"stage output{tag}", PIPELINE)
+            led.event(f"send activation{tag}")
+            led.free(hidden)
+            self._forward_done(tag, embedding)
+            mechanics.post_forward(led, "root")
+            led.free_group(f"sliding cache{tag}")
+            return
+
+        led.alloc_group(f"final{tag}", final_saves(impl, arch, shape, act, step.device), ACTIVATIONS)
+        # RMSNorm forward: while x·rsqrt (fp32) exists its cast exists and the output does not yet
+        led.event(
+            f"final norm forward{tag}",
+            (FP32 - act) * R * h if t.norm != "layernorm" and impl.norm_fp32_copy else 0,
+            TRANSIENT,
+        )
+        if t.norm != "layernorm" and hidden != f"embedding output{tag}":
+            led.free(
+                hidden
+            )  # the final norm kept its own copy; the last output is no checkpoint input either
+        self._forward_done(tag, embedding)
+
+        # the loss
+        led.alloc(f"logits{tag}", act * TV, LOSS)
+        capped = logits_saves(impl, arch, shape, act)
+        for name, b in capped:
+            led.alloc(f"{name}{tag}", b, LOSS)
+        if impl.loss == "hf_upcast":
+            led.alloc(f"logits fp32 copy{tag}", FP32 * TV, LOSS)
+            led.alloc(f"labels padded{tag}", INT64 * shape.b * (shape.s + 1), LOSS)
+            if shape.b > 1 or shape.cp > 1:  # labels[..., 1:].contiguous() copies
+                led.alloc(f"shift labels{tag}", INT64 * self.logits.rows, LOSS)
+            else:
+                led.rename(f"labels padded{tag}", f"shift labels{tag}")  # b = 1: the slice is a view
+        elif impl.loss == "float_cross_entropy":
+            led.alloc(f"logits fp32 copy{tag}", FP32 * TV, LOSS)
+        led.alloc(f"log_softmax{tag}", FP32 * TV, LOSS)
+        led.alloc(f"loss{tag}", FP32, LOSS)
+        self._losses.append(f"loss{tag}")
+        led.alloc(f"total_weight{tag}", FP32, LOSS)
+        led.event(f"loss forward (nll_loss){tag}", self.loss_parallel[0], TRANSIENT)
+        led.free(f"logits fp32 copy{tag}")
+        led.free(f"labels padded{tag}")
+        led.free("previous step's loss")
+        mechanics.post_forward(led, "root")
+        led.free(f"logits{tag}")  # only the loss is kept by the training loop
+        led.free_group(f"sliding cache{tag}")  # the DynamicCache of the dropped output
+
+    def _forward_done(self, tag: str, embedding: bool) -> None:
+        """What the base model's forward frees as it returns."""
+        led = self.led
+        if embedding and not (self.checkpointed and self.t.rotary):
+            led.free(f"embedding output{tag}")  # under checkpointing it is layer 0's input
+        led.free(f"position embedding output{tag}")
+        led.free(f"position ids{tag}")
+
+    def backward(self, one: Pass, last: bool) -> None:
+        step, mechanics, runtime, led = self.step, self.mechanics, self.runtime, self.led
+        arch, impl, shape, act, t = step.arch, step.impl, step.shape, step.act, self.t
+        h = arch.hidden_size
+        TV = self.logits.rows * self.logits.columns
+        checkpointed = self.checkpointed
+        tag, layers, embedding, head = self._part(one)
+        led.phase = StepPhase.BACKWARD
+        if step.stage is not None:
+            mechanics.pipeline_backward(led, one.micro_batch == step.stage.micro_batches - 1)
+        workspace = "cuBLAS workspace (autograd thread)"
+        if head:
+            led.alloc(f"grad seed{tag}", FP32, LOSS)
+            mechanics.pre_backward(led, "root")
+            led.alloc(f"d log_softmax (nll_loss_backward){tag}", FP32 * TV, LOSS)
+            led.free(f"shift labels{tag}")
+            led.free(f"total_weight{tag}")
+            led.alloc(f"d logits fp32 (log_softmax_backward){tag}", FP32 * TV, LOSS)
+            led.event(f"loss backward (log_softmax_backward){tag}", self.loss_parallel[1], TRANSIENT)
+            led.free(f"log_softmax{tag}")
+            led.free(f"d log_softmax (nll_loss_backward){tag}")
+            if act != FP32:
+                led.alloc(f"d logits{tag}", act * TV, LOSS)
+                led.event(f"logits.float() backward{tag}")
+                led.free(f"d logits fp32 (log_softmax_backward){tag}")
+            else:
+                led.rename(f"d logits fp32 (log_softmax_backward){tag}", f"d logits{tag}")
+            for name, _ in logits_saves(impl, arch, shape, act):
+                led.free(f"{name}{tag}")  # tanh_backward has run
+            if self.first_step and self.cuda and not led.has(workspace):
+                led.alloc(workspace, runtime.cublas_workspace, RUNTIME)
+            led.alloc(f"d hidden{tag}", self.hidden_bytes, ACTIVATIONS)
+            head_weight = "embedding" if arch.tied_embeddings else "lm_head"
+            mechanics.param_grad(led, "root", head_weight, _vocab_numel(arch, head_weight))
+            led.event(f"lm_head backward{tag}")
+            led.free(f"d logits{tag}")
+            led.event(f"final norm backward{tag}", norm_backward_excess(impl, arch, shape, act), TRANSIENT)
+            led.free_group(f"final{tag}")
+            if t.norm == "layernorm":
+                led.free(f"hidden {layers[-1] + 1}{tag}")  # ln_f's saved input
+            mechanics.param_grad(led, "root", "final norm", h * (2 if t.norm == "layernorm" else 1))
+        else:
+            # the gradient of this stage's output, received from the next stage
+            mechanics.pre_backward(led, "root")
+            if self.first_step and self.cuda and not led.has(workspace):
+                led.alloc(workspace, runtime.cublas_workspace, RUNTIME)
+            led.alloc(f"d hidden{tag}", step.stage.boundary_bytes, PIPELINE)
+            led.event(f"receive output gradient{tag}")
+        for i in reversed(layers):
+            mechanics.pre_backward(led, i)
+            saves = self.saves_of(i, use_cache=not checkpointed)
+            if checkpointed and saves.program:
+                # the recomputed forward (torch.utils.checkpoint, use_reentrant=False): its output is dropped
+                output = f"layer {i} recomputed output{tag}"
+                _run_program(led, i, saves.program, 0, output, self.hidden_bytes, "recompute", tag=tag)
+                led.free(output)
+            elif checkpointed:
+                led.alloc_group(f"layer {i}{tag}", saves.saved, ACTIVATIONS)
+                led.event(f"layer {i} recompute{tag}", saves.forward_excess, TRANSIENT)
+            led.event(f"layer {i} backward{tag}", saves.backward_excess, TRANSIENT)
+            led.free_group(f"layer {i}{tag}")
+            if i == layers[0]:
+                led.free_group(f"shared{tag}")
+            if checkpointed or saves.keeps_input:
+                if i > layers[0]:
+                    led.free(f"hidden {i}{tag}")
+                elif embedding:
+                    led.free(f"hidden 0{tag}" if led.has(f"hidden 0{tag}") else f"embedding output{tag}")
+            mechanics.param_grad(led, i, "block", sum(step.layer_params[i]))
+            led.event(f"layer {i} gradients{tag}")
+            mechanics.post_backward(led, i)
+
+        if embedding:
+            # the embedding's backward: a dense [V, h] gradient; a tied weight's two gradients are summed out
+            # of place (the autograd engine's InputBuffer holds the LM head's until the embedding's arrives)
+            if not t.rotary:
+                mechanics.param_grad(led, "root", "position embedding", arch.max_position_embeddings * h)
+            mechanics.param_grad(led, "root", "embedding dense", _vocab_numel(arch, "embedding"))
+            led.event(f"embedding backward{tag}")
+            led.free(f"d hidden{tag}")
+            if arch.tied_embeddings:
+                mechanics.tied_grad_sum(led, _vocab_numel(arch, "embedding"))
+                led.event("tied embedding gradient sum")
+            for name in ("embedding output", "hidden 0"):
+                led.free(f"{name}{tag}")
+        else:
+            # the gradient of this stage's input, sent to the previous stage
+            led.alloc(f"input gradient (sent){tag}", step.stage.boundary_bytes, PIPELINE)
+            led.event(f"send input gradient{tag}")
+            led.free(f"input gradient (sent){tag}")
+            led.free(f"d hidden{tag}")
+            led.free(f"received activation{tag}")
+        led.free(f"stage output{tag}")
+        mechanics.post_backward(led, "root")
+        if last:
+            mechanics.backward_finished(led)
+        led.free(f"grad seed{tag}")  # held by torch.autograd.backward's frame
+
+    def keep_last_loss(self) -> None:
+        """The last micro-batch's loss becomes the previous step's; the others' are dropped."""
+        for name in self._losses[:-1]:
+            self.led.free(name)
+        if self._losses:
+            self.led.rename(self._losses[-1], "previous step's loss")
+
+
+def _allocated_vocab(arch: Architecture, impl: ModelImpl) -> int | None:
+    """The vocabulary the output layer allocates: Megatron-LM's padded one under tensor parallelism
+    (:attr:`~zerocalc.model.architecture.TensorParallelRank.padded_vocab`), else the model's."""
+    if isinstance(arch, TensorParallelRank) and impl.name is ModelImplName.MEGATRON:
+        return arch.padded_vocab
+    return None
+
+
+def _vocab_numel(arch: Architecture, module: str) -> int:
+    """Elements of the rank's embedding (``embedding``) or untied LM head (``lm_head``) weight."""
+    name = "embed_tokens" if module == "embedding" else "lm_head"
+    tensors = embedding_tensors(arch) if module == "embedding" else head_tensors(arch)
+    return next(t.numel for t in tensors if t.module == name)
 
 
 class ProgramEffect(NamedTuple):
@@ -399,21 +573,23 @@ def _run_program(
     output_bytes: int,
     label: str = "forward",
     checkpointed: bool = False,
+    tag: str = "",
 ) -> None:
     """Layer ``i``'s forward op by op: the saved tensors in its group, the intermediates freed where the
     code drops them, SDPA's philox seed and offset (``rng`` bytes) with the saved tensors, the output where
     the program writes it; the layer's event where the most is allocated. ``checkpointed``: the forward of
     a layer under ``torch.utils.checkpoint`` (``use_reentrant=False``), whose saved tensors are freed where
-    the code releases them.
+    the code releases them. ``tag`` names one micro-batch's tensors apart from another's (a pipeline rank
+    holds several).
 
     A ledger that keeps no allocation log (no allocator replay reads its tensors one by one) is given the
     program's effect instead (:class:`ProgramEffect`): the same event, the same bytes left in the group
     and the same output."""
-    group = f"layer {i}"
+    group = f"layer {i}{tag}"
     run = program.run(rng, output_bytes, checkpointed, led.block)
     effect = run.effect
     if effect is not None and not led.record:
-        led.event(f"layer {i} {label}", effect.peak, ACTIVATIONS)
+        led.event(f"layer {i} {label}{tag}", effect.peak, ACTIVATIONS)
         led.alloc(f"{group}.saved", effect.saved, ACTIVATIONS, group=group)
         if effect.output:
             led.alloc(output, output_bytes, ACTIVATIONS)
@@ -433,7 +609,7 @@ def _run_program(
         elif verb == "output":
             led.alloc(output, output_bytes, ACTIVATIONS)
         if at == run.at:
-            led.event(f"layer {i} {label}")
+            led.event(f"layer {i} {label}{tag}")
 
 
 @lru_cache(maxsize=1024)
@@ -512,7 +688,7 @@ def _inputs(step: StepShape, led: Ledger) -> None:
             led.alloc(f"rotary original_inv_freq{table}", 2 * d, INPUTS)
     if t.embedding_scale_buffer and step.impl.name is ModelImplName.HF:
         led.alloc("embedding scale buffer (fp32 0-dim)", FP32, INPUTS)
-    led.alloc("input ids (= labels)", INT64 * step.shape.tokens, INPUTS)
+    led.alloc("input ids (= labels)", INT64 * step.shape.local_tokens, INPUTS)
 
 
 def _runtime_extras(step: StepShape, runtime: Runtime, led: Ledger) -> None:

@@ -38,7 +38,7 @@ from typing import NamedTuple
 from zerocalc.model.architecture import Architecture, count_parameters
 from zerocalc.model.model_impl import traits
 from zerocalc.plan.split import NO_EVENT, Slot
-from zerocalc.request.training import ModelSpec, TrainingRequest
+from zerocalc.request.training import ModelSpec, TrainingRequest, with_model
 
 SMALL_LAYERS = (4, 5)
 """The layer counts simulated (blocks 1 … L'−2 inner: two, then three)."""
@@ -90,7 +90,7 @@ def with_layers(request: TrainingRequest, layers: int) -> TrainingRequest:
     """The same request for the same model cut to ``layers`` blocks (its parameters recounted)."""
     model = request.model
     assert model.architecture is not None
-    return request.model_copy(update={"model": _cut(model.architecture, layers, model.name, model.title)})
+    return with_model(request, _cut(model.architecture, layers, model.name, model.title))
 
 
 @lru_cache(maxsize=64)

@@ -29,14 +29,25 @@ from pydantic import BaseModel, ConfigDict, Field
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.comm.calls import Layout
-from zerocalc.comm.estimate import CollectiveRun, collective_runs
+from zerocalc.comm.estimate import CollectiveRun, collective_runs, data_parts, mesh_request, strategy_comm
+from zerocalc.comm.pipeline import pipeline_comm
+from zerocalc.comm.step import (
+    fsdp2_traffic,
+    kernels,
+    optimizer_traffic,
+    step_estimate,
+    with_framework_traffic,
+)
+from zerocalc.compute.ops import Kernels, MicroBatchOps, micro_batch_ops, model_flops_per_token
+from zerocalc.compute.time import ComputeTime, MicroBatchTime, micro_batch_time, step_compute
 from zerocalc.model.activations import Recompute
+from zerocalc.model.model_impl import Shape
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.frameworks import Estimate, Framework
 from zerocalc.parallel.precision import RECIPES
 from zerocalc.parallel.profiles import PROFILES
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
-from zerocalc.peak.evaluate import FIT_MARGIN, nccl_communicators, strategy_peak
+from zerocalc.peak.evaluate import FIT_MARGIN, nccl_communicators, pipeline_peak, strategy_peak
 from zerocalc.peak.report import StrategyPeak, Verdict
 from zerocalc.peak.simulate import flash_attention_used, runtime_for
 from zerocalc.plan.allocated import StepParts, with_batch, with_recompute
@@ -60,7 +71,6 @@ from zerocalc.plan.timing import (
     comm_lines,
     comm_of_lines,
     comm_time,
-    flops_per_token,
     offload_seconds,
     step_times,
 )
@@ -101,6 +111,11 @@ class PlanRow(BaseModel):
     reduce_dtype: DType | None
     prefetch: int | None
     grad_sync: GradSync | None
+    tp: int = Field(default=1, description="t: tensor-parallel ranks")
+    cp: int = Field(default=1, description="c: context-parallel ranks")
+    pp: int = Field(default=1, description="p: pipeline stages")
+    vpp: int = Field(default=1, description="v: virtual stages per pipeline rank")
+    ep: int = Field(default=1, description="e: expert-parallel ranks")
     peak_exact: bool = Field(description="the peak is memory's own (else only the lower bound)")
     peak_bytes: int | None = Field(description="memory's peak_bytes, when evaluated exactly")
     peak_lower_bound_bytes: int | None = Field(
@@ -109,13 +124,19 @@ class PlanRow(BaseModel):
     verdict: Verdict | None = None
     headroom_bytes: int | None = None
     host_bytes_per_node: int | None = Field(default=None, description="offloaded states on the host")
-    compute_s: float
+    compute_s: float = Field(description="matmul + attention + elementwise + optimizer (recompute included)")
+    matmul_s: float
+    attention_s: float
+    elementwise_s: float = Field(description="norms, activations, residuals, rotary, dropout, the loss")
+    optimizer_s: float
+    recompute_s: float = Field(description="of compute_s: what activation recomputation re-runs")
     comm_s: float = Field(description="comm's time_s for this strategy")
-    exposed_comm_s: float
+    exposed_comm_s: float = Field(description="exposed communication: data-parallel, TP, CP and PP")
+    bubble_s: float = Field(description="the pipeline bubble (0 without pipeline stages)")
     offload_s: float
-    step_s: float
+    step_s: float = Field(description="compute_s + exposed_comm_s + bubble_s + offload_s")
     tokens_per_s_per_gpu: float
-    mfu: float
+    mfu: float = Field(description="PaLM's model FLOPs per second over the GPU's dense bf16 peak")
     memory_options: dict[str, str] = Field(description="zerocalc memory's options (concept → value)")
     comm_options: dict[str, str] = Field(description="zerocalc comm's options (concept → value)")
 
@@ -140,8 +161,10 @@ class PlanEcho(BaseModel):
     frameworks: tuple[Framework, ...]
     objective: Objective
     top: int
-    mfu: float
-    peak_tflops: float = Field(description="the GPU preset's dense bf16 TFLOP/s")
+    compute_table: str = Field(
+        description="what compute is priced with: a bench --compute file or the preset's"
+    )
+    peak_tflops: float = Field(description="the GPU preset's dense bf16 TFLOP/s (for the MFU)")
     gpu_memory_bytes: int
     calibration: str | None
 
@@ -172,9 +195,12 @@ class PlanResult(BaseModel):
 
 
 ASSUMPTIONS = [
-    "b·A·N equals the global batch exactly (in sequences); N: --gpus and every smaller number of whole nodes",
-    "compute: PaLM's 6·P + 12·L·H·Q·T FLOPs per token (Chowdhery et al. 2022, app. B) at --mfu × the GPU's "
-    "dense bf16 peak; recompute full +1 forward, selective +attention core forward (Korthikanti et al. 2022)",
+    "b·A·d equals the global batch exactly (in sequences; d = N/(t·c·p) data-parallel replicas); N: --gpus "
+    "and every smaller number of whole nodes",
+    "compute: each layer's GEMMs, attention and element-wise kernels at their shapes, at the rates of the "
+    "GPU's compute table (measured by zerocalc bench --compute, or the preset's); recompute full re-runs the "
+    "layers' forward, selective eager attention's core (Korthikanti et al. 2022); MFU counts PaLM's "
+    "6·P + 12·L·H·Q·T FLOPs per token (Chowdhery et al. 2022, app. B)",
     "overlap: prefetched all-gathers behind forward, backward collectives behind backward (Zhao et al. 2023, "
     "PyTorch FSDP; Li et al. 2020, DDP); DeepSpeed ZeRO-1/2 overlap_comm off (its default); after-step "
     "collectives exposed",
@@ -186,10 +212,20 @@ ASSUMPTIONS = [
 ]
 
 
+MESH_ASSUMPTION = (
+    "mesh: a model-parallel candidate's step is comm's for its b, recompute and A (its rank's compute, the "
+    "tensor-parallel collectives on the critical path, the context-parallel ring behind attention, the "
+    "busiest pipeline rank's sends exposed, the bubble a fraction of the slowest stage's compute); its "
+    "lower bound is its largest rank's model states + context + NCCL, its exact peak the worst stage's"
+)
+
+
 class _Cand:
     __slots__ = ("accum", "b", "exact", "group", "lower", "request", "status", "time")
 
-    def __init__(self, group: Group, request: TrainingRequest, b: int, accum: int, t: StepTime, lower: int):
+    def __init__(
+        self, group: Group, request: TrainingRequest, b: int, accum: int, t: StepTime, lower: int
+    ):  # fmt: skip
         self.group, self.request, self.b, self.accum, self.time = group, request, b, accum, t
         self.lower = lower
         """The allocated peak (exact) + the CUDA context + the NCCL communicators: the device peak's lower
@@ -199,8 +235,10 @@ class _Cand:
 
 
 def _exact(request: TrainingRequest) -> StrategyPeak:
-    """``zerocalc memory``'s peak for the request's one strategy (the same functions, the same request)."""
-    return strategy_peak(request, PROFILES[request.framework], request.strategies[0], runtime_for(request))
+    """``zerocalc memory``'s peak for the request's one strategy (the same functions, the same request;
+    with pipeline stages the worst stage's)."""
+    peak = pipeline_peak if request.mesh.pp > 1 else strategy_peak
+    return peak(request, PROFILES[request.framework], request.strategies[0], runtime_for(request))
 
 
 def _host_bytes(peak: StrategyPeak, request: TrainingRequest) -> int | None:
@@ -245,8 +283,8 @@ class _Setting(NamedTuple):
     peak_flops: float
     flash: bool
     layout: Layout
-    flops: dict[Recompute, float]
-    """FLOPs per token under each recompute."""
+    model_flops: float
+    """PaLM's model FLOPs per token (the MFU's numerator)."""
 
     @classmethod
     def of(cls, plan: PlanRequest) -> _Setting:
@@ -260,7 +298,7 @@ class _Setting(NamedTuple):
             peak_flops=base.gpu.bf16_dense_tflops * 1e12,
             flash=flash,
             layout=Layout.of(base.model.params, arch),
-            flops={r: flops_per_token(arch, count, plan.seq_len, r, flash) for r in Recompute},
+            model_flops=model_flops_per_token(arch, count, plan.seq_len),
         )
 
 
@@ -280,11 +318,17 @@ class _Requests:
         return request if isinstance(request, InputError) else with_recompute(request, group.recompute)
 
     def comm(self, group: Group) -> TrainingRequest | InputError:
-        return _request_once(self._comm, _comm_key(group), self.plan, group, Estimate.COMM)
+        """At the group's first micro-batch (a model-parallel group's mesh collectives read b and the
+        recompute: :func:`with_batch` gives the others)."""
+        key = (*_comm_key(group), group.recompute) if group.model_parallel else _comm_key(group)
+        return _request_once(self._comm, key, self.plan, group, Estimate.COMM)
 
 
 def _schedule_key(group: Group) -> tuple:
-    return (group.world, group.gpus_per_node, group.framework, group.strategy, group.reduce_dtype)
+    return (
+        group.world, group.gpus_per_node, group.framework, group.strategy, group.reduce_dtype,
+        group.tp, group.cp, group.pp, group.vpp, group.ep,
+    )  # fmt: skip
 
 
 def _comm_key(group: Group) -> tuple:
@@ -297,6 +341,8 @@ class _CommCosts:
 
     def __init__(self, layout: Layout):
         self.layout = layout
+        """The whole model's; a model-parallel group's collectives are its rank's (:meth:`layout_of`)."""
+        self._layouts: dict[tuple, Layout] = {}
         self._runs: dict[tuple, list[CollectiveRun]] = {}
         self._lines: dict[tuple, tuple[CommLine, ...]] = {}
         self._times: dict[tuple, CommTime] = {}
@@ -310,11 +356,75 @@ class _CommCosts:
                 schedule = _schedule_key(group)
                 runs = self._runs.get(schedule)
                 if runs is None:
-                    runs = self._runs[schedule] = collective_runs(group.strategy, request, self.layout)
-                sync = effective_grad_sync(group.framework, group.strategy, request.grad_sync)
+                    layout = self.layout_of(group, request)
+                    runs = self._runs[schedule] = collective_runs(group.strategy, request, layout)
+                sync = effective_grad_sync(
+                    group.framework, group.strategy, request.grad_sync, pipelined=group.pp > 1
+                )
                 lines = self._lines[key] = comm_lines(runs, sync)
             time = self._times[key, accum] = comm_time(comm_of_lines(lines, accum), accum)
         return time
+
+    def layout_of(self, group: Group, request: TrainingRequest) -> Layout:
+        """The parameters the data-parallel collectives move: one rank's (its pipeline stage's, its
+        tensor-parallel shards), as ``comm`` lays them out."""
+        if not group.model_parallel:
+            return self.layout
+        key = (group.tp, group.cp, group.pp, group.vpp, group.ep)
+        layout = self._layouts.get(key)
+        if layout is None:
+            rank = request.rank_model
+            layout = self._layouts[key] = Layout.of(rank.params, rank.architecture)
+        return layout
+
+
+class _MeshSteps:
+    """A model-parallel candidate's step time and communication: ``comm``'s own for its request (the
+    data-parallel collectives of its rank's layout, the tensor- and context-parallel collectives, the
+    pipeline's sends and bubble, :func:`~zerocalc.comm.step.step_estimate`), once per (comm's options,
+    b, A): the same for every offload and prefetch of the mesh."""
+
+    def __init__(self, plan: PlanRequest):
+        self.plan = plan
+        self._steps: dict[tuple, StepTime | InputError] = {}
+
+    def of(self, group: Group, comm_request: TrainingRequest, b: int, accum: int) -> StepTime | InputError:
+        key = (*_comm_key(group), group.recompute, b, accum)
+        step = self._steps.get(key)
+        if step is None:
+            try:
+                step = self._steps[key] = self._priced(group.strategy, with_batch(comm_request, b, accum))
+            except InputError as exc:
+                step = self._steps[key] = exc
+        return step
+
+    def _priced(self, strategy: StrategyName, request: TrainingRequest) -> StepTime:
+        """As :func:`~zerocalc.comm.estimate.evaluate_comm` prices the request's one strategy."""
+        plan = self.plan
+        rank = request.rank_model
+        pipeline = pipeline_comm(request)
+        row = strategy_comm(
+            strategy,
+            request,
+            None,
+            data_parts(request, Layout.of(rank.params, rank.architecture)),
+            mesh_request(request),
+            pipeline,
+        )
+        collectives = [(c.phase, c.times_per_step, c.calls_per_step, c.time_s) for c in row.collectives]
+        dp_s = sum(c.time_s for c in row.collectives)
+        step = step_estimate(
+            request,
+            plan.compute,
+            plan.compute_name,
+            strategy,
+            collectives,
+            dp_s,
+            row.mesh_collectives,
+            pipeline,
+        )
+        values = step.model_dump(exclude={"compute_table"})
+        return StepTime(**values, comm_s=row.time_s)
 
 
 class _OutsideBytes:
@@ -325,13 +435,68 @@ class _OutsideBytes:
         self._bytes: dict[tuple, int] = {}
 
     def of(self, group: Group, request: TrainingRequest) -> int:
-        key = (group.strategy, group.world, group.gpus_per_node)
+        key = (group.strategy, group.world, group.gpus_per_node, group.tp, group.cp, group.pp)
         outside = self._bytes.get(key)
         if outside is None:
-            communicators = nccl_communicators(STRATEGIES[group.strategy], request.cluster)
+            communicators = nccl_communicators(STRATEGIES[group.strategy], request.cluster, request.mesh)
             outside = request.runtime.context_bytes + communicators * request.runtime.nccl_communicator_bytes
             self._bytes[key] = outside
         return outside
+
+
+class _Compute:
+    """Every candidate's compute (:mod:`zerocalc.compute`): one rank's operations once per (b, kernels),
+    their times once per recompute, a step's once per (A, optimizer traffic). The plan's candidates are
+    data-parallel: every rank runs the whole model."""
+
+    def __init__(self, plan: PlanRequest):
+        base = plan.base
+        self.plan, self.table = plan, plan.compute
+        self.dtype = RECIPES[base.precision].param_dtype
+        self._ops: dict[tuple[int, Kernels], MicroBatchOps] = {}
+        self._micro: dict[tuple[int, Kernels, Recompute], MicroBatchTime] = {}
+        self._steps: dict[tuple, ComputeTime] = {}
+        self._kernels: dict[tuple, Kernels] = {}
+        self._traffic: dict[tuple, tuple[float, float]] = {}
+
+    def step(
+        self,
+        request: TrainingRequest,
+        b: int,
+        recompute: Recompute,
+        accum: int,
+        optimizer: tuple[int, int, int],
+    ) -> ComputeTime:
+        code_key = (request.framework, request.model_impl, request.activations.flash_attention)
+        code = self._kernels.get(code_key)
+        if code is None:
+            code = self._kernels[code_key] = kernels(request)
+        key = (b, code, recompute, accum, optimizer)
+        compute = self._steps.get(key)
+        if compute is None:
+            micro = self._micro.get((b, code, recompute))
+            if micro is None:
+                ops = self._ops.get((b, code))
+                if ops is None:
+                    shape = Shape(b, self.plan.seq_len)
+                    ops = self._ops[b, code] = micro_batch_ops(request.architecture, shape, code, self.dtype)
+                micro = self._micro[b, code, recompute] = micro_batch_time(self.table, ops, recompute)
+            compute = self._steps[key] = step_compute(self.table, micro, accum, *optimizer)
+        strategy = request.strategies[0]
+        traffic_key = (
+            strategy,
+            request.framework,
+            request.reduce_dtype,
+            request.grad_sync,
+            request.cluster,
+            accum,
+        )
+        traffic = self._traffic.get(traffic_key)
+        if traffic is None:
+            traffic = self._traffic[traffic_key] = fsdp2_traffic(
+                request, strategy, self.table, grad_accum=accum
+            )
+        return with_framework_traffic(compute, traffic)
 
 
 class _Resolver:
@@ -345,6 +510,10 @@ class _Resolver:
         self.outside = _OutsideBytes()
         self.parts = StepParts(runtime_for(plan.base))
         self.recipe = RECIPES[plan.base.precision]
+        self.compute = _Compute(plan)
+        self.mesh_steps = _MeshSteps(plan)
+        self.states: dict[Hashable, int] = {}
+        """A model-parallel configuration's model-state bytes on its largest rank."""
 
     def candidates(self, group: Group) -> list[_Cand] | InputError:
         """The group's candidates, or why the parser refuses the group."""
@@ -354,42 +523,74 @@ class _Resolver:
         comm_request = self.requests.comm(group)
         if isinstance(comm_request, InputError):
             return comm_request
+        if group.model_parallel:
+            return self._mesh_candidates(group, request, comm_request)
         timed = self._timed(group, request, comm_request)
         configuration = group._replace(recompute=None, micro_batches=())
         peaks = self.parts.allocated_peaks(request, {b: accum for b, accum, _ in timed}, configuration)
         outside = self.outside.of(group, request)
         return [_Cand(group, request, b, accum, t, peaks[b] + outside) for b, accum, t in timed]
 
+    def _mesh_candidates(
+        self, group: Group, request: TrainingRequest, comm_request: TrainingRequest
+    ) -> list[_Cand] | InputError:
+        """A model-parallel group's candidates: each one's step time and communication are ``comm``'s for
+        its b, recompute and A (:class:`_MeshSteps`); its peak's lower bound is the context, the NCCL
+        communicators and the model states of the largest rank (:func:`~zerocalc.states.memory.
+        strategy_row`: all resident between the last backward and the optimizer step), the exact peak left
+        to the walk."""
+        key = group._replace(recompute=None, micro_batches=(), accumulates=False)
+        states = self.states.get(key)
+        if states is None:
+            states = self.states[key] = strategy_row(request).gpu_bytes
+        lower = self.outside.of(group, request) + states
+        cands = []
+        for b in group.micro_batches:
+            accum = group.accumulation(self.plan.global_batch_sequences, b)
+            timed = self.mesh_steps.of(group, comm_request, b, accum)
+            if isinstance(timed, InputError):
+                return timed
+            cands.append(_Cand(group, request, b, accum, timed, lower))
+        return cands
+
     def _timed(
         self, group: Group, request: TrainingRequest, comm_request: TrainingRequest
     ) -> list[tuple[int, int, StepTime]]:
         """Each micro-batch of the group, its accumulation and its step time."""
-        plan, base, cluster, world = self.plan, self.plan.base, request.cluster, group.world
-        shards = cluster.group_size(STRATEGIES[group.strategy].optimizer)
-        sequences, seq_len, params = plan.global_batch_sequences, plan.seq_len, base.model.params
-        param_bytes, grad_bytes = self.recipe.param_dtype.bytes, self.recipe.grad_dtype.bytes
+        plan = self.plan
+        shards = request.cluster.group_size(STRATEGIES[group.strategy].optimizer)
+        optimizer = optimizer_traffic(request, group.strategy)
         steps = []
         for b in group.micro_batches:
-            accum = sequences // (world * b)
+            accum = group.accumulation(plan.global_batch_sequences, b)
             offload = offload_seconds(
-                params,
-                world,
-                cluster.ranks_per_node,
+                plan.base.model.params,
+                group.world,
+                request.cluster.ranks_per_node,
                 shards,
                 group.offload_optimizer,
                 group.offload_params,
                 accum,
-                param_bytes,
-                grad_bytes,
+                self.recipe.param_dtype.bytes,
+                self.recipe.grad_dtype.bytes,
             )
-            steps.append((b * accum * seq_len, accum, self.comm.time(group, comm_request, accum), offload))
-        flops = self.setting.flops[group.recompute]
+            compute = self.compute.step(request, b, group.recompute, accum, optimizer)
+            steps.append(
+                (
+                    b * accum * plan.seq_len,
+                    accum,
+                    self.comm.time(group, comm_request, accum),
+                    offload,
+                    compute,
+                )
+            )
+        setting = self.setting
         timings = step_times(
-            flops, self.setting.peak_flops, plan.mfu, group.strategy, group.framework, group.prefetch, steps
+            group.strategy, group.framework, group.prefetch, setting.model_flops, setting.peak_flops, steps
         )
         return [
             (b, accum, timing)
-            for b, (_, accum, _, _), timing in zip(group.micro_batches, steps, timings, strict=True)
+            for b, (_, accum, _, _, _), timing in zip(group.micro_batches, steps, timings, strict=True)
         ]
 
 
@@ -469,7 +670,7 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
             frameworks=plan.frameworks,
             objective=plan.objective,
             top=plan.top,
-            mfu=plan.mfu,
+            compute_table=plan.compute_name,
             peak_tflops=base.gpu.bf16_dense_tflops,
             gpu_memory_bytes=base.gpu_memory_bytes,
             calibration=plan.calibration_path,
@@ -484,7 +685,7 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
         search_seconds=seconds,
         exact_seconds=walked - searched,
         candidates_per_second=len(cands) / seconds if seconds > 0 else 0.0,
-        assumptions=ASSUMPTIONS,
+        assumptions=ASSUMPTIONS + ([MESH_ASSUMPTION] if any(g.model_parallel for g in groups) else []),
         candidates=everything,
     )
 
@@ -576,6 +777,11 @@ def _row(plan: PlanRequest, cand: _Cand, rank: int | None) -> PlanRow:
         reduce_dtype=g.reduce_dtype,
         prefetch=g.prefetch,
         grad_sync=g.grad_sync,
+        tp=g.tp,
+        cp=g.cp,
+        pp=g.pp,
+        vpp=g.vpp,
+        ep=g.ep,
         peak_exact=peak is not None,
         peak_bytes=peak.peak_bytes if peak is not None else None,
         peak_lower_bound_bytes=cand.lower,
@@ -583,8 +789,14 @@ def _row(plan: PlanRequest, cand: _Cand, rank: int | None) -> PlanRow:
         headroom_bytes=peak.headroom_bytes if peak is not None else None,
         host_bytes_per_node=_host_bytes(peak, request) if peak is not None else None,
         compute_s=t.compute_s,
+        matmul_s=t.matmul_s,
+        attention_s=t.attention_s,
+        elementwise_s=t.elementwise_s,
+        optimizer_s=t.optimizer_s,
+        recompute_s=t.recompute_s,
         comm_s=t.comm_s,
         exposed_comm_s=t.exposed_comm_s,
+        bubble_s=t.bubble_s,
         offload_s=t.offload_s,
         step_s=t.step_s,
         tokens_per_s_per_gpu=t.tokens_per_s_per_gpu,

@@ -1,8 +1,10 @@
 """What ``zerocalc plan`` searches: its options, parsed once, and the space of candidate configurations.
 
 A candidate is one exact ``zerocalc memory`` / ``zerocalc comm`` request: a framework, a strategy, a
-number of GPUs (whole nodes up to ``--gpus``), a micro-batch b and gradient accumulation A with
-**b · A · N = the global batch exactly** (in sequences), recompute, offload where the framework models it,
+number of GPUs (whole nodes up to ``--gpus``), a mesh of tensor, context and pipeline parallelism (``--tp``,
+``--cp``, ``--pp``, ``--vpp``, ``--ep``: degrees searched), a micro-batch b and gradient accumulation A with
+**b · A · d = the global batch exactly** (in sequences; d = N / (t·c·p) data-parallel replicas),
+recompute, offload where the framework models it,
 the reduce dtype, the prefetch depth where the memory model reads it, and when gradients are reduced.
 Candidates that differ only in b (and so A) form a :class:`Group`: one parsed request, one family for the
 fitted peak of :mod:`zerocalc.plan.search`.
@@ -10,6 +12,7 @@ fitted peak of :mod:`zerocalc.plan.search`.
 
 from __future__ import annotations
 
+from collections import Counter
 from enum import StrEnum
 from typing import NamedTuple
 
@@ -17,12 +20,14 @@ from pydantic import BaseModel, ConfigDict
 
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError, shown
-from zerocalc.base.units import parse_count, parse_fraction, parse_whole
+from zerocalc.base.units import parse_count, parse_whole
+from zerocalc.compute.table import ComputeTable
 from zerocalc.model.activations import Recompute
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import Cluster
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.frameworks import Estimate, Framework
+from zerocalc.parallel.mesh import Mesh, PpSchedule, framework_cp_impl, framework_tp_style
 from zerocalc.parallel.precision import RECIPES
 from zerocalc.parallel.strategies import (
     STRATEGIES,
@@ -31,7 +36,8 @@ from zerocalc.parallel.strategies import (
     StrategyName,
     framework_strategies,
 )
-from zerocalc.request.options import Command, option
+from zerocalc.request.compute import compute_table
+from zerocalc.request.options import Command
 from zerocalc.request.training import (
     MAX_GPUS,
     MAX_GPUS_PER_NODE,
@@ -39,7 +45,7 @@ from zerocalc.request.training import (
     MAX_MICRO_BATCH,
     MAX_SEQ_LEN,
     TrainingRequest,
-    default_seq_len,
+    default_sequence_parallel,
     options_from_keywords,
     options_model,
     parse_options,
@@ -51,13 +57,10 @@ DEFAULT_FRAMEWORKS: tuple[Framework, ...] = (Framework.FSDP2, Framework.TORCH_ZE
 their own estimator, covering every strategy (DDP and ZeRO-1: torch-zero1; ZeRO-2 and offload: DeepSpeed;
 SHARD_GRAD_OP, FULL_SHARD and HYBRID_SHARD: FSDP2)."""
 
-DEFAULT_MFU: float = option(Command.PLAN, "mfu").default
-"""The fraction of the GPU's dense bf16 peak that executed FLOPs run at. torchtitan reports 33–39% MFU for
-Llama 3.1 8B under FSDP2 on 8 H100 (docs/performance.md, 500 W power limit); PaLM reports 46.2% MFU
-(Chowdhery et al. 2022, Table 3) and Megatron-LM 52% of peak on A100 (Narayanan et al. 2021, §5.1) at
-scale. 0.40 sits in that range for data-parallel training without tensor parallelism."""
-
 MAX_TOP = 1000
+
+MESH_DEGREES = ("tp", "cp", "pp", "vpp", "ep")
+"""The mesh dimensions ``plan`` searches, as ``memory`` and ``comm`` name them."""
 
 
 class Objective(StrEnum):
@@ -91,9 +94,15 @@ class PlanRequest(BaseModel):
     calibration_path: str | None = None
     objective: Objective = Objective.TIME
     top: int = 5
-    mfu: float = DEFAULT_MFU
+    compute: ComputeTable
+    """What the step times are priced with (:mod:`zerocalc.compute`)."""
+    compute_name: str
+    """``--compute-calibration``'s path, else "the <gpu> preset's"."""
     base: TrainingRequest
     """The model and GPU parsed once (at the largest world): the architecture, capacity and peak FLOPs."""
+    degrees: dict[str, tuple[int, ...] | None] = {name: (1,) for name in MESH_DEGREES}
+    """The degrees searched per mesh dimension (tp, cp, pp, vpp, ep); None: auto (every degree the rules
+    allow)."""
 
     @property
     def global_batch_tokens(self) -> int:
@@ -136,6 +145,21 @@ def _frameworks(text: str | list[str] | tuple[str, ...] | None) -> tuple[Framewo
     return tuple(dict.fromkeys(known[p] for p in parts))
 
 
+def _degrees(text: str | list[str] | tuple[str, ...] | int | None, name: str) -> tuple[int, ...] | None:
+    """``--tp 1,2,4`` → (1, 2, 4); ``auto`` → None (every degree the rules allow); absent → (1,)."""
+    if text is None:
+        return (1,)
+    if isinstance(text, (list, tuple)):
+        text = ",".join(str(t) for t in text)
+    parts = [p.strip().lower() for p in str(text).split(",") if p.strip()]
+    if parts == ["auto"]:
+        return None
+    accepted = "auto, or a comma list of whole numbers such as 1,2,4,8"
+    if not parts:
+        raise InputError(f"{{{name}}} {shown(text)} is not accepted; accepted: {accepted}")
+    return tuple(sorted({parse_whole(p, f"{{{name}}}", 1, MAX_GPUS, accepted) for p in parts}))
+
+
 def parse_plan(options: PlanOptions) -> PlanRequest:
     """Parse and check every option once; one :class:`InputError` line for the first problem."""
     o = options
@@ -152,8 +176,8 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
             f"{{objective}} {shown(o.objective)} is not accepted; accepted: time, gpus or memory"
         )
     top = parse_whole(o.top, "{top}", 1, MAX_TOP, "rows")
-    mfu = parse_fraction(o.mfu, "{mfu}", 1e-3, 1.0, "a fraction of the dense peak from 0.001 to 1, e.g. 0.4")
     frameworks = _frameworks(o.frameworks)
+    degrees = {name: _degrees(getattr(o, name), name) for name in MESH_DEGREES}
     max_gpus = parse_whole(o.gpus, "{gpus}", 1, MAX_GPUS, "GPUs")
     base = parse_options(
         model=o.model,
@@ -162,9 +186,17 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         gpus_per_node=o.gpus_per_node,
         seq_len=o.seq_len,
         calibration=o.calibration,
+        compute_calibration=o.compute_calibration,
         framework="paper",
         init=o.init,
     )
+    assert base.gpu is not None
+    table = compute_table(base.compute_calibration, base.gpu.name)
+    if table is None:
+        raise InputError(
+            f"{{gpu}} {base.gpu.name} has no compute table (presets/compute/{base.gpu.name}.json); accepted: "
+            "{compute_calibration} a file written by `zerocalc bench --compute`"
+        )
     if base.model.architecture is None:  # pragma: no cover - a model always has one
         raise InputError("{model} needs an architecture; accepted: a preset or a config.json")
     per_node = (
@@ -186,8 +218,10 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         calibration_path=o.calibration if isinstance(o.calibration, str) else None,
         objective=Objective(objective_key),
         top=top,
-        mfu=mfu,
+        compute=table.table,
+        compute_name=table.name,
         base=base,
+        degrees=degrees,
     )
 
 
@@ -215,6 +249,29 @@ class Group(NamedTuple):
     accumulates: bool
     """A > 1 (the timeline keeps earlier micro-batches' gradients)."""
     micro_batches: tuple[int, ...]
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    ep: int = 1
+
+    @property
+    def model_parallel(self) -> bool:
+        return self.tp * self.cp * self.pp * self.ep > 1
+
+    @property
+    def replicas(self) -> int:
+        """d: data-parallel replicas, N / (t·c·p); b · A · d is the global batch."""
+        return self.world // (self.tp * self.cp * self.pp)
+
+    def accumulation(self, global_batch_sequences: int, b: int) -> int:
+        """A = B / (d·b)."""
+        return global_batch_sequences // (self.replicas * b)
+
+    def mesh_tag(self) -> str:
+        """``tp8 pp4 v2``: the degrees above 1."""
+        names = {"tp": "tp", "cp": "cp", "pp": "pp", "vpp": "v", "ep": "ep"}
+        return " ".join(f"{names[n]}{getattr(self, n)}" for n in MESH_DEGREES if getattr(self, n) > 1)
 
     def options(self, b: int, grad_accum: int) -> dict[str, str]:
         """The request's options as typed on the command line (concept → value), for one b."""
@@ -237,6 +294,9 @@ class Group(NamedTuple):
             out["prefetch"] = str(self.prefetch)
         if self.grad_sync is not None:
             out["grad_sync"] = self.grad_sync.value
+        for name in MESH_DEGREES:
+            if getattr(self, name) > 1:
+                out[name] = str(getattr(self, name))
         return out
 
 
@@ -279,92 +339,194 @@ def _offloads(framework: Framework, name: StrategyName) -> list[tuple[OffloadTar
     return list(dict.fromkeys(out))
 
 
+class MeshDegrees(NamedTuple):
+    tp: int
+    cp: int
+    pp: int
+    vpp: int
+    ep: int
+
+
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+def _mesh_problem(plan: PlanRequest, world: int, mesh: MeshDegrees) -> str | None:
+    """Why a mesh cannot run, by the frameworks' divisibility rules (Megatron-LM
+    ``core/transformer/transformer_config.py`` and ``core/parallel_state.py``; torchtitan
+    ``ParallelDims``), or None. Each reason is counted once per mesh and number of GPUs."""
+    arch = plan.base.model.architecture
+    assert arch is not None
+    t, c, p, v, e = mesh
+    if world % (t * c * p):
+        return "mesh: t·c·p does not divide the GPUs (meshes)"
+    if v > 1 and p == 1:
+        return "mesh: virtual stages need p > 1 (meshes)"
+    if plan.gpus_per_node % t:
+        return "mesh: a TP group would span nodes (t does not divide the node) (meshes)"
+    heads = (arch.num_heads,) if arch.latent_attention is not None else (arch.num_heads, arch.kv_heads)
+    if any(h % t for h in heads):
+        return "mesh: attention or key/value heads not divisible by t (meshes)"
+    if arch.num_layers % (p * v):
+        return "mesh: layers not divisible by p·v (meshes)"
+    if e > 1 and not arch.num_experts:
+        return "mesh: expert parallelism on a dense model (meshes)"
+    if e > 1 and (arch.num_experts % e or (world // (t * p)) % e):
+        return "mesh: experts or dp·cp not divisible by e (meshes)"
+    return None
+
+
+def _meshes(plan: PlanRequest, world: int) -> tuple[list[MeshDegrees], Counter[str]]:
+    """The meshes searched at ``world`` GPUs: every combination of the degrees given (each checked by
+    :func:`_mesh_problem`, the failures counted per reason); ``auto`` takes every degree the rules allow
+    (t: divisors of the node; c: powers of two; p: divisors of the layers; v: divisors of L/p;
+    e: divisors of the experts) and counts nothing it leaves out."""
+    arch = plan.base.model.architecture
+    assert arch is not None
+    given = plan.degrees
+    auto = {
+        "tp": _divisors(plan.gpus_per_node),
+        "cp": tuple(2**k for k in range(world.bit_length()) if world % 2**k == 0),
+        "pp": _divisors(arch.num_layers),
+        "ep": _divisors(arch.num_experts) if arch.num_experts else (1,),
+    }
+    chosen = {name: given[name] or auto.get(name, ()) for name in ("tp", "cp", "pp", "ep")}
+    meshes: list[MeshDegrees] = []
+    rejected: Counter[str] = Counter()
+    for t in chosen["tp"]:
+        for c in chosen["cp"]:
+            for p in chosen["pp"]:
+                vpps = given["vpp"] or _divisors(arch.num_layers // p if arch.num_layers % p == 0 else 1)
+                for v in vpps:
+                    for e in chosen["ep"]:
+                        mesh = MeshDegrees(t, c, p, v, e)
+                        problem = _mesh_problem(plan, world, mesh)
+                        if problem is None:
+                            meshes.append(mesh)
+                        elif _asked(given, mesh):
+                            rejected[problem] += 1
+    return meshes, rejected
+
+
+def _asked(given: dict[str, tuple[int, ...] | None], mesh: MeshDegrees) -> bool:
+    """Every degree above 1 of the mesh was given, none tried by ``auto``."""
+    return all(given[name] is not None for name, d in zip(MESH_DEGREES, mesh, strict=True) if d > 1)
+
+
 def enumerate_groups(plan: PlanRequest, flash: bool) -> tuple[list[Group], list[Rejected]]:
-    """Every group of the space, and what was left out before evaluation (counted in candidates)."""
+    """Every group of the space, and what was left out before evaluation (counted in candidates, meshes
+    in meshes)."""
     groups: list[Group] = []
     rejected: list[Rejected] = []
-    recipe = RECIPES[plan.base.precision]
-    reduce_dtypes: list[DType | None] = [None] + ([DType.FP32] if recipe.grad_dtype is not DType.FP32 else [])
     for world in world_sizes(plan):
-        if plan.global_batch_sequences % world:
-            rejected.append(Rejected("GPU counts not dividing the global batch (b·A·N must equal it)", 1))
-            continue
-        bs = micro_batches(plan.global_batch_sequences // world)
-        if not bs:  # pragma: no cover - b = per-GPU batch always qualifies within bounds
-            continue
-        single = tuple(b for b in bs if plan.global_batch_sequences // (world * b) == 1)
-        multi = tuple(b for b in bs if plan.global_batch_sequences // (world * b) > 1)
-        for framework in plan.frameworks:
-            names = [
-                n
-                for n in framework_strategies(framework, Estimate.MEMORY)
-                if n in framework_strategies(framework, Estimate.COMM)
-            ]
-            for name in names:
-                strategy = STRATEGIES[name]
-                setup = strategy.frameworks[framework]
-                nodes = (
-                    _shard_groups(world, plan.gpus_per_node)
-                    if name is StrategyName.HYBRID_SHARD
-                    else [plan.gpus_per_node]
-                )
-                if name is StrategyName.HYBRID_SHARD and not nodes:
-                    rejected.append(
-                        Rejected("hybrid_shard: no shard group smaller than N divides it", len(bs))
-                    )
-                prefetches: list[int | None] = (
-                    [0, 1]
-                    if framework is Framework.PAPER and strategy.buffers is BufferRule.GATHERED_UNITS
-                    else [None]
-                )
-                for per_node in nodes:
-                    for recompute in Recompute:
-                        if recompute is Recompute.SELECTIVE and flash:
-                            rejected.append(
-                                Rejected(
-                                    "recompute selective = none here (flash attention keeps no s² tensors)",
-                                    len(bs) * len(prefetches),
-                                )
-                            )
-                            continue
-                        for opt_off, par_off in _offloads(framework, name):
-                            for reduce in reduce_dtypes:
-                                for prefetch in prefetches:
-                                    for accumulates, chosen in ((False, single), (True, multi)):
-                                        if not chosen:
-                                            continue
-                                        syncs: list[GradSync | None] = (
-                                            [None, GradSync.LAST]
-                                            if accumulates and setup.grad_sync is None
-                                            else [None]
-                                        )
-                                        for sync in syncs:
-                                            groups.append(
-                                                Group(
-                                                    world,
-                                                    per_node,
-                                                    framework,
-                                                    name,
-                                                    recompute,
-                                                    opt_off,
-                                                    par_off,
-                                                    reduce,
-                                                    prefetch,
-                                                    sync,
-                                                    accumulates,
-                                                    chosen,
-                                                )
-                                            )
+        meshes, refused = _meshes(plan, world)
+        rejected += [Rejected(reason, count) for reason, count in refused.items()]
+        for mesh in meshes:
+            _mesh_groups(plan, flash, world, mesh, groups, rejected)
     return groups, rejected
 
 
-COMM_OPTIONS = ("gpus", "gpus_per_node", "framework", "strategies", "grad_accum", "grad_sync", "reduce_dtype")
-"""The options ``zerocalc comm`` takes of a candidate's (it has no micro-batch, recompute or offload)."""
+def _mesh_groups(
+    plan: PlanRequest,
+    flash: bool,
+    world: int,
+    mesh: MeshDegrees,
+    groups: list[Group],
+    rejected: list[Rejected],
+) -> None:
+    """The groups of one number of GPUs and one mesh."""
+    recipe = RECIPES[plan.base.precision]
+    reduce_dtypes: list[DType | None] = [None] + ([DType.FP32] if recipe.grad_dtype is not DType.FP32 else [])
+    replicas = world // (mesh.tp * mesh.cp * mesh.pp)
+    if plan.global_batch_sequences % replicas:
+        rejected.append(Rejected("GPU counts not dividing the global batch (b·A·d must equal it)", 1))
+        return
+    bs = micro_batches(plan.global_batch_sequences // replicas)
+    if not bs:  # pragma: no cover - b = per-GPU batch always qualifies within bounds
+        return
+    if mesh.vpp > 1:  # the interleaved schedule runs micro-batches in groups of p (request/training.py)
+        kept = tuple(b for b in bs if (plan.global_batch_sequences // (replicas * b)) % mesh.pp == 0)
+        if len(kept) < len(bs):
+            reason = "interleaved 1F1B: A not a multiple of p (micro-batches run in groups of p)"
+            rejected.append(Rejected(reason, len(bs) - len(kept)))
+        bs = kept
+    if not bs:
+        return
+    single = tuple(b for b in bs if plan.global_batch_sequences // (replicas * b) == 1)
+    multi = tuple(b for b in bs if plan.global_batch_sequences // (replicas * b) > 1)
+    for framework in plan.frameworks:
+        names = [
+            n
+            for n in framework_strategies(framework, Estimate.MEMORY)
+            if n in framework_strategies(framework, Estimate.COMM)
+        ]
+        for name in names:
+            strategy = STRATEGIES[name]
+            setup = strategy.frameworks[framework]
+            nodes = (
+                _shard_groups(world, plan.gpus_per_node)
+                if name is StrategyName.HYBRID_SHARD and mesh == (1, 1, 1, 1, 1)
+                else [plan.gpus_per_node]
+            )
+            if name is StrategyName.HYBRID_SHARD and not nodes:
+                rejected.append(Rejected("hybrid_shard: no shard group smaller than N divides it", len(bs)))
+            prefetches: list[int | None] = (
+                [0, 1]
+                if framework is Framework.PAPER and strategy.buffers is BufferRule.GATHERED_UNITS
+                else [None]
+            )
+            for per_node in nodes:
+                for recompute in Recompute:
+                    if recompute is Recompute.SELECTIVE and flash:
+                        rejected.append(
+                            Rejected(
+                                "recompute selective = none here (flash attention keeps no s² tensors)",
+                                len(bs) * len(prefetches),
+                            )
+                        )
+                        continue
+                    for opt_off, par_off in _offloads(framework, name):
+                        for reduce in reduce_dtypes:
+                            for prefetch in prefetches:
+                                for accumulates, chosen in ((False, single), (True, multi)):
+                                    if not chosen:
+                                        continue
+                                    syncs: list[GradSync | None] = (
+                                        [None, GradSync.LAST]
+                                        if accumulates and setup.grad_sync is None
+                                        else [None]
+                                    )
+                                    for sync in syncs:
+                                        groups.append(
+                                            Group(
+                                                world,
+                                                per_node,
+                                                framework,
+                                                name,
+                                                recompute,
+                                                opt_off,
+                                                par_off,
+                                                reduce,
+                                                prefetch,
+                                                sync,
+                                                accumulates,
+                                                chosen,
+                                                *mesh,
+                                            )
+                                        )
+
+
+COMM_OPTIONS = (
+    "gpus", "gpus_per_node", "framework", "strategies", "micro_batch", "grad_accum", "recompute", "grad_sync",
+    "reduce_dtype", *MESH_DEGREES,
+)  # fmt: skip
+"""The options ``zerocalc comm`` takes of a candidate's (it has no offload); with the sequence length, its
+step time is the candidate's."""
 
 
 def memory_options(plan: PlanRequest, group: Group, b: int) -> dict[str, str]:
     """The candidate's ``zerocalc memory`` options, concept → value as typed."""
-    grad_accum = plan.global_batch_sequences // (group.world * b)
+    grad_accum = group.accumulation(plan.global_batch_sequences, b)
     init = plan.base.init_asked
     return {
         "model": plan.model,
@@ -377,11 +539,13 @@ def memory_options(plan: PlanRequest, group: Group, b: int) -> dict[str, str]:
 
 def comm_options(plan: PlanRequest, group: Group, b: int) -> dict[str, str]:
     """The candidate's ``zerocalc comm`` options (the calibration file's path where one was given)."""
-    grad_accum = plan.global_batch_sequences // (group.world * b)
+    grad_accum = group.accumulation(plan.global_batch_sequences, b)
     chosen = {k: v for k, v in group.options(b, grad_accum).items() if k in COMM_OPTIONS}
-    out = {"model": plan.model, "gpu": plan.gpu, **chosen}
+    out = {"model": plan.model, "gpu": plan.gpu, "seq_len": str(plan.seq_len), **chosen}
     if plan.calibration_path is not None:
         out["calibration"] = plan.calibration_path
+    if plan.base.compute_calibration is not None:
+        out["compute_calibration"] = plan.base.compute_calibration
     return out
 
 
@@ -395,6 +559,7 @@ def group_request(plan: PlanRequest, group: Group, estimate: Estimate) -> Traini
     else:
         options = dict(comm_options(plan, group, b))
         options.pop("calibration", None)
+        options.pop("compute_calibration", None)
     return parse_options(
         estimate=estimate,
         calibration=plan.calibration,
@@ -419,19 +584,38 @@ def derived_request(plan: PlanRequest, group: Group, estimate: Estimate) -> Trai
         "strategies": (group.strategy,),
         "strategies_explicit": True,
         "reduce_dtype": group.reduce_dtype,
-        "grad_accum": plan.global_batch_sequences // (group.world * b),
+        "grad_accum": group.accumulation(plan.global_batch_sequences, b),
         "grad_sync": group.grad_sync,
     }
-    if estimate is Estimate.COMM:  # comm takes no sequence length: the parser's default
-        changes["activations"] = base.activations.model_copy(
-            update={"seq_len": default_seq_len(base.model.architecture)}
-        )
-    else:
-        changes["activations"] = base.activations.model_copy(
-            update={"micro_batch": b, "recompute": group.recompute}
-        )
+    if group.model_parallel:
+        del changes["cluster"]
+        changes["mesh"] = group_mesh(plan, group)
+    changes["activations"] = base.activations.model_copy(
+        update={"micro_batch": b, "recompute": group.recompute}
+    )
+    if estimate is not Estimate.COMM:
         changes["offload_optimizer"] = group.offload_optimizer
         changes["offload_params"] = group.offload_params
         if group.prefetch is not None:
             changes["buffers"] = base.buffers.model_copy(update={"prefetch": group.prefetch})
     return request_with(base, **changes)
+
+
+def group_mesh(plan: PlanRequest, group: Group) -> Mesh:
+    """The group's mesh as the parser builds it from its degrees (the framework's schedule, CP
+    implementation and sequence parallelism by default)."""
+    framework = group.framework
+    per_node = min(group.gpus_per_node, group.world)
+    return Mesh(
+        world=group.world,
+        gpus_per_node=per_node,
+        tp=group.tp,
+        cp=group.cp,
+        sequence_parallel=default_sequence_parallel(framework, group.tp, plan.base.model_impl),
+        cp_impl=framework_cp_impl(framework),
+        tp_style=framework_tp_style(framework),
+        pp=group.pp,
+        vpp=group.vpp,
+        pp_schedule=PpSchedule.INTERLEAVED_1F1B if group.vpp > 1 else PpSchedule.ONE_F_ONE_B,
+        ep=group.ep,
+    )

@@ -218,6 +218,9 @@ class _SlotMarks(StepHooks):
     def backward_finished(self, led: Ledger) -> None:
         self._mark(led, "backward_finished", ())
 
+    def pipeline_backward(self, led: Ledger, final: bool) -> None:
+        self._mark(led, "pipeline_backward", (final,))
+
     def optimizer_step(self, led: Ledger, first_step: bool) -> None:
         self._mark(led, "optimizer_step", (first_step,))
 

@@ -18,7 +18,7 @@ from zerocalc.render.tables import (
 
 if TYPE_CHECKING:
     from zerocalc.peak.report import FrameworkStates, PeakEstimate, StrategyPeak
-    from zerocalc.states.memory import MemoryEstimate, StateKind, StrategyMemory
+    from zerocalc.states.memory import MemoryEstimate, MemoryRequest, StateKind, StrategyMemory
 
 _STATE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("params", "Params"),
@@ -138,7 +138,13 @@ def render_memory(out: Output, estimate: MemoryEstimate, unit: ByteUnit) -> None
     print_phrases(
         out,
         f"[bold]Model states per GPU[/bold]: Ψ = {request.params:,} ({format_count(request.params)}),",
-        f"N = {request.cluster.world_size},",
+        f"N = {request.mesh.world}" + (f" ({mesh_text})," if (mesh_text := _mesh_text(request)) else ","),
+        *(
+            [f"Ψ_t = {request.rank_params:,} per TP rank,"]
+            if request.mesh.tp > 1 and request.mesh.pp == 1
+            else []
+        ),
+        *([f"Ψ_s = {request.rank_params:,} on the largest stage,"] if request.mesh.pp > 1 else []),
         f"{request.precision.value} + {request.optimizer.value}:",
         f"b_p = {bpp.b_p},",
         f"b_g = {bpp.b_g},",
@@ -275,15 +281,18 @@ def render_peak(out: Output, peak: PeakEstimate, unit: ByteUnit) -> None:
     if capacity is not None:
         summary.add_column(f"Of {byte_cell(capacity, unit)}", no_wrap=True)
     for row in peak.strategies:
+        where = f"{row.peak_phase.value}: {row.peak_event}"
         cells = [
             f"{row.title} [dim]({row.strategy.value})[/dim]",
-            f"{row.peak_phase.value}: {row.peak_event}",
+            where if row.stage is None else f"stage {row.stage}, {where}",
             byte_cell(row.peak_bytes, unit),
         ]
         if capacity is not None:
             cells.append(_verdict_cell(row, unit))
         summary.add_row(*cells)
     out.print(summary)
+    for row in peak.strategies:
+        _print_stages(out, row, unit)
     from zerocalc.parallel.strategies import STRATEGIES
 
     for row in peak.strategies:
@@ -326,6 +335,24 @@ def render_peak(out: Output, peak: PeakEstimate, unit: ByteUnit) -> None:
         )
     for note in peak.notes:
         out.print(f"[yellow]· {note}[/yellow]")
+
+
+def in_flight_text(micro_batches: float) -> str:
+    """Micro-batches in flight, to two decimals without trailing zeros (4, 5.5, 10.33)."""
+    return f"{micro_batches:.2f}".rstrip("0").rstrip(".")
+
+
+def _print_stages(out: Output, row: StrategyPeak, unit: ByteUnit) -> None:
+    """A pipeline's stages on a line or a few: each stage's device footprint and the micro-batches' worth
+    of activations it holds in flight."""
+    if not row.stages:
+        return
+    phrases = [f"[dim]· {row.strategy.value} per stage, device (micro-batches in flight):[/dim]"]
+    for stage in row.stages:
+        comma = "," if stage is not row.stages[-1] else ""
+        device = byte_cell(stage.peak_bytes, unit)
+        phrases.append(f"[dim]{stage.stage}: {device} ({in_flight_text(stage.in_flight)}){comma}[/dim]")
+    print_phrases(out, *phrases)
 
 
 def render_result(out: Output, estimate: MemoryEstimate, unit: ByteUnit) -> None:
@@ -385,3 +412,8 @@ def _put_lines(
     for label, values in lines:
         for strategy, value in zip(strategies, values, strict=True):
             by_name[strategy.strategy.value][column_key(label)] = value
+
+
+def _mesh_text(request: MemoryRequest) -> str | None:
+    """``dp 1 × tp 8 + sp`` where the run is more than data-parallel."""
+    return request.mesh.describe() if request.mesh.model_parallel else None

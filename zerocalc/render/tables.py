@@ -117,6 +117,7 @@ OP_SHORT = {
     "all_reduce": "AR",
     "broadcast": "BC",
     "all_to_all": "A2A",
+    "send_recv": "P2P",
 }
 PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "after_step": "step"}
 COLLECTIVE_LEGEND = (

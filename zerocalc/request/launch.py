@@ -251,11 +251,19 @@ def _torchtitan(job: dict[str, Any], where: str) -> LaunchConfig:
         values["model"] = _TITAN_MODELS[model]
     elif get("model.name") is not None:
         notes.append(f"model {model[0]} {model[1]} has no preset: give --model")
-    for key in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
-                "expert_parallel_degree"):  # fmt: skip
+    for key in ("pipeline_parallel_degree", "expert_parallel_degree"):
         degree = get(f"parallelism.{key}")
         if degree not in (None, 1):
-            raise _refuse(where, f"parallelism.{key}", degree, "1 (zerocalc models data parallelism only)")
+            raise _refuse(where, f"parallelism.{key}", degree, "1 (zerocalc models dp × cp × tp meshes)")
+    model_parallel = 1
+    for key, option in (("tensor_parallel_degree", "tp"), ("context_parallel_degree", "cp")):
+        degree = get(f"parallelism.{key}")
+        if degree is None:
+            continue
+        if not isinstance(degree, int) or degree < 1:
+            raise _refuse(where, f"parallelism.{key}", degree, "a whole number of ranks, 1 or more")
+        values[option] = str(degree)
+        model_parallel *= degree
     shard = get("parallelism.data_parallel_shard_degree")
     replicate = get("parallelism.data_parallel_replicate_degree") or 1
     reshard = str(get("parallelism.fsdp_reshard_after_forward") or "default").lower()
@@ -266,6 +274,11 @@ def _torchtitan(job: dict[str, Any], where: str) -> LaunchConfig:
             raise _refuse(
                 where, "parallelism.data_parallel_shard_degree", shard, "a degree with replicate > 1"
             )
+        if model_parallel > 1:
+            raise _refuse(
+                where, "parallelism.data_parallel_replicate_degree", replicate,
+                "1 with tensor or context parallelism (HSDP is modelled on data-parallel meshes)",
+            )  # fmt: skip
         values["strategies"] = "hybrid_shard"
         values["gpus_per_node"] = str(shard)
         values["gpus"] = str(shard * replicate)
@@ -275,7 +288,7 @@ def _torchtitan(job: dict[str, Any], where: str) -> LaunchConfig:
     else:
         values["strategies"] = "shard_grad_op" if reshard == "never" else "zero3"
         if shard not in (None, -1):
-            values["gpus"] = str(shard)
+            values["gpus"] = str(shard * model_parallel)
     batch = get("training.local_batch_size", get("training.batch_size"))
     if batch is not None:
         values["micro_batch"] = str(batch)

@@ -14,9 +14,8 @@ Adding an option is one :class:`Option` here plus its use where it is parsed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 from pydantic import Field
 
@@ -42,8 +41,7 @@ MEMORY, COMM, PLAN = Command.MEMORY, Command.COMM, Command.PLAN
 ESTIMATES = frozenset({MEMORY, COMM})
 
 
-@dataclass(frozen=True)
-class Option:
+class Option(NamedTuple):
     """One input: the one place its name, flags, default, help and accepted values are written."""
 
     name: str
@@ -87,16 +85,56 @@ OPTIONS: tuple[Option, ...] = (
     _opt("params", ("--params", "-p"), "Parameter count Ψ: 7B, 6.7b, 124M, 1.5T, 6.7e9, 6_738_415_616.",
          ESTIMATES, value_type=OPT_NUM),
     _opt("model", ("--model", "-m"),
-         "A model preset (see `zerocalc presets list models`), a HF config.json, the folder holding one, "
-         "or - (read from standard input).",
+         "A model preset (see `zerocalc presets list models`), a model TOML file in the presets' schema, "
+         "a HF config.json, the folder holding one, or - (read from standard input).",
          ESTIMATES | {PLAN}, value_type="str | Architecture | dict[str, Any] | None"),
     # ---------------------------------------------------------------------------------- the cluster
-    _opt("gpus", ("--gpus", "-n"), "N: data-parallel world size (GPUs of the run).", ESTIMATES,
+    _opt("gpus", ("--gpus", "-n"), "N: GPUs of the run, dp × cp × tp.", ESTIMATES,
          default=1, value_type=NUM, metavar="N"),
     _opt("gpus", ("--gpus", "-n"), "N: the most GPUs; fewer whole nodes are searched too.", frozenset({PLAN}),
          default=8, value_type=NUM, metavar="N"),
     _opt("gpus_per_node", ("--gpus-per-node", "-g"), "g: GPUs per node.", ESTIMATES | {PLAN},
          value_type=OPT_NUM, default_help="8, or N when N is smaller"),
+    _opt("tp", ("--tp",),
+         "t: tensor-parallel ranks (Megatron / DTensor layers), innermost: consecutive GPUs of a node.",
+         ESTIMATES, default=1, value_type=NUM, metavar="T"),
+    _opt("sequence_parallel", ("--sequence-parallel",),
+         "Shard norms and dropouts by sequence over the TP group (all-gather + reduce-scatter in place "
+         "of all-reduce).", ESTIMATES, kind=Kind.SWITCH, value_type="bool | None",
+         negative="--no-sequence-parallel",
+         default_help="on for fsdp2 with torchtitan code (its plan); off otherwise"),
+    _opt("cp", ("--cp",), "c: context-parallel ranks, each holding s/c of every sequence.", ESTIMATES,
+         default=1, value_type=NUM, metavar="C"),
+    _opt("cp_impl", ("--cp-impl",), "How attention exchanges K/V across the CP ranks: ring, allgather "
+         "or ulysses.", ESTIMATES, value_type=OPT_STR,
+         default_help="the framework's: megatron ring, fsdp2 allgather, deepspeed ulysses"),
+    _opt("tp_across_nodes", ("--tp-across-nodes",), "Allow a TP group to span nodes.", ESTIMATES,
+         default=False, kind=Kind.FLAG, value_type=BOOL),
+    _opt("pp", ("--pp",), "p: pipeline stages, outermost (each a contiguous run of layers).", ESTIMATES,
+         default=1, value_type=NUM, metavar="P"),
+    _opt("vpp", ("--vpp",), "v: virtual stages (model chunks) per pipeline rank (interleaved 1F1B).",
+         ESTIMATES, default=1, value_type=NUM, metavar="V"),
+    _opt("pp_schedule", ("--pp-schedule",),
+         "gpipe, 1f1b, interleaved-1f1b or zero-bubble (torch.distributed.pipelining class names and "
+         "Megatron's interleaved accepted).", ESTIMATES, value_type=OPT_STR,
+         default_help="1f1b, interleaved-1f1b with --vpp"),
+    _opt("ep", ("--ep",), "e: expert-parallel ranks, carved from dp × cp (MoE models).", ESTIMATES,
+         default=1, value_type=NUM, metavar="E"),
+    _opt("tp", ("--tp",), "Tensor-parallel degrees searched: a comma list (1,2,4,8) or auto (every "
+         "divisor of the node that divides the heads).", frozenset({PLAN}), value_type=LIST,
+         default_help="1"),
+    _opt("cp", ("--cp",), "Context-parallel degrees searched: a comma list or auto.", frozenset({PLAN}),
+         value_type=LIST, default_help="1"),
+    _opt("pp", ("--pp",), "Pipeline degrees searched: a comma list or auto (every divisor of the layers).",
+         frozenset({PLAN}), value_type=LIST, default_help="1"),
+    _opt("vpp", ("--vpp",), "Virtual stages per pipeline rank searched: a comma list or auto.",
+         frozenset({PLAN}), value_type=LIST, default_help="1"),
+    _opt("ep", ("--ep",), "Expert-parallel degrees searched: a comma list or auto (MoE models).",
+         frozenset({PLAN}), value_type=LIST, default_help="1"),
+    _opt("capacity_factor", ("--capacity-factor",),
+         "Tokens a rank's E/e experts receive, as a multiple of the balanced k·b·s/c (routing imbalance; "
+         "Megatron moe_expert_capacity_factor, DeepSpeed capacity_factor); needs --ep.", ESTIMATES,
+         value_type=FLOAT, metavar="F", default_help="1.0: balanced routing"),
     _opt("gpu", ("--gpu",), "A GPU preset, e.g. h100-80gb (see `zerocalc presets list gpus`).",
          ESTIMATES | {PLAN}, value_type=OPT_STR),
     _opt("gpu_memory", ("--gpu-memory",),
@@ -139,9 +177,9 @@ OPTIONS: tuple[Option, ...] = (
     # ---------------------------------------------------------------------------------- the step
     _opt("seq_len", ("--seq-len",),
          "s: tokens per sequence, 4096 or 8k (= 8192, k = 1024); activations need --model.",
-         frozenset({MEMORY, PLAN}), value_type=OPT_NUM,
+         ESTIMATES | {PLAN}, value_type=OPT_NUM,
          default_help="2048, or the model's learned positions where fewer"),
-    _opt("micro_batch", ("--micro-batch",), "b: sequences per micro-batch per GPU.", frozenset({MEMORY}),
+    _opt("micro_batch", ("--micro-batch",), "b: sequences per micro-batch per GPU.", ESTIMATES,
          default=1, value_type=NUM),
     _opt("grad_accum", ("--grad-accum", "-A"), "A: micro-batches per optimizer step.", ESTIMATES,
          default=1, value_type=NUM),
@@ -152,7 +190,7 @@ OPTIONS: tuple[Option, ...] = (
     _opt("zeropp", ("--zeropp",), "DeepSpeed ZeRO++ for zero3: all, or a comma list of qwz, hpz, qgz.",
          ESTIMATES, value_type=LIST),
     _opt("recompute", ("--recompute",), "Activation recomputation: none, selective, full.",
-         frozenset({MEMORY}), default="none", value_type=STR),
+         ESTIMATES, default="none", value_type=STR),
     _opt("flash_attention", ("--flash-attention",), "Flash attention (no s² terms).", frozenset({MEMORY}),
          kind=Kind.SWITCH, value_type="bool | None", negative="--no-flash-attention",
          default_help="the model code's: SDPA's flash kernel for every transformers family, eager without "
@@ -181,6 +219,9 @@ OPTIONS: tuple[Option, ...] = (
     # ---------------------------------------------------------------------------------- the links
     _opt("calibration", ("--calibration",), "A calibration JSON written by `zerocalc bench`.",
          frozenset({COMM, PLAN}), value_type="str | Calibration | None"),
+    _opt("compute_calibration", ("--compute-calibration",),
+         "A compute table written by `zerocalc bench --compute` for the step time (else the GPU preset's).",
+         frozenset({COMM, PLAN}), value_type=OPT_STR, metavar="FILE"),
     _opt("intra_node_bw", ("--intra-node-bw",), "Bus bandwidth per GPU inside a node, e.g. 450GB/s.",
          frozenset({COMM}), value_type=FLOAT),
     _opt("inter_node_bw", ("--inter-node-bw",), "Bus bandwidth per GPU across nodes, e.g. 50GB/s.",
@@ -198,9 +239,6 @@ OPTIONS: tuple[Option, ...] = (
     _opt("objective", ("--objective",), "time (shortest step), gpus (fewest GPUs) or memory (lowest peak).",
          frozenset({PLAN}), default="time", value_type=STR),
     _opt("top", ("--top", "-k"), "K: configurations shown.", frozenset({PLAN}), default=5, value_type=NUM),
-    _opt("mfu", ("--mfu",),
-         "Fraction of the GPU's dense bf16 peak executed FLOPs run at (torchtitan: 0.33-0.39 for Llama "
-         "3.1 8B FSDP2 on 8 H100; PaLM 0.46).", frozenset({PLAN}), default=0.4, value_type="float | str"),
     # ---------------------------------------------------------------------------------- launch configs
     _opt("deepspeed", ("--deepspeed",),
          "A DeepSpeed ds_config.json: its ZeRO stage, offload, buckets, batch, precision, ZeRO++ (flags "

@@ -12,11 +12,11 @@ import os
 import tomllib
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from zerocalc.base.errors import InputError, shown, why_not
+from zerocalc.base.errors import InputError, literal, shown, why_not
 from zerocalc.base.units import parse_bandwidth, parse_bytes
 from zerocalc.model.architecture import Architecture
 
@@ -58,10 +58,18 @@ def installed_presets(root: Path) -> bool:
 
 
 class ModelPreset(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A model file: a preset of ``presets/models/`` or a user's file of the same schema (``--model
+    path.toml``)."""
 
+    model_config = ConfigDict(extra="forbid", defer_build=True)
+
+    name: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$",
+        description="the model's name in outputs; the file's stem if unset",
+    )
     title: str
-    source: str
+    source: str = Field(default="", description="where the architecture comes from (every preset cites one)")
     published_params: int | None = Field(default=None, gt=0)
     published_tolerance: float = Field(default=0.0, ge=0, description="relative; 0 means exact")
     architecture: dict[str, Any]
@@ -133,26 +141,60 @@ class GpuSpec(BaseModel):
 T = TypeVar("T", bound=BaseModel)
 
 
-def _describe(error: ValidationError) -> str:
-    first = error.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "file"
-    return f"{where}: {first['msg']}"
+def _fields_at(schema: type[BaseModel], loc: tuple[int | str, ...]) -> dict[str, Any]:
+    """The fields of the model that holds ``loc`` (``latent_attention.q_lora_rank``: LatentAttention's)."""
+    for part in loc[:-1]:
+        field = schema.model_fields.get(str(part))
+        kinds = (get_args(field.annotation) or (field.annotation,)) if field else ()
+        models = [t for t in kinds if isinstance(t, type) and issubclass(t, BaseModel)]
+        if not models:
+            return {}
+        schema = models[0]
+    return dict(schema.model_fields)
+
+
+def _describe(error: ValidationError, schema: type[BaseModel], prefix: str = "", hidden: str = "") -> str:
+    """The first problem of ``error`` in one line: the field (``prefix`` + its path) and what is accepted;
+    ``hidden`` is a field the file may not set (it is set by the loader)."""
+    problems = error.errors()
+    first = next((e for e in problems if e["type"] == "extra_forbidden"), problems[0])  # a misspelt key
+    loc = tuple(first["loc"])
+    where = prefix + ".".join(str(p) for p in loc) if loc else prefix.rstrip(".") or "file"
+    fields = {k: v for k, v in _fields_at(schema, loc).items() if k != hidden} if loc else {}
+    if first["type"] == "extra_forbidden" and fields:
+        close = difflib.get_close_matches(str(loc[-1]), list(fields), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}? " if close else ""
+        return f"{literal(where)} is not a field; {hint}accepted: {', '.join(fields)}"
+    if first["type"] == "missing" and fields:
+        required = ", ".join(k for k, f in fields.items() if f.is_required())
+        return f"{literal(where)} is missing; accepted: a file that sets {required}"
+    given = f" = {first['input']!r}" if loc else ""
+    return literal(f"{where}{given}: {first['msg'].removeprefix('Value error, ')}")
+
+
+def _toml_data(path: Path, where: str, accepted: str) -> Any:
+    """The parsed TOML of ``path``; ``where`` (a message template) names it in errors."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # ValueError: a path with a NUL byte
+        if isinstance(exc, UnicodeDecodeError):
+            raise InputError(f"{where}: not UTF-8 text (byte {exc.start}); accepted: {accepted}") from exc
+        if isinstance(exc, tomllib.TOMLDecodeError):
+            raise InputError(f"{where}: not valid TOML ({literal(str(exc))}); accepted: {accepted}") from exc
+        raise InputError(f"{where}: cannot be read ({literal(why_not(exc))}); accepted: {accepted}") from exc
+
+
+def _validated(data: Any, model: type[T], where: str) -> T:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise InputError(f"{where}: {_describe(exc, model)}") from exc
 
 
 def load_toml(path: Path, model: type[T]) -> T:
     """Read one preset file; any problem is an InputError naming the file and the field."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"{path}: cannot be read ({why_not(exc)}); accepted: a readable TOML file") from exc
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text (byte {exc.start}); accepted: a TOML file") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{path}: not valid TOML ({exc})") from exc
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise InputError(f"{path}: {_describe(exc)}") from exc
+    where = literal(str(path))
+    return _validated(_toml_data(path, where, "a readable TOML file"), model, where)
 
 
 def preset_names(kind: str, root: Path | None = None) -> list[str]:
@@ -177,11 +219,17 @@ def preset_path(kind: str, name: str, root: Path | None = None) -> Path:
     raise InputError(f"{_CONCEPT[kind]} {shown(name)} is not a preset; {hint}accepted: {accepted}")
 
 
-def model_architecture(preset: ModelPreset, name: str, path: Path) -> Architecture:
+def model_architecture(preset: ModelPreset, name: str, where: Path | str) -> Architecture:
+    """The architecture of a model file, named ``name`` (``where``, a path or a message template, names the
+    file in errors)."""
+    if isinstance(where, Path):
+        where = literal(str(where))
+    if "name" in preset.architecture:
+        raise InputError(f"{where}: architecture.name is not a field; accepted: name at the top of the file")
     try:
-        return Architecture(name=name, **preset.architecture)
+        return Architecture.model_validate({**preset.architecture, "name": name})
     except ValidationError as exc:
-        raise InputError(f"{path}: architecture.{_describe(exc)}") from exc
+        raise InputError(f"{where}: {_describe(exc, Architecture, 'architecture.', hidden='name')}") from exc
 
 
 def _file_key(path: Path) -> tuple[str, int, int]:
@@ -195,21 +243,74 @@ def _file_key(path: Path) -> tuple[str, int, int]:
 
 
 def load_model(name_or_path: str) -> tuple[Architecture, ModelPreset | None]:
-    """A preset name, a Hugging Face config.json path, a folder holding one or ``-`` (standard input) → its
-    architecture (and preset, if any).
+    """A preset name, a model TOML file (the presets' schema), a Hugging Face config.json path, a folder
+    holding one or ``-`` (standard input) → its architecture (and its model file, if any).
 
     Each file is read and validated once per process (cached by path, modification time and size).
     """
     if name_or_path.strip() in STDIN_NAMES:
         return _load_hf_stdin(), None
-    candidate = Path(name_or_path).expanduser()
-    folder = bool(name_or_path.strip()) and candidate.is_dir()
-    if folder:
-        candidate = candidate / "config.json"  # a checkpoint's folder, as from_pretrained takes it
-    if folder or name_or_path.endswith(".json") or candidate.is_file():
-        return _load_hf_config(_file_key(candidate), candidate)
+    read_as = model_file(name_or_path)
+    if read_as is not None:
+        kind, path = read_as
+        loader = _load_model_file if kind == "toml" else _load_hf_config
+        return loader(_file_key(path), path)
     path = preset_path("models", name_or_path)
     return _load_model_preset(_file_key(path), path)
+
+
+MODEL_FILE_SUFFIX = ".toml"
+
+
+def model_file(name_or_path: str) -> tuple[str, Path] | None:
+    """What ``--model`` names: ``("toml", path)`` a model file in the presets' schema (a name ending in
+    .toml, or an existing file that parses as TOML), ``("json", path)`` a config.json (a name ending in
+    .json, a folder holding one, any other existing file), None a preset name."""
+    candidate = Path(name_or_path).expanduser()
+    if name_or_path.strip() and candidate.is_dir():
+        return "json", candidate / "config.json"  # a checkpoint's folder, as from_pretrained takes it
+    if name_or_path.endswith(".json"):
+        return "json", candidate
+    if name_or_path.lower().endswith(MODEL_FILE_SUFFIX):
+        return "toml", candidate
+    if candidate.is_file():
+        return ("toml" if _holds_toml(_file_key(candidate), candidate) else "json"), candidate
+    return None
+
+
+@lru_cache(maxsize=256)
+def _holds_toml(key: tuple[str, int, int], path: Path) -> bool:
+    """Whether a file named neither .json nor .toml holds TOML (a JSON object never parses as TOML)."""
+    try:
+        return bool(tomllib.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError):  # unreadable, not UTF-8 or not TOML: read as a config.json
+        return False
+
+
+TORCHTITAN_JOB_TABLES = frozenset({"job", "model", "training", "parallelism"})
+"""Tables of a torchtitan job TOML (torchtitan/config/job_config.py), read by ``--torchtitan``."""
+
+MODEL_FILE_ACCEPTED = (
+    "a model TOML file in the schema of the model presets (`zerocalc presets show llama-3-8b --toml`)"
+)
+
+
+@lru_cache(maxsize=256)
+def _load_model_file(key: tuple[str, int, int], path: Path) -> tuple[Architecture, ModelPreset | None]:
+    """A user's model file: named by its ``name`` (else its stem), titled by its ``title``."""
+    where = f"{{model}} {shown(str(path))}"
+    accepted = MODEL_FILE_ACCEPTED
+    if not path.is_file() and path.stem.lower() in preset_names("models"):
+        accepted += f", or the preset name {shown(path.stem.lower())}"
+    data = _toml_data(path, where, accepted)
+    job_tables = sorted(TORCHTITAN_JOB_TABLES & data.keys()) if "architecture" not in data else []
+    if job_tables:
+        raise InputError(
+            f"{where} is a torchtitan job TOML ({', '.join(f'[{t}]' for t in job_tables)}), not a model "
+            f"file; accepted: {{torchtitan}} {shown(str(path))} for the job, or {accepted}"
+        )
+    preset = _validated(data, ModelPreset, where)
+    return model_architecture(preset, preset.name or path.stem, where), preset
 
 
 STDIN_NAMES = ("-", "/dev/stdin")
@@ -237,15 +338,14 @@ def _load_hf_stdin() -> Architecture:
 
 
 def model_notes(name_or_path: str) -> tuple[str, ...]:
-    """What reading the model said about it (a config.json's notes; none for a preset or standard input)."""
+    """What reading the model said about it (a config.json's notes; none for a preset, a model TOML file
+    or standard input)."""
     if name_or_path.strip() in STDIN_NAMES:
         return ()
-    candidate = Path(name_or_path).expanduser()
-    if bool(name_or_path.strip()) and candidate.is_dir():
-        candidate = candidate / "config.json"
-    if candidate.name == "config.json" or name_or_path.endswith(".json") or candidate.is_file():
-        return _read_hf_config(_file_key(candidate), candidate)[1]
-    return ()
+    read_as = model_file(name_or_path)
+    if read_as is None or read_as[0] != "json":
+        return ()
+    return _read_hf_config(_file_key(read_as[1]), read_as[1])[1]
 
 
 def _load_hf_config(key: tuple[str, int, int], path: Path) -> tuple[Architecture, ModelPreset | None]:
@@ -262,7 +362,7 @@ def _read_hf_config(key: tuple[str, int, int], path: Path) -> tuple[Architecture
 @lru_cache(maxsize=256)
 def _load_model_preset(key: tuple[str, int, int], path: Path) -> tuple[Architecture, ModelPreset | None]:
     preset = load_toml(path, ModelPreset)
-    return model_architecture(preset, path.stem, path), preset
+    return model_architecture(preset, preset.name or path.stem, path), preset
 
 
 def load_gpu(name: str) -> GpuSpec:

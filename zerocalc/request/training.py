@@ -32,8 +32,26 @@ from zerocalc.base.units import (
     parse_whole,
 )
 from zerocalc.model.activations import Recompute
-from zerocalc.model.architecture import Architecture, ParameterCount, count_parameters
-from zerocalc.model.model_impl import ModelImplName
+from zerocalc.model.architecture import (
+    MAX_LAYERS,
+    Architecture,
+    LatentAttention,
+    ParameterCount,
+    QkNorm,
+    TensorParallelRank,
+    count_parameters,
+    is_expert_tensor,
+    parameter_tensors,
+    pipeline_stage,
+)
+from zerocalc.model.model_impl import (
+    MODEL_IMPLS,
+    AttentionKernel,
+    ModelImplName,
+    Shape,
+    default_attention,
+    parallel_unsupported,
+)
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import DEFAULT_GPUS_PER_NODE, Cluster, RankGroup
 from zerocalc.network.links import (
@@ -47,10 +65,27 @@ from zerocalc.network.links import (
 )
 from zerocalc.network.schedule import GradSync, ZeroPP
 from zerocalc.parallel.frameworks import Estimate, Framework
+from zerocalc.parallel.mesh import (
+    CP_IMPLS,
+    EP_FRAMEWORKS,
+    PP_FRAMEWORKS,
+    PP_SCHEDULE_NAMES,
+    SEQUENCE_PARALLEL_DEFAULT,
+    TP_STYLES,
+    CpImpl,
+    Mesh,
+    PpSchedule,
+    TpStyle,
+    data_parallel_mesh,
+    framework_cp_impl,
+    framework_tp_style,
+)
 from zerocalc.parallel.optimizers import OptimizerImpl, OptimizerName
+from zerocalc.parallel.pipeline import INTERLEAVED, chunk_layers
 from zerocalc.parallel.precision import RECIPES, PrecisionName
 from zerocalc.parallel.profiles import PROFILES, ModelInit, Wrap
 from zerocalc.parallel.strategies import (
+    PIPELINE_GRAD_SYNC,
     STRATEGIES,
     OffloadTarget,
     Strategy,
@@ -95,9 +130,13 @@ def options_model(name: str, commands: tuple[Command, ...], **fields: Any) -> ty
     :class:`~zerocalc.request.options.Option` (its default the option's), plus ``fields``; nothing is
     checked yet but the types a library caller passes."""
     namespace = {"Architecture": Architecture, "Calibration": Calibration, "Any": Any}
+    types: dict[str, Any] = {}  # each type expression evaluated once (options share a handful)
     for command in commands:
         for o in options_for(command, request_only=True):
-            fields.setdefault(o.name, (eval(o.value_type, namespace), o.default))
+            if o.name not in fields:
+                if o.value_type not in types:
+                    types[o.value_type] = eval(o.value_type, namespace)
+                fields[o.name] = (types[o.value_type], o.default)
     config = ConfigDict(frozen=True, extra="forbid")
     return create_model(name, __config__=config, __module__=__name__, **fields)
 
@@ -153,6 +192,11 @@ class ActivationOptions(BaseModel):
     micro_batch: int = Field(default=DEFAULT_MICRO_BATCH, ge=1, le=MAX_MICRO_BATCH)
     recompute: Recompute = Recompute.NONE
     flash_attention: bool | None = Field(default=None, description="None: on for the Llama family")
+    capacity_factor: float = Field(
+        default=1.0,
+        gt=0,
+        description="under expert parallelism, the tokens a rank's experts receive over the balanced k·b·s/c",
+    )
 
 
 class BufferOptions(BaseModel):
@@ -173,7 +217,19 @@ class TrainingRequest(BaseModel):
 
     estimate: Estimate = Estimate.MEMORY
     model: ModelSpec
+    """The whole model, as given."""
+    rank_model: ModelSpec
+    """What one tensor-parallel rank holds of it (:class:`~zerocalc.model.architecture.TensorParallelRank`):
+    the model itself without tensor or pipeline parallelism; with pipeline stages, the stage with the most
+    parameters (the first such). Model states and the peak count this."""
+    stages: tuple[ModelSpec, ...] = ()
+    """With pipeline parallelism, what each pipeline rank holds (:class:`~zerocalc.model.architecture.
+    PipelineStage`), rank 0 first; empty at p = 1. The peak is simulated per stage (:func:`stage_request`)."""
+    mesh: Mesh
     cluster: Cluster
+    """The dp × cp ranks model states are sharded over and gradients reduced across
+    (:meth:`~zerocalc.parallel.mesh.Mesh.data_cluster`): the whole run without tensor and context
+    parallelism."""
     precision: PrecisionName = PrecisionName.BF16_MIXED
     optimizer: OptimizerName = OptimizerName.ADAMW
     fp32_grad_accum: bool = False
@@ -213,6 +269,9 @@ class TrainingRequest(BaseModel):
     tflops: float | None = Field(default=None, gt=0)
     calibration: Calibration | None = None
     calibration_name: str | None = None
+    compute_calibration: str | None = Field(
+        default=None, description="the compute table's file (``zerocalc bench --compute``); None: the GPU's"
+    )
     notes: tuple[str, ...] = ()
     """What parsing tells the user about the inputs (the text model of a multimodal config, a sequence
     beyond a rotary model's trained positions)."""
@@ -237,10 +296,11 @@ class TrainingRequest(BaseModel):
 
     @property
     def architecture(self) -> Architecture:
-        """The architecture; only called where the request has one (the peak)."""
-        if self.model.architecture is None:  # pragma: no cover - the parser guarantees it where needed
+        """The architecture as one tensor-parallel rank holds it; only called where the request has one
+        (the peak)."""
+        if self.rank_model.architecture is None:  # pragma: no cover - the parser guarantees it where needed
             raise InputError("this estimate needs an architecture; accepted: {model} NAME or config.json")
-        return self.model.architecture
+        return self.rank_model.architecture
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -248,7 +308,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
     """Parse and validate every option once; raises one :class:`InputError` naming the first problem."""
     o = options
     model = _model(o.params, o.model)
-    cluster = _cluster(o.gpus, o.gpus_per_node)
+    whole = _cluster(o.gpus, o.gpus_per_node)
     precision = _choice(o.precision, "{precision}", PrecisionName, {"_": "-"})
     optimizer = _optimizer(o.optimizer)
     recipe = RECIPES[precision]
@@ -272,6 +332,12 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         recompute=_choice(o.recompute, "{recompute}", Recompute),
         flash_attention=o.flash_attention,
     )
+    model_impl = _choice(o.model_impl, "{model_impl}", ModelImplName)
+    mesh = _mesh(o, whole, framework, model, activations, model_impl)
+    if o.capacity_factor is not None:
+        activations = activations.model_copy(
+            update={"capacity_factor": _capacity_factor(o.capacity_factor, mesh, model)}
+        )
     ddp_bucket = DDP_BUCKET_BYTES if o.ddp_bucket is None else parse_bytes(o.ddp_bucket, "{ddp_bucket}")
     buffers = BufferOptions(
         prefetch=parse_whole(o.prefetch, "{prefetch}", 0, MAX_PREFETCH, "units"),
@@ -290,10 +356,16 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
     calibration, calibration_name = _calibration(o.calibration, o.calibration_name)
 
     explicit = _strategy_names(o.strategies)
+    rank_model, stages = _rank_models(model, mesh)
+    if framework is Framework.FSDP2 and mesh.ep > 1:
+        _fsdp2_expert_sharding_problem(rank_model, mesh)
     request = TrainingRequest(
         estimate=o.estimate,
         model=model,
-        cluster=cluster,
+        rank_model=rank_model,
+        stages=stages,
+        mesh=mesh,
+        cluster=mesh.data_cluster(),
         precision=precision,
         optimizer=optimizer,
         fp32_grad_accum=o.fp32_grad_accum,
@@ -312,7 +384,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         grad_accum=grad_accum,
         grad_sync=grad_sync,
         zeropp=zeropp,
-        model_impl=_choice(o.model_impl, "{model_impl}", ModelImplName),
+        model_impl=model_impl,
         optimizer_impl=_choice(o.optimizer_impl, "{optimizer_impl}", OptimizerImpl, {"_": "-"}),
         expandable_segments=o.expandable_segments,
         links=links,
@@ -320,13 +392,49 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         tflops=tflops,
         calibration=calibration,
         calibration_name=calibration_name,
+        compute_calibration=_compute_calibration(o.compute_calibration),
         notes=(*_model_notes(o.model), *position_notes),
     )
     resolved = _resolve_strategies(request)
-    problem = _ignored_problem(o, resolved)
+    problem = _ignored_problem(o, resolved) or _model_code_problem(resolved)
     if problem:
         raise InputError(problem)
     return resolved
+
+
+def _model_code_problem(request: TrainingRequest) -> str | None:
+    """A mesh the model's code cannot run the step of (:func:`~zerocalc.model.model_impl.
+    parallel_unsupported`), for the peak of a step; None when it can or no step is simulated."""
+    mesh, arch = request.mesh, request.model.architecture
+    if request.estimate is not Estimate.MEMORY or arch is None or (mesh.tp == 1 and mesh.cp == 1):
+        return None
+    impl = MODEL_IMPLS[request.model_impl]
+    flash = request.activations.flash_attention
+    if flash is None:
+        flash = default_attention(impl, arch)[0] is AttentionKernel.FLASH
+    shape = Shape(
+        request.activations.micro_batch,
+        request.activations.seq_len,
+        tp=mesh.tp,
+        sequence_parallel=mesh.sequence_parallel,
+        cp=mesh.cp,
+        cp_impl=mesh.cp_impl,
+    )
+    reason = parallel_unsupported(impl, arch, shape, flash)
+    if reason is None:
+        return None
+    degrees = " and ".join(f"{{{n}}} {d}" for n, d in (("tp", mesh.tp), ("cp", mesh.cp)) if d > 1)
+    if "flash attention" in reason:
+        accepted = "{flash_attention}"
+    elif "sequence parallelism (the norms" in reason:
+        accepted = "{sequence_parallel} off, or {model_impl} torchtitan"
+    elif "Ulysses" in reason and impl.name is ModelImplName.TORCHTITAN:
+        accepted = "{cp_impl} ring or allgather"
+    elif "not modelled" in reason:
+        accepted = "{model_impl} megatron, or {tp} 1"
+    else:
+        accepted = "a mesh that divides them"
+    return f"{degrees} with {{model_impl}} {impl.name.value}: {reason}; accepted: {accepted}"
 
 
 def _ignored_problem(options: TrainingOptions, request: TrainingRequest) -> str | None:
@@ -384,14 +492,20 @@ def _model_notes(model: str | Architecture | None) -> tuple[str, ...]:
     return model_notes(model)
 
 
-def _choice(text: object, what: str, enum: type, replace: dict[str, str] | None = None):
-    """An enum member by its value, case-insensitive (``_`` read as ``-`` where ``replace`` says)."""
+def _choice(
+    text: object, what: str, enum: type, replace: dict[str, str] | None = None, aliases: dict | None = None
+):
+    """An enum member by its value, case-insensitive (``_`` read as ``-`` where ``replace`` says), or by
+    one of its ``aliases`` (keys lower-case, without ``-`` and ``_``)."""
     key = str(text).strip().lower()
     for old, new in (replace or {}).items():
         key = key.replace(old, new)
     for member in enum:
         if key == member.value:
             return member
+    alias = (aliases or {}).get(key.replace("-", "").replace("_", ""))
+    if alias is not None:
+        return alias
     accepted = ", ".join(m.value for m in enum)
     raise InputError(f"{what} {shown(text)} is not accepted; accepted: {accepted}")
 
@@ -446,11 +560,12 @@ def _counted(architecture: Architecture) -> ParameterCount:
 
 
 def _model(params: int | str | None, model: str | Architecture | dict[str, Any] | None) -> ModelSpec:
-    """Ψ from ``params``, or from a model preset / config.json / architecture (``model``), never both."""
+    """Ψ from ``params``, or from a model preset / model TOML file / config.json / architecture (``model``),
+    never both."""
     if (params is None) == (model is None):
         raise InputError(
             "give {params} or {model} (not both); "
-            "accepted: {params} 7B, or {model} llama-3-8b / path/config.json"
+            "accepted: {params} 7B, or {model} llama-3-8b / path/model.toml / path/config.json"
         )
     if model is None:
         try:
@@ -508,7 +623,7 @@ def _config_dict_model(config: dict[str, Any]) -> ModelSpec:
 
 
 def _names_a_model(text: object) -> bool:
-    """Whether ``text``, given as Ψ, names a model preset or a config.json (a keyword mixed up)."""
+    """Whether ``text``, given as Ψ, names a model preset or file (a keyword mixed up)."""
     if not isinstance(text, str) or not text.strip():
         return False
     from pathlib import Path
@@ -516,7 +631,7 @@ def _names_a_model(text: object) -> bool:
     from zerocalc.request.presets import preset_names
 
     name = text.strip()
-    if name.lower() in preset_names("models") or name.endswith(".json"):
+    if name.lower() in preset_names("models") or name.lower().endswith((".json", ".toml")):
         return True
     try:
         return Path(name).exists()
@@ -533,6 +648,361 @@ def _cluster(gpus: int | str, gpus_per_node: int | str | None) -> Cluster:
         else parse_whole(gpus_per_node, "{gpus_per_node}", 1, MAX_GPUS_PER_NODE, "GPUs")
     )
     return Cluster.of(world, per_node)
+
+
+def _mesh(
+    o: TrainingOptions,
+    whole: Cluster,
+    framework: Framework,
+    model: ModelSpec,
+    activations: ActivationOptions,
+    model_impl: ModelImplName,
+) -> Mesh:
+    """dp × cp × tp of ``o.gpus`` ranks (:mod:`zerocalc.parallel.mesh`), each combination a framework
+    cannot run, or a model cannot be split by, one :class:`InputError`."""
+    tp = parse_whole(o.tp, "{tp}", 1, MAX_GPUS, "ranks")
+    cp = parse_whole(o.cp, "{cp}", 1, MAX_GPUS, "ranks")
+    pp = parse_whole(o.pp, "{pp}", 1, MAX_GPUS, "stages")
+    n, per_node = whole.world_size, whole.ranks_per_node
+    if n % (tp * cp * pp):
+        ranks = tp * cp * pp
+        degrees = [f"{{{name}}} {d}" for name, d in (("pp", pp), ("tp", tp), ("cp", cp)) if d > 1]
+        product = " × ".join(degrees) + (f" = {ranks}" if len(degrees) > 1 else "")
+        raise InputError(
+            f"{{gpus}} {n} is not a multiple of {product}; accepted: {{gpus}} a multiple of {ranks}"
+        )
+    vpp, schedule = _pipeline(o, framework, model, pp)
+    ep = _expert_parallel(o, framework, model, n // (tp * pp), cp)
+    style = TP_STYLES.get(framework)
+    if tp > 1 and style is None:
+        names = ", ".join(f.value for f in TP_STYLES)
+        raise InputError(
+            f"{{tp}} {tp} with {{framework}} {framework.value}: its tensor parallelism is not modelled; "
+            f"accepted: {{framework}} {names}, or {{tp}} 1"
+        )
+    impls = CP_IMPLS.get(framework, ())
+    if cp > 1 and not impls:
+        names = ", ".join(f.value for f in CP_IMPLS)
+        raise InputError(
+            f"{{cp}} {cp} with {{framework}} {framework.value}: it has no context parallelism modelled; "
+            f"accepted: {{framework}} {names}, or {{cp}} 1"
+        )
+    if o.cp_impl is None:
+        cp_impl = framework_cp_impl(framework)
+    else:
+        cp_impl = _choice(o.cp_impl, "{cp_impl}", CpImpl)
+        if cp == 1:
+            raise InputError(
+                f"{{cp_impl}} {cp_impl.value} changes nothing with {{cp}} 1; accepted: {{cp}} 2 or more, "
+                "or no {cp_impl}"
+            )
+        if cp_impl not in impls:
+            names = ", ".join(i.value for i in impls)
+            raise InputError(
+                f"{{cp_impl}} {cp_impl.value}: {{framework}} {framework.value} does not implement it; "
+                f"accepted: {{cp_impl}} {names}"
+            )
+    if o.sequence_parallel is None:
+        sequence_parallel = default_sequence_parallel(framework, tp, model_impl)
+    elif o.sequence_parallel and tp == 1:
+        raise InputError(
+            "{sequence_parallel} shards over the tensor-parallel group, and {tp} is 1; "
+            "accepted: {tp} 2 or more, or no {sequence_parallel}"
+        )
+    else:
+        sequence_parallel = o.sequence_parallel
+    if tp > 1 or cp > 1:
+        _model_split_problem(model, tp, cp, cp_impl, sequence_parallel, activations.seq_len)
+    tp_fits = per_node % tp == 0
+    if o.tp_across_nodes and tp_fits:
+        raise InputError(
+            f"{{tp_across_nodes}} changes nothing: {{tp}} {tp} ranks fit in a node of {per_node}; "
+            "accepted: no {tp_across_nodes}"
+        )
+    if not tp_fits and not o.tp_across_nodes:
+        raise InputError(
+            f"{{tp}} {tp} does not fit the nodes' {per_node} GPUs: a TP group would span nodes; accepted: "
+            f"{{tp}} a divisor of {per_node}, or {{tp_across_nodes}}"
+        )
+    return Mesh(
+        world=n,
+        gpus_per_node=per_node,
+        tp=tp,
+        cp=cp,
+        sequence_parallel=sequence_parallel,
+        cp_impl=cp_impl,
+        tp_style=framework_tp_style(framework),
+        pp=pp,
+        vpp=vpp,
+        pp_schedule=schedule,
+        ep=ep,
+    )
+
+
+def default_sequence_parallel(framework: Framework, tp: int, model_impl: ModelImplName) -> bool:
+    """Sequence parallelism when ``--sequence-parallel`` is not given (transformers' tensor-parallel plans
+    replicate the norms: none in hf code)."""
+    return tp > 1 and SEQUENCE_PARALLEL_DEFAULT.get(framework, False) and model_impl is not ModelImplName.HF
+
+
+def _mesh_change_problem(request: TrainingRequest) -> None:
+    """The checks of :func:`_mesh` a mesh built outside the parser (``zerocalc plan``'s, with the parser's
+    defaults for the schedule, the CP implementation and sequence parallelism, its degrees dividing the
+    GPUs and TP inside a node) can fail, in the parser's order and with its lines."""
+    mesh, framework, model = request.mesh, request.framework, request.model
+    if mesh.pp > 1:
+        if framework not in PP_FRAMEWORKS:
+            names = ", ".join(f.value for f in PP_FRAMEWORKS)
+            raise InputError(
+                f"{{pp}} {mesh.pp} with {{framework}} {framework.value}: its pipeline parallelism is not "
+                f"modelled; accepted: {{framework}} {names}, or {{pp}} 1"
+            )
+        arch = model.architecture
+        if arch is not None and arch.num_layers % (mesh.pp * mesh.vpp):
+            chunks = mesh.pp * mesh.vpp
+            raise InputError(
+                f"{{pp}} {mesh.pp} × {{vpp}} {mesh.vpp}: {arch.name}'s {arch.num_layers} layers do not split "
+                f"into {chunks} equal chunks; accepted: {{pp}} × {{vpp}} a divisor of {arch.num_layers}"
+            )
+    if mesh.ep > 1:
+        options = TrainingOptions(ep=mesh.ep)
+        _expert_parallel(options, framework, model, mesh.world // (mesh.tp * mesh.pp), mesh.cp)
+    if mesh.tp > 1 and framework not in TP_STYLES:
+        names = ", ".join(f.value for f in TP_STYLES)
+        raise InputError(
+            f"{{tp}} {mesh.tp} with {{framework}} {framework.value}: its tensor parallelism is not modelled; "
+            f"accepted: {{framework}} {names}, or {{tp}} 1"
+        )
+    if mesh.cp > 1 and not CP_IMPLS.get(framework, ()):
+        names = ", ".join(f.value for f in CP_IMPLS)
+        raise InputError(
+            f"{{cp}} {mesh.cp} with {{framework}} {framework.value}: it has no context parallelism modelled; "
+            f"accepted: {{framework}} {names}, or {{cp}} 1"
+        )
+    if mesh.tp > 1 or mesh.cp > 1:
+        _model_split_problem(
+            model, mesh.tp, mesh.cp, mesh.cp_impl, mesh.sequence_parallel, request.activations.seq_len
+        )
+
+
+def _pipeline(o: TrainingOptions, framework: Framework, model: ModelSpec, pp: int) -> tuple[int, PpSchedule]:
+    """``vpp`` and ``pp_schedule``, checked against the stages and the model's layers as Megatron-LM checks
+    them (``core/transformer/transformer_config.py``: layers divisible by p, and by p·v interleaved)."""
+    vpp = parse_whole(o.vpp, "{vpp}", 1, MAX_LAYERS, "virtual stages")
+    if o.pp_schedule is None:
+        schedule = PpSchedule.INTERLEAVED_1F1B if vpp > 1 else PpSchedule.ONE_F_ONE_B
+    else:
+        schedule = _choice(o.pp_schedule, "{pp_schedule}", PpSchedule, None, PP_SCHEDULE_NAMES)
+    if pp == 1:
+        for name, given in (("{vpp}", vpp > 1), ("{pp_schedule}", o.pp_schedule is not None)):
+            if given:
+                raise InputError(
+                    f"{name} changes nothing with {{pp}} 1; accepted: {{pp}} 2 or more, or no {name}"
+                )
+        return vpp, schedule
+    if framework not in PP_FRAMEWORKS:
+        names = ", ".join(f.value for f in PP_FRAMEWORKS)
+        raise InputError(
+            f"{{pp}} {pp} with {{framework}} {framework.value}: its pipeline parallelism is not modelled; "
+            f"accepted: {{framework}} {names}, or {{pp}} 1"
+        )
+    if vpp > 1 and schedule in (PpSchedule.GPIPE, PpSchedule.ONE_F_ONE_B):
+        raise InputError(
+            f"{{vpp}} {vpp} with {{pp_schedule}} {schedule.value}: it runs one stage per rank; accepted: "
+            "{pp_schedule} interleaved-1f1b or zero-bubble, or {vpp} 1"
+        )
+    if vpp == 1 and schedule is PpSchedule.INTERLEAVED_1F1B:
+        raise InputError(
+            "{pp_schedule} interleaved-1f1b needs virtual stages; accepted: {vpp} 2 or more, or "
+            "{pp_schedule} 1f1b"
+        )
+    arch = model.architecture
+    if arch is None:
+        raise InputError(
+            f"{{pp}} {pp} splits the model's layers, which needs its architecture; accepted: {{model}} NAME, "
+            "config.json or a model TOML"
+        )
+    chunks = pp * vpp
+    if arch.num_layers % chunks:
+        raise InputError(
+            f"{{pp}} {pp} × {{vpp}} {vpp}: {arch.name}'s {arch.num_layers} layers do not split into {chunks} "
+            f"equal chunks; accepted: {{pp}} × {{vpp}} a divisor of {arch.num_layers}"
+        )
+    return vpp, schedule
+
+
+def _expert_parallel(o: TrainingOptions, framework: Framework, model: ModelSpec, dp_cp: int, cp: int) -> int:
+    """``ep``: a divisor of the experts and of the dp × cp ranks it is carved from (Megatron-LM
+    ``core/parallel_state.py``; torchtitan ``ParallelDims``, whose EP group takes all of cp)."""
+    ep = parse_whole(o.ep, "{ep}", 1, MAX_GPUS, "ranks")
+    if ep == 1:
+        return ep
+    if framework not in EP_FRAMEWORKS:
+        names = ", ".join(f.value for f in EP_FRAMEWORKS)
+        raise InputError(
+            f"{{ep}} {ep} with {{framework}} {framework.value}: its expert parallelism is not modelled; "
+            f"accepted: {{framework}} {names}, or {{ep}} 1"
+        )
+    arch = model.architecture
+    if arch is None or not arch.is_moe:
+        what = "a model without its architecture" if arch is None else f"{arch.name}, a dense model"
+        raise InputError(
+            f"{{ep}} {ep} shards experts, and {{model}} is {what}; accepted: {{model}} a mixture of experts "
+            "(mixtral-8x7b, qwen3-30b-a3b, deepseek-v3), or {ep} 1"
+        )
+    if arch.num_experts % ep:
+        raise InputError(
+            f"{{ep}} {ep}: {arch.name} has {arch.num_experts} experts, not a multiple of {ep}; "
+            f"accepted: {{ep}} a divisor of {arch.num_experts}"
+        )
+    if dp_cp % ep:
+        raise InputError(
+            f"{{ep}} {ep} does not divide the {dp_cp} ranks of dp × cp it is carved from; "
+            f"accepted: {{ep}} a divisor of {dp_cp}"
+        )
+    if framework is Framework.FSDP2 and ep % cp:
+        raise InputError(
+            f"{{ep}} {ep} with {{cp}} {cp}: torchtitan's expert-parallel group takes all of the context-"
+            f"parallel ranks (ParallelDims: ep % cp == 0); accepted: {{ep}} a multiple of {cp}"
+        )
+    return ep
+
+
+def _fsdp2_expert_sharding_problem(rank_model: ModelSpec, mesh: Mesh) -> None:
+    """torchtitan shards the routed experts on dim 1 when the dp·c ranks outnumber the experts
+    (``apply_fsdp``: ``Shard(1)``), and FSDP2 shards a dimension other than 0 only evenly
+    (``torch/distributed/fsdp/_fully_shard/_fsdp_param.py`` ``_init_sharded_param``: "FSDP does not
+    support uneven sharding on dim 1"): each expert tensor's dim 1 must divide by the dp·c/e ranks."""
+    arch = rank_model.architecture
+    assert arch is not None  # ep > 1 needs the architecture
+    ranks = mesh.expert_dp
+    if mesh.dp * mesh.cp <= arch.num_experts or ranks == 1:
+        return
+    for tensor in parameter_tensors(arch):
+        rows = tensor.shape[1] if is_expert_tensor(tensor) else 0
+        if rows % ranks:
+            raise InputError(
+                f"{{ep}} {mesh.ep} with {{framework}} fsdp2: torchtitan shards the routed experts on dim 1 "
+                f"over the {ranks} expert-data-parallel ranks (dp·cp {mesh.dp * mesh.cp} > "
+                f"{arch.num_experts} experts), and {tensor.name}'s {rows:,} rows do not split evenly, which "
+                f"FSDP2 refuses; accepted: {{gpus}}, {{cp}} and {{ep}} whose dp·cp/ep divides {rows:,}"
+            )
+
+
+def _capacity_factor(text: float | str, mesh: Mesh, model: ModelSpec) -> float:
+    """``capacity_factor``: with expert parallelism only (a rank without it computes all of its own k·T
+    routed tokens, however they are spread over the experts), above 0 and at most the most a rank's E/e
+    experts can receive, every token of the EP group that routes to them: e·min(k, E/e)/k."""
+    if mesh.ep == 1:
+        raise InputError(
+            f"{{capacity_factor}} {shown(text)} changes nothing with {{ep}} 1: a rank computes all of its "
+            "own routed tokens whatever the routing; accepted: {ep} 2 or more, or no {capacity_factor}"
+        )
+    arch = model.architecture
+    assert arch is not None  # ep > 1 needs the architecture
+    k, local = arch.experts_per_token, arch.num_experts // mesh.ep
+    most = mesh.ep * min(k, local) / k
+    accepted = (
+        f"a number above 0 and at most {most:g} (e·min(k, E/e)/k: every token routed to a rank's experts)"
+    )
+    value = parse_fraction(text, "{capacity_factor}", 0, most, accepted)
+    if value == 0:
+        raise InputError(f"{{capacity_factor}} {shown(text)} is not accepted; accepted: {accepted}")
+    return value
+
+
+def _model_split_problem(
+    model: ModelSpec, tp: int, cp: int, cp_impl: CpImpl, sequence_parallel: bool, seq_len: int
+) -> None:
+    """The tensor-parallel split of heads and widths, and the context-parallel split of the sequence,
+    as Megatron-LM checks them (``core/transformer/transformer_config.py``, ``core/parallel_state.py``)."""
+    arch = model.architecture
+    if arch is None:
+        split = f"{{tp}} {tp} splits the model's tensors" if tp > 1 else f"{{cp}} {cp} splits every sequence"
+        raise InputError(
+            f"{split}, which needs its architecture; accepted: {{model}} NAME, config.json or a model TOML"
+        )
+    checks: list[tuple[str, str, int, int]] = []
+    if tp > 1:
+        latent: LatentAttention | None = arch.latent_attention
+        checks.append(("{tp}", "attention heads", arch.num_heads, tp))
+        if latent is None:
+            checks.append(("{tp}", "key/value heads", arch.kv_heads, tp))
+        widths = (arch.intermediate_size, arch.dense_intermediate_size, arch.shared_expert_intermediate_size)
+        checks += [("{tp}", "MLP width", width, tp) for width in widths if width]
+        if arch.qk_norm is QkNorm.FULL:
+            raise InputError(
+                f"{{tp}} {tp}: {arch.name}'s q/k norms over all heads are not split by tensor parallelism "
+                "here; accepted: {tp} 1"
+            )
+    if cp > 1 and cp_impl is CpImpl.ULYSSES:
+        checks.append(("{cp}", "attention heads", arch.num_heads // tp, cp))
+        checks.append(("{cp}", "key/value heads", arch.kv_heads // tp, cp))
+    for flag, what, count, ranks in checks:
+        if count % ranks:
+            per_rank = " per tensor-parallel rank" if flag == "{cp}" and tp > 1 else ""
+            raise InputError(
+                f"{flag} {ranks}: {arch.name} has {count:,} {what}{per_rank}, not a multiple of {ranks}; "
+                f"accepted: {flag} a divisor of {count:,}"
+            )
+    chunks = 2 * cp if cp > 1 and cp_impl is not CpImpl.ULYSSES else cp
+    if sequence_parallel:
+        chunks *= tp
+    if seq_len % chunks:
+        why = "2·c load-balanced chunks" if cp > 1 and cp_impl is not CpImpl.ULYSSES else "c chunks"
+        if sequence_parallel:
+            why += ", each split t ways by sequence parallelism" if cp > 1 else "t sequence-parallel chunks"
+        raise InputError(
+            f"{{seq_len}} {seq_len:,} does not split into {why}; accepted: {{seq_len}} a multiple of {chunks}"
+        )
+
+
+def _rank_model(model: ModelSpec, mesh: Mesh) -> ModelSpec:
+    """What one tensor- and expert-parallel rank holds: its local shards of every tensor, E/e routed experts
+    (the model itself at t = e = 1)."""
+    arch = model.architecture
+    if (mesh.tp == 1 and mesh.ep == 1) or arch is None:
+        return model
+    vocab_multiple = 128 if mesh.tp_style is TpStyle.MEGATRON else 1
+    rank, count = _tp_share(arch, mesh.tp, mesh.ep, vocab_multiple)
+    return model.model_copy(update={"params": count.total, "architecture": rank, "parameter_count": count})
+
+
+@lru_cache(maxsize=1024)
+def _tp_share(
+    arch: Architecture, tp: int, ep: int, vocab_multiple: int
+) -> tuple[TensorParallelRank, ParameterCount]:
+    """One tensor- and expert-parallel rank's share of ``arch`` and its count, once per architecture and
+    split (a plan asks for each many times)."""
+    rank = TensorParallelRank(**dict(arch), tp=tp, ep=ep, vocab_multiple=vocab_multiple)
+    return rank, count_parameters(rank)
+
+
+def _rank_models(model: ModelSpec, mesh: Mesh) -> tuple[ModelSpec, tuple[ModelSpec, ...]]:
+    """What one rank holds (:attr:`TrainingRequest.rank_model`) and, with pipeline stages, what each
+    pipeline rank holds (:attr:`TrainingRequest.stages`): its chunks' layers
+    (:func:`~zerocalc.parallel.pipeline.chunk_layers`) of one tensor-parallel rank's share."""
+    rank = _rank_model(model, mesh)
+    arch = rank.architecture
+    if mesh.pp == 1 or arch is None:
+        return rank, ()
+    stages = []
+    for i in range(mesh.pp):
+        share, count = _stage_share(arch, mesh.pp, mesh.vpp, i)
+        stages.append(
+            rank.model_copy(update={"params": count.total, "architecture": share, "parameter_count": count})
+        )
+    largest = max(stages, key=lambda stage: stage.params)
+    return largest, tuple(stages)
+
+
+@lru_cache(maxsize=1024)
+def _stage_share(arch: Architecture, pp: int, vpp: int, stage: int) -> tuple[Architecture, ParameterCount]:
+    """Pipeline rank ``stage``'s share of ``arch`` and its count, once per architecture and split (a plan
+    asks for each many times)."""
+    layers = tuple(i for chunk in chunk_layers(arch.num_layers, pp, vpp, stage) for i in chunk)
+    share = pipeline_stage(arch, pp, vpp, stage, layers)
+    return share, count_parameters(share)
 
 
 def _gpu_choice(name: str, reserve: int | str | None) -> GpuChoice:
@@ -641,6 +1111,14 @@ def _links(
             inter_node_bw, "inter-node", gpu.inter_node_Bps if gpu else None, DEFAULT_INTER_NODE_BUSBW
         ),
     )
+
+
+def _compute_calibration(path: str | None) -> str | None:
+    if path is not None and str(path).strip() == "":
+        raise InputError(
+            "{compute_calibration} '' is empty; accepted: a file written by `zerocalc bench --compute`"
+        )
+    return path
 
 
 def _calibration(
@@ -761,7 +1239,7 @@ def _resolve_strategies(request: TrainingRequest) -> TrainingRequest:
         if tuple(chosen) == request.strategies and tuple(notes) == request.strategy_notes
         else request.model_copy(update={"strategies": tuple(chosen), "strategy_notes": tuple(notes)})
     )
-    problem = _grad_sync_problem(resolved) or _zeropp_problem(resolved)
+    problem = _grad_sync_problem(resolved) or _zeropp_problem(resolved) or _micro_batches_problem(resolved)
     if problem:
         raise InputError(problem)
     return resolved
@@ -774,7 +1252,63 @@ def request_with(request: TrainingRequest, **changes: object) -> TrainingRequest
     hundreds of candidate requests so (tests/test_plan.py compares each with the parser's)."""
     if not changes.get("strategies_explicit", request.strategies_explicit):
         raise ValueError("request_with needs explicit strategies (a default set resolves to other notes)")
-    return _resolve_strategies(request.model_copy(update={**changes, "strategy_notes": ()}))
+    if ("cluster" in changes or "framework" in changes) and "mesh" not in changes:
+        if request.mesh.model_parallel:
+            raise ValueError("request_with changes the cluster of a model-parallel mesh: give its mesh")
+        cluster = changes.get("cluster", request.cluster)
+        assert isinstance(cluster, Cluster)
+        framework = changes.get("framework", request.framework)
+        assert isinstance(framework, Framework)
+        changes["mesh"] = data_parallel_mesh(cluster.world_size, cluster.ranks_per_node, framework)
+    elif "mesh" in changes and changes["mesh"] != request.mesh:
+        mesh = changes["mesh"]
+        assert isinstance(mesh, Mesh)
+        changes["cluster"] = mesh.data_cluster()
+        if "rank_model" not in changes:
+            model = changes.get("model", request.model)
+            assert isinstance(model, ModelSpec)
+            changes["rank_model"], changes["stages"] = _rank_models(model, mesh)
+    if "model" in changes and "rank_model" not in changes:
+        model = changes["model"]
+        assert isinstance(model, ModelSpec)
+        mesh = changes.get("mesh", request.mesh)
+        assert isinstance(mesh, Mesh)
+        changes["rank_model"], changes["stages"] = _rank_models(model, mesh)
+    changed = request.model_copy(update={**changes, "strategy_notes": ()})
+    if changed.mesh.model_parallel:
+        _mesh_change_problem(changed)
+        resolved = _resolve_strategies(changed)
+        problem = _model_code_problem(resolved)
+        if problem:
+            raise InputError(problem)
+        return resolved
+    return _resolve_strategies(changed)
+
+
+def with_model(request: TrainingRequest, model: ModelSpec) -> TrainingRequest:
+    """The same request for another model (its tensor-parallel share recounted), unchecked: the caller
+    derives it from a request already checked (a plan's model cut to fewer layers)."""
+    rank_model, stages = _rank_models(model, request.mesh)
+    return request.model_copy(update={"model": model, "rank_model": rank_model, "stages": stages})
+
+
+def stage_request(request: TrainingRequest, stage: int) -> TrainingRequest:
+    """The request as pipeline rank ``stage`` runs it: its share of the model (``request.stages``)."""
+    return request.model_copy(update={"rank_model": request.stages[stage]})
+
+
+def _micro_batches_problem(request: TrainingRequest) -> str | None:
+    """The interleaved schedules run the micro-batches in groups of p (Megatron-LM
+    ``forward_backward_pipelining_with_interleaving``: ``microbatch_group_size_per_vp_stage`` defaults to
+    p, and M must be a multiple of it; torch's interleaved schedules split M into rounds of p)."""
+    mesh = request.mesh
+    if mesh.pp == 1 or mesh.pp_schedule not in INTERLEAVED or request.grad_accum % mesh.pp == 0:
+        return None
+    return (
+        f"{{grad_accum}} {request.grad_accum} with {{pp_schedule}} {mesh.pp_schedule.value} over {{pp}} "
+        f"{mesh.pp}: its micro-batches run in groups of {mesh.pp}; accepted: {{grad_accum}} a multiple of "
+        f"{mesh.pp}"
+    )
 
 
 def _comm_problem(request: TrainingRequest) -> str | None:
@@ -799,6 +1333,8 @@ def _grad_sync_problem(request: TrainingRequest) -> str | None:
     for name in request.strategies:
         strategy = STRATEGIES[name]
         fixed = strategy.frameworks[request.framework].grad_sync
+        if fixed is None and request.mesh.pp > 1:
+            fixed = PIPELINE_GRAD_SYNC.get(request.framework)
         if fixed is not None and fixed is not asked:
             when = "every micro-batch" if fixed is GradSync.EVERY else "once per step"
             return (
@@ -813,6 +1349,11 @@ def _zeropp_problem(request: TrainingRequest) -> str | None:
     """ZeRO++ needs DeepSpeed ZeRO-3; hpZ whole nodes; qgZ each tensor's shape."""
     if not request.zeropp:
         return None
+    if request.mesh.ep > 1:
+        return (
+            f"{{zeropp}} with {{ep}} {request.mesh.ep}: ZeRO++ over expert-data-parallel groups is not "
+            "modelled; accepted: no {zeropp}, or {ep} 1"
+        )
     takes = [n for n in request.strategies if STRATEGIES[n].frameworks[request.framework].zeropp]
     if not takes:
         return (

@@ -25,7 +25,6 @@ class PlanScenario(BaseModel):
     frameworks: str | None = None
     objective: str = "time"
     top: int = Field(default=3, ge=1)
-    mfu: float = 0.4
 
 
 class _ScenarioBase(BaseModel):
@@ -67,8 +66,8 @@ def memory_section(s: Scenario) -> dict[str, Any]:
 def comm_section(s: Scenario) -> dict[str, Any]:
     """Communication per step under the scenario's framework, as `zerocalc comm --model ... --framework
     ... --json` prints it less each collective's per-unit calls (``units``: hundreds of lines per scenario;
-    their totals and call counts are checked). comm has no offload: a scenario that offloads shows all its
-    framework's strategies."""
+    their totals and call counts are checked), and without ``pipeline`` where there are no pipeline
+    stages. comm has no offload: a scenario that offloads shows all its framework's strategies."""
     from zerocalc.comm.estimate import evaluate_comm
     from zerocalc.parallel.frameworks import Estimate
 
@@ -84,9 +83,11 @@ def comm_section(s: Scenario) -> dict[str, Any]:
             },
         }
     )
-    per_unit = {"strategies": {"__all__": {"collectives": {"__all__": {"units"}}}}}
+    left_out: dict[str, Any] = {"strategies": {"__all__": {"collectives": {"__all__": {"units"}}}}}
     estimate = as_given(evaluate_comm(parse_request(options)), Command.COMM, dict(options), keyword)
-    return estimate.model_dump(mode="json", exclude=per_unit)
+    if estimate.pipeline is None:
+        left_out["pipeline"] = True
+    return estimate.model_dump(mode="json", exclude=left_out)
 
 
 SECTIONS: dict[str, Callable[[Scenario], dict[str, Any]]] = {
@@ -106,7 +107,7 @@ def plan_section(s: Scenario) -> dict[str, Any]:
     result = search(
         plan_options(
             model=s.model, gpu=s.gpu, gpus=s.gpus, gpus_per_node=s.gpus_per_node, seq_len=s.seq_len,
-            global_batch=p.global_batch, frameworks=p.frameworks, objective=p.objective, top=p.top, mfu=p.mfu,
+            global_batch=p.global_batch, frameworks=p.frameworks, objective=p.objective, top=p.top,
         )
     )  # fmt: skip
     timing = {"seconds", "search_seconds", "exact_seconds", "candidates_per_second", "candidates"}

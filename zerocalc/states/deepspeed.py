@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from zerocalc.network.cluster import Cluster
 from zerocalc.parallel.precision import RECIPES
 from zerocalc.parallel.strategies import OffloadTarget, Strategy, StrategyName
 from zerocalc.parallel.zeropp import hpz_secondary_bytes
 from zerocalc.request.training import TrainingRequest
+from zerocalc.states.memory import state_parts
 
 DEEPSPEED_VERSION = "0.19.8"
 ZERO2_SOURCE = f"DeepSpeed {DEEPSPEED_VERSION} stage_1_and_2.py estimate_zero2_model_states_mem_needs"
@@ -139,18 +141,43 @@ def zero3_model_states(
 def deepspeed_estimate(request: TrainingRequest, strategy: Strategy) -> DeepSpeedEstimate:
     """The estimator of the strategy's stage (ZeRO-2, else ZeRO-3) for the request: its nodes of g GPUs and
     its real GPU count, offload and ``zero.Init`` as asked; the largest layer is DeepSpeed's (the most
-    parameters one module holds directly)."""
-    cluster = request.cluster
+    parameters one module holds directly).
+
+    Under expert parallelism (DeepSpeed-MoE ``ep_size``: ZeRO partitions the expert parameters over
+    ``expert_data_parallel_group``, ``runtime/zero/stage_1_and_2.py`` ``_configure_moe_settings`` /
+    ``real_dp_process_group``) the estimator, which knows no experts, is applied to each part of the rank's
+    parameters over its own ranks (:func:`~zerocalc.states.memory.state_parts`) and the two summed; the
+    largest layer is counted once."""
+    parts = state_parts(request)
+    estimates = [
+        _part_estimate(request, strategy, part.params, part.cluster, largest=i == 0)
+        for i, part in enumerate(parts)
+    ]
+    if len(estimates) == 1:
+        return estimates[0]
+    first, *rest = estimates
+    return first.model_copy(
+        update={
+            name: getattr(first, name) + sum(getattr(e, name) or 0 for e in rest)
+            for name in ("cpu_bytes", "gpu_bytes", "params_16bit_bytes")
+        }
+    )
+
+
+def _part_estimate(
+    request: TrainingRequest, strategy: Strategy, psi: int, cluster: Cluster, largest: bool
+) -> DeepSpeedEstimate:
+    """The stage's estimator for ``psi`` parameters partitioned over ``cluster`` (with the largest layer's
+    gathered term where ``largest``)."""
     nodes, per_node = cluster.nodes, cluster.ranks_per_node
     offload = request.offload_optimizer is not OffloadTarget.NONE
-    psi = request.model.params
     if strategy.name is StrategyName.ZERO2:
         return zero2_model_states(psi, per_node, nodes, cpu_offload=offload, total_gpus=cluster.world_size)
-    count = request.model.parameter_count
+    count = request.rank_model.parameter_count
     assert count is not None
     return zero3_model_states(
         psi,
-        count.largest_layer_params,
+        count.largest_layer_params if largest else 0,
         per_node,
         nodes,
         cpu_offload=offload,

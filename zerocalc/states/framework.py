@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.base.units import ceil_div
-from zerocalc.model.architecture import Architecture, ParamTensor, parameter_tensors
+from zerocalc.model.architecture import Architecture, ParamTensor, is_expert_tensor, parameter_tensors
 from zerocalc.network.cluster import Cluster
 from zerocalc.parallel.frameworks import (
     TORCH_OPTIMIZERS,
@@ -231,6 +231,40 @@ def dim0_padded_numel(shape: tuple[int, ...], world_size: int) -> int:
     return ceil_div(shape[0], world_size) * world_size * _rest(shape)
 
 
+def expert_parallel_degree(arch: Architecture) -> int:
+    """e: the expert-parallel ranks the routed experts are split over (E / the experts the rank holds)."""
+    return arch.num_experts // arch.local_experts if arch.is_moe else 1
+
+
+def expert_shard_dim(arch: Architecture, data_ranks: int) -> int:
+    """The dimension FSDP2 shards the routed experts on under expert parallelism, with ``data_ranks`` = dp·c
+    (torchtitan ``models/llama4/infra/parallelize.py`` ``apply_fsdp``: ``Shard(1)`` when
+    ``dp_mod_ep_mesh.size() * ep_degree > num_experts``, the dp·c ranks outnumbering the experts; else
+    dim 0, the rank's E/e experts)."""
+    return 1 if data_ranks > arch.num_experts else 0
+
+
+def fsdp2_sharding(
+    tensor: ParamTensor, arch: Architecture, world_size: int, expert_world: int, expert_dim: int
+) -> tuple[tuple[int, ...], int]:
+    """How FSDP2 shards ``tensor`` of rank architecture ``arch``: the shape whose dim 0 it splits (the
+    sharded dimension moved first) and the ranks it splits it over.
+
+    Without expert parallelism every tensor is split on dim 0 over the ``world_size`` ranks. With it
+    (torchtitan ``models/llama4/infra/parallelize.py`` ``apply_fsdp``) the routed experts are a
+    ``fully_shard`` group of their own on the ``dp_shard_mod_ep`` mesh, ``expert_world`` ranks, split on
+    ``expert_dim`` (:func:`expert_shard_dim`); the other tensors as without it."""
+    if expert_parallel_degree(arch) == 1 or not is_expert_tensor(tensor):
+        return tensor.shape, world_size
+    return sharded_dim_first(tensor.shape, expert_dim), expert_world
+
+
+def sharded_dim_first(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
+    """``shape`` with dimension ``dim`` moved first: a tensor sharded on ``dim`` has the chunks and padding
+    of this shape sharded on dim 0 (the rest of the shape multiplies each row)."""
+    return (shape[dim], *shape[:dim], *shape[dim + 1 :]) if dim else shape
+
+
 def padded_unit_numel(unit: list[ParamTensor], world_size: int, wrapper: TorchWrapper) -> int:
     """Elements of one unit when all-gathered (unsharded) on ``world_size`` ranks, padding included.
 
@@ -287,14 +321,29 @@ def predict_rank_states(
     rank: int,
     precision: PrecisionName = PrecisionName.FP32,
     optimizer: OptimizerName = OptimizerName.ADAM,
+    tensors: list[ParamTensor] | None = None,
+    expert_world: int | None = None,
+    expert_dim: int | None = None,
 ) -> RankStates:
     """Exact bytes rank ``rank`` of ``world_size`` holds after one full training step under ``setup``.
 
     ``world_size`` is the ranks a parameter is sharded over (one node's under hybrid sharding).
+    ``tensors``: the parameters the wrapped module holds, in registration order (a pipeline stage's);
+    None: every parameter of ``arch``. Under expert parallelism (``arch`` an expert-parallel rank's share)
+    ``expert_world`` is the ranks the routed experts are sharded over and ``expert_dim`` the dimension
+    (:func:`fsdp2_sharding`; defaults: ``world_size`` / e, and :func:`expert_shard_dim` of ``world_size``,
+    as under full sharding); rank ``rank`` holds the experts' shard of index ``rank // e`` there (the EP
+    group is innermost).
     """
     _check(arch, world_size, rank, precision, optimizer)
     fwd = RECIPES[precision].param_dtype  # the forward dtype: MixedPrecision's param_dtype, or fp32
-    tensors = parameter_tensors(arch)
+    whole_model = tensors is None
+    tensors = parameter_tensors(arch) if tensors is None else tensors
+    units = (
+        fsdp_units(arch)
+        if whole_model
+        else [(name, [tensors[i] for i in unit]) for name, unit in fsdp_unit_positions(tensors)]
+    )
     common: dict[str, object] = {
         "setup": setup,
         "world_size": world_size,
@@ -309,7 +358,11 @@ def predict_rank_states(
             owned = [t.numel for t in tensors]
             how = "every parameter"
         else:
-            owned = list(zero1_rank_elements(arch, world_size)[rank])
+            owned = (
+                list(zero1_rank_elements(arch, world_size)[rank])
+                if whole_model
+                else [tensors[i].numel for i in zero1_owners([t.numel for t in tensors], world_size)[rank]]
+            )
             how = f"{len(owned)} of {len(tensors)} whole tensors (greedy partition, largest first)"
         opt_numel = sum(owned)
         return _rank_states(
@@ -329,7 +382,6 @@ def predict_rank_states(
 
     if setup.wrapper is TorchWrapper.FSDP1:
         shard = setup.sharding or Fsdp1Sharding.FULL_SHARD
-        units = fsdp_units(arch)
         local = 0
         kept = 0
         kept_units: list[str] = []
@@ -365,12 +417,23 @@ def predict_rank_states(
         )
 
     # FSDP2
-    local = sum(dim0_shard_numel(t.shape, world_size, rank) for t in tensors)
+    ep = expert_parallel_degree(arch)
+    experts_world = world_size // ep if expert_world is None else expert_world
+    dim = expert_shard_dim(arch, world_size) if expert_dim is None else expert_dim
+
+    def local_numel(t: ParamTensor) -> int:
+        shape, ranks = fsdp2_sharding(t, arch, world_size, experts_world, dim)
+        return dim0_shard_numel(shape, ranks, rank // ep if is_expert_tensor(t) else rank)
+
+    def padded_numel(t: ParamTensor) -> int:
+        return dim0_padded_numel(*fsdp2_sharding(t, arch, world_size, experts_world, dim))
+
+    local = sum(local_numel(t) for t in tensors)
     kept = 0
-    for name, unit in fsdp_units(arch):
+    for name, unit in units:
         if not setup.reshard_after_forward or name == "root":
             # ``FSDPState._lazy_init``: the root's ``post_forward_mesh_info`` is None (not resharded).
-            kept += padded_unit_numel(unit, world_size, setup.wrapper)
+            kept += sum(padded_numel(t) for t in unit)
     kept_text = (
         "every group's padded unsharded parameters (reshard_after_forward=False)"
         if not setup.reshard_after_forward
@@ -409,6 +472,8 @@ def largest_rank_states(
     world_size: int,
     precision: PrecisionName = PrecisionName.FP32,
     optimizer: OptimizerName = OptimizerName.ADAM,
+    expert_world: int | None = None,
+    expert_dim: int | None = None,
 ) -> RankStates:
     """The rank holding the most model-state bytes (what a per-GPU peak must use).
 
@@ -422,4 +487,6 @@ def largest_rank_states(
             for owned in zero1_rank_elements(arch, world_size)
         ]
         rank = state_bytes.index(max(state_bytes))
-    return predict_rank_states(arch, setup, world_size, rank, precision, optimizer)
+    return predict_rank_states(
+        arch, setup, world_size, rank, precision, optimizer, expert_world=expert_world, expert_dim=expert_dim
+    )

@@ -5,7 +5,11 @@ Source: Megatron-LM docs, "Distributed Optimizer": 16-bit parameters (2 bytes) a
 d data-parallel ranks: 6 + 12/d bytes per parameter, 18 without the distributed optimizer. The terms are
 the ZeRO paper's states (:mod:`zerocalc.states.memory`): the recipe's parameters replicated, the main
 gradient as an fp32 gradient buffer replicated (no separate 16-bit gradient: backward accumulates into
-it), and the recipe's optimizer states (K) sharded over the strategy's optimizer group.
+it), and the recipe's optimizer states (K) sharded over the strategy's optimizer group. Under expert
+parallelism the routed experts' optimizer states are sharded over the expert-data-parallel group instead
+(Megatron-LM ``core/distributed/distributed_data_parallel.py``: the expert parameters' buffers and their
+distributed-optimizer shards use ``expert_data_parallel_group``), one row per part
+(:func:`~zerocalc.states.memory.state_parts`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from zerocalc.states.memory import (
     StateKind,
     StateShard,
     optimizer_parts,
-    state_shard,
+    state_shards,
     tensor_parts,
 )
 
@@ -34,21 +38,21 @@ def megatron_states(request: TrainingRequest, strategy: Strategy) -> list[StateS
     recipe = RECIPES[request.precision]
     param_dtype = recipe.param_dtype
     return [
-        state_shard(
+        *state_shards(
             StateKind.PARAMS,
             None,
             Location.GPU,
             request,
             tensor_parts(f"params_{param_dtype.value}", param_dtype),
         ),
-        state_shard(
+        *state_shards(
             StateKind.GRAD_ACCUM,
             None,
             Location.GPU,
             request,
             tensor_parts(f"main_grads_{MAIN_GRAD_DTYPE.value}", MAIN_GRAD_DTYPE),
         ),
-        state_shard(
+        *state_shards(
             StateKind.OPTIMIZER,
             strategy.optimizer,
             Location.GPU,

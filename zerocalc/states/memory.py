@@ -14,7 +14,12 @@ FSDP HYBRID_SHARD               b_p·Ψ/g   b_g·Ψ/g   K·Ψ/g
 ==============================  ========  ========  ========
 
 A shard is whole elements: the largest rank holds ceil(Ψ/d) of a tensor split over d ranks, and the
-figures are that rank's. Offload follows ZeRO-Offload (Ren et al. 2021, section 4): the optimizer step
+figures are that rank's. Under expert parallelism of degree e a rank's parameters are two parts, each
+sharded over its own group (:func:`state_parts`): the routed experts it holds (E/e of each layer's) over
+the dp·c/e expert-data-parallel ranks, everything else over the dp·c ranks as without it (Megatron-LM's
+distributed optimizer over ``expert_data_parallel_group``, torchtitan's FSDP2 of the experts over
+``dp_shard_mod_ep``, DeepSpeed-MoE's ZeRO over ``expert_data_parallel_group``), one row per part.
+Offload follows ZeRO-Offload (Ren et al. 2021, section 4): the optimizer step
 runs on the host, so the fp32 states *and the gradient partitions* it consumes leave the GPU (gradients
 only where they are partitioned, i.e. ZeRO-2/3); ZeRO-Infinity (Rajbhandari et al. 2021) adds NVMe for
 optimizer states and parameters under ZeRO-3. Bytes are exact integers.
@@ -25,14 +30,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from enum import StrEnum
 from fractions import Fraction
+from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from zerocalc.base.display import TableDisplay
 from zerocalc.base.dtypes import DType
 from zerocalc.base.units import ceil_div, format_count, gib, plural, summary_repr
-from zerocalc.model.architecture import ParameterCount
+from zerocalc.model.architecture import ParameterCount, expert_parameters
 from zerocalc.network.cluster import Cluster, RankGroup
+from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerName, OptimizerSpec
 from zerocalc.parallel.precision import RECIPES, PrecisionName, PrecisionRecipe
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName, row_named
@@ -67,6 +74,19 @@ class StateShard(BaseModel):
     padding_elements: int = Field(description="d·ceil(Ψ/d) − Ψ: elements added so every shard is equal")
     bytes: int
     parts: dict[str, int] = Field(description="bytes of each tensor making up this state")
+    experts: bool = Field(
+        default=False,
+        description="the routed experts' part under expert parallelism, sharded over the expert-data-"
+        "parallel ranks (shown only when true; the other part is everything else)",
+    )
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``experts`` only where it is true: without expert parallelism the record is as it always was."""
+        data = handler(self)
+        if not self.experts:
+            data.pop("experts", None)
+        return data
 
 
 class StrategyMemory(BaseModel):
@@ -106,7 +126,13 @@ class MemoryRequest(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     params: int = Field(gt=0, description="Ψ: parameter count")
-    cluster: Cluster
+    rank_params: int = Field(
+        gt=0,
+        description="Ψ_t: what one tensor-parallel rank holds (Ψ at tp 1); with pipeline stages the largest "
+        "stage's, Ψ_s",
+    )
+    mesh: Mesh
+    cluster: Cluster = Field(description="the dp × cp ranks model states are sharded over")
     precision: PrecisionName
     optimizer: OptimizerName
     fp32_grad_accum: bool
@@ -123,6 +149,8 @@ class MemoryRequest(BaseModel):
     def of(cls, request: TrainingRequest) -> MemoryRequest:
         return cls(
             params=request.model.params,
+            rank_params=request.rank_model.params,
+            mesh=request.mesh,
             cluster=request.cluster,
             precision=request.precision,
             optimizer=request.optimizer,
@@ -161,7 +189,7 @@ class MemoryEstimate(TableDisplay, BaseModel):
     bytes_per_parameter: BytesPerParameter
     assumptions: list[str]
     notes: list[str] = Field(
-        default_factory=list,
+        default=[],
         description="each naming inputs by concept ({gpus}), as InputError messages do: the CLI shows flags, "
         "the library keywords (errors.with_names)",
     )
@@ -214,27 +242,71 @@ def optimizer_parts(recipe: PrecisionRecipe, optimizer: OptimizerSpec) -> PartsO
     return parts
 
 
+class StatePart(NamedTuple):
+    """Parameters of one rank whose states are sharded over one data-parallel group."""
+
+    params: int
+    """Ψ of the part on this rank."""
+    cluster: Cluster
+    """The ranks its states are sharded over."""
+    experts: bool
+    """The routed experts under expert parallelism."""
+
+
+def state_parts(request: TrainingRequest) -> tuple[StatePart, ...]:
+    """A rank's parameters as its states are sharded: all of them over the dp × cp ranks
+    (``request.cluster``); under expert parallelism, the rest over those and its E/e routed experts over the
+    dp·c/e expert-data-parallel ranks (:meth:`~zerocalc.parallel.mesh.Mesh.expert_data_cluster`)."""
+    whole = request.rank_model.params
+    if request.mesh.ep == 1:
+        return (StatePart(whole, request.cluster, False),)
+    experts = expert_parameters(request.architecture)
+    return (
+        StatePart(whole - experts, request.cluster, False),
+        StatePart(experts, request.mesh.expert_data_cluster(), True),
+    )
+
+
 def shard_elements(request: TrainingRequest, group: RankGroup | None) -> int:
-    """ceil(Ψ/d): the parameter elements of a state sharded over ``group`` that the largest rank holds."""
-    return ceil_div(request.model.params, request.cluster.group_size(group))
+    """Σ ceil(Ψ/d) over the parts (:func:`state_parts`): the parameter elements of a state sharded over
+    ``group`` that the largest rank holds."""
+    return sum(ceil_div(part.params, part.cluster.group_size(group)) for part in state_parts(request))
 
 
 def state_shard(
-    kind: StateKind, group: RankGroup | None, location: Location, request: TrainingRequest, parts_of: PartsOf
+    kind: StateKind,
+    group: RankGroup | None,
+    location: Location,
+    request: TrainingRequest,
+    parts_of: PartsOf,
+    part: StatePart | None = None,
 ) -> StateShard:
-    """One state sharded over ``group`` (None: replicated), as the largest rank holds it."""
-    d = request.cluster.group_size(group)
-    n = shard_elements(request, group)
+    """One state of ``part`` (the rank's whole share when None) sharded over ``group`` of its ranks (None:
+    replicated), as the largest rank holds it."""
+    if part is None:
+        part = StatePart(request.rank_model.params, request.cluster, False)
+    psi = part.params
+    d = part.cluster.group_size(group)
+    n = ceil_div(psi, d)
     parts = parts_of(n)
     return StateShard(
         kind=kind,
         location=location,
         shard_ranks=d,
         elements=n,
-        padding_elements=n * d - request.model.params,
+        padding_elements=n * d - psi,
         bytes=sum(parts.values()),
         parts=parts,
+        experts=part.experts,
     )
+
+
+def state_shards(
+    kind: StateKind, group: RankGroup | None, location: Location, request: TrainingRequest, parts_of: PartsOf
+) -> list[StateShard]:
+    """:func:`state_shard` of each part of the rank's parameters (:func:`state_parts`): one row, or the
+    rest's and the routed experts' under expert parallelism."""
+    return [state_shard(kind, group, location, request, parts_of, part) for part in state_parts(request)]
 
 
 _LOCATION = {
@@ -255,14 +327,14 @@ def strategy_states(strategy: Strategy, request: TrainingRequest) -> list[StateS
     grad_location = Location.CPU if grads_on_host else Location.GPU
     param_dtype, grad_dtype = recipe.param_dtype, recipe.grad_dtype
     states = [
-        state_shard(
+        *state_shards(
             StateKind.PARAMS,
             strategy.params,
             _LOCATION[request.offload_params],
             request,
             tensor_parts(f"params_{param_dtype.value}", param_dtype),
         ),
-        state_shard(
+        *state_shards(
             StateKind.GRADS,
             strategy.grads,
             grad_location,
@@ -271,23 +343,19 @@ def strategy_states(strategy: Strategy, request: TrainingRequest) -> list[StateS
         ),
     ]
     if request.fp32_grad_accum:
-        states.append(
-            state_shard(
-                StateKind.GRAD_ACCUM,
-                strategy.grads,
-                grad_location,
-                request,
-                tensor_parts(f"grad_accum_{GRAD_ACCUM_DTYPE.value}", GRAD_ACCUM_DTYPE),
-            )
-        )
-    states.append(
-        state_shard(
-            StateKind.OPTIMIZER,
-            strategy.optimizer,
-            _LOCATION[offload_opt],
+        states += state_shards(
+            StateKind.GRAD_ACCUM,
+            strategy.grads,
+            grad_location,
             request,
-            optimizer_parts(recipe, optimizer),
+            tensor_parts(f"grad_accum_{GRAD_ACCUM_DTYPE.value}", GRAD_ACCUM_DTYPE),
         )
+    states += state_shards(
+        StateKind.OPTIMIZER,
+        strategy.optimizer,
+        _LOCATION[offload_opt],
+        request,
+        optimizer_parts(recipe, optimizer),
     )
     return states
 
@@ -315,7 +383,7 @@ def strategy_memory(strategy: Strategy, request: TrainingRequest, ddp_gpu_bytes:
     if capacity is not None:
         headroom = capacity - gpu
         fits = headroom >= 0
-    per_node = request.cluster.ranks_per_node
+    per_node = request.mesh.gpus_per_node
     return StrategyMemory(
         strategy=strategy.name,
         title=strategy.title,
@@ -337,6 +405,61 @@ def strategy_row(request: TrainingRequest) -> StrategyMemory:
     return strategy_memory(STRATEGIES[request.strategies[0]], request, ddp_baseline_gpu_bytes(request))
 
 
+def mesh_assumption(request: TrainingRequest) -> str:
+    """The mesh, its layout and what a rank holds, in words."""
+    mesh, cluster = request.mesh, request.cluster
+    text = (
+        f"mesh {mesh.describe()}, TP innermost then CP then DP (Megatron-LM and torchtitan order); model "
+        f"states sharded over the {plural(cluster.world_size, 'rank')} of dp × cp"
+    )
+    if mesh.tp > 1 and mesh.pp == 1:
+        text += (
+            f"; each of the {mesh.tp} tensor-parallel ranks holds Ψ_t = {request.rank_model.params:,} "
+            f"parameters ({mesh.tp_style.value} layers)"
+        )
+    if mesh.pp > 1:
+        largest = request.stages.index(request.rank_model)
+        chunks = mesh.pp * mesh.vpp
+        per_chunk = request.model.architecture.num_layers // chunks if request.model.architecture else 0
+        text += (
+            f"; pipeline ranks outermost, each holding {plural(mesh.vpp, 'chunk')} of "
+            f"{plural(per_chunk, 'layer')} "
+            "(chunk j of rank i: virtual stage j·p + i), the embedding on the first, the final norm and "
+            f"LM head on the last; the rows are stage {largest}'s, the largest: Ψ_s = "
+            f"{request.rank_model.params:,} parameters"
+            + (f" per tensor-parallel rank ({mesh.tp_style.value} layers)" if mesh.tp > 1 else "")
+        )
+    if mesh.ep > 1:
+        arch = request.architecture
+        rest, experts = state_parts(request)
+        text += (
+            f"; expert parallelism: each of the {mesh.ep} ranks of an EP group ({mesh.tp} apart) holds "
+            f"{arch.local_experts} of the {arch.num_experts} routed experts of every MoE layer, "
+            f"{experts.params:,} parameters whose states are sharded over the "
+            f"{plural(experts.cluster.world_size, 'expert-data-parallel rank')} ({mesh.tp * mesh.ep} apart), "
+            f"and {rest.params:,} other parameters"
+        )
+    return text
+
+
+def routing_assumption(request: TrainingRequest) -> str:
+    """What expert parallelism assumes of the routing, in words: the tokens a rank's experts get (its
+    routed activations) and the all-to-alls carry."""
+    arch, mesh = request.architecture, request.mesh
+    factor = request.activations.capacity_factor
+    routing = (
+        "balanced routing"
+        if factor == 1
+        else f"the busiest rank's experts get {factor:g}× the balanced share"
+    )
+    return (
+        f"expert parallelism: each rank routes its b·s/c tokens to k = {arch.experts_per_token} of the "
+        f"{arch.num_experts} experts, {arch.local_experts} on each of the {mesh.ep} ranks of an EP group; a "
+        f"rank's experts compute, and a dispatch or combine all-to-all carries, cf·k·b·s/c tokens with the "
+        f"capacity factor cf = {factor:g} ({routing}), (e−1)/e of them from or to other GPUs"
+    )
+
+
 def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
     """Model states per GPU of every strategy of a validated request (pure)."""
     recipe = RECIPES[request.precision]
@@ -344,7 +467,6 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
     ddp_gpu_bytes = ddp_baseline_gpu_bytes(request)
     rows = [strategy_memory(STRATEGIES[name], request, ddp_gpu_bytes) for name in request.strategies]
 
-    cluster = request.cluster
     k = optimizer_bytes_per_parameter(recipe, optimizer)
     bpp = BytesPerParameter(
         b_p=recipe.param_dtype.bytes,
@@ -352,9 +474,16 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
         k=float(k),
         grad_accum=GRAD_ACCUM_DTYPE.bytes if request.fp32_grad_accum else 0,
     )
+    mesh = request.mesh
     assumptions = [
-        f"Ψ = {request.model.params:,} parameters; N = {plural(cluster.world_size, 'GPU')}, "
-        f"g = {cluster.ranks_per_node} per node ({plural(cluster.nodes, 'node')})",
+        f"Ψ = {request.model.params:,} parameters; N = {plural(mesh.world, 'GPU')}, "
+        f"g = {mesh.gpus_per_node} per node ({plural(mesh.nodes, 'node')})",
+    ]
+    if mesh.model_parallel:
+        assumptions.append(mesh_assumption(request))
+    if mesh.ep > 1:
+        assumptions.append(routing_assumption(request))
+    assumptions += [
         f"{recipe.name.value}: {recipe.note}",
         optimizer.assumption,
     ]

@@ -5,7 +5,9 @@ of the same configuration (:func:`zerocalc.comm.estimate.evaluate_comm` under th
 is
 in the Strategy records), expanded into its calls and compared with the calls each rank recorded in the
 measured step as multisets of (operation, phase, dtype, process group, S, broadcast source). Calls over a
-group of one rank move nothing and are left out of both sides.
+group of one rank move nothing and are left out of both sides. On a ``dp × tp`` mesh the states and the
+calls are :mod:`zerocalc.validate.tp`'s, each call's group is ``dp`` or ``tp``, and each rank's calls are
+compared in the order it issued them as well.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from zerocalc.states.framework import (
     reducer_buckets,
     shard_ranks,
 )
-from zerocalc.validate.config import PERTURB_ENV, STRATEGIES, Job, Measured, RecordedCall
+from zerocalc.validate.config import PERTURB_ENV, STRATEGIES, Job, Measured, RecordedCall, TpPlan
+from zerocalc.validate.tp import TpCall
 
 PEAK_TOLERANCE = 0.25
 """GPU only: the measured ``max_memory_allocated`` may exceed the model states + unsharded parameters by
@@ -68,7 +71,9 @@ class CollectiveResult(BaseModel):
     group_size: int
     predicted_calls: int
     measured_calls: list[int] = Field(description="per rank")
-    predicted_bytes: int = Field(description="sent per rank: Σ factor(n)·S (zerocalc.network.collectives)")
+    predicted_bytes: list[int] = Field(
+        description="per rank, the bytes it sends: Σ factor(n)·S (zerocalc.network.collectives)"
+    )
     measured_bytes: list[int] = Field(description="per rank")
     ok: bool = Field(description="every rank made exactly the predicted calls (S, source) of this kind")
     explanation: str
@@ -84,6 +89,12 @@ class ConfigResult(BaseModel):
     seconds: float | None = None
     ranks: list[RankResult] = []
     collectives: list[CollectiveResult] = []
+    call_order_ok: bool | None = Field(
+        default=None,
+        description="dp × tp runs: every rank issued the predicted calls in the predicted order "
+        "(None: not compared)",
+    )
+    call_order_note: str | None = Field(default=None, description="the first call out of order, per rank")
 
 
 class ValidationReport(BaseModel):
@@ -94,6 +105,9 @@ class ValidationReport(BaseModel):
     optimizer: OptimizerName
     backend: str
     peak: str = Field(description="how the peak was handled")
+    tp_plan: TpPlan | None = Field(
+        default=None, description="the dp × tp mesh (TP innermost: ranks r … r+tp−1 share a TP group)"
+    )
     configs: list[ConfigResult]
     all_match: bool
 
@@ -139,7 +153,12 @@ _Key = tuple[str, str, str, str, int, int, int | None]
 """(op, phase, dtype, group kind, group size, S in elements, broadcast source)."""
 
 
-def _group_kind(ranks: list[int], cluster: Cluster) -> str:
+def _group_kind(ranks: list[int], cluster: Cluster, plan: TpPlan | None = None) -> str:
+    if plan is not None:
+        if ranks == plan.tp_group(ranks[0]):
+            return "tp"
+        if ranks == plan.dp_group(ranks[0]):
+            return "dp"
     n, g = cluster.world_size, cluster.ranks_per_node
     if sorted(ranks) == list(range(n)):
         return RankGroup.WORLD.value
@@ -161,20 +180,25 @@ def _predicted_calls(row: StrategyComm) -> Counter[_Key]:
     return calls
 
 
-def _recorded_calls(calls: list[RecordedCall], cluster: Cluster) -> Counter[_Key]:
-    return Counter(
+def _recorded_keys(calls: list[RecordedCall], cluster: Cluster, plan: TpPlan | None = None) -> list[_Key]:
+    """The calls over groups of two ranks or more, in the order they were issued."""
+    return [
         (
             c.op,
             c.phase,
             c.dtype,
-            _group_kind(c.group_ranks, cluster),
+            _group_kind(c.group_ranks, cluster, plan),
             len(c.group_ranks),
             c.elements,
             c.root if c.op == "broadcast" else None,
         )
         for c in calls
         if len(c.group_ranks) > 1
-    )
+    ]
+
+
+def _recorded_calls(calls: list[RecordedCall], cluster: Cluster) -> Counter[_Key]:
+    return Counter(_recorded_keys(calls, cluster))
 
 
 def _bytes(key: _Key, count: int) -> int:
@@ -239,13 +263,75 @@ def compare_collectives(
                 group_size=kind[4],
                 predicted_calls=mine.total(),
                 measured_calls=[r.total() for r in theirs],
-                predicted_bytes=sum(_bytes(k, v) for k, v in mine.items()),
+                predicted_bytes=[sum(_bytes(k, v) for k, v in mine.items())] * len(theirs),
                 measured_bytes=[sum(_bytes(k, v) for k, v in r.items()) for r in theirs],
                 ok=ok,
                 explanation=explanation,
             )
         )
     return results
+
+
+def _tp_key(call: TpCall) -> _Key:
+    return (call.op, call.phase, call.dtype, call.group, call.group_size, call.elements, None)
+
+
+def _first_out_of_order(rank: int, mine: list[_Key], theirs: list[_Key]) -> str | None:
+    if mine == theirs:
+        return None
+    index = next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), None)
+    if index is None:
+        index = min(len(mine), len(theirs))
+
+    def shown(keys: list[_Key]) -> str:
+        if index >= len(keys):
+            return "nothing"
+        op, phase, dtype, group, _, elements, _ = keys[index]
+        return f"{op} {phase} {dtype} over {group}, S {elements:,}"
+
+    return f"rank {rank} call {index + 1}: predicted {shown(mine)}, measured {shown(theirs)}"
+
+
+def compare_tp_collectives(
+    job: Job, expected: list[list[TpCall]], measured: list[Measured]
+) -> tuple[list[CollectiveResult], str | None]:
+    """A ``dp × tp`` run: each rank's recorded calls against its predicted ones (:mod:`zerocalc.validate.tp`),
+    in order, and by kind of collective (operation, phase, dtype, dp or tp); the first call out of order
+    (None: every rank in order)."""
+    plan = job.tp_plan
+    assert plan is not None
+    cluster = Cluster.of(plan.world, plan.world)
+    ordered = sorted(measured, key=lambda m: m.rank)
+    mine = [[_tp_key(c) for c in calls if c.group_size > 1] for calls in expected]
+    theirs = [_recorded_keys(m.collectives, cluster, plan) for m in ordered]
+    notes = [_first_out_of_order(m.rank, p, r) for m, p, r in zip(ordered, mine, theirs, strict=True)]
+    out_of_order = "; ".join(n for n in notes if n) or None
+    phases = ["forward", "backward", "after_step"]
+    kinds = sorted(
+        {k[:5] for keys in mine + theirs for k in keys},
+        key=lambda k: (phases.index(k[1]) if k[1] in phases else len(phases), k),
+    )
+    results = []
+    for kind in kinds:
+        predicted = [Counter(k for k in keys if k[:5] == kind) for keys in mine]
+        recorded = [Counter(k for k in keys if k[:5] == kind) for keys in theirs]
+        behaviours = dict.fromkeys(c.behaviour for calls in expected for c in calls if _tp_key(c)[:5] == kind)
+        results.append(
+            CollectiveResult(
+                op=kind[0],
+                phase=kind[1],
+                dtype=kind[2],
+                group=kind[3],
+                group_size=kind[4],
+                predicted_calls=predicted[0].total(),
+                measured_calls=[r.total() for r in recorded],
+                predicted_bytes=[sum(_bytes(k, v) for k, v in p.items()) for p in predicted],
+                measured_bytes=[sum(_bytes(k, v) for k, v in r.items()) for r in recorded],
+                ok=predicted == recorded,
+                explanation="; ".join(behaviours) or "not predicted: the TP plan issues no such collective",
+            )
+        )
+    return results, out_of_order
 
 
 def _perturbed(line: str, value: int) -> int:
@@ -256,10 +342,12 @@ def _perturbed(line: str, value: int) -> int:
 def compare(
     job: Job,
     preds: list[RankStates],
-    comm: StrategyComm,
+    comm: StrategyComm | list[list[TpCall]],
     measured: list[Measured],
     seconds: float | None,
 ) -> ConfigResult:
+    """Every rank's lines and collectives; ``comm``: ``zerocalc comm``'s estimate, or under a ``dp × tp``
+    mesh each rank's predicted calls in order."""
     ranks: list[RankResult] = []
     all_ok = True
     for pred, meas in zip(preds, sorted(measured, key=lambda m: m.rank), strict=True):
@@ -301,15 +389,22 @@ def compare(
                 )
             )
         ranks.append(RankResult(rank=meas.rank, lines=lines, loss=meas.loss))
-    cluster = Cluster(world_size=len(measured), gpus_per_node=job.gpus_per_node)
-    collectives = compare_collectives(job, comm, measured, cluster)
+    out_of_order: str | None = None
+    if isinstance(comm, StrategyComm):
+        cluster = Cluster(world_size=len(measured), gpus_per_node=job.gpus_per_node)
+        collectives = compare_collectives(job, comm, measured, cluster)
+    else:
+        collectives, out_of_order = compare_tp_collectives(job, comm, measured)
+    in_order = None if isinstance(comm, StrategyComm) else out_of_order is None
     return ConfigResult(
         strategy=job.strategy,
         precision=job.precision,
         grad_accum=job.grad_accum,
         grad_sync=job.grad_sync,
-        status="match" if all_ok and all(c.ok for c in collectives) else "mismatch",
+        status="match" if all_ok and all(c.ok for c in collectives) and in_order is not False else "mismatch",
         seconds=seconds,
         ranks=ranks,
         collectives=collectives,
+        call_order_ok=in_order,
+        call_order_note=out_of_order,
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.base.errors import InputError
 from zerocalc.model.architecture import Architecture
@@ -44,6 +44,47 @@ their layout) in the forward after its first synchronised backward, at the lates
 (``reducer.cpp`` ``Reducer::rebuild_buckets``)."""
 
 
+class TpPlan(BaseModel):
+    """A 2-D mesh of ``dp × tp`` ranks, TP innermost (ranks ``r, r+1, … r+tp−1`` with ``r`` a multiple of tp
+    share a TP group; a DP group is every tp-th rank), and the TP plan's two switches."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dp: int = Field(ge=1)
+    tp: int = Field(ge=2)
+    sequence_parallel: bool = Field(
+        default=True, description="SequenceParallel norms, activations sharded on the sequence between blocks"
+    )
+    loss_parallel: bool = Field(
+        default=True, description="the logits stay sharded over the vocabulary into the cross entropy"
+    )
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp
+
+    def tp_rank(self, rank: int) -> int:
+        return rank % self.tp
+
+    def dp_rank(self, rank: int) -> int:
+        return rank // self.tp
+
+    def tp_group(self, rank: int) -> list[int]:
+        first = rank - self.tp_rank(rank)
+        return list(range(first, first + self.tp))
+
+    def dp_group(self, rank: int) -> list[int]:
+        return list(range(self.tp_rank(rank), self.world, self.tp))
+
+    @property
+    def title(self) -> str:
+        switches = [
+            "sequence parallel" if self.sequence_parallel else "no sequence parallel",
+            "loss parallel" if self.loss_parallel else "no loss parallel",
+        ]
+        return f"dp {self.dp} × tp {self.tp}, " + ", ".join(switches)
+
+
 class Job(BaseModel):
     """One configuration: a strategy × precision × gradient-sync mode."""
 
@@ -56,6 +97,7 @@ class Job(BaseModel):
     grad_accum: int = Field(default=1, ge=1, description="A: micro-batches per optimizer step")
     grad_sync: GradSync = GradSync.EVERY
     gpus_per_node: int = Field(default=1, ge=1, description="the ranks of a node: HYBRID_SHARD's shard group")
+    tp_plan: TpPlan | None = Field(default=None, description="a dp × tp mesh (FSDP2); None: data parallel")
     batch: int = 2
     seq: int = 16
     seed: int = 0
@@ -85,4 +127,4 @@ class Measured(BaseModel):
     )
     peak_allocated: int | None = Field(default=None, description="torch.cuda.max_memory_allocated (GPU only)")
     loss: float
-    collectives: list[RecordedCall] = Field(default_factory=list, description="those of the measured step")
+    collectives: list[RecordedCall] = Field(default=[], description="those of the measured step")

@@ -95,3 +95,34 @@ def run(
     gc.collect()
     dist.destroy_process_group()
     return result, recorded
+
+
+def timed_steps(config: dict[str, Any], b: int, s: int, steps: int, warmup: int) -> list[float]:
+    """Seconds of ``steps`` whole training steps (forward, backward, ``optimizer.step()``, ``zero_grad``)
+    of the same recipe as :func:`run` (``reshard_after_forward`` on, no recompute), after ``warmup``
+    untimed ones (:func:`zerocalc.validate.step_timing.time_steps`)."""
+    import torch.distributed as dist
+
+    from zerocalc.validate.step_timing import time_steps
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    cfg, *parts = fsdp2_model(config, True, False, device=device)
+    ids = torch.randint(0, cfg.vocab_size, (b, s), device=device)
+
+    def step() -> None:
+        model, opt = parts
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    seconds = time_steps(step, torch.cuda.synchronize, steps, warmup)
+    parts.clear()  # the model and optimizer freed before the group is torn down
+    import gc
+
+    gc.collect()
+    dist.destroy_process_group()
+    return seconds

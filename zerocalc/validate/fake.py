@@ -19,14 +19,20 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from zerocalc.base.dtypes import DType
+from zerocalc.base.units import ceil_div
 from zerocalc.model.activations import Recompute
-from zerocalc.model.architecture import Architecture
+from zerocalc.model.architecture import Architecture, parameter_tensors
 from zerocalc.model.model_impl import Device, traits
 from zerocalc.parallel.strategies import StrategyName
 from zerocalc.peak.kinds import StepPhase
+from zerocalc.peak.ledger import CUDA_BLOCK
 from zerocalc.peak.simulate import StepResult, runtime_for, simulate
 from zerocalc.request.training import TrainingRequest, parse_options
+from zerocalc.states.framework import ADAM_STATES, fsdp_units
+from zerocalc.validate.config import TpPlan
 from zerocalc.validate.phases import ALLOCATED_LINES, AllocatedPhases, PhaseLine, allocated_lines
+from zerocalc.validate.tp import REDUCE_DTYPE, local_numel
 
 RECOMPUTES = (Recompute.NONE, Recompute.FULL)
 """``--recompute`` values the fake run builds: none, or ``gradient_checkpointing_enable(use_reentrant=
@@ -47,6 +53,20 @@ class FakeCase(BaseModel):
     seq_len: int
     recompute: Recompute
     reshard: bool
+    tp: int = Field(default=1, description="tensor-parallel ranks: a dp × tp mesh when ≥ 2")
+    sequence_parallel: bool = True
+    loss_parallel: bool = True
+
+    @property
+    def tp_plan(self) -> TpPlan | None:
+        if self.tp < 2:
+            return None
+        return TpPlan(
+            dp=self.world // self.tp,
+            tp=self.tp,
+            sequence_parallel=self.sequence_parallel,
+            loss_parallel=self.loss_parallel,
+        )
 
     @property
     def strategy(self) -> StrategyName:
@@ -56,8 +76,10 @@ class FakeCase(BaseModel):
     @property
     def title(self) -> str:
         reshard = "reshard" if self.reshard else "no reshard"
+        plan = self.tp_plan
+        mesh = f"world {self.world}" if plan is None else f"world {self.world} = {plan.title}"
         return (
-            f"{self.model}: FSDP2 world {self.world}, b={self.micro_batch} s={self.seq_len}, "
+            f"{self.model}: FSDP2 {mesh}, b={self.micro_batch} s={self.seq_len}, "
             f"recompute {self.recompute.value}, {reshard}"
         )
 
@@ -135,17 +157,53 @@ class FakeCaseResult(BaseModel):
         return self.exact or self.not_claimed is not None
 
 
+class TrackedStates(BaseModel):
+    """Model states on rank 0 as the tracker files them (``_FSDPRefType``), every storage rounded to 512 B:
+    sharded parameters and optimizer states at the measured step's start, sharded gradients after its
+    backward."""
+
+    model_config = ConfigDict(frozen=True)
+
+    params: int
+    optimizer: int
+    grads: int
+
+
+TRACKED_STATE_LINES = (
+    ("sharded params", "params"),
+    ("optimizer states", "optimizer"),
+    ("sharded grads", "grads"),
+)
+
+
+class FakeTpCaseResult(BaseModel):
+    """A dp × tp case: the model states against :mod:`zerocalc.validate.tp`, exactly; each phase's
+    allocated bytes as the tracker gives them (the step timeline does not model TP activations)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    case: FakeCase
+    lines: tuple[PhaseLine, ...] = Field(description="the model states: predicted vs the tracker's")
+    phases: AllocatedPhases = Field(description="the tracker's allocated bytes per phase, on rank 0")
+    seconds: float
+
+    @property
+    def exact(self) -> bool:
+        return all(line.ok for line in self.lines)
+
+
 class FakeReport(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     torch: str
     transformers: str
     cases: tuple[FakeCaseResult, ...]
+    tp_cases: tuple[FakeTpCaseResult, ...] = ()
 
     @property
     def all_match(self) -> bool:
         """Every claimed case exact."""
-        return all(case.ok for case in self.cases)
+        return all(case.ok for case in self.cases) and all(case.exact for case in self.tp_cases)
 
 
 def request_for(model: str, case: FakeCase) -> TrainingRequest:
@@ -241,3 +299,37 @@ def compare(
         not_claimed=not_claimed(config, request.architecture, case),
         seconds=round(seconds, 2),
     )
+
+
+def _rounded(n_bytes: int) -> int:
+    return ceil_div(n_bytes, CUDA_BLOCK) * CUDA_BLOCK
+
+
+def predicted_tracked_states(arch: Architecture, case: FakeCase) -> TrackedStates:
+    """Rank 0's model states under the case's dp × tp mesh (:func:`zerocalc.validate.tp.local_numel`: the
+    tp shard, then its dim-0 chunk over dp), as the tracker sees them: each FSDP2 sharded parameter its own
+    storage (``FSDPParam._init_sharded_param``: padded to the chunk, which rank 0 fills), AdamW's
+    ``exp_avg`` and ``exp_avg_sq`` one each (``zeros_like``), the gradients of a unit views into its one
+    fp32 reduce-scatter output (``_fsdp_collectives.foreach_reduce``); every storage rounded to 512 B."""
+    plan = case.tp_plan
+    assert plan is not None
+    param = DType.FP32.bytes
+    per_tensor = [_rounded(local_numel(t, plan, 0, arch) * param) for t in parameter_tensors(arch)]
+    per_unit = [sum(local_numel(t, plan, 0, arch) for t in unit) for _, unit in fsdp_units(arch)]
+    return TrackedStates(
+        params=sum(per_tensor),
+        optimizer=ADAM_STATES * sum(per_tensor),
+        grads=sum(_rounded(n * REDUCE_DTYPE.bytes) for n in per_unit),
+    )
+
+
+def compare_tp(
+    arch: Architecture, case: FakeCase, phases: AllocatedPhases, states: TrackedStates, seconds: float
+) -> FakeTpCaseResult:
+    """The tracker's model states against the prediction, exactly; its phases recorded."""
+    predicted = predicted_tracked_states(arch, case)
+    lines = tuple(
+        PhaseLine(line=label, predicted=getattr(predicted, f), measured=getattr(states, f), tolerance=0.0)
+        for label, f in TRACKED_STATE_LINES
+    )
+    return FakeTpCaseResult(case=case, lines=lines, phases=phases, seconds=round(seconds, 2))

@@ -42,22 +42,29 @@ from typing import Any
 import torch
 
 from zerocalc.model.activations import Recompute
+from zerocalc.model.architecture import Architecture
+from zerocalc.peak.ledger import CUDA_BLOCK
 from zerocalc.request.training import TrainingRequest
-from zerocalc.validate.fake import FakeCase, FakeReport, compare
+from zerocalc.validate.config import TpPlan
+from zerocalc.validate.fake import FakeCase, FakeReport, TrackedStates, compare, compare_tp
 from zerocalc.validate.phases import AllocatedPhases
 
 STEPS = 3
-CUDA_BLOCK = 512
-"""``kMinBlockSize`` of ``c10/cuda/CUDACachingAllocator.cpp``, the tracker's ``_PYTORCH_MIN_ALLOCATE``."""
 
 
 @contextlib.contextmanager
 def _neutralised() -> Iterator[None]:
-    """Every storage rounded to 512 B in the tracker; no packed-sequence index from fake positions."""
+    """Every storage rounded to 512 B in the tracker; no packed-sequence index from fake positions; under a
+    dp × tp mesh, FSDP2's joined mesh built on real tensors and DTensor's global-shape metadata derived
+    off the tracker."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed._tools import mem_tracker
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    from torch.utils._python_dispatch import _disable_current_modes
     from transformers import cache_utils, masking_utils
 
-    def rounded(info: Any) -> int:
+    def rounded(info: Any) -> int:  # kMinBlockSize of c10/cuda/CUDACachingAllocator.cpp
         return math.ceil(info.size * info.element_size / CUDA_BLOCK) * CUDA_BLOCK
 
     def one_sequence(position_ids: torch.Tensor) -> None:
@@ -69,19 +76,40 @@ def _neutralised() -> Iterator[None]:
         sliding_init(layer, *args, **kwargs)
         layer._sliding_window_tensor = layer._sliding_window_tensor.to("meta")  # a host tensor, untracked
 
+    concatenate = DeviceMesh._concatenate
+
+    def concatenated_on_real_tensors(meshes: list[Any]) -> Any:
+        with unset_fake_temporarily():
+            return concatenate(meshes)
+
+    meta = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def meta_untracked(propagator: Any, op_schema: Any) -> Any:
+        with _disable_current_modes():  # off the tracker and the run's fake mode: a fresh fake mode
+            return meta(propagator, op_schema)
+
     saved = mem_tracker._WeakRefInfo._calculate_mem_consumed, masking_utils.find_packed_sequence_indices
     mem_tracker._WeakRefInfo._calculate_mem_consumed = rounded
     masking_utils.find_packed_sequence_indices = one_sequence
     cache_utils.DynamicSlidingWindowLayer.__init__ = host_window_tensor
+    DeviceMesh._concatenate = staticmethod(concatenated_on_real_tensors)
+    ShardingPropagator._propagate_tensor_meta_non_cached = meta_untracked
     try:
         yield
     finally:
         mem_tracker._WeakRefInfo._calculate_mem_consumed, masking_utils.find_packed_sequence_indices = saved
         cache_utils.DynamicSlidingWindowLayer.__init__ = sliding_init
+        DeviceMesh._concatenate = staticmethod(concatenate)
+        ShardingPropagator._propagate_tensor_meta_non_cached = meta
 
 
-def run_cases(config: dict[str, Any], cases: list[tuple[FakeCase, TrainingRequest]]) -> FakeReport:
-    """Every case run and compared with its request's timeline."""
+def run_cases(
+    config: dict[str, Any],
+    cases: list[tuple[FakeCase, TrainingRequest]],
+    tp_cases: tuple[tuple[FakeCase, Architecture], ...] = (),
+) -> FakeReport:
+    """Every case run and compared with its request's timeline; every dp × tp case with the model states
+    of :mod:`zerocalc.validate.tp`."""
     import transformers
 
     results = []
@@ -89,7 +117,16 @@ def run_cases(config: dict[str, Any], cases: list[tuple[FakeCase, TrainingReques
         recompute = case.recompute is Recompute.FULL
         measured, seconds = run(config, case.world, case.micro_batch, case.seq_len, case.reshard, recompute)
         results.append(compare(request, case, measured, seconds, config))
-    return FakeReport(torch=torch.__version__, transformers=transformers.__version__, cases=tuple(results))
+    tp_results = []
+    for case, arch in tp_cases:
+        phases, states, seconds = run_tp(config, case)
+        tp_results.append(compare_tp(arch, case, phases, states, seconds))
+    return FakeReport(
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        cases=tuple(results),
+        tp_cases=tuple(tp_results),
+    )
 
 
 def run(
@@ -97,6 +134,21 @@ def run(
 ) -> tuple[AllocatedPhases, float]:
     """One case: its third step's allocated figures (bytes on the largest rank, rank 0) and the seconds
     it took."""
+    phases, _, seconds = _run(config, world, b, s, reshard, recompute, None)
+    return phases, seconds
+
+
+def run_tp(config: dict[str, Any], case: FakeCase) -> tuple[AllocatedPhases, TrackedStates, float]:
+    """A dp × tp case: its third step's allocated figures and model states on rank 0, and the seconds."""
+    plan = case.tp_plan
+    assert plan is not None
+    recompute = case.recompute is Recompute.FULL
+    return _run(config, case.world, case.micro_batch, case.seq_len, case.reshard, recompute, plan)
+
+
+def _run(
+    config: dict[str, Any], world: int, b: int, s: int, reshard: bool, recompute: bool, plan: TpPlan | None
+) -> tuple[AllocatedPhases, TrackedStates, float]:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -104,22 +156,27 @@ def run(
     started = time.perf_counter()
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:
-        # the mesh is built on real tensors (under fake tensors its rank check reads a fake value)
-        mesh = init_device_mesh("cpu", (world,))
+        # the meshes are built on real tensors (under fake tensors a mesh's rank check reads a fake value,
+        # and joining the dp and tp meshes raises DynamicOutputShapeException on aten.nonzero)
+        if plan is None:
+            mesh, tp = init_device_mesh("cpu", (world,)), None
+        else:
+            mesh_2d = init_device_mesh("cpu", (plan.dp, plan.tp), mesh_dim_names=("dp", "tp"))
+            mesh, tp = mesh_2d["dp"], (mesh_2d["tp"], plan)
         with _neutralised():
-            figures = _steps(config, mesh, b, s, reshard, recompute)
+            phases, states = _steps(config, mesh, b, s, reshard, recompute, tp)
     finally:
         gc.collect()
         dist.destroy_process_group()
-    return figures, time.perf_counter() - started
+    return phases, states, time.perf_counter() - started
 
 
 def _steps(
-    config: dict[str, Any], mesh: Any, b: int, s: int, reshard: bool, recompute: bool
-) -> AllocatedPhases:
+    config: dict[str, Any], mesh: Any, b: int, s: int, reshard: bool, recompute: bool, tp: Any = None
+) -> tuple[AllocatedPhases, TrackedStates]:
     import transformers
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
     from torch.distributed._tools.mem_tracker import _UpdateType
 
     from zerocalc.validate.recipe import fsdp2_model
@@ -127,7 +184,7 @@ def _steps(
     transformers.logging.set_verbosity_error()
     cpu = torch.device("cpu")
     with FakeTensorMode():
-        cfg, model, opt = fsdp2_model(config, reshard, recompute, mesh=mesh)
+        cfg, model, opt = fsdp2_model(config, reshard, recompute, mesh=mesh, tp=tp)
         ids = torch.randint(0, cfg.vocab_size, (b, s), device=cpu)
         tracker = FSDPMemTracker(model, opt)
         tracker.track_inputs((ids,))
@@ -151,23 +208,36 @@ def _steps(
                     tracker._update_snap(_UpdateType.DEL, info)
                     info.mem_consumed = 0
 
+        def category(kind: Any) -> int:
+            return tracker.get_tracker_snapshot("current").get(cpu, {}).get(kind, 0)
+
+        loss_context = contextlib.nullcontext
+        if tp is not None and tp[1].loss_parallel:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            loss_context = loss_parallel
         figures: dict[str, int] = {}
+        states: dict[str, int] = {}
         # the training loop's `loss` lives into the next step until the next forward returns (the
         # timeline's "previous step's loss")
         with tracker:
             for _ in range(STEPS):
                 tracker.reset_mod_stats()
                 figures["start_allocated"] = allocated()
+                states["params"] = category(_FSDPRefType.SHARDED_PARAM)
+                states["optimizer"] = category(_FSDPRefType.OPT)
                 reset_peak()
-                loss = model(input_ids=ids, labels=ids).loss
-                figures["forward_peak"], figures["after_forward"] = peak(), allocated()
-                reset_peak()
-                loss.backward()
+                with loss_context():
+                    loss = model(input_ids=ids, labels=ids).loss
+                    figures["forward_peak"], figures["after_forward"] = peak(), allocated()
+                    reset_peak()
+                    loss.backward()
                 figures["backward_peak"], figures["after_backward"] = peak(), allocated()
+                states["grads"] = category(_FSDPRefType.SHARDED_GRAD)
                 reset_peak()
                 opt.step()
                 opt.zero_grad()
                 untrack_step_counters()
                 figures["optimizer_peak"] = peak()
 
-    return AllocatedPhases(**figures)
+    return AllocatedPhases(**figures), TrackedStates(**states)

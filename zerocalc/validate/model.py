@@ -39,14 +39,16 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        # -1 heads: under tensor parallelism each rank projects heads / t of them (ColwiseParallel's local
+        # output); the ratio of query to key/value heads is the same on every rank
+        q = self.q_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         if self.kv_heads != self.heads:
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
 
 
 class Mlp(nn.Module):

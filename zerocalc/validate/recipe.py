@@ -14,13 +14,21 @@ from typing import Any
 
 import torch
 
+from zerocalc.validate.config import TpPlan
+
 
 def fsdp2_model(
-    config: dict[str, Any], reshard: bool, recompute: bool, device: Any = None, mesh: Any = None
+    config: dict[str, Any],
+    reshard: bool,
+    recompute: bool,
+    device: Any = None,
+    mesh: Any = None,
+    tp: tuple[Any, TpPlan] | None = None,
 ) -> tuple[Any, Any, Any]:
     """The config object, the wrapped model and its optimizer. ``device``: the device the model is built
     under (``from_config`` alone; None: the current default); ``mesh``: FSDP2's device mesh (None: the
-    default process group's)."""
+    default process group's); ``tp``: the tp sub-mesh and the plan applied on it first (:func:`parallelize`,
+    ``mesh`` then being the dp sub-mesh)."""
     import transformers
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -34,6 +42,8 @@ def fsdp2_model(
         )
     if recompute:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if tp is not None:
+        parallelize(model, *tp)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     placement = {} if mesh is None else {"mesh": mesh}
     for layer in decoder_layers(model, cfg.num_hidden_layers):
@@ -42,3 +52,61 @@ def fsdp2_model(
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
     return cfg, model, opt
+
+
+def parallelize(model: Any, tp_mesh: Any, plan: TpPlan) -> None:
+    """torchtitan's TP plan (:mod:`zerocalc.validate.tp`) on a Hugging Face Llama-layout model
+    (``model.embed_tokens``, ``model.layers.<i>.{input_layernorm, self_attn.{q,k,v,o}_proj,
+    post_attention_layernorm, mlp.{gate,up,down}_proj}``, ``model.norm``, ``lm_head``).
+
+    With sequence parallel the embedding's output is the local sequence shard, from which the base model
+    would derive s/t positions (``LlamaModel.forward``: ``cache_position`` from ``inputs_embeds.shape[1]``):
+    a forward pre-hook passes ``position_ids = arange(s)`` of the input ids, made where the model makes
+    them and alive as long (until the base model returns).
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    between = Shard(1) if plan.sequence_parallel else Replicate()
+    root: dict[str, Any] = {
+        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=between),
+        "lm_head": ColwiseParallel(
+            input_layouts=between,
+            output_layouts=Shard(-1) if plan.loss_parallel else Replicate(),
+            use_local_output=not plan.loss_parallel,
+        ),
+    }
+    if plan.sequence_parallel:
+        root["model.norm"] = SequenceParallel()
+    parallelize_module(model, tp_mesh, root)
+    for layer in model.model.layers:
+        block: dict[str, Any] = {
+            "self_attn": PrepareModuleInput(
+                input_kwarg_layouts={"hidden_states": between},
+                desired_input_kwarg_layouts={"hidden_states": Replicate()},
+            ),
+            "mlp": PrepareModuleInput(input_layouts=(between,), desired_input_layouts=(Replicate(),)),
+            "self_attn.o_proj": RowwiseParallel(output_layouts=between),
+            "mlp.down_proj": RowwiseParallel(output_layouts=between),
+        }
+        for name in (*(f"self_attn.{x}_proj" for x in "qkv"), "mlp.gate_proj", "mlp.up_proj"):
+            block[name] = ColwiseParallel()
+        if plan.sequence_parallel:
+            block["input_layernorm"] = SequenceParallel()
+            block["post_attention_layernorm"] = SequenceParallel()
+        parallelize_module(layer, tp_mesh, block)
+    if plan.sequence_parallel:
+
+        def full_positions(module: Any, args: Any, kwargs: Any) -> tuple[Any, Any]:
+            if kwargs.get("position_ids") is None:
+                ids = kwargs["input_ids"] if kwargs.get("input_ids") is not None else args[0]
+                kwargs["position_ids"] = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+            return args, kwargs
+
+        model.model.register_forward_pre_hook(full_positions, with_kwargs=True)

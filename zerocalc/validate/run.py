@@ -24,7 +24,8 @@ from zerocalc.network.cluster import RankGroup
 from zerocalc.network.schedule import GradSync
 from zerocalc.states.framework import RankStates
 from zerocalc.validate.compare import ConfigResult, ValidationReport, compare, predicted_comm, predictions
-from zerocalc.validate.config import STRATEGIES, Job, Measured
+from zerocalc.validate.config import STRATEGIES, Job, Measured, TpPlan
+from zerocalc.validate.tp import TpCall, tp_predictions
 
 DEFAULT_MODEL = "gpt2"
 DEFAULT_SHRINK = {
@@ -47,16 +48,37 @@ OPTION_FIELDS = {
 }
 """Architecture fields that can be overridden, and the options that do it."""
 
+Predicted = StrategyComm | list[list[TpCall]]
+"""A configuration's predicted collectives: ``zerocalc comm``'s estimate, or each rank's calls in order."""
 OnResult = Callable[[ConfigResult, int, int], None]
 """Called after each configuration with its result, how many are done and how many there are."""
 
 
-def resolve_architecture(model: str | None, overrides: dict[str, int]) -> Architecture:
-    """The preset or config.json with the size overrides (the shrunk GPT-2 without ``--model``)."""
+DEFAULT_TP_MODEL = "llama-3-8b"
+
+
+def default_tp_shrink(tp: int) -> dict[str, int]:
+    """Without ``--model`` under ``--tp t``: Llama shrunk to 2 layers, 3t heads of dimension 11 (t key/value
+    heads), MLP 87t, vocabulary 1001: each tp rank's q, k, v and MLP slices have odd rows (33, 11, 87), so
+    FSDP2's uneven dp rows show, and the vocabulary splits unevenly over tp (torch.chunk)."""
+    return {
+        "num_layers": 2,
+        "hidden_size": 33 * tp,
+        "num_heads": 3 * tp,
+        "num_kv_heads": tp,
+        "intermediate_size": 87 * tp,
+        "vocab_size": 1001,
+    }
+
+
+def resolve_architecture(model: str | None, overrides: dict[str, int], tp: int = 1) -> Architecture:
+    """The preset or config.json with the size overrides (without ``--model``: the shrunk GPT-2, or under
+    ``--tp`` the shrunk Llama of :func:`default_tp_shrink`)."""
     from zerocalc.request.presets import load_model
 
-    arch, _ = load_model(model or DEFAULT_MODEL)
-    changes = dict(overrides) if model else {**DEFAULT_SHRINK, **overrides}
+    arch, _ = load_model(model or (DEFAULT_TP_MODEL if tp > 1 else DEFAULT_MODEL))
+    default = default_tp_shrink(tp) if tp > 1 else DEFAULT_SHRINK
+    changes = dict(overrides) if model else {**default, **overrides}
     for name, value in changes.items():
         if value < 1:
             raise InputError(
@@ -158,11 +180,13 @@ def run_all(
     grad_accum: int = 1,
     grad_syncs: list[GradSync] | None = None,
     gpus_per_node: int | None = None,
+    tp_plan: TpPlan | None = None,
 ) -> ValidationReport | None:
     """Run every strategy × precision × gradient-sync mode and compare; ``nproc`` None: in the torchrun/srun
     world (the report on rank 0, None on the others), else in a world of ``nproc`` spawned ranks.
     ``strategies`` must run on ``gpus_per_node`` ranks per node (default: the launch's; see
-    :func:`check_nodes`)."""
+    :func:`check_nodes`). ``tp_plan``: a ``dp × tp`` mesh of the world (checked with
+    :func:`zerocalc.validate.tp.check_tp`), predicted by :mod:`zerocalc.validate.tp`."""
     procs.check_timeout(timeout_s)
     backend = choose_backend(arch, nproc, visible_gpus())
     world, per_node = world_and_node(nproc, gpus_per_node)
@@ -177,13 +201,22 @@ def run_all(
             grad_accum=grad_accum,
             grad_sync=sync,
             gpus_per_node=per_node,
+            tp_plan=tp_plan,
         )
         for s in strategies
         for p in precisions
         for sync in grad_syncs or [GradSync.EVERY]
     ]
-    preds = [predictions(arch, job.strategy, world, job.precision, optimizer, per_node) for job in jobs]
-    comms = [predicted_comm(job, world) for job in jobs]
+    preds: list[list[RankStates]] = []
+    comms: list[Predicted] = []
+    for job in jobs:
+        if tp_plan is None:
+            preds.append(predictions(arch, job.strategy, world, job.precision, job.optimizer, per_node))
+            comms.append(predicted_comm(job, world))
+        else:
+            states, calls = tp_predictions(job)
+            preds.append(states)
+            comms.append(calls)
     results = (
         _run_launched(jobs, preds, comms, on_result)
         if nproc is None
@@ -203,6 +236,7 @@ def run_all(
             if backend == "nccl"
             else "not measurable on CPU (torch.cpu has no allocator statistics; RSS is not a measure)"
         ),
+        tp_plan=tp_plan,
         configs=results,
         all_match=all(r.status == "match" for r in results),
     )
@@ -227,7 +261,7 @@ def _measured(text: str) -> list[Measured]:
 def _run_spawned(
     jobs: list[Job],
     preds: list[list[RankStates]],
-    comms: list[StrategyComm],
+    comms: list[Predicted],
     world: int,
     timeout_s: float,
     on_result: OnResult | None,
@@ -251,7 +285,7 @@ def _run_spawned(
 
 
 def _run_launched(
-    jobs: list[Job], preds: list[list[RankStates]], comms: list[StrategyComm], on_result: OnResult | None
+    jobs: list[Job], preds: list[list[RankStates]], comms: list[Predicted], on_result: OnResult | None
 ) -> list[ConfigResult] | None:
     """Every configuration in the torchrun/srun world, one process group; None on ranks other than 0."""
     from zerocalc.validate import worker

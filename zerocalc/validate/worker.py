@@ -12,7 +12,8 @@ after it) on random tokens, and measures:
 * collectives: every c10d collective of the measured step, seen by a ``TorchDispatchMode``
   (:class:`CollectiveRecorder`): the C++ ``ProcessGroup`` methods, DDP's reducer included, dispatch to the
   ``c10d::allreduce_`` ... ops (``torch/csrc/distributed/c10d/ProcessGroup.hpp``), so the Python mode
-  sees them all; per call its operation, dtype, S, process group (global ranks) and broadcast source;
+  sees them all, and DTensor's from inside its dispatch too; per call, in order, its operation, dtype, S,
+  process group (global ranks) and broadcast source;
 
 * params / grads: bytes of the parameters the optimizer sees and their ``.grad`` (DTensor: ``to_local()``;
   FSDP1: the sharded ``FlatParameter`` s);
@@ -23,6 +24,10 @@ after it) on random tokens, and measures:
   ``FlatParameter._full_param_padded`` (and the low-precision ``_mp_shard`` under NO_SHARD) whose storage
   is allocated; FSDP2 the ``all_gather_outputs`` of every ``FSDPParamGroup`` still ``is_unsharded``;
 * on GPU also ``torch.cuda.max_memory_allocated``.
+
+Under a ``dp × tp`` mesh (``Job.tp_plan``) the model gets torchtitan's TP plan on the tp sub-mesh
+(:func:`parallelize`) before ``fully_shard`` over the dp sub-mesh, the ranks of a TP group take the same
+tokens, and the loss runs under ``loss_parallel()`` when the plan keeps the logits vocab-sharded.
 
 Rank 0 gathers every rank's figures with ``all_gather_object`` before tear-down; the model and optimizer
 are freed (``gc.collect()``) before ``destroy_process_group`` (torch 2.13 can abort at exit otherwise).
@@ -49,6 +54,7 @@ if __name__ == "__main__":
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from zerocalc.base.dtypes import DType
@@ -59,7 +65,15 @@ from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.frameworks import Fsdp1Sharding, TorchWrapper
 from zerocalc.parallel.optimizers import OptimizerName
 from zerocalc.parallel.precision import PrecisionName
-from zerocalc.validate.config import STRATEGIES, TEST_FAIL_ENV, WARMUP_STEPS, Job, Measured, RecordedCall
+from zerocalc.validate.config import (
+    STRATEGIES,
+    TEST_FAIL_ENV,
+    WARMUP_STEPS,
+    Job,
+    Measured,
+    RecordedCall,
+    TpPlan,
+)
 from zerocalc.validate.model import Block, build_model, loss_fn
 
 _C10D_OPS: dict[str, tuple[str, int, int, int, int | None]] = {
@@ -131,6 +145,12 @@ class CollectiveRecorder(TorchDispatchMode):
         self.phase = "forward"
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if any(issubclass(t, DTensor) for t in types):
+            # A mode runs before a tensor subclass and is off while its handler runs: handing a DTensor op
+            # back lets DTensor run first, so the collectives it issues inside its dispatch (loss_parallel's
+            # all-reduces, implicit redistributions) come here as plain-tensor ops
+            # (``torch/distributed/tensor/debug/_comm_mode.py`` ``CommDebugMode`` does the same).
+            return NotImplemented
         namespace = getattr(func, "namespace", None)
         name = func._schema.name.split("::")[-1]
         out = func(*args, **(kwargs or {}))
@@ -244,11 +264,15 @@ def _wrap(job: Job, model: Any, device: Any) -> tuple[Any, Any, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-    mesh = (
-        _mesh(device, job)
-        if setup.shard_group is RankGroup.NODE
-        else init_device_mesh(device.type, (dist.get_world_size(),))
-    )
+    if job.tp_plan is not None:  # torchtitan's order: the TP plan on the tp mesh, then FSDP2 on the dp mesh
+        plan = job.tp_plan
+        mesh_2d = init_device_mesh(device.type, (plan.dp, plan.tp), mesh_dim_names=("dp", "tp"))
+        model = parallelize(model.to(device), mesh_2d["tp"], plan)
+        mesh = mesh_2d["dp"]
+    elif setup.shard_group is RankGroup.NODE:
+        mesh = _mesh(device, job)
+    else:
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if bf16
@@ -273,6 +297,55 @@ def _wrap(job: Job, model: Any, device: Any) -> tuple[Any, Any, Any]:
         return _storages(held)
 
     return model, optimizer, unsharded2
+
+
+def parallelize(model: Any, tp_mesh: Any, plan: TpPlan) -> Any:
+    """torchtitan's TP plan (:mod:`zerocalc.validate.tp`) applied to the validate model on ``tp_mesh``."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    between = Shard(1) if plan.sequence_parallel else Replicate()  # the activations between blocks
+    root: dict[str, Any] = {
+        "embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=between),
+        "lm_head": ColwiseParallel(
+            input_layouts=between,
+            output_layouts=Shard(-1) if plan.loss_parallel else Replicate(),
+            use_local_output=not plan.loss_parallel,
+        ),
+    }
+    if plan.sequence_parallel:
+        root["final_norm"] = SequenceParallel()
+    parallelize_module(model, tp_mesh, root)
+    for block in model.layers:
+        mlp = ("fc_in", "fc_out") if block.mlp.gelu else ("gate_proj", "up_proj", "down_proj")
+        layer: dict[str, Any] = {
+            "attn": PrepareModuleInput(input_layouts=(between,), desired_input_layouts=(Replicate(),)),
+            "mlp": PrepareModuleInput(input_layouts=(between,), desired_input_layouts=(Replicate(),)),
+            "attn.o_proj": RowwiseParallel(output_layouts=between),
+            f"mlp.{mlp[-1]}": RowwiseParallel(output_layouts=between),
+        }
+        for name in ("attn.q_proj", "attn.k_proj", "attn.v_proj", *(f"mlp.{m}" for m in mlp[:-1])):
+            layer[name] = ColwiseParallel()
+        if plan.sequence_parallel:
+            layer["input_norm"] = SequenceParallel()
+            layer["post_attention_norm"] = SequenceParallel()
+        parallelize_module(block, tp_mesh, layer)
+    return model
+
+
+def _loss_context(job: Job) -> Any:
+    """``loss_parallel()`` around the loss and its backward when the logits stay vocab-sharded."""
+    if job.tp_plan is not None and job.tp_plan.loss_parallel:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+    return contextlib.nullcontext()
 
 
 def _sync(wrapped: Any, wrapper: TorchWrapper, sync: bool) -> Any:
@@ -302,7 +375,9 @@ def _measure(job: Job, placement: Placement, device: Any) -> Measured:
             torch.cuda.reset_peak_memory_stats(device)
         with recorder if measured else contextlib.nullcontext():
             for micro in range(job.grad_accum):
-                gen = torch.Generator().manual_seed(job.seed + 1000 * placement.rank + 10 * step + micro)
+                # the ranks of a TP group take the same tokens: the batch is split over dp only
+                replica = placement.rank // job.tp_plan.tp if job.tp_plan is not None else placement.rank
+                gen = torch.Generator().manual_seed(job.seed + 1000 * replica + 10 * step + micro)
                 tokens = torch.randint(0, job.arch.vocab_size, (job.batch, job.seq), generator=gen).to(device)
                 sync = job.grad_sync is GradSync.EVERY or micro == job.grad_accum - 1
                 with _sync(wrapped, wrapper, sync):
@@ -313,9 +388,10 @@ def _measure(job: Job, placement: Placement, device: Any) -> Measured:
                         logits = wrapped(tokens)
                     if measured and micro == 0:
                         after_forward = unsharded()
-                    loss = loss_fn(logits, tokens) / job.grad_accum
-                    recorder.phase = "backward"
-                    loss.backward()
+                    with _loss_context(job):
+                        loss = loss_fn(logits, tokens) / job.grad_accum
+                        recorder.phase = "backward"
+                        loss.backward()
             recorder.phase = "after_step"
             optimizer.step()
         if not measured:
@@ -341,7 +417,7 @@ def _measure(job: Job, placement: Placement, device: Any) -> Measured:
         step=step_bytes,
         unsharded_after_forward=after_forward,
         peak_allocated=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
-        loss=float(loss.detach().float().item()),
+        loss=float(_local(loss.detach()).float().item()),
         collectives=recorder.calls,
     )
     del logits, loss, wrapped, optimizer, local_optim, params, model

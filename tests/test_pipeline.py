@@ -1,0 +1,375 @@
+"""Pipeline parallelism: the schedules' order and micro-batches in flight, each stage's parameters and
+activations, the point-to-point sends and the bubble, against hand calculations."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import pytest
+from helpers import one_line_error
+from typer.testing import CliRunner
+
+from zerocalc.api import estimate_comm, estimate_peak
+from zerocalc.cli import app
+from zerocalc.comm.pipeline import pair_spans_nodes
+from zerocalc.model.architecture import Architecture, MlpKind, NormKind, count_parameters, pipeline_stage
+from zerocalc.parallel.mesh import Mesh, PpSchedule
+from zerocalc.parallel.pipeline import (
+    Pass,
+    _schedule_table,
+    bubble_fraction,
+    chunk_layers,
+    in_flight,
+    rank_passes,
+    window,
+)
+from zerocalc.peak.kinds import TensorKind
+from zerocalc.request.training import parse_options
+
+runner = CliRunner()
+GPIPE, ONE_F_ONE_B = PpSchedule.GPIPE, PpSchedule.ONE_F_ONE_B
+INTERLEAVED, ZERO_BUBBLE = PpSchedule.INTERLEAVED_1F1B, PpSchedule.ZERO_BUBBLE
+
+
+# ------------------------------------------------------------------------------------------ schedules
+def test_chunks_hold_the_virtual_stages_of_their_rank() -> None:
+    # L 32 over p 4, v 2: 4 layers a chunk; rank 1 holds virtual stages 1 and 5
+    assert chunk_layers(32, 4, 2, 1) == (range(4, 8), range(20, 24))
+    assert chunk_layers(32, 4, 1, 3) == (range(24, 32),)
+
+
+def test_megatron_schedule_table() -> None:
+    # Megatron-LM schedules.py, the comment of forward_backward_pipelining_with_interleaving: PP2 N3 M5 VP2
+    table = _schedule_table(5, 2, 3)
+    assert [mb for mb, _ in table] == [0, 1, 2, 0, 1, 2, 3, 4, 3, 4]
+    assert [chunk for _, chunk in table] == [0, 0, 0, 1, 1, 1, 0, 0, 1, 1]
+
+
+def test_interleaved_passes_of_the_first_rank() -> None:
+    # p 2, v 2, m 4, rank 0: warm-up (2 − 0 − 1)·2 + (2 − 1)·2 = 4 forward passes, then F/B pairs; the
+    # backward passes go through the chunks in reverse (chunk 1 of micro-batches 0 and 1 first)
+    f, b = (lambda c, mb: Pass(True, c, mb)), (lambda c, mb: Pass(False, c, mb))
+    assert rank_passes(INTERLEAVED, 2, 2, 0, 4) == (
+        f(0, 0), f(0, 1), f(1, 0), f(1, 1),
+        f(0, 2), b(1, 0), f(0, 3), b(1, 1), f(1, 2), b(0, 0), f(1, 3), b(0, 1),
+        b(1, 2), b(1, 3), b(0, 2), b(0, 3),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 64])
+def test_1f1b_and_gpipe_in_flight(m: int) -> None:
+    for rank in range(4):
+        assert in_flight(ONE_F_ONE_B, 4, 1, rank, m) == min(4 - rank, m)  # Narayanan et al. 2021 §2.2
+        assert in_flight(ZERO_BUBBLE, 4, 1, rank, m) == min(4 - rank, m)  # ZB-H1 holds what 1F1B holds
+        assert in_flight(GPIPE, 4, 1, rank, m) == m
+
+
+@pytest.mark.parametrize(("p", "v"), [(2, 2), (4, 2), (4, 4), (8, 2), (8, 3), (16, 2)])
+def test_interleaved_first_rank_holds_the_closed_form(p: int, v: int) -> None:
+    # Korthikanti et al. 2022 §4.2.3: p·(1 + (p − 1)/(p·v)) micro-batches of a stage's activations, from
+    # Megatron's warm-up (p − 1)·2 + (v − 1)·p forward passes plus the steady state's one
+    for m in (2 * p, 4 * p):
+        assert in_flight(INTERLEAVED, p, v, 0, m) == p * (1 + Fraction(p - 1, p * v))
+        for rank in range(p):
+            assert in_flight(INTERLEAVED, p, v, rank, m) == Fraction(2 * (p - rank - 1) + (v - 1) * p + 1, v)
+    # m = p: the warm-up takes every pass (Megatron caps it at m·v): all p micro-batches at once
+    assert in_flight(INTERLEAVED, p, v, 0, p) == p
+
+
+@pytest.mark.parametrize("schedule", list(PpSchedule))
+def test_simulated_window_holds_what_the_step_holds(schedule: PpSchedule) -> None:
+    v = 1 if schedule in (GPIPE, ONE_F_ONE_B) else 3
+    for rank in range(4):
+        m = window(schedule, 4, v, rank, 32)
+        assert m <= 32 and (schedule is GPIPE) == (m == 32)
+        assert in_flight(schedule, 4, v, rank, m) == in_flight(schedule, 4, v, rank, 32)
+
+
+def test_bubble() -> None:
+    # Narayanan et al. 2021 §2.2: (p − 1)/m, interleaved (p − 1)/(v·m); ZB-H1 a third (Qi et al. 2023)
+    assert bubble_fraction(ONE_F_ONE_B, 4, 1, 8) == Fraction(3, 8)
+    assert bubble_fraction(GPIPE, 8, 1, 32) == Fraction(7, 32)
+    assert bubble_fraction(INTERLEAVED, 4, 2, 8) == Fraction(3, 16)
+    assert bubble_fraction(ZERO_BUBBLE, 4, 1, 8) == Fraction(1, 8)
+    assert bubble_fraction(ONE_F_ONE_B, 1, 1, 8) == 0
+
+
+# ------------------------------------------------------------------------------------- stage parameters
+LLAMA3_8B_LAYER = 4096 * 4096 * 2 + 4096 * 1024 * 2 + 3 * 4096 * 14336 + 2 * 4096
+"""q and o h², k and v h·(kv·d_h), gate/up/down h·f, two RMSNorms."""
+
+
+def test_llama_3_8b_stages() -> None:
+    assert LLAMA3_8B_LAYER == 218_112_000
+    embedding = 128256 * 4096
+    request = parse_options(model="llama-3-8b", gpus=8, pp=4, grad_accum=8)
+    params = [stage.params for stage in request.stages]
+    assert params == [
+        8 * LLAMA3_8B_LAYER + embedding,  # the embedding on the first
+        8 * LLAMA3_8B_LAYER,
+        8 * LLAMA3_8B_LAYER,
+        8 * LLAMA3_8B_LAYER + 4096 + embedding,  # the final norm and the (untied) LM head on the last
+    ]
+    assert sum(params) == request.model.params
+    assert request.rank_model == request.stages[3]  # the largest: model states and DP communication
+
+
+def test_gpt2_stages_hold_the_tied_head_twice() -> None:
+    # h 768, V 50,257, 1,024 learned positions; a block 12h² + 13h; the last stage's LM head is a weight
+    # of its own (Megatron's output_layer on the last stage), so the stages hold V·h more than the model
+    h, V = 768, 50257
+    block = 12 * h * h + 13 * h
+    request = parse_options(model="gpt2", gpus=2, pp=2)
+    assert [stage.params for stage in request.stages] == [
+        V * h + 1024 * h + 6 * block,
+        6 * block + 2 * h + V * h,
+    ]
+    assert sum(s.params for s in request.stages) == request.model.params + V * h
+
+
+def test_llama_3_70b_stages_per_tensor_parallel_rank() -> None:
+    # h 8192, 64 heads of 128, 8 KV heads, f 28,672, V 128,256 padded to a multiple of 128·8 = 129,024;
+    # per TP rank of 8: the projections split 8 ways, the norms whole; 80 layers over p 4: 20 a stage
+    h, f = 8192, 28672
+    layer = (2 * h * h + 2 * h * 1024 + 3 * h * f) // 8 + 2 * h
+    vocab = 129024 // 8 * h
+    request = parse_options(model="llama-3-70b", gpus=64, tp=8, pp=4, framework="megatron")
+    assert [s.params for s in request.stages] == [
+        20 * layer + vocab,
+        20 * layer,
+        20 * layer,
+        20 * layer + h + vocab,
+    ]
+    assert request.stages[3].params == 2_271_551_488
+    # p 8, v 2: 5 layers a chunk, rank 3 holds layers 15–19 and 55–59
+    interleaved = parse_options(
+        model="llama-3-70b", gpus=64, tp=8, pp=8, vpp=2, framework="megatron", grad_accum=16
+    )
+    arch = interleaved.stages[3].architecture
+    assert arch.global_layers == (15, 16, 17, 18, 19, 55, 56, 57, 58, 59)  # type: ignore[union-attr]
+    assert [s.params for s in interleaved.stages[1:-1]] == [10 * layer] * 6
+
+
+GPT3_LAYER_TP8 = 12 * 12288**2 // 8 + 7 * 12288 // 8 + 6 * 12288
+"""GPT-3 175B per TP rank of 8 (tests/test_mesh.py): 12h²/8 + 7h/8 + 6h."""
+
+
+def test_gpt3_175b_stages_with_virtual_stages() -> None:
+    # 96 layers over p 8, v 2: 6 layers a chunk, 12 a rank; the tied embedding 51,200/8 × h on the first
+    # and, as the LM head's own weight, on the last; learned positions (2,048·h) on the first
+    h = 12288
+    vocab = 51200 // 8 * h
+    request = parse_options(
+        model="gpt3-175b", gpus=64, tp=8, pp=8, vpp=2, framework="megatron", model_impl="megatron",
+        sequence_parallel=True, grad_accum=16,
+    )  # fmt: skip
+    params = [s.params for s in request.stages]
+    assert params[0] == 12 * GPT3_LAYER_TP8 + vocab + 2048 * h
+    assert params[1:7] == [12 * GPT3_LAYER_TP8] * 6
+    assert params[7] == 12 * GPT3_LAYER_TP8 + 2 * h + vocab
+
+
+def test_a_stage_of_dense_layers_of_a_mixture_of_experts() -> None:
+    moe = Architecture(
+        name="tiny-moe", vocab_size=1000, hidden_size=64, num_layers=4, num_heads=4, intermediate_size=32,
+        mlp=MlpKind.SWIGLU, norm=NormKind.RMSNORM, num_experts=8, experts_per_token=2, dense_layers=(0, 1),
+        dense_intermediate_size=256,
+    )  # fmt: skip
+    first = pipeline_stage(moe, 2, 1, 0, (0, 1))
+    second = pipeline_stage(moe, 2, 1, 1, (2, 3))
+    assert not first.is_moe and first.intermediate_size == 256  # a dense model of the dense layers' width
+    assert second.is_moe and second.dense_layers == ()
+    whole = count_parameters(moe)
+    # the same layers, the tied head aside (untied: no tie here)
+    assert count_parameters(first).total + count_parameters(second).total == whole.total
+
+
+# ------------------------------------------------------------------------------ activations in flight
+S, H, A = 2048, 12288, 96
+KORTHIKANTI_LAYER = S * H * (34 + 5 * A * S // H)
+"""Korthikanti et al. 2022 Table 2, no parallelism, b = 1: s·b·h·(34 + 5·a·s/h) bytes a layer (16-bit)."""
+HIDDEN = 2 * S * H
+"""One layer's input or output, b·s·h in bf16: what a stage receives and sends per micro-batch."""
+
+
+def _gpt3_stages(**options: object) -> list:
+    report = estimate_peak(
+        "gpt3-175b", 32, framework="megatron", model_impl="megatron", strategies="zero1",
+        flash_attention=False, seq_len=S, **options,
+    )  # fmt: skip
+    return report.peak.strategies[0].stages  # type: ignore[union-attr]
+
+
+def test_1f1b_stage_holds_p_minus_i_micro_batches() -> None:
+    # 96 layers over 4 stages; a middle stage's peak is at the end of its warm-up: p − i micro-batches'
+    # saved activations of its 24 layers, the last layer's output not yet sent (Megatron frees it once
+    # sent), and one received activation per micro-batch in flight
+    stages = _gpt3_stages(pp=4, grad_accum=8)
+    for stage in stages[1:3]:
+        k = 4 - stage.stage
+        assert stage.in_flight == k
+        assert stage.term(TensorKind.ACTIVATIONS) == k * 24 * KORTHIKANTI_LAYER + HIDDEN
+        assert stage.term(TensorKind.PIPELINE) == k * HIDDEN
+    assert [s.in_flight for s in stages] == [4, 3, 2, 1]
+    worst = estimate_peak(
+        "gpt3-175b",
+        32,
+        pp=4,
+        grad_accum=8,
+        framework="megatron",
+        model_impl="megatron",
+        strategies="zero1",
+        flash_attention=False,
+    ).peak.strategies[0]  # type: ignore[union-attr]
+    assert worst.stage == max(range(4), key=lambda i: stages[i].peak_bytes)
+    assert worst.peak_bytes == max(s.peak_bytes for s in stages)
+
+
+def test_interleaved_stage_holds_its_forward_passes_in_flight() -> None:
+    # p 4, v 2: 12 layers a chunk; rank 1 holds 2·(4 − 1 − 1) + (2 − 1)·4 + 1 = 9 chunks' passes
+    stages = _gpt3_stages(pp=4, vpp=2, grad_accum=8)
+    rank = stages[1]
+    assert rank.in_flight == 4.5
+    assert rank.term(TensorKind.ACTIVATIONS) == 9 * 12 * KORTHIKANTI_LAYER + HIDDEN
+    assert rank.term(TensorKind.PIPELINE) == 9 * HIDDEN
+    assert rank.layers == [[12, 23], [60, 71]]
+
+
+def test_gpipe_holds_every_micro_batch() -> None:
+    stages = _gpt3_stages(pp=4, grad_accum=6, pp_schedule="gpipe")
+    middle = stages[2]
+    assert middle.in_flight == 6
+    assert middle.term(TensorKind.ACTIVATIONS) == 6 * 24 * KORTHIKANTI_LAYER + HIDDEN
+
+
+def test_fsdp2_stage_keeps_its_gradients_whole_until_the_last_backward() -> None:
+    # torch.distributed.pipelining: no reduction until the last micro-batch's backward; with micro-batches
+    # before the simulated ones, each unit's bf16 gradients are resident whole: stage 0 of llama-3-8b over
+    # 2 stages (dp 2) holds 16 blocks and the embedding. torch keeps each stage output until its backward:
+    # two of them in flight, and the gradient received from stage 1
+    report = estimate_peak("llama-3-8b", 4, framework="fsdp2", strategies="zero3", pp=2, grad_accum=8)
+    stage = report.peak.strategies[0].stages[0]  # type: ignore[union-attr]
+    assert stage.in_flight == 2 and stage.peak_phase.value == "backward"
+    assert stage.term(TensorKind.GRADIENTS) == 2 * (16 * LLAMA3_8B_LAYER + 128256 * 4096)
+    assert stage.term(TensorKind.PIPELINE) == 3 * 2 * 2048 * 4096
+
+
+# ------------------------------------------------------------------------------------- communication
+def test_pair_spans_nodes_from_the_layout() -> None:
+    # tp 2 × dp 2: stages 4 ranks apart on nodes of 8: 0→1 within a node, 1→2 across, 2→3 within
+    mesh = Mesh(world=16, gpus_per_node=8, tp=2, pp=4)
+    assert [pair_spans_nodes(mesh, i, i + 1) for i in range(3)] == [False, True, False]
+    assert pair_spans_nodes(Mesh(world=32, gpus_per_node=8, tp=8, pp=4), 0, 1)  # 8 apart: always
+
+
+def test_p2p_sends_of_llama_3_8b() -> None:
+    # b·s·h = 2048 × 4096 bf16 elements a send (16 MiB); m = 8 sends a link each way; a middle rank sends
+    # its activations forward and its gradients back: 16 sends, 256 MiB
+    estimate = estimate_comm(model="llama-3-8b", gpus=32, pp=4, grad_accum=8, framework="megatron")
+    pipeline = estimate.pipeline
+    assert pipeline is not None
+    assert pipeline.message_elements == 2048 * 4096 and pipeline.message_bytes == 16 * 2**20
+    assert [(link.stage, link.next_stage, link.forward_sends) for link in pipeline.links] == [
+        (0, 1, 8), (1, 2, 8), (2, 3, 8),
+    ]  # fmt: skip
+    assert all(link.bytes_per_direction == 8 * 16 * 2**20 and link.spans_nodes for link in pipeline.links)
+    assert pipeline.busiest_rank_bytes == 16 * 16 * 2**20
+    assert pipeline.bubble_fraction == 3 / 8
+    assert pipeline.embedding_sync is None  # untied
+    # the pipeline as a dimension of each strategy: the busiest rank's sends, tp·cp·dp = 8 ranks apart
+    (pp,) = [d for d in estimate.strategies[0].dimensions if d.dimension.value == "pp"]
+    assert (pp.group_size, pp.stride, pp.calls_per_step) == (4, 8, 16)
+    assert pp.total_bytes_per_gpu == pipeline.busiest_rank_bytes
+
+
+def test_p2p_sends_of_gpt3_175b_interleaved() -> None:
+    # tp 8 with sequence parallelism: s/t·b·h = 256 × 12288 per send; v 2: 2·m sends a link, and rank 7
+    # sends chunk 0's output on to rank 0 (v − 1)·m times; 8·2 − 1 = 15 boundaries a micro-batch
+    estimate = estimate_comm(
+        model="gpt3-175b", gpus=1024, tp=8, pp=8, vpp=2, grad_accum=64, framework="megatron",
+        sequence_parallel=True,
+    )  # fmt: skip
+    pipeline = estimate.pipeline
+    assert pipeline is not None
+    assert pipeline.message_elements == 256 * 12288 == 3_145_728
+    assert pipeline.boundaries == 15
+    assert [link.forward_sends for link in pipeline.links] == [128] * 7 + [64]
+    assert (pipeline.links[-1].stage, pipeline.links[-1].next_stage) == (7, 0)
+    assert pipeline.busiest_rank_bytes == 2 * 128 * 3_145_728 * 2
+    assert pipeline.bubble_fraction == 7 / 128
+    sync = pipeline.embedding_sync  # the tied embedding's gradients over the first and the last stage
+    assert (
+        sync is not None and sync.elements == 51200 // 8 * 12288 and sync.bytes_per_gpu == 2 * sync.elements
+    )
+
+
+def test_context_parallel_divides_the_message() -> None:
+    estimate = estimate_comm(model="llama-3-8b", gpus=16, pp=2, cp=2, seq_len=8192, framework="megatron")
+    assert estimate.pipeline is not None and estimate.pipeline.message_elements == 8192 // 2 * 4096
+
+
+# ---------------------------------------------------------------------------------------- the shell
+def test_memory_and_comm_take_pp_4_vpp_8() -> None:
+    args = ["--model", "llama-3-8b", "--gpus", "32", "--pp", "4", "--vpp", "8", "--grad-accum", "8"]
+    memory = runner.invoke(app, ["memory", *args, "--framework", "megatron", "--gpu", "h100-80gb"])
+    assert memory.exit_code == 0, memory.stderr
+    assert "stage 3, backward" in memory.stdout  # the worst stage named
+    assert "zero1 per stage, device (micro-batches in flight): 0:" in memory.stdout
+    assert "(4.38)," in memory.stdout  # rank 0: 4·(1 + 3/32) micro-batches
+    assert max(len(line) for line in memory.stdout.splitlines()) <= 80
+    data = json.loads(runner.invoke(app, ["memory", *args, "--framework", "megatron", "--json"]).stdout)
+    row = data["peak"]["strategies"][0]
+    assert [s["stage"] for s in row["stages"]] == [0, 1, 2, 3]
+    assert row["stages"][0]["in_flight"] == 4.375 and row["stages"][0]["layers"][1] == [4, 4]
+    assert row["peak_bytes"] == max(s["peak_bytes"] for s in row["stages"])
+    comm = runner.invoke(app, ["comm", *args, "--framework", "megatron"])
+    assert comm.exit_code == 0, comm.stderr
+    assert "Pipeline pp 4 × v 8 (interleaved-1f1b), m = 8" in comm.stdout
+    assert "3→0" in comm.stdout and "(p − 1)/(v·m)" in comm.stdout
+    assert max(len(line) for line in comm.stdout.splitlines()) <= 80
+    pipeline = json.loads(runner.invoke(app, ["comm", *args, "--framework", "megatron", "--json"]).stdout)
+    assert pipeline["pipeline"]["bubble_fraction"] == 3 / 64
+
+
+def test_no_pipeline_keys_without_pipeline() -> None:
+    data = json.loads(runner.invoke(app, ["memory", "--model", "gpt2", "--gpus", "2", "--json"]).stdout)
+    assert "stages" not in data["peak"]["strategies"][0]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--pp", "4", "--vpp", "2", "--grad-accum", "6", "--gpus", "4"],
+         "--grad-accum 6 with --pp-schedule interleaved-1f1b over --pp 4: its micro-batches run in groups"),
+        (["--pp", "2", "--gpus", "2", "--framework", "deepspeed"],
+         "accepted: --framework paper, megatron, fsdp2"),
+        (["--pp", "2", "--gpus", "4", "--framework", "fsdp2", "--grad-sync", "every", "-s", "zero3"],
+         "--grad-sync every"),
+    ],
+)  # fmt: skip
+def test_pipeline_refusals(args: list[str], fragment: str) -> None:
+    one_line_error(runner.invoke(app, ["memory", "--model", "llama-3-8b", *args]), fragment)
+
+
+def test_the_core_stages_are_what_validate_builds() -> None:
+    # zerocalc validate --pp builds each stage's modules from the core's layers; the core's PipelineStage
+    # holds the whole model's tensors of those modules: the embedding on stage 0, L/p consecutive blocks,
+    # the final norm and head on stage p − 1 (an untied model: no second head); a boundary carries the
+    # b·s·h elements validate predicts
+    from zerocalc.model.architecture import embedding_tensors, head_tensors, layer_tensors, parameter_tensors
+    from zerocalc.parallel.pipeline import boundary_elements
+    from zerocalc.validate.pipeline import activation_elements
+
+    request = parse_options(model="llama-3-8b", gpus=8, pp=4, grad_accum=4)
+    arch = request.model.architecture
+    assert arch is not None
+    for i, stage in enumerate(request.stages):
+        assert stage.architecture is not None
+        core = [t.shape for t in parameter_tensors(stage.architecture)]
+        whole = embedding_tensors(arch) if i == 0 else []
+        for index in range(8 * i, 8 * i + 8):
+            whole += layer_tensors(arch, index)
+        whole += head_tensors(arch) if i == 3 else []
+        assert core == [t.shape for t in whole]
+    assert boundary_elements(request.mesh, 1, 2048, 4096) == activation_elements(arch, 1, 2048)

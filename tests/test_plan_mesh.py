@@ -1,0 +1,173 @@
+"""``zerocalc plan`` over tensor, context and pipeline parallelism: each row's degrees and the commands
+that reproduce it, the divisibility rules counted per reason, derived requests equal to the parser's, the
+bubble and exposed mesh communication in the step time, and the lower bound below the exact peak."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from helpers import one_line_error
+from typer.testing import CliRunner
+
+from zerocalc.base.errors import InputError
+from zerocalc.cli import app
+from zerocalc.cli.plan import command
+from zerocalc.parallel.frameworks import Estimate
+from zerocalc.peak.simulate import flash_attention_used
+from zerocalc.plan.allocated import with_batch
+from zerocalc.plan.search import Status, _exact, search
+from zerocalc.plan.space import derived_request, enumerate_groups, group_request, plan_options
+
+runner = CliRunner()
+
+MESH = ["--model", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "8", "--global-batch", "16seq",
+        "--seq-len", "2048", "--framework", "megatron,fsdp2"]  # fmt: skip
+"""Llama 3 8B on one node of 8 H100, 16 sequences of 2,048 tokens per step."""
+
+
+def _plan_json(args: list[str]) -> dict:
+    result = runner.invoke(app, ["plan", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_a_mesh_rows_printed_commands_reproduce_it() -> None:
+    """tp 2 × pp 2: the top row carries its degrees, its memory command gives its peak, its comm command
+    its communication, and its step adds the 1F1B bubble (p−1)/m of the compute (Narayanan et al. 2021)."""
+    args = [*MESH, "--tp", "2", "--pp", "2", "--top", "1"]
+    plan = _plan_json(args)
+    top = plan["top"][0]
+    assert (top["tp"], top["pp"], top["cp"], top["vpp"], top["ep"]) == (2, 2, 1, 1, 1)
+    assert top["memory_options"]["tp"] == "2" and top["memory_options"]["pp"] == "2"
+    assert top["comm_options"]["tp"] == "2" and top["comm_options"]["pp"] == "2"
+    # d = 8 / (2·2) = 2 replicas: b·A·2 = 16 sequences
+    assert top["micro_batch"] * top["grad_accum"] * 2 == 16
+    text = runner.invoke(app, ["plan", *args])
+    assert text.exit_code == 0
+    assert "tp2" in text.stdout and "pp2" in text.stdout
+    memory_line = command("memory", top["memory_options"])
+    memory = runner.invoke(app, [*memory_line.split()[1:], "--json"])
+    assert memory.exit_code == 0, memory.output
+    assert json.loads(memory.stdout)["peak"]["strategies"][0]["peak_bytes"] == top["peak_bytes"]
+    comm = runner.invoke(app, [*command("comm", top["comm_options"]).split()[1:], "--json"])
+    assert comm.exit_code == 0, comm.output
+    row = json.loads(comm.stdout)["strategies"][0]
+    assert row["time_s"] == top["comm_s"]
+    # the step is comm's own: compute, exposed DP/TP/PP communication, the 1F1B bubble
+    assert row["step"]["step_s"] == top["step_s"] and row["step"]["bubble_s"] == top["bubble_s"] > 0
+    assert row["step"]["exposed_tp_s"] > 0
+    assert top["step_s"] == pytest.approx(
+        top["compute_s"] + top["bubble_s"] + top["exposed_comm_s"] + top["offload_s"]
+    )
+
+
+def test_the_interleaved_bubble_is_divided_by_the_virtual_stages() -> None:
+    """pp 2 with v 1 and v 2 (interleaved 1F1B, A a multiple of p): at the same b and A the interleaved
+    bubble is the 1F1B one over v, (p−1)/(v·m) against (p−1)/m of the slowest stage's compute."""
+    args = [*MESH, "--framework", "megatron", "--pp", "2", "--top", "1", "--objective", "memory"]
+    one = _plan_json(args)["top"][0]
+    two = _plan_json([*args, "--vpp", "2"])["top"][0]
+    assert (two["pp"], two["vpp"]) == (2, 2) and two["grad_accum"] % 2 == 0
+    assert two["memory_options"]["vpp"] == "2"
+    if (one["micro_batch"], one["grad_accum"]) == (two["micro_batch"], two["grad_accum"]):
+        assert two["bubble_s"] == pytest.approx(one["bubble_s"] / 2, rel=0.05)
+    assert two["bubble_s"] > 0
+
+
+def test_rejected_meshes_are_counted_per_reason() -> None:
+    """Llama 3 8B: 32 heads, 8 KV heads, 32 layers. On 8-GPU nodes up to 16 GPUs (8 and 16 searched):
+    t 16 spans nodes, t 3 too (3 does not divide 8), p 5 does not divide the layers at 8 GPUs nor does
+    it divide 8 or 16 GPUs (t·c·p first), so each is counted once per number of GPUs."""
+    plan = _plan_json(
+        ["--model", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "16", "--global-batch", "32seq",
+         "--seq-len", "2048", "--framework", "megatron", "--tp", "1,3,16", "--pp", "1,5", "--top", "1"]
+    )  # fmt: skip
+    reasons = {r["reason"]: r["candidates"] for r in plan["rejections"]}
+    # (t, p) at 8 and 16 GPUs: (1,5) (3,1) (3,5) (16,1) (16,5) fail t·c·p | N where 8 or 16 is not a
+    # multiple of 3 or 5: (1,5)×2, (3,1)×2, (3,5)×2, (16,5)×2; (16,1) at 8 GPUs too. (16,1) at 16 GPUs
+    # divides: its TP group spans the nodes.
+    assert reasons["mesh: t·c·p does not divide the GPUs (meshes)"] == 9
+    assert reasons["mesh: a TP group would span nodes (t does not divide the node) (meshes)"] == 1
+    assert all(row["tp"] == 1 and row["pp"] == 1 for row in plan["top"])
+
+
+def test_every_derived_mesh_request_is_the_parsers() -> None:
+    """A sample of a TP × PP × CP × v space under every framework: derived requests equal the parsed ones,
+    or both give the same line."""
+    plan = plan_options(
+        model="llama-3-8b", gpu="h100-80gb", gpus=16, global_batch="64seq", seq_len=4096, frameworks="all",
+        tp="1,2,4,8", pp="auto", cp="1,2", vpp="1,2",
+    )  # fmt: skip
+    groups, _ = enumerate_groups(plan, flash_attention_used(plan.base))
+    meshed = [g for g in groups if g.model_parallel]
+    assert len(meshed) > 1000
+    errors = 0
+    for group in random.Random(30).sample(meshed, 150):
+        for estimate in (Estimate.MEMORY, Estimate.COMM):
+            try:
+                parsed: object = group_request(plan, group, estimate)
+            except InputError as exc:
+                parsed = str(exc)
+                errors += 1
+            try:
+                derived: object = derived_request(plan, group, estimate)
+            except InputError as exc:
+                derived = str(exc)
+            assert derived == parsed, (group, estimate)
+    assert errors > 10  # frameworks without pipeline or context parallelism refused as the parser does
+
+
+def test_a_mesh_candidates_lower_bound_is_below_its_exact_peak() -> None:
+    """The walk skips a model-parallel candidate whose lower bound is above the limit: on every evaluated
+    candidate of a TP × PP space the bound is at most memory's exact peak."""
+    plan = plan_options(
+        model="llama-3-8b", gpu="h100-80gb", gpus=8, global_batch="16seq", seq_len=2048,
+        frameworks="megatron,fsdp2", tp="1,2,4", pp="1,2", objective="memory", top=3,
+    )  # fmt: skip
+    result = search(plan, keep_all=True)
+    assert result.candidates is not None
+    meshed = [r for r in result.candidates if r.tp * r.pp > 1]
+    checked = 0
+    for row in random.Random(1).sample(meshed, 12):
+        request = derived_request(plan, _group_of(plan, row), Estimate.MEMORY)
+        exact = _exact(with_batch(request, row.micro_batch, row.grad_accum))
+        assert row.peak_lower_bound_bytes <= exact.peak_bytes, row
+        checked += 1
+    assert checked == 12
+    assert any(r.status is Status.RANKED for r in result.candidates)
+
+
+def _tag(row) -> str:  # type: ignore[no-untyped-def]
+    names = (("tp", row.tp), ("cp", row.cp), ("pp", row.pp), ("v", row.vpp), ("ep", row.ep))
+    return " ".join(f"{name}{degree}" for name, degree in names if degree > 1)
+
+
+def _group_of(plan, row):  # type: ignore[no-untyped-def]
+    groups, _ = enumerate_groups(plan, flash_attention_used(plan.base))
+    for group in groups:
+        same = (
+            group.framework is row.framework and group.strategy is row.strategy and group.world == row.gpus
+            and group.recompute is row.recompute and group.reduce_dtype == row.reduce_dtype
+            and group.grad_sync == row.grad_sync and group.offload_optimizer is row.offload_optimizer
+            and group.offload_params is row.offload_params and group.prefetch == row.prefetch
+            and group.mesh_tag() == _tag(row)
+            and row.micro_batch in group.micro_batches and group.gpus_per_node == row.gpus_per_node
+        )  # fmt: skip
+        if same:
+            return group._replace(micro_batches=(row.micro_batch,))
+    raise AssertionError(row)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--tp", "two"], "--tp"),
+        (["--pp", "0"], "--pp"),
+        (["--cp", ""], "--cp"),
+    ],
+)
+def test_bad_degrees_are_one_line(args: list[str], needle: str) -> None:
+    result = runner.invoke(app, ["plan", *MESH, *args])
+    one_line_error(result, needle)

@@ -1,0 +1,821 @@
+"""Tensor- and context-parallel communication per optimizer step: the collectives each layer issues per
+micro-batch, as each framework's code issues them, and what they cost over the mesh's groups (pure).
+
+The schedules are data tables (:data:`TP_LAYER`, :data:`TP_MODEL`, :data:`TP_GRADIENTS`, :data:`CP_LAYER`):
+one :class:`MeshCall` per collective, in the order the code issues it, each citing the code that issues
+it. A rank holds b sequences of s/c tokens (context parallelism splits the sequence), t the
+tensor-parallel degree, h the hidden size, a and kv the attention and key/value heads, d_k and d_v the
+key and value head widths; S is nccl-tests' size of a call (the all_reduce tensor, the all_gather
+output, the reduce_scatter input, the all_to_all per-rank send buffer, the send/recv message), so that
+every call of a layer's activation moves S = b·(s/c)·h elements:
+
+* tensor parallelism, per layer and micro-batch: without sequence parallelism an all_reduce after each
+  row-parallel projection in forward and one of each column-parallel input's gradient in backward;
+  with it, all_gather + reduce_scatter in their place (Korthikanti et al. 2022 §4.2.2), and Megatron-LM
+  gathers the sequence-sharded input of each column-parallel linear again in backward for its weight
+  gradient, where DTensor's autograd keeps the gathered input;
+* the vocabulary-parallel embedding and LM head once per micro-batch, and the vocabulary-parallel
+  cross-entropy's three all_reduces of b·(s/c) fp32 values (the logits' maximum, the target logit, the
+  sum of exponentials);
+* the gradients of the parameters every tensor-parallel rank holds whole but computes from its own
+  sequence shard (norms; Megatron's row-parallel biases), all-reduced over the TP group;
+* context parallelism, per layer and micro-batch: the K/V exchange of attention (ring, all-gather or
+  Ulysses all-to-all), c ranks t apart;
+* expert parallelism, per MoE layer and micro-batch: the dispatch all-to-all of the routed tokens to the
+  ranks of their experts and the combine all-to-all of the experts' outputs back, each of S = cf·k·b·(s/c)·h
+  elements (k experts per token, cf the capacity factor: the busiest rank's buffer, the balanced k·b·s/c·h
+  at cf = 1), and the gradients of both in backward; e ranks t apart, (e−1)/e of each buffer leaving the
+  GPU and, where the group spans nodes, (e − m)/e of it the node (m of its ranks per node). The exchange
+  of the per-expert token counts before each dispatch (E integers) is left out.
+
+Activation recomputation re-runs forward collectives in backward: full recompute every forward
+collective of a layer; selective recompute (Korthikanti et al.'s core attention) those inside the core
+attention Megatron-LM checkpoints (``transformer/attention.py`` ``_checkpointed_attention_forward``
+re-runs Transformer Engine's attention, and its context-parallel exchange). DeepSpeed's all-to-alls sit
+outside the local attention it would recompute, and torch's SDPA with ``context_parallel`` is not
+recomputed by it (torchtitan's op-level selective checkpointing, which saves the SDPA outputs and re-runs
+other ops, is a different policy, not modelled). Scalar reductions for logging (the loss over the CP
+group) are left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import NamedTuple
+
+from pydantic import BaseModel, Field
+
+from zerocalc.base.dtypes import DType
+from zerocalc.base.units import ceil_div
+from zerocalc.model.activations import Recompute, routed_rows
+from zerocalc.model.architecture import Architecture, MlpKind, parameter_tensors, tensor_parallel_dim
+from zerocalc.network.calibration import Calibration, CollectiveFit
+from zerocalc.network.cluster import RankGroup
+from zerocalc.network.collectives import COLLECTIVES, Collective
+from zerocalc.network.links import Bandwidths, BandwidthSource, LinkFigures
+from zerocalc.network.schedule import GradSync, Phase
+from zerocalc.parallel.frameworks import Framework
+from zerocalc.parallel.mesh import CpImpl, Mesh, TpStyle
+
+
+class Dimension(StrEnum):
+    """A dimension of the mesh, and the group its collectives run over."""
+
+    DP = "dp"
+    """Data parallelism over the dp × cp ranks of one TP index (the strategies' collectives)."""
+    TP = "tp"
+    """Tensor parallelism: t consecutive ranks."""
+    CP = "cp"
+    """Context parallelism: c ranks, t apart."""
+    PP = "pp"
+    """Pipeline parallelism: p stages, t·c·dp apart (:mod:`zerocalc.comm.pipeline`)."""
+    EP = "ep"
+    """Expert parallelism: e ranks, t apart."""
+
+
+class Size(StrEnum):
+    """S of one call, in elements, from the rank's micro-batch (b sequences of s/c tokens)."""
+
+    HIDDEN = "hidden"
+    """b·(s/c)·h: a layer's activation."""
+    TOKENS = "tokens"
+    """b·(s/c): one value per token."""
+    KV = "kv"
+    """b·(s/c)·(kv/t)·(d_k + d_v): the rank's K and V chunk in one buffer (or their gradients)."""
+    KV_WITH_GRADS = "kv_with_grads"
+    """2·b·(s/c)·(kv/t)·(d_k + d_v): K, V, dK and dV in one buffer."""
+    K_GATHERED = "k_gathered"
+    """b·s·(kv/t)·d_k: K of the whole sequence (an all_gather output, a reduce_scatter input)."""
+    V_GATHERED = "v_gathered"
+    """b·s·(kv/t)·d_v."""
+    KV_GATHERED = "kv_gathered"
+    """b·s·(kv/t)·(d_k + d_v): K and V of the whole sequence in one buffer."""
+    Q_HEADS = "q_heads"
+    """b·(s/c)·(a/t)·d_k: the rank's queries, sent as c blocks of heads (all_to_all)."""
+    K_HEADS = "k_heads"
+    """b·(s/c)·(kv/t)·d_k."""
+    V_HEADS = "v_heads"
+    """b·(s/c)·(kv/t)·d_v."""
+    O_HEADS = "o_heads"
+    """b·(s/c)·(a/t)·d_v: attention's output."""
+    REPLICATED_GRADS = "replicated_grads"
+    """Σ of the replicated parameters' elements, one flat buffer."""
+    REPLICATED_GRAD = "replicated_grad"
+    """One call per replicated parameter, of its elements."""
+    ROUTED = "routed"
+    """routed_rows(k·b·(s/c), cf)·h: the token copies routed to the experts (all-to-all)."""
+
+
+class Count(StrEnum):
+    """How many calls of its size a row makes each time it runs."""
+
+    ONE = "1"
+    CP_STEPS = "c-1"
+    """The steps of a ring after the first."""
+    CP_SIZE = "c"
+    CP_INNER = "c-2"
+    """The ring steps between the first and the last."""
+    ATTENTION_INPUTS = "attention inputs"
+    """One per column-parallel projection of attention's input: 1 (fused q/k/v) or 3."""
+    MLP_INPUTS = "mlp inputs"
+    """One per column-parallel projection of the MLP's input: 1 (fc_in, fused gate/up) or 2 (gate, up)."""
+
+
+class Carried(StrEnum):
+    """Which dtype a row's tensor travels in."""
+
+    ACTIVATION = "activation"
+    """The precision recipe's compute dtype."""
+    FP32 = "fp32"
+    GRADIENT = "gradient"
+    """The gradients' reduce dtype (``--reduce-dtype``, else the recipe's gradient dtype)."""
+
+
+class Scope(StrEnum):
+    """How often a row runs in a step of A micro-batches."""
+
+    LAYER = "layer"
+    """In every layer, every micro-batch: L·A times."""
+    MODEL = "model"
+    """Once per micro-batch: A times."""
+    STEP = "step"
+    """Once per step."""
+    SYNC = "sync"
+    """Once per micro-batch that synchronises gradients (A under ``every``, 1 under ``last``)."""
+    MOE_LAYER = "moe_layer"
+    """In every mixture-of-experts layer, every micro-batch: L_moe·A times."""
+
+
+@dataclass(frozen=True)
+class MeshCall:
+    """One collective of a tensor- or context-parallel schedule."""
+
+    op: Collective
+    phase: Phase
+    moves: str
+    size: Size
+    source: str
+    count: Count = Count.ONE
+    carried: Carried = Carried.ACTIVATION
+    scope: Scope = Scope.LAYER
+    in_core_attention: bool = False
+    """Runs inside the core attention, which selective recomputation re-runs."""
+
+    def reruns_under(self, recompute: Recompute) -> bool:
+        """Whether ``recompute`` runs this forward collective again in backward."""
+        if self.phase is not Phase.FORWARD or self.scope not in (Scope.LAYER, Scope.MOE_LAYER):
+            return False
+        return recompute is Recompute.FULL or (recompute is Recompute.SELECTIVE and self.in_core_attention)
+
+
+AR, AG, RS = Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER
+A2A, P2P = Collective.ALL_TO_ALL, Collective.SEND_RECV
+FWD, BWD = Phase.FORWARD, Phase.BACKWARD
+
+_LAYERS = "Megatron-LM core/tensor_parallel/layers.py"
+_MAPPINGS = "Megatron-LM core/tensor_parallel/mappings.py"
+_COLUMN = f"{_LAYERS} LinearWithGradAccumulationAndAsyncCommunication"
+_DGRAD = f"{_COLUMN}.backward allreduce_dgrad"
+_STYLE = "torch/distributed/tensor/parallel/style.py"
+_PLAN = "torchtitan models/llama3/infra/parallelize.py apply_tp"
+_FROM_LOCAL = (
+    f"{_STYLE} ColwiseParallel: DTensor.from_local backward, Partial to Replicate, one per projection"
+)
+
+TP_LAYER: dict[tuple[TpStyle, bool], tuple[MeshCall, ...]] = {
+    (TpStyle.MEGATRON, False): (
+        MeshCall(AR, FWD, "attention output", Size.HIDDEN,
+                 f"{_MAPPINGS} _ReduceFromModelParallelRegion (RowParallelLinear linear_proj)"),
+        MeshCall(AR, FWD, "MLP output", Size.HIDDEN,
+                 f"{_MAPPINGS} _ReduceFromModelParallelRegion (RowParallelLinear linear_fc2)"),
+        MeshCall(AR, BWD, "MLP input gradient", Size.HIDDEN, f"{_DGRAD} (linear_fc1)"),
+        MeshCall(AR, BWD, "attention input gradient", Size.HIDDEN,
+                 f"{_DGRAD} (linear_qkv)"),
+    ),
+    (TpStyle.MEGATRON, True): (
+        MeshCall(AG, FWD, "attention input", Size.HIDDEN, f"{_COLUMN}.forward (linear_qkv)"),
+        MeshCall(RS, FWD, "attention output", Size.HIDDEN,
+                 f"{_MAPPINGS} _ReduceScatterToSequenceParallelRegion (RowParallelLinear linear_proj)"),
+        MeshCall(AG, FWD, "MLP input", Size.HIDDEN, f"{_COLUMN}.forward (linear_fc1)"),
+        MeshCall(RS, FWD, "MLP output", Size.HIDDEN,
+                 f"{_MAPPINGS} _ReduceScatterToSequenceParallelRegion (RowParallelLinear linear_fc2)"),
+        MeshCall(AG, BWD, "MLP output gradient", Size.HIDDEN,
+                 f"{_MAPPINGS} _ReduceScatterToSequenceParallelRegion.backward (linear_fc2)"),
+        MeshCall(AG, BWD, "MLP input, gathered again", Size.HIDDEN,
+                 f"{_COLUMN}.backward: for the weight gradient (linear_fc1)"),
+        MeshCall(RS, BWD, "MLP input gradient", Size.HIDDEN, f"{_COLUMN}.backward (linear_fc1)"),
+        MeshCall(AG, BWD, "attention output gradient", Size.HIDDEN,
+                 f"{_MAPPINGS} _ReduceScatterToSequenceParallelRegion.backward (linear_proj)"),
+        MeshCall(AG, BWD, "attention input, gathered again", Size.HIDDEN,
+                 f"{_COLUMN}.backward: for the weight gradient (linear_qkv)"),
+        MeshCall(RS, BWD, "attention input gradient", Size.HIDDEN, f"{_COLUMN}.backward (linear_qkv)"),
+    ),
+    (TpStyle.DTENSOR, False): (
+        MeshCall(AR, FWD, "attention output", Size.HIDDEN,
+                 f"{_STYLE} RowwiseParallel, output Replicate"),
+        MeshCall(AR, FWD, "MLP output", Size.HIDDEN, f"{_STYLE} RowwiseParallel, output Replicate"),
+        MeshCall(AR, BWD, "MLP input gradient", Size.HIDDEN,
+                 _FROM_LOCAL,
+                 count=Count.MLP_INPUTS),
+        MeshCall(AR, BWD, "attention input gradient", Size.HIDDEN,
+                 _FROM_LOCAL,
+                 count=Count.ATTENTION_INPUTS),
+    ),
+    (TpStyle.DTENSOR, True): (
+        MeshCall(AG, FWD, "attention input", Size.HIDDEN,
+                 f"{_PLAN}: PrepareModuleInput Shard(1) to Replicate"),
+        MeshCall(RS, FWD, "attention output", Size.HIDDEN,
+                 f"{_PLAN}: RowwiseParallel, output Shard(1)"),
+        MeshCall(AG, FWD, "MLP input", Size.HIDDEN, f"{_PLAN}: PrepareModuleInput Shard(1) to Replicate"),
+        MeshCall(RS, FWD, "MLP output", Size.HIDDEN, f"{_PLAN}: RowwiseParallel, output Shard(1)"),
+        MeshCall(AG, BWD, "MLP output gradient", Size.HIDDEN, f"{_PLAN}: Shard(1) output's gradient"),
+        MeshCall(RS, BWD, "MLP input gradient", Size.HIDDEN, f"{_PLAN}: PrepareModuleInput's gradient"),
+        MeshCall(AG, BWD, "attention output gradient", Size.HIDDEN, f"{_PLAN}: Shard(1) output's gradient"),
+        MeshCall(RS, BWD, "attention input gradient", Size.HIDDEN, f"{_PLAN}: PrepareModuleInput's gradient"),
+    ),
+}  # fmt: skip
+"""What one layer's tensor-parallel linears communicate per micro-batch, by whose layers and whether
+sequence parallelism is on. Megatron-LM: ``ColumnParallelLinear`` (linear_qkv, linear_fc1) and
+``RowParallelLinear`` (linear_proj, linear_fc2) through ``LinearWithGradAccumulationAndAsyncCommunication``
+(the input all-gathered in forward and again in backward under sequence parallelism, its gradient
+all-reduced or reduce-scattered) and ``mappings.py``. DTensor: the ``ColwiseParallel`` / ``RowwiseParallel``
+styles, and torchtitan's plan under sequence parallelism, where one ``PrepareModuleInput`` all-gathers the
+input of attention and of the MLP and its backward reduce-scatters their summed gradients."""
+
+_CE = "Megatron-LM core/tensor_parallel/cross_entropy.py _VocabParallelCrossEntropy.forward"
+_LOSS = "torch/distributed/tensor/parallel/loss.py (loss_parallel)"
+_EMBEDDING = f"{_LAYERS} VocabParallelEmbedding.forward"
+_EMBEDDING_REDUCE = f"{_EMBEDDING}: reduce_from_tensor_model_parallel_region"
+_CROSS_ENTROPY_MEGATRON = (
+    MeshCall(AR, FWD, "cross-entropy: max logit", Size.TOKENS, _CE, carried=Carried.FP32, scope=Scope.MODEL),
+    MeshCall(AR, FWD, "cross-entropy: target logit", Size.TOKENS, _CE, carried=Carried.FP32,
+             scope=Scope.MODEL),
+    MeshCall(AR, FWD, "cross-entropy: Σ exp", Size.TOKENS, _CE, carried=Carried.FP32,
+             scope=Scope.MODEL),
+)  # fmt: skip
+_CROSS_ENTROPY_DTENSOR = (
+    MeshCall(AR, FWD, "cross-entropy: max logit", Size.TOKENS, f"{_LOSS} _log_softmax",
+             carried=Carried.FP32, scope=Scope.MODEL),
+    MeshCall(AR, FWD, "cross-entropy: Σ exp", Size.TOKENS, f"{_LOSS} _log_softmax",
+             carried=Carried.FP32, scope=Scope.MODEL),
+    MeshCall(AR, FWD, "cross-entropy: target logit", Size.TOKENS, f"{_LOSS} _nll_loss_forward",
+             carried=Carried.FP32, scope=Scope.MODEL),
+)  # fmt: skip
+
+
+class _ModelKey(NamedTuple):
+    style: TpStyle
+    sequence_parallel: bool
+    learned_positions: bool
+    """Megatron-LM reduce-scatters the word embeddings only without a position table
+    (``LanguageModelEmbedding.reduce_scatter_embeddings``); with one it all-reduces them, adds the
+    positions and splits the sum (``scatter_to_sequence_parallel_region``)."""
+
+
+def _megatron_model(sequence_parallel: bool, learned_positions: bool) -> tuple[MeshCall, ...]:
+    head = "Megatron-LM core/models/gpt/gpt_model.py output_layer (ColumnParallelLinear)"
+    model = Scope.MODEL
+    if not sequence_parallel:
+        return (
+            MeshCall(AR, FWD, "word embeddings", Size.HIDDEN, _EMBEDDING_REDUCE,
+                     scope=model),
+            *_CROSS_ENTROPY_MEGATRON,
+            MeshCall(AR, BWD, "LM head input gradient", Size.HIDDEN, f"{head}: {_COLUMN} allreduce_dgrad",
+                     scope=model),
+        )  # fmt: skip
+    embedding = (
+        MeshCall(AR, FWD, "word embeddings", Size.HIDDEN, _EMBEDDING_REDUCE,
+                 scope=model)
+        if learned_positions
+        else MeshCall(RS, FWD, "word embeddings", Size.HIDDEN,
+                      f"{_EMBEDDING}: reduce_scatter_embeddings", scope=model)
+    )  # fmt: skip
+    embedding_grad = (
+        f"{_MAPPINGS} _ScatterToSequenceParallelRegion.backward"
+        if learned_positions
+        else f"{_MAPPINGS} _ReduceScatterToSequenceParallelRegion.backward"
+    )
+    return (
+        embedding,
+        MeshCall(AG, FWD, "LM head input", Size.HIDDEN, f"{head}: {_COLUMN}.forward", scope=model),
+        *_CROSS_ENTROPY_MEGATRON,
+        MeshCall(AG, BWD, "LM head input, gathered again", Size.HIDDEN,
+                 f"{head}: {_COLUMN}.backward: for the weight gradient", scope=model),
+        MeshCall(RS, BWD, "LM head input gradient", Size.HIDDEN, f"{head}: {_COLUMN}.backward", scope=model),
+        MeshCall(AG, BWD, "embeddings' gradient", Size.HIDDEN, embedding_grad, scope=model),
+    )  # fmt: skip
+
+
+def _dtensor_model(sequence_parallel: bool) -> tuple[MeshCall, ...]:
+    model = Scope.MODEL
+    if not sequence_parallel:
+        return (
+            MeshCall(AR, FWD, "word embeddings", Size.HIDDEN,
+                     f"{_STYLE} RowwiseParallel (nn.Embedding), output Replicate", scope=model),
+            *_CROSS_ENTROPY_DTENSOR,
+            MeshCall(AR, BWD, "LM head input gradient", Size.HIDDEN,
+                     f"{_STYLE} ColwiseParallel: DTensor.from_local backward", scope=model),
+        )  # fmt: skip
+    return (
+        MeshCall(RS, FWD, "word embeddings", Size.HIDDEN,
+                 f"{_PLAN}: tok_embeddings RowwiseParallel, output Shard(1)", scope=model),
+        MeshCall(AG, FWD, "LM head input", Size.HIDDEN, f"{_PLAN}: output ColwiseParallel, input Shard(1)",
+                 scope=model),
+        *_CROSS_ENTROPY_DTENSOR,
+        MeshCall(RS, BWD, "LM head input gradient", Size.HIDDEN, f"{_PLAN}: output's input gradient",
+                 scope=model),
+        MeshCall(AG, BWD, "embeddings' gradient", Size.HIDDEN, f"{_PLAN}: Shard(1) output's gradient",
+                 scope=model),
+    )  # fmt: skip
+
+
+TP_MODEL: dict[_ModelKey, tuple[MeshCall, ...]] = {
+    **{
+        _ModelKey(TpStyle.MEGATRON, sp, learned): _megatron_model(sp, learned)
+        for sp in (False, True)
+        for learned in (False, True)
+    },
+    **{
+        _ModelKey(TpStyle.DTENSOR, sp, learned): _dtensor_model(sp)
+        for sp in (False, True)
+        for learned in (False, True)
+    },
+}
+"""What the vocabulary-parallel embedding, LM head and cross-entropy communicate once per micro-batch. The
+LM head keeps its logits sharded by vocabulary (Megatron ``parallel_output``, torchtitan ``loss_parallel``)
+for the vocabulary-parallel cross-entropy, which runs in fp32 (Megatron casts the logits with
+``.float()``; torchtitan's loss takes ``pred.float()``)."""
+
+TP_GRADIENTS: dict[TpStyle, MeshCall] = {
+    TpStyle.MEGATRON: MeshCall(
+        AR, BWD, "norm and row bias gradients", Size.REPLICATED_GRADS,
+        "Megatron-LM core/distributed/finalize_model_grads.py _allreduce_non_tensor_model_parallel_grads",
+        carried=Carried.GRADIENT, scope=Scope.STEP,
+    ),
+    TpStyle.DTENSOR: MeshCall(
+        AR, BWD, "norm weight gradients", Size.REPLICATED_GRAD,
+        "torch/distributed/fsdp/_fully_shard/_fsdp_param.py _get_grad_inner_tensor: Partial to Replicate, "
+        "one per parameter",
+        scope=Scope.SYNC,
+    ),
+}  # fmt: skip
+"""The gradients every tensor-parallel rank computes from its own tokens, of parameters it holds whole.
+Megatron-LM all-reduces those marked ``sequence_parallel`` (norms and row-parallel biases, under
+sequence parallelism) and per-head q/k norms (``qk_layernorm``, each rank seeing its heads) in one flat
+buffer after the last micro-batch; FSDP2 redistributes each sequence-parallel norm weight's Partial
+gradient to Replicate, one all_reduce per parameter, where it reduces gradients (in the dtype backward
+produced them, the compute dtype)."""
+
+_TE = "Transformer Engine pytorch/attention/dot_product_attention/context_parallel.py"
+_TORCH_CP = "torch/distributed/tensor/experimental/_context_parallel/_attention.py"
+_TE_AG = f"{_TE} AttnFuncWithCPAndKVAllGather"
+_DEEPSPEED = "DeepSpeed deepspeed/sequence/layer.py DistributedAttention (_SeqAllToAll)"
+_ULYSSES_FORWARD = (Size.Q_HEADS, Size.K_HEADS, Size.V_HEADS)
+
+
+def _ulysses(source: str, inside: bool) -> tuple[MeshCall, ...]:
+    """Four all-to-alls each way: q, k, v from sequence-sharded to head-sharded and the output back in
+    forward; the output's gradient and dq, dk, dv in backward (Jacobs et al. 2023, §3)."""
+    names = ("q", "k", "v")
+    return (
+        *(MeshCall(A2A, FWD, f"{n}: sequence to heads", size, source, in_core_attention=inside)
+          for n, size in zip(names, _ULYSSES_FORWARD, strict=True)),
+        MeshCall(A2A, FWD, "output: heads to sequence", Size.O_HEADS, source, in_core_attention=inside),
+        MeshCall(A2A, BWD, "output gradient: sequence to heads", Size.O_HEADS, source),
+        *(MeshCall(A2A, BWD, f"d{n}: heads to sequence", size, source)
+          for n, size in zip(names, _ULYSSES_FORWARD, strict=True)),
+    )  # fmt: skip
+
+
+class CpFamily(StrEnum):
+    """Whose context-parallel attention a framework runs."""
+
+    TRANSFORMER_ENGINE = "transformer_engine"
+    TORCH = "torch"
+    DEEPSPEED = "deepspeed"
+
+
+CP_FAMILIES: dict[Framework, CpFamily] = {
+    Framework.PAPER: CpFamily.TRANSFORMER_ENGINE,
+    Framework.MEGATRON: CpFamily.TRANSFORMER_ENGINE,
+    Framework.FSDP2: CpFamily.TORCH,
+    Framework.DEEPSPEED: CpFamily.DEEPSPEED,
+}
+"""Megatron-LM's context parallelism is Transformer Engine's ``DotProductAttention`` (``cp_comm_type``);
+torchtitan's is torch's ``context_parallel``; DeepSpeed's is Ulysses."""
+
+CP_LAYER: dict[tuple[CpFamily, CpImpl], tuple[MeshCall, ...]] = {
+    (CpFamily.TRANSFORMER_ENGINE, CpImpl.RING): (
+        MeshCall(P2P, FWD, "K, V to the next rank", Size.KV, f"{_TE} AttnFuncWithCPAndKVP2P.forward",
+                 count=Count.CP_STEPS, in_core_attention=True),
+        MeshCall(P2P, BWD, "K, V (first step)", Size.KV, f"{_TE} AttnFuncWithCPAndKVP2P.backward"),
+        MeshCall(P2P, BWD, "K, V with dK, dV", Size.KV_WITH_GRADS, f"{_TE} AttnFuncWithCPAndKVP2P.backward",
+                 count=Count.CP_INNER),
+        MeshCall(P2P, BWD, "dK, dV (last step)", Size.KV, f"{_TE} AttnFuncWithCPAndKVP2P.backward"),
+    ),
+    (CpFamily.TRANSFORMER_ENGINE, CpImpl.ALLGATHER): (
+        MeshCall(AG, FWD, "K", Size.K_GATHERED, f"{_TE_AG}.forward", in_core_attention=True),
+        MeshCall(AG, FWD, "V", Size.V_GATHERED, f"{_TE_AG}.forward", in_core_attention=True),
+        MeshCall(AG, BWD, "K, gathered again", Size.K_GATHERED, f"{_TE_AG}.backward"),
+        MeshCall(AG, BWD, "V, gathered again", Size.V_GATHERED, f"{_TE_AG}.backward"),
+        MeshCall(RS, BWD, "dK", Size.K_GATHERED, f"{_TE_AG}.backward"),
+        MeshCall(RS, BWD, "dV", Size.V_GATHERED, f"{_TE_AG}.backward"),
+    ),
+    (CpFamily.TRANSFORMER_ENGINE, CpImpl.ULYSSES): _ulysses(f"{_TE} AttnFuncWithCPAndQKVOA2A", True),
+    (CpFamily.TORCH, CpImpl.ALLGATHER): (
+        MeshCall(AG, FWD, "K, V", Size.KV_GATHERED, f"{_TORCH_CP} _AllGatherRotater"),
+        MeshCall(AG, BWD, "K, V, gathered again", Size.KV_GATHERED, f"{_TORCH_CP} _AllGatherRotater"),
+        MeshCall(P2P, BWD, "dK, dV to the next rank", Size.KV,
+                 f"{_TORCH_CP} _templated_ring_attention_backward: _AllToAllRotater (permute_tensor)",
+                 count=Count.CP_SIZE, carried=Carried.FP32),
+    ),
+    (CpFamily.TORCH, CpImpl.RING): (
+        MeshCall(P2P, FWD, "K, V to the next rank", Size.KV, f"{_TORCH_CP} _AllToAllRotater (permute_tensor)",
+                 count=Count.CP_STEPS),
+        MeshCall(P2P, BWD, "K, V to the next rank", Size.KV, f"{_TORCH_CP} _AllToAllRotater (permute_tensor)",
+                 count=Count.CP_STEPS),
+        MeshCall(P2P, BWD, "dK, dV to the next rank", Size.KV,
+                 f"{_TORCH_CP} _templated_ring_attention_backward: _AllToAllRotater (permute_tensor)",
+                 count=Count.CP_SIZE, carried=Carried.FP32),
+    ),
+    (CpFamily.DEEPSPEED, CpImpl.ULYSSES): _ulysses(_DEEPSPEED, False),
+}  # fmt: skip
+"""What one layer's context-parallel attention communicates per micro-batch. Transformer Engine's ring
+sends the K/V buffer c − 1 times in forward; in backward K/V and the dK/dV accumulated so far travel in one
+buffer, K/V alone at the first step and dK/dV alone at the last (c calls). Its all-gather variant gathers
+K and V apiece, again in backward, and reduce-scatters their gradients. torch's ``context_parallel``
+gathers (or rotates) K and V in one buffer and rotates dK/dV with the one-peer ``permute_tensor`` (an
+``all_to_all_single``) in fp32 (``_cp_options.convert_to_f32``), c times."""
+
+
+def _expert_parallel(dispatch: str, combine: str) -> tuple[MeshCall, ...]:
+    """The dispatch and combine all-to-alls of one MoE layer, and their gradients in backward (the
+    backward of an all-to-all is the all-to-all back)."""
+    moe = Scope.MOE_LAYER
+    return (
+        MeshCall(A2A, FWD, "dispatch: routed tokens to their experts", Size.ROUTED, dispatch, scope=moe),
+        MeshCall(A2A, FWD, "combine: expert outputs back", Size.ROUTED, combine, scope=moe),
+        MeshCall(A2A, BWD, "combine gradient", Size.ROUTED, f"{combine}, backward", scope=moe),
+        MeshCall(A2A, BWD, "dispatch gradient", Size.ROUTED, f"{dispatch}, backward", scope=moe),
+    )
+
+
+_MEGATRON_MOE = "Megatron-LM core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher"
+_TITAN_MOE = "torchtitan distributed/expert_parallel.py ExpertParallel"
+_DEEPSPEED_MOE = "DeepSpeed deepspeed/moe/sharded_moe.py MOELayer.forward"
+EP_LAYER: dict[Framework, tuple[MeshCall, ...]] = {
+    Framework.PAPER: _expert_parallel(f"{_MEGATRON_MOE}.token_dispatch", f"{_MEGATRON_MOE}.token_combine"),
+    Framework.MEGATRON: _expert_parallel(f"{_MEGATRON_MOE}.token_dispatch", f"{_MEGATRON_MOE}.token_combine"),
+    Framework.FSDP2: _expert_parallel(
+        f"{_TITAN_MOE}._token_dispatch: all_to_all_single_autograd",
+        f"{_TITAN_MOE}._token_combine: all_to_all_single_autograd",
+    ),
+    Framework.DEEPSPEED: _expert_parallel(
+        f"{_DEEPSPEED_MOE}: _AllToAll of dispatched_input", f"{_DEEPSPEED_MOE}: _AllToAll of expert_output"
+    ),
+}
+"""What one MoE layer's expert parallelism communicates per micro-batch, by framework: Megatron-LM's
+all-to-all token dispatcher (``--moe-token-dispatcher-type alltoall``; ``all_to_all`` of
+``core/tensor_parallel/mappings.py`` over the EP group), torchtitan's ``ExpertParallel`` style on the
+experts, DeepSpeed-MoE's ``MOELayer`` (GShard-style dispatch to capacity, then ``_AllToAll`` over
+``ep_group``)."""
+
+
+class MeshShape(NamedTuple):
+    """What sizes the tensor- and context-parallel calls of one rank."""
+
+    micro_batch: int
+    seq_len: int
+    hidden: int
+    layers: int
+    tp: int
+    cp: int
+    q_heads: int
+    """a/t: attention heads of one TP rank."""
+    kv_heads: int
+    """kv/t: key/value heads of one TP rank (a/t under latent attention, whose up-projected K and V
+    have one head per query head)."""
+    qk_dim: int
+    v_dim: int
+    attention_inputs: int
+    mlp_inputs: int
+    moe_layers: int = 0
+    """L_moe: the layers that route tokens to experts."""
+    routed: int = 0
+    """The token copies a rank's experts receive per MoE layer under expert parallelism
+    (:func:`~zerocalc.model.activations.routed_rows` of k·b·(s/c))."""
+
+    @property
+    def tokens(self) -> int:
+        """b·(s/c): the tokens of a rank's micro-batch."""
+        return self.micro_batch * (self.seq_len // self.cp)
+
+    @classmethod
+    def of(
+        cls, arch: Architecture, mesh: Mesh, micro_batch: int, seq_len: int, capacity_factor: float = 1.0
+    ) -> MeshShape:
+        latent = arch.latent_attention
+        if latent is not None:
+            kv_heads, qk_dim, v_dim = arch.num_heads, latent.qk_head_dim, latent.v_head_dim
+        else:
+            kv_heads, qk_dim, v_dim = arch.kv_heads, arch.dim_per_head, arch.dim_per_head
+        gated = arch.mlp is MlpKind.SWIGLU and not arch.fused_gate_up
+        return cls(
+            micro_batch=micro_batch,
+            seq_len=seq_len,
+            hidden=arch.hidden_size,
+            layers=arch.num_layers,
+            tp=mesh.tp,
+            cp=mesh.cp,
+            q_heads=arch.num_heads // mesh.tp,
+            kv_heads=kv_heads // mesh.tp,
+            qk_dim=qk_dim,
+            v_dim=v_dim,
+            attention_inputs=1 if arch.fused_qkv else 3,
+            mlp_inputs=2 if gated else 1,
+            moe_layers=sum(arch.is_moe_layer(i) for i in range(arch.num_layers)),
+            routed=routed_rows(arch.experts_per_token * micro_batch * (seq_len // mesh.cp), capacity_factor),
+        )
+
+
+def _elements(size: Size, shape: MeshShape) -> int:
+    """S of one call of ``size`` (not the replicated gradients')."""
+    tokens = shape.tokens
+    kv = tokens * shape.kv_heads * (shape.qk_dim + shape.v_dim)
+    match size:
+        case Size.HIDDEN:
+            return tokens * shape.hidden
+        case Size.TOKENS:
+            return tokens
+        case Size.KV:
+            return kv
+        case Size.KV_WITH_GRADS:
+            return 2 * kv
+        case Size.K_GATHERED:
+            return shape.cp * tokens * shape.kv_heads * shape.qk_dim
+        case Size.V_GATHERED:
+            return shape.cp * tokens * shape.kv_heads * shape.v_dim
+        case Size.KV_GATHERED:
+            return shape.cp * kv
+        case Size.Q_HEADS:
+            return tokens * shape.q_heads * shape.qk_dim
+        case Size.K_HEADS:
+            return tokens * shape.kv_heads * shape.qk_dim
+        case Size.V_HEADS:
+            return tokens * shape.kv_heads * shape.v_dim
+        case Size.O_HEADS:
+            return tokens * shape.q_heads * shape.v_dim
+        case Size.ROUTED:
+            return shape.routed * shape.hidden
+    raise AssertionError(size)  # pragma: no cover - the replicated gradients are sized by their tensors
+
+
+def _calls(count: Count, shape: MeshShape) -> int:
+    match count:
+        case Count.ONE:
+            return 1
+        case Count.CP_STEPS:
+            return shape.cp - 1
+        case Count.CP_SIZE:
+            return shape.cp
+        case Count.CP_INNER:
+            return shape.cp - 2
+        case Count.ATTENTION_INPUTS:
+            return shape.attention_inputs
+        case Count.MLP_INPUTS:
+            return shape.mlp_inputs
+
+
+def replicated_gradients(rank: Architecture, style: TpStyle, sequence_parallel: bool) -> tuple[int, ...]:
+    """The elements of each parameter the TP ranks hold whole and compute partial gradients of
+    (:data:`TP_GRADIENTS`), in module order: under sequence parallelism every replicated parameter but the
+    position table, which sees the whole sequence before it is split (Megatron-LM), or the norms'
+    (DTensor's ``SequenceParallel``); Megatron's per-head q/k norms with or without it."""
+    sizes = []
+    for tensor in parameter_tensors(rank):
+        if tensor_parallel_dim(tensor) is not None or tensor.module == "embed_positions":
+            continue
+        leaf = tensor.module.rsplit(".", 1)[-1]
+        qk_norm = leaf in ("q_norm", "k_norm")
+        megatron = style is TpStyle.MEGATRON and (sequence_parallel or qk_norm)
+        dtensor = style is TpStyle.DTENSOR and sequence_parallel and leaf.endswith("norm") and not qk_norm
+        if megatron or dtensor:
+            sizes.append(tensor.numel)
+    return tuple(sizes)
+
+
+class MeshCollectiveCost(BaseModel):
+    """One tensor- or context-parallel collective of a step: its calls each time it runs (per layer, or
+    per micro-batch) and their cost per step."""
+
+    dimension: Dimension
+    op: Collective
+    phase: Phase
+    recomputed: bool = Field(
+        description="a forward collective run again in backward (activation recomputation)"
+    )
+    moves: str = Field(description="what it carries")
+    scope: Scope = Field(
+        description="runs per layer, per micro-batch, per step, per synchronising micro-batch, or per MoE "
+        "layer"
+    )
+    dtype: DType
+    group_size: int = Field(description="t (tp), c (cp) or e (ep)")
+    spans_nodes: bool = Field(description="its group has ranks on more than one node (inter-node bandwidth)")
+    elements: list[int] = Field(description="S of each call each time it runs, in elements")
+    times_per_step: int = Field(description="L·A (per layer), A (per micro-batch), or 1 (per step)")
+    calls_per_step: int
+    message_bytes: int = Field(description="Σ S of the calls each time it runs")
+    bytes_sent_per_gpu: int = Field(description="each time it runs: Σ factor(n)·S over its calls")
+    total_bytes_per_gpu: int = Field(description="per step: times × bytes each time")
+    inter_node_bytes_per_gpu: int = Field(
+        description="per step, what of total_bytes_per_gpu crosses nodes: all of it for a ring spanning "
+        "nodes, the blocks for the e − m ranks of other nodes for an expert-parallel all_to_all "
+        "(m of the group's ranks per node), 0 within a node"
+    )
+    latency_s: float
+    bus_bandwidth_Bps: float
+    time_s: float = Field(description="per step: calls × α + bytes / β")
+    bandwidth_source: BandwidthSource
+    source: str = Field(description="the code that issues it")
+
+
+class MeshRequest(NamedTuple):
+    """What sizes and prices the tensor- and context-parallel collectives of a request."""
+
+    mesh: Mesh
+    framework: Framework
+    shape: MeshShape
+    learned_positions: bool
+    replicated: tuple[int, ...]
+    """:func:`replicated_gradients`."""
+    recompute: Recompute
+    grad_accum: int
+    activation: DType
+    gradient: DType
+    bandwidths: Bandwidths
+    calibration: Calibration | None
+
+
+def mesh_problem(arch: Architecture, mesh: Mesh) -> str | None:
+    """What the tensor-parallel schedules do not cover, or None."""
+    if mesh.tp == 1:
+        return None
+    if arch.is_moe:
+        return (
+            f"{{tp}} {mesh.tp}: {arch.name}'s mixture-of-experts layers dispatch tokens over the "
+            "tensor-parallel group, whose communication is not modelled; accepted: {tp} 1, or a dense model"
+        )
+    if arch.latent_attention is not None:
+        return (
+            f"{{tp}} {mesh.tp}: {arch.name}'s latent attention projections are not split by the "
+            "tensor-parallel schedules modelled; accepted: {tp} 1, or a model without latent attention"
+        )
+    return None
+
+
+def _group(dimension: Dimension, mesh: Mesh) -> tuple[int, bool]:
+    """A dimension's group size and whether it spans nodes (the layout of :mod:`zerocalc.parallel.mesh`)."""
+    if dimension is Dimension.TP:
+        return mesh.tp, mesh.tp_spans_nodes
+    if dimension is Dimension.EP:
+        return mesh.ep, mesh.ep_spans_nodes
+    return mesh.cp, mesh.cp_spans_nodes
+
+
+def _off_node_bytes(dimension: Dimension, message_bytes: int, sent: int, mesh: Mesh) -> int:
+    """What of one call's ``sent`` bytes leaves the node: for the expert-parallel all_to_all, the blocks of
+    S/e for the e − m ranks of the group on other nodes (m = :attr:`Mesh.ep_ranks_per_node`); for the
+    other collectives, all of it where their group spans nodes (the ring runs at the inter-node link)."""
+    n, spans_nodes = _group(dimension, mesh)
+    if not spans_nodes:
+        return 0
+    if dimension is Dimension.EP:
+        return ceil_div(message_bytes * (n - mesh.ep_ranks_per_node), n)
+    return sent
+
+
+def mesh_fit(op: Collective, spans_nodes: bool, size: int, calibration: Calibration) -> CollectiveFit | None:
+    """The calibration's fit for ``op`` over groups of this placement and exactly ``size`` ranks (a node's
+    groups, or one rank per node or the world's across nodes), if it measured one."""
+    if spans_nodes:
+        kinds = (RankGroup.ACROSS_NODES, RankGroup.WORLD) if calibration.nodes > 1 else ()
+    else:
+        kinds = (RankGroup.NODE,) + ((RankGroup.WORLD,) if calibration.nodes == 1 else ())
+    fits = (calibration.fit_for(op, kind) for kind in kinds)
+    return next((fit for fit in fits if fit is not None and fit.group_size == size), None)
+
+
+def _link(op: Collective, spans_nodes: bool, size: int, request: MeshRequest) -> LinkFigures:
+    fit = mesh_fit(op, spans_nodes, size, request.calibration) if request.calibration is not None else None
+    if fit is not None:
+        return LinkFigures(
+            latency_s=fit.latency_s,
+            bus_bandwidth_Bps=fit.bus_bandwidth_Bps,
+            source=BandwidthSource.CALIBRATION,
+            detail=f"calibration fit of {op.value} over {fit.group_kind.value} groups of {fit.group_size}",
+        )
+    return request.bandwidths.inter_node if spans_nodes else request.bandwidths.intra_node
+
+
+def _schedule(request: MeshRequest) -> list[tuple[Dimension, MeshCall]]:
+    """Every tensor-, context- and expert-parallel row of the request's mesh, in order: TP per layer, per
+    micro-batch and per step, then CP per layer, then EP per MoE layer."""
+    mesh = request.mesh
+    rows: list[tuple[Dimension, MeshCall]] = []
+    if mesh.tp > 1:
+        sp = mesh.sequence_parallel
+        rows += [(Dimension.TP, call) for call in TP_LAYER[mesh.tp_style, sp]]
+        rows += [
+            (Dimension.TP, call) for call in TP_MODEL[_ModelKey(mesh.tp_style, sp, request.learned_positions)]
+        ]
+        if request.replicated:
+            rows.append((Dimension.TP, TP_GRADIENTS[mesh.tp_style]))
+    if mesh.cp > 1:
+        rows += [(Dimension.CP, call) for call in CP_LAYER[CP_FAMILIES[request.framework], mesh.cp_impl]]
+    if mesh.ep > 1:
+        rows += [(Dimension.EP, call) for call in EP_LAYER[request.framework]]
+    return rows
+
+
+def _sizes(call: MeshCall, request: MeshRequest) -> tuple[int, ...]:
+    """S of each call ``call`` makes each time it runs."""
+    if call.size is Size.REPLICATED_GRADS:
+        return (sum(request.replicated),)
+    if call.size is Size.REPLICATED_GRAD:
+        return request.replicated
+    return (_elements(call.size, request.shape),) * _calls(call.count, request.shape)
+
+
+def _times(scope: Scope, request: MeshRequest, sync: GradSync) -> int:
+    match scope:
+        case Scope.LAYER:
+            return request.shape.layers * request.grad_accum
+        case Scope.MODEL:
+            return request.grad_accum
+        case Scope.STEP:
+            return 1
+        case Scope.SYNC:
+            return request.grad_accum if sync is GradSync.EVERY else 1
+        case Scope.MOE_LAYER:
+            return request.shape.moe_layers * request.grad_accum
+
+
+def _dtype(carried: Carried, request: MeshRequest) -> DType:
+    match carried:
+        case Carried.ACTIVATION:
+            return request.activation
+        case Carried.FP32:
+            return DType.FP32
+        case Carried.GRADIENT:
+            return request.gradient
+
+
+def mesh_costs(request: MeshRequest, sync: GradSync) -> list[MeshCollectiveCost]:
+    """The tensor- and context-parallel collectives of a step and their cost (``sync``: when the strategy
+    reduces gradients, which paces FSDP2's per-parameter reductions), each forward collective that
+    activation recomputation runs again followed by its re-run."""
+    costs = []
+    for dimension, call in _schedule(request):
+        sizes = _sizes(call, request)
+        if not sizes:
+            continue
+        n, spans_nodes = _group(dimension, request.mesh)
+        dtype = _dtype(call.carried, request)
+        spec = COLLECTIVES[call.op]
+        sent = {size: spec.bytes_sent_per_rank(size * dtype.bytes, n) for size in set(sizes)}
+        each = sum(sent[size] for size in sizes)
+        off_node = sum(
+            _off_node_bytes(dimension, size * dtype.bytes, sent[size], request.mesh) for size in sizes
+        )
+        link = _link(call.op, spans_nodes, n, request)
+        seconds = len(sizes) * link.latency_s + each / link.bus_bandwidth_Bps
+        times = _times(call.scope, request, sync)
+        for recomputed in (False, True) if call.reruns_under(request.recompute) else (False,):
+            costs.append(
+                MeshCollectiveCost(
+                    dimension=dimension,
+                    op=call.op,
+                    phase=call.phase,
+                    recomputed=recomputed,
+                    moves=call.moves,
+                    scope=call.scope,
+                    dtype=dtype,
+                    group_size=n,
+                    spans_nodes=spans_nodes,
+                    elements=list(sizes),
+                    times_per_step=times,
+                    calls_per_step=times * len(sizes),
+                    message_bytes=sum(sizes) * dtype.bytes,
+                    bytes_sent_per_gpu=each,
+                    total_bytes_per_gpu=times * each,
+                    inter_node_bytes_per_gpu=times * off_node,
+                    latency_s=link.latency_s,
+                    bus_bandwidth_Bps=link.bus_bandwidth_Bps,
+                    time_s=times * seconds,
+                    bandwidth_source=link.source,
+                    source=call.source,
+                )
+            )
+    return costs

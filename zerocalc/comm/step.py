@@ -1,0 +1,463 @@
+"""The step time of one configuration (pure): compute from the hardware, communication with the overlap
+each framework achieves, the pipeline bubble and offload.
+
+**Compute** is :mod:`zerocalc.compute`'s: every operation one rank runs, at its per-rank shape, at the
+rate the GPU's compute table gives that shape (a ``zerocalc bench --compute`` table, else the GPU
+preset's), by class (matmul, attention, element-wise, optimizer), recomputation included.
+
+**Data-parallel communication**: each collective's time is ``comm``'s (α per call + bytes / β, the
+calibration's fit or the preset's bandwidths). Overlap, per phase (exposed = max(0, comm − compute the
+comm can hide behind), per micro-batch):
+
+* forward all-gathers hide behind forward compute when the next unit is prefetched (FSDP's all-gather
+  stream, Zhao et al. 2023 §3.3 / §5.1 "implicit prefetching"; DeepSpeed ZeRO-3's prefetch; the paper's
+  ``--prefetch`` ≥ 1, ZeRO paper §7.2.2); with ``--prefetch 0`` they are exposed;
+* backward all-gathers, reduce-scatters and DDP's bucketed all-reduces hide behind backward compute
+  (Zhao et al. 2023 §3.3; Li et al. 2020, PyTorch DDP, §3.2.3) — except DeepSpeed ZeRO-1/2, whose
+  ``overlap_comm`` defaults to false (DeepSpeed config docs): their reductions are exposed;
+* collectives after ``optimizer.step()`` (ZeRO-1/2 parameter all-gathers, ZeroRedundancyOptimizer's
+  broadcasts) are exposed.
+
+A collective that runs once per step when A > 1 (gradients reduced on the last micro-batch) hides only
+behind that micro-batch's compute. One call of each collective per micro-batch is never hidden: the first
+unit's all-gather precedes all compute and the last unit's reduction follows it (Zhao et al. 2023, §3.3).
+
+**Tensor- and context-parallel communication**: tensor-parallel collectives sit on the critical path
+between a layer's GEMMs (Megatron-LM without its ``tp_comm_overlap`` option, DTensor plans without async TP:
+Narayanan et al. 2021 §3.3, Korthikanti et al. 2022 §4.2.2), exposed; a context-parallel ring's
+point-to-point exchanges run beside the attention blocks they feed (Transformer Engine
+``AttnFuncWithCPAndKVP2P``; torch ``context_parallel``'s ring), hidden behind that phase's attention
+compute; its all-gathers and all-to-alls precede the attention that waits for them, exposed.
+
+**Pipeline**: the busiest pipeline rank's sends, exposed (Megatron-LM overlaps them with compute only under
+interleaving, ``overlap_p2p_comm``); the bubble, the schedule's fraction of the slowest stage's compute
+(:func:`~zerocalc.parallel.pipeline.bubble_fraction`: Narayanan et al. 2021 §2.2, Qi et al. 2023 §3.1),
+which is the stage the step waits for.
+
+**Offload** (DeepSpeed ZeRO-Offload / ZeRO-Infinity), not overlapped (an upper bound; DeepSpeed overlaps
+part): gradients to the host and updated 16-bit parameters back over PCIe, the CPU Adam step bound by
+host memory bandwidth, NVMe reads and writes of the optimizer states, and offloaded parameters fetched
+twice per micro-batch (forward and backward). The constants below are stated assumptions, not
+measurements.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from pydantic import BaseModel, Field
+
+from zerocalc.comm.mesh import Dimension, MeshCollectiveCost
+from zerocalc.comm.pipeline import PipelineComm
+from zerocalc.compute.ops import (
+    Kernels,
+    MicroBatchOps,
+    OpClass,
+    micro_batch_ops,
+    model_flops_per_token,
+    optimizer_bytes_per_param,
+)
+from zerocalc.compute.table import ComputeTable
+from zerocalc.compute.time import ComputeTime, micro_batch_time, step_compute
+from zerocalc.model.architecture import Architecture
+from zerocalc.model.model_impl import MODEL_IMPLS, AttentionKernel, ModelImplName, Shape, default_attention
+from zerocalc.network.collectives import Collective
+from zerocalc.network.schedule import GradSync, Phase
+from zerocalc.parallel.frameworks import Framework
+from zerocalc.parallel.optimizers import OptimizerImpl
+from zerocalc.parallel.precision import RECIPES
+from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
+from zerocalc.request.training import ModelSpec, TrainingRequest
+
+PCIE_BPS = 25e9
+"""Host ↔ GPU bytes/s per GPU: PCIe 4.0 ×16 achieves about 25 GB/s of its 32 GB/s (an assumption; PCIe 5.0
+hosts reach about twice that)."""
+NVME_BPS = 3.5e9
+"""NVMe bytes/s per GPU: one PCIe 4.0 NVMe drive per GPU (ZeRO-Infinity, Rajbhandari et al. 2021, assumes
+tens of GB/s per node from several drives); an assumption."""
+HOST_MEMORY_BPS = 100e9
+"""Host DRAM bytes/s per node available to the CPU optimizer (an assumption: two sockets of DDR4/DDR5)."""
+CPU_ADAM_BYTES_PER_PARAM = 30
+"""CPU Adam is memory-bound (ZeRO-Offload, Ren et al. 2021, §4.2 CPU-Adam): it reads the fp32 parameter,
+gradient and two moments (16 B) and writes the parameter, the moments (12 B) and the 16-bit copy (2 B)."""
+
+
+FUSED_OPTIMIZERS = (Framework.MEGATRON, Framework.DEEPSPEED)
+"""Frameworks whose Adam is one fused kernel: Megatron-LM (Transformer Engine's / apex's ``FusedAdam``,
+``megatron/core/optimizer/__init__.py``), DeepSpeed (``deepspeed.ops.adam.FusedAdam``); torch's optimizers
+run as ``--optimizer-impl`` says."""
+
+
+def overlaps_backward(framework: Framework, strategy: StrategyName) -> bool:
+    return not (framework is Framework.DEEPSPEED and strategy in (StrategyName.ZERO1, StrategyName.ZERO2))
+
+
+class PhaseComm(NamedTuple):
+    """One phase's communication at one A, as its exposed time reads it."""
+
+    spread: float
+    """Comm of the collectives that run on every micro-batch, spread evenly over the A micro-batches."""
+    once: float
+    """Comm of the collectives that run on the last micro-batch only."""
+    call_spread: float
+    """One call of each spread collective."""
+    call_once: float
+    """One call of each last-only collective."""
+
+
+def exposed_time(phase: PhaseComm, compute: float, accum: int, hides: bool) -> float:
+    """Exposed time of one phase. Per micro-batch, at least one call is exposed (the first all-gather before
+    any compute, the last reduction after it)."""
+    spread, once, call_spread, call_once = phase
+    if not hides:
+        return spread + once
+    per = compute / accum
+    each = max(call_spread, spread / accum - per)
+    last = max(call_spread + call_once, spread / accum + once - per)
+    return (accum - 1) * each + last
+
+
+def offload_seconds(
+    params: int,
+    world: int,
+    ranks_per_node: int,
+    optimizer_shards: int,
+    offload_optimizer: OffloadTarget,
+    offload_params: OffloadTarget,
+    grad_accum: int,
+    param_bytes: int = 2,
+    grad_bytes: int = 2,
+) -> float:
+    """Offload time per step per GPU (see the module's doc for what moves and the assumed rates)."""
+    seconds = 0.0
+    if offload_optimizer is not OffloadTarget.NONE:
+        owned = params / optimizer_shards
+        seconds += owned * (grad_bytes + param_bytes) / PCIE_BPS
+        seconds += owned * ranks_per_node * CPU_ADAM_BYTES_PER_PARAM / HOST_MEMORY_BPS
+        if offload_optimizer is OffloadTarget.NVME:
+            seconds += 2 * owned * 12 / NVME_BPS  # fp32 parameter and moments read and written
+    if offload_params is not OffloadTarget.NONE:
+        rate = PCIE_BPS if offload_params is OffloadTarget.CPU else NVME_BPS
+        seconds += grad_accum * 2 * (params / world) * param_bytes / rate
+    return seconds
+
+
+_PHASES = tuple(Phase)
+"""The phases, in order (iterating the enum itself costs more than the sums)."""
+
+
+class CommTime(NamedTuple):
+    """A schedule's data-parallel communication at one A, as the step time reads it."""
+
+    time_s: float
+    """comm's ``time_s``: every collective's, summed in order."""
+    forward: PhaseComm
+    backward: PhaseComm
+    after_step: PhaseComm
+
+
+def comm_time(
+    collectives: list[tuple[Phase, int, int, float]], accum: int, time_s: float | None = None
+) -> CommTime:
+    """The collectives' (phase, times per step, calls per step, time_s) summed per phase, and their total
+    (``time_s``, when comm's is at hand)."""
+    sums = {phase: [0.0, 0.0, 0.0, 0.0] for phase in _PHASES}
+    total = 0  # as sum() starts
+    for phase, times, calls, seconds in collectives:
+        once = accum > 1 and times == 1
+        phase_sums = sums[phase]
+        phase_sums[1 if once else 0] += seconds
+        phase_sums[3 if once else 2] += seconds / calls if calls else 0.0
+        total += seconds
+    return CommTime(
+        total if time_s is None else time_s,
+        PhaseComm(*sums[Phase.FORWARD]),
+        PhaseComm(*sums[Phase.BACKWARD]),
+        PhaseComm(*sums[Phase.AFTER_STEP]),
+    )
+
+
+class StepTime(NamedTuple):
+    """One GPU's step: its compute by class, its exposed communication by dimension, the bubble and
+    offload."""
+
+    compute_s: float
+    matmul_s: float
+    attention_s: float
+    elementwise_s: float
+    optimizer_s: float
+    recompute_s: float
+    """Of compute_s: what recomputation re-runs."""
+    comm_s: float
+    """Every collective's time (comm's time_s), hidden or not."""
+    exposed_comm_s: float
+    exposed_dp_s: float
+    exposed_tp_s: float
+    exposed_cp_s: float
+    exposed_pp_s: float
+    bubble_s: float
+    offload_s: float
+    step_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float | None
+    """Model FLOPs (PaLM's) per second over the GPU's dense peak."""
+
+
+def mesh_exposed(
+    costs: list[MeshCollectiveCost], attention_forward: float, attention_backward: float
+) -> dict[Dimension, float]:
+    """Exposed seconds of the tensor- and context-parallel collectives (see the module's doc)."""
+    exposed = {Dimension.TP: 0.0, Dimension.CP: 0.0, Dimension.PP: 0.0}
+    ring = {Phase.FORWARD: 0.0, Phase.BACKWARD: 0.0}
+    for cost in costs:
+        if cost.dimension is Dimension.CP and cost.op is Collective.SEND_RECV and cost.phase in ring:
+            ring[cost.phase] += cost.time_s
+        else:
+            exposed[cost.dimension] += cost.time_s
+    exposed[Dimension.CP] += max(0.0, ring[Phase.FORWARD] - attention_forward)
+    exposed[Dimension.CP] += max(0.0, ring[Phase.BACKWARD] - attention_backward)
+    return exposed
+
+
+def assemble(
+    compute: ComputeTime,
+    attention_forward: float,
+    comm: CommTime,
+    mesh: dict[Dimension, float],
+    mesh_comm_s: float,
+    tokens_per_gpu: int,
+    grad_accum: int,
+    hides_forward: bool,
+    hides_backward: bool,
+    offload_s: float,
+    bubble_fraction: float,
+    model_flops_per_token: float,
+    peak_flops: float | None,
+) -> StepTime:
+    """Compute + exposed communication + bubble + offload, for one GPU's share of the step."""
+    forward, backward = compute.forward_s, compute.backward_s
+    dp = exposed_time(comm.forward, forward, grad_accum, hides_forward)
+    dp += exposed_time(comm.backward, backward, grad_accum, hides_backward)
+    dp += comm.after_step.spread + comm.after_step.once
+    bubble = bubble_fraction * (forward + backward)
+    exposed = dp + mesh[Dimension.TP] + mesh[Dimension.CP] + mesh[Dimension.PP]
+    step = compute.total_s + exposed + bubble + offload_s
+    by_class = compute.by_class
+    flops = tokens_per_gpu * model_flops_per_token
+    return StepTime(
+        compute_s=compute.total_s,
+        matmul_s=by_class[OpClass.MATMUL],
+        attention_s=by_class[OpClass.ATTENTION],
+        elementwise_s=by_class[OpClass.ELEMENTWISE],
+        optimizer_s=by_class[OpClass.OPTIMIZER],
+        recompute_s=compute.recompute_s,
+        comm_s=comm.time_s + mesh_comm_s,
+        exposed_comm_s=exposed,
+        exposed_dp_s=dp,
+        exposed_tp_s=mesh[Dimension.TP],
+        exposed_cp_s=mesh[Dimension.CP],
+        exposed_pp_s=mesh[Dimension.PP],
+        bubble_s=bubble,
+        offload_s=offload_s,
+        step_s=step,
+        tokens_per_s_per_gpu=tokens_per_gpu / step,
+        mfu=flops / (step * peak_flops) if peak_flops else None,
+    )
+
+
+# ------------------------------------------------------------------------------------ from a request
+def model_code(request: TrainingRequest) -> ModelImplName:
+    """The code the step runs: Megatron-LM's layers under ``--framework megatron`` (its own model code),
+    else ``--model-impl``."""
+    return ModelImplName.MEGATRON if request.framework is Framework.MEGATRON else request.model_impl
+
+
+def attention_fused(request: TrainingRequest) -> bool:
+    """``flash_attention`` as asked, else what the model's code runs (:func:`default_attention`)."""
+    asked = request.activations.flash_attention
+    if asked is not None:
+        return asked
+    kernel, _ = default_attention(MODEL_IMPLS[model_code(request)], request.architecture)
+    return kernel is AttentionKernel.FLASH
+
+
+def kernels(request: TrainingRequest) -> Kernels:
+    """Megatron-LM's fused kernels, else eager PyTorch ops (transformers, torchtitan)."""
+    return Kernels(fused=model_code(request) is ModelImplName.MEGATRON, flash=attention_fused(request))
+
+
+def request_ops(request: TrainingRequest, arch: Architecture | None = None) -> MicroBatchOps:
+    """What one rank of the request's mesh runs for one micro-batch (``arch``: a pipeline stage's share;
+    the rank's architecture by default)."""
+    mesh, activations = request.mesh, request.activations
+    shape = Shape(
+        activations.micro_batch,
+        activations.seq_len,
+        tp=mesh.tp,
+        sequence_parallel=mesh.sequence_parallel,
+        cp=mesh.cp,
+        cp_impl=mesh.cp_impl,
+    )
+    dtype = RECIPES[request.precision].param_dtype
+    return micro_batch_ops(arch or request.architecture, shape, kernels(request), dtype, ep=mesh.ep)
+
+
+def optimizer_traffic(
+    request: TrainingRequest, strategy: StrategyName, stage: ModelSpec | None = None
+) -> tuple[int, int, int]:
+    """(parameters the rank's optimizer owns, bytes per parameter, parameters of its largest tensor), for
+    the rank's model or a pipeline stage's."""
+    recipe = RECIPES[request.precision]
+    shards = request.cluster.group_size(STRATEGIES[strategy].optimizer)
+    model = stage or request.rank_model
+    count = model.parameter_count
+    largest = count.largest_layer_params if count is not None else model.params
+    grad = recipe.master_dtype or recipe.grad_dtype
+    impl = OptimizerImpl.FUSED if request.framework in FUSED_OPTIMIZERS else request.optimizer_impl
+    per = optimizer_bytes_per_param(request.optimizer, impl, recipe, grad)
+    return model.params // shards, per, max(1, largest // shards)
+
+
+FSDP2_GATHERS = {StrategyName.ZERO3: 2, StrategyName.HYBRID_SHARD: 2, StrategyName.SHARD_GRAD_OP: 1}
+"""Parameter all-gathers per micro-batch under FSDP2: forward and backward when it reshards after forward,
+forward alone otherwise (``reshard_after_forward``)."""
+
+
+def fsdp2_traffic(
+    request: TrainingRequest,
+    strategy: StrategyName,
+    table: ComputeTable,
+    stage: ModelSpec | None = None,
+    grad_accum: int | None = None,
+) -> tuple[float, float]:
+    """FSDP2's own element-wise kernels per step, forward and backward seconds (0 for other frameworks).
+    Per all-gather (torch ``distributed/fsdp/_fully_shard/_fsdp_param.py`` ``all_gather_inputs``,
+    ``_fsdp_collectives.py`` ``foreach_all_gather``, ``foreach_all_gather_copy_out``): the shard cast to the
+    compute dtype and copied into the all-gather buffer, and the gathered parameters split back out
+    (``split_with_sizes_copy``: read and written, P·2·b_p); per reduce-scatter (``foreach_reduce``): the
+    unsharded gradients copied into the reduce buffer in the reduce dtype (``_chunk_cat``: P·(b_g + b_r))."""
+    gathers = FSDP2_GATHERS.get(strategy, 0) if request.framework is Framework.FSDP2 else 0
+    if not gathers:
+        return 0.0, 0.0
+    recipe = RECIPES[request.precision]
+    model = stage or request.rank_model
+    params = model.params
+    shard = params / request.cluster.group_size(STRATEGIES[strategy].optimizer)
+    p, master = recipe.param_dtype.bytes, (recipe.master_dtype or recipe.param_dtype).bytes
+    reduce = (request.reduce_dtype or recipe.grad_dtype).bytes
+    gather = shard * (master + 3 * p) + params * 2 * p
+    scatter = params * (recipe.grad_dtype.bytes + reduce)
+    count = model.parameter_count
+    unit = max(1, count.largest_block_params if count is not None else params)
+    accum = grad_accum or request.grad_accum
+    sync = effective_grad_sync(request.framework, strategy, request.grad_sync, pipelined=request.mesh.pp > 1)
+    reductions = accum if sync is GradSync.EVERY else 1
+    forward = accum * gather / table.bandwidth(unit * 2 * p)
+    backward = ((gathers - 1) * accum * gather + reductions * scatter) / table.bandwidth(unit * 2 * p)
+    return forward, backward
+
+
+def request_compute(
+    request: TrainingRequest, table: ComputeTable, strategy: StrategyName
+) -> tuple[ComputeTime, float]:
+    """One rank's compute in a step of the request (A micro-batches), and its attention's forward seconds:
+    with pipeline stages, the slowest stage's (its layers, and the embedding or the head it holds)."""
+    stages = [(stage.architecture, stage) for stage in request.stages] or [(None, None)]
+    best: tuple[ComputeTime, float] | None = None
+    for arch, stage in stages:
+        micro = micro_batch_time(table, request_ops(request, arch), request.activations.recompute)
+        params, per, largest = optimizer_traffic(request, strategy, stage)
+        compute = step_compute(table, micro, request.grad_accum, params, per, largest)
+        compute = with_framework_traffic(compute, fsdp2_traffic(request, strategy, table, stage))
+        if best is None or compute.total_s > best[0].total_s:
+            best = (compute, micro.forward.attention * request.grad_accum)
+    assert best is not None
+    return best
+
+
+def with_framework_traffic(compute: ComputeTime, traffic: tuple[float, float]) -> ComputeTime:
+    """The compute with the framework's own element-wise seconds (forward, backward) added."""
+    forward, backward = traffic
+    if not forward and not backward:
+        return compute
+    by_class = dict(compute.by_class)
+    by_class[OpClass.ELEMENTWISE] += forward + backward
+    return compute._replace(
+        forward_s=compute.forward_s + forward, backward_s=compute.backward_s + backward, by_class=by_class
+    )
+
+
+class StepEstimate(BaseModel):
+    """One strategy's step on one GPU, as ``comm`` reports it."""
+
+    compute_s: float = Field(description="matmul + attention + elementwise + optimizer (recompute included)")
+    matmul_s: float
+    attention_s: float
+    elementwise_s: float = Field(description="norms, activations, residuals, rotary, dropout, the loss")
+    optimizer_s: float
+    recompute_s: float = Field(description="of compute_s: what activation recomputation re-runs")
+    exposed_comm_s: float = Field(description="exposed_dp_s + exposed_tp_s + exposed_cp_s + exposed_pp_s")
+    exposed_dp_s: float
+    exposed_tp_s: float
+    exposed_cp_s: float
+    exposed_pp_s: float = Field(description="the busiest pipeline rank's sends (not overlapped)")
+    bubble_s: float = Field(description="the pipeline bubble: its fraction of the slowest stage's compute")
+    offload_s: float
+    step_s: float = Field(description="compute_s + exposed_comm_s + bubble_s + offload_s")
+    tokens_per_s_per_gpu: float
+    mfu: float | None = Field(description="PaLM's model FLOPs per second over the GPU's dense bf16 peak")
+    compute_table: str = Field(description="the compute table's source: a file, or the GPU preset's")
+
+
+def step_estimate(
+    request: TrainingRequest,
+    table: ComputeTable,
+    table_name: str,
+    strategy: StrategyName,
+    comm_collectives: list[tuple[Phase, int, int, float]],
+    comm_s: float,
+    mesh_costs: list[MeshCollectiveCost],
+    pipeline: PipelineComm | None = None,
+) -> StepEstimate:
+    """The step time of the request's one configuration under ``strategy`` (comm's costs as given)."""
+    compute, attention_forward = request_compute(request, table, strategy)
+    attention_backward = compute.by_class[OpClass.ATTENTION] - attention_forward
+    accum = request.grad_accum
+    mesh = mesh_exposed(mesh_costs, attention_forward, attention_backward)
+    mesh[Dimension.PP] = pipeline.busiest_rank_time_s if pipeline is not None else 0.0
+    recipe = RECIPES[request.precision]
+    offload = offload_seconds(
+        request.model.params,
+        request.mesh.world,
+        request.cluster.ranks_per_node,
+        request.cluster.group_size(STRATEGIES[strategy].optimizer),
+        request.offload_optimizer,
+        request.offload_params,
+        accum,
+        recipe.param_dtype.bytes,
+        recipe.grad_dtype.bytes,
+    )
+    arch, count = request.model.architecture, request.model.parameter_count
+    assert arch is not None and count is not None
+    activations = request.activations
+    mesh_ = request.mesh
+    tokens = activations.micro_batch * activations.seq_len * accum // (mesh_.tp * mesh_.cp * mesh_.pp)
+    peak = request.gpu.bf16_dense_tflops * 1e12 if request.gpu is not None else None
+    step = assemble(
+        compute,
+        attention_forward,
+        comm_time(comm_collectives, accum, comm_s),
+        mesh,
+        sum(c.time_s for c in mesh_costs) + mesh[Dimension.PP],
+        tokens,
+        accum,
+        request.buffers.prefetch != 0,
+        overlaps_backward(request.framework, strategy),
+        offload,
+        pipeline.bubble_fraction if pipeline is not None else 0.0,
+        model_flops_per_token(arch, count, activations.seq_len),
+        peak,
+    )
+    values = step._asdict()
+    values.pop("comm_s")
+    return StepEstimate(**values, compute_table=table_name)

@@ -1,0 +1,376 @@
+"""The operations one rank runs for one micro-batch: GEMMs, attention, element-wise kernels (pure).
+
+**GEMMs** are the layer's matrices: every 2-D weight of :func:`~zerocalc.model.architecture.layer_tensors`
+(the rank's shards under tensor parallelism, :class:`~zerocalc.model.architecture.TensorParallelRank`)
+is one product per micro-batch with M = L = b·s/c rows (the rank's tokens; under sequence parallelism the
+linears see the all-gathered L rows, Korthikanti et al. 2022 §4.2.2), K its input and N its output
+columns. A routed expert's 3-D weight [E, out, in] is E/e products of M = ⌈L·k·e/E⌉ rows (tokens spread
+evenly over the experts; e the expert-parallel degree). The LM head is [V/t, h] (the embedding's matrix
+when tied). Backward runs two products per forward one, of equal FLOPs: the input gradient
+(M × N · N × K) and the weight gradient (K × M · M × N). So a step's GEMM FLOPs are 6·T·(matrix
+parameters): the 6·Ψ·T of Kaplan et al. 2020 over the matrices.
+
+**Attention** per layer: Q·Kᵀ and P·V over the rank's a/t heads, 2·b·(s/c)·s_kv·(a/t)·(d_qk + d_v)
+FLOPs forward (``4·b·s²·h`` for one rank of a model of width h = a·d; PaLM's ``12·L·H·Q·T`` counts it
+forward and backward). A fused (flash) kernel skips the masked half of a causal product (FlashAttention-2,
+Dao 2023 §3.1.1: blocks above the diagonal are not computed) and its backward executes 2.5 times the
+forward's FLOPs (five products to the forward's two, Dao 2023 §3.1.2; the forward's recomputation of
+P included). Eager attention runs the two products as batched GEMMs over the whole s × s scores (the
+mask applied, not skipped) and its softmax, scale, mask and dropout as element-wise kernels over them.
+
+**Element-wise kernels** are bytes read + written (:class:`Traffic`), per layer forward; backward moves
+twice the forward's bytes (it reads the output gradient and the saved inputs and writes the input
+gradient: Calculon, Isaev et al. 2023, ``calculon/llm/layers.py``, counts an element-wise layer's
+backward as two passes of its size). Bytes per element, a 16-bit compute dtype (act = 2):
+
+* norms: RMSNorm as eager code runs it, 36 (``x.float()`` r2 w4, ``pow(2)`` r4 w4, ``mean`` r4,
+  ``x·rsqrt`` r4 w4, ``.to(dtype)`` r4 w2, ``weight·`` r2 w2: transformers' ``LlamaRMSNorm`` and
+  ATen's composite ``rms_norm``); LayerNorm (one ATen kernel) and fused norms (Megatron-LM / Transformer
+  Engine), 4 (r2 w2);
+* rotary embedding on q and k: eager 20 (``q·cos`` r2 w2, ``rotate_half``'s negation and ``cat`` r3
+  w3, ``·sin`` r2 w2, the sum r4 w2; torchtitan's complex product: ``.float()`` r2 w4, the product r4
+  w4, ``type_as`` r4 w2), fused 4;
+* the attention output's ``transpose(1, 2).contiguous()`` copy, eager code only: 4;
+* residual adds, 6 (r4 w2), two per layer; residual dropout where the model has it: eager 5 (r2 w2,
+  a mask w1), fused into the bias-dropout-add 1 (the mask);
+* MLP activation per element of f/t: SwiGLU eager 10 (``silu`` r2 w2, ``·up`` r4 w2), fused 6
+  (Megatron-LM ``bias_swiglu``); GELU 4;
+* mixture of experts: dispatching and combining the L·k routed token copies, 4 each way per element of
+  h; the router's softmax over L·E;
+* eager attention's s × s scores: scale r2 w2 and mask r2 w2 (fused into Megatron-LM's
+  ``FusedScaleMaskSoftmax``), softmax r2 w2 (fp32 where the code upcasts: r2 w4 + r4 w2), dropout 5;
+* embedding lookup 4 per element of h; the loss over the rank's L·V/t logits: forward 18 (``.float()``
+  r2 w4, ``log_softmax`` two reads and a write in fp32), backward 22 (the gradient's fill, ``log_softmax``
+  backward r8 w4, the cast back r4 w2), eager and fused alike.
+
+**The optimizer step** per parameter the rank's optimizer owns: ``torch.optim`` Adam/AdamW (foreach and
+for-loop, ``_multi_tensor_adam``: weight decay ``mul_``, ``lerp_``, ``mul_``, ``addcmul_``, ``sqrt``,
+``div_``, ``add_``, ``addcdiv_``) 4·p + 14·s + 2·g bytes (p the master parameter's, s a moment's, g the
+gradient's bytes); a fused step (``fused=True``, DeepSpeed's and Megatron-LM's fused Adam) and other
+optimizers one pass, reading parameter, gradient and states and writing parameter and states; plus the
+16-bit copy of the updated fp32 master (r4 w2) where the recipe keeps one.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from typing import NamedTuple
+
+from zerocalc.base.dtypes import DType
+from zerocalc.model.activations import CpImpl
+from zerocalc.model.architecture import (
+    Architecture,
+    MlpKind,
+    NormKind,
+    ParameterCount,
+    QkNorm,
+    TensorParallelRank,
+    embedding_tensors,
+    head_tensors,
+    layer_tensors,
+)
+from zerocalc.model.model_impl import Shape, traits
+from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerImpl, OptimizerName
+from zerocalc.parallel.precision import PrecisionRecipe
+
+FLASH_BACKWARD_FLOPS = 2.5
+"""A fused attention's backward FLOPs over its forward's (Dao 2023, FlashAttention-2, §3.1.2)."""
+BACKWARD_TRAFFIC = 2.0
+"""An element-wise kernel's backward bytes over its forward's (see the module's doc)."""
+
+EAGER_NORM = 36
+FUSED_NORM = 4
+EAGER_ROTARY = 20
+FUSED_ROTARY = 4
+OUTPUT_COPY = 4
+RESIDUAL_ADD = 6
+EAGER_DROPOUT = 5
+FUSED_DROPOUT = 1
+EAGER_SWIGLU = 10
+FUSED_SWIGLU = 6
+GELU = 4
+TOKEN_PERMUTE = 4
+EMBEDDING_LOOKUP = 4
+LOSS_FORWARD = 18
+LOSS_BACKWARD = 22
+"""Bytes per element of each element-wise kernel (a 16-bit compute dtype; see the module's doc)."""
+
+
+class OpClass(StrEnum):
+    """What a step's compute time is broken into."""
+
+    MATMUL = "matmul"
+    ATTENTION = "attention"
+    ELEMENTWISE = "elementwise"
+    """Norms, activations, residuals, rotary, dropout, casts, the loss: bound by memory bandwidth."""
+    OPTIMIZER = "optimizer"
+
+
+class Gemm(NamedTuple):
+    """``count`` products C (m × n) = A (m × k) · B (k × n) in a forward pass."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    count: int = 1
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.count
+
+    def backward(self) -> tuple[Gemm, Gemm]:
+        """The input gradient (m × n · n × k) and the weight gradient (k × m · m × n)."""
+        return (
+            Gemm(f"{self.name} dgrad", self.m, self.k, self.n, self.count),
+            Gemm(f"{self.name} wgrad", self.k, self.n, self.m, self.count),
+        )
+
+
+class Attention(NamedTuple):
+    """One layer's attention core on one rank: ``heads`` query heads of ``seq_q`` queries over ``seq_kv``
+    keys."""
+
+    batch: int
+    heads: int
+    seq_q: int
+    seq_kv: int
+    qk_dim: int
+    v_dim: int
+    causal: bool
+    fused: bool
+    """A flash kernel; else eager products and softmax."""
+
+    @property
+    def full_flops(self) -> float:
+        """Q·Kᵀ and P·V over every score, forward."""
+        return 2.0 * self.batch * self.heads * self.seq_q * self.seq_kv * (self.qk_dim + self.v_dim)
+
+    @property
+    def forward_flops(self) -> float:
+        """Executed forward FLOPs: a fused causal kernel skips the masked half."""
+        return self.full_flops / 2 if self.fused and self.causal else self.full_flops
+
+    @property
+    def scores(self) -> int:
+        return self.batch * self.heads * self.seq_q * self.seq_kv
+
+    def products(self) -> tuple[Gemm, Gemm]:
+        """Eager attention's batched products: Q·Kᵀ (s_q × d · d × s_kv) and P·V (s_q × s_kv · s_kv × d_v)."""
+        count = self.batch * self.heads
+        return (
+            Gemm("Q·Kᵀ", self.seq_q, self.seq_kv, self.qk_dim, count),
+            Gemm("P·V", self.seq_q, self.v_dim, self.seq_kv, count),
+        )
+
+
+class Traffic(NamedTuple):
+    """An element-wise kernel (or several of one size): ``nbytes`` read + written, ``count`` times."""
+
+    name: str
+    nbytes: int
+    count: int = 1
+    backward_nbytes: int | None = None
+    """Its backward's bytes when they are not :data:`BACKWARD_TRAFFIC` × forward (the loss)."""
+
+    @property
+    def backward(self) -> int:
+        return int(BACKWARD_TRAFFIC * self.nbytes) if self.backward_nbytes is None else self.backward_nbytes
+
+
+class LayerOps(NamedTuple):
+    """One layer's forward on one rank, and how many of the rank's layers are like it."""
+
+    layers: int
+    gemms: tuple[Gemm, ...]
+    attention: Attention
+    traffic: tuple[Traffic, ...]
+    """Element-wise kernels outside the attention core."""
+    core_traffic: tuple[Traffic, ...]
+    """Eager attention's element-wise kernels over the scores (what selective recomputation re-runs)."""
+
+
+class MicroBatchOps(NamedTuple):
+    """What one rank runs for one micro-batch, forward (backward and recomputation derive from it)."""
+
+    layers: tuple[LayerOps, ...]
+    outside_gemms: tuple[Gemm, ...]
+    """The LM head."""
+    outside_traffic: tuple[Traffic, ...]
+    """Embedding, final norm, loss."""
+    dtype: DType
+
+
+class Kernels(NamedTuple):
+    """How the model's code runs its element-wise work."""
+
+    fused: bool
+    """Fused kernels (Megatron-LM, Transformer Engine); else eager PyTorch ops."""
+    flash: bool
+    """Attention through a fused (flash) kernel."""
+
+
+def _norm_bytes(arch: Architecture, fused: bool) -> int:
+    if fused or arch.norm is NormKind.LAYERNORM:
+        return FUSED_NORM
+    return EAGER_NORM
+
+
+def _layer_ops(
+    arch: Architecture, index: int, shape: Shape, layers: int, kernels: Kernels, ep: int, act: int
+) -> LayerOps:
+    tp = arch.tp if isinstance(arch, TensorParallelRank) else 1
+    tokens, rows = shape.local_tokens, shape.sequence_tokens
+    h = arch.hidden_size
+    heads, kv_heads = math.ceil(arch.num_heads / tp), math.ceil(arch.kv_heads / tp)
+    mla = arch.latent_attention
+    qk_dim = mla.qk_head_dim if mla is not None else arch.dim_per_head
+    v_dim = mla.v_head_dim if mla is not None else arch.dim_per_head
+    scale = act / 2  # the byte counts are for a 16-bit compute dtype
+    gemms: list[Gemm] = []
+    traffic: list[Traffic] = []
+    norm = _norm_bytes(arch, kernels.fused)
+    family = traits(arch)
+    for tensor in layer_tensors(arch, index):
+        leaf = tensor.module.rsplit(".", 1)[-1]
+        if len(tensor.shape) == 3:  # routed experts [E, out, in]
+            experts, out, inner = tensor.shape
+            local = max(1, experts // ep)
+            routed = math.ceil(tokens * arch.experts_per_token * ep / experts)
+            if out and inner:
+                gemms.append(Gemm(f"experts.{tensor.name}", routed, out, inner, local))
+        elif len(tensor.shape) == 2 and tensor.name == "weight":
+            out, inner = tensor.shape
+            if out and inner:
+                gemms.append(Gemm(leaf, tokens, out, inner))
+        elif len(tensor.shape) == 1 and tensor.name == "weight" and "norm" in leaf:
+            width = tensor.shape[0]
+            if leaf in ("q_norm", "k_norm") and arch.qk_norm is QkNorm.PER_HEAD:
+                width *= heads if leaf == "q_norm" else kv_heads
+            elif leaf in ("q_norm", "k_norm"):
+                width = math.ceil(width / tp)
+            norm_rows = rows if width == h else tokens
+            traffic.append(Traffic(leaf, int(norm * scale * norm_rows * width)))
+    if family.rotary:
+        rotated = tokens * (heads + kv_heads) * qk_dim * family.rotary_fraction
+        if mla is not None:
+            rotated = tokens * (heads + 1) * mla.qk_rope_head_dim
+        per = FUSED_ROTARY if kernels.fused else EAGER_ROTARY
+        traffic.append(Traffic("rotary", int(per * scale * rotated)))
+    if kernels.flash and not kernels.fused:
+        traffic.append(Traffic("attention output copy", int(OUTPUT_COPY * scale * tokens * heads * v_dim)))
+    traffic.append(Traffic("residual add", int(RESIDUAL_ADD * scale * rows * h), 2))
+    if arch.residual_dropout > 0:
+        per = FUSED_DROPOUT if kernels.fused else EAGER_DROPOUT
+        traffic.append(Traffic("residual dropout", int(per * scale * rows * h), 2))
+    traffic += _mlp_traffic(arch, index, tokens, tp, kernels, scale)
+    seq_q = tokens // shape.b
+    if shape.cp > 1 and shape.cp_impl is CpImpl.ULYSSES:  # heads scattered over the CP ranks, whole sequence
+        heads, seq_q = math.ceil(heads / shape.cp), shape.s
+    attention = Attention(shape.b, heads, seq_q, shape.s, qk_dim, v_dim, True, kernels.flash)
+    return LayerOps(
+        layers, tuple(gemms), attention, tuple(traffic), _core_traffic(arch, attention, kernels, scale)
+    )
+
+
+def _mlp_traffic(
+    arch: Architecture, index: int, tokens: int, tp: int, kernels: Kernels, scale: float
+) -> list[Traffic]:
+    """The MLP's activation (and, for experts, the routing and the tokens' dispatch and combine)."""
+    per = (FUSED_SWIGLU if kernels.fused else EAGER_SWIGLU) if arch.mlp is MlpKind.SWIGLU else GELU
+    if not arch.is_moe_layer(index):
+        width = math.ceil((arch.dense_intermediate_size or arch.intermediate_size) / tp)
+        return [Traffic("MLP activation", int(per * scale * tokens * width))]
+    routed = tokens * arch.experts_per_token
+    out = [
+        Traffic("experts' activation", int(per * scale * routed * math.ceil(arch.intermediate_size / tp))),
+        Traffic("router softmax", int(4 * scale * tokens * arch.num_experts)),
+        Traffic("token dispatch and combine", int(TOKEN_PERMUTE * scale * routed * arch.hidden_size), 2),
+    ]
+    if arch.num_shared_experts:
+        width = arch.num_shared_experts * (arch.shared_expert_intermediate_size or arch.intermediate_size)
+        out.append(Traffic("shared experts' activation", int(per * scale * tokens * math.ceil(width / tp))))
+    return out
+
+
+def _core_traffic(
+    arch: Architecture, attention: Attention, kernels: Kernels, scale: float
+) -> tuple[Traffic, ...]:
+    """Eager attention's element-wise kernels over the b·(a/t)·s_q·s_kv scores."""
+    if attention.fused:
+        return ()
+    scores = attention.scores
+    fp32_softmax = traits(arch).eager_softmax_fp32 and not kernels.fused
+    out = [
+        Traffic("scale and mask", int((4 if kernels.fused else 8) * scale * scores)),
+        Traffic("softmax", int((12 if fp32_softmax else 4) * scale * scores)),
+    ]
+    if arch.attention_dropout > 0:
+        out.append(Traffic("attention dropout", int(EAGER_DROPOUT * scale * scores)))
+    return tuple(out)
+
+
+def micro_batch_ops(
+    arch: Architecture, shape: Shape, kernels: Kernels, dtype: DType, ep: int = 1
+) -> MicroBatchOps:
+    """The forward of one micro-batch on one rank holding ``arch`` (a pipeline stage's share: its layers,
+    the embedding where it holds it, the final norm, LM head and loss where it holds them)."""
+    indices = range(arch.num_layers)
+    act = dtype.bytes
+    groups: dict[bool, list[int]] = {}
+    for index in indices:
+        groups.setdefault(arch.is_moe_layer(index), []).append(index)
+    layer_ops = tuple(
+        _layer_ops(arch, members[0], shape, len(members), kernels, ep, act) for members in groups.values()
+    )
+    tokens, rows, h = shape.local_tokens, shape.sequence_tokens, arch.hidden_size
+    scale = act / 2
+    gemms: list[Gemm] = []
+    traffic: list[Traffic] = []
+    lookups = len(embedding_tensors(arch))
+    if lookups:
+        traffic.append(Traffic("embedding", int(EMBEDDING_LOOKUP * scale * tokens * h), lookups))
+        if arch.learned_position_embeddings:
+            traffic.append(Traffic("position add", int(RESIDUAL_ADD * scale * tokens * h)))
+    head = head_tensors(arch)
+    if head:
+        traffic.append(Traffic("final norm", int(_norm_bytes(arch, kernels.fused) * scale * rows * h)))
+        matrix = next((t for t in head if t.module == "lm_head"), None)
+        if matrix is None:  # tied: the embedding's matrix
+            matrix = next(t for t in embedding_tensors(arch) if t.module == "embed_tokens")
+        vocab = matrix.shape[0]
+        gemms.append(Gemm("lm_head", tokens, vocab, h))
+        logits = tokens * vocab
+        traffic.append(Traffic("loss", LOSS_FORWARD * logits, 1, LOSS_BACKWARD * logits))
+    return MicroBatchOps(layer_ops, tuple(gemms), tuple(traffic), dtype)
+
+
+def optimizer_bytes_per_param(
+    optimizer: OptimizerName, impl: OptimizerImpl, recipe: PrecisionRecipe, grad_dtype: DType
+) -> int:
+    """Bytes read + written per parameter the rank's optimizer owns, per step (see the module's doc)."""
+    master = recipe.master_dtype or recipe.param_dtype
+    p, g = master.bytes, grad_dtype.bytes
+    states = OPTIMIZERS[optimizer].state_bytes(1024, recipe)
+    s = sum(states.values()) / 1024  # bytes per parameter of every state
+    if optimizer in (OptimizerName.ADAM, OptimizerName.ADAMW) and impl is not OptimizerImpl.FUSED:
+        moment = s / 2
+        total = (4 if optimizer is OptimizerName.ADAMW else 2) * p + 14 * moment + 2 * g
+    else:
+        total = 2 * p + g + 2 * s
+    if recipe.master_dtype is not None:
+        total += recipe.master_dtype.bytes + recipe.param_dtype.bytes
+    return math.ceil(total)
+
+
+def model_flops_per_token(arch: Architecture, count: ParameterCount, seq_len: int) -> float:
+    """Model FLOPs per token, forward and backward, what MFU counts (PaLM, Chowdhery et al. 2022, app. B):
+    ``6·P + 12·L·H·Q·T``, P the parameters a token's matmuls use (active parameters for MoE; the input
+    embedding is a lookup, not a matmul, a tied LM head counted once), L layers, H·Q the attention width,
+    T the sequence length."""
+    matmul = count.active_per_token - count.embedding
+    if arch.tied_embeddings:
+        matmul += arch.vocab_size * arch.hidden_size
+    width = arch.num_heads * arch.dim_per_head
+    return 6.0 * matmul + 12.0 * arch.num_layers * width * seq_len

@@ -1,0 +1,284 @@
+"""The device mesh of a run: data, tensor, context, pipeline and expert parallelism, and where each
+group's ranks sit.
+
+A run of N GPUs is a mesh pp × dp × cp × tp (``--pp``, ``--tp``, ``--cp``; dp = N / (pp·tp·cp)), with
+expert parallelism (``--ep``) carved from dp × cp. Ranks are laid out as Megatron-LM
+(``core/parallel_state.py``, ``RankGenerator`` order ``tp-cp-ep-dp-pp``) and torchtitan
+(``distributed/parallel_dims.py``: mesh dims ``["pp", "dp_replicate", "dp_shard", "cp", "tp"]``, the
+last varying fastest) both lay them out: tensor parallelism innermost (consecutive ranks, inside a node),
+then context parallelism, then data parallelism, pipeline stages outermost, so that
+
+    rank = ((pp_index · dp + dp_index) · cp + cp_index) · tp + tp_index.
+
+Model states are sharded over the dp × cp ranks of equal tp index in every framework modelled:
+Megatron's distributed optimizer over ``data_parallel_group_with_cp``, torchtitan's FSDP2 over
+``dp_shard_cp``, DeepSpeed ZeRO over the sequence-data-parallel group of Ulysses. That group is the
+:class:`~zerocalc.network.cluster.Cluster` the data-parallel strategies see (:meth:`Mesh.data_cluster`):
+dp·cp ranks, g/tp of them per node.
+
+Expert parallelism of degree e splits those dp·cp ranks again, the EP group innermost: e consecutive
+ranks of the flattened dp × cp index (cp varying fastest), t apart, each holding E/e routed experts; the
+ranks of equal EP index, t·e apart, form the expert-data-parallel group of dp·cp/e ranks that the routed
+experts' states are sharded over (:meth:`Mesh.expert_data_cluster`). Megatron-LM ``core/parallel_state.py``
+builds the expert groups with a second ``RankGenerator(tp=expert_tensor_parallel_size, ep, dp=
+expert_data_parallel_size, cp=1, order="tp-cp-ep-dp-pp")`` (``expert_model_parallel_group``,
+``expert_data_parallel_group``); torchtitan ``distributed/parallel_dims.py`` unflattens dp_shard × cp into
+``["dp_shard_in_ep", "ep", "tp"]`` with ep borrowing all of cp (``ep % cp == 0``) and shards the routed
+experts over the remaining ``dp_shard_mod_ep`` ranks; DeepSpeed-MoE (``deepspeed/utils/groups.py``
+``_create_expert_and_data_parallel``) groups ``ep_size`` consecutive data-parallel ranks likewise.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from functools import lru_cache
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+from zerocalc.base.units import ceil_div
+from zerocalc.model.activations import CpImpl
+from zerocalc.network.cluster import Cluster
+from zerocalc.parallel.frameworks import Framework
+
+
+class TpStyle(StrEnum):
+    """Whose tensor-parallel code shards the layers."""
+
+    MEGATRON = "megatron"
+    """Megatron-LM ``core/tensor_parallel/layers.py``: Column/RowParallelLinear, VocabParallelEmbedding;
+    the vocabulary padded to a multiple of 128·t (``make_vocab_size_divisible_by``)."""
+    DTENSOR = "dtensor"
+    """``torch.distributed.tensor.parallel`` plans (torchtitan ``models/llama3/infra/parallelize.py``
+    ``apply_tp``): ColwiseParallel, RowwiseParallel, SequenceParallel; shards as ``torch.chunk``."""
+
+
+class PpSchedule(StrEnum):
+    """The pipeline schedule (``--pp-schedule``)."""
+
+    GPIPE = "gpipe"
+    """All forwards, then all backwards (Huang et al. 2019; torch ``ScheduleGPipe``)."""
+    ONE_F_ONE_B = "1f1b"
+    """One forward, one backward in the steady state (Narayanan et al. 2021, PipeDream-Flush; torch
+    ``Schedule1F1B``; Megatron-LM ``forward_backward_pipelining_without_interleaving``)."""
+    INTERLEAVED_1F1B = "interleaved-1f1b"
+    """v virtual stages per rank (Narayanan et al. 2021 §2.2; torch ``ScheduleInterleaved1F1B``;
+    Megatron-LM ``forward_backward_pipelining_with_interleaving``)."""
+    ZERO_BUBBLE = "zero-bubble"
+    """Backward split into input- and weight-gradient passes (Qi et al. 2023, ZB-H1; torch
+    ``ScheduleInterleavedZeroBubble``)."""
+
+
+PP_SCHEDULE_NAMES: dict[str, PpSchedule] = {
+    "schedulegpipe": PpSchedule.GPIPE,
+    "schedule1f1b": PpSchedule.ONE_F_ONE_B,
+    "scheduleinterleaved1f1b": PpSchedule.INTERLEAVED_1F1B,
+    "interleaved": PpSchedule.INTERLEAVED_1F1B,
+    "scheduleinterleavedzerobubble": PpSchedule.ZERO_BUBBLE,
+    "zb": PpSchedule.ZERO_BUBBLE,
+    "zbh1": PpSchedule.ZERO_BUBBLE,
+}
+"""torch.distributed.pipelining's class names and Megatron-LM's words accepted for a schedule."""
+
+_COMPOSING = (Framework.PAPER, Framework.MEGATRON, Framework.FSDP2, Framework.DEEPSPEED)
+PP_FRAMEWORKS: tuple[Framework, ...] = (Framework.PAPER, Framework.MEGATRON, Framework.FSDP2)
+"""The frameworks that compose pipeline parallelism with their data parallelism here: Megatron-LM,
+torchtitan (``torch.distributed.pipelining`` with FSDP2). DeepSpeed's pipeline engine runs ZeRO-1 at most
+(``deepspeed/runtime/pipe/engine.py``: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"),
+and ``--framework deepspeed`` is its ZeRO-2/3 estimators."""
+
+EP_FRAMEWORKS: tuple[Framework, ...] = _COMPOSING
+"""The frameworks with expert parallelism: Megatron-LM (``--expert-model-parallel-size``), torchtitan
+(``expert_parallel_degree``), DeepSpeed-MoE (``ep_size``)."""
+
+CP_IMPLS: dict[Framework, tuple[CpImpl, ...]] = {
+    Framework.PAPER: tuple(CpImpl),
+    Framework.MEGATRON: (CpImpl.RING, CpImpl.ALLGATHER, CpImpl.ULYSSES),
+    Framework.FSDP2: (CpImpl.ALLGATHER, CpImpl.RING),
+    Framework.DEEPSPEED: (CpImpl.ULYSSES,),
+}
+"""The context-parallel implementations each framework has, its default first: Megatron-LM through
+Transformer Engine (``--cp-comm-type p2p|all_gather|a2a``), torch ``context_parallel``
+(``torch/distributed/tensor/experimental/_attention.py``: ``allgather`` the default rotate method,
+``alltoall`` a ring), DeepSpeed's ``DistributedAttention`` (Ulysses). Frameworks not listed have none."""
+
+TP_STYLES: dict[Framework, TpStyle] = {
+    Framework.PAPER: TpStyle.MEGATRON,
+    Framework.MEGATRON: TpStyle.MEGATRON,
+    Framework.DEEPSPEED: TpStyle.MEGATRON,
+    Framework.FSDP2: TpStyle.DTENSOR,
+}
+"""The frameworks that compose tensor parallelism with their data parallelism, and whose layers they use
+(DeepSpeed trains Megatron-DeepSpeed's layers). FSDP1, DDP and ZeRO-1 of PyTorch are not composed with
+DTensor tensor parallelism here."""
+
+SEQUENCE_PARALLEL_DEFAULT: dict[Framework, bool] = {
+    Framework.FSDP2: True,
+}
+"""Sequence parallelism when ``--sequence-parallel`` is not given: torchtitan's plan always shards the
+norms' sequence (``SequenceParallel``); Megatron-LM's ``--sequence-parallel`` is off unless asked."""
+
+
+class MeshGroup(BaseModel):
+    """One dimension's process group as the layout places it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dimension: str = Field(
+        description="tp, cp, dp or pp; with expert parallelism also ep and expert_dp (the ranks of equal EP "
+        "index that the routed experts' states are sharded over)"
+    )
+    size: int = Field(description="ranks in one group")
+    stride: int = Field(description="the distance between consecutive ranks of a group")
+    spans_nodes: bool = Field(description="a group has ranks on more than one node")
+
+
+class Mesh(BaseModel):
+    """dp × cp × tp ranks on nodes of g GPUs, TP innermost (the module docstring's layout)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    world: int = Field(ge=1, description="N: GPUs of the run")
+    gpus_per_node: int = Field(ge=1, description="g: GPUs of the run on one node")
+    tp: int = Field(default=1, ge=1, description="t: tensor-parallel ranks")
+    cp: int = Field(default=1, ge=1, description="c: context-parallel ranks")
+    sequence_parallel: bool = Field(
+        default=False,
+        description="norms and dropouts sharded by sequence over the TP group, all-gather and reduce-scatter "
+        "in place of all-reduce (Korthikanti et al. 2022)",
+    )
+    cp_impl: CpImpl = Field(default=CpImpl.RING, description="how attention exchanges K/V across CP ranks")
+    tp_style: TpStyle = Field(default=TpStyle.MEGATRON, description="whose tensor-parallel layers")
+    pp: int = Field(default=1, ge=1, description="p: pipeline stages")
+    vpp: int = Field(default=1, ge=1, description="v: virtual stages (model chunks) per pipeline rank")
+    pp_schedule: PpSchedule = Field(default=PpSchedule.ONE_F_ONE_B, description="the pipeline schedule")
+    ep: int = Field(default=1, ge=1, description="e: expert-parallel ranks, carved from dp × cp")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def dp(self) -> int:
+        """d: data-parallel replicas, N / (t·c·p)."""
+        return self.world // (self.tp * self.cp * self.pp)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def groups(self) -> list[MeshGroup]:
+        """Each dimension's group of ranks: rank r's tp group is the t ranks from t·⌊r/t⌋, its cp group
+        the c ranks t apart, its dp group the d ranks t·c apart; model states shard over dp × cp. With
+        expert parallelism, its ep group the e ranks t apart and its expert_dp group the dp·c/e ranks t·e
+        apart (the module docstring)."""
+        groups = [
+            MeshGroup(dimension="tp", size=self.tp, stride=1, spans_nodes=self.tp_spans_nodes),
+            MeshGroup(dimension="cp", size=self.cp, stride=self.tp, spans_nodes=self.cp_spans_nodes),
+            MeshGroup(
+                dimension="dp",
+                size=self.dp,
+                stride=self.tp * self.cp,
+                spans_nodes=self.group_spans_nodes(self.tp * self.cp, self.dp),
+            ),
+            MeshGroup(
+                dimension="pp",
+                size=self.pp,
+                stride=self.tp * self.cp * self.dp,
+                spans_nodes=self.group_spans_nodes(self.tp * self.cp * self.dp, self.pp),
+            ),
+        ]
+        if self.ep > 1:
+            groups += [
+                MeshGroup(dimension="ep", size=self.ep, stride=self.tp, spans_nodes=self.ep_spans_nodes),
+                MeshGroup(
+                    dimension="expert_dp",
+                    size=self.expert_dp,
+                    stride=self.tp * self.ep,
+                    spans_nodes=self.group_spans_nodes(self.tp * self.ep, self.expert_dp),
+                ),
+            ]
+        return groups
+
+    @property
+    def model_parallel(self) -> bool:
+        return self.tp > 1 or self.cp > 1 or self.pp > 1 or self.ep > 1
+
+    def data_cluster(self) -> Cluster:
+        """The dp × cp ranks of one TP index, which model states are sharded over and gradients reduced
+        across: consecutive such ranks are t apart, so a node holds g/t of them."""
+        return Cluster.of(self.dp * self.cp, max(1, self.gpus_per_node // self.tp))
+
+    @property
+    def expert_dp(self) -> int:
+        """The expert-data-parallel ranks a routed expert is replicated on: dp·c/e (Megatron-LM
+        ``expert_data_parallel_size``; torchtitan ``dp_shard_mod_ep``)."""
+        return self.dp * self.cp // self.ep
+
+    def expert_data_cluster(self) -> Cluster:
+        """The dp·c/e ranks of equal TP and EP index, which the routed experts' states are sharded over and
+        their gradients reduced across (the dp × cp ranks at e = 1): consecutive such ranks are t·e apart, so
+        a node holds g/(t·e) of them (at least one)."""
+        return Cluster.of(self.expert_dp, max(1, self.gpus_per_node // (self.tp * self.ep)))
+
+    @property
+    def ep_spans_nodes(self) -> bool:
+        """An EP group (e ranks t apart) has ranks on more than one node: t·e > g."""
+        return self.group_spans_nodes(self.tp, self.ep)
+
+    @property
+    def ep_ranks_per_node(self) -> int:
+        """How many ranks of one EP group share a node: e, or g/t when the group spans nodes."""
+        return min(self.ep, max(1, self.gpus_per_node // self.tp))
+
+    def group_spans_nodes(self, inner: int, size: int) -> bool:
+        """Whether a group of ``size`` ranks, ``inner`` apart (tp: 1, cp: t, dp: t·c), has ranks on more
+        than one node."""
+        return size > 1 and inner * size > self.gpus_per_node
+
+    @property
+    def tp_spans_nodes(self) -> bool:
+        return self.group_spans_nodes(1, self.tp)
+
+    @property
+    def cp_spans_nodes(self) -> bool:
+        return self.group_spans_nodes(self.tp, self.cp)
+
+    @property
+    def nodes(self) -> int:
+        return ceil_div(self.world, self.gpus_per_node)
+
+    def rank_of(self, dp_index: int, cp_index: int, tp_index: int, pp_index: int = 0) -> int:
+        """The global rank at a mesh coordinate (pipeline stages outermost, as Megatron-LM's
+        ``tp-cp-ep-dp-pp`` order and torchtitan's ``["pp", "dp_replicate", "dp_shard", "cp", "tp"]``)."""
+        return ((pp_index * self.dp + dp_index) * self.cp + cp_index) * self.tp + tp_index
+
+    def describe(self) -> str:
+        """``pp 4 × dp 2 × cp 2 × tp 4`` (degrees of 1 omitted but dp)."""
+        parts = []
+        if self.pp > 1:
+            virtual = f" × v {self.vpp}" if self.vpp > 1 else ""
+            parts.append(f"pp {self.pp}{virtual} ({self.pp_schedule.value})")
+        parts.append(f"dp {self.dp}" + (f" (ep {self.ep})" if self.ep > 1 else ""))
+        if self.cp > 1:
+            parts.append(f"cp {self.cp} ({self.cp_impl.value})")
+        if self.tp > 1:
+            parts.append(f"tp {self.tp}" + (" + sp" if self.sequence_parallel else ""))
+        return " × ".join(parts)
+
+
+def framework_cp_impl(framework: Framework) -> CpImpl:
+    """The context-parallel implementation ``framework`` runs when ``--cp-impl`` is not given."""
+    impls = CP_IMPLS.get(framework, ())
+    return impls[0] if impls else CpImpl.RING
+
+
+def framework_tp_style(framework: Framework) -> TpStyle:
+    """Whose layers ``framework``'s tensor parallelism uses (Megatron's where it composes none)."""
+    return TP_STYLES.get(framework, TpStyle.MEGATRON)
+
+
+@lru_cache(maxsize=1024)
+def data_parallel_mesh(world: int, gpus_per_node: int, framework: Framework) -> Mesh:
+    """The mesh of a data-parallel run of ``world`` GPUs (tp = cp = 1), as the parser builds it: one per
+    shape and framework, since a plan's search asks for each hundreds of times."""
+    return Mesh(
+        world=world,
+        gpus_per_node=min(gpus_per_node, world),
+        cp_impl=framework_cp_impl(framework),
+        tp_style=framework_tp_style(framework),
+    )

@@ -1,0 +1,168 @@
+"""Pipeline schedules: which layers each pipeline rank holds, the order its forwards and backwards run
+in, how many micro-batches it holds in flight, and the bubble (pure).
+
+Layers: L layers over p ranks and v model chunks per rank, L/(p·v) layers a chunk; chunk j of rank i
+holds the layers of virtual stage j·p + i (Megatron-LM ``core/transformer/transformer_block.py``
+``get_num_layers_to_build`` and ``_get_layer_offset``; torch.distributed.pipelining's interleaved
+schedules place stage j·p + i on rank i, ``stage_index_to_group_rank``). The embedding is on the first
+virtual stage, the final norm, the LM head and the loss on the last.
+
+Order of one rank's passes in a step of m micro-batches (a pass: one chunk's forward or backward of one
+micro-batch):
+
+* GPipe: the m forwards, then the m backwards (Huang et al. 2019; torch ``ScheduleGPipe``);
+* 1F1B: min(p − i − 1, m) forwards of warm-up, then one forward and one backward in turn, then the
+  remaining backwards (Narayanan et al. 2021 §2.2, PipeDream-Flush; Megatron-LM ``core/pipeline_parallel/
+  schedules.py`` ``forward_backward_pipelining_without_interleaving``; torch ``Schedule1F1B``);
+* interleaved 1F1B: (p − i − 1)·2 + (v − 1)·p forward passes of warm-up (at most m·v), the passes taken
+  from Megatron-LM's schedule table (``get_schedule_table``: groups of p micro-batches, each group
+  through chunk 0, then chunk 1 …; backward passes through the chunks in reverse;
+  ``forward_backward_pipelining_with_interleaving``, ``get_pp_rank_microbatches``; torch
+  ``ScheduleInterleaved1F1B`` has the same warm-up);
+* zero bubble (ZB-H1, Qi et al. 2023; torch ``ScheduleInterleavedZeroBubble``): the interleaved table
+  with (v − 1)·p + (p − i − 1) forward passes of warm-up; a backward's weight-gradient half is taken
+  with its input-gradient half (ZB-H1 keeps 1F1B's peak activation memory, Qi et al. §3.1).
+
+In flight: a forward pass's saved activations live until its backward pass; the most forward passes
+outstanding on a rank, counted in chunks, over v, is the micro-batches' worth of one stage's
+activations it holds at its peak: min(p − i, m) under 1F1B, m under GPipe, and on the first rank of the
+interleaved schedule p + (p − 1)/v = p·(1 + (p − 1)/(p·v)) (Korthikanti et al. 2022 §4.2.3; Narayanan et
+al. 2021 §2.2.2).
+
+Bubble: the idle fraction of a step's ideal time, (p − 1)/m, and (p − 1)/(v·m) interleaved (Narayanan
+et al. 2021 §2.2.1–2.2.2); zero bubble ZB-H1 (p − 1)/(3·m) of it, for forward, input-gradient and
+weight-gradient passes of equal time (Qi et al. 2023 §3.1).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from functools import lru_cache
+from typing import NamedTuple
+
+from zerocalc.parallel.frameworks import Framework
+from zerocalc.parallel.mesh import Mesh, PpSchedule
+
+
+class Pass(NamedTuple):
+    """One pass of a pipeline rank: a chunk's forward or backward of one micro-batch."""
+
+    forward: bool
+    chunk: int
+    """The rank's model chunk, 0 … v − 1."""
+    micro_batch: int
+
+
+INTERLEAVED = (PpSchedule.INTERLEAVED_1F1B, PpSchedule.ZERO_BUBBLE)
+"""The schedules that take their passes from the interleaved table (any v)."""
+
+KEEPS_STAGE_OUTPUT: dict[Framework, bool] = {
+    Framework.PAPER: False,
+    Framework.MEGATRON: False,
+    Framework.FSDP2: True,
+    Framework.DEEPSPEED: True,
+}
+"""Whether a stage's output stays allocated from its send to its backward. Megatron-LM frees its storage
+once sent (``deallocate_output_tensor``; ``megatron/training/argument_utils.py`` sets
+``deallocate_pipeline_outputs``), keeping only its ``grad_fn``; torch.distributed.pipelining keeps it in
+the stage's ``fwd_cache`` for ``stage_backward`` (``torch/distributed/pipelining/stage.py``); DeepSpeed's
+pipeline engine in ``pipe_buffers['outputs']`` (``deepspeed/runtime/pipe/engine.py``)."""
+
+
+def boundary_elements(mesh: Mesh, micro_batch: int, seq_len: int, hidden: int) -> int:
+    """Elements of the activation one stage sends the next per micro-batch, and of its gradient sent
+    back: b·s·h, ÷ c under context parallelism (each rank holds s/c tokens), ÷ t under sequence
+    parallelism (Megatron-LM ``forward_backward_pipelining_*``: ``tensor_shape[0] //= cp_size``, and
+    ``//= tp_size`` under ``sequence_parallel``; torchtitan's stage outputs are sequence-sharded DTensors
+    there too)."""
+    tokens = micro_batch * seq_len // mesh.cp
+    if mesh.sequence_parallel:
+        tokens //= mesh.tp
+    return tokens * hidden
+
+
+def chunk_layers(num_layers: int, pp: int, vpp: int, rank: int) -> tuple[range, ...]:
+    """The global indices of the layers of each of ``rank``'s v chunks: chunk j holds virtual stage
+    j·p + i, layers [(j·p + i)·n, (j·p + i + 1)·n) with n = L/(p·v)."""
+    per_chunk = num_layers // (pp * vpp)
+    return tuple(range((j * pp + rank) * per_chunk, (j * pp + rank + 1) * per_chunk) for j in range(vpp))
+
+
+def warmup_passes(schedule: PpSchedule, pp: int, vpp: int, rank: int, micro_batches: int) -> int:
+    """The forward passes rank ``rank`` runs before its first backward (its warm-up)."""
+    total = micro_batches * vpp
+    if schedule is PpSchedule.GPIPE:
+        return total
+    if schedule is PpSchedule.ONE_F_ONE_B:
+        return min(pp - rank - 1, total)
+    hops = pp - rank - 1
+    if schedule is PpSchedule.INTERLEAVED_1F1B:
+        return min(2 * hops + (vpp - 1) * pp, total)
+    return min(hops + (vpp - 1) * pp, total)  # zero bubble: one pass per hop (torch's multiply_factor 1)
+
+
+def _schedule_table(micro_batches: int, vpp: int, group: int) -> list[tuple[int, int]]:
+    """(micro-batch, chunk) of each forward pass, in order: groups of ``group`` micro-batches, each group
+    through chunk 0, 1, … (Megatron-LM ``get_schedule_table``; the last group takes what is left)."""
+    table: list[tuple[int, int]] = []
+    for first in range(0, micro_batches, group):
+        last = micro_batches if first + group >= micro_batches else first + group
+        table += [(mb, chunk) for chunk in range(vpp) for mb in range(first, last)]
+    return table
+
+
+@lru_cache(maxsize=1024)
+def rank_passes(schedule: PpSchedule, pp: int, vpp: int, rank: int, micro_batches: int) -> tuple[Pass, ...]:
+    """Every pass of rank ``rank`` in a step of ``micro_batches``, in the order it runs them."""
+    warmup = warmup_passes(schedule, pp, vpp, rank, micro_batches)
+    if schedule in INTERLEAVED:
+        table = _schedule_table(micro_batches, vpp, pp)
+        forwards = [Pass(True, chunk, mb) for mb, chunk in table]
+        backwards = [Pass(False, vpp - 1 - chunk, mb) for mb, chunk in table]
+    else:
+        forwards = [Pass(True, 0, mb) for mb in range(micro_batches)]
+        backwards = [Pass(False, 0, mb) for mb in range(micro_batches)]
+    passes = forwards[:warmup]
+    steady = len(forwards) - warmup
+    for k in range(steady):
+        passes += [forwards[warmup + k], backwards[k]]
+    return tuple(passes + backwards[steady:])
+
+
+def passes_in_flight(passes: tuple[Pass, ...]) -> int:
+    """The most forward passes whose backward has not yet run, over the order ``passes``."""
+    outstanding = most = 0
+    for one in passes:
+        outstanding += 1 if one.forward else -1
+        most = max(most, outstanding)
+    return most
+
+
+def in_flight(schedule: PpSchedule, pp: int, vpp: int, rank: int, micro_batches: int) -> Fraction:
+    """Micro-batches' worth of one stage's activations rank ``rank`` holds at its peak: the chunks' forward
+    passes in flight, over v."""
+    return Fraction(passes_in_flight(rank_passes(schedule, pp, vpp, rank, micro_batches)), vpp)
+
+
+def window(schedule: PpSchedule, pp: int, vpp: int, rank: int, micro_batches: int) -> int:
+    """The micro-batches whose passes a simulation of rank ``rank`` runs: the fewest m' ≤ m whose schedule
+    has the whole warm-up and one pass of the steady state, so the same passes in flight at its peak (the
+    last m' of the step's m; the earlier ones leave only their gradients). GPipe holds every micro-batch;
+    the interleaved table runs whole groups of p."""
+    if schedule is PpSchedule.GPIPE:
+        return micro_batches
+    if schedule is PpSchedule.ONE_F_ONE_B:
+        return min(pp - rank, micro_batches)
+    uncapped = warmup_passes(schedule, pp, vpp, rank, 10**9)
+    groups = -(-(uncapped + 1) // (vpp * pp))
+    return min(micro_batches, groups * pp)
+
+
+def bubble_fraction(schedule: PpSchedule, pp: int, vpp: int, micro_batches: int) -> Fraction:
+    """The pipeline bubble over the ideal time of a step: (p − 1)/m; (p − 1)/(v·m) interleaved; ZB-H1 a
+    third of its schedule's (Narayanan et al. 2021 §2.2; Qi et al. 2023 §3.1)."""
+    if pp == 1:
+        return Fraction(0)
+    chunks = vpp if schedule in INTERLEAVED else 1
+    bubble = Fraction(pp - 1, chunks * micro_batches)
+    return bubble / 3 if schedule is PpSchedule.ZERO_BUBBLE else bubble
