@@ -43,10 +43,12 @@ measurements.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 from pydantic import BaseModel, Field
 
+from zerocalc.base.dtypes import DType
 from zerocalc.comm.mesh import Dimension, MeshCollectiveCost
 from zerocalc.comm.pipeline import PipelineComm
 from zerocalc.compute.ops import (
@@ -58,7 +60,8 @@ from zerocalc.compute.ops import (
     optimizer_bytes_per_param,
 )
 from zerocalc.compute.table import ComputeTable
-from zerocalc.compute.time import ComputeTime, micro_batch_time, step_compute
+from zerocalc.compute.time import ComputeTime, MicroBatchTime, micro_batch_time, step_compute
+from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture
 from zerocalc.model.model_impl import MODEL_IMPLS, AttentionKernel, ModelImplName, Shape, default_attention
 from zerocalc.network.collectives import Collective
@@ -299,7 +302,33 @@ def request_ops(request: TrainingRequest, arch: Architecture | None = None) -> M
         cp_impl=mesh.cp_impl,
     )
     dtype = RECIPES[request.precision].param_dtype
-    return micro_batch_ops(arch or request.architecture, shape, kernels(request), dtype, ep=mesh.ep)
+    return _micro_batch_ops(arch or request.architecture, shape, kernels(request), dtype, mesh.ep)
+
+
+@lru_cache(maxsize=1024)
+def _micro_batch_ops(arch: Architecture, shape: Shape, code: Kernels, dtype: DType, ep: int) -> MicroBatchOps:
+    """:func:`~zerocalc.compute.ops.micro_batch_ops`, once per (architecture, shape, kernels, dtype, ep): a
+    plan prices many candidates of one mesh and micro-batch (their strategies and accumulations differ)."""
+    return micro_batch_ops(arch, shape, code, dtype, ep=ep)
+
+
+_MICRO_TIMES: dict[tuple[int, MicroBatchOps, Recompute], tuple[ComputeTable, MicroBatchTime]] = {}
+_MICRO_TIMES_LIMIT = 4096
+
+
+def _micro_batch_time(table: ComputeTable, ops: MicroBatchOps, recompute: Recompute) -> MicroBatchTime:
+    """:func:`~zerocalc.compute.time.micro_batch_time`, once per (table, operations, recompute). The table
+    (a frozen model holding lists) is keyed by identity and kept with the value, so a key is never another
+    table's."""
+    key = (id(table), ops, recompute)
+    cached = _MICRO_TIMES.get(key)
+    if cached is not None and cached[0] is table:
+        return cached[1]
+    if len(_MICRO_TIMES) >= _MICRO_TIMES_LIMIT:
+        _MICRO_TIMES.clear()
+    time = micro_batch_time(table, ops, recompute)
+    _MICRO_TIMES[key] = (table, time)
+    return time
 
 
 def optimizer_traffic(
@@ -365,7 +394,7 @@ def request_compute(
     stages = [(stage.architecture, stage) for stage in request.stages] or [(None, None)]
     best: tuple[ComputeTime, float] | None = None
     for arch, stage in stages:
-        micro = micro_batch_time(table, request_ops(request, arch), request.activations.recompute)
+        micro = _micro_batch_time(table, request_ops(request, arch), request.activations.recompute)
         params, per, largest = optimizer_traffic(request, strategy, stage)
         compute = step_compute(table, micro, request.grad_accum, params, per, largest)
         compute = with_framework_traffic(compute, fsdp2_traffic(request, strategy, table, stage))
