@@ -312,9 +312,7 @@ def render_comm(out: Output, estimate: CommEstimate, unit: ByteUnit, per_unit: b
             out.print("no data-parallel collectives: the dp × cp group of a TP rank is one GPU")
             continue
         out.print(f"gradients reduced {when} ({row.grad_sync_reason})")
-        out.print(
-            _unit_table(row, unit) if per_unit else _strategy_table(row, unit, mesh.model_parallel)
-        )
+        out.print(_unit_table(row, unit) if per_unit else _strategy_table(row, unit, mesh.model_parallel))
         for c in row.collectives:
             if not c.scales:
                 out.print(f"[dim]  {_label(c)}: {c.behaviour}[/dim]")
@@ -383,6 +381,8 @@ def render_step(out: Output, estimate: CommEstimate) -> None:
         columns.append(Column("Comm\ntp", seconds([s.exposed_tp_s for s in steps])))
     if mesh.cp > 1:
         columns.append(Column("Comm\ncp", seconds([s.exposed_cp_s for s in steps])))
+    if mesh.ep > 1:
+        columns.append(Column("Comm\nep", seconds([s.exposed_ep_s for s in steps])))
     if mesh.pp > 1:
         columns.append(Column("Comm\npp", seconds([s.exposed_pp_s for s in steps])))
         columns.append(Column("Bubble", seconds([s.bubble_s for s in steps])))
