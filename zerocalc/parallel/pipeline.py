@@ -3,9 +3,18 @@ in, how many micro-batches it holds in flight, and the bubble (pure).
 
 Layers: L layers over p ranks and v model chunks per rank, L/(p·v) layers a chunk; chunk j of rank i
 holds the layers of virtual stage j·p + i (Megatron-LM ``core/transformer/transformer_block.py``
-``get_num_layers_to_build`` and ``_get_layer_offset``; torch.distributed.pipelining's interleaved
-schedules place stage j·p + i on rank i, ``stage_index_to_group_rank``). The embedding is on the first
-virtual stage, the final norm, the LM head and the loss on the last.
+``get_num_layers_to_build`` and ``core/transformer/transformer_layer.py``
+``get_transformer_layer_offset``; torch.distributed.pipelining's interleaved schedules place stage
+j·p + i on rank i, ``stage_index_to_group_rank``). The embedding is on the first virtual stage, the final
+norm, the LM head and the loss on the last.
+
+Uneven stages follow Megatron-LM's ``--decoder-first-pipeline-num-layers`` and
+``--decoder-last-pipeline-num-layers`` (``num_layers_in_first_pipeline_stage`` /
+``num_layers_in_last_pipeline_stage``): the first (last) rank holds the layers given, the others split
+the rest evenly; each rank's v chunks hold a v-th of its layers each, and virtual stage j·p + i starts
+after j·L/v layers and the chunks of ranks 0 … i − 1 (``get_transformer_layer_offset``). Megatron-LM's
+``TransformerConfig.__post_init__`` requires the middle layers to divide over the middle ranks, each
+rank's layers to divide by v, and middle ranks exactly when middle layers remain.
 
 Order of one rank's passes in a step of m micro-batches (a pass: one chunk's forward or backward of one
 micro-batch):
@@ -81,11 +90,50 @@ def boundary_elements(mesh: Mesh, micro_batch: int, seq_len: int, hidden: int) -
     return tokens * hidden
 
 
-def chunk_layers(num_layers: int, pp: int, vpp: int, rank: int) -> tuple[range, ...]:
+def stage_layer_counts(
+    num_layers: int, pp: int, first: int | None = None, last: int | None = None
+) -> tuple[int, ...]:
+    """The layers each of the p pipeline ranks holds: ``first`` on rank 0 and ``last`` on rank p − 1 where
+    given, the rest split evenly over the others (Megatron-LM ``get_num_layers_to_build``); L/p each when
+    neither is given. The split is assumed valid (:func:`split_problem`)."""
+    fixed = {0: first, pp - 1: last}
+    given = {rank: n for rank, n in fixed.items() if n is not None}
+    middle_ranks = pp - len(given)
+    middle = (num_layers - sum(given.values())) // middle_ranks if middle_ranks else 0
+    return tuple(given.get(rank, middle) for rank in range(pp))
+
+
+def split_problem(num_layers: int, pp: int, vpp: int, first: int | None, last: int | None) -> str | None:
+    """Why L layers do not split over p ranks of v chunks with ``first`` and ``last`` layers on the first
+    and last rank (each None: an even share), in Megatron-LM's checks (``TransformerConfig.__post_init__``,
+    "Uneven PP"); None when they do. The text names the values; the caller names the options."""
+    given = [n for n in (first, last) if n is not None]
+    if not given:
+        if num_layers % (pp * vpp):
+            return f"{num_layers} layers do not split into {pp * vpp} equal chunks"
+        return None
+    rest = num_layers - sum(given)
+    middle_ranks = pp - len(given)
+    if rest < 0 or (rest == 0) != (middle_ranks == 0):
+        return f"{rest} layers remain for {middle_ranks} middle stages"
+    if middle_ranks and rest % middle_ranks:
+        return f"the {rest} remaining layers do not split evenly over {middle_ranks} middle stages"
+    for n in (*given, *([rest // middle_ranks] if middle_ranks else [])):
+        if n % vpp:
+            return f"a stage's {n} layers do not split into {vpp} chunks"
+    return None
+
+
+def chunk_layers(
+    num_layers: int, pp: int, vpp: int, rank: int, first: int | None = None, last: int | None = None
+) -> tuple[range, ...]:
     """The global indices of the layers of each of ``rank``'s v chunks: chunk j holds virtual stage
-    j·p + i, layers [(j·p + i)·n, (j·p + i + 1)·n) with n = L/(p·v)."""
-    per_chunk = num_layers // (pp * vpp)
-    return tuple(range((j * pp + rank) * per_chunk, (j * pp + rank + 1) * per_chunk) for j in range(vpp))
+    j·p + i, the next n_i/v layers after j·L/v and the chunks of ranks 0 … i − 1 (n_i: rank i's layers,
+    :func:`stage_layer_counts`); [(j·p + i)·n, (j·p + i + 1)·n) with n = L/(p·v) on even stages."""
+    chunks = [count // vpp for count in stage_layer_counts(num_layers, pp, first, last)]
+    before = sum(chunks[:rank])
+    per_virtual = num_layers // vpp
+    return tuple(range(j * per_virtual + before, j * per_virtual + before + chunks[rank]) for j in range(vpp))
 
 
 def warmup_passes(schedule: PpSchedule, pp: int, vpp: int, rank: int, micro_batches: int) -> int:
