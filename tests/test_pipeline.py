@@ -375,9 +375,39 @@ def test_llama_3_1_405b_at_pp_16_with_first_and_last_stages_of_7() -> None:
     assert params[1:15] == [8 * layer] * 14
     assert params[15] == 7 * layer + h + vocab == 3_053_699_072  # the final norm and the LM head
     assert request.rank_model == request.stages[1]  # a middle stage is the largest
+    # each stage's memory: bf16 parameters, 2 bytes each, of its own count; the logits and the loss only
+    # on the last, which holds one micro-batch in flight (1F1B: p − i), the first all 16
+    peak = estimate_peak(
+        model="llama-3.1-405b", gpus=2048, tp=8, pp=16, framework="megatron", grad_accum=16,
+        strategies="zero1", pp_first_stage_layers=7, pp_last_stage_layers=7,
+    )  # fmt: skip
+    stages = peak.peak.strategies[0].stages  # type: ignore[union-attr]
+    assert [stages[i].layers for i in (0, 1, 15)] == [[[0, 6]], [[7, 14]], [[119, 125]]]
+    for stage in stages:
+        terms = {t.kind: t.bytes for t in stage.terms}
+        assert terms[TensorKind.PARAMETERS] == 2 * params[stage.stage]
+        assert (TensorKind.LOSS in terms) == (stage.stage == 15) == stage.holds_head
+    assert stages[0].holds_embedding and (stages[0].in_flight, stages[15].in_flight) == (16, 1)
     text = mesh_assumption(request)
     assert "pp 16 (1f1b, first stage 7 layers, last stage 7 layers)" in text
     assert "holding 7, 8 × 14, 7 layers from the first to the last, 1 chunk each" in text
+
+
+def test_uneven_stages_send_what_even_stages_send() -> None:
+    # 32 layers, first 7 and last 7: 9 on each middle rank; a boundary still carries b·s·h, the bubble
+    # (p − 1)/m of the slowest stage's compute
+    estimate = estimate_comm(
+        model="llama-3-8b", gpus=4, pp=4, grad_accum=8, framework="megatron",
+        pp_first_stage_layers=7, pp_last_stage_layers=7,
+    )  # fmt: skip
+    pipeline = estimate.pipeline
+    assert pipeline is not None and pipeline.stage_layers == [7, 9, 9, 7]
+    assert pipeline.message_elements == 2048 * 4096 and pipeline.bubble_fraction == 3 / 8
+    output = runner.invoke(
+        app, ["comm", "--model", "llama-3-8b", "--gpus", "4", "--pp", "4", "--grad-accum", "8",
+              "--framework", "megatron", "--pp-first-stage-layers", "7", "--pp-last-stage-layers", "7"],
+    ).stdout  # fmt: skip
+    assert "Pipeline pp 4 (1f1b), m = 8, layers 7, 9 × 2, 7:" in output
 
 
 # ---------------------------------------------------------------------------------------- the shell

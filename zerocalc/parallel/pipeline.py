@@ -40,7 +40,10 @@ al. 2021 §2.2.2).
 
 Bubble: the idle fraction of a step's ideal time, (p − 1)/m, and (p − 1)/(v·m) interleaved (Narayanan
 et al. 2021 §2.2.1–2.2.2); zero bubble ZB-H1 (p − 1)/(3·m) of it, for forward, input-gradient and
-weight-gradient passes of equal time (Qi et al. 2023 §3.1).
+weight-gradient passes of equal time (Qi et al. 2023 §3.1). These formulas take stages of equal time;
+with uneven stages the step waits for the slowest, and the bubble is the same fraction of the slowest
+stage's compute (``zerocalc.comm.step``): each of the p − 1 fill and drain slots at its pace, an upper
+bound of the Σ t_i − max t_i a flush of stages of times t_i leaves.
 """
 
 from __future__ import annotations
@@ -101,6 +104,17 @@ def stage_layer_counts(
     middle_ranks = pp - len(given)
     middle = (num_layers - sum(given.values())) // middle_ranks if middle_ranks else 0
     return tuple(given.get(rank, middle) for rank in range(pp))
+
+
+def describe_layer_counts(counts: tuple[int, ...]) -> str:
+    """Each rank's layers, first to last, runs of equal counts as count × ranks: ``7, 8 × 14, 7``."""
+    runs: list[list[int]] = []
+    for count in counts:
+        if runs and runs[-1][0] == count:
+            runs[-1][1] += 1
+        else:
+            runs.append([count, 1])
+    return ", ".join(f"{count} × {ranks}" if ranks > 1 else str(count) for count, ranks in runs)
 
 
 def split_problem(num_layers: int, pp: int, vpp: int, first: int | None, last: int | None) -> str | None:

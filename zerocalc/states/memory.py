@@ -41,7 +41,7 @@ from zerocalc.model.architecture import ParameterCount, expert_parameters
 from zerocalc.network.cluster import Cluster, RankGroup
 from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerName, OptimizerSpec
-from zerocalc.parallel.pipeline import stage_layer_counts
+from zerocalc.parallel.pipeline import describe_layer_counts, stage_layer_counts
 from zerocalc.parallel.precision import RECIPES, PrecisionName, PrecisionRecipe
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName, row_named
 from zerocalc.request.options import OptionsEcho
@@ -427,9 +427,8 @@ def mesh_assumption(request: TrainingRequest) -> str:
         if len(set(layers)) == 1:
             held = f"each holding {plural(mesh.vpp, 'chunk')} of {plural(layers[0] // mesh.vpp, 'layer')}"
         else:
-            middle = f"{layers[1]} × {mesh.pp - 2}, " if mesh.pp > 2 else ""
             held = (
-                f"holding {layers[0]}, {middle}{layers[-1]} layers from the first to the last, "
+                f"holding {describe_layer_counts(layers)} layers from the first to the last, "
                 f"{plural(mesh.vpp, 'chunk')} each"
             )
         text += (
