@@ -120,11 +120,11 @@ OPTIONS: tuple[Option, ...] = (
          default_help="1f1b, interleaved-1f1b with --vpp"),
     _opt("pp_first_stage_layers", ("--pp-first-stage-layers",),
          "Layers of the first pipeline stage; the other stages split the rest evenly (Megatron's "
-         "--decoder-first-pipeline-num-layers).", ESTIMATES, value_type=OPT_NUM, metavar="N",
+         "decoder_first_pipeline_num_layers).", ESTIMATES, value_type=OPT_NUM, metavar="N",
          default_help="an even share"),
     _opt("pp_last_stage_layers", ("--pp-last-stage-layers",),
          "Layers of the last pipeline stage; the other stages split the rest evenly (Megatron's "
-         "--decoder-last-pipeline-num-layers).", ESTIMATES, value_type=OPT_NUM, metavar="N",
+         "decoder_last_pipeline_num_layers).", ESTIMATES, value_type=OPT_NUM, metavar="N",
          default_help="an even share"),
     _opt("ep", ("--ep",), "e: expert-parallel ranks, carved from dp × cp (MoE models).", ESTIMATES,
          default=1, value_type=NUM, metavar="E"),
