@@ -22,6 +22,7 @@ from zerocalc.parallel.pipeline import (
     chunk_layers,
     in_flight,
     rank_passes,
+    shorter_end_stages,
     split_problem,
     stage_layer_counts,
     window,
@@ -352,6 +353,16 @@ def test_uneven_stages_follow_megatron_offsets() -> None:
 def test_uneven_split_problems_are_megatrons(split: tuple, problem: str | None) -> None:
     # Megatron-LM TransformerConfig.__post_init__, "Uneven PP"
     assert split_problem(*split) == problem
+
+
+def test_plan_shortens_the_end_stages_when_the_layers_do_not_split() -> None:
+    # L = p·m − 2k, the smallest k ≥ 1 Megatron-LM's checks accept: 126 = 16·8 − 2 (Llama 3 405B);
+    # 32 = 3·12 − 2·2; 32 = 5·8 − 2·4 (5·7 − 2·k is odd); none where L splits evenly, at p 2, or where
+    # no k gives every stage a multiple of v (126 at p 16, v 2: m even needs k ≡ 1 mod 16)
+    assert shorter_end_stages(126, 16, 1) == 7
+    assert shorter_end_stages(32, 3, 1) == 10 and shorter_end_stages(32, 5, 1) == 4
+    assert shorter_end_stages(32, 4, 1) is None and shorter_end_stages(33, 2, 1) is None
+    assert shorter_end_stages(126, 16, 2) is None and shorter_end_stages(61, 4, 1) is None
 
 
 def test_llama_3_1_405b_at_pp_16_with_first_and_last_stages_of_7() -> None:

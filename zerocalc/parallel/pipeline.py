@@ -138,6 +138,23 @@ def split_problem(num_layers: int, pp: int, vpp: int, first: int | None, last: i
     return None
 
 
+def shorter_end_stages(num_layers: int, pp: int, vpp: int) -> int | None:
+    """The layers of the first and of the last stage when L does not split into p·v equal chunks: the
+    middle stages m each, the two end stages m − k each for the smallest k ≥ 1 that splits by
+    :func:`split_problem` (L = p·m − 2k), as Llama 3 405B's 126 layers at PP 16 hold 7, 8 × 14, 7 (Dubey et
+    al. 2024 §3.3.2: one layer fewer on the stages with the embedding and the loss). None when L splits
+    evenly, p < 3, or no k splits."""
+    if pp < 3 or num_layers % (pp * vpp) == 0:
+        return None
+    for middle in range(num_layers // pp + 1, num_layers):
+        end = (num_layers - (pp - 2) * middle) // 2
+        if end < 1:
+            return None
+        if end < middle and split_problem(num_layers, pp, vpp, end, end) is None:
+            return end
+    return None
+
+
 def chunk_layers(
     num_layers: int, pp: int, vpp: int, rank: int, first: int | None = None, last: int | None = None
 ) -> tuple[range, ...]:

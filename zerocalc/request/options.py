@@ -133,7 +133,8 @@ OPTIONS: tuple[Option, ...] = (
          default_help="1"),
     _opt("cp", ("--cp",), "Context-parallel degrees searched: a comma list or auto.", frozenset({PLAN}),
          value_type=LIST, default_help="1"),
-    _opt("pp", ("--pp",), "Pipeline degrees searched: a comma list or auto (every divisor of the layers).",
+    _opt("pp", ("--pp",), "Pipeline degrees searched: a comma list or auto (every divisor of the layers, "
+         "and of the layers + 2 from 3: first and last stages one layer shorter).",
          frozenset({PLAN}), value_type=LIST, default_help="1"),
     _opt("vpp", ("--vpp",), "Virtual stages per pipeline rank searched: a comma list or auto.",
          frozenset({PLAN}), value_type=LIST, default_help="1"),
