@@ -152,10 +152,10 @@ class Mesh(BaseModel):
     vpp: int = Field(default=1, ge=1, description="v: virtual stages (model chunks) per pipeline rank")
     pp_schedule: PpSchedule = Field(default=PpSchedule.ONE_F_ONE_B, description="the pipeline schedule")
     pp_first_stage_layers: int | None = Field(
-        default=None, ge=1, description="the first pipeline rank's layers (None: an even share)"
+        default=None, ge=1, description="the first pipeline rank's layers (null: an even share)"
     )
     pp_last_stage_layers: int | None = Field(
-        default=None, ge=1, description="the last pipeline rank's layers (None: an even share)"
+        default=None, ge=1, description="the last pipeline rank's layers (null: an even share)"
     )
     ep: int = Field(default=1, ge=1, description="e: expert-parallel ranks, carved from dp × cp")
 
