@@ -181,8 +181,8 @@ PpFirstStageLayers = Annotated[
     int | None,
     typer.Option(
         "--pp-first-stage-layers",
-        help="With --pp: the first stage's blocks; the others split the rest evenly (Megatron's "
-        "decoder_first_pipeline_num_layers).",
+        help="With --pp: the first stage's blocks; the others split the rest evenly (Megatron-LM's "
+        "uneven split).",
         show_default=False,
     ),
 ]
@@ -190,8 +190,8 @@ PpLastStageLayers = Annotated[
     int | None,
     typer.Option(
         "--pp-last-stage-layers",
-        help="With --pp: the last stage's blocks; the others split the rest evenly (Megatron's "
-        "decoder_last_pipeline_num_layers).",
+        help="With --pp: the last stage's blocks; the others split the rest evenly (Megatron-LM's "
+        "uneven split).",
         show_default=False,
     ),
 ]

@@ -119,12 +119,12 @@ OPTIONS: tuple[Option, ...] = (
          "Megatron's interleaved accepted).", ESTIMATES, value_type=OPT_STR,
          default_help="1f1b, interleaved-1f1b with --vpp"),
     _opt("pp_first_stage_layers", ("--pp-first-stage-layers",),
-         "Layers of the first pipeline stage; the other stages split the rest evenly (Megatron's "
-         "decoder_first_pipeline_num_layers).", ESTIMATES, value_type=OPT_NUM, metavar="N",
+         "Layers of the first pipeline stage; the other stages split the rest evenly (Megatron-LM's "
+         "uneven split).", ESTIMATES, value_type=OPT_NUM, metavar="N",
          default_help="an even share"),
     _opt("pp_last_stage_layers", ("--pp-last-stage-layers",),
-         "Layers of the last pipeline stage; the other stages split the rest evenly (Megatron's "
-         "decoder_last_pipeline_num_layers).", ESTIMATES, value_type=OPT_NUM, metavar="N",
+         "Layers of the last pipeline stage; the other stages split the rest evenly (Megatron-LM's "
+         "uneven split).", ESTIMATES, value_type=OPT_NUM, metavar="N",
          default_help="an even share"),
     _opt("ep", ("--ep",), "e: expert-parallel ranks, carved from dp × cp (MoE models).", ESTIMATES,
          default=1, value_type=NUM, metavar="E"),
