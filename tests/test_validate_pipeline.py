@@ -330,7 +330,7 @@ def test_a_pipeline_of_uneven_stages_is_predicted_per_stage(spawned: list[str]) 
     [
         (["--pp-first-stage-layers", "2", "--pp-last-stage-layers", "2"],
          "--pp-first-stage-layers 2 and --pp-last-stage-layers 2 with --pp 3: of the 4 blocks, 0 layers "
-         "remain for 1 middle stages"),
+         "left for 1 middle stage"),
         (["--pp-first-stage-layers", "0"], "--pp-first-stage-layers 0 is not accepted"),
     ],
 )  # fmt: skip

@@ -52,6 +52,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import NamedTuple
 
+from zerocalc.base.units import plural
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.mesh import Mesh, PpSchedule
 
@@ -129,7 +130,7 @@ def split_problem(num_layers: int, pp: int, vpp: int, first: int | None, last: i
     rest = num_layers - sum(given)
     middle_ranks = pp - len(given)
     if rest < 0 or (rest == 0) != (middle_ranks == 0):
-        return f"{rest} layers remain for {middle_ranks} middle stages"
+        return f"{plural(rest, 'layer')} left for {plural(middle_ranks, 'middle stage')}"
     if middle_ranks and rest % middle_ranks:
         return f"the {rest} remaining layers do not split evenly over {middle_ranks} middle stages"
     for n in (*given, *([rest // middle_ranks] if middle_ranks else [])):

@@ -857,10 +857,14 @@ def _split_check(arch: Architecture, pp: int, vpp: int, first: int | None, last:
         if n is not None
     )
     middle = pp - (first is not None) - (last is not None)
+    accepted = (
+        f"values that leave {plural(middle, 'middle stage')} an equal share"
+        if middle
+        else f"{{pp_first_stage_layers}} + {{pp_last_stage_layers}} = {arch.num_layers}"
+    )
     raise InputError(
         f"{given} with {{pp}} {pp}{f' × {{vpp}} {vpp}' if vpp > 1 else ''}: of {arch.name}'s "
-        f"{arch.num_layers} layers, {problem}; "
-        f"accepted: values that leave {plural(middle, 'middle stage')} an equal share"
+        f"{arch.num_layers} layers, {problem}; accepted: {accepted}"
         + (f", every stage's layers a multiple of {{vpp}} {vpp}" if vpp > 1 else "")
     )
 

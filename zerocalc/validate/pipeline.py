@@ -90,9 +90,14 @@ def check_pipeline(
             for flag, n in (("--pp-first-stage-layers", first), ("--pp-last-stage-layers", last))
             if n is not None
         )
+        middle = pp - (first is not None) - (last is not None)
+        accepted = (
+            "values that leave the middle stages an equal share"
+            if middle
+            else f"--pp-first-stage-layers + --pp-last-stage-layers = {arch.num_layers}"
+        )
         raise InputError(
-            f"{given} with --pp {pp}: of the {arch.num_layers} blocks, {problem}; accepted: values that "
-            "leave the middle stages an equal share"
+            f"{given} with --pp {pp}: of the {arch.num_layers} blocks, {problem}; accepted: {accepted}"
         )
     if microbatches > MAX_GRAD_ACCUM:
         raise InputError(
