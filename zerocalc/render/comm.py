@@ -9,6 +9,7 @@ from zerocalc.base.units import ByteUnit, format_bandwidth, format_count, format
 from zerocalc.network.cluster import RankGroup
 from zerocalc.network.links import BandwidthSource
 from zerocalc.network.schedule import GradSync, Tensor
+from zerocalc.parallel.pipeline import describe_layer_counts
 from zerocalc.render.tables import (
     COLLECTIVE_LEGEND,
     OP_SHORT,
@@ -437,7 +438,8 @@ def render_pipeline(out: Output, pipeline: PipelineComm, unit: ByteUnit) -> None
     print_phrases(
         out,
         f"\n[bold]Pipeline[/bold] pp {pipeline.pp}{virtual} ({pipeline.schedule.value}),",
-        f"m = {pipeline.micro_batches}:",
+        f"m = {pipeline.micro_batches},",
+        f"layers {describe_layer_counts(tuple(pipeline.stage_layers))}:",
         f"each send {pipeline.message_elements:,} {pipeline.dtype.value} elements",
         f"({format_size(pipeline.message_bytes)}),",
         f"{pipeline.boundaries} boundaries per micro-batch, forward and back",
