@@ -15,9 +15,9 @@ from zerocalc.base.errors import InputError
 from zerocalc.cli import app
 from zerocalc.cli.plan import command
 from zerocalc.parallel.frameworks import Estimate
-from zerocalc.peak.simulate import flash_attention_used
-from zerocalc.plan.allocated import with_batch
-from zerocalc.plan.search import Status, _exact, search
+from zerocalc.peak.simulate import flash_attention_used, runtime_for, simulate
+from zerocalc.plan.allocated import _states, with_batch
+from zerocalc.plan.search import Status, _exact, _Resolver, _Setting, search
 from zerocalc.plan.space import derived_request, enumerate_groups, group_request, plan_options
 
 runner = CliRunner()
@@ -192,3 +192,36 @@ def _group_of(plan, row):  # type: ignore[no-untyped-def]
 def test_bad_degrees_are_one_line(args: list[str], needle: str) -> None:
     result = runner.invoke(app, ["plan", *MESH, *args])
     one_line_error(result, needle)
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        dict(model="llama-3-8b", gpu="h100-80gb", gpus=16, global_batch="32seq", seq_len=4096,
+             frameworks="megatron,fsdp2", tp="2,4", cp="1,2"),
+        dict(model="qwen1.5-moe-a2.7b", gpu="h100-80gb", gpus=8, global_batch="32seq", seq_len=2048,
+             frameworks="megatron,fsdp2", ep="2,4"),
+    ],
+    ids=["tp-cp", "ep"],
+)  # fmt: skip
+def test_without_pipeline_stages_a_mesh_candidates_bound_is_its_allocated_peak(space: dict) -> None:
+    """A tensor-, context- or expert-parallel rank's steady step is one timeline: the search's bound for
+    it, less the context and the communicators, is that timeline's allocated peak to the byte (the whole
+    rank's simulation, every layer and event), from the step's parts of its rank's model."""
+    plan = plan_options(**space)
+    setting = _Setting.of(plan)
+    groups, _ = enumerate_groups(plan, setting.flash)
+    resolver = _Resolver(plan, setting)
+    candidates = []
+    for group in groups:
+        if group.model_parallel:
+            members = resolver.candidates(group)
+            if not isinstance(members, InputError):
+                candidates += members
+    assert len(candidates) > 50
+    for cand in random.Random(2).sample(candidates, 8):
+        request = with_batch(cand.request, cand.b, cand.accum)
+        name = request.strategies[0]
+        steady = simulate(request, name, runtime_for(request), _states(request), reserve=False)
+        allocated = max(allocated for _, _, allocated in steady.events)
+        assert cand.lower - resolver.outside.of(cand.group, cand.request) == allocated, cand.group

@@ -216,7 +216,8 @@ MESH_ASSUMPTION = (
     "mesh: a model-parallel candidate's step is comm's for its b, recompute and A (its rank's compute, the "
     "tensor-parallel collectives on the critical path, the context-parallel ring behind attention, the "
     "busiest pipeline rank's sends exposed, the bubble a fraction of the slowest stage's compute); its "
-    "lower bound is its largest rank's model states + context + NCCL, its exact peak the worst stage's"
+    "lower bound is the rank's allocated peak (exact, from the step's parts) + context + NCCL, with pipeline "
+    "stages the largest rank's model states + context + NCCL; its exact peak the worst stage's"
 )
 
 
@@ -514,6 +515,10 @@ class _Resolver:
         self.mesh_steps = _MeshSteps(plan)
         self.states: dict[Hashable, int] = {}
         """A model-parallel configuration's model-state bytes on its largest rank."""
+        self.mesh_parts: dict[Hashable, StepParts] = {}
+        """The step's parts per framework and tensor-, context- and expert-parallel degrees (without
+        pipeline stages): their requests are of one rank's model, as a data-parallel search's are of the
+        whole model."""
 
     def candidates(self, group: Group) -> list[_Cand] | InputError:
         """The group's candidates, or why the parser refuses the group."""
@@ -538,19 +543,29 @@ class _Resolver:
         its b, recompute and A (:class:`_MeshSteps`); its peak's lower bound is the context, the NCCL
         communicators and the model states of the largest rank (:func:`~zerocalc.states.memory.
         strategy_row`: all resident between the last backward and the optimizer step), the exact peak left
-        to the walk."""
+        to the walk. Without pipeline stages the rank's steady step is one timeline, as a data-parallel
+        candidate's: its allocated peak is exact from the step's parts (:class:`~zerocalc.plan.allocated.
+        StepParts` of the rank's model), and the bound is that peak + the context and the communicators."""
         key = group._replace(recompute=None, micro_batches=(), accumulates=False)
         states = self.states.get(key)
         if states is None:
             states = self.states[key] = strategy_row(request).gpu_bytes
-        lower = self.outside.of(group, request) + states
+        outside = self.outside.of(group, request)
+        batches = {b: group.accumulation(self.plan.global_batch_sequences, b) for b in group.micro_batches}
+        allocated = dict.fromkeys(batches, 0)
+        if group.pp == 1:
+            parts_key = (group.framework, group.tp, group.cp, group.ep)
+            parts = self.mesh_parts.get(parts_key)
+            if parts is None:
+                parts = self.mesh_parts[parts_key] = StepParts(runtime_for(self.plan.base))
+            configuration = group._replace(recompute=None, micro_batches=())
+            allocated = parts.allocated_peaks(request, batches, configuration)
         cands = []
-        for b in group.micro_batches:
-            accum = group.accumulation(self.plan.global_batch_sequences, b)
+        for b, accum in batches.items():
             timed = self.mesh_steps.of(group, comm_request, b, accum)
             if isinstance(timed, InputError):
                 return timed
-            cands.append(_Cand(group, request, b, accum, timed, lower))
+            cands.append(_Cand(group, request, b, accum, timed, outside + max(states, allocated[b])))
         return cands
 
     def _timed(
