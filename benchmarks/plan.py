@@ -9,6 +9,9 @@ zerocalc.plan.allocated), its communication and step time, per second of the sea
 * warm: later searches of the same plan in one process, the median of ``--repeat``.
 
 Then the walk's exact evaluations (memory's full model, allocator replay) of the rows printed, timed apart.
+With ``--baseline OTHER_CHECKOUT`` (the root of another version, e.g. a ``git worktree`` of an older commit):
+each case's first search by both versions in turn, their candidates per second and walk seconds.
+
 Beside them, one `estimate_memory` call (the model states of every strategy, `zerocalc memory` without the
 peak) and one `evaluate(request)` of the same model (every default FSDP2 strategy, the peak).
 """
@@ -17,10 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from zerocalc.api import estimate_memory
 from zerocalc.peak.evaluate import evaluate
@@ -35,9 +40,12 @@ CASES = [
     dict(model="llama-3-8b", gpu="h100-80gb", gpus=64, global_batch="4194304", seq_len=8192),
     dict(LLAMA_16, frameworks="fsdp2"),
     dict(LLAMA_16, frameworks="megatron,fsdp2", tp="1,2,4,8", pp="1,2,4"),
-]
+    dict(LLAMA_16, global_batch="64seq", frameworks="megatron,fsdp2", tp="1,2,4", cp="1,2"),
+    dict(model="qwen3-30b-a3b", gpu="h100-80gb", gpus=16, global_batch="512seq", seq_len=4096,
+         frameworks="megatron,fsdp2", ep="auto"),
+]  # fmt: skip
 """The default frameworks (fsdp2, torch-zero1, deepspeed), then README's `plan` example (FSDP2 alone), then
-a mesh space (Megatron-LM and FSDP2 over tp × pp)."""
+mesh spaces (Megatron-LM and FSDP2 over tp × pp, over tp × cp, and a MoE model over every ep)."""
 
 
 def _label(case: dict) -> str:
@@ -46,28 +54,69 @@ def _label(case: dict) -> str:
     return f"{case['model']} ≤{case['gpus']}×{case['gpu']}{frameworks}{mesh}"
 
 
+def _first_search(index: int, source: str | None = None) -> dict[str, float] | None:
+    """Case ``index``'s first search in a fresh process (its seconds, and the walk's), with zerocalc
+    imported from ``source`` (a checkout's root) or as installed; None where that version fails on it."""
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = source
+    out = subprocess.run(
+        [sys.executable, __file__, "--one", str(index)], capture_output=True, text=True, env=env
+    )
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
 def _cold(index: int, repeat: int) -> float:
     """The median over ``repeat`` fresh processes of their first search's seconds."""
-    runs = []
-    for _ in range(repeat):
-        out = subprocess.run(
-            [sys.executable, __file__, "--one", str(index)], capture_output=True, text=True, check=True
-        )
-        runs.append(json.loads(out.stdout)["search_seconds"])
-    return statistics.median(runs)
+    runs = [_first_search(index) for _ in range(repeat)]
+    return statistics.median(r["search_seconds"] for r in runs if r is not None)
+
+
+def compare(baseline: str, repeat: int) -> None:
+    """Each case's first search by this checkout and by ``baseline`` (another checkout's root), in turn
+    (interleaved, so machine noise hits both alike): candidates per second of the search, and the walk's
+    seconds (the exact peaks of the rows shown), medians of ``repeat``."""
+    here = str(Path(__file__).resolve().parent.parent)
+    for index, case in enumerate(CASES):
+        runs: dict[str, list[dict[str, float]]] = {"this": [], "baseline": []}
+        failed = False
+        for _ in range(repeat):
+            for name, source in (("this", here), ("baseline", baseline)):
+                result = _first_search(index, source)
+                if result is None:
+                    failed = failed or name == "baseline"
+                    continue
+                runs[name].append(result)
+        line = [f"{_label(case)}:"]
+        for name, results in runs.items():
+            if not results:
+                line.append(f"{name} fails")
+                continue
+            n = results[0]["candidates"]
+            search_s = statistics.median(r["search_seconds"] for r in results)
+            walk_s = statistics.median(r["exact_seconds"] for r in results)
+            line.append(f"{name} {n / search_s:,.0f} candidates/s, walk {walk_s:.2f} s")
+        print("  ".join(line) + ("  (the baseline fails on this case)" if failed else ""))
 
 
 def _one(index: int) -> None:
     """One search of case ``index`` in this (fresh) process: its times as JSON on stdout."""
     result = search(plan_options(**CASES[index]))
-    print(json.dumps({"search_seconds": result.search_seconds, "exact_seconds": result.exact_seconds}))
+    times = {"search_seconds": result.search_seconds, "exact_seconds": result.exact_seconds}
+    print(json.dumps({**times, "candidates": result.candidates_evaluated}))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--baseline", default=None, help="another checkout's root: time its first searches beside this one's"
+    )
     args = parser.parse_args()
+    if args.baseline is not None:
+        compare(args.baseline, args.repeat)
+        return
     if args.one is not None:
         _one(args.one)
         return
