@@ -37,6 +37,7 @@ from zerocalc.model.model_impl import (
     LayerSaves,
     ModelImpl,
     ModelImplName,
+    OpSacLayer,
     Shape,
     embedding_excess,
     embedding_saves,
@@ -46,6 +47,7 @@ from zerocalc.model.model_impl import (
     logits_saves,
     loss_parallel_transients,
     norm_backward_excess,
+    op_sac_layer,
     shared_saves,
     traits,
     vocab_shard,
@@ -231,10 +233,14 @@ class _Passes:
         self.cuda = step.device is Device.CUDA and runtime is not None
         self.checkpointed = step.recompute is Recompute.FULL
         self.selective = step.recompute is Recompute.SELECTIVE
+        self.op = step.recompute is Recompute.OP
+        self.keeps_inputs = self.checkpointed or self.op
+        """Every layer's input stays alive as its checkpoint's input (full and op-level checkpointing)."""
         self.hidden_bytes = hidden_bytes(arch, step.shape, step.act)  # act·R·h: the rank's sequence share
         self.logits = vocab_shard(step.impl, arch, step.shape, vocab=_allocated_vocab(arch, step.impl))
         self.loss_parallel = loss_parallel_transients(step.impl, arch, step.shape)
         self._saves: dict[tuple[bool, bool], LayerSaves] = {}
+        self._op_layer: OpSacLayer | None = None
         self._losses: list[str] = []
 
     def saves_of(self, i: int, use_cache: bool) -> LayerSaves:
@@ -247,6 +253,13 @@ class _Passes:
                 selective=self.selective,
             )  # fmt: skip
         return self._saves[key]
+
+    def op_layer_of(self, i: int) -> OpSacLayer:
+        """Layer ``i`` under torchtitan's op-level selective checkpointing (a dense block: one layer kind)."""
+        if self._op_layer is None:
+            step = self.step
+            self._op_layer = op_sac_layer(step.impl, step.arch, i, step.shape, step.act)
+        return self._op_layer
 
     def _part(self, one: Pass) -> tuple[str, range, bool, bool]:
         """The pass's tag, its layers and whether it holds the embedding and the head."""
@@ -318,6 +331,16 @@ class _Passes:
                     led.event(f"layer {i} forward (checkpointed){tag}", saves.forward_excess, TRANSIENT)
                     led.free(f"layer {i} work{tag}")
                     led.alloc(new, self.hidden_bytes, ACTIVATIONS)
+                hidden = new  # every checkpoint input stays alive
+            elif self.op:
+                # torch.utils.checkpoint with create_selective_checkpoint_contexts: the policy's MUST_SAVE
+                # outputs stay in the SAC storage, the other saved tensors are dropped at pack time
+                layer = self.op_layer_of(i)
+                led.alloc_group(f"layer {i}{tag}", layer.kept, ACTIVATIONS)
+                led.alloc(f"layer {i} work{tag}", sum(b for _, b in layer.recomputed), ACTIVATIONS)
+                led.event(f"layer {i} forward (op-level checkpointing){tag}", layer.forward_excess, TRANSIENT)
+                led.free(f"layer {i} work{tag}")
+                led.alloc(new, self.hidden_bytes, ACTIVATIONS)
                 hidden = new  # every checkpoint input stays alive
             else:
                 saves = self.saves_of(i, use_cache=True)
@@ -394,7 +417,7 @@ class _Passes:
     def _forward_done(self, tag: str, embedding: bool) -> None:
         """What the base model's forward frees as it returns."""
         led = self.led
-        if embedding and not (self.checkpointed and self.t.rotary):
+        if embedding and not (self.keeps_inputs and self.t.rotary):
             led.free(f"embedding output{tag}")  # under checkpointing it is layer 0's input
         led.free(f"position embedding output{tag}")
         led.free(f"position ids{tag}")
@@ -450,7 +473,15 @@ class _Passes:
         for i in reversed(layers):
             mechanics.pre_backward(led, i)
             saves = self.saves_of(i, use_cache=not checkpointed)
-            if checkpointed and saves.program:
+            if self.op:
+                # the recompute allocates the saved tensors the SAC storage does not hold, reads the kept
+                # outputs (those backward saves no further are freed then), and backward runs as without it
+                layer = self.op_layer_of(i)
+                led.alloc_group(f"layer {i}{tag}", layer.recomputed, ACTIVATIONS)
+                led.event(f"layer {i} recompute (op-level){tag}", layer.forward_excess, TRANSIENT)
+                for name in layer.consumed:
+                    led.free(f"layer {i}{tag}.{name}")
+            elif checkpointed and saves.program:
                 # the recomputed forward (torch.utils.checkpoint, use_reentrant=False): its output is dropped
                 output = f"layer {i} recomputed output{tag}"
                 _run_program(led, i, saves.program, 0, output, self.hidden_bytes, "recompute", tag=tag)
@@ -462,7 +493,7 @@ class _Passes:
             led.free_group(f"layer {i}{tag}")
             if i == layers[0]:
                 led.free_group(f"shared{tag}")
-            if checkpointed or saves.keeps_input:
+            if self.keeps_inputs or saves.keeps_input:
                 if i > layers[0]:
                     led.free(f"hidden {i}{tag}")
                 elif embedding:
@@ -614,7 +645,7 @@ def _inputs(step: StepShape, led: Ledger) -> None:
 
 def _runtime_extras(step: StepShape, runtime: Runtime, led: Ledger) -> None:
     led.alloc("unattributed at step start", runtime.start_extra, RUNTIME)
-    if step.recompute is Recompute.FULL:
+    if step.recompute in (Recompute.FULL, Recompute.OP):  # both run torch.utils.checkpoint
         led.alloc("checkpointing runtime extra", runtime.recompute_extra, RUNTIME)
 
 

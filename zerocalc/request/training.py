@@ -50,6 +50,7 @@ from zerocalc.model.model_impl import (
     ModelImplName,
     Shape,
     default_attention,
+    op_sac_unsupported,
     parallel_unsupported,
 )
 from zerocalc.network.calibration import Calibration
@@ -396,7 +397,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         notes=(*_model_notes(o.model), *position_notes),
     )
     resolved = _resolve_strategies(request)
-    problem = _ignored_problem(o, resolved) or _model_code_problem(resolved)
+    problem = _ignored_problem(o, resolved) or _model_code_problem(resolved) or _recompute_problem(resolved)
     if problem:
         raise InputError(problem)
     return resolved
@@ -435,6 +436,35 @@ def _model_code_problem(request: TrainingRequest) -> str | None:
     else:
         accepted = "a mesh that divides them"
     return f"{degrees} with {{model_impl}} {impl.name.value}: {reason}; accepted: {accepted}"
+
+
+def _recompute_problem(request: TrainingRequest) -> str | None:
+    """``{recompute} op`` where torchtitan's op-level policy is not modelled
+    (:func:`~zerocalc.model.model_impl.op_sac_unsupported`): the step's memory for torchtitan's code only,
+    its time and collectives for any dense Llama block's; None otherwise."""
+    arch, activations, mesh = request.model.architecture, request.activations, request.mesh
+    if activations.recompute is not Recompute.OP or arch is None:
+        return None
+    code = ModelImplName.MEGATRON if request.framework is Framework.MEGATRON else request.model_impl
+    impl = MODEL_IMPLS[code]
+    flash = activations.flash_attention
+    if flash is None:
+        flash = default_attention(impl, arch)[0] is AttentionKernel.FLASH
+    shape = Shape(
+        activations.micro_batch,
+        activations.seq_len,
+        tp=mesh.tp,
+        sequence_parallel=mesh.sequence_parallel,
+        cp=mesh.cp,
+        cp_impl=mesh.cp_impl,
+    )
+    reason = op_sac_unsupported(arch, shape, flash, impl if request.estimate is Estimate.MEMORY else None)
+    if reason is None:
+        return None
+    accepted = "{recompute} none, selective or full"
+    if "torchtitan's Llama code" in reason:
+        accepted = f"{{model_impl}} torchtitan, or {accepted}"
+    return f"{{recompute}} op with {arch.name}: {reason}; accepted: {accepted}"
 
 
 def _ignored_problem(options: TrainingOptions, request: TrainingRequest) -> str | None:
