@@ -33,9 +33,15 @@ collective of a layer; selective recompute (Korthikanti et al.'s core attention)
 attention Megatron-LM checkpoints (``transformer/attention.py`` ``_checkpointed_attention_forward``
 re-runs Transformer Engine's attention, and its context-parallel exchange). DeepSpeed's all-to-alls sit
 outside the local attention it would recompute, and torch's SDPA with ``context_parallel`` is not
-recomputed by it (torchtitan's op-level selective checkpointing, which saves the SDPA outputs and re-runs
-other ops, is a different policy, not modelled). Scalar reductions for logging (the loss over the CP
-group) are left out.
+recomputed by it. torchtitan's op-level selective checkpointing (``--recompute op``; v0.2.2
+``distributed/activation_checkpoint.py::_apply_op_sac``, ``models/llama3/infra/parallelize.py``
+``_op_sac_save_list``) saves the outputs of ``_c10d_functional.reduce_scatter_tensor`` and not those of
+the all-gathers: under tensor parallelism with sequence parallelism its recompute runs the all-gathers of
+the attention and MLP inputs (``PrepareModuleInput`` Shard(1) → Replicate) again and takes the
+reduce-scatters' outputs (``RowwiseParallel`` output Shard(1)) from its storage; a Replicate output's
+all-reduce is not in the save list and runs again (it is refused under context parallelism, whose
+exchange would run inside the saved attention kernel). Scalar reductions for logging (the loss over the
+CP group) are left out.
 """
 
 from __future__ import annotations
@@ -166,6 +172,8 @@ class MeshCall:
         """Whether ``recompute`` runs this forward collective again in backward."""
         if self.phase is not Phase.FORWARD or self.scope not in (Scope.LAYER, Scope.MOE_LAYER):
             return False
+        if recompute is Recompute.OP:  # torchtitan's op-level policy saves the reduce-scatters' outputs
+            return self.op is not Collective.REDUCE_SCATTER and not self.in_core_attention
         return recompute is Recompute.FULL or (recompute is Recompute.SELECTIVE and self.in_core_attention)
 
 

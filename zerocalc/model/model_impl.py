@@ -452,8 +452,8 @@ def op_sac_recomputes(name: str) -> bool:
     """Whether torchtitan's op-level selective checkpointing recomputes linear ``name``
     (:data:`OP_SAC_MATMUL_ORDER`) in backward rather than keeping its output: its policy counts the
     block's ``aten.mm`` calls and saves all but every second one (``meta["forward_mm_count"] % 2 == 0``:
-    the 2nd, 4th and 6th, wk, wo and w3)."""
-    return (OP_SAC_MATMUL_ORDER.index(name) + 1) % 2 == 0
+    the 2nd, 4th and 6th, wk, wo and w3). False for a name the order does not hold."""
+    return name in OP_SAC_MATMUL_ORDER and (OP_SAC_MATMUL_ORDER.index(name) + 1) % 2 == 0
 
 
 def op_sac_unsupported(
