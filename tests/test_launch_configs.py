@@ -54,10 +54,11 @@ fsdp_reshard_after_forward = "default"
 tensor_parallel_degree = 1
 [activation_checkpoint]
 mode = "selective"
+selective_ac_option = "op"
 """
 TITAN_FLAGS = ["--model", "llama-3-8b", "--framework", "fsdp2", "--model-impl", "torchtitan", "--gpus", "8"]
 TITAN_FLAGS += ["--strategy", "zero3", "--micro-batch", "2", "--seq-len", "4096", "--precision", "bf16-mixed"]
-TITAN_FLAGS += ["--reduce-dtype", "fp32", "--recompute", "selective", "--optimizer", "adamw"]
+TITAN_FLAGS += ["--reduce-dtype", "fp32", "--recompute", "op", "--optimizer", "adamw"]
 
 ACCELERATE_YAML = """compute_environment: LOCAL_MACHINE
 distributed_type: FSDP
@@ -150,9 +151,11 @@ def test_a_torchtitan_mesh_gives_the_flags_mesh(tmp_path: Path) -> None:
         TITAN_TOML.replace("tensor_parallel_degree = 1", "tensor_parallel_degree = 2")
         .replace("data_parallel_shard_degree = 8", "data_parallel_shard_degree = 2")
         .replace("[activation_checkpoint]", "context_parallel_degree = 2\n[activation_checkpoint]")
+        .replace('mode = "selective"', 'mode = "full"')
     )
     from_file = _memory(["--torchtitan", str(path)])
-    flags = [*TITAN_FLAGS, "--tp", "2", "--cp", "2"]
+    flags = [*TITAN_FLAGS[: TITAN_FLAGS.index("--recompute")], "--recompute", "full", "--optimizer", "adamw"]
+    flags += ["--tp", "2", "--cp", "2"]
     from_flags = _memory(flags)
     # FSDP2 shards over dp_shard × cp = 4 ranks; the whole run is dp_shard × cp × tp = 8 GPUs
     assert from_file["request"]["mesh"] == from_flags["request"]["mesh"]
@@ -179,3 +182,30 @@ def test_each_launch_config_option_names_a_format() -> None:
     from zerocalc.request.options import LAUNCH_CONFIGS
 
     assert tuple(kind.value for kind in LaunchFormat) == LAUNCH_CONFIGS
+
+
+@pytest.mark.parametrize(
+    ("option", "recompute"),
+    [('selective_ac_option = "op"', "op"), ('selective_ac_option = "1"', "full"),
+     ('selective_ac_option = "0"', "full")],
+)  # fmt: skip
+def test_torchtitan_selective_options_map_to_their_recompute(option: str, recompute: str) -> None:
+    """torchtitan v0.2.2 ``_apply_ac_to_transformer_block``: ``op`` is the op-level policy;
+    ``_apply_layer_sac`` checkpoints block k whole when ``not ac_freq or k % ac_freq == 0``: every block
+    for 0 and 1."""
+    text = f'[activation_checkpoint]\nmode = "selective"\n{option}\n'
+    assert (
+        read_launch_config(LaunchFormat.TORCHTITAN, text, "{torchtitan} f").values["recompute"] == recompute
+    )
+
+
+@pytest.mark.parametrize("option", ["", 'selective_ac_option = "2"', "selective_ac_option = 3"])
+def test_every_nth_block_checkpointed_is_refused_naming_the_value(option: str) -> None:
+    """Without the key torchtitan's default ``"2"`` applies (``config/job_config.py``): every second block
+    checkpointed whole, the others not, which one ``--recompute`` for every layer cannot express."""
+    text = f'[activation_checkpoint]\nmode = "selective"\n{option}\n'
+    value = "3" if "3" in option else "2"
+    with pytest.raises(
+        InputError, match=f"selective_ac_option '{value}' is not modelled; accepted: op, or 1"
+    ):
+        read_launch_config(LaunchFormat.TORCHTITAN, text, "{torchtitan} f")
