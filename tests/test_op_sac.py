@@ -159,8 +159,10 @@ def test_the_policy_run_by_torch_saves_what_the_model_keeps() -> None:
     """torchtitan's policy under real ``create_selective_checkpoint_contexts`` (torch 2.13, CPU, bf16), on
     a two-layer Llama block of h 64, 8 heads, 4 kv heads, f 96 at b 2, s 16: per layer the distinct
     storages it saves equal :func:`op_sac_layer`'s kept bytes (21,504: 4096 + 2048 + 6144 + 4096 + 4096 +
-    1024), the checkpoint keeps the layer's input, the forward's matmuls alternate saved / recomputed, and
-    backward runs exactly the wk, wo and w3 products again ([32, 32], [32, 64], [32, 96] per layer)."""
+    1024), the checkpoint keeps the layer's input, the forward's matmuls alternate saved / recomputed, the
+    activations alive after forward (torch's ``MemTracker``) are the kept bytes of every layer above full
+    checkpointing's, and backward runs exactly the wk, wo and w3 products again ([32, 32], [32, 64],
+    [32, 96] per layer)."""
     pytest.importorskip("torch")
     from zerocalc.validate.op_sac import measure
 
@@ -173,4 +175,5 @@ def test_the_policy_run_by_torch_saves_what_the_model_keeps() -> None:
         assert one.saved_bytes == sum(b for _, b in layer.kept)
         assert one.input_bytes == hidden_bytes(TINY, shape, 2)
         assert one.mm_saved == tuple(not op_sac_recomputes(name) for name in OP_SAC_MATMUL_ORDER)
+    assert measured.after_forward_op - measured.after_forward_full == 2 * 21_504
     assert measured.recomputed_mm_shapes == {(32, 32): 2, (32, 64): 2, (32, 96): 2}

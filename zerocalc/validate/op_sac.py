@@ -10,9 +10,10 @@ flash kernel in the list (the same output and fp32 log-sum-exp), so it is saved 
 :func:`measure` runs one forward and backward of :mod:`zerocalc.validate.model`'s transformer (the same
 linears in the same order as torchtitan's Llama block: q, k, v, o, gate, up, down) and records, per
 block, every tensor the policy saves (deduplicated by storage) and the block's input (the checkpoint's
-input), and the output shapes of the ``aten.mm`` calls backward runs beyond those of the same model
-without checkpointing: the recomputed matmuls. Compared with :func:`zerocalc.model.model_impl.op_sac_layer`
-in tests/test_op_sac.py.
+input), the activations alive after forward (torch's ``MemTracker``,
+``distributed/_tools/mem_tracker.py``) beside those under full checkpointing, and the output shapes of the
+``aten.mm`` calls backward runs beyond those of the same model without checkpointing: the recomputed
+matmuls. Compared with :func:`zerocalc.model.model_impl.op_sac_layer` in tests/test_op_sac.py.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 import torch
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
@@ -105,6 +107,10 @@ class LayerMeasurement(NamedTuple):
 
 class Measurement(NamedTuple):
     layers: tuple[LayerMeasurement, ...]
+    after_forward_op: int
+    """Activation bytes alive once forward has returned, under torchtitan's op-level policy."""
+    after_forward_full: int
+    """The same under full checkpointing (every block's input only)."""
     recomputed_mm_shapes: dict[tuple[int, ...], int]
     """Output shapes (and counts, every block together) of the matmuls backward runs beyond those of the
     same model without checkpointing."""
@@ -118,7 +124,15 @@ def _storage_bytes(tensors: list[torch.Tensor]) -> int:
     return sum(seen.values())
 
 
-def _step(arch: Architecture, b: int, s: int, checkpointed: bool) -> tuple[list[_Block], list[int], Counter]:
+class _Step(NamedTuple):
+    blocks: list[_Block]
+    inputs: list[int]
+    backward_mm_shapes: Counter
+    after_forward: int
+
+
+def _step(arch: Architecture, b: int, s: int, policy: str) -> _Step:
+    """One step with every block under ``policy``: ``op`` (torchtitan's), ``full`` or ``none``."""
     model = build_model(arch).to(torch.bfloat16)
     save_ops = torchtitan_save_ops()
     blocks: list[_Block] = []
@@ -130,32 +144,37 @@ def _step(arch: Architecture, b: int, s: int, checkpointed: bool) -> tuple[list[
         meta: dict[str, int] = defaultdict(int)
         return create_selective_checkpoint_contexts(partial(_policy, block, meta, save_ops))
 
-    if checkpointed:
+    if policy != "none":
         for i, layer in enumerate(model.layers):
             # torchtitan's ptd_checkpoint_wrapper arguments (preserve_rng_state, determinism_check and
             # early_stop at their v0.2.2 ActivationCheckpoint defaults)
+            contexts = {"context_fn": context_fn} if policy == "op" else {}
             model.layers[i] = checkpoint_wrapper(
-                layer, context_fn=context_fn, preserve_rng_state=True, determinism_check="default",
-                early_stop=False,
-            )  # fmt: skip
+                layer, preserve_rng_state=True, determinism_check="default", early_stop=False, **contexts
+            )
             # on the wrapper: the recompute calls the wrapped block again, not the wrapper
             model.layers[i].register_forward_pre_hook(
                 lambda _m, args: inputs.append(args[0].untyped_storage().nbytes())
             )
     torch.manual_seed(1)
     tokens = torch.randint(0, arch.vocab_size, (b, s))
-    loss = loss_fn(model(tokens), tokens)
-    mms = _MmShapes()
-    with mms:
-        loss.backward()
-    return blocks, inputs, mms.shapes
+    tracker = MemTracker()
+    with tracker:
+        logits = model(tokens)
+        (current,) = tracker.get_tracker_snapshot("current").values()
+        loss = loss_fn(logits, tokens)
+        del logits
+        mms = _MmShapes()
+        with mms:
+            loss.backward()
+    return _Step(blocks, inputs, mms.shapes, current[_MemRefType.ACT])
 
 
 def measure(arch: Architecture, b: int, s: int) -> Measurement:
     """One bf16 step of ``arch`` at micro-batch ``b`` and sequence ``s`` under torchtitan's op-level policy,
-    and the same step without checkpointing for the backward's own matmuls."""
-    blocks, inputs, shapes = _step(arch, b, s, checkpointed=True)
-    _, _, plain = _step(arch, b, s, checkpointed=False)
+    the same step under full checkpointing, and without checkpointing for the backward's own matmuls."""
+    op, full, plain = (_step(arch, b, s, policy) for policy in ("op", "full", "none"))
+    blocks, inputs = op.blocks, op.inputs
     layers = tuple(
         LayerMeasurement(
             saved_bytes=_storage_bytes(block.saved),
@@ -165,5 +184,10 @@ def measure(arch: Architecture, b: int, s: int) -> Measurement:
         )
         for block, nbytes in zip(blocks, inputs, strict=True)
     )
-    extra = shapes - plain
-    return Measurement(layers=layers, recomputed_mm_shapes=dict(extra))
+    extra = op.backward_mm_shapes - plain.backward_mm_shapes
+    return Measurement(
+        layers=layers,
+        after_forward_op=op.after_forward,
+        after_forward_full=full.after_forward,
+        recomputed_mm_shapes=dict(extra),
+    )
