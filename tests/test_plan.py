@@ -36,7 +36,7 @@ from zerocalc.peak.report import Verdict
 from zerocalc.peak.simulate import flash_attention_used, runtime_for, simulate
 from zerocalc.peak.timeline import StepHooks
 from zerocalc.plan.allocated import StepParts, _states, with_batch, with_recompute
-from zerocalc.plan.layers import EDGE, extrapolation
+from zerocalc.plan.layers import EDGE, extrapolation, with_layers
 from zerocalc.plan.search import Status, _exact, search
 from zerocalc.plan.space import (
     SEARCHED_RECOMPUTES,
@@ -453,6 +453,22 @@ def test_the_hook_calls_are_the_same_at_every_micro_batch_and_recompute(model: s
         for b in (1, 3, 8)
         for recompute in SEARCHED_RECOMPUTES
     ] == [run.values for run in runs]
+
+
+@pytest.mark.parametrize("model", ["gpt2-xl", "llama-3-8b", "mixtral-8x7b", "gemma-3-1b"])
+def test_runs_at_every_depth_may_share_their_layers_saves(model: str) -> None:
+    """The search's model runs at 4, 5 and all L layers of one micro-batch and recompute share their layers'
+    saves (StepShape.saves): each run's values equal those of a run that derives its own."""
+    request = parse_options(model=model, gpus=8, framework="fsdp2", seq_len=512)
+    runtime = runtime_for(request)
+    for recompute in Recompute:
+        for b in (1, 3):
+            at_b = with_recompute(with_batch(request, b, 1), recompute)
+            shared: dict = {}
+            for layers in (4, 5, request.architecture.num_layers):
+                cut = with_layers(at_b, layers)
+                assert model_values(cut, runtime, saves=shared) == model_values(cut, runtime)
+            assert shared  # the saves were kept for the next depth
 
 
 UNITS = {"0": Unit("0", [6, 4], [3, 2], [6, 4]), "root": Unit("root", [10], [5], [10])}

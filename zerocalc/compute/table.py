@@ -138,14 +138,19 @@ def _tier(tiers: tuple[Tier, ...], size: float) -> float:
     return chosen.efficiency
 
 
+def _log2s(coords: tuple[float, ...]) -> tuple[float, ...]:
+    return tuple(math.log2(c) for c in coords)
+
+
 def _interpolated(points: list[tuple[tuple[float, ...], float]], at: tuple[float, ...]) -> float:
     """Inverse-distance weighting, in log space, of the rates of the :data:`NEAREST` points nearest ``at``;
     an exact match is that point's rate. Rates are averaged as times per unit of work (harmonically), so
-    that one slow neighbour weighs as its time does."""
-    logs = tuple(math.log2(v) for v in at)
+    that one slow neighbour weighs as its time does. ``points``: each measured point's coordinates in
+    log2 (:func:`_log2s`, taken once per table) and its rate."""
+    logs = _log2s(at)
     scored = []
-    for coords, rate in points:
-        distance = math.dist(logs, tuple(math.log2(c) for c in coords))
+    for point, rate in points:
+        distance = math.dist(logs, point)
         if distance == 0:
             return rate
         scored.append((distance, rate))
@@ -162,11 +167,11 @@ class _Rates:
         self.table = table
         self._gemm: dict[DType, list[tuple[tuple[float, ...], float]]] = {}
         for p in table.gemm:
-            self._gemm.setdefault(p.dtype, []).append(((p.m, p.n, p.k), p.tflops * 1e12))
+            self._gemm.setdefault(p.dtype, []).append((_log2s((p.m, p.n, p.k)), p.tflops * 1e12))
         self._attention: dict[tuple[bool, DType], list[tuple[tuple[float, ...], tuple[float, float]]]] = {}
         for a in table.attention:
             key = (a.causal, a.dtype)
-            coords = (a.batch * a.heads, a.seq_q, a.seq_kv, a.head_dim)
+            coords = _log2s((a.batch * a.heads, a.seq_q, a.seq_kv, a.head_dim))
             self._attention.setdefault(key, []).append(
                 (coords, (a.forward_tflops * 1e12, a.backward_tflops * 1e12))
             )

@@ -102,6 +102,10 @@ class StepShape(NamedTuple):
     """Elements of each parameter of each block, in registration order."""
     stage: StagePlan | None = None
     """A pipeline rank's passes and what its stage holds; None without pipeline parallelism."""
+    saves: dict[tuple[bool, bool], LayerSaves] | None = None
+    """Where the step finds and keeps its layers' saves, per kind of layer (mixture-of-experts or not) and
+    cache use: steps of one micro-batch and recompute whose blocks are alike may share one (the plan's
+    runs of one model at a few layers and at all); None: the step's own."""
 
 
 class StagePlan(NamedTuple):
@@ -239,7 +243,7 @@ class _Passes:
         self.hidden_bytes = hidden_bytes(arch, step.shape, step.act)  # act·R·h: the rank's sequence share
         self.logits = vocab_shard(step.impl, arch, step.shape, vocab=_allocated_vocab(arch, step.impl))
         self.loss_parallel = loss_parallel_transients(step.impl, arch, step.shape)
-        self._saves: dict[tuple[bool, bool], LayerSaves] = {}
+        self._saves: dict[tuple[bool, bool], LayerSaves] = {} if step.saves is None else step.saves
         self._op_layer: OpSacLayer | None = None
         self._losses: list[str] = []
 
@@ -248,10 +252,11 @@ class _Passes:
         step, arch = self.step, self.step.arch
         key = (arch.is_moe_layer(i), use_cache)
         if key not in self._saves:
-            self._saves[key] = layer_saves(
+            saves = layer_saves(
                 step.impl, arch, i, step.shape, step.act, step.device, use_cache=use_cache, flash=step.flash,
                 selective=self.selective,
             )  # fmt: skip
+            self._saves[key] = saves._replace(program=Program(saves.program))
         return self._saves[key]
 
     def op_layer_of(self, i: int) -> OpSacLayer:
@@ -551,10 +556,49 @@ def _vocab_numel(arch: Architecture, module: str) -> int:
     return next(t.numel for t in tensors if t.module == name)
 
 
+class ProgramEffect(NamedTuple):
+    """What a layer's program leaves in a ledger (:func:`_run_program`), above what was allocated before
+    it."""
+
+    peak: int
+    """The bytes the program has allocated at its event."""
+    saved: int
+    """The bytes of its tensors left in the layer's group (the saved tensors and SDPA's philox state)."""
+    output: bool
+    """It allocates the layer's output."""
+
+
+class ProgramRun(NamedTuple):
+    """A layer's program as :func:`_run_program` runs it: its event, and its effect."""
+
+    at: int
+    """The index of the op after which the most is allocated (the first such), SDPA's philox state left
+    out: the layer's event."""
+    effect: ProgramEffect | None
+    """None where the program leaves a tensor alive outside the layer's group (none of
+    :func:`~zerocalc.model.model_impl.forward_program`'s does)."""
+
+
+class Program(tuple[tuple[str, str, int], ...]):
+    """A layer's forward op by op (:attr:`~zerocalc.model.model_impl.LayerSaves.program`), its runs
+    (:class:`ProgramRun`) kept per (philox bytes, output bytes, checkpointing, allocator block): a step
+    runs a layer's program once per layer, and a plan's steps run the same programs thousands of times."""
+
+    def __init__(self, _ops: tuple[tuple[str, str, int], ...] = ()) -> None:
+        self._runs: dict[tuple[int, int, bool, int], ProgramRun] = {}
+
+    def run(self, rng: int, output_bytes: int, checkpointed: bool, block: int) -> ProgramRun:
+        key = (rng, output_bytes, checkpointed, block)
+        run = self._runs.get(key)
+        if run is None:  # by content: an earlier search's steps may have run an equal program
+            run = self._runs[key] = _program_run(self, rng, output_bytes, checkpointed, block)
+        return run
+
+
 def _run_program(
     led: Ledger,
     i: int,
-    program: tuple[tuple[str, str, int], ...],
+    program: Program,
     rng: int,
     output: str,
     output_bytes: int,
@@ -562,14 +606,25 @@ def _run_program(
     checkpointed: bool = False,
     tag: str = "",
 ) -> None:
-    """Layer ``i``'s forward op by op (:attr:`~zerocalc.model.model_impl.LayerSaves.program`): the saved
-    tensors in its group, the intermediates freed where the code drops them, SDPA's philox seed and offset
-    (``rng`` bytes) with the saved tensors, the output where the program writes it; the layer's event where
-    the most is allocated. ``checkpointed``: the forward of a layer under ``torch.utils.checkpoint``
-    (``use_reentrant=False``), whose saved tensors are freed where the code releases them. ``tag`` names
-    one micro-batch's tensors apart from another's (a pipeline rank holds several)."""
+    """Layer ``i``'s forward op by op: the saved tensors in its group, the intermediates freed where the
+    code drops them, SDPA's philox seed and offset (``rng`` bytes) with the saved tensors, the output where
+    the program writes it; the layer's event where the most is allocated. ``checkpointed``: the forward of
+    a layer under ``torch.utils.checkpoint`` (``use_reentrant=False``), whose saved tensors are freed where
+    the code releases them. ``tag`` names one micro-batch's tensors apart from another's (a pipeline rank
+    holds several).
+
+    A ledger that keeps no allocation log (no allocator replay reads its tensors one by one) is given the
+    program's effect instead (:class:`ProgramEffect`): the same event, the same bytes left in the group
+    and the same output."""
     group = f"layer {i}{tag}"
-    peak = _program_peak(program, output_bytes, checkpointed, led.block)
+    run = program.run(rng, output_bytes, checkpointed, led.block)
+    effect = run.effect
+    if effect is not None and not led.record:
+        led.event(f"layer {i} {label}{tag}", effect.peak, ACTIVATIONS)
+        led.alloc(f"{group}.saved", effect.saved, ACTIVATIONS, group=group)
+        if effect.output:
+            led.alloc(output, output_bytes, ACTIVATIONS)
+        return
     for at, (verb, name, nbytes) in enumerate(program):
         if verb == "keep":
             if checkpointed:
@@ -584,37 +639,61 @@ def _run_program(
             led.free(f"{group}.{name}")
         elif verb == "output":
             led.alloc(output, output_bytes, ACTIVATIONS)
-        if at == peak:
+        if at == run.at:
             led.event(f"layer {i} {label}{tag}")
 
 
-@lru_cache(maxsize=4096)
-def _program_peak(
-    program: tuple[tuple[str, str, int], ...], output_bytes: int, checkpointed: bool, block: int
-) -> int:
-    """The index of the program's op after which the most is allocated (the first such), its tensors
-    rounded up to ``block`` bytes (computed once per program and sizes: the plan runs the same layer
-    programs thousands of times)."""
+@lru_cache(maxsize=1024)
+def _program_run(
+    program: tuple[tuple[str, str, int], ...], rng: int, output_bytes: int, checkpointed: bool, block: int
+) -> ProgramRun:
+    """The program's event and effect (:class:`ProgramRun`), its ops taken as :func:`_run_program` takes
+    them one by one, each tensor rounded up to ``block`` bytes."""
 
     def rounded(nbytes: int) -> int:
         return 0 if nbytes <= 0 else -(-nbytes // block) * block
 
     held: dict[str, int] = {}
+    """Each tensor's rounded bytes (its first allocation's), as the event's op is chosen."""
     for verb, name, nbytes in program:
-        if verb in ("keep", "temp"):
-            held.setdefault(name, nbytes)
-    total = best = 0
-    peak = len(program) - 1
-    for at, (verb, name, nbytes) in enumerate(program):
-        if verb in ("keep", "temp"):
-            total += rounded(nbytes)
-        elif verb == "output":
-            total += rounded(output_bytes)
+        if (verb == "keep" or verb == "temp") and name not in held:
+            held[name] = rounded(nbytes)
+    live: dict[str, tuple[int, bool]] = {}
+    """Per tensor alive, its bytes and whether it is in the layer's group."""
+
+    def alloc(name: str, size: int, grouped: bool) -> int:
+        if size:
+            if name in live:
+                raise KeyError(f"{name} is already allocated")
+            live[name] = (size, grouped)
+        return size
+
+    at = len(program) - 1
+    total = best = allocated = peak = 0
+    """``total``: as the event is chosen (SDPA's philox state left out); ``allocated``: as allocated."""
+    output = False
+    for index, (verb, name, nbytes) in enumerate(program):
+        if verb == "keep" or verb == "temp":
+            size = rounded(nbytes)
+            total += size
+            allocated += alloc(name, size, verb == "keep" and not checkpointed)
+            if verb == "keep" and not checkpointed and name.startswith("softmax log-sum-exp"):
+                allocated += alloc("sdpa rng", rounded(rng), True)
         elif verb == "drop" or (verb == "release" and checkpointed):
-            total -= rounded(held[name])
+            total -= held[name]
+            allocated -= live.pop(name, (0, False))[0]
+        elif verb == "output":
+            size = rounded(output_bytes)
+            total += size
+            allocated += size
+            output = True
         if total > best:
-            best, peak = total, at
-    return peak
+            best, at, peak = total, index, allocated
+    if best == 0:
+        peak = allocated  # the last op's
+    if any(not grouped for _, grouped in live.values()):
+        return ProgramRun(at, None)
+    return ProgramRun(at, ProgramEffect(peak, sum(size for size, _ in live.values()), output))
 
 
 def steady_start(step: StepShape, mechanics: StepHooks, runtime: Runtime | None, led: Ledger) -> None:

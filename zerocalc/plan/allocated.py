@@ -33,6 +33,7 @@ from zerocalc.plan.layers import (
 )
 from zerocalc.plan.split import (
     HookCall,
+    LayerSavesCache,
     ModelRun,
     framework_mechanics,
     framework_run,
@@ -70,6 +71,13 @@ class ModelParts:
         """A per (recompute, micro-batch, layer count)."""
         self._hooked: dict[int, ModelRun] = {}
         """Per layer count, the run that recorded the hook calls."""
+        self._saves: dict[tuple[Recompute, int], LayerSavesCache] = {}
+        """The layers' saves per (recompute, micro-batch), shared by the runs at every layer count: the
+        search's one model has the same blocks at any depth."""
+
+    def _saves_of(self, request: TrainingRequest) -> LayerSavesCache:
+        activations = request.activations
+        return self._saves.setdefault((activations.recompute, activations.micro_batch), {})
 
     @staticmethod
     def _key(request: TrainingRequest) -> tuple[Recompute, int, int]:
@@ -81,7 +89,7 @@ class ModelParts:
         key = self._key(request)
         values = self._values.get(key)
         if values is None:
-            values = self._values[key] = model_values(request, self.runtime)
+            values = self._values[key] = model_values(request, self.runtime, saves=self._saves_of(request))
         return values
 
     def hooked(self, request: TrainingRequest) -> ModelRun:
@@ -90,7 +98,7 @@ class ModelParts:
         layers = request.architecture.num_layers
         run = self._hooked.get(layers)
         if run is None:
-            run = self._hooked[layers] = model_run(request, self.runtime)
+            run = self._hooked[layers] = model_run(request, self.runtime, saves=self._saves_of(request))
             self._values.setdefault(self._key(request), run.values)
         return run
 
@@ -109,26 +117,28 @@ class FrameworkRuns:
 
     def __init__(self, model: ModelParts):
         self._model = model
-        self._runs: dict[tuple[Hashable, int], list[int]] = {}
+        self._ids: dict[Hashable, int] = {}
+        """Each mechanics identity met, numbered (a number hashes in no time, an identity is long)."""
+        self._runs: dict[tuple[int, int], list[int]] = {}
 
-    def at(self, request: TrainingRequest, depths: tuple[int | None, ...]) -> list[list[int]]:
-        """F of the request's mechanics at each depth (``None``: all its L blocks; else its first ``blocks``
-        blocks and the root, every whole-model quantity the request's). The mechanics at the first depth
-        identify every depth: a search is of one model, whose blocks are alike, so equal units at one
-        depth are equal at any."""
+    def at(self, request: TrainingRequest, depths: tuple[int | None, ...]) -> tuple[int, list[list[int]]]:
+        """The number of the request's mechanics, and F of them at each depth (``None``: all its L blocks;
+        else its first ``blocks`` blocks and the root, every whole-model quantity the request's). The
+        mechanics at the first depth identify every depth: a search is of one model, whose blocks are
+        alike, so equal units at one depth are equal at any."""
         states = _states(request)
         first = framework_mechanics(request, states, depths[0])
-        identity = first.run_identity()
+        run_id = self._ids.setdefault(first.run_identity(), len(self._ids))
         values = []
         for blocks in depths:
             layers = request.architecture.num_layers if blocks is None else blocks
-            run = self._runs.get((identity, layers))
+            run = self._runs.get((run_id, layers))
             if run is None:
                 mechanics = first if blocks == depths[0] else framework_mechanics(request, states, blocks)
                 run = framework_run(mechanics, self._model.calls(request, layers))
-                self._runs[identity, layers] = run
+                self._runs[run_id, layers] = run
             values.append(run)
-        return values
+        return run_id, values
 
 
 class FrameworkPart(NamedTuple):
@@ -137,6 +147,9 @@ class FrameworkPart(NamedTuple):
     values: list[int]
     extrapolated: bool
     """From the runs at 4 and 5 layers (else run at all L layers)."""
+    run: int
+    """The number of its mechanics (:meth:`FrameworkRuns.at`): configurations with the same number and way
+    of running have the same F."""
 
 
 class StepParts:
@@ -152,6 +165,10 @@ class StepParts:
         is not homogeneous or its runs' slots do not match."""
         self.frameworks: dict[Hashable, FrameworkPart] = {}
         """F per configuration."""
+        self._extrapolated: dict[int, list[int] | None] = {}
+        """F at L extrapolated, per mechanics (None: not affine in L)."""
+        self._peaks: dict[tuple[int, bool, Recompute, int], int] = {}
+        """The allocated peak per mechanics, way of running, recompute and micro-batch."""
         self._model_parts: dict[tuple[Recompute, int, bool], list[int] | None] = {}
         """A at L per (recompute, micro-batch, extrapolated); None: not affine in L."""
 
@@ -173,10 +190,17 @@ class StepParts:
         """F of the request's configuration at L: extrapolated where it can be, else run at all L layers."""
         plan = self._extrapolation(request)
         if plan is not None:
-            values = plan.apply(tuple(self.framework_runs.at(request, SMALL_LAYERS)))  # type: ignore[arg-type]
+            run, runs = self.framework_runs.at(request, SMALL_LAYERS)
+            if run not in self._extrapolated:
+                self._extrapolated[run] = plan.apply(tuple(runs))  # type: ignore[arg-type]
+            values = self._extrapolated[run]
             if values is not None:
-                return FrameworkPart(values, True)
-        return FrameworkPart(self.framework_runs.at(request, (None,))[0], False)
+                return FrameworkPart(values, True, run)
+        return self._all_layers(request)
+
+    def _all_layers(self, request: TrainingRequest) -> FrameworkPart:
+        run, (values,) = self.framework_runs.at(request, (None,))
+        return FrameworkPart(values, False, run)
 
     def _model_part(
         self, request: TrainingRequest, b: int, accum: int, extrapolate: bool
@@ -199,16 +223,39 @@ class StepParts:
     ) -> dict[int, int]:
         """The steady step's allocated peak at each micro-batch b of ``batches`` (b → accumulation) for
         the request (at any of them, any recompute); ``configuration`` names what the framework's part
-        depends on (the request's options but the micro-batch and recompute): runs are shared by it."""
+        depends on (the request's options but the micro-batch and recompute): runs are shared by it, and
+        peaks by configurations of the same mechanics."""
         framework = self.frameworks.get(configuration)
         if framework is None:
             framework = self.frameworks[configuration] = self._framework_part(request)
-        models = {b: self._model_part(request, b, a, framework.extrapolated) for b, a in batches.items()}
-        if any(model is None for model in models.values()):  # the model's part is not affine in L: all L
-            framework = FrameworkPart(self.framework_runs.at(request, (None,))[0], False)
-            self.frameworks[configuration] = framework
-            models = {b: self._model_part(request, b, a, False) for b, a in batches.items()}
-        return {b: peak_of(framework.values, model) for b, model in models.items()}  # type: ignore[arg-type]
+        recompute = request.activations.recompute
+        peaks = self._peaks_of(framework, request, batches, recompute)
+        if peaks is None:  # the model's part is not affine in L: all L
+            framework = self.frameworks[configuration] = self._all_layers(request)
+            peaks = self._peaks_of(framework, request, batches, recompute)
+            assert peaks is not None
+        return peaks
+
+    def _peaks_of(
+        self,
+        framework: FrameworkPart,
+        request: TrainingRequest,
+        batches: dict[int, int],
+        recompute: Recompute,
+    ) -> dict[int, int] | None:
+        """F + A's peak at each b, once per mechanics, way of running, recompute and b; None where a model
+        part is not affine in L."""
+        peaks = {}
+        for b, accum in batches.items():
+            key = (framework.run, framework.extrapolated, recompute, b)
+            peak = self._peaks.get(key)
+            if peak is None:
+                model = self._model_part(request, b, accum, framework.extrapolated)
+                if model is None:
+                    return None
+                peak = self._peaks[key] = peak_of(framework.values, model)
+            peaks[b] = peak
+        return peaks
 
 
 def _states(request: TrainingRequest) -> list[StateLine]:

@@ -625,12 +625,16 @@ def _settle(cands: list[_Cand], limit: float, rejected: Counter[str]) -> None:
             cand.status = _status_of(cand.exact)
         if cand.status is Status.NOT_RANKED and cand.lower > limit:
             cand.status = Status.DOES_NOT_FIT
+    above = {
+        exact: f"does not fit: peak above {1 - FIT_MARGIN:.0%} of the GPU's memory ({how})"
+        for exact, how in ((True, "exact peak"), (False, "lower bound"))
+    }
+    tight = f"tight: within {FIT_MARGIN:.0%} of the GPU's memory (exact peak)"
     for cand in cands:
         if cand.status is Status.DOES_NOT_FIT:
-            how = "exact peak" if cand.exact is not None else "lower bound"
-            rejected[f"does not fit: peak above {1 - FIT_MARGIN:.0%} of the GPU's memory ({how})"] += 1
+            rejected[above[cand.exact is not None]] += 1
         elif cand.status is Status.TIGHT:
-            rejected[f"tight: within {FIT_MARGIN:.0%} of the GPU's memory (exact peak)"] += 1
+            rejected[tight] += 1
 
 
 def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, keep_all: bool) -> PlanResult:

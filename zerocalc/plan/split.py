@@ -28,7 +28,7 @@ from functools import cached_property
 from operator import add
 from typing import NamedTuple
 
-from zerocalc.model.model_impl import Device
+from zerocalc.model.model_impl import Device, LayerSaves
 from zerocalc.peak.ledger import CUDA_BLOCK, Ledger
 from zerocalc.peak.mechanics import Mechanics
 from zerocalc.peak.report import StateLine
@@ -100,14 +100,45 @@ class SlotLedger(Ledger):
         self._slots = self.inside if framework else self.between
         """Where an event counts: every event of a framework run is inside a hook, of a model run between."""
 
+    def alloc(
+        self, name: str, nbytes: int, kind: str, stream: str = "default", group: str | None = None
+    ) -> None:
+        """:meth:`Ledger.alloc` without the log (a search allocates ~10⁴ tensors in its slot ledgers)."""
+        if nbytes > 0:
+            live = self.live
+            if name in live:
+                raise KeyError(f"{name} is already allocated")
+            if group is not None:
+                self.groups.setdefault(group, []).append(name)
+            block = self.block
+            live[name] = size = -(-nbytes // block) * block
+            self.kinds[name] = kind
+            self.total += size
+
+    def free(self, name: str) -> None:
+        """:meth:`Ledger.free` without the log."""
+        size = self.live.pop(name, None)
+        if size is not None:
+            del self.kinds[name]
+            self.total -= size
+
     def alloc_each(
         self, prefixes: tuple[str, ...], sizes: Sequence[int], kind: str, stream: str = "default"
     ) -> None:
         """The tensors of each prefix as one entry named by the prefix: their sizes, each rounded, summed
         (nothing is read between them, and :meth:`free_each` frees them together)."""
-        size = self.rounded_total(sizes)
-        for prefix in prefixes:
-            self.alloc(prefix, size, kind, stream)
+        try:  # a unit's Sizes whose total is known (the rest of a search's calls)
+            size = sizes.totals[self.block]  # type: ignore[attr-defined]
+        except (AttributeError, KeyError):
+            size = self.rounded_total(sizes)
+        if size > 0:
+            live, kinds = self.live, self.kinds
+            for prefix in prefixes:  # each as :meth:`alloc` (inline: a search calls this ~10³ times)
+                if prefix in live:
+                    raise KeyError(f"{prefix} is already allocated")
+                live[prefix] = size
+                kinds[prefix] = kind
+                self.total += size
 
     def alloc_group(self, group: str, entries: Iterable[tuple[str, int]], kind: str) -> None:
         """The entries as one tensor of the group (their sizes, each rounded, summed)."""
@@ -124,8 +155,10 @@ class SlotLedger(Ledger):
         self.alloc(name, total, kind, group=group)
 
     def free_each(self, prefix: str, count: int) -> None:
-        if prefix in self.live:
-            self.free(prefix)
+        size = self.live.pop(prefix, None)
+        if size is not None:  # as :meth:`free`
+            del self.kinds[prefix]
+            self.total -= size
         else:  # allocated one by one
             super().free_each(prefix, count)
 
@@ -220,30 +253,50 @@ def slots_of(calls: tuple[HookCall, ...]) -> tuple[Slot, ...]:
 
 
 def _values(inside: list[int], after: list[int], before: int) -> list[int]:
-    values = [before]
-    for value_in, value_after in zip(inside, after, strict=True):
-        values += (value_in, value_after)
+    """``before``, then each hook's value in it and after it."""
+    assert len(inside) == len(after)
+    values = [before] * (2 * len(inside) + 1)
+    values[1::2] = inside
+    values[2::2] = after
     return values
 
 
-def model_run(request: TrainingRequest, runtime: Runtime | None, device: Device = Device.CUDA) -> ModelRun:
-    """The model's part of the request's steady step (its framework ignored), and its hook calls."""
+LayerSavesCache = dict[tuple[bool, bool], LayerSaves]
+"""A step's layers' saves (:attr:`~zerocalc.peak.timeline.StepShape.saves`)."""
+
+
+def model_run(
+    request: TrainingRequest,
+    runtime: Runtime | None,
+    device: Device = Device.CUDA,
+    saves: LayerSavesCache | None = None,
+) -> ModelRun:
+    """The model's part of the request's steady step (its framework ignored), and its hook calls;
+    ``saves``: its layers' saves, shared with steps of the same micro-batch and recompute whose blocks are
+    alike (the same model cut to other layer counts)."""
     calls: list[HookCall] = []
-    return ModelRun(_model_step(request, runtime, device, calls), tuple(calls))
+    return ModelRun(_model_step(request, runtime, device, calls, saves), tuple(calls))
 
 
 def model_values(
-    request: TrainingRequest, runtime: Runtime | None, device: Device = Device.CUDA
+    request: TrainingRequest,
+    runtime: Runtime | None,
+    device: Device = Device.CUDA,
+    saves: LayerSavesCache | None = None,
 ) -> list[int]:
     """:func:`model_run`'s values alone: the hook calls are the same at every micro-batch and recompute
     (tests/test_plan.py), so a search records them once per layer count."""
-    return _model_step(request, runtime, device, None)
+    return _model_step(request, runtime, device, None, saves)
 
 
 def _model_step(
-    request: TrainingRequest, runtime: Runtime | None, device: Device, calls: list[HookCall] | None
+    request: TrainingRequest,
+    runtime: Runtime | None,
+    device: Device,
+    calls: list[HookCall] | None,
+    saves: LayerSavesCache | None,
 ) -> list[int]:
-    step = step_shape(request, activation_bytes(request), device)
+    step = step_shape(request, activation_bytes(request), device)._replace(saves=saves)
     led = SlotLedger(framework=False, block=CUDA_BLOCK if device is Device.CUDA else 1)
     hooked = _SlotMarks(calls)
     steady_start(step, hooked, runtime, led)
