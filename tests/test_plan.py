@@ -457,11 +457,12 @@ def test_the_hook_calls_are_the_same_at_every_micro_batch_and_recompute(model: s
 
 @pytest.mark.parametrize("model", ["gpt2-xl", "llama-3-8b", "mixtral-8x7b", "gemma-3-1b"])
 def test_runs_at_every_depth_may_share_their_layers_saves(model: str) -> None:
-    """The search's model runs at 4, 5 and all L layers of one micro-batch and recompute share their layers'
-    saves (StepShape.saves): each run's values equal those of a run that derives its own."""
+    """The search's model runs at 4, 5 and all L layers of one micro-batch and recompute (those it searches)
+    share their layers' saves (StepShape.saves): each run's values equal those of a run that derives its
+    own."""
     request = parse_options(model=model, gpus=8, framework="fsdp2", seq_len=512)
     runtime = runtime_for(request)
-    for recompute in Recompute:
+    for recompute in SEARCHED_RECOMPUTES:
         for b in (1, 3):
             at_b = with_recompute(with_batch(request, b, 1), recompute)
             shared: dict = {}
