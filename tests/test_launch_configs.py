@@ -185,27 +185,38 @@ def test_each_launch_config_option_names_a_format() -> None:
 
 
 @pytest.mark.parametrize(
-    ("option", "recompute"),
-    [('selective_ac_option = "op"', "op"), ('selective_ac_option = "1"', "full"),
-     ('selective_ac_option = "0"', "full")],
+    ("option", "values"),
+    [('selective_ac_option = "op"', {"recompute": "op"}),
+     ('selective_ac_option = "1"', {"recompute": "full", "checkpoint_every": "1"}),
+     ('selective_ac_option = "0"', {"recompute": "full", "checkpoint_every": "1"}),
+     ('selective_ac_option = "3"', {"recompute": "full", "checkpoint_every": "3"}),
+     ("selective_ac_option = 4", {"recompute": "full", "checkpoint_every": "4"}),
+     ("", {"recompute": "full", "checkpoint_every": "2"})],
 )  # fmt: skip
-def test_torchtitan_selective_options_map_to_their_recompute(option: str, recompute: str) -> None:
+def test_torchtitan_selective_options_map_to_their_recompute(option: str, values: dict) -> None:
     """torchtitan v0.2.2 ``_apply_ac_to_transformer_block``: ``op`` is the op-level policy;
     ``_apply_layer_sac`` checkpoints block k whole when ``not ac_freq or k % ac_freq == 0``: every block
-    for 0 and 1."""
+    for 0 and 1, every N-th for N; without the key its default ``"2"`` (``config/job_config.py``)."""
     text = f'[activation_checkpoint]\nmode = "selective"\n{option}\n'
-    assert (
-        read_launch_config(LaunchFormat.TORCHTITAN, text, "{torchtitan} f").values["recompute"] == recompute
-    )
+    read = read_launch_config(LaunchFormat.TORCHTITAN, text, "{torchtitan} f").values
+    assert {key: read[key] for key in values} == values
+    assert "checkpoint_every" in read or values == {"recompute": "op"}
 
 
-@pytest.mark.parametrize("option", ["", 'selective_ac_option = "2"', "selective_ac_option = 3"])
-def test_every_nth_block_checkpointed_is_refused_naming_the_value(option: str) -> None:
-    """Without the key torchtitan's default ``"2"`` applies (``config/job_config.py``): every second block
-    checkpointed whole, the others not, which one ``--recompute`` for every layer cannot express."""
-    text = f'[activation_checkpoint]\nmode = "selective"\n{option}\n'
-    value = "3" if "3" in option else "2"
+def test_an_unknown_selective_option_is_refused_naming_the_value() -> None:
+    text = '[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "layer"\n'
     with pytest.raises(
-        InputError, match=f"selective_ac_option '{value}' is not modelled; accepted: op, or 1"
+        InputError, match="selective_ac_option 'layer' is not modelled; accepted: op, or a whole"
     ):
         read_launch_config(LaunchFormat.TORCHTITAN, text, "{torchtitan} f")
+
+
+def test_every_second_block_checkpointed_gives_the_peak_of_the_equivalent_flags(tmp_path: Path) -> None:
+    """torchtitan's default selective option ("2") is ``--recompute full --checkpoint-every 2``."""
+    path = tmp_path / "llama3_8b_layer_sac.toml"
+    path.write_text(TITAN_TOML.replace('selective_ac_option = "op"\n', ""))
+    from_file = _memory(["--torchtitan", str(path)])
+    flags = [*TITAN_FLAGS[: TITAN_FLAGS.index("--recompute")], "--recompute", "full", "--optimizer", "adamw"]
+    from_flags = _memory([*flags, "--checkpoint-every", "2"])
+    assert from_file["peak"] == from_flags["peak"] and from_file["options"] == from_flags["options"]
+    assert str(from_file["options"]["checkpoint_every"]) == "2"

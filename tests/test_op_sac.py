@@ -1,13 +1,17 @@
-"""torchtitan's op-level selective activation checkpointing (``--recompute op``): what each layer keeps by
+"""torchtitan's selective activation checkpointing: op-level (``--recompute op``): what each layer keeps by
 hand (zerocalc/model/model_impl.py ``op_sac_layer``), the step timeline, the collectives it re-runs, the
-refusals, and the policy run by real torch on CPU (zerocalc/validate/op_sac.py)."""
+refusals, and the policy run by real torch on CPU (zerocalc/validate/op_sac.py); layer-level
+(``--recompute full --checkpoint-every N``): the timeline, the step time and the collectives re-run."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from helpers import one_line_error
 from typer.testing import CliRunner
 
+from zerocalc.base.dtypes import DType
 from zerocalc.cli import app
 from zerocalc.comm.mesh import AG, AR, FWD, RS, MeshCall, Size
 from zerocalc.model.activations import Recompute
@@ -82,12 +86,13 @@ def test_llama_3_8b_kept_per_layer_by_hand() -> None:
     }
 
 
-def _tensors(recompute: str) -> StepResult:
+def _tensors(recompute: str, checkpoint_every: int = 1) -> StepResult:
     """Llama 3 8B under torchtitan's code, FSDP2 on 8 GPUs, b 2, s 8192: the step's tensors alone (no
     allocator replay, so no blocks' remainders)."""
     request = parse_options(
         estimate=Estimate.MEMORY, model="llama-3-8b", gpus=8, strategies="zero3", framework="fsdp2",
         model_impl="torchtitan", micro_batch=2, seq_len=8192, recompute=recompute,
+        checkpoint_every=checkpoint_every,
     )  # fmt: skip
     return simulate(request, request.strategies[0], runtime_for(request), _states(request), reserve=False)
 
@@ -177,3 +182,68 @@ def test_the_policy_run_by_torch_saves_what_the_model_keeps() -> None:
         assert one.mm_saved == tuple(not op_sac_recomputes(name) for name in OP_SAC_MATMUL_ORDER)
     assert measured.after_forward_op - measured.after_forward_full == 2 * 21_504
     assert measured.recomputed_mm_shapes == {(32, 32): 2, (32, 64): 2, (32, 96): 2}
+
+
+def test_every_second_layer_checkpointed_keeps_half_the_layers_whole() -> None:
+    """torchtitan's ``selective_ac_option = "2"`` (``_apply_layer_sac``: block k checkpointed when
+    k % 2 == 0): of Llama 3 8B's 32 layers the 2nd, 4th, … 32nd keep only their input, the other 16 all
+    they save; so after forward 16 × (saved − input) above full checkpointing and, less the int64
+    position ids [8192] the checkpoint closures hold, as much below no checkpointing."""
+    none, every_second, full = _tensors("none"), _tensors("full", 2), _tensors("full")
+    arch, _ = load_model("llama-3-8b")
+    shape = Shape(2, 8192)
+    saved = sum(b for _, b in layer_saves(TORCHTITAN, arch, 0, shape, 2).saved)
+    layer = saved - hidden_bytes(arch, shape, 2)
+    forward = {
+        name: r.after_forward - r.start for name, r in (("none", none), ("2", every_second), ("full", full))
+    }
+    assert forward["2"] - forward["full"] == 16 * layer
+    assert forward["none"] - forward["2"] == 16 * layer - 8 * 8192
+
+
+def test_every_nth_layer_reruns_that_share_of_the_forward_and_its_collectives() -> None:
+    """Llama 3 8B's 32 layers, every 4th checkpointed: backward re-runs 8 layers' forward, a quarter of
+    full recomputation's, and under TP 2 with sequence parallelism 8 of each layer's forward all-gathers
+    and reduce-scatters per micro-batch."""
+    from zerocalc.compute.ops import Kernels, micro_batch_ops
+    from zerocalc.compute.time import micro_batch_time
+    from zerocalc.request.compute import compute_table
+
+    arch, _ = load_model("llama-3-8b")
+    ops = micro_batch_ops(arch, Shape(2, 8192), Kernels(fused=False, flash=True), DType.BF16)
+    table = compute_table(None, "h100-80gb").table
+    full = micro_batch_time(table, ops, Recompute.FULL)
+    quarter = micro_batch_time(table, ops, Recompute.FULL, checkpoint_every=4)
+    assert quarter.recompute.total == pytest.approx(full.recompute.total / 4, rel=1e-12)
+    none = micro_batch_time(table, ops, Recompute.NONE)
+    assert quarter.flops - none.flops == pytest.approx((full.flops - none.flops) / 4, rel=1e-12)
+    result = runner.invoke(
+        app,
+        ["comm", "--model", "llama-3-8b", "--gpus", "8", "--tp", "2", "--sequence-parallel", "--framework",
+         "fsdp2", "--micro-batch", "2", "--seq-len", "8192", "--recompute", "full", "--checkpoint-every", "4",
+         "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = [
+        (c["op"], c["calls_per_step"])
+        for s in json.loads(result.stdout)["strategies"][:1]
+        for c in s["mesh_collectives"]
+        if c.get("recomputed")
+    ]
+    assert rows and all(calls == 8 for _, calls in rows), rows
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["memory", "--model", "llama-3-8b", "--recompute", "op"],
+         "--checkpoint-every 2 with --recompute op: it picks the layers full recomputation checkpoints"),
+        (["comm", "--model", "mixtral-8x7b", "--recompute", "full"],
+         "--checkpoint-every 2 with mixtral-8x7b: every N-th layer of a mixture-of-experts model"),
+    ],
+)  # fmt: skip
+def test_checkpoint_every_is_refused_outside_full_recompute_of_a_dense_model(
+    argv: list[str], fragment: str
+) -> None:
+    result = runner.invoke(app, [*argv, "--gpus", "8", "--framework", "fsdp2", "--checkpoint-every", "2"])
+    one_line_error(result, fragment)

@@ -29,7 +29,8 @@ every call of a layer's activation moves S = b·(s/c)·h elements:
   of the per-expert token counts before each dispatch (E integers) is left out.
 
 Activation recomputation re-runs forward collectives in backward: full recompute every forward
-collective of a layer; selective recompute (Korthikanti et al.'s core attention) those inside the core
+collective of a layer (of every N-th layer under ``checkpoint_every`` N, torchtitan's layer-level
+``selective_ac_option``); selective recompute (Korthikanti et al.'s core attention) those inside the core
 attention Megatron-LM checkpoints (``transformer/attention.py`` ``_checkpointed_attention_forward``
 re-runs Transformer Engine's attention, and its context-parallel exchange). DeepSpeed's all-to-alls sit
 outside the local attention it would recompute, and torch's SDPA with ``context_parallel`` is not
@@ -664,6 +665,8 @@ class MeshRequest(NamedTuple):
     gradient: DType
     bandwidths: Bandwidths
     calibration: Calibration | None
+    checkpoint_every: int = 1
+    """Under full recompute, every N-th layer checkpointed: its collectives alone run again."""
 
 
 def mesh_problem(arch: Architecture, mesh: Mesh) -> str | None:
@@ -770,6 +773,15 @@ def _times(scope: Scope, request: MeshRequest, sync: GradSync) -> int:
             return request.shape.moe_layers * request.grad_accum
 
 
+def _rerun_times(scope: Scope, request: MeshRequest) -> int:
+    """Calls per step of a layer's forward collective that recomputation runs again: in every layer (or
+    mixture-of-experts layer) of the rank, or under full recompute in every ``checkpoint_every``-th."""
+    layers = request.shape.layers if scope is Scope.LAYER else request.shape.moe_layers
+    if request.recompute is Recompute.FULL:
+        layers //= request.checkpoint_every
+    return layers * request.grad_accum
+
+
 def _dtype(carried: Carried, request: MeshRequest) -> DType:
     match carried:
         case Carried.ACTIVATION:
@@ -799,8 +811,8 @@ def mesh_costs(request: MeshRequest, sync: GradSync) -> list[MeshCollectiveCost]
         )
         link = _link(call.op, spans_nodes, n, request)
         seconds = len(sizes) * link.latency_s + each / link.bus_bandwidth_Bps
-        times = _times(call.scope, request, sync)
         for recomputed in (False, True) if call.reruns_under(request.recompute) else (False,):
+            times = _rerun_times(call.scope, request) if recomputed else _times(call.scope, request, sync)
             costs.append(
                 MeshCollectiveCost(
                     dimension=dimension,

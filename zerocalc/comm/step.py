@@ -365,7 +365,12 @@ def request_compute(
     stages = [(stage.architecture, stage) for stage in request.stages] or [(None, None)]
     best: tuple[ComputeTime, float] | None = None
     for arch, stage in stages:
-        micro = micro_batch_time(table, request_ops(request, arch), request.activations.recompute)
+        micro = micro_batch_time(
+            table,
+            request_ops(request, arch),
+            request.activations.recompute,
+            request.activations.checkpoint_every,
+        )
         params, per, largest = optimizer_traffic(request, strategy, stage)
         compute = step_compute(table, micro, request.grad_accum, params, per, largest)
         compute = with_framework_traffic(compute, fsdp2_traffic(request, strategy, table, stage))

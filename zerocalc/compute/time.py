@@ -9,8 +9,10 @@ shape achieves on the GPU (:class:`~zerocalc.compute.table.ComputeTable`), summe
 * an element-wise kernel: its bytes at the table's bandwidth for its size (backward:
   :attr:`~zerocalc.compute.ops.Traffic.backward` bytes);
 * recomputation re-runs, in backward, what it re-runs: ``full`` every layer's forward (Korthikanti et
-  al. 2022 §5: the whole transformer layer), ``selective`` eager attention's core (Q·Kᵀ, scale, mask,
-  softmax, dropout, P·V: Korthikanti §5, Megatron-LM ``--recompute-granularity selective``); a flash
+  al. 2022 §5: the whole transformer layer), or every N-th layer's under ``checkpoint_every`` N
+  (torchtitan's ``selective_ac_option`` N: n // N of a rank's n layers of one kind), ``selective``
+  eager attention's core (Q·Kᵀ, scale, mask, softmax, dropout, P·V: Korthikanti §5, Megatron-LM
+  ``--recompute-granularity selective``); a flash
   kernel keeps no s² tensor, so selective recomputes nothing there; ``op`` (torchtitan's op-level
   selective checkpointing, :func:`~zerocalc.model.model_impl.op_sac_layer`) every second GEMM of the
   layer in the order its code calls them (k, o and up projections: :func:`~zerocalc.model.model_impl.
@@ -160,8 +162,12 @@ def _layer(table: ComputeTable, layer: LayerOps, dtype: DType) -> _Layer:
     )
 
 
-def micro_batch_time(table: ComputeTable, ops: MicroBatchOps, recompute: Recompute) -> MicroBatchTime:
-    """One micro-batch's forward, backward and recomputation on one rank."""
+def micro_batch_time(
+    table: ComputeTable, ops: MicroBatchOps, recompute: Recompute, checkpoint_every: int = 1
+) -> MicroBatchTime:
+    """One micro-batch's forward, backward and recomputation on one rank (``checkpoint_every``: under full
+    recompute, the layers N, 2N, … of the rank, counted in each group of alike layers: a dense model's
+    one group)."""
     dtype = ops.dtype
     forward, backward, rerun = PassTime(), PassTime(), PassTime()
     flops = 0.0
@@ -171,8 +177,9 @@ def micro_batch_time(table: ComputeTable, ops: MicroBatchOps, recompute: Recompu
         backward += t.backward.times(n)
         flops += (t.forward_flops + t.backward_flops) * n
         if recompute is Recompute.FULL:
-            rerun += t.forward.times(n)
-            flops += t.forward_flops * n
+            checkpointed = n // checkpoint_every
+            rerun += t.forward.times(checkpointed)
+            flops += t.forward_flops * checkpointed
         elif recompute is Recompute.SELECTIVE and not layer.attention.fused:
             rerun += t.core.times(n)
             flops += t.core_flops * n

@@ -243,20 +243,21 @@ _TITAN_READ = {
 }  # fmt: skip
 
 
-def _titan_selective(option: str, where: str) -> str:
+def _titan_selective(option: str, where: str) -> dict[str, str]:
     """``mode = "selective"`` by its ``selective_ac_option`` (v0.2.2 ``distributed/activation_checkpoint.py``
     ``_apply_ac_to_transformer_block``): ``op`` is the op-level policy (``--recompute op``); a whole number
-    N checkpoints every N-th block whole (``_apply_layer_sac``: ``not ac_freq or count % ac_freq == 0``),
-    so 0 and 1 checkpoint every block (``--recompute full``); N ≥ 2 leaves blocks without checkpointing,
-    which one recompute for all layers cannot express."""
+    N checkpoints every N-th block whole (``_apply_layer_sac``: ``not ac_freq or count % ac_freq == 0``):
+    ``--recompute full --checkpoint-every N``, every block for 0 and 1."""
     if option == "op":
-        return "op"
-    if option in ("0", "1"):
-        return "full"
+        return {"recompute": "op"}
+    if option.isdigit():
+        return {"recompute": "full", "checkpoint_every": str(max(1, int(option)))}
     raise _refuse(
-        where, "activation_checkpoint.selective_ac_option", option,
-        "op, or 1 (every block checkpointed: --recompute full); every N-th block is not modelled",
-    )  # fmt: skip
+        where,
+        "activation_checkpoint.selective_ac_option",
+        option,
+        "op, or a whole number N (every N-th block)",
+    )
 
 
 def _torchtitan(job: dict[str, Any], where: str) -> LaunchConfig:
@@ -327,7 +328,7 @@ def _torchtitan(job: dict[str, Any], where: str) -> LaunchConfig:
         if mode not in _TITAN_AC_MODES:
             raise _refuse(where, "activation_checkpoint.mode", mode, "none, full or selective")
         option = str(get("activation_checkpoint.selective_ac_option", _TITAN_SAC_DEFAULT))
-        values["recompute"] = mode if mode != "selective" else _titan_selective(option, where)
+        values.update({"recompute": mode} if mode != "selective" else _titan_selective(option, where))
     optimizer = get("optimizer.name")
     if optimizer is not None:
         if str(optimizer).lower() not in ("adam", "adamw"):
