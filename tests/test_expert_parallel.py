@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 from zerocalc.api import estimate_comm
 from zerocalc.cli import app
+from zerocalc.cli.plan import command as printed_command
 from zerocalc.comm.mesh import Dimension
 from zerocalc.model.activations import ActivationShape, layer_terms
 from zerocalc.model.architecture import MlpKind, expert_parameters
@@ -359,3 +360,34 @@ def test_fsdp2_expert_shards_are_fully_shard_s(
     shapes = [sharded_dim_first(shape, dim) for shape in ((local, 2 * f, d), (local, d, f))]
     assert local_numels == [dim0_shard_numel(shape, world, rank) for shape in shapes]
     assert padded == [dim0_padded_numel(shape, world) for shape in shapes]
+
+
+def test_step_time_exposes_the_all_to_alls() -> None:
+    """The dispatch and combine all-to-alls are on the critical path (Megatron-LM's alltoall dispatcher
+    without overlap_moe_expert_parallel_comm): the step adds every one of their seconds."""
+    row = estimate_comm(None, 16, model="qwen3-30b-a3b", ep=8, framework="megatron", strategies="zero1",
+                        micro_batch=1, seq_len=4096, gpu="h100-80gb").row("zero1")  # fmt: skip
+    step = row.step
+    assert step is not None
+    all_to_alls = sum(c.time_s for c in ep_rows(row))
+    assert all_to_alls > 0
+    assert step.exposed_ep_s == pytest.approx(all_to_alls)
+    parts = step.exposed_dp_s + step.exposed_tp_s + step.exposed_cp_s + step.exposed_ep_s + step.exposed_pp_s
+    assert step.exposed_comm_s == pytest.approx(parts)
+    assert step.step_s == pytest.approx(step.compute_s + step.exposed_comm_s + step.bubble_s + step.offload_s)
+
+
+def test_a_plan_row_with_expert_parallelism_reproduces() -> None:
+    """A plan over ``--ep 8`` prices the all-to-alls in its step; the row's printed comm options give the
+    same step, with the all-to-alls exposed."""
+    args = ["--model", "qwen3-30b-a3b", "--gpu", "h200-141gb", "--gpus", "8", "--global-batch", "64seq",
+            "--seq-len", "2048", "--framework", "megatron", "--ep", "8", "--top", "1", "--json"]  # fmt: skip
+    result = runner.invoke(app, ["plan", *args])
+    assert result.exit_code == 0, result.output
+    top = json.loads(result.stdout)["top"][0]
+    assert top["ep"] == 8 and top["comm_options"]["ep"] == "8" and top["memory_options"]["ep"] == "8"
+    comm = runner.invoke(app, [*printed_command("comm", top["comm_options"]).split()[1:], "--json"])
+    assert comm.exit_code == 0, comm.output
+    step = json.loads(comm.stdout)["strategies"][0]["step"]
+    assert step["step_s"] == top["step_s"]
+    assert step["exposed_ep_s"] > 0

@@ -58,6 +58,8 @@ SAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "latency": ("30us", {}),
     "tokens_per_step": ("4M", {"tflops": "400"}),
     "tflops": ("400", {"tokens_per_step": "4M"}),
+    "pp_first_stage_layers": ("5", {"model": "gpt2", "pp": "2", "gpus": "2"}),
+    "pp_last_stage_layers": ("5", {"model": "gpt2", "pp": "2", "gpus": "2"}),
 }
 BASE = {Command.MEMORY: {"model": "gpt2", "gpus": "2"}, Command.COMM: {"params": "1B", "gpus": "8"}}
 
@@ -80,7 +82,7 @@ def _case(command: Command, name: str) -> dict[str, Any]:
     values = {**BASE[command], **needs, name: value}
     if name == "params":
         values.pop("model", None)
-    if name == "model":
+    if name == "model" or "model" in needs:
         values.pop("params", None)
     return values
 

@@ -22,10 +22,14 @@ from zerocalc.parallel.pipeline import (
     chunk_layers,
     in_flight,
     rank_passes,
+    shorter_end_stages,
+    split_problem,
+    stage_layer_counts,
     window,
 )
 from zerocalc.peak.kinds import TensorKind
 from zerocalc.request.training import parse_options
+from zerocalc.states.memory import mesh_assumption
 
 runner = CliRunner()
 GPIPE, ONE_F_ONE_B = PpSchedule.GPIPE, PpSchedule.ONE_F_ONE_B
@@ -309,6 +313,114 @@ def test_context_parallel_divides_the_message() -> None:
     assert estimate.pipeline is not None and estimate.pipeline.message_elements == 8192 // 2 * 4096
 
 
+# ------------------------------------------------------------------------------------ uneven stages
+def test_uneven_stages_follow_megatron_offsets() -> None:
+    # Megatron-LM get_num_layers_to_build / get_transformer_layer_offset: the first and last ranks hold
+    # the layers given, the middle ranks (L − first − last)/(p − 2) each, in order
+    assert stage_layer_counts(126, 16, 7, 7) == (7, *[8] * 14, 7)
+    assert chunk_layers(126, 16, 1, 0, 7, 7) == (range(0, 7),)
+    assert chunk_layers(126, 16, 1, 1, 7, 7) == (range(7, 15),)
+    assert chunk_layers(126, 16, 1, 15, 7, 7) == (range(119, 126),)
+    # only the first given: the other three ranks share the rest, 24/3 = 8 each
+    assert stage_layer_counts(30, 4, 6, None) == (6, 8, 8, 8)
+    assert chunk_layers(30, 4, 1, 3, 6, None) == (range(22, 30),)
+    # L 16, p 4, v 2, first 2, last 2: chunks of 1, 3, 3, 1 layers; virtual stage j·p + i starts at
+    # j·L/v + the chunks of ranks before i (rank 1, chunk 1: 8 + 1 = 9; rank 3, chunk 1: 8 + 1 + 3 + 3)
+    assert [chunk_layers(16, 4, 2, i, 2, 2) for i in range(4)] == [
+        (range(0, 1), range(8, 9)),
+        (range(1, 4), range(9, 12)),
+        (range(4, 7), range(12, 15)),
+        (range(7, 8), range(15, 16)),
+    ]
+    # every layer held once
+    held = sorted(i for rank in range(16) for chunk in chunk_layers(92, 16, 2, rank, 4, 4) for i in chunk)
+    assert split_problem(92, 16, 2, 4, 4) is None and held == list(range(92))
+
+
+@pytest.mark.parametrize(
+    ("split", "problem"),
+    [
+        ((126, 16, 1, 7, 7), None),
+        ((12, 2, 1, 5, None), None),  # p 2: the last rank takes the other 7
+        ((12, 2, 1, 5, 7), None),
+        ((126, 16, 1, 7, 6), "the 113 remaining layers do not split evenly over 14 middle stages"),
+        ((126, 16, 2, 7, 7), "a stage's 7 layers do not split into 2 chunks"),
+        ((12, 2, 1, 5, 6), "1 layer left for 0 middle stages"),
+        ((12, 3, 1, 6, 6), "0 layers left for 1 middle stage"),
+        ((126, 16, 1, None, None), "126 layers do not split into 16 equal chunks"),
+    ],
+)
+def test_uneven_split_problems_are_megatrons(split: tuple, problem: str | None) -> None:
+    # Megatron-LM TransformerConfig.__post_init__, "Uneven PP"
+    assert split_problem(*split) == problem
+
+
+def test_plan_shortens_the_end_stages_when_the_layers_do_not_split() -> None:
+    # L = p·m − 2k, the smallest k ≥ 1 Megatron-LM's checks accept: 126 = 16·8 − 2 (Llama 3 405B);
+    # 32 = 3·12 − 2·2; 32 = 5·8 − 2·4 (5·7 − 2·k is odd); none where L splits evenly, at p 2, or where
+    # no k gives every stage a multiple of v (126 at p 16, v 2: m even needs k ≡ 1 mod 16)
+    assert shorter_end_stages(126, 16, 1) == 7
+    assert shorter_end_stages(32, 3, 1) == 10 and shorter_end_stages(32, 5, 1) == 4
+    assert shorter_end_stages(32, 4, 1) is None and shorter_end_stages(33, 2, 1) is None
+    assert shorter_end_stages(126, 16, 2) is None and shorter_end_stages(61, 4, 1) is None
+
+
+def test_llama_3_1_405b_at_pp_16_with_first_and_last_stages_of_7() -> None:
+    # Llama 3 (Dubey et al. 2024 §3.3.2): 126 layers at PP 16, one layer fewer on the first and the last
+    # stage. Per TP rank of 8: q and o h²/8, k and v h·1024/8, gate/up/down h·f/8, two norms whole; the
+    # vocabulary 128,256 padded to a multiple of 128·8: 129,024, 129,024/8 rows of h
+    h, f = 16384, 53248
+    layer = (2 * h * h + 2 * h * 1024 + 3 * h * f) // 8 + 2 * h
+    assert layer == 398_491_648
+    vocab = 129024 // 8 * h
+    request = parse_options(
+        model="llama-3.1-405b", gpus=2048, tp=8, pp=16, framework="megatron", grad_accum=16,
+        pp_first_stage_layers=7, pp_last_stage_layers=7,
+    )  # fmt: skip
+    archs = [s.architecture for s in request.stages]
+    assert [a.num_layers for a in archs] == [7, *[8] * 14, 7]  # type: ignore[union-attr]
+    assert archs[1].global_layers == tuple(range(7, 15))  # type: ignore[union-attr]
+    assert archs[15].global_layers == tuple(range(119, 126))  # type: ignore[union-attr]
+    params = [s.params for s in request.stages]
+    assert params[0] == 7 * layer + vocab == 3_053_682_688  # the embedding
+    assert params[1:15] == [8 * layer] * 14
+    assert params[15] == 7 * layer + h + vocab == 3_053_699_072  # the final norm and the LM head
+    assert request.rank_model == request.stages[1]  # a middle stage is the largest
+    # each stage's memory: bf16 parameters, 2 bytes each, of its own count; the logits and the loss only
+    # on the last, which holds one micro-batch in flight (1F1B: p − i), the first all 16
+    peak = estimate_peak(
+        model="llama-3.1-405b", gpus=2048, tp=8, pp=16, framework="megatron", grad_accum=16,
+        strategies="zero1", pp_first_stage_layers=7, pp_last_stage_layers=7,
+    )  # fmt: skip
+    stages = peak.peak.strategies[0].stages  # type: ignore[union-attr]
+    assert [stages[i].layers for i in (0, 1, 15)] == [[[0, 6]], [[7, 14]], [[119, 125]]]
+    for stage in stages:
+        terms = {t.kind: t.bytes for t in stage.terms}
+        assert terms[TensorKind.PARAMETERS] == 2 * params[stage.stage]
+        assert (TensorKind.LOSS in terms) == (stage.stage == 15) == stage.holds_head
+    assert stages[0].holds_embedding and (stages[0].in_flight, stages[15].in_flight) == (16, 1)
+    text = mesh_assumption(request)
+    assert "pp 16 (1f1b, first stage 7 layers, last stage 7 layers)" in text
+    assert "holding 7, 8 × 14, 7 layers from the first to the last, 1 chunk each" in text
+
+
+def test_uneven_stages_send_what_even_stages_send() -> None:
+    # 32 layers, first 7 and last 7: 9 on each middle rank; a boundary still carries b·s·h, the bubble
+    # (p − 1)/m of the slowest stage's compute
+    estimate = estimate_comm(
+        model="llama-3-8b", gpus=4, pp=4, grad_accum=8, framework="megatron",
+        pp_first_stage_layers=7, pp_last_stage_layers=7,
+    )  # fmt: skip
+    pipeline = estimate.pipeline
+    assert pipeline is not None and pipeline.stage_layers == [7, 9, 9, 7]
+    assert pipeline.message_elements == 2048 * 4096 and pipeline.bubble_fraction == 3 / 8
+    output = runner.invoke(
+        app, ["comm", "--model", "llama-3-8b", "--gpus", "4", "--pp", "4", "--grad-accum", "8",
+              "--framework", "megatron", "--pp-first-stage-layers", "7", "--pp-last-stage-layers", "7"],
+    ).stdout  # fmt: skip
+    assert "Pipeline pp 4 (1f1b), m = 8, layers 7, 9 × 2, 7:" in output
+
+
 # ---------------------------------------------------------------------------------------- the shell
 def test_memory_and_comm_take_pp_4_vpp_8() -> None:
     args = ["--model", "llama-3-8b", "--gpus", "32", "--pp", "4", "--vpp", "8", "--grad-accum", "8"]
@@ -346,6 +458,22 @@ def test_no_pipeline_keys_without_pipeline() -> None:
          "accepted: --framework paper, megatron, fsdp2"),
         (["--pp", "2", "--gpus", "4", "--framework", "fsdp2", "--grad-sync", "every", "-s", "zero3"],
          "--grad-sync every"),
+        (["--pp", "4", "--gpus", "4", "--pp-first-stage-layers", "7", "--pp-last-stage-layers", "6"],
+         "--pp-first-stage-layers 7 and --pp-last-stage-layers 6 with --pp 4: of llama-3-8b's 32 layers, "
+         "the 19 remaining layers do not split evenly over 2 middle stages; accepted: values that leave 2 "
+         "middle stages an equal share"),
+        (["--pp", "4", "--gpus", "4", "--vpp", "2", "--grad-accum", "4", "--pp-first-stage-layers", "7",
+          "--pp-last-stage-layers", "7"],
+         "a stage's 7 layers do not split into 2 chunks; accepted: values that leave 2 middle stages an "
+         "equal share, every stage's layers a multiple of --vpp 2"),
+        (["--gpus", "2", "--pp-first-stage-layers", "7"],
+         "--pp-first-stage-layers changes nothing with --pp 1"),
+        (["--pp", "2", "--gpus", "2", "--pp-last-stage-layers", "0"],
+         "--pp-last-stage-layers '0' is not accepted; accepted: a whole number of layers from 1"),
+        (["--pp", "2", "--gpus", "2", "--pp-first-stage-layers", "15", "--pp-last-stage-layers", "16"],
+         "1 layer left for 0 middle stages; accepted: --pp-first-stage-layers + --pp-last-stage-layers = 32"),
+        (["--pp", "5", "--gpus", "5"],
+         "accepted: --pp × --vpp a divisor of 32, or --pp-first-stage-layers and --pp-last-stage-layers"),
     ],
 )  # fmt: skip
 def test_pipeline_refusals(args: list[str], fragment: str) -> None:

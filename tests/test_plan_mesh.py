@@ -76,6 +76,27 @@ def test_the_interleaved_bubble_is_divided_by_the_virtual_stages() -> None:
     assert two["bubble_s"] > 0
 
 
+def test_a_pipeline_of_shorter_end_stages_reproduces() -> None:
+    """Llama 3 8B's 32 layers over p 3 do not split evenly: Megatron-LM's uneven split with the first and
+    last stages shorter, 10, 12, 10 (32 = 3·12 − 2·2), carried by the row's commands, which reproduce its
+    peak and step."""
+    args = ["--model", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "24", "--global-batch", "24seq",
+            "--seq-len", "2048", "--framework", "megatron", "--pp", "3", "--top", "1"]  # fmt: skip
+    top = _plan_json(args)["top"][0]
+    assert top["pp"] == 3
+    for options in (top["memory_options"], top["comm_options"]):
+        assert (options["pp_first_stage_layers"], options["pp_last_stage_layers"]) == ("10", "10")
+    memory_line = command("memory", top["memory_options"])
+    assert "--pp-first-stage-layers 10 --pp-last-stage-layers 10" in memory_line
+    memory = json.loads(runner.invoke(app, [*memory_line.split()[1:], "--json"]).stdout)
+    peak = memory["peak"]["strategies"][0]
+    assert peak["peak_bytes"] == top["peak_bytes"]
+    assert [s["layers"] for s in peak["stages"]] == [[[0, 9]], [[10, 21]], [[22, 31]]]
+    comm = runner.invoke(app, [*command("comm", top["comm_options"]).split()[1:], "--json"])
+    assert comm.exit_code == 0, comm.output
+    assert json.loads(comm.stdout)["strategies"][0]["step"]["step_s"] == top["step_s"]
+
+
 def test_rejected_meshes_are_counted_per_reason() -> None:
     """Llama 3 8B: 32 heads, 8 KV heads, 32 layers. On 8-GPU nodes up to 16 GPUs (8 and 16 searched):
     t 16 spans nodes, t 3 too (3 does not divide 8), p 5 does not divide the layers at 8 GPUs nor does

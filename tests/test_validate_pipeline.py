@@ -170,8 +170,9 @@ def perfect(j: PipelineJob, world: int) -> list[StageMeasured]:
     for rank in range(world):
         stage, dp_rank = divmod(rank, dp)
         states = predicted_stage_states(
-            j.arch, j.pp, stage, j.strategy, dp, dp_rank, j.precision, j.optimizer
-        )
+            j.arch, j.pp, stage, j.strategy, dp, dp_rank, j.precision, j.optimizer,
+            j.first_stage_layers, j.last_stage_layers,
+        )  # fmt: skip
         dtype = pipeline.activation_dtype(j.strategy, j.precision)
         calls = [
             c.model_copy(update={"micro_batch": None})
@@ -303,6 +304,42 @@ def test_a_pipeline_run_is_reported_per_rank_and_a_wrong_line_fails(spawned: lis
     result = runner.invoke(app, [*args, "-A", "6"], env={"COLUMNS": "80"})
     assert "pp 2 · ddp · fp32 · m=6" in result.stdout and "✗ OFF" in result.stdout
     assert max(len(line) for line in result.stdout.splitlines()) <= 80
+
+
+def test_a_pipeline_of_uneven_stages_is_predicted_per_stage(spawned: list[str]) -> None:
+    # validate's default model (tests/test_validate_pipeline_processes.py): a block 48,447 elements, the
+    # embeddings 127,575, the final norm and head 63,189; 4 blocks over 3 stages as 1, 2, 1 (Megatron-LM
+    # get_num_layers_to_build), fp32: 4 bytes each
+    block, embeddings, head = 48_447, 127_575, 126 + 63_063
+    args = ["validate", "--nproc", "3", "--pp", "3", "--layers", "4", "--pp-first-stage-layers", "1",
+            "--pp-last-stage-layers", "1", "--strategies", "none", "--precision", "fp32"]  # fmt: skip
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    assert spawned == ["pp 3 · blocks 1, 2, 1 · none · fp32 · m=6"]
+    report = json.loads(result.stdout)
+    assert report["stage_blocks"] == [1, 2, 1]
+    stages = report["configs"][0]["stages"]
+    params = [next(x["predicted"] for x in stage["lines"] if x["line"] == "params") for stage in stages]
+    assert params == [4 * (embeddings + block), 4 * 2 * block, 4 * (block + head)]
+    text = runner.invoke(app, args)
+    assert text.exit_code == 0 and "3 stages of 1, 2, 1 blocks" in text.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (["--pp-first-stage-layers", "2", "--pp-last-stage-layers", "2"],
+         "--pp-first-stage-layers 2 and --pp-last-stage-layers 2 with --pp 3: of the 4 blocks, 0 layers "
+         "left for 1 middle stage"),
+        (["--pp-first-stage-layers", "0"], "--pp-first-stage-layers 0 is not accepted"),
+    ],
+)  # fmt: skip
+def test_an_uneven_split_validate_cannot_build_is_one_line(
+    spawned: list[str], extra: list[str], fragment: str
+) -> None:
+    args = ["validate", "--nproc", "3", "--pp", "3", "--layers", "4", *extra]
+    one_line_error(runner.invoke(app, args), fragment)
+    assert spawned == []
 
 
 def test_an_expert_parallel_run_matches_when_the_prediction_is_exact(spawned: list[str]) -> None:

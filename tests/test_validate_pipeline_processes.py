@@ -100,6 +100,21 @@ def test_four_stages_order_the_middle_stages_sends_as_1f1b_does() -> None:
     assert _line(middle, "params") == BLOCK * 4
 
 
+def test_uneven_stages_hold_the_blocks_megatron_gives_them() -> None:
+    # 3 blocks over 2 stages, the first given 1: the last holds the other 2 (Megatron-LM
+    # get_num_layers_to_build); fp32, DDP over one rank per stage
+    report = _report(
+        "--nproc", "2", "--pp", "2", "--layers", "3", "--pp-first-stage-layers", "1", "--strategies", "ddp",
+        "--precision", "fp32",
+    )  # fmt: skip
+    (config,) = report["configs"]
+    assert config["status"] == "match" and report["stage_blocks"] == [1, 2]
+    first, last = config["stages"]
+    assert _line(first, "params") == (EMBEDDINGS + BLOCK) * 4 == 704_088
+    assert _line(last, "params") == (2 * BLOCK + HEAD) * 4 == 640_332
+    assert all(c["measured_bytes"] == 4 * HIDDEN_STATES * 4 for s in config["stages"] for c in s["p2p"])
+
+
 @pytest.mark.parametrize(("nproc", "ep"), [(4, 4), (4, 2)])
 def test_expert_parallel_all_to_alls_send_what_the_fixed_router_says(nproc: int, ep: int) -> None:
     report = _report("--nproc", str(nproc), "--ep", str(ep))

@@ -177,6 +177,24 @@ Pp = Annotated[
         show_default=False,
     ),
 ]
+PpFirstStageLayers = Annotated[
+    int | None,
+    typer.Option(
+        "--pp-first-stage-layers",
+        help="With --pp: the first stage's blocks; the others split the rest evenly (Megatron-LM's "
+        "uneven split).",
+        show_default=False,
+    ),
+]
+PpLastStageLayers = Annotated[
+    int | None,
+    typer.Option(
+        "--pp-last-stage-layers",
+        help="With --pp: the last stage's blocks; the others split the rest evenly (Megatron-LM's "
+        "uneven split).",
+        show_default=False,
+    ),
+]
 Ep = Annotated[
     int | None,
     typer.Option(
@@ -196,7 +214,7 @@ MODEL_SIZES = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
 """The architecture overrides (``--pp`` reads them too)."""
 PIPELINE_READS = (
     "model", "precision", *MODEL_SIZES, "strategies", "optimizer", "grad_accum", "nproc", "timeout", "pp",
-    "json",
+    "pp_first_stage_layers", "pp_last_stage_layers", "json",
 )  # fmt: skip
 FAKE_PIPELINE_READS = (
     "model", "precision", *MODEL_SIZES, "optimizer", "grad_accum", "world", "pp", "micro_batch", "seq_len",
@@ -261,6 +279,8 @@ def validate(
     recompute: RecomputeOpt = "none",
     reshard: Reshard = "yes",
     pp: Pp = None,
+    pp_first_stage_layers: PpFirstStageLayers = None,
+    pp_last_stage_layers: PpLastStageLayers = None,
     ep: Ep = None,
     routing: Routing = "all",
     json: Json = False,
@@ -294,7 +314,7 @@ def validate(
         if mode == "pipeline":
             validate_parallel.pipeline(
                 model, overrides, strategies, precision, optimizer, microbatches, nproc, timeout, pp or 0,
-                json,
+                json, pp_first_stage_layers, pp_last_stage_layers,
             )  # fmt: skip
         elif mode == "fake-pipeline":
             validate_parallel.fake_pipeline(

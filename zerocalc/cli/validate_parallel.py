@@ -79,8 +79,12 @@ def pipeline(
     timeout: float,
     pp: int,
     json: bool,
+    first: int | None = None,
+    last: int | None = None,
 ) -> None:
-    """``--pp P``: every strategy × precision of a P-stage Schedule1F1B over --nproc spawned ranks."""
+    """``--pp P``: every strategy × precision of a P-stage Schedule1F1B over --nproc spawned ranks
+    (``first`` and ``last``: the end stages' blocks, ``--pp-first-stage-layers`` and
+    ``--pp-last-stage-layers``)."""
     from zerocalc.harness import procs
     from zerocalc.validate.pipeline import PIPELINE_STRATEGIES, check_pipeline, pipeline_architecture
 
@@ -98,7 +102,7 @@ def pipeline(
         )
     m = 2 * pp if microbatches is None else microbatches
     arch = pipeline_architecture(model, overrides, pp)
-    check_pipeline(arch, pp, nproc, m)
+    check_pipeline(arch, pp, nproc, m, first, last)
     if importlib.util.find_spec("torch") is None:
         raise fail(NEEDS_TORCH)
     from zerocalc.validate.pipeline import run_pipeline
@@ -111,7 +115,7 @@ def pipeline(
         progress.step(result.title, f"{result.status}{seconds}, {done}/{total} configurations")
 
     try:
-        report = run_pipeline(arch, pp, chosen, recipes, opt, m, nproc, timeout, on_result)
+        report = run_pipeline(arch, pp, chosen, recipes, opt, m, nproc, timeout, on_result, first, last)
     except KeyboardInterrupt:
         progress.close()
         typer.echo(f"zerocalc: {procs.INTERRUPTED}", err=True)
@@ -252,13 +256,17 @@ def render_pipeline(report: PipelineReport) -> None:
     from rich.markup import escape
 
     from zerocalc.cli.render import Column, console, print_fitted
+    from zerocalc.parallel.pipeline import describe_layer_counts
     from zerocalc.validate.config import WARMUP_STEPS
 
     out = console()
-    blocks = report.architecture.num_layers // report.pp
+    blocks = describe_layer_counts(tuple(report.stage_blocks))
+    if len(set(report.stage_blocks)) == 1:
+        blocks = f"{report.stage_blocks[0]} block{'s' if report.stage_blocks[0] > 1 else ''}"
+    else:
+        blocks += " blocks"
     out.print(
-        f"[bold]{escape(report.model)}[/bold]: {report.pp} stages of {blocks} "
-        f"block{'s' if blocks > 1 else ''}, "
+        f"[bold]{escape(report.model)}[/bold]: {report.pp} stages of {blocks}, "
         f"{report.world_size} ranks (pp {report.pp} × dp {report.dp}, {report.backend}), {report.schedule}, "
         f"micro-batches of b={report.micro_batch} × s={report.seq_len}; bytes per rank after one step and "
         f"its point-to-point calls (after {WARMUP_STEPS} warm-up steps)"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterator
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -72,9 +72,7 @@ class Layout(BaseModel):
         if architecture is None:
             flat = ParamTensor(module=FLAT_MODEL, name="parameters", shape=(params,))
             return cls(tensors=(flat,), units=((FLAT_MODEL, (0,)),), from_architecture=False)
-        tensors = parameter_tensors(architecture)
-        units = tuple((name, tuple(unit)) for name, unit in fsdp_unit_positions(tensors))
-        return cls(tensors=tuple(tensors), units=units, from_architecture=True)
+        return _architecture_layout(architecture)
 
     @classmethod
     def expert_parallel_parts(cls, architecture: Architecture, expert_dim: int) -> tuple[Layout, Layout]:
@@ -516,3 +514,12 @@ def rule_calls(
     groups = (qgz_groups(shape, ctx.world_size) for (shape,) in calls.carried.parts)
     scales = calls._replace(sizes=tuple(g // ctx.shard_size for g in groups))
     return calls.resized(lambda elements: ceil_div(elements, 2)), scales
+
+
+@lru_cache(maxsize=256)
+def _architecture_layout(architecture: Architecture) -> Layout:
+    """:meth:`Layout.of` a model's architecture, once per architecture: its derived values
+    (:meth:`Layout.cached`) are then shared by every request of that model (a plan's candidates)."""
+    tensors = parameter_tensors(architecture)
+    units = tuple((name, tuple(unit)) for name, unit in fsdp_unit_positions(tensors))
+    return Layout(tensors=tuple(tensors), units=units, from_architecture=True)

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import lru_cache
 from typing import NamedTuple
 
 from pydantic import BaseModel, Field
@@ -596,11 +597,13 @@ def _calls(count: Count, shape: MeshShape) -> int:
             return shape.mlp_inputs
 
 
+@lru_cache(maxsize=512)
 def replicated_gradients(rank: Architecture, style: TpStyle, sequence_parallel: bool) -> tuple[int, ...]:
     """The elements of each parameter the TP ranks hold whole and compute partial gradients of
     (:data:`TP_GRADIENTS`), in module order: under sequence parallelism every replicated parameter but the
     position table, which sees the whole sequence before it is split (Megatron-LM), or the norms'
-    (DTensor's ``SequenceParallel``); Megatron's per-head q/k norms with or without it."""
+    (DTensor's ``SequenceParallel``); Megatron's per-head q/k norms with or without it. Once per (rank's
+    architecture, style, sequence parallelism)."""
     sizes = []
     for tensor in parameter_tensors(rank):
         if tensor_parallel_dim(tensor) is not None or tensor.module == "embed_positions":
@@ -792,10 +795,27 @@ def _dtype(carried: Carried, request: MeshRequest) -> DType:
             return request.gradient
 
 
+_MESH_COSTS: dict[tuple[MeshRequest, int, GradSync], tuple[MeshRequest, list[MeshCollectiveCost]]] = {}
+_MESH_COSTS_LIMIT = 4096
+
+
 def mesh_costs(request: MeshRequest, sync: GradSync) -> list[MeshCollectiveCost]:
     """The tensor- and context-parallel collectives of a step and their cost (``sync``: when the strategy
     reduces gradients, which paces FSDP2's per-parameter reductions), each forward collective that
-    activation recomputation runs again followed by its re-run."""
+    activation recomputation runs again followed by its re-run. Once per request and ``sync`` (a plan's
+    candidates of one mesh share them); the calibration, a model holding lists, keyed by identity."""
+    key = (request._replace(calibration=None), id(request.calibration), sync)
+    cached = _MESH_COSTS.get(key)
+    if cached is not None and cached[0].calibration is request.calibration:
+        return list(cached[1])
+    if len(_MESH_COSTS) >= _MESH_COSTS_LIMIT:
+        _MESH_COSTS.clear()
+    costs = _mesh_costs(request, sync)
+    _MESH_COSTS[key] = (request, costs)
+    return list(costs)
+
+
+def _mesh_costs(request: MeshRequest, sync: GradSync) -> list[MeshCollectiveCost]:
     costs = []
     for dimension, call in _schedule(request):
         sizes = _sizes(call, request)

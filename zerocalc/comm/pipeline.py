@@ -84,6 +84,7 @@ class PipelineComm(BaseModel):
     pp: int
     vpp: int
     schedule: PpSchedule
+    stage_layers: list[int] = Field(description="each pipeline rank's layers, first to last")
     micro_batches: int = Field(description="m: micro-batches per step (grad_accum)")
     message_elements: int = Field(description="b·s·h ÷ c (÷ t under sequence parallelism) per send")
     dtype: DType = Field(description="the compute dtype the activations and their gradients travel in")
@@ -172,6 +173,7 @@ def pipeline_comm(request: TrainingRequest) -> PipelineComm | None:
         pp=p,
         vpp=v,
         schedule=mesh.pp_schedule,
+        stage_layers=[stage.architecture.num_layers for stage in request.stages if stage.architecture],
         micro_batches=m,
         message_elements=elements,
         dtype=dtype,

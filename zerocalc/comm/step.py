@@ -29,6 +29,11 @@ point-to-point exchanges run beside the attention blocks they feed (Transformer 
 ``AttnFuncWithCPAndKVP2P``; torch ``context_parallel``'s ring), hidden behind that phase's attention
 compute; its all-gathers and all-to-alls precede the attention that waits for them, exposed.
 
+**Expert parallelism**: the dispatch and combine all-to-alls of each MoE layer sit between the router
+and the experts and between the experts and the layer's output, exposed (Megatron-LM's
+``MoEAlltoAllTokenDispatcher`` without ``overlap_moe_expert_parallel_comm``, its default; torchtitan's
+all-to-all dispatch).
+
 **Pipeline**: the busiest pipeline rank's sends, exposed (Megatron-LM overlaps them with compute only under
 interleaving, ``overlap_p2p_comm``); the bubble, the schedule's fraction of the slowest stage's compute
 (:func:`~zerocalc.parallel.pipeline.bubble_fraction`: Narayanan et al. 2021 §2.2, Qi et al. 2023 §3.1),
@@ -43,10 +48,12 @@ measurements.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 from pydantic import BaseModel, Field
 
+from zerocalc.base.dtypes import DType
 from zerocalc.comm.mesh import Dimension, MeshCollectiveCost
 from zerocalc.comm.pipeline import PipelineComm
 from zerocalc.compute.ops import (
@@ -58,7 +65,8 @@ from zerocalc.compute.ops import (
     optimizer_bytes_per_param,
 )
 from zerocalc.compute.table import ComputeTable
-from zerocalc.compute.time import ComputeTime, micro_batch_time, step_compute
+from zerocalc.compute.time import ComputeTime, MicroBatchTime, micro_batch_time, step_compute
+from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture
 from zerocalc.model.model_impl import MODEL_IMPLS, AttentionKernel, ModelImplName, Shape, default_attention
 from zerocalc.network.collectives import Collective
@@ -194,6 +202,7 @@ class StepTime(NamedTuple):
     exposed_dp_s: float
     exposed_tp_s: float
     exposed_cp_s: float
+    exposed_ep_s: float
     exposed_pp_s: float
     bubble_s: float
     offload_s: float
@@ -203,11 +212,15 @@ class StepTime(NamedTuple):
     """Model FLOPs (PaLM's) per second over the GPU's dense peak."""
 
 
+MESH_DIMENSIONS = (Dimension.TP, Dimension.CP, Dimension.EP, Dimension.PP)
+"""The model-parallel dimensions whose exposed communication a step adds to the data-parallel one."""
+
+
 def mesh_exposed(
     costs: list[MeshCollectiveCost], attention_forward: float, attention_backward: float
 ) -> dict[Dimension, float]:
     """Exposed seconds of the tensor- and context-parallel collectives (see the module's doc)."""
-    exposed = {Dimension.TP: 0.0, Dimension.CP: 0.0, Dimension.PP: 0.0}
+    exposed = dict.fromkeys(MESH_DIMENSIONS, 0.0)
     ring = {Phase.FORWARD: 0.0, Phase.BACKWARD: 0.0}
     for cost in costs:
         if cost.dimension is Dimension.CP and cost.op is Collective.SEND_RECV and cost.phase in ring:
@@ -240,7 +253,7 @@ def assemble(
     dp += exposed_time(comm.backward, backward, grad_accum, hides_backward)
     dp += comm.after_step.spread + comm.after_step.once
     bubble = bubble_fraction * (forward + backward)
-    exposed = dp + mesh[Dimension.TP] + mesh[Dimension.CP] + mesh[Dimension.PP]
+    exposed = dp + sum(mesh[dimension] for dimension in MESH_DIMENSIONS)
     step = compute.total_s + exposed + bubble + offload_s
     by_class = compute.by_class
     flops = tokens_per_gpu * model_flops_per_token
@@ -256,6 +269,7 @@ def assemble(
         exposed_dp_s=dp,
         exposed_tp_s=mesh[Dimension.TP],
         exposed_cp_s=mesh[Dimension.CP],
+        exposed_ep_s=mesh[Dimension.EP],
         exposed_pp_s=mesh[Dimension.PP],
         bubble_s=bubble,
         offload_s=offload_s,
@@ -299,7 +313,35 @@ def request_ops(request: TrainingRequest, arch: Architecture | None = None) -> M
         cp_impl=mesh.cp_impl,
     )
     dtype = RECIPES[request.precision].param_dtype
-    return micro_batch_ops(arch or request.architecture, shape, kernels(request), dtype, ep=mesh.ep)
+    return _micro_batch_ops(arch or request.architecture, shape, kernels(request), dtype, mesh.ep)
+
+
+@lru_cache(maxsize=1024)
+def _micro_batch_ops(arch: Architecture, shape: Shape, code: Kernels, dtype: DType, ep: int) -> MicroBatchOps:
+    """:func:`~zerocalc.compute.ops.micro_batch_ops`, once per (architecture, shape, kernels, dtype, ep): a
+    plan prices many candidates of one mesh and micro-batch (their strategies and accumulations differ)."""
+    return micro_batch_ops(arch, shape, code, dtype, ep=ep)
+
+
+_MICRO_TIMES: dict[tuple[int, MicroBatchOps, Recompute, int], tuple[ComputeTable, MicroBatchTime]] = {}
+_MICRO_TIMES_LIMIT = 4096
+
+
+def _micro_batch_time(
+    table: ComputeTable, ops: MicroBatchOps, recompute: Recompute, checkpoint_every: int = 1
+) -> MicroBatchTime:
+    """:func:`~zerocalc.compute.time.micro_batch_time`, once per (table, operations, recompute, the layers
+    it checkpoints). The table (a frozen model holding lists) is keyed by identity and kept with the value,
+    so a key is never another table's."""
+    key = (id(table), ops, recompute, checkpoint_every)
+    cached = _MICRO_TIMES.get(key)
+    if cached is not None and cached[0] is table:
+        return cached[1]
+    if len(_MICRO_TIMES) >= _MICRO_TIMES_LIMIT:
+        _MICRO_TIMES.clear()
+    time = micro_batch_time(table, ops, recompute, checkpoint_every)
+    _MICRO_TIMES[key] = (table, time)
+    return time
 
 
 def optimizer_traffic(
@@ -365,7 +407,7 @@ def request_compute(
     stages = [(stage.architecture, stage) for stage in request.stages] or [(None, None)]
     best: tuple[ComputeTime, float] | None = None
     for arch, stage in stages:
-        micro = micro_batch_time(
+        micro = _micro_batch_time(
             table,
             request_ops(request, arch),
             request.activations.recompute,
@@ -401,10 +443,13 @@ class StepEstimate(BaseModel):
     elementwise_s: float = Field(description="norms, activations, residuals, rotary, dropout, the loss")
     optimizer_s: float
     recompute_s: float = Field(description="of compute_s: what activation recomputation re-runs")
-    exposed_comm_s: float = Field(description="exposed_dp_s + exposed_tp_s + exposed_cp_s + exposed_pp_s")
+    exposed_comm_s: float = Field(
+        description="exposed_dp_s + exposed_tp_s + exposed_cp_s + exposed_ep_s + exposed_pp_s"
+    )
     exposed_dp_s: float
     exposed_tp_s: float
     exposed_cp_s: float
+    exposed_ep_s: float = Field(description="the MoE dispatch and combine all-to-alls (not overlapped)")
     exposed_pp_s: float = Field(description="the busiest pipeline rank's sends (not overlapped)")
     bubble_s: float = Field(description="the pipeline bubble: its fraction of the slowest stage's compute")
     offload_s: float

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 DEFAULT_INTRA_NODE_BUSBW = 450e9
 """H100 SXM: NVLink 4 gives 450 GB/s per direction per GPU (NVIDIA H100 datasheet: 900 GB/s
@@ -41,6 +41,8 @@ class BandwidthSource(StrEnum):
 class LinkFigures(BaseModel):
     """Latency α and bus bandwidth β for one kind of group, and where they came from."""
 
+    model_config = ConfigDict(frozen=True)
+
     latency_s: float = Field(ge=0)
     bus_bandwidth_Bps: float = Field(gt=0)
     source: BandwidthSource
@@ -49,6 +51,8 @@ class LinkFigures(BaseModel):
 
 class Bandwidths(BaseModel):
     """Intra-node and inter-node figures used when no calibration fit covers a collective."""
+
+    model_config = ConfigDict(frozen=True)
 
     intra_node: LinkFigures
     inter_node: LinkFigures

@@ -151,6 +151,12 @@ class Mesh(BaseModel):
     pp: int = Field(default=1, ge=1, description="p: pipeline stages")
     vpp: int = Field(default=1, ge=1, description="v: virtual stages (model chunks) per pipeline rank")
     pp_schedule: PpSchedule = Field(default=PpSchedule.ONE_F_ONE_B, description="the pipeline schedule")
+    pp_first_stage_layers: int | None = Field(
+        default=None, ge=1, description="the first pipeline rank's layers (null: an even share)"
+    )
+    pp_last_stage_layers: int | None = Field(
+        default=None, ge=1, description="the last pipeline rank's layers (null: an even share)"
+    )
     ep: int = Field(default=1, ge=1, description="e: expert-parallel ranks, carved from dp × cp")
 
     @computed_field  # type: ignore[prop-decorator]
@@ -252,7 +258,12 @@ class Mesh(BaseModel):
         parts = []
         if self.pp > 1:
             virtual = f" × v {self.vpp}" if self.vpp > 1 else ""
-            parts.append(f"pp {self.pp}{virtual} ({self.pp_schedule.value})")
+            uneven = "".join(
+                f", {which} stage {n} layers"
+                for which, n in (("first", self.pp_first_stage_layers), ("last", self.pp_last_stage_layers))
+                if n is not None
+            )
+            parts.append(f"pp {self.pp}{virtual} ({self.pp_schedule.value}{uneven})")
         parts.append(f"dp {self.dp}" + (f" (ep {self.ep})" if self.ep > 1 else ""))
         if self.cp > 1:
             parts.append(f"cp {self.cp} ({self.cp_impl.value})")

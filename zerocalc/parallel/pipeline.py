@@ -3,9 +3,18 @@ in, how many micro-batches it holds in flight, and the bubble (pure).
 
 Layers: L layers over p ranks and v model chunks per rank, L/(p·v) layers a chunk; chunk j of rank i
 holds the layers of virtual stage j·p + i (Megatron-LM ``core/transformer/transformer_block.py``
-``get_num_layers_to_build`` and ``_get_layer_offset``; torch.distributed.pipelining's interleaved
-schedules place stage j·p + i on rank i, ``stage_index_to_group_rank``). The embedding is on the first
-virtual stage, the final norm, the LM head and the loss on the last.
+``get_num_layers_to_build`` and ``core/transformer/transformer_layer.py``
+``get_transformer_layer_offset``; torch.distributed.pipelining's interleaved schedules place stage
+j·p + i on rank i, ``stage_index_to_group_rank``). The embedding is on the first virtual stage, the final
+norm, the LM head and the loss on the last.
+
+Uneven stages follow Megatron-LM's ``--decoder-first-pipeline-num-layers`` and
+``--decoder-last-pipeline-num-layers`` (``num_layers_in_first_pipeline_stage`` /
+``num_layers_in_last_pipeline_stage``): the first (last) rank holds the layers given, the others split
+the rest evenly; each rank's v chunks hold a v-th of its layers each, and virtual stage j·p + i starts
+after j·L/v layers and the chunks of ranks 0 … i − 1 (``get_transformer_layer_offset``). Megatron-LM's
+``TransformerConfig.__post_init__`` requires the middle layers to divide over the middle ranks, each
+rank's layers to divide by v, and middle ranks exactly when middle layers remain.
 
 Order of one rank's passes in a step of m micro-batches (a pass: one chunk's forward or backward of one
 micro-batch):
@@ -31,7 +40,10 @@ al. 2021 §2.2.2).
 
 Bubble: the idle fraction of a step's ideal time, (p − 1)/m, and (p − 1)/(v·m) interleaved (Narayanan
 et al. 2021 §2.2.1–2.2.2); zero bubble ZB-H1 (p − 1)/(3·m) of it, for forward, input-gradient and
-weight-gradient passes of equal time (Qi et al. 2023 §3.1).
+weight-gradient passes of equal time (Qi et al. 2023 §3.1). These formulas take stages of equal time;
+with uneven stages the step waits for the slowest, and the bubble is the same fraction of the slowest
+stage's compute (``zerocalc.comm.step``): each of the p − 1 fill and drain slots at its pace, an upper
+bound of the Σ t_i − max t_i a flush of stages of times t_i leaves.
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import NamedTuple
 
+from zerocalc.base.units import plural
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.mesh import Mesh, PpSchedule
 
@@ -81,11 +94,78 @@ def boundary_elements(mesh: Mesh, micro_batch: int, seq_len: int, hidden: int) -
     return tokens * hidden
 
 
-def chunk_layers(num_layers: int, pp: int, vpp: int, rank: int) -> tuple[range, ...]:
+def stage_layer_counts(
+    num_layers: int, pp: int, first: int | None = None, last: int | None = None
+) -> tuple[int, ...]:
+    """The layers each of the p pipeline ranks holds: ``first`` on rank 0 and ``last`` on rank p − 1 where
+    given, the rest split evenly over the others (Megatron-LM ``get_num_layers_to_build``); L/p each when
+    neither is given. The split is assumed valid (:func:`split_problem`)."""
+    fixed = {0: first, pp - 1: last}
+    given = {rank: n for rank, n in fixed.items() if n is not None}
+    middle_ranks = pp - len(given)
+    middle = (num_layers - sum(given.values())) // middle_ranks if middle_ranks else 0
+    return tuple(given.get(rank, middle) for rank in range(pp))
+
+
+def describe_layer_counts(counts: tuple[int, ...]) -> str:
+    """Each rank's layers, first to last, runs of equal counts as count × ranks: ``7, 8 × 14, 7``."""
+    runs: list[list[int]] = []
+    for count in counts:
+        if runs and runs[-1][0] == count:
+            runs[-1][1] += 1
+        else:
+            runs.append([count, 1])
+    return ", ".join(f"{count} × {ranks}" if ranks > 1 else str(count) for count, ranks in runs)
+
+
+def split_problem(num_layers: int, pp: int, vpp: int, first: int | None, last: int | None) -> str | None:
+    """Why L layers do not split over p ranks of v chunks with ``first`` and ``last`` layers on the first
+    and last rank (each None: an even share), in Megatron-LM's checks (``TransformerConfig.__post_init__``,
+    "Uneven PP"); None when they do. The text names the values; the caller names the options."""
+    given = [n for n in (first, last) if n is not None]
+    if not given:
+        if num_layers % (pp * vpp):
+            return f"{num_layers} layers do not split into {pp * vpp} equal chunks"
+        return None
+    rest = num_layers - sum(given)
+    middle_ranks = pp - len(given)
+    if rest < 0 or (rest == 0) != (middle_ranks == 0):
+        return f"{plural(rest, 'layer')} left for {plural(middle_ranks, 'middle stage')}"
+    if middle_ranks and rest % middle_ranks:
+        return f"the {rest} remaining layers do not split evenly over {middle_ranks} middle stages"
+    for n in (*given, *([rest // middle_ranks] if middle_ranks else [])):
+        if n % vpp:
+            return f"a stage's {n} layers do not split into {vpp} chunks"
+    return None
+
+
+def shorter_end_stages(num_layers: int, pp: int, vpp: int) -> int | None:
+    """The layers of the first and of the last stage when L does not split into p·v equal chunks: the
+    middle stages m each, the two end stages m − k each for the smallest k ≥ 1 that splits by
+    :func:`split_problem` (L = p·m − 2k), as Llama 3 405B's 126 layers at PP 16 hold 7, 8 × 14, 7 (Dubey et
+    al. 2024 §3.3.2: one layer fewer on the stages with the embedding and the loss). None when L splits
+    evenly, p < 3, or no k splits."""
+    if pp < 3 or num_layers % (pp * vpp) == 0:
+        return None
+    for middle in range(num_layers // pp + 1, num_layers):
+        end = (num_layers - (pp - 2) * middle) // 2
+        if end < 1:
+            return None
+        if end < middle and split_problem(num_layers, pp, vpp, end, end) is None:
+            return end
+    return None
+
+
+def chunk_layers(
+    num_layers: int, pp: int, vpp: int, rank: int, first: int | None = None, last: int | None = None
+) -> tuple[range, ...]:
     """The global indices of the layers of each of ``rank``'s v chunks: chunk j holds virtual stage
-    j·p + i, layers [(j·p + i)·n, (j·p + i + 1)·n) with n = L/(p·v)."""
-    per_chunk = num_layers // (pp * vpp)
-    return tuple(range((j * pp + rank) * per_chunk, (j * pp + rank + 1) * per_chunk) for j in range(vpp))
+    j·p + i, the next n_i/v layers after j·L/v and the chunks of ranks 0 … i − 1 (n_i: rank i's layers,
+    :func:`stage_layer_counts`); [(j·p + i)·n, (j·p + i + 1)·n) with n = L/(p·v) on even stages."""
+    chunks = [count // vpp for count in stage_layer_counts(num_layers, pp, first, last)]
+    before = sum(chunks[:rank])
+    per_virtual = num_layers // vpp
+    return tuple(range(j * per_virtual + before, j * per_virtual + before + chunks[rank]) for j in range(vpp))
 
 
 def warmup_passes(schedule: PpSchedule, pp: int, vpp: int, rank: int, micro_batches: int) -> int:

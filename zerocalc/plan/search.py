@@ -131,7 +131,7 @@ class PlanRow(BaseModel):
     optimizer_s: float
     recompute_s: float = Field(description="of compute_s: what activation recomputation re-runs")
     comm_s: float = Field(description="comm's time_s for this strategy")
-    exposed_comm_s: float = Field(description="exposed communication: data-parallel, TP, CP and PP")
+    exposed_comm_s: float = Field(description="exposed communication: data-parallel, TP, CP, EP and PP")
     bubble_s: float = Field(description="the pipeline bubble (0 without pipeline stages)")
     offload_s: float
     step_s: float = Field(description="compute_s + exposed_comm_s + bubble_s + offload_s")

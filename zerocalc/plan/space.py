@@ -28,6 +28,7 @@ from zerocalc.network.cluster import Cluster
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.frameworks import Estimate, Framework
 from zerocalc.parallel.mesh import Mesh, PpSchedule, framework_cp_impl, framework_tp_style
+from zerocalc.parallel.pipeline import shorter_end_stages
 from zerocalc.parallel.precision import RECIPES
 from zerocalc.parallel.strategies import (
     STRATEGIES,
@@ -258,6 +259,9 @@ class Group(NamedTuple):
     pp: int = 1
     vpp: int = 1
     ep: int = 1
+    end_stage_layers: int | None = None
+    """The first and the last stage's layers where the layers do not split into p·v equal chunks
+    (:func:`~zerocalc.parallel.pipeline.shorter_end_stages`); None: an even split."""
 
     @property
     def model_parallel(self) -> bool:
@@ -301,6 +305,8 @@ class Group(NamedTuple):
         for name in MESH_DEGREES:
             if getattr(self, name) > 1:
                 out[name] = str(getattr(self, name))
+        if self.end_stage_layers is not None:
+            out["pp_first_stage_layers"] = out["pp_last_stage_layers"] = str(self.end_stage_layers)
         return out
 
 
@@ -371,8 +377,8 @@ def _mesh_problem(plan: PlanRequest, world: int, mesh: MeshDegrees) -> str | Non
     heads = (arch.num_heads,) if arch.latent_attention is not None else (arch.num_heads, arch.kv_heads)
     if any(h % t for h in heads):
         return "mesh: attention or key/value heads not divisible by t (meshes)"
-    if arch.num_layers % (p * v):
-        return "mesh: layers not divisible by p·v (meshes)"
+    if arch.num_layers % (p * v) and shorter_end_stages(arch.num_layers, p, v) is None:
+        return "mesh: layers split into p·v chunks neither evenly nor with shorter end stages (meshes)"
     if e > 1 and not arch.num_experts:
         return "mesh: expert parallelism on a dense model (meshes)"
     if e > 1 and (arch.num_experts % e or (world // (t * p)) % e):
@@ -383,15 +389,18 @@ def _mesh_problem(plan: PlanRequest, world: int, mesh: MeshDegrees) -> str | Non
 def _meshes(plan: PlanRequest, world: int) -> tuple[list[MeshDegrees], Counter[str]]:
     """The meshes searched at ``world`` GPUs: every combination of the degrees given (each checked by
     :func:`_mesh_problem`, the failures counted per reason); ``auto`` takes every degree the rules allow
-    (t: divisors of the node; c: powers of two; p: divisors of the layers; v: divisors of L/p;
-    e: divisors of the experts) and counts nothing it leaves out."""
+    (t: divisors of the node; c: powers of two; p: divisors of the layers, and those above 2 of L + 2,
+    whose end stages are one layer shorter (:func:`~zerocalc.parallel.pipeline.shorter_end_stages`);
+    v: divisors of L/p; e: divisors of the experts) and counts nothing it leaves out."""
     arch = plan.base.model.architecture
     assert arch is not None
     given = plan.degrees
     auto = {
         "tp": _divisors(plan.gpus_per_node),
         "cp": tuple(2**k for k in range(world.bit_length()) if world % 2**k == 0),
-        "pp": _divisors(arch.num_layers),
+        "pp": tuple(
+            sorted({*_divisors(arch.num_layers), *(p for p in _divisors(arch.num_layers + 2) if p > 2)})
+        ),
         "ep": _divisors(arch.num_experts) if arch.num_experts else (1,),
     }
     chosen = {name: given[name] or auto.get(name, ()) for name in ("tp", "cp", "pp", "ep")}
@@ -439,6 +448,9 @@ def _mesh_groups(
     rejected: list[Rejected],
 ) -> None:
     """The groups of one number of GPUs and one mesh."""
+    arch = plan.base.model.architecture
+    assert arch is not None
+    ends = shorter_end_stages(arch.num_layers, mesh.pp, mesh.vpp)
     recipe = RECIPES[plan.base.precision]
     reduce_dtypes: list[DType | None] = [None] + ([DType.FP32] if recipe.grad_dtype is not DType.FP32 else [])
     replicas = world // (mesh.tp * mesh.cp * mesh.pp)
@@ -516,13 +528,14 @@ def _mesh_groups(
                                                 accumulates,
                                                 chosen,
                                                 *mesh,
+                                                ends,
                                             )
                                         )
 
 
 COMM_OPTIONS = (
     "gpus", "gpus_per_node", "framework", "strategies", "micro_batch", "grad_accum", "recompute", "grad_sync",
-    "reduce_dtype", *MESH_DEGREES,
+    "reduce_dtype", *MESH_DEGREES, "pp_first_stage_layers", "pp_last_stage_layers",
 )  # fmt: skip
 """The options ``zerocalc comm`` takes of a candidate's (it has no offload); with the sequence length, its
 step time is the candidate's."""
@@ -621,5 +634,7 @@ def group_mesh(plan: PlanRequest, group: Group) -> Mesh:
         pp=group.pp,
         vpp=group.vpp,
         pp_schedule=PpSchedule.INTERLEAVED_1F1B if group.vpp > 1 else PpSchedule.ONE_F_ONE_B,
+        pp_first_stage_layers=group.end_stage_layers,
+        pp_last_stage_layers=group.end_stage_layers,
         ep=group.ep,
     )

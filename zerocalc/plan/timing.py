@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from zerocalc.comm.estimate import CollectiveRun, StrategyComm, times_per_step
-from zerocalc.comm.mesh import Dimension
 from zerocalc.comm.step import (
     CPU_ADAM_BYTES_PER_PARAM,
     HOST_MEMORY_BPS,
+    MESH_DIMENSIONS,
     NVME_BPS,
     PCIE_BPS,
     CommTime,
@@ -45,7 +45,7 @@ __all__ = [
     "step_times",
 ]
 
-NO_MESH = {Dimension.TP: 0.0, Dimension.CP: 0.0, Dimension.PP: 0.0}
+NO_MESH = dict.fromkeys(MESH_DIMENSIONS, 0.0)
 """The plan's candidates are data-parallel: no tensor- or context-parallel collectives."""
 
 

@@ -9,6 +9,7 @@ from zerocalc.base.units import ByteUnit, format_bandwidth, format_count, format
 from zerocalc.network.cluster import RankGroup
 from zerocalc.network.links import BandwidthSource
 from zerocalc.network.schedule import GradSync, Tensor
+from zerocalc.parallel.pipeline import describe_layer_counts
 from zerocalc.render.tables import (
     COLLECTIVE_LEGEND,
     OP_SHORT,
@@ -312,9 +313,7 @@ def render_comm(out: Output, estimate: CommEstimate, unit: ByteUnit, per_unit: b
             out.print("no data-parallel collectives: the dp × cp group of a TP rank is one GPU")
             continue
         out.print(f"gradients reduced {when} ({row.grad_sync_reason})")
-        out.print(
-            _unit_table(row, unit) if per_unit else _strategy_table(row, unit, mesh.model_parallel)
-        )
+        out.print(_unit_table(row, unit) if per_unit else _strategy_table(row, unit, mesh.model_parallel))
         for c in row.collectives:
             if not c.scales:
                 out.print(f"[dim]  {_label(c)}: {c.behaviour}[/dim]")
@@ -383,6 +382,8 @@ def render_step(out: Output, estimate: CommEstimate) -> None:
         columns.append(Column("Comm\ntp", seconds([s.exposed_tp_s for s in steps])))
     if mesh.cp > 1:
         columns.append(Column("Comm\ncp", seconds([s.exposed_cp_s for s in steps])))
+    if mesh.ep > 1:
+        columns.append(Column("Comm\nep", seconds([s.exposed_ep_s for s in steps])))
     if mesh.pp > 1:
         columns.append(Column("Comm\npp", seconds([s.exposed_pp_s for s in steps])))
         columns.append(Column("Bubble", seconds([s.bubble_s for s in steps])))
@@ -437,7 +438,8 @@ def render_pipeline(out: Output, pipeline: PipelineComm, unit: ByteUnit) -> None
     print_phrases(
         out,
         f"\n[bold]Pipeline[/bold] pp {pipeline.pp}{virtual} ({pipeline.schedule.value}),",
-        f"m = {pipeline.micro_batches}:",
+        f"m = {pipeline.micro_batches},",
+        f"layers {describe_layer_counts(tuple(pipeline.stage_layers))}:",
         f"each send {pipeline.message_elements:,} {pipeline.dtype.value} elements",
         f"({format_size(pipeline.message_bytes)}),",
         f"{pipeline.boundaries} boundaries per micro-batch, forward and back",

@@ -118,6 +118,14 @@ OPTIONS: tuple[Option, ...] = (
          "gpipe, 1f1b, interleaved-1f1b or zero-bubble (torch.distributed.pipelining class names and "
          "Megatron's interleaved accepted).", ESTIMATES, value_type=OPT_STR,
          default_help="1f1b, interleaved-1f1b with --vpp"),
+    _opt("pp_first_stage_layers", ("--pp-first-stage-layers",),
+         "Layers of the first pipeline stage; the other stages split the rest evenly (Megatron-LM's "
+         "uneven split).", ESTIMATES, value_type=OPT_NUM, metavar="N",
+         default_help="an even share"),
+    _opt("pp_last_stage_layers", ("--pp-last-stage-layers",),
+         "Layers of the last pipeline stage; the other stages split the rest evenly (Megatron-LM's "
+         "uneven split).", ESTIMATES, value_type=OPT_NUM, metavar="N",
+         default_help="an even share"),
     _opt("ep", ("--ep",), "e: expert-parallel ranks, carved from dp × cp (MoE models).", ESTIMATES,
          default=1, value_type=NUM, metavar="E"),
     _opt("tp", ("--tp",), "Tensor-parallel degrees searched: a comma list (1,2,4,8) or auto (every "
@@ -125,7 +133,8 @@ OPTIONS: tuple[Option, ...] = (
          default_help="1"),
     _opt("cp", ("--cp",), "Context-parallel degrees searched: a comma list or auto.", frozenset({PLAN}),
          value_type=LIST, default_help="1"),
-    _opt("pp", ("--pp",), "Pipeline degrees searched: a comma list or auto (every divisor of the layers).",
+    _opt("pp", ("--pp",), "Pipeline degrees searched: a comma list or auto (every divisor of the layers, "
+         "and of the layers + 2 from 3: first and last stages one layer shorter).",
          frozenset({PLAN}), value_type=LIST, default_help="1"),
     _opt("vpp", ("--vpp",), "Virtual stages per pipeline rank searched: a comma list or auto.",
          frozenset({PLAN}), value_type=LIST, default_help="1"),

@@ -30,6 +30,7 @@ from zerocalc.base.units import (
     parse_fraction,
     parse_tokens,
     parse_whole,
+    plural,
 )
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import (
@@ -82,7 +83,7 @@ from zerocalc.parallel.mesh import (
     framework_tp_style,
 )
 from zerocalc.parallel.optimizers import OptimizerImpl, OptimizerName
-from zerocalc.parallel.pipeline import INTERLEAVED, chunk_layers
+from zerocalc.parallel.pipeline import INTERLEAVED, chunk_layers, split_problem
 from zerocalc.parallel.precision import RECIPES, PrecisionName
 from zerocalc.parallel.profiles import PROFILES, ModelInit, Wrap
 from zerocalc.parallel.strategies import (
@@ -723,7 +724,7 @@ def _mesh(
         raise InputError(
             f"{{gpus}} {n} is not a multiple of {product}; accepted: {{gpus}} a multiple of {ranks}"
         )
-    vpp, schedule = _pipeline(o, framework, model, pp)
+    vpp, schedule, first, last = _pipeline(o, framework, model, pp)
     ep = _expert_parallel(o, framework, model, n // (tp * pp), cp)
     style = TP_STYLES.get(framework)
     if tp > 1 and style is None:
@@ -787,6 +788,8 @@ def _mesh(
         pp=pp,
         vpp=vpp,
         pp_schedule=schedule,
+        pp_first_stage_layers=first,
+        pp_last_stage_layers=last,
         ep=ep,
     )
 
@@ -810,12 +813,8 @@ def _mesh_change_problem(request: TrainingRequest) -> None:
                 f"modelled; accepted: {{framework}} {names}, or {{pp}} 1"
             )
         arch = model.architecture
-        if arch is not None and arch.num_layers % (mesh.pp * mesh.vpp):
-            chunks = mesh.pp * mesh.vpp
-            raise InputError(
-                f"{{pp}} {mesh.pp} × {{vpp}} {mesh.vpp}: {arch.name}'s {arch.num_layers} layers do not split "
-                f"into {chunks} equal chunks; accepted: {{pp}} × {{vpp}} a divisor of {arch.num_layers}"
-            )
+        if arch is not None:
+            _split_check(arch, mesh.pp, mesh.vpp, mesh.pp_first_stage_layers, mesh.pp_last_stage_layers)
     if mesh.ep > 1:
         options = TrainingOptions(ep=mesh.ep)
         _expert_parallel(options, framework, model, mesh.world // (mesh.tp * mesh.pp), mesh.cp)
@@ -837,21 +836,36 @@ def _mesh_change_problem(request: TrainingRequest) -> None:
         )
 
 
-def _pipeline(o: TrainingOptions, framework: Framework, model: ModelSpec, pp: int) -> tuple[int, PpSchedule]:
-    """``vpp`` and ``pp_schedule``, checked against the stages and the model's layers as Megatron-LM checks
-    them (``core/transformer/transformer_config.py``: layers divisible by p, and by p·v interleaved)."""
+def _pipeline(
+    o: TrainingOptions, framework: Framework, model: ModelSpec, pp: int
+) -> tuple[int, PpSchedule, int | None, int | None]:
+    """``vpp``, ``pp_schedule`` and the first and last stage's layers, checked against the stages and the
+    model's layers as Megatron-LM checks them (``core/transformer/transformer_config.py``: layers divisible
+    by p, and by p·v interleaved; with uneven stages, :func:`~zerocalc.parallel.pipeline.split_problem`)."""
     vpp = parse_whole(o.vpp, "{vpp}", 1, MAX_LAYERS, "virtual stages")
+    first, last = (
+        None if given is None else parse_whole(given, name, 1, MAX_LAYERS, "layers")
+        for given, name in (
+            (o.pp_first_stage_layers, "{pp_first_stage_layers}"),
+            (o.pp_last_stage_layers, "{pp_last_stage_layers}"),
+        )
+    )
     if o.pp_schedule is None:
         schedule = PpSchedule.INTERLEAVED_1F1B if vpp > 1 else PpSchedule.ONE_F_ONE_B
     else:
         schedule = _choice(o.pp_schedule, "{pp_schedule}", PpSchedule, None, PP_SCHEDULE_NAMES)
     if pp == 1:
-        for name, given in (("{vpp}", vpp > 1), ("{pp_schedule}", o.pp_schedule is not None)):
+        for name, given in (
+            ("{vpp}", vpp > 1),
+            ("{pp_schedule}", o.pp_schedule is not None),
+            ("{pp_first_stage_layers}", first is not None),
+            ("{pp_last_stage_layers}", last is not None),
+        ):
             if given:
                 raise InputError(
                     f"{name} changes nothing with {{pp}} 1; accepted: {{pp}} 2 or more, or no {name}"
                 )
-        return vpp, schedule
+        return vpp, schedule, first, last
     if framework not in PP_FRAMEWORKS:
         names = ", ".join(f.value for f in PP_FRAMEWORKS)
         raise InputError(
@@ -874,13 +888,37 @@ def _pipeline(o: TrainingOptions, framework: Framework, model: ModelSpec, pp: in
             f"{{pp}} {pp} splits the model's layers, which needs its architecture; accepted: {{model}} NAME, "
             "config.json or a model TOML"
         )
-    chunks = pp * vpp
-    if arch.num_layers % chunks:
+    _split_check(arch, pp, vpp, first, last)
+    return vpp, schedule, first, last
+
+
+def _split_check(arch: Architecture, pp: int, vpp: int, first: int | None, last: int | None) -> None:
+    """The model's layers over p ranks of v chunks, ``first`` and ``last`` on the first and last rank
+    (:func:`~zerocalc.parallel.pipeline.split_problem`, Megatron-LM's checks), or one :class:`InputError`."""
+    problem = split_problem(arch.num_layers, pp, vpp, first, last)
+    if problem is None:
+        return
+    if first is None and last is None:
         raise InputError(
-            f"{{pp}} {pp} × {{vpp}} {vpp}: {arch.name}'s {arch.num_layers} layers do not split into {chunks} "
-            f"equal chunks; accepted: {{pp}} × {{vpp}} a divisor of {arch.num_layers}"
+            f"{{pp}} {pp} × {{vpp}} {vpp}: {arch.name}'s {problem}; accepted: {{pp}} × {{vpp}} a divisor of "
+            f"{arch.num_layers}, or {{pp_first_stage_layers}} and {{pp_last_stage_layers}}"
         )
-    return vpp, schedule
+    given = " and ".join(
+        f"{name} {n}"
+        for name, n in (("{pp_first_stage_layers}", first), ("{pp_last_stage_layers}", last))
+        if n is not None
+    )
+    middle = pp - (first is not None) - (last is not None)
+    accepted = (
+        f"values that leave {plural(middle, 'middle stage')} an equal share"
+        if middle
+        else f"{{pp_first_stage_layers}} + {{pp_last_stage_layers}} = {arch.num_layers}"
+    )
+    raise InputError(
+        f"{given} with {{pp}} {pp}{f' × {{vpp}} {vpp}' if vpp > 1 else ''}: of {arch.name}'s "
+        f"{arch.num_layers} layers, {problem}; accepted: {accepted}"
+        + (f", every stage's layers a multiple of {{vpp}} {vpp}" if vpp > 1 else "")
+    )
 
 
 def _expert_parallel(o: TrainingOptions, framework: Framework, model: ModelSpec, dp_cp: int, cp: int) -> int:
@@ -1040,7 +1078,9 @@ def _rank_models(model: ModelSpec, mesh: Mesh) -> tuple[ModelSpec, tuple[ModelSp
         return rank, ()
     stages = []
     for i in range(mesh.pp):
-        share, count = _stage_share(arch, mesh.pp, mesh.vpp, i)
+        share, count = _stage_share(
+            arch, mesh.pp, mesh.vpp, i, mesh.pp_first_stage_layers, mesh.pp_last_stage_layers
+        )
         stages.append(
             rank.model_copy(update={"params": count.total, "architecture": share, "parameter_count": count})
         )
@@ -1049,10 +1089,12 @@ def _rank_models(model: ModelSpec, mesh: Mesh) -> tuple[ModelSpec, tuple[ModelSp
 
 
 @lru_cache(maxsize=1024)
-def _stage_share(arch: Architecture, pp: int, vpp: int, stage: int) -> tuple[Architecture, ParameterCount]:
+def _stage_share(
+    arch: Architecture, pp: int, vpp: int, stage: int, first: int | None, last: int | None
+) -> tuple[Architecture, ParameterCount]:
     """Pipeline rank ``stage``'s share of ``arch`` and its count, once per architecture and split (a plan
     asks for each many times)."""
-    layers = tuple(i for chunk in chunk_layers(arch.num_layers, pp, vpp, stage) for i in chunk)
+    layers = tuple(i for chunk in chunk_layers(arch.num_layers, pp, vpp, stage, first, last) for i in chunk)
     share = pipeline_stage(arch, pp, vpp, stage, layers)
     return share, count_parameters(share)
 

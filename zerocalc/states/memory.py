@@ -41,6 +41,7 @@ from zerocalc.model.architecture import ParameterCount, expert_parameters
 from zerocalc.network.cluster import Cluster, RankGroup
 from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerName, OptimizerSpec
+from zerocalc.parallel.pipeline import describe_layer_counts, stage_layer_counts
 from zerocalc.parallel.precision import RECIPES, PrecisionName, PrecisionRecipe
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName, row_named
 from zerocalc.request.options import OptionsEcho
@@ -419,11 +420,19 @@ def mesh_assumption(request: TrainingRequest) -> str:
         )
     if mesh.pp > 1:
         largest = request.stages.index(request.rank_model)
-        chunks = mesh.pp * mesh.vpp
-        per_chunk = request.model.architecture.num_layers // chunks if request.model.architecture else 0
+        arch = request.model.architecture
+        layers = stage_layer_counts(
+            arch.num_layers if arch else 0, mesh.pp, mesh.pp_first_stage_layers, mesh.pp_last_stage_layers
+        )
+        if len(set(layers)) == 1:
+            held = f"each holding {plural(mesh.vpp, 'chunk')} of {plural(layers[0] // mesh.vpp, 'layer')}"
+        else:
+            held = (
+                f"holding {describe_layer_counts(layers)} layers from the first to the last, "
+                f"{plural(mesh.vpp, 'chunk')} each"
+            )
         text += (
-            f"; pipeline ranks outermost, each holding {plural(mesh.vpp, 'chunk')} of "
-            f"{plural(per_chunk, 'layer')} "
+            f"; pipeline ranks outermost, {held} "
             "(chunk j of rank i: virtual stage j·p + i), the embedding on the first, the final norm and "
             f"LM head on the last; the rows are stage {largest}'s, the largest: Ψ_s = "
             f"{request.rank_model.params:,} parameters"

@@ -2,9 +2,11 @@
 torch).
 
 The model of :mod:`zerocalc.validate.model` is cut into p stages as Megatron-LM cuts it
-(``core/transformer/transformer_block.py`` ``get_num_layers_to_build``: L/p consecutive blocks per stage;
-``core/models/gpt/gpt_model.py``: the embedding where ``pre_process``, the final norm and the output layer
-where ``post_process``): stage i holds blocks i·L/p … (i+1)·L/p − 1, the first stage also the token (and
+(``core/transformer/transformer_block.py`` ``get_num_layers_to_build``: L/p consecutive blocks per stage,
+or the first and last stage's blocks given and the rest split evenly, ``--pp-first-stage-layers`` and
+``--pp-last-stage-layers`` as in the analytic core; ``core/models/gpt/gpt_model.py``: the embedding where
+``pre_process``, the final norm and the output layer where ``post_process``): stage i holds its
+consecutive blocks (i·L/p … (i+1)·L/p − 1 when even), the first stage also the token (and
 learned position) embeddings, the last the final norm and the LM head (untied: a tied head would need the
 embedding on two stages). Each stage is one ``torch.distributed.pipelining.PipelineStage`` run by
 ``Schedule1F1B`` with m micro-batches; the d ranks of a stage hold it bare (``none``), under DDP or under
@@ -35,7 +37,7 @@ from zerocalc.model.architecture import (
 from zerocalc.model.model_impl import INT64
 from zerocalc.parallel.frameworks import TorchWrapper
 from zerocalc.parallel.optimizers import OptimizerName
-from zerocalc.parallel.pipeline import chunk_layers
+from zerocalc.parallel.pipeline import chunk_layers, describe_layer_counts, split_problem, stage_layer_counts
 from zerocalc.parallel.precision import PrecisionName
 from zerocalc.request.training import MAX_GRAD_ACCUM
 from zerocalc.states.framework import (
@@ -57,16 +59,45 @@ SCHEDULE = "Schedule1F1B"
 FORWARD, BACKWARD = "forward", "backward"
 
 
-def check_pipeline(arch: Architecture, pp: int, world: int, microbatches: int) -> None:
-    """One line (InputError) for a pipeline validate cannot build: p ≥ 2 dividing the ranks and the
-    blocks, m ≥ p micro-batches (``Schedule1F1B`` refuses fewer), an untied head."""
+def check_pipeline(
+    arch: Architecture,
+    pp: int,
+    world: int,
+    microbatches: int,
+    first: int | None = None,
+    last: int | None = None,
+) -> None:
+    """One line (InputError) for a pipeline validate cannot build: p ≥ 2 dividing the ranks, the blocks
+    split over the stages (evenly, or with ``first`` and ``last`` blocks on the end stages as Megatron-LM
+    checks: :func:`~zerocalc.parallel.pipeline.split_problem`), m ≥ p micro-batches (``Schedule1F1B``
+    refuses fewer), an untied head."""
     if pp < 2 or world % pp:
         raise InputError(
             f"--pp {pp} with {world} ranks is not accepted; accepted: 2 or more stages dividing the ranks"
         )
-    if arch.num_layers % pp:
+    for flag, n in (("--pp-first-stage-layers", first), ("--pp-last-stage-layers", last)):
+        if n is not None and n < 1:
+            raise InputError(f"{flag} {n} is not accepted; accepted: 1 or more blocks")
+    problem = split_problem(arch.num_layers, pp, 1, first, last)
+    if problem is not None and first is None and last is None:
         raise InputError(
-            f"--pp {pp} does not divide the {arch.num_layers} blocks; accepted: --layers a multiple of {pp}"
+            f"--pp {pp} does not divide the {arch.num_layers} blocks; accepted: --layers a multiple of {pp}, "
+            "or --pp-first-stage-layers and --pp-last-stage-layers"
+        )
+    if problem is not None:
+        given = " and ".join(
+            f"{flag} {n}"
+            for flag, n in (("--pp-first-stage-layers", first), ("--pp-last-stage-layers", last))
+            if n is not None
+        )
+        middle = pp - (first is not None) - (last is not None)
+        accepted = (
+            "values that leave the middle stages an equal share"
+            if middle
+            else f"--pp-first-stage-layers + --pp-last-stage-layers = {arch.num_layers}"
+        )
+        raise InputError(
+            f"{given} with --pp {pp}: of the {arch.num_layers} blocks, {problem}; accepted: {accepted}"
         )
     if microbatches > MAX_GRAD_ACCUM:
         raise InputError(
@@ -85,18 +116,23 @@ def check_pipeline(arch: Architecture, pp: int, world: int, microbatches: int) -
         )
 
 
-def stage_layers(num_layers: int, pp: int, stage: int) -> range:
+def stage_layers(
+    num_layers: int, pp: int, stage: int, first: int | None = None, last: int | None = None
+) -> range:
     """The blocks of ``stage``: the analytic core's (:func:`~zerocalc.parallel.pipeline.chunk_layers`, one
-    chunk per rank: L/p consecutive blocks, Megatron-LM ``get_num_layers_to_build``)."""
-    (layers,) = chunk_layers(num_layers, pp, 1, stage)
+    chunk per rank: L/p consecutive blocks, or ``first`` and ``last`` on the end stages and the rest split
+    evenly, Megatron-LM ``get_num_layers_to_build``)."""
+    (layers,) = chunk_layers(num_layers, pp, 1, stage, first, last)
     return layers
 
 
-def stage_tensors(arch: Architecture, pp: int, stage: int) -> list[ParamTensor]:
+def stage_tensors(
+    arch: Architecture, pp: int, stage: int, first: int | None = None, last: int | None = None
+) -> list[ParamTensor]:
     """The parameter tensors ``stage`` holds, in registration order: the analytic core's pipeline stage
     (:func:`~zerocalc.model.architecture.pipeline_stage`): the embeddings on the first stage, its blocks,
     the final norm and the LM head on the last."""
-    layers = tuple(stage_layers(arch.num_layers, pp, stage))
+    layers = tuple(stage_layers(arch.num_layers, pp, stage, first, last))
     return parameter_tensors(pipeline_stage(arch, pp, 1, stage, layers))
 
 
@@ -109,13 +145,15 @@ def predicted_stage_states(
     dp_rank: int,
     precision: PrecisionName,
     optimizer: OptimizerName,
+    first: int | None = None,
+    last: int | None = None,
 ) -> RankStates:
     """The model states one rank of ``stage`` holds after a step (seam for the analytic pipeline model):
     :func:`~zerocalc.states.framework.predict_rank_states` over the stage's tensors and its d
     data-parallel ranks (``none`` and DDP: every tensor of the stage; FSDP2: each sharded on dim 0 over
     d)."""
     setup = STRATEGIES["fsdp2" if strategy == "fsdp2" else "ddp"][2]
-    tensors = stage_tensors(arch, pp, stage)
+    tensors = stage_tensors(arch, pp, stage, first, last)
     states = predict_rank_states(arch, setup, dp, dp_rank, precision, optimizer, tensors=tensors)
     if strategy != "none":
         return states
@@ -261,10 +299,21 @@ class PipelineJob(BaseModel):
     batch: int = Field(default=2, description="b: sequences per micro-batch")
     seq: int = 16
     seed: int = 0
+    first_stage_layers: int | None = Field(default=None, description="the first stage's blocks (None: L/p)")
+    last_stage_layers: int | None = Field(default=None, description="the last stage's blocks (None: L/p)")
+
+    @property
+    def stage_blocks(self) -> tuple[int, ...]:
+        """Each stage's blocks, first to last."""
+        return stage_layer_counts(
+            self.arch.num_layers, self.pp, self.first_stage_layers, self.last_stage_layers
+        )
 
     @property
     def title(self) -> str:
-        return f"pp {self.pp} · {self.strategy} · {self.precision.value} · m={self.microbatches}"
+        uneven = self.first_stage_layers is not None or self.last_stage_layers is not None
+        blocks = f" · blocks {describe_layer_counts(self.stage_blocks)}" if uneven else ""
+        return f"pp {self.pp}{blocks} · {self.strategy} · {self.precision.value} · m={self.microbatches}"
 
 
 class StageMeasured(BaseModel):
@@ -327,6 +376,7 @@ class PipelineReport(BaseModel):
     world_size: int
     pp: int
     dp: int
+    stage_blocks: list[int] = Field(description="each stage's blocks, first to last")
     schedule: str = SCHEDULE
     micro_batch: int
     seq_len: int
@@ -382,8 +432,9 @@ def compare_pipeline(
     for meas in sorted(measured, key=lambda m: m.rank):
         stage, dp_rank = divmod(meas.rank, dp)
         pred = predicted_stage_states(
-            job.arch, job.pp, stage, job.strategy, dp, dp_rank, job.precision, job.optimizer
-        )
+            job.arch, job.pp, stage, job.strategy, dp, dp_rank, job.precision, job.optimizer,
+            job.first_stage_layers, job.last_stage_layers,
+        )  # fmt: skip
         lines = []
         for name in STATE_LINES:
             predicted, value = pred.line(name).bytes, getattr(meas, name)
@@ -437,7 +488,7 @@ def predicted_reduction(job: PipelineJob, dp: int, stage: int) -> tuple[str, lis
     its dim-0-padded elements. Once per step, in the last micro-batch's backward: ``PipelineStage`` runs
     the others under ``no_sync()`` / ``set_requires_gradient_sync(False)`` (torch 2.13
     ``pipelining/stage.py`` ``backward_maybe_with_nosync``, ``perform_reduce_grad``). ``none``: nothing."""
-    tensors = stage_tensors(job.arch, job.pp, stage)
+    tensors = stage_tensors(job.arch, job.pp, stage, job.first_stage_layers, job.last_stage_layers)
     if job.strategy == "ddp":
         return "all_reduce", [sum(t.numel for t in tensors)]
     if job.strategy == "fsdp2":
@@ -513,12 +564,14 @@ def run_pipeline(
     nproc: int,
     timeout_s: float,
     on_result: Callable[[PipelineConfigResult, int, int], None] | None = None,
+    first: int | None = None,
+    last: int | None = None,
 ) -> PipelineReport:
     """Every strategy × precision in one world of ``nproc`` spawned ranks (a fresh one after a failure),
-    each compared with its prediction."""
+    each compared with its prediction; ``first`` and ``last``: the end stages' blocks (None: L/p)."""
     from zerocalc.validate.run import choose_backend, visible_gpus
 
-    check_pipeline(arch, pp, nproc, microbatches)
+    check_pipeline(arch, pp, nproc, microbatches, first, last)
     backend = choose_backend(arch, nproc, visible_gpus())
     jobs = [
         PipelineJob(
@@ -530,6 +583,8 @@ def run_pipeline(
             backend=backend,
             timeout_s=timeout_s,
             microbatches=microbatches,
+            first_stage_layers=first,
+            last_stage_layers=last,
         )
         for strategy in strategies
         for precision in precisions
@@ -566,6 +621,7 @@ def run_pipeline(
         world_size=nproc,
         pp=pp,
         dp=nproc // pp,
+        stage_blocks=list(jobs[0].stage_blocks),
         micro_batch=jobs[0].batch,
         seq_len=jobs[0].seq,
         backend=backend,

@@ -90,7 +90,7 @@ class StageModule(nn.Module):
 def build_stage(model: Transformer, job: PipelineJob, stage: int) -> StageModule:
     """Stage ``stage`` of ``model`` (the other stages' modules are left to the caller to drop)."""
     autocast = job.precision is PrecisionName.BF16_MIXED and job.strategy != "fsdp2"
-    layers = stage_layers(job.arch.num_layers, job.pp, stage)
+    layers = stage_layers(job.arch.num_layers, job.pp, stage, job.first_stage_layers, job.last_stage_layers)
     return StageModule(model, layers, stage == 0, stage == job.pp - 1, autocast)
 
 
