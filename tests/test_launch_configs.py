@@ -54,10 +54,11 @@ fsdp_reshard_after_forward = "default"
 tensor_parallel_degree = 1
 [activation_checkpoint]
 mode = "selective"
+selective_ac_option = "op"
 """
 TITAN_FLAGS = ["--model", "llama-3-8b", "--framework", "fsdp2", "--model-impl", "torchtitan", "--gpus", "8"]
 TITAN_FLAGS += ["--strategy", "zero3", "--micro-batch", "2", "--seq-len", "4096", "--precision", "bf16-mixed"]
-TITAN_FLAGS += ["--reduce-dtype", "fp32", "--recompute", "selective", "--optimizer", "adamw"]
+TITAN_FLAGS += ["--reduce-dtype", "fp32", "--recompute", "op", "--optimizer", "adamw"]
 
 ACCELERATE_YAML = """compute_environment: LOCAL_MACHINE
 distributed_type: FSDP
@@ -150,9 +151,11 @@ def test_a_torchtitan_mesh_gives_the_flags_mesh(tmp_path: Path) -> None:
         TITAN_TOML.replace("tensor_parallel_degree = 1", "tensor_parallel_degree = 2")
         .replace("data_parallel_shard_degree = 8", "data_parallel_shard_degree = 2")
         .replace("[activation_checkpoint]", "context_parallel_degree = 2\n[activation_checkpoint]")
+        .replace('mode = "selective"', 'mode = "full"')
     )
     from_file = _memory(["--torchtitan", str(path)])
-    flags = [*TITAN_FLAGS, "--tp", "2", "--cp", "2"]
+    flags = [*TITAN_FLAGS[: TITAN_FLAGS.index("--recompute")], "--recompute", "full", "--optimizer", "adamw"]
+    flags += ["--tp", "2", "--cp", "2"]
     from_flags = _memory(flags)
     # FSDP2 shards over dp_shard × cp = 4 ranks; the whole run is dp_shard × cp × tp = 8 GPUs
     assert from_file["request"]["mesh"] == from_flags["request"]["mesh"]
@@ -179,3 +182,41 @@ def test_each_launch_config_option_names_a_format() -> None:
     from zerocalc.request.options import LAUNCH_CONFIGS
 
     assert tuple(kind.value for kind in LaunchFormat) == LAUNCH_CONFIGS
+
+
+@pytest.mark.parametrize(
+    ("option", "values"),
+    [('selective_ac_option = "op"', {"recompute": "op"}),
+     ('selective_ac_option = "1"', {"recompute": "full", "checkpoint_every": "1"}),
+     ('selective_ac_option = "0"', {"recompute": "full", "checkpoint_every": "1"}),
+     ('selective_ac_option = "3"', {"recompute": "full", "checkpoint_every": "3"}),
+     ("selective_ac_option = 4", {"recompute": "full", "checkpoint_every": "4"}),
+     ("", {"recompute": "full", "checkpoint_every": "2"})],
+)  # fmt: skip
+def test_torchtitan_selective_options_map_to_their_recompute(option: str, values: dict) -> None:
+    """torchtitan v0.2.2 ``_apply_ac_to_transformer_block``: ``op`` is the op-level policy;
+    ``_apply_layer_sac`` checkpoints block k whole when ``not ac_freq or k % ac_freq == 0``: every block
+    for 0 and 1, every N-th for N; without the key its default ``"2"`` (``config/job_config.py``)."""
+    text = f'[activation_checkpoint]\nmode = "selective"\n{option}\n'
+    read = read_launch_config(LaunchFormat.TORCHTITAN, text, "{torchtitan} f").values
+    assert {key: read[key] for key in values} == values
+    assert "checkpoint_every" in read or values == {"recompute": "op"}
+
+
+def test_an_unknown_selective_option_is_refused_naming_the_value() -> None:
+    text = '[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "layer"\n'
+    with pytest.raises(
+        InputError, match="selective_ac_option 'layer' is not modelled; accepted: op, or a whole"
+    ):
+        read_launch_config(LaunchFormat.TORCHTITAN, text, "{torchtitan} f")
+
+
+def test_every_second_block_checkpointed_gives_the_peak_of_the_equivalent_flags(tmp_path: Path) -> None:
+    """torchtitan's default selective option ("2") is ``--recompute full --checkpoint-every 2``."""
+    path = tmp_path / "llama3_8b_layer_sac.toml"
+    path.write_text(TITAN_TOML.replace('selective_ac_option = "op"\n', ""))
+    from_file = _memory(["--torchtitan", str(path)])
+    flags = [*TITAN_FLAGS[: TITAN_FLAGS.index("--recompute")], "--recompute", "full", "--optimizer", "adamw"]
+    from_flags = _memory([*flags, "--checkpoint-every", "2"])
+    assert from_file["peak"] == from_flags["peak"] and from_file["options"] == from_flags["options"]
+    assert str(from_file["options"]["checkpoint_every"]) == "2"

@@ -43,6 +43,7 @@ SAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "grad_sync": ("last", {"grad_accum": "2"}),
     "zeropp": ("hpz", {"framework": "deepspeed", "strategies": "zero3", "gpus": "16", "gpus_per_node": "8"}),
     "recompute": ("full", {}),
+    "checkpoint_every": ("2", {"recompute": "full"}),
     "flash_attention": (False, {}),
     "model_impl": ("megatron", {}),
     "optimizer_impl": ("fused", {}),

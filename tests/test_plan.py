@@ -39,6 +39,7 @@ from zerocalc.plan.allocated import StepParts, _states, with_batch, with_recompu
 from zerocalc.plan.layers import EDGE, extrapolation, with_layers
 from zerocalc.plan.search import Status, _exact, search
 from zerocalc.plan.space import (
+    SEARCHED_RECOMPUTES,
     Group,
     Objective,
     PlanRequest,
@@ -434,13 +435,14 @@ def test_capped_buckets_are_exact_where_the_cut_model_is_below_the_cap() -> None
 @pytest.mark.parametrize("model", ["gpt2", "llama-3-8b", "mixtral-8x7b"])
 def test_the_hook_calls_are_the_same_at_every_micro_batch_and_recompute(model: str) -> None:
     """StepParts runs the framework's part on the hook calls of one model run per layer count: the timeline
-    calls the hooks with the same arguments, in the same order, whatever the micro-batch and recompute."""
+    calls the hooks with the same arguments, in the same order, whatever the micro-batch and the
+    recompute the plan searches."""
     request = parse_options(model=model, gpus=8, framework="fsdp2", strategies="full_shard", seq_len=512)
     runtime = runtime_for(request)
     runs = [
         model_run(with_recompute(with_batch(request, b, 1), recompute), runtime)
         for b in (1, 3, 8)
-        for recompute in Recompute
+        for recompute in SEARCHED_RECOMPUTES
     ]
     assert len(runs[0].calls) > 3 * request.architecture.num_layers
     assert all(run.calls == runs[0].calls and run.slots == runs[0].slots for run in runs)
@@ -449,17 +451,18 @@ def test_the_hook_calls_are_the_same_at_every_micro_batch_and_recompute(model: s
     assert [
         model_values(with_recompute(with_batch(request, b, 1), recompute), runtime)
         for b in (1, 3, 8)
-        for recompute in Recompute
+        for recompute in SEARCHED_RECOMPUTES
     ] == [run.values for run in runs]
 
 
 @pytest.mark.parametrize("model", ["gpt2-xl", "llama-3-8b", "mixtral-8x7b", "gemma-3-1b"])
 def test_runs_at_every_depth_may_share_their_layers_saves(model: str) -> None:
-    """The search's model runs at 4, 5 and all L layers of one micro-batch and recompute share their layers'
-    saves (StepShape.saves): each run's values equal those of a run that derives its own."""
+    """The search's model runs at 4, 5 and all L layers of one micro-batch and recompute (those it searches)
+    share their layers' saves (StepShape.saves): each run's values equal those of a run that derives its
+    own."""
     request = parse_options(model=model, gpus=8, framework="fsdp2", seq_len=512)
     runtime = runtime_for(request)
-    for recompute in Recompute:
+    for recompute in SEARCHED_RECOMPUTES:
         for b in (1, 3):
             at_b = with_recompute(with_batch(request, b, 1), recompute)
             shared: dict = {}

@@ -208,6 +208,30 @@ def test_selective_recompute_reruns_eager_attentions_core() -> None:
     assert rerun.matmul == 0
 
 
+def test_op_level_recompute_reruns_every_second_gemm_and_the_elementwise_work_of_llama_3_8b() -> None:
+    """torchtitan's op-level policy on Llama 3 8B (h 4096, kv 1024, f 14336, 32 layers), b 2, s 8192
+    (T = 16384): backward re-runs the forward of wk (4096 → 1024), wo (4096 → 4096) and w3 (4096 → 14336)
+    in every layer, 2·T·4096·(1024 + 4096 + 14336) = 2,611,340,115,968 FLOPs a layer, 83.6 TFLOP a
+    micro-batch, and every element-wise kernel of the layers (norms, rotary, the output copy, residual
+    adds, SwiGLU); not the flash kernel, whose output it saves."""
+    arch, _ = load_model("llama-3-8b")
+    table = _flat_table(100, 50, 40, 1e12)
+    ops = micro_batch_ops(arch, Shape(2, 8192), Kernels(fused=False, flash=True), DType.BF16)
+    T, h = 16384, 4096
+    per_layer = 2 * T * h * (1024 + 4096 + 14336)
+    assert per_layer == 2_611_340_115_968
+    none = micro_batch_time(table, ops, Recompute.NONE)
+    op = micro_batch_time(table, ops, Recompute.OP)
+    assert op.flops - none.flops == pytest.approx(32 * per_layer, rel=1e-12)
+    assert op.recompute.matmul == pytest.approx(32 * per_layer / 100e12, rel=1e-12)
+    assert op.recompute.attention == 0
+    layer_bytes = (
+        2 * EAGER_NORM * T * h + EAGER_ROTARY * T * (h + 1024) + OUTPUT_COPY * T * h
+        + 2 * RESIDUAL_ADD * T * h + EAGER_SWIGLU * T * 14336
+    )  # fmt: skip
+    assert op.recompute.elementwise == pytest.approx(32 * layer_bytes / 1e12, rel=1e-12)
+
+
 # ----------------------------------------------------------------------------------------- the lookups
 def test_lookups_exact_interpolated_and_roofline() -> None:
     """An exact shape is its point; a shape between two points at equal log distance is their harmonic

@@ -568,6 +568,7 @@ def mesh_request(request: TrainingRequest) -> MeshRequest | None:
         recompute=activations.recompute,
         grad_accum=request.grad_accum,
         activation=RECIPES[request.precision].param_dtype,
+        checkpoint_every=activations.checkpoint_every,
         gradient=_dtype(DtypeRole.REDUCE, request.precision, request.reduce_dtype),
         bandwidths=request.links,
         calibration=request.calibration,

@@ -29,13 +29,20 @@ every call of a layer's activation moves S = b·(s/c)·h elements:
   of the per-expert token counts before each dispatch (E integers) is left out.
 
 Activation recomputation re-runs forward collectives in backward: full recompute every forward
-collective of a layer; selective recompute (Korthikanti et al.'s core attention) those inside the core
+collective of a layer (of every N-th layer under ``checkpoint_every`` N, torchtitan's layer-level
+``selective_ac_option``); selective recompute (Korthikanti et al.'s core attention) those inside the core
 attention Megatron-LM checkpoints (``transformer/attention.py`` ``_checkpointed_attention_forward``
 re-runs Transformer Engine's attention, and its context-parallel exchange). DeepSpeed's all-to-alls sit
 outside the local attention it would recompute, and torch's SDPA with ``context_parallel`` is not
-recomputed by it (torchtitan's op-level selective checkpointing, which saves the SDPA outputs and re-runs
-other ops, is a different policy, not modelled). Scalar reductions for logging (the loss over the CP
-group) are left out.
+recomputed by it. torchtitan's op-level selective checkpointing (``--recompute op``; v0.2.2
+``distributed/activation_checkpoint.py::_apply_op_sac``, ``models/llama3/infra/parallelize.py``
+``_op_sac_save_list``) saves the outputs of ``_c10d_functional.reduce_scatter_tensor`` and not those of
+the all-gathers: under tensor parallelism with sequence parallelism its recompute runs the all-gathers of
+the attention and MLP inputs (``PrepareModuleInput`` Shard(1) → Replicate) again and takes the
+reduce-scatters' outputs (``RowwiseParallel`` output Shard(1)) from its storage; a Replicate output's
+all-reduce is not in the save list and runs again (it is refused under context parallelism, whose
+exchange would run inside the saved attention kernel). Scalar reductions for logging (the loss over the
+CP group) are left out.
 """
 
 from __future__ import annotations
@@ -167,6 +174,8 @@ class MeshCall:
         """Whether ``recompute`` runs this forward collective again in backward."""
         if self.phase is not Phase.FORWARD or self.scope not in (Scope.LAYER, Scope.MOE_LAYER):
             return False
+        if recompute is Recompute.OP:  # torchtitan's op-level policy saves the reduce-scatters' outputs
+            return self.op is not Collective.REDUCE_SCATTER and not self.in_core_attention
         return recompute is Recompute.FULL or (recompute is Recompute.SELECTIVE and self.in_core_attention)
 
 
@@ -659,6 +668,8 @@ class MeshRequest(NamedTuple):
     gradient: DType
     bandwidths: Bandwidths
     calibration: Calibration | None
+    checkpoint_every: int = 1
+    """Under full recompute, every N-th layer checkpointed: its collectives alone run again."""
 
 
 def mesh_problem(arch: Architecture, mesh: Mesh) -> str | None:
@@ -765,6 +776,15 @@ def _times(scope: Scope, request: MeshRequest, sync: GradSync) -> int:
             return request.shape.moe_layers * request.grad_accum
 
 
+def _rerun_times(scope: Scope, request: MeshRequest) -> int:
+    """Calls per step of a layer's forward collective that recomputation runs again: in every layer (or
+    mixture-of-experts layer) of the rank, or under full recompute in every ``checkpoint_every``-th."""
+    layers = request.shape.layers if scope is Scope.LAYER else request.shape.moe_layers
+    if request.recompute is Recompute.FULL:
+        layers //= request.checkpoint_every
+    return layers * request.grad_accum
+
+
 def _dtype(carried: Carried, request: MeshRequest) -> DType:
     match carried:
         case Carried.ACTIVATION:
@@ -811,8 +831,8 @@ def _mesh_costs(request: MeshRequest, sync: GradSync) -> list[MeshCollectiveCost
         )
         link = _link(call.op, spans_nodes, n, request)
         seconds = len(sizes) * link.latency_s + each / link.bus_bandwidth_Bps
-        times = _times(call.scope, request, sync)
         for recomputed in (False, True) if call.reruns_under(request.recompute) else (False,):
+            times = _rerun_times(call.scope, request) if recomputed else _times(call.scope, request, sync)
             costs.append(
                 MeshCollectiveCost(
                     dimension=dimension,

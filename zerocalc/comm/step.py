@@ -323,21 +323,23 @@ def _micro_batch_ops(arch: Architecture, shape: Shape, code: Kernels, dtype: DTy
     return micro_batch_ops(arch, shape, code, dtype, ep=ep)
 
 
-_MICRO_TIMES: dict[tuple[int, MicroBatchOps, Recompute], tuple[ComputeTable, MicroBatchTime]] = {}
+_MICRO_TIMES: dict[tuple[int, MicroBatchOps, Recompute, int], tuple[ComputeTable, MicroBatchTime]] = {}
 _MICRO_TIMES_LIMIT = 4096
 
 
-def _micro_batch_time(table: ComputeTable, ops: MicroBatchOps, recompute: Recompute) -> MicroBatchTime:
-    """:func:`~zerocalc.compute.time.micro_batch_time`, once per (table, operations, recompute). The table
-    (a frozen model holding lists) is keyed by identity and kept with the value, so a key is never another
-    table's."""
-    key = (id(table), ops, recompute)
+def _micro_batch_time(
+    table: ComputeTable, ops: MicroBatchOps, recompute: Recompute, checkpoint_every: int = 1
+) -> MicroBatchTime:
+    """:func:`~zerocalc.compute.time.micro_batch_time`, once per (table, operations, recompute, the layers
+    it checkpoints). The table (a frozen model holding lists) is keyed by identity and kept with the value,
+    so a key is never another table's."""
+    key = (id(table), ops, recompute, checkpoint_every)
     cached = _MICRO_TIMES.get(key)
     if cached is not None and cached[0] is table:
         return cached[1]
     if len(_MICRO_TIMES) >= _MICRO_TIMES_LIMIT:
         _MICRO_TIMES.clear()
-    time = micro_batch_time(table, ops, recompute)
+    time = micro_batch_time(table, ops, recompute, checkpoint_every)
     _MICRO_TIMES[key] = (table, time)
     return time
 
@@ -405,7 +407,12 @@ def request_compute(
     stages = [(stage.architecture, stage) for stage in request.stages] or [(None, None)]
     best: tuple[ComputeTime, float] | None = None
     for arch, stage in stages:
-        micro = _micro_batch_time(table, request_ops(request, arch), request.activations.recompute)
+        micro = _micro_batch_time(
+            table,
+            request_ops(request, arch),
+            request.activations.recompute,
+            request.activations.checkpoint_every,
+        )
         params, per, largest = optimizer_traffic(request, strategy, stage)
         compute = step_compute(table, micro, request.grad_accum, params, per, largest)
         compute = with_framework_traffic(compute, fsdp2_traffic(request, strategy, table, stage))

@@ -9,9 +9,15 @@ shape achieves on the GPU (:class:`~zerocalc.compute.table.ComputeTable`), summe
 * an element-wise kernel: its bytes at the table's bandwidth for its size (backward:
   :attr:`~zerocalc.compute.ops.Traffic.backward` bytes);
 * recomputation re-runs, in backward, what it re-runs: ``full`` every layer's forward (Korthikanti et
-  al. 2022 §5: the whole transformer layer), ``selective`` eager attention's core (Q·Kᵀ, scale, mask,
-  softmax, dropout, P·V: Korthikanti §5, Megatron-LM ``--recompute-granularity selective``); a flash
-  kernel keeps no s² tensor, so selective recomputes nothing there;
+  al. 2022 §5: the whole transformer layer), or every N-th layer's under ``checkpoint_every`` N
+  (torchtitan's ``selective_ac_option`` N: n // N of a rank's n layers of one kind), ``selective``
+  eager attention's core (Q·Kᵀ, scale, mask, softmax, dropout, P·V: Korthikanti §5, Megatron-LM
+  ``--recompute-granularity selective``); a flash
+  kernel keeps no s² tensor, so selective recomputes nothing there; ``op`` (torchtitan's op-level
+  selective checkpointing, :func:`~zerocalc.model.model_impl.op_sac_layer`) every second GEMM of the
+  layer in the order its code calls them (k, o and up projections: :func:`~zerocalc.model.model_impl.
+  op_sac_recomputes`) and every element-wise kernel of the layer; the flash kernel's output and the other
+  GEMMs' are saved;
 * the optimizer step, once per step: its bytes per owned parameter at the bandwidth of one parameter
   tensor's traffic (the foreach kernels walk the tensors in turn).
 
@@ -35,6 +41,7 @@ from zerocalc.compute.ops import (
 )
 from zerocalc.compute.table import ComputeTable
 from zerocalc.model.activations import Recompute
+from zerocalc.model.model_impl import op_sac_recomputes
 
 
 class PassTime(NamedTuple):
@@ -127,9 +134,12 @@ class _Layer(NamedTuple):
     backward: PassTime
     core: PassTime
     """The attention core's forward: what selective recomputation re-runs."""
+    op_rerun: PassTime
+    """What op-level selective checkpointing re-runs: the GEMMs it does not save, the element-wise work."""
     forward_flops: float
     backward_flops: float
     core_flops: float
+    op_rerun_flops: float
 
 
 def _layer(table: ComputeTable, layer: LayerOps, dtype: DType) -> _Layer:
@@ -139,18 +149,25 @@ def _layer(table: ComputeTable, layer: LayerOps, dtype: DType) -> _Layer:
     elementwise_b = sum(_traffic_s(table, t, backward=True) for t in layer.traffic)
     scores_f = sum(_traffic_s(table, t) for t in layer.core_traffic)
     scores_b = sum(_traffic_s(table, t, backward=True) for t in layer.core_traffic)
+    rerun = tuple(g for g in layer.gemms if op_sac_recomputes(g.name))
     return _Layer(
         forward=PassTime(matmul_f, attention_f, elementwise_f + scores_f),
         backward=PassTime(matmul_b, attention_b, elementwise_b + scores_b),
         core=PassTime(0.0, attention_f, scores_f),
+        op_rerun=PassTime(sum(_gemm_s(table, g, dtype) for g in rerun), 0.0, elementwise_f + scores_f),
         forward_flops=matmul_flops / 3 + core_f,
         backward_flops=2 * matmul_flops / 3 + core_b,
         core_flops=core_f,
+        op_rerun_flops=sum(g.flops for g in rerun),
     )
 
 
-def micro_batch_time(table: ComputeTable, ops: MicroBatchOps, recompute: Recompute) -> MicroBatchTime:
-    """One micro-batch's forward, backward and recomputation on one rank."""
+def micro_batch_time(
+    table: ComputeTable, ops: MicroBatchOps, recompute: Recompute, checkpoint_every: int = 1
+) -> MicroBatchTime:
+    """One micro-batch's forward, backward and recomputation on one rank (``checkpoint_every``: under full
+    recompute, the layers N, 2N, … of the rank, counted in each group of alike layers: a dense model's
+    one group)."""
     dtype = ops.dtype
     forward, backward, rerun = PassTime(), PassTime(), PassTime()
     flops = 0.0
@@ -160,11 +177,15 @@ def micro_batch_time(table: ComputeTable, ops: MicroBatchOps, recompute: Recompu
         backward += t.backward.times(n)
         flops += (t.forward_flops + t.backward_flops) * n
         if recompute is Recompute.FULL:
-            rerun += t.forward.times(n)
-            flops += t.forward_flops * n
+            checkpointed = n // checkpoint_every
+            rerun += t.forward.times(checkpointed)
+            flops += t.forward_flops * checkpointed
         elif recompute is Recompute.SELECTIVE and not layer.attention.fused:
             rerun += t.core.times(n)
             flops += t.core_flops * n
+        elif recompute is Recompute.OP:
+            rerun += t.op_rerun.times(n)
+            flops += t.op_rerun_flops * n
     head_f, head_b, head_flops = _gemms(table, ops.outside_gemms, dtype)
     forward += PassTime(head_f, 0.0, sum(_traffic_s(table, t) for t in ops.outside_traffic))
     backward += PassTime(head_b, 0.0, sum(_traffic_s(table, t, backward=True) for t in ops.outside_traffic))

@@ -192,6 +192,7 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
         device=device,
         flash=flash_attention_used(request),
         recompute=request.activations.recompute,
+        checkpoint_every=request.activations.checkpoint_every,
         layer_params=tuple(tuple(unit.params) for _, unit in units[:-1]),
         stage=stage_plan(request, act),
     )

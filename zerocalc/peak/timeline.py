@@ -37,6 +37,7 @@ from zerocalc.model.model_impl import (
     LayerSaves,
     ModelImpl,
     ModelImplName,
+    OpSacLayer,
     Shape,
     embedding_excess,
     embedding_saves,
@@ -46,6 +47,7 @@ from zerocalc.model.model_impl import (
     logits_saves,
     loss_parallel_transients,
     norm_backward_excess,
+    op_sac_layer,
     shared_saves,
     traits,
     vocab_shard,
@@ -100,6 +102,9 @@ class StepShape(NamedTuple):
     """Elements of each parameter of each block, in registration order."""
     stage: StagePlan | None = None
     """A pipeline rank's passes and what its stage holds; None without pipeline parallelism."""
+    checkpoint_every: int = 1
+    """Under full recompute, the layers checkpointed: the rank's N-th, 2N-th, … (torchtitan's
+    ``selective_ac_option`` N, ``_apply_layer_sac``: a counter over the blocks it wraps); 1: every one."""
     saves: dict[tuple[bool, bool], LayerSaves] | None = None
     """Where the step finds and keeps its layers' saves, per kind of layer (mixture-of-experts or not) and
     cache use: steps of one micro-batch and recompute whose blocks are alike may share one (the plan's
@@ -234,11 +239,14 @@ class _Passes:
         self.hf = step.impl.name is ModelImplName.HF
         self.cuda = step.device is Device.CUDA and runtime is not None
         self.checkpointed = step.recompute is Recompute.FULL
+        """Layers are checkpointed whole: every one, or every N-th (:meth:`checkpointed_layer`)."""
         self.selective = step.recompute is Recompute.SELECTIVE
+        self.op = step.recompute is Recompute.OP
         self.hidden_bytes = hidden_bytes(arch, step.shape, step.act)  # act·R·h: the rank's sequence share
         self.logits = vocab_shard(step.impl, arch, step.shape, vocab=_allocated_vocab(arch, step.impl))
         self.loss_parallel = loss_parallel_transients(step.impl, arch, step.shape)
         self._saves: dict[tuple[bool, bool], LayerSaves] = {} if step.saves is None else step.saves
+        self._op_layer: OpSacLayer | None = None
         self._losses: list[str] = []
 
     def saves_of(self, i: int, use_cache: bool) -> LayerSaves:
@@ -252,6 +260,22 @@ class _Passes:
             )  # fmt: skip
             self._saves[key] = saves._replace(program=Program(saves.program))
         return self._saves[key]
+
+    def checkpointed_layer(self, i: int) -> bool:
+        """Layer ``i`` (the rank's) runs under ``torch.utils.checkpoint`` whole: under full recompute the
+        (i + 1)-th layers that are multiples of ``checkpoint_every``."""
+        return self.checkpointed and (i + 1) % self.step.checkpoint_every == 0
+
+    def keeps_input_of(self, i: int) -> bool:
+        """Layer ``i``'s input stays alive as its checkpoint's input (full and op-level checkpointing)."""
+        return self.op or self.checkpointed_layer(i)
+
+    def op_layer_of(self, i: int) -> OpSacLayer:
+        """Layer ``i`` under torchtitan's op-level selective checkpointing (a dense block: one layer kind)."""
+        if self._op_layer is None:
+            step = self.step
+            self._op_layer = op_sac_layer(step.impl, step.arch, i, step.shape, step.act)
+        return self._op_layer
 
     def _part(self, one: Pass) -> tuple[str, range, bool, bool]:
         """The pass's tag, its layers and whether it holds the embedding and the head."""
@@ -311,7 +335,7 @@ class _Passes:
             if self.first_step and cuda and not led.has("cuBLAS workspace (forward thread)"):
                 led.alloc("cuBLAS workspace (forward thread)", runtime.cublas_workspace, RUNTIME)
             new = f"hidden {i + 1}{tag}"
-            if checkpointed:
+            if self.checkpointed_layer(i):
                 # torch.utils.checkpoint (use_reentrant=False): the layer's saved tensors are dropped at pack
                 # time, its input is kept; no cache copies (HF turns use_cache off under checkpointing)
                 saves = self.saves_of(i, use_cache=False)
@@ -324,8 +348,18 @@ class _Passes:
                     led.free(f"layer {i} work{tag}")
                     led.alloc(new, self.hidden_bytes, ACTIVATIONS)
                 hidden = new  # every checkpoint input stays alive
+            elif self.op:
+                # torch.utils.checkpoint with create_selective_checkpoint_contexts: the policy's MUST_SAVE
+                # outputs stay in the SAC storage, the other saved tensors are dropped at pack time
+                layer = self.op_layer_of(i)
+                led.alloc_group(f"layer {i}{tag}", layer.kept, ACTIVATIONS)
+                led.alloc(f"layer {i} work{tag}", sum(b for _, b in layer.recomputed), ACTIVATIONS)
+                led.event(f"layer {i} forward (op-level checkpointing){tag}", layer.forward_excess, TRANSIENT)
+                led.free(f"layer {i} work{tag}")
+                led.alloc(new, self.hidden_bytes, ACTIVATIONS)
+                hidden = new  # every checkpoint input stays alive
             else:
-                saves = self.saves_of(i, use_cache=True)
+                saves = self.saves_of(i, use_cache=not checkpointed)
                 rng = runtime.per_layer_attention if cuda and hf else 0
                 if saves.program:
                     _run_program(led, i, saves.program, rng, new, self.hidden_bytes, tag=tag)
@@ -399,7 +433,7 @@ class _Passes:
     def _forward_done(self, tag: str, embedding: bool) -> None:
         """What the base model's forward frees as it returns."""
         led = self.led
-        if embedding and not (self.checkpointed and self.t.rotary):
+        if embedding and not (self.keeps_input_of(0) and self.t.rotary):
             led.free(f"embedding output{tag}")  # under checkpointing it is layer 0's input
         led.free(f"position embedding output{tag}")
         led.free(f"position ids{tag}")
@@ -455,19 +489,27 @@ class _Passes:
         for i in reversed(layers):
             mechanics.pre_backward(led, i)
             saves = self.saves_of(i, use_cache=not checkpointed)
-            if checkpointed and saves.program:
+            if self.op:
+                # the recompute allocates the saved tensors the SAC storage does not hold, reads the kept
+                # outputs (those backward saves no further are freed then), and backward runs as without it
+                layer = self.op_layer_of(i)
+                led.alloc_group(f"layer {i}{tag}", layer.recomputed, ACTIVATIONS)
+                led.event(f"layer {i} recompute (op-level){tag}", layer.forward_excess, TRANSIENT)
+                for name in layer.consumed:
+                    led.free(f"layer {i}{tag}.{name}")
+            elif self.checkpointed_layer(i) and saves.program:
                 # the recomputed forward (torch.utils.checkpoint, use_reentrant=False): its output is dropped
                 output = f"layer {i} recomputed output{tag}"
                 _run_program(led, i, saves.program, 0, output, self.hidden_bytes, "recompute", tag=tag)
                 led.free(output)
-            elif checkpointed:
+            elif self.checkpointed_layer(i):
                 led.alloc_group(f"layer {i}{tag}", saves.saved, ACTIVATIONS)
                 led.event(f"layer {i} recompute{tag}", saves.forward_excess, TRANSIENT)
             led.event(f"layer {i} backward{tag}", saves.backward_excess, TRANSIENT)
             led.free_group(f"layer {i}{tag}")
             if i == layers[0]:
                 led.free_group(f"shared{tag}")
-            if checkpointed or saves.keeps_input:
+            if self.keeps_input_of(i) or saves.keeps_input:
                 if i > layers[0]:
                     led.free(f"hidden {i}{tag}")
                 elif embedding:
@@ -693,7 +735,7 @@ def _inputs(step: StepShape, led: Ledger) -> None:
 
 def _runtime_extras(step: StepShape, runtime: Runtime, led: Ledger) -> None:
     led.alloc("unattributed at step start", runtime.start_extra, RUNTIME)
-    if step.recompute is Recompute.FULL:
+    if step.recompute in (Recompute.FULL, Recompute.OP):  # both run torch.utils.checkpoint
         led.alloc("checkpointing runtime extra", runtime.recompute_extra, RUNTIME)
 
 

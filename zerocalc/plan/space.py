@@ -60,6 +60,10 @@ SHARD_GRAD_OP, FULL_SHARD and HYBRID_SHARD: FSDP2)."""
 
 MAX_TOP = 1000
 
+SEARCHED_RECOMPUTES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+"""The recomputations ``plan`` tries: ``op`` is torchtitan's policy over torchtitan's model code
+(``--model-impl torchtitan``), which ``plan`` does not take."""
+
 MESH_DEGREES = ("tp", "cp", "pp", "vpp", "ep")
 """The mesh dimensions ``plan`` searches, as ``memory`` and ``comm`` name them."""
 
@@ -488,7 +492,7 @@ def _mesh_groups(
                 else [None]
             )
             for per_node in nodes:
-                for recompute in Recompute:
+                for recompute in SEARCHED_RECOMPUTES:
                     if recompute is Recompute.SELECTIVE and flash:
                         rejected.append(
                             Rejected(

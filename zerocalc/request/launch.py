@@ -228,7 +228,9 @@ _TITAN_MODELS = {
     ("llama3", "70B"): "llama-3-70b",
     ("llama3", "405B"): "llama-3.1-405b",
 }
-_TITAN_RECOMPUTE = {"none": "none", "full": "full", "selective": "selective"}
+_TITAN_AC_MODES = ("none", "full", "selective")
+_TITAN_SAC_DEFAULT = "2"
+"""torchtitan ``ActivationCheckpoint.selective_ac_option``'s default (v0.2.2 ``config/job_config.py``)."""
 _TITAN_DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
 _TITAN_READ = {
     "model.name", "model.flavor", "parallelism.data_parallel_shard_degree",
@@ -237,8 +239,25 @@ _TITAN_READ = {
     "parallelism.expert_parallel_degree", "parallelism.fsdp_reshard_after_forward",
     "training.local_batch_size", "training.batch_size", "training.seq_len",
     "training.mixed_precision_param", "training.mixed_precision_reduce", "activation_checkpoint.mode",
-    "optimizer.name",
+    "activation_checkpoint.selective_ac_option", "optimizer.name",
 }  # fmt: skip
+
+
+def _titan_selective(option: str, where: str) -> dict[str, str]:
+    """``mode = "selective"`` by its ``selective_ac_option`` (v0.2.2 ``distributed/activation_checkpoint.py``
+    ``_apply_ac_to_transformer_block``): ``op`` is the op-level policy (``--recompute op``); a whole number
+    N checkpoints every N-th block whole (``_apply_layer_sac``: ``not ac_freq or count % ac_freq == 0``):
+    ``--recompute full --checkpoint-every N``, every block for 0 and 1."""
+    if option == "op":
+        return {"recompute": "op"}
+    if option.isdigit():
+        return {"recompute": "full", "checkpoint_every": str(max(1, int(option)))}
+    raise _refuse(
+        where,
+        "activation_checkpoint.selective_ac_option",
+        option,
+        "op, or a whole number N (every N-th block)",
+    )
 
 
 def _torchtitan(job: dict[str, Any], where: str) -> LaunchConfig:
@@ -306,9 +325,10 @@ def _torchtitan(job: dict[str, Any], where: str) -> LaunchConfig:
         values["reduce_dtype"] = _TITAN_DTYPES[reduce]
     mode = get("activation_checkpoint.mode")
     if mode is not None:
-        if mode not in _TITAN_RECOMPUTE:
+        if mode not in _TITAN_AC_MODES:
             raise _refuse(where, "activation_checkpoint.mode", mode, "none, full or selective")
-        values["recompute"] = _TITAN_RECOMPUTE[mode]
+        option = str(get("activation_checkpoint.selective_ac_option", _TITAN_SAC_DEFAULT))
+        values.update({"recompute": mode} if mode != "selective" else _titan_selective(option, where))
     optimizer = get("optimizer.name")
     if optimizer is not None:
         if str(optimizer).lower() not in ("adam", "adamw"):

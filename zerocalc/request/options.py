@@ -198,8 +198,14 @@ OPTIONS: tuple[Option, ...] = (
          default_help="each framework's; PyTorch: every"),
     _opt("zeropp", ("--zeropp",), "DeepSpeed ZeRO++ for zero3: all, or a comma list of qwz, hpz, qgz.",
          ESTIMATES, value_type=LIST),
-    _opt("recompute", ("--recompute",), "Activation recomputation: none, selective, full.",
+    _opt("recompute", ("--recompute",),
+         "Activation recomputation: none, selective, full, or op (torchtitan's selective_ac_option = "
+         "\"op\": saves every other matmul's and the attention kernel's outputs).",
          ESTIMATES, default="none", value_type=STR),
+    _opt("checkpoint_every", ("--checkpoint-every",),
+         "With --recompute full: only every N-th layer checkpointed (the N-th, the 2N-th and so on), the "
+         "others keep their activations (torchtitan's selective_ac_option N).",
+         ESTIMATES, default=1, value_type=NUM, metavar="N"),
     _opt("flash_attention", ("--flash-attention",), "Flash attention (no s² terms).", frozenset({MEMORY}),
          kind=Kind.SWITCH, value_type="bool | None", negative="--no-flash-attention",
          default_help="the model code's: SDPA's flash kernel for every transformers family, eager without "

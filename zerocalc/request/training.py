@@ -51,6 +51,7 @@ from zerocalc.model.model_impl import (
     ModelImplName,
     Shape,
     default_attention,
+    op_sac_unsupported,
     parallel_unsupported,
 )
 from zerocalc.network.calibration import Calibration
@@ -106,6 +107,7 @@ MAX_GRAD_ACCUM = 1_000_000
 MAX_SEQ_LEN = 2**26
 """67,108,864 tokens per sequence."""
 MAX_MICRO_BATCH = 2**20
+MAX_CHECKPOINT_EVERY = 2**20
 MAX_PREFETCH = 1024
 MAX_TFLOPS = 1e6
 """1 EFLOP/s per GPU: above any accelerator."""
@@ -192,6 +194,11 @@ class ActivationOptions(BaseModel):
     seq_len: int = Field(default=DEFAULT_SEQ_LEN, ge=1, le=MAX_SEQ_LEN)
     micro_batch: int = Field(default=DEFAULT_MICRO_BATCH, ge=1, le=MAX_MICRO_BATCH)
     recompute: Recompute = Recompute.NONE
+    checkpoint_every: int = Field(
+        default=1,
+        ge=1,
+        description="under full recompute, layers N, 2N, … checkpointed (torchtitan selective_ac_option N)",
+    )
     flash_attention: bool | None = Field(default=None, description="None: on for the Llama family")
     capacity_factor: float = Field(
         default=1.0,
@@ -331,6 +338,9 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         seq_len=seq_len,
         micro_batch=parse_whole(o.micro_batch, "{micro_batch}", 1, MAX_MICRO_BATCH, "sequences"),
         recompute=_choice(o.recompute, "{recompute}", Recompute),
+        checkpoint_every=parse_whole(
+            o.checkpoint_every, "{checkpoint_every}", 1, MAX_CHECKPOINT_EVERY, "layers"
+        ),
         flash_attention=o.flash_attention,
     )
     model_impl = _choice(o.model_impl, "{model_impl}", ModelImplName)
@@ -397,7 +407,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         notes=(*_model_notes(o.model), *position_notes),
     )
     resolved = _resolve_strategies(request)
-    problem = _ignored_problem(o, resolved) or _model_code_problem(resolved)
+    problem = _ignored_problem(o, resolved) or _model_code_problem(resolved) or _recompute_problem(resolved)
     if problem:
         raise InputError(problem)
     return resolved
@@ -436,6 +446,48 @@ def _model_code_problem(request: TrainingRequest) -> str | None:
     else:
         accepted = "a mesh that divides them"
     return f"{degrees} with {{model_impl}} {impl.name.value}: {reason}; accepted: {accepted}"
+
+
+def _recompute_problem(request: TrainingRequest) -> str | None:
+    """``{recompute} op`` where torchtitan's op-level policy is not modelled
+    (:func:`~zerocalc.model.model_impl.op_sac_unsupported`): the step's memory for torchtitan's code only,
+    its time and collectives for any dense Llama block's; ``{checkpoint_every}`` N > 1 (torchtitan's
+    layer-level selective checkpointing, any code's ``checkpoint_wrapper`` on every N-th block) other than
+    under full recompute of a dense model; None otherwise."""
+    arch, activations, mesh = request.model.architecture, request.activations, request.mesh
+    code = ModelImplName.MEGATRON if request.framework is Framework.MEGATRON else request.model_impl
+    every = activations.checkpoint_every
+    if every > 1 and activations.recompute is not Recompute.FULL:
+        return (
+            f"{{checkpoint_every}} {every} with {{recompute}} {activations.recompute.value}: it picks the "
+            "layers full recomputation checkpoints; accepted: {checkpoint_every} 1, or {recompute} full"
+        )
+    if every > 1 and arch is not None and arch.is_moe:
+        return (
+            f"{{checkpoint_every}} {every} with {arch.name}: every N-th layer of a mixture-of-experts model "
+            "is not modelled; accepted: {checkpoint_every} 1"
+        )
+    if activations.recompute is not Recompute.OP or arch is None:
+        return None
+    impl = MODEL_IMPLS[code]
+    flash = activations.flash_attention
+    if flash is None:
+        flash = default_attention(impl, arch)[0] is AttentionKernel.FLASH
+    shape = Shape(
+        activations.micro_batch,
+        activations.seq_len,
+        tp=mesh.tp,
+        sequence_parallel=mesh.sequence_parallel,
+        cp=mesh.cp,
+        cp_impl=mesh.cp_impl,
+    )
+    reason = op_sac_unsupported(arch, shape, flash, impl if request.estimate is Estimate.MEMORY else None)
+    if reason is None:
+        return None
+    accepted = "{recompute} none, selective or full"
+    if "torchtitan's Llama code" in reason:
+        accepted = f"{{model_impl}} torchtitan, or {accepted}"
+    return f"{{recompute}} op with {arch.name}: {reason}; accepted: {accepted}"
 
 
 def _ignored_problem(options: TrainingOptions, request: TrainingRequest) -> str | None:
