@@ -225,3 +225,20 @@ def test_without_pipeline_stages_a_mesh_candidates_bound_is_its_allocated_peak(s
         steady = simulate(request, name, runtime_for(request), _states(request), reserve=False)
         allocated = max(allocated for _, _, allocated in steady.events)
         assert cand.lower - resolver.outside.of(cand.group, cand.request) == allocated, cand.group
+
+
+def test_unpriced_candidates_change_no_row() -> None:
+    """Without the list of every candidate a model-parallel candidate whose bound is above the fit limit
+    gets no step time (it cannot be ranked); the rows and the rejections are those of the search that
+    prices every candidate, and that search gives every candidate a step time."""
+    plan = plan_options(
+        model="llama-3-8b", gpu="h100-80gb", gpus=16, global_batch="32seq", seq_len=8192,
+        frameworks="megatron,fsdp2", tp="1,2,4", cp="1,2", pp="1,2",
+    )  # fmt: skip
+    pruned, listed = search(plan), search(plan, keep_all=True)
+    assert listed.candidates is not None
+    assert [r.model_dump() for r in pruned.top] == [r.model_dump() for r in listed.top]
+    assert pruned.rejections == listed.rejections
+    limit = 0.95 * plan.base.gpu_memory_bytes
+    above = [r for r in listed.candidates if r.tp * r.cp * r.pp > 1 and r.peak_lower_bound_bytes > limit]
+    assert len(above) > 100 and all(r.step_s > 0 for r in listed.candidates)

@@ -17,6 +17,7 @@ once per key, every accumulation derived). The peak is ``memory``'s model in two
 from __future__ import annotations
 
 import gc
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterator
@@ -30,6 +31,7 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.comm.calls import Layout
 from zerocalc.comm.estimate import CollectiveRun, collective_runs, data_parts, mesh_request, strategy_comm
+from zerocalc.comm.mesh import mesh_problem
 from zerocalc.comm.pipeline import pipeline_comm
 from zerocalc.comm.step import (
     fsdp2_traffic,
@@ -225,7 +227,7 @@ class _Cand:
     __slots__ = ("accum", "b", "exact", "group", "lower", "request", "status", "time")
 
     def __init__(
-        self, group: Group, request: TrainingRequest, b: int, accum: int, t: StepTime, lower: int
+        self, group: Group, request: TrainingRequest, b: int, accum: int, t: StepTime | None, lower: int
     ):  # fmt: skip
         self.group, self.request, self.b, self.accum, self.time = group, request, b, accum, t
         self.lower = lower
@@ -504,8 +506,11 @@ class _Resolver:
     """Each group's candidates, every one given its step time and its peak's lower bound; the caches are
     shared by the groups of one search."""
 
-    def __init__(self, plan: PlanRequest, setting: _Setting):
+    def __init__(self, plan: PlanRequest, setting: _Setting, price_all: bool = True):
         self.plan, self.setting = plan, setting
+        self.price_all = price_all
+        """False: a model-parallel candidate whose bound is above the fit limit gets no step time (it cannot
+        be ranked); True: every candidate gets one (the JSON's list of them)."""
         self.requests = _Requests(plan)
         self.comm = _CommCosts(setting.layout)
         self.outside = _OutsideBytes()
@@ -545,7 +550,9 @@ class _Resolver:
         strategy_row`: all resident between the last backward and the optimizer step), the exact peak left
         to the walk. Without pipeline stages the rank's steady step is one timeline, as a data-parallel
         candidate's: its allocated peak is exact from the step's parts (:class:`~zerocalc.plan.allocated.
-        StepParts` of the rank's model), and the bound is that peak + the context and the communicators."""
+        StepParts` of the rank's model), and the bound is that peak + the context and the communicators.
+        A candidate whose bound is above the fit limit cannot be ranked: it is priced only where every
+        candidate is listed (``price_all``)."""
         key = group._replace(recompute=None, micro_batches=(), accumulates=False)
         states = self.states.get(key)
         if states is None:
@@ -560,12 +567,18 @@ class _Resolver:
                 parts = self.mesh_parts[parts_key] = StepParts(runtime_for(self.plan.base))
             configuration = group._replace(recompute=None, micro_batches=())
             allocated = parts.allocated_peaks(request, batches, configuration)
+        problem = mesh_problem(comm_request.model.architecture, comm_request.mesh)
+        if problem:  # what pricing would refuse, refused whether or not it is priced
+            return InputError(problem)
         cands = []
         for b, accum in batches.items():
-            timed = self.mesh_steps.of(group, comm_request, b, accum)
-            if isinstance(timed, InputError):
-                return timed
-            cands.append(_Cand(group, request, b, accum, timed, outside + max(states, allocated[b])))
+            lower = outside + max(states, allocated[b])
+            timed: StepTime | InputError | None = None
+            if lower <= self.setting.limit or self.price_all:
+                timed = self.mesh_steps.of(group, comm_request, b, accum)
+                if isinstance(timed, InputError):
+                    return timed
+            cands.append(_Cand(group, request, b, accum, timed, lower))
         return cands
 
     def _timed(
@@ -615,9 +628,10 @@ def _resolve(
     groups: list[Group],
     rejected: Counter[str],
     on_progress: Callable[[int, int], None] | None,
+    price_all: bool = True,
 ) -> list[_Cand]:
     """Every candidate of the groups the parser accepts (the others counted in ``rejected``)."""
-    resolver = _Resolver(plan, setting)
+    resolver = _Resolver(plan, setting, price_all)
     cands: list[_Cand] = []
     step = max(1, len(groups) // 20)
     for index, group in enumerate(groups):
@@ -659,7 +673,7 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
     rejected: Counter[str] = Counter()
     for item in early:
         rejected[item.reason] += item.count
-    cands = _resolve(plan, setting, groups, rejected, on_progress)
+    cands = _resolve(plan, setting, groups, rejected, on_progress, price_all=keep_all)
     searched = time.perf_counter()
     ranked = _walk(plan, cands, setting.limit)
     walked = time.perf_counter()
@@ -736,12 +750,14 @@ def _status_of(peak: StrategyPeak) -> Status:
 
 
 def _order(plan: PlanRequest, cand: _Cand) -> tuple:
-    """The walk's order: the objective's key (time and GPUs are exact before any peak is known)."""
+    """The walk's order: the objective's key (time and GPUs are exact before any peak is known); a
+    candidate left unpriced (its bound above the limit: never ranked) last of its kind."""
+    step_s = cand.time.step_s if cand.time is not None else math.inf
     if plan.objective is Objective.GPUS:
-        return (cand.group.world, cand.time.step_s)
+        return (cand.group.world, step_s)
     if plan.objective is Objective.MEMORY:
-        return (cand.lower, cand.time.step_s)
-    return (cand.time.step_s,)
+        return (cand.lower, step_s)
+    return (step_s,)
 
 
 def _walk(plan: PlanRequest, cands: list[_Cand], limit: float) -> list[_Cand]:
@@ -775,6 +791,7 @@ def _walk(plan: PlanRequest, cands: list[_Cand], limit: float) -> list[_Cand]:
 
 def _row(plan: PlanRequest, cand: _Cand, rank: int | None) -> PlanRow:
     g, peak, t = cand.group, cand.exact, cand.time
+    assert t is not None, "a row's candidate is priced (its bound is within the limit, or every one is)"
     request = cand.request
     return PlanRow(
         rank=rank,
