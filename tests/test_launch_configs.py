@@ -203,6 +203,19 @@ def test_torchtitan_selective_options_map_to_their_recompute(option: str, values
     assert "checkpoint_every" in read or values == {"recompute": "op"}
 
 
+@pytest.mark.parametrize(
+    ("line", "reduce_dtype"),
+    [("", "fp32"), ('mixed_precision_reduce = "float32"', "fp32"),
+     ('mixed_precision_reduce = "bfloat16"', "bf16")],
+)  # fmt: skip
+def test_torchtitan_reduces_in_fp32_unless_the_file_says_otherwise(line: str, reduce_dtype: str) -> None:
+    """torchtitan v0.2.2 ``config/job_config.py``: ``mixed_precision_reduce: Literal["float32"] =
+    "float32"``; a file without the key reduces in fp32, as ``--reduce-dtype fp32``."""
+    text = f"[training]\nlocal_batch_size = 2\n{line}\n"
+    read = read_launch_config(LaunchFormat.TORCHTITAN, text, "{torchtitan} f").values
+    assert read["reduce_dtype"] == reduce_dtype
+
+
 def test_an_unknown_selective_option_is_refused_naming_the_value() -> None:
     text = '[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "layer"\n'
     with pytest.raises(

@@ -232,6 +232,9 @@ _TITAN_AC_MODES = ("none", "full", "selective")
 _TITAN_SAC_DEFAULT = "2"
 """torchtitan ``ActivationCheckpoint.selective_ac_option``'s default (v0.2.2 ``config/job_config.py``)."""
 _TITAN_DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
+_TITAN_REDUCE_DEFAULT = "float32"
+"""``Training.mixed_precision_reduce``'s default (v0.2.2 ``config/job_config.py``, and ``config_manager.py``
+at commit 9dec370): FSDP reduces gradients in fp32 unless the file says otherwise."""
 _TITAN_READ = {
     "model.name", "model.flavor", "parallelism.data_parallel_shard_degree",
     "parallelism.data_parallel_replicate_degree", "parallelism.tensor_parallel_degree",
@@ -318,11 +321,10 @@ def _torchtitan(job: dict[str, Any], where: str) -> LaunchConfig:
         if param not in _TITAN_DTYPES:
             raise _refuse(where, "training.mixed_precision_param", param, "bfloat16 or float32")
         values["precision"] = "bf16-mixed" if param == "bfloat16" else "fp32"
-    reduce = get("training.mixed_precision_reduce")
-    if reduce is not None:
-        if reduce not in _TITAN_DTYPES:
-            raise _refuse(where, "training.mixed_precision_reduce", reduce, "bfloat16 or float32")
-        values["reduce_dtype"] = _TITAN_DTYPES[reduce]
+    reduce = get("training.mixed_precision_reduce", _TITAN_REDUCE_DEFAULT)
+    if reduce not in _TITAN_DTYPES:
+        raise _refuse(where, "training.mixed_precision_reduce", reduce, "bfloat16 or float32")
+    values["reduce_dtype"] = _TITAN_DTYPES[reduce]
     mode = get("activation_checkpoint.mode")
     if mode is not None:
         if mode not in _TITAN_AC_MODES:
