@@ -140,7 +140,8 @@ def main() -> None:
         n = result.candidates_evaluated
         print(
             f"{_label(case)}: {n:,} candidates ({result.groups} groups)\n"
-            f"  every candidate (peak bound; comm + time of those that can fit), cold: {cold:.3f} s = {n / cold:,.0f} candidates/s; "
+            f"  every candidate (peak bound; comm + time of those that can fit), cold: {cold:.3f} s = "
+            f"{n / cold:,.0f} candidates/s; "
             f"warm: {warm:.3f} s = {n / warm:,.0f}/s\n"
             f"  then {result.exact_peaks} exact peaks for the rows: {exact:.3f} s\n"
             f"  one estimate_memory() (model states, 8 GPUs, every strategy): {states * 1000:.1f} ms\n"
