@@ -31,8 +31,8 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.comm.calls import Layout
 from zerocalc.comm.estimate import CollectiveRun, collective_runs, data_parts, mesh_request, strategy_comm
-from zerocalc.comm.mesh import mesh_problem
-from zerocalc.comm.pipeline import pipeline_comm
+from zerocalc.comm.mesh import MeshRequest, mesh_problem
+from zerocalc.comm.pipeline import PipelineComm, pipeline_comm
 from zerocalc.comm.step import (
     fsdp2_traffic,
     kernels,
@@ -390,6 +390,8 @@ class _MeshSteps:
     def __init__(self, plan: PlanRequest):
         self.plan = plan
         self._steps: dict[tuple, StepTime | InputError] = {}
+        self._pipelines: dict[tuple, PipelineComm | None] = {}
+        self._mesh_requests: dict[tuple, MeshRequest | None] = {}
 
     def of(self, group: Group, comm_request: TrainingRequest, b: int, accum: int) -> StepTime | InputError:
         key = (*_comm_key(group), group.recompute, b, accum)
@@ -405,13 +407,23 @@ class _MeshSteps:
         """As :func:`~zerocalc.comm.estimate.evaluate_comm` prices the request's one strategy."""
         plan = self.plan
         rank = request.rank_model
-        pipeline = pipeline_comm(request)
+        # the same for every strategy of a mesh, micro-batch and accumulation (the search's one model,
+        # sequence and links); the mesh's collectives also follow the recompute and the dtypes
+        mesh, activations = request.mesh, request.activations
+        shared = (mesh, request.framework, activations.micro_batch, request.grad_accum, request.precision)
+        if shared not in self._pipelines:
+            self._pipelines[shared] = pipeline_comm(request)
+        pipeline = self._pipelines[shared]
+        collectives = (*shared, activations.recompute, request.reduce_dtype)
+        if collectives not in self._mesh_requests:
+            self._mesh_requests[collectives] = mesh_request(request)
+        mesh_collectives = self._mesh_requests[collectives]
         row = strategy_comm(
             strategy,
             request,
             None,
             data_parts(request, Layout.of(rank.params, rank.architecture)),
-            mesh_request(request),
+            mesh_collectives,
             pipeline,
         )
         collectives = [(c.phase, c.times_per_step, c.calls_per_step, c.time_s) for c in row.collectives]
