@@ -368,7 +368,16 @@ class _Passes:
                     _run_program(led, i, saves.program, rng, new, self.hidden_bytes, tag=tag)
                 else:
                     group = f"layer {i}{tag}"
-                    led.alloc_group(group, saves.saved, ACTIVATIONS)
+                    saved = saves.saved
+                    if hidden == received and impl.name is ModelImplName.MEGATRON:
+                        # the chunk's first layer saves its input, the tensor received from the previous
+                        # stage, which the schedule keeps for its gradient: one tensor (Megatron-LM
+                        # TransformerBlock.set_input_tensor; schedules.py input_tensors)
+                        saved = tuple(
+                            item for item in saved
+                            if item != ("attn_norm_input", step.stage.boundary_bytes)
+                        )  # fmt: skip
+                    led.alloc_group(group, saved, ACTIVATIONS)
                     if hf and t.sliding_pattern and (global_layer(arch, i) + 1) % t.sliding_pattern:
                         led.alloc(
                             f"layer {i} sliding-window cache tensor{tag}", INT64, ACTIVATIONS,
