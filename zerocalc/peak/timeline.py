@@ -15,6 +15,9 @@ fp32 copy (``logits.float()``, 4·T·V), the labels padded with −100 (8·b·(s
 (8·T; a view when b = 1), ``log_softmax``'s fp32 output (saved, 4·T·V), the loss and ``total_weight``. In
 backward ``nll_loss_backward`` allocates d(log_softmax) (4·T·V) and ``log_softmax_backward`` d(logits)
 (4·T·V): with the saved output, 12·T·V of fp32 loss tensors at once — the step's peak when T·V is large.
+Megatron-LM's vocab-parallel cross-entropy (``core/tensor_parallel/cross_entropy.py``) keeps its fp32 softmax
+(4·T·V) from the fp32 copy of the logits and turns it into the gradient in place: the bf16 logits and the
+fp32 copy (6·T·V) at the forward's peak, the gradient and its bf16 cast (6·T·V) at the backward's.
 """
 
 from __future__ import annotations
@@ -365,7 +368,16 @@ class _Passes:
                     _run_program(led, i, saves.program, rng, new, self.hidden_bytes, tag=tag)
                 else:
                     group = f"layer {i}{tag}"
-                    led.alloc_group(group, saves.saved, ACTIVATIONS)
+                    saved = saves.saved
+                    if hidden == received and impl.name is ModelImplName.MEGATRON:
+                        # the chunk's first layer saves its input, the tensor received from the previous
+                        # stage, which the schedule keeps for its gradient: one tensor (Megatron-LM
+                        # TransformerBlock.set_input_tensor; schedules.py input_tensors)
+                        saved = tuple(
+                            item for item in saved
+                            if item != ("attn_norm_input", step.stage.boundary_bytes)
+                        )  # fmt: skip
+                    led.alloc_group(group, saved, ACTIVATIONS)
                     if hf and t.sliding_pattern and (global_layer(arch, i) + 1) % t.sliding_pattern:
                         led.alloc(
                             f"layer {i} sliding-window cache tensor{tag}", INT64, ACTIVATIONS,
@@ -452,13 +464,20 @@ class _Passes:
         if head:
             led.alloc(f"grad seed{tag}", FP32, LOSS)
             mechanics.pre_backward(led, "root")
-            led.alloc(f"d log_softmax (nll_loss_backward){tag}", FP32 * TV, LOSS)
-            led.free(f"shift labels{tag}")
-            led.free(f"total_weight{tag}")
-            led.alloc(f"d logits fp32 (log_softmax_backward){tag}", FP32 * TV, LOSS)
-            led.event(f"loss backward (log_softmax_backward){tag}", self.loss_parallel[1], TRANSIENT)
-            led.free(f"log_softmax{tag}")
-            led.free(f"d log_softmax (nll_loss_backward){tag}")
+            if impl.loss == "fp32_logits":
+                # Megatron-LM _VocabParallelCrossEntropy.backward turns the saved softmax into the
+                # gradient in place (core/tensor_parallel/cross_entropy.py calculate_gradients)
+                led.free(f"total_weight{tag}")
+                led.rename(f"log_softmax{tag}", f"d logits fp32 (log_softmax_backward){tag}")
+                led.event(f"loss backward (vocab-parallel cross-entropy, in place){tag}")
+            else:
+                led.alloc(f"d log_softmax (nll_loss_backward){tag}", FP32 * TV, LOSS)
+                led.free(f"shift labels{tag}")
+                led.free(f"total_weight{tag}")
+                led.alloc(f"d logits fp32 (log_softmax_backward){tag}", FP32 * TV, LOSS)
+                led.event(f"loss backward (log_softmax_backward){tag}", self.loss_parallel[1], TRANSIENT)
+                led.free(f"log_softmax{tag}")
+                led.free(f"d log_softmax (nll_loss_backward){tag}")
             if act != FP32:
                 led.alloc(f"d logits{tag}", act * TV, LOSS)
                 led.event(f"logits.float() backward{tag}")
