@@ -370,6 +370,11 @@ def test_the_older_layout_splits_and_counts_micro_batches_as_it_did() -> None:
         "tp": "2", "cp": "2", "pp": "4", "micro_batch": "2", "grad_accum": "4"
     }  # fmt: skip
     assert read.stages is not None and read.stages.options(32) == {"vpp": "2"}
+    too_few = (
+        r"experimental\.pipeline_parallel_microbatches \(unset: the pipeline degree\) 4 is not modelled; "
+    )
+    with pytest.raises(InputError, match=too_few + "accepted: a divisor of training.batch_size 2"):
+        read_launch_config(LaunchFormat.TORCHTITAN, old.replace("batch_size = 8", "batch_size = 2"), "f")
     new = (
         "[training]\nlocal_batch_size = 8\n[parallelism]\ntensor_parallel_degree = 2\n"
         'pipeline_parallel_degree = 4\npipeline_parallel_schedule = "Interleaved1F1B"\n'

@@ -486,9 +486,13 @@ def _titan_pipeline(get: Any, name: Any, where: str, pp: int, values: dict[str, 
             raise _refuse(
                 where, f"{name(_TITAN_COUNTED)} with {mixed[0]}", get(mixed[0]), "one layout's keys"
             )
-        micro_batches = _whole(get(_TITAN_COUNTED, pp), name(_TITAN_COUNTED), where)
+        count_key = name(_TITAN_COUNTED)
+        if get(_TITAN_COUNTED) is None:
+            section = name("parallelism.pipeline_parallel_degree").split(".")[0]
+            count_key = f"{section}.pipeline_parallel_microbatches (unset: the pipeline degree)"
+        micro_batches = _whole(get(_TITAN_COUNTED, pp), count_key, where)
         if batch % micro_batches:
-            raise _refuse(where, name(_TITAN_COUNTED), micro_batches, f"a divisor of {batch_key} {batch}")
+            raise _refuse(where, count_key, micro_batches, f"a divisor of {batch_key} {batch}")
         micro_batch = batch // micro_batches
     else:
         micro_batch = _whole(
