@@ -129,8 +129,8 @@ def test_flags_override_the_file_and_the_library_reads_it_too(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("kind", "text", "message"),
     [
-        (LaunchFormat.TORCHTITAN, "[parallelism]\npipeline_parallel_degree = 8\n",
-         "parallelism.pipeline_parallel_degree 8 is not modelled; accepted: 1 .zerocalc models dp × cp × tp"),
+        (LaunchFormat.TORCHTITAN, "[parallelism]\npipeline_parallel_degree = 0\n",
+         "parallelism.pipeline_parallel_degree 0 is not modelled; accepted: a whole number of ranks"),
         (LaunchFormat.DEEPSPEED, '{"zero_optimization": {"stage": 4}}',
          "zero_optimization.stage 4 is not modelled; accepted: 0, 1, 2 or 3"),
         (LaunchFormat.DEEPSPEED, "{not json", "is not JSON"),
@@ -164,13 +164,15 @@ def test_a_torchtitan_mesh_gives_the_flags_mesh(tmp_path: Path) -> None:
 
 
 def test_a_refused_launch_config_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    path = tmp_path / "tp.toml"
-    path.write_text("[parallelism]\nexpert_parallel_degree = 8\n")
+    path = tmp_path / "zbv.toml"
+    path.write_text(
+        '[parallelism]\npipeline_parallel_degree = 4\npipeline_parallel_schedule = "ZBVZeroBubble"\n'
+    )
     result = runner.invoke(app, ["memory", "--model", "llama-3-8b", "--torchtitan", str(path)])
     assert result.exit_code == 2
     assert result.stderr.strip().splitlines() == [
-        f"zerocalc: error: --torchtitan {str(path)!r}: parallelism.expert_parallel_degree 8 is not modelled; "
-        "accepted: 1 (zerocalc models dp × cp × tp meshes)"
+        f"zerocalc: error: --torchtitan {str(path)!r}: parallelism.pipeline_parallel_schedule "
+        "'ZBVZeroBubble' is not modelled; accepted: GPipe, 1F1B, Interleaved1F1B or InterleavedZeroBubble"
     ]
     missing = runner.invoke(
         app, ["memory", "--model", "llama-3-8b", "--deepspeed", str(tmp_path / "none.json")]
@@ -233,3 +235,236 @@ def test_every_second_block_checkpointed_gives_the_peak_of_the_equivalent_flags(
     from_flags = _memory([*flags, "--checkpoint-every", "2"])
     assert from_file["peak"] == from_flags["peak"] and from_file["options"] == from_flags["options"]
     assert str(from_file["options"]["checkpoint_every"]) == "2"
+
+
+# torchtitan v0.2.2 layout: Llama 3.1 405B over dp_shard 8 × tp 8 × pp 8 = 512 GPUs, 1F1B, micro-batches of 2
+TITAN_405B_PP = """
+[model]
+name = "llama3"
+flavor = "405B"
+[optimizer]
+name = "AdamW"
+[training]
+local_batch_size = 16
+seq_len = 8192
+mixed_precision_param = "bfloat16"
+[parallelism]
+data_parallel_shard_degree = 8
+tensor_parallel_degree = 8
+pipeline_parallel_degree = 8
+pipeline_parallel_schedule = "1F1B"
+pipeline_parallel_microbatch_size = 2
+fsdp_reshard_after_forward = "default"
+[activation_checkpoint]
+mode = "full"
+"""
+# the same job in torchtitan's older layout (config_manager.py at 9dec370): degrees under [training] and
+# [experimental], a micro-batch count
+TITAN_405B_PP_OLD = """
+[model]
+name = "llama3"
+flavor = "405B"
+[optimizer]
+name = "AdamW"
+[training]
+batch_size = 16
+seq_len = 8192
+mixed_precision_param = "bfloat16"
+data_parallel_shard_degree = 8
+tensor_parallel_degree = 8
+[experimental]
+pipeline_parallel_degree = 8
+pipeline_parallel_schedule = "1F1B"
+pipeline_parallel_microbatches = 8
+[activation_checkpoint]
+mode = "full"
+"""
+# v0.2.2 generate_llm_fqn_per_model_part: 126 layers + embedding + head = 128 over 8 stages, 16 each, less
+# one on the first and the last: 15, 16 × 6, 15; 9dec370 generate_split_points: 126 // 8 = 15 on the first,
+# 16 on the next six (126 % 8 = 6), 126 − 15 − 96 = 15 on the last. Micro-batches: 16 / 2 = 8. FSDP with a
+# pipeline keeps the parameters after forward (reshard_after_forward = not pp_enabled): shard_grad_op.
+TITAN_405B_PP_FLAGS = ["--model", "llama-3.1-405b", "--framework", "fsdp2", "--model-impl", "torchtitan"]
+TITAN_405B_PP_FLAGS += ["--gpus", "512", "--tp", "8", "--pp", "8", "--pp-schedule", "1f1b"]
+TITAN_405B_PP_FLAGS += ["--pp-first-stage-layers", "15", "--pp-last-stage-layers", "15"]
+TITAN_405B_PP_FLAGS += ["--micro-batch", "2", "--grad-accum", "8", "--strategy", "shard_grad_op"]
+TITAN_405B_PP_FLAGS += ["--seq-len", "8192", "--precision", "bf16-mixed", "--reduce-dtype", "fp32"]
+TITAN_405B_PP_FLAGS += ["--recompute", "full", "--optimizer", "adamw"]
+
+
+def test_a_torchtitan_pipeline_gives_the_flags_pipeline_in_either_layout(tmp_path: Path) -> None:
+    from_flags = _memory(TITAN_405B_PP_FLAGS)
+    for name, text in (("new.toml", TITAN_405B_PP), ("old.toml", TITAN_405B_PP_OLD)):
+        path = tmp_path / name
+        path.write_text(text)
+        from_file = _memory(["--torchtitan", str(path)])
+        assert from_file["options"] == from_flags["options"], name
+        assert from_file["peak"] == from_flags["peak"], name
+        assert from_file["request"]["mesh"]["pp"] == 8 and from_file["request"]["mesh"]["dp"] == 8
+    older = [note for note in from_file["notes"] if "older layout" in note]
+    assert (
+        older and "experimental.pipeline_parallel_degree → parallelism.pipeline_parallel_degree" in older[0]
+    )
+
+
+def _stages(text: str, num_layers: int) -> dict[str, str]:
+    config = read_launch_config(LaunchFormat.TORCHTITAN, text, "{torchtitan} f")
+    assert config.stages is not None
+    keys = ("pp", "pp_schedule", "micro_batch", "grad_accum", "strategies")
+    return {**{k: config.values[k] for k in keys}, **config.stages.options(num_layers)}
+
+
+@pytest.mark.parametrize(
+    ("lines", "num_layers", "expected"),
+    [
+        # Llama 3 70B, GPipe at pp 3: 82 effective layers, 27 a stage, the first one more (82 % 3 = 1),
+        # less the embedding and the head: 27, 27, 26
+        ('pipeline_parallel_degree = 3\npipeline_parallel_schedule = "GPipe"', 80,
+         {"pp": "3", "pp_schedule": "gpipe", "micro_batch": "1", "grad_accum": "8",
+          "pp_last_stage_layers": "26"}),
+        # Llama 3 8B, Interleaved1F1B at pp 4: 2 stages a rank, embedding and head weighing nothing:
+        # 32 over 8 stages, 4 each; local batch 8 in micro-batches of 2
+        ('pipeline_parallel_degree = 4\npipeline_parallel_schedule = "Interleaved1F1B"\n'
+         "pipeline_parallel_first_stage_less_layers = 0\npipeline_parallel_last_stage_less_layers = 0\n"
+         "pipeline_parallel_microbatch_size = 2", 32,
+         {"pp": "4", "pp_schedule": "interleaved-1f1b", "micro_batch": "2", "grad_accum": "4", "vpp": "2"}),
+        # layers_per_stage 2 over 32 layers: ⌈32 / 2⌉ = 16 stages, 4 a rank at pp 4
+        ('pipeline_parallel_degree = 4\npipeline_parallel_schedule = "InterleavedZeroBubble"\n'
+         "pipeline_parallel_first_stage_less_layers = 0\npipeline_parallel_last_stage_less_layers = 0\n"
+         "pipeline_parallel_layers_per_stage = 2", 32,
+         {"pp": "4", "pp_schedule": "zero-bubble", "micro_batch": "1", "grad_accum": "8", "vpp": "4"}),
+        # split points at layers 7, 16, 25: 7, 9, 9, 7
+        ('pipeline_parallel_degree = 4\npipeline_parallel_split_points = ["layers.7", "layers.16", '
+         '"layers.25"]', 32,
+         {"pp": "4", "pp_schedule": "1f1b", "micro_batch": "1", "grad_accum": "8",
+          "pp_first_stage_layers": "7", "pp_last_stage_layers": "7"}),
+        # two parts a rank at pp 2 given by module names: 3 + 3 layers on rank 0, 5 + 5 on rank 1
+        ('pipeline_parallel_degree = 2\npipeline_parallel_schedule = "Interleaved1F1B"\n'
+         'module_fqns_per_model_part = [["tok_embeddings", "layers.0", "layers.1", "layers.2"], '
+         '["layers.3", "layers.4", "layers.5", "layers.6", "layers.7"], ["layers.8", "layers.9", '
+         '"layers.10"], ["layers.11", "layers.12", "layers.13", "layers.14", "layers.15", "norm", "output"]]',
+         16,
+         {"pp": "2", "pp_schedule": "interleaved-1f1b", "micro_batch": "1", "grad_accum": "8", "vpp": "2",
+          "pp_first_stage_layers": "6"}),
+    ],
+)  # fmt: skip
+def test_torchtitan_stages_map_to_the_pipeline_options(lines: str, num_layers: int, expected: dict) -> None:
+    """torchtitan v0.2.2 ``distributed/pipeline_parallel.py``: ``pipeline_llm`` (1 stage a rank for a
+    single-stage schedule, 2 for a multi-stage one, or ⌈(L + 2)/layers_per_stage⌉ stages) and
+    ``generate_llm_fqn_per_model_part``; micro-batches ``local_batch_size / microbatch_size`` (8 / 1 by
+    default); FSDP under a pipeline ``shard_grad_op``."""
+    text = f"[training]\nlocal_batch_size = 8\n[parallelism]\n{lines}\n"
+    assert _stages(text, num_layers) == {**expected, "strategies": "shard_grad_op"}
+
+
+def test_the_older_layout_splits_and_counts_micro_batches_as_it_did() -> None:
+    """9dec370 ``generate_split_points``: Llama 3 8B's 32 layers over 4 × 2 stages, 32 // 8 = 4 each with
+    none left over (v0.2.2's weighted split gives 4, 5, 4 × 5, 3, refused); micro-batches default to the
+    pipeline degree, each batch_size / 4 = 2 sequences."""
+    old = (
+        "[training]\nbatch_size = 8\ntensor_parallel_degree = 2\n[experimental]\n"
+        'pipeline_parallel_degree = 4\npipeline_parallel_schedule = "Interleaved1F1B"\n'
+        "context_parallel_degree = 2\n"
+    )
+    read = read_launch_config(LaunchFormat.TORCHTITAN, old, "{torchtitan} f")
+    assert {k: read.values[k] for k in ("tp", "cp", "pp", "micro_batch", "grad_accum")} == {
+        "tp": "2", "cp": "2", "pp": "4", "micro_batch": "2", "grad_accum": "4"
+    }  # fmt: skip
+    assert read.stages is not None and read.stages.options(32) == {"vpp": "2"}
+    too_few = (
+        r"experimental\.pipeline_parallel_microbatches \(unset: the pipeline degree\) 4 is not modelled; "
+    )
+    with pytest.raises(InputError, match=too_few + "accepted: a divisor of training.batch_size 2"):
+        read_launch_config(LaunchFormat.TORCHTITAN, old.replace("batch_size = 8", "batch_size = 2"), "f")
+    new = (
+        "[training]\nlocal_batch_size = 8\n[parallelism]\ntensor_parallel_degree = 2\n"
+        'pipeline_parallel_degree = 4\npipeline_parallel_schedule = "Interleaved1F1B"\n'
+        "context_parallel_degree = 2\n"
+    )
+    split = r"v0.2.2 default split of 32 layers into 8 stages over 4 ranks \(layers a stage: 4, 5, 4 × 5, 3\)"
+    with pytest.raises(InputError, match=split):
+        _stages(new, 32)
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        ('pipeline_parallel_degree = 4\npipeline_parallel_schedule = "LoopedBFS"',
+         "pipeline_parallel_schedule 'LoopedBFS' is not modelled; accepted: GPipe, 1F1B, Interleaved1F1B"),
+        ('pipeline_parallel_degree = 2\npipeline_parallel_schedule = "DualPipeV"',
+         "pipeline_parallel_schedule 'DualPipeV' is not modelled"),
+        ('pipeline_parallel_degree = 2\npipeline_parallel_schedule_csv = "s.csv"',
+         "pipeline_parallel_schedule_csv 's.csv' is not modelled; accepted: none: a schedule by name"),
+        ("pipeline_parallel_degree = 2\npipeline_parallel_microbatch_size = 3",
+         "pipeline_parallel_microbatch_size 3 is not modelled; accepted: a divisor of "
+         "training.local_batch_size 8"),
+        ("expert_parallel_degree = 4\ntensor_parallel_degree = 2",
+         "expert_tensor_parallel_degree 1 is not modelled; accepted: 2, the tensor-parallel degree"),
+        ("pipeline_parallel_degree = 2\ndata_parallel_shard_degree = 4\ndata_parallel_replicate_degree = 2",
+         "data_parallel_replicate_degree 2 is not modelled; accepted: 1 with tensor, context, pipeline"),
+    ],
+)  # fmt: skip
+def test_what_torchtitan_runs_and_zerocalc_does_not_model_is_refused(lines: str, message: str) -> None:
+    text = f"[training]\nlocal_batch_size = 8\n[parallelism]\n{lines}\n"
+    with pytest.raises(InputError, match=message):
+        read_launch_config(LaunchFormat.TORCHTITAN, text, "{torchtitan} f")
+
+
+def test_a_key_in_both_layouts_is_refused() -> None:
+    text = "[training]\ntensor_parallel_degree = 2\n[parallelism]\ntensor_parallel_degree = 4\n"
+    with pytest.raises(
+        InputError, match=r"training\.tensor_parallel_degree and parallelism\.tensor_parallel_degree 2 is not"
+    ):
+        read_launch_config(LaunchFormat.TORCHTITAN, text, "{torchtitan} f")
+
+
+def test_a_split_zerocalc_cannot_express_is_refused_unless_the_flags_give_one(tmp_path: Path) -> None:
+    """Llama 3 8B at pp 4 under v0.2.2's default: 34 effective layers, 8 a stage and the first two one
+    more: 8, 9, 8, 7 (the middle ranks differ); with the split given as flags the flags' is used."""
+    path = tmp_path / "llama3_8b_pp4.toml"
+    path.write_text(TITAN_TOML.replace("tensor_parallel_degree = 1", "pipeline_parallel_degree = 4"))
+    refused = runner.invoke(app, ["memory", "--torchtitan", str(path)])
+    assert refused.exit_code == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert (
+        "split of 32 layers into 4 stages over 4 ranks (layers a stage: 8, 9, 8, 7) is not" in refused.stderr
+    )
+    assert "--pp-first-stage-layers and --pp-last-stage-layers given" in refused.stderr
+    given = ["--pp-first-stage-layers", "7", "--pp-last-stage-layers", "7"]
+    from_file = _memory(["--torchtitan", str(path), *given])
+    # local_batch_size 2 in micro-batches of 1 (the default pipeline_parallel_microbatch_size)
+    assert str(from_file["options"]["pp"]) == "4" and str(from_file["options"]["grad_accum"]) == "2"
+    assert from_file["request"]["mesh"]["pp_first_stage_layers"] == 7
+
+
+# torchtitan v0.2.2: Qwen3 30B-A3B (models/qwen3/__init__.py "30B-A3B": 48 layers of 128 experts, the
+# presets' Qwen3-30B-A3B), FSDP over 8 GPUs, expert parallelism over all 8
+TITAN_QWEN3_EP = """
+[model]
+name = "qwen3"
+flavor = "30B-A3B"
+[training]
+local_batch_size = 2
+seq_len = 4096
+mixed_precision_param = "bfloat16"
+[parallelism]
+data_parallel_shard_degree = 8
+expert_parallel_degree = 8
+expert_tensor_parallel_degree = 1
+[activation_checkpoint]
+mode = "full"
+"""
+
+
+def test_torchtitan_expert_parallelism_gives_the_flags_mesh(tmp_path: Path) -> None:
+    """``ParallelDims`` (v0.2.2 ``distributed/parallel_dims.py``) unflattens the sparse mesh as
+    (pp, dp_replicate, efsdp, ep, etp) with efsdp = dp_shard·cp·t/(etp·ep): with etp = t the EP group is
+    e ranks t apart inside dp_shard × cp, zerocalc's ``--ep`` (docs/model.md)."""
+    path = tmp_path / "qwen3_30b_a3b.toml"
+    path.write_text(TITAN_QWEN3_EP)
+    from_file = _memory(["--torchtitan", str(path)])
+    flags = ["--model", "qwen3-30b-a3b", "--framework", "fsdp2", "--model-impl", "torchtitan", "--gpus", "8"]
+    flags += ["--ep", "8", "--strategy", "zero3", "--micro-batch", "2", "--seq-len", "4096"]
+    flags += ["--precision", "bf16-mixed", "--reduce-dtype", "fp32", "--recompute", "full"]
+    from_flags = _memory(flags)
+    assert from_file["options"] == from_flags["options"] and from_file["peak"] == from_flags["peak"]
+    groups = {g["dimension"]: (g["size"], g["stride"]) for g in from_file["request"]["mesh"]["groups"]}
+    assert groups["ep"] == (8, 1) and groups["expert_dp"] == (1, 8)

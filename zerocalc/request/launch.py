@@ -5,15 +5,16 @@ override what a file says):
 
 * a DeepSpeed config (``ds_config.json``; keys as in ``deepspeed/runtime/config.py`` and
   ``deepspeed/runtime/zero/config.py``, DeepSpeed 0.16);
-* a torchtitan job TOML (``torchtitan/config/job_config.py``: ``[parallelism]``, ``[training]``,
-  ``[activation_checkpoint]``, ``[model]``, ``[optimizer]``);
+* a torchtitan job TOML (``torchtitan/config/job_config.py``, v0.2.2: ``[parallelism]``, ``[training]``,
+  ``[activation_checkpoint]``, ``[model]``, ``[optimizer]``; and the older layout of ``config_manager.py`` at
+  commit 9dec370, whose degrees are under ``[training]`` and ``[experimental]``);
 * an accelerate config (``accelerate config``'s YAML, ``accelerate/commands/config/config_args.py``, with its
   ``fsdp_config`` or ``deepspeed_config`` table).
 
 :func:`read_launch_config` is pure (text in, :class:`LaunchConfig` out); reading the file is the caller's.
 Every key a format defines that zerocalc does not model is listed in :attr:`LaunchConfig.unmodelled`, and a
-setting zerocalc cannot honour (tensor or pipeline parallelism, a value it does not know) is an
-:class:`~zerocalc.base.errors.InputError` naming the key, never dropped.
+setting zerocalc cannot honour (a schedule or a layer split it does not model, a value it does not know) is
+an :class:`~zerocalc.base.errors.InputError` naming the key, never dropped.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import tomllib
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import pairwise
 from typing import Any
 
 from zerocalc.base.errors import InputError
@@ -41,6 +43,9 @@ class LaunchConfig:
     notes: tuple[str, ...] = ()
     unmodelled: tuple[str, ...] = field(default=())
     """Keys of the file that zerocalc reads but does not model (dotted paths)."""
+    stages: TitanStages | None = None
+    """How the file splits the model's layers over pipeline stages, which gives ``vpp`` and the first and
+    last stage's layers once the model's layer count is known (:meth:`TitanStages.options`)."""
 
     def note_lines(self, source: str) -> list[str]:
         lines = [f"{source}: {note}" for note in self.notes]
@@ -227,6 +232,7 @@ _TITAN_MODELS = {
     ("llama3", "8B"): "llama-3-8b",
     ("llama3", "70B"): "llama-3-70b",
     ("llama3", "405B"): "llama-3.1-405b",
+    ("qwen3", "30B-A3B"): "qwen3-30b-a3b",
 }
 _TITAN_AC_MODES = ("none", "full", "selective")
 _TITAN_SAC_DEFAULT = "2"
@@ -235,15 +241,186 @@ _TITAN_DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
 _TITAN_REDUCE_DEFAULT = "float32"
 """``Training.mixed_precision_reduce``'s default (v0.2.2 ``config/job_config.py``, and ``config_manager.py``
 at commit 9dec370): FSDP reduces gradients in fp32 unless the file says otherwise."""
+_TITAN_LOCAL_BATCH_DEFAULT = 8
+"""``Training.local_batch_size``'s default (v0.2.2 ``config/job_config.py``; ``--training.batch_size`` at
+9dec370): the sequences a data-parallel rank's pipeline splits into micro-batches."""
+_TITAN_SCHEDULES: dict[str, tuple[str, bool]] = {
+    "gpipe": ("gpipe", False),
+    "1f1b": ("1f1b", False),
+    "interleaved1f1b": ("interleaved-1f1b", True),
+    "interleavedzerobubble": ("zero-bubble", True),
+}
+"""torch.distributed.pipelining ``get_schedule_class``'s names (case-insensitive,
+``torch/distributed/pipelining/schedules.py``) that zerocalc models: its ``--pp-schedule``, and whether the
+schedule runs several stages a rank (a ``PipelineScheduleMulti``). LoopedBFS (breadth-first), ZBVZeroBubble
+and DualPipeV (two stages a rank in a V: rank i holds stages i and 2p − 1 − i) are not modelled."""
+_TITAN_SCHEDULES_ACCEPTED = "GPipe, 1F1B, Interleaved1F1B or InterleavedZeroBubble"
+_TITAN_RENAMED = {
+    "training.data_parallel_shard_degree": "parallelism.data_parallel_shard_degree",
+    "training.data_parallel_replicate_degree": "parallelism.data_parallel_replicate_degree",
+    "training.tensor_parallel_degree": "parallelism.tensor_parallel_degree",
+    "training.fsdp_reshard_after_forward": "parallelism.fsdp_reshard_after_forward",
+    "training.batch_size": "training.local_batch_size",
+    "experimental.context_parallel_degree": "parallelism.context_parallel_degree",
+    "experimental.pipeline_parallel_degree": "parallelism.pipeline_parallel_degree",
+    "experimental.pipeline_parallel_schedule": "parallelism.pipeline_parallel_schedule",
+    "experimental.pipeline_parallel_schedule_csv": "parallelism.pipeline_parallel_schedule_csv",
+    "experimental.pipeline_parallel_split_points": "parallelism.pipeline_parallel_split_points",
+    "experimental.pipeline_parallel_microbatches": "parallelism.pipeline_parallel_microbatches",
+}
+"""The older layout's keys (``config_manager.py`` at commit 9dec370: degrees under ``[training]`` and
+``[experimental]``, ``batch_size``) as the v0.2.2 keys they became (commit 785c34c moved them to
+``[parallelism]``, v0.1.0 renamed ``batch_size`` ``local_batch_size``)."""
+_TITAN_COUNTED = "parallelism.pipeline_parallel_microbatches"
+"""The older layouts' micro-batch count (default: the pipeline degree), which commit 5e2033c replaced by
+``pipeline_parallel_microbatch_size``; a file with it splits layers as 9dec370 did."""
+_TITAN_SIZED = (
+    "parallelism.pipeline_parallel_microbatch_size", "parallelism.pipeline_parallel_layers_per_stage",
+    "parallelism.pipeline_parallel_first_stage_less_layers",
+    "parallelism.pipeline_parallel_last_stage_less_layers", "parallelism.module_fqns_per_model_part",
+)  # fmt: skip
+"""The keys of the layout that sizes micro-batches (v0.1.0 on), not read with :data:`_TITAN_COUNTED`."""
 _TITAN_READ = {
     "model.name", "model.flavor", "parallelism.data_parallel_shard_degree",
     "parallelism.data_parallel_replicate_degree", "parallelism.tensor_parallel_degree",
     "parallelism.pipeline_parallel_degree", "parallelism.context_parallel_degree",
-    "parallelism.expert_parallel_degree", "parallelism.fsdp_reshard_after_forward",
-    "training.local_batch_size", "training.batch_size", "training.seq_len",
+    "parallelism.expert_parallel_degree", "parallelism.expert_tensor_parallel_degree",
+    "parallelism.fsdp_reshard_after_forward", "parallelism.pipeline_parallel_schedule",
+    "parallelism.pipeline_parallel_schedule_csv", "parallelism.pipeline_parallel_split_points",
+    _TITAN_COUNTED, *_TITAN_SIZED, "training.local_batch_size", "training.seq_len",
     "training.mixed_precision_param", "training.mixed_precision_reduce", "activation_checkpoint.mode",
     "activation_checkpoint.selective_ac_option", "optimizer.name",
 }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TitanStages:
+    """torchtitan's split of a model's L layers into S pipeline stages, s = S/p of them on each of the p
+    ranks (rank i holds stages i, i + p, …: ``stage_ids_this_rank`` / ``pipeline_module_split`` ``loop``
+    style), the embedding on stage 0 and the norm and head on stage S − 1.
+
+    * Explicit: ``pipeline_parallel_split_points`` (``layers.N`` starts a stage; 9dec370, v0.1.0) or
+      ``module_fqns_per_model_part`` (each stage's modules; v0.2.2).
+    * v0.2.2's default (``distributed/pipeline_parallel.py`` ``pipeline_llm`` and
+      ``generate_llm_fqn_per_model_part``; v0.1.0's ``generate_split_points`` splits alike): s = 1 for a
+      single-stage schedule, 2 for a multi-stage one, or S = ⌈(L + a + z)/``layers_per_stage``⌉; the
+      embedding counts as a = ``first_stage_less_layers`` layers and the head as z =
+      ``last_stage_less_layers`` (1 each), the L + a + z split evenly over S, the first (L + a + z) mod S
+      stages one more; Llama 3.1 405B at p 8: 15, 16 × 6, 15.
+    * 9dec370's default (``parallelisms/pipelining_utils.py`` ``generate_split_points``): ⌊L/S⌋ on the
+      first stage, one more on each following stage while L mod S lasts, the rest on the last.
+    """
+
+    where: str
+    pp: int
+    multi_stage: bool
+    counted: bool
+    """The older layouts' split (9dec370's), else v0.2.2's."""
+    schedule_key: str
+    first_weight: int = 1
+    last_weight: int = 1
+    layers_per_stage: int | None = None
+    split_points: tuple[str, ...] | None = None
+    parts: tuple[int, ...] | None = None
+    """Layers of each stage of ``module_fqns_per_model_part``."""
+
+    def stage_layers(self, num_layers: int) -> tuple[int, ...]:
+        """The layers of each of the S stages, in order."""
+        if self.parts is not None:
+            if sum(self.parts) != num_layers:
+                raise self._problem(f"its stages hold {sum(self.parts)} layers, the model {num_layers}")
+            return self.parts
+        if self.split_points is not None:
+            return self._from_points(num_layers)
+        stages = self.pp * (2 if self.multi_stage else 1)
+        if self.counted:
+            if stages > num_layers:
+                raise self._problem(f"{stages} stages are more than the model's {num_layers} layers")
+            base, extra = divmod(num_layers, stages)
+            counts = [base]
+            for _ in range(stages - 2):
+                counts.append(base + (1 if extra > 0 else 0))
+                extra -= 1
+            return (*counts, num_layers - sum(counts))
+        effective = num_layers + self.first_weight + self.last_weight
+        if self.layers_per_stage is not None:
+            stages = -(-effective // self.layers_per_stage)
+        per, extra = divmod(effective, stages)
+        if per < max(self.first_weight, self.last_weight, 1):
+            raise self._problem(f"{stages} stages over {effective} effective layers leave {per} a stage")
+        counts = [per + (1 if stage < extra else 0) for stage in range(stages)]
+        counts[0] -= self.first_weight
+        counts[-1] -= self.last_weight
+        return tuple(counts)
+
+    def _from_points(self, num_layers: int) -> tuple[int, ...]:
+        starts: list[int] = []
+        for point in self.split_points or ():
+            name, _, index = str(point).partition(".")
+            if name != "layers" or not index.isdigit():
+                raise self._problem(f"split point {point!r} is not a layer ('layers.N')")
+            starts.append(int(index))
+        bounds = [0, *starts, num_layers]
+        if any(b <= a for a, b in pairwise(bounds)):
+            raise self._problem(
+                f"split points {', '.join(self.split_points or ())} are not increasing layers"
+            )
+        return tuple(b - a for a, b in pairwise(bounds))
+
+    def _problem(self, why: str) -> InputError:
+        return InputError(f"{self.where}: torchtitan's pipeline stages cannot be built ({why})")
+
+    def options(self, num_layers: int) -> dict[str, str]:
+        """``vpp`` and the first and last stage's layers for the model's L layers; an
+        :class:`InputError` where each rank's stages are not what zerocalc models: s equal chunks a rank,
+        every rank but the first and last holding the same layers
+        (:func:`~zerocalc.parallel.pipeline.stage_layer_counts`)."""
+        from zerocalc.parallel.pipeline import describe_layer_counts, split_problem, stage_layer_counts
+
+        counts = self.stage_layers(num_layers)
+        stages, pp = len(counts), self.pp
+        if stages % pp:
+            raise self._problem(f"{stages} stages do not divide over {pp} pipeline ranks")
+        vpp = stages // pp
+        if (vpp > 1) != self.multi_stage:
+            kind = "several stages a rank" if self.multi_stage else "one stage a rank"
+            raise self._problem(f"{self.schedule_key} runs {kind}, the split gives {vpp}")
+        ranks = [vpp * counts[rank] for rank in range(pp)]
+        chunked = all(counts[j * pp + rank] == counts[rank] for j in range(vpp) for rank in range(pp))
+        middle = set(ranks[1:-1])
+        first = last = None
+        if len(middle) == 1:
+            (even,) = middle
+            first = ranks[0] if ranks[0] != even else None
+            last = ranks[-1] if ranks[-1] != even else None
+        elif pp == 2 and ranks[0] != ranks[1]:
+            first = ranks[0]
+        exact = (
+            chunked
+            and len(middle) <= 1
+            and min(counts) >= 1
+            and split_problem(num_layers, pp, vpp, first, last) is None
+            and stage_layer_counts(num_layers, pp, first, last) == tuple(ranks)
+        )
+        if not exact:
+            rule = "9dec370" if self.counted else "v0.2.2"
+            made = (
+                "given"
+                if self.parts is not None or self.split_points is not None
+                else f"torchtitan {rule} default"
+            )
+            raise InputError(
+                f"{self.where}: the {made} split of {num_layers} layers into {stages} stages over {pp} ranks "
+                f"(layers a stage: {describe_layer_counts(counts)}) is not modelled; accepted: each rank's "
+                "stages of one size, every rank but the first and last holding the same layers (set "
+                "parallelism.pipeline_parallel_split_points or module_fqns_per_model_part), or "
+                "{pp_first_stage_layers} and {pp_last_stage_layers} given"
+            )
+        values = {"vpp": str(vpp)} if vpp > 1 else {}
+        values.update(
+            {k: str(n) for k, n in (("pp_first_stage_layers", first), ("pp_last_stage_layers", last)) if n}
+        )
+        return values
 
 
 def _titan_selective(option: str, where: str) -> dict[str, str]:
@@ -263,43 +440,184 @@ def _titan_selective(option: str, where: str) -> dict[str, str]:
     )
 
 
+def _titan_renamed(flat: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """``flat`` with the older layout's keys under their v0.2.2 names, and each renamed key's name in the
+    file (for messages)."""
+    renamed = dict(flat)
+    spelled: dict[str, str] = {}
+    for old, new in _TITAN_RENAMED.items():
+        if old in flat:
+            if new in flat:
+                raise _refuse(
+                    where, f"{old} and {new}", flat[old], "one of them (the older layout's or v0.2.2's)"
+                )
+            renamed[new] = renamed.pop(old)
+            spelled[new] = old
+    return renamed, spelled
+
+
+def _titan_pipeline(get: Any, name: Any, where: str, pp: int, values: dict[str, Any]) -> TitanStages:
+    """The pipeline of a job with p = ``pp`` > 1 ranks: ``pp``, ``pp_schedule``, the micro-batch and the
+    micro-batches a step (v0.2.2 ``distributed/pipeline_parallel.py`` ``build_pipeline_schedule``:
+    ``local_batch_size / pipeline_parallel_microbatch_size`` micro-batches; 9dec370
+    ``pipelining_utils.py``: ``pipeline_parallel_microbatches``, default p, each a share of the batch), and
+    how the layers split (:class:`TitanStages`)."""
+    schedule_key = name("parallelism.pipeline_parallel_schedule")
+    csv = get("parallelism.pipeline_parallel_schedule_csv")
+    if csv:
+        raise _refuse(
+            where,
+            name("parallelism.pipeline_parallel_schedule_csv"),
+            csv,
+            f"none: a schedule by name, {_TITAN_SCHEDULES_ACCEPTED}",
+        )
+    schedule = str(get("parallelism.pipeline_parallel_schedule", "1F1B"))
+    if schedule.lower() not in _TITAN_SCHEDULES:
+        raise _refuse(where, schedule_key, schedule, _TITAN_SCHEDULES_ACCEPTED)
+    zerocalc_schedule, multi_stage = _TITAN_SCHEDULES[schedule.lower()]
+    batch_key = name("training.local_batch_size")
+    batch = _whole(get("training.local_batch_size", _TITAN_LOCAL_BATCH_DEFAULT), batch_key, where)
+    counted = get(_TITAN_COUNTED) is not None or name("parallelism.pipeline_parallel_degree") != (
+        "parallelism.pipeline_parallel_degree"
+    )
+    if counted:
+        mixed = [key for key in _TITAN_SIZED if get(key) is not None]
+        if mixed:
+            raise _refuse(
+                where, f"{name(_TITAN_COUNTED)} with {mixed[0]}", get(mixed[0]), "one layout's keys"
+            )
+        count_key = name(_TITAN_COUNTED)
+        if get(_TITAN_COUNTED) is None:
+            section = name("parallelism.pipeline_parallel_degree").split(".")[0]
+            count_key = f"{section}.pipeline_parallel_microbatches (unset: the pipeline degree)"
+        micro_batches = _whole(get(_TITAN_COUNTED, pp), count_key, where)
+        if batch % micro_batches:
+            raise _refuse(where, count_key, micro_batches, f"a divisor of {batch_key} {batch}")
+        micro_batch = batch // micro_batches
+    else:
+        micro_batch = _whole(
+            get("parallelism.pipeline_parallel_microbatch_size", 1),
+            "parallelism.pipeline_parallel_microbatch_size",
+            where,
+        )
+        if batch % micro_batch:
+            raise _refuse(
+                where,
+                "parallelism.pipeline_parallel_microbatch_size",
+                micro_batch,
+                f"a divisor of {batch_key} {batch}",
+            )
+        micro_batches = batch // micro_batch
+    values.update(
+        pp=str(pp), pp_schedule=zerocalc_schedule, micro_batch=str(micro_batch), grad_accum=str(micro_batches)
+    )
+    fqns = get("parallelism.module_fqns_per_model_part")
+    points = get("parallelism.pipeline_parallel_split_points")
+    layers_per_stage = get("parallelism.pipeline_parallel_layers_per_stage")
+    return TitanStages(
+        where=where,
+        pp=pp,
+        multi_stage=multi_stage,
+        counted=counted,
+        schedule_key=f"{schedule_key} {schedule}",
+        first_weight=_whole(
+            get("parallelism.pipeline_parallel_first_stage_less_layers", 1),
+            "parallelism.pipeline_parallel_first_stage_less_layers",
+            where,
+            0,
+        ),
+        last_weight=_whole(
+            get("parallelism.pipeline_parallel_last_stage_less_layers", 1),
+            "parallelism.pipeline_parallel_last_stage_less_layers",
+            where,
+            0,
+        ),
+        layers_per_stage=None
+        if layers_per_stage is None
+        else _whole(layers_per_stage, "parallelism.pipeline_parallel_layers_per_stage", where),
+        split_points=tuple(points) if points else None,
+        parts=None if fqns is None else tuple(_titan_part_layers(fqns, where)),
+    )
+
+
+def _titan_part_layers(fqns: Any, where: str) -> list[int]:
+    """The transformer layers (``layers.N``) of each model part of ``module_fqns_per_model_part``."""
+    if not isinstance(fqns, list) or not all(isinstance(part, list) for part in fqns):
+        raise _refuse(
+            where, "parallelism.module_fqns_per_model_part", fqns, "a list of lists of module names"
+        )
+    return [
+        sum(1 for module in part if str(module).startswith("layers.") and str(module)[7:].isdigit())
+        for part in fqns
+    ]
+
+
+def _whole(value: Any, key: str, where: str, least: int = 1) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise _refuse(where, key, value, f"a whole number, {least} or more")
+    return value
+
+
 def _torchtitan(job: dict[str, Any], where: str) -> LaunchConfig:
-    flat = _flatten(job)
+    original = _flatten(job)
+    flat, spelled = _titan_renamed(original, where)
     get = flat.get
+
+    def name(key: str) -> str:
+        return spelled.get(key, key)
+
     values: dict[str, Any] = {"framework": "fsdp2", "model_impl": "torchtitan"}
     notes: list[str] = []
+    if spelled:
+        notes.append(
+            "torchtitan's older layout (config_manager.py before commit 785c34c) read as v0.2.2's: "
+            + ", ".join(f"{old} → {new}" for new, old in spelled.items())
+        )
     model = (get("model.name"), str(get("model.flavor")))
     if model in _TITAN_MODELS:
         values["model"] = _TITAN_MODELS[model]
     elif get("model.name") is not None:
         notes.append(f"model {model[0]} {model[1]} has no preset: give --model")
-    for key in ("pipeline_parallel_degree", "expert_parallel_degree"):
-        degree = get(f"parallelism.{key}")
-        if degree not in (None, 1):
-            raise _refuse(where, f"parallelism.{key}", degree, "1 (zerocalc models dp × cp × tp meshes)")
-    model_parallel = 1
-    for key, option in (("tensor_parallel_degree", "tp"), ("context_parallel_degree", "cp")):
+    degrees: dict[str, int] = {}
+    for key, option in (
+        ("tensor_parallel_degree", "tp"),
+        ("context_parallel_degree", "cp"),
+        ("pipeline_parallel_degree", "pp"),
+        ("expert_parallel_degree", "ep"),
+    ):
         degree = get(f"parallelism.{key}")
         if degree is None:
+            degrees[option] = 1
             continue
-        if not isinstance(degree, int) or degree < 1:
-            raise _refuse(where, f"parallelism.{key}", degree, "a whole number of ranks, 1 or more")
+        if not isinstance(degree, int) or isinstance(degree, bool) or degree < 1:
+            raise _refuse(where, name(f"parallelism.{key}"), degree, "a whole number of ranks, 1 or more")
+        degrees[option] = degree
         values[option] = str(degree)
-        model_parallel *= degree
+    tp, cp, pp, ep = degrees["tp"], degrees["cp"], degrees["pp"], degrees["ep"]
+    if ep > 1:
+        expert_tp = get("parallelism.expert_tensor_parallel_degree", 1)
+        if expert_tp != tp:
+            raise _refuse(
+                where, "parallelism.expert_tensor_parallel_degree", expert_tp,
+                f"{tp}, the tensor-parallel degree (EP groups carved from dp_shard × cp, t apart)",
+            )  # fmt: skip
     shard = get("parallelism.data_parallel_shard_degree")
     replicate = get("parallelism.data_parallel_replicate_degree") or 1
     reshard = str(get("parallelism.fsdp_reshard_after_forward") or "default").lower()
     if reshard not in ("default", "always", "never"):
-        raise _refuse(where, "parallelism.fsdp_reshard_after_forward", reshard, "default, always or never")
+        raise _refuse(
+            where, name("parallelism.fsdp_reshard_after_forward"), reshard, "default, always or never"
+        )
     if replicate > 1:
         if shard in (None, -1):
             raise _refuse(
-                where, "parallelism.data_parallel_shard_degree", shard, "a degree with replicate > 1"
+                where, name("parallelism.data_parallel_shard_degree"), shard, "a degree with replicate > 1"
             )
-        if model_parallel > 1:
+        if tp * cp * pp * ep > 1:
             raise _refuse(
-                where, "parallelism.data_parallel_replicate_degree", replicate,
-                "1 with tensor or context parallelism (HSDP is modelled on data-parallel meshes)",
+                where, name("parallelism.data_parallel_replicate_degree"), replicate,
+                "1 with tensor, context, pipeline or expert parallelism (HSDP is modelled on data-parallel "
+                "meshes)",
             )  # fmt: skip
         values["strategies"] = "hybrid_shard"
         values["gpus_per_node"] = str(shard)
@@ -308,12 +626,16 @@ def _torchtitan(job: dict[str, Any], where: str) -> LaunchConfig:
             f"HSDP {replicate} × {shard}: the shard group is taken as the node (--gpus-per-node {shard})"
         )
     else:
-        values["strategies"] = "shard_grad_op" if reshard == "never" else "zero3"
+        # "default" reshards after forward without a pipeline, not with one (v0.2.2
+        # models/llama3/infra/parallelize.py apply_fsdp; 9dec370 parallelisms/parallelize_llama.py)
+        keeps = reshard == "never" or (reshard == "default" and pp > 1)
+        values["strategies"] = "shard_grad_op" if keeps else "zero3"
         if shard not in (None, -1):
-            values["gpus"] = str(shard * model_parallel)
-    batch = get("training.local_batch_size", get("training.batch_size"))
+            values["gpus"] = str(shard * tp * cp * pp)
+    batch = get("training.local_batch_size")
     if batch is not None:
         values["micro_batch"] = str(batch)
+    stages = _titan_pipeline(get, name, where, pp, values) if pp > 1 else None
     if get("training.seq_len") is not None:
         values["seq_len"] = str(get("training.seq_len"))
     param = get("training.mixed_precision_param")
@@ -336,8 +658,8 @@ def _torchtitan(job: dict[str, Any], where: str) -> LaunchConfig:
         if str(optimizer).lower() not in ("adam", "adamw"):
             raise _refuse(where, "optimizer.name", optimizer, "Adam or AdamW")
         values["optimizer"] = str(optimizer).lower()
-    unmodelled = sorted(k for k in flat if k not in _TITAN_READ)
-    return LaunchConfig(values=values, notes=tuple(notes), unmodelled=tuple(unmodelled))
+    unmodelled = sorted(k for k in original if k not in _TITAN_READ and k not in _TITAN_RENAMED)
+    return LaunchConfig(values=values, notes=tuple(notes), unmodelled=tuple(unmodelled), stages=stages)
 
 
 # ------------------------------------------------------------------------------------------- accelerate
@@ -409,6 +731,21 @@ def _accelerate(config: dict[str, Any], where: str) -> LaunchConfig:
     return LaunchConfig(values=values, notes=tuple(notes), unmodelled=tuple(unmodelled))
 
 
+_STAGE_OPTIONS = frozenset({"pp", "vpp", "pp_first_stage_layers", "pp_last_stage_layers"})
+"""The options a file's stage split sets; one of them given on the command line, the split is the flags'."""
+
+
+def _num_layers(model: Any) -> int | None:
+    """The layers of the model named (a preset, a file, an architecture, a config dict), or None without one
+    or without its architecture (the request's parser refuses a pipeline then)."""
+    if model is None:
+        return None
+    from zerocalc.request.training import _model
+
+    architecture = _model(None, model).architecture
+    return None if architecture is None else architecture.num_layers
+
+
 def read_launch_configs(
     values: dict[str, Any], given: frozenset[str], accepted: frozenset[str]
 ) -> tuple[dict[str, Any], list[str]]:
@@ -435,5 +772,9 @@ def read_launch_configs(
         for name, value in config.values.items():
             if name in accepted and name not in given:
                 merged[name] = value
+        if config.stages is not None and not given & _STAGE_OPTIONS:
+            layers = _num_layers(merged.get("model"))
+            if layers is not None:
+                merged.update({k: v for k, v in config.stages.options(layers).items() if k in accepted})
         notes += config.note_lines(f"{kind.value} {Path(path).name}")
     return merged, notes
