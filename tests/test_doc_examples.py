@@ -393,6 +393,8 @@ OTHER_TOOLS_OPTIONS = {
     "--ntasks-per-node",
     "--fast",  # tests/update_doc_examples.py
     "--repeat",  # benchmarks/plan.py
+    "--baseline",  # benchmarks/plan.py
+    "--tool",  # valgrind
     "--runs",  # benchmarks/startup.py
 }
 
