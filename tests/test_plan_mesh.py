@@ -242,3 +242,25 @@ def test_unpriced_candidates_change_no_row() -> None:
     limit = 0.95 * plan.base.gpu_memory_bytes
     above = [r for r in listed.candidates if r.tp * r.cp * r.pp > 1 and r.peak_lower_bound_bytes > limit]
     assert len(above) > 100 and all(r.step_s > 0 for r in listed.candidates)
+
+
+def test_an_end_stage_over_the_memory_settles_a_pipelined_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk rejects a pipelined candidate whose first or last stage alone exceeds the GPU's memory
+    without evaluating its other stages: the rows and the rejections are those of evaluating every stage."""
+    plan = plan_options(
+        model="llama-3-8b", gpu="a100-40gb", gpus=8, global_batch="64seq", seq_len=4096,
+        frameworks="megatron", tp="2", pp="2,4",
+    )  # fmt: skip
+    import zerocalc.plan.search as plan_search
+
+    check = plan_search._an_end_stage_does_not_fit
+    settled: list[bool] = []
+    monkeypatch.setattr(
+        plan_search, "_an_end_stage_does_not_fit", lambda r: settled.append(check(r)) or settled[-1]
+    )
+    quick = search(plan)
+    assert sum(settled) >= 3  # candidates rejected by an end stage alone
+    monkeypatch.setattr(plan_search, "_an_end_stage_does_not_fit", lambda request: False)
+    whole = search(plan)
+    assert [r.model_dump() for r in quick.top] == [r.model_dump() for r in whole.top]
+    assert quick.rejections == whole.rejections

@@ -77,7 +77,7 @@ from zerocalc.plan.timing import (
     step_times,
 )
 from zerocalc.request.options import OptionsEcho
-from zerocalc.request.training import TrainingRequest
+from zerocalc.request.training import TrainingRequest, stage_request
 from zerocalc.states.memory import strategy_row
 
 SCHEMA_VERSION = 2
@@ -224,7 +224,7 @@ MESH_ASSUMPTION = (
 
 
 class _Cand:
-    __slots__ = ("accum", "b", "exact", "group", "lower", "request", "status", "time")
+    __slots__ = ("accum", "b", "exact", "group", "lower", "request", "stage_over", "status", "time")
 
     def __init__(
         self, group: Group, request: TrainingRequest, b: int, accum: int, t: StepTime | None, lower: int
@@ -234,7 +234,22 @@ class _Cand:
         """The allocated peak (exact) + the CUDA context + the NCCL communicators: the device peak's lower
         bound."""
         self.exact: StrategyPeak | None = None
+        self.stage_over = False
+        """A pipeline stage's exact peak is above the GPU's memory: the candidate does not fit (its worst
+        stage, :attr:`exact`, not computed)."""
         self.status: Status = Status.NOT_RANKED
+
+
+def _an_end_stage_does_not_fit(request: TrainingRequest) -> bool:
+    """The first or the last pipeline stage (which hold the embedding and the most micro-batches in flight,
+    or the head and the loss) alone exceeds the GPU's memory: then the worst stage does, and the
+    candidate does not fit without its other stages evaluated."""
+    runtime, profile, name = runtime_for(request), PROFILES[request.framework], request.strategies[0]
+    for stage in (0, request.mesh.pp - 1):
+        row = strategy_peak(stage_request(request, stage), profile, name, runtime)
+        if row.verdict is Verdict.DOES_NOT_FIT:
+            return True
+    return False
 
 
 def _exact(request: TrainingRequest) -> StrategyPeak:
@@ -673,7 +688,7 @@ def _settle(cands: list[_Cand], limit: float, rejected: Counter[str]) -> None:
     tight = f"tight: within {FIT_MARGIN:.0%} of the GPU's memory (exact peak)"
     for cand in cands:
         if cand.status is Status.DOES_NOT_FIT:
-            rejected[above[cand.exact is not None]] += 1
+            rejected[above[cand.exact is not None or cand.stage_over]] += 1
         elif cand.status is Status.TIGHT:
             rejected[tight] += 1
 
@@ -696,7 +711,7 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
     if keep_all:
         ranks = {id(c): i + 1 for i, c in enumerate(ranked)}
         everything = [_row(plan, c, ranks.get(id(c))) for c in cands]
-    exact_count = sum(1 for c in cands if c.exact is not None)
+    exact_count = sum(1 for c in cands if c.exact is not None or c.stage_over)
     base = plan.base
     assert base.gpu is not None and base.gpu_memory_bytes is not None
     return PlanResult(
@@ -787,7 +802,11 @@ def _walk(plan: PlanRequest, cands: list[_Cand], limit: float) -> list[_Cand]:
             cand.status = Status.DOES_NOT_FIT
             continue
         if cand.exact is None:
-            cand.exact = _exact(with_batch(cand.request, cand.b, cand.accum))
+            request = with_batch(cand.request, cand.b, cand.accum)
+            if request.mesh.pp > 1 and _an_end_stage_does_not_fit(request):
+                cand.stage_over, cand.status = True, Status.DOES_NOT_FIT
+                continue
+            cand.exact = _exact(request)
         cand.status = _status_of(cand.exact)
         if cand.status is Status.FITS:
             found.append(cand)
