@@ -17,7 +17,7 @@ after j·L/v layers and the chunks of ranks 0 … i − 1 (``get_transformer_lay
 rank's layers to divide by v, and middle ranks exactly when middle layers remain.
 
 Any split: the layers of each of the p·v virtual stages in pipeline order (``--pp-stage-layers``), stage k
-chunk k // p of rank k % p, as Megatron-LM's ``--pipeline-model-parallel-layout`` lists its stages
+chunk k // p of rank k % p, as Megatron-LM's ``pipeline_model_parallel_layout`` lists its stages
 (``core/transformer/pipeline_parallel_layer_layout.py``: entry ``vpp_rank·p + pp_rank``) and
 torch.distributed.pipelining's looped schedules place them (``stage_index_to_group_rank``, ``loop``
 style: stage k on rank k % p; torchtitan's ``pipeline_module_split``). Both frameworks accept a stage
