@@ -345,6 +345,16 @@ def _stages(text: str, num_layers: int) -> dict[str, str]:
          16,
          {"pp": "2", "pp_schedule": "interleaved-1f1b", "micro_batch": "1", "grad_accum": "8", "vpp": "2",
           "pp_first_stage_layers": "6"}),
+        # Llama 3 70B, 1F1B at pp 8: 82 effective layers, 10 a stage and the first two one more (82 % 8 = 2),
+        # less the embedding and the head: 10, 11, 10 × 5, 9 (the middle ranks differ)
+        ("pipeline_parallel_degree = 8", 80,
+         {"pp": "8", "pp_schedule": "1f1b", "micro_batch": "1", "grad_accum": "8",
+          "pp_stage_layers": "10,11,10,10,10,10,10,9"}),
+        # Llama 3.1 405B, Interleaved1F1B at pp 8: 16 stages, 128 effective layers, 8 each, less the
+        # embedding and the head: 7, 8 × 14, 7 (rank 0's chunks 7 and 8)
+        ('pipeline_parallel_degree = 8\npipeline_parallel_schedule = "Interleaved1F1B"', 126,
+         {"pp": "8", "pp_schedule": "interleaved-1f1b", "micro_batch": "1", "grad_accum": "8", "vpp": "2",
+          "pp_stage_layers": ",".join(["7", *["8"] * 14, "7"])}),
     ],
 )  # fmt: skip
 def test_torchtitan_stages_map_to_the_pipeline_options(lines: str, num_layers: int, expected: dict) -> None:
@@ -380,9 +390,9 @@ def test_the_older_layout_splits_and_counts_micro_batches_as_it_did() -> None:
         'pipeline_parallel_degree = 4\npipeline_parallel_schedule = "Interleaved1F1B"\n'
         "context_parallel_degree = 2\n"
     )
-    split = r"v0.2.2 default split of 32 layers into 8 stages over 4 ranks \(layers a stage: 4, 5, 4 × 5, 3\)"
-    with pytest.raises(InputError, match=split):
-        _stages(new, 32)
+    # v0.2.2's default: 32 + 2 effective layers over 8 stages, 4 each and the first two one more, less the
+    # embedding on the first and the head on the last: 4, 5, 4 × 5, 3 (virtual stages of unequal size)
+    assert _stages(new, 32)["pp_stage_layers"] == "4,5,4,4,4,4,4,3"
 
 
 @pytest.mark.parametrize(
@@ -409,6 +419,17 @@ def test_what_torchtitan_runs_and_zerocalc_does_not_model_is_refused(lines: str,
         read_launch_config(LaunchFormat.TORCHTITAN, text, "{torchtitan} f")
 
 
+def test_a_torchtitan_stage_without_a_layer_is_refused() -> None:
+    """v0.2.2's default at one effective layer a stage: 6 + 2 over 8 stages, 1 each, less the embedding and
+    the head: 0, 1 × 6, 0; the first and last stage hold no decoder layer, which zerocalc does not model."""
+    text = (
+        "[training]\nlocal_batch_size = 8\n[parallelism]\npipeline_parallel_degree = 4\n"
+        'pipeline_parallel_schedule = "Interleaved1F1B"\npipeline_parallel_layers_per_stage = 1\n'
+    )
+    with pytest.raises(InputError, match=r"\(layers a stage: 0, 1 × 6, 0\) leaves a stage without a layer"):
+        _stages(text, 6)
+
+
 def test_a_key_in_both_layouts_is_refused() -> None:
     text = "[training]\ntensor_parallel_degree = 2\n[parallelism]\ntensor_parallel_degree = 4\n"
     with pytest.raises(
@@ -417,17 +438,15 @@ def test_a_key_in_both_layouts_is_refused() -> None:
         read_launch_config(LaunchFormat.TORCHTITAN, text, "{torchtitan} f")
 
 
-def test_a_split_zerocalc_cannot_express_is_refused_unless_the_flags_give_one(tmp_path: Path) -> None:
+def test_a_torchtitan_split_of_unequal_middle_stages_is_each_stages_layers(tmp_path: Path) -> None:
     """Llama 3 8B at pp 4 under v0.2.2's default: 34 effective layers, 8 a stage and the first two one
-    more: 8, 9, 8, 7 (the middle ranks differ); with the split given as flags the flags' is used."""
+    more, less the embedding and the head: 8, 9, 8, 7 (the middle ranks differ), as --pp-stage-layers;
+    with a split given as flags the flags' is used."""
     path = tmp_path / "llama3_8b_pp4.toml"
     path.write_text(TITAN_TOML.replace("tensor_parallel_degree = 1", "pipeline_parallel_degree = 4"))
-    refused = runner.invoke(app, ["memory", "--torchtitan", str(path)])
-    assert refused.exit_code == 2 and len(refused.stderr.strip().splitlines()) == 1
-    assert (
-        "split of 32 layers into 4 stages over 4 ranks (layers a stage: 8, 9, 8, 7) is not" in refused.stderr
-    )
-    assert "--pp-first-stage-layers and --pp-last-stage-layers given" in refused.stderr
+    mapped = _memory(["--torchtitan", str(path)])
+    assert mapped["options"]["pp_stage_layers"] == "8,9,8,7"
+    assert mapped["request"]["mesh"]["pp_stage_layers"] == [8, 9, 8, 7]
     given = ["--pp-first-stage-layers", "7", "--pp-last-stage-layers", "7"]
     from_file = _memory(["--torchtitan", str(path), *given])
     # local_batch_size 2 in micro-batches of 1 (the default pipeline_parallel_microbatch_size)

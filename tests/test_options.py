@@ -60,6 +60,7 @@ SAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "tflops": ("400", {"tokens_per_step": "4M"}),
     "pp_first_stage_layers": ("5", {"model": "gpt2", "pp": "2", "gpus": "2"}),
     "pp_last_stage_layers": ("5", {"model": "gpt2", "pp": "2", "gpus": "2"}),
+    "pp_stage_layers": ("5,7", {"model": "gpt2", "pp": "2", "gpus": "2"}),
 }
 BASE = {Command.MEMORY: {"model": "gpt2", "gpus": "2"}, Command.COMM: {"params": "1B", "gpus": "8"}}
 

@@ -25,6 +25,7 @@ from zerocalc.parallel.pipeline import (
     shorter_end_stages,
     split_problem,
     stage_layer_counts,
+    virtual_stage_layers,
     window,
 )
 from zerocalc.peak.kinds import TensorKind
@@ -340,6 +341,96 @@ def test_uneven_stages_follow_megatron_offsets() -> None:
     assert split_problem(92, 16, 2, 4, 4) is None and held == list(range(92))
 
 
+def test_any_split_lists_each_virtual_stages_layers() -> None:
+    # stage k is chunk k // p of rank k % p (Megatron-LM PipelineParallelLayerLayout: entry vpp_rank·p +
+    # pp_rank; torch.distributed.pipelining loop style); each starts after the layers of stages 0 … k − 1.
+    # Llama 3 8B at p 4 under torchtitan's default split: 8, 9, 8, 7
+    split = (8, 9, 8, 7)
+    assert stage_layer_counts(32, 4, layers=split) == split
+    assert [chunk_layers(32, 4, 1, i, layers=split) for i in range(4)] == [
+        (range(0, 8),), (range(8, 17),), (range(17, 25),), (range(25, 32),)
+    ]  # fmt: skip
+    # Llama 3.1 405B at p 8 × v 2: 7, 8 × 14, 7. Rank 0 holds stages 0 and 8: layers 0-6, and 7 + 7·8 = 63
+    # on; rank 7 stages 7 (7 + 6·8 = 55 on) and 15 (7 + 14·8 = 119 on); per rank 7 + 8, 8 + 8, …, 8 + 7
+    split = (7, *[8] * 14, 7)
+    assert stage_layer_counts(126, 8, layers=split) == (15, *[16] * 6, 15)
+    assert chunk_layers(126, 8, 2, 0, layers=split) == (range(0, 7), range(63, 71))
+    assert chunk_layers(126, 8, 2, 7, layers=split) == (range(55, 63), range(119, 126))
+    chunks = [chunk for rank in range(8) for chunk in chunk_layers(126, 8, 2, rank, layers=split)]
+    held = sorted(i for chunk in chunks for i in chunk)
+    assert held == list(range(126)) and split_problem(126, 8, 2, None, None, split) is None
+    # Megatron's first/last split is one case of it: L 16, p 4, v 2, first 2, last 2 → chunks 1, 3, 3, 1
+    megatron = virtual_stage_layers(16, 4, 2, 2, 2)
+    assert megatron == (1, 3, 3, 1, 1, 3, 3, 1)
+    assert [chunk_layers(16, 4, 2, i, layers=megatron) for i in range(4)] == [
+        chunk_layers(16, 4, 2, i, 2, 2) for i in range(4)
+    ]
+
+
+def test_an_irregular_split_gives_each_stage_its_parameters_and_memory() -> None:
+    # Llama 3 8B (h 4096, f 14336, 8 KV heads of 128, V 128,256, untied) at p 4 as 8, 9, 8, 7: a layer
+    # 2h² + 2·h·1024 + 3·h·f + 2h; the embedding V·h on stage 0, the final norm h and the head V·h on 3
+    h, f, vocab = 4096, 14336, 128256
+    layer = 2 * h * h + 2 * h * 1024 + 3 * h * f + 2 * h
+    assert layer == 218_112_000
+    args = dict(model="llama-3-8b", gpus=4, pp=4, framework="megatron", grad_accum=8)
+    request = parse_options(**args, pp_stage_layers="8,9,8,7")
+    params = [s.params for s in request.stages]
+    assert params == [8 * layer + vocab * h, 9 * layer, 8 * layer, 7 * layer + h + vocab * h]
+    assert params == [2_270_232_576, 1_963_008_000, 1_744_896_000, 2_052_124_672]
+    assert sum(params) == 8_030_261_248  # the whole model, each layer once
+    assert request.rank_model == request.stages[0]
+    peak = estimate_peak(**args, strategies="zero1", pp_stage_layers="8,9,8,7")
+    stages = peak.peak.strategies[0].stages  # type: ignore[union-attr]
+    assert [stage.layers for stage in stages] == [[[0, 7]], [[8, 16]], [[17, 24]], [[25, 31]]]
+    for stage in stages:
+        terms = {t.kind: t.bytes for t in stage.terms}
+        assert terms[TensorKind.PARAMETERS] == 2 * params[stage.stage]
+    estimate = estimate_comm(**args, pp_stage_layers="8,9,8,7")
+    assert estimate.pipeline is not None and estimate.pipeline.stage_layers == [8, 9, 8, 7]
+    assert "pp 4 (1f1b, stage layers 8, 9, 8, 7)" in mesh_assumption(request)
+
+
+def test_an_interleaved_irregular_split_sums_each_ranks_chunks() -> None:
+    # Llama 3.1 405B, tp 8, p 8 × v 2 as torchtitan's default splits it: 7, 8 × 14, 7. Per TP rank a layer
+    # (2h² + 2·h·1024 + 3·h·f)/8 + 2h, the vocabulary padded to 129,024 (128·8), 129,024/8 rows of h
+    h, f = 16384, 53248
+    layer = (2 * h * h + 2 * h * 1024 + 3 * h * f) // 8 + 2 * h
+    vocab = 129024 // 8 * h
+    split = ",".join(["7", *["8"] * 14, "7"])
+    request = parse_options(
+        model="llama-3.1-405b", gpus=1024, tp=8, pp=8, vpp=2, framework="megatron", grad_accum=16,
+        pp_stage_layers=split,
+    )  # fmt: skip
+    archs = [s.architecture for s in request.stages]
+    assert archs[0].global_layers == (*range(0, 7), *range(63, 71))  # type: ignore[union-attr]
+    assert archs[0].chunk_sizes == (7, 8) and archs[7].chunk_sizes == (8, 7)  # type: ignore[union-attr]
+    params = [s.params for s in request.stages]
+    assert params[0] == (7 + 8) * layer + vocab == 6_241_615_872
+    assert params[1:7] == [(8 + 8) * layer] * 6
+    assert params[7] == (8 + 7) * layer + h + vocab
+    text = mesh_assumption(request)
+    held = "holding 15, 16 × 6, 15 layers from the first to the last, in virtual stages of 7, 8 × 14, 7"
+    assert held in text
+
+
+def test_interleaved_irregular_chunks_run_their_own_layers() -> None:
+    # Llama 3 8B at p 2 × v 2 as 3, 5, 13, 11: rank 0 holds stages 0 and 2 (layers 0-2, 8-20), rank 1
+    # stages 1 and 3 (3-7, 21-31); each stage's parameters are its own layers' (bf16: 2 bytes each)
+    h, vocab, layer = 4096, 128256, 218_112_000
+    peak = estimate_peak(
+        model="llama-3-8b", gpus=2, pp=2, vpp=2, framework="megatron", grad_accum=4, strategies="zero1",
+        pp_stage_layers="3,5,13,11",
+    )  # fmt: skip
+    stages = peak.peak.strategies[0].stages  # type: ignore[union-attr]
+    assert [stage.layers for stage in stages] == [[[0, 2], [8, 20]], [[3, 7], [21, 31]]]
+    expected = [16 * layer + vocab * h, 16 * layer + h + vocab * h]
+    assert [stage.params for stage in stages] == expected
+    for stage in stages:
+        terms = {t.kind: t.bytes for t in stage.terms}
+        assert terms[TensorKind.PARAMETERS] == 2 * expected[stage.stage]
+
+
 @pytest.mark.parametrize(
     ("split", "problem"),
     [
@@ -476,7 +567,23 @@ def test_no_pipeline_keys_without_pipeline() -> None:
         (["--pp", "2", "--gpus", "2", "--pp-first-stage-layers", "15", "--pp-last-stage-layers", "16"],
          "1 layer left for 0 middle stages; accepted: --pp-first-stage-layers + --pp-last-stage-layers = 32"),
         (["--pp", "5", "--gpus", "5"],
-         "accepted: --pp × --vpp a divisor of 32, or --pp-first-stage-layers and --pp-last-stage-layers"),
+         "accepted: --pp × --vpp a divisor of 32, or --pp-first-stage-layers and --pp-last-stage-layers, "
+         "or --pp-stage-layers"),
+        (["--pp", "4", "--gpus", "4", "--pp-stage-layers", "8,9,15"],
+         "--pp-stage-layers 8,9,15 with --pp 4: 3 counts given for 4 virtual stages; accepted: 4 counts of "
+         "at least 1 layer summing to llama-3-8b's 32"),
+        (["--pp", "4", "--gpus", "4", "--vpp", "2", "--grad-accum", "4", "--pp-stage-layers", "8,9,8,7"],
+         "--pp-stage-layers 8,9,8,7 with --pp 4 × --vpp 2: 4 counts given for 8 virtual stages"),
+        (["--pp", "4", "--gpus", "4", "--pp-stage-layers", "8,9,8,8"],
+         "the counts sum to 33 layers, not 32"),
+        (["--pp", "2", "--gpus", "2", "--pp-stage-layers", "32,0"],
+         "--pp-stage-layers 32,0 with --pp 2: a virtual stage holds no layer"),
+        (["--pp", "2", "--gpus", "2", "--pp-stage-layers", "16,x"],
+         "--pp-stage-layers '16,x' is not accepted; accepted: a comma list of whole numbers of layers"),
+        (["--pp", "2", "--gpus", "2", "--pp-stage-layers", "16,16", "--pp-first-stage-layers", "16"],
+         "--pp-stage-layers and --pp-first-stage-layers both split the layers; accepted: one of them"),
+        (["--gpus", "2", "--pp-stage-layers", "32"],
+         "--pp-stage-layers changes nothing with --pp 1"),
     ],
 )  # fmt: skip
 def test_pipeline_refusals(args: list[str], fragment: str) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 from functools import lru_cache
+from itertools import accumulate
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -311,18 +312,25 @@ class PipelineStage(TensorParallelRank):
     global_layers: tuple[int, ...] = Field(description="the whole model's index of each layer held")
     holds_embedding: bool = Field(description="the first stage: the embedding (and learned positions)")
     holds_head: bool = Field(description="the last stage: the final norm, the LM head and the loss")
+    chunk_sizes: tuple[int, ...] = Field(description="the layers of each of its v model chunks, in order")
 
     @property
-    def chunk_size(self) -> int:
-        """Layers per model chunk, L/(p·v)."""
-        return self.num_layers // self.vpp
+    def chunk_starts(self) -> tuple[int, ...]:
+        """The index here of each model chunk's first layer."""
+        return tuple(accumulate(self.chunk_sizes[:-1], initial=0))
 
 
 def pipeline_stage(
-    arch: Architecture, pp: int, vpp: int, stage: int, layers: tuple[int, ...]
+    arch: Architecture,
+    pp: int,
+    vpp: int,
+    stage: int,
+    layers: tuple[int, ...],
+    chunk_sizes: tuple[int, ...] | None = None,
 ) -> PipelineStage:
     """Pipeline rank ``stage``'s share of ``arch`` (a :class:`TensorParallelRank` keeps its t): the layers
-    ``layers`` (global indices, chunk by chunk), the embedding on rank 0, the head on rank p − 1. Dense
+    ``layers`` (global indices, chunk by chunk), ``chunk_sizes`` of them in each of its v chunks (None: a
+    v-th each), the embedding on rank 0, the head on rank p − 1. Dense
     layers of a mixture-of-experts model keep their place; a stage whose layers are all dense is a dense
     model of their width."""
     fields = dict(arch)
@@ -347,6 +355,7 @@ def pipeline_stage(
         global_layers=layers,
         holds_embedding=stage == 0,
         holds_head=stage == pp - 1,
+        chunk_sizes=chunk_sizes or (len(layers) // vpp,) * vpp,
     )
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 from enum import StrEnum
 from functools import lru_cache
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from zerocalc.base.units import ceil_div
 from zerocalc.model.activations import CpImpl
@@ -157,7 +157,21 @@ class Mesh(BaseModel):
     pp_last_stage_layers: int | None = Field(
         default=None, ge=1, description="the last pipeline rank's layers (null: an even share)"
     )
+    pp_stage_layers: tuple[int, ...] | None = Field(
+        default=None,
+        description="the layers of each of the p·v virtual stages in pipeline order, stage k chunk k // p of "
+        "rank k % p (null: the first and last stage's layers and an even share)",
+    )
     ep: int = Field(default=1, ge=1, description="e: expert-parallel ranks, carved from dp × cp")
+
+    @model_validator(mode="after")
+    def _one_split(self) -> Mesh:
+        if self.pp_stage_layers is not None:
+            if len(self.pp_stage_layers) != self.pp * self.vpp:
+                raise ValueError("pp_stage_layers must hold p·v counts")
+            if self.pp_first_stage_layers is not None or self.pp_last_stage_layers is not None:
+                raise ValueError("pp_stage_layers excludes pp_first_stage_layers and pp_last_stage_layers")
+        return self
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -263,6 +277,10 @@ class Mesh(BaseModel):
                 for which, n in (("first", self.pp_first_stage_layers), ("last", self.pp_last_stage_layers))
                 if n is not None
             )
+            if self.pp_stage_layers is not None:
+                from zerocalc.parallel.pipeline import describe_layer_counts
+
+                uneven = f", stage layers {describe_layer_counts(self.pp_stage_layers)}"
             parts.append(f"pp {self.pp}{virtual} ({self.pp_schedule.value}{uneven})")
         parts.append(f"dp {self.dp}" + (f" (ep {self.ep})" if self.ep > 1 else ""))
         if self.cp > 1:

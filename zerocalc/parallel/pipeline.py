@@ -16,6 +16,15 @@ after j·L/v layers and the chunks of ranks 0 … i − 1 (``get_transformer_lay
 ``TransformerConfig.__post_init__`` requires the middle layers to divide over the middle ranks, each
 rank's layers to divide by v, and middle ranks exactly when middle layers remain.
 
+Any split: the layers of each of the p·v virtual stages in pipeline order (``--pp-stage-layers``), stage k
+chunk k // p of rank k % p, as Megatron-LM's ``pipeline_model_parallel_layout`` lists its stages
+(``core/transformer/pipeline_parallel_layer_layout.py``: entry ``vpp_rank·p + pp_rank``) and
+torch.distributed.pipelining's looped schedules place them (``stage_index_to_group_rank``, ``loop``
+style: stage k on rank k % p; torchtitan's ``pipeline_module_split``). Both frameworks accept a stage
+without decoder layers (Megatron's layout an empty stage, torchtitan's weighted split a first stage of the
+embedding alone); zerocalc models stages of at least one layer. The rules above are one case of it
+(:func:`virtual_stage_layers`).
+
 Order of one rank's passes in a step of m micro-batches (a pass: one chunk's forward or backward of one
 micro-batch):
 
@@ -50,6 +59,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 from functools import lru_cache
+from itertools import accumulate
 from typing import NamedTuple
 
 from zerocalc.base.units import plural
@@ -94,17 +104,47 @@ def boundary_elements(mesh: Mesh, micro_batch: int, seq_len: int, hidden: int) -
     return tokens * hidden
 
 
-def stage_layer_counts(
-    num_layers: int, pp: int, first: int | None = None, last: int | None = None
+def virtual_stage_layers(
+    num_layers: int,
+    pp: int,
+    vpp: int,
+    first: int | None = None,
+    last: int | None = None,
+    layers: tuple[int, ...] | None = None,
 ) -> tuple[int, ...]:
-    """The layers each of the p pipeline ranks holds: ``first`` on rank 0 and ``last`` on rank p − 1 where
-    given, the rest split evenly over the others (Megatron-LM ``get_num_layers_to_build``); L/p each when
-    neither is given. The split is assumed valid (:func:`split_problem`)."""
+    """The layers of each of the p·v virtual stages in pipeline order, stage k chunk k // p of rank k % p:
+    ``layers`` where given (``--pp-stage-layers``); else rank i's n_i layers (``first`` on rank 0 and
+    ``last`` on rank p − 1 where given, the rest split evenly over the others, Megatron-LM
+    ``get_num_layers_to_build``; L/p each when neither is given) in v chunks of n_i/v. The one split rule
+    every consumer reads; the split is assumed valid (:func:`split_problem`)."""
+    if layers is not None:
+        return layers
     fixed = {0: first, pp - 1: last}
     given = {rank: n for rank, n in fixed.items() if n is not None}
     middle_ranks = pp - len(given)
     middle = (num_layers - sum(given.values())) // middle_ranks if middle_ranks else 0
-    return tuple(given.get(rank, middle) for rank in range(pp))
+    ranks = [given.get(rank, middle) for rank in range(pp)]
+    return tuple(ranks[stage % pp] // vpp for stage in range(pp * vpp))
+
+
+def mesh_stage_layers(mesh: Mesh, num_layers: int) -> tuple[int, ...]:
+    """:func:`virtual_stage_layers` of ``mesh``'s split of a model's L layers."""
+    first, last = mesh.pp_first_stage_layers, mesh.pp_last_stage_layers
+    return virtual_stage_layers(num_layers, mesh.pp, mesh.vpp, first, last, mesh.pp_stage_layers)
+
+
+def stage_layer_counts(
+    num_layers: int,
+    pp: int,
+    first: int | None = None,
+    last: int | None = None,
+    layers: tuple[int, ...] | None = None,
+) -> tuple[int, ...]:
+    """The layers each of the p pipeline ranks holds: the sum of its virtual stages'
+    (:func:`virtual_stage_layers`)."""
+    vpp = 1 if layers is None else len(layers) // pp
+    split = virtual_stage_layers(num_layers, pp, vpp, first, last, layers)
+    return tuple(sum(split[rank::pp]) for rank in range(pp))
 
 
 def describe_layer_counts(counts: tuple[int, ...]) -> str:
@@ -118,10 +158,26 @@ def describe_layer_counts(counts: tuple[int, ...]) -> str:
     return ", ".join(f"{count} × {ranks}" if ranks > 1 else str(count) for count, ranks in runs)
 
 
-def split_problem(num_layers: int, pp: int, vpp: int, first: int | None, last: int | None) -> str | None:
+def split_problem(
+    num_layers: int,
+    pp: int,
+    vpp: int,
+    first: int | None,
+    last: int | None,
+    layers: tuple[int, ...] | None = None,
+) -> str | None:
     """Why L layers do not split over p ranks of v chunks with ``first`` and ``last`` layers on the first
     and last rank (each None: an even share), in Megatron-LM's checks (``TransformerConfig.__post_init__``,
-    "Uneven PP"); None when they do. The text names the values; the caller names the options."""
+    "Uneven PP"), or as ``layers`` (each virtual stage's: p·v counts of at least one layer, summing to L);
+    None when they do. The text names the values; the caller names the options."""
+    if layers is not None:
+        if len(layers) != pp * vpp:
+            return f"{plural(len(layers), 'count')} given for {pp * vpp} virtual stages"
+        if min(layers) < 1:
+            return "a virtual stage holds no layer"
+        if sum(layers) != num_layers:
+            return f"the counts sum to {sum(layers)} layers, not {num_layers}"
+        return None
     given = [n for n in (first, last) if n is not None]
     if not given:
         if num_layers % (pp * vpp):
@@ -157,15 +213,21 @@ def shorter_end_stages(num_layers: int, pp: int, vpp: int) -> int | None:
 
 
 def chunk_layers(
-    num_layers: int, pp: int, vpp: int, rank: int, first: int | None = None, last: int | None = None
+    num_layers: int,
+    pp: int,
+    vpp: int,
+    rank: int,
+    first: int | None = None,
+    last: int | None = None,
+    layers: tuple[int, ...] | None = None,
 ) -> tuple[range, ...]:
     """The global indices of the layers of each of ``rank``'s v chunks: chunk j holds virtual stage
-    j·p + i, the next n_i/v layers after j·L/v and the chunks of ranks 0 … i − 1 (n_i: rank i's layers,
-    :func:`stage_layer_counts`); [(j·p + i)·n, (j·p + i + 1)·n) with n = L/(p·v) on even stages."""
-    chunks = [count // vpp for count in stage_layer_counts(num_layers, pp, first, last)]
-    before = sum(chunks[:rank])
-    per_virtual = num_layers // vpp
-    return tuple(range(j * per_virtual + before, j * per_virtual + before + chunks[rank]) for j in range(vpp))
+    k = j·p + i, the next n_k layers after those of stages 0 … k − 1 (n_k: :func:`virtual_stage_layers`;
+    Megatron-LM ``get_transformer_layer_offset`` and ``PipelineParallelLayerLayout.get_layer_offset``);
+    [(j·p + i)·n, (j·p + i + 1)·n) with n = L/(p·v) on even stages."""
+    split = virtual_stage_layers(num_layers, pp, vpp, first, last, layers)
+    starts = [0, *accumulate(split)]
+    return tuple(range(starts[stage], starts[stage + 1]) for stage in range(rank, pp * vpp, pp))
 
 
 def warmup_passes(schedule: PpSchedule, pp: int, vpp: int, rank: int, micro_batches: int) -> int:

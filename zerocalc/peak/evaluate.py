@@ -252,11 +252,14 @@ def pipeline_peak(
         rows.append(row)
         arch = staged.architecture
         assert isinstance(arch, PipelineStage)
-        held, size = arch.global_layers, arch.chunk_size
+        held = arch.global_layers
         stages.append(
             StagePeak(
                 stage=i,
-                layers=[[held[k], held[k + size - 1]] for k in range(0, len(held), size)],
+                layers=[
+                    [held[start], held[start + size - 1]]
+                    for start, size in zip(arch.chunk_starts, arch.chunk_sizes, strict=True)
+                ],
                 holds_embedding=arch.holds_embedding,
                 holds_head=arch.holds_head,
                 params=staged.rank_model.params,

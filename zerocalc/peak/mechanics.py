@@ -433,7 +433,7 @@ class Fsdp2(Fsdp):
         optimizer_impl: OptimizerImpl,
         accumulation: Accumulation = Accumulation.NONE,
         pipelined: bool = False,
-        chunk_size: int | None = None,
+        chunk_starts: tuple[int, ...] | None = None,
     ):
         super().__init__(
             units, world, param_bytes, reduce_bytes, reshard, optimizer_states, optimizer_impl, accumulation
@@ -441,15 +441,15 @@ class Fsdp2(Fsdp):
         self.root_reshard = root_reshard
         self.pipelined = pipelined
         """A torch.distributed.pipelining stage (:meth:`post_backward`)."""
-        self.chunk_size = chunk_size
-        """Blocks per model chunk of a pipeline rank that holds several, each its own ``fully_shard`` root
-        whose prefetch stays within it; None: one."""
+        self.chunk_starts = chunk_starts
+        """The first block of each model chunk of a pipeline rank that holds several, each chunk its own
+        ``fully_shard`` root whose prefetch stays within it; None: one."""
         self._last_reduce_input: str | None = None
         self._all_gather_state: str | None = None
         self._deferred: list[str | int] = []
 
     def run_identity(self) -> tuple[object, ...]:
-        return (*super().run_identity(), self.root_reshard, self.pipelined, self.chunk_size)
+        return (*super().run_identity(), self.root_reshard, self.pipelined, self.chunk_starts)
 
     def _unshard(self, led: Ledger, unit: Unit, backward: bool) -> None:
         if unit.name in self._gathered:
@@ -535,11 +535,11 @@ class Fsdp2(Fsdp):
         """The unit before ``unit`` in forward order (``comm_ctx.post_forward_order``): the previous
         block, and for the root (whose forward ends last) the last block. Model chunks are roots of their
         own: none across them (the root's is left out)."""
-        chunk = self.chunk_size
+        starts = self.chunk_starts
         if not isinstance(unit, int):
             blocks = [name for name in self.units if name != "root"]
-            return self.units[blocks[-1]] if blocks and chunk is None else None
-        if unit == 0 or (chunk is not None and unit % chunk == 0):
+            return self.units[blocks[-1]] if blocks and starts is None else None
+        if unit == 0 or (starts is not None and unit in starts):
             return None
         return self.units[str(unit - 1)]
 

@@ -210,7 +210,7 @@ def stage_plan(request: TrainingRequest, act: int) -> StagePlan | None:
     return StagePlan(
         passes=rank_passes(mesh.pp_schedule, mesh.pp, mesh.vpp, arch.stage, micro_batches),
         micro_batches=micro_batches,
-        chunk_size=arch.chunk_size,
+        chunk_sizes=arch.chunk_sizes,
         holds_embedding=arch.holds_embedding,
         holds_head=arch.holds_head,
         keeps_output=KEEPS_STAGE_OUTPUT[request.framework],
@@ -218,10 +218,10 @@ def stage_plan(request: TrainingRequest, act: int) -> StagePlan | None:
     )
 
 
-def _chunk_size(request: TrainingRequest) -> int | None:
-    """Blocks per model chunk of a pipeline rank holding several; None otherwise."""
+def _chunk_starts(request: TrainingRequest) -> tuple[int, ...] | None:
+    """The first block of each model chunk of a pipeline rank holding several; None otherwise."""
     arch = request.architecture
-    return arch.chunk_size if isinstance(arch, PipelineStage) and arch.vpp > 1 else None
+    return arch.chunk_starts if isinstance(arch, PipelineStage) and arch.vpp > 1 else None
 
 
 def stage_window(request: TrainingRequest) -> int:
@@ -298,7 +298,7 @@ def _mechanics(
                 optimizer_impl=optimizer_impl,
                 accumulation=accumulation,
                 pipelined=request.mesh.pp > 1,
-                chunk_size=_chunk_size(request),
+                chunk_starts=_chunk_starts(request),
             ), activation_bytes(request)
         if setup.wrapper is TorchWrapper.FSDP1:
             no_shard = setup.sharding is Fsdp1Sharding.NO_SHARD or world == 1

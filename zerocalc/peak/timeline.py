@@ -121,8 +121,8 @@ class StagePlan(NamedTuple):
     """Its forward and backward passes in its schedule's order, over the micro-batches simulated."""
     micro_batches: int
     """The micro-batches simulated: the last of the step's, as many as its schedule holds in flight."""
-    chunk_size: int
-    """Layers per model chunk."""
+    chunk_sizes: tuple[int, ...]
+    """The layers of each model chunk, in order."""
     holds_embedding: bool
     holds_head: bool
     keeps_output: bool
@@ -285,14 +285,15 @@ class _Passes:
         stage, layers = self.step.stage, self.step.arch.num_layers
         if stage is None:
             return "", range(layers), True, True
-        size = stage.chunk_size
-        chunks = layers // size
+        sizes = stage.chunk_sizes
+        chunks = len(sizes)
+        start = sum(sizes[: one.chunk])
         tag = f" (mb{one.micro_batch})" if stage.micro_batches > 1 else ""
         if chunks > 1:
             tag = f" (mb{one.micro_batch} chunk{one.chunk})"
         embedding = stage.holds_embedding and one.chunk == 0
         head = stage.holds_head and one.chunk == chunks - 1
-        return tag, range(one.chunk * size, (one.chunk + 1) * size), embedding, head
+        return tag, range(start, start + sizes[one.chunk]), embedding, head
 
     def forward(self, one: Pass, first: bool) -> None:
         step, mechanics, runtime, led = self.step, self.mechanics, self.runtime, self.led

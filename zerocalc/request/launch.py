@@ -371,10 +371,12 @@ class TitanStages:
         return InputError(f"{self.where}: torchtitan's pipeline stages cannot be built ({why})")
 
     def options(self, num_layers: int) -> dict[str, str]:
-        """``vpp`` and the first and last stage's layers for the model's L layers; an
-        :class:`InputError` where each rank's stages are not what zerocalc models: s equal chunks a rank,
-        every rank but the first and last holding the same layers
-        (:func:`~zerocalc.parallel.pipeline.stage_layer_counts`)."""
+        """``vpp`` and the split for the model's L layers: the first and last stage's layers where the
+        stages are Megatron-LM's uneven split (s equal chunks a rank, every rank but the first and last
+        holding the same layers: :func:`~zerocalc.parallel.pipeline.stage_layer_counts`), else each
+        stage's layers (``--pp-stage-layers``: torchtitan's stage k is on rank k mod p, as zerocalc's
+        virtual stage k); an :class:`InputError` where a stage holds no layer (the embedding or the head
+        alone), which zerocalc does not model."""
         from zerocalc.parallel.pipeline import describe_layer_counts, split_problem, stage_layer_counts
 
         counts = self.stage_layers(num_layers)
@@ -395,14 +397,7 @@ class TitanStages:
             last = ranks[-1] if ranks[-1] != even else None
         elif pp == 2 and ranks[0] != ranks[1]:
             first = ranks[0]
-        exact = (
-            chunked
-            and len(middle) <= 1
-            and min(counts) >= 1
-            and split_problem(num_layers, pp, vpp, first, last) is None
-            and stage_layer_counts(num_layers, pp, first, last) == tuple(ranks)
-        )
-        if not exact:
+        if min(counts) < 1:
             rule = "9dec370" if self.counted else "v0.2.2"
             made = (
                 "given"
@@ -411,15 +406,23 @@ class TitanStages:
             )
             raise InputError(
                 f"{self.where}: the {made} split of {num_layers} layers into {stages} stages over {pp} ranks "
-                f"(layers a stage: {describe_layer_counts(counts)}) is not modelled; accepted: each rank's "
-                "stages of one size, every rank but the first and last holding the same layers (set "
+                f"(layers a stage: {describe_layer_counts(counts)}) leaves a stage without a layer, which "
+                "is not modelled; accepted: every stage at least one layer (set "
                 "parallelism.pipeline_parallel_split_points or module_fqns_per_model_part), or "
-                "{pp_first_stage_layers} and {pp_last_stage_layers} given"
+                "{pp_stage_layers} given"
             )
-        values = {"vpp": str(vpp)} if vpp > 1 else {}
-        values.update(
-            {k: str(n) for k, n in (("pp_first_stage_layers", first), ("pp_last_stage_layers", last)) if n}
+        megatron = (
+            chunked
+            and len(middle) <= 1
+            and split_problem(num_layers, pp, vpp, first, last) is None
+            and stage_layer_counts(num_layers, pp, first, last) == tuple(ranks)
         )
+        values = {"vpp": str(vpp)} if vpp > 1 else {}
+        if megatron:
+            ends = (("pp_first_stage_layers", first), ("pp_last_stage_layers", last))
+            values.update({name: str(n) for name, n in ends if n})
+        else:
+            values["pp_stage_layers"] = ",".join(map(str, counts))
         return values
 
 
@@ -731,7 +734,7 @@ def _accelerate(config: dict[str, Any], where: str) -> LaunchConfig:
     return LaunchConfig(values=values, notes=tuple(notes), unmodelled=tuple(unmodelled))
 
 
-_STAGE_OPTIONS = frozenset({"pp", "vpp", "pp_first_stage_layers", "pp_last_stage_layers"})
+_STAGE_OPTIONS = frozenset({"pp", "vpp", "pp_first_stage_layers", "pp_last_stage_layers", "pp_stage_layers"})
 """The options a file's stage split sets; one of them given on the command line, the split is the flags'."""
 
 

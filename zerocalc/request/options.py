@@ -126,6 +126,12 @@ OPTIONS: tuple[Option, ...] = (
          "Layers of the last pipeline stage; the other stages split the rest evenly (Megatron-LM's "
          "uneven split).", ESTIMATES, value_type=OPT_NUM, metavar="N",
          default_help="an even share"),
+    _opt("pp_stage_layers", ("--pp-stage-layers",),
+         "Layers of each of the p·v virtual stages in pipeline order, a comma list (8,9,8,7): stage k is "
+         "chunk k // p of rank k % p (Megatron-LM's pipeline layout order, torchtitan's looped stages); "
+         "not with --pp-first-stage-layers or --pp-last-stage-layers.", ESTIMATES,
+         value_type="str | list[int | str] | tuple[int | str, ...] | None", metavar="N,N,...",
+         default_help="the first and last stage's layers and an even share"),
     _opt("ep", ("--ep",), "e: expert-parallel ranks, carved from dp × cp (MoE models).", ESTIMATES,
          default=1, value_type=NUM, metavar="E"),
     _opt("tp", ("--tp",), "Tensor-parallel degrees searched: a comma list (1,2,4,8) or auto (every "

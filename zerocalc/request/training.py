@@ -83,7 +83,7 @@ from zerocalc.parallel.mesh import (
     framework_tp_style,
 )
 from zerocalc.parallel.optimizers import OptimizerImpl, OptimizerName
-from zerocalc.parallel.pipeline import INTERLEAVED, chunk_layers, split_problem
+from zerocalc.parallel.pipeline import INTERLEAVED, chunk_layers, mesh_stage_layers, split_problem
 from zerocalc.parallel.precision import RECIPES, PrecisionName
 from zerocalc.parallel.profiles import PROFILES, ModelInit, Wrap
 from zerocalc.parallel.strategies import (
@@ -724,7 +724,7 @@ def _mesh(
         raise InputError(
             f"{{gpus}} {n} is not a multiple of {product}; accepted: {{gpus}} a multiple of {ranks}"
         )
-    vpp, schedule, first, last = _pipeline(o, framework, model, pp)
+    vpp, schedule, first, last, stage_layers = _pipeline(o, framework, model, pp)
     ep = _expert_parallel(o, framework, model, n // (tp * pp), cp)
     style = TP_STYLES.get(framework)
     if tp > 1 and style is None:
@@ -790,6 +790,7 @@ def _mesh(
         pp_schedule=schedule,
         pp_first_stage_layers=first,
         pp_last_stage_layers=last,
+        pp_stage_layers=stage_layers,
         ep=ep,
     )
 
@@ -814,7 +815,14 @@ def _mesh_change_problem(request: TrainingRequest) -> None:
             )
         arch = model.architecture
         if arch is not None:
-            _split_check(arch, mesh.pp, mesh.vpp, mesh.pp_first_stage_layers, mesh.pp_last_stage_layers)
+            _split_check(
+                arch,
+                mesh.pp,
+                mesh.vpp,
+                mesh.pp_first_stage_layers,
+                mesh.pp_last_stage_layers,
+                mesh.pp_stage_layers,
+            )
     if mesh.ep > 1:
         options = TrainingOptions(ep=mesh.ep)
         _expert_parallel(options, framework, model, mesh.world // (mesh.tp * mesh.pp), mesh.cp)
@@ -838,10 +846,11 @@ def _mesh_change_problem(request: TrainingRequest) -> None:
 
 def _pipeline(
     o: TrainingOptions, framework: Framework, model: ModelSpec, pp: int
-) -> tuple[int, PpSchedule, int | None, int | None]:
-    """``vpp``, ``pp_schedule`` and the first and last stage's layers, checked against the stages and the
-    model's layers as Megatron-LM checks them (``core/transformer/transformer_config.py``: layers divisible
-    by p, and by p·v interleaved; with uneven stages, :func:`~zerocalc.parallel.pipeline.split_problem`)."""
+) -> tuple[int, PpSchedule, int | None, int | None, tuple[int, ...] | None]:
+    """``vpp``, ``pp_schedule``, the first and last stage's layers and each virtual stage's, checked against
+    the stages and the model's layers as Megatron-LM checks them (``core/transformer/transformer_config.py``:
+    layers divisible by p, and by p·v interleaved; with uneven stages or each stage's layers,
+    :func:`~zerocalc.parallel.pipeline.split_problem`)."""
     vpp = parse_whole(o.vpp, "{vpp}", 1, MAX_LAYERS, "virtual stages")
     first, last = (
         None if given is None else parse_whole(given, name, 1, MAX_LAYERS, "layers")
@@ -850,6 +859,10 @@ def _pipeline(
             (o.pp_last_stage_layers, "{pp_last_stage_layers}"),
         )
     )
+    stage_layers = _stage_layers(o.pp_stage_layers)
+    if stage_layers is not None and (first is not None or last is not None):
+        given = "{pp_first_stage_layers}" if first is not None else "{pp_last_stage_layers}"
+        raise InputError(f"{{pp_stage_layers}} and {given} both split the layers; accepted: one of them")
     if o.pp_schedule is None:
         schedule = PpSchedule.INTERLEAVED_1F1B if vpp > 1 else PpSchedule.ONE_F_ONE_B
     else:
@@ -860,12 +873,13 @@ def _pipeline(
             ("{pp_schedule}", o.pp_schedule is not None),
             ("{pp_first_stage_layers}", first is not None),
             ("{pp_last_stage_layers}", last is not None),
+            ("{pp_stage_layers}", stage_layers is not None),
         ):
             if given:
                 raise InputError(
                     f"{name} changes nothing with {{pp}} 1; accepted: {{pp}} 2 or more, or no {name}"
                 )
-        return vpp, schedule, first, last
+        return vpp, schedule, first, last, stage_layers
     if framework not in PP_FRAMEWORKS:
         names = ", ".join(f.value for f in PP_FRAMEWORKS)
         raise InputError(
@@ -888,20 +902,53 @@ def _pipeline(
             f"{{pp}} {pp} splits the model's layers, which needs its architecture; accepted: {{model}} NAME, "
             "config.json or a model TOML"
         )
-    _split_check(arch, pp, vpp, first, last)
-    return vpp, schedule, first, last
+    _split_check(arch, pp, vpp, first, last, stage_layers)
+    return vpp, schedule, first, last, stage_layers
 
 
-def _split_check(arch: Architecture, pp: int, vpp: int, first: int | None, last: int | None) -> None:
-    """The model's layers over p ranks of v chunks, ``first`` and ``last`` on the first and last rank
-    (:func:`~zerocalc.parallel.pipeline.split_problem`, Megatron-LM's checks), or one :class:`InputError`."""
-    problem = split_problem(arch.num_layers, pp, vpp, first, last)
+def _stage_layers(given: str | list[int | str] | tuple[int | str, ...] | None) -> tuple[int, ...] | None:
+    """``--pp-stage-layers``: a comma list of whole numbers of layers (each checked against the stages and
+    the model by :func:`_split_check`)."""
+    if given is None:
+        return None
+    parts = [str(part).strip() for part in given] if isinstance(given, (list, tuple)) else given.split(",")
+    refused = InputError(
+        f"{{pp_stage_layers}} {shown(given)} is not accepted; accepted: a comma list of whole numbers of "
+        "layers, one per virtual stage (8,9,8,7)"
+    )
+    if not parts or any(not part.strip() for part in parts):
+        raise refused
+    try:
+        return tuple(parse_whole(part, "{pp_stage_layers}", 0, MAX_LAYERS, "layers") for part in parts)
+    except InputError:
+        raise refused from None
+
+
+def _split_check(
+    arch: Architecture,
+    pp: int,
+    vpp: int,
+    first: int | None,
+    last: int | None,
+    stage_layers: tuple[int, ...] | None = None,
+) -> None:
+    """The model's layers over p ranks of v chunks, ``first`` and ``last`` on the first and last rank, or
+    ``stage_layers`` on the p·v virtual stages (:func:`~zerocalc.parallel.pipeline.split_problem`,
+    Megatron-LM's checks), or one :class:`InputError`."""
+    problem = split_problem(arch.num_layers, pp, vpp, first, last, stage_layers)
     if problem is None:
         return
+    if stage_layers is not None:
+        shape = f"{{pp}} {pp}" + (f" × {{vpp}} {vpp}" if vpp > 1 else "")
+        raise InputError(
+            f"{{pp_stage_layers}} {','.join(map(str, stage_layers))} with {shape}: {problem}; accepted: "
+            f"{pp * vpp} counts of at least 1 layer summing to {arch.name}'s {arch.num_layers}"
+        )
     if first is None and last is None:
         raise InputError(
             f"{{pp}} {pp} × {{vpp}} {vpp}: {arch.name}'s {problem}; accepted: {{pp}} × {{vpp}} a divisor of "
-            f"{arch.num_layers}, or {{pp_first_stage_layers}} and {{pp_last_stage_layers}}"
+            f"{arch.num_layers}, or {{pp_first_stage_layers}} and {{pp_last_stage_layers}}, or "
+            "{pp_stage_layers}"
         )
     given = " and ".join(
         f"{name} {n}"
@@ -1078,9 +1125,7 @@ def _rank_models(model: ModelSpec, mesh: Mesh) -> tuple[ModelSpec, tuple[ModelSp
         return rank, ()
     stages = []
     for i in range(mesh.pp):
-        share, count = _stage_share(
-            arch, mesh.pp, mesh.vpp, i, mesh.pp_first_stage_layers, mesh.pp_last_stage_layers
-        )
+        share, count = _stage_share(arch, mesh.pp, mesh.vpp, i, mesh_stage_layers(mesh, arch.num_layers))
         stages.append(
             rank.model_copy(update={"params": count.total, "architecture": share, "parameter_count": count})
         )
@@ -1090,12 +1135,14 @@ def _rank_models(model: ModelSpec, mesh: Mesh) -> tuple[ModelSpec, tuple[ModelSp
 
 @lru_cache(maxsize=1024)
 def _stage_share(
-    arch: Architecture, pp: int, vpp: int, stage: int, first: int | None, last: int | None
+    arch: Architecture, pp: int, vpp: int, stage: int, split: tuple[int, ...]
 ) -> tuple[Architecture, ParameterCount]:
-    """Pipeline rank ``stage``'s share of ``arch`` and its count, once per architecture and split (a plan
-    asks for each many times)."""
-    layers = tuple(i for chunk in chunk_layers(arch.num_layers, pp, vpp, stage, first, last) for i in chunk)
-    share = pipeline_stage(arch, pp, vpp, stage, layers)
+    """Pipeline rank ``stage``'s share of ``arch`` and its count, its chunks those of the p·v virtual stages'
+    layers ``split`` (:func:`~zerocalc.parallel.pipeline.virtual_stage_layers`), once per architecture and
+    split (a plan asks for each many times)."""
+    chunks = chunk_layers(arch.num_layers, pp, vpp, stage, layers=split)
+    layers = tuple(i for chunk in chunks for i in chunk)
+    share = pipeline_stage(arch, pp, vpp, stage, layers, tuple(len(chunk) for chunk in chunks))
     return share, count_parameters(share)
 
 

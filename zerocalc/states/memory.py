@@ -41,7 +41,7 @@ from zerocalc.model.architecture import ParameterCount, expert_parameters
 from zerocalc.network.cluster import Cluster, RankGroup
 from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerName, OptimizerSpec
-from zerocalc.parallel.pipeline import describe_layer_counts, stage_layer_counts
+from zerocalc.parallel.pipeline import describe_layer_counts, mesh_stage_layers, stage_layer_counts
 from zerocalc.parallel.precision import RECIPES, PrecisionName, PrecisionRecipe
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName, row_named
 from zerocalc.request.options import OptionsEcho
@@ -421,10 +421,14 @@ def mesh_assumption(request: TrainingRequest) -> str:
     if mesh.pp > 1:
         largest = request.stages.index(request.rank_model)
         arch = request.model.architecture
-        layers = stage_layer_counts(
-            arch.num_layers if arch else 0, mesh.pp, mesh.pp_first_stage_layers, mesh.pp_last_stage_layers
-        )
-        if len(set(layers)) == 1:
+        split = mesh_stage_layers(mesh, arch.num_layers if arch else 0)
+        layers = stage_layer_counts(0, mesh.pp, layers=split)
+        if any(count != layers[k % mesh.pp] // mesh.vpp for k, count in enumerate(split)):
+            held = (
+                f"holding {describe_layer_counts(layers)} layers from the first to the last, in virtual "
+                f"stages of {describe_layer_counts(split)} layers"
+            )
+        elif len(set(layers)) == 1:
             held = f"each holding {plural(mesh.vpp, 'chunk')} of {plural(layers[0] // mesh.vpp, 'layer')}"
         else:
             held = (
