@@ -15,6 +15,7 @@ from zerocalc.base.errors import InputError
 from zerocalc.cli import app
 from zerocalc.cli.plan import command
 from zerocalc.parallel.frameworks import Estimate
+from zerocalc.parallel.strategies import STRATEGIES
 from zerocalc.peak.simulate import flash_attention_used, runtime_for, simulate
 from zerocalc.plan.allocated import _states, with_batch
 from zerocalc.plan.search import Status, _exact, _Resolver, _Setting, search
@@ -264,3 +265,30 @@ def test_an_end_stage_over_the_memory_settles_a_pipelined_candidate(monkeypatch:
     whole = search(plan)
     assert [r.model_dump() for r in quick.top] == [r.model_dump() for r in whole.top]
     assert quick.rejections == whole.rejections
+
+
+def test_a_mesh_candidates_step_pays_its_offload() -> None:
+    """A model-parallel candidate that offloads its optimizer pays what its rank moves and updates on the
+    host (ZeRO-Offload's PCIe traffic and CPU Adam, docs/planner.md's assumptions): its twin without offload
+    plus the offload seconds of its rank's parameters over its dp × cp ranks."""
+    plan = plan_options(
+        model="llama-3-8b", gpu="h100-80gb", gpus=16, global_batch="32seq", seq_len=4096,
+        frameworks="megatron", tp="2,4", pp="1,2",
+    )  # fmt: skip
+    rows = search(plan, keep_all=True).candidates
+    assert rows is not None
+    twins = {}
+    for row in rows:
+        key = (row.strategy, row.gpus, row.tp, row.pp, row.micro_batch, row.recompute, row.reduce_dtype,
+               row.grad_sync, row.prefetch)  # fmt: skip
+        twins.setdefault(key, {})[row.offload_optimizer.value] = row
+    pairs = [(t["none"], t["cpu"]) for t in twins.values() if {"none", "cpu"} <= t.keys()]
+    assert len(pairs) > 5
+    for plain, offloaded in pairs[:5]:
+        request = group_request(plan, _group_of(plan, offloaded), Estimate.MEMORY)
+        owned = request.rank_model.params / request.cluster.group_size(
+            STRATEGIES[offloaded.strategy].optimizer
+        )
+        by_hand = owned * (2 + 2) / 25e9 + owned * request.cluster.ranks_per_node * 30 / 100e9
+        assert offloaded.offload_s == pytest.approx(by_hand) and by_hand > 0
+        assert offloaded.step_s == pytest.approx(plain.step_s + offloaded.offload_s)

@@ -434,6 +434,41 @@ def with_framework_traffic(compute: ComputeTime, traffic: tuple[float, float]) -
     )
 
 
+def request_offload_seconds(
+    request: TrainingRequest, strategy: StrategyName, optimizer: OffloadTarget, params: OffloadTarget
+) -> float:
+    """:func:`offload_seconds` of one rank of the request's mesh (its share of the parameters, sharded
+    over its dp × cp data-parallel ranks) with the offload targets given."""
+    recipe = RECIPES[request.precision]
+    cluster = request.cluster
+    return offload_seconds(
+        request.rank_model.params,
+        cluster.world_size,
+        cluster.ranks_per_node,
+        cluster.group_size(STRATEGIES[strategy].optimizer),
+        optimizer,
+        params,
+        request.grad_accum,
+        recipe.param_dtype.bytes,
+        recipe.grad_dtype.bytes,
+    )
+
+
+def with_offload(step: StepTime, offload_s: float) -> StepTime:
+    """The step with ``offload_s`` more of offload (its rate and MFU over the longer step)."""
+    if not offload_s:
+        return step
+    longer = step.step_s + offload_s
+    scale = step.step_s / longer
+    mfu = step.mfu * scale if step.mfu is not None else None
+    return step._replace(
+        offload_s=step.offload_s + offload_s,
+        step_s=longer,
+        tokens_per_s_per_gpu=step.tokens_per_s_per_gpu * scale,
+        mfu=mfu,
+    )
+
+
 class StepEstimate(BaseModel):
     """One strategy's step on one GPU, as ``comm`` reports it."""
 
@@ -475,18 +510,7 @@ def step_estimate(
     accum = request.grad_accum
     mesh = mesh_exposed(mesh_costs, attention_forward, attention_backward)
     mesh[Dimension.PP] = pipeline.busiest_rank_time_s if pipeline is not None else 0.0
-    recipe = RECIPES[request.precision]
-    offload = offload_seconds(
-        request.model.params,
-        request.mesh.world,
-        request.cluster.ranks_per_node,
-        request.cluster.group_size(STRATEGIES[strategy].optimizer),
-        request.offload_optimizer,
-        request.offload_params,
-        accum,
-        recipe.param_dtype.bytes,
-        recipe.grad_dtype.bytes,
-    )
+    offload = request_offload_seconds(request, strategy, request.offload_optimizer, request.offload_params)
     arch, count = request.model.architecture, request.model.parameter_count
     assert arch is not None and count is not None
     activations = request.activations

@@ -37,8 +37,10 @@ from zerocalc.comm.step import (
     fsdp2_traffic,
     kernels,
     optimizer_traffic,
+    request_offload_seconds,
     step_estimate,
     with_framework_traffic,
+    with_offload,
 )
 from zerocalc.compute.ops import Kernels, MicroBatchOps, micro_batch_ops, model_flops_per_token
 from zerocalc.compute.time import ComputeTime, MicroBatchTime, micro_batch_time, step_compute
@@ -215,9 +217,10 @@ ASSUMPTIONS = [
 
 
 MESH_ASSUMPTION = (
-    "mesh: a model-parallel candidate's step is comm's for its b, recompute and A (its rank's compute, the "
-    "tensor-parallel collectives on the critical path, the context-parallel ring behind attention, the "
-    "busiest pipeline rank's sends exposed, the bubble a fraction of the slowest stage's compute); its "
+    "mesh: a model-parallel candidate's step is comm's for its b, recompute and A plus its offload (its "
+    "rank's compute, the tensor-parallel collectives on the critical path, the context-parallel ring behind "
+    "attention, the busiest pipeline rank's sends exposed, the bubble a fraction of the slowest stage's "
+    "compute); its "
     "lower bound is the rank's allocated peak (exact, from the step's parts) + context + NCCL, with pipeline "
     "stages the largest rank's model states + context + NCCL; its exact peak the worst stage's"
 )
@@ -416,7 +419,11 @@ class _MeshSteps:
                 step = self._steps[key] = self._priced(group.strategy, with_batch(comm_request, b, accum))
             except InputError as exc:
                 step = self._steps[key] = exc
-        return step
+        offloads = group.offload_optimizer, group.offload_params
+        if isinstance(step, InputError) or offloads == (OffloadTarget.NONE, OffloadTarget.NONE):
+            return step
+        request = with_batch(comm_request, b, accum)
+        return with_offload(step, request_offload_seconds(request, group.strategy, *offloads))
 
     def _priced(self, strategy: StrategyName, request: TrainingRequest) -> StepTime:
         """As :func:`~zerocalc.comm.estimate.evaluate_comm` prices the request's one strategy."""
