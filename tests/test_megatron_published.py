@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zerocalc.api import estimate_peak
+from zerocalc.api import estimate_comm, estimate_peak
 from zerocalc.peak.report import StagePeak
 
 DATA = Path(__file__).parent / "data" / "megatron-ci"
@@ -167,3 +167,21 @@ def test_vocab_parallel_cross_entropy_turns_its_softmax_into_the_gradient() -> N
     assert abs(forward - bf16_logits - in_place) <= 512  # the bf16 logits gone, no new fp32 tensor
     assert abs(at["logits.float() backward"] - in_place - bf16_logits) <= 512  # + the bf16 gradient
     assert max(e.allocated_bytes for e in row.timeline if e.phase.value == "backward") <= forward
+
+
+def test_gpt3_7b_tp1_pp4_vpp8_iteration_time() -> None:
+    """The memory test's logged ``iteration-time`` (``golden_values_dev_dgx_h100.json`` at NVIDIA/Megatron-LM
+    commit 070712a0bf439eb310ca4f2c16d9446f1ddc5b8f, iterations 4–24: 1.056–1.092 s, median 1.0606 s)
+    against ``comm``'s step for that launch on the ``h100-80gb`` table (a DGX H100's part), with Transformer
+    Engine's fused attention (``--transformer-impl transformer_engine``: ``--flash-attention``): 0.876 s,
+    17% under. The launch is a test configuration the step model has none of: ``--deterministic-mode``
+    (deterministic attention backward), ``CUDA_DEVICE_MAX_CONNECTIONS=1``, ``--no-gradient-accumulation-
+    fusion``, LayerNorm SM margins of 16. Bound: 20% (issue 31 asks 15% of tuned runs)."""
+    row = estimate_comm(
+        None, 8, model=str(DATA / "gpt3-7b.toml"), gpu="h100-80gb", framework="megatron", strategies="zero1",
+        pp=4, vpp=8, grad_accum=4, micro_batch=1, seq_len=8192, flash_attention=True,
+    ).row("zero1")  # fmt: skip
+    assert row.step is not None
+    logged = 1.0606
+    error = (row.step.step_s - logged) / logged
+    assert -0.20 < error < 0, f"predicted {row.step.step_s:.3f} s, logged {logged} s: {error:+.1%}"

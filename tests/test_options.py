@@ -144,9 +144,9 @@ def test_the_library_takes_every_option_as_a_keyword_with_its_default(
 def test_the_library_refuses_a_keyword_its_command_does_not_take() -> None:
     from zerocalc import InputError
 
-    refused = r"estimate_comm\(\) takes no keyword 'flash_attention'; accepted: params"
+    refused = r"estimate_comm\(\) takes no keyword 'fp32_grad_accum'; accepted: params"
     with pytest.raises(InputError, match=refused):
-        api.estimate_comm("7B", 8, flash_attention=True)
+        api.estimate_comm("7B", 8, fp32_grad_accum=True)
 
 
 CASES = [
