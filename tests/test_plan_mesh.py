@@ -292,3 +292,31 @@ def test_a_mesh_candidates_step_pays_its_offload() -> None:
         by_hand = owned * (2 + 2) / 25e9 + owned * request.cluster.ranks_per_node * 30 / 100e9
         assert offloaded.offload_s == pytest.approx(by_hand) and by_hand > 0
         assert offloaded.step_s == pytest.approx(plain.step_s + offloaded.offload_s)
+
+
+@pytest.mark.parametrize(
+    ("model", "code"),
+    [("llama-3-8b", ["--framework", "fsdp2", "--model-impl", "torchtitan"]),
+     ("gpt2", ["--framework", "megatron", "--model-impl", "megatron", "--tp", "2", "--flash-attention"])],
+    ids=["torchtitan", "megatron-flash"],
+)  # fmt: skip
+def test_the_model_code_and_kernel_given_to_plan_reach_the_printed_commands(
+    model: str, code: list[str]
+) -> None:
+    """``--model-impl`` and ``--flash-attention`` shape every candidate's activations and compute (GPT-2
+    under Megatron-LM's code is eager by default); the rows' memory and comm options carry them, and the
+    printed commands give the row's peak and step."""
+    args = ["--model", model, "--gpu", "h100-80gb", "--gpus", "8", "--global-batch", "16seq",
+            "--seq-len", "1024", "--top", "1", *code]  # fmt: skip
+    top = _plan_json(args)["top"][0]
+    default = _plan_json(args[: -2 if "torchtitan" in code else -1])["top"][0]
+    assert (top["peak_bytes"], top["step_s"]) != (default["peak_bytes"], default["step_s"])
+    expected = {"model_impl": "torchtitan"} if "torchtitan" in code else {"flash_attention": "true"}
+    for options in (top["memory_options"], top["comm_options"]):
+        assert expected.items() <= options.items()
+    memory = runner.invoke(app, [*command("memory", top["memory_options"]).split()[1:], "--json"])
+    assert memory.exit_code == 0, memory.output
+    assert json.loads(memory.stdout)["peak"]["strategies"][0]["peak_bytes"] == top["peak_bytes"]
+    comm = runner.invoke(app, [*command("comm", top["comm_options"]).split()[1:], "--json"])
+    assert comm.exit_code == 0, comm.output
+    assert json.loads(comm.stdout)["strategies"][0]["step"]["step_s"] == top["step_s"]

@@ -73,9 +73,14 @@ def command(name: str, options: dict[str, str]) -> str:
     """``zerocalc memory --model ... --gpus 8 ...``: a candidate's options as a command line."""
     import shlex
 
+    from zerocalc.request.options import NEGATIVE_FLAGS
+
     parts = ["zerocalc", name]
     for concept, value in options.items():
-        parts += [flag(concept), shlex.quote(value)]
+        if concept in NEGATIVE_FLAGS:  # a switch: its flag, or its negative flag
+            parts.append(flag(concept) if value == "true" else NEGATIVE_FLAGS[concept])
+        else:
+            parts += [flag(concept), shlex.quote(value)]
     return " ".join(parts)
 
 

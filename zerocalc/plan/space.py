@@ -23,6 +23,7 @@ from zerocalc.base.errors import InputError, shown
 from zerocalc.base.units import parse_count, parse_whole
 from zerocalc.compute.table import ComputeTable
 from zerocalc.model.activations import Recompute
+from zerocalc.model.model_impl import ModelImplName
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import Cluster
 from zerocalc.network.schedule import GradSync
@@ -194,6 +195,8 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         compute_calibration=o.compute_calibration,
         framework="paper",
         init=o.init,
+        model_impl=o.model_impl,
+        flash_attention=o.flash_attention,
     )
     assert base.gpu is not None
     table = compute_table(base.compute_calibration, base.gpu.name)
@@ -535,7 +538,8 @@ def _mesh_groups(
 
 COMM_OPTIONS = (
     "gpus", "gpus_per_node", "framework", "strategies", "micro_batch", "grad_accum", "recompute", "grad_sync",
-    "reduce_dtype", *MESH_DEGREES, "pp_first_stage_layers", "pp_last_stage_layers",
+    "reduce_dtype", *MESH_DEGREES, "pp_first_stage_layers", "pp_last_stage_layers", "model_impl",
+    "flash_attention",
 )  # fmt: skip
 """The options ``zerocalc comm`` takes of a candidate's (it has no offload); with the sequence length, its
 step time is the candidate's."""
@@ -551,7 +555,20 @@ def memory_options(plan: PlanRequest, group: Group, b: int) -> dict[str, str]:
         "seq_len": str(plan.seq_len),
         **group.options(b, grad_accum),
         **({"init": init.value} if init is not None else {}),
+        **_code_options(plan),
     }
+
+
+def _code_options(plan: PlanRequest) -> dict[str, str]:
+    """The model's code and attention kernel as the plan was given them (``flash_attention``: ``true`` or
+    ``false``, the switch's two flags)."""
+    base = plan.base
+    out = {}
+    if base.model_impl is not ModelImplName.HF:
+        out["model_impl"] = base.model_impl.value
+    if base.activations.flash_attention is not None:
+        out["flash_attention"] = str(base.activations.flash_attention).lower()
+    return out
 
 
 def comm_options(plan: PlanRequest, group: Group, b: int) -> dict[str, str]:
@@ -559,6 +576,7 @@ def comm_options(plan: PlanRequest, group: Group, b: int) -> dict[str, str]:
     grad_accum = group.accumulation(plan.global_batch_sequences, b)
     chosen = {k: v for k, v in group.options(b, grad_accum).items() if k in COMM_OPTIONS}
     out = {"model": plan.model, "gpu": plan.gpu, "seq_len": str(plan.seq_len), **chosen}
+    out.update(_code_options(plan))
     if plan.calibration_path is not None:
         out["calibration"] = plan.calibration_path
     if plan.base.compute_calibration is not None:
@@ -577,6 +595,8 @@ def group_request(plan: PlanRequest, group: Group, estimate: Estimate) -> Traini
         options = dict(comm_options(plan, group, b))
         options.pop("calibration", None)
         options.pop("compute_calibration", None)
+    if "flash_attention" in options:
+        options["flash_attention"] = options["flash_attention"] == "true"
     return parse_options(
         estimate=estimate,
         calibration=plan.calibration,

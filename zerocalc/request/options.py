@@ -39,6 +39,7 @@ class Kind(StrEnum):
 
 MEMORY, COMM, PLAN = Command.MEMORY, Command.COMM, Command.PLAN
 ESTIMATES = frozenset({MEMORY, COMM})
+ALL_ESTIMATES = frozenset({MEMORY, COMM, PLAN})
 
 
 class Option(NamedTuple):
@@ -212,13 +213,13 @@ OPTIONS: tuple[Option, ...] = (
          "With --recompute full: only every N-th layer checkpointed (the N-th, the 2N-th and so on), the "
          "others keep their activations (torchtitan's selective_ac_option N).",
          ESTIMATES, default=1, value_type=NUM, metavar="N"),
-    _opt("flash_attention", ("--flash-attention",), "Flash attention (no s² terms).", ESTIMATES,
+    _opt("flash_attention", ("--flash-attention",), "Flash attention (no s² terms).", ALL_ESTIMATES,
          kind=Kind.SWITCH, value_type="bool | None", negative="--no-flash-attention",
          default_help="the model code's: SDPA's flash kernel for every transformers family, eager without "
          "one (GPT-3)"),
     _opt("model_impl", ("--model-impl",),
          "The model's code: hf (transformers 5.17), megatron (fused kernels), torchtitan.",
-         ESTIMATES, default="hf", value_type=STR),
+         ALL_ESTIMATES, default="hf", value_type=STR),
     _opt("optimizer_impl", ("--optimizer-impl",),
          "torch.optim Adam implementation: foreach, fused or for-loop.",
          ESTIMATES, default="foreach", value_type=STR),
@@ -327,6 +328,8 @@ def with_launch_configs(
 
 
 FLAGS: dict[str, str] = {o.name: o.flag for o in OPTIONS}
+NEGATIVE_FLAGS: dict[str, str] = {o.name: o.negative for o in OPTIONS if o.negative is not None}
+"""A switch's negative flag by concept (``flash_attention`` → ``--no-flash-attention``)."""
 """The flag each concept (``{gpus_per_node}``) is on the command line. A name means one flag in every
 command that takes it (tests/test_options.py)."""
 
