@@ -283,7 +283,7 @@ def assemble(
 def model_code(request: TrainingRequest) -> ModelImplName:
     """The code the step runs: Megatron-LM's layers under ``--framework megatron`` (its own model code),
     else ``--model-impl``."""
-    return ModelImplName.MEGATRON if request.framework is Framework.MEGATRON else request.model_impl
+    return request.model_code
 
 
 def attention_fused(request: TrainingRequest) -> bool:

@@ -78,7 +78,7 @@ def peak_options(request: TrainingRequest) -> PeakOptions:
     flash = flash_attention_used(request)
     return PeakOptions(
         framework=request.framework,
-        model_impl=request.model_impl,
+        model_impl=request.model_code,
         optimizer_impl=request.optimizer_impl,
         seq_len=a.seq_len,
         micro_batch=a.micro_batch,
@@ -114,7 +114,7 @@ def term_sources(
     lines name theirs."""
     setup = strategy.frameworks[request.framework].torch
     framework = TORCH_SOURCES[setup.wrapper] if setup is not None else profile.source
-    impl = MODEL_IMPLS[request.model_impl]
+    impl = MODEL_IMPLS[request.model_code]
     adam = f"torch/optim/adam.py, {request.optimizer_impl.value}"
     gathered = (
         f"{framework}: units unsharded before use"
@@ -322,7 +322,7 @@ def attention_source(request: TrainingRequest) -> str:
     asked = request.activations.flash_attention
     if asked is not None:
         return "--flash-attention" if asked else "--no-flash-attention"
-    return default_attention(MODEL_IMPLS[request.model_impl], request.architecture)[1]
+    return default_attention(MODEL_IMPLS[request.model_code], request.architecture)[1]
 
 
 def _attention_part(request: TrainingRequest) -> str:
@@ -386,7 +386,7 @@ def evaluate_peak(request: TrainingRequest) -> MemoryReport:
     rows = [one(request, profile, row.strategy, runtime) for row in estimate.strategies]
     peak = PeakEstimate(
         options=peak_options(request),
-        model_impl_source=MODEL_IMPLS[request.model_impl].source,
+        model_impl_source=MODEL_IMPLS[request.model_code].source,
         notes=_notes(request),
         strategies=rows,
         init_host_bytes_per_node=init_host_bytes_per_node(request),

@@ -160,7 +160,7 @@ def flash_attention_used(request: TrainingRequest) -> bool:
     asked = request.activations.flash_attention
     if asked is not None:
         return asked
-    kernel, _ = default_attention(MODEL_IMPLS[request.model_impl], request.architecture)
+    kernel, _ = default_attention(MODEL_IMPLS[request.model_code], request.architecture)
     return kernel is AttentionKernel.FLASH
 
 
@@ -186,7 +186,7 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
     units = _units_of(arch, 1)
     return StepShape(
         arch=arch,
-        impl=MODEL_IMPLS[request.model_impl],
+        impl=MODEL_IMPLS[request.model_code],
         shape=activation_shape(request),
         act=act,
         device=device,

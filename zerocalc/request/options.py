@@ -218,7 +218,8 @@ OPTIONS: tuple[Option, ...] = (
          default_help="the model code's: SDPA's flash kernel for every transformers family, eager without "
          "one (GPT-3)"),
     _opt("model_impl", ("--model-impl",),
-         "The model's code: hf (transformers 5.17), megatron (fused kernels), torchtitan.",
+         "The model's code: hf (transformers 5.17), megatron (fused kernels), torchtitan; --framework "
+         "megatron runs megatron's.",
          ALL_ESTIMATES, default="hf", value_type=STR),
     _opt("optimizer_impl", ("--optimizer-impl",),
          "torch.optim Adam implementation: foreach, fused or for-loop.",

@@ -293,6 +293,12 @@ class TrainingRequest(BaseModel):
         return self.gpu_memory_bytes - self.runtime.context_bytes
 
     @property
+    def model_code(self) -> ModelImplName:
+        """The code that runs the model: Megatron-LM's own layers under ``--framework megatron`` (it runs no
+        other), else ``--model-impl``."""
+        return ModelImplName.MEGATRON if self.framework is Framework.MEGATRON else self.model_impl
+
+    @property
     def init(self) -> ModelInit:
         """How the model is created: as asked, else the framework's documented path."""
         return self.init_asked or PROFILES[self.framework].init
@@ -419,7 +425,7 @@ def _model_code_problem(request: TrainingRequest) -> str | None:
     mesh, arch = request.mesh, request.model.architecture
     if request.estimate is not Estimate.MEMORY or arch is None or (mesh.tp == 1 and mesh.cp == 1):
         return None
-    impl = MODEL_IMPLS[request.model_impl]
+    impl = MODEL_IMPLS[request.model_code]
     flash = request.activations.flash_attention
     if flash is None:
         flash = default_attention(impl, arch)[0] is AttentionKernel.FLASH
@@ -455,7 +461,7 @@ def _recompute_problem(request: TrainingRequest) -> str | None:
     layer-level selective checkpointing, any code's ``checkpoint_wrapper`` on every N-th block) other than
     under full recompute of a dense model; None otherwise."""
     arch, activations, mesh = request.model.architecture, request.activations, request.mesh
-    code = ModelImplName.MEGATRON if request.framework is Framework.MEGATRON else request.model_impl
+    code = request.model_code
     every = activations.checkpoint_every
     if every > 1 and activations.recompute is not Recompute.FULL:
         return (
