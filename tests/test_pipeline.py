@@ -308,7 +308,7 @@ def test_p2p_sends_of_gpt3_175b_interleaved() -> None:
     assert pipeline.bubble_fraction == 7 / 128
     sync = pipeline.embedding_sync  # the tied embedding's gradients over the first and the last stage
     assert (
-        sync is not None and sync.elements == 51200 // 8 * 12288 and sync.bytes_per_gpu == 2 * sync.elements
+        sync is not None and sync.elements == 51200 // 8 * 12288 and sync.bytes_per_gpu == 4 * sync.elements
     )
 
 

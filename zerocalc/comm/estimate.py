@@ -49,7 +49,7 @@ from zerocalc.network.cluster import Cluster, RankGroup
 from zerocalc.network.collectives import COLLECTIVES, Collective
 from zerocalc.network.links import Bandwidths, BandwidthSource, LinkFigures
 from zerocalc.network.schedule import DtypeRole, GradSync, Phase, Repeat, ScheduledCollective, Tensor, ZeroPP
-from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, TORCH_NO_SYNC, Framework
+from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, TORCH_NO_SYNC, Framework, default_reduce_dtype
 from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.precision import RECIPES, PrecisionName
 from zerocalc.parallel.strategies import (
@@ -331,13 +331,15 @@ def _mesh_calibration_notes(calibration: Calibration, name: str, rows: list[Stra
     return notes
 
 
-def _dtype(role: DtypeRole, precision: PrecisionName, reduce_dtype: DType | None) -> DType:
+def _dtype(
+    role: DtypeRole, precision: PrecisionName, reduce_dtype: DType | None, framework: Framework
+) -> DType:
     recipe = RECIPES[precision]
     if role is DtypeRole.COMPUTE:
         return recipe.param_dtype
     if role is DtypeRole.STORED:
         return recipe.master_dtype or recipe.param_dtype
-    return reduce_dtype or recipe.grad_dtype
+    return reduce_dtype or default_reduce_dtype(framework, recipe.grad_dtype)
 
 
 def times_per_step(repeat: Repeat, accum: int, sync: GradSync) -> int:
@@ -380,7 +382,7 @@ def _runs(
         n = cluster.group_size(line.group)
         if n == 1 or not line.runs_with(zeropp):
             continue  # a group of one rank communicates nothing
-        dtype = _dtype(line.dtype_role, precision, reduce_dtype)
+        dtype = _dtype(line.dtype_role, precision, reduce_dtype, framework)
         ctx = CallContext(
             world_size=cluster.world_size,
             group_size=n,
@@ -569,7 +571,7 @@ def mesh_request(request: TrainingRequest) -> MeshRequest | None:
         grad_accum=request.grad_accum,
         activation=RECIPES[request.precision].param_dtype,
         checkpoint_every=activations.checkpoint_every,
-        gradient=_dtype(DtypeRole.REDUCE, request.precision, request.reduce_dtype),
+        gradient=_dtype(DtypeRole.REDUCE, request.precision, request.reduce_dtype, request.framework),
         bandwidths=request.links,
         calibration=request.calibration,
     )

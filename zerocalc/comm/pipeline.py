@@ -29,7 +29,7 @@ from zerocalc.model.architecture import head_tensors
 from zerocalc.network.collectives import Collective
 from zerocalc.network.links import BandwidthSource, LinkFigures
 from zerocalc.network.schedule import Phase
-from zerocalc.parallel.frameworks import Framework
+from zerocalc.parallel.frameworks import Framework, default_reduce_dtype
 from zerocalc.parallel.mesh import Mesh, PpSchedule
 from zerocalc.parallel.pipeline import INTERLEAVED, boundary_elements, bubble_fraction
 from zerocalc.parallel.precision import RECIPES
@@ -200,7 +200,7 @@ def _embedding_sync(request: TrainingRequest) -> EmbeddingSync | None:
     assert head is not None
     elements = next(t.numel for t in head_tensors(head) if t.module == "lm_head")
     recipe = RECIPES[request.precision]
-    dtype = request.reduce_dtype or recipe.grad_dtype
+    dtype = request.reduce_dtype or default_reduce_dtype(request.framework, recipe.grad_dtype)
     spans = pair_spans_nodes(mesh, 0, mesh.pp - 1)
     figures = request.links.inter_node if spans else request.links.intra_node
     nbytes = elements * dtype.bytes  # all_reduce over 2 ranks: 2(n − 1)/n · S = S

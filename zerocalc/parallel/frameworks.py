@@ -11,6 +11,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import NamedTuple
 
+from zerocalc.base.dtypes import DType
 from zerocalc.network.cluster import RankGroup
 from zerocalc.parallel.optimizers import OptimizerName
 from zerocalc.parallel.precision import PrecisionName
@@ -34,6 +35,18 @@ class Framework(StrEnum):
     """PyTorch DDP and ``ZeroRedundancyOptimizer`` as they really allocate."""
     DDP = "ddp"
     """PyTorch ``DistributedDataParallel`` on its own (the DDP of ``torch-zero1``)."""
+
+
+MEGATRON_MAIN_GRAD_DTYPE = DType.FP32
+"""Megatron-LM's ``main_grad``: the fp32 buffer backward accumulates gradients into and the data-parallel
+ranks reduce (``megatron/training/arguments.py``: ``--bf16`` forces ``accumulate_allreduce_grads_in_fp32``,
+which ``DistributedDataParallelConfig.grad_reduce_in_fp32`` follows)."""
+
+
+def default_reduce_dtype(framework: Framework, grad_dtype: DType) -> DType:
+    """What a data-parallel gradient reduction moves when ``--reduce-dtype`` is not given: Megatron-LM's
+    main gradients (:data:`MEGATRON_MAIN_GRAD_DTYPE`), else the precision's gradient dtype."""
+    return MEGATRON_MAIN_GRAD_DTYPE if framework is Framework.MEGATRON else grad_dtype
 
 
 class Estimate(StrEnum):

@@ -27,7 +27,7 @@ from zerocalc.model.model_impl import ModelImplName
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import Cluster
 from zerocalc.network.schedule import GradSync
-from zerocalc.parallel.frameworks import Estimate, Framework
+from zerocalc.parallel.frameworks import Estimate, Framework, default_reduce_dtype
 from zerocalc.parallel.mesh import Mesh, PpSchedule, framework_cp_impl, framework_tp_style
 from zerocalc.parallel.pipeline import shorter_end_stages
 from zerocalc.parallel.precision import RECIPES
@@ -455,7 +455,6 @@ def _mesh_groups(
     assert arch is not None
     ends = shorter_end_stages(arch.num_layers, mesh.pp, mesh.vpp)
     recipe = RECIPES[plan.base.precision]
-    reduce_dtypes: list[DType | None] = [None] + ([DType.FP32] if recipe.grad_dtype is not DType.FP32 else [])
     replicas = world // (mesh.tp * mesh.cp * mesh.pp)
     if plan.global_batch_sequences % replicas:
         rejected.append(Rejected("GPU counts not dividing the global batch (b·A·d must equal it)", 1))
@@ -479,6 +478,9 @@ def _mesh_groups(
             for n in framework_strategies(framework, Estimate.MEMORY)
             if n in framework_strategies(framework, Estimate.COMM)
         ]
+        # fp32 reductions where the default is not already fp32 (Megatron-LM's main gradients are)
+        default = default_reduce_dtype(framework, recipe.grad_dtype)
+        reduce_dtypes: list[DType | None] = [None] + ([DType.FP32] if default is not DType.FP32 else [])
         for name in names:
             strategy = STRATEGIES[name]
             setup = strategy.frameworks[framework]

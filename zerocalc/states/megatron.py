@@ -14,7 +14,7 @@ distributed-optimizer shards use ``expert_data_parallel_group``), one row per pa
 
 from __future__ import annotations
 
-from zerocalc.base.dtypes import DType
+from zerocalc.parallel.frameworks import MEGATRON_MAIN_GRAD_DTYPE
 from zerocalc.parallel.optimizers import OPTIMIZERS
 from zerocalc.parallel.precision import RECIPES
 from zerocalc.parallel.strategies import Strategy
@@ -29,8 +29,7 @@ from zerocalc.states.memory import (
 )
 
 SOURCE = "Megatron-LM docs, distributed optimizer: 6 + 12/d bytes per parameter (18 without)"
-MAIN_GRAD_DTYPE = DType.FP32
-"""``main_grad``: the fp32 buffer backward accumulates gradients into and the data-parallel ranks reduce."""
+MAIN_GRAD_DTYPE = MEGATRON_MAIN_GRAD_DTYPE
 
 
 def megatron_states(request: TrainingRequest, strategy: Strategy) -> list[StateShard]:
