@@ -68,14 +68,14 @@ from zerocalc.compute.table import ComputeTable
 from zerocalc.compute.time import ComputeTime, MicroBatchTime, micro_batch_time, step_compute
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture
-from zerocalc.model.model_impl import MODEL_IMPLS, AttentionKernel, ModelImplName, Shape, default_attention
+from zerocalc.model.model_impl import ModelImplName, Shape
 from zerocalc.network.collectives import Collective
 from zerocalc.network.schedule import GradSync, Phase
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.optimizers import OptimizerImpl
 from zerocalc.parallel.precision import RECIPES
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
-from zerocalc.request.training import ModelSpec, TrainingRequest
+from zerocalc.request.training import ModelSpec, TrainingRequest, flash_attention_used, rank_shape
 
 PCIE_BPS = 25e9
 """Host ↔ GPU bytes/s per GPU: PCIe 4.0 ×16 achieves about 25 GB/s of its 32 GB/s (an assumption; PCIe 5.0
@@ -280,40 +280,18 @@ def assemble(
 
 
 # ------------------------------------------------------------------------------------ from a request
-def model_code(request: TrainingRequest) -> ModelImplName:
-    """The code the step runs: Megatron-LM's layers under ``--framework megatron`` (its own model code),
-    else ``--model-impl``."""
-    return request.model_code
-
-
-def attention_fused(request: TrainingRequest) -> bool:
-    """``flash_attention`` as asked, else what the model's code runs (:func:`default_attention`)."""
-    asked = request.activations.flash_attention
-    if asked is not None:
-        return asked
-    kernel, _ = default_attention(MODEL_IMPLS[model_code(request)], request.architecture)
-    return kernel is AttentionKernel.FLASH
-
-
 def kernels(request: TrainingRequest) -> Kernels:
     """Megatron-LM's fused kernels, else eager PyTorch ops (transformers, torchtitan)."""
-    return Kernels(fused=model_code(request) is ModelImplName.MEGATRON, flash=attention_fused(request))
+    return Kernels(fused=request.model_code is ModelImplName.MEGATRON, flash=flash_attention_used(request))
 
 
 def request_ops(request: TrainingRequest, arch: Architecture | None = None) -> MicroBatchOps:
     """What one rank of the request's mesh runs for one micro-batch (``arch``: a pipeline stage's share;
     the rank's architecture by default)."""
-    mesh, activations = request.mesh, request.activations
-    shape = Shape(
-        activations.micro_batch,
-        activations.seq_len,
-        tp=mesh.tp,
-        sequence_parallel=mesh.sequence_parallel,
-        cp=mesh.cp,
-        cp_impl=mesh.cp_impl,
-    )
     dtype = RECIPES[request.precision].param_dtype
-    return _micro_batch_ops(arch or request.architecture, shape, kernels(request), dtype, mesh.ep)
+    return _micro_batch_ops(
+        arch or request.architecture, rank_shape(request), kernels(request), dtype, request.mesh.ep
+    )
 
 
 @lru_cache(maxsize=1024)

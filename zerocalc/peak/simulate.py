@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from zerocalc.base.dtypes import DType
 from zerocalc.model.architecture import Architecture, ParamTensor, PipelineStage
-from zerocalc.model.model_impl import MODEL_IMPLS, AttentionKernel, Device, Shape, default_attention
+from zerocalc.model.model_impl import MODEL_IMPLS, Device, Shape
 from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, Framework, Fsdp1Sharding, TorchWrapper
 from zerocalc.parallel.pipeline import KEEPS_STAGE_OUTPUT, boundary_elements, rank_passes, window
 from zerocalc.parallel.precision import RECIPES, PrecisionName
@@ -30,7 +30,7 @@ from zerocalc.peak.ledger import Event, Ledger
 from zerocalc.peak.mechanics import Accounting, Accumulation, Ddp, Fsdp1, Fsdp2, Mechanics, Unit
 from zerocalc.peak.report import StateLine
 from zerocalc.peak.timeline import PHASES, Runtime, StagePlan, StepShape, first_start, run_step, steady_start
-from zerocalc.request.training import GradSync, TrainingRequest
+from zerocalc.request.training import GradSync, TrainingRequest, flash_attention_used, rank_shape
 from zerocalc.states.framework import (
     ADAM_STATES,
     STATES_RECIPE,
@@ -155,29 +155,12 @@ def _fsdp_units_of(arch: Architecture) -> tuple[tuple[str, tuple[ParamTensor, ..
     )
 
 
-def flash_attention_used(request: TrainingRequest) -> bool:
-    """``flash_attention`` as asked, else what the model's code runs (:func:`default_attention`)."""
-    asked = request.activations.flash_attention
-    if asked is not None:
-        return asked
-    kernel, _ = default_attention(MODEL_IMPLS[request.model_code], request.architecture)
-    return kernel is AttentionKernel.FLASH
-
-
 def activation_shape(request: TrainingRequest) -> Shape:
     """One micro-batch on one rank of the mesh: b sequences of s tokens, split by tensor, sequence and
     context parallelism as the model's code splits them, and the routed tokens expert parallelism brings
     the rank's experts (:class:`~zerocalc.model.model_impl.Shape`)."""
-    a, mesh = request.activations, request.mesh
-    return Shape(
-        a.micro_batch,
-        a.seq_len,
-        tp=mesh.tp,
-        sequence_parallel=mesh.sequence_parallel,
-        cp=mesh.cp,
-        cp_impl=mesh.cp_impl,
-        ep=mesh.ep,
-        capacity_factor=a.capacity_factor,
+    return rank_shape(request)._replace(
+        ep=request.mesh.ep, capacity_factor=request.activations.capacity_factor
     )
 
 

@@ -419,6 +419,29 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
     return resolved
 
 
+def flash_attention_used(request: TrainingRequest) -> bool:
+    """``flash_attention`` as asked, else what the model's code runs (:func:`default_attention`)."""
+    asked = request.activations.flash_attention
+    if asked is not None:
+        return asked
+    kernel, _ = default_attention(MODEL_IMPLS[request.model_code], request.architecture)
+    return kernel is AttentionKernel.FLASH
+
+
+def rank_shape(request: TrainingRequest) -> Shape:
+    """One micro-batch on one rank of the mesh: b sequences of s tokens, split by tensor, sequence and
+    context parallelism as the model's code splits them (:class:`~zerocalc.model.model_impl.Shape`)."""
+    a, mesh = request.activations, request.mesh
+    return Shape(
+        a.micro_batch,
+        a.seq_len,
+        tp=mesh.tp,
+        sequence_parallel=mesh.sequence_parallel,
+        cp=mesh.cp,
+        cp_impl=mesh.cp_impl,
+    )
+
+
 def _model_code_problem(request: TrainingRequest) -> str | None:
     """A mesh the model's code cannot run the step of (:func:`~zerocalc.model.model_impl.
     parallel_unsupported`), for the peak of a step; None when it can or no step is simulated."""
@@ -426,18 +449,7 @@ def _model_code_problem(request: TrainingRequest) -> str | None:
     if request.estimate is not Estimate.MEMORY or arch is None or (mesh.tp == 1 and mesh.cp == 1):
         return None
     impl = MODEL_IMPLS[request.model_code]
-    flash = request.activations.flash_attention
-    if flash is None:
-        flash = default_attention(impl, arch)[0] is AttentionKernel.FLASH
-    shape = Shape(
-        request.activations.micro_batch,
-        request.activations.seq_len,
-        tp=mesh.tp,
-        sequence_parallel=mesh.sequence_parallel,
-        cp=mesh.cp,
-        cp_impl=mesh.cp_impl,
-    )
-    reason = parallel_unsupported(impl, arch, shape, flash)
+    reason = parallel_unsupported(impl, arch, rank_shape(request), flash_attention_used(request))
     if reason is None:
         return None
     degrees = " and ".join(f"{{{n}}} {d}" for n, d in (("tp", mesh.tp), ("cp", mesh.cp)) if d > 1)
@@ -460,7 +472,7 @@ def _recompute_problem(request: TrainingRequest) -> str | None:
     its time and collectives for any dense Llama block's; ``{checkpoint_every}`` N > 1 (torchtitan's
     layer-level selective checkpointing, any code's ``checkpoint_wrapper`` on every N-th block) other than
     under full recompute of a dense model; None otherwise."""
-    arch, activations, mesh = request.model.architecture, request.activations, request.mesh
+    arch, activations = request.model.architecture, request.activations
     code = request.model_code
     every = activations.checkpoint_every
     if every > 1 and activations.recompute is not Recompute.FULL:
@@ -476,18 +488,8 @@ def _recompute_problem(request: TrainingRequest) -> str | None:
     if activations.recompute is not Recompute.OP or arch is None:
         return None
     impl = MODEL_IMPLS[code]
-    flash = activations.flash_attention
-    if flash is None:
-        flash = default_attention(impl, arch)[0] is AttentionKernel.FLASH
-    shape = Shape(
-        activations.micro_batch,
-        activations.seq_len,
-        tp=mesh.tp,
-        sequence_parallel=mesh.sequence_parallel,
-        cp=mesh.cp,
-        cp_impl=mesh.cp_impl,
-    )
-    reason = op_sac_unsupported(arch, shape, flash, impl if request.estimate is Estimate.MEMORY else None)
+    memory_code = impl if request.estimate is Estimate.MEMORY else None
+    reason = op_sac_unsupported(arch, rank_shape(request), flash_attention_used(request), memory_code)
     if reason is None:
         return None
     accepted = "{recompute} none, selective or full"
@@ -807,18 +809,25 @@ def default_sequence_parallel(framework: Framework, tp: int, model_impl: ModelIm
     return tp > 1 and SEQUENCE_PARALLEL_DEFAULT.get(framework, False) and model_impl is not ModelImplName.HF
 
 
+def _refuse_unmodelled(
+    option: str, degree: int, framework: Framework, frameworks: tuple[Framework, ...], dimension: str
+) -> None:
+    """Refuses ``--option degree`` under a framework whose ``dimension`` is not modelled."""
+    if framework not in frameworks:
+        names = ", ".join(f.value for f in frameworks)
+        raise InputError(
+            f"{{{option}}} {degree} with {{framework}} {framework.value}: its {dimension} is not modelled; "
+            f"accepted: {{framework}} {names}, or {{{option}}} 1"
+        )
+
+
 def _mesh_change_problem(request: TrainingRequest) -> None:
     """The checks of :func:`_mesh` a mesh built outside the parser (``zerocalc plan``'s, with the parser's
     defaults for the schedule, the CP implementation and sequence parallelism, its degrees dividing the
     GPUs and TP inside a node) can fail, in the parser's order and with its lines."""
     mesh, framework, model = request.mesh, request.framework, request.model
     if mesh.pp > 1:
-        if framework not in PP_FRAMEWORKS:
-            names = ", ".join(f.value for f in PP_FRAMEWORKS)
-            raise InputError(
-                f"{{pp}} {mesh.pp} with {{framework}} {framework.value}: its pipeline parallelism is not "
-                f"modelled; accepted: {{framework}} {names}, or {{pp}} 1"
-            )
+        _refuse_unmodelled("pp", mesh.pp, framework, PP_FRAMEWORKS, "pipeline parallelism")
         arch = model.architecture
         if arch is not None:
             _split_check(
@@ -886,12 +895,7 @@ def _pipeline(
                     f"{name} changes nothing with {{pp}} 1; accepted: {{pp}} 2 or more, or no {name}"
                 )
         return vpp, schedule, first, last, stage_layers
-    if framework not in PP_FRAMEWORKS:
-        names = ", ".join(f.value for f in PP_FRAMEWORKS)
-        raise InputError(
-            f"{{pp}} {pp} with {{framework}} {framework.value}: its pipeline parallelism is not modelled; "
-            f"accepted: {{framework}} {names}, or {{pp}} 1"
-        )
+    _refuse_unmodelled("pp", pp, framework, PP_FRAMEWORKS, "pipeline parallelism")
     if vpp > 1 and schedule in (PpSchedule.GPIPE, PpSchedule.ONE_F_ONE_B):
         raise InputError(
             f"{{vpp}} {vpp} with {{pp_schedule}} {schedule.value}: it runs one stage per rank; accepted: "
@@ -980,12 +984,7 @@ def _expert_parallel(o: TrainingOptions, framework: Framework, model: ModelSpec,
     ep = parse_whole(o.ep, "{ep}", 1, MAX_GPUS, "ranks")
     if ep == 1:
         return ep
-    if framework not in EP_FRAMEWORKS:
-        names = ", ".join(f.value for f in EP_FRAMEWORKS)
-        raise InputError(
-            f"{{ep}} {ep} with {{framework}} {framework.value}: its expert parallelism is not modelled; "
-            f"accepted: {{framework}} {names}, or {{ep}} 1"
-        )
+    _refuse_unmodelled("ep", ep, framework, EP_FRAMEWORKS, "expert parallelism")
     arch = model.architecture
     if arch is None or not arch.is_moe:
         what = "a model without its architecture" if arch is None else f"{arch.name}, a dense model"
