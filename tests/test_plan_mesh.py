@@ -16,10 +16,12 @@ from zerocalc.cli import app
 from zerocalc.cli.plan import command
 from zerocalc.parallel.frameworks import Estimate
 from zerocalc.parallel.strategies import STRATEGIES
+from zerocalc.peak.report import Verdict
 from zerocalc.peak.simulate import flash_attention_used, runtime_for, simulate
 from zerocalc.plan.allocated import _states, with_batch
 from zerocalc.plan.search import Status, _exact, _Resolver, _Setting, search
 from zerocalc.plan.space import derived_request, enumerate_groups, group_request, plan_options
+from zerocalc.request.training import TrainingRequest
 
 runner = CliRunner()
 
@@ -254,14 +256,18 @@ def test_an_end_stage_over_the_memory_settles_a_pipelined_candidate(monkeypatch:
     )  # fmt: skip
     import zerocalc.plan.search as plan_search
 
-    check = plan_search._an_end_stage_does_not_fit
+    ends = plan_search._end_stages
     settled: list[bool] = []
-    monkeypatch.setattr(
-        plan_search, "_an_end_stage_does_not_fit", lambda r: settled.append(check(r)) or settled[-1]
-    )
+
+    def counted(request: TrainingRequest) -> dict:
+        rows = ends(request)
+        settled.append(any(row.verdict is Verdict.DOES_NOT_FIT for row in rows.values()))
+        return rows
+
+    monkeypatch.setattr(plan_search, "_end_stages", counted)
     quick = search(plan)
     assert sum(settled) >= 3  # candidates rejected by an end stage alone
-    monkeypatch.setattr(plan_search, "_an_end_stage_does_not_fit", lambda request: False)
+    monkeypatch.setattr(plan_search, "_end_stages", lambda request: {})
     whole = search(plan)
     assert [r.model_dump() for r in quick.top] == [r.model_dump() for r in whole.top]
     assert quick.rejections == whole.rejections

@@ -413,10 +413,14 @@ def with_framework_traffic(compute: ComputeTime, traffic: tuple[float, float]) -
 
 
 def request_offload_seconds(
-    request: TrainingRequest, strategy: StrategyName, optimizer: OffloadTarget, params: OffloadTarget
+    request: TrainingRequest,
+    strategy: StrategyName,
+    optimizer: OffloadTarget,
+    params: OffloadTarget,
+    grad_accum: int,
 ) -> float:
     """:func:`offload_seconds` of one rank of the request's mesh (its share of the parameters, sharded
-    over its dp × cp data-parallel ranks) with the offload targets given."""
+    over its dp × cp data-parallel ranks) with the offload targets and accumulation given."""
     recipe = RECIPES[request.precision]
     cluster = request.cluster
     return offload_seconds(
@@ -426,7 +430,7 @@ def request_offload_seconds(
         cluster.group_size(STRATEGIES[strategy].optimizer),
         optimizer,
         params,
-        request.grad_accum,
+        grad_accum,
         recipe.param_dtype.bytes,
         recipe.grad_dtype.bytes,
     )
@@ -488,7 +492,9 @@ def step_estimate(
     accum = request.grad_accum
     mesh = mesh_exposed(mesh_costs, attention_forward, attention_backward)
     mesh[Dimension.PP] = pipeline.busiest_rank_time_s if pipeline is not None else 0.0
-    offload = request_offload_seconds(request, strategy, request.offload_optimizer, request.offload_params)
+    offload = request_offload_seconds(
+        request, strategy, request.offload_optimizer, request.offload_params, request.grad_accum
+    )
     arch, count = request.model.architecture, request.model.parameter_count
     assert arch is not None and count is not None
     activations = request.activations

@@ -239,16 +239,21 @@ def strategy_peak(
 
 
 def pipeline_peak(
-    request: TrainingRequest, profile: Profile, name: StrategyName, runtime: Runtime
+    request: TrainingRequest,
+    profile: Profile,
+    name: StrategyName,
+    runtime: Runtime,
+    known: dict[int, StrategyPeak] | None = None,
 ) -> StrategyPeak:
     """Every pipeline rank's step (its share of the model, its schedule's passes): the row of the stage with
-    the largest device footprint (the first such), with every stage's in ``stages``."""
+    the largest device footprint (the first such), with every stage's in ``stages``; ``known``: stages'
+    rows already evaluated (:func:`strategy_peak` of their :func:`stage_request`)."""
     mesh = request.mesh
     rows: list[StrategyPeak] = []
     stages: list[StagePeak] = []
     for i in range(mesh.pp):
         staged = stage_request(request, i)
-        row = strategy_peak(staged, profile, name, runtime)
+        row = (known or {}).get(i) or strategy_peak(staged, profile, name, runtime)
         rows.append(row)
         arch = staged.architecture
         assert isinstance(arch, PipelineStage)

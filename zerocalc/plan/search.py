@@ -243,23 +243,24 @@ class _Cand:
         self.status: Status = Status.NOT_RANKED
 
 
-def _an_end_stage_does_not_fit(request: TrainingRequest) -> bool:
-    """The first or the last pipeline stage (which hold the embedding and the most micro-batches in flight,
-    or the head and the loss) alone exceeds the GPU's memory: then the worst stage does, and the
-    candidate does not fit without its other stages evaluated."""
+def _end_stages(request: TrainingRequest) -> dict[int, StrategyPeak]:
+    """The peaks of the first and the last pipeline stage (which hold the embedding and the most
+    micro-batches in flight, or the head and the loss): where one alone exceeds the GPU's memory the worst
+    stage does, and the candidate does not fit without its other stages evaluated."""
     runtime, profile, name = runtime_for(request), PROFILES[request.framework], request.strategies[0]
-    for stage in (0, request.mesh.pp - 1):
-        row = strategy_peak(stage_request(request, stage), profile, name, runtime)
-        if row.verdict is Verdict.DOES_NOT_FIT:
-            return True
-    return False
+    return {
+        stage: strategy_peak(stage_request(request, stage), profile, name, runtime)
+        for stage in (0, request.mesh.pp - 1)
+    }
 
 
-def _exact(request: TrainingRequest) -> StrategyPeak:
+def _exact(request: TrainingRequest, known: dict[int, StrategyPeak] | None = None) -> StrategyPeak:
     """``zerocalc memory``'s peak for the request's one strategy (the same functions, the same request;
-    with pipeline stages the worst stage's)."""
-    peak = pipeline_peak if request.mesh.pp > 1 else strategy_peak
-    return peak(request, PROFILES[request.framework], request.strategies[0], runtime_for(request))
+    with pipeline stages the worst stage's, ``known`` the stages already evaluated)."""
+    profile, name, runtime = PROFILES[request.framework], request.strategies[0], runtime_for(request)
+    if request.mesh.pp > 1:
+        return pipeline_peak(request, profile, name, runtime, known)
+    return strategy_peak(request, profile, name, runtime)
 
 
 def _host_bytes(peak: StrategyPeak, request: TrainingRequest) -> int | None:
@@ -422,8 +423,7 @@ class _MeshSteps:
         offloads = group.offload_optimizer, group.offload_params
         if isinstance(step, InputError) or offloads == (OffloadTarget.NONE, OffloadTarget.NONE):
             return step
-        request = with_batch(comm_request, b, accum)
-        return with_offload(step, request_offload_seconds(request, group.strategy, *offloads))
+        return with_offload(step, request_offload_seconds(comm_request, group.strategy, *offloads, accum))
 
     def _priced(self, strategy: StrategyName, request: TrainingRequest) -> StepTime:
         """As :func:`~zerocalc.comm.estimate.evaluate_comm` prices the request's one strategy."""
@@ -810,10 +810,11 @@ def _walk(plan: PlanRequest, cands: list[_Cand], limit: float) -> list[_Cand]:
             continue
         if cand.exact is None:
             request = with_batch(cand.request, cand.b, cand.accum)
-            if request.mesh.pp > 1 and _an_end_stage_does_not_fit(request):
+            ends = _end_stages(request) if request.mesh.pp > 1 else {}
+            if any(row.verdict is Verdict.DOES_NOT_FIT for row in ends.values()):
                 cand.stage_over, cand.status = True, Status.DOES_NOT_FIT
                 continue
-            cand.exact = _exact(request)
+            cand.exact = _exact(request, ends)
         cand.status = _status_of(cand.exact)
         if cand.status is Status.FITS:
             found.append(cand)
