@@ -80,26 +80,9 @@ class Layout(BaseModel):
         (over the dp × cp ranks, in its FSDP units), and the routed experts (over the expert-data-parallel
         ranks), each layer's a unit of its own (torchtitan ``apply_fsdp``: ``fully_shard`` of
         ``moe.experts`` on the ``dp_shard_mod_ep`` mesh), its shape with the dimension FSDP2 shards
-        (``expert_dim``, :func:`~zerocalc.states.framework.expert_shard_dim`) first."""
-        tensors = parameter_tensors(architecture)
-        rest = [t for t in tensors if not is_expert_tensor(t)]
-        experts = [
-            ParamTensor(module=t.module, name=t.name, shape=sharded_dim_first(t.shape, expert_dim))
-            for t in tensors
-            if is_expert_tensor(t)
-        ]
-        units: dict[str, list[int]] = {}
-        for i, t in enumerate(experts):
-            units.setdefault(t.module, []).append(i)
-        rest_units = tuple((name, tuple(unit)) for name, unit in fsdp_unit_positions(rest))
-        return (
-            cls(tensors=tuple(rest), units=rest_units, from_architecture=True),
-            cls(
-                tensors=tuple(experts),
-                units=tuple((name, tuple(unit)) for name, unit in units.items()),
-                from_architecture=True,
-            ),
-        )
+        (``expert_dim``, :func:`~zerocalc.states.framework.expert_shard_dim`) first. Built once per
+        architecture and dimension, so their derived values (:meth:`cached`) are shared too."""
+        return _expert_parallel_layouts(architecture, expert_dim)
 
     @cached_property
     def numels(self) -> tuple[int, ...]:
@@ -523,3 +506,27 @@ def _architecture_layout(architecture: Architecture) -> Layout:
     tensors = parameter_tensors(architecture)
     units = tuple((name, tuple(unit)) for name, unit in fsdp_unit_positions(tensors))
     return Layout(tensors=tuple(tensors), units=units, from_architecture=True)
+
+
+@lru_cache(maxsize=256)
+def _expert_parallel_layouts(architecture: Architecture, expert_dim: int) -> tuple[Layout, Layout]:
+    """:meth:`Layout.expert_parallel_parts`, once per architecture and expert dimension."""
+    tensors = parameter_tensors(architecture)
+    rest = [t for t in tensors if not is_expert_tensor(t)]
+    experts = [
+        ParamTensor(module=t.module, name=t.name, shape=sharded_dim_first(t.shape, expert_dim))
+        for t in tensors
+        if is_expert_tensor(t)
+    ]
+    units: dict[str, list[int]] = {}
+    for i, t in enumerate(experts):
+        units.setdefault(t.module, []).append(i)
+    rest_units = tuple((name, tuple(unit)) for name, unit in fsdp_unit_positions(rest))
+    return (
+        Layout(tensors=tuple(rest), units=rest_units, from_architecture=True),
+        Layout(
+            tensors=tuple(experts),
+            units=tuple((name, tuple(unit)) for name, unit in units.items()),
+            from_architecture=True,
+        ),
+    )

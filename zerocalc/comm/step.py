@@ -325,8 +325,9 @@ def _micro_batch_time(
 def optimizer_traffic(
     request: TrainingRequest, strategy: StrategyName, stage: ModelSpec | None = None
 ) -> tuple[int, int, int]:
-    """(parameters the rank's optimizer owns, bytes per parameter, parameters of its largest tensor), for
-    the rank's model or a pipeline stage's."""
+    """(parameters the rank's optimizer updates on the GPU, bytes per parameter, parameters of its largest
+    tensor), for the rank's model or a pipeline stage's. None on the GPU when the optimizer is offloaded:
+    ZeRO-Offload's CPU Adam updates them on the host (:func:`offload_seconds` prices it)."""
     recipe = RECIPES[request.precision]
     shards = request.cluster.group_size(STRATEGIES[strategy].optimizer)
     model = stage or request.rank_model
@@ -335,7 +336,8 @@ def optimizer_traffic(
     grad = recipe.master_dtype or recipe.grad_dtype
     impl = OptimizerImpl.FUSED if request.framework in FUSED_OPTIMIZERS else request.optimizer_impl
     per = optimizer_bytes_per_param(request.optimizer, impl, recipe, grad)
-    return model.params // shards, per, max(1, largest // shards)
+    on_gpu = 0 if request.offload_optimizer is not OffloadTarget.NONE else model.params // shards
+    return on_gpu, per, max(1, largest // shards)
 
 
 FSDP2_GATHERS = {StrategyName.ZERO3: 2, StrategyName.HYBRID_SHARD: 2, StrategyName.SHARD_GRAD_OP: 1}
@@ -382,20 +384,70 @@ def request_compute(
 ) -> tuple[ComputeTime, float]:
     """One rank's compute in a step of the request (A micro-batches), and its attention's forward seconds:
     with pipeline stages, the slowest stage's (its layers, and the embedding or the head it holds)."""
+    return slowest_stage(request, table, strategy, stage_computes(request, table, strategy))
+
+
+class StageCompute(NamedTuple):
+    """One pipeline stage's (or the rank's) compute in a step before the framework's own kernels."""
+
+    compute: ComputeTime
+    attention_forward_s: float
+    """Its attention's forward seconds over the A micro-batches."""
+    stage: ModelSpec | None
+    """The stage's model; None: the rank's whole model (no pipeline)."""
+
+
+def stage_micro_batches(
+    request: TrainingRequest, table: ComputeTable
+) -> list[tuple[MicroBatchTime, ModelSpec | None]]:
+    """Each stage's micro-batch (the rank's, without pipeline stages) and the stage's model (None: the
+    rank's): the same for every strategy, accumulation, reduce dtype and offload of a mesh."""
     stages = [(stage.architecture, stage) for stage in request.stages] or [(None, None)]
-    best: tuple[ComputeTime, float] | None = None
-    for arch, stage in stages:
-        micro = _micro_batch_time(
-            table,
-            request_ops(request, arch),
-            request.activations.recompute,
-            request.activations.checkpoint_every,
+    activations = request.activations
+    return [
+        (
+            _micro_batch_time(
+                table, request_ops(request, arch), activations.recompute, activations.checkpoint_every
+            ),
+            stage,
         )
+        for arch, stage in stages
+    ]
+
+
+def stage_computes(
+    request: TrainingRequest,
+    table: ComputeTable,
+    strategy: StrategyName,
+    micro_batches: list[tuple[MicroBatchTime, ModelSpec | None]] | None = None,
+) -> list[StageCompute]:
+    """Each stage's compute in a step (the rank's, without pipeline stages): its micro-batches
+    (:func:`stage_micro_batches`, given or computed) and the optimizer step over the parameters the rank's
+    optimizer updates on the GPU. The same for every reduce dtype and grad sync (only the framework's
+    kernels, :func:`fsdp2_traffic`, read them)."""
+    computes = []
+    accum = request.grad_accum
+    for micro, stage in micro_batches or stage_micro_batches(request, table):
         params, per, largest = optimizer_traffic(request, strategy, stage)
-        compute = step_compute(table, micro, request.grad_accum, params, per, largest)
-        compute = with_framework_traffic(compute, fsdp2_traffic(request, strategy, table, stage))
+        compute = step_compute(table, micro, accum, params, per, largest)
+        computes.append(StageCompute(compute, micro.forward.attention * accum, stage))
+    return computes
+
+
+def slowest_stage(
+    request: TrainingRequest,
+    table: ComputeTable,
+    strategy: StrategyName,
+    computes: list[StageCompute],
+    grad_accum: int | None = None,
+) -> tuple[ComputeTime, float]:
+    """The stage the step waits for, the framework's own kernels (:func:`fsdp2_traffic`) added to each
+    stage: its compute and its attention's forward seconds (``grad_accum``: A, else the request's)."""
+    best: tuple[ComputeTime, float] | None = None
+    for compute, attention_forward, stage in computes:
+        compute = with_framework_traffic(compute, fsdp2_traffic(request, strategy, table, stage, grad_accum))
         if best is None or compute.total_s > best[0].total_s:
-            best = (compute, micro.forward.attention * request.grad_accum)
+            best = (compute, attention_forward)
     assert best is not None
     return best
 
@@ -476,6 +528,76 @@ class StepEstimate(BaseModel):
     compute_table: str = Field(description="the compute table's source: a file, or the GPU preset's")
 
 
+class StepShape(NamedTuple):
+    """What a step's assembly reads of the request beside its compute and communication."""
+
+    tokens_per_gpu: int
+    """b·s·A / (t·c·p): the tokens one GPU's share of the step is."""
+    grad_accum: int
+    hides_forward: bool
+    """Forward all-gathers are prefetched (``--prefetch`` ≠ 0)."""
+    hides_backward: bool
+    """:func:`overlaps_backward`."""
+    bubble_fraction: float
+    model_flops_per_token: float
+    peak_flops: float | None
+
+
+def step_shape(
+    request: TrainingRequest,
+    strategy: StrategyName,
+    pipeline: PipelineComm | None,
+    grad_accum: int | None = None,
+) -> StepShape:
+    """The request's :class:`StepShape` under ``strategy`` (``grad_accum``: A, else the request's)."""
+    arch, count = request.model.architecture, request.model.parameter_count
+    assert arch is not None and count is not None
+    activations = request.activations
+    mesh = request.mesh
+    accum = grad_accum or request.grad_accum
+    return StepShape(
+        tokens_per_gpu=activations.micro_batch * activations.seq_len * accum // (mesh.tp * mesh.cp * mesh.pp),
+        grad_accum=accum,
+        hides_forward=request.buffers.prefetch != 0,
+        hides_backward=overlaps_backward(request.framework, strategy),
+        bubble_fraction=pipeline.bubble_fraction if pipeline is not None else 0.0,
+        model_flops_per_token=model_flops_per_token(arch, count, activations.seq_len),
+        peak_flops=request.gpu.bf16_dense_tflops * 1e12 if request.gpu is not None else None,
+    )
+
+
+def step_of(
+    compute: tuple[ComputeTime, float],
+    comm: CommTime,
+    mesh_costs: list[MeshCollectiveCost],
+    pipeline: PipelineComm | None,
+    offload_s: float,
+    shape: StepShape,
+) -> StepTime:
+    """A step from its parts: the slowest stage's compute and attention forward seconds
+    (:func:`request_compute`), the data-parallel communication (:func:`comm_time`), the tensor-, context-
+    and expert-parallel collectives, the pipeline's sends and bubble, and the offload."""
+    compute_time, attention_forward = compute
+    attention_backward = compute_time.by_class[OpClass.ATTENTION] - attention_forward
+    mesh = mesh_exposed(mesh_costs, attention_forward, attention_backward)
+    mesh[Dimension.PP] = pipeline.busiest_rank_time_s if pipeline is not None else 0.0
+    return assemble(
+        compute_time,
+        attention_forward,
+        comm,
+        mesh,
+        sum(c.time_s for c in mesh_costs) + mesh[Dimension.PP],
+        shape.tokens_per_gpu,
+        shape.grad_accum,
+        shape.hides_forward,
+        shape.hides_backward,
+        offload_s,
+        shape.bubble_fraction,
+        shape.model_flops_per_token,
+        shape.peak_flops,
+    )
+
+
 def step_estimate(
     request: TrainingRequest,
     table: ComputeTable,
@@ -487,34 +609,17 @@ def step_estimate(
     pipeline: PipelineComm | None = None,
 ) -> StepEstimate:
     """The step time of the request's one configuration under ``strategy`` (comm's costs as given)."""
-    compute, attention_forward = request_compute(request, table, strategy)
-    attention_backward = compute.by_class[OpClass.ATTENTION] - attention_forward
     accum = request.grad_accum
-    mesh = mesh_exposed(mesh_costs, attention_forward, attention_backward)
-    mesh[Dimension.PP] = pipeline.busiest_rank_time_s if pipeline is not None else 0.0
     offload = request_offload_seconds(
-        request, strategy, request.offload_optimizer, request.offload_params, request.grad_accum
+        request, strategy, request.offload_optimizer, request.offload_params, accum
     )
-    arch, count = request.model.architecture, request.model.parameter_count
-    assert arch is not None and count is not None
-    activations = request.activations
-    mesh_ = request.mesh
-    tokens = activations.micro_batch * activations.seq_len * accum // (mesh_.tp * mesh_.cp * mesh_.pp)
-    peak = request.gpu.bf16_dense_tflops * 1e12 if request.gpu is not None else None
-    step = assemble(
-        compute,
-        attention_forward,
+    step = step_of(
+        request_compute(request, table, strategy),
         comm_time(comm_collectives, accum, comm_s),
-        mesh,
-        sum(c.time_s for c in mesh_costs) + mesh[Dimension.PP],
-        tokens,
-        accum,
-        request.buffers.prefetch != 0,
-        overlaps_backward(request.framework, strategy),
+        mesh_costs,
+        pipeline,
         offload,
-        pipeline.bubble_fraction if pipeline is not None else 0.0,
-        model_flops_per_token(arch, count, activations.seq_len),
-        peak,
+        step_shape(request, strategy, pipeline),
     )
     values = step._asdict()
     values.pop("comm_s")

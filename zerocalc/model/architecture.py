@@ -559,9 +559,10 @@ def _parameter_tensors(arch: Architecture) -> tuple[ParamTensor, ...]:
     return tuple(tensors + head_tensors(arch))
 
 
+@lru_cache(maxsize=256)
 def expert_parameters(arch: Architecture) -> int:
     """The routed experts' parameter elements this description holds (:func:`is_expert_tensor`): every
-    MoE layer's E experts, or a rank's E/e (0 for a dense model)."""
+    MoE layer's E experts, or a rank's E/e (0 for a dense model); counted once per architecture."""
     return sum(t.numel for t in _parameter_tensors(arch) if is_expert_tensor(t)) if arch.is_moe else 0
 
 

@@ -30,17 +30,21 @@ from pydantic import BaseModel, ConfigDict, Field
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.comm.calls import Layout
-from zerocalc.comm.estimate import CollectiveRun, collective_runs, data_parts, mesh_request, strategy_comm
-from zerocalc.comm.mesh import MeshRequest, mesh_problem
+from zerocalc.comm.estimate import CollectiveRun, collective_runs, data_parts, mesh_request
+from zerocalc.comm.mesh import MeshRequest, mesh_costs, mesh_problem
 from zerocalc.comm.pipeline import PipelineComm, pipeline_comm
 from zerocalc.comm.step import (
+    StageCompute,
     fsdp2_traffic,
     kernels,
     optimizer_traffic,
     request_offload_seconds,
-    step_estimate,
+    slowest_stage,
+    stage_computes,
+    stage_micro_batches,
+    step_of,
+    step_shape,
     with_framework_traffic,
-    with_offload,
 )
 from zerocalc.compute.ops import Kernels, MicroBatchOps, micro_batch_ops, model_flops_per_token
 from zerocalc.compute.time import ComputeTime, MicroBatchTime, micro_batch_time, step_compute
@@ -79,7 +83,7 @@ from zerocalc.plan.timing import (
     step_times,
 )
 from zerocalc.request.options import OptionsEcho
-from zerocalc.request.training import TrainingRequest, stage_request
+from zerocalc.request.training import ModelSpec, TrainingRequest, stage_request
 from zerocalc.states.memory import strategy_row
 
 SCHEMA_VERSION = 2
@@ -326,8 +330,8 @@ class _Setting(NamedTuple):
 
 class _Requests:
     """Each group's memory and comm requests (or the parser's errors), derived once per key: recompute
-    reaches the memory request's activations only, and the comm request depends on the schedule's options
-    and the grad sync."""
+    reaches the memory request's activations only, and the comm request depends on the schedule's options,
+    the grad sync and the offload (a model-parallel group's on its pipeline split and recompute too)."""
 
     def __init__(self, plan: PlanRequest):
         self.plan = plan
@@ -342,7 +346,9 @@ class _Requests:
     def comm(self, group: Group) -> TrainingRequest | InputError:
         """At the group's first micro-batch (a model-parallel group's mesh collectives read b and the
         recompute: :func:`with_batch` gives the others)."""
-        key = (*_comm_key(group), group.recompute) if group.model_parallel else _comm_key(group)
+        key = (*_comm_key(group), *_offloads(group))
+        if group.model_parallel:
+            key = (*key, group.end_stage_layers, group.recompute)
         return _request_once(self._comm, key, self.plan, group, Estimate.COMM)
 
 
@@ -351,6 +357,10 @@ def _schedule_key(group: Group) -> tuple:
         group.world, group.gpus_per_node, group.framework, group.strategy, group.reduce_dtype,
         group.tp, group.cp, group.pp, group.vpp, group.ep,
     )  # fmt: skip
+
+
+def _offloads(group: Group) -> tuple[OffloadTarget, OffloadTarget]:
+    return group.offload_optimizer, group.offload_params
 
 
 def _comm_key(group: Group) -> tuple:
@@ -403,36 +413,41 @@ class _CommCosts:
 class _MeshSteps:
     """A model-parallel candidate's step time and communication: ``comm``'s own for its request (the
     data-parallel collectives of its rank's layout, the tensor- and context-parallel collectives, the
-    pipeline's sends and bubble, :func:`~zerocalc.comm.step.step_estimate`), once per (comm's options,
-    b, A): the same for every offload and prefetch of the mesh."""
+    pipeline's sends and bubble: :func:`~zerocalc.comm.step.step_estimate`'s parts, assembled by the same
+    :func:`~zerocalc.comm.step.step_of`), once per (comm's options, b, A). What does not change with an
+    option is shared by the candidates that differ in it: the stages' compute over reduce dtypes and grad
+    syncs, the data-parallel collectives' runs over micro-batches and accumulations
+    (:class:`~zerocalc.plan.timing.CommLine`), the tensor- and context-parallel collectives over
+    strategies and offloads, the pipeline's sends over strategies and recompute."""
 
     def __init__(self, plan: PlanRequest):
         self.plan = plan
         self._steps: dict[tuple, StepTime | InputError] = {}
         self._pipelines: dict[tuple, PipelineComm | None] = {}
         self._mesh_requests: dict[tuple, MeshRequest | None] = {}
+        self._lines: dict[tuple, tuple[tuple[CommLine, ...], ...]] = {}
+        self._computes: dict[tuple, list[StageCompute]] = {}
+        self._micro_batches: dict[tuple, list[tuple[MicroBatchTime, ModelSpec | None]]] = {}
 
     def of(self, group: Group, comm_request: TrainingRequest, b: int, accum: int) -> StepTime | InputError:
-        key = (*_comm_key(group), group.recompute, b, accum)
+        key = (*_comm_key(group), group.end_stage_layers, group.recompute, *_offloads(group), b, accum)
         step = self._steps.get(key)
         if step is None:
             try:
-                step = self._steps[key] = self._priced(group.strategy, with_batch(comm_request, b, accum))
+                step = self._steps[key] = self._priced(group, with_batch(comm_request, b, accum))
             except InputError as exc:
                 step = self._steps[key] = exc
-        offloads = group.offload_optimizer, group.offload_params
-        if isinstance(step, InputError) or offloads == (OffloadTarget.NONE, OffloadTarget.NONE):
-            return step
-        return with_offload(step, request_offload_seconds(comm_request, group.strategy, *offloads, accum))
+        return step
 
-    def _priced(self, strategy: StrategyName, request: TrainingRequest) -> StepTime:
+    def _priced(self, group: Group, request: TrainingRequest) -> StepTime:
         """As :func:`~zerocalc.comm.estimate.evaluate_comm` prices the request's one strategy."""
         plan = self.plan
-        rank = request.rank_model
+        strategy = group.strategy
+        mesh, activations = request.mesh, request.activations
+        b, accum = activations.micro_batch, request.grad_accum
         # the same for every strategy of a mesh, micro-batch and accumulation (the search's one model,
         # sequence and links); the mesh's collectives also follow the recompute and the dtypes
-        mesh, activations = request.mesh, request.activations
-        shared = (mesh, request.framework, activations.micro_batch, request.grad_accum, request.precision)
+        shared = (mesh, request.framework, b, accum, request.precision)
         if shared not in self._pipelines:
             self._pipelines[shared] = pipeline_comm(request)
         pipeline = self._pipelines[shared]
@@ -440,28 +455,46 @@ class _MeshSteps:
         if collectives not in self._mesh_requests:
             self._mesh_requests[collectives] = mesh_request(request)
         mesh_collectives = self._mesh_requests[collectives]
-        row = strategy_comm(
-            strategy,
-            request,
-            None,
-            data_parts(request, Layout.of(rank.params, rank.architecture)),
-            mesh_collectives,
+        sync = effective_grad_sync(request.framework, strategy, request.grad_sync, pipelined=mesh.pp > 1)
+        costs = mesh_costs(mesh_collectives, sync) if mesh_collectives is not None else []
+        schedule = (*_comm_key(group), group.end_stage_layers)
+        lines = self._lines.get(schedule)
+        if lines is None:
+            lines = self._lines[schedule] = tuple(
+                comm_lines(collective_runs(strategy, part.request, part.layout), sync)
+                for part in data_parts(request)
+            )
+        dp = [entry for part in lines for entry in comm_of_lines(part, accum)]
+        dp_times = [seconds for _, _, _, seconds in dp]
+        dp_s = sum(dp_times)
+        comm_s = sum([*dp_times, *(c.time_s for c in costs)])
+        comm_s += pipeline.busiest_rank_time_s if pipeline is not None else 0.0
+        compute_key = (
+            group.world, group.gpus_per_node, group.framework, strategy, group.tp, group.cp, group.pp,
+            group.vpp, group.ep, group.end_stage_layers, group.recompute, group.offload_optimizer, b, accum,
+        )  # fmt: skip
+        computes = self._computes.get(compute_key)
+        if computes is None:
+            micro_key = (
+                group.framework, group.tp, group.cp, group.pp, group.vpp, group.ep, group.end_stage_layers,
+                group.recompute, b,
+            )  # fmt: skip
+            micro_batches = self._micro_batches.get(micro_key)
+            if micro_batches is None:
+                micro_batches = self._micro_batches[micro_key] = stage_micro_batches(request, plan.compute)
+            computes = self._computes[compute_key] = stage_computes(
+                request, plan.compute, strategy, micro_batches
+            )
+        offload_s = request_offload_seconds(request, strategy, *_offloads(group), accum)
+        step = step_of(
+            slowest_stage(request, plan.compute, strategy, computes),
+            comm_time(dp, accum, dp_s),
+            costs,
             pipeline,
+            offload_s,
+            step_shape(request, strategy, pipeline),
         )
-        collectives = [(c.phase, c.times_per_step, c.calls_per_step, c.time_s) for c in row.collectives]
-        dp_s = sum(c.time_s for c in row.collectives)
-        step = step_estimate(
-            request,
-            plan.compute,
-            plan.compute_name,
-            strategy,
-            collectives,
-            dp_s,
-            row.mesh_collectives,
-            pipeline,
-        )
-        values = step.model_dump(exclude={"compute_table"})
-        return StepTime(**values, comm_s=row.time_s)
+        return step._replace(comm_s=comm_s)
 
 
 class _OutsideBytes:

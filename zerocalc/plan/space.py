@@ -540,11 +540,11 @@ def _mesh_groups(
 
 COMM_OPTIONS = (
     "gpus", "gpus_per_node", "framework", "strategies", "micro_batch", "grad_accum", "recompute", "grad_sync",
-    "reduce_dtype", *MESH_DEGREES, "pp_first_stage_layers", "pp_last_stage_layers", "model_impl",
-    "flash_attention",
+    "reduce_dtype", "offload_optimizer", "offload_params", *MESH_DEGREES, "pp_first_stage_layers",
+    "pp_last_stage_layers", "model_impl", "flash_attention",
 )  # fmt: skip
-"""The options ``zerocalc comm`` takes of a candidate's (it has no offload); with the sequence length, its
-step time is the candidate's."""
+"""The options ``zerocalc comm`` takes of a candidate's (not its memory's: prefetch, init); with the
+sequence length, its step time is the candidate's, its offload's included."""
 
 
 def memory_options(plan: PlanRequest, group: Group, b: int) -> dict[str, str]:
@@ -632,11 +632,10 @@ def derived_request(plan: PlanRequest, group: Group, estimate: Estimate) -> Trai
     changes["activations"] = base.activations.model_copy(
         update={"micro_batch": b, "recompute": group.recompute}
     )
-    if estimate is not Estimate.COMM:
-        changes["offload_optimizer"] = group.offload_optimizer
-        changes["offload_params"] = group.offload_params
-        if group.prefetch is not None:
-            changes["buffers"] = base.buffers.model_copy(update={"prefetch": group.prefetch})
+    changes["offload_optimizer"] = group.offload_optimizer
+    changes["offload_params"] = group.offload_params
+    if estimate is not Estimate.COMM and group.prefetch is not None:
+        changes["buffers"] = base.buffers.model_copy(update={"prefetch": group.prefetch})
     return request_with(base, **changes)
 
 

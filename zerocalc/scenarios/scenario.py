@@ -67,17 +67,13 @@ def comm_section(s: Scenario) -> dict[str, Any]:
     """Communication per step under the scenario's framework, as `zerocalc comm --model ... --framework
     ... --json` prints it less each collective's per-unit calls (``units``: hundreds of lines per scenario;
     their totals and call counts are checked), and without ``pipeline`` where there are no pipeline
-    stages. comm has no offload: a scenario that offloads shows all its framework's strategies."""
+    stages."""
     from zerocalc.comm.estimate import evaluate_comm
     from zerocalc.parallel.frameworks import Estimate
 
-    offloads = s.offload_optimizer != "none" or s.offload_params != "none"
     options = training_options(s).model_copy(
         update={
             "estimate": Estimate.COMM,
-            "strategies": "all" if offloads else s.strategies,
-            "offload_optimizer": None,
-            "offload_params": None,
             **{
                 name: option(Command.MEMORY, name).default for name in ("seq_len", "micro_batch", "recompute")
             },

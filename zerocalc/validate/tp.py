@@ -241,9 +241,7 @@ def predicted_tp_calls(
     sp, lp, reshard = plan.sequence_parallel, plan.loss_parallel, setup.reshard_after_forward
     units = dict(fsdp_units(arch))
     blocks = [name for name in units if name != "root"]
-    replicated = {
-        name: [t for t in unit if tensor_parallel_dim(t) is None] for name, unit in units.items()
-    }
+    replicated = {name: [t for t in unit if tensor_parallel_dim(t) is None] for name, unit in units.items()}
     calls: list[TpCall] = []
 
     def tp_call(op: str, phase: str, elements: int, behaviour: str, dtype: str = fwd) -> None:
