@@ -795,28 +795,49 @@ def _dtype(carried: Carried, request: MeshRequest) -> DType:
             return request.gradient
 
 
-_MESH_COSTS: dict[tuple[MeshRequest, int, GradSync], tuple[MeshRequest, list[MeshCollectiveCost]]] = {}
-_MESH_COSTS_LIMIT = 4096
+class MeshRun(NamedTuple):
+    """One collective of the mesh's schedule, run once: its calls' sizes, what they send and cost. The same
+    at every accumulation and grad sync (which set how many times it runs: :func:`mesh_times`)."""
+
+    dimension: Dimension
+    call: MeshCall
+    dtype: DType
+    group_size: int
+    spans_nodes: bool
+    sizes: tuple[int, ...]
+    sent: int
+    """Σ factor(n)·S over its calls, in bytes."""
+    off_node: int
+    """What of ``sent`` crosses nodes."""
+    link: LinkFigures
+    seconds: float
+    """calls × α + sent / β."""
 
 
-def mesh_costs(request: MeshRequest, sync: GradSync) -> list[MeshCollectiveCost]:
-    """The tensor- and context-parallel collectives of a step and their cost (``sync``: when the strategy
-    reduces gradients, which paces FSDP2's per-parameter reductions), each forward collective that
-    activation recomputation runs again followed by its re-run. Once per request and ``sync`` (a plan's
-    candidates of one mesh share them); the calibration, a model holding lists, keyed by identity."""
-    key = (request._replace(calibration=None), id(request.calibration), sync)
-    cached = _MESH_COSTS.get(key)
+class MeshTime(NamedTuple):
+    """One collective of a step as the step time reads it (:class:`MeshCollectiveCost`'s figures)."""
+
+    dimension: Dimension
+    op: Collective
+    phase: Phase
+    time_s: float
+
+
+_MESH_RUNS: dict[tuple[MeshRequest, int], tuple[MeshRequest, tuple[MeshRun, ...]]] = {}
+_MESH_RUNS_LIMIT = 4096
+
+
+def mesh_runs(request: MeshRequest) -> tuple[MeshRun, ...]:
+    """Every tensor-, context- and expert-parallel collective of the request's schedule that moves data,
+    run once, in order. Once per request but its accumulation (a plan's candidates of one mesh share
+    them); the calibration, a model holding lists, keyed by identity."""
+    key = (request._replace(calibration=None, grad_accum=1), id(request.calibration))
+    cached = _MESH_RUNS.get(key)
     if cached is not None and cached[0].calibration is request.calibration:
-        return list(cached[1])
-    if len(_MESH_COSTS) >= _MESH_COSTS_LIMIT:
-        _MESH_COSTS.clear()
-    costs = _mesh_costs(request, sync)
-    _MESH_COSTS[key] = (request, costs)
-    return list(costs)
-
-
-def _mesh_costs(request: MeshRequest, sync: GradSync) -> list[MeshCollectiveCost]:
-    costs = []
+        return cached[1]
+    if len(_MESH_RUNS) >= _MESH_RUNS_LIMIT:
+        _MESH_RUNS.clear()
+    runs = []
     for dimension, call in _schedule(request):
         sizes = _sizes(call, request)
         if not sizes:
@@ -831,29 +852,60 @@ def _mesh_costs(request: MeshRequest, sync: GradSync) -> list[MeshCollectiveCost
         )
         link = _link(call.op, spans_nodes, n, request)
         seconds = len(sizes) * link.latency_s + each / link.bus_bandwidth_Bps
-        for recomputed in (False, True) if call.reruns_under(request.recompute) else (False,):
-            times = _rerun_times(call.scope, request) if recomputed else _times(call.scope, request, sync)
+        runs.append(MeshRun(dimension, call, dtype, n, spans_nodes, sizes, each, off_node, link, seconds))
+    _MESH_RUNS[key] = (request, tuple(runs))
+    return tuple(runs)
+
+
+def _runs_per_step(run: MeshRun, request: MeshRequest, sync: GradSync) -> list[tuple[bool, int]]:
+    """(re-run by recomputation, times per step) of each row ``run`` gives: its own, then its re-run
+    where activation recomputation runs it again."""
+    call = run.call
+    rows = [(False, _times(call.scope, request, sync))]
+    if call.reruns_under(request.recompute):
+        rows.append((True, _rerun_times(call.scope, request)))
+    return rows
+
+
+def mesh_times(request: MeshRequest, sync: GradSync) -> list[MeshTime]:
+    """:func:`mesh_costs`' dimension, op, phase and seconds of each row, without the rest of the row (what
+    a plan's step time reads)."""
+    return [
+        MeshTime(run.dimension, run.call.op, run.call.phase, times * run.seconds)
+        for run in mesh_runs(request)
+        for _, times in _runs_per_step(run, request, sync)
+    ]
+
+
+def mesh_costs(request: MeshRequest, sync: GradSync) -> list[MeshCollectiveCost]:
+    """The tensor- and context-parallel collectives of a step and their cost (``sync``: when the strategy
+    reduces gradients, which paces FSDP2's per-parameter reductions), each forward collective that
+    activation recomputation runs again followed by its re-run."""
+    costs = []
+    for run in mesh_runs(request):
+        call, dtype, link = run.call, run.dtype, run.link
+        for recomputed, times in _runs_per_step(run, request, sync):
             costs.append(
                 MeshCollectiveCost(
-                    dimension=dimension,
+                    dimension=run.dimension,
                     op=call.op,
                     phase=call.phase,
                     recomputed=recomputed,
                     moves=call.moves,
                     scope=call.scope,
                     dtype=dtype,
-                    group_size=n,
-                    spans_nodes=spans_nodes,
-                    elements=list(sizes),
+                    group_size=run.group_size,
+                    spans_nodes=run.spans_nodes,
+                    elements=list(run.sizes),
                     times_per_step=times,
-                    calls_per_step=times * len(sizes),
-                    message_bytes=sum(sizes) * dtype.bytes,
-                    bytes_sent_per_gpu=each,
-                    total_bytes_per_gpu=times * each,
-                    inter_node_bytes_per_gpu=times * off_node,
+                    calls_per_step=times * len(run.sizes),
+                    message_bytes=sum(run.sizes) * dtype.bytes,
+                    bytes_sent_per_gpu=run.sent,
+                    total_bytes_per_gpu=times * run.sent,
+                    inter_node_bytes_per_gpu=times * run.off_node,
                     latency_s=link.latency_s,
                     bus_bandwidth_Bps=link.bus_bandwidth_Bps,
-                    time_s=times * seconds,
+                    time_s=times * run.seconds,
                     bandwidth_source=link.source,
                     source=call.source,
                 )

@@ -48,13 +48,14 @@ measurements.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
 from pydantic import BaseModel, Field
 
 from zerocalc.base.dtypes import DType
-from zerocalc.comm.mesh import Dimension, MeshCollectiveCost
+from zerocalc.comm.mesh import Dimension, MeshCollectiveCost, MeshTime
 from zerocalc.comm.pipeline import PipelineComm
 from zerocalc.compute.ops import (
     Kernels,
@@ -67,7 +68,7 @@ from zerocalc.compute.ops import (
 from zerocalc.compute.table import ComputeTable
 from zerocalc.compute.time import ComputeTime, MicroBatchTime, micro_batch_time, step_compute
 from zerocalc.model.activations import Recompute
-from zerocalc.model.architecture import Architecture
+from zerocalc.model.architecture import Architecture, PipelineStage, stage_kind
 from zerocalc.model.model_impl import ModelImplName, Shape
 from zerocalc.network.collectives import Collective
 from zerocalc.network.schedule import GradSync, Phase
@@ -217,7 +218,7 @@ MESH_DIMENSIONS = (Dimension.TP, Dimension.CP, Dimension.EP, Dimension.PP)
 
 
 def mesh_exposed(
-    costs: list[MeshCollectiveCost], attention_forward: float, attention_backward: float
+    costs: Sequence[MeshCollectiveCost | MeshTime], attention_forward: float, attention_backward: float
 ) -> dict[Dimension, float]:
     """Exposed seconds of the tensor- and context-parallel collectives (see the module's doc)."""
     exposed = dict.fromkeys(MESH_DIMENSIONS, 0.0)
@@ -400,9 +401,14 @@ class StageCompute(NamedTuple):
 def stage_micro_batches(
     request: TrainingRequest, table: ComputeTable
 ) -> list[tuple[MicroBatchTime, ModelSpec | None]]:
-    """Each stage's micro-batch (the rank's, without pipeline stages) and the stage's model (None: the
-    rank's): the same for every strategy, accumulation, reduce dtype and offload of a mesh."""
-    stages = [(stage.architecture, stage) for stage in request.stages] or [(None, None)]
+    """Each kind of stage's micro-batch (the rank's, without pipeline stages) and the stage's model (None:
+    the rank's), the first stage of each kind (:func:`~zerocalc.model.architecture.stage_kind`: the others
+    run the same): the same for every strategy, accumulation, reduce dtype and offload of a mesh."""
+    kinds: dict[tuple, tuple[PipelineStage, ModelSpec]] = {}
+    for stage in request.stages:
+        assert isinstance(stage.architecture, PipelineStage)
+        kinds.setdefault(stage_kind(stage.architecture), (stage.architecture, stage))
+    stages: list[tuple[Architecture | None, ModelSpec | None]] = list(kinds.values()) or [(None, None)]
     activations = request.activations
     return [
         (
@@ -569,7 +575,7 @@ def step_shape(
 def step_of(
     compute: tuple[ComputeTime, float],
     comm: CommTime,
-    mesh_costs: list[MeshCollectiveCost],
+    mesh_costs: Sequence[MeshCollectiveCost | MeshTime],
     pipeline: PipelineComm | None,
     offload_s: float,
     shape: StepShape,
@@ -605,7 +611,7 @@ def step_estimate(
     strategy: StrategyName,
     comm_collectives: list[tuple[Phase, int, int, float]],
     comm_s: float,
-    mesh_costs: list[MeshCollectiveCost],
+    mesh_costs: Sequence[MeshCollectiveCost | MeshTime],
     pipeline: PipelineComm | None = None,
 ) -> StepEstimate:
     """The step time of the request's one configuration under ``strategy`` (comm's costs as given)."""

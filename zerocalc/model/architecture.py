@@ -320,6 +320,14 @@ class PipelineStage(TensorParallelRank):
         return tuple(accumulate(self.chunk_sizes[:-1], initial=0))
 
 
+def stage_kind(stage: PipelineStage) -> tuple[int, tuple[int, ...], bool, bool]:
+    """What tells apart the stages of one model's split (:func:`pipeline_stage`'s inputs less the stage's
+    place: its index, its layers' global indices, its chunks): its layers, which of them are dense, the
+    embedding and the head it holds. Stages of one kind hold the same parameters and run the same
+    operations."""
+    return stage.num_layers, stage.dense_layers, stage.holds_embedding, stage.holds_head
+
+
 def pipeline_stage(
     arch: Architecture,
     pp: int,

@@ -31,10 +31,11 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.comm.calls import Layout
 from zerocalc.comm.estimate import CollectiveRun, collective_runs, data_parts, mesh_request
-from zerocalc.comm.mesh import MeshRequest, mesh_costs, mesh_problem
+from zerocalc.comm.mesh import MeshRequest, MeshTime, mesh_problem, mesh_times
 from zerocalc.comm.pipeline import PipelineComm, pipeline_comm
 from zerocalc.comm.step import (
     StageCompute,
+    StepShape,
     fsdp2_traffic,
     kernels,
     optimizer_traffic,
@@ -428,71 +429,83 @@ class _MeshSteps:
         self._lines: dict[tuple, tuple[tuple[CommLine, ...], ...]] = {}
         self._computes: dict[tuple, list[StageCompute]] = {}
         self._micro_batches: dict[tuple, list[tuple[MicroBatchTime, ModelSpec | None]]] = {}
+        self._mesh_times: dict[tuple, list[MeshTime]] = {}
+        self._shapes: dict[tuple, StepShape] = {}
 
     def of(self, group: Group, comm_request: TrainingRequest, b: int, accum: int) -> StepTime | InputError:
         key = (*_comm_key(group), group.end_stage_layers, group.recompute, *_offloads(group), b, accum)
         step = self._steps.get(key)
         if step is None:
             try:
-                step = self._steps[key] = self._priced(group, with_batch(comm_request, b, accum))
+                step = self._steps[key] = self._priced(group, comm_request, b, accum)
             except InputError as exc:
                 step = self._steps[key] = exc
         return step
 
-    def _priced(self, group: Group, request: TrainingRequest) -> StepTime:
-        """As :func:`~zerocalc.comm.estimate.evaluate_comm` prices the request's one strategy."""
+    def _priced(self, group: Group, comm_request: TrainingRequest, b: int, accum: int) -> StepTime:
+        """As :func:`~zerocalc.comm.estimate.evaluate_comm` prices the request's one strategy at b and A
+        (``comm_request``: the group's, at its first b). The parts are keyed by the group's degrees (the
+        search's one model, sequence, GPU and links): the request at b and A is derived only where a part
+        is not yet known."""
         plan = self.plan
-        strategy = group.strategy
-        mesh, activations = request.mesh, request.activations
-        b, accum = activations.micro_batch, request.grad_accum
-        # the same for every strategy of a mesh, micro-batch and accumulation (the search's one model,
-        # sequence and links); the mesh's collectives also follow the recompute and the dtypes
-        shared = (mesh, request.framework, b, accum, request.precision)
+        strategy, framework = group.strategy, group.framework
+        batched: list[TrainingRequest] = []
+
+        def at_batch() -> TrainingRequest:
+            if not batched:
+                batched.append(with_batch(comm_request, b, accum))
+            return batched[0]
+
+        mesh_key = (
+            group.world, group.gpus_per_node, group.tp, group.cp, group.pp, group.vpp, group.ep,
+            group.end_stage_layers,
+        )  # fmt: skip
+        shared = (mesh_key, framework, b, accum)
         if shared not in self._pipelines:
-            self._pipelines[shared] = pipeline_comm(request)
+            self._pipelines[shared] = pipeline_comm(at_batch())
         pipeline = self._pipelines[shared]
-        collectives = (*shared, activations.recompute, request.reduce_dtype)
-        if collectives not in self._mesh_requests:
-            self._mesh_requests[collectives] = mesh_request(request)
-        mesh_collectives = self._mesh_requests[collectives]
-        sync = effective_grad_sync(request.framework, strategy, request.grad_sync, pipelined=mesh.pp > 1)
-        costs = mesh_costs(mesh_collectives, sync) if mesh_collectives is not None else []
+        sync = effective_grad_sync(framework, strategy, group.grad_sync, pipelined=group.pp > 1)
+        collectives = (*shared, group.recompute, group.reduce_dtype)
+        costs = self._mesh_times.get((collectives, sync))
+        if costs is None:
+            if collectives not in self._mesh_requests:
+                self._mesh_requests[collectives] = mesh_request(at_batch())
+            mesh_collectives = self._mesh_requests[collectives]
+            costs = mesh_times(mesh_collectives, sync) if mesh_collectives is not None else []
+            self._mesh_times[collectives, sync] = costs
         schedule = (*_comm_key(group), group.end_stage_layers)
         lines = self._lines.get(schedule)
         if lines is None:
             lines = self._lines[schedule] = tuple(
                 comm_lines(collective_runs(strategy, part.request, part.layout), sync)
-                for part in data_parts(request)
+                for part in data_parts(comm_request)
             )
         dp = [entry for part in lines for entry in comm_of_lines(part, accum)]
         dp_times = [seconds for _, _, _, seconds in dp]
         dp_s = sum(dp_times)
         comm_s = sum([*dp_times, *(c.time_s for c in costs)])
         comm_s += pipeline.busiest_rank_time_s if pipeline is not None else 0.0
-        compute_key = (
-            group.world, group.gpus_per_node, group.framework, strategy, group.tp, group.cp, group.pp,
-            group.vpp, group.ep, group.end_stage_layers, group.recompute, group.offload_optimizer, b, accum,
-        )  # fmt: skip
+        compute_key = (*mesh_key, framework, strategy, group.recompute, group.offload_optimizer, b, accum)
         computes = self._computes.get(compute_key)
         if computes is None:
-            micro_key = (
-                group.framework, group.tp, group.cp, group.pp, group.vpp, group.ep, group.end_stage_layers,
-                group.recompute, b,
-            )  # fmt: skip
+            micro_key = (*mesh_key[2:], framework, group.recompute, b)
             micro_batches = self._micro_batches.get(micro_key)
             if micro_batches is None:
-                micro_batches = self._micro_batches[micro_key] = stage_micro_batches(request, plan.compute)
+                micro_batches = self._micro_batches[micro_key] = stage_micro_batches(at_batch(), plan.compute)
             computes = self._computes[compute_key] = stage_computes(
-                request, plan.compute, strategy, micro_batches
+                at_batch(), plan.compute, strategy, micro_batches
             )
-        offload_s = request_offload_seconds(request, strategy, *_offloads(group), accum)
+        shape_key = (*shared, strategy)
+        shape = self._shapes.get(shape_key)
+        if shape is None:
+            shape = self._shapes[shape_key] = step_shape(at_batch(), strategy, pipeline)
         step = step_of(
-            slowest_stage(request, plan.compute, strategy, computes),
+            slowest_stage(comm_request, plan.compute, strategy, computes, accum),
             comm_time(dp, accum, dp_s),
             costs,
             pipeline,
-            offload_s,
-            step_shape(request, strategy, pipeline),
+            request_offload_seconds(comm_request, strategy, *_offloads(group), accum),
+            shape,
         )
         return step._replace(comm_s=comm_s)
 

@@ -1128,11 +1128,22 @@ def _rank_models(model: ModelSpec, mesh: Mesh) -> tuple[ModelSpec, tuple[ModelSp
     arch = rank.architecture
     if mesh.pp == 1 or arch is None:
         return rank, ()
+    split = mesh_stage_layers(mesh, arch.num_layers)
+    return _pipeline_stages(rank.name, rank.title, arch, mesh.pp, mesh.vpp, split)
+
+
+@lru_cache(maxsize=1024)
+def _pipeline_stages(
+    name: str | None, title: str | None, arch: Architecture, pp: int, vpp: int, split: tuple[int, ...]
+) -> tuple[ModelSpec, tuple[ModelSpec, ...]]:
+    """The largest stage and every stage of the model ``name`` (one rank's share, ``arch``) over p ranks of
+    v chunks, the p·v virtual stages' layers ``split``; once per model and split (a plan derives many
+    requests of each)."""
     stages = []
-    for i in range(mesh.pp):
-        share, count = _stage_share(arch, mesh.pp, mesh.vpp, i, mesh_stage_layers(mesh, arch.num_layers))
+    for i in range(pp):
+        share, count = _stage_share(arch, pp, vpp, i, split)
         stages.append(
-            rank.model_copy(update={"params": count.total, "architecture": share, "parameter_count": count})
+            ModelSpec(params=count.total, name=name, title=title, architecture=share, parameter_count=count)
         )
     largest = max(stages, key=lambda stage: stage.params)
     return largest, tuple(stages)
