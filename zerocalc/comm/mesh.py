@@ -55,6 +55,7 @@ from typing import NamedTuple
 from pydantic import BaseModel, Field
 
 from zerocalc.base.dtypes import DType
+from zerocalc.base.memo import IdentityCache
 from zerocalc.base.units import ceil_div
 from zerocalc.model.activations import Recompute, routed_rows
 from zerocalc.model.architecture import Architecture, MlpKind, parameter_tensors, tensor_parallel_dim
@@ -823,20 +824,17 @@ class MeshTime(NamedTuple):
     time_s: float
 
 
-_MESH_RUNS: dict[tuple[MeshRequest, int], tuple[MeshRequest, tuple[MeshRun, ...]]] = {}
-_MESH_RUNS_LIMIT = 4096
+_MESH_RUNS: IdentityCache[tuple[MeshRun, ...]] = IdentityCache()
 
 
 def mesh_runs(request: MeshRequest) -> tuple[MeshRun, ...]:
     """Every tensor-, context- and expert-parallel collective of the request's schedule that moves data,
     run once, in order. Once per request but its accumulation (a plan's candidates of one mesh share
     them); the calibration, a model holding lists, keyed by identity."""
-    key = (request._replace(calibration=None, grad_accum=1), id(request.calibration))
-    cached = _MESH_RUNS.get(key)
-    if cached is not None and cached[0].calibration is request.calibration:
-        return cached[1]
-    if len(_MESH_RUNS) >= _MESH_RUNS_LIMIT:
-        _MESH_RUNS.clear()
+    key = request._replace(calibration=None, grad_accum=1)
+    cached = _MESH_RUNS.get(request.calibration, key)
+    if cached is not None:
+        return cached
     runs = []
     for dimension, call in _schedule(request):
         sizes = _sizes(call, request)
@@ -853,8 +851,7 @@ def mesh_runs(request: MeshRequest) -> tuple[MeshRun, ...]:
         link = _link(call.op, spans_nodes, n, request)
         seconds = len(sizes) * link.latency_s + each / link.bus_bandwidth_Bps
         runs.append(MeshRun(dimension, call, dtype, n, spans_nodes, sizes, each, off_node, link, seconds))
-    _MESH_RUNS[key] = (request, tuple(runs))
-    return tuple(runs)
+    return _MESH_RUNS.put(request.calibration, key, tuple(runs))
 
 
 def _runs_per_step(run: MeshRun, request: MeshRequest, sync: GradSync) -> list[tuple[bool, int]]:

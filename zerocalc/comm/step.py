@@ -55,6 +55,7 @@ from typing import NamedTuple
 from pydantic import BaseModel, Field
 
 from zerocalc.base.dtypes import DType
+from zerocalc.base.memo import IdentityCache
 from zerocalc.comm.mesh import Dimension, MeshCollectiveCost, MeshTime
 from zerocalc.comm.pipeline import PipelineComm
 from zerocalc.compute.ops import (
@@ -302,24 +303,18 @@ def _micro_batch_ops(arch: Architecture, shape: Shape, code: Kernels, dtype: DTy
     return micro_batch_ops(arch, shape, code, dtype, ep=ep)
 
 
-_MICRO_TIMES: dict[tuple[int, MicroBatchOps, Recompute, int], tuple[ComputeTable, MicroBatchTime]] = {}
-_MICRO_TIMES_LIMIT = 4096
+_MICRO_TIMES: IdentityCache[MicroBatchTime] = IdentityCache()
 
 
 def _micro_batch_time(
     table: ComputeTable, ops: MicroBatchOps, recompute: Recompute, checkpoint_every: int = 1
 ) -> MicroBatchTime:
     """:func:`~zerocalc.compute.time.micro_batch_time`, once per (table, operations, recompute, the layers
-    it checkpoints). The table (a frozen model holding lists) is keyed by identity and kept with the value,
-    so a key is never another table's."""
-    key = (id(table), ops, recompute, checkpoint_every)
-    cached = _MICRO_TIMES.get(key)
-    if cached is not None and cached[0] is table:
-        return cached[1]
-    if len(_MICRO_TIMES) >= _MICRO_TIMES_LIMIT:
-        _MICRO_TIMES.clear()
-    time = micro_batch_time(table, ops, recompute, checkpoint_every)
-    _MICRO_TIMES[key] = (table, time)
+    it checkpoints); the table, a frozen model holding lists, keyed by identity."""
+    key = (ops, recompute, checkpoint_every)
+    time = _MICRO_TIMES.get(table, key)
+    if time is None:
+        time = _MICRO_TIMES.put(table, key, micro_batch_time(table, ops, recompute, checkpoint_every))
     return time
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from zerocalc.base.dtypes import DType
+from zerocalc.base.memo import IdentityCache
 from zerocalc.compute.ops import (
     FLASH_BACKWARD_FLOPS,
     Attention,
@@ -142,7 +143,21 @@ class _Layer(NamedTuple):
     op_rerun_flops: float
 
 
+_LAYERS: IdentityCache[_Layer] = IdentityCache()
+
+
 def _layer(table: ComputeTable, layer: LayerOps, dtype: DType) -> _Layer:
+    """One layer's times at the table's rates, once per (table, the layer's operations, dtype): a plan's
+    stages, micro-batches and recomputes run the same layers (the table, a frozen model holding lists,
+    keyed by identity)."""
+    key = (layer.gemms, layer.attention, layer.traffic, layer.core_traffic, dtype)
+    cached = _LAYERS.get(table, key)
+    if cached is None:
+        cached = _LAYERS.put(table, key, _layer_times(table, layer, dtype))
+    return cached
+
+
+def _layer_times(table: ComputeTable, layer: LayerOps, dtype: DType) -> _Layer:
     matmul_f, matmul_b, matmul_flops = _gemms(table, layer.gemms, dtype)
     attention_f, attention_b, core_f, core_b = _attention(table, layer.attention, dtype)
     elementwise_f = sum(_traffic_s(table, t) for t in layer.traffic)

@@ -331,8 +331,9 @@ class _Setting(NamedTuple):
 
 class _Requests:
     """Each group's memory and comm requests (or the parser's errors), derived once per key: recompute
-    reaches the memory request's activations only, and the comm request depends on the schedule's options,
-    the grad sync and the offload (a model-parallel group's on its pipeline split and recompute too)."""
+    reaches the memory request's activations only, and the comm request depends on the schedule's options
+    and the grad sync (a model-parallel group's on its offload, pipeline split and recompute too: its step
+    is priced from it)."""
 
     def __init__(self, plan: PlanRequest):
         self.plan = plan
@@ -347,9 +348,9 @@ class _Requests:
     def comm(self, group: Group) -> TrainingRequest | InputError:
         """At the group's first micro-batch (a model-parallel group's mesh collectives read b and the
         recompute: :func:`with_batch` gives the others)."""
-        key = (*_comm_key(group), *_offloads(group))
-        if group.model_parallel:
-            key = (*key, group.end_stage_layers, group.recompute)
+        key = _comm_key(group)
+        if group.model_parallel:  # its compute reads where the optimizer runs
+            key = (*key, *_offloads(group), group.end_stage_layers, group.recompute)
         return _request_once(self._comm, key, self.plan, group, Estimate.COMM)
 
 
