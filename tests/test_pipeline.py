@@ -611,3 +611,52 @@ def test_the_core_stages_are_what_validate_builds() -> None:
         whole += head_tensors(arch) if i == 3 else []
         assert core == [t.shape for t in whole]
     assert boundary_elements(request.mesh, 1, 2048, 4096) == activation_elements(arch, 1, 2048)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(model="llama-3-8b", gpus=16, pp=8, grad_accum=16, framework="megatron"),
+        dict(model="llama-3-8b", gpus=16, tp=2, pp=4, vpp=2, grad_accum=8, framework="megatron",
+             pp_first_stage_layers=6, pp_last_stage_layers=6),
+        dict(model="llama-3-8b", gpus=8, pp=4, grad_accum=4, framework="fsdp2", strategies="zero3",
+             reduce_dtype="fp32"),
+        dict(model="deepseek-v3", gpus=64, pp=8, ep=8, grad_accum=8, framework="megatron",
+             pp_first_stage_layers=5, pp_last_stage_layers=8),
+    ],
+    ids=["megatron-pp8", "uneven-interleaved", "fsdp2", "moe-dense-first"],
+)  # fmt: skip
+def test_a_steps_compute_reads_each_kind_of_stage_once(options: dict) -> None:
+    """Stages alike in their layers, dense layers, embedding and head (``stage_kind``) run the same
+    operations and hold the same parameters: the step's slowest stage from one stage of each kind is the
+    one every stage gives, to the bit, and the kinds are fewer than the stages."""
+    from zerocalc.comm.step import (
+        StageCompute,
+        _micro_batch_time,
+        fsdp2_traffic,
+        optimizer_traffic,
+        request_compute,
+        request_ops,
+        stage_micro_batches,
+        with_framework_traffic,
+    )
+    from zerocalc.compute.time import step_compute
+    from zerocalc.request.compute import compute_table
+
+    request = parse_options(gpu="h100-80gb", seq_len=4096, **options)
+    named = compute_table(None, request.gpu.name)
+    assert named is not None
+    table = named.table
+    strategy = request.strategies[0]
+    assert 1 < len(stage_micro_batches(request, table)) < len(request.stages)
+    every = []
+    for stage in request.stages:
+        micro = _micro_batch_time(
+            table, request_ops(request, stage.architecture), request.activations.recompute,
+            request.activations.checkpoint_every,
+        )  # fmt: skip
+        compute = step_compute(table, micro, request.grad_accum, *optimizer_traffic(request, strategy, stage))
+        compute = with_framework_traffic(compute, fsdp2_traffic(request, strategy, table, stage))
+        every.append(StageCompute(compute, micro.forward.attention * request.grad_accum, stage))
+    slowest = max(every, key=lambda s: s.compute.total_s)
+    assert request_compute(request, table, strategy) == (slowest.compute, slowest.attention_forward_s)

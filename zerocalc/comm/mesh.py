@@ -829,9 +829,10 @@ _MESH_RUNS: IdentityCache[tuple[MeshRun, ...]] = IdentityCache()
 
 def mesh_runs(request: MeshRequest) -> tuple[MeshRun, ...]:
     """Every tensor-, context- and expert-parallel collective of the request's schedule that moves data,
-    run once, in order. Once per request but its accumulation (a plan's candidates of one mesh share
-    them); the calibration, a model holding lists, keyed by identity."""
-    key = request._replace(calibration=None, grad_accum=1)
+    run once, in order. Once per request but its accumulation and recompute, which set how many times
+    each runs (a plan's candidates of one mesh share them); the calibration, a model holding lists, keyed
+    by identity."""
+    key = request._replace(calibration=None, grad_accum=1, recompute=Recompute.NONE, checkpoint_every=1)
     cached = _MESH_RUNS.get(request.calibration, key)
     if cached is not None:
         return cached

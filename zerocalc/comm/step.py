@@ -41,9 +41,9 @@ which is the stage the step waits for.
 
 **Offload** (DeepSpeed ZeRO-Offload / ZeRO-Infinity), not overlapped (an upper bound; DeepSpeed overlaps
 part): gradients to the host and updated 16-bit parameters back over PCIe, the CPU Adam step bound by
-host memory bandwidth, NVMe reads and writes of the optimizer states, and offloaded parameters fetched
-twice per micro-batch (forward and backward). The constants below are stated assumptions, not
-measurements.
+host memory bandwidth (in place of the GPU's optimizer step, which does not run), NVMe reads and writes
+of the optimizer states, and offloaded parameters fetched twice per micro-batch (forward and backward).
+The constants below are stated assumptions, not measurements.
 """
 
 from __future__ import annotations
