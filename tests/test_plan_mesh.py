@@ -249,24 +249,37 @@ def test_unpriced_candidates_change_no_row() -> None:
 
 def test_an_end_stage_over_the_memory_settles_a_pipelined_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
     """The walk rejects a pipelined candidate whose first or last stage alone exceeds the GPU's memory
-    without evaluating its other stages: the rows and the rejections are those of evaluating every stage."""
+    without evaluating its other stages, first from the stages' allocated peaks alone (no allocator
+    replay), then from their exact rows: the rows and the rejections are those of evaluating every stage,
+    and wherever the allocated peaks reject a candidate its end stages' exact rows do."""
     plan = plan_options(
         model="llama-3-8b", gpu="a100-40gb", gpus=8, global_batch="64seq", seq_len=4096,
         frameworks="megatron", tp="2", pp="2,4",
     )  # fmt: skip
     import zerocalc.plan.search as plan_search
 
-    ends = plan_search._end_stages
+    ends, allocated_over = plan_search._end_stages, plan_search._allocated_over
     settled: list[bool] = []
+    over: list[TrainingRequest] = []
 
     def counted(request: TrainingRequest) -> dict:
         rows = ends(request)
         settled.append(any(row.verdict is Verdict.DOES_NOT_FIT for row in rows.values()))
         return rows
 
+    def seen(request: TrainingRequest) -> bool:
+        if allocated_over(request):
+            over.append(request)
+            return True
+        return False
+
     monkeypatch.setattr(plan_search, "_end_stages", counted)
+    monkeypatch.setattr(plan_search, "_allocated_over", seen)
     quick = search(plan)
-    assert sum(settled) >= 3  # candidates rejected by an end stage alone
+    assert len(over) >= 3 and len(settled) >= 1  # rejected by allocated peaks alone; then exact rows
+    for request in over:
+        assert any(row.verdict is Verdict.DOES_NOT_FIT for row in ends(request).values())
+    monkeypatch.setattr(plan_search, "_allocated_over", lambda request: False)
     monkeypatch.setattr(plan_search, "_end_stages", lambda request: {})
     whole = search(plan)
     assert [r.model_dump() for r in quick.top] == [r.model_dump() for r in whole.top]
@@ -330,8 +343,10 @@ def test_the_model_code_and_kernel_given_to_plan_reach_the_printed_commands(
     assert json.loads(comm.stdout)["strategies"][0]["step"]["step_s"] == top["step_s"]
 
 
-_STEP_FIELDS = ("compute_s", "matmul_s", "attention_s", "elementwise_s", "optimizer_s", "recompute_s",
-                "exposed_comm_s", "bubble_s", "offload_s", "step_s", "tokens_per_s_per_gpu", "mfu")  # fmt: skip
+_STEP_FIELDS = (
+    "compute_s", "matmul_s", "attention_s", "elementwise_s", "optimizer_s", "recompute_s", "exposed_comm_s",
+    "bubble_s", "offload_s", "step_s", "tokens_per_s_per_gpu", "mfu",
+)  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -489,21 +489,6 @@ def request_offload_seconds(
     )
 
 
-def with_offload(step: StepTime, offload_s: float) -> StepTime:
-    """The step with ``offload_s`` more of offload (its rate and MFU over the longer step)."""
-    if not offload_s:
-        return step
-    longer = step.step_s + offload_s
-    scale = step.step_s / longer
-    mfu = step.mfu * scale if step.mfu is not None else None
-    return step._replace(
-        offload_s=step.offload_s + offload_s,
-        step_s=longer,
-        tokens_per_s_per_gpu=step.tokens_per_s_per_gpu * scale,
-        mfu=mfu,
-    )
-
-
 class StepEstimate(BaseModel):
     """One strategy's step on one GPU, as ``comm`` reports it."""
 

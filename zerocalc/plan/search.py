@@ -58,7 +58,8 @@ from zerocalc.parallel.profiles import PROFILES
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
 from zerocalc.peak.evaluate import FIT_MARGIN, nccl_communicators, pipeline_peak, strategy_peak
 from zerocalc.peak.report import StrategyPeak, Verdict
-from zerocalc.peak.simulate import flash_attention_used, runtime_for
+from zerocalc.peak.simulate import flash_attention_used, runtime_for, simulate
+from zerocalc.peak.states import STATE_BUILDERS
 from zerocalc.plan.allocated import StepParts, with_batch, with_recompute
 from zerocalc.plan.space import (
     Group,
@@ -259,6 +260,27 @@ def _end_stages(request: TrainingRequest) -> dict[int, StrategyPeak]:
     }
 
 
+def _allocated_over(request: TrainingRequest) -> bool:
+    """Whether the first or the last pipeline stage's allocated peak (one steady step, simulated without the
+    caching allocator's replay), with the context and the NCCL communicators, is above the GPU's memory:
+    its device peak, which adds what the allocator reserves beyond, is then too, and its exact row does
+    not fit. A tenth of :func:`_end_stages`' cost where a stage is far over (most fast pipelined
+    candidates that do not fit)."""
+    profile, name, runtime = PROFILES[request.framework], request.strategies[0], runtime_for(request)
+    strategy = STRATEGIES[name]
+    capacity = request.gpu_memory_bytes
+    assert capacity is not None
+    for stage in (0, request.mesh.pp - 1):
+        staged = stage_request(request, stage)
+        states, _ = STATE_BUILDERS[profile.states](staged, strategy)
+        allocated = simulate(staged, name, runtime, states, reserve=False).peak.allocated
+        communicators = nccl_communicators(strategy, staged.cluster, staged.mesh)
+        outside = staged.runtime.context_bytes + communicators * staged.runtime.nccl_communicator_bytes
+        if allocated + outside > capacity:
+            return True
+    return False
+
+
 def _exact(request: TrainingRequest, known: dict[int, StrategyPeak] | None = None) -> StrategyPeak:
     """``zerocalc memory``'s peak for the request's one strategy (the same functions, the same request;
     with pipeline stages the worst stage's, ``known`` the stages already evaluated)."""
@@ -375,8 +397,8 @@ class _CommCosts:
 
     def __init__(self, layout: Layout):
         self.layout = layout
-        """The whole model's; a model-parallel group's collectives are its rank's (:meth:`layout_of`)."""
-        self._layouts: dict[tuple, Layout] = {}
+        """The whole model's (a data-parallel group's; a model-parallel group's collectives are its rank's,
+        :class:`_MeshSteps`)."""
         self._runs: dict[tuple, list[CollectiveRun]] = {}
         self._lines: dict[tuple, tuple[CommLine, ...]] = {}
         self._times: dict[tuple, CommTime] = {}
@@ -390,26 +412,13 @@ class _CommCosts:
                 schedule = _schedule_key(group)
                 runs = self._runs.get(schedule)
                 if runs is None:
-                    layout = self.layout_of(group, request)
-                    runs = self._runs[schedule] = collective_runs(group.strategy, request, layout)
+                    runs = self._runs[schedule] = collective_runs(group.strategy, request, self.layout)
                 sync = effective_grad_sync(
                     group.framework, group.strategy, request.grad_sync, pipelined=group.pp > 1
                 )
                 lines = self._lines[key] = comm_lines(runs, sync)
             time = self._times[key, accum] = comm_time(comm_of_lines(lines, accum), accum)
         return time
-
-    def layout_of(self, group: Group, request: TrainingRequest) -> Layout:
-        """The parameters the data-parallel collectives move: one rank's (its pipeline stage's, its
-        tensor-parallel shards), as ``comm`` lays them out."""
-        if not group.model_parallel:
-            return self.layout
-        key = (group.tp, group.cp, group.pp, group.vpp, group.ep)
-        layout = self._layouts.get(key)
-        if layout is None:
-            rank = request.rank_model
-            layout = self._layouts[key] = Layout.of(rank.params, rank.architecture)
-        return layout
 
 
 class _MeshSteps:
@@ -857,6 +866,9 @@ def _walk(plan: PlanRequest, cands: list[_Cand], limit: float) -> list[_Cand]:
             continue
         if cand.exact is None:
             request = with_batch(cand.request, cand.b, cand.accum)
+            if request.mesh.pp > 1 and _allocated_over(request):
+                cand.stage_over, cand.status = True, Status.DOES_NOT_FIT
+                continue
             ends = _end_stages(request) if request.mesh.pp > 1 else {}
             if any(row.verdict is Verdict.DOES_NOT_FIT for row in ends.values()):
                 cand.stage_over, cand.status = True, Status.DOES_NOT_FIT
