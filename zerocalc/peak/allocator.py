@@ -40,6 +40,11 @@ MEDIUM_LIMIT = 10 * MIB
 ROUND_LARGE = 2 * MIB
 
 
+def _discard(pool: list[tuple[int, int, int]], block: tuple[int, int, int]) -> None:
+    """Remove ``block`` from the sorted free list ``pool`` (found by bisection: each block is there once)."""
+    del pool[bisect.bisect_left(pool, block)]
+
+
 class CachingAllocator:
     """The caching allocator's bookkeeping: segments, blocks and per-(stream, pool) free lists."""
 
@@ -96,7 +101,7 @@ class CachingAllocator:
         self.reserved += grow
         self.max_reserved = max(self.max_reserved, self.reserved)
         if tail is not None:
-            pool.remove((tail_free, index, tail))
+            _discard(pool, (tail_free, index, tail))
             self.blocks[(index, tail)][0] += grow
             bisect.insort(pool, (tail_free + grow, index, tail))
         else:
@@ -149,12 +154,12 @@ class CachingAllocator:
         if j + 1 < len(offsets) and self.blocks[(index, offsets[j + 1])][1]:
             following = offsets.pop(j + 1)
             following_size = self.blocks.pop((index, following))[0]
-            pool.remove((following_size, index, following))
+            _discard(pool, (following_size, index, following))
             size += following_size
         if j > 0 and self.blocks[(index, offsets[j - 1])][1]:
             previous = offsets[j - 1]
             previous_size = self.blocks[(index, previous)][0]
-            pool.remove((previous_size, index, previous))
+            _discard(pool, (previous_size, index, previous))
             del self.blocks[(index, offset)]
             offsets.pop(j)
             offset, size = previous, previous_size + size
