@@ -104,7 +104,30 @@ def test_json_has_exact_bytes_per_collective() -> None:
         (["--params", "7B", "--gpus", "8", "--calibration", "/no/such/file.json"], "/no/such/file.json"),
         (["--params", "7B", "--gpus", "8", "--tflops", "400"], "--tokens-per-step"),
         (["--params", "7Q"], "'7Q'"),
+        (["--model", "llama-3-8b", "--gpus", "8", "--framework", "fsdp2", "--offload-optimizer", "cpu"],
+         "--framework fsdp2 does not model offload"),
+        (["--params", "7B", "--gpus", "8", "--strategy", "zero1", "--offload-params", "cpu"],
+         "--offload-params cpu"),
     ],
 )
 def test_bad_input_is_one_line(args: list[str], fragment: str) -> None:
     one_line_error(runner.invoke(app, ["comm", *args]), fragment)
+
+
+def test_an_offloaded_optimizer_is_paid_in_the_step_and_not_on_the_gpu() -> None:
+    """ZeRO-2 under DeepSpeed with the optimizer on the host: the step adds the offload (ZeRO-Offload: 2 + 2
+    bytes per owned parameter over PCIe at 25 GB/s, CPU Adam's 30 bytes per owned parameter of the node's
+    8 GPUs over 100 GB/s of host memory) and runs no optimizer step on the GPU; the collectives are the
+    same as without offload."""
+    args = ["comm", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "8", "--framework", "deepspeed",
+            "--strategy", "zero2", "--json"]  # fmt: skip
+    plain = json.loads(runner.invoke(app, args).stdout)["strategies"][0]
+    offloaded = json.loads(runner.invoke(app, [*args, "--offload-optimizer", "cpu"]).stdout)["strategies"][0]
+    owned = 8_030_261_248 / 8
+    by_hand = owned * (2 + 2) / 25e9 + owned * 8 * 30 / 100e9
+    assert offloaded["step"]["offload_s"] == pytest.approx(by_hand) and plain["step"]["offload_s"] == 0
+    assert offloaded["step"]["optimizer_s"] == 0 < plain["step"]["optimizer_s"]
+    assert offloaded["collectives"] == plain["collectives"]
+    assert offloaded["step"]["step_s"] == pytest.approx(
+        plain["step"]["step_s"] - plain["step"]["optimizer_s"] + by_hand
+    )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from zerocalc.parallel.frameworks import Framework
-from zerocalc.parallel.profiles import Profile, Wrap
+from zerocalc.parallel.profiles import PROFILES, Profile, Wrap
 from zerocalc.parallel.strategies import OffloadTarget, StrategyName
 
 if TYPE_CHECKING:
@@ -21,6 +21,22 @@ def architecture_problem(profile: Profile, strategy: StrategyName, request: Trai
         return (
             "{framework} deepspeed zero3: DeepSpeed's estimator counts 4 × the largest layer, which needs "
             "the architecture; accepted: {model} NAME or config.json"
+        )
+    return None
+
+
+def offload_profile_problem(profile: Profile, request: TrainingRequest) -> str | None:
+    """An offload the framework's profile does not model (its memory, and the step time ``comm`` gives:
+    ZeRO-Offload's traffic and CPU Adam), or None."""
+    offloading = (request.offload_optimizer, request.offload_params) != (
+        OffloadTarget.NONE,
+        OffloadTarget.NONE,
+    )
+    if offloading and not profile.offload:
+        offloaders = " or ".join(f.value for f, p in PROFILES.items() if p.offload)
+        return (
+            f"{{framework}} {profile.framework.value} does not model offload; "
+            f"accepted: no {{offload_optimizer}}/{{offload_params}} (or {{framework}} {offloaders})"
         )
     return None
 
@@ -40,15 +56,9 @@ def profile_problem(profile: Profile, request: TrainingRequest) -> str | None:
         or (request.fp32_grad_accum and not profile.fp32_grad_accum)
     ):
         return f"{{framework}} {fw} models {profile.accepts}"
-    offloading = (request.offload_optimizer, request.offload_params) != (
-        OffloadTarget.NONE,
-        OffloadTarget.NONE,
-    )
-    if offloading and not profile.offload:
-        return (
-            f"{{framework}} {fw} does not model offload; "
-            "accepted: no {offload_optimizer}/{offload_params} (or {framework} paper or deepspeed)"
-        )
+    problem = offload_profile_problem(profile, request)
+    if problem:
+        return problem
     if request.buffers.wrap is Wrap.MODEL and not profile.wrap_model:
         return (
             f"{{wrap}} model is not accepted with {{framework}} {fw}: its profile follows the per-block "

@@ -97,7 +97,7 @@ from zerocalc.parallel.strategies import (
     framework_strategies,
 )
 from zerocalc.request.options import Command, option, options_for
-from zerocalc.request.problems import architecture_problem, profile_problem
+from zerocalc.request.problems import architecture_problem, offload_profile_problem, profile_problem
 
 # ------------------------------------------------------------------------------------------------ bounds
 MAX_GPUS = 2**20
@@ -1372,6 +1372,8 @@ def _resolve_strategies(request: TrainingRequest) -> TrainingRequest:
             raise InputError(problem)
     if request.estimate is Estimate.COMM:
         problem = _comm_problem(request)
+        if problem is None and framework is not Framework.PAPER:
+            problem = offload_profile_problem(PROFILES[framework], request)
         if problem:
             raise InputError(problem)
     chosen: list[StrategyName] = []
