@@ -660,3 +660,42 @@ def test_a_steps_compute_reads_each_kind_of_stage_once(options: dict) -> None:
         every.append(StageCompute(compute, micro.forward.attention * request.grad_accum, stage))
     slowest = max(every, key=lambda s: s.compute.total_s)
     assert request_compute(request, table, strategy) == (slowest.compute, slowest.attention_forward_s)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(model="llama-3-8b", gpus=8, pp=4, grad_accum=8, framework="megatron"),
+        dict(model="llama-3-8b", gpus=8, tp=2, pp=2, grad_accum=4, framework="megatron"),
+        dict(model="llama-3-8b", gpus=8, pp=4, grad_accum=2, framework="fsdp2", strategies="zero3"),
+        dict(model="llama-3-8b", gpus=8, pp=2, grad_accum=4, framework="fsdp2", model_impl="torchtitan"),
+        dict(model="gpt2", gpus=4, pp=2, grad_accum=1, framework="megatron", pp_schedule="gpipe",
+             seq_len=1024),
+        dict(model="qwen1.5-moe-a2.7b", gpus=8, pp=2, ep=2, grad_accum=4, framework="megatron"),
+    ],
+    ids=["megatron", "megatron-tp-sp", "fsdp2-m-below-p", "torchtitan", "gpipe", "moe"],
+)  # fmt: skip
+def test_the_first_stages_in_flight_saves_are_below_its_allocated_peak(options: dict) -> None:
+    """The planner's bound of a pipelined candidate without recompute: the first stage's in-flight
+    micro-batches (min(p, m) under 1F1B, m under GPipe) times one micro-batch's saved tensors through its
+    layers is positive and at most that stage's allocated peak (memory's own simulation)."""
+    from zerocalc.peak.evaluate import evaluate
+    from zerocalc.peak.simulate import in_flight_saved_bytes, micro_batch_saved_bytes
+
+    request = parse_options(**{"gpu": "h100-80gb", "seq_len": 4096, **options})
+    bound = in_flight_saved_bytes(request)
+    flight = min(request.mesh.pp, request.grad_accum)
+    if request.mesh.pp_schedule is PpSchedule.GPIPE:
+        flight = request.grad_accum
+    assert bound == flight * micro_batch_saved_bytes(request) > 0
+    stages = evaluate(request).peak.strategies[0].stages
+    assert stages is not None
+    assert bound <= stages[0].allocated_peak_bytes
+
+
+def test_recompute_and_virtual_stages_give_no_in_flight_bound() -> None:
+    from zerocalc.peak.simulate import in_flight_saved_bytes
+
+    for extra in (dict(recompute="full"), dict(vpp=2, grad_accum=8), dict(pp=1)):
+        options = dict(model="llama-3-8b", gpu="h100-80gb", gpus=8, pp=4, grad_accum=8, framework="megatron")
+        assert in_flight_saved_bytes(parse_options(**{**options, **extra})) == 0

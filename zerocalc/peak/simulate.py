@@ -17,10 +17,11 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from zerocalc.base.dtypes import DType
+from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, ParamTensor, PipelineStage
-from zerocalc.model.model_impl import MODEL_IMPLS, Device, Shape
+from zerocalc.model.model_impl import MODEL_IMPLS, Device, Shape, layer_saves
 from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, Framework, Fsdp1Sharding, TorchWrapper
-from zerocalc.parallel.pipeline import KEEPS_STAGE_OUTPUT, boundary_elements, rank_passes, window
+from zerocalc.parallel.pipeline import KEEPS_STAGE_OUTPUT, boundary_elements, in_flight, rank_passes, window
 from zerocalc.parallel.precision import RECIPES, PrecisionName
 from zerocalc.parallel.profiles import PROFILES, Wrap
 from zerocalc.parallel.strategies import STRATEGIES, BufferRule, StrategyName, effective_grad_sync
@@ -30,7 +31,13 @@ from zerocalc.peak.ledger import Event, Ledger
 from zerocalc.peak.mechanics import Accounting, Accumulation, Ddp, Fsdp1, Fsdp2, Mechanics, Unit
 from zerocalc.peak.report import StateLine
 from zerocalc.peak.timeline import PHASES, Runtime, StagePlan, StepShape, first_start, run_step, steady_start
-from zerocalc.request.training import GradSync, TrainingRequest, flash_attention_used, rank_shape
+from zerocalc.request.training import (
+    GradSync,
+    TrainingRequest,
+    flash_attention_used,
+    rank_shape,
+    stage_request,
+)
 from zerocalc.states.framework import (
     ADAM_STATES,
     STATES_RECIPE,
@@ -179,6 +186,44 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
         layer_params=tuple(tuple(unit.params) for _, unit in units[:-1]),
         stage=stage_plan(request, act),
     )
+
+
+def in_flight_saved_bytes(request: TrainingRequest) -> int:
+    """Activations pipeline rank 0 holds when its first backward begins, a lower bound of its allocated
+    peak: one micro-batch's saves (:func:`micro_batch_saved_bytes`) for each micro-batch in flight
+    (:func:`~zerocalc.parallel.pipeline.in_flight`); 0 with recomputation or virtual stages."""
+    mesh = request.mesh
+    saved = micro_batch_saved_bytes(request)
+    return int(in_flight(mesh.pp_schedule, mesh.pp, 1, 0, request.grad_accum)) * saved if saved else 0
+
+
+def micro_batch_saved_bytes(request: TrainingRequest) -> int:
+    """The saved tensors of one micro-batch through every layer pipeline rank 0 holds
+    (:func:`~zerocalc.model.model_impl.layer_saves`, as the timeline keeps them until each layer's backward:
+    the smaller with and without the cache copies, less the layer input a chunk's first layer may share with
+    the tensor it received). Counted without recomputation and without virtual stages, where each forward
+    keeps all of them until its backward; 0 otherwise (and without pipeline stages)."""
+    mesh = request.mesh
+    if mesh.pp == 1 or mesh.vpp > 1 or request.activations.recompute is not Recompute.NONE:
+        return 0
+    stage = stage_request(request, 0)
+    arch = stage.architecture
+    impl, shape = MODEL_IMPLS[stage.model_code], activation_shape(stage)
+    act, flash = activation_bytes(stage), flash_attention_used(stage)
+    kinds: dict[bool, int] = {}
+    for index in range(arch.num_layers):  # a layer's saves depend on its index only through its kind
+        kinds[arch.is_moe_layer(index)] = index
+    per_kind = {
+        moe: min(
+            sum(size for name, size in saves.saved if name != "attn_norm_input")
+            for saves in (
+                layer_saves(impl, arch, index, shape, act, Device.CUDA, use_cache=cache, flash=flash)
+                for cache in (True, False)
+            )
+        )
+        for moe, index in kinds.items()
+    }
+    return sum(per_kind[arch.is_moe_layer(index)] for index in range(arch.num_layers))
 
 
 def stage_plan(request: TrainingRequest, act: int) -> StagePlan | None:

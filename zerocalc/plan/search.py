@@ -53,12 +53,13 @@ from zerocalc.model.activations import Recompute
 from zerocalc.model.model_impl import Shape
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.frameworks import Estimate, Framework
+from zerocalc.parallel.pipeline import in_flight
 from zerocalc.parallel.precision import RECIPES
 from zerocalc.parallel.profiles import PROFILES
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
 from zerocalc.peak.evaluate import FIT_MARGIN, nccl_communicators, pipeline_peak, strategy_peak
 from zerocalc.peak.report import StrategyPeak, Verdict
-from zerocalc.peak.simulate import flash_attention_used, runtime_for, simulate
+from zerocalc.peak.simulate import flash_attention_used, micro_batch_saved_bytes, runtime_for, simulate
 from zerocalc.peak.states import STATE_BUILDERS
 from zerocalc.plan.allocated import StepParts, with_batch, with_recompute
 from zerocalc.plan.space import (
@@ -228,7 +229,8 @@ MESH_ASSUMPTION = (
     "attention, the busiest pipeline rank's sends exposed, the bubble a fraction of the slowest stage's "
     "compute); its "
     "lower bound is the rank's allocated peak (exact, from the step's parts) + context + NCCL, with pipeline "
-    "stages the largest rank's model states + context + NCCL; its exact peak the worst stage's"
+    "stages the largest rank's model states or, without recompute, the first stage's in-flight "
+    "activations if more, + context + NCCL; its exact peak the worst stage's"
 )
 
 
@@ -610,6 +612,10 @@ class _Resolver:
         self.mesh_steps = _MeshSteps(plan)
         self.states: dict[Hashable, int] = {}
         """A model-parallel configuration's model-state bytes on its largest rank."""
+        self.micro_batch_saves: dict[Hashable, int] = {}
+        """A pipelined configuration's first stage's saved activations of one micro-batch, per b."""
+        self.flights: dict[Hashable, int] = {}
+        """The first pipeline stage's micro-batches in flight, per schedule and A."""
         self.mesh_parts: dict[Hashable, StepParts] = {}
         """The step's parts per framework and tensor-, context- and expert-parallel degrees (without
         pipeline stages): their requests are of one rank's model, as a data-parallel search's are of the
@@ -638,9 +644,11 @@ class _Resolver:
         its b, recompute and A (:class:`_MeshSteps`); its peak's lower bound is the context, the NCCL
         communicators and the model states of the largest rank (:func:`~zerocalc.states.memory.
         strategy_row`: all resident between the last backward and the optimizer step), the exact peak left
-        to the walk. Without pipeline stages the rank's steady step is one timeline, as a data-parallel
-        candidate's: its allocated peak is exact from the step's parts (:class:`~zerocalc.plan.allocated.
-        StepParts` of the rank's model), and the bound is that peak + the context and the communicators.
+        to the walk; with pipeline stages and no recomputation, at least the first stage's in-flight
+        activations (:func:`~zerocalc.peak.simulate.in_flight_saved_bytes`) where they are more. Without
+        pipeline stages the rank's steady step is one timeline, as a data-parallel candidate's: its
+        allocated peak is exact from the step's parts (:class:`~zerocalc.plan.allocated.StepParts` of the
+        rank's model), and the bound is that peak + the context and the communicators.
         A candidate whose bound is above the fit limit cannot be ranked: it is priced only where every
         candidate is listed (``price_all``)."""
         key = group._replace(recompute=None, micro_batches=(), accumulates=False)
@@ -660,6 +668,8 @@ class _Resolver:
         problem = mesh_problem(comm_request.model.architecture, comm_request.mesh)
         if problem:  # what pricing would refuse, refused whether or not it is priced
             return InputError(problem)
+        if group.pp > 1:
+            allocated = {b: self._in_flight(group, request, b, accum) for b, accum in batches.items()}
         cands = []
         for b, accum in batches.items():
             lower = outside + max(states, allocated[b])
@@ -670,6 +680,26 @@ class _Resolver:
                     return timed
             cands.append(_Cand(group, request, b, accum, timed, lower))
         return cands
+
+    def _in_flight(self, group: Group, request: TrainingRequest, b: int, accum: int) -> int:
+        """The first pipeline stage's in-flight activations at b and A
+        (:func:`~zerocalc.peak.simulate.in_flight_saved_bytes`): one micro-batch's once per mesh,
+        recompute and b, the micro-batches in flight once per schedule and A."""
+        key = (
+            group.framework, group.tp, group.cp, group.pp, group.vpp, group.ep, group.end_stage_layers,
+            group.recompute, b,
+        )  # fmt: skip
+        saved = self.micro_batch_saves.get(key)
+        if saved is None:
+            saved = self.micro_batch_saves[key] = micro_batch_saved_bytes(with_batch(request, b, accum))
+        if not saved:
+            return 0
+        mesh = request.mesh
+        flight = (mesh.pp_schedule, mesh.pp, accum)
+        count = self.flights.get(flight)
+        if count is None:
+            count = self.flights[flight] = int(in_flight(mesh.pp_schedule, mesh.pp, 1, 0, accum))
+        return count * saved
 
     def _timed(
         self, group: Group, request: TrainingRequest, comm_request: TrainingRequest
