@@ -266,8 +266,8 @@ def _allocated_over(request: TrainingRequest) -> bool:
     """Whether the first or the last pipeline stage's allocated peak (one steady step, simulated without the
     caching allocator's replay), with the context and the NCCL communicators, is above the GPU's memory:
     its device peak, which adds what the allocator reserves beyond, is then too, and its exact row does
-    not fit. A tenth of :func:`_end_stages`' cost where a stage is far over (most fast pipelined
-    candidates that do not fit)."""
+    not fit. Cheaper than :func:`_end_stages` (one step, no replay): where a stage is far over, as most fast
+    pipelined candidates that do not fit are, it settles them."""
     profile, name, runtime = PROFILES[request.framework], request.strategies[0], runtime_for(request)
     strategy = STRATEGIES[name]
     capacity = request.gpu_memory_bytes
