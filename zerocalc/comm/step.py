@@ -514,7 +514,7 @@ class StepEstimate(BaseModel):
     compute_table: str = Field(description="the compute table's source: a file, or the GPU preset's")
 
 
-class StepShape(NamedTuple):
+class StepFactors(NamedTuple):
     """What a step's assembly reads of the request beside its compute and communication."""
 
     tokens_per_gpu: int
@@ -529,19 +529,16 @@ class StepShape(NamedTuple):
     peak_flops: float | None
 
 
-def step_shape(
-    request: TrainingRequest,
-    strategy: StrategyName,
-    pipeline: PipelineComm | None,
-    grad_accum: int | None = None,
-) -> StepShape:
-    """The request's :class:`StepShape` under ``strategy`` (``grad_accum``: A, else the request's)."""
+def step_factors(
+    request: TrainingRequest, strategy: StrategyName, pipeline: PipelineComm | None
+) -> StepFactors:
+    """The request's :class:`StepFactors` under ``strategy``."""
     arch, count = request.model.architecture, request.model.parameter_count
     assert arch is not None and count is not None
     activations = request.activations
     mesh = request.mesh
-    accum = grad_accum or request.grad_accum
-    return StepShape(
+    accum = request.grad_accum
+    return StepFactors(
         tokens_per_gpu=activations.micro_batch * activations.seq_len * accum // (mesh.tp * mesh.cp * mesh.pp),
         grad_accum=accum,
         hides_forward=request.buffers.prefetch != 0,
@@ -558,7 +555,7 @@ def step_of(
     mesh_costs: Sequence[MeshCollectiveCost | MeshTime],
     pipeline: PipelineComm | None,
     offload_s: float,
-    shape: StepShape,
+    factors: StepFactors,
 ) -> StepTime:
     """A step from its parts: the slowest stage's compute and attention forward seconds
     (:func:`request_compute`), the data-parallel communication (:func:`comm_time`), the tensor-, context-
@@ -573,14 +570,14 @@ def step_of(
         comm,
         mesh,
         sum(c.time_s for c in mesh_costs) + mesh[Dimension.PP],
-        shape.tokens_per_gpu,
-        shape.grad_accum,
-        shape.hides_forward,
-        shape.hides_backward,
+        factors.tokens_per_gpu,
+        factors.grad_accum,
+        factors.hides_forward,
+        factors.hides_backward,
         offload_s,
-        shape.bubble_fraction,
-        shape.model_flops_per_token,
-        shape.peak_flops,
+        factors.bubble_fraction,
+        factors.model_flops_per_token,
+        factors.peak_flops,
     )
 
 
@@ -605,7 +602,7 @@ def step_estimate(
         mesh_costs,
         pipeline,
         offload,
-        step_shape(request, strategy, pipeline),
+        step_factors(request, strategy, pipeline),
     )
     values = step._asdict()
     values.pop("comm_s")

@@ -35,7 +35,7 @@ from zerocalc.comm.mesh import MeshRequest, MeshTime, mesh_problem, mesh_times
 from zerocalc.comm.pipeline import PipelineComm, pipeline_comm
 from zerocalc.comm.step import (
     StageCompute,
-    StepShape,
+    StepFactors,
     fsdp2_traffic,
     kernels,
     optimizer_traffic,
@@ -43,8 +43,8 @@ from zerocalc.comm.step import (
     slowest_stage,
     stage_computes,
     stage_micro_batches,
+    step_factors,
     step_of,
-    step_shape,
     with_framework_traffic,
 )
 from zerocalc.compute.ops import Kernels, MicroBatchOps, micro_batch_ops, model_flops_per_token
@@ -262,6 +262,13 @@ def _end_stages(request: TrainingRequest) -> dict[int, StrategyPeak]:
     }
 
 
+def _outside_bytes(request: TrainingRequest, name: StrategyName) -> int:
+    """What a GPU holds outside the caching allocator (:func:`~zerocalc.peak.evaluate.strategy_peak`'s
+    context and NCCL communicators): the device peak is the reserved bytes plus these."""
+    communicators = nccl_communicators(STRATEGIES[name], request.cluster, request.mesh)
+    return request.runtime.context_bytes + communicators * request.runtime.nccl_communicator_bytes
+
+
 def _allocated_over(request: TrainingRequest) -> bool:
     """Whether the first or the last pipeline stage's allocated peak (one steady step, simulated without the
     caching allocator's replay), with the context and the NCCL communicators, is above the GPU's memory:
@@ -276,9 +283,7 @@ def _allocated_over(request: TrainingRequest) -> bool:
         staged = stage_request(request, stage)
         states, _ = STATE_BUILDERS[profile.states](staged, strategy)
         allocated = simulate(staged, name, runtime, states, reserve=False).peak.allocated
-        communicators = nccl_communicators(strategy, staged.cluster, staged.mesh)
-        outside = staged.runtime.context_bytes + communicators * staged.runtime.nccl_communicator_bytes
-        if allocated + outside > capacity:
+        if allocated + _outside_bytes(staged, name) > capacity:
             return True
     return False
 
@@ -442,7 +447,7 @@ class _MeshSteps:
         self._computes: dict[tuple, list[StageCompute]] = {}
         self._micro_batches: dict[tuple, list[tuple[MicroBatchTime, ModelSpec | None]]] = {}
         self._mesh_times: dict[tuple, list[MeshTime]] = {}
-        self._shapes: dict[tuple, StepShape] = {}
+        self._factors: dict[tuple, StepFactors] = {}
 
     def of(self, group: Group, comm_request: TrainingRequest, b: int, accum: int) -> StepTime | InputError:
         key = (*_comm_key(group), group.end_stage_layers, group.recompute, *_offloads(group), b, accum)
@@ -468,10 +473,8 @@ class _MeshSteps:
                 batched.append(with_batch(comm_request, b, accum))
             return batched[0]
 
-        mesh_key = (
-            group.world, group.gpus_per_node, group.tp, group.cp, group.pp, group.vpp, group.ep,
-            group.end_stage_layers,
-        )  # fmt: skip
+        degrees = (group.tp, group.cp, group.pp, group.vpp, group.ep, group.end_stage_layers)
+        mesh_key = (group.world, group.gpus_per_node, *degrees)
         shared = (mesh_key, framework, b, accum)
         if shared not in self._pipelines:
             self._pipelines[shared] = pipeline_comm(at_batch())
@@ -500,24 +503,24 @@ class _MeshSteps:
         compute_key = (*mesh_key, framework, strategy, group.recompute, group.offload_optimizer, b, accum)
         computes = self._computes.get(compute_key)
         if computes is None:
-            micro_key = (*mesh_key[2:], framework, group.recompute, b)
+            micro_key = (*degrees, framework, group.recompute, b)  # not the world: a rank's
             micro_batches = self._micro_batches.get(micro_key)
             if micro_batches is None:
                 micro_batches = self._micro_batches[micro_key] = stage_micro_batches(at_batch(), plan.compute)
             computes = self._computes[compute_key] = stage_computes(
                 at_batch(), plan.compute, strategy, micro_batches
             )
-        shape_key = (*shared, strategy)
-        shape = self._shapes.get(shape_key)
-        if shape is None:
-            shape = self._shapes[shape_key] = step_shape(at_batch(), strategy, pipeline)
+        factors_key = (*shared, strategy)
+        factors = self._factors.get(factors_key)
+        if factors is None:
+            factors = self._factors[factors_key] = step_factors(at_batch(), strategy, pipeline)
         step = step_of(
             slowest_stage(comm_request, plan.compute, strategy, computes, accum),
             comm_time(dp, accum, dp_s),
             costs,
             pipeline,
             request_offload_seconds(comm_request, strategy, *_offloads(group), accum),
-            shape,
+            factors,
         )
         return step._replace(comm_s=comm_s)
 
@@ -533,9 +536,7 @@ class _OutsideBytes:
         key = (group.strategy, group.world, group.gpus_per_node, group.tp, group.cp, group.pp)
         outside = self._bytes.get(key)
         if outside is None:
-            communicators = nccl_communicators(STRATEGIES[group.strategy], request.cluster, request.mesh)
-            outside = request.runtime.context_bytes + communicators * request.runtime.nccl_communicator_bytes
-            self._bytes[key] = outside
+            outside = self._bytes[key] = _outside_bytes(request, group.strategy)
         return outside
 
 
