@@ -172,6 +172,51 @@ def test_megatron_distributed_optimizer_is_6_plus_12_over_d() -> None:
     assert sum(line.bytes for line in distopt.states) == 6 * PSI + 12 * PSI // 8
 
 
+def test_megatron_optimizer_cpu_offload_keeps_params_and_main_grads_on_the_gpu() -> None:
+    """Megatron-Core's optimizer CPU offload (HybridDeviceOptimizer, fraction 1.0): the GPU keeps the bf16
+    parameters and the fp32 main gradients, 6Ψ; the host holds each rank's fp32 master shard, Adam's m and v
+    and a pinned fp32 copy of its gradient shard, 16Ψ/d per GPU, × 8 GPUs per node. The step is the same but
+    for the 12Ψ/d of optimizer states, resident throughout: at the same peak event, the same tensors less
+    those."""
+    kept = _row("llama-2-7b", 8, "zero1", framework="megatron")
+    off = _row("llama-2-7b", 8, "zero1", framework="megatron", offload_optimizer="cpu")
+    assert [(line.name, line.bytes) for line in off.states] == [
+        ("bf16 parameters", 2 * PSI),
+        ("fp32 main gradients", 4 * PSI),
+    ]
+    assert off.host_bytes_per_node == 16 * (PSI // 8) * 8 and kept.host_bytes_per_node is None
+    assert (off.peak_phase, off.peak_event) == (kept.peak_phase, kept.peak_event)
+    terms = {term.kind: term.bytes for term in kept.terms if term.kind is not TensorKind.BLOCK_REMAINDERS}
+    assert terms.pop(TensorKind.OPTIMIZER_STATES) == 12 * PSI // 8
+    assert {t.kind: t.bytes for t in off.terms if t.kind is not TensorKind.BLOCK_REMAINDERS} == terms
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"offload_params": "cpu", "offload_optimizer": "cpu"}, {"offload_optimizer": "nvme"}],
+    ids=["params", "nvme"],
+)
+def test_megatron_refuses_the_offloads_it_does_not_have(kwargs: dict) -> None:
+    with pytest.raises(InputError) as info:
+        estimate_peak("gpt2", 8, framework="megatron", strategies="zero1", **kwargs)
+    assert "accepted: offload_optimizer none or cpu, no offload_params" in str(info.value)
+
+
+def test_an_offloaded_optimizer_runs_no_step_on_the_gpu() -> None:
+    """ZeRO-Offload steps the optimizer on the host (Ren et al. 2021 §4): the GPU's optimizer phase holds
+    what the step starts it with (the paper's ZeRO-2, the foreach default: no sqrt of every exp_avg_sq on
+    the GPU, which the step without offload allocates: 4 bytes per local element, and the allocator's block
+    remainders)."""
+    kept = _row("llama-2-7b", 8, "zero2", offload_optimizer="none")
+    off = _row("llama-2-7b", 8, "zero2", offload_optimizer="cpu")
+    kept_step, off_step = (
+        next(p for p in row.phases if p.phase is StepPhase.OPTIMIZER) for row in (kept, off)
+    )
+    assert off_step.allocated_bytes == off.after_backward_bytes and off_step.event == "optimizer step"
+    assert kept_step.event.startswith("optimizer step (foreach")
+    assert 4 * (PSI // 8) <= kept_step.allocated_bytes - kept.after_backward_bytes < 4 * (PSI // 8) + MiB
+
+
 def test_context_and_nccl_add_to_what_the_allocator_reserves() -> None:
     """peak = reserved + context + 512 MiB per NCCL communicator of more than one rank."""
     one = _row("llama-3-8b", 1, "zero3", framework="fsdp2")

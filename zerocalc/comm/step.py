@@ -39,8 +39,10 @@ interleaving, ``overlap_p2p_comm``); the bubble, the schedule's fraction of the 
 (:func:`~zerocalc.parallel.pipeline.bubble_fraction`: Narayanan et al. 2021 §2.2, Qi et al. 2023 §3.1),
 which is the stage the step waits for.
 
-**Offload** (DeepSpeed ZeRO-Offload / ZeRO-Infinity), not overlapped (an upper bound; DeepSpeed overlaps
-part): gradients to the host and updated 16-bit parameters back over PCIe, the CPU Adam step bound by
+**Offload** (DeepSpeed ZeRO-Offload / ZeRO-Infinity; Megatron-Core's optimizer CPU offload), not
+overlapped (an upper bound; both overlap part): gradients to the host (Megatron-Core copies its fp32 main
+gradients, ``HybridDeviceOptimizer._set_sub_optimizer_grads``) and updated 16-bit parameters back over
+PCIe (a cross-device ``copy_`` casts on the host first), the CPU Adam step bound by
 host memory bandwidth (in place of the GPU's optimizer step, which does not run), NVMe reads and writes
 of the optimizer states, and offloaded parameters fetched twice per micro-batch (forward and backward).
 The constants below are stated assumptions, not measurements.
@@ -73,8 +75,7 @@ from zerocalc.model.architecture import Architecture, PipelineStage, stage_kind
 from zerocalc.model.model_impl import ModelImplName, Shape
 from zerocalc.network.collectives import Collective
 from zerocalc.network.schedule import GradSync, Phase
-from zerocalc.parallel.frameworks import Framework
-from zerocalc.parallel.optimizers import OptimizerImpl
+from zerocalc.parallel.frameworks import Framework, main_grad_dtype, optimizer_impl_of
 from zerocalc.parallel.precision import RECIPES
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
 from zerocalc.request.training import ModelSpec, TrainingRequest, flash_attention_used, rank_shape
@@ -90,12 +91,6 @@ HOST_MEMORY_BPS = 100e9
 CPU_ADAM_BYTES_PER_PARAM = 30
 """CPU Adam is memory-bound (ZeRO-Offload, Ren et al. 2021, §4.2 CPU-Adam): it reads the fp32 parameter,
 gradient and two moments (16 B) and writes the parameter, the moments (12 B) and the 16-bit copy (2 B)."""
-
-
-FUSED_OPTIMIZERS = (Framework.MEGATRON, Framework.DEEPSPEED)
-"""Frameworks whose Adam is one fused kernel: Megatron-LM (Transformer Engine's / apex's ``FusedAdam``,
-``megatron/core/optimizer/__init__.py``), DeepSpeed (``deepspeed.ops.adam.FusedAdam``); torch's optimizers
-run as ``--optimizer-impl`` says."""
 
 
 def overlaps_backward(framework: Framework, strategy: StrategyName) -> bool:
@@ -330,7 +325,7 @@ def optimizer_traffic(
     count = model.parameter_count
     largest = count.largest_layer_params if count is not None else model.params
     grad = recipe.master_dtype or recipe.grad_dtype
-    impl = OptimizerImpl.FUSED if request.framework in FUSED_OPTIMIZERS else request.optimizer_impl
+    impl = optimizer_impl_of(request.framework, request.optimizer_impl)
     per = optimizer_bytes_per_param(request.optimizer, impl, recipe, grad)
     on_gpu = 0 if request.offload_optimizer is not OffloadTarget.NONE else model.params // shards
     return on_gpu, per, max(1, largest // shards)
@@ -485,7 +480,7 @@ def request_offload_seconds(
         params,
         grad_accum,
         recipe.param_dtype.bytes,
-        recipe.grad_dtype.bytes,
+        main_grad_dtype(request.framework, recipe.grad_dtype).bytes,
     )
 
 

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from zerocalc.base.dtypes import DType
 from zerocalc.network.cluster import RankGroup
-from zerocalc.parallel.optimizers import OptimizerName
+from zerocalc.parallel.optimizers import OptimizerImpl, OptimizerName
 from zerocalc.parallel.precision import PrecisionName
 
 
@@ -43,10 +43,27 @@ ranks reduce (``megatron/training/arguments.py``: ``--bf16`` forces ``accumulate
 which ``DistributedDataParallelConfig.grad_reduce_in_fp32`` follows)."""
 
 
-def default_reduce_dtype(framework: Framework, grad_dtype: DType) -> DType:
-    """What a data-parallel gradient reduction moves when ``--reduce-dtype`` is not given: Megatron-LM's
-    main gradients (:data:`MEGATRON_MAIN_GRAD_DTYPE`), else the precision's gradient dtype."""
+FUSED_OPTIMIZERS = (Framework.MEGATRON, Framework.DEEPSPEED)
+"""Frameworks whose Adam is one fused kernel: Megatron-LM (Transformer Engine's / apex's ``FusedAdam``,
+``megatron/core/optimizer/__init__.py``), DeepSpeed (``deepspeed.ops.adam.FusedAdam``); torch's optimizers
+run as ``--optimizer-impl`` says."""
+
+
+def optimizer_impl_of(framework: Framework, asked: OptimizerImpl) -> OptimizerImpl:
+    """How the framework's Adam runs its step: fused where the framework fuses it, else as asked."""
+    return OptimizerImpl.FUSED if framework in FUSED_OPTIMIZERS else asked
+
+
+def main_grad_dtype(framework: Framework, grad_dtype: DType) -> DType:
+    """The gradients backward leaves for the optimizer: Megatron-LM's main gradients
+    (:data:`MEGATRON_MAIN_GRAD_DTYPE`), else the precision's gradient dtype."""
     return MEGATRON_MAIN_GRAD_DTYPE if framework is Framework.MEGATRON else grad_dtype
+
+
+def default_reduce_dtype(framework: Framework, grad_dtype: DType) -> DType:
+    """What a data-parallel gradient reduction moves when ``--reduce-dtype`` is not given: the main
+    gradients (:func:`main_grad_dtype`)."""
+    return main_grad_dtype(framework, grad_dtype)
 
 
 class Estimate(StrEnum):

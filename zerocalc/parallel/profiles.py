@@ -15,6 +15,7 @@ from typing import NamedTuple
 from zerocalc.parallel.frameworks import TORCH_OPTIMIZERS, TORCH_PRECISIONS, Framework
 from zerocalc.parallel.optimizers import OptimizerName
 from zerocalc.parallel.precision import PrecisionName
+from zerocalc.parallel.strategies import OffloadTarget
 
 
 class Wrap(StrEnum):
@@ -69,7 +70,13 @@ class Profile(NamedTuple):
     precisions: tuple[PrecisionName, ...] = tuple(PrecisionName)
     optimizers: tuple[OptimizerName, ...] = tuple(OptimizerName)
     fp32_grad_accum: bool = True
-    offload: bool = True
+    offload_optimizer: tuple[OffloadTarget, ...] = tuple(OffloadTarget)
+    """Where its memory model can put the optimizer (``--offload-optimizer``; the strategy's rule applies
+    too)."""
+    offload_params: tuple[OffloadTarget, ...] = tuple(OffloadTarget)
+    """Where its memory model can put the parameters (``--offload-params``)."""
+    offload_source: str = "ZeRO-Offload (Ren et al. 2021); ZeRO-Infinity (Rajbhandari et al. 2021) for NVMe"
+    """Whose offload it models."""
     wrap_model: bool = True
     moe: bool = True
     accepts: str = ""
@@ -124,6 +131,11 @@ PROFILES: dict[Framework, Profile] = {
             precisions=_MIXED,
             optimizers=_ADAM,
             fp32_grad_accum=False,
+            offload_optimizer=(OffloadTarget.NONE, OffloadTarget.CPU),
+            offload_params=(OffloadTarget.NONE,),
+            offload_source="Megatron-Core optimizer CPU offload (optimizer_cpu_offload, "
+            "optimizer_offload_fraction 1.0, use_precision_aware_optimizer; "
+            "megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py)",
             accepts="mixed-precision Adam; accepted: {precision} bf16-mixed or fp16-mixed with "
             "{optimizer} adam/adamw (or {framework} paper)",
         ),
@@ -135,7 +147,8 @@ PROFILES: dict[Framework, Profile] = {
                 precisions=TORCH_PRECISIONS,
                 optimizers=TORCH_OPTIMIZERS,
                 fp32_grad_accum=False,
-                offload=False,
+                offload_optimizer=(OffloadTarget.NONE,),
+                offload_params=(OffloadTarget.NONE,),
                 wrap_model=False,
                 accepts="Adam/AdamW on fp32 parameters and gradients (MixedPrecision keeps them fp32); "
                 "accepted: {precision} fp32, bf16-mixed or fp16-mixed, {optimizer} adam or adamw, "

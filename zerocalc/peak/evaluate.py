@@ -25,7 +25,7 @@ from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import PipelineStage
 from zerocalc.model.model_impl import MODEL_IMPLS, AttentionKernel, default_attention
 from zerocalc.network.cluster import Cluster
-from zerocalc.parallel.frameworks import TORCH_SOURCES, Framework
+from zerocalc.parallel.frameworks import TORCH_SOURCES, Framework, optimizer_impl_of
 from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.pipeline import KEEPS_STAGE_OUTPUT, in_flight
 from zerocalc.parallel.profiles import PROFILES, ModelInit, Profile, Wrap
@@ -79,7 +79,7 @@ def peak_options(request: TrainingRequest) -> PeakOptions:
     return PeakOptions(
         framework=request.framework,
         model_impl=request.model_code,
-        optimizer_impl=request.optimizer_impl,
+        optimizer_impl=optimizer_impl_of(request.framework, request.optimizer_impl),
         seq_len=a.seq_len,
         micro_batch=a.micro_batch,
         grad_accum=request.grad_accum,

@@ -24,7 +24,13 @@ from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, Framework, Fsdp1Shard
 from zerocalc.parallel.pipeline import KEEPS_STAGE_OUTPUT, boundary_elements, in_flight, rank_passes, window
 from zerocalc.parallel.precision import RECIPES, PrecisionName
 from zerocalc.parallel.profiles import PROFILES, Wrap
-from zerocalc.parallel.strategies import STRATEGIES, BufferRule, StrategyName, effective_grad_sync
+from zerocalc.parallel.strategies import (
+    STRATEGIES,
+    BufferRule,
+    OffloadTarget,
+    StrategyName,
+    effective_grad_sync,
+)
 from zerocalc.peak.allocator import CachingAllocator
 from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.peak.ledger import Event, Ledger
@@ -365,6 +371,8 @@ def _mechanics(
     b_p, b_g = recipe.param_dtype.bytes, recipe.grad_dtype.bytes
     b_r = request.reduce_dtype.bytes if request.reduce_dtype is not None else b_g
     paper = request.framework is Framework.PAPER
+    # an offloaded optimizer steps on the host: no temporaries of its step on the GPU
+    steps_on_gpu = paper and request.offload_optimizer is OffloadTarget.NONE
     return Accounting(
         units,
         states=[(f"{line.name} ({line.kind.value})", line.kind, line.bytes) for line in states],
@@ -375,7 +383,7 @@ def _mechanics(
         reduce_bytes=b_r,
         prefetch=request.buffers.prefetch,
         keep_root=True,
-        optimizer_elements=shard_elements(request, strategy.optimizer) if paper else 0,
+        optimizer_elements=shard_elements(request, strategy.optimizer) if steps_on_gpu else 0,
         optimizer_impl=optimizer_impl,
     ), activation_bytes(request)
 

@@ -153,7 +153,10 @@ _MEGATRON_NAMES = {
 
 
 def _megatron(request: TrainingRequest, strategy: Strategy) -> StateLines:
-    """Megatron-LM's distributed optimizer (:func:`zerocalc.states.megatron.megatron_states`)."""
+    """Megatron-LM's distributed optimizer (:func:`zerocalc.states.megatron.megatron_states`): the states on
+    the GPU, and the host bytes per node of an offloaded optimizer (every rank of the node its own)."""
+    states = megatron.megatron_states(request, strategy)
+    host = sum(s.bytes for s in states if s.location is Location.CPU)
     return StateLines(
         [
             StateLine(
@@ -164,8 +167,10 @@ def _megatron(request: TrainingRequest, strategy: Strategy) -> StateLines:
                 bytes=s.bytes,
                 source=megatron.SOURCE,
             )
-            for s in megatron.megatron_states(request, strategy)
-        ]
+            for s in states
+            if s.location is Location.GPU
+        ],
+        host * request.mesh.gpus_per_node if host else None,
     )
 
 

@@ -82,7 +82,6 @@ from zerocalc.plan.timing import (
     comm_lines,
     comm_of_lines,
     comm_time,
-    offload_seconds,
     step_times,
 )
 from zerocalc.request.options import OptionsEcho
@@ -608,7 +607,6 @@ class _Resolver:
         self.comm = _CommCosts(setting.layout)
         self.outside = _OutsideBytes()
         self.parts = StepParts(runtime_for(plan.base))
-        self.recipe = RECIPES[plan.base.precision]
         self.compute = _Compute(plan)
         self.mesh_steps = _MeshSteps(plan)
         self.states: dict[Hashable, int] = {}
@@ -707,21 +705,12 @@ class _Resolver:
     ) -> list[tuple[int, int, StepTime]]:
         """Each micro-batch of the group, its accumulation and its step time."""
         plan = self.plan
-        shards = request.cluster.group_size(STRATEGIES[group.strategy].optimizer)
         optimizer = optimizer_traffic(request, group.strategy)
         steps = []
         for b in group.micro_batches:
             accum = group.accumulation(plan.global_batch_sequences, b)
-            offload = offload_seconds(
-                plan.base.model.params,
-                group.world,
-                request.cluster.ranks_per_node,
-                shards,
-                group.offload_optimizer,
-                group.offload_params,
-                accum,
-                self.recipe.param_dtype.bytes,
-                self.recipe.grad_dtype.bytes,
+            offload = request_offload_seconds(
+                request, group.strategy, group.offload_optimizer, group.offload_params, accum
             )
             compute = self.compute.step(request, b, group.recompute, accum, optimizer)
             steps.append(

@@ -31,6 +31,7 @@ from zerocalc.parallel.frameworks import Estimate, Framework, default_reduce_dty
 from zerocalc.parallel.mesh import Mesh, PpSchedule, framework_cp_impl, framework_tp_style
 from zerocalc.parallel.pipeline import shorter_end_stages
 from zerocalc.parallel.precision import RECIPES
+from zerocalc.parallel.profiles import PROFILES
 from zerocalc.parallel.strategies import (
     STRATEGIES,
     BufferRule,
@@ -342,14 +343,13 @@ def _shard_groups(world: int, per_node: int) -> list[int]:
 
 
 def _offloads(framework: Framework, name: StrategyName) -> list[tuple[OffloadTarget, OffloadTarget]]:
-    """(optimizer, parameters) offloads the framework's memory model covers for this strategy."""
+    """(optimizer, parameters) offloads the framework's memory model covers (its profile) and the strategy
+    allows."""
     none = OffloadTarget.NONE
-    if framework not in (Framework.PAPER, Framework.DEEPSPEED, Framework.MEGATRON):
-        return [(none, none)]
-    strategy = STRATEGIES[name]
-    out = [(none, none)] + [(t, none) for t in strategy.optimizer_offload]
-    out += [(t, t) for t in strategy.param_offload if t in strategy.optimizer_offload]
-    return list(dict.fromkeys(out))
+    profile, strategy = PROFILES[framework], STRATEGIES[name]
+    optimizer = [t for t in strategy.optimizer_offload if t in profile.offload_optimizer]
+    params = [t for t in strategy.param_offload if t in optimizer and t in profile.offload_params]
+    return list(dict.fromkeys([(none, none), *((t, none) for t in optimizer), *((t, t) for t in params)]))
 
 
 class MeshDegrees(NamedTuple):

@@ -27,18 +27,36 @@ def architecture_problem(profile: Profile, strategy: StrategyName, request: Trai
 
 def offload_profile_problem(profile: Profile, request: TrainingRequest) -> str | None:
     """An offload the framework's profile does not model (its memory, and the step time ``comm`` gives:
-    ZeRO-Offload's traffic and CPU Adam), or None."""
-    offloading = (request.offload_optimizer, request.offload_params) != (
-        OffloadTarget.NONE,
-        OffloadTarget.NONE,
-    )
-    if offloading and not profile.offload:
-        offloaders = " or ".join(f.value for f, p in PROFILES.items() if p.offload)
+    the offload's traffic and the host's optimizer step), or None."""
+    if (
+        request.offload_optimizer in profile.offload_optimizer
+        and request.offload_params in profile.offload_params
+    ):
+        return None
+    fw = profile.framework.value
+    none = (OffloadTarget.NONE,)
+    if profile.offload_optimizer == none and profile.offload_params == none:
+        offloaders = " or ".join(
+            f.value for f, p in PROFILES.items() if (p.offload_optimizer, p.offload_params) != (none, none)
+        )
         return (
-            f"{{framework}} {profile.framework.value} does not model offload; "
+            f"{{framework}} {fw} does not model offload; "
             f"accepted: no {{offload_optimizer}}/{{offload_params}} (or {{framework}} {offloaders})"
         )
-    return None
+    everywhere = " or ".join(
+        f.value
+        for f, p in PROFILES.items()
+        if p.offload_optimizer == tuple(OffloadTarget) and p.offload_params == tuple(OffloadTarget)
+    )
+    accepted = [f"{{offload_optimizer}} {' or '.join(t.value for t in profile.offload_optimizer)}"]
+    if profile.offload_params == none:
+        accepted.append("no {offload_params}")
+    else:
+        accepted.append(f"{{offload_params}} {' or '.join(t.value for t in profile.offload_params)}")
+    return (
+        f"{{framework}} {fw} does not model this offload; "
+        f"accepted: {', '.join(accepted)} (or {{framework}} {everywhere})"
+    )
 
 
 def profile_problem(profile: Profile, request: TrainingRequest) -> str | None:

@@ -10,6 +10,14 @@ parallelism the routed experts' optimizer states are sharded over the expert-dat
 (Megatron-LM ``core/distributed/distributed_data_parallel.py``: the expert parameters' buffers and their
 distributed-optimizer shards use ``expert_data_parallel_group``), one row per part
 (:func:`~zerocalc.states.memory.state_parts`).
+
+With the optimizer offloaded (Megatron-Core ``OptimizerConfig``: ``optimizer_cpu_offload``,
+``optimizer_offload_fraction`` 1.0, ``use_precision_aware_optimizer``; ``megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py``,
+``HybridDeviceOptimizer``) every shard the rank's distributed optimizer owns is stepped on the host: its
+fp32 master copy (a pinned clone of the shard, ``_get_sub_optimizer_param_groups``), Adam's m and v (the
+host optimizer's) and a pinned fp32 copy of its main gradient (``_set_sub_optimizer_grads``) are host
+memory, 16/d bytes per parameter; the 16-bit parameters and the fp32 main-gradient buffer stay on the GPU,
+6 bytes per parameter.
 """
 
 from __future__ import annotations
@@ -17,9 +25,10 @@ from __future__ import annotations
 from zerocalc.parallel.frameworks import MEGATRON_MAIN_GRAD_DTYPE
 from zerocalc.parallel.optimizers import OPTIMIZERS
 from zerocalc.parallel.precision import RECIPES
-from zerocalc.parallel.strategies import Strategy
+from zerocalc.parallel.strategies import OffloadTarget, Strategy
 from zerocalc.request.training import TrainingRequest
 from zerocalc.states.memory import (
+    LOCATIONS,
     Location,
     StateKind,
     StateShard,
@@ -33,9 +42,20 @@ MAIN_GRAD_DTYPE = MEGATRON_MAIN_GRAD_DTYPE
 
 
 def megatron_states(request: TrainingRequest, strategy: Strategy) -> list[StateShard]:
-    """Parameters, main gradients and optimizer states on one GPU, in that order."""
+    """Parameters, main gradients and optimizer states of one GPU, in that order, then (optimizer
+    offloaded) the host copies of the main gradients' shards."""
     recipe = RECIPES[request.precision]
     param_dtype = recipe.param_dtype
+    optimizer_location = LOCATIONS[request.offload_optimizer]
+    host_grads = []
+    if request.offload_optimizer is not OffloadTarget.NONE:
+        host_grads = state_shards(
+            StateKind.GRADS,
+            strategy.optimizer,
+            optimizer_location,
+            request,
+            tensor_parts(f"host_grads_{MAIN_GRAD_DTYPE.value}", MAIN_GRAD_DTYPE),
+        )
     return [
         *state_shards(
             StateKind.PARAMS,
@@ -54,8 +74,9 @@ def megatron_states(request: TrainingRequest, strategy: Strategy) -> list[StateS
         *state_shards(
             StateKind.OPTIMIZER,
             strategy.optimizer,
-            Location.GPU,
+            optimizer_location,
             request,
             optimizer_parts(recipe, OPTIMIZERS[request.optimizer]),
         ),
+        *host_grads,
     ]

@@ -39,10 +39,12 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.units import ceil_div, format_count, gib, plural, summary_repr
 from zerocalc.model.architecture import ParameterCount, expert_parameters
 from zerocalc.network.cluster import Cluster, RankGroup
+from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerName, OptimizerSpec
 from zerocalc.parallel.pipeline import describe_layer_counts, mesh_stage_layers, stage_layer_counts
 from zerocalc.parallel.precision import RECIPES, PrecisionName, PrecisionRecipe
+from zerocalc.parallel.profiles import PROFILES
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName, row_named
 from zerocalc.request.options import OptionsEcho
 from zerocalc.request.training import TrainingRequest
@@ -310,11 +312,12 @@ def state_shards(
     return [state_shard(kind, group, location, request, parts_of, part) for part in state_parts(request)]
 
 
-_LOCATION = {
+LOCATIONS = {
     OffloadTarget.NONE: Location.GPU,
     OffloadTarget.CPU: Location.CPU,
     OffloadTarget.NVME: Location.NVME,
 }
+"""Where an offload target puts a state."""
 
 
 def strategy_states(strategy: Strategy, request: TrainingRequest) -> list[StateShard]:
@@ -331,7 +334,7 @@ def strategy_states(strategy: Strategy, request: TrainingRequest) -> list[StateS
         *state_shards(
             StateKind.PARAMS,
             strategy.params,
-            _LOCATION[request.offload_params],
+            LOCATIONS[request.offload_params],
             request,
             tensor_parts(f"params_{param_dtype.value}", param_dtype),
         ),
@@ -354,7 +357,7 @@ def strategy_states(strategy: Strategy, request: TrainingRequest) -> list[StateS
     states += state_shards(
         StateKind.OPTIMIZER,
         strategy.optimizer,
-        _LOCATION[offload_opt],
+        LOCATIONS[offload_opt],
         request,
         optimizer_parts(recipe, optimizer),
     )
@@ -404,6 +407,22 @@ def strategy_row(request: TrainingRequest) -> StrategyMemory:
     """:func:`evaluate_memory`'s row of the request's first strategy (the same functions), without the rest
     of the estimate: what ``zerocalc plan`` needs of each candidate."""
     return strategy_memory(STRATEGIES[request.strategies[0]], request, ddp_baseline_gpu_bytes(request))
+
+
+def offload_assumption(request: TrainingRequest) -> str:
+    """What an offloaded optimizer moves off the GPU, after the offload the request's framework runs."""
+    target = request.offload_optimizer.value
+    if request.framework is Framework.MEGATRON:
+        return (
+            f"optimizer offload to {target} ({PROFILES[Framework.MEGATRON].offload_source}): the fp32 "
+            "master copy, Adam's m and v and a copy of the main gradients on the host; the 16-bit "
+            "parameters and the fp32 main gradients stay on the GPU (the peak; this table is the paper's)"
+        )
+    return (
+        f"optimizer offload to {target} (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity for NVMe): master "
+        "copy and optimizer states move off the GPU, and so do partitioned gradients, which the host-side "
+        "optimizer step consumes"
+    )
 
 
 def mesh_assumption(request: TrainingRequest) -> str:
@@ -506,11 +525,7 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
             "the gradients (Ultra-Scale Playbook: 2 + 2 + 12 + 4 bytes per parameter)"
         )
     if request.offload_optimizer is not OffloadTarget.NONE:
-        assumptions.append(
-            f"optimizer offload to {request.offload_optimizer.value} (ZeRO-Offload, Ren et al. 2021; "
-            "ZeRO-Infinity for NVMe): master copy and optimizer states move off the GPU, and so do "
-            "partitioned gradients, which the host-side optimizer step consumes"
-        )
+        assumptions.append(offload_assumption(request))
     if request.offload_params is not OffloadTarget.NONE:
         assumptions.append(
             f"parameter offload to {request.offload_params.value} (ZeRO-Infinity, Rajbhandari et al. 2021): "
