@@ -84,7 +84,7 @@ def _brute_force() -> list[tuple[tuple, float, int]]:
                 continue
             comm = strategy_comm(group.strategy, comm_request.model_copy(update={"grad_accum": accum}), None)
             offload = offload_seconds(
-                base.model.params, group.world, request.cluster.ranks_per_node,
+                base.model.params, group.world, request.mesh.gpus_per_node,
                 request.cluster.group_size(STRATEGIES[group.strategy].optimizer),
                 group.offload_optimizer, group.offload_params, accum,
                 recipe.param_dtype.bytes, recipe.grad_dtype.bytes,
@@ -128,7 +128,7 @@ def test_every_candidates_step_time_is_comms_at_its_own_accumulation() -> None:
         assert comm.time_s == row.comm_s
         memory = parse_options(**row.memory_options)
         offload = offload_seconds(
-            base.model.params, row.gpus, memory.cluster.ranks_per_node,
+            base.model.params, row.gpus, memory.mesh.gpus_per_node,
             memory.cluster.group_size(STRATEGIES[row.strategy].optimizer),
             row.offload_optimizer, row.offload_params, row.grad_accum,
             recipe.param_dtype.bytes, recipe.grad_dtype.bytes,

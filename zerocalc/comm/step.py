@@ -125,7 +125,7 @@ def exposed_time(phase: PhaseComm, compute: float, accum: int, hides: bool) -> f
 def offload_seconds(
     params: int,
     world: int,
-    ranks_per_node: int,
+    gpus_per_node: int,
     optimizer_shards: int,
     offload_optimizer: OffloadTarget,
     offload_params: OffloadTarget,
@@ -133,12 +133,14 @@ def offload_seconds(
     param_bytes: int = 2,
     grad_bytes: int = 2,
 ) -> float:
-    """Offload time per step per GPU (see the module's doc for what moves and the assumed rates)."""
+    """Offload time per step per GPU (see the module's doc for what moves and the assumed rates): ``params``
+    the GPU's (its rank's share under tensor and pipeline parallelism), sharded over ``optimizer_shards``
+    ranks; every GPU of a node steps its shard on the node's host, whose memory bandwidth they share."""
     seconds = 0.0
     if offload_optimizer is not OffloadTarget.NONE:
         owned = params / optimizer_shards
         seconds += owned * (grad_bytes + param_bytes) / PCIE_BPS
-        seconds += owned * ranks_per_node * CPU_ADAM_BYTES_PER_PARAM / HOST_MEMORY_BPS
+        seconds += owned * gpus_per_node * CPU_ADAM_BYTES_PER_PARAM / HOST_MEMORY_BPS
         if offload_optimizer is OffloadTarget.NVME:
             seconds += 2 * owned * 12 / NVME_BPS  # fp32 parameter and moments read and written
     if offload_params is not OffloadTarget.NONE:
@@ -474,7 +476,7 @@ def request_offload_seconds(
     return offload_seconds(
         request.rank_model.params,
         cluster.world_size,
-        cluster.ranks_per_node,
+        request.mesh.gpus_per_node,
         cluster.group_size(STRATEGIES[strategy].optimizer),
         optimizer,
         params,

@@ -12,12 +12,12 @@ distributed-optimizer shards use ``expert_data_parallel_group``), one row per pa
 (:func:`~zerocalc.states.memory.state_parts`).
 
 With the optimizer offloaded (Megatron-Core ``OptimizerConfig``: ``optimizer_cpu_offload``,
-``optimizer_offload_fraction`` 1.0, ``use_precision_aware_optimizer``; ``megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py``,
-``HybridDeviceOptimizer``) every shard the rank's distributed optimizer owns is stepped on the host: its
-fp32 master copy (a pinned clone of the shard, ``_get_sub_optimizer_param_groups``), Adam's m and v (the
-host optimizer's) and a pinned fp32 copy of its main gradient (``_set_sub_optimizer_grads``) are host
-memory, 16/d bytes per parameter; the 16-bit parameters and the fp32 main-gradient buffer stay on the GPU,
-6 bytes per parameter.
+``optimizer_offload_fraction`` 1.0, ``use_precision_aware_optimizer``;
+``megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py``, ``HybridDeviceOptimizer``) every shard
+the rank's distributed optimizer owns is stepped on the host: its fp32 master copy (a pinned clone of the
+shard, ``_get_sub_optimizer_param_groups``), Adam's m and v (the host optimizer's) and a pinned fp32 copy
+of its main gradient (``_set_sub_optimizer_grads``) are host memory, 16/d bytes per parameter; the 16-bit
+parameters and the fp32 main-gradient buffer stay on the GPU, 6 bytes per parameter.
 """
 
 from __future__ import annotations
