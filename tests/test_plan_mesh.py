@@ -368,14 +368,17 @@ _STEP_FIELDS = (
              frameworks="megatron,fsdp2", tp="1,2,4", cp="1,2", pp="1,2,4", vpp="1,2"),
         dict(model="qwen1.5-moe-a2.7b", gpu="h100-80gb", gpus=8, global_batch="32seq", seq_len=2048,
              frameworks="megatron,fsdp2", tp="1,2", ep="2,4", pp="1,2"),
+        dict(model="gemma-3-1b", gpu="rtx-4090", gpus=16, global_batch="32seq", seq_len=4096,
+             frameworks="paper", cp="1,2", pp="1,2"),
     ],
-    ids=["tp-cp-pp-vpp", "ep"],
+    ids=["tp-cp-pp-vpp", "ep", "tied-embedding-pp"],
 )  # fmt: skip
 def test_every_mesh_candidates_step_is_comms_to_the_bit(space: dict) -> None:
     """A sample of every priced model-parallel candidate (its strategies, micro-batches, accumulations,
     reduce dtypes, grad syncs, offloads): comm's time and step for the candidate's own command, every
     field equal to the bit (the search shares parts of the pricing across candidates; ``comm`` prices
-    each request from scratch)."""
+    each request from scratch). Gemma 3 1B's tied embedding is synchronised between the first and the last
+    pipeline stage in the reduce dtype (its 262,144-row table: the pipeline's largest message)."""
     from zerocalc.api import estimate_comm
 
     rows = search(plan_options(**space), keep_all=True).candidates

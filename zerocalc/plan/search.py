@@ -475,9 +475,10 @@ class _MeshSteps:
         degrees = (group.tp, group.cp, group.pp, group.vpp, group.ep, group.end_stage_layers)
         mesh_key = (group.world, group.gpus_per_node, *degrees)
         shared = (mesh_key, framework, b, accum)
-        if shared not in self._pipelines:
-            self._pipelines[shared] = pipeline_comm(at_batch())
-        pipeline = self._pipelines[shared]
+        sends = (*shared, group.reduce_dtype)  # a tied embedding's gradient sync moves the reduce dtype
+        if sends not in self._pipelines:
+            self._pipelines[sends] = pipeline_comm(at_batch())
+        pipeline = self._pipelines[sends]
         sync = effective_grad_sync(framework, strategy, group.grad_sync, pipelined=group.pp > 1)
         collectives = (*shared, group.recompute, group.reduce_dtype)
         costs = self._mesh_times.get((collectives, sync))
