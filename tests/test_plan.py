@@ -236,6 +236,29 @@ def test_every_candidates_allocated_peak_is_the_timelines() -> None:
     assert parts.allocated_peaks(request, batches, "again")[b] == exact.allocated_peak_bytes - remainders
 
 
+def test_frameworks_searched_together_bound_their_candidates_as_alone() -> None:
+    """A data-parallel candidate's step parts are those of the model its framework runs: Megatron-LM its own
+    layers over a vocabulary padded to 128 (GPT-2: 50,304 rows), the others transformers' (50,257). Every
+    candidate of a search over three frameworks has the bound (its exact allocated peak + context and
+    communicators) it has in its framework's search alone; sharing one model's runs across them had put
+    Gemma 3 1B's Megatron-LM bounds up to 13 GB above their exact peaks."""
+    space = dict(model="gpt2", gpu="rtx-4090", gpus=4, global_batch="16seq", seq_len=512)
+
+    def bounds(frameworks: str) -> dict[tuple, int]:
+        rows = search(plan_options(**space, frameworks=frameworks), keep_all=True).candidates
+        assert rows is not None
+        return {
+            (r.framework, r.strategy, r.gpus, r.micro_batch, r.recompute, r.reduce_dtype, r.grad_sync,
+             r.offload_optimizer, r.offload_params, r.prefetch): r.peak_lower_bound_bytes
+            for r in rows
+        }  # fmt: skip
+
+    together = bounds("fsdp2,megatron,paper")
+    alone = {k: v for fw in ("fsdp2", "megatron", "paper") for k, v in bounds(fw).items()}
+    assert together == alone and len(alone) > 100
+    assert {key[0] for key in alone} == {Framework.FSDP2, Framework.MEGATRON, Framework.PAPER}
+
+
 def test_the_printed_commands_reproduce_the_top_row() -> None:
     args = ["plan", "--model", "gpt2", "--gpu", "rtx-4090", "--gpus", "4", "--global-batch", "8seq",
             "--seq-len", "512", "--framework", "fsdp2,ddp", "--top", "2"]  # fmt: skip

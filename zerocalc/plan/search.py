@@ -607,7 +607,10 @@ class _Resolver:
         self.requests = _Requests(plan)
         self.comm = _CommCosts(setting.layout)
         self.outside = _OutsideBytes()
-        self.parts = StepParts(runtime_for(plan.base))
+        self.parts: dict[Hashable, StepParts] = {}
+        """A data-parallel candidate's step parts per model code and architecture (one StepParts per model
+        its frameworks run: Megatron-LM runs its own layers and pads the vocabulary)."""
+        self._parts_key: dict[Framework, Hashable] = {}
         self.compute = _Compute(plan)
         self.mesh_steps = _MeshSteps(plan)
         self.states: dict[Hashable, int] = {}
@@ -633,9 +636,23 @@ class _Resolver:
             return self._mesh_candidates(group, request, comm_request)
         timed = self._timed(group, request, comm_request)
         configuration = group._replace(recompute=None, micro_batches=())
-        peaks = self.parts.allocated_peaks(request, {b: accum for b, accum, _ in timed}, configuration)
+        peaks = self._parts(group.framework, request).allocated_peaks(
+            request, {b: accum for b, accum, _ in timed}, configuration
+        )
         outside = self.outside.of(group, request)
         return [_Cand(group, request, b, accum, t, peaks[b] + outside) for b, accum, t in timed]
+
+    def _parts(self, framework: Framework, request: TrainingRequest) -> StepParts:
+        """The step parts of a data-parallel request: shared by the frameworks that run the same model
+        (the model's part is the model code's timeline of the architecture; its framework's own part is
+        keyed by configuration inside)."""
+        key = self._parts_key.get(framework)
+        if key is None:
+            key = self._parts_key[framework] = (request.model_code, request.architecture)
+        parts = self.parts.get(key)
+        if parts is None:
+            parts = self.parts[key] = StepParts(runtime_for(self.plan.base))
+        return parts
 
     def _mesh_candidates(
         self, group: Group, request: TrainingRequest, comm_request: TrainingRequest
