@@ -293,6 +293,10 @@ def test_cli_validate_fake_tp_refuses_a_tied_head(tmp_path: Path) -> None:
         (["--world", "8"], "--world is not read by the framework runs"),
         (["--fake", "--model", "gpt2"], "--model 'gpt2' is a gpt2 model"),
         (["--fake", "--tp", "3", "--world", "8"], "--tp 3 does not divide --world 8"),
+        (
+            ["--fake", "--tp", "2", "--world", "8", "-s", "537"],
+            "--seq-len 537 does not split into --tp 2 sequence-parallel chunks",
+        ),
         (["--fake", "--tp", "2,x"], "--tp '2,x' is not accepted; accepted: a comma list of whole numbers"),
         (["--tp", "2,4"], "--tp '2,4' is not accepted; accepted: a whole number ≥ 1"),
         (["--fake", "--no-loss-parallel"], "--no-loss-parallel without --tp is not accepted"),

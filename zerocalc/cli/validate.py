@@ -809,8 +809,14 @@ def _validate_fake(
                     f"--tp {t} does not divide --world {w}; accepted: tensor-parallel sizes dividing every "
                     "world size (dp = world / tp)"
                 )
-    name, config, arch = _fake_model(model, tp=max(tps) > 1)
     sp, lp = switches
+    for t in tps:
+        if t > 1 and sp and seq_len % t:
+            raise InputError(
+                f"--seq-len {seq_len:,} does not split into --tp {t} sequence-parallel chunks; accepted: "
+                f"--seq-len a multiple of {t} (or --no-sequence-parallel)"
+            )
+    name, config, arch = _fake_model(model, tp=max(tps) > 1)
     cases = [
         FakeCase(
             model=name, world=w, micro_batch=micro_batch, seq_len=seq_len, recompute=r, reshard=rs, tp=t,
