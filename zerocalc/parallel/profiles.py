@@ -75,8 +75,13 @@ class Profile(NamedTuple):
     too)."""
     offload_params: tuple[OffloadTarget, ...] = tuple(OffloadTarget)
     """Where its memory model can put the parameters (``--offload-params``)."""
-    offload_source: str = "ZeRO-Offload (Ren et al. 2021); ZeRO-Infinity (Rajbhandari et al. 2021) for NVMe"
+    offload_source: str = "ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity for NVMe"
     """Whose offload it models."""
+    offload_moves: str = (
+        "master copy and optimizer states move off the GPU, and so do partitioned gradients, which the "
+        "host-side optimizer step consumes"
+    )
+    """What an offloaded optimizer takes off the GPU, and what stays."""
     wrap_model: bool = True
     moe: bool = True
     accepts: str = ""
@@ -136,6 +141,9 @@ PROFILES: dict[Framework, Profile] = {
             offload_source="Megatron-Core optimizer CPU offload (optimizer_cpu_offload, "
             "optimizer_offload_fraction 1.0, use_precision_aware_optimizer; "
             "megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py)",
+            offload_moves="the fp32 master copy, Adam's m and v and a copy of the main gradients on the "
+            "host; the 16-bit parameters and the fp32 main gradients stay on the GPU (the peak; this table "
+            "is the paper's)",
             accepts="mixed-precision Adam; accepted: {precision} bf16-mixed or fp16-mixed with "
             "{optimizer} adam/adamw (or {framework} paper)",
         ),

@@ -39,7 +39,6 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.units import ceil_div, format_count, gib, plural, summary_repr
 from zerocalc.model.architecture import ParameterCount, expert_parameters
 from zerocalc.network.cluster import Cluster, RankGroup
-from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerName, OptimizerSpec
 from zerocalc.parallel.pipeline import describe_layer_counts, mesh_stage_layers, stage_layer_counts
@@ -410,19 +409,11 @@ def strategy_row(request: TrainingRequest) -> StrategyMemory:
 
 
 def offload_assumption(request: TrainingRequest) -> str:
-    """What an offloaded optimizer moves off the GPU, after the offload the request's framework runs."""
+    """What an offloaded optimizer moves off the GPU, after the offload the request's framework runs (its
+    profile's)."""
+    profile = PROFILES[request.framework]
     target = request.offload_optimizer.value
-    if request.framework is Framework.MEGATRON:
-        return (
-            f"optimizer offload to {target} ({PROFILES[Framework.MEGATRON].offload_source}): the fp32 "
-            "master copy, Adam's m and v and a copy of the main gradients on the host; the 16-bit "
-            "parameters and the fp32 main gradients stay on the GPU (the peak; this table is the paper's)"
-        )
-    return (
-        f"optimizer offload to {target} (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity for NVMe): master "
-        "copy and optimizer states move off the GPU, and so do partitioned gradients, which the host-side "
-        "optimizer step consumes"
-    )
+    return f"optimizer offload to {target} ({profile.offload_source}): {profile.offload_moves}"
 
 
 def mesh_assumption(request: TrainingRequest) -> str:
