@@ -26,7 +26,7 @@ from zerocalc.peak.report import StateLine
 from zerocalc.request.training import TrainingRequest
 from zerocalc.states import deepspeed, megatron
 from zerocalc.states import framework as torch_states
-from zerocalc.states.memory import Location, StateKind, strategy_states
+from zerocalc.states.memory import Location, StateKind, bytes_at, strategy_states
 
 
 class StateLines(NamedTuple):
@@ -156,7 +156,7 @@ def _megatron(request: TrainingRequest, strategy: Strategy) -> StateLines:
     """Megatron-LM's distributed optimizer (:func:`zerocalc.states.megatron.megatron_states`): the states on
     the GPU, and the host bytes per node of an offloaded optimizer (every rank of the node its own)."""
     states = megatron.megatron_states(request, strategy)
-    host = sum(s.bytes for s in states if s.location is Location.CPU)
+    host = bytes_at(states, Location.CPU)
     return StateLines(
         [
             StateLine(

@@ -363,7 +363,8 @@ def strategy_states(strategy: Strategy, request: TrainingRequest) -> list[StateS
     return states
 
 
-def _bytes_at(states: list[StateShard], location: Location) -> int:
+def bytes_at(states: list[StateShard], location: Location) -> int:
+    """The bytes of the states kept at ``location``."""
     return sum(s.bytes for s in states if s.location is location)
 
 
@@ -372,15 +373,15 @@ def ddp_baseline_gpu_bytes(request: TrainingRequest) -> int:
     baseline = request.model_copy(
         update={"offload_optimizer": OffloadTarget.NONE, "offload_params": OffloadTarget.NONE}
     )
-    return _bytes_at(strategy_states(STRATEGIES[StrategyName.DDP], baseline), Location.GPU)
+    return bytes_at(strategy_states(STRATEGIES[StrategyName.DDP], baseline), Location.GPU)
 
 
 def strategy_memory(strategy: Strategy, request: TrainingRequest, ddp_gpu_bytes: int) -> StrategyMemory:
     """One strategy's row: its states, where they are, and whether they fit."""
     states = strategy_states(strategy, request)
-    gpu = _bytes_at(states, Location.GPU)
-    cpu = _bytes_at(states, Location.CPU)
-    nvme = _bytes_at(states, Location.NVME)
+    gpu = bytes_at(states, Location.GPU)
+    cpu = bytes_at(states, Location.CPU)
+    nvme = bytes_at(states, Location.NVME)
     fits = headroom = None
     capacity = request.states_capacity_bytes
     if capacity is not None:
