@@ -21,6 +21,7 @@ from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, ParamTensor, PipelineStage
 from zerocalc.model.model_impl import MODEL_IMPLS, Device, Shape, layer_saves
 from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, Framework, Fsdp1Sharding, TorchWrapper
+from zerocalc.parallel.mesh import PpSchedule
 from zerocalc.parallel.pipeline import KEEPS_STAGE_OUTPUT, boundary_elements, in_flight, rank_passes, window
 from zerocalc.parallel.precision import RECIPES, PrecisionName
 from zerocalc.parallel.profiles import PROFILES, Wrap
@@ -200,7 +201,13 @@ def in_flight_saved_bytes(request: TrainingRequest) -> int:
     (:func:`~zerocalc.parallel.pipeline.in_flight`); 0 with recomputation or virtual stages."""
     mesh = request.mesh
     saved = micro_batch_saved_bytes(request)
-    return int(in_flight(mesh.pp_schedule, mesh.pp, 1, 0, request.grad_accum)) * saved if saved else 0
+    return first_stage_in_flight(mesh.pp_schedule, mesh.pp, request.grad_accum) * saved if saved else 0
+
+
+def first_stage_in_flight(schedule: PpSchedule, pp: int, grad_accum: int) -> int:
+    """The micro-batches pipeline rank 0 holds in flight without virtual stages
+    (:func:`~zerocalc.parallel.pipeline.in_flight`): what :func:`in_flight_saved_bytes` multiplies."""
+    return int(in_flight(schedule, pp, 1, 0, grad_accum))
 
 
 def micro_batch_saved_bytes(request: TrainingRequest) -> int:

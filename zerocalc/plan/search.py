@@ -53,13 +53,18 @@ from zerocalc.model.activations import Recompute
 from zerocalc.model.model_impl import Shape
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.frameworks import Estimate, Framework
-from zerocalc.parallel.pipeline import in_flight
 from zerocalc.parallel.precision import RECIPES
 from zerocalc.parallel.profiles import PROFILES
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
 from zerocalc.peak.evaluate import FIT_MARGIN, nccl_communicators, pipeline_peak, strategy_peak
 from zerocalc.peak.report import StrategyPeak, Verdict
-from zerocalc.peak.simulate import flash_attention_used, micro_batch_saved_bytes, runtime_for, simulate
+from zerocalc.peak.simulate import (
+    first_stage_in_flight,
+    flash_attention_used,
+    micro_batch_saved_bytes,
+    runtime_for,
+    simulate,
+)
 from zerocalc.peak.states import STATE_BUILDERS
 from zerocalc.plan.allocated import StepParts, with_batch, with_recompute
 from zerocalc.plan.space import (
@@ -715,7 +720,7 @@ class _Resolver:
         flight = (mesh.pp_schedule, mesh.pp, accum)
         count = self.flights.get(flight)
         if count is None:
-            count = self.flights[flight] = int(in_flight(mesh.pp_schedule, mesh.pp, 1, 0, accum))
+            count = self.flights[flight] = first_stage_in_flight(mesh.pp_schedule, mesh.pp, accum)
         return count * saved
 
     def _timed(

@@ -1372,7 +1372,7 @@ def _resolve_strategies(request: TrainingRequest) -> TrainingRequest:
             raise InputError(problem)
     if request.estimate is Estimate.COMM:
         problem = _comm_problem(request)
-        if problem is None and framework is not Framework.PAPER:
+        if problem is None:
             problem = offload_profile_problem(PROFILES[framework], request)
         if problem:
             raise InputError(problem)
