@@ -73,6 +73,12 @@ def nccl_communicators(strategy: Strategy, cluster: Cluster, mesh: Mesh | None =
     return data + (mesh.tp > 1) + (mesh.cp > 1) + (mesh.pp > 1) + experts
 
 
+def outside_allocator_bytes(request: TrainingRequest, communicators: int) -> int:
+    """What a GPU holds outside the caching allocator: the CUDA context and ``communicators`` NCCL
+    communicators (:func:`nccl_communicators`); the device peak is the reserved bytes plus these."""
+    return request.runtime.context_bytes + communicators * request.runtime.nccl_communicator_bytes
+
+
 def peak_options(request: TrainingRequest) -> PeakOptions:
     a, b, rt = request.activations, request.buffers, request.runtime
     flash = flash_attention_used(request)
@@ -208,7 +214,7 @@ def strategy_peak(
     context = request.runtime.context_bytes
     allocated = result.peak.allocated
     reserved = max(result.reserved, allocated)
-    peak = reserved + context + nccl
+    peak = reserved + outside_allocator_bytes(request, communicators)
     capacity = request.gpu_memory_bytes
     headroom = None if capacity is None else capacity - peak
     return StrategyPeak(

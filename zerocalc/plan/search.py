@@ -56,7 +56,13 @@ from zerocalc.parallel.frameworks import Estimate, Framework
 from zerocalc.parallel.precision import RECIPES
 from zerocalc.parallel.profiles import PROFILES
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
-from zerocalc.peak.evaluate import FIT_MARGIN, nccl_communicators, pipeline_peak, strategy_peak
+from zerocalc.peak.evaluate import (
+    FIT_MARGIN,
+    nccl_communicators,
+    outside_allocator_bytes,
+    pipeline_peak,
+    strategy_peak,
+)
 from zerocalc.peak.report import StrategyPeak, Verdict
 from zerocalc.peak.simulate import (
     first_stage_in_flight,
@@ -267,10 +273,11 @@ def _end_stages(request: TrainingRequest) -> dict[int, StrategyPeak]:
 
 
 def _outside_bytes(request: TrainingRequest, name: StrategyName) -> int:
-    """What a GPU holds outside the caching allocator (:func:`~zerocalc.peak.evaluate.strategy_peak`'s
-    context and NCCL communicators): the device peak is the reserved bytes plus these."""
-    communicators = nccl_communicators(STRATEGIES[name], request.cluster, request.mesh)
-    return request.runtime.context_bytes + communicators * request.runtime.nccl_communicator_bytes
+    """What a GPU holds outside the caching allocator under strategy ``name``, as ``memory`` counts it
+    (:func:`~zerocalc.peak.evaluate.outside_allocator_bytes`)."""
+    return outside_allocator_bytes(
+        request, nccl_communicators(STRATEGIES[name], request.cluster, request.mesh)
+    )
 
 
 def _allocated_over(request: TrainingRequest) -> bool:
