@@ -104,10 +104,14 @@ def test_json_has_exact_bytes_per_collective() -> None:
         (["--params", "7B", "--gpus", "8", "--calibration", "/no/such/file.json"], "/no/such/file.json"),
         (["--params", "7B", "--gpus", "8", "--tflops", "400"], "--tokens-per-step"),
         (["--params", "7Q"], "'7Q'"),
-        (["--model", "llama-3-8b", "--gpus", "8", "--framework", "fsdp2", "--offload-optimizer", "cpu"],
-         "--framework fsdp2 does not model offload"),
-        (["--params", "7B", "--gpus", "8", "--strategy", "zero1", "--offload-params", "cpu"],
-         "--offload-params cpu"),
+        (
+            ["--model", "llama-3-8b", "--gpus", "8", "--framework", "fsdp2", "--offload-optimizer", "cpu"],
+            "--framework fsdp2 does not model offload",
+        ),
+        (
+            ["--params", "7B", "--gpus", "8", "--strategy", "zero1", "--offload-params", "cpu"],
+            "--offload-params cpu",
+        ),
     ],
 )
 def test_bad_input_is_one_line(args: list[str], fragment: str) -> None:
