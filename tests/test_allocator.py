@@ -6,7 +6,7 @@ import gzip
 import json
 from pathlib import Path
 
-from zerocalc.model.model_impl import MODEL_IMPLS, Device, ModelImplName, Shape, layer_saves
+from zerocalc.model.code import MODEL_IMPLS, Device, ModelImplName, Shape, layer_saves
 from zerocalc.peak.allocator import CachingAllocator
 from zerocalc.request.presets import load_model
 
@@ -73,7 +73,7 @@ def _rounded(nbytes: int) -> int:
 
 
 def test_the_layer_programs_keep_the_saved_tensors_and_peak_where_the_code_does() -> None:
-    """model_impl.forward_program: its kept tensors are the layer's saved ones, and checkpointing releases
+    """code.program.forward_program: its kept tensors are the layer's saved ones, and checkpointing releases
     every one. Llama family: with autograd keeping them, the most alive at once is the saved tensors plus
     ``forward_excess`` (the mid residual, the down projection's output, the new hidden state). GPT-2 on
     CUDA: the saved tensors plus three [T, h] tensors (the attention's dropout output, the MLP's, and

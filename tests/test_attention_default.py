@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from zerocalc.api import estimate_peak
+from zerocalc.model.code import HF_ATTENTION, MODEL_IMPLS, AttentionKernel, ModelImplName
 from zerocalc.model.hf_config import SUPPORTED
-from zerocalc.model.model_impl import HF_ATTENTION, MODEL_IMPLS, AttentionKernel, ModelImplName
 from zerocalc.peak.kinds import StepPhase
 
 DATA = Path(__file__).parent / "data" / "h200-fsdp2-gpt2xl"

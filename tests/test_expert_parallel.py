@@ -28,7 +28,7 @@ from zerocalc.cli.plan import command as printed_command
 from zerocalc.comm.mesh import Dimension
 from zerocalc.model.activations import ActivationShape, layer_terms
 from zerocalc.model.architecture import MlpKind, expert_parameters
-from zerocalc.model.model_impl import MODEL_IMPLS, ModelImplName, Shape, layer_saves
+from zerocalc.model.code import MODEL_IMPLS, ModelImplName, Shape, layer_saves
 from zerocalc.parallel.frameworks import TorchSetup, TorchWrapper
 from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.profiles import PROFILES

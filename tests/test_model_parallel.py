@@ -1,4 +1,4 @@
-"""Activations per rank under tensor, sequence and context parallelism (zerocalc/model/model_impl.py),
+"""Activations per rank under tensor, sequence and context parallelism (zerocalc/model/code/),
 against hand calculations from the frameworks' source and one CPU measurement."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from zerocalc.model.activations import CpImpl
 from zerocalc.model.architecture import Architecture, MlpKind, NormKind
-from zerocalc.model.model_impl import (
+from zerocalc.model.code import (
     MODEL_IMPLS,
     Device,
     ModelImplName,

@@ -72,7 +72,7 @@ from zerocalc.compute.table import ComputeTable
 from zerocalc.compute.time import ComputeTime, MicroBatchTime, micro_batch_time, step_compute
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, PipelineStage, stage_kind
-from zerocalc.model.model_impl import ModelImplName, Shape
+from zerocalc.model.code import ModelImplName, Shape
 from zerocalc.network.collectives import Collective
 from zerocalc.network.schedule import GradSync, Phase
 from zerocalc.parallel.frameworks import Framework, main_grad_dtype, optimizer_impl_of

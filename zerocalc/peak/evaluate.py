@@ -6,7 +6,7 @@ sum of terms:
 * model states: the framework's accounting (:data:`~zerocalc.parallel.profiles.PROFILES`, lines built by
   :mod:`zerocalc.peak.states`) — resident for the accountings, simulated tensor by tensor for PyTorch's
   frameworks (:mod:`zerocalc.peak.mechanics`);
-* activations and the loss: the model's code (``--model-impl``, :mod:`zerocalc.model.model_impl`), layer by
+* activations and the loss: the model's code (``--model-impl``, :mod:`zerocalc.model.code`), layer by
   layer; data parallelism never shards them;
 * the allocator's reserve: the caching allocator replayed over model creation and three steps
   (:mod:`zerocalc.peak.allocator`);
@@ -23,7 +23,7 @@ import re
 
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import PipelineStage
-from zerocalc.model.model_impl import MODEL_IMPLS, AttentionKernel, default_attention
+from zerocalc.model.code import MODEL_IMPLS, AttentionKernel, default_attention
 from zerocalc.network.cluster import Cluster
 from zerocalc.parallel.frameworks import TORCH_SOURCES, Framework, optimizer_impl_of
 from zerocalc.parallel.mesh import Mesh

@@ -2,7 +2,7 @@
 
 The step — start, forward layer by layer, the loss, backward layer by layer, the optimizer step and
 ``zero_grad`` — is written once here, in program order, from the model's code
-(:mod:`zerocalc.model.model_impl`:
+(:mod:`zerocalc.model.code`:
 what each layer keeps for backward, what the loss allocates) and the framework's mechanics
 (:mod:`zerocalc.peak.mechanics`: where parameters are gathered and released, how gradients are reduced
 and kept, what the optimizer allocates). A :class:`~zerocalc.peak.ledger.Ledger` records every tensor;
@@ -33,7 +33,7 @@ from zerocalc.model.architecture import (
     global_layer,
     head_tensors,
 )
-from zerocalc.model.model_impl import (
+from zerocalc.model.code import (
     FP32,
     INT64,
     Device,
@@ -52,9 +52,9 @@ from zerocalc.model.model_impl import (
     norm_backward_excess,
     op_sac_layer,
     shared_saves,
-    traits,
     vocab_shard,
 )
+from zerocalc.model.traits import traits
 from zerocalc.parallel.pipeline import Pass
 from zerocalc.parallel.profiles import ModelInit
 from zerocalc.peak.kinds import StepPhase, TensorKind
@@ -607,11 +607,11 @@ class ProgramRun(NamedTuple):
     out: the layer's event."""
     effect: ProgramEffect | None
     """None where the program leaves a tensor alive outside the layer's group (none of
-    :func:`~zerocalc.model.model_impl.forward_program`'s does)."""
+    :func:`~zerocalc.model.code.forward_program`'s does)."""
 
 
 class Program(tuple[tuple[str, str, int], ...]):
-    """A layer's forward op by op (:attr:`~zerocalc.model.model_impl.LayerSaves.program`), its runs
+    """A layer's forward op by op (:attr:`~zerocalc.model.code.LayerSaves.program`), its runs
     (:class:`ProgramRun`) kept per (philox bytes, output bytes, checkpointing, allocator block): a step
     runs a layer's program once per layer, and a plan's steps run the same programs thousands of times."""
 

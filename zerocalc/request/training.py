@@ -45,7 +45,7 @@ from zerocalc.model.architecture import (
     parameter_tensors,
     pipeline_stage,
 )
-from zerocalc.model.model_impl import (
+from zerocalc.model.code import (
     MODEL_IMPLS,
     AttentionKernel,
     ModelImplName,
@@ -430,7 +430,7 @@ def flash_attention_used(request: TrainingRequest) -> bool:
 
 def rank_shape(request: TrainingRequest) -> Shape:
     """One micro-batch on one rank of the mesh: b sequences of s tokens, split by tensor, sequence and
-    context parallelism as the model's code splits them (:class:`~zerocalc.model.model_impl.Shape`)."""
+    context parallelism as the model's code splits them (:class:`~zerocalc.model.code.Shape`)."""
     a, mesh = request.activations, request.mesh
     return Shape(
         a.micro_batch,
@@ -443,7 +443,7 @@ def rank_shape(request: TrainingRequest) -> Shape:
 
 
 def _model_code_problem(request: TrainingRequest) -> str | None:
-    """A mesh the model's code cannot run the step of (:func:`~zerocalc.model.model_impl.
+    """A mesh the model's code cannot run the step of (:func:`~zerocalc.model.code.
     parallel_unsupported`), for the peak of a step; None when it can or no step is simulated."""
     mesh, arch = request.mesh, request.model.architecture
     if request.estimate is not Estimate.MEMORY or arch is None or (mesh.tp == 1 and mesh.cp == 1):
@@ -468,7 +468,7 @@ def _model_code_problem(request: TrainingRequest) -> str | None:
 
 def _recompute_problem(request: TrainingRequest) -> str | None:
     """``{recompute} op`` where torchtitan's op-level policy is not modelled
-    (:func:`~zerocalc.model.model_impl.op_sac_unsupported`): the step's memory for torchtitan's code only,
+    (:func:`~zerocalc.model.code.op_sac_unsupported`): the step's memory for torchtitan's code only,
     its time and collectives for any dense Llama block's; ``{checkpoint_every}`` N > 1 (torchtitan's
     layer-level selective checkpointing, any code's ``checkpoint_wrapper`` on every N-th block) other than
     under full recompute of a dense model; None otherwise."""

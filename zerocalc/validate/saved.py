@@ -1,6 +1,6 @@
 """``zerocalc validate --activations``: the activation profile against what real modules save (pure).
 
-:mod:`zerocalc.model.model_impl` says, per decoder layer and outside the layers, which storages a model's
+:mod:`zerocalc.model.code` says, per decoder layer and outside the layers, which storages a model's
 forward
 keeps for backward. :mod:`zerocalc.validate.saved_measure` runs the real Hugging Face module on the CPU
 under ``torch.autograd.graph.saved_tensors_hooks`` and lists every storage saved, with the region whose
@@ -13,15 +13,15 @@ Regions (what the profile predicts there, and why it is first saved there):
 
 * ``embedding``: the input ids (``nn.Embedding`` saves its indices; they are the labels too); GPT-2 also
   its position ids (``wpe``) and the embedding dropout mask;
-* ``layer <i>``: :func:`zerocalc.model.model_impl.layer_saves` — plus the layer's input where the layer keeps
+* ``layer <i>``: :func:`zerocalc.model.code.layer_saves` — plus the layer's input where the layer keeps
 it
   (``keeps_input``: a LayerNorm or a fp32 RMSNorm saves it), plus, in layer 0, the rotary ``cos`` and
-  ``sin`` that every layer's ``q * cos`` saves (:func:`~zerocalc.model.model_impl.shared_saves`); Gemma's
-  embedding scale (:func:`~zerocalc.model.model_impl.embedding_saves`) in ``embedding``;
-* ``final``: :func:`zerocalc.model.model_impl.final_saves` (the final norm and the LM head's input), plus the
+  ``sin`` that every layer's ``q * cos`` saves (:func:`~zerocalc.model.code.shared_saves`); Gemma's
+  embedding scale (:func:`~zerocalc.model.code.embedding_saves`) in ``embedding``;
+* ``final``: :func:`zerocalc.model.code.final_saves` (the final norm and the LM head's input), plus the
   last hidden state where a LayerNorm keeps it;
-* ``loss``: :func:`zerocalc.model.model_impl.logits_saves` (Gemma 2's logit soft-capping) and
-  :func:`zerocalc.model.model_impl.loss_saves` (``ForCausalLMLoss``: log-softmax output, target,
+* ``loss``: :func:`zerocalc.model.code.logits_saves` (Gemma 2's logit soft-capping) and
+  :func:`zerocalc.model.code.loss_saves` (``ForCausalLMLoss``: log-softmax output, target,
   ``total_weight``).
 """
 
@@ -32,7 +32,7 @@ from collections import Counter
 from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.model.architecture import Architecture
-from zerocalc.model.model_impl import (
+from zerocalc.model.code import (
     FP32,
     INT64,
     MODEL_IMPLS,
@@ -45,8 +45,8 @@ from zerocalc.model.model_impl import (
     logits_saves,
     loss_saves,
     shared_saves,
-    traits,
 )
+from zerocalc.model.traits import traits
 
 ACT_BYTES = {"fp32": FP32, "bf16": 2}
 """Compute dtypes measured: fp32, and bf16 (the parameters every op sees under FSDP2's
@@ -200,7 +200,7 @@ class SavedReport(BaseModel):
 def predict_regions(arch: Architecture, shape: Shape, dtype: str, attention: str) -> dict[str, list[Term]]:
     """What the ``hf`` profile says each region's forward saves first (see the module docstring), on the CPU
     (LayerNorm statistics and dropout noise in the compute dtype:
-    :data:`zerocalc.model.model_impl.Device`)."""
+    :data:`zerocalc.model.code.Device`)."""
     impl = MODEL_IMPLS[ModelImplName.HF]
     act = ACT_BYTES[dtype]
     device = Device.CPU
