@@ -17,7 +17,7 @@ from zerocalc.comm.mesh import AG, AR, FWD, RS, MeshCall, Size
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, MlpKind, NormKind
 from zerocalc.model.code import (
-    MODEL_IMPLS,
+    MODEL_CODES,
     OP_SAC_MATMUL_ORDER,
     ModelImplName,
     Shape,
@@ -33,7 +33,7 @@ from zerocalc.request.presets import load_model
 from zerocalc.request.training import parse_options
 
 runner = CliRunner()
-TORCHTITAN = MODEL_IMPLS[ModelImplName.TORCHTITAN]
+TORCHTITAN = MODEL_CODES[ModelImplName.TORCHTITAN]
 TINY = Architecture(
     name="tiny-llama", family="llama", vocab_size=128, hidden_size=64, num_layers=2, num_heads=8,
     num_kv_heads=4, intermediate_size=96, mlp=MlpKind.SWIGLU, norm=NormKind.RMSNORM,

@@ -19,7 +19,7 @@ from typing import NamedTuple
 from zerocalc.base.dtypes import DType
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, ParamTensor, PipelineStage
-from zerocalc.model.code import MODEL_IMPLS, Device, Shape, layer_saves
+from zerocalc.model.code import MODEL_CODES, Device, Shape, layer_saves
 from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, Framework, Fsdp1Sharding, TorchWrapper
 from zerocalc.parallel.mesh import PpSchedule
 from zerocalc.parallel.pipeline import KEEPS_STAGE_OUTPUT, boundary_elements, in_flight, rank_passes, window
@@ -183,7 +183,7 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
     units = _units_of(arch, 1)
     return StepShape(
         arch=arch,
-        impl=MODEL_IMPLS[request.model_code],
+        impl=MODEL_CODES[request.model_code],
         shape=activation_shape(request),
         act=act,
         device=device,
@@ -221,7 +221,7 @@ def micro_batch_saved_bytes(request: TrainingRequest) -> int:
         return 0
     stage = stage_request(request, 0)
     arch = stage.architecture
-    impl, shape = MODEL_IMPLS[stage.model_code], activation_shape(stage)
+    impl, shape = MODEL_CODES[stage.model_code], activation_shape(stage)
     act, flash = activation_bytes(stage), flash_attention_used(stage)
     kinds: dict[bool, int] = {}
     for index in range(arch.num_layers):  # a layer's saves depend on its index only through its kind

@@ -1,60 +1,15 @@
-"""Attention: the kernel each code runs by default, and what attention keeps for backward."""
+"""What attention keeps for backward, in the codes built from PyTorch modules; SDPA without a mask."""
 
 from __future__ import annotations
 
 from zerocalc.model.activations import CpImpl
-from zerocalc.model.architecture import Architecture, MlpKind, NormKind, QkNorm
-from zerocalc.model.code.base import FP32, AttentionKernel, Device, ModelImpl, ModelImplName
+from zerocalc.model.architecture import QkNorm
+from zerocalc.model.code.base import FP32, Device
 
 SDPA_NO_MASK = "SDPA, no mask"
 """``integrations/sdpa_attention.py``: ``is_causal`` with ``attn_mask`` None where ``masking_utils.
 _ignore_causal_mask_sdpa`` drops the causal mask (no padding, no sliding window shorter than s): SDPA's
 flash kernel on CUDA in bf16/fp16."""
-
-
-HF_ATTENTION: dict[str, str] = {
-    "llama": "models/llama/modeling_llama.py",
-    "mistral": "models/mistral/modeling_mistral.py",
-    "mixtral": "models/mixtral/modeling_mixtral.py",
-    "qwen2": "models/qwen2/modeling_qwen2.py",
-    "gpt2": "models/gpt2/modeling_gpt2.py",
-    "gemma2": "models/gemma2/modeling_gemma2.py",
-    "gemma3_text": "models/gemma3/modeling_gemma3.py",
-    "phi3": "models/phi3/modeling_phi3.py",
-    "qwen3": "models/qwen3/modeling_qwen3.py",
-    "qwen3_moe": "models/qwen3_moe/modeling_qwen3_moe.py",
-    "qwen2_moe": "models/qwen2_moe/modeling_qwen2_moe.py",
-    "deepseek_v3": "models/deepseek_v3/modeling_deepseek_v3.py",
-    "olmo2": "models/olmo2/modeling_olmo2.py",
-    "falcon": "models/falcon/modeling_falcon.py",
-    "gpt_neox": "models/gpt_neox/modeling_gpt_neox.py",
-}
-"""The transformers 5.17 modeling file of each family: every one runs attention through SDPA by default
-(``_supports_sdpa``; ``ALL_ATTENTION_FUNCTIONS["sdpa"]``, Falcon's ``FalconAttention`` calls
-``scaled_dot_product_attention`` itself) with ``create_causal_mask``'s result, None for a causal training
-batch without padding: SDPA gets ``is_causal`` and no mask (:data:`SDPA_NO_MASK`)."""
-
-
-def default_attention(impl: ModelImpl, arch: Architecture) -> tuple[AttentionKernel, str]:
-    """The attention kernel the model's code runs when ``--flash-attention`` is not given, and its source.
-
-    * ``hf``: SDPA with no mask for every family of :data:`HF_ATTENTION` (flash); an architecture with no
-      transformers family (a GPT-3 preset) has no such code: eager, the softmax kept;
-    * ``torchtitan``: ``models/llama3/model.py`` calls ``F.scaled_dot_product_attention(..., is_causal=
-      True)``: flash;
-    * ``megatron``: Korthikanti et al. 2022's accounting (Table 2) keeps the softmax and its dropout for GPT
-      (LayerNorm + GELU); the gated RMSNorm families run Megatron-LM's fused attention: flash.
-    """
-    if impl.name is ModelImplName.HF:
-        source = HF_ATTENTION.get(arch.family or "")
-        if source is None:
-            return AttentionKernel.EAGER, "no transformers code for this architecture"
-        return AttentionKernel.FLASH, f"transformers 5.17 {source}: {SDPA_NO_MASK}"
-    if impl.name is ModelImplName.TORCHTITAN:
-        return AttentionKernel.FLASH, f"torchtitan models/llama3/model.py: {SDPA_NO_MASK}"
-    if arch.mlp is MlpKind.SWIGLU and arch.norm is NormKind.RMSNORM:
-        return AttentionKernel.FLASH, "Megatron-LM fused attention (gated RMSNorm families)"
-    return AttentionKernel.EAGER, "Korthikanti et al. 2022, Table 2: softmax and dropout kept"
 
 
 def attention_saves(add, norm, arch, t, impl, T, shape, act, device, copies, flash) -> None:

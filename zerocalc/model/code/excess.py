@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from zerocalc.model.architecture import Architecture
-from zerocalc.model.code.base import FP32, ModelImpl
+from zerocalc.model.code.base import FP32, ModelCode
 from zerocalc.model.code.shape import Shape
 
 
@@ -26,7 +26,7 @@ def forward_excess(impl, arch, index, t, shape, act) -> int:
     return extra
 
 
-def tensor_parallel_forward_excess(impl: ModelImpl, arch: Architecture, shape: Shape, act: int) -> int:
+def tensor_parallel_forward_excess(impl: ModelCode, arch: Architecture, shape: Shape, act: int) -> int:
     """The down projection's reduction, per rank: its row-parallel partial output (L × h) and the reduced
     result (R rows), out of place (``funcol.all_reduce`` for ``Partial`` → ``Replicate``; torch 2.13
     ``distributed/_functional_collectives.py::reduce_scatter_single`` makes the Shard(1) scatter dimension

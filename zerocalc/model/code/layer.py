@@ -1,23 +1,22 @@
-"""What one decoder layer keeps for backward: the codes' layers, tensor and context parallelism's
-buffers, and selective recomputation."""
+"""What one decoder layer keeps for backward: the code's layer (:meth:`~zerocalc.model.code.base.ModelCode.
+layer`) with tensor, context and expert parallelism's buffers and selective recomputation, and the layer
+of the codes built from PyTorch modules (transformers' and torchtitan's), tensor by tensor."""
 
 from __future__ import annotations
 
-from zerocalc.model.activations import ActivationShape, layer_terms
-from zerocalc.model.architecture import Architecture, BlockLayout, MlpKind
+from zerocalc.model.architecture import Architecture, BlockLayout
 from zerocalc.model.code.attention import attention_saves
-from zerocalc.model.code.base import FP32, Device, LayerSaves, ModelImpl, ModelImplName
+from zerocalc.model.code.base import FP32, Device, LayerSaves, ModelCode
 from zerocalc.model.code.excess import backward_excess, forward_excess
 from zerocalc.model.code.mlp import mlp_saves, moe_saves
 from zerocalc.model.code.norms import norm_saves
 from zerocalc.model.code.parallel import parallel_transients, parallel_unsupported
-from zerocalc.model.code.program import forward_program
 from zerocalc.model.code.shape import Shape
 from zerocalc.model.traits import traits
 
 
 def layer_saves(
-    impl: ModelImpl,
+    impl: ModelCode,
     arch: Architecture,
     index: int,
     shape: Shape,
@@ -27,7 +26,7 @@ def layer_saves(
     flash: bool = True,
     selective: bool = False,
 ) -> LayerSaves:
-    """What decoder layer ``index`` keeps for backward under ``impl`` (see the module docstring).
+    """What decoder layer ``index`` keeps for backward under ``impl`` (:mod:`zerocalc.model.code`).
 
     ``use_cache`` is False under activation checkpointing (HF forces it off); ``flash`` selects SDPA's
     flash kernel (q, k, v, out and an fp32 log-sum-exp per row) over eager attention (fp32 softmax
@@ -35,14 +34,15 @@ def layer_saves(
     recomputation, the attention core's s²-sized tensors (:data:`QUADRATIC_TERMS`) are not kept but
     recomputed in the layer's backward, where they exist for a moment.
 
-    Per rank under ``shape``'s tensor, sequence and context parallelism (module docstring); the buffers
-    tensor and context parallelism add inside the layer are in ``forward_excess`` and ``backward_excess``
-    (:func:`parallel_transients`). A combination :func:`parallel_unsupported` refuses raises ``ValueError``.
+    Per rank under ``shape``'s tensor, sequence and context parallelism (:mod:`zerocalc.model.code`); the
+    buffers tensor and context parallelism add inside the layer are in ``forward_excess`` and
+    ``backward_excess`` (:func:`~zerocalc.model.code.parallel.parallel_transients`). A combination
+    :func:`~zerocalc.model.code.parallel.parallel_unsupported` refuses raises ``ValueError``.
     """
     reason = parallel_unsupported(impl, arch, shape, flash)
     if reason is not None:
         raise ValueError(reason)
-    saves = module_layer(impl, arch, index, shape, act, device, use_cache, flash)
+    saves = impl.layer(arch, index, shape, act, device, use_cache, flash)
     moments = parallel_transients(impl, arch, index, shape, act)
     forward = max((m.nbytes for m in moments if m.phase == "forward"), default=0)
     backward = max((m.nbytes for m in moments if m.phase == "backward"), default=0)
@@ -76,7 +76,7 @@ which selective recomputation does not keep."""
 
 
 def module_layer(
-    impl: ModelImpl,
+    impl: ModelCode,
     arch: Architecture,
     index: int,
     shape: Shape,
@@ -85,8 +85,12 @@ def module_layer(
     use_cache: bool,
     flash: bool,
 ) -> LayerSaves:
-    if impl.name is ModelImplName.MEGATRON:
-        return korthikanti_layer(arch, index, shape, act, flash)
+    """Decoder layer ``index`` of a code built from PyTorch modules (``hf``, ``torchtitan``), tensor by
+    tensor as its autograd saves them: the norms (:func:`~zerocalc.model.code.norms.norm_saves`), attention
+    (:func:`~zerocalc.model.code.attention.attention_saves`), the MLP or the experts (:mod:`.mlp`), the
+    residual dropout masks, in the block layout's order; the in-layer transients of :mod:`.excess` where the
+    code counts them, and the code's forward program (:meth:`~zerocalc.model.code.base.ModelCode.
+    forward_program`)."""
     t = traits(arch)
     # L: the rank's tokens (the tensor-parallel region); R: the rows of the norms and residual dropouts
     L, R, h = shape.local_tokens, shape.sequence_tokens, arch.hidden_size
@@ -156,39 +160,5 @@ def module_layer(
         keeps_input=keeps_input,
         forward_excess=forward_excess(impl, arch, index, t, shape, act) if impl.transients else 0,
         backward_excess=backward_excess(impl, arch, index, t, shape, act) if impl.transients else 0,
-        program=forward_program(impl, arch, index, shape, act, copies, flash, tuple(saved), device),
-    )
-
-
-def korthikanti_layer(arch: Architecture, index: int, shape: Shape, act: int, flash: bool) -> LayerSaves:
-    """Korthikanti et al. 2022 §4.1, Table 2, op by op (:mod:`zerocalc.model.activations`), per rank."""
-    moe = arch.is_moe_layer(index)
-    terms = layer_terms(
-        ActivationShape(
-            seq_len=shape.s,
-            micro_batch=shape.b,
-            hidden=arch.hidden_size,
-            heads=arch.num_heads,
-            kv_heads=arch.kv_heads,
-            head_dim=arch.dim_per_head,
-            ffn_hidden=arch.intermediate_size,
-            mlp=arch.mlp,
-            dropout=arch.residual_dropout > 0 or (arch.mlp is MlpKind.GELU and arch.family is None),
-            flash_attention=flash,
-            experts=arch.num_experts if moe else 0,
-            experts_per_token=arch.experts_per_token if moe else 0,
-            shared_experts=arch.num_shared_experts if moe else 0,
-            capacity_factor=shape.capacity_factor if shape.ep > 1 else 1.0,
-            tp=shape.tp,
-            sequence_parallel=shape.sequence_parallel,
-            cp=shape.cp,
-            cp_impl=shape.cp_impl,
-        )
-    )
-    scale = act / 2  # Korthikanti counts 16-bit activations
-    return LayerSaves(
-        saved=tuple((name, int(b * scale)) for name, b in terms.items()),
-        keeps_input=False,
-        forward_excess=0,
-        backward_excess=0,
+        program=impl.forward_program(arch, index, shape, act, copies, flash, tuple(saved), device),
     )

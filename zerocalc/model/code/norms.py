@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from zerocalc.model.architecture import Architecture
-from zerocalc.model.code.base import FP32, Device, ModelImpl
+from zerocalc.model.code.base import FP32, Device, ModelCode
 from zerocalc.model.code.shape import Shape
 from zerocalc.model.traits import traits
 
@@ -44,7 +44,7 @@ def norm_saves(
     return [(name, b) for name, b in parts if b]
 
 
-def norm_backward_excess(impl: ModelImpl, arch: Architecture, shape: Shape, act: int) -> int:
+def norm_backward_excess(impl: ModelCode, arch: Architecture, shape: Shape, act: int) -> int:
     """The final norm's backward transient: RMSNorm's fp32 input gradient accumulates through pow, mean
     and mul (3 · fp32 · T·h, measured); LayerNorm's: the input gradient (act·T·h); T is the norm's rows
     on the rank (:attr:`Shape.sequence_tokens`)."""

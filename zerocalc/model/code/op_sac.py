@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from zerocalc.model.architecture import Architecture, BlockLayout, MlpKind, QkNorm, layer_tensors
-from zerocalc.model.code.base import FP32, ModelImpl, ModelImplName
+from zerocalc.model.code.base import FP32, ModelCode
 from zerocalc.model.code.layer import layer_saves
 from zerocalc.model.code.shape import Shape
 
@@ -27,15 +27,16 @@ def op_sac_recomputes(name: str) -> bool:
 
 
 def op_sac_unsupported(
-    arch: Architecture, shape: Shape, flash: bool, impl: ModelImpl | None = None
+    arch: Architecture, shape: Shape, flash: bool, impl: ModelCode | None = None
 ) -> str | None:
     """Why ``--recompute op`` is not modelled, one sentence; None when it is. The policy counts a block's
     matmuls in the order its code calls them, so it is modelled for the dense Llama block
     (:data:`OP_SAC_MATMUL_ORDER`: torchtitan's and transformers' ``LlamaAttention`` / ``LlamaMLP`` call
     their linears in that order) with SDPA's flash kernel and without context parallelism (torch's ring
-    attention calls the kernel once per K/V chunk); its memory (``impl`` given) for torchtitan's code, the
-    code the policy was written for."""
-    if impl is not None and impl.name is not ModelImplName.TORCHTITAN:
+    attention calls the kernel once per K/V chunk); its memory (``impl`` given) where the code's record says
+    so (:attr:`~zerocalc.model.code.base.ModelCode.op_sac_memory`: torchtitan's, the code the policy was
+    written for)."""
+    if impl is not None and not impl.op_sac_memory:
         return "its memory is modelled for torchtitan's Llama code"
     if (
         arch.is_moe
@@ -76,7 +77,7 @@ class OpSacLayer(NamedTuple):
     backward_excess: int
 
 
-def op_sac_layer(impl: ModelImpl, arch: Architecture, index: int, shape: Shape, act: int) -> OpSacLayer:
+def op_sac_layer(impl: ModelCode, arch: Architecture, index: int, shape: Shape, act: int) -> OpSacLayer:
     """What decoder layer ``index`` keeps under torchtitan's op-level selective activation checkpointing
     (``activation_checkpoint.mode = "selective"``, ``selective_ac_option = "op"``), per rank.
 

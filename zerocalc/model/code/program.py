@@ -1,10 +1,10 @@
-"""A decoder layer's forward op by op, where it is written out: the order decides which cached blocks the
-caching allocator can reuse."""
+"""transformers 5.17's decoder layers op by op (the ``hf`` code's forward program, :attr:`~zerocalc.model.
+code.base.LayerSaves.program`): the order decides which cached blocks the caching allocator can reuse."""
 
 from __future__ import annotations
 
 from zerocalc.model.architecture import Architecture, BlockLayout, MlpKind, QkNorm
-from zerocalc.model.code.base import FP32, Device, ModelImpl, ModelImplName
+from zerocalc.model.code.base import FP32, Device, Program
 from zerocalc.model.code.shape import Shape
 from zerocalc.model.traits import traits
 
@@ -53,8 +53,7 @@ def rotary_program(name: str, width: int, T: int, act: int, kept: bool) -> list[
     ]
 
 
-def forward_program(
-    impl: ModelImpl,
+def transformers_program(
     arch: Architecture,
     index: int,
     shape: Shape,
@@ -62,12 +61,12 @@ def forward_program(
     copies: bool,
     flash: bool,
     saved: tuple[tuple[str, int], ...],
-    device: Device = Device.CUDA,
-) -> tuple[tuple[str, str, int], ...]:
+    device: Device,
+) -> Program:
     """The decoder layer's forward op by op (:attr:`LayerSaves.program`) for the transformers 5.17 Llama
     family (``LlamaDecoderLayer``, ``Qwen2DecoderLayer``, ``Qwen3DecoderLayer``: pre-norm RMSNorm, rotary
     q and k, SDPA's flash kernel, a SwiGLU MLP) and GPT-2 on CUDA (:func:`gpt2_program`) in a 16- or 8-bit
-    compute dtype; empty for other code.
+    compute dtype; empty for other architectures, dtypes and meshes.
     The order decides which cached blocks the caching allocator can reuse, not what is allocated: the
     saved tensors are :attr:`LayerSaves.saved`, and at the output (the new hidden state being written) the
     mid residual and the down projection's output are the layer's ``forward_excess``.
@@ -80,9 +79,7 @@ def forward_program(
     if shape.tp > 1 or shape.cp > 1:
         return ()  # written for one rank holding the whole micro-batch
     if (
-        impl.name is ModelImplName.HF
-        and impl.transients
-        and act != FP32
+        act != FP32
         and flash
         and device is Device.CUDA
         and arch.family == "gpt2"
@@ -92,10 +89,7 @@ def forward_program(
     ):
         return matched(gpt2_program(arch, shape, act, copies), saved)
     if not (
-        impl.name is ModelImplName.HF
-        and impl.transients
-        and impl.norm_fp32_copy
-        and act != FP32
+        act != FP32
         and flash
         and t.norm == "llama"
         and t.rotary
