@@ -18,10 +18,10 @@ def module_shared_saves(
     arch: Architecture, shape: Shape, act: int, checkpointed: bool, device: Device
 ) -> list[tuple[str, int]]:
     """Saved once per step and shared by the layers of a code built from PyTorch modules (``hf``,
-    ``torchtitan``): the rotary cos and sin [1, s, d] (every layer's
-    ``q * cos`` keeps them), or GPT-2's position ids (int64 [1, s], kept by ``wpe``) and its embedding
-    dropout mask; under checkpointing also the position ids every checkpoint closure keeps. Under context
-    parallelism s is the rank's s/c positions (the position ids are sharded with the inputs)."""
+    ``torchtitan``): the rotary cos and sin [1, s, d] (every layer's ``q * cos`` keeps them), or GPT-2's
+    position ids (int64 [1, s], kept by ``wpe``) and its embedding dropout mask; under checkpointing also
+    the position ids every checkpoint closure keeps. Under context parallelism s is the rank's s/c
+    positions (the position ids are sharded with the inputs)."""
     s, h = exact_split(shape.s, shape.cp, "the sequence length"), arch.hidden_size
     if not traits(arch).rotary:
         out = [("position ids", INT64 * s)]
