@@ -121,11 +121,12 @@ class ModelCode(ABC):
 
     # ---- how it runs under parallelism
     fused_kernels: bool
-    """Its layers run fused kernels (norm + linear, bias + activation, softmax), not eager PyTorch ops: the
-    compute model's element-wise traffic."""
+    """Its layers run fused element-wise kernels rather than eager PyTorch ops (the compute model's
+    element-wise traffic, :mod:`zerocalc.compute.ops`)."""
     sequence_parallel: bool
     """Tensor parallelism can split the norm, dropout and residual regions along the sequence."""
     ulysses: Ulysses
+    """How it runs Ulysses context parallelism, if it does."""
     sharded_logits: bool
     """Under tensor parallelism each rank computes ⌈V/t⌉ vocabulary columns of the logits and the
     cross-entropy runs on that shard (:func:`~zerocalc.model.code.outside.vocab_shard`); else every rank

@@ -48,6 +48,8 @@ class MegatronCode(ModelCode):
     transients = False
     """Korthikanti et al. count none."""
     fused_kernels = True
+    """Megatron-LM / Transformer Engine's fused norms, ``bias_swiglu``, ``FusedScaleMaskSoftmax`` and the
+    bias-dropout-add."""
     sequence_parallel = True
     ulysses = Ulysses.SPLITS_KV
     """Transformer Engine's ``AttnFuncWithCPAndQKVOA2A`` splits k and v by heads too."""
