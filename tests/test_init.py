@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from zerocalc.api import estimate_peak
 from zerocalc.cli import app
-from zerocalc.model.model_impl import Device
+from zerocalc.model.code import Device
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.profiles import PROFILES, ModelInit
 from zerocalc.parallel.strategies import StrategyName

@@ -41,7 +41,7 @@ from zerocalc.compute.table import (
 from zerocalc.compute.time import micro_batch_time, step_compute
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, MlpKind, NormKind, TensorParallelRank, count_parameters
-from zerocalc.model.model_impl import Shape
+from zerocalc.model.code import Shape
 from zerocalc.parallel.optimizers import OptimizerImpl, OptimizerName
 from zerocalc.parallel.precision import RECIPES, PrecisionName
 from zerocalc.plan.search import search

@@ -6,7 +6,7 @@ sum of terms:
 * model states: the framework's accounting (:data:`~zerocalc.parallel.profiles.PROFILES`, lines built by
   :mod:`zerocalc.peak.states`) — resident for the accountings, simulated tensor by tensor for PyTorch's
   frameworks (:mod:`zerocalc.peak.mechanics`);
-* activations and the loss: the model's code (``--model-impl``, :mod:`zerocalc.model.model_impl`), layer by
+* activations and the loss: the model's code (``--model-impl``, :mod:`zerocalc.model.code`), layer by
   layer; data parallelism never shards them;
 * the allocator's reserve: the caching allocator replayed over model creation and three steps
   (:mod:`zerocalc.peak.allocator`);
@@ -23,7 +23,7 @@ import re
 
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import PipelineStage
-from zerocalc.model.model_impl import MODEL_IMPLS, AttentionKernel, default_attention
+from zerocalc.model.code import MODEL_CODES, AttentionKernel
 from zerocalc.network.cluster import Cluster
 from zerocalc.parallel.frameworks import TORCH_SOURCES, Framework, optimizer_impl_of
 from zerocalc.parallel.mesh import Mesh
@@ -120,7 +120,7 @@ def term_sources(
     lines name theirs."""
     setup = strategy.frameworks[request.framework].torch
     framework = TORCH_SOURCES[setup.wrapper] if setup is not None else profile.source
-    impl = MODEL_IMPLS[request.model_code]
+    impl = MODEL_CODES[request.model_code]
     adam = f"torch/optim/adam.py, {request.optimizer_impl.value}"
     gathered = (
         f"{framework}: units unsharded before use"
@@ -333,7 +333,7 @@ def attention_source(request: TrainingRequest) -> str:
     asked = request.activations.flash_attention
     if asked is not None:
         return "--flash-attention" if asked else "--no-flash-attention"
-    return default_attention(MODEL_IMPLS[request.model_code], request.architecture)[1]
+    return MODEL_CODES[request.model_code].default_attention(request.architecture)[1]
 
 
 def _attention_part(request: TrainingRequest) -> str:
@@ -397,7 +397,7 @@ def evaluate_peak(request: TrainingRequest) -> MemoryReport:
     rows = [one(request, profile, row.strategy, runtime) for row in estimate.strategies]
     peak = PeakEstimate(
         options=peak_options(request),
-        model_impl_source=MODEL_IMPLS[request.model_code].source,
+        model_impl_source=MODEL_CODES[request.model_code].source,
         notes=_notes(request),
         strategies=rows,
         init_host_bytes_per_node=init_host_bytes_per_node(request),

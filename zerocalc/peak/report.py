@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 from zerocalc.base.dtypes import DType
 from zerocalc.base.units import gib
 from zerocalc.model.activations import Recompute
-from zerocalc.model.model_impl import AttentionKernel, ModelImplName
+from zerocalc.model.code import AttentionKernel, ModelImplName
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.optimizers import OptimizerImpl
 from zerocalc.parallel.profiles import ModelInit, Wrap

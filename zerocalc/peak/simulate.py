@@ -19,7 +19,7 @@ from typing import NamedTuple
 from zerocalc.base.dtypes import DType
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, ParamTensor, PipelineStage
-from zerocalc.model.model_impl import MODEL_IMPLS, Device, Shape, layer_saves
+from zerocalc.model.code import MODEL_CODES, Device, Shape, layer_saves
 from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, Framework, Fsdp1Sharding, TorchWrapper
 from zerocalc.parallel.mesh import PpSchedule
 from zerocalc.parallel.pipeline import KEEPS_STAGE_OUTPUT, boundary_elements, in_flight, rank_passes, window
@@ -172,7 +172,7 @@ def _fsdp_units_of(arch: Architecture) -> tuple[tuple[str, tuple[ParamTensor, ..
 def activation_shape(request: TrainingRequest) -> Shape:
     """One micro-batch on one rank of the mesh: b sequences of s tokens, split by tensor, sequence and
     context parallelism as the model's code splits them, and the routed tokens expert parallelism brings
-    the rank's experts (:class:`~zerocalc.model.model_impl.Shape`)."""
+    the rank's experts (:class:`~zerocalc.model.code.Shape`)."""
     return rank_shape(request)._replace(
         ep=request.mesh.ep, capacity_factor=request.activations.capacity_factor
     )
@@ -183,7 +183,7 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
     units = _units_of(arch, 1)
     return StepShape(
         arch=arch,
-        impl=MODEL_IMPLS[request.model_code],
+        impl=MODEL_CODES[request.model_code],
         shape=activation_shape(request),
         act=act,
         device=device,
@@ -212,7 +212,7 @@ def first_stage_in_flight(schedule: PpSchedule, pp: int, grad_accum: int) -> int
 
 def micro_batch_saved_bytes(request: TrainingRequest) -> int:
     """The saved tensors of one micro-batch through every layer pipeline rank 0 holds
-    (:func:`~zerocalc.model.model_impl.layer_saves`, as the timeline keeps them until each layer's backward:
+    (:func:`~zerocalc.model.code.layer_saves`, as the timeline keeps them until each layer's backward:
     the smaller with and without the cache copies, less the layer input a chunk's first layer may share with
     the tensor it received). Counted without recomputation and without virtual stages, where each forward
     keeps all of them until its backward; 0 otherwise (and without pipeline stages)."""
@@ -221,7 +221,7 @@ def micro_batch_saved_bytes(request: TrainingRequest) -> int:
         return 0
     stage = stage_request(request, 0)
     arch = stage.architecture
-    impl, shape = MODEL_IMPLS[stage.model_code], activation_shape(stage)
+    impl, shape = MODEL_CODES[stage.model_code], activation_shape(stage)
     act, flash = activation_bytes(stage), flash_attention_used(stage)
     kinds: dict[bool, int] = {}
     for index in range(arch.num_layers):  # a layer's saves depend on its index only through its kind

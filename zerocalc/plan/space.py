@@ -23,7 +23,7 @@ from zerocalc.base.errors import InputError, shown
 from zerocalc.base.units import parse_count, parse_whole
 from zerocalc.compute.table import ComputeTable
 from zerocalc.model.activations import Recompute
-from zerocalc.model.model_impl import ModelImplName
+from zerocalc.model.code import ModelImplName
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import Cluster
 from zerocalc.network.schedule import GradSync

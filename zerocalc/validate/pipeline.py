@@ -34,7 +34,7 @@ from zerocalc.model.architecture import (
     parameter_tensors,
     pipeline_stage,
 )
-from zerocalc.model.model_impl import INT64
+from zerocalc.model.code import INT64
 from zerocalc.parallel.frameworks import TorchWrapper
 from zerocalc.parallel.optimizers import OptimizerName
 from zerocalc.parallel.pipeline import chunk_layers, describe_layer_counts, split_problem, stage_layer_counts
