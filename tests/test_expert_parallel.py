@@ -31,7 +31,6 @@ from zerocalc.model.architecture import MlpKind, expert_parameters
 from zerocalc.model.code import MODEL_CODES, ModelImplName, Shape, layer_saves
 from zerocalc.parallel.frameworks import TorchSetup, TorchWrapper
 from zerocalc.parallel.mesh import Mesh
-from zerocalc.parallel.profiles import PROFILES
 from zerocalc.parallel.strategies import STRATEGIES, StrategyName
 from zerocalc.peak.evaluate import evaluate_peak
 from zerocalc.peak.states import STATE_BUILDERS
@@ -132,7 +131,7 @@ def test_qwen3_states_over_two_expert_data_parallel_ranks() -> None:
 
 def test_megatron_distributed_optimizer_shards_the_experts_over_their_group() -> None:
     request = parse_options(model="mixtral-8x7b", gpus=64, ep=8, framework="megatron", strategies="zero1")
-    lines = STATE_BUILDERS[PROFILES[request.framework].states](request, STRATEGIES[StrategyName.ZERO1]).lines
+    lines = STATE_BUILDERS[request.framework_record.states](request, STRATEGIES[StrategyName.ZERO1]).lines
     held = {line.name: line.bytes for line in lines}
     assert held == {
         "bf16 parameters": 2 * MIXTRAL_REST,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import NamedTuple
 
+from zerocalc.base.dtypes import TensorRole
 from zerocalc.network.cluster import RankGroup
 from zerocalc.network.collectives import Collective
 
@@ -50,21 +51,6 @@ class Repeat(StrEnum):
     """Once per micro-batch that synchronises gradients: A under ``every``, 1 under ``last``."""
     AFTER_FIRST_MICRO_BATCH = "after_first_micro_batch"
     """A - 1 times: micro-batches 2..A."""
-
-
-class DtypeRole(StrEnum):
-    """Which dtype a rule's tensor travels in, given the precision recipe."""
-
-    COMPUTE = "compute"
-    """The compute copy of the parameters: the recipe's parameter dtype (FSDP ``param_dtype``, DeepSpeed's
-    bit16 parameters)."""
-    REDUCE = "reduce"
-    """Gradients as reduced: ``--reduce-dtype`` (FSDP ``reduce_dtype``, DeepSpeed
-    ``communication_data_type``), else the recipe's gradient dtype."""
-    STORED = "stored"
-    """The dtype the model's parameters are stored in, and so their ``.grad``: fp32 under the mixed
-    recipes, whose autocast computes in 16 bits but keeps fp32 parameters (DDP, ZeroRedundancyOptimizer);
-    the recipe's parameter dtype otherwise."""
 
 
 class Calls(StrEnum):
@@ -151,8 +137,9 @@ class ScheduledCollective(NamedTuple):
     shard_of: RankGroup | None = None
     """The message is one rank's shard of the array partitioned over this group (HYBRID_SHARD's
     all_reduce; the second qgZ hop)."""
-    dtype: DtypeRole | None = None
-    """None: REDUCE for gradients, COMPUTE for parameters."""
+    dtype: TensorRole | None = None
+    """The role whose dtype the tensor travels in (the precision record); None: REDUCE for gradients,
+    ALL_GATHER for parameters."""
     calls: Calls = Calls.WHOLE
     padding: Padding = Padding.NONE
     select: Select = Select.ALL
@@ -165,10 +152,10 @@ class ScheduledCollective(NamedTuple):
     """The rule runs only with this ZeRO++ feature off."""
 
     @property
-    def dtype_role(self) -> DtypeRole:
+    def dtype_role(self) -> TensorRole:
         if self.dtype is not None:
             return self.dtype
-        return DtypeRole.REDUCE if self.tensor is Tensor.GRADIENTS else DtypeRole.COMPUTE
+        return TensorRole.REDUCE if self.tensor is Tensor.GRADIENTS else TensorRole.ALL_GATHER
 
     def quantized_with(self, zeropp: frozenset[ZeroPP]) -> bool:
         """Whether the rule runs quantized with these ZeRO++ features on."""

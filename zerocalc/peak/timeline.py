@@ -51,8 +51,8 @@ from zerocalc.model.code import (
     vocab_shard,
 )
 from zerocalc.model.traits import traits
+from zerocalc.parallel.framework_records.record import ModelInit
 from zerocalc.parallel.pipeline import Pass
-from zerocalc.parallel.profiles import ModelInit
 from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.peak.ledger import Ledger
 
@@ -389,8 +389,8 @@ class _Passes:
             mechanics.post_forward(led, i)
 
         if not head:
-            # the output is sent to the next stage (pipeline.KEEPS_STAGE_OUTPUT: kept until its backward,
-            # or its storage freed once sent)
+            # the output is sent to the next stage (the framework record's keeps_stage_output: kept until
+            # its backward, or its storage freed once sent)
             if step.stage.keeps_output:
                 led.rename(hidden, f"stage output{tag}", PIPELINE)
             led.event(f"send activation{tag}")
