@@ -131,7 +131,10 @@ def test_deepspeed_and_megatron_account_for_params_alone() -> None:
     result = runner.invoke(app, ["memory", "-p", "7B", "-n", "4", "--framework", "deepspeed", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    (zero2,) = data["framework_states"]
+    zero1, zero2 = data["framework_states"]  # stage 1 in the ZeRO-2 estimator's terms: 2Ψ + 2Ψ + 16Ψ/N
+    terms = [line["bytes"] for line in zero1["lines"] if line["kind"] != "communication buffers"]
+    assert terms == [14_000_000_000, 14_000_000_000, 28_000_000_000]
+    assert zero1["framework_estimate_bytes"] is None  # DeepSpeed has no stage-1 estimator
     assert zero2["framework_estimate_bytes"] == 45_500_000_000
     assert zero2["host_bytes_per_node"] == 168_000_000_000
     assert any("ZeRO-3 / FULL_SHARD left out" in note and "largest layer" in note for note in data["notes"])
