@@ -487,3 +487,31 @@ def test_torchtitan_expert_parallelism_gives_the_flags_mesh(tmp_path: Path) -> N
     assert from_file["options"] == from_flags["options"] and from_file["peak"] == from_flags["peak"]
     groups = {g["dimension"]: (g["size"], g["stride"]) for g in from_file["request"]["mesh"]["groups"]}
     assert groups["ep"] == (8, 1) and groups["expert_dp"] == (1, 8)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("distributed_type: MULTI_GPU\nnum_processes: eight\n",
+         "num_processes 'eight' is not accepted; accepted: a whole number, 1 or more"),
+        ("distributed_type: MULTI_GPU\nnum_processes: 8\nnum_machines: two\n",
+         "num_machines 'two' is not accepted; accepted: a whole number, 1 or more"),
+        ("distributed_type: MULTI_GPU\nnum_processes: 8\nnum_machines: 0\n",
+         "num_machines 0 is not accepted; accepted: a whole number, 1 or more"),
+        ("", "holds no key; accepted: an accelerate config as `accelerate config` writes it"),
+        ("# only a comment\n", "holds no key; accepted: an accelerate config"),
+        ("num_processes: 8\n", "has no distributed_type (accelerate requires one); accepted: FSDP"),
+    ],
+)  # fmt: skip
+def test_a_bad_accelerate_count_or_an_empty_file_is_one_line(
+    tmp_path: Path, text: str, fragment: str
+) -> None:
+    """accelerate 1.15.0 ``ClusterConfig``: ``num_processes`` and ``num_machines`` are ints (1 machine at
+    least); ``BaseConfig.process_config`` refuses a file without ``distributed_type``."""
+    from helpers import one_line_error
+
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(text)
+    result = runner.invoke(app, ["memory", "--model", "llama-3-8b", "--accelerate", str(path)])
+    line = one_line_error(result, fragment)
+    assert line.startswith(f"zerocalc: error: --accelerate {str(path)!r}")

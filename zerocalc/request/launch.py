@@ -142,7 +142,13 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _refuse(where: str, key: str, value: Any, accepted: str) -> InputError:
+    """A setting the framework runs and zerocalc does not model."""
     return InputError(f"{where}: {key} {value!r} is not modelled; accepted: {accepted}")
+
+
+def _invalid(where: str, key: str, value: Any, accepted: str) -> InputError:
+    """A value that is not one the key takes (a word for a count)."""
+    return InputError(f"{where}: {key} {value!r} is not accepted; accepted: {accepted}")
 
 
 # -------------------------------------------------------------------------------------------- DeepSpeed
@@ -558,7 +564,7 @@ def _titan_part_layers(fqns: Any, where: str) -> list[int]:
 
 def _whole(value: Any, key: str, where: str, least: int = 1) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise _refuse(where, key, value, f"a whole number, {least} or more")
+        raise _invalid(where, key, value, f"a whole number, {least} or more")
     return value
 
 
@@ -681,8 +687,16 @@ _ACCELERATE_READ = {
 }  # fmt: skip
 
 
+_ACCELERATE_TYPES = "FSDP, DEEPSPEED or MULTI_GPU"
+
+
 def _accelerate(config: dict[str, Any], where: str) -> LaunchConfig:
     flat = _flatten(config)
+    if not flat:
+        raise InputError(
+            f"{where} holds no key; accepted: an accelerate config as `accelerate config` writes it "
+            "(distributed_type, num_processes, mixed_precision, ...)"
+        )
     get = flat.get
     values: dict[str, Any] = {}
     notes: list[str] = []
@@ -717,7 +731,11 @@ def _accelerate(config: dict[str, Any], where: str) -> LaunchConfig:
         values["framework"] = "ddp"
         values["strategies"] = "ddp"
     elif kind:
-        raise _refuse(where, "distributed_type", kind, "FSDP, DEEPSPEED or MULTI_GPU")
+        raise _refuse(where, "distributed_type", kind, _ACCELERATE_TYPES)
+    else:  # BaseConfig.process_config: "A `distributed_type` must be specified in the config file."
+        raise InputError(
+            f"{where} has no distributed_type (accelerate requires one); accepted: {_ACCELERATE_TYPES}"
+        )
     precision = get("mixed_precision")
     if precision is not None:
         mapped = {"bf16": "bf16-mixed", "fp16": "fp16-mixed", "no": "fp32"}.get(str(precision).lower())
@@ -725,9 +743,12 @@ def _accelerate(config: dict[str, Any], where: str) -> LaunchConfig:
             raise _refuse(where, "mixed_precision", precision, "bf16, fp16 or no")
         values["precision"] = mapped
     processes = get("num_processes")
-    if processes is not None:
+    machines = _whole(get("num_machines", 1), "num_machines", where)
+    if processes == -1:  # ClusterConfig's default: the launcher's command line gives it
+        notes.append("num_processes -1 (given at launch): --gpus is used")
+    elif processes is not None:
+        processes = _whole(processes, "num_processes", where)
         values["gpus"] = str(processes)
-        machines = get("num_machines") or 1
         if processes % machines:
             raise _refuse(where, "num_processes", processes, f"a multiple of num_machines {machines}")
         values["gpus_per_node"] = str(processes // machines)
