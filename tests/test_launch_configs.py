@@ -634,3 +634,22 @@ def test_torchtitan_defaults_apply_where_the_file_leaves_keys_out() -> None:
     assert (values["micro_batch"], values["recompute"], values["checkpoint_every"]) == ("8", "full", "2")
     assert (values["optimizer_impl"], values["grad_accum"]) == ("fused", "4")
     assert any("torchtitan's defaults" in note for note in config.notes)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        (json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096}),
+         "has no ds_config key (a Hugging Face config.json: give it as --model); accepted: a DeepSpeed"),
+        ("{}", "has no ds_config key; accepted: a DeepSpeed ds_config.json"),
+    ],
+)  # fmt: skip
+def test_a_file_with_no_ds_config_key_is_refused(tmp_path: Path, text: str, fragment: str) -> None:
+    """A Hugging Face config.json passed as --deepspeed: no key of DeepSpeed's is in it, so nothing of it
+    could be modelled; refused in one line, never accepted with every key set aside."""
+    from helpers import one_line_error
+
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    result = runner.invoke(app, ["memory", "--params", "7B", "--gpus", "8", "--deepspeed", str(path)])
+    one_line_error(result, fragment)

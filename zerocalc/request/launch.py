@@ -27,7 +27,7 @@ from enum import StrEnum
 from itertools import pairwise
 from typing import Any
 
-from zerocalc.base.errors import InputError
+from zerocalc.base.errors import InputError, literal
 from zerocalc.request.launch_keys import (
     ACCELERATE_KEYS,
     DEEPSPEED_KEYS,
@@ -190,6 +190,12 @@ def _offload(values: dict[str, Any], where: str, get: Any, key: str, option: str
 
 def _deepspeed(config: dict[str, Any], where: str) -> LaunchConfig:
     flat = _flatten(config)
+    if not any(rule_of(DEEPSPEED_KEYS, key) is not None for key in flat):
+        model = " (a Hugging Face config.json: give it as --model)" if "model_type" in config else ""
+        raise InputError(
+            f"{where} has no ds_config key{literal(model)}; accepted: a DeepSpeed ds_config.json "
+            "(zero_optimization, train_micro_batch_size_per_gpu, bf16, ...)"
+        )
     values: dict[str, Any] = {"framework": "deepspeed"}
     notes: list[str] = []
     auto = [
