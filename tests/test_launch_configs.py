@@ -138,7 +138,7 @@ def test_flags_override_the_file_and_the_library_reads_it_too(tmp_path: Path) ->
         (LaunchFormat.TORCHTITAN, "[parallelism]\npipeline_parallel_degree = 0\n",
          "parallelism.pipeline_parallel_degree 0 is not modelled; accepted: a whole number of ranks"),
         (LaunchFormat.DEEPSPEED, '{"zero_optimization": {"stage": 4}}',
-         "zero_optimization.stage 4 is not modelled; accepted: 0, 1, 2 or 3"),
+         r"zero_optimization.stage 4 is not accepted; accepted: 0 \(ddp\), 1 \(zero1\), 2 \(zero2\) or 3"),
         (LaunchFormat.DEEPSPEED, "{not json", "is not JSON"),
         (LaunchFormat.ACCELERATE, "distributed_type: TPU\n", "distributed_type 'TPU' is not modelled"),
         (LaunchFormat.ACCELERATE, "fsdp_config:\n  - a\n", "is not a 'key: value' line"),
@@ -653,3 +653,38 @@ def test_a_file_with_no_ds_config_key_is_refused(tmp_path: Path, text: str, frag
     path.write_text(text)
     result = runner.invoke(app, ["memory", "--params", "7B", "--gpus", "8", "--deepspeed", str(path)])
     one_line_error(result, fragment)
+
+
+@pytest.mark.parametrize(
+    ("config", "fragment"),
+    [
+        ({"train_micro_batch_size_per_gpu": "two"},
+         "train_micro_batch_size_per_gpu 'two' is not accepted; accepted: a whole number, 1 or more"),
+        ({"gradient_accumulation_steps": 0},
+         "gradient_accumulation_steps 0 is not accepted; accepted: a whole number, 1 or more"),
+        ({"zero_optimization": {"stage": 2, "reduce_bucket_size": "big"}},
+         "zero_optimization.reduce_bucket_size 'big' is not accepted; accepted: a whole number, 1 or more"),
+        ({"communication_data_type": "fp64"},
+         "communication_data_type 'fp64' is not accepted; accepted: fp16, bf16 or fp32"),
+        ({"bf16": {"enabled": "yes"}}, "bf16.enabled 'yes' is not accepted; accepted: true or false"),
+        ({"zero_optimization": {"stage": 5}},
+         "zero_optimization.stage 5 is not accepted; accepted: 0 (ddp), 1 (zero1), 2 (zero2) or 3 (zero3)"),
+    ],
+)  # fmt: skip
+def test_a_bad_ds_config_value_names_its_key(tmp_path: Path, config: dict, fragment: str) -> None:
+    """A ds_config value that is not one its key takes is named by the key (never as the flag it would set,
+    ``--micro-batch 'two'``); the stages accepted are those of the one stage table."""
+    from helpers import one_line_error
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config))
+    result = runner.invoke(app, ["memory", "--params", "7B", "--gpus", "8", "--deepspeed", str(path)])
+    one_line_error(result, fragment)
+
+
+@pytest.mark.parametrize("stage", ["3", " 3", "3.0", 3.0])
+def test_a_ds_config_stage_as_digits_is_read_as_deepspeed_reads_it(stage: object) -> None:
+    """DeepSpeed 0.19.8 ``DeepSpeedZeroConfig.stage: ZeroStageEnum`` is validated by pydantic in lax mode:
+    ``"3"``, ``" 3"``, ``"3.0"`` and ``3.0`` are stage 3 (``"three"`` and ``5`` are refused)."""
+    text = json.dumps({"zero_optimization": {"stage": stage}})
+    assert read_launch_config(LaunchFormat.DEEPSPEED, text, "{deepspeed} f").values["strategies"] == "zero3"

@@ -21,6 +21,7 @@ or a layer split it does not model, a value it does not know, a key no table nam
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -168,23 +169,56 @@ def _invalid(where: str, key: str, value: Any, accepted: str) -> InputError:
 
 # -------------------------------------------------------------------------------------------- DeepSpeed
 _DS_STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
+"""A ZeRO stage (``zero_optimization.stage``, accelerate's ``zero_stage``) as zerocalc's strategy: the one
+table the stages accepted are read from."""
+_DS_STAGES_ACCEPTED = (
+    ", ".join(f"{stage} ({name})" for stage, name in list(_DS_STAGES.items())[:-1])
+    + f" or {max(_DS_STAGES)} ({_DS_STAGES[max(_DS_STAGES)]})"
+)
+_DS_DTYPES = ("fp16", "bf16", "fp32")
+"""``communication_data_type``'s values (DeepSpeed 0.19.8 ``runtime/config.py``
+``get_communication_data_type``, case-insensitive)."""
+_DS_OFFLOAD = ("none", "cpu", "nvme")
+"""``OffloadDeviceEnum`` (DeepSpeed 0.19.8 ``runtime/zero/offload_config.py``)."""
+_LAX_INT = re.compile(r"\s*[+-]?[0-9]+(?:\.0*)?\s*")
+"""An integer as pydantic's lax mode reads one from a string (``"3"``, ``" 3"``, ``"3.0"``; not ``"5e8"``)."""
+
+
+def _ds_int(value: Any, key: str, where: str, least: int = 1, lax: bool = False) -> int:
+    """A whole number a ds_config key holds: an int, or a float with no fraction (JSON's ``5e8``); with
+    ``lax`` (a pydantic field of ``DeepSpeedZeroConfig``, validated in lax mode) also a string of digits."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    elif lax and isinstance(value, str) and _LAX_INT.fullmatch(value):
+        value = int(float(value))
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise _invalid(where, key, value, f"a whole number, {least} or more")
+    return value
+
+
+def _ds_bool(value: Any, key: str, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise _invalid(where, key, value, "true or false")
+    return value
 
 
 def _zero(values: dict[str, Any], where: str, get: Any, key: str) -> None:
-    """A DeepSpeed ZeRO stage (``key``) as ``strategies``."""
+    """A DeepSpeed ZeRO stage (``key``) as ``strategies``; digits as DeepSpeed's pydantic config reads them
+    (``ZeroStageEnum``, lax mode: ``"3"`` is stage 3)."""
     stage = get(key)
     if stage is not None:
-        if stage not in _DS_STAGES:
-            raise _refuse(where, key, stage, "0, 1, 2 or 3")
-        values["strategies"] = _DS_STAGES[stage]
+        number = _ds_int(stage, key, where, least=0, lax=True) if not isinstance(stage, bool) else -1
+        if number not in _DS_STAGES:
+            raise _invalid(where, key, stage, _DS_STAGES_ACCEPTED)
+        values["strategies"] = _DS_STAGES[number]
 
 
 def _offload(values: dict[str, Any], where: str, get: Any, key: str, option: str) -> None:
     """A DeepSpeed offload device (``key``) as ``option``."""
     device = get(key)
     if device is not None:
-        if str(device).lower() not in ("none", "cpu", "nvme"):
-            raise _refuse(where, key, device, "none, cpu or nvme")
+        if str(device).lower() not in _DS_OFFLOAD:
+            raise _invalid(where, key, device, ", ".join(_DS_OFFLOAD[:-1]) + f" or {_DS_OFFLOAD[-1]}")
         values[option] = str(device).lower()
 
 
@@ -213,14 +247,26 @@ def _deepspeed(config: dict[str, Any], where: str) -> LaunchConfig:
     _zero(values, where, get, "zero_optimization.stage")
     _offload(values, where, get, "zero_optimization.offload_optimizer.device", "offload_optimizer")
     _offload(values, where, get, "zero_optimization.offload_param.device", "offload_params")
-    for key, option in (
-        ("zero_optimization.reduce_bucket_size", "reduce_bucket"),
-        ("zero_optimization.allgather_bucket_size", "allgather_bucket"),
-        ("train_micro_batch_size_per_gpu", "micro_batch"),
-        ("gradient_accumulation_steps", "grad_accum"),
+    for key, option, least, lax in (
+        ("zero_optimization.reduce_bucket_size", "reduce_bucket", 1, True),  # Field(gt=0)
+        ("zero_optimization.allgather_bucket_size", "allgather_bucket", 0, True),  # Field(ge=0)
+        ("train_micro_batch_size_per_gpu", "micro_batch", 1, False),  # get_scalar_param: as written
+        ("gradient_accumulation_steps", "grad_accum", 1, False),
     ):
         if get(key) is not None:
-            values[option] = str(get(key))
+            values[option] = str(_ds_int(get(key), key, where, least, lax))
+    for key in ("train_batch_size",):
+        if get(key) is not None:
+            _ds_int(get(key), key, where)
+    for key in (
+        "bf16.enabled", "bfloat16.enabled", "fp16.enabled", "zero_optimization.overlap_comm",
+        "zero_optimization.zero_quantized_weights", "zero_optimization.zero_quantized_gradients",
+    ):  # fmt: skip
+        if get(key) is not None:
+            _ds_bool(get(key), key, where)
+    if get("zero_optimization.zero_hpz_partition_size") is not None:
+        _ds_int(get("zero_optimization.zero_hpz_partition_size"), "zero_optimization.zero_hpz_partition_size",
+                where, least=0, lax=True)  # fmt: skip
     per_gpu = all(
         get(key) is not None or key in auto
         for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -231,8 +277,13 @@ def _deepspeed(config: dict[str, Any], where: str) -> LaunchConfig:
         raise _refuse(where, "bf16.enabled and fp16.enabled", True, "one of them")
     if bf16 is not None or get("fp16.enabled") is not None:
         values["precision"] = "bf16-mixed" if bf16 else "fp16-mixed" if get("fp16.enabled") else "fp32"
-    if get("communication_data_type") is not None:
-        values["reduce_dtype"] = str(get("communication_data_type"))
+    dtype = get("communication_data_type")
+    if dtype is not None:
+        if str(dtype).lower() not in _DS_DTYPES:
+            raise _invalid(
+                where, "communication_data_type", dtype, ", ".join(_DS_DTYPES[:-1]) + f" or {_DS_DTYPES[-1]}"
+            )
+        values["reduce_dtype"] = str(dtype).lower()
     zeropp = [
         name
         for name, on in (
@@ -737,7 +788,7 @@ def _torchtitan(job: dict[str, Any], where: str) -> LaunchConfig:
     _titan_accumulation(get, name, where, values, batch, shard, replicate, pp)
     values["optimizer_impl"] = _titan_optimizer_impl(get, where, bool(spelled))
     if get("training.seq_len") is not None:
-        values["seq_len"] = str(get("training.seq_len"))
+        values["seq_len"] = str(_whole(get("training.seq_len"), name("training.seq_len"), where))
     param = get("training.mixed_precision_param")
     if param is not None:
         if param not in _TITAN_DTYPES:
@@ -838,10 +889,12 @@ def _accelerate(config: dict[str, Any], where: str) -> LaunchConfig:
         _zero(values, where, get, "deepspeed_config.zero_stage")
         _offload(values, where, get, "deepspeed_config.offload_optimizer_device", "offload_optimizer")
         _offload(values, where, get, "deepspeed_config.offload_param_device", "offload_params")
-        if get("deepspeed_config.gradient_accumulation_steps") is not None:
-            values["grad_accum"] = str(get("deepspeed_config.gradient_accumulation_steps"))
-        if get("deepspeed_config.zero3_init_flag") is not None:  # deepspeed.zero.Init, or built on the host
-            values["init"] = "meta" if get("deepspeed_config.zero3_init_flag") else "cpu"
+        key = "deepspeed_config.gradient_accumulation_steps"
+        if get(key) is not None:
+            values["grad_accum"] = str(_ds_int(get(key), key, where))
+        key = "deepspeed_config.zero3_init_flag"
+        if get(key) is not None:  # deepspeed.zero.Init, or built on the host
+            values["init"] = "meta" if _ds_bool(get(key), key, where) else "cpu"
     elif kind == "MULTI_GPU":
         values["framework"] = "ddp"
         values["strategies"] = "ddp"
