@@ -623,7 +623,7 @@ def _model(params: int | str | None, model: str | Architecture | dict[str, Any] 
     never both."""
     if (params is None) == (model is None):
         raise InputError(
-            "give {params} or {model} (not both); "
+            f"give {{params}} or {{model}}{'' if params is None else ', not both'}; "
             "accepted: {params} 7B, or {model} llama-3-8b / path/model.toml / path/config.json"
         )
     if model is None:
