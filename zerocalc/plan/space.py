@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError, shown
-from zerocalc.base.units import parse_count, parse_whole
+from zerocalc.base.units import BINARY_SUFFIXES, parse_count, parse_whole
 from zerocalc.compute.table import ComputeTable
 from zerocalc.model.activations import Recompute
 from zerocalc.model.code import ModelImplName
@@ -110,17 +110,23 @@ class PlanRequest(BaseModel):
 
 
 def _global_batch(text: int | str | None, seq_len: int) -> int:
-    """Sequences per optimizer step from ``4M`` / ``4194304`` (tokens) or ``512seq`` (sequences)."""
-    accepted = "tokens such as 4M or 4194304 (a multiple of {seq_len}), or sequences such as 512seq"
+    """Sequences per optimizer step from ``4M`` / ``4194304`` (tokens) or ``512seq`` (sequences); k and M
+    are 1,024 and 1,048,576, the rule for tokens and sequences (:data:`~zerocalc.base.units.COUNT_RULE`)."""
+    accepted = (
+        "tokens such as 4M (4,194,304) or 4194304 (a multiple of {seq_len}), or sequences such as 512seq"
+    )
     if text is None:
         raise InputError(f"give {{global_batch}}; accepted: {accepted}")
     raw = str(text).strip().lower().replace(" ", "")
     for suffix in ("sequences", "seqs", "seq"):
         if raw.endswith(suffix):
             return parse_count(
-                raw.removesuffix(suffix), "{global_batch}", accepted, MAX_GPUS * MAX_MICRO_BATCH
-            )
-    tokens = parse_count(text, "{global_batch}", accepted, MAX_GPUS * MAX_MICRO_BATCH * MAX_SEQ_LEN)
+                raw.removesuffix(suffix), "{global_batch}", accepted, MAX_GPUS * MAX_MICRO_BATCH,
+                BINARY_SUFFIXES,
+            )  # fmt: skip
+    tokens = parse_count(
+        text, "{global_batch}", accepted, MAX_GPUS * MAX_MICRO_BATCH * MAX_SEQ_LEN, BINARY_SUFFIXES
+    )
     if tokens % seq_len:
         raise InputError(
             f"{{global_batch}} {shown(text)} ({tokens:,} tokens) is not a whole number of sequences of "

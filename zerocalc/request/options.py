@@ -83,7 +83,8 @@ BOOL = "bool"
 
 OPTIONS: tuple[Option, ...] = (
     # ---------------------------------------------------------------------------------- the model
-    _opt("params", ("--params", "-p"), "Parameter count Ψ: 7B, 6.7b, 124M, 1.5T, 6.7e9, 6_738_415_616.",
+    _opt("params", ("--params", "-p"),
+         "Parameter count Ψ: 7B, 6.7b, 124M, 1.5T, 6.7e9, 6_738_415_616 (K, M, B, T: powers of 1,000).",
          ESTIMATES, value_type=OPT_NUM),
     _opt("model", ("--model", "-m"),
          "A model preset (see `zerocalc presets list models`), a model TOML file in the presets' schema, "
@@ -192,7 +193,8 @@ OPTIONS: tuple[Option, ...] = (
          default_help="the gradient dtype"),
     # ---------------------------------------------------------------------------------- the step
     _opt("seq_len", ("--seq-len",),
-         "s: tokens per sequence, 4096 or 8k (= 8192, k = 1024); activations need --model.",
+         "s: tokens per sequence, 4096 or 8k (k = 1,024, M = 1,048,576: 8k = 8,192); activations need "
+         "--model.",
          ESTIMATES | {PLAN}, value_type=OPT_NUM,
          default_help="2048, or the model's learned positions where fewer"),
     _opt("micro_batch", ("--micro-batch",), "b: sequences per micro-batch per GPU.", ESTIMATES,
@@ -231,10 +233,12 @@ OPTIONS: tuple[Option, ...] = (
     _opt("ddp_bucket", ("--ddp-bucket",), "DDP bucket_cap_mb in bytes.", ESTIMATES, value_type=OPT_NUM,
          default_help="25MiB, first bucket 1MiB"),
     _opt("reduce_bucket", ("--reduce-bucket",),
-         "ZeRO-1/2 reduce bucket, elements (DeepSpeed's reduce_bucket_size).", ESTIMATES, default="5e8",
+         "ZeRO-1/2 reduce bucket, elements (DeepSpeed's reduce_bucket_size): 5e8 or 500M (K, M, B: powers "
+         "of 1,000).", ESTIMATES, default="5e8",
          value_type=NUM),
     _opt("allgather_bucket", ("--allgather-bucket",),
-         "ZeRO-1/2 all-gather bucket, elements (DeepSpeed's allgather_bucket_size).", frozenset({MEMORY}),
+         "ZeRO-1/2 all-gather bucket, elements (DeepSpeed's allgather_bucket_size): 5e8 or 500M (K, M, B: "
+         "powers of 1,000).", frozenset({MEMORY}),
          default="5e8", value_type=NUM),
     _opt("expandable_segments", ("--expandable-segments",),
          "The caching allocator with expandable segments on (a PyTorch allocator setting): its reserve.",
@@ -251,14 +255,16 @@ OPTIONS: tuple[Option, ...] = (
          frozenset({COMM}), value_type=FLOAT),
     _opt("latency", ("--latency",), "Latency α per collective: 20us, 0.05ms, 2e-5 (s).", frozenset({COMM}),
          value_type=FLOAT, default_help="20us"),
-    _opt("tokens_per_step", ("--tokens-per-step",), "T: tokens per optimizer step (all GPUs), e.g. 4M.",
+    _opt("tokens_per_step", ("--tokens-per-step",),
+         "T: tokens per optimizer step (all GPUs), e.g. 4M (k = 1,024, M = 1,048,576: 4M = 4,194,304).",
          frozenset({COMM}), value_type=OPT_NUM),
     _opt("tflops", ("--tflops",), "F: achieved TFLOP/s per GPU, e.g. 400.", frozenset({COMM}),
          value_type=FLOAT),
     # ---------------------------------------------------------------------------------- the search
     _opt("global_batch", ("--global-batch", "-B"),
-         "Per optimizer step: tokens (4194304, 4M = 4,000,000; a multiple of --seq-len) or sequences "
-         "(512seq). b × A × N equals it exactly.", frozenset({PLAN}), value_type=OPT_NUM),
+         "Per optimizer step: tokens (4194304, or 4M with k = 1,024, M = 1,048,576; a multiple of "
+         "--seq-len) or sequences (512seq, 2kseq = 2,048). b × A × N equals it exactly.", frozenset({PLAN}),
+         value_type=OPT_NUM),
     _opt("objective", ("--objective",), "time (shortest step), gpus (fewest GPUs) or memory (lowest peak).",
          frozenset({PLAN}), default="time", value_type=STR),
     _opt("top", ("--top", "-k"), "K: configurations shown.", frozenset({PLAN}), default=5, value_type=NUM),
