@@ -438,7 +438,29 @@ def enumerate_groups(plan: PlanRequest, flash: bool) -> tuple[list[Group], list[
         rejected += [Rejected(reason, count) for reason, count in refused.items()]
         for mesh in meshes:
             _mesh_groups(plan, flash, world, mesh, groups, rejected)
+    if not groups:
+        raise _nothing_to_search(plan, rejected)
     return groups, rejected
+
+
+def _nothing_to_search(plan: PlanRequest, rejected: list[Rejected]) -> InputError:
+    """The options leave no candidate at all (a degree that divides no number of GPUs searched, a global
+    batch no number of replicas divides): a problem of the input, named in one line, not an empty plan."""
+    reasons = "; ".join(
+        dict.fromkeys(r.reason.removeprefix("mesh: ").removesuffix(" (meshes)") for r in rejected)
+    )
+    asked = [
+        f"{{{name}}} {','.join(map(str, degrees))}"
+        for name, degrees in plan.degrees.items()
+        if degrees is not None and degrees != (1,)
+    ]
+    batch = f"{{global_batch}} {plan.global_batch_sequences:,} sequences"
+    worlds = ", ".join(map(str, world_sizes(plan)))
+    return InputError(
+        f"{' '.join(asked) or batch} leave{'' if len(asked) > 1 else 's'} nothing to search on {worlds} GPUs "
+        f"({plan.gpus_per_node} a node): {reasons or 'no candidate'}; accepted: degrees dividing the GPUs, "
+        "the node and the heads (or auto), and a global batch the data-parallel replicas divide"
+    )
 
 
 def _mesh_groups(
