@@ -693,3 +693,26 @@ def test_an_extrapolation_follows_the_plane_and_refuses_blocks_off_it() -> None:
         bent = values(5)
         bent[block] += 1
         assert plan.apply((values(4), bent)) is None  # a byte off the plane
+
+
+@pytest.mark.parametrize(("gpus", "tp"), [(1, "1"), (2, "2")])
+def test_no_reduce_dtype_is_searched_where_nothing_is_reduced(gpus: int, tp: str) -> None:
+    """One data-parallel rank (one GPU, or every GPU in the TP group) reduces no gradients: an fp32 reduce
+    dtype changes nothing there, so the plan does not list rows that differ by it alone."""
+    plan = plan_options(
+        model="gpt2",
+        gpu="rtx-4090",
+        gpus=gpus,
+        global_batch="8seq",
+        seq_len=512,
+        frameworks="fsdp2,ddp",
+        tp=tp,
+    )
+    groups, _ = enumerate_groups(plan, flash_attention_used(plan.base))
+    assert groups and all(group.reduce_dtype is None for group in groups)
+    more = plan_options(
+        model="gpt2", gpu="rtx-4090", gpus=2, global_batch="8seq", seq_len=512, frameworks="fsdp2"
+    )
+    assert any(
+        g.reduce_dtype is DType.FP32 for g in enumerate_groups(more, flash_attention_used(more.base))[0]
+    )

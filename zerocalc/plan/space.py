@@ -494,10 +494,14 @@ def _mesh_groups(
     multi = tuple(b for b in bs if plan.global_batch_sequences // (replicas * b) > 1)
     for framework in plan.frameworks:
         names = framework_strategies(framework)
-        # fp32 reductions where the default is not already fp32 (Megatron-LM's main gradients are)
+        # fp32 reductions where the default is not already fp32 (Megatron-LM's main gradients are), and
+        # where gradients are reduced at all: over d·c > 1 ranks (one rank of each has nothing to reduce)
         record = FRAMEWORKS[framework]
         default = record.dtypes(plan.base.precision).reduce
-        reduce_dtypes: list[DType | None] = [None] + ([DType.FP32] if default is not DType.FP32 else [])
+        reduces = world // (mesh.tp * mesh.pp) > 1
+        reduce_dtypes: list[DType | None] = [None] + (
+            [DType.FP32] if default is not DType.FP32 and reduces else []
+        )
         for name in names:
             setup = record.setup(name)
             nodes = (
