@@ -142,3 +142,21 @@ def test_deepspeed_and_megatron_account_for_params_alone() -> None:
     assert (ddp["gpu_bytes"], distopt["gpu_bytes"]) == (18 * 7 * 10**9, 6 * 7 * 10**9 + 12 * 7 * 10**9 // 8)
     fsdp2 = runner.invoke(app, ["memory", "-p", "7B", "--framework", "fsdp2"])
     assert fsdp2.exit_code == 2 and "--model NAME" in fsdp2.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "step"),
+    [(["--framework", "deepspeed", "--strategy", "zero3", "--offload-optimizer", "cpu"],
+      "CPU Adam (DeepSpeedCPUAdam)"),
+     (["--framework", "deepspeed", "--strategy", "zero3"], "fused Adam"),
+     (["--framework", "fsdp2"], "foreach Adam")],
+)  # fmt: skip
+def test_the_peak_heading_names_the_optimizer_step_that_runs(args: list[str], step: str) -> None:
+    """DeepSpeed with its optimizer offloaded steps DeepSpeedCPUAdam on the host (runtime/engine.py
+    _configure_basic_optimizer), not a fused GPU Adam."""
+    base = ["memory", "--model", "llama-3-8b", "--gpus", "8", *args]
+    result = runner.invoke(app, [*base, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["peak"]["options"]["optimizer_step"] == step
+    text = runner.invoke(app, base, env={"COLUMNS": "200"}).stdout
+    assert f"{step};" in text
