@@ -307,9 +307,10 @@ _LONG_DURATIONS = ((86_400.0, "d"), (3_600.0, "h"), (60.0, "min"))
 
 def format_seconds(seconds: float) -> str:
     """Render a duration with a unit fitting its size (µs, ms, s; min, h, d past a minute), at most four
-    significant figures before the point: ``54.46 ms``, ``2.500 s``, ``1.9 h``, ``2.8e+05 d``."""
+    significant figures before the point: ``54.46 ms``, ``2.500 s``, ``1.9 h``, ``2.8e+05 d``; none at all
+    is ``0 s``, with its unit like every other time."""
     if seconds == 0:
-        return "0"
+        return "0 s"
     if seconds < 1e-3:
         return f"{seconds * 1e6:.1f} µs"
     if seconds < 1:
