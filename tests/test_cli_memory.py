@@ -160,3 +160,50 @@ def test_the_peak_heading_names_the_optimizer_step_that_runs(args: list[str], st
     assert json.loads(result.stdout)["peak"]["options"]["optimizer_step"] == step
     text = runner.invoke(app, base, env={"COLUMNS": "200"}).stdout
     assert f"{step};" in text
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [
+            "memory",
+            "--model",
+            "llama-3-8b",
+            "--gpus",
+            "8",
+            "--framework",
+            "deepspeed",
+            "--strategy",
+            "zero2,zero3",
+        ],
+        ["memory", "--params", "7B", "--gpus", "8"],
+        ["comm", "--params", "7B", "--gpus", "16", "--tokens-per-step", "4M", "--tflops", "400"],
+        [
+            "plan",
+            "--model",
+            "gpt2",
+            "--gpu",
+            "rtx-4090",
+            "--gpus",
+            "2",
+            "--global-batch",
+            "8seq",
+            "--top",
+            "1",
+        ],
+    ],
+)
+def test_no_printed_line_ends_in_spaces(args: list[str]) -> None:
+    """Rich keeps the space where it wraps a footnote and pads cells it does not need to; the console
+    trims every line's end, tables and footnotes alike (text otherwise unchanged)."""
+    from zerocalc.render.display import result_html
+
+    result = runner.invoke(app, args, env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    ending = [line for line in result.stdout.splitlines() if line != line.rstrip()]
+    assert ending == []
+    if args[0] == "memory" and "--params" in args:
+        from zerocalc import estimate_memory
+
+        html = result_html(estimate_memory("7B", gpus=8))
+        assert " \n" not in html.replace("</span>", "")
