@@ -124,7 +124,7 @@ def test_flags_override_the_file_and_the_library_reads_it_too(tmp_path: Path) ->
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(DS_CONFIG))
     cli = _memory(["--model", "llama-3-8b", "--gpus", "8", "--deepspeed", str(path), "--micro-batch", "1"])
-    assert cli["options"]["micro_batch"] == 1 and cli["options"]["grad_accum"] == "4"
+    assert cli["options"]["micro_batch"] == 1 and cli["options"]["grad_accum"] == 4
     library = estimate_peak("llama-3-8b", "8", deepspeed=str(path), micro_batch="1")
     assert library.options == cli["options"]
     assert keywords_in_notes(json.loads(json.dumps(library.to_json_dict()))["peak"]) == keywords_in_notes(

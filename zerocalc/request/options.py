@@ -14,6 +14,7 @@ Adding an option is one :class:`Option` here plus its use where it is parsed.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any, NamedTuple
 
@@ -366,8 +367,25 @@ def echo(command: Command, values: dict[str, Any]) -> dict[str, Any]:
             value = values.get("calibration_name") or "(a Calibration object)"
         if isinstance(value, tuple):
             value = list(value)
-        echoed[o.name] = value
+        echoed[o.name] = _typed(o, value)
     return echoed
+
+
+def _typed(o: Option, value: Any) -> Any:
+    """A number typed as text (the CLI's ``--gpus 8``) as the number it is (``8``), where the option takes
+    numbers: the JSON echoes what the library would be given, not the shell's string."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip().replace("_", "")
+    if "int" in o.value_type and _WHOLE.fullmatch(text):
+        return int(text)
+    if "float" in o.value_type and _DECIMAL.fullmatch(text):
+        return float(text)
+    return value
+
+
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
 def as_given(
