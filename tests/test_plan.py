@@ -716,3 +716,29 @@ def test_no_reduce_dtype_is_searched_where_nothing_is_reduced(gpus: int, tp: str
     assert any(
         g.reduce_dtype is DType.FP32 for g in enumerate_groups(more, flash_attention_used(more.base))[0]
     )
+
+
+def test_plan_json_lists_every_candidate_only_when_asked() -> None:
+    """``plan --json`` carries the top rows (``candidates`` null); ``--all-candidates`` adds every
+    candidate searched; without --json it is refused in one line."""
+    args = [
+        "plan",
+        "--model",
+        "gpt2",
+        "--gpu",
+        "rtx-4090",
+        "--gpus",
+        "2",
+        "--global-batch",
+        "8seq",
+        "--top",
+        "1",
+    ]
+    small = runner.invoke(app, [*args, "--json"])
+    assert small.exit_code == 0, small.output
+    assert json.loads(small.stdout)["candidates"] is None
+    every = runner.invoke(app, [*args, "--json", "--all-candidates"])
+    data = json.loads(every.stdout)
+    assert len(data["candidates"]) == data["candidates_evaluated"] > 1
+    assert len(small.stdout) * 4 < len(every.stdout)
+    one_line_error(runner.invoke(app, [*args, "--all-candidates"]), "accepted: --json --all-candidates")

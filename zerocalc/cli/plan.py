@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from zerocalc.base.errors import InputError
 from zerocalc.base.units import ByteUnit, parse_byte_unit
 from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app, flag
@@ -33,12 +34,16 @@ def plan(values: dict[str, Any], given_flags: frozenset[str]) -> None:
     from zerocalc.plan.space import PlanOptions, parse_plan
 
     unit = parse_byte_unit(values["units"])
-    json = values["json"]
+    json, every = values["json"], values["all_candidates"]
+    if every and not json:
+        raise InputError(
+            "--all-candidates lists every candidate in the JSON; accepted: --json --all-candidates"
+        )
     given, _ = with_launch_configs(Command.PLAN, values, given_flags)
     request = parse_plan(PlanOptions(**given))
     progress = _Progress()
     try:
-        result = search(request, progress.update, keep_all=json)
+        result = search(request, progress.update, keep_all=every)
         result = result.model_copy(update={"options": echo(Command.PLAN, given)})
     finally:
         progress.close()

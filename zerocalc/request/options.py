@@ -293,6 +293,10 @@ OPTIONS: tuple[Option, ...] = (
          frozenset({MEMORY}), value_type=OPT_STR, request=False, metavar="FILE"),
     _opt("json", ("--json",), "Print the result as JSON (exact integer bytes).", ESTIMATES | {PLAN},
          default=False, kind=Kind.FLAG, value_type=BOOL, request=False),
+    _opt("all_candidates", ("--all-candidates",),
+         "With --json: every candidate searched in candidates, not only the top rows (megabytes for a "
+         "large search).", frozenset({PLAN}), default=False, kind=Kind.FLAG, value_type=BOOL,
+         request=False),
 )  # fmt: skip
 """Every option, in the order the commands list them."""
 
