@@ -742,3 +742,15 @@ def test_plan_json_lists_every_candidate_only_when_asked() -> None:
     assert len(data["candidates"]) == data["candidates_evaluated"] > 1
     assert len(small.stdout) * 4 < len(every.stdout)
     one_line_error(runner.invoke(app, [*args, "--all-candidates"]), "accepted: --json --all-candidates")
+
+
+def test_plan_prints_no_progress_lines_where_stderr_is_not_a_terminal(capsys: pytest.CaptureFixture) -> None:
+    """A search that has run past a second shows a bar on a terminal; on a pipe or a log, nothing."""
+    from zerocalc.cli.plan import _Progress
+
+    progress = _Progress()
+    progress.start -= 5.0
+    for done in range(1, 4):
+        progress.update(done, 10)
+    progress.close()
+    assert progress.bar is None and capsys.readouterr().err == ""

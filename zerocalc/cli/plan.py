@@ -54,13 +54,20 @@ def plan(values: dict[str, Any], given_flags: frozenset[str]) -> None:
 
 
 class _Progress:
-    """Progress on stderr once the search has run for more than a second (zerocalc.harness.procs.Progress)."""
+    """Progress on stderr once the search has run for more than a second (zerocalc.harness.procs.Progress),
+    on a terminal only: a search takes seconds, and piped or logged, its lines would only clutter what
+    reads stderr."""
 
     def __init__(self) -> None:
+        import sys
+
         self.start = time.perf_counter()
         self.bar = None
+        self.shows = sys.stderr.isatty()
 
     def update(self, done: int, total: int) -> None:
+        if not self.shows:
+            return
         if self.bar is None:
             if time.perf_counter() - self.start < 1.0 or done >= total:
                 return
