@@ -190,8 +190,9 @@ OPTIONS: tuple[Option, ...] = (
          ESTIMATES, default="none", value_type=OPT_STR),
     _opt("offload_params", ("--offload-params",), "none, cpu or nvme (zero3 only).", ESTIMATES,
          default="none", value_type=OPT_STR),
-    _opt("reduce_dtype", ("--reduce-dtype",), "Reduce gradients in fp32.", ESTIMATES, value_type=OPT_STR,
-         default_help="the gradient dtype"),
+    _opt("reduce_dtype", ("--reduce-dtype",),
+         "The dtype gradients are reduced in: fp32, or the gradients' own (bf16 under bf16-mixed, fp16 "
+         "under fp16-mixed).", ESTIMATES, value_type=OPT_STR, default_help="the gradient dtype"),
     # ---------------------------------------------------------------------------------- the step
     _opt("seq_len", ("--seq-len",),
          "s: tokens per sequence, 4096 or 8k (k = 1,024, M = 1,048,576: 8k = 8,192); activations need "
@@ -231,8 +232,9 @@ OPTIONS: tuple[Option, ...] = (
          frozenset({MEMORY}), default=1, value_type=NUM),
     _opt("wrap", ("--wrap",), "ZeRO-3/FSDP unit: block (one per layer) or model.", frozenset({MEMORY}),
          default="block", value_type=STR),
-    _opt("ddp_bucket", ("--ddp-bucket",), "DDP bucket_cap_mb in bytes.", ESTIMATES, value_type=OPT_NUM,
-         default_help="25MiB, first bucket 1MiB"),
+    _opt("ddp_bucket", ("--ddp-bucket",),
+         "DDP's gradient bucket (DistributedDataParallel's bucket_cap_mb), a size with its unit: 25MiB.",
+         ESTIMATES, value_type=OPT_NUM, default_help="25MiB, first bucket 1MiB"),
     _opt("reduce_bucket", ("--reduce-bucket",),
          "ZeRO-1/2 reduce bucket, elements (DeepSpeed's reduce_bucket_size): 5e8 or 500M (K, M, B: powers "
          "of 1,000).", ESTIMATES, default="5e8",
