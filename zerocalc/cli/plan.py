@@ -18,6 +18,7 @@ from zerocalc.cli.render import (
     print_phrases,
     unit_label,
 )
+from zerocalc.render.tables import STEP_TIME_ACCURACY
 from zerocalc.request.options import Command, echo, with_launch_configs
 
 if TYPE_CHECKING:
@@ -167,6 +168,7 @@ def render_plan(result: PlanResult, unit: ByteUnit) -> None:
             f"[dim]compute by class (recompute included in each, and shown apart) at the rates of "
             f"{r.compute_table} compute table; Comm: exposed[/dim]"
         )
+        out.print(f"[dim]· {STEP_TIME_ACCURACY}[/dim]")
         out.print("[bold]Reproduce[/bold] (peak: memory's peak_bytes; comm: its time_s for the strategy):")
         for row in rows:
             out.print(f"{row.rank}. {command('memory', row.memory_options)}", soft_wrap=True, markup=False)
