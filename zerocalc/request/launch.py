@@ -313,10 +313,12 @@ def _ds_checked(get: Any, where: str, per_gpu: bool) -> None:
     stage = get("zero_optimization.stage", 0)
     overlap = get("zero_optimization.overlap_comm")
     if overlap is not None and overlap != (stage == 3):
-        raise _refuse(
-            where, "zero_optimization.overlap_comm", overlap,
-            f"{shown_value(stage == 3)}, DeepSpeed's default for stage {stage} (or leave it out)",
-        )  # fmt: skip
+        what = "reductions overlapped with backward" if overlap else "ZeRO-3's collectives not overlapped"
+        raise InputError(
+            f"{where}: zero_optimization.overlap_comm {overlap!r} is not modelled ({what}: zerocalc's step "
+            f"time models DeepSpeed's default for stage {stage}); accepted: {shown_value(stage == 3)} (or "
+            "leave it out)"
+        )
     if get("train_batch_size") is not None and not per_gpu:
         raise _refuse(
             where, "train_batch_size", get("train_batch_size"),
