@@ -688,3 +688,43 @@ def test_a_ds_config_stage_as_digits_is_read_as_deepspeed_reads_it(stage: object
     ``"3"``, ``" 3"``, ``"3.0"`` and ``3.0`` are stage 3 (``"three"`` and ``5`` are refused)."""
     text = json.dumps({"zero_optimization": {"stage": stage}})
     assert read_launch_config(LaunchFormat.DEEPSPEED, text, "{deepspeed} f").values["strategies"] == "zero3"
+
+
+ACCELERATE_WRITTEN = """compute_environment: LOCAL_MACHINE
+debug: false
+distributed_type: FSDP
+downcast_bf16: 'no'
+enable_cpu_affinity: false
+fsdp_config:
+  fsdp_activation_checkpointing: false
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_cpu_ram_efficient_loading: true
+  fsdp_offload_params: false
+  fsdp_reshard_after_forward: true
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer
+  fsdp_version: 2
+machine_rank: 0
+main_training_function: main
+mixed_precision: bf16
+num_machines: 1
+num_processes: 8
+rdzv_backend: static
+same_network: true
+tpu_env: []
+tpu_use_cluster: false
+tpu_use_sudo: false
+use_cpu: false
+"""
+"""An FSDP2 config as accelerate 1.15.0's ``accelerate config`` writes it (cluster.py), ``tpu_env: []``
+included."""
+
+
+def test_a_config_as_accelerate_config_writes_it_is_read_whole() -> None:
+    """Every key sorted: the wrap policy, version, reshard and precision modelled, CPU-RAM-efficient loading
+    as ``--init cpu`` (rank 0 loads on the host), the launcher's keys and the empty TPU list harmless."""
+    config = read_launch_config(LaunchFormat.ACCELERATE, ACCELERATE_WRITTEN, "{accelerate} f")
+    assert {k: config.values[k] for k in ("framework", "strategies", "precision", "gpus", "init")} == {
+        "framework": "fsdp2", "strategies": "zero3", "precision": "bf16-mixed", "gpus": "8", "init": "cpu"
+    }  # fmt: skip
+    assert "tpu_env" in config.harmless and "fsdp_config.fsdp_state_dict_type" in config.harmless

@@ -120,7 +120,8 @@ def _scalar(text: str) -> Any:
 
 def _yaml(text: str, where: str) -> dict[str, Any]:
     """accelerate's config YAML: mappings of scalars nested by indentation (what ``accelerate config``
-    writes). Lists and flow collections are refused in one line rather than misread."""
+    writes), and the empty ``[]`` and ``{}`` it writes for unset lists. Other lists and flow collections are
+    refused in one line rather than misread."""
     root: dict[str, Any] = {}
     stack: list[tuple[int, dict[str, Any]]] = [(-1, root)]
     for number, line in enumerate(text.splitlines(), 1):
@@ -129,6 +130,11 @@ def _yaml(text: str, where: str) -> dict[str, Any]:
             continue
         indent = len(content) - len(content.lstrip())
         key, sep, value = content.strip().partition(":")
+        if value.strip() in ("[]", "{}"):  # an empty list or table, as `accelerate config` writes tpu_env
+            while indent <= stack[-1][0]:
+                stack.pop()
+            stack[-1][1][key.strip()] = [] if value.strip() == "[]" else {}
+            continue
         if not sep or content.strip().startswith("- ") or value.strip()[:1] in ("[", "{", "|", ">"):
             raise InputError(
                 f"{where} line {number} {content.strip()!r} is not a 'key: value' line; accepted: an "
