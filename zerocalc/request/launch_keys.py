@@ -158,40 +158,40 @@ DEEPSPEED_KEYS = KeyTable(
         "managed_gradient_accumulation": refused("the client stepping every micro-batch", True),
         "use_data_before_expert_parallelism": refused("the expert and data-parallel groups' order", False),
         "activation_checkpointing.partition_activations": refused(
-            "DeepSpeed's activation checkpointing (deepspeed.checkpointing)", False
+            "DeepSpeed's activation checkpointing, deepspeed.checkpointing", False
         ),
         "activation_checkpointing.contiguous_memory_optimization": refused(
-            "DeepSpeed's activation checkpointing (deepspeed.checkpointing)", False
+            "DeepSpeed's activation checkpointing, deepspeed.checkpointing", False
         ),
         "activation_checkpointing.cpu_checkpointing": refused(
-            "DeepSpeed's activation checkpointing (deepspeed.checkpointing)", False
+            "DeepSpeed's activation checkpointing, deepspeed.checkpointing", False
         ),
         "activation_checkpointing.*": harmless("DeepSpeed's activation checkpointing's bookkeeping"),
-        "pipeline.*": refused("DeepSpeed's pipeline engine (PipelineModule)"),
+        "pipeline.*": refused("DeepSpeed's pipeline engine, PipelineModule"),
         "sparse_attention.*": refused("DeepSpeed's sparse attention"),
         "progressive_layer_drop.enabled": refused("progressive layer dropping", False),
         "progressive_layer_drop.*": harmless("read only with progressive_layer_drop.enabled (refused)"),
         "eigenvalue.enabled": refused("eigenvalue computation between steps", False),
         "eigenvalue.*": harmless("read only with eigenvalue.enabled (refused)"),
-        "quantize_training.enabled": refused("quantized training (MoQ)", False),
+        "quantize_training.enabled": refused("quantized training, MoQ", False),
         "quantize_training.*": harmless("read only with quantize_training.enabled (refused)"),
-        "curriculum_learning.enabled": refused("curriculum learning (the sequence length varies)", False),
+        "curriculum_learning.enabled": refused("curriculum learning: the sequence length varies", False),
         "curriculum_learning.*": harmless("read only with curriculum_learning.enabled (refused)"),
-        "data_efficiency.enabled": refused("data efficiency (sampling and routing change the batch)", False),
+        "data_efficiency.enabled": refused("data efficiency: sampling and routing change the batch", False),
         "data_efficiency.*": harmless("read only with data_efficiency.enabled (refused)"),
         "compression_training.*": refused("compression training"),
-        "elasticity.enabled": refused("elastic training (the batch follows the GPUs)", False),
+        "elasticity.enabled": refused("elastic training: the batch follows the GPUs", False),
         "elasticity.*": harmless("read only with elasticity.enabled (refused)"),
-        "autotuning.enabled": refused("the autotuner (it runs other configurations)", False),
+        "autotuning.enabled": refused("the autotuner: it runs other configurations", False),
         "autotuning.*": harmless("read only with autotuning.enabled (refused)"),
         "hybrid_engine.enabled": refused("the hybrid (RLHF) engine", False),
         "hybrid_engine.*": harmless("read only with hybrid_engine.enabled (refused)"),
         "weight_quantization.*": refused("weight quantization"),
-        "compile.*": refused("DeepSpeed's compiler passes (DeepCompile)"),
+        "compile.*": refused("DeepSpeed's compiler passes, DeepCompile"),
         "tensor_parallel.*": refused("DeepSpeed AutoTP: give --tp with a framework that models it"),
         "expert_parallel.*": refused("DeepSpeed AutoEP: give --ep with a framework that models it"),
         # zero_optimization (DeepSpeedZeroConfig, populate_by_name: a field's name or its alias)
-        f"{_Z}contiguous_gradients": refused("gradients copied to a contiguous buffer (off)", True),
+        f"{_Z}contiguous_gradients": refused("gradients not copied to a contiguous buffer", True),
         f"{_Z}reduce_scatter": refused("all-reduce in place of reduce-scatter", True),
         f"{_Z}use_multi_rank_bucket_allreduce": refused("one all-reduce of several ranks' buckets", True),
         f"{_Z}allgather_partitions": refused("broadcasts in place of the partitions' all-gather", True),
@@ -253,14 +253,16 @@ DEEPSPEED_KEYS = KeyTable(
         f"{_Z}round_robin_gradients": refused("gradients partitioned round robin", False),
         f"{_Z}parameter_alignment": refused("parameters aligned in their partitions", False),
         f"{_Z}zero_quantized_nontrainable_weights": refused("frozen weights quantized", False),
-        f"{_Z}memory_efficient_linear": refused("the linear layers' own autograd function (off)", True),
+        f"{_Z}memory_efficient_linear": refused(
+            "the linear layers without their memory-efficient autograd function", True
+        ),
         f"{_Z}pipeline_loading_checkpoint": CHECKPOINTS,
         f"{_Z}override_module_apply": harmless("module.apply under zero.Init"),
         f"{_Z}log_trace_cache_warnings": LOGGING,
         f"{_Z}enable_sanity_checks": harmless("sanity checks"),
         f"{_Z}save_muon_momentum_buffer_in_memory": refused("the Muon optimizer", False),
-        f"{_Z}leaf_module.*": refused("ZeRO-3 leaf modules (gathered whole)"),
-        f"{_Z}zenflow.*": refused("ZenFlow (stale gradients updated on the host)"),
+        f"{_Z}leaf_module.*": refused("ZeRO-3 leaf modules, gathered whole"),
+        f"{_Z}zenflow.*": refused("ZenFlow: stale gradients updated on the host"),
         f"{_Z}offload_optimizer.nvme_path": PATHS,
         f"{_Z}offload_optimizer.pin_memory": harmless("pinned host memory (the same bytes)"),
         f"{_Z}offload_optimizer.fast_init": harmless("how the offloaded optimizer is initialised"),
@@ -327,9 +329,12 @@ TORCHTITAN_KEYS = KeyTable(
         "metrics.*": LOGGING,
         "model.hf_assets_path": PATHS,
         "model.tokenizer_path": PATHS,
-        "model.converters": refused(f"{FP8} (float8), nor MX formats (mx)", []),
+        "model.converters": refused(
+            "float8 converts to FP8 training, which zerocalc does not model yet; mx to MX formats, neither",
+            [],
+        ),
         "model.print_after_conversion": LOGGING,
-        "model.norm_type": refused("a norm other than RMSNorm (9dec370)", "rmsnorm"),
+        "model.norm_type": refused("a norm other than RMSNorm, 9dec370's norm_type", "rmsnorm"),
         "optimizer.lr": SCHEDULE,
         "optimizer.beta1": SCHEDULE,
         "optimizer.beta2": SCHEDULE,
@@ -348,12 +353,14 @@ TORCHTITAN_KEYS = KeyTable(
         "training.gc_freq": harmless("Python's garbage collector"),
         "training.gc_debug": harmless("Python's garbage collector"),
         "training.dtype": refused("bf16 training without fp32 master weights under FSDP2", "float32"),
-        "training.enable_cpu_offload": refused("FSDP2's CPU offload (CPUOffloadPolicy)", False),
-        "training.compile": refused("torch.compile (fused kernels, what is saved)", False),
+        "training.enable_cpu_offload": refused("FSDP2's CPU offload, CPUOffloadPolicy", False),
+        "training.compile": refused("torch.compile: its fused kernels change what is saved", False),
         "training.debug_moe_force_load_balance": harmless("balanced routing, as zerocalc assumes"),
         "training.disable_loss_parallel": refused("the loss without loss parallelism", False),
         "parallelism.disable_loss_parallel": refused("the loss without loss parallelism", False),
-        "parallelism.enable_async_tensor_parallel": refused("async TP (collectives overlapped)", False),
+        "parallelism.enable_async_tensor_parallel": refused(
+            "async TP: collectives overlapped with the matmuls", False
+        ),
         "parallelism.enable_compiled_autograd": refused("compiled autograd", False),
         "parallelism.pipeline_parallel_expert_parallel_overlap": harmless("read by DualPipeV only (refused)"),
         "parallelism.context_parallel_rotate_method": refused("K/V rotated by all-to-all", "allgather"),
@@ -369,38 +376,25 @@ TORCHTITAN_KEYS = KeyTable(
         "activation_checkpoint.preserve_rng_state": harmless("the RNG state kept (a few bytes)"),
         "activation_checkpoint.determinism_check": harmless("a check on recomputation"),
         "activation_checkpoint.debug": LOGGING,
-        "compile.enable": refused("torch.compile (fused kernels, what is saved)", False),
+        "compile.enable": refused("torch.compile: its fused kernels change what is saved", False),
         "compile.*": harmless("read only with compile.enable (refused)"),
-        # FP8 and MX: v0.2.2 [quantize.*], v0.1.0 [float8] and [mx], 9dec370 [float8]
-        **{
-            key: refused(FP8 if "float8" in key or "fp8" in key else "MX formats: not modelled", *inert)
-            for key, inert in (
-                ("quantize.linear.float8.enable_fsdp_float8_all_gather", (False,)),
-                ("quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", (False,)),
-                ("quantize.linear.float8.recipe_name", (None,)),
-                ("quantize.linear.float8.filter_fqns", ([],)),
-                ("quantize.linear.float8.emulate", (False,)),
-                ("quantize.grouped_mm.float8.fqns", ([], "")),
-                ("quantize.linear.mx.mxfp8_dim1_cast_kernel_choice", ("triton",)),
-                ("quantize.linear.mx.recipe_name", ("mxfp8_cublas",)),
-                ("quantize.linear.mx.filter_fqns", (["output"],)),
-                ("quantize.grouped_mm.mx.recipe_name", ("mxfp8",)),
-                ("quantize.grouped_mm.mx.fqns", ([], "")),
-                ("float8.enable_float8_linear", (False,)),
-                ("float8.enable_fsdp_float8_all_gather", (False,)),
-                ("float8.precompute_float8_dynamic_scale_for_fsdp", (False,)),
-                ("float8.force_recompute_fp8_weight_in_bwd", (False,)),
-                ("float8.recipe_name", (None,)),
-                ("float8.filter_fqns", ([],)),
-                ("float8.emulate", (False,)),
-                ("float8.scaling_type_input", ("dynamic",)),
-                ("float8.scaling_type_weight", ("dynamic",)),
-                ("float8.scaling_type_grad_output", ("dynamic",)),
-                ("mx.use_fp8_dim1_cast_triton_kernel", (True,)),
-                ("mx.recipe_name", ("mxfp8",)),
-                ("mx.filter_fqns", (["output"],)),
-            )
-        },
+        # FP8 and MX (v0.2.2 [quantize.*], v0.1.0 [float8] and [mx], 9dec370 [float8]): a converter, or a
+        # switch asking for FP8 behaviour, is refused; the converters' other settings (which modules, which
+        # recipe) are read only by a converter, as torchtitan's own llama3_8b.toml leaves them beside none
+        **dict.fromkeys(
+            (
+                "quantize.linear.float8.enable_fsdp_float8_all_gather",
+                "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
+                "float8.enable_float8_linear",
+                "float8.enable_fsdp_float8_all_gather",
+                "float8.precompute_float8_dynamic_scale_for_fsdp",
+                "float8.force_recompute_fp8_weight_in_bwd",
+            ),
+            refused(FP8, False),
+        ),
+        "quantize.*": harmless("read only by a float8 or mx converter (refused)"),
+        "float8.*": harmless("read only with float8 on (refused)"),
+        "mx.*": harmless("read only by an mx converter (refused)"),
         "comm.*": LAUNCHER,
         "comm.mode": harmless("a test backend (fake_backend, local_tensor): what the real job allocates"),
         "memory_estimation.*": harmless("torchtitan's own memory estimation mode"),
@@ -408,10 +402,12 @@ TORCHTITAN_KEYS = KeyTable(
         "fault_tolerance.*": harmless("read only with fault_tolerance.enable (refused)"),
         "experimental.custom_import": PATHS,
         "experimental.custom_args_module": PATHS,
-        "experimental.enable_async_tensor_parallel": refused("async TP (collectives overlapped)", False),
+        "experimental.enable_async_tensor_parallel": refused(
+            "async TP: collectives overlapped with the matmuls", False
+        ),
         "experimental.enable_compiled_autograd": refused("compiled autograd", False),
         "experimental.context_parallel_rotate_method": refused("K/V rotated by all-to-all", "allgather"),
-        "validation.enable": refused("validation between steps (its forward peak is not modelled)", False),
+        "validation.enable": refused("validation between steps: its forward peak is not modelled", False),
         "validation.*": harmless("read only with validation.enable (refused)"),
         "debug.seed": STEPS,
         "debug.deterministic": STEPS,
@@ -476,8 +472,10 @@ ACCELERATE_KEYS = KeyTable(
         "commands": harmless("TPU only"),
         "fp16": refused("the old fp16 switch: give mixed_precision", False),
         "fp8_config.*": refused(FP8),
-        "dynamo_backend": refused("torch.compile (fused kernels, what is saved)", "NO", "no"),
-        "dynamo_config.dynamo_backend": refused("torch.compile (fused kernels, what is saved)", "NO", "no"),
+        "dynamo_backend": refused("torch.compile: its fused kernels change what is saved", "NO", "no"),
+        "dynamo_config.dynamo_backend": refused(
+            "torch.compile: its fused kernels change what is saved", "NO", "no"
+        ),
         "dynamo_config.*": harmless("read only with a dynamo backend (refused)"),
         "parallelism_config.*": refused(
             "accelerate's ParallelismConfig: give --tp, --cp or --strategy hybrid_shard"
@@ -497,7 +495,7 @@ ACCELERATE_KEYS = KeyTable(
         f"{_DC}deepspeed_hostfile": LAUNCHER,
         f"{_DC}deepspeed_inclusion_filter": LAUNCHER,
         f"{_DC}deepspeed_exclusion_filter": LAUNCHER,
-        f"{_DC}deepspeed_moe_layer_cls_names": refused("ZeRO-3 leaf modules (gathered whole)"),
+        f"{_DC}deepspeed_moe_layer_cls_names": refused("ZeRO-3 leaf modules, gathered whole"),
     },
 )
 
