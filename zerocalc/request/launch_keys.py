@@ -39,7 +39,7 @@ class KeyRule(NamedTuple):
 
 class KeyTable(NamedTuple):
     name: str
-    """What a file of this format is (``a ds_config key``)."""
+    """What a key of this format is, with its article (``a ds_config key``)."""
     source: str
     """Where the keys are defined: the framework, its version and files."""
     rules: dict[str, KeyRule]
@@ -69,7 +69,7 @@ LAUNCHER = harmless("the launcher: hosts, ports, ranks, timeouts")
 _DS = "DeepSpeed 0.19.8"
 _Z = "zero_optimization."
 DEEPSPEED_KEYS = KeyTable(
-    name="ds_config key",
+    name="a ds_config key",
     source=f"{_DS} deepspeed/runtime/config.py, constants.py, precision_config.py, zero/config.py, "
     "zero/offload_config.py",
     rules={
@@ -286,7 +286,7 @@ _TT = "torchtitan v0.2.2 torchtitan/config/job_config.py (and v0.1.0 config_mana
 _AC_FORCE_DEFAULT = ["moe.router.gate"]
 """``ActivationCheckpoint.per_op_sac_force_recompute_mm_shapes_by_fqns``' default (v0.2.2)."""
 TORCHTITAN_KEYS = KeyTable(
-    name="torchtitan job key",
+    name="a torchtitan job key",
     source=_TT,
     rules={
         # read by zerocalc.request.launch._torchtitan (the older layout's under their v0.2.2 names)
@@ -421,7 +421,7 @@ TORCHTITAN_KEYS = KeyTable(
 _FC = "fsdp_config."
 _DC = "deepspeed_config."
 ACCELERATE_KEYS = KeyTable(
-    name="accelerate config key",
+    name="an accelerate config key",
     source="accelerate 1.15.0 accelerate/commands/config/config_args.py (ClusterConfig), cluster.py, "
     "utils/dataclasses.py",
     rules={
@@ -477,8 +477,17 @@ ACCELERATE_KEYS = KeyTable(
             "torch.compile: its fused kernels change what is saved", "NO", "no"
         ),
         "dynamo_config.*": harmless("read only with a dynamo backend (refused)"),
-        "parallelism_config.*": refused(
-            "accelerate's ParallelismConfig: give --tp, --cp or --strategy hybrid_shard"
+        **{
+            f"parallelism_config.parallelism_config_{size}_size": refused(
+                f"accelerate's ParallelismConfig {size} degree: give --{flag}", 1
+            )
+            for size, flag in (("tp", "tp"), ("cp", "cp"), ("dp_replicate", "strategy hybrid_shard"))
+        },
+        "parallelism_config.parallelism_config_dp_shard_size": harmless(
+            "the sharded data-parallel degree: the GPUs over the other degrees"
+        ),
+        "parallelism_config.parallelism_config_cp_comm_strategy": harmless(
+            "read only with a CP degree (refused)"
         ),
         "megatron_lm_config.*": harmless("read only with distributed_type MEGATRON_LM (refused)"),
         f"{_FC}fsdp_transformer_layer_cls_to_wrap": harmless("the decoder block's class: a unit per block"),
@@ -538,7 +547,7 @@ def sort_keys(flat: dict[str, Any], table: KeyTable, where: str) -> tuple[str, .
         rule = rule_of(table, key)
         if rule is None:
             raise InputError(
-                f"{where}: {key} is not a {table.name} zerocalc knows ({table.source}); accepted: the keys "
+                f"{where}: {key} is not {table.name} zerocalc knows ({table.source}); accepted: the keys "
                 "docs/launch-configs.md lists"
             )
         if rule.sort is Sort.HARMLESS:
