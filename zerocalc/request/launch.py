@@ -785,7 +785,8 @@ def _torchtitan(job: dict[str, Any], where: str) -> LaunchConfig:
         values["strategies"] = "shard_grad_op" if keeps else "zero3"
         if shard not in (None, -1):
             values["gpus"] = str(shard * tp * cp * pp)
-    defaults = [key for key in _TITAN_DEFAULTS if get(key) is None and name(key) not in original]
+    given = {*original, *(["optimizer.implementation"] if get("optimizer.fused") is not None else [])}
+    defaults = [key for key in _TITAN_DEFAULTS if get(key) is None and name(key) not in given]
     if defaults:
         notes.append(f"torchtitan's defaults for what the file leaves out: {', '.join(defaults)}")
     batch = _whole(
