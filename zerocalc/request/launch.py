@@ -175,12 +175,24 @@ def _invalid(where: str, key: str, value: Any, accepted: str) -> InputError:
 
 # -------------------------------------------------------------------------------------------- DeepSpeed
 _DS_STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
-"""A ZeRO stage (``zero_optimization.stage``, accelerate's ``zero_stage``) as zerocalc's strategy: the one
-table the stages accepted are read from."""
-_DS_STAGES_ACCEPTED = (
-    ", ".join(f"{stage} ({name})" for stage, name in list(_DS_STAGES.items())[:-1])
-    + f" or {max(_DS_STAGES)} ({_DS_STAGES[max(_DS_STAGES)]})"
-)
+"""A ZeRO stage (``zero_optimization.stage``, accelerate's ``zero_stage``: DeepSpeed 0.19.8
+``ZeroStageEnum``) as zerocalc's strategy."""
+
+
+def _modelled_stages() -> dict[int, str]:
+    """The stages whose strategy DeepSpeed's framework record models: the one table the accepted stages
+    are read from (:data:`~zerocalc.parallel.framework_records.FRAMEWORKS`)."""
+    from zerocalc.parallel.framework_records import framework_strategies
+    from zerocalc.parallel.frameworks import Framework
+
+    modelled = {strategy.value for strategy in framework_strategies(Framework.DEEPSPEED)}
+    return {stage: name for stage, name in _DS_STAGES.items() if name in modelled}
+
+
+def _listed(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + f" or {items[-1]}"
+
+
 _DS_DTYPES = ("fp16", "bf16", "fp32")
 """``communication_data_type``'s values (DeepSpeed 0.19.8 ``runtime/config.py``
 ``get_communication_data_type``, case-insensitive)."""
@@ -214,9 +226,11 @@ def _zero(values: dict[str, Any], where: str, get: Any, key: str) -> None:
     stage = get(key)
     if stage is not None:
         number = _ds_int(stage, key, where, least=0, lax=True) if not isinstance(stage, bool) else -1
-        if number not in _DS_STAGES:
-            raise _invalid(where, key, stage, _DS_STAGES_ACCEPTED)
-        values["strategies"] = _DS_STAGES[number]
+        stages = _modelled_stages()
+        accepted = _listed([f"{n} ({name})" for n, name in stages.items()])
+        if number not in stages:
+            raise (_refuse if number in _DS_STAGES else _invalid)(where, key, stage, accepted)
+        values["strategies"] = stages[number]
 
 
 def _offload(values: dict[str, Any], where: str, get: Any, key: str, option: str) -> None:
