@@ -29,7 +29,7 @@ from zerocalc.parallel.framework_records.record import FrameworkRecord, ModelIni
 from zerocalc.parallel.frameworks import TORCH_SOURCES
 from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.pipeline import in_flight
-from zerocalc.parallel.strategies import STRATEGIES, Strategy, StrategyName
+from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName
 from zerocalc.peak.kinds import TensorKind
 from zerocalc.peak.report import (
     FrameworkStates,
@@ -86,6 +86,9 @@ def peak_options(request: TrainingRequest) -> PeakOptions:
         framework=request.framework,
         model_impl=request.model_code,
         optimizer_impl=request.framework_record.optimizer_impl(request.optimizer_impl),
+        optimizer_step=request.framework_record.offload_optimizer_step
+        if request.offload_optimizer is not OffloadTarget.NONE
+        else f"{request.framework_record.optimizer_impl(request.optimizer_impl).value} Adam",
         seq_len=a.seq_len,
         micro_batch=a.micro_batch,
         grad_accum=request.grad_accum,

@@ -76,6 +76,10 @@ class PeakOptions(BaseModel):
     framework: Framework
     model_impl: ModelImplName
     optimizer_impl: OptimizerImpl
+    optimizer_step: str = Field(
+        description="the optimizer step as the framework runs it: its implementation on the GPU, or the "
+        "host's optimizer where the optimizer is offloaded"
+    )
     seq_len: int
     micro_batch: int
     grad_accum: int

@@ -211,7 +211,9 @@ class PlanResult(BaseModel):
     exact_seconds: float = Field(description="the walk's exact peaks (memory's model, allocator replay)")
     candidates_per_second: float = Field(description="candidates_evaluated / search_seconds")
     assumptions: list[str]
-    candidates: list[PlanRow] | None = Field(default=None, description="every candidate (--json)")
+    candidates: list[PlanRow] | None = Field(
+        default=None, description="every candidate (--json --all-candidates)"
+    )
 
 
 ASSUMPTIONS = [

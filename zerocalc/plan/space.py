@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError, shown
-from zerocalc.base.units import parse_count, parse_whole
+from zerocalc.base.units import BINARY_SUFFIXES, parse_count, parse_whole
 from zerocalc.compute.table import ComputeTable
 from zerocalc.model.activations import Recompute
 from zerocalc.model.code import ModelImplName
@@ -110,17 +110,23 @@ class PlanRequest(BaseModel):
 
 
 def _global_batch(text: int | str | None, seq_len: int) -> int:
-    """Sequences per optimizer step from ``4M`` / ``4194304`` (tokens) or ``512seq`` (sequences)."""
-    accepted = "tokens such as 4M or 4194304 (a multiple of {seq_len}), or sequences such as 512seq"
+    """Sequences per optimizer step from ``4M`` / ``4194304`` (tokens) or ``512seq`` (sequences); k and M
+    are 1,024 and 1,048,576, the rule for tokens and sequences (:data:`~zerocalc.base.units.COUNT_RULE`)."""
+    accepted = (
+        "tokens such as 4M (4,194,304) or 4194304 (a multiple of {seq_len}), or sequences such as 512seq"
+    )
     if text is None:
         raise InputError(f"give {{global_batch}}; accepted: {accepted}")
     raw = str(text).strip().lower().replace(" ", "")
     for suffix in ("sequences", "seqs", "seq"):
         if raw.endswith(suffix):
             return parse_count(
-                raw.removesuffix(suffix), "{global_batch}", accepted, MAX_GPUS * MAX_MICRO_BATCH
-            )
-    tokens = parse_count(text, "{global_batch}", accepted, MAX_GPUS * MAX_MICRO_BATCH * MAX_SEQ_LEN)
+                raw.removesuffix(suffix), "{global_batch}", accepted, MAX_GPUS * MAX_MICRO_BATCH,
+                BINARY_SUFFIXES,
+            )  # fmt: skip
+    tokens = parse_count(
+        text, "{global_batch}", accepted, MAX_GPUS * MAX_MICRO_BATCH * MAX_SEQ_LEN, BINARY_SUFFIXES
+    )
     if tokens % seq_len:
         raise InputError(
             f"{{global_batch}} {shown(text)} ({tokens:,} tokens) is not a whole number of sequences of "
@@ -432,7 +438,29 @@ def enumerate_groups(plan: PlanRequest, flash: bool) -> tuple[list[Group], list[
         rejected += [Rejected(reason, count) for reason, count in refused.items()]
         for mesh in meshes:
             _mesh_groups(plan, flash, world, mesh, groups, rejected)
+    if not groups:
+        raise _nothing_to_search(plan, rejected)
     return groups, rejected
+
+
+def _nothing_to_search(plan: PlanRequest, rejected: list[Rejected]) -> InputError:
+    """The options leave no candidate at all (a degree that divides no number of GPUs searched, a global
+    batch no number of replicas divides): a problem of the input, named in one line, not an empty plan."""
+    reasons = "; ".join(
+        dict.fromkeys(r.reason.removeprefix("mesh: ").removesuffix(" (meshes)") for r in rejected)
+    )
+    asked = [
+        f"{{{name}}} {','.join(map(str, degrees))}"
+        for name, degrees in plan.degrees.items()
+        if degrees is not None and degrees != (1,)
+    ]
+    batch = f"{{global_batch}} {plan.global_batch_sequences:,} sequences"
+    worlds = ", ".join(map(str, world_sizes(plan)))
+    return InputError(
+        f"{' '.join(asked) or batch} leave{'' if len(asked) > 1 else 's'} nothing to search on {worlds} GPUs "
+        f"({plan.gpus_per_node} a node): {reasons or 'no candidate'}; accepted: degrees dividing the GPUs, "
+        "the node and the heads (or auto), and a global batch the data-parallel replicas divide"
+    )
 
 
 def _mesh_groups(
@@ -466,10 +494,14 @@ def _mesh_groups(
     multi = tuple(b for b in bs if plan.global_batch_sequences // (replicas * b) > 1)
     for framework in plan.frameworks:
         names = framework_strategies(framework)
-        # fp32 reductions where the default is not already fp32 (Megatron-LM's main gradients are)
+        # fp32 reductions where the default is not already fp32 (Megatron-LM's main gradients are), and
+        # where gradients are reduced at all: over d·c > 1 ranks (one rank of each has nothing to reduce)
         record = FRAMEWORKS[framework]
         default = record.dtypes(plan.base.precision).reduce
-        reduce_dtypes: list[DType | None] = [None] + ([DType.FP32] if default is not DType.FP32 else [])
+        reduces = world // (mesh.tp * mesh.pp) > 1
+        reduce_dtypes: list[DType | None] = [None] + (
+            [DType.FP32] if default is not DType.FP32 and reduces else []
+        )
         for name in names:
             setup = record.setup(name)
             nodes = (

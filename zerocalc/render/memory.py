@@ -269,7 +269,7 @@ def render_peak(out: Output, peak: PeakEstimate, unit: ByteUnit) -> None:
         out,
         f"[bold]Peak of one training step per GPU[/bold] ({o.framework.value},",
         f"{o.model_impl.value} model code,",
-        f"{o.optimizer_impl.value} Adam;",
+        f"{o.optimizer_step};",
         f"s = {o.seq_len},",
         f"b = {o.micro_batch},",
         f"recompute {o.recompute.value}),",

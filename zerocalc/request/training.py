@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from zerocalc.base.dtypes import DType, parse_dtype
 from zerocalc.base.errors import InputError, shown
 from zerocalc.base.units import (
+    BINARY_SUFFIXES,
     MAX_COUNT,
     parse_bandwidth,
     parse_bytes,
@@ -623,7 +624,7 @@ def _model(params: int | str | None, model: str | Architecture | dict[str, Any] 
     never both."""
     if (params is None) == (model is None):
         raise InputError(
-            "give {params} or {model} (not both); "
+            f"give {{params}} or {{model}}{'' if params is None else ', not both'}; "
             "accepted: {params} 7B, or {model} llama-3-8b / path/model.toml / path/config.json"
         )
     if model is None:
@@ -1202,7 +1203,10 @@ def _compute(
         raise InputError("{tokens_per_step} and {tflops} go together; accepted: both or neither")
     if tokens_per_step is None:
         return None, None
-    tokens = parse_count(tokens_per_step, "{tokens_per_step}", "a token count such as 4M or 1e6")
+    tokens = parse_count(
+        tokens_per_step, "{tokens_per_step}", "a token count such as 4M (4,194,304) or 1e6", MAX_COUNT,
+        BINARY_SUFFIXES,
+    )  # fmt: skip
     flops = parse_fraction(
         tflops, "{tflops}", 1e-9, MAX_TFLOPS, "achieved TFLOP/s per GPU, e.g. 400 (at most 1,000,000)"
     )
