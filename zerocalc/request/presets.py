@@ -75,25 +75,52 @@ class ModelPreset(BaseModel):
     architecture: dict[str, Any]
 
 
+class RuntimeNames(BaseModel):
+    """What a GPU vendor's software is called in outputs: a field of each GPU preset (NVIDIA's by default,
+    AMD's in the Instinct presets), so no output branches on the vendor."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    smi: str = Field(default="nvidia-smi", description="the tool whose total memory the preset's memory is")
+    context: str = Field(default="CUDA context", description="what the runtime holds per process")
+    collectives: str = Field(default="NCCL", description="the collective library")
+    blas: str = Field(default="cuBLAS", description="the GEMM library whose workspaces the runtime holds")
+
+
 class GpuSpec(BaseModel):
-    """A GPU kind: its memory as nvidia-smi and as PyTorch see it, its compute, its links, and what the CUDA
-    runtime takes outside the caching allocator; each figure with its source in the preset's comments."""
+    """A GPU kind: its memory as the vendor's tool (nvidia-smi, rocm-smi) and as PyTorch see it, its compute,
+    its links, and what the runtime takes outside the caching allocator; each figure with its source in the
+    preset's comments."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str = ""
     title: str
-    memory: str = Field(description="total memory as nvidia-smi reports it, e.g. 81559MiB")
-    usable_memory: str = Field(description="what PyTorch sees: torch.cuda.mem_get_info()'s total")
-    bf16_dense_tflops: float = Field(gt=0)
+    memory: str = Field(description="total memory as the vendor's tool reports it (names.smi), e.g. 81559MiB")
+    usable_memory: str = Field(
+        description="what PyTorch sees: torch.cuda.mem_get_info()'s total, the total capacity its "
+        "out-of-memory messages report"
+    )
+    bf16_dense_tflops: float = Field(
+        gt=0,
+        description="dense 16-bit tensor-core TFLOP/s: bf16's; where the GPU has no bf16 (bf16 = false), "
+        "fp16's, the rate fp16-mixed runs at",
+    )
+    bf16: bool = Field(
+        default=True, description="whether the tensor cores take bf16 (false: bf16 recipes are refused)"
+    )
     intra_node_busbw: str
     inter_node_busbw: str
     context: str = Field(
-        description="outside the caching allocator at world size 1: CUDA context, NCCL, the kernels and "
-        "handles loaded by the first steps"
+        description="outside the caching allocator at world size 1: the runtime's context, the collective "
+        "library, the kernels and handles loaded by the first steps"
     )
-    nccl_communicator: str = Field(description="each NCCL communicator of more than one rank adds this")
-    cublas_workspace: str = Field(description="one cuBLAS workspace per (handle, stream)")
+    context_measured: bool = Field(
+        default=False, description="context was measured on this GPU (else estimated or assumed)"
+    )
+    nccl_communicator: str = Field(description="each communicator of more than one rank adds this")
+    cublas_workspace: str = Field(description="one BLAS workspace per (handle, stream)")
+    names: RuntimeNames = RuntimeNames()
     source: str
     runtime_source: str = Field(description="where usable_memory, context and the workspaces come from")
 

@@ -97,6 +97,7 @@ from zerocalc.parallel.strategies import (
     framework_strategies,
 )
 from zerocalc.request.options import Command, option, options_for
+from zerocalc.request.presets import RuntimeNames
 from zerocalc.request.problems import architecture_problem, offload_profile_problem, profile_problem
 
 # ------------------------------------------------------------------------------------------------ bounds
@@ -175,12 +176,14 @@ class GpuChoice(BaseModel):
 
     name: str
     title: str
-    memory_bytes: int = Field(description="as nvidia-smi reports it")
+    memory_bytes: int = Field(description="as the vendor's tool (names.smi) reports it")
     usable_bytes: int = Field(description="what PyTorch sees (torch.cuda.mem_get_info total): the capacity")
     context_bytes: int = Field(
-        description="outside the caching allocator: CUDA context, NCCL, kernels (world size 1)"
+        description="outside the caching allocator: the runtime context, collectives, kernels (world size 1)"
     )
     context_given: bool = Field(default=False, description="context_bytes is --reserve, not the preset's")
+    context_measured: bool = Field(default=False, description="the preset's context was measured on it")
+    names: RuntimeNames = RuntimeNames()
     nccl_communicator_bytes: int
     cublas_workspace_bytes: int
     bf16_dense_tflops: float
@@ -1174,6 +1177,8 @@ def _gpu_choice(name: str, reserve: int | str | None) -> GpuChoice:
         usable_bytes=spec.usable_bytes,
         context_bytes=context,
         context_given=reserve is not None,
+        context_measured=spec.context_measured,
+        names=spec.names,
         nccl_communicator_bytes=spec.nccl_communicator_bytes,
         cublas_workspace_bytes=spec.cublas_workspace_bytes,
         bf16_dense_tflops=spec.bf16_dense_tflops,
