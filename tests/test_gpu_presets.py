@@ -3,11 +3,14 @@ measurement; GPU files of the presets' schema (``--gpu FILE.toml``)."""
 
 from __future__ import annotations
 
+import json
 import tomllib
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from zerocalc.api import estimate_memory, estimate_peak
 from zerocalc.cli import app
 from zerocalc.request.presets import load_gpu, preset_names, preset_path
 
@@ -83,3 +86,79 @@ def test_the_presets_toml_is_the_schema_of_a_gpu_file() -> None:
     shown = runner.invoke(app, ["presets", "show", "mi300x", "--toml"])
     assert shown.exit_code == 0
     assert tomllib.loads(shown.stdout)["names"]["collectives"] == "RCCL"
+
+
+# ------------------------------------------------------------------------------------- a GPU without a preset
+def _gpu_file(tmp_path: Path, name: str, **fields: str) -> Path:
+    """``presets show rtx-4090 --toml`` with ``fields`` replaced, written as ``tmp_path/name``."""
+    shown = runner.invoke(app, ["presets", "show", "rtx-4090", "--toml"])
+    assert shown.exit_code == 0
+    lines = [
+        f"{line.split(' = ')[0]} = {fields[line.split(' = ')[0]]!r}".replace("'", '"')
+        if line.split(" = ")[0] in fields
+        else line
+        for line in shown.stdout.splitlines()
+    ]
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_gpu_file_of_the_presets_schema_is_a_gpu(tmp_path: Path) -> None:
+    path = _gpu_file(tmp_path, "my-card.toml", title="My card", usable_memory="20GiB")
+    estimate = estimate_memory(model="llama-3-8b", gpus=2, gpu=str(path))
+    assert estimate.gpu is not None and (estimate.gpu.name, estimate.gpu.title) == ("my-card", "My card")
+    assert estimate.request.gpu_memory_bytes == 20 * GIB
+    assert estimate.request.context_bytes == load_gpu("rtx-4090").context_bytes
+    result = runner.invoke(app, ["memory", "--model", "llama-3-8b", "--gpus", "2", "--gpu", str(path)])
+    assert result.exit_code == 0 and "GPU My card: 20.00 GiB as PyTorch sees it" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "fields", "fragment"),
+    [
+        ("h100-80gb.toml", {}, "is named 'h100-80gb', the name of a shipped GPU preset"),
+        ("absent.toml", None, "cannot be read"),
+        ("typo.toml", {"usable_memory": "20 gigs"}, "usable_memory = '20 gigs'"),
+    ],
+)
+def test_a_bad_gpu_file_is_one_line(tmp_path: Path, name: str, fields: dict | None, fragment: str) -> None:
+    path = tmp_path / name if fields is None else _gpu_file(tmp_path, name, **fields)
+    result = runner.invoke(app, ["memory", "--params", "7B", "--gpus", "2", "--gpu", str(path)])
+    assert result.exit_code == 2 and fragment in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("zerocalc: error: --gpu")
+
+
+def test_an_unknown_gpu_name_offers_a_gpu_file() -> None:
+    result = runner.invoke(app, ["memory", "--params", "7B", "--gpus", "2", "--gpu", "rtx-9999"])
+    assert result.exit_code == 2 and "or a GPU TOML file" in result.stderr and "--toml" in result.stderr
+
+
+PLAN = ["plan", "--model", "llama-3-8b", "--gpus", "8", "--global-batch", "256seq", "--seq-len", "4096"]
+
+
+def test_plan_takes_gpu_memory_as_memory_does() -> None:
+    result = runner.invoke(app, [*PLAN, "--gpu-memory", "24GiB", "--top", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert plan["request"]["gpu_memory_bytes"] == 24 * GIB
+    assert plan["request"]["gpu"] == "24GiB GPU (h100-80gb compute)"
+    assert plan["request"]["peak_tflops"] == load_gpu("h100-80gb").bf16_dense_tflops
+    assert plan["top"] and all(row["peak_bytes"] <= 0.95 * 24 * GIB for row in plan["top"])
+    for row in plan["top"]:  # memory reproduces it with --gpu-memory; comm with the GPU that priced it
+        assert row["memory_options"]["gpu_memory"] == "24GiB" and "gpu" not in row["memory_options"]
+        assert row["comm_options"]["gpu"] == "h100-80gb"
+        options = {k: v for k, v in row["memory_options"].items() if k != "flash_attention"}
+        (strategy,) = estimate_peak(**options).peak.strategies
+        assert strategy.peak_bytes == row["peak_bytes"]
+    header = runner.invoke(app, [*PLAN, "--gpu-memory", "24GiB", "--top", "1"]).stdout
+    assert "8 × 24GiB GPU (h100-80gb compute)" in header
+
+
+def test_plan_refuses_gpu_and_gpu_memory_together_and_asks_a_gpu_file_for_its_compute(tmp_path: Path) -> None:
+    both = runner.invoke(app, [*PLAN, "--gpu", "l40s", "--gpu-memory", "24GiB"])
+    assert both.exit_code == 2 and "give --gpu or --gpu-memory, not both" in both.stderr
+    path = _gpu_file(tmp_path, "my-card.toml")
+    file = runner.invoke(app, [*PLAN, "--gpu", str(path)])
+    assert file.exit_code == 2 and "has no compute table" in file.stderr
+    assert "--compute-calibration" in file.stderr

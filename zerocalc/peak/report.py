@@ -25,8 +25,7 @@ from zerocalc.parallel.optimizers import OptimizerImpl
 from zerocalc.parallel.profiles import ModelInit, Wrap
 from zerocalc.parallel.strategies import StrategyName, row_named
 from zerocalc.peak.kinds import StepPhase, TensorKind
-from zerocalc.request.presets import RuntimeNames
-from zerocalc.request.training import GradSync
+from zerocalc.request.training import GradSync, RuntimeNames
 from zerocalc.states.memory import MemoryEstimate
 
 

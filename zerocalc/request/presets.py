@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from zerocalc.base.errors import InputError, literal, shown, why_not
 from zerocalc.base.units import parse_bandwidth, parse_bytes
 from zerocalc.model.architecture import Architecture
+from zerocalc.request.training import RuntimeNames
 
 KINDS = ("models", "gpus", "scenarios")
 
@@ -75,26 +76,18 @@ class ModelPreset(BaseModel):
     architecture: dict[str, Any]
 
 
-class RuntimeNames(BaseModel):
-    """What a GPU vendor's software is called in outputs: a field of each GPU preset (NVIDIA's by default,
-    AMD's in the Instinct presets), so no output branches on the vendor."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    smi: str = Field(default="nvidia-smi", description="the tool whose total memory the preset's memory is")
-    context: str = Field(default="CUDA context", description="what the runtime holds per process")
-    collectives: str = Field(default="NCCL", description="the collective library")
-    blas: str = Field(default="cuBLAS", description="the GEMM library whose workspaces the runtime holds")
-
-
 class GpuSpec(BaseModel):
     """A GPU kind: its memory as the vendor's tool (nvidia-smi, rocm-smi) and as PyTorch see it, its compute,
     its links, and what the runtime takes outside the caching allocator; each figure with its source in the
-    preset's comments."""
+    preset's comments. A file of this schema anywhere else is read by ``--gpu path/to/gpu.toml``."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = ""
+    name: str = Field(
+        default="",
+        pattern=r"^$|^[A-Za-z0-9][A-Za-z0-9._+-]*$",
+        description="the name in outputs: a preset's is its file's stem; a GPU file's, this or its stem",
+    )
     title: str
     memory: str = Field(description="total memory as the vendor's tool reports it (names.smi), e.g. 81559MiB")
     usable_memory: str = Field(
@@ -232,6 +225,13 @@ def preset_names(kind: str, root: Path | None = None) -> list[str]:
 
 _CONCEPT = {"models": "{model}", "gpus": "{gpu}", "scenarios": "scenario"}
 
+GPU_FILE_ACCEPTED = (
+    "a GPU TOML file in the schema of the GPU presets (`zerocalc presets show h100-80gb --toml` is one to "
+    "start from)"
+)
+_FILE_ACCEPTED = {"gpus": GPU_FILE_ACCEPTED}
+"""What a kind takes besides its presets' names (a model's are listed where ``--model`` is read)."""
+
 
 def preset_path(kind: str, name: str, root: Path | None = None) -> Path:
     """The file of a named preset; an unknown name suggests the closest ones."""
@@ -243,6 +243,8 @@ def preset_path(kind: str, name: str, root: Path | None = None) -> Path:
     close = difflib.get_close_matches(key, names, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     accepted = ", ".join(names) or f"none: {(root or presets_root()) / kind} holds no *.toml preset"
+    if kind in _FILE_ACCEPTED:
+        accepted += f", or {_FILE_ACCEPTED[kind]}"
     raise InputError(f"{_CONCEPT[kind]} {shown(name)} is not a preset; {hint}accepted: {accepted}")
 
 
@@ -392,8 +394,20 @@ def _load_model_preset(key: tuple[str, int, int], path: Path) -> tuple[Architect
     return model_architecture(preset, preset.name or path.stem, path), preset
 
 
+def gpu_file(name: str) -> Path | None:
+    """The file ``--gpu`` names (a name ending in .toml, or an existing file), None for a preset name."""
+    candidate = Path(name).expanduser()
+    if name.strip().lower().endswith(".toml") or (name.strip() and candidate.is_file()):
+        return candidate
+    return None
+
+
 def load_gpu(name: str) -> GpuSpec:
-    """A GPU preset by name (read once per process, like the models)."""
+    """A GPU preset by name, or a GPU file of the presets' schema (read once per process, like the
+    models)."""
+    path = gpu_file(name)
+    if path is not None:
+        return _load_gpu_file(_file_key(path), path)
     path = preset_path("gpus", name)
     return _load_gpu(_file_key(path), path)
 
@@ -402,3 +416,18 @@ def load_gpu(name: str) -> GpuSpec:
 def _load_gpu(key: tuple[str, int, int], path: Path) -> GpuSpec:
     spec = load_toml(path, GpuSpec)
     return spec.model_copy(update={"name": path.stem})
+
+
+@lru_cache(maxsize=64)
+def _load_gpu_file(key: tuple[str, int, int], path: Path) -> GpuSpec:
+    """A user's GPU file: named by its ``name`` (else its stem), which must not be a shipped preset's (the
+    outputs, and the compute table a preset's name selects, would then describe another GPU)."""
+    where = f"{{gpu}} {shown(str(path))}"
+    spec = _validated(_toml_data(path, where, GPU_FILE_ACCEPTED), GpuSpec, where)
+    name = spec.name or path.stem
+    if name.lower() in preset_names("gpus"):
+        raise InputError(
+            f"{where} is named {shown(name)}, the name of a shipped GPU preset; accepted: another name "
+            "(its `name` field, else the file's name), or the preset itself"
+        )
+    return spec.model_copy(update={"name": name})

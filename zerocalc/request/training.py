@@ -97,7 +97,6 @@ from zerocalc.parallel.strategies import (
     framework_strategies,
 )
 from zerocalc.request.options import Command, option, options_for
-from zerocalc.request.presets import RuntimeNames
 from zerocalc.request.problems import architecture_problem, offload_profile_problem, profile_problem
 
 # ------------------------------------------------------------------------------------------------ bounds
@@ -167,6 +166,18 @@ class ModelSpec(BaseModel):
     title: str | None = None
     architecture: Architecture | None = None
     parameter_count: ParameterCount | None = None
+
+
+class RuntimeNames(BaseModel):
+    """What a GPU vendor's software is called in outputs: a field of each GPU preset (NVIDIA's by default,
+    AMD's in the Instinct presets), so no output branches on the vendor."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    smi: str = Field(default="nvidia-smi", description="the tool whose total memory the preset's memory is")
+    context: str = Field(default="CUDA context", description="what the runtime holds per process")
+    collectives: str = Field(default="NCCL", description="the collective library")
+    blas: str = Field(default="cuBLAS", description="the GEMM library whose workspaces the runtime holds")
 
 
 class GpuChoice(BaseModel):
