@@ -162,3 +162,56 @@ def test_plan_refuses_gpu_and_gpu_memory_together_and_asks_a_gpu_file_for_its_co
     file = runner.invoke(app, [*PLAN, "--gpu", str(path)])
     assert file.exit_code == 2 and "has no compute table" in file.stderr
     assert "--compute-calibration" in file.stderr
+
+
+# --------------------------------------------------------------------------------------------- new presets
+@pytest.mark.parametrize(
+    ("gpu", "smi_mib", "pytorch_gib", "tflops"),
+    [
+        ("rtx-3090", 24_576, 23.70, 71),  # GA102 whitepaper: 71 dense bf16 (fp32 accumulate)
+        ("a6000", 49_140, 47.53, 154.8),  # RTX A6000 datasheet: 309.7 with sparsity
+        ("l4", 23_034, 21.96, 121),  # L4 datasheet: 242 with sparsity
+        ("a10g", 23_028, 21.99, 70),
+        ("h100-pcie", 81_559, 79.18, 756),  # H100 datasheet, PCIe: 1,513 with sparsity
+        ("h100-nvl", 95_830, 93.10, 835),  # H100 datasheet, NVL: 1,671 with sparsity
+        ("v100-32gb", 32_768, 31.74, 125),  # V100 datasheet: fp16 tensor cores
+        ("gh200", 97_871, 94.50, 989),
+        ("gb200", 189_471, 184.31, 2500),  # GB200 NVL72: 360 PFLOP/s sparse over 72 GPUs
+        ("mi325x", 262_128, 255.98, 1307.4),
+    ],
+)
+def test_the_new_gpu_presets_report_their_devices(
+    gpu: str, smi_mib: int, pytorch_gib: float, tflops: float
+) -> None:
+    spec = load_gpu(gpu)
+    assert spec.memory_bytes == smi_mib * MIB and round(spec.usable_bytes / GIB, 2) == pytorch_gib
+    assert spec.bf16_dense_tflops == tflops
+
+
+@pytest.mark.parametrize("gpu", ["rtx-3090", "a6000", "l4", "a10g"])
+def test_presets_show_prints_a_new_gpu(gpu: str) -> None:
+    result = runner.invoke(app, ["presets", "show", gpu])
+    assert result.exit_code == 0 and load_gpu(gpu).title in result.stdout and "usable_memory" in result.stdout
+
+
+def test_every_gpu_preset_has_a_compute_table_at_its_own_peak() -> None:
+    """The compute table's 16-bit peak is the preset's bf16_dense_tflops (fp16's where it has no bf16)."""
+    for name in preset_names("gpus"):
+        spec = load_gpu(name)
+        table = json.loads((preset_path("gpus", name).parent.parent / "compute" / f"{name}.json").read_text())
+        peaks = table["roofline"]["peak_tflops"]
+        assert peaks.get("bf16" if spec.bf16 else "fp16") == spec.bf16_dense_tflops, name
+        assert ("bf16" in peaks) == spec.bf16, name
+
+
+def test_bf16_is_refused_on_a_gpu_without_bf16_and_plan_trains_fp16() -> None:
+    refused = runner.invoke(app, ["memory", "--model", "llama-3-8b", "--gpus", "8", "--gpu", "v100-32gb"])
+    assert refused.exit_code == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "--precision bf16-mixed on the NVIDIA Tesla V100 SXM2 32GB" in refused.stderr
+    assert "accepted: --precision fp16-mixed or fp32" in refused.stderr
+    fp16 = estimate_memory(model="llama-3-8b", gpus=8, gpu="v100-32gb", precision="fp16-mixed")
+    assert fp16.request.gpu_memory_bytes == load_gpu("v100-32gb").usable_bytes
+    result = runner.invoke(app, [*PLAN, "--gpus", "16", "--gpu", "v100-32gb", "--top", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)["top"]
+    assert row["memory_options"]["precision"] == row["comm_options"]["precision"] == "fp16-mixed"

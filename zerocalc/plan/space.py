@@ -30,7 +30,7 @@ from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.frameworks import Estimate, Framework, default_reduce_dtype
 from zerocalc.parallel.mesh import Mesh, PpSchedule, framework_cp_impl, framework_tp_style
 from zerocalc.parallel.pipeline import shorter_end_stages
-from zerocalc.parallel.precision import RECIPES
+from zerocalc.parallel.precision import RECIPES, PrecisionName
 from zerocalc.parallel.profiles import PROFILES
 from zerocalc.parallel.strategies import (
     STRATEGIES,
@@ -41,7 +41,7 @@ from zerocalc.parallel.strategies import (
 )
 from zerocalc.request.compute import compute_table
 from zerocalc.request.options import Command
-from zerocalc.request.presets import gpu_file
+from zerocalc.request.presets import gpu_file, load_gpu
 from zerocalc.request.training import (
     DEFAULT_GPU,
     MAX_GPUS,
@@ -129,12 +129,27 @@ class PlanRequest(BaseModel):
 
     def gpu_options(self, estimate: Estimate) -> dict[str, str]:
         """The GPU options of a candidate's ``memory`` or ``comm`` command: ``--gpu`` as given, else
-        ``--gpu-memory`` for memory and the GPU whose compute and links priced the plan for comm."""
+        ``--gpu-memory`` for memory and the GPU whose compute and links priced the plan for comm; and
+        ``--precision`` where the GPU takes no bf16 (:func:`plan_precision`)."""
+        precision = self.base.precision
+        out = {} if precision is PLAN_PRECISION else {"precision": precision.value}
         if self.gpu is not None:
-            return {"gpu": self.gpu}
+            return {"gpu": self.gpu, **out}
         if estimate is Estimate.MEMORY:
-            return {"gpu_memory": str(self.gpu_memory)}
-        return {"gpu": self.base.runtime.name}
+            return {"gpu_memory": str(self.gpu_memory), **out}
+        return {"gpu": self.base.runtime.name, **out}
+
+
+PLAN_PRECISION = PrecisionName.BF16_MIXED
+"""What ``plan`` trains in: bf16-mixed, or fp16-mixed on a GPU whose tensor cores take no bf16."""
+
+
+def plan_precision(gpu: str | None) -> PrecisionName:
+    """:data:`PLAN_PRECISION`, fp16-mixed on a GPU without bf16 (``bf16 = false`` in its preset: the
+    V100), where ``memory`` refuses bf16 (``zerocalc.request.training._gpu``)."""
+    if gpu is not None and not load_gpu(gpu).bf16:
+        return PrecisionName.FP16_MIXED
+    return PLAN_PRECISION
 
 
 def _global_batch(text: int | str | None, seq_len: int) -> int:
@@ -212,6 +227,7 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         model=o.model,
         gpu=o.gpu,
         gpu_memory=o.gpu_memory,
+        precision=plan_precision(o.gpu).value,
         gpus=max_gpus,
         gpus_per_node=o.gpus_per_node,
         seq_len=o.seq_len,
