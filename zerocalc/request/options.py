@@ -87,7 +87,8 @@ OPTIONS: tuple[Option, ...] = (
          ESTIMATES, value_type=OPT_NUM),
     _opt("model", ("--model", "-m"),
          "A model preset (see `zerocalc presets list models`), a model TOML file in the presets' schema, "
-         "a HF config.json, the folder holding one, or - (read from standard input).",
+         "a HF config.json, the folder holding one, - (read from standard input), or a HF model id "
+         "(org/name) in the local Hugging Face cache (HF_HUB_CACHE, HF_HOME; read offline).",
          ESTIMATES | {PLAN}, value_type="str | Architecture | dict[str, Any] | None"),
     # ---------------------------------------------------------------------------------- the cluster
     _opt("gpus", ("--gpus", "-n"), "N: GPUs of the run, dp × cp × tp.", ESTIMATES,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import tomllib
 from functools import lru_cache
 from pathlib import Path
@@ -283,7 +284,10 @@ def load_model(name_or_path: str) -> tuple[Architecture, ModelPreset | None]:
     if read_as is not None:
         kind, path = read_as
         loader = _load_model_file if kind == "toml" else _load_hf_config
-        return loader(_file_key(path), path)
+        architecture, preset = loader(_file_key(path), path)
+        if kind == "hf":  # named by its repository, not by its snapshot's commit folder
+            architecture = architecture.model_copy(update={"name": name_or_path.strip()})
+        return architecture, preset
     path = preset_path("models", name_or_path)
     return _load_model_preset(_file_key(path), path)
 
@@ -294,7 +298,9 @@ MODEL_FILE_SUFFIX = ".toml"
 def model_file(name_or_path: str) -> tuple[str, Path] | None:
     """What ``--model`` names: ``("toml", path)`` a model file in the presets' schema (a name ending in
     .toml, or an existing file that parses as TOML), ``("json", path)`` a config.json (a name ending in
-    .json, a folder holding one, any other existing file), None a preset name."""
+    .json, a folder holding one, any other existing file), ``("hf", path)`` a Hugging Face model id
+    (``org/name``) and the config.json of its main revision in the local cache (:func:`hf_cached_config`),
+    None a preset name."""
     candidate = Path(name_or_path).expanduser()
     if name_or_path.strip() and candidate.is_dir():
         return "json", candidate / "config.json"  # a checkpoint's folder, as from_pretrained takes it
@@ -304,7 +310,57 @@ def model_file(name_or_path: str) -> tuple[str, Path] | None:
         return "toml", candidate
     if candidate.is_file():
         return ("toml" if _holds_toml(_file_key(candidate), candidate) else "json"), candidate
+    if HF_REPO_ID.match(name_or_path.strip()):
+        return "hf", hf_cached_config(name_or_path.strip())
     return None
+
+
+HF_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+"""A Hugging Face model id, ``org/name`` (huggingface_hub's ``REPO_ID_REGEX``, less its length bound; a
+preset name never holds a ``/``)."""
+
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def hf_hub_cache() -> Path:
+    """The Hugging Face cache folder as huggingface_hub 1.x resolves it (``huggingface_hub/constants.py``):
+    ``$HF_HUB_CACHE``, else the older ``$HUGGINGFACE_HUB_CACHE``, else ``$HF_HOME/hub``, ``$HF_HOME``
+    defaulting to ``$XDG_CACHE_HOME/huggingface`` (``~/.cache/huggingface``)."""
+    env = os.environ
+    home = env.get("HF_HOME", os.path.join(env.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"))
+    home = os.path.expandvars(os.path.expanduser(home))
+    hub = env.get("HF_HUB_CACHE", env.get("HUGGINGFACE_HUB_CACHE", os.path.join(home, "hub")))
+    return Path(os.path.expandvars(os.path.expanduser(hub)))
+
+
+def hf_cached_config(repo_id: str) -> Path:
+    """The config.json of ``repo_id``'s main revision in the local Hugging Face cache, read offline (never a
+    network call), in the layout huggingface_hub writes (its cache-system guide; ``file_download.py``
+    ``repo_folder_name``): ``models--{org}--{name}/refs/main`` holding the commit and
+    ``snapshots/<commit>/config.json`` (a link into ``blobs/``). Not there: one line saying how to pass a
+    config.json."""
+    cache = hf_hub_cache()
+    folder = cache / f"models--{repo_id.replace('/', '--')}"
+    how = (
+        f"accepted: a preset name, a config.json path or the folder holding it, or the model in the "
+        f"cache (`hf download {repo_id} config.json` fetches it; HF_HUB_CACHE or HF_HOME say where the "
+        "cache is)"
+    )
+    ref = folder / "refs" / "main"
+    try:
+        commit = ref.read_text(encoding="utf-8").strip()
+    except (OSError, ValueError):
+        raise InputError(
+            f"{{model}} {shown(repo_id)} is not a preset, and the Hugging Face cache "
+            f"{shown(str(cache))} holds no {folder.name}/refs/main; {how}"
+        ) from None
+    config = folder / "snapshots" / commit / "config.json"
+    if not _COMMIT.match(commit) or not config.is_file():
+        raise InputError(
+            f"{{model}} {shown(repo_id)}: the Hugging Face cache holds no config.json for its main revision "
+            f"({shown(str(config))}); {how}"
+        )
+    return config
 
 
 @lru_cache(maxsize=256)
@@ -372,7 +428,7 @@ def model_notes(name_or_path: str) -> tuple[str, ...]:
     if name_or_path.strip() in STDIN_NAMES:
         return ()
     read_as = model_file(name_or_path)
-    if read_as is None or read_as[0] != "json":
+    if read_as is None or read_as[0] == "toml":
         return ()
     return _read_hf_config(_file_key(read_as[1]), read_as[1])[1]
 
