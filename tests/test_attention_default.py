@@ -9,14 +9,8 @@ from pathlib import Path
 import pytest
 
 from zerocalc.api import estimate_peak
+from zerocalc.model.code import HF_ATTENTION, MODEL_CODES, AttentionKernel, ModelImplName
 from zerocalc.model.hf_config import FAMILIES, SUPPORTED
-from zerocalc.model.model_impl import (
-    HF_ATTENTION,
-    MODEL_IMPLS,
-    AttentionKernel,
-    ModelImplName,
-    default_attention,
-)
 from zerocalc.peak.kinds import StepPhase
 from zerocalc.request.presets import load_model
 
@@ -39,7 +33,7 @@ def test_the_others_run_eager_in_transformers() -> None:
         source = (root / FAMILIES[family].follows.split(":")[0]).read_text()
         assert "_supports_sdpa = False" in source, family
     arch, _ = load_model("gpt-oss-20b")
-    assert default_attention(MODEL_IMPLS[ModelImplName.HF], arch)[0] is AttentionKernel.EAGER
+    assert MODEL_CODES[ModelImplName.HF].default_attention(arch)[0] is AttentionKernel.EAGER
 
 
 def test_the_table_follows_the_transformers_source() -> None:
@@ -79,7 +73,7 @@ def test_default_kernel_per_implementation_and_family(model: str, impl: str, ker
     assert peak.notes[0].endswith(f"; attention: {shown} (the model code's)")
     if impl == "hf" and kernel is AttentionKernel.FLASH:
         assert peak.options.attention_source.startswith("transformers 5.17 models/")
-    assert MODEL_IMPLS[ModelImplName(impl)].name.value == impl
+    assert MODEL_CODES[ModelImplName(impl)].name.value == impl
 
 
 def test_the_flag_still_wins_and_is_named() -> None:
