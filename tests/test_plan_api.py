@@ -55,8 +55,8 @@ def test_plan_is_a_lazy_name_of_the_package_even_once_its_subpackage_is_imported
 def test_plan_names_keywords_in_its_errors() -> None:
     with pytest.raises(InputError, match=r"plan\(\) takes no keyword 'global_batches'"):
         plan("llama-3-8b", gpus=8, gpu="h100-80gb", global_batches="256seq")
-    with pytest.raises(InputError, match=r"^global_batch '1M' \(1,000,000 tokens\)"):
-        plan("llama-3-8b", gpus=8, gpu="h100-80gb", global_batch="1M", seq_len=4096)
+    with pytest.raises(InputError, match=r"^global_batch '1000000' \(1,000,000 tokens\)"):
+        plan("llama-3-8b", gpus=8, gpu="h100-80gb", global_batch="1000000", seq_len=4096)
 
 
 def test_plan_keeps_every_candidate_when_asked() -> None:
