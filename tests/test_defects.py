@@ -395,10 +395,10 @@ def test_bench_out_is_checked_before_any_rank_starts(
 
 def test_bench_default_out_folder_is_created(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The cache folder zerocalc chose is created (the user named none)."""
-    from zerocalc.cli.bench import _check_out, default_out_folder
+    from zerocalc.cli.bench_files import check_out, default_out_folder
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    _check_out(default_out_folder() / "calibration.json", parents=True)  # accepted, nothing created yet
+    check_out(default_out_folder() / "calibration.json", parents=True)  # accepted, nothing created yet
     assert not (tmp_path / "cache").exists()
 
 

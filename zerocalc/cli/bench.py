@@ -9,8 +9,6 @@ the returned calibration atomically and render it. torch is imported only once t
 from __future__ import annotations
 
 import importlib.util
-import os
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -26,6 +24,7 @@ from zerocalc.bench.defaults import (
     DEFAULT_WARMUP,
 )
 from zerocalc.cli.base import PlainTextCommand, app, fail
+from zerocalc.cli.bench_files import check_out, default_out_folder, default_out_path
 
 if TYPE_CHECKING:
     from zerocalc.bench.config import BenchConfig
@@ -175,7 +174,7 @@ def bench(
         raise InputError(f"--out {out!r} is empty; accepted: a file path such as cal.json")
     launched = launched_by() is not None
     if not launched or placement_from_env().rank == 0:  # rank 0 alone writes
-        _check_out(Path(out) if out is not None else default_out_folder() / "calibration.json", out is None)
+        check_out(Path(out) if out is not None else default_out_folder() / "calibration.json", out is None)
 
     gpus = _visible_gpus()
     chosen_backend = _parse_backend(backend, gpus)
@@ -253,16 +252,6 @@ def _measure(config: BenchConfig, nproc: int | None) -> Calibration | None:
     )
 
 
-def _check_out(path: Path, parents: bool) -> None:
-    """``--out`` (or, ``parents``, the default file in zerocalc's cache folder, created if missing) can be
-    written: checked before any rank starts."""
-    from zerocalc.base.atomic import unwritable
-
-    problem = unwritable(path, parents)
-    if problem:
-        raise InputError(f"--out {str(path)!r} {problem}; accepted: a file path in a writable folder")
-
-
 def _parse_collectives(text: str) -> list[Collective]:
     from zerocalc.network.collectives import BENCHMARKED, parse_collective
 
@@ -305,18 +294,6 @@ def _parse_backend(backend: str | None, gpus: int) -> str:
 
 
 # ------------------------------------------------------------------------------------ rank 0: the output
-def default_out_folder() -> Path:
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "zerocalc"
-
-
-def default_out_path(calibration: Calibration) -> Path:
-    device = re.sub(r"[^A-Za-z0-9]+", "-", calibration.device_name).strip("-").lower()[:40] or "device"
-    stamp = re.sub(r"[^0-9T]", "", calibration.created_at.split("+")[0])
-    name = f"calibration-{calibration.backend}-{calibration.world_size}x{device}-{stamp}.json"
-    return default_out_folder() / name
-
-
 def finish(config: BenchConfig, calibration: Calibration) -> None:
     """Rank 0, after the sweep: write the file atomically, then print the tables (or the JSON)."""
     from zerocalc.cli.render import console, print_json
