@@ -156,11 +156,15 @@ def test_every_option_of_validate(
     """Every validate option, random values, in each of its modes (frameworks, --activations, --device,
     --pp, --fake --pp, --ep): refused in one line before anything runs, or accepted (the runs themselves
     are replaced: no process is spawned and no model built)."""
-    from zerocalc.validate import expert, pipeline, run, saved_measure
+    from zerocalc.validate import expert, pipeline_run, run, saved_measure
 
     monkeypatch.setattr(run, "run_all", _never_measure)
     monkeypatch.setattr(saved_measure, "run_cases", _never_measure)
-    for module, name in ((pipeline, "run_pipeline"), (pipeline, "run_fake_pipeline"), (expert, "run_expert")):
+    for module, name in (
+        (pipeline_run, "run_pipeline"),
+        (pipeline_run, "run_fake_pipeline"),
+        (expert, "run_expert"),
+    ):
         monkeypatch.setattr(module, name, _never_measure)
     _run_and_check(_draw_args(data, "validate", ["validate", *mode]), tmp_path)
 

@@ -105,7 +105,7 @@ def pipeline(
     check_pipeline(arch, pp, nproc, m, first, last)
     if importlib.util.find_spec("torch") is None:
         raise fail(NEEDS_TORCH)
-    from zerocalc.validate.pipeline import run_pipeline
+    from zerocalc.validate.pipeline_run import run_pipeline
 
     total = len(chosen) * len(recipes)
     progress = procs.Progress("zerocalc validate", total)
@@ -188,7 +188,7 @@ def fake_pipeline(
     ]
     if importlib.util.find_spec("torch") is None:
         raise fail(NEEDS_TORCH.replace("validate", "validate --fake"))
-    from zerocalc.validate.pipeline import run_fake_pipeline
+    from zerocalc.validate.pipeline_run import run_fake_pipeline
 
     report = run_fake_pipeline(arch, cases, opt)
     if json:

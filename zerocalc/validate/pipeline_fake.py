@@ -7,7 +7,7 @@ The process plays one rank of a fake world of p × d ranks (``init_process_group
 once): the first data-parallel rank of the stage measured (the largest dim-0 shards), one case per stage.
 The (pp, dp) mesh is built on real tensors; then, under ``FakeTensorMode``, the whole model of
 :mod:`zerocalc.validate.model` is built, the stage's modules kept
-(:class:`~zerocalc.validate.pipeline_worker.StageModule`), ``fully_shard`` applied per block and then on the
+(:class:`~zerocalc.validate.pipeline_stage.StageModule`), ``fully_shard`` applied per block and then on the
 stage (``MixedPrecisionPolicy`` with bf16 parameters and fp32 reduction under bf16-mixed), Adam created,
 and ``Schedule1F1B`` runs three steps of m micro-batches (``optimizer.step`` after each; the third is
 measured, without ``zero_grad``).
@@ -54,7 +54,7 @@ from zerocalc.validate.pipeline import (
     compare_fake_stage,
     rounded,
 )
-from zerocalc.validate.pipeline_worker import build_stage, stage_shapes
+from zerocalc.validate.pipeline_stage import build_stage, stage_shapes
 from zerocalc.validate.worker import _nbytes
 
 
