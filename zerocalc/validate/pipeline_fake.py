@@ -44,6 +44,7 @@ from zerocalc.model.architecture import Architecture
 from zerocalc.parallel.optimizers import OptimizerName
 from zerocalc.parallel.precision import PrecisionName
 from zerocalc.validate.config import WARMUP_STEPS
+from zerocalc.validate.measure import nbytes
 from zerocalc.validate.model import build_model, loss_fn
 from zerocalc.validate.pipeline import (
     FakePipelineCase,
@@ -55,7 +56,6 @@ from zerocalc.validate.pipeline import (
     rounded,
 )
 from zerocalc.validate.pipeline_stage import build_stage, stage_shapes
-from zerocalc.validate.worker import _nbytes
 
 
 @contextlib.contextmanager
@@ -209,9 +209,9 @@ def _steps(
             peak=tracker._peak_mem.get(cpu, 0),
             after_schedule=after_schedule,
             at_peak={str(getattr(k, "value", k)): v for k, v in at_peak.items() if v},
-            params=sum(_nbytes(p) for p in params),
-            grads=sum(_nbytes(p.grad) for p in params if p.grad is not None),
-            optimizer=sum(_nbytes(v) for k, v in states if torch.is_tensor(v) and k != "step"),
-            step=sum(_nbytes(v) for k, v in states if torch.is_tensor(v) and k == "step"),
+            params=sum(nbytes(p) for p in params),
+            grads=sum(nbytes(p.grad) for p in params if p.grad is not None),
+            optimizer=sum(nbytes(v) for k, v in states if torch.is_tensor(v) and k != "step"),
+            step=sum(nbytes(v) for k, v in states if torch.is_tensor(v) and k == "step"),
         )
     return figures
