@@ -433,8 +433,11 @@ def test_bench_compute_on_the_cpu_writes_a_table_comm_uses(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["bench", "--compute", "--collectives", "all"], "--collectives with --compute"),
-        (["bench", "--model", "gpt2"], "--model sizes the shapes of --compute"),
+        (["bench", "--compute", "--collectives", "all"],
+         "--collectives is not read with --compute; accepted with --compute: --dtype, --warmup"),
+        (["bench", "--model", "gpt2"], "--model is read only with --compute; accepted: --compute --model"),
+        (["bench", "--compute", "--seq-len", "8k"], "--seq-len sizes the shapes of --model"),
+        (["bench", "--compute", "--model", "gpt2", "--tp", "5"], "--tp 5: gpt2 has 12 attention heads"),
         (["comm", "--model", "gpt2", "--gpu", "h100-80gb", "--compute-calibration", ""],
          "--compute-calibration '' is empty"),
         (["comm", "--model", "gpt2", "--gpu", "h100-80gb", "--compute-calibration", "/nonexistent.json"],

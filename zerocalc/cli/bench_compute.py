@@ -17,9 +17,10 @@ if TYPE_CHECKING:
 
 
 def _model_shapes(
-    model: str, micro_batch: int, seq_len: int | None, tp: int
+    model: str, micro_batch: str, seq_len: str | None, tp: str
 ) -> tuple[list[GemmShape], list[AttentionShape]]:
-    """The shapes one rank of ``model`` runs at b, s and t (the parser checks them as ``comm`` does)."""
+    """The shapes one rank of ``model`` runs at b, s and t, as typed (the parser checks them as ``comm``
+    does: they are comm's options)."""
     from zerocalc.bench.compute import model_shapes
     from zerocalc.comm.step import request_ops
     from zerocalc.parallel.frameworks import Estimate
@@ -33,9 +34,9 @@ def _model_shapes(
 
 def bench_compute(
     model: str | None,
-    micro_batch: int,
-    seq_len: int | None,
-    tp: int,
+    micro_batch: str,
+    seq_len: str | None,
+    tp: str,
     dtype: str,
     warmup: int,
     iters: int,
