@@ -10,6 +10,9 @@ commands share with ``memory`` (``--model``, ``--json``; ``bench --compute``'s `
 taken as it is, with the commands here that also take it. Values reach the commands as typed (text); the
 commands parse them (``zerocalc.cli.options.whole_number``, ...), naming what is accepted.
 
+A name means one flag wherever it is taken, here and in ``OPTIONS`` (``--strategies``, which names validate's
+configurations, is ``configurations``: memory's ``strategies`` is ``--strategy``).
+
 A command may have one variant chosen by a flag (:data:`VARIANTS`): ``bench --compute`` measures compute
 instead of collectives, ``validate pipeline --fake`` runs the stages under fake tensors instead of
 processes. Each record names the variants that read it; an option given to a variant that does not read
@@ -58,8 +61,8 @@ FRAMEWORK_STRATEGIES = (
     "fsdp2-no-reshard, fsdp2, fsdp2-hsdp"
 )
 """For --help without importing the records: validate.config.STRATEGIES (a test checks they agree)."""
-TP_STRATEGIES = "fsdp2, fsdp2-no-reshard"
-"""validate.tp.TP_STRATEGIES, likewise."""
+TP_STRATEGIES = "fsdp2-no-reshard, fsdp2"
+"""validate.tp.TP_STRATEGIES in validate.config.STRATEGIES' order, likewise."""
 PIPELINE_STRATEGIES = "none, ddp, fsdp2"
 """validate.pipeline.PIPELINE_STRATEGIES, likewise."""
 
@@ -95,11 +98,11 @@ MEASURE_OPTIONS: tuple[Option, ...] = (
     _opt("family", ("--family",), "Comma list of families (tiny configs), or all.", {ACTIVATIONS},
          default="all"),
     # ---------------------------------------------------------------------------------- the job
-    _opt("strategies", ("--strategies",), f"Comma list of {FRAMEWORK_STRATEGIES}, or all.", {FRAMEWORKS},
+    _opt("configurations", ("--strategies",), f"Comma list of {FRAMEWORK_STRATEGIES}, or all.", {FRAMEWORKS},
          default="all"),
-    _opt("strategies", ("--strategies",),
+    _opt("configurations", ("--strategies",),
          f"Comma list of {TP_STRATEGIES} (FSDP2 over the dp ranks), or all.", {TP}, default="all"),
-    _opt("strategies", ("--strategies",),
+    _opt("configurations", ("--strategies",),
          f"Comma list of {PIPELINE_STRATEGIES} (what a stage's data-parallel ranks run), or all.", {PIPELINE},
          default="all"),
     _opt("precision", ("--precision",), "Comma list of fp32, bf16-mixed.",
