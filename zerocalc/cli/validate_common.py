@@ -39,6 +39,8 @@ SIZES = {
     "vocab": "vocab_size",
 }
 """The size overrides (option → the architecture's field) of the subcommands that build validate's model."""
+MAX_RANKS = 1_048_576
+"""Ranks of a fake process group at most (each rank's shard is computed, none allocated), and so --tp."""
 MAX_TOKENS = 65_536
 """b·s at most where the run is a CPU forward of a tiny model (the attention's [b, a, s, s] when eager)."""
 
@@ -101,12 +103,15 @@ def shape(values: dict[str, Any], at_most: int | None = MAX_TOKENS, min_seq: int
     return b, s
 
 
-def spawned_ranks(values: dict[str, Any], command: str) -> int:
-    """``--nproc`` of a subcommand that starts its own processes (not under torchrun/srun): 2 or more."""
+def ranks(values: dict[str, Any], command: str, launched_ok: bool = False) -> int | None:
+    """``--nproc`` of a subcommand that starts its processes: 2 or more (default 2); None under
+    torchrun/srun where ``launched_ok`` (the launched world's ranks), else refused there."""
     from zerocalc.bench.topology import launched_by
     from zerocalc.harness import procs
 
     if launched_by() is not None:
+        if launched_ok:
+            return None
         raise InputError(
             f"zerocalc validate {command} starts its own --nproc processes; accepted: zerocalc validate "
             f"{command} --nproc N ... outside torchrun/srun"
@@ -115,6 +120,13 @@ def spawned_ranks(values: dict[str, Any], command: str) -> int:
     nproc = 2 if nproc is None else nproc
     if nproc < 2:
         raise InputError(f"--nproc {procs.brief(nproc)} is not accepted; accepted: 2 or more processes")
+    return nproc
+
+
+def spawned_ranks(values: dict[str, Any], command: str) -> int:
+    """:func:`ranks` of a subcommand that runs outside torchrun/srun only."""
+    nproc = ranks(values, command)
+    assert nproc is not None
     return nproc
 
 

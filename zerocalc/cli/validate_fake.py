@@ -14,18 +14,13 @@ from typing import Any
 from zerocalc.base.errors import InputError
 from zerocalc.cli.measure_options import Measure
 from zerocalc.cli.options import comma_list, takes_measure
-from zerocalc.cli.validate_common import finish, require_torch, reshards, shape
-
-MAX_FAKE_WORLD = 1_048_576
-"""--world: ranks of the fake process group at most (each rank's shard is computed, none allocated)."""
-MAX_TP = 1_048_576
-"""--tp at most (the ranks of the largest fake world)."""
+from zerocalc.cli.validate_common import MAX_RANKS, finish, require_torch, reshards, shape
 
 
 def _tps(text: str) -> list[int]:
     """``--tp``: a comma list of whole numbers ≥ 1."""
     parts = [p.strip() for p in text.split(",")]
-    if not all(p.isdigit() and 1 <= int(p) <= MAX_TP for p in parts):
+    if not all(p.isdigit() and 1 <= int(p) <= MAX_RANKS for p in parts):
         raise InputError(f"--tp {text!r} is not accepted; accepted: a comma list of whole numbers ≥ 1")
     return list(dict.fromkeys(int(p) for p in parts))
 
@@ -51,10 +46,10 @@ def fake(values: dict[str, Any], given: frozenset[str]) -> None:
     worlds = []
     for text in world.split(","):
         size = text.strip()
-        if not size.isdigit() or not 1 <= int(size) <= MAX_FAKE_WORLD:
+        if not size.isdigit() or not 1 <= int(size) <= MAX_RANKS:
             raise InputError(
                 f"--world {world!r} is not accepted; accepted: a comma list of world sizes from 1 to "
-                f"{MAX_FAKE_WORLD:,}"
+                f"{MAX_RANKS:,}"
             )
         worlds.append(int(size))
     accepted = tuple(r.value for r in RECOMPUTES)

@@ -14,16 +14,21 @@ from typing import TYPE_CHECKING, Any
 from zerocalc.base.errors import InputError
 from zerocalc.cli.measure_options import Measure
 from zerocalc.cli.options import comma_list, seconds, takes_measure, whole_number
-from zerocalc.cli.validate_common import optimizer, progress_of, require_torch, size_overrides
+from zerocalc.cli.validate_common import (
+    MAX_RANKS,
+    optimizer,
+    precisions,
+    progress_of,
+    ranks,
+    require_torch,
+    size_overrides,
+)
 
 if TYPE_CHECKING:
     from zerocalc.model.architecture import Architecture
     from zerocalc.network.schedule import GradSync
     from zerocalc.validate.compare import ConfigResult
     from zerocalc.validate.config import TpPlan
-
-MAX_TP = 1_048_576
-"""--tp at most."""
 
 
 @takes_measure(Measure.FRAMEWORKS)
@@ -43,7 +48,8 @@ def frameworks(values: dict[str, Any], given: frozenset[str]) -> None:
     arch = run.resolve_architecture(values["model"], size_overrides(values))
     check_buildable(arch)
     chosen = comma_list(values["configurations"], "--strategies", tuple(STRATEGIES), allow_all=True)
-    recipes, opt = _recipes(values), optimizer(values["optimizer"]).value
+    recipes = [p.value for p in precisions(values["precision"])]
+    opt = optimizer(values["optimizer"]).value
     syncs = [
         GradSync(s)
         for s in comma_list(values["grad_sync"], "--grad-sync", tuple(g.value for g in GradSync), False)
@@ -55,7 +61,7 @@ def frameworks(values: dict[str, Any], given: frozenset[str]) -> None:
             f"--grad-accum {procs.brief(grad_accum)} is not accepted; "
             f"accepted: 1 to {MAX_GRAD_ACCUM:,} micro-batches"
         )
-    timeout, nproc = seconds(values["timeout"]), _ranks(values)
+    timeout, nproc = seconds(values["timeout"]), ranks(values, "frameworks", launched_ok=True)
     world, per_node = run.world_and_node(nproc, whole_number(values["gpus_per_node"], "--gpus-per-node"))
     explicit = values["configurations"].strip().lower() != "all"
     chosen = run.check_nodes(world, per_node, chosen, explicit=explicit)
@@ -78,41 +84,22 @@ def tp(values: dict[str, Any], given: frozenset[str]) -> None:
 
     t = whole_number(values["tp"], "--tp")
     assert t is not None
-    if not 2 <= t <= MAX_TP:
+    if not 2 <= t <= MAX_RANKS:
         raise InputError(
-            f"--tp {procs.brief(t)} is not accepted; accepted: 2 to {MAX_TP:,} tensor-parallel ranks "
+            f"--tp {procs.brief(t)} is not accepted; accepted: 2 to {MAX_RANKS:,} tensor-parallel ranks "
             "(zerocalc validate frameworks runs without TP)"
         )
     arch = run.resolve_architecture(values["model"], size_overrides(values), t)
     check_buildable(arch)
     accepted = tuple(s for s in STRATEGIES if s in TP_STRATEGIES)
     chosen = comma_list(values["configurations"], "--strategies", accepted, allow_all=True)
-    recipes, opt = _recipes(values), optimizer(values["optimizer"]).value
-    timeout, nproc = seconds(values["timeout"]), _ranks(values)
+    recipes = [p.value for p in precisions(values["precision"])]
+    opt = optimizer(values["optimizer"]).value
+    timeout, nproc = seconds(values["timeout"]), ranks(values, "tp", launched_ok=True)
     world, per_node = run.world_and_node(nproc, None)
     plan = plan_for(world, t, values["sequence_parallel"], values["loss_parallel"])
     check_tp(arch, plan, chosen, 1)
     _run(arch, chosen, recipes, opt, 1, [GradSync.EVERY], nproc, timeout, per_node, plan, values["json"])
-
-
-def _recipes(values: dict[str, Any]) -> list[str]:
-    from zerocalc.validate.config import PRECISIONS
-
-    return comma_list(values["precision"], "--precision", tuple(p.value for p in PRECISIONS), False)
-
-
-def _ranks(values: dict[str, Any]) -> int | None:
-    """``--nproc`` spawned ranks (2 or more), or None under torchrun/srun (the launched world's)."""
-    from zerocalc.bench.topology import launched_by
-    from zerocalc.harness import procs
-
-    if launched_by() is not None:
-        return None
-    nproc = whole_number(values["nproc"], "--nproc")
-    nproc = 2 if nproc is None else nproc
-    if nproc < 2:
-        raise InputError(f"--nproc {procs.brief(nproc)} is not accepted; accepted: 2 or more processes")
-    return nproc
 
 
 def _run(

@@ -15,6 +15,7 @@ from zerocalc.base.errors import InputError
 from zerocalc.cli.measure_options import Measure
 from zerocalc.cli.options import comma_list, seconds, takes_measure, whole_number
 from zerocalc.cli.validate_common import (
+    MAX_RANKS,
     finish,
     mark,
     optimizer,
@@ -32,8 +33,6 @@ if TYPE_CHECKING:
     from zerocalc.validate.pipeline import FakePipelineReport, PipelineReport
 
 SHORT = {"forward": "fwd", "backward": "bwd"}
-MAX_FAKE_WORLD = 1_048_576
-"""--fake: ranks of the fake process group at most."""
 
 
 @takes_measure(Measure.PIPELINE)
@@ -90,10 +89,10 @@ def _fake_pipeline(values: dict[str, Any], pp: int, microbatches: int | None) ->
     worlds = []
     for text in world.split(","):
         size = text.strip()
-        if not size.isdigit() or not 1 <= int(size) <= MAX_FAKE_WORLD or int(size) % max(pp, 1):
+        if not size.isdigit() or not 1 <= int(size) <= MAX_RANKS or int(size) % max(pp, 1):
             raise InputError(
                 f"--world {world!r} with --pp {pp} is not accepted; accepted: a comma list of world sizes, "
-                f"multiples of {pp} up to {MAX_FAKE_WORLD:,}"
+                f"multiples of {pp} up to {MAX_RANKS:,}"
             )
         worlds.append(int(size))
     recipes, opt = precisions(values["precision"]), optimizer(values["optimizer"])
