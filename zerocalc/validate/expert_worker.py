@@ -1,5 +1,5 @@
-"""The torch side of ``zerocalc validate --ep``: one rank of an expert-parallel MoE layer with a fixed router
-(imports torch).
+"""The torch side of ``zerocalc validate expert``: one rank of an expert-parallel MoE layer with a fixed
+router (imports torch).
 
 Run as ``python -m zerocalc.validate.expert_worker JOB_JSON...`` by
 :func:`zerocalc.harness.procs.spawn_series`. The ranks form a (world/e, e) device mesh, the expert-parallel

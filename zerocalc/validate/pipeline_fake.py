@@ -1,6 +1,6 @@
-"""The torch side of ``zerocalc validate --fake --pp``: one stage of a real ``torch.distributed.pipelining``
-1F1B step, with FSDP2 over the stage's data-parallel ranks, under fake tensors, tracked by PyTorch's
-``FSDPMemTracker`` (imports torch).
+"""The torch side of ``zerocalc validate pipeline --fake``: one stage of a real pipelining 1F1B step
+(``torch.distributed.pipelining``), with FSDP2 over the stage's data-parallel ranks, under fake tensors,
+tracked by PyTorch's ``FSDPMemTracker`` (imports torch).
 
 The process plays one rank of a fake world of p × d ranks (``init_process_group("fake")``,
 ``torch/testing/_internal/distributed/fake_pg.py``: every collective and every send or receive returns at

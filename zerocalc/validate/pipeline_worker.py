@@ -1,4 +1,4 @@
-"""The torch side of ``zerocalc validate --pp``: one rank of a pipeline of real
+"""The torch side of ``zerocalc validate pipeline``: one rank of a pipeline of real
 ``torch.distributed.pipelining`` stages (imports torch).
 
 Run as ``python -m zerocalc.validate.pipeline_worker JOB_JSON...`` by

@@ -1,4 +1,4 @@
-"""``zerocalc validate --activations``: the activation profile against what real modules save (pure).
+"""``zerocalc validate activations``: the activation profile against what real modules save (pure).
 
 :mod:`zerocalc.model.model_impl` says, per decoder layer and outside the layers, which storages a model's
 forward
