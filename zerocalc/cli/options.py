@@ -66,11 +66,20 @@ def _command_function(name: str, options: tuple[Option, ...], run: Run, doc_of: 
 
     command_function.__name__ = name
     command_function.__qualname__ = name
-    command_function.__doc__ = doc_of.__doc__
+    command_function.__doc__ = _flowed(doc_of.__doc__)
     command_function.__module__ = doc_of.__module__
     command_function.__signature__ = inspect.Signature([context, *parameters])  # type: ignore[attr-defined]
     command_function.__annotations__ = {p.name: p.annotation for p in [context, *parameters]}
     return command_function
+
+
+def _flowed(doc: str | None) -> str | None:
+    """A docstring's paragraphs each on one line: Typer keeps the line breaks of every paragraph but the
+    first, and Rich then wraps the broken lines again (ragged help at 80 columns)."""
+    if doc is None:
+        return None
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
 
 
 def takes_options(command: Command) -> Callable[[Run], Callable[..., None]]:
