@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from zerocalc.base.errors import InputError
-from zerocalc.request.options import Command, Kind, Option, option, options_for
+from zerocalc.request.options import Command, Kind, Option, options_for
 
 if TYPE_CHECKING:
     from zerocalc.cli.measure_options import Measure
@@ -129,11 +129,6 @@ def refuse_unread(command: Measure, variant: Measure, switch: str, on: bool, giv
         accepted = ", ".join(o.flag for o in measure_options_for(variant) if o.name != switch)
         raise InputError(f"{flag} is not read with {switch_flag}; accepted with {switch_flag}: {accepted}")
     raise InputError(f"{flag} is read only with {switch_flag}; accepted: {switch_flag} {flag}, or no {flag}")
-
-
-def annotated(command: Command, name: str) -> Any:
-    """One option's Typer annotation, for a command that declares its other options itself."""
-    return _parameter(option(command, name)).annotation
 
 
 # ------------------------------------------------------------------------ the measuring commands' values
