@@ -23,7 +23,8 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.units import ceil_div
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, parameter_tensors
-from zerocalc.model.model_impl import Device, traits
+from zerocalc.model.code import Device
+from zerocalc.model.traits import traits
 from zerocalc.parallel.strategies import StrategyName
 from zerocalc.peak.kinds import StepPhase
 from zerocalc.peak.ledger import CUDA_BLOCK
