@@ -212,7 +212,6 @@ CYCLES_BEING_REMOVED: dict[tuple[str, str], str] = {
         "request/launch.py takes training.py's private _model; training → options → (reading a launch "
         "config) launch → training"
     ),
-    ("zerocalc.parallel.mesh", "zerocalc.parallel.pipeline"): "parallel/mesh.py ↔ parallel/pipeline.py",
     DISPLAY_HOOK: "comm/estimate.py → base/display.py → render/display.py → comm/estimate.py",
 }
 """The imports that close the import cycles still in the code, each closed inside a function. They are
