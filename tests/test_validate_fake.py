@@ -1,4 +1,4 @@
-"""``zerocalc validate --fake``: FSDP2 at any world size under fake tensors, tracked by PyTorch's own
+"""``zerocalc validate fake``: FSDP2 at any world size under fake tensors, tracked by PyTorch's own
 ``FSDPMemTracker``, against the step timeline to the byte.
 
 The pure tests assert the timeline's figures against what the real tracker gave for the same case (torch
@@ -237,7 +237,7 @@ def test_loss_parallel_saves_the_vocab_sharded_log_probabilities() -> None:
 # ---------------------------------------------------------------------------------------- the CLI
 @needs_torch
 def test_cli_validate_fake_world_8() -> None:
-    result = CliRunner().invoke(app, ["validate", "--fake", "--world", "8"], env={"COLUMNS": "80"})
+    result = CliRunner().invoke(app, ["validate", "fake", "--world", "8"], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     assert "1 of 1 cases exact to the byte (1 claimed exact): every claimed case is exact" in result.output
     assert "tiny llama: FSDP2 world 8" in result.output
@@ -250,7 +250,7 @@ def test_cli_validate_fake_json_of_a_config_json(tmp_path: Path) -> None:
     path.parent.mkdir()
     path.write_text(json.dumps(TINY_CONFIGS["qwen3_moe"]))
     result = CliRunner().invoke(
-        app, ["validate", "--fake", "--model", str(path), "--world", "4", "-b", "1", "-s", "32", "--json"]
+        app, ["validate", "fake", "--model", str(path), "--world", "4", "-b", "1", "-s", "32", "--json"]
     )
     assert result.exit_code == 0, result.output
     report: dict[str, Any] = json.loads(result.output)
@@ -261,7 +261,7 @@ def test_cli_validate_fake_json_of_a_config_json(tmp_path: Path) -> None:
 
 @needs_torch
 def test_cli_validate_fake_dp_by_tp_json() -> None:
-    args = ["--fake", "--tp", "2", "--world", "4", "-b", "1", "-s", "32", "--no-sequence-parallel", "--json"]
+    args = ["fake", "--tp", "2", "--world", "4", "-b", "1", "-s", "32", "--no-sequence-parallel", "--json"]
     result = CliRunner().invoke(app, ["validate", *args])
     assert result.exit_code == 0, result.output
     report: dict[str, Any] = json.loads(result.output)
@@ -276,7 +276,7 @@ def test_cli_validate_fake_tp_refuses_a_tied_head(tmp_path: Path) -> None:
     path = tmp_path / "tied" / "config.json"
     path.parent.mkdir()
     path.write_text(json.dumps(TINY_CONFIGS["llama"]))  # tie_word_embeddings
-    result = CliRunner().invoke(app, ["validate", "--fake", "--tp", "2", "--model", str(path)])
+    result = CliRunner().invoke(app, ["validate", "fake", "--tp", "2", "--model", str(path)])
     assert result.exit_code == 2, result.output
     assert "tied has an LM head tied to the embedding; --tp builds torchtitan's plan" in result.stderr
 
@@ -284,23 +284,23 @@ def test_cli_validate_fake_tp_refuses_a_tied_head(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--fake", "--nproc", "4"], "--nproc is not read by --fake"),
-        (["--fake", "--world", "0"], "--world '0' is not accepted"),
-        (["--fake", "--world", "8,x"], "--world '8,x' is not accepted"),
-        (["--fake", "--recompute", "selective"], "--recompute 'selective' is not accepted"),
-        (["--fake", "--reshard", "maybe"], "--reshard 'maybe' is not accepted"),
-        (["--fake", "--activations"], "--fake with --activations is not accepted"),
-        (["--world", "8"], "--world is not read by the framework runs"),
-        (["--fake", "--model", "gpt2"], "--model 'gpt2' is a gpt2 model"),
-        (["--fake", "--tp", "3", "--world", "8"], "--tp 3 does not divide --world 8"),
+        (["fake", "--nproc", "4"], "No such option: --nproc"),
+        (["fake", "--world", "0"], "--world '0' is not accepted"),
+        (["fake", "--world", "8,x"], "--world '8,x' is not accepted"),
+        (["fake", "--recompute", "selective"], "--recompute 'selective' is not accepted"),
+        (["fake", "--reshard", "maybe"], "--reshard 'maybe' is not accepted"),
+        (["fake", "--activations"], "No such option: --activations"),
+        (["frameworks", "--world", "8"], "No such option: --world"),
+        (["fake", "--model", "gpt2"], "--model 'gpt2' is a gpt2 model"),
+        (["fake", "--tp", "3", "--world", "8"], "--tp 3 does not divide --world 8"),
         (
-            ["--fake", "--tp", "2", "--world", "8", "-s", "537"],
+            ["fake", "--tp", "2", "--world", "8", "-s", "537"],
             "--seq-len 537 does not split into --tp 2 sequence-parallel chunks",
         ),
-        (["--fake", "--tp", "2,x"], "--tp '2,x' is not accepted; accepted: a comma list of whole numbers"),
-        (["--tp", "2,4"], "--tp '2,4' is not accepted; accepted: a whole number ≥ 1"),
-        (["--fake", "--no-loss-parallel"], "--no-loss-parallel without --tp is not accepted"),
-        (["--fake", "--tp", "2", "--model", "qwen3-8b"], "TP plan does not cover (k_norm, q_norm)"),
+        (["fake", "--tp", "2,x"], "--tp '2,x' is not accepted; accepted: a comma list of whole numbers"),
+        (["fake", "-b", "0"], "--micro-batch 0 --seq-len 64 is not accepted; accepted: b ≥ 1 and s ≥ 2"),
+        (["fake", "--no-loss-parallel"], "--no-loss-parallel without --tp is not accepted"),
+        (["fake", "--tp", "2", "--model", "qwen3-8b"], "TP plan does not cover (k_norm, q_norm)"),
     ],
 )
 def test_cli_validate_fake_refuses_in_one_line(args: list[str], says: str) -> None:

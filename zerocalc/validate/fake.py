@@ -1,4 +1,4 @@
-"""``zerocalc validate --fake``: FSDP2 at any world size under fake tensors, against the timeline (pure).
+"""``zerocalc validate fake``: FSDP2 at any world size under fake tensors, against the timeline (pure).
 
 The torch side (:mod:`zerocalc.validate.fake_step`) runs the real Hugging Face model and the real FSDP2 on
 the CPU under ``FakeTensorMode`` and a fake process group of N ranks, and PyTorch's own

@@ -1,4 +1,4 @@
-"""A model preset written back as the config.json transformers builds it (pure), for ``validate --fake``.
+"""A model preset written back as the config.json transformers builds it (pure), for ``validate fake``.
 
 The keys are those :mod:`zerocalc.model.hf_config` reads for the family (the layout of its transformers
 5.17 configuration class). The result is read back with

@@ -1,4 +1,4 @@
-"""``zerocalc validate --activations``: the activation profile against what real modules save (pure).
+"""``zerocalc validate activations``: the activation profile against what real modules save (pure).
 
 :mod:`zerocalc.model.code` says, per decoder layer and outside the layers, which storages a model's forward
 keeps for backward. :mod:`zerocalc.validate.saved_measure` runs the real Hugging Face module on the CPU
