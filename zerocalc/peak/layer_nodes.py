@@ -40,8 +40,11 @@ element of the routing weights they hand the experts: Mixtral's stay fp32 (``Mix
 (``Qwen3MoeTopKRouter``: ``.to(router_logits.dtype)``; 0: the compute dtype)."""
 
 
-def _experts_written(impl: ModelImpl, arch: Architecture, index: int, shape: Shape) -> bool:
-    """The layer's experts are ``grouped_mm_experts_forward`` alone, on one rank's whole micro-batch."""
+def experts_traced(impl: ModelImpl, arch: Architecture, index: int, shape: Shape) -> bool:
+    """The layer's experts are traced node by node here (:func:`experts_forward_transients`,
+    :func:`experts_backward_program`): ``grouped_mm_experts_forward`` alone (no shared experts) under a
+    router of :data:`ROUTED_WEIGHTS`, on one rank's whole micro-batch (no tensor, context or expert
+    parallelism)."""
     return (
         impl.name is ModelImplName.HF
         and impl.transients
@@ -68,7 +71,7 @@ def experts_forward_transients(
     output ``proj_out * sample_weights_g`` and its gather, p [S, h] each (p fp32 with fp32 routing
     weights). The ``sum`` over the k copies comes once the weighted output is freed, and is smaller
     (traced, module docstring)."""
-    if not _experts_written(impl, arch, index, shape):
+    if not experts_traced(impl, arch, index, shape):
         return ()
     T, h, E, k = shape.local_tokens, arch.hidden_size, arch.num_experts, arch.experts_per_token
     S = T * k
@@ -114,7 +117,7 @@ def experts_backward_program(
 
     The router's backward that follows holds [T, E] and [T, k] tensors (freed with the layer's other
     saved tensors here)."""
-    if not _experts_written(impl, arch, index, shape):
+    if not experts_traced(impl, arch, index, shape):
         return ()
     T, h, f = shape.local_tokens, arch.hidden_size, arch.intermediate_size
     E, k = arch.num_experts, arch.experts_per_token
