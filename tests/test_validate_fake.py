@@ -270,7 +270,7 @@ HELD_OUT = [
     ("Qwen3-30B-A3B, 4 layers, world 2", "qwen3_moe", WIDE_MOE, 2, 2, 128, "none", True),
     ("Qwen3-30B-A3B, 4 layers, world 4", "qwen3_moe", WIDE_MOE, 4, 2, 128, "none", True),
     ("Qwen3-30B-A3B, 4 layers, world 128", "qwen3_moe", WIDE_MOE, 128, 2, 128, "none", True),
-    ("Qwen3-30B-A3B without resharding", "qwen3_moe", WIDE_MOE, 8, 2, 128, "none", False),
+    ("Qwen3-30B-A3B without resharding", "qwen3_moe", WIDE_MOE, 2, 2, 128, "none", False),
     ("Mixtral-8x7B, 4 layers, world 6, full recompute", "mixtral", WIDE_MIXTRAL, 6, 2, 128, "full", True),
     ("llama-3-8b world 2, qwen2.5-7b world 3: the LM head", "llama", WIDE_UNTIED, 2, 1, 16, "none", True),
     ("llama-3-8b world 4, s 512: the first norm", "llama", SHORT_DENSE, 4, 1, 128, "none", False),
