@@ -13,7 +13,7 @@ from zerocalc.model.activations import (
     layer_input_bytes,
     layer_terms,
 )
-from zerocalc.model.model_impl import QUADRATIC_TERMS
+from zerocalc.model.code import QUADRATIC_TERMS
 
 
 def gpt(h: int, a: int, s: int = 2048, b: int = 1) -> ActivationShape:

@@ -6,7 +6,7 @@ import gzip
 import json
 from pathlib import Path
 
-from zerocalc.model.model_impl import MODEL_IMPLS, Device, ModelImplName, Shape, layer_saves
+from zerocalc.model.code import MODEL_CODES, Device, ModelImplName, Shape, layer_saves
 from zerocalc.peak.allocator import CachingAllocator
 from zerocalc.request.presets import load_model
 
@@ -51,7 +51,7 @@ def test_the_traced_h200_run_is_replayed_to_the_byte() -> None:
 def _program_check(arch, use_cache: bool, shape: Shape) -> tuple[int, int]:
     """The most a layer program holds at once (autograd keeping the saved tensors), and the saved bytes;
     asserts its kept tensors are the saved ones and that checkpointing releases every one."""
-    saves = layer_saves(MODEL_IMPLS[ModelImplName.HF], arch, 0, shape, 2, Device.CUDA, use_cache=use_cache)
+    saves = layer_saves(MODEL_CODES[ModelImplName.HF], arch, 0, shape, 2, Device.CUDA, use_cache=use_cache)
     kept = [(n, b) for verb, n, b in saves.program if verb == "keep"]
     assert sorted(kept) == sorted(saves.saved)
     assert {n for verb, n, _ in saves.program if verb == "release"} == {n for n, _ in saves.saved}
@@ -73,7 +73,7 @@ def _rounded(nbytes: int) -> int:
 
 
 def test_the_layer_programs_keep_the_saved_tensors_and_peak_where_the_code_does() -> None:
-    """model_impl.forward_program: its kept tensors are the layer's saved ones, and checkpointing releases
+    """code.program.forward_program: its kept tensors are the layer's saved ones, and checkpointing releases
     every one. Llama family: with autograd keeping them, the most alive at once is the saved tensors plus
     ``forward_excess`` (the mid residual, the down projection's output, the new hidden state). GPT-2 on
     CUDA: the saved tensors plus three [T, h] tensors (the attention's dropout output, the MLP's, and
@@ -89,7 +89,7 @@ def test_the_layer_programs_keep_the_saved_tensors_and_peak_where_the_code_does(
     for use_cache in (True, False):
         most, lump = _program_check(arch, use_cache, shape)
         assert lump - most == 2 * shape.tokens * arch.hidden_size
-    impl = MODEL_IMPLS[ModelImplName.HF]
+    impl = MODEL_CODES[ModelImplName.HF]
     assert layer_saves(impl, arch, 0, shape, 2, Device.CPU).program == ()
     mixtral, _ = load_model("mixtral-8x7b")
     assert layer_saves(impl, mixtral, 0, shape, 2, Device.CUDA).program == ()

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from zerocalc.api import estimate_peak
+from zerocalc.model.code import HF_ATTENTION, MODEL_CODES, AttentionKernel, ModelImplName
 from zerocalc.model.hf_config import SUPPORTED
-from zerocalc.model.model_impl import HF_ATTENTION, MODEL_IMPLS, AttentionKernel, ModelImplName
 from zerocalc.peak.kinds import StepPhase
 
 DATA = Path(__file__).parent / "data" / "h200-fsdp2-gpt2xl"
@@ -58,7 +58,7 @@ def test_default_kernel_per_implementation_and_family(model: str, impl: str, ker
     assert peak.notes[0].endswith(f"; attention: {shown} (the model code's)")
     if impl == "hf" and kernel is AttentionKernel.FLASH:
         assert peak.options.attention_source.startswith("transformers 5.17 models/")
-    assert MODEL_IMPLS[ModelImplName(impl)].name.value == impl
+    assert MODEL_CODES[ModelImplName(impl)].name.value == impl
 
 
 def test_the_flag_still_wins_and_is_named() -> None:

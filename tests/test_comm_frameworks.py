@@ -253,3 +253,29 @@ def test_grad_sync_is_stated_and_frameworks_that_fix_it_say_so() -> None:
     assert any(note.startswith("DDP: grad_sync every does not apply") for note in paper.notes)
     with pytest.raises(InputError, match="grad_sync 'sometimes' is not accepted; accepted: every, last"):
         estimate_comm(PSI, 2, grad_sync="sometimes")
+
+
+# ------------------------------------------------------------------- Megatron-LM's distributed optimizer
+def test_megatron_distributed_optimizer_reduce_scatters_fp32_main_grads_and_gathers_bf16_params() -> None:
+    """One bucket per buffer (no --overlap-grad-reduce), Ψ = PSI at d = 2: each parameter starts at a
+    multiple of 64 (one flat tensor here), the bucket ends at a multiple of lcm(2, 128) = 128:
+    S = 1,231,104; reduce-scatter (1/2)·4·S of the fp32 main gradients = 2,462,208, all-gather (1/2)·2·S of
+    the bf16 parameters after the step = 1,231,104 (core/distributed/param_and_grad_buffer.py)."""
+    row = estimate_comm(PSI, 2, framework="megatron", strategies="zero1", grad_accum=4).row("zero1")
+    assert _bytes(row) == {"reduce_scatter backward": 2_462_208, "all_gather after_step": 1_231_104}
+    assert [c.dtype.value for c in row.collectives] == ["fp32", "bf16"]
+
+
+def test_megatron_without_the_distributed_optimizer_all_reduces_the_main_grads_unpadded() -> None:
+    row = estimate_comm(PSI, 2, framework="megatron", strategies="ddp", grad_accum=4).row("ddp")
+    assert _bytes(row) == {"all_reduce backward": 2 * 4 * PSI // 2}  # 2(n−1)/n·4Ψ, once per step
+
+
+def test_megatron_pads_each_parameter_to_64_elements_in_its_buffer() -> None:
+    """GPT-2 shrink by tensors: Σ ceil(numel/64)·64 over its parameters, then to a multiple of 128."""
+    from zerocalc.model.architecture import parameter_tensors
+
+    aligned = sum(-(-t.numel // 64) * 64 for t in parameter_tensors(GPT2))
+    padded = -(-aligned // 128) * 128
+    row = estimate_comm(model=GPT2, gpus=2, framework="megatron", strategies="zero1").row("zero1")
+    assert _bytes(row)["reduce_scatter backward"] == 4 * padded // 2

@@ -28,10 +28,9 @@ from zerocalc.cli.plan import command as printed_command
 from zerocalc.comm.mesh import Dimension
 from zerocalc.model.activations import ActivationShape, layer_terms
 from zerocalc.model.architecture import MlpKind, expert_parameters
-from zerocalc.model.model_impl import MODEL_IMPLS, ModelImplName, Shape, layer_saves
+from zerocalc.model.code import MODEL_CODES, ModelImplName, Shape, layer_saves
 from zerocalc.parallel.frameworks import TorchSetup, TorchWrapper
 from zerocalc.parallel.mesh import Mesh
-from zerocalc.parallel.profiles import PROFILES
 from zerocalc.parallel.strategies import STRATEGIES, StrategyName
 from zerocalc.peak.evaluate import evaluate_peak
 from zerocalc.peak.states import STATE_BUILDERS
@@ -132,7 +131,7 @@ def test_qwen3_states_over_two_expert_data_parallel_ranks() -> None:
 
 def test_megatron_distributed_optimizer_shards_the_experts_over_their_group() -> None:
     request = parse_options(model="mixtral-8x7b", gpus=64, ep=8, framework="megatron", strategies="zero1")
-    lines = STATE_BUILDERS[PROFILES[request.framework].states](request, STRATEGIES[StrategyName.ZERO1]).lines
+    lines = STATE_BUILDERS[request.framework_record.states](request, STRATEGIES[StrategyName.ZERO1]).lines
     held = {line.name: line.bytes for line in lines}
     assert held == {
         "bf16 parameters": 2 * MIXTRAL_REST,
@@ -205,7 +204,7 @@ def test_routed_activations_follow_the_capacity_factor() -> None:
     assert Shape(1, 2048, ep=8, capacity_factor=1.25).expert_rows(2 * 2048) == 5120  # ceil(1.25 × 4096)
     assert Shape(1, 2048).expert_rows(4096) == 4096  # without EP a rank computes its own k·T
     arch = parse_options(model="mixtral-8x7b", gpus=64, ep=8).architecture
-    hf = MODEL_IMPLS[ModelImplName.HF]
+    hf = MODEL_CODES[ModelImplName.HF]
 
     def saved(factor: float) -> int:
         saves = layer_saves(hf, arch, 0, Shape(1, 2048, ep=8, capacity_factor=factor), 2)

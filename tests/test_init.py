@@ -9,9 +9,10 @@ from typer.testing import CliRunner
 
 from zerocalc.api import estimate_peak
 from zerocalc.cli import app
-from zerocalc.model.model_impl import Device
+from zerocalc.model.code import Device
+from zerocalc.parallel.framework_records import FRAMEWORKS
+from zerocalc.parallel.framework_records.record import ModelInit
 from zerocalc.parallel.frameworks import Framework
-from zerocalc.parallel.profiles import PROFILES, ModelInit
 from zerocalc.parallel.strategies import StrategyName
 from zerocalc.peak.allocator import CachingAllocator
 from zerocalc.peak.kinds import StepPhase
@@ -43,7 +44,7 @@ def test_each_framework_defaults_to_its_documented_path() -> None:
         Framework.TORCH_ZERO1: ModelInit.CPU,
         Framework.DDP: ModelInit.CPU,
     }
-    assert {f: p.init for f, p in PROFILES.items()} == expected
+    assert {f: p.init for f, p in FRAMEWORKS.items()} == expected
     peak = estimate_peak("llama-2-7b", 8, framework="fsdp2", strategies="zero3").peak
     assert peak.options.init is ModelInit.META and not peak.options.init_given
     assert peak.notes[0] == "model creation: meta (fsdp2's default); attention: flash (the model code's)"

@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 from zerocalc.api import estimate_memory
 from zerocalc.cli import app
 from zerocalc.model.architecture import TensorParallelRank, count_parameters, parameter_tensors
+from zerocalc.parallel.framework_records import data_parallel_mesh
 from zerocalc.parallel.frameworks import Framework
-from zerocalc.parallel.mesh import CpImpl, Mesh, data_parallel_mesh
+from zerocalc.parallel.mesh import CpImpl, Mesh
 from zerocalc.request.presets import load_model
 from zerocalc.request.training import parse_options
 
@@ -71,8 +72,9 @@ def test_megatron_tensor_parallel_rank_of_gpt3_175b() -> None:
         model_impl="megatron",
     )
     row = estimate.row("zero1")
-    # the ZeRO paper's ZeRO-1 over dp × cp = 1 rank: 2 + 2 + 12 bytes per local parameter
-    assert row.gpu_bytes == 16 * GPT3_175B_TP8
+    # Megatron-LM's distributed optimizer over dp × cp = 1 rank: bf16 parameters, fp32 main gradients and
+    # 12 bytes of fp32 master and Adam states, 2 + 4 + 12 bytes per local parameter (its docs: 18 without it)
+    assert row.gpu_bytes == 18 * GPT3_175B_TP8
     assert estimate.request.mesh.tp == 8 and estimate.request.cluster.world_size == 1
 
 
@@ -126,7 +128,7 @@ def test_context_parallel_shards_states_over_dp_times_cp() -> None:
         ([*L3, "--tp", "2", "--gpus", "8", "--framework", "fsdp"], "accepted: --framework"),
         ([*L3, "--cp", "2", "--gpus", "8", "--framework", "fsdp2", "--cp-impl", "ulysses"],
          "--cp-impl ulysses: --framework fsdp2 does not implement it; accepted: --cp-impl allgather, ring"),
-        ([*L3, "--cp", "2", "--gpus", "8", "--framework", "ddp"], "no context parallelism"),
+        ([*L3, "--cp", "2", "--gpus", "8", "--framework", "ddp"], "its context parallelism is not modelled"),
         ([*L3, "--tp", "2", "--gpus", "8", "--framework", "fsdp2", "--sequence-parallel"],
          "--tp 2 with --model-impl hf: transformers' tensor-parallel plans have no sequence parallelism"),
         ([*L3, "--cp", "2", "--gpus", "8", "--framework", "fsdp2", "--no-flash-attention"],

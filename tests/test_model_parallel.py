@@ -1,4 +1,4 @@
-"""Activations per rank under tensor, sequence and context parallelism (zerocalc/model/model_impl.py),
+"""Activations per rank under tensor, sequence and context parallelism (zerocalc/model/code/),
 against hand calculations from the frameworks' source and one CPU measurement."""
 
 from __future__ import annotations
@@ -9,27 +9,24 @@ import pytest
 
 from zerocalc.model.activations import CpImpl
 from zerocalc.model.architecture import Architecture, MlpKind, NormKind
-from zerocalc.model.model_impl import (
-    MODEL_IMPLS,
+from zerocalc.model.code import (
+    MODEL_CODES,
     Device,
     ModelImplName,
     Shape,
-    embedding_excess,
-    final_saves,
     hidden_bytes,
     layer_saves,
     loss_parallel_transients,
     loss_saves,
     parallel_transients,
     parallel_unsupported,
-    shared_saves,
     vocab_shard,
 )
 from zerocalc.request.presets import load_model
 
-HF = MODEL_IMPLS[ModelImplName.HF]
-MEGATRON = MODEL_IMPLS[ModelImplName.MEGATRON]
-TORCHTITAN = MODEL_IMPLS[ModelImplName.TORCHTITAN]
+HF = MODEL_CODES[ModelImplName.HF]
+MEGATRON = MODEL_CODES[ModelImplName.MEGATRON]
+TORCHTITAN = MODEL_CODES[ModelImplName.TORCHTITAN]
 
 
 def saved(impl, arch, shape: Shape, **options) -> dict[str, int]:
@@ -130,7 +127,7 @@ def test_torchtitan_block_matches_a_cpu_measurement() -> None:
         assert s[name] == 3072
     rstd = dict(saved(TORCHTITAN, tiny, shape))
     assert rstd["attention norm: rstd (fp32)"] == rstd["MLP norm: rstd (fp32)"] == 64
-    assert dict(final_saves(TORCHTITAN, tiny, shape, 2, Device.CUDA))["LM head input"] == 4096
+    assert dict(TORCHTITAN.final_saves(tiny, shape, 2, Device.CUDA))["LM head input"] == 4096
     assert loss_saves(TORCHTITAN, tiny, shape) == [
         ("log_softmax output (fp32)", 8192),
         ("target", 256),
@@ -169,8 +166,8 @@ def test_ring_and_allgather_save_what_a_rank_of_s_over_c_tokens_saves(impl, cp_i
     arch, _ = load_model("llama-3-8b")
     assert saved(impl, arch, Shape(1, 8192, cp=4, cp_impl=cp_impl)) == saved(impl, arch, Shape(1, 2048))
     # the rotary tables cover the rank's positions
-    assert shared_saves(impl, arch, Shape(1, 8192, cp=4), 2, False, Device.CUDA) == shared_saves(
-        impl, arch, Shape(1, 2048), 2, False, Device.CUDA
+    assert impl.shared_saves(arch, Shape(1, 8192, cp=4), 2, False, Device.CUDA) == impl.shared_saves(
+        arch, Shape(1, 2048), 2, False, Device.CUDA
     )
 
 
@@ -292,10 +289,10 @@ def test_vocabulary_parallel_embedding_excess() -> None:
         num_kv_heads=4, intermediate_size=96, mlp=MlpKind.SWIGLU, norm=NormKind.RMSNORM,
     )  # fmt: skip
     sp = Shape(2, 64, tp=2, sequence_parallel=True)
-    assert embedding_excess(TORCHTITAN, tiny, sp, 2) == 32_768
-    assert embedding_excess(MEGATRON, tiny, sp, 2) == 9 * 128 + 2 * (2 * 128 - 64) * 64
+    assert TORCHTITAN.embedding_excess(tiny, sp, 2) == 32_768
+    assert MEGATRON.embedding_excess(tiny, sp, 2) == 9 * 128 + 2 * (2 * 128 - 64) * 64
     b1 = Shape(1, 64, tp=2, sequence_parallel=True)  # L 64, R 32: the copy (L) and the result (R) above R
-    assert embedding_excess(MEGATRON, tiny, b1, 2) == 9 * 64 + 2 * 64 * 64
-    assert embedding_excess(MEGATRON, tiny, Shape(2, 64, tp=2), 2) == 9 * 128
-    assert embedding_excess(HF, tiny, Shape(2, 64, tp=2), 2) == 0
-    assert embedding_excess(TORCHTITAN, tiny, Shape(2, 64), 2) == 0
+    assert MEGATRON.embedding_excess(tiny, b1, 2) == 9 * 64 + 2 * 64 * 64
+    assert MEGATRON.embedding_excess(tiny, Shape(2, 64, tp=2), 2) == 9 * 128
+    assert HF.embedding_excess(tiny, Shape(2, 64, tp=2), 2) == 0
+    assert TORCHTITAN.embedding_excess(tiny, Shape(2, 64), 2) == 0

@@ -1,5 +1,5 @@
 """torchtitan's selective activation checkpointing: op-level (``--recompute op``): what each layer keeps by
-hand (zerocalc/model/model_impl.py ``op_sac_layer``), the step timeline, the collectives it re-runs, the
+hand (zerocalc/model/code/op_sac.py ``op_sac_layer``), the step timeline, the collectives it re-runs, the
 refusals, and the policy run by real torch on CPU (zerocalc/validate/op_sac.py); layer-level
 (``--recompute full --checkpoint-every N``): the timeline, the step time and the collectives re-run."""
 
@@ -16,8 +16,8 @@ from zerocalc.cli import app
 from zerocalc.comm.mesh import AG, AR, FWD, RS, MeshCall, Size
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, MlpKind, NormKind
-from zerocalc.model.model_impl import (
-    MODEL_IMPLS,
+from zerocalc.model.code import (
+    MODEL_CODES,
     OP_SAC_MATMUL_ORDER,
     ModelImplName,
     Shape,
@@ -33,7 +33,7 @@ from zerocalc.request.presets import load_model
 from zerocalc.request.training import parse_options
 
 runner = CliRunner()
-TORCHTITAN = MODEL_IMPLS[ModelImplName.TORCHTITAN]
+TORCHTITAN = MODEL_CODES[ModelImplName.TORCHTITAN]
 TINY = Architecture(
     name="tiny-llama", family="llama", vocab_size=128, hidden_size=64, num_layers=2, num_heads=8,
     num_kv_heads=4, intermediate_size=96, mlp=MlpKind.SWIGLU, norm=NormKind.RMSNORM,

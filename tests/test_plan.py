@@ -26,10 +26,11 @@ from zerocalc.model.activations import Recompute
 from zerocalc.network.calibration import save_calibration
 from zerocalc.network.collectives import Collective
 from zerocalc.network.schedule import GradSync, Phase
+from zerocalc.parallel.framework_records import effective_grad_sync
 from zerocalc.parallel.frameworks import Estimate, Framework
 from zerocalc.parallel.optimizers import OptimizerImpl
 from zerocalc.parallel.precision import RECIPES
-from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
+from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
 from zerocalc.peak.kinds import TensorKind
 from zerocalc.peak.mechanics import Accounting, Accumulation, Ddp, Fsdp1, Fsdp2, Mechanics, Unit
 from zerocalc.peak.report import Verdict
@@ -397,9 +398,12 @@ def test_layer_extrapolation_equals_the_all_layer_timeline(model: str) -> None:
         frameworks="fsdp2,fsdp,ddp,torch-zero1,deepspeed,paper",
     )
     groups, _ = enumerate_groups(plan, flash_attention_used(plan.base))
+    sample = groups[:: 7 if model == "llama-3-8b" else 29]
+    firsts = {(g.framework, g.strategy): g for g in reversed(groups)}  # each configuration's first group
+    sample += [g for g in firsts.values() if g not in sample]
     parts = StepParts(runtime_for(plan.base))
     covered: set[tuple[Framework, str]] = set()
-    for group, request, batches in _candidates(plan, groups[:: 7 if model == "llama-3-8b" else 29]):
+    for group, request, batches in _candidates(plan, sample):
         b = max(batches)
         allocated = parts.allocated_peaks(request, {b: batches[b]}, group)[b]
         full = _timeline_peak(with_batch(request, b, batches[b]))

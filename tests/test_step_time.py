@@ -41,9 +41,11 @@ from zerocalc.compute.table import (
 from zerocalc.compute.time import micro_batch_time, step_compute
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, MlpKind, NormKind, TensorParallelRank, count_parameters
-from zerocalc.model.model_impl import Shape
+from zerocalc.model.code import Shape
+from zerocalc.parallel.framework_records import FRAMEWORKS
+from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.optimizers import OptimizerImpl, OptimizerName
-from zerocalc.parallel.precision import RECIPES, PrecisionName
+from zerocalc.parallel.precision import PrecisionName
 from zerocalc.plan.search import search
 from zerocalc.plan.space import plan_options
 from zerocalc.request.compute import compute_table
@@ -126,10 +128,16 @@ def test_per_rank_shapes_under_tensor_and_context_parallelism() -> None:
 def test_adamw_traffic_by_hand() -> None:
     """torch's foreach AdamW on fp32 master weights, moments and gradients: mul_ 8 + lerp_ 12 + mul_ 8 +
     addcmul_ 12 + sqrt 8 + div_ 8 + add_ 8 + addcdiv_ 16 = 80 bytes, and the bf16 copy r4 w2: 86; fused:
-    read p, g, m, v (16), write p, m, v (12), and the copy: 34."""
-    recipe = RECIPES[PrecisionName.BF16_MIXED]
-    assert optimizer_bytes_per_param(OptimizerName.ADAMW, OptimizerImpl.FOREACH, recipe, DType.FP32) == 86
-    assert optimizer_bytes_per_param(OptimizerName.ADAMW, OptimizerImpl.FUSED, recipe, DType.FP32) == 34
+    read p, g, m, v (16), write p, m, v (12), and the copy: 34. Under FSDP2's MixedPrecisionPolicy the fp32
+    parameters are the master copy, updated in place: no bf16 copy, 80 and 28."""
+    master_copy = FRAMEWORKS[Framework.PAPER].dtypes(PrecisionName.BF16_MIXED)
+    assert (
+        optimizer_bytes_per_param(OptimizerName.ADAMW, OptimizerImpl.FOREACH, master_copy, DType.FP32) == 86
+    )
+    assert optimizer_bytes_per_param(OptimizerName.ADAMW, OptimizerImpl.FUSED, master_copy, DType.FP32) == 34
+    cast = FRAMEWORKS[Framework.FSDP2].dtypes(PrecisionName.BF16_MIXED)
+    assert optimizer_bytes_per_param(OptimizerName.ADAMW, OptimizerImpl.FOREACH, cast, DType.FP32) == 80
+    assert optimizer_bytes_per_param(OptimizerName.ADAMW, OptimizerImpl.FUSED, cast, DType.FP32) == 28
 
 
 # ------------------------------------------------------------------------------------ the time arithmetic

@@ -14,8 +14,8 @@ from helpers import one_line_error
 from typer.testing import CliRunner
 
 from zerocalc.cli import app
+from zerocalc.model.code import Shape
 from zerocalc.model.hf_config import architecture_from_hf_dict
-from zerocalc.model.model_impl import Shape
 from zerocalc.validate.saved import (
     NOT_EXACT,
     TINY_CONFIGS,

@@ -27,6 +27,34 @@ class DType(StrEnum):
         return _TORCH_NAMES[self]
 
 
+class TensorRole(StrEnum):
+    """What a tensor is to the training step, which decides its dtype (the precision record,
+    :mod:`zerocalc.parallel.precision`, maps each role to a dtype for a recipe and a framework's layout)."""
+
+    STORED = "stored"
+    """The parameters as the model keeps them at rest (FSDP: its shards), and so their ``.grad`` where the
+    framework leaves gradients in the parameters' dtype (DDP)."""
+    COMPUTE = "compute"
+    """The weights forward and backward read: the all-gathered or cast copy (FSDP ``param_dtype``,
+    DeepSpeed's bit16 parameters, autocast's cast)."""
+    GEMM_INPUT = "gemm_input"
+    """What a matrix multiply is fed: the compute dtype, or a low-precision cast of it."""
+    ACTIVATION = "activation"
+    """Activations, and the tensors backward saves of them."""
+    GRADIENT = "gradient"
+    """Gradients as backward produces them (of the compute copy)."""
+    MAIN_GRADIENT = "main_gradient"
+    """The gradients the optimizer steps from (Megatron-LM's ``main_grad``, FSDP's sharded ``.grad``)."""
+    REDUCE = "reduce"
+    """Gradients as a data-parallel reduction moves them (``--reduce-dtype``, FSDP ``reduce_dtype``)."""
+    ALL_GATHER = "all_gather"
+    """Parameters as an all-gather moves them (the wire)."""
+    MASTER = "master"
+    """A separate master copy of the parameters kept by the optimizer (None: the parameters are their own)."""
+    OPTIMIZER_STATE = "optimizer_state"
+    """The optimizer's full-precision states (Adam's m and v)."""
+
+
 _BYTES_PER_ELEMENT: dict[DType, int] = {
     DType.FP32: 4,
     DType.BF16: 2,

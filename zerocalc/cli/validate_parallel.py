@@ -256,7 +256,7 @@ def render_pipeline(report: PipelineReport) -> None:
     from rich.markup import escape
 
     from zerocalc.cli.render import Column, console, print_fitted
-    from zerocalc.parallel.pipeline import describe_layer_counts
+    from zerocalc.parallel.mesh import describe_layer_counts
     from zerocalc.validate.config import WARMUP_STEPS
 
     out = console()

@@ -48,17 +48,12 @@ from zerocalc.network.calibration import Calibration, CollectiveFit
 from zerocalc.network.cluster import Cluster, RankGroup
 from zerocalc.network.collectives import COLLECTIVES, Collective
 from zerocalc.network.links import Bandwidths, BandwidthSource, LinkFigures
-from zerocalc.network.schedule import DtypeRole, GradSync, Phase, Repeat, ScheduledCollective, Tensor, ZeroPP
-from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, TORCH_NO_SYNC, Framework, default_reduce_dtype
+from zerocalc.network.schedule import GradSync, Phase, Repeat, ScheduledCollective, Tensor, ZeroPP
+from zerocalc.parallel.framework_records import FRAMEWORKS, effective_grad_sync
+from zerocalc.parallel.frameworks import TORCH_NO_SYNC, Framework
 from zerocalc.parallel.mesh import Mesh
-from zerocalc.parallel.precision import RECIPES, PrecisionName
-from zerocalc.parallel.strategies import (
-    PIPELINE_GRAD_SYNC,
-    STRATEGIES,
-    StrategyName,
-    effective_grad_sync,
-    row_named,
-)
+from zerocalc.parallel.precision import PrecisionName
+from zerocalc.parallel.strategies import StrategyName, row_named
 from zerocalc.parallel.zeropp import active_features
 from zerocalc.request.options import OptionsEcho
 from zerocalc.request.training import BufferOptions, TrainingRequest
@@ -331,17 +326,6 @@ def _mesh_calibration_notes(calibration: Calibration, name: str, rows: list[Stra
     return notes
 
 
-def _dtype(
-    role: DtypeRole, precision: PrecisionName, reduce_dtype: DType | None, framework: Framework
-) -> DType:
-    recipe = RECIPES[precision]
-    if role is DtypeRole.COMPUTE:
-        return recipe.param_dtype
-    if role is DtypeRole.STORED:
-        return recipe.master_dtype or recipe.param_dtype
-    return reduce_dtype or default_reduce_dtype(framework, recipe.grad_dtype)
-
-
 def times_per_step(repeat: Repeat, accum: int, sync: GradSync) -> int:
     """How many times a rule of this repeat runs in a step of ``accum`` micro-batches."""
     match repeat:
@@ -378,11 +362,14 @@ def _runs(
 ) -> tuple[_Run, ...]:
     """The rules of ``name``'s schedule under ``framework`` that move data on ``cluster``."""
     runs = []
-    for line in STRATEGIES[name].schedule_under(framework):
+    record = FRAMEWORKS[framework]
+    dtypes = record.dtypes(precision, reduce_dtype)
+    for line in record.schedule_of(name):
         n = cluster.group_size(line.group)
         if n == 1 or not line.runs_with(zeropp):
             continue  # a group of one rank communicates nothing
-        dtype = _dtype(line.dtype_role, precision, reduce_dtype, framework)
+        dtype = dtypes.of(line.dtype_role)
+        assert dtype is not None  # a rule moves a tensor that exists
         ctx = CallContext(
             world_size=cluster.world_size,
             group_size=n,
@@ -528,10 +515,11 @@ def grad_sync_reason(
     framework: Framework, name: StrategyName, asked: GradSync | None, pipelined: bool = False
 ) -> str:
     """Why gradients are reduced when they are, for the output."""
-    setup = STRATEGIES[name].frameworks[framework]
+    record = FRAMEWORKS[framework]
+    setup = record.setup(name)
     if setup.grad_sync is not None:
         return "fixed by this schedule"
-    if pipelined and framework in PIPELINE_GRAD_SYNC:
+    if pipelined and record.pipeline_grad_sync is not None:
         return "fixed by the pipeline schedule (torch.distributed.pipelining)"
     hook = TORCH_NO_SYNC[setup.torch.wrapper] if setup.torch is not None else "no_sync()"
     if asked is GradSync.LAST:
@@ -569,9 +557,9 @@ def mesh_request(request: TrainingRequest) -> MeshRequest | None:
         else (),
         recompute=activations.recompute,
         grad_accum=request.grad_accum,
-        activation=RECIPES[request.precision].param_dtype,
+        activation=request.dtypes.activation,
         checkpoint_every=activations.checkpoint_every,
-        gradient=_dtype(DtypeRole.REDUCE, request.precision, request.reduce_dtype, request.framework),
+        gradient=request.dtypes.trained.reduce,
         bandwidths=request.links,
         calibration=request.calibration,
     )
@@ -688,7 +676,6 @@ def strategy_comm(
     (:func:`mesh_request`) and the pipeline's sends (:func:`~zerocalc.comm.pipeline.pipeline_comm`) beside
     it (pure)."""
     framework = request.framework
-    strategy = STRATEGIES[name]
     sync = effective_grad_sync(framework, name, request.grad_sync, pipelined=request.mesh.pp > 1)
     costs = _data_parallel_costs(name, parts or data_parts(request))
     mesh_collectives = mesh_costs(mesh, sync) if mesh is not None else []
@@ -700,10 +687,11 @@ def strategy_comm(
         + sum(c.inter_node_bytes_per_gpu for c in mesh_collectives)
         + (pipeline.busiest_rank_inter_node_bytes if pipeline else 0)
     )
-    setup = strategy.frameworks[framework]
+    record = FRAMEWORKS[framework]
+    setup = record.setup(name)
     return StrategyComm(
         strategy=name,
-        title=strategy.title_under(framework),
+        title=record.title_of(name),
         schedule_source=setup.schedule_source,
         grad_sync=sync,
         grad_sync_reason=grad_sync_reason(framework, name, request.grad_sync, request.mesh.pp > 1),
@@ -723,10 +711,9 @@ def strategy_comm(
 def _ddp_reference(parts: tuple[DataPart, ...]) -> int | None:
     """The data-parallel bytes the ratio is taken to: DDP under the same framework (FSDP's is NO_SHARD),
     PyTorch's DDP for FSDP2, else the paper's DDP (DeepSpeed's stage 0 is not modelled)."""
-    frameworks = STRATEGIES[StrategyName.DDP].frameworks
     framework = parts[0].request.framework
-    if framework not in frameworks:
-        framework = Framework.DDP if framework in TORCH_FRAMEWORKS else Framework.PAPER
+    if not FRAMEWORKS[framework].runs(StrategyName.DDP):
+        framework = Framework.DDP if FRAMEWORKS[framework].is_torch else Framework.PAPER
     reference = tuple(
         part._replace(request=part.request.model_copy(update={"framework": framework})) for part in parts
     )
@@ -760,7 +747,7 @@ def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -
     if calibration is not None and used:
         notes += _calibration_notes(calibration, request.calibration_name or "calibration", rows)
         notes += _mesh_calibration_notes(calibration, request.calibration_name or "calibration", rows)
-    if request.framework not in (Framework.PAPER, Framework.MEGATRON) and not layout.from_architecture:
+    if request.framework_record.has_own_schedules and not layout.from_architecture:
         notes.append(
             "without {model} the model is one flat array of Ψ elements: bytes that depend on Ψ alone are "
             "exact; call counts (units, buckets, parameters), the root unit's rule, per-unit and "

@@ -64,6 +64,8 @@ from zerocalc.network.cluster import RankGroup
 from zerocalc.network.collectives import COLLECTIVES, Collective
 from zerocalc.network.links import Bandwidths, BandwidthSource, LinkFigures
 from zerocalc.network.schedule import GradSync, Phase
+from zerocalc.parallel.framework_records import FRAMEWORKS
+from zerocalc.parallel.framework_records.record import CpFamily
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.mesh import CpImpl, Mesh, TpStyle
 
@@ -399,23 +401,6 @@ def _ulysses(source: str, inside: bool) -> tuple[MeshCall, ...]:
     )  # fmt: skip
 
 
-class CpFamily(StrEnum):
-    """Whose context-parallel attention a framework runs."""
-
-    TRANSFORMER_ENGINE = "transformer_engine"
-    TORCH = "torch"
-    DEEPSPEED = "deepspeed"
-
-
-CP_FAMILIES: dict[Framework, CpFamily] = {
-    Framework.PAPER: CpFamily.TRANSFORMER_ENGINE,
-    Framework.MEGATRON: CpFamily.TRANSFORMER_ENGINE,
-    Framework.FSDP2: CpFamily.TORCH,
-    Framework.DEEPSPEED: CpFamily.DEEPSPEED,
-}
-"""Megatron-LM's context parallelism is Transformer Engine's ``DotProductAttention`` (``cp_comm_type``);
-torchtitan's is torch's ``context_parallel``; DeepSpeed's is Ulysses."""
-
 CP_LAYER: dict[tuple[CpFamily, CpImpl], tuple[MeshCall, ...]] = {
     (CpFamily.TRANSFORMER_ENGINE, CpImpl.RING): (
         MeshCall(P2P, FWD, "K, V to the next rank", Size.KV, f"{_TE} AttnFuncWithCPAndKVP2P.forward",
@@ -472,25 +457,14 @@ def _expert_parallel(dispatch: str, combine: str) -> tuple[MeshCall, ...]:
     )
 
 
-_MEGATRON_MOE = "Megatron-LM core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher"
-_TITAN_MOE = "torchtitan distributed/expert_parallel.py ExpertParallel"
-_DEEPSPEED_MOE = "DeepSpeed deepspeed/moe/sharded_moe.py MOELayer.forward"
-EP_LAYER: dict[Framework, tuple[MeshCall, ...]] = {
-    Framework.PAPER: _expert_parallel(f"{_MEGATRON_MOE}.token_dispatch", f"{_MEGATRON_MOE}.token_combine"),
-    Framework.MEGATRON: _expert_parallel(f"{_MEGATRON_MOE}.token_dispatch", f"{_MEGATRON_MOE}.token_combine"),
-    Framework.FSDP2: _expert_parallel(
-        f"{_TITAN_MOE}._token_dispatch: all_to_all_single_autograd",
-        f"{_TITAN_MOE}._token_combine: all_to_all_single_autograd",
-    ),
-    Framework.DEEPSPEED: _expert_parallel(
-        f"{_DEEPSPEED_MOE}: _AllToAll of dispatched_input", f"{_DEEPSPEED_MOE}: _AllToAll of expert_output"
-    ),
-}
-"""What one MoE layer's expert parallelism communicates per micro-batch, by framework: Megatron-LM's
-all-to-all token dispatcher (``--moe-token-dispatcher-type alltoall``; ``all_to_all`` of
-``core/tensor_parallel/mappings.py`` over the EP group), torchtitan's ``ExpertParallel`` style on the
-experts, DeepSpeed-MoE's ``MOELayer`` (GShard-style dispatch to capacity, then ``_AllToAll`` over
-``ep_group``)."""
+@lru_cache(maxsize=16)
+def ep_layer(framework: Framework) -> tuple[MeshCall, ...]:
+    """What one MoE layer's expert parallelism communicates per micro-batch under ``framework``: its
+    token dispatch and combine (the record's :class:`~zerocalc.parallel.framework_records.record.
+    ExpertParallel`), all-to-alls over the EP group."""
+    expert_parallel = FRAMEWORKS[framework].expert_parallel
+    assert expert_parallel is not None  # the parser refuses ep > 1 elsewhere
+    return _expert_parallel(expert_parallel.dispatch, expert_parallel.combine)
 
 
 class MeshShape(NamedTuple):
@@ -748,9 +722,11 @@ def _schedule(request: MeshRequest) -> list[tuple[Dimension, MeshCall]]:
         if request.replicated:
             rows.append((Dimension.TP, TP_GRADIENTS[mesh.tp_style]))
     if mesh.cp > 1:
-        rows += [(Dimension.CP, call) for call in CP_LAYER[CP_FAMILIES[request.framework], mesh.cp_impl]]
+        family = FRAMEWORKS[request.framework].cp_family
+        assert family is not None  # the parser refuses cp > 1 elsewhere
+        rows += [(Dimension.CP, call) for call in CP_LAYER[family, mesh.cp_impl]]
     if mesh.ep > 1:
-        rows += [(Dimension.EP, call) for call in EP_LAYER[request.framework]]
+        rows += [(Dimension.EP, call) for call in ep_layer(request.framework)]
     return rows
 
 

@@ -29,10 +29,8 @@ from zerocalc.model.architecture import head_tensors
 from zerocalc.network.collectives import Collective
 from zerocalc.network.links import BandwidthSource, LinkFigures
 from zerocalc.network.schedule import Phase
-from zerocalc.parallel.frameworks import Framework, default_reduce_dtype
 from zerocalc.parallel.mesh import Mesh, PpSchedule
 from zerocalc.parallel.pipeline import INTERLEAVED, boundary_elements, bubble_fraction
-from zerocalc.parallel.precision import RECIPES
 from zerocalc.request.training import TrainingRequest
 
 BUBBLE_SOURCE: dict[PpSchedule, str] = {
@@ -43,10 +41,6 @@ BUBBLE_SOURCE: dict[PpSchedule, str] = {
     "equal time (Qi et al. 2023 §3.1)",
 }
 """Each schedule's bubble, as its source writes it (:func:`~zerocalc.parallel.pipeline.bubble_fraction`)."""
-
-TIED_EMBEDDING_FRAMEWORKS = (Framework.PAPER, Framework.MEGATRON)
-"""The frameworks that keep a tied embedding's two copies equal across pipeline stages (Megatron-LM's
-embedding group); torch.distributed.pipelining's stages are separate modules."""
 
 
 class PipelineLink(BaseModel):
@@ -127,7 +121,7 @@ def pipeline_comm(request: TrainingRequest) -> PipelineComm | None:
         return None
     p, v, m = mesh.pp, mesh.vpp, request.grad_accum
     a = request.activations
-    dtype = RECIPES[request.precision].param_dtype
+    dtype = request.dtypes.activation
     elements = boundary_elements(mesh, a.micro_batch, a.seq_len, arch.hidden_size)
     message = elements * dtype.bytes
     chunks = v if mesh.pp_schedule in INTERLEAVED else 1
@@ -194,13 +188,12 @@ def pipeline_comm(request: TrainingRequest) -> PipelineComm | None:
 def _embedding_sync(request: TrainingRequest) -> EmbeddingSync | None:
     """A tied embedding's gradient all-reduce over the first and the last stage (Megatron-LM), if any."""
     mesh, arch = request.mesh, request.model.architecture
-    if arch is None or not arch.tied_embeddings or request.framework not in TIED_EMBEDDING_FRAMEWORKS:
+    if arch is None or not arch.tied_embeddings or not request.framework_record.pipeline_ties_embedding:
         return None
     head = request.stages[-1].architecture
     assert head is not None
     elements = next(t.numel for t in head_tensors(head) if t.module == "lm_head")
-    recipe = RECIPES[request.precision]
-    dtype = request.reduce_dtype or default_reduce_dtype(request.framework, recipe.grad_dtype)
+    dtype = request.dtypes.trained.reduce
     spans = pair_spans_nodes(mesh, 0, mesh.pp - 1)
     figures = request.links.inter_node if spans else request.links.intra_node
     nbytes = elements * dtype.bytes  # all_reduce over 2 ranks: 2(n − 1)/n · S = S

@@ -72,12 +72,12 @@ from zerocalc.compute.table import ComputeTable
 from zerocalc.compute.time import ComputeTime, MicroBatchTime, micro_batch_time, step_compute
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, PipelineStage, stage_kind
-from zerocalc.model.model_impl import ModelImplName, Shape
+from zerocalc.model.code import MODEL_CODES, Shape
 from zerocalc.network.collectives import Collective
 from zerocalc.network.schedule import GradSync, Phase
-from zerocalc.parallel.frameworks import Framework, main_grad_dtype, optimizer_impl_of
-from zerocalc.parallel.precision import RECIPES
-from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
+from zerocalc.parallel.framework_records import FRAMEWORKS, effective_grad_sync
+from zerocalc.parallel.frameworks import Framework, TorchWrapper
+from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
 from zerocalc.request.training import ModelSpec, TrainingRequest, flash_attention_used, rank_shape
 
 PCIE_BPS = 25e9
@@ -94,7 +94,8 @@ gradient and two moments (16 B) and writes the parameter, the moments (12 B) and
 
 
 def overlaps_backward(framework: Framework, strategy: StrategyName) -> bool:
-    return not (framework is Framework.DEEPSPEED and strategy in (StrategyName.ZERO1, StrategyName.ZERO2))
+    """Whether the strategy's backward collectives run beside backward's compute (its set-up says)."""
+    return FRAMEWORKS[framework].setup(strategy).overlaps_backward
 
 
 class PhaseComm(NamedTuple):
@@ -281,13 +282,13 @@ def assemble(
 # ------------------------------------------------------------------------------------ from a request
 def kernels(request: TrainingRequest) -> Kernels:
     """Megatron-LM's fused kernels, else eager PyTorch ops (transformers, torchtitan)."""
-    return Kernels(fused=request.model_code is ModelImplName.MEGATRON, flash=flash_attention_used(request))
+    return Kernels(fused=MODEL_CODES[request.model_code].fused_kernels, flash=flash_attention_used(request))
 
 
 def request_ops(request: TrainingRequest, arch: Architecture | None = None) -> MicroBatchOps:
     """What one rank of the request's mesh runs for one micro-batch (``arch``: a pipeline stage's share;
     the rank's architecture by default)."""
-    dtype = RECIPES[request.precision].param_dtype
+    dtype = request.dtypes.activation
     return _micro_batch_ops(
         arch or request.architecture, rank_shape(request), kernels(request), dtype, request.mesh.ep
     )
@@ -321,21 +322,17 @@ def optimizer_traffic(
     """(parameters the rank's optimizer updates on the GPU, bytes per parameter, parameters of its largest
     tensor), for the rank's model or a pipeline stage's. None on the GPU when the optimizer is offloaded:
     ZeRO-Offload's CPU Adam updates them on the host (:func:`offload_seconds` prices it)."""
-    recipe = RECIPES[request.precision]
     shards = request.cluster.group_size(STRATEGIES[strategy].optimizer)
     model = stage or request.rank_model
     count = model.parameter_count
     largest = count.largest_layer_params if count is not None else model.params
-    grad = recipe.master_dtype or recipe.grad_dtype
-    impl = optimizer_impl_of(request.framework, request.optimizer_impl)
-    per = optimizer_bytes_per_param(request.optimizer, impl, recipe, grad)
+    dtypes = request.dtypes
+    grad = dtypes.master or dtypes.main_gradient
+    assert grad is not None  # trained parameters
+    impl = request.framework_record.optimizer_impl(request.optimizer_impl)
+    per = optimizer_bytes_per_param(request.optimizer, impl, dtypes, grad)
     on_gpu = 0 if request.offload_optimizer is not OffloadTarget.NONE else model.params // shards
     return on_gpu, per, max(1, largest // shards)
-
-
-FSDP2_GATHERS = {StrategyName.ZERO3: 2, StrategyName.HYBRID_SHARD: 2, StrategyName.SHARD_GRAD_OP: 1}
-"""Parameter all-gathers per micro-batch under FSDP2: forward and backward when it reshards after forward,
-forward alone otherwise (``reshard_after_forward``)."""
 
 
 def fsdp2_traffic(
@@ -351,17 +348,18 @@ def fsdp2_traffic(
     compute dtype and copied into the all-gather buffer, and the gathered parameters split back out
     (``split_with_sizes_copy``: read and written, P·2·b_p); per reduce-scatter (``foreach_reduce``): the
     unsharded gradients copied into the reduce buffer in the reduce dtype (``_chunk_cat``: P·(b_g + b_r))."""
-    gathers = FSDP2_GATHERS.get(strategy, 0) if request.framework is Framework.FSDP2 else 0
-    if not gathers:
+    setup = request.framework_record.torch_setup(strategy)
+    if setup is None or setup.wrapper is not TorchWrapper.FSDP2:
         return 0.0, 0.0
-    recipe = RECIPES[request.precision]
+    gathers = 2 if setup.reshard_after_forward else 1  # forward, and backward after resharding
+    dtypes = request.dtypes.trained
     model = stage or request.rank_model
     params = model.params
     shard = params / request.cluster.group_size(STRATEGIES[strategy].optimizer)
-    p, master = recipe.param_dtype.bytes, (recipe.master_dtype or recipe.param_dtype).bytes
-    reduce = (request.reduce_dtype or recipe.grad_dtype).bytes
+    p, master = dtypes.compute.bytes, dtypes.stored.bytes
+    reduce = dtypes.reduce.bytes
     gather = shard * (master + 3 * p) + params * 2 * p
-    scatter = params * (recipe.grad_dtype.bytes + reduce)
+    scatter = params * (dtypes.gradient.bytes + reduce)
     count = model.parameter_count
     unit = max(1, count.largest_block_params if count is not None else params)
     accum = grad_accum or request.grad_accum
@@ -471,7 +469,7 @@ def request_offload_seconds(
 ) -> float:
     """:func:`offload_seconds` of one rank of the request's mesh (its share of the parameters, sharded
     over its dp × cp data-parallel ranks) with the offload targets and accumulation given."""
-    recipe = RECIPES[request.precision]
+    dtypes = request.dtypes.trained
     cluster = request.cluster
     return offload_seconds(
         request.rank_model.params,
@@ -481,8 +479,8 @@ def request_offload_seconds(
         optimizer,
         params,
         grad_accum,
-        recipe.param_dtype.bytes,
-        main_grad_dtype(request.framework, recipe.grad_dtype).bytes,
+        dtypes.stored.bytes,
+        dtypes.main_gradient.bytes,
     )
 
 

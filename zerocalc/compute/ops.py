@@ -48,7 +48,9 @@ for-loop, ``_multi_tensor_adam``: weight decay ``mul_``, ``lerp_``, ``mul_``, ``
 ``div_``, ``add_``, ``addcdiv_``) 4·p + 14·s + 2·g bytes (p the master parameter's, s a moment's, g the
 gradient's bytes); a fused step (``fused=True``, DeepSpeed's and Megatron-LM's fused Adam) and other
 optimizers one pass, reading parameter, gradient and states and writing parameter and states; plus the
-16-bit copy of the updated fp32 master (r4 w2) where the recipe keeps one.
+16-bit copy of the updated fp32 master (r4 w2) where the framework keeps a separate master copy (the
+precision record's ``master``: not under PyTorch's ``MixedPrecision``, whose fp32 parameters are updated in
+place and cast on the next all-gather).
 """
 
 from __future__ import annotations
@@ -70,9 +72,10 @@ from zerocalc.model.architecture import (
     head_tensors,
     layer_tensors,
 )
-from zerocalc.model.model_impl import Shape, traits
+from zerocalc.model.code import Shape
+from zerocalc.model.traits import traits
 from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerImpl, OptimizerName
-from zerocalc.parallel.precision import PrecisionRecipe
+from zerocalc.parallel.precision import TensorDtypes
 
 FLASH_BACKWARD_FLOPS = 2.5
 """A fused attention's backward FLOPs over its forward's (Dao 2023, FlashAttention-2, §3.1.2)."""
@@ -347,20 +350,23 @@ def micro_batch_ops(
 
 
 def optimizer_bytes_per_param(
-    optimizer: OptimizerName, impl: OptimizerImpl, recipe: PrecisionRecipe, grad_dtype: DType
+    optimizer: OptimizerName, impl: OptimizerImpl, dtypes: TensorDtypes, grad_dtype: DType
 ) -> int:
-    """Bytes read + written per parameter the rank's optimizer owns, per step (see the module's doc)."""
-    master = recipe.master_dtype or recipe.param_dtype
-    p, g = master.bytes, grad_dtype.bytes
-    states = OPTIMIZERS[optimizer].state_bytes(1024, recipe)
+    """Bytes read + written per parameter the rank's optimizer owns, per step (see the module's doc), in
+    the precision record's dtypes: the parameters it updates (the master copy, else the stored ones), and
+    with a separate master copy the 16-bit parameters written back from it."""
+    updated = dtypes.master or dtypes.stored
+    p, g = updated.bytes, grad_dtype.bytes
+    assert dtypes.optimizer_state is not None  # trained parameters
+    states = OPTIMIZERS[optimizer].state_bytes(1024, dtypes.optimizer_state)
     s = sum(states.values()) / 1024  # bytes per parameter of every state
     if optimizer in (OptimizerName.ADAM, OptimizerName.ADAMW) and impl is not OptimizerImpl.FUSED:
         moment = s / 2
         total = (4 if optimizer is OptimizerName.ADAMW else 2) * p + 14 * moment + 2 * g
     else:
         total = 2 * p + g + 2 * s
-    if recipe.master_dtype is not None:
-        total += recipe.master_dtype.bytes + recipe.param_dtype.bytes
+    if dtypes.master is not None:
+        total += dtypes.master.bytes + dtypes.stored.bytes
     return math.ceil(total)
 
 

@@ -1,9 +1,11 @@
 """Hugging Face ``config.json`` → :class:`~zerocalc.model.architecture.Architecture`, read offline.
 
 One declarative record per ``model_type`` (:data:`FAMILIES`) says which ``transformers`` 5.17 modeling file
-and classes it follows, the keys it reads (with the configuration class's default where it has one), and
-the keys it knows do not change the parameter count. The count is then the count of
-``AutoModelForCausalLM.from_config(config)`` (checked on the meta device in ``tests/test_families.py``).
+and classes it follows, the keys it reads (with the configuration class's default where it has one), the
+keys it knows do not change the parameter count, and how that file computes what the architecture
+describes (its :class:`Traits`, which the model codes' saved tensors follow: :mod:`zerocalc.model.traits`).
+The count is then the count of ``AutoModelForCausalLM.from_config(config)`` (checked on the meta device in
+``tests/test_families.py``).
 
 How a key is treated, in this order:
 
@@ -32,7 +34,7 @@ import re
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -73,8 +75,62 @@ class Key(BaseModel):
 Values = dict[str, Any]
 
 
+class Traits(NamedTuple):
+    """How a family's transformers code computes what the architecture describes: its record's
+    (:attr:`Family.traits`, Llama's where a record does not say), with ``norm``, ``rotary`` and
+    ``rotary_tables`` resolved against the architecture by :func:`zerocalc.model.traits.traits`."""
+
+    norm: str = "llama"
+    """``llama`` (x.float(), rsqrt, .to(dtype), weight *), ``gemma`` / ``olmo`` (the product with the
+    weight in fp32: the normalised fp32 tensor is kept), ``layernorm`` (input, mean, rstd: every
+    architecture with LayerNorm)."""
+    gelu: str = "exact"
+    """``tanh_decomposed`` (GPT-2 ``NewGELUActivation``: four tensors), ``exact`` (``nn.GELU``)."""
+    qkv_views_kept: bool = False
+    """A fused q/k/v output whose q is saved as a view, so the whole storage stays (GPT-2 ``c_attn``)."""
+    router: str = "softmax_topk_norm"
+    """``softmax_topk_norm`` (Mixtral: fp32 routing weights), ``softmax_topk_norm_cast`` (Qwen3-MoE with
+    ``norm_topk_prob`` true, as published: the normalised weights cast back to the compute dtype),
+    ``softmax_topk`` (Qwen2-MoE), ``sigmoid_group`` (DeepSeek-V3)."""
+    rotary: bool = True
+    """The positions are rotary (every architecture without learned position embeddings)."""
+    rotary_fraction: float = 1.0
+    """The share of the head dimension the rotary embedding turns (GPT-NeoX ``rotary_pct``, default 0.25
+    in ``GPTNeoXConfig``; Pythia's configs keep it): cos and sin are [1, s, fraction·d]."""
+    rotary_fp32: bool = False
+    """cos and sin stay fp32 (``Olmo2RotaryEmbedding`` returns them uncast; ``apply_rotary_pos_emb`` casts
+    its fp32 products back)."""
+    rotary_cat: bool = False
+    """The rotary output is a ``torch.cat`` (Phi-3's and GPT-NeoX's partial rotary; DeepSeek-V3's
+    nope/pe): a contiguous [b, a, s, d] q, so SDPA's output (``empty_like`` in q's layout) is [b, a, s, d]
+    too and ``transpose(1, 2).reshape(...).contiguous()`` copies it for the o projection."""
+    eager_softmax_fp32: bool = True
+    """Eager attention's softmax runs in fp32 and is cast back (``softmax(..., dtype=float32).to(dtype)``);
+    GPT-2's runs in the compute dtype (``modeling_gpt2.eager_attention_forward``)."""
+    embedding_scale: bool = False
+    """The embedding output is multiplied by a 0-dim ``normalizer`` tensor (√h) in the compute dtype,
+    which ``mul`` saves (Gemma 2 / Gemma 3)."""
+    logit_softcap: bool = False
+    """``final_logit_softcapping`` (Gemma 2: 30.0 in ``Gemma2Config`` and its published configs):
+    ``tanh(logits / cap) · cap``, and ``tanh`` saves its output [T, V] in the compute dtype."""
+    sliding_pattern: int = 0
+    """Layer i has sliding-window attention when (i + 1) % pattern ≠ 0 (the configs' default
+    ``layer_types``: ``Gemma2Config`` 2, ``Gemma3TextConfig``'s ``sliding_window_pattern`` 6); 0: none.
+    Its ``DynamicCache`` layer (``cache_utils.DynamicSlidingWindowLayer``) moves a 0-dim int64
+    ``_sliding_window_tensor`` to the device at its first update, alive until the forward's output is
+    dropped."""
+    rotary_tables: int = 1
+    """Rotary tables: Gemma 3 keeps one per attention type (``Gemma3RotaryEmbedding``: ``inv_freq`` and
+    ``original_inv_freq`` per layer type; ``Gemma3TextModel.forward``: cos and sin per type), local and
+    global once the model has both (from ``sliding_pattern`` layers; one before)."""
+    embedding_scale_buffer: bool = False
+    """The √h scale is a fp32 0-dim buffer of the embedding (``Gemma2ScaledWordEmbedding.embed_scale``,
+    ``Gemma3TextScaledWordEmbedding.embed_scale``), resident like the rotary tables."""
+
+
 class Family(BaseModel):
-    """What one ``model_type`` reads, in the layout of the transformers file it follows."""
+    """What one ``model_type`` reads, in the layout of the transformers file it follows, and how that
+    file computes (:attr:`traits`)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -86,6 +142,9 @@ class Family(BaseModel):
     pinned: dict[str, Any] = {}
     ignores: frozenset[str] = frozenset()
     rule: Callable[[Values], dict[str, Any]]
+    traits: Traits = Traits()
+    """How the family's modeling code computes what the architecture describes, where it differs from
+    Llama's (:func:`zerocalc.model.traits.traits` resolves them for an architecture)."""
 
 
 def _req(kind: KeyKind = KeyKind.SIZE) -> Key:
@@ -385,6 +444,7 @@ _RECORDS = [
                            "reorder_and_upcast_attn", "summary_type", "summary_use_proj",
                            "summary_activation", "summary_proj_to_labels", "summary_first_dropout"}),
         rule=_gpt2,
+        traits=Traits(gelu="tanh_decomposed", qkv_views_kept=True, eager_softmax_fp32=False),
     ),
     Family(
         model_type="gemma2",
@@ -393,6 +453,8 @@ _RECORDS = [
                "attention_bias": _flag(False), "tie_word_embeddings": _flag(True)},
         ignores=frozenset({"query_pre_attn_scalar", "cache_implementation"}),
         rule=_gemma2,
+        traits=Traits(norm="gemma", embedding_scale=True, logit_softcap=True, sliding_pattern=2,
+                      embedding_scale_buffer=True),
     ),
     Family(
         model_type="gemma3_text",
@@ -401,6 +463,8 @@ _RECORDS = [
                "attention_bias": _flag(False), "tie_word_embeddings": _flag(True)},
         ignores=frozenset({"query_pre_attn_scalar", "cache_implementation"}),
         rule=_gemma3,
+        traits=Traits(norm="gemma", embedding_scale=True, sliding_pattern=6, rotary_tables=2,
+                      embedding_scale_buffer=True),
     ),
     Family(
         model_type="phi3",
@@ -409,6 +473,7 @@ _RECORDS = [
                "tie_word_embeddings": _flag(False)},
         ignores=frozenset({"attention_bias"}),  # Phi3Attention: bias=False whatever the config says
         rule=_phi3,
+        traits=Traits(rotary_cat=True),
     ),
     Family(
         model_type="qwen3",
@@ -425,6 +490,7 @@ _RECORDS = [
                "attention_bias": _flag(False), "tie_word_embeddings": _flag(False), **_QWEN_MOE_LAYOUT},
         aliases={"num_local_experts": "num_experts"},  # Qwen3MoeConfig.attribute_map
         rule=_qwen3_moe,
+        traits=Traits(router="softmax_topk_norm_cast"),
     ),
     Family(
         model_type="qwen2_moe",
@@ -435,6 +501,7 @@ _RECORDS = [
                "tie_word_embeddings": _flag(False), **_QWEN_MOE_LAYOUT},
         ignores=frozenset({"attention_bias"}),  # Qwen2MoeAttention reads qkv_bias; o_proj has no bias
         rule=_qwen2_moe,
+        traits=Traits(router="softmax_topk"),
     ),
     Family(
         model_type="deepseek_v3",
@@ -457,6 +524,7 @@ _RECORDS = [
             "aux_loss_alpha", "ep_size",  # routing and expert parallelism, not sizes
         }),
         rule=_deepseek_v3,
+        traits=Traits(router="sigmoid_group", rotary_cat=True),
     ),
     Family(
         model_type="olmo2",
@@ -465,6 +533,7 @@ _RECORDS = [
         reads={**CORE, "intermediate_size": _req(), "num_key_value_heads": _opt(), "head_dim": _opt(),
                "attention_bias": _flag(False), "tie_word_embeddings": _flag(False)},
         rule=_olmo2,
+        traits=Traits(norm="olmo", rotary_fp32=True),
     ),
     Family(
         model_type="falcon",
@@ -483,6 +552,7 @@ _RECORDS = [
         reads={**CORE, "intermediate_size": _req(), "attention_bias": _flag(True),
                "use_parallel_residual": _flag(True), "tie_word_embeddings": _flag(False)},
         rule=_gpt_neox,
+        traits=Traits(rotary_fraction=0.25, rotary_cat=True),
     ),
 ]  # fmt: skip
 

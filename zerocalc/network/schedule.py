@@ -13,6 +13,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import NamedTuple
 
+from zerocalc.base.dtypes import TensorRole
 from zerocalc.network.cluster import RankGroup
 from zerocalc.network.collectives import Collective
 
@@ -52,21 +53,6 @@ class Repeat(StrEnum):
     """A - 1 times: micro-batches 2..A."""
 
 
-class DtypeRole(StrEnum):
-    """Which dtype a rule's tensor travels in, given the precision recipe."""
-
-    COMPUTE = "compute"
-    """The compute copy of the parameters: the recipe's parameter dtype (FSDP ``param_dtype``, DeepSpeed's
-    bit16 parameters)."""
-    REDUCE = "reduce"
-    """Gradients as reduced: ``--reduce-dtype`` (FSDP ``reduce_dtype``, DeepSpeed
-    ``communication_data_type``), else the recipe's gradient dtype."""
-    STORED = "stored"
-    """The dtype the model's parameters are stored in, and so their ``.grad``: fp32 under the mixed
-    recipes, whose autocast computes in 16 bits but keeps fp32 parameters (DDP, ZeroRedundancyOptimizer);
-    the recipe's parameter dtype otherwise."""
-
-
 class Calls(StrEnum):
     """How a rule's tensors are split into calls (the latency term counts calls)."""
 
@@ -96,6 +82,9 @@ class Padding(StrEnum):
     """Each parameter padded to a multiple of the group size (DeepSpeed ZeRO-3 partitions)."""
     TWICE_GROUP = "twice_group"
     """The flat parameter group padded to a multiple of 2 × the group size (DeepSpeed ZeRO-1/2)."""
+    MEGATRON_BUFFER = "megatron_buffer"
+    """Megatron-LM's distributed-optimizer buffer: each parameter starts at a multiple of 64 elements, the
+    bucket ends at a multiple of lcm(group size, 128)."""
 
 
 class Select(StrEnum):
@@ -151,8 +140,9 @@ class ScheduledCollective(NamedTuple):
     shard_of: RankGroup | None = None
     """The message is one rank's shard of the array partitioned over this group (HYBRID_SHARD's
     all_reduce; the second qgZ hop)."""
-    dtype: DtypeRole | None = None
-    """None: REDUCE for gradients, COMPUTE for parameters."""
+    dtype: TensorRole | None = None
+    """The role whose dtype the tensor travels in (the precision record); None: REDUCE for gradients,
+    ALL_GATHER for parameters."""
     calls: Calls = Calls.WHOLE
     padding: Padding = Padding.NONE
     select: Select = Select.ALL
@@ -165,10 +155,10 @@ class ScheduledCollective(NamedTuple):
     """The rule runs only with this ZeRO++ feature off."""
 
     @property
-    def dtype_role(self) -> DtypeRole:
+    def dtype_role(self) -> TensorRole:
         if self.dtype is not None:
             return self.dtype
-        return DtypeRole.REDUCE if self.tensor is Tensor.GRADIENTS else DtypeRole.COMPUTE
+        return TensorRole.REDUCE if self.tensor is Tensor.GRADIENTS else TensorRole.ALL_GATHER
 
     def quantized_with(self, zeropp: frozenset[ZeroPP]) -> bool:
         """Whether the rule runs quantized with these ZeRO++ features on."""

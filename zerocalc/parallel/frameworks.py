@@ -11,10 +11,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import NamedTuple
 
-from zerocalc.base.dtypes import DType
 from zerocalc.network.cluster import RankGroup
-from zerocalc.parallel.optimizers import OptimizerImpl, OptimizerName
-from zerocalc.parallel.precision import PrecisionName
 
 
 class Framework(StrEnum):
@@ -35,35 +32,6 @@ class Framework(StrEnum):
     """PyTorch DDP and ``ZeroRedundancyOptimizer`` as they really allocate."""
     DDP = "ddp"
     """PyTorch ``DistributedDataParallel`` on its own (the DDP of ``torch-zero1``)."""
-
-
-MEGATRON_MAIN_GRAD_DTYPE = DType.FP32
-"""Megatron-LM's ``main_grad``: the fp32 buffer backward accumulates gradients into and the data-parallel
-ranks reduce (``megatron/training/arguments.py``: ``--bf16`` forces ``accumulate_allreduce_grads_in_fp32``,
-which ``DistributedDataParallelConfig.grad_reduce_in_fp32`` follows)."""
-
-
-FUSED_OPTIMIZERS = (Framework.MEGATRON, Framework.DEEPSPEED)
-"""Frameworks whose Adam is one fused kernel: Megatron-LM (Transformer Engine's / apex's ``FusedAdam``,
-``megatron/core/optimizer/__init__.py``), DeepSpeed (``deepspeed.ops.adam.FusedAdam``); torch's optimizers
-run as ``--optimizer-impl`` says."""
-
-
-def optimizer_impl_of(framework: Framework, asked: OptimizerImpl) -> OptimizerImpl:
-    """How the framework's Adam runs its step: fused where the framework fuses it, else as asked."""
-    return OptimizerImpl.FUSED if framework in FUSED_OPTIMIZERS else asked
-
-
-def main_grad_dtype(framework: Framework, grad_dtype: DType) -> DType:
-    """The gradients backward leaves for the optimizer: Megatron-LM's main gradients
-    (:data:`MEGATRON_MAIN_GRAD_DTYPE`), else the precision's gradient dtype."""
-    return MEGATRON_MAIN_GRAD_DTYPE if framework is Framework.MEGATRON else grad_dtype
-
-
-def default_reduce_dtype(framework: Framework, grad_dtype: DType) -> DType:
-    """What a data-parallel gradient reduction moves when ``--reduce-dtype`` is not given: the main
-    gradients (:func:`main_grad_dtype`)."""
-    return main_grad_dtype(framework, grad_dtype)
 
 
 class Estimate(StrEnum):
@@ -109,20 +77,6 @@ class TorchSetup(NamedTuple):
     validate_name: str | None = None
     """This configuration's name in ``zerocalc validate --strategies`` (None: validate does not run it)."""
 
-
-TORCH_FRAMEWORKS: tuple[Framework, ...] = (
-    Framework.FSDP,
-    Framework.FSDP2,
-    Framework.TORCH_ZERO1,
-    Framework.DDP,
-)
-"""The frameworks whose estimates are PyTorch's real per-rank allocations."""
-
-TORCH_PRECISIONS = (PrecisionName.FP32, PrecisionName.BF16_MIXED, PrecisionName.FP16_MIXED)
-"""What PyTorch's frameworks are modelled under: fp32, or ``MixedPrecision``/``MixedPrecisionPolicy``
-(autocast for DDP) with fp32 sharded parameters."""
-TORCH_OPTIMIZERS = (OptimizerName.ADAM, OptimizerName.ADAMW)
-"""What PyTorch's frameworks are modelled with: ``torch.optim.Adam``/``AdamW``."""
 
 TORCH_SOURCES: dict[TorchWrapper, str] = {
     TorchWrapper.DDP: "torch 2.13 DDP",

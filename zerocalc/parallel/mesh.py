@@ -31,14 +31,12 @@ experts over the remaining ``dp_shard_mod_ep`` ranks; DeepSpeed-MoE (``deepspeed
 from __future__ import annotations
 
 from enum import StrEnum
-from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from zerocalc.base.units import ceil_div
 from zerocalc.model.activations import CpImpl
 from zerocalc.network.cluster import Cluster
-from zerocalc.parallel.frameworks import Framework
 
 
 class TpStyle(StrEnum):
@@ -78,44 +76,6 @@ PP_SCHEDULE_NAMES: dict[str, PpSchedule] = {
     "zbh1": PpSchedule.ZERO_BUBBLE,
 }
 """torch.distributed.pipelining's class names and Megatron-LM's words accepted for a schedule."""
-
-_COMPOSING = (Framework.PAPER, Framework.MEGATRON, Framework.FSDP2, Framework.DEEPSPEED)
-PP_FRAMEWORKS: tuple[Framework, ...] = (Framework.PAPER, Framework.MEGATRON, Framework.FSDP2)
-"""The frameworks that compose pipeline parallelism with their data parallelism here: Megatron-LM,
-torchtitan (``torch.distributed.pipelining`` with FSDP2). DeepSpeed's pipeline engine runs ZeRO-1 at most
-(``deepspeed/runtime/pipe/engine.py``: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"),
-and ``--framework deepspeed`` is its ZeRO-2/3 estimators."""
-
-EP_FRAMEWORKS: tuple[Framework, ...] = _COMPOSING
-"""The frameworks with expert parallelism: Megatron-LM (``--expert-model-parallel-size``), torchtitan
-(``expert_parallel_degree``), DeepSpeed-MoE (``ep_size``)."""
-
-CP_IMPLS: dict[Framework, tuple[CpImpl, ...]] = {
-    Framework.PAPER: tuple(CpImpl),
-    Framework.MEGATRON: (CpImpl.RING, CpImpl.ALLGATHER, CpImpl.ULYSSES),
-    Framework.FSDP2: (CpImpl.ALLGATHER, CpImpl.RING),
-    Framework.DEEPSPEED: (CpImpl.ULYSSES,),
-}
-"""The context-parallel implementations each framework has, its default first: Megatron-LM through
-Transformer Engine (``--cp-comm-type p2p|all_gather|a2a``), torch ``context_parallel``
-(``torch/distributed/tensor/experimental/_attention.py``: ``allgather`` the default rotate method,
-``alltoall`` a ring), DeepSpeed's ``DistributedAttention`` (Ulysses). Frameworks not listed have none."""
-
-TP_STYLES: dict[Framework, TpStyle] = {
-    Framework.PAPER: TpStyle.MEGATRON,
-    Framework.MEGATRON: TpStyle.MEGATRON,
-    Framework.DEEPSPEED: TpStyle.MEGATRON,
-    Framework.FSDP2: TpStyle.DTENSOR,
-}
-"""The frameworks that compose tensor parallelism with their data parallelism, and whose layers they use
-(DeepSpeed trains Megatron-DeepSpeed's layers). FSDP1, DDP and ZeRO-1 of PyTorch are not composed with
-DTensor tensor parallelism here."""
-
-SEQUENCE_PARALLEL_DEFAULT: dict[Framework, bool] = {
-    Framework.FSDP2: True,
-}
-"""Sequence parallelism when ``--sequence-parallel`` is not given: torchtitan's plan always shards the
-norms' sequence (``SequenceParallel``); Megatron-LM's ``--sequence-parallel`` is off unless asked."""
 
 
 class MeshGroup(BaseModel):
@@ -278,8 +238,6 @@ class Mesh(BaseModel):
                 if n is not None
             )
             if self.pp_stage_layers is not None:
-                from zerocalc.parallel.pipeline import describe_layer_counts
-
                 uneven = f", stage layers {describe_layer_counts(self.pp_stage_layers)}"
             parts.append(f"pp {self.pp}{virtual} ({self.pp_schedule.value}{uneven})")
         parts.append(f"dp {self.dp}" + (f" (ep {self.ep})" if self.ep > 1 else ""))
@@ -290,24 +248,12 @@ class Mesh(BaseModel):
         return " × ".join(parts)
 
 
-def framework_cp_impl(framework: Framework) -> CpImpl:
-    """The context-parallel implementation ``framework`` runs when ``--cp-impl`` is not given."""
-    impls = CP_IMPLS.get(framework, ())
-    return impls[0] if impls else CpImpl.RING
-
-
-def framework_tp_style(framework: Framework) -> TpStyle:
-    """Whose layers ``framework``'s tensor parallelism uses (Megatron's where it composes none)."""
-    return TP_STYLES.get(framework, TpStyle.MEGATRON)
-
-
-@lru_cache(maxsize=1024)
-def data_parallel_mesh(world: int, gpus_per_node: int, framework: Framework) -> Mesh:
-    """The mesh of a data-parallel run of ``world`` GPUs (tp = cp = 1), as the parser builds it: one per
-    shape and framework, since a plan's search asks for each hundreds of times."""
-    return Mesh(
-        world=world,
-        gpus_per_node=min(gpus_per_node, world),
-        cp_impl=framework_cp_impl(framework),
-        tp_style=framework_tp_style(framework),
-    )
+def describe_layer_counts(counts: tuple[int, ...]) -> str:
+    """Each rank's layers, first to last, runs of equal counts as count × ranks: ``7, 8 × 14, 7``."""
+    runs: list[list[int]] = []
+    for count in counts:
+        if runs and runs[-1][0] == count:
+            runs[-1][1] += 1
+        else:
+            runs.append([count, 1])
+    return ", ".join(f"{count} × {ranks}" if ranks > 1 else str(count) for count, ranks in runs)

@@ -1,9 +1,10 @@
 """Optimizer states per parameter: one table, one place.
 
 Each optimizer is a list of state tensors kept per parameter element. A state either has a fixed dtype
-(8-bit Adam's quantised moments) or follows the precision recipe's optimizer-state dtype (fp32 for the
+(8-bit Adam's quantised moments) or follows the precision record's optimizer-state dtype (fp32 for the
 mixed and fp32 recipes, bf16 for ``bf16-pure``). Block-wise quantisation scales are counted per block.
-The fp32 master copy of mixed precision is added by ``zerocalc.states.memory`` from the recipe, not here.
+The fp32 master copy of mixed precision is added by ``zerocalc.states.memory`` from the precision record,
+not here.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import NamedTuple
 
 from zerocalc.base.dtypes import DType
 from zerocalc.base.units import ceil_div
-from zerocalc.parallel.precision import PrecisionRecipe
 
 
 class OptimizerName(StrEnum):
@@ -47,8 +47,10 @@ class StateTensor(NamedTuple):
     block_size: int | None = None
     """If set, one element of ``dtype`` per block of this many parameters (a quantisation scale)."""
 
-    def bytes_for(self, n_elements: int, recipe: PrecisionRecipe) -> int:
-        dtype = self.dtype or recipe.optimizer_state_dtype
+    def bytes_for(self, n_elements: int, state_dtype: DType) -> int:
+        """Bytes of this state for ``n_elements`` parameters, ``state_dtype`` the precision's optimizer-state
+        dtype (the precision record's)."""
+        dtype = self.dtype or state_dtype
         count = n_elements if self.block_size is None else ceil_div(n_elements, self.block_size)
         return count * dtype.bytes
 
@@ -59,9 +61,9 @@ class OptimizerSpec(NamedTuple):
     assumption: str
     """What the count assumes, shown to the user."""
 
-    def state_bytes(self, n_elements: int, recipe: PrecisionRecipe) -> dict[str, int]:
+    def state_bytes(self, n_elements: int, state_dtype: DType) -> dict[str, int]:
         """Bytes of each state for a shard of ``n_elements`` parameters."""
-        return {state.name: state.bytes_for(n_elements, recipe) for state in self.states}
+        return {state.name: state.bytes_for(n_elements, state_dtype) for state in self.states}
 
 
 _ADAM_MOMENTS = (StateTensor(name="exp_avg"), StateTensor(name="exp_avg_sq"))

@@ -63,7 +63,6 @@ from itertools import accumulate
 from typing import NamedTuple
 
 from zerocalc.base.units import plural
-from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.mesh import Mesh, PpSchedule
 
 
@@ -78,18 +77,6 @@ class Pass(NamedTuple):
 
 INTERLEAVED = (PpSchedule.INTERLEAVED_1F1B, PpSchedule.ZERO_BUBBLE)
 """The schedules that take their passes from the interleaved table (any v)."""
-
-KEEPS_STAGE_OUTPUT: dict[Framework, bool] = {
-    Framework.PAPER: False,
-    Framework.MEGATRON: False,
-    Framework.FSDP2: True,
-    Framework.DEEPSPEED: True,
-}
-"""Whether a stage's output stays allocated from its send to its backward. Megatron-LM frees its storage
-once sent (``deallocate_output_tensor``; ``megatron/training/argument_utils.py`` sets
-``deallocate_pipeline_outputs``), keeping only its ``grad_fn``; torch.distributed.pipelining keeps it in
-the stage's ``fwd_cache`` for ``stage_backward`` (``torch/distributed/pipelining/stage.py``); DeepSpeed's
-pipeline engine in ``pipe_buffers['outputs']`` (``deepspeed/runtime/pipe/engine.py``)."""
 
 
 def boundary_elements(mesh: Mesh, micro_batch: int, seq_len: int, hidden: int) -> int:
@@ -145,17 +132,6 @@ def stage_layer_counts(
     vpp = 1 if layers is None else len(layers) // pp
     split = virtual_stage_layers(num_layers, pp, vpp, first, last, layers)
     return tuple(sum(split[rank::pp]) for rank in range(pp))
-
-
-def describe_layer_counts(counts: tuple[int, ...]) -> str:
-    """Each rank's layers, first to last, runs of equal counts as count × ranks: ``7, 8 × 14, 7``."""
-    runs: list[list[int]] = []
-    for count in counts:
-        if runs and runs[-1][0] == count:
-            runs[-1][1] += 1
-        else:
-            runs.append([count, 1])
-    return ", ".join(f"{count} × {ranks}" if ranks > 1 else str(count) for count, ranks in runs)
 
 
 def split_problem(

@@ -1,18 +1,27 @@
-"""Precision recipes: the dtypes of compute parameters, gradients, master weights and optimizer states.
+"""The precision record: which dtype every tensor of a step is kept in.
 
-The bytes per parameter follow the ZeRO paper (Rajbhandari et al. 2020, section 3.1): mixed-precision
-Adam keeps 2-byte parameters and gradients (b_p = b_g = 2) and K = 12 bytes of optimizer state (a 4-byte
-fp32 master copy plus 4-byte m and v). The optimizer's own states are counted by
-``zerocalc.parallel.optimizers``;
-this module says which dtype they are kept in and whether a master copy exists.
+A :class:`PrecisionRecipe` (``--precision``) names the recipe's dtypes: the compute copy of the
+parameters, the gradients backward produces, the master copy and the optimizer states. The bytes per
+parameter follow the ZeRO paper (Rajbhandari et al. 2020, section 3.1): mixed-precision Adam keeps 2-byte
+parameters and gradients (b_p = b_g = 2) and K = 12 bytes of optimizer state (a 4-byte fp32 master copy
+plus 4-byte m and v). The optimizer's own states are counted by ``zerocalc.parallel.optimizers``.
+
+How a framework keeps those tensors is its :class:`ParamLayout` (a field of its record,
+:mod:`zerocalc.parallel.framework_records`): 16-bit parameters beside an fp32 master copy (the paper,
+DeepSpeed, Megatron-LM), or fp32 parameters cast for compute (PyTorch's FSDP, DDP's autocast). Given the
+recipe, the layout and the kind of parameter, :func:`tensor_dtypes` returns the dtype of every
+:class:`~zerocalc.base.dtypes.TensorRole` — the one place every memory, communication and time model asks.
+A new recipe is an entry of :data:`RECIPES`; a new kind of parameter (frozen, quantised) an entry of
+:data:`KIND_RULES`.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from functools import lru_cache
 from typing import NamedTuple
 
-from zerocalc.base.dtypes import DType
+from zerocalc.base.dtypes import DType, TensorRole
 
 
 class PrecisionName(StrEnum):
@@ -77,3 +86,178 @@ RECIPES: dict[PrecisionName, PrecisionRecipe] = {
         ),
     )
 }
+
+
+class ParamLayout(StrEnum):
+    """How a framework keeps the parameters a recipe names (a field of each framework's record)."""
+
+    MASTER_COPY = "master_copy"
+    """Parameters and gradients in the recipe's 16-bit dtype, a separate fp32 master copy in the optimizer
+    (ZeRO paper §3.1; DeepSpeed's bit16 parameters and fp32 partitions, ``runtime/zero/stage_1_and_2.py``;
+    Megatron-LM's ``Float16Module`` and ``DistributedOptimizer``)."""
+    CAST_FOR_COMPUTE = "cast_for_compute"
+    """The parameters stay in the master dtype (fp32) and are cast to the compute dtype for each forward and
+    backward: gradients come out in the compute dtype, are reduced in ``reduce_dtype`` and kept in the
+    parameters' dtype for the optimizer (FSDP1 ``MixedPrecision``, ``torch/distributed/fsdp/
+    _flat_param.py``; FSDP2 ``MixedPrecisionPolicy``, ``_fully_shard/_fsdp_param.py``)."""
+    AUTOCAST = "autocast"
+    """The parameters stay in the master dtype, autocast casts each op's inputs: gradients accumulate in
+    the parameters' dtype and are reduced in it (DDP under ``torch.autocast``;
+    ``ZeroRedundancyOptimizer``)."""
+
+
+LAYOUT_NOTES: dict[ParamLayout, str] = {
+    ParamLayout.MASTER_COPY: "{stored} parameters and {gradient} gradients beside an fp32 master copy",
+    ParamLayout.CAST_FOR_COMPUTE: "{stored} parameters cast to {compute} for forward and backward, gradients "
+    "reduced in {reduce} and kept in {main_gradient}; no separate master copy",
+    ParamLayout.AUTOCAST: "{stored} parameters, autocast computing in {compute}; {main_gradient} gradients, "
+    "reduced in {reduce}; no separate master copy",
+}
+"""Each layout in words, its dtypes filled in (:func:`describe_layout`)."""
+
+
+class ParamKind(StrEnum):
+    """Whether a parameter is trained."""
+
+    TRAINABLE = "trainable"
+    FROZEN = "frozen"
+    """``requires_grad=False``: no gradient, no reduction, no master copy, no optimizer state."""
+
+
+_Source = str | TensorRole | DType | None
+"""Where a role's dtype comes from: a :class:`PrecisionRecipe` field (by name), another role's dtype, a
+dtype, or None (no such tensor)."""
+_MASTER_OR_PARAM = "master_or_param"
+"""The recipe's master dtype where it has one, else its parameter dtype."""
+
+_R = TensorRole
+LAYOUT_RULES: dict[ParamLayout, dict[TensorRole, _Source]] = {
+    ParamLayout.MASTER_COPY: {
+        _R.STORED: "param_dtype",
+        _R.COMPUTE: "param_dtype",
+        _R.GEMM_INPUT: _R.COMPUTE,
+        _R.ACTIVATION: _R.COMPUTE,
+        _R.GRADIENT: "grad_dtype",
+        _R.MAIN_GRADIENT: _R.GRADIENT,
+        _R.REDUCE: _R.MAIN_GRADIENT,
+        _R.ALL_GATHER: _R.COMPUTE,
+        _R.MASTER: "master_dtype",
+        _R.OPTIMIZER_STATE: "optimizer_state_dtype",
+    },
+    ParamLayout.CAST_FOR_COMPUTE: {
+        _R.STORED: _MASTER_OR_PARAM,
+        _R.COMPUTE: "param_dtype",
+        _R.GEMM_INPUT: _R.COMPUTE,
+        _R.ACTIVATION: _R.COMPUTE,
+        _R.GRADIENT: "grad_dtype",
+        _R.MAIN_GRADIENT: _R.STORED,
+        _R.REDUCE: _R.GRADIENT,
+        _R.ALL_GATHER: _R.COMPUTE,
+        _R.MASTER: None,
+        _R.OPTIMIZER_STATE: "optimizer_state_dtype",
+    },
+    ParamLayout.AUTOCAST: {
+        _R.STORED: _MASTER_OR_PARAM,
+        _R.COMPUTE: "param_dtype",
+        _R.GEMM_INPUT: _R.COMPUTE,
+        _R.ACTIVATION: _R.COMPUTE,
+        _R.GRADIENT: _R.STORED,
+        _R.MAIN_GRADIENT: _R.STORED,
+        _R.REDUCE: _R.STORED,
+        _R.ALL_GATHER: _R.STORED,
+        _R.MASTER: None,
+        _R.OPTIMIZER_STATE: "optimizer_state_dtype",
+    },
+}
+"""Each layout's rule per role. Under FSDP's ``MixedPrecision`` the unsharded gradients are in
+``param_dtype`` and the reduction in ``reduce_dtype``, which defaults to ``param_dtype`` (FSDP2
+``MixedPrecisionPolicy.reduce_dtype`` None: "the gradient reduction uses the compute dtype"); DDP reduces
+``.grad``, in the parameters' own dtype (``torch/csrc/distributed/c10d/reducer.cpp``)."""
+
+KIND_RULES: dict[ParamKind, dict[TensorRole, _Source]] = {
+    ParamKind.TRAINABLE: {},
+    ParamKind.FROZEN: {
+        _R.GRADIENT: None,
+        _R.MAIN_GRADIENT: None,
+        _R.REDUCE: None,
+        _R.MASTER: None,
+        _R.OPTIMIZER_STATE: None,
+    },
+}
+"""What a kind of parameter changes of its layout's rules (a frozen weight keeps none of the trained
+tensors)."""
+
+
+class TensorDtypes(NamedTuple):
+    """The dtype of every role of one kind of parameter under one recipe and layout (None: no such
+    tensor)."""
+
+    stored: DType
+    compute: DType
+    gemm_input: DType
+    activation: DType
+    gradient: DType | None
+    main_gradient: DType | None
+    reduce: DType | None
+    all_gather: DType
+    master: DType | None
+    optimizer_state: DType | None
+
+    def of(self, role: TensorRole) -> DType | None:
+        return getattr(self, role.value)
+
+    @property
+    def trained(self) -> TensorDtypes:
+        """These dtypes, asserting the parameters are trained (their gradient roles have dtypes)."""
+        assert self.gradient is not None and self.main_gradient is not None and self.reduce is not None
+        return self
+
+
+@lru_cache(maxsize=256)
+def tensor_dtypes(
+    precision: PrecisionName,
+    layout: ParamLayout,
+    main_gradient: DType | None = None,
+    reduce: DType | None = None,
+    kind: ParamKind = ParamKind.TRAINABLE,
+) -> TensorDtypes:
+    """Every role's dtype: the layout's rule for the recipe (:data:`LAYOUT_RULES`), the framework's own
+    main-gradient dtype where it has one (Megatron-LM's fp32 ``main_grad``), ``--reduce-dtype`` where given,
+    and the kind's changes (:data:`KIND_RULES`)."""
+    recipe = RECIPES[precision]
+    rules: dict[TensorRole, _Source] = {**LAYOUT_RULES[layout]}
+    if main_gradient is not None:
+        rules[TensorRole.MAIN_GRADIENT] = main_gradient
+    if reduce is not None:
+        rules[TensorRole.REDUCE] = reduce
+    rules.update(KIND_RULES[kind])
+    resolved: dict[TensorRole, DType | None] = {}
+
+    def resolve(role: TensorRole) -> DType | None:
+        if role not in resolved:
+            source = rules[role]
+            if source is None or isinstance(source, DType):
+                resolved[role] = source
+            elif isinstance(source, TensorRole):
+                resolved[role] = resolve(source)
+            elif source == _MASTER_OR_PARAM:
+                resolved[role] = recipe.master_dtype or recipe.param_dtype
+            else:
+                resolved[role] = getattr(recipe, source)
+        return resolved[role]
+
+    return TensorDtypes(*(resolve(role) for role in TensorRole))  # type: ignore[arg-type]
+
+
+def describe_layout(layout: ParamLayout, dtypes: TensorDtypes) -> str:
+    """How ``layout`` keeps the tensors, in words, with the dtypes of ``dtypes`` (and main gradients of
+    their own where the framework keeps them apart from backward's)."""
+    values = {
+        role.value: (dtype.value if dtype else "no") for role, dtype in zip(TensorRole, dtypes, strict=True)
+    }
+    if layout is ParamLayout.MASTER_COPY and dtypes.main_gradient is not dtypes.gradient:
+        return (
+            "{stored} parameters beside an fp32 master copy; backward accumulates {main_gradient} main "
+            "gradients, which are reduced and stepped from"
+        ).format(**values)
+    return LAYOUT_NOTES[layout].format(**values)

@@ -3,10 +3,10 @@
 The peak is the maximum over the events of one step's timeline (:mod:`zerocalc.peak.simulate`), not a
 sum of terms:
 
-* model states: the framework's accounting (:data:`~zerocalc.parallel.profiles.PROFILES`, lines built by
-  :mod:`zerocalc.peak.states`) — resident for the accountings, simulated tensor by tensor for PyTorch's
-  frameworks (:mod:`zerocalc.peak.mechanics`);
-* activations and the loss: the model's code (``--model-impl``, :mod:`zerocalc.model.model_impl`), layer by
+* model states: the framework's accounting (:data:`~zerocalc.parallel.framework_records.FRAMEWORKS`,
+  lines built by :mod:`zerocalc.peak.states`) — resident for the accountings, simulated tensor by tensor
+  for PyTorch's frameworks (:mod:`zerocalc.peak.mechanics`);
+* activations and the loss: the model's code (``--model-impl``, :mod:`zerocalc.model.code`), layer by
   layer; data parallelism never shards them;
 * the allocator's reserve: the caching allocator replayed over model creation and three steps
   (:mod:`zerocalc.peak.allocator`);
@@ -23,12 +23,12 @@ import re
 
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import PipelineStage
-from zerocalc.model.model_impl import MODEL_IMPLS, AttentionKernel, default_attention
+from zerocalc.model.code import MODEL_CODES, AttentionKernel
 from zerocalc.network.cluster import Cluster
-from zerocalc.parallel.frameworks import TORCH_SOURCES, Framework, optimizer_impl_of
+from zerocalc.parallel.framework_records.record import FrameworkRecord, ModelInit, StatesModel, Wrap
+from zerocalc.parallel.frameworks import TORCH_SOURCES
 from zerocalc.parallel.mesh import Mesh
-from zerocalc.parallel.pipeline import KEEPS_STAGE_OUTPUT, in_flight
-from zerocalc.parallel.profiles import PROFILES, ModelInit, Profile, Wrap
+from zerocalc.parallel.pipeline import in_flight
 from zerocalc.parallel.strategies import STRATEGIES, Strategy, StrategyName
 from zerocalc.peak.kinds import TensorKind
 from zerocalc.peak.report import (
@@ -85,7 +85,7 @@ def peak_options(request: TrainingRequest) -> PeakOptions:
     return PeakOptions(
         framework=request.framework,
         model_impl=request.model_code,
-        optimizer_impl=optimizer_impl_of(request.framework, request.optimizer_impl),
+        optimizer_impl=request.framework_record.optimizer_impl(request.optimizer_impl),
         seq_len=a.seq_len,
         micro_batch=a.micro_batch,
         grad_accum=request.grad_accum,
@@ -96,7 +96,7 @@ def peak_options(request: TrainingRequest) -> PeakOptions:
         attention_source=attention_source(request),
         init=request.init,
         init_given=request.init_asked is not None,
-        init_source=PROFILES[request.framework].init_source,
+        init_source=request.framework_record.init_source,
         prefetch=b.prefetch,
         wrap=b.wrap,
         ddp_bucket_bytes=b.ddp_bucket_bytes,
@@ -114,13 +114,13 @@ def peak_options(request: TrainingRequest) -> PeakOptions:
 
 
 def term_sources(
-    request: TrainingRequest, strategy: Strategy, profile: Profile, states: list[StateLine]
+    request: TrainingRequest, strategy: Strategy, profile: FrameworkRecord, states: list[StateLine]
 ) -> dict[TensorKind, str]:
     """Where each kind of tensor's bytes come from, for this request and strategy: an accounting's own
     lines name theirs."""
-    setup = strategy.frameworks[request.framework].torch
+    setup = request.framework_record.torch_setup(strategy.name)
     framework = TORCH_SOURCES[setup.wrapper] if setup is not None else profile.source
-    impl = MODEL_IMPLS[request.model_code]
+    impl = MODEL_CODES[request.model_code]
     adam = f"torch/optim/adam.py, {request.optimizer_impl.value}"
     gathered = (
         f"{framework}: units unsharded before use"
@@ -157,7 +157,7 @@ def pipeline_source(request: TrainingRequest) -> str:
     """Where a pipeline stage's buffers come from: the schedule and whether the framework keeps a stage's
     output."""
     mesh = request.mesh
-    kept = "kept until its backward" if KEEPS_STAGE_OUTPUT.get(request.framework) else "freed once sent"
+    kept = "kept until its backward" if request.framework_record.keeps_stage_output else "freed once sent"
     return (
         f"{mesh.pp_schedule.value} schedule: per micro-batch in flight the received activation; the "
         f"stage output {kept}; the gradients received and sent"
@@ -188,16 +188,17 @@ def condensed_timeline(result: StepResult, layers: int) -> list[TimelineEvent]:
     return events
 
 
-def framework_estimate_bytes(profile: Profile, states: list[StateLine]) -> int | None:
-    """What the framework's own estimator reports: the lines it covers (DeepSpeed); None for a profile
-    without an estimator of its own."""
+def framework_estimate_bytes(profile: FrameworkRecord, states: list[StateLine]) -> int | None:
+    """What the framework's own estimator reports: the lines it covers (DeepSpeed); None for a framework, or
+    a strategy of it (DeepSpeed's stage 1), without an estimator of its own."""
     if not profile.estimate_covers_states_only:
         return None
-    return sum(line.bytes for line in states if line.in_framework_estimate)
+    covered = [line.bytes for line in states if line.in_framework_estimate]
+    return sum(covered) if covered else None
 
 
 def strategy_peak(
-    request: TrainingRequest, profile: Profile, name: StrategyName, runtime: Runtime
+    request: TrainingRequest, profile: FrameworkRecord, name: StrategyName, runtime: Runtime
 ) -> StrategyPeak:
     """One strategy's step: its accounting's lines, the simulated timeline, the device footprint."""
     strategy = STRATEGIES[name]
@@ -219,7 +220,7 @@ def strategy_peak(
     headroom = None if capacity is None else capacity - peak
     return StrategyPeak(
         strategy=name,
-        title=strategy.title_under(request.framework),
+        title=request.framework_record.title_of(strategy.name),
         states=states,
         peak_phase=result.peak.phase,
         peak_event=result.peak.event,
@@ -246,7 +247,7 @@ def strategy_peak(
 
 def pipeline_peak(
     request: TrainingRequest,
-    profile: Profile,
+    profile: FrameworkRecord,
     name: StrategyName,
     runtime: Runtime,
     known: dict[int, StrategyPeak] | None = None,
@@ -310,7 +311,7 @@ def init_host_bytes_per_node(request: TrainingRequest) -> int | None:
     if request.init is not ModelInit.CPU:
         return None
     mesh = request.mesh
-    copies = mesh.tp if PROFILES[request.framework].host_copy_per_node else mesh.gpus_per_node
+    copies = mesh.tp if request.framework_record.host_copy_per_node else mesh.gpus_per_node
     return copies * INIT_HOST_BYTES * request.rank_model.params
 
 
@@ -333,7 +334,7 @@ def attention_source(request: TrainingRequest) -> str:
     asked = request.activations.flash_attention
     if asked is not None:
         return "--flash-attention" if asked else "--no-flash-attention"
-    return default_attention(MODEL_IMPLS[request.model_code], request.architecture)[1]
+    return MODEL_CODES[request.model_code].default_attention(request.architecture)[1]
 
 
 def _attention_part(request: TrainingRequest) -> str:
@@ -351,7 +352,7 @@ def _creation_note(request: TrainingRequest) -> str:
 
 def _notes(request: TrainingRequest) -> list[str]:
     notes: list[str] = [_creation_note(request)]
-    if request.framework is Framework.DEEPSPEED:
+    if request.framework_record.states is StatesModel.DEEPSPEED_ESTIMATOR:
         notes.append(
             "DeepSpeed's estimator covers only its own lines (its estimate column); it prints GiB labelled "
             "'GB' and adds a 1.5x factor to host memory"
@@ -391,13 +392,13 @@ def evaluate_peak(request: TrainingRequest) -> MemoryReport:
 
     The model-state rows carry no fits/headroom here: with a step to simulate, the peak decides."""
     estimate = evaluate_memory(request)
-    profile = PROFILES[request.framework]
+    profile = request.framework_record
     runtime = runtime_for(request)
     one = strategy_peak if request.mesh.pp == 1 else pipeline_peak
     rows = [one(request, profile, row.strategy, runtime) for row in estimate.strategies]
     peak = PeakEstimate(
         options=peak_options(request),
-        model_impl_source=MODEL_IMPLS[request.model_code].source,
+        model_impl_source=MODEL_CODES[request.model_code].source,
         notes=_notes(request),
         strategies=rows,
         init_host_bytes_per_node=init_host_bytes_per_node(request),
@@ -409,7 +410,7 @@ def evaluate_peak(request: TrainingRequest) -> MemoryReport:
 
 def framework_states(request: TrainingRequest, estimate: MemoryEstimate) -> list[FrameworkStates]:
     """Each strategy's model states as the request's framework accounts them (from Ψ alone)."""
-    profile = PROFILES[request.framework]
+    profile = request.framework_record
     rows = []
     for row in estimate.strategies:
         strategy = STRATEGIES[row.strategy]
@@ -417,7 +418,7 @@ def framework_states(request: TrainingRequest, estimate: MemoryEstimate) -> list
         rows.append(
             FrameworkStates(
                 strategy=row.strategy,
-                title=strategy.title_under(request.framework),
+                title=request.framework_record.title_of(strategy.name),
                 lines=lines,
                 gpu_bytes=sum(line.bytes for line in lines),
                 framework_estimate_bytes=framework_estimate_bytes(profile, lines),
@@ -433,6 +434,7 @@ def evaluate(request: TrainingRequest) -> MemoryReport:
     and the peak when the request has an architecture."""
     if request.model.architecture is None:
         estimate = evaluate_memory(request)
-        own = None if request.framework is Framework.PAPER else framework_states(request, estimate)
+        paper = request.framework_record.states is StatesModel.PAPER
+        own = None if paper else framework_states(request, estimate)
         return MemoryReport(**dict(estimate), framework_states=own)
     return evaluate_peak(request)

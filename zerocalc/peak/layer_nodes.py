@@ -2,8 +2,8 @@
 (pure): Hugging Face transformers 5.17 under torch 2.13's autograd.
 
 The timeline (:mod:`zerocalc.peak.timeline`) holds a layer's saved tensors from its forward to its
-backward, adds :attr:`~zerocalc.model.model_impl.LayerSaves.forward_excess` at the layer's forward peak
-and :attr:`~zerocalc.model.model_impl.LayerSaves.backward_excess` at the start of its backward, then its
+backward, adds :attr:`~zerocalc.model.code.base.LayerSaves.forward_excess` at the layer's forward peak
+and :attr:`~zerocalc.model.code.base.LayerSaves.backward_excess` at the start of its backward, then its
 weight gradients once the saved tensors are freed. Autograd produces each weight's gradient when the
 weight's node runs, while the saved tensors of the nodes still to run are alive, and the gradient stays
 (``AccumulateGrad`` into the unsharded parameter's ``.grad``) until the unit's post-backward reduces it.
@@ -25,7 +25,8 @@ Mixtral-8x7B's layer shapes (4 layers, FSDP2 at worlds 4 to 128, b 2, s 537) and
 from __future__ import annotations
 
 from zerocalc.model.architecture import Architecture, BlockLayout
-from zerocalc.model.model_impl import FP32, INT64, ModelImpl, ModelImplName, Shape, traits
+from zerocalc.model.code import FP32, INT64, ModelCode, Shape
+from zerocalc.model.traits import traits
 
 Op = tuple[str, str, int]
 """``(verb, name, size)``: ``("temp", name, bytes)`` a gradient or intermediate of the backward,
@@ -40,13 +41,13 @@ element of the routing weights they hand the experts: Mixtral's stay fp32 (``Mix
 (``Qwen3MoeTopKRouter``: ``.to(router_logits.dtype)``; 0: the compute dtype)."""
 
 
-def experts_traced(impl: ModelImpl, arch: Architecture, index: int, shape: Shape) -> bool:
+def experts_traced(impl: ModelCode, arch: Architecture, index: int, shape: Shape) -> bool:
     """The layer's experts are traced node by node here (:func:`experts_forward_transients`,
     :func:`experts_backward_program`): ``grouped_mm_experts_forward`` alone (no shared experts) under a
     router of :data:`ROUTED_WEIGHTS`, on one rank's whole micro-batch (no tensor, context or expert
     parallelism)."""
     return (
-        impl.name is ModelImplName.HF
+        impl.transformers_modules
         and impl.transients
         and arch.is_moe_layer(index)
         and traits(arch).router in ROUTED_WEIGHTS
@@ -58,11 +59,11 @@ def experts_traced(impl: ModelImpl, arch: Architecture, index: int, shape: Shape
 
 
 def experts_forward_transients(
-    impl: ModelImpl, arch: Architecture, index: int, shape: Shape, act: int
+    impl: ModelCode, arch: Architecture, index: int, shape: Shape, act: int
 ) -> tuple[int, ...]:
     """Bytes of each tensor alive above the layer's saved ones at a mixture-of-experts layer's forward
     peak, the gather ``weighted_out[inv_perm]`` of transformers 5.17 ``integrations/moe.py``
-    ``grouped_mm_experts_forward`` (in place of :attr:`~zerocalc.model.model_impl.LayerSaves.
+    ``grouped_mm_experts_forward`` (in place of :attr:`~zerocalc.model.code.base.LayerSaves.
     forward_excess`; empty where not written, :func:`experts_backward_program`'s conditions): the mid
     residual [T, h]; the router's logits [T, E] and scores [T, k] (``Qwen3MoeSparseMoeBlock`` /
     ``MixtralSparseMoeBlock`` hold the router's outputs until the block returns: Qwen3-MoE's the
@@ -81,7 +82,7 @@ def experts_forward_transients(
 
 
 def experts_backward_program(
-    impl: ModelImpl, arch: Architecture, index: int, shape: Shape, act: int
+    impl: ModelCode, arch: Architecture, index: int, shape: Shape, act: int
 ) -> tuple[Op, ...]:
     """The backward of a mixture-of-experts layer's experts, node by node, from the gradient of the block's
     output to the gradient of its input (transformers 5.17 ``integrations/moe.py``
@@ -195,7 +196,7 @@ def experts_backward_program(
     return tuple(ops)
 
 
-def first_norm_backward_excess(impl: ModelImpl, arch: Architecture, shape: Shape, act: int) -> int:
+def first_norm_backward_excess(impl: ModelCode, arch: Architecture, shape: Shape, act: int) -> int:
     """Above the layer's gradients once its saved tensors are freed, while its first norm's backward runs
     (the last of the layer's; 0 where not written): transformers 5.17's Llama-family ``RMSNorm``
     (``hidden_states.to(float32)``, ``pow(2).mean(-1)``, ``* rsqrt``, ``.to(dtype)``, ``weight *``) in a 16-
@@ -207,7 +208,7 @@ def first_norm_backward_excess(impl: ModelImpl, arch: Architecture, shape: Shape
     six fp32 [R, h] tensors at once (traced, module docstring)."""
     t = traits(arch)
     if (
-        impl.name is not ModelImplName.HF
+        not impl.transformers_modules
         or not impl.transients
         or not impl.norm_fp32_copy
         or act == FP32

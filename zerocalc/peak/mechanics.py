@@ -1,9 +1,9 @@
 """How each framework holds parameters, gradients and optimizer states through a step (pure).
 
 A mechanics object answers the step timeline's (:mod:`zerocalc.peak.timeline`) hooks: what model creation
-allocates (``--init``: :class:`~zerocalc.parallel.profiles.ModelInit`), what is resident at a step's
-start, what a unit allocates before its forward and backward and frees after them, how a parameter's
-gradient is produced, reduced and kept, and what the optimizer step allocates. Units are the
+allocates (``--init``: :class:`~zerocalc.parallel.framework_records.record.ModelInit`), what is
+resident at a step's start, what a unit allocates before its forward and backward and frees after them,
+how a parameter's gradient is produced, reduced and kept, and what the optimizer step allocates. Units are the
 FSDP units: ``"root"`` (embeddings, final norm, LM head) and the blocks ``0 … L−1``.
 
 * :class:`Fsdp` — what both FSDPs share: the fp32 shards resident, a unit gathered around its forward and
@@ -42,9 +42,9 @@ from typing import Literal
 
 from zerocalc.base.dtypes import DType
 from zerocalc.base.units import ceil_div
+from zerocalc.parallel.framework_records.record import ModelInit
 from zerocalc.parallel.frameworks import Fsdp1Sharding
 from zerocalc.parallel.optimizers import OptimizerImpl
-from zerocalc.parallel.profiles import ModelInit
 from zerocalc.peak.ledger import Ledger, Sizes
 from zerocalc.peak.timeline import (
     BUFFERS,

@@ -19,19 +19,13 @@ from typing import NamedTuple
 from zerocalc.base.dtypes import DType
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, ParamTensor, PipelineStage
-from zerocalc.model.model_impl import MODEL_IMPLS, Device, Shape, layer_saves
-from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS, Framework, Fsdp1Sharding, TorchWrapper
+from zerocalc.model.code import MODEL_CODES, Device, Shape, layer_saves
+from zerocalc.parallel.framework_records import effective_grad_sync
+from zerocalc.parallel.framework_records.record import StatesModel, Wrap
+from zerocalc.parallel.frameworks import Fsdp1Sharding, TorchWrapper
 from zerocalc.parallel.mesh import PpSchedule
-from zerocalc.parallel.pipeline import KEEPS_STAGE_OUTPUT, boundary_elements, in_flight, rank_passes, window
-from zerocalc.parallel.precision import RECIPES, PrecisionName
-from zerocalc.parallel.profiles import PROFILES, Wrap
-from zerocalc.parallel.strategies import (
-    STRATEGIES,
-    BufferRule,
-    OffloadTarget,
-    StrategyName,
-    effective_grad_sync,
-)
+from zerocalc.parallel.pipeline import boundary_elements, in_flight, rank_passes, window
+from zerocalc.parallel.strategies import STRATEGIES, BufferRule, OffloadTarget, StrategyName
 from zerocalc.peak.allocator import CachingAllocator
 from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.peak.ledger import Event, Ledger
@@ -47,7 +41,6 @@ from zerocalc.request.training import (
 )
 from zerocalc.states.framework import (
     ADAM_STATES,
-    STATES_RECIPE,
     dim0_padded_numel,
     dim0_shard_numel,
     expert_shard_dim,
@@ -185,7 +178,7 @@ def _fsdp_units_of(arch: Architecture) -> tuple[tuple[str, tuple[ParamTensor, ..
 def activation_shape(request: TrainingRequest) -> Shape:
     """One micro-batch on one rank of the mesh: b sequences of s tokens, split by tensor, sequence and
     context parallelism as the model's code splits them, and the routed tokens expert parallelism brings
-    the rank's experts (:class:`~zerocalc.model.model_impl.Shape`)."""
+    the rank's experts (:class:`~zerocalc.model.code.Shape`)."""
     return rank_shape(request)._replace(
         ep=request.mesh.ep, capacity_factor=request.activations.capacity_factor
     )
@@ -196,7 +189,7 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
     units = _units_of(arch, 1)
     return StepShape(
         arch=arch,
-        impl=MODEL_IMPLS[request.model_code],
+        impl=MODEL_CODES[request.model_code],
         shape=activation_shape(request),
         act=act,
         device=device,
@@ -225,7 +218,7 @@ def first_stage_in_flight(schedule: PpSchedule, pp: int, grad_accum: int) -> int
 
 def micro_batch_saved_bytes(request: TrainingRequest) -> int:
     """The saved tensors of one micro-batch through every layer pipeline rank 0 holds
-    (:func:`~zerocalc.model.model_impl.layer_saves`, as the timeline keeps them until each layer's backward:
+    (:func:`~zerocalc.model.code.layer_saves`, as the timeline keeps them until each layer's backward:
     the smaller with and without the cache copies, less the layer input a chunk's first layer may share with
     the tensor it received). Counted without recomputation and without virtual stages, where each forward
     keeps all of them until its backward; 0 otherwise (and without pipeline stages)."""
@@ -234,7 +227,7 @@ def micro_batch_saved_bytes(request: TrainingRequest) -> int:
         return 0
     stage = stage_request(request, 0)
     arch = stage.architecture
-    impl, shape = MODEL_IMPLS[stage.model_code], activation_shape(stage)
+    impl, shape = MODEL_CODES[stage.model_code], activation_shape(stage)
     act, flash = activation_bytes(stage), flash_attention_used(stage)
     kinds: dict[bool, int] = {}
     for index in range(arch.num_layers):  # a layer's saves depend on its index only through its kind
@@ -267,7 +260,7 @@ def stage_plan(request: TrainingRequest, act: int) -> StagePlan | None:
         chunk_sizes=arch.chunk_sizes,
         holds_embedding=arch.holds_embedding,
         holds_head=arch.holds_head,
-        keeps_output=KEEPS_STAGE_OUTPUT[request.framework],
+        keeps_output=request.framework_record.keeps_stage_output,
         boundary_bytes=act * boundary_elements(mesh, a.micro_batch, a.seq_len, arch.hidden_size),
     )
 
@@ -303,7 +296,7 @@ def runtime_for(request: TrainingRequest) -> Runtime:
 
 def activation_bytes(request: TrainingRequest) -> int:
     """Bytes per activation element: the compute dtype, the unsharded parameters' (every framework)."""
-    return RECIPES[request.precision].param_dtype.bytes
+    return request.dtypes.activation.bytes
 
 
 def mechanics_for(
@@ -326,11 +319,10 @@ def _mechanics(
     request: TrainingRequest, name: StrategyName, states: Sequence[StateLine], blocks: int | None
 ) -> tuple[Mechanics, int]:
     strategy = STRATEGIES[name]
-    recipe = RECIPES[request.precision]
-    mixed = request.precision is not PrecisionName.FP32
+    dtypes = request.dtypes.trained
     optimizer_impl = request.optimizer_impl
     accumulation = _accumulation(request, name)
-    setup = strategy.frameworks[request.framework].torch if request.framework in TORCH_FRAMEWORKS else None
+    setup = request.framework_record.torch_setup(name)
     if setup is not None:
         world = shard_ranks(request.cluster, setup)
         mesh = request.mesh
@@ -339,13 +331,12 @@ def _mechanics(
             expert_world = shard_ranks(mesh.expert_data_cluster(), setup)
             experts = (expert_world, expert_shard_dim(request.architecture, mesh.dp * mesh.cp))
         units = _units(request, world, blocks, experts)
-        reduce = request.reduce_dtype.bytes if request.reduce_dtype is not None else recipe.param_dtype.bytes
         if setup.wrapper is TorchWrapper.FSDP2:
             return Fsdp2(
                 units,
                 world=world,
-                param_bytes=recipe.param_dtype.bytes,
-                reduce_bytes=reduce if mixed else STATES_RECIPE.grad_dtype.bytes,
+                param_bytes=dtypes.compute.bytes,
+                reduce_bytes=dtypes.reduce.bytes,
                 reshard=setup.reshard_after_forward,
                 root_reshard=setup.reshard_after_forward,
                 optimizer_states=ADAM_STATES,
@@ -360,8 +351,8 @@ def _mechanics(
                 units,
                 world=world,
                 no_shard=no_shard,
-                param_bytes=recipe.param_dtype.bytes,
-                reduce_bytes=reduce if mixed else STATES_RECIPE.grad_dtype.bytes,
+                param_bytes=dtypes.compute.bytes,
+                reduce_bytes=dtypes.reduce.bytes,
                 reshard=setup.sharding is not Fsdp1Sharding.SHARD_GRAD_OP,
                 optimizer_states=ADAM_STATES,
                 optimizer_impl=optimizer_impl,
@@ -374,7 +365,7 @@ def _mechanics(
         return Ddp(
             _units(request, 1, blocks),
             reducer_elements=sum(unit.numel for _, unit in _units_of(request.architecture, 1)),
-            autocast_bytes=recipe.param_dtype.bytes if mixed else None,
+            autocast_bytes=dtypes.compute.bytes if dtypes.compute is not dtypes.stored else None,
             optimizer_states=ADAM_STATES,
             optimizer_impl=optimizer_impl,
             owned=owned,
@@ -388,9 +379,8 @@ def _mechanics(
         units = {"root": Unit("root", [params], [params], [params])}
     else:
         units = _units(request, 1, blocks)
-    b_p, b_g = recipe.param_dtype.bytes, recipe.grad_dtype.bytes
-    b_r = request.reduce_dtype.bytes if request.reduce_dtype is not None else b_g
-    paper = request.framework is Framework.PAPER
+    b_p, b_g, b_r = dtypes.stored.bytes, dtypes.gradient.bytes, dtypes.reduce.bytes
+    paper = request.framework_record.states is StatesModel.PAPER
     # an offloaded optimizer steps on the host: no temporaries of its step on the GPU
     steps_on_gpu = paper and request.offload_optimizer is OffloadTarget.NONE
     return Accounting(
@@ -433,9 +423,8 @@ def simulate(
         allocator = CachingAllocator(expandable=request.expandable_segments)
     creation = None
     if allocator is not None:
-        profile = PROFILES[request.framework]
         element_bytes = (
-            RECIPES[request.precision].param_dtype.bytes if profile.init_in_param_dtype else DType.FP32.bytes
+            request.dtypes.stored.bytes if request.framework_record.init_in_param_dtype else DType.FP32.bytes
         )
         first_start(step, mechanics, runtime, led, request.init, element_bytes)
         created = led.phase_peak(StepPhase.CREATION)

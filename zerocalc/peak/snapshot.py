@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from zerocalc.parallel.profiles import PROFILES
 from zerocalc.parallel.strategies import STRATEGIES, StrategyName
 from zerocalc.peak.allocator import ROUND_LARGE, CachingAllocator
 from zerocalc.peak.ledger import Alloc, Free
@@ -144,7 +143,7 @@ class RecordingAllocator(CachingAllocator):
 def predicted_snapshot(request: TrainingRequest, name: StrategyName) -> tuple[Snapshot, StepResult]:
     """The snapshot ``torch.cuda.memory._snapshot()`` would return after the measured step of ``name``
     under ``request``, had history been recorded from that step's start; and the simulated step."""
-    states, _ = STATE_BUILDERS[PROFILES[request.framework].states](request, STRATEGIES[name])
+    states, _ = STATE_BUILDERS[request.framework_record.states](request, STRATEGIES[name])
     allocator = RecordingAllocator(expandable=request.expandable_segments)
     result = simulate(request, name, runtime_for(request), states, allocator=allocator)
     return {"segments": allocator.segments_now(), "device_traces": [allocator.trace]}, result

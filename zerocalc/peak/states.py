@@ -1,4 +1,5 @@
-"""The model-state lines of each accounting (:class:`~zerocalc.parallel.profiles.StatesModel`).
+"""The model-state lines of each accounting (:class:`~zerocalc.parallel.framework_records.record.
+StatesModel`).
 
 Each builder takes the validated request and the strategy record, looks its states up in
 :mod:`zerocalc.states` (the bytes are computed there, once) and returns them as the lines shown, in order,
@@ -15,10 +16,9 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from zerocalc.network.schedule import ZeroPP
+from zerocalc.parallel.framework_records.record import StatesModel
 from zerocalc.parallel.frameworks import TORCH_SOURCES
 from zerocalc.parallel.optimizers import OptimizerImpl
-from zerocalc.parallel.precision import RECIPES
-from zerocalc.parallel.profiles import StatesModel
 from zerocalc.parallel.strategies import OffloadTarget, Strategy, StrategyName
 from zerocalc.peak.buffers import STRATEGY_BUFFERS
 from zerocalc.peak.kinds import TensorKind
@@ -72,36 +72,51 @@ def _paper(request: TrainingRequest, strategy: Strategy) -> StateLines:
 
 
 def _resident_buffers(request: TrainingRequest, strategy: Strategy) -> list[StateLine]:
-    recipe = RECIPES[request.precision]
+    dtypes = request.dtypes.trained
     return STRATEGY_BUFFERS[strategy.buffers](
-        request, request.rank_model.params, recipe.param_dtype.bytes, recipe.grad_dtype.bytes
+        request, request.rank_model.params, dtypes.compute.bytes, dtypes.gradient.bytes
     )
 
 
 _DEEPSPEED_SHARDED = f"sharded: 16-bit + fp32 gradients, fp32 parameters, Adam ({deepspeed.SHARDED_BYTES}/N)"
+_STAGE1_SHARDED_BYTES = deepspeed.SHARDED_BYTES - deepspeed.GRADS_16BIT_BYTES
+_DEEPSPEED_SHARDED_STAGE1 = f"sharded: fp32 gradients and parameters, Adam ({_STAGE1_SHARDED_BYTES}/N)"
 
 
 def _deepspeed(request: TrainingRequest, strategy: Strategy) -> StateLines:
     """DeepSpeed's estimators, exactly (:func:`zerocalc.states.deepspeed.deepspeed_estimate`), one line per
     term; its ZeRO-2 estimate leaves its own buckets out (marked)."""
     ds = deepspeed.deepspeed_estimate(request, strategy)
-    if strategy.name is StrategyName.ZERO2:
-        source = deepspeed.ZERO2_SOURCE
+    if strategy.name in (StrategyName.ZERO1, StrategyName.ZERO2):
+        stage1 = strategy.name is StrategyName.ZERO1
+        source = deepspeed.ZERO1_SOURCE if stage1 else deepspeed.ZERO2_SOURCE
         lines = [
             StateLine(
                 kind=TensorKind.PARAMETERS,
                 name="fp16/bf16 parameters",
                 bytes=ds.params_16bit_bytes,
                 source=source,
+                in_framework_estimate=not stage1,
             )
         ]
+        if stage1:
+            lines.append(
+                StateLine(
+                    kind=TensorKind.GRADIENTS,
+                    name="fp16/bf16 gradients (whole until the boundary's reduction)",
+                    bytes=ds.grads_16bit_bytes,
+                    source=source,
+                    in_framework_estimate=False,
+                )
+            )
         if ds.sharded_bytes > 0:
             lines.append(
                 StateLine(
                     kind=TensorKind.OPTIMIZER_STATES,
-                    name=_DEEPSPEED_SHARDED,
+                    name=_DEEPSPEED_SHARDED_STAGE1 if stage1 else _DEEPSPEED_SHARDED,
                     bytes=ds.sharded_bytes,
                     source=source,
+                    in_framework_estimate=not stage1,
                 )
             )
         outside = [
@@ -182,7 +197,7 @@ def _torch(request: TrainingRequest, strategy: Strategy) -> StateLines:
     master (FSDP docs, "MixedPrecision"); the low-precision copies, buckets and gathered units are the
     timeline's. Adam's ``step`` counters are on the device only with ``fused`` (else CPU tensors).
     """
-    setup = strategy.frameworks[request.framework].torch
+    setup = request.framework_record.torch_setup(strategy.name)
     assert setup is not None
     mesh, arch = request.mesh, request.architecture
     world = torch_states.shard_ranks(request.cluster, setup)

@@ -2,7 +2,7 @@
 
 The step — start, forward layer by layer, the loss, backward layer by layer, the optimizer step and
 ``zero_grad`` — is written once here, in program order, from the model's code
-(:mod:`zerocalc.model.model_impl`:
+(:mod:`zerocalc.model.code`:
 what each layer keeps for backward, what the loss allocates) and the framework's mechanics
 (:mod:`zerocalc.peak.mechanics`: where parameters are gathered and released, how gradients are reduced
 and kept, what the optimizer allocates). A :class:`~zerocalc.peak.ledger.Ledger` records every tensor;
@@ -33,30 +33,26 @@ from zerocalc.model.architecture import (
     global_layer,
     head_tensors,
 )
-from zerocalc.model.model_impl import (
+from zerocalc.model.code import (
     FP32,
     INT64,
     Device,
     LayerSaves,
-    ModelImpl,
-    ModelImplName,
+    ModelCode,
     OpSacLayer,
     Shape,
-    embedding_excess,
     embedding_saves,
-    final_saves,
     hidden_bytes,
     layer_saves,
     logits_saves,
     loss_parallel_transients,
     norm_backward_excess,
     op_sac_layer,
-    shared_saves,
-    traits,
     vocab_shard,
 )
+from zerocalc.model.traits import traits
+from zerocalc.parallel.framework_records.record import ModelInit
 from zerocalc.parallel.pipeline import Pass
-from zerocalc.parallel.profiles import ModelInit
 from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.peak.layer_nodes import (
     Op,
@@ -100,7 +96,7 @@ class StepShape(NamedTuple):
     """What the timeline needs besides the mechanics: the model, its code, the micro-batch."""
 
     arch: Architecture
-    impl: ModelImpl
+    impl: ModelCode
     shape: Shape
     act: int
     """Bytes per activation element (the compute dtype)."""
@@ -259,7 +255,7 @@ class _Passes:
         self.first_step = first_step
         arch = step.arch
         self.t = traits(arch)
-        self.hf = step.impl.name is ModelImplName.HF
+        self.hf = step.impl.transformers_modules
         self.cuda = step.device is Device.CUDA and runtime is not None
         self.checkpointed = step.recompute is Recompute.FULL
         """Layers are checkpointed whole: every one, or every N-th (:meth:`checkpointed_layer`)."""
@@ -360,19 +356,19 @@ class _Passes:
             mechanics.forward_started(led, runtime.no_reshard_extra if cuda else 0)
         received = f"received activation{tag}"
         if embedding:
-            shared = embedding_saves(impl, arch, act) + shared_saves(
-                impl, arch, shape, act, checkpointed, step.device
+            shared = embedding_saves(impl, arch, act) + impl.shared_saves(
+                arch, shape, act, checkpointed, step.device
             )
             led.alloc_group(f"shared{tag}", shared, ACTIVATIONS)
             hidden = f"embedding output{tag}"
             led.alloc(hidden, self.hidden_bytes, ACTIVATIONS)
             if shape.tp > 1:
-                led.event(f"embedding forward{tag}", embedding_excess(impl, arch, shape, act), TRANSIENT)
+                led.event(f"embedding forward{tag}", impl.embedding_excess(arch, shape, act), TRANSIENT)
         else:
             # a later stage: the previous stage's output, received, kept for its gradient; the rotary
             # tables are computed again by this stage's forward
             if t.rotary:
-                shared = shared_saves(impl, arch, shape, act, checkpointed, step.device)
+                shared = impl.shared_saves(arch, shape, act, checkpointed, step.device)
                 led.alloc_group(f"shared{tag}", shared, ACTIVATIONS)
             hidden = received
             led.alloc(hidden, step.stage.boundary_bytes, PIPELINE)
@@ -422,7 +418,7 @@ class _Passes:
                 else:
                     group = f"layer {i}{tag}"
                     saved = saves.saved
-                    if hidden == received and impl.name is ModelImplName.MEGATRON:
+                    if hidden == received and impl.saves_received_input:
                         # the chunk's first layer saves its input, the tensor received from the previous
                         # stage, which the schedule keeps for its gradient: one tensor (Megatron-LM
                         # TransformerBlock.set_input_tensor; schedules.py input_tensors)
@@ -445,8 +441,8 @@ class _Passes:
             mechanics.post_forward(led, i)
 
         if not head:
-            # the output is sent to the next stage (pipeline.KEEPS_STAGE_OUTPUT: kept until its backward,
-            # or its storage freed once sent)
+            # the output is sent to the next stage (the framework record's keeps_stage_output: kept until
+            # its backward, or its storage freed once sent)
             if step.stage.keeps_output:
                 led.rename(hidden, f"stage output{tag}", PIPELINE)
             led.event(f"send activation{tag}")
@@ -456,7 +452,7 @@ class _Passes:
             led.free_group(f"sliding cache{tag}")
             return
 
-        led.alloc_group(f"final{tag}", final_saves(impl, arch, shape, act, step.device), ACTIVATIONS)
+        led.alloc_group(f"final{tag}", impl.final_saves(arch, shape, act, step.device), ACTIVATIONS)
         # RMSNorm forward: while x·rsqrt (fp32) exists its cast exists and the output does not yet
         led.event(
             f"final norm forward{tag}",
@@ -632,10 +628,10 @@ class _Passes:
             self.led.rename(self._losses[-1], "previous step's loss")
 
 
-def _allocated_vocab(arch: Architecture, impl: ModelImpl) -> int | None:
+def _allocated_vocab(arch: Architecture, impl: ModelCode) -> int | None:
     """The vocabulary the output layer allocates: Megatron-LM's padded one under tensor parallelism
     (:attr:`~zerocalc.model.architecture.TensorParallelRank.padded_vocab`), else the model's."""
-    if isinstance(arch, TensorParallelRank) and impl.name is ModelImplName.MEGATRON:
+    if isinstance(arch, TensorParallelRank) and impl.pads_vocab:
         return arch.padded_vocab
     return None
 
@@ -667,11 +663,11 @@ class ProgramRun(NamedTuple):
     out: the layer's event."""
     effect: ProgramEffect | None
     """None where the program leaves a tensor alive outside the layer's group (none of
-    :func:`~zerocalc.model.model_impl.forward_program`'s does)."""
+    :meth:`~zerocalc.model.code.base.ModelCode.forward_program`'s does)."""
 
 
 class Program(tuple[tuple[str, str, int], ...]):
-    """A layer's forward op by op (:attr:`~zerocalc.model.model_impl.LayerSaves.program`), its runs
+    """A layer's forward op by op (:attr:`~zerocalc.model.code.LayerSaves.program`), its runs
     (:class:`ProgramRun`) kept per (philox bytes, output bytes, checkpointing, allocator block): a step
     runs a layer's program once per layer, and a plan's steps run the same programs thousands of times."""
 
@@ -825,13 +821,13 @@ def steady_start(step: StepShape, mechanics: StepHooks, runtime: Runtime | None,
 def _inputs(step: StepShape, led: Ledger) -> None:
     arch = step.arch
     t = traits(arch)
-    if t.rotary and step.impl.name is ModelImplName.HF:
+    if t.rotary and step.impl.transformers_modules:
         d = arch.latent_attention.qk_rope_head_dim if arch.latent_attention else arch.dim_per_head
         # the rotary embedding's inv_freq and original_inv_freq buffers (fp32 [d/2]), per table
         for table in ("", " (global)")[: t.rotary_tables]:
             led.alloc(f"rotary inv_freq{table}", 2 * d, INPUTS)
             led.alloc(f"rotary original_inv_freq{table}", 2 * d, INPUTS)
-    if t.embedding_scale_buffer and step.impl.name is ModelImplName.HF:
+    if t.embedding_scale_buffer and step.impl.transformers_modules:
         led.alloc("embedding scale buffer (fp32 0-dim)", FP32, INPUTS)
     led.alloc("input ids (= labels)", INT64 * step.shape.local_tokens, INPUTS)
 
@@ -856,7 +852,7 @@ def first_start(
     ``tie_weights``, transformers 5.17): its own [V, h] weight exists until then."""
     led.phase = StepPhase.CREATION
     arch = step.arch
-    tied = step.impl.name is ModelImplName.HF and arch.tied_embeddings
+    tied = step.impl.transformers_modules and arch.tied_embeddings
     mechanics.create(
         led, init, element_bytes, element_bytes * arch.vocab_size * arch.hidden_size if tied else 0
     )

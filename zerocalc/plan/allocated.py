@@ -17,8 +17,6 @@ from collections.abc import Hashable
 from typing import NamedTuple
 
 from zerocalc.model.activations import Recompute
-from zerocalc.parallel.frameworks import TORCH_FRAMEWORKS
-from zerocalc.parallel.profiles import PROFILES
 from zerocalc.parallel.strategies import STRATEGIES
 from zerocalc.peak.report import StateLine
 from zerocalc.peak.states import STATE_BUILDERS
@@ -260,7 +258,7 @@ class StepParts:
 
 def _states(request: TrainingRequest) -> list[StateLine]:
     """The accountings' state lines (the PyTorch frameworks' mechanics derive their own)."""
-    if request.framework in TORCH_FRAMEWORKS:
+    if request.framework_record.is_torch:
         return []
-    states, _ = STATE_BUILDERS[PROFILES[request.framework].states](request, STRATEGIES[request.strategies[0]])
+    states, _ = STATE_BUILDERS[request.framework_record.states](request, STRATEGIES[request.strategies[0]])
     return list(states)

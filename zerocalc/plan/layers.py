@@ -36,7 +36,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from zerocalc.model.architecture import Architecture, count_parameters
-from zerocalc.model.model_impl import traits
+from zerocalc.model.traits import traits
 from zerocalc.plan.split import NO_EVENT, Slot
 from zerocalc.request.training import ModelSpec, TrainingRequest, with_model
 

@@ -50,12 +50,11 @@ from zerocalc.comm.step import (
 from zerocalc.compute.ops import Kernels, MicroBatchOps, micro_batch_ops, model_flops_per_token
 from zerocalc.compute.time import ComputeTime, MicroBatchTime, micro_batch_time, step_compute
 from zerocalc.model.activations import Recompute
-from zerocalc.model.model_impl import Shape
+from zerocalc.model.code import Shape
 from zerocalc.network.schedule import GradSync
+from zerocalc.parallel.framework_records import FRAMEWORKS, effective_grad_sync
 from zerocalc.parallel.frameworks import Estimate, Framework
-from zerocalc.parallel.precision import RECIPES
-from zerocalc.parallel.profiles import PROFILES
-from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName, effective_grad_sync
+from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
 from zerocalc.peak.evaluate import (
     FIT_MARGIN,
     nccl_communicators,
@@ -265,9 +264,9 @@ def _end_stages(request: TrainingRequest) -> dict[int, StrategyPeak]:
     """The peaks of the first and the last pipeline stage (which hold the embedding and the most
     micro-batches in flight, or the head and the loss): where one alone exceeds the GPU's memory the worst
     stage does, and the candidate does not fit without its other stages evaluated."""
-    runtime, profile, name = runtime_for(request), PROFILES[request.framework], request.strategies[0]
+    runtime, record, name = runtime_for(request), request.framework_record, request.strategies[0]
     return {
-        stage: strategy_peak(stage_request(request, stage), profile, name, runtime)
+        stage: strategy_peak(stage_request(request, stage), record, name, runtime)
         for stage in (0, request.mesh.pp - 1)
     }
 
@@ -286,13 +285,13 @@ def _allocated_over(request: TrainingRequest) -> bool:
     its device peak, which adds what the allocator reserves beyond, is then too, and its exact row does
     not fit. Cheaper than :func:`_end_stages` (one step, no replay): where a stage is far over, as most fast
     pipelined candidates that do not fit are, it settles them."""
-    profile, name, runtime = PROFILES[request.framework], request.strategies[0], runtime_for(request)
+    record, name, runtime = request.framework_record, request.strategies[0], runtime_for(request)
     strategy = STRATEGIES[name]
     capacity = request.gpu_memory_bytes
     assert capacity is not None
     for stage in (0, request.mesh.pp - 1):
         staged = stage_request(request, stage)
-        states, _ = STATE_BUILDERS[profile.states](staged, strategy)
+        states, _ = STATE_BUILDERS[record.states](staged, strategy)
         allocated = simulate(staged, name, runtime, states, reserve=False).peak.allocated
         if allocated + _outside_bytes(staged, name) > capacity:
             return True
@@ -302,10 +301,10 @@ def _allocated_over(request: TrainingRequest) -> bool:
 def _exact(request: TrainingRequest, known: dict[int, StrategyPeak] | None = None) -> StrategyPeak:
     """``zerocalc memory``'s peak for the request's one strategy (the same functions, the same request;
     with pipeline stages the worst stage's, ``known`` the stages already evaluated)."""
-    profile, name, runtime = PROFILES[request.framework], request.strategies[0], runtime_for(request)
+    record, name, runtime = request.framework_record, request.strategies[0], runtime_for(request)
     if request.mesh.pp > 1:
-        return pipeline_peak(request, profile, name, runtime, known)
-    return strategy_peak(request, profile, name, runtime)
+        return pipeline_peak(request, record, name, runtime, known)
+    return strategy_peak(request, record, name, runtime)
 
 
 def _host_bytes(peak: StrategyPeak, request: TrainingRequest) -> int | None:
@@ -560,7 +559,7 @@ class _Compute:
     def __init__(self, plan: PlanRequest):
         base = plan.base
         self.plan, self.table = plan, plan.compute
-        self.dtype = RECIPES[base.precision].param_dtype
+        self.dtype = base.dtypes.activation
         self._ops: dict[tuple[int, Kernels], MicroBatchOps] = {}
         self._micro: dict[tuple[int, Kernels, Recompute], MicroBatchTime] = {}
         self._steps: dict[tuple, ComputeTime] = {}
@@ -946,7 +945,7 @@ def _row(plan: PlanRequest, cand: _Cand, rank: int | None) -> PlanRow:
         status=cand.status,
         framework=g.framework,
         strategy=g.strategy,
-        title=STRATEGIES[g.strategy].title_under(g.framework),
+        title=FRAMEWORKS[g.framework].title_of(g.strategy),
         gpus=g.world,
         gpus_per_node=g.gpus_per_node,
         micro_batch=cand.b,

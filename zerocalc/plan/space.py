@@ -23,22 +23,15 @@ from zerocalc.base.errors import InputError, shown
 from zerocalc.base.units import parse_count, parse_whole
 from zerocalc.compute.table import ComputeTable
 from zerocalc.model.activations import Recompute
-from zerocalc.model.model_impl import ModelImplName
+from zerocalc.model.code import ModelImplName
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import Cluster
 from zerocalc.network.schedule import GradSync
-from zerocalc.parallel.frameworks import Estimate, Framework, default_reduce_dtype
-from zerocalc.parallel.mesh import Mesh, PpSchedule, framework_cp_impl, framework_tp_style
+from zerocalc.parallel.framework_records import FRAMEWORKS, framework_strategies
+from zerocalc.parallel.frameworks import Estimate, Framework
+from zerocalc.parallel.mesh import Mesh, PpSchedule
 from zerocalc.parallel.pipeline import shorter_end_stages
-from zerocalc.parallel.precision import RECIPES
-from zerocalc.parallel.profiles import PROFILES
-from zerocalc.parallel.strategies import (
-    STRATEGIES,
-    BufferRule,
-    OffloadTarget,
-    StrategyName,
-    framework_strategies,
-)
+from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
 from zerocalc.request.compute import compute_table
 from zerocalc.request.options import Command
 from zerocalc.request.training import (
@@ -343,12 +336,12 @@ def _shard_groups(world: int, per_node: int) -> list[int]:
 
 
 def _offloads(framework: Framework, name: StrategyName) -> list[tuple[OffloadTarget, OffloadTarget]]:
-    """(optimizer, parameters) offloads the framework's memory model covers (its profile) and the strategy
+    """(optimizer, parameters) offloads the framework's memory model covers (its record) and the strategy
     allows."""
     none = OffloadTarget.NONE
-    profile, strategy = PROFILES[framework], STRATEGIES[name]
-    optimizer = [t for t in strategy.optimizer_offload if t in profile.offload_optimizer]
-    params = [t for t in strategy.param_offload if t in optimizer and t in profile.offload_params]
+    record, strategy = FRAMEWORKS[framework], STRATEGIES[name]
+    optimizer = [t for t in strategy.optimizer_offload if t in record.offload_optimizer]
+    params = [t for t in strategy.param_offload if t in optimizer and t in record.offload_params]
     return list(dict.fromkeys([(none, none), *((t, none) for t in optimizer), *((t, t) for t in params)]))
 
 
@@ -454,7 +447,6 @@ def _mesh_groups(
     arch = plan.base.model.architecture
     assert arch is not None
     ends = shorter_end_stages(arch.num_layers, mesh.pp, mesh.vpp)
-    recipe = RECIPES[plan.base.precision]
     replicas = world // (mesh.tp * mesh.cp * mesh.pp)
     if plan.global_batch_sequences % replicas:
         rejected.append(Rejected("GPU counts not dividing the global batch (b·A·d must equal it)", 1))
@@ -473,17 +465,13 @@ def _mesh_groups(
     single = tuple(b for b in bs if plan.global_batch_sequences // (replicas * b) == 1)
     multi = tuple(b for b in bs if plan.global_batch_sequences // (replicas * b) > 1)
     for framework in plan.frameworks:
-        names = [
-            n
-            for n in framework_strategies(framework, Estimate.MEMORY)
-            if n in framework_strategies(framework, Estimate.COMM)
-        ]
+        names = framework_strategies(framework)
         # fp32 reductions where the default is not already fp32 (Megatron-LM's main gradients are)
-        default = default_reduce_dtype(framework, recipe.grad_dtype)
+        record = FRAMEWORKS[framework]
+        default = record.dtypes(plan.base.precision).reduce
         reduce_dtypes: list[DType | None] = [None] + ([DType.FP32] if default is not DType.FP32 else [])
         for name in names:
-            strategy = STRATEGIES[name]
-            setup = strategy.frameworks[framework]
+            setup = record.setup(name)
             nodes = (
                 _shard_groups(world, plan.gpus_per_node)
                 if name is StrategyName.HYBRID_SHARD and mesh == (1, 1, 1, 1, 1)
@@ -491,11 +479,7 @@ def _mesh_groups(
             )
             if name is StrategyName.HYBRID_SHARD and not nodes:
                 rejected.append(Rejected("hybrid_shard: no shard group smaller than N divides it", len(bs)))
-            prefetches: list[int | None] = (
-                [0, 1]
-                if framework is Framework.PAPER and strategy.buffers is BufferRule.GATHERED_UNITS
-                else [None]
-            )
+            prefetches: list[int | None] = [0, 1] if record.reads_prefetch(name) else [None]
             for per_node in nodes:
                 for recompute in SEARCHED_RECOMPUTES:
                     if recompute is Recompute.SELECTIVE and flash:
@@ -650,8 +634,8 @@ def group_mesh(plan: PlanRequest, group: Group) -> Mesh:
         tp=group.tp,
         cp=group.cp,
         sequence_parallel=default_sequence_parallel(framework, group.tp, plan.base.model_impl),
-        cp_impl=framework_cp_impl(framework),
-        tp_style=framework_tp_style(framework),
+        cp_impl=FRAMEWORKS[framework].default_cp_impl,
+        tp_style=FRAMEWORKS[framework].layers_tp_style,
         pp=group.pp,
         vpp=group.vpp,
         pp_schedule=PpSchedule.INTERLEAVED_1F1B if group.vpp > 1 else PpSchedule.ONE_F_ONE_B,

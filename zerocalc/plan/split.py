@@ -28,7 +28,7 @@ from functools import cached_property
 from operator import add
 from typing import NamedTuple
 
-from zerocalc.model.model_impl import Device, LayerSaves
+from zerocalc.model.code import Device, LayerSaves
 from zerocalc.peak.ledger import CUDA_BLOCK, Ledger
 from zerocalc.peak.mechanics import Mechanics
 from zerocalc.peak.report import StateLine

@@ -9,7 +9,7 @@ from zerocalc.base.units import ByteUnit, format_bandwidth, format_count, format
 from zerocalc.network.cluster import RankGroup
 from zerocalc.network.links import BandwidthSource
 from zerocalc.network.schedule import GradSync, Tensor
-from zerocalc.parallel.pipeline import describe_layer_counts
+from zerocalc.parallel.mesh import describe_layer_counts
 from zerocalc.render.tables import (
     COLLECTIVE_LEGEND,
     OP_SHORT,

@@ -232,7 +232,7 @@ def _verdict_cell(row: StrategyPeak, unit: ByteUnit) -> str:
 def _peak_lines(peak: PeakEstimate) -> list[tuple[str, list[int | None]]]:
     """What is alive at each strategy's peak, one line per kind of tensor, down to the device footprint
     (the labels as printed)."""
-    from zerocalc.parallel.frameworks import Framework
+    from zerocalc.parallel.framework_records import FRAMEWORKS
     from zerocalc.peak.kinds import TensorKind
 
     rows = peak.strategies
@@ -246,7 +246,7 @@ def _peak_lines(peak: PeakEstimate) -> list[tuple[str, list[int | None]]]:
     if any(r.nccl_bytes for r in rows):
         lines.append(("+ NCCL communicators", [r.nccl_bytes or None for r in rows]))
     lines.append(("[bold]= device (cudaMemGetInfo)[/bold]", [r.peak_bytes for r in rows]))
-    if peak.options.framework is Framework.DEEPSPEED:
+    if FRAMEWORKS[peak.options.framework].estimate_covers_states_only:
         lines += [
             ("DeepSpeed's own estimate", [r.framework_estimate_bytes for r in rows]),
             ("its host memory per node", [r.host_bytes_per_node for r in rows]),
@@ -259,6 +259,7 @@ def render_peak(out: Output, peak: PeakEstimate, unit: ByteUnit) -> None:
     line per kind of tensor, down to the device footprint; then each term's source."""
     from rich.table import Table
 
+    from zerocalc.parallel.framework_records import FRAMEWORKS
     from zerocalc.peak.evaluate import FIT_MARGIN
     from zerocalc.peak.kinds import TensorKind
 
@@ -293,10 +294,9 @@ def render_peak(out: Output, peak: PeakEstimate, unit: ByteUnit) -> None:
     out.print(summary)
     for row in peak.strategies:
         _print_stages(out, row, unit)
-    from zerocalc.parallel.strategies import STRATEGIES
 
     for row in peak.strategies:
-        legend = STRATEGIES[row.strategy].legend_under(o.framework)
+        legend = FRAMEWORKS[o.framework].legend_of(row.strategy)
         if legend:
             out.print(f"[dim]· {row.title}: {legend}[/dim]")
 

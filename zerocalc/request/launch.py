@@ -377,7 +377,8 @@ class TitanStages:
         stage's layers (``--pp-stage-layers``: torchtitan's stage k is on rank k mod p, as zerocalc's
         virtual stage k); an :class:`InputError` where a stage holds no layer (the embedding or the head
         alone), which zerocalc does not model."""
-        from zerocalc.parallel.pipeline import describe_layer_counts, split_problem, stage_layer_counts
+        from zerocalc.parallel.mesh import describe_layer_counts
+        from zerocalc.parallel.pipeline import split_problem, stage_layer_counts
 
         counts = self.stage_layers(num_layers)
         stages, pp = len(counts), self.pp

@@ -45,12 +45,12 @@ from zerocalc.model.architecture import (
     parameter_tensors,
     pipeline_stage,
 )
-from zerocalc.model.model_impl import (
-    MODEL_IMPLS,
+from zerocalc.model.code import (
+    MODEL_CODES,
     AttentionKernel,
     ModelImplName,
     Shape,
-    default_attention,
+    Ulysses,
     op_sac_unsupported,
     parallel_unsupported,
 )
@@ -66,38 +66,22 @@ from zerocalc.network.links import (
     LinkFigures,
 )
 from zerocalc.network.schedule import GradSync, ZeroPP
-from zerocalc.parallel.frameworks import Estimate, Framework
-from zerocalc.parallel.mesh import (
-    CP_IMPLS,
-    EP_FRAMEWORKS,
-    PP_FRAMEWORKS,
-    PP_SCHEDULE_NAMES,
-    SEQUENCE_PARALLEL_DEFAULT,
-    TP_STYLES,
-    CpImpl,
-    Mesh,
-    PpSchedule,
-    TpStyle,
+from zerocalc.parallel.framework_records import (
+    FRAMEWORKS,
     data_parallel_mesh,
-    framework_cp_impl,
-    framework_tp_style,
+    default_strategies,
+    framework_strategies,
+    frameworks_with,
 )
+from zerocalc.parallel.framework_records.record import FrameworkRecord, ModelInit, Wrap
+from zerocalc.parallel.frameworks import Estimate, Framework
+from zerocalc.parallel.mesh import PP_SCHEDULE_NAMES, CpImpl, Mesh, PpSchedule, TpStyle
 from zerocalc.parallel.optimizers import OptimizerImpl, OptimizerName
 from zerocalc.parallel.pipeline import INTERLEAVED, chunk_layers, mesh_stage_layers, split_problem
-from zerocalc.parallel.precision import RECIPES, PrecisionName
-from zerocalc.parallel.profiles import PROFILES, ModelInit, Wrap
-from zerocalc.parallel.strategies import (
-    PIPELINE_GRAD_SYNC,
-    STRATEGIES,
-    OffloadTarget,
-    Strategy,
-    StrategyName,
-    default_strategies,
-    find_strategy,
-    framework_strategies,
-)
+from zerocalc.parallel.precision import RECIPES, ParamLayout, PrecisionName, TensorDtypes
+from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName, find_strategy
 from zerocalc.request.options import Command, option, options_for
-from zerocalc.request.problems import architecture_problem, offload_profile_problem, profile_problem
+from zerocalc.request.problems import architecture_problem, offload_record_problem, record_problem
 
 # ------------------------------------------------------------------------------------------------ bounds
 MAX_GPUS = 2**20
@@ -241,7 +225,9 @@ class TrainingRequest(BaseModel):
     precision: PrecisionName = PrecisionName.BF16_MIXED
     optimizer: OptimizerName = OptimizerName.ADAMW
     fp32_grad_accum: bool = False
-    init_asked: ModelInit | None = Field(default=None, description="None: the framework's (Profile.init)")
+    init_asked: ModelInit | None = Field(
+        default=None, description="None: the framework's (FrameworkRecord.init)"
+    )
     offload_optimizer: OffloadTarget = OffloadTarget.NONE
     offload_params: OffloadTarget = OffloadTarget.NONE
     framework: Framework = Framework.PAPER
@@ -293,15 +279,26 @@ class TrainingRequest(BaseModel):
         return self.gpu_memory_bytes - self.runtime.context_bytes
 
     @property
+    def framework_record(self) -> FrameworkRecord:
+        """Everything the framework decides (:mod:`zerocalc.parallel.framework_records`)."""
+        return FRAMEWORKS[self.framework]
+
+    @property
+    def dtypes(self) -> TensorDtypes:
+        """The dtype of every tensor role of the step, the precision record's for this recipe under this
+        framework with ``--reduce-dtype``."""
+        return FRAMEWORKS[self.framework].dtypes(self.precision, self.reduce_dtype)
+
+    @property
     def model_code(self) -> ModelImplName:
-        """The code that runs the model: Megatron-LM's own layers under ``--framework megatron`` (it runs no
-        other), else ``--model-impl``."""
-        return ModelImplName.MEGATRON if self.framework is Framework.MEGATRON else self.model_impl
+        """The code that runs the model: the framework's own where it runs no other (Megatron-LM's layers
+        under ``--framework megatron``), else ``--model-impl``."""
+        return FRAMEWORKS[self.framework].model_code or self.model_impl
 
     @property
     def init(self) -> ModelInit:
         """How the model is created: as asked, else the framework's documented path."""
-        return self.init_asked or PROFILES[self.framework].init
+        return self.init_asked or FRAMEWORKS[self.framework].init
 
     @property
     def zero_init(self) -> bool:
@@ -374,8 +371,9 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
 
     explicit = _strategy_names(o.strategies)
     rank_model, stages = _rank_models(model, mesh)
-    if framework is Framework.FSDP2 and mesh.ep > 1:
-        _fsdp2_expert_sharding_problem(rank_model, mesh)
+    expert_parallel = FRAMEWORKS[framework].expert_parallel
+    if mesh.ep > 1 and expert_parallel is not None and expert_parallel.shards_experts_on_dim1:
+        _dim1_expert_sharding_problem(rank_model, mesh)
     request = TrainingRequest(
         estimate=o.estimate,
         model=model,
@@ -390,7 +388,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         offload_optimizer=offload_optimizer,
         offload_params=offload_params,
         framework=framework,
-        strategies=explicit or default_strategies(framework, o.estimate),
+        strategies=explicit or default_strategies(framework),
         strategies_explicit=explicit is not None,
         reduce_dtype=reduce_dtype,
         activations=activations,
@@ -420,17 +418,17 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
 
 
 def flash_attention_used(request: TrainingRequest) -> bool:
-    """``flash_attention`` as asked, else what the model's code runs (:func:`default_attention`)."""
+    """``flash_attention`` as asked, else what the model's code runs (its record's ``default_attention``)."""
     asked = request.activations.flash_attention
     if asked is not None:
         return asked
-    kernel, _ = default_attention(MODEL_IMPLS[request.model_code], request.architecture)
+    kernel, _ = MODEL_CODES[request.model_code].default_attention(request.architecture)
     return kernel is AttentionKernel.FLASH
 
 
 def rank_shape(request: TrainingRequest) -> Shape:
     """One micro-batch on one rank of the mesh: b sequences of s tokens, split by tensor, sequence and
-    context parallelism as the model's code splits them (:class:`~zerocalc.model.model_impl.Shape`)."""
+    context parallelism as the model's code splits them (:class:`~zerocalc.model.code.Shape`)."""
     a, mesh = request.activations, request.mesh
     return Shape(
         a.micro_batch,
@@ -443,12 +441,12 @@ def rank_shape(request: TrainingRequest) -> Shape:
 
 
 def _model_code_problem(request: TrainingRequest) -> str | None:
-    """A mesh the model's code cannot run the step of (:func:`~zerocalc.model.model_impl.
+    """A mesh the model's code cannot run the step of (:func:`~zerocalc.model.code.
     parallel_unsupported`), for the peak of a step; None when it can or no step is simulated."""
     mesh, arch = request.mesh, request.model.architecture
     if request.estimate is not Estimate.MEMORY or arch is None or (mesh.tp == 1 and mesh.cp == 1):
         return None
-    impl = MODEL_IMPLS[request.model_code]
+    impl = MODEL_CODES[request.model_code]
     reason = parallel_unsupported(impl, arch, rank_shape(request), flash_attention_used(request))
     if reason is None:
         return None
@@ -457,7 +455,7 @@ def _model_code_problem(request: TrainingRequest) -> str | None:
         accepted = "{flash_attention}"
     elif "sequence parallelism (the norms" in reason:
         accepted = "{sequence_parallel} off, or {model_impl} torchtitan"
-    elif "Ulysses" in reason and impl.name is ModelImplName.TORCHTITAN:
+    elif "Ulysses" in reason and impl.ulysses is Ulysses.NONE:
         accepted = "{cp_impl} ring or allgather"
     elif "not modelled" in reason:
         accepted = "{model_impl} megatron, or {tp} 1"
@@ -468,7 +466,7 @@ def _model_code_problem(request: TrainingRequest) -> str | None:
 
 def _recompute_problem(request: TrainingRequest) -> str | None:
     """``{recompute} op`` where torchtitan's op-level policy is not modelled
-    (:func:`~zerocalc.model.model_impl.op_sac_unsupported`): the step's memory for torchtitan's code only,
+    (:func:`~zerocalc.model.code.op_sac_unsupported`): the step's memory for torchtitan's code only,
     its time and collectives for any dense Llama block's; ``{checkpoint_every}`` N > 1 (torchtitan's
     layer-level selective checkpointing, any code's ``checkpoint_wrapper`` on every N-th block) other than
     under full recompute of a dense model; None otherwise."""
@@ -487,7 +485,7 @@ def _recompute_problem(request: TrainingRequest) -> str | None:
         )
     if activations.recompute is not Recompute.OP or arch is None:
         return None
-    impl = MODEL_IMPLS[code]
+    impl = MODEL_CODES[code]
     memory_code = impl if request.estimate is Estimate.MEMORY else None
     reason = op_sac_unsupported(arch, rank_shape(request), flash_attention_used(request), memory_code)
     if reason is None:
@@ -734,22 +732,12 @@ def _mesh(
         )
     vpp, schedule, first, last, stage_layers = _pipeline(o, framework, model, pp)
     ep = _expert_parallel(o, framework, model, n // (tp * pp), cp)
-    style = TP_STYLES.get(framework)
-    if tp > 1 and style is None:
-        names = ", ".join(f.value for f in TP_STYLES)
-        raise InputError(
-            f"{{tp}} {tp} with {{framework}} {framework.value}: its tensor parallelism is not modelled; "
-            f"accepted: {{framework}} {names}, or {{tp}} 1"
-        )
-    impls = CP_IMPLS.get(framework, ())
-    if cp > 1 and not impls:
-        names = ", ".join(f.value for f in CP_IMPLS)
-        raise InputError(
-            f"{{cp}} {cp} with {{framework}} {framework.value}: it has no context parallelism modelled; "
-            f"accepted: {{framework}} {names}, or {{cp}} 1"
-        )
+    record = FRAMEWORKS[framework]
+    _refuse_unmodelled("tp", tp, framework, "tp_style", "tensor parallelism")
+    _refuse_unmodelled("cp", cp, framework, "cp_impls", "context parallelism")
+    impls = record.cp_impls
     if o.cp_impl is None:
-        cp_impl = framework_cp_impl(framework)
+        cp_impl = record.default_cp_impl
     else:
         cp_impl = _choice(o.cp_impl, "{cp_impl}", CpImpl)
         if cp == 1:
@@ -792,7 +780,7 @@ def _mesh(
         cp=cp,
         sequence_parallel=sequence_parallel,
         cp_impl=cp_impl,
-        tp_style=framework_tp_style(framework),
+        tp_style=record.layers_tp_style,
         pp=pp,
         vpp=vpp,
         pp_schedule=schedule,
@@ -804,17 +792,21 @@ def _mesh(
 
 
 def default_sequence_parallel(framework: Framework, tp: int, model_impl: ModelImplName) -> bool:
-    """Sequence parallelism when ``--sequence-parallel`` is not given (transformers' tensor-parallel plans
-    replicate the norms: none in hf code)."""
-    return tp > 1 and SEQUENCE_PARALLEL_DEFAULT.get(framework, False) and model_impl is not ModelImplName.HF
+    """Sequence parallelism when ``--sequence-parallel`` is not given: the framework's default
+    (``sequence_parallel_default``) with TP and a model code that has it (transformers' tensor-parallel
+    plans replicate the norms: none in hf code)."""
+    return (
+        tp > 1
+        and FRAMEWORKS[framework].sequence_parallel_default
+        and MODEL_CODES[model_impl].sequence_parallel
+    )
 
 
-def _refuse_unmodelled(
-    option: str, degree: int, framework: Framework, frameworks: tuple[Framework, ...], dimension: str
-) -> None:
-    """Refuses ``--option degree`` under a framework whose ``dimension`` is not modelled."""
-    if framework not in frameworks:
-        names = ", ".join(f.value for f in frameworks)
+def _refuse_unmodelled(option: str, degree: int, framework: Framework, field: str, dimension: str) -> None:
+    """Refuses ``--option degree`` (above 1) under a framework whose record does not compose ``dimension``
+    (its ``field`` unset)."""
+    if degree > 1 and not getattr(FRAMEWORKS[framework], field):
+        names = ", ".join(f.value for f in frameworks_with(field))
         raise InputError(
             f"{{{option}}} {degree} with {{framework}} {framework.value}: its {dimension} is not modelled; "
             f"accepted: {{framework}} {names}, or {{{option}}} 1"
@@ -827,7 +819,7 @@ def _mesh_change_problem(request: TrainingRequest) -> None:
     GPUs and TP inside a node) can fail, in the parser's order and with its lines."""
     mesh, framework, model = request.mesh, request.framework, request.model
     if mesh.pp > 1:
-        _refuse_unmodelled("pp", mesh.pp, framework, PP_FRAMEWORKS, "pipeline parallelism")
+        _refuse_unmodelled("pp", mesh.pp, framework, "pipeline", "pipeline parallelism")
         arch = model.architecture
         if arch is not None:
             _split_check(
@@ -841,18 +833,8 @@ def _mesh_change_problem(request: TrainingRequest) -> None:
     if mesh.ep > 1:
         options = TrainingOptions(ep=mesh.ep)
         _expert_parallel(options, framework, model, mesh.world // (mesh.tp * mesh.pp), mesh.cp)
-    if mesh.tp > 1 and framework not in TP_STYLES:
-        names = ", ".join(f.value for f in TP_STYLES)
-        raise InputError(
-            f"{{tp}} {mesh.tp} with {{framework}} {framework.value}: its tensor parallelism is not modelled; "
-            f"accepted: {{framework}} {names}, or {{tp}} 1"
-        )
-    if mesh.cp > 1 and not CP_IMPLS.get(framework, ()):
-        names = ", ".join(f.value for f in CP_IMPLS)
-        raise InputError(
-            f"{{cp}} {mesh.cp} with {{framework}} {framework.value}: it has no context parallelism modelled; "
-            f"accepted: {{framework}} {names}, or {{cp}} 1"
-        )
+    _refuse_unmodelled("tp", mesh.tp, framework, "tp_style", "tensor parallelism")
+    _refuse_unmodelled("cp", mesh.cp, framework, "cp_impls", "context parallelism")
     if mesh.tp > 1 or mesh.cp > 1:
         _model_split_problem(
             model, mesh.tp, mesh.cp, mesh.cp_impl, mesh.sequence_parallel, request.activations.seq_len
@@ -895,7 +877,7 @@ def _pipeline(
                     f"{name} changes nothing with {{pp}} 1; accepted: {{pp}} 2 or more, or no {name}"
                 )
         return vpp, schedule, first, last, stage_layers
-    _refuse_unmodelled("pp", pp, framework, PP_FRAMEWORKS, "pipeline parallelism")
+    _refuse_unmodelled("pp", pp, framework, "pipeline", "pipeline parallelism")
     if vpp > 1 and schedule in (PpSchedule.GPIPE, PpSchedule.ONE_F_ONE_B):
         raise InputError(
             f"{{vpp}} {vpp} with {{pp_schedule}} {schedule.value}: it runs one stage per rank; accepted: "
@@ -984,7 +966,7 @@ def _expert_parallel(o: TrainingOptions, framework: Framework, model: ModelSpec,
     ep = parse_whole(o.ep, "{ep}", 1, MAX_GPUS, "ranks")
     if ep == 1:
         return ep
-    _refuse_unmodelled("ep", ep, framework, EP_FRAMEWORKS, "expert parallelism")
+    _refuse_unmodelled("ep", ep, framework, "expert_parallel", "expert parallelism")
     arch = model.architecture
     if arch is None or not arch.is_moe:
         what = "a model without its architecture" if arch is None else f"{arch.name}, a dense model"
@@ -1002,7 +984,8 @@ def _expert_parallel(o: TrainingOptions, framework: Framework, model: ModelSpec,
             f"{{ep}} {ep} does not divide the {dp_cp} ranks of dp × cp it is carved from; "
             f"accepted: {{ep}} a divisor of {dp_cp}"
         )
-    if framework is Framework.FSDP2 and ep % cp:
+    expert_parallel = FRAMEWORKS[framework].expert_parallel
+    if expert_parallel is not None and expert_parallel.takes_all_cp and ep % cp:
         raise InputError(
             f"{{ep}} {ep} with {{cp}} {cp}: torchtitan's expert-parallel group takes all of the context-"
             f"parallel ranks (ParallelDims: ep % cp == 0); accepted: {{ep}} a multiple of {cp}"
@@ -1010,7 +993,7 @@ def _expert_parallel(o: TrainingOptions, framework: Framework, model: ModelSpec,
     return ep
 
 
-def _fsdp2_expert_sharding_problem(rank_model: ModelSpec, mesh: Mesh) -> None:
+def _dim1_expert_sharding_problem(rank_model: ModelSpec, mesh: Mesh) -> None:
     """torchtitan shards the routed experts on dim 1 when the dp·c ranks outnumber the experts
     (``apply_fsdp``: ``Shard(1)``), and FSDP2 shards a dimension other than 0 only evenly
     (``torch/distributed/fsdp/_fully_shard/_fsdp_param.py`` ``_init_sharded_param``: "FSDP does not
@@ -1357,7 +1340,7 @@ def offload_problem(strategy: Strategy, request: TrainingRequest) -> str | None:
 def _resolve_strategies(request: TrainingRequest) -> TrainingRequest:
     """Keep the strategies that can run: an explicit one that cannot is an error, a default one a note."""
     framework = request.framework
-    supported = framework_strategies(framework, request.estimate)
+    supported = framework_strategies(framework)
     if request.strategies_explicit:
         for name in request.strategies:
             if name not in supported:
@@ -1366,14 +1349,15 @@ def _resolve_strategies(request: TrainingRequest) -> TrainingRequest:
                     f"{{framework}} {framework.value} models {names}; {name.value} is not one of them; "
                     f"accepted: {{strategies}} {names}"
                 )
-    if framework is not Framework.PAPER and request.estimate is Estimate.MEMORY:
-        problem = profile_problem(PROFILES[framework], request)
+    record = FRAMEWORKS[framework]
+    if request.estimate is Estimate.MEMORY:
+        problem = record_problem(record, request)
         if problem:
             raise InputError(problem)
     if request.estimate is Estimate.COMM:
         problem = _comm_problem(request)
         if problem is None:
-            problem = offload_profile_problem(PROFILES[framework], request)
+            problem = offload_record_problem(record, request)
         if problem:
             raise InputError(problem)
     chosen: list[StrategyName] = []
@@ -1382,7 +1366,7 @@ def _resolve_strategies(request: TrainingRequest) -> TrainingRequest:
         strategy = STRATEGIES[name]
         problem = offload_problem(strategy, request)
         if problem is None and request.estimate is Estimate.MEMORY:
-            problem = architecture_problem(PROFILES[framework], name, request)
+            problem = architecture_problem(record, name, request)
         if problem is None and name is StrategyName.HYBRID_SHARD:
             problem = request.cluster.whole_nodes_problem()
         if problem is None:
@@ -1472,9 +1456,9 @@ def _micro_batches_problem(request: TrainingRequest) -> str | None:
 
 def _comm_problem(request: TrainingRequest) -> str | None:
     """What the communication model cannot do for this request, or None."""
-    if request.framework in (Framework.TORCH_ZERO1, Framework.DDP) and request.reduce_dtype is not None:
-        recipe = RECIPES[request.precision]
-        stored = recipe.master_dtype or recipe.param_dtype
+    record = FRAMEWORKS[request.framework]
+    if record.param_layout is ParamLayout.AUTOCAST and request.reduce_dtype is not None:
+        stored = record.dtypes(request.precision).stored
         if request.reduce_dtype is not stored:
             return (
                 f"{{reduce_dtype}} {request.reduce_dtype.value}: DDP reduces gradients in the parameters' "
@@ -1489,15 +1473,15 @@ def _grad_sync_problem(request: TrainingRequest) -> str | None:
     asked = request.grad_sync
     if asked is None or not request.strategies_explicit:
         return None
+    record = FRAMEWORKS[request.framework]
     for name in request.strategies:
-        strategy = STRATEGIES[name]
-        fixed = strategy.frameworks[request.framework].grad_sync
+        fixed = record.setup(name).grad_sync
         if fixed is None and request.mesh.pp > 1:
-            fixed = PIPELINE_GRAD_SYNC.get(request.framework)
+            fixed = record.pipeline_grad_sync
         if fixed is not None and fixed is not asked:
             when = "every micro-batch" if fixed is GradSync.EVERY else "once per step"
             return (
-                f"{{grad_sync}} {asked.value}: {strategy.title_under(request.framework)} reduces gradients "
+                f"{{grad_sync}} {asked.value}: {record.title_of(name)} reduces gradients "
                 f"{when} under {{framework}} {request.framework.value}; "
                 f"accepted: {{grad_sync}} {fixed.value}, or no {{grad_sync}}"
             )
@@ -1513,7 +1497,7 @@ def _zeropp_problem(request: TrainingRequest) -> str | None:
             f"{{zeropp}} with {{ep}} {request.mesh.ep}: ZeRO++ over expert-data-parallel groups is not "
             "modelled; accepted: no {zeropp}, or {ep} 1"
         )
-    takes = [n for n in request.strategies if STRATEGIES[n].frameworks[request.framework].zeropp]
+    takes = [n for n in request.strategies if FRAMEWORKS[request.framework].setup(n).zeropp]
     if not takes:
         return (
             "{zeropp} is DeepSpeed ZeRO-3's (ZeRO++); "

@@ -1,9 +1,12 @@
 """DeepSpeed's own model-state estimators, reproduced exactly (for the ``deepspeed`` framework profile).
 
 Source: DeepSpeed 0.19.8, ``deepspeed/runtime/zero/stage_1_and_2.py::estimate_zero2_model_states_mem_needs``
-and ``deepspeed/runtime/zero/stage3.py::estimate_zero3_model_states_mem_needs``. The arithmetic below
-follows theirs operation by operation (Python floats, then ``int()``), so the bytes are identical to what
-DeepSpeed returns; its ``*_all_cold`` printers show them divided by 2**30 but labelled "GB".
+and ``deepspeed/runtime/zero/stage3.py::estimate_zero3_model_states_mem_needs``. DeepSpeed has no estimator
+of stage 1, which runs the same optimizer (``DeepSpeedZeroOptimizer``) with ``partition_gradients`` off:
+:func:`zero1_model_states` is the ZeRO-2 estimator's terms with the 16-bit gradients whole on every rank.
+The arithmetic below follows theirs operation by operation (Python floats, then ``int()``), so the bytes
+are identical to what DeepSpeed returns; its ``*_all_cold`` printers show them divided by 2**30 but
+labelled "GB".
 
 What the DeepSpeed estimator leaves out (and zerocalc's step timeline adds): activations and the loss,
 communication buckets and prefetch buffers beyond one "largest layer", the CUDA context and NCCL
@@ -19,7 +22,6 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from zerocalc.network.cluster import Cluster
-from zerocalc.parallel.precision import RECIPES
 from zerocalc.parallel.strategies import OffloadTarget, Strategy, StrategyName
 from zerocalc.parallel.zeropp import hpz_secondary_bytes
 from zerocalc.request.training import TrainingRequest
@@ -28,6 +30,10 @@ from zerocalc.states.memory import state_parts
 DEEPSPEED_VERSION = "0.19.8"
 ZERO2_SOURCE = f"DeepSpeed {DEEPSPEED_VERSION} stage_1_and_2.py estimate_zero2_model_states_mem_needs"
 ZERO3_SOURCE = f"DeepSpeed {DEEPSPEED_VERSION} stage3.py estimate_zero3_model_states_mem_needs"
+ZERO1_SOURCE = (
+    f"DeepSpeed {DEEPSPEED_VERSION} stage_1_and_2.py, stage 1 (partition_gradients off: each 16-bit gradient "
+    "whole until the boundary's reduction); no estimator of its own: the ZeRO-2 estimator's terms"
+)
 HPZ_SOURCE = (
     f"DeepSpeed {DEEPSPEED_VERSION} partition_parameters.py _partition_param_sec: each parameter padded to "
     "N, over the node's g ranks, in the parameter dtype"
@@ -39,12 +45,14 @@ PARAMS_16BIT_BYTES = 2
 SHARDED_BYTES = 18
 """Bytes per parameter the estimators partition over the GPUs: 2 grads_16bit + 4 grads_32bit + 4
 params_32bit + 8 optimizer states."""
+GRADS_16BIT_BYTES = 2
+"""The 2 bytes per parameter of the 16-bit gradients (``grads_16bit``), whole under stage 1."""
 LARGEST_LAYER_BYTES = 4
 """Bytes per parameter of the largest layer gathered (ZeRO-3): its 16-bit parameters and gradients."""
 
 
 class DeepSpeedEstimate(BaseModel):
-    stage: int = Field(description="ZeRO stage (2 or 3)")
+    stage: int = Field(description="ZeRO stage (1, 2 or 3)")
     offload_optimizer: bool = Field(description="DeepSpeed's cpu_offload")
     offload_params: bool = Field(description="DeepSpeed's cpu_offload_params (stage 3)")
     zero_init: bool = Field(description="deepspeed.zero.Init used to build the model (stage 3)")
@@ -52,14 +60,18 @@ class DeepSpeedEstimate(BaseModel):
     gpu_bytes: int = Field(description="GPU memory per GPU, as DeepSpeed returns it")
     largest_layer_bytes: int | None = Field(default=None, description="4 x largest_layer_params (stage 3)")
     params_16bit_bytes: int = Field(
-        default=0, description="the 16-bit parameters every GPU holds whole: 2 x total_params (stage 2)"
+        default=0, description="the 16-bit parameters every GPU holds whole: 2 x total_params (stages 1, 2)"
+    )
+    grads_16bit_bytes: int = Field(
+        default=0, description="the 16-bit gradients every GPU holds whole: 2 x total_params (stage 1)"
     )
 
     @property
     def sharded_bytes(self) -> int:
-        """What of ``gpu_bytes`` is partitioned over the GPUs (18/N, or the 16-bit parameters' 2/N when the
-        optimizer is offloaded under stage 3; 0 when nothing stays)."""
-        return self.gpu_bytes - self.params_16bit_bytes - (self.largest_layer_bytes or 0)
+        """What of ``gpu_bytes`` is partitioned over the GPUs (18/N, 16/N under stage 1, or the 16-bit
+        parameters' 2/N when the optimizer is offloaded under stage 3; 0 when nothing stays)."""
+        whole = self.params_16bit_bytes + self.grads_16bit_bytes
+        return self.gpu_bytes - whole - (self.largest_layer_bytes or 0)
 
 
 def zero2_model_states(
@@ -92,6 +104,33 @@ def zero2_model_states(
         cpu_bytes=int(cpu_mem),
         gpu_bytes=int(gpu_mem),
         params_16bit_bytes=params_16bit,
+    )
+
+
+def zero1_model_states(
+    total_params: int,
+    num_gpus_per_node: int = 1,
+    num_nodes: int = 1,
+    cpu_offload: bool = True,
+    additional_buffer_factor: float = ADDITIONAL_BUFFER_FACTOR,
+    total_gpus: int | None = None,
+) -> DeepSpeedEstimate:
+    """Stage 1 in the ZeRO-2 estimator's terms (:data:`ZERO1_SOURCE`): its 16-bit parameters and gradients
+    whole (2 + 2 bytes per parameter), the fp32 gradient and parameter partitions and the optimizer states
+    (4 + 4 + 8) over the GPUs; with the optimizer offloaded those go to the host, as the ZeRO-2 estimator
+    counts them."""
+    zero2 = zero2_model_states(
+        total_params, num_gpus_per_node, num_nodes, cpu_offload, additional_buffer_factor, total_gpus
+    )
+    total_gpus = total_gpus or num_nodes * num_gpus_per_node
+    grads_16bit = GRADS_16BIT_BYTES * total_params
+    sharded = 0 if cpu_offload else int((SHARDED_BYTES - GRADS_16BIT_BYTES) * total_params / total_gpus)
+    return zero2.model_copy(
+        update={
+            "stage": 1,
+            "gpu_bytes": zero2.params_16bit_bytes + grads_16bit + sharded,
+            "grads_16bit_bytes": grads_16bit,
+        }
     )
 
 
@@ -139,9 +178,9 @@ def zero3_model_states(
 
 
 def deepspeed_estimate(request: TrainingRequest, strategy: Strategy) -> DeepSpeedEstimate:
-    """The estimator of the strategy's stage (ZeRO-2, else ZeRO-3) for the request: its nodes of g GPUs and
-    its real GPU count, offload and ``zero.Init`` as asked; the largest layer is DeepSpeed's (the most
-    parameters one module holds directly).
+    """The estimator of the strategy's stage (ZeRO-1 in ZeRO-2's terms, ZeRO-2, else ZeRO-3) for the request:
+    its nodes of g GPUs and its real GPU count, offload and ``zero.Init`` as asked; the largest layer is
+    DeepSpeed's (the most parameters one module holds directly).
 
     Under expert parallelism (DeepSpeed-MoE ``ep_size``: ZeRO partitions the expert parameters over
     ``expert_data_parallel_group``, ``runtime/zero/stage_1_and_2.py`` ``_configure_moe_settings`` /
@@ -159,7 +198,7 @@ def deepspeed_estimate(request: TrainingRequest, strategy: Strategy) -> DeepSpee
     return first.model_copy(
         update={
             name: getattr(first, name) + sum(getattr(e, name) or 0 for e in rest)
-            for name in ("cpu_bytes", "gpu_bytes", "params_16bit_bytes")
+            for name in ("cpu_bytes", "gpu_bytes", "params_16bit_bytes", "grads_16bit_bytes")
         }
     )
 
@@ -171,6 +210,8 @@ def _part_estimate(
     gathered term where ``largest``)."""
     nodes, per_node = cluster.nodes, cluster.ranks_per_node
     offload = request.offload_optimizer is not OffloadTarget.NONE
+    if strategy.name is StrategyName.ZERO1:
+        return zero1_model_states(psi, per_node, nodes, cpu_offload=offload, total_gpus=cluster.world_size)
     if strategy.name is StrategyName.ZERO2:
         return zero2_model_states(psi, per_node, nodes, cpu_offload=offload, total_gpus=cluster.world_size)
     count = request.rank_model.parameter_count
@@ -195,7 +236,7 @@ def hpz_partition_bytes(request: TrainingRequest) -> int:
         request.architecture,
         cluster.world_size,
         cluster.ranks_per_node,
-        RECIPES[request.precision].param_dtype.bytes,
+        request.dtypes.stored.bytes,
     )
 
 

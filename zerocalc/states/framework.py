@@ -35,13 +35,8 @@ from zerocalc.base.errors import InputError
 from zerocalc.base.units import ceil_div
 from zerocalc.model.architecture import Architecture, ParamTensor, is_expert_tensor, parameter_tensors
 from zerocalc.network.cluster import Cluster
-from zerocalc.parallel.frameworks import (
-    TORCH_OPTIMIZERS,
-    TORCH_PRECISIONS,
-    Fsdp1Sharding,
-    TorchSetup,
-    TorchWrapper,
-)
+from zerocalc.parallel.framework_records.pytorch import TORCH_OPTIMIZERS, TORCH_PRECISIONS
+from zerocalc.parallel.frameworks import Fsdp1Sharding, TorchSetup, TorchWrapper
 from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerName
 from zerocalc.parallel.precision import RECIPES, PrecisionName
 
@@ -121,7 +116,7 @@ def grad_bytes(elements: int) -> int:
 def optimizer_state_bytes(elements: int, optimizer: OptimizerName) -> int:
     """Bytes of the optimizer's states of ``elements`` parameter elements (Adam: ``exp_avg`` and
     ``exp_avg_sq``, shaped like the fp32 parameter)."""
-    return sum(OPTIMIZERS[optimizer].state_bytes(elements, STATES_RECIPE).values())
+    return sum(OPTIMIZERS[optimizer].state_bytes(elements, STATES_RECIPE.optimizer_state_dtype).values())
 
 
 def shard_ranks(cluster: Cluster, setup: TorchSetup) -> int:

@@ -22,9 +22,7 @@ parameters and the fp32 main-gradient buffer stay on the GPU, 6 bytes per parame
 
 from __future__ import annotations
 
-from zerocalc.parallel.frameworks import MEGATRON_MAIN_GRAD_DTYPE
 from zerocalc.parallel.optimizers import OPTIMIZERS
-from zerocalc.parallel.precision import RECIPES
 from zerocalc.parallel.strategies import OffloadTarget, Strategy
 from zerocalc.request.training import TrainingRequest
 from zerocalc.states.memory import (
@@ -38,14 +36,13 @@ from zerocalc.states.memory import (
 )
 
 SOURCE = "Megatron-LM docs, distributed optimizer: 6 + 12/d bytes per parameter (18 without)"
-MAIN_GRAD_DTYPE = MEGATRON_MAIN_GRAD_DTYPE
 
 
 def megatron_states(request: TrainingRequest, strategy: Strategy) -> list[StateShard]:
     """Parameters, main gradients and optimizer states of one GPU, in that order, then (optimizer
     offloaded) the host copies of the main gradients' shards."""
-    recipe = RECIPES[request.precision]
-    param_dtype = recipe.param_dtype
+    dtypes = request.dtypes.trained
+    param_dtype, main_grad = dtypes.stored, dtypes.main_gradient
     optimizer_location = LOCATIONS[request.offload_optimizer]
     host_grads = []
     if request.offload_optimizer is not OffloadTarget.NONE:
@@ -54,7 +51,7 @@ def megatron_states(request: TrainingRequest, strategy: Strategy) -> list[StateS
             strategy.optimizer,
             optimizer_location,
             request,
-            tensor_parts(f"host_grads_{MAIN_GRAD_DTYPE.value}", MAIN_GRAD_DTYPE),
+            tensor_parts(f"host_grads_{main_grad.value}", main_grad),
         )
     return [
         *state_shards(
@@ -69,14 +66,14 @@ def megatron_states(request: TrainingRequest, strategy: Strategy) -> list[StateS
             None,
             Location.GPU,
             request,
-            tensor_parts(f"main_grads_{MAIN_GRAD_DTYPE.value}", MAIN_GRAD_DTYPE),
+            tensor_parts(f"main_grads_{main_grad.value}", main_grad),
         ),
         *state_shards(
             StateKind.OPTIMIZER,
             strategy.optimizer,
             optimizer_location,
             request,
-            optimizer_parts(recipe, OPTIMIZERS[request.optimizer]),
+            optimizer_parts(dtypes, OPTIMIZERS[request.optimizer]),
         ),
         *host_grads,
     ]

@@ -39,11 +39,11 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.units import ceil_div, format_count, gib, plural, summary_repr
 from zerocalc.model.architecture import ParameterCount, expert_parameters
 from zerocalc.network.cluster import Cluster, RankGroup
-from zerocalc.parallel.mesh import Mesh
+from zerocalc.parallel.frameworks import Fsdp1Sharding, TorchWrapper
+from zerocalc.parallel.mesh import Mesh, describe_layer_counts
 from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerName, OptimizerSpec
-from zerocalc.parallel.pipeline import describe_layer_counts, mesh_stage_layers, stage_layer_counts
-from zerocalc.parallel.precision import RECIPES, PrecisionName, PrecisionRecipe
-from zerocalc.parallel.profiles import PROFILES
+from zerocalc.parallel.pipeline import mesh_stage_layers, stage_layer_counts
+from zerocalc.parallel.precision import RECIPES, ParamLayout, PrecisionName, TensorDtypes, describe_layout
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName, row_named
 from zerocalc.request.options import OptionsEcho
 from zerocalc.request.training import TrainingRequest
@@ -213,11 +213,13 @@ class MemoryEstimate(TableDisplay, BaseModel):
         yield from self.summary()
 
 
-def optimizer_bytes_per_parameter(recipe: PrecisionRecipe, optimizer: OptimizerSpec) -> Fraction:
-    """K: master copy plus optimizer states per parameter, exactly (block scales as a fraction)."""
-    k = Fraction(recipe.master_dtype.bytes if recipe.master_dtype else 0)
+def optimizer_bytes_per_parameter(dtypes: TensorDtypes, optimizer: OptimizerSpec) -> Fraction:
+    """K: master copy plus optimizer states per parameter, exactly (block scales as a fraction), in the
+    precision record's dtypes."""
+    k = Fraction(dtypes.master.bytes if dtypes.master else 0)
     for state in optimizer.states:
-        dtype = state.dtype or recipe.optimizer_state_dtype
+        dtype = state.dtype or dtypes.optimizer_state
+        assert dtype is not None  # trained parameters
         k += Fraction(dtype.bytes, state.block_size or 1)
     return k
 
@@ -231,14 +233,17 @@ def tensor_parts(name: str, dtype: DType) -> PartsOf:
     return lambda n: {name: n * dtype.bytes}
 
 
-def optimizer_parts(recipe: PrecisionRecipe, optimizer: OptimizerSpec) -> PartsOf:
-    """K's tensors: the recipe's master copy, if any, and the optimizer's states."""
+def optimizer_parts(dtypes: TensorDtypes, optimizer: OptimizerSpec) -> PartsOf:
+    """K's tensors: the master copy, if the framework keeps one under the recipe, and the optimizer's
+    states (the precision record's dtypes)."""
+    master, state_dtype = dtypes.master, dtypes.optimizer_state
+    assert state_dtype is not None  # trained parameters
 
     def parts(n: int) -> dict[str, int]:
         found: dict[str, int] = {}
-        if recipe.master_dtype is not None:
-            found[f"master_{recipe.master_dtype.value}"] = n * recipe.master_dtype.bytes
-        found.update(optimizer.state_bytes(n, recipe))
+        if master is not None:
+            found[f"master_{master.value}"] = n * master.bytes
+        found.update(optimizer.state_bytes(n, state_dtype))
         return found
 
     return parts
@@ -319,20 +324,37 @@ LOCATIONS = {
 """Where an offload target puts a state."""
 
 
+def params_group(strategy: Strategy, request: TrainingRequest) -> RankGroup | None:
+    """The ranks one rank's parameters are sharded over between steps: under a PyTorch framework its
+    set-up's (FSDP keeps only its shard outside forward and backward, SHARD_GRAD_OP too: FSDP1's
+    ``FlatParamHandle.reshard`` after backward, FSDP2's ``post_backward``; DDP, ZeroRedundancyOptimizer and
+    NO_SHARD replicate), else the strategy's rule (ZeRO paper §5.1)."""
+    setup = request.framework_record.strategies.get(strategy.name)
+    torch = setup.torch if setup is not None else None
+    if torch is None:
+        return strategy.params
+    replicated = torch.wrapper in (TorchWrapper.DDP, TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER)
+    if replicated or torch.sharding is Fsdp1Sharding.NO_SHARD:
+        return None
+    return torch.shard_group
+
+
 def strategy_states(strategy: Strategy, request: TrainingRequest) -> list[StateShard]:
-    """The model states one rank holds under ``strategy``: pure function of the request."""
-    recipe = RECIPES[request.precision]
+    """The model states one rank holds under ``strategy``: pure function of the request, each state in the
+    dtype the framework keeps it (the precision record: the stored parameters, the main gradients the
+    optimizer steps from, the master copy and the optimizer's states)."""
+    dtypes = request.dtypes.trained
     optimizer = OPTIMIZERS[request.optimizer]
     offload_opt = request.offload_optimizer
     # ZeRO-Offload: with the optimizer on the host, partitioned gradients go there too (fp32 grads
     # are produced on the host from them); replicated ZeRO-1 gradients stay on the GPU.
     grads_on_host = offload_opt is not OffloadTarget.NONE and strategy.grads is not None
     grad_location = Location.CPU if grads_on_host else Location.GPU
-    param_dtype, grad_dtype = recipe.param_dtype, recipe.grad_dtype
+    param_dtype, grad_dtype = dtypes.stored, dtypes.main_gradient
     states = [
         *state_shards(
             StateKind.PARAMS,
-            strategy.params,
+            params_group(strategy, request),
             LOCATIONS[request.offload_params],
             request,
             tensor_parts(f"params_{param_dtype.value}", param_dtype),
@@ -358,7 +380,7 @@ def strategy_states(strategy: Strategy, request: TrainingRequest) -> list[StateS
         strategy.optimizer,
         LOCATIONS[offload_opt],
         request,
-        optimizer_parts(recipe, optimizer),
+        optimizer_parts(dtypes, optimizer),
     )
     return states
 
@@ -409,10 +431,18 @@ def strategy_row(request: TrainingRequest) -> StrategyMemory:
     return strategy_memory(STRATEGIES[request.strategies[0]], request, ddp_baseline_gpu_bytes(request))
 
 
+def layout_assumption(request: TrainingRequest) -> str:
+    """How the request's framework keeps the recipe's tensors (its record's layout, the precision record's
+    dtypes), where that is not the ZeRO paper's 16-bit parameters and gradients beside a master copy."""
+    record = request.framework_record
+    layout = describe_layout(record.param_layout, request.dtypes)
+    return f"{record.framework.value} keeps {request.precision.value} as {layout} ({record.source})"
+
+
 def offload_assumption(request: TrainingRequest) -> str:
     """What an offloaded optimizer moves off the GPU, after the offload the request's framework runs (its
     profile's)."""
-    profile = PROFILES[request.framework]
+    profile = request.framework_record
     target = request.offload_optimizer.value
     return f"optimizer offload to {target} ({profile.offload_source}): {profile.offload_moves}"
 
@@ -487,14 +517,15 @@ def routing_assumption(request: TrainingRequest) -> str:
 def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
     """Model states per GPU of every strategy of a validated request (pure)."""
     recipe = RECIPES[request.precision]
+    dtypes = request.dtypes.trained
     optimizer = OPTIMIZERS[request.optimizer]
     ddp_gpu_bytes = ddp_baseline_gpu_bytes(request)
     rows = [strategy_memory(STRATEGIES[name], request, ddp_gpu_bytes) for name in request.strategies]
 
-    k = optimizer_bytes_per_parameter(recipe, optimizer)
+    k = optimizer_bytes_per_parameter(dtypes, optimizer)
     bpp = BytesPerParameter(
-        b_p=recipe.param_dtype.bytes,
-        b_g=recipe.grad_dtype.bytes,
+        b_p=dtypes.stored.bytes,
+        b_g=dtypes.main_gradient.bytes,
         k=float(k),
         grad_accum=GRAD_ACCUM_DTYPE.bytes if request.fp32_grad_accum else 0,
     )
@@ -507,10 +538,11 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
         assumptions.append(mesh_assumption(request))
     if mesh.ep > 1:
         assumptions.append(routing_assumption(request))
-    assumptions += [
-        f"{recipe.name.value}: {recipe.note}",
-        optimizer.assumption,
-    ]
+    assumptions += [f"{recipe.name.value}: {recipe.note}"]
+    layout = request.framework_record.param_layout
+    if layout is not ParamLayout.MASTER_COPY or dtypes.main_gradient is not dtypes.gradient:
+        assumptions.append(layout_assumption(request))
+    assumptions.append(optimizer.assumption)
     if request.fp32_grad_accum:
         assumptions.append(
             f"fp32 gradient-accumulation buffer: {GRAD_ACCUM_DTYPE.bytes} bytes per parameter, sharded like "

@@ -7,10 +7,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from zerocalc.base.errors import InputError
 from zerocalc.model.architecture import Architecture
 from zerocalc.network.schedule import GradSync
-from zerocalc.parallel.frameworks import TORCH_OPTIMIZERS
+from zerocalc.parallel.framework_records import validated_setups
+from zerocalc.parallel.framework_records.pytorch import TORCH_OPTIMIZERS
 from zerocalc.parallel.optimizers import OptimizerName
 from zerocalc.parallel.precision import PrecisionName
-from zerocalc.parallel.strategies import validated_setups
 
 PERTURB_ENV = "ZEROCALC_VALIDATE_PERTURB"
 """Tests only (not in ``--help``): ``LINE`` (e.g. ``params``) adds one fp32 element's bytes to that line

@@ -149,7 +149,7 @@ def predicted_calls(job: ExpertJob, rank: int) -> list[A2ACall]:
 
 def predicted_dispatch_bytes(tokens: int, top_k: int, hidden: int, dtype: DType, ep: int) -> int:
     """Bytes one rank's dispatch sends to the other EP ranks under a balanced routing, as the analytic
-    expert-parallel model prices it (:data:`zerocalc.comm.mesh.EP_LAYER`): S = k·b·s·h elements routed
+    expert-parallel model prices it (:func:`zerocalc.comm.mesh.ep_layer`): S = k·b·s·h elements routed
     (:func:`~zerocalc.model.activations.routed_rows` at capacity factor 1), (e − 1)/e of them to other
     ranks (the all_to_all bus factor; exact when E divides k·b·s); the combine sends as many back, and
     backward repeats both."""

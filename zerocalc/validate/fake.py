@@ -23,7 +23,8 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.units import ceil_div
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, parameter_tensors
-from zerocalc.model.model_impl import MODEL_IMPLS, Device, ModelImplName, Shape, traits
+from zerocalc.model.code import HF, Device, Shape
+from zerocalc.model.traits import traits
 from zerocalc.parallel.strategies import StrategyName
 from zerocalc.peak.kinds import StepPhase
 from zerocalc.peak.layer_nodes import experts_traced
@@ -140,8 +141,8 @@ def not_claimed(config: dict[str, Any], arch: Architecture, case: FakeCase) -> s
 def _experts_traced(arch: Architecture, case: FakeCase) -> bool:
     """Every mixture-of-experts layer's experts are traced node by node by the timeline
     (:func:`zerocalc.peak.layer_nodes.experts_traced`: Mixtral's and Qwen3-MoE's, not shared experts)."""
-    impl, shape = MODEL_IMPLS[ModelImplName.HF], Shape(case.micro_batch, case.seq_len)
-    return all(experts_traced(impl, arch, i, shape) for i in range(arch.num_layers) if arch.is_moe_layer(i))
+    shape = Shape(case.micro_batch, case.seq_len)
+    return all(experts_traced(HF, arch, i, shape) for i in range(arch.num_layers) if arch.is_moe_layer(i))
 
 
 class FakeCaseResult(BaseModel):

@@ -34,10 +34,11 @@ from zerocalc.model.architecture import (
     parameter_tensors,
     pipeline_stage,
 )
-from zerocalc.model.model_impl import INT64
+from zerocalc.model.code import INT64
 from zerocalc.parallel.frameworks import TorchWrapper
+from zerocalc.parallel.mesh import describe_layer_counts
 from zerocalc.parallel.optimizers import OptimizerName
-from zerocalc.parallel.pipeline import chunk_layers, describe_layer_counts, split_problem, stage_layer_counts
+from zerocalc.parallel.pipeline import chunk_layers, split_problem, stage_layer_counts
 from zerocalc.parallel.precision import PrecisionName
 from zerocalc.request.training import MAX_GRAD_ACCUM
 from zerocalc.states.framework import (

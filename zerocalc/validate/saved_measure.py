@@ -148,8 +148,8 @@ def run_cases(
     """Every model × dtype × attention × (b, s): measured and compared with the ``hf`` profile."""
     import transformers
 
+    from zerocalc.model.code import Shape
     from zerocalc.model.hf_config import architecture_from_hf_dict
-    from zerocalc.model.model_impl import Shape
 
     cases = []
     for name, config in models:

@@ -44,9 +44,10 @@ from zerocalc.model.architecture import (
     tensor_parallel_dim,
     tensor_parallel_shape,
 )
+from zerocalc.parallel.framework_records.pytorch import FSDP2
 from zerocalc.parallel.frameworks import TorchSetup, TorchWrapper
 from zerocalc.parallel.optimizers import OptimizerName
-from zerocalc.parallel.precision import RECIPES, PrecisionName
+from zerocalc.parallel.precision import PrecisionName
 from zerocalc.states.framework import RankStates, dim0_rows, fsdp_units, predict_rank_states
 from zerocalc.validate.config import STRATEGIES, Job, TpPlan
 
@@ -234,7 +235,7 @@ def predicted_tp_calls(
     pre-backward prefetches the last block, each block's pre-backward the one before it (when resharded);
     one fp32 reduce-scatter per unit.
     """
-    fwd = RECIPES[precision].param_dtype.value
+    fwd = FSDP2.dtypes(precision).compute.value
     reduce = REDUCE_DTYPE.value
     tokens = batch * seq * arch.hidden_size
     vocab = ceil_div(arch.vocab_size, plan.tp) * plan.tp

@@ -1,0 +1,57 @@
+"""The ZeRO paper's accounting (Rajbhandari et al. 2020, §5 model states, §7 communication), with FSDP's
+unit-by-unit gathering for buffers: the reference every framework is compared with."""
+
+from __future__ import annotations
+
+from zerocalc.model.activations import CpImpl
+from zerocalc.network.schedule import GradSync
+from zerocalc.parallel.framework_records.record import (
+    CpFamily,
+    ExpertParallel,
+    FrameworkRecord,
+    ModelInit,
+    StatesModel,
+)
+from zerocalc.parallel.frameworks import Framework
+from zerocalc.parallel.mesh import TpStyle
+from zerocalc.parallel.strategies import FrameworkSetup, StrategyName
+
+MEGATRON_MOE = "Megatron-LM core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher"
+"""Megatron-LM's all-to-all token dispatcher (``--moe-token-dispatcher-type alltoall``; ``all_to_all`` of
+``core/tensor_parallel/mappings.py`` over the EP group), which the paper's accounting follows too."""
+MEGATRON_EXPERT_PARALLEL = ExpertParallel(
+    dispatch=f"{MEGATRON_MOE}.token_dispatch", combine=f"{MEGATRON_MOE}.token_combine"
+)
+
+
+def paper_setup(grad_sync: GradSync, **fields: object) -> FrameworkSetup:
+    """The ZeRO paper's accounting of a strategy: its §7 schedule, which fixes when gradients are reduced."""
+    return FrameworkSetup(grad_sync=grad_sync, **fields)  # type: ignore[arg-type]
+
+
+_EVERY, _LAST = GradSync.EVERY, GradSync.LAST
+
+PAPER = FrameworkRecord(
+    framework=Framework.PAPER,
+    source="ZeRO paper (Rajbhandari et al. 2020) §5; FSDP docs for units",
+    states=StatesModel.PAPER,
+    strategies={
+        StrategyName.DDP: paper_setup(_LAST),
+        StrategyName.ZERO1: paper_setup(_LAST),
+        StrategyName.ZERO2: paper_setup(_EVERY),
+        StrategyName.SHARD_GRAD_OP: paper_setup(_EVERY, in_default_set=False),
+        StrategyName.ZERO3: paper_setup(_EVERY),
+        StrategyName.HYBRID_SHARD: paper_setup(_EVERY),
+    },
+    init=ModelInit.META,
+    init_source="the ZeRO paper counts model states only: creation allocates no more than them",
+    needs_architecture=False,
+    tp_style=TpStyle.MEGATRON,
+    cp_impls=tuple(CpImpl),
+    cp_family=CpFamily.TRANSFORMER_ENGINE,
+    pipeline=True,
+    pipeline_ties_embedding=True,
+    expert_parallel=MEGATRON_EXPERT_PARALLEL,
+)
+"""The paper composes every mesh dimension as Megatron-LM lays it out (its layers, Transformer Engine's
+context parallelism, its pipeline schedules and token dispatcher)."""
