@@ -147,6 +147,15 @@ def test_mixtral_experts_at_world_6_under_full_recompute() -> None:
     )
 
 
+def test_mixtral_experts_forward_peak_in_fp32() -> None:
+    """Mixtral's fp32 routing weights make the weighted expert output and its gather by the inverse
+    permutation fp32 [S, h]: with more tokens (b 4, s 256, world 8) the forward peaks there, at layer 2
+    (was 998,912 B high: a fp32 [T, h] sum counted beside them). The tracker's figures."""
+    assert _predicted("mixtral", 8, 4, 256, vocab_size=512, **WIDE_MIXTRAL) == _tracker(
+        8_385_536, 58_496_512, 49_271_808, 60_788_736, 11_175_936, 13_967_872
+    )
+
+
 def test_foreach_reduce_keeps_the_last_gradient_through_the_reduce_scatter_output() -> None:
     """Stands for llama-3-8b at world 2 (no reshard, +1,050,673,152 B before) and qwen2.5-7b at world 3
     (+363,329,536 B): ``foreach_reduce``'s shard-dim loop (world > 1) leaves the last gradient of the
@@ -272,6 +281,7 @@ HELD_OUT = [
     ("Qwen3-30B-A3B, 4 layers, world 128", "qwen3_moe", WIDE_MOE, 128, 2, 128, "none", True),
     ("Qwen3-30B-A3B without resharding", "qwen3_moe", WIDE_MOE, 2, 2, 128, "none", False),
     ("Mixtral-8x7B, 4 layers, world 6, full recompute", "mixtral", WIDE_MIXTRAL, 6, 2, 128, "full", True),
+    ("Mixtral's fp32 forward peak", "mixtral", dict(WIDE_MIXTRAL, vocab_size=512), 8, 4, 256, "none", True),
     ("llama-3-8b world 2, qwen2.5-7b world 3: the LM head", "llama", WIDE_UNTIED, 2, 1, 16, "none", True),
     ("llama-3-8b world 4, s 512: the first norm", "llama", SHORT_DENSE, 4, 1, 128, "none", False),
 ]  # fmt: skip
