@@ -91,7 +91,8 @@ def test_fit_clamps_a_negative_latency_and_falls_back_on_a_flat_sweep() -> None:
     assert fit_alpha_beta(xs, [1e-9, 1e-3, 2e-3 + 1e-5]).latency_s == 0.0
     flat = fit_alpha_beta(xs, [3e-3, 2e-3, 1e-3])  # times fall with size: noise, no positive slope
     assert flat.bus_bandwidth_Bps == pytest.approx(2e6 / 1e-3)  # the best x/t
-    assert flat.latency_s >= 0
+    assert flat.latency_s >= 0 and flat.beta_from_peak
+    assert not fit_alpha_beta(xs, [1e-5, 1e-3, 2e-3]).beta_from_peak
     with pytest.raises(ValueError):
         fit_alpha_beta([1.0], [0.0])
 
@@ -389,3 +390,21 @@ def test_default_collectives_are_the_three_zero_uses() -> None:
     from zerocalc.bench.sweep import DEFAULT_COLLECTIVES
 
     assert ",".join(c.value for c in DEFAULT_COLLECTIVES) == DEFAULT_COLLECTIVES_TEXT
+
+
+def test_a_beta_that_fell_back_to_the_peak_busbw_says_so(
+    no_ranks: list[dict], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A fit whose slope was not positive takes β from the peak busbw: the summary marks that β and a note
+    says why; the JSON carries ``beta_from_peak``."""
+    calibration = _calibration()
+    fallen = calibration.model_copy(
+        update={"fits": [calibration.fits[0].model_copy(update={"beta_from_peak": True})]}
+    )
+    monkeypatch.setattr(procs, "spawn", lambda *a, collect, **k: collect(fallen.model_dump_json()))
+    result = runner.invoke(app, ["bench", "--out", str(tmp_path / "cal.json")], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "1.000*" in result.stdout
+    assert "· * β is the peak busbw, not a fit: the least-squares slope was not positive" in result.stdout
+    shown = runner.invoke(app, ["bench", "--json", "--out", str(tmp_path / "cal2.json")])
+    assert json.loads(shown.stdout)["fits"][0]["beta_from_peak"] is True

@@ -135,3 +135,13 @@ def test_an_offloaded_optimizer_is_paid_in_the_step_and_not_on_the_gpu() -> None
     assert offloaded["step"]["step_s"] == pytest.approx(
         plain["step"]["step_s"] - plain["step"]["optimizer_s"] + by_hand
     )
+
+
+def test_an_exposed_time_of_nothing_is_printed_with_its_unit() -> None:
+    """7B over 8 GPUs with 55 s of compute a step hides every collective: the exposed column says ``0 s``,
+    a time like the column beside it, not a bare ``0``."""
+    args = ["comm", "--params", "7B", "--gpus", "8", "--tokens-per-step", "4M", "--tflops", "400"]
+    result = runner.invoke(app, args, env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    (row,) = [line for line in result.stdout.splitlines() if line.startswith("ddp ")]
+    assert row.split()[-3:] == ["ms", "0", "s"]

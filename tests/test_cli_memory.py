@@ -131,7 +131,10 @@ def test_deepspeed_and_megatron_account_for_params_alone() -> None:
     result = runner.invoke(app, ["memory", "-p", "7B", "-n", "4", "--framework", "deepspeed", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    (zero2,) = data["framework_states"]
+    zero1, zero2 = data["framework_states"]  # stage 1 in the ZeRO-2 estimator's terms: 2Ψ + 2Ψ + 16Ψ/N
+    terms = [line["bytes"] for line in zero1["lines"] if line["kind"] != "communication buffers"]
+    assert terms == [14_000_000_000, 14_000_000_000, 28_000_000_000]
+    assert zero1["framework_estimate_bytes"] is None  # DeepSpeed has no stage-1 estimator
     assert zero2["framework_estimate_bytes"] == 45_500_000_000
     assert zero2["host_bytes_per_node"] == 168_000_000_000
     assert any("ZeRO-3 / FULL_SHARD left out" in note and "largest layer" in note for note in data["notes"])
@@ -142,3 +145,68 @@ def test_deepspeed_and_megatron_account_for_params_alone() -> None:
     assert (ddp["gpu_bytes"], distopt["gpu_bytes"]) == (18 * 7 * 10**9, 6 * 7 * 10**9 + 12 * 7 * 10**9 // 8)
     fsdp2 = runner.invoke(app, ["memory", "-p", "7B", "--framework", "fsdp2"])
     assert fsdp2.exit_code == 2 and "--model NAME" in fsdp2.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "step"),
+    [(["--framework", "deepspeed", "--strategy", "zero3", "--offload-optimizer", "cpu"],
+      "CPU Adam (DeepSpeedCPUAdam)"),
+     (["--framework", "deepspeed", "--strategy", "zero3"], "fused Adam"),
+     (["--framework", "fsdp2"], "foreach Adam")],
+)  # fmt: skip
+def test_the_peak_heading_names_the_optimizer_step_that_runs(args: list[str], step: str) -> None:
+    """DeepSpeed with its optimizer offloaded steps DeepSpeedCPUAdam on the host (runtime/engine.py
+    _configure_basic_optimizer), not a fused GPU Adam."""
+    base = ["memory", "--model", "llama-3-8b", "--gpus", "8", *args]
+    result = runner.invoke(app, [*base, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["peak"]["options"]["optimizer_step"] == step
+    text = runner.invoke(app, base, env={"COLUMNS": "200"}).stdout
+    assert f"{step};" in text
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [
+            "memory",
+            "--model",
+            "llama-3-8b",
+            "--gpus",
+            "8",
+            "--framework",
+            "deepspeed",
+            "--strategy",
+            "zero2,zero3",
+        ],
+        ["memory", "--params", "7B", "--gpus", "8"],
+        ["comm", "--params", "7B", "--gpus", "16", "--tokens-per-step", "4M", "--tflops", "400"],
+        [
+            "plan",
+            "--model",
+            "gpt2",
+            "--gpu",
+            "rtx-4090",
+            "--gpus",
+            "2",
+            "--global-batch",
+            "8seq",
+            "--top",
+            "1",
+        ],
+    ],
+)
+def test_no_printed_line_ends_in_spaces(args: list[str]) -> None:
+    """Rich keeps the space where it wraps a footnote and pads cells it does not need to; the console
+    trims every line's end, tables and footnotes alike (text otherwise unchanged)."""
+    from zerocalc.render.display import result_html
+
+    result = runner.invoke(app, args, env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    ending = [line for line in result.stdout.splitlines() if line != line.rstrip()]
+    assert ending == []
+    if args[0] == "memory" and "--params" in args:
+        from zerocalc import estimate_memory
+
+        html = result_html(estimate_memory("7B", gpus=8))
+        assert " \n" not in html.replace("</span>", "")

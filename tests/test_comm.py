@@ -103,7 +103,8 @@ def test_world_group_spanning_nodes_runs_at_inter_node_bandwidth() -> None:
 def test_compute_side_6_psi_t_over_n_f() -> None:
     est = estimate_comm(PSI, 8, strategies="ddp", tokens_per_step="1M", tflops=500.0)
     assert est.compute is not None
-    assert est.compute.seconds == pytest.approx(10.5)  # 6 · 7e9 · 1e6 FLOP / (8 · 500e12 FLOP/s)
+    # 6 · 7e9 · 1,048,576 FLOP (1M tokens: k and M are 1,024 and 1,024² for tokens) / (8 · 500e12 FLOP/s)
+    assert est.compute.seconds == pytest.approx(11.010048)
     row = est.row("ddp")
     assert row.hidden_time_s == pytest.approx(min(row.time_s, est.compute.seconds))
     assert row.exposed_time_s == 0.0

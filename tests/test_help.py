@@ -34,3 +34,14 @@ def test_a_flag_and_its_negative_form_are_both_shown_and_both_still_parse() -> N
         result = runner.invoke(app, ["memory", "--model", "gpt2", "--gpus", "2", flag, "--json"])
         assert result.exit_code == 0, result.output
         assert f'"flash_attention": {str(flag == "--flash-attention").lower()}' in result.stdout
+
+
+def test_reduce_dtype_and_ddp_bucket_help_say_what_they_take() -> None:
+    """``--reduce-dtype`` lists the dtypes it takes; ``--ddp-bucket`` is a size with its unit, not
+    'bucket_cap_mb in bytes' (bucket_cap_mb is in MiB, zerocalc takes any unit)."""
+    from zerocalc.request.options import Command, option
+
+    reduce = option(Command.MEMORY, "reduce_dtype").help
+    assert "fp32" in reduce and "bf16" in reduce and "fp16" in reduce
+    bucket = option(Command.MEMORY, "ddp_bucket").help
+    assert "in bytes" not in bucket and "a size with its unit" in bucket

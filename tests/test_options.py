@@ -169,5 +169,20 @@ def test_cli_library_and_json_agree_for_every_option(command: Command, name: str
         library = api.estimate_memory(**values)
     dumped = library.to_json_dict() if hasattr(library, "to_json_dict") else library.model_dump(mode="json")
     assert keywords_in_notes(cli) == keywords_in_notes(json.loads(json.dumps(dumped)))
-    assert cli["options"][name] == values[name]
+    given = values[name]  # a number typed as text is echoed as that number (--gpus 4 → 4)
+    numeric = isinstance(given, str) and given.isdigit()
+    assert cli["options"][name] == (int(given) if numeric else given)
     assert cli["options"] == echo(command, values)
+
+
+def test_numbers_typed_as_text_are_echoed_as_numbers() -> None:
+    """``--gpus 8`` is the integer 8 in the JSON's ``options`` (the library's value), ``--tflops 400.5``
+    the float; a count with a suffix (``7B``) stays as typed."""
+    result = runner.invoke(
+        app,
+        ["comm", "--params", "7B", "--gpus", "8", "--tokens-per-step", "4M", "--tflops", "400.5", "--json"],
+    )
+    options = json.loads(result.stdout)["options"]
+    assert (options["gpus"], options["tflops"], options["params"], options["tokens_per_step"]) == (
+        8, 400.5, "7B", "4M"
+    )  # fmt: skip

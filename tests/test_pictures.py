@@ -59,7 +59,7 @@ def test_the_chart_of_a_hand_made_timeline() -> None:
     first column of its event, and each phase is named where it starts."""
     lines = timeline_lines(HAND_MADE, ByteUnit.GiB, width=80, height=8)
     assert all(len(line) <= 80 for line in lines)
-    assert lines[0].startswith("8.00 ┤") and lines[4].startswith("4.00 ┤")
+    assert lines[0].startswith("8.00 GiB ┤") and lines[4].startswith("4.00 GiB ┤")
     start, columns = _plot_columns(lines, 8)
     assert len(columns) == 80 - start
     # 74 columns over 6 events: event i covers the columns c with c·6 // 74 == i
@@ -68,7 +68,7 @@ def test_the_chart_of_a_hand_made_timeline() -> None:
         allocated = HAND_MADE[owner[c]].allocated_bytes // GiB
         assert column == "─" + " " * (7 - allocated) + "█" * allocated, (c, column)
     axis = lines[8]
-    assert axis.startswith("   0 └") and axis.count("▲") == 1
+    assert axis.startswith("   0 GiB └") and axis.count("▲") == 1
     assert axis.index("▲") - start == owner.index(3)
     # each phase's first column is ┴, but backward's: it starts at the peak, and ▲ wins
     assert [i - start for i, mark in enumerate(axis) if mark == "┴"] == [owner.index(e) for e in (0, 1, 5)]
@@ -76,8 +76,10 @@ def test_the_chart_of_a_hand_made_timeline() -> None:
     for phase, first in (("start", 0), ("forward", 1), ("backward", 3), ("optimizer", 5)):
         assert names[start + owner.index(first) :].startswith(phase)
     legend = " ".join(lines[10:])
+    assert legend.startswith("y: GiB per GPU; x: the step's 6 events in order, ┴ where a phase starts")
+    assert "(start, forward, backward, optimizer)" in legend
     assert "▲ its peak: 7.00 GiB at backward: loss backward" in legend
-    assert "reserved by the caching allocator: up to 8.00 GiB; 6 events" in legend
+    assert "reserved by the caching allocator: up to 8.00 GiB" in legend
 
 
 def test_more_events_than_columns_keep_each_columns_largest() -> None:

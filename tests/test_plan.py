@@ -693,3 +693,64 @@ def test_an_extrapolation_follows_the_plane_and_refuses_blocks_off_it() -> None:
         bent = values(5)
         bent[block] += 1
         assert plan.apply((values(4), bent)) is None  # a byte off the plane
+
+
+@pytest.mark.parametrize(("gpus", "tp"), [(1, "1"), (2, "2")])
+def test_no_reduce_dtype_is_searched_where_nothing_is_reduced(gpus: int, tp: str) -> None:
+    """One data-parallel rank (one GPU, or every GPU in the TP group) reduces no gradients: an fp32 reduce
+    dtype changes nothing there, so the plan does not list rows that differ by it alone."""
+    plan = plan_options(
+        model="gpt2",
+        gpu="rtx-4090",
+        gpus=gpus,
+        global_batch="8seq",
+        seq_len=512,
+        frameworks="fsdp2,ddp",
+        tp=tp,
+    )
+    groups, _ = enumerate_groups(plan, flash_attention_used(plan.base))
+    assert groups and all(group.reduce_dtype is None for group in groups)
+    more = plan_options(
+        model="gpt2", gpu="rtx-4090", gpus=2, global_batch="8seq", seq_len=512, frameworks="fsdp2"
+    )
+    assert any(
+        g.reduce_dtype is DType.FP32 for g in enumerate_groups(more, flash_attention_used(more.base))[0]
+    )
+
+
+def test_plan_json_lists_every_candidate_only_when_asked() -> None:
+    """``plan --json`` carries the top rows (``candidates`` null); ``--all-candidates`` adds every
+    candidate searched; without --json it is refused in one line."""
+    args = [
+        "plan",
+        "--model",
+        "gpt2",
+        "--gpu",
+        "rtx-4090",
+        "--gpus",
+        "2",
+        "--global-batch",
+        "8seq",
+        "--top",
+        "1",
+    ]
+    small = runner.invoke(app, [*args, "--json"])
+    assert small.exit_code == 0, small.output
+    assert json.loads(small.stdout)["candidates"] is None
+    every = runner.invoke(app, [*args, "--json", "--all-candidates"])
+    data = json.loads(every.stdout)
+    assert len(data["candidates"]) == data["candidates_evaluated"] > 1
+    assert len(small.stdout) * 4 < len(every.stdout)
+    one_line_error(runner.invoke(app, [*args, "--all-candidates"]), "accepted: --json --all-candidates")
+
+
+def test_plan_prints_no_progress_lines_where_stderr_is_not_a_terminal(capsys: pytest.CaptureFixture) -> None:
+    """A search that has run past a second shows a bar on a terminal; on a pipe or a log, nothing."""
+    from zerocalc.cli.plan import _Progress
+
+    progress = _Progress()
+    progress.start -= 5.0
+    for done in range(1, 4):
+        progress.update(done, 10)
+    progress.close()
+    assert progress.bar is None and capsys.readouterr().err == ""

@@ -395,3 +395,22 @@ def test_every_mesh_candidates_step_is_comms_to_the_bit(space: dict) -> None:
         assert comm.time_s == row.comm_s, row.comm_options
         assert comm.step is not None
         assert {f: getattr(comm.step, f) for f in _STEP_FIELDS} == {f: getattr(row, f) for f in _STEP_FIELDS}
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--gpus", "8", "--global-batch", "64seq", "--tp", "3"],
+         "--tp 3 leaves nothing to search on 8 GPUs (8 a node): t·c·p does not divide the GPUs"),
+        (["--gpus", "16", "--global-batch", "64seq", "--tp", "3", "--pp", "3"],
+         "--tp 3 --pp 3 leave nothing to search on 8, 16 GPUs"),
+        (["--gpus", "8", "--global-batch", "3seq"],
+         "--global-batch 3 sequences leaves nothing to search on 8 GPUs (8 a node): GPU counts not dividing "
+         "the global batch"),
+    ],
+)  # fmt: skip
+def test_options_that_leave_nothing_to_search_are_refused(args: list[str], fragment: str) -> None:
+    """``plan --tp 3`` on nodes of 8: no number of GPUs searched takes a TP group of 3, so there is no
+    candidate at all; one line naming the degree and why, exit 2 (never 'No configuration fits', exit 0)."""
+    result = runner.invoke(app, ["plan", "--model", "llama-3-8b", "--gpu", "h100-80gb", *args])
+    one_line_error(result, fragment)

@@ -125,7 +125,14 @@ def test_unknown_preset_suggests_the_closest_names() -> None:
 
 def test_model_and_params_are_mutually_exclusive() -> None:
     result = runner.invoke(app, ["memory", "--model", "gpt2", "--params", "7B"])
-    assert result.exit_code == 2 and "not both" in result.stderr
+    assert result.exit_code == 2 and "give --params or --model, not both;" in result.stderr
+
+
+def test_neither_model_nor_params_asks_for_one_without_not_both() -> None:
+    """Bare ``zerocalc memory`` gave neither: the message asks for one, and says nothing of both."""
+    result = runner.invoke(app, ["memory"])
+    assert result.exit_code == 2 and "give --params or --model; accepted:" in result.stderr
+    assert "not both" not in result.stderr
 
 
 def test_gpu_preset_capacity_is_what_pytorch_sees_less_the_context() -> None:

@@ -379,11 +379,19 @@ def render_calibration(calibration: Calibration, checked: bool) -> None:
         [f"{f.collective.value}\n{f.group_kind.value} ({f.group_size})" for f in fits],
         [
             Column("α (µs)", [f"{f.latency_s * 1e6:,.1f}" for f in fits]),
-            Column("β\n(GB/s)", [f"{f.bus_bandwidth_Bps / 1e9:.3f}" for f in fits]),
+            Column(
+                "β\n(GB/s)",
+                [f"{f.bus_bandwidth_Bps / 1e9:.3f}{'*' if f.beta_from_peak else ''}" for f in fits],
+            ),
             Column("peak busbw\n(GB/s)", [f"{f.peak_busbw_Bps / 1e9:.3f}" for f in fits]),
             Column("points", [str(f.points) for f in fits]),
         ],
     )
+    if any(f.beta_from_peak for f in fits):
+        out.print(
+            "[yellow]· * β is the peak busbw, not a fit: the least-squares slope was not positive (times "
+            "that do not grow with size, or one point); a longer sweep (--max-bytes) fits it[/yellow]"
+        )
     if checked:
         total = sum(m.errors or 0 for m in calibration.measurements)
         out.print(

@@ -29,7 +29,7 @@ from zerocalc.parallel.framework_records.record import FrameworkRecord, ModelIni
 from zerocalc.parallel.frameworks import TORCH_SOURCES
 from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.pipeline import in_flight
-from zerocalc.parallel.strategies import STRATEGIES, Strategy, StrategyName
+from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName
 from zerocalc.peak.kinds import TensorKind
 from zerocalc.peak.report import (
     FrameworkStates,
@@ -86,6 +86,9 @@ def peak_options(request: TrainingRequest) -> PeakOptions:
         framework=request.framework,
         model_impl=request.model_code,
         optimizer_impl=request.framework_record.optimizer_impl(request.optimizer_impl),
+        optimizer_step=request.framework_record.offload_optimizer_step
+        if request.offload_optimizer is not OffloadTarget.NONE
+        else f"{request.framework_record.optimizer_impl(request.optimizer_impl).value} Adam",
         seq_len=a.seq_len,
         micro_batch=a.micro_batch,
         grad_accum=request.grad_accum,
@@ -107,6 +110,8 @@ def peak_options(request: TrainingRequest) -> PeakOptions:
         runtime_gpu=rt.name,
         context_bytes=rt.context_bytes,
         context_given=rt.context_given,
+        context_measured=rt.context_measured,
+        runtime_names=rt.names,
         nccl_communicator_bytes=rt.nccl_communicator_bytes,
         cublas_workspace_bytes=rt.cublas_workspace_bytes,
         gpu_memory_bytes=request.gpu_memory_bytes,
@@ -138,7 +143,8 @@ def term_sources(
         TensorKind.ACTIVATIONS: impl.source,
         TensorKind.LOSS: f"{impl.title}: logits and the cross-entropy ({impl.library})",
         TensorKind.INPUTS: "input ids = labels (int64), the model's buffers",
-        TensorKind.RUNTIME: f"cuBLAS workspaces ({request.runtime.name} preset) and runtime extras",
+        TensorKind.RUNTIME: f"{request.runtime.names.blas} workspaces ({request.runtime.name} preset) and "
+        "runtime extras",
         TensorKind.BUFFERS: profile.source,
         TensorKind.PIPELINE: pipeline_source(request),
         TensorKind.TRANSIENT: f"{impl.title}: intermediates inside one op or layer",

@@ -91,6 +91,7 @@ MEGATRON = FrameworkRecord(
     offload_params=(OffloadTarget.NONE,),
     offload_source="Megatron-Core optimizer CPU offload (optimizer_cpu_offload, optimizer_offload_fraction "
     "1.0, use_precision_aware_optimizer; megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py)",
+    offload_optimizer_step="Adam on the host (Megatron-Core HybridDeviceOptimizer)",
     offload_moves="the fp32 master copy, Adam's m and v and a copy of the main gradients on the host; the "
     "16-bit parameters and the fp32 main gradients stay on the GPU (the peak; this table is the paper's)",
     accepts="mixed-precision Adam; accepted: {precision} bf16-mixed or fp16-mixed with {optimizer} "
