@@ -298,6 +298,15 @@ class _Passes:
             backward = self._backward[moe] = LayerNodes(forward, program, tuple(rest), excess)
         return backward
 
+    def alloc_saves(self, i: int, group: str, saved: tuple[tuple[str, int], ...]) -> None:
+        """Layer ``i``'s saved tensors in its group; each its own entry where its backward program frees
+        them one by one (a ledger may otherwise keep a group's entries as one, :meth:`Ledger.alloc_group`
+        being the one-by-one way)."""
+        if self.nodes_of(i).program:
+            Ledger.alloc_group(self.led, group, saved, ACTIVATIONS)
+        else:
+            self.led.alloc_group(group, saved, ACTIVATIONS)
+
     def forward_peak(self, i: int, name: str, saves: LayerSaves) -> None:
         """Layer ``i``'s forward peak, ``name``: its tensors above the saved ones, each its own storage where
         written node by node, else ``forward_excess``."""
@@ -426,7 +435,7 @@ class _Passes:
                             item for item in saved
                             if item != ("attn_norm_input", step.stage.boundary_bytes)
                         )  # fmt: skip
-                    led.alloc_group(group, saved, ACTIVATIONS)
+                    self.alloc_saves(i, group, saved)
                     if hf and t.sliding_pattern and (global_layer(arch, i) + 1) % t.sliding_pattern:
                         led.alloc(
                             f"layer {i} sliding-window cache tensor{tag}", INT64, ACTIVATIONS,
@@ -571,7 +580,7 @@ class _Passes:
                 _run_program(led, i, saves.program, 0, output, self.hidden_bytes, "recompute", tag=tag)
                 led.free(output)
             elif self.checkpointed_layer(i):
-                led.alloc_group(f"layer {i}{tag}", saves.saved, ACTIVATIONS)
+                self.alloc_saves(i, f"layer {i}{tag}", saves.saved)
                 self.forward_peak(i, f"layer {i} recompute{tag}", saves)
             backward = self.nodes_of(i)
             if backward.program:
