@@ -12,7 +12,8 @@ DeepSpeed, Megatron-LM), or fp32 parameters cast for compute (PyTorch's FSDP, DD
 recipe, the layout and the kind of parameter, :func:`tensor_dtypes` returns the dtype of every
 :class:`~zerocalc.base.dtypes.TensorRole` — the one place every memory, communication and time model asks.
 A new recipe is an entry of :data:`RECIPES`; a new kind of parameter (frozen, quantised) an entry of
-:data:`KIND_RULES`.
+:data:`KIND_RULES`; an FP8 recipe (``--fp8``, on top of the 16-bit recipe) an entry of :data:`FP8_RECIPES`,
+which changes the roles of the Linear weights it converts by its library's rule (:data:`FP8_RULES`).
 """
 
 from __future__ import annotations
@@ -188,6 +189,112 @@ KIND_RULES: dict[ParamKind, dict[TensorRole, _Source]] = {
 tensors)."""
 
 
+# ------------------------------------------------------------------------------------------------- FP8
+class Fp8RecipeName(StrEnum):
+    """An FP8 training recipe (``--fp8``): its GEMMs run in FP8 on top of the 16-bit recipe."""
+
+    NONE = "none"
+    TENSORWISE = "tensorwise"
+    ROWWISE = "rowwise"
+    ROWWISE_GW_HP = "rowwise-gw-hp"
+    DELAYED = "delayed"
+    CURRENT = "current"
+    BLOCKWISE = "blockwise"
+    MXFP8 = "mxfp8"
+
+
+class Fp8Library(StrEnum):
+    """Whose FP8 Linear layers run a recipe."""
+
+    TORCHAO = "torchao"
+    """torchao 0.18 ``torchao/float8/float8_linear.py`` ``Float8Linear`` (``convert_to_float8_training``)."""
+    TRANSFORMER_ENGINE = "transformer_engine"
+    """Transformer Engine 2.x ``transformer_engine/pytorch/module/linear.py`` ``Linear``."""
+
+
+class Fp8Recipe(NamedTuple):
+    """What an FP8 recipe keeps besides the 16-bit recipe's tensors."""
+
+    name: Fp8RecipeName
+    library: Fp8Library
+    scaling: str
+    """How its scales are laid out, in words."""
+    weight_block: int
+    """Elements of a weight sharing one fp32 scale (0: one scale per tensor)."""
+    amax_history: bool
+    """It keeps a history of amaxes per FP8 tensor (DelayedScaling)."""
+    all_gather: bool
+    """Its weights can be all-gathered in FP8 (torchao ``enable_fsdp_float8_all_gather``, tensorwise only;
+    Megatron-LM ``--fp8-param-gather``)."""
+    source: str
+
+
+_TORCHAO = "torchao 0.18 torchao/float8/config.py Float8LinearConfig.from_recipe_name"
+_TE = "Transformer Engine 2.x transformer_engine/common/recipe/__init__.py"
+FP8_RECIPES: dict[Fp8RecipeName, Fp8Recipe] = {
+    recipe.name: recipe
+    for recipe in (
+        Fp8Recipe(Fp8RecipeName.TENSORWISE, Fp8Library.TORCHAO, "one dynamic scale per tensor", 0, False,
+                  True, f"{_TORCHAO} (TENSORWISE; float8/fsdp_utils.py WeightWithDynamicFloat8CastTensor)"),
+        Fp8Recipe(Fp8RecipeName.ROWWISE, Fp8Library.TORCHAO, "one dynamic scale per row", 0, False, False,
+                  f"{_TORCHAO} (ROWWISE)"),
+        Fp8Recipe(Fp8RecipeName.ROWWISE_GW_HP, Fp8Library.TORCHAO,
+                  "one dynamic scale per row; the weight gradient's GEMM in high precision", 0, False, False,
+                  f"{_TORCHAO} (ROWWISE_WITH_GW_HP)"),
+        Fp8Recipe(Fp8RecipeName.DELAYED, Fp8Library.TRANSFORMER_ENGINE,
+                  "one scale per tensor from an amax history", 0, True, True, f"{_TE} DelayedScaling"),
+        Fp8Recipe(Fp8RecipeName.CURRENT, Fp8Library.TRANSFORMER_ENGINE, "one current scale per tensor", 0,
+                  False, True, f"{_TE} Float8CurrentScaling"),
+        Fp8Recipe(Fp8RecipeName.BLOCKWISE, Fp8Library.TRANSFORMER_ENGINE,
+                  "1×128 blocks of activations, 128×128 blocks of weights", 128 * 128, False, True,
+                  f"{_TE} Float8BlockScaling (DeepSeek-V3's)"),
+        Fp8Recipe(Fp8RecipeName.MXFP8, Fp8Library.TRANSFORMER_ENGINE, "one E8M0 scale per 32 elements", 32,
+                  False, True, f"{_TE} MXFP8BlockScaling (Blackwell)"),
+    )
+}  # fmt: skip
+
+
+class Fp8Use(NamedTuple):
+    """How a converted Linear weight runs an FP8 recipe (the key of its roles' rules)."""
+
+    recipe: Fp8RecipeName
+    all_gather: bool = False
+    """Its weight is all-gathered in FP8."""
+    model_init: bool = False
+    """Only the FP8 weight is kept, no high-precision copy (TE ``fp8_model_init``/``quantized_model_init``,
+    Megatron-LM ``--fp8-param-gather``)."""
+
+
+FP8_RULES: dict[Fp8Library, dict[TensorRole, _Source]] = {
+    Fp8Library.TORCHAO: {_R.GEMM_INPUT: DType.FP8},
+    Fp8Library.TRANSFORMER_ENGINE: {_R.GEMM_INPUT: DType.FP8, _R.ACTIVATION: DType.FP8},
+}
+"""What a library's FP8 Linear changes of a converted weight's roles. torchao 0.18 ``float8_linear.py``
+``matmul_with_hp_or_float8_args.forward``: ``ctx.save_for_backward(input_hp, weight_hp_t)``, the
+high-precision input and weight saved, their fp8 casts transient, gradients out in the input's dtype. TE 2.x
+``module/linear.py`` ``_Linear.forward``: the input quantised once, its fp8 copy saved for the weight
+gradient (``save_for_backward(inputmat, weightmat, ...)``), the output and gradients in the
+activation dtype."""
+FP8_ALL_GATHER_RULE: dict[TensorRole, _Source] = {_R.ALL_GATHER: DType.FP8, _R.COMPUTE: DType.FP8}
+"""The weight all-gathered in FP8 and used as gathered: torchao 0.18 ``fsdp_utils.py``
+``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather`` casts the shard to fp8 (its scale travels as
+metadata) and ``fsdp_post_all_gather`` wraps the gathered bytes as a ``Float8TrainingTensor``; Megatron-LM
+``--fp8-param-gather``: the distributed optimizer gathers the fp8 parameters."""
+FP8_MODEL_INIT_RULE: dict[TensorRole, _Source] = {_R.STORED: DType.FP8, _R.COMPUTE: DType.FP8}
+"""Only the FP8 weight is kept (TE 2.x ``pytorch/quantization.py`` ``quantized_model_init``, formerly
+``fp8_model_init``): the stored parameter is the quantised tensor, the optimizer keeps the fp32 master."""
+
+
+def fp8_rules(use: Fp8Use) -> dict[TensorRole, _Source]:
+    """What ``use`` changes of a converted Linear weight's roles."""
+    rules = {**FP8_RULES[FP8_RECIPES[use.recipe].library]}
+    if use.all_gather:
+        rules.update(FP8_ALL_GATHER_RULE)
+    if use.model_init:
+        rules.update(FP8_MODEL_INIT_RULE)
+    return rules
+
+
 class TensorDtypes(NamedTuple):
     """The dtype of every role of one kind of parameter under one recipe and layout (None: no such
     tensor)."""
@@ -220,16 +327,20 @@ def tensor_dtypes(
     main_gradient: DType | None = None,
     reduce: DType | None = None,
     kind: ParamKind = ParamKind.TRAINABLE,
+    fp8: Fp8Use | None = None,
 ) -> TensorDtypes:
     """Every role's dtype: the layout's rule for the recipe (:data:`LAYOUT_RULES`), the framework's own
     main-gradient dtype where it has one (Megatron-LM's fp32 ``main_grad``), ``--reduce-dtype`` where given,
-    and the kind's changes (:data:`KIND_RULES`)."""
+    an FP8 recipe's changes to a Linear weight it converts (:func:`fp8_rules`) and the kind's changes
+    (:data:`KIND_RULES`)."""
     recipe = RECIPES[precision]
     rules: dict[TensorRole, _Source] = {**LAYOUT_RULES[layout]}
     if main_gradient is not None:
         rules[TensorRole.MAIN_GRADIENT] = main_gradient
     if reduce is not None:
         rules[TensorRole.REDUCE] = reduce
+    if fp8 is not None:
+        rules.update(fp8_rules(fp8))
     rules.update(KIND_RULES[kind])
     resolved: dict[TensorRole, DType | None] = {}
 

@@ -197,6 +197,26 @@ OPTIONS: tuple[Option, ...] = (
     _opt("reduce_dtype", ("--reduce-dtype",),
          "The dtype gradients are reduced in: fp32, or the gradients' own (bf16 under bf16-mixed, fp16 "
          "under fp16-mixed).", ESTIMATES, value_type=OPT_STR, default_help="the gradient dtype"),
+    # FP8 training (zerocalc.request.fp8 parses these into one Fp8Setting)
+    _opt("fp8", ("--fp8",),
+         "FP8 recipe: none; torchao's tensorwise, rowwise, rowwise-gw-hp (fsdp2, torchtitan code); "
+         "Transformer Engine's delayed, current, blockwise, mxfp8 (megatron).", ESTIMATES,
+         default="none", value_type=STR),
+    _opt("fp8_all_gather", ("--fp8-all-gather",),
+         "All-gather the FP8 weights in FP8 (FSDP2 float8 all-gather, tensorwise; Megatron-LM "
+         "--fp8-param-gather).", ESTIMATES, kind=Kind.SWITCH, value_type="bool | None",
+         negative="--no-fp8-all-gather", default_help="off"),
+    _opt("fp8_precompute_scales", ("--fp8-precompute-scales",),
+         "With --fp8-all-gather under fsdp2: every weight's FP8 scale in one all-reduce after the "
+         "optimizer step (torchao's precomputed dynamic scales).", ESTIMATES, default=False,
+         kind=Kind.FLAG, value_type=BOOL),
+    _opt("fp8_model_init", ("--fp8-model-init",),
+         "Keep only the FP8 weights, no high-precision copy (Transformer Engine quantized_model_init).",
+         ESTIMATES, default=False, kind=Kind.FLAG, value_type=BOOL),
+    _opt("fp8_skip", ("--fp8-skip",),
+         "Modules left in high precision, a comma list matched inside each module's name, zerocalc's or "
+         "torchtitan's (output, attention.wq; torchtitan filter_fqns).", ESTIMATES, value_type=LIST,
+         metavar="MODULES", default_help="none (megatron: output)"),
     # ---------------------------------------------------------------------------------- the step
     _opt("seq_len", ("--seq-len",),
          "s: tokens per sequence, 4096 or 8k (k = 1,024, M = 1,048,576: 8k = 8,192); activations need "

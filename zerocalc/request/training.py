@@ -67,6 +67,7 @@ from zerocalc.network.links import (
     LinkFigures,
 )
 from zerocalc.network.schedule import GradSync, ZeroPP
+from zerocalc.parallel.fp8 import NO_FP8, Fp8Setting
 from zerocalc.parallel.framework_records import (
     FRAMEWORKS,
     data_parallel_mesh,
@@ -81,6 +82,7 @@ from zerocalc.parallel.optimizers import OptimizerImpl, OptimizerName
 from zerocalc.parallel.pipeline import INTERLEAVED, chunk_layers, mesh_stage_layers, split_problem
 from zerocalc.parallel.precision import RECIPES, ParamLayout, PrecisionName, TensorDtypes
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName, find_strategy
+from zerocalc.request.fp8 import fp8_strategy_problem, parse_fp8
 from zerocalc.request.options import Command, option, options_for
 from zerocalc.request.problems import architecture_problem, offload_record_problem, record_problem
 
@@ -253,6 +255,7 @@ class TrainingRequest(BaseModel):
     strategy_notes: tuple[str, ...] = ()
     """Strategies of the default set left out, and why."""
     reduce_dtype: DType | None = Field(default=None, description="None: the gradient dtype")
+    fp8: Fp8Setting = NO_FP8
     activations: ActivationOptions = ActivationOptions()
     buffers: BufferOptions = BufferOptions()
     gpu: GpuChoice | None = None
@@ -407,6 +410,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         strategies=explicit or default_strategies(framework),
         strategies_explicit=explicit is not None,
         reduce_dtype=reduce_dtype,
+        fp8=parse_fp8(o, framework, model_impl),
         activations=activations,
         buffers=buffers,
         gpu=gpu,
@@ -428,6 +432,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
     )
     resolved = _resolve_strategies(request)
     problem = _ignored_problem(o, resolved) or _model_code_problem(resolved) or _recompute_problem(resolved)
+    problem = problem or fp8_strategy_problem(resolved.framework, resolved.fp8, resolved.strategies)
     if problem:
         raise InputError(problem)
     return resolved
