@@ -162,3 +162,86 @@ def test_torchtitan_names_its_modules_as_its_llama_does() -> None:
     assert torchtitan_fqn("layers.3.attn.q_proj") == "layers.3.attention.wq"
     assert torchtitan_fqn("layers.3.mlp.down_proj") == "layers.3.feed_forward.w2"
     assert torchtitan_fqn("lm_head") == "output"
+
+
+# ------------------------------------------------------------------------------------------- collectives
+LAYER_LINEAR = 2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 14336 * 4096
+"""Llama-3-8B: q and o 4096², k and v 1024 × 4096 (8 KV heads of 128), gate, up and down 14336 × 4096."""
+LAYER_NORMS = 2 * 4096
+ROOT = 2 * 128256 * 4096 + 4096
+"""The embedding and the output layer (untied), 128256 × 4096 each, and the final norm."""
+
+
+def _collectives(*args: str) -> list[dict[str, object]]:
+    import json
+
+    result = runner.invoke(
+        app,
+        ["comm", *LLAMA, "--framework", "fsdp2", "--strategy", "zero3", "--micro-batch", "1", "--seq-len",
+         "8192", "--json", *args],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["strategies"][0]["collectives"]
+
+
+def test_the_fp8_all_gather_moves_decoder_linear_weights_at_one_byte_and_the_rest_in_bf16() -> None:
+    """By hand: each of the 32 blocks' all-gather moves its 7 Linear weights at 1 B and its 2 norms at 2 B;
+    the root's (forward only: never resharded) the embedding, the skipped output layer and the final norm at
+    2 B; the amax of each of the 7 × 32 fp8 weights is all-reduced before each of its all-gathers (4 B);
+    the reduce-scatter stays bf16."""
+    rows = {(c["op"], c["phase"]): c for c in _collectives(
+        "--fp8", "tensorwise", "--fp8-all-gather", "--fp8-skip", "output")}  # fmt: skip
+    block = LAYER_LINEAR + 2 * LAYER_NORMS
+    assert rows["all_gather", "forward"]["message_bytes"] == 32 * block + 2 * ROOT
+    assert rows["all_gather", "forward"]["dtype"] == "fp8"
+    assert rows["all_gather", "backward"]["message_bytes"] == 32 * block
+    assert rows["all_reduce", "forward"]["calls_per_step"] == 7 * 32
+    assert rows["all_reduce", "backward"]["message_bytes"] == 7 * 32 * 4
+    bf16 = {(c["op"], c["phase"]): c for c in _collectives()}
+    assert rows["reduce_scatter", "backward"] == bf16["reduce_scatter", "backward"]
+    assert bf16["all_gather", "forward"]["message_bytes"] == 2 * (32 * (LAYER_LINEAR + LAYER_NORMS) + ROOT)
+
+
+def test_precomputed_scales_are_one_stacked_all_reduce_after_the_step() -> None:
+    rows = _collectives("--fp8", "tensorwise", "--fp8-all-gather", "--fp8-precompute-scales")
+    reduces = [c for c in rows if c["op"] == "all_reduce"]
+    assert [(c["phase"], c["calls_per_step"], c["message_bytes"]) for c in reduces] == [
+        ("after_step", 1, (7 * 32 + 1) * 4)  # the output layer converted too (no --fp8-skip)
+    ]
+
+
+def test_without_the_fp8_all_gather_the_collectives_are_bf16s() -> None:
+    assert _collectives("--fp8", "rowwise") == _collectives()
+
+
+def test_a_torchtitan_float8_job_moves_what_the_flags_move(tmp_path: Path) -> None:
+    path = tmp_path / "float8.toml"
+    path.write_text(
+        '[model]\nname = "llama3"\nflavor = "8B"\nconverters = ["quantize.linear.float8"]\n'
+        "[parallelism]\ndata_parallel_shard_degree = 8\n[training]\nlocal_batch_size = 1\nseq_len = 8192\n"
+        'mixed_precision_reduce = "bfloat16"\n'
+        '[quantize.linear.float8]\nenable_fsdp_float8_all_gather = true\nfilter_fqns = ["output"]\n'
+    )
+    import json
+
+    result = runner.invoke(app, ["comm", "--torchtitan", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    from_file = json.loads(result.stdout)["strategies"][0]["collectives"]
+    flags = _collectives(
+        "--model-impl", "torchtitan", "--fp8", "tensorwise", "--fp8-all-gather", "--fp8-skip", "output"
+    )
+    assert [(c["op"], c["phase"], c["message_bytes"]) for c in from_file] == [
+        (c["op"], c["phase"], c["message_bytes"]) for c in flags
+    ]
+
+
+def test_megatrons_fp8_parameter_gather_moves_fp8_weights() -> None:
+    import json
+
+    result = runner.invoke(
+        app, ["comm", *LLAMA, "--framework", "megatron", "--strategy", "zero1", "--fp8", "delayed",
+              "--fp8-all-gather", "--json"],
+    )  # fmt: skip
+    rows = {c["op"]: c for c in json.loads(result.stdout)["strategies"][0]["collectives"]}
+    assert rows["all_gather"]["message_bytes"] == 32 * (LAYER_LINEAR + 2 * LAYER_NORMS) + 2 * ROOT
+    assert rows["reduce_scatter"]["dtype"] == "fp32"
