@@ -27,6 +27,7 @@ from zerocalc.parallel.mesh import PpSchedule
 from zerocalc.parallel.pipeline import boundary_elements, in_flight, rank_passes, window
 from zerocalc.parallel.strategies import STRATEGIES, BufferRule, OffloadTarget, StrategyName
 from zerocalc.peak.allocator import CachingAllocator
+from zerocalc.peak.fp8 import fp8_gather_bytes
 from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.peak.ledger import Event, Ledger
 from zerocalc.peak.mechanics import Accounting, Accumulation, Ddp, Fsdp1, Fsdp2, Mechanics, Unit
@@ -344,6 +345,7 @@ def _mechanics(
                 accumulation=accumulation,
                 pipelined=request.mesh.pp > 1,
                 chunk_starts=_chunk_starts(request),
+                gather_bytes=fp8_gather_bytes(request.architecture, request.fp8, dtypes.compute.bytes, world),
             ), activation_bytes(request)
         if setup.wrapper is TorchWrapper.FSDP1:
             no_shard = setup.sharding is Fsdp1Sharding.NO_SHARD or world == 1
