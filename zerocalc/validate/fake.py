@@ -122,6 +122,13 @@ def not_claimed(config: dict[str, Any], arch: Architecture, case: FakeCase) -> s
     """Why the case is measured and shown but not claimed exact (None: claimed). ``config`` is the
     config.json transformers builds (the sliding window is read there: the architecture has none)."""
     family = arch.family or "llama"
+    if case.fp8 is not Fp8RecipeName.NONE:
+        return (
+            "torchao's eager fp8 casts are not in the timeline: each cast of an n-element tensor holds an "
+            "fp32 scaled and an fp32 clamped copy beside its fp8 result, about 9n bytes for a moment "
+            "(float8_training_tensor.py _ToFloat8ConstrFunc, float8_utils.py to_fp8_saturated); a peak "
+            "falling inside one is under-predicted"
+        )
     if max(arch.residual_dropout, arch.embedding_dropout, arch.attention_dropout) > 0:
         return (
             "dropout on the CPU takes a slow path (bf16 noise tensors, SDPA's math kernel with the score "
