@@ -245,3 +245,49 @@ def test_megatrons_fp8_parameter_gather_moves_fp8_weights() -> None:
     rows = {c["op"]: c for c in json.loads(result.stdout)["strategies"][0]["collectives"]}
     assert rows["all_gather"]["message_bytes"] == 32 * (LAYER_LINEAR + 2 * LAYER_NORMS) + 2 * ROOT
     assert rows["reduce_scatter"]["dtype"] == "fp32"
+
+
+# ------------------------------------------------------------------------------------------ model states
+CONVERTED = 32 * LAYER_LINEAR
+PARAMS = 8_030_261_248
+
+
+def _megatron_params(*args: str) -> dict[str, int]:
+    import json
+
+    result = runner.invoke(
+        app, ["memory", *LLAMA, "--framework", "megatron", "--strategy", "zero1", "--json", *args]
+    )
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["strategies"][0]["states"][0]["parts"]
+
+
+def test_transformer_engine_keeps_two_fp8_usages_of_each_converted_weight_beside_its_bf16_parameter() -> None:
+    """TE 2.x ``module/linear.py``: the weight quantised rowwise and columnwise, cached across steps; the
+    output layer is Megatron-LM's own ColumnParallelLinear (not converted)."""
+    assert _megatron_params() == {"params_bf16": 2 * PARAMS}
+    assert _megatron_params("--fp8", "delayed") == {
+        "params_bf16": 2 * PARAMS,
+        "fp8_weight_copies_fp8": 2 * CONVERTED,
+    }
+    assert _megatron_params("--fp8", "mxfp8")["fp8_scales"] == 2 * CONVERTED // 32  # E8M0, one per 32
+    assert _megatron_params("--fp8", "blockwise")["fp8_scales"] == 2 * 4 * -(-CONVERTED // (128 * 128))
+
+
+def test_megatrons_fp8_parameter_gather_drops_the_bf16_copy_of_the_converted_weights() -> None:
+    assert _megatron_params("--fp8", "current", "--fp8-all-gather") == {
+        "params_bf16": 2 * (PARAMS - CONVERTED),
+        "fp8_params_fp8": 2 * CONVERTED,
+    }
+
+
+def test_torchaos_recipes_leave_fsdp2s_model_states_as_they_are() -> None:
+    import json
+
+    def states(*args: str) -> list[dict[str, object]]:
+        result = runner.invoke(
+            app, ["memory", *LLAMA, "--framework", "fsdp2", "--strategy", "zero3", "--json", *args]
+        )
+        return json.loads(result.stdout)["strategies"][0]["states"]
+
+    assert states("--fp8", "tensorwise", "--fp8-all-gather") == states()

@@ -17,9 +17,10 @@ or as torchtitan does (``output``, ``layers.0.attention.wq``: :func:`torchtitan_
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
-from zerocalc.model.architecture import ParamTensor
+from zerocalc.model.architecture import Architecture, ParamTensor, parameter_tensors
 from zerocalc.parallel.precision import FP8_RECIPES, Fp8Recipe, Fp8RecipeName, Fp8Use
 
 FP8_ALIGNMENT = 16
@@ -100,3 +101,9 @@ class Fp8Setting(NamedTuple):
 
 
 NO_FP8 = Fp8Setting()
+
+
+@lru_cache(maxsize=64)
+def converted_elements(arch: Architecture, fp8: Fp8Setting) -> int:
+    """The elements of ``arch``'s weights ``fp8`` converts (as this rank holds them)."""
+    return sum(t.numel for t in parameter_tensors(arch) if fp8.converts(t))

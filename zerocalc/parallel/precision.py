@@ -220,7 +220,9 @@ class Fp8Recipe(NamedTuple):
     scaling: str
     """How its scales are laid out, in words."""
     weight_block: int
-    """Elements of a weight sharing one fp32 scale (0: one scale per tensor)."""
+    """Elements of a weight sharing one scale (0: one scale per tensor)."""
+    scale_bytes: int
+    """Bytes of one scale (fp32 4; MXFP8's E8M0 1)."""
     amax_history: bool
     """It keeps a history of amaxes per FP8 tensor (DelayedScaling)."""
     all_gather: bool
@@ -234,21 +236,21 @@ _TE = "Transformer Engine 2.x transformer_engine/common/recipe/__init__.py"
 FP8_RECIPES: dict[Fp8RecipeName, Fp8Recipe] = {
     recipe.name: recipe
     for recipe in (
-        Fp8Recipe(Fp8RecipeName.TENSORWISE, Fp8Library.TORCHAO, "one dynamic scale per tensor", 0, False,
+        Fp8Recipe(Fp8RecipeName.TENSORWISE, Fp8Library.TORCHAO, "one dynamic scale per tensor", 0, 4, False,
                   True, f"{_TORCHAO} (TENSORWISE; float8/fsdp_utils.py WeightWithDynamicFloat8CastTensor)"),
-        Fp8Recipe(Fp8RecipeName.ROWWISE, Fp8Library.TORCHAO, "one dynamic scale per row", 0, False, False,
+        Fp8Recipe(Fp8RecipeName.ROWWISE, Fp8Library.TORCHAO, "one dynamic scale per row", 0, 4, False, False,
                   f"{_TORCHAO} (ROWWISE)"),
         Fp8Recipe(Fp8RecipeName.ROWWISE_GW_HP, Fp8Library.TORCHAO,
-                  "one dynamic scale per row; the weight gradient's GEMM in high precision", 0, False, False,
+                  "one dynamic scale per row; the weight gradient's GEMM in high precision", 0, 4, False, False,
                   f"{_TORCHAO} (ROWWISE_WITH_GW_HP)"),
         Fp8Recipe(Fp8RecipeName.DELAYED, Fp8Library.TRANSFORMER_ENGINE,
-                  "one scale per tensor from an amax history", 0, True, True, f"{_TE} DelayedScaling"),
-        Fp8Recipe(Fp8RecipeName.CURRENT, Fp8Library.TRANSFORMER_ENGINE, "one current scale per tensor", 0,
+                  "one scale per tensor from an amax history", 0, 4, True, True, f"{_TE} DelayedScaling"),
+        Fp8Recipe(Fp8RecipeName.CURRENT, Fp8Library.TRANSFORMER_ENGINE, "one current scale per tensor", 0, 4,
                   False, True, f"{_TE} Float8CurrentScaling"),
         Fp8Recipe(Fp8RecipeName.BLOCKWISE, Fp8Library.TRANSFORMER_ENGINE,
-                  "1×128 blocks of activations, 128×128 blocks of weights", 128 * 128, False, True,
+                  "1×128 blocks of activations, 128×128 blocks of weights", 128 * 128, 4, False, True,
                   f"{_TE} Float8BlockScaling (DeepSeek-V3's)"),
-        Fp8Recipe(Fp8RecipeName.MXFP8, Fp8Library.TRANSFORMER_ENGINE, "one E8M0 scale per 32 elements", 32,
+        Fp8Recipe(Fp8RecipeName.MXFP8, Fp8Library.TRANSFORMER_ENGINE, "one E8M0 scale per 32 elements", 32, 1,
                   False, True, f"{_TE} MXFP8BlockScaling (Blackwell)"),
     )
 }  # fmt: skip

@@ -47,6 +47,7 @@ from zerocalc.parallel.precision import RECIPES, ParamLayout, PrecisionName, Ten
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName, row_named
 from zerocalc.request.options import OptionsEcho
 from zerocalc.request.training import TrainingRequest
+from zerocalc.states.fp8 import te_param_parts
 
 SCHEMA_VERSION = 2
 GRAD_ACCUM_DTYPE = DType.FP32
@@ -351,14 +352,14 @@ def strategy_states(strategy: Strategy, request: TrainingRequest) -> list[StateS
     # are produced on the host from them); replicated ZeRO-1 gradients stay on the GPU.
     grads_on_host = offload_opt is not OffloadTarget.NONE and strategy.grads is not None
     grad_location = Location.CPU if grads_on_host else Location.GPU
-    param_dtype, grad_dtype = dtypes.stored, dtypes.main_gradient
+    grad_dtype = dtypes.main_gradient
     states = [
         *state_shards(
             StateKind.PARAMS,
             params_group(strategy, request),
             LOCATIONS[request.offload_params],
             request,
-            tensor_parts(f"params_{param_dtype.value}", param_dtype),
+            te_param_parts(request, state_parts(request)[0].params),
         ),
         *state_shards(
             StateKind.GRADS,
