@@ -291,3 +291,20 @@ def test_torchaos_recipes_leave_fsdp2s_model_states_as_they_are() -> None:
         return json.loads(result.stdout)["strategies"][0]["states"]
 
     assert states("--fp8", "tensorwise", "--fp8-all-gather") == states()
+
+
+def test_the_memory_output_says_what_the_recipe_converts() -> None:
+    result = runner.invoke(app, ["memory", *LLAMA, "--framework", "megatron", "--fp8", "delayed", "--json"])
+    notes = [n for n in __import__("json").loads(result.stdout)["notes"] if n.startswith("--fp8")]
+    assert notes == [
+        "--fp8 delayed (transformer_engine: one scale per tensor from an amax history): 224 Linear weights "
+        "(6.98B elements) run their GEMMs in fp8; skipped: output; embeddings, norms and the rest stay in "
+        "high precision"
+    ]
+
+
+def test_an_fp8_recipe_needs_the_models_tensors() -> None:
+    one_line_error(
+        runner.invoke(app, ["memory", "--params", "7B", "--framework", "megatron", "--fp8", "delayed"]),
+        "--fp8 delayed without --model: which Linear weights it converts follows the model's tensors",
+    )

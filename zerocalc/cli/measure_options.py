@@ -123,7 +123,7 @@ MEASURE_OPTIONS: tuple[Option, ...] = (
          "none, or torchao's tensorwise, rowwise or rowwise-gw-hp: convert_to_float8_training on every "
          "nn.Linear but the LM head (and dimensions not divisible by 16).", {FAKE}, default="none"),
     _opt("fp8_all_gather", ("--fp8-all-gather",),
-         "With --fp8 tensorwise: FSDP2 all-gathers the fp8 weights (enable_fsdp_float8_all_gather).",
+         "With --fp8 tensorwise: FSDP2 all-gathers the fp8 weights (torchao's float8 all-gather).",
          {FAKE}, default=False, kind=Kind.FLAG),
     # ---------------------------------------------------------------------------------- the parallelism
     _opt("tp", ("--tp",),

@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from zerocalc.base.errors import InputError, shown
+from zerocalc.base.units import format_count
+from zerocalc.model.architecture import Architecture, parameter_tensors
 from zerocalc.model.code import ModelImplName
 from zerocalc.parallel.fp8 import NO_FP8, Fp8Setting
 from zerocalc.parallel.framework_records import FRAMEWORKS
@@ -108,10 +110,16 @@ def parse_fp8(o: Any, framework: Framework, model_impl: ModelImplName) -> Fp8Set
 
 
 def fp8_strategy_problem(
-    framework: Framework, fp8: Fp8Setting, strategies: tuple[StrategyName, ...]
+    framework: Framework, fp8: Fp8Setting, strategies: tuple[StrategyName, ...], architecture: bool = True
 ) -> str | None:
-    """A strategy that cannot gather FP8 parameters under ``framework`` (Megatron-LM ``arguments.py``:
-    ``--fp8-param-gather only supported with distributed optimizer``), or None."""
+    """An FP8 recipe without the model's tensors (which weights convert follows them), or a strategy that
+    cannot gather FP8 parameters under ``framework`` (Megatron-LM ``arguments.py``: "--fp8-param-gather
+    only supported with distributed optimizer"); None when neither."""
+    if fp8.on and not architecture:
+        return (
+            f"{{fp8}} {fp8.recipe.value} without {{model}}: which Linear weights it converts follows the "
+            "model's tensors; accepted: {model} NAME or config.json"
+        )
     support = FRAMEWORKS[framework].fp8
     if not fp8.all_gather or support is None or not support.all_gather_keeps_fp8_params:
         return None
@@ -121,3 +129,22 @@ def fp8_strategy_problem(
             f"{support.all_gather}; accepted: {{strategies}} zero1, or no {{fp8_all_gather}}"
         )
     return None
+
+
+def fp8_notes(fp8: Fp8Setting, arch: Architecture | None) -> tuple[str, ...]:
+    """What the FP8 recipe converts, for the output (none without a recipe)."""
+    if not fp8.on:
+        return ()
+    recipe = fp8.record
+    what = f"{{fp8}} {recipe.name.value} ({recipe.library.value}: {recipe.scaling})"
+    gathered = ", all-gathered in fp8" if fp8.all_gather else ""
+    kept = "; only the fp8 weights kept" if fp8.model_init else ""
+    skipped = f"; skipped: {', '.join(fp8.skip)}" if fp8.skip else ""
+    if arch is None:
+        return (f"{what}: every Linear weight with dimensions multiples of 16{gathered}{kept}{skipped}",)
+    converted = [t for t in parameter_tensors(arch) if fp8.converts(t)]
+    elements = sum(t.numel for t in converted)
+    return (
+        f"{what}: {len(converted):,} Linear weights ({format_count(elements)} elements) run their GEMMs in "
+        f"fp8{gathered}{kept}{skipped}; embeddings, norms and the rest stay in high precision",
+    )

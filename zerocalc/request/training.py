@@ -82,7 +82,7 @@ from zerocalc.parallel.optimizers import OptimizerImpl, OptimizerName
 from zerocalc.parallel.pipeline import INTERLEAVED, chunk_layers, mesh_stage_layers, split_problem
 from zerocalc.parallel.precision import RECIPES, ParamLayout, PrecisionName, TensorDtypes
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName, find_strategy
-from zerocalc.request.fp8 import fp8_strategy_problem, parse_fp8
+from zerocalc.request.fp8 import fp8_notes, fp8_strategy_problem, parse_fp8
 from zerocalc.request.options import Command, option, options_for
 from zerocalc.request.problems import architecture_problem, offload_record_problem, record_problem
 
@@ -410,7 +410,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         strategies=explicit or default_strategies(framework),
         strategies_explicit=explicit is not None,
         reduce_dtype=reduce_dtype,
-        fp8=parse_fp8(o, framework, model_impl),
+        fp8=(fp8 := parse_fp8(o, framework, model_impl)),
         activations=activations,
         buffers=buffers,
         gpu=gpu,
@@ -428,11 +428,13 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         calibration=calibration,
         calibration_name=calibration_name,
         compute_calibration=_compute_calibration(o.compute_calibration),
-        notes=(*_model_notes(o.model), *position_notes),
+        notes=(*_model_notes(o.model), *position_notes, *fp8_notes(fp8, rank_model.architecture)),
     )
     resolved = _resolve_strategies(request)
     problem = _ignored_problem(o, resolved) or _model_code_problem(resolved) or _recompute_problem(resolved)
-    problem = problem or fp8_strategy_problem(resolved.framework, resolved.fp8, resolved.strategies)
+    problem = problem or fp8_strategy_problem(
+        resolved.framework, resolved.fp8, resolved.strategies, resolved.model.architecture is not None
+    )
     if problem:
         raise InputError(problem)
     return resolved
