@@ -8,8 +8,9 @@ import ast
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
-PACKAGE = Path(__file__).resolve().parent.parent / "zerocalc"
+PACKAGE = ROOT / "zerocalc"
 
 BELOW: dict[str, set[str]] = {}
 """What each package may import, besides itself (filled below, layer by layer)."""
