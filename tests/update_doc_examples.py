@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent / "docs")]
 
-from test_doc_examples import (
+from test_doc_examples import (  # noqa: E402 (found on the path set above)
     PAGES,
     ROOT,
     RUNS_PROCESSES,

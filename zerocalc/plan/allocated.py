@@ -6,7 +6,7 @@ accumulation) and not on the micro-batch or recompute, the model's on the micro-
 the configuration. So the search runs the framework's part once per configuration (whatever the micro-batch
 and recompute) and the model's once per (micro-batch, recompute), and each candidate's allocated peak is a
 maximum over the slots of a sum — the same number :func:`zerocalc.peak.simulate.simulate` gives for its steady
-step (tests/plan/test_plan.py). Where the stack is homogeneous both parts are run at a few layers (4 and 5) and
+step (tests/plan/). Where the stack is homogeneous both parts are run at a few layers (4 and 5) and
 extrapolated to L (:mod:`zerocalc.plan.layers`: exact under every framework, the framework's runs keeping the
 whole model's quantities); a stack that is not homogeneous is run at all L layers.
 """
