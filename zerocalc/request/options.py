@@ -199,7 +199,7 @@ OPTIONS: tuple[Option, ...] = (
          "under fp16-mixed).", ESTIMATES, value_type=OPT_STR, default_help="the gradient dtype"),
     # FP8 training (zerocalc.request.fp8 parses these into one Fp8Setting)
     _opt("fp8", ("--fp8",),
-         "FP8 recipe: none; torchao's tensorwise, rowwise, rowwise-gw-hp (fsdp2, torchtitan code); "
+         "FP8 recipe: none; torchao's tensorwise, rowwise, rowwise-gw-hp (fsdp2); "
          "Transformer Engine's delayed, current, blockwise, mxfp8 (megatron).", ESTIMATES,
          default="none", value_type=STR),
     _opt("fp8_all_gather", ("--fp8-all-gather",),
