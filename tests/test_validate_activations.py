@@ -86,6 +86,38 @@ def test_llama_layer_by_hand() -> None:
     assert sum(m.bytes for m in measured if m.region == "layer 1") == layer
 
 
+@pytest.mark.parametrize(("dtype", "act", "layer_bytes"), [("bf16", 2, 1_431_824), ("fp32", 4, 2_581_776)])
+def test_gpt_oss_layer_by_hand(dtype: str, act: int, layer_bytes: int) -> None:
+    """GPT-OSS (transformers 5.17 ``modeling_gpt_oss.py``, eager: ``_supports_sdpa = False``), per layer:
+    two ``GptOssRMSNorm`` (``(weight * x).to(dtype)``: the fp32 copy, rsqrt, the fp32 normalised tensor,
+    the output) 2·(8Th + 4T + act·Th); q, k and v repeated to a heads, the output 4·act·T·a·d; the sink
+    column: the row max's int64 indices 8·T·a and the softmax over s + 1 columns act·T·a·(s + 1); the
+    router's top-k indices and softmax over the k values (8 + act)·T·k; the experts (``grouped_mm``, S =
+    T·k): perm // k, perm, the sorted expert ids that index the biases and the inverse perm 4·8·S, the
+    sentinel mask S, offsets 4·E, the gathered tokens and the down output 2·act·S·h, the clamped SwiGLU's
+    gate/up output and five [S, f] tensors 7·act·S·f, the sorted routing weights act·S. Layer 0 also
+    keeps cos and sin [1, s, d/2]; the final norm and the LM head's input 8Th + 4T + act·Th. b 2, s 64."""
+    cfg = TINY_CONFIGS["gpt_oss"]
+    b, s = 2, 64
+    T, h, f, a, d = b * s, cfg["hidden_size"], cfg["intermediate_size"], cfg["num_attention_heads"], 16
+    E, k = cfg["num_local_experts"], cfg["num_experts_per_tok"]
+    S = T * k
+    norm = 8 * T * h + 4 * T + act * T * h
+    attention = 4 * act * T * a * d + 8 * T * a + act * T * a * (s + 1)
+    experts = 4 * 8 * S + S + 4 * E + 2 * act * S * h + 7 * act * S * f + act * S
+    layer = 2 * norm + attention + (8 + act) * T * k + experts
+    assert layer == layer_bytes
+    regions = predict_regions(_arch("gpt_oss"), Shape(b, s), dtype, "eager")
+    assert sum(t.bytes for t in regions["layer 1"]) == layer
+    assert sum(t.bytes for t in regions["layer 0"]) == layer + 2 * act * s * d // 2
+    assert sum(t.bytes for t in regions["final"]) == norm
+    model = saved_measure.build(cfg, dtype, "eager")
+    measured = saved_measure.measure(model, 2, b, s, cfg["vocab_size"])
+    for region in ("layer 0", "layer 1", "final"):  # layer 0 slides (window 16 < s), layer 1 does not
+        assert sum(m.bytes for m in measured if m.region == region) == sum(t.bytes for t in regions[region])
+    assert not_exact_reason("gpt_oss", "eager") is None
+
+
 def test_gemma_norm_keeps_one_plus_weight_in_fp32() -> None:
     """Gemma's ``output * (1.0 + self.weight.float())`` saves the fp32 sum over its width: four [h] per
     layer (the sandwich norms) and two [d] (the per-head q/k norms)."""
@@ -137,6 +169,10 @@ def test_cli_activations_table_and_exit_codes(monkeypatch: pytest.MonkeyPatch) -
         (["-s", "many"], "--seq-len 'many' is not accepted; accepted: a whole number"),
         (["--device", "cpu"], "No such option: --device"),
         (["--precision", "fp16"], "--precision 'fp16' is not accepted"),
+        (
+            ["--family", "gpt_oss", "--attention", "sdpa"],
+            "--attention 'sdpa' is not accepted for gpt_oss (its transformers code has no SDPA",
+        ),
     ],
 )
 def test_cli_activations_bad_input(args: list[str], fragment: str) -> None:

@@ -100,14 +100,13 @@ NOT_EXACT: dict[tuple[str, str | None], str] = {
     ("deepseek_v3", None): "multi-head latent attention (kv_a/kv_b split, interleaved rotary on a cat of "
     "nope and pe) and the sigmoid group router are derived from the source, not yet term by term",
     ("gemma2", "eager"): "eager attention's logit soft-capping (tanh over [b, a, s, s]) is not written out",
-    ("gpt_oss", None): "no activation profile of its own yet: eager attention with a sink column "
-    "concatenated to the logits, sliding-window masks on alternate layers, a top-k-then-softmax router and "
-    "clamped SwiGLU experts with biases are not written out (the llama-like defaults stand in)",
 }
 """Model code the ``hf`` profile does not claim to the byte, keyed by (family, attention or None for
 both), with the reason. Measured on the tiny configs (torch 2.13 CPU, transformers 5.17, b=2 s=64, see
-README): falcon −29.5% … +37%, deepseek_v3 −0.6% … +5.4%, gemma2 eager +6.4% … +9.6% of the saved bytes;
-gpt_oss (eager: transformers runs it so only) −20.7% … −6.9%, low."""
+README): falcon −29.5% … +37%, deepseek_v3 −0.6% … +5.4%, gemma2 eager +6.4% … +9.6% of the saved bytes.
+gpt_oss (eager only: ``GptOssPreTrainedModel._supports_sdpa`` is False) is exact with its own traits
+(``zerocalc.model.hf_config`` ``FAMILIES["gpt_oss"]``); Llama's traits in their place give −20.7% … −6.9%,
+low."""
 
 
 def not_exact_reason(family: str, attention: str) -> str | None:

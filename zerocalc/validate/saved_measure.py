@@ -145,10 +145,11 @@ def run_cases(
     attentions: list[str],
     shapes: list[tuple[int, int]],
 ) -> SavedReport:
-    """Every model × dtype × attention × (b, s): measured and compared with the ``hf`` profile."""
+    """Every model × dtype × attention × (b, s): measured and compared with the ``hf`` profile (SDPA
+    only for families whose code has it: not :data:`~zerocalc.model.code.HF_EAGER_ONLY`)."""
     import transformers
 
-    from zerocalc.model.code import Shape
+    from zerocalc.model.code import HF_EAGER_ONLY, Shape
     from zerocalc.model.hf_config import architecture_from_hf_dict
 
     cases = []
@@ -156,6 +157,8 @@ def run_cases(
         arch = architecture_from_hf_dict(config, f"--model {name!r}", name)
         for dtype in dtypes:
             for attention in attentions:
+                if attention == "sdpa" and arch.family in HF_EAGER_ONLY:
+                    continue  # its transformers code refuses attn_implementation="sdpa"
                 model = build(config, dtype, attention)
                 for b, s in shapes:
                     measured = measure(model, arch.num_layers, b, s, arch.vocab_size)

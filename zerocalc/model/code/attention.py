@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from zerocalc.model.activations import CpImpl
 from zerocalc.model.architecture import QkNorm
-from zerocalc.model.code.base import FP32, Device
+from zerocalc.model.code.base import FP32, INT64, Device
 
 SDPA_NO_MASK = "SDPA, no mask"
 """``integrations/sdpa_attention.py``: ``is_causal`` with ``attn_mask`` None where ``masking_utils.
@@ -84,7 +84,10 @@ def attention_saves(add, norm, arch, t, impl, T, shape, act, device, copies, fla
         add("softmax log-sum-exp", FP32 * T * a)
     else:
         probs = b * a * s * s
-        if t.eager_softmax_fp32:
+        if t.eager_sink_column:  # GPT-OSS: the softmax over s + 1 columns, after the max's subtraction
+            add("row max indices (int64)", INT64 * b * a * s)
+            add("softmax probabilities (with the sink column)", act * b * a * s * (s + 1))
+        elif t.eager_softmax_fp32:
             add("softmax probabilities (fp32)", FP32 * probs)
             add("probabilities cast", act * probs if act != FP32 else 0)
         else:

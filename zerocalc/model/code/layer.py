@@ -63,6 +63,7 @@ def layer_saves(
 QUADRATIC_TERMS = frozenset(
     {
         "softmax probabilities (fp32)",
+        "softmax probabilities (with the sink column)",
         "probabilities cast",
         "attention dropout mask",
         "attention dropout output",
