@@ -118,6 +118,61 @@ def test_gpt_oss_layer_by_hand(dtype: str, act: int, layer_bytes: int) -> None:
     assert not_exact_reason("gpt_oss", "eager") is None
 
 
+def test_deepseek_v3_moe_layer_by_hand() -> None:
+    """DeepSeek-V3 (``modeling_deepseek_v3.py``) under bf16 SDPA, its MoE layer 1 (b 2, s 64): the Llama
+    norm 8Th + 4T on the attention and MLP inputs (with their outputs), on the q_a (r_q = 64) and kv_a
+    (r_kv = 32) latents 6·T·r + 4T and the b-projections' inputs 2·T·r; q and k 2·T·a·d_qk each; v a view
+    of kv_b_proj's output, kept whole, 2·T·a·(d_nope + d_v); the output and its contiguous copy; the
+    log-sum-exp 4·T·a (kv_a_proj's output itself is kept by nothing: the norm copies its split to fp32);
+    ``DeepseekV3TopkRouter``: the fp32 copies of its input 4Th and weight 4Eh, the sigmoid scores 4TE,
+    the top-k indices 8Tk, the sum 4T and the weights 4Tk (the group top-k's tensors are freed with
+    nodes the loss does not reach); the experts as Mixtral's (f = 96) and one shared expert 4·2·T·96."""
+    cfg = TINY_CONFIGS["deepseek_v3"]
+    b, s, act = 2, 64, 2
+    T, h, a, E, k, f = b * s, cfg["hidden_size"], 8, cfg["n_routed_experts"], 2, cfg["moe_intermediate_size"]
+    rq, rkv, nope, rope, dv = 64, 32, 16, 8, 24
+    S = T * k
+    norm = 8 * T * h + 4 * T
+    latents = sum(6 * T * r + 4 * T + 2 * T * r for r in (rq, rkv))
+    attention = 2 * 2 * T * a * (nope + rope) + 2 * T * a * (nope + dv) + 2 * 2 * T * a * dv + 4 * T * a
+    router = 4 * T * h + 4 * E * h + 4 * T * E + 8 * T * k + 4 * T + 4 * T * k
+    experts = 3 * 8 * S + S + 4 * E + 2 * 2 * S * h + 4 * 2 * S * f + 4 * S
+    layer = 2 * norm + latents + attention + router + experts + 4 * 2 * T * f
+    assert layer == 1_151_760
+    regions = predict_regions(_arch("deepseek_v3"), Shape(b, s), "bf16", "sdpa")
+    assert sum(t.bytes for t in regions["layer 1"]) == layer
+    model = saved_measure.build(cfg, "bf16", "sdpa")
+    measured = saved_measure.measure(model, 3, b, s, cfg["vocab_size"])
+    assert [sum(m.bytes for m in measured if m.region == f"layer {i}") for i in (1, 2)] == [layer, layer]
+    assert not_exact_reason("deepseek_v3", "sdpa") is None
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_gemma2_eager_attention_keeps_the_soft_capping_tanh(dtype: str) -> None:
+    """``Gemma2`` ``eager_attention_forward``: ``tanh(scores / 50) · 50`` keeps tanh's output [b, a, s, s]
+    in the compute dtype, one per layer, beside the fp32 softmax."""
+    b, s, a, act = 2, 64, 8, {"bf16": 2, "fp32": 4}[dtype]
+    model = saved_measure.build(TINY_CONFIGS["gemma2"], dtype, "eager")
+    measured = saved_measure.measure(model, 2, b, s, 1024)
+    tanh = [m.bytes for m in measured if m.region == "layer 1" and "Tanh" in m.saved_by]
+    assert tanh == [act * b * a * s * s]
+    terms = predict_regions(_arch("gemma2"), Shape(b, s), dtype, "eager")["layer 1"]
+    assert [t.bytes for t in terms if "soft-capping" in t.name] == tanh
+    assert not_exact_reason("gemma2", "eager") is None
+
+
+def test_a_saved_tensor_freed_before_backward_is_not_kept() -> None:
+    """DeepSeek-V3's group router saves the indices of two ``topk`` whose values it drops, and a mask, in
+    nodes the loss does not reach: freed when the router returns, so not measured as kept, and the
+    addresses they free are new storages when reused (every MoE layer then measures the same)."""
+    cfg = TINY_CONFIGS["deepseek_v3"]
+    model = saved_measure.build(cfg, "bf16", "sdpa")
+    measured = saved_measure.measure(model, 3, 2, 64, cfg["vocab_size"])
+    assert all(m.saved_by for m in measured)  # every storage kept is one a node of the loss's graph holds
+    layers = [sorted(m.bytes for m in measured if m.region == f"layer {i}") for i in (1, 2)]
+    assert layers[0] == layers[1]
+
+
 def test_gemma_norm_keeps_one_plus_weight_in_fp32() -> None:
     """Gemma's ``output * (1.0 + self.weight.float())`` saves the fp32 sum over its width: four [h] per
     layer (the sandwich norms) and two [d] (the per-head q/k norms)."""

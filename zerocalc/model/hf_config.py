@@ -119,6 +119,10 @@ class Traits(NamedTuple):
     eager_softmax_fp32: bool = True
     """Eager attention's softmax runs in fp32 and is cast back (``softmax(..., dtype=float32).to(dtype)``);
     GPT-2's runs in the compute dtype (``modeling_gpt2.eager_attention_forward``)."""
+    attention_softcap: bool = False
+    """Eager attention soft-caps the scores, ``tanh(scores / cap) · cap`` (Gemma 2 ``eager_attention_forward``
+    with ``attn_logit_softcapping``, 50.0 in ``Gemma2Config`` and its published configs): ``tanh`` keeps its
+    output [b, a, s, s] in the compute dtype."""
     eager_sink_column: bool = False
     """Eager attention appends the head's sink logit as one more column, ``cat([logits, sinks], -1)``
     [b, a, s, s + 1], subtracts the row maximum (``max(dim=-1)`` keeps its int64 indices [b, a, s, 1]) and
@@ -483,8 +487,8 @@ _RECORDS = [
                "attention_bias": _flag(False), "tie_word_embeddings": _flag(True)},
         ignores=frozenset({"query_pre_attn_scalar", "cache_implementation"}),
         rule=_gemma2,
-        traits=Traits(norm="gemma", embedding_scale=True, logit_softcap=True, sliding_pattern=2,
-                      embedding_scale_buffer=True),
+        traits=Traits(norm="gemma", embedding_scale=True, logit_softcap=True, attention_softcap=True,
+                      sliding_pattern=2, embedding_scale_buffer=True),
     ),
     Family(
         model_type="gemma3_text",

@@ -97,9 +97,6 @@ NOT_EXACT: dict[tuple[str, str | None], str] = {
     ("falcon", None): "FalconAttention passes its causal mask to SDPA, so the CPU runs the math kernel "
     "([b, a, s, s] fp32 tensors a GPU's fused kernels do not keep); its alibi/rotary and fused "
     "query_key_value layout are not written out term by term",
-    ("deepseek_v3", None): "multi-head latent attention (kv_a/kv_b split, interleaved rotary on a cat of "
-    "nope and pe) and the sigmoid group router are derived from the source, not yet term by term",
-    ("gemma2", "eager"): "eager attention's logit soft-capping (tanh over [b, a, s, s]) is not written out",
 }
 """Model code the ``hf`` profile does not claim to the byte, keyed by (family, attention or None for
 both), with the reason. Measured on the tiny configs (torch 2.13 CPU, transformers 5.17, b=2 s=64, see

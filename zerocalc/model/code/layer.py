@@ -64,6 +64,7 @@ QUADRATIC_TERMS = frozenset(
     {
         "softmax probabilities (fp32)",
         "softmax probabilities (with the sink column)",
+        "attention soft-capping tanh output",
         "probabilities cast",
         "attention dropout mask",
         "attention dropout output",

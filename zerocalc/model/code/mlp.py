@@ -55,6 +55,11 @@ def moe_saves(add, arch, t, T, act, R) -> None:
         router = [("softmax (fp32)", FP32 * T * E), ("top-k indices", INT64 * T * k)]
         router += [("top-k sum (fp32)", FP32 * T), ("top-k weights (fp32)", FP32 * T * k)]
         weights = act * S if t.router == "softmax_topk_norm_cast" else FP32 * S
+    if t.router == "sigmoid_group" and act != FP32:
+        # DeepseekV3TopkRouter: F.linear(hidden.type(float32), weight.type(float32)) keeps both fp32 copies
+        # (the sigmoid's scores are the "softmax" term; the group top-k's tensors are saved by nodes the
+        # loss does not reach, freed when the router returns)
+        router += [("input in fp32", FP32 * T * h), ("weight in fp32", FP32 * E * h)]
     add("router", router)
     # named parts: the experts' backward (zerocalc.peak.layer_nodes) frees them where their nodes run
     add(
