@@ -128,7 +128,7 @@ def test_deepseek_v3_moe_layer_by_hand() -> None:
     the top-k indices 8Tk, the sum 4T and the weights 4Tk (the group top-k's tensors are freed with
     nodes the loss does not reach); the experts as Mixtral's (f = 96) and one shared expert 4·2·T·96."""
     cfg = TINY_CONFIGS["deepseek_v3"]
-    b, s, act = 2, 64, 2
+    b, s = 2, 64
     T, h, a, E, k, f = b * s, cfg["hidden_size"], 8, cfg["n_routed_experts"], 2, cfg["moe_intermediate_size"]
     rq, rkv, nope, rope, dv = 64, 32, 16, 8, 24
     S = T * k
