@@ -99,11 +99,11 @@ NOT_EXACT: dict[tuple[str, str | None], str] = {
     "query_key_value layout are not written out term by term",
 }
 """Model code the ``hf`` profile does not claim to the byte, keyed by (family, attention or None for
-both), with the reason. Measured on the tiny configs (torch 2.13 CPU, transformers 5.17, b=2 s=64, see
-README): falcon −29.5% … +37%, deepseek_v3 −0.6% … +5.4%, gemma2 eager +6.4% … +9.6% of the saved bytes.
-gpt_oss (eager only: ``GptOssPreTrainedModel._supports_sdpa`` is False) is exact with its own traits
-(``zerocalc.model.hf_config`` ``FAMILIES["gpt_oss"]``); Llama's traits in their place give −20.7% … −6.9%,
-low."""
+both), with the reason. Measured on the tiny configs (torch 2.13 CPU, transformers 5.17, fp32 and bf16,
+b=2 s=64 and b=1 s=48, see docs/validation.md): falcon's predicted saved bytes are −37.0% … +31.7% of the
+measured ones. gpt_oss (eager only: ``GptOssPreTrainedModel._supports_sdpa`` is False), deepseek_v3 and
+gemma2 eager are exact with their records' traits (``zerocalc.model.hf_config`` ``FAMILIES``); Llama's
+terms in their place give −20.7% … −6.9%, −5.3% … +0.7% and −9.6% … −5.1%."""
 
 
 def not_exact_reason(family: str, attention: str) -> str | None:
