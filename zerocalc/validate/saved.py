@@ -94,9 +94,11 @@ does not keep)."""
 
 
 NOT_EXACT: dict[tuple[str, str | None], str] = {
-    ("falcon", None): "FalconAttention passes its causal mask to SDPA, so the CPU runs the math kernel "
-    "([b, a, s, s] fp32 tensors a GPU's fused kernels do not keep); its alibi/rotary and fused "
-    "query_key_value layout are not written out term by term",
+    ("falcon", None): "FalconAttention's layouts are not written out term by term: multi-query k and v "
+    "keep one head and broadcast, which SDPA's fused kernels refuse, so its math kernel runs (fp32 copies "
+    "of q, k and v and fp32 [b, a, s, s] probabilities, on CUDA as on the CPU) and eager attention's "
+    "softmax runs in the compute dtype; the new decoder architecture expands k and v to every head and "
+    "hands SDPA a [b, 1, s, s] mask; alibi is not measured",
 }
 """Model code the ``hf`` profile does not claim to the byte, keyed by (family, attention or None for
 both), with the reason. Measured on the tiny configs (torch 2.13 CPU, transformers 5.17, fp32 and bf16,
