@@ -82,8 +82,9 @@ class Traits(NamedTuple):
 
     norm: str = "llama"
     """``llama`` (x.float(), rsqrt, .to(dtype), weight *), ``gemma`` / ``olmo`` (the product with the
-    weight in fp32: the normalised fp32 tensor is kept), ``layernorm`` (input, mean, rstd: every
-    architecture with LayerNorm)."""
+    weight in fp32: the normalised fp32 tensor is kept; ``olmo``: ``Olmo2RMSNorm`` and ``GptOssRMSNorm``,
+    ``(self.weight * x).to(dtype)``), ``layernorm`` (input, mean, rstd: every architecture with
+    LayerNorm)."""
     gelu: str = "exact"
     """``tanh_decomposed`` (GPT-2 ``NewGELUActivation``: four tensors), ``exact`` (``nn.GELU``)."""
     qkv_views_kept: bool = False
@@ -91,7 +92,15 @@ class Traits(NamedTuple):
     router: str = "softmax_topk_norm"
     """``softmax_topk_norm`` (Mixtral: fp32 routing weights), ``softmax_topk_norm_cast`` (Qwen3-MoE with
     ``norm_topk_prob`` true, as published: the normalised weights cast back to the compute dtype),
-    ``softmax_topk`` (Qwen2-MoE), ``sigmoid_group`` (DeepSeek-V3)."""
+    ``softmax_topk`` (Qwen2-MoE), ``sigmoid_group`` (DeepSeek-V3), ``topk_softmax`` (GPT-OSS
+    ``GptOssTopKRouter``: ``topk`` of the logits, then ``softmax`` over the k values in the compute dtype;
+    no softmax over the E experts)."""
+    expert_gate: str = "silu"
+    """How the routed experts gate their gate/up output [S, 2f] (transformers 5.17 ``integrations/moe.py``
+    calls the experts' ``_apply_gate``): ``silu`` (``_default_apply_gate``: ``act_fn(gate) * up`` of the
+    two halves), ``clamped_swiglu`` (``GptOssExperts._apply_gate``: interleaved halves ``[..., ::2]`` and
+    ``[..., 1::2]`` clamped to ``limit`` 7.0, ``gate * sigmoid(gate * alpha)`` with alpha 1.702, times
+    ``up + 1``)."""
     rotary: bool = True
     """The positions are rotary (every architecture without learned position embeddings)."""
     rotary_fraction: float = 1.0
@@ -100,6 +109,9 @@ class Traits(NamedTuple):
     rotary_fp32: bool = False
     """cos and sin stay fp32 (``Olmo2RotaryEmbedding`` returns them uncast; ``apply_rotary_pos_emb`` casts
     its fp32 products back)."""
+    rotary_half_tables: bool = False
+    """cos and sin are [1, s, d/2] (``GptOssRotaryEmbedding``: ``emb = freqs``, not ``cat((freqs, freqs))``;
+    ``_apply_rotary_emb`` turns the two halves of q and k with the same table)."""
     rotary_cat: bool = False
     """The rotary output is a ``torch.cat`` (Phi-3's and GPT-NeoX's partial rotary; DeepSeek-V3's
     nope/pe): a contiguous [b, a, s, d] q, so SDPA's output (``empty_like`` in q's layout) is [b, a, s, d]
@@ -107,6 +119,15 @@ class Traits(NamedTuple):
     eager_softmax_fp32: bool = True
     """Eager attention's softmax runs in fp32 and is cast back (``softmax(..., dtype=float32).to(dtype)``);
     GPT-2's runs in the compute dtype (``modeling_gpt2.eager_attention_forward``)."""
+    attention_softcap: bool = False
+    """Eager attention soft-caps the scores, ``tanh(scores / cap) · cap`` (Gemma 2 ``eager_attention_forward``
+    with ``attn_logit_softcapping``, 50.0 in ``Gemma2Config`` and its published configs): ``tanh`` keeps its
+    output [b, a, s, s] in the compute dtype."""
+    eager_sink_column: bool = False
+    """Eager attention appends the head's sink logit as one more column, ``cat([logits, sinks], -1)``
+    [b, a, s, s + 1], subtracts the row maximum (``max(dim=-1)`` keeps its int64 indices [b, a, s, 1]) and
+    takes the softmax over s + 1 columns (kept whole: ``probs[..., :-1]`` is a view of it) in the compute
+    dtype (GPT-OSS ``eager_attention_forward``; with ``eager_softmax_fp32`` False)."""
     embedding_scale: bool = False
     """The embedding output is multiplied by a 0-dim ``normalizer`` tensor (√h) in the compute dtype,
     which ``mul`` saves (Gemma 2 / Gemma 3)."""
@@ -466,8 +487,8 @@ _RECORDS = [
                "attention_bias": _flag(False), "tie_word_embeddings": _flag(True)},
         ignores=frozenset({"query_pre_attn_scalar", "cache_implementation"}),
         rule=_gemma2,
-        traits=Traits(norm="gemma", embedding_scale=True, logit_softcap=True, sliding_pattern=2,
-                      embedding_scale_buffer=True),
+        traits=Traits(norm="gemma", embedding_scale=True, logit_softcap=True, attention_softcap=True,
+                      sliding_pattern=2, embedding_scale_buffer=True),
     ),
     Family(
         model_type="gemma3_text",
@@ -552,6 +573,9 @@ _RECORDS = [
         # GptOssConfig does not read; swiglu_limit and initial_context_length size nothing
         ignores=frozenset({"experts_per_token", "swiglu_limit", "initial_context_length"}),
         rule=_gpt_oss,
+        traits=Traits(norm="olmo", router="topk_softmax", expert_gate="clamped_swiglu",
+                      rotary_half_tables=True, rotary_cat=True, eager_softmax_fp32=False,
+                      eager_sink_column=True, sliding_pattern=2),
     ),
     Family(
         model_type="olmo2",

@@ -290,9 +290,10 @@ def _accumulation(request: TrainingRequest, name: StrategyName) -> Accumulation:
 
 
 def runtime_for(request: TrainingRequest) -> Runtime:
-    """The runtime's allocations through the caching allocator on the request's GPU (its preset's cuBLAS
-    workspace; the small extras measured on the H100)."""
-    return Runtime(cublas_workspace=request.runtime.cublas_workspace_bytes)
+    """The runtime's allocations through the caching allocator on the request's GPU (its preset's BLAS
+    workspace, named as the preset names its library; the small extras measured on the H100)."""
+    runtime = request.runtime
+    return Runtime(cublas_workspace=runtime.cublas_workspace_bytes, blas=runtime.names.blas)
 
 
 def activation_bytes(request: TrainingRequest) -> int:

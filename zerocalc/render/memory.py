@@ -246,7 +246,7 @@ def _peak_lines(peak: PeakEstimate) -> list[tuple[str, list[int | None]]]:
     ]
     if any(r.nccl_bytes for r in rows):
         lines.append((f"+ {names.collectives} communicators", [r.nccl_bytes or None for r in rows]))
-    lines.append(("[bold]= device (cudaMemGetInfo)[/bold]", [r.peak_bytes for r in rows]))
+    lines.append((f"[bold]= device ({names.mem_get_info})[/bold]", [r.peak_bytes for r in rows]))
     if FRAMEWORKS[peak.options.framework].estimate_covers_states_only:
         lines += [
             ("DeepSpeed's own estimate", [r.framework_estimate_bytes for r in rows]),
