@@ -95,7 +95,9 @@ def _vector_params(arch: Architecture) -> int:
 
 def test_attention_flops_are_4_b_s2_h_forward() -> None:
     """Llama 2 7B (a·d = h = 4096), b 2, s 1024: Q·Kᵀ and P·V are 4·b·s²·h forward per layer; a causal
-    flash kernel executes half; PaLM's 12·L·H·Q·T per token is that over forward and backward (×3)."""
+    flash kernel executes half. The MFU's model FLOPs count the causal half too (Megatron-LM
+    ``num_floating_point_operations``: 6·L·H·Q·T per token, half PaLM's 12·L·H·Q·T): forward and
+    backward (×3) of the flash kernel's executed forward."""
     arch, _ = load_model("llama-2-7b")
     b, s, h = 2, 1024, 4096
     ops = micro_batch_ops(arch, Shape(b, s), EAGER_FLASH, DType.BF16)
@@ -103,9 +105,19 @@ def test_attention_flops_are_4_b_s2_h_forward() -> None:
     assert attention.full_flops == 4 * b * s**2 * h
     assert attention.forward_flops == 2 * b * s**2 * h
     count = count_parameters(arch)
-    palm = model_flops_per_token(arch, count, s)
-    assert palm - 6 * (count.active_per_token - count.embedding) == 12 * arch.num_layers * h * s
-    assert 3 * attention.full_flops * arch.num_layers == 12 * arch.num_layers * h * s * (b * s)
+    model = model_flops_per_token(arch, count, s)
+    assert model - 6 * (count.active_per_token - count.embedding) == 6 * arch.num_layers * h * s
+    assert 3 * attention.forward_flops * arch.num_layers == 6 * arch.num_layers * h * s * (b * s)
+
+
+def test_latent_attentions_model_flops_are_megatrons() -> None:
+    """DeepSeek-V3 (61 layers, 128 heads, d_qk 128 + 64 rope, d_v 128), s 4096: Megatron-LM's
+    ``standard_self_attn_core_term`` 3·2·(a·(d_qk + d_rope)/2 + a·d_v/2) per token and key,
+    3·61·128·(192 + 128)·4096 per token."""
+    arch, _ = load_model("deepseek-v3")
+    count = count_parameters(arch)
+    core = model_flops_per_token(arch, count, 4096) - 6 * (count.active_per_token - count.embedding)
+    assert core == 3 * 2 * (128 * 192 / 2 + 128 * 128 / 2) * 61 * 4096
 
 
 def test_per_rank_shapes_under_tensor_and_context_parallelism() -> None:

@@ -61,6 +61,7 @@ from zerocalc.base.memo import IdentityCache
 from zerocalc.comm.mesh import Dimension, MeshCollectiveCost, MeshTime
 from zerocalc.comm.pipeline import PipelineComm
 from zerocalc.compute.ops import (
+    MFU_FORMULA,
     Kernels,
     MicroBatchOps,
     OpClass,
@@ -209,7 +210,7 @@ class StepTime(NamedTuple):
     step_s: float
     tokens_per_s_per_gpu: float
     mfu: float | None
-    """Model FLOPs (PaLM's) per second over the GPU's dense peak."""
+    """Model FLOPs per second over the GPU's dense peak (:data:`~zerocalc.compute.ops.MFU_FORMULA`)."""
 
 
 MESH_DIMENSIONS = (Dimension.TP, Dimension.CP, Dimension.EP, Dimension.PP)
@@ -505,7 +506,7 @@ class StepEstimate(BaseModel):
     offload_s: float
     step_s: float = Field(description="compute_s + exposed_comm_s + bubble_s + offload_s")
     tokens_per_s_per_gpu: float
-    mfu: float | None = Field(description="PaLM's model FLOPs per second over the GPU's dense bf16 peak")
+    mfu: float | None = Field(description=MFU_FORMULA)
     compute_table: str = Field(description="the compute table's source: a file, or the GPU preset's")
 
 

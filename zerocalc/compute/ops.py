@@ -370,13 +370,27 @@ def optimizer_bytes_per_param(
     return math.ceil(total)
 
 
+MFU_FORMULA = (
+    "MFU = tokens/s/GPU × (6·P + 3·L·a·(d_qk + d_v)·s) / the GPU's dense bf16 peak: P the matmul "
+    "parameters a token uses, L layers, a heads, s the sequence; causal attention at half its s² work "
+    "(Megatron-LM num_floating_point_operations)"
+)
+"""How the MFU is counted, said under every table that prints it and in the JSON field's description."""
+
+
 def model_flops_per_token(arch: Architecture, count: ParameterCount, seq_len: int) -> float:
-    """Model FLOPs per token, forward and backward, what MFU counts (PaLM, Chowdhery et al. 2022, app. B):
-    ``6·P + 12·L·H·Q·T``, P the parameters a token's matmuls use (active parameters for MoE; the input
-    embedding is a lookup, not a matmul, a tied LM head counted once), L layers, H·Q the attention width,
-    T the sequence length."""
+    """Model FLOPs per token, forward and backward, what MFU counts (:data:`MFU_FORMULA`): ``6·P`` for the
+    matmuls (PaLM, Chowdhery et al. 2022, app. B: P the parameters a token's matmuls use, active parameters
+    for MoE; the input embedding is a lookup, not a matmul, a tied LM head counted once) and the attention
+    core of a causal mask at half its s² work, ``3·L·a·(d_qk + d_v)·s`` (Megatron-LM
+    ``megatron/training/training.py`` ``num_floating_point_operations``, d98e8a6: the core-attention term
+    ``3 · 2 · (a·d) / 2 · 2`` per token and key for MHA, ``/ 2`` for the causal mask; for latent attention
+    ``3 · 2 · (a·d_qk/2 + a·d_v/2)``, d_qk the nope and rope dimensions together). For MHA (d_qk = d_v = d)
+    that is ``6·L·H·Q·T``, half PaLM's ``12·L·H·Q·T``, which counts the masked half of every product."""
     matmul = count.active_per_token - count.embedding
     if arch.tied_embeddings:
         matmul += arch.vocab_size * arch.hidden_size
-    width = arch.num_heads * arch.dim_per_head
-    return 6.0 * matmul + 12.0 * arch.num_layers * width * seq_len
+    mla = arch.latent_attention
+    qk_dim = mla.qk_head_dim if mla is not None else arch.dim_per_head
+    v_dim = mla.v_head_dim if mla is not None else arch.dim_per_head
+    return 6.0 * matmul + 3.0 * arch.num_layers * arch.num_heads * (qk_dim + v_dim) * seq_len
