@@ -120,6 +120,33 @@ def test_latent_attentions_model_flops_are_megatrons() -> None:
     assert core == 3 * 2 * (128 * 192 / 2 + 128 * 128 / 2) * 61 * 4096
 
 
+@pytest.mark.parametrize("sharded", [False, True], ids=["ep-argument", "ep-rank"])
+def test_an_expert_parallel_ranks_grouped_products_are_its_experts_share_of_the_routed_tokens(
+    sharded: bool,
+) -> None:
+    """DeepSeek-V3 (256 routed experts, top 8, h 7168, expert width 2048) at e 64, b 1, s 4096: each of the
+    64 ranks routes 4096·8 = 32,768 token copies, 4 of the 256 experts are each rank's, so balanced
+    routing brings the rank's 4 experts 64·32,768·4/256 = 32,768 copies, 8,192 rows each: gate and up
+    4 × (8192 × 7168 · 7168 × 4096), down 4 × (8192 × 2048 · 2048 × 7168). The same whether the rank's own
+    architecture holds its E/e experts (an expert-parallel rank, a pipeline stage) or the whole model
+    is given with e; capacity factor 1.5 on the busiest rank: 1.5 × the rows."""
+    arch, _ = load_model("deepseek-v3")
+    rank = TensorParallelRank(**arch.model_dump(), tp=1, ep=64) if sharded else arch
+    shape = Shape(1, 4096)
+    ops = micro_batch_ops(rank, shape, Kernels(fused=True, flash=True), DType.BF16, ep=64)
+    moe = next(layer for layer in ops.layers if any(g.name.startswith("experts.") for g in layer.gemms))
+    experts = {g.name: tuple(g[1:]) for g in moe.gemms if g.name.startswith("experts.")}
+    assert experts == {
+        "experts.gate_up_proj": (8192, 4096, 7168, 4),
+        "experts.down_proj": (8192, 7168, 2048, 4),
+    }
+    loaded = micro_batch_ops(
+        rank, shape._replace(capacity_factor=1.5), Kernels(fused=True, flash=True), DType.BF16, ep=64
+    )
+    moe = next(layer for layer in loaded.layers if any(g.name.startswith("experts.") for g in layer.gemms))
+    assert {g.m for g in moe.gemms if g.name.startswith("experts.")} == {12288}
+
+
 def test_per_rank_shapes_under_tensor_and_context_parallelism() -> None:
     """Llama 3 70B at t 8, c 2, b 1, s 8192: M = b·s/c = 4096 rows, column-parallel outputs /t, row-parallel
     inputs /t; attention over a/t = 8 heads of s/c queries and all s keys (Megatron-LM's shards)."""

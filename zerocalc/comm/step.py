@@ -290,9 +290,8 @@ def request_ops(request: TrainingRequest, arch: Architecture | None = None) -> M
     """What one rank of the request's mesh runs for one micro-batch (``arch``: a pipeline stage's share;
     the rank's architecture by default)."""
     dtype = request.dtypes.activation
-    return _micro_batch_ops(
-        arch or request.architecture, rank_shape(request), kernels(request), dtype, request.mesh.ep
-    )
+    shape = rank_shape(request)._replace(capacity_factor=request.activations.capacity_factor)
+    return _micro_batch_ops(arch or request.architecture, shape, kernels(request), dtype, request.mesh.ep)
 
 
 @lru_cache(maxsize=1024)
