@@ -317,6 +317,20 @@ def test_every_gpu_preset_has_a_compute_table() -> None:
         assert named.table.roofline.source and named.table.source
 
 
+def test_the_500w_hbm2e_h100_has_the_80gb_parts_gemms_and_its_own_bandwidth() -> None:
+    """h100-96gb-500w (torchtitan's Grand Teton H100: 96 GB HBM2e at 2.4 TB/s, 500 W): the H100 80GB's
+    measured GEMM and SDPA points unchanged, its element-wise rates × 2.4 / 3.35 (the peak bandwidths'
+    ratio), its roofline's bandwidth 2.4 TB/s."""
+    hbm3 = compute_table(None, "h100-80gb")
+    hbm2e = compute_table(None, "h100-96gb-500w")
+    assert hbm3 is not None and hbm2e is not None
+    assert hbm2e.table.gemm == hbm3.table.gemm and hbm2e.table.attention == hbm3.table.attention
+    for slow, fast in zip(hbm2e.table.memory, hbm3.table.memory, strict=True):
+        assert slow.bytes == fast.bytes
+        assert slow.bytes_per_s == pytest.approx(fast.bytes_per_s * 2.4 / 3.35, rel=1e-12)
+    assert hbm2e.table.roofline is not None and hbm2e.table.roofline.memory_bytes_per_s == 2.4e12
+
+
 # ------------------------------------------------------------------------------- a ranking by efficiency
 def test_the_plans_ranking_follows_the_efficiencies(tmp_path: Path) -> None:
     """GPT-2 on 4 RTX 4090, 8 sequences of 512: b 2 (A 1) or b 1 (A 2) per GPU. On a table where every GEMM
