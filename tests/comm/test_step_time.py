@@ -610,6 +610,10 @@ def test_step_time_tables_say_what_the_checks_measured(args: list[str]) -> None:
     result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert f"· {STEP_TIME_ACCURACY}" in " ".join(result.stdout.split())
+    if args[0] == "comm":  # the MFU's formula under comm's step table
+        from zerocalc.compute.ops import MFU_FORMULA
+
+        assert f"· {MFU_FORMULA}" in " ".join(result.stdout.split())
     model = (ROOT / "docs" / "model.md").read_text()
     for figure in (
         "3-7% (H100) and 5-9% (H200) under",
