@@ -45,13 +45,23 @@ class HfModule(NamedTuple):
     embedding and the LM head, [E, out, in] for experts, [d] for a norm; a fused module's members stacked
     on dim 0."""
 
-    def hf_parameters(self) -> dict[str, tuple[int, ...]]:
-        """Its parameters as transformers holds them: name → shape (a fused module's members stacked on
-        dim 0; a Conv1D weight [in, out])."""
+    def stacked(self) -> tuple[ParamTensor, ...]:
+        """Its parameters as one module holds them, in zerocalc's layout: a fused module's members stacked
+        on dim 0 (GPT-2's ``c_attn.weight`` [3d, d]); a tied ``lm_head``'s weight, which it shares."""
         shapes: dict[str, tuple[int, ...]] = {}
         for tensor in self.tensors:
             held = shapes.get(tensor.name)
             shapes[tensor.name] = tensor.shape if held is None else (held[0] + tensor.shape[0], *held[1:])
+        if not self.tensors:
+            shapes["weight"] = self.weight
+        return tuple(
+            ParamTensor(module=self.module, name=name, shape=shape) for name, shape in shapes.items()
+        )
+
+    def hf_parameters(self) -> dict[str, tuple[int, ...]]:
+        """Its own parameters as transformers holds them: name → shape (:meth:`stacked`; a Conv1D weight
+        [in, out]; none for a tied ``lm_head``)."""
+        shapes = {t.name: t.shape for t in self.stacked()} if self.tensors else {}
         if self.cls is ModuleClass.CONV1D and "weight" in shapes:
             shapes["weight"] = shapes["weight"][::-1]
         return shapes
