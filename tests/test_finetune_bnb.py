@@ -224,3 +224,28 @@ def test_a_quantised_module_cannot_be_saved_for_training() -> None:
     )
     with pytest.raises(InputError, match="quantised"):
         expected(_arch("llama"), finetune)
+
+
+@pytest.mark.parametrize("dtype", [DType.BF16, DType.FP32])
+def test_torchaos_nf4_tensor_stores_the_bytes_zerocalc_gives_each_part(dtype: DType) -> None:
+    pytest.importorskip("torchao")
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+
+    from zerocalc.model.quantized import torchao_nf4_storage
+
+    weight = torch.randn(128, 256, dtype=getattr(torch, dtype.torch_name))  # 32,768 weights: 2 factors
+    nf4 = to_nf4(weight)
+    theirs = {
+        Part.PACKED: nf4.quantized_data,
+        Part.ABSMAX: nf4.quantized_scalers,
+        Part.NESTED_ABSMAX: nf4.quantization_factor,
+        Part.OFFSET: nf4.scaler_mean,
+        Part.CODE: nf4.nf4,
+    }
+    parts = torchao_nf4_storage(weight.numel(), dtype)
+    assert {p.part: p.bytes for p in parts} == {p: _nbytes(t) for p, t in theirs.items()}
+    assert {p.part: p.dtype.torch_name for p in parts} == {
+        p: str(t.dtype).removeprefix("torch.") for p, t in theirs.items()
+    }
+    per_weight = sum(p.bytes for p in parts[:3]) / weight.numel()
+    assert per_weight == (0.5 + 1 / 64 + 2 / 16384 if dtype is DType.BF16 else 0.5 + 1 / 64 + 4 / 16384)

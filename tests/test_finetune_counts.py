@@ -242,3 +242,16 @@ def test_trainable_and_frozen_are_the_model_and_its_adapters(
         rank * (m.in_features + m.out_features) + dora * m.out_features for m in adapted
     )
     assert counts.adapters == sum(t.numel for t in adapter_tensors(arch, lora))
+
+
+def test_torchaos_nf4_is_half_a_byte_plus_1_64_plus_2_16384_per_bf16_weight() -> None:
+    """torchao's NF4Tensor (torchtune's QLoRA): uint8 codes, int8 block scalers, bf16 factors per 256 blocks,
+    a bf16 mean and a 16-entry bf16 table per weight; Llama-3-8B's decoder Linear weights."""
+    from zerocalc.model.quantized import torchao_nf4_storage
+
+    weights = [D * D, D * KV, D * KV, D * D, D * F, D * F, F * D]
+    data = sum(sum(p.bytes for p in torchao_nf4_storage(n, BF16)[:3]) for n in weights) * L
+    assert data == L * LINEARS // 2 + L * LINEARS // 64 + 2 * L * LINEARS // 16384 == 3_599_564_800
+    assert sum(p.bytes for p in torchao_nf4_storage(D * D, BF16)[3:]) == 2 + 16 * 2
+    with pytest.raises(ValueError, match="multiple of 16384"):
+        torchao_nf4_storage(64 * 255, BF16)

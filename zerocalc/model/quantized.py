@@ -25,6 +25,12 @@ parameter's module; with them, only them (``HfQuantizer.get_modules_to_not_conve
   a 0-dim fp32 tensor);
 * ``code``: the 16-entry fp32 NF4/FP4 table (``get_4bit_type``, a new tensor per weight).
 
+**torchao's NF4** (torchao 0.18 ``quantization/quantize_/workflows/nf4/nf4_tensor.py``
+``NF4Tensor.from_tensor``, ``to_nf4(weight, 64, 256)``: torchtune's QLoRA): of n weights in dtype D,
+``quantized_data`` uint8 n/2, ``quantized_scalers`` int8 n/64, ``quantization_factor`` D n/64/256,
+``scaler_mean`` D (0-dim) and the 16-entry ``nf4`` table in D — 0.5 + 1/64 + 2/16384 B per weight in
+bf16; n must be a multiple of 64 · 256.
+
 **LLM.int8 storage** (nn/modules.py ``Int8Params._quantize``: ``int8_vectorwise_quant``): the int8 weight
 (``CB``, the parameter's own storage) and one fp32 scale per output row (``SCB``).
 """
@@ -104,6 +110,27 @@ def four_bit_storage(n: int, double_quant: bool, storage: DType = DType.UINT8) -
     else:
         parts.append(StoragePart(Part.ABSMAX, DType.FP32, blocks))
     return (*parts, StoragePart(Part.CODE, DType.FP32, CODE_4BIT))
+
+
+TORCHAO_SCALER_BLOCK = 256
+"""Absmax values per quantisation factor (``to_nf4``'s ``scaler_block_size``)."""
+
+
+def torchao_nf4_storage(n: int, dtype: DType) -> tuple[StoragePart, ...]:
+    """The tensors of torchao's ``NF4Tensor`` of ``n`` weights of ``dtype`` (the names: ``quantized_data``,
+    ``quantized_scalers``, ``quantization_factor``, ``scaler_mean``, ``nf4``)."""
+    if n % (BLOCK * TORCHAO_SCALER_BLOCK):
+        raise ValueError(
+            f"torchao's NF4Tensor needs a multiple of {BLOCK * TORCHAO_SCALER_BLOCK} weights, not {n}"
+        )
+    blocks = n // BLOCK
+    return (
+        StoragePart(Part.PACKED, DType.UINT8, n // 2),
+        StoragePart(Part.ABSMAX, DType.INT8, blocks),
+        StoragePart(Part.NESTED_ABSMAX, dtype, blocks // TORCHAO_SCALER_BLOCK),
+        StoragePart(Part.OFFSET, dtype, 1),
+        StoragePart(Part.CODE, dtype, CODE_4BIT),
+    )
 
 
 def int8_storage(rows: int, columns: int) -> tuple[StoragePart, ...]:
