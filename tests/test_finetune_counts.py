@@ -166,6 +166,9 @@ def test_prepare_model_for_kbit_training_casts_every_16_bit_parameter_but_the_4_
 def test_a_quantised_base_needs_adapters_and_freeze_is_for_full_fine_tuning() -> None:
     with pytest.raises(ValidationError, match="purely quantised"):
         FineTuning(quant=QuantConfig(method=QuantMethod.NF4))
+    with pytest.raises(ValidationError, match="freezes every parameter"):
+        FineTuning(quant=QuantConfig(method=QuantMethod.NONE))
+    assert FineTuning(quant=QuantConfig(method=QuantMethod.NONE, kbit_prepare=False)).quant is not None
     with pytest.raises(ValidationError, match="full fine-tune"):
         FineTuning(lora=LoraConfig(rank=8), freeze=("embed_tokens",))
     with pytest.raises(ValidationError):
@@ -255,3 +258,23 @@ def test_torchaos_nf4_is_half_a_byte_plus_1_64_plus_2_16384_per_bf16_weight() ->
     assert sum(p.bytes for p in torchao_nf4_storage(D * D, BF16)[3:]) == 2 + 16 * 2
     with pytest.raises(ValueError, match="multiple of 16384"):
         torchao_nf4_storage(64 * 255, BF16)
+
+
+def test_names_that_match_nothing_beside_names_that_do_are_listed() -> None:
+    """PEFT ignores them; the plan lists them (a module name of another family, a typo)."""
+    from zerocalc.model.adapters import peft_plan
+
+    lora = LoraConfig(
+        rank=8, targets=("q_proj", "self_attn.o_proj", "c_fc", "qproj"), modules_to_save=("wte",)
+    )
+    plan = peft_plan(LLAMA_3_8B, lora)
+    assert plan.unmatched == ("c_fc", "qproj", "wte")
+    assert {a.module.hf_name.rsplit(".", 1)[-1] for a in plan.adapted} == {"q_proj", "o_proj"}
+    every = peft_plan(LLAMA_3_8B, LoraConfig(rank=8, targets="all-linear", modules_to_save=("mlp",)))
+    assert every.unmatched == ()  # the MLPs' Linears are copied, not adapted: not unmatched
+    assert {a.module.hf_name.rsplit(".", 1)[-1] for a in every.adapted} == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+    }

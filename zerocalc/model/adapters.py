@@ -51,7 +51,7 @@ from typing import NamedTuple, Protocol
 
 from zerocalc.base.errors import InputError, shown
 from zerocalc.model.architecture import Architecture, ParamTensor, TensorParallelRank
-from zerocalc.model.hf_config import FAMILIES, LINEAR_CLASSES, ModuleClass
+from zerocalc.model.hf_config import FAMILIES, LINEAR_CLASSES, ModuleClass, PeftMoeConversion
 from zerocalc.model.hf_modules import HfModule, hf_containers, hf_modules
 
 ALL_LINEAR = "all-linear"
@@ -139,11 +139,16 @@ def _linear_names(arch: Architecture) -> list[str]:
     return [m.hf_name for m in hf_modules(arch) if m.cls in LINEAR_CLASSES and m.hf_name != "lm_head"]
 
 
-def _convert_moe(arch: Architecture, names: set[str], rank: int) -> tuple[set[str], dict[str, int]]:
+def _conversion(arch: Architecture) -> PeftMoeConversion | None:
+    family = FAMILIES.get(arch.family or "")
+    return family.peft_moe if family is not None else None
+
+
+def _convert_moe(
+    conversion: PeftMoeConversion, names: set[str], rank: int
+) -> tuple[set[str], dict[str, int]]:
     """peft/utils/transformers_weight_conversion.py ``_convert_peft_config_moe``: the targets left as
     modules, and the parameters targeted instead with their rank."""
-    conversion = FAMILIES[arch.family or ""].peft_moe
-    assert conversion is not None
     remaining: set[str] = set()
     parameters: dict[str, int] = {}
     present: dict[str, set[str]] = {new: set() for new in conversion.fused}
@@ -161,8 +166,7 @@ def _convert_moe(arch: Architecture, names: set[str], rank: int) -> tuple[set[st
             raise InputError(
                 f"{{lora_targets}} {shown(sorted(present[new]))} cannot be adapted without {missing}: PEFT "
                 f"0.21 targets them as one stacked parameter {new} in transformers 5 "
-                "(_convert_peft_config_moe); accepted: all of "
-                f"{', '.join(olds)}, or none"
+                f"(_convert_peft_config_moe); accepted: all of {', '.join(olds)}, or none"
             )
         if len(present[new]) == len(olds) > 1:
             parameters[new] = rank * len(olds)  # the rank_pattern PEFT adds for the fused parameter
@@ -171,8 +175,8 @@ def _convert_moe(arch: Architecture, names: set[str], rank: int) -> tuple[set[st
 
 def _resolve(arch: Architecture, lora: LoraSpec) -> tuple[set[str], dict[str, int]]:
     """The module targets and the parameter targets (with their ranks) of ``lora`` on ``arch``."""
-    converting = FAMILIES.get(arch.family or "") is not None and FAMILIES[arch.family or ""].peft_moe
-    if lora.targets is None and converting:
+    conversion = _conversion(arch)
+    if lora.targets is None and conversion is not None:
         # inject_adapter converts the config first: its absent target_modules become an empty set, which
         # _prepare_adapter_config then leaves without the model_type's default
         raise InputError(
@@ -181,22 +185,17 @@ def _resolve(arch: Architecture, lora: LoraSpec) -> tuple[set[str], dict[str, in
             "or module names"
         )
     targets = lora.targets if lora.targets is not None else _default_targets(arch)
-    if targets == ALL_LINEAR:
-        linear = _linear_names(arch)
-        if not converting:
-            return set(linear), {}
-        conversion = FAMILIES[arch.family or ""].peft_moe
-        assert conversion is not None
-        names = {name.rsplit(".", 1)[-1] for name in linear} | set(conversion.renamed)
-    elif isinstance(targets, str):
+    if isinstance(targets, str) and targets != ALL_LINEAR:
         raise InputError(
             f"{{lora_targets}} {shown(targets)} is not accepted; accepted: all-linear or module names"
         )
-    else:
+    if targets != ALL_LINEAR:
         names = set(targets)
-    if converting:
-        return _convert_moe(arch, names, lora.rank)
-    return names, {}
+    elif conversion is None:
+        return set(_linear_names(arch)), {}
+    else:  # _resolve_string_target_modules: the Linears' leaf names and every 4.x MoE name
+        names = {name.rsplit(".", 1)[-1] for name in _linear_names(arch)} | set(conversion.renamed)
+    return _convert_moe(conversion, names, lora.rank) if conversion is not None else (names, {})
 
 
 def _not_supported(hf_name: str, what: str) -> InputError:
@@ -247,6 +246,36 @@ def _check_layer(arch: Architecture, lora: LoraSpec, plan: list[Adapted]) -> Non
         )
 
 
+def _module_adapters(
+    module: HfModule, names: set[str], parameters: dict[str, int], lora: LoraSpec
+) -> list[Adapted]:
+    """The adapters PEFT puts on ``module``: a LoRA layer where a module target names it (outside the
+    ``modules_to_save``), a ParamWrapper per parameter a parameter target names (``_inject_parameters``)."""
+    adapters = []
+    if _matches(module.hf_name, names) and not _inside_saved(module.hf_name, lora.modules_to_save):
+        if module.cls in LINEAR_CLASSES:
+            adapters.append(Adapted(module, AdapterLayer.LINEAR, lora.rank))
+        elif module.cls is ModuleClass.EMBEDDING:
+            adapters.append(Adapted(module, AdapterLayer.EMBEDDING, lora.rank))
+        else:
+            raise _not_supported(module.hf_name, module.cls.value)
+    wrapped = [n for n in module.hf_parameters() if _matches(f"{module.hf_name}.{n}", set(parameters))]
+    if wrapped and adapters:
+        raise _not_supported(module.hf_name, "a module adapted already, whose parameters PEFT cannot wrap")
+    for index, name in enumerate(wrapped):
+        target = next(t for t in sorted(parameters) if _matches(f"{module.hf_name}.{name}", {t}))
+        adapters.append(
+            Adapted(module, AdapterLayer.PARAMETER, parameters[target], name, len(wrapped) - 1 - index)
+        )
+    return adapters
+
+
+def _named(module: HfModule, names: set[str]) -> set[str]:
+    """The target names that name ``module`` or one of its parameters."""
+    keys = [module.hf_name, *(f"{module.hf_name}.{p}" for p in module.hf_parameters())]
+    return {n for n in names if any(_matches(key, {n}) for key in keys)}
+
+
 @lru_cache(maxsize=64)
 def peft_plan(arch: Architecture, lora: LoraSpec) -> PeftPlan:
     """What ``get_peft_model(model, LoraConfig(...))`` adapts and copies in ``arch`` (the rules above); an
@@ -258,35 +287,10 @@ def peft_plan(arch: Architecture, lora: LoraSpec) -> PeftPlan:
         )
     names, parameters = _resolve(arch, lora)
     saved, unmatched = _saved(arch, lora.modules_to_save)
-    hit: set[str] = set()
     for _, hf in hf_containers(arch):
         if _matches(hf, names) and not _inside_saved(hf, lora.modules_to_save):
             raise _not_supported(hf, "a module holding others")
-    plan: list[Adapted] = []
-    wrapped: set[str] = set()
-    for module in hf_modules(arch):
-        if _matches(module.hf_name, names) and not _inside_saved(module.hf_name, lora.modules_to_save):
-            hit.update(n for n in names if _matches(module.hf_name, {n}))
-            if module.cls in LINEAR_CLASSES:
-                plan.append(Adapted(module, AdapterLayer.LINEAR, lora.rank))
-            elif module.cls is ModuleClass.EMBEDDING:
-                plan.append(Adapted(module, AdapterLayer.EMBEDDING, lora.rank))
-            else:
-                raise _not_supported(module.hf_name, module.cls.value)
-            wrapped.add(module.hf_name)
-        keys = [
-            name for name in module.hf_parameters() if _matches(f"{module.hf_name}.{name}", set(parameters))
-        ]
-        for index, name in enumerate(keys):
-            if module.hf_name in wrapped:
-                raise _not_supported(
-                    module.hf_name, "a module adapted already, whose parameters PEFT cannot wrap"
-                )
-            target = next(t for t in sorted(parameters) if _matches(f"{module.hf_name}.{name}", {t}))
-            hit.add(target)
-            plan.append(
-                Adapted(module, AdapterLayer.PARAMETER, parameters[target], name, len(keys) - 1 - index)
-            )
+    plan = [a for module in hf_modules(arch) for a in _module_adapters(module, names, parameters, lora)]
     if not plan:
         raise InputError(
             f"{{lora_targets}} {shown(sorted(names | set(parameters)))} match no module PEFT 0.21 can adapt "
@@ -301,8 +305,9 @@ def peft_plan(arch: Architecture, lora: LoraSpec) -> PeftPlan:
                     f"{{modules_to_save}} copies {adapted.module.hf_name}, which {{lora_targets}} adapts too "
                     "(PEFT would copy the adapted layer); accepted: modules apart from the targets"
                 )
-    missed = (names | set(parameters)) - hit
-    return PeftPlan(tuple(plan), saved, tuple(sorted(missed | unmatched)))
+    every = names | set(parameters)
+    named = set().union(*(_named(m, every) for m in hf_modules(arch)))
+    return PeftPlan(tuple(plan), saved, tuple(sorted((every - named) | unmatched)))
 
 
 def _adapter(adapted: Adapted) -> list[ParamTensor]:

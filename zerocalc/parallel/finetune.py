@@ -105,6 +105,9 @@ class FineTuning(BaseModel):
             raise ValueError(
                 "a quantised base is trained through adapters: purely quantised models are refused"
             )
+        if self.kbit_prepared and self.lora is None:
+            # peft/utils/other.py prepare_model_for_kbit_training: "freeze base model's layers"
+            raise ValueError("prepare_model_for_kbit_training freezes every parameter: it needs adapters")
         if self.freeze and self.lora is not None:
             raise ValueError("freeze names modules frozen in a full fine-tune; LoRA freezes the whole base")
         return self
