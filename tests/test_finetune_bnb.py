@@ -56,7 +56,7 @@ MODELS: dict[str, dict[str, Any]] = {
                "num_attention_heads": 4, **TOKENS},
 }  # fmt: skip
 
-TORCH = {DType.UINT8: "uint8", DType.BF16: "bfloat16", DType.FP32: "float32", DType.FP16: "float16"}
+TORCH = {d: d.torch_name for d in (DType.UINT8, DType.INT8, DType.BF16, DType.FP32, DType.FP16)}
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +142,8 @@ CASES += [
         "llama", QuantConfig(method=QuantMethod.INT8, skip_modules=("mlp.down_proj",)), id="llama-int8-skip"
     ),
     pytest.param("llama", QuantConfig(method=QuantMethod.NF4, storage=DType.FP32), id="llama-nf4-fp32"),
+    pytest.param("llama", QuantConfig(method=QuantMethod.FP4, storage=DType.INT8), id="llama-fp4-int8"),
+    pytest.param("llama", QuantConfig(method=QuantMethod.NF4, storage=DType.FP16), id="llama-nf4-fp16"),
 ]
 for family in ("gpt2", "mixtral", "qwen2_moe", "gemma2", "falcon"):
     CASES += [

@@ -175,6 +175,8 @@ def test_a_quantised_base_needs_adapters_and_freeze_is_for_full_fine_tuning() ->
         LoraConfig(rank=8, targets="q_proj")  # one name is a tuple; a string is all-linear
     with pytest.raises(ValidationError):
         QuantConfig(method=QuantMethod.INT8, double_quant=True)
+    with pytest.raises(ValidationError, match="bnb_4bit_quant_storage"):
+        QuantConfig(method=QuantMethod.NF4, storage=DType.FP8)
     assert FineTuning(lora=LoraConfig(rank=8)).base_frozen
     assert not FineTuning(freeze=("embed_tokens",)).base_frozen
     assert hash(FineTuning(lora=LoraConfig(rank=8, targets=("q_proj",)))) == hash(

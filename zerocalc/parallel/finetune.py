@@ -49,6 +49,11 @@ class LoraConfig(BaseModel):
         return self
 
 
+QUANT_STORAGE = (DType.UINT8, DType.INT8, DType.BF16, DType.FP16, DType.FP32)
+"""The storage dtypes ``BitsAndBytesConfig`` takes for 4-bit data (transformers/utils/quantization_config.py:
+uint8, int8, bfloat16, float16, float32; float64 too, which zerocalc has no dtype for)."""
+
+
 class QuantConfig(BaseModel):
     """transformers' ``BitsAndBytesConfig`` as far as memory goes, and whether
     ``prepare_model_for_kbit_training`` runs (peft/utils/other.py)."""
@@ -75,6 +80,8 @@ class QuantConfig(BaseModel):
     def _consistent(self) -> QuantConfig:
         if self.method is QuantMethod.INT8 and self.storage is not DType.UINT8:
             raise ValueError("the storage dtype is bnb_4bit_quant_storage: LLM.int8 stores int8")
+        if self.storage not in QUANT_STORAGE:
+            raise ValueError(f"bnb_4bit_quant_storage is one of {', '.join(d.value for d in QUANT_STORAGE)}")
         if self.method in (QuantMethod.INT8, QuantMethod.NONE) and self.double_quant:
             raise ValueError("double quantisation is of 4-bit absmax values (nf4, fp4)")
         return self
