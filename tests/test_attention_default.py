@@ -10,15 +10,30 @@ import pytest
 
 from zerocalc.api import estimate_peak
 from zerocalc.model.code import HF_ATTENTION, MODEL_CODES, AttentionKernel, ModelImplName
-from zerocalc.model.hf_config import SUPPORTED
+from zerocalc.model.hf_config import FAMILIES, SUPPORTED
 from zerocalc.peak.kinds import StepPhase
+from zerocalc.request.presets import load_model
 
 DATA = Path(__file__).parent / "data" / "h200-fsdp2-gpt2xl"
 STEPS = [json.loads(line) for line in (DATA / "steps.jsonl").read_text().splitlines()]
 
 
 def test_every_supported_family_names_its_modeling_file() -> None:
-    assert set(HF_ATTENTION) == set(SUPPORTED)
+    """Every family whose transformers code runs SDPA names its modeling file; the others run eager only
+    (test_the_others_run_eager_in_transformers), the kernel assumed for a family without an entry."""
+    assert set(HF_ATTENTION) <= set(SUPPORTED)
+    assert set(SUPPORTED) - set(HF_ATTENTION) == {"gpt_oss"}
+
+
+def test_the_others_run_eager_in_transformers() -> None:
+    """GPT-OSS's sinks join the softmax, which SDPA does not take: ``_supports_sdpa = False``."""
+    transformers = pytest.importorskip("transformers")
+    root = Path(transformers.__file__).parent
+    for family in set(SUPPORTED) - set(HF_ATTENTION):
+        source = (root / FAMILIES[family].follows.split(":")[0]).read_text()
+        assert "_supports_sdpa = False" in source, family
+    arch, _ = load_model("gpt-oss-20b")
+    assert MODEL_CODES[ModelImplName.HF].default_attention(arch)[0] is AttentionKernel.EAGER
 
 
 def test_the_table_follows_the_transformers_source() -> None:

@@ -14,7 +14,7 @@ from zerocalc.base.dtypes import DType
 from zerocalc.bench.config import BenchConfig
 from zerocalc.bench.sweep import sweep_points
 from zerocalc.bench.worker import build_calibration
-from zerocalc.cli.bench import default_out_path
+from zerocalc.cli.bench_files import default_out_path
 from zerocalc.network.calibration import load_calibration, save_calibration
 from zerocalc.network.cluster import RankGroup
 from zerocalc.network.collectives import COLLECTIVES, Collective

@@ -187,7 +187,7 @@ def no_ranks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict]:
         (["--step-factor", "1"], "--step-factor 1 is not accepted; accepted: a whole number from 2 to 1024"),
         (["--step-factor", "1025"], "--step-factor 1025 is not accepted"),
         (["--step-factor", str(10**21)], f"--step-factor {10**21} is not accepted"),
-        (["--step-factor", "1.5"], "Invalid value for '--step-factor'"),
+        (["--step-factor", "1.5"], "--step-factor '1.5' is not accepted; accepted: a whole number"),
         # iterations: at most a million
         (["--iters", "0"], "--iters 0 is not accepted; accepted: 1 to 1,000,000 iterations"),
         (["--iters", str(10**21)], f"--iters {10**21} is not accepted; accepted: 1 to 1,000,000 iterations"),

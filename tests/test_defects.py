@@ -395,10 +395,10 @@ def test_bench_out_is_checked_before_any_rank_starts(
 
 def test_bench_default_out_folder_is_created(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The cache folder zerocalc chose is created (the user named none)."""
-    from zerocalc.cli.bench import _check_out, default_out_folder
+    from zerocalc.cli.bench_files import check_out, default_out_folder
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    _check_out(default_out_folder() / "calibration.json", parents=True)  # accepted, nothing created yet
+    check_out(default_out_folder() / "calibration.json", parents=True)  # accepted, nothing created yet
     assert not (tmp_path / "cache").exists()
 
 
@@ -611,7 +611,7 @@ def test_a_progress_bar_names_what_runs_now() -> None:
 
 
 def test_validate_collective_headers_are_distinct() -> None:
-    from zerocalc.cli.validate import _collective_table
+    from zerocalc.cli.validate_report import collective_table
     from zerocalc.parallel.precision import PrecisionName
     from zerocalc.validate.compare import CollectiveResult, ConfigResult
 
@@ -622,7 +622,7 @@ def test_validate_collective_headers_are_distinct() -> None:
     config = ConfigResult(
         strategy="ddp", precision=PrecisionName.FP32, status="match", collectives=[collective]
     )
-    headers = [str(column.header) for column in _collective_table(config).columns if str(column.header)]
+    headers = [str(column.header) for column in collective_table(config).columns if str(column.header)]
     assert len(headers) == len(set(headers))
     assert "calls\nmeas." in headers and "bytes/rank\nmeas." in headers
 

@@ -21,7 +21,12 @@ transformers = pytest.importorskip("transformers")
 
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
-from zerocalc.model.architecture import ParameterCount, count_parameters  # noqa: E402
+from zerocalc.model.architecture import (  # noqa: E402
+    ParameterCount,
+    TensorParallelRank,
+    count_parameters,
+    layer_tensors,
+)
 from zerocalc.model.hf_config import FAMILIES, architecture_from_hf_config  # noqa: E402
 from zerocalc.request.presets import load_model  # noqa: E402
 
@@ -82,6 +87,12 @@ CASES: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {
                 [{}, {"num_experts_per_tok": 1, "head_dim": 12, "num_key_value_heads": 2}]),
     "qwen2": ({**TINY, "num_attention_heads": 32}, [  # its default num_key_value_heads is 32
         {}, {"num_key_value_heads": 2, "num_attention_heads": 4, "tie_word_embeddings": True}]),
+    "gpt_oss": ({**TINY, "num_attention_heads": 8, "num_local_experts": 4, "num_experts_per_tok": 2}, [
+        # its defaults: head_dim 64, num_key_value_heads 8
+        {}, {"head_dim": 12, "num_key_value_heads": 2}, {"head_dim": 4, "num_key_value_heads": 8},
+        {"attention_bias": False}, {"tie_word_embeddings": True}, {"num_experts_per_tok": 4},
+        {"num_local_experts": 6, "experts_per_token": 6},  # the released file's twin key, unread
+    ]),
 }  # fmt: skip
 
 
@@ -176,6 +187,11 @@ def test_mixtral_experts_are_one_module_in_transformers_5() -> None:
 # ------------------------------------------------------------------------------------ published models
 # Hyper-parameters of each model's published config.json (huggingface.co/<repo>/blob/main/config.json), the
 # exact count transformers 5.17 builds from them on the meta device, and the preset that carries them.
+LLAMA3 = {"vocab_size": 128256, "num_key_value_heads": 8, "tie_word_embeddings": False}
+QWEN3 = {"model_type": "qwen3", "vocab_size": 151936, "num_key_value_heads": 8, "head_dim": 128}
+GPT_OSS = {"model_type": "gpt_oss", "vocab_size": 201088, "hidden_size": 2880, "intermediate_size": 2880,
+           "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_experts_per_tok": 4,
+           "attention_bias": True, "tie_word_embeddings": False}  # fmt: skip
 PUBLISHED: dict[str, tuple[dict[str, Any], int]] = {
     # google/gemma-2-2b; 2,614,341,888 is the count issue #16 quotes (the Gemma 2 report rounds to 2.6B)
     "gemma-2-2b": ({"model_type": "gemma2", "vocab_size": 256000, "hidden_size": 2304,
@@ -219,6 +235,58 @@ PUBLISHED: dict[str, tuple[dict[str, Any], int]] = {
     "olmo-2-1124-7b": ({"model_type": "olmo2", "vocab_size": 100352, "hidden_size": 4096,
                         "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
                         "num_key_value_heads": 32, "tie_word_embeddings": False}, 7_298_617_344),
+    # meta-llama/Llama-3.1-8B and -70B (128k context: rope_scaling llama3, factor 8), Llama-3.2-1B and -3B
+    # (tied, factor 32)
+    "llama-3.1-8b": ({"model_type": "llama", **LLAMA3, "hidden_size": 4096, "intermediate_size": 14336,
+                      "num_hidden_layers": 32, "num_attention_heads": 32}, 8_030_261_248),
+    "llama-3.1-70b": ({"model_type": "llama", **LLAMA3, "hidden_size": 8192, "intermediate_size": 28672,
+                       "num_hidden_layers": 80, "num_attention_heads": 64}, 70_553_706_496),
+    "llama-3.2-1b": ({"model_type": "llama", **LLAMA3, "hidden_size": 2048, "intermediate_size": 8192,
+                      "num_hidden_layers": 16, "num_attention_heads": 32, "head_dim": 64,
+                      "tie_word_embeddings": True}, 1_235_814_400),
+    "llama-3.2-3b": ({"model_type": "llama", **LLAMA3, "hidden_size": 3072, "intermediate_size": 8192,
+                      "num_hidden_layers": 28, "num_attention_heads": 24, "head_dim": 128,
+                      "tie_word_embeddings": True}, 3_212_749_824),
+    # Qwen/Qwen3-0.6B, -1.7B, -4B (tied), -14B, -32B (the cards: 0.6, 1.7, 4.0, 14.8, 32.8B)
+    "qwen3-0.6b": ({**QWEN3, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+                    "num_attention_heads": 16, "tie_word_embeddings": True}, 596_049_920),
+    "qwen3-1.7b": ({**QWEN3, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
+                    "num_attention_heads": 16, "tie_word_embeddings": True}, 1_720_574_976),
+    "qwen3-4b": ({**QWEN3, "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+                  "num_attention_heads": 32, "tie_word_embeddings": True}, 4_022_468_096),
+    "qwen3-14b": ({**QWEN3, "hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 40,
+                   "num_attention_heads": 40, "tie_word_embeddings": False}, 14_768_307_200),
+    "qwen3-32b": ({**QWEN3, "hidden_size": 5120, "intermediate_size": 25600, "num_hidden_layers": 64,
+                   "num_attention_heads": 64, "tie_word_embeddings": False}, 32_762_123_264),
+    # Qwen/Qwen3-235B-A22B (the card: 235B total, 22B activated)
+    "qwen3-235b-a22b": ({"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 4096,
+                         "intermediate_size": 12288, "moe_intermediate_size": 1536, "num_hidden_layers": 94,
+                         "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128,
+                         "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1,
+                         "mlp_only_layers": [], "tie_word_embeddings": False}, 235_093_634_560),
+    # openai/gpt-oss-20b and -120b, their bf16 training form (the card: 20.91B and 116.83B total)
+    "gpt-oss-20b": ({**GPT_OSS, "num_hidden_layers": 24, "num_local_experts": 32}, 20_914_757_184),
+    "gpt-oss-120b": ({**GPT_OSS, "num_hidden_layers": 36, "num_local_experts": 128}, 116_829_156_672),
+    # moonshotai/Kimi-K2-Base, read as DeepSeek-V3 (its model_type kimi_k2: test_kimi_k2_is_deepseek_v3)
+    "kimi-k2": ({"model_type": "deepseek_v3", "vocab_size": 163840, "hidden_size": 7168,
+                 "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+                 "num_attention_heads": 64, "num_key_value_heads": 64, "n_shared_experts": 1,
+                 "n_routed_experts": 384, "num_experts_per_tok": 8, "first_k_dense_replace": 1,
+                 "moe_layer_freq": 1, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+                 "qk_rope_head_dim": 64, "v_head_dim": 128, "n_group": 1, "topk_group": 1,
+                 "num_nextn_predict_layers": 0, "tie_word_embeddings": False}, 1_026_408_209_408),
+    # mistralai/Mistral-7B-v0.3 (vocabulary 32,768), Mistral-Small-24B-Base-2501, Mixtral-8x22B-v0.1
+    "mistral-7b-v0.3": ({"model_type": "mistral", "vocab_size": 32768, "hidden_size": 4096,
+                         "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                         "num_key_value_heads": 8, "tie_word_embeddings": False}, 7_248_023_552),
+    "mistral-small-24b": ({"model_type": "mistral", "vocab_size": 131072, "hidden_size": 5120,
+                           "intermediate_size": 32768, "num_hidden_layers": 40, "num_attention_heads": 32,
+                           "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": False},
+                          23_572_403_200),
+    "mixtral-8x22b": ({"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 6144,
+                       "intermediate_size": 16384, "num_hidden_layers": 56, "num_attention_heads": 48,
+                       "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
+                       "tie_word_embeddings": False}, 140_620_634_112),
     # tiiuae/falcon-7b (the card: 7B)
     "falcon-7b": ({"model_type": "falcon", "vocab_size": 65024, "hidden_size": 4544, "num_hidden_layers": 32,
                    "num_attention_heads": 71, "multi_query": True, "parallel_attn": True,
@@ -240,6 +308,23 @@ COMMON_EXTRAS = {
     "use_cache": True,
     "attention_dropout": 0.0,
 }
+LLAMA31_EXTRAS = {"max_position_embeddings": 131072, "rope_theta": 500000.0, "pretraining_tp": 1,
+                  "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+                  "attention_bias": False, "mlp_bias": False, "rms_norm_eps": 1e-05, "hidden_act": "silu",
+                  "bos_token_id": 128000, "eos_token_id": 128001}  # fmt: skip
+QWEN3_EXTRAS = {"max_position_embeddings": 40960, "max_window_layers": 28, "use_sliding_window": False,
+                "sliding_window": None, "rope_scaling": None, "rope_theta": 1000000, "attention_bias": False,
+                "rms_norm_eps": 1e-06, "bos_token_id": 151643, "eos_token_id": 151645}  # fmt: skip
+LLAMA32_EXTRAS = {**LLAMA31_EXTRAS, "rope_scaling": {**LLAMA31_EXTRAS["rope_scaling"], "factor": 32.0}}
+GPT_OSS_EXTRAS = {
+    "experts_per_token": 4, "swiglu_limit": 7.0, "initial_context_length": 4096, "sliding_window": 128,
+    "layer_types": None, "hidden_act": "silu", "rms_norm_eps": 1e-05, "rope_theta": 150000,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                     "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False},
+    "max_position_embeddings": 131072, "output_router_logits": False, "router_aux_loss_coef": 0.9,
+    "pad_token_id": 199999, "eos_token_id": 200002,
+}  # fmt: skip
 EXTRAS: dict[str, dict[str, Any]] = {
     "gemma-2-2b": {"hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
                    "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
@@ -271,6 +356,27 @@ EXTRAS: dict[str, dict[str, Any]] = {
                   "layer_norm_epsilon": 1e-05},
     "pythia-1.4b": {"rotary_emb_base": 10000, "layer_norm_eps": 1e-05, "hidden_act": "gelu",
                     "max_position_embeddings": 2048},
+    **dict.fromkeys(("llama-3.1-8b", "llama-3.1-70b"), LLAMA31_EXTRAS),
+    "llama-3.2-1b": LLAMA32_EXTRAS,
+    "llama-3.2-3b": LLAMA32_EXTRAS,
+    **dict.fromkeys(("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-14b", "qwen3-32b"), QWEN3_EXTRAS),
+    "qwen3-235b-a22b": {**QWEN3_EXTRAS, "norm_topk_prob": True, "output_router_logits": False,
+                        "router_aux_loss_coef": 0.001, "max_window_layers": 94},
+    "gpt-oss-20b": GPT_OSS_EXTRAS,
+    "gpt-oss-120b": GPT_OSS_EXTRAS,
+    "kimi-k2": {"topk_method": "noaux_tc", "scoring_func": "sigmoid", "aux_loss_alpha": 0.001,
+                "seq_aux": True, "ep_size": 1, "routed_scaling_factor": 2.827, "norm_topk_prob": True,
+                "attention_bias": False, "max_position_embeddings": 131072, "rope_theta": 50000.0,
+                "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0,
+                                 "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                                 "type": "yarn"},
+                "bos_token_id": 163584, "eos_token_id": 163585, "rms_norm_eps": 1e-06},
+    "mistral-7b-v0.3": {"max_position_embeddings": 32768, "rope_theta": 1000000.0, "sliding_window": None,
+                        "rms_norm_eps": 1e-05, "hidden_act": "silu"},
+    "mistral-small-24b": {"max_position_embeddings": 32768, "rope_theta": 100000000.0, "sliding_window": None,
+                          "rms_norm_eps": 1e-05, "hidden_act": "silu"},
+    "mixtral-8x22b": {"max_position_embeddings": 65536, "rope_theta": 1000000.0, "sliding_window": None,
+                      "router_aux_loss_coef": 0.001, "output_router_logits": False, "rms_norm_eps": 1e-05},
 }  # fmt: skip
 
 
@@ -294,3 +400,39 @@ def test_gpt2_untied_counts_its_head(tmp_path: Path) -> None:
               "n_positions": 1024, "tie_word_embeddings": False}  # fmt: skip
     model, cfg = build(config)
     assert reference(model, cfg).total == read(tmp_path, config).total == 163_037_184
+
+
+def test_kimi_k2_is_deepseek_v3(tmp_path: Path) -> None:
+    """Kimi K2's config.json names model_type kimi_k2 (which transformers 5.17 does not register) for
+    DeepSeek-V3's classes (its architectures and auto_map): zerocalc reads it as deepseek_v3, whose
+    DeepseekV3ForCausalLM is what it builds."""
+    config, total = PUBLISHED["kimi-k2"]
+    config = {**config, **COMMON_EXTRAS, **EXTRAS["kimi-k2"], "architectures": ["DeepseekV3ForCausalLM"],
+              "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+                           "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"}}  # fmt: skip
+    model, cfg = build(config)
+    kimi = read(tmp_path, {**config, "model_type": "kimi_k2"})
+    assert ours(kimi) == reference(model, cfg) and kimi.total == total
+    assert architecture_from_hf_config(tmp_path / "config.json").family == "deepseek_v3"
+
+
+def test_gpt_oss_sinks_split_with_the_heads_and_expert_biases_with_their_columns() -> None:
+    """Under tensor parallelism a rank holds its heads' sinks and its share of each expert's gate/up columns
+    with their biases; the down projection's bias, like a row-parallel Linear's, and the router stay whole."""
+    arch, _ = load_model("gpt-oss-20b")
+    rank = TensorParallelRank(**dict(arch), tp=2)
+    shapes = {f"{t.module.split('.', 2)[-1]}.{t.name}": t.shape for t in layer_tensors(rank, 0)}
+    e, d, f = 32, 2880, 2880
+    assert shapes["attn.sinks"] == (32,)
+    assert shapes["moe.experts.gate_up_proj"] == (e, f, d) and shapes["moe.experts.gate_up_proj_bias"] == (
+        e,
+        f,
+    )
+    assert shapes["moe.experts.down_proj"] == (e, d, f // 2) and shapes["moe.experts.down_proj_bias"] == (
+        e,
+        d,
+    )
+    assert shapes["moe.router.weight"] == (e, d) and shapes["moe.router.bias"] == (e,)
+    experts = TensorParallelRank(**dict(arch), tp=1, ep=4)
+    ep_shapes = {t.name: t.shape for t in layer_tensors(experts, 0) if t.module.endswith("experts")}
+    assert ep_shapes["gate_up_proj_bias"] == (8, 2 * f) and ep_shapes["down_proj_bias"] == (8, d)

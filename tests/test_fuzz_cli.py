@@ -27,12 +27,14 @@ TEXT = st.one_of(st.text(max_size=12), NUMBERS, st.sampled_from(["", " ", "all",
 
 
 def _options(command_name: str) -> list[tuple[str, bool]]:
-    """(flag, is_boolean_flag) of every option of a command, from the command itself."""
+    """(flag, is_boolean_flag) of every option of a command (``validate fake``: a group's), from the
+    command itself."""
     click_app = load_commands()
     from typer.main import get_command
 
-    group = get_command(click_app)
-    command = group.commands[command_name]  # type: ignore[attr-defined]
+    command = get_command(click_app)
+    for word in command_name.split():
+        command = command.commands[word]  # type: ignore[attr-defined]
     flags = []
     for param in command.params:
         if param.param_type_name != "option" or param.name in ("help", "json", "out"):
@@ -142,27 +144,33 @@ def test_every_option_of_memory_with_a_model(data: st.DataObject, tmp_path: Path
     )
 
 
-VALIDATE_MODES = st.sampled_from(
-    [[], ["--activations"], ["--device", "cpu"], ["--device", "cuda"], ["--pp", "2"], ["--fake", "--pp", "2"],
-     ["--ep", "2"]]
+VALIDATE_SUBCOMMANDS = st.sampled_from(
+    [["frameworks"], ["tp"], ["activations"], ["cuda"], ["fake"], ["pipeline"], ["pipeline", "--fake"],
+     ["expert"]]
 )  # fmt: skip
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data(), mode=VALIDATE_MODES)
-def test_every_option_of_validate(
-    data: st.DataObject, mode: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@settings(max_examples=160, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), subcommand=VALIDATE_SUBCOMMANDS)
+def test_every_option_of_each_validate_subcommand(
+    data: st.DataObject, subcommand: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every validate option, random values, in each of its modes (frameworks, --activations, --device,
-    --pp, --fake --pp, --ep): refused in one line before anything runs, or accepted (the runs themselves
-    are replaced: no process is spawned and no model built)."""
-    from zerocalc.validate import expert, pipeline, run, saved_measure
+    """Every option of each validate subcommand (and of pipeline's --fake run), random values: refused in
+    one line before anything runs, or accepted (the runs themselves are replaced: no process is spawned
+    and no model built)."""
+    from zerocalc.validate import expert, fake_step, pipeline_run, run, saved_measure
 
     monkeypatch.setattr(run, "run_all", _never_measure)
-    monkeypatch.setattr(saved_measure, "run_cases", _never_measure)
-    for module, name in ((pipeline, "run_pipeline"), (pipeline, "run_fake_pipeline"), (expert, "run_expert")):
+    for module, name in (
+        (saved_measure, "run_cases"),
+        (fake_step, "run_cases"),
+        (pipeline_run, "run_pipeline"),
+        (pipeline_run, "run_fake_pipeline"),
+        (expert, "run_expert"),
+    ):
         monkeypatch.setattr(module, name, _never_measure)
-    _run_and_check(_draw_args(data, "validate", ["validate", *mode]), tmp_path)
+    command = f"validate {subcommand[0]}"
+    _run_and_check(_draw_args(data, command, ["validate", *subcommand]), tmp_path)
 
 
 COLUMNS = st.one_of(st.integers(-5, 400).map(str), st.sampled_from(["", " ", "abc", "80x", "1e3"]))

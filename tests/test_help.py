@@ -13,7 +13,12 @@ from zerocalc.cli import COMMANDS, app, load_commands
 runner = CliRunner()
 
 
-@pytest.mark.parametrize("command", [*COMMANDS, "presets list", "presets show"])
+VALIDATE = ["frameworks", "tp", "activations", "cuda", "fake", "pipeline", "expert"]
+
+
+@pytest.mark.parametrize(
+    "command", [*COMMANDS, "presets list", "presets show", *(f"validate {name}" for name in VALIDATE)]
+)
 def test_help_fits_80_columns_and_shows_its_defaults(command: str) -> None:
     load_commands()
     result = runner.invoke(app, [*command.split(), "--help"], env={"COLUMNS": "80"}, terminal_width=80)

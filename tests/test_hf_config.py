@@ -141,6 +141,6 @@ def test_validate_refuses_what_it_cannot_build(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     path = tmp_path / "config.json"
     path.write_text(json.dumps(QWEN3))
-    result = runner.invoke(app, ["validate", "--model", str(path)])
+    result = runner.invoke(app, ["validate", "frameworks", "--model", str(path)])
     assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "q/k norms; zerocalc validate builds dense pre-norm blocks" in result.stderr

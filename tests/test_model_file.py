@@ -225,7 +225,7 @@ def test_validate_fake_builds_a_model_file(tmp_path: Path) -> None:
     path = tmp_path / "tiny.toml"
     path.write_text(SMALL_LLAMA.replace("[architecture]\n", '[architecture]\nfamily = "llama"\n'))
     result = runner.invoke(
-        app, ["validate", "--fake", "--model", str(path), "--world", "2", "-s", "32", "--json"]
+        app, ["validate", "fake", "--model", str(path), "--world", "2", "-s", "32", "--json"]
     )
     assert result.exit_code == 0, result.output
     (case,) = json.loads(result.output)["cases"]

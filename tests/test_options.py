@@ -186,3 +186,61 @@ def test_numbers_typed_as_text_are_echoed_as_numbers() -> None:
     assert (options["gpus"], options["tflops"], options["params"], options["tokens_per_step"]) == (
         8, 400.5, "7B", "4M"
     )  # fmt: skip
+
+
+# ------------------------------------------------------------------ bench and the validate subcommands
+def _click_command(words: list[str]) -> Any:
+    import typer.main
+
+    load_commands()
+    command = typer.main.get_command(app)
+    for word in words:
+        command = command.commands[word]  # type: ignore[attr-defined]
+    return command
+
+
+MEASURE_COMMANDS = ["bench", *(f"validate {name}" for name in
+                    ("frameworks", "tp", "activations", "cuda", "fake", "pipeline", "expert"))]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", MEASURE_COMMANDS)
+def test_each_measuring_command_takes_exactly_its_records_with_their_flags_and_defaults(command: str) -> None:
+    """bench and every validate subcommand have one parameter per record that names them (or their
+    variant: bench --compute, validate pipeline --fake), spelled and defaulted as the record says."""
+    from zerocalc.cli.measure_options import Measure, declared_options
+
+    params = {p.name: p for p in _click_command(command.split()).params}
+    declared = declared_options(Measure(command))
+    assert set(params) == {o.name for o in declared}
+    for o in declared:
+        assert set(o.flags) <= set(params[o.name].opts) | set(params[o.name].secondary_opts), o.name
+        expected = o.default if o.kind is not Kind.TEXT or o.default is None else str(o.default)
+        assert params[o.name].default == expected, o.name
+
+
+def test_a_shared_option_is_one_record() -> None:
+    """--nproc is one record for bench and every validate subcommand that starts processes; --model and
+    --json are memory's own records (the same help, flags and default), and a name is one flag."""
+    from zerocalc.cli.measure_options import MEASURE_OPTIONS, VARIANTS, Measure, measure_options_for
+
+    (nproc,) = {o for o in MEASURE_OPTIONS if o.name == "nproc"}
+    assert {c for c in Measure if nproc in measure_options_for(c)} == {
+        Measure.BENCH,
+        Measure.FRAMEWORKS,
+        Measure.TP,
+        Measure.PIPELINE,
+        Measure.EXPERT,
+    }
+    for name in ("model", "json"):
+        memory = option(Command.MEMORY, name)
+        shared = [o for o in MEASURE_OPTIONS if o.name == name and o.help == memory.help]
+        assert shared and all(o._replace(commands=memory.commands) == memory for o in shared)
+    flags = dict(FLAGS)
+    for o in MEASURE_OPTIONS:  # a name is one flag in every command, memory's and these
+        assert flags.setdefault(o.name, o.flag) == o.flag, o.name
+    for command in Measure:  # one record per name in a command, and in a command and its variant
+        names = [o.name for o in measure_options_for(command)]
+        assert len(names) == len(set(names)), command
+    for command, (_, variant) in VARIANTS.items():
+        both = measure_options_for(command) + measure_options_for(variant)
+        assert len({o.name for o in both}) == len(set(both)), command

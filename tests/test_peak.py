@@ -120,13 +120,16 @@ def test_paper_zero3_step_start_by_hand() -> None:
 
 
 def test_paper_zero3_peak_terms_by_hand() -> None:
-    """At layer 31's backward: the root unit (kept from forward) and layers 31 and 30 (one prefetched)
-    gathered in bf16; the resident 2Ψ/8 gradient shard plus the root's unreduced LM-head and final-norm
-    gradients (bf16, 2·(32000·4096 + 4096))."""
+    """At layer 31's first norm backward, the last node of its backward: the root unit (kept from forward)
+    and layers 31 and 30 (one prefetched) gathered in bf16; the resident 2Ψ/8 gradient shard, the root's
+    unreduced LM-head and final-norm gradients (bf16, 2·(32000·4096 + 4096)) and layer 31's whole gradient
+    (bf16, 2·BLOCK, each weight's its own tensor); the norm's saved fp32 input and its five fp32
+    gradients (6 · 4·T·h, T = 2048)."""
     row = _row("llama-2-7b", 8, "zero3")
-    assert (row.peak_phase, row.peak_event) == (StepPhase.BACKWARD, "layer 31 backward")
+    assert (row.peak_phase, row.peak_event) == (StepPhase.BACKWARD, "layer 31 first norm backward")
     assert row.term(TensorKind.GATHERED) == 2 * ROOT + 2 * 2 * BLOCK == 1_333_829_632
-    assert row.term(TensorKind.GRADIENTS) == 2 * PSI // 8 + 2 * (32000 * 4096 + 4096)
+    assert row.term(TensorKind.GRADIENTS) == 2 * PSI // 8 + 2 * (32000 * 4096 + 4096) + 2 * BLOCK
+    assert row.term(TensorKind.TRANSIENT) == 6 * 4 * 2048 * 4096
     assert row.term(TensorKind.OPTIMIZER_STATES) == 12 * PSI // 8
     # the optimizer step: foreach's sqrt(exp_avg_sq) is one fp32 copy of the shard
     tensors = _tensors("llama-2-7b", 8, "zero3")

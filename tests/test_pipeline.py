@@ -591,7 +591,7 @@ def test_pipeline_refusals(args: list[str], fragment: str) -> None:
 
 
 def test_the_core_stages_are_what_validate_builds() -> None:
-    # zerocalc validate --pp builds each stage's modules from the core's layers; the core's PipelineStage
+    # zerocalc validate pipeline builds each stage's modules from the core's layers; the core's PipelineStage
     # holds the whole model's tensors of those modules: the embedding on stage 0, L/p consecutive blocks,
     # the final norm and head on stage p − 1 (an untied model: no second head); a boundary carries the
     # b·s·h elements validate predicts

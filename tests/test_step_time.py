@@ -441,8 +441,11 @@ def test_bench_compute_on_the_cpu_writes_a_table_comm_uses(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["bench", "--compute", "--collectives", "all"], "--collectives with --compute"),
-        (["bench", "--model", "gpt2"], "--model sizes the shapes of --compute"),
+        (["bench", "--compute", "--collectives", "all"],
+         "--collectives is not read with --compute; accepted with --compute: --dtype, --warmup"),
+        (["bench", "--model", "gpt2"], "--model is read only with --compute; accepted: --compute --model"),
+        (["bench", "--compute", "--seq-len", "8k"], "--seq-len sizes the shapes of --model"),
+        (["bench", "--compute", "--model", "gpt2", "--tp", "5"], "--tp 5: gpt2 has 12 attention heads"),
         (["comm", "--model", "gpt2", "--gpu", "h100-80gb", "--compute-calibration", ""],
          "--compute-calibration '' is empty"),
         (["comm", "--model", "gpt2", "--gpu", "h100-80gb", "--compute-calibration", "/nonexistent.json"],
@@ -464,9 +467,9 @@ def test_a_file_that_is_no_table_is_one_line(tmp_path: Path) -> None:
     )
 
 
-# ------------------------------------------------------------------------------ validate --time-steps
+# ------------------------------------------------------------------------- validate cuda --time-steps
 def test_timing_loop_warms_up_synchronises_and_times_each_step() -> None:
-    """The loop behind ``validate --device cuda --time-steps``: warm-up steps untimed, one
+    """The loop behind ``validate cuda --time-steps``: warm-up steps untimed, one
     synchronisation before timing, each timed step closed by one (a clock that advances 1 s per read)."""
     from zerocalc.validate.step_timing import step_timing, time_steps
 
@@ -498,8 +501,10 @@ def test_timing_loop_runs_a_real_torch_step_on_the_cpu() -> None:
     assert len(seconds) == 4 and all(s > 0 for s in seconds)
 
 
-def test_time_steps_is_read_only_by_the_cuda_mode() -> None:
-    one_line_error(runner.invoke(app, ["validate", "--time-steps", "3"]), "--time-steps")
+def test_time_steps_is_an_option_of_validate_cuda_only() -> None:
+    one_line_error(runner.invoke(app, ["validate", "frameworks", "--time-steps", "3"]), "No such option")
+    refused = runner.invoke(app, ["validate", "cuda", "--time-steps", "0"])
+    one_line_error(refused, "--time-steps 0 is not accepted")
 
 
 FSDP2_STEPS = Path(__file__).parent / "data" / "h100-steps-hf" / "fsdp2-steps.json"
@@ -509,7 +514,7 @@ FSDP2_STEPS = Path(__file__).parent / "data" / "h100-steps-hf" / "fsdp2-steps.js
     "run", json.loads(FSDP2_STEPS.read_text())["runs"], ids=lambda r: f"{r['config']}b{r['b']}"
 )
 def test_measured_fsdp2_steps_within_10_percent(run: dict) -> None:
-    """Whole FSDP2 steps (AdamW, bf16 mixed precision, fp32 reduce, world 1) timed by ``validate --device
+    """Whole FSDP2 steps (AdamW, bf16 mixed precision, fp32 reduce, world 1) timed by ``validate
     cuda --time-steps`` on an H100 (tests/data/h100-steps-hf/fsdp2-steps.json) against ``comm``'s step."""
     config = FSDP2_STEPS.parent / run["config"]
     step = estimate_comm(

@@ -1,4 +1,4 @@
-"""``validate --device cuda``'s comparison (pure), checked on CPU with the shared H100 measurements."""
+"""``validate cuda``'s comparison (pure), checked on CPU with the shared H100 measurements."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def test_device_cuda_without_a_gpu_is_one_line() -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
-    result = CliRunner().invoke(app, ["validate", "--device", "cuda"])
+    config = Path(__file__).parent / "data" / "h100-fsdp2-hf" / "config.json"
+    result = CliRunner().invoke(app, ["validate", "cuda", "--model", str(config)])
     assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "no CUDA device" in result.stderr
 

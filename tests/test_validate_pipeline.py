@@ -1,6 +1,6 @@
-"""`zerocalc validate --pp`, `--fake --pp` and `--ep` without processes: the predictions against hand
-calculations, the 1F1B order against torch 2.13's ``Schedule1F1B`` read by hand, every refusal before any
-rank starts, and the report and exit codes with the spawned ranks faked."""
+"""`zerocalc validate pipeline` (and `pipeline --fake`) and `validate expert` without processes: the
+predictions against hand calculations, the 1F1B order against torch 2.13's ``Schedule1F1B`` read by hand,
+every refusal before any rank starts, and the report and exit codes with the spawned ranks faked."""
 
 from __future__ import annotations
 
@@ -293,7 +293,7 @@ def spawned(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_a_pipeline_run_is_reported_per_rank_and_a_wrong_line_fails(spawned: list[str]) -> None:
-    args = ["validate", "--nproc", "4", "--pp", "2", "--strategies", "fsdp2,ddp", "--precision", "fp32"]
+    args = ["validate", "pipeline", "--nproc", "4", "--strategies", "fsdp2,ddp", "--precision", "fp32"]
     result = runner.invoke(app, [*args, "--json"])
     assert result.exit_code == 1, result.output
     assert spawned == ["pp 2 · fsdp2 · fp32 · m=4", "pp 2 · ddp · fp32 · m=4"]  # m = 2·p by default
@@ -311,8 +311,8 @@ def test_a_pipeline_of_uneven_stages_is_predicted_per_stage(spawned: list[str]) 
     # embeddings 127,575, the final norm and head 63,189; 4 blocks over 3 stages as 1, 2, 1 (Megatron-LM
     # get_num_layers_to_build), fp32: 4 bytes each
     block, embeddings, head = 48_447, 127_575, 126 + 63_063
-    args = ["validate", "--nproc", "3", "--pp", "3", "--layers", "4", "--pp-first-stage-layers", "1",
-            "--pp-last-stage-layers", "1", "--strategies", "none", "--precision", "fp32"]  # fmt: skip
+    args = ["validate", "pipeline", "--nproc", "3", "--pp", "3", "--layers", "4", "--pp-first-stage-layers",
+            "1", "--pp-last-stage-layers", "1", "--strategies", "none", "--precision", "fp32"]  # fmt: skip
     result = runner.invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
     assert spawned == ["pp 3 · blocks 1, 2, 1 · none · fp32 · m=6"]
@@ -337,13 +337,13 @@ def test_a_pipeline_of_uneven_stages_is_predicted_per_stage(spawned: list[str]) 
 def test_an_uneven_split_validate_cannot_build_is_one_line(
     spawned: list[str], extra: list[str], fragment: str
 ) -> None:
-    args = ["validate", "--nproc", "3", "--pp", "3", "--layers", "4", *extra]
+    args = ["validate", "pipeline", "--nproc", "3", "--pp", "3", "--layers", "4", *extra]
     one_line_error(runner.invoke(app, args), fragment)
     assert spawned == []
 
 
 def test_an_expert_parallel_run_matches_when_the_prediction_is_exact(spawned: list[str]) -> None:
-    result = runner.invoke(app, ["validate", "--nproc", "4", "--ep", "2", "-s", "16", "--json"])
+    result = runner.invoke(app, ["validate", "expert", "--nproc", "4", "--ep", "2", "-s", "16", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert [c["routing"] for c in report["configs"]] == ["balanced", "skewed"]
@@ -353,26 +353,34 @@ def test_an_expert_parallel_run_matches_when_the_prediction_is_exact(spawned: li
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--pp", "3"], "--pp 3 with --nproc 2 is not accepted; accepted: 2 or more stages dividing --nproc"),
-        (["--pp", "1"], "--pp 1 with --nproc 2 is not accepted"),
-        (["--pp", "2", "--model", "gpt2"], "gpt2 ties its LM head to the embedding"),
-        (["--pp", "2", "-A", "1"],
+        (["pipeline", "--pp", "3"],
+         "--pp 3 with --nproc 2 is not accepted; accepted: 2 or more stages dividing --nproc"),
+        (["pipeline", "--pp", "1"], "--pp 1 with --nproc 2 is not accepted"),
+        (["pipeline", "--pp", "two"], "--pp 'two' is not accepted; accepted: a whole number"),
+        (["pipeline", "--model", "gpt2"], "gpt2 ties its LM head to the embedding"),
+        (["pipeline", "-A", "1"],
          "--grad-accum 1 micro-batches with --pp 2 is not accepted; accepted: at least 2"),
-        (["--pp", "2", "-A", "2000000"], "--grad-accum 2,000,000 is not accepted; accepted: 2 to 1,000,000"),
-        (["--pp", "2", "--layers", "3"],
+        (["pipeline", "-A", "2000000"], "--grad-accum 2,000,000 is not accepted; accepted: 2 to 1,000,000"),
+        (["pipeline", "--layers", "3"],
          "--pp 2 does not divide the 3 blocks; accepted: --layers a multiple of 2"),
-        (["--pp", "2", "--strategies", "zero1"],
+        (["pipeline", "--strategies", "zero1"],
          "--strategies 'zero1' is not accepted; accepted: all, or none, ddp, fsdp2"),
-        (["--pp", "2", "--ep", "2"], "--ep is not read by --pp"),
-        (["--pp", "2", "--grad-sync", "last"], "--grad-sync is not read by --pp"),
-        (["--ep", "3"], "--ep 3 with 2 ranks is not accepted; accepted: 2 or more expert-parallel ranks"),
-        (["--ep", "2", "--routing", "uniform"],
+        (["pipeline", "--pp-first-stage-layers", "x"],
+         "--pp-first-stage-layers 'x' is not accepted; accepted: a whole number"),
+        (["pipeline", "--ep", "2"], "No such option: --ep"),
+        (["pipeline", "--grad-sync", "last"], "No such option: --grad-sync"),
+        (["expert", "--ep", "3"],
+         "--ep 3 with 2 ranks is not accepted; accepted: 2 or more expert-parallel ranks"),
+        (["expert", "--routing", "uniform"],
          "--routing 'uniform' is not accepted; accepted: all, or balanced, skewed"),
-        (["--ep", "2", "--strategies", "ddp"], "--strategies is not read by --ep"),
-        (["--fake", "--pp", "2", "--world", "3"], "--world '3' with --pp 2 is not accepted"),
-        (["--fake", "--pp", "2", "--nproc", "2"], "--nproc is not read by --fake --pp"),
-        (["--activations", "--pp", "2"], "--pp is not read by --activations"),
-        (["--fake", "--ep", "2"], "--ep is not read by --fake"),
+        (["expert", "-b", "1024", "-s", "1024"], "accepted: b ≥ 1, s ≥ 1 and b·s ≤ 65,536 tokens"),
+        (["expert", "--strategies", "ddp"], "No such option: --strategies"),
+        (["pipeline", "--fake", "--world", "3"], "--world '3' with --pp 2 is not accepted"),
+        (["pipeline", "--fake", "--reshard", "all"], "--reshard 'all' is not accepted; accepted: yes, no"),
+        (["pipeline", "--fake", "-s", "1"], "accepted: b ≥ 1 and s ≥ 2"),
+        (["pipeline", "--fake", "--nproc", "2"], "--nproc is not read with --fake"),
+        (["activations", "--pp", "2"], "No such option: --pp"),
+        (["fake", "--ep", "2"], "No such option: --ep"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2_before_any_rank_starts(

@@ -1,10 +1,10 @@
-"""`zerocalc validate --pp`, `--ep` and `--fake --pp` with real torch (gloo on CPU processes, or fake
-tensors): every stage's model states, every send and receive in 1F1B order, every all-to-all of the
-expert-parallel layer, exactly, and the figures against hand calculations.
+"""`zerocalc validate pipeline`, `validate expert` and `validate pipeline --fake` with real torch (gloo on
+CPU processes, or fake tensors): every stage's model states, every send and receive in 1F1B order, every
+all-to-all of the expert-parallel layer, exactly, and the figures against hand calculations.
 
-The default model under --pp is GPT-2 shrunk to hidden 63 (3 heads), MLP 252, vocabulary 1,001, learned
-positions 1,024, its head untied: a block is 2 × 126 (LayerNorms) + 4 × (63 × 63 + 63) (q, k, v, o with
-biases) + 63 × 252 + 252 + 252 × 63 + 63 = 48,447 elements; the embeddings 1,001 × 63 + 1,024 × 63 =
+The default model of `validate pipeline` is GPT-2 shrunk to hidden 63 (3 heads), MLP 252, vocabulary 1,001,
+learned positions 1,024, its head untied: a block is 2 × 126 (LayerNorms) + 4 × (63 × 63 + 63) (q, k, v, o
+with biases) + 63 × 252 + 252 + 252 × 63 + 63 = 48,447 elements; the embeddings 1,001 × 63 + 1,024 × 63 =
 127,575; the final norm 126 and the head 1,001 × 63 = 63,063. Micro-batches of b = 2 × s = 16.
 """
 
@@ -42,7 +42,7 @@ def _line(stage: dict, name: str) -> int:
 
 
 def test_two_stages_on_two_ranks_hold_their_tensors_and_send_each_micro_batch_once() -> None:
-    report = _report("--nproc", "2", "--pp", "2")
+    report = _report("pipeline", "--nproc", "2", "--pp", "2")
     assert [(c["strategy"], c["precision"]) for c in report["configs"]] == [
         (s, p) for s in ("none", "ddp", "fsdp2") for p in ("fp32", "bf16-mixed")
     ]
@@ -69,7 +69,7 @@ def test_two_stages_on_two_ranks_hold_their_tensors_and_send_each_micro_batch_on
 
 
 def test_two_stages_of_two_data_parallel_ranks_reduce_their_gradients_once() -> None:
-    report = _report("--nproc", "4", "--pp", "2", "--strategies", "ddp,fsdp2", "-A", "3")
+    report = _report("pipeline", "--nproc", "4", "--pp", "2", "--strategies", "ddp,fsdp2", "-A", "3")
     for config in report["configs"]:
         assert config["status"] == "match", config
         ranks = {stage["rank"]: stage for stage in config["stages"]}
@@ -91,8 +91,9 @@ def test_two_stages_of_two_data_parallel_ranks_reduce_their_gradients_once() -> 
 
 def test_four_stages_order_the_middle_stages_sends_as_1f1b_does() -> None:
     report = _report(
-        "--nproc", "4", "--pp", "4", "--layers", "4", "--strategies", "none", "--precision", "fp32"
-    )
+        "pipeline", "--nproc", "4", "--pp", "4", "--layers", "4", "--strategies", "none", "--precision",
+        "fp32",
+    )  # fmt: skip
     (config,) = report["configs"]
     assert config["status"] == "match" and config["microbatches"] == 8
     middle = config["stages"][1]
@@ -104,8 +105,8 @@ def test_uneven_stages_hold_the_blocks_megatron_gives_them() -> None:
     # 3 blocks over 2 stages, the first given 1: the last holds the other 2 (Megatron-LM
     # get_num_layers_to_build); fp32, DDP over one rank per stage
     report = _report(
-        "--nproc", "2", "--pp", "2", "--layers", "3", "--pp-first-stage-layers", "1", "--strategies", "ddp",
-        "--precision", "fp32",
+        "pipeline", "--nproc", "2", "--pp", "2", "--layers", "3", "--pp-first-stage-layers", "1",
+        "--strategies", "ddp", "--precision", "fp32",
     )  # fmt: skip
     (config,) = report["configs"]
     assert config["status"] == "match" and report["stage_blocks"] == [1, 2]
@@ -117,7 +118,7 @@ def test_uneven_stages_hold_the_blocks_megatron_gives_them() -> None:
 
 @pytest.mark.parametrize(("nproc", "ep"), [(4, 4), (4, 2)])
 def test_expert_parallel_all_to_alls_send_what_the_fixed_router_says(nproc: int, ep: int) -> None:
-    report = _report("--nproc", str(nproc), "--ep", str(ep))
+    report = _report("expert", "--nproc", str(nproc), "--ep", str(ep))
     assert [c["status"] for c in report["configs"]] == ["match", "match"]
     balanced, skewed = report["configs"]
     tokens, hidden = 2 * 64, 64
@@ -138,7 +139,7 @@ def test_expert_parallel_all_to_alls_send_what_the_fixed_router_says(nproc: int,
 
 
 def test_fake_stages_hold_exactly_their_states_and_buffers() -> None:
-    report = _report("--fake", "--pp", "2", "--world", "2,8", "-b", "2", "-s", "16")
+    report = _report("pipeline", "--fake", "--pp", "2", "--world", "2,8", "-b", "2", "-s", "16")
     assert len(report["stages"]) == 2 * 2 * 2  # worlds × precisions × stages
     for stage in report["stages"]:
         assert all(line["ok"] for line in stage["lines"]), stage
@@ -157,8 +158,8 @@ def test_fake_stages_hold_exactly_their_states_and_buffers() -> None:
 
 
 def test_fake_four_stages() -> None:
-    report = _report("--fake", "--pp", "4", "--world", "8", "--layers", "4", "--precision", "fp32", "-b", "2",
-                     "-s", "16")  # fmt: skip
+    report = _report("pipeline", "--fake", "--pp", "4", "--world", "8", "--layers", "4", "--precision",
+                     "fp32", "-b", "2", "-s", "16")  # fmt: skip
     assert [s["case"]["stage"] for s in report["stages"]] == [0, 1, 2, 3]
     assert all(line["ok"] for s in report["stages"] for line in s["lines"])
     # 1F1B: stage i has min(m, P − i) micro-batches in flight at its peak; stages 1 and 2 hold one block

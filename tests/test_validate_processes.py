@@ -1,5 +1,5 @@
-"""`zerocalc validate` with real frameworks on 2 CPU processes (gloo): exact per-rank model states and
-collectives.
+"""`zerocalc validate frameworks` with real frameworks on 2 CPU processes (gloo): exact per-rank model states
+and collectives.
 
 Every strategy in fp32 and bf16-mixed with Adam on GPT-2 shrunk to odd sizes (hidden 63, vocabulary
 1001: FSDP1 padding, FSDP2 uneven rows and ZeroRedundancyOptimizer's uneven partition all show), with 2
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 
 def _validate(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    return run_zerocalc("validate", *args, env=clean_env(**extra))
+    return run_zerocalc("validate", "frameworks", *args, env=clean_env(**extra))
 
 
 def _state_lines(report: dict) -> list[dict]:
@@ -134,7 +134,7 @@ def test_a_failing_configuration_is_reported_and_the_others_still_run() -> None:
 def test_under_torchrun_every_configuration_shares_one_world() -> None:
     result = subprocess.run(
         [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "zerocalc", "validate",
-         "--strategies", "fsdp1-shard-grad-op,zero1", "--precision", "fp32", "-A", "2",
+         "frameworks", "--strategies", "fsdp1-shard-grad-op,zero1", "--precision", "fp32", "-A", "2",
          "--grad-sync", "every", "--json"],
         capture_output=True, text=True, env=clean_env(), timeout=120,
     )  # fmt: skip

@@ -1,6 +1,6 @@
-"""``zerocalc validate --tp``: DTensor TP + FSDP2 on a dp × tp mesh, against a hand calculation per rank.
+"""``zerocalc validate tp``: DTensor TP + FSDP2 on a dp × tp mesh, against a hand calculation per rank.
 
-The default model under ``--tp 2`` is Llama shrunk to 2 layers, hidden 66 (6 heads of 11, 2 key/value
+The default model of ``validate tp --tp 2`` is Llama shrunk to 2 layers, hidden 66 (6 heads of 11, 2 key/value
 heads), MLP 174, vocabulary 1001, untied. torchtitan's plan shards over tp = 2: the embedding and the LM head
 over the vocabulary (1001 → 501 | 500 rows, torch.chunk), q and k, v over their rows (66 → 33, 22 → 11),
 gate and up over theirs (174 → 87), o and down over their columns (66 → 33, 174 → 87); the norms are
@@ -205,7 +205,7 @@ def test_sizes_tp_cannot_split_are_refused(sizes: dict[str, int], says: str) -> 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     pytest.importorskip("torch")
-    return run_zerocalc("validate", "--nproc", "4", "--tp", "2", *args, "--json", env=clean_env())
+    return run_zerocalc("validate", "tp", "--nproc", "4", "--tp", "2", *args, "--json", env=clean_env())
 
 
 @pytest.mark.slow

@@ -13,10 +13,12 @@ __all__ = [
     "InputError",
     "MemoryEstimate",
     "MemoryReport",
+    "PlanResult",
     "TrainingRequest",
     "estimate_comm",
     "estimate_memory",
     "estimate_peak",
+    "plan",
 ]
 __version__ = "0.1.0"
 
@@ -29,13 +31,16 @@ _LAZY = {
     "estimate_memory": "zerocalc.api",
     "estimate_peak": "zerocalc.api",
     "estimate_comm": "zerocalc.api",
+    "plan": "zerocalc.api",
+    "PlanResult": "zerocalc.plan.search",
 }
 
 if TYPE_CHECKING:
-    from zerocalc.api import estimate_comm, estimate_memory, estimate_peak
+    from zerocalc.api import estimate_comm, estimate_memory, estimate_peak, plan
     from zerocalc.base.errors import InputError
     from zerocalc.comm.estimate import CommEstimate
     from zerocalc.peak.report import MemoryReport
+    from zerocalc.plan.search import PlanResult
     from zerocalc.request.training import TrainingRequest
     from zerocalc.states.memory import MemoryEstimate
 

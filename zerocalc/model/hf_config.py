@@ -438,6 +438,19 @@ def _deepseek_v3(v: Values) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _gpt_oss(v: Values) -> dict[str, Any]:
+    """``GptOssDecoderLayer``: q/k/v/o with ``attention_bias`` and one sink per head (``GptOssAttention``);
+    every layer a ``GptOssMLP``: ``GptOssTopKRouter`` (weight and bias) and ``GptOssExperts`` (gate_up_proj
+    and down_proj with their biases); the layers' sliding-window alternation (``layer_types``) masks, it
+    holds no parameter."""
+    return {
+        **_core(v), **GATED_RMS, **_attention(v), **_biases(v["attention_bias"]),
+        "intermediate_size": v["intermediate_size"], "tied_embeddings": v["tie_word_embeddings"],
+        "num_experts": v["num_local_experts"], "experts_per_token": v["num_experts_per_tok"],
+        "router_bias": True, "expert_bias": True, "attention_sinks": True,
+    }  # fmt: skip
+
+
 def _divisible_heads(v: Values, where: str) -> None:
     d, a = v["hidden_size"], v["num_attention_heads"]
     if d % a:
@@ -633,6 +646,20 @@ _RECORDS = [
         traits=Traits(router="sigmoid_group", rotary_cat=True),
     ),
     Family(
+        model_type="gpt_oss",
+        follows="models/gpt_oss/modeling_gpt_oss.py: GptOssForCausalLM (GptOssAttention with sinks, "
+        "GptOssMLP: GptOssTopKRouter and GptOssExperts with biases)",
+        # GptOssConfig is a strict dataclass: head_dim and num_key_value_heads are whole numbers (no null)
+        reads={**CORE, "intermediate_size": _req(), "num_key_value_heads": _size(8), "head_dim": _size(64),
+               "num_local_experts": _req(), "num_experts_per_tok": _req(), "attention_bias": _flag(True),
+               "tie_word_embeddings": _flag(False)},
+        aliases={"num_experts": "num_local_experts"},  # GptOssConfig.attribute_map
+        # the released config.json also carries experts_per_token (= num_experts_per_tok), which
+        # GptOssConfig does not read; swiglu_limit and initial_context_length size nothing
+        ignores=frozenset({"experts_per_token", "swiglu_limit", "initial_context_length"}),
+        rule=_gpt_oss,
+    ),
+    Family(
         model_type="olmo2",
         follows="models/olmo2/modeling_olmo2.py: Olmo2ForCausalLM (q_norm/k_norm over all heads, norms "
         "after attention and MLP)",
@@ -676,6 +703,20 @@ _RECORDS = [
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in _RECORDS}
 SUPPORTED = tuple(FAMILIES)
+
+MODEL_TYPE_ALIASES = {"kimi_k2": "deepseek_v3"}
+"""model_types read by another family's record: Kimi K2's config.json says ``kimi_k2`` for what its
+``architectures`` and ``auto_map`` name DeepSeek-V3's classes (moonshotai/Kimi-K2-Instruct config.json:
+``DeepseekV3ForCausalLM``, ``configuration_deepseek.DeepseekV3Config``; its deployment guide: the model
+reuses DeepSeek-V3's architecture, and ``model_type`` may be set to ``deepseek_v3``); transformers 5.17
+registers no ``kimi_k2``."""
+
+
+def _family(model_type: Any) -> Family | None:
+    """The record that reads ``model_type`` (its own, or an alias's: :data:`MODEL_TYPE_ALIASES`)."""
+    if not isinstance(model_type, str):
+        return None
+    return FAMILIES.get(MODEL_TYPE_ALIASES.get(model_type, model_type))
 
 
 # --------------------------------------------------------------------------------------------- reading
@@ -853,10 +894,10 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any] | None:
     """A multimodal config's ``text_config`` when it is a supported family (and the whole is not)."""
     text = config.get("text_config")
     model_type = config.get("model_type")
-    if not isinstance(model_type, str) or model_type in FAMILIES or not isinstance(text, dict):
+    if not isinstance(model_type, str) or _family(model_type) or not isinstance(text, dict):
         return None
     text_type = text.get("model_type")
-    return text if isinstance(text_type, str) and text_type in FAMILIES else None
+    return text if _family(text_type) is not None else None
 
 
 def hf_config_notes(config: Any) -> tuple[str, ...]:
@@ -899,10 +940,13 @@ def architecture_from_hf_dict(config: Any, where: str, name: str) -> Architectur
         config, where = text, f"{where} text_config"
         _refuse_quantization(config, where)
     model_type = config.get("model_type")
-    family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    family = _family(model_type)
     if family is None:
         named = shown(model_type) if isinstance(model_type, str) else _show(model_type)
-        raise InputError(f"{where}: model_type {named} is not supported; accepted: {', '.join(SUPPORTED)}")
+        aliases = ", ".join(f"{alias} (as {target})" for alias, target in MODEL_TYPE_ALIASES.items())
+        raise InputError(
+            f"{where}: model_type {named} is not supported; accepted: {', '.join(SUPPORTED)}, {aliases}"
+        )
     values = _values(family, config, where)
     try:
         fields = family.rule(values)
@@ -919,7 +963,9 @@ def architecture_from_hf_dict(config: Any, where: str, name: str) -> Architectur
             and 0 < positions <= MAX_SIZE
         ):
             fields["max_position_embeddings"] = positions  # rotary: the positions it was trained for
-        return Architecture(name=name, family=model_type, **fields, **_dropout(model_type, config, where))
+        return Architecture(
+            name=name, family=family.model_type, **fields, **_dropout(family.model_type, config, where)
+        )
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])

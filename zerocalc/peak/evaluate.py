@@ -110,6 +110,8 @@ def peak_options(request: TrainingRequest) -> PeakOptions:
         runtime_gpu=rt.name,
         context_bytes=rt.context_bytes,
         context_given=rt.context_given,
+        context_measured=rt.context_measured,
+        runtime_names=rt.names,
         nccl_communicator_bytes=rt.nccl_communicator_bytes,
         cublas_workspace_bytes=rt.cublas_workspace_bytes,
         gpu_memory_bytes=request.gpu_memory_bytes,
@@ -141,7 +143,8 @@ def term_sources(
         TensorKind.ACTIVATIONS: impl.source,
         TensorKind.LOSS: f"{impl.title}: logits and the cross-entropy ({impl.library})",
         TensorKind.INPUTS: "input ids = labels (int64), the model's buffers",
-        TensorKind.RUNTIME: f"cuBLAS workspaces ({request.runtime.name} preset) and runtime extras",
+        TensorKind.RUNTIME: f"{request.runtime.names.blas} workspaces ({request.runtime.name} preset) and "
+        "runtime extras",
         TensorKind.BUFFERS: profile.source,
         TensorKind.PIPELINE: pipeline_source(request),
         TensorKind.TRANSIENT: f"{impl.title}: intermediates inside one op or layer",

@@ -25,7 +25,7 @@ from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.optimizers import OptimizerImpl
 from zerocalc.parallel.strategies import StrategyName, row_named
 from zerocalc.peak.kinds import StepPhase, TensorKind
-from zerocalc.request.training import GradSync
+from zerocalc.request.training import GradSync, RuntimeNames
 from zerocalc.states.memory import MemoryEstimate
 
 
@@ -103,6 +103,8 @@ class PeakOptions(BaseModel):
     runtime_gpu: str = Field(description="the GPU preset whose runtime figures are used")
     context_bytes: int = Field(description="outside the caching allocator at world size 1 (--reserve)")
     context_given: bool = Field(description="context_bytes is --reserve (else the runtime GPU preset's)")
+    context_measured: bool = Field(description="the runtime GPU preset's context was measured on that GPU")
+    runtime_names: RuntimeNames = Field(description="what the runtime GPU's vendor software is called")
     nccl_communicator_bytes: int = Field(description="added per NCCL communicator of more than one rank")
     cublas_workspace_bytes: int
     gpu_memory_bytes: int | None = Field(description="what PyTorch sees of one GPU (None: no fits)")

@@ -148,8 +148,21 @@ def _built_units(
             built.append((key, Unit(key, [], [], [])))
             continue
         numel, local, padded = zip(*(sizes[k] for k in keys), strict=True)
-        built.append((key, Unit(key, list(numel), list(local), list(padded))))
+        built.append((key, Unit(key, list(numel), list(local), list(padded), _registered_last(key, tensors))))
     return tuple(built)
+
+
+def _registered_last(key: str, tensors: tuple[ParamTensor, ...]) -> int:
+    """Elements of the parameter the model's code registers last in the unit (``module.parameters()``
+    order, which FSDP2's parameter group and its gradient list follow). The root: the LM head when untied,
+    else the final norm (transformers' ``*ForCausalLM``: ``model.embed_tokens``, ``model.norm``, then
+    ``lm_head``), the order of :func:`~zerocalc.states.framework.fsdp_units`'s root. A block: transformers'
+    decoder layers register attention and MLP, then their norms (``LlamaDecoderLayer``, its MoE and Gemma
+    kin), GPT-2's ``ln_1``, ``attn``, ``ln_2``, ``mlp`` (``c_proj.bias`` last): a 1-D tensor of h, the size
+    of the block's last 1-D tensor here."""
+    if key == "root":
+        return tensors[-1].numel
+    return next((t.numel for t in reversed(tensors) if len(t.shape) == 1), 0)
 
 
 @lru_cache(maxsize=64)

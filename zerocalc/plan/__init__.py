@@ -6,3 +6,21 @@ allocated peak is exact and cheap: :mod:`zerocalc.plan.split` splits a step into
 model's, slot by slot, :mod:`zerocalc.plan.layers` extrapolates both from a few layers to all of them, and
 :mod:`zerocalc.plan.allocated` runs and combines them, once per configuration and per micro-batch.
 """
+
+import sys
+from types import ModuleType
+from typing import Any
+
+
+class _CallablePackage(ModuleType):
+    """This package, callable as the library's :func:`zerocalc.api.plan`: importing any of its modules
+    binds the package to ``zerocalc.plan``, where ``from zerocalc import plan`` then finds it instead of the
+    function; called, it is the function."""
+
+    def __call__(self, *args: Any, **options: Any) -> Any:
+        from zerocalc.plan.library import plan_from_keywords
+
+        return plan_from_keywords(*args, **options)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

@@ -358,12 +358,12 @@ class _Setting(NamedTuple):
     def of(cls, plan: PlanRequest) -> _Setting:
         base = plan.base
         arch, count = base.architecture, base.model.parameter_count
-        assert arch is not None and count is not None and base.gpu is not None
+        assert arch is not None and count is not None
         assert base.gpu_memory_bytes is not None
         flash = flash_attention_used(base)
         return cls(
             limit=base.gpu_memory_bytes - FIT_MARGIN * base.gpu_memory_bytes,
-            peak_flops=base.gpu.bf16_dense_tflops * 1e12,
+            peak_flops=base.runtime.bf16_dense_tflops * 1e12,
             flash=flash,
             layout=Layout.of(base.model.params, arch),
             model_flops=model_flops_per_token(arch, count, plan.seq_len),
@@ -827,11 +827,11 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
         everything = [_row(plan, c, ranks.get(id(c))) for c in cands]
     exact_count = sum(1 for c in cands if c.exact is not None or c.stage_over)
     base = plan.base
-    assert base.gpu is not None and base.gpu_memory_bytes is not None
+    assert base.gpu_memory_bytes is not None
     return PlanResult(
         request=PlanEcho(
             model=plan.model,
-            gpu=plan.gpu,
+            gpu=plan.gpu_label,
             max_gpus=plan.max_gpus,
             gpus_per_node=plan.gpus_per_node,
             global_batch_sequences=plan.global_batch_sequences,
@@ -841,7 +841,7 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
             objective=plan.objective,
             top=plan.top,
             compute_table=plan.compute_name,
-            peak_tflops=base.gpu.bf16_dense_tflops,
+            peak_tflops=base.runtime.bf16_dense_tflops,
             gpu_memory_bytes=base.gpu_memory_bytes,
             calibration=plan.calibration_path,
         ),

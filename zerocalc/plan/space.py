@@ -31,10 +31,13 @@ from zerocalc.parallel.framework_records import FRAMEWORKS, framework_strategies
 from zerocalc.parallel.frameworks import Estimate, Framework
 from zerocalc.parallel.mesh import Mesh, PpSchedule
 from zerocalc.parallel.pipeline import shorter_end_stages
+from zerocalc.parallel.precision import PrecisionName
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
 from zerocalc.request.compute import compute_table
 from zerocalc.request.options import Command
+from zerocalc.request.presets import gpu_file, load_gpu
 from zerocalc.request.training import (
+    DEFAULT_GPU,
     MAX_GPUS,
     MAX_GPUS_PER_NODE,
     MAX_GRAD_ACCUM,
@@ -84,7 +87,10 @@ class PlanRequest(BaseModel):
 
     model: str
     """As given (a preset name or a config.json path): the reproducing commands repeat it."""
-    gpu: str
+    gpu: str | None
+    """As given (a preset name or a GPU file); None: ``gpu_memory`` instead."""
+    gpu_memory: str | None = None
+    """``--gpu-memory`` as given: the GPU's memory, its other figures :data:`DEFAULT_GPU`'s."""
     max_gpus: int
     gpus_per_node: int
     global_batch_sequences: int
@@ -107,6 +113,37 @@ class PlanRequest(BaseModel):
     @property
     def global_batch_tokens(self) -> int:
         return self.global_batch_sequences * self.seq_len
+
+    @property
+    def gpu_label(self) -> str:
+        """The GPU as outputs name it: its preset, or ``--gpu-memory`` and whose compute prices it."""
+        if self.gpu is not None:
+            return self.gpu
+        return f"{self.gpu_memory} GPU ({self.base.runtime.name} compute)"
+
+    def gpu_options(self, estimate: Estimate) -> dict[str, str]:
+        """The GPU options of a candidate's ``memory`` or ``comm`` command: ``--gpu`` as given, else
+        ``--gpu-memory`` for memory and the GPU whose compute and links priced the plan for comm; and
+        ``--precision`` where the GPU takes no bf16 (:func:`plan_precision`)."""
+        precision = self.base.precision
+        out = {} if precision is PLAN_PRECISION else {"precision": precision.value}
+        if self.gpu is not None:
+            return {"gpu": self.gpu, **out}
+        if estimate is Estimate.MEMORY:
+            return {"gpu_memory": str(self.gpu_memory), **out}
+        return {"gpu": self.base.runtime.name, **out}
+
+
+PLAN_PRECISION = PrecisionName.BF16_MIXED
+"""What ``plan`` trains in: bf16-mixed, or fp16-mixed on a GPU whose tensor cores take no bf16."""
+
+
+def plan_precision(gpu: str | None) -> PrecisionName:
+    """:data:`PLAN_PRECISION`, fp16-mixed on a GPU without bf16 (``bf16 = false`` in its preset: the
+    V100), where ``memory`` refuses bf16 (``zerocalc.request.training._gpu``)."""
+    if gpu is not None and not load_gpu(gpu).bf16:
+        return PrecisionName.FP16_MIXED
+    return PLAN_PRECISION
 
 
 def _global_batch(text: int | str | None, seq_len: int) -> int:
@@ -171,10 +208,11 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
     o = options
     if o.model is None:
         raise InputError("give {model}; accepted: a model preset such as llama-3-8b, or a config.json")
-    if o.gpu is None:
+    if o.gpu is None and o.gpu_memory is None:
         raise InputError(
-            "give {gpu}: the plan needs its memory and dense peak FLOP/s; accepted: a GPU preset such as "
-            "h100-80gb (see `zerocalc presets list gpus`)"
+            "give {gpu} or {gpu_memory}: the plan needs the GPU's memory and dense peak FLOP/s; accepted: "
+            "{gpu} a GPU preset such as h100-80gb (see `zerocalc presets list gpus`) or a GPU TOML file, or "
+            f"{{gpu_memory}} such as 24GiB (priced with the {DEFAULT_GPU}'s compute)"
         )
     objective_key = str(o.objective).strip().lower()
     if objective_key not in {m.value for m in Objective}:
@@ -188,6 +226,8 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
     base = parse_options(
         model=o.model,
         gpu=o.gpu,
+        gpu_memory=o.gpu_memory,
+        precision=plan_precision(o.gpu).value,
         gpus=max_gpus,
         gpus_per_node=o.gpus_per_node,
         seq_len=o.seq_len,
@@ -198,12 +238,13 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         model_impl=o.model_impl,
         flash_attention=o.flash_attention,
     )
-    assert base.gpu is not None
-    table = compute_table(base.compute_calibration, base.gpu.name)
+    gpu = base.runtime  # the preset or GPU file given, else DEFAULT_GPU's figures with --gpu-memory
+    table = compute_table(base.compute_calibration, None if gpu_file(o.gpu or "") else gpu.name)
     if table is None:
+        shipped = f"presets/compute/{gpu.name}.json" if o.gpu is not None and not gpu_file(o.gpu) else ""
         raise InputError(
-            f"{{gpu}} {base.gpu.name} has no compute table (presets/compute/{base.gpu.name}.json); accepted: "
-            "{compute_calibration} a file written by `zerocalc bench --compute`"
+            f"{{gpu}} {shown(o.gpu)} has no compute table{f' ({shipped})' if shipped else ''}; accepted: "
+            "{compute_calibration} a file written by `zerocalc bench --compute` on that GPU"
         )
     if base.model.architecture is None:  # pragma: no cover - a model always has one
         raise InputError("{model} needs an architecture; accepted: a preset or a config.json")
@@ -217,6 +258,7 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
     return PlanRequest(
         model=o.model,
         gpu=o.gpu,
+        gpu_memory=None if o.gpu_memory is None else str(o.gpu_memory),
         max_gpus=max_gpus,
         gpus_per_node=per_node,
         global_batch_sequences=sequences,
@@ -569,7 +611,7 @@ def memory_options(plan: PlanRequest, group: Group, b: int) -> dict[str, str]:
     init = plan.base.init_asked
     return {
         "model": plan.model,
-        "gpu": plan.gpu,
+        **plan.gpu_options(Estimate.MEMORY),
         "seq_len": str(plan.seq_len),
         **group.options(b, grad_accum),
         **({"init": init.value} if init is not None else {}),
@@ -593,7 +635,7 @@ def comm_options(plan: PlanRequest, group: Group, b: int) -> dict[str, str]:
     """The candidate's ``zerocalc comm`` options (the calibration file's path where one was given)."""
     grad_accum = group.accumulation(plan.global_batch_sequences, b)
     chosen = {k: v for k, v in group.options(b, grad_accum).items() if k in COMM_OPTIONS}
-    out = {"model": plan.model, "gpu": plan.gpu, "seq_len": str(plan.seq_len), **chosen}
+    out = {"model": plan.model, **plan.gpu_options(Estimate.COMM), "seq_len": str(plan.seq_len), **chosen}
     out.update(_code_options(plan))
     if plan.calibration_path is not None:
         out["calibration"] = plan.calibration_path

@@ -89,7 +89,8 @@ OPTIONS: tuple[Option, ...] = (
          ESTIMATES, value_type=OPT_NUM),
     _opt("model", ("--model", "-m"),
          "A model preset (see `zerocalc presets list models`), a model TOML file in the presets' schema, "
-         "a HF config.json, the folder holding one, or - (read from standard input).",
+         "a HF config.json, the folder holding one, - (read from standard input), or a HF model id "
+         "(org/name) in the local Hugging Face cache (HF_HUB_CACHE, HF_HOME; read offline).",
          ESTIMATES | {PLAN}, value_type="str | Architecture | dict[str, Any] | None"),
     # ---------------------------------------------------------------------------------- the cluster
     _opt("gpus", ("--gpus", "-n"), "N: GPUs of the run, dp × cp × tp.", ESTIMATES,
@@ -153,15 +154,18 @@ OPTIONS: tuple[Option, ...] = (
          "Tokens a rank's E/e experts receive, as a multiple of the balanced k·b·s/c (routing imbalance; "
          "Megatron moe_expert_capacity_factor, DeepSpeed capacity_factor); needs --ep.", ESTIMATES,
          value_type=FLOAT, metavar="F", default_help="1.0: balanced routing"),
-    _opt("gpu", ("--gpu",), "A GPU preset, e.g. h100-80gb (see `zerocalc presets list gpus`).",
+    _opt("gpu", ("--gpu",),
+         "A GPU preset, e.g. h100-80gb (see `zerocalc presets list gpus`), or a GPU TOML file of the "
+         "presets' schema (`zerocalc presets show h100-80gb --toml` is one to start from).",
          ESTIMATES | {PLAN}, value_type=OPT_STR),
     _opt("gpu_memory", ("--gpu-memory",),
-         "Memory of one GPU as PyTorch sees it, e.g. 79GiB: adds fits/headroom (instead of --gpu).",
-         frozenset({MEMORY}), value_type=OPT_NUM),
+         "Memory of one GPU as PyTorch sees it, e.g. 24GiB, instead of --gpu: adds fits/headroom; the "
+         "GPU's other figures (context; plan: compute and links) are then the h100-80gb's.",
+         frozenset({MEMORY, PLAN}), value_type=OPT_NUM),
     _opt("reserve", ("--reserve", "--overhead"),
          "Held outside the caching allocator at world size 1: CUDA context, kernels, NCCL.",
          frozenset({MEMORY}), value_type=OPT_NUM,
-         default_help="the GPU preset's measured, 1.30 GiB on the H100"),
+         default_help="the GPU preset's, 1.30 GiB measured on the H100"),
     # ---------------------------------------------------------------------------------- the job
     _opt("strategies", ("--strategy", "-s"),
          "all, or a comma list of ddp, zero1, zero2, shard_grad_op, zero3, hybrid_shard "

@@ -153,6 +153,18 @@ class ModelSpec(BaseModel):
     parameter_count: ParameterCount | None = None
 
 
+class RuntimeNames(BaseModel):
+    """What a GPU vendor's software is called in outputs: a field of each GPU preset (NVIDIA's by default,
+    AMD's in the Instinct presets), so no output branches on the vendor."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    smi: str = Field(default="nvidia-smi", description="the tool whose total memory the preset's memory is")
+    context: str = Field(default="CUDA context", description="what the runtime holds per process")
+    collectives: str = Field(default="NCCL", description="the collective library")
+    blas: str = Field(default="cuBLAS", description="the GEMM library whose workspaces the runtime holds")
+
+
 class GpuChoice(BaseModel):
     """A GPU preset, its numbers resolved."""
 
@@ -160,12 +172,15 @@ class GpuChoice(BaseModel):
 
     name: str
     title: str
-    memory_bytes: int = Field(description="as nvidia-smi reports it")
+    memory_bytes: int = Field(description="as the vendor's tool (names.smi) reports it")
     usable_bytes: int = Field(description="what PyTorch sees (torch.cuda.mem_get_info total): the capacity")
     context_bytes: int = Field(
-        description="outside the caching allocator: CUDA context, NCCL, kernels (world size 1)"
+        description="outside the caching allocator: the runtime context, collectives, kernels (world size 1)"
     )
     context_given: bool = Field(default=False, description="context_bytes is --reserve, not the preset's")
+    context_measured: bool = Field(default=False, description="the preset's context was measured on it")
+    names: RuntimeNames = RuntimeNames()
+    bf16: bool = Field(default=True, description="the tensor cores take bf16 (the V100's do not)")
     nccl_communicator_bytes: int
     cublas_workspace_bytes: int
     bf16_dense_tflops: float
@@ -362,7 +377,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         reduce_bucket_elements=_elements(o.reduce_bucket, "{reduce_bucket}"),
         allgather_bucket_elements=_elements(o.allgather_bucket, "{allgather_bucket}"),
     )
-    gpu, gpu_memory, runtime = _gpu(o.gpu, o.gpu_memory, o.reserve)
+    gpu, gpu_memory, runtime = _gpu(o.gpu, o.gpu_memory, o.reserve, precision)
     grad_accum = parse_whole(o.grad_accum, "{grad_accum}", 1, MAX_GRAD_ACCUM, "micro-batches")
     grad_sync = None if o.grad_sync is None else _choice(o.grad_sync, "{grad_sync}", GradSync)
     zeropp = _zeropp(o.zeropp)
@@ -1158,6 +1173,9 @@ def _gpu_choice(name: str, reserve: int | str | None) -> GpuChoice:
         usable_bytes=spec.usable_bytes,
         context_bytes=context,
         context_given=reserve is not None,
+        context_measured=spec.context_measured,
+        names=spec.names,
+        bf16=spec.bf16,
         nccl_communicator_bytes=spec.nccl_communicator_bytes,
         cublas_workspace_bytes=spec.cublas_workspace_bytes,
         bf16_dense_tflops=spec.bf16_dense_tflops,
@@ -1167,19 +1185,31 @@ def _gpu_choice(name: str, reserve: int | str | None) -> GpuChoice:
 
 
 def _gpu(
-    gpu: str | None, gpu_memory: int | str | None, reserve: int | str | None
+    gpu: str | None,
+    gpu_memory: int | str | None,
+    reserve: int | str | None,
+    precision: PrecisionName = PrecisionName.BF16_MIXED,
 ) -> tuple[GpuChoice | None, int | None, GpuChoice]:
     """(the GPU preset, what PyTorch sees of one GPU, the runtime figures).
 
     The memory is the preset's usable memory (``torch.cuda.mem_get_info``'s total) or ``gpu_memory``;
     the runtime figures (context, NCCL, cuBLAS workspaces) are the preset's, else :data:`DEFAULT_GPU`'s,
-    ``reserve`` overriding the context. The context must leave some of the memory.
+    ``reserve`` overriding the context. The context must leave some of the memory. A recipe holding bf16
+    tensors is refused on a GPU whose tensor cores take none (``bf16 = false``: the V100's, fp16 only):
+    PyTorch would run its matmuls off the tensor cores, at no rate the preset states.
     """
     if gpu is not None and gpu_memory is not None:
         raise InputError(
             "give {gpu} or {gpu_memory}, not both; accepted: {gpu} h100-80gb or {gpu_memory} 80GiB"
         )
     runtime = _gpu_choice(DEFAULT_GPU if gpu is None else gpu, reserve)
+    recipe = RECIPES[precision]
+    dtypes = (recipe.param_dtype, recipe.grad_dtype, recipe.master_dtype, recipe.optimizer_state_dtype)
+    if not runtime.bf16 and DType.BF16 in dtypes:
+        raise InputError(
+            f"{{precision}} {precision.value} on the {runtime.title}: its tensor cores take no bf16 (fp16 "
+            "only); accepted: {precision} fp16-mixed or fp32"
+        )
     if gpu is not None:
         memory, named = runtime.usable_bytes, f"the {runtime.title}'s usable memory"
     elif gpu_memory is not None:

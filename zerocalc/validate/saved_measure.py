@@ -1,4 +1,4 @@
-"""The torch side of ``zerocalc validate --activations``: what a real Hugging Face model saves for backward.
+"""The torch side of ``zerocalc validate activations``: what a real Hugging Face model saves for backward.
 
 One forward of ``AutoModelForCausalLM.from_config(config)`` in train mode with ``labels = input_ids`` (the
 model's own loss, ``loss/loss_utils.py::ForCausalLMLoss``) runs under

@@ -52,7 +52,7 @@ from zerocalc.states.framework import RankStates, dim0_rows, fsdp_units, predict
 from zerocalc.validate.config import STRATEGIES, Job, TpPlan
 
 TP_STRATEGIES = ("fsdp2", "fsdp2-no-reshard")
-"""The ``--strategies`` that run under ``--tp``: FSDP2 over the dp sub-mesh after the TP plan."""
+"""The ``--strategies`` of ``validate tp``: FSDP2 over the dp sub-mesh after the TP plan."""
 REDUCE_DTYPE = DType.FP32
 """FSDP2's reduce-scatter dtype: fp32 (``MixedPrecisionPolicy(reduce_dtype=float32)`` under bf16-mixed)."""
 
@@ -123,7 +123,7 @@ def plan_for(world: int, tp: int, sequence_parallel: bool, loss_parallel: bool) 
 
 
 def check_tp(arch: Architecture, plan: TpPlan, strategies: list[str], grad_accum: int) -> None:
-    """One line (:class:`InputError`) for a combination ``validate --tp`` cannot build or predict."""
+    """One line (:class:`InputError`) for a combination ``validate tp`` cannot build or predict."""
     t = plan.tp
     bad = [s for s in strategies if s not in TP_STRATEGIES]
     if bad:

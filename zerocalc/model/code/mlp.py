@@ -42,28 +42,30 @@ def moe_saves(add, arch, t, T, act, R) -> None:
     saves nothing itself)."""
     E, k, f, h = arch.num_experts, arch.experts_per_token, arch.intermediate_size, arch.hidden_size
     S = T * k
+    router = [("softmax (fp32)", FP32 * T * E), ("top-k indices", INT64 * T * k)]
     if t.router == "softmax_topk":
-        add("router softmax (fp32), top-k indices", [FP32 * T * E, INT64 * T * k])
         weights = act * S
     else:
-        add(
-            "router softmax (fp32), top-k indices, sum, top-k weights",
-            [FP32 * T * E, INT64 * T * k, FP32 * T, FP32 * T * k],
-        )
+        router += [("top-k sum (fp32)", FP32 * T), ("top-k weights (fp32)", FP32 * T * k)]
         weights = act * S if t.router == "softmax_topk_norm_cast" else FP32 * S
+    add("router", router)
+    # named parts: the experts' backward (zerocalc.peak.layer_nodes) frees them where their nodes run
     add(
-        "experts: permutation indices (3), mask, offsets, gathered tokens, gate/up, activation, product",
+        "experts",
         [
-            *[INT64 * S] * 3,
-            S,
-            FP32 * arch.local_experts,
-            act * R * h,
-            2 * act * R * f,
-            act * R * f,
-            act * R * f,
+            ("perm // k", INT64 * S),
+            ("perm", INT64 * S),
+            ("inverse perm", INT64 * S),
+            ("sentinel mask", S),
+            ("offsets", FP32 * arch.local_experts),
+            ("gathered tokens", act * R * h),
+            ("gate/up output", 2 * act * R * f),
+            ("activation output", act * R * f),
+            ("activation × up (down input)", act * R * f),
+            ("routing weights (sorted)", weights),
+            ("down output", act * S * h),
         ],
     )
-    add("routing weights, down output", [weights, act * S * h])
     if arch.num_shared_experts:
         width = arch.num_shared_experts * (arch.shared_expert_intermediate_size or f)
         add("shared experts", [act * T * width] * 4)
