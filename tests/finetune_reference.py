@@ -7,7 +7,7 @@ from typing import Any
 
 from zerocalc.base.dtypes import DType
 from zerocalc.model.architecture import Architecture, ParamTensor, parameter_tensors
-from zerocalc.model.hf_config import ModuleClass
+from zerocalc.model.hf_config import FAMILIES, ModuleClass
 from zerocalc.model.hf_modules import hf_modules, hf_name, module_class
 from zerocalc.model.quantized import Part, quantized_modules, weight_storage
 from zerocalc.parallel.finetune import FineTuning, parameter_kinds
@@ -54,6 +54,9 @@ def expected(arch: Architecture, finetune: FineTuning) -> dict[str, Entry]:
         copy = kind is ParamKind.TRAINABLE
         if copy and tensor.name == "weight" and _copied_class(arch, tensor) is ModuleClass.CONV1D:
             shape = shape[::-1]  # a copy of a Conv1D keeps its [in, out] weight
+        experts = copy and len(shape) == 3 and _copied_class(arch, tensor) is ModuleClass.EXPERTS
+        if experts and FAMILIES[arch.family or "llama"].experts_in_out:  # GPT-OSS's experts: [E, in, out]
+            shape = (shape[0], shape[2], shape[1])
         entries[f"{hf_name(arch, tensor.module)}.{tensor.name}"] = (
             shape,
             _stored(kind, finetune).value,

@@ -38,6 +38,8 @@ def _class_of(module: Any) -> ModuleClass:
         return ModuleClass.ROUTER
     if name.endswith("Experts"):
         return ModuleClass.EXPERTS
+    if name.endswith("Attention"):
+        return ModuleClass.ATTENTION
     assert "Norm" in name, name
     return ModuleClass.NORM
 

@@ -143,6 +143,8 @@ class ModuleClass(StrEnum):
     """``MixtralTopKRouter``, ``Qwen3MoeTopKRouter``, ``Qwen2MoeTopKRouter``, ``DeepseekV3TopkRouter``: a
     ``weight`` [E, d] held by a plain ``nn.Module``, no Linear."""
     EXPERTS = "experts (torch.nn.Module of 3-D parameters)"
+    ATTENTION = "an attention module holding a parameter of its own"
+    """``GptOssAttention``: its ``sinks`` (one logit per head) beside its projections; no Linear."""
 
 
 LINEAR_CLASSES = frozenset({ModuleClass.LINEAR, ModuleClass.LINEAR_SUBCLASS, ModuleClass.CONV1D})
@@ -229,6 +231,9 @@ class Family(BaseModel):
     """PEFT 0.21's default LoRA targets for the model_type (peft/utils/constants.py
     ``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``); None where it has none (LoRA then needs
     target_modules: peft/tuners/lora/model.py ``_prepare_adapter_config``)."""
+    experts_in_out: bool = False
+    """Its experts' 3-D weights are held [E, in, out] (``GptOssExperts.gate_up_proj`` [E, d, 2f],
+    ``down_proj`` [E, f, d]), not [E, out, in] as zerocalc writes them (Mixtral's)."""
     peft_moe: PeftMoeConversion | None = None
     """PEFT 0.21's conversion of 4.x MoE targets (:class:`PeftMoeConversion`) where it applies to the
     model_type: transformers' ``conversion_mapping._MODEL_TO_CONVERSION_PATTERN`` (PEFT adds
@@ -658,6 +663,8 @@ _RECORDS = [
         # GptOssConfig does not read; swiglu_limit and initial_context_length size nothing
         ignores=frozenset({"experts_per_token", "swiglu_limit", "initial_context_length"}),
         rule=_gpt_oss,
+        names={"router": "router"},  # GptOssMLP.router
+        experts_in_out=True,
     ),
     Family(
         model_type="olmo2",
@@ -871,23 +878,54 @@ def read_hf_config(path: Path) -> tuple[Architecture, tuple[str, ...]]:
     multimodal config)."""
     config = _load(path)
     where = f"{{model}} {shown(str(path))}"
-    return architecture_from_hf_dict(config, where, path.parent.name or path.stem), hf_config_notes(config)
+    name = path.parent.name or path.stem
+    return architecture_from_hf_dict(config, where, name, bitsandbytes=True), hf_config_notes(config)
 
 
-def _refuse_quantization(config: dict[str, Any], where: str) -> None:
+BITSANDBYTES = "bitsandbytes"
+"""``quant_method`` of transformers' ``BitsAndBytesConfig``: the one quantisation zerocalc models (its
+storage: :mod:`zerocalc.model.quantized`; its keys: ``zerocalc.request.finetune``)."""
+
+
+def _quant_method(quantization: Any) -> str | None:
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+    if (
+        isinstance(quantization, dict)
+        and method is None
+        and (quantization.get("load_in_4bit") or quantization.get("load_in_8bit"))
+    ):
+        method = BITSANDBYTES  # an older BitsAndBytesConfig without quant_method
+    return method if isinstance(method, str) else None
+
+
+def _refuse_quantization(config: dict[str, Any], where: str, bitsandbytes: bool) -> None:
     """``quantization_config`` (bitsandbytes 4/8-bit, FP8, GPTQ, AWQ...): ``from_pretrained`` would store
-    the weights quantized, which the model of states and steps does not count; refused, not ignored."""
+    the weights quantised. bitsandbytes' is modelled where ``bitsandbytes`` (the request reads it:
+    :func:`hf_quantization_config`); the others are refused, not ignored."""
     quantization = config.get("quantization_config")
     if quantization is None:
         return
-    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
-    if isinstance(quantization, dict) and method is None and quantization.get("load_in_4bit"):
-        method = "bitsandbytes 4-bit"
-    named = f" ({method})" if isinstance(method, str) else ""
-    raise InputError(
-        f"{where}: quantization_config{named} is not modelled (quantized weights and their adapters); "
-        "accepted: a config.json without quantization_config, counted as trained in --precision"
-    )
+    method = _quant_method(quantization)
+    if bitsandbytes and method == BITSANDBYTES:
+        return
+    named = f" ({method})" if method else ""
+    accepted = "bitsandbytes' (4-bit or LLM.int8) in a config.json file or dict, or none"
+    raise InputError(f"{where}: quantization_config{named} is not modelled; accepted: {accepted}")
+
+
+def hf_quantization_config(config: Any) -> dict[str, Any] | None:
+    """A config.json's bitsandbytes ``quantization_config`` (its text model's for a multimodal config),
+    as written; None where it has none."""
+    if not isinstance(config, dict):
+        return None
+    text = _text_config(config)
+    quantization = (text or config).get("quantization_config", config.get("quantization_config"))
+    return quantization if _quant_method(quantization) == BITSANDBYTES else None
+
+
+def read_hf_quantization_config(path: Path) -> dict[str, Any] | None:
+    """:func:`hf_quantization_config` of a config.json file."""
+    return hf_quantization_config(_load(path))
 
 
 def _text_config(config: dict[str, Any]) -> dict[str, Any] | None:
@@ -925,8 +963,9 @@ def config_title(architecture: Architecture, where: str) -> str:
     return f"{built}, {where}"
 
 
-def architecture_from_hf_dict(config: Any, where: str, name: str) -> Architecture:
-    """The architecture of a parsed ``config.json`` (``where`` names it in errors)."""
+def architecture_from_hf_dict(config: Any, where: str, name: str, bitsandbytes: bool = False) -> Architecture:
+    """The architecture of a parsed ``config.json`` (``where`` names it in errors); a bitsandbytes
+    ``quantization_config`` accepted where ``bitsandbytes`` (its reader models it), else refused."""
     if not isinstance(config, dict):
         kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
             type(config), "a number"
@@ -934,11 +973,11 @@ def architecture_from_hf_dict(config: Any, where: str, name: str) -> Architectur
         raise InputError(
             f"{where} is not a config.json object (it holds {kind}); accepted: a JSON object {{...}}"
         )
-    _refuse_quantization(config, where)
+    _refuse_quantization(config, where, bitsandbytes)
     text = _text_config(config)
     if text is not None:
         config, where = text, f"{where} text_config"
-        _refuse_quantization(config, where)
+        _refuse_quantization(config, where, bitsandbytes)
     model_type = config.get("model_type")
     family = _family(model_type)
     if family is None:

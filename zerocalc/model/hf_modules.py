@@ -44,6 +44,8 @@ class HfModule(NamedTuple):
     """Its weight's shape as zerocalc writes it: [out, in] for a projection (Conv1D too), [V, d] for an
     embedding and the LM head, [E, out, in] for experts, [d] for a norm; a fused module's members stacked
     on dim 0."""
+    in_out: bool = False
+    """Its 3-D expert weights are held [E, in, out] (the family's ``experts_in_out``)."""
 
     def stacked(self) -> tuple[ParamTensor, ...]:
         """Its parameters as one module holds them, in zerocalc's layout: a fused module's members stacked
@@ -64,6 +66,8 @@ class HfModule(NamedTuple):
         shapes = {t.name: t.shape for t in self.stacked()} if self.tensors else {}
         if self.cls is ModuleClass.CONV1D and "weight" in shapes:
             shapes["weight"] = shapes["weight"][::-1]
+        if self.in_out:
+            shapes = {name: (s[0], s[2], s[1]) if len(s) == 3 else s for name, s in shapes.items()}
         return shapes
 
     @property
@@ -103,6 +107,8 @@ def module_class(arch: Architecture, module: str) -> ModuleClass:
         return ModuleClass.ROUTER
     if leaf == "experts":
         return ModuleClass.EXPERTS
+    if leaf == "attn":  # a parameter held by the attention module itself (GPT-OSS sinks)
+        return ModuleClass.ATTENTION
     if leaf == "lm_head":
         return ModuleClass.LINEAR
     return _family(arch).projection
@@ -127,7 +133,8 @@ def hf_modules(arch: Architecture) -> tuple[HfModule, ...]:
         weights = [t.shape for t in tensors if t.name == "weight"] or [tensors[0].shape]
         weight = (sum(w[0] for w in weights), *weights[0][1:])
         cls = module_class(arch, module)
-        modules.append(HfModule(module, hf_name(arch, module), cls, tuple(tensors), weight))
+        in_out = cls is ModuleClass.EXPERTS and _family(arch).experts_in_out
+        modules.append(HfModule(module, hf_name(arch, module), cls, tuple(tensors), weight, in_out))
     if arch.tied_embeddings and _holds_head(arch):
         shape = (arch.vocab_size, arch.hidden_size)
         modules.append(HfModule("lm_head", "lm_head", ModuleClass.LINEAR, (), shape))

@@ -41,6 +41,8 @@ class Kind(StrEnum):
 MEMORY, COMM, PLAN = Command.MEMORY, Command.COMM, Command.PLAN
 ESTIMATES = frozenset({MEMORY, COMM})
 ALL_ESTIMATES = frozenset({MEMORY, COMM, PLAN})
+FINETUNE = frozenset({MEMORY})
+"""The fine-tuning options: the model states and the peak of ``memory`` count them."""
 
 
 class Option(NamedTuple):
@@ -250,6 +252,42 @@ OPTIONS: tuple[Option, ...] = (
     _opt("expandable_segments", ("--expandable-segments",),
          "The caching allocator with expandable segments on (a PyTorch allocator setting): its reserve.",
          frozenset({MEMORY}), default=False, kind=Kind.FLAG, value_type=BOOL),
+    # ---------------------------------------------------------------------------------- fine-tuning
+    _opt("lora_rank", ("--lora-rank",),
+         "LoRA of rank R on the targets (PEFT 0.21), the base frozen; 0: off.", FINETUNE,
+         value_type=OPT_NUM, metavar="R", default_help="0: full training, or --adapter-config's r"),
+    _opt("lora_alpha", ("--lora-alpha",), "lora_alpha: scales the update (no byte depends on it).",
+         FINETUNE, value_type=FLOAT, metavar="A", default_help="PEFT's 8"),
+    _opt("lora_targets", ("--lora-targets",),
+         "all-linear (every Linear but the LM head), or a comma list of PEFT module names (q_proj,v_proj).",
+         FINETUNE, value_type=LIST, metavar="NAMES", default_help="PEFT's for the model family"),
+    _opt("lora_dropout", ("--lora-dropout",), "lora_dropout P, 0 ≤ P < 1.", FINETUNE, value_type=FLOAT,
+         metavar="P", default_help="0"),
+    _opt("dora", ("--dora",), "DoRA (use_dora): a magnitude vector per adapted layer.", FINETUNE,
+         default=False, kind=Kind.FLAG, value_type=BOOL),
+    _opt("modules_to_save", ("--modules-to-save",),
+         "Modules trained in full beside the adapters (a trainable copy each), a comma list: lm_head.",
+         FINETUNE, value_type=LIST, metavar="NAMES"),
+    _opt("quantize", ("--quantize",),
+         "The frozen base's weights stored by bitsandbytes 0.50: none, nf4, fp4 (4-bit) or int8 (LLM.int8).",
+         FINETUNE, value_type=OPT_STR, default_help="config.json's quantization_config, else none"),
+    _opt("double_quant", ("--double-quant",),
+         "4-bit: the absmax values quantised again (bnb_4bit_use_double_quant).", FINETUNE,
+         kind=Kind.SWITCH, value_type="bool | None", negative="--no-double-quant",
+         default_help="config.json's, else off (BitsAndBytesConfig's)"),
+    _opt("quant_storage", ("--quant-storage",),
+         "4-bit: the packed data's dtype (bnb_4bit_quant_storage): uint8, int8, bf16, fp16 or fp32; bf16 for "
+         "FSDP.", FINETUNE, value_type=OPT_STR, default_help="config.json's, else uint8"),
+    _opt("kbit_prepare", ("--kbit-prepare",),
+         "With --quantize: peft's prepare_model_for_kbit_training (every other parameter cast to fp32).",
+         FINETUNE, kind=Kind.SWITCH, value_type="bool | None", negative="--no-kbit-prepare",
+         default_help="on"),
+    _opt("freeze", ("--freeze",),
+         "Full fine-tuning with these modules frozen, a comma list of names (embed_tokens,layers.0).",
+         FINETUNE, value_type=LIST, metavar="NAMES"),
+    _opt("adapter_config", ("--adapter-config",),
+         "A PEFT adapter_config.json (LoRA): its r, targets, dropout, DoRA, modules_to_save (flags override "
+         "it).", FINETUNE, value_type=OPT_STR, metavar="FILE"),
     # ---------------------------------------------------------------------------------- the links
     _opt("calibration", ("--calibration",), "A calibration JSON written by `zerocalc bench`.",
          frozenset({COMM, PLAN}), value_type="str | Calibration | None"),
