@@ -17,9 +17,16 @@ from zerocalc.base.units import parse_fraction, parse_whole
 from zerocalc.model.adapters import ALL_LINEAR
 from zerocalc.model.quantized import QuantMethod
 from zerocalc.parallel.finetune import QUANT_STORAGE, FineTuning, LoraConfig, QuantConfig, parameter_kinds
+from zerocalc.parallel.framework_records import FRAMEWORKS
+from zerocalc.parallel.framework_records.record import StatesModel, Wrap
+from zerocalc.parallel.frameworks import Framework
+from zerocalc.parallel.optimizers import OptimizerName
+from zerocalc.parallel.precision import PrecisionName
+from zerocalc.parallel.strategies import OffloadTarget
 
 if TYPE_CHECKING:
-    from zerocalc.request.training import ModelSpec, TrainingOptions
+    from zerocalc.parallel.framework_records.record import FrameworkRecord
+    from zerocalc.request.training import ModelSpec, TrainingOptions, TrainingRequest
 
 MAX_LORA_RANK = 2**16
 """The largest r accepted (65,536: above any layer's width worth adapting)."""
@@ -369,3 +376,76 @@ def _check_frozen(model: ModelSpec, finetune: FineTuning) -> None:
             f"{{freeze}} {shown(','.join(finetune.freeze))} freezes every parameter; accepted: modules "
             "leaving some trained"
         )
+
+
+# ------------------------------------------------------------------------------------ the frameworks
+FINETUNE_STATES = {
+    StatesModel.PAPER: "the ZeRO paper's sharding of each kind of tensor",
+    StatesModel.TORCH_EXACT: "PyTorch's DDP, FSDP1 (use_orig_params=True) and FSDP2 with PEFT",
+}
+"""The accountings whose model states count a fine-tuning run's kinds of tensor; DeepSpeed's estimators
+count every parameter as trained (DeepSpeed issue 5304) and Megatron-LM has no PEFT."""
+
+PAGED_OPTIMIZERS = (OptimizerName.PAGED_ADAMW_8BIT, OptimizerName.PAGED_ADAMW)
+BNB_OPTIMIZERS = (OptimizerName.ADAM_8BIT, *PAGED_OPTIMIZERS)
+"""bitsandbytes' optimizers: modelled tensor by tensor (a fine-tuning run's tensors)."""
+
+
+def finetune_problem(record: FrameworkRecord, request: TrainingRequest) -> str | None:
+    """Why ``record`` does not model this fine-tuning run (or a paged optimizer without one), or None:
+    None also when the run is not fine-tuning (the record's own checks apply)."""
+    fw = record.framework.value
+    if request.finetune is None:
+        if request.optimizer in PAGED_OPTIMIZERS:
+            return (
+                f"{{optimizer}} {request.optimizer.value} pages tensor by tensor, modelled for fine-tuning "
+                "runs; accepted: with {lora_rank} or {freeze}, or {optimizer} adam-8bit"
+            )
+        return None
+    accepted = " or ".join(f.value for f, r in FRAMEWORKS.items() if _tunes(r))
+    if not _tunes(record):
+        return (
+            f"{{framework}} {fw} does not model fine-tuning (its accounting counts every parameter "
+            f"trained); accepted: {{framework}} {accepted}"
+        )
+    mesh = request.mesh
+    if mesh.tp > 1 or mesh.pp > 1 or mesh.ep > 1:
+        return (
+            "fine-tuning is modelled over data-parallel ranks; accepted: {tp}, {pp} and {ep} 1 with "
+            "{lora_rank}, {quantize} or {freeze}"
+        )
+    if request.fp32_grad_accum and not record.fp32_grad_accum:
+        return f"{{framework}} {fw} models {record.accepts}"
+    if request.buffers.wrap is Wrap.MODEL and not record.wrap_model:
+        return f"{{wrap}} model is not accepted with {{framework}} {fw}; accepted: {{wrap}} block"
+    torch = record.states is StatesModel.TORCH_EXACT
+    precisions = (*record.precisions, PrecisionName.BF16_PURE) if torch else record.precisions
+    if request.precision not in precisions:
+        return f"{{framework}} {fw} models {record.accepts}"
+    optimizers = record.optimizers if torch else (*record.optimizers, *BNB_OPTIMIZERS)
+    if torch and record.framework is Framework.DDP:
+        optimizers = (*optimizers, *BNB_OPTIMIZERS)
+    if request.optimizer not in optimizers:
+        return (
+            f"{{optimizer}} {request.optimizer.value} is not modelled with {{framework}} {fw}; accepted: "
+            f"{', '.join(o.value for o in optimizers)}"
+        )
+    if torch:
+        if request.offload_optimizer is not OffloadTarget.NONE or request.offload_params not in (
+            OffloadTarget.NONE,
+            OffloadTarget.CPU,
+        ):
+            return (
+                f"{{framework}} {fw} offloads parameters, gradients and the optimizer together (FSDP's "
+                "CPUOffload); accepted: {offload_params} cpu and no {offload_optimizer}"
+            )
+        if request.offload_params is OffloadTarget.CPU and record.framework is Framework.DDP:
+            return (
+                "{framework} ddp does not offload; accepted: {framework} fsdp or fsdp2 with "
+                "{offload_params} cpu"
+            )
+    return None
+
+
+def _tunes(record: FrameworkRecord) -> bool:
+    return record.states in FINETUNE_STATES and record.framework is not Framework.TORCH_ZERO1
