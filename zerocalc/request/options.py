@@ -42,7 +42,7 @@ MEMORY, COMM, PLAN = Command.MEMORY, Command.COMM, Command.PLAN
 ESTIMATES = frozenset({MEMORY, COMM})
 ALL_ESTIMATES = frozenset({MEMORY, COMM, PLAN})
 FINETUNE = frozenset({MEMORY})
-"""The fine-tuning options: the model states and the peak of ``memory`` count them."""
+"""The fine-tuning options: ``memory``'s model states count them."""
 
 
 class Option(NamedTuple):
@@ -182,7 +182,9 @@ OPTIONS: tuple[Option, ...] = (
          frozenset({PLAN}), value_type=LIST, default_help="fsdp2,torch-zero1,deepspeed"),
     _opt("precision", ("--precision",), "bf16-mixed, fp16-mixed, fp32 or bf16-pure.", ESTIMATES,
          default="bf16-mixed", value_type=STR),
-    _opt("optimizer", ("--optimizer",), "adam, adamw, sgd (momentum), sgd-no-momentum, adafactor, adam-8bit.",
+    _opt("optimizer", ("--optimizer",), "adam, adamw, sgd (momentum), sgd-no-momentum, adafactor, adam-8bit "
+         "(adamw-8bit), paged-adamw-8bit or paged-adamw (bitsandbytes; the paged ones tensor by tensor: "
+         "fine-tuning runs).",
          ESTIMATES, default="adamw", value_type=STR),
     _opt("fp32_grad_accum", ("--fp32-grad-accum",),
          "Add a 4-byte fp32 buffer per parameter where gradients accumulate.", frozenset({MEMORY}),
@@ -194,7 +196,8 @@ OPTIONS: tuple[Option, ...] = (
          default_help="the framework's documented path; fsdp2: meta"),
     _opt("offload_optimizer", ("--offload-optimizer",), "none, cpu or nvme (ZeRO-Offload / ZeRO-Infinity).",
          ESTIMATES, default="none", value_type=OPT_STR),
-    _opt("offload_params", ("--offload-params",), "none, cpu or nvme (zero3 only).", ESTIMATES,
+    _opt("offload_params", ("--offload-params",), "none, cpu or nvme (zero3 only; fsdp and fsdp2 "
+         "fine-tuning: cpu, FSDP's CPU offload of parameters, gradients and optimizer).", ESTIMATES,
          default="none", value_type=OPT_STR),
     _opt("reduce_dtype", ("--reduce-dtype",),
          "The dtype gradients are reduced in: fp32, or the gradients' own (bf16 under bf16-mixed, fp16 "
@@ -401,11 +404,22 @@ OptionsEcho = Annotated[
 """The ``options`` field of a command's result (:func:`echo`)."""
 
 
+FINETUNE_OPTIONS = (
+    "lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "dora", "modules_to_save", "quantize",
+    "double_quant", "quant_storage", "kbit_prepare", "freeze", "adapter_config",
+)  # fmt: skip
+"""The fine-tuning options, echoed only where one is set: a full training run's echo holds none."""
+
+
 def echo(command: Command, values: dict[str, Any]) -> dict[str, Any]:
     """The JSON's ``options``: every request option of ``command`` with the value it was given (its
-    default where not given), keyed by its keyword, as the library takes it back."""
+    default where not given), keyed by its keyword, as the library takes it back; the fine-tuning options
+    (:data:`FINETUNE_OPTIONS`) only in a fine-tuning run's."""
     echoed = {}
+    tuning = any(values.get(name) not in (None, False) for name in FINETUNE_OPTIONS)
     for o in options_for(command, request_only=True):
+        if o.name in FINETUNE_OPTIONS and not tuning:
+            continue
         value = values.get(o.name, o.default)
         if value is not None and o.default is not None and str(value) == str(o.default):
             value = o.default  # the CLI's text of the default is the default

@@ -133,6 +133,14 @@ class StrategyMemory(BaseModel):
         default=None, description="states_capacity_bytes − gpu_bytes, when a GPU memory is given"
     )
 
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``unified_bytes_per_gpu`` only where there are such bytes (paged optimizer states)."""
+        data = handler(self)
+        if not self.unified_bytes_per_gpu:
+            data.pop("unified_bytes_per_gpu", None)
+        return data
+
     def bytes_of(self, kind: StateKind) -> int:
         """Bytes of one state kind on this rank's GPU (0 when offloaded or absent)."""
         return sum(s.bytes for s in self.states if s.kind is kind and s.location is Location.GPU)
@@ -232,6 +240,14 @@ class MemoryEstimate(TableDisplay, BaseModel):
         "the library keywords (errors.with_names)",
     )
     strategies: list[StrategyMemory]
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``finetune`` only for a fine-tuning run: a full training run's JSON is as it always was."""
+        data = handler(self)
+        if self.finetune is None:
+            data.pop("finetune", None)
+        return data
 
     def row(self, name: StrategyName | str) -> StrategyMemory:
         """The row of a strategy, by any of its names (``fsdp``, ``full_shard``, ``zero3``)."""
