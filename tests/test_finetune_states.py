@@ -8,6 +8,8 @@ import json
 
 import pytest
 from helpers import one_line_error
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from zerocalc.base.errors import InputError
@@ -144,3 +146,28 @@ def test_the_json_carries_the_trained_count_and_the_quantised_bytes() -> None:
     assert data["finetune"]["method"]["lora"]["rank"] == 8
     kinds = {s["kind"] for s in data["strategies"][0]["states"]}
     assert {"params", "frozen", "quantized", "grads", "optimizer"} == kinds
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    rank=st.integers(1, 64),
+    targets=st.sampled_from(["all-linear", "q_proj,v_proj", "gate_proj,up_proj,down_proj"]),
+    dora=st.booleans(),
+    quantize=st.sampled_from(["none", "nf4", "fp4", "int8"]),
+    framework=st.sampled_from(["paper", "ddp", "fsdp2"]),
+    gpus=st.sampled_from([1, 2, 8]),
+)
+def test_a_fine_tuning_run_never_holds_more_than_full_training(
+    rank: int, targets: str, dora: bool, quantize: str, framework: str, gpus: int
+) -> None:
+    """Adapters, a frozen (or quantised) base and the trained tensors' gradients and states: never more
+    than training every parameter, for every strategy; and each row is the sum of its states."""
+    common = {"model": "llama-3-8b", "framework": framework, "gpus": gpus}
+    full = {r.strategy: r.gpu_bytes for r in evaluate_memory(parse_options(**common)).strategies}
+    tuned = evaluate_memory(
+        parse_options(**common, lora_rank=rank, lora_targets=targets, dora=dora, quantize=quantize)
+    )
+    for row in tuned.strategies:
+        assert row.gpu_bytes <= full[row.strategy]
+        assert row.gpu_bytes == sum(s.bytes for s in row.states if s.location is Location.GPU)
+        assert all(s.bytes == sum(s.parts.values()) for s in row.states)
