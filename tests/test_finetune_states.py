@@ -171,3 +171,30 @@ def test_a_fine_tuning_run_never_holds_more_than_full_training(
         assert row.gpu_bytes <= full[row.strategy]
         assert row.gpu_bytes == sum(s.bytes for s in row.states if s.location is Location.GPU)
         assert all(s.bytes == sum(s.parts.values()) for s in row.states)
+
+
+def test_fsdp_qlora_of_llama_2_70b_on_two_cards_with_cpu_offload_by_hand() -> None:
+    """The recipe of PEFT's "FSDP + QLoRA" guide: 4-bit NF4 with double quantisation stored in bf16 (so
+    FSDP can flatten it), no prepare_model_for_kbit_training (the base stays bf16), LoRA on all-linear,
+    FSDP1 full sharding over 2 GPUs with CPU offload of parameters."""
+    h, layers, kv, f, v = 8192, 80, 1024, 28672, 32000
+    trained = 16 * layers * ((h + h) * 2 + (h + kv) * 2 + (h + f) * 3)
+    weights = layers * (2 * h * h + 2 * h * kv + 3 * h * f)
+    nf4 = weights // 2 + weights // 64 + weights // 64 // 256 * 4 + 7 * layers * (256 * 4 + 4 + 16 * 4)
+    unquantised = 2 * v * h + (2 * layers + 1) * h
+    request = parse_options(
+        model="llama-2-70b", framework="fsdp", gpus=2, lora_rank=16, lora_targets="all-linear",
+        quantize="nf4", double_quant=True, quant_storage="bf16", kbit_prepare=False, offload_params="cpu",
+        strategies="zero3",
+    )  # fmt: skip
+    row = evaluate_memory(request).strategies[0]
+    assert row.gpu_bytes == 0
+    host = {s.kind: s.bytes for s in row.states if s.location is Location.CPU}
+    assert host == {
+        StateKind.PARAMS: 4 * trained // 2,
+        StateKind.FROZEN: 2 * unquantised // 2,
+        StateKind.QUANTIZED: nf4 // 2,
+        StateKind.GRADS: 4 * trained // 2,
+        StateKind.OPTIMIZER: 8 * trained // 2,
+    }
+    assert row.cpu_bytes_per_node == 2 * row.cpu_bytes_per_gpu == 2 * sum(host.values())

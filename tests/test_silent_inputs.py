@@ -77,9 +77,9 @@ def test_a_sequence_beyond_rotary_positions_is_a_note() -> None:
         # bitsandbytes' is read (zerocalc.request.finetune); a quantised base needs adapters
         (
             {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"},
-            "a quantised base (nf4:",
+            "quantization_config (nf4) quantises the base",
         ),
-        ({"load_in_4bit": True}, "a quantised base (fp4:"),
+        ({"load_in_4bit": True}, "quantization_config (fp4) quantises the base"),
     ],
 )
 def test_a_quantization_config_is_refused_naming_it(tmp_path: Path, quantization: dict, named: str) -> None:
