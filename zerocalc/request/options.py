@@ -282,7 +282,8 @@ OPTIONS: tuple[Option, ...] = (
          "4-bit: the packed data's dtype (bnb_4bit_quant_storage): uint8, int8, bf16, fp16 or fp32; bf16 for "
          "FSDP.", FINETUNE, value_type=OPT_STR, default_help="config.json's, else uint8"),
     _opt("kbit_prepare", ("--kbit-prepare",),
-         "With --quantize: peft's prepare_model_for_kbit_training (every other parameter cast to fp32).",
+         "With --quantize: PEFT's k-bit training preparation, every other parameter cast to fp32 "
+         "(peft/utils/other.py).",
          FINETUNE, kind=Kind.SWITCH, value_type="bool | None", negative="--no-kbit-prepare",
          default_help="on"),
     _opt("freeze", ("--freeze",),
