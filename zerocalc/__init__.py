@@ -6,7 +6,10 @@ below are loaded on first use (PEP 562), so that ``import zerocalc`` and the CLI
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
+
+from zerocalc.base.display import use_renderers
 
 __all__ = [
     "CommEstimate",
@@ -43,6 +46,15 @@ if TYPE_CHECKING:
     from zerocalc.plan.search import PlanResult
     from zerocalc.request.training import TrainingRequest
     from zerocalc.states.memory import MemoryEstimate
+
+
+def _renderers() -> ModuleType:
+    from zerocalc.render import display
+
+    return display
+
+
+use_renderers(_renderers)  # the results display as the CLI's tables
 
 
 def __dir__() -> list[str]:

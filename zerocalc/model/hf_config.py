@@ -5,7 +5,7 @@ and classes it follows, the keys it reads (with the configuration class's defaul
 keys it knows do not change the parameter count, and how that file computes what the architecture
 describes (its :class:`Traits`, which the model codes' saved tensors follow: :mod:`zerocalc.model.traits`).
 The count is then the count of ``AutoModelForCausalLM.from_config(config)`` (checked on the meta device in
-``tests/test_families.py``).
+``tests/model/test_families.py``).
 
 How a key is treated, in this order:
 

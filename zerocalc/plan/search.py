@@ -10,7 +10,7 @@ once per key, every accumulation derived). The peak is ``memory``'s model in two
   reserve is ≥ 0): a candidate whose bound is above the fit limit does not fit;
 * **the rows printed**: the candidates are walked in the objective's order and evaluated exactly (the
   full model, the allocator replay included: ``zerocalc memory``'s own peak) until ``top`` fit. The
-  ranking is the one a brute-force exact evaluation of every candidate gives (tests/test_plan.py).
+  ranking is the one a brute-force exact evaluation of every candidate gives (tests/plan/test_plan.py).
   Candidates never reached keep their lower bound (``peak_exact`` false in JSON).
 """
 

@@ -669,7 +669,7 @@ def derived_request(plan: PlanRequest, group: Group, estimate: Estimate) -> Trai
     """:func:`group_request`'s request without parsing: the plan's parsed base with the group's typed options
     (:func:`~zerocalc.request.training.request_with` checks them as the parser does; the same request or the
     same
-    :class:`InputError`, tests/test_plan.py). The base was parsed with the plan's model, GPU, sequence
+    :class:`InputError`, tests/plan/test_plan.py). The base was parsed with the plan's model, GPU, sequence
     length and calibration, as every group's command gives them. Ten times cheaper than a parse: the search
     needs hundreds."""
     base = plan.base

@@ -391,7 +391,7 @@ FLAGS: dict[str, str] = {o.name: o.flag for o in OPTIONS}
 NEGATIVE_FLAGS: dict[str, str] = {o.name: o.negative for o in OPTIONS if o.negative is not None}
 """A switch's negative flag by concept (``flash_attention`` → ``--no-flash-attention``)."""
 """The flag each concept (``{gpus_per_node}``) is on the command line. A name means one flag in every
-command that takes it (tests/test_options.py)."""
+command that takes it (tests/cli/test_options.py)."""
 
 
 OptionsEcho = Annotated[

@@ -1435,7 +1435,7 @@ def request_with(request: TrainingRequest, **changes: object) -> TrainingRequest
     """A request with some of its typed fields changed, checked again as :func:`parse_request` checks a
     request (its strategies resolved afresh): the request that parsing the changed options gives, where the
     changes stay within the parser's bounds and the strategies are explicit. ``zerocalc plan`` derives its
-    hundreds of candidate requests so (tests/test_plan.py compares each with the parser's)."""
+    hundreds of candidate requests so (tests/plan/test_plan.py compares each with the parser's)."""
     if not changes.get("strategies_explicit", request.strategies_explicit):
         raise ValueError("request_with needs explicit strategies (a default set resolves to other notes)")
     if ("cluster" in changes or "framework" in changes) and "mesh" not in changes:

@@ -24,7 +24,7 @@ shards each parameter's tp-local tensor on dim 0 over the dp ranks the same way
 :func:`predicted_tp_states` is the analytic core's model states of each rank;
 :func:`predicted_tp_calls` lists each rank's collectives in the order it issues them, with the sizes of
 the core's tensor shards (their sums per collective and phase are ``zerocalc comm``'s mesh collectives,
-tests/test_validate_tp.py).
+tests/validate/test_validate_tp.py).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ stated). The bytes do not depend on the GPU's capacity (``h100-80gb``'s runtime 
 
 Tolerance: 5% of the published value, zerocalc's stated margin for its verdict (README: "tight: within
 5% of the GPU's memory, the model's margin"); its reserved peak is held within 3.5% of recorded H100
-steps at world 1 (tests/test_peak.py), and here the torch build (a December 2024 nightly), the world
+steps at world 1 (tests/memory/test_peak.py), and here the torch build (a December 2024 nightly), the world
 size and the model code (9dec370's RMSNorm keeps an fp32 copy of its input) differ. The difference
 between the two rows isolates what depends on N (the sharded fp32 parameters, gradients and AdamW
 states, 16 bytes a parameter ÷ N, and the reserve that follows them), held to the same 5%.

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
-from helpers import one_line_error
+from helpers import DATA, ROOT, one_line_error
 from typer.testing import CliRunner
 
 from zerocalc.api import estimate_comm
@@ -53,7 +53,7 @@ from zerocalc.request.presets import load_model
 
 runner = CliRunner()
 EAGER_FLASH = Kernels(fused=False, flash=True)
-STEPS = Path(__file__).parent / "data" / "h100-steps-hf" / "steps.json"
+STEPS = DATA / "h100-steps-hf" / "steps.json"
 
 
 # ------------------------------------------------------------------------------------------ FLOPs by hand
@@ -507,7 +507,7 @@ def test_time_steps_is_an_option_of_validate_cuda_only() -> None:
     one_line_error(refused, "--time-steps 0 is not accepted")
 
 
-FSDP2_STEPS = Path(__file__).parent / "data" / "h100-steps-hf" / "fsdp2-steps.json"
+FSDP2_STEPS = DATA / "h100-steps-hf" / "fsdp2-steps.json"
 
 
 @pytest.mark.parametrize(
@@ -557,7 +557,7 @@ def test_step_time_tables_say_what_the_checks_measured(args: list[str]) -> None:
     result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert f"· {STEP_TIME_ACCURACY}" in " ".join(result.stdout.split())
-    model = (Path(__file__).parent.parent / "docs" / "model.md").read_text()
+    model = (ROOT / "docs" / "model.md").read_text()
     for figure in (
         "3-7% (H100) and 5-9% (H200) under",
         "3-5% under",

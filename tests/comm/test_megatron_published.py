@@ -24,12 +24,12 @@ The bound is issue 30's: each prediction within 7% of the logged peak.
 
 from __future__ import annotations
 
-from pathlib import Path
+from helpers import DATA
 
 from zerocalc.api import estimate_comm, estimate_peak
 from zerocalc.peak.report import StagePeak
 
-DATA = Path(__file__).parent / "data" / "megatron-ci"
+MEGATRON = DATA / "megatron-ci"
 BOUND = 0.07
 SOURCE = (
     "https://github.com/NVIDIA/Megatron-LM/blob/d98e8a64ddf34856e74b24714e3bedb2f5a39553/"
@@ -40,7 +40,7 @@ SOURCE = (
 def last_stage(model: str, gpus: int, pp: int, **options: object) -> StagePeak:
     """zerocalc's prediction for the last pipeline stage of a Megatron-LM run on an H100."""
     report = estimate_peak(
-        str(DATA / model), gpus, pp=pp, framework="megatron", model_impl="megatron", gpu="h100-80gb",
+        str(MEGATRON / model), gpus, pp=pp, framework="megatron", model_impl="megatron", gpu="h100-80gb",
         **options,
     )  # fmt: skip
     (row,) = report.peak.strategies  # type: ignore[union-attr]
@@ -156,7 +156,7 @@ def test_vocab_parallel_cross_entropy_turns_its_softmax_into_the_gradient() -> N
     T·V = 4·1024 × 50,304 on one GPU; each tensor rounded to the allocator's 2 MiB for large blocks;
     512 B: the previous step's loss, freed in between."""
     report = estimate_peak(
-        str(DATA / "gpt3-small.toml"), 1, framework="megatron", model_impl="megatron", strategies="ddp",
+        str(MEGATRON / "gpt3-small.toml"), 1, framework="megatron", model_impl="megatron", strategies="ddp",
         micro_batch=4, seq_len=1024, gpu="h100-80gb",
     )  # fmt: skip
     (row,) = report.peak.strategies  # type: ignore[union-attr]
@@ -178,7 +178,8 @@ def test_gpt3_7b_tp1_pp4_vpp8_iteration_time() -> None:
     (deterministic attention backward), ``CUDA_DEVICE_MAX_CONNECTIONS=1``, ``--no-gradient-accumulation-
     fusion``, LayerNorm SM margins of 16. Bound: 20% (issue 31 asks 15% of tuned runs)."""
     row = estimate_comm(
-        None, 8, model=str(DATA / "gpt3-7b.toml"), gpu="h100-80gb", framework="megatron", strategies="zero1",
+        None, 8, model=str(MEGATRON / "gpt3-7b.toml"), gpu="h100-80gb", framework="megatron",
+        strategies="zero1",
         pp=4, vpp=8, grad_accum=4, micro_batch=1, seq_len=8192, flash_attention=True,
     ).row("zero1")  # fmt: skip
     assert row.step is not None

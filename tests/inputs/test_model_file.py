@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import one_line_error
+from helpers import ROOT, one_line_error
 from typer.testing import CliRunner
 
 from zerocalc.api import estimate_memory
@@ -20,7 +20,7 @@ from zerocalc.scenarios.scenario import Scenario, comm_section, memory_section
 
 runner = CliRunner()
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "model.md"
+DOCS = ROOT / "docs" / "model.md"
 MEGATRON_GPT = re.search(r"```toml\n(.*?)```", DOCS.read_text(), re.S).group(1)  # type: ignore[union-attr]
 """docs/model.md's example model file: a GPT of Megatron-LM's layout."""
 

@@ -8,8 +8,9 @@ import ast
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
-PACKAGE = Path(__file__).resolve().parent.parent / "zerocalc"
+PACKAGE = ROOT / "zerocalc"
 
 BELOW: dict[str, set[str]] = {}
 """What each package may import, besides itself (filled below, layer by layer)."""
@@ -32,17 +33,13 @@ _layer("peak", "states")
 _layer("plan", "comm", "peak")
 _layer("scenarios", "plan")
 _layer("api", "plan")  # plan() is the search; plan may import comm and peak
-_layer("zerocalc", "api")  # the package's facade (__init__): lazy names from api and the results
 _layer("render", "comm", "peak")  # the tables of results, shared by the CLI and the results' display
+_layer("zerocalc", "api", "render")  # the facade (__init__): lazy names, the results' renderers wired in
 _layer("bench", "network", "harness", "compute")
 _layer("validate", "bench", "comm", "peak", "api")
 _layer("cli", "validate", "scenarios", "zerocalc", "render")
 _layer("__main__", "cli")
 
-DISPLAY_HOOK = ("zerocalc.base.display", "zerocalc.render.display")
-"""The one import up the layers: the results' display mixin (in the core's vocabulary, so that result
-models can inherit it) imports the renderers inside its methods, when a result is displayed, never at
-module level."""
 MEASUREMENT = {"bench", "validate"}
 TORCH_LIBRARIES = ("torch", "transformers", "numpy")
 
@@ -124,16 +121,15 @@ def test_imports_point_down_the_layers(module: str) -> None:
         if target.split(".")[0] == "zerocalc"
         and _package(target) != package
         and _package(target) not in BELOW[package]
-        and (module, target) != DISPLAY_HOOK
     }
     assert not upward, f"{module} ({package}) imports {sorted(upward)} from a layer it may not use"
 
 
-def test_the_display_hook_imports_the_renderers_only_when_called() -> None:
-    module, target = DISPLAY_HOOK
-    assert target in _imports(MODULES[module]), "the display hook is gone: remove DISPLAY_HOOK"
-    assert target not in _imports(MODULES[module], top_level_only=True)
-    assert not {t for t in _imports(MODULES[module], True) if t.startswith("zerocalc.render")}
+def test_the_facade_loads_the_renderers_only_when_a_result_is_displayed() -> None:
+    """``zerocalc/__init__.py`` wires the renderers into the results' display inside a function, so that
+    ``import zerocalc`` (and every start-up) imports nothing of the rendering."""
+    assert "zerocalc.render.display" in _imports(MODULES["zerocalc"])
+    assert not {t for t in _imports(MODULES["zerocalc"], True) if t.startswith("zerocalc.render")}
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
@@ -225,7 +221,6 @@ CYCLES_BEING_REMOVED: dict[tuple[str, str], str] = {
         "request/launch.py takes training.py's private _model; training → options → (reading a launch "
         "config) launch → training"
     ),
-    DISPLAY_HOOK: "comm/estimate.py → base/display.py → render/display.py → comm/estimate.py",
     ("zerocalc.request.training", "zerocalc.request.presets"): (
         "request/presets.py takes training.py's RuntimeNames at module level; training.py loads presets "
         "inside its functions"

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 RUNS_PROCESSES = {"bench", "validate"}
@@ -299,7 +299,7 @@ def as_shown(shown: str, output: str) -> str:
 def test_every_code_block_is_run_or_parsed(page: Path) -> None:
     """A code block is ``console`` (run), ``bash`` (its zerocalc commands parsed), ``toml`` (a model file,
     read by :func:`test_every_toml_block_is_a_model_file`) or README's ``python`` library example (run by
-    tests/test_readme.py): no block escapes the tests unmarked."""
+    tests/docs/test_readme.py): no block escapes the tests unmarked."""
     allowed = {"console", "bash", "toml"} | ({"python"} if page.name == "README.md" else set())
     languages = [fence.group(1) for fence in _FENCE.finditer(page.read_text())]
     assert set(languages) <= allowed, f"{page.name}: code blocks marked {languages}"

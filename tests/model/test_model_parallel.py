@@ -44,7 +44,8 @@ def test_the_default_shape_is_one_rank_holding_the_micro_batch() -> None:
 
 def test_megatron_layer_is_korthikanti_table_2_per_rank() -> None:
     """GPT-3 175B (s 2048, b 1, t 8) through the model code: 23 sbh with TP, 14.25 sbh with TP + SP,
-    13 sbh and 4.25 sbh under selective recomputation (Korthikanti Table 2, tests/test_activations.py)."""
+    13 sbh and 4.25 sbh under selective recomputation (Korthikanti Table 2,
+    tests/model/test_activations.py)."""
     arch, _ = load_model("gpt3-175b")
     sbh = 2048 * 12288
     for sp, full, kept in ((False, 23 * sbh, 13 * sbh), (True, 57 * sbh // 4, 17 * sbh // 4)):

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import DATA
 from typer.testing import CliRunner
 
 from zerocalc.api import estimate_peak
@@ -14,7 +15,7 @@ from zerocalc.model.architecture import count_parameters
 from zerocalc.request.training import parse_options
 
 runner = CliRunner()
-CONFIG = json.loads((Path(__file__).parent / "data" / "h100-fsdp2-hf" / "config.json").read_text())
+CONFIG = json.loads((DATA / "h100-fsdp2-hf" / "config.json").read_text())
 """A Llama 3.2-style config (rotary, max_position_embeddings 131,072)."""
 
 

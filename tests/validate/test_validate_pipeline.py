@@ -307,7 +307,8 @@ def test_a_pipeline_run_is_reported_per_rank_and_a_wrong_line_fails(spawned: lis
 
 
 def test_a_pipeline_of_uneven_stages_is_predicted_per_stage(spawned: list[str]) -> None:
-    # validate's default model (tests/test_validate_pipeline_processes.py): a block 48,447 elements, the
+    # validate's default model (tests/validate/test_validate_pipeline_processes.py): a block 48,447
+    # elements, the
     # embeddings 127,575, the final norm and head 63,189; 4 blocks over 3 stages as 1, 2, 1 (Megatron-LM
     # get_num_layers_to_build), fp32: 4 bytes each
     block, embeddings, head = 48_447, 127_575, 126 + 63_063

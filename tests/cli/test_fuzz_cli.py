@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import one_line_error
+from helpers import ROOT, one_line_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -202,7 +202,6 @@ def test_every_option_under_any_terminal_settings(
         assert max(len(line) for line in result.stdout.splitlines()) <= width, result.stdout
 
 
-ROOT = Path(__file__).resolve().parent.parent
 RUNS = st.sampled_from(
     [
         ["memory", "--params", "7B", "--gpus", "8"],

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import keywords_in_notes
+from helpers import DATA
 from typer.testing import CliRunner
 
 from zerocalc import InputError
@@ -526,7 +527,7 @@ def test_a_bad_accelerate_count_or_an_empty_file_is_one_line(
     assert line.startswith(f"zerocalc: error: --accelerate {str(path)!r}")
 
 
-KEY_LISTS = Path(__file__).parent / "data" / "launch_keys"
+KEY_LISTS = DATA / "launch_keys"
 
 
 @pytest.mark.parametrize("kind", list(LaunchFormat))

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import gzip
 import json
-from pathlib import Path
+
+from helpers import DATA
 
 from zerocalc.model.code import MODEL_CODES, Device, ModelImplName, Shape, layer_saves
 from zerocalc.peak.allocator import CachingAllocator
 from zerocalc.request.presets import load_model
 
 MiB = 2**20
-H200 = Path(__file__).parent / "data" / "h200-fsdp2-hf"
+H200 = DATA / "h200-fsdp2-hf"
 
 
 def test_a_large_block_taken_whole_counts_its_remainder() -> None:

@@ -157,7 +157,7 @@ def test_llama_3_70b_stages_per_tensor_parallel_rank() -> None:
 
 
 GPT3_LAYER_TP8 = 12 * 12288**2 // 8 + 7 * 12288 // 8 + 6 * 12288
-"""GPT-3 175B per TP rank of 8 (tests/test_mesh.py): 12h²/8 + 7h/8 + 6h."""
+"""GPT-3 175B per TP rank of 8 (tests/parallel/test_mesh.py): 12h²/8 + 7h/8 + 6h."""
 
 
 def test_gpt3_175b_stages_with_virtual_stages() -> None:

@@ -6,6 +6,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 from typer.testing import CliRunner
 
 from zerocalc.base.errors import InputError
@@ -16,7 +17,7 @@ from zerocalc.parallel.strategies import StrategyName
 from zerocalc.request.training import TrainingOptions, parse_options, parse_request
 
 runner = CliRunner()
-ROOT = Path(__file__).resolve().parents[1] / "zerocalc"
+PACKAGE = ROOT / "zerocalc"
 
 
 def test_a_request_is_typed_and_frozen() -> None:
@@ -122,7 +123,7 @@ CORE += ["network/collectives.py", "parallel/precision.py", "parallel/optimizers
 
 @pytest.mark.parametrize("module", CORE)
 def test_the_core_reads_no_files_no_environment_and_parses_no_strings(module: str) -> None:
-    tree = ast.parse((ROOT / module).read_text())
+    tree = ast.parse((PACKAGE / module).read_text())
     imported = {
         alias.name if isinstance(node, ast.Import) else f"{node.module}"
         for node in ast.walk(tree)
@@ -140,7 +141,7 @@ def test_the_core_reads_no_files_no_environment_and_parses_no_strings(module: st
     }
     assert not imported & forbidden
     names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
-    assert "open" not in names and "environ" not in (ROOT / module).read_text()
+    assert "open" not in names and "environ" not in (PACKAGE / module).read_text()
     parse_calls = {
         node.func.id
         for node in ast.walk(tree)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from helpers import H100_STEPS, h100_step_row
+from helpers import DATA, H100_STEPS, h100_step_row
 from typer.testing import CliRunner
 
 from zerocalc.api import estimate_peak
@@ -29,7 +28,7 @@ def test_device_cuda_without_a_gpu_is_one_line() -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
-    config = Path(__file__).parent / "data" / "h100-fsdp2-hf" / "config.json"
+    config = DATA / "h100-fsdp2-hf" / "config.json"
     result = CliRunner().invoke(app, ["validate", "cuda", "--model", str(config)])
     assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "no CUDA device" in result.stderr
@@ -47,7 +46,7 @@ def test_the_device_in_hand_is_matched_to_the_preset_with_its_usable_memory() ->
     assert matching_gpu_preset(0, usable) is None
 
 
-H200 = Path(__file__).parent / "data" / "h200-fsdp2-hf"
+H200 = DATA / "h200-fsdp2-hf"
 H200_STEPS = [
     pytest.param(step, id=f"{step['model']}-b{step['b']}-s{step['s']}-{step['recompute']}")
     for step in map(json.loads, (H200 / "steps.jsonl").read_text().splitlines())

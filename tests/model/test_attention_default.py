@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import DATA
 
 from zerocalc.api import estimate_peak
 from zerocalc.model.code import HF_ATTENTION, MODEL_CODES, AttentionKernel, ModelImplName
@@ -14,8 +15,8 @@ from zerocalc.model.hf_config import FAMILIES, SUPPORTED
 from zerocalc.peak.kinds import StepPhase
 from zerocalc.request.presets import load_model
 
-DATA = Path(__file__).parent / "data" / "h200-fsdp2-gpt2xl"
-STEPS = [json.loads(line) for line in (DATA / "steps.jsonl").read_text().splitlines()]
+GPT2XL_STEPS = DATA / "h200-fsdp2-gpt2xl"
+STEPS = [json.loads(line) for line in (GPT2XL_STEPS / "steps.jsonl").read_text().splitlines()]
 
 
 def test_every_supported_family_names_its_modeling_file() -> None:
