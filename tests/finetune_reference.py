@@ -1,5 +1,6 @@
 """What zerocalc predicts of a PEFT model, named as PEFT names it, and what the real model holds: shared by
-the fine-tuning tests that build real models (tests/test_finetune_peft.py, tests/test_finetune_bnb.py)."""
+the fine-tuning tests that build real models (tests/model/test_finetune_peft.py and
+tests/model/test_finetune_bnb.py)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ modeling file of its family names it ``model.layers.3.self_attn.q_proj``. The fa
 (``body``) and the parts spelled otherwise (``names`` over :data:`~zerocalc.model.hf_config.LLAMA_NAMES`);
 each part of a name maps on its own, so the name of anything under a module (``q_proj.lora_A.default``)
 maps with it. ``lm_head`` sits beside the decoder in every family (``...ForCausalLM.lm_head``).
-``tests/test_finetune_names.py`` checks every family's names and shapes against
+``tests/model/test_finetune_names.py`` checks every family's names and shapes against
 ``AutoModelForCausalLM.from_config``.
 
 An architecture without a family is named as Llama's modeling file names its modules.

@@ -1,7 +1,7 @@
 """Fine-tuning's tensors by hand: LoRA's trainable parameters, the quantised base's bytes part by part, the
 kinds and their dtypes in the precision record, and a property: trainable + frozen is the model plus what
 PEFT adds, for any rank and targets. (The same functions against the real PEFT and bitsandbytes:
-tests/test_finetune_peft.py, tests/test_finetune_bnb.py.)"""
+tests/model/test_finetune_peft.py, tests/model/test_finetune_bnb.py.)"""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import one_line_error
+from helpers import H100_DATA, one_line_error
 from typer.testing import CliRunner
 
 from zerocalc.base.dtypes import DType
@@ -17,7 +17,7 @@ from zerocalc.parallel.finetune import FineTuning, LoraConfig, QuantConfig
 from zerocalc.request.training import parse_options
 
 runner = CliRunner()
-CONFIG = json.loads((Path(__file__).parent / "data" / "h100-fsdp2-hf" / "config.json").read_text())
+CONFIG = json.loads((H100_DATA / "config.json").read_text())
 
 BNB_NF4_DQ_BF16 = {
     # transformers 5.17 BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
