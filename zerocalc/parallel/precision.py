@@ -118,11 +118,27 @@ LAYOUT_NOTES: dict[ParamLayout, str] = {
 
 
 class ParamKind(StrEnum):
-    """Whether a parameter is trained."""
+    """Whether a parameter is trained, and how a fine-tuning method keeps it (:data:`KIND_RULES`;
+    :func:`zerocalc.parallel.finetune.parameter_kinds` gives each tensor's)."""
 
     TRAINABLE = "trainable"
     FROZEN = "frozen"
-    """``requires_grad=False``: no gradient, no reduction, no master copy, no optimizer state."""
+    """``requires_grad=False`` in the layout's storage (a full fine-tune's frozen modules: the model
+    loaded as the framework trains it): no gradient, no reduction, no master copy, no optimizer state."""
+    FROZEN_BASE = "frozen_base"
+    """The frozen base of a PEFT model, loaded in the recipe's compute dtype
+    (``from_pretrained(..., dtype=torch.bfloat16)``, as LoRA recipes load it) whatever the layout would
+    keep of a trained parameter; PEFT freezes it (peft/tuners/tuners_utils.py
+    ``_mark_only_adapters_as_trainable``)."""
+    QUANTIZED = "quantized"
+    """A frozen weight bitsandbytes stores quantised (``Params4bit``, ``Int8Params``): its storage dtype
+    (:class:`QuantDtypes`; its bytes are :mod:`zerocalc.model.quantized`'s parts, not dtype × elements),
+    all-gathered as stored (what ``bnb_4bit_quant_storage`` is for), dequantised to the compute dtype for
+    each forward and backward (``bnb_4bit_compute_dtype``)."""
+    ADAPTER = "adapter"
+    """A PEFT adapter: created fp32 on a 16-bit base (``get_peft_model(..., autocast_adapter_dtype=True)``,
+    the default: peft/tuners/tuners_utils.py ``cast_adapter_dtype`` upcasts bf16 and fp16 adapters) and
+    trained (:data:`KIND_RECIPES`)."""
 
 
 _Source = str | TensorRole | DType | None
@@ -130,6 +146,23 @@ _Source = str | TensorRole | DType | None
 dtype, or None (no such tensor)."""
 _MASTER_OR_PARAM = "master_or_param"
 """The recipe's master dtype where it has one, else its parameter dtype."""
+
+_QUANT_STORAGE = "quant_storage"
+"""The quantised storage dtype (:attr:`QuantDtypes.storage`)."""
+_QUANT_COMPUTE = "quant_compute"
+"""The dtype a quantised weight is dequantised to (:attr:`QuantDtypes.compute`; the recipe's parameter
+dtype where unset)."""
+
+
+class QuantDtypes(NamedTuple):
+    """The dtypes of a quantised frozen weight."""
+
+    storage: DType
+    """What the packed data is held in: uint8 (bitsandbytes' 4-bit default), ``bnb_4bit_quant_storage``
+    (bf16 under FSDP), int8 (LLM.int8)."""
+    compute: DType | None = None
+    """``bnb_4bit_compute_dtype`` (None: the recipe's parameter dtype)."""
+
 
 _R = TensorRole
 LAYOUT_RULES: dict[ParamLayout, dict[TensorRole, _Source]] = {
@@ -175,18 +208,52 @@ LAYOUT_RULES: dict[ParamLayout, dict[TensorRole, _Source]] = {
 ``MixedPrecisionPolicy.reduce_dtype`` None: "the gradient reduction uses the compute dtype"); DDP reduces
 ``.grad``, in the parameters' own dtype (``torch/csrc/distributed/c10d/reducer.cpp``)."""
 
+_UNTRAINED: dict[TensorRole, _Source] = {
+    _R.GRADIENT: None,
+    _R.MAIN_GRADIENT: None,
+    _R.REDUCE: None,
+    _R.MASTER: None,
+    _R.OPTIMIZER_STATE: None,
+}
+"""A frozen weight keeps none of the trained tensors."""
+
 KIND_RULES: dict[ParamKind, dict[TensorRole, _Source]] = {
     ParamKind.TRAINABLE: {},
-    ParamKind.FROZEN: {
-        _R.GRADIENT: None,
-        _R.MAIN_GRADIENT: None,
-        _R.REDUCE: None,
-        _R.MASTER: None,
-        _R.OPTIMIZER_STATE: None,
+    ParamKind.FROZEN: _UNTRAINED,
+    ParamKind.FROZEN_BASE: {**_UNTRAINED, _R.STORED: "param_dtype"},
+    ParamKind.QUANTIZED: {
+        **_UNTRAINED,
+        _R.STORED: _QUANT_STORAGE,
+        _R.COMPUTE: _QUANT_COMPUTE,
+        _R.GEMM_INPUT: _R.COMPUTE,
+        _R.ACTIVATION: _R.COMPUTE,
+        _R.ALL_GATHER: _R.STORED,
     },
+    ParamKind.ADAPTER: {},
 }
-"""What a kind of parameter changes of its layout's rules (a frozen weight keeps none of the trained
-tensors)."""
+"""What a kind of parameter changes of its layout's rules."""
+
+KIND_RECIPES: dict[ParamKind, dict[PrecisionName, PrecisionName]] = {
+    ParamKind.ADAPTER: {PrecisionName.BF16_PURE: PrecisionName.FP32},
+}
+"""The recipe a kind is kept under where it differs from the run's. PEFT's fp32 adapters are trained as
+any parameter under a mixed recipe (the layouts' fp32 copies: autocast, FSDP's cast for compute); under
+bf16-pure, whose parameters are neither cast nor autocast, they stay fp32 parameters with fp32 gradients
+and states, and the LoRA path computes in fp32 (peft/tuners/lora/layer.py ``Linear.forward``:
+``x = self._cast_input_dtype(x, lora_A.weight.dtype)``)."""
+
+KBIT_PREPARE_RULES: dict[ParamKind, dict[TensorRole, _Source]] = {
+    ParamKind.TRAINABLE: {_R.STORED: DType.FP32},
+    ParamKind.FROZEN: {_R.STORED: DType.FP32},
+    ParamKind.FROZEN_BASE: {_R.STORED: DType.FP32},
+    ParamKind.QUANTIZED: {},
+    ParamKind.ADAPTER: {},
+}
+"""What ``prepare_model_for_kbit_training`` changes of each kind (peft/utils/other.py: "cast all non INT8
+parameters to fp32": every fp16 and bf16 parameter whose class is not ``Params4bit``, before the adapters
+are added): the norms, the embeddings, the LM head, the biases and whatever is not quantised are kept in
+fp32 (and ``modules_to_save`` copies them so); 4-bit weights (whatever their storage dtype) and int8 ones
+keep theirs, adapters are fp32 already."""
 
 
 # ------------------------------------------------------------------------------------------------- FP8
@@ -329,13 +396,17 @@ def tensor_dtypes(
     main_gradient: DType | None = None,
     reduce: DType | None = None,
     kind: ParamKind = ParamKind.TRAINABLE,
+    *,
     fp8: Fp8Use | None = None,
+    quant: QuantDtypes | None = None,
+    kbit_prepared: bool = False,
 ) -> TensorDtypes:
-    """Every role's dtype: the layout's rule for the recipe (:data:`LAYOUT_RULES`), the framework's own
-    main-gradient dtype where it has one (Megatron-LM's fp32 ``main_grad``), ``--reduce-dtype`` where given,
-    an FP8 recipe's changes to a Linear weight it converts (:func:`fp8_rules`) and the kind's changes
-    (:data:`KIND_RULES`)."""
-    recipe = RECIPES[precision]
+    """Every role's dtype: the layout's rule for the recipe (:data:`LAYOUT_RULES`; the kind's recipe,
+    :data:`KIND_RECIPES`), the framework's own main-gradient dtype where it has one (Megatron-LM's fp32
+    ``main_grad``), ``--reduce-dtype`` where given, an FP8 recipe's changes to a Linear weight it converts
+    (:func:`fp8_rules`), the kind's changes (:data:`KIND_RULES`, a quantised weight's dtypes from ``quant``)
+    and ``prepare_model_for_kbit_training``'s (:data:`KBIT_PREPARE_RULES`)."""
+    recipe = RECIPES[KIND_RECIPES.get(kind, {}).get(precision, precision)]
     rules: dict[TensorRole, _Source] = {**LAYOUT_RULES[layout]}
     if main_gradient is not None:
         rules[TensorRole.MAIN_GRADIENT] = main_gradient
@@ -344,6 +415,10 @@ def tensor_dtypes(
     if fp8 is not None:
         rules.update(fp8_rules(fp8))
     rules.update(KIND_RULES[kind])
+    if kbit_prepared:
+        rules.update(KBIT_PREPARE_RULES[kind])
+    if kind is ParamKind.QUANTIZED and quant is None:
+        raise ValueError("a quantised parameter's dtypes need its QuantDtypes")
     resolved: dict[TensorRole, DType | None] = {}
 
     def resolve(role: TensorRole) -> DType | None:
@@ -355,6 +430,10 @@ def tensor_dtypes(
                 resolved[role] = resolve(source)
             elif source == _MASTER_OR_PARAM:
                 resolved[role] = recipe.master_dtype or recipe.param_dtype
+            elif source == _QUANT_STORAGE:
+                resolved[role] = quant.storage  # type: ignore[union-attr]
+            elif source == _QUANT_COMPUTE:
+                resolved[role] = quant.compute or recipe.param_dtype  # type: ignore[union-attr]
             else:
                 resolved[role] = getattr(recipe, source)
         return resolved[role]

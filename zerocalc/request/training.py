@@ -67,6 +67,7 @@ from zerocalc.network.links import (
     LinkFigures,
 )
 from zerocalc.network.schedule import GradSync, ZeroPP
+from zerocalc.parallel.finetune import FineTuning
 from zerocalc.parallel.fp8 import NO_FP8, Fp8Setting
 from zerocalc.parallel.framework_records import (
     FRAMEWORKS,
@@ -82,6 +83,7 @@ from zerocalc.parallel.optimizers import OptimizerImpl, OptimizerName
 from zerocalc.parallel.pipeline import INTERLEAVED, chunk_layers, mesh_stage_layers, split_problem
 from zerocalc.parallel.precision import RECIPES, ParamLayout, PrecisionName, TensorDtypes
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName, find_strategy
+from zerocalc.request.finetune import parse_finetune
 from zerocalc.request.fp8 import fp8_notes, fp8_strategy_problem, parse_fp8
 from zerocalc.request.options import Command, option, options_for
 from zerocalc.request.problems import architecture_problem, offload_record_problem, record_problem
@@ -153,6 +155,9 @@ class ModelSpec(BaseModel):
     title: str | None = None
     architecture: Architecture | None = None
     parameter_count: ParameterCount | None = None
+    quantization_config: dict[str, Any] | None = Field(
+        default=None, description="its config.json's bitsandbytes quantization_config, as written"
+    )
 
 
 class RuntimeNames(BaseModel):
@@ -291,6 +296,7 @@ class TrainingRequest(BaseModel):
     notes: tuple[str, ...] = ()
     """What parsing tells the user about the inputs (the text model of a multimodal config, a sequence
     beyond a rotary model's trained positions)."""
+    finetune: FineTuning | None = Field(default=None, description="None: every parameter trained")
 
     @property
     def states_capacity_bytes(self) -> int | None:
@@ -432,6 +438,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         calibration_name=calibration_name,
         compute_calibration=_compute_calibration(o.compute_calibration),
         notes=(*_model_notes(o.model), *position_notes, *fp8_notes(fp8, rank_model.architecture)),
+        finetune=parse_finetune(o, model),
     )
     resolved = _resolve_strategies(request)
     problem = _ignored_problem(o, resolved) or _model_code_problem(resolved) or _recompute_problem(resolved)
@@ -668,7 +675,7 @@ def _model(params: int | str | None, model: str | Architecture | dict[str, Any] 
     if isinstance(model, dict):
         return _config_dict_model(model)
     from zerocalc.model.hf_config import config_title
-    from zerocalc.request.presets import load_model
+    from zerocalc.request.presets import load_model, model_quantization_config
 
     architecture, preset = load_model(model)
     count = _counted(architecture)
@@ -683,16 +690,17 @@ def _model(params: int | str | None, model: str | Architecture | dict[str, Any] 
         title=preset.title if preset else config_title(architecture, model),
         architecture=architecture,
         parameter_count=count,
+        quantization_config=model_quantization_config(model),
     )
 
 
 def _config_dict_model(config: dict[str, Any]) -> ModelSpec:
     """A parsed config.json (``AutoConfig.from_pretrained(...).to_dict()``), read as the file would be."""
-    from zerocalc.model.hf_config import architecture_from_hf_dict, config_title
+    from zerocalc.model.hf_config import architecture_from_hf_dict, config_title, hf_quantization_config
 
     source = config.get("_name_or_path")
     name = str(source).rstrip("/").rsplit("/", 1)[-1] if source else str(config.get("model_type", "config"))
-    architecture = architecture_from_hf_dict(config, "{model} (a config dict)", name or "config")
+    architecture = architecture_from_hf_dict(config, "{model} (a config dict)", name or "config", True)
     count = _counted(architecture)
     if count.total > MAX_COUNT:
         raise InputError(
@@ -704,6 +712,7 @@ def _config_dict_model(config: dict[str, Any]) -> ModelSpec:
         title=config_title(architecture, "a config dict"),
         architecture=architecture,
         parameter_count=count,
+        quantization_config=hf_quantization_config(config),
     )
 
 

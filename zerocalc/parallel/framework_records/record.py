@@ -244,7 +244,7 @@ class FrameworkRecord(NamedTuple):
         """Every tensor role's dtype under ``precision`` as this framework keeps it (the precision record,
         :func:`~zerocalc.parallel.precision.tensor_dtypes`), ``reduce`` as ``--reduce-dtype``, ``fp8`` the FP8
         recipe of a Linear weight it converts."""
-        return tensor_dtypes(precision, self.param_layout, self.main_grad_dtype, reduce, kind, fp8)
+        return tensor_dtypes(precision, self.param_layout, self.main_grad_dtype, reduce, kind, fp8=fp8)
 
     def optimizer_impl(self, asked: OptimizerImpl) -> OptimizerImpl:
         """How its Adam runs its step: fused where the framework fuses it, else as asked."""
