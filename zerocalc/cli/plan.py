@@ -176,8 +176,8 @@ def render_plan(result: PlanResult, unit: ByteUnit) -> None:
     out.print(
         f"[bold]Searched[/bold] {result.candidates_evaluated:,} candidates in {result.search_seconds:.2f} s "
         f"({result.candidates_per_second:,.0f}/s), each with its peak (the step's allocated peak plus the "
-        "context and NCCL: a lower bound of the device peak), communication and step time (none for a "
-        "model-parallel one whose bound is above the limit: it cannot be ranked); then "
+        "runtime context and collective communicators: a lower bound of the device peak), communication and "
+        "step time (none for a model-parallel one whose bound is above the limit: it cannot be ranked); then "
         f"{result.exact_peaks:,} evaluated exactly (memory's full model, the allocator replayed) in "
         f"{result.exact_seconds:.2f} s"
     )
