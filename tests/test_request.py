@@ -13,7 +13,8 @@ from zerocalc.cli import app
 from zerocalc.cli.base import flag
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.strategies import StrategyName
-from zerocalc.request.training import TrainingOptions, parse_options, parse_request
+from zerocalc.request.options_model import TrainingOptions
+from zerocalc.request.training import parse_options, parse_request
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1] / "zerocalc"

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 def memory(values: dict[str, Any], given_flags: frozenset[str]) -> None:
     """Per-GPU memory under DDP, ZeRO-1/2/3 and FSDP: model states, and with --model the peak of a
     training step, simulated event by event (activations, loss, buffers, allocator, CUDA context)."""
-    from zerocalc.request.training import TrainingOptions, parse_request
+    from zerocalc.request.options_model import TrainingOptions
+    from zerocalc.request.training import parse_request
 
     unit = parse_byte_unit(values["units"])
     json = values["json"]

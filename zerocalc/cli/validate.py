@@ -346,7 +346,7 @@ def validate(
     from zerocalc.harness import procs
     from zerocalc.network.schedule import GradSync
     from zerocalc.parallel.precision import PrecisionName
-    from zerocalc.request.training import MAX_GRAD_ACCUM
+    from zerocalc.request.values import MAX_GRAD_ACCUM
     from zerocalc.validate import run
     from zerocalc.validate.config import OPTIMIZERS, PRECISIONS, STRATEGIES, check_buildable
     from zerocalc.validate.tp import TP_STRATEGIES, check_tp, plan_for

@@ -78,7 +78,9 @@ from zerocalc.network.schedule import GradSync, Phase
 from zerocalc.parallel.framework_records import FRAMEWORKS, effective_grad_sync
 from zerocalc.parallel.frameworks import Framework, TorchWrapper
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
-from zerocalc.request.training import ModelSpec, TrainingRequest, flash_attention_used, rank_shape
+from zerocalc.request.checks import flash_attention_used, rank_shape
+from zerocalc.request.model_spec import ModelSpec
+from zerocalc.request.training import TrainingRequest
 
 PCIE_BPS = 25e9
 """Host ↔ GPU bytes/s per GPU: PCIe 4.0 ×16 achieves about 25 GB/s of its 32 GB/s (an assumption; PCIe 5.0

@@ -20,6 +20,7 @@ from zerocalc.base.dtypes import DType
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, ParamTensor, PipelineStage
 from zerocalc.model.model_impl import MODEL_IMPLS, Device, Shape, layer_saves
+from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.framework_records import effective_grad_sync
 from zerocalc.parallel.framework_records.record import StatesModel, Wrap
 from zerocalc.parallel.frameworks import Fsdp1Sharding, TorchWrapper
@@ -32,13 +33,8 @@ from zerocalc.peak.ledger import Event, Ledger
 from zerocalc.peak.mechanics import Accounting, Accumulation, Ddp, Fsdp1, Fsdp2, Mechanics, Unit
 from zerocalc.peak.report import StateLine
 from zerocalc.peak.timeline import PHASES, Runtime, StagePlan, StepShape, first_start, run_step, steady_start
-from zerocalc.request.training import (
-    GradSync,
-    TrainingRequest,
-    flash_attention_used,
-    rank_shape,
-    stage_request,
-)
+from zerocalc.request.checks import flash_attention_used, rank_shape
+from zerocalc.request.training import TrainingRequest, stage_request
 from zerocalc.states.framework import (
     ADAM_STATES,
     dim0_padded_numel,

@@ -38,7 +38,8 @@ from typing import NamedTuple
 from zerocalc.model.architecture import Architecture, count_parameters
 from zerocalc.model.model_impl import traits
 from zerocalc.plan.split import NO_EVENT, Slot
-from zerocalc.request.training import ModelSpec, TrainingRequest, with_model
+from zerocalc.request.model_spec import ModelSpec
+from zerocalc.request.training import TrainingRequest, with_model
 
 SMALL_LAYERS = (4, 5)
 """The layer counts simulated (blocks 1 … L'−2 inner: two, then three)."""

@@ -94,8 +94,9 @@ from zerocalc.plan.timing import (
     comm_time,
     step_times,
 )
+from zerocalc.request.model_spec import ModelSpec
 from zerocalc.request.options import OptionsEcho
-from zerocalc.request.training import ModelSpec, TrainingRequest, stage_request
+from zerocalc.request.training import TrainingRequest, stage_request
 from zerocalc.states.memory import strategy_row
 
 SCHEMA_VERSION = 2

@@ -33,20 +33,11 @@ from zerocalc.parallel.mesh import Mesh, PpSchedule
 from zerocalc.parallel.pipeline import shorter_end_stages
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
 from zerocalc.request.compute import compute_table
+from zerocalc.request.mesh_checks import default_sequence_parallel
 from zerocalc.request.options import Command
-from zerocalc.request.training import (
-    MAX_GPUS,
-    MAX_GPUS_PER_NODE,
-    MAX_GRAD_ACCUM,
-    MAX_MICRO_BATCH,
-    MAX_SEQ_LEN,
-    TrainingRequest,
-    default_sequence_parallel,
-    options_from_keywords,
-    options_model,
-    parse_options,
-    request_with,
-)
+from zerocalc.request.options_model import options_from_keywords, options_model
+from zerocalc.request.training import TrainingRequest, parse_options, request_with
+from zerocalc.request.values import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_GRAD_ACCUM, MAX_MICRO_BATCH, MAX_SEQ_LEN
 
 DEFAULT_FRAMEWORKS: tuple[Framework, ...] = (Framework.FSDP2, Framework.TORCH_ZERO1, Framework.DEEPSPEED)
 """Searched without ``--framework``: the implementations whose allocations zerocalc models exactly or by

@@ -1,0 +1,159 @@
+"""The GPU and the links of a request: the GPU preset, what PyTorch sees of its memory, its runtime figures
+(context, NCCL, workspaces; ``--reserve`` overriding the context), the link figures (explicit, the preset's,
+or the stated defaults) and the calibration and compute-table files."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from zerocalc.base.errors import InputError, shown
+from zerocalc.base.units import (
+    parse_bandwidth,
+    parse_bytes,
+    parse_duration,
+)
+from zerocalc.network.calibration import Calibration
+from zerocalc.network.links import (
+    DEFAULT_DETAIL,
+    DEFAULT_INTER_NODE_BUSBW,
+    DEFAULT_INTRA_NODE_BUSBW,
+    DEFAULT_LATENCY_S,
+    Bandwidths,
+    BandwidthSource,
+    LinkFigures,
+)
+
+DEFAULT_GPU = "h100-80gb"
+"""Without ``gpu``, the runtime figures (context, NCCL, cuBLAS workspaces) are this preset's (measured)."""
+
+
+class GpuChoice(BaseModel):
+    """A GPU preset, its numbers resolved."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    title: str
+    memory_bytes: int = Field(description="as nvidia-smi reports it")
+    usable_bytes: int = Field(description="what PyTorch sees (torch.cuda.mem_get_info total): the capacity")
+    context_bytes: int = Field(
+        description="outside the caching allocator: CUDA context, NCCL, kernels (world size 1)"
+    )
+    context_given: bool = Field(default=False, description="context_bytes is --reserve, not the preset's")
+    nccl_communicator_bytes: int
+    cublas_workspace_bytes: int
+    bf16_dense_tflops: float
+    intra_node_Bps: float
+    inter_node_Bps: float
+
+
+def _gpu_choice(name: str, reserve: int | str | None) -> GpuChoice:
+    from zerocalc.request.presets import load_gpu
+
+    spec = load_gpu(name)
+    context = spec.context_bytes if reserve is None else parse_bytes(reserve, "{reserve}")
+    return GpuChoice(
+        name=spec.name,
+        title=spec.title,
+        memory_bytes=spec.memory_bytes,
+        usable_bytes=spec.usable_bytes,
+        context_bytes=context,
+        context_given=reserve is not None,
+        nccl_communicator_bytes=spec.nccl_communicator_bytes,
+        cublas_workspace_bytes=spec.cublas_workspace_bytes,
+        bf16_dense_tflops=spec.bf16_dense_tflops,
+        intra_node_Bps=spec.intra_node_Bps,
+        inter_node_Bps=spec.inter_node_Bps,
+    )
+
+
+def parse_gpu(
+    gpu: str | None, gpu_memory: int | str | None, reserve: int | str | None
+) -> tuple[GpuChoice | None, int | None, GpuChoice]:
+    """(the GPU preset, what PyTorch sees of one GPU, the runtime figures).
+
+    The memory is the preset's usable memory (``torch.cuda.mem_get_info``'s total) or ``gpu_memory``;
+    the runtime figures (context, NCCL, cuBLAS workspaces) are the preset's, else :data:`DEFAULT_GPU`'s,
+    ``reserve`` overriding the context. The context must leave some of the memory.
+    """
+    if gpu is not None and gpu_memory is not None:
+        raise InputError(
+            "give {gpu} or {gpu_memory}, not both; accepted: {gpu} h100-80gb or {gpu_memory} 80GiB"
+        )
+    runtime = _gpu_choice(DEFAULT_GPU if gpu is None else gpu, reserve)
+    if gpu is not None:
+        memory, named = runtime.usable_bytes, f"the {runtime.title}'s usable memory"
+    elif gpu_memory is not None:
+        memory = parse_bytes(gpu_memory, "{gpu_memory}")
+        named = f"{{gpu_memory}} {shown(gpu_memory)}"
+    else:
+        return None, None, runtime
+    if runtime.context_bytes >= memory:
+        given = "its default" if reserve is None else shown(reserve)
+        raise InputError(
+            f"{{reserve}} ({given}, {runtime.context_bytes:,} bytes) is not below {named}; "
+            "accepted: a smaller {reserve} or a larger memory"
+        )
+    return (runtime if gpu is not None else None), memory, runtime
+
+
+def link_figures(
+    intra_node_bw: str | float | None,
+    inter_node_bw: str | float | None,
+    latency: str | float | None,
+    gpu: GpuChoice | None,
+) -> Bandwidths:
+    """Intra/inter-node figures: explicit values, then the GPU preset's, then the stated defaults."""
+    alpha = DEFAULT_LATENCY_S if latency is None else parse_duration(latency, "{latency}")
+
+    def figure(
+        text: str | float | None, which: str, preset_value: float | None, default: float
+    ) -> LinkFigures:
+        if text is not None:
+            option = "{intra_node_bw}" if which == "intra-node" else "{inter_node_bw}"
+            return LinkFigures(
+                latency_s=alpha,
+                bus_bandwidth_Bps=parse_bandwidth(text, option),
+                source=BandwidthSource.EXPLICIT,
+                detail=f"--{which}-bw",
+            )
+        if preset_value is not None and gpu is not None:
+            return LinkFigures(
+                latency_s=alpha,
+                bus_bandwidth_Bps=preset_value,
+                source=BandwidthSource.GPU_PRESET,
+                detail=f"GPU preset {gpu.name}",
+            )
+        return LinkFigures(
+            latency_s=alpha,
+            bus_bandwidth_Bps=default,
+            source=BandwidthSource.DEFAULT,
+            detail=DEFAULT_DETAIL[which],
+        )
+
+    return Bandwidths(
+        intra_node=figure(
+            intra_node_bw, "intra-node", gpu.intra_node_Bps if gpu else None, DEFAULT_INTRA_NODE_BUSBW
+        ),
+        inter_node=figure(
+            inter_node_bw, "inter-node", gpu.inter_node_Bps if gpu else None, DEFAULT_INTER_NODE_BUSBW
+        ),
+    )
+
+
+def compute_calibration_path(path: str | None) -> str | None:
+    if path is not None and str(path).strip() == "":
+        raise InputError(
+            "{compute_calibration} '' is empty; accepted: a file written by `zerocalc bench --compute`"
+        )
+    return path
+
+
+def calibration_of(
+    calibration: str | Calibration | None, name: str | None
+) -> tuple[Calibration | None, str | None]:
+    if calibration is None or isinstance(calibration, Calibration):
+        return calibration, (name or "calibration") if calibration is not None else None
+    from zerocalc.network.calibration import load_calibration
+
+    return load_calibration(calibration), name or str(calibration)

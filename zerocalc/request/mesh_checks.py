@@ -1,0 +1,421 @@
+"""The mesh of a request: ``--gpus`` and ``--gpus-per-node``, the tensor-, context-, pipeline- and expert-
+parallel degrees and their options, each combination a framework cannot run, or a model cannot be split
+by, one :class:`~zerocalc.base.errors.InputError` (Megatron-LM's and torchtitan's checks, cited at each)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from zerocalc.base.errors import InputError, shown
+from zerocalc.base.units import (
+    parse_fraction,
+    parse_whole,
+    plural,
+)
+from zerocalc.model.architecture import (
+    MAX_LAYERS,
+    Architecture,
+    LatentAttention,
+    QkNorm,
+    is_expert_tensor,
+    parameter_tensors,
+)
+from zerocalc.model.model_impl import (
+    ModelImplName,
+)
+from zerocalc.network.cluster import DEFAULT_GPUS_PER_NODE, Cluster
+from zerocalc.parallel.framework_records import (
+    FRAMEWORKS,
+    frameworks_with,
+)
+from zerocalc.parallel.frameworks import Framework
+from zerocalc.parallel.mesh import PP_SCHEDULE_NAMES, CpImpl, Mesh, PpSchedule
+from zerocalc.parallel.pipeline import split_problem
+from zerocalc.request.model_spec import ModelSpec
+from zerocalc.request.options_model import TrainingOptions
+from zerocalc.request.values import MAX_GPUS, MAX_GPUS_PER_NODE, choice
+
+if TYPE_CHECKING:
+    from zerocalc.request.training import ActivationOptions, TrainingRequest
+
+
+def parse_cluster(gpus: int | str, gpus_per_node: int | str | None) -> Cluster:
+    """``gpus`` and ``gpus_per_node`` (default: 8, or N when N is smaller)."""
+    world = parse_whole(gpus, "{gpus}", 1, MAX_GPUS, "GPUs")
+    per_node = (
+        DEFAULT_GPUS_PER_NODE
+        if gpus_per_node is None
+        else parse_whole(gpus_per_node, "{gpus_per_node}", 1, MAX_GPUS_PER_NODE, "GPUs")
+    )
+    return Cluster.of(world, per_node)
+
+
+def parse_mesh(
+    o: TrainingOptions,
+    whole: Cluster,
+    framework: Framework,
+    model: ModelSpec,
+    activations: ActivationOptions,
+    model_impl: ModelImplName,
+) -> Mesh:
+    """dp × cp × tp of ``o.gpus`` ranks (:mod:`zerocalc.parallel.mesh`), each combination a framework
+    cannot run, or a model cannot be split by, one :class:`InputError`."""
+    tp = parse_whole(o.tp, "{tp}", 1, MAX_GPUS, "ranks")
+    cp = parse_whole(o.cp, "{cp}", 1, MAX_GPUS, "ranks")
+    pp = parse_whole(o.pp, "{pp}", 1, MAX_GPUS, "stages")
+    n, per_node = whole.world_size, whole.ranks_per_node
+    if n % (tp * cp * pp):
+        ranks = tp * cp * pp
+        degrees = [f"{{{name}}} {d}" for name, d in (("pp", pp), ("tp", tp), ("cp", cp)) if d > 1]
+        product = " × ".join(degrees) + (f" = {ranks}" if len(degrees) > 1 else "")
+        raise InputError(
+            f"{{gpus}} {n} is not a multiple of {product}; accepted: {{gpus}} a multiple of {ranks}"
+        )
+    vpp, schedule, first, last, stage_layers = _pipeline(o, framework, model, pp)
+    ep = expert_parallel_degree(o, framework, model, n // (tp * pp), cp)
+    record = FRAMEWORKS[framework]
+    refuse_unmodelled("tp", tp, framework, "tp_style", "tensor parallelism")
+    refuse_unmodelled("cp", cp, framework, "cp_impls", "context parallelism")
+    impls = record.cp_impls
+    if o.cp_impl is None:
+        cp_impl = record.default_cp_impl
+    else:
+        cp_impl = choice(o.cp_impl, "{cp_impl}", CpImpl)
+        if cp == 1:
+            raise InputError(
+                f"{{cp_impl}} {cp_impl.value} changes nothing with {{cp}} 1; accepted: {{cp}} 2 or more, "
+                "or no {cp_impl}"
+            )
+        if cp_impl not in impls:
+            names = ", ".join(i.value for i in impls)
+            raise InputError(
+                f"{{cp_impl}} {cp_impl.value}: {{framework}} {framework.value} does not implement it; "
+                f"accepted: {{cp_impl}} {names}"
+            )
+    if o.sequence_parallel is None:
+        sequence_parallel = default_sequence_parallel(framework, tp, model_impl)
+    elif o.sequence_parallel and tp == 1:
+        raise InputError(
+            "{sequence_parallel} shards over the tensor-parallel group, and {tp} is 1; "
+            "accepted: {tp} 2 or more, or no {sequence_parallel}"
+        )
+    else:
+        sequence_parallel = o.sequence_parallel
+    if tp > 1 or cp > 1:
+        model_split_problem(model, tp, cp, cp_impl, sequence_parallel, activations.seq_len)
+    tp_fits = per_node % tp == 0
+    if o.tp_across_nodes and tp_fits:
+        raise InputError(
+            f"{{tp_across_nodes}} changes nothing: {{tp}} {tp} ranks fit in a node of {per_node}; "
+            "accepted: no {tp_across_nodes}"
+        )
+    if not tp_fits and not o.tp_across_nodes:
+        raise InputError(
+            f"{{tp}} {tp} does not fit the nodes' {per_node} GPUs: a TP group would span nodes; accepted: "
+            f"{{tp}} a divisor of {per_node}, or {{tp_across_nodes}}"
+        )
+    return Mesh(
+        world=n,
+        gpus_per_node=per_node,
+        tp=tp,
+        cp=cp,
+        sequence_parallel=sequence_parallel,
+        cp_impl=cp_impl,
+        tp_style=record.layers_tp_style,
+        pp=pp,
+        vpp=vpp,
+        pp_schedule=schedule,
+        pp_first_stage_layers=first,
+        pp_last_stage_layers=last,
+        pp_stage_layers=stage_layers,
+        ep=ep,
+    )
+
+
+def default_sequence_parallel(framework: Framework, tp: int, model_impl: ModelImplName) -> bool:
+    """Sequence parallelism when ``--sequence-parallel`` is not given: the framework's default
+    (``sequence_parallel_default``) with TP (transformers' tensor-parallel plans replicate the norms: none in
+    hf code)."""
+    return tp > 1 and FRAMEWORKS[framework].sequence_parallel_default and model_impl is not ModelImplName.HF
+
+
+def refuse_unmodelled(option: str, degree: int, framework: Framework, field: str, dimension: str) -> None:
+    """Refuses ``--option degree`` (above 1) under a framework whose record does not compose ``dimension``
+    (its ``field`` unset)."""
+    if degree > 1 and not getattr(FRAMEWORKS[framework], field):
+        names = ", ".join(f.value for f in frameworks_with(field))
+        raise InputError(
+            f"{{{option}}} {degree} with {{framework}} {framework.value}: its {dimension} is not modelled; "
+            f"accepted: {{framework}} {names}, or {{{option}}} 1"
+        )
+
+
+def mesh_change_problem(request: TrainingRequest) -> None:
+    """The checks of :func:`parse_mesh` a mesh built outside the parser (``zerocalc plan``'s, with the
+    parser's defaults for the schedule, the CP implementation and sequence parallelism, its degrees
+    dividing the GPUs and TP inside a node) can fail, in the parser's order and with its lines."""
+    mesh, framework, model = request.mesh, request.framework, request.model
+    if mesh.pp > 1:
+        refuse_unmodelled("pp", mesh.pp, framework, "pipeline", "pipeline parallelism")
+        arch = model.architecture
+        if arch is not None:
+            split_check(
+                arch,
+                mesh.pp,
+                mesh.vpp,
+                mesh.pp_first_stage_layers,
+                mesh.pp_last_stage_layers,
+                mesh.pp_stage_layers,
+            )
+    if mesh.ep > 1:
+        options = TrainingOptions(ep=mesh.ep)
+        expert_parallel_degree(options, framework, model, mesh.world // (mesh.tp * mesh.pp), mesh.cp)
+    refuse_unmodelled("tp", mesh.tp, framework, "tp_style", "tensor parallelism")
+    refuse_unmodelled("cp", mesh.cp, framework, "cp_impls", "context parallelism")
+    if mesh.tp > 1 or mesh.cp > 1:
+        model_split_problem(
+            model, mesh.tp, mesh.cp, mesh.cp_impl, mesh.sequence_parallel, request.activations.seq_len
+        )
+
+
+def _pipeline(
+    o: TrainingOptions, framework: Framework, model: ModelSpec, pp: int
+) -> tuple[int, PpSchedule, int | None, int | None, tuple[int, ...] | None]:
+    """``vpp``, ``pp_schedule``, the first and last stage's layers and each virtual stage's, checked against
+    the stages and the model's layers as Megatron-LM checks them (``core/transformer/transformer_config.py``:
+    layers divisible by p, and by p·v interleaved; with uneven stages or each stage's layers,
+    :func:`~zerocalc.parallel.pipeline.split_problem`)."""
+    vpp = parse_whole(o.vpp, "{vpp}", 1, MAX_LAYERS, "virtual stages")
+    first, last = (
+        None if given is None else parse_whole(given, name, 1, MAX_LAYERS, "layers")
+        for given, name in (
+            (o.pp_first_stage_layers, "{pp_first_stage_layers}"),
+            (o.pp_last_stage_layers, "{pp_last_stage_layers}"),
+        )
+    )
+    stage_layers = _stage_layers(o.pp_stage_layers)
+    if stage_layers is not None and (first is not None or last is not None):
+        given = "{pp_first_stage_layers}" if first is not None else "{pp_last_stage_layers}"
+        raise InputError(f"{{pp_stage_layers}} and {given} both split the layers; accepted: one of them")
+    if o.pp_schedule is None:
+        schedule = PpSchedule.INTERLEAVED_1F1B if vpp > 1 else PpSchedule.ONE_F_ONE_B
+    else:
+        schedule = choice(o.pp_schedule, "{pp_schedule}", PpSchedule, None, PP_SCHEDULE_NAMES)
+    if pp == 1:
+        for name, given in (
+            ("{vpp}", vpp > 1),
+            ("{pp_schedule}", o.pp_schedule is not None),
+            ("{pp_first_stage_layers}", first is not None),
+            ("{pp_last_stage_layers}", last is not None),
+            ("{pp_stage_layers}", stage_layers is not None),
+        ):
+            if given:
+                raise InputError(
+                    f"{name} changes nothing with {{pp}} 1; accepted: {{pp}} 2 or more, or no {name}"
+                )
+        return vpp, schedule, first, last, stage_layers
+    refuse_unmodelled("pp", pp, framework, "pipeline", "pipeline parallelism")
+    if vpp > 1 and schedule in (PpSchedule.GPIPE, PpSchedule.ONE_F_ONE_B):
+        raise InputError(
+            f"{{vpp}} {vpp} with {{pp_schedule}} {schedule.value}: it runs one stage per rank; accepted: "
+            "{pp_schedule} interleaved-1f1b or zero-bubble, or {vpp} 1"
+        )
+    if vpp == 1 and schedule is PpSchedule.INTERLEAVED_1F1B:
+        raise InputError(
+            "{pp_schedule} interleaved-1f1b needs virtual stages; accepted: {vpp} 2 or more, or "
+            "{pp_schedule} 1f1b"
+        )
+    arch = model.architecture
+    if arch is None:
+        raise InputError(
+            f"{{pp}} {pp} splits the model's layers, which needs its architecture; accepted: {{model}} NAME, "
+            "config.json or a model TOML"
+        )
+    split_check(arch, pp, vpp, first, last, stage_layers)
+    return vpp, schedule, first, last, stage_layers
+
+
+def _stage_layers(given: str | list[int | str] | tuple[int | str, ...] | None) -> tuple[int, ...] | None:
+    """``--pp-stage-layers``: a comma list of whole numbers of layers (each checked against the stages and
+    the model by :func:`split_check`)."""
+    if given is None:
+        return None
+    parts = [str(part).strip() for part in given] if isinstance(given, (list, tuple)) else given.split(",")
+    refused = InputError(
+        f"{{pp_stage_layers}} {shown(given)} is not accepted; accepted: a comma list of whole numbers of "
+        "layers, one per virtual stage (8,9,8,7)"
+    )
+    if not parts or any(not part.strip() for part in parts):
+        raise refused
+    try:
+        return tuple(parse_whole(part, "{pp_stage_layers}", 0, MAX_LAYERS, "layers") for part in parts)
+    except InputError:
+        raise refused from None
+
+
+def split_check(
+    arch: Architecture,
+    pp: int,
+    vpp: int,
+    first: int | None,
+    last: int | None,
+    stage_layers: tuple[int, ...] | None = None,
+) -> None:
+    """The model's layers over p ranks of v chunks, ``first`` and ``last`` on the first and last rank, or
+    ``stage_layers`` on the p·v virtual stages (:func:`~zerocalc.parallel.pipeline.split_problem`,
+    Megatron-LM's checks), or one :class:`InputError`."""
+    problem = split_problem(arch.num_layers, pp, vpp, first, last, stage_layers)
+    if problem is None:
+        return
+    if stage_layers is not None:
+        shape = f"{{pp}} {pp}" + (f" × {{vpp}} {vpp}" if vpp > 1 else "")
+        raise InputError(
+            f"{{pp_stage_layers}} {','.join(map(str, stage_layers))} with {shape}: {problem}; accepted: "
+            f"{pp * vpp} counts of at least 1 layer summing to {arch.name}'s {arch.num_layers}"
+        )
+    if first is None and last is None:
+        raise InputError(
+            f"{{pp}} {pp} × {{vpp}} {vpp}: {arch.name}'s {problem}; accepted: {{pp}} × {{vpp}} a divisor of "
+            f"{arch.num_layers}, or {{pp_first_stage_layers}} and {{pp_last_stage_layers}}, or "
+            "{pp_stage_layers}"
+        )
+    given = " and ".join(
+        f"{name} {n}"
+        for name, n in (("{pp_first_stage_layers}", first), ("{pp_last_stage_layers}", last))
+        if n is not None
+    )
+    middle = pp - (first is not None) - (last is not None)
+    accepted = (
+        f"values that leave {plural(middle, 'middle stage')} an equal share"
+        if middle
+        else f"{{pp_first_stage_layers}} + {{pp_last_stage_layers}} = {arch.num_layers}"
+    )
+    raise InputError(
+        f"{given} with {{pp}} {pp}{f' × {{vpp}} {vpp}' if vpp > 1 else ''}: of {arch.name}'s "
+        f"{arch.num_layers} layers, {problem}; accepted: {accepted}"
+        + (f", every stage's layers a multiple of {{vpp}} {vpp}" if vpp > 1 else "")
+    )
+
+
+def expert_parallel_degree(
+    o: TrainingOptions, framework: Framework, model: ModelSpec, dp_cp: int, cp: int
+) -> int:
+    """``ep``: a divisor of the experts and of the dp × cp ranks it is carved from (Megatron-LM
+    ``core/parallel_state.py``; torchtitan ``ParallelDims``, whose EP group takes all of cp)."""
+    ep = parse_whole(o.ep, "{ep}", 1, MAX_GPUS, "ranks")
+    if ep == 1:
+        return ep
+    refuse_unmodelled("ep", ep, framework, "expert_parallel", "expert parallelism")
+    arch = model.architecture
+    if arch is None or not arch.is_moe:
+        what = "a model without its architecture" if arch is None else f"{arch.name}, a dense model"
+        raise InputError(
+            f"{{ep}} {ep} shards experts, and {{model}} is {what}; accepted: {{model}} a mixture of experts "
+            "(mixtral-8x7b, qwen3-30b-a3b, deepseek-v3), or {ep} 1"
+        )
+    if arch.num_experts % ep:
+        raise InputError(
+            f"{{ep}} {ep}: {arch.name} has {arch.num_experts} experts, not a multiple of {ep}; "
+            f"accepted: {{ep}} a divisor of {arch.num_experts}"
+        )
+    if dp_cp % ep:
+        raise InputError(
+            f"{{ep}} {ep} does not divide the {dp_cp} ranks of dp × cp it is carved from; "
+            f"accepted: {{ep}} a divisor of {dp_cp}"
+        )
+    expert_parallel = FRAMEWORKS[framework].expert_parallel
+    if expert_parallel is not None and expert_parallel.takes_all_cp and ep % cp:
+        raise InputError(
+            f"{{ep}} {ep} with {{cp}} {cp}: torchtitan's expert-parallel group takes all of the context-"
+            f"parallel ranks (ParallelDims: ep % cp == 0); accepted: {{ep}} a multiple of {cp}"
+        )
+    return ep
+
+
+def dim1_expert_sharding_problem(rank_model: ModelSpec, mesh: Mesh) -> None:
+    """torchtitan shards the routed experts on dim 1 when the dp·c ranks outnumber the experts
+    (``apply_fsdp``: ``Shard(1)``), and FSDP2 shards a dimension other than 0 only evenly
+    (``torch/distributed/fsdp/_fully_shard/_fsdp_param.py`` ``_init_sharded_param``: "FSDP does not
+    support uneven sharding on dim 1"): each expert tensor's dim 1 must divide by the dp·c/e ranks."""
+    arch = rank_model.architecture
+    assert arch is not None  # ep > 1 needs the architecture
+    ranks = mesh.expert_dp
+    if mesh.dp * mesh.cp <= arch.num_experts or ranks == 1:
+        return
+    for tensor in parameter_tensors(arch):
+        rows = tensor.shape[1] if is_expert_tensor(tensor) else 0
+        if rows % ranks:
+            raise InputError(
+                f"{{ep}} {mesh.ep} with {{framework}} fsdp2: torchtitan shards the routed experts on dim 1 "
+                f"over the {ranks} expert-data-parallel ranks (dp·cp {mesh.dp * mesh.cp} > "
+                f"{arch.num_experts} experts), and {tensor.name}'s {rows:,} rows do not split evenly, which "
+                f"FSDP2 refuses; accepted: {{gpus}}, {{cp}} and {{ep}} whose dp·cp/ep divides {rows:,}"
+            )
+
+
+def parse_capacity_factor(text: float | str, mesh: Mesh, model: ModelSpec) -> float:
+    """``capacity_factor``: with expert parallelism only (a rank without it computes all of its own k·T
+    routed tokens, however they are spread over the experts), above 0 and at most the most a rank's E/e
+    experts can receive, every token of the EP group that routes to them: e·min(k, E/e)/k."""
+    if mesh.ep == 1:
+        raise InputError(
+            f"{{capacity_factor}} {shown(text)} changes nothing with {{ep}} 1: a rank computes all of its "
+            "own routed tokens whatever the routing; accepted: {ep} 2 or more, or no {capacity_factor}"
+        )
+    arch = model.architecture
+    assert arch is not None  # ep > 1 needs the architecture
+    k, local = arch.experts_per_token, arch.num_experts // mesh.ep
+    most = mesh.ep * min(k, local) / k
+    accepted = (
+        f"a number above 0 and at most {most:g} (e·min(k, E/e)/k: every token routed to a rank's experts)"
+    )
+    value = parse_fraction(text, "{capacity_factor}", 0, most, accepted)
+    if value == 0:
+        raise InputError(f"{{capacity_factor}} {shown(text)} is not accepted; accepted: {accepted}")
+    return value
+
+
+def model_split_problem(
+    model: ModelSpec, tp: int, cp: int, cp_impl: CpImpl, sequence_parallel: bool, seq_len: int
+) -> None:
+    """The tensor-parallel split of heads and widths, and the context-parallel split of the sequence,
+    as Megatron-LM checks them (``core/transformer/transformer_config.py``, ``core/parallel_state.py``)."""
+    arch = model.architecture
+    if arch is None:
+        split = f"{{tp}} {tp} splits the model's tensors" if tp > 1 else f"{{cp}} {cp} splits every sequence"
+        raise InputError(
+            f"{split}, which needs its architecture; accepted: {{model}} NAME, config.json or a model TOML"
+        )
+    checks: list[tuple[str, str, int, int]] = []
+    if tp > 1:
+        latent: LatentAttention | None = arch.latent_attention
+        checks.append(("{tp}", "attention heads", arch.num_heads, tp))
+        if latent is None:
+            checks.append(("{tp}", "key/value heads", arch.kv_heads, tp))
+        widths = (arch.intermediate_size, arch.dense_intermediate_size, arch.shared_expert_intermediate_size)
+        checks += [("{tp}", "MLP width", width, tp) for width in widths if width]
+        if arch.qk_norm is QkNorm.FULL:
+            raise InputError(
+                f"{{tp}} {tp}: {arch.name}'s q/k norms over all heads are not split by tensor parallelism "
+                "here; accepted: {tp} 1"
+            )
+    if cp > 1 and cp_impl is CpImpl.ULYSSES:
+        checks.append(("{cp}", "attention heads", arch.num_heads // tp, cp))
+        checks.append(("{cp}", "key/value heads", arch.kv_heads // tp, cp))
+    for flag, what, count, ranks in checks:
+        if count % ranks:
+            per_rank = " per tensor-parallel rank" if flag == "{cp}" and tp > 1 else ""
+            raise InputError(
+                f"{flag} {ranks}: {arch.name} has {count:,} {what}{per_rank}, not a multiple of {ranks}; "
+                f"accepted: {flag} a divisor of {count:,}"
+            )
+    chunks = 2 * cp if cp > 1 and cp_impl is not CpImpl.ULYSSES else cp
+    if sequence_parallel:
+        chunks *= tp
+    if seq_len % chunks:
+        why = "2·c load-balanced chunks" if cp > 1 and cp_impl is not CpImpl.ULYSSES else "c chunks"
+        if sequence_parallel:
+            why += ", each split t ways by sequence parallelism" if cp > 1 else "t sequence-parallel chunks"
+        raise InputError(
+            f"{{seq_len}} {seq_len:,} does not split into {why}; accepted: {{seq_len}} a multiple of {chunks}"
+        )
