@@ -67,9 +67,7 @@ def memory(values: dict[str, Any], given_flags: frozenset[str]) -> None:
         assert report.peak is not None
         stage = report.peak.strategies[0].stage
         if stage is not None:  # the pipeline stage whose peak decides
-            from zerocalc.request.training import stage_request
-
-            request = stage_request(request, stage)
+            request = request.with_(stage=stage)
         _write_snapshot(request, snapshot_out, json)
     if json:
         import json as jsonlib

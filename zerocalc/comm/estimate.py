@@ -464,14 +464,17 @@ def _collective_run(
     return CollectiveRun(run, dtype, scales, traffic, link, seconds)
 
 
-def collective_runs(name: StrategyName, request: TrainingRequest, layout: Layout) -> list[CollectiveRun]:
-    """Every collective of one strategy's schedule under the request's framework that moves data, each run
-    once, in order (pure; how many times each runs per step is :func:`times_per_step`'s)."""
-    zeropp, _ = active_features(frozenset(request.zeropp), request.cluster)
+def collective_runs(
+    name: StrategyName, request: TrainingRequest, layout: Layout, cluster: Cluster | None = None
+) -> list[CollectiveRun]:
+    """Every collective of one strategy's schedule under the request's framework that moves data over
+    ``cluster`` (the request's dp × cp ranks by default), each run once, in order (pure; how many times each
+    runs per step is :func:`times_per_step`'s)."""
+    cluster = request.cluster if cluster is None else cluster
+    zeropp, _ = active_features(frozenset(request.zeropp), cluster)
     runs = _runs(
-        name, request.framework, request.cluster, request.precision, request.reduce_dtype, request.buffers,
-        zeropp,
-    )  # fmt: skip
+        name, request.framework, cluster, request.precision, request.reduce_dtype, request.buffers, zeropp
+    )
     collectives = []
     for run in runs:
         traffic = layout.cached(_line_traffic, run.line, run.ctx, run.quantized)
@@ -621,13 +624,16 @@ def _dimensions(
 
 
 class DataPart(NamedTuple):
-    """Parameters of a rank whose data-parallel collectives run over one group: the request whose cluster is
-    that group, and the tensors (:func:`data_parts`)."""
+    """Parameters of a rank whose data-parallel collectives run over one group: the request, the tensors and
+    the group (:func:`data_parts`)."""
 
     request: TrainingRequest
     layout: Layout
     experts: bool
     """The routed experts under expert parallelism, over the expert-data-parallel ranks."""
+    cluster: Cluster
+    """The ranks its collectives run over: the request's dp × cp ranks, or the routed experts'
+    expert-data-parallel ranks (:meth:`~zerocalc.parallel.mesh.Mesh.expert_data_cluster`)."""
 
 
 def data_parts(request: TrainingRequest, layout: Layout | None = None) -> tuple[DataPart, ...]:
@@ -639,19 +645,23 @@ def data_parts(request: TrainingRequest, layout: Layout | None = None) -> tuple[
     arch = request.rank_model.architecture
     mesh = request.mesh
     if mesh.ep == 1 or arch is None:
-        return (DataPart(request, layout or Layout.of(request.rank_model.params, arch), False),)
+        return (
+            DataPart(request, layout or Layout.of(request.rank_model.params, arch), False, request.cluster),
+        )
     rest, experts = Layout.expert_parallel_parts(arch, expert_shard_dim(arch, mesh.dp * mesh.cp))
-    expert_request = request.model_copy(update={"cluster": mesh.expert_data_cluster()})
-    return DataPart(request, rest, False), DataPart(expert_request, experts, True)
+    return (
+        DataPart(request, rest, False, request.cluster),
+        DataPart(request, experts, True, mesh.expert_data_cluster()),
+    )
 
 
 def _data_parallel_costs(name: StrategyName, parts: tuple[DataPart, ...]) -> list[CollectiveCost]:
     """Every data-parallel collective of one strategy's schedule that runs in a step, for each part of the
     parameters over its group (the routed experts' said so in their behaviour)."""
     costs: list[CollectiveCost] = []
-    for request, layout, experts in parts:
+    for request, layout, experts, cluster in parts:
         sync = effective_grad_sync(request.framework, name, request.grad_sync, pipelined=request.mesh.pp > 1)
-        for collective in collective_runs(name, request, layout):
+        for collective in collective_runs(name, request, layout, cluster):
             times = times_per_step(collective.run.line.repeat, request.grad_accum, sync)
             if times <= 0:
                 continue

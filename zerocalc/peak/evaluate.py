@@ -47,7 +47,7 @@ from zerocalc.peak.report import (
 from zerocalc.peak.simulate import StepResult, flash_attention_used, runtime_for, simulate, stage_window
 from zerocalc.peak.states import STATE_BUILDERS
 from zerocalc.peak.timeline import Runtime
-from zerocalc.request.training import TrainingRequest, stage_request
+from zerocalc.request.training import TrainingRequest
 from zerocalc.states.memory import MemoryEstimate, evaluate_memory
 
 FIT_MARGIN = 0.05
@@ -254,12 +254,12 @@ def pipeline_peak(
 ) -> StrategyPeak:
     """Every pipeline rank's step (its share of the model, its schedule's passes): the row of the stage with
     the largest device footprint (the first such), with every stage's in ``stages``; ``known``: stages'
-    rows already evaluated (:func:`strategy_peak` of their :func:`stage_request`)."""
+    rows already evaluated (:func:`strategy_peak` of the request at their ``stage``)."""
     mesh = request.mesh
     rows: list[StrategyPeak] = []
     stages: list[StagePeak] = []
     for i in range(mesh.pp):
-        staged = stage_request(request, i)
+        staged = request.with_(stage=i)
         row = (known or {}).get(i) or strategy_peak(staged, profile, name, runtime)
         rows.append(row)
         arch = staged.architecture

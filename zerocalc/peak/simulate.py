@@ -34,7 +34,7 @@ from zerocalc.peak.mechanics import Accounting, Accumulation, Ddp, Fsdp1, Fsdp2,
 from zerocalc.peak.report import StateLine
 from zerocalc.peak.timeline import PHASES, Runtime, StagePlan, StepShape, first_start, run_step, steady_start
 from zerocalc.request.checks import flash_attention_used, rank_shape
-from zerocalc.request.training import TrainingRequest, stage_request
+from zerocalc.request.training import TrainingRequest
 from zerocalc.states.framework import (
     ADAM_STATES,
     dim0_padded_numel,
@@ -208,7 +208,7 @@ def micro_batch_saved_bytes(request: TrainingRequest) -> int:
     mesh = request.mesh
     if mesh.pp == 1 or mesh.vpp > 1 or request.activations.recompute is not Recompute.NONE:
         return 0
-    stage = stage_request(request, 0)
+    stage = request.with_(stage=0)
     arch = stage.architecture
     impl, shape = MODEL_IMPLS[stage.model_code], activation_shape(stage)
     act, flash = activation_bytes(stage), flash_attention_used(stage)

@@ -96,7 +96,7 @@ from zerocalc.plan.timing import (
 )
 from zerocalc.request.model_spec import ModelSpec
 from zerocalc.request.options import OptionsEcho
-from zerocalc.request.training import TrainingRequest, stage_request
+from zerocalc.request.training import TrainingRequest
 from zerocalc.states.memory import strategy_row
 
 SCHEMA_VERSION = 2
@@ -267,7 +267,7 @@ def _end_stages(request: TrainingRequest) -> dict[int, StrategyPeak]:
     stage does, and the candidate does not fit without its other stages evaluated."""
     runtime, record, name = runtime_for(request), request.framework_record, request.strategies[0]
     return {
-        stage: strategy_peak(stage_request(request, stage), record, name, runtime)
+        stage: strategy_peak(request.with_(stage=stage), record, name, runtime)
         for stage in (0, request.mesh.pp - 1)
     }
 
@@ -291,7 +291,7 @@ def _allocated_over(request: TrainingRequest) -> bool:
     capacity = request.gpu_memory_bytes
     assert capacity is not None
     for stage in (0, request.mesh.pp - 1):
-        staged = stage_request(request, stage)
+        staged = request.with_(stage=stage)
         states, _ = STATE_BUILDERS[record.states](staged, strategy)
         allocated = simulate(staged, name, runtime, states, reserve=False).peak.allocated
         if allocated + _outside_bytes(staged, name) > capacity:
@@ -504,7 +504,7 @@ class _MeshSteps:
         lines = self._lines.get(schedule)
         if lines is None:
             lines = self._lines[schedule] = tuple(
-                comm_lines(collective_runs(strategy, part.request, part.layout), sync)
+                comm_lines(collective_runs(strategy, part.request, part.layout, part.cluster), sync)
                 for part in data_parts(comm_request)
             )
         dp = [entry for part in lines for entry in comm_of_lines(part, accum)]

@@ -25,18 +25,17 @@ from zerocalc.compute.table import ComputeTable
 from zerocalc.model.activations import Recompute
 from zerocalc.model.model_impl import ModelImplName
 from zerocalc.network.calibration import Calibration
-from zerocalc.network.cluster import Cluster
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.framework_records import FRAMEWORKS, framework_strategies
 from zerocalc.parallel.frameworks import Estimate, Framework
-from zerocalc.parallel.mesh import Mesh, PpSchedule
+from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.pipeline import shorter_end_stages
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
 from zerocalc.request.compute import compute_table
-from zerocalc.request.mesh_checks import default_sequence_parallel
+from zerocalc.request.mesh_checks import mesh_of
 from zerocalc.request.options import Command
 from zerocalc.request.options_model import options_from_keywords, options_model
-from zerocalc.request.training import TrainingRequest, parse_options, request_with
+from zerocalc.request.training import TrainingRequest, parse_options
 from zerocalc.request.values import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_GRAD_ACCUM, MAX_MICRO_BATCH, MAX_SEQ_LEN
 
 DEFAULT_FRAMEWORKS: tuple[Framework, ...] = (Framework.FSDP2, Framework.TORCH_ZERO1, Framework.DEEPSPEED)
@@ -584,53 +583,34 @@ def group_request(plan: PlanRequest, group: Group, estimate: Estimate) -> Traini
 
 def derived_request(plan: PlanRequest, group: Group, estimate: Estimate) -> TrainingRequest:
     """:func:`group_request`'s request without parsing: the plan's parsed base with the group's typed options
-    (:func:`~zerocalc.request.training.request_with` checks them as the parser does; the same request or the
-    same
-    :class:`InputError`, tests/test_plan.py). The base was parsed with the plan's model, GPU, sequence
-    length and calibration, as every group's command gives them. Ten times cheaper than a parse: the search
-    needs hundreds."""
+    (:meth:`~zerocalc.request.training.TrainingRequest.with_` checks them as the parser does; the same request
+    or the same :class:`InputError`, tests/test_plan.py). The base was parsed with the plan's model, GPU,
+    sequence length and calibration, as every group's command gives them."""
     base = plan.base
     b = group.micro_batches[0]
     changes: dict[str, object] = {
         "estimate": estimate,
-        "cluster": Cluster.of(group.world, group.gpus_per_node),
+        "mesh": group_mesh(plan, group),
         "framework": group.framework,
         "strategies": (group.strategy,),
         "strategies_explicit": True,
         "reduce_dtype": group.reduce_dtype,
         "grad_accum": group.accumulation(plan.global_batch_sequences, b),
         "grad_sync": group.grad_sync,
+        "activations": base.activations.model_copy(update={"micro_batch": b, "recompute": group.recompute}),
+        "offload_optimizer": group.offload_optimizer,
+        "offload_params": group.offload_params,
     }
-    if group.model_parallel:
-        del changes["cluster"]
-        changes["mesh"] = group_mesh(plan, group)
-    changes["activations"] = base.activations.model_copy(
-        update={"micro_batch": b, "recompute": group.recompute}
-    )
-    changes["offload_optimizer"] = group.offload_optimizer
-    changes["offload_params"] = group.offload_params
     if estimate is not Estimate.COMM and group.prefetch is not None:
         changes["buffers"] = base.buffers.model_copy(update={"prefetch": group.prefetch})
-    return request_with(base, **changes)
+    return base.with_(**changes)
 
 
 def group_mesh(plan: PlanRequest, group: Group) -> Mesh:
-    """The group's mesh as the parser builds it from its degrees (the framework's schedule, CP
-    implementation and sequence parallelism by default)."""
-    framework = group.framework
-    per_node = min(group.gpus_per_node, group.world)
-    return Mesh(
-        world=group.world,
-        gpus_per_node=per_node,
-        tp=group.tp,
-        cp=group.cp,
-        sequence_parallel=default_sequence_parallel(framework, group.tp, plan.base.model_impl),
-        cp_impl=FRAMEWORKS[framework].default_cp_impl,
-        tp_style=FRAMEWORKS[framework].layers_tp_style,
-        pp=group.pp,
-        vpp=group.vpp,
-        pp_schedule=PpSchedule.INTERLEAVED_1F1B if group.vpp > 1 else PpSchedule.ONE_F_ONE_B,
-        pp_first_stage_layers=group.end_stage_layers,
-        pp_last_stage_layers=group.end_stage_layers,
-        ep=group.ep,
-    )
+    """The group's mesh as the parser builds it from its degrees (:func:`~zerocalc.request.mesh_checks.
+    mesh_of`: the framework's schedule, CP implementation and sequence parallelism by default)."""
+    return mesh_of(
+        group.framework, plan.base.model_impl, group.world, group.gpus_per_node,
+        group.tp, group.cp, group.pp, group.vpp, group.ep,
+        first=group.end_stage_layers, last=group.end_stage_layers,
+    )  # fmt: skip

@@ -1,13 +1,18 @@
-"""The checks of a request that relate its fields to one another: which strategies can run (an explicit one
-that cannot is an error, a default one a note), the framework's gradient sync and ZeRO++, the interleaved
-schedule's micro-batches, what the model's code can run, recomputation, and options that change
-nothing."""
+"""The checks of a request that relate its fields to one another, each declared with the fields it reads
+(a :class:`~zerocalc.base.parts.Part`): the precision's gradients, the sequence against the model's
+positions, the mesh against the framework and the model (:mod:`zerocalc.request.mesh_checks`), which
+strategies can run (an explicit one that cannot is an error, one of the default set a note), the
+framework's gradient sync and ZeRO++, the interleaved schedule's micro-batches, what the model's code can
+run and recomputation. :func:`check` runs them in order; a request varied by
+:meth:`~zerocalc.request.training.TrainingRequest.with_` runs those that read what changed."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zerocalc.base.errors import InputError, shown
+from zerocalc.base.dtypes import DType
+from zerocalc.base.errors import InputError
+from zerocalc.base.parts import UNCACHED, Part
 from zerocalc.model.activations import Recompute
 from zerocalc.model.model_impl import (
     MODEL_IMPLS,
@@ -20,15 +25,13 @@ from zerocalc.model.model_impl import (
 )
 from zerocalc.network.cluster import RankGroup
 from zerocalc.network.schedule import GradSync, ZeroPP
-from zerocalc.parallel.framework_records import (
-    FRAMEWORKS,
-    framework_strategies,
-)
+from zerocalc.parallel.framework_records import FRAMEWORKS, default_strategies, framework_strategies
 from zerocalc.parallel.frameworks import Estimate
 from zerocalc.parallel.pipeline import INTERLEAVED
-from zerocalc.parallel.precision import ParamLayout
+from zerocalc.parallel.precision import RECIPES, ParamLayout
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName
-from zerocalc.request.options_model import TrainingOptions
+from zerocalc.request.mesh_checks import dim1_expert_sharding_problem, mesh_problem
+from zerocalc.request.model_spec import seq_len_problem
 from zerocalc.request.problems import architecture_problem, offload_record_problem, record_problem
 
 if TYPE_CHECKING:
@@ -114,22 +117,6 @@ def recompute_problem(request: TrainingRequest) -> str | None:
     return f"{{recompute}} op with {arch.name}: {reason}; accepted: {accepted}"
 
 
-def ignored_problem(options: TrainingOptions, request: TrainingRequest) -> str | None:
-    """An option given that changes nothing in this request (never ignored silently), or None."""
-    if (
-        options.reserve is not None
-        and request.gpu_memory_bytes is None
-        and request.model.architecture is None
-        and request.estimate is Estimate.MEMORY
-    ):
-        return (
-            f"{{reserve}} {shown(options.reserve)} changes nothing here: it is subtracted from a GPU's "
-            "memory ({gpu} or {gpu_memory}) or added to the peak of a step ({model}); accepted: {reserve} "
-            "with one of them, or no {reserve}"
-        )
-    return None
-
-
 _GROUP_WORDS = {
     RankGroup.WORLD: "the world",
     RankGroup.NODE: "each node",
@@ -162,11 +149,13 @@ def offload_problem(strategy: Strategy, request: TrainingRequest) -> str | None:
     return None
 
 
-def resolve_strategies(request: TrainingRequest) -> TrainingRequest:
-    """Keep the strategies that can run: an explicit one that cannot is an error, a default one a note."""
+def _resolved_strategies(request: TrainingRequest) -> tuple[tuple[StrategyName, ...], tuple[str, ...]]:
+    """The strategies that can run and the notes of those left out: an explicit one that cannot is an error,
+    one of the framework's default set (strategies not explicit) a note."""
     framework = request.framework
     supported = framework_strategies(framework)
-    if request.strategies_explicit:
+    explicit = request.strategies_explicit
+    if explicit:
         for name in request.strategies:
             if name not in supported:
                 names = ", ".join(s.value for s in supported)
@@ -187,7 +176,7 @@ def resolve_strategies(request: TrainingRequest) -> TrainingRequest:
             raise InputError(problem)
     chosen: list[StrategyName] = []
     notes: list[str] = []
-    for name in request.strategies:
+    for name in request.strategies if explicit else default_strategies(framework):
         strategy = STRATEGIES[name]
         problem = offload_problem(strategy, request)
         if problem is None and request.estimate is Estimate.MEMORY:
@@ -196,21 +185,13 @@ def resolve_strategies(request: TrainingRequest) -> TrainingRequest:
             problem = request.cluster.whole_nodes_problem()
         if problem is None:
             chosen.append(name)
-        elif request.strategies_explicit:
+        elif explicit:
             raise InputError(problem)
         else:
             notes.append(f"{strategy.title} left out: {problem}")
     if not chosen:
         raise InputError("no strategy can run with these options: " + "; ".join(notes))
-    resolved = (
-        request  # nothing left out (every explicit strategy): the same fields, no copy
-        if tuple(chosen) == request.strategies and tuple(notes) == request.strategy_notes
-        else request.model_copy(update={"strategies": tuple(chosen), "strategy_notes": tuple(notes)})
-    )
-    problem = grad_sync_problem(resolved) or zeropp_problem(resolved) or micro_batches_problem(resolved)
-    if problem:
-        raise InputError(problem)
-    return resolved
+    return tuple(chosen), tuple(notes)
 
 
 def micro_batches_problem(request: TrainingRequest) -> str | None:
@@ -289,3 +270,89 @@ def zeropp_problem(request: TrainingRequest) -> str | None:
             "accepted: {model} NAME or config.json, or {zeropp} without qgz"
         )
     return None
+
+
+def _fp32_grad_accum_problem(request: TrainingRequest) -> str | None:
+    recipe = RECIPES[request.precision]
+    if request.fp32_grad_accum and recipe.grad_dtype is DType.FP32:
+        return (
+            f"{{fp32_grad_accum}} with {{precision}} {request.precision.value}: gradients are already fp32; "
+            "accepted with bf16-mixed, fp16-mixed or bf16-pure"
+        )
+    return None
+
+
+def _mesh_problem(request: TrainingRequest) -> str | None:
+    mesh_problem(request.mesh, request.framework, request.model, request.activations.seq_len,
+                 request.tp_across_nodes)  # fmt: skip
+    return None
+
+
+def _expert_sharding_problem(request: TrainingRequest) -> str | None:
+    expert_parallel = FRAMEWORKS[request.framework].expert_parallel
+    if request.mesh.ep > 1 and expert_parallel is not None and expert_parallel.shards_experts_on_dim1:
+        dim1_expert_sharding_problem(request.rank_model, request.mesh)
+    return None
+
+
+_STRATEGY_READS = (
+    "estimate", "framework", "strategies", "strategies_explicit", "model", "mesh", "precision", "optimizer",
+    "fp32_grad_accum", "offload_optimizer", "offload_params", "reduce_dtype", "buffers.wrap",
+)  # fmt: skip
+_SHAPE_READS = (
+    "mesh", "model", "stage", "framework", "model_impl", "activations.micro_batch", "activations.seq_len",
+    "activations.flash_attention",
+)  # fmt: skip
+
+BEFORE_STRATEGIES = (
+    Part("fp32 gradient accumulation", ("fp32_grad_accum", "precision"),
+         lambda r, _: _fp32_grad_accum_problem(r)),
+    Part("sequence length", ("model", "activations.seq_len"),
+         lambda r, _: seq_len_problem(r.model, r.activations.seq_len)),
+    Part("mesh", ("mesh", "framework", "model", "activations.seq_len", "tp_across_nodes"),
+         lambda r, _: _mesh_problem(r)),
+    Part("experts on dim 1", ("mesh", "framework", "model", "stage"),
+         lambda r, _: _expert_sharding_problem(r)),
+)  # fmt: skip
+"""The checks before the strategies are resolved, in the order they report."""
+
+STRATEGIES_RESOLVED = Part("strategies", _STRATEGY_READS, lambda r, _: _resolved_strategies(r))
+"""The strategies that can run and the notes of those left out (:func:`_resolved_strategies`)."""
+
+AFTER_STRATEGIES = (
+    Part("grad sync", ("grad_sync", "strategies", "strategies_explicit", "framework", "mesh"),
+         lambda r, _: grad_sync_problem(r)),
+    Part("ZeRO++", ("zeropp", "mesh", "strategies", "framework", "model"), lambda r, _: zeropp_problem(r)),
+    Part("interleaved micro-batches", ("mesh", "grad_accum"), lambda r, _: micro_batches_problem(r)),
+    Part("model code", ("estimate", *_SHAPE_READS), lambda r, _: model_code_problem(r)),
+    Part("recompute", ("estimate", "activations.recompute", "activations.checkpoint_every", *_SHAPE_READS),
+         lambda r, _: recompute_problem(r)),
+)  # fmt: skip
+"""The checks after, in the order they report."""
+
+CHECKS = (*BEFORE_STRATEGIES, STRATEGIES_RESOLVED, *AFTER_STRATEGIES)
+"""Every check of a request, each with the fields it reads (tests/test_parts.py checks them)."""
+
+
+def check(request: TrainingRequest, changed: frozenset[str] | None = None) -> TrainingRequest:
+    """The request with its strategies resolved (:func:`_resolved_strategies`), or one :class:`InputError`
+    line naming the first problem, the checks in :data:`CHECKS`' order. ``changed``: the fields (paths) by
+    which the request differs from one that passed every check (:meth:`TrainingRequest.with_`); only the
+    checks that read one of them run (the others read what passed)."""
+    for part in BEFORE_STRATEGIES:
+        if changed is None or part.reads_any(changed):
+            problem = part.run(request, UNCACHED)
+            if problem:
+                raise InputError(problem)
+    if changed is None or STRATEGIES_RESOLVED.reads_any(changed):
+        strategies, notes = STRATEGIES_RESOLVED.run(request, UNCACHED)
+        if strategies != request.strategies or notes != request.strategy_notes:
+            request = request.model_copy(update={"strategies": strategies, "strategy_notes": notes})
+            if changed is not None:
+                changed = changed | {"strategies", "strategy_notes"}
+    for part in AFTER_STRATEGIES:
+        if changed is None or part.reads_any(changed):
+            problem = part.run(request, UNCACHED)
+            if problem:
+                raise InputError(problem)
+    return request

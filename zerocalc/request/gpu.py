@@ -4,6 +4,8 @@ or the stated defaults) and the calibration and compute-table files."""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.base.errors import InputError, shown
@@ -47,18 +49,18 @@ class GpuChoice(BaseModel):
     inter_node_Bps: float
 
 
-def _gpu_choice(name: str, reserve: int | str | None) -> GpuChoice:
+def gpu_preset(name: str) -> GpuChoice:
+    """The GPU preset ``name``, its numbers resolved (the file read once per process,
+    :mod:`zerocalc.request.presets`)."""
     from zerocalc.request.presets import load_gpu
 
     spec = load_gpu(name)
-    context = spec.context_bytes if reserve is None else parse_bytes(reserve, "{reserve}")
     return GpuChoice(
         name=spec.name,
         title=spec.title,
         memory_bytes=spec.memory_bytes,
         usable_bytes=spec.usable_bytes,
-        context_bytes=context,
-        context_given=reserve is not None,
+        context_bytes=spec.context_bytes,
         nccl_communicator_bytes=spec.nccl_communicator_bytes,
         cublas_workspace_bytes=spec.cublas_workspace_bytes,
         bf16_dense_tflops=spec.bf16_dense_tflops,
@@ -67,34 +69,46 @@ def _gpu_choice(name: str, reserve: int | str | None) -> GpuChoice:
     )
 
 
+@lru_cache(maxsize=64)
+def runtime_of(gpu: GpuChoice | None, reserve_bytes: int | None) -> GpuChoice:
+    """The runtime figures (context, NCCL, cuBLAS workspaces) of a request: the GPU preset's, else
+    :data:`DEFAULT_GPU`'s, ``reserve_bytes`` (``--reserve``) in place of its context where given."""
+    runtime = gpu if gpu is not None else gpu_preset(DEFAULT_GPU)
+    if reserve_bytes is None:
+        return runtime
+    return runtime.model_copy(update={"context_bytes": reserve_bytes, "context_given": True})
+
+
 def parse_gpu(
     gpu: str | None, gpu_memory: int | str | None, reserve: int | str | None
-) -> tuple[GpuChoice | None, int | None, GpuChoice]:
-    """(the GPU preset, what PyTorch sees of one GPU, the runtime figures).
+) -> tuple[GpuChoice | None, int | None, int | None]:
+    """(the GPU preset, what PyTorch sees of one GPU, ``--reserve`` in bytes).
 
-    The memory is the preset's usable memory (``torch.cuda.mem_get_info``'s total) or ``gpu_memory``;
-    the runtime figures (context, NCCL, cuBLAS workspaces) are the preset's, else :data:`DEFAULT_GPU`'s,
-    ``reserve`` overriding the context. The context must leave some of the memory.
+    The memory is the preset's usable memory (``torch.cuda.mem_get_info``'s total) or ``gpu_memory``; the
+    context the runtime figures hold (:func:`runtime_of`: the preset's, else :data:`DEFAULT_GPU`'s, or
+    ``reserve``) must leave some of it (checked here, where the message names the values as given).
     """
     if gpu is not None and gpu_memory is not None:
         raise InputError(
             "give {gpu} or {gpu_memory}, not both; accepted: {gpu} h100-80gb or {gpu_memory} 80GiB"
         )
-    runtime = _gpu_choice(DEFAULT_GPU if gpu is None else gpu, reserve)
-    if gpu is not None:
-        memory, named = runtime.usable_bytes, f"the {runtime.title}'s usable memory"
+    preset = None if gpu is None else gpu_preset(gpu)
+    reserve_bytes = None if reserve is None else parse_bytes(reserve, "{reserve}")
+    runtime = runtime_of(preset, reserve_bytes)
+    if preset is not None:
+        memory, named = preset.usable_bytes, f"the {preset.title}'s usable memory"
     elif gpu_memory is not None:
         memory = parse_bytes(gpu_memory, "{gpu_memory}")
         named = f"{{gpu_memory}} {shown(gpu_memory)}"
     else:
-        return None, None, runtime
+        return None, None, reserve_bytes
     if runtime.context_bytes >= memory:
         given = "its default" if reserve is None else shown(reserve)
         raise InputError(
             f"{{reserve}} ({given}, {runtime.context_bytes:,} bytes) is not below {named}; "
             "accepted: a smaller {reserve} or a larger memory"
         )
-    return (runtime if gpu is not None else None), memory, runtime
+    return preset, memory, reserve_bytes
 
 
 def link_figures(

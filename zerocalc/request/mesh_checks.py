@@ -4,7 +4,8 @@ by, one :class:`~zerocalc.base.errors.InputError` (Megatron-LM's and torchtitan'
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import sys
+from functools import lru_cache
 
 from zerocalc.base.errors import InputError, shown
 from zerocalc.base.units import (
@@ -35,9 +36,6 @@ from zerocalc.request.model_spec import ModelSpec
 from zerocalc.request.options_model import TrainingOptions
 from zerocalc.request.values import MAX_GPUS, MAX_GPUS_PER_NODE, choice
 
-if TYPE_CHECKING:
-    from zerocalc.request.training import ActivationOptions, TrainingRequest
-
 
 def parse_cluster(gpus: int | str, gpus_per_node: int | str | None) -> Cluster:
     """``gpus`` and ``gpus_per_node`` (default: 8, or N when N is smaller)."""
@@ -51,85 +49,111 @@ def parse_cluster(gpus: int | str, gpus_per_node: int | str | None) -> Cluster:
 
 
 def parse_mesh(
-    o: TrainingOptions,
-    whole: Cluster,
-    framework: Framework,
-    model: ModelSpec,
-    activations: ActivationOptions,
-    model_impl: ModelImplName,
+    o: TrainingOptions, whole: Cluster, framework: Framework, model_impl: ModelImplName, model: ModelSpec
 ) -> Mesh:
-    """dp × cp × tp of ``o.gpus`` ranks (:mod:`zerocalc.parallel.mesh`), each combination a framework
-    cannot run, or a model cannot be split by, one :class:`InputError`."""
+    """The mesh of ``o.gpus`` ranks (:mod:`zerocalc.parallel.mesh`): each degree and option parsed, each
+    option given that changes nothing refused (what is checked against the framework, the model and the
+    other degrees is :func:`mesh_problem`'s), the others the framework's defaults (:func:`mesh_of`)."""
     tp = parse_whole(o.tp, "{tp}", 1, MAX_GPUS, "ranks")
     cp = parse_whole(o.cp, "{cp}", 1, MAX_GPUS, "ranks")
     pp = parse_whole(o.pp, "{pp}", 1, MAX_GPUS, "stages")
-    n, per_node = whole.world_size, whole.ranks_per_node
-    if n % (tp * cp * pp):
-        ranks = tp * cp * pp
-        degrees = [f"{{{name}}} {d}" for name, d in (("pp", pp), ("tp", tp), ("cp", cp)) if d > 1]
-        product = " × ".join(degrees) + (f" = {ranks}" if len(degrees) > 1 else "")
-        raise InputError(
-            f"{{gpus}} {n} is not a multiple of {product}; accepted: {{gpus}} a multiple of {ranks}"
+    vpp = parse_whole(o.vpp, "{vpp}", 1, MAX_LAYERS, "virtual stages")
+    first, last = (
+        None if given is None else parse_whole(given, name, 1, MAX_LAYERS, "layers")
+        for given, name in (
+            (o.pp_first_stage_layers, "{pp_first_stage_layers}"),
+            (o.pp_last_stage_layers, "{pp_last_stage_layers}"),
         )
-    vpp, schedule, first, last, stage_layers = _pipeline(o, framework, model, pp)
-    ep = expert_parallel_degree(o, framework, model, n // (tp * pp), cp)
+    )
+    stage_layers = _stage_layers(o.pp_stage_layers)
+    if stage_layers is not None and (first is not None or last is not None):
+        given = "{pp_first_stage_layers}" if first is not None else "{pp_last_stage_layers}"
+        raise InputError(f"{{pp_stage_layers}} and {given} both split the layers; accepted: one of them")
+    schedule = (
+        None
+        if o.pp_schedule is None
+        else choice(o.pp_schedule, "{pp_schedule}", PpSchedule, None, PP_SCHEDULE_NAMES)
+    )
+    if pp == 1:
+        for name, given in (
+            ("{vpp}", vpp > 1),
+            ("{pp_schedule}", schedule is not None),
+            ("{pp_first_stage_layers}", first is not None),
+            ("{pp_last_stage_layers}", last is not None),
+            ("{pp_stage_layers}", stage_layers is not None),
+        ):
+            if given:
+                raise InputError(
+                    f"{name} changes nothing with {{pp}} 1; accepted: {{pp}} 2 or more, or no {name}"
+                )
+    if stage_layers is not None and len(stage_layers) != pp * vpp:  # a mesh holds p·v of them
+        _pipeline_problem(
+            pp, vpp, schedule or default_schedule(vpp), None, None, stage_layers, framework, model
+        )
+    ep = parse_whole(o.ep, "{ep}", 1, MAX_GPUS, "ranks")
+    cp_impl = None if o.cp_impl is None else choice(o.cp_impl, "{cp_impl}", CpImpl)
+    if cp_impl is not None and cp == 1:
+        raise InputError(
+            f"{{cp_impl}} {cp_impl.value} changes nothing with {{cp}} 1; accepted: {{cp}} 2 or more, "
+            "or no {cp_impl}"
+        )
+    return mesh_of(
+        framework, model_impl, whole.world_size, whole.ranks_per_node, tp, cp, pp, vpp, ep,
+        cp_impl=cp_impl, sequence_parallel=o.sequence_parallel, pp_schedule=schedule,
+        first=first, last=last, stage_layers=stage_layers,
+    )  # fmt: skip
+
+
+@lru_cache(maxsize=4096)
+def mesh_of(
+    framework: Framework,
+    model_impl: ModelImplName,
+    world: int,
+    gpus_per_node: int,
+    tp: int = 1,
+    cp: int = 1,
+    pp: int = 1,
+    vpp: int = 1,
+    ep: int = 1,
+    *,
+    cp_impl: CpImpl | None = None,
+    sequence_parallel: bool | None = None,
+    pp_schedule: PpSchedule | None = None,
+    first: int | None = None,
+    last: int | None = None,
+    stage_layers: tuple[int, ...] | None = None,
+) -> Mesh:
+    """The mesh of these degrees under ``framework``, what is not given the parser's default: the
+    framework's CP implementation and tensor-parallel layers (its record), its sequence parallelism with
+    TP (:func:`default_sequence_parallel`), 1F1B (interleaved with virtual stages); ``gpus_per_node`` at
+    most ``world``. The one builder of a mesh, for :func:`parse_mesh` and ``zerocalc plan``'s candidates
+    (once per shape: a plan's candidates share theirs)."""
     record = FRAMEWORKS[framework]
-    refuse_unmodelled("tp", tp, framework, "tp_style", "tensor parallelism")
-    refuse_unmodelled("cp", cp, framework, "cp_impls", "context parallelism")
-    impls = record.cp_impls
-    if o.cp_impl is None:
-        cp_impl = record.default_cp_impl
-    else:
-        cp_impl = choice(o.cp_impl, "{cp_impl}", CpImpl)
-        if cp == 1:
-            raise InputError(
-                f"{{cp_impl}} {cp_impl.value} changes nothing with {{cp}} 1; accepted: {{cp}} 2 or more, "
-                "or no {cp_impl}"
-            )
-        if cp_impl not in impls:
-            names = ", ".join(i.value for i in impls)
-            raise InputError(
-                f"{{cp_impl}} {cp_impl.value}: {{framework}} {framework.value} does not implement it; "
-                f"accepted: {{cp_impl}} {names}"
-            )
-    if o.sequence_parallel is None:
+    if pp_schedule is None:
+        pp_schedule = default_schedule(vpp)
+    if sequence_parallel is None:
         sequence_parallel = default_sequence_parallel(framework, tp, model_impl)
-    elif o.sequence_parallel and tp == 1:
-        raise InputError(
-            "{sequence_parallel} shards over the tensor-parallel group, and {tp} is 1; "
-            "accepted: {tp} 2 or more, or no {sequence_parallel}"
-        )
-    else:
-        sequence_parallel = o.sequence_parallel
-    if tp > 1 or cp > 1:
-        model_split_problem(model, tp, cp, cp_impl, sequence_parallel, activations.seq_len)
-    tp_fits = per_node % tp == 0
-    if o.tp_across_nodes and tp_fits:
-        raise InputError(
-            f"{{tp_across_nodes}} changes nothing: {{tp}} {tp} ranks fit in a node of {per_node}; "
-            "accepted: no {tp_across_nodes}"
-        )
-    if not tp_fits and not o.tp_across_nodes:
-        raise InputError(
-            f"{{tp}} {tp} does not fit the nodes' {per_node} GPUs: a TP group would span nodes; accepted: "
-            f"{{tp}} a divisor of {per_node}, or {{tp_across_nodes}}"
-        )
     return Mesh(
-        world=n,
-        gpus_per_node=per_node,
+        world=world,
+        gpus_per_node=min(gpus_per_node, world),
         tp=tp,
         cp=cp,
         sequence_parallel=sequence_parallel,
-        cp_impl=cp_impl,
+        cp_impl=record.default_cp_impl if cp_impl is None else cp_impl,
         tp_style=record.layers_tp_style,
         pp=pp,
         vpp=vpp,
-        pp_schedule=schedule,
+        pp_schedule=pp_schedule,
         pp_first_stage_layers=first,
         pp_last_stage_layers=last,
         pp_stage_layers=stage_layers,
         ep=ep,
     )
+
+
+def default_schedule(vpp: int) -> PpSchedule:
+    """The pipeline schedule when ``--pp-schedule`` is not given: 1F1B, interleaved with virtual stages."""
+    return PpSchedule.INTERLEAVED_1F1B if vpp > 1 else PpSchedule.ONE_F_ONE_B
 
 
 def default_sequence_parallel(framework: Framework, tp: int, model_impl: ModelImplName) -> bool:
@@ -150,70 +174,70 @@ def refuse_unmodelled(option: str, degree: int, framework: Framework, field: str
         )
 
 
-def mesh_change_problem(request: TrainingRequest) -> None:
-    """The checks of :func:`parse_mesh` a mesh built outside the parser (``zerocalc plan``'s, with the
-    parser's defaults for the schedule, the CP implementation and sequence parallelism, its degrees
-    dividing the GPUs and TP inside a node) can fail, in the parser's order and with its lines."""
-    mesh, framework, model = request.mesh, request.framework, request.model
-    if mesh.pp > 1:
-        refuse_unmodelled("pp", mesh.pp, framework, "pipeline", "pipeline parallelism")
-        arch = model.architecture
-        if arch is not None:
-            split_check(
-                arch,
-                mesh.pp,
-                mesh.vpp,
-                mesh.pp_first_stage_layers,
-                mesh.pp_last_stage_layers,
-                mesh.pp_stage_layers,
-            )
+def mesh_problem(
+    mesh: Mesh, framework: Framework, model: ModelSpec, seq_len: int, tp_across_nodes: bool
+) -> None:
+    """Each combination of the mesh a framework cannot run, or a model cannot be split by, one
+    :class:`InputError`: the degrees dividing the GPUs, the pipeline (:func:`_pipeline_problem`), expert
+    parallelism (:func:`_expert_problem`), tensor and context parallelism modelled under the framework, its
+    CP implementation, sequence parallelism with TP, the model's split (:func:`model_split_problem`) and a
+    TP group inside a node."""
+    tp, cp, pp, n, per_node = mesh.tp, mesh.cp, mesh.pp, mesh.world, mesh.gpus_per_node
+    if n % (tp * cp * pp):
+        ranks = tp * cp * pp
+        degrees = [f"{{{name}}} {d}" for name, d in (("pp", pp), ("tp", tp), ("cp", cp)) if d > 1]
+        product = " × ".join(degrees) + (f" = {ranks}" if len(degrees) > 1 else "")
+        raise InputError(
+            f"{{gpus}} {n} is not a multiple of {product}; accepted: {{gpus}} a multiple of {ranks}"
+        )
+    if pp > 1:
+        first, last, layers = mesh.pp_first_stage_layers, mesh.pp_last_stage_layers, mesh.pp_stage_layers
+        _pipeline_problem(pp, mesh.vpp, mesh.pp_schedule, first, last, layers, framework, model)
     if mesh.ep > 1:
-        options = TrainingOptions(ep=mesh.ep)
-        expert_parallel_degree(options, framework, model, mesh.world // (mesh.tp * mesh.pp), mesh.cp)
-    refuse_unmodelled("tp", mesh.tp, framework, "tp_style", "tensor parallelism")
-    refuse_unmodelled("cp", mesh.cp, framework, "cp_impls", "context parallelism")
-    if mesh.tp > 1 or mesh.cp > 1:
-        model_split_problem(
-            model, mesh.tp, mesh.cp, mesh.cp_impl, mesh.sequence_parallel, request.activations.seq_len
+        _expert_problem(mesh.ep, framework, model, n // (tp * pp), cp)
+    refuse_unmodelled("tp", tp, framework, "tp_style", "tensor parallelism")
+    refuse_unmodelled("cp", cp, framework, "cp_impls", "context parallelism")
+    impls = FRAMEWORKS[framework].cp_impls
+    if cp > 1 and mesh.cp_impl not in impls:
+        names = ", ".join(i.value for i in impls)
+        raise InputError(
+            f"{{cp_impl}} {mesh.cp_impl.value}: {{framework}} {framework.value} does not implement it; "
+            f"accepted: {{cp_impl}} {names}"
+        )
+    if mesh.sequence_parallel and tp == 1:
+        raise InputError(
+            "{sequence_parallel} shards over the tensor-parallel group, and {tp} is 1; "
+            "accepted: {tp} 2 or more, or no {sequence_parallel}"
+        )
+    if tp > 1 or cp > 1:
+        model_split_problem(model, tp, cp, mesh.cp_impl, mesh.sequence_parallel, seq_len)
+    tp_fits = per_node % tp == 0
+    if tp_across_nodes and tp_fits:
+        raise InputError(
+            f"{{tp_across_nodes}} changes nothing: {{tp}} {tp} ranks fit in a node of {per_node}; "
+            "accepted: no {tp_across_nodes}"
+        )
+    if not tp_fits and not tp_across_nodes:
+        raise InputError(
+            f"{{tp}} {tp} does not fit the nodes' {per_node} GPUs: a TP group would span nodes; accepted: "
+            f"{{tp}} a divisor of {per_node}, or {{tp_across_nodes}}"
         )
 
 
-def _pipeline(
-    o: TrainingOptions, framework: Framework, model: ModelSpec, pp: int
-) -> tuple[int, PpSchedule, int | None, int | None, tuple[int, ...] | None]:
-    """``vpp``, ``pp_schedule``, the first and last stage's layers and each virtual stage's, checked against
-    the stages and the model's layers as Megatron-LM checks them (``core/transformer/transformer_config.py``:
-    layers divisible by p, and by p·v interleaved; with uneven stages or each stage's layers,
-    :func:`~zerocalc.parallel.pipeline.split_problem`)."""
-    vpp = parse_whole(o.vpp, "{vpp}", 1, MAX_LAYERS, "virtual stages")
-    first, last = (
-        None if given is None else parse_whole(given, name, 1, MAX_LAYERS, "layers")
-        for given, name in (
-            (o.pp_first_stage_layers, "{pp_first_stage_layers}"),
-            (o.pp_last_stage_layers, "{pp_last_stage_layers}"),
-        )
-    )
-    stage_layers = _stage_layers(o.pp_stage_layers)
-    if stage_layers is not None and (first is not None or last is not None):
-        given = "{pp_first_stage_layers}" if first is not None else "{pp_last_stage_layers}"
-        raise InputError(f"{{pp_stage_layers}} and {given} both split the layers; accepted: one of them")
-    if o.pp_schedule is None:
-        schedule = PpSchedule.INTERLEAVED_1F1B if vpp > 1 else PpSchedule.ONE_F_ONE_B
-    else:
-        schedule = choice(o.pp_schedule, "{pp_schedule}", PpSchedule, None, PP_SCHEDULE_NAMES)
-    if pp == 1:
-        for name, given in (
-            ("{vpp}", vpp > 1),
-            ("{pp_schedule}", o.pp_schedule is not None),
-            ("{pp_first_stage_layers}", first is not None),
-            ("{pp_last_stage_layers}", last is not None),
-            ("{pp_stage_layers}", stage_layers is not None),
-        ):
-            if given:
-                raise InputError(
-                    f"{name} changes nothing with {{pp}} 1; accepted: {{pp}} 2 or more, or no {name}"
-                )
-        return vpp, schedule, first, last, stage_layers
+def _pipeline_problem(
+    pp: int,
+    vpp: int,
+    schedule: PpSchedule,
+    first: int | None,
+    last: int | None,
+    stage_layers: tuple[int, ...] | None,
+    framework: Framework,
+    model: ModelSpec,
+) -> None:
+    """The pipeline modelled under the framework, its schedule and virtual stages, and the first and last
+    stage's layers and each virtual stage's checked against the stages and the model's layers as Megatron-LM
+    checks them (``core/transformer/transformer_config.py``: layers divisible by p, and by p·v interleaved;
+    with uneven stages or each stage's layers, :func:`~zerocalc.parallel.pipeline.split_problem`)."""
     refuse_unmodelled("pp", pp, framework, "pipeline", "pipeline parallelism")
     if vpp > 1 and schedule in (PpSchedule.GPIPE, PpSchedule.ONE_F_ONE_B):
         raise InputError(
@@ -232,7 +256,6 @@ def _pipeline(
             "config.json or a model TOML"
         )
     split_check(arch, pp, vpp, first, last, stage_layers)
-    return vpp, schedule, first, last, stage_layers
 
 
 def _stage_layers(given: str | list[int | str] | tuple[int | str, ...] | None) -> tuple[int, ...] | None:
@@ -297,14 +320,10 @@ def split_check(
     )
 
 
-def expert_parallel_degree(
-    o: TrainingOptions, framework: Framework, model: ModelSpec, dp_cp: int, cp: int
-) -> int:
-    """``ep``: a divisor of the experts and of the dp × cp ranks it is carved from (Megatron-LM
-    ``core/parallel_state.py``; torchtitan ``ParallelDims``, whose EP group takes all of cp)."""
-    ep = parse_whole(o.ep, "{ep}", 1, MAX_GPUS, "ranks")
-    if ep == 1:
-        return ep
+def _expert_problem(ep: int, framework: Framework, model: ModelSpec, dp_cp: int, cp: int) -> None:
+    """``ep``: modelled under the framework, a divisor of the experts and of the dp × cp ranks it is carved
+    from (Megatron-LM ``core/parallel_state.py``; torchtitan ``ParallelDims``, whose EP group takes all of
+    cp)."""
     refuse_unmodelled("ep", ep, framework, "expert_parallel", "expert parallelism")
     arch = model.architecture
     if arch is None or not arch.is_moe:
@@ -329,7 +348,6 @@ def expert_parallel_degree(
             f"{{ep}} {ep} with {{cp}} {cp}: torchtitan's expert-parallel group takes all of the context-"
             f"parallel ranks (ParallelDims: ep % cp == 0); accepted: {{ep}} a multiple of {cp}"
         )
-    return ep
 
 
 def dim1_expert_sharding_problem(rank_model: ModelSpec, mesh: Mesh) -> None:
@@ -363,8 +381,9 @@ def parse_capacity_factor(text: float | str, mesh: Mesh, model: ModelSpec) -> fl
             "own routed tokens whatever the routing; accepted: {ep} 2 or more, or no {capacity_factor}"
         )
     arch = model.architecture
-    assert arch is not None  # ep > 1 needs the architecture
-    k, local = arch.experts_per_token, arch.num_experts // mesh.ep
+    if arch is None or not arch.num_experts:  # ep refused on this model (mesh_problem): any positive value
+        return parse_fraction(text, "{capacity_factor}", 0, sys.float_info.max, "a number above 0")
+    k, local = arch.experts_per_token, max(1, arch.num_experts // mesh.ep)
     most = mesh.ep * min(k, local) / k
     accepted = (
         f"a number above 0 and at most {most:g} (e·min(k, E/e)/k: every token routed to a rank's experts)"

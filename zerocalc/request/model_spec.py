@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.base.errors import InputError, shown
+from zerocalc.base.memo import IdentityCache
 from zerocalc.base.units import (
     MAX_COUNT,
     parse_count,
@@ -48,26 +49,31 @@ def default_seq_len(arch: Architecture | None) -> int:
 
 
 def seq_len_of(text: int | str | None, model: ModelSpec) -> tuple[int, tuple[str, ...]]:
-    """s: as given, else :data:`DEFAULT_SEQ_LEN` (a model's learned positions where fewer). Beyond learned
-    positions is refused (the position table has no row for them: ``wpe(position_ids)`` fails); beyond a
-    rotary model's ``max_position_embeddings`` it runs, with a note."""
+    """s: as given, else :data:`DEFAULT_SEQ_LEN` (a model's learned positions where fewer); beyond a rotary
+    model's ``max_position_embeddings`` it runs, with a note (beyond learned positions is refused by
+    :func:`seq_len_problem`)."""
     arch = model.architecture
-    positions = arch.max_position_embeddings if arch is not None else 0
-    learned = arch is not None and arch.learned_position_embeddings
     if text is None:
         return default_seq_len(arch), ()
     seq_len = parse_tokens(text, "{seq_len}", 1, MAX_SEQ_LEN)
-    if not positions or seq_len <= positions:
+    if arch is None or arch.learned_position_embeddings or seq_len <= arch.max_position_embeddings:
         return seq_len, ()
-    name = model.name or "the model"
-    if learned:
-        raise InputError(
-            f"{{seq_len}} {seq_len:,} is beyond {name}'s {positions:,} learned positions (its position "
-            f"embedding has {positions:,} rows); accepted: {{seq_len}} 1 to {positions:,}"
-        )
     return seq_len, (
-        f"--seq-len {seq_len:,} is beyond {name}'s max_position_embeddings ({positions:,}): rotary "
-        "positions run, past what the model was trained for",
+        f"--seq-len {seq_len:,} is beyond {model.name or 'the model'}'s max_position_embeddings "
+        f"({arch.max_position_embeddings:,}): rotary positions run, past what the model was trained for",
+    )
+
+
+def seq_len_problem(model: ModelSpec, seq_len: int) -> str | None:
+    """s beyond a model's learned positions (the position table has no row for them: ``wpe(position_ids)``
+    fails), or None."""
+    arch = model.architecture
+    if arch is None or not arch.learned_position_embeddings or seq_len <= arch.max_position_embeddings:
+        return None
+    positions = arch.max_position_embeddings
+    return (
+        f"{{seq_len}} {seq_len:,} is beyond {model.name or 'the model'}'s {positions:,} learned positions "
+        f"(its position embedding has {positions:,} rows); accepted: {{seq_len}} 1 to {positions:,}"
     )
 
 
@@ -187,16 +193,28 @@ def _tp_share(
     return rank, count_parameters(rank)
 
 
+_SHARES: IdentityCache[tuple[ModelSpec, tuple[ModelSpec, ...]]] = IdentityCache()
+
+
 def rank_models(model: ModelSpec, mesh: Mesh) -> tuple[ModelSpec, tuple[ModelSpec, ...]]:
-    """What one rank holds (:attr:`TrainingRequest.rank_model`) and, with pipeline stages, what each
-    pipeline rank holds (:attr:`TrainingRequest.stages`): its chunks' layers
-    (:func:`~zerocalc.parallel.pipeline.chunk_layers`) of one tensor-parallel rank's share."""
-    rank = _rank_model(model, mesh)
-    arch = rank.architecture
-    if mesh.pp == 1 or arch is None:
-        return rank, ()
-    split = mesh_stage_layers(mesh, arch.num_layers)
-    return _pipeline_stages(rank.name, rank.title, arch, mesh.pp, mesh.vpp, split)
+    """What one rank holds (:attr:`TrainingRequest.rank_model`: the largest pipeline stage's) and, with
+    pipeline stages, what each pipeline rank holds (:attr:`TrainingRequest.stages`): its chunks' layers
+    (:func:`~zerocalc.parallel.pipeline.chunk_layers`) of one tensor-parallel rank's share. Once per model
+    (by identity: a plan's requests share theirs) and split."""
+    split = (mesh.tp, mesh.ep, mesh.tp_style, mesh.pp, mesh.vpp)
+    layout = (mesh.pp_first_stage_layers, mesh.pp_last_stage_layers, mesh.pp_stage_layers)
+    key = (*split, *layout)
+    shares = _SHARES.get(model, key)
+    if shares is None:
+        rank = _rank_model(model, mesh)
+        arch = rank.architecture
+        if mesh.pp == 1 or arch is None:
+            shares = rank, ()
+        else:
+            layers = mesh_stage_layers(mesh, arch.num_layers)
+            shares = _pipeline_stages(rank.name, rank.title, arch, mesh.pp, mesh.vpp, layers)
+        _SHARES.put(model, key, shares)
+    return shares
 
 
 @lru_cache(maxsize=1024)

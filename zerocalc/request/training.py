@@ -1,12 +1,18 @@
-"""One training request, parsed and validated once.
+"""One training request: its inputs, typed, and what is derived from them.
 
 Everything a user types (``--params 7B``, ``--gpu h100-80gb``, ``--strategy zero2,zero3``, a scenario's
-TOML fields, a library call's keywords) arrives as :class:`TrainingOptions`, raw. :func:`parse_request`
-turns it into a frozen, typed :class:`TrainingRequest`: numbers with their units resolved, presets and
-config.json files loaded (once per process, :mod:`zerocalc.request.presets`), the calibration file read, every
-bound and every combination checked, with one :class:`~zerocalc.base.errors.InputError` line per problem. The
-core (:mod:`zerocalc.states.memory`, :mod:`zerocalc.comm.estimate`, :mod:`zerocalc.peak`) takes only the
-typed request: it never parses a string, reads a file or looks at the environment.
+TOML fields, a library call's keywords) arrives as :class:`~zerocalc.request.options_model.TrainingOptions`,
+raw. :func:`parse_request` turns each value into a typed one (numbers with their units resolved, presets and
+config.json files loaded once per process, :mod:`zerocalc.request.presets`, the calibration file read, each
+value's bounds checked) and builds a frozen :class:`TrainingRequest` of them; then
+:func:`~zerocalc.request.checks.check` checks how its fields relate (one
+:class:`~zerocalc.base.errors.InputError` line per problem). The request holds only its inputs: what is
+derived from them (the data-parallel cluster, the rank's model, the pipeline stages, the runtime figures,
+the dtypes) are properties computed from them (and cached by the inputs they read, never in the request: a
+copy has no stale value). :meth:`TrainingRequest.with_` is the one way to vary a request: a copy with some
+typed inputs replaced, checked again. The core (:mod:`zerocalc.states.memory`,
+:mod:`zerocalc.comm.estimate`, :mod:`zerocalc.peak`) takes only the typed request: it never parses a
+string, reads a file or looks at the environment.
 
 Error messages name each input by its concept, written ``{name}``: the field names below, which are also
 the keyword names of :mod:`zerocalc.api`; the CLI shows its flags instead (:mod:`zerocalc.cli`).
@@ -14,47 +20,38 @@ the keyword names of :mod:`zerocalc.api`; the CLI shows its flags instead (:mod:
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.base.dtypes import DType, parse_dtype
-from zerocalc.base.errors import InputError
-from zerocalc.base.units import (
-    parse_bytes,
-    parse_whole,
-)
+from zerocalc.base.errors import InputError, shown
+from zerocalc.base.memo import IdentityCache
+from zerocalc.base.units import parse_bytes, parse_whole
 from zerocalc.model.activations import Recompute
-from zerocalc.model.architecture import (
-    Architecture,
-)
-from zerocalc.model.model_impl import (
-    ModelImplName,
-)
+from zerocalc.model.architecture import Architecture
+from zerocalc.model.model_impl import ModelImplName
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import Cluster
-from zerocalc.network.links import (
-    Bandwidths,
-)
+from zerocalc.network.links import Bandwidths
 from zerocalc.network.schedule import GradSync, ZeroPP
-from zerocalc.parallel.framework_records import (
-    FRAMEWORKS,
-    data_parallel_mesh,
-    default_strategies,
-)
+from zerocalc.parallel.framework_records import FRAMEWORKS, default_strategies
 from zerocalc.parallel.framework_records.record import FrameworkRecord, ModelInit, Wrap
 from zerocalc.parallel.frameworks import Estimate, Framework
 from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.optimizers import OptimizerImpl, OptimizerName
 from zerocalc.parallel.precision import RECIPES, PrecisionName, TensorDtypes
 from zerocalc.parallel.strategies import OffloadTarget, StrategyName
-from zerocalc.request.checks import ignored_problem, model_code_problem, recompute_problem, resolve_strategies
-from zerocalc.request.gpu import GpuChoice, calibration_of, compute_calibration_path, link_figures, parse_gpu
-from zerocalc.request.mesh_checks import (
-    dim1_expert_sharding_problem,
-    mesh_change_problem,
-    parse_capacity_factor,
-    parse_cluster,
-    parse_mesh,
+from zerocalc.request.checks import check
+from zerocalc.request.gpu import (
+    GpuChoice,
+    calibration_of,
+    compute_calibration_path,
+    link_figures,
+    parse_gpu,
+    runtime_of,
 )
+from zerocalc.request.mesh_checks import parse_capacity_factor, parse_cluster, parse_mesh
 from zerocalc.request.model_spec import ModelSpec, model_notes_of, model_spec, rank_models, seq_len_of
 from zerocalc.request.options_model import TrainingOptions, options_from_keywords
 from zerocalc.request.values import (
@@ -110,25 +107,21 @@ class BufferOptions(BaseModel):
 
 
 class TrainingRequest(BaseModel):
-    """A validated request: everything the core needs, typed. Build it with :func:`parse_request`."""
+    """A request's inputs, typed and checked. Build it with :func:`parse_request`, vary it with
+    :meth:`with_`."""
 
     model_config = ConfigDict(frozen=True)
 
     estimate: Estimate = Estimate.MEMORY
     model: ModelSpec
     """The whole model, as given."""
-    rank_model: ModelSpec
-    """What one tensor-parallel rank holds of it (:class:`~zerocalc.model.architecture.TensorParallelRank`):
-    the model itself without tensor or pipeline parallelism; with pipeline stages, the stage with the most
-    parameters (the first such). Model states and the peak count this."""
-    stages: tuple[ModelSpec, ...] = ()
-    """With pipeline parallelism, what each pipeline rank holds (:class:`~zerocalc.model.architecture.
-    PipelineStage`), rank 0 first; empty at p = 1. The peak is simulated per stage (:func:`stage_request`)."""
     mesh: Mesh
-    cluster: Cluster
-    """The dp × cp ranks model states are sharded over and gradients reduced across
-    (:meth:`~zerocalc.parallel.mesh.Mesh.data_cluster`): the whole run without tensor and context
-    parallelism."""
+    stage: int | None = Field(
+        default=None,
+        description="the pipeline rank the request is evaluated for (its share of the model, rank_model); "
+        "None: the largest stage",
+    )
+    tp_across_nodes: bool = Field(default=False, description="a TP group may span nodes")
     precision: PrecisionName = PrecisionName.BF16_MIXED
     optimizer: OptimizerName = OptimizerName.ADAMW
     fp32_grad_accum: bool = False
@@ -139,23 +132,27 @@ class TrainingRequest(BaseModel):
     offload_params: OffloadTarget = OffloadTarget.NONE
     framework: Framework = Framework.PAPER
     strategies: tuple[StrategyName, ...]
-    """The strategies to evaluate, each able to run with these options."""
+    """The strategies to evaluate, each able to run with these options (the check's result where they are
+    not explicit: the framework's default set less those left out)."""
     strategies_explicit: bool = True
     strategy_notes: tuple[str, ...] = ()
-    """Strategies of the default set left out, and why."""
+    """Strategies of the default set left out, and why (the check's result)."""
     reduce_dtype: DType | None = Field(default=None, description="None: the gradient dtype")
     activations: ActivationOptions = ActivationOptions()
     buffers: BufferOptions = BufferOptions()
     gpu: GpuChoice | None = None
+    """The GPU preset, as the preset gives it."""
     gpu_memory_bytes: int | None = Field(
         default=None,
         ge=0,
         description="what PyTorch sees of one GPU (torch.cuda.mem_get_info's total): the GPU preset's "
         "usable memory or --gpu-memory; None: no fits/headroom",
     )
-    runtime: GpuChoice
-    """The GPU's runtime figures (context, NCCL, workspaces): the preset's, else :data:`DEFAULT_GPU`'s;
-    ``context_bytes`` is ``reserve`` when given."""
+    reserve_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="--reserve: the context outside the caching allocator; None: the GPU's",
+    )
     grad_accum: int = Field(default=1, ge=1, le=MAX_GRAD_ACCUM)
     grad_sync: GradSync | None = Field(
         default=None, description="asked for; None: each framework's default (strategies.effective_grad_sync)"
@@ -176,6 +173,48 @@ class TrainingRequest(BaseModel):
     notes: tuple[str, ...] = ()
     """What parsing tells the user about the inputs (the text model of a multimodal config, a sequence
     beyond a rotary model's trained positions)."""
+
+    def with_(self, **changes: Any) -> TrainingRequest:
+        """This request with the typed inputs ``changes`` replaced, checked again
+        (:func:`~zerocalc.request.checks.check`: the checks that read what changed; strategies that are not
+        explicit resolved afresh from the framework's default set): the request parsing the changed options
+        gives. Raises :class:`InputError` for the first problem, ``TypeError`` for a name that is not an
+        input."""
+        fields = type(self).model_fields
+        unknown = sorted(set(changes) - fields.keys())
+        if unknown:
+            raise TypeError(f"TrainingRequest.with_: {', '.join(unknown)} not inputs of a request")
+        changed = self.model_copy(update=changes)
+        return check(changed, _changed_paths(self, changed, changes))
+
+    # ------------------------------------------------------------------------------- derived from inputs
+    @property
+    def cluster(self) -> Cluster:
+        """The dp × cp ranks model states are sharded over and gradients reduced across
+        (:meth:`~zerocalc.parallel.mesh.Mesh.data_cluster`): the whole run without tensor, context and
+        pipeline parallelism."""
+        return _data_cluster(self.mesh)
+
+    @property
+    def stages(self) -> tuple[ModelSpec, ...]:
+        """With pipeline parallelism, what each pipeline rank holds (:class:`~zerocalc.model.architecture.
+        PipelineStage`), rank 0 first; empty at p = 1 (:func:`~zerocalc.request.model_spec.rank_models`)."""
+        return rank_models(self.model, self.mesh)[1]
+
+    @property
+    def rank_model(self) -> ModelSpec:
+        """What one tensor-parallel rank holds of the model (:class:`~zerocalc.model.architecture.
+        TensorParallelRank`): the model itself without tensor or pipeline parallelism; with pipeline stages,
+        :attr:`stage`'s, else the stage with the most parameters (the first such). Model states and the
+        peak count this."""
+        largest, stages = rank_models(self.model, self.mesh)
+        return largest if self.stage is None else stages[self.stage]
+
+    @property
+    def runtime(self) -> GpuChoice:
+        """The GPU's runtime figures (context, NCCL, workspaces): the preset's, else ``DEFAULT_GPU``'s;
+        ``context_bytes`` is ``reserve`` when given (:func:`~zerocalc.request.gpu.runtime_of`)."""
+        return runtime_of(self.gpu, self.reserve_bytes)
 
     @property
     def states_capacity_bytes(self) -> int | None:
@@ -216,32 +255,70 @@ class TrainingRequest(BaseModel):
     def architecture(self) -> Architecture:
         """The architecture as one tensor-parallel rank holds it; only called where the request has one
         (the peak)."""
-        if self.rank_model.architecture is None:  # pragma: no cover - the parser guarantees it where needed
+        arch = self.rank_model.architecture
+        if arch is None:  # pragma: no cover - the checks guarantee it where needed
             raise InputError("this estimate needs an architecture; accepted: {model} NAME or config.json")
-        return self.rank_model.architecture
+        return arch
+
+
+DERIVED = (
+    "cluster", "stages", "rank_model", "runtime", "states_capacity_bytes", "framework_record", "dtypes",
+    "model_code", "init", "zero_init", "architecture",
+)  # fmt: skip
+"""The request's properties derived from its inputs (tests/test_parts.py resolves each to what it reads)."""
+
+_CLUSTERS: IdentityCache[Cluster] = IdentityCache()
+
+
+def _data_cluster(mesh: Mesh) -> Cluster:
+    """:meth:`~zerocalc.parallel.mesh.Mesh.data_cluster`, once per mesh (by identity)."""
+    cluster = _CLUSTERS.get(mesh, None)
+    if cluster is None:
+        cluster = _CLUSTERS.put(mesh, None, mesh.data_cluster())
+    return cluster
+
+
+def _changed_paths(before: BaseModel, after: BaseModel, changes: dict[str, Any]) -> frozenset[str]:
+    """The paths by which ``after`` differs from ``before`` in ``changes``' fields: a field of a sub-model
+    where only some of its fields changed (``activations.micro_batch``), else the field."""
+    paths: set[str] = set()
+    for name in changes:
+        old, new = getattr(before, name), getattr(after, name)
+        if old is new:
+            continue
+        if isinstance(old, BaseModel) and type(old) is type(new) and type(old) in _SUB_MODELS:
+            paths |= {
+                f"{name}.{field}"
+                for field in type(old).model_fields
+                if getattr(old, field) != getattr(new, field)
+            }
+        elif old != new:
+            paths.add(name)
+    return frozenset(paths)
+
+
+_SUB_MODELS = (ActivationOptions, BufferOptions)
+"""The sub-models whose fields a check may read apart (``activations.micro_batch``)."""
 
 
 # ---------------------------------------------------------------------------------------------- parsing
 def parse_request(options: TrainingOptions) -> TrainingRequest:
-    """Parse and validate every option once; raises one :class:`InputError` naming the first problem."""
+    """Each option parsed into its typed value (its bounds, and the relations whose messages name values
+    as typed, checked here), the request built of them, then checked
+    (:func:`~zerocalc.request.checks.check`); raises one :class:`InputError` naming the first problem."""
     o = options
     model = model_spec(o.params, o.model)
     whole = parse_cluster(o.gpus, o.gpus_per_node)
     precision = choice(o.precision, "{precision}", PrecisionName, {"_": "-"})
     optimizer = optimizer_named(o.optimizer)
-    recipe = RECIPES[precision]
-    if o.fp32_grad_accum and recipe.grad_dtype is DType.FP32:
-        raise InputError(
-            f"{{fp32_grad_accum}} with {{precision}} {precision.value}: gradients are already fp32; "
-            "accepted with bf16-mixed, fp16-mixed or bf16-pure"
-        )
     offload_optimizer = offload_target(o.offload_optimizer, "{offload_optimizer}")
     offload_params = offload_target(o.offload_params, "{offload_params}")
     framework = choice(o.framework, "{framework}", Framework, {"_": "-"})
+    grad_dtype = RECIPES[precision].grad_dtype  # the recipe's gradients, or fp32
     reduce_dtype = (
         None
         if o.reduce_dtype is None
-        else parse_dtype(o.reduce_dtype, "{reduce_dtype}", allowed=(DType.FP32, recipe.grad_dtype))
+        else parse_dtype(o.reduce_dtype, "{reduce_dtype}", allowed=(DType.FP32, grad_dtype))
     )
     seq_len, position_notes = seq_len_of(o.seq_len, model)
     activations = ActivationOptions(
@@ -254,7 +331,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         flash_attention=o.flash_attention,
     )
     model_impl = choice(o.model_impl, "{model_impl}", ModelImplName)
-    mesh = parse_mesh(o, whole, framework, model, activations, model_impl)
+    mesh = parse_mesh(o, whole, framework, model_impl, model)
     if o.capacity_factor is not None:
         activations = activations.model_copy(
             update={"capacity_factor": parse_capacity_factor(o.capacity_factor, mesh, model)}
@@ -268,26 +345,22 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         reduce_bucket_elements=bucket_elements(o.reduce_bucket, "{reduce_bucket}"),
         allgather_bucket_elements=bucket_elements(o.allgather_bucket, "{allgather_bucket}"),
     )
-    gpu, gpu_memory, runtime = parse_gpu(o.gpu, o.gpu_memory, o.reserve)
+    gpu, gpu_memory, reserve_bytes = parse_gpu(o.gpu, o.gpu_memory, o.reserve)
     grad_accum = parse_whole(o.grad_accum, "{grad_accum}", 1, MAX_GRAD_ACCUM, "micro-batches")
     grad_sync = None if o.grad_sync is None else choice(o.grad_sync, "{grad_sync}", GradSync)
     zeropp = zeropp_features(o.zeropp)
     tokens, tflops = compute_comparison(o.tokens_per_step, o.tflops)
     links = link_figures(o.intra_node_bw, o.inter_node_bw, o.latency, gpu)
     calibration, calibration_name = calibration_of(o.calibration, o.calibration_name)
-
     explicit = strategy_names(o.strategies)
-    rank_model, stages = rank_models(model, mesh)
-    expert_parallel = FRAMEWORKS[framework].expert_parallel
-    if mesh.ep > 1 and expert_parallel is not None and expert_parallel.shards_experts_on_dim1:
-        dim1_expert_sharding_problem(rank_model, mesh)
+    problem = _ignored_problem(o, gpu_memory, model, o.estimate)
+    if problem:
+        raise InputError(problem)
     request = TrainingRequest(
         estimate=o.estimate,
         model=model,
-        rank_model=rank_model,
-        stages=stages,
         mesh=mesh,
-        cluster=mesh.data_cluster(),
+        tp_across_nodes=o.tp_across_nodes,
         precision=precision,
         optimizer=optimizer,
         fp32_grad_accum=o.fp32_grad_accum,
@@ -302,7 +375,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         buffers=buffers,
         gpu=gpu,
         gpu_memory_bytes=gpu_memory,
-        runtime=runtime,
+        reserve_bytes=reserve_bytes,
         grad_accum=grad_accum,
         grad_sync=grad_sync,
         zeropp=zeropp,
@@ -317,63 +390,25 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         compute_calibration=compute_calibration_path(o.compute_calibration),
         notes=(*model_notes_of(o.model), *position_notes),
     )
-    resolved = resolve_strategies(request)
-    problem = ignored_problem(o, resolved) or model_code_problem(resolved) or recompute_problem(resolved)
-    if problem:
-        raise InputError(problem)
-    return resolved
+    return check(request)
 
 
-def request_with(request: TrainingRequest, **changes: object) -> TrainingRequest:
-    """A request with some of its typed fields changed, checked again as :func:`parse_request` checks a
-    request (its strategies resolved afresh): the request that parsing the changed options gives, where the
-    changes stay within the parser's bounds and the strategies are explicit. ``zerocalc plan`` derives its
-    hundreds of candidate requests so (tests/test_plan.py compares each with the parser's)."""
-    if not changes.get("strategies_explicit", request.strategies_explicit):
-        raise ValueError("request_with needs explicit strategies (a default set resolves to other notes)")
-    if ("cluster" in changes or "framework" in changes) and "mesh" not in changes:
-        if request.mesh.model_parallel:
-            raise ValueError("request_with changes the cluster of a model-parallel mesh: give its mesh")
-        cluster = changes.get("cluster", request.cluster)
-        assert isinstance(cluster, Cluster)
-        framework = changes.get("framework", request.framework)
-        assert isinstance(framework, Framework)
-        changes["mesh"] = data_parallel_mesh(cluster.world_size, cluster.ranks_per_node, framework)
-    elif "mesh" in changes and changes["mesh"] != request.mesh:
-        mesh = changes["mesh"]
-        assert isinstance(mesh, Mesh)
-        changes["cluster"] = mesh.data_cluster()
-        if "rank_model" not in changes:
-            model = changes.get("model", request.model)
-            assert isinstance(model, ModelSpec)
-            changes["rank_model"], changes["stages"] = rank_models(model, mesh)
-    if "model" in changes and "rank_model" not in changes:
-        model = changes["model"]
-        assert isinstance(model, ModelSpec)
-        mesh = changes.get("mesh", request.mesh)
-        assert isinstance(mesh, Mesh)
-        changes["rank_model"], changes["stages"] = rank_models(model, mesh)
-    changed = request.model_copy(update={**changes, "strategy_notes": ()})
-    if changed.mesh.model_parallel:
-        mesh_change_problem(changed)
-        resolved = resolve_strategies(changed)
-        problem = model_code_problem(resolved)
-        if problem:
-            raise InputError(problem)
-        return resolved
-    return resolve_strategies(changed)
-
-
-def with_model(request: TrainingRequest, model: ModelSpec) -> TrainingRequest:
-    """The same request for another model (its tensor-parallel share recounted), unchecked: the caller
-    derives it from a request already checked (a plan's model cut to fewer layers)."""
-    rank_model, stages = rank_models(model, request.mesh)
-    return request.model_copy(update={"model": model, "rank_model": rank_model, "stages": stages})
-
-
-def stage_request(request: TrainingRequest, stage: int) -> TrainingRequest:
-    """The request as pipeline rank ``stage`` runs it: its share of the model (``request.stages``)."""
-    return request.model_copy(update={"rank_model": request.stages[stage]})
+def _ignored_problem(
+    options: TrainingOptions, gpu_memory: int | None, model: ModelSpec, estimate: Estimate
+) -> str | None:
+    """An option given that changes nothing in this request (never ignored silently), or None."""
+    if (
+        options.reserve is not None
+        and gpu_memory is None
+        and model.architecture is None
+        and estimate is Estimate.MEMORY
+    ):
+        return (
+            f"{{reserve}} {shown(options.reserve)} changes nothing here: it is subtracted from a GPU's "
+            "memory ({gpu} or {gpu_memory}) or added to the peak of a step ({model}); accepted: {reserve} "
+            "with one of them, or no {reserve}"
+        )
+    return None
 
 
 def parse_options(**values: object) -> TrainingRequest:

@@ -569,7 +569,7 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
             title=gpu.title,
             memory_bytes=gpu.memory_bytes,
             usable_bytes=gpu.usable_bytes,
-            context_bytes=gpu.context_bytes,
+            context_bytes=request.runtime.context_bytes,
         ),
         bytes_per_parameter=bpp,
         assumptions=assumptions,
