@@ -19,7 +19,8 @@ from zerocalc.base.errors import InputError
 from zerocalc.cli import app
 from zerocalc.cli.plan import command
 from zerocalc.comm.calls import Layout
-from zerocalc.comm.estimate import collective_runs, strategy_comm
+from zerocalc.comm.collectives import collective_runs
+from zerocalc.comm.estimate import strategy_comm
 from zerocalc.comm.step import request_compute
 from zerocalc.compute.ops import model_flops_per_token
 from zerocalc.model.activations import Recompute

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.comm.calls import Layout
-from zerocalc.comm.estimate import CollectiveRun, collective_runs, data_parts, mesh_request
+from zerocalc.comm.collectives import CollectiveRun, collective_runs, data_parts, mesh_request
 from zerocalc.comm.mesh import MeshRequest, MeshTime, mesh_problem, mesh_times
 from zerocalc.comm.pipeline import PipelineComm, pipeline_comm
 from zerocalc.comm.step import (

@@ -6,9 +6,8 @@ place).
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-from zerocalc.comm.estimate import CollectiveRun, StrategyComm, times_per_step
+from zerocalc.comm.collectives import CommLine, comm_lines, comm_of_lines
+from zerocalc.comm.estimate import StrategyComm
 from zerocalc.comm.step import (
     CPU_ADAM_BYTES_PER_PARAM,
     HOST_MEMORY_BPS,
@@ -24,7 +23,6 @@ from zerocalc.comm.step import (
     overlaps_backward,
 )
 from zerocalc.compute.time import ComputeTime
-from zerocalc.network.schedule import GradSync, Phase
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.strategies import StrategyName
 
@@ -47,48 +45,6 @@ __all__ = [
 
 NO_MESH = dict.fromkeys(MESH_DIMENSIONS, 0.0)
 """The plan's candidates are data-parallel: no tensor- or context-parallel collectives."""
-
-
-class CommLine(NamedTuple):
-    """One collective of ``comm``'s schedule for one key (world, group, framework, strategy, reduce dtype,
-    grad sync), with how its runs per step depend on A: ``times(A) = times_at_2 + slope·(A − 2)`` — every
-    :class:`~zerocalc.network.schedule.Repeat` is affine in A (once: 1; per micro-batch: A; per sync: A or 1;
-    after
-    the first micro-batch: A − 1), so its runs at A = 2 and A = 3 give it exactly."""
-
-    phase: Phase
-    times_at_2: int
-    slope: int
-    calls_per_run: int
-    run_s: float
-    """One run's time (:attr:`zerocalc.comm.estimate.CollectiveRun.seconds`): calls × α + bytes / β."""
-
-    def times(self, accum: int) -> int:
-        return self.times_at_2 + self.slope * (accum - 2)
-
-
-def comm_lines(collectives: list[CollectiveRun], sync: GradSync) -> tuple[CommLine, ...]:
-    """The schedule's collectives (:func:`zerocalc.comm.estimate.collective_runs`), each with its runs per
-    step at
-    A = 2 and A = 3 (:func:`zerocalc.comm.estimate.times_per_step`); every one runs at A = 2."""
-    lines = []
-    for c in collectives:
-        line = c.run.line
-        at_2 = times_per_step(line.repeat, 2, sync)
-        slope = times_per_step(line.repeat, 3, sync) - at_2
-        lines.append(CommLine(line.phase, at_2, slope, c.traffic.calls.count, c.seconds))
-    return tuple(lines)
-
-
-def comm_of_lines(lines: tuple[CommLine, ...], accum: int) -> list[tuple[Phase, int, int, float]]:
-    """(phase, times per step, calls per step, time_s) of each collective that runs at this A — the same
-    floats as ``comm`` computes (``times × (calls × α + bytes / β)``)."""
-    out = []
-    for line in lines:
-        times = line.times(accum)
-        if times > 0:
-            out.append((line.phase, times, times * line.calls_per_run, times * line.run_s))
-    return out
 
 
 def step_time(
