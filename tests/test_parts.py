@@ -19,7 +19,17 @@ import pytest
 from pydantic import BaseModel
 
 from zerocalc.base.parts import UNCACHED, Part, PartCache, Same, key_value
+from zerocalc.comm.step import STEP_PARTS
+from zerocalc.compute.table import ComputeTable
+from zerocalc.network.schedule import GradSync
+from zerocalc.parallel.framework_records import effective_grad_sync
+from zerocalc.parallel.mesh import Mesh
+from zerocalc.peak.evaluate import OUTSIDE_BYTES
+from zerocalc.peak.simulate import FIRST_STAGE_SAVED, runtime_for
+from zerocalc.plan.allocated import FRAMEWORK_PART, MODEL_PART, MODEL_STEP_PARTS
+from zerocalc.plan.split import model_run
 from zerocalc.request.checks import CHECKS
+from zerocalc.request.compute import compute_table
 from zerocalc.request.training import (
     DERIVED,
     ActivationOptions,
@@ -27,22 +37,26 @@ from zerocalc.request.training import (
     TrainingRequest,
     parse_options,
 )
+from zerocalc.states.memory import STATES_BYTES
 
-TRACED_SUB_MODELS = (ActivationOptions, BufferOptions)
-"""The request's sub-models whose fields are recorded one by one (parts declare ``activations.seq_len``);
-of the others (the mesh, the model, the GPU, the links) a read is of all of it."""
+TRACED_SUB_MODELS = (ActivationOptions, BufferOptions, Mesh)
+"""The request's sub-models whose fields are recorded one by one (parts declare ``activations.seq_len``,
+``mesh.tp``); of the others (the model, the GPU, the links) a read is of all of it."""
 
 
 class Traced:
-    """A request, or one of its activations or buffers, recording the path of each field read into
-    ``reads``; ``isinstance`` sees the object it stands for."""
+    """A request, or one of its activations, buffers or mesh, recording the path of each field read into
+    ``reads``; ``isinstance`` sees the object it stands for. A derived property the part declares
+    (``declared``: ``accumulates``, ``model_code``) is recorded as read itself, the others resolved to what
+    they read."""
 
-    __slots__ = ("_held", "_path", "_reads")
+    __slots__ = ("_declared", "_held", "_path", "_reads")
 
-    def __init__(self, held: BaseModel, path: str, reads: set[str]):
+    def __init__(self, held: BaseModel, path: str, reads: set[str], declared: tuple[str, ...] = ()):
         object.__setattr__(self, "_held", held)
         object.__setattr__(self, "_path", path)
         object.__setattr__(self, "_reads", reads)
+        object.__setattr__(self, "_declared", declared)
 
     @property  # type: ignore[misc]
     def __class__(self) -> type:
@@ -58,16 +72,19 @@ class Traced:
         path = object.__getattribute__(self, "_path")
         reads = object.__getattribute__(self, "_reads")
         kind = type(held)
+        full = f"{path}.{name}" if path else name
         if name in kind.model_fields:
             value = getattr(held, name)
-            full = f"{path}.{name}" if path else name
             if not path and isinstance(value, TRACED_SUB_MODELS):
                 return Traced(value, full, reads)
             reads.add(full)
             return value
         static = inspect.getattr_static(kind, name, None)
-        if isinstance(static, property):  # derived: what it reads
-            return static.fget(self)  # type: ignore[misc]
+        if isinstance(static, property):
+            if full in object.__getattribute__(self, "_declared"):  # read as such: in the key
+                reads.add(full)
+                return getattr(held, name)
+            return static.fget(self)  # type: ignore[misc]  # derived: what it reads
         reads.add(path or "*")  # a method or anything else may read all of it
         return getattr(held, name)
 
@@ -92,7 +109,7 @@ class Traced:
 def reads_of(part: Part, request: TrainingRequest, *args: object) -> set[str]:
     """The paths ``part`` reads of ``request`` (its sub-parts' included) run on a :class:`Traced` proxy."""
     reads: set[str] = set()
-    part.run(Traced(request, "", reads), UNCACHED, *args)
+    part.run(Traced(request, "", reads, part.reads), UNCACHED, *args)
     return reads
 
 
@@ -171,9 +188,12 @@ def test_the_tracer_records_fields_properties_and_wholes() -> None:
     request = requests()["megatron tp cp pp"]
     reads: set[str] = set()
     traced = Traced(request, "", reads)
-    assert isinstance(traced, TrainingRequest) and traced.mesh is request.mesh
+    assert isinstance(traced, TrainingRequest) and isinstance(traced.mesh, Mesh)
     assert traced.activations.seq_len == 4096 and traced.dtypes == request.dtypes
-    assert reads == {"mesh", "activations.seq_len", "framework", "precision", "reduce_dtype"}
+    assert reads == {"activations.seq_len", "framework", "precision", "reduce_dtype"}
+    assert traced.mesh.tp == 2 and traced.mesh.dp == 2 and "mesh.tp" in reads and "mesh.world" in reads
+    traced.mesh.data_cluster()
+    assert "mesh" in reads
     assert traced.rank_model == request.rank_model and {"model", "stage"} <= reads
     hash(traced.buffers)
     traced.model_copy()
@@ -214,3 +234,63 @@ def test_with_runs_the_checks_of_what_changed() -> None:
     with pytest.raises(TypeError, match="cluster"):
         request.with_(cluster=request.cluster)
     assert request.with_(stage=2).rank_model == request.stages[2]
+
+
+@cache
+def _table() -> ComputeTable:
+    table = compute_table(None, "h100-80gb")
+    assert table is not None
+    return table.table
+
+
+def _sync(request: TrainingRequest) -> GradSync:
+    name = request.strategies[0]
+    return effective_grad_sync(request.framework, name, request.grad_sync, pipelined=request.mesh.pp > 1)
+
+
+STEP_ARGS = {
+    "pipeline sends": lambda r: (),
+    "mesh collectives' request": lambda r: (),
+    "mesh collectives": lambda r: (_sync(r),),
+    "data-parallel collectives": lambda r: (r.strategies[0],),
+    "data-parallel lines": lambda r: (r.strategies[0], _sync(r)),
+    "stages' micro-batches": lambda r: (_table(),),
+    "stages' computes": lambda r: (_table(), r.strategies[0]),
+    "step": lambda r: (_table(), r.strategies[0]),
+}
+"""Each step part's arguments beside the request."""
+
+
+@pytest.mark.parametrize("part", STEP_PARTS, ids=lambda part: part.name)
+def test_every_part_of_a_step_reads_only_what_it_declares(part: Part) -> None:
+    for name, request in requests().items():
+        if request.model.architecture is None:
+            continue  # no step without an architecture
+        args = STEP_ARGS[part.name](request)
+        assert not undeclared(part, request, *args), (name, undeclared(part, request, *args))
+
+
+PEAK_PARTS = {
+    OUTSIDE_BYTES: (lambda r: (r.strategies[0],), lambda r: True),
+    STATES_BYTES: (lambda r: (), lambda r: True),
+    FIRST_STAGE_SAVED: (lambda r: (), lambda r: r.model.architecture is not None),
+    MODEL_PART: (lambda r: (), lambda r: r.model.architecture is not None and r.mesh.pp == 1),
+    FRAMEWORK_PART: (
+        lambda r: (model_run(r, runtime_for(r)).calls,),
+        lambda r: r.model.architecture is not None and r.mesh.pp == 1,
+    ),
+    MODEL_STEP_PARTS: (lambda r: (), lambda r: True),
+}
+"""The peak's parts a plan's candidates share, each with its arguments and the requests it is for (the
+step's parts without pipeline stages: a pipelined candidate's peak is the walk's)."""
+
+
+@pytest.mark.parametrize("part", list(PEAK_PARTS), ids=lambda part: part.name)
+def test_every_part_of_a_peak_reads_only_what_it_declares(part: Part) -> None:
+    args_of, applies = PEAK_PARTS[part]
+    checked = 0
+    for name, request in requests().items():
+        if applies(request):
+            assert not undeclared(part, request, *args_of(request)), (name, undeclared(part, request))
+            checked += 1
+    assert checked >= 3

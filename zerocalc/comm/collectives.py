@@ -38,7 +38,7 @@ from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.precision import PrecisionName
 from zerocalc.parallel.strategies import StrategyName
 from zerocalc.parallel.zeropp import active_features
-from zerocalc.request.training import BufferOptions, TrainingRequest
+from zerocalc.request.training import TrainingRequest
 from zerocalc.states.framework import expert_shard_dim
 
 
@@ -97,7 +97,7 @@ def _runs(
     cluster: Cluster,
     precision: PrecisionName,
     reduce_dtype: DType | None,
-    buffers: BufferOptions,
+    buckets: tuple[int, int, int],
     zeropp: frozenset[ZeroPP],
 ) -> tuple[_Run, ...]:
     """The rules of ``name``'s schedule under ``framework`` that move data on ``cluster``."""
@@ -115,9 +115,9 @@ def _runs(
             group_size=n,
             shard_size=cluster.group_size(line.shard_of),
             element_bytes=dtype.bytes,
-            ddp_bucket_bytes=buffers.ddp_bucket_bytes,
-            ddp_first_bucket_bytes=buffers.ddp_first_bucket_bytes,
-            deepspeed_bucket_elements=buffers.reduce_bucket_elements,
+            ddp_bucket_bytes=buckets[0],
+            ddp_first_bucket_bytes=buckets[1],
+            deepspeed_bucket_elements=buckets[2],
         )
         runs.append(_Run(line, dtype, line.quantized_with(zeropp), ctx, cluster.spans_nodes(line.group)))
     return tuple(runs)
@@ -178,6 +178,12 @@ def _collective_run(
     return CollectiveRun(run, dtype, scales, traffic, link, seconds)
 
 
+def _buckets(request: TrainingRequest) -> tuple[int, int, int]:
+    """DDP's bucket and first bucket (bytes) and DeepSpeed's reduce bucket (elements): what sizes calls."""
+    buffers = request.buffers
+    return buffers.ddp_bucket_bytes, buffers.ddp_first_bucket_bytes, buffers.reduce_bucket_elements
+
+
 def collective_runs(
     name: StrategyName, request: TrainingRequest, layout: Layout, cluster: Cluster | None = None
 ) -> list[CollectiveRun]:
@@ -187,7 +193,7 @@ def collective_runs(
     cluster = request.cluster if cluster is None else cluster
     zeropp, _ = active_features(frozenset(request.zeropp), cluster)
     runs = _runs(
-        name, request.framework, cluster, request.precision, request.reduce_dtype, request.buffers, zeropp
+        name, request.framework, cluster, request.precision, request.reduce_dtype, _buckets(request), zeropp
     )
     collectives = []
     for run in runs:

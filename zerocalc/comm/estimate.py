@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from functools import lru_cache
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -47,7 +48,7 @@ from zerocalc.comm.mesh import (
     mesh_fit,
 )
 from zerocalc.comm.pipeline import PipelineComm, pipeline_comm
-from zerocalc.comm.step import StepEstimate
+from zerocalc.comm.step import StepEstimate, step_estimate
 from zerocalc.compute.table import ComputeTable
 from zerocalc.model.activations import Recompute
 from zerocalc.network.calibration import Calibration
@@ -61,6 +62,7 @@ from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.precision import PrecisionName
 from zerocalc.parallel.strategies import StrategyName, row_named
 from zerocalc.parallel.zeropp import active_features
+from zerocalc.request.echo import RequestEcho
 from zerocalc.request.options import OptionsEcho
 from zerocalc.request.training import TrainingRequest
 from zerocalc.states.memory import routing_assumption
@@ -68,10 +70,20 @@ from zerocalc.states.memory import routing_assumption
 SCHEMA_VERSION = 2
 
 
-class CommRequest(BaseModel):
+class CommRequest(RequestEcho):
     """The request as the communication estimate echoes it in its JSON."""
 
-    model_config = ConfigDict(frozen=True)
+    SOURCES: ClassVar[dict[str, str]] = {
+        "params": "model.params",
+        "model": "model.name",
+        "micro_batch": "activations.micro_batch",
+        "seq_len": "activations.seq_len",
+        "recompute": "activations.recompute",
+        "ddp_bucket_bytes": "buffers.ddp_bucket_bytes",
+        "ddp_first_bucket_bytes": "buffers.ddp_first_bucket_bytes",
+        "reduce_bucket_elements": "buffers.reduce_bucket_elements",
+        "bandwidths": "links",
+    }
 
     params: int = Field(gt=0, description="Ψ")
     model: str | None = Field(
@@ -95,31 +107,6 @@ class CommRequest(BaseModel):
     bandwidths: Bandwidths
     tokens_per_step: int | None = Field(default=None, gt=0)
     tflops: float | None = Field(default=None, gt=0, description="achieved TFLOP/s per GPU")
-
-    @classmethod
-    def of(cls, request: TrainingRequest) -> CommRequest:
-        return cls(
-            params=request.model.params,
-            model=request.model.name,
-            cluster=request.cluster,
-            mesh=request.mesh,
-            precision=request.precision,
-            framework=request.framework,
-            grad_accum=request.grad_accum,
-            micro_batch=request.activations.micro_batch,
-            seq_len=request.activations.seq_len,
-            recompute=request.activations.recompute,
-            grad_sync=request.grad_sync,
-            reduce_dtype=request.reduce_dtype,
-            zeropp=request.zeropp,
-            ddp_bucket_bytes=request.buffers.ddp_bucket_bytes,
-            ddp_first_bucket_bytes=request.buffers.ddp_first_bucket_bytes,
-            reduce_bucket_elements=request.buffers.reduce_bucket_elements,
-            strategies=request.strategies,
-            bandwidths=request.links,
-            tokens_per_step=request.tokens_per_step,
-            tflops=request.tflops,
-        )
 
 
 class UnitCalls(BaseModel):
@@ -566,21 +553,10 @@ def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -
 
 
 def _with_step(
-    row: StrategyComm,
-    request: TrainingRequest,
-    compute: ComputeTable,
-    compute_name: str,
-    pipeline: PipelineComm | None,
+    row: StrategyComm, request: TrainingRequest, compute: ComputeTable, compute_name: str
 ) -> StrategyComm:
-    """The row with its step time (:func:`zerocalc.comm.step.step_estimate`)."""
-    from zerocalc.comm.step import step_estimate
-
-    collectives = [(c.phase, c.times_per_step, c.calls_per_step, c.time_s) for c in row.collectives]
-    dp_s = sum(c.time_s for c in row.collectives)
-    step = step_estimate(
-        request, compute, compute_name, row.strategy, collectives, dp_s, row.mesh_collectives, pipeline
-    )
-    return row.model_copy(update={"step": step})
+    """The row with its step time (:func:`zerocalc.comm.step.step_estimate`: the step's parts, plan's)."""
+    return row.model_copy(update={"step": step_estimate(request, compute, compute_name, row.strategy)})
 
 
 def evaluate_comm(
@@ -596,7 +572,7 @@ def evaluate_comm(
     ddp = _ddp_reference(parts)
     rows = [strategy_comm(name, request, ddp, parts, mesh, pipeline) for name in request.strategies]
     if compute is not None and request.model.architecture is not None:
-        rows = [_with_step(row, request, compute, compute_name, pipeline) for row in rows]
+        rows = [_with_step(row, request, compute, compute_name) for row in rows]
     compared = None
     if request.tokens_per_step is not None and request.tflops is not None:
         flops = 6 * request.model.params * request.tokens_per_step

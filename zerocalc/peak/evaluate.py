@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 
+from zerocalc.base.parts import Part
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import PipelineStage
 from zerocalc.model.model_impl import MODEL_IMPLS, AttentionKernel, default_attention
@@ -77,6 +78,17 @@ def outside_allocator_bytes(request: TrainingRequest, communicators: int) -> int
     """What a GPU holds outside the caching allocator: the CUDA context and ``communicators`` NCCL
     communicators (:func:`nccl_communicators`); the device peak is the reserved bytes plus these."""
     return request.runtime.context_bytes + communicators * request.runtime.nccl_communicator_bytes
+
+
+OUTSIDE_BYTES = Part(
+    "outside the allocator",
+    ("mesh", "runtime", "strategies"),
+    lambda request, parts, name: outside_allocator_bytes(
+        request, nccl_communicators(STRATEGIES[name], request.cluster, request.mesh)
+    ),
+)
+"""What a GPU holds outside the caching allocator under a strategy, as ``memory`` counts it: the context and
+the NCCL communicators (:func:`outside_allocator_bytes`)."""
 
 
 def peak_options(request: TrainingRequest) -> PeakOptions:

@@ -18,7 +18,6 @@ from zerocalc.model.model_impl import (
     MODEL_IMPLS,
     AttentionKernel,
     ModelImplName,
-    Shape,
     default_attention,
     op_sac_unsupported,
     parallel_unsupported,
@@ -47,20 +46,6 @@ def flash_attention_used(request: TrainingRequest) -> bool:
     return kernel is AttentionKernel.FLASH
 
 
-def rank_shape(request: TrainingRequest) -> Shape:
-    """One micro-batch on one rank of the mesh: b sequences of s tokens, split by tensor, sequence and
-    context parallelism as the model's code splits them (:class:`~zerocalc.model.model_impl.Shape`)."""
-    a, mesh = request.activations, request.mesh
-    return Shape(
-        a.micro_batch,
-        a.seq_len,
-        tp=mesh.tp,
-        sequence_parallel=mesh.sequence_parallel,
-        cp=mesh.cp,
-        cp_impl=mesh.cp_impl,
-    )
-
-
 def model_code_problem(request: TrainingRequest) -> str | None:
     """A mesh the model's code cannot run the step of (:func:`~zerocalc.model.model_impl.
     parallel_unsupported`), for the peak of a step; None when it can or no step is simulated."""
@@ -68,7 +53,7 @@ def model_code_problem(request: TrainingRequest) -> str | None:
     if request.estimate is not Estimate.MEMORY or arch is None or (mesh.tp == 1 and mesh.cp == 1):
         return None
     impl = MODEL_IMPLS[request.model_code]
-    reason = parallel_unsupported(impl, arch, rank_shape(request), flash_attention_used(request))
+    reason = parallel_unsupported(impl, arch, request.rank_shape, flash_attention_used(request))
     if reason is None:
         return None
     degrees = " and ".join(f"{{{n}}} {d}" for n, d in (("tp", mesh.tp), ("cp", mesh.cp)) if d > 1)
@@ -108,7 +93,7 @@ def recompute_problem(request: TrainingRequest) -> str | None:
         return None
     impl = MODEL_IMPLS[code]
     memory_code = impl if request.estimate is Estimate.MEMORY else None
-    reason = op_sac_unsupported(arch, rank_shape(request), flash_attention_used(request), memory_code)
+    reason = op_sac_unsupported(arch, request.rank_shape, flash_attention_used(request), memory_code)
     if reason is None:
         return None
     accepted = "{recompute} none, selective or full"
@@ -339,20 +324,32 @@ def check(request: TrainingRequest, changed: frozenset[str] | None = None) -> Tr
     line naming the first problem, the checks in :data:`CHECKS`' order. ``changed``: the fields (paths) by
     which the request differs from one that passed every check (:meth:`TrainingRequest.with_`); only the
     checks that read one of them run (the others read what passed)."""
-    for part in BEFORE_STRATEGIES:
-        if changed is None or part.reads_any(changed):
-            problem = part.run(request, UNCACHED)
-            if problem:
-                raise InputError(problem)
-    if changed is None or STRATEGIES_RESOLVED.reads_any(changed):
+    for part in _affected(BEFORE_STRATEGIES, changed):
+        problem = part.run(request, UNCACHED)
+        if problem:
+            raise InputError(problem)
+    if _affected((STRATEGIES_RESOLVED,), changed):
         strategies, notes = STRATEGIES_RESOLVED.run(request, UNCACHED)
         if strategies != request.strategies or notes != request.strategy_notes:
             request = request.model_copy(update={"strategies": strategies, "strategy_notes": notes})
             if changed is not None:
                 changed = changed | {"strategies", "strategy_notes"}
-    for part in AFTER_STRATEGIES:
-        if changed is None or part.reads_any(changed):
-            problem = part.run(request, UNCACHED)
-            if problem:
-                raise InputError(problem)
+    for part in _affected(AFTER_STRATEGIES, changed):
+        problem = part.run(request, UNCACHED)
+        if problem:
+            raise InputError(problem)
     return request
+
+
+_AFFECTED: dict[tuple[tuple[Part, ...], frozenset[str]], tuple[Part, ...]] = {}
+
+
+def _affected(parts: tuple[Part, ...], changed: frozenset[str] | None) -> tuple[Part, ...]:
+    """The checks of ``parts`` that read one of ``changed`` (all of them where None), once per change."""
+    if changed is None:
+        return parts
+    key = (parts, changed)
+    affected = _AFFECTED.get(key)
+    if affected is None:
+        affected = _AFFECTED[key] = tuple(part for part in parts if part.reads_any(changed))
+    return affected

@@ -194,6 +194,8 @@ def _tp_share(
 
 
 _SHARES: IdentityCache[tuple[ModelSpec, tuple[ModelSpec, ...]]] = IdentityCache()
+_BY_MESH: dict[tuple[int, int], tuple[ModelSpec, Mesh, tuple[ModelSpec, tuple[ModelSpec, ...]]]] = {}
+"""The shares by (model, mesh) identity, both kept (a request reads them many times)."""
 
 
 def rank_models(model: ModelSpec, mesh: Mesh) -> tuple[ModelSpec, tuple[ModelSpec, ...]]:
@@ -201,6 +203,17 @@ def rank_models(model: ModelSpec, mesh: Mesh) -> tuple[ModelSpec, tuple[ModelSpe
     pipeline stages, what each pipeline rank holds (:attr:`TrainingRequest.stages`): its chunks' layers
     (:func:`~zerocalc.parallel.pipeline.chunk_layers`) of one tensor-parallel rank's share. Once per model
     (by identity: a plan's requests share theirs) and split."""
+    known = _BY_MESH.get((id(model), id(mesh)))
+    if known is not None and known[0] is model and known[1] is mesh:
+        return known[2]
+    shares = _shares(model, mesh)
+    if len(_BY_MESH) >= 4096:
+        _BY_MESH.clear()
+    _BY_MESH[id(model), id(mesh)] = (model, mesh, shares)
+    return shares
+
+
+def _shares(model: ModelSpec, mesh: Mesh) -> tuple[ModelSpec, tuple[ModelSpec, ...]]:
     split = (mesh.tp, mesh.ep, mesh.tp_style, mesh.pp, mesh.vpp)
     layout = (mesh.pp_first_stage_layers, mesh.pp_last_stage_layers, mesh.pp_stage_layers)
     key = (*split, *layout)

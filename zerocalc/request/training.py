@@ -20,7 +20,8 @@ the keyword names of :mod:`zerocalc.api`; the CLI shows its flags instead (:mod:
 
 from __future__ import annotations
 
-from typing import Any
+from functools import lru_cache
+from typing import Any, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,9 +29,9 @@ from zerocalc.base.dtypes import DType, parse_dtype
 from zerocalc.base.errors import InputError, shown
 from zerocalc.base.memo import IdentityCache
 from zerocalc.base.units import parse_bytes, parse_whole
-from zerocalc.model.activations import Recompute
+from zerocalc.model.activations import CpImpl, Recompute
 from zerocalc.model.architecture import Architecture
-from zerocalc.model.model_impl import ModelImplName
+from zerocalc.model.model_impl import ModelImplName, Shape
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import Cluster
 from zerocalc.network.links import Bandwidths
@@ -184,7 +185,7 @@ class TrainingRequest(BaseModel):
         unknown = sorted(set(changes) - fields.keys())
         if unknown:
             raise TypeError(f"TrainingRequest.with_: {', '.join(unknown)} not inputs of a request")
-        changed = self.model_copy(update=changes)
+        changed = replaced(self, changes)
         return check(changed, _changed_paths(self, changed, changes))
 
     # ------------------------------------------------------------------------------- derived from inputs
@@ -236,6 +237,36 @@ class TrainingRequest(BaseModel):
         return FRAMEWORKS[self.framework].dtypes(self.precision, self.reduce_dtype)
 
     @property
+    def sequence_split(self) -> SequenceSplit:
+        """How one rank of the mesh splits each sequence: tensor and sequence parallelism, context parallelism
+        and its implementation (which c = 1 runs none of)."""
+        return _sequence_split(self.mesh)
+
+    @property
+    def rank_shape(self) -> Shape:
+        """One micro-batch on one rank of the mesh: b sequences of s tokens, split as
+        :attr:`sequence_split` says (:class:`~zerocalc.model.model_impl.Shape`)."""
+        a = self.activations
+        return _shape(a.micro_batch, a.seq_len, self.sequence_split)
+
+    @property
+    def recipe_dtypes(self) -> TensorDtypes:
+        """The dtype of every tensor role under this recipe and framework, the reduction the framework's
+        own (:attr:`dtypes` without ``--reduce-dtype``: what the roles but the reduction read)."""
+        return FRAMEWORKS[self.framework].dtypes(self.precision)
+
+    @property
+    def activation_dtype(self) -> DType:
+        """The dtype of the activations (the compute dtype: ``dtypes.activation``, which
+        ``--reduce-dtype`` does not change)."""
+        return _activation_dtype(self.framework, self.precision)
+
+    @property
+    def accumulates(self) -> bool:
+        """A > 1: the step's micro-batches accumulate gradients (what a step's mechanics read of A)."""
+        return self.grad_accum > 1
+
+    @property
     def model_code(self) -> ModelImplName:
         """The code that runs the model: the framework's own where it runs no other (Megatron-LM's layers
         under ``--framework megatron``), else ``--model-impl``."""
@@ -263,9 +294,57 @@ class TrainingRequest(BaseModel):
 
 DERIVED = (
     "cluster", "stages", "rank_model", "runtime", "states_capacity_bytes", "framework_record", "dtypes",
-    "model_code", "init", "zero_init", "architecture",
+    "sequence_split", "rank_shape", "recipe_dtypes", "activation_dtype", "accumulates", "model_code", "init",
+    "zero_init", "architecture",
 )  # fmt: skip
 """The request's properties derived from its inputs (tests/test_parts.py resolves each to what it reads)."""
+
+
+class SequenceSplit(NamedTuple):
+    """How one rank splits each sequence (:attr:`TrainingRequest.sequence_split`)."""
+
+    tp: int
+    sequence_parallel: bool
+    cp: int
+    cp_impl: CpImpl
+
+
+@lru_cache(maxsize=4096)
+def _shape(b: int, s: int, split: SequenceSplit) -> Shape:
+    tp, sequence_parallel, cp, cp_impl = split
+    return Shape(b, s, tp=tp, sequence_parallel=sequence_parallel, cp=cp, cp_impl=cp_impl)
+
+
+_SPLITS: IdentityCache[SequenceSplit] = IdentityCache()
+
+
+def _sequence_split(mesh: Mesh) -> SequenceSplit:
+    """:attr:`TrainingRequest.sequence_split`, once per mesh (by identity)."""
+    split = _SPLITS.get(mesh, None)
+    if split is None:
+        cp_impl = mesh.cp_impl if mesh.cp > 1 else CpImpl.RING
+        split = _SPLITS.put(mesh, None, SequenceSplit(mesh.tp, mesh.sequence_parallel, mesh.cp, cp_impl))
+    return split
+
+
+@lru_cache(maxsize=64)
+def _activation_dtype(framework: Framework, precision: PrecisionName) -> DType:
+    return FRAMEWORKS[framework].dtypes(precision).activation
+
+
+def replaced(model: ModelT, update: dict[str, Any]) -> ModelT:
+    """A frozen model with the fields of ``update`` replaced, unvalidated (pydantic's ``model_copy(update=)``
+    without its generic copies: a plan varies thousands of requests)."""
+    copied = type(model).__new__(type(model))
+    object.__setattr__(copied, "__dict__", {**model.__dict__, **update})
+    object.__setattr__(copied, "__pydantic_fields_set__", model.__pydantic_fields_set__ | update.keys())
+    object.__setattr__(copied, "__pydantic_extra__", None)
+    object.__setattr__(copied, "__pydantic_private__", None)
+    return copied
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
 
 _CLUSTERS: IdentityCache[Cluster] = IdentityCache()
 
@@ -281,24 +360,33 @@ def _data_cluster(mesh: Mesh) -> Cluster:
 def _changed_paths(before: BaseModel, after: BaseModel, changes: dict[str, Any]) -> frozenset[str]:
     """The paths by which ``after`` differs from ``before`` in ``changes``' fields: a field of a sub-model
     where only some of its fields changed (``activations.micro_batch``), else the field."""
-    paths: set[str] = set()
-    for name in changes:
-        old, new = getattr(before, name), getattr(after, name)
+    paths: list[str] = []
+    olds = before.__dict__
+    for name, new in changes.items():
+        old = olds[name]
         if old is new:
             continue
-        if isinstance(old, BaseModel) and type(old) is type(new) and type(old) in _SUB_MODELS:
-            paths |= {
-                f"{name}.{field}"
-                for field in type(old).model_fields
-                if getattr(old, field) != getattr(new, field)
-            }
+        fields = _SUB_MODELS.get(type(old))
+        if fields is not None and type(new) is type(old):
+            old_values, new_values = old.__dict__, new.__dict__
+            for field, path in fields[name]:
+                if old_values[field] != new_values[field]:
+                    paths.append(path)
         elif old != new:
-            paths.add(name)
+            paths.append(name)
     return frozenset(paths)
 
 
-_SUB_MODELS = (ActivationOptions, BufferOptions)
-"""The sub-models whose fields a check may read apart (``activations.micro_batch``)."""
+_SUB_MODELS = {
+    kind: {name: tuple((field, f"{name}.{field}") for field in kind.model_fields) for name in names}
+    for kind, names in (
+        (ActivationOptions, ("activations",)),
+        (BufferOptions, ("buffers",)),
+        (Mesh, ("mesh",)),
+    )
+}
+"""The sub-models whose fields a check may read apart (``activations.micro_batch``): per field of the request
+holding one, each field and its path."""
 
 
 # ---------------------------------------------------------------------------------------------- parsing
