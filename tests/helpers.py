@@ -22,7 +22,20 @@ from zerocalc.request.training import parse_options
 BIN = Path(sys.executable).parent
 """The virtual environment's scripts (torchrun)."""
 
-H100_DATA = Path(__file__).parent / "data" / "h100-fsdp2-hf"
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+"""The repository (README.md, docs/, presets/, zerocalc/)."""
+DATA = TESTS / "data"
+"""Measurements and files the tests read (``tests/data``)."""
+
+LLAMA_2_7B_CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 32000,
+                     "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+                     "intermediate_size": 11008}  # fmt: skip
+"""Llama-2-7b's config.json, the keys that decide its count."""
+LLAMA_2_7B = 6_738_415_616
+"""Llama-2-7b's published parameter count."""
+
+H100_DATA = DATA / "h100-fsdp2-hf"
 H100_STEPS: list[dict[str, Any]] = [
     json.loads(line) for line in (H100_DATA / "steps.jsonl").read_text().splitlines()
 ]

@@ -5,7 +5,7 @@ JSON field tables (``<!-- schema: MODEL -->``) from the pydantic models.
     python tests/update_doc_examples.py --fast     # leave bench and validate outputs as they are
     python tests/update_doc_examples.py docs/model.md
 
-Commands run as tests/test_doc_examples.py runs them (in-process, 80 columns). An
+Commands run as tests/docs/test_doc_examples.py runs them (in-process, 80 columns). An
 output with a ``...`` line keeps as many first and last lines as it shows; an output that differs only in
 what the test masks (timings, measured figures) is left as it is. Each page is written
 atomically and only when an output changed; the pages changed are printed.
@@ -18,9 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent / "docs")]
 
-from test_doc_examples import (
+from test_doc_examples import (  # noqa: E402 (found on the path set above)
     PAGES,
     ROOT,
     RUNS_PROCESSES,

@@ -6,17 +6,22 @@ below are loaded on first use (PEP 562), so that ``import zerocalc`` and the CLI
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
+
+from zerocalc.base.display import use_renderers
 
 __all__ = [
     "CommEstimate",
     "InputError",
     "MemoryEstimate",
     "MemoryReport",
+    "PlanResult",
     "TrainingRequest",
     "estimate_comm",
     "estimate_memory",
     "estimate_peak",
+    "plan",
 ]
 __version__ = "0.1.0"
 
@@ -29,15 +34,27 @@ _LAZY = {
     "estimate_memory": "zerocalc.api",
     "estimate_peak": "zerocalc.api",
     "estimate_comm": "zerocalc.api",
+    "plan": "zerocalc.api",
+    "PlanResult": "zerocalc.plan.search",
 }
 
 if TYPE_CHECKING:
-    from zerocalc.api import estimate_comm, estimate_memory, estimate_peak
+    from zerocalc.api import estimate_comm, estimate_memory, estimate_peak, plan
     from zerocalc.base.errors import InputError
     from zerocalc.comm.estimate import CommEstimate
     from zerocalc.peak.report import MemoryReport
+    from zerocalc.plan.search import PlanResult
     from zerocalc.request.training import TrainingRequest
     from zerocalc.states.memory import MemoryEstimate
+
+
+def _renderers() -> ModuleType:
+    from zerocalc.render import display
+
+    return display
+
+
+use_renderers(_renderers)  # the results display as the CLI's tables
 
 
 def __dir__() -> list[str]:

@@ -1,4 +1,5 @@
-"""The library's entry points: keywords as the CLI spells them → one parsed request → the core.
+"""The library's entry points: keywords as the CLI spells them → one parsed request → the core (``plan``:
+the search over many).
 
 Each function takes the keywords of its command's options (:data:`zerocalc.request.options.OPTIONS`: the
 same names, defaults and accepted values as the CLI's flags), parses them once into a
@@ -17,6 +18,7 @@ from zerocalc.request.options import Command, as_given, library_options, option,
 if TYPE_CHECKING:
     from zerocalc.comm.estimate import CommEstimate
     from zerocalc.peak.report import MemoryReport
+    from zerocalc.plan.search import PlanResult
     from zerocalc.request.training import TrainingRequest
     from zerocalc.states.memory import MemoryEstimate
 
@@ -121,6 +123,21 @@ def estimate_comm(
     return as_given(computed, Command.COMM, given, keyword, notes)
 
 
+def plan(
+    model: Any, gpus: int | str = 1, gpus_per_node: int | str | None = None, **options: Any
+) -> PlanResult:
+    """The configurations that fit, best first by the objective, each with its exact peak, step time and the
+    ``memory``/``comm`` options that reproduce it: ``zerocalc plan``, as its ``--json`` prints it. ``gpus``
+    is the most GPUs (fewer whole nodes are searched too); ``gpu`` a GPU preset or file (or ``gpu_memory``);
+    ``global_batch`` tokens (``"4M"``) or sequences (``"512seq"``); every other keyword a ``zerocalc plan``
+    option, and ``candidates=True`` (the library's only) keeps every candidate searched, not just the top.
+    """
+    from zerocalc.plan.library import plan_from_keywords
+
+    return plan_from_keywords(model, gpus, gpus_per_node, **options)
+
+
 _with_signature(estimate_memory, Command.MEMORY, ("params", "gpus", "gpus_per_node"))
 _with_signature(estimate_peak, Command.MEMORY, ("model", "gpus", "gpus_per_node"))
 _with_signature(estimate_comm, Command.COMM, ("params", "gpus", "gpus_per_node"))
+_with_signature(plan, Command.PLAN, ("model", "gpus", "gpus_per_node"))

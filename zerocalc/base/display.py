@@ -1,17 +1,40 @@
 """How a result shows itself: as the CLI's tables in a notebook and on a Rich console, and as rows.
 
-The result models live in the core, which never imports the renderers; the methods below import
-:mod:`zerocalc.render.display` when they are called (a notebook displaying a result, a console printing
+The result models live in the core, which never imports the renderers: the package's facade
+(``zerocalc/__init__.py``, above both) hands this module a loader of :mod:`zerocalc.render.display`
+(:func:`use_renderers`), called when a result is first displayed (a notebook showing it, a console printing
 it), so defining or computing a result imports nothing of the rendering.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from rich.console import Console, ConsoleOptions, RenderableType
+
+
+class Renderers(Protocol):
+    """What :mod:`zerocalc.render.display` provides for a result."""
+
+    def result_html(self, result: Any) -> str: ...
+    def result_renderables(self, result: Any, width: int) -> list[Any]: ...
+    def result_rows(self, result: Any) -> list[dict[str, Any]]: ...
+    def result_frame(self, result: Any) -> Any: ...
+
+
+_load_renderers: list[Callable[[], Renderers]] = []
+"""The loader the facade registered (one)."""
+
+
+def use_renderers(load: Callable[[], Renderers]) -> None:
+    """Register the loader of the renderers (``zerocalc/__init__.py`` does, at import)."""
+    _load_renderers[:] = [load]
+
+
+def _renderers() -> Renderers:
+    return _load_renderers[0]()
 
 
 class TableDisplay:
@@ -22,26 +45,18 @@ class TableDisplay:
 
     def _repr_html_(self) -> str:
         """The tables ``zerocalc`` prints for this result, as HTML (Rich's export)."""
-        from zerocalc.render.display import result_html
-
-        return result_html(self)
+        return _renderers().result_html(self)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterable[RenderableType]:
         """The tables ``zerocalc`` prints for this result, at the width of the console printing it."""
-        from zerocalc.render.display import result_renderables
-
-        return result_renderables(self, options.max_width)
+        return _renderers().result_renderables(self, options.max_width)
 
     def to_rows(self) -> list[dict[str, Any]]:
         """One dict per strategy: its name under ``strategy``, then the CLI table's columns under their
         headers (on one line), sizes in bytes, fractions and ratios as numbers, times in seconds."""
-        from zerocalc.render.display import result_rows
-
-        return result_rows(self)
+        return _renderers().result_rows(self)
 
     def to_frame(self) -> Any:
         """:meth:`to_rows` as a ``pandas.DataFrame`` indexed by strategy (pandas is not a dependency of
         zerocalc: without it, an ImportError says so)."""
-        from zerocalc.render.display import result_frame
-
-        return result_frame(self)
+        return _renderers().result_frame(self)

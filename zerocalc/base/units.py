@@ -44,11 +44,22 @@ _BYTE_FACTORS: dict[str, int] = {
     "TiB": 2**40,
 }
 
-# Parameter-count suffixes, as model cards write them (7B, 124M, 1.5T). "G" is accepted as a synonym of B.
-_COUNT_FACTORS: dict[str, int] = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+SI_SUFFIXES: dict[str, int] = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+"""A count of **parameters or elements** (``--params``, the DeepSpeed buckets), as model cards write them:
+powers of 1,000 (7B = 7·10⁹, 124M, 1.5T; "G" a synonym of B)."""
+BINARY_SUFFIXES: dict[str, int] = {"K": 2**10, "M": 2**20}
+"""A count of **tokens or sequences** (``--seq-len``, ``--global-batch``, ``--tokens-per-step``), as context
+lengths and batches are written: powers of 1,024 (8k = 8,192; Llama 3.1's 128k context = 131,072
+``max_position_embeddings``; a batch of 4M tokens = 1,024 sequences of 4,096, which only 4·2²⁰ = 4,194,304
+makes whole)."""
+COUNT_RULE = (
+    "k, M = 1,024, 1,048,576 for tokens and sequences (8k = 8,192); K, M, B, T = powers of 1,000 for "
+    "parameters and elements (7B = 7,000,000,000)"
+)
+"""The one suffix rule, stated as every count option's help and the README state it."""
 
 _NUMBER = r"[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?"
-_COUNT_RE = re.compile(rf"^\s*(?P<num>[+-]?(?:{_NUMBER}))\s*(?P<suffix>[kKmMbBgGtT]?)\s*$")
+_COUNT_RE = re.compile(rf"^\s*(?P<num>[+-]?(?:{_NUMBER}))\s*(?P<suffix>[a-zA-Z]?)\s*$")
 _BYTES_RE = re.compile(rf"^\s*(?P<num>[+-]?(?:{_NUMBER}))\s*(?P<unit>[A-Za-z]*)\s*$")
 _BANDWIDTH_RE = re.compile(rf"^\s*(?P<num>[+-]?(?:{_NUMBER}))\s*(?P<unit>[A-Za-z]*)\s*(?:/\s*s)?\s*$")
 _EXPONENT_LIMIT = 100
@@ -79,18 +90,25 @@ byte figure derived from it stays an exact integer that floats can still show.""
 
 
 def parse_count(
-    text: str | int, what: str = "{params}", accepted: str = PARAMS_ACCEPTED, maximum: int = MAX_COUNT
+    text: str | int,
+    what: str = "{params}",
+    accepted: str = PARAMS_ACCEPTED,
+    maximum: int = MAX_COUNT,
+    suffixes: dict[str, int] = SI_SUFFIXES,
 ) -> int:
-    """Parse a positive count with an optional K/M/B/T suffix (powers of 1000) into an exact integer."""
+    """Parse a positive count with an optional suffix into an exact integer: ``suffixes`` are
+    :data:`SI_SUFFIXES` (parameters, elements) or :data:`BINARY_SUFFIXES` (tokens, sequences), the one rule
+    :data:`COUNT_RULE` states; a letter of neither is refused."""
     if isinstance(text, bool):
         raise InputError(f"{what} {shown(text)} is not a count; accepted: {accepted}")
     if isinstance(text, int):
         count = text
     else:
         match = _COUNT_RE.match(str(text))
-        if not match:
+        factor = 1 if match is None or not match["suffix"] else suffixes.get(match["suffix"].upper())
+        if match is None or factor is None:
             raise InputError(f"{what} {shown(text)} is not understood; accepted: {accepted}")
-        value = _decimal(match["num"], what, accepted, text) * _COUNT_FACTORS[match["suffix"].upper()]
+        value = _decimal(match["num"], what, accepted, text) * factor
         count = _exact_int(value, str(text), what, accepted)
     if count <= 0:
         raise InputError(f"{what} {shown(text)} must be positive; accepted: {accepted}")
@@ -120,22 +138,16 @@ def parse_whole(text: str | int, what: str, low: int, high: int, unit: str) -> i
     return value
 
 
-_TOKENS_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)([kKmM])")
-_TOKEN_FACTORS = {"k": 2**10, "m": 2**20}
-"""Sequence lengths as model cards and trainers write them: 8k = 8,192 and 128k = 131,072 tokens (powers
-of 1024, as Llama 3.1's 128k context, torchtitan's and Hugging Face's ``max_position_embeddings``)."""
-
-
 def parse_tokens(text: str | int, what: str, low: int, high: int) -> int:
-    """A whole number of tokens from ``low`` to ``high``: ``8192``, or ``8k`` (× 1024), ``1M`` (× 1024²)."""
-    whole = text
-    if isinstance(text, str):
-        match = _TOKENS_RE.fullmatch(text.strip().replace("_", ""))
-        if match is not None:
-            value = Decimal(match[1]) * _TOKEN_FACTORS[match[2].lower()]
-            if value == value.to_integral_value():
-                whole = str(int(value))
+    """A whole number of tokens from ``low`` to ``high``: ``8192``, or ``8k`` (× 1,024), ``1M`` (× 1,024²):
+    :data:`BINARY_SUFFIXES`."""
     accepted = f"a whole number of tokens from {low:,} to {high:,}, or with k (1,024) or M (1,048,576): 8k"
+    whole = text
+    if isinstance(text, str) and not text.strip().replace("_", "").lstrip("+-").isdigit():
+        try:
+            whole = parse_count(text, what, accepted, suffixes=BINARY_SUFFIXES)
+        except InputError:
+            raise InputError(f"{what} {shown(text)} is not accepted; accepted: {accepted}") from None
     try:
         return parse_whole(whole, what, low, high, "tokens")
     except InputError:
@@ -295,9 +307,10 @@ _LONG_DURATIONS = ((86_400.0, "d"), (3_600.0, "h"), (60.0, "min"))
 
 def format_seconds(seconds: float) -> str:
     """Render a duration with a unit fitting its size (µs, ms, s; min, h, d past a minute), at most four
-    significant figures before the point: ``54.46 ms``, ``2.500 s``, ``1.9 h``, ``2.8e+05 d``."""
+    significant figures before the point: ``54.46 ms``, ``2.500 s``, ``1.9 h``, ``2.8e+05 d``; none at all
+    is ``0 s``, with its unit like every other time."""
     if seconds == 0:
-        return "0"
+        return "0 s"
     if seconds < 1e-3:
         return f"{seconds * 1e6:.1f} µs"
     if seconds < 1:

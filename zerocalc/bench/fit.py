@@ -4,7 +4,8 @@ With x = factor(n)·S (bytes each rank puts on the wire), t = α + x/β is a str
 squares of t on x gives the slope 1/β and the intercept α. α is clamped at 0 (a negative latency is noise
 at small sizes). When the slope is not positive (a noisy sweep whose times do not grow with size, or a
 single point), β falls back to the best measured x/t, i.e. the peak bus bandwidth, and α to the mean of
-t − x/β (clamped at 0), so a fit always has a usable β > 0.
+t − x/β (clamped at 0), so a fit always has a usable β > 0; :attr:`AlphaBeta.beta_from_peak` says so, and
+``bench`` prints it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ class AlphaBeta:
     """α, seconds."""
     bus_bandwidth_Bps: float
     """β, bytes per second."""
+    beta_from_peak: bool = False
+    """The slope was not positive: β is the peak measured bus bandwidth, not a fitted one."""
 
 
 def fit_alpha_beta(wire_bytes: Sequence[float], seconds: Sequence[float]) -> AlphaBeta:
@@ -37,4 +40,4 @@ def fit_alpha_beta(wire_bytes: Sequence[float], seconds: Sequence[float]) -> Alp
     beta = max(x / t for x, t in points)
     if beta <= 0:
         raise ValueError("fit_alpha_beta needs at least one point with bytes on the wire (x > 0)")
-    return AlphaBeta(max(sum(t - x / beta for x, t in points) / n, 0.0), beta)
+    return AlphaBeta(max(sum(t - x / beta for x, t in points) / n, 0.0), beta, beta_from_peak=True)

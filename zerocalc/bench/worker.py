@@ -373,6 +373,7 @@ def build_calibration(
                 bus_bandwidth_Bps=ab.bus_bandwidth_Bps,
                 peak_busbw_Bps=max(m.busbw_Bps for m in mine),
                 points=len(mine),
+                beta_from_peak=ab.beta_from_peak,
             )
         )
     return Calibration(

@@ -1,31 +1,26 @@
-"""``zerocalc bench``: measure collectives with torch.distributed and write a calibration for ``comm``.
+"""``zerocalc bench``: measure collectives with torch.distributed and write a calibration for ``comm``
+(``--compute``: :mod:`zerocalc.cli.bench_compute`).
 
-Thin: check the options (every bound, and the output path, before any rank starts), run the world
-(in-process under torchrun/srun, else ranks spawned by :func:`zerocalc.harness.procs.spawn`), then on rank 0
-write
-the returned calibration atomically and render it. torch is imported only once the command runs.
+Thin: check the options (their records: :mod:`zerocalc.cli.measure_options`; every bound, and the output
+path, before any rank starts), run the world (in-process under torchrun/srun, else ranks spawned by
+:func:`zerocalc.harness.procs.spawn`), then on rank 0 write the returned calibration atomically and render
+it. torch is imported only once the command runs.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
-import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from zerocalc.base.errors import InputError, why_not
-from zerocalc.bench.defaults import (
-    DEFAULT_COLLECTIVES_TEXT,
-    DEFAULT_ITERS,
-    DEFAULT_MAX_BYTES_CPU,
-    DEFAULT_MAX_BYTES_GPU,
-    DEFAULT_TIMEOUT_S,
-    DEFAULT_WARMUP,
-)
+from zerocalc.bench.defaults import DEFAULT_MAX_BYTES_CPU, DEFAULT_MAX_BYTES_GPU
 from zerocalc.cli.base import PlainTextCommand, app, fail
+from zerocalc.cli.bench_files import check_out, default_out_folder, default_out_path
+from zerocalc.cli.measure_options import Measure
+from zerocalc.cli.options import seconds, takes_measure, whole_number
 
 if TYPE_CHECKING:
     from zerocalc.bench.config import BenchConfig
@@ -34,127 +29,32 @@ if TYPE_CHECKING:
 
 NEEDS_TORCH = "zerocalc bench needs PyTorch; install it with: pip install 'zerocalc[bench]'"
 
-# Option names must not be prefixes of torchrun's own options (torchrun prefix-matches them).
-Collectives = Annotated[
-    str,
-    typer.Option(
-        "--collectives",
-        help="Comma list of all_reduce, reduce_scatter, all_gather, broadcast, all_to_all, or all.",
-    ),
-]
-MinBytes = Annotated[str, typer.Option("--min-bytes", help="Smallest S (bytes of the whole array), ≥ 1.")]
-MaxBytes = Annotated[
-    str | None,
-    typer.Option("--max-bytes", help="Largest S, ≤ 1TiB.", show_default="1GiB on GPU, 64MiB on CPU"),
-]
-StepFactor = Annotated[
-    int, typer.Option("--step-factor", help="Multiply S by this from one size to the next (2 to 1024).")
-]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")]
-Warmup = Annotated[int, typer.Option("--warmup", help="Untimed iterations per size (0 to 1,000,000).")]
-Iters = Annotated[int, typer.Option("--iters", help="Timed iterations per size (1 to 1,000,000).")]
-Check = Annotated[bool, typer.Option("--check", help="Verify each collective's result once per size.")]
-Nproc = Annotated[
-    int | None,
-    typer.Option(
-        "--nproc",
-        help="Processes to spawn on this node (not under torchrun/srun): 2 to one per GPU, or 4 per core.",
-        show_default="one per visible GPU, else 2",
-    ),
-]
-Backend = Annotated[
-    str | None, typer.Option("--backend", help="nccl or gloo.", show_default="nccl with GPUs, else gloo")
-]
-Timeout = Annotated[
-    float,
-    typer.Option("--timeout", help="Seconds before a hung or failed run is stopped (all ranks); ≤ 1 day."),
-]
-Out = Annotated[
-    str | None,
-    typer.Option(
-        "--out",
-        help="Calibration file to write (atomically, by rank 0) \\[default: in $XDG_CACHE_HOME/zerocalc "
-        "(~/.cache/zerocalc), a calibration-*.json named after the backend, world, device and time].",
-        show_default=False,
-    ),
-]
-JsonOut = Annotated[bool, typer.Option("--json", help="Print the calibration JSON on stdout (no tables).")]
-ComputeOpt = Annotated[
-    bool,
-    typer.Option(
-        "--compute",
-        help="Measure compute instead (no collectives): GEMMs (bf16, and fp8 where the GPU has it), SDPA "
-        "forward and backward and an element-wise kernel on this process's device, for `comm` and `plan` "
-        "(--compute-calibration).",
-    ),
-]
-ModelOpt = Annotated[
-    str | None,
-    typer.Option("--model", help="With --compute: also measure this model's GEMM and attention shapes."),
-]
-MicroBatchOpt = Annotated[int, typer.Option("--micro-batch", help="With --compute and --model: b.")]
-SeqLenOpt = Annotated[int | None, typer.Option("--seq-len", help="With --compute and --model: s.")]
-TpOpt = Annotated[int, typer.Option("--tp", help="With --compute and --model: the TP degree of the shapes.")]
-
 
 @app.command(cls=PlainTextCommand)
-def bench(
-    collectives: Collectives = DEFAULT_COLLECTIVES_TEXT,
-    min_bytes: MinBytes = "1KiB",
-    max_bytes: MaxBytes = None,
-    step_factor: StepFactor = 2,
-    dtype: DtypeOpt = "bf16",
-    warmup: Warmup = DEFAULT_WARMUP,
-    iters: Iters = DEFAULT_ITERS,
-    check: Check = False,
-    nproc: Nproc = None,
-    backend: Backend = None,
-    timeout: Timeout = DEFAULT_TIMEOUT_S,
-    out: Out = None,
-    json: JsonOut = False,
-    compute: ComputeOpt = False,
-    model: ModelOpt = None,
-    micro_batch: MicroBatchOpt = 1,
-    seq_len: SeqLenOpt = None,
-    tp: TpOpt = 1,
-) -> None:
+@takes_measure(Measure.BENCH)
+def bench(values: dict[str, Any], given: frozenset[str]) -> None:
     """Measure all_reduce / reduce_scatter / all_gather (and more) and write a calibration for `comm`;
     with --compute, measure GEMMs, attention and memory bandwidth for the step time."""
     if importlib.util.find_spec("torch") is None:
         raise fail(NEEDS_TORCH)
-    collective_options = {
-        "--collectives": collectives != DEFAULT_COLLECTIVES_TEXT,
-        "--min-bytes": min_bytes != "1KiB",
-        "--max-bytes": max_bytes is not None,
-        "--step-factor": step_factor != 2,
-        "--check": check,
-        "--nproc": nproc is not None,
-        "--backend": backend is not None,
-        "--timeout": timeout != DEFAULT_TIMEOUT_S,
-    }
-    if compute:
-        given = [name for name, on in collective_options.items() if on]
-        if given:
-            raise InputError(
-                f"{given[0]} with --compute is not accepted: it measures no collective; accepted: "
-                "--compute with --model, --micro-batch, --seq-len, --tp, --dtype, --warmup, --iters, --out, "
-                "--json"
-            )
+    warmup = whole_number(values["warmup"], "--warmup")
+    iters = whole_number(values["iters"], "--iters")
+    assert warmup is not None and iters is not None
+    out, dtype, json = values["out"], values["dtype"], values["json"]
+    if values["compute"]:
         from zerocalc.cli.bench_compute import bench_compute
 
-        bench_compute(model, micro_batch, seq_len, tp, dtype, warmup, iters, out, json)
+        if values["model"] is None:
+            shaping = [n for n in ("micro_batch", "seq_len", "tp") if n in given]
+            if shaping:
+                flag = "--" + shaping[0].replace("_", "-")
+                raise InputError(
+                    f"{flag} sizes the shapes of --model; accepted: --compute --model NAME {flag} ..., "
+                    f"or no {flag}"
+                )
+        shapes = (values["model"], values["micro_batch"], values["seq_len"], values["tp"])
+        bench_compute(*shapes, dtype, warmup, iters, out, json)
         return
-    shape_options = {
-        "--model": model is not None,
-        "--micro-batch": micro_batch != 1,
-        "--seq-len": seq_len is not None,
-        "--tp": tp != 1,
-    }
-    given = [name for name, on in shape_options.items() if on]
-    if given:
-        raise InputError(
-            f"{given[0]} sizes the shapes of --compute; accepted: --compute {given[0]}, or no {given[0]}"
-        )
     from zerocalc.base.dtypes import DType, parse_dtype
     from zerocalc.base.units import parse_bytes
     from zerocalc.bench.config import check_iterations, check_sweep
@@ -162,23 +62,27 @@ def bench(
     from zerocalc.harness import procs
 
     # What needs no torch is checked first, so bad input is refused at once.
-    chosen = _parse_collectives(collectives)
+    chosen = _parse_collectives(values["collectives"])
     dt = parse_dtype(dtype, "--dtype", (DType.BF16, DType.FP16, DType.FP32))
     check_iterations(warmup, iters)
-    procs.check_timeout(timeout)
-    smallest = parse_bytes(min_bytes, "--min-bytes", bare_unit="B")
+    timeout = seconds(values["timeout"])
+    smallest = parse_bytes(values["min_bytes"], "--min-bytes", bare_unit="B")
+    max_bytes = values["max_bytes"]
     largest = parse_bytes(max_bytes, "--max-bytes", bare_unit="B") if max_bytes is not None else None
+    step_factor = whole_number(values["step_factor"], "--step-factor")
+    assert step_factor is not None
     check_sweep(smallest, largest if largest is not None else smallest, step_factor)
+    nproc = whole_number(values["nproc"], "--nproc")
     if nproc is not None and nproc < 2:
         raise InputError(f"--nproc {procs.brief(nproc)} is not accepted; accepted: 2 or more processes")
     if out is not None and out.strip() == "":
         raise InputError(f"--out {out!r} is empty; accepted: a file path such as cal.json")
     launched = launched_by() is not None
     if not launched or placement_from_env().rank == 0:  # rank 0 alone writes
-        _check_out(Path(out) if out is not None else default_out_folder() / "calibration.json", out is None)
+        check_out(Path(out) if out is not None else default_out_folder() / "calibration.json", out is None)
 
     gpus = _visible_gpus()
-    chosen_backend = _parse_backend(backend, gpus)
+    chosen_backend = _parse_backend(values["backend"], gpus)
     if not launched:
         if nproc is None:
             nproc = gpus if chosen_backend == "nccl" else 2
@@ -200,7 +104,7 @@ def bench(
         step_factor=step_factor,
         warmup=warmup,
         iters=iters,
-        check=check,
+        check=values["check"],
         backend=chosen_backend,
         timeout_s=timeout,
         out=out,
@@ -253,16 +157,6 @@ def _measure(config: BenchConfig, nproc: int | None) -> Calibration | None:
     )
 
 
-def _check_out(path: Path, parents: bool) -> None:
-    """``--out`` (or, ``parents``, the default file in zerocalc's cache folder, created if missing) can be
-    written: checked before any rank starts."""
-    from zerocalc.base.atomic import unwritable
-
-    problem = unwritable(path, parents)
-    if problem:
-        raise InputError(f"--out {str(path)!r} {problem}; accepted: a file path in a writable folder")
-
-
 def _parse_collectives(text: str) -> list[Collective]:
     from zerocalc.network.collectives import BENCHMARKED, parse_collective
 
@@ -305,18 +199,6 @@ def _parse_backend(backend: str | None, gpus: int) -> str:
 
 
 # ------------------------------------------------------------------------------------ rank 0: the output
-def default_out_folder() -> Path:
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "zerocalc"
-
-
-def default_out_path(calibration: Calibration) -> Path:
-    device = re.sub(r"[^A-Za-z0-9]+", "-", calibration.device_name).strip("-").lower()[:40] or "device"
-    stamp = re.sub(r"[^0-9T]", "", calibration.created_at.split("+")[0])
-    name = f"calibration-{calibration.backend}-{calibration.world_size}x{device}-{stamp}.json"
-    return default_out_folder() / name
-
-
 def finish(config: BenchConfig, calibration: Calibration) -> None:
     """Rank 0, after the sweep: write the file atomically, then print the tables (or the JSON)."""
     from zerocalc.cli.render import console, print_json
@@ -379,11 +261,19 @@ def render_calibration(calibration: Calibration, checked: bool) -> None:
         [f"{f.collective.value}\n{f.group_kind.value} ({f.group_size})" for f in fits],
         [
             Column("α (µs)", [f"{f.latency_s * 1e6:,.1f}" for f in fits]),
-            Column("β\n(GB/s)", [f"{f.bus_bandwidth_Bps / 1e9:.3f}" for f in fits]),
+            Column(
+                "β\n(GB/s)",
+                [f"{f.bus_bandwidth_Bps / 1e9:.3f}{'*' if f.beta_from_peak else ''}" for f in fits],
+            ),
             Column("peak busbw\n(GB/s)", [f"{f.peak_busbw_Bps / 1e9:.3f}" for f in fits]),
             Column("points", [str(f.points) for f in fits]),
         ],
     )
+    if any(f.beta_from_peak for f in fits):
+        out.print(
+            "[yellow]· * β is the peak busbw, not a fit: the least-squares slope was not positive (times "
+            "that do not grow with size, or one point); a longer sweep (--max-bytes) fits it[/yellow]"
+        )
     if checked:
         total = sum(m.errors or 0 for m in calibration.measurements)
         out.print(

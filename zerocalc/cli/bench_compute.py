@@ -3,13 +3,13 @@ element-wise kernels, write the compute table (atomically) and print it. torch i
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from zerocalc.base.errors import InputError, why_not
 from zerocalc.cli.base import fail
+from zerocalc.cli.bench_files import check_out, compute_out_path
 
 if TYPE_CHECKING:
     from zerocalc.bench.compute import AttentionShape, GemmShape
@@ -17,9 +17,10 @@ if TYPE_CHECKING:
 
 
 def _model_shapes(
-    model: str, micro_batch: int, seq_len: int | None, tp: int
+    model: str, micro_batch: str, seq_len: str | None, tp: str
 ) -> tuple[list[GemmShape], list[AttentionShape]]:
-    """The shapes one rank of ``model`` runs at b, s and t (the parser checks them as ``comm`` does)."""
+    """The shapes one rank of ``model`` runs at b, s and t, as typed (the parser checks them as ``comm``
+    does: they are comm's options)."""
     from zerocalc.bench.compute import model_shapes
     from zerocalc.comm.step import request_ops
     from zerocalc.parallel.frameworks import Estimate
@@ -31,21 +32,11 @@ def _model_shapes(
     return model_shapes(request_ops(request))
 
 
-def _out_path(out: str | None, table: ComputeTable) -> Path:
-    from zerocalc.cli.bench import default_out_folder
-
-    if out is not None:
-        return Path(out)
-    device = re.sub(r"[^A-Za-z0-9]+", "-", table.device_name).strip("-").lower()[:40] or "device"
-    stamp = re.sub(r"[^0-9T]", "", (table.created_at or "").split("+")[0])
-    return default_out_folder() / f"compute-{table.backend}-{device}-{stamp}.json"
-
-
 def bench_compute(
     model: str | None,
-    micro_batch: int,
-    seq_len: int | None,
-    tp: int,
+    micro_batch: str,
+    seq_len: str | None,
+    tp: str,
     dtype: str,
     warmup: int,
     iters: int,
@@ -53,7 +44,6 @@ def bench_compute(
     json: bool,
 ) -> None:
     """Check every option (and the output path) first, measure, write, print."""
-    from zerocalc.base.atomic import unwritable
     from zerocalc.base.dtypes import DType, parse_dtype
     from zerocalc.bench.compute import BANDWIDTH_BYTES, MIN_SECONDS, ComputeBenchConfig, ladder
     from zerocalc.bench.config import check_iterations
@@ -63,9 +53,7 @@ def bench_compute(
     if out is not None and out.strip() == "":
         raise InputError(f"--out {out!r} is empty; accepted: a file path such as compute.json")
     if out is not None:
-        problem = unwritable(Path(out), False)
-        if problem:
-            raise InputError(f"--out {out!r} {problem}; accepted: a file path in a writable folder")
+        check_out(Path(out), parents=False)
     extra_gemms, extra_attention = (
         ([], []) if model is None else _model_shapes(model, micro_batch, seq_len, tp)
     )
@@ -96,7 +84,7 @@ def bench_compute(
     table = compute_worker.run(config)
     from zerocalc.compute.table import save_compute_table
 
-    path = _out_path(out, table)
+    path = compute_out_path(out, table)
     try:
         saved = save_compute_table(table, path, parents=out is None)
     except OSError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from zerocalc.base.errors import InputError
 from zerocalc.base.units import ByteUnit, parse_byte_unit
 from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app, flag
@@ -17,6 +18,7 @@ from zerocalc.cli.render import (
     print_phrases,
     unit_label,
 )
+from zerocalc.render.tables import STEP_TIME_ACCURACY
 from zerocalc.request.options import Command, echo, with_launch_configs
 
 if TYPE_CHECKING:
@@ -33,12 +35,16 @@ def plan(values: dict[str, Any], given_flags: frozenset[str]) -> None:
     from zerocalc.plan.space import PlanOptions, parse_plan
 
     unit = parse_byte_unit(values["units"])
-    json = values["json"]
+    json, every = values["json"], values["all_candidates"]
+    if every and not json:
+        raise InputError(
+            "--all-candidates lists every candidate in the JSON; accepted: --json --all-candidates"
+        )
     given, _ = with_launch_configs(Command.PLAN, values, given_flags)
     request = parse_plan(PlanOptions(**given))
     progress = _Progress()
     try:
-        result = search(request, progress.update, keep_all=json)
+        result = search(request, progress.update, keep_all=every)
         result = result.model_copy(update={"options": echo(Command.PLAN, given)})
     finally:
         progress.close()
@@ -49,13 +55,20 @@ def plan(values: dict[str, Any], given_flags: frozenset[str]) -> None:
 
 
 class _Progress:
-    """Progress on stderr once the search has run for more than a second (zerocalc.harness.procs.Progress)."""
+    """Progress on stderr once the search has run for more than a second (zerocalc.harness.procs.Progress),
+    on a terminal only: a search takes seconds, and piped or logged, its lines would only clutter what
+    reads stderr."""
 
     def __init__(self) -> None:
+        import sys
+
         self.start = time.perf_counter()
         self.bar = None
+        self.shows = sys.stderr.isatty()
 
     def update(self, done: int, total: int) -> None:
+        if not self.shows:
+            return
         if self.bar is None:
             if time.perf_counter() - self.start < 1.0 or done >= total:
                 return
@@ -155,6 +168,7 @@ def render_plan(result: PlanResult, unit: ByteUnit) -> None:
             f"[dim]compute by class (recompute included in each, and shown apart) at the rates of "
             f"{r.compute_table} compute table; Comm: exposed[/dim]"
         )
+        out.print(f"[dim]· {STEP_TIME_ACCURACY}[/dim]")
         out.print("[bold]Reproduce[/bold] (peak: memory's peak_bytes; comm: its time_s for the strategy):")
         for row in rows:
             out.print(f"{row.rank}. {command('memory', row.memory_options)}", soft_wrap=True, markup=False)

@@ -49,9 +49,13 @@ def _console(columns: str | None) -> Console:
     from rich.console import Console
 
     from zerocalc.cli.base import DEFAULT_COLUMNS, MIN_COLUMNS
+    from zerocalc.render.tables import TrimLineEnds
 
     out = Console(highlight=False)
-    return out if out.width >= MIN_COLUMNS else Console(highlight=False, width=DEFAULT_COLUMNS)
+    if out.width < MIN_COLUMNS:
+        out = Console(highlight=False, width=DEFAULT_COLUMNS)
+    out.push_render_hook(TrimLineEnds())
+    return out
 
 
 def print_json(model: BaseModel) -> None:

@@ -15,6 +15,7 @@ notes say which call counts and paddings need ``--model``.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterator
 from functools import cached_property, lru_cache
@@ -45,6 +46,12 @@ DEEPSPEED_PERSISTENCE_THRESHOLD = 100_000
 most this many elements are never released (``Init._convert_to_zero_parameters``: ``ds_persist``)."""
 DEEPSPEED_MAX_REUSE_DISTANCE = 1_000_000_000
 """DeepSpeed ``stage3_max_reuse_distance`` default (elements)."""
+
+MEGATRON_PARAM_ALIGNMENT = 64
+"""Megatron-LM ``pad_param_start``: a parameter's first element in its buffer at a multiple of 64."""
+MEGATRON_BUCKET_ALIGNMENT = 128
+"""Megatron-LM ``bucket_end_divisor``: a bucket's end at a multiple of lcm(dp, 128) (without
+``pad_buckets_for_high_nccl_busbw``, off by default)."""
 
 MAX_FLAT_CALLS = 100_000
 """The most calls one collective may be cut into when only Ψ is known (a flat array split at any element):
@@ -231,6 +238,13 @@ def _padding(layout: Layout, padding: Padding, ranks: int, world_size: int) -> t
             return {shape: aligned_numel(n, world_size) for shape, n in numels.items()}, 1
         case Padding.TWICE_GROUP:  # DeepSpeed ZeRO-1/2: flatten_dense_tensors_aligned(2·N)
             return numels, 2 * ranks
+        case Padding.MEGATRON_BUFFER:  # Megatron-LM core/optimizer/param_layout.py
+            # pad_param_start: each parameter at a multiple of 64; pad_bucket_end: lcm(dp, 128)
+            aligned = {
+                shape: ceil_div(n, MEGATRON_PARAM_ALIGNMENT) * MEGATRON_PARAM_ALIGNMENT
+                for shape, n in numels.items()
+            }
+            return aligned, math.lcm(ranks, MEGATRON_BUCKET_ALIGNMENT)
 
 
 # ------------------------------------------------------------------------------------------------ calls

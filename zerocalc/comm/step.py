@@ -82,7 +82,7 @@ from zerocalc.compute.table import ComputeTable
 from zerocalc.compute.time import ComputeTime, MicroBatchTime, micro_batch_time, step_compute
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, PipelineStage, stage_kind
-from zerocalc.model.model_impl import ModelImplName, Shape
+from zerocalc.model.code import MODEL_CODES, Shape
 from zerocalc.network.collectives import Collective
 from zerocalc.network.schedule import GradSync, Phase
 from zerocalc.parallel.framework_records import FRAMEWORKS, effective_grad_sync
@@ -294,7 +294,7 @@ def assemble(
 # ------------------------------------------------------------------------------------ from a request
 def kernels(request: TrainingRequest) -> Kernels:
     """Megatron-LM's fused kernels, else eager PyTorch ops (transformers, torchtitan)."""
-    return Kernels(fused=request.model_code is ModelImplName.MEGATRON, flash=flash_attention_used(request))
+    return Kernels(fused=MODEL_CODES[request.model_code].fused_kernels, flash=flash_attention_used(request))
 
 
 def request_ops(request: TrainingRequest, arch: Architecture | None = None) -> MicroBatchOps:

@@ -72,7 +72,8 @@ from zerocalc.model.architecture import (
     head_tensors,
     layer_tensors,
 )
-from zerocalc.model.model_impl import Shape, traits
+from zerocalc.model.code import Shape
+from zerocalc.model.traits import traits
 from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerImpl, OptimizerName
 from zerocalc.parallel.precision import TensorDtypes
 

@@ -14,8 +14,8 @@ shape achieves on the GPU (:class:`~zerocalc.compute.table.ComputeTable`), summe
   eager attention's core (Q·Kᵀ, scale, mask, softmax, dropout, P·V: Korthikanti §5, Megatron-LM
   ``--recompute-granularity selective``); a flash
   kernel keeps no s² tensor, so selective recomputes nothing there; ``op`` (torchtitan's op-level
-  selective checkpointing, :func:`~zerocalc.model.model_impl.op_sac_layer`) every second GEMM of the
-  layer in the order its code calls them (k, o and up projections: :func:`~zerocalc.model.model_impl.
+  selective checkpointing, :func:`~zerocalc.model.code.op_sac_layer`) every second GEMM of the
+  layer in the order its code calls them (k, o and up projections: :func:`~zerocalc.model.code.
   op_sac_recomputes`) and every element-wise kernel of the layer; the flash kernel's output and the other
   GEMMs' are saved;
 * the optimizer step, once per step: its bytes per owned parameter at the bandwidth of one parameter
@@ -42,7 +42,7 @@ from zerocalc.compute.ops import (
 )
 from zerocalc.compute.table import ComputeTable
 from zerocalc.model.activations import Recompute
-from zerocalc.model.model_impl import op_sac_recomputes
+from zerocalc.model.code import op_sac_recomputes
 
 
 class PassTime(NamedTuple):

@@ -1,3 +1,3 @@
 """The model: architectures and their parameter tensors (`architecture`), Hugging Face config.json files
-(`hf_config`), activations saved per layer (`activations`) and each implementation's saved tensors
-(`model_impl`). Imports only :mod:`zerocalc.base`."""
+and the family records (`hf_config`), the family traits (`traits`), activations saved per layer
+(`activations`) and each model code's saved tensors (`code`). Imports only :mod:`zerocalc.base`."""

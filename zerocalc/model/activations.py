@@ -22,10 +22,10 @@ expert parallelism the copies routed to the rank's E/e experts, k·cf × with cf
 and row (4·a·s·b) instead of the s² terms.
 
 Recomputation (Korthikanti section 4.2) is the step timeline's (:mod:`zerocalc.peak.timeline`): ``selective``
-drops the s²-proportional attention terms (:data:`zerocalc.model.model_impl.QUADRATIC_TERMS`) and recomputes
+drops the s²-proportional attention terms (:data:`zerocalc.model.code.QUADRATIC_TERMS`) and recomputes
 them in the layer's backward; ``full`` keeps only each layer's input (:func:`layer_input_bytes`); ``op``
 (torchtitan's op-level policy) keeps the input and the outputs of the ops its save list names
-(:func:`zerocalc.model.model_impl.op_sac_layer`). Data
+(:func:`zerocalc.model.code.op_sac_layer`). Data
 parallelism never shards activations: they are per micro-batch.
 
 Per rank under tensor parallelism of degree t (Korthikanti §4.2.2, Table 2; Megatron-LM
@@ -66,7 +66,7 @@ class Recompute(StrEnum):
     FULL = "full"
     OP = "op"
     """torchtitan's op-level selective checkpointing (``activation_checkpoint.mode = "selective"``,
-    ``selective_ac_option = "op"``): :func:`zerocalc.model.model_impl.op_sac_layer`."""
+    ``selective_ac_option = "op"``): :func:`zerocalc.model.code.op_sac_layer`."""
 
 
 class CpImpl(StrEnum):

@@ -5,18 +5,19 @@ Hugging Face implementations of ``transformers`` 5.17 declare them (``models/<fa
 ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``MistralForCausalLM``, ``MixtralForCausalLM``,
 ``Qwen2ForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``, ``Phi3ForCausalLM``, ``Qwen3ForCausalLM``,
 ``Qwen3MoeForCausalLM``, ``Qwen2MoeForCausalLM``, ``DeepseekV3ForCausalLM``, ``Olmo2ForCausalLM``,
-``FalconForCausalLM``, ``GPTNeoXForCausalLM``), so totals, the largest module and the largest block all come
-from the same fact:
+``FalconForCausalLM``, ``GPTNeoXForCausalLM``, ``GptOssForCausalLM``), so totals, the largest module and the
+largest block all come from the same fact:
 
 * embeddings V·d (+ P·d learned positions); LM head V·d unless tied to the embedding;
 * attention: q d·(a·h_d), k and v d·(kv·h_d) each, o (a·h_d)·d, biases where the family has them; or one
   fused q/k/v projection of the same rows (Phi-3 ``qkv_proj``, Falcon and GPT-NeoX ``query_key_value``);
-  q/k norms per head (Qwen3, Gemma 3) or over all heads (OLMo 2); or multi-head latent attention
-  (DeepSeek-V3, :class:`LatentAttention`);
+  q/k norms per head (Qwen3, Gemma 3) or over all heads (OLMo 2); one sink logit per head (GPT-OSS); or
+  multi-head latent attention (DeepSeek-V3, :class:`LatentAttention`);
 * MLP: GELU d·f + f·d (+ f + d biases); gated (SwiGLU, Gemma's GeGLU) gate, up d·f and down f·d, or gate and
   up fused in one 2f·d projection (Phi-3 ``gate_up_proj``);
-* mixture of experts (transformers 5.x layout): a router E·d, **one** experts module holding every expert's
-  weights as 3-D parameters (``gate_up_proj`` E·2f·d, ``down_proj`` E·d·f), optional shared experts (one
+* mixture of experts (transformers 5.x layout): a router E·d (+ E, GPT-OSS), **one** experts module holding
+  every expert's weights as 3-D parameters (``gate_up_proj`` E·2f·d, ``down_proj`` E·d·f; GPT-OSS adds
+  their biases E·2f and E·d), optional shared experts (one
   MLP of the summed width, Qwen2-MoE's with a 1·d gate), and dense MLP layers where the config says so
   (DeepSeek-V3 ``first_k_dense_replace``, Qwen ``decoder_sparse_step`` / ``mlp_only_layers``);
 * norms: LayerNorm weight and bias, RMSNorm weight only; per block as :class:`BlockLayout` places them,
@@ -148,6 +149,15 @@ class Architecture(BaseModel):
         default=None, gt=0, description="width of one shared expert; f if unset"
     )
     shared_expert_gate: bool = Field(default=False, description="a d → 1 gate on the shared experts")
+    router_bias: bool = Field(default=False, description="the router has a bias of E (GPT-OSS)")
+    expert_bias: bool = Field(
+        default=False,
+        description="each routed expert's projections have biases (GPT-OSS: gate_up_proj_bias E·2f, "
+        "down_proj_bias E·d)",
+    )
+    attention_sinks: bool = Field(
+        default=False, description="one learned logit per query head joins each softmax (GPT-OSS sinks, a)"
+    )
     dense_layers: tuple[int, ...] = Field(default=(), description="MoE models: the layers with a dense MLP")
     dense_intermediate_size: int | None = Field(
         default=None, gt=0, description="width of the dense layers' MLP in an MoE model; f if unset"
@@ -172,11 +182,21 @@ class Architecture(BaseModel):
         if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
             raise ValueError("experts_per_token must be between 1 and num_experts")
         if not self.num_experts and (
-            self.experts_per_token or self.num_shared_experts or self.dense_layers or self.shared_expert_gate
+            self.experts_per_token
+            or self.num_shared_experts
+            or self.dense_layers
+            or self.shared_expert_gate
+            or self.router_bias
+            or self.expert_bias
         ):
-            raise ValueError("experts_per_token, shared experts and dense_layers need num_experts > 0")
+            raise ValueError(
+                "experts_per_token, shared experts, dense_layers, router_bias and expert_bias need "
+                "num_experts > 0"
+            )
         if self.num_experts and self.mlp_bias:
-            raise ValueError("experts hold no biases in transformers 5.x; mlp_bias needs a dense model")
+            raise ValueError(
+                "mlp_bias is a dense MLP's; the routed experts' biases are expert_bias (GPT-OSS)"
+            )
         if self.shared_expert_gate and not self.num_shared_experts:
             raise ValueError("shared_expert_gate needs num_shared_experts > 0")
         if len(set(self.dense_layers)) != len(self.dense_layers) or any(
@@ -189,8 +209,12 @@ class Architecture(BaseModel):
             raise ValueError("learned_position_embeddings needs max_position_embeddings")
         if self.fused_gate_up and self.mlp is not MlpKind.SWIGLU:
             raise ValueError("fused_gate_up needs a gated (swiglu) MLP")
-        if self.latent_attention is not None and (self.fused_qkv or self.qk_norm is not QkNorm.NONE):
-            raise ValueError("latent_attention has its own projections and norms (no fused_qkv, no qk_norm)")
+        if self.latent_attention is not None and (
+            self.fused_qkv or self.qk_norm is not QkNorm.NONE or self.attention_sinks
+        ):
+            raise ValueError(
+                "latent_attention has its own projections and norms (no fused_qkv, qk_norm, attention_sinks)"
+            )
         return self
 
     @property
@@ -230,6 +254,8 @@ class Architecture(BaseModel):
             features.append("fused q/k/v projection")
         if self.fused_gate_up:
             features.append("fused gate/up projection")
+        if self.attention_sinks:
+            features.append("attention sinks")
         return features
 
 
@@ -392,7 +418,11 @@ def tensor_parallel_dim(tensor: ParamTensor) -> int | None:
         return 0
     leaf = tensor.module.rsplit(".", 1)[-1]
     if leaf == "experts":  # 3-D [E, out, in] expert weights: fc_in / gate_up split out, fc_out / down in
+        if tensor.name.endswith("_bias"):  # 2-D [E, out]: split with a column-parallel output, else whole
+            return 1 if tensor.name.removesuffix("_bias") in _COLUMN_PARALLEL else None
         return 1 if tensor.name in _COLUMN_PARALLEL else 2
+    if tensor.name == "sinks":  # one per query head: each rank holds its heads' (GptOssAttention.sinks)
+        return 0
     if leaf in _COLUMN_PARALLEL:
         return 0
     if leaf in _ROW_PARALLEL and tensor.name == "weight":
@@ -456,13 +486,20 @@ def _mlp(prefix: str, arch: Architecture, width: int) -> list[ParamTensor]:
 
 def _experts(module: str, arch: Architecture) -> list[ParamTensor]:
     """Every routed expert of one layer as one module of 3-D parameters (transformers 5.x
-    ``MixtralExperts``, ``Qwen3MoeExperts``, ``Qwen2MoeExperts``, ``DeepseekV3Experts``)."""
+    ``MixtralExperts``, ``Qwen3MoeExperts``, ``Qwen2MoeExperts``, ``DeepseekV3Experts``, ``GptOssExperts``:
+    the last stores them [E, in, out], the same elements), each followed by its 2-D bias with
+    ``expert_bias`` (``GptOssExperts.gate_up_proj_bias``, ``down_proj_bias``)."""
     e, d, f = arch.num_experts, arch.hidden_size, arch.intermediate_size
-    if arch.mlp is MlpKind.GELU:
-        up = ParamTensor(module=module, name="fc_in", shape=(e, f, d))
-        return [up, ParamTensor(module=module, name="fc_out", shape=(e, d, f))]
-    gate_up = ParamTensor(module=module, name="gate_up_proj", shape=(e, 2 * f, d))
-    return [gate_up, ParamTensor(module=module, name="down_proj", shape=(e, d, f))]
+    up, down, width = (
+        ("fc_in", "fc_out", f) if arch.mlp is MlpKind.GELU else ("gate_up_proj", "down_proj", 2 * f)
+    )
+    tensors = [ParamTensor(module=module, name=up, shape=(e, width, d))]
+    if arch.expert_bias:
+        tensors.append(ParamTensor(module=module, name=f"{up}_bias", shape=(e, width)))
+    tensors.append(ParamTensor(module=module, name=down, shape=(e, d, f)))
+    if arch.expert_bias:
+        tensors.append(ParamTensor(module=module, name=f"{down}_bias", shape=(e, d)))
+    return tensors
 
 
 def _attention(prefix: str, arch: Architecture) -> list[ParamTensor]:
@@ -492,14 +529,17 @@ def _attention(prefix: str, arch: Architecture) -> list[ParamTensor]:
         tensors += _norm(f"{prefix}.q_norm", arch, hd) + _norm(f"{prefix}.k_norm", arch, hd)
     elif arch.qk_norm is QkNorm.FULL:
         tensors += _norm(f"{prefix}.q_norm", arch, q_width) + _norm(f"{prefix}.k_norm", arch, kv_width)
-    return tensors + _linear(f"{prefix}.o_proj", q_width, d, arch.out_bias)
+    tensors += _linear(f"{prefix}.o_proj", q_width, d, arch.out_bias)
+    if arch.attention_sinks:
+        tensors.append(ParamTensor(module=prefix, name="sinks", shape=(arch.num_heads,)))
+    return tensors
 
 
 def _feed_forward(prefix: str, arch: Architecture, moe: bool) -> list[ParamTensor]:
     d = arch.hidden_size
     if not moe:
         return _mlp(f"{prefix}.mlp", arch, arch.dense_intermediate_size or arch.intermediate_size)
-    tensors = _linear(f"{prefix}.moe.router", d, arch.num_experts, False)
+    tensors = _linear(f"{prefix}.moe.router", d, arch.num_experts, arch.router_bias)
     tensors += _experts(f"{prefix}.moe.experts", arch)
     if arch.num_shared_experts:
         width = arch.num_shared_experts * (arch.shared_expert_intermediate_size or arch.intermediate_size)

@@ -1,9 +1,11 @@
 """Hugging Face ``config.json`` → :class:`~zerocalc.model.architecture.Architecture`, read offline.
 
 One declarative record per ``model_type`` (:data:`FAMILIES`) says which ``transformers`` 5.17 modeling file
-and classes it follows, the keys it reads (with the configuration class's default where it has one), and
-the keys it knows do not change the parameter count. The count is then the count of
-``AutoModelForCausalLM.from_config(config)`` (checked on the meta device in ``tests/test_families.py``).
+and classes it follows, the keys it reads (with the configuration class's default where it has one), the
+keys it knows do not change the parameter count, and how that file computes what the architecture
+describes (its :class:`Traits`, which the model codes' saved tensors follow: :mod:`zerocalc.model.traits`).
+The count is then the count of ``AutoModelForCausalLM.from_config(config)`` (checked on the meta device in
+``tests/model/test_families.py``).
 
 How a key is treated, in this order:
 
@@ -32,7 +34,7 @@ import re
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -73,8 +75,62 @@ class Key(BaseModel):
 Values = dict[str, Any]
 
 
+class Traits(NamedTuple):
+    """How a family's transformers code computes what the architecture describes: its record's
+    (:attr:`Family.traits`, Llama's where a record does not say), with ``norm``, ``rotary`` and
+    ``rotary_tables`` resolved against the architecture by :func:`zerocalc.model.traits.traits`."""
+
+    norm: str = "llama"
+    """``llama`` (x.float(), rsqrt, .to(dtype), weight *), ``gemma`` / ``olmo`` (the product with the
+    weight in fp32: the normalised fp32 tensor is kept), ``layernorm`` (input, mean, rstd: every
+    architecture with LayerNorm)."""
+    gelu: str = "exact"
+    """``tanh_decomposed`` (GPT-2 ``NewGELUActivation``: four tensors), ``exact`` (``nn.GELU``)."""
+    qkv_views_kept: bool = False
+    """A fused q/k/v output whose q is saved as a view, so the whole storage stays (GPT-2 ``c_attn``)."""
+    router: str = "softmax_topk_norm"
+    """``softmax_topk_norm`` (Mixtral: fp32 routing weights), ``softmax_topk_norm_cast`` (Qwen3-MoE with
+    ``norm_topk_prob`` true, as published: the normalised weights cast back to the compute dtype),
+    ``softmax_topk`` (Qwen2-MoE), ``sigmoid_group`` (DeepSeek-V3)."""
+    rotary: bool = True
+    """The positions are rotary (every architecture without learned position embeddings)."""
+    rotary_fraction: float = 1.0
+    """The share of the head dimension the rotary embedding turns (GPT-NeoX ``rotary_pct``, default 0.25
+    in ``GPTNeoXConfig``; Pythia's configs keep it): cos and sin are [1, s, fraction·d]."""
+    rotary_fp32: bool = False
+    """cos and sin stay fp32 (``Olmo2RotaryEmbedding`` returns them uncast; ``apply_rotary_pos_emb`` casts
+    its fp32 products back)."""
+    rotary_cat: bool = False
+    """The rotary output is a ``torch.cat`` (Phi-3's and GPT-NeoX's partial rotary; DeepSeek-V3's
+    nope/pe): a contiguous [b, a, s, d] q, so SDPA's output (``empty_like`` in q's layout) is [b, a, s, d]
+    too and ``transpose(1, 2).reshape(...).contiguous()`` copies it for the o projection."""
+    eager_softmax_fp32: bool = True
+    """Eager attention's softmax runs in fp32 and is cast back (``softmax(..., dtype=float32).to(dtype)``);
+    GPT-2's runs in the compute dtype (``modeling_gpt2.eager_attention_forward``)."""
+    embedding_scale: bool = False
+    """The embedding output is multiplied by a 0-dim ``normalizer`` tensor (√h) in the compute dtype,
+    which ``mul`` saves (Gemma 2 / Gemma 3)."""
+    logit_softcap: bool = False
+    """``final_logit_softcapping`` (Gemma 2: 30.0 in ``Gemma2Config`` and its published configs):
+    ``tanh(logits / cap) · cap``, and ``tanh`` saves its output [T, V] in the compute dtype."""
+    sliding_pattern: int = 0
+    """Layer i has sliding-window attention when (i + 1) % pattern ≠ 0 (the configs' default
+    ``layer_types``: ``Gemma2Config`` 2, ``Gemma3TextConfig``'s ``sliding_window_pattern`` 6); 0: none.
+    Its ``DynamicCache`` layer (``cache_utils.DynamicSlidingWindowLayer``) moves a 0-dim int64
+    ``_sliding_window_tensor`` to the device at its first update, alive until the forward's output is
+    dropped."""
+    rotary_tables: int = 1
+    """Rotary tables: Gemma 3 keeps one per attention type (``Gemma3RotaryEmbedding``: ``inv_freq`` and
+    ``original_inv_freq`` per layer type; ``Gemma3TextModel.forward``: cos and sin per type), local and
+    global once the model has both (from ``sliding_pattern`` layers; one before)."""
+    embedding_scale_buffer: bool = False
+    """The √h scale is a fp32 0-dim buffer of the embedding (``Gemma2ScaledWordEmbedding.embed_scale``,
+    ``Gemma3TextScaledWordEmbedding.embed_scale``), resident like the rotary tables."""
+
+
 class Family(BaseModel):
-    """What one ``model_type`` reads, in the layout of the transformers file it follows."""
+    """What one ``model_type`` reads, in the layout of the transformers file it follows, and how that
+    file computes (:attr:`traits`)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -86,6 +142,9 @@ class Family(BaseModel):
     pinned: dict[str, Any] = {}
     ignores: frozenset[str] = frozenset()
     rule: Callable[[Values], dict[str, Any]]
+    traits: Traits = Traits()
+    """How the family's modeling code computes what the architecture describes, where it differs from
+    Llama's (:func:`zerocalc.model.traits.traits` resolves them for an architecture)."""
 
 
 def _req(kind: KeyKind = KeyKind.SIZE) -> Key:
@@ -291,6 +350,19 @@ def _deepseek_v3(v: Values) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _gpt_oss(v: Values) -> dict[str, Any]:
+    """``GptOssDecoderLayer``: q/k/v/o with ``attention_bias`` and one sink per head (``GptOssAttention``);
+    every layer a ``GptOssMLP``: ``GptOssTopKRouter`` (weight and bias) and ``GptOssExperts`` (gate_up_proj
+    and down_proj with their biases); the layers' sliding-window alternation (``layer_types``) masks, it
+    holds no parameter."""
+    return {
+        **_core(v), **GATED_RMS, **_attention(v), **_biases(v["attention_bias"]),
+        "intermediate_size": v["intermediate_size"], "tied_embeddings": v["tie_word_embeddings"],
+        "num_experts": v["num_local_experts"], "experts_per_token": v["num_experts_per_tok"],
+        "router_bias": True, "expert_bias": True, "attention_sinks": True,
+    }  # fmt: skip
+
+
 def _divisible_heads(v: Values, where: str) -> None:
     d, a = v["hidden_size"], v["num_attention_heads"]
     if d % a:
@@ -385,6 +457,7 @@ _RECORDS = [
                            "reorder_and_upcast_attn", "summary_type", "summary_use_proj",
                            "summary_activation", "summary_proj_to_labels", "summary_first_dropout"}),
         rule=_gpt2,
+        traits=Traits(gelu="tanh_decomposed", qkv_views_kept=True, eager_softmax_fp32=False),
     ),
     Family(
         model_type="gemma2",
@@ -393,6 +466,8 @@ _RECORDS = [
                "attention_bias": _flag(False), "tie_word_embeddings": _flag(True)},
         ignores=frozenset({"query_pre_attn_scalar", "cache_implementation"}),
         rule=_gemma2,
+        traits=Traits(norm="gemma", embedding_scale=True, logit_softcap=True, sliding_pattern=2,
+                      embedding_scale_buffer=True),
     ),
     Family(
         model_type="gemma3_text",
@@ -401,6 +476,8 @@ _RECORDS = [
                "attention_bias": _flag(False), "tie_word_embeddings": _flag(True)},
         ignores=frozenset({"query_pre_attn_scalar", "cache_implementation"}),
         rule=_gemma3,
+        traits=Traits(norm="gemma", embedding_scale=True, sliding_pattern=6, rotary_tables=2,
+                      embedding_scale_buffer=True),
     ),
     Family(
         model_type="phi3",
@@ -409,6 +486,7 @@ _RECORDS = [
                "tie_word_embeddings": _flag(False)},
         ignores=frozenset({"attention_bias"}),  # Phi3Attention: bias=False whatever the config says
         rule=_phi3,
+        traits=Traits(rotary_cat=True),
     ),
     Family(
         model_type="qwen3",
@@ -425,6 +503,7 @@ _RECORDS = [
                "attention_bias": _flag(False), "tie_word_embeddings": _flag(False), **_QWEN_MOE_LAYOUT},
         aliases={"num_local_experts": "num_experts"},  # Qwen3MoeConfig.attribute_map
         rule=_qwen3_moe,
+        traits=Traits(router="softmax_topk_norm_cast"),
     ),
     Family(
         model_type="qwen2_moe",
@@ -435,6 +514,7 @@ _RECORDS = [
                "tie_word_embeddings": _flag(False), **_QWEN_MOE_LAYOUT},
         ignores=frozenset({"attention_bias"}),  # Qwen2MoeAttention reads qkv_bias; o_proj has no bias
         rule=_qwen2_moe,
+        traits=Traits(router="softmax_topk"),
     ),
     Family(
         model_type="deepseek_v3",
@@ -457,6 +537,21 @@ _RECORDS = [
             "aux_loss_alpha", "ep_size",  # routing and expert parallelism, not sizes
         }),
         rule=_deepseek_v3,
+        traits=Traits(router="sigmoid_group", rotary_cat=True),
+    ),
+    Family(
+        model_type="gpt_oss",
+        follows="models/gpt_oss/modeling_gpt_oss.py: GptOssForCausalLM (GptOssAttention with sinks, "
+        "GptOssMLP: GptOssTopKRouter and GptOssExperts with biases)",
+        # GptOssConfig is a strict dataclass: head_dim and num_key_value_heads are whole numbers (no null)
+        reads={**CORE, "intermediate_size": _req(), "num_key_value_heads": _size(8), "head_dim": _size(64),
+               "num_local_experts": _req(), "num_experts_per_tok": _req(), "attention_bias": _flag(True),
+               "tie_word_embeddings": _flag(False)},
+        aliases={"num_experts": "num_local_experts"},  # GptOssConfig.attribute_map
+        # the released config.json also carries experts_per_token (= num_experts_per_tok), which
+        # GptOssConfig does not read; swiglu_limit and initial_context_length size nothing
+        ignores=frozenset({"experts_per_token", "swiglu_limit", "initial_context_length"}),
+        rule=_gpt_oss,
     ),
     Family(
         model_type="olmo2",
@@ -465,6 +560,7 @@ _RECORDS = [
         reads={**CORE, "intermediate_size": _req(), "num_key_value_heads": _opt(), "head_dim": _opt(),
                "attention_bias": _flag(False), "tie_word_embeddings": _flag(False)},
         rule=_olmo2,
+        traits=Traits(norm="olmo", rotary_fp32=True),
     ),
     Family(
         model_type="falcon",
@@ -483,11 +579,26 @@ _RECORDS = [
         reads={**CORE, "intermediate_size": _req(), "attention_bias": _flag(True),
                "use_parallel_residual": _flag(True), "tie_word_embeddings": _flag(False)},
         rule=_gpt_neox,
+        traits=Traits(rotary_fraction=0.25, rotary_cat=True),
     ),
 ]  # fmt: skip
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in _RECORDS}
 SUPPORTED = tuple(FAMILIES)
+
+MODEL_TYPE_ALIASES = {"kimi_k2": "deepseek_v3"}
+"""model_types read by another family's record: Kimi K2's config.json says ``kimi_k2`` for what its
+``architectures`` and ``auto_map`` name DeepSeek-V3's classes (moonshotai/Kimi-K2-Instruct config.json:
+``DeepseekV3ForCausalLM``, ``configuration_deepseek.DeepseekV3Config``; its deployment guide: the model
+reuses DeepSeek-V3's architecture, and ``model_type`` may be set to ``deepseek_v3``); transformers 5.17
+registers no ``kimi_k2``."""
+
+
+def _family(model_type: Any) -> Family | None:
+    """The record that reads ``model_type`` (its own, or an alias's: :data:`MODEL_TYPE_ALIASES`)."""
+    if not isinstance(model_type, str):
+        return None
+    return FAMILIES.get(MODEL_TYPE_ALIASES.get(model_type, model_type))
 
 
 # --------------------------------------------------------------------------------------------- reading
@@ -665,10 +776,10 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any] | None:
     """A multimodal config's ``text_config`` when it is a supported family (and the whole is not)."""
     text = config.get("text_config")
     model_type = config.get("model_type")
-    if not isinstance(model_type, str) or model_type in FAMILIES or not isinstance(text, dict):
+    if not isinstance(model_type, str) or _family(model_type) or not isinstance(text, dict):
         return None
     text_type = text.get("model_type")
-    return text if isinstance(text_type, str) and text_type in FAMILIES else None
+    return text if _family(text_type) is not None else None
 
 
 def hf_config_notes(config: Any) -> tuple[str, ...]:
@@ -711,10 +822,13 @@ def architecture_from_hf_dict(config: Any, where: str, name: str) -> Architectur
         config, where = text, f"{where} text_config"
         _refuse_quantization(config, where)
     model_type = config.get("model_type")
-    family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    family = _family(model_type)
     if family is None:
         named = shown(model_type) if isinstance(model_type, str) else _show(model_type)
-        raise InputError(f"{where}: model_type {named} is not supported; accepted: {', '.join(SUPPORTED)}")
+        aliases = ", ".join(f"{alias} (as {target})" for alias, target in MODEL_TYPE_ALIASES.items())
+        raise InputError(
+            f"{where}: model_type {named} is not supported; accepted: {', '.join(SUPPORTED)}, {aliases}"
+        )
     values = _values(family, config, where)
     try:
         fields = family.rule(values)
@@ -731,7 +845,9 @@ def architecture_from_hf_dict(config: Any, where: str, name: str) -> Architectur
             and 0 < positions <= MAX_SIZE
         ):
             fields["max_position_embeddings"] = positions  # rotary: the positions it was trained for
-        return Architecture(name=name, family=model_type, **fields, **_dropout(model_type, config, where))
+        return Architecture(
+            name=name, family=family.model_type, **fields, **_dropout(family.model_type, config, where)
+        )
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])

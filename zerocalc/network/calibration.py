@@ -59,6 +59,11 @@ class CollectiveFit(_Finite):
     bus_bandwidth_Bps: float = Field(gt=0, description="β")
     peak_busbw_Bps: float = Field(ge=0, description="largest measured busbw of the sweep")
     points: int = Field(ge=1)
+    beta_from_peak: bool = Field(
+        default=False,
+        description="the least-squares slope was not positive (times not growing with size, or one point): "
+        "β is the peak busbw, not a fit",
+    )
 
 
 class Calibration(_Finite):

@@ -82,6 +82,9 @@ class Padding(StrEnum):
     """Each parameter padded to a multiple of the group size (DeepSpeed ZeRO-3 partitions)."""
     TWICE_GROUP = "twice_group"
     """The flat parameter group padded to a multiple of 2 × the group size (DeepSpeed ZeRO-1/2)."""
+    MEGATRON_BUFFER = "megatron_buffer"
+    """Megatron-LM's distributed-optimizer buffer: each parameter starts at a multiple of 64 elements, the
+    bucket ends at a multiple of lcm(group size, 128)."""
 
 
 class Select(StrEnum):

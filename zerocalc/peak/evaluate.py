@@ -6,7 +6,7 @@ sum of terms:
 * model states: the framework's accounting (:data:`~zerocalc.parallel.framework_records.FRAMEWORKS`,
   lines built by :mod:`zerocalc.peak.states`) — resident for the accountings, simulated tensor by tensor
   for PyTorch's frameworks (:mod:`zerocalc.peak.mechanics`);
-* activations and the loss: the model's code (``--model-impl``, :mod:`zerocalc.model.model_impl`), layer by
+* activations and the loss: the model's code (``--model-impl``, :mod:`zerocalc.model.code`), layer by
   layer; data parallelism never shards them;
 * the allocator's reserve: the caching allocator replayed over model creation and three steps
   (:mod:`zerocalc.peak.allocator`);
@@ -24,13 +24,13 @@ import re
 from zerocalc.base.parts import Part
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import PipelineStage
-from zerocalc.model.model_impl import MODEL_IMPLS, AttentionKernel, default_attention
+from zerocalc.model.code import MODEL_CODES, AttentionKernel
 from zerocalc.network.cluster import Cluster
 from zerocalc.parallel.framework_records.record import FrameworkRecord, ModelInit, StatesModel, Wrap
 from zerocalc.parallel.frameworks import TORCH_SOURCES
 from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.pipeline import in_flight
-from zerocalc.parallel.strategies import STRATEGIES, Strategy, StrategyName
+from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName
 from zerocalc.peak.kinds import TensorKind
 from zerocalc.peak.report import (
     FrameworkStates,
@@ -98,6 +98,9 @@ def peak_options(request: TrainingRequest) -> PeakOptions:
         framework=request.framework,
         model_impl=request.model_code,
         optimizer_impl=request.framework_record.optimizer_impl(request.optimizer_impl),
+        optimizer_step=request.framework_record.offload_optimizer_step
+        if request.offload_optimizer is not OffloadTarget.NONE
+        else f"{request.framework_record.optimizer_impl(request.optimizer_impl).value} Adam",
         seq_len=a.seq_len,
         micro_batch=a.micro_batch,
         grad_accum=request.grad_accum,
@@ -119,6 +122,8 @@ def peak_options(request: TrainingRequest) -> PeakOptions:
         runtime_gpu=rt.name,
         context_bytes=rt.context_bytes,
         context_given=rt.context_given,
+        context_measured=rt.context_measured,
+        runtime_names=rt.names,
         nccl_communicator_bytes=rt.nccl_communicator_bytes,
         cublas_workspace_bytes=rt.cublas_workspace_bytes,
         gpu_memory_bytes=request.gpu_memory_bytes,
@@ -132,7 +137,7 @@ def term_sources(
     lines name theirs."""
     setup = request.framework_record.torch_setup(strategy.name)
     framework = TORCH_SOURCES[setup.wrapper] if setup is not None else profile.source
-    impl = MODEL_IMPLS[request.model_code]
+    impl = MODEL_CODES[request.model_code]
     adam = f"torch/optim/adam.py, {request.optimizer_impl.value}"
     gathered = (
         f"{framework}: units unsharded before use"
@@ -150,7 +155,8 @@ def term_sources(
         TensorKind.ACTIVATIONS: impl.source,
         TensorKind.LOSS: f"{impl.title}: logits and the cross-entropy ({impl.library})",
         TensorKind.INPUTS: "input ids = labels (int64), the model's buffers",
-        TensorKind.RUNTIME: f"cuBLAS workspaces ({request.runtime.name} preset) and runtime extras",
+        TensorKind.RUNTIME: f"{request.runtime.names.blas} workspaces ({request.runtime.name} preset) and "
+        "runtime extras",
         TensorKind.BUFFERS: profile.source,
         TensorKind.PIPELINE: pipeline_source(request),
         TensorKind.TRANSIENT: f"{impl.title}: intermediates inside one op or layer",
@@ -346,7 +352,7 @@ def attention_source(request: TrainingRequest) -> str:
     asked = request.activations.flash_attention
     if asked is not None:
         return "--flash-attention" if asked else "--no-flash-attention"
-    return default_attention(MODEL_IMPLS[request.model_code], request.architecture)[1]
+    return MODEL_CODES[request.model_code].default_attention(request.architecture)[1]
 
 
 def _attention_part(request: TrainingRequest) -> str:
@@ -410,7 +416,7 @@ def evaluate_peak(request: TrainingRequest) -> MemoryReport:
     rows = [one(request, profile, row.strategy, runtime) for row in estimate.strategies]
     peak = PeakEstimate(
         options=peak_options(request),
-        model_impl_source=MODEL_IMPLS[request.model_code].source,
+        model_impl_source=MODEL_CODES[request.model_code].source,
         notes=_notes(request),
         strategies=rows,
         init_host_bytes_per_node=init_host_bytes_per_node(request),

@@ -133,6 +133,17 @@ class Ledger:
         for name in self.groups.pop(group, []):
             self.free(name)
 
+    def free_group_but(self, group: str, nbytes: int) -> str | None:
+        """Free ``group`` but its first live member of ``nbytes`` (rounded), whose name is returned (None:
+        no such member, all freed): a tensor a variable still holds after its list is cleared."""
+        size = self.rounded(nbytes)
+        members = self.groups.pop(group, [])
+        kept = next((name for name in members if self.live.get(name) == size), None) if size else None
+        for name in members:
+            if name != kept:
+                self.free(name)
+        return kept
+
     def rename(self, old: str, new: str, kind: str | None = None) -> None:
         """The same storage under another name (a view takes over, a variable is rebound)."""
         if old not in self.live:

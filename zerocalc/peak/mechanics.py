@@ -128,10 +128,13 @@ class Unit:
     """One FSDP unit (or, for DDP, one block's parameters): the elements of each parameter. Not mutated:
     units are shared by every request of a model and world (:func:`zerocalc.peak.simulate._units_of`)."""
 
-    def __init__(self, name: str, params: list[int], local: list[int], padded: list[int]):
+    def __init__(self, name: str, params: list[int], local: list[int], padded: list[int], last: int = 0):
         self.name = name
         self.params = params
         """Elements of each parameter, unsharded."""
+        self.last = last
+        """Elements of the parameter the model's code registers last in the unit (0: not known), the last
+        of FSDP2's gradient list (:meth:`Fsdp2._reduce`)."""
         self.local = local
         """Elements of each parameter on the largest rank (its shard)."""
         self.padded = padded
@@ -139,7 +142,7 @@ class Unit:
         self.numel = sum(params)
         self.local_numel = sum(local)
         self.padded_numel = sum(padded)
-        self.key = (name, tuple(params), tuple(local), tuple(padded))
+        self.key = (name, tuple(params), tuple(local), tuple(padded), last)
         """What the unit is (equal keys: the same unit)."""
         self._bytes: dict[tuple[str, int], Sizes] = {}
 
@@ -570,7 +573,13 @@ class Fsdp2(Fsdp):
         name = labels.reduce_input
         led.alloc(name, self.reduce_bytes * padded, REDUCE)
         led.event(labels.reduce_copy_in)
-        led.free_group(labels.grads)
+        # foreach_reduce (_fsdp_collectives.py) clears its list of the unit's gradients after the copy-in,
+        # but at world > 1 its loop over (parameter, gradient) pairs (the shard-dim check) has left the last
+        # one bound to `unsharded_grad` until it returns: the last registered parameter's gradient lives on
+        # through the reduce-scatter output and its cast
+        held = led.free_group_but(labels.grads, self.param_bytes * u.last) if self.world > 1 else None
+        if held is None:
+            led.free_group(labels.grads)
         led.free(labels.accumulated_grads)
         shard = ceil_div(padded, self.world) if self.world > 1 else padded
         output = labels.reduce_output
@@ -584,6 +593,8 @@ class Fsdp2(Fsdp):
         else:
             led.rename(output, labels.fp32_grad, GRADS)
             led.event(labels.reduce_output_event)
+        if held is not None:
+            led.free(held)
         self._last_reduce_input = name
         if unit == "root":  # the end of backward: nothing waits on the last buffers any more
             led.free(name)

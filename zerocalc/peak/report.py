@@ -19,13 +19,14 @@ from pydantic import BaseModel, Field
 from zerocalc.base.dtypes import DType
 from zerocalc.base.units import gib
 from zerocalc.model.activations import Recompute
-from zerocalc.model.model_impl import AttentionKernel, ModelImplName
+from zerocalc.model.code import AttentionKernel, ModelImplName
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.framework_records.record import ModelInit, Wrap
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.optimizers import OptimizerImpl
 from zerocalc.parallel.strategies import StrategyName, row_named
 from zerocalc.peak.kinds import StepPhase, TensorKind
+from zerocalc.request.gpu import RuntimeNames
 from zerocalc.states.memory import MemoryEstimate
 
 
@@ -76,6 +77,10 @@ class PeakOptions(BaseModel):
     framework: Framework
     model_impl: ModelImplName
     optimizer_impl: OptimizerImpl
+    optimizer_step: str = Field(
+        description="the optimizer step as the framework runs it: its implementation on the GPU, or the "
+        "host's optimizer where the optimizer is offloaded"
+    )
     seq_len: int
     micro_batch: int
     grad_accum: int
@@ -99,6 +104,8 @@ class PeakOptions(BaseModel):
     runtime_gpu: str = Field(description="the GPU preset whose runtime figures are used")
     context_bytes: int = Field(description="outside the caching allocator at world size 1 (--reserve)")
     context_given: bool = Field(description="context_bytes is --reserve (else the runtime GPU preset's)")
+    context_measured: bool = Field(description="the runtime GPU preset's context was measured on that GPU")
+    runtime_names: RuntimeNames = Field(description="what the runtime GPU's vendor software is called")
     nccl_communicator_bytes: int = Field(description="added per NCCL communicator of more than one rank")
     cublas_workspace_bytes: int
     gpu_memory_bytes: int | None = Field(description="what PyTorch sees of one GPU (None: no fits)")

@@ -20,7 +20,7 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.parts import Part
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, ParamTensor, PipelineStage
-from zerocalc.model.model_impl import MODEL_IMPLS, Device, Shape, layer_saves
+from zerocalc.model.code import MODEL_CODES, Device, Shape, layer_saves
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.framework_records import effective_grad_sync
 from zerocalc.parallel.framework_records.record import StatesModel, Wrap
@@ -145,8 +145,21 @@ def _built_units(
             built.append((key, Unit(key, [], [], [])))
             continue
         numel, local, padded = zip(*(sizes[k] for k in keys), strict=True)
-        built.append((key, Unit(key, list(numel), list(local), list(padded))))
+        built.append((key, Unit(key, list(numel), list(local), list(padded), _registered_last(key, tensors))))
     return tuple(built)
+
+
+def _registered_last(key: str, tensors: tuple[ParamTensor, ...]) -> int:
+    """Elements of the parameter the model's code registers last in the unit (``module.parameters()``
+    order, which FSDP2's parameter group and its gradient list follow). The root: the LM head when untied,
+    else the final norm (transformers' ``*ForCausalLM``: ``model.embed_tokens``, ``model.norm``, then
+    ``lm_head``), the order of :func:`~zerocalc.states.framework.fsdp_units`'s root. A block: transformers'
+    decoder layers register attention and MLP, then their norms (``LlamaDecoderLayer``, its MoE and Gemma
+    kin), GPT-2's ``ln_1``, ``attn``, ``ln_2``, ``mlp`` (``c_proj.bias`` last): a 1-D tensor of h, the size
+    of the block's last 1-D tensor here."""
+    if key == "root":
+        return tensors[-1].numel
+    return next((t.numel for t in reversed(tensors) if len(t.shape) == 1), 0)
 
 
 @lru_cache(maxsize=64)
@@ -162,7 +175,7 @@ def _fsdp_units_of(arch: Architecture) -> tuple[tuple[str, tuple[ParamTensor, ..
 def activation_shape(request: TrainingRequest) -> Shape:
     """One micro-batch on one rank of the mesh: b sequences of s tokens, split by tensor, sequence and
     context parallelism as the model's code splits them, and the routed tokens expert parallelism brings
-    the rank's experts (:class:`~zerocalc.model.model_impl.Shape`)."""
+    the rank's experts (:class:`~zerocalc.model.code.Shape`)."""
     return request.rank_shape._replace(
         ep=request.mesh.ep, capacity_factor=request.activations.capacity_factor
     )
@@ -173,7 +186,7 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
     units = _units_of(arch, 1)
     return StepShape(
         arch=arch,
-        impl=MODEL_IMPLS[request.model_code],
+        impl=MODEL_CODES[request.model_code],
         shape=activation_shape(request),
         act=act,
         device=device,
@@ -209,7 +222,7 @@ def keeps_in_flight(request: TrainingRequest) -> bool:
 
 def micro_batch_saved_bytes(request: TrainingRequest) -> int:
     """The saved tensors of one micro-batch through every layer pipeline rank 0 holds
-    (:func:`~zerocalc.model.model_impl.layer_saves`, as the timeline keeps them until each layer's backward:
+    (:func:`~zerocalc.model.code.layer_saves`, as the timeline keeps them until each layer's backward:
     the smaller with and without the cache copies, less the layer input a chunk's first layer may share with
     the tensor it received). Counted without recomputation and without virtual stages, where each forward
     keeps all of them until its backward; 0 otherwise (and without pipeline stages)."""
@@ -217,7 +230,7 @@ def micro_batch_saved_bytes(request: TrainingRequest) -> int:
         return 0
     arch = request.stages[0].architecture
     assert arch is not None
-    impl, shape = MODEL_IMPLS[request.model_code], activation_shape(request)
+    impl, shape = MODEL_CODES[request.model_code], activation_shape(request)
     act, flash = activation_bytes(request), flash_attention_used(request)
     kinds: dict[bool, int] = {}
     for index in range(arch.num_layers):  # a layer's saves depend on its index only through its kind

@@ -2,7 +2,7 @@
 
 The step — start, forward layer by layer, the loss, backward layer by layer, the optimizer step and
 ``zero_grad`` — is written once here, in program order, from the model's code
-(:mod:`zerocalc.model.model_impl`:
+(:mod:`zerocalc.model.code`:
 what each layer keeps for backward, what the loss allocates) and the framework's mechanics
 (:mod:`zerocalc.peak.mechanics`: where parameters are gathered and released, how gradients are reduced
 and kept, what the optimizer allocates). A :class:`~zerocalc.peak.ledger.Ledger` records every tensor;
@@ -33,31 +33,33 @@ from zerocalc.model.architecture import (
     global_layer,
     head_tensors,
 )
-from zerocalc.model.model_impl import (
+from zerocalc.model.code import (
     FP32,
     INT64,
     Device,
     LayerSaves,
-    ModelImpl,
-    ModelImplName,
+    ModelCode,
     OpSacLayer,
     Shape,
-    embedding_excess,
     embedding_saves,
-    final_saves,
     hidden_bytes,
     layer_saves,
     logits_saves,
     loss_parallel_transients,
     norm_backward_excess,
     op_sac_layer,
-    shared_saves,
-    traits,
     vocab_shard,
 )
+from zerocalc.model.traits import traits
 from zerocalc.parallel.framework_records.record import ModelInit
 from zerocalc.parallel.pipeline import Pass
 from zerocalc.peak.kinds import StepPhase, TensorKind
+from zerocalc.peak.layer_nodes import (
+    Op,
+    experts_backward_program,
+    experts_forward_transients,
+    first_norm_backward_excess,
+)
 from zerocalc.peak.ledger import Ledger
 
 # kinds of tensors (short names for the program below)
@@ -94,7 +96,7 @@ class StepShape(NamedTuple):
     """What the timeline needs besides the mechanics: the model, its code, the micro-batch."""
 
     arch: Architecture
-    impl: ModelImpl
+    impl: ModelCode
     shape: Shape
     act: int
     """Bytes per activation element (the compute dtype)."""
@@ -112,6 +114,20 @@ class StepShape(NamedTuple):
     """Where the step finds and keeps its layers' saves, per kind of layer (mixture-of-experts or not) and
     cache use: steps of one micro-batch and recompute whose blocks are alike may share one (the plan's
     runs of one model at a few layers and at all); None: the step's own."""
+
+
+class LayerNodes(NamedTuple):
+    """Where a layer's forward and backward are written beyond its saves' coarse terms
+    (:mod:`zerocalc.peak.layer_nodes`)."""
+
+    forward: tuple[int, ...]
+    """Each tensor above the saved ones at its forward peak, in place of ``forward_excess`` (empty: that)."""
+    program: tuple[Op, ...]
+    """Its first nodes op by op (the experts'), run in place of the start's ``backward_excess``."""
+    rest: tuple[int, ...]
+    """Elements of each weight whose gradient the program does not produce, each its own tensor."""
+    first_norm_excess: int
+    """Above the layer's gradients while its first norm's backward runs (0: not written)."""
 
 
 class StagePlan(NamedTuple):
@@ -239,7 +255,7 @@ class _Passes:
         self.first_step = first_step
         arch = step.arch
         self.t = traits(arch)
-        self.hf = step.impl.name is ModelImplName.HF
+        self.hf = step.impl.transformers_modules
         self.cuda = step.device is Device.CUDA and runtime is not None
         self.checkpointed = step.recompute is Recompute.FULL
         """Layers are checkpointed whole: every one, or every N-th (:meth:`checkpointed_layer`)."""
@@ -250,6 +266,7 @@ class _Passes:
         self.loss_parallel = loss_parallel_transients(step.impl, arch, step.shape)
         self._saves: dict[tuple[bool, bool], LayerSaves] = {} if step.saves is None else step.saves
         self._op_layer: OpSacLayer | None = None
+        self._backward: dict[bool, LayerNodes] = {}
         self._losses: list[str] = []
 
     def saves_of(self, i: int, use_cache: bool) -> LayerSaves:
@@ -263,6 +280,46 @@ class _Passes:
             )  # fmt: skip
             self._saves[key] = saves._replace(program=Program(saves.program))
         return self._saves[key]
+
+    def nodes_of(self, i: int) -> LayerNodes:
+        """Layer ``i``'s moments node by node (:mod:`zerocalc.peak.layer_nodes`), which depend on its index
+        only through whether it is a mixture-of-experts layer."""
+        moe = self.step.arch.is_moe_layer(i)
+        backward = self._backward.get(moe)
+        if backward is None:
+            step = self.step
+            forward = experts_forward_transients(step.impl, step.arch, i, step.shape, step.act)
+            program = experts_backward_program(step.impl, step.arch, i, step.shape, step.act)
+            rest = list(step.layer_params[i])
+            for verb, _, numel in program:
+                if verb == "grad":
+                    rest.remove(numel)  # the weight the program's gradient is of (or one of its size)
+            excess = first_norm_backward_excess(step.impl, step.arch, step.shape, step.act)
+            backward = self._backward[moe] = LayerNodes(forward, program, tuple(rest), excess)
+        return backward
+
+    def alloc_saves(self, i: int, group: str, saved: tuple[tuple[str, int], ...]) -> None:
+        """Layer ``i``'s saved tensors in its group; each its own entry where its backward program frees
+        them one by one (a ledger may otherwise keep a group's entries as one, :meth:`Ledger.alloc_group`
+        being the one-by-one way)."""
+        if self.nodes_of(i).program:
+            Ledger.alloc_group(self.led, group, saved, ACTIVATIONS)
+        else:
+            self.led.alloc_group(group, saved, ACTIVATIONS)
+
+    def forward_peak(self, i: int, name: str, saves: LayerSaves) -> None:
+        """Layer ``i``'s forward peak, ``name``: its tensors above the saved ones, each its own storage where
+        written node by node, else ``forward_excess``."""
+        led, forward = self.led, self.nodes_of(i).forward
+        if not forward:
+            led.event(name, saves.forward_excess, TRANSIENT)
+            return
+        temps = [f"{name}: transient#{n}" for n in range(len(forward))]
+        for temp, nbytes in zip(temps, forward, strict=True):
+            led.alloc(temp, nbytes, TRANSIENT)
+        led.event(name)
+        for temp in temps:
+            led.free(temp)
 
     def checkpointed_layer(self, i: int) -> bool:
         """Layer ``i`` (the rank's) runs under ``torch.utils.checkpoint`` whole: under full recompute the
@@ -308,19 +365,19 @@ class _Passes:
             mechanics.forward_started(led, runtime.no_reshard_extra if cuda else 0)
         received = f"received activation{tag}"
         if embedding:
-            shared = embedding_saves(impl, arch, act) + shared_saves(
-                impl, arch, shape, act, checkpointed, step.device
+            shared = embedding_saves(impl, arch, act) + impl.shared_saves(
+                arch, shape, act, checkpointed, step.device
             )
             led.alloc_group(f"shared{tag}", shared, ACTIVATIONS)
             hidden = f"embedding output{tag}"
             led.alloc(hidden, self.hidden_bytes, ACTIVATIONS)
             if shape.tp > 1:
-                led.event(f"embedding forward{tag}", embedding_excess(impl, arch, shape, act), TRANSIENT)
+                led.event(f"embedding forward{tag}", impl.embedding_excess(arch, shape, act), TRANSIENT)
         else:
             # a later stage: the previous stage's output, received, kept for its gradient; the rotary
             # tables are computed again by this stage's forward
             if t.rotary:
-                shared = shared_saves(impl, arch, shape, act, checkpointed, step.device)
+                shared = impl.shared_saves(arch, shape, act, checkpointed, step.device)
                 led.alloc_group(f"shared{tag}", shared, ACTIVATIONS)
             hidden = received
             led.alloc(hidden, step.stage.boundary_bytes, PIPELINE)
@@ -348,7 +405,7 @@ class _Passes:
                     _run_program(led, i, saves.program, 0, new, self.hidden_bytes, label, True, tag)
                 else:
                     led.alloc(f"layer {i} work{tag}", sum(b for _, b in saves.saved), ACTIVATIONS)
-                    led.event(f"layer {i} forward (checkpointed){tag}", saves.forward_excess, TRANSIENT)
+                    self.forward_peak(i, f"layer {i} forward (checkpointed){tag}", saves)
                     led.free(f"layer {i} work{tag}")
                     led.alloc(new, self.hidden_bytes, ACTIVATIONS)
                 hidden = new  # every checkpoint input stays alive
@@ -370,7 +427,7 @@ class _Passes:
                 else:
                     group = f"layer {i}{tag}"
                     saved = saves.saved
-                    if hidden == received and impl.name is ModelImplName.MEGATRON:
+                    if hidden == received and impl.saves_received_input:
                         # the chunk's first layer saves its input, the tensor received from the previous
                         # stage, which the schedule keeps for its gradient: one tensor (Megatron-LM
                         # TransformerBlock.set_input_tensor; schedules.py input_tensors)
@@ -378,14 +435,14 @@ class _Passes:
                             item for item in saved
                             if item != ("attn_norm_input", step.stage.boundary_bytes)
                         )  # fmt: skip
-                    led.alloc_group(group, saved, ACTIVATIONS)
+                    self.alloc_saves(i, group, saved)
                     if hf and t.sliding_pattern and (global_layer(arch, i) + 1) % t.sliding_pattern:
                         led.alloc(
                             f"layer {i} sliding-window cache tensor{tag}", INT64, ACTIVATIONS,
                             group=f"sliding cache{tag}",
                         )  # fmt: skip
                     led.alloc(f"{group}.sdpa rng", rng, ACTIVATIONS, group=group)
-                    led.event(f"layer {i} forward{tag}", saves.forward_excess, TRANSIENT)
+                    self.forward_peak(i, f"layer {i} forward{tag}", saves)
                     led.alloc(new, self.hidden_bytes, ACTIVATIONS)
                 if not saves.keeps_input and hidden not in kept:
                     led.free(hidden)
@@ -404,7 +461,7 @@ class _Passes:
             led.free_group(f"sliding cache{tag}")
             return
 
-        led.alloc_group(f"final{tag}", final_saves(impl, arch, shape, act, step.device), ACTIVATIONS)
+        led.alloc_group(f"final{tag}", impl.final_saves(arch, shape, act, step.device), ACTIVATIONS)
         # RMSNorm forward: while x·rsqrt (fp32) exists its cast exists and the output does not yet
         led.event(
             f"final norm forward{tag}",
@@ -523,18 +580,26 @@ class _Passes:
                 _run_program(led, i, saves.program, 0, output, self.hidden_bytes, "recompute", tag=tag)
                 led.free(output)
             elif self.checkpointed_layer(i):
-                led.alloc_group(f"layer {i}{tag}", saves.saved, ACTIVATIONS)
-                led.event(f"layer {i} recompute{tag}", saves.forward_excess, TRANSIENT)
-            led.event(f"layer {i} backward{tag}", saves.backward_excess, TRANSIENT)
+                self.alloc_saves(i, f"layer {i}{tag}", saves.saved)
+                self.forward_peak(i, f"layer {i} recompute{tag}", saves)
+            backward = self.nodes_of(i)
+            if backward.program:
+                _run_backward_program(led, mechanics, i, backward.program, tag)
+            else:
+                led.event(f"layer {i} backward{tag}", saves.backward_excess, TRANSIENT)
             led.free_group(f"layer {i}{tag}")
             if i == layers[0]:
                 led.free_group(f"shared{tag}")
+            for j, numel in enumerate(backward.rest):
+                mechanics.param_grad(led, i, f"block#{j}", numel)
+            if backward.first_norm_excess:
+                # the first norm's backward, the layer's last: every gradient of the layer exists
+                led.event(f"layer {i} first norm backward{tag}", backward.first_norm_excess, TRANSIENT)
             if self.keeps_input_of(i) or saves.keeps_input:
                 if i > layers[0]:
                     led.free(f"hidden {i}{tag}")
                 elif embedding:
                     led.free(f"hidden 0{tag}" if led.has(f"hidden 0{tag}") else f"embedding output{tag}")
-            mechanics.param_grad(led, i, "block", sum(step.layer_params[i]))
             led.event(f"layer {i} gradients{tag}")
             mechanics.post_backward(led, i)
 
@@ -572,10 +637,10 @@ class _Passes:
             self.led.rename(self._losses[-1], "previous step's loss")
 
 
-def _allocated_vocab(arch: Architecture, impl: ModelImpl) -> int | None:
+def _allocated_vocab(arch: Architecture, impl: ModelCode) -> int | None:
     """The vocabulary the output layer allocates: Megatron-LM's padded one under tensor parallelism
     (:attr:`~zerocalc.model.architecture.TensorParallelRank.padded_vocab`), else the model's."""
-    if isinstance(arch, TensorParallelRank) and impl.name is ModelImplName.MEGATRON:
+    if isinstance(arch, TensorParallelRank) and impl.pads_vocab:
         return arch.padded_vocab
     return None
 
@@ -607,11 +672,11 @@ class ProgramRun(NamedTuple):
     out: the layer's event."""
     effect: ProgramEffect | None
     """None where the program leaves a tensor alive outside the layer's group (none of
-    :func:`~zerocalc.model.model_impl.forward_program`'s does)."""
+    :meth:`~zerocalc.model.code.base.ModelCode.forward_program`'s does)."""
 
 
 class Program(tuple[tuple[str, str, int], ...]):
-    """A layer's forward op by op (:attr:`~zerocalc.model.model_impl.LayerSaves.program`), its runs
+    """A layer's forward op by op (:attr:`~zerocalc.model.code.LayerSaves.program`), its runs
     (:class:`ProgramRun`) kept per (philox bytes, output bytes, checkpointing, allocator block): a step
     runs a layer's program once per layer, and a plan's steps run the same programs thousands of times."""
 
@@ -727,6 +792,29 @@ def _program_run(
     return ProgramRun(at, ProgramEffect(peak, sum(size for size, _ in live.values()), output))
 
 
+def _run_backward_program(
+    led: Ledger, mechanics: StepHooks, i: int, program: tuple[Op, ...], tag: str = ""
+) -> None:
+    """Layer ``i``'s backward nodes op by op (:func:`~zerocalc.peak.layer_nodes.experts_backward_program`):
+    gradients and intermediates as transients, the layer's saved tensors freed from its group where their
+    last node has run, each weight's gradient through the mechanics (the unit's unsharded gradient); an
+    event after each allocation (consecutive events of one name: one line of the condensed timeline)."""
+    group = f"layer {i}{tag}"
+    event = f"layer {i} experts backward{tag}"
+    for verb, name, size in program:
+        if verb == "temp":
+            led.alloc(f"{group} backward.{name}", size, TRANSIENT)
+        elif verb == "drop":
+            led.free(f"{group} backward.{name}")
+            continue
+        elif verb == "free":
+            led.free(f"{group}.{name}")
+            continue
+        else:  # grad
+            mechanics.param_grad(led, i, name, size)
+        led.event(event)
+
+
 def steady_start(step: StepShape, mechanics: StepHooks, runtime: Runtime | None, led: Ledger) -> None:
     """What is allocated at the start of a step after the first: the mechanics' resident state, the input
     ids (= labels), the previous loss, model buffers and the runtime's workspaces."""
@@ -742,13 +830,13 @@ def steady_start(step: StepShape, mechanics: StepHooks, runtime: Runtime | None,
 def _inputs(step: StepShape, led: Ledger) -> None:
     arch = step.arch
     t = traits(arch)
-    if t.rotary and step.impl.name is ModelImplName.HF:
+    if t.rotary and step.impl.transformers_modules:
         d = arch.latent_attention.qk_rope_head_dim if arch.latent_attention else arch.dim_per_head
         # the rotary embedding's inv_freq and original_inv_freq buffers (fp32 [d/2]), per table
         for table in ("", " (global)")[: t.rotary_tables]:
             led.alloc(f"rotary inv_freq{table}", 2 * d, INPUTS)
             led.alloc(f"rotary original_inv_freq{table}", 2 * d, INPUTS)
-    if t.embedding_scale_buffer and step.impl.name is ModelImplName.HF:
+    if t.embedding_scale_buffer and step.impl.transformers_modules:
         led.alloc("embedding scale buffer (fp32 0-dim)", FP32, INPUTS)
     led.alloc("input ids (= labels)", INT64 * step.shape.local_tokens, INPUTS)
 
@@ -773,7 +861,7 @@ def first_start(
     ``tie_weights``, transformers 5.17): its own [V, h] weight exists until then."""
     led.phase = StepPhase.CREATION
     arch = step.arch
-    tied = step.impl.name is ModelImplName.HF and arch.tied_embeddings
+    tied = step.impl.transformers_modules and arch.tied_embeddings
     mechanics.create(
         led, init, element_bytes, element_bytes * arch.vocab_size * arch.hidden_size if tied else 0
     )

@@ -6,7 +6,7 @@ accumulation) and not on the micro-batch or recompute, the model's on the micro-
 the configuration. So the search runs the framework's part once per configuration (whatever the micro-batch
 and recompute) and the model's once per (micro-batch, recompute), and each candidate's allocated peak is a
 maximum over the slots of a sum — the same number :func:`zerocalc.peak.simulate.simulate` gives for its steady
-step (tests/test_plan.py). Where the stack is homogeneous both parts are run at a few layers (4 and 5) and
+step (tests/plan/). Where the stack is homogeneous both parts are run at a few layers (4 and 5) and
 extrapolated to L (:mod:`zerocalc.plan.layers`: exact under every framework, the framework's runs keeping the
 whole model's quantities); a stack that is not homogeneous is run at all L layers.
 """
@@ -81,7 +81,7 @@ per model) shares it by is its key."""
 class ModelParts:
     """The model's part of a search's steps: one run per (recompute, micro-batch, layer count), and the hook
     calls and slots of one run per layer count (the same at every micro-batch and recompute: the timeline
-    calls the hooks whatever the activations, tests/test_plan.py; the other runs do not record them,
+    calls the hooks whatever the activations, tests/plan/test_plan.py; the other runs do not record them,
     :func:`~zerocalc.plan.split.model_values`). Every request is of the search's one model."""
 
     def __init__(self, runtime: Runtime):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
+from zerocalc.parallel.frameworks import Estimate
 from zerocalc.plan.space import Group, PlanRequest
 from zerocalc.request.mesh_checks import mesh_of
 from zerocalc.request.options import Command
@@ -21,13 +22,17 @@ from zerocalc.request.training import TrainingRequest, replaced
 from zerocalc.request.unparse import for_command, options_text
 
 PRINTED = (
-    "model", "gpu", "seq_len", "gpus", "gpus_per_node", "framework", "strategies", "micro_batch",
-    "grad_accum", "recompute", "offload_optimizer", "offload_params", "reduce_dtype", "prefetch",
-    "grad_sync", "tp", "cp", "pp", "vpp", "ep", "pp_first_stage_layers", "pp_last_stage_layers", "init",
-    "model_impl", "flash_attention", "calibration", "compute_calibration",
+    "model", "gpu", "gpu_memory", "precision", "seq_len", "gpus", "gpus_per_node", "framework",
+    "strategies", "micro_batch", "grad_accum", "recompute", "offload_optimizer", "offload_params",
+    "reduce_dtype", "prefetch", "grad_sync", "tp", "cp", "pp", "vpp", "ep", "pp_first_stage_layers",
+    "pp_last_stage_layers", "init", "model_impl", "flash_attention", "calibration", "compute_calibration",
 )  # fmt: skip
 """The options a candidate's commands give, in their order; each command takes those of them its options
-record names (``prefetch`` and ``init`` memory's, the calibrations comm's)."""
+record names (``prefetch`` and ``init`` memory's, the calibrations comm's). The GPU's (:data:`GIVEN`) are
+the plan's (:meth:`~zerocalc.plan.space.PlanRequest.gpu_options`)."""
+
+GIVEN = ("gpu", "gpu_memory", "precision")
+"""Printed as the plan gives them, where it does."""
 
 ALWAYS = frozenset({"seq_len", "gpus", "gpus_per_node", "framework", "strategies", "micro_batch",
                     "grad_accum", "recompute"})  # fmt: skip
@@ -146,6 +151,8 @@ def printed_options(
     """The candidate's ``zerocalc memory`` or ``zerocalc comm`` options (concept → value as typed): its
     request written back (:func:`~zerocalc.request.unparse.options_text`), the model and the GPU as the plan
     was given them, the node the group's (a node above the world is kept as the world by the request)."""
-    given = {"model": plan.model, "gpu": plan.gpu, "gpus_per_node": str(group.gpus_per_node)}
+    gpu = plan.gpu_options(Estimate(command.value))
+    given = {"model": plan.model, **gpu, "gpus_per_node": str(group.gpus_per_node)}
     always = ALWAYS | ({"prefetch"} if group.prefetch is not None else set())
-    return options_text(request, command, PRINTED, given, always)
+    names = [name for name in PRINTED if name in gpu or name not in GIVEN]
+    return options_text(request, command, names, given, always)

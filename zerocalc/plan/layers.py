@@ -13,7 +13,7 @@ the blocks' own tensors. What is not a sum over blocks is not affine in L: the a
 (``ceil(Ψ/N)``, each rounded once; DeepSpeed's buckets ``min(bucket, Ψ)``, capped at L but not at a few layers
 for a small model), DDP's reducer buffer (one tensor). The framework's runs at a few blocks therefore keep
 every such quantity at the whole model's value (:func:`zerocalc.peak.simulate.mechanics_for` with ``blocks``):
-constant between the runs, so the extrapolation is exact under every framework, not fitted (tests/test_plan.py
+constant between the runs, so the extrapolation is exact under every framework, not fitted (tests/plan/
 compares it with all-L timelines, GPT-2 XL's capped bucket included). ZeroRedundancyOptimizer's greedy
 partition of whole tensors over the ranks is such a quantity too: the optimizer states the largest rank keeps.
 
@@ -36,7 +36,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from zerocalc.model.architecture import Architecture, count_parameters
-from zerocalc.model.model_impl import traits
+from zerocalc.model.traits import traits
 from zerocalc.plan.split import NO_EVENT, Slot
 from zerocalc.request.model_spec import ModelSpec
 from zerocalc.request.training import TrainingRequest
@@ -46,7 +46,7 @@ SMALL_LAYERS = (4, 5)
 EDGE = 1
 """Blocks at each end of the stack taken on their own: the first follows the root (and frees the
 embedding's outputs), the last starts backward unprefetched. Measured: every inner block of every model
-preset's steady step, under every framework, is on its plane at L' = 4, 5 (tests/test_plan.py compares
+preset's steady step, under every framework, is on its plane at L' = 4, 5 (tests/plan/test_plan.py compares
 the extrapolation with all-L runs)."""
 WORTH_IT = 2 * sum(SMALL_LAYERS)
 """Below this many layers simulating all of them is as cheap."""

@@ -10,7 +10,7 @@ once per key, every accumulation derived). The peak is ``memory``'s model in two
   reserve is ≥ 0): a candidate whose bound is above the fit limit does not fit;
 * **the rows printed**: the candidates are walked in the objective's order and evaluated exactly (the
   full model, the allocator replay included: ``zerocalc memory``'s own peak) until ``top`` fit. The
-  ranking is the one a brute-force exact evaluation of every candidate gives (tests/test_plan.py).
+  ranking is the one a brute-force exact evaluation of every candidate gives (tests/plan/test_plan.py).
   Candidates never reached keep their lower bound (``peak_exact`` false in JSON).
 """
 
@@ -175,7 +175,9 @@ class PlanResult(BaseModel):
     exact_seconds: float = Field(description="the walk's exact peaks (memory's model, allocator replay)")
     candidates_per_second: float = Field(description="candidates_evaluated / search_seconds")
     assumptions: list[str]
-    candidates: list[PlanRow] | None = Field(default=None, description="every candidate (--json)")
+    candidates: list[PlanRow] | None = Field(
+        default=None, description="every candidate (--json --all-candidates)"
+    )
 
 
 ASSUMPTIONS = [
@@ -472,11 +474,11 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
         everything = [_row(plan, c, ranks.get(id(c))) for c in cands]
     exact_count = sum(1 for c in cands if c.exact is not None or c.stage_over)
     base = plan.base
-    assert base.gpu is not None and base.gpu_memory_bytes is not None
+    assert base.gpu_memory_bytes is not None
     return PlanResult(
         request=PlanEcho(
             model=plan.model,
-            gpu=plan.gpu,
+            gpu=plan.gpu_label,
             max_gpus=plan.max_gpus,
             gpus_per_node=plan.gpus_per_node,
             global_batch_sequences=plan.global_batch_sequences,
@@ -486,7 +488,7 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
             objective=plan.objective,
             top=plan.top,
             compute_table=plan.compute_name,
-            peak_tflops=base.gpu.bf16_dense_tflops,
+            peak_tflops=base.runtime.bf16_dense_tflops,
             gpu_memory_bytes=base.gpu_memory_bytes,
             calibration=plan.calibration_path,
         ),

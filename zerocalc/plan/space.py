@@ -20,18 +20,21 @@ from pydantic import BaseModel, ConfigDict
 
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError, shown
-from zerocalc.base.units import parse_count, parse_whole
+from zerocalc.base.units import BINARY_SUFFIXES, parse_count, parse_whole
 from zerocalc.compute.table import ComputeTable
 from zerocalc.model.activations import Recompute
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.framework_records import FRAMEWORKS, framework_strategies
-from zerocalc.parallel.frameworks import Framework
+from zerocalc.parallel.frameworks import Estimate, Framework
 from zerocalc.parallel.pipeline import shorter_end_stages
+from zerocalc.parallel.precision import PrecisionName
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
 from zerocalc.request.compute import compute_table
+from zerocalc.request.gpu import DEFAULT_GPU
 from zerocalc.request.options import Command
 from zerocalc.request.options_model import options_from_keywords, options_model
+from zerocalc.request.presets import gpu_file, load_gpu
 from zerocalc.request.training import TrainingRequest, parse_options
 from zerocalc.request.values import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_GRAD_ACCUM, MAX_MICRO_BATCH, MAX_SEQ_LEN
 
@@ -71,7 +74,10 @@ class PlanRequest(BaseModel):
 
     model: str
     """As given (a preset name or a config.json path): the reproducing commands repeat it."""
-    gpu: str
+    gpu: str | None
+    """As given (a preset name or a GPU file); None: ``gpu_memory`` instead."""
+    gpu_memory: str | None = None
+    """``--gpu-memory`` as given: the GPU's memory, its other figures :data:`DEFAULT_GPU`'s."""
     max_gpus: int
     gpus_per_node: int
     global_batch_sequences: int
@@ -95,19 +101,56 @@ class PlanRequest(BaseModel):
     def global_batch_tokens(self) -> int:
         return self.global_batch_sequences * self.seq_len
 
+    @property
+    def gpu_label(self) -> str:
+        """The GPU as outputs name it: its preset, or ``--gpu-memory`` and whose compute prices it."""
+        if self.gpu is not None:
+            return self.gpu
+        return f"{self.gpu_memory} GPU ({self.base.runtime.name} compute)"
+
+    def gpu_options(self, estimate: Estimate) -> dict[str, str]:
+        """The GPU options of a candidate's ``memory`` or ``comm`` command: ``--gpu`` as given, else
+        ``--gpu-memory`` for memory and the GPU whose compute and links priced the plan for comm; and
+        ``--precision`` where the GPU takes no bf16 (:func:`plan_precision`)."""
+        precision = self.base.precision
+        out = {} if precision is PLAN_PRECISION else {"precision": precision.value}
+        if self.gpu is not None:
+            return {"gpu": self.gpu, **out}
+        if estimate is Estimate.MEMORY:
+            return {"gpu_memory": str(self.gpu_memory), **out}
+        return {"gpu": self.base.runtime.name, **out}
+
+
+PLAN_PRECISION = PrecisionName.BF16_MIXED
+"""What ``plan`` trains in: bf16-mixed, or fp16-mixed on a GPU whose tensor cores take no bf16."""
+
+
+def plan_precision(gpu: str | None) -> PrecisionName:
+    """:data:`PLAN_PRECISION`, fp16-mixed on a GPU without bf16 (``bf16 = false`` in its preset: the
+    V100), where ``memory`` refuses bf16 (``zerocalc.request.training._gpu``)."""
+    if gpu is not None and not load_gpu(gpu).bf16:
+        return PrecisionName.FP16_MIXED
+    return PLAN_PRECISION
+
 
 def _global_batch(text: int | str | None, seq_len: int) -> int:
-    """Sequences per optimizer step from ``4M`` / ``4194304`` (tokens) or ``512seq`` (sequences)."""
-    accepted = "tokens such as 4M or 4194304 (a multiple of {seq_len}), or sequences such as 512seq"
+    """Sequences per optimizer step from ``4M`` / ``4194304`` (tokens) or ``512seq`` (sequences); k and M
+    are 1,024 and 1,048,576, the rule for tokens and sequences (:data:`~zerocalc.base.units.COUNT_RULE`)."""
+    accepted = (
+        "tokens such as 4M (4,194,304) or 4194304 (a multiple of {seq_len}), or sequences such as 512seq"
+    )
     if text is None:
         raise InputError(f"give {{global_batch}}; accepted: {accepted}")
     raw = str(text).strip().lower().replace(" ", "")
     for suffix in ("sequences", "seqs", "seq"):
         if raw.endswith(suffix):
             return parse_count(
-                raw.removesuffix(suffix), "{global_batch}", accepted, MAX_GPUS * MAX_MICRO_BATCH
-            )
-    tokens = parse_count(text, "{global_batch}", accepted, MAX_GPUS * MAX_MICRO_BATCH * MAX_SEQ_LEN)
+                raw.removesuffix(suffix), "{global_batch}", accepted, MAX_GPUS * MAX_MICRO_BATCH,
+                BINARY_SUFFIXES,
+            )  # fmt: skip
+    tokens = parse_count(
+        text, "{global_batch}", accepted, MAX_GPUS * MAX_MICRO_BATCH * MAX_SEQ_LEN, BINARY_SUFFIXES
+    )
     if tokens % seq_len:
         raise InputError(
             f"{{global_batch}} {shown(text)} ({tokens:,} tokens) is not a whole number of sequences of "
@@ -152,10 +195,11 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
     o = options
     if o.model is None:
         raise InputError("give {model}; accepted: a model preset such as llama-3-8b, or a config.json")
-    if o.gpu is None:
+    if o.gpu is None and o.gpu_memory is None:
         raise InputError(
-            "give {gpu}: the plan needs its memory and dense peak FLOP/s; accepted: a GPU preset such as "
-            "h100-80gb (see `zerocalc presets list gpus`)"
+            "give {gpu} or {gpu_memory}: the plan needs the GPU's memory and dense peak FLOP/s; accepted: "
+            "{gpu} a GPU preset such as h100-80gb (see `zerocalc presets list gpus`) or a GPU TOML file, or "
+            f"{{gpu_memory}} such as 24GiB (priced with the {DEFAULT_GPU}'s compute)"
         )
     objective_key = str(o.objective).strip().lower()
     if objective_key not in {m.value for m in Objective}:
@@ -169,6 +213,8 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
     base = parse_options(
         model=o.model,
         gpu=o.gpu,
+        gpu_memory=o.gpu_memory,
+        precision=plan_precision(o.gpu).value,
         gpus=max_gpus,
         gpus_per_node=o.gpus_per_node,
         seq_len=o.seq_len,
@@ -179,12 +225,13 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         model_impl=o.model_impl,
         flash_attention=o.flash_attention,
     )
-    assert base.gpu is not None
-    table = compute_table(base.compute_calibration, base.gpu.name)
+    gpu = base.runtime  # the preset or GPU file given, else DEFAULT_GPU's figures with --gpu-memory
+    table = compute_table(base.compute_calibration, None if gpu_file(o.gpu or "") else gpu.name)
     if table is None:
+        shipped = f"presets/compute/{gpu.name}.json" if o.gpu is not None and not gpu_file(o.gpu) else ""
         raise InputError(
-            f"{{gpu}} {base.gpu.name} has no compute table (presets/compute/{base.gpu.name}.json); accepted: "
-            "{compute_calibration} a file written by `zerocalc bench --compute`"
+            f"{{gpu}} {shown(o.gpu)} has no compute table{f' ({shipped})' if shipped else ''}; accepted: "
+            "{compute_calibration} a file written by `zerocalc bench --compute` on that GPU"
         )
     if base.model.architecture is None:  # pragma: no cover - a model always has one
         raise InputError("{model} needs an architecture; accepted: a preset or a config.json")
@@ -198,6 +245,7 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
     return PlanRequest(
         model=o.model,
         gpu=o.gpu,
+        gpu_memory=None if o.gpu_memory is None else str(o.gpu_memory),
         max_gpus=max_gpus,
         gpus_per_node=per_node,
         global_batch_sequences=sequences,
@@ -391,7 +439,29 @@ def enumerate_groups(plan: PlanRequest, flash: bool) -> tuple[list[Group], list[
         rejected += [Rejected(reason, count) for reason, count in refused.items()]
         for mesh in meshes:
             _mesh_groups(plan, flash, world, mesh, groups, rejected)
+    if not groups:
+        raise _nothing_to_search(plan, rejected)
     return groups, rejected
+
+
+def _nothing_to_search(plan: PlanRequest, rejected: list[Rejected]) -> InputError:
+    """The options leave no candidate at all (a degree that divides no number of GPUs searched, a global
+    batch no number of replicas divides): a problem of the input, named in one line, not an empty plan."""
+    reasons = "; ".join(
+        dict.fromkeys(r.reason.removeprefix("mesh: ").removesuffix(" (meshes)") for r in rejected)
+    )
+    asked = [
+        f"{{{name}}} {','.join(map(str, degrees))}"
+        for name, degrees in plan.degrees.items()
+        if degrees is not None and degrees != (1,)
+    ]
+    batch = f"{{global_batch}} {plan.global_batch_sequences:,} sequences"
+    worlds = ", ".join(map(str, world_sizes(plan)))
+    return InputError(
+        f"{' '.join(asked) or batch} leave{'' if len(asked) > 1 else 's'} nothing to search on {worlds} GPUs "
+        f"({plan.gpus_per_node} a node): {reasons or 'no candidate'}; accepted: degrees dividing the GPUs, "
+        "the node and the heads (or auto), and a global batch the data-parallel replicas divide"
+    )
 
 
 def _mesh_groups(
@@ -425,10 +495,14 @@ def _mesh_groups(
     multi = tuple(b for b in bs if plan.global_batch_sequences // (replicas * b) > 1)
     for framework in plan.frameworks:
         names = framework_strategies(framework)
-        # fp32 reductions where the default is not already fp32 (Megatron-LM's main gradients are)
+        # fp32 reductions where the default is not already fp32 (Megatron-LM's main gradients are), and
+        # where gradients are reduced at all: over d·c > 1 ranks (one rank of each has nothing to reduce)
         record = FRAMEWORKS[framework]
         default = record.dtypes(plan.base.precision).reduce
-        reduce_dtypes: list[DType | None] = [None] + ([DType.FP32] if default is not DType.FP32 else [])
+        reduces = world // (mesh.tp * mesh.pp) > 1
+        reduce_dtypes: list[DType | None] = [None] + (
+            [DType.FP32] if default is not DType.FP32 and reduces else []
+        )
         for name in names:
             setup = record.setup(name)
             nodes = (

@@ -16,7 +16,7 @@ The step's allocated peak is the largest ``F + A`` over the slots (a slot withou
 :data:`NO_EVENT`). One framework run per configuration and one model run per (micro-batch, recompute)
 give every combination's peak: what ``zerocalc plan`` needs for each candidate, without simulating each.
 Both runs are the timeline's own code (the model run calls hooks that do nothing; the framework run
-replays the model run's hook calls on the real mechanics); tests/test_plan.py checks every candidate
+replays the model run's hook calls on the real mechanics); tests/plan/test_plan.py checks every candidate
 of several spaces against :func:`zerocalc.peak.simulate.simulate`.
 """
 
@@ -28,7 +28,7 @@ from functools import cached_property
 from operator import add
 from typing import NamedTuple
 
-from zerocalc.model.model_impl import Device, LayerSaves
+from zerocalc.model.code import Device, LayerSaves
 from zerocalc.peak.ledger import CUDA_BLOCK, Ledger
 from zerocalc.peak.mechanics import Mechanics
 from zerocalc.peak.report import StateLine
@@ -285,7 +285,7 @@ def model_values(
     saves: LayerSavesCache | None = None,
 ) -> list[int]:
     """:func:`model_run`'s values alone: the hook calls are the same at every micro-batch and recompute
-    (tests/test_plan.py), so a search records them once per layer count."""
+    (tests/plan/test_plan.py), so a search records them once per layer count."""
     return _model_step(request, runtime, device, None, saves)
 
 

@@ -14,6 +14,7 @@ from zerocalc.render.tables import (
     COLLECTIVE_LEGEND,
     OP_SHORT,
     PHASE_SHORT,
+    STEP_TIME_ACCURACY,
     Column,
     Output,
     byte_cell,
@@ -405,6 +406,7 @@ def render_step(out: Output, estimate: CommEstimate) -> None:
         f"at the rates of {steps[0].compute_table} compute table{extra}; comm: what the framework's overlap "
         "leaves exposed (docs/model.md, Step time)[/dim]"
     )
+    out.print(f"[dim]· {STEP_TIME_ACCURACY}[/dim]")
 
 
 def _link_runs(pipeline: PipelineComm) -> list[tuple[str, PipelineLink]]:

@@ -70,6 +70,9 @@ def result_html(result: Any) -> str:
         color_system="truecolor",
         force_jupyter=False,
     )
+    from zerocalc.render.tables import TrimLineEnds
+
+    out.push_render_hook(TrimLineEnds())
     _render(result, out)
     return out.export_html(inline_styles=True, code_format=HTML_FORMAT)
 

@@ -133,7 +133,7 @@ def render_memory(out: Output, estimate: MemoryEstimate, unit: ByteUnit) -> None
         gpu = estimate.gpu
         out.print(
             f"[bold]GPU[/bold] {gpu.title}: {byte_cell(gpu.usable_bytes, unit)} {unit.value} as PyTorch "
-            f"sees it ({byte_cell(gpu.memory_bytes, unit)} {unit.value} in nvidia-smi)"
+            f"sees it ({byte_cell(gpu.memory_bytes, unit)} {unit.value} in {gpu.memory_tool})"
         )
     print_phrases(
         out,
@@ -231,20 +231,21 @@ def _verdict_cell(row: StrategyPeak, unit: ByteUnit) -> str:
 
 def _peak_lines(peak: PeakEstimate) -> list[tuple[str, list[int | None]]]:
     """What is alive at each strategy's peak, one line per kind of tensor, down to the device footprint
-    (the labels as printed)."""
+    (the labels as printed; the runtime's as its GPU preset names them)."""
     from zerocalc.parallel.framework_records import FRAMEWORKS
     from zerocalc.peak.kinds import TensorKind
 
+    names = peak.options.runtime_names
     rows = peak.strategies
     kinds = [k for k in TensorKind if any(r.term(k) for r in rows)]
     lines: list[tuple[str, list[int | None]]] = [(k.value, [r.term(k) or None for r in rows]) for k in kinds]
     lines += [
         ("[bold]allocated (max_allocated)[/bold]", [r.allocated_peak_bytes for r in rows]),
         ("+ allocator reserve", [r.allocator_reserve_bytes for r in rows]),
-        ("+ CUDA context, kernels", [r.context_bytes for r in rows]),
+        (f"+ {names.context}, kernels", [r.context_bytes for r in rows]),
     ]
     if any(r.nccl_bytes for r in rows):
-        lines.append(("+ NCCL communicators", [r.nccl_bytes or None for r in rows]))
+        lines.append((f"+ {names.collectives} communicators", [r.nccl_bytes or None for r in rows]))
     lines.append(("[bold]= device (cudaMemGetInfo)[/bold]", [r.peak_bytes for r in rows]))
     if FRAMEWORKS[peak.options.framework].estimate_covers_states_only:
         lines += [
@@ -269,7 +270,7 @@ def render_peak(out: Output, peak: PeakEstimate, unit: ByteUnit) -> None:
         out,
         f"[bold]Peak of one training step per GPU[/bold] ({o.framework.value},",
         f"{o.model_impl.value} model code,",
-        f"{o.optimizer_impl.value} Adam;",
+        f"{o.optimizer_step};",
         f"s = {o.seq_len},",
         f"b = {o.micro_batch},",
         f"recompute {o.recompute.value}),",
@@ -314,13 +315,15 @@ def render_peak(out: Output, peak: PeakEstimate, unit: ByteUnit) -> None:
         for source, names in by_source.items():
             which = f" ({', '.join(names)})" if len(by_source) > 1 else ""
             out.print(f"[dim]· {kind.value}{which}: {source}[/dim]")
-    context = "--reserve" if o.context_given else f"the {o.runtime_gpu} preset's measured figure"
+    names = o.runtime_names
+    figure = "measured" if o.context_measured else "estimated"
+    context = "--reserve" if o.context_given else f"the {o.runtime_gpu} preset's {figure} figure"
     out.print(
         f"[dim]· reserve: the caching allocator replayed over model creation and three steps"
         f"{' with expandable segments' if o.expandable_segments else ''}; context "
-        f"{byte_text(o.context_bytes, unit)}: {context}; NCCL: "
-        f"{byte_text(o.nccl_communicator_bytes, unit)} per communicator of more than one rank; cuBLAS "
-        f"workspace {byte_text(o.cublas_workspace_bytes, unit)} per stream[/dim]"
+        f"{byte_text(o.context_bytes, unit)}: {context}; {names.collectives}: "
+        f"{byte_text(o.nccl_communicator_bytes, unit)} per communicator of more than one rank; "
+        f"{names.blas} workspace {byte_text(o.cublas_workspace_bytes, unit)} per stream[/dim]"
     )
     if capacity is not None:
         out.print(

@@ -24,6 +24,58 @@ class Output(Protocol):
     def print(self, *objects: Any) -> None: ...
 
 
+class _TrimmedLines:
+    """A renderable as it renders, less the spaces at the end of each line (Rich keeps a wrapped line's
+    last space, and pads cells it does not need to): nothing of what is shown changes, no line is cropped
+    or re-wrapped."""
+
+    def __init__(self, renderable: Any) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.segment import Segment
+
+        line: list[Any] = []
+        for segment in console.render(self.renderable, options):
+            if segment.control or "\n" not in segment.text:
+                line.append(segment)
+                continue
+            *ends, rest = segment.text.split("\n")
+            for end in ends:
+                line.append(Segment(end, segment.style))
+                yield from _rstripped(line)
+                yield Segment.line()
+                line = []
+            if rest:
+                line.append(Segment(rest, segment.style))
+        yield from line
+
+
+def _rstripped(line: list[Any]) -> list[Any]:
+    """``line``'s segments without the whitespace that ends it (control segments kept in place)."""
+    from rich.segment import Segment
+
+    kept = list(line)
+    for i in range(len(kept) - 1, -1, -1):
+        segment = kept[i]
+        if segment.control:
+            continue
+        text = segment.text.rstrip()
+        if text:
+            kept[i] = Segment(text, segment.style)
+            return kept
+        del kept[i]
+    return kept
+
+
+class TrimLineEnds:
+    """A Rich render hook: everything printed on the console it is pushed on loses its lines' trailing
+    spaces (``console.push_render_hook(TrimLineEnds())``); the CLI's console and the notebook display's."""
+
+    def process_renderables(self, renderables: list[Any]) -> list[Any]:
+        return [_TrimmedLines(renderable) for renderable in renderables]
+
+
 def print_phrases(out: Output, *phrases: str) -> None:
     """Print a heading made of phrases (``Ψ = 7,000,000,000 (7B),``, ``b_p = 2,``) joined by spaces,
     breaking lines only between them, so that a formula is never cut (``b_p =`` / ``2``) at the
@@ -109,6 +161,16 @@ def print_fitted(
         for i, key in enumerate(keys):
             table.add_row(key, *(column.cells[i] for column in group))
         out.print(table)
+
+
+STEP_TIME_ACCURACY = (
+    "step times are estimates from the compute table's rates and the links' bandwidths: 3-9% under the "
+    "steps measured on the 700 W H100 and H200 the tables come from; -10% to 0% on Megatron-LM's "
+    "published A100 runs, -17% on its DGX H100 CI run; torchtitan's 500 W H100s run 45% slower than "
+    "predicted (docs/model.md, Step time)"
+)
+"""What the step time's checks measured (docs/model.md, Step time, and docs/validation.md), said under
+every table of step times (``comm``'s, ``plan``'s)."""
 
 
 OP_SHORT = {

@@ -1,5 +1,6 @@
 """The step's timeline as a text chart: allocated (bars) and reserved (a line) over the events, the
-phases along the bottom and the peak marked (``zerocalc memory --model … --timeline``)."""
+phases along the bottom and the peak marked (``zerocalc memory --model … --timeline``); the y axis is
+labelled in its unit and the legend says what each axis is."""
 
 from __future__ import annotations
 
@@ -45,9 +46,9 @@ def timeline_lines(
     reserved = [e.reserved_bytes for e in events]
     has_reserved = all(r is not None for r in reserved)
     top = max(max(allocated), *(r or 0 for r in reserved)) or 1
-    labels = {
-        0: format_bytes(top, unit),
-        height // 2: format_bytes(top * (height - height // 2) // height, unit),
+    labels = {  # the y axis in its unit: bytes per GPU
+        0: f"{format_bytes(top, unit)} {unit.value}",
+        height // 2: f"{format_bytes(top * (height - height // 2) // height, unit)} {unit.value}",
     }
     label_width = max(len(label) for label in labels.values()) + 1
     columns = max(1, width - label_width - 1)
@@ -81,7 +82,7 @@ def timeline_lines(
     for column in phase_starts:
         axis[column] = PHASE_START
     axis[peak_column] = PEAK
-    lines.append(f"{'0':>{label_width - 1}} └{''.join(axis)}")
+    lines.append(f"{'0 ' + unit.value:>{label_width - 1}} └{''.join(axis)}")
 
     names = [" "] * columns
     starts = sorted(phase_starts)
@@ -92,13 +93,15 @@ def timeline_lines(
     lines.append(" " * (label_width + 1) + "".join(names).rstrip())
 
     peak_event = events[peak]
+    phases = ", ".join(dict.fromkeys(event.phase.value for event in events))
     legend = (
-        f"{BARS[-1]} allocated, {PEAK} its peak: {format_bytes(peak_event.allocated_bytes, unit)} "
-        f"{unit.value} at {peak_event.phase.value}: {peak_event.event}"
+        f"y: {unit.value} per GPU; x: the step's {len(events)} events in order, "
+        f"{PHASE_START} where a phase starts ({phases}); {BARS[-1]} allocated, {PEAK} its peak: "
+        f"{format_bytes(peak_event.allocated_bytes, unit)} {unit.value} at {peak_event.phase.value}: "
+        f"{peak_event.event}"
     )
     if has_reserved:
         most = format_bytes(max(r or 0 for r in reserved), unit)
         legend += f"; {RESERVED} reserved by the caching allocator: up to {most} {unit.value}"
-    legend += f"; {len(events)} events"
     lines += textwrap.wrap(legend, width, break_long_words=False, break_on_hyphens=False)
     return lines

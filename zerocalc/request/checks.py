@@ -14,11 +14,10 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.base.parts import UNCACHED, Part
 from zerocalc.model.activations import Recompute
-from zerocalc.model.model_impl import (
-    MODEL_IMPLS,
+from zerocalc.model.code import (
+    MODEL_CODES,
     AttentionKernel,
-    ModelImplName,
-    default_attention,
+    Ulysses,
     op_sac_unsupported,
     parallel_unsupported,
 )
@@ -38,21 +37,21 @@ if TYPE_CHECKING:
 
 
 def flash_attention_used(request: TrainingRequest) -> bool:
-    """``flash_attention`` as asked, else what the model's code runs (:func:`default_attention`)."""
+    """``flash_attention`` as asked, else what the model's code runs (its record's ``default_attention``)."""
     asked = request.activations.flash_attention
     if asked is not None:
         return asked
-    kernel, _ = default_attention(MODEL_IMPLS[request.model_code], request.architecture)
+    kernel, _ = MODEL_CODES[request.model_code].default_attention(request.architecture)
     return kernel is AttentionKernel.FLASH
 
 
 def model_code_problem(request: TrainingRequest) -> str | None:
-    """A mesh the model's code cannot run the step of (:func:`~zerocalc.model.model_impl.
+    """A mesh the model's code cannot run the step of (:func:`~zerocalc.model.code.
     parallel_unsupported`), for the peak of a step; None when it can or no step is simulated."""
     mesh, arch = request.mesh, request.model.architecture
     if request.estimate is not Estimate.MEMORY or arch is None or (mesh.tp == 1 and mesh.cp == 1):
         return None
-    impl = MODEL_IMPLS[request.model_code]
+    impl = MODEL_CODES[request.model_code]
     reason = parallel_unsupported(impl, arch, request.rank_shape, flash_attention_used(request))
     if reason is None:
         return None
@@ -61,7 +60,7 @@ def model_code_problem(request: TrainingRequest) -> str | None:
         accepted = "{flash_attention}"
     elif "sequence parallelism (the norms" in reason:
         accepted = "{sequence_parallel} off, or {model_impl} torchtitan"
-    elif "Ulysses" in reason and impl.name is ModelImplName.TORCHTITAN:
+    elif "Ulysses" in reason and impl.ulysses is Ulysses.NONE:
         accepted = "{cp_impl} ring or allgather"
     elif "not modelled" in reason:
         accepted = "{model_impl} megatron, or {tp} 1"
@@ -72,7 +71,7 @@ def model_code_problem(request: TrainingRequest) -> str | None:
 
 def recompute_problem(request: TrainingRequest) -> str | None:
     """``{recompute} op`` where torchtitan's op-level policy is not modelled
-    (:func:`~zerocalc.model.model_impl.op_sac_unsupported`): the step's memory for torchtitan's code only,
+    (:func:`~zerocalc.model.code.op_sac_unsupported`): the step's memory for torchtitan's code only,
     its time and collectives for any dense Llama block's; ``{checkpoint_every}`` N > 1 (torchtitan's
     layer-level selective checkpointing, any code's ``checkpoint_wrapper`` on every N-th block) other than
     under full recompute of a dense model; None otherwise."""
@@ -91,7 +90,7 @@ def recompute_problem(request: TrainingRequest) -> str | None:
         )
     if activations.recompute is not Recompute.OP or arch is None:
         return None
-    impl = MODEL_IMPLS[code]
+    impl = MODEL_CODES[code]
     memory_code = impl if request.estimate is Estimate.MEMORY else None
     reason = op_sac_unsupported(arch, request.rank_shape, flash_attention_used(request), memory_code)
     if reason is None:

@@ -8,6 +8,7 @@ from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError, shown
 from zerocalc.base.units import (
     parse_bandwidth,
@@ -24,9 +25,22 @@ from zerocalc.network.links import (
     BandwidthSource,
     LinkFigures,
 )
+from zerocalc.parallel.precision import RECIPES, PrecisionName
 
 DEFAULT_GPU = "h100-80gb"
 """Without ``gpu``, the runtime figures (context, NCCL, cuBLAS workspaces) are this preset's (measured)."""
+
+
+class RuntimeNames(BaseModel):
+    """What a GPU vendor's software is called in outputs: a field of each GPU preset (NVIDIA's by default,
+    AMD's in the Instinct presets), so no output branches on the vendor."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    smi: str = Field(default="nvidia-smi", description="the tool whose total memory the preset's memory is")
+    context: str = Field(default="CUDA context", description="what the runtime holds per process")
+    collectives: str = Field(default="NCCL", description="the collective library")
+    blas: str = Field(default="cuBLAS", description="the GEMM library whose workspaces the runtime holds")
 
 
 class GpuChoice(BaseModel):
@@ -36,12 +50,15 @@ class GpuChoice(BaseModel):
 
     name: str
     title: str
-    memory_bytes: int = Field(description="as nvidia-smi reports it")
+    memory_bytes: int = Field(description="as the vendor's tool (names.smi) reports it")
     usable_bytes: int = Field(description="what PyTorch sees (torch.cuda.mem_get_info total): the capacity")
     context_bytes: int = Field(
-        description="outside the caching allocator: CUDA context, NCCL, kernels (world size 1)"
+        description="outside the caching allocator: the runtime context, collectives, kernels (world size 1)"
     )
     context_given: bool = Field(default=False, description="context_bytes is --reserve, not the preset's")
+    context_measured: bool = Field(default=False, description="the preset's context was measured on it")
+    names: RuntimeNames = RuntimeNames()
+    bf16: bool = Field(default=True, description="the tensor cores take bf16 (the V100's do not)")
     nccl_communicator_bytes: int
     cublas_workspace_bytes: int
     bf16_dense_tflops: float
@@ -61,6 +78,9 @@ def gpu_preset(name: str) -> GpuChoice:
         memory_bytes=spec.memory_bytes,
         usable_bytes=spec.usable_bytes,
         context_bytes=spec.context_bytes,
+        context_measured=spec.context_measured,
+        names=spec.names,
+        bf16=spec.bf16,
         nccl_communicator_bytes=spec.nccl_communicator_bytes,
         cublas_workspace_bytes=spec.cublas_workspace_bytes,
         bf16_dense_tflops=spec.bf16_dense_tflops,
@@ -80,13 +100,18 @@ def runtime_of(gpu: GpuChoice | None, reserve_bytes: int | None) -> GpuChoice:
 
 
 def parse_gpu(
-    gpu: str | None, gpu_memory: int | str | None, reserve: int | str | None
+    gpu: str | None,
+    gpu_memory: int | str | None,
+    reserve: int | str | None,
+    precision: PrecisionName = PrecisionName.BF16_MIXED,
 ) -> tuple[GpuChoice | None, int | None, int | None]:
     """(the GPU preset, what PyTorch sees of one GPU, ``--reserve`` in bytes).
 
     The memory is the preset's usable memory (``torch.cuda.mem_get_info``'s total) or ``gpu_memory``; the
     context the runtime figures hold (:func:`runtime_of`: the preset's, else :data:`DEFAULT_GPU`'s, or
-    ``reserve``) must leave some of it (checked here, where the message names the values as given).
+    ``reserve``) must leave some of it (checked here, where the message names the values as given). A
+    recipe holding bf16 tensors is refused on a GPU whose tensor cores take none (``bf16 = false``: the
+    V100's, fp16 only): PyTorch would run its matmuls off the tensor cores, at no rate the preset states.
     """
     if gpu is not None and gpu_memory is not None:
         raise InputError(
@@ -95,6 +120,13 @@ def parse_gpu(
     preset = None if gpu is None else gpu_preset(gpu)
     reserve_bytes = None if reserve is None else parse_bytes(reserve, "{reserve}")
     runtime = runtime_of(preset, reserve_bytes)
+    recipe = RECIPES[precision]
+    dtypes = (recipe.param_dtype, recipe.grad_dtype, recipe.master_dtype, recipe.optimizer_state_dtype)
+    if not runtime.bf16 and DType.BF16 in dtypes:
+        raise InputError(
+            f"{{precision}} {precision.value} on the {runtime.title}: its tensor cores take no bf16 (fp16 "
+            "only); accepted: {precision} fp16-mixed or fp32"
+        )
     if preset is not None:
         memory, named = preset.usable_bytes, f"the {preset.title}'s usable memory"
     elif gpu_memory is not None:

@@ -12,21 +12,36 @@ override what a file says):
   ``fsdp_config`` or ``deepspeed_config`` table).
 
 :func:`read_launch_config` is pure (text in, :class:`LaunchConfig` out); reading the file is the caller's.
-Every key a format defines that zerocalc does not model is listed in :attr:`LaunchConfig.unmodelled`, and a
-setting zerocalc cannot honour (a schedule or a layer split it does not model, a value it does not know) is
-an :class:`~zerocalc.base.errors.InputError` naming the key, never dropped.
+Every key is sorted by its format's table in :mod:`zerocalc.request.launch_keys`: modelled (read here),
+harmless (listed in :attr:`LaunchConfig.harmless`) or refused; a setting zerocalc cannot honour (a schedule
+or a layer split it does not model, a value it does not know, a key no table names) is an
+:class:`~zerocalc.base.errors.InputError` naming the key, never dropped.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import pairwise
 from typing import Any
 
-from zerocalc.base.errors import InputError
+from zerocalc.base.errors import InputError, literal
+from zerocalc.request.launch_keys import (
+    ACCELERATE_KEYS,
+    DEEPSPEED_KEYS,
+    FP8,
+    TORCHTITAN_KEYS,
+    Sort,
+    rule_of,
+    shown_value,
+    sort_keys,
+)
+
+HARMLESS_NOTE = "harmless (no bearing on memory, communication or step time)"
+"""How a note lists a file's harmless keys."""
 
 
 class LaunchFormat(StrEnum):
@@ -41,16 +56,17 @@ class LaunchConfig:
 
     values: dict[str, Any]
     notes: tuple[str, ...] = ()
-    unmodelled: tuple[str, ...] = field(default=())
-    """Keys of the file that zerocalc reads but does not model (dotted paths)."""
+    harmless: tuple[str, ...] = field(default=())
+    """Keys of the file with no bearing on memory, communication or step time (dotted paths,
+    :mod:`zerocalc.request.launch_keys`)."""
     stages: TitanStages | None = None
     """How the file splits the model's layers over pipeline stages, which gives ``vpp`` and the first and
     last stage's layers once the model's layer count is known (:meth:`TitanStages.options`)."""
 
     def note_lines(self, source: str) -> list[str]:
         lines = [f"{source}: {note}" for note in self.notes]
-        if self.unmodelled:
-            lines.append(f"{source}: not modelled: {', '.join(self.unmodelled)}")
+        if self.harmless:
+            lines.append(f"{source}: {HARMLESS_NOTE}: {', '.join(self.harmless)}")
         return lines
 
 
@@ -104,7 +120,8 @@ def _scalar(text: str) -> Any:
 
 def _yaml(text: str, where: str) -> dict[str, Any]:
     """accelerate's config YAML: mappings of scalars nested by indentation (what ``accelerate config``
-    writes). Lists and flow collections are refused in one line rather than misread."""
+    writes), and the empty ``[]`` and ``{}`` it writes for unset lists. Other lists and flow collections are
+    refused in one line rather than misread."""
     root: dict[str, Any] = {}
     stack: list[tuple[int, dict[str, Any]]] = [(-1, root)]
     for number, line in enumerate(text.splitlines(), 1):
@@ -113,6 +130,11 @@ def _yaml(text: str, where: str) -> dict[str, Any]:
             continue
         indent = len(content) - len(content.lstrip())
         key, sep, value = content.strip().partition(":")
+        if value.strip() in ("[]", "{}"):  # an empty list or table, as `accelerate config` writes tpu_env
+            while indent <= stack[-1][0]:
+                stack.pop()
+            stack[-1][1][key.strip()] = [] if value.strip() == "[]" else {}
+            continue
         if not sep or content.strip().startswith("- ") or value.strip()[:1] in ("[", "{", "|", ">"):
             raise InputError(
                 f"{where} line {number} {content.strip()!r} is not a 'key: value' line; accepted: an "
@@ -142,70 +164,146 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _refuse(where: str, key: str, value: Any, accepted: str) -> InputError:
+    """A setting the framework runs and zerocalc does not model."""
     return InputError(f"{where}: {key} {value!r} is not modelled; accepted: {accepted}")
+
+
+def _invalid(where: str, key: str, value: Any, accepted: str) -> InputError:
+    """A value that is not one the key takes (a word for a count)."""
+    return InputError(f"{where}: {key} {value!r} is not accepted; accepted: {accepted}")
 
 
 # -------------------------------------------------------------------------------------------- DeepSpeed
 _DS_STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
-_DS_READ = {
-    "zero_optimization.stage", "zero_optimization.offload_optimizer.device",
-    "zero_optimization.offload_param.device", "zero_optimization.reduce_bucket_size",
-    "zero_optimization.allgather_bucket_size", "zero_optimization.zero_quantized_weights",
-    "zero_optimization.zero_hpz_partition_size", "zero_optimization.zero_quantized_gradients",
-    "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "bf16.enabled", "fp16.enabled",
-    "communication_data_type", "optimizer.type",
-}  # fmt: skip
-_DS_HARMLESS = {"train_batch_size", "steps_per_print", "wall_clock_breakdown", "gradient_clipping"}
-"""Keys with no bearing on memory or communication per step (listed as not modelled all the same)."""
+"""A ZeRO stage (``zero_optimization.stage``, accelerate's ``zero_stage``: DeepSpeed 0.19.8
+``ZeroStageEnum``) as zerocalc's strategy."""
+
+
+def _modelled_stages() -> dict[int, str]:
+    """The stages whose strategy DeepSpeed's framework record models: the one table the accepted stages
+    are read from (:data:`~zerocalc.parallel.framework_records.FRAMEWORKS`)."""
+    from zerocalc.parallel.framework_records import framework_strategies
+    from zerocalc.parallel.frameworks import Framework
+
+    modelled = {strategy.value for strategy in framework_strategies(Framework.DEEPSPEED)}
+    return {stage: name for stage, name in _DS_STAGES.items() if name in modelled}
+
+
+def _listed(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + f" or {items[-1]}"
+
+
+_DS_DTYPES = ("fp16", "bf16", "fp32")
+"""``communication_data_type``'s values (DeepSpeed 0.19.8 ``runtime/config.py``
+``get_communication_data_type``, case-insensitive)."""
+_DS_OFFLOAD = ("none", "cpu", "nvme")
+"""``OffloadDeviceEnum`` (DeepSpeed 0.19.8 ``runtime/zero/offload_config.py``)."""
+_LAX_INT = re.compile(r"\s*[+-]?[0-9]+(?:\.0*)?\s*")
+"""An integer as pydantic's lax mode reads one from a string (``"3"``, ``" 3"``, ``"3.0"``; not ``"5e8"``)."""
+
+
+def _ds_int(value: Any, key: str, where: str, least: int = 1, lax: bool = False) -> int:
+    """A whole number a ds_config key holds: an int, or a float with no fraction (JSON's ``5e8``); with
+    ``lax`` (a pydantic field of ``DeepSpeedZeroConfig``, validated in lax mode) also a string of digits."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    elif lax and isinstance(value, str) and _LAX_INT.fullmatch(value):
+        value = int(float(value))
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise _invalid(where, key, value, f"a whole number, {least} or more")
+    return value
+
+
+def _ds_bool(value: Any, key: str, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise _invalid(where, key, value, "true or false")
+    return value
 
 
 def _zero(values: dict[str, Any], where: str, get: Any, key: str) -> None:
-    """A DeepSpeed ZeRO stage (``key``) as ``strategies``."""
+    """A DeepSpeed ZeRO stage (``key``) as ``strategies``; digits as DeepSpeed's pydantic config reads them
+    (``ZeroStageEnum``, lax mode: ``"3"`` is stage 3)."""
     stage = get(key)
     if stage is not None:
-        if stage not in _DS_STAGES:
-            raise _refuse(where, key, stage, "0, 1, 2 or 3")
-        values["strategies"] = _DS_STAGES[stage]
+        number = _ds_int(stage, key, where, least=0, lax=True) if not isinstance(stage, bool) else -1
+        stages = _modelled_stages()
+        accepted = _listed([f"{n} ({name})" for n, name in stages.items()])
+        if number not in stages:
+            raise (_refuse if number in _DS_STAGES else _invalid)(where, key, stage, accepted)
+        values["strategies"] = stages[number]
 
 
 def _offload(values: dict[str, Any], where: str, get: Any, key: str, option: str) -> None:
     """A DeepSpeed offload device (``key``) as ``option``."""
     device = get(key)
     if device is not None:
-        if str(device).lower() not in ("none", "cpu", "nvme"):
-            raise _refuse(where, key, device, "none, cpu or nvme")
+        if str(device).lower() not in _DS_OFFLOAD:
+            raise _invalid(where, key, device, ", ".join(_DS_OFFLOAD[:-1]) + f" or {_DS_OFFLOAD[-1]}")
         values[option] = str(device).lower()
 
 
 def _deepspeed(config: dict[str, Any], where: str) -> LaunchConfig:
     flat = _flatten(config)
+    if not any(rule_of(DEEPSPEED_KEYS, key) is not None for key in flat):
+        model = " (a Hugging Face config.json: give it as --model)" if "model_type" in config else ""
+        raise InputError(
+            f"{where} has no ds_config key{literal(model)}; accepted: a DeepSpeed ds_config.json "
+            "(zero_optimization, train_micro_batch_size_per_gpu, bf16, ...)"
+        )
     values: dict[str, Any] = {"framework": "deepspeed"}
     notes: list[str] = []
-    for key, value in flat.items():
-        if value == "auto":
-            notes.append(
-                f"{key} is 'auto' (filled in by the Hugging Face Trainer): zerocalc's default is used"
-            )
-    get = {k: v for k, v in flat.items() if v != "auto"}.get
+    auto = [
+        key
+        for key, value in flat.items()
+        if value == "auto"
+        and (rule := rule_of(DEEPSPEED_KEYS, key)) is not None
+        and rule.sort is not Sort.HARMLESS
+    ]
+    for key in auto:
+        notes.append(f"{key} is 'auto' (filled in by the Hugging Face Trainer): zerocalc's default is used")
+    present = {k: v for k, v in flat.items() if k not in auto}
+    harmless = sort_keys(present, DEEPSPEED_KEYS, where)
+    get = present.get
     _zero(values, where, get, "zero_optimization.stage")
     _offload(values, where, get, "zero_optimization.offload_optimizer.device", "offload_optimizer")
     _offload(values, where, get, "zero_optimization.offload_param.device", "offload_params")
-    for key, option in (
-        ("zero_optimization.reduce_bucket_size", "reduce_bucket"),
-        ("zero_optimization.allgather_bucket_size", "allgather_bucket"),
-        ("train_micro_batch_size_per_gpu", "micro_batch"),
-        ("gradient_accumulation_steps", "grad_accum"),
+    for key, option, least, lax in (
+        ("zero_optimization.reduce_bucket_size", "reduce_bucket", 1, True),  # Field(gt=0)
+        ("zero_optimization.allgather_bucket_size", "allgather_bucket", 0, True),  # Field(ge=0)
+        ("train_micro_batch_size_per_gpu", "micro_batch", 1, False),  # get_scalar_param: as written
+        ("gradient_accumulation_steps", "grad_accum", 1, False),
     ):
         if get(key) is not None:
-            values[option] = str(get(key))
-    if get("bf16.enabled") and get("fp16.enabled"):
+            values[option] = str(_ds_int(get(key), key, where, least, lax))
+    for key in ("train_batch_size",):
+        if get(key) is not None:
+            _ds_int(get(key), key, where)
+    for key in (
+        "bf16.enabled", "bfloat16.enabled", "fp16.enabled", "zero_optimization.overlap_comm",
+        "zero_optimization.zero_quantized_weights", "zero_optimization.zero_quantized_gradients",
+    ):  # fmt: skip
+        if get(key) is not None:
+            _ds_bool(get(key), key, where)
+    if get("zero_optimization.zero_hpz_partition_size") is not None:
+        _ds_int(get("zero_optimization.zero_hpz_partition_size"), "zero_optimization.zero_hpz_partition_size",
+                where, least=0, lax=True)  # fmt: skip
+    per_gpu = all(
+        get(key) is not None or key in auto
+        for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    )
+    _ds_checked(get, where, per_gpu)
+    bf16 = get("bf16.enabled", get("bfloat16.enabled"))
+    if bf16 and get("fp16.enabled"):
         raise _refuse(where, "bf16.enabled and fp16.enabled", True, "one of them")
-    if get("bf16.enabled") is not None or get("fp16.enabled") is not None:
-        values["precision"] = (
-            "bf16-mixed" if get("bf16.enabled") else "fp16-mixed" if get("fp16.enabled") else "fp32"
-        )
-    if get("communication_data_type") is not None:
-        values["reduce_dtype"] = str(get("communication_data_type"))
+    if bf16 is not None or get("fp16.enabled") is not None:
+        values["precision"] = "bf16-mixed" if bf16 else "fp16-mixed" if get("fp16.enabled") else "fp32"
+    dtype = get("communication_data_type")
+    if dtype is not None:
+        if str(dtype).lower() not in _DS_DTYPES:
+            raise _invalid(
+                where, "communication_data_type", dtype, ", ".join(_DS_DTYPES[:-1]) + f" or {_DS_DTYPES[-1]}"
+            )
+        values["reduce_dtype"] = str(dtype).lower()
     zeropp = [
         name
         for name, on in (
@@ -223,8 +321,30 @@ def _deepspeed(config: dict[str, Any], where: str) -> LaunchConfig:
         if name not in ("adam", "adamw"):
             raise _refuse(where, "optimizer.type", optimizer, "Adam or AdamW")
         values["optimizer"] = name
-    unmodelled = sorted(k for k in flat if k not in _DS_READ and not k.startswith("optimizer.params"))
-    return LaunchConfig(values=values, notes=tuple(notes), unmodelled=tuple(unmodelled))
+    return LaunchConfig(values=values, notes=tuple(notes), harmless=harmless)
+
+
+def _ds_checked(get: Any, where: str, per_gpu: bool) -> None:
+    """The modelled keys that set no option, checked against what zerocalc models: ``overlap_comm`` at its
+    default for the stage (``DeepSpeedZeroConfig.overlap_comm_valid``: on for ZeRO-3, off below; the step
+    model overlaps ZeRO-3's collectives and exposes ZeRO-1/2's reductions, :mod:`zerocalc.comm.step`), and
+    ``train_batch_size`` only beside the micro-batch and accumulation it would otherwise derive from the
+    world (``DeepSpeedConfig._set_batch_related_parameters``)."""
+    stage = get("zero_optimization.stage", 0)
+    overlap = get("zero_optimization.overlap_comm")
+    if overlap is not None and overlap != (stage == 3):
+        what = "reductions overlapped with backward" if overlap else "ZeRO-3's collectives not overlapped"
+        raise InputError(
+            f"{where}: zero_optimization.overlap_comm {overlap!r} is not modelled ({what}: zerocalc's step "
+            f"time models DeepSpeed's default for stage {stage}); accepted: {shown_value(stage == 3)} (or "
+            "leave it out)"
+        )
+    if get("train_batch_size") is not None and not per_gpu:
+        raise _refuse(
+            where, "train_batch_size", get("train_batch_size"),
+            "train_micro_batch_size_per_gpu and gradient_accumulation_steps given beside it (DeepSpeed "
+            "derives the missing one from the world size)",
+        )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------- torchtitan
@@ -235,8 +355,15 @@ _TITAN_MODELS = {
     ("qwen3", "30B-A3B"): "qwen3-30b-a3b",
 }
 _TITAN_AC_MODES = ("none", "full", "selective")
+_TITAN_AC_DEFAULT = "selective"
 _TITAN_SAC_DEFAULT = "2"
-"""torchtitan ``ActivationCheckpoint.selective_ac_option``'s default (v0.2.2 ``config/job_config.py``)."""
+"""torchtitan ``ActivationCheckpoint.mode`` and ``selective_ac_option``'s defaults (v0.2.2
+``config/job_config.py``; ``--activation_checkpoint.mode`` and ``selective_ac_option`` at 9dec370): a file
+without them checkpoints every second block."""
+_TITAN_IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
+_TITAN_IMPLEMENTATION_DEFAULT = "fused"
+"""``Optimizer.implementation``'s values and default (v0.2.2 ``config/job_config.py``, as v0.1.0's); at
+9dec370 ``--optimizer.fused`` (default false: ``build_optimizers`` passes ``foreach=not fused``)."""
 _TITAN_DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
 _TITAN_REDUCE_DEFAULT = "float32"
 """``Training.mixed_precision_reduce``'s default (v0.2.2 ``config/job_config.py``, and ``config_manager.py``
@@ -244,6 +371,11 @@ at commit 9dec370): FSDP reduces gradients in fp32 unless the file says otherwis
 _TITAN_LOCAL_BATCH_DEFAULT = 8
 """``Training.local_batch_size``'s default (v0.2.2 ``config/job_config.py``; ``--training.batch_size`` at
 9dec370): the sequences a data-parallel rank's pipeline splits into micro-batches."""
+_TITAN_DEFAULTS = (
+    "training.local_batch_size", "activation_checkpoint.mode", "activation_checkpoint.selective_ac_option",
+    "optimizer.implementation",
+)  # fmt: skip
+"""The keys whose torchtitan default differs from zerocalc's, applied where a file leaves them out."""
 _TITAN_SCHEDULES: dict[str, tuple[str, bool]] = {
     "gpipe": ("gpipe", False),
     "1f1b": ("1f1b", False),
@@ -280,17 +412,6 @@ _TITAN_SIZED = (
     "parallelism.pipeline_parallel_last_stage_less_layers", "parallelism.module_fqns_per_model_part",
 )  # fmt: skip
 """The keys of the layout that sizes micro-batches (v0.1.0 on), not read with :data:`_TITAN_COUNTED`."""
-_TITAN_READ = {
-    "model.name", "model.flavor", "parallelism.data_parallel_shard_degree",
-    "parallelism.data_parallel_replicate_degree", "parallelism.tensor_parallel_degree",
-    "parallelism.pipeline_parallel_degree", "parallelism.context_parallel_degree",
-    "parallelism.expert_parallel_degree", "parallelism.expert_tensor_parallel_degree",
-    "parallelism.fsdp_reshard_after_forward", "parallelism.pipeline_parallel_schedule",
-    "parallelism.pipeline_parallel_schedule_csv", "parallelism.pipeline_parallel_split_points",
-    _TITAN_COUNTED, *_TITAN_SIZED, "training.local_batch_size", "training.seq_len",
-    "training.mixed_precision_param", "training.mixed_precision_reduce", "activation_checkpoint.mode",
-    "activation_checkpoint.selective_ac_option", "optimizer.name",
-}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -544,6 +665,45 @@ def _titan_pipeline(get: Any, name: Any, where: str, pp: int, values: dict[str, 
     )
 
 
+def _titan_accumulation(
+    get: Any, name: Any, where: str, values: dict[str, Any], batch: int, shard: Any, replicate: int, pp: int
+) -> None:
+    """Gradient accumulation from ``global_batch_size`` (v0.2.2 ``train.py``: ``global_batch_size //
+    (local_batch_size × dp)`` steps of ``local_batch_size`` sequences, dp = shard × replicate; -1, the
+    default: none)."""
+    key = "training.global_batch_size"
+    total = get(key, -1)
+    if total == -1:
+        return
+    total = _whole(total, key, where)
+    if shard in (None, -1):
+        raise _refuse(
+            where, key, total, f"-1, or {name('parallelism.data_parallel_shard_degree')} given beside it"
+        )
+    dp = shard * replicate
+    if total % (batch * dp):
+        raise _invalid(where, key, total, f"a multiple of local_batch_size × dp = {batch} × {dp}")
+    steps = total // (batch * dp)
+    if steps > 1 and pp > 1:
+        raise _refuse(where, key, total, f"{batch * dp} (no accumulation over a pipeline's micro-batches)")
+    if steps > 1:
+        values["grad_accum"] = str(steps)
+
+
+def _titan_optimizer_impl(get: Any, where: str, older: bool) -> str:
+    """``--optimizer-impl`` from ``optimizer.implementation`` (or the older ``optimizer.fused``), else
+    the file's layout's default."""
+    fused = get("optimizer.fused")
+    if fused is not None:
+        if not isinstance(fused, bool):
+            raise _invalid(where, "optimizer.fused", fused, "true or false")
+        return "fused" if fused else "foreach"
+    implementation = get("optimizer.implementation", "foreach" if older else _TITAN_IMPLEMENTATION_DEFAULT)
+    if implementation not in _TITAN_IMPLEMENTATIONS:
+        raise _invalid(where, "optimizer.implementation", implementation, ", ".join(_TITAN_IMPLEMENTATIONS))
+    return str(implementation)
+
+
 def _titan_part_layers(fqns: Any, where: str) -> list[int]:
     """The transformer layers (``layers.N``) of each model part of ``module_fqns_per_model_part``."""
     if not isinstance(fqns, list) or not all(isinstance(part, list) for part in fqns):
@@ -558,12 +718,15 @@ def _titan_part_layers(fqns: Any, where: str) -> list[int]:
 
 def _whole(value: Any, key: str, where: str, least: int = 1) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise _refuse(where, key, value, f"a whole number, {least} or more")
+        raise _invalid(where, key, value, f"a whole number, {least} or more")
     return value
 
 
 def _torchtitan(job: dict[str, Any], where: str) -> LaunchConfig:
     original = _flatten(job)
+    harmless = sort_keys(
+        {k: v for k, v in original.items() if k not in _TITAN_RENAMED}, TORCHTITAN_KEYS, where
+    )
     flat, spelled = _titan_renamed(original, where)
     get = flat.get
 
@@ -636,12 +799,19 @@ def _torchtitan(job: dict[str, Any], where: str) -> LaunchConfig:
         values["strategies"] = "shard_grad_op" if keeps else "zero3"
         if shard not in (None, -1):
             values["gpus"] = str(shard * tp * cp * pp)
-    batch = get("training.local_batch_size")
-    if batch is not None:
-        values["micro_batch"] = str(batch)
+    given = {*original, *(["optimizer.implementation"] if get("optimizer.fused") is not None else [])}
+    defaults = [key for key in _TITAN_DEFAULTS if get(key) is None and name(key) not in given]
+    if defaults:
+        notes.append(f"torchtitan's defaults for what the file leaves out: {', '.join(defaults)}")
+    batch = _whole(
+        get("training.local_batch_size", _TITAN_LOCAL_BATCH_DEFAULT), name("training.local_batch_size"), where
+    )
+    values["micro_batch"] = str(batch)
     stages = _titan_pipeline(get, name, where, pp, values) if pp > 1 else None
+    _titan_accumulation(get, name, where, values, batch, shard, replicate, pp)
+    values["optimizer_impl"] = _titan_optimizer_impl(get, where, bool(spelled))
     if get("training.seq_len") is not None:
-        values["seq_len"] = str(get("training.seq_len"))
+        values["seq_len"] = str(_whole(get("training.seq_len"), name("training.seq_len"), where))
     param = get("training.mixed_precision_param")
     if param is not None:
         if param not in _TITAN_DTYPES:
@@ -651,19 +821,17 @@ def _torchtitan(job: dict[str, Any], where: str) -> LaunchConfig:
     if reduce not in _TITAN_DTYPES:
         raise _refuse(where, "training.mixed_precision_reduce", reduce, "bfloat16 or float32")
     values["reduce_dtype"] = _TITAN_DTYPES[reduce]
-    mode = get("activation_checkpoint.mode")
-    if mode is not None:
-        if mode not in _TITAN_AC_MODES:
-            raise _refuse(where, "activation_checkpoint.mode", mode, "none, full or selective")
-        option = str(get("activation_checkpoint.selective_ac_option", _TITAN_SAC_DEFAULT))
-        values.update({"recompute": mode} if mode != "selective" else _titan_selective(option, where))
+    mode = get("activation_checkpoint.mode", _TITAN_AC_DEFAULT)
+    if mode not in _TITAN_AC_MODES:
+        raise _refuse(where, "activation_checkpoint.mode", mode, "none, full or selective")
+    option = str(get("activation_checkpoint.selective_ac_option", _TITAN_SAC_DEFAULT))
+    values.update({"recompute": mode} if mode != "selective" else _titan_selective(option, where))
     optimizer = get("optimizer.name")
     if optimizer is not None:
         if str(optimizer).lower() not in ("adam", "adamw"):
             raise _refuse(where, "optimizer.name", optimizer, "Adam or AdamW")
         values["optimizer"] = str(optimizer).lower()
-    unmodelled = sorted(k for k in original if k not in _TITAN_READ and k not in _TITAN_RENAMED)
-    return LaunchConfig(values=values, notes=tuple(notes), unmodelled=tuple(unmodelled), stages=stages)
+    return LaunchConfig(values=values, notes=tuple(notes), harmless=harmless, stages=stages)
 
 
 # ------------------------------------------------------------------------------------------- accelerate
@@ -671,18 +839,46 @@ _FSDP1_STRATEGIES = {
     "FULL_SHARD": "zero3", "SHARD_GRAD_OP": "shard_grad_op", "NO_SHARD": "ddp",
     "HYBRID_SHARD": "hybrid_shard", "1": "zero3", "2": "shard_grad_op", "3": "ddp", "4": "hybrid_shard",
 }  # fmt: skip
-_ACCELERATE_READ = {
-    "distributed_type", "mixed_precision", "num_processes", "num_machines", "fsdp_config.fsdp_version",
-    "fsdp_config.fsdp_sharding_strategy", "fsdp_config.fsdp_reshard_after_forward",
-    "fsdp_config.fsdp_activation_checkpointing", "fsdp_config.fsdp_offload_params",
-    "deepspeed_config.zero_stage", "deepspeed_config.offload_optimizer_device",
-    "deepspeed_config.offload_param_device", "deepspeed_config.gradient_accumulation_steps",
-    "deepspeed_config.zero3_init_flag",
-}  # fmt: skip
+
+
+_ACCELERATE_TYPES = "FSDP, DEEPSPEED or MULTI_GPU"
+_FSDP_WRAP = "TRANSFORMER_BASED_WRAP"
+_FSDP_WRAP_DEFAULT = "NO_WRAP"
+_FSDP1_PREFETCH = "BACKWARD_PRE"
+_FSDP1_PREFETCH_DEFAULT = "NO_PREFETCH"
+"""accelerate 1.15.0 ``FullyShardedDataParallelPlugin.__post_init__`` (``utils/dataclasses.py``): without
+``fsdp_auto_wrap_policy`` the model is one unit (``NO_WRAP``), without ``fsdp_backward_prefetch`` FSDP1 does
+not prefetch (``NO_PREFETCH``: ``backward_prefetch=None``); zerocalc models a unit per block and FSDP1's
+``BACKWARD_PRE`` (:mod:`zerocalc.peak.mechanics`)."""
+
+
+def _fsdp_checked(get: Any, where: str, version: int) -> None:
+    """The FSDP keys zerocalc models at one value: the wrap policy (a unit per block), and for FSDP1 the
+    backward prefetch and ``use_orig_params=False`` (FSDP2 ignores both, with a warning)."""
+    key = "fsdp_config.fsdp_auto_wrap_policy"
+    policy = str(get(key, _FSDP_WRAP_DEFAULT)).upper()
+    if policy != _FSDP_WRAP:
+        shown = key if get(key) is not None else f"{key} (unset: accelerate's {_FSDP_WRAP_DEFAULT})"
+        raise _refuse(where, shown, policy, f"{_FSDP_WRAP} (a unit per decoder block)")
+    if version == 2:
+        return
+    key = "fsdp_config.fsdp_backward_prefetch"
+    prefetch = str(get(key, _FSDP1_PREFETCH_DEFAULT)).upper()
+    if prefetch != _FSDP1_PREFETCH:
+        shown = key if get(key) is not None else f"{key} (unset: accelerate's {_FSDP1_PREFETCH_DEFAULT})"
+        raise _refuse(where, shown, prefetch, f"{_FSDP1_PREFETCH} (or fsdp_version 2)")
+    if get("fsdp_config.fsdp_use_orig_params"):
+        raise _refuse(where, "fsdp_config.fsdp_use_orig_params", True, "false (or fsdp_version 2)")
 
 
 def _accelerate(config: dict[str, Any], where: str) -> LaunchConfig:
     flat = _flatten(config)
+    if not flat:
+        raise InputError(
+            f"{where} holds no key; accepted: an accelerate config as `accelerate config` writes it "
+            "(distributed_type, num_processes, mixed_precision, ...)"
+        )
+    harmless = sort_keys(flat, ACCELERATE_KEYS, where)
     get = flat.get
     values: dict[str, Any] = {}
     notes: list[str] = []
@@ -694,45 +890,62 @@ def _accelerate(config: dict[str, Any], where: str) -> LaunchConfig:
             reshard = get("fsdp_config.fsdp_reshard_after_forward")
             values["strategies"] = "shard_grad_op" if reshard is False else "zero3"
         else:
-            strategy = str(get("fsdp_config.fsdp_sharding_strategy") or "FULL_SHARD").upper()
+            # FSDP1 reads fsdp_reshard_after_forward as the sharding strategy when fsdp_sharding_strategy is
+            # unset (accelerate 1.15.0 FullyShardedDataParallelPlugin.__post_init__; cluster.py writes it)
+            key = next(
+                (k for k in ("fsdp_config.fsdp_sharding_strategy", "fsdp_config.fsdp_reshard_after_forward")
+                 if get(k) is not None), "fsdp_config.fsdp_sharding_strategy",
+            )  # fmt: skip
+            strategy = str(get(key) or "FULL_SHARD").upper()
             if strategy not in _FSDP1_STRATEGIES:
-                raise _refuse(
-                    where, "fsdp_config.fsdp_sharding_strategy", strategy, ", ".join(_FSDP1_STRATEGIES)
-                )
+                raise _refuse(where, key, strategy, ", ".join(_FSDP1_STRATEGIES))
             values["strategies"] = _FSDP1_STRATEGIES[strategy]
         if get("fsdp_config.fsdp_activation_checkpointing"):
             values["recompute"] = "full"
         if get("fsdp_config.fsdp_offload_params"):
             values["offload_params"] = "cpu"
+        if get("fsdp_config.fsdp_cpu_ram_efficient_loading"):  # rank 0 loads on the host, the others receive
+            values["init"] = "cpu"
+        _fsdp_checked(get, where, version)
     elif kind == "DEEPSPEED":
         values["framework"] = "deepspeed"
         _zero(values, where, get, "deepspeed_config.zero_stage")
         _offload(values, where, get, "deepspeed_config.offload_optimizer_device", "offload_optimizer")
         _offload(values, where, get, "deepspeed_config.offload_param_device", "offload_params")
-        if get("deepspeed_config.gradient_accumulation_steps") is not None:
-            values["grad_accum"] = str(get("deepspeed_config.gradient_accumulation_steps"))
-        if get("deepspeed_config.zero3_init_flag") is not None:  # deepspeed.zero.Init, or built on the host
-            values["init"] = "meta" if get("deepspeed_config.zero3_init_flag") else "cpu"
+        key = "deepspeed_config.gradient_accumulation_steps"
+        if get(key) is not None:
+            values["grad_accum"] = str(_ds_int(get(key), key, where))
+        key = "deepspeed_config.zero3_init_flag"
+        if get(key) is not None:  # deepspeed.zero.Init, or built on the host
+            values["init"] = "meta" if _ds_bool(get(key), key, where) else "cpu"
     elif kind == "MULTI_GPU":
         values["framework"] = "ddp"
         values["strategies"] = "ddp"
     elif kind:
-        raise _refuse(where, "distributed_type", kind, "FSDP, DEEPSPEED or MULTI_GPU")
+        raise _refuse(where, "distributed_type", kind, _ACCELERATE_TYPES)
+    else:  # BaseConfig.process_config: "A `distributed_type` must be specified in the config file."
+        raise InputError(
+            f"{where} has no distributed_type (accelerate requires one); accepted: {_ACCELERATE_TYPES}"
+        )
     precision = get("mixed_precision")
     if precision is not None:
         mapped = {"bf16": "bf16-mixed", "fp16": "fp16-mixed", "no": "fp32"}.get(str(precision).lower())
+        if str(precision).lower() == "fp8":
+            raise _refuse(where, "mixed_precision", precision, f"bf16, fp16 or no ({FP8})")
         if mapped is None:
-            raise _refuse(where, "mixed_precision", precision, "bf16, fp16 or no")
+            raise _invalid(where, "mixed_precision", precision, "bf16, fp16 or no")
         values["precision"] = mapped
     processes = get("num_processes")
-    if processes is not None:
+    machines = _whole(get("num_machines", 1), "num_machines", where)
+    if processes == -1:  # ClusterConfig's default: the launcher's command line gives it
+        notes.append("num_processes -1 (given at launch): --gpus is used")
+    elif processes is not None:
+        processes = _whole(processes, "num_processes", where)
         values["gpus"] = str(processes)
-        machines = get("num_machines") or 1
         if processes % machines:
             raise _refuse(where, "num_processes", processes, f"a multiple of num_machines {machines}")
         values["gpus_per_node"] = str(processes // machines)
-    unmodelled = sorted(k for k in flat if k not in _ACCELERATE_READ)
-    return LaunchConfig(values=values, notes=tuple(notes), unmodelled=tuple(unmodelled))
+    return LaunchConfig(values=values, notes=tuple(notes), harmless=harmless)
 
 
 _STAGE_OPTIONS = frozenset({"pp", "vpp", "pp_first_stage_layers", "pp_last_stage_layers", "pp_stage_layers"})

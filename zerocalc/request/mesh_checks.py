@@ -21,9 +21,7 @@ from zerocalc.model.architecture import (
     is_expert_tensor,
     parameter_tensors,
 )
-from zerocalc.model.model_impl import (
-    ModelImplName,
-)
+from zerocalc.model.code import MODEL_CODES, ModelImplName
 from zerocalc.network.cluster import DEFAULT_GPUS_PER_NODE, Cluster
 from zerocalc.parallel.framework_records import (
     FRAMEWORKS,
@@ -158,9 +156,13 @@ def default_schedule(vpp: int) -> PpSchedule:
 
 def default_sequence_parallel(framework: Framework, tp: int, model_impl: ModelImplName) -> bool:
     """Sequence parallelism when ``--sequence-parallel`` is not given: the framework's default
-    (``sequence_parallel_default``) with TP (transformers' tensor-parallel plans replicate the norms: none in
-    hf code)."""
-    return tp > 1 and FRAMEWORKS[framework].sequence_parallel_default and model_impl is not ModelImplName.HF
+    (``sequence_parallel_default``) with TP and a model code that has it (transformers' tensor-parallel
+    plans replicate the norms: none in hf code)."""
+    return (
+        tp > 1
+        and FRAMEWORKS[framework].sequence_parallel_default
+        and MODEL_CODES[model_impl].sequence_parallel
+    )
 
 
 def refuse_unmodelled(option: str, degree: int, framework: Framework, field: str, dimension: str) -> None:

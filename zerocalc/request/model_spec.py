@@ -97,7 +97,7 @@ def model_spec(params: int | str | None, model: str | Architecture | dict[str, A
     never both."""
     if (params is None) == (model is None):
         raise InputError(
-            "give {params} or {model} (not both); "
+            f"give {{params}} or {{model}}{'' if params is None else ', not both'}; "
             "accepted: {params} 7B, or {model} llama-3-8b / path/model.toml / path/config.json"
         )
     if model is None:

@@ -14,6 +14,7 @@ Adding an option is one :class:`Option` here plus its use where it is parsed.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any, NamedTuple
 
@@ -83,11 +84,13 @@ BOOL = "bool"
 
 OPTIONS: tuple[Option, ...] = (
     # ---------------------------------------------------------------------------------- the model
-    _opt("params", ("--params", "-p"), "Parameter count Ψ: 7B, 6.7b, 124M, 1.5T, 6.7e9, 6_738_415_616.",
+    _opt("params", ("--params", "-p"),
+         "Parameter count Ψ: 7B, 6.7b, 124M, 1.5T, 6.7e9, 6_738_415_616 (K, M, B, T: powers of 1,000).",
          ESTIMATES, value_type=OPT_NUM),
     _opt("model", ("--model", "-m"),
          "A model preset (see `zerocalc presets list models`), a model TOML file in the presets' schema, "
-         "a HF config.json, the folder holding one, or - (read from standard input).",
+         "a HF config.json, the folder holding one, - (read from standard input), or a HF model id "
+         "(org/name) in the local Hugging Face cache (HF_HUB_CACHE, HF_HOME; read offline).",
          ESTIMATES | {PLAN}, value_type="str | Architecture | dict[str, Any] | None"),
     # ---------------------------------------------------------------------------------- the cluster
     _opt("gpus", ("--gpus", "-n"), "N: GPUs of the run, dp × cp × tp.", ESTIMATES,
@@ -151,15 +154,18 @@ OPTIONS: tuple[Option, ...] = (
          "Tokens a rank's E/e experts receive, as a multiple of the balanced k·b·s/c (routing imbalance; "
          "Megatron moe_expert_capacity_factor, DeepSpeed capacity_factor); needs --ep.", ESTIMATES,
          value_type=FLOAT, metavar="F", default_help="1.0: balanced routing"),
-    _opt("gpu", ("--gpu",), "A GPU preset, e.g. h100-80gb (see `zerocalc presets list gpus`).",
+    _opt("gpu", ("--gpu",),
+         "A GPU preset, e.g. h100-80gb (see `zerocalc presets list gpus`), or a GPU TOML file of the "
+         "presets' schema (`zerocalc presets show h100-80gb --toml` is one to start from).",
          ESTIMATES | {PLAN}, value_type=OPT_STR),
     _opt("gpu_memory", ("--gpu-memory",),
-         "Memory of one GPU as PyTorch sees it, e.g. 79GiB: adds fits/headroom (instead of --gpu).",
-         frozenset({MEMORY}), value_type=OPT_NUM),
+         "Memory of one GPU as PyTorch sees it, e.g. 24GiB, instead of --gpu: adds fits/headroom; the "
+         "GPU's other figures (context; plan: compute and links) are then the h100-80gb's.",
+         frozenset({MEMORY, PLAN}), value_type=OPT_NUM),
     _opt("reserve", ("--reserve", "--overhead"),
          "Held outside the caching allocator at world size 1: CUDA context, kernels, NCCL.",
          frozenset({MEMORY}), value_type=OPT_NUM,
-         default_help="the GPU preset's measured, 1.30 GiB on the H100"),
+         default_help="the GPU preset's, 1.30 GiB measured on the H100"),
     # ---------------------------------------------------------------------------------- the job
     _opt("strategies", ("--strategy", "-s"),
          "all, or a comma list of ddp, zero1, zero2, shard_grad_op, zero3, hybrid_shard "
@@ -188,11 +194,13 @@ OPTIONS: tuple[Option, ...] = (
          ESTIMATES, default="none", value_type=OPT_STR),
     _opt("offload_params", ("--offload-params",), "none, cpu or nvme (zero3 only).", ESTIMATES,
          default="none", value_type=OPT_STR),
-    _opt("reduce_dtype", ("--reduce-dtype",), "Reduce gradients in fp32.", ESTIMATES, value_type=OPT_STR,
-         default_help="the gradient dtype"),
+    _opt("reduce_dtype", ("--reduce-dtype",),
+         "The dtype gradients are reduced in: fp32, or the gradients' own (bf16 under bf16-mixed, fp16 "
+         "under fp16-mixed).", ESTIMATES, value_type=OPT_STR, default_help="the gradient dtype"),
     # ---------------------------------------------------------------------------------- the step
     _opt("seq_len", ("--seq-len",),
-         "s: tokens per sequence, 4096 or 8k (= 8192, k = 1024); activations need --model.",
+         "s: tokens per sequence, 4096 or 8k (k = 1,024, M = 1,048,576: 8k = 8,192); activations need "
+         "--model.",
          ESTIMATES | {PLAN}, value_type=OPT_NUM,
          default_help="2048, or the model's learned positions where fewer"),
     _opt("micro_batch", ("--micro-batch",), "b: sequences per micro-batch per GPU.", ESTIMATES,
@@ -228,13 +236,16 @@ OPTIONS: tuple[Option, ...] = (
          frozenset({MEMORY}), default=1, value_type=NUM),
     _opt("wrap", ("--wrap",), "ZeRO-3/FSDP unit: block (one per layer) or model.", frozenset({MEMORY}),
          default="block", value_type=STR),
-    _opt("ddp_bucket", ("--ddp-bucket",), "DDP bucket_cap_mb in bytes.", ESTIMATES, value_type=OPT_NUM,
-         default_help="25MiB, first bucket 1MiB"),
+    _opt("ddp_bucket", ("--ddp-bucket",),
+         "DDP's gradient bucket (DistributedDataParallel's bucket_cap_mb), a size with its unit: 25MiB.",
+         ESTIMATES, value_type=OPT_NUM, default_help="25MiB, first bucket 1MiB"),
     _opt("reduce_bucket", ("--reduce-bucket",),
-         "ZeRO-1/2 reduce bucket, elements (DeepSpeed's reduce_bucket_size).", ESTIMATES, default="5e8",
+         "ZeRO-1/2 reduce bucket, elements (DeepSpeed's reduce_bucket_size): 5e8 or 500M (K, M, B: powers "
+         "of 1,000).", ESTIMATES, default="5e8",
          value_type=NUM),
     _opt("allgather_bucket", ("--allgather-bucket",),
-         "ZeRO-1/2 all-gather bucket, elements (DeepSpeed's allgather_bucket_size).", frozenset({MEMORY}),
+         "ZeRO-1/2 all-gather bucket, elements (DeepSpeed's allgather_bucket_size): 5e8 or 500M (K, M, B: "
+         "powers of 1,000).", frozenset({MEMORY}),
          default="5e8", value_type=NUM),
     _opt("expandable_segments", ("--expandable-segments",),
          "The caching allocator with expandable segments on (a PyTorch allocator setting): its reserve.",
@@ -251,14 +262,16 @@ OPTIONS: tuple[Option, ...] = (
          frozenset({COMM}), value_type=FLOAT),
     _opt("latency", ("--latency",), "Latency α per collective: 20us, 0.05ms, 2e-5 (s).", frozenset({COMM}),
          value_type=FLOAT, default_help="20us"),
-    _opt("tokens_per_step", ("--tokens-per-step",), "T: tokens per optimizer step (all GPUs), e.g. 4M.",
+    _opt("tokens_per_step", ("--tokens-per-step",),
+         "T: tokens per optimizer step (all GPUs), e.g. 4M (k = 1,024, M = 1,048,576: 4M = 4,194,304).",
          frozenset({COMM}), value_type=OPT_NUM),
     _opt("tflops", ("--tflops",), "F: achieved TFLOP/s per GPU, e.g. 400.", frozenset({COMM}),
          value_type=FLOAT),
     # ---------------------------------------------------------------------------------- the search
     _opt("global_batch", ("--global-batch", "-B"),
-         "Per optimizer step: tokens (4194304, 4M = 4,000,000; a multiple of --seq-len) or sequences "
-         "(512seq). b × A × N equals it exactly.", frozenset({PLAN}), value_type=OPT_NUM),
+         "Per optimizer step: tokens (4194304, or 4M with k = 1,024, M = 1,048,576; a multiple of "
+         "--seq-len) or sequences (512seq, 2kseq = 2,048). b × A × N equals it exactly.", frozenset({PLAN}),
+         value_type=OPT_NUM),
     _opt("objective", ("--objective",), "time (shortest step), gpus (fewest GPUs) or memory (lowest peak).",
          frozenset({PLAN}), default="time", value_type=STR),
     _opt("top", ("--top", "-k"), "K: configurations shown.", frozenset({PLAN}), default=5, value_type=NUM),
@@ -286,6 +299,10 @@ OPTIONS: tuple[Option, ...] = (
          frozenset({MEMORY}), value_type=OPT_STR, request=False, metavar="FILE"),
     _opt("json", ("--json",), "Print the result as JSON (exact integer bytes).", ESTIMATES | {PLAN},
          default=False, kind=Kind.FLAG, value_type=BOOL, request=False),
+    _opt("all_candidates", ("--all-candidates",),
+         "With --json: every candidate searched in candidates, not only the top rows (megabytes for a "
+         "large search).", frozenset({PLAN}), default=False, kind=Kind.FLAG, value_type=BOOL,
+         request=False),
 )  # fmt: skip
 """Every option, in the order the commands list them."""
 
@@ -332,7 +349,7 @@ FLAGS: dict[str, str] = {o.name: o.flag for o in OPTIONS}
 NEGATIVE_FLAGS: dict[str, str] = {o.name: o.negative for o in OPTIONS if o.negative is not None}
 """A switch's negative flag by concept (``flash_attention`` → ``--no-flash-attention``)."""
 """The flag each concept (``{gpus_per_node}``) is on the command line. A name means one flag in every
-command that takes it (tests/test_options.py)."""
+command that takes it (tests/cli/test_options.py)."""
 
 
 OptionsEcho = Annotated[
@@ -360,8 +377,25 @@ def echo(command: Command, values: dict[str, Any]) -> dict[str, Any]:
             value = values.get("calibration_name") or "(a Calibration object)"
         if isinstance(value, tuple):
             value = list(value)
-        echoed[o.name] = value
+        echoed[o.name] = _typed(o, value)
     return echoed
+
+
+def _typed(o: Option, value: Any) -> Any:
+    """A number typed as text (the CLI's ``--gpus 8``) as the number it is (``8``), where the option takes
+    numbers: the JSON echoes what the library would be given, not the shell's string."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip().replace("_", "")
+    if "int" in o.value_type and _WHOLE.fullmatch(text):
+        return int(text)
+    if "float" in o.value_type and _DECIMAL.fullmatch(text):
+        return float(text)
+    return value
+
+
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
 def as_given(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import tomllib
 from functools import lru_cache
 from pathlib import Path
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from zerocalc.base.errors import InputError, literal, shown, why_not
 from zerocalc.base.units import parse_bandwidth, parse_bytes
 from zerocalc.model.architecture import Architecture
+from zerocalc.request.gpu import RuntimeNames
 
 KINDS = ("models", "gpus", "scenarios")
 
@@ -76,24 +78,43 @@ class ModelPreset(BaseModel):
 
 
 class GpuSpec(BaseModel):
-    """A GPU kind: its memory as nvidia-smi and as PyTorch see it, its compute, its links, and what the CUDA
-    runtime takes outside the caching allocator; each figure with its source in the preset's comments."""
+    """A GPU kind: its memory as the vendor's tool (nvidia-smi, rocm-smi) and as PyTorch see it, its compute,
+    its links, and what the runtime takes outside the caching allocator; each figure with its source in the
+    preset's comments. A file of this schema anywhere else is read by ``--gpu path/to/gpu.toml``."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = ""
+    name: str = Field(
+        default="",
+        pattern=r"^$|^[A-Za-z0-9][A-Za-z0-9._+-]*$",
+        description="the name in outputs: a preset's is its file's stem; a GPU file's, this or its stem",
+    )
     title: str
-    memory: str = Field(description="total memory as nvidia-smi reports it, e.g. 81559MiB")
-    usable_memory: str = Field(description="what PyTorch sees: torch.cuda.mem_get_info()'s total")
-    bf16_dense_tflops: float = Field(gt=0)
+    memory: str = Field(description="total memory as the vendor's tool reports it (names.smi), e.g. 81559MiB")
+    usable_memory: str = Field(
+        description="what PyTorch sees: torch.cuda.mem_get_info()'s total, the total capacity its "
+        "out-of-memory messages report"
+    )
+    bf16_dense_tflops: float = Field(
+        gt=0,
+        description="dense 16-bit tensor-core TFLOP/s: bf16's; where the GPU has no bf16 (bf16 = false), "
+        "fp16's, the rate fp16-mixed runs at",
+    )
+    bf16: bool = Field(
+        default=True, description="whether the tensor cores take bf16 (false: bf16 recipes are refused)"
+    )
     intra_node_busbw: str
     inter_node_busbw: str
     context: str = Field(
-        description="outside the caching allocator at world size 1: CUDA context, NCCL, the kernels and "
-        "handles loaded by the first steps"
+        description="outside the caching allocator at world size 1: the runtime's context, the collective "
+        "library, the kernels and handles loaded by the first steps"
     )
-    nccl_communicator: str = Field(description="each NCCL communicator of more than one rank adds this")
-    cublas_workspace: str = Field(description="one cuBLAS workspace per (handle, stream)")
+    context_measured: bool = Field(
+        default=False, description="context was measured on this GPU (else estimated or assumed)"
+    )
+    nccl_communicator: str = Field(description="each communicator of more than one rank adds this")
+    cublas_workspace: str = Field(description="one BLAS workspace per (handle, stream)")
+    names: RuntimeNames = RuntimeNames()
     source: str
     runtime_source: str = Field(description="where usable_memory, context and the workspaces come from")
 
@@ -205,6 +226,13 @@ def preset_names(kind: str, root: Path | None = None) -> list[str]:
 
 _CONCEPT = {"models": "{model}", "gpus": "{gpu}", "scenarios": "scenario"}
 
+GPU_FILE_ACCEPTED = (
+    "a GPU TOML file in the schema of the GPU presets (`zerocalc presets show h100-80gb --toml` is one to "
+    "start from)"
+)
+_FILE_ACCEPTED = {"gpus": GPU_FILE_ACCEPTED}
+"""What a kind takes besides its presets' names (a model's are listed where ``--model`` is read)."""
+
 
 def preset_path(kind: str, name: str, root: Path | None = None) -> Path:
     """The file of a named preset; an unknown name suggests the closest ones."""
@@ -216,6 +244,8 @@ def preset_path(kind: str, name: str, root: Path | None = None) -> Path:
     close = difflib.get_close_matches(key, names, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     accepted = ", ".join(names) or f"none: {(root or presets_root()) / kind} holds no *.toml preset"
+    if kind in _FILE_ACCEPTED:
+        accepted += f", or {_FILE_ACCEPTED[kind]}"
     raise InputError(f"{_CONCEPT[kind]} {shown(name)} is not a preset; {hint}accepted: {accepted}")
 
 
@@ -254,7 +284,10 @@ def load_model(name_or_path: str) -> tuple[Architecture, ModelPreset | None]:
     if read_as is not None:
         kind, path = read_as
         loader = _load_model_file if kind == "toml" else _load_hf_config
-        return loader(_file_key(path), path)
+        architecture, preset = loader(_file_key(path), path)
+        if kind == "hf":  # named by its repository, not by its snapshot's commit folder
+            architecture = architecture.model_copy(update={"name": name_or_path.strip()})
+        return architecture, preset
     path = preset_path("models", name_or_path)
     return _load_model_preset(_file_key(path), path)
 
@@ -265,7 +298,9 @@ MODEL_FILE_SUFFIX = ".toml"
 def model_file(name_or_path: str) -> tuple[str, Path] | None:
     """What ``--model`` names: ``("toml", path)`` a model file in the presets' schema (a name ending in
     .toml, or an existing file that parses as TOML), ``("json", path)`` a config.json (a name ending in
-    .json, a folder holding one, any other existing file), None a preset name."""
+    .json, a folder holding one, any other existing file), ``("hf", path)`` a Hugging Face model id
+    (``org/name``) and the config.json of its main revision in the local cache (:func:`hf_cached_config`),
+    None a preset name."""
     candidate = Path(name_or_path).expanduser()
     if name_or_path.strip() and candidate.is_dir():
         return "json", candidate / "config.json"  # a checkpoint's folder, as from_pretrained takes it
@@ -275,7 +310,57 @@ def model_file(name_or_path: str) -> tuple[str, Path] | None:
         return "toml", candidate
     if candidate.is_file():
         return ("toml" if _holds_toml(_file_key(candidate), candidate) else "json"), candidate
+    if HF_REPO_ID.match(name_or_path.strip()):
+        return "hf", hf_cached_config(name_or_path.strip())
     return None
+
+
+HF_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+"""A Hugging Face model id, ``org/name`` (huggingface_hub's ``REPO_ID_REGEX``, less its length bound; a
+preset name never holds a ``/``)."""
+
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def hf_hub_cache() -> Path:
+    """The Hugging Face cache folder as huggingface_hub 1.x resolves it (``huggingface_hub/constants.py``):
+    ``$HF_HUB_CACHE``, else the older ``$HUGGINGFACE_HUB_CACHE``, else ``$HF_HOME/hub``, ``$HF_HOME``
+    defaulting to ``$XDG_CACHE_HOME/huggingface`` (``~/.cache/huggingface``)."""
+    env = os.environ
+    home = env.get("HF_HOME", os.path.join(env.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"))
+    home = os.path.expandvars(os.path.expanduser(home))
+    hub = env.get("HF_HUB_CACHE", env.get("HUGGINGFACE_HUB_CACHE", os.path.join(home, "hub")))
+    return Path(os.path.expandvars(os.path.expanduser(hub)))
+
+
+def hf_cached_config(repo_id: str) -> Path:
+    """The config.json of ``repo_id``'s main revision in the local Hugging Face cache, read offline (never a
+    network call), in the layout huggingface_hub writes (its cache-system guide; ``file_download.py``
+    ``repo_folder_name``): ``models--{org}--{name}/refs/main`` holding the commit and
+    ``snapshots/<commit>/config.json`` (a link into ``blobs/``). Not there: one line saying how to pass a
+    config.json."""
+    cache = hf_hub_cache()
+    folder = cache / f"models--{repo_id.replace('/', '--')}"
+    how = (
+        f"accepted: a preset name, a config.json path or the folder holding it, or the model in the "
+        f"cache (`hf download {repo_id} config.json` fetches it; HF_HUB_CACHE or HF_HOME say where the "
+        "cache is)"
+    )
+    ref = folder / "refs" / "main"
+    try:
+        commit = ref.read_text(encoding="utf-8").strip()
+    except (OSError, ValueError):
+        raise InputError(
+            f"{{model}} {shown(repo_id)} is not a preset, and the Hugging Face cache "
+            f"{shown(str(cache))} holds no {folder.name}/refs/main; {how}"
+        ) from None
+    config = folder / "snapshots" / commit / "config.json"
+    if not _COMMIT.match(commit) or not config.is_file():
+        raise InputError(
+            f"{{model}} {shown(repo_id)}: the Hugging Face cache holds no config.json for its main revision "
+            f"({shown(str(config))}); {how}"
+        )
+    return config
 
 
 @lru_cache(maxsize=256)
@@ -343,7 +428,7 @@ def model_notes(name_or_path: str) -> tuple[str, ...]:
     if name_or_path.strip() in STDIN_NAMES:
         return ()
     read_as = model_file(name_or_path)
-    if read_as is None or read_as[0] != "json":
+    if read_as is None or read_as[0] == "toml":
         return ()
     return _read_hf_config(_file_key(read_as[1]), read_as[1])[1]
 
@@ -365,8 +450,20 @@ def _load_model_preset(key: tuple[str, int, int], path: Path) -> tuple[Architect
     return model_architecture(preset, preset.name or path.stem, path), preset
 
 
+def gpu_file(name: str) -> Path | None:
+    """The file ``--gpu`` names (a name ending in .toml, or an existing file), None for a preset name."""
+    candidate = Path(name).expanduser()
+    if name.strip().lower().endswith(".toml") or (name.strip() and candidate.is_file()):
+        return candidate
+    return None
+
+
 def load_gpu(name: str) -> GpuSpec:
-    """A GPU preset by name (read once per process, like the models)."""
+    """A GPU preset by name, or a GPU file of the presets' schema (read once per process, like the
+    models)."""
+    path = gpu_file(name)
+    if path is not None:
+        return _load_gpu_file(_file_key(path), path)
     path = preset_path("gpus", name)
     return _load_gpu(_file_key(path), path)
 
@@ -375,3 +472,18 @@ def load_gpu(name: str) -> GpuSpec:
 def _load_gpu(key: tuple[str, int, int], path: Path) -> GpuSpec:
     spec = load_toml(path, GpuSpec)
     return spec.model_copy(update={"name": path.stem})
+
+
+@lru_cache(maxsize=64)
+def _load_gpu_file(key: tuple[str, int, int], path: Path) -> GpuSpec:
+    """A user's GPU file: named by its ``name`` (else its stem), which must not be a shipped preset's (the
+    outputs, and the compute table a preset's name selects, would then describe another GPU)."""
+    where = f"{{gpu}} {shown(str(path))}"
+    spec = _validated(_toml_data(path, where, GPU_FILE_ACCEPTED), GpuSpec, where)
+    name = spec.name or path.stem
+    if name.lower() in preset_names("gpus"):
+        raise InputError(
+            f"{where} is named {shown(name)}, the name of a shipped GPU preset; accepted: another name "
+            "(its `name` field, else the file's name), or the preset itself"
+        )
+    return spec.model_copy(update={"name": name})

@@ -31,7 +31,7 @@ from zerocalc.base.memo import IdentityCache
 from zerocalc.base.units import parse_bytes, parse_whole
 from zerocalc.model.activations import CpImpl, Recompute
 from zerocalc.model.architecture import Architecture
-from zerocalc.model.model_impl import ModelImplName, Shape
+from zerocalc.model.code import ModelImplName, Shape
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import Cluster
 from zerocalc.network.links import Bandwidths
@@ -433,7 +433,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         reduce_bucket_elements=bucket_elements(o.reduce_bucket, "{reduce_bucket}"),
         allgather_bucket_elements=bucket_elements(o.allgather_bucket, "{allgather_bucket}"),
     )
-    gpu, gpu_memory, reserve_bytes = parse_gpu(o.gpu, o.gpu_memory, o.reserve)
+    gpu, gpu_memory, reserve_bytes = parse_gpu(o.gpu, o.gpu_memory, o.reserve, precision)
     grad_accum = parse_whole(o.grad_accum, "{grad_accum}", 1, MAX_GRAD_ACCUM, "micro-batches")
     grad_sync = None if o.grad_sync is None else choice(o.grad_sync, "{grad_sync}", GradSync)
     zeropp = zeropp_features(o.zeropp)

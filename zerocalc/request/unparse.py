@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from zerocalc.parallel.frameworks import Estimate
+from zerocalc.request.gpu import gpu_preset, link_figures
 from zerocalc.request.options import Command, options_for
 from zerocalc.request.training import TrainingRequest
 
@@ -103,12 +104,18 @@ def options_text(
 
 def for_command(request: TrainingRequest, command: Command) -> TrainingRequest:
     """The request as ``command`` parses it from its own options: its ``estimate``, and the fields of each
-    option it does not take (:data:`~zerocalc.request.options.OPTIONS`) at their defaults."""
+    option it does not take (:data:`~zerocalc.request.options.OPTIONS`) at their defaults; a GPU given by its
+    memory alone (``gpu_memory``, memory's option) as the GPU whose figures it runs with (the runtime's
+    preset, ``--gpu NAME``: its memory and links)."""
     taken = {o.name for o in options_for(command, request_only=True)}
     changes: dict[str, Any] = {}
     estimate = Estimate(command.value)
     if request.estimate is not estimate:
         changes["estimate"] = estimate
+    if "gpu_memory" not in taken and request.gpu is None and request.gpu_memory_bytes is not None:
+        gpu = gpu_preset(request.runtime.name)
+        changes["gpu"], changes["gpu_memory_bytes"] = gpu, gpu.usable_bytes
+        changes["links"] = link_figures(None, None, request.links.intra_node.latency_s, gpu)
     for name, paths in _COMMAND_FIELDS.items():
         if name in taken:
             continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from zerocalc.base.errors import InputError, shown
 from zerocalc.base.units import (
+    BINARY_SUFFIXES,
     MAX_COUNT,
     parse_count,
     parse_fraction,
@@ -109,7 +110,10 @@ def compute_comparison(
         raise InputError("{tokens_per_step} and {tflops} go together; accepted: both or neither")
     if tokens_per_step is None:
         return None, None
-    tokens = parse_count(tokens_per_step, "{tokens_per_step}", "a token count such as 4M or 1e6")
+    tokens = parse_count(
+        tokens_per_step, "{tokens_per_step}", "a token count such as 4M (4,194,304) or 1e6", MAX_COUNT,
+        BINARY_SUFFIXES,
+    )  # fmt: skip
     flops = parse_fraction(
         tflops, "{tflops}", 1e-9, MAX_TFLOPS, "achieved TFLOP/s per GPU, e.g. 400 (at most 1,000,000)"
     )

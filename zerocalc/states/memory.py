@@ -165,7 +165,8 @@ class ModelSummary(BaseModel):
 class GpuSummary(BaseModel):
     name: str
     title: str
-    memory_bytes: int = Field(description="as nvidia-smi reports it")
+    memory_bytes: int = Field(description="as the vendor's tool (memory_tool) reports it")
+    memory_tool: str = Field(description="the tool memory_bytes is read from: nvidia-smi, rocm-smi")
     usable_bytes: int = Field(description="what PyTorch sees: torch.cuda.mem_get_info's total")
     context_bytes: int = Field(description="held outside the caching allocator at world size 1")
 
@@ -567,6 +568,7 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
             name=gpu.name,
             title=gpu.title,
             memory_bytes=gpu.memory_bytes,
+            memory_tool=gpu.names.smi,
             usable_bytes=gpu.usable_bytes,
             context_bytes=request.runtime.context_bytes,
         ),

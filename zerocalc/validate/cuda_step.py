@@ -1,4 +1,4 @@
-"""The torch side of ``zerocalc validate --device cuda``: real FSDP2 steps on one GPU, each phase's peak.
+"""The torch side of ``zerocalc validate cuda``: real FSDP2 steps on one GPU, each phase's peak.
 
 The recipe of ``shared/measurements/h100-fsdp2-hf/README.md``: ``AutoModelForCausalLM.from_config`` in fp32
 on the GPU (sdpa), every decoder layer then the root under ``fully_shard(mp_policy=MixedPrecisionPolicy(

@@ -1,4 +1,4 @@
-"""``zerocalc validate --ep``: the all-to-alls of an expert-parallel MoE layer, predicted and compared
+"""``zerocalc validate expert``: the all-to-alls of an expert-parallel MoE layer, predicted and compared
 (pure, no torch).
 
 A tiny MoE layer (:data:`EXPERTS_PER_RANK` experts per rank, top-:data:`TOP_K`, hidden :data:`HIDDEN`,

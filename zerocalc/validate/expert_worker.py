@@ -1,5 +1,5 @@
-"""The torch side of ``zerocalc validate --ep``: one rank of an expert-parallel MoE layer with a fixed router
-(imports torch).
+"""The torch side of ``zerocalc validate expert``: one rank of an expert-parallel MoE layer with a fixed
+router (imports torch).
 
 Run as ``python -m zerocalc.validate.expert_worker JOB_JSON...`` by
 :func:`zerocalc.harness.procs.spawn_series`. The ranks form a (world/e, e) device mesh, the expert-parallel
@@ -9,15 +9,13 @@ makes b·s random hidden states (requiring grad), routes each to the k experts
 layer with torchtitan's exchange (:mod:`zerocalc.validate.expert`): counts, dispatch, the local experts on
 the rows they received, combine, the weighted sum per token, ``loss = out.pow(2).mean()``. Every
 ``_c10d_functional.all_to_all_single`` is recorded (its input split sizes, in elements; the group's
-ranks), and any other collective is counted.
+ranks), and any other collective is counted. The rest of a rank (the jobs, the world, the hand-back, the
+tear-down) is :mod:`zerocalc.validate.rank_main`'s.
 """
 
 from __future__ import annotations
 
 import gc
-import json
-import sys
-import warnings
 from typing import Any
 
 from zerocalc.harness import procs
@@ -26,13 +24,12 @@ if __name__ == "__main__":
     procs.exit_quietly_on_ctrl_c()  # before torch's slow import
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-from zerocalc.base.errors import InputError
-from zerocalc.bench.topology import Placement, placement_from_env
+from zerocalc.bench.topology import Placement
 from zerocalc.validate.expert import A2ACall, ExpertJob, ExpertMeasured, routed_experts
-from zerocalc.validate.worker import CollectiveRecorder, _dtype, _init, _ranks, _teardown
+from zerocalc.validate.measure import CollectiveRecorder, dtype_name, group_ranks
+from zerocalc.validate.rank_main import rank_main
 
 
 class AllToAllRecorder(CollectiveRecorder):
@@ -49,7 +46,7 @@ class AllToAllRecorder(CollectiveRecorder):
             return super().__torch_dispatch__(func, types, args, kwargs)
         out = func(*args, **(kwargs or {}))
         source, input_splits, group_name = args[0], args[2], args[3]
-        ranks = _ranks(torch._C._distributed_c10d._resolve_process_group(group_name))
+        ranks = group_ranks(torch._C._distributed_c10d._resolve_process_group(group_name))
         row = source[0].numel() if source.dim() > 1 and source.shape[0] else 1
         splits = (
             tuple(int(n) * row for n in input_splits)
@@ -57,7 +54,9 @@ class AllToAllRecorder(CollectiveRecorder):
             else (source.numel() // len(ranks),) * len(ranks)
         )
         self.all_to_all.append(
-            A2ACall(what="", phase=self.phase, dtype=_dtype(source), splits=splits, group_ranks=tuple(ranks))
+            A2ACall(
+                what="", phase=self.phase, dtype=dtype_name(source), splits=splits, group_ranks=tuple(ranks)
+            )
         )
         return out
 
@@ -119,41 +118,9 @@ def _measure(job: ExpertJob, placement: Placement, device: Any) -> ExpertMeasure
     return figures
 
 
-def run_spawned(jobs: list[ExpertJob], placement: Placement, watchdog: procs.Watchdog) -> None:
-    """Every configuration in the spawned world; rank 0 hands each one's gathered figures back."""
-    device = _init(jobs[0], placement)  # type: ignore[arg-type]  # reads backend and timeout_s only
-    try:
-        for index, job in enumerate(jobs):
-            watchdog.restart()
-            mine = _measure(job, placement, device)
-            everyone: list[Any] = [None] * placement.world_size
-            dist.all_gather_object(everyone, mine.model_dump())
-            if placement.rank == 0:
-                procs.hand_back(json.dumps(everyone), index)
-            gc.collect()
-            dist.barrier()
-    finally:
-        _teardown()
-
-
 def main(argv: list[str] | None = None) -> int:
     """A spawned rank: every expert-parallel configuration given (one JSON job per argument) in one world."""
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    argv = sys.argv[1:] if argv is None else argv
-    jobs = [ExpertJob.model_validate_json(text) for text in argv]
-    placement = placement_from_env()
-    watchdog = procs.Watchdog(jobs[0].timeout_s, placement.rank)
-
-    def body() -> None:
-        try:
-            run_spawned(jobs, placement, watchdog)
-        except InputError:
-            raise
-        except Exception as exc:
-            procs.fail_rank(placement.rank, exc, jobs[0].timeout_s)
-        watchdog.disarm()
-
-    return procs.run_rank(body)
+    return rank_main(ExpertJob, _measure, argv)
 
 
 if __name__ == "__main__":

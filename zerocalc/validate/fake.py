@@ -1,4 +1,4 @@
-"""``zerocalc validate --fake``: FSDP2 at any world size under fake tensors, against the timeline (pure).
+"""``zerocalc validate fake``: FSDP2 at any world size under fake tensors, against the timeline (pure).
 
 The torch side (:mod:`zerocalc.validate.fake_step`) runs the real Hugging Face model and the real FSDP2 on
 the CPU under ``FakeTensorMode`` and a fake process group of N ranks, and PyTorch's own
@@ -23,9 +23,11 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.units import ceil_div
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, parameter_tensors
-from zerocalc.model.model_impl import Device, traits
+from zerocalc.model.code import HF, Device, Shape
+from zerocalc.model.traits import traits
 from zerocalc.parallel.strategies import StrategyName
 from zerocalc.peak.kinds import StepPhase
+from zerocalc.peak.layer_nodes import experts_traced
 from zerocalc.peak.ledger import CUDA_BLOCK
 from zerocalc.peak.simulate import StepResult, runtime_for, simulate
 from zerocalc.request.training import TrainingRequest, parse_options
@@ -128,12 +130,19 @@ def not_claimed(config: dict[str, Any], arch: Architecture, case: FakeCase) -> s
             f"{family} under activation checkpointing: the checkpointed forward frees a layer's "
             "intermediates as they drop, and the recomputed layer's backward is not traced op by op"
         )
-    if arch.num_experts and not case.reshard:
+    if arch.num_experts and not case.reshard and not _experts_traced(arch, case):
         return (
             "mixture of experts with every block unsharded through backward: the experts' backward "
             "transients are not traced op by op where the peak falls at a layer's gradients"
         )
     return None
+
+
+def _experts_traced(arch: Architecture, case: FakeCase) -> bool:
+    """Every mixture-of-experts layer's experts are traced node by node by the timeline
+    (:func:`zerocalc.peak.layer_nodes.experts_traced`: Mixtral's and Qwen3-MoE's, not shared experts)."""
+    shape = Shape(case.micro_batch, case.seq_len)
+    return all(experts_traced(HF, arch, i, shape) for i in range(arch.num_layers) if arch.is_moe_layer(i))
 
 
 class FakeCaseResult(BaseModel):

@@ -1,4 +1,4 @@
-"""The torch side of ``zerocalc validate --fake``: real FSDP2 steps of a real Hugging Face model under fake
+"""The torch side of ``zerocalc validate fake``: real FSDP2 steps of a real Hugging Face model under fake
 tensors, tracked phase by phase with PyTorch's ``FSDPMemTracker``.
 
 The recipe of :mod:`zerocalc.validate.cuda_step` at any world size, on the CPU: ``FakeTensorMode``

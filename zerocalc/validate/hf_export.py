@@ -1,4 +1,4 @@
-"""A model preset written back as the config.json transformers builds it (pure), for ``validate --fake``.
+"""A model preset written back as the config.json transformers builds it (pure), for ``validate fake``.
 
 The keys are those :mod:`zerocalc.model.hf_config` reads for the family (the layout of its transformers
 5.17 configuration class). The result is read back with
@@ -41,8 +41,8 @@ def hf_config_of(arch: Architecture, where: str) -> dict[str, Any]:
     the config.json would not give ``arch`` again."""
     if arch.family not in EXPORTED:
         raise InputError(
-            f"{where} is a {arch.family or 'custom'} model, not built from a preset by --fake; accepted: a "
-            f"preset of {', '.join(EXPORTED)}, or its config.json"
+            f"{where} is a {arch.family or 'custom'} model, not built from a preset by validate fake; "
+            f"accepted: a preset of {', '.join(EXPORTED)}, or its config.json"
         )
     config = _common(arch)
     if arch.family == "llama":

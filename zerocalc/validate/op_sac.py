@@ -13,7 +13,7 @@ block, every tensor the policy saves (deduplicated by storage) and the block's i
 input), the activations alive after forward (torch's ``MemTracker``,
 ``distributed/_tools/mem_tracker.py``) beside those under full checkpointing, and the output shapes of the
 ``aten.mm`` calls backward runs beyond those of the same model without checkpointing: the recomputed
-matmuls. Compared with :func:`zerocalc.model.model_impl.op_sac_layer` in tests/test_op_sac.py.
+matmuls. Compared with :func:`zerocalc.model.code.op_sac_layer` in tests/model/test_op_sac.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``zerocalc validate --device cuda``: each phase's measured peak against the step timeline (pure, no torch).
+"""``zerocalc validate cuda``: each phase's measured peak against the step timeline (pure, no torch).
 
 A real step (:mod:`zerocalc.validate.cuda_step`, the recipe of ``shared/measurements/h100-fsdp2-hf``:
 FSDP2 at world 1, bf16 ``MixedPrecisionPolicy`` with fp32 reduce, ``AdamW(foreach=True)``, the model's own
@@ -6,7 +6,7 @@ loss, three steps, ``torch.cuda.reset_peak_memory_stats`` between phases) gives 
 :class:`PhaseMeasurement`; :func:`compare_phases` sets it against the :class:`~zerocalc.peak.report.
 StrategyPeak` that ``zerocalc memory --framework fsdp2 --model-impl hf`` computes for the same case:
 allocated figures within :data:`ALLOCATED_TOLERANCE`, the device footprint within
-:data:`DEVICE_TOLERANCE`, and the phase of the peak the same. ``zerocalc validate --fake``
+:data:`DEVICE_TOLERANCE`, and the phase of the peak the same. ``zerocalc validate fake``
 (:mod:`zerocalc.validate.fake`) compares the same allocated lines (:func:`allocated_lines`), exactly.
 """
 

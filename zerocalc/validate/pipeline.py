@@ -1,5 +1,5 @@
-"""``zerocalc validate --pp``: what each pipeline stage holds and sends, predicted and compared (pure, no
-torch).
+"""``zerocalc validate pipeline``: what each pipeline stage holds and sends, predicted and compared (pure,
+no torch; :mod:`zerocalc.validate.pipeline_run` runs it).
 
 The model of :mod:`zerocalc.validate.model` is cut into p stages as Megatron-LM cuts it
 (``core/transformer/transformer_block.py`` ``get_num_layers_to_build``: L/p consecutive blocks per stage,
@@ -20,21 +20,17 @@ Two seams for the analytic model: :func:`predicted_stage_states` (a stage's mode
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
-
 from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
-from zerocalc.harness import procs
 from zerocalc.model.architecture import (
     Architecture,
     ParamTensor,
     parameter_tensors,
     pipeline_stage,
 )
-from zerocalc.model.model_impl import INT64
+from zerocalc.model.code import INT64
 from zerocalc.parallel.frameworks import TorchWrapper
 from zerocalc.parallel.mesh import describe_layer_counts
 from zerocalc.parallel.optimizers import OptimizerName
@@ -555,82 +551,6 @@ def pipeline_architecture(model: str | None, overrides: dict[str, int], pp: int)
     return arch
 
 
-def run_pipeline(
-    arch: Architecture,
-    pp: int,
-    strategies: list[str],
-    precisions: list[PrecisionName],
-    optimizer: OptimizerName,
-    microbatches: int,
-    nproc: int,
-    timeout_s: float,
-    on_result: Callable[[PipelineConfigResult, int, int], None] | None = None,
-    first: int | None = None,
-    last: int | None = None,
-) -> PipelineReport:
-    """Every strategy × precision in one world of ``nproc`` spawned ranks (a fresh one after a failure),
-    each compared with its prediction; ``first`` and ``last``: the end stages' blocks (None: L/p)."""
-    from zerocalc.validate.run import choose_backend, visible_gpus
-
-    check_pipeline(arch, pp, nproc, microbatches, first, last)
-    backend = choose_backend(arch, nproc, visible_gpus())
-    jobs = [
-        PipelineJob(
-            arch=arch,
-            pp=pp,
-            strategy=strategy,
-            precision=precision,
-            optimizer=optimizer,
-            backend=backend,
-            timeout_s=timeout_s,
-            microbatches=microbatches,
-            first_stage_layers=first,
-            last_stage_layers=last,
-        )
-        for strategy in strategies
-        for precision in precisions
-    ]
-    results: list[PipelineConfigResult] = []
-
-    def done(index: int, outcome: list[StageMeasured] | procs.RanksFailed, seconds: float) -> None:
-        job = jobs[index]
-        if isinstance(outcome, procs.RanksFailed):
-            results.append(
-                PipelineConfigResult(
-                    title=job.title,
-                    strategy=job.strategy,
-                    precision=job.precision,
-                    microbatches=job.microbatches,
-                    status="failed",
-                    error=str(outcome),
-                    seconds=round(seconds, 2),
-                )
-            )
-        else:
-            results.append(compare_pipeline(job, nproc, outcome, round(seconds, 2)))
-        if on_result is not None:
-            on_result(results[-1], len(results), len(jobs))
-
-    def collect(text: str) -> list[StageMeasured]:
-        return [StageMeasured.model_validate(m) for m in json.loads(text)]
-
-    payloads = [job.model_dump_json() for job in jobs]
-    procs.spawn_series("zerocalc.validate.pipeline_worker", payloads, nproc, timeout_s, collect, done)
-    return PipelineReport(
-        model=arch.name,
-        architecture=arch,
-        world_size=nproc,
-        pp=pp,
-        dp=nproc // pp,
-        stage_blocks=list(jobs[0].stage_blocks),
-        micro_batch=jobs[0].batch,
-        seq_len=jobs[0].seq,
-        backend=backend,
-        configs=results,
-        all_match=all(r.status == "match" for r in results),
-    )
-
-
 CUDA_BLOCK = 512
 """``kMinBlockSize`` of ``c10/cuda/CUDACachingAllocator.cpp``: the fake run rounds every storage to it."""
 
@@ -806,12 +726,3 @@ def compare_fake_stage(
     return FakeStageResult(
         case=case, figures=figures, lines=lines, outputs_kept=kept, seconds=round(seconds, 2)
     )
-
-
-def run_fake_pipeline(
-    arch: Architecture, cases: list[FakePipelineCase], optimizer: OptimizerName
-) -> FakePipelineReport:
-    """Every case run under fake tensors (:mod:`zerocalc.validate.pipeline_fake`, which imports torch)."""
-    from zerocalc.validate import pipeline_fake
-
-    return pipeline_fake.run_cases(arch, cases, optimizer)

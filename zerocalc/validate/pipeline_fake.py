@@ -1,13 +1,13 @@
-"""The torch side of ``zerocalc validate --fake --pp``: one stage of a real ``torch.distributed.pipelining``
-1F1B step, with FSDP2 over the stage's data-parallel ranks, under fake tensors, tracked by PyTorch's
-``FSDPMemTracker`` (imports torch).
+"""The torch side of ``zerocalc validate pipeline --fake``: one stage of a real pipelining 1F1B step
+(``torch.distributed.pipelining``), with FSDP2 over the stage's data-parallel ranks, under fake tensors,
+tracked by PyTorch's ``FSDPMemTracker`` (imports torch).
 
 The process plays one rank of a fake world of p × d ranks (``init_process_group("fake")``,
 ``torch/testing/_internal/distributed/fake_pg.py``: every collective and every send or receive returns at
 once): the first data-parallel rank of the stage measured (the largest dim-0 shards), one case per stage.
 The (pp, dp) mesh is built on real tensors; then, under ``FakeTensorMode``, the whole model of
 :mod:`zerocalc.validate.model` is built, the stage's modules kept
-(:class:`~zerocalc.validate.pipeline_worker.StageModule`), ``fully_shard`` applied per block and then on the
+(:class:`~zerocalc.validate.pipeline_stage.StageModule`), ``fully_shard`` applied per block and then on the
 stage (``MixedPrecisionPolicy`` with bf16 parameters and fp32 reduction under bf16-mixed), Adam created,
 and ``Schedule1F1B`` runs three steps of m micro-batches (``optimizer.step`` after each; the third is
 measured, without ``zero_grad``).
@@ -44,6 +44,7 @@ from zerocalc.model.architecture import Architecture
 from zerocalc.parallel.optimizers import OptimizerName
 from zerocalc.parallel.precision import PrecisionName
 from zerocalc.validate.config import WARMUP_STEPS
+from zerocalc.validate.measure import nbytes
 from zerocalc.validate.model import build_model, loss_fn
 from zerocalc.validate.pipeline import (
     FakePipelineCase,
@@ -54,8 +55,7 @@ from zerocalc.validate.pipeline import (
     compare_fake_stage,
     rounded,
 )
-from zerocalc.validate.pipeline_worker import build_stage, stage_shapes
-from zerocalc.validate.worker import _nbytes
+from zerocalc.validate.pipeline_stage import build_stage, stage_shapes
 
 
 @contextlib.contextmanager
@@ -209,9 +209,9 @@ def _steps(
             peak=tracker._peak_mem.get(cpu, 0),
             after_schedule=after_schedule,
             at_peak={str(getattr(k, "value", k)): v for k, v in at_peak.items() if v},
-            params=sum(_nbytes(p) for p in params),
-            grads=sum(_nbytes(p.grad) for p in params if p.grad is not None),
-            optimizer=sum(_nbytes(v) for k, v in states if torch.is_tensor(v) and k != "step"),
-            step=sum(_nbytes(v) for k, v in states if torch.is_tensor(v) and k == "step"),
+            params=sum(nbytes(p) for p in params),
+            grads=sum(nbytes(p.grad) for p in params if p.grad is not None),
+            optimizer=sum(nbytes(v) for k, v in states if torch.is_tensor(v) and k != "step"),
+            step=sum(nbytes(v) for k, v in states if torch.is_tensor(v) and k == "step"),
         )
     return figures

@@ -1,4 +1,4 @@
-"""The torch side of ``zerocalc validate --pp``: one rank of a pipeline of real
+"""The torch side of ``zerocalc validate pipeline``: one rank of a pipeline of real
 ``torch.distributed.pipelining`` stages (imports torch).
 
 Run as ``python -m zerocalc.validate.pipeline_worker JOB_JSON...`` by
@@ -16,15 +16,14 @@ The step after ``WARMUP_STEPS`` steps is measured: the stage's parameters, gradi
 step counters (sums of tensor bytes; DTensor: ``to_local()``), and every ``c10d::send`` / ``c10d::recv_``
 the rank issues (the pipeline's point-to-point calls; torch 2.13 ``schedules.py`` ``_batch_p2p`` →
 ``dist.isend`` / ``dist.irecv``), in order, with the peer's global rank, dtype and elements, and the
-data-parallel collectives (:class:`~zerocalc.validate.worker.CollectiveRecorder`).
+data-parallel collectives (:class:`~zerocalc.validate.measure.CollectiveRecorder`). The rest of a rank
+(the jobs, the world, the hand-back, the tear-down) is :mod:`zerocalc.validate.rank_main`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import json
-import sys
 import warnings
 from typing import Any
 
@@ -34,81 +33,24 @@ if __name__ == "__main__":
     procs.exit_quietly_on_ctrl_c()  # before torch's slow import
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from zerocalc.base.errors import InputError
-from zerocalc.bench.topology import Placement, placement_from_env
+from zerocalc.bench.topology import Placement
 from zerocalc.parallel.optimizers import OptimizerName
 from zerocalc.parallel.precision import PrecisionName
 from zerocalc.validate.config import WARMUP_STEPS
-from zerocalc.validate.model import Transformer, build_model, loss_fn
-from zerocalc.validate.pipeline import (
-    BACKWARD,
-    FORWARD,
-    P2PCall,
-    PipelineJob,
-    StageMeasured,
-    activation_dtype,
-    stage_layers,
+from zerocalc.validate.measure import (
+    CollectiveRecorder,
+    dtype_name,
+    group_ranks,
+    nbytes,
+    numel,
+    optimizer_bytes,
 )
-from zerocalc.validate.worker import CollectiveRecorder, _dtype, _init, _nbytes, _numel, _ranks, _teardown
-
-_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-class StageModule(nn.Module):
-    """The modules of one stage of a :class:`~zerocalc.validate.model.Transformer`, in its registration
-    order: the embeddings (first stage), the stage's blocks, the final norm and LM head (last stage). The
-    first stage takes token ids, the others hidden states; the last returns logits."""
-
-    def __init__(self, model: Transformer, layers: range, first: bool, last: bool, autocast: bool):
-        super().__init__()
-        if first:
-            self.embed_tokens = model.embed_tokens
-            self.embed_positions = model.embed_positions
-        self.layers = nn.ModuleList(model.layers[i] for i in layers)
-        if last:
-            self.final_norm = model.final_norm
-            self.lm_head = model.lm_head
-        self.first, self.last, self.autocast = first, last, autocast
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            if self.first:
-                tokens = x
-                x = self.embed_tokens(tokens)
-                if self.embed_positions is not None:
-                    x = x + self.embed_positions(torch.arange(tokens.shape[1], device=tokens.device))
-            for layer in self.layers:
-                x = layer(x)
-            if self.last:
-                x = self.lm_head(self.final_norm(x))
-        return x
-
-
-def build_stage(model: Transformer, job: PipelineJob, stage: int) -> StageModule:
-    """Stage ``stage`` of ``model`` (the other stages' modules are left to the caller to drop)."""
-    autocast = job.precision is PrecisionName.BF16_MIXED and job.strategy != "fsdp2"
-    layers = stage_layers(job.arch.num_layers, job.pp, stage, job.first_stage_layers, job.last_stage_layers)
-    return StageModule(model, layers, stage == 0, stage == job.pp - 1, autocast)
-
-
-def stage_shapes(job: PipelineJob, stage: int) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """``PipelineStage``'s static ``input_args`` and ``output_args`` of ``stage`` for one micro-batch:
-    token ids or hidden states (requiring grad: their gradient is sent back), hidden states or logits."""
-    b, s, h, v = job.batch, job.seq, job.arch.hidden_size, job.arch.vocab_size
-    dtype = _TORCH_DTYPES[activation_dtype(job.strategy, job.precision).value]
-    logits_dtype = torch.float32 if job.precision is PrecisionName.FP32 else torch.bfloat16
-    if stage == 0:
-        inputs: tuple[Any, ...] = (torch.zeros(b, s, dtype=torch.long),)
-    else:
-        inputs = (torch.empty(b, s, h, dtype=dtype, requires_grad=True),)
-    if stage == job.pp - 1:
-        outputs: tuple[Any, ...] = (torch.empty(b, s, v, dtype=logits_dtype, requires_grad=True),)
-    else:
-        outputs = (torch.empty(b, s, h, dtype=dtype, requires_grad=True),)
-    return inputs, outputs
+from zerocalc.validate.model import build_model, loss_fn
+from zerocalc.validate.pipeline import BACKWARD, FORWARD, P2PCall, PipelineJob, StageMeasured
+from zerocalc.validate.pipeline_stage import StageModule, build_stage, stage_shapes
+from zerocalc.validate.rank_main import rank_main
 
 
 class P2PRecorder(CollectiveRecorder):
@@ -127,12 +69,12 @@ class P2PRecorder(CollectiveRecorder):
             return super().__torch_dispatch__(func, types, args, kwargs)
         out = func(*args, **(kwargs or {}))
         tensors, group, peer_in_group = args[0], args[1], int(args[2])
-        peer = _ranks(group)[peer_in_group]
+        peer = group_ranks(group)[peer_in_group]
         later = peer // self.dp > self.stage
         op = "send" if name == "send" else "recv"
         phase = FORWARD if later == (op == "send") else BACKWARD
         self.p2p.append(
-            P2PCall(op=op, peer=peer, phase=phase, dtype=_dtype(tensors), elements=_numel(tensors))
+            P2PCall(op=op, peer=peer, phase=phase, dtype=dtype_name(tensors), elements=numel(tensors))
         )
         return out
 
@@ -204,19 +146,12 @@ def _measure(job: PipelineJob, placement: Placement, device: Any) -> StageMeasur
         if not measured:
             optimizer.zero_grad()
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    opt_bytes = step_bytes = 0
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if torch.is_tensor(value):
-                if key == "step":
-                    step_bytes += _nbytes(value)
-                else:
-                    opt_bytes += _nbytes(value)
+    opt_bytes, step_bytes = optimizer_bytes(optimizer)
     figures = StageMeasured(
         rank=placement.rank,
         stage=stage,
-        params=sum(_nbytes(p) for p in params),
-        grads=sum(_nbytes(p.grad) for p in params if p.grad is not None),
+        params=sum(nbytes(p) for p in params),
+        grads=sum(nbytes(p.grad) for p in params if p.grad is not None),
         optimizer=opt_bytes,
         step=step_bytes,
         loss=float(torch.stack([x.detach().float() for x in losses]).mean()) if losses else None,
@@ -228,42 +163,10 @@ def _measure(job: PipelineJob, placement: Placement, device: Any) -> StageMeasur
     return figures
 
 
-def run_spawned(jobs: list[PipelineJob], placement: Placement, watchdog: procs.Watchdog) -> None:
-    """Every configuration in the spawned world; rank 0 hands each one's gathered figures back."""
-    device = _init(jobs[0], placement)  # type: ignore[arg-type]  # reads backend and timeout_s only
-    try:
-        for index, job in enumerate(jobs):
-            watchdog.restart()
-            mine = _measure(job, placement, device)
-            everyone: list[Any] = [None] * placement.world_size
-            dist.all_gather_object(everyone, mine.model_dump())
-            if placement.rank == 0:
-                procs.hand_back(json.dumps(everyone), index)
-            gc.collect()
-            dist.barrier()
-    finally:
-        _teardown()
-
-
 def main(argv: list[str] | None = None) -> int:
     """A spawned rank: every pipeline configuration given (one JSON job per argument) in one world."""
-    warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning, module="torch.distributed.pipelining")
-    argv = sys.argv[1:] if argv is None else argv
-    jobs = [PipelineJob.model_validate_json(text) for text in argv]
-    placement = placement_from_env()
-    watchdog = procs.Watchdog(jobs[0].timeout_s, placement.rank)
-
-    def body() -> None:
-        try:
-            run_spawned(jobs, placement, watchdog)
-        except InputError:
-            raise
-        except Exception as exc:
-            procs.fail_rank(placement.rank, exc, jobs[0].timeout_s)
-        watchdog.disarm()
-
-    return procs.run_rank(body)
+    return rank_main(PipelineJob, _measure, argv)
 
 
 if __name__ == "__main__":

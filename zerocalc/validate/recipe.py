@@ -1,4 +1,4 @@
-"""The model and optimizer of ``validate --device cuda`` and ``validate --fake`` (imports torch): the recipe
+"""The model and optimizer of ``validate cuda`` and ``validate fake`` (imports torch): the recipe
 of ``tests/data/h100-fsdp2-hf/README.md``, written once.
 
 ``AutoModelForCausalLM.from_config`` in fp32 with ``attn_implementation="sdpa"``, non-reentrant activation

@@ -73,7 +73,7 @@ def default_tp_shrink(tp: int) -> dict[str, int]:
 
 def resolve_architecture(model: str | None, overrides: dict[str, int], tp: int = 1) -> Architecture:
     """The preset or config.json with the size overrides (without ``--model``: the shrunk GPT-2, or under
-    ``--tp`` the shrunk Llama of :func:`default_tp_shrink`)."""
+    ``validate tp`` the shrunk Llama of :func:`default_tp_shrink`)."""
     from zerocalc.request.presets import load_model
 
     arch, _ = load_model(model or (DEFAULT_TP_MODEL if tp > 1 else DEFAULT_MODEL))

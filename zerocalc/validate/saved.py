@@ -1,7 +1,6 @@
-"""``zerocalc validate --activations``: the activation profile against what real modules save (pure).
+"""``zerocalc validate activations``: the activation profile against what real modules save (pure).
 
-:mod:`zerocalc.model.model_impl` says, per decoder layer and outside the layers, which storages a model's
-forward
+:mod:`zerocalc.model.code` says, per decoder layer and outside the layers, which storages a model's forward
 keeps for backward. :mod:`zerocalc.validate.saved_measure` runs the real Hugging Face module on the CPU
 under ``torch.autograd.graph.saved_tensors_hooks`` and lists every storage saved, with the region whose
 forward first saved it. This module predicts the same regions from the profile and compares them, region
@@ -13,15 +12,14 @@ Regions (what the profile predicts there, and why it is first saved there):
 
 * ``embedding``: the input ids (``nn.Embedding`` saves its indices; they are the labels too); GPT-2 also
   its position ids (``wpe``) and the embedding dropout mask;
-* ``layer <i>``: :func:`zerocalc.model.model_impl.layer_saves` — plus the layer's input where the layer keeps
-it
+* ``layer <i>``: :func:`zerocalc.model.code.layer_saves` — plus the layer's input where the layer keeps it
   (``keeps_input``: a LayerNorm or a fp32 RMSNorm saves it), plus, in layer 0, the rotary ``cos`` and
-  ``sin`` that every layer's ``q * cos`` saves (:func:`~zerocalc.model.model_impl.shared_saves`); Gemma's
-  embedding scale (:func:`~zerocalc.model.model_impl.embedding_saves`) in ``embedding``;
-* ``final``: :func:`zerocalc.model.model_impl.final_saves` (the final norm and the LM head's input), plus the
-  last hidden state where a LayerNorm keeps it;
-* ``loss``: :func:`zerocalc.model.model_impl.logits_saves` (Gemma 2's logit soft-capping) and
-  :func:`zerocalc.model.model_impl.loss_saves` (``ForCausalLMLoss``: log-softmax output, target,
+  ``sin`` that every layer's ``q * cos`` saves (:meth:`~zerocalc.model.code.ModelCode.shared_saves`);
+  Gemma's embedding scale (:func:`~zerocalc.model.code.embedding_saves`) in ``embedding``;
+* ``final``: :meth:`zerocalc.model.code.ModelCode.final_saves` (the final norm and the LM head's input),
+  plus the last hidden state where a LayerNorm keeps it;
+* ``loss``: :func:`zerocalc.model.code.logits_saves` (Gemma 2's logit soft-capping) and
+  :func:`zerocalc.model.code.loss_saves` (``ForCausalLMLoss``: log-softmax output, target,
   ``total_weight``).
 """
 
@@ -32,21 +30,19 @@ from collections import Counter
 from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.model.architecture import Architecture
-from zerocalc.model.model_impl import (
+from zerocalc.model.code import (
     FP32,
     INT64,
-    MODEL_IMPLS,
+    MODEL_CODES,
     Device,
     ModelImplName,
     Shape,
     embedding_saves,
-    final_saves,
     layer_saves,
     logits_saves,
     loss_saves,
-    shared_saves,
-    traits,
 )
+from zerocalc.model.traits import traits
 
 ACT_BYTES = {"fp32": FP32, "bf16": 2}
 """Compute dtypes measured: fp32, and bf16 (the parameters every op sees under FSDP2's
@@ -87,6 +83,8 @@ TINY_CONFIGS: dict[str, dict] = {
                                               if k not in ("num_key_value_heads", "head_dim")}},
     "falcon": {"model_type": "falcon", "vocab_size": 1024, "hidden_size": 128, "num_hidden_layers": 2,
                "num_attention_heads": 8, **TOKENS},
+    "gpt_oss": {"model_type": "gpt_oss", **_SIZES, "intermediate_size": 192, "num_local_experts": 4,
+                "num_experts_per_tok": 2, "sliding_window": 16},
 }  # fmt: skip
 """Tiny config.json dicts of every family the ``hf`` profile describes
 (``zerocalc.model.hf_config.FAMILIES``):
@@ -102,10 +100,14 @@ NOT_EXACT: dict[tuple[str, str | None], str] = {
     ("deepseek_v3", None): "multi-head latent attention (kv_a/kv_b split, interleaved rotary on a cat of "
     "nope and pe) and the sigmoid group router are derived from the source, not yet term by term",
     ("gemma2", "eager"): "eager attention's logit soft-capping (tanh over [b, a, s, s]) is not written out",
+    ("gpt_oss", None): "no activation profile of its own yet: eager attention with a sink column "
+    "concatenated to the logits, sliding-window masks on alternate layers, a top-k-then-softmax router and "
+    "clamped SwiGLU experts with biases are not written out (the llama-like defaults stand in)",
 }
 """Model code the ``hf`` profile does not claim to the byte, keyed by (family, attention or None for
 both), with the reason. Measured on the tiny configs (torch 2.13 CPU, transformers 5.17, b=2 s=64, see
-README): falcon −29.5% … +37%, deepseek_v3 −0.6% … +5.4%, gemma2 eager +6.4% … +9.6% of the saved bytes."""
+README): falcon −29.5% … +37%, deepseek_v3 −0.6% … +5.4%, gemma2 eager +6.4% … +9.6% of the saved bytes;
+gpt_oss (eager: transformers runs it so only) −20.7% … −6.9%, low."""
 
 
 def not_exact_reason(family: str, attention: str) -> str | None:
@@ -200,15 +202,15 @@ class SavedReport(BaseModel):
 def predict_regions(arch: Architecture, shape: Shape, dtype: str, attention: str) -> dict[str, list[Term]]:
     """What the ``hf`` profile says each region's forward saves first (see the module docstring), on the CPU
     (LayerNorm statistics and dropout noise in the compute dtype:
-    :data:`zerocalc.model.model_impl.Device`)."""
-    impl = MODEL_IMPLS[ModelImplName.HF]
+    :data:`zerocalc.model.code.Device`)."""
+    impl = MODEL_CODES[ModelImplName.HF]
     act = ACT_BYTES[dtype]
     device = Device.CPU
     T, h = shape.tokens, arch.hidden_size
     rotary = traits(arch).rotary
     regions: dict[str, list[Term]] = {"embedding": [Term(name="input ids (= labels)", bytes=INT64 * T)]}
     regions["embedding"] += [Term(name=n, bytes=b) for n, b in embedding_saves(impl, arch, act)]
-    shared = [Term(name=n, bytes=b) for n, b in shared_saves(impl, arch, shape, act, False, device) if b]
+    shared = [Term(name=n, bytes=b) for n, b in impl.shared_saves(arch, shape, act, False, device) if b]
     if not rotary:
         regions["embedding"] += shared
     for i in range(arch.num_layers):
@@ -219,7 +221,7 @@ def predict_regions(arch: Architecture, shape: Shape, dtype: str, attention: str
         if i == 0 and rotary:
             terms += shared
         regions[f"layer {i}"] = terms
-    final = [Term(name=n, bytes=b) for n, b in final_saves(impl, arch, shape, act, device) if b]
+    final = [Term(name=n, bytes=b) for n, b in impl.final_saves(arch, shape, act, device) if b]
     if traits(arch).norm == "layernorm":
         final.insert(0, Term(name="final norm: input (the last hidden state)", bytes=act * T * h))
     regions["final"] = final

@@ -1,4 +1,4 @@
-"""The torch side of ``zerocalc validate --activations``: what a real Hugging Face model saves for backward.
+"""The torch side of ``zerocalc validate activations``: what a real Hugging Face model saves for backward.
 
 One forward of ``AutoModelForCausalLM.from_config(config)`` in train mode with ``labels = input_ids`` (the
 model's own loss, ``loss/loss_utils.py::ForCausalLMLoss``) runs under
@@ -148,8 +148,8 @@ def run_cases(
     """Every model × dtype × attention × (b, s): measured and compared with the ``hf`` profile."""
     import transformers
 
+    from zerocalc.model.code import Shape
     from zerocalc.model.hf_config import architecture_from_hf_dict
-    from zerocalc.model.model_impl import Shape
 
     cases = []
     for name, config in models:

@@ -1,4 +1,4 @@
-"""Timing real training steps against the predicted step time (``validate --device cuda --time-steps N``):
+"""Timing real training steps against the predicted step time (``validate cuda --time-steps N``):
 the loop (any device: the caller passes its synchronisation) and the comparison (pure)."""
 
 from __future__ import annotations

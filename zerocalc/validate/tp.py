@@ -24,7 +24,7 @@ shards each parameter's tp-local tensor on dim 0 over the dp ranks the same way
 :func:`predicted_tp_states` is the analytic core's model states of each rank;
 :func:`predicted_tp_calls` lists each rank's collectives in the order it issues them, with the sizes of
 the core's tensor shards (their sums per collective and phase are ``zerocalc comm``'s mesh collectives,
-tests/test_validate_tp.py).
+tests/validate/test_validate_tp.py).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from zerocalc.states.framework import RankStates, dim0_rows, fsdp_units, predict
 from zerocalc.validate.config import STRATEGIES, Job, TpPlan
 
 TP_STRATEGIES = ("fsdp2", "fsdp2-no-reshard")
-"""The ``--strategies`` that run under ``--tp``: FSDP2 over the dp sub-mesh after the TP plan."""
+"""The ``--strategies`` of ``validate tp``: FSDP2 over the dp sub-mesh after the TP plan."""
 REDUCE_DTYPE = DType.FP32
 """FSDP2's reduce-scatter dtype: fp32 (``MixedPrecisionPolicy(reduce_dtype=float32)`` under bf16-mixed)."""
 
@@ -123,7 +123,7 @@ def plan_for(world: int, tp: int, sequence_parallel: bool, loss_parallel: bool) 
 
 
 def check_tp(arch: Architecture, plan: TpPlan, strategies: list[str], grad_accum: int) -> None:
-    """One line (:class:`InputError`) for a combination ``validate --tp`` cannot build or predict."""
+    """One line (:class:`InputError`) for a combination ``validate tp`` cannot build or predict."""
     t = plan.tp
     bad = [s for s in strategies if s not in TP_STRATEGIES]
     if bad:

@@ -9,11 +9,8 @@ step (A micro-batches of forward and backward, the first A-1 under ``no_sync()``
 ``set_requires_gradient_sync(False)`` with ``grad_sync`` last, then ``optimizer.step``; no ``zero_grad``
 after it) on random tokens, and measures:
 
-* collectives: every c10d collective of the measured step, seen by a ``TorchDispatchMode``
-  (:class:`CollectiveRecorder`): the C++ ``ProcessGroup`` methods, DDP's reducer included, dispatch to the
-  ``c10d::allreduce_`` ... ops (``torch/csrc/distributed/c10d/ProcessGroup.hpp``), so the Python mode
-  sees them all, and DTensor's from inside its dispatch too; per call, in order, its operation, dtype, S,
-  process group (global ranks) and broadcast source;
+* collectives: every c10d collective of the measured step, in order, DDP's reducer's and DTensor's
+  included (:class:`~zerocalc.validate.measure.CollectiveRecorder`);
 
 * params / grads: bytes of the parameters the optimizer sees and their ``.grad`` (DTensor: ``to_local()``;
   FSDP1: the sharded ``FlatParameter`` s);
@@ -29,22 +26,19 @@ Under a ``dp × tp`` mesh (``Job.tp_plan``) the model gets torchtitan's TP plan 
 (:func:`parallelize`) before ``fully_shard`` over the dp sub-mesh, the ranks of a TP group take the same
 tokens, and the loss runs under ``loss_parallel()`` when the plan keeps the logits vocab-sharded.
 
-Rank 0 gathers every rank's figures with ``all_gather_object`` before tear-down; the model and optimizer
-are freed (``gc.collect()``) before ``destroy_process_group`` (torch 2.13 can abort at exit otherwise).
-Exit codes (:mod:`zerocalc.harness.procs`): 0 done, 1 failed (one line), 2 bad input, 3 timeout.
+What is around the measurement (the jobs read, the world joined once, rank 0 gathering every rank's
+figures, the tear-down, the exit codes) is :mod:`zerocalc.validate.rank_main`'s, shared with the pipeline
+and expert-parallel workers; this module declares how one rank measures one configuration
+(:func:`_measure`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import os
-import sys
 import time
-import warnings
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 from zerocalc.harness import procs
@@ -54,12 +48,8 @@ if __name__ == "__main__":
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from zerocalc.base.dtypes import DType
-from zerocalc.base.errors import InputError
-from zerocalc.bench.topology import Placement, placement_from_env, rendezvous_env
+from zerocalc.bench.topology import Placement, placement_from_env
 from zerocalc.network.cluster import RankGroup
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.frameworks import Fsdp1Sharding, TorchWrapper
@@ -71,127 +61,11 @@ from zerocalc.validate.config import (
     WARMUP_STEPS,
     Job,
     Measured,
-    RecordedCall,
     TpPlan,
 )
+from zerocalc.validate.measure import CollectiveRecorder, local, nbytes, optimizer_bytes, storage_bytes
 from zerocalc.validate.model import Block, build_model, loss_fn
-
-_C10D_OPS: dict[str, tuple[str, int, int, int, int | None]] = {
-    "allreduce_": ("all_reduce", 0, 0, 1, None),
-    "allreduce_coalesced_": ("all_reduce", 0, 0, 1, None),
-    "broadcast_": ("broadcast", 0, 0, 1, 2),
-    "reduce_": ("reduce", 0, 0, 1, 3),
-    "allgather_": ("all_gather", 1, 0, 2, None),
-    "allgather_coalesced_": ("all_gather", 1, 0, 2, None),
-    "_allgather_base_": ("all_gather", 1, 0, 2, None),
-    "allgather_into_tensor_coalesced_": ("all_gather", 1, 0, 2, None),
-    "reduce_scatter_": ("reduce_scatter", 1, 0, 2, None),
-    "_reduce_scatter_base_": ("reduce_scatter", 1, 0, 2, None),
-    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1, 0, 2, None),
-    "alltoall_": ("all_to_all", 1, 0, 2, None),
-    "alltoall_base_": ("all_to_all", 1, 0, 2, None),
-    "gather_": ("gather", 1, 0, 2, 3),
-    "scatter_": ("scatter", 1, 0, 2, 3),
-}
-"""torch 2.13 ``c10d`` op schemas (``torch/csrc/distributed/c10d/Ops.cpp``): the collective, and the argument
-positions of its input, output, process group and root (a rank of the group)."""
-_FUNCTIONAL_OPS: dict[str, tuple[str, int]] = {
-    "all_reduce": ("all_reduce", 2),
-    "all_reduce_": ("all_reduce", 2),
-    "all_reduce_coalesced": ("all_reduce", 2),
-    "all_gather_into_tensor": ("all_gather", 2),
-    "all_gather_into_tensor_out": ("all_gather", 2),
-    "all_gather_into_tensor_coalesced": ("all_gather", 2),
-    "reduce_scatter_tensor": ("reduce_scatter", 3),
-    "reduce_scatter_tensor_coalesced": ("reduce_scatter", 3),
-    "all_to_all_single": ("all_to_all", 3),
-    "broadcast": ("broadcast", 2),
-    "broadcast_": ("broadcast", 2),
-}
-"""``_c10d_functional`` ops (traceable collectives): the collective and the position of the group name."""
-_DTYPES = {f"torch.{d.torch_name}": d.value for d in DType}
-
-
-def _flat_tensors(x: Any) -> list[Any]:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for y in x for t in _flat_tensors(y)]
-    return []
-
-
-def _numel(x: Any) -> int:
-    return sum(t.numel() for t in _flat_tensors(x))
-
-
-def _dtype(x: Any) -> str:
-    tensors = _flat_tensors(x)
-    name = str(tensors[0].dtype) if tensors else "?"
-    return _DTYPES.get(name, name.replace("torch.", ""))
-
-
-def _ranks(group: Any) -> list[int]:
-    if isinstance(group, torch.ScriptObject):
-        group = dist.ProcessGroup.unbox(group)
-    return list(dist.get_process_group_ranks(group))
-
-
-class CollectiveRecorder(TorchDispatchMode):
-    """Every c10d collective dispatched while the mode is active, with the phase the runner sets."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[RecordedCall] = []
-        self.phase = "forward"
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if any(issubclass(t, DTensor) for t in types):
-            # A mode runs before a tensor subclass and is off while its handler runs: handing a DTensor op
-            # back lets DTensor run first, so the collectives it issues inside its dispatch (loss_parallel's
-            # all-reduces, implicit redistributions) come here as plain-tensor ops
-            # (``torch/distributed/tensor/debug/_comm_mode.py`` ``CommDebugMode`` does the same).
-            return NotImplemented
-        namespace = getattr(func, "namespace", None)
-        name = func._schema.name.split("::")[-1]
-        out = func(*args, **(kwargs or {}))
-        if namespace == "c10d" and name in _C10D_OPS:
-            op, i_in, i_out, i_group, i_root = _C10D_OPS[name]
-            source, ranks = args[i_in], _ranks(args[i_group])
-            elements = _numel(args[i_out]) if op == "all_gather" else _numel(source)
-            root = int(args[i_root]) if i_root is not None else None
-        elif namespace == "_c10d_functional" and name in _FUNCTIONAL_OPS:
-            op, i_group = _FUNCTIONAL_OPS[name]
-            source = args[0]
-            ranks = _ranks(torch._C._distributed_c10d._resolve_process_group(args[i_group]))
-            elements = _numel(out) if op == "all_gather" else _numel(source)
-            root = None
-        else:
-            return out
-        self.calls.append(
-            RecordedCall(
-                op=op, phase=self.phase, dtype=_dtype(source), elements=elements, group_ranks=ranks, root=root
-            )
-        )
-        return out
-
-
-def _local(t: Any) -> Any:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def _nbytes(t: Any) -> int:
-    t = _local(t)
-    return t.numel() * t.element_size()
-
-
-def _storages(tensors: list[Any]) -> int:
-    """Bytes of the distinct allocated storages behind ``tensors``."""
-    seen: dict[int, int] = {}
-    for t in tensors:
-        storage = t.untyped_storage()
-        if storage.nbytes() > 0:
-            seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
+from zerocalc.validate.rank_main import gathered, init_world, rank_main, tear_down
 
 
 def _mesh(device: Any, job: Job) -> Any:
@@ -258,7 +132,7 @@ def _wrap(job: Job, model: Any, device: Any) -> tuple[Any, Any, Any]:
                     t = getattr(flat, attr, None)
                     if t is not None and (attr == "_full_param_padded" or not handle.uses_sharded_strategy):
                         held.append(t)
-            return _storages(held)
+            return storage_bytes(held)
 
         return wrapped, optimizer, unsharded
     from torch.distributed.device_mesh import init_device_mesh
@@ -294,7 +168,7 @@ def _wrap(job: Job, model: Any, device: Any) -> tuple[Any, Any, Any]:
                 if group is not None and group.is_unsharded:
                     for fsdp_param in group.fsdp_params:
                         held.extend(fsdp_param.all_gather_outputs)
-        return _storages(held)
+        return storage_bytes(held)
 
     return model, optimizer, unsharded2
 
@@ -401,23 +275,16 @@ def _measure(job: Job, placement: Placement, device: Any) -> Measured:
     params = [p for group in local_optim.param_groups for p in group["params"]]
     if zero:  # every rank holds every parameter and gradient
         params = list(wrapped.parameters())
-    opt_bytes = step_bytes = 0
-    for state in local_optim.state.values():
-        for key, value in state.items():
-            if torch.is_tensor(value):
-                if key == "step":
-                    step_bytes += _nbytes(value)
-                else:
-                    opt_bytes += _nbytes(value)
+    opt_bytes, step_bytes = optimizer_bytes(local_optim)
     measured_figures = Measured(
         rank=placement.rank,
-        params=sum(_nbytes(p) for p in params),
-        grads=sum(_nbytes(p.grad) for p in params if p.grad is not None),
+        params=sum(nbytes(p) for p in params),
+        grads=sum(nbytes(p.grad) for p in params if p.grad is not None),
         optimizer=opt_bytes,
         step=step_bytes,
         unsharded_after_forward=after_forward,
         peak_allocated=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
-        loss=float(_local(loss.detach()).float().item()),
+        loss=float(local(loss.detach()).float().item()),
         collectives=recorder.calls,
     )
     del logits, loss, wrapped, optimizer, local_optim, params, model
@@ -425,53 +292,15 @@ def _measure(job: Job, placement: Placement, device: Any) -> Measured:
     return measured_figures
 
 
-def _init(job: Job, placement: Placement) -> Any:
-    os.environ.update(rendezvous_env())
-    if job.backend == "nccl":
-        device = torch.device("cuda", placement.local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    dist.init_process_group(
-        job.backend,
-        rank=placement.rank,
-        world_size=placement.world_size,
-        timeout=timedelta(seconds=job.timeout_s),
-        **({"device_id": device} if device.type == "cuda" else {}),
-    )
-    return device
-
-
-def _teardown() -> None:
-    gc.collect()  # the model and optimizer are gone before destroy_process_group (torch 2.13 aborts)
-    with contextlib.suppress(Exception):
-        dist.destroy_process_group()
-
-
 def _gathered(job: Job, placement: Placement, device: Any) -> list[Measured] | None:
-    mine = _measure(job, placement, device)
-    everyone: list[Any] = [None] * placement.world_size
-    dist.all_gather_object(everyone, mine.model_dump())
-    return [Measured.model_validate(m) for m in everyone] if placement.rank == 0 else None
+    everyone = gathered(_measure(job, placement, device), placement)
+    return None if everyone is None else [Measured.model_validate(m) for m in everyone]
 
 
-def run_spawned(jobs: list[Job], placement: Placement, watchdog: procs.Watchdog) -> None:
-    """This rank's part of every configuration in the spawned world; rank 0 hands each one's figures back
-    (:func:`zerocalc.harness.procs.hand_back`) before the next starts. Any failure ends the world: the
-    parent reports it as the configuration's and runs the rest in a fresh world."""
-    device = _init(jobs[0], placement)
-    try:
-        for index, job in enumerate(jobs):
-            watchdog.restart()
-            if os.environ.get(TEST_FAIL_ENV) == job.strategy and placement.rank == 1:
-                procs.exit_now(procs.EXIT_FAILED)
-            figures = _gathered(job, placement, device)
-            if figures is not None:
-                procs.hand_back(json.dumps([m.model_dump() for m in figures]), index)
-            gc.collect()
-            dist.barrier()
-    finally:
-        _teardown()
+def _failure_for_tests(job: Job, placement: Placement) -> None:
+    """Rank 1 dies before measuring the strategy :data:`~zerocalc.validate.config.TEST_FAIL_ENV` names."""
+    if os.environ.get(TEST_FAIL_ENV) == job.strategy and placement.rank == 1:
+        procs.exit_now(procs.EXIT_FAILED)
 
 
 Outcome = list[Measured] | str | None
@@ -485,7 +314,7 @@ def run_many(jobs: list[Job], on_done: Callable[[int, Outcome, float], None] | N
     failure inside a collective can leave the world unusable). ``on_done(index, outcome, seconds)`` is
     called after each job."""
     placement = placement_from_env()
-    device = _init(jobs[0], placement)
+    device = init_world(jobs[0], placement)
     results: list[Outcome] = []
     try:
         for index, job in enumerate(jobs):
@@ -501,28 +330,13 @@ def run_many(jobs: list[Job], on_done: Callable[[int, Outcome, float], None] | N
             if on_done is not None:
                 on_done(index, outcome, time.monotonic() - start)
     finally:
-        _teardown()
+        tear_down()
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
     """A spawned rank: every configuration given (one JSON job per argument) in one world."""
-    warnings.filterwarnings("ignore", category=FutureWarning)  # e.g. NO_SHARD's deprecation notice
-    argv = sys.argv[1:] if argv is None else argv
-    jobs = [Job.model_validate_json(text) for text in argv]
-    placement = placement_from_env()
-    watchdog = procs.Watchdog(jobs[0].timeout_s, placement.rank)
-
-    def body() -> None:
-        try:
-            run_spawned(jobs, placement, watchdog)
-        except InputError:
-            raise
-        except Exception as exc:
-            procs.fail_rank(placement.rank, exc, jobs[0].timeout_s)
-        watchdog.disarm()
-
-    return procs.run_rank(body)
+    return rank_main(Job, _measure, argv, before=_failure_for_tests)
 
 
 if __name__ == "__main__":

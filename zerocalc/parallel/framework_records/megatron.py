@@ -6,25 +6,75 @@ from __future__ import annotations
 
 from zerocalc.base.dtypes import DType
 from zerocalc.model.activations import CpImpl
-from zerocalc.model.model_impl import ModelImplName
-from zerocalc.network.schedule import GradSync
-from zerocalc.parallel.framework_records.paper import MEGATRON_EXPERT_PARALLEL, paper_setup
+from zerocalc.model.code import ModelImplName
+from zerocalc.network.cluster import RankGroup
+from zerocalc.network.collectives import Collective
+from zerocalc.network.schedule import GradSync, Padding, Phase, Repeat, Tensor
+from zerocalc.parallel.framework_records.paper import MEGATRON_EXPERT_PARALLEL
 from zerocalc.parallel.framework_records.record import CpFamily, FrameworkRecord, ModelInit, StatesModel
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.mesh import TpStyle
 from zerocalc.parallel.optimizers import OptimizerName
 from zerocalc.parallel.precision import PrecisionName
-from zerocalc.parallel.strategies import OffloadTarget, StrategyName
+from zerocalc.parallel.strategies import FrameworkSetup, OffloadTarget, StrategyName, schedule_line
 
-_SCHEDULE_SOURCE = "ZeRO paper §7 (Megatron-LM's own schedule is not modelled separately)"
+_AR, _RS, _AG = Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER
+_BUFFER = "core/distributed/param_and_grad_buffer.py"
+_SCHEDULE_SOURCE = f"Megatron-LM {_BUFFER}"
+_ONE_BUCKET = (
+    "one bucket per buffer without --overlap-grad-reduce (distributed_data_parallel.py: bucket_size None), "
+    "the dense parameters' buffer and the experts' apart"
+)
+_DISTRIBUTED_OPTIMIZER = FrameworkSetup(
+    grad_sync=GradSync.LAST,
+    schedule=(
+        schedule_line(
+            _RS,
+            Phase.BACKWARD,
+            Tensor.GRADIENTS,
+            RankGroup.WORLD,
+            Repeat.PER_SYNC,
+            "_ParamAndGradBucketGroup.start_grad_sync: reduce_scatter_tensor of each bucket's grad_data (the "
+            f"fp32 main gradients) over the data-parallel group, on the last micro-batch (no_sync before); "
+            f"{_ONE_BUCKET}",
+            padding=Padding.MEGATRON_BUFFER,
+        ),
+        schedule_line(
+            _AG,
+            Phase.AFTER_STEP,
+            Tensor.PARAMETERS,
+            RankGroup.WORLD,
+            Repeat.PER_STEP,
+            "_ParamAndGradBucketGroup.start_param_sync: all_gather_into_tensor of each bucket's param_data "
+            "(the 16-bit parameters the distributed optimizer updated) after the step",
+            padding=Padding.MEGATRON_BUFFER,
+        ),
+    ),
+    schedule_source=_SCHEDULE_SOURCE,
+)
+_ALL_REDUCE = FrameworkSetup(
+    grad_sync=GradSync.LAST,
+    schedule=(
+        schedule_line(
+            _AR,
+            Phase.BACKWARD,
+            Tensor.GRADIENTS,
+            RankGroup.WORLD,
+            Repeat.PER_SYNC,
+            "_ParamAndGradBucketGroup.start_grad_sync: all_reduce of each bucket's grad_data (the fp32 main "
+            f"gradients) without the distributed optimizer, unpadded, on the last micro-batch; {_ONE_BUCKET}",
+        ),
+    ),
+    schedule_source=_SCHEDULE_SOURCE,
+)
 
 MEGATRON = FrameworkRecord(
     framework=Framework.MEGATRON,
     source="Megatron-LM distributed optimizer (bf16 params, fp32 main grads, Adam)",
     states=StatesModel.MEGATRON_DISTRIBUTED_OPTIMIZER,
     strategies={
-        StrategyName.DDP: paper_setup(GradSync.LAST, schedule_source=_SCHEDULE_SOURCE),
-        StrategyName.ZERO1: paper_setup(GradSync.LAST, schedule_source=_SCHEDULE_SOURCE),
+        StrategyName.DDP: _ALL_REDUCE,
+        StrategyName.ZERO1: _DISTRIBUTED_OPTIMIZER,
     },
     main_grad_dtype=DType.FP32,
     fused_optimizer=True,
@@ -41,6 +91,7 @@ MEGATRON = FrameworkRecord(
     offload_params=(OffloadTarget.NONE,),
     offload_source="Megatron-Core optimizer CPU offload (optimizer_cpu_offload, optimizer_offload_fraction "
     "1.0, use_precision_aware_optimizer; megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py)",
+    offload_optimizer_step="Adam on the host (Megatron-Core HybridDeviceOptimizer)",
     offload_moves="the fp32 master copy, Adam's m and v and a copy of the main gradients on the host; the "
     "16-bit parameters and the fp32 main gradients stay on the GPU (the peak; this table is the paper's)",
     accepts="mixed-precision Adam; accepted: {precision} bf16-mixed or fp16-mixed with {optimizer} "

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from zerocalc.base.dtypes import DType
 from zerocalc.model.activations import CpImpl
-from zerocalc.model.model_impl import ModelImplName
+from zerocalc.model.code import ModelImplName
 from zerocalc.network.schedule import GradSync, ScheduledCollective
 from zerocalc.parallel.frameworks import Framework, TorchSetup
 from zerocalc.parallel.mesh import TpStyle
@@ -132,6 +132,10 @@ class FrameworkRecord(NamedTuple):
         "host-side optimizer step consumes"
     )
     """What an offloaded optimizer takes off the GPU, and what stays."""
+    offload_optimizer_step: str = "CPU Adam (DeepSpeedCPUAdam)"
+    """Which optimizer steps an offloaded optimizer on the host (DeepSpeed 0.19.8 ``runtime/engine.py``
+    ``_configure_basic_optimizer``: Adam/AdamW with ZeRO offload is ``deepspeed/ops/adam/cpu_adam.py``
+    ``DeepSpeedCPUAdam``, ZeRO-Offload's CPU-Adam, Ren et al. 2021 §4.2)."""
     wrap_model: bool = True
     moe: bool = True
     accepts: str = ""

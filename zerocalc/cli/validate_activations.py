@@ -1,0 +1,104 @@
+"""``zerocalc validate activations``: what real Hugging Face modules save for backward, measured on the CPU
+(``saved_tensors_hooks``, storages deduplicated), against the hf model profile, region by region and to the
+byte (needs transformers).
+
+Thin: read the options, call :func:`zerocalc.validate.saved_measure.run_cases`, render. torch and
+transformers are imported only once the command runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zerocalc.base.errors import InputError
+from zerocalc.cli.measure_options import Measure
+from zerocalc.cli.options import comma_list, takes_measure
+from zerocalc.cli.validate_common import finish, hf_config, require_torch, shape
+
+
+@takes_measure(Measure.ACTIVATIONS)
+def activations(values: dict[str, Any], given: frozenset[str]) -> None:
+    """What real Hugging Face modules save for backward, on the CPU.
+
+    Measure the saved tensors (saved_tensors_hooks, storages deduplicated) of tiny configs of every family,
+    or of --model; compare them, region by region and to the byte, with the hf model profile (needs
+    transformers)."""
+    from zerocalc.validate.saved import ATTENTIONS, TINY_CONFIGS
+
+    precision, attention, family = values["precision"], values["attention"], values["family"]
+    dtypes = [
+        {"fp32": "fp32", "bf16-mixed": "bf16"}[p]
+        for p in comma_list(precision, "--precision", ("fp32", "bf16-mixed"), allow_all=False)
+    ]
+    attentions = comma_list(attention, "--attention", ATTENTIONS, allow_all=False)
+    b, s = shape(values)
+    if values["model"] is not None:
+        if family.strip().lower() != "all":
+            raise InputError(f"--family {family!r} with --model is not accepted; accepted: one of the two")
+        models = [hf_config(values["model"], "activations")]
+    else:
+        models = [(f, TINY_CONFIGS[f]) for f in comma_list(family, "--family", tuple(TINY_CONFIGS), True)]
+    require_torch(transformers="activations")
+    from zerocalc.validate import saved_measure
+
+    report = saved_measure.run_cases(models, dtypes, attentions, [(b, s)])
+    finish(report, values["json"], render_activations, report.all_match)
+
+
+def render_activations(report) -> None:
+    """One row per case (predicted and measured saved bytes), then the regions that differ."""
+    from zerocalc.cli.render import Column, console, print_fitted
+
+    out = console()
+    out.print(
+        f"Saved activations of one training forward, hf profile vs torch {report.torch} + transformers "
+        f"{report.transformers} on the CPU (saved_tensors_hooks; bytes per storage)"
+    )
+    keys, predicted, measured, difference, marks = [], [], [], [], []
+    for case in report.cases:
+        keys.append(f"{case.model} {case.dtype} {case.attention} b={case.micro_batch} s={case.seq_len}")
+        predicted.append(f"{case.predicted:,}")
+        measured.append(f"{case.measured:,}")
+        difference.append(f"{case.measured - case.predicted:+,}")
+        marks.append("exact" if case.exact else ("not claimed" if case.not_exact else "✗ OFF"))
+    print_fitted(
+        "case",
+        keys,
+        [
+            Column(header="predicted", cells=predicted),
+            Column(header="measured", cells=measured),
+            Column(header="diff", cells=difference),
+            Column(header="", cells=marks, justify="left"),
+        ],
+        key_width=24,
+    )
+    from rich.markup import escape
+
+    notes: dict[str, list[str]] = {}
+    for case in report.cases:
+        if case.exact:
+            continue
+        title = f"{case.model} {case.dtype} {case.attention}"
+        if case.not_exact:
+            notes.setdefault(case.not_exact, []).append(f"{case.model} {case.attention}")
+            continue
+        for region in case.regions:
+            if region.ok:
+                continue
+            out.print(
+                f"[bold red]✗ {title}, {region.region}: predicted {region.predicted:,}, measured "
+                f"{region.measured:,} ({region.difference:+,})[/bold red]"
+            )
+            for term in region.unmatched_terms:
+                out.print(f"    predicted, not measured: {term.name} ({term.bytes:,} B)")
+            for st in region.unmatched_storages:
+                shape = "×".join(map(str, st.shape)) or "scalar"
+                out.print(
+                    f"    measured, not predicted: {st.dtype} {shape} ({st.bytes:,} B) saved by {st.saved_by}"
+                )
+    for reason, cases in notes.items():
+        out.print(f"[dim]· not claimed exact ({', '.join(dict.fromkeys(cases))}): {escape(reason)}[/dim]")
+    exact = sum(c.exact for c in report.cases)
+    claimed = sum(c.not_exact is None for c in report.cases)
+    verdict = "every claimed case is exact" if report.all_match else "[bold red]NOT all exact[/bold red]"
+    out.print(f"{exact} of {len(report.cases)} cases exact to the byte ({claimed} claimed exact): {verdict}")

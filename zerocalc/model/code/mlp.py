@@ -1,0 +1,73 @@
+"""What the MLP keeps for backward: a dense MLP (gated or GELU) and a mixture-of-experts layer."""
+
+from __future__ import annotations
+
+from zerocalc.model.architecture import MlpKind
+from zerocalc.model.code.base import FP32, INT64
+
+
+def mlp_saves(add, arch, t, T, width, act) -> None:
+    """Gated (SwiGLU, GeGLU): gate output, activation output, up output, their product (the down
+    projection's input), 4·act·T·f; fused gate/up (Phi-3) keeps its 2f output whole, the same bytes.
+    GELU: GPT-2's ``NewGELUActivation`` keeps x, tanh(...), 0.5x and 1 + tanh, plus the output;
+    ``nn.GELU`` keeps its input and the output."""
+    if arch.mlp is MlpKind.SWIGLU:
+        if arch.fused_gate_up:
+            add("gate/up output", 2 * act * T * width)
+        else:
+            add("gate output", act * T * width)
+            add("up output", act * T * width)
+        add("activation output", act * T * width)
+        add("activation × up (down input)", act * T * width)
+        return
+    if t.gelu == "tanh_decomposed":
+        add("GELU input, tanh, 0.5x, 1 + tanh", [act * T * width] * 4)
+    else:
+        add("GELU input", act * T * width)
+    add("GELU output (down input)", act * T * width)
+
+
+def moe_saves(add, arch, t, T, act, R) -> None:
+    """A mixture-of-experts layer under transformers 5.17's default ``grouped_mm`` experts
+    (``integrations/moe.py::grouped_mm_experts_forward``): the router's fp32 softmax, top-k indices and
+    weights, the permutation indices (3 × int64 [S]), the sentinel mask, per-expert offsets (int32 [E]),
+    the gathered tokens, gate/up output [S, 2f], activation, product, routing weights and the down
+    output; plus the shared experts (Qwen2-MoE: with a sigmoid gate).
+
+    Under expert parallelism (derived from torchtitan ``distributed/expert_parallel.py`` ``ExpertParallel``,
+    not measured) the rank's E/e experts compute the R pairs the dispatch all-to-all brings them
+    (:meth:`Shape.expert_rows`): the gathered tokens become the all-to-all's output [R, h] and the experts'
+    tensors have R rows, offsets E/e; the routing and permutation stay on the rank's own S pairs, and the
+    down output the weights multiply is the combine all-to-all's [S, h] (``all_to_all_single_autograd``
+    saves nothing itself)."""
+    E, k, f, h = arch.num_experts, arch.experts_per_token, arch.intermediate_size, arch.hidden_size
+    S = T * k
+    router = [("softmax (fp32)", FP32 * T * E), ("top-k indices", INT64 * T * k)]
+    if t.router == "softmax_topk":
+        weights = act * S
+    else:
+        router += [("top-k sum (fp32)", FP32 * T), ("top-k weights (fp32)", FP32 * T * k)]
+        weights = act * S if t.router == "softmax_topk_norm_cast" else FP32 * S
+    add("router", router)
+    # named parts: the experts' backward (zerocalc.peak.layer_nodes) frees them where their nodes run
+    add(
+        "experts",
+        [
+            ("perm // k", INT64 * S),
+            ("perm", INT64 * S),
+            ("inverse perm", INT64 * S),
+            ("sentinel mask", S),
+            ("offsets", FP32 * arch.local_experts),
+            ("gathered tokens", act * R * h),
+            ("gate/up output", 2 * act * R * f),
+            ("activation output", act * R * f),
+            ("activation × up (down input)", act * R * f),
+            ("routing weights (sorted)", weights),
+            ("down output", act * S * h),
+        ],
+    )
+    if arch.num_shared_experts:
+        width = arch.num_shared_experts * (arch.shared_expert_intermediate_size or f)
+        add("shared experts", [act * T * width] * 4)
+        if arch.shared_expert_gate:
+            add("shared expert gate, its output", [act * T, act * T * h])
