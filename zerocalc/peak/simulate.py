@@ -207,6 +207,7 @@ def in_flight_saved_bytes(request: TrainingRequest) -> int:
     return first_stage_in_flight(mesh.pp_schedule, mesh.pp, request.grad_accum) * saved if saved else 0
 
 
+@lru_cache(maxsize=4096)
 def first_stage_in_flight(schedule: PpSchedule, pp: int, grad_accum: int) -> int:
     """The micro-batches pipeline rank 0 holds in flight without virtual stages
     (:func:`~zerocalc.parallel.pipeline.in_flight`): what :func:`in_flight_saved_bytes` multiplies."""
