@@ -146,10 +146,11 @@ def candidate_options(plan: PlanRequest, group: Group, b: int, command: Command)
     return out
 
 
-def candidate_requests_or_error(plan: PlanRequest, group: Group) -> object:
-    """The group's candidates' (memory, comm) requests by b, or the line refusing them."""
+def candidate_requests_or_error(plan: PlanRequest, group: Group, bases: Bases | None = None) -> object:
+    """The group's candidates' (memory, comm) requests by b, or the line refusing them (``bases``: shared
+    by the groups asked for in turn, as a search's are: each group's requests varied from the last's)."""
     try:
-        return {c.b: (c.memory, c.comm) for c in group_requests(plan, group, Bases.of(plan))}
+        return {c.b: (c.memory, c.comm) for c in group_requests(plan, group, bases or Bases.of(plan))}
     except InputError as exc:
         return str(exc)
 

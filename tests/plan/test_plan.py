@@ -557,8 +557,9 @@ def test_every_candidates_requests_are_the_parsers(space: dict) -> None:
     plan = plan_options(**space)
     groups, _ = enumerate_groups(plan, flash_attention_used(plan.base))
     assert len(groups) > 100
+    bases = Bases.of(plan)  # each group's requests varied from the last accepted group's, as search does
     for group in groups:
-        built = candidate_requests_or_error(plan, group)
+        built = candidate_requests_or_error(plan, group, bases)
         assert built == parsed_candidate_or_error(plan, group), group
         if isinstance(built, dict):
             b, (memory, comm) = next(iter(built.items()))
@@ -583,7 +584,8 @@ def test_a_candidates_requests_fail_as_the_parser_does() -> None:
         hybrid._replace(gpus_per_node=3),
         torch_zero1._replace(reduce_dtype=DType.BF16),
     ]
-    built = [candidate_requests_or_error(plan, group) for group in refused]
+    bases = Bases.of(plan)
+    built = [candidate_requests_or_error(plan, group, bases) for group in [groups[0], *refused]][1:]
     assert built == [parsed_candidate_or_error(plan, group) for group in refused]
     assert all(isinstance(built[i], str) for i in (0, 2, 3))
 

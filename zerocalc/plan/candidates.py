@@ -95,6 +95,11 @@ class Bases(NamedTuple):
     to_comm: dict[str, Any]
     """The inputs by which comm's base differs from memory's (its estimate, the calibration, memory's
     options at their defaults), and its buffers (a candidate's prefetch is memory's option alone)."""
+    last: list[tuple[TrainingRequest, TrainingRequest]]
+    """The memory and comm requests of the last group accepted (empty before the first): the next group's
+    are varied from them (every group sets the same inputs, so any accepted request is as good a start as the
+    base, and :meth:`~zerocalc.request.training.TrainingRequest.with_` re-runs only the checks of the
+    inputs by which they differ; the search's groups come in an order where neighbours differ in few)."""
 
     @classmethod
     def of(cls, plan: PlanRequest) -> Bases:
@@ -104,7 +109,7 @@ class Bases(NamedTuple):
             for name in type(comm).model_fields
             if getattr(comm, name) != getattr(memory, name)
         }
-        return cls(memory, comm, {**to_comm, "buffers": comm.buffers})
+        return cls(memory, comm, {**to_comm, "buffers": comm.buffers}, [])
 
 
 def group_changes(plan: PlanRequest, group: Group, b: int) -> dict[str, Any]:
@@ -137,8 +142,15 @@ def group_requests(plan: PlanRequest, group: Group, bases: Bases) -> list[Candid
     first = group.micro_batches[0]
     changes = group_changes(plan, group, first)
     prefetch = {} if group.prefetch is None else {"prefetch": group.prefetch}  # memory's option alone
-    memory = bases.memory.with_(**changes, buffers=bases.memory.buffers.model_copy(update=prefetch))
-    comm = memory.with_(**bases.to_comm)  # the checks of what comm's options change
+    buffers = bases.memory.buffers.model_copy(update=prefetch)
+    if bases.last:
+        memory_start, comm_start = bases.last[0]
+        memory = memory_start.with_(**changes, buffers=buffers)
+        comm = comm_start.with_(**changes, **bases.to_comm)
+    else:
+        memory = bases.memory.with_(**changes, buffers=buffers)
+        comm = memory.with_(**bases.to_comm)  # the checks of what comm's options change
+    bases.last[:] = [(memory, comm)]
     return [
         CandidateRequests(b, group.accumulation(plan.global_batch_sequences, b), (memory, comm))
         for b in group.micro_batches
