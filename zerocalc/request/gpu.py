@@ -26,21 +26,10 @@ from zerocalc.network.links import (
     LinkFigures,
 )
 from zerocalc.parallel.precision import RECIPES, PrecisionName
+from zerocalc.request.presets import RuntimeNames, load_gpu
 
 DEFAULT_GPU = "h100-80gb"
 """Without ``gpu``, the runtime figures (context, NCCL, cuBLAS workspaces) are this preset's (measured)."""
-
-
-class RuntimeNames(BaseModel):
-    """What a GPU vendor's software is called in outputs: a field of each GPU preset (NVIDIA's by default,
-    AMD's in the Instinct presets), so no output branches on the vendor."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    smi: str = Field(default="nvidia-smi", description="the tool whose total memory the preset's memory is")
-    context: str = Field(default="CUDA context", description="what the runtime holds per process")
-    collectives: str = Field(default="NCCL", description="the collective library")
-    blas: str = Field(default="cuBLAS", description="the GEMM library whose workspaces the runtime holds")
 
 
 class GpuChoice(BaseModel):
@@ -69,8 +58,6 @@ class GpuChoice(BaseModel):
 def gpu_preset(name: str) -> GpuChoice:
     """The GPU preset ``name``, its numbers resolved (the file read once per process,
     :mod:`zerocalc.request.presets`)."""
-    from zerocalc.request.presets import load_gpu
-
     spec = load_gpu(name)
     return GpuChoice(
         name=spec.name,
