@@ -127,7 +127,7 @@ PLAN_PRECISION = PrecisionName.BF16_MIXED
 
 def plan_precision(gpu: str | None) -> PrecisionName:
     """:data:`PLAN_PRECISION`, fp16-mixed on a GPU without bf16 (``bf16 = false`` in its preset: the
-    V100), where ``memory`` refuses bf16 (``zerocalc.request.training._gpu``)."""
+    V100), where ``memory`` refuses bf16 (``zerocalc.request.gpu.parse_gpu``)."""
     if gpu is not None and not load_gpu(gpu).bf16:
         return PrecisionName.FP16_MIXED
     return PLAN_PRECISION
