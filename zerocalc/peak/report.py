@@ -26,7 +26,7 @@ from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.optimizers import OptimizerImpl
 from zerocalc.parallel.strategies import StrategyName, row_named
 from zerocalc.peak.kinds import StepPhase, TensorKind
-from zerocalc.request.presets import RuntimeNames
+from zerocalc.request.runtime_names import RuntimeNames
 from zerocalc.states.memory import MemoryEstimate
 
 

@@ -26,7 +26,8 @@ from zerocalc.network.links import (
     LinkFigures,
 )
 from zerocalc.parallel.precision import RECIPES, PrecisionName
-from zerocalc.request.presets import RuntimeNames, load_gpu
+from zerocalc.request.presets import load_gpu
+from zerocalc.request.runtime_names import RuntimeNames
 
 DEFAULT_GPU = "h100-80gb"
 """Without ``gpu``, the runtime figures (context, NCCL, cuBLAS workspaces) are this preset's (measured)."""

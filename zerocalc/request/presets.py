@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from zerocalc.base.errors import InputError, literal, shown, why_not
 from zerocalc.base.units import parse_bandwidth, parse_bytes
 from zerocalc.model.architecture import Architecture
+from zerocalc.request.runtime_names import RuntimeNames
 
 KINDS = ("models", "gpus", "scenarios")
 
@@ -56,18 +57,6 @@ def _presets_root(env: str | None) -> Path:
 def installed_presets(root: Path) -> bool:
     """Whether ``root`` is the copy of the presets installed inside the package (site-packages)."""
     return root.resolve() == (Path(__file__).resolve().parent / "_presets").resolve()
-
-
-class RuntimeNames(BaseModel):
-    """What a GPU vendor's software is called in outputs: a field of each GPU preset (NVIDIA's by default,
-    AMD's in the Instinct presets), so no output branches on the vendor."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    smi: str = Field(default="nvidia-smi", description="the tool whose total memory the preset's memory is")
-    context: str = Field(default="CUDA context", description="what the runtime holds per process")
-    collectives: str = Field(default="NCCL", description="the collective library")
-    blas: str = Field(default="cuBLAS", description="the GEMM library whose workspaces the runtime holds")
 
 
 class ModelPreset(BaseModel):
