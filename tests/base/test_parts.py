@@ -291,6 +291,7 @@ def test_every_part_of_a_peak_reads_only_what_it_declares(part: Part) -> None:
     checked = 0
     for name, request in requests().items():
         if applies(request):
-            assert not undeclared(part, request, *args_of(request)), (name, undeclared(part, request))
+            args = args_of(request)
+            assert not undeclared(part, request, *args), (name, undeclared(part, request, *args))
             checked += 1
     assert checked >= 3

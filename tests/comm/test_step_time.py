@@ -95,7 +95,9 @@ def _vector_params(arch: Architecture) -> int:
 
 def test_attention_flops_are_4_b_s2_h_forward() -> None:
     """Llama 2 7B (a·d = h = 4096), b 2, s 1024: Q·Kᵀ and P·V are 4·b·s²·h forward per layer; a causal
-    flash kernel executes half; PaLM's 12·L·H·Q·T per token is that over forward and backward (×3)."""
+    flash kernel executes half. The MFU's model FLOPs count the causal half too (Megatron-LM
+    ``num_floating_point_operations``: 6·L·H·Q·T per token, half PaLM's 12·L·H·Q·T): forward and
+    backward (×3) of the flash kernel's executed forward."""
     arch, _ = load_model("llama-2-7b")
     b, s, h = 2, 1024, 4096
     ops = micro_batch_ops(arch, Shape(b, s), EAGER_FLASH, DType.BF16)
@@ -103,9 +105,46 @@ def test_attention_flops_are_4_b_s2_h_forward() -> None:
     assert attention.full_flops == 4 * b * s**2 * h
     assert attention.forward_flops == 2 * b * s**2 * h
     count = count_parameters(arch)
-    palm = model_flops_per_token(arch, count, s)
-    assert palm - 6 * (count.active_per_token - count.embedding) == 12 * arch.num_layers * h * s
-    assert 3 * attention.full_flops * arch.num_layers == 12 * arch.num_layers * h * s * (b * s)
+    model = model_flops_per_token(arch, count, s)
+    assert model - 6 * (count.active_per_token - count.embedding) == 6 * arch.num_layers * h * s
+    assert 3 * attention.forward_flops * arch.num_layers == 6 * arch.num_layers * h * s * (b * s)
+
+
+def test_latent_attentions_model_flops_are_megatrons() -> None:
+    """DeepSeek-V3 (61 layers, 128 heads, d_qk 128 + 64 rope, d_v 128), s 4096: Megatron-LM's
+    ``standard_self_attn_core_term`` 3·2·(a·(d_qk + d_rope)/2 + a·d_v/2) per token and key,
+    3·61·128·(192 + 128)·4096 per token."""
+    arch, _ = load_model("deepseek-v3")
+    count = count_parameters(arch)
+    core = model_flops_per_token(arch, count, 4096) - 6 * (count.active_per_token - count.embedding)
+    assert core == 3 * 2 * (128 * 192 / 2 + 128 * 128 / 2) * 61 * 4096
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["ep-argument", "ep-rank"])
+def test_an_expert_parallel_ranks_grouped_products_are_its_experts_share_of_the_routed_tokens(
+    sharded: bool,
+) -> None:
+    """DeepSeek-V3 (256 routed experts, top 8, h 7168, expert width 2048) at e 64, b 1, s 4096: each of the
+    64 ranks routes 4096·8 = 32,768 token copies, 4 of the 256 experts are each rank's, so balanced
+    routing brings the rank's 4 experts 64·32,768·4/256 = 32,768 copies, 8,192 rows each: gate and up
+    4 × (8192 × 7168 · 7168 × 4096), down 4 × (8192 × 2048 · 2048 × 7168). The same whether the rank's own
+    architecture holds its E/e experts (an expert-parallel rank, a pipeline stage) or the whole model
+    is given with e; capacity factor 1.5 on the busiest rank: 1.5 × the rows."""
+    arch, _ = load_model("deepseek-v3")
+    rank = TensorParallelRank(**arch.model_dump(), tp=1, ep=64) if sharded else arch
+    shape = Shape(1, 4096)
+    ops = micro_batch_ops(rank, shape, Kernels(fused=True, flash=True), DType.BF16, ep=64)
+    moe = next(layer for layer in ops.layers if any(g.name.startswith("experts.") for g in layer.gemms))
+    experts = {g.name: tuple(g[1:]) for g in moe.gemms if g.name.startswith("experts.")}
+    assert experts == {
+        "experts.gate_up_proj": (8192, 4096, 7168, 4),
+        "experts.down_proj": (8192, 7168, 2048, 4),
+    }
+    loaded = micro_batch_ops(
+        rank, shape._replace(capacity_factor=1.5), Kernels(fused=True, flash=True), DType.BF16, ep=64
+    )
+    moe = next(layer for layer in loaded.layers if any(g.name.startswith("experts.") for g in layer.gemms))
+    assert {g.m for g in moe.gemms if g.name.startswith("experts.")} == {12288}
 
 
 def test_per_rank_shapes_under_tensor_and_context_parallelism() -> None:
@@ -276,6 +315,20 @@ def test_every_gpu_preset_has_a_compute_table() -> None:
         named = compute_table(None, gpu)
         assert named is not None and named.table.roofline is not None, gpu
         assert named.table.roofline.source and named.table.source
+
+
+def test_the_500w_hbm2e_h100_has_the_80gb_parts_gemms_and_its_own_bandwidth() -> None:
+    """h100-96gb-500w (torchtitan's Grand Teton H100: 96 GB HBM2e at 2.4 TB/s, 500 W): the H100 80GB's
+    measured GEMM and SDPA points unchanged, its element-wise rates × 2.4 / 3.35 (the peak bandwidths'
+    ratio), its roofline's bandwidth 2.4 TB/s."""
+    hbm3 = compute_table(None, "h100-80gb")
+    hbm2e = compute_table(None, "h100-96gb-500w")
+    assert hbm3 is not None and hbm2e is not None
+    assert hbm2e.table.gemm == hbm3.table.gemm and hbm2e.table.attention == hbm3.table.attention
+    for slow, fast in zip(hbm2e.table.memory, hbm3.table.memory, strict=True):
+        assert slow.bytes == fast.bytes
+        assert slow.bytes_per_s == pytest.approx(fast.bytes_per_s * 2.4 / 3.35, rel=1e-12)
+    assert hbm2e.table.roofline is not None and hbm2e.table.roofline.memory_bytes_per_s == 2.4e12
 
 
 # ------------------------------------------------------------------------------- a ranking by efficiency
@@ -557,6 +610,10 @@ def test_step_time_tables_say_what_the_checks_measured(args: list[str]) -> None:
     result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert f"· {STEP_TIME_ACCURACY}" in " ".join(result.stdout.split())
+    if args[0] == "comm":  # the MFU's formula under comm's step table
+        from zerocalc.compute.ops import MFU_FORMULA
+
+        assert f"· {MFU_FORMULA}" in " ".join(result.stdout.split())
     model = (ROOT / "docs" / "model.md").read_text()
     for figure in (
         "3-7% (H100) and 5-9% (H200) under",

@@ -54,18 +54,46 @@ def test_every_gpu_preset_sources_its_figures_beside_them() -> None:
         assert spec.context_measured == context_comment.startswith(" measured"), name
 
 
-def test_an_amd_gpu_is_described_in_rocm_terms() -> None:
-    text = _memory_output("mi300x")
-    for rocm in ("in rocm-smi", "+ HIP context, kernels", "+ RCCL communicators", "hipBLASLt workspace"):
+ROCM_NAMES = ("in rocm-smi", "+ HIP context, kernels", "+ RCCL communicators", "hipBLASLt workspace",
+              "= device (hipMemGetInfo)")  # fmt: skip
+CUDA_NAMES = ("in nvidia-smi", "+ CUDA context, kernels", "+ NCCL communicators", "cuBLAS workspace",
+              "= device (cudaMemGetInfo)")  # fmt: skip
+
+
+@pytest.mark.parametrize("gpu", ["mi300x", "mi325x"])
+def test_an_amd_gpu_is_described_in_rocm_terms(gpu: str) -> None:
+    text = _memory_output(gpu)
+    for rocm in ROCM_NAMES:
         assert rocm in text
-    for cuda in ("nvidia-smi", "CUDA context", "NCCL", "cuBLAS"):
+    for cuda in ("nvidia-smi", "CUDA context", "NCCL", "cuBLAS", "cudaMemGetInfo"):
         assert cuda not in text
 
 
 def test_an_nvidia_gpu_keeps_its_names() -> None:
     text = _memory_output("h100-80gb")
-    for name in ("in nvidia-smi", "+ CUDA context, kernels", "+ NCCL communicators", "cuBLAS workspace"):
+    for name in CUDA_NAMES:
         assert name in text
+
+
+@pytest.mark.parametrize(
+    ("gpu", "blas"), [("mi300x", "hipBLASLt"), ("mi325x", "hipBLASLt"), ("h100-80gb", "cuBLAS")]
+)
+def test_the_step_snapshot_names_the_workspaces_as_the_gpu_preset_does(
+    gpu: str, blas: str, tmp_path: Path
+) -> None:
+    """The timeline's allocations (``--snapshot-out``'s frames) name the BLAS workspaces after the
+    preset's ``names.blas``: two per step, the forward thread's and autograd's."""
+    import pickle
+
+    out = tmp_path / "step.pickle"
+    args = ["memory", "--model", "llama-3-8b", "--gpus", "8", "--gpu", gpu, "--strategy", "zero3"]
+    result = runner.invoke(app, [*args, "--snapshot-out", str(out)])
+    assert result.exit_code == 0, result.output
+    text = json.dumps(pickle.loads(out.read_bytes()), default=str)
+    for thread in ("forward", "autograd"):
+        assert f"{blas} workspace ({thread} thread)" in text
+    other = "cuBLAS" if blas != "cuBLAS" else "hipBLASLt"
+    assert other not in text
 
 
 @pytest.mark.parametrize("gpu", ["a100-40gb", "rtx-4090", "l40s", "mi300x"])

@@ -86,6 +86,93 @@ def test_llama_layer_by_hand() -> None:
     assert sum(m.bytes for m in measured if m.region == "layer 1") == layer
 
 
+@pytest.mark.parametrize(("dtype", "act", "layer_bytes"), [("bf16", 2, 1_431_824), ("fp32", 4, 2_581_776)])
+def test_gpt_oss_layer_by_hand(dtype: str, act: int, layer_bytes: int) -> None:
+    """GPT-OSS (transformers 5.17 ``modeling_gpt_oss.py``, eager: ``_supports_sdpa = False``), per layer:
+    two ``GptOssRMSNorm`` (``(weight * x).to(dtype)``: the fp32 copy, rsqrt, the fp32 normalised tensor,
+    the output) 2·(8Th + 4T + act·Th); q, k and v repeated to a heads, the output 4·act·T·a·d; the sink
+    column: the row max's int64 indices 8·T·a and the softmax over s + 1 columns act·T·a·(s + 1); the
+    router's top-k indices and softmax over the k values (8 + act)·T·k; the experts (``grouped_mm``, S =
+    T·k): perm // k, perm, the sorted expert ids that index the biases and the inverse perm 4·8·S, the
+    sentinel mask S, offsets 4·E, the gathered tokens and the down output 2·act·S·h, the clamped SwiGLU's
+    gate/up output and five [S, f] tensors 7·act·S·f, the sorted routing weights act·S. Layer 0 also
+    keeps cos and sin [1, s, d/2]; the final norm and the LM head's input 8Th + 4T + act·Th. b 2, s 64."""
+    cfg = TINY_CONFIGS["gpt_oss"]
+    b, s = 2, 64
+    T, h, f, a, d = b * s, cfg["hidden_size"], cfg["intermediate_size"], cfg["num_attention_heads"], 16
+    E, k = cfg["num_local_experts"], cfg["num_experts_per_tok"]
+    S = T * k
+    norm = 8 * T * h + 4 * T + act * T * h
+    attention = 4 * act * T * a * d + 8 * T * a + act * T * a * (s + 1)
+    experts = 4 * 8 * S + S + 4 * E + 2 * act * S * h + 7 * act * S * f + act * S
+    layer = 2 * norm + attention + (8 + act) * T * k + experts
+    assert layer == layer_bytes
+    regions = predict_regions(_arch("gpt_oss"), Shape(b, s), dtype, "eager")
+    assert sum(t.bytes for t in regions["layer 1"]) == layer
+    assert sum(t.bytes for t in regions["layer 0"]) == layer + 2 * act * s * d // 2
+    assert sum(t.bytes for t in regions["final"]) == norm
+    model = saved_measure.build(cfg, dtype, "eager")
+    measured = saved_measure.measure(model, 2, b, s, cfg["vocab_size"])
+    for region in ("layer 0", "layer 1", "final"):  # layer 0 slides (window 16 < s), layer 1 does not
+        assert sum(m.bytes for m in measured if m.region == region) == sum(t.bytes for t in regions[region])
+    assert not_exact_reason("gpt_oss", "eager") is None
+
+
+def test_deepseek_v3_moe_layer_by_hand() -> None:
+    """DeepSeek-V3 (``modeling_deepseek_v3.py``) under bf16 SDPA, its MoE layer 1 (b 2, s 64): the Llama
+    norm 8Th + 4T on the attention and MLP inputs (with their outputs), on the q_a (r_q = 64) and kv_a
+    (r_kv = 32) latents 6·T·r + 4T and the b-projections' inputs 2·T·r; q and k 2·T·a·d_qk each; v a view
+    of kv_b_proj's output, kept whole, 2·T·a·(d_nope + d_v); the output and its contiguous copy; the
+    log-sum-exp 4·T·a (kv_a_proj's output itself is kept by nothing: the norm copies its split to fp32);
+    ``DeepseekV3TopkRouter``: the fp32 copies of its input 4Th and weight 4Eh, the sigmoid scores 4TE,
+    the top-k indices 8Tk, the sum 4T and the weights 4Tk (the group top-k's tensors are freed with
+    nodes the loss does not reach); the experts as Mixtral's (f = 96) and one shared expert 4·2·T·96."""
+    cfg = TINY_CONFIGS["deepseek_v3"]
+    b, s = 2, 64
+    T, h, a, E, k, f = b * s, cfg["hidden_size"], 8, cfg["n_routed_experts"], 2, cfg["moe_intermediate_size"]
+    rq, rkv, nope, rope, dv = 64, 32, 16, 8, 24
+    S = T * k
+    norm = 8 * T * h + 4 * T
+    latents = sum(6 * T * r + 4 * T + 2 * T * r for r in (rq, rkv))
+    attention = 2 * 2 * T * a * (nope + rope) + 2 * T * a * (nope + dv) + 2 * 2 * T * a * dv + 4 * T * a
+    router = 4 * T * h + 4 * E * h + 4 * T * E + 8 * T * k + 4 * T + 4 * T * k
+    experts = 3 * 8 * S + S + 4 * E + 2 * 2 * S * h + 4 * 2 * S * f + 4 * S
+    layer = 2 * norm + latents + attention + router + experts + 4 * 2 * T * f
+    assert layer == 1_151_760
+    regions = predict_regions(_arch("deepseek_v3"), Shape(b, s), "bf16", "sdpa")
+    assert sum(t.bytes for t in regions["layer 1"]) == layer
+    model = saved_measure.build(cfg, "bf16", "sdpa")
+    measured = saved_measure.measure(model, 3, b, s, cfg["vocab_size"])
+    assert [sum(m.bytes for m in measured if m.region == f"layer {i}") for i in (1, 2)] == [layer, layer]
+    assert not_exact_reason("deepseek_v3", "sdpa") is None
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_gemma2_eager_attention_keeps_the_soft_capping_tanh(dtype: str) -> None:
+    """``Gemma2`` ``eager_attention_forward``: ``tanh(scores / 50) · 50`` keeps tanh's output [b, a, s, s]
+    in the compute dtype, one per layer, beside the fp32 softmax."""
+    b, s, a, act = 2, 64, 8, {"bf16": 2, "fp32": 4}[dtype]
+    model = saved_measure.build(TINY_CONFIGS["gemma2"], dtype, "eager")
+    measured = saved_measure.measure(model, 2, b, s, 1024)
+    tanh = [m.bytes for m in measured if m.region == "layer 1" and "Tanh" in m.saved_by]
+    assert tanh == [act * b * a * s * s]
+    terms = predict_regions(_arch("gemma2"), Shape(b, s), dtype, "eager")["layer 1"]
+    assert [t.bytes for t in terms if "soft-capping" in t.name] == tanh
+    assert not_exact_reason("gemma2", "eager") is None
+
+
+def test_a_saved_tensor_freed_before_backward_is_not_kept() -> None:
+    """DeepSeek-V3's group router saves the indices of two ``topk`` whose values it drops, and a mask, in
+    nodes the loss does not reach: freed when the router returns, so not measured as kept, and the
+    addresses they free are new storages when reused (every MoE layer then measures the same)."""
+    cfg = TINY_CONFIGS["deepseek_v3"]
+    model = saved_measure.build(cfg, "bf16", "sdpa")
+    measured = saved_measure.measure(model, 3, 2, 64, cfg["vocab_size"])
+    assert all(m.saved_by for m in measured)  # every storage kept is one a node of the loss's graph holds
+    layers = [sorted(m.bytes for m in measured if m.region == f"layer {i}") for i in (1, 2)]
+    assert layers[0] == layers[1]
+
+
 def test_gemma_norm_keeps_one_plus_weight_in_fp32() -> None:
     """Gemma's ``output * (1.0 + self.weight.float())`` saves the fp32 sum over its width: four [h] per
     layer (the sandwich norms) and two [d] (the per-head q/k norms)."""
@@ -137,6 +224,10 @@ def test_cli_activations_table_and_exit_codes(monkeypatch: pytest.MonkeyPatch) -
         (["-s", "many"], "--seq-len 'many' is not accepted; accepted: a whole number"),
         (["--device", "cpu"], "No such option: --device"),
         (["--precision", "fp16"], "--precision 'fp16' is not accepted"),
+        (
+            ["--family", "gpt_oss", "--attention", "sdpa"],
+            "--attention 'sdpa' is not accepted for gpt_oss (its transformers code has no SDPA",
+        ),
     ],
 )
 def test_cli_activations_bad_input(args: list[str], fragment: str) -> None:

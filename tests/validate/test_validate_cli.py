@@ -335,3 +335,13 @@ def test_bare_validate_prints_its_subcommands_and_exits_2() -> None:
     help_text = runner.invoke(app, ["validate", "--help"], env={"COLUMNS": "80"})
     assert help_text.exit_code == 0 and all(f"│ {name} " in help_text.stdout for name in SUBCOMMANDS)
     one_line_error(runner.invoke(app, ["validate", "frame"]), "No such command 'frame'")
+
+
+@pytest.mark.parametrize(
+    ("path", "line"),
+    [("", "--snapshot-out '' names no file"), ("/", "--snapshot-out '/' names no file")],
+)
+def test_cuda_refuses_a_snapshot_path_that_names_no_file(path: str, line: str) -> None:
+    one_line_error(
+        runner.invoke(app, ["validate", "cuda", "--model", "c.json", "--snapshot-out", path]), line
+    )

@@ -15,10 +15,12 @@ class DType(StrEnum):
     FP16 = "fp16"
     FP8 = "fp8"
     INT8 = "int8"
+    UINT8 = "uint8"
+    """Bytes of packed or quantised storage (bitsandbytes' 4-bit weights, their double-quantised absmax)."""
 
     @property
     def bytes(self) -> int:
-        """Bytes per element (IEEE 754 binary32/binary16, bfloat16, OCP FP8 E4M3/E5M2, int8)."""
+        """Bytes per element (IEEE 754 binary32/binary16, bfloat16, OCP FP8 E4M3/E5M2, int8, uint8)."""
         return _BYTES_PER_ELEMENT[self]
 
     @property
@@ -61,6 +63,7 @@ _BYTES_PER_ELEMENT: dict[DType, int] = {
     DType.FP16: 2,
     DType.FP8: 1,
     DType.INT8: 1,
+    DType.UINT8: 1,
 }
 
 _TORCH_NAMES: dict[DType, str] = {
@@ -69,6 +72,7 @@ _TORCH_NAMES: dict[DType, str] = {
     DType.FP16: "float16",
     DType.FP8: "float8_e4m3fn",
     DType.INT8: "int8",
+    DType.UINT8: "uint8",
 }
 
 _ALIASES: dict[str, DType] = {

@@ -119,6 +119,12 @@ MEASURE_OPTIONS: tuple[Option, ...] = (
          default="none"),
     _opt("reshard", ("--reshard",), "Comma list of yes, no (FSDP2 reshard_after_forward).",
          {FAKE, FAKE_PIPELINE}, default="yes"),
+    _opt("fp8", ("--fp8",),
+         "none, or torchao's tensorwise, rowwise or rowwise-gw-hp: convert_to_float8_training on every "
+         "nn.Linear but the LM head (and dimensions not divisible by 16).", {FAKE}, default="none"),
+    _opt("fp8_all_gather", ("--fp8-all-gather",),
+         "With --fp8 tensorwise: FSDP2 all-gathers the fp8 weights (torchao's float8 all-gather).",
+         {FAKE}, default=False, kind=Kind.FLAG),
     # ---------------------------------------------------------------------------------- the parallelism
     _opt("tp", ("--tp",),
          "t: tensor-parallel ranks, torchtitan's TP plan on a dp × tp mesh (TP innermost, dp = ranks / t), "

@@ -23,6 +23,7 @@ def activations(values: dict[str, Any], given: frozenset[str]) -> None:
     Measure the saved tensors (saved_tensors_hooks, storages deduplicated) of tiny configs of every family,
     or of --model; compare them, region by region and to the byte, with the hf model profile (needs
     transformers)."""
+    from zerocalc.model.code import HF_EAGER_ONLY
     from zerocalc.validate.saved import ATTENTIONS, TINY_CONFIGS
 
     precision, attention, family = values["precision"], values["attention"], values["family"]
@@ -38,6 +39,12 @@ def activations(values: dict[str, Any], given: frozenset[str]) -> None:
         models = [hf_config(values["model"], "activations")]
     else:
         models = [(f, TINY_CONFIGS[f]) for f in comma_list(family, "--family", tuple(TINY_CONFIGS), True)]
+    eager_only = sorted({str(config.get("model_type")) for _, config in models} & set(HF_EAGER_ONLY))
+    if attentions == ["sdpa"] and len(eager_only) == len(models):
+        raise InputError(
+            f"--attention 'sdpa' is not accepted for {', '.join(eager_only)} (its transformers code has no "
+            "SDPA: _supports_sdpa = False); accepted: eager"
+        )
     require_torch(transformers="activations")
     from zerocalc.validate import saved_measure
 

@@ -52,9 +52,9 @@ def cuda(values: dict[str, Any], given: frozenset[str]) -> None:
         from zerocalc.base.atomic import unwritable
         from zerocalc.base.errors import shown
 
-        if not Path(snapshot_out).name:  # "" or a directory's path: no file to write, nor one beside it
+        if not Path(snapshot_out).name:
             raise InputError(
-                f"--snapshot-out {shown(str(snapshot_out))} names no file; accepted: a file path to write"
+                f"--snapshot-out {shown(snapshot_out)} names no file; accepted: a file path to write"
             )
         for path in (snapshot_out, predicted_snapshot_path(snapshot_out)):
             why = unwritable(path)

@@ -70,11 +70,12 @@ def fake(values: dict[str, Any], given: frozenset[str]) -> None:
                 f"--seq-len {seq_len:,} does not split into --tp {t} sequence-parallel chunks; accepted: "
                 f"--seq-len a multiple of {t} (or --no-sequence-parallel)"
             )
+    fp8 = _fp8(values["fp8"], values["fp8_all_gather"], tps)
     name, config, arch = _fake_model(model, tp=max(tps) > 1)
     cases = [
         FakeCase(
             model=name, world=w, micro_batch=micro_batch, seq_len=seq_len, recompute=r, reshard=rs, tp=t,
-            sequence_parallel=sp, loss_parallel=lp,
+            sequence_parallel=sp, loss_parallel=lp, fp8=fp8, fp8_all_gather=values["fp8_all_gather"],
         )
         for w in dict.fromkeys(worlds)
         for t in tps
@@ -95,6 +96,25 @@ def fake(values: dict[str, Any], given: frozenset[str]) -> None:
         tuple((case, arch) for case in cases if case.tp > 1),
     )
     finish(report, values["json"], render_fake, report.all_match)
+
+
+def _fp8(text: str, all_gather: bool, tps: list[int]):
+    """``--fp8``: none or one of torchao's recipes (its FP8 all-gather tensorwise only, without --tp)."""
+    from zerocalc.parallel.precision import FP8_RECIPES, Fp8Library, Fp8RecipeName
+
+    torchao = [name for name, recipe in FP8_RECIPES.items() if recipe.library is Fp8Library.TORCHAO]
+    accepted = ", ".join(["none", *(r.value for r in torchao)])
+    recipe = next((r for r in (Fp8RecipeName.NONE, *torchao) if r.value == text.strip().lower()), None)
+    if recipe is None:
+        raise InputError(f"--fp8 {text!r} is not accepted; accepted: {accepted} (torchao's recipes)")
+    if all_gather and recipe is not Fp8RecipeName.TENSORWISE:
+        raise InputError(
+            f"--fp8-all-gather with --fp8 {recipe.value}: torchao all-gathers fp8 weights with tensorwise "
+            "scaling only; accepted: --fp8 tensorwise"
+        )
+    if recipe is not Fp8RecipeName.NONE and max(tps) > 1:
+        raise InputError(f"--fp8 {recipe.value} with --tp: not built here; accepted: --tp 1")
+    return recipe
 
 
 def _fake_model(model: str | None, tp: bool = False):

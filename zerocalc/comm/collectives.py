@@ -22,6 +22,14 @@ from typing import NamedTuple
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.comm.calls import CallContext, Layout, RuleCalls, rule_calls
+from zerocalc.comm.fp8 import (
+    FP8_GATHER,
+    amax_layout,
+    amax_line,
+    fp8_wire_layout,
+    gathers_fp8,
+    stacked_amax_line,
+)
 from zerocalc.comm.mesh import (
     MeshRequest,
     MeshShape,
@@ -33,6 +41,7 @@ from zerocalc.network.cluster import Cluster, RankGroup
 from zerocalc.network.collectives import COLLECTIVES, Collective
 from zerocalc.network.links import Bandwidths, BandwidthSource, LinkFigures
 from zerocalc.network.schedule import GradSync, Phase, Repeat, ScheduledCollective, ZeroPP
+from zerocalc.parallel.fp8 import Fp8Setting
 from zerocalc.parallel.framework_records import FRAMEWORKS
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.precision import PrecisionName
@@ -196,8 +205,8 @@ def collective_runs(
         name, request.framework, cluster, request.precision, request.reduce_dtype, _buckets(request), zeropp
     )
     collectives = []
-    for run in runs:
-        traffic = layout.cached(_line_traffic, run.line, run.ctx, run.quantized)
+    for run, run_layout in _fp8_runs(runs, request.fp8, layout):
+        traffic = run_layout.cached(_line_traffic, run.line, run.ctx, run.quantized)
         if traffic is None:
             continue
         data, scales = traffic
@@ -205,6 +214,37 @@ def collective_runs(
         if scales is not None:
             collectives.append(_collective_run(run, scales, DType.FP32, request, scales=True))
     return collectives
+
+
+def _fp8_runs(runs: tuple[_Run, ...], fp8: Fp8Setting, layout: Layout) -> list[tuple[_Run, Layout]]:
+    """Each run with the layout it moves: an FP8 all-gather's counts bytes, 1 B per element
+    (:func:`~zerocalc.comm.fp8.fp8_wire_layout`), each followed by its amax all-reduces, or the first by
+    the stacked one after the step with precomputed scales (:mod:`zerocalc.comm.fp8`); without FP8
+    all-gathers, the runs as they are."""
+    if not fp8.all_gather or not layout.from_architecture:
+        return [(run, layout) for run in runs]
+    amax = amax_layout(layout, fp8)
+    out: list[tuple[_Run, Layout]] = []
+    stacked: list[tuple[_Run, Layout]] = []
+    for run in runs:
+        if not gathers_fp8(run.line, fp8):
+            out.append((run, layout))
+            continue
+        wire = fp8_wire_layout(layout, fp8, run.ctx.element_bytes)
+        line = run.line._replace(behaviour=f"{run.line.behaviour}; {FP8_GATHER}")
+        out.append((run._replace(line=line, dtype=DType.FP8, ctx=_bytes_of(run.ctx, DType.FP8)), wire))
+        fp32 = run._replace(dtype=DType.FP32, ctx=_bytes_of(run.ctx, DType.FP32))
+        line = amax_line(run.line, fp8)
+        if line is not None:
+            out.append((fp32._replace(line=line), amax))
+        line = None if stacked else stacked_amax_line(run.line, fp8)
+        if line is not None:
+            stacked.append((fp32._replace(line=line), amax))
+    return out + stacked
+
+
+def _bytes_of(ctx: CallContext, dtype: DType) -> CallContext:
+    return ctx.model_copy(update={"element_bytes": dtype.bytes})
 
 
 def mesh_request(request: TrainingRequest) -> MeshRequest | None:

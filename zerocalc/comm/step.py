@@ -6,8 +6,12 @@ rate the GPU's compute table gives that shape (a ``zerocalc bench --compute`` ta
 preset's), by class (matmul, attention, element-wise, optimizer), recomputation included.
 
 **Data-parallel communication**: each collective's time is ``comm``'s (α per call + bytes / β, the
-calibration's fit or the preset's bandwidths). Overlap, per phase (exposed = max(0, comm − compute the
-comm can hide behind), per micro-batch):
+calibration's fit or the preset's bandwidths). Overlap, per phase and micro-batch, is the two-stream
+schedule of :mod:`zerocalc.comm.overlap`: the phase's units (one per call of its collectives) on the
+compute stream, their collectives on one communication stream, all-gathers needed before their unit
+and prefetched one unit ahead, reductions issued after theirs; exposed is what the compute does not
+cover (the first all-gather, the last reduction, each unit's collective beyond its compute; a single
+bucket, Megatron-LM's without ``--overlap-grad-reduce``, wholly exposed). Which phases overlap:
 
 * forward all-gathers hide behind forward compute when the next unit is prefetched (FSDP's all-gather
   stream, Zhao et al. 2023 §3.3 / §5.1 "implicit prefetching"; DeepSpeed ZeRO-3's prefetch; the paper's
@@ -18,9 +22,8 @@ comm can hide behind), per micro-batch):
 * collectives after ``optimizer.step()`` (ZeRO-1/2 parameter all-gathers, ZeroRedundancyOptimizer's
   broadcasts) are exposed.
 
-A collective that runs once per step when A > 1 (gradients reduced on the last micro-batch) hides only
-behind that micro-batch's compute. One call of each collective per micro-batch is never hidden: the first
-unit's all-gather precedes all compute and the last unit's reduction follows it (Zhao et al. 2023, §3.3).
+A collective that runs once per step when A > 1 (gradients reduced on the last micro-batch) joins that
+micro-batch's units and hides only behind its compute.
 
 **Tensor- and context-parallel communication**: tensor-parallel collectives sit on the critical path
 between a layer's GEMMs (Megatron-LM without its ``tp_comm_overlap`` option, DTensor plans without async TP:
@@ -69,8 +72,10 @@ from zerocalc.comm.collectives import (
     mesh_request,
 )
 from zerocalc.comm.mesh import Dimension, MeshCollectiveCost, MeshRequest, MeshTime, mesh_times
+from zerocalc.comm.overlap import calls_in, uniform_exposed
 from zerocalc.comm.pipeline import PipelineComm, pipeline_comm
 from zerocalc.compute.ops import (
+    MFU_FORMULA,
     Kernels,
     MicroBatchOps,
     OpClass,
@@ -123,15 +128,18 @@ class PhaseComm(NamedTuple):
     """One call of each last-only collective."""
 
 
-def exposed_time(phase: PhaseComm, compute: float, accum: int, hides: bool) -> float:
-    """Exposed time of one phase. Per micro-batch, at least one call is exposed (the first all-gather before
-    any compute, the last reduction after it)."""
+def exposed_time(phase: PhaseComm, compute: float, accum: int, hides: bool, needed: bool = False) -> float:
+    """Exposed time of one phase over A micro-batches: each micro-batch's collectives, one unit's per call,
+    on the communication stream beside its compute (:func:`~zerocalc.comm.overlap.uniform_exposed`:
+    ``needed`` before each unit, all-gathers, else issued after it, reductions); the last-only
+    collectives join the last micro-batch's units. ``hides`` False: all of it exposed."""
     spread, once, call_spread, call_once = phase
     if not hides:
         return spread + once
-    per = compute / accum
-    each = max(call_spread, spread / accum - per)
-    last = max(call_spread + call_once, spread / accum + once - per)
+    per, comm = compute / accum, spread / accum
+    units = calls_in(comm, call_spread)
+    each = uniform_exposed(per, comm, units, needed) if comm else 0.0
+    last = uniform_exposed(per, comm + once, max(units, calls_in(once, call_once)), needed)
     return (accum - 1) * each + last
 
 
@@ -221,7 +229,7 @@ class StepTime(NamedTuple):
     step_s: float
     tokens_per_s_per_gpu: float
     mfu: float | None
-    """Model FLOPs (PaLM's) per second over the GPU's dense peak."""
+    """Model FLOPs per second over the GPU's dense peak (:data:`~zerocalc.compute.ops.MFU_FORMULA`)."""
 
 
 MESH_DIMENSIONS = (Dimension.TP, Dimension.CP, Dimension.EP, Dimension.PP)
@@ -261,7 +269,7 @@ def assemble(
 ) -> StepTime:
     """Compute + exposed communication + bubble + offload, for one GPU's share of the step."""
     forward, backward = compute.forward_s, compute.backward_s
-    dp = exposed_time(comm.forward, forward, grad_accum, hides_forward)
+    dp = exposed_time(comm.forward, forward, grad_accum, hides_forward, needed=True)
     dp += exposed_time(comm.backward, backward, grad_accum, hides_backward)
     dp += comm.after_step.spread + comm.after_step.once
     bubble = bubble_fraction * (forward + backward)
@@ -301,9 +309,8 @@ def request_ops(request: TrainingRequest, arch: Architecture | None = None) -> M
     """What one rank of the request's mesh runs for one micro-batch (``arch``: a pipeline stage's share;
     the rank's architecture by default)."""
     dtype = request.activation_dtype
-    return _micro_batch_ops(
-        arch or request.architecture, request.rank_shape, kernels(request), dtype, request.mesh.ep
-    )
+    shape = request.rank_shape._replace(capacity_factor=request.activations.capacity_factor)
+    return _micro_batch_ops(arch or request.architecture, shape, kernels(request), dtype, request.mesh.ep)
 
 
 @lru_cache(maxsize=1024)
@@ -517,7 +524,7 @@ class StepEstimate(BaseModel):
     offload_s: float
     step_s: float = Field(description="compute_s + exposed_comm_s + bubble_s + offload_s")
     tokens_per_s_per_gpu: float
-    mfu: float | None = Field(description="PaLM's model FLOPs per second over the GPU's dense bf16 peak")
+    mfu: float | None = Field(description=MFU_FORMULA)
     compute_table: str = Field(description="the compute table's source: a file, or the GPU preset's")
 
 
@@ -645,7 +652,7 @@ def _dp_runs(
 DP_RUNS = Part(
     "data-parallel collectives",
     (*_MODEL, *_DTYPES, *_LINKS, "zeropp", "buffers.ddp_bucket_bytes", "buffers.ddp_first_bucket_bytes",
-     "buffers.reduce_bucket_elements"),
+     "buffers.reduce_bucket_elements", "fp8"),
     _dp_runs,
 )  # fmt: skip
 """:func:`~zerocalc.comm.collectives.collective_runs` of a strategy over each part of the rank's parameters
@@ -672,7 +679,8 @@ def _stage_micro_batches(
 STAGE_MICRO_BATCHES = Part(
     "stages' micro-batches",
     ("rank_model", "stages", "rank_shape", "mesh.ep", "model_code", "activation_dtype",
-     "activations.recompute", "activations.checkpoint_every", "activations.flash_attention"),
+     "activations.recompute", "activations.checkpoint_every", "activations.flash_attention",
+     "activations.capacity_factor"),
     _stage_micro_batches,
 )  # fmt: skip
 """:func:`stage_micro_batches`: each kind of stage's micro-batch at the compute table's rates."""

@@ -4,11 +4,16 @@
 (the rank's shards under tensor parallelism, :class:`~zerocalc.model.architecture.TensorParallelRank`)
 is one product per micro-batch with M = L = b·s/c rows (the rank's tokens; under sequence parallelism the
 linears see the all-gathered L rows, Korthikanti et al. 2022 §4.2.2), K its input and N its output
-columns. A routed expert's 3-D weight [E, out, in] is E/e products of M = ⌈L·k·e/E⌉ rows (tokens spread
-evenly over the experts; e the expert-parallel degree). The LM head is [V/t, h] (the embedding's matrix
-when tied). Backward runs two products per forward one, of equal FLOPs: the input gradient
-(M × N · N × K) and the weight gradient (K × M · M × N). So a step's GEMM FLOPs are 6·T·(matrix
-parameters): the 6·Ψ·T of Kaplan et al. 2020 over the matrices.
+columns. A routed expert's 3-D weight [E, out, in] is a grouped product over the rank's E/e experts
+(e the expert-parallel degree), each of M = ⌈R/(E/e)⌉ rows: R = L·k token copies reach the rank's
+experts under balanced routing (each of the e ranks routes L·k copies, E/e of every E land here), ×
+the capacity factor on the busiest rank (:meth:`~zerocalc.model.code.Shape.expert_rows`, the memory
+model's count); priced as one product of the stacked R rows (:mod:`~zerocalc.compute.time`: a grouped
+GEMM is one kernel over the groups' tiles: Megatron-LM ``TEGroupedMLP`` / ``GroupedMLP``, torchtitan's
+``torch._grouped_mm``), its weight gradient at the depth of one expert's M rows. The LM head is
+[V/t, h] (the embedding's matrix when tied). Backward runs two products per forward one, of equal
+FLOPs: the input gradient (M × N · N × K) and the weight gradient (K × M · M × N). So a step's GEMM
+FLOPs are 6·T·(matrix parameters): the 6·Ψ·T of Kaplan et al. 2020 over the matrices.
 
 **Attention** per layer: Q·Kᵀ and P·V over the rank's a/t heads, 2·b·(s/c)·s_kv·(a/t)·(d_qk + d_v)
 FLOPs forward (``4·b·s²·h`` for one rank of a model of width h = a·d; PaLM's ``12·L·H·Q·T`` counts it
@@ -237,12 +242,11 @@ def _layer_ops(
     family = traits(arch)
     for tensor in layer_tensors(arch, index):
         leaf = tensor.module.rsplit(".", 1)[-1]
-        if len(tensor.shape) == 3:  # routed experts [E, out, in]
-            experts, out, inner = tensor.shape
-            local = max(1, experts // ep)
-            routed = math.ceil(tokens * arch.experts_per_token * ep / experts)
+        if len(tensor.shape) == 3:  # routed experts [E or E/e, out, in]
+            _, out, inner = tensor.shape
+            local, received = expert_load(arch, shape, ep)
             if out and inner:
-                gemms.append(Gemm(f"experts.{tensor.name}", routed, out, inner, local))
+                gemms.append(Gemm(f"experts.{tensor.name}", math.ceil(received / local), out, inner, local))
         elif len(tensor.shape) == 2 and tensor.name == "weight":
             out, inner = tensor.shape
             if out and inner:
@@ -267,7 +271,7 @@ def _layer_ops(
     if arch.residual_dropout > 0:
         per = FUSED_DROPOUT if kernels.fused else EAGER_DROPOUT
         traffic.append(Traffic("residual dropout", int(per * scale * rows * h), 2))
-    traffic += _mlp_traffic(arch, index, tokens, tp, kernels, scale)
+    traffic += _mlp_traffic(arch, index, shape, ep, tp, kernels, scale)
     seq_q = tokens // shape.b
     if shape.cp > 1 and shape.cp_impl is CpImpl.ULYSSES:  # heads scattered over the CP ranks, whole sequence
         heads, seq_q = math.ceil(heads / shape.cp), shape.s
@@ -277,17 +281,31 @@ def _layer_ops(
     )
 
 
+def expert_load(arch: Architecture, shape: Shape, ep: int = 1) -> tuple[int, int]:
+    """(the rank's routed experts per MoE layer, the token copies they compute per micro-batch): E/e
+    experts (e the rank's expert-parallel degree: an expert-parallel rank's own, else ``ep``) and
+    :meth:`~zerocalc.model.code.Shape.expert_rows` of the rank's k·L routed copies (L = b·s/c), the
+    capacity factor's multiple on the busiest rank under expert parallelism."""
+    if isinstance(arch, TensorParallelRank) and arch.ep > 1:
+        ep = arch.ep
+    local = max(1, arch.num_experts // ep)
+    pairs = shape.local_tokens * arch.experts_per_token
+    return local, shape._replace(ep=ep).expert_rows(pairs)
+
+
 def _mlp_traffic(
-    arch: Architecture, index: int, tokens: int, tp: int, kernels: Kernels, scale: float
+    arch: Architecture, index: int, shape: Shape, ep: int, tp: int, kernels: Kernels, scale: float
 ) -> list[Traffic]:
     """The MLP's activation (and, for experts, the routing and the tokens' dispatch and combine)."""
+    tokens = shape.local_tokens
     per = (FUSED_SWIGLU if kernels.fused else EAGER_SWIGLU) if arch.mlp is MlpKind.SWIGLU else GELU
     if not arch.is_moe_layer(index):
         width = math.ceil((arch.dense_intermediate_size or arch.intermediate_size) / tp)
         return [Traffic("MLP activation", int(per * scale * tokens * width))]
     routed = tokens * arch.experts_per_token
+    received = expert_load(arch, shape, ep)[1]
     out = [
-        Traffic("experts' activation", int(per * scale * routed * math.ceil(arch.intermediate_size / tp))),
+        Traffic("experts' activation", int(per * scale * received * math.ceil(arch.intermediate_size / tp))),
         Traffic("router softmax", int(4 * scale * tokens * arch.num_experts)),
         Traffic("token dispatch and combine", int(TOKEN_PERMUTE * scale * routed * arch.hidden_size), 2),
     ]
@@ -370,13 +388,27 @@ def optimizer_bytes_per_param(
     return math.ceil(total)
 
 
+MFU_FORMULA = (
+    "MFU = tokens/s/GPU × (6·P + 3·L·a·(d_qk + d_v)·s) / the GPU's dense bf16 peak: P the matmul "
+    "parameters a token uses, L layers, a heads, s the sequence; causal attention at half its s² work "
+    "(Megatron-LM num_floating_point_operations)"
+)
+"""How the MFU is counted, said under every table that prints it and in the JSON field's description."""
+
+
 def model_flops_per_token(arch: Architecture, count: ParameterCount, seq_len: int) -> float:
-    """Model FLOPs per token, forward and backward, what MFU counts (PaLM, Chowdhery et al. 2022, app. B):
-    ``6·P + 12·L·H·Q·T``, P the parameters a token's matmuls use (active parameters for MoE; the input
-    embedding is a lookup, not a matmul, a tied LM head counted once), L layers, H·Q the attention width,
-    T the sequence length."""
+    """Model FLOPs per token, forward and backward, what MFU counts (:data:`MFU_FORMULA`): ``6·P`` for the
+    matmuls (PaLM, Chowdhery et al. 2022, app. B: P the parameters a token's matmuls use, active parameters
+    for MoE; the input embedding is a lookup, not a matmul, a tied LM head counted once) and the attention
+    core of a causal mask at half its s² work, ``3·L·a·(d_qk + d_v)·s`` (Megatron-LM
+    ``megatron/training/training.py`` ``num_floating_point_operations``, d98e8a6: the core-attention term
+    ``3 · 2 · (a·d) / 2 · 2`` per token and key for MHA, ``/ 2`` for the causal mask; for latent attention
+    ``3 · 2 · (a·d_qk/2 + a·d_v/2)``, d_qk the nope and rope dimensions together). For MHA (d_qk = d_v = d)
+    that is ``6·L·H·Q·T``, half PaLM's ``12·L·H·Q·T``, which counts the masked half of every product."""
     matmul = count.active_per_token - count.embedding
     if arch.tied_embeddings:
         matmul += arch.vocab_size * arch.hidden_size
-    width = arch.num_heads * arch.dim_per_head
-    return 6.0 * matmul + 12.0 * arch.num_layers * width * seq_len
+    mla = arch.latent_attention
+    qk_dim = mla.qk_head_dim if mla is not None else arch.dim_per_head
+    v_dim = mla.v_head_dim if mla is not None else arch.dim_per_head
+    return 6.0 * matmul + 3.0 * arch.num_layers * arch.num_heads * (qk_dim + v_dim) * seq_len

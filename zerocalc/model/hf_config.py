@@ -82,8 +82,9 @@ class Traits(NamedTuple):
 
     norm: str = "llama"
     """``llama`` (x.float(), rsqrt, .to(dtype), weight *), ``gemma`` / ``olmo`` (the product with the
-    weight in fp32: the normalised fp32 tensor is kept), ``layernorm`` (input, mean, rstd: every
-    architecture with LayerNorm)."""
+    weight in fp32: the normalised fp32 tensor is kept; ``olmo``: ``Olmo2RMSNorm`` and ``GptOssRMSNorm``,
+    ``(self.weight * x).to(dtype)``), ``layernorm`` (input, mean, rstd: every architecture with
+    LayerNorm)."""
     gelu: str = "exact"
     """``tanh_decomposed`` (GPT-2 ``NewGELUActivation``: four tensors), ``exact`` (``nn.GELU``)."""
     qkv_views_kept: bool = False
@@ -91,7 +92,15 @@ class Traits(NamedTuple):
     router: str = "softmax_topk_norm"
     """``softmax_topk_norm`` (Mixtral: fp32 routing weights), ``softmax_topk_norm_cast`` (Qwen3-MoE with
     ``norm_topk_prob`` true, as published: the normalised weights cast back to the compute dtype),
-    ``softmax_topk`` (Qwen2-MoE), ``sigmoid_group`` (DeepSeek-V3)."""
+    ``softmax_topk`` (Qwen2-MoE), ``sigmoid_group`` (DeepSeek-V3), ``topk_softmax`` (GPT-OSS
+    ``GptOssTopKRouter``: ``topk`` of the logits, then ``softmax`` over the k values in the compute dtype;
+    no softmax over the E experts)."""
+    expert_gate: str = "silu"
+    """How the routed experts gate their gate/up output [S, 2f] (transformers 5.17 ``integrations/moe.py``
+    calls the experts' ``_apply_gate``): ``silu`` (``_default_apply_gate``: ``act_fn(gate) * up`` of the
+    two halves), ``clamped_swiglu`` (``GptOssExperts._apply_gate``: interleaved halves ``[..., ::2]`` and
+    ``[..., 1::2]`` clamped to ``limit`` 7.0, ``gate * sigmoid(gate * alpha)`` with alpha 1.702, times
+    ``up + 1``)."""
     rotary: bool = True
     """The positions are rotary (every architecture without learned position embeddings)."""
     rotary_fraction: float = 1.0
@@ -100,6 +109,9 @@ class Traits(NamedTuple):
     rotary_fp32: bool = False
     """cos and sin stay fp32 (``Olmo2RotaryEmbedding`` returns them uncast; ``apply_rotary_pos_emb`` casts
     its fp32 products back)."""
+    rotary_half_tables: bool = False
+    """cos and sin are [1, s, d/2] (``GptOssRotaryEmbedding``: ``emb = freqs``, not ``cat((freqs, freqs))``;
+    ``_apply_rotary_emb`` turns the two halves of q and k with the same table)."""
     rotary_cat: bool = False
     """The rotary output is a ``torch.cat`` (Phi-3's and GPT-NeoX's partial rotary; DeepSeek-V3's
     nope/pe): a contiguous [b, a, s, d] q, so SDPA's output (``empty_like`` in q's layout) is [b, a, s, d]
@@ -107,6 +119,15 @@ class Traits(NamedTuple):
     eager_softmax_fp32: bool = True
     """Eager attention's softmax runs in fp32 and is cast back (``softmax(..., dtype=float32).to(dtype)``);
     GPT-2's runs in the compute dtype (``modeling_gpt2.eager_attention_forward``)."""
+    attention_softcap: bool = False
+    """Eager attention soft-caps the scores, ``tanh(scores / cap) · cap`` (Gemma 2 ``eager_attention_forward``
+    with ``attn_logit_softcapping``, 50.0 in ``Gemma2Config`` and its published configs): ``tanh`` keeps its
+    output [b, a, s, s] in the compute dtype."""
+    eager_sink_column: bool = False
+    """Eager attention appends the head's sink logit as one more column, ``cat([logits, sinks], -1)``
+    [b, a, s, s + 1], subtracts the row maximum (``max(dim=-1)`` keeps its int64 indices [b, a, s, 1]) and
+    takes the softmax over s + 1 columns (kept whole: ``probs[..., :-1]`` is a view of it) in the compute
+    dtype (GPT-OSS ``eager_attention_forward``; with ``eager_softmax_fp32`` False)."""
     embedding_scale: bool = False
     """The embedding output is multiplied by a 0-dim ``normalizer`` tensor (√h) in the compute dtype,
     which ``mul`` saves (Gemma 2 / Gemma 3)."""
@@ -128,6 +149,75 @@ class Traits(NamedTuple):
     ``Gemma3TextScaledWordEmbedding.embed_scale``), resident like the rotary tables."""
 
 
+class ModuleClass(StrEnum):
+    """The class transformers 5.17 builds a module of: what PEFT can wrap and bitsandbytes can quantise."""
+
+    LINEAR = "torch.nn.Linear"
+    LINEAR_SUBCLASS = "a subclass of torch.nn.Linear"
+    """``FalconLinear``: LoRA wraps it (PEFT checks ``isinstance``), bitsandbytes does not quantise it
+    (``replace_with_bnb_linear`` checks ``type(module) is nn.Linear``)."""
+    CONV1D = "transformers.pytorch_utils.Conv1D"
+    """GPT-2's projections: an ``[in, out]`` weight; PEFT and bitsandbytes treat it as a Linear."""
+    EMBEDDING = "torch.nn.Embedding"
+    NORM = "a norm"
+    ROUTER = "a router (torch.nn.Module)"
+    """``MixtralTopKRouter``, ``Qwen3MoeTopKRouter``, ``Qwen2MoeTopKRouter``, ``DeepseekV3TopkRouter``: a
+    ``weight`` [E, d] held by a plain ``nn.Module``, no Linear."""
+    EXPERTS = "experts (torch.nn.Module of 3-D parameters)"
+    ATTENTION = "an attention module holding a parameter of its own"
+    """``GptOssAttention``: its ``sinks`` (one logit per head) beside its projections; no Linear."""
+
+
+LINEAR_CLASSES = frozenset({ModuleClass.LINEAR, ModuleClass.LINEAR_SUBCLASS, ModuleClass.CONV1D})
+"""What PEFT's ``target_modules="all-linear"`` counts as linear: ``torch.nn.Linear`` and its subclasses and
+``Conv1D`` (peft/tuners/tuners_utils.py ``_maybe_include_all_linear_layers``)."""
+
+
+class PeftMoeConversion(NamedTuple):
+    """How PEFT 0.21 maps LoRA targets of a transformers 4.x mixture-of-experts layout onto 5.x's
+    (peft/utils/transformers_weight_conversion.py ``_MOE_TARGET_MODULE_MAPPING``, ``_MOE_FUSED_TARGETS``,
+    applied by ``convert_peft_config_for_transformers`` before any adapter is injected): a target naming a
+    4.x projection (or ending in ``.<name>``) becomes a ``target_parameters`` entry on the stacked 5.x
+    parameter; projections fused into one parameter are targeted together, at r and alpha times their
+    number."""
+
+    renamed: dict[str, str]
+    """4.x module name → the 5.x parameter targeted instead (in PEFT's order: the first that matches)."""
+    fused: dict[str, tuple[str, ...]]
+    """5.x parameter → the 4.x names fused into it."""
+
+
+MIXTRAL_MOE = PeftMoeConversion(
+    renamed={"gate": "gate.weight", "w1": "gate_up_proj", "w3": "gate_up_proj", "w2": "down_proj"},
+    fused={"gate_up_proj": ("w1", "w3")},
+)
+QWEN2_MOE = PeftMoeConversion(
+    renamed={
+        "gate": "gate.weight",
+        "gate_proj": "gate_up_proj",
+        "up_proj": "gate_up_proj",
+        "down_proj": "down_proj",
+    },
+    fused={"gate_up_proj": ("gate_proj", "up_proj")},
+)
+
+LLAMA_NAMES: dict[str, str] = {
+    "attn": "self_attn",
+    "input_norm": "input_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "pre_feedforward_norm": "pre_feedforward_layernorm",
+    "post_feedforward_norm": "post_feedforward_layernorm",
+    "final_norm": "norm",
+    "moe": "mlp",
+    "router": "gate",
+    "q_a_norm": "q_a_layernorm",
+    "kv_a_proj": "kv_a_proj_with_mqa",
+    "kv_a_norm": "kv_a_layernorm",
+}
+"""zerocalc's module names (:mod:`zerocalc.model.architecture`) as Llama's modeling file and those built
+like it name them, where they differ (every other part of a name is the same)."""
+
+
 class Family(BaseModel):
     """What one ``model_type`` reads, in the layout of the transformers file it follows, and how that
     file computes (:attr:`traits`)."""
@@ -145,6 +235,30 @@ class Family(BaseModel):
     traits: Traits = Traits()
     """How the family's modeling code computes what the architecture describes, where it differs from
     Llama's (:func:`zerocalc.model.traits.traits` resolves them for an architecture)."""
+    body: str = "model"
+    """The attribute of the ``...ForCausalLM`` that holds the decoder: the first part of every module's name
+    but ``lm_head`` (GPT-2's and Falcon's ``transformer``, GPT-NeoX's ``gpt_neox``)."""
+    names: dict[str, str] = {}
+    """zerocalc's module names as the modeling file spells them, where they differ from Llama's
+    (:data:`LLAMA_NAMES`)."""
+    fused: dict[str, tuple[str, ...]] = {}
+    """Modules the modeling file builds as one that zerocalc lists apart: the fused module's zerocalc name
+    → the sibling modules it holds, stacked on the output dimension in this order (GPT-2's ``c_attn``: q,
+    k and v)."""
+    projection: ModuleClass = ModuleClass.LINEAR
+    """The class of its projections (every module but the embeddings, norms, routers, experts and
+    ``lm_head``, which is a ``torch.nn.Linear`` in every family)."""
+    peft_targets: tuple[str, ...] | None = None
+    """PEFT 0.21's default LoRA targets for the model_type (peft/utils/constants.py
+    ``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``); None where it has none (LoRA then needs
+    target_modules: peft/tuners/lora/model.py ``_prepare_adapter_config``)."""
+    experts_in_out: bool = False
+    """Its experts' 3-D weights are held [E, in, out] (``GptOssExperts.gate_up_proj`` [E, d, 2f],
+    ``down_proj`` [E, f, d]), not [E, out, in] as zerocalc writes them (Mixtral's)."""
+    peft_moe: PeftMoeConversion | None = None
+    """PEFT 0.21's conversion of 4.x MoE targets (:class:`PeftMoeConversion`) where it applies to the
+    model_type: transformers' ``conversion_mapping._MODEL_TO_CONVERSION_PATTERN`` (PEFT adds
+    mixtral → mixtral) gives the pattern, which must have an entry in PEFT's tables."""
 
 
 def _req(kind: KeyKind = KeyKind.SIZE) -> Key:
@@ -418,6 +532,7 @@ _RECORDS = [
         reads={**CORE, "intermediate_size": _req(), "num_key_value_heads": _opt(), "head_dim": _opt(),
                "attention_bias": _flag(False), "mlp_bias": _flag(False), "tie_word_embeddings": _flag(False)},
         rule=_llama,
+        peft_targets=("q_proj", "v_proj"),
     ),
     Family(
         model_type="mistral",
@@ -426,6 +541,7 @@ _RECORDS = [
                "tie_word_embeddings": _flag(False)},
         ignores=frozenset({"attention_bias", "mlp_bias"}),  # MistralAttention and MistralMLP: bias=False
         rule=_mistral,
+        peft_targets=("q_proj", "v_proj"),
     ),
     Family(
         model_type="mixtral",
@@ -436,6 +552,8 @@ _RECORDS = [
         aliases={"num_experts": "num_local_experts"},
         ignores=frozenset({"attention_bias", "mlp_bias"}),
         rule=_mixtral,
+        peft_targets=("q_proj", "v_proj"),
+        peft_moe=MIXTRAL_MOE,
     ),
     Family(
         model_type="qwen2",
@@ -444,6 +562,7 @@ _RECORDS = [
                "tie_word_embeddings": _flag(False)},
         ignores=frozenset({"attention_bias"}),  # Qwen2Attention: bias=True on q/k/v whatever the config says
         rule=_qwen2,
+        peft_targets=("q_proj", "v_proj"),
     ),
     Family(
         model_type="gpt2",
@@ -457,6 +576,13 @@ _RECORDS = [
                            "reorder_and_upcast_attn", "summary_type", "summary_use_proj",
                            "summary_activation", "summary_proj_to_labels", "summary_first_dropout"}),
         rule=_gpt2,
+        body="transformer",
+        fused={"qkv_proj": ("q_proj", "k_proj", "v_proj")},  # GPT2Attention.c_attn: Conv1D(3·d, d)
+        names={"embed_tokens": "wte", "embed_positions": "wpe", "layers": "h", "input_norm": "ln_1",
+               "post_attention_norm": "ln_2", "attn": "attn", "qkv_proj": "c_attn", "o_proj": "c_proj",
+               "fc_in": "c_fc", "fc_out": "c_proj", "final_norm": "ln_f"},
+        projection=ModuleClass.CONV1D,
+        peft_targets=("c_attn",),
         traits=Traits(gelu="tanh_decomposed", qkv_views_kept=True, eager_softmax_fp32=False),
     ),
     Family(
@@ -466,8 +592,9 @@ _RECORDS = [
                "attention_bias": _flag(False), "tie_word_embeddings": _flag(True)},
         ignores=frozenset({"query_pre_attn_scalar", "cache_implementation"}),
         rule=_gemma2,
-        traits=Traits(norm="gemma", embedding_scale=True, logit_softcap=True, sliding_pattern=2,
-                      embedding_scale_buffer=True),
+        peft_targets=("q_proj", "v_proj"),
+        traits=Traits(norm="gemma", embedding_scale=True, logit_softcap=True, attention_softcap=True,
+                      sliding_pattern=2, embedding_scale_buffer=True),
     ),
     Family(
         model_type="gemma3_text",
@@ -476,6 +603,7 @@ _RECORDS = [
                "attention_bias": _flag(False), "tie_word_embeddings": _flag(True)},
         ignores=frozenset({"query_pre_attn_scalar", "cache_implementation"}),
         rule=_gemma3,
+        peft_targets=("q_proj", "v_proj"),
         traits=Traits(norm="gemma", embedding_scale=True, sliding_pattern=6, rotary_tables=2,
                       embedding_scale_buffer=True),
     ),
@@ -494,6 +622,7 @@ _RECORDS = [
         reads={**CORE, "intermediate_size": _req(), "num_key_value_heads": _opt(32), "head_dim": _size(128),
                "attention_bias": _flag(False), "tie_word_embeddings": _flag(False)},
         rule=_qwen3,
+        peft_targets=("q_proj", "v_proj"),
     ),
     Family(
         model_type="qwen3_moe",
@@ -503,6 +632,7 @@ _RECORDS = [
                "attention_bias": _flag(False), "tie_word_embeddings": _flag(False), **_QWEN_MOE_LAYOUT},
         aliases={"num_local_experts": "num_experts"},  # Qwen3MoeConfig.attribute_map
         rule=_qwen3_moe,
+        peft_moe=QWEN2_MOE,  # _MODEL_TO_CONVERSION_PATTERN: qwen3_moe → qwen2_moe
         traits=Traits(router="softmax_topk_norm_cast"),
     ),
     Family(
@@ -514,6 +644,7 @@ _RECORDS = [
                "tie_word_embeddings": _flag(False), **_QWEN_MOE_LAYOUT},
         ignores=frozenset({"attention_bias"}),  # Qwen2MoeAttention reads qkv_bias; o_proj has no bias
         rule=_qwen2_moe,
+        names={"shared_experts": "shared_expert"},  # Qwen2MoeSparseMoeBlock.shared_expert
         traits=Traits(router="softmax_topk"),
     ),
     Family(
@@ -537,6 +668,7 @@ _RECORDS = [
             "aux_loss_alpha", "ep_size",  # routing and expert parallelism, not sizes
         }),
         rule=_deepseek_v3,
+        peft_moe=QWEN2_MOE,  # _MODEL_TO_CONVERSION_PATTERN: deepseek_v3 → qwen2_moe
         traits=Traits(router="sigmoid_group", rotary_cat=True),
     ),
     Family(
@@ -552,6 +684,11 @@ _RECORDS = [
         # GptOssConfig does not read; swiglu_limit and initial_context_length size nothing
         ignores=frozenset({"experts_per_token", "swiglu_limit", "initial_context_length"}),
         rule=_gpt_oss,
+        traits=Traits(norm="olmo", router="topk_softmax", expert_gate="clamped_swiglu",
+                      rotary_half_tables=True, rotary_cat=True, eager_softmax_fp32=False,
+                      eager_sink_column=True, sliding_pattern=2),
+        names={"router": "router"},  # GptOssMLP.router
+        experts_in_out=True,
     ),
     Family(
         model_type="olmo2",
@@ -572,6 +709,12 @@ _RECORDS = [
         aliases={"n_embed": "hidden_size"},  # FalconConfig.__post_init__
         ignores=frozenset({"alibi", "apply_residual_connection_post_layernorm"}),
         rule=_falcon,
+        body="transformer",
+        names={"embed_tokens": "word_embeddings", "layers": "h", "attn": "self_attention",
+               "qkv_proj": "query_key_value", "o_proj": "dense", "fc_in": "dense_h_to_4h",
+               "fc_out": "dense_4h_to_h", "final_norm": "ln_f", "attn_norm": "ln_attn", "mlp_norm": "ln_mlp"},
+        projection=ModuleClass.LINEAR_SUBCLASS,  # FalconLinear
+        peft_targets=("query_key_value",),
     ),
     Family(
         model_type="gpt_neox",
@@ -579,6 +722,12 @@ _RECORDS = [
         reads={**CORE, "intermediate_size": _req(), "attention_bias": _flag(True),
                "use_parallel_residual": _flag(True), "tie_word_embeddings": _flag(False)},
         rule=_gpt_neox,
+        body="gpt_neox",
+        names={"embed_tokens": "embed_in", "attn": "attention", "qkv_proj": "query_key_value",
+               "o_proj": "dense", "fc_in": "dense_h_to_4h", "fc_out": "dense_4h_to_h",
+               "final_norm": "final_layer_norm", "attn_norm": "input_layernorm",
+               "mlp_norm": "post_attention_layernorm"},
+        peft_targets=("query_key_value",),
         traits=Traits(rotary_fraction=0.25, rotary_cat=True),
     ),
 ]  # fmt: skip
@@ -753,23 +902,54 @@ def read_hf_config(path: Path) -> tuple[Architecture, tuple[str, ...]]:
     multimodal config)."""
     config = _load(path)
     where = f"{{model}} {shown(str(path))}"
-    return architecture_from_hf_dict(config, where, path.parent.name or path.stem), hf_config_notes(config)
+    name = path.parent.name or path.stem
+    return architecture_from_hf_dict(config, where, name, bitsandbytes=True), hf_config_notes(config)
 
 
-def _refuse_quantization(config: dict[str, Any], where: str) -> None:
+BITSANDBYTES = "bitsandbytes"
+"""``quant_method`` of transformers' ``BitsAndBytesConfig``: the one quantisation zerocalc models (its
+storage: :mod:`zerocalc.model.quantized`; its keys: ``zerocalc.request.finetune``)."""
+
+
+def _quant_method(quantization: Any) -> str | None:
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+    if (
+        isinstance(quantization, dict)
+        and method is None
+        and (quantization.get("load_in_4bit") or quantization.get("load_in_8bit"))
+    ):
+        method = BITSANDBYTES  # an older BitsAndBytesConfig without quant_method
+    return method if isinstance(method, str) else None
+
+
+def _refuse_quantization(config: dict[str, Any], where: str, bitsandbytes: bool) -> None:
     """``quantization_config`` (bitsandbytes 4/8-bit, FP8, GPTQ, AWQ...): ``from_pretrained`` would store
-    the weights quantized, which the model of states and steps does not count; refused, not ignored."""
+    the weights quantised. bitsandbytes' is modelled where ``bitsandbytes`` (the request reads it:
+    :func:`hf_quantization_config`); the others are refused, not ignored."""
     quantization = config.get("quantization_config")
     if quantization is None:
         return
-    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
-    if isinstance(quantization, dict) and method is None and quantization.get("load_in_4bit"):
-        method = "bitsandbytes 4-bit"
-    named = f" ({method})" if isinstance(method, str) else ""
-    raise InputError(
-        f"{where}: quantization_config{named} is not modelled (quantized weights and their adapters); "
-        "accepted: a config.json without quantization_config, counted as trained in --precision"
-    )
+    method = _quant_method(quantization)
+    if bitsandbytes and method == BITSANDBYTES:
+        return
+    named = f" ({method})" if method else ""
+    accepted = "bitsandbytes' (4-bit or LLM.int8) in a config.json file or dict, or none"
+    raise InputError(f"{where}: quantization_config{named} is not modelled; accepted: {accepted}")
+
+
+def hf_quantization_config(config: Any) -> dict[str, Any] | None:
+    """A config.json's bitsandbytes ``quantization_config`` (its text model's for a multimodal config),
+    as written; None where it has none."""
+    if not isinstance(config, dict):
+        return None
+    text = _text_config(config)
+    quantization = (text or config).get("quantization_config", config.get("quantization_config"))
+    return quantization if _quant_method(quantization) == BITSANDBYTES else None
+
+
+def read_hf_quantization_config(path: Path) -> dict[str, Any] | None:
+    """:func:`hf_quantization_config` of a config.json file."""
+    return hf_quantization_config(_load(path))
 
 
 def _text_config(config: dict[str, Any]) -> dict[str, Any] | None:
@@ -807,8 +987,9 @@ def config_title(architecture: Architecture, where: str) -> str:
     return f"{built}, {where}"
 
 
-def architecture_from_hf_dict(config: Any, where: str, name: str) -> Architecture:
-    """The architecture of a parsed ``config.json`` (``where`` names it in errors)."""
+def architecture_from_hf_dict(config: Any, where: str, name: str, bitsandbytes: bool = False) -> Architecture:
+    """The architecture of a parsed ``config.json`` (``where`` names it in errors); a bitsandbytes
+    ``quantization_config`` accepted where ``bitsandbytes`` (its reader models it), else refused."""
     if not isinstance(config, dict):
         kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
             type(config), "a number"
@@ -816,11 +997,11 @@ def architecture_from_hf_dict(config: Any, where: str, name: str) -> Architectur
         raise InputError(
             f"{where} is not a config.json object (it holds {kind}); accepted: a JSON object {{...}}"
         )
-    _refuse_quantization(config, where)
+    _refuse_quantization(config, where, bitsandbytes)
     text = _text_config(config)
     if text is not None:
         config, where = text, f"{where} text_config"
-        _refuse_quantization(config, where)
+        _refuse_quantization(config, where, bitsandbytes)
     model_type = config.get("model_type")
     family = _family(model_type)
     if family is None:

@@ -12,7 +12,8 @@ DeepSpeed, Megatron-LM), or fp32 parameters cast for compute (PyTorch's FSDP, DD
 recipe, the layout and the kind of parameter, :func:`tensor_dtypes` returns the dtype of every
 :class:`~zerocalc.base.dtypes.TensorRole` — the one place every memory, communication and time model asks.
 A new recipe is an entry of :data:`RECIPES`; a new kind of parameter (frozen, quantised) an entry of
-:data:`KIND_RULES`.
+:data:`KIND_RULES`; an FP8 recipe (``--fp8``, on top of the 16-bit recipe) an entry of :data:`FP8_RECIPES`,
+which changes the roles of the Linear weights it converts by its library's rule (:data:`FP8_RULES`).
 """
 
 from __future__ import annotations
@@ -117,11 +118,27 @@ LAYOUT_NOTES: dict[ParamLayout, str] = {
 
 
 class ParamKind(StrEnum):
-    """Whether a parameter is trained."""
+    """Whether a parameter is trained, and how a fine-tuning method keeps it (:data:`KIND_RULES`;
+    :func:`zerocalc.parallel.finetune.parameter_kinds` gives each tensor's)."""
 
     TRAINABLE = "trainable"
     FROZEN = "frozen"
-    """``requires_grad=False``: no gradient, no reduction, no master copy, no optimizer state."""
+    """``requires_grad=False`` in the layout's storage (a full fine-tune's frozen modules: the model
+    loaded as the framework trains it): no gradient, no reduction, no master copy, no optimizer state."""
+    FROZEN_BASE = "frozen_base"
+    """The frozen base of a PEFT model, loaded in the recipe's compute dtype
+    (``from_pretrained(..., dtype=torch.bfloat16)``, as LoRA recipes load it) whatever the layout would
+    keep of a trained parameter; PEFT freezes it (peft/tuners/tuners_utils.py
+    ``_mark_only_adapters_as_trainable``)."""
+    QUANTIZED = "quantized"
+    """A frozen weight bitsandbytes stores quantised (``Params4bit``, ``Int8Params``): its storage dtype
+    (:class:`QuantDtypes`; its bytes are :mod:`zerocalc.model.quantized`'s parts, not dtype × elements),
+    all-gathered as stored (what ``bnb_4bit_quant_storage`` is for), dequantised to the compute dtype for
+    each forward and backward (``bnb_4bit_compute_dtype``)."""
+    ADAPTER = "adapter"
+    """A PEFT adapter: created fp32 on a 16-bit base (``get_peft_model(..., autocast_adapter_dtype=True)``,
+    the default: peft/tuners/tuners_utils.py ``cast_adapter_dtype`` upcasts bf16 and fp16 adapters) and
+    trained (:data:`KIND_RECIPES`)."""
 
 
 _Source = str | TensorRole | DType | None
@@ -129,6 +146,23 @@ _Source = str | TensorRole | DType | None
 dtype, or None (no such tensor)."""
 _MASTER_OR_PARAM = "master_or_param"
 """The recipe's master dtype where it has one, else its parameter dtype."""
+
+_QUANT_STORAGE = "quant_storage"
+"""The quantised storage dtype (:attr:`QuantDtypes.storage`)."""
+_QUANT_COMPUTE = "quant_compute"
+"""The dtype a quantised weight is dequantised to (:attr:`QuantDtypes.compute`; the recipe's parameter
+dtype where unset)."""
+
+
+class QuantDtypes(NamedTuple):
+    """The dtypes of a quantised frozen weight."""
+
+    storage: DType
+    """What the packed data is held in: uint8 (bitsandbytes' 4-bit default), ``bnb_4bit_quant_storage``
+    (bf16 under FSDP), int8 (LLM.int8)."""
+    compute: DType | None = None
+    """``bnb_4bit_compute_dtype`` (None: the recipe's parameter dtype)."""
+
 
 _R = TensorRole
 LAYOUT_RULES: dict[ParamLayout, dict[TensorRole, _Source]] = {
@@ -174,18 +208,160 @@ LAYOUT_RULES: dict[ParamLayout, dict[TensorRole, _Source]] = {
 ``MixedPrecisionPolicy.reduce_dtype`` None: "the gradient reduction uses the compute dtype"); DDP reduces
 ``.grad``, in the parameters' own dtype (``torch/csrc/distributed/c10d/reducer.cpp``)."""
 
+_UNTRAINED: dict[TensorRole, _Source] = {
+    _R.GRADIENT: None,
+    _R.MAIN_GRADIENT: None,
+    _R.REDUCE: None,
+    _R.MASTER: None,
+    _R.OPTIMIZER_STATE: None,
+}
+"""A frozen weight keeps none of the trained tensors."""
+
 KIND_RULES: dict[ParamKind, dict[TensorRole, _Source]] = {
     ParamKind.TRAINABLE: {},
-    ParamKind.FROZEN: {
-        _R.GRADIENT: None,
-        _R.MAIN_GRADIENT: None,
-        _R.REDUCE: None,
-        _R.MASTER: None,
-        _R.OPTIMIZER_STATE: None,
+    ParamKind.FROZEN: _UNTRAINED,
+    ParamKind.FROZEN_BASE: {**_UNTRAINED, _R.STORED: "param_dtype"},
+    ParamKind.QUANTIZED: {
+        **_UNTRAINED,
+        _R.STORED: _QUANT_STORAGE,
+        _R.COMPUTE: _QUANT_COMPUTE,
+        _R.GEMM_INPUT: _R.COMPUTE,
+        _R.ACTIVATION: _R.COMPUTE,
+        _R.ALL_GATHER: _R.STORED,
     },
+    ParamKind.ADAPTER: {},
 }
-"""What a kind of parameter changes of its layout's rules (a frozen weight keeps none of the trained
-tensors)."""
+"""What a kind of parameter changes of its layout's rules."""
+
+KIND_RECIPES: dict[ParamKind, dict[PrecisionName, PrecisionName]] = {
+    ParamKind.ADAPTER: {PrecisionName.BF16_PURE: PrecisionName.FP32},
+}
+"""The recipe a kind is kept under where it differs from the run's. PEFT's fp32 adapters are trained as
+any parameter under a mixed recipe (the layouts' fp32 copies: autocast, FSDP's cast for compute); under
+bf16-pure, whose parameters are neither cast nor autocast, they stay fp32 parameters with fp32 gradients
+and states, and the LoRA path computes in fp32 (peft/tuners/lora/layer.py ``Linear.forward``:
+``x = self._cast_input_dtype(x, lora_A.weight.dtype)``)."""
+
+KBIT_PREPARE_RULES: dict[ParamKind, dict[TensorRole, _Source]] = {
+    ParamKind.TRAINABLE: {_R.STORED: DType.FP32},
+    ParamKind.FROZEN: {_R.STORED: DType.FP32},
+    ParamKind.FROZEN_BASE: {_R.STORED: DType.FP32},
+    ParamKind.QUANTIZED: {},
+    ParamKind.ADAPTER: {},
+}
+"""What ``prepare_model_for_kbit_training`` changes of each kind (peft/utils/other.py: "cast all non INT8
+parameters to fp32": every fp16 and bf16 parameter whose class is not ``Params4bit``, before the adapters
+are added): the norms, the embeddings, the LM head, the biases and whatever is not quantised are kept in
+fp32 (and ``modules_to_save`` copies them so); 4-bit weights (whatever their storage dtype) and int8 ones
+keep theirs, adapters are fp32 already."""
+
+
+# ------------------------------------------------------------------------------------------------- FP8
+class Fp8RecipeName(StrEnum):
+    """An FP8 training recipe (``--fp8``): its GEMMs run in FP8 on top of the 16-bit recipe."""
+
+    NONE = "none"
+    TENSORWISE = "tensorwise"
+    ROWWISE = "rowwise"
+    ROWWISE_GW_HP = "rowwise-gw-hp"
+    DELAYED = "delayed"
+    CURRENT = "current"
+    BLOCKWISE = "blockwise"
+    MXFP8 = "mxfp8"
+
+
+class Fp8Library(StrEnum):
+    """Whose FP8 Linear layers run a recipe."""
+
+    TORCHAO = "torchao"
+    """torchao 0.18 ``torchao/float8/float8_linear.py`` ``Float8Linear`` (``convert_to_float8_training``)."""
+    TRANSFORMER_ENGINE = "transformer_engine"
+    """Transformer Engine 2.x ``transformer_engine/pytorch/module/linear.py`` ``Linear``."""
+
+
+class Fp8Recipe(NamedTuple):
+    """What an FP8 recipe keeps besides the 16-bit recipe's tensors."""
+
+    name: Fp8RecipeName
+    library: Fp8Library
+    scaling: str
+    """How its scales are laid out, in words."""
+    weight_block: int
+    """Elements of a weight sharing one scale (0: one scale per tensor)."""
+    scale_bytes: int
+    """Bytes of one scale (fp32 4; MXFP8's E8M0 1)."""
+    amax_history: bool
+    """It keeps a history of amaxes per FP8 tensor (DelayedScaling)."""
+    all_gather: bool
+    """Its weights can be all-gathered in FP8 (torchao ``enable_fsdp_float8_all_gather``, tensorwise only;
+    Megatron-LM ``--fp8-param-gather``)."""
+    source: str
+
+
+_TORCHAO = "torchao 0.18 torchao/float8/config.py Float8LinearConfig.from_recipe_name"
+_TE = "Transformer Engine 2.x transformer_engine/common/recipe/__init__.py"
+FP8_RECIPES: dict[Fp8RecipeName, Fp8Recipe] = {
+    recipe.name: recipe
+    for recipe in (
+        Fp8Recipe(Fp8RecipeName.TENSORWISE, Fp8Library.TORCHAO, "one dynamic scale per tensor", 0, 4, False,
+                  True, f"{_TORCHAO} (TENSORWISE; float8/fsdp_utils.py WeightWithDynamicFloat8CastTensor)"),
+        Fp8Recipe(Fp8RecipeName.ROWWISE, Fp8Library.TORCHAO, "one dynamic scale per row", 0, 4, False, False,
+                  f"{_TORCHAO} (ROWWISE)"),
+        Fp8Recipe(Fp8RecipeName.ROWWISE_GW_HP, Fp8Library.TORCHAO,
+                  "one dynamic scale per row; the weight gradient's GEMM in high precision", 0, 4, False,
+                  False, f"{_TORCHAO} (ROWWISE_WITH_GW_HP)"),
+        Fp8Recipe(Fp8RecipeName.DELAYED, Fp8Library.TRANSFORMER_ENGINE,
+                  "one scale per tensor from an amax history", 0, 4, True, True, f"{_TE} DelayedScaling"),
+        Fp8Recipe(Fp8RecipeName.CURRENT, Fp8Library.TRANSFORMER_ENGINE, "one current scale per tensor", 0, 4,
+                  False, True, f"{_TE} Float8CurrentScaling"),
+        Fp8Recipe(Fp8RecipeName.BLOCKWISE, Fp8Library.TRANSFORMER_ENGINE,
+                  "1×128 blocks of activations, 128×128 blocks of weights", 128 * 128, 4, False, True,
+                  f"{_TE} Float8BlockScaling (DeepSeek-V3's)"),
+        Fp8Recipe(Fp8RecipeName.MXFP8, Fp8Library.TRANSFORMER_ENGINE, "one E8M0 scale per 32 elements", 32, 1,
+                  False, True, f"{_TE} MXFP8BlockScaling (Blackwell)"),
+    )
+}  # fmt: skip
+
+
+class Fp8Use(NamedTuple):
+    """How a converted Linear weight runs an FP8 recipe (the key of its roles' rules)."""
+
+    recipe: Fp8RecipeName
+    all_gather: bool = False
+    """Its weight is all-gathered in FP8."""
+    model_init: bool = False
+    """Only the FP8 weight is kept, no high-precision copy (TE ``fp8_model_init``/``quantized_model_init``,
+    Megatron-LM ``--fp8-param-gather``)."""
+
+
+FP8_RULES: dict[Fp8Library, dict[TensorRole, _Source]] = {
+    Fp8Library.TORCHAO: {_R.GEMM_INPUT: DType.FP8},
+    Fp8Library.TRANSFORMER_ENGINE: {_R.GEMM_INPUT: DType.FP8, _R.ACTIVATION: DType.FP8},
+}
+"""What a library's FP8 Linear changes of a converted weight's roles. torchao 0.18 ``float8_linear.py``
+``matmul_with_hp_or_float8_args.forward``: ``ctx.save_for_backward(input_hp, weight_hp_t)``, the
+high-precision input and weight saved, their fp8 casts transient, gradients out in the input's dtype. TE 2.x
+``module/linear.py`` ``_Linear.forward``: the input quantised once, its fp8 copy saved for the weight
+gradient (``save_for_backward(inputmat, weightmat, ...)``), the output and gradients in the
+activation dtype."""
+FP8_ALL_GATHER_RULE: dict[TensorRole, _Source] = {_R.ALL_GATHER: DType.FP8, _R.COMPUTE: DType.FP8}
+"""The weight all-gathered in FP8 and used as gathered: torchao 0.18 ``fsdp_utils.py``
+``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather`` casts the shard to fp8 (its scale travels as
+metadata) and ``fsdp_post_all_gather`` wraps the gathered bytes as a ``Float8TrainingTensor``; Megatron-LM
+``--fp8-param-gather``: the distributed optimizer gathers the fp8 parameters."""
+FP8_MODEL_INIT_RULE: dict[TensorRole, _Source] = {_R.STORED: DType.FP8, _R.COMPUTE: DType.FP8}
+"""Only the FP8 weight is kept (TE 2.x ``pytorch/quantization.py`` ``quantized_model_init``, formerly
+``fp8_model_init``): the stored parameter is the quantised tensor, the optimizer keeps the fp32 master."""
+
+
+def fp8_rules(use: Fp8Use) -> dict[TensorRole, _Source]:
+    """What ``use`` changes of a converted Linear weight's roles."""
+    rules = {**FP8_RULES[FP8_RECIPES[use.recipe].library]}
+    if use.all_gather:
+        rules.update(FP8_ALL_GATHER_RULE)
+    if use.model_init:
+        rules.update(FP8_MODEL_INIT_RULE)
+    return rules
 
 
 class TensorDtypes(NamedTuple):
@@ -220,17 +396,29 @@ def tensor_dtypes(
     main_gradient: DType | None = None,
     reduce: DType | None = None,
     kind: ParamKind = ParamKind.TRAINABLE,
+    *,
+    fp8: Fp8Use | None = None,
+    quant: QuantDtypes | None = None,
+    kbit_prepared: bool = False,
 ) -> TensorDtypes:
-    """Every role's dtype: the layout's rule for the recipe (:data:`LAYOUT_RULES`), the framework's own
-    main-gradient dtype where it has one (Megatron-LM's fp32 ``main_grad``), ``--reduce-dtype`` where given,
-    and the kind's changes (:data:`KIND_RULES`)."""
-    recipe = RECIPES[precision]
+    """Every role's dtype: the layout's rule for the recipe (:data:`LAYOUT_RULES`; the kind's recipe,
+    :data:`KIND_RECIPES`), the framework's own main-gradient dtype where it has one (Megatron-LM's fp32
+    ``main_grad``), ``--reduce-dtype`` where given, an FP8 recipe's changes to a Linear weight it converts
+    (:func:`fp8_rules`), the kind's changes (:data:`KIND_RULES`, a quantised weight's dtypes from ``quant``)
+    and ``prepare_model_for_kbit_training``'s (:data:`KBIT_PREPARE_RULES`)."""
+    recipe = RECIPES[KIND_RECIPES.get(kind, {}).get(precision, precision)]
     rules: dict[TensorRole, _Source] = {**LAYOUT_RULES[layout]}
     if main_gradient is not None:
         rules[TensorRole.MAIN_GRADIENT] = main_gradient
     if reduce is not None:
         rules[TensorRole.REDUCE] = reduce
+    if fp8 is not None:
+        rules.update(fp8_rules(fp8))
     rules.update(KIND_RULES[kind])
+    if kbit_prepared:
+        rules.update(KBIT_PREPARE_RULES[kind])
+    if kind is ParamKind.QUANTIZED and quant is None:
+        raise ValueError("a quantised parameter's dtypes need its QuantDtypes")
     resolved: dict[TensorRole, DType | None] = {}
 
     def resolve(role: TensorRole) -> DType | None:
@@ -242,6 +430,10 @@ def tensor_dtypes(
                 resolved[role] = resolve(source)
             elif source == _MASTER_OR_PARAM:
                 resolved[role] = recipe.master_dtype or recipe.param_dtype
+            elif source == _QUANT_STORAGE:
+                resolved[role] = quant.storage  # type: ignore[union-attr]
+            elif source == _QUANT_COMPUTE:
+                resolved[role] = quant.compute or recipe.param_dtype  # type: ignore[union-attr]
             else:
                 resolved[role] = getattr(recipe, source)
         return resolved[role]

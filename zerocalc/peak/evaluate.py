@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 
+from zerocalc.base.errors import InputError
 from zerocalc.base.parts import Part
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import PipelineStage
@@ -409,6 +410,12 @@ def evaluate_peak(request: TrainingRequest) -> MemoryReport:
     """Model states and the peak of one step per strategy, for a request with an architecture (pure).
 
     The model-state rows carry no fits/headroom here: with a step to simulate, the peak decides."""
+    if request.finetune is not None:
+        raise InputError(
+            "the peak of a fine-tuning step (the adapters' saved tensors, the dequantised weights) is not "
+            "modelled yet; accepted: its model states (estimate_memory, zerocalc memory), or no "
+            "fine-tuning option"
+        )
     estimate = evaluate_memory(request)
     profile = request.framework_record
     runtime = runtime_for(request)
@@ -450,9 +457,9 @@ def framework_states(request: TrainingRequest, estimate: MemoryEstimate) -> list
 def evaluate(request: TrainingRequest) -> MemoryReport:
     """``zerocalc memory``: model states, the framework's own accounting of them when only Ψ is known,
     and the peak when the request has an architecture."""
-    if request.model.architecture is None:
+    if request.model.architecture is None or request.finetune is not None:
         estimate = evaluate_memory(request)
-        paper = request.framework_record.states is StatesModel.PAPER
+        paper = request.framework_record.states is StatesModel.PAPER or request.finetune is not None
         own = None if paper else framework_states(request, estimate)
         return MemoryReport(**dict(estimate), framework_states=own)
     return evaluate_peak(request)

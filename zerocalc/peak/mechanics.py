@@ -60,6 +60,7 @@ from zerocalc.peak.timeline import (
 from zerocalc.states.framework import STEP_BYTES, fsdp1_padded_numel, fsdp1_shard_numel
 
 FP32 = DType.FP32.bytes
+FP8_BYTES = DType.FP8.bytes
 
 
 class Accumulation(StrEnum):
@@ -437,10 +438,14 @@ class Fsdp2(Fsdp):
         accumulation: Accumulation = Accumulation.NONE,
         pipelined: bool = False,
         chunk_starts: tuple[int, ...] | None = None,
+        gather_bytes: dict[str, tuple[int, ...]] | None = None,
     ):
         super().__init__(
             units, world, param_bytes, reduce_bytes, reshard, optimizer_states, optimizer_impl, accumulation
         )
+        self.gather_bytes = gather_bytes
+        """Per unit, each parameter's bytes per element as all-gathered and unsharded where they are not all
+        ``param_bytes`` (an FP8 all-gather: :func:`zerocalc.peak.fp8.fp8_gather_bytes`); None: all are."""
         self.root_reshard = root_reshard
         self.pipelined = pipelined
         """A torch.distributed.pipelining stage (:meth:`post_backward`)."""
@@ -452,7 +457,27 @@ class Fsdp2(Fsdp):
         self._deferred: list[str | int] = []
 
     def run_identity(self) -> tuple[object, ...]:
-        return (*super().run_identity(), self.root_reshard, self.pipelined, self.chunk_starts)
+        gather = None if self.gather_bytes is None else tuple(self.gather_bytes.items())
+        return (*super().run_identity(), self.root_reshard, self.pipelined, self.chunk_starts, gather)
+
+    def resident(self, led: Ledger, first_step: bool = False) -> None:
+        super().resident(led, first_step)
+        if not first_step:  # the previous step's last all-gather left each fp8 weight its scale
+            for unit in self.units.values():
+                led.alloc_each((f"{unit.name}.fp8 scale",), self._fp8_scales(unit), BUFFERS)
+
+    def _fp8_scales(self, unit: Unit) -> Sizes:
+        """One fp32 scale per fp8 weight of ``unit`` (torchao ``fsdp_pre_all_gather``'s metadata, which the
+        unsharded ``Float8TrainingTensor`` keeps until the next all-gather's copy-out replaces it)."""
+        per = None if self.gather_bytes is None else self.gather_bytes.get(unit.name)
+        return Sizes(FP32 for b in (per or ()) if b == FP8_BYTES)
+
+    def _gathered_sizes(self, unit: Unit, elements: Literal["local", "padded"]) -> Sizes:
+        """Each parameter's bytes as cast (``local``) or unsharded (``padded``)."""
+        per = None if self.gather_bytes is None else self.gather_bytes.get(unit.name)
+        if per is None:
+            return unit.bytes_each(elements, self.param_bytes)
+        return Sizes(b * n for b, n in zip(per, getattr(unit, elements), strict=True))
 
     def _unshard(self, led: Ledger, unit: Unit, backward: bool) -> None:
         if unit.name in self._gathered:
@@ -487,8 +512,14 @@ class Fsdp2(Fsdp):
             # that its copy-out could overlap this all-gather) is released: the method's local
             # `prev_all_gather_state` holds it until the method returns, after the copy-out. In forward
             # this result is kept in turn, in backward freed.
-            led.alloc_each((labels.unsharded,), unit.bytes_each("padded", self.param_bytes), GATHERED)
+            led.alloc_each((labels.unsharded,), self._gathered_sizes(unit, "padded"), GATHERED)
             led.event(labels.unshard_copy_out)
+            scales = self._fp8_scales(unit)
+            if scales:  # fsdp_post_all_gather: the new scales replace the previous all-gather's
+                if f"{unit.name}.fp8 scale#0" in led.live:
+                    led.free_each(f"{unit.name}.fp8 scale", len(scales))
+                for i in range(len(scales)):
+                    led.rename(f"{unit.name}.fp8 new scale#{i}", f"{unit.name}.fp8 scale#{i}")
             if self._all_gather_state is not None:
                 led.free(self._all_gather_state)
                 self._all_gather_state = None
@@ -500,12 +531,18 @@ class Fsdp2(Fsdp):
 
     def _all_gather(self, led: Ledger, unit: Unit, output: str) -> None:
         labels = unit.labels
-        if self.param_bytes != FP32:
-            led.alloc_each((labels.cast,), unit.bytes_each("local", self.param_bytes), GATHERED)
-        padded = unit.padded_numel
-        led.alloc(labels.all_gather_input, self.param_bytes * ceil_div(padded, self.world), BUFFERS)
+        if self.param_bytes != FP32 or self.gather_bytes is not None:
+            led.alloc_each((labels.cast,), self._gathered_sizes(unit, "local"), GATHERED)
+        led.alloc_each((f"{unit.name}.fp8 new scale",), self._fp8_scales(unit), BUFFERS)
+        if self.gather_bytes is None:
+            gathered = self.param_bytes * unit.padded_numel
+            shard = self.param_bytes * ceil_div(unit.padded_numel, self.world)
+        else:  # each parameter's padded shard at its own bytes, gathered as bytes (_fsdp_collectives.py)
+            gathered = sum(self._gathered_sizes(unit, "padded"))
+            shard = ceil_div(gathered, self.world)
+        led.alloc(labels.all_gather_input, shard, BUFFERS)
         led.free_each(labels.cast, len(unit.local))
-        led.alloc(output, self.param_bytes * padded, BUFFERS)
+        led.alloc(output, gathered, BUFFERS)
         led.event(labels.all_gather)
         led.free(labels.all_gather_input)
 

@@ -29,6 +29,7 @@ from zerocalc.parallel.mesh import PpSchedule
 from zerocalc.parallel.pipeline import boundary_elements, in_flight, rank_passes, window
 from zerocalc.parallel.strategies import STRATEGIES, BufferRule, OffloadTarget, StrategyName
 from zerocalc.peak.allocator import CachingAllocator
+from zerocalc.peak.fp8 import fp8_gather_bytes
 from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.peak.ledger import Event, Ledger
 from zerocalc.peak.mechanics import Accounting, Accumulation, Ddp, Fsdp1, Fsdp2, Mechanics, Unit
@@ -302,9 +303,10 @@ def _accumulation(request: TrainingRequest, name: StrategyName) -> Accumulation:
 
 
 def runtime_for(request: TrainingRequest) -> Runtime:
-    """The runtime's allocations through the caching allocator on the request's GPU (its preset's cuBLAS
-    workspace; the small extras measured on the H100)."""
-    return Runtime(cublas_workspace=request.runtime.cublas_workspace_bytes)
+    """The runtime's allocations through the caching allocator on the request's GPU (its preset's BLAS
+    workspace, named as the preset names its library; the small extras measured on the H100)."""
+    runtime = request.runtime
+    return Runtime(cublas_workspace=runtime.cublas_workspace_bytes, blas=runtime.names.blas)
 
 
 def activation_bytes(request: TrainingRequest) -> int:
@@ -357,6 +359,7 @@ def _mechanics(
                 accumulation=accumulation,
                 pipelined=request.mesh.pp > 1,
                 chunk_starts=_chunk_starts(request),
+                gather_bytes=fp8_gather_bytes(request.architecture, request.fp8, dtypes.compute.bytes, world),
             ), activation_bytes(request)
         if setup.wrapper is TorchWrapper.FSDP1:
             no_shard = setup.sharding is Fsdp1Sharding.NO_SHARD or world == 1

@@ -26,6 +26,7 @@ from zerocalc.peak.report import StateLine
 from zerocalc.request.training import TrainingRequest
 from zerocalc.states import deepspeed, megatron
 from zerocalc.states import framework as torch_states
+from zerocalc.states.fp8 import te_fp8
 from zerocalc.states.memory import Location, StateKind, bytes_at, strategy_states
 
 
@@ -177,6 +178,7 @@ def _megatron(request: TrainingRequest, strategy: Strategy) -> StateLines:
             StateLine(
                 kind=_KINDS[s.kind],
                 name=_MEGATRON_NAMES[s.kind]
+                + (" and fp8 weights" if s.kind is StateKind.PARAMS and te_fp8(request) else "")
                 + (EXPERTS_SUFFIX if s.experts else "")
                 + (" (distributed)" if s.shard_ranks > 1 else ""),
                 bytes=s.bytes,

@@ -154,6 +154,9 @@ class Runtime(NamedTuple):
     cublas_workspace: int
     """One cuBLAS workspace per (handle, stream): the forward thread's and autograd's device thread's
     (the GPU preset's ``cublas_workspace``)."""
+    blas: str = "cuBLAS"
+    """The GEMM library whose workspaces these are, as the GPU preset names it (``names.blas``:
+    hipBLASLt on ROCm), in the allocations' names."""
     start_extra: int = START_EXTRA
     per_layer_attention: int = PER_LAYER_ATTENTION
     recompute_extra: int = RECOMPUTE_EXTRA
@@ -393,8 +396,8 @@ class _Passes:
         kept.add(received)
         for i in layers:
             mechanics.pre_forward(led, i)
-            if self.first_step and cuda and not led.has("cuBLAS workspace (forward thread)"):
-                led.alloc("cuBLAS workspace (forward thread)", runtime.cublas_workspace, RUNTIME)
+            if self.first_step and cuda and not led.has(workspace(runtime, "forward")):
+                led.alloc(workspace(runtime, "forward"), runtime.cublas_workspace, RUNTIME)
             new = f"hidden {i + 1}{tag}"
             if self.checkpointed_layer(i):
                 # torch.utils.checkpoint (use_reentrant=False): the layer's saved tensors are dropped at pack
@@ -518,7 +521,7 @@ class _Passes:
         led.phase = StepPhase.BACKWARD
         if step.stage is not None:
             mechanics.pipeline_backward(led, one.micro_batch == step.stage.micro_batches - 1)
-        workspace = "cuBLAS workspace (autograd thread)"
+        autograd_workspace = workspace(runtime, "autograd") if self.cuda else ""
         if head:
             led.alloc(f"grad seed{tag}", FP32, LOSS)
             mechanics.pre_backward(led, "root")
@@ -544,8 +547,8 @@ class _Passes:
                 led.rename(f"d logits fp32 (log_softmax_backward){tag}", f"d logits{tag}")
             for name, _ in logits_saves(impl, arch, shape, act):
                 led.free(f"{name}{tag}")  # tanh_backward has run
-            if self.first_step and self.cuda and not led.has(workspace):
-                led.alloc(workspace, runtime.cublas_workspace, RUNTIME)
+            if self.first_step and self.cuda and not led.has(autograd_workspace):
+                led.alloc(autograd_workspace, runtime.cublas_workspace, RUNTIME)
             led.alloc(f"d hidden{tag}", self.hidden_bytes, ACTIVATIONS)
             head_weight = "embedding" if arch.tied_embeddings else "lm_head"
             mechanics.param_grad(led, "root", head_weight, _vocab_numel(arch, head_weight))
@@ -559,8 +562,8 @@ class _Passes:
         else:
             # the gradient of this stage's output, received from the next stage
             mechanics.pre_backward(led, "root")
-            if self.first_step and self.cuda and not led.has(workspace):
-                led.alloc(workspace, runtime.cublas_workspace, RUNTIME)
+            if self.first_step and self.cuda and not led.has(autograd_workspace):
+                led.alloc(autograd_workspace, runtime.cublas_workspace, RUNTIME)
             led.alloc(f"d hidden{tag}", step.stage.boundary_bytes, PIPELINE)
             led.event(f"receive output gradient{tag}")
         for i in reversed(layers):
@@ -815,6 +818,11 @@ def _run_backward_program(
         led.event(event)
 
 
+def workspace(runtime: Runtime, thread: str) -> str:
+    """The name of the BLAS workspace of the ``forward`` or ``autograd`` thread's handle."""
+    return f"{runtime.blas} workspace ({thread} thread)"
+
+
 def steady_start(step: StepShape, mechanics: StepHooks, runtime: Runtime | None, led: Ledger) -> None:
     """What is allocated at the start of a step after the first: the mechanics' resident state, the input
     ids (= labels), the previous loss, model buffers and the runtime's workspaces."""
@@ -822,8 +830,8 @@ def steady_start(step: StepShape, mechanics: StepHooks, runtime: Runtime | None,
     _inputs(step, led)
     led.alloc("previous step's loss", FP32, LOSS)
     if runtime is not None and step.device is Device.CUDA:
-        led.alloc("cuBLAS workspace (forward thread)", runtime.cublas_workspace, RUNTIME)
-        led.alloc("cuBLAS workspace (autograd thread)", runtime.cublas_workspace, RUNTIME)
+        led.alloc(workspace(runtime, "forward"), runtime.cublas_workspace, RUNTIME)
+        led.alloc(workspace(runtime, "autograd"), runtime.cublas_workspace, RUNTIME)
         _runtime_extras(step, runtime, led)
 
 

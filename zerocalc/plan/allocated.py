@@ -69,7 +69,7 @@ FRAMEWORK_PART = Part(
     "the framework's part",
     ("rank_model", "mesh", "cluster", "framework", "strategies", "precision", "reduce_dtype",
      "activation_dtype", "optimizer_impl", "offload_optimizer", "offload_params", "accumulates",
-     "grad_sync", "zeropp", "buffers.prefetch", "buffers.wrap", "init_asked"),
+     "grad_sync", "zeropp", "buffers.prefetch", "buffers.wrap", "init_asked", "fp8"),
     lambda request, parts, calls: framework_run(framework_mechanics(request, _states(request)), calls),
 )  # fmt: skip
 """F of the request's step (:func:`~zerocalc.plan.split.framework_run`): the framework's bytes per slot

@@ -39,6 +39,7 @@ from zerocalc.comm.step import (
     StepTime,
     step_time,
 )
+from zerocalc.compute.ops import MFU_FORMULA
 from zerocalc.model.activations import Recompute
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.framework_records import FRAMEWORKS
@@ -120,7 +121,7 @@ class PlanRow(BaseModel):
     offload_s: float
     step_s: float = Field(description="compute_s + exposed_comm_s + bubble_s + offload_s")
     tokens_per_s_per_gpu: float
-    mfu: float = Field(description="PaLM's model FLOPs per second over the GPU's dense bf16 peak")
+    mfu: float = Field(description=MFU_FORMULA)
     memory_options: dict[str, str] = Field(description="zerocalc memory's options (concept → value)")
     comm_options: dict[str, str] = Field(description="zerocalc comm's options (concept → value)")
 
@@ -185,8 +186,7 @@ ASSUMPTIONS = [
     "and every smaller number of whole nodes",
     "compute: each layer's GEMMs, attention and element-wise kernels at their shapes, at the rates of the "
     "GPU's compute table (measured by zerocalc bench --compute, or the preset's); recompute full re-runs the "
-    "layers' forward, selective eager attention's core (Korthikanti et al. 2022); MFU counts PaLM's "
-    "6·P + 12·L·H·Q·T FLOPs per token (Chowdhery et al. 2022, app. B)",
+    "layers' forward, selective eager attention's core (Korthikanti et al. 2022); " + MFU_FORMULA,
     "overlap: prefetched all-gathers behind forward, backward collectives behind backward (Zhao et al. 2023, "
     "PyTorch FSDP; Li et al. 2020, DDP); DeepSpeed ZeRO-1/2 overlap_comm off (its default); after-step "
     "collectives exposed",

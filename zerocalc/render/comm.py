@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from zerocalc.base.units import ByteUnit, format_bandwidth, format_count, format_seconds, format_size, plural
+from zerocalc.compute.ops import MFU_FORMULA
 from zerocalc.network.cluster import RankGroup
 from zerocalc.network.links import BandwidthSource
 from zerocalc.network.schedule import GradSync, Tensor
@@ -406,6 +407,7 @@ def render_step(out: Output, estimate: CommEstimate) -> None:
         f"at the rates of {steps[0].compute_table} compute table{extra}; comm: what the framework's overlap "
         "leaves exposed (docs/model.md, Step time)[/dim]"
     )
+    out.print(f"[dim]· {MFU_FORMULA}[/dim]")
     out.print(f"[dim]· {STEP_TIME_ACCURACY}[/dim]")
 
 

@@ -22,10 +22,15 @@ if TYPE_CHECKING:
 
 _STATE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("params", "Params"),
+    ("frozen", "Frozen"),
+    ("quantized", "Quan-\ntised"),
     ("grads", "Grads"),
     ("grad_accum", "fp32\ngrad acc."),
     ("optimizer", "Optimizer"),
 )
+
+_FINETUNE_KINDS = ("frozen", "quantized")
+"""The columns of a fine-tuning run's frozen and quantised parameters (shown where a row has them)."""
 
 
 def _state_cell(row: StrategyMemory, kind: StateKind, unit: ByteUnit) -> str:
@@ -68,7 +73,8 @@ def _state_columns(estimate: MemoryEstimate, unit: ByteUnit) -> list[tuple[Colum
             column_key(label),
         )
         for key, label in _STATE_COLUMNS
-        if key != StateKind.GRAD_ACCUM.value or bpp.grad_accum > 0
+        if (key != StateKind.GRAD_ACCUM.value or bpp.grad_accum > 0)
+        and (key not in _FINETUNE_KINDS or any(s.kind.value == key for row in rows for s in row.states))
     ]
     columns += [
         (
@@ -246,7 +252,7 @@ def _peak_lines(peak: PeakEstimate) -> list[tuple[str, list[int | None]]]:
     ]
     if any(r.nccl_bytes for r in rows):
         lines.append((f"+ {names.collectives} communicators", [r.nccl_bytes or None for r in rows]))
-    lines.append(("[bold]= device (cudaMemGetInfo)[/bold]", [r.peak_bytes for r in rows]))
+    lines.append((f"[bold]= device ({names.mem_get_info})[/bold]", [r.peak_bytes for r in rows]))
     if FRAMEWORKS[peak.options.framework].estimate_covers_states_only:
         lines += [
             ("DeepSpeed's own estimate", [r.framework_estimate_bytes for r in rows]),

@@ -149,8 +149,9 @@ def print_fitted(
 
     widths = [max(_cell_width(c.header), *(_cell_width(x) for x in c.cells)) for c in columns]
     natural = max(_cell_width(key_header), *(_cell_width(k) for k in keys))
-    for key in (natural, min(natural, key_width)):  # the keys whole if all columns then fit
-        groups = _pack(columns, widths, out.width - key - 4)  # key padding + separator, outer borders
+    for fitted in (natural, min(natural, key_width)):  # the keys whole if all columns then fit
+        # the key column is at least key_width wide; + its padding and separator, the outer borders
+        groups = _pack(columns, widths, out.width - max(fitted, key_width) - 4)
         if len(groups) == 1:
             break
     for number, group in enumerate(groups):

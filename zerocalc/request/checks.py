@@ -28,6 +28,7 @@ from zerocalc.parallel.frameworks import Estimate
 from zerocalc.parallel.pipeline import INTERLEAVED
 from zerocalc.parallel.precision import RECIPES, ParamLayout
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName
+from zerocalc.request.fp8 import fp8_strategy_problem
 from zerocalc.request.mesh_checks import dim1_expert_sharding_problem, mesh_problem
 from zerocalc.request.model_spec import seq_len_problem
 from zerocalc.request.problems import architecture_problem, offload_record_problem, record_problem
@@ -266,6 +267,11 @@ def _fp32_grad_accum_problem(request: TrainingRequest) -> str | None:
     return None
 
 
+def _fp8_problem(request: TrainingRequest) -> str | None:
+    arch = request.model.architecture
+    return fp8_strategy_problem(request.framework, request.fp8, request.strategies, arch is not None)
+
+
 def _mesh_problem(request: TrainingRequest) -> str | None:
     mesh_problem(request.mesh, request.framework, request.model, request.activations.seq_len,
                  request.tp_across_nodes)  # fmt: skip
@@ -282,6 +288,7 @@ def _expert_sharding_problem(request: TrainingRequest) -> str | None:
 _STRATEGY_READS = (
     "estimate", "framework", "strategies", "strategies_explicit", "model", "mesh", "precision", "optimizer",
     "fp32_grad_accum", "offload_optimizer", "offload_params", "reduce_dtype", "buffers.wrap",
+    "finetune", "fp8",
 )  # fmt: skip
 _SHAPE_READS = (
     "mesh", "model", "stage", "framework", "model_impl", "activations.micro_batch", "activations.seq_len",
@@ -311,6 +318,7 @@ AFTER_STRATEGIES = (
     Part("model code", ("estimate", *_SHAPE_READS), lambda r, _: model_code_problem(r)),
     Part("recompute", ("estimate", "activations.recompute", "activations.checkpoint_every", *_SHAPE_READS),
          lambda r, _: recompute_problem(r)),
+    Part("fp8 strategies", ("framework", "fp8", "strategies", "model"), lambda r, _: _fp8_problem(r)),
 )  # fmt: skip
 """The checks after, in the order they report."""
 

@@ -831,7 +831,64 @@ def _torchtitan(job: dict[str, Any], where: str) -> LaunchConfig:
         if str(optimizer).lower() not in ("adam", "adamw"):
             raise _refuse(where, "optimizer.name", optimizer, "Adam or AdamW")
         values["optimizer"] = str(optimizer).lower()
+    _titan_fp8(get, where, values, notes)
     return LaunchConfig(values=values, notes=tuple(notes), harmless=harmless, stages=stages)
+
+
+_TITAN_FP8_CONVERTERS = ("quantize.linear.float8", "float8")
+"""The float8 Linear converter's name: v0.2.2 ``components/quantization/float8.py``
+``register_model_converter(Float8LinearConverter, "quantize.linear.float8")``, v0.1.0's ``"float8"``."""
+_TITAN_FP8_KEYS = (
+    "enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp", "recipe_name", "filter_fqns",
+)  # fmt: skip
+
+
+def _titan_fp8(get: Any, where: str, values: dict[str, Any], notes: list[str]) -> None:
+    """The float8 converter's options (torchtitan v0.2.2 ``components/quantization/float8.py``
+    ``Float8LinearConverter``): a ``recipe_name`` (None: tensorwise) or the FSDP float8 all-gather, not both
+    (its assert); the scales precomputed only with the all-gather (``precompute_scale = enable_fsdp_float8_
+    all_gather and precompute_float8_dynamic_scale_for_fsdp``); ``filter_fqns`` the modules skipped. Any
+    other converter (mx, grouped GEMMs) is refused."""
+    converters = get("model.converters", [])
+    if isinstance(converters, str):
+        converters = [c for c in converters.split(",") if c.strip()]
+    if not isinstance(converters, list):
+        raise _refuse(where, "model.converters", converters, "a list of converter names")
+    others = [c for c in converters if c not in _TITAN_FP8_CONVERTERS]
+    if others:
+        raise _refuse(
+            where, "model.converters", others[0], f"{' or '.join(_TITAN_FP8_CONVERTERS)} (torchao float8)"
+        )
+
+    def setting(key: str) -> tuple[str, Any]:
+        for table in ("quantize.linear.float8", "float8"):
+            if get(f"{table}.{key}") is not None:
+                return f"{table}.{key}", get(f"{table}.{key}")
+        return f"quantize.linear.float8.{key}", None
+
+    if not converters:
+        given = [name for name, value in map(setting, _TITAN_FP8_KEYS) if value not in (None, False, [])]
+        if given:
+            notes.append(f"{', '.join(given)}: read only by the float8 converter, not in model.converters")
+        return
+    recipe_key, recipe = setting("recipe_name")
+    gather_key, gather = setting("enable_fsdp_float8_all_gather")
+    precompute_key, precompute = setting("precompute_float8_dynamic_scale_for_fsdp")
+    if recipe is not None and recipe not in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
+        raise _refuse(where, recipe_key, recipe, "tensorwise, rowwise or rowwise_with_gw_hp")
+    if recipe is not None and gather:
+        raise _refuse(
+            where, gather_key, gather, f"false with {recipe_key} (torchtitan asserts they are not combined)"
+        )
+    values["fp8"] = (recipe or "tensorwise").replace("_with_", "-").replace("_", "-")
+    if gather:
+        values["fp8_all_gather"] = True
+        values["fp8_precompute_scales"] = bool(precompute)
+    elif precompute:
+        notes.append(f"{precompute_key}: torchtitan precomputes scales only with {gather_key}; not applied")
+    _, skip = setting("filter_fqns")
+    if skip:
+        values["fp8_skip"] = [str(entry) for entry in skip]
 
 
 # ------------------------------------------------------------------------------------------- accelerate

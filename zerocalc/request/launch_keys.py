@@ -56,7 +56,10 @@ def refused(why: str, *inert: Any) -> KeyRule:
     return KeyRule(Sort.REFUSED, why, inert)
 
 
-FP8 = "FP8 training: zerocalc does not model FP8 yet"
+FP8 = (
+    "accelerate's FP8 (fp8_config: its Transformer Engine, MS-AMP or torchao backends; --fp8 models "
+    "torchao's and Transformer Engine's recipes)"
+)
 LOGGING = harmless("logging, profiling and monitoring")
 PATHS = harmless("a path or a name")
 SCHEDULE = harmless("the learning rate, its schedule and the optimizer's hyper-parameters")
@@ -329,10 +332,6 @@ TORCHTITAN_KEYS = KeyTable(
         "metrics.*": LOGGING,
         "model.hf_assets_path": PATHS,
         "model.tokenizer_path": PATHS,
-        "model.converters": refused(
-            "float8 converts to FP8 training, which zerocalc does not model yet; mx to MX formats, neither",
-            [],
-        ),
         "model.print_after_conversion": LOGGING,
         "model.norm_type": refused("a norm other than RMSNorm, 9dec370's norm_type", "rmsnorm"),
         "optimizer.lr": SCHEDULE,
@@ -378,22 +377,35 @@ TORCHTITAN_KEYS = KeyTable(
         "activation_checkpoint.debug": LOGGING,
         "compile.enable": refused("torch.compile: its fused kernels change what is saved", False),
         "compile.*": harmless("read only with compile.enable (refused)"),
-        # FP8 and MX (v0.2.2 [quantize.*], v0.1.0 [float8] and [mx], 9dec370 [float8]): a converter, or a
-        # switch asking for FP8 behaviour, is refused; the converters' other settings (which modules, which
-        # recipe) are read only by a converter, as torchtitan's own llama3_8b.toml leaves them beside none
+        # FP8 (v0.2.2 [quantize.linear.float8] and converter "quantize.linear.float8", v0.1.0 [float8] and
+        # converter "float8"): read by zerocalc.request.launch._titan_fp8; MX and grouped-GEMM converters are
+        # refused there, their settings read only by them
         **dict.fromkeys(
             (
-                "quantize.linear.float8.enable_fsdp_float8_all_gather",
-                "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
-                "float8.enable_float8_linear",
-                "float8.enable_fsdp_float8_all_gather",
-                "float8.precompute_float8_dynamic_scale_for_fsdp",
-                "float8.force_recompute_fp8_weight_in_bwd",
+                "model.converters",
+                *(
+                    f"{table}.{key}"
+                    for table in ("quantize.linear.float8", "float8")
+                    for key in (
+                        "enable_fsdp_float8_all_gather",
+                        "precompute_float8_dynamic_scale_for_fsdp",
+                        "recipe_name",
+                        "filter_fqns",
+                    )
+                ),
             ),
-            refused(FP8, False),
+            MODELLED,
         ),
-        "quantize.*": harmless("read only by a float8 or mx converter (refused)"),
-        "float8.*": harmless("read only with float8 on (refused)"),
+        **dict.fromkeys(
+            ("quantize.linear.float8.emulate", "float8.emulate"),
+            refused("emulated FP8 GEMMs (upcast, then a high-precision matmul)", False),
+        ),
+        "float8.force_recompute_fp8_weight_in_bwd": refused(
+            "the FP8 weight recomputed in backward in place of the saved one", False
+        ),
+        "float8.enable_float8_linear": refused("9dec370's float8 switch (give model.converters)", False),
+        "quantize.*": harmless("read only by an mx or grouped-GEMM converter (refused)"),
+        "float8.*": harmless("read only by the float8 converter of 9dec370's layout (refused)"),
         "mx.*": harmless("read only by an mx converter (refused)"),
         "comm.*": LAUNCHER,
         "comm.mode": harmless("a test backend (fake_backend, local_tensor): what the real job allocates"),

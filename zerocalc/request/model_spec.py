@@ -39,6 +39,9 @@ class ModelSpec(BaseModel):
     title: str | None = None
     architecture: Architecture | None = None
     parameter_count: ParameterCount | None = None
+    quantization_config: dict[str, Any] | None = Field(
+        default=None, description="its config.json's bitsandbytes quantization_config, as written"
+    )
 
 
 def default_seq_len(arch: Architecture | None) -> int:
@@ -116,7 +119,7 @@ def model_spec(params: int | str | None, model: str | Architecture | dict[str, A
     if isinstance(model, dict):
         return _config_dict_model(model)
     from zerocalc.model.hf_config import config_title
-    from zerocalc.request.presets import load_model
+    from zerocalc.request.presets import load_model, model_quantization_config
 
     architecture, preset = load_model(model)
     count = _counted(architecture)
@@ -131,16 +134,17 @@ def model_spec(params: int | str | None, model: str | Architecture | dict[str, A
         title=preset.title if preset else config_title(architecture, model),
         architecture=architecture,
         parameter_count=count,
+        quantization_config=model_quantization_config(model),
     )
 
 
 def _config_dict_model(config: dict[str, Any]) -> ModelSpec:
     """A parsed config.json (``AutoConfig.from_pretrained(...).to_dict()``), read as the file would be."""
-    from zerocalc.model.hf_config import architecture_from_hf_dict, config_title
+    from zerocalc.model.hf_config import architecture_from_hf_dict, config_title, hf_quantization_config
 
     source = config.get("_name_or_path")
     name = str(source).rstrip("/").rsplit("/", 1)[-1] if source else str(config.get("model_type", "config"))
-    architecture = architecture_from_hf_dict(config, "{model} (a config dict)", name or "config")
+    architecture = architecture_from_hf_dict(config, "{model} (a config dict)", name or "config", True)
     count = _counted(architecture)
     if count.total > MAX_COUNT:
         raise InputError(
@@ -152,6 +156,7 @@ def _config_dict_model(config: dict[str, Any]) -> ModelSpec:
         title=config_title(architecture, "a config dict"),
         architecture=architecture,
         parameter_count=count,
+        quantization_config=hf_quantization_config(config),
     )
 
 

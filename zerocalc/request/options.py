@@ -41,6 +41,8 @@ class Kind(StrEnum):
 MEMORY, COMM, PLAN = Command.MEMORY, Command.COMM, Command.PLAN
 ESTIMATES = frozenset({MEMORY, COMM})
 ALL_ESTIMATES = frozenset({MEMORY, COMM, PLAN})
+FINETUNE = frozenset({MEMORY})
+"""The fine-tuning options: ``memory``'s model states count them."""
 
 
 class Option(NamedTuple):
@@ -180,7 +182,9 @@ OPTIONS: tuple[Option, ...] = (
          frozenset({PLAN}), value_type=LIST, default_help="fsdp2,torch-zero1,deepspeed"),
     _opt("precision", ("--precision",), "bf16-mixed, fp16-mixed, fp32 or bf16-pure.", ESTIMATES,
          default="bf16-mixed", value_type=STR),
-    _opt("optimizer", ("--optimizer",), "adam, adamw, sgd (momentum), sgd-no-momentum, adafactor, adam-8bit.",
+    _opt("optimizer", ("--optimizer",), "adam, adamw, sgd (momentum), sgd-no-momentum, adafactor, adam-8bit "
+         "(adamw-8bit), paged-adamw-8bit or paged-adamw (bitsandbytes; the paged ones tensor by tensor: "
+         "fine-tuning runs).",
          ESTIMATES, default="adamw", value_type=STR),
     _opt("fp32_grad_accum", ("--fp32-grad-accum",),
          "Add a 4-byte fp32 buffer per parameter where gradients accumulate.", frozenset({MEMORY}),
@@ -192,11 +196,32 @@ OPTIONS: tuple[Option, ...] = (
          default_help="the framework's documented path; fsdp2: meta"),
     _opt("offload_optimizer", ("--offload-optimizer",), "none, cpu or nvme (ZeRO-Offload / ZeRO-Infinity).",
          ESTIMATES, default="none", value_type=OPT_STR),
-    _opt("offload_params", ("--offload-params",), "none, cpu or nvme (zero3 only).", ESTIMATES,
+    _opt("offload_params", ("--offload-params",), "none, cpu or nvme (zero3 only; fsdp and fsdp2 "
+         "fine-tuning: cpu, FSDP's CPU offload of parameters, gradients and optimizer).", ESTIMATES,
          default="none", value_type=OPT_STR),
     _opt("reduce_dtype", ("--reduce-dtype",),
          "The dtype gradients are reduced in: fp32, or the gradients' own (bf16 under bf16-mixed, fp16 "
          "under fp16-mixed).", ESTIMATES, value_type=OPT_STR, default_help="the gradient dtype"),
+    # FP8 training (zerocalc.request.fp8 parses these into one Fp8Setting)
+    _opt("fp8", ("--fp8",),
+         "FP8 recipe: none; torchao's tensorwise, rowwise, rowwise-gw-hp (fsdp2); "
+         "Transformer Engine's delayed, current, blockwise, mxfp8 (megatron).", ESTIMATES,
+         default="none", value_type=STR),
+    _opt("fp8_all_gather", ("--fp8-all-gather",),
+         "All-gather the FP8 weights in FP8 (FSDP2 float8 all-gather, tensorwise; Megatron-LM "
+         "--fp8-param-gather).", ESTIMATES, kind=Kind.SWITCH, value_type="bool | None",
+         negative="--no-fp8-all-gather", default_help="off"),
+    _opt("fp8_precompute_scales", ("--fp8-precompute-scales",),
+         "With --fp8-all-gather under fsdp2: every weight's FP8 scale in one all-reduce after the "
+         "optimizer step (torchao's precomputed dynamic scales).", ESTIMATES, default=False,
+         kind=Kind.FLAG, value_type=BOOL),
+    _opt("fp8_model_init", ("--fp8-model-init",),
+         "Keep only the FP8 weights, no high-precision copy (Transformer Engine quantized_model_init).",
+         ESTIMATES, default=False, kind=Kind.FLAG, value_type=BOOL),
+    _opt("fp8_skip", ("--fp8-skip",),
+         "Modules left in high precision, a comma list matched inside each module's name, zerocalc's or "
+         "torchtitan's (output, attention.wq; torchtitan filter_fqns).", ESTIMATES, value_type=LIST,
+         metavar="MODULES", default_help="none (megatron: output)"),
     # ---------------------------------------------------------------------------------- the step
     _opt("seq_len", ("--seq-len",),
          "s: tokens per sequence, 4096 or 8k (k = 1,024, M = 1,048,576: 8k = 8,192); activations need "
@@ -250,6 +275,43 @@ OPTIONS: tuple[Option, ...] = (
     _opt("expandable_segments", ("--expandable-segments",),
          "The caching allocator with expandable segments on (a PyTorch allocator setting): its reserve.",
          frozenset({MEMORY}), default=False, kind=Kind.FLAG, value_type=BOOL),
+    # ---------------------------------------------------------------------------------- fine-tuning
+    _opt("lora_rank", ("--lora-rank",),
+         "LoRA of rank R on the targets (PEFT 0.21), the base frozen; 0: off.", FINETUNE,
+         value_type=OPT_NUM, metavar="R", default_help="0: full training, or --adapter-config's r"),
+    _opt("lora_alpha", ("--lora-alpha",), "lora_alpha: scales the update (no byte depends on it).",
+         FINETUNE, value_type=FLOAT, metavar="A", default_help="PEFT's 8"),
+    _opt("lora_targets", ("--lora-targets",),
+         "all-linear (every Linear but the LM head), or a comma list of PEFT module names (q_proj,v_proj).",
+         FINETUNE, value_type=LIST, metavar="NAMES", default_help="PEFT's for the model family"),
+    _opt("lora_dropout", ("--lora-dropout",), "lora_dropout P, 0 ≤ P < 1.", FINETUNE, value_type=FLOAT,
+         metavar="P", default_help="0"),
+    _opt("dora", ("--dora",), "DoRA (use_dora): a magnitude vector per adapted layer.", FINETUNE,
+         default=False, kind=Kind.FLAG, value_type=BOOL),
+    _opt("modules_to_save", ("--modules-to-save",),
+         "Modules trained in full beside the adapters (a trainable copy each), a comma list: lm_head.",
+         FINETUNE, value_type=LIST, metavar="NAMES"),
+    _opt("quantize", ("--quantize",),
+         "The frozen base's weights stored by bitsandbytes 0.50: none, nf4, fp4 (4-bit) or int8 (LLM.int8).",
+         FINETUNE, value_type=OPT_STR, default_help="config.json's quantization_config, else none"),
+    _opt("double_quant", ("--double-quant",),
+         "4-bit: the absmax values quantised again (bnb_4bit_use_double_quant).", FINETUNE,
+         kind=Kind.SWITCH, value_type="bool | None", negative="--no-double-quant",
+         default_help="config.json's, else off (BitsAndBytesConfig's)"),
+    _opt("quant_storage", ("--quant-storage",),
+         "4-bit: the packed data's dtype (bnb_4bit_quant_storage): uint8, int8, bf16, fp16 or fp32; bf16 for "
+         "FSDP.", FINETUNE, value_type=OPT_STR, default_help="config.json's, else uint8"),
+    _opt("kbit_prepare", ("--kbit-prepare",),
+         "With --quantize: PEFT's k-bit training preparation, every other parameter cast to fp32 "
+         "(peft/utils/other.py).",
+         FINETUNE, kind=Kind.SWITCH, value_type="bool | None", negative="--no-kbit-prepare",
+         default_help="on"),
+    _opt("freeze", ("--freeze",),
+         "Full fine-tuning with these modules frozen, a comma list of names (embed_tokens,layers.0).",
+         FINETUNE, value_type=LIST, metavar="NAMES"),
+    _opt("adapter_config", ("--adapter-config",),
+         "A PEFT adapter_config.json (LoRA): its r, targets, dropout, DoRA, modules_to_save (flags override "
+         "it).", FINETUNE, value_type=OPT_STR, metavar="FILE"),
     # ---------------------------------------------------------------------------------- the links
     _opt("calibration", ("--calibration",), "A calibration JSON written by `zerocalc bench`.",
          frozenset({COMM, PLAN}), value_type="str | Calibration | None"),
@@ -363,11 +425,22 @@ OptionsEcho = Annotated[
 """The ``options`` field of a command's result (:func:`echo`)."""
 
 
+FINETUNE_OPTIONS = (
+    "lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "dora", "modules_to_save", "quantize",
+    "double_quant", "quant_storage", "kbit_prepare", "freeze", "adapter_config",
+)  # fmt: skip
+"""The fine-tuning options, echoed only where one is set: a full training run's echo holds none."""
+
+
 def echo(command: Command, values: dict[str, Any]) -> dict[str, Any]:
     """The JSON's ``options``: every request option of ``command`` with the value it was given (its
-    default where not given), keyed by its keyword, as the library takes it back."""
+    default where not given), keyed by its keyword, as the library takes it back; the fine-tuning options
+    (:data:`FINETUNE_OPTIONS`) only in a fine-tuning run's."""
     echoed = {}
+    tuning = any(values.get(name) not in (None, False) for name in FINETUNE_OPTIONS)
     for o in options_for(command, request_only=True):
+        if o.name in FINETUNE_OPTIONS and not tuning:
+            continue
         value = values.get(o.name, o.default)
         if value is not None and o.default is not None and str(value) == str(o.default):
             value = o.default  # the CLI's text of the default is the default

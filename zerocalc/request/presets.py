@@ -433,6 +433,24 @@ def model_notes(name_or_path: str) -> tuple[str, ...]:
     return _read_hf_config(_file_key(read_as[1]), read_as[1])[1]
 
 
+def model_quantization_config(name_or_path: str) -> dict[str, Any] | None:
+    """The bitsandbytes ``quantization_config`` of the config.json ``--model`` names (None for a preset,
+    a model TOML file, standard input, or a config.json without one)."""
+    if name_or_path.strip() in STDIN_NAMES:
+        return None
+    read_as = model_file(name_or_path)
+    if read_as is None or read_as[0] == "toml":
+        return None
+    return _read_quantization(_file_key(read_as[1]), read_as[1])
+
+
+@lru_cache(maxsize=256)
+def _read_quantization(key: tuple[str, int, int], path: Path) -> dict[str, Any] | None:
+    from zerocalc.model.hf_config import read_hf_quantization_config
+
+    return read_hf_quantization_config(path)
+
+
 def _load_hf_config(key: tuple[str, int, int], path: Path) -> tuple[Architecture, ModelPreset | None]:
     return _read_hf_config(key, path)[0], None
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from zerocalc.parallel.framework_records import FRAMEWORKS
 from zerocalc.parallel.framework_records.record import FrameworkRecord, Wrap
 from zerocalc.parallel.strategies import OffloadTarget, StrategyName
+from zerocalc.request.finetune import PAGED_OPTIMIZERS, finetune_problem
 
 if TYPE_CHECKING:
     from zerocalc.request.training import TrainingRequest
@@ -59,6 +60,8 @@ def offload_record_problem(record: FrameworkRecord, request: TrainingRequest) ->
 def record_problem(record: FrameworkRecord, request: TrainingRequest) -> str | None:
     """Why ``request`` asks for something ``record`` does not model, or None."""
     fw = record.framework.value
+    if request.finetune is not None or request.optimizer in PAGED_OPTIMIZERS:
+        return finetune_problem(record, request)
     if request.model.architecture is None and record.needs_architecture:
         return (
             f"{{framework}} {fw} counts what the implementation allocates for a given architecture; "

@@ -17,3 +17,6 @@ class RuntimeNames(BaseModel):
     context: str = Field(default="CUDA context", description="what the runtime holds per process")
     collectives: str = Field(default="NCCL", description="the collective library")
     blas: str = Field(default="cuBLAS", description="the GEMM library whose workspaces the runtime holds")
+    mem_get_info: str = Field(
+        default="cudaMemGetInfo", description="the runtime call whose total − free is the device footprint"
+    )

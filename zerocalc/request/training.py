@@ -36,6 +36,8 @@ from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import Cluster
 from zerocalc.network.links import Bandwidths
 from zerocalc.network.schedule import GradSync, ZeroPP
+from zerocalc.parallel.finetune import FineTuning
+from zerocalc.parallel.fp8 import NO_FP8, Fp8Setting
 from zerocalc.parallel.framework_records import FRAMEWORKS, default_strategies
 from zerocalc.parallel.framework_records.record import FrameworkRecord, ModelInit, Wrap
 from zerocalc.parallel.frameworks import Estimate, Framework
@@ -44,6 +46,8 @@ from zerocalc.parallel.optimizers import OptimizerImpl, OptimizerName
 from zerocalc.parallel.precision import RECIPES, PrecisionName, TensorDtypes
 from zerocalc.parallel.strategies import OffloadTarget, StrategyName
 from zerocalc.request.checks import check
+from zerocalc.request.finetune import parse_finetune
+from zerocalc.request.fp8 import fp8_notes, parse_fp8
 from zerocalc.request.gpu import (
     GpuChoice,
     calibration_of,
@@ -139,6 +143,7 @@ class TrainingRequest(BaseModel):
     strategy_notes: tuple[str, ...] = ()
     """Strategies of the default set left out, and why (the check's result)."""
     reduce_dtype: DType | None = Field(default=None, description="None: the gradient dtype")
+    fp8: Fp8Setting = NO_FP8
     activations: ActivationOptions = ActivationOptions()
     buffers: BufferOptions = BufferOptions()
     gpu: GpuChoice | None = None
@@ -174,6 +179,7 @@ class TrainingRequest(BaseModel):
     notes: tuple[str, ...] = ()
     """What parsing tells the user about the inputs (the text model of a multimodal config, a sequence
     beyond a rotary model's trained positions)."""
+    finetune: FineTuning | None = Field(default=None, description="None: every parameter trained")
 
     def with_(self, **changes: Any) -> TrainingRequest:
         """This request with the typed inputs ``changes`` replaced, checked again
@@ -459,6 +465,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         strategies=explicit or default_strategies(framework),
         strategies_explicit=explicit is not None,
         reduce_dtype=reduce_dtype,
+        fp8=(fp8 := parse_fp8(o, framework, model_impl)),
         activations=activations,
         buffers=buffers,
         gpu=gpu,
@@ -476,7 +483,12 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         calibration=calibration,
         calibration_name=calibration_name,
         compute_calibration=compute_calibration_path(o.compute_calibration),
-        notes=(*model_notes_of(o.model), *position_notes),
+        notes=(
+            *model_notes_of(o.model),
+            *position_notes,
+            *fp8_notes(fp8, rank_models(model, mesh)[0].architecture),
+        ),
+        finetune=parse_finetune(o, model),
     )
     return check(request)
 

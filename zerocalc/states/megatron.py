@@ -25,12 +25,14 @@ from __future__ import annotations
 from zerocalc.parallel.optimizers import OPTIMIZERS
 from zerocalc.parallel.strategies import OffloadTarget, Strategy
 from zerocalc.request.training import TrainingRequest
+from zerocalc.states.fp8 import te_param_parts
 from zerocalc.states.memory import (
     LOCATIONS,
     Location,
     StateKind,
     StateShard,
     optimizer_parts,
+    state_parts,
     state_shards,
     tensor_parts,
 )
@@ -42,7 +44,8 @@ def megatron_states(request: TrainingRequest, strategy: Strategy) -> list[StateS
     """Parameters, main gradients and optimizer states of one GPU, in that order, then (optimizer
     offloaded) the host copies of the main gradients' shards."""
     dtypes = request.dtypes.trained
-    param_dtype, main_grad = dtypes.stored, dtypes.main_gradient
+    main_grad = dtypes.main_gradient
+    rest = state_parts(request)[0].params
     optimizer_location = LOCATIONS[request.offload_optimizer]
     host_grads = []
     if request.offload_optimizer is not OffloadTarget.NONE:
@@ -54,13 +57,7 @@ def megatron_states(request: TrainingRequest, strategy: Strategy) -> list[StateS
             tensor_parts(f"host_grads_{main_grad.value}", main_grad),
         )
     return [
-        *state_shards(
-            StateKind.PARAMS,
-            None,
-            Location.GPU,
-            request,
-            tensor_parts(f"params_{param_dtype.value}", param_dtype),
-        ),
+        *state_shards(StateKind.PARAMS, None, Location.GPU, request, te_param_parts(request, rest)),
         *state_shards(
             StateKind.GRAD_ACCUM,
             None,

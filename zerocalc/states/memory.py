@@ -38,17 +38,34 @@ from zerocalc.base.display import TableDisplay
 from zerocalc.base.dtypes import DType
 from zerocalc.base.parts import Part
 from zerocalc.base.units import ceil_div, format_count, gib, plural, summary_repr
-from zerocalc.model.architecture import ParameterCount, expert_parameters
+from zerocalc.model.architecture import ParameterCount, ParamTensor, expert_parameters
 from zerocalc.network.cluster import Cluster, RankGroup
+from zerocalc.parallel.finetune import (
+    FineTuneCounts,
+    FineTuning,
+    finetune_counts,
+    parameter_kinds,
+    quantized_storage,
+)
+from zerocalc.parallel.framework_records.record import StatesModel
 from zerocalc.parallel.frameworks import Fsdp1Sharding, TorchWrapper
 from zerocalc.parallel.mesh import Mesh, describe_layer_counts
-from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerName, OptimizerSpec
+from zerocalc.parallel.optimizers import BNB_QMAP_BYTES, OPTIMIZERS, OptimizerName, OptimizerSpec
 from zerocalc.parallel.pipeline import mesh_stage_layers, stage_layer_counts
-from zerocalc.parallel.precision import RECIPES, ParamLayout, PrecisionName, TensorDtypes, describe_layout
+from zerocalc.parallel.precision import (
+    RECIPES,
+    ParamKind,
+    ParamLayout,
+    PrecisionName,
+    TensorDtypes,
+    describe_layout,
+    tensor_dtypes,
+)
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName, row_named
 from zerocalc.request.echo import RequestEcho
 from zerocalc.request.options import OptionsEcho
 from zerocalc.request.training import TrainingRequest
+from zerocalc.states.fp8 import te_param_parts
 
 SCHEMA_VERSION = 2
 GRAD_ACCUM_DTYPE = DType.FP32
@@ -59,10 +76,18 @@ class Location(StrEnum):
     GPU = "gpu"
     CPU = "cpu"
     NVME = "nvme"
+    UNIFIED = "unified"
+    """CUDA unified memory (``cudaMallocManaged``: bitsandbytes' paged optimizer states), outside PyTorch's
+    caching allocator: on the GPU while in use, paged to the host under memory pressure."""
 
 
 class StateKind(StrEnum):
     PARAMS = "params"
+    """The trained parameters (all of them without fine-tuning)."""
+    FROZEN = "frozen"
+    """Fine-tuning: the frozen parameters kept in a dtype (the base of a PEFT model, frozen modules)."""
+    QUANTIZED = "quantized"
+    """Fine-tuning: the quantised weights' storage, part by part (:mod:`zerocalc.model.quantized`)."""
     GRADS = "grads"
     GRAD_ACCUM = "grad_accum"
     OPTIMIZER = "optimizer"
@@ -100,6 +125,9 @@ class StrategyMemory(BaseModel):
     gpu_bytes: int = Field(description="model-state bytes on each GPU")
     cpu_bytes_per_gpu: int
     nvme_bytes_per_gpu: int
+    unified_bytes_per_gpu: int = Field(
+        default=0, description="paged optimizer states in CUDA unified memory, outside the GPU's total"
+    )
     cpu_bytes_per_node: int
     nvme_bytes_per_node: int
     fraction_of_ddp: float = Field(description="gpu_bytes / DDP's gpu_bytes for the same recipe")
@@ -107,6 +135,14 @@ class StrategyMemory(BaseModel):
     headroom_bytes: int | None = Field(
         default=None, description="states_capacity_bytes − gpu_bytes, when a GPU memory is given"
     )
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``unified_bytes_per_gpu`` only where there are such bytes (paged optimizer states)."""
+        data = handler(self)
+        if not self.unified_bytes_per_gpu:
+            data.pop("unified_bytes_per_gpu", None)
+        return data
 
     def bytes_of(self, kind: StateKind) -> int:
         """Bytes of one state kind on this rank's GPU (0 when offloaded or absent)."""
@@ -171,12 +207,20 @@ class GpuSummary(BaseModel):
     context_bytes: int = Field(description="held outside the caching allocator at world size 1")
 
 
+class FineTuneSummary(BaseModel):
+    """What a fine-tuning run trains, freezes and quantises (``zerocalc.parallel.finetune``)."""
+
+    method: FineTuning
+    counts: FineTuneCounts
+
+
 class MemoryEstimate(TableDisplay, BaseModel):
     schema_version: int = SCHEMA_VERSION
     request: MemoryRequest
     options: OptionsEcho = None
     model: ModelSummary | None = None
     gpu: GpuSummary | None = None
+    finetune: FineTuneSummary | None = Field(default=None, description="None: every parameter trained")
     bytes_per_parameter: BytesPerParameter
     assumptions: list[str]
     notes: list[str] = Field(
@@ -185,6 +229,14 @@ class MemoryEstimate(TableDisplay, BaseModel):
         "the library keywords (errors.with_names)",
     )
     strategies: list[StrategyMemory]
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``finetune`` only for a fine-tuning run: a full training run's JSON is as it always was."""
+        data = handler(self)
+        if self.finetune is None:
+            data.pop("finetune", None)
+        return data
 
     def row(self, name: StrategyName | str) -> StrategyMemory:
         """The row of a strategy, by any of its names (``fsdp``, ``full_shard``, ``zero3``)."""
@@ -331,7 +383,10 @@ def params_group(strategy: Strategy, request: TrainingRequest) -> RankGroup | No
 def strategy_states(strategy: Strategy, request: TrainingRequest) -> list[StateShard]:
     """The model states one rank holds under ``strategy``: pure function of the request, each state in the
     dtype the framework keeps it (the precision record: the stored parameters, the main gradients the
-    optimizer steps from, the master copy and the optimizer's states)."""
+    optimizer steps from, the master copy and the optimizer's states); a fine-tuning run's by the kind of
+    each tensor (:func:`finetune_states`)."""
+    if request.finetune is not None:
+        return finetune_states(strategy, request)
     dtypes = request.dtypes.trained
     optimizer = OPTIMIZERS[request.optimizer]
     offload_opt = request.offload_optimizer
@@ -339,14 +394,14 @@ def strategy_states(strategy: Strategy, request: TrainingRequest) -> list[StateS
     # are produced on the host from them); replicated ZeRO-1 gradients stay on the GPU.
     grads_on_host = offload_opt is not OffloadTarget.NONE and strategy.grads is not None
     grad_location = Location.CPU if grads_on_host else Location.GPU
-    param_dtype, grad_dtype = dtypes.stored, dtypes.main_gradient
+    grad_dtype = dtypes.main_gradient
     states = [
         *state_shards(
             StateKind.PARAMS,
             params_group(strategy, request),
             LOCATIONS[request.offload_params],
             request,
-            tensor_parts(f"params_{param_dtype.value}", param_dtype),
+            te_param_parts(request, state_parts(request)[0].params),
         ),
         *state_shards(
             StateKind.GRADS,
@@ -374,6 +429,160 @@ def strategy_states(strategy: Strategy, request: TrainingRequest) -> list[StateS
     return states
 
 
+TRAINED_KINDS = (ParamKind.TRAINABLE, ParamKind.ADAPTER)
+FROZEN_KINDS = (ParamKind.FROZEN, ParamKind.FROZEN_BASE)
+
+
+def _sharded(
+    kind: StateKind,
+    d: int,
+    location: Location,
+    sized: list[tuple[int, dict[str, int]]],
+    elements: int,
+) -> StateShard:
+    """One state of a fine-tuning run: ``sized`` holds each tensor's elements on this rank and the bytes of
+    its parts; ``elements`` the whole group's parameter elements, sharded over ``d`` ranks."""
+    parts: dict[str, int] = {}
+    for _, tensor_parts in sized:
+        for name, size in tensor_parts.items():
+            parts[name] = parts.get(name, 0) + size
+    n = ceil_div(elements, d)
+    return StateShard(
+        kind=kind,
+        location=location,
+        shard_ranks=d,
+        elements=n,
+        padding_elements=n * d - elements,
+        bytes=sum(parts.values()),
+        parts=parts,
+    )
+
+
+def finetune_dtypes(request: TrainingRequest, kind: ParamKind) -> TensorDtypes:
+    """The dtypes of a fine-tuning run's tensors of ``kind`` under the request's recipe and framework (the
+    precision record's kind rules, the quantised storage and ``prepare_model_for_kbit_training``)."""
+    finetune = request.finetune
+    assert finetune is not None
+    record = request.framework_record
+    quant = finetune.quant.dtypes if finetune.quant is not None else None
+    return tensor_dtypes(
+        request.precision,
+        record.param_layout,
+        record.main_grad_dtype,
+        request.reduce_dtype,
+        kind,
+        quant=quant,
+        kbit_prepared=finetune.kbit_prepared,
+    )
+
+
+def finetune_states(strategy: Strategy, request: TrainingRequest) -> list[StateShard]:
+    """A fine-tuning run's model states on the largest rank (:func:`~zerocalc.parallel.finetune.
+    parameter_kinds` decides each tensor's kind, the precision record its dtypes):
+
+    * ``params``: the trained tensors (PEFT's adapters, ``modules_to_save`` copies, unfrozen parameters);
+      ``frozen``: the frozen ones in their stored dtype; ``quantized``: the quantised weights' storage part
+      by part, all three sharded like parameters (FSDP and ZeRO-3 shard frozen and quantised weights too:
+      what ``bnb_4bit_quant_storage`` is for);
+    * ``grads`` and ``optimizer``: of the trained tensors only (a frozen tensor has no ``.grad``, and
+      neither PEFT's optimizer nor FSDP's reduce-scatter sees it); bitsandbytes' optimizers tensor by
+      tensor (fp32 states under 4,096 elements; paged states of 10⁵ elements or more in unified memory);
+    * FSDP's CPU offload (``--offload-params cpu`` under fsdp, fsdp2: ``CPUOffload(offload_params=True)``,
+      ``CPUOffloadPolicy``) keeps the sharded parameters, their gradients and the optimizer on the host.
+    """
+    finetune = request.finetune
+    assert finetune is not None
+    arch = request.architecture
+    kinded = parameter_kinds(arch, finetune)
+    optimizer = OPTIMIZERS[request.optimizer]
+    fsdp_offload = (
+        request.framework_record.states is StatesModel.TORCH_EXACT
+        and request.offload_params is not OffloadTarget.NONE
+    )
+    param_location = LOCATIONS[request.offload_params]
+    grads_on_host = fsdp_offload or (
+        request.offload_optimizer is not OffloadTarget.NONE and strategy.grads is not None
+    )
+    grad_location = Location.CPU if grads_on_host else Location.GPU
+    optimizer_location = Location.CPU if fsdp_offload else LOCATIONS[request.offload_optimizer]
+    d_params = request.cluster.group_size(params_group(strategy, request))
+    d_grads = request.cluster.group_size(strategy.grads)
+    d_optimizer = request.cluster.group_size(strategy.optimizer)
+
+    trained = [
+        (k.tensor, finetune_dtypes(request, k.kind).trained) for k in kinded if k.kind in TRAINED_KINDS
+    ]
+    frozen = [(k.tensor, finetune_dtypes(request, k.kind).stored) for k in kinded if k.kind in FROZEN_KINDS]
+    trained_elements = sum(t.numel for t, _ in trained)
+
+    def each(
+        tensors: list[tuple[ParamTensor, DType]], d: int, prefix: str
+    ) -> list[tuple[int, dict[str, int]]]:
+        return [
+            (ceil_div(t.numel, d), {f"{prefix}_{dt.value}": ceil_div(t.numel, d) * dt.bytes})
+            for t, dt in tensors
+        ]
+
+    states = [
+        _sharded(
+            StateKind.PARAMS,
+            d_params,
+            param_location,
+            each([(t, dt.stored) for t, dt in trained], d_params, "params"),
+            trained_elements,
+        )
+    ]
+    if frozen:
+        states.append(
+            _sharded(
+                StateKind.FROZEN,
+                d_params,
+                param_location,
+                each(frozen, d_params, "frozen"),
+                sum(t.numel for t, _ in frozen),
+            )
+        )
+    if finetune.quantized:
+        assert finetune.quant is not None
+        storage = quantized_storage(arch, finetune.quant)
+        parts = {f"quantized_{part.value}": ceil_div(size, d_params) for part, size in storage.parts.items()}
+        states.append(_sharded(StateKind.QUANTIZED, d_params, param_location, [(0, parts)], storage.weights))
+    states.append(
+        _sharded(
+            StateKind.GRADS,
+            d_grads,
+            grad_location,
+            each([(t, dt.main_gradient) for t, dt in trained], d_grads, "grads"),
+            trained_elements,
+        )
+    )
+    if request.fp32_grad_accum:
+        states.append(
+            _sharded(
+                StateKind.GRAD_ACCUM,
+                d_grads,
+                grad_location,
+                each([(t, GRAD_ACCUM_DTYPE) for t, _ in trained], d_grads, "grad_accum"),
+                trained_elements,
+            )
+        )
+    held: list[tuple[int, dict[str, int]]] = []
+    paged: list[tuple[int, dict[str, int]]] = []
+    for t, dt in trained:
+        n = ceil_div(t.numel, d_optimizer)
+        parts = {f"master_{dt.master.value}": n * dt.master.bytes} if dt.master is not None else {}
+        assert dt.optimizer_state is not None
+        for name, size in optimizer.tensor_state_bytes(n, dt.optimizer_state).items():
+            (paged if name.endswith("_paged") else held).append((0, {name: size}))
+        held.append((n, parts))
+    if any(name.startswith("absmax") for _, parts in held for name in parts):
+        held.append((0, {"qmaps": BNB_QMAP_BYTES}))  # one pair for the whole optimizer
+    states.append(_sharded(StateKind.OPTIMIZER, d_optimizer, optimizer_location, held, trained_elements))
+    if paged:
+        states.append(_sharded(StateKind.OPTIMIZER, d_optimizer, Location.UNIFIED, paged, 0))
+    return states
+
+
 def bytes_at(states: list[StateShard], location: Location) -> int:
     """The bytes of the states kept at ``location``."""
     return sum(s.bytes for s in states if s.location is location)
@@ -393,6 +602,7 @@ def strategy_memory(strategy: Strategy, request: TrainingRequest, ddp_gpu_bytes:
     gpu = bytes_at(states, Location.GPU)
     cpu = bytes_at(states, Location.CPU)
     nvme = bytes_at(states, Location.NVME)
+    unified = bytes_at(states, Location.UNIFIED)
     fits = headroom = None
     capacity = request.states_capacity_bytes
     if capacity is not None:
@@ -408,6 +618,7 @@ def strategy_memory(strategy: Strategy, request: TrainingRequest, ddp_gpu_bytes:
         nvme_bytes_per_gpu=nvme,
         cpu_bytes_per_node=cpu * per_node,
         nvme_bytes_per_node=nvme * per_node,
+        unified_bytes_per_gpu=unified,
         fraction_of_ddp=gpu / ddp_gpu_bytes,
         fits=fits,
         headroom_bytes=headroom,
@@ -423,7 +634,7 @@ def strategy_row(request: TrainingRequest) -> StrategyMemory:
 STATES_BYTES = Part(
     "model states",
     ("model", "mesh", "stage", "framework", "precision", "reduce_dtype", "optimizer", "fp32_grad_accum",
-     "offload_optimizer", "offload_params", "strategies"),
+     "offload_optimizer", "offload_params", "strategies", "finetune", "fp8"),
     lambda request, parts: bytes_at(
         strategy_states(STRATEGIES[request.strategies[0]], request), Location.GPU
     ),
@@ -514,6 +725,64 @@ def routing_assumption(request: TrainingRequest) -> str:
     )
 
 
+def finetune_assumptions(request: TrainingRequest, counts: FineTuneCounts) -> list[str]:
+    """What a fine-tuning run's states count, in words."""
+    finetune = request.finetune
+    assert finetune is not None
+    lines = []
+    if finetune.lora is not None:
+        lora = finetune.lora
+        targets = (
+            "PEFT's default targets"
+            if lora.targets is None
+            else lora.targets
+            if isinstance(lora.targets, str)
+            else ", ".join(lora.targets)
+        )
+        adapter = finetune_dtypes(request, ParamKind.ADAPTER)
+        kept = (
+            "fp32: PEFT's autocast_adapter_dtype"
+            if adapter.stored is DType.FP32
+            else f"fp32 in PEFT (autocast_adapter_dtype), counted as the recipe's {adapter.stored.value} "
+            "parameters beside an fp32 master copy"
+        )
+        lines.append(
+            f"{'DoRA' if lora.dora else 'LoRA'} r {lora.rank} on {targets} (PEFT 0.21): {counts.adapters:,} "
+            f"adapter parameters ({kept})"
+            + (f" and {counts.saved_copies:,} in the modules_to_save copies" if counts.saved_copies else "")
+            + f" trained; the base's {counts.frozen:,} parameters frozen: no gradient, no optimizer state"
+        )
+    else:
+        lines.append(
+            f"{counts.trainable:,} parameters trained, {counts.frozen:,} frozen "
+            f"({', '.join(finetune.freeze)}): no gradient, no optimizer state for them"
+        )
+    quantized = counts.quantized
+    if quantized is not None and finetune.quant is not None:
+        quant = finetune.quant
+        parts = ", ".join(f"{part.value} {size:,} B" for part, size in quantized.parts.items())
+        lines.append(
+            f"{quant.method.value} (bitsandbytes 0.50"
+            + (", double quantisation" if quant.double_quant else "")
+            + f", storage {quant.dtypes.storage.value}): {quantized.weights:,} weights of "
+            f"{quantized.modules:,} Linear modules in {quantized.total:,} B ({parts}); the embeddings, norms "
+            "and the LM head unquantised"
+        )
+    if finetune.kbit_prepared:
+        lines.append(
+            "prepare_model_for_kbit_training (peft/utils/other.py) casts every parameter but the quantised "
+            "weights to fp32 (--no-kbit-prepare: as loaded)"
+        )
+    if request.framework_record.states is StatesModel.TORCH_EXACT and request.offload_params is not (
+        OffloadTarget.NONE
+    ):
+        lines.append(
+            "FSDP CPU offload (FSDP1 CPUOffload(offload_params=True), FSDP2 CPUOffloadPolicy): the sharded "
+            "parameters, their gradients and the optimizer step on the host"
+        )
+    return lines
+
+
 def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
     """Model states per GPU of every strategy of a validated request (pure)."""
     recipe = RECIPES[request.precision]
@@ -536,6 +805,12 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
     ]
     if mesh.model_parallel:
         assumptions.append(mesh_assumption(request))
+    summary = None
+    if request.finetune is not None:
+        summary = FineTuneSummary(
+            method=request.finetune, counts=finetune_counts(request.architecture, request.finetune)
+        )
+        assumptions += finetune_assumptions(request, summary.counts)
     if mesh.ep > 1:
         assumptions.append(routing_assumption(request))
     assumptions += [f"{recipe.name.value}: {recipe.note}"]
@@ -550,7 +825,8 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
         )
     if request.offload_optimizer is not OffloadTarget.NONE:
         assumptions.append(offload_assumption(request))
-    if request.offload_params is not OffloadTarget.NONE:
+    fsdp_offload = request.finetune is not None and request.framework_record.states is StatesModel.TORCH_EXACT
+    if request.offload_params is not OffloadTarget.NONE and not fsdp_offload:
         assumptions.append(
             f"parameter offload to {request.offload_params.value} (ZeRO-Infinity, Rajbhandari et al. 2021): "
             "the ZeRO-3 parameter partition lives off the GPU and is fetched layer by layer"
@@ -572,6 +848,7 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
             usable_bytes=gpu.usable_bytes,
             context_bytes=request.runtime.context_bytes,
         ),
+        finetune=summary,
         bytes_per_parameter=bpp,
         assumptions=assumptions,
         notes=[*request.notes, *request.strategy_notes],

@@ -25,6 +25,7 @@ from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, parameter_tensors
 from zerocalc.model.code import HF, Device, Shape
 from zerocalc.model.traits import traits
+from zerocalc.parallel.precision import Fp8RecipeName
 from zerocalc.parallel.strategies import StrategyName
 from zerocalc.peak.kinds import StepPhase
 from zerocalc.peak.layer_nodes import experts_traced
@@ -36,6 +37,9 @@ from zerocalc.validate.config import TpPlan
 from zerocalc.validate.phases import ALLOCATED_LINES, AllocatedPhases, PhaseLine, allocated_lines
 from zerocalc.validate.tp import REDUCE_DTYPE, local_numel
 
+FP8_SKIPPED = {"fp8_skip": "lm_head"}
+"""The modules the fake run leaves in high precision (the LM head, as torchtitan's llama3 jobs do with
+``filter_fqns = ["output"]``)."""
 RECOMPUTES = (Recompute.NONE, Recompute.FULL)
 """``--recompute`` values the fake run builds: none, or ``gradient_checkpointing_enable(use_reentrant=
 False)``."""
@@ -58,6 +62,9 @@ class FakeCase(BaseModel):
     tp: int = Field(default=1, description="tensor-parallel ranks: a dp × tp mesh when ≥ 2")
     sequence_parallel: bool = True
     loss_parallel: bool = True
+    fp8: Fp8RecipeName = Fp8RecipeName.NONE
+    """torchao's float8 recipe of every nn.Linear but the LM head (``--fp8-skip lm_head``)."""
+    fp8_all_gather: bool = False
 
     @property
     def tp_plan(self) -> TpPlan | None:
@@ -80,9 +87,11 @@ class FakeCase(BaseModel):
         reshard = "reshard" if self.reshard else "no reshard"
         plan = self.tp_plan
         mesh = f"world {self.world}" if plan is None else f"world {self.world} = {plan.title}"
+        fp8 = "" if self.fp8 is Fp8RecipeName.NONE else f", fp8 {self.fp8.value}"
+        fp8 += " all-gather" if self.fp8_all_gather else ""
         return (
             f"{self.model}: FSDP2 {mesh}, b={self.micro_batch} s={self.seq_len}, "
-            f"recompute {self.recompute.value}, {reshard}"
+            f"recompute {self.recompute.value}, {reshard}{fp8}"
         )
 
 
@@ -113,6 +122,13 @@ def not_claimed(config: dict[str, Any], arch: Architecture, case: FakeCase) -> s
     """Why the case is measured and shown but not claimed exact (None: claimed). ``config`` is the
     config.json transformers builds (the sliding window is read there: the architecture has none)."""
     family = arch.family or "llama"
+    if case.fp8 is not Fp8RecipeName.NONE:
+        return (
+            "torchao's eager fp8 casts are not in the timeline: each cast of an n-element tensor holds an "
+            "fp32 scaled and an fp32 clamped copy beside its fp8 result, about 9n bytes for a moment "
+            "(float8_training_tensor.py _ToFloat8ConstrFunc, float8_utils.py to_fp8_saturated); a peak "
+            "falling inside one is under-predicted"
+        )
     if max(arch.residual_dropout, arch.embedding_dropout, arch.attention_dropout) > 0:
         return (
             "dropout on the CPU takes a slow path (bf16 noise tensors, SDPA's math kernel with the score "
@@ -234,6 +250,9 @@ def request_for(model: str, case: FakeCase) -> TrainingRequest:
         precision="bf16-mixed",
         optimizer="adamw",
         optimizer_impl="foreach",
+        **FP8_SKIPPED if case.fp8 is not Fp8RecipeName.NONE else {},
+        fp8=case.fp8.value,
+        fp8_all_gather=case.fp8_all_gather,
     )
 
 

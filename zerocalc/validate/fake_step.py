@@ -43,6 +43,7 @@ import torch
 
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture
+from zerocalc.parallel.precision import Fp8RecipeName
 from zerocalc.peak.ledger import CUDA_BLOCK
 from zerocalc.request.training import TrainingRequest
 from zerocalc.validate.config import TpPlan
@@ -115,7 +116,10 @@ def run_cases(
     results = []
     for case, request in cases:
         recompute = case.recompute is Recompute.FULL
-        measured, seconds = run(config, case.world, case.micro_batch, case.seq_len, case.reshard, recompute)
+        fp8 = None if case.fp8 is Fp8RecipeName.NONE else (case.fp8.value, case.fp8_all_gather)
+        measured, seconds = run(
+            config, case.world, case.micro_batch, case.seq_len, case.reshard, recompute, fp8
+        )
         results.append(compare(request, case, measured, seconds, config))
     tp_results = []
     for case, arch in tp_cases:
@@ -130,11 +134,18 @@ def run_cases(
 
 
 def run(
-    config: dict[str, Any], world: int, b: int, s: int, reshard: bool, recompute: bool
+    config: dict[str, Any],
+    world: int,
+    b: int,
+    s: int,
+    reshard: bool,
+    recompute: bool,
+    fp8: tuple[str, bool] | None = None,
 ) -> tuple[AllocatedPhases, float]:
     """One case: its third step's allocated figures (bytes on the largest rank, rank 0) and the seconds
-    it took."""
-    phases, _, seconds = _run(config, world, b, s, reshard, recompute, None)
+    it took; ``fp8``: torchao's recipe and FP8 all-gather (:func:`~zerocalc.validate.recipe.
+    convert_to_fp8`)."""
+    phases, _, seconds = _run(config, world, b, s, reshard, recompute, None, fp8)
     return phases, seconds
 
 
@@ -147,7 +158,14 @@ def run_tp(config: dict[str, Any], case: FakeCase) -> tuple[AllocatedPhases, Tra
 
 
 def _run(
-    config: dict[str, Any], world: int, b: int, s: int, reshard: bool, recompute: bool, plan: TpPlan | None
+    config: dict[str, Any],
+    world: int,
+    b: int,
+    s: int,
+    reshard: bool,
+    recompute: bool,
+    plan: TpPlan | None,
+    fp8: tuple[str, bool] | None = None,
 ) -> tuple[AllocatedPhases, TrackedStates, float]:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -164,7 +182,7 @@ def _run(
             mesh_2d = init_device_mesh("cpu", (plan.dp, plan.tp), mesh_dim_names=("dp", "tp"))
             mesh, tp = mesh_2d["dp"], (mesh_2d["tp"], plan)
         with _neutralised():
-            phases, states = _steps(config, mesh, b, s, reshard, recompute, tp)
+            phases, states = _steps(config, mesh, b, s, reshard, recompute, tp, fp8)
     finally:
         gc.collect()
         dist.destroy_process_group()
@@ -172,7 +190,14 @@ def _run(
 
 
 def _steps(
-    config: dict[str, Any], mesh: Any, b: int, s: int, reshard: bool, recompute: bool, tp: Any = None
+    config: dict[str, Any],
+    mesh: Any,
+    b: int,
+    s: int,
+    reshard: bool,
+    recompute: bool,
+    tp: Any = None,
+    fp8: tuple[str, bool] | None = None,
 ) -> tuple[AllocatedPhases, TrackedStates]:
     import transformers
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -184,7 +209,7 @@ def _steps(
     transformers.logging.set_verbosity_error()
     cpu = torch.device("cpu")
     with FakeTensorMode():
-        cfg, model, opt = fsdp2_model(config, reshard, recompute, mesh=mesh, tp=tp)
+        cfg, model, opt = fsdp2_model(config, reshard, recompute, mesh=mesh, tp=tp, fp8=fp8)
         ids = torch.randint(0, cfg.vocab_size, (b, s), device=cpu)
         tracker = FSDPMemTracker(model, opt)
         tracker.track_inputs((ids,))

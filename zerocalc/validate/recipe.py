@@ -24,11 +24,13 @@ def fsdp2_model(
     device: Any = None,
     mesh: Any = None,
     tp: tuple[Any, TpPlan] | None = None,
+    fp8: tuple[str, bool] | None = None,
 ) -> tuple[Any, Any, Any]:
     """The config object, the wrapped model and its optimizer. ``device``: the device the model is built
     under (``from_config`` alone; None: the current default); ``mesh``: FSDP2's device mesh (None: the
     default process group's); ``tp``: the tp sub-mesh and the plan applied on it first (:func:`parallelize`,
-    ``mesh`` then being the dp sub-mesh)."""
+    ``mesh`` then being the dp sub-mesh); ``fp8``: a torchao recipe and whether FSDP2 all-gathers in fp8
+    (:func:`convert_to_fp8`)."""
     import transformers
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -44,6 +46,8 @@ def fsdp2_model(
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if tp is not None:
         parallelize(model, *tp)
+    if fp8 is not None:
+        convert_to_fp8(model, *fp8)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     placement = {} if mesh is None else {"mesh": mesh}
     for layer in decoder_layers(model, cfg.num_hidden_layers):
@@ -52,6 +56,26 @@ def fsdp2_model(
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
     return cfg, model, opt
+
+
+def convert_to_fp8(model: Any, recipe: str, all_gather: bool) -> None:
+    """torchao 0.18 ``convert_to_float8_training`` as torchtitan v0.2.2's ``Float8LinearConverter`` calls it:
+    a recipe by name (``Float8LinearConfig.from_recipe_name``), or tensorwise with
+    ``enable_fsdp_float8_all_gather``; every ``nn.Linear`` whose dimensions are multiples of 16 but the LM
+    head (``module_filter_fn`` with ``filter_fqns`` naming it)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    if all_gather:
+        config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)
+    else:
+        config = Float8LinearConfig.from_recipe_name(recipe.replace("-gw-hp", "_with_gw_hp"))
+
+    def converted(module: Any, fqn: str) -> bool:
+        if not isinstance(module, torch.nn.Linear) or "lm_head" in fqn:
+            return False
+        return module.weight.shape[0] % 16 == 0 and module.weight.shape[1] % 16 == 0
+
+    convert_to_float8_training(model, config=config, module_filter_fn=converted)
 
 
 def parallelize(model: Any, tp_mesh: Any, plan: TpPlan) -> None:

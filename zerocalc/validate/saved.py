@@ -94,20 +94,18 @@ does not keep)."""
 
 
 NOT_EXACT: dict[tuple[str, str | None], str] = {
-    ("falcon", None): "FalconAttention passes its causal mask to SDPA, so the CPU runs the math kernel "
-    "([b, a, s, s] fp32 tensors a GPU's fused kernels do not keep); its alibi/rotary and fused "
-    "query_key_value layout are not written out term by term",
-    ("deepseek_v3", None): "multi-head latent attention (kv_a/kv_b split, interleaved rotary on a cat of "
-    "nope and pe) and the sigmoid group router are derived from the source, not yet term by term",
-    ("gemma2", "eager"): "eager attention's logit soft-capping (tanh over [b, a, s, s]) is not written out",
-    ("gpt_oss", None): "no activation profile of its own yet: eager attention with a sink column "
-    "concatenated to the logits, sliding-window masks on alternate layers, a top-k-then-softmax router and "
-    "clamped SwiGLU experts with biases are not written out (the llama-like defaults stand in)",
+    ("falcon", None): "FalconAttention's layouts are not written out term by term: multi-query k and v "
+    "keep one head and broadcast, which SDPA's fused kernels refuse, so its math kernel runs (fp32 copies "
+    "of q, k and v and fp32 [b, a, s, s] probabilities, on CUDA as on the CPU) and eager attention's "
+    "softmax runs in the compute dtype; the new decoder architecture expands k and v to every head and "
+    "hands SDPA a [b, 1, s, s] mask; alibi is not measured",
 }
 """Model code the ``hf`` profile does not claim to the byte, keyed by (family, attention or None for
-both), with the reason. Measured on the tiny configs (torch 2.13 CPU, transformers 5.17, b=2 s=64, see
-README): falcon −29.5% … +37%, deepseek_v3 −0.6% … +5.4%, gemma2 eager +6.4% … +9.6% of the saved bytes;
-gpt_oss (eager: transformers runs it so only) −20.7% … −6.9%, low."""
+both), with the reason. Measured on the tiny configs (torch 2.13 CPU, transformers 5.17, fp32 and bf16,
+b=2 s=64 and b=1 s=48, see docs/validation.md): falcon's predicted saved bytes are −37.0% … +31.7% of the
+measured ones. gpt_oss (eager only: ``GptOssPreTrainedModel._supports_sdpa`` is False), deepseek_v3 and
+gemma2 eager are exact with their records' traits (``zerocalc.model.hf_config`` ``FAMILIES``); Llama's
+terms in their place give −20.7% … −6.9%, −5.3% … +0.7% and −9.6% … −5.1%."""
 
 
 def not_exact_reason(family: str, attention: str) -> str | None:

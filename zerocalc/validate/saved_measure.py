@@ -4,7 +4,11 @@ One forward of ``AutoModelForCausalLM.from_config(config)`` in train mode with `
 model's own loss, ``loss/loss_utils.py::ForCausalLMLoss``) runs under
 ``torch.autograd.graph.saved_tensors_hooks`` (``torch/autograd/graph.py``): every tensor an autograd node
 saves passes through the pack hook. Storages are deduplicated by ``untyped_storage().data_ptr()``;
-parameters and views of parameters are left out (they are model states, not activations). Each storage is
+parameters and views of parameters are left out (they are model states, not activations). What is kept
+for backward is what is still held once the forward has returned: a tensor saved by a node the loss does
+not reach (the discarded values of a ``topk`` whose indices only are used: DeepSeek-V3's group router)
+is freed with that node, so it is not counted, and the address it frees is a new storage when a later
+save reuses it (each saved tensor is watched by a weak reference). Each storage is
 attributed to the region whose forward first saved it: ``embedding`` (before the first decoder layer),
 ``layer <i>``, ``final`` (the final norm and the LM head), ``loss`` (after the LM head). Imports torch and
 transformers; imported only when the command runs.
@@ -12,6 +16,8 @@ transformers; imported only when the command runs.
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Any
 
 import torch
@@ -75,17 +81,23 @@ def measure(model: nn.Module, num_layers: int, b: int, s: int, vocab: int) -> li
     handles.append(layers[-1].register_forward_hook(leave("final")))
     handles.append(head.register_forward_hook(leave("loss")))
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: set[int] = set()
+    latest: dict[int, int] = {}  # storage address → its newest entry in out
     out: list[MeasuredStorage] = []
     ptrs: list[int] = []
+    holders: list[list[weakref.ref]] = []  # per entry: the saved tensors of that storage
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
-        if ptr == 0 or ptr in seen or ptr in params:
+        if ptr == 0 or ptr in params:
             return t
-        seen.add(ptr)
+        entry = latest.get(ptr)
+        if entry is not None and any(ref() is not None for ref in holders[entry]):
+            holders[entry].append(weakref.ref(t))  # one more save of a storage still held
+            return t
+        latest[ptr] = len(out)  # new, or an address a storage freed before reuses
         ptrs.append(ptr)
+        holders.append([weakref.ref(t)])
         out.append(
             MeasuredStorage(
                 region=region[0],
@@ -101,6 +113,8 @@ def measure(model: nn.Module, num_layers: int, b: int, s: int, vocab: int) -> li
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = model(input_ids=ids, labels=ids).loss
+        gc.collect()
+        held = [any(ref() is not None for ref in refs) for refs in holders]
         savers = saved_by(loss)
         loss.backward()  # the saved tensors are the ones backward uses: it must run
     finally:
@@ -108,7 +122,8 @@ def measure(model: nn.Module, num_layers: int, b: int, s: int, vocab: int) -> li
             handle.remove()
     return [
         m.model_copy(update={"saved_by": ", ".join(savers.get(ptr, []))})
-        for m, ptr in zip(out, ptrs, strict=True)
+        for m, ptr, kept in zip(out, ptrs, held, strict=True)
+        if kept
     ]
 
 
@@ -145,10 +160,11 @@ def run_cases(
     attentions: list[str],
     shapes: list[tuple[int, int]],
 ) -> SavedReport:
-    """Every model × dtype × attention × (b, s): measured and compared with the ``hf`` profile."""
+    """Every model × dtype × attention × (b, s): measured and compared with the ``hf`` profile (SDPA
+    only for families whose code has it: not :data:`~zerocalc.model.code.HF_EAGER_ONLY`)."""
     import transformers
 
-    from zerocalc.model.code import Shape
+    from zerocalc.model.code import HF_EAGER_ONLY, Shape
     from zerocalc.model.hf_config import architecture_from_hf_dict
 
     cases = []
@@ -156,6 +172,8 @@ def run_cases(
         arch = architecture_from_hf_dict(config, f"--model {name!r}", name)
         for dtype in dtypes:
             for attention in attentions:
+                if attention == "sdpa" and arch.family in HF_EAGER_ONLY:
+                    continue  # its transformers code refuses attn_implementation="sdpa"
                 model = build(config, dtype, attention)
                 for b, s in shapes:
                     measured = measure(model, arch.num_layers, b, s, arch.vocab_size)

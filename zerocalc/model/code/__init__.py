@@ -39,7 +39,7 @@ from zerocalc.model.code.base import (
     Transient,
     Ulysses,
 )
-from zerocalc.model.code.hf import HF, HF_ATTENTION
+from zerocalc.model.code.hf import HF, HF_ATTENTION, HF_EAGER_ONLY
 from zerocalc.model.code.layer import QUADRATIC_TERMS, layer_saves
 from zerocalc.model.code.megatron import MEGATRON
 from zerocalc.model.code.norms import norm_backward_excess, norm_saves
@@ -69,6 +69,7 @@ __all__ = [
     "FP32",
     "HF",
     "HF_ATTENTION",
+    "HF_EAGER_ONLY",
     "INT64",
     "MEGATRON",
     "MODEL_CODES",

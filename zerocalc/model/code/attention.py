@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from zerocalc.model.activations import CpImpl
 from zerocalc.model.architecture import QkNorm
-from zerocalc.model.code.base import FP32, Device
+from zerocalc.model.code.base import FP32, INT64, Device
 
 SDPA_NO_MASK = "SDPA, no mask"
 """``integrations/sdpa_attention.py``: ``is_causal`` with ``attn_mask`` None where ``masking_utils.
@@ -38,12 +38,30 @@ def attention_saves(add, norm, arch, t, impl, T, shape, act, device, copies, fla
         if mla.q_lora_rank is not None:
             norm("q_a norm", mla.q_lora_rank, T)
             add("q_b_proj input", act * T * mla.q_lora_rank)
-        add("kv_a_proj output", act * T * (mla.kv_lora_rank + mla.qk_rope_head_dim))
-        norm("kv_a norm", mla.kv_lora_rank, T)
+        kv_a = act * T * (mla.kv_lora_rank + mla.qk_rope_head_dim)
+        if impl.norm_fp32_copy and act == FP32:
+            # the norm's x.to(float32) of the kv_nope split is that view itself: pow keeps the whole output
+            add("kv_a_proj output (the kv_a norm's input is a view of it)", kv_a)
+            norm("kv_a norm", mla.kv_lora_rank, T, input_kept=True)
+        elif impl.norm_fp32_copy:
+            # the norm copies the kv_nope split to fp32 and the rotary keeps only cos and sin: the output
+            # itself is kept by nothing
+            norm("kv_a norm", mla.kv_lora_rank, T)
+        else:
+            add("kv_a_proj output", kv_a)
+            norm("kv_a norm", mla.kv_lora_rank, T)
         add("kv_b_proj input", act * T * mla.kv_lora_rank)
         add("q", act * T * q_width)
         add("k", act * T * q_width)
-        add("v", act * T * a * mla.v_head_dim)
+        # expand_kv: v is the split of kv_b_proj's [.., qk_nope + v_head] output, a view: SDPA keeps it, so
+        # the whole output stays; eager matmul(probs, v) folds it into [b·a, s, v_head], a copy when b > 1
+        if not flash and shape.b > 1:
+            add("v (matmul's contiguous copy)", act * T * a * mla.v_head_dim)
+        else:
+            add(
+                "v (a view of the kv_b_proj output, kept whole)",
+                act * T * a * (mla.qk_nope_head_dim + mla.v_head_dim),
+            )
         out = a * mla.v_head_dim
     else:
         q_width, kv_width = a * d, kv * d
@@ -84,7 +102,12 @@ def attention_saves(add, norm, arch, t, impl, T, shape, act, device, copies, fla
         add("softmax log-sum-exp", FP32 * T * a)
     else:
         probs = b * a * s * s
-        if t.eager_softmax_fp32:
+        if t.attention_softcap:
+            add("attention soft-capping tanh output", act * probs)
+        if t.eager_sink_column:  # GPT-OSS: the softmax over s + 1 columns, after the max's subtraction
+            add("row max indices (int64)", INT64 * b * a * s)
+            add("softmax probabilities (with the sink column)", act * b * a * s * (s + 1))
+        elif t.eager_softmax_fp32:
             add("softmax probabilities (fp32)", FP32 * probs)
             add("probabilities cast", act * probs if act != FP32 else 0)
         else:

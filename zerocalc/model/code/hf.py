@@ -54,6 +54,11 @@ HF_ATTENTION: dict[str, str] = {
 batch without padding: SDPA gets ``is_causal`` and no mask (:data:`~zerocalc.model.code.attention.
 SDPA_NO_MASK`)."""
 
+HF_EAGER_ONLY: dict[str, str] = {"gpt_oss": "models/gpt_oss/modeling_gpt_oss.py"}
+"""The transformers 5.17 families whose code has no SDPA path (``GptOssPreTrainedModel._supports_sdpa =
+False``; ``from_config`` then builds eager attention, and ``attn_implementation="sdpa"`` is refused): eager
+attention unless a flash or flex kernel is asked for."""
+
 
 class HfCode(ModelCode):
     """Hugging Face transformers: the family's modeling file, trained as ``from_config`` builds it."""
@@ -91,8 +96,12 @@ class HfCode(ModelCode):
     op_sac_memory = False
 
     def default_attention(self, arch: Architecture) -> tuple[AttentionKernel, str]:
-        """SDPA with no mask for every family of :data:`HF_ATTENTION` (flash); an architecture with no
-        transformers family (a GPT-3 preset) has no such code: eager, the softmax kept."""
+        """SDPA with no mask for every family of :data:`HF_ATTENTION` (flash); eager for the families of
+        :data:`HF_EAGER_ONLY` and for an architecture with no transformers family (a GPT-3 preset): the
+        softmax kept."""
+        eager_only = HF_EAGER_ONLY.get(arch.family or "")
+        if eager_only is not None:
+            return AttentionKernel.EAGER, f"transformers 5.17 {eager_only}: _supports_sdpa = False, eager"
         source = HF_ATTENTION.get(arch.family or "")
         if source is None:
             return AttentionKernel.EAGER, "no transformers code for this architecture"

@@ -63,6 +63,8 @@ def layer_saves(
 QUADRATIC_TERMS = frozenset(
     {
         "softmax probabilities (fp32)",
+        "softmax probabilities (with the sink column)",
+        "attention soft-capping tanh output",
         "probabilities cast",
         "attention dropout mask",
         "attention dropout output",

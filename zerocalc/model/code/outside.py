@@ -18,7 +18,8 @@ def module_shared_saves(
     arch: Architecture, shape: Shape, act: int, checkpointed: bool, device: Device
 ) -> list[tuple[str, int]]:
     """Saved once per step and shared by the layers of a code built from PyTorch modules (``hf``,
-    ``torchtitan``): the rotary cos and sin [1, s, d] (every layer's ``q * cos`` keeps them), or GPT-2's
+    ``torchtitan``): the rotary cos and sin [1, s, d] ([1, s, d/2] where the family's tables are half,
+    ``rotary_half_tables``; every layer's ``q * cos`` keeps them), or GPT-2's
     position ids (int64 [1, s], kept by ``wpe``) and its embedding dropout mask; under checkpointing also
     the position ids every checkpoint closure keeps. Under context parallelism s is the rank's s/c
     positions (the position ids are sharded with the inputs)."""
@@ -31,7 +32,7 @@ def module_shared_saves(
         return out
     t = traits(arch)
     d = arch.latent_attention.qk_rope_head_dim if arch.latent_attention else arch.dim_per_head
-    d = int(d * t.rotary_fraction)
+    d = int(d * t.rotary_fraction) // (2 if t.rotary_half_tables else 1)
     width = FP32 if t.rotary_fp32 else act
     out = []
     for table in ("", " (global)")[: t.rotary_tables]:

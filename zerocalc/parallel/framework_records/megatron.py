@@ -11,11 +11,17 @@ from zerocalc.network.cluster import RankGroup
 from zerocalc.network.collectives import Collective
 from zerocalc.network.schedule import GradSync, Padding, Phase, Repeat, Tensor
 from zerocalc.parallel.framework_records.paper import MEGATRON_EXPERT_PARALLEL
-from zerocalc.parallel.framework_records.record import CpFamily, FrameworkRecord, ModelInit, StatesModel
+from zerocalc.parallel.framework_records.record import (
+    CpFamily,
+    Fp8Support,
+    FrameworkRecord,
+    ModelInit,
+    StatesModel,
+)
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.mesh import TpStyle
 from zerocalc.parallel.optimizers import OptimizerName
-from zerocalc.parallel.precision import PrecisionName
+from zerocalc.parallel.precision import Fp8RecipeName, PrecisionName
 from zerocalc.parallel.strategies import FrameworkSetup, OffloadTarget, StrategyName, schedule_line
 
 _AR, _RS, _AG = Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER
@@ -102,6 +108,18 @@ MEGATRON = FrameworkRecord(
     pipeline=True,
     pipeline_ties_embedding=True,
     expert_parallel=MEGATRON_EXPERT_PARALLEL,
+    fp8=Fp8Support(
+        recipes=(Fp8RecipeName.DELAYED, Fp8RecipeName.CURRENT, Fp8RecipeName.BLOCKWISE, Fp8RecipeName.MXFP8),
+        model_code=None,
+        converts="Megatron-LM --fp8-format/--fp8-recipe (core/fp8_utils.py get_fp8_recipe: delayed, "
+        "tensorwise = TE Float8CurrentScaling, blockwise, mxfp8): every Transformer Engine Linear of its "
+        "decoder layers; the output layer and embeddings stay high precision",
+        all_gather="Megatron-LM --fp8-param-gather (distributed optimizer only, arguments.py): fp8 "
+        "parameters, gathered in fp8",
+        all_gather_keeps_fp8_params=True,
+        model_init=True,
+        skip_default=("output",),
+    ),
 )
 """Megatron-LM's ``main_grad`` is the fp32 buffer backward accumulates gradients into and the data-parallel
 ranks reduce (``megatron/training/arguments.py``: ``--bf16`` forces ``accumulate_allreduce_grads_in_fp32``,

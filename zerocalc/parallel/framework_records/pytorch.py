@@ -26,6 +26,7 @@ from zerocalc.network.schedule import (
 from zerocalc.parallel.framework_records.record import (
     CpFamily,
     ExpertParallel,
+    Fp8Support,
     FrameworkRecord,
     ModelInit,
     StatesModel,
@@ -33,7 +34,7 @@ from zerocalc.parallel.framework_records.record import (
 from zerocalc.parallel.frameworks import Framework, Fsdp1Sharding, TorchSetup, TorchWrapper
 from zerocalc.parallel.mesh import TpStyle
 from zerocalc.parallel.optimizers import OptimizerName
-from zerocalc.parallel.precision import ParamLayout, PrecisionName
+from zerocalc.parallel.precision import Fp8RecipeName, ParamLayout, PrecisionName
 from zerocalc.parallel.strategies import FrameworkSetup, OffloadTarget, StrategyName, schedule_line
 
 _AR, _RS, _AG, _BC = (
@@ -252,6 +253,17 @@ FSDP2 = _torch_record(
     pipeline=True,
     keeps_stage_output=True,
     pipeline_grad_sync=GradSync.LAST,
+    fp8=Fp8Support(
+        recipes=(Fp8RecipeName.TENSORWISE, Fp8RecipeName.ROWWISE, Fp8RecipeName.ROWWISE_GW_HP),
+        model_code=None,
+        converts="torchao 0.18 convert_to_float8_training (torchtitan v0.2.2 components/quantization/"
+        "float8.py Float8LinearConverter): every nn.Linear but those whose name contains a filter_fqns entry "
+        "or with a dimension not divisible by 16 (components/quantization/utils.py module_filter_fn); any "
+        "model code's nn.Linear",
+        all_gather="torchao 0.18 Float8LinearConfig.enable_fsdp_float8_all_gather (tensorwise only; "
+        "torchtitan: not with recipe_name): FSDP2 all-gathers the fp8 weights",
+        precompute_scales=True,
+    ),
     expert_parallel=ExpertParallel(
         dispatch="torchtitan distributed/expert_parallel.py ExpertParallel._token_dispatch: "
         "all_to_all_single_autograd",

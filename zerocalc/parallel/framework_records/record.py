@@ -24,6 +24,8 @@ from zerocalc.parallel.frameworks import Framework, TorchSetup
 from zerocalc.parallel.mesh import TpStyle
 from zerocalc.parallel.optimizers import OptimizerImpl, OptimizerName
 from zerocalc.parallel.precision import (
+    Fp8RecipeName,
+    Fp8Use,
     ParamKind,
     ParamLayout,
     PrecisionName,
@@ -92,6 +94,28 @@ class ExpertParallel(NamedTuple):
     shards_experts_on_dim1: bool = False
     """Where the dp·c ranks outnumber the experts the routed experts are sharded on dim 1, evenly only
     (torchtitan ``apply_fsdp``: ``Shard(1)``; FSDP2 refuses uneven shards of a dimension other than 0)."""
+
+
+class Fp8Support(NamedTuple):
+    """Which FP8 recipes a framework runs, whose Linear layers run them and how it keeps their weights."""
+
+    recipes: tuple[Fp8RecipeName, ...]
+    model_code: ModelImplName | None
+    """The model code whose Linear layers it can convert (None: any it runs)."""
+    converts: str
+    """Which layers it converts and who converts them (its source)."""
+    all_gather: str
+    """What ``--fp8-all-gather`` is under it (its source)."""
+    all_gather_keeps_fp8_params: bool = False
+    """Its FP8 parameter gather keeps the parameters themselves in FP8 (Megatron-LM ``argument_utils.py``:
+    ``fp8_param = args.fp8_param_gather``, TE's ``quantized_model_init``), so ``--fp8-model-init`` comes
+    with it."""
+    model_init: bool = False
+    """``--fp8-model-init``: it can keep only the FP8 weights."""
+    precompute_scales: bool = False
+    """``--fp8-precompute-scales``: it can compute every weight's scale in one all-reduce after the step."""
+    skip_default: tuple[str, ...] = ()
+    """The modules it leaves in high precision unless told (``--fp8-skip``)."""
 
 
 class FrameworkRecord(NamedTuple):
@@ -170,6 +194,8 @@ class FrameworkRecord(NamedTuple):
     all-reduce of its gradient over the embedding group)."""
     expert_parallel: ExpertParallel | None = None
     """How it runs expert parallelism (None: it has none here)."""
+    fp8: Fp8Support | None = None
+    """The FP8 recipes it runs (None: none)."""
 
     # ------------------------------------------------------------------------------------- strategies
     def setup(self, strategy: StrategyName) -> FrameworkSetup:
@@ -209,11 +235,16 @@ class FrameworkRecord(NamedTuple):
 
     # -------------------------------------------------------------------------------------- precision
     def dtypes(
-        self, precision: PrecisionName, reduce: DType | None = None, kind: ParamKind = ParamKind.TRAINABLE
+        self,
+        precision: PrecisionName,
+        reduce: DType | None = None,
+        kind: ParamKind = ParamKind.TRAINABLE,
+        fp8: Fp8Use | None = None,
     ) -> TensorDtypes:
         """Every tensor role's dtype under ``precision`` as this framework keeps it (the precision record,
-        :func:`~zerocalc.parallel.precision.tensor_dtypes`), ``reduce`` as ``--reduce-dtype``."""
-        return tensor_dtypes(precision, self.param_layout, self.main_grad_dtype, reduce, kind)
+        :func:`~zerocalc.parallel.precision.tensor_dtypes`), ``reduce`` as ``--reduce-dtype``, ``fp8`` the FP8
+        recipe of a Linear weight it converts."""
+        return tensor_dtypes(precision, self.param_layout, self.main_grad_dtype, reduce, kind, fp8=fp8)
 
     def optimizer_impl(self, asked: OptimizerImpl) -> OptimizerImpl:
         """How its Adam runs its step: fused where the framework fuses it, else as asked."""

@@ -1,0 +1,107 @@
+"""The overlap schedule of a phase: a compute stream and a communication stream, unit by unit (pure).
+
+A phase (one micro-batch's forward or backward) runs its units (FSDP units, DDP / Megatron-LM gradient
+buckets, DeepSpeed ZeRO-3 sub-modules) one after another on the compute stream. Its collectives run one
+after another on one communication stream, in the order they are issued: the collectives of one process
+group share one NCCL stream (torch ``ProcessGroupNCCL``: one stream per device and group), so an
+all-gather and a reduce-scatter of one data-parallel group never run at once. A unit's collective is
+one of two kinds:
+
+* **needed before** the unit's compute (an all-gather of its parameters), issued ``prefetch`` units
+  ahead: at the start of unit i − prefetch's compute (FSDP2's implicit forward prefetch and
+  ``_backward_prefetch``, one unit ahead: torch ``distributed/fsdp/_fully_shard/_fsdp_state.py``
+  ``_pre_forward`` / ``_fsdp_param_group.py`` ``pre_backward``; DeepSpeed ZeRO-3's
+  ``stage3_prefetch_bucket_size``, ``PartitionedParameterCoordinator.fetch_sub_module``); the first
+  ``prefetch`` units' at the phase's start; with ``prefetch`` 0 each just before its own compute;
+* **issued after** the unit's compute (a reduce-scatter or all-reduce of its gradients: FSDP2's
+  ``post_backward`` ``foreach_reduce``, DDP's bucket hooks, Li et al. 2020 §3.2.3), waited for at the
+  phase's end (FSDP2 ``_root_post_backward_final_callback``, DDP's ``finalize_backward``).
+
+A unit's compute starts when the previous unit's has ended and its needed collective has arrived; a
+collective starts when it is issued and the stream is free. The phase ends when both streams are
+done; what it takes beyond its compute is its **exposed** communication: the first unit's all-gather
+before any compute, the last unit's reduction after it, and whatever of the rest the compute cannot
+cover (Zhao et al. 2023, PyTorch FSDP, §3.3 and Fig. 5).
+
+Overlapped communication is not assumed to slow the compute beside it: NCCL's kernels take SMs (one
+thread block per channel) and HBM bandwidth, but no per-GPU slowdown is measured or published in a
+form the model can name, so none is applied (docs/model.md, Step time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+
+class Unit(NamedTuple):
+    """One unit of a phase: its compute and its collectives' seconds."""
+
+    compute: float
+    needed: float = 0.0
+    """A collective its compute waits for (its parameters' all-gather)."""
+    issued: float = 0.0
+    """A collective issued once its compute ends (its gradients' reduction)."""
+
+
+class Timeline(NamedTuple):
+    """A phase as the two streams run it."""
+
+    compute_starts: tuple[float, ...]
+    end: float
+    """When both streams are done."""
+    compute: float
+    """The compute stream's busy seconds."""
+
+    @property
+    def exposed(self) -> float:
+        return self.end - self.compute
+
+
+def two_streams(units: Sequence[Unit], prefetch: int) -> Timeline:
+    """The phase's timeline (see the module's doc): ``prefetch`` the units each all-gather is issued
+    ahead of its own."""
+    n = len(units)
+    stream_free = 0.0
+    needed_done = [0.0] * n
+
+    def enqueue(issue: float, seconds: float) -> float:
+        nonlocal stream_free
+        if seconds <= 0:
+            return issue
+        start = max(issue, stream_free)
+        stream_free = start + seconds
+        return stream_free
+
+    for i in range(min(prefetch, n)):
+        needed_done[i] = enqueue(0.0, units[i].needed)
+    starts: list[float] = []
+    end = 0.0
+    for i, unit in enumerate(units):
+        if prefetch == 0:
+            needed_done[i] = enqueue(end, unit.needed)
+        start = max(end, needed_done[i])
+        starts.append(start)
+        ahead = i + prefetch
+        if prefetch and ahead < n:
+            needed_done[ahead] = enqueue(start, units[ahead].needed)
+        end = start + unit.compute
+        enqueue(end, unit.issued)
+    return Timeline(tuple(starts), max(end, stream_free), sum(u.compute for u in units))
+
+
+def uniform_exposed(compute: float, comm: float, units: int, needed: bool) -> float:
+    """Exposed seconds of a phase of ``units`` equal units sharing ``compute`` and ``comm`` seconds, the
+    collectives needed before each unit (all-gathers, prefetched one unit ahead) or issued after it
+    (reductions): :func:`two_streams`' timeline in closed form, u + (n − 1)·max(0, u − c) for a unit's
+    collective u and compute c (the first all-gather before any compute, or the last reduction after it,
+    and each unit's collective beyond the compute it runs beside). The same for both kinds: an all-gather
+    issued at unit i − 1's start arrives u after it, a reduction issued at unit i's end leaves u after it."""
+    n = max(1, units)
+    c, u = compute / n, comm / n
+    return u + (n - 1) * max(0.0, u - c)
+
+
+def calls_in(seconds: float, one_call: float) -> int:
+    """How many calls of ``one_call`` seconds ``seconds`` is (at least 1)."""
+    return max(1, round(seconds / one_call)) if one_call > 0 else 1

@@ -1,0 +1,265 @@
+"""The training method of a fine-tuning run, typed once: LoRA (PEFT 0.21), a quantised frozen base
+(bitsandbytes 0.50 through transformers 5.17) and frozen modules of a full fine-tune; the kind of every
+parameter tensor it leaves (:func:`parameter_kinds`, the one place that decides it) and its counts
+(:func:`finetune_counts`).
+
+A request carries ``FineTuning | None`` (None: every parameter trained). Nothing here parses text: the
+request layer builds these from options, PEFT's ``adapter_config.json`` and config.json's
+``quantization_config``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from zerocalc.base.dtypes import DType
+from zerocalc.base.errors import InputError
+from zerocalc.model.adapters import ALL_LINEAR, adapter_tensors, peft_plan, saved_tensors
+from zerocalc.model.architecture import Architecture, ParamTensor, parameter_tensors
+from zerocalc.model.hf_modules import hf_name
+from zerocalc.model.quantized import Part, QuantMethod, StoragePart, quantized_modules, weight_storage
+from zerocalc.parallel.precision import ParamKind, QuantDtypes
+
+
+class LoraConfig(BaseModel):
+    """PEFT's ``LoraConfig`` as far as memory goes (peft/tuners/lora/config.py; its defaults)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rank: int = Field(gt=0, description="r (``LoraConfig.r``)")
+    alpha: float = Field(default=8.0, gt=0, description="lora_alpha: scales the update, not the memory")
+    targets: tuple[str, ...] | str | None = Field(
+        default=None,
+        description="target_modules: module names (a name or a suffix .name), 'all-linear', or None for "
+        "PEFT's default for the model_type",
+    )
+    dropout: float = Field(default=0.0, ge=0, lt=1, description="lora_dropout")
+    dora: bool = Field(default=False, description="use_dora")
+    modules_to_save: tuple[str, ...] = Field(default=(), description="trainable copies of these modules")
+
+    @model_validator(mode="after")
+    def _targets(self) -> LoraConfig:
+        if isinstance(self.targets, str) and self.targets != ALL_LINEAR:
+            raise ValueError(f"targets must be module names or {ALL_LINEAR!r}")
+        if isinstance(self.targets, tuple) and not self.targets:
+            raise ValueError("targets must name at least one module")
+        return self
+
+
+QUANT_STORAGE = (DType.UINT8, DType.INT8, DType.BF16, DType.FP16, DType.FP32)
+"""The storage dtypes ``BitsAndBytesConfig`` takes for 4-bit data (transformers/utils/quantization_config.py:
+uint8, int8, bfloat16, float16, float32; float64 too, which zerocalc has no dtype for)."""
+
+
+class QuantConfig(BaseModel):
+    """transformers' ``BitsAndBytesConfig`` as far as memory goes, and whether
+    ``prepare_model_for_kbit_training`` runs (peft/utils/other.py)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    method: QuantMethod
+    double_quant: bool = Field(default=False, description="bnb_4bit_use_double_quant")
+    storage: DType = Field(
+        default=DType.UINT8, description="bnb_4bit_quant_storage (the packed 4-bit data's dtype)"
+    )
+    compute_dtype: DType | None = Field(
+        default=None, description="bnb_4bit_compute_dtype; None: the recipe's parameter dtype"
+    )
+    skip_modules: tuple[str, ...] | None = Field(
+        default=None, description="llm_int8_skip_modules; None: transformers' default (the LM head)"
+    )
+    kbit_prepare: bool = Field(
+        default=True,
+        description="prepare_model_for_kbit_training: every 16-bit parameter but 4-bit weights to fp32",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> QuantConfig:
+        if self.method is QuantMethod.INT8 and self.storage is not DType.UINT8:
+            raise ValueError("the storage dtype is bnb_4bit_quant_storage: LLM.int8 stores int8")
+        if self.storage not in QUANT_STORAGE:
+            raise ValueError(f"bnb_4bit_quant_storage is one of {', '.join(d.value for d in QUANT_STORAGE)}")
+        if self.method in (QuantMethod.INT8, QuantMethod.NONE) and self.double_quant:
+            raise ValueError("double quantisation is of 4-bit absmax values (nf4, fp4)")
+        return self
+
+    @property
+    def dtypes(self) -> QuantDtypes:
+        storage = DType.INT8 if self.method is QuantMethod.INT8 else self.storage
+        return QuantDtypes(storage=storage, compute=self.compute_dtype)
+
+
+class FineTuning(BaseModel):
+    """Which parameters a run trains, freezes or quantises, and what it adds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    lora: LoraConfig | None = None
+    quant: QuantConfig | None = None
+    freeze: tuple[str, ...] = Field(
+        default=(),
+        description="full fine-tuning: modules whose parameters are frozen (a module's name or a suffix "
+        ".name, as PEFT matches names; every parameter inside it)",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FineTuning:
+        if self.quantized and self.lora is None:
+            # transformers/trainer_utils.py validate_quantization_for_training
+            raise ValueError(
+                "a quantised base is trained through adapters: purely quantised models are refused"
+            )
+        if self.kbit_prepared and self.lora is None:
+            # peft/utils/other.py prepare_model_for_kbit_training: "freeze base model's layers"
+            raise ValueError("prepare_model_for_kbit_training freezes every parameter: it needs adapters")
+        if self.freeze and self.lora is not None:
+            raise ValueError("freeze names modules frozen in a full fine-tune; LoRA freezes the whole base")
+        return self
+
+    @property
+    def quantized(self) -> bool:
+        return self.quant is not None and self.quant.method is not QuantMethod.NONE
+
+    @property
+    def base_frozen(self) -> bool:
+        """Whether the whole base model is frozen (LoRA: PEFT freezes every parameter but the adapters and
+        the ``modules_to_save`` copies)."""
+        return self.lora is not None
+
+    @property
+    def kbit_prepared(self) -> bool:
+        return self.quant is not None and self.quant.kbit_prepare
+
+
+class KindedTensor(NamedTuple):
+    """One parameter tensor of a fine-tuning run and its kind."""
+
+    tensor: ParamTensor
+    kind: ParamKind
+
+
+def _frozen_by_name(arch: Architecture, tensor: ParamTensor, names: tuple[str, ...]) -> bool:
+    """Whether ``tensor`` lies in a module named (or ending with ``.name``) by one of ``names``: its own
+    module or any module holding it, by transformers' names."""
+    parts = hf_name(arch, tensor.module).split(".")
+    held_by = {".".join(parts[:end]) for end in range(1, len(parts) + 1)}
+    return any(key == name or key.endswith(f".{name}") for key in held_by for name in names)
+
+
+def _quantized_tensors(arch: Architecture, finetune: FineTuning) -> set[ParamTensor]:
+    if not finetune.quantized:
+        return set()
+    assert finetune.quant is not None
+    return {
+        t
+        for m in quantized_modules(arch, finetune.quant.skip_modules)
+        for t in m.tensors
+        if t.name == "weight"
+    }
+
+
+@lru_cache(maxsize=64)
+def _kinds(arch: Architecture, finetune: FineTuning | None) -> tuple[KindedTensor, ...]:
+    base = parameter_tensors(arch)
+    if finetune is None:
+        return tuple(KindedTensor(t, ParamKind.TRAINABLE) for t in base)
+    if finetune.lora is None:
+        return tuple(
+            KindedTensor(
+                t, ParamKind.FROZEN if _frozen_by_name(arch, t, finetune.freeze) else ParamKind.TRAINABLE
+            )
+            for t in base
+        )
+    quantized = _quantized_tensors(arch, finetune)
+    plan = peft_plan(arch, finetune.lora)
+    for saved in plan.saved:
+        if any(t in quantized for m in saved.members for t in m.tensors):
+            raise InputError(
+                f"{{modules_to_save}} copies {saved.hf_name}, whose weight is quantised and cannot be "
+                "trained (bitsandbytes' Params4bit and Int8Params hold no gradient); accepted: modules "
+                "left unquantised"
+            )
+    kinded = [KindedTensor(t, ParamKind.QUANTIZED if t in quantized else ParamKind.FROZEN_BASE) for t in base]
+    kinded += [KindedTensor(t, ParamKind.ADAPTER) for t in adapter_tensors(arch, finetune.lora)]
+    kinded += [KindedTensor(t, ParamKind.TRAINABLE) for t in saved_tensors(arch, finetune.lora)]
+    return tuple(kinded)
+
+
+def parameter_kinds(arch: Architecture, finetune: FineTuning | None) -> list[KindedTensor]:
+    """Every parameter tensor of ``arch`` under ``finetune`` (None: full training) and its kind, the base
+    model's first, then the adapters (:mod:`zerocalc.model.adapters`) and the ``modules_to_save`` copies:
+
+    * full training: every tensor :attr:`~ParamKind.TRAINABLE`; with ``freeze``, those inside a named
+      module :attr:`~ParamKind.FROZEN`;
+    * LoRA: the base :attr:`~ParamKind.FROZEN_BASE` (PEFT ``_mark_only_adapters_as_trainable``, ``bias=
+      "none"``), its quantised weights :attr:`~ParamKind.QUANTIZED` (:mod:`zerocalc.model.quantized`),
+      the adapters :attr:`~ParamKind.ADAPTER`, the copies :attr:`~ParamKind.TRAINABLE` in the module's
+      dtype (``ModulesToSaveWrapper`` deep-copies the module; ``cast_adapter_dtype`` casts only adapters).
+
+    The dtypes of each kind are the precision record's (``tensor_dtypes(..., kind, quant.dtypes,
+    finetune.kbit_prepared)``)."""
+    return list(_kinds(arch, finetune))
+
+
+class QuantizedBytes(BaseModel):
+    """A quantised base's storage, part by part."""
+
+    model_config = ConfigDict(frozen=True)
+
+    weights: int = Field(description="quantised weight elements")
+    modules: int = Field(description="quantised modules (one weight each)")
+    parts: dict[Part, int] = Field(description="bytes of each part of their storage, summed")
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+
+class FineTuneCounts(BaseModel):
+    """What a fine-tuning run trains, freezes and quantises."""
+
+    model_config = ConfigDict(frozen=True)
+
+    trainable: int = Field(description="trained parameter elements: adapters, copies, unfrozen parameters")
+    frozen: int = Field(description="frozen parameter elements of the base, quantised weights included")
+    adapters: int = Field(description="of the trainable: LoRA's (and DoRA's) adapter elements")
+    saved_copies: int = Field(description="of the trainable: the modules_to_save copies' elements")
+    quantized: QuantizedBytes | None = Field(
+        description="the quantised weights' storage (None: not quantised)"
+    )
+
+
+def quantized_storage(arch: Architecture, quant: QuantConfig) -> QuantizedBytes:
+    """The storage bitsandbytes keeps for the weights it quantises in ``arch``."""
+    parts: dict[Part, int] = {}
+    weights = 0
+    modules = quantized_modules(arch, quant.skip_modules)
+    for module in modules:
+        storage: tuple[StoragePart, ...] = weight_storage(
+            module, quant.method, quant.double_quant, quant.storage
+        )
+        weights += module.weight[0] * module.weight[1]
+        for part in storage:
+            parts[part.part] = parts.get(part.part, 0) + part.bytes
+    return QuantizedBytes(weights=weights, modules=len(modules), parts=parts)
+
+
+def finetune_counts(arch: Architecture, finetune: FineTuning | None) -> FineTuneCounts:
+    """Trainable and frozen parameters and the quantised bytes of ``arch`` under ``finetune``."""
+    kinded = parameter_kinds(arch, finetune)
+    trained = (ParamKind.TRAINABLE, ParamKind.ADAPTER)
+    quantized = None
+    if finetune is not None and finetune.quantized:
+        assert finetune.quant is not None
+        quantized = quantized_storage(arch, finetune.quant)
+    copies = saved_tensors(arch, finetune.lora) if finetune is not None and finetune.lora is not None else []
+    return FineTuneCounts(
+        trainable=sum(k.tensor.numel for k in kinded if k.kind in trained),
+        frozen=sum(k.tensor.numel for k in kinded if k.kind not in trained),
+        adapters=sum(k.tensor.numel for k in kinded if k.kind is ParamKind.ADAPTER),
+        saved_copies=sum(t.numel for t in copies),
+        quantized=quantized,
+    )
