@@ -121,7 +121,8 @@ def undeclared(part: Part, request: TrainingRequest, *args: object) -> set[str]:
 @cache
 def requests() -> dict[str, TrainingRequest]:
     """Requests that take each part down its branches: data-parallel, tensor-, context-, pipeline- and
-    expert-parallel meshes, offload, ZeRO++, interleaved stages, comm's and memory's."""
+    expert-parallel meshes, offload, ZeRO++, interleaved stages, comm's and memory's, FP8 (its all-gather)
+    and fine-tuning (LoRA, a 4-bit base)."""
     gpt2 = dict(model="gpt2", seq_len=512)
     return {
         "ddp": parse_options(**gpt2, gpus=4, framework="ddp"),
@@ -173,6 +174,20 @@ def requests() -> dict[str, TrainingRequest]:
             micro_batch=2,
             grad_accum=2,
         ),
+        "fsdp2 fp8 all-gather": parse_options(
+            **gpt2,
+            gpus=8,
+            framework="fsdp2",
+            strategies="zero3",
+            fp8="tensorwise",
+            fp8_all_gather=True,
+            fp8_precompute_scales=True,
+        ),
+        "megatron fp8": parse_options(
+            **gpt2, gpus=8, framework="megatron", strategies="zero1", fp8="delayed", fp8_all_gather=True
+        ),
+        "fsdp2 lora": parse_options(**gpt2, gpus=4, framework="fsdp2", lora_rank=8),
+        "ddp qlora": parse_options(**gpt2, gpus=4, framework="ddp", lora_rank=8, quantize="nf4"),
     }
 
 
@@ -277,7 +292,8 @@ PEAK_PARTS = {
     MODEL_PART: (lambda r: (), lambda r: r.model.architecture is not None and r.mesh.pp == 1),
     FRAMEWORK_PART: (
         lambda r: (model_run(r, runtime_for(r)).calls,),
-        lambda r: r.model.architecture is not None and r.mesh.pp == 1,
+        # plan, whose split step this part is, takes no FP8 option (FSDP2's fp8 scales are memory's)
+        lambda r: r.model.architecture is not None and r.mesh.pp == 1 and not r.fp8.on,
     ),
     MODEL_STEP_PARTS: (lambda r: (), lambda r: True),
 }
