@@ -45,10 +45,16 @@ CASES = [
          frameworks="megatron,fsdp2", ep="auto"),
     dict(model="llama-3.1-405b", gpu="h100-80gb", gpus=512, global_batch="2048seq", seq_len=8192,
          frameworks="megatron,fsdp2", tp="4,8", pp="auto"),
+    dict(model="qwen3-30b-a3b", gpu="h100-80gb", gpus=16, global_batch="1048576", seq_len=4096,
+         frameworks="megatron,fsdp2", ep="auto"),
+    dict(model="llama-3.1-405b", gpu="h100-80gb", gpus=512, global_batch="2048seq", seq_len=8192,
+         tp="auto", pp="auto"),
 ]  # fmt: skip
 """The default frameworks (fsdp2, torch-zero1, deepspeed), then README's `plan` example (FSDP2 alone), then
 mesh spaces (Megatron-LM and FSDP2 over tp × pp, over tp × cp, a MoE model over every ep, and Llama 3.1
-405B over tp 4, 8 × every pipeline degree on up to 512 GPUs)."""
+405B over tp 4, 8 × every pipeline degree on up to 512 GPUs), then the MoE model over every ep at a
+global batch of 1,048,576 tokens, and the 405B model over every tp × pp degree under the default
+frameworks."""
 
 
 def _label(case: dict) -> str:

@@ -10,8 +10,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from zerocalc.api import estimate_peak
+from zerocalc.base.errors import InputError
 from zerocalc.model.architecture import Architecture
+from zerocalc.parallel.strategies import OffloadTarget
+from zerocalc.plan.candidates import Bases, group_requests
+from zerocalc.plan.space import Group, PlanRequest
+from zerocalc.request.options import Command
 from zerocalc.request.presets import load_model
+from zerocalc.request.training import parse_options
 
 BIN = Path(sys.executable).parent
 """The virtual environment's scripts (torchrun)."""
@@ -111,3 +117,53 @@ def run_zerocalc(
         env=clean_env() if env is None else env,
         timeout=timeout,
     )
+
+
+# ------------------------------------------------------------------------------- plan's candidates
+def candidate_options(plan: PlanRequest, group: Group, b: int, command: Command) -> dict[str, object]:
+    """The options of the group's candidate at b as the command line types them, from the group's fields
+    (the reference the candidate's requests are checked against)."""
+    out: dict[str, object] = {
+        "model": plan.model, "gpu": plan.gpu, "seq_len": str(plan.seq_len), "gpus": str(group.world),
+        "gpus_per_node": str(group.gpus_per_node), "framework": group.framework.value,
+        "strategies": group.strategy.value, "micro_batch": str(b),
+        "grad_accum": str(group.accumulation(plan.global_batch_sequences, b)),
+        "recompute": group.recompute.value,
+    }  # fmt: skip
+    for name in ("offload_optimizer", "offload_params", "reduce_dtype", "grad_sync"):
+        value = getattr(group, name)
+        if value not in (None, OffloadTarget.NONE):
+            out[name] = value.value
+    if group.prefetch is not None and command is Command.MEMORY:
+        out["prefetch"] = str(group.prefetch)
+    for name in ("tp", "cp", "pp", "vpp", "ep"):
+        if getattr(group, name) > 1:
+            out[name] = str(getattr(group, name))
+    if group.end_stage_layers is not None:
+        out["pp_first_stage_layers"] = out["pp_last_stage_layers"] = str(group.end_stage_layers)
+    if plan.calibration_path is not None and command is Command.COMM:
+        out["calibration"] = plan.calibration_path
+    return out
+
+
+def candidate_requests_or_error(plan: PlanRequest, group: Group, bases: Bases | None = None) -> object:
+    """The group's candidates' (memory, comm) requests by b, or the line refusing them (``bases``: shared
+    by the groups asked for in turn, as a search's are: each group's requests varied from the last's)."""
+    try:
+        return {c.b: (c.memory, c.comm) for c in group_requests(plan, group, bases or Bases.of(plan))}
+    except InputError as exc:
+        return str(exc)
+
+
+def parsed_candidate_or_error(plan: PlanRequest, group: Group) -> object:
+    """The requests parsing each candidate's typed options gives, by b, or the parser's line."""
+    try:
+        return {
+            b: tuple(
+                parse_options(**candidate_options(plan, group, b, command), estimate=command.value)
+                for command in (Command.MEMORY, Command.COMM)
+            )
+            for b in group.micro_batches
+        }
+    except InputError as exc:
+        return str(exc)

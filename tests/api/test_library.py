@@ -23,7 +23,7 @@ def test_dir_shows_the_api() -> None:
 @pytest.mark.parametrize("function", ["estimate_memory", "estimate_comm"])
 def test_row_takes_every_alias_strategies_takes(function: str, alias: str) -> None:
     import zerocalc
-    from zerocalc.request.training import strategy_named
+    from zerocalc.request.values import strategy_named
 
     estimate = getattr(zerocalc, function)("7B", 8, strategies=alias)
     assert estimate.row(alias).strategy is strategy_named(alias).name

@@ -15,7 +15,7 @@ from zerocalc import api
 from zerocalc.cli import app, load_commands
 from zerocalc.plan.space import PlanOptions
 from zerocalc.request.options import FLAGS, OPTIONS, Command, Kind, echo, library_options, option, options_for
-from zerocalc.request.training import TrainingOptions
+from zerocalc.request.options_model import TrainingOptions
 
 runner = CliRunner()
 

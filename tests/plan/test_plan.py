@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from functools import cache
 
 import pytest
-from helpers import one_line_error
+from helpers import candidate_options, candidate_requests_or_error, one_line_error, parsed_candidate_or_error
 from typer.testing import CliRunner
 
 import zerocalc.plan.allocated as allocated_module
@@ -19,24 +19,24 @@ from zerocalc.base.errors import InputError
 from zerocalc.cli import app
 from zerocalc.cli.plan import command
 from zerocalc.comm.calls import Layout
-from zerocalc.comm.estimate import collective_runs, strategy_comm
-from zerocalc.comm.step import request_compute
-from zerocalc.compute.ops import model_flops_per_token
+from zerocalc.comm.collectives import collective_runs, comm_lines, comm_of_lines
+from zerocalc.comm.estimate import evaluate_comm, strategy_comm
+from zerocalc.comm.step import PhaseComm, comm_time, step_estimate
 from zerocalc.model.activations import Recompute
 from zerocalc.network.calibration import save_calibration
 from zerocalc.network.collectives import Collective
 from zerocalc.network.schedule import GradSync, Phase
 from zerocalc.parallel.framework_records import effective_grad_sync
-from zerocalc.parallel.frameworks import Estimate, Framework
+from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.optimizers import OptimizerImpl
-from zerocalc.parallel.precision import RECIPES
-from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
+from zerocalc.parallel.strategies import OffloadTarget, StrategyName
 from zerocalc.peak.kinds import TensorKind
 from zerocalc.peak.mechanics import Accounting, Accumulation, Ddp, Fsdp1, Fsdp2, Mechanics, Unit
 from zerocalc.peak.report import Verdict
 from zerocalc.peak.simulate import flash_attention_used, runtime_for, simulate
 from zerocalc.peak.timeline import StepHooks
-from zerocalc.plan.allocated import StepParts, _states, with_batch, with_recompute
+from zerocalc.plan.allocated import StepParts, _states
+from zerocalc.plan.candidates import Bases, group_requests, printed_options
 from zerocalc.plan.layers import EDGE, extrapolation, with_layers
 from zerocalc.plan.search import Status, _exact, search
 from zerocalc.plan.space import (
@@ -44,20 +44,11 @@ from zerocalc.plan.space import (
     Group,
     Objective,
     PlanRequest,
-    derived_request,
     enumerate_groups,
-    group_request,
     plan_options,
 )
 from zerocalc.plan.split import Slot, Where, _SlotMarks, model_run, model_values
-from zerocalc.plan.timing import (
-    PhaseComm,
-    comm_lines,
-    comm_of_lines,
-    comm_time,
-    offload_seconds,
-    step_time,
-)
+from zerocalc.request.options import Command
 from zerocalc.request.training import TrainingRequest, parse_options
 
 runner = CliRunner()
@@ -70,33 +61,16 @@ SMALL = dict(model="gpt2", gpu="rtx-4090", gpus=4, global_batch="8seq", seq_len=
 def _brute_force() -> list[tuple[tuple, float, int]]:
     """(identity, step time, exact peak) of every candidate that fits, by exact evaluation of all."""
     plan = plan_options(**SMALL)
-    base = plan.base
-    flash = flash_attention_used(base)
-    groups, _ = enumerate_groups(plan, flash)
-    recipe = RECIPES[base.precision]
+    groups, _ = enumerate_groups(plan, flash_attention_used(plan.base))
     out = []
-    for group in groups:
-        request = group_request(plan, group, Estimate.MEMORY)
-        comm_request = group_request(plan, group, Estimate.COMM)
-        for b in group.micro_batches:
-            accum = plan.global_batch_sequences // (group.world * b)
-            peak = _exact(with_batch(request, b, accum))
+    for group, candidates in _candidates(plan, groups):
+        for candidate in candidates:
+            peak = _exact(candidate.memory)
             if peak.verdict is not Verdict.FITS:
                 continue
-            comm = strategy_comm(group.strategy, comm_request.model_copy(update={"grad_accum": accum}), None)
-            offload = offload_seconds(
-                base.model.params, group.world, request.mesh.gpus_per_node,
-                request.cluster.group_size(STRATEGIES[group.strategy].optimizer),
-                group.offload_optimizer, group.offload_params, accum,
-                recipe.param_dtype.bytes, recipe.grad_dtype.bytes,
-            )  # fmt: skip
-            compute, _ = request_compute(with_batch(request, b, accum), plan.compute, group.strategy)
-            timing = step_time(
-                compute, b * accum * plan.seq_len, accum, comm, group.framework, group.prefetch, offload,
-                model_flops_per_token(base.architecture, base.model.parameter_count, plan.seq_len),
-                base.gpu.bf16_dense_tflops * 1e12,
-            )  # fmt: skip
-            out.append(((group.framework, group.strategy, group.world, b), timing.step_s, peak.peak_bytes))
+            timing = step_estimate(candidate.comm, plan.compute, "", group.strategy)  # comm's step
+            key = (group.framework, group.strategy, group.world, candidate.b)
+            out.append((key, timing.step_s, peak.peak_bytes))
     return out
 
 
@@ -119,28 +93,14 @@ def test_every_candidates_step_time_is_comms_at_its_own_accumulation() -> None:
     space = {**SMALL, "gpus": 2, "global_batch": "16seq"}
     plan = plan_options(**space)
     result = search(plan, keep_all=True)
-    base = plan.base
-    recipe = RECIPES[base.precision]
     assert result.candidates is not None
     checked = 0
     for row in result.candidates:
-        comm_request = parse_options(**row.comm_options)
+        comm_request = parse_options(**row.comm_options, estimate="comm")
         comm = strategy_comm(row.strategy, comm_request, None)
         assert comm.time_s == row.comm_s
-        memory = parse_options(**row.memory_options)
-        offload = offload_seconds(
-            base.model.params, row.gpus, memory.mesh.gpus_per_node,
-            memory.cluster.group_size(STRATEGIES[row.strategy].optimizer),
-            row.offload_optimizer, row.offload_params, row.grad_accum,
-            recipe.param_dtype.bytes, recipe.grad_dtype.bytes,
-        )  # fmt: skip
-        compute, _ = request_compute(memory, plan.compute, row.strategy)
-        timing = step_time(
-            compute, row.micro_batch * row.grad_accum * plan.seq_len, row.grad_accum, comm, row.framework,
-            row.prefetch, offload,
-            model_flops_per_token(base.architecture, base.model.parameter_count, plan.seq_len),
-            base.gpu.bf16_dense_tflops * 1e12,
-        )  # fmt: skip
+        timing = evaluate_comm(comm_request, plan.compute).strategies[0].step
+        assert timing is not None
         assert (timing.step_s, timing.exposed_comm_s) == (row.step_s, row.exposed_comm_s), row
         checked += 1
     assert checked >= 50 and any(r.grad_accum > 2 for r in result.candidates)
@@ -198,17 +158,19 @@ def _timeline_peak(request: TrainingRequest) -> int:
     return max(allocated for _, _, allocated in result.events)
 
 
-def _candidates(
-    plan: PlanRequest, groups: list[Group]
-) -> Iterator[tuple[Group, TrainingRequest, dict[int, int]]]:
-    """(group, its request, {b: A}) of every group the parser accepts."""
+def _candidates(plan: PlanRequest, groups: list[Group]) -> Iterator[tuple[Group, list]]:
+    """(group, its candidates' requests) of every group the checks accept."""
+    bases = Bases.of(plan)
     for group in groups:
         try:
-            request = group_request(plan, group, Estimate.MEMORY)
+            yield group, group_requests(plan, group, bases)
         except InputError:
             continue
-        per_gpu = plan.global_batch_sequences // group.world
-        yield group, request, {b: per_gpu // b for b in group.micro_batches}
+
+
+def _at_batch(candidates: list) -> dict[int, TrainingRequest]:
+    """A group's memory requests by micro-batch."""
+    return {candidate.b: candidate.memory for candidate in candidates}
 
 
 def test_every_candidates_allocated_peak_is_the_timelines() -> None:
@@ -223,18 +185,20 @@ def test_every_candidates_allocated_peak_is_the_timelines() -> None:
     groups, _ = enumerate_groups(plan, flash_attention_used(plan.base))
     parts = StepParts(runtime_for(plan.base))
     checked, frameworks = 0, set()
-    for group, request, batches in _candidates(plan, groups):
-        peaks = parts.allocated_peaks(request, batches, group._replace(recompute=None, micro_batches=()))
-        for b, accum in batches.items():
-            assert peaks[b] == _timeline_peak(with_batch(request, b, accum)), (group, b)
+    for group, candidates in _candidates(plan, groups):
+        at_b = _at_batch(candidates)
+        peaks = parts.allocated_peaks(at_b, group._replace(recompute=None, micro_batches=()))
+        for b, request in at_b.items():
+            assert peaks[b] == _timeline_peak(request), (group, b)
             checked += 1
         frameworks.add(group.framework)
     assert checked >= 300 and len(frameworks) == 6, (checked, frameworks)
-    group, request, batches = next(_candidates(plan, groups))
-    b, accum = next(iter(batches.items()))
-    exact = _exact(with_batch(request, b, accum))
+    group, candidates = next(_candidates(plan, groups))
+    at_b = _at_batch(candidates)
+    b, request = next(iter(at_b.items()))
+    exact = _exact(request)
     remainders = exact.term(TensorKind.BLOCK_REMAINDERS)  # memory's replay: blocks handed out whole
-    assert parts.allocated_peaks(request, batches, "again")[b] == exact.allocated_peak_bytes - remainders
+    assert parts.allocated_peaks(at_b, "again")[b] == exact.allocated_peak_bytes - remainders
 
 
 def test_frameworks_searched_together_bound_their_candidates_as_alone() -> None:
@@ -403,10 +367,11 @@ def test_layer_extrapolation_equals_the_all_layer_timeline(model: str) -> None:
     sample += [g for g in firsts.values() if g not in sample]
     parts = StepParts(runtime_for(plan.base))
     covered: set[tuple[Framework, str]] = set()
-    for group, request, batches in _candidates(plan, sample):
-        b = max(batches)
-        allocated = parts.allocated_peaks(request, {b: batches[b]}, group)[b]
-        full = _timeline_peak(with_batch(request, b, batches[b]))
+    for group, candidates in _candidates(plan, sample):
+        at_b = _at_batch(candidates)
+        b = max(at_b)
+        allocated = parts.allocated_peaks({b: at_b[b]}, group)[b]
+        full = _timeline_peak(at_b[b])
         assert allocated == full, (group, allocated - full)
         assert parts.frameworks[group].extrapolated
         covered.add((group.framework, group.strategy.value))
@@ -449,12 +414,13 @@ def test_capped_buckets_are_exact_where_the_cut_model_is_below_the_cap() -> None
     groups, _ = enumerate_groups(plan, flash_attention_used(plan.base))
     parts = StepParts(runtime_for(plan.base))
     checked = 0
-    for group, request, batches in _candidates(plan, groups):
+    for group, candidates in _candidates(plan, groups):
         if group.strategy.value != "zero2" or group.reduce_dtype is None:
             continue
-        b = min(batches)
-        allocated = parts.allocated_peaks(request, {b: batches[b]}, group)[b]
-        assert allocated == _timeline_peak(with_batch(request, b, batches[b])), group
+        at_b = _at_batch(candidates)
+        b = min(at_b)
+        allocated = parts.allocated_peaks({b: at_b[b]}, group)[b]
+        assert allocated == _timeline_peak(at_b[b]), group
         checked += 1
     assert checked >= 2
 
@@ -467,16 +433,14 @@ def test_the_hook_calls_are_the_same_at_every_micro_batch_and_recompute(model: s
     request = parse_options(model=model, gpus=8, framework="fsdp2", strategies="full_shard", seq_len=512)
     runtime = runtime_for(request)
     runs = [
-        model_run(with_recompute(with_batch(request, b, 1), recompute), runtime)
-        for b in (1, 3, 8)
-        for recompute in SEARCHED_RECOMPUTES
+        model_run(_at(request, b, recompute), runtime) for b in (1, 3, 8) for recompute in SEARCHED_RECOMPUTES
     ]
     assert len(runs[0].calls) > 3 * request.architecture.num_layers
     assert all(run.calls == runs[0].calls and run.slots == runs[0].slots for run in runs)
     assert len({tuple(run.values) for run in runs}) >= 3  # the model's bytes do differ (3 micro-batches)
     # the runs that do not record the calls (the search's, after the first per layer count) give the same
     assert [
-        model_values(with_recompute(with_batch(request, b, 1), recompute), runtime)
+        model_values(_at(request, b, recompute), runtime)
         for b in (1, 3, 8)
         for recompute in SEARCHED_RECOMPUTES
     ] == [run.values for run in runs]
@@ -491,12 +455,18 @@ def test_runs_at_every_depth_may_share_their_layers_saves(model: str) -> None:
     runtime = runtime_for(request)
     for recompute in SEARCHED_RECOMPUTES:
         for b in (1, 3):
-            at_b = with_recompute(with_batch(request, b, 1), recompute)
+            at_b = _at(request, b, recompute)
             shared: dict = {}
             for layers in (4, 5, request.architecture.num_layers):
                 cut = with_layers(at_b, layers)
                 assert model_values(cut, runtime, saves=shared) == model_values(cut, runtime)
             assert shared  # the saves were kept for the next depth
+
+
+def _at(request: TrainingRequest, b: int, recompute: Recompute) -> TrainingRequest:
+    """The request at micro-batch b (A = 1) and recompute."""
+    activations = request.activations.model_copy(update={"micro_batch": b, "recompute": recompute})
+    return request.with_(activations=activations, grad_accum=1)
 
 
 UNITS = {"0": Unit("0", [6, 4], [3, 2], [6, 4]), "root": Unit("root", [10], [5], [10])}
@@ -569,32 +539,6 @@ def test_every_candidate_has_a_peak() -> None:
     assert all(c.peak_bytes >= c.peak_lower_bound_bytes for c in exact)  # type: ignore[operator]
 
 
-def test_a_groups_request_with_another_recompute_is_the_parsers() -> None:
-    """search parses each group once for every recompute: the request with another recompute equals the
-    one the parser gives for it (recompute reaches the activations only)."""
-    plan = plan_options(**{**SMALL, "frameworks": "fsdp2,deepspeed,paper,torch-zero1"})
-    groups, _ = enumerate_groups(plan, flash_attention_used(plan.base))
-    checked = 0
-    for group in groups:
-        if group.recompute is Recompute.NONE:
-            continue
-        try:
-            parsed = group_request(plan, group, Estimate.MEMORY)
-        except InputError:
-            continue
-        base = group_request(plan, group._replace(recompute=Recompute.NONE), Estimate.MEMORY)
-        assert with_recompute(base, group.recompute) == parsed
-        checked += 1
-    assert checked >= 20, checked
-
-
-def _parsed_or_error(make: object, plan: PlanRequest, group: Group, estimate: Estimate) -> object:
-    try:
-        return make(plan, group, estimate)  # type: ignore[operator]
-    except InputError as exc:
-        return str(exc)
-
-
 @pytest.mark.parametrize(
     "space",
     [
@@ -604,20 +548,30 @@ def _parsed_or_error(make: object, plan: PlanRequest, group: Group, estimate: Es
         dict(model="llama-3-8b", gpu="h100-80gb", gpus=32, global_batch="1048576", seq_len=8192),
     ],
 )  # fmt: skip
-def test_every_derived_request_is_the_parsers(space: dict) -> None:
-    """search derives each group's memory and comm requests from the plan's base instead of parsing them:
-    for every group of three spaces (every framework, a shard group below the node, MoE, errors included)
-    the derived request equals the parsed one, or both give the same InputError line."""
+def test_every_candidates_requests_are_the_parsers(space: dict) -> None:
+    """search builds each candidate's memory and comm requests from the plan's base (request.with_: the
+    checks of what changed) instead of parsing them: for every group of three spaces (every framework, a
+    shard group below the node, MoE, errors included) the requests equal those parsing the candidate's
+    options gives, or both give the same InputError line; and the options the rows print are those
+    options."""
     plan = plan_options(**space)
     groups, _ = enumerate_groups(plan, flash_attention_used(plan.base))
     assert len(groups) > 100
+    bases = Bases.of(plan)  # each group's requests varied from the last accepted group's, as search does
     for group in groups:
-        for estimate in (Estimate.MEMORY, Estimate.COMM):
-            parsed = _parsed_or_error(group_request, plan, group, estimate)
-            assert _parsed_or_error(derived_request, plan, group, estimate) == parsed, (group, estimate)
+        built = candidate_requests_or_error(plan, group, bases)
+        assert built == parsed_candidate_or_error(plan, group), group
+        if isinstance(built, dict):
+            b, (memory, comm) = next(iter(built.items()))
+            assert printed_options(plan, group, memory, Command.MEMORY) == candidate_options(
+                plan, group, b, Command.MEMORY
+            )
+            assert printed_options(plan, group, comm, Command.COMM) == candidate_options(
+                plan, group, b, Command.COMM
+            )
 
 
-def test_a_derived_request_fails_as_the_parser_does() -> None:
+def test_a_candidates_requests_fail_as_the_parser_does() -> None:
     """Options the space never pairs (the parser would refuse them) give the parser's own line."""
     plan = plan_options(**{**SMALL, "gpus": 8, "global_batch": "32seq", "frameworks": "all"})
     groups, _ = enumerate_groups(plan, flash_attention_used(plan.base))
@@ -630,28 +584,25 @@ def test_a_derived_request_fails_as_the_parser_does() -> None:
         hybrid._replace(gpus_per_node=3),
         torch_zero1._replace(reduce_dtype=DType.BF16),
     ]
-    for group in refused:
-        for estimate in (Estimate.MEMORY, Estimate.COMM):
-            parsed = _parsed_or_error(group_request, plan, group, estimate)
-            assert _parsed_or_error(derived_request, plan, group, estimate) == parsed, (group, estimate)
-    assert isinstance(_parsed_or_error(group_request, plan, refused[0], Estimate.MEMORY), str)
-    assert isinstance(_parsed_or_error(group_request, plan, refused[2], Estimate.MEMORY), str)
-    assert isinstance(_parsed_or_error(group_request, plan, refused[3], Estimate.COMM), str)
+    bases = Bases.of(plan)
+    built = [candidate_requests_or_error(plan, group, bases) for group in [groups[0], *refused]][1:]
+    assert built == [parsed_candidate_or_error(plan, group) for group in refused]
+    assert all(isinstance(built[i], str) for i in (0, 2, 3))
 
 
-def test_a_derived_request_keeps_the_calibration(tmp_path, calibration_of) -> None:
-    """With ``--calibration FILE`` the derived requests carry the calibration and its name as parsed."""
+def test_a_candidates_requests_keep_the_calibration(tmp_path, calibration_of) -> None:
+    """With ``--calibration FILE`` a candidate's comm request carries the calibration and its name as
+    parsed; its memory request (memory takes no calibration) none."""
     cal = calibration_of(Collective.ALL_GATHER)
     path = tmp_path / "cal.json"
     save_calibration(cal, path)
     plan = plan_options(**{**SMALL, "gpus": 16, "calibration": str(path)})
     groups, _ = enumerate_groups(plan, flash_attention_used(plan.base))
     for group in groups[:40]:
-        for estimate in (Estimate.MEMORY, Estimate.COMM):
-            derived = _parsed_or_error(derived_request, plan, group, estimate)
-            assert derived == _parsed_or_error(group_request, plan, group, estimate)
-    request = derived_request(plan, groups[0], Estimate.COMM)
-    assert request.calibration == cal and request.calibration_name == str(path)
+        assert candidate_requests_or_error(plan, group) == parsed_candidate_or_error(plan, group)
+    candidate = group_requests(plan, groups[0], Bases.of(plan))[0]
+    assert candidate.comm.calibration == cal and candidate.comm.calibration_name == str(path)
+    assert candidate.memory.calibration is None
 
 
 @pytest.mark.parametrize("prefetch", [0, 1, 3])
@@ -664,12 +615,12 @@ def test_units_gathered_beyond_the_edges_are_run_at_all_layers(prefetch: int) ->
         model="llama-3-8b", gpus=16, framework="paper", strategies="zero3", seq_len=512, prefetch=prefetch
     )
     parts = StepParts(runtime_for(request))
-    allocated = parts.allocated_peaks(request, {1: 1}, prefetch)[1]
-    assert allocated == _timeline_peak(with_batch(request, 1, 1))
+    allocated = parts.allocated_peaks({1: request}, prefetch)[1]
+    assert allocated == _timeline_peak(request)
     assert parts.frameworks[prefetch].extrapolated is (prefetch <= EDGE)
     # the refusal is this request's: the same search's next request, one unit ahead, is extrapolated
-    ahead = request.model_copy(update={"buffers": request.buffers.model_copy(update={"prefetch": 1})})
-    assert parts.allocated_peaks(ahead, {1: 1}, "one ahead")[1] == _timeline_peak(with_batch(ahead, 1, 1))
+    ahead = request.with_(buffers=request.buffers.model_copy(update={"prefetch": 1}))
+    assert parts.allocated_peaks({1: ahead}, "one ahead")[1] == _timeline_peak(ahead)
     assert parts.frameworks["one ahead"].extrapolated
 
 

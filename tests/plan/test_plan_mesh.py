@@ -8,20 +8,20 @@ import json
 import random
 
 import pytest
-from helpers import one_line_error
+from helpers import candidate_requests_or_error, one_line_error, parsed_candidate_or_error
 from typer.testing import CliRunner
 
 from zerocalc.base.errors import InputError
 from zerocalc.cli import app
 from zerocalc.cli.plan import command
-from zerocalc.parallel.frameworks import Estimate
 from zerocalc.parallel.strategies import STRATEGIES
 from zerocalc.peak.report import Verdict
 from zerocalc.peak.simulate import flash_attention_used, runtime_for, simulate
-from zerocalc.plan.allocated import _states, with_batch
+from zerocalc.plan.allocated import _states
+from zerocalc.plan.candidates import Bases
 from zerocalc.plan.search import Status, _exact, _Resolver, _Setting, search
-from zerocalc.plan.space import derived_request, enumerate_groups, group_request, plan_options
-from zerocalc.request.training import TrainingRequest
+from zerocalc.plan.space import enumerate_groups, plan_options
+from zerocalc.request.training import TrainingRequest, parse_options
 
 runner = CliRunner()
 
@@ -117,9 +117,9 @@ def test_rejected_meshes_are_counted_per_reason() -> None:
     assert all(row["tp"] == 1 and row["pp"] == 1 for row in plan["top"])
 
 
-def test_every_derived_mesh_request_is_the_parsers() -> None:
-    """A sample of a TP × PP × CP × v space under every framework: derived requests equal the parsed ones,
-    or both give the same line."""
+def test_every_mesh_candidates_requests_are_the_parsers() -> None:
+    """A sample of a TP × PP × CP × v space under every framework: the candidates' requests (the plan's
+    base varied by request.with_, the mesh mesh_of's) equal the parsed ones, or both give the same line."""
     plan = plan_options(
         model="llama-3-8b", gpu="h100-80gb", gpus=16, global_batch="64seq", seq_len=4096, frameworks="all",
         tp="1,2,4,8", pp="auto", cp="1,2", vpp="1,2",
@@ -128,18 +128,11 @@ def test_every_derived_mesh_request_is_the_parsers() -> None:
     meshed = [g for g in groups if g.model_parallel]
     assert len(meshed) > 1000
     errors = 0
+    bases = Bases.of(plan)  # each group's requests varied from the last accepted one's, as search does
     for group in random.Random(30).sample(meshed, 150):
-        for estimate in (Estimate.MEMORY, Estimate.COMM):
-            try:
-                parsed: object = group_request(plan, group, estimate)
-            except InputError as exc:
-                parsed = str(exc)
-                errors += 1
-            try:
-                derived: object = derived_request(plan, group, estimate)
-            except InputError as exc:
-                derived = str(exc)
-            assert derived == parsed, (group, estimate)
+        parsed = parsed_candidate_or_error(plan, group)
+        errors += isinstance(parsed, str)
+        assert candidate_requests_or_error(plan, group, bases) == parsed, group
     assert errors > 10  # frameworks without pipeline or context parallelism refused as the parser does
 
 
@@ -167,8 +160,7 @@ def test_a_mesh_candidates_lower_bound_is_below_its_exact_peak(space: dict) -> N
     assert len(pipelined) >= 8
     rows = random.Random(1).sample(meshed, 8) + random.Random(2).sample(pipelined, 8)
     for row in rows:
-        request = derived_request(plan, _group_of(plan, row), Estimate.MEMORY)
-        exact = _exact(with_batch(request, row.micro_batch, row.grad_accum))
+        exact = _exact(parse_options(**row.memory_options))
         assert row.peak_lower_bound_bytes <= exact.peak_bytes, row
     assert any(r.status is Status.RANKED for r in result.candidates)
 
@@ -233,11 +225,11 @@ def test_without_pipeline_stages_a_mesh_candidates_bound_is_its_allocated_peak(s
                 candidates += members
     assert len(candidates) > 50
     for cand in random.Random(2).sample(candidates, 8):
-        request = with_batch(cand.request, cand.b, cand.accum)
+        request = cand.request
         name = request.strategies[0]
         steady = simulate(request, name, runtime_for(request), _states(request), reserve=False)
         allocated = max(allocated for _, _, allocated in steady.events)
-        assert cand.lower - resolver.outside.of(cand.group, cand.request) == allocated, cand.group
+        assert cand.lower - resolver.outside(cand.request) == allocated, cand.group
 
 
 def test_unpriced_candidates_change_no_row() -> None:
@@ -317,7 +309,7 @@ def test_a_mesh_candidates_step_pays_its_offload() -> None:
     pairs = [(t["none"], t["cpu"]) for t in twins.values() if {"none", "cpu"} <= t.keys()]
     assert len(pairs) > 5
     for plain, offloaded in pairs[:5]:
-        request = group_request(plan, _group_of(plan, offloaded), Estimate.MEMORY)
+        request = parse_options(**offloaded.memory_options)
         owned = request.rank_model.params / request.cluster.group_size(
             STRATEGIES[offloaded.strategy].optimizer
         )

@@ -18,7 +18,8 @@ def comm(values: dict[str, Any], given_flags: frozenset[str]) -> None:
     """Collectives of each strategy per optimizer step: bytes each GPU sends and the time they take."""
     from zerocalc.comm.estimate import evaluate_comm
     from zerocalc.parallel.frameworks import Estimate
-    from zerocalc.request.training import TrainingOptions, parse_request
+    from zerocalc.request.options_model import TrainingOptions
+    from zerocalc.request.training import parse_request
 
     unit = parse_byte_unit(values["units"])
     json, per_unit = values["json"], values["per_unit"]

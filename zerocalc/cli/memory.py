@@ -30,7 +30,8 @@ FINETUNE_PEAK = (
 def memory(values: dict[str, Any], given_flags: frozenset[str]) -> None:
     """Per-GPU memory under DDP, ZeRO-1/2/3 and FSDP: model states, and with --model the peak of a
     training step, simulated event by event (activations, loss, buffers, allocator, CUDA context)."""
-    from zerocalc.request.training import TrainingOptions, parse_request
+    from zerocalc.request.options_model import TrainingOptions
+    from zerocalc.request.training import parse_request
 
     unit = parse_byte_unit(values["units"])
     json = values["json"]
@@ -73,9 +74,7 @@ def memory(values: dict[str, Any], given_flags: frozenset[str]) -> None:
         assert report.peak is not None
         stage = report.peak.strategies[0].stage
         if stage is not None:  # the pipeline stage whose peak decides
-            from zerocalc.request.training import stage_request
-
-            request = stage_request(request, stage)
+            request = request.with_(stage=stage)
         _write_snapshot(request, snapshot_out, json)
     if json:
         import json as jsonlib

@@ -21,61 +21,69 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from functools import lru_cache
-from typing import NamedTuple
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from zerocalc.base.display import TableDisplay
 from zerocalc.base.dtypes import DType
-from zerocalc.base.errors import InputError, literal
+from zerocalc.base.errors import literal
 from zerocalc.base.units import format_count, format_seconds, format_size, gib, plural, summary_repr
-from zerocalc.comm.calls import Call, CallContext, Layout, RuleCalls, rule_calls
-from zerocalc.comm.fp8 import (
-    FP8_GATHER,
-    amax_layout,
-    amax_line,
-    fp8_wire_layout,
-    gathers_fp8,
-    stacked_amax_line,
+from zerocalc.comm.calls import Call, Layout
+from zerocalc.comm.collectives import (
+    CollectiveRun,
+    DataPart,
+    bytes_sent,
+    collective_runs,
+    data_parts,
+    fit_for,
+    mesh_request,
+    times_per_step,
 )
 from zerocalc.comm.mesh import (
     Dimension,
     MeshCollectiveCost,
     MeshRequest,
-    MeshShape,
     mesh_costs,
     mesh_fit,
-    mesh_problem,
-    replicated_gradients,
 )
 from zerocalc.comm.pipeline import PipelineComm, pipeline_comm
-from zerocalc.comm.step import StepEstimate
+from zerocalc.comm.step import StepEstimate, step_estimate
 from zerocalc.compute.table import ComputeTable
 from zerocalc.model.activations import Recompute
-from zerocalc.network.calibration import Calibration, CollectiveFit
+from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import Cluster, RankGroup
-from zerocalc.network.collectives import COLLECTIVES, Collective
-from zerocalc.network.links import Bandwidths, BandwidthSource, LinkFigures
-from zerocalc.network.schedule import GradSync, Phase, Repeat, ScheduledCollective, Tensor, ZeroPP
-from zerocalc.parallel.fp8 import Fp8Setting
+from zerocalc.network.collectives import Collective
+from zerocalc.network.links import Bandwidths, BandwidthSource
+from zerocalc.network.schedule import GradSync, Phase, Tensor, ZeroPP
 from zerocalc.parallel.framework_records import FRAMEWORKS, effective_grad_sync
 from zerocalc.parallel.frameworks import TORCH_NO_SYNC, Framework
 from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.precision import PrecisionName
 from zerocalc.parallel.strategies import StrategyName, row_named
 from zerocalc.parallel.zeropp import active_features
+from zerocalc.request.echo import RequestEcho
 from zerocalc.request.options import OptionsEcho
-from zerocalc.request.training import BufferOptions, TrainingRequest
-from zerocalc.states.framework import expert_shard_dim
+from zerocalc.request.training import TrainingRequest
 from zerocalc.states.memory import routing_assumption
 
 SCHEMA_VERSION = 2
 
 
-class CommRequest(BaseModel):
+class CommRequest(RequestEcho):
     """The request as the communication estimate echoes it in its JSON."""
 
-    model_config = ConfigDict(frozen=True)
+    SOURCES: ClassVar[dict[str, str]] = {
+        "params": "model.params",
+        "model": "model.name",
+        "micro_batch": "activations.micro_batch",
+        "seq_len": "activations.seq_len",
+        "recompute": "activations.recompute",
+        "ddp_bucket_bytes": "buffers.ddp_bucket_bytes",
+        "ddp_first_bucket_bytes": "buffers.ddp_first_bucket_bytes",
+        "reduce_bucket_elements": "buffers.reduce_bucket_elements",
+        "bandwidths": "links",
+    }
 
     params: int = Field(gt=0, description="Ψ")
     model: str | None = Field(
@@ -99,31 +107,6 @@ class CommRequest(BaseModel):
     bandwidths: Bandwidths
     tokens_per_step: int | None = Field(default=None, gt=0)
     tflops: float | None = Field(default=None, gt=0, description="achieved TFLOP/s per GPU")
-
-    @classmethod
-    def of(cls, request: TrainingRequest) -> CommRequest:
-        return cls(
-            params=request.model.params,
-            model=request.model.name,
-            cluster=request.cluster,
-            mesh=request.mesh,
-            precision=request.precision,
-            framework=request.framework,
-            grad_accum=request.grad_accum,
-            micro_batch=request.activations.micro_batch,
-            seq_len=request.activations.seq_len,
-            recompute=request.activations.recompute,
-            grad_sync=request.grad_sync,
-            reduce_dtype=request.reduce_dtype,
-            zeropp=request.zeropp,
-            ddp_bucket_bytes=request.buffers.ddp_bucket_bytes,
-            ddp_first_bucket_bytes=request.buffers.ddp_first_bucket_bytes,
-            reduce_bucket_elements=request.buffers.reduce_bucket_elements,
-            strategies=request.strategies,
-            bandwidths=request.links,
-            tokens_per_step=request.tokens_per_step,
-            tflops=request.tflops,
-        )
 
 
 class UnitCalls(BaseModel):
@@ -250,30 +233,6 @@ class CommEstimate(TableDisplay, BaseModel):
         yield from self.summary()
 
 
-def _fit_for(op: Collective, spans_nodes: bool, calibration: Calibration) -> CollectiveFit | None:
-    """The calibration's fit for this collective over this kind of group, if it has one."""
-    if spans_nodes:
-        kinds = (RankGroup.ACROSS_NODES, RankGroup.WORLD) if calibration.nodes > 1 else ()
-    else:
-        kinds = (RankGroup.NODE,) + ((RankGroup.WORLD,) if calibration.nodes == 1 else ())
-    return next((fit for kind in kinds if (fit := calibration.fit_for(op, kind)) is not None), None)
-
-
-def _figures_for(
-    op: Collective, spans_nodes: bool, bandwidths: Bandwidths, calibration: Calibration | None
-) -> LinkFigures:
-    """The calibration's fit for this collective and kind of group if it has one, else the link figures."""
-    fit = _fit_for(op, spans_nodes, calibration) if calibration is not None else None
-    if fit is not None:
-        return LinkFigures(
-            latency_s=fit.latency_s,
-            bus_bandwidth_Bps=fit.bus_bandwidth_Bps,
-            source=BandwidthSource.CALIBRATION,
-            detail=f"calibration fit of {op.value} over {fit.group_kind.value} groups of {fit.group_size}",
-        )
-    return bandwidths.inter_node if spans_nodes else bandwidths.intra_node
-
-
 def _calibration_notes(calibration: Calibration, name: str, rows: list[StrategyComm]) -> list[str]:
     """Where a calibration is used beyond what it measured: calls larger or smaller than its sweep's sizes
     (its fit extrapolated), and a table mixing a calibration of another backend than NCCL with the
@@ -289,7 +248,7 @@ def _calibration_notes(calibration: Calibration, name: str, rows: list[StrategyC
             calls = [s * cost.dtype.bytes for unit in cost.units for s in unit.elements]
             sizes.setdefault((cost.op, cost.spans_nodes), []).extend(calls)
     for (op, spans_nodes), calls in sizes.items():
-        fit = _fit_for(op, spans_nodes, calibration)
+        fit = fit_for(op, spans_nodes, calibration)
         measured = calibration.measured_range(op, fit.group_kind) if fit is not None else None
         if fit is None or measured is None or not calls:
             continue
@@ -335,86 +294,8 @@ def _mesh_calibration_notes(calibration: Calibration, name: str, rows: list[Stra
     return notes
 
 
-def times_per_step(repeat: Repeat, accum: int, sync: GradSync) -> int:
-    """How many times a rule of this repeat runs in a step of ``accum`` micro-batches."""
-    match repeat:
-        case Repeat.PER_STEP:
-            return 1
-        case Repeat.PER_MICRO_BATCH:
-            return accum
-        case Repeat.PER_SYNC:
-            return accum if sync is GradSync.EVERY else 1
-        case Repeat.AFTER_FIRST_MICRO_BATCH:
-            return accum - 1
-
-
-class _Run(NamedTuple):
-    """A rule that moves data: its dtype, whether it runs quantized, what sizes its calls, and whether its
-    group spans nodes."""
-
-    line: ScheduledCollective
-    dtype: DType
-    quantized: bool
-    ctx: CallContext
-    spans_nodes: bool
-
-
-@lru_cache(maxsize=1024)
-def _runs(
-    name: StrategyName,
-    framework: Framework,
-    cluster: Cluster,
-    precision: PrecisionName,
-    reduce_dtype: DType | None,
-    buffers: BufferOptions,
-    zeropp: frozenset[ZeroPP],
-) -> tuple[_Run, ...]:
-    """The rules of ``name``'s schedule under ``framework`` that move data on ``cluster``."""
-    runs = []
-    record = FRAMEWORKS[framework]
-    dtypes = record.dtypes(precision, reduce_dtype)
-    for line in record.schedule_of(name):
-        n = cluster.group_size(line.group)
-        if n == 1 or not line.runs_with(zeropp):
-            continue  # a group of one rank communicates nothing
-        dtype = dtypes.of(line.dtype_role)
-        assert dtype is not None  # a rule moves a tensor that exists
-        ctx = CallContext(
-            world_size=cluster.world_size,
-            group_size=n,
-            shard_size=cluster.group_size(line.shard_of),
-            element_bytes=dtype.bytes,
-            ddp_bucket_bytes=buffers.ddp_bucket_bytes,
-            ddp_first_bucket_bytes=buffers.ddp_first_bucket_bytes,
-            deepspeed_bucket_elements=buffers.reduce_bucket_elements,
-        )
-        runs.append(_Run(line, dtype, line.quantized_with(zeropp), ctx, cluster.spans_nodes(line.group)))
-    return tuple(runs)
-
-
 _UNIT_CALLS = TypeAdapter(tuple[UnitCalls, ...])
 """Validates a collective's units in one call (a model's collectives have thousands)."""
-
-
-class _Traffic(NamedTuple):
-    """What one run of a collective moves: its calls and their sums."""
-
-    calls: RuleCalls
-    message_bytes: int
-    bytes_sent_per_gpu: int
-
-
-def _bytes_sent(sizes: set[int], op: Collective, n: int, element_bytes: int) -> dict[int, int]:
-    """Bytes each rank sends for a call of each of ``sizes`` elements (the collective's bus factor)."""
-    spec = COLLECTIVES[op]
-    return {s: spec.bytes_sent_per_rank(s * element_bytes, n) for s in sizes}
-
-
-def _traffic(calls: RuleCalls, op: Collective, n: int, element_bytes: int) -> _Traffic:
-    """The calls and their sums."""
-    sent = _bytes_sent(set(calls.sizes), op, n, element_bytes)
-    message = sum(s * count for s, count in calls.by_size()) * element_bytes
-    return _Traffic(calls, message, sum(sent[s] * count for s, count in calls.by_size()))
 
 
 @lru_cache(maxsize=256)
@@ -424,7 +305,7 @@ def _unit_calls(calls: tuple[Call, ...], op: Collective, n: int, element_bytes: 
     grouped: dict[tuple[str, int | None], list[int]] = {}
     for unit, elements, root in calls:
         grouped.setdefault((unit, root), []).append(elements)
-    sent = _bytes_sent({s for _, s, _ in calls}, op, n, element_bytes)
+    sent = bytes_sent({s for _, s, _ in calls}, op, n, element_bytes)
     return _UNIT_CALLS.validate_python(
         [
             {
@@ -437,91 +318,6 @@ def _unit_calls(calls: tuple[Call, ...], op: Collective, n: int, element_bytes: 
             for (unit, root), elements in grouped.items()
         ]
     )
-
-
-def _line_traffic(
-    layout: Layout, line: ScheduledCollective, ctx: CallContext, quantized: bool
-) -> tuple[_Traffic, _Traffic | None] | None:
-    """What one run of ``line`` moves (int8 quantized, else in the context's dtype) and its fp32 scales (None
-    unless quantized); None when it has no calls."""
-    calls = rule_calls(line, layout, ctx, quantized)
-    if calls is None:
-        return None
-    data, scales = calls
-    moved = _traffic(data, line.op, ctx.group_size, DType.INT8.bytes if quantized else ctx.element_bytes)
-    return moved, _traffic(scales, line.op, ctx.group_size, DType.FP32.bytes) if scales is not None else None
-
-
-class CollectiveRun(NamedTuple):
-    """One collective of a schedule, run once: its rule's run, the dtype it moves, whether it is a quantized
-    rule's scales, its calls, the link it runs over and its time."""
-
-    run: _Run
-    dtype: DType
-    scales: bool
-    traffic: _Traffic
-    link: LinkFigures
-    seconds: float
-    """α per call + bytes / β."""
-
-
-def _collective_run(
-    run: _Run, traffic: _Traffic, dtype: DType, request: TrainingRequest, scales: bool = False
-) -> CollectiveRun:
-    link = _figures_for(run.line.op, run.spans_nodes, request.links, request.calibration)
-    seconds = traffic.calls.count * link.latency_s + traffic.bytes_sent_per_gpu / link.bus_bandwidth_Bps
-    return CollectiveRun(run, dtype, scales, traffic, link, seconds)
-
-
-def collective_runs(name: StrategyName, request: TrainingRequest, layout: Layout) -> list[CollectiveRun]:
-    """Every collective of one strategy's schedule under the request's framework that moves data, each run
-    once, in order (pure; how many times each runs per step is :func:`times_per_step`'s)."""
-    zeropp, _ = active_features(frozenset(request.zeropp), request.cluster)
-    runs = _runs(
-        name, request.framework, request.cluster, request.precision, request.reduce_dtype, request.buffers,
-        zeropp,
-    )  # fmt: skip
-    collectives = []
-    for run, run_layout in _fp8_runs(runs, request.fp8, layout):
-        traffic = run_layout.cached(_line_traffic, run.line, run.ctx, run.quantized)
-        if traffic is None:
-            continue
-        data, scales = traffic
-        collectives.append(_collective_run(run, data, DType.INT8 if run.quantized else run.dtype, request))
-        if scales is not None:
-            collectives.append(_collective_run(run, scales, DType.FP32, request, scales=True))
-    return collectives
-
-
-def _fp8_runs(runs: tuple[_Run, ...], fp8: Fp8Setting, layout: Layout) -> list[tuple[_Run, Layout]]:
-    """Each run with the layout it moves: an FP8 all-gather's counts bytes, 1 B per element
-    (:func:`~zerocalc.comm.fp8.fp8_wire_layout`), each followed by its amax all-reduces, or the first by
-    the stacked one after the step with precomputed scales (:mod:`zerocalc.comm.fp8`); without FP8
-    all-gathers, the runs as they are."""
-    if not fp8.all_gather or not layout.from_architecture:
-        return [(run, layout) for run in runs]
-    amax = amax_layout(layout, fp8)
-    out: list[tuple[_Run, Layout]] = []
-    stacked: list[tuple[_Run, Layout]] = []
-    for run in runs:
-        if not gathers_fp8(run.line, fp8):
-            out.append((run, layout))
-            continue
-        wire = fp8_wire_layout(layout, fp8, run.ctx.element_bytes)
-        line = run.line._replace(behaviour=f"{run.line.behaviour}; {FP8_GATHER}")
-        out.append((run._replace(line=line, dtype=DType.FP8, ctx=_bytes_of(run.ctx, DType.FP8)), wire))
-        fp32 = run._replace(dtype=DType.FP32, ctx=_bytes_of(run.ctx, DType.FP32))
-        line = amax_line(run.line, fp8)
-        if line is not None:
-            out.append((fp32._replace(line=line), amax))
-        line = None if stacked else stacked_amax_line(run.line, fp8)
-        if line is not None:
-            stacked.append((fp32._replace(line=line), amax))
-    return out + stacked
-
-
-def _bytes_of(ctx: CallContext, dtype: DType) -> CallContext:
-    return ctx.model_copy(update={"element_bytes": dtype.bytes})
 
 
 def _cost(collective: CollectiveRun, times: int) -> CollectiveCost:
@@ -567,42 +363,6 @@ def grad_sync_reason(
     if asked is GradSync.EVERY:
         return "asked: every backward reduces"
     return f"PyTorch's default, every backward reduces; grad-sync last if the loop uses {hook}"
-
-
-def mesh_request(request: TrainingRequest) -> MeshRequest | None:
-    """What sizes and prices the request's tensor- and context-parallel collectives; None at tp = cp = 1.
-    Raises :class:`InputError` for a model whose tensor-parallel communication is not modelled."""
-    mesh = request.mesh
-    arch = request.model.architecture
-    if not mesh.model_parallel or arch is None:
-        return None
-    problem = mesh_problem(arch, mesh)
-    if problem:
-        raise InputError(problem)
-    activations = request.activations
-    return MeshRequest(
-        mesh=mesh,
-        framework=request.framework,
-        # a pipeline rank runs its stage's layers: the largest stage's (request.architecture)
-        shape=MeshShape.of(
-            request.architecture if mesh.pp > 1 else arch,
-            mesh,
-            activations.micro_batch,
-            activations.seq_len,
-            activations.capacity_factor,
-        ),
-        learned_positions=arch.learned_position_embeddings,
-        replicated=replicated_gradients(request.architecture, mesh.tp_style, mesh.sequence_parallel)
-        if mesh.tp > 1
-        else (),
-        recompute=activations.recompute,
-        grad_accum=request.grad_accum,
-        activation=request.dtypes.activation,
-        checkpoint_every=activations.checkpoint_every,
-        gradient=request.dtypes.trained.reduce,
-        bandwidths=request.links,
-        calibration=request.calibration,
-    )
 
 
 def _dimensions(
@@ -660,38 +420,13 @@ def _dimensions(
     return dimensions
 
 
-class DataPart(NamedTuple):
-    """Parameters of a rank whose data-parallel collectives run over one group: the request whose cluster is
-    that group, and the tensors (:func:`data_parts`)."""
-
-    request: TrainingRequest
-    layout: Layout
-    experts: bool
-    """The routed experts under expert parallelism, over the expert-data-parallel ranks."""
-
-
-def data_parts(request: TrainingRequest, layout: Layout | None = None) -> tuple[DataPart, ...]:
-    """The rank's parameters as the data-parallel collectives move them: all of them over the dp × cp ranks
-    (``layout``, else the rank's); under expert parallelism, everything but the routed experts over those
-    ranks and the routed experts over the dp·c/e expert-data-parallel ranks
-    (:meth:`~zerocalc.comm.calls.Layout.expert_parallel_parts`), as the states are sharded
-    (:func:`~zerocalc.states.memory.state_parts`)."""
-    arch = request.rank_model.architecture
-    mesh = request.mesh
-    if mesh.ep == 1 or arch is None:
-        return (DataPart(request, layout or Layout.of(request.rank_model.params, arch), False),)
-    rest, experts = Layout.expert_parallel_parts(arch, expert_shard_dim(arch, mesh.dp * mesh.cp))
-    expert_request = request.model_copy(update={"cluster": mesh.expert_data_cluster()})
-    return DataPart(request, rest, False), DataPart(expert_request, experts, True)
-
-
 def _data_parallel_costs(name: StrategyName, parts: tuple[DataPart, ...]) -> list[CollectiveCost]:
     """Every data-parallel collective of one strategy's schedule that runs in a step, for each part of the
     parameters over its group (the routed experts' said so in their behaviour)."""
     costs: list[CollectiveCost] = []
-    for request, layout, experts in parts:
+    for request, layout, experts, cluster in parts:
         sync = effective_grad_sync(request.framework, name, request.grad_sync, pipelined=request.mesh.pp > 1)
-        for collective in collective_runs(name, request, layout):
+        for collective in collective_runs(name, request, layout, cluster):
             times = times_per_step(collective.run.line.repeat, request.grad_accum, sync)
             if times <= 0:
                 continue
@@ -818,21 +553,10 @@ def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -
 
 
 def _with_step(
-    row: StrategyComm,
-    request: TrainingRequest,
-    compute: ComputeTable,
-    compute_name: str,
-    pipeline: PipelineComm | None,
+    row: StrategyComm, request: TrainingRequest, compute: ComputeTable, compute_name: str
 ) -> StrategyComm:
-    """The row with its step time (:func:`zerocalc.comm.step.step_estimate`)."""
-    from zerocalc.comm.step import step_estimate
-
-    collectives = [(c.phase, c.times_per_step, c.calls_per_step, c.time_s) for c in row.collectives]
-    dp_s = sum(c.time_s for c in row.collectives)
-    step = step_estimate(
-        request, compute, compute_name, row.strategy, collectives, dp_s, row.mesh_collectives, pipeline
-    )
-    return row.model_copy(update={"step": step})
+    """The row with its step time (:func:`zerocalc.comm.step.step_estimate`: the step's parts, plan's)."""
+    return row.model_copy(update={"step": step_estimate(request, compute, compute_name, row.strategy)})
 
 
 def evaluate_comm(
@@ -848,7 +572,7 @@ def evaluate_comm(
     ddp = _ddp_reference(parts)
     rows = [strategy_comm(name, request, ddp, parts, mesh, pipeline) for name in request.strategies]
     if compute is not None and request.model.architecture is not None:
-        rows = [_with_step(row, request, compute, compute_name, pipeline) for row in rows]
+        rows = [_with_step(row, request, compute, compute_name) for row in rows]
     compared = None
     if request.tokens_per_step is not None and request.tflops is not None:
         flops = 6 * request.model.params * request.tokens_per_step

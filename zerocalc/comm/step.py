@@ -61,9 +61,19 @@ from pydantic import BaseModel, Field
 
 from zerocalc.base.dtypes import DType
 from zerocalc.base.memo import IdentityCache
-from zerocalc.comm.mesh import Dimension, MeshCollectiveCost, MeshTime
+from zerocalc.base.parts import UNCACHED, Part, Parts
+from zerocalc.comm.collectives import (
+    CollectiveRun,
+    CommLine,
+    collective_runs,
+    comm_lines,
+    comm_of_lines,
+    data_parts,
+    mesh_request,
+)
+from zerocalc.comm.mesh import Dimension, MeshCollectiveCost, MeshRequest, MeshTime, mesh_times
 from zerocalc.comm.overlap import calls_in, uniform_exposed
-from zerocalc.comm.pipeline import PipelineComm
+from zerocalc.comm.pipeline import PipelineComm, pipeline_comm
 from zerocalc.compute.ops import (
     MFU_FORMULA,
     Kernels,
@@ -83,7 +93,9 @@ from zerocalc.network.schedule import GradSync, Phase
 from zerocalc.parallel.framework_records import FRAMEWORKS, effective_grad_sync
 from zerocalc.parallel.frameworks import Framework, TorchWrapper
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
-from zerocalc.request.training import ModelSpec, TrainingRequest, flash_attention_used, rank_shape
+from zerocalc.request.checks import flash_attention_used
+from zerocalc.request.model_spec import ModelSpec
+from zerocalc.request.training import TrainingRequest
 
 PCIE_BPS = 25e9
 """Host ↔ GPU bytes/s per GPU: PCIe 4.0 ×16 achieves about 25 GB/s of its 32 GB/s (an assumption; PCIe 5.0
@@ -296,8 +308,8 @@ def kernels(request: TrainingRequest) -> Kernels:
 def request_ops(request: TrainingRequest, arch: Architecture | None = None) -> MicroBatchOps:
     """What one rank of the request's mesh runs for one micro-batch (``arch``: a pipeline stage's share;
     the rank's architecture by default)."""
-    dtype = request.dtypes.activation
-    shape = rank_shape(request)._replace(capacity_factor=request.activations.capacity_factor)
+    dtype = request.activation_dtype
+    shape = request.rank_shape._replace(capacity_factor=request.activations.capacity_factor)
     return _micro_batch_ops(arch or request.architecture, shape, kernels(request), dtype, request.mesh.ep)
 
 
@@ -333,7 +345,7 @@ def optimizer_traffic(
     model = stage or request.rank_model
     count = model.parameter_count
     largest = count.largest_layer_params if count is not None else model.params
-    dtypes = request.dtypes
+    dtypes = request.recipe_dtypes  # the optimizer's roles: not the reduction
     grad = dtypes.master or dtypes.main_gradient
     assert grad is not None  # trained parameters
     impl = request.framework_record.optimizer_impl(request.optimizer_impl)
@@ -583,29 +595,191 @@ def step_of(
     )
 
 
-def step_estimate(
-    request: TrainingRequest,
-    table: ComputeTable,
-    table_name: str,
-    strategy: StrategyName,
-    comm_collectives: list[tuple[Phase, int, int, float]],
-    comm_s: float,
-    mesh_costs: Sequence[MeshCollectiveCost | MeshTime],
-    pipeline: PipelineComm | None = None,
-) -> StepEstimate:
-    """The step time of the request's one configuration under ``strategy`` (comm's costs as given)."""
-    accum = request.grad_accum
+# ------------------------------------------------------------------------------------------ the parts
+# A step is assembled from parts, each declared with the request fields it reads (base/parts.py): comm runs
+# them once (UNCACHED); plan shares each among the candidates that agree on what it reads (a PartCache).
+
+_MODEL = ("model", "mesh", "stage")
+"""What the rank's model (``rank_model``, ``stages``, ``architecture``) is derived from."""
+_DTYPES = ("framework", "precision", "reduce_dtype")
+"""What the dtypes (``request.dtypes``) are derived from."""
+_LINKS = ("links", "calibration")
+
+
+def _pipeline_sends(request: TrainingRequest, parts: Parts) -> PipelineComm | None:
+    return pipeline_comm(request)
+
+
+PIPELINE_SENDS = Part(
+    "pipeline sends",
+    (*_MODEL, *_DTYPES, *_LINKS, "grad_accum", "activations.micro_batch", "activations.seq_len"),
+    _pipeline_sends,
+)
+""":func:`~zerocalc.comm.pipeline.pipeline_comm`: the busiest pipeline rank's sends and the bubble."""
+
+
+def _mesh_request(request: TrainingRequest, parts: Parts) -> MeshRequest | None:
+    return mesh_request(request)
+
+
+MESH_REQUEST = Part(
+    "mesh collectives' request",
+    (*_MODEL, *_DTYPES, *_LINKS, "grad_accum", "activations.micro_batch", "activations.seq_len",
+     "activations.recompute", "activations.checkpoint_every", "activations.capacity_factor"),
+    _mesh_request,
+)  # fmt: skip
+""":func:`~zerocalc.comm.collectives.mesh_request`: what sizes and prices the tensor-, context- and
+expert-parallel collectives."""
+
+
+def _mesh_times(request: TrainingRequest, parts: Parts, sync: GradSync) -> list[MeshTime]:
+    collectives = parts.get(MESH_REQUEST, request)
+    return mesh_times(collectives, sync) if collectives is not None else []
+
+
+MESH_TIMES = Part("mesh collectives", MESH_REQUEST.reads, _mesh_times)
+""":func:`~zerocalc.comm.mesh.mesh_times` under a grad sync (``sync``)."""
+
+
+def _dp_runs(
+    request: TrainingRequest, parts: Parts, strategy: StrategyName
+) -> tuple[list[CollectiveRun], ...]:
+    return tuple(
+        collective_runs(strategy, part.request, part.layout, part.cluster) for part in data_parts(request)
+    )
+
+
+DP_RUNS = Part(
+    "data-parallel collectives",
+    (*_MODEL, *_DTYPES, *_LINKS, "zeropp", "buffers.ddp_bucket_bytes", "buffers.ddp_first_bucket_bytes",
+     "buffers.reduce_bucket_elements", "fp8"),
+    _dp_runs,
+)  # fmt: skip
+""":func:`~zerocalc.comm.collectives.collective_runs` of a strategy over each part of the rank's parameters
+(:func:`~zerocalc.comm.collectives.data_parts`), each run once."""
+
+
+def _dp_lines(
+    request: TrainingRequest, parts: Parts, strategy: StrategyName, sync: GradSync
+) -> tuple[tuple[CommLine, ...], ...]:
+    return tuple(comm_lines(runs, sync) for runs in parts.get(DP_RUNS, request, strategy))
+
+
+DP_LINES = Part("data-parallel lines", DP_RUNS.reads, _dp_lines)
+""":class:`~zerocalc.comm.collectives.CommLine` of each data-parallel collective under a grad sync: its runs
+at every A."""
+
+
+def _stage_micro_batches(
+    request: TrainingRequest, parts: Parts, table: ComputeTable
+) -> list[tuple[MicroBatchTime, ModelSpec | None]]:
+    return stage_micro_batches(request, table)
+
+
+STAGE_MICRO_BATCHES = Part(
+    "stages' micro-batches",
+    ("rank_model", "stages", "rank_shape", "mesh.ep", "model_code", "activation_dtype",
+     "activations.recompute", "activations.checkpoint_every", "activations.flash_attention",
+     "activations.capacity_factor"),
+    _stage_micro_batches,
+)  # fmt: skip
+""":func:`stage_micro_batches`: each kind of stage's micro-batch at the compute table's rates."""
+
+
+def _stage_computes(
+    request: TrainingRequest, parts: Parts, table: ComputeTable, strategy: StrategyName
+) -> list[StageCompute]:
+    return stage_computes(request, table, strategy, parts.get(STAGE_MICRO_BATCHES, request, table))
+
+
+STAGE_COMPUTES = Part(
+    "stages' computes",
+    (*STAGE_MICRO_BATCHES.reads, "cluster", "framework", "precision", "strategies", "grad_accum", "optimizer",
+     "optimizer_impl", "offload_optimizer"),
+    _stage_computes,
+)  # fmt: skip
+""":func:`stage_computes`: each stage's compute in a step, the optimizer's step included."""
+
+
+_SLOWEST_STAGE_READS = (*STAGE_COMPUTES.reads, "grad_sync", "mesh.pp")
+"""What :func:`slowest_stage` reads beside the stages' computes (the framework's own kernels)."""
+
+
+_STEP_FACTORS_READS = (*_MODEL, "grad_accum", "activations.micro_batch", "activations.seq_len",
+                       "buffers.prefetch", "framework", "gpu")  # fmt: skip
+"""What :func:`step_factors` reads (beside the pipeline's bubble)."""
+_OFFLOAD_READS = (*_MODEL, *_DTYPES, "offload_optimizer", "offload_params", "grad_accum")
+"""What :func:`request_offload_seconds` reads of the request's offload."""
+
+
+def _step(request: TrainingRequest, parts: Parts, table: ComputeTable, strategy: StrategyName) -> StepTime:
+    accum, mesh = request.grad_accum, request.mesh
+    sync = effective_grad_sync(request.framework, strategy, request.grad_sync, pipelined=mesh.pp > 1)
+    pipeline = parts.get(PIPELINE_SENDS, request) if mesh.pp > 1 else None
+    costs = parts.get(MESH_TIMES, request, sync) if mesh.model_parallel else []
+    dp = [
+        entry
+        for lines in parts.get(DP_LINES, request, strategy, sync)
+        for entry in comm_of_lines(lines, accum)
+    ]
+    dp_times = [seconds for _, _, _, seconds in dp]
+    dp_s = sum(dp_times)
+    comm_s = sum([*dp_times, *(c.time_s for c in costs)])  # comm's time_s: the row's collectives in order
+    comm_s += pipeline.busiest_rank_time_s if pipeline is not None else 0.0
     offload = request_offload_seconds(
         request, strategy, request.offload_optimizer, request.offload_params, accum
     )
+    computes = parts.get(STAGE_COMPUTES, request, table, strategy)
     step = step_of(
-        request_compute(request, table, strategy),
-        comm_time(comm_collectives, accum, comm_s),
-        mesh_costs,
+        slowest_stage(request, table, strategy, computes),
+        comm_time(dp, accum, dp_s),
+        costs,
         pipeline,
         offload,
         step_factors(request, strategy, pipeline),
     )
-    values = step._asdict()
+    return step._replace(comm_s=comm_s)
+
+
+STEP = Part(
+    "step",
+    dict.fromkeys(
+        (
+            *_SLOWEST_STAGE_READS,
+            *PIPELINE_SENDS.reads,
+            *MESH_TIMES.reads,
+            *DP_LINES.reads,
+            *_STEP_FACTORS_READS,
+            *_OFFLOAD_READS,
+        )
+    ),
+    _step,
+)
+"""The step of the request under a strategy: :func:`step_of` of the parts above (the pipeline's and the
+mesh's where the mesh has them), its factors (:func:`step_factors`) and offload
+(:func:`request_offload_seconds`); comm_s is comm's time_s."""
+
+STEP_PARTS = (
+    PIPELINE_SENDS, MESH_REQUEST, MESH_TIMES, DP_RUNS, DP_LINES, STAGE_MICRO_BATCHES, STAGE_COMPUTES,
+    STEP,
+)  # fmt: skip
+"""Every part of a step (tests/test_parts.py checks what each reads)."""
+
+
+def step_time(
+    request: TrainingRequest, table: ComputeTable, strategy: StrategyName, parts: Parts = UNCACHED
+) -> StepTime:
+    """The step of the request's one configuration under ``strategy``: compute, the data-parallel, tensor-,
+    context-, expert- and pipeline-parallel communication, the bubble and offload (:data:`STEP`), each part
+    from ``parts`` (run afresh, or a search's cache; the step itself is not kept: a search's candidates
+    differ in it)."""
+    return STEP.run(request, parts, table, strategy)
+
+
+def step_estimate(
+    request: TrainingRequest, table: ComputeTable, table_name: str, strategy: StrategyName
+) -> StepEstimate:
+    """The step time of the request's one configuration under ``strategy``, as ``comm`` reports it."""
+    values = step_time(request, table, strategy)._asdict()
     values.pop("comm_s")
     return StepEstimate(**values, compute_table=table_name)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 
 from zerocalc.base.errors import InputError
+from zerocalc.base.parts import Part
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import PipelineStage
 from zerocalc.model.code import MODEL_CODES, AttentionKernel
@@ -48,7 +49,7 @@ from zerocalc.peak.report import (
 from zerocalc.peak.simulate import StepResult, flash_attention_used, runtime_for, simulate, stage_window
 from zerocalc.peak.states import STATE_BUILDERS
 from zerocalc.peak.timeline import Runtime
-from zerocalc.request.training import TrainingRequest, stage_request
+from zerocalc.request.training import TrainingRequest
 from zerocalc.states.memory import MemoryEstimate, evaluate_memory
 
 FIT_MARGIN = 0.05
@@ -78,6 +79,17 @@ def outside_allocator_bytes(request: TrainingRequest, communicators: int) -> int
     """What a GPU holds outside the caching allocator: the CUDA context and ``communicators`` NCCL
     communicators (:func:`nccl_communicators`); the device peak is the reserved bytes plus these."""
     return request.runtime.context_bytes + communicators * request.runtime.nccl_communicator_bytes
+
+
+OUTSIDE_BYTES = Part(
+    "outside the allocator",
+    ("mesh", "runtime", "strategies"),
+    lambda request, parts, name: outside_allocator_bytes(
+        request, nccl_communicators(STRATEGIES[name], request.cluster, request.mesh)
+    ),
+)
+"""What a GPU holds outside the caching allocator under a strategy, as ``memory`` counts it: the context and
+the NCCL communicators (:func:`outside_allocator_bytes`)."""
 
 
 def peak_options(request: TrainingRequest) -> PeakOptions:
@@ -261,12 +273,12 @@ def pipeline_peak(
 ) -> StrategyPeak:
     """Every pipeline rank's step (its share of the model, its schedule's passes): the row of the stage with
     the largest device footprint (the first such), with every stage's in ``stages``; ``known``: stages'
-    rows already evaluated (:func:`strategy_peak` of their :func:`stage_request`)."""
+    rows already evaluated (:func:`strategy_peak` of the request at their ``stage``)."""
     mesh = request.mesh
     rows: list[StrategyPeak] = []
     stages: list[StagePeak] = []
     for i in range(mesh.pp):
-        staged = stage_request(request, i)
+        staged = request.with_(stage=i)
         row = (known or {}).get(i) or strategy_peak(staged, profile, name, runtime)
         rows.append(row)
         arch = staged.architecture

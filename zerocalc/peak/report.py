@@ -20,12 +20,13 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.units import gib
 from zerocalc.model.activations import Recompute
 from zerocalc.model.code import AttentionKernel, ModelImplName
+from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.framework_records.record import ModelInit, Wrap
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.optimizers import OptimizerImpl
 from zerocalc.parallel.strategies import StrategyName, row_named
 from zerocalc.peak.kinds import StepPhase, TensorKind
-from zerocalc.request.training import GradSync, RuntimeNames
+from zerocalc.request.runtime_names import RuntimeNames
 from zerocalc.states.memory import MemoryEstimate
 
 

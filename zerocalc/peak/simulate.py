@@ -17,9 +17,11 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from zerocalc.base.dtypes import DType
+from zerocalc.base.parts import Part
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, ParamTensor, PipelineStage
 from zerocalc.model.code import MODEL_CODES, Device, Shape, layer_saves
+from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.framework_records import effective_grad_sync
 from zerocalc.parallel.framework_records.record import StatesModel, Wrap
 from zerocalc.parallel.frameworks import Fsdp1Sharding, TorchWrapper
@@ -33,13 +35,8 @@ from zerocalc.peak.ledger import Event, Ledger
 from zerocalc.peak.mechanics import Accounting, Accumulation, Ddp, Fsdp1, Fsdp2, Mechanics, Unit
 from zerocalc.peak.report import StateLine
 from zerocalc.peak.timeline import PHASES, Runtime, StagePlan, StepShape, first_start, run_step, steady_start
-from zerocalc.request.training import (
-    GradSync,
-    TrainingRequest,
-    flash_attention_used,
-    rank_shape,
-    stage_request,
-)
+from zerocalc.request.checks import flash_attention_used
+from zerocalc.request.training import TrainingRequest
 from zerocalc.states.framework import (
     ADAM_STATES,
     dim0_padded_numel,
@@ -180,7 +177,7 @@ def activation_shape(request: TrainingRequest) -> Shape:
     """One micro-batch on one rank of the mesh: b sequences of s tokens, split by tensor, sequence and
     context parallelism as the model's code splits them, and the routed tokens expert parallelism brings
     the rank's experts (:class:`~zerocalc.model.code.Shape`)."""
-    return rank_shape(request)._replace(
+    return request.rank_shape._replace(
         ep=request.mesh.ep, capacity_factor=request.activations.capacity_factor
     )
 
@@ -211,10 +208,18 @@ def in_flight_saved_bytes(request: TrainingRequest) -> int:
     return first_stage_in_flight(mesh.pp_schedule, mesh.pp, request.grad_accum) * saved if saved else 0
 
 
+@lru_cache(maxsize=4096)
 def first_stage_in_flight(schedule: PpSchedule, pp: int, grad_accum: int) -> int:
     """The micro-batches pipeline rank 0 holds in flight without virtual stages
     (:func:`~zerocalc.parallel.pipeline.in_flight`): what :func:`in_flight_saved_bytes` multiplies."""
     return int(in_flight(schedule, pp, 1, 0, grad_accum))
+
+
+def keeps_in_flight(request: TrainingRequest) -> bool:
+    """Whether pipeline rank 0 keeps every saved tensor of its micro-batches in flight until their backward
+    (what :func:`micro_batch_saved_bytes` counts): pipeline stages without virtual stages or recompute."""
+    mesh = request.mesh
+    return mesh.pp > 1 and mesh.vpp == 1 and request.activations.recompute is Recompute.NONE
 
 
 def micro_batch_saved_bytes(request: TrainingRequest) -> int:
@@ -223,13 +228,12 @@ def micro_batch_saved_bytes(request: TrainingRequest) -> int:
     the smaller with and without the cache copies, less the layer input a chunk's first layer may share with
     the tensor it received). Counted without recomputation and without virtual stages, where each forward
     keeps all of them until its backward; 0 otherwise (and without pipeline stages)."""
-    mesh = request.mesh
-    if mesh.pp == 1 or mesh.vpp > 1 or request.activations.recompute is not Recompute.NONE:
+    if not keeps_in_flight(request):
         return 0
-    stage = stage_request(request, 0)
-    arch = stage.architecture
-    impl, shape = MODEL_CODES[stage.model_code], activation_shape(stage)
-    act, flash = activation_bytes(stage), flash_attention_used(stage)
+    arch = request.stages[0].architecture
+    assert arch is not None
+    impl, shape = MODEL_CODES[request.model_code], activation_shape(request)
+    act, flash = activation_bytes(request), flash_attention_used(request)
     kinds: dict[bool, int] = {}
     for index in range(arch.num_layers):  # a layer's saves depend on its index only through its kind
         kinds[arch.is_moe_layer(index)] = index
@@ -244,6 +248,15 @@ def micro_batch_saved_bytes(request: TrainingRequest) -> int:
         for moe, index in kinds.items()
     }
     return sum(per_kind[arch.is_moe_layer(index)] for index in range(arch.num_layers))
+
+
+FIRST_STAGE_SAVED = Part(
+    "first stage's saved activations",
+    ("rank_model", "stages", "rank_shape", "mesh.ep", "mesh.pp", "mesh.vpp", "model_code", "activation_dtype",
+     "activations.capacity_factor", "activations.flash_attention", "activations.recompute"),
+    lambda request, parts: micro_batch_saved_bytes(request),
+)  # fmt: skip
+""":func:`micro_batch_saved_bytes`: one micro-batch's saves through pipeline rank 0's layers."""
 
 
 def stage_plan(request: TrainingRequest, act: int) -> StagePlan | None:
@@ -283,7 +296,7 @@ def stage_window(request: TrainingRequest) -> int:
 
 
 def _accumulation(request: TrainingRequest, name: StrategyName) -> Accumulation:
-    if request.grad_accum == 1:
+    if not request.accumulates:
         return Accumulation.NONE
     sync = effective_grad_sync(request.framework, name, request.grad_sync, pipelined=request.mesh.pp > 1)
     return Accumulation.UNSYNCED if sync is GradSync.LAST else Accumulation.SYNCED
@@ -298,7 +311,7 @@ def runtime_for(request: TrainingRequest) -> Runtime:
 
 def activation_bytes(request: TrainingRequest) -> int:
     """Bytes per activation element: the compute dtype, the unsharded parameters' (every framework)."""
-    return request.dtypes.activation.bytes
+    return request.activation_dtype.bytes
 
 
 def mechanics_for(
@@ -313,7 +326,7 @@ def mechanics_for(
     L: what scales with L is then only the blocks' own tensors, a sum of like terms (the whole-model
     quantities are not affine in L: DeepSpeed's buckets are capped, every line rounded on its own)."""
     mechanics, act = _mechanics(request, name, states, blocks)
-    mechanics.earlier = stage_window(request) < request.grad_accum or request.mesh.pp == 1
+    mechanics.earlier = request.mesh.pp == 1 or stage_window(request) < request.grad_accum
     return mechanics, act
 
 

@@ -13,12 +13,14 @@ whole model's quantities); a stack that is not homogeneous is run at all L layer
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import NamedTuple
 
+from zerocalc.base.parts import Part
 from zerocalc.model.activations import Recompute
 from zerocalc.parallel.strategies import STRATEGIES
 from zerocalc.peak.report import StateLine
+from zerocalc.peak.simulate import runtime_for
 from zerocalc.peak.states import STATE_BUILDERS
 from zerocalc.peak.timeline import Runtime
 from zerocalc.plan.layers import (
@@ -41,20 +43,39 @@ from zerocalc.plan.split import (
 )
 from zerocalc.request.training import TrainingRequest
 
+MODEL_READS = (
+    "rank_model", "sequence_split", "mesh.ep", "model_code", "activation_dtype", "runtime",
+    "activations.seq_len", "activations.flash_attention", "activations.checkpoint_every",
+    "activations.capacity_factor",
+)  # fmt: skip
+"""What the model's part of a step reads but the micro-batch and the recompute: one :class:`StepParts` per
+value of them (:data:`MODEL_PART` without its last two paths), which keys the runs by those two itself."""
 
-def with_batch(request: TrainingRequest, b: int, accum: int) -> TrainingRequest:
-    """The same request at micro-batch ``b`` and accumulation ``accum``."""
-    activations = request.activations.model_copy(update={"micro_batch": b})
-    return request.model_copy(update={"activations": activations, "grad_accum": accum})
+MODEL_PART = Part(
+    "the model's part",
+    (*MODEL_READS, "activations.micro_batch", "activations.recompute"),
+    lambda request, parts: model_values(request, runtime_for(request)),
+)
+"""A of the request's step (:func:`~zerocalc.plan.split.model_values`): the model's code's bytes per slot,
+its framework ignored."""
 
+MODEL_STEP_PARTS = Part(
+    "a model's step parts", MODEL_READS, lambda request, parts: StepParts(runtime_for(request))
+)
+"""The :class:`StepParts` of the request's model: one per value of what the model's part reads but the
+micro-batch and the recompute (a search's candidates of one model share its runs)."""
 
-def with_recompute(request: TrainingRequest, recompute: Recompute) -> TrainingRequest:
-    """The same request with another recompute (the parser puts it in the activations and nowhere else:
-    tests/plan/test_plan.py compares with parsing)."""
-    if request.activations.recompute is recompute:
-        return request
-    activations = request.activations.model_copy(update={"recompute": recompute})
-    return request.model_copy(update={"activations": activations})
+FRAMEWORK_PART = Part(
+    "the framework's part",
+    ("rank_model", "mesh", "cluster", "framework", "strategies", "precision", "reduce_dtype",
+     "activation_dtype", "optimizer_impl", "offload_optimizer", "offload_params", "accumulates",
+     "grad_sync", "zeropp", "buffers.prefetch", "buffers.wrap", "init_asked", "fp8"),
+    lambda request, parts, calls: framework_run(framework_mechanics(request, _states(request)), calls),
+)  # fmt: skip
+"""F of the request's step (:func:`~zerocalc.plan.split.framework_run`): the framework's bytes per slot
+given the hook calls of its model's part (``calls``: the same at every micro-batch and recompute), whatever
+the micro-batch and recompute (its ``accumulates``, not A); the ``configuration`` a :class:`StepParts` (one
+per model) shares it by is its key."""
 
 
 class ModelParts:
@@ -201,13 +222,13 @@ class StepParts:
         return FrameworkPart(values, False, run)
 
     def _model_part(
-        self, request: TrainingRequest, b: int, accum: int, extrapolate: bool
+        self, requests: Mapping[int, TrainingRequest], b: int, recompute: Recompute, extrapolate: bool
     ) -> list[int] | None:
-        """A of the request at micro-batch ``b`` and its L (once per b, recompute and way of running); None
-        where it is not affine in L."""
-        key = (request.activations.recompute, b, extrapolate)
+        """A of the request at micro-batch ``b`` (``requests[b]``, asked for only where not yet known) and its
+        L (once per b, recompute and way of running); None where it is not affine in L."""
+        key = (recompute, b, extrapolate)
         if key not in self._model_parts:
-            at_b = with_batch(request, b, accum)
+            at_b = requests[b]
             if not extrapolate:
                 self._model_parts[key] = self.models.values(at_b)
             else:
@@ -217,38 +238,41 @@ class StepParts:
         return self._model_parts[key]
 
     def allocated_peaks(
-        self, request: TrainingRequest, batches: dict[int, int], configuration: Hashable
+        self,
+        requests: Mapping[int, TrainingRequest],
+        configuration: Hashable | None = None,
+        framework_of: TrainingRequest | None = None,
     ) -> dict[int, int]:
-        """The steady step's allocated peak at each micro-batch b of ``batches`` (b → accumulation) for
-        the request (at any of them, any recompute); ``configuration`` names what the framework's part
-        depends on (the request's options but the micro-batch and recompute): runs are shared by it, and
-        peaks by configurations of the same mechanics."""
+        """The steady step's allocated peak of each request of ``requests`` (b → a request at micro-batch b:
+        one configuration, one recompute; any request that agrees with it on what :data:`MODEL_PART` reads);
+        ``framework_of``: the configuration's request, whose framework's part it is (:data:`FRAMEWORK_PART`;
+        the first of ``requests`` by default); ``configuration`` names what that part depends on (its key by
+        default): runs are shared by it, and peaks by configurations of the same mechanics."""
+        request = framework_of or requests[next(iter(requests))]
+        if configuration is None:
+            configuration = FRAMEWORK_PART.key(request)
         framework = self.frameworks.get(configuration)
         if framework is None:
             framework = self.frameworks[configuration] = self._framework_part(request)
-        recompute = request.activations.recompute
-        peaks = self._peaks_of(framework, request, batches, recompute)
+        peaks = self._peaks_of(framework, requests)
         if peaks is None:  # the model's part is not affine in L: all L
             framework = self.frameworks[configuration] = self._all_layers(request)
-            peaks = self._peaks_of(framework, request, batches, recompute)
+            peaks = self._peaks_of(framework, requests)
             assert peaks is not None
         return peaks
 
     def _peaks_of(
-        self,
-        framework: FrameworkPart,
-        request: TrainingRequest,
-        batches: dict[int, int],
-        recompute: Recompute,
+        self, framework: FrameworkPart, requests: Mapping[int, TrainingRequest]
     ) -> dict[int, int] | None:
-        """F + A's peak at each b, once per mechanics, way of running, recompute and b; None where a model
-        part is not affine in L."""
+        """F + A's peak at each b, once per mechanics, way of running, recompute and b (a request at b asked
+        for only where its peak is not known); None where a model part is not affine in L."""
         peaks = {}
-        for b, accum in batches.items():
+        recompute = requests[next(iter(requests))].activations.recompute  # one recompute
+        for b in requests:
             key = (framework.run, framework.extrapolated, recompute, b)
             peak = self._peaks.get(key)
             if peak is None:
-                model = self._model_part(request, b, accum, framework.extrapolated)
+                model = self._model_part(requests, b, recompute, framework.extrapolated)
                 if model is None:
                     return None
                 peak = self._peaks[key] = peak_of(framework.values, model)

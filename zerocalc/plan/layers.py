@@ -38,7 +38,8 @@ from typing import NamedTuple
 from zerocalc.model.architecture import Architecture, count_parameters
 from zerocalc.model.traits import traits
 from zerocalc.plan.split import NO_EVENT, Slot
-from zerocalc.request.training import ModelSpec, TrainingRequest, with_model
+from zerocalc.request.model_spec import ModelSpec
+from zerocalc.request.training import TrainingRequest
 
 SMALL_LAYERS = (4, 5)
 """The layer counts simulated (blocks 1 … L'−2 inner: two, then three)."""
@@ -90,7 +91,7 @@ def with_layers(request: TrainingRequest, layers: int) -> TrainingRequest:
     """The same request for the same model cut to ``layers`` blocks (its parameters recounted)."""
     model = request.model
     assert model.architecture is not None
-    return with_model(request, _cut(model.architecture, layers, model.name, model.title))
+    return request.with_(model=_cut(model.architecture, layers, model.name, model.title))
 
 
 @lru_cache(maxsize=64)

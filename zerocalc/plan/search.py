@@ -20,7 +20,7 @@ import gc
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from typing import NamedTuple
@@ -29,74 +29,39 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
-from zerocalc.comm.calls import Layout
-from zerocalc.comm.estimate import CollectiveRun, collective_runs, data_parts, mesh_request
-from zerocalc.comm.mesh import MeshRequest, MeshTime, mesh_problem, mesh_times
-from zerocalc.comm.pipeline import PipelineComm, pipeline_comm
+from zerocalc.base.parts import UNCACHED, PartCache
+from zerocalc.comm.mesh import mesh_problem
 from zerocalc.comm.step import (
-    StageCompute,
-    StepFactors,
-    fsdp2_traffic,
-    kernels,
-    optimizer_traffic,
-    request_offload_seconds,
-    slowest_stage,
-    stage_computes,
-    stage_micro_batches,
-    step_factors,
-    step_of,
-    with_framework_traffic,
-)
-from zerocalc.compute.ops import MFU_FORMULA, Kernels, MicroBatchOps, micro_batch_ops, model_flops_per_token
-from zerocalc.compute.time import ComputeTime, MicroBatchTime, micro_batch_time, step_compute
-from zerocalc.model.activations import Recompute
-from zerocalc.model.code import Shape
-from zerocalc.network.schedule import GradSync
-from zerocalc.parallel.framework_records import FRAMEWORKS, effective_grad_sync
-from zerocalc.parallel.frameworks import Estimate, Framework
-from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
-from zerocalc.peak.evaluate import (
-    FIT_MARGIN,
-    nccl_communicators,
-    outside_allocator_bytes,
-    pipeline_peak,
-    strategy_peak,
-)
-from zerocalc.peak.report import StrategyPeak, Verdict
-from zerocalc.peak.simulate import (
-    first_stage_in_flight,
-    flash_attention_used,
-    micro_batch_saved_bytes,
-    runtime_for,
-    simulate,
-)
-from zerocalc.peak.states import STATE_BUILDERS
-from zerocalc.plan.allocated import StepParts, with_batch, with_recompute
-from zerocalc.plan.space import (
-    Group,
-    Objective,
-    PlanRequest,
-    comm_options,
-    derived_request,
-    enumerate_groups,
-    memory_options,
-)
-from zerocalc.plan.timing import (
     CPU_ADAM_BYTES_PER_PARAM,
     HOST_MEMORY_BPS,
     NVME_BPS,
     PCIE_BPS,
-    CommLine,
-    CommTime,
     StepTime,
-    comm_lines,
-    comm_of_lines,
-    comm_time,
-    step_times,
+    step_time,
 )
-from zerocalc.request.options import OptionsEcho
-from zerocalc.request.training import ModelSpec, TrainingRequest, stage_request
-from zerocalc.states.memory import strategy_row
+from zerocalc.compute.ops import MFU_FORMULA
+from zerocalc.model.activations import Recompute
+from zerocalc.network.schedule import GradSync
+from zerocalc.parallel.framework_records import FRAMEWORKS
+from zerocalc.parallel.frameworks import Framework
+from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
+from zerocalc.peak.evaluate import FIT_MARGIN, OUTSIDE_BYTES, pipeline_peak, strategy_peak
+from zerocalc.peak.report import StrategyPeak, Verdict
+from zerocalc.peak.simulate import (
+    FIRST_STAGE_SAVED,
+    first_stage_in_flight,
+    flash_attention_used,
+    keeps_in_flight,
+    runtime_for,
+    simulate,
+)
+from zerocalc.peak.states import STATE_BUILDERS
+from zerocalc.plan.allocated import MODEL_STEP_PARTS
+from zerocalc.plan.candidates import AtBatch, Bases, CandidateRequests, group_requests, printed_options
+from zerocalc.plan.space import Group, Objective, PlanRequest, enumerate_groups
+from zerocalc.request.options import Command, OptionsEcho
+from zerocalc.request.training import TrainingRequest
+from zerocalc.states.memory import STATES_BYTES, strategy_row
 
 SCHEMA_VERSION = 2
 
@@ -245,12 +210,13 @@ MESH_ASSUMPTION = (
 
 
 class _Cand:
-    __slots__ = ("accum", "b", "exact", "group", "lower", "request", "stage_over", "status", "time")
+    __slots__ = ("accum", "b", "exact", "group", "lower", "requests", "stage_over", "status", "time")
 
-    def __init__(
-        self, group: Group, request: TrainingRequest, b: int, accum: int, t: StepTime | None, lower: int
-    ):  # fmt: skip
-        self.group, self.request, self.b, self.accum, self.time = group, request, b, accum, t
+    def __init__(self, group: Group, requests: CandidateRequests, t: StepTime | None, lower: int):
+        self.group, self.time = group, t
+        self.b, self.accum = requests.b, requests.accum
+        self.requests = requests
+        """Its memory and comm requests (:mod:`zerocalc.plan.candidates`)."""
         self.lower = lower
         """The allocated peak (exact) + the CUDA context + the NCCL communicators: the device peak's lower
         bound."""
@@ -260,6 +226,16 @@ class _Cand:
         stage, :attr:`exact`, not computed)."""
         self.status: Status = Status.NOT_RANKED
 
+    @property
+    def request(self) -> TrainingRequest:
+        """Its memory request."""
+        return self.requests.memory
+
+    @property
+    def comm(self) -> TrainingRequest:
+        """Its comm request."""
+        return self.requests.comm
+
 
 def _end_stages(request: TrainingRequest) -> dict[int, StrategyPeak]:
     """The peaks of the first and the last pipeline stage (which hold the embedding and the most
@@ -267,17 +243,9 @@ def _end_stages(request: TrainingRequest) -> dict[int, StrategyPeak]:
     stage does, and the candidate does not fit without its other stages evaluated."""
     runtime, record, name = runtime_for(request), request.framework_record, request.strategies[0]
     return {
-        stage: strategy_peak(stage_request(request, stage), record, name, runtime)
+        stage: strategy_peak(request.with_(stage=stage), record, name, runtime)
         for stage in (0, request.mesh.pp - 1)
     }
-
-
-def _outside_bytes(request: TrainingRequest, name: StrategyName) -> int:
-    """What a GPU holds outside the caching allocator under strategy ``name``, as ``memory`` counts it
-    (:func:`~zerocalc.peak.evaluate.outside_allocator_bytes`)."""
-    return outside_allocator_bytes(
-        request, nccl_communicators(STRATEGIES[name], request.cluster, request.mesh)
-    )
 
 
 def _allocated_over(request: TrainingRequest) -> bool:
@@ -291,10 +259,10 @@ def _allocated_over(request: TrainingRequest) -> bool:
     capacity = request.gpu_memory_bytes
     assert capacity is not None
     for stage in (0, request.mesh.pp - 1):
-        staged = stage_request(request, stage)
+        staged = request.with_(stage=stage)
         states, _ = STATE_BUILDERS[record.states](staged, strategy)
         allocated = simulate(staged, name, runtime, states, reserve=False).peak.allocated
-        if allocated + _outside_bytes(staged, name) > capacity:
+        if allocated + OUTSIDE_BYTES.run(staged, UNCACHED, name) > capacity:
             return True
     return False
 
@@ -347,419 +315,99 @@ class _Setting(NamedTuple):
 
     limit: float
     """The fit limit: headroom ≥ FIT_MARGIN × the GPU's memory."""
-    peak_flops: float
     flash: bool
-    layout: Layout
-    model_flops: float
-    """PaLM's model FLOPs per token (the MFU's numerator)."""
 
     @classmethod
     def of(cls, plan: PlanRequest) -> _Setting:
         base = plan.base
-        arch, count = base.architecture, base.model.parameter_count
-        assert arch is not None and count is not None
         assert base.gpu_memory_bytes is not None
-        flash = flash_attention_used(base)
         return cls(
-            limit=base.gpu_memory_bytes - FIT_MARGIN * base.gpu_memory_bytes,
-            peak_flops=base.runtime.bf16_dense_tflops * 1e12,
-            flash=flash,
-            layout=Layout.of(base.model.params, arch),
-            model_flops=model_flops_per_token(arch, count, plan.seq_len),
+            limit=base.gpu_memory_bytes - FIT_MARGIN * base.gpu_memory_bytes, flash=flash_attention_used(base)
         )
-
-
-class _Requests:
-    """Each group's memory and comm requests (or the parser's errors), derived once per key: recompute
-    reaches the memory request's activations only, and the comm request depends on the schedule's options
-    and the grad sync (a model-parallel group's on its offload, pipeline split and recompute too: its step
-    is priced from it)."""
-
-    def __init__(self, plan: PlanRequest):
-        self.plan = plan
-        self._memory: dict[Hashable, TrainingRequest | InputError] = {}
-        self._comm: dict[Hashable, TrainingRequest | InputError] = {}
-
-    def memory(self, group: Group) -> TrainingRequest | InputError:
-        key = group._replace(recompute=Recompute.NONE)
-        request = _request_once(self._memory, key, self.plan, key, Estimate.MEMORY)
-        return request if isinstance(request, InputError) else with_recompute(request, group.recompute)
-
-    def comm(self, group: Group) -> TrainingRequest | InputError:
-        """At the group's first micro-batch (a model-parallel group's mesh collectives read b and the
-        recompute: :func:`with_batch` gives the others)."""
-        key = _comm_key(group)
-        if group.model_parallel:  # its compute reads where the optimizer runs
-            key = (*key, *_offloads(group), group.end_stage_layers, group.recompute)
-        return _request_once(self._comm, key, self.plan, group, Estimate.COMM)
-
-
-def _schedule_key(group: Group) -> tuple:
-    return (
-        group.world, group.gpus_per_node, group.framework, group.strategy, group.reduce_dtype,
-        group.tp, group.cp, group.pp, group.vpp, group.ep,
-    )  # fmt: skip
-
-
-def _offloads(group: Group) -> tuple[OffloadTarget, OffloadTarget]:
-    return group.offload_optimizer, group.offload_params
-
-
-def _comm_key(group: Group) -> tuple:
-    return (*_schedule_key(group), group.grad_sync)
-
-
-class _CommCosts:
-    """Comm's costs: the collectives' runs once per schedule (the same under every grad sync), their lines
-    once per grad sync, their time once per accumulation."""
-
-    def __init__(self, layout: Layout):
-        self.layout = layout
-        """The whole model's (a data-parallel group's; a model-parallel group's collectives are its rank's,
-        :class:`_MeshSteps`)."""
-        self._runs: dict[tuple, list[CollectiveRun]] = {}
-        self._lines: dict[tuple, tuple[CommLine, ...]] = {}
-        self._times: dict[tuple, CommTime] = {}
-
-    def time(self, group: Group, request: TrainingRequest, accum: int) -> CommTime:
-        key = _comm_key(group)
-        time = self._times.get((key, accum))
-        if time is None:
-            lines = self._lines.get(key)
-            if lines is None:
-                schedule = _schedule_key(group)
-                runs = self._runs.get(schedule)
-                if runs is None:
-                    runs = self._runs[schedule] = collective_runs(group.strategy, request, self.layout)
-                sync = effective_grad_sync(
-                    group.framework, group.strategy, request.grad_sync, pipelined=group.pp > 1
-                )
-                lines = self._lines[key] = comm_lines(runs, sync)
-            time = self._times[key, accum] = comm_time(comm_of_lines(lines, accum), accum)
-        return time
-
-
-class _MeshSteps:
-    """A model-parallel candidate's step time and communication: ``comm``'s own for its request (the
-    data-parallel collectives of its rank's layout, the tensor- and context-parallel collectives, the
-    pipeline's sends and bubble: :func:`~zerocalc.comm.step.step_estimate`'s parts, assembled by the same
-    :func:`~zerocalc.comm.step.step_of`), once per (comm's options, b, A). What does not change with an
-    option is shared by the candidates that differ in it: the stages' compute over reduce dtypes and grad
-    syncs, the data-parallel collectives' runs over micro-batches and accumulations
-    (:class:`~zerocalc.plan.timing.CommLine`), the tensor- and context-parallel collectives over
-    strategies and offloads, the pipeline's sends over strategies and recompute."""
-
-    def __init__(self, plan: PlanRequest):
-        self.plan = plan
-        self._steps: dict[tuple, StepTime | InputError] = {}
-        self._pipelines: dict[tuple, PipelineComm | None] = {}
-        self._mesh_requests: dict[tuple, MeshRequest | None] = {}
-        self._lines: dict[tuple, tuple[tuple[CommLine, ...], ...]] = {}
-        self._computes: dict[tuple, list[StageCompute]] = {}
-        self._micro_batches: dict[tuple, list[tuple[MicroBatchTime, ModelSpec | None]]] = {}
-        self._mesh_times: dict[tuple, list[MeshTime]] = {}
-        self._factors: dict[tuple, StepFactors] = {}
-
-    def of(self, group: Group, comm_request: TrainingRequest, b: int, accum: int) -> StepTime | InputError:
-        key = (*_comm_key(group), group.end_stage_layers, group.recompute, *_offloads(group), b, accum)
-        step = self._steps.get(key)
-        if step is None:
-            try:
-                step = self._steps[key] = self._priced(group, comm_request, b, accum)
-            except InputError as exc:
-                step = self._steps[key] = exc
-        return step
-
-    def _priced(self, group: Group, comm_request: TrainingRequest, b: int, accum: int) -> StepTime:
-        """As :func:`~zerocalc.comm.estimate.evaluate_comm` prices the request's one strategy at b and A
-        (``comm_request``: the group's, at its first b). The parts are keyed by the group's degrees (the
-        search's one model, sequence, GPU and links): the request at b and A is derived only where a part
-        is not yet known."""
-        plan = self.plan
-        strategy, framework = group.strategy, group.framework
-        batched: list[TrainingRequest] = []
-
-        def at_batch() -> TrainingRequest:
-            if not batched:
-                batched.append(with_batch(comm_request, b, accum))
-            return batched[0]
-
-        degrees = (group.tp, group.cp, group.pp, group.vpp, group.ep, group.end_stage_layers)
-        mesh_key = (group.world, group.gpus_per_node, *degrees)
-        shared = (mesh_key, framework, b, accum)
-        sends = (*shared, group.reduce_dtype)  # a tied embedding's gradient sync moves the reduce dtype
-        if sends not in self._pipelines:
-            self._pipelines[sends] = pipeline_comm(at_batch())
-        pipeline = self._pipelines[sends]
-        sync = effective_grad_sync(framework, strategy, group.grad_sync, pipelined=group.pp > 1)
-        collectives = (*shared, group.recompute, group.reduce_dtype)
-        costs = self._mesh_times.get((collectives, sync))
-        if costs is None:
-            if collectives not in self._mesh_requests:
-                self._mesh_requests[collectives] = mesh_request(at_batch())
-            mesh_collectives = self._mesh_requests[collectives]
-            costs = mesh_times(mesh_collectives, sync) if mesh_collectives is not None else []
-            self._mesh_times[collectives, sync] = costs
-        schedule = (*_comm_key(group), group.end_stage_layers)
-        lines = self._lines.get(schedule)
-        if lines is None:
-            lines = self._lines[schedule] = tuple(
-                comm_lines(collective_runs(strategy, part.request, part.layout), sync)
-                for part in data_parts(comm_request)
-            )
-        dp = [entry for part in lines for entry in comm_of_lines(part, accum)]
-        dp_times = [seconds for _, _, _, seconds in dp]
-        dp_s = sum(dp_times)
-        comm_s = sum([*dp_times, *(c.time_s for c in costs)])
-        comm_s += pipeline.busiest_rank_time_s if pipeline is not None else 0.0
-        compute_key = (*mesh_key, framework, strategy, group.recompute, group.offload_optimizer, b, accum)
-        computes = self._computes.get(compute_key)
-        if computes is None:
-            micro_key = (*degrees, framework, group.recompute, b)  # not the world: a rank's
-            micro_batches = self._micro_batches.get(micro_key)
-            if micro_batches is None:
-                micro_batches = self._micro_batches[micro_key] = stage_micro_batches(at_batch(), plan.compute)
-            computes = self._computes[compute_key] = stage_computes(
-                at_batch(), plan.compute, strategy, micro_batches
-            )
-        factors_key = (*shared, strategy)
-        factors = self._factors.get(factors_key)
-        if factors is None:
-            factors = self._factors[factors_key] = step_factors(at_batch(), strategy, pipeline)
-        step = step_of(
-            slowest_stage(comm_request, plan.compute, strategy, computes, accum),
-            comm_time(dp, accum, dp_s),
-            costs,
-            pipeline,
-            request_offload_seconds(comm_request, strategy, *_offloads(group), accum),
-            factors,
-        )
-        return step._replace(comm_s=comm_s)
-
-
-class _OutsideBytes:
-    """The CUDA context and the NCCL communicators: the same for every micro-batch and recompute, once per
-    (strategy, world, GPUs per node)."""
-
-    def __init__(self) -> None:
-        self._bytes: dict[tuple, int] = {}
-
-    def of(self, group: Group, request: TrainingRequest) -> int:
-        key = (group.strategy, group.world, group.gpus_per_node, group.tp, group.cp, group.pp)
-        outside = self._bytes.get(key)
-        if outside is None:
-            outside = self._bytes[key] = _outside_bytes(request, group.strategy)
-        return outside
-
-
-class _Compute:
-    """Every candidate's compute (:mod:`zerocalc.compute`): one rank's operations once per (b, kernels),
-    their times once per recompute, a step's once per (A, optimizer traffic). The plan's candidates are
-    data-parallel: every rank runs the whole model."""
-
-    def __init__(self, plan: PlanRequest):
-        base = plan.base
-        self.plan, self.table = plan, plan.compute
-        self.dtype = base.dtypes.activation
-        self._ops: dict[tuple[int, Kernels], MicroBatchOps] = {}
-        self._micro: dict[tuple[int, Kernels, Recompute], MicroBatchTime] = {}
-        self._steps: dict[tuple, ComputeTime] = {}
-        self._kernels: dict[tuple, Kernels] = {}
-        self._traffic: dict[tuple, tuple[float, float]] = {}
-
-    def step(
-        self,
-        request: TrainingRequest,
-        b: int,
-        recompute: Recompute,
-        accum: int,
-        optimizer: tuple[int, int, int],
-    ) -> ComputeTime:
-        code_key = (request.framework, request.model_impl, request.activations.flash_attention)
-        code = self._kernels.get(code_key)
-        if code is None:
-            code = self._kernels[code_key] = kernels(request)
-        key = (b, code, recompute, accum, optimizer)
-        compute = self._steps.get(key)
-        if compute is None:
-            micro = self._micro.get((b, code, recompute))
-            if micro is None:
-                ops = self._ops.get((b, code))
-                if ops is None:
-                    shape = Shape(b, self.plan.seq_len)
-                    ops = self._ops[b, code] = micro_batch_ops(request.architecture, shape, code, self.dtype)
-                micro = self._micro[b, code, recompute] = micro_batch_time(self.table, ops, recompute)
-            compute = self._steps[key] = step_compute(self.table, micro, accum, *optimizer)
-        strategy = request.strategies[0]
-        traffic_key = (
-            strategy,
-            request.framework,
-            request.reduce_dtype,
-            request.grad_sync,
-            request.cluster,
-            accum,
-        )
-        traffic = self._traffic.get(traffic_key)
-        if traffic is None:
-            traffic = self._traffic[traffic_key] = fsdp2_traffic(
-                request, strategy, self.table, grad_accum=accum
-            )
-        return with_framework_traffic(compute, traffic)
 
 
 class _Resolver:
-    """Each group's candidates, every one given its step time and its peak's lower bound; the caches are
-    shared by the groups of one search."""
+    """Each group's candidates, every one given its step time and its peak's lower bound, each from the parts
+    of comm's step (:data:`~zerocalc.comm.step.STEP`) and the peak's (:data:`~zerocalc.plan.allocated.
+    FRAMEWORK_PART`, :data:`~zerocalc.plan.allocated.MODEL_PART`, :data:`~zerocalc.states.memory.
+    STATES_BYTES`, :data:`~zerocalc.peak.evaluate.OUTSIDE_BYTES`, :data:`~zerocalc.peak.simulate.
+    FIRST_STAGE_SAVED`), shared among the search's candidates by the keys their declarations give."""
 
     def __init__(self, plan: PlanRequest, setting: _Setting, price_all: bool = True):
         self.plan, self.setting = plan, setting
         self.price_all = price_all
-        """False: a model-parallel candidate whose bound is above the fit limit gets no step time (it cannot
-        be ranked); True: every candidate gets one (the JSON's list of them)."""
-        self.requests = _Requests(plan)
-        self.comm = _CommCosts(setting.layout)
-        self.outside = _OutsideBytes()
-        self.parts: dict[Hashable, StepParts] = {}
-        """A data-parallel candidate's step parts per model code and architecture (one StepParts per model
-        its frameworks run: Megatron-LM runs its own layers and pads the vocabulary)."""
-        self._parts_key: dict[Framework, Hashable] = {}
-        self.compute = _Compute(plan)
-        self.mesh_steps = _MeshSteps(plan)
-        self.states: dict[Hashable, int] = {}
-        """A model-parallel configuration's model-state bytes on its largest rank."""
-        self.micro_batch_saves: dict[Hashable, int] = {}
-        """A pipelined configuration's first stage's saved activations of one micro-batch, per b."""
-        self.flights: dict[Hashable, int] = {}
-        """The first pipeline stage's micro-batches in flight, per schedule and A."""
-        self.mesh_parts: dict[Hashable, StepParts] = {}
-        """The step's parts per framework and tensor-, context- and expert-parallel degrees (without
-        pipeline stages): their requests are of one rank's model, as a data-parallel search's are of the
-        whole model."""
+        """False: a candidate whose bound is above the fit limit gets no step time (it cannot be ranked);
+        True: every candidate gets one (the JSON's list of them)."""
+        self.bases = Bases.of(plan)
+        self.parts = PartCache()
+
+    def outside(self, request: TrainingRequest) -> int:
+        """The CUDA context and the NCCL communicators of the request's strategy."""
+        return self.parts.get(OUTSIDE_BYTES, request, request.strategies[0])
 
     def candidates(self, group: Group) -> list[_Cand] | InputError:
         """The group's candidates, or why the parser refuses the group."""
-        request = self.requests.memory(group)
-        if isinstance(request, InputError):
-            return request
-        comm_request = self.requests.comm(group)
-        if isinstance(comm_request, InputError):
-            return comm_request
+        try:
+            requests = group_requests(self.plan, group, self.bases)
+        except InputError as exc:
+            return exc
         if group.model_parallel:
-            return self._mesh_candidates(group, request, comm_request)
-        timed = self._timed(group, request, comm_request)
-        configuration = group._replace(recompute=None, micro_batches=())
-        peaks = self._parts(group.framework, request).allocated_peaks(
-            request, {b: accum for b, accum, _ in timed}, configuration
-        )
-        outside = self.outside.of(group, request)
-        return [_Cand(group, request, b, accum, t, peaks[b] + outside) for b, accum, t in timed]
+            return self._mesh_candidates(group, requests)
+        peaks = self._allocated(requests)
+        outside = self.outside(requests[0].memory)
+        return [self._candidate(group, r, peaks[r.b] + outside) for r in requests]
 
-    def _parts(self, framework: Framework, request: TrainingRequest) -> StepParts:
-        """The step parts of a data-parallel request: shared by the frameworks that run the same model
-        (the model's part is the model code's timeline of the architecture; its framework's own part is
-        keyed by configuration inside)."""
-        key = self._parts_key.get(framework)
-        if key is None:
-            key = self._parts_key[framework] = (request.model_code, request.architecture)
-        parts = self.parts.get(key)
-        if parts is None:
-            parts = self.parts[key] = StepParts(runtime_for(self.plan.base))
-        return parts
+    def _candidate(self, group: Group, requests: CandidateRequests, lower: int) -> _Cand:
+        """The candidate of its lower bound, priced where it can fit or where every candidate is listed
+        (``price_all``): one whose bound is above the fit limit cannot be ranked."""
+        timed = self._step(requests) if lower <= self.setting.limit or self.price_all else None
+        return _Cand(group, requests, timed, lower)
 
-    def _mesh_candidates(
-        self, group: Group, request: TrainingRequest, comm_request: TrainingRequest
-    ) -> list[_Cand] | InputError:
+    def _step(self, requests: CandidateRequests) -> StepTime:
+        comm = requests.comm
+        return step_time(comm, self.plan.compute, comm.strategies[0], self.parts)
+
+    def _allocated(self, requests: list[CandidateRequests]) -> dict[int, int]:
+        """Each candidate's allocated peak, exact, from the step's parts (:class:`~zerocalc.plan.allocated.
+        StepParts` of its model)."""
+        first = requests[0].memory
+        parts = self.parts.get(MODEL_STEP_PARTS, first)
+        # the model's part of a candidate's step reads what its memory and comm requests agree on
+        return parts.allocated_peaks(AtBatch(requests), framework_of=first)
+
+    def _mesh_candidates(self, group: Group, requests: list[CandidateRequests]) -> list[_Cand] | InputError:
         """A model-parallel group's candidates: each one's step time and communication are ``comm``'s for
-        its b, recompute and A (:class:`_MeshSteps`); its peak's lower bound is the context, the NCCL
-        communicators and the model states of the largest rank (:func:`~zerocalc.states.memory.
-        strategy_row`: all resident between the last backward and the optimizer step), the exact peak left
-        to the walk; with pipeline stages and no recomputation, at least the first stage's in-flight
-        activations (:func:`~zerocalc.peak.simulate.in_flight_saved_bytes`) where they are more. Without
-        pipeline stages the rank's steady step is one timeline, as a data-parallel candidate's: its
-        allocated peak is exact from the step's parts (:class:`~zerocalc.plan.allocated.StepParts` of the
-        rank's model), and the bound is that peak + the context and the communicators.
-        A candidate whose bound is above the fit limit cannot be ranked: it is priced only where every
-        candidate is listed (``price_all``)."""
-        key = group._replace(recompute=None, micro_batches=(), accumulates=False)
-        states = self.states.get(key)
-        if states is None:
-            states = self.states[key] = strategy_row(request).gpu_bytes
-        outside = self.outside.of(group, request)
-        batches = {b: group.accumulation(self.plan.global_batch_sequences, b) for b in group.micro_batches}
-        allocated = dict.fromkeys(batches, 0)
-        if group.pp == 1:
-            parts_key = (group.framework, group.tp, group.cp, group.ep)
-            parts = self.mesh_parts.get(parts_key)
-            if parts is None:
-                parts = self.mesh_parts[parts_key] = StepParts(runtime_for(self.plan.base))
-            configuration = group._replace(recompute=None, micro_batches=())
-            allocated = parts.allocated_peaks(request, batches, configuration)
-        problem = mesh_problem(comm_request.model.architecture, comm_request.mesh)
+        its request; its peak's lower bound is the context, the NCCL communicators and the model states of
+        the largest rank (:func:`~zerocalc.states.memory.strategy_row`: all resident between the last backward
+        and the optimizer step), the exact peak left to the walk; with pipeline stages and no
+        recomputation, at least the first stage's in-flight activations (:func:`~zerocalc.peak.simulate.
+        in_flight_saved_bytes`) where they are more. Without pipeline stages the rank's steady step is one
+        timeline, as a data-parallel candidate's: its allocated peak is exact from the step's parts
+        (:class:`~zerocalc.plan.allocated.StepParts` of the rank's model), and the bound is that peak + the
+        context and the communicators. A candidate whose bound is above the fit limit cannot be ranked: it is
+        priced only where every candidate is listed (``price_all``)."""
+        first = requests[0]
+        states = self.parts.get(STATES_BYTES, first.memory)
+        outside = self.outside(first.memory)
+        problem = mesh_problem(first.comm.model.architecture, first.comm.mesh)
         if problem:  # what pricing would refuse, refused whether or not it is priced
             return InputError(problem)
-        if group.pp > 1:
-            allocated = {b: self._in_flight(group, request, b, accum) for b, accum in batches.items()}
-        cands = []
-        for b, accum in batches.items():
-            lower = outside + max(states, allocated[b])
-            timed: StepTime | InputError | None = None
-            if lower <= self.setting.limit or self.price_all:
-                timed = self.mesh_steps.of(group, comm_request, b, accum)
-                if isinstance(timed, InputError):
-                    return timed
-            cands.append(_Cand(group, request, b, accum, timed, lower))
-        return cands
+        if group.pp == 1:
+            allocated = self._allocated(requests)
+        else:
+            keeps = keeps_in_flight(first.memory)  # else no micro-batch's saves are counted
+            allocated = {r.b: self._in_flight(r.comm) if keeps else 0 for r in requests}  # both agree on it
+        return [self._candidate(group, r, outside + max(states, allocated[r.b])) for r in requests]
 
-    def _in_flight(self, group: Group, request: TrainingRequest, b: int, accum: int) -> int:
-        """The first pipeline stage's in-flight activations at b and A
-        (:func:`~zerocalc.peak.simulate.in_flight_saved_bytes`): one micro-batch's once per mesh,
-        recompute and b, the micro-batches in flight once per schedule and A."""
-        key = (
-            group.framework, group.tp, group.cp, group.pp, group.vpp, group.ep, group.end_stage_layers,
-            group.recompute, b,
-        )  # fmt: skip
-        saved = self.micro_batch_saves.get(key)
-        if saved is None:
-            saved = self.micro_batch_saves[key] = micro_batch_saved_bytes(with_batch(request, b, accum))
+    def _in_flight(self, request: TrainingRequest) -> int:
+        """The first pipeline stage's in-flight activations (:func:`~zerocalc.peak.simulate.
+        in_flight_saved_bytes`: one micro-batch's saves, :data:`~zerocalc.peak.simulate.FIRST_STAGE_SAVED`,
+        times the micro-batches in flight)."""
+        saved = self.parts.get(FIRST_STAGE_SAVED, request)
         if not saved:
             return 0
         mesh = request.mesh
-        flight = (mesh.pp_schedule, mesh.pp, accum)
-        count = self.flights.get(flight)
-        if count is None:
-            count = self.flights[flight] = first_stage_in_flight(mesh.pp_schedule, mesh.pp, accum)
-        return count * saved
-
-    def _timed(
-        self, group: Group, request: TrainingRequest, comm_request: TrainingRequest
-    ) -> list[tuple[int, int, StepTime]]:
-        """Each micro-batch of the group, its accumulation and its step time."""
-        plan = self.plan
-        optimizer = optimizer_traffic(request, group.strategy)
-        steps = []
-        for b in group.micro_batches:
-            accum = group.accumulation(plan.global_batch_sequences, b)
-            offload = request_offload_seconds(
-                request, group.strategy, group.offload_optimizer, group.offload_params, accum
-            )
-            compute = self.compute.step(request, b, group.recompute, accum, optimizer)
-            steps.append(
-                (
-                    b * accum * plan.seq_len,
-                    accum,
-                    self.comm.time(group, comm_request, accum),
-                    offload,
-                    compute,
-                )
-            )
-        setting = self.setting
-        timings = step_times(
-            group.strategy, group.framework, group.prefetch, setting.model_flops, setting.peak_flops, steps
-        )
-        return [
-            (b, accum, timing)
-            for b, (_, accum, _, _, _), timing in zip(group.micro_batches, steps, timings, strict=True)
-        ]
+        return first_stage_in_flight(mesh.pp_schedule, mesh.pp, request.grad_accum) * saved
 
 
 def _resolve(
@@ -859,22 +507,6 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
     )
 
 
-def _request_once(
-    cache: dict[Hashable, TrainingRequest | InputError],
-    key: Hashable,
-    plan: PlanRequest,
-    group: Group,
-    estimate: Estimate,
-) -> TrainingRequest | InputError:
-    """The group's request, or the parser's error, derived once per ``key`` (as parsing gives it)."""
-    if key not in cache:
-        try:
-            cache[key] = derived_request(plan, group, estimate)
-        except InputError as exc:
-            cache[key] = exc
-    return cache[key]
-
-
 def _reason(exc: InputError) -> str:
     """A rejection's reason: the parser's message up to its 'accepted' part, numbers and all."""
     text = str(exc).split("; accepted")[0]
@@ -915,7 +547,7 @@ def _walk(plan: PlanRequest, cands: list[_Cand], limit: float) -> list[_Cand]:
             cand.status = Status.DOES_NOT_FIT
             continue
         if cand.exact is None:
-            request = with_batch(cand.request, cand.b, cand.accum)
+            request = cand.request
             if request.mesh.pp > 1 and _allocated_over(request):
                 cand.stage_over, cand.status = True, Status.DOES_NOT_FIT
                 continue
@@ -981,6 +613,6 @@ def _row(plan: PlanRequest, cand: _Cand, rank: int | None) -> PlanRow:
         step_s=t.step_s,
         tokens_per_s_per_gpu=t.tokens_per_s_per_gpu,
         mfu=t.mfu,
-        memory_options=memory_options(plan, g, cand.b),
-        comm_options=comm_options(plan, g, cand.b),
+        memory_options=printed_options(plan, g, request, Command.MEMORY),
+        comm_options=printed_options(plan, g, cand.comm, Command.COMM),
     )

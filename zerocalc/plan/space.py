@@ -23,33 +23,20 @@ from zerocalc.base.errors import InputError, shown
 from zerocalc.base.units import BINARY_SUFFIXES, parse_count, parse_whole
 from zerocalc.compute.table import ComputeTable
 from zerocalc.model.activations import Recompute
-from zerocalc.model.code import ModelImplName
 from zerocalc.network.calibration import Calibration
-from zerocalc.network.cluster import Cluster
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.framework_records import FRAMEWORKS, framework_strategies
 from zerocalc.parallel.frameworks import Estimate, Framework
-from zerocalc.parallel.mesh import Mesh, PpSchedule
 from zerocalc.parallel.pipeline import shorter_end_stages
 from zerocalc.parallel.precision import PrecisionName
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
 from zerocalc.request.compute import compute_table
+from zerocalc.request.gpu import DEFAULT_GPU
 from zerocalc.request.options import Command
+from zerocalc.request.options_model import options_from_keywords, options_model
 from zerocalc.request.presets import gpu_file, load_gpu
-from zerocalc.request.training import (
-    DEFAULT_GPU,
-    MAX_GPUS,
-    MAX_GPUS_PER_NODE,
-    MAX_GRAD_ACCUM,
-    MAX_MICRO_BATCH,
-    MAX_SEQ_LEN,
-    TrainingRequest,
-    default_sequence_parallel,
-    options_from_keywords,
-    options_model,
-    parse_options,
-    request_with,
-)
+from zerocalc.request.training import TrainingRequest, parse_options
+from zerocalc.request.values import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_GRAD_ACCUM, MAX_MICRO_BATCH, MAX_SEQ_LEN
 
 DEFAULT_FRAMEWORKS: tuple[Framework, ...] = (Framework.FSDP2, Framework.TORCH_ZERO1, Framework.DEEPSPEED)
 """Searched without ``--framework``: the implementations whose allocations zerocalc models exactly or by
@@ -140,7 +127,7 @@ PLAN_PRECISION = PrecisionName.BF16_MIXED
 
 def plan_precision(gpu: str | None) -> PrecisionName:
     """:data:`PLAN_PRECISION`, fp16-mixed on a GPU without bf16 (``bf16 = false`` in its preset: the
-    V100), where ``memory`` refuses bf16 (``zerocalc.request.training._gpu``)."""
+    V100), where ``memory`` refuses bf16 (``zerocalc.request.gpu.parse_gpu``)."""
     if gpu is not None and not load_gpu(gpu).bf16:
         return PrecisionName.FP16_MIXED
     return PLAN_PRECISION
@@ -325,34 +312,6 @@ class Group(NamedTuple):
         """``tp8 pp4 v2``: the degrees above 1."""
         names = {"tp": "tp", "cp": "cp", "pp": "pp", "vpp": "v", "ep": "ep"}
         return " ".join(f"{names[n]}{getattr(self, n)}" for n in MESH_DEGREES if getattr(self, n) > 1)
-
-    def options(self, b: int, grad_accum: int) -> dict[str, str]:
-        """The request's options as typed on the command line (concept → value), for one b."""
-        out = {
-            "gpus": str(self.world),
-            "gpus_per_node": str(self.gpus_per_node),
-            "framework": self.framework.value,
-            "strategies": self.strategy.value,
-            "micro_batch": str(b),
-            "grad_accum": str(grad_accum),
-            "recompute": self.recompute.value,
-        }
-        if self.offload_optimizer is not OffloadTarget.NONE:
-            out["offload_optimizer"] = self.offload_optimizer.value
-        if self.offload_params is not OffloadTarget.NONE:
-            out["offload_params"] = self.offload_params.value
-        if self.reduce_dtype is not None:
-            out["reduce_dtype"] = self.reduce_dtype.value
-        if self.prefetch is not None:
-            out["prefetch"] = str(self.prefetch)
-        if self.grad_sync is not None:
-            out["grad_sync"] = self.grad_sync.value
-        for name in MESH_DEGREES:
-            if getattr(self, name) > 1:
-                out[name] = str(getattr(self, name))
-        if self.end_stage_layers is not None:
-            out["pp_first_stage_layers"] = out["pp_last_stage_layers"] = str(self.end_stage_layers)
-        return out
 
 
 class Rejected(NamedTuple):
@@ -594,126 +553,3 @@ def _mesh_groups(
                                                 ends,
                                             )
                                         )
-
-
-COMM_OPTIONS = (
-    "gpus", "gpus_per_node", "framework", "strategies", "micro_batch", "grad_accum", "recompute", "grad_sync",
-    "reduce_dtype", "offload_optimizer", "offload_params", *MESH_DEGREES, "pp_first_stage_layers",
-    "pp_last_stage_layers", "model_impl", "flash_attention",
-)  # fmt: skip
-"""The options ``zerocalc comm`` takes of a candidate's (not its memory's: prefetch, init); with the
-sequence length, its step time is the candidate's, its offload's included."""
-
-
-def memory_options(plan: PlanRequest, group: Group, b: int) -> dict[str, str]:
-    """The candidate's ``zerocalc memory`` options, concept → value as typed."""
-    grad_accum = group.accumulation(plan.global_batch_sequences, b)
-    init = plan.base.init_asked
-    return {
-        "model": plan.model,
-        **plan.gpu_options(Estimate.MEMORY),
-        "seq_len": str(plan.seq_len),
-        **group.options(b, grad_accum),
-        **({"init": init.value} if init is not None else {}),
-        **_code_options(plan),
-    }
-
-
-def _code_options(plan: PlanRequest) -> dict[str, str]:
-    """The model's code and attention kernel as the plan was given them (``flash_attention``: ``true`` or
-    ``false``, the switch's two flags)."""
-    base = plan.base
-    out = {}
-    if base.model_impl is not ModelImplName.HF:
-        out["model_impl"] = base.model_impl.value
-    if base.activations.flash_attention is not None:
-        out["flash_attention"] = str(base.activations.flash_attention).lower()
-    return out
-
-
-def comm_options(plan: PlanRequest, group: Group, b: int) -> dict[str, str]:
-    """The candidate's ``zerocalc comm`` options (the calibration file's path where one was given)."""
-    grad_accum = group.accumulation(plan.global_batch_sequences, b)
-    chosen = {k: v for k, v in group.options(b, grad_accum).items() if k in COMM_OPTIONS}
-    out = {"model": plan.model, **plan.gpu_options(Estimate.COMM), "seq_len": str(plan.seq_len), **chosen}
-    out.update(_code_options(plan))
-    if plan.calibration_path is not None:
-        out["calibration"] = plan.calibration_path
-    if plan.base.compute_calibration is not None:
-        out["compute_calibration"] = plan.base.compute_calibration
-    return out
-
-
-def group_request(plan: PlanRequest, group: Group, estimate: Estimate) -> TrainingRequest:
-    """The group's request (at its first b) for ``memory`` or ``comm``, parsed as the commands parse it; an
-    option the framework does not model raises the parser's own :class:`InputError`. The reference
-    :func:`derived_request` is tested against."""
-    b = group.micro_batches[0]
-    if estimate is Estimate.MEMORY:
-        options: dict[str, object] = dict(memory_options(plan, group, b))
-    else:
-        options = dict(comm_options(plan, group, b))
-        options.pop("calibration", None)
-        options.pop("compute_calibration", None)
-    if "flash_attention" in options:
-        options["flash_attention"] = options["flash_attention"] == "true"
-    return parse_options(
-        estimate=estimate,
-        calibration=plan.calibration,
-        calibration_name=plan.calibration_path,
-        **options,
-    )
-
-
-def derived_request(plan: PlanRequest, group: Group, estimate: Estimate) -> TrainingRequest:
-    """:func:`group_request`'s request without parsing: the plan's parsed base with the group's typed options
-    (:func:`~zerocalc.request.training.request_with` checks them as the parser does; the same request or the
-    same
-    :class:`InputError`, tests/plan/test_plan.py). The base was parsed with the plan's model, GPU, sequence
-    length and calibration, as every group's command gives them. Ten times cheaper than a parse: the search
-    needs hundreds."""
-    base = plan.base
-    b = group.micro_batches[0]
-    changes: dict[str, object] = {
-        "estimate": estimate,
-        "cluster": Cluster.of(group.world, group.gpus_per_node),
-        "framework": group.framework,
-        "strategies": (group.strategy,),
-        "strategies_explicit": True,
-        "reduce_dtype": group.reduce_dtype,
-        "grad_accum": group.accumulation(plan.global_batch_sequences, b),
-        "grad_sync": group.grad_sync,
-    }
-    if group.model_parallel:
-        del changes["cluster"]
-        changes["mesh"] = group_mesh(plan, group)
-    changes["activations"] = base.activations.model_copy(
-        update={"micro_batch": b, "recompute": group.recompute}
-    )
-    changes["offload_optimizer"] = group.offload_optimizer
-    changes["offload_params"] = group.offload_params
-    if estimate is not Estimate.COMM and group.prefetch is not None:
-        changes["buffers"] = base.buffers.model_copy(update={"prefetch": group.prefetch})
-    return request_with(base, **changes)
-
-
-def group_mesh(plan: PlanRequest, group: Group) -> Mesh:
-    """The group's mesh as the parser builds it from its degrees (the framework's schedule, CP
-    implementation and sequence parallelism by default)."""
-    framework = group.framework
-    per_node = min(group.gpus_per_node, group.world)
-    return Mesh(
-        world=group.world,
-        gpus_per_node=per_node,
-        tp=group.tp,
-        cp=group.cp,
-        sequence_parallel=default_sequence_parallel(framework, group.tp, plan.base.model_impl),
-        cp_impl=FRAMEWORKS[framework].default_cp_impl,
-        tp_style=FRAMEWORKS[framework].layers_tp_style,
-        pp=group.pp,
-        vpp=group.vpp,
-        pp_schedule=PpSchedule.INTERLEAVED_1F1B if group.vpp > 1 else PpSchedule.ONE_F_ONE_B,
-        pp_first_stage_layers=group.end_stage_layers,
-        pp_last_stage_layers=group.end_stage_layers,
-        ep=group.ep,
-    )

@@ -1014,7 +1014,7 @@ def _num_layers(model: Any) -> int | None:
     or without its architecture (the request's parser refuses a pipeline then)."""
     if model is None:
         return None
-    from zerocalc.request.training import _model
+    from zerocalc.request.model_spec import model_spec as _model
 
     architecture = _model(None, model).architecture
     return None if architecture is None else architecture.num_layers

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from zerocalc.base.errors import InputError, literal, shown, why_not
 from zerocalc.base.units import parse_bandwidth, parse_bytes
 from zerocalc.model.architecture import Architecture
-from zerocalc.request.training import RuntimeNames
+from zerocalc.request.runtime_names import RuntimeNames
 
 KINDS = ("models", "gpus", "scenarios")
 

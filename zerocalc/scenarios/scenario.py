@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from zerocalc.base.errors import keyword
 from zerocalc.request.options import Command, as_given, option
-from zerocalc.request.training import TrainingOptions, parse_request
+from zerocalc.request.options_model import TrainingOptions
+from zerocalc.request.training import parse_request
 
 
 class PlanScenario(BaseModel):

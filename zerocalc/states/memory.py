@@ -30,12 +30,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from enum import StrEnum
 from fractions import Fraction
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 from zerocalc.base.display import TableDisplay
 from zerocalc.base.dtypes import DType
+from zerocalc.base.parts import Part
 from zerocalc.base.units import ceil_div, format_count, gib, plural, summary_repr
 from zerocalc.model.architecture import ParameterCount, ParamTensor, expert_parameters
 from zerocalc.network.cluster import Cluster, RankGroup
@@ -61,6 +62,7 @@ from zerocalc.parallel.precision import (
     tensor_dtypes,
 )
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName, row_named
+from zerocalc.request.echo import RequestEcho
 from zerocalc.request.options import OptionsEcho
 from zerocalc.request.training import TrainingRequest
 from zerocalc.states.fp8 import te_param_parts
@@ -158,10 +160,14 @@ class BytesPerParameter(BaseModel):
     )
 
 
-class MemoryRequest(BaseModel):
+class MemoryRequest(RequestEcho):
     """The request as the model-state estimate echoes it in its JSON."""
 
-    model_config = ConfigDict(frozen=True)
+    SOURCES: ClassVar[dict[str, str]] = {
+        "params": "model.params",
+        "rank_params": "rank_model.params",
+        "context_bytes": "runtime.context_bytes",
+    }
 
     params: int = Field(gt=0, description="Ψ: parameter count")
     rank_params: int = Field(
@@ -182,24 +188,6 @@ class MemoryRequest(BaseModel):
     states_capacity_bytes: int | None = Field(
         default=None, description="gpu_memory_bytes − context_bytes: what model states are compared with"
     )
-
-    @classmethod
-    def of(cls, request: TrainingRequest) -> MemoryRequest:
-        return cls(
-            params=request.model.params,
-            rank_params=request.rank_model.params,
-            mesh=request.mesh,
-            cluster=request.cluster,
-            precision=request.precision,
-            optimizer=request.optimizer,
-            fp32_grad_accum=request.fp32_grad_accum,
-            offload_optimizer=request.offload_optimizer,
-            offload_params=request.offload_params,
-            strategies=request.strategies,
-            gpu_memory_bytes=request.gpu_memory_bytes,
-            context_bytes=request.runtime.context_bytes,
-            states_capacity_bytes=request.states_capacity_bytes,
-        )
 
 
 class ModelSummary(BaseModel):
@@ -643,6 +631,17 @@ def strategy_row(request: TrainingRequest) -> StrategyMemory:
     return strategy_memory(STRATEGIES[request.strategies[0]], request, ddp_baseline_gpu_bytes(request))
 
 
+STATES_BYTES = Part(
+    "model states",
+    ("model", "mesh", "stage", "framework", "precision", "reduce_dtype", "optimizer", "fp32_grad_accum",
+     "offload_optimizer", "offload_params", "strategies", "finetune", "fp8"),
+    lambda request, parts: bytes_at(
+        strategy_states(STRATEGIES[request.strategies[0]], request), Location.GPU
+    ),
+)  # fmt: skip
+"""The model states on the GPU of the request's first strategy (its row's ``gpu_bytes``)."""
+
+
 def layout_assumption(request: TrainingRequest) -> str:
     """How the request's framework keeps the recipe's tensors (its record's layout, the precision record's
     dtypes), where that is not the ZeRO paper's 16-bit parameters and gradients beside a master copy."""
@@ -847,7 +846,7 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
             memory_bytes=gpu.memory_bytes,
             memory_tool=gpu.names.smi,
             usable_bytes=gpu.usable_bytes,
-            context_bytes=gpu.context_bytes,
+            context_bytes=request.runtime.context_bytes,
         ),
         finetune=summary,
         bytes_per_parameter=bpp,

@@ -36,7 +36,7 @@ from zerocalc.parallel.mesh import describe_layer_counts
 from zerocalc.parallel.optimizers import OptimizerName
 from zerocalc.parallel.pipeline import chunk_layers, split_problem, stage_layer_counts
 from zerocalc.parallel.precision import PrecisionName
-from zerocalc.request.training import MAX_GRAD_ACCUM
+from zerocalc.request.values import MAX_GRAD_ACCUM
 from zerocalc.states.framework import (
     STATE_LINES,
     Line,
