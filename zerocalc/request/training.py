@@ -483,14 +483,12 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         calibration=calibration,
         calibration_name=calibration_name,
         compute_calibration=compute_calibration_path(o.compute_calibration),
-        notes=(
-            *model_notes_of(o.model),
-            *position_notes,
-            *fp8_notes(fp8, rank_models(model, mesh)[0].architecture),
-        ),
+        notes=(*model_notes_of(o.model), *position_notes),
         finetune=parse_finetune(o, model),
     )
-    return check(request)
+    request = check(request)  # the stages are checked before the rank's model is built for the notes
+    converted = fp8_notes(fp8, rank_models(model, mesh)[0].architecture)
+    return request.model_copy(update={"notes": (*request.notes, *converted)}) if converted else request
 
 
 def _ignored_problem(
