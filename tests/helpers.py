@@ -35,6 +35,21 @@ LLAMA_2_7B_CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"
 LLAMA_2_7B = 6_738_415_616
 """Llama-2-7b's published parameter count."""
 
+SMALL_PLAN = [
+    "plan",
+    "--model",
+    "gpt2",
+    "--gpu",
+    "rtx-4090",
+    "--gpus",
+    "2",
+    "--global-batch",
+    "8seq",
+    "--top",
+    "1",
+]
+"""A plan that searches in a fraction of a second (GPT-2 on two RTX 4090s, 8 sequences, the top row)."""
+
 H100_DATA = DATA / "h100-fsdp2-hf"
 H100_STEPS: list[dict[str, Any]] = [
     json.loads(line) for line in (H100_DATA / "steps.jsonl").read_text().splitlines()

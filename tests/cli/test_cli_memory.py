@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import one_line_error
+from helpers import SMALL_PLAN, one_line_error
 from typer.testing import CliRunner
 
 from zerocalc.cli import app
@@ -181,19 +181,7 @@ def test_the_peak_heading_names_the_optimizer_step_that_runs(args: list[str], st
         ],
         ["memory", "--params", "7B", "--gpus", "8"],
         ["comm", "--params", "7B", "--gpus", "16", "--tokens-per-step", "4M", "--tflops", "400"],
-        [
-            "plan",
-            "--model",
-            "gpt2",
-            "--gpu",
-            "rtx-4090",
-            "--gpus",
-            "2",
-            "--global-batch",
-            "8seq",
-            "--top",
-            "1",
-        ],
+        SMALL_PLAN,
     ],
 )
 def test_no_printed_line_ends_in_spaces(args: list[str]) -> None:

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
-from helpers import DATA, ROOT, one_line_error
+from helpers import DATA, ROOT, SMALL_PLAN, one_line_error
 from typer.testing import CliRunner
 
 from zerocalc.api import estimate_comm
@@ -582,19 +582,7 @@ def test_measured_fsdp2_steps_within_10_percent(run: dict) -> None:
     "args",
     [
         ["comm", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "8", "--strategy", "zero3"],
-        [
-            "plan",
-            "--model",
-            "gpt2",
-            "--gpu",
-            "rtx-4090",
-            "--gpus",
-            "2",
-            "--global-batch",
-            "8seq",
-            "--top",
-            "1",
-        ],
+        SMALL_PLAN,
     ],
 )
 def test_step_time_tables_say_what_the_checks_measured(args: list[str]) -> None:

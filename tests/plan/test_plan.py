@@ -9,7 +9,13 @@ from collections.abc import Iterator
 from functools import cache
 
 import pytest
-from helpers import candidate_options, candidate_requests_or_error, one_line_error, parsed_candidate_or_error
+from helpers import (
+    SMALL_PLAN,
+    candidate_options,
+    candidate_requests_or_error,
+    one_line_error,
+    parsed_candidate_or_error,
+)
 from typer.testing import CliRunner
 
 import zerocalc.plan.allocated as allocated_module
@@ -672,27 +678,14 @@ def test_no_reduce_dtype_is_searched_where_nothing_is_reduced(gpus: int, tp: str
 def test_plan_json_lists_every_candidate_only_when_asked() -> None:
     """``plan --json`` carries the top rows (``candidates`` null); ``--all-candidates`` adds every
     candidate searched; without --json it is refused in one line."""
-    args = [
-        "plan",
-        "--model",
-        "gpt2",
-        "--gpu",
-        "rtx-4090",
-        "--gpus",
-        "2",
-        "--global-batch",
-        "8seq",
-        "--top",
-        "1",
-    ]
-    small = runner.invoke(app, [*args, "--json"])
+    small = runner.invoke(app, [*SMALL_PLAN, "--json"])
     assert small.exit_code == 0, small.output
     assert json.loads(small.stdout)["candidates"] is None
-    every = runner.invoke(app, [*args, "--json", "--all-candidates"])
+    every = runner.invoke(app, [*SMALL_PLAN, "--json", "--all-candidates"])
     data = json.loads(every.stdout)
     assert len(data["candidates"]) == data["candidates_evaluated"] > 1
     assert len(small.stdout) * 4 < len(every.stdout)
-    one_line_error(runner.invoke(app, [*args, "--all-candidates"]), "accepted: --json --all-candidates")
+    one_line_error(runner.invoke(app, [*SMALL_PLAN, "--all-candidates"]), "accepted: --json --all-candidates")
 
 
 def test_plan_prints_no_progress_lines_where_stderr_is_not_a_terminal(capsys: pytest.CaptureFixture) -> None:
