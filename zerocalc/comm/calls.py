@@ -139,6 +139,7 @@ class CallContext(BaseModel):
     ddp_bucket_bytes: int = Field(ge=0)
     ddp_first_bucket_bytes: int = Field(ge=0)
     deepspeed_bucket_elements: int = Field(ge=0)
+    megatron_bucket_elements: int = Field(default=0, ge=0, description="0: one bucket per buffer")
 
 
 class Call(NamedTuple):
@@ -486,6 +487,14 @@ def _split(rule: ScheduledCollective, layout: Layout, ctx: CallContext) -> RuleC
             parts, extra = _ddp_parts, (ctx.element_bytes, ctx.ddp_first_bucket_bytes, ctx.ddp_bucket_bytes)
         case Calls.DEEPSPEED_BUCKET:
             parts, extra = _deepspeed_parts, (ctx.deepspeed_bucket_elements,)
+        case Calls.MEGATRON_BUCKET if ctx.megatron_bucket_elements:
+            # Megatron-LM param_and_grad_buffer.py _compute_default_per_buffer_param_layout (and
+            # param_layout.py for the distributed optimizer): parameters in reverse order, a bucket closed
+            # once its elements reach bucket_size: DDP's rule with one-byte elements and one limit
+            bucket = ctx.megatron_bucket_elements
+            parts, extra = _ddp_parts, (1, bucket, bucket)
+        case Calls.MEGATRON_BUCKET:
+            parts = _whole_parts
     return layout.cached(_sized_calls, parts, (*selection, *extra), sizing)
 
 

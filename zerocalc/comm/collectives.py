@@ -43,6 +43,7 @@ from zerocalc.network.links import Bandwidths, BandwidthSource, LinkFigures
 from zerocalc.network.schedule import GradSync, Phase, Repeat, ScheduledCollective, ZeroPP
 from zerocalc.parallel.fp8 import Fp8Setting
 from zerocalc.parallel.framework_records import FRAMEWORKS
+from zerocalc.parallel.framework_records.megatron import bucket_elements
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.precision import PrecisionName
 from zerocalc.parallel.strategies import StrategyName
@@ -106,7 +107,7 @@ def _runs(
     cluster: Cluster,
     precision: PrecisionName,
     reduce_dtype: DType | None,
-    buckets: tuple[int, int, int],
+    buckets: tuple[int, int, int, bool],
     zeropp: frozenset[ZeroPP],
 ) -> tuple[_Run, ...]:
     """The rules of ``name``'s schedule under ``framework`` that move data on ``cluster``."""
@@ -127,6 +128,7 @@ def _runs(
             ddp_bucket_bytes=buckets[0],
             ddp_first_bucket_bytes=buckets[1],
             deepspeed_bucket_elements=buckets[2],
+            megatron_bucket_elements=bucket_elements(buckets[3], n),
         )
         runs.append(_Run(line, dtype, line.quantized_with(zeropp), ctx, cluster.spans_nodes(line.group)))
     return tuple(runs)
@@ -187,10 +189,16 @@ def _collective_run(
     return CollectiveRun(run, dtype, scales, traffic, link, seconds)
 
 
-def _buckets(request: TrainingRequest) -> tuple[int, int, int]:
-    """DDP's bucket and first bucket (bytes) and DeepSpeed's reduce bucket (elements): what sizes calls."""
+def _buckets(request: TrainingRequest) -> tuple[int, int, int, bool]:
+    """DDP's bucket and first bucket (bytes), DeepSpeed's reduce bucket (elements) and whether Megatron-LM
+    buckets its buffers (``--overlap-grad-reduce``): what sizes calls."""
     buffers = request.buffers
-    return buffers.ddp_bucket_bytes, buffers.ddp_first_bucket_bytes, buffers.reduce_bucket_elements
+    return (
+        buffers.ddp_bucket_bytes,
+        buffers.ddp_first_bucket_bytes,
+        buffers.reduce_bucket_elements,
+        request.overlap.grad_reduce,
+    )
 
 
 def collective_runs(

@@ -798,6 +798,7 @@ class MeshTime(NamedTuple):
     op: Collective
     phase: Phase
     time_s: float
+    scope: Scope
 
 
 _MESH_RUNS: IdentityCache[tuple[MeshRun, ...]] = IdentityCache()
@@ -845,7 +846,7 @@ def mesh_times(request: MeshRequest, sync: GradSync) -> list[MeshTime]:
     """:func:`mesh_costs`' dimension, op, phase and seconds of each row, without the rest of the row (what
     a plan's step time reads)."""
     return [
-        MeshTime(run.dimension, run.call.op, run.call.phase, times * run.seconds)
+        MeshTime(run.dimension, run.call.op, run.call.phase, times * run.seconds, run.call.scope)
         for run in mesh_runs(request)
         for _, times in _runs_per_step(run, request, sync)
     ]

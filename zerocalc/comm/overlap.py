@@ -105,3 +105,91 @@ def uniform_exposed(compute: float, comm: float, units: int, needed: bool) -> fl
 def calls_in(seconds: float, one_call: float) -> int:
     """How many calls of ``one_call`` seconds ``seconds`` is (at least 1)."""
     return max(1, round(seconds / one_call)) if one_call > 0 else 1
+
+
+# ----------------------------------------------------------------- Transformer Engine's userbuffers (TP)
+TE_PIPELINE_SPLITS = 4
+"""Transformer Engine ``transformer_engine/pytorch/module/base.py`` ``initialize_ub`` ``get_default_config``:
+``num_splits`` 4 for the ``pipeline`` method (``tp_size`` for ``ring_exchange``)."""
+TE_COMM_SMS = 16
+"""The same defaults: ``num_sm`` 16 for ``pipeline`` and ``bulk`` with ``set_sm_margin`` (the GEMM beside
+them runs on the other SMs); ``ring_exchange`` 1 SM, its copies on the copy engines (``use_ce``), no
+margin."""
+TE_LAYERS = {
+    "qkv": ("q_proj", "k_proj", "v_proj", "qkv_proj"),
+    "proj": ("o_proj",),
+    "fc1": ("fc_in", "gate_proj", "up_proj", "gate_up_proj"),
+    "fc2": ("fc_out", "down_proj"),
+}
+"""Transformer Engine's userbuffer layer names and the GEMMs (zerocalc's names) each is."""
+
+
+def ring_exchange_exposed(gemm: float, comm: float, chunks: int) -> float:
+    """An all-gather run as a ring exchange beside the GEMM that consumes it (TE ``CommOverlapP2P``): the
+    GEMM in ``chunks`` (t) pieces, the first on the rank's own shard, piece i + 1's shard received while
+    piece i multiplies (:func:`two_streams`, prefetch 1): exposed what the sends take beyond the pieces."""
+    if chunks < 2 or comm <= 0:
+        return 0.0
+    piece, step = gemm / chunks, comm / (chunks - 1)
+    units = [Unit(piece)] + [Unit(piece, needed=step)] * (chunks - 1)
+    return two_streams(units, prefetch=1).exposed
+
+
+def pipeline_exposed(gemm: float, comm: float, splits: int = TE_PIPELINE_SPLITS) -> float:
+    """A reduce-scatter of a GEMM's output pipelined with it (TE ``CommOverlap`` ``pipeline``): the GEMM in
+    ``splits`` pieces, each piece's reduce-scatter issued when it is done (:func:`two_streams`): the last
+    piece's is exposed, and whatever the others take beyond the pieces after them."""
+    return two_streams([Unit(gemm / splits, issued=comm / splits)] * splits, prefetch=0).exposed
+
+
+def bulk_exposed(gemm: float, comm: float) -> float:
+    """A collective launched beside an independent GEMM (TE ``bulk``: the wgrad's input all-gather beside
+    the dgrad GEMM, the dgrad's reduce-scatter beside the wgrad GEMM): what it takes beyond the GEMM."""
+    return max(0.0, comm - gemm)
+
+
+def sm_slowdown(sms: int | None) -> float:
+    """How much longer a GEMM takes beside a ``pipeline`` or ``bulk`` userbuffer collective: it runs on
+    ``sms`` − :data:`TE_COMM_SMS` of the GPU's SMs (0 where the GPU's SM count is not known)."""
+    return sms / (sms - TE_COMM_SMS) - 1.0 if sms and sms > TE_COMM_SMS else 0.0
+
+
+class TeGemms(NamedTuple):
+    """One pass's GEMM seconds of each userbuffer layer (forward, dgrad, wgrad), summed over the layers."""
+
+    forward: dict[str, float]
+    dgrad: dict[str, float]
+    wgrad: dict[str, float]
+
+    @classmethod
+    def of(cls, times: dict[str, tuple[float, float, float]]) -> TeGemms:
+        """From each GEMM's (forward, dgrad, wgrad) seconds by name."""
+        parts = [
+            {
+                layer: sum(times.get(name, (0.0, 0.0, 0.0))[i] for name in names)
+                for layer, names in TE_LAYERS.items()
+            }
+            for i in range(3)
+        ]
+        return cls(*parts)
+
+
+def userbuffers_exposed(gemms: TeGemms, each: float, tp: int, sms: int | None) -> tuple[float, float]:
+    """Exposed seconds of one micro-batch's layer TP collectives under Megatron-LM ``--tp-comm-overlap``
+    with sequence parallelism, forward and backward, with the slowdown of the GEMMs they run beside:
+    ``each`` the seconds of one of them (every one moves the layer's b·s·h activation), the four forward
+    ones (AG qkv input, RS proj output, AG fc1 input, RS fc2 output) and the six backward ones (AG fc2
+    output gradient, AG fc1 input, RS its gradient, AG proj output gradient, AG qkv input, RS its
+    gradient) each paired with its GEMM by TE ``initialize_ub``'s default methods: ring_exchange
+    qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad; pipeline proj_fprop, fc2_fprop; bulk qkv_dgrad,
+    qkv_wgrad, fc1_dgrad, fc1_wgrad (``gemms``: summed over the layers, so is ``each``)."""
+    f, d, w = gemms
+    slow = sm_slowdown(sms)
+    forward = ring_exchange_exposed(f["qkv"], each, tp) + ring_exchange_exposed(f["fc1"], each, tp)
+    forward += pipeline_exposed(f["proj"], each) + pipeline_exposed(f["fc2"], each)
+    forward += slow * (f["proj"] + f["fc2"])
+    backward = ring_exchange_exposed(d["proj"], each, tp) + ring_exchange_exposed(d["fc2"], each, tp)
+    for layer in ("qkv", "fc1"):
+        backward += bulk_exposed(d[layer], each) + bulk_exposed(w[layer], each)
+        backward += slow * (d[layer] + w[layer])
+    return forward, backward

@@ -71,8 +71,8 @@ from zerocalc.comm.collectives import (
     data_parts,
     mesh_request,
 )
-from zerocalc.comm.mesh import Dimension, MeshCollectiveCost, MeshRequest, MeshTime, mesh_times
-from zerocalc.comm.overlap import calls_in, uniform_exposed
+from zerocalc.comm.mesh import Dimension, MeshCollectiveCost, MeshRequest, MeshTime, Scope, mesh_times
+from zerocalc.comm.overlap import TeGemms, calls_in, uniform_exposed, userbuffers_exposed
 from zerocalc.comm.pipeline import PipelineComm, pipeline_comm
 from zerocalc.compute.ops import (
     MFU_FORMULA,
@@ -84,7 +84,13 @@ from zerocalc.compute.ops import (
     optimizer_bytes_per_param,
 )
 from zerocalc.compute.table import ComputeTable
-from zerocalc.compute.time import ComputeTime, MicroBatchTime, micro_batch_time, step_compute
+from zerocalc.compute.time import (
+    ComputeTime,
+    MicroBatchTime,
+    layer_gemm_times,
+    micro_batch_time,
+    step_compute,
+)
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, PipelineStage, stage_kind
 from zerocalc.model.code import MODEL_CODES, Shape
@@ -141,6 +147,19 @@ def exposed_time(phase: PhaseComm, compute: float, accum: int, hides: bool, need
     each = uniform_exposed(per, comm, units, needed) if comm else 0.0
     last = uniform_exposed(per, comm + once, max(units, calls_in(once, call_once)), needed)
     return (accum - 1) * each + last
+
+
+def after_step_exposed(phase: PhaseComm, first_forward: float, in_forward: bool) -> float:
+    """Exposed seconds of the collectives after ``optimizer.step()``: all of them, or, when the framework
+    defers them into the next step's first forward (Megatron-LM ``--overlap-param-gather``: each bucket's
+    all-gather waited for by its first module's pre-hook, the next bucket's dispatched then), the
+    buckets' all-gathers needed before the forward of ``first_forward`` seconds, each prefetched one
+    bucket ahead (:func:`~zerocalc.comm.overlap.uniform_exposed`: the first bucket's exposed)."""
+    comm = phase.spread + phase.once
+    if not in_forward or not comm:
+        return comm
+    call = phase.call_once or phase.call_spread
+    return uniform_exposed(first_forward, comm, calls_in(comm, call), needed=True)
 
 
 def offload_seconds(
@@ -236,17 +255,47 @@ MESH_DIMENSIONS = (Dimension.TP, Dimension.CP, Dimension.EP, Dimension.PP)
 """The model-parallel dimensions whose exposed communication a step adds to the data-parallel one."""
 
 
+class Userbuffers(NamedTuple):
+    """What Megatron-LM ``--tp-comm-overlap`` hides the layers' TP collectives behind."""
+
+    gemms: TeGemms
+    """One micro-batch's GEMMs of each userbuffer layer, summed over the rank's layers."""
+    tp: int
+    sms: int | None
+    """The GPU's SMs (the userbuffer kernels take :data:`~zerocalc.comm.overlap.TE_COMM_SMS` of them)."""
+    micro_batches: int
+
+
 def mesh_exposed(
-    costs: Sequence[MeshCollectiveCost | MeshTime], attention_forward: float, attention_backward: float
+    costs: Sequence[MeshCollectiveCost | MeshTime],
+    attention_forward: float,
+    attention_backward: float,
+    userbuffers: Userbuffers | None = None,
 ) -> dict[Dimension, float]:
-    """Exposed seconds of the tensor- and context-parallel collectives (see the module's doc)."""
+    """Exposed seconds of the tensor- and context-parallel collectives (see the module's doc); with
+    ``userbuffers``, each layer's TP collectives beside its GEMMs
+    (:func:`~zerocalc.comm.overlap.userbuffers_exposed`)."""
     exposed = dict.fromkeys(MESH_DIMENSIONS, 0.0)
     ring = {Phase.FORWARD: 0.0, Phase.BACKWARD: 0.0}
+    layer_tp = {Phase.FORWARD: 0.0, Phase.BACKWARD: 0.0}
     for cost in costs:
         if cost.dimension is Dimension.CP and cost.op is Collective.SEND_RECV and cost.phase in ring:
             ring[cost.phase] += cost.time_s
+        elif (
+            userbuffers is not None
+            and cost.dimension is Dimension.TP
+            and cost.scope is Scope.LAYER
+            and cost.phase in layer_tp
+        ):
+            layer_tp[cost.phase] += cost.time_s
         else:
             exposed[cost.dimension] += cost.time_s
+    if userbuffers is not None and layer_tp[Phase.BACKWARD]:
+        gemms, tp, sms, accum = userbuffers
+        each = layer_tp[Phase.BACKWARD] / (6 * accum)  # one collective of a micro-batch, over the layers
+        forward_runs = layer_tp[Phase.FORWARD] / (4 * each * accum)  # 1, more with recomputation
+        forward, backward = userbuffers_exposed(gemms, each, tp, sms)
+        exposed[Dimension.TP] += accum * (forward_runs * forward + backward)
     exposed[Dimension.CP] += max(0.0, ring[Phase.FORWARD] - attention_forward)
     exposed[Dimension.CP] += max(0.0, ring[Phase.BACKWARD] - attention_backward)
     return exposed
@@ -266,12 +315,14 @@ def assemble(
     bubble_fraction: float,
     model_flops_per_token: float,
     peak_flops: float | None,
+    gathers_in_forward: bool = False,
 ) -> StepTime:
-    """Compute + exposed communication + bubble + offload, for one GPU's share of the step."""
+    """Compute + exposed communication + bubble + offload, for one GPU's share of the step
+    (``gathers_in_forward``: :func:`after_step_exposed`)."""
     forward, backward = compute.forward_s, compute.backward_s
     dp = exposed_time(comm.forward, forward, grad_accum, hides_forward, needed=True)
     dp += exposed_time(comm.backward, backward, grad_accum, hides_backward)
-    dp += comm.after_step.spread + comm.after_step.once
+    dp += after_step_exposed(comm.after_step, forward / grad_accum, gathers_in_forward)
     bubble = bubble_fraction * (forward + backward)
     exposed = dp + sum(mesh[dimension] for dimension in MESH_DIMENSIONS)
     step = compute.total_s + exposed + bubble + offload_s
@@ -541,6 +592,8 @@ class StepFactors(NamedTuple):
     bubble_fraction: float
     model_flops_per_token: float
     peak_flops: float | None
+    gathers_in_forward: bool = False
+    """The after-step all-gathers run in the next forward (Megatron-LM ``--overlap-param-gather``)."""
 
 
 def step_factors(
@@ -560,6 +613,7 @@ def step_factors(
         bubble_fraction=pipeline.bubble_fraction if pipeline is not None else 0.0,
         model_flops_per_token=model_flops_per_token(arch, count, activations.seq_len),
         peak_flops=request.gpu.bf16_dense_tflops * 1e12 if request.gpu is not None else None,
+        gathers_in_forward=request.overlap.param_gather and strategy is StrategyName.ZERO1,
     )
 
 
@@ -570,13 +624,15 @@ def step_of(
     pipeline: PipelineComm | None,
     offload_s: float,
     factors: StepFactors,
+    userbuffers: Userbuffers | None = None,
 ) -> StepTime:
     """A step from its parts: the slowest stage's compute and attention forward seconds
     (:func:`request_compute`), the data-parallel communication (:func:`comm_time`), the tensor-, context-
-    and expert-parallel collectives, the pipeline's sends and bubble, and the offload."""
+    and expert-parallel collectives (``userbuffers``: Megatron-LM ``--tp-comm-overlap``'s), the pipeline's
+    sends and bubble, and the offload."""
     compute_time, attention_forward = compute
     attention_backward = compute_time.by_class[OpClass.ATTENTION] - attention_forward
-    mesh = mesh_exposed(mesh_costs, attention_forward, attention_backward)
+    mesh = mesh_exposed(mesh_costs, attention_forward, attention_backward, userbuffers)
     mesh[Dimension.PP] = pipeline.busiest_rank_time_s if pipeline is not None else 0.0
     return assemble(
         compute_time,
@@ -592,6 +648,7 @@ def step_of(
         factors.bubble_fraction,
         factors.model_flops_per_token,
         factors.peak_flops,
+        factors.gathers_in_forward,
     )
 
 
@@ -652,7 +709,7 @@ def _dp_runs(
 DP_RUNS = Part(
     "data-parallel collectives",
     (*_MODEL, *_DTYPES, *_LINKS, "zeropp", "buffers.ddp_bucket_bytes", "buffers.ddp_first_bucket_bytes",
-     "buffers.reduce_bucket_elements", "fp8"),
+     "buffers.reduce_bucket_elements", "overlap", "fp8"),
     _dp_runs,
 )  # fmt: skip
 """:func:`~zerocalc.comm.collectives.collective_runs` of a strategy over each part of the rank's parameters
@@ -706,7 +763,7 @@ _SLOWEST_STAGE_READS = (*STAGE_COMPUTES.reads, "grad_sync", "mesh.pp")
 
 
 _STEP_FACTORS_READS = (*_MODEL, "grad_accum", "activations.micro_batch", "activations.seq_len",
-                       "buffers.prefetch", "framework", "gpu")  # fmt: skip
+                       "buffers.prefetch", "framework", "gpu", "overlap")  # fmt: skip
 """What :func:`step_factors` reads (beside the pipeline's bubble)."""
 _OFFLOAD_READS = (*_MODEL, *_DTYPES, "offload_optimizer", "offload_params", "grad_accum")
 """What :func:`request_offload_seconds` reads of the request's offload."""
@@ -737,8 +794,19 @@ def _step(request: TrainingRequest, parts: Parts, table: ComputeTable, strategy:
         pipeline,
         offload,
         step_factors(request, strategy, pipeline),
+        request_userbuffers(request, table),
     )
     return step._replace(comm_s=comm_s)
+
+
+def request_userbuffers(request: TrainingRequest, table: ComputeTable) -> Userbuffers | None:
+    """What ``--tp-comm-overlap`` hides the rank's layer TP collectives behind (None without it): the
+    rank's layers' GEMMs at the table's rates."""
+    if not request.overlap.tp_comm:
+        return None
+    gemms = TeGemms.of(layer_gemm_times(table, request_ops(request)))
+    sms = request.gpu.sm_count if request.gpu is not None else None
+    return Userbuffers(gemms, request.mesh.tp, sms, request.grad_accum)
 
 
 STEP = Part(

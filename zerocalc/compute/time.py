@@ -237,3 +237,19 @@ def step_compute(
         },
         flops=micro_batch.flops * grad_accum,
     )
+
+
+def layer_gemm_times(table: ComputeTable, ops: MicroBatchOps) -> dict[str, tuple[float, float, float]]:
+    """Each layer GEMM's forward, input-gradient and weight-gradient seconds in one micro-batch, by the
+    GEMM's name, summed over the rank's layers (what a schedule pairs a collective with: Transformer
+    Engine's userbuffers overlap each of a layer's TP collectives with one of its GEMMs)."""
+    times: dict[str, tuple[float, float, float]] = {}
+    for layer in ops.layers:
+        n = layer.layers
+        for gemm in layer.gemms:
+            dgrad, wgrad = gemm.backward()
+            seconds = (_gemm_s(table, gemm, ops.dtype), _gemm_s(table, dgrad, ops.dtype),
+                       _gemm_s(table, wgrad, ops.dtype))  # fmt: skip
+            before = times.get(gemm.name, (0.0, 0.0, 0.0))
+            times[gemm.name] = tuple(b + n * s for b, s in zip(before, seconds, strict=True))  # type: ignore[assignment]
+    return times

@@ -68,6 +68,10 @@ class Calls(StrEnum):
     """One call per parameter tensor (from the rank that owns it, for a broadcast)."""
     MODULE = "module"
     """One call per module holding selected parameters (DeepSpeed ZeRO-3's fetches)."""
+    MEGATRON_BUCKET = "megatron_bucket"
+    """One call per Megatron-LM bucket: the whole buffer without ``--overlap-grad-reduce``, else buckets
+    closed once they reach the bucket size (:func:`~zerocalc.parallel.framework_records.megatron.
+    bucket_elements`)."""
 
 
 class Padding(StrEnum):

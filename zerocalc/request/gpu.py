@@ -52,6 +52,7 @@ class GpuChoice(BaseModel):
     nccl_communicator_bytes: int
     cublas_workspace_bytes: int
     bf16_dense_tflops: float
+    sm_count: int | None = Field(default=None, description="streaming multiprocessors (None: not stated)")
     intra_node_Bps: float
     inter_node_Bps: float
 
@@ -72,6 +73,7 @@ def gpu_preset(name: str) -> GpuChoice:
         nccl_communicator_bytes=spec.nccl_communicator_bytes,
         cublas_workspace_bytes=spec.cublas_workspace_bytes,
         bf16_dense_tflops=spec.bf16_dense_tflops,
+        sm_count=spec.sm_count,
         intra_node_Bps=spec.intra_node_Bps,
         inter_node_Bps=spec.inter_node_Bps,
     )

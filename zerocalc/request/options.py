@@ -116,6 +116,18 @@ OPTIONS: tuple[Option, ...] = (
          default_help="the framework's: megatron ring, fsdp2 allgather, deepspeed ulysses"),
     _opt("tp_across_nodes", ("--tp-across-nodes",), "Allow a TP group to span nodes.", ESTIMATES,
          default=False, kind=Kind.FLAG, value_type=BOOL),
+    _opt("overlap_grad_reduce", ("--overlap-grad-reduce",),
+         "Megatron-LM's --overlap-grad-reduce: gradients reduced in buckets of max(40M, 1M·dp) parameters "
+         "as backward produces them, beside the rest of backward.", frozenset({COMM}), default=False,
+         kind=Kind.FLAG, value_type=BOOL),
+    _opt("overlap_param_gather", ("--overlap-param-gather",),
+         "Megatron-LM's --overlap-param-gather (zero1, with --overlap-grad-reduce): the updated parameters "
+         "gathered bucket by bucket in the next forward, one bucket ahead.", frozenset({COMM}),
+         default=False, kind=Kind.FLAG, value_type=BOOL),
+    _opt("tp_comm_overlap", ("--tp-comm-overlap",),
+         "Megatron-LM's --tp-comm-overlap (with --sequence-parallel): Transformer Engine's userbuffers run "
+         "each layer's TP all-gathers and reduce-scatters beside its GEMMs.", frozenset({COMM}),
+         default=False, kind=Kind.FLAG, value_type=BOOL),
     _opt("pp", ("--pp",), "p: pipeline stages, outermost (each a contiguous run of layers).", ESTIMATES,
          default=1, value_type=NUM, metavar="P"),
     _opt("vpp", ("--vpp",), "v: virtual stages (model chunks) per pipeline rank (interleaved 1F1B).",

@@ -103,6 +103,12 @@ class GpuSpec(BaseModel):
     bf16: bool = Field(
         default=True, description="whether the tensor cores take bf16 (false: bf16 recipes are refused)"
     )
+    sm_count: int | None = Field(
+        default=None,
+        gt=0,
+        description="streaming multiprocessors (the vendor's datasheet or whitepaper): what a kernel "
+        "beside a GEMM takes its SMs from (Transformer Engine's userbuffers, docs/model.md Step time)",
+    )
     intra_node_busbw: str
     inter_node_busbw: str
     context: str = Field(

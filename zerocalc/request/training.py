@@ -59,6 +59,7 @@ from zerocalc.request.gpu import (
 from zerocalc.request.mesh_checks import parse_capacity_factor, parse_cluster, parse_mesh
 from zerocalc.request.model_spec import ModelSpec, model_notes_of, model_spec, rank_models, seq_len_of
 from zerocalc.request.options_model import TrainingOptions, options_from_keywords
+from zerocalc.request.overlap import MegatronOverlap, parse_overlap
 from zerocalc.request.values import (
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
@@ -127,6 +128,8 @@ class TrainingRequest(BaseModel):
         "None: the largest stage",
     )
     tp_across_nodes: bool = Field(default=False, description="a TP group may span nodes")
+    overlap: MegatronOverlap = MegatronOverlap()
+    """Megatron-LM's communication overlaps (:mod:`zerocalc.request.overlap`)."""
     precision: PrecisionName = PrecisionName.BF16_MIXED
     optimizer: OptimizerName = OptimizerName.ADAMW
     fp32_grad_accum: bool = False
@@ -447,6 +450,10 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
     links = link_figures(o.intra_node_bw, o.inter_node_bw, o.latency, gpu)
     calibration, calibration_name = calibration_of(o.calibration, o.calibration_name)
     explicit = strategy_names(o.strategies)
+    strategies = explicit or default_strategies(framework)
+    overlap = parse_overlap(
+        o.overlap_grad_reduce, o.overlap_param_gather, o.tp_comm_overlap, framework, mesh, strategies
+    )
     problem = _ignored_problem(o, gpu_memory, model, o.estimate)
     if problem:
         raise InputError(problem)
@@ -455,6 +462,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         model=model,
         mesh=mesh,
         tp_across_nodes=o.tp_across_nodes,
+        overlap=overlap,
         precision=precision,
         optimizer=optimizer,
         fp32_grad_accum=o.fp32_grad_accum,
@@ -462,7 +470,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         offload_optimizer=offload_optimizer,
         offload_params=offload_params,
         framework=framework,
-        strategies=explicit or default_strategies(framework),
+        strategies=strategies,
         strategies_explicit=explicit is not None,
         reduce_dtype=reduce_dtype,
         fp8=(fp8 := parse_fp8(o, framework, model_impl)),

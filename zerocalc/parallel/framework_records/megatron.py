@@ -9,7 +9,7 @@ from zerocalc.model.activations import CpImpl
 from zerocalc.model.code import ModelImplName
 from zerocalc.network.cluster import RankGroup
 from zerocalc.network.collectives import Collective
-from zerocalc.network.schedule import GradSync, Padding, Phase, Repeat, Tensor
+from zerocalc.network.schedule import Calls, GradSync, Padding, Phase, Repeat, Tensor
 from zerocalc.parallel.framework_records.paper import MEGATRON_EXPERT_PARALLEL
 from zerocalc.parallel.framework_records.record import (
     CpFamily,
@@ -29,7 +29,43 @@ _BUFFER = "core/distributed/param_and_grad_buffer.py"
 _SCHEDULE_SOURCE = f"Megatron-LM {_BUFFER}"
 _ONE_BUCKET = (
     "one bucket per buffer without --overlap-grad-reduce (distributed_data_parallel.py: bucket_size None), "
-    "the dense parameters' buffer and the experts' apart"
+    "the dense parameters' buffer and the experts' apart; with it buckets of max(40M, 1M·dp) parameters"
+)
+
+BUCKET_ELEMENTS_LEAST = 40_000_000
+BUCKET_ELEMENTS_PER_RANK = 1_000_000
+"""Megatron-LM ``core/distributed/distributed_data_parallel.py`` ``DistributedDataParallel.__init__``: with
+``overlap_grad_reduce`` and no ``bucket_size`` given, ``bucket_size = max(40000000, 1000000 *
+dp_group.size())`` elements (larger buckets on larger groups keep NCCL's ring chunks bandwidth-bound);
+without it ``bucket_size = None``, one bucket per buffer."""
+
+
+def bucket_elements(overlap_grad_reduce: bool, group_size: int) -> int:
+    """Elements per gradient bucket of a data-parallel group of ``group_size`` ranks (0: one bucket)."""
+    return max(BUCKET_ELEMENTS_LEAST, BUCKET_ELEMENTS_PER_RANK * group_size) if overlap_grad_reduce else 0
+
+
+OVERLAP_GRAD_REDUCE = (
+    "--overlap-grad-reduce: each bucket's reduction issued on the last micro-batch as soon as backward has "
+    "produced its gradients (param_and_grad_buffer.py _ParamAndGradBucketGroup.register_grad_ready -> "
+    "start_grad_sync, async_op on the communication stream), waited for after backward "
+    "(finish_grad_sync): it hides behind the rest of that backward; the last bucket's is exposed"
+)
+OVERLAP_PARAM_GATHER = (
+    "--overlap-param-gather (with --overlap-grad-reduce and the distributed optimizer, arguments.py): no "
+    "all-gather after the step; the next forward's first module's pre-hook dispatches its bucket's "
+    "all-gather and, once it has arrived, the next bucket's (distributed_data_parallel.py "
+    "_make_forward_pre_hook, param_and_grad_buffer.py finish_param_sync: next_param_gather_bucket_group): "
+    "the first bucket's gather is exposed, each other hides behind the forward of the bucket before it"
+)
+TP_COMM_OVERLAP = (
+    "--tp-comm-overlap (with --sequence-parallel, arguments.py): Transformer Engine's userbuffers "
+    "(transformer_engine/pytorch/module/base.py initialize_ub) run each layer's tensor-parallel "
+    "collectives beside its GEMMs: ring_exchange for qkv_fprop, fc1_fprop (all-gathers) and proj_dgrad, "
+    "fc2_dgrad, in t chunks on the copy engines; pipeline for proj_fprop, fc2_fprop (reduce-scatters), in "
+    "4 chunks; bulk for qkv_dgrad/wgrad, fc1_dgrad/wgrad (the input all-gather and the gradient "
+    "reduce-scatter beside the dgrad and wgrad GEMMs); the embedding, the LM head and the loss's "
+    "collectives are not Transformer Engine layers and stay on the critical path"
 )
 _DISTRIBUTED_OPTIMIZER = FrameworkSetup(
     grad_sync=GradSync.LAST,
@@ -44,6 +80,7 @@ _DISTRIBUTED_OPTIMIZER = FrameworkSetup(
             f"fp32 main gradients) over the data-parallel group, on the last micro-batch (no_sync before); "
             f"{_ONE_BUCKET}",
             padding=Padding.MEGATRON_BUFFER,
+            calls=Calls.MEGATRON_BUCKET,
         ),
         schedule_line(
             _AG,
@@ -52,8 +89,10 @@ _DISTRIBUTED_OPTIMIZER = FrameworkSetup(
             RankGroup.WORLD,
             Repeat.PER_STEP,
             "_ParamAndGradBucketGroup.start_param_sync: all_gather_into_tensor of each bucket's param_data "
-            "(the 16-bit parameters the distributed optimizer updated) after the step",
+            "(the 16-bit parameters the distributed optimizer updated) after the step, bucket by bucket; "
+            "with --overlap-param-gather in the next forward",
             padding=Padding.MEGATRON_BUFFER,
+            calls=Calls.MEGATRON_BUCKET,
         ),
     ),
     schedule_source=_SCHEDULE_SOURCE,
@@ -69,6 +108,7 @@ _ALL_REDUCE = FrameworkSetup(
             Repeat.PER_SYNC,
             "_ParamAndGradBucketGroup.start_grad_sync: all_reduce of each bucket's grad_data (the fp32 main "
             f"gradients) without the distributed optimizer, unpadded, on the last micro-batch; {_ONE_BUCKET}",
+            calls=Calls.MEGATRON_BUCKET,
         ),
     ),
     schedule_source=_SCHEDULE_SOURCE,

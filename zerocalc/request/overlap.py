@@ -1,0 +1,73 @@
+"""Megatron-LM's overlap options, parsed and checked against the request they belong to (pure).
+
+What each hides is the Megatron-LM record's (:mod:`zerocalc.parallel.framework_records.megatron`); the
+step prices it (:mod:`zerocalc.comm.step`). Megatron-LM's own checks (``megatron/training/arguments.py``
+``validate_args``) are kept: ``--overlap-param-gather`` needs the distributed optimizer and
+``--overlap-grad-reduce``, ``--tp-comm-overlap`` sequence parallelism.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from zerocalc.base.errors import InputError
+from zerocalc.parallel.frameworks import Framework
+from zerocalc.parallel.mesh import Mesh
+from zerocalc.parallel.strategies import StrategyName
+
+
+class MegatronOverlap(BaseModel):
+    """Which of Megatron-LM's communication overlaps the run turns on (all off: Megatron-LM's defaults)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    grad_reduce: bool = False
+    """``--overlap-grad-reduce``: bucketed gradient reductions beside backward."""
+    param_gather: bool = False
+    """``--overlap-param-gather``: the distributed optimizer's parameter all-gathers in the next forward."""
+    tp_comm: bool = False
+    """``--tp-comm-overlap``: Transformer Engine's userbuffers, TP collectives beside the layers' GEMMs."""
+
+
+def parse_overlap(
+    grad_reduce: bool,
+    param_gather: bool,
+    tp_comm: bool,
+    framework: Framework,
+    mesh: Mesh,
+    strategies: tuple[StrategyName, ...],
+) -> MegatronOverlap:
+    """The overlap options of a request, or an :class:`InputError` naming the first that cannot apply."""
+    given = [
+        name
+        for name, on in (
+            ("{overlap_grad_reduce}", grad_reduce),
+            ("{overlap_param_gather}", param_gather),
+            ("{tp_comm_overlap}", tp_comm),
+        )
+        if on
+    ]
+    if given and framework is not Framework.MEGATRON:
+        raise InputError(
+            f"{given[0]} is Megatron-LM's option, not {framework.value}'s; accepted: {{framework}} megatron, "
+            f"or no {given[0]}"
+        )
+    if param_gather and not grad_reduce:
+        raise InputError(
+            "{overlap_param_gather} needs {overlap_grad_reduce} (Megatron-LM arguments.py: 'Must use "
+            "--overlap-param-gather with --overlap-grad-reduce'); accepted: both, or neither"
+        )
+    if param_gather and StrategyName.ZERO1 not in strategies:
+        raise InputError(
+            "{overlap_param_gather} overlaps the distributed optimizer's parameter all-gather, which "
+            f"{{strategies}} {','.join(s.value for s in strategies)} does not run; accepted: {{strategies}} "
+            "zero1 (--use-distributed-optimizer), or no {overlap_param_gather}"
+        )
+    if tp_comm and not (mesh.tp > 1 and mesh.sequence_parallel):
+        raise InputError(
+            "{tp_comm_overlap} needs tensor parallelism with sequence parallelism (Megatron-LM "
+            "arguments.py: 'Tensor parallel communication/GEMM overlap can happen only when sequence "
+            "parallelism is enabled'); accepted: {tp} 2 or more with {sequence_parallel}, or no "
+            "{tp_comm_overlap}"
+        )
+    return MegatronOverlap(grad_reduce=grad_reduce, param_gather=param_gather, tp_comm=tp_comm)
