@@ -20,17 +20,21 @@ bucket, Megatron-LM's without ``--overlap-grad-reduce``, wholly exposed). Which 
   (Zhao et al. 2023 §3.3; Li et al. 2020, PyTorch DDP, §3.2.3) — except DeepSpeed ZeRO-1/2, whose
   ``overlap_comm`` defaults to false (DeepSpeed config docs): their reductions are exposed;
 * collectives after ``optimizer.step()`` (ZeRO-1/2 parameter all-gathers, ZeroRedundancyOptimizer's
-  broadcasts) are exposed.
+  broadcasts) are exposed, but for Megatron-LM's ``--overlap-param-gather``, which runs them bucket by
+  bucket in the next forward (:func:`after_step_exposed`); Megatron-LM's single gradient bucket is
+  exposed after backward, its ``--overlap-grad-reduce`` buckets hide behind it.
 
 A collective that runs once per step when A > 1 (gradients reduced on the last micro-batch) joins that
 micro-batch's units and hides only behind its compute.
 
 **Tensor- and context-parallel communication**: tensor-parallel collectives sit on the critical path
 between a layer's GEMMs (Megatron-LM without its ``tp_comm_overlap`` option, DTensor plans without async TP:
-Narayanan et al. 2021 §3.3, Korthikanti et al. 2022 §4.2.2), exposed; a context-parallel ring's
-point-to-point exchanges run beside the attention blocks they feed (Transformer Engine
-``AttnFuncWithCPAndKVP2P``; torch ``context_parallel``'s ring), hidden behind that phase's attention
-compute; its all-gathers and all-to-alls precede the attention that waits for them, exposed.
+Narayanan et al. 2021 §3.3, Korthikanti et al. 2022 §4.2.2), exposed; with ``--tp-comm-overlap`` each
+layer's collective runs beside the GEMM Transformer Engine's userbuffers pair it with
+(:func:`~zerocalc.comm.overlap.userbuffers_exposed`), the GEMMs beside its SM-taking kernels slower;
+a context-parallel ring's point-to-point exchanges run beside the attention blocks they feed
+(Transformer Engine ``AttnFuncWithCPAndKVP2P``; torch ``context_parallel``'s ring), hidden behind that
+phase's attention compute; its all-gathers and all-to-alls precede the attention that waits for them, exposed.
 
 **Expert parallelism**: the dispatch and combine all-to-alls of each MoE layer sit between the router
 and the experts and between the experts and the layer's output, exposed (Megatron-LM's

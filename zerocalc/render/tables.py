@@ -167,7 +167,7 @@ def print_fitted(
 STEP_TIME_ACCURACY = (
     "step times are estimates from the compute table's rates and the links' bandwidths: 3-9% under the "
     "steps measured on the 700 W H100 and H200 the tables come from; -10% to 0% on Megatron-LM's "
-    "published A100 runs, -17% on its DGX H100 CI run; torchtitan's 500 W H100s run 45% slower than "
+    "published A100 runs, -18% on its DGX H100 CI run; torchtitan's 500 W H100s run 45% slower than "
     "predicted (docs/model.md, Step time)"
 )
 """What the step time's checks measured (docs/model.md, Step time, and docs/validation.md), said under
