@@ -572,8 +572,8 @@ def test_a_torchtitan_fp8_job_zerocalc_cannot_honour_is_refused(
 @pytest.mark.parametrize(
     ("kind", "text", "fragment"),
     [
-        (LaunchFormat.DEEPSPEED, '{"zero_optimization": {"stage": 2, "overlap_comm": true}}',
-         "zero_optimization.overlap_comm True is not modelled (reductions overlapped with backward: zero"),
+        (LaunchFormat.DEEPSPEED, '{"zero_optimization": {"stage": 3, "overlap_comm": false}}',
+         "zero_optimization.overlap_comm False is not modelled (ZeRO-3's collectives not overlapped: zero"),
         (LaunchFormat.DEEPSPEED, '{"train_batch_size": 64, "zero_optimization": {"stage": 2}}',
          "train_batch_size 64 is not modelled; accepted: train_micro_batch_size_per_gpu and"),
         (LaunchFormat.DEEPSPEED, '{"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 1e8}}',

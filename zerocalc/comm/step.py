@@ -120,6 +120,11 @@ CPU_ADAM_BYTES_PER_PARAM = 30
 gradient and two moments (16 B) and writes the parameter, the moments (12 B) and the 16-bit copy (2 B)."""
 
 
+DEEPSPEED_OVERLAP_COMM = frozenset({StrategyName.ZERO1, StrategyName.ZERO2})
+"""The DeepSpeed strategies ``--overlap-comm`` changes (``zero_optimization.overlap_comm``: ZeRO-1/2's
+``average_tensor`` on ``reduction_stream``, ``stage_1_and_2.py``; ZeRO-3 overlaps by default)."""
+
+
 def overlaps_backward(framework: Framework, strategy: StrategyName) -> bool:
     """Whether the strategy's backward collectives run beside backward's compute (its set-up says)."""
     return FRAMEWORKS[framework].setup(strategy).overlaps_backward
@@ -613,7 +618,8 @@ def step_factors(
         tokens_per_gpu=activations.micro_batch * activations.seq_len * accum // (mesh.tp * mesh.cp * mesh.pp),
         grad_accum=accum,
         hides_forward=request.buffers.prefetch != 0,
-        hides_backward=overlaps_backward(request.framework, strategy),
+        hides_backward=overlaps_backward(request.framework, strategy)
+        or (request.overlap.deepspeed_comm and strategy in DEEPSPEED_OVERLAP_COMM),
         bubble_fraction=pipeline.bubble_fraction if pipeline is not None else 0.0,
         model_flops_per_token=model_flops_per_token(arch, count, activations.seq_len),
         peak_flops=request.gpu.bf16_dense_tflops * 1e12 if request.gpu is not None else None,

@@ -284,6 +284,9 @@ def _deepspeed(config: dict[str, Any], where: str) -> LaunchConfig:
     ):  # fmt: skip
         if get(key) is not None:
             _ds_bool(get(key), key, where)
+    stage = _ds_int(get("zero_optimization.stage", 0), "zero_optimization.stage", where, least=0, lax=True)
+    if get("zero_optimization.overlap_comm") and stage in (1, 2):
+        values["overlap_comm"] = True  # reductions beside backward (stage 3: its default)
     if get("zero_optimization.zero_hpz_partition_size") is not None:
         _ds_int(get("zero_optimization.zero_hpz_partition_size"), "zero_optimization.zero_hpz_partition_size",
                 where, least=0, lax=True)  # fmt: skip
@@ -330,9 +333,9 @@ def _ds_checked(get: Any, where: str, per_gpu: bool) -> None:
     model overlaps ZeRO-3's collectives and exposes ZeRO-1/2's reductions, :mod:`zerocalc.comm.step`), and
     ``train_batch_size`` only beside the micro-batch and accumulation it would otherwise derive from the
     world (``DeepSpeedConfig._set_batch_related_parameters``)."""
-    stage = get("zero_optimization.stage", 0)
+    stage = _ds_int(get("zero_optimization.stage", 0), "zero_optimization.stage", where, least=0, lax=True)
     overlap = get("zero_optimization.overlap_comm")
-    if overlap is not None and overlap != (stage == 3):
+    if overlap is not None and overlap != (stage == 3) and not (overlap and stage in (1, 2)):
         what = "reductions overlapped with backward" if overlap else "ZeRO-3's collectives not overlapped"
         raise InputError(
             f"{where}: zero_optimization.overlap_comm {overlap!r} is not modelled ({what}: zerocalc's step "

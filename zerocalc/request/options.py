@@ -124,6 +124,10 @@ OPTIONS: tuple[Option, ...] = (
          "Megatron-LM's --overlap-param-gather (zero1, with --overlap-grad-reduce): the updated parameters "
          "gathered bucket by bucket in the next forward, one bucket ahead.", frozenset({COMM}),
          default=False, kind=Kind.FLAG, value_type=BOOL),
+    _opt("overlap_comm", ("--overlap-comm",),
+         "DeepSpeed's zero_optimization.overlap_comm for zero1/zero2: gradient buckets reduced on their own "
+         "stream beside backward (on by default for zero3).", frozenset({COMM}), default=False,
+         kind=Kind.FLAG, value_type=BOOL),
     _opt("tp_comm_overlap", ("--tp-comm-overlap",),
          "Megatron-LM's --tp-comm-overlap (with --sequence-parallel): Transformer Engine's userbuffers run "
          "each layer's TP all-gathers and reduce-scatters beside its GEMMs.", frozenset({COMM}),

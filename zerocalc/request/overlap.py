@@ -1,9 +1,12 @@
-"""Megatron-LM's overlap options, parsed and checked against the request they belong to (pure).
+"""The frameworks' communication-overlap options, parsed and checked against the request they belong to
+(pure).
 
-What each hides is the Megatron-LM record's (:mod:`zerocalc.parallel.framework_records.megatron`); the
-step prices it (:mod:`zerocalc.comm.step`). Megatron-LM's own checks (``megatron/training/arguments.py``
-``validate_args``) are kept: ``--overlap-param-gather`` needs the distributed optimizer and
-``--overlap-grad-reduce``, ``--tp-comm-overlap`` sequence parallelism.
+What each hides is its framework record's (:mod:`zerocalc.parallel.framework_records.megatron`,
+:mod:`~zerocalc.parallel.framework_records.deepspeed`); the step prices it (:mod:`zerocalc.comm.step`).
+Megatron-LM's own checks (``megatron/training/arguments.py`` ``validate_args``) are kept:
+``--overlap-param-gather`` needs the distributed optimizer and ``--overlap-grad-reduce``,
+``--tp-comm-overlap`` sequence parallelism. DeepSpeed's ``overlap_comm`` is on by default for ZeRO-3 and
+off below (``DeepSpeedZeroConfig.overlap_comm_valid``): ``--overlap-comm`` turns it on for ZeRO-1/2.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.strategies import StrategyName
 
 
-class MegatronOverlap(BaseModel):
-    """Which of Megatron-LM's communication overlaps the run turns on (all off: Megatron-LM's defaults)."""
+class OverlapOptions(BaseModel):
+    """Which communication overlaps beyond its framework's defaults the run turns on (all off: the
+    defaults)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -27,17 +31,31 @@ class MegatronOverlap(BaseModel):
     """``--overlap-param-gather``: the distributed optimizer's parameter all-gathers in the next forward."""
     tp_comm: bool = False
     """``--tp-comm-overlap``: Transformer Engine's userbuffers, TP collectives beside the layers' GEMMs."""
+    deepspeed_comm: bool = False
+    """``--overlap-comm``: DeepSpeed ZeRO-1/2's reductions on their own stream, beside backward."""
 
 
 def parse_overlap(
     grad_reduce: bool,
     param_gather: bool,
     tp_comm: bool,
+    deepspeed_comm: bool,
     framework: Framework,
     mesh: Mesh,
     strategies: tuple[StrategyName, ...],
-) -> MegatronOverlap:
+) -> OverlapOptions:
     """The overlap options of a request, or an :class:`InputError` naming the first that cannot apply."""
+    if deepspeed_comm and framework is not Framework.DEEPSPEED:
+        raise InputError(
+            f"{{overlap_comm}} is DeepSpeed's zero_optimization.overlap_comm, not {framework.value}'s; "
+            "accepted: {framework} deepspeed, or no {overlap_comm}"
+        )
+    if deepspeed_comm and not {StrategyName.ZERO1, StrategyName.ZERO2} & set(strategies):
+        raise InputError(
+            "{overlap_comm} changes nothing here: DeepSpeed overlaps ZeRO-3's collectives by default, and "
+            f"{{strategies}} {','.join(s.value for s in strategies)} runs no ZeRO-1/2; accepted: "
+            "{strategies} zero1 or zero2, or no {overlap_comm}"
+        )
     given = [
         name
         for name, on in (
@@ -70,4 +88,6 @@ def parse_overlap(
             "parallelism is enabled'); accepted: {tp} 2 or more with {sequence_parallel}, or no "
             "{tp_comm_overlap}"
         )
-    return MegatronOverlap(grad_reduce=grad_reduce, param_gather=param_gather, tp_comm=tp_comm)
+    return OverlapOptions(
+        grad_reduce=grad_reduce, param_gather=param_gather, tp_comm=tp_comm, deepspeed_comm=deepspeed_comm
+    )

@@ -59,7 +59,7 @@ from zerocalc.request.gpu import (
 from zerocalc.request.mesh_checks import parse_capacity_factor, parse_cluster, parse_mesh
 from zerocalc.request.model_spec import ModelSpec, model_notes_of, model_spec, rank_models, seq_len_of
 from zerocalc.request.options_model import TrainingOptions, options_from_keywords
-from zerocalc.request.overlap import MegatronOverlap, parse_overlap
+from zerocalc.request.overlap import OverlapOptions, parse_overlap
 from zerocalc.request.values import (
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
@@ -128,8 +128,8 @@ class TrainingRequest(BaseModel):
         "None: the largest stage",
     )
     tp_across_nodes: bool = Field(default=False, description="a TP group may span nodes")
-    overlap: MegatronOverlap = MegatronOverlap()
-    """Megatron-LM's communication overlaps (:mod:`zerocalc.request.overlap`)."""
+    overlap: OverlapOptions = OverlapOptions()
+    """The frameworks' communication overlaps beyond their defaults (:mod:`zerocalc.request.overlap`)."""
     precision: PrecisionName = PrecisionName.BF16_MIXED
     optimizer: OptimizerName = OptimizerName.ADAMW
     fp32_grad_accum: bool = False
@@ -452,7 +452,13 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
     explicit = strategy_names(o.strategies)
     strategies = explicit or default_strategies(framework)
     overlap = parse_overlap(
-        o.overlap_grad_reduce, o.overlap_param_gather, o.tp_comm_overlap, framework, mesh, strategies
+        o.overlap_grad_reduce,
+        o.overlap_param_gather,
+        o.tp_comm_overlap,
+        o.overlap_comm,
+        framework,
+        mesh,
+        strategies,
     )
     problem = _ignored_problem(o, gpu_memory, model, o.estimate)
     if problem:
