@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 from helpers import DATA, one_line_error
+from hypothesis import given
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from zerocalc.api import estimate_comm
@@ -237,3 +239,23 @@ def test_a_ds_config_with_overlap_comm_on_below_stage_3_sets_overlap_comm() -> N
 )  # fmt: skip
 def test_overlap_comm_outside_deepspeed_zero12_is_refused(args: list[str], fragment: str) -> None:
     one_line_error(runner.invoke(app, ["comm", *args]), fragment)
+
+
+_SECONDS = st.floats(min_value=0.0, max_value=10.0, allow_nan=False)
+
+
+@given(gemm=_SECONDS, comm=_SECONDS, chunks=st.integers(min_value=2, max_value=16))
+def test_a_ring_exchange_exposes_between_nothing_and_its_excess_over_the_pieces(
+    gemm: float, comm: float, chunks: int
+) -> None:
+    """The sends beside t − 1 of the t pieces: at least what they take beyond those pieces, at most all of
+    them."""
+    exposed = ring_exchange_exposed(gemm, comm, chunks)
+    assert max(0.0, comm - gemm * (chunks - 1) / chunks) - 1e-9 <= exposed <= comm + 1e-9
+
+
+@given(gemm=_SECONDS, comm=_SECONDS)
+def test_a_pipelined_reduce_scatter_exposes_at_least_its_last_split(gemm: float, comm: float) -> None:
+    exposed = pipeline_exposed(gemm, comm)
+    assert comm / 4 - 1e-9 <= exposed <= comm + 1e-9
+    assert exposed >= comm - gemm * 3 / 4 - 1e-9
