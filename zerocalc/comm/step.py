@@ -101,6 +101,7 @@ from zerocalc.model.code import MODEL_CODES, Shape
 from zerocalc.network.collectives import Collective
 from zerocalc.network.schedule import GradSync, Phase
 from zerocalc.parallel.framework_records import FRAMEWORKS, effective_grad_sync
+from zerocalc.parallel.framework_records.deepspeed import OVERLAP_COMM_STRATEGIES
 from zerocalc.parallel.frameworks import Framework, TorchWrapper
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
 from zerocalc.request.checks import flash_attention_used
@@ -118,11 +119,6 @@ HOST_MEMORY_BPS = 100e9
 CPU_ADAM_BYTES_PER_PARAM = 30
 """CPU Adam is memory-bound (ZeRO-Offload, Ren et al. 2021, §4.2 CPU-Adam): it reads the fp32 parameter,
 gradient and two moments (16 B) and writes the parameter, the moments (12 B) and the 16-bit copy (2 B)."""
-
-
-DEEPSPEED_OVERLAP_COMM = frozenset({StrategyName.ZERO1, StrategyName.ZERO2})
-"""The DeepSpeed strategies ``--overlap-comm`` changes (``zero_optimization.overlap_comm``: ZeRO-1/2's
-``average_tensor`` on ``reduction_stream``, ``stage_1_and_2.py``; ZeRO-3 overlaps by default)."""
 
 
 def overlaps_backward(framework: Framework, strategy: StrategyName) -> bool:
@@ -619,7 +615,7 @@ def step_factors(
         grad_accum=accum,
         hides_forward=request.buffers.prefetch != 0,
         hides_backward=overlaps_backward(request.framework, strategy)
-        or (request.overlap.deepspeed_comm and strategy in DEEPSPEED_OVERLAP_COMM),
+        or (request.overlap.deepspeed_comm and strategy in OVERLAP_COMM_STRATEGIES),
         bubble_fraction=pipeline.bubble_fraction if pipeline is not None else 0.0,
         model_flops_per_token=model_flops_per_token(arch, count, activations.seq_len),
         peak_flops=request.gpu.bf16_dense_tflops * 1e12 if request.gpu is not None else None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from zerocalc.base.errors import InputError
+from zerocalc.parallel.framework_records.deepspeed import OVERLAP_COMM_STRATEGIES
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.strategies import StrategyName
@@ -50,7 +51,7 @@ def parse_overlap(
             f"{{overlap_comm}} is DeepSpeed's zero_optimization.overlap_comm, not {framework.value}'s; "
             "accepted: {framework} deepspeed, or no {overlap_comm}"
         )
-    if deepspeed_comm and not {StrategyName.ZERO1, StrategyName.ZERO2} & set(strategies):
+    if deepspeed_comm and not OVERLAP_COMM_STRATEGIES & set(strategies):
         raise InputError(
             "{overlap_comm} changes nothing here: DeepSpeed overlaps ZeRO-3's collectives by default, and "
             f"{{strategies}} {','.join(s.value for s in strategies)} runs no ZeRO-1/2; accepted: "

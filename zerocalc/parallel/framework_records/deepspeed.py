@@ -63,6 +63,13 @@ _DS_AG_AFTER_STEP = schedule_line(
 )
 
 
+OVERLAP_COMM_STRATEGIES = frozenset({StrategyName.ZERO1, StrategyName.ZERO2})
+"""The strategies ``zero_optimization.overlap_comm`` (``--overlap-comm``) changes: off by default below
+stage 3 (``DeepSpeedZeroConfig.overlap_comm_valid``), ZeRO-1/2's ``average_tensor`` then runs on the
+default stream; on, on ``reduction_stream`` beside backward (``runtime/zero/stage_1_and_2.py``). ZeRO-3
+overlaps by default."""
+
+
 def _deepspeed_zero12(stage: int) -> FrameworkSetup:
     when = (
         "stage 1 reduces only at the accumulation boundary (reduce_ready_partitions_and_remove_grads)"
