@@ -341,6 +341,8 @@ def optimizer_traffic(
     """(parameters the rank's optimizer updates on the GPU, bytes per parameter, parameters of its largest
     tensor), for the rank's model or a pipeline stage's. None on the GPU when the optimizer is offloaded:
     ZeRO-Offload's CPU Adam updates them on the host (:func:`offload_seconds` prices it)."""
+    if request.finetune is not None:
+        return finetune_optimizer_traffic(request, strategy)
     shards = request.cluster.group_size(STRATEGIES[strategy].optimizer)
     model = stage or request.rank_model
     count = model.parameter_count
@@ -378,7 +380,12 @@ def fsdp2_traffic(
     p, master = dtypes.compute.bytes, dtypes.stored.bytes
     reduce = dtypes.reduce.bytes
     gather = shard * (master + 3 * p) + params * 2 * p
-    scatter = params * (dtypes.gradient.bytes + reduce)
+    reduced = params
+    if request.finetune is not None:  # the trained tensors' gradients only (zerocalc.comm.finetune)
+        from zerocalc.parallel.finetune import finetune_counts
+
+        reduced = finetune_counts(request.architecture, request.finetune).trainable
+    scatter = reduced * (dtypes.gradient.bytes + reduce)
     count = model.parameter_count
     unit = max(1, count.largest_block_params if count is not None else params)
     accum = grad_accum or request.grad_accum
@@ -479,6 +486,70 @@ def with_framework_traffic(compute: ComputeTime, traffic: tuple[float, float]) -
     )
 
 
+def finetune_offload_seconds(request: TrainingRequest, strategy: StrategyName, grad_accum: int) -> float:
+    """FSDP's CPU offload in a fine-tuning run (:func:`~zerocalc.comm.finetune.offload_copies`), not
+    overlapped (as :func:`offload_seconds`): per micro-batch every unit's parameter shards copied to the GPU
+    for each all-gather (forward, and backward's re-gather where the strategy reshards after forward) and
+    the trained gradient shards back after each reduction, over PCIe (:data:`PCIE_BPS`); once per step the
+    optimizer's step over the trained shards on the host, bound by host memory bandwidth shared by the
+    node's GPUs (:data:`HOST_MEMORY_BPS`), at the bytes per parameter of the GPU's step
+    (:func:`optimizer_traffic`, which then runs nothing on the GPU)."""
+    from zerocalc.comm.finetune import offload_copies
+    from zerocalc.parallel.finetune import parameter_kinds
+    from zerocalc.states.memory import finetune_dtypes
+
+    finetune = request.finetune
+    assert finetune is not None
+    arch = request.architecture
+    kinds = dict.fromkeys(k.kind for k in parameter_kinds(arch, finetune))
+    dtypes = {kind: finetune_dtypes(request, kind) for kind in kinds}
+    shards = request.cluster.group_size(STRATEGIES[strategy].optimizer)
+    copies = offload_copies(
+        arch,
+        finetune,
+        shards,
+        tuple((kind, d.stored) for kind, d in dtypes.items()),
+        tuple((kind, d.reduce) for kind, d in dtypes.items()),
+    )
+    setup = request.framework_record.torch_setup(strategy)
+    gathers = 2 if setup is None or setup.reshard_after_forward else 1
+    sync = effective_grad_sync(request.framework, strategy, request.grad_sync, pipelined=False)
+    reductions = grad_accum if sync is GradSync.EVERY else 1
+    copied = grad_accum * gathers * copies.h2d_per_gather + reductions * copies.d2h_per_reduction
+    trained, per, _ = finetune_optimizer_traffic(request, strategy, on_host=True)
+    host = trained * per * request.mesh.gpus_per_node / HOST_MEMORY_BPS
+    return copied / PCIE_BPS + host
+
+
+def finetune_optimizer_traffic(
+    request: TrainingRequest, strategy: StrategyName, on_host: bool = False
+) -> tuple[int, int, int]:
+    """:func:`optimizer_traffic` of a fine-tuning run: the optimizer steps the trained tensors only
+    (adapters, copies, unfrozen parameters: :func:`~zerocalc.parallel.finetune.finetune_counts`), in their
+    kind's dtypes (PEFT's adapters, else the trainable kind's); on the host under FSDP's CPU offload
+    (``on_host``: the parameters it updates there; else 0 on the GPU)."""
+    from zerocalc.parallel.finetune import finetune_counts, parameter_kinds
+    from zerocalc.parallel.precision import ParamKind
+    from zerocalc.states.memory import finetune_dtypes
+
+    finetune = request.finetune
+    assert finetune is not None
+    arch = request.architecture
+    kinded = parameter_kinds(arch, finetune)
+    kind = ParamKind.ADAPTER if any(k.kind is ParamKind.ADAPTER for k in kinded) else ParamKind.TRAINABLE
+    dtypes = finetune_dtypes(request, kind).trained
+    grad = dtypes.master or dtypes.main_gradient
+    assert grad is not None
+    impl = request.framework_record.optimizer_impl(request.optimizer_impl)
+    per = optimizer_bytes_per_param(request.optimizer, impl, dtypes, grad)
+    shards = request.cluster.group_size(STRATEGIES[strategy].optimizer)
+    trained = finetune_counts(arch, finetune).trainable // shards
+    largest = max((k.tensor.numel for k in kinded if k.kind in (ParamKind.ADAPTER, ParamKind.TRAINABLE)))
+    offloaded = request.offload_params is not OffloadTarget.NONE
+    on_gpu = trained if offloaded == on_host else 0
+    return on_gpu, per, max(1, largest // shards)
+
+
 def request_offload_seconds(
     request: TrainingRequest,
     strategy: StrategyName,
@@ -488,6 +559,8 @@ def request_offload_seconds(
 ) -> float:
     """:func:`offload_seconds` of one rank of the request's mesh (its share of the parameters, sharded
     over its dp × cp data-parallel ranks) with the offload targets and accumulation given."""
+    if request.finetune is not None and params is not OffloadTarget.NONE:
+        return finetune_offload_seconds(request, strategy, grad_accum)
     dtypes = request.dtypes.trained
     cluster = request.cluster
     return offload_seconds(
@@ -652,7 +725,7 @@ def _dp_runs(
 DP_RUNS = Part(
     "data-parallel collectives",
     (*_MODEL, *_DTYPES, *_LINKS, "zeropp", "buffers.ddp_bucket_bytes", "buffers.ddp_first_bucket_bytes",
-     "buffers.reduce_bucket_elements", "fp8"),
+     "buffers.reduce_bucket_elements", "fp8", "finetune"),
     _dp_runs,
 )  # fmt: skip
 """:func:`~zerocalc.comm.collectives.collective_runs` of a strategy over each part of the rank's parameters
@@ -695,7 +768,7 @@ def _stage_computes(
 STAGE_COMPUTES = Part(
     "stages' computes",
     (*STAGE_MICRO_BATCHES.reads, "cluster", "framework", "precision", "strategies", "grad_accum", "optimizer",
-     "optimizer_impl", "offload_optimizer"),
+     "optimizer_impl", "offload_optimizer", "offload_params", "finetune"),
     _stage_computes,
 )  # fmt: skip
 """:func:`stage_computes`: each stage's compute in a step, the optimizer's step included."""
@@ -708,7 +781,8 @@ _SLOWEST_STAGE_READS = (*STAGE_COMPUTES.reads, "grad_sync", "mesh.pp")
 _STEP_FACTORS_READS = (*_MODEL, "grad_accum", "activations.micro_batch", "activations.seq_len",
                        "buffers.prefetch", "framework", "gpu")  # fmt: skip
 """What :func:`step_factors` reads (beside the pipeline's bubble)."""
-_OFFLOAD_READS = (*_MODEL, *_DTYPES, "offload_optimizer", "offload_params", "grad_accum")
+_OFFLOAD_READS = (*_MODEL, *_DTYPES, "offload_optimizer", "offload_params", "grad_accum", "finetune", "cluster",
+                  "strategies", "optimizer", "optimizer_impl", "grad_sync")
 """What :func:`request_offload_seconds` reads of the request's offload."""
 
 

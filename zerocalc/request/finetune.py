@@ -329,7 +329,7 @@ def parse_finetune(o: TrainingOptions, model: ModelSpec) -> FineTuning | None:
     from zerocalc.parallel.frameworks import Estimate
 
     raw = model.quantization_config
-    if o.estimate is not Estimate.MEMORY:  # comm takes no fine-tuning option
+    if o.estimate not in (Estimate.MEMORY, Estimate.COMM):  # plan takes no fine-tuning option
         if raw:
             raise InputError(
                 "{model}'s quantization_config quantises the base, which only memory models (its adapters "
