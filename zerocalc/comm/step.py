@@ -74,6 +74,7 @@ from zerocalc.comm.collectives import (
 from zerocalc.comm.mesh import Dimension, MeshCollectiveCost, MeshRequest, MeshTime, mesh_times
 from zerocalc.comm.overlap import calls_in, uniform_exposed
 from zerocalc.comm.pipeline import PipelineComm, pipeline_comm
+from zerocalc.compute.finetune import FineTuneOps, finetune_ops, matmul_split
 from zerocalc.compute.ops import (
     MFU_FORMULA,
     Kernels,
@@ -310,14 +311,39 @@ def request_ops(request: TrainingRequest, arch: Architecture | None = None) -> M
     the rank's architecture by default)."""
     dtype = request.activation_dtype
     shape = request.rank_shape._replace(capacity_factor=request.activations.capacity_factor)
-    return _micro_batch_ops(arch or request.architecture, shape, kernels(request), dtype, request.mesh.ep)
+    arch = arch or request.architecture
+    return _micro_batch_ops(arch, shape, kernels(request), dtype, request.mesh.ep, request_tuning(request, arch))
+
+
+def request_tuning(request: TrainingRequest, arch: Architecture) -> FineTuneOps | None:
+    """The fine-tuning's changes to the operations (:mod:`zerocalc.compute.finetune`), in the precision
+    record's dtypes: the adapters' GEMM input, and their weight as the forward sees it (the stored fp32
+    adapter under autocast, the cast one under FSDP's mixed precision); None: full training."""
+    finetune = request.finetune
+    if finetune is None:
+        return None
+    from zerocalc.parallel.precision import ParamKind, ParamLayout
+    from zerocalc.states.memory import finetune_dtypes
+
+    adapter = finetune_dtypes(request, ParamKind.ADAPTER)
+    seen = adapter.stored if request.framework_record.param_layout is ParamLayout.AUTOCAST else adapter.compute
+    compute = finetune_dtypes(request, ParamKind.QUANTIZED).compute if finetune.quantized else adapter.compute
+    input_grad = finetune.kbit_prepared or (
+        finetune.lora is not None and request.activations.recompute is not Recompute.NONE
+    )
+    return finetune_ops(
+        arch, finetune, input_grad, adapter.gemm_input, seen, request.activation_dtype, compute
+    )
 
 
 @lru_cache(maxsize=1024)
-def _micro_batch_ops(arch: Architecture, shape: Shape, code: Kernels, dtype: DType, ep: int) -> MicroBatchOps:
-    """:func:`~zerocalc.compute.ops.micro_batch_ops`, once per (architecture, shape, kernels, dtype, ep): a
-    plan prices many candidates of one mesh and micro-batch (their strategies and accumulations differ)."""
-    return micro_batch_ops(arch, shape, code, dtype, ep=ep)
+def _micro_batch_ops(
+    arch: Architecture, shape: Shape, code: Kernels, dtype: DType, ep: int, tuning: FineTuneOps | None = None
+) -> MicroBatchOps:
+    """:func:`~zerocalc.compute.ops.micro_batch_ops`, once per (architecture, shape, kernels, dtype, ep,
+    fine-tuning): a plan prices many candidates of one mesh and micro-batch (their strategies and
+    accumulations differ)."""
+    return micro_batch_ops(arch, shape, code, dtype, ep=ep, tuning=tuning)
 
 
 _MICRO_TIMES: IdentityCache[MicroBatchTime] = IdentityCache()
@@ -631,7 +657,9 @@ def step_factors(
         hides_forward=request.buffers.prefetch != 0,
         hides_backward=overlaps_backward(request.framework, strategy),
         bubble_fraction=pipeline.bubble_fraction if pipeline is not None else 0.0,
-        model_flops_per_token=model_flops_per_token(arch, count, activations.seq_len),
+        model_flops_per_token=model_flops_per_token(
+            arch, count, activations.seq_len, *(matmul_split(arch, request.finetune) if request.finetune else ())
+        ),
         peak_flops=request.gpu.bf16_dense_tflops * 1e12 if request.gpu is not None else None,
     )
 
@@ -753,7 +781,7 @@ STAGE_MICRO_BATCHES = Part(
     "stages' micro-batches",
     ("rank_model", "stages", "rank_shape", "mesh.ep", "model_code", "activation_dtype",
      "activations.recompute", "activations.checkpoint_every", "activations.flash_attention",
-     "activations.capacity_factor"),
+     "activations.capacity_factor", "finetune", "framework", "precision", "reduce_dtype"),
     _stage_micro_batches,
 )  # fmt: skip
 """:func:`stage_micro_batches`: each kind of stage's micro-batch at the compute table's rates."""
@@ -779,7 +807,7 @@ _SLOWEST_STAGE_READS = (*STAGE_COMPUTES.reads, "grad_sync", "mesh.pp")
 
 
 _STEP_FACTORS_READS = (*_MODEL, "grad_accum", "activations.micro_batch", "activations.seq_len",
-                       "buffers.prefetch", "framework", "gpu")  # fmt: skip
+                       "buffers.prefetch", "framework", "gpu", "finetune")  # fmt: skip
 """What :func:`step_factors` reads (beside the pipeline's bubble)."""
 _OFFLOAD_READS = (*_MODEL, *_DTYPES, "offload_optimizer", "offload_params", "grad_accum", "finetune", "cluster",
                   "strategies", "optimizer", "optimizer_impl", "grad_sync")
