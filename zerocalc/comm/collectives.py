@@ -42,10 +42,10 @@ from zerocalc.network.cluster import Cluster, RankGroup
 from zerocalc.network.collectives import COLLECTIVES, Collective
 from zerocalc.network.links import Bandwidths, BandwidthSource, LinkFigures
 from zerocalc.network.schedule import GradSync, Phase, Repeat, ScheduledCollective, ZeroPP
+from zerocalc.parallel.finetune import parameter_kinds
 from zerocalc.parallel.fp8 import Fp8Setting
 from zerocalc.parallel.framework_records import FRAMEWORKS
 from zerocalc.parallel.frameworks import Framework
-from zerocalc.parallel.finetune import parameter_kinds
 from zerocalc.parallel.precision import PrecisionName
 from zerocalc.parallel.strategies import StrategyName
 from zerocalc.parallel.zeropp import active_features

@@ -312,7 +312,9 @@ def request_ops(request: TrainingRequest, arch: Architecture | None = None) -> M
     dtype = request.activation_dtype
     shape = request.rank_shape._replace(capacity_factor=request.activations.capacity_factor)
     arch = arch or request.architecture
-    return _micro_batch_ops(arch, shape, kernels(request), dtype, request.mesh.ep, request_tuning(request, arch))
+    return _micro_batch_ops(
+        arch, shape, kernels(request), dtype, request.mesh.ep, request_tuning(request, arch)
+    )
 
 
 def request_tuning(request: TrainingRequest, arch: Architecture) -> FineTuneOps | None:
@@ -326,7 +328,9 @@ def request_tuning(request: TrainingRequest, arch: Architecture) -> FineTuneOps 
     from zerocalc.states.memory import finetune_dtypes
 
     adapter = finetune_dtypes(request, ParamKind.ADAPTER)
-    seen = adapter.stored if request.framework_record.param_layout is ParamLayout.AUTOCAST else adapter.compute
+    seen = (
+        adapter.stored if request.framework_record.param_layout is ParamLayout.AUTOCAST else adapter.compute
+    )
     compute = finetune_dtypes(request, ParamKind.QUANTIZED).compute if finetune.quantized else adapter.compute
     input_grad = finetune.kbit_prepared or (
         finetune.lora is not None and request.activations.recompute is not Recompute.NONE
@@ -570,7 +574,7 @@ def finetune_optimizer_traffic(
     per = optimizer_bytes_per_param(request.optimizer, impl, dtypes, grad)
     shards = request.cluster.group_size(STRATEGIES[strategy].optimizer)
     trained = finetune_counts(arch, finetune).trainable // shards
-    largest = max((k.tensor.numel for k in kinded if k.kind in (ParamKind.ADAPTER, ParamKind.TRAINABLE)))
+    largest = max(k.tensor.numel for k in kinded if k.kind in (ParamKind.ADAPTER, ParamKind.TRAINABLE))
     offloaded = request.offload_params is not OffloadTarget.NONE
     on_gpu = trained if offloaded == on_host else 0
     return on_gpu, per, max(1, largest // shards)
@@ -658,7 +662,10 @@ def step_factors(
         hides_backward=overlaps_backward(request.framework, strategy),
         bubble_fraction=pipeline.bubble_fraction if pipeline is not None else 0.0,
         model_flops_per_token=model_flops_per_token(
-            arch, count, activations.seq_len, *(matmul_split(arch, request.finetune) if request.finetune else ())
+            arch,
+            count,
+            activations.seq_len,
+            *(matmul_split(arch, request.finetune) if request.finetune else ()),
         ),
         peak_flops=request.gpu.bf16_dense_tflops * 1e12 if request.gpu is not None else None,
     )
@@ -809,8 +816,8 @@ _SLOWEST_STAGE_READS = (*STAGE_COMPUTES.reads, "grad_sync", "mesh.pp")
 _STEP_FACTORS_READS = (*_MODEL, "grad_accum", "activations.micro_batch", "activations.seq_len",
                        "buffers.prefetch", "framework", "gpu", "finetune")  # fmt: skip
 """What :func:`step_factors` reads (beside the pipeline's bubble)."""
-_OFFLOAD_READS = (*_MODEL, *_DTYPES, "offload_optimizer", "offload_params", "grad_accum", "finetune", "cluster",
-                  "strategies", "optimizer", "optimizer_impl", "grad_sync")
+_OFFLOAD_READS = (*_MODEL, *_DTYPES, "offload_optimizer", "offload_params", "grad_accum", "finetune",
+                  "cluster", "strategies", "optimizer", "optimizer_impl", "grad_sync")  # fmt: skip
 """What :func:`request_offload_seconds` reads of the request's offload."""
 
 

@@ -133,7 +133,9 @@ def finetune_ops(
         assert finetune.quant is not None
         quant = finetune.quant
         for module in quantized_modules(arch, quant.skip_modules):
-            stored = sum(p.bytes for p in weight_storage(module, quant.method, quant.double_quant, quant.storage))
+            stored = sum(
+                p.bytes for p in weight_storage(module, quant.method, quant.double_quant, quant.storage)
+            )
             out, inner = module.weight
             for tensor in module.tensors:
                 if tensor.name == "weight":
@@ -152,7 +154,9 @@ def finetune_ops(
         if ".lora_" not in module and ".modules_to_save" not in module
     )
     trained_layers = frozenset(
-        int(k.tensor.module.split(".")[1]) for k in kinded if k.kind in _TRAINED and k.tensor.module.startswith("layers.")
+        int(k.tensor.module.split(".")[1])
+        for k in kinded
+        if k.kind in _TRAINED and k.tensor.module.startswith("layers.")
     )
     embedding_trained = any(k.kind in _TRAINED and k.tensor.module.startswith("embed_") for k in kinded)
     cast = 0
@@ -170,7 +174,6 @@ def finetune_ops(
         dropout=lora is not None and lora.dropout > 0,
         dora=lora is not None and lora.dora,
     )
-
 
 
 @lru_cache(maxsize=64)

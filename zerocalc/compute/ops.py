@@ -267,7 +267,9 @@ def _layer_ops(
     norm = _norm_bytes(arch, kernels.fused)
     family = traits(arch)
     tensors = layer_tensors(arch, index)
-    matrices = [t.module for t in tensors if len(t.shape) == 2 and t.name == "weight" and ".attn." in t.module]
+    matrices = [
+        t.module for t in tensors if len(t.shape) == 2 and t.name == "weight" and ".attn." in t.module
+    ]
     inputs = set(matrices[:-1])  # the attention's input projections: every matrix but the output one
     grad_in = tuning is None or tuning.grad_in(index)
     for tensor in tensors:
@@ -457,7 +459,9 @@ def micro_batch_ops(
             matrix = next(t for t in embedding_tensors(arch) if t.module == "embed_tokens")
         vocab = matrix.shape[0]
         if tuning is not None:
-            head_gemms, head_traffic = tuned_linear(tuning, matrix.module, "lm_head", tokens, vocab, h, True, dtype)
+            head_gemms, head_traffic = tuned_linear(
+                tuning, matrix.module, "lm_head", tokens, vocab, h, True, dtype
+            )
             gemms += head_gemms
             traffic += head_traffic
         else:
@@ -472,7 +476,9 @@ def _tuning_key(arch: Architecture, index: int, tuning: FineTuneOps | None) -> t
     if tuning is None:
         return ()
     linears = tuple(
-        tuning.linear(t.module) for t in layer_tensors(arch, index) if len(t.shape) == 2 and t.name == "weight"
+        tuning.linear(t.module)
+        for t in layer_tensors(arch, index)
+        if len(t.shape) == 2 and t.name == "weight"
     )
     return linears, tuning.grad_in(index), tuning.backward_runs(index)
 
