@@ -10,11 +10,12 @@ precision record's (:func:`~zerocalc.states.memory.finetune_dtypes`); a rule's c
   buckets of the parameters that require grad (torch 2.13 ``nn/parallel/distributed.py``
   ``_build_params_for_reducer``: ``if p.requires_grad``); FSDP2 reduce-scatters only the parameters of a
   group that have a gradient and none for a group without one (``_fully_shard/_fsdp_param_group.py``
-  ``post_backward``: ``fsdp_params_with_grad``, ``if len(fsdp_params_with_grad) == 0: return``); FSDP1 with
-  ``use_orig_params=True`` keeps one flat gradient per unit, the frozen parameters' part zero
-  (``_flat_param.py`` ``_use_unsharded_grad_views``), a unit of frozen parameters only none
-  (``FlatParamHandle``: a flat parameter requires grad when one of its parameters does). Here FSDP1's
-  unit reduces only its trained tensors' elements, FSDP2's exactly that.
+  ``post_backward``: ``fsdp_params_with_grad``, ``if len(fsdp_params_with_grad) == 0: return``); under FSDP1
+  PEFT's ``fsdp_auto_wrap_policy`` (peft 0.21.2 ``utils/other.py`` ``lambda_policy_fn``: every leaf module
+  with a trained weight its own unit) keeps each flat parameter all frozen or all trained, so FSDP1 too
+  reduces the trained tensors' elements only (their calls are counted per block here; a unit mixing frozen
+  and trained parameters under ``use_orig_params=True`` would reduce its whole flat gradient, zeros
+  included: ``_flat_param.py``).
 * **parameters gathered for compute** (FSDP1/FSDP2, ZeRO-3, forward and the backward re-gather): every
   tensor, frozen and quantised alike, in its kind's all-gather dtype; a quantised weight as bitsandbytes
   stores it, the packed tensor of ``(n + 1) // (2·s)`` elements of the storage dtype of s bytes
