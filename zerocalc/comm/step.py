@@ -575,7 +575,10 @@ def finetune_optimizer_traffic(
     shards = request.cluster.group_size(STRATEGIES[strategy].optimizer)
     trained = finetune_counts(arch, finetune).trainable // shards
     largest = max(k.tensor.numel for k in kinded if k.kind in (ParamKind.ADAPTER, ParamKind.TRAINABLE))
-    offloaded = request.offload_params is not OffloadTarget.NONE
+    fsdp_offload = request.offload_params is not OffloadTarget.NONE and request.framework_record.torch_setup(
+        strategy
+    )
+    offloaded = bool(fsdp_offload) or request.offload_optimizer is not OffloadTarget.NONE
     on_gpu = trained if offloaded == on_host else 0
     return on_gpu, per, max(1, largest // shards)
 
@@ -589,20 +592,34 @@ def request_offload_seconds(
 ) -> float:
     """:func:`offload_seconds` of one rank of the request's mesh (its share of the parameters, sharded
     over its dp × cp data-parallel ranks) with the offload targets and accumulation given."""
-    if request.finetune is not None and params is not OffloadTarget.NONE:
+    fsdp_offload = request.framework_record.torch_setup(strategy) is not None
+    if request.finetune is not None and params is not OffloadTarget.NONE and fsdp_offload:
         return finetune_offload_seconds(request, strategy, grad_accum)
     dtypes = request.dtypes.trained
     cluster = request.cluster
-    return offload_seconds(
-        request.rank_model.params,
-        cluster.world_size,
-        request.mesh.gpus_per_node,
-        cluster.group_size(STRATEGIES[strategy].optimizer),
-        optimizer,
-        params,
-        grad_accum,
-        dtypes.stored.bytes,
-        dtypes.main_gradient.bytes,
+
+    def seconds(count: int, optimizer: OffloadTarget, params: OffloadTarget) -> float:
+        return offload_seconds(
+            count,
+            cluster.world_size,
+            request.mesh.gpus_per_node,
+            cluster.group_size(STRATEGIES[strategy].optimizer),
+            optimizer,
+            params,
+            grad_accum,
+            dtypes.stored.bytes,
+            dtypes.main_gradient.bytes,
+        )
+
+    if request.finetune is None:
+        return seconds(request.rank_model.params, optimizer, params)
+    # the paper's ZeRO-Offload of a fine-tuning run: the optimizer's traffic is the trained tensors', the
+    # parameters' fetches every tensor's
+    from zerocalc.parallel.finetune import finetune_counts
+
+    trained = finetune_counts(request.architecture, request.finetune).trainable
+    return seconds(trained, optimizer, OffloadTarget.NONE) + seconds(
+        request.rank_model.params, OffloadTarget.NONE, params
     )
 
 
