@@ -13,6 +13,8 @@ from zerocalc.base.dtypes import DType
 from zerocalc.cli import app
 from zerocalc.comm.finetune import offload_copies
 from zerocalc.comm.step import request_ops
+from zerocalc.compute.finetune import matmul_split
+from zerocalc.compute.ops import model_flops_per_token
 from zerocalc.network.collectives import Collective
 from zerocalc.network.schedule import Phase
 from zerocalc.parallel.finetune import parameter_kinds
@@ -161,3 +163,24 @@ def test_comm_prints_a_fine_tuning_step_and_refuses_ddp_offload() -> None:
                             "--framework", "ddp", "--offload-params", "cpu"]),
         "--framework ddp does not offload",
     )  # fmt: skip
+
+
+def test_frozen_layers_before_the_first_trained_one_run_no_backward() -> None:
+    # full fine-tuning with the embedding and layer 0 frozen: layer 0 runs no backward; layer 1's input
+    # (layer 0's output) needs no gradient: no input gradient for q, k, v (14 − 3 products); the rest, 14
+    first, second, rest = _ops(model="llama-3-8b", freeze="embed_tokens,layers.0").layers
+    assert [(layer.layers, layer.backward_runs) for layer in (first, second, rest)] == [
+        (1, False), (1, True), (30, True),
+    ]  # fmt: skip
+    assert [sum(len(g.backward()) for g in layer.gemms) for layer in (second, rest)] == [11, 14]
+
+
+def test_a_fine_tuning_runs_model_flops_count_4_per_frozen_and_6_per_trained_parameter() -> None:
+    request = parse_options(gpus=1, framework="ddp", **LORA)
+    arch = request.model.architecture
+    count = request.model.parameter_count
+    # frozen: the 224 decoder Linear weights (6,979,321,856) and lm_head (525,336,576); adapters 20,971,520
+    assert matmul_split(arch, request.finetune) == (7_504_658_432, ADAPTERS)
+    full = model_flops_per_token(arch, count, 4096)
+    tuned = model_flops_per_token(arch, count, 4096, *matmul_split(arch, request.finetune))
+    assert tuned - full == 6 * ADAPTERS - 2 * 7_504_658_432

@@ -537,10 +537,9 @@ def model_flops_per_token(
     needed), and its ``adapters`` (LoRA's A and B) 6 each; the input gradients a run skips before its first
     trained tensor and the dequantisation are not model FLOPs (the step time prices what runs)."""
     matmul = count.active_per_token - count.embedding + adapters
-    matmul -= frozen / 3
     if arch.tied_embeddings:
         matmul += arch.vocab_size * arch.hidden_size
     mla = arch.latent_attention
     qk_dim = mla.qk_head_dim if mla is not None else arch.dim_per_head
     v_dim = mla.v_head_dim if mla is not None else arch.dim_per_head
-    return 6.0 * matmul + 3.0 * arch.num_layers * arch.num_heads * (qk_dim + v_dim) * seq_len
+    return 6.0 * matmul - 2.0 * frozen + 3.0 * arch.num_layers * arch.num_heads * (qk_dim + v_dim) * seq_len
