@@ -332,9 +332,7 @@ def request_tuning(request: TrainingRequest, arch: Architecture) -> FineTuneOps 
         adapter.stored if request.framework_record.param_layout is ParamLayout.AUTOCAST else adapter.compute
     )
     compute = finetune_dtypes(request, ParamKind.QUANTIZED).compute if finetune.quantized else adapter.compute
-    input_grad = finetune.kbit_prepared or (
-        finetune.lora is not None and request.activations.recompute is not Recompute.NONE
-    )
+    input_grad = finetune.kbit_prepared or request.activations.recompute is not Recompute.NONE
     return finetune_ops(
         arch, finetune, input_grad, adapter.gemm_input, seen, request.activation_dtype, compute
     )

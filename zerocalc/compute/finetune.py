@@ -7,10 +7,11 @@
   backward (and its checkpoint re-runs nothing), and the first layer holding a trained tensor computes no
   gradient of its input — its attention's input projections (every attention matrix but the output
   projection) run no input-gradient product, their adapters' ``lora_A`` neither. The layers' input
-  requires grad from the start when the embedding is trained, or when PEFT turns it on:
+  requires grad from the start when the embedding is trained, or when it is turned on:
   ``enable_input_require_grads`` under gradient checkpointing (transformers 5.17
-  ``modeling_utils.py`` ``gradient_checkpointing_enable`` for a PEFT model) and in
-  ``prepare_model_for_kbit_training`` (peft/utils/other.py, ``use_gradient_checkpointing=True``).
+  ``modeling_utils.py`` ``gradient_checkpointing_enable``: for every model whose ``main_input_name`` is
+  ``input_ids``, and for a PEFT model) and in ``prepare_model_for_kbit_training`` (peft/utils/other.py,
+  ``use_gradient_checkpointing=True``).
 * **LoRA** (peft 0.21.2 ``tuners/lora/layer.py`` ``Linear.forward``): per targeted Linear of ``in → out``
   and rank r, ``result + lora_B(lora_A(dropout(x))) * scaling``: two products forward, x·Aᵀ (M × r × in)
   and ·Bᵀ (M × out × r), each with both backward products (the adapters are trained). They run in the
