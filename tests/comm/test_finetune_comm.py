@@ -184,3 +184,9 @@ def test_a_fine_tuning_runs_model_flops_count_4_per_frozen_and_6_per_trained_par
     full = model_flops_per_token(arch, count, 4096)
     tuned = model_flops_per_token(arch, count, 4096, *matmul_split(arch, request.finetune))
     assert tuned - full == 6 * ADAPTERS - 2 * 7_504_658_432
+
+
+def test_gradient_checkpointing_turns_the_first_layers_input_gradient_on() -> None:
+    # transformers' gradient_checkpointing_enable → enable_input_require_grads: every layer alike, 14 products
+    (layer,) = _ops(model="llama-3-8b", freeze="embed_tokens", recompute="full").layers
+    assert (layer.layers, sum(len(g.backward()) for g in layer.gemms)) == (32, 14)
