@@ -32,7 +32,8 @@ A call of tensors of one dtype is sized in elements of it, as without fine-tunin
 (fp32 adapters beside bf16 copies where no mixed-precision policy casts them) in bytes: FSDP2 gathers a
 group of mixed dtypes as uint8 (``_fsdp_collectives.py`` ``_get_all_gather_input_metadatas``:
 ``all_gather_dtype = torch.uint8``), and a byte layout keeps each tensor's dim 0 (FSDP2's padding) and
-bytes (DDP's buckets) exact.
+bytes exact; DDP's buckets then fill by bytes across dtypes, where DDP's ``compute_bucket_assignment_by_size``
+keeps one dtype per bucket (bf16-pure ``modules_to_save`` copies beside fp32 adapters: a call or two more).
 
 **FSDP's CPU offload** (``--offload-params cpu``: FSDP1 ``CPUOffload(offload_params=True)``, FSDP2
 ``CPUOffloadPolicy``) keeps the sharded parameters, gradients and optimizer on the host: before each
