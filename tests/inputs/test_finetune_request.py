@@ -179,9 +179,10 @@ def test_a_bad_fine_tuning_value_is_one_line(args: list[str], fragment: str) -> 
     one_line_error(runner.invoke(app, ["memory", "--model", "llama-3-8b", *args]), fragment)
 
 
-def test_fine_tuning_needs_the_modules_and_comm_refuses_a_quantised_config(tmp_path: Path) -> None:
+def test_fine_tuning_needs_the_modules_and_a_quantised_config_needs_adapters(tmp_path: Path) -> None:
     one_line_error(
         runner.invoke(app, ["memory", "--params", "7B", "--lora-rank", "8"]), "fine-tuning needs the model's"
     )
     path = _write(tmp_path, "config.json", {**CONFIG, "quantization_config": BNB_NF4_DQ_BF16})
-    one_line_error(runner.invoke(app, ["comm", "--model", path]), "quantization_config quantises the base")
+    one_line_error(runner.invoke(app, ["comm", "--model", path]), "quantises the base, which is trained")
+    assert runner.invoke(app, ["comm", "--model", path, "--lora-rank", "8"]).exit_code == 0

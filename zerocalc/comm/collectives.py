@@ -22,6 +22,7 @@ from typing import NamedTuple
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.comm.calls import CallContext, Layout, RuleCalls, rule_calls
+from zerocalc.comm.finetune import TRAINED, moved_tensors, moves_trained_only, rule_note
 from zerocalc.comm.fp8 import (
     FP8_GATHER,
     amax_layout,
@@ -41,6 +42,7 @@ from zerocalc.network.cluster import Cluster, RankGroup
 from zerocalc.network.collectives import COLLECTIVES, Collective
 from zerocalc.network.links import Bandwidths, BandwidthSource, LinkFigures
 from zerocalc.network.schedule import GradSync, Phase, Repeat, ScheduledCollective, ZeroPP
+from zerocalc.parallel.finetune import parameter_kinds
 from zerocalc.parallel.fp8 import Fp8Setting
 from zerocalc.parallel.framework_records import FRAMEWORKS
 from zerocalc.parallel.framework_records.megatron import bucket_elements
@@ -213,7 +215,11 @@ def collective_runs(
         name, request.framework, cluster, request.precision, request.reduce_dtype, _buckets(request), zeropp
     )
     collectives = []
-    for run, run_layout in _fp8_runs(runs, request.fp8, layout):
+    if request.finetune is not None and layout.from_architecture:
+        moved = _finetune_runs(runs, request)
+    else:
+        moved = _fp8_runs(runs, request.fp8, layout)
+    for run, run_layout in moved:
         traffic = run_layout.cached(_line_traffic, run.line, run.ctx, run.quantized)
         if traffic is None:
             continue
@@ -249,6 +255,28 @@ def _fp8_runs(runs: tuple[_Run, ...], fp8: Fp8Setting, layout: Layout) -> list[t
         if line is not None:
             stacked.append((fp32._replace(line=line), amax))
     return out + stacked
+
+
+def _finetune_runs(runs: tuple[_Run, ...], request: TrainingRequest) -> list[tuple[_Run, Layout]]:
+    """Each run with the tensors it moves in a fine-tuning run (:mod:`zerocalc.comm.finetune`): the
+    trained ones for gradients and updated parameters, every one (quantised weights packed) for the
+    gathers of forward and backward, each kind in its dtype for the rule's role (the precision record's)."""
+    from zerocalc.states.memory import finetune_dtypes
+
+    finetune = request.finetune
+    assert finetune is not None
+    out = []
+    present = dict.fromkeys(k.kind for k in parameter_kinds(request.architecture, finetune))
+    for run in runs:
+        trained = moves_trained_only(run.line)
+        role = run.line.dtype_role
+        kinds = [kind for kind in present if not trained or kind in TRAINED]
+        dtypes = tuple((kind, finetune_dtypes(request, kind).of(role)) for kind in kinds)
+        moved = moved_tensors(request.architecture, finetune, trained, dtypes)
+        dtype = moved.dtype or DType.UINT8
+        line = run.line._replace(behaviour=f"{run.line.behaviour}; {rule_note(run.line, moved)}")
+        out.append((run._replace(line=line, dtype=dtype, ctx=_bytes_of(run.ctx, dtype)), moved.layout))
+    return out
 
 
 def _bytes_of(ctx: CallContext, dtype: DType) -> CallContext:

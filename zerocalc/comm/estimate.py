@@ -495,9 +495,26 @@ def _ddp_reference(parts: tuple[DataPart, ...]) -> int | None:
     return sum(c.total_bytes_per_gpu for c in _data_parallel_costs(StrategyName.DDP, reference)) or None
 
 
+def finetune_note(request: TrainingRequest) -> str:
+    """What a fine-tuning run's collectives and step count (:mod:`zerocalc.comm.finetune`)."""
+    from zerocalc.compute.ops import MFU_FINETUNE
+    from zerocalc.parallel.finetune import finetune_counts
+
+    assert request.finetune is not None
+    counts = finetune_counts(request.architecture, request.finetune)
+    every = counts.trainable + counts.frozen
+    return (
+        f"fine-tuning: {counts.trainable:,} trained parameters' gradients reduced, all {every:,} "
+        f"parameters gathered where the strategy gathers them (frozen and quantised ones "
+        f"at their stored dtype); the step runs no weight gradient of a frozen weight; MFU {MFU_FINETUNE}"
+    )
+
+
 def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -> list[str]:
     notes = []
     cluster = request.cluster
+    if request.finetune is not None and request.model.architecture is not None:
+        notes.append(finetune_note(request))
     if request.mesh.world == 1:
         notes.append("no communication: a single GPU has nothing to reduce or gather")
     if request.mesh.pp > 1:

@@ -78,6 +78,7 @@ from zerocalc.comm.collectives import (
 from zerocalc.comm.mesh import Dimension, MeshCollectiveCost, MeshRequest, MeshTime, Scope, mesh_times
 from zerocalc.comm.overlap import TeGemms, calls_in, uniform_exposed, userbuffers_exposed
 from zerocalc.comm.pipeline import PipelineComm, pipeline_comm
+from zerocalc.compute.finetune import FineTuneOps, finetune_ops, matmul_split
 from zerocalc.compute.ops import (
     MFU_FORMULA,
     Kernels,
@@ -366,14 +367,41 @@ def request_ops(request: TrainingRequest, arch: Architecture | None = None) -> M
     the rank's architecture by default)."""
     dtype = request.activation_dtype
     shape = request.rank_shape._replace(capacity_factor=request.activations.capacity_factor)
-    return _micro_batch_ops(arch or request.architecture, shape, kernels(request), dtype, request.mesh.ep)
+    arch = arch or request.architecture
+    return _micro_batch_ops(
+        arch, shape, kernels(request), dtype, request.mesh.ep, request_tuning(request, arch)
+    )
+
+
+def request_tuning(request: TrainingRequest, arch: Architecture) -> FineTuneOps | None:
+    """The fine-tuning's changes to the operations (:mod:`zerocalc.compute.finetune`), in the precision
+    record's dtypes: the adapters' GEMM input, and their weight as the forward sees it (the stored fp32
+    adapter under autocast, the cast one under FSDP's mixed precision); None: full training."""
+    finetune = request.finetune
+    if finetune is None:
+        return None
+    from zerocalc.parallel.precision import ParamKind, ParamLayout
+    from zerocalc.states.memory import finetune_dtypes
+
+    adapter = finetune_dtypes(request, ParamKind.ADAPTER)
+    seen = (
+        adapter.stored if request.framework_record.param_layout is ParamLayout.AUTOCAST else adapter.compute
+    )
+    compute = finetune_dtypes(request, ParamKind.QUANTIZED).compute if finetune.quantized else adapter.compute
+    input_grad = finetune.kbit_prepared or request.activations.recompute is not Recompute.NONE
+    return finetune_ops(
+        arch, finetune, input_grad, adapter.gemm_input, seen, request.activation_dtype, compute
+    )
 
 
 @lru_cache(maxsize=1024)
-def _micro_batch_ops(arch: Architecture, shape: Shape, code: Kernels, dtype: DType, ep: int) -> MicroBatchOps:
-    """:func:`~zerocalc.compute.ops.micro_batch_ops`, once per (architecture, shape, kernels, dtype, ep): a
-    plan prices many candidates of one mesh and micro-batch (their strategies and accumulations differ)."""
-    return micro_batch_ops(arch, shape, code, dtype, ep=ep)
+def _micro_batch_ops(
+    arch: Architecture, shape: Shape, code: Kernels, dtype: DType, ep: int, tuning: FineTuneOps | None = None
+) -> MicroBatchOps:
+    """:func:`~zerocalc.compute.ops.micro_batch_ops`, once per (architecture, shape, kernels, dtype, ep,
+    fine-tuning): a plan prices many candidates of one mesh and micro-batch (their strategies and
+    accumulations differ)."""
+    return micro_batch_ops(arch, shape, code, dtype, ep=ep, tuning=tuning)
 
 
 _MICRO_TIMES: IdentityCache[MicroBatchTime] = IdentityCache()
@@ -397,6 +425,8 @@ def optimizer_traffic(
     """(parameters the rank's optimizer updates on the GPU, bytes per parameter, parameters of its largest
     tensor), for the rank's model or a pipeline stage's. None on the GPU when the optimizer is offloaded:
     ZeRO-Offload's CPU Adam updates them on the host (:func:`offload_seconds` prices it)."""
+    if request.finetune is not None:
+        return finetune_optimizer_traffic(request, strategy)
     shards = request.cluster.group_size(STRATEGIES[strategy].optimizer)
     model = stage or request.rank_model
     count = model.parameter_count
@@ -434,7 +464,12 @@ def fsdp2_traffic(
     p, master = dtypes.compute.bytes, dtypes.stored.bytes
     reduce = dtypes.reduce.bytes
     gather = shard * (master + 3 * p) + params * 2 * p
-    scatter = params * (dtypes.gradient.bytes + reduce)
+    reduced = params
+    if request.finetune is not None:  # the trained tensors' gradients only (zerocalc.comm.finetune)
+        from zerocalc.parallel.finetune import finetune_counts
+
+        reduced = finetune_counts(request.architecture, request.finetune).trainable
+    scatter = reduced * (dtypes.gradient.bytes + reduce)
     count = model.parameter_count
     unit = max(1, count.largest_block_params if count is not None else params)
     accum = grad_accum or request.grad_accum
@@ -535,6 +570,73 @@ def with_framework_traffic(compute: ComputeTime, traffic: tuple[float, float]) -
     )
 
 
+def finetune_offload_seconds(request: TrainingRequest, strategy: StrategyName, grad_accum: int) -> float:
+    """FSDP's CPU offload in a fine-tuning run (:func:`~zerocalc.comm.finetune.offload_copies`), not
+    overlapped (as :func:`offload_seconds`): per micro-batch every unit's parameter shards copied to the GPU
+    for each all-gather (forward, and backward's re-gather where the strategy reshards after forward) and
+    the trained gradient shards back after each reduction, over PCIe (:data:`PCIE_BPS`); once per step the
+    optimizer's step over the trained shards on the host, bound by host memory bandwidth shared by the
+    node's GPUs (:data:`HOST_MEMORY_BPS`), at the bytes per parameter of the GPU's step
+    (:func:`optimizer_traffic`, which then runs nothing on the GPU)."""
+    from zerocalc.comm.finetune import offload_copies
+    from zerocalc.parallel.finetune import parameter_kinds
+    from zerocalc.states.memory import finetune_dtypes
+
+    finetune = request.finetune
+    assert finetune is not None
+    arch = request.architecture
+    kinds = dict.fromkeys(k.kind for k in parameter_kinds(arch, finetune))
+    dtypes = {kind: finetune_dtypes(request, kind) for kind in kinds}
+    shards = request.cluster.group_size(STRATEGIES[strategy].optimizer)
+    copies = offload_copies(
+        arch,
+        finetune,
+        shards,
+        tuple((kind, d.stored) for kind, d in dtypes.items()),
+        tuple((kind, d.reduce) for kind, d in dtypes.items()),
+    )
+    setup = request.framework_record.torch_setup(strategy)
+    gathers = 2 if setup is None or setup.reshard_after_forward else 1
+    sync = effective_grad_sync(request.framework, strategy, request.grad_sync, pipelined=False)
+    reductions = grad_accum if sync is GradSync.EVERY else 1
+    copied = grad_accum * gathers * copies.h2d_per_gather + reductions * copies.d2h_per_reduction
+    trained, per, _ = finetune_optimizer_traffic(request, strategy, on_host=True)
+    host = trained * per * request.mesh.gpus_per_node / HOST_MEMORY_BPS
+    return copied / PCIE_BPS + host
+
+
+def finetune_optimizer_traffic(
+    request: TrainingRequest, strategy: StrategyName, on_host: bool = False
+) -> tuple[int, int, int]:
+    """:func:`optimizer_traffic` of a fine-tuning run: the optimizer steps the trained tensors only
+    (adapters, copies, unfrozen parameters: :func:`~zerocalc.parallel.finetune.finetune_counts`), in their
+    kind's dtypes (PEFT's adapters, else the trainable kind's); on the host under FSDP's CPU offload
+    (``on_host``: the parameters it updates there; else 0 on the GPU)."""
+    from zerocalc.parallel.finetune import finetune_counts, parameter_kinds
+    from zerocalc.parallel.precision import ParamKind
+    from zerocalc.states.memory import finetune_dtypes
+
+    finetune = request.finetune
+    assert finetune is not None
+    arch = request.architecture
+    kinded = parameter_kinds(arch, finetune)
+    kind = ParamKind.ADAPTER if any(k.kind is ParamKind.ADAPTER for k in kinded) else ParamKind.TRAINABLE
+    dtypes = finetune_dtypes(request, kind).trained
+    grad = dtypes.master or dtypes.main_gradient
+    assert grad is not None
+    impl = request.framework_record.optimizer_impl(request.optimizer_impl)
+    per = optimizer_bytes_per_param(request.optimizer, impl, dtypes, grad)
+    shards = request.cluster.group_size(STRATEGIES[strategy].optimizer)
+    trained = finetune_counts(arch, finetune).trainable // shards
+    largest = max(k.tensor.numel for k in kinded if k.kind in (ParamKind.ADAPTER, ParamKind.TRAINABLE))
+    fsdp_offload = request.offload_params is not OffloadTarget.NONE and request.framework_record.torch_setup(
+        strategy
+    )
+    offloaded = bool(fsdp_offload) or request.offload_optimizer is not OffloadTarget.NONE
+    on_gpu = trained if offloaded == on_host else 0
+    return on_gpu, per, max(1, largest // shards)
+
+
 def request_offload_seconds(
     request: TrainingRequest,
     strategy: StrategyName,
@@ -544,18 +646,34 @@ def request_offload_seconds(
 ) -> float:
     """:func:`offload_seconds` of one rank of the request's mesh (its share of the parameters, sharded
     over its dp × cp data-parallel ranks) with the offload targets and accumulation given."""
+    fsdp_offload = request.framework_record.torch_setup(strategy) is not None
+    if request.finetune is not None and params is not OffloadTarget.NONE and fsdp_offload:
+        return finetune_offload_seconds(request, strategy, grad_accum)
     dtypes = request.dtypes.trained
     cluster = request.cluster
-    return offload_seconds(
-        request.rank_model.params,
-        cluster.world_size,
-        request.mesh.gpus_per_node,
-        cluster.group_size(STRATEGIES[strategy].optimizer),
-        optimizer,
-        params,
-        grad_accum,
-        dtypes.stored.bytes,
-        dtypes.main_gradient.bytes,
+
+    def seconds(count: int, optimizer: OffloadTarget, params: OffloadTarget) -> float:
+        return offload_seconds(
+            count,
+            cluster.world_size,
+            request.mesh.gpus_per_node,
+            cluster.group_size(STRATEGIES[strategy].optimizer),
+            optimizer,
+            params,
+            grad_accum,
+            dtypes.stored.bytes,
+            dtypes.main_gradient.bytes,
+        )
+
+    if request.finetune is None:
+        return seconds(request.rank_model.params, optimizer, params)
+    # the paper's ZeRO-Offload of a fine-tuning run: the optimizer's traffic is the trained tensors', the
+    # parameters' fetches every tensor's
+    from zerocalc.parallel.finetune import finetune_counts
+
+    trained = finetune_counts(request.architecture, request.finetune).trainable
+    return seconds(trained, optimizer, OffloadTarget.NONE) + seconds(
+        request.rank_model.params, OffloadTarget.NONE, params
     )
 
 
@@ -617,7 +735,12 @@ def step_factors(
         hides_backward=overlaps_backward(request.framework, strategy)
         or (request.overlap.deepspeed_comm and strategy in OVERLAP_COMM_STRATEGIES),
         bubble_fraction=pipeline.bubble_fraction if pipeline is not None else 0.0,
-        model_flops_per_token=model_flops_per_token(arch, count, activations.seq_len),
+        model_flops_per_token=model_flops_per_token(
+            arch,
+            count,
+            activations.seq_len,
+            *(matmul_split(arch, request.finetune) if request.finetune else ()),
+        ),
         peak_flops=request.gpu.bf16_dense_tflops * 1e12 if request.gpu is not None else None,
         gathers_in_forward=request.overlap.param_gather and strategy is StrategyName.ZERO1,
     )
@@ -715,7 +838,7 @@ def _dp_runs(
 DP_RUNS = Part(
     "data-parallel collectives",
     (*_MODEL, *_DTYPES, *_LINKS, "zeropp", "buffers.ddp_bucket_bytes", "buffers.ddp_first_bucket_bytes",
-     "buffers.reduce_bucket_elements", "overlap", "fp8"),
+     "buffers.reduce_bucket_elements", "overlap", "fp8", "finetune"),
     _dp_runs,
 )  # fmt: skip
 """:func:`~zerocalc.comm.collectives.collective_runs` of a strategy over each part of the rank's parameters
@@ -743,7 +866,7 @@ STAGE_MICRO_BATCHES = Part(
     "stages' micro-batches",
     ("rank_model", "stages", "rank_shape", "mesh.ep", "model_code", "activation_dtype",
      "activations.recompute", "activations.checkpoint_every", "activations.flash_attention",
-     "activations.capacity_factor"),
+     "activations.capacity_factor", "finetune", "framework", "precision", "reduce_dtype"),
     _stage_micro_batches,
 )  # fmt: skip
 """:func:`stage_micro_batches`: each kind of stage's micro-batch at the compute table's rates."""
@@ -758,7 +881,7 @@ def _stage_computes(
 STAGE_COMPUTES = Part(
     "stages' computes",
     (*STAGE_MICRO_BATCHES.reads, "cluster", "framework", "precision", "strategies", "grad_accum", "optimizer",
-     "optimizer_impl", "offload_optimizer"),
+     "optimizer_impl", "offload_optimizer", "offload_params", "finetune"),
     _stage_computes,
 )  # fmt: skip
 """:func:`stage_computes`: each stage's compute in a step, the optimizer's step included."""
@@ -769,9 +892,10 @@ _SLOWEST_STAGE_READS = (*STAGE_COMPUTES.reads, "grad_sync", "mesh.pp")
 
 
 _STEP_FACTORS_READS = (*_MODEL, "grad_accum", "activations.micro_batch", "activations.seq_len",
-                       "buffers.prefetch", "framework", "gpu", "overlap")  # fmt: skip
+                       "buffers.prefetch", "framework", "gpu", "overlap", "finetune")  # fmt: skip
 """What :func:`step_factors` reads (beside the pipeline's bubble)."""
-_OFFLOAD_READS = (*_MODEL, *_DTYPES, "offload_optimizer", "offload_params", "grad_accum")
+_OFFLOAD_READS = (*_MODEL, *_DTYPES, "offload_optimizer", "offload_params", "grad_accum", "finetune",
+                  "cluster", "strategies", "optimizer", "optimizer_impl", "grad_sync")  # fmt: skip
 """What :func:`request_offload_seconds` reads of the request's offload."""
 
 

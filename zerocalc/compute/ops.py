@@ -65,6 +65,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from zerocalc.base.dtypes import DType
+from zerocalc.compute.finetune import DORA_COMBINE_BYTES, DORA_NORM_BYTES, FineTuneOps
 from zerocalc.model.activations import CpImpl
 from zerocalc.model.architecture import (
     Architecture,
@@ -123,17 +124,31 @@ class Gemm(NamedTuple):
     n: int
     k: int
     count: int = 1
+    dgrad: bool = True
+    """Its backward computes the input's gradient (not for an input that needs none: before the first
+    tensor that requires grad, :mod:`zerocalc.compute.finetune`)."""
+    wgrad: bool = True
+    """Its backward computes the weight's gradient (not for a frozen weight)."""
+    dtype: DType | None = None
+    """Its inputs' dtype where it is not the micro-batch's (PEFT's fp32 adapters under bf16-pure)."""
 
     @property
     def flops(self) -> float:
         return 2.0 * self.m * self.n * self.k * self.count
 
-    def backward(self) -> tuple[Gemm, Gemm]:
-        """The input gradient (m × n · n × k) and the weight gradient (k × m · m × n)."""
-        return (
-            Gemm(f"{self.name} dgrad", self.m, self.k, self.n, self.count),
-            Gemm(f"{self.name} wgrad", self.k, self.n, self.m, self.count),
-        )
+    @property
+    def backward_flops(self) -> float:
+        """Its backward's products' FLOPs (each of the forward's)."""
+        return self.flops * (self.dgrad + self.wgrad)
+
+    def backward(self) -> tuple[Gemm, ...]:
+        """The input gradient (m × n · n × k) and the weight gradient (k × m · m × n), those that run."""
+        products = []
+        if self.dgrad:
+            products.append(Gemm(f"{self.name} dgrad", self.m, self.k, self.n, self.count, dtype=self.dtype))
+        if self.wgrad:
+            products.append(Gemm(f"{self.name} wgrad", self.k, self.n, self.m, self.count, dtype=self.dtype))
+        return tuple(products)
 
 
 class Attention(NamedTuple):
@@ -197,6 +212,9 @@ class LayerOps(NamedTuple):
     """Element-wise kernels outside the attention core."""
     core_traffic: tuple[Traffic, ...]
     """Eager attention's element-wise kernels over the scores (what selective recomputation re-runs)."""
+    backward_runs: bool = True
+    """False: nothing in or before the layer requires grad (a frozen layer before the first trained
+    tensor): autograd runs no backward for it, and recomputation re-runs nothing."""
 
 
 class MicroBatchOps(NamedTuple):
@@ -226,7 +244,15 @@ def _norm_bytes(arch: Architecture, fused: bool) -> int:
 
 
 def _layer_ops(
-    arch: Architecture, index: int, shape: Shape, layers: int, kernels: Kernels, ep: int, act: int
+    arch: Architecture,
+    index: int,
+    shape: Shape,
+    layers: int,
+    kernels: Kernels,
+    ep: int,
+    act: int,
+    tuning: FineTuneOps | None = None,
+    dtype: DType = DType.BF16,
 ) -> LayerOps:
     tp = arch.tp if isinstance(arch, TensorParallelRank) else 1
     tokens, rows = shape.local_tokens, shape.sequence_tokens
@@ -240,7 +266,13 @@ def _layer_ops(
     traffic: list[Traffic] = []
     norm = _norm_bytes(arch, kernels.fused)
     family = traits(arch)
-    for tensor in layer_tensors(arch, index):
+    tensors = layer_tensors(arch, index)
+    matrices = [
+        t.module for t in tensors if len(t.shape) == 2 and t.name == "weight" and ".attn." in t.module
+    ]
+    inputs = set(matrices[:-1])  # the attention's input projections: every matrix but the output one
+    grad_in = tuning is None or tuning.grad_in(index)
+    for tensor in tensors:
         leaf = tensor.module.rsplit(".", 1)[-1]
         if len(tensor.shape) == 3:  # routed experts [E or E/e, out, in]
             _, out, inner = tensor.shape
@@ -249,7 +281,12 @@ def _layer_ops(
                 gemms.append(Gemm(f"experts.{tensor.name}", math.ceil(received / local), out, inner, local))
         elif len(tensor.shape) == 2 and tensor.name == "weight":
             out, inner = tensor.shape
-            if out and inner:
+            if out and inner and tuning is not None:
+                needs = grad_in or tensor.module not in inputs
+                linear = tuned_linear(tuning, tensor.module, leaf, tokens, out, inner, needs, dtype)
+                gemms += linear[0]
+                traffic += linear[1]
+            elif out and inner:
                 gemms.append(Gemm(leaf, tokens, out, inner))
         elif len(tensor.shape) == 1 and tensor.name == "weight" and "norm" in leaf:
             width = tensor.shape[0]
@@ -276,8 +313,14 @@ def _layer_ops(
     if shape.cp > 1 and shape.cp_impl is CpImpl.ULYSSES:  # heads scattered over the CP ranks, whole sequence
         heads, seq_q = math.ceil(heads / shape.cp), shape.s
     attention = Attention(shape.b, heads, seq_q, shape.s, qk_dim, v_dim, True, kernels.flash)
+    backward = tuning is None or tuning.backward_runs(index)
     return LayerOps(
-        layers, tuple(gemms), attention, tuple(traffic), _core_traffic(arch, attention, kernels, scale)
+        layers,
+        tuple(gemms),
+        attention,
+        tuple(traffic),
+        _core_traffic(arch, attention, kernels, scale),
+        backward,
     )
 
 
@@ -315,6 +358,53 @@ def _mlp_traffic(
     return out
 
 
+def tuned_linear(
+    tuning: FineTuneOps,
+    module: str,
+    leaf: str,
+    rows: int,
+    out: int,
+    inner: int,
+    input_grad: bool,
+    activation: DType,
+) -> tuple[list[Gemm], list[Traffic]]:
+    """The products and element-wise kernels of one Linear ``module`` (``rows`` × ``inner`` → ``out``) in a
+    fine-tuning run (:mod:`zerocalc.compute.finetune`); ``input_grad``: its input requires grad."""
+    how = tuning.linear(module)
+    gemms = [Gemm(leaf, rows, out, inner, dgrad=input_grad, wgrad=how.trained)]
+    traffic: list[Traffic] = []
+    if how.dequant_bytes:
+        traffic.append(
+            Traffic(f"{leaf} dequantize", how.dequant_bytes, 1, how.dequant_bytes if input_grad else 0)
+        )
+    if not how.rank:
+        return gemms, traffic
+    r, dtype, scale = how.rank, tuning.lora_dtype, activation.bytes / 2
+    gemms += [
+        Gemm(f"{leaf} lora_A", rows, r, inner, dgrad=input_grad, dtype=dtype),
+        Gemm(f"{leaf} lora_B", rows, out, r, dtype=dtype),
+    ]
+    if tuning.lora_cast_bytes:
+        traffic.append(Traffic(f"{leaf} LoRA input cast", tuning.lora_cast_bytes * rows * inner))
+    if tuning.dropout:
+        traffic.append(Traffic(f"{leaf} LoRA dropout", int(EAGER_DROPOUT * dtype.bytes / 2 * rows * inner)))
+    b, a = dtype.bytes, activation.bytes
+    promoted = max(a, b)
+    # ``* scaling`` (r b, w b), ``result + …`` (r a + b, w promoted), ``.to(torch_result_dtype)``
+    add = 2 * b + a + b + promoted + (promoted + a if promoted != a else 0)
+    traffic.append(Traffic(f"{leaf} LoRA scale and add", add * rows * out))
+    if tuning.dora:
+        gemms.append(Gemm(f"{leaf} DoRA weight", out, inner, r, dgrad=False, wgrad=False, dtype=dtype))
+        norm = int(DORA_NORM_BYTES * scale * out * inner) + how.dequant_bytes
+        traffic += [
+            Traffic(f"{leaf} DoRA weight norm", norm, 1, 0),
+            Traffic(f"{leaf} DoRA combine", int(DORA_COMBINE_BYTES * scale * rows * out)),
+        ]
+        if tuning.dropout:
+            gemms.append(Gemm(f"{leaf} DoRA base", rows, out, inner, dgrad=input_grad, wgrad=False))
+    return gemms, traffic
+
+
 def _core_traffic(
     arch: Architecture, attention: Attention, kernels: Kernels, scale: float
 ) -> tuple[Traffic, ...]:
@@ -333,17 +423,24 @@ def _core_traffic(
 
 
 def micro_batch_ops(
-    arch: Architecture, shape: Shape, kernels: Kernels, dtype: DType, ep: int = 1
+    arch: Architecture,
+    shape: Shape,
+    kernels: Kernels,
+    dtype: DType,
+    ep: int = 1,
+    tuning: FineTuneOps | None = None,
 ) -> MicroBatchOps:
     """The forward of one micro-batch on one rank holding ``arch`` (a pipeline stage's share: its layers,
-    the embedding where it holds it, the final norm, LM head and loss where it holds them)."""
+    the embedding where it holds it, the final norm, LM head and loss where it holds them); ``tuning``: a
+    fine-tuning run's frozen, adapted and quantised Linears (:mod:`zerocalc.compute.finetune`)."""
     indices = range(arch.num_layers)
     act = dtype.bytes
-    groups: dict[bool, list[int]] = {}
+    groups: dict[tuple, list[int]] = {}
     for index in indices:
-        groups.setdefault(arch.is_moe_layer(index), []).append(index)
+        groups.setdefault((arch.is_moe_layer(index), *_tuning_key(arch, index, tuning)), []).append(index)
     layer_ops = tuple(
-        _layer_ops(arch, members[0], shape, len(members), kernels, ep, act) for members in groups.values()
+        _layer_ops(arch, members[0], shape, len(members), kernels, ep, act, tuning, dtype)
+        for members in groups.values()
     )
     tokens, rows, h = shape.local_tokens, shape.sequence_tokens, arch.hidden_size
     scale = act / 2
@@ -361,10 +458,29 @@ def micro_batch_ops(
         if matrix is None:  # tied: the embedding's matrix
             matrix = next(t for t in embedding_tensors(arch) if t.module == "embed_tokens")
         vocab = matrix.shape[0]
-        gemms.append(Gemm("lm_head", tokens, vocab, h))
+        if tuning is not None:
+            head_gemms, head_traffic = tuned_linear(
+                tuning, matrix.module, "lm_head", tokens, vocab, h, True, dtype
+            )
+            gemms += head_gemms
+            traffic += head_traffic
+        else:
+            gemms.append(Gemm("lm_head", tokens, vocab, h))
         logits = tokens * vocab
         traffic.append(Traffic("loss", LOSS_FORWARD * logits, 1, LOSS_BACKWARD * logits))
     return MicroBatchOps(layer_ops, tuple(gemms), tuple(traffic), dtype)
+
+
+def _tuning_key(arch: Architecture, index: int, tuning: FineTuneOps | None) -> tuple:
+    """What sets layer ``index``'s operations apart under ``tuning`` (its layers group by it)."""
+    if tuning is None:
+        return ()
+    linears = tuple(
+        tuning.linear(t.module)
+        for t in layer_tensors(arch, index)
+        if len(t.shape) == 2 and t.name == "weight"
+    )
+    return linears, tuning.grad_in(index), tuning.backward_runs(index)
 
 
 def optimizer_bytes_per_param(
@@ -396,7 +512,17 @@ MFU_FORMULA = (
 """How the MFU is counted, said under every table that prints it and in the JSON field's description."""
 
 
-def model_flops_per_token(arch: Architecture, count: ParameterCount, seq_len: int) -> float:
+MFU_FINETUNE = (
+    "fine-tuning: 6 FLOPs per trained matmul parameter (adapters included), 4 per frozen one (forward and "
+    "input gradient, no weight gradient)"
+)
+"""What a fine-tuning run's model FLOPs count (:func:`model_flops_per_token` with ``frozen`` and
+``adapters``), said under its table."""
+
+
+def model_flops_per_token(
+    arch: Architecture, count: ParameterCount, seq_len: int, frozen: float = 0.0, adapters: int = 0
+) -> float:
     """Model FLOPs per token, forward and backward, what MFU counts (:data:`MFU_FORMULA`): ``6·P`` for the
     matmuls (PaLM, Chowdhery et al. 2022, app. B: P the parameters a token's matmuls use, active parameters
     for MoE; the input embedding is a lookup, not a matmul, a tied LM head counted once) and the attention
@@ -404,11 +530,16 @@ def model_flops_per_token(arch: Architecture, count: ParameterCount, seq_len: in
     ``megatron/training/training.py`` ``num_floating_point_operations``, d98e8a6: the core-attention term
     ``3 · 2 · (a·d) / 2 · 2`` per token and key for MHA, ``/ 2`` for the causal mask; for latent attention
     ``3 · 2 · (a·d_qk/2 + a·d_v/2)``, d_qk the nope and rope dimensions together). For MHA (d_qk = d_v = d)
-    that is ``6·L·H·Q·T``, half PaLM's ``12·L·H·Q·T``, which counts the masked half of every product."""
-    matmul = count.active_per_token - count.embedding
+    that is ``6·L·H·Q·T``, half PaLM's ``12·L·H·Q·T``, which counts the masked half of every product.
+
+    A fine-tuning run counts what its method needs (:data:`MFU_FINETUNE`): ``frozen`` of the matmul
+    parameters a token uses are frozen, 4 FLOPs each (forward, input gradient: no weight gradient is
+    needed), and its ``adapters`` (LoRA's A and B) 6 each; the input gradients a run skips before its first
+    trained tensor and the dequantisation are not model FLOPs (the step time prices what runs)."""
+    matmul = count.active_per_token - count.embedding + adapters
     if arch.tied_embeddings:
         matmul += arch.vocab_size * arch.hidden_size
     mla = arch.latent_attention
     qk_dim = mla.qk_head_dim if mla is not None else arch.dim_per_head
     v_dim = mla.v_head_dim if mla is not None else arch.dim_per_head
-    return 6.0 * matmul + 3.0 * arch.num_layers * arch.num_heads * (qk_dim + v_dim) * seq_len
+    return 6.0 * matmul - 2.0 * frozen + 3.0 * arch.num_layers * arch.num_heads * (qk_dim + v_dim) * seq_len

@@ -94,10 +94,11 @@ class ComputeTime(NamedTuple):
 
 def _gemm_s(table: ComputeTable, gemm: Gemm, dtype: DType) -> float:
     """A product's seconds; ``count`` products of one shape (a batched product, the experts' grouped
-    products) run at the rate of one product of their stacked rows, (count·m) × k · k × n."""
+    products) run at the rate of one product of their stacked rows, (count·m) × k · k × n; in its own
+    dtype where it has one (PEFT's fp32 adapters), else ``dtype``."""
     if not gemm.flops:
         return 0.0
-    return gemm.flops / table.gemm_rate(gemm.m * gemm.count, gemm.n, gemm.k, dtype)
+    return gemm.flops / table.gemm_rate(gemm.m * gemm.count, gemm.n, gemm.k, gemm.dtype or dtype)
 
 
 def _traffic_s(table: ComputeTable, traffic: Traffic, backward: bool = False) -> float:
@@ -105,11 +106,12 @@ def _traffic_s(table: ComputeTable, traffic: Traffic, backward: bool = False) ->
     return traffic.count * nbytes / table.bandwidth(nbytes) if nbytes else 0.0
 
 
-def _gemms(table: ComputeTable, gemms: tuple[Gemm, ...], dtype: DType) -> tuple[float, float, float]:
-    """Seconds of the products forward and backward, and their executed FLOPs (forward + backward)."""
+def _gemms(table: ComputeTable, gemms: tuple[Gemm, ...], dtype: DType) -> tuple[float, float, float, float]:
+    """Seconds of the products forward and backward, and their executed FLOPs forward and backward (the
+    backward products that run: no weight gradient of a frozen weight)."""
     forward = sum(_gemm_s(table, g, dtype) for g in gemms)
     backward = sum(_gemm_s(table, b, dtype) for g in gemms for b in g.backward())
-    return forward, backward, 3 * sum(g.flops for g in gemms)
+    return forward, backward, sum(g.flops for g in gemms), sum(g.backward_flops for g in gemms)
 
 
 def _attention(table: ComputeTable, a: Attention, dtype: DType) -> tuple[float, float, float, float]:
@@ -126,8 +128,7 @@ def _attention(table: ComputeTable, a: Attention, dtype: DType) -> tuple[float, 
             flops,
             FLASH_BACKWARD_FLOPS * flops,
         )
-    forward, backward, flops = _gemms(table, a.products(), dtype)
-    return forward, backward, flops / 3, 2 * flops / 3
+    return _gemms(table, a.products(), dtype)
 
 
 class _Layer(NamedTuple):
@@ -150,7 +151,7 @@ def _layer(table: ComputeTable, layer: LayerOps, dtype: DType) -> _Layer:
     """One layer's times at the table's rates, once per (table, the layer's operations, dtype): a plan's
     stages, micro-batches and recomputes run the same layers (the table, a frozen model holding lists,
     keyed by identity)."""
-    key = (layer.gemms, layer.attention, layer.traffic, layer.core_traffic, dtype)
+    key = (layer.gemms, layer.attention, layer.traffic, layer.core_traffic, layer.backward_runs, dtype)
     cached = _LAYERS.get(table, key)
     if cached is None:
         cached = _LAYERS.put(table, key, _layer_times(table, layer, dtype))
@@ -158,20 +159,24 @@ def _layer(table: ComputeTable, layer: LayerOps, dtype: DType) -> _Layer:
 
 
 def _layer_times(table: ComputeTable, layer: LayerOps, dtype: DType) -> _Layer:
-    matmul_f, matmul_b, matmul_flops = _gemms(table, layer.gemms, dtype)
+    matmul_f, matmul_b, matmul_flops_f, matmul_flops_b = _gemms(table, layer.gemms, dtype)
     attention_f, attention_b, core_f, core_b = _attention(table, layer.attention, dtype)
     elementwise_f = sum(_traffic_s(table, t) for t in layer.traffic)
     elementwise_b = sum(_traffic_s(table, t, backward=True) for t in layer.traffic)
     scores_f = sum(_traffic_s(table, t) for t in layer.core_traffic)
     scores_b = sum(_traffic_s(table, t, backward=True) for t in layer.core_traffic)
     rerun = tuple(g for g in layer.gemms if op_sac_recomputes(g.name))
+    forward = PassTime(matmul_f, attention_f, elementwise_f + scores_f)
+    forward_flops = matmul_flops_f + core_f
+    if not layer.backward_runs:  # no backward, nothing recomputed for it
+        return _Layer(forward, PassTime(), PassTime(), PassTime(), forward_flops, 0.0, 0.0, 0.0)
     return _Layer(
-        forward=PassTime(matmul_f, attention_f, elementwise_f + scores_f),
+        forward=forward,
         backward=PassTime(matmul_b, attention_b, elementwise_b + scores_b),
         core=PassTime(0.0, attention_f, scores_f),
         op_rerun=PassTime(sum(_gemm_s(table, g, dtype) for g in rerun), 0.0, elementwise_f + scores_f),
-        forward_flops=matmul_flops / 3 + core_f,
-        backward_flops=2 * matmul_flops / 3 + core_b,
+        forward_flops=forward_flops,
+        backward_flops=matmul_flops_b + core_b,
         core_flops=core_f,
         op_rerun_flops=sum(g.flops for g in rerun),
     )
@@ -191,6 +196,8 @@ def micro_batch_time(
         forward += t.forward.times(n)
         backward += t.backward.times(n)
         flops += (t.forward_flops + t.backward_flops) * n
+        if not layer.backward_runs:
+            continue
         if recompute is Recompute.FULL:
             checkpointed = n // checkpoint_every
             rerun += t.forward.times(checkpointed)
@@ -201,7 +208,8 @@ def micro_batch_time(
         elif recompute is Recompute.OP:
             rerun += t.op_rerun.times(n)
             flops += t.op_rerun_flops * n
-    head_f, head_b, head_flops = _gemms(table, ops.outside_gemms, dtype)
+    head_f, head_b, head_flops_f, head_flops_b = _gemms(table, ops.outside_gemms, dtype)
+    head_flops = head_flops_f + head_flops_b
     forward += PassTime(head_f, 0.0, sum(_traffic_s(table, t) for t in ops.outside_traffic))
     backward += PassTime(head_b, 0.0, sum(_traffic_s(table, t, backward=True) for t in ops.outside_traffic))
     return MicroBatchTime(forward, backward, rerun, flops + head_flops)

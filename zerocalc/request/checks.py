@@ -28,6 +28,7 @@ from zerocalc.parallel.frameworks import Estimate
 from zerocalc.parallel.pipeline import INTERLEAVED
 from zerocalc.parallel.precision import RECIPES, ParamLayout
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName
+from zerocalc.request.finetune import finetune_problem
 from zerocalc.request.fp8 import fp8_strategy_problem
 from zerocalc.request.mesh_checks import dim1_expert_sharding_problem, mesh_problem
 from zerocalc.request.model_spec import seq_len_problem
@@ -155,7 +156,9 @@ def _resolved_strategies(request: TrainingRequest) -> tuple[tuple[StrategyName, 
             raise InputError(problem)
     if request.estimate is Estimate.COMM:
         problem = comm_problem(request)
-        if problem is None:
+        if problem is None and request.finetune is not None:
+            problem = finetune_problem(record, request)
+        elif problem is None:
             problem = offload_record_problem(record, request)
         if problem:
             raise InputError(problem)

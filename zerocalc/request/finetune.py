@@ -329,7 +329,7 @@ def parse_finetune(o: TrainingOptions, model: ModelSpec) -> FineTuning | None:
     from zerocalc.parallel.frameworks import Estimate
 
     raw = model.quantization_config
-    if o.estimate is not Estimate.MEMORY:  # comm takes no fine-tuning option
+    if o.estimate not in (Estimate.MEMORY, Estimate.COMM):  # plan takes no fine-tuning option
         if raw:
             raise InputError(
                 "{model}'s quantization_config quantises the base, which only memory models (its adapters "
@@ -347,7 +347,7 @@ def parse_finetune(o: TrainingOptions, model: ModelSpec) -> FineTuning | None:
         # transformers/trainer_utils.py validate_quantization_for_training
         raise InputError(
             f"{{model}}'s quantization_config ({quant.method.value}) quantises the base, which is trained "
-            "through adapters: memory models it with {lora_rank} R (QLoRA), plan does not; accepted: "
+            "through adapters: memory and comm model it with {lora_rank} R (QLoRA), plan does not; accepted: "
             "{lora_rank} R, or a config.json without quantization_config"
         )
     if quant is not None and lora is None:

@@ -41,8 +41,8 @@ class Kind(StrEnum):
 MEMORY, COMM, PLAN = Command.MEMORY, Command.COMM, Command.PLAN
 ESTIMATES = frozenset({MEMORY, COMM})
 ALL_ESTIMATES = frozenset({MEMORY, COMM, PLAN})
-FINETUNE = frozenset({MEMORY})
-"""The fine-tuning options: ``memory``'s model states count them."""
+FINETUNE = frozenset({MEMORY, COMM})
+"""The fine-tuning options: ``memory``'s model states count them, ``comm``'s collectives and step time."""
 
 
 class Option(NamedTuple):
