@@ -29,6 +29,7 @@ from zerocalc.parallel.mesh import PpSchedule
 from zerocalc.parallel.pipeline import boundary_elements, in_flight, rank_passes, window
 from zerocalc.parallel.strategies import STRATEGIES, BufferRule, OffloadTarget, StrategyName
 from zerocalc.peak.allocator import CachingAllocator
+from zerocalc.peak.finetune import finetune_mechanics
 from zerocalc.peak.fp8 import fp8_gather_bytes
 from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.peak.ledger import Event, Ledger
@@ -333,6 +334,8 @@ def mechanics_for(
 def _mechanics(
     request: TrainingRequest, name: StrategyName, states: Sequence[StateLine], blocks: int | None
 ) -> tuple[Mechanics, int]:
+    if request.finetune is not None:  # every framework's fine-tuning step: its kinds of tensor
+        return finetune_mechanics(request, name), activation_bytes(request)
     strategy = STRATEGIES[name]
     dtypes = request.dtypes.trained
     optimizer_impl = request.optimizer_impl

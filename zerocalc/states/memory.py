@@ -39,6 +39,7 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.parts import Part
 from zerocalc.base.units import ceil_div, format_count, gib, plural, summary_repr
 from zerocalc.model.architecture import ParameterCount, ParamTensor, expert_parameters
+from zerocalc.model.quantized import Part as QuantPart
 from zerocalc.network.cluster import Cluster, RankGroup
 from zerocalc.parallel.finetune import (
     FineTuneCounts,
@@ -430,6 +431,9 @@ def strategy_states(strategy: Strategy, request: TrainingRequest) -> list[StateS
 
 
 TRAINED_KINDS = (ParamKind.TRAINABLE, ParamKind.ADAPTER)
+QUANT_DATA_PARTS = (QuantPart.PACKED, QuantPart.INT8_WEIGHT)
+"""The parts of a quantised weight that are its parameter's data (sharded, gathered and offloaded as a
+parameter); the others are its ``QuantState`` (:func:`finetune_states`)."""
 FROZEN_KINDS = (ParamKind.FROZEN, ParamKind.FROZEN_BASE)
 
 
@@ -545,8 +549,20 @@ def finetune_states(strategy: Strategy, request: TrainingRequest) -> list[StateS
     if finetune.quantized:
         assert finetune.quant is not None
         storage = quantized_storage(arch, finetune.quant)
-        parts = {f"quantized_{part.value}": ceil_div(size, d_params) for part, size in storage.parts.items()}
-        states.append(_sharded(StateKind.QUANTIZED, d_params, param_location, [(0, parts)], storage.weights))
+        # only the weight's data is a parameter (Params4bit.data, Int8Params.data), which FSDP and ZeRO-3
+        # shard and offload; its QuantState (absmax, the nested absmax, the code tables; Int8Params' SCB
+        # row scales) is a Python attribute of the parameter and of its Linear4bit (bitsandbytes 0.50
+        # bitsandbytes/nn/modules.py: Params4bit.quant_state, fix_4bit_weight_quant_state_from_module
+        # "the quant state got lost when the parameter got converted. This happens for example for fsdp"),
+        # neither a parameter nor a buffer: whole on every rank, on the GPU
+        data = {f"quantized_{p.value}": ceil_div(size, d_params) for p, size in storage.parts.items()
+                if p in QUANT_DATA_PARTS}  # fmt: skip
+        state = {
+            f"quantized_{p.value}": size for p, size in storage.parts.items() if p not in QUANT_DATA_PARTS
+        }
+        states.append(_sharded(StateKind.QUANTIZED, d_params, param_location, [(0, data)], storage.weights))
+        if state:
+            states.append(_sharded(StateKind.QUANTIZED, 1, Location.GPU, [(0, state)], 0))
     states.append(
         _sharded(
             StateKind.GRADS,

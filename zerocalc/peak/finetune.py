@@ -1,0 +1,479 @@
+"""The peak of a fine-tuning step: how a LoRA, DoRA or QLoRA run holds its tensors through a step (pure).
+
+What each parameter tensor is (trained, frozen, quantised, an adapter) is
+:func:`zerocalc.parallel.finetune.parameter_kinds`' alone; its dtypes are the precision record's
+(:func:`zerocalc.states.memory.finetune_dtypes`); what the forward saves for backward is the model code's
+(:mod:`zerocalc.model.code`). This module builds, per FSDP unit (a block, the root), each tensor's bytes at
+rest, as all-gathered and as dequantised, and answers the step timeline's hooks
+(:class:`~zerocalc.peak.timeline.StepHooks`) with them:
+
+* **at rest**: each tensor's shard in its stored dtype (the states' own rule: ``ceil(numel / d)`` per
+  tensor, a quantised weight's storage parts sharded alike), the optimizer states of the trained tensors
+  only (bitsandbytes' 8-bit states; paged states in unified memory, outside the caching allocator);
+  under FSDP's CPU offload (FSDP1 ``CPUOffload(offload_params=True)``, FSDP2 ``CPUOffloadPolicy``) none of
+  them on the GPU (torch 2.13 ``torch/distributed/fsdp/_fully_shard/_fsdp_param.py``
+  ``FSDPParam._init_sharded_param``: ``padded_sharded_param.cpu()`` when ``offload_to_cpu``;
+  FSDP1 ``_flat_param.py`` ``FlatParamHandle.shard`` keeps the shard on the CPU);
+* **a unit's forward and backward**: FSDP gathers the unit, every tensor at its all-gather dtype (a
+  quantised weight's packed data at ``bnb_4bit_quant_storage``: the reason it exists; its absmax and code
+  tables stay in its ``QuantState``, not a parameter, so not gathered: bitsandbytes 0.50
+  ``bitsandbytes/nn/modules.py`` ``Params4bit``); with CPU offload the shard is first copied to the GPU
+  (FSDP2 ``FSDPParam.all_gather_inputs``: ``sharded_param_data.to(self.device, non_blocking=True)``;
+  FSDP1 ``_runtime_utils._unshard``/``FlatParamHandle.pre_unshard``: ``_mp_shard`` copied from the
+  CPU shard). Each FSDP unit's previous unit is prefetched in backward (FSDP2 ``_backward_prefetch``,
+  FSDP1 ``BackwardPrefetch.BACKWARD_PRE``);
+* **the dequantisation transient**: bitsandbytes' ``Linear4bit.forward`` calls
+  ``bnb.matmul_4bit(x, self.weight.t(), quant_state=...)``, whose ``MatMul4Bit.forward``
+  (``bitsandbytes/autograd/_functions.py``) dequantises the whole weight to the compute dtype
+  (``F.dequantize_4bit(B, quant_state).to(A.dtype).t()``), multiplies and frees it, and whose backward
+  dequantises it again for the input's gradient: one [out, in] weight in the compute dtype alive beside
+  the layer's tensors during the unit's forward and backward (the largest of the unit's, one at a time).
+  ``Linear8bitLt`` (``MatMul8bitLt``) keeps its int8 weight and dequantises likewise for the backward. DoRA
+  (``peft/tuners/lora/dora.py`` ``DoraLinearLayer.forward``) builds the identity ``eye(in)`` in the
+  input's dtype, ``lora_weight = lora_B(lora_A(eye)).T`` [out, in] in the adapter's dtype, the base weight
+  dequantised and cast to the input's dtype, and ``weight + scaling·lora_weight`` for its norm: those
+  [out, in] tensors for the largest DoRA-targeted Linear of the unit;
+* **gradients**: of the trained tensors only (a frozen tensor has no ``.grad``; FSDP2's
+  ``foreach_reduce`` gets only the parameters with a gradient: ``_fsdp_param_group.py``
+  ``post_backward``: ``if fsdp_param.unsharded_accumulated_grad is not None or ...``; FSDP1 with
+  ``use_orig_params=True``, which mixed ``requires_grad`` needs, reduce-scatters the flat gradient with
+  zeros for the frozen parts: ``_flat_param.py`` ``FlatParamHandle.prepare_gradient_for_backward`` /
+  ``_use_unsharded_grad_views``, the whole flat parameter's gradient in the unsharded dtype), reduced in
+  the reduce dtype and kept sharded in the main-gradient dtype; under CPU offload copied to the host
+  (FSDP2 ``foreach_reduce``: ``new_sharded_grad.to(torch.device("cpu"), non_blocking=True)``, FSDP1
+  ``_post_backward_hook`` ``_offload_grad``): on the GPU only until then;
+* **the optimizer step**: torch's AdamW over the trained tensors (its ``foreach`` temporaries);
+  bitsandbytes' 8-bit and paged optimizers run one fused kernel per tensor
+  (``optimizer_update_8bit_blockwise``): no temporaries; under CPU offload the step runs on the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from zerocalc.base.dtypes import DType
+from zerocalc.base.units import ceil_div
+from zerocalc.model.architecture import Architecture, ParamTensor
+from zerocalc.model.quantized import Part, QuantMethod, quantized_modules, weight_storage
+from zerocalc.parallel.finetune import FineTuning, parameter_kinds
+from zerocalc.parallel.framework_records.record import ModelInit
+from zerocalc.parallel.frameworks import Fsdp1Sharding, TorchWrapper
+from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerImpl
+from zerocalc.parallel.precision import ParamKind
+from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
+from zerocalc.peak.ledger import Ledger
+from zerocalc.peak.mechanics import Accumulation, Mechanics, Unit
+from zerocalc.peak.timeline import GATHERED, GRADS, OPTIMIZER, OPTIMIZER_TEMP, PARAMS, REDUCE, TRANSIENT
+from zerocalc.request.training import TrainingRequest
+from zerocalc.states.framework import fsdp_unit_positions
+from zerocalc.states.memory import QUANT_DATA_PARTS, TRAINED_KINDS, finetune_dtypes, params_group
+
+FP32 = DType.FP32.bytes
+
+
+class FtTensor(NamedTuple):
+    """One parameter tensor of a fine-tuning run as the step holds it (bytes)."""
+
+    name: str
+    kind: ParamKind
+    numel: int
+    resident: int
+    """Its shard at rest in its stored dtype (a quantised weight: every part of its storage)."""
+    gathered: int
+    """Unsharded, as all-gathered (a quantised weight: its packed data in the storage dtype)."""
+    shard_copy: int
+    """Its shard as copied to the GPU before the all-gather (CPU offload)."""
+    grad: int
+    """Its unsharded gradient (0: not trained)."""
+    reduced: int
+    """Its gradient as reduced, in the reduce dtype, on this rank (its shard, or whole when replicated)."""
+    main_grad: int
+    """Its gradient as kept for the optimizer, on this rank."""
+    optimizer: int
+    """Its optimizer states held by the caching allocator on this rank (paged ones are outside it)."""
+    step_temp: int
+    """What the optimizer step allocates for it (torch's foreach AdamW: one tensor in the state dtype)."""
+    dequantized: int
+    """A quantised weight dequantised to the compute dtype (0: not quantised)."""
+    dora: int
+    """DoRA's transients for this weight's layer (0: no DoRA magnitude for it)."""
+
+
+class FtUnit(NamedTuple):
+    name: str
+    tensors: tuple[FtTensor, ...]
+
+    @property
+    def trained(self) -> tuple[FtTensor, ...]:
+        return tuple(t for t in self.tensors if t.grad)
+
+    def forward_transient(self, dequantizes: bool) -> int:
+        """The largest transient of one of the unit's Linears in forward: its dequantised weight where the
+        forward dequantises (``dequantizes``), DoRA's weight-norm tensors."""
+        return max((t.dequantized * dequantizes + t.dora for t in self.tensors), default=0)
+
+    @property
+    def backward_transient(self) -> int:
+        """The largest dequantised weight of the unit's (``MatMul4Bit.backward`` always dequantises)."""
+        return max((t.dequantized for t in self.tensors), default=0)
+
+
+FUSED_4BIT_MAX_TOKENS = 1536
+"""bitsandbytes 0.50 ``backends/cuda/ops.py`` ``_gemm_4bit_custom_max_m``: past 1,536 rows of the input
+(tokens), ``gemm_4bit`` dequantises the weight and calls ``F.linear`` (``_dequant_linear_fallback``); at
+fewer, a per-architecture heuristic (``_gemm_4bit_use_custom_cuda``) may pick the fused kernel, which
+dequantises nothing: counted so (the backward dequantises in every case)."""
+
+
+class FtLayout(NamedTuple):
+    """How the request's framework runs a fine-tuning step under one strategy."""
+
+    gather: bool
+    """Units are gathered before use and released after (FSDP, ZeRO-3)."""
+    world: int
+    """Ranks the parameters are sharded over."""
+    grad_world: int
+    optimizer_world: int
+    offload: bool
+    """FSDP's CPU offload: parameters, gradients and the optimizer step on the host."""
+    keep_root: bool
+    """The root stays unsharded from forward to backward (FSDP1's root, ZeRO-3's)."""
+    flat_grads: bool
+    """FSDP1 ``use_orig_params``: the unit's flat gradient covers its frozen parameters too."""
+    replicated_buckets: bool
+    """DDP's reducer keeps a bucket copy of every trained gradient (world > 1)."""
+    forward_dequantizes: bool = True
+    """The forward dequantises each 4-bit weight (more tokens per micro-batch than
+    :data:`FUSED_4BIT_MAX_TOKENS`)."""
+
+
+def _layout(request: TrainingRequest, name: StrategyName) -> FtLayout:
+    strategy = STRATEGIES[name]
+    cluster = request.cluster
+    setup = request.framework_record.torch_setup(name)
+    world = cluster.group_size(params_group(strategy, request))
+    offload = setup is not None and request.offload_params is not OffloadTarget.NONE
+    if setup is None:  # an accounting: the strategy's rule (ZeRO paper §5)
+        return FtLayout(
+            gather=strategy.params is not None and world > 1,
+            world=world,
+            grad_world=cluster.group_size(strategy.grads),
+            optimizer_world=cluster.group_size(strategy.optimizer),
+            offload=False,
+            keep_root=True,
+            flat_grads=False,
+            replicated_buckets=strategy.grads is None and cluster.world_size > 1,
+        )
+    fsdp = setup.wrapper in (TorchWrapper.FSDP1, TorchWrapper.FSDP2)
+    no_shard = setup.sharding is Fsdp1Sharding.NO_SHARD
+    return FtLayout(
+        gather=fsdp and not no_shard,
+        world=world,
+        grad_world=cluster.group_size(strategy.grads) if fsdp and not no_shard else 1,
+        optimizer_world=cluster.group_size(strategy.optimizer) if fsdp and not no_shard else 1,
+        offload=offload,
+        keep_root=setup.wrapper is TorchWrapper.FSDP1 or not setup.reshard_after_forward,
+        flat_grads=setup.wrapper is TorchWrapper.FSDP1,
+        replicated_buckets=not fsdp and cluster.world_size > 1,
+    )
+
+
+def _quant_parts(arch: Architecture, finetune: FineTuning) -> dict[ParamTensor, dict[Part, int]]:
+    """Each quantised weight's storage, part by part (:func:`zerocalc.model.quantized.weight_storage`)."""
+    quant = finetune.quant
+    if quant is None or quant.method is QuantMethod.NONE:
+        return {}
+    parts: dict[ParamTensor, dict[Part, int]] = {}
+    for module in quantized_modules(arch, quant.skip_modules):
+        weight = next(t for t in module.tensors if t.name == "weight")
+        storage = weight_storage(module, quant.method, quant.double_quant, quant.storage)
+        parts[weight] = {p.part: p.bytes for p in storage}
+    return parts
+
+
+def _nested_absmax_bytes(parts: dict[Part, int]) -> int:
+    """With double quantisation the dequantisation first rebuilds the fp32 absmax, one per 64-weight block
+    (bitsandbytes 0.50 ``backends/cuda/ops.py`` ``_dequant_linear_fallback``: ``absmax_dq = torch.empty_like
+    (absmax_8bit, dtype=torch.float32)``; ``functional.py`` ``dequantize_4bit`` likewise)."""
+    if Part.NESTED_ABSMAX not in parts:
+        return 0
+    return parts[Part.ABSMAX] * DType.FP32.bytes  # the uint8 absmax's elements, as fp32
+
+
+def _dora_bytes(tensor: ParamTensor, adapter: DType, compute: DType) -> int:
+    """DoRA's transients for a [out, in] weight (``DoraLinearLayer.forward``, peft 0.21
+    ``peft/tuners/lora/dora.py``): ``eye(in)`` and the weight cast to the input's dtype (the adapter's:
+    the LoRA path casts x to it), ``lora_weight`` and ``weight + scaling·lora_weight`` in the adapter's
+    dtype; the dequantised or compute-dtype weight itself is counted by the caller."""
+    out, inner = tensor.shape[0], tensor.shape[-1]
+    return inner * inner * adapter.bytes + 3 * out * inner * adapter.bytes
+
+
+def ft_units(request: TrainingRequest, name: StrategyName) -> tuple[FtLayout, dict[str, FtUnit]]:
+    """The request's fine-tuning units under strategy ``name``: the blocks (``"0"`` … ``"L−1"``) and the
+    root, each with its tensors' bytes (:class:`FtTensor`)."""
+    finetune = request.finetune
+    assert finetune is not None
+    arch = request.architecture
+    a = request.activations
+    layout = _layout(request, name)._replace(
+        forward_dequantizes=a.micro_batch * a.seq_len > FUSED_4BIT_MAX_TOKENS
+    )
+    kinded = parameter_kinds(arch, finetune)
+    quant = _quant_parts(arch, finetune)
+    optimizer = OPTIMIZERS[request.optimizer]
+    bnb = optimizer.small_tensor_states is not None or optimizer.paged
+    foreach = request.optimizer_impl is OptimizerImpl.FOREACH and not bnb
+    dora_of: set[str] = set()
+    if finetune.lora is not None and finetune.lora.dora:
+        dora_of = {k.tensor.module.rsplit(".lora_magnitude_vector", 1)[0] for k in kinded
+                   if ".lora_magnitude_vector" in k.tensor.module}  # fmt: skip
+    adapter_dtype = finetune_dtypes(request, ParamKind.ADAPTER).stored if finetune.lora else DType.FP32
+    d, dg, do = layout.world, layout.grad_world, layout.optimizer_world
+
+    def tensor(t: ParamTensor, kind: ParamKind) -> FtTensor:
+        dt = finetune_dtypes(request, kind)
+        n = t.numel
+        local, padded = ceil_div(n, d), ceil_div(n, d) * d
+        trained = kind in TRAINED_KINDS
+        if kind is ParamKind.QUANTIZED:
+            parts = quant[t]
+            data = sum(size for part, size in parts.items() if part in QUANT_DATA_PARTS)
+            state = sum(size for part, size in parts.items() if part not in QUANT_DATA_PARTS)
+            resident = ceil_div(data, d) + state  # the QuantState whole on every rank (states.memory)
+            gathered, copy = ceil_div(data, d) * d, ceil_div(data, d)
+            dequantized = n * dt.compute.bytes + _nested_absmax_bytes(parts)
+        else:
+            resident = local * dt.stored.bytes
+            gathered, copy = padded * dt.all_gather.bytes, local * dt.stored.bytes
+            dequantized = 0
+        grad = reduced = main = opt = temp = 0
+        if trained:
+            tr = dt.trained
+            grad = n * tr.gradient.bytes
+            reduced = (local if dg > 1 else n) * tr.reduce.bytes
+            main = ceil_div(n, dg) * tr.main_gradient.bytes
+            shard = ceil_div(n, do)
+            assert tr.optimizer_state is not None
+            states = optimizer.tensor_state_bytes(shard, tr.optimizer_state)
+            opt = sum(size for key, size in states.items() if not key.endswith("_paged"))
+            if tr.master is not None:
+                opt += shard * tr.master.bytes
+            temp = shard * tr.optimizer_state.bytes if foreach else 0
+        dora = 0
+        if t.module in dora_of and t.name == "weight" and len(t.shape) == 2:
+            dora = _dora_bytes(t, adapter_dtype, dt.compute)
+        return FtTensor(f"{t.module}.{t.name}", kind, n, resident, gathered, copy, grad, reduced, main,
+                        opt, temp, dequantized, dora)  # fmt: skip
+
+    tensors = [k.tensor for k in kinded]
+    units: dict[str, FtUnit] = {}
+    for unit, positions in fsdp_unit_positions(tensors):
+        key = unit.removeprefix("layers.")
+        units[key] = FtUnit(key, tuple(tensor(kinded[i].tensor, kinded[i].kind) for i in positions))
+    return layout, units
+
+
+class FineTune(Mechanics):
+    """The timeline's hooks for a fine-tuning step (the module's docstring): per unit its tensors' shards
+    resident, gathered around its forward and backward, its dequantisation transient, gradients of its
+    trained tensors only, reduced after its backward."""
+
+    def __init__(
+        self,
+        units: dict[str, FtUnit],
+        layout: FtLayout,
+        optimizer_impl: OptimizerImpl,
+        in_backward: bool = False,
+        accumulation: Accumulation = Accumulation.NONE,
+    ):
+        base = {name: Unit(name, [t.numel for t in u.tensors], [], []) for name, u in units.items()}
+        super().__init__(base, 0, optimizer_impl, 0, accumulation)
+        self.ft = units
+        self.layout = layout
+        self.in_backward = in_backward
+        """torchtune's ``optimizer_in_bwd``: each trained parameter steps as its gradient is ready
+        (``register_post_accumulate_grad_hook``) and its gradient is freed then."""
+        self.keeps_all_unsharded = False
+        self._gathered: set[str] = set()
+        self._grads_done: set[str] = set()
+
+    def run_identity(self) -> tuple[object, ...]:
+        return (
+            type(self), tuple(self.ft.items()), self.layout, self.optimizer_impl, self.in_backward,
+            self.accumulation,
+        )  # fmt: skip
+
+    def earlier_micro_batches(self, led: Ledger) -> None:
+        """Under accumulation the trained gradients of the earlier micro-batches (kept sharded, or on
+        the host under CPU offload); each reduction adds into them."""
+        if not self.accumulating or not self.earlier or self.layout.offload or self.in_backward:
+            return
+        for u in self.ft.values():
+            if u.trained and not led.has(f"{u.name}.sharded grad#0"):
+                led.alloc_each((f"{u.name}.sharded grad",), [t.main_grad for t in u.trained], GRADS)
+
+    # ----------------------------------------------------------------------------- at rest and creation
+    def resident(self, led: Ledger, first_step: bool = False) -> None:
+        if not self.layout.offload:
+            for u in self.ft.values():
+                led.alloc_each((f"{u.name}.shard",), [t.resident for t in u.tensors], PARAMS)
+        trained = [t for u in self.ft.values() for t in u.trained]
+        if self.layout.replicated_buckets:
+            led.alloc("DDP reducer buckets (trained gradients)", sum(t.reduced for t in trained), REDUCE)
+        if not first_step and not self.layout.offload:
+            led.alloc_each(("optimizer states",), [t.optimizer for t in trained], OPTIMIZER)
+
+    def create(self, led: Ledger, init: ModelInit, element_bytes: int = FP32, replaced: int = 0) -> None:
+        """The model as loaded for fine-tuning (``from_pretrained``, quantised as it loads), wrapped: what
+        the rank keeps at rest; the optimizer states come at the first step."""
+        self.resident(led, first_step=True)
+        led.event("model loaded and wrapped")
+
+    # ------------------------------------------------------------------------------------ the units
+    def _unshard(self, led: Ledger, name: str) -> None:
+        u = self.ft.get(name)
+        if u is None or not self.layout.gather or name in self._gathered:
+            return
+        if self.layout.offload:  # the CPU shard copied to the GPU, then all-gathered from there
+            led.alloc_each((f"{name}.shard copy",), [t.shard_copy for t in u.tensors], GATHERED)
+        led.alloc_each((f"{name}.unsharded",), [t.gathered for t in u.tensors], GATHERED)
+        led.event(f"unshard {name}")
+        if self.layout.offload:
+            led.free_each(f"{name}.shard copy", len(u.tensors))
+        self._gathered.add(name)
+
+    def _reshard(self, led: Ledger, name: str) -> None:
+        if name in self._gathered:
+            led.free_each(f"{name}.unsharded", len(self.ft[name].tensors))
+            self._gathered.discard(name)
+
+    def pre_forward(self, led: Ledger, unit: str | int) -> None:
+        name = str(unit)
+        self._unshard(led, name)
+        u = self.ft.get(name)
+        if u is not None:
+            led.alloc(
+                f"{name}.dequantised weight", u.forward_transient(self.layout.forward_dequantizes), TRANSIENT
+            )
+
+    def post_forward(self, led: Ledger, unit: str | int) -> None:
+        name = str(unit)
+        led.free(f"{name}.dequantised weight")
+        if not (name == "root" and self.layout.keep_root):
+            self._reshard(led, name)
+
+    def pre_backward(self, led: Ledger, unit: str | int) -> None:
+        name = str(unit)
+        self._unshard(led, name)
+        if isinstance(unit, int) and unit > 0 and self.layout.world > 1:
+            self._unshard(led, str(unit - 1))  # the previous unit prefetched
+        u = self.ft.get(name)
+        if u is not None and not led.has(f"{name}.dequantised weight"):
+            led.alloc(f"{name}.dequantised weight", u.backward_transient, TRANSIENT)
+
+    def param_grad(self, led: Ledger, unit: str | int, label: str, numel: int) -> None:
+        """The unit's trained tensors' gradients, at its first weight gradient (a block's adapters' come
+        with its backward; a frozen tensor has none)."""
+        name = str(unit)
+        u = self.ft.get(name)
+        if u is None or name in self._grads_done:
+            return
+        self._grads_done.add(name)
+        if self.layout.flat_grads and self.layout.gather and u.trained:
+            # FSDP1 use_orig_params: the flat parameter's gradient, frozen parts as zeros
+            per = u.trained[0].grad // max(u.trained[0].numel, 1)
+            led.alloc(
+                f"{name}.flat grad", per * sum(t.numel for t in u.tensors), GRADS, group=f"{name}.grads"
+            )
+            return
+        for i, t in enumerate(u.trained):
+            led.alloc(f"{name}.grad#{i}", t.grad, GRADS, group=f"{name}.grads")
+
+    def tied_grad_sum(self, led: Ledger, numel: int) -> None:
+        pass  # a frozen tied embedding has no gradient; a trained copy is its own tensor
+
+    def post_backward(self, led: Ledger, unit: str | int) -> None:
+        name = str(unit)
+        led.free(f"{name}.dequantised weight")
+        u = self.ft.get(name)
+        self._grads_done.discard(name)
+        if u is None:
+            return
+        trained = u.trained
+        layout = self.layout
+        if trained and layout.gather:
+            # reduce-scatter: the input in the reduce dtype, then the sharded gradient kept
+            flat = sum(t.numel for t in u.tensors) if layout.flat_grads else 0
+            per_reduce = trained[0].reduced // max(ceil_div(trained[0].numel, layout.grad_world), 1)
+            reduce_input = (flat if flat else sum(t.numel for t in trained)) * per_reduce
+            led.alloc(f"{name}.reduce-scatter input", reduce_input, REDUCE)
+            led.free_group(f"{name}.grads")
+            led.event(f"reduce {name}")
+            led.free(f"{name}.reduce-scatter input")
+            self._keep_grads(led, name, trained)
+        elif trained:
+            if layout.replicated_buckets:
+                led.event(f"all-reduce {name} (bucket)")
+            led.free_group(f"{name}.grads")
+            self._keep_grads(led, name, trained)
+        self._reshard(led, name)
+
+    def _keep_grads(self, led: Ledger, name: str, trained: Sequence[FtTensor]) -> None:
+        if self.in_backward:  # stepped now; the gradient freed
+            led.event(f"optimizer step in backward ({name})", max(t.step_temp for t in trained), TRANSIENT)
+            return
+        if self.layout.offload:  # copied to the host as the reduction finishes
+            led.event(f"{name} gradients to the host", sum(t.main_grad for t in trained), GRADS)
+            return
+        if not led.has(f"{name}.sharded grad#0"):  # else added into the earlier micro-batches'
+            led.alloc_each((f"{name}.sharded grad",), [t.main_grad for t in trained], GRADS)
+
+    # ------------------------------------------------------------------------------------- the step
+    def optimizer_step(self, led: Ledger, first_step: bool) -> None:
+        trained = [t for u in self.ft.values() for t in u.trained]
+        if self.layout.offload:
+            led.event("optimizer step (on the host)")
+            return
+        if first_step:
+            led.alloc_each(("optimizer states",), [t.optimizer for t in trained], OPTIMIZER)
+        if self.in_backward:
+            led.event("optimizer step (in backward)")
+            return
+        temps = [t.step_temp for t in trained if t.step_temp]
+        if temps:
+            led.alloc_each(("foreach sqrt",), temps, OPTIMIZER_TEMP)
+            led.event("optimizer step (foreach: sqrt of every exp_avg_sq)")
+            led.free_each("foreach sqrt", len(temps))
+        else:
+            led.event("optimizer step")
+
+
+def finetune_mechanics(
+    request: TrainingRequest, name: StrategyName, accumulation: Accumulation = Accumulation.NONE
+) -> FineTune:
+    """The request's fine-tuning step under strategy ``name``."""
+    layout, units = ft_units(request, name)
+    if request.accumulates:
+        accumulation = Accumulation.SYNCED
+    return FineTune(units, layout, request.optimizer_impl, accumulation=accumulation)
+
+
+def finetune_note(request: TrainingRequest) -> str:
+    """What the fine-tuning step holds beyond its states, in words (for the peak's notes)."""
+    finetune = request.finetune
+    assert finetune is not None
+    parts = ["fine-tuning step: gradients and optimizer states of the trained tensors only"]
+    if finetune.quantized:
+        parts.append(
+            "each quantised Linear dequantised to the compute dtype in forward and again in backward "
+            "(bitsandbytes MatMul4Bit/MatMul8bitLt: one out × in weight at a time)"
+        )
+    if finetune.lora is not None and finetune.lora.dora:
+        parts.append("DoRA's weight norm built from the whole weight every forward (peft dora.py)")
+    if request.offload_params is not OffloadTarget.NONE and request.framework_record.torch_setup(
+        request.strategies[0]
+    ):
+        parts.append("CPU offload: each unit's shard copied in before its all-gather, its gradients out")
+    return "; ".join(parts)
