@@ -31,7 +31,7 @@ from zerocalc.parallel.frameworks import TORCH_SOURCES
 from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.pipeline import in_flight
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName
-from zerocalc.peak.finetune import finetune_note
+from zerocalc.peak.finetune import FINETUNE_SOURCES, finetune_note
 from zerocalc.peak.kinds import TensorKind
 from zerocalc.peak.report import (
     FrameworkStates,
@@ -164,7 +164,9 @@ def term_sources(
         TensorKind.BLOCK_REMAINDERS: "c10/cuda/CUDACachingAllocator.cpp: blocks handed out whole "
         "(a remainder of at most 1 MiB is not split off)",
     }
-    if setup is None:
+    if request.finetune is not None:
+        sources.update(FINETUNE_SOURCES)
+    elif setup is None:
         for kind in TensorKind:
             own = list(dict.fromkeys(line.source for line in states if line.kind is kind))
             if own:

@@ -35,10 +35,12 @@ rest, as all-gathered and as dequantised, and answers the step timeline's hooks
   [out, in] tensors for the largest DoRA-targeted Linear of the unit;
 * **gradients**: of the trained tensors only (a frozen tensor has no ``.grad``; FSDP2's
   ``foreach_reduce`` gets only the parameters with a gradient: ``_fsdp_param_group.py``
-  ``post_backward``: ``if fsdp_param.unsharded_accumulated_grad is not None or ...``; FSDP1 with
-  ``use_orig_params=True``, which mixed ``requires_grad`` needs, reduce-scatters the flat gradient with
-  zeros for the frozen parts: ``_flat_param.py`` ``FlatParamHandle.prepare_gradient_for_backward`` /
-  ``_use_unsharded_grad_views``, the whole flat parameter's gradient in the unsharded dtype), reduced in
+  ``post_backward``: ``if fsdp_param.unsharded_accumulated_grad is not None or ...``; under FSDP1 PEFT's
+  ``fsdp_auto_wrap_policy`` (peft 0.21 ``peft/utils/other.py``: ``lambda_policy_fn``, every leaf module
+  with a trained weight its own unit, beside the decoder layers) keeps each flat parameter all frozen or all
+  trained, so no flat gradient covers frozen weights, which FSDP1 ``use_orig_params=True`` with mixed
+  ``requires_grad`` in one unit would materialise: ``_flat_param.py`` ``_use_sharded_grad_views``, the
+  docstring's "higher than expected gradient memory usage"), reduced in
   the reduce dtype and kept sharded in the main-gradient dtype; under CPU offload copied to the host
   (FSDP2 ``foreach_reduce``: ``new_sharded_grad.to(torch.device("cpu"), non_blocking=True)``, FSDP1
   ``_post_backward_hook`` ``_offload_grad``): on the GPU only until then;
@@ -59,9 +61,10 @@ from zerocalc.model.quantized import Part, QuantMethod, quantized_modules, weigh
 from zerocalc.parallel.finetune import FineTuning, parameter_kinds
 from zerocalc.parallel.framework_records.record import ModelInit
 from zerocalc.parallel.frameworks import Fsdp1Sharding, TorchWrapper
-from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerImpl
+from zerocalc.parallel.optimizers import BNB_QMAP_BYTES, OPTIMIZERS, OptimizerImpl
 from zerocalc.parallel.precision import ParamKind
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
+from zerocalc.peak.kinds import TensorKind
 from zerocalc.peak.ledger import Ledger
 from zerocalc.peak.mechanics import Accumulation, Mechanics, Unit
 from zerocalc.peak.timeline import GATHERED, GRADS, OPTIMIZER, OPTIMIZER_TEMP, PARAMS, REDUCE, TRANSIENT
@@ -72,6 +75,19 @@ from zerocalc.states.memory import QUANT_DATA_PARTS, TRAINED_KINDS, finetune_dty
 FP32 = DType.FP32.bytes
 
 
+_HERE = "zerocalc.peak.finetune"
+FINETUNE_SOURCES = {
+    TensorKind.PARAMETERS: f"{_HERE}: each tensor's shard in its kind's stored dtype (PEFT 0.21, bnb "
+    "0.50 QuantState whole)",
+    TensorKind.GATHERED: f"{_HERE}: a unit's tensors at their all-gather dtype (torch 2.13 FSDP)",
+    TensorKind.GRADIENTS: f"{_HERE}: the trained tensors' gradients only",
+    TensorKind.OPTIMIZER_STATES: f"{_HERE}: the trained tensors' states (torch AdamW, bitsandbytes 8-bit)",
+    TensorKind.TRANSIENT: f"{_HERE}: 4-bit weights dequantised (bitsandbytes 0.50 MatMul4Bit), DoRA's "
+    "weight norm (peft dora.py); the model code's intermediates",
+}
+"""Where a fine-tuning step's tensors come from, by kind (the peak's term sources)."""
+
+
 class FtTensor(NamedTuple):
     """One parameter tensor of a fine-tuning run as the step holds it (bytes)."""
 
@@ -79,7 +95,11 @@ class FtTensor(NamedTuple):
     kind: ParamKind
     numel: int
     resident: int
-    """Its shard at rest in its stored dtype (a quantised weight: every part of its storage)."""
+    """Its shard at rest in its stored dtype (a quantised weight: its packed data's shard and its whole
+    ``QuantState``)."""
+    quant_state: int
+    """A quantised weight's ``QuantState`` (absmax, code tables): on the GPU even under CPU offload, which
+    moves parameters only (:data:`~zerocalc.states.memory.QUANT_DATA_PARTS`)."""
     gathered: int
     """Unsharded, as all-gathered (a quantised weight: its packed data in the storage dtype)."""
     shard_copy: int
@@ -139,10 +159,11 @@ class FtLayout(NamedTuple):
     """FSDP's CPU offload: parameters, gradients and the optimizer step on the host."""
     keep_root: bool
     """The root stays unsharded from forward to backward (FSDP1's root, ZeRO-3's)."""
-    flat_grads: bool
-    """FSDP1 ``use_orig_params``: the unit's flat gradient covers its frozen parameters too."""
     replicated_buckets: bool
     """DDP's reducer keeps a bucket copy of every trained gradient (world > 1)."""
+    optimizer_extra: int = 0
+    """Optimizer bytes not of one tensor: bitsandbytes' two quantisation maps of an 8-bit optimizer
+    (:data:`~zerocalc.parallel.optimizers.BNB_QMAP_BYTES`, one pair on the device)."""
     forward_dequantizes: bool = True
     """The forward dequantises each 4-bit weight (more tokens per micro-batch than
     :data:`FUSED_4BIT_MAX_TOKENS`)."""
@@ -162,7 +183,6 @@ def _layout(request: TrainingRequest, name: StrategyName) -> FtLayout:
             optimizer_world=cluster.group_size(strategy.optimizer),
             offload=False,
             keep_root=True,
-            flat_grads=False,
             replicated_buckets=strategy.grads is None and cluster.world_size > 1,
         )
     fsdp = setup.wrapper in (TorchWrapper.FSDP1, TorchWrapper.FSDP2)
@@ -174,7 +194,6 @@ def _layout(request: TrainingRequest, name: StrategyName) -> FtLayout:
         optimizer_world=cluster.group_size(strategy.optimizer) if fsdp and not no_shard else 1,
         offload=offload,
         keep_root=setup.wrapper is TorchWrapper.FSDP1 or not setup.reshard_after_forward,
-        flat_grads=setup.wrapper is TorchWrapper.FSDP1,
         replicated_buckets=not fsdp and cluster.world_size > 1,
     )
 
@@ -242,12 +261,13 @@ def ft_units(request: TrainingRequest, name: StrategyName) -> tuple[FtLayout, di
             data = sum(size for part, size in parts.items() if part in QUANT_DATA_PARTS)
             state = sum(size for part, size in parts.items() if part not in QUANT_DATA_PARTS)
             resident = ceil_div(data, d) + state  # the QuantState whole on every rank (states.memory)
+            quant_state = state
             gathered, copy = ceil_div(data, d) * d, ceil_div(data, d)
             dequantized = n * dt.compute.bytes + _nested_absmax_bytes(parts)
         else:
             resident = local * dt.stored.bytes
             gathered, copy = padded * dt.all_gather.bytes, local * dt.stored.bytes
-            dequantized = 0
+            dequantized = quant_state = 0
         grad = reduced = main = opt = temp = 0
         if trained:
             tr = dt.trained
@@ -264,14 +284,22 @@ def ft_units(request: TrainingRequest, name: StrategyName) -> tuple[FtLayout, di
         dora = 0
         if t.module in dora_of and t.name == "weight" and len(t.shape) == 2:
             dora = _dora_bytes(t, adapter_dtype, dt.compute)
-        return FtTensor(f"{t.module}.{t.name}", kind, n, resident, gathered, copy, grad, reduced, main,
-                        opt, temp, dequantized, dora)  # fmt: skip
+        return FtTensor(f"{t.module}.{t.name}", kind, n, resident, quant_state, gathered, copy, grad,
+                        reduced, main, opt, temp, dequantized, dora)  # fmt: skip
 
     tensors = [k.tensor for k in kinded]
     units: dict[str, FtUnit] = {}
     for unit, positions in fsdp_unit_positions(tensors):
         key = unit.removeprefix("layers.")
         units[key] = FtUnit(key, tuple(tensor(kinded[i].tensor, kinded[i].kind) for i in positions))
+    eight_bit = any(
+        name.startswith("absmax")
+        for k in kinded
+        if k.kind in TRAINED_KINDS
+        for name in optimizer.tensor_state_bytes(ceil_div(k.tensor.numel, do), DType.FP32)
+    )
+    if eight_bit and not layout.offload:  # one pair for the whole optimizer (states.memory likewise)
+        layout = layout._replace(optimizer_extra=BNB_QMAP_BYTES)
     return layout, units
 
 
@@ -316,14 +344,18 @@ class FineTune(Mechanics):
 
     # ----------------------------------------------------------------------------- at rest and creation
     def resident(self, led: Ledger, first_step: bool = False) -> None:
-        if not self.layout.offload:
-            for u in self.ft.values():
-                led.alloc_each((f"{u.name}.shard",), [t.resident for t in u.tensors], PARAMS)
+        for u in self.ft.values():
+            kept = [t.quant_state if self.layout.offload else t.resident for t in u.tensors]
+            led.alloc_each((f"{u.name}.shard",), kept, PARAMS)
         trained = [t for u in self.ft.values() for t in u.trained]
         if self.layout.replicated_buckets:
             led.alloc("DDP reducer buckets (trained gradients)", sum(t.reduced for t in trained), REDUCE)
         if not first_step and not self.layout.offload:
-            led.alloc_each(("optimizer states",), [t.optimizer for t in trained], OPTIMIZER)
+            self._optimizer_states(led, trained)
+
+    def _optimizer_states(self, led: Ledger, trained: Sequence[FtTensor]) -> None:
+        led.alloc("optimizer quantisation maps", self.layout.optimizer_extra, OPTIMIZER)
+        led.alloc_each(("optimizer states",), [t.optimizer for t in trained], OPTIMIZER)
 
     def create(self, led: Ledger, init: ModelInit, element_bytes: int = FP32, replaced: int = 0) -> None:
         """The model as loaded for fine-tuning (``from_pretrained``, quantised as it loads), wrapped: what
@@ -381,13 +413,6 @@ class FineTune(Mechanics):
         if u is None or name in self._grads_done:
             return
         self._grads_done.add(name)
-        if self.layout.flat_grads and self.layout.gather and u.trained:
-            # FSDP1 use_orig_params: the flat parameter's gradient, frozen parts as zeros
-            per = u.trained[0].grad // max(u.trained[0].numel, 1)
-            led.alloc(
-                f"{name}.flat grad", per * sum(t.numel for t in u.tensors), GRADS, group=f"{name}.grads"
-            )
-            return
         for i, t in enumerate(u.trained):
             led.alloc(f"{name}.grad#{i}", t.grad, GRADS, group=f"{name}.grads")
 
@@ -405,9 +430,7 @@ class FineTune(Mechanics):
         layout = self.layout
         if trained and layout.gather:
             # reduce-scatter: the input in the reduce dtype, then the sharded gradient kept
-            flat = sum(t.numel for t in u.tensors) if layout.flat_grads else 0
-            per_reduce = trained[0].reduced // max(ceil_div(trained[0].numel, layout.grad_world), 1)
-            reduce_input = (flat if flat else sum(t.numel for t in trained)) * per_reduce
+            reduce_input = sum(t.reduced for t in trained) * layout.grad_world
             led.alloc(f"{name}.reduce-scatter input", reduce_input, REDUCE)
             led.free_group(f"{name}.grads")
             led.event(f"reduce {name}")
@@ -437,7 +460,7 @@ class FineTune(Mechanics):
             led.event("optimizer step (on the host)")
             return
         if first_step:
-            led.alloc_each(("optimizer states",), [t.optimizer for t in trained], OPTIMIZER)
+            self._optimizer_states(led, trained)
         if self.in_backward:
             led.event("optimizer step (in backward)")
             return

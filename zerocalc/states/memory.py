@@ -213,6 +213,11 @@ class FineTuneSummary(BaseModel):
 
     method: FineTuning
     counts: FineTuneCounts
+    trained_bytes: int = Field(description="the trained tensors in their stored dtype, the whole model")
+    frozen_bytes: int = Field(
+        description="the frozen tensors (quantised weights aside) in their stored dtype, the whole model"
+    )
+    quantized_bytes: int = Field(description="the quantised weights' storage, every part (0: none)")
 
 
 class MemoryEstimate(TableDisplay, BaseModel):
@@ -799,6 +804,24 @@ def finetune_assumptions(request: TrainingRequest, counts: FineTuneCounts) -> li
     return lines
 
 
+def finetune_summary(request: TrainingRequest) -> FineTuneSummary:
+    """A fine-tuning run's counts and the whole model's bytes of each kind, each tensor in the dtype the
+    precision record stores its kind in."""
+    finetune = request.finetune
+    assert finetune is not None
+    arch = request.architecture
+    counts = finetune_counts(arch, finetune)
+    stored = {kind: finetune_dtypes(request, kind).stored.bytes for kind in (*TRAINED_KINDS, *FROZEN_KINDS)}
+    kinded = parameter_kinds(arch, finetune)
+    return FineTuneSummary(
+        method=finetune,
+        counts=counts,
+        trained_bytes=sum(k.tensor.numel * stored[k.kind] for k in kinded if k.kind in TRAINED_KINDS),
+        frozen_bytes=sum(k.tensor.numel * stored[k.kind] for k in kinded if k.kind in FROZEN_KINDS),
+        quantized_bytes=counts.quantized.total if counts.quantized is not None else 0,
+    )
+
+
 def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
     """Model states per GPU of every strategy of a validated request (pure)."""
     recipe = RECIPES[request.precision]
@@ -807,6 +830,9 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
     ddp_gpu_bytes = ddp_baseline_gpu_bytes(request)
     rows = [strategy_memory(STRATEGIES[name], request, ddp_gpu_bytes) for name in request.strategies]
 
+    if request.finetune is not None:  # the trained tensors' bytes: the adapters' dtypes under LoRA
+        trained_kind = ParamKind.ADAPTER if request.finetune.lora is not None else ParamKind.TRAINABLE
+        dtypes = finetune_dtypes(request, trained_kind).trained
     k = optimizer_bytes_per_parameter(dtypes, optimizer)
     bpp = BytesPerParameter(
         b_p=dtypes.stored.bytes,
@@ -823,9 +849,7 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
         assumptions.append(mesh_assumption(request))
     summary = None
     if request.finetune is not None:
-        summary = FineTuneSummary(
-            method=request.finetune, counts=finetune_counts(request.architecture, request.finetune)
-        )
+        summary = finetune_summary(request)
         assumptions += finetune_assumptions(request, summary.counts)
     if mesh.ep > 1:
         assumptions.append(routing_assumption(request))
