@@ -29,7 +29,8 @@ SMALL = {
 
 
 def _tensor(name: str, kind: ParamKind, **sizes: int) -> FtTensor:
-    fields = dict.fromkeys(FtTensor._fields[3:], 0)
+    fields: dict[str, object] = dict.fromkeys(FtTensor._fields[3:], 0)
+    fields["optimizer"] = ()
     fields.update(sizes)
     return FtTensor(name, kind, sizes.get("numel", 0), **{k: v for k, v in fields.items() if k != "numel"})
 
@@ -37,12 +38,12 @@ def _tensor(name: str, kind: ParamKind, **sizes: int) -> FtTensor:
 def test_a_qlora_units_step_event_by_event() -> None:
     """Two ranks, FSDP: block 0 holds a 4-bit weight (its packed shard 3,000 B and its 1,000 B QuantState
     at rest, 4,000 B gathered, 16,384 B dequantised) and an adapter (200 B shard, 200 B gathered, a 200 B
-    gradient reduced as 2 × 100 B and kept as a 200 B shard, 400 B of states, a 200 B foreach
+    gradient reduced as 2 × 100 B and kept as a 200 B shard, two 200 B states, a 200 B foreach
     temporary); the root a frozen tensor (5,000 B shard, 10,000 B gathered)."""
     quantised = _tensor("q", ParamKind.QUANTIZED, numel=8192, resident=4000, quant_state=1000,
                         gathered=4000, shard_copy=2000, dequantized=16384)  # fmt: skip
     adapter = _tensor("lora_A", ParamKind.ADAPTER, numel=100, resident=200, gathered=200, shard_copy=200,
-                      grad=200, reduced=100, main_grad=200, optimizer=400, step_temp=200)  # fmt: skip
+                      grad=200, reduced=100, main_grad=200, optimizer=(200, 200), step_temp=200)  # fmt: skip
     frozen = _tensor("embed", ParamKind.FROZEN_BASE, numel=5000, resident=5000, gathered=10000)
     units = {"0": FtUnit("0", (quantised, adapter)), "root": FtUnit("root", (frozen,))}
     layout = FtLayout(gather=True, world=2, grad_world=2, optimizer_world=2, offload=False, keep_root=False,
@@ -79,7 +80,7 @@ def test_cpu_offload_keeps_only_the_quant_state_and_copies_each_shard_in() -> No
     quantised = _tensor("q", ParamKind.QUANTIZED, numel=8192, resident=3000, quant_state=1000,
                         gathered=4000, shard_copy=2000, dequantized=16384)  # fmt: skip
     adapter = _tensor("lora_A", ParamKind.ADAPTER, numel=100, resident=200, gathered=200, shard_copy=200,
-                      grad=200, reduced=100, main_grad=200, optimizer=400)  # fmt: skip
+                      grad=200, reduced=100, main_grad=200, optimizer=(200, 200))  # fmt: skip
     layout = FtLayout(gather=True, world=2, grad_world=2, optimizer_world=2, offload=True, keep_root=False,
                       replicated_buckets=False)  # fmt: skip
     mechanics = FineTune({"0": FtUnit("0", (quantised, adapter))}, layout, OptimizerImpl.FOREACH)
@@ -111,10 +112,10 @@ def test_each_tensor_of_a_small_qlora_llama_by_hand() -> None:
     assert q.resident == 131_072 + 4_096 + 64 + 1_024 + 4 + 64
     assert q.quant_state == 4_096 + 64 + 1_024 + 4 + 64
     assert q.dequantized == 262_144 * 2 + 4_096 * 4
-    assert q.grad == 0 and q.optimizer == 0
+    assert q.grad == 0 and q.optimizer == ()
     lora_a = next(t for t in units["0"].tensors if "q_proj.lora_A" in t.name)
     assert (lora_a.kind, lora_a.resident, lora_a.grad) == (ParamKind.ADAPTER, 8 * 512 * 4, 8 * 512 * 4)
-    assert lora_a.optimizer == 2 * 8 * 512 * 4  # torch's AdamW: exp_avg, exp_avg_sq in fp32
+    assert lora_a.optimizer == (8 * 512 * 4, 8 * 512 * 4)  # torch's AdamW: exp_avg, exp_avg_sq in fp32
     assert units["0"].backward_transient == 1024 * 512 * 2 + 1024 * 512 // 64 * 4  # the MLP's weights
 
 

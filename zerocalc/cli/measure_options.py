@@ -138,6 +138,9 @@ MEASURE_OPTIONS: tuple[Option, ...] = (
     _opt("loss_parallel", ("--loss-parallel",),
          "With t ≥ 2: the logits stay sharded over the vocabulary into the cross entropy (loss_parallel).",
          {TP, FAKE}, default=True, kind=Kind.SWITCH, negative="--no-loss-parallel"),
+    _opt("lora_rank", ("--lora-rank",),
+         "PEFT LoRA of rank R on the model's default targets (its base frozen in bf16, adapters fp32); "
+         "0: full training.", {FAKE}, default=0, metavar="R"),
     _opt("pp", ("--pp",),
          "p: pipeline stages of torch.distributed.pipelining's Schedule1F1B (pp × dp ranks, pipeline "
          "outermost); 2 or more.", {PIPELINE, FAKE_PIPELINE}, default=2, metavar="P"),

@@ -110,8 +110,9 @@ class FtTensor(NamedTuple):
     """Its gradient as reduced, in the reduce dtype, on this rank (its shard, or whole when replicated)."""
     main_grad: int
     """Its gradient as kept for the optimizer, on this rank."""
-    optimizer: int
-    """Its optimizer states held by the caching allocator on this rank (paged ones are outside it)."""
+    optimizer: tuple[int, ...]
+    """Each of its optimizer states held by the caching allocator on this rank, one tensor each (paged
+    ones are outside it)."""
     step_temp: int
     """What the optimizer step allocates for it (torch's foreach AdamW: one tensor in the state dtype)."""
     dequantized: int
@@ -161,6 +162,10 @@ class FtLayout(NamedTuple):
     """The root stays unsharded from forward to backward (FSDP1's root, ZeRO-3's)."""
     replicated_buckets: bool
     """DDP's reducer keeps a bucket copy of every trained gradient (world > 1)."""
+    unit_grad_buffer: bool = False
+    """A unit's sharded gradients are views into its one reduce-scatter output (FSDP2
+    ``_fsdp_collectives.foreach_reduce``); else each tensor's own (DDP's ``.grad``, FSDP1's flat parameter
+    of each adapter Linear under PEFT's wrap policy)."""
     optimizer_extra: int = 0
     """Optimizer bytes not of one tensor: bitsandbytes' two quantisation maps of an 8-bit optimizer
     (:data:`~zerocalc.parallel.optimizers.BNB_QMAP_BYTES`, one pair on the device)."""
@@ -194,6 +199,7 @@ def _layout(request: TrainingRequest, name: StrategyName) -> FtLayout:
         optimizer_world=cluster.group_size(strategy.optimizer) if fsdp and not no_shard else 1,
         offload=offload,
         keep_root=setup.wrapper is TorchWrapper.FSDP1 or not setup.reshard_after_forward,
+        unit_grad_buffer=setup.wrapper is TorchWrapper.FSDP2 and not no_shard,
         replicated_buckets=not fsdp and cluster.world_size > 1,
     )
 
@@ -268,7 +274,8 @@ def ft_units(request: TrainingRequest, name: StrategyName) -> tuple[FtLayout, di
             resident = local * dt.stored.bytes
             gathered, copy = padded * dt.all_gather.bytes, local * dt.stored.bytes
             dequantized = quant_state = 0
-        grad = reduced = main = opt = temp = 0
+        grad = reduced = main = temp = 0
+        opt: tuple[int, ...] = ()
         if trained:
             tr = dt.trained
             grad = n * tr.gradient.bytes
@@ -277,9 +284,9 @@ def ft_units(request: TrainingRequest, name: StrategyName) -> tuple[FtLayout, di
             shard = ceil_div(n, do)
             assert tr.optimizer_state is not None
             states = optimizer.tensor_state_bytes(shard, tr.optimizer_state)
-            opt = sum(size for key, size in states.items() if not key.endswith("_paged"))
+            opt = tuple(size for key, size in states.items() if not key.endswith("_paged"))
             if tr.master is not None:
-                opt += shard * tr.master.bytes
+                opt += (shard * tr.master.bytes,)
             temp = shard * tr.optimizer_state.bytes if foreach else 0
         dora = 0
         if t.module in dora_of and t.name == "weight" and len(t.shape) == 2:
@@ -340,7 +347,7 @@ class FineTune(Mechanics):
             return
         for u in self.ft.values():
             if u.trained and not led.has(f"{u.name}.sharded grad#0"):
-                led.alloc_each((f"{u.name}.sharded grad",), [t.main_grad for t in u.trained], GRADS)
+                led.alloc_each((f"{u.name}.sharded grad",), self._grad_sizes(u.trained), GRADS)
 
     # ----------------------------------------------------------------------------- at rest and creation
     def resident(self, led: Ledger, first_step: bool = False) -> None:
@@ -355,7 +362,7 @@ class FineTune(Mechanics):
 
     def _optimizer_states(self, led: Ledger, trained: Sequence[FtTensor]) -> None:
         led.alloc("optimizer quantisation maps", self.layout.optimizer_extra, OPTIMIZER)
-        led.alloc_each(("optimizer states",), [t.optimizer for t in trained], OPTIMIZER)
+        led.alloc_each(("optimizer state",), [size for t in trained for size in t.optimizer], OPTIMIZER)
 
     def create(self, led: Ledger, init: ModelInit, element_bytes: int = FP32, replaced: int = 0) -> None:
         """The model as loaded for fine-tuning (``from_pretrained``, quantised as it loads), wrapped: what
@@ -451,7 +458,11 @@ class FineTune(Mechanics):
             led.event(f"{name} gradients to the host", sum(t.main_grad for t in trained), GRADS)
             return
         if not led.has(f"{name}.sharded grad#0"):  # else added into the earlier micro-batches'
-            led.alloc_each((f"{name}.sharded grad",), [t.main_grad for t in trained], GRADS)
+            led.alloc_each((f"{name}.sharded grad",), self._grad_sizes(trained), GRADS)
+
+    def _grad_sizes(self, trained: Sequence[FtTensor]) -> list[int]:
+        sizes = [t.main_grad for t in trained]
+        return [sum(sizes)] if self.layout.unit_grad_buffer else sizes
 
     # ------------------------------------------------------------------------------------- the step
     def optimizer_step(self, led: Ledger, first_step: bool) -> None:
