@@ -70,7 +70,13 @@ from zerocalc.peak.mechanics import Accumulation, Mechanics, Unit
 from zerocalc.peak.timeline import GATHERED, GRADS, OPTIMIZER, OPTIMIZER_TEMP, PARAMS, REDUCE, TRANSIENT
 from zerocalc.request.training import TrainingRequest
 from zerocalc.states.framework import fsdp_unit_positions
-from zerocalc.states.memory import QUANT_DATA_PARTS, TRAINED_KINDS, finetune_dtypes, params_group
+from zerocalc.states.memory import (
+    QUANT_DATA_PARTS,
+    TRAINED_KINDS,
+    finetune_dtypes,
+    finetune_shard,
+    params_group,
+)
 
 FP32 = DType.FP32.bytes
 
@@ -260,7 +266,8 @@ def ft_units(request: TrainingRequest, name: StrategyName) -> tuple[FtLayout, di
     def tensor(t: ParamTensor, kind: ParamKind) -> FtTensor:
         dt = finetune_dtypes(request, kind)
         n = t.numel
-        local, padded = ceil_div(n, d), ceil_div(n, d) * d
+        local = finetune_shard(request, t, d)
+        padded = local * d
         trained = kind in TRAINED_KINDS
         if kind is ParamKind.QUANTIZED:
             parts = quant[t]
@@ -279,9 +286,9 @@ def ft_units(request: TrainingRequest, name: StrategyName) -> tuple[FtLayout, di
         if trained:
             tr = dt.trained
             grad = n * tr.gradient.bytes
-            reduced = (local if dg > 1 else n) * tr.reduce.bytes
-            main = ceil_div(n, dg) * tr.main_gradient.bytes
-            shard = ceil_div(n, do)
+            reduced = finetune_shard(request, t, dg) * tr.reduce.bytes
+            main = finetune_shard(request, t, dg) * tr.main_gradient.bytes
+            shard = finetune_shard(request, t, do)
             assert tr.optimizer_state is not None
             states = optimizer.tensor_state_bytes(shard, tr.optimizer_state)
             opt = tuple(size for key, size in states.items() if not key.endswith("_paged"))

@@ -485,6 +485,17 @@ def finetune_dtypes(request: TrainingRequest, kind: ParamKind) -> TensorDtypes:
     )
 
 
+def finetune_shard(request: TrainingRequest, tensor: ParamTensor, d: int) -> int:
+    """The elements of ``tensor`` the largest of ``d`` ranks holds: FSDP2's rank 0 dim-0 chunk
+    (``_fsdp_param.py`` ``_chunk_with_empty``: ⌈rows/d⌉ rows, more than ⌈numel/d⌉ where a tensor has fewer
+    rows than ranks), else ⌈numel/d⌉ (FSDP1's flat parameter, ZeRO's partitions)."""
+    setup = request.framework_record.torch_setup(request.strategies[0])
+    if d > 1 and setup is not None and setup.wrapper is TorchWrapper.FSDP2:
+        rows = -(-tensor.shape[0] // d)
+        return min(rows, tensor.shape[0]) * (tensor.numel // tensor.shape[0])
+    return ceil_div(tensor.numel, d)
+
+
 def finetune_states(strategy: Strategy, request: TrainingRequest) -> list[StateShard]:
     """A fine-tuning run's model states on the largest rank (:func:`~zerocalc.parallel.finetune.
     parameter_kinds` decides each tensor's kind, the precision record its dtypes):
@@ -528,7 +539,10 @@ def finetune_states(strategy: Strategy, request: TrainingRequest) -> list[StateS
         tensors: list[tuple[ParamTensor, DType]], d: int, prefix: str
     ) -> list[tuple[int, dict[str, int]]]:
         return [
-            (ceil_div(t.numel, d), {f"{prefix}_{dt.value}": ceil_div(t.numel, d) * dt.bytes})
+            (
+                finetune_shard(request, t, d),
+                {f"{prefix}_{dt.value}": finetune_shard(request, t, d) * dt.bytes},
+            )
             for t, dt in tensors
         ]
 
@@ -590,7 +604,7 @@ def finetune_states(strategy: Strategy, request: TrainingRequest) -> list[StateS
     held: list[tuple[int, dict[str, int]]] = []
     paged: list[tuple[int, dict[str, int]]] = []
     for t, dt in trained:
-        n = ceil_div(t.numel, d_optimizer)
+        n = finetune_shard(request, t, d_optimizer)
         parts = {f"master_{dt.master.value}": n * dt.master.bytes} if dt.master is not None else {}
         assert dt.optimizer_state is not None
         for name, size in optimizer.tensor_state_bytes(n, dt.optimizer_state).items():
