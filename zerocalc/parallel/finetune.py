@@ -20,7 +20,7 @@ from zerocalc.base.errors import InputError
 from zerocalc.model.adapters import ALL_LINEAR, AdapterLayer, adapter_tensors, peft_plan, saved_tensors
 from zerocalc.model.architecture import Architecture, ParamTensor, parameter_tensors
 from zerocalc.model.code.finetune import ForwardTuning
-from zerocalc.model.hf_modules import hf_name
+from zerocalc.model.hf_modules import hf_modules, hf_name
 from zerocalc.model.quantized import Part, QuantMethod, StoragePart, quantized_modules, weight_storage
 from zerocalc.parallel.precision import ParamKind, QuantDtypes
 
@@ -273,7 +273,15 @@ def forward_tuning(arch: Architecture, finetune: FineTuning, checkpointed: bool 
     output requires grad (``enable_input_require_grads``: PEFT's ``_prepare_model_for_gradient_checkpointing``
     when the model checkpoints, ``prepare_model_for_kbit_training(use_gradient_checkpointing=True)``)."""
     kinded = parameter_kinds(arch, finetune)
-    trained = {k.tensor.module for k in kinded if k.kind is ParamKind.TRAINABLE}
+    trainable = {k.tensor for k in kinded if k.kind is ParamKind.TRAINABLE}
+    # a module is trained when a tensor it holds is (GPT-2's c_attn holds q, k and v); a tied LM head holds
+    # none: it is the embedding's weight
+    trained = {
+        m.module
+        for m in hf_modules(arch)
+        if any(t in trainable for t in m.tensors)
+        or (not m.tensors and m.module == "lm_head" and any(t.module == "embed_tokens" for t in trainable))
+    }
     adapted: list[tuple[str, int]] = []
     if finetune.lora is not None:
         plan = peft_plan(arch, finetune.lora)

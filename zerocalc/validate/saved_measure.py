@@ -66,6 +66,7 @@ def tune(model: nn.Module, finetune: FineTuning, dtype: str, attention: str) -> 
 
     import transformers
 
+    transformers.utils.logging.disable_progress_bar()
     torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     if finetune.quantized:
         import peft
@@ -192,6 +193,11 @@ def measure(model: nn.Module, num_layers: int, b: int, s: int, vocab: int) -> li
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
+        if ptr in params:
+            # a parameter's storage, unless the forward replaced it and freed this address (bitsandbytes'
+            # Linear4bit.forward: ``bias.data = bias.data.to(x.dtype)``)
+            params.clear()
+            params.update(p.untyped_storage().data_ptr() for p in model.parameters())
         if ptr == 0 or ptr in params:
             return t
         entry = latest.get(ptr)
