@@ -198,6 +198,8 @@ class SavedReport(BaseModel):
 
     torch: str
     transformers: str
+    peft: str = ""
+    bitsandbytes: str = ""
     cases: tuple[SavedCase, ...]
     all_match: bool
 

@@ -298,6 +298,8 @@ def run_cases(
     return SavedReport(
         torch=torch.__version__,
         transformers=transformers.__version__,
+        peft=_version("peft") if finetune is not None else "",
+        bitsandbytes=_version("bitsandbytes") if finetune is not None and finetune.quantized else "",
         cases=tuple(cases),
         all_match=all(c.ok for c in cases),
     )
@@ -319,3 +321,12 @@ def tuning_label(finetune: FineTuning) -> str:
     if finetune.freeze:
         parts += [f"freeze {','.join(finetune.freeze)}"]
     return " ".join(parts)
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
