@@ -10,8 +10,8 @@ from zerocalc.model.code import HF, MEGATRON, Device, ForwardTuning, Shape, laye
 from zerocalc.model.code.finetune import tuned_final_saves, tuned_shared_saves
 from zerocalc.model.hf_config import architecture_from_hf_dict
 from zerocalc.model.hf_modules import hf_modules
-from zerocalc.parallel.finetune import FineTuning, LoraConfig, QuantConfig, forward_tuning
 from zerocalc.model.quantized import QuantMethod
+from zerocalc.parallel.finetune import FineTuning, LoraConfig, QuantConfig, forward_tuning
 from zerocalc.validate.saved import TINY_CONFIGS
 
 LLAMA3_8B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
@@ -120,7 +120,9 @@ def test_everything_trained_is_the_full_training_profile(family: str, act: int, 
         assert (_total(tuned), tuned.keeps_input) == (_total(full), full.keeps_input)
     final, keeps_last = tuned_final_saves(arch, Shape(2, 64), act, device, tuning)
     kept = act * 2 * 64 * arch.hidden_size if keeps_last and family != "gpt2" else 0
-    assert sum(b for _, b in final) + kept == sum(b for _, b in HF.final_saves(arch, Shape(2, 64), act, device))
+    assert sum(b for _, b in final) + kept == sum(
+        b for _, b in HF.final_saves(arch, Shape(2, 64), act, device)
+    )
 
 
 def test_an_untuned_case_is_refused() -> None:

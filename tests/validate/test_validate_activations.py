@@ -243,7 +243,9 @@ FINETUNES = {
     "dora all-linear dropout": FineTuning(
         lora=LoraConfig(rank=8, targets="all-linear", dropout=0.1, dora=True)
     ),
-    "lora lm_head saved": FineTuning(lora=LoraConfig(rank=8, targets="all-linear", modules_to_save=("lm_head",))),
+    "lora lm_head saved": FineTuning(
+        lora=LoraConfig(rank=8, targets="all-linear", modules_to_save=("lm_head",))
+    ),
     "qlora nf4": FineTuning(
         lora=LoraConfig(rank=8, targets="all-linear"),
         quant=QuantConfig(method=QuantMethod.NF4, kbit_prepare=False),
@@ -315,7 +317,10 @@ def test_cli_activations_with_fine_tuning(monkeypatch: pytest.MonkeyPatch) -> No
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["--lora-rank", "8", "--attention", "eager"], "--attention 'eager' is not accepted with fine-tuning"),
+        (
+            ["--lora-rank", "8", "--attention", "eager"],
+            "--attention 'eager' is not accepted with fine-tuning",
+        ),
         (["--lora-rank", "8", "--family", "mixtral"], "--family 'mixtral' is not accepted"),
         (["--lora-rank", "8", "--quantize", "int8"], "--quantize 'int8' is not measured here"),
         (["--quantize", "nf4"], "accepted: with --lora-rank R (QLoRA), or --quantize none"),

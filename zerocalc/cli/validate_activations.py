@@ -64,8 +64,8 @@ def activations(values: dict[str, Any], given: frozenset[str]) -> None:
         untuned = sorted({str(config.get("model_type")) for _, config in models} - TUNED_FAMILIES)
         if untuned:
             raise InputError(
-                f"--model of {', '.join(untuned)} is not accepted with fine-tuning; accepted: a config.json of "
-                f"{', '.join(sorted(TUNED_FAMILIES))}"
+                f"--model of {', '.join(untuned)} is not accepted with fine-tuning; accepted: a config.json "
+                f"of {', '.join(sorted(TUNED_FAMILIES))}"
             )
     eager_only = sorted({str(config.get("model_type")) for _, config in models} & set(HF_EAGER_ONLY))
     if attentions == ["sdpa"] and len(eager_only) == len(models):
@@ -101,7 +101,9 @@ def render_activations(report) -> None:
     )
     tunings = sorted({case.tuning for case in report.cases if case.tuning})
     if tunings:
-        out.print(f"Fine-tuning: {', '.join(tunings)} (PEFT {report.peft}, bitsandbytes {report.bitsandbytes})")
+        out.print(
+            f"Fine-tuning: {', '.join(tunings)} (PEFT {report.peft}, bitsandbytes {report.bitsandbytes})"
+        )
     keys, predicted, measured, difference, marks = [], [], [], [], []
     for case in report.cases:
         keys.append(f"{case.model} {case.dtype} {case.attention} b={case.micro_batch} s={case.seq_len}")

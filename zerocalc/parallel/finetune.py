@@ -289,8 +289,8 @@ def forward_tuning(arch: Architecture, finetune: FineTuning, checkpointed: bool 
         for a in plan.adapted:
             if a.layer is not AdapterLayer.LINEAR:
                 raise InputError(
-                    f"{{lora_targets}} adapts {a.module.hf_name} ({a.layer.value}), whose saved tensors are not "
-                    "modelled; accepted: Linear and Conv1D targets"
+                    f"{{lora_targets}} adapts {a.module.hf_name} ({a.layer.value}), whose saved tensors are "
+                    "not modelled; accepted: Linear and Conv1D targets"
                 )
             adapted.append((a.module.module, a.rank))
     quantized: frozenset[str] = frozenset()

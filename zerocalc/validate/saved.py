@@ -266,7 +266,9 @@ def tuned_regions(
     final, keeps_last = tuned_final_saves(arch, shape, act, device, tuning)
     regions["final"] = [Term(name=n, bytes=b) for n, b in final if b]
     if keeps_last:
-        regions["final"].insert(0, Term(name="final norm: input (the last hidden state)", bytes=stream * T * h))
+        regions["final"].insert(
+            0, Term(name="final norm: input (the last hidden state)", bytes=stream * T * h)
+        )
     loss = logits_saves(impl, arch, shape, act) + loss_saves(impl, arch, shape)
     regions["loss"] = [Term(name=n, bytes=b) for n, b in loss if b]
     return regions

@@ -94,7 +94,9 @@ def tune(model: nn.Module, finetune: FineTuning, dtype: str, attention: str) -> 
         import peft
 
         lora = finetune.lora
-        targets = lora.targets if isinstance(lora.targets, str) or lora.targets is None else list(lora.targets)
+        targets = (
+            lora.targets if isinstance(lora.targets, str) or lora.targets is None else list(lora.targets)
+        )
         model = peft.get_peft_model(
             model,
             peft.LoraConfig(
@@ -117,8 +119,8 @@ def tune(model: nn.Module, finetune: FineTuning, dtype: str, attention: str) -> 
 
 def _matmul_4bit_saves(record) -> Any:
     """bitsandbytes' ``MatMul4Bit`` keeps its tensors in ``ctx.tensors`` (autograd/_functions.py), which
-    ``saved_tensors_hooks`` never sees: its forward is wrapped so that every tensor left there is
-    ``record``\ ed (a context manager; nothing without bitsandbytes)."""
+    ``saved_tensors_hooks`` never sees: its forward is wrapped so that every tensor left there is passed
+    to ``record`` (a context manager; nothing without bitsandbytes)."""
     import contextlib
 
     try:
@@ -230,7 +232,9 @@ def measure(model: nn.Module, num_layers: int, b: int, s: int, vocab: int) -> li
         for handle in handles:
             handle.remove()
     return [
-        m.model_copy(update={"saved_by": ", ".join(savers.get(ptr, []) + ([extra[ptr]] if ptr in extra else []))})
+        m.model_copy(
+            update={"saved_by": ", ".join(savers.get(ptr, []) + ([extra[ptr]] if ptr in extra else []))}
+        )
         for m, ptr, kept in zip(out, ptrs, held, strict=True)
         if kept
     ]
@@ -291,9 +295,7 @@ def run_cases(
                 label = "" if finetune is None else tuning_label(finetune)
                 for b, s in shapes:
                     measured = measure(model, arch.num_layers, b, s, arch.vocab_size)
-                    cases.append(
-                        compare(name, arch, Shape(b, s), dtype, attention, measured, tuning, label)
-                    )
+                    cases.append(compare(name, arch, Shape(b, s), dtype, attention, measured, tuning, label))
                 del model
     return SavedReport(
         torch=torch.__version__,

@@ -87,11 +87,15 @@ def tuning_unsupported(arch: Architecture, flash: bool) -> str | None:
     """Why the fine-tuning forward of ``arch`` is not modelled (None: it is)."""
     if arch.family not in TUNED_FAMILIES:
         return (
-            f"the saved tensors of a fine-tuning forward are written out for {', '.join(sorted(TUNED_FAMILIES))}"
-            f" (transformers' code), not {arch.family or 'this architecture'}"
+            "the saved tensors of a fine-tuning forward are written out for "
+            f"{', '.join(sorted(TUNED_FAMILIES))} (transformers' code), not "
+            f"{arch.family or 'this architecture'}"
         )
     if arch.qk_norm is QkNorm.FULL or arch.is_moe:
-        return "the saved tensors of a fine-tuning forward are written out for dense models without a full q/k norm"
+        return (
+            "the saved tensors of a fine-tuning forward are written out for dense models without a full "
+            "q/k norm"
+        )
     if not flash:
         return "the saved tensors of a fine-tuning forward are written out for SDPA (flash) attention only"
     return None
@@ -100,7 +104,7 @@ def tuning_unsupported(arch: Architecture, flash: bool) -> str | None:
 class _T:
     """One tensor of the forward: its bytes, whether it requires grad, its element size."""
 
-    __slots__ = ("nbytes", "grad", "size")
+    __slots__ = ("grad", "nbytes", "size")
 
     def __init__(self, nbytes: int, grad: bool, size: int) -> None:
         self.nbytes, self.grad, self.size = nbytes, grad, size
@@ -231,7 +235,13 @@ class TunedLayer(NamedTuple):
 
 
 def tuned_layer(
-    arch: Architecture, index: int, shape: Shape, act: int, device: Device, use_cache: bool, tuning: ForwardTuning
+    arch: Architecture,
+    index: int,
+    shape: Shape,
+    act: int,
+    device: Device,
+    use_cache: bool,
+    tuning: ForwardTuning,
 ) -> TunedLayer:
     """What decoder layer ``index`` of a fine-tuning run keeps for backward (the module docstring's
     rules), per the transformers 5.17 layer of its family (``LlamaDecoderLayer``, its Mistral, Qwen2 and

@@ -51,7 +51,9 @@ def layer_saves(
     if tuning is not None:
         reason = tuning_unsupported(arch, flash)
         if not impl.transformers_modules or shape.tp * shape.cp * shape.ep > 1:
-            reason = "the saved tensors of a fine-tuning forward are written out for transformers' code, one rank"
+            reason = (
+                "the saved tensors of a fine-tuning forward are written out for transformers' code, one rank"
+            )
         if reason is not None:
             raise ValueError(reason)
         return tuned_layer(arch, index, shape, act, device, use_cache, tuning).saves
