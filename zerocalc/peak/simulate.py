@@ -20,8 +20,9 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.parts import Part
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, ParamTensor, PipelineStage
-from zerocalc.model.code import MODEL_CODES, Device, Shape, layer_saves
+from zerocalc.model.code import MODEL_CODES, Device, ForwardTuning, Shape, layer_saves
 from zerocalc.network.schedule import GradSync
+from zerocalc.parallel.finetune import forward_tuning
 from zerocalc.parallel.framework_records import effective_grad_sync
 from zerocalc.parallel.framework_records.record import StatesModel, Wrap
 from zerocalc.parallel.frameworks import Fsdp1Sharding, TorchWrapper
@@ -197,7 +198,17 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
         checkpoint_every=request.activations.checkpoint_every,
         layer_params=tuple(tuple(unit.params) for _, unit in units[:-1]),
         stage=stage_plan(request, act),
+        tuning=_tuning(request),
     )
+
+
+def _tuning(request: TrainingRequest) -> ForwardTuning | None:
+    """A fine-tuning run's forward (:func:`~zerocalc.parallel.finetune.forward_tuning`: gradient
+    checkpointing makes the embeddings' output require grad); None: full training."""
+    if request.finetune is None:
+        return None
+    checkpointed = request.activations.recompute is not Recompute.NONE
+    return forward_tuning(request.architecture, request.finetune, checkpointed=checkpointed)
 
 
 def in_flight_saved_bytes(request: TrainingRequest) -> int:

@@ -37,6 +37,7 @@ from zerocalc.model.code import (
     FP32,
     INT64,
     Device,
+    ForwardTuning,
     LayerSaves,
     ModelCode,
     OpSacLayer,
@@ -110,6 +111,9 @@ class StepShape(NamedTuple):
     checkpoint_every: int = 1
     """Under full recompute, the layers checkpointed: the rank's N-th, 2N-th, … (torchtitan's
     ``selective_ac_option`` N, ``_apply_layer_sac``: a counter over the blocks it wraps); 1: every one."""
+    tuning: ForwardTuning | None = None
+    """A fine-tuning run's forward (what its layers save: :func:`~zerocalc.model.code.layer_saves`'s
+    ``tuning``); None: every parameter trained."""
     saves: dict[tuple[bool, bool], LayerSaves] | None = None
     """Where the step finds and keeps its layers' saves, per kind of layer (mixture-of-experts or not) and
     cache use: steps of one micro-batch and recompute whose blocks are alike may share one (the plan's
@@ -279,7 +283,7 @@ class _Passes:
         if key not in self._saves:
             saves = layer_saves(
                 step.impl, arch, i, step.shape, step.act, step.device, use_cache=use_cache, flash=step.flash,
-                selective=self.selective,
+                selective=self.selective, tuning=step.tuning,
             )  # fmt: skip
             self._saves[key] = saves._replace(program=Program(saves.program))
         return self._saves[key]

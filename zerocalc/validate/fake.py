@@ -126,9 +126,9 @@ def not_claimed(config: dict[str, Any], arch: Architecture, case: FakeCase) -> s
     family = arch.family or "llama"
     if case.lora_rank:
         return (
-            "a LoRA step's activations are the model code's of full training (the adapters' own saved "
-            "tensors, the frozen Linears' inputs not saved, come with the model code's fine-tuning saves): "
-            "measured and shown, not claimed exact"
+            "a LoRA step's layers are the model code's fine-tuning saves (zerocalc/model/code/finetune.py), "
+            "which count no in-layer transients, and under checkpointing the tracker holds tensors the "
+            "timeline does not name: measured and shown, not claimed exact"
         )
     if case.fp8 is not Fp8RecipeName.NONE:
         return (
