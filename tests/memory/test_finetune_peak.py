@@ -176,3 +176,34 @@ def test_the_forward_dequantises_past_bitsandbytes_fused_kernel_limit_and_the_ba
         mechanics.pre_backward(led, 0)
         assert led.total == units["0"].backward_transient == 1024 * 512 * 2  # the MLP's, in bf16
         assert forward == (units["0"].backward_transient if dequantizes else 0)
+
+
+def test_the_optimizer_step_in_backward_frees_each_gradient_as_its_unit_reduces() -> None:
+    """torchtune's optimizer_in_bwd (a post-accumulate-grad hook steps each parameter): after the unit's
+    reduction no sharded gradient is kept, its step's temporary is alive for a moment, and the optimizer
+    phase allocates nothing."""
+    adapter = _tensor("lora_A", ParamKind.ADAPTER, numel=100, resident=200, gathered=200, grad=200,
+                      reduced=100, main_grad=200, optimizer=(200, 200), step_temp=200)  # fmt: skip
+    layout = FtLayout(gather=True, world=2, grad_world=2, optimizer_world=2, offload=False, keep_root=False,
+                      replicated_buckets=False)  # fmt: skip
+    mechanics = FineTune({"0": FtUnit("0", (adapter,))}, layout, OptimizerImpl.FOREACH, in_backward=True)
+    led = Ledger(block=1)
+    mechanics.resident(led)
+    mechanics.pre_backward(led, 0)
+    mechanics.param_grad(led, 0, "block#0", 100)
+    mechanics.post_backward(led, 0)
+    mechanics.optimizer_step(led, first_step=False)
+    events = {e.name: e.allocated for e in led.events}
+    # the shard and the states, the unit still gathered (200 B), the step's temporary (200 B)
+    assert events["optimizer step in backward (0)"] == 600 + 200 + 200
+    assert events["optimizer step (in backward)"] == led.total == 600
+
+
+def test_a_model_code_without_fine_tuning_saves_is_refused_in_one_line() -> None:
+    result = runner.invoke(app, ["memory", "--model", "llama-3-8b", "--lora-rank", "8", "--model-impl",
+                                 "torchtitan"])  # fmt: skip
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        "zerocalc: error: the peak of a fine-tuning step: --model-impl torchtitan: the saved tensors of a "
+        "fine-tuning forward are written out for transformers' code; accepted: --model-impl hf"
+    ]

@@ -17,10 +17,11 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from zerocalc.base.dtypes import DType
+from zerocalc.base.errors import InputError
 from zerocalc.base.parts import Part
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, ParamTensor, PipelineStage
-from zerocalc.model.code import MODEL_CODES, Device, ForwardTuning, Shape, layer_saves
+from zerocalc.model.code import MODEL_CODES, Device, ForwardTuning, Shape, layer_saves, tuning_unsupported
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.finetune import forward_tuning
 from zerocalc.parallel.framework_records import effective_grad_sync
@@ -207,6 +208,15 @@ def _tuning(request: TrainingRequest) -> ForwardTuning | None:
     checkpointing makes the embeddings' output require grad); None: full training."""
     if request.finetune is None:
         return None
+    impl = MODEL_CODES[request.model_code]
+    reason = tuning_unsupported(request.architecture, flash_attention_used(request))
+    if not impl.transformers_modules:
+        reason = (
+            f"{{model_impl}} {request.model_code.value}: the saved tensors of a fine-tuning forward are "
+            "written out for transformers' code"
+        )
+    if reason is not None:
+        raise InputError(f"the peak of a fine-tuning step: {reason}; accepted: {{model_impl}} hf")
     checkpointed = request.activations.recompute is not Recompute.NONE
     return forward_tuning(request.architecture, request.finetune, checkpointed=checkpointed)
 
