@@ -14,7 +14,7 @@ from zerocalc.cli import app
 from zerocalc.parallel.optimizers import OptimizerImpl
 from zerocalc.parallel.precision import ParamKind
 from zerocalc.parallel.strategies import STRATEGIES, StrategyName
-from zerocalc.peak.finetune import FineTune, FtLayout, FtTensor, FtUnit, ft_units
+from zerocalc.peak.finetune import FineTune, FtLayout, FtTensor, FtUnit, forward_transients, ft_units
 from zerocalc.peak.ledger import Ledger
 from zerocalc.request.training import parse_options
 from zerocalc.states.memory import Location, bytes_at, strategy_states
@@ -54,7 +54,7 @@ def test_a_qlora_units_step_event_by_event() -> None:
     assert led.total == 4000 + 200 + 5000 + 400
     mechanics.pre_forward(led, "root")
     mechanics.pre_forward(led, 0)
-    assert led.total == 9600 + 10000 + 4000 + 200 + 16384  # gathered, and the weight dequantised
+    assert led.total == 9600 + 10000 + 4000 + 200  # gathered (the forward's dequantisation: the model's)
     mechanics.post_forward(led, 0)
     mechanics.post_forward(led, "root")
     assert led.total == 9600
@@ -164,18 +164,15 @@ def test_memory_prints_the_peak_of_a_qlora_step_and_its_json_carries_it() -> Non
 def test_the_forward_dequantises_past_bitsandbytes_fused_kernel_limit_and_the_backward_always() -> None:
     """bitsandbytes 0.50 gemm_4bit: more than 1,536 tokens, dequantise and F.linear; fewer, the fused
     kernel; MatMul4Bit.backward dequantises in every case."""
+    mlp = 1024 * 512 * 2  # the largest 4-bit weight of a block (gate, up, down: 1024 × 512), in bf16
     for seq, dequantizes in ((2048, True), (1536, False)):
         request = parse_options(model=dict(SMALL), framework="ddp", lora_rank=8, quantize="nf4", seq_len=seq)
+        assert forward_transients(request) == ((mlp, mlp) if dequantizes else (0, 0))
         layout, units = ft_units(request, StrategyName.DDP)
-        assert layout.forward_dequantizes is dequantizes
         mechanics = FineTune(units, layout, request.optimizer_impl)
         led = Ledger(block=1)
-        mechanics.pre_forward(led, 0)
-        forward = led.total
-        mechanics.post_forward(led, 0)
         mechanics.pre_backward(led, 0)
-        assert led.total == units["0"].backward_transient == 1024 * 512 * 2  # the MLP's, in bf16
-        assert forward == (units["0"].backward_transient if dequantizes else 0)
+        assert led.total == units["0"].backward_transient == mlp
 
 
 def test_the_optimizer_step_in_backward_frees_each_gradient_as_its_unit_reduces() -> None:

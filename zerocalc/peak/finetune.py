@@ -135,11 +135,6 @@ class FtUnit(NamedTuple):
     def trained(self) -> tuple[FtTensor, ...]:
         return tuple(t for t in self.tensors if t.grad)
 
-    def forward_transient(self, dequantizes: bool) -> int:
-        """The largest transient of one of the unit's Linears in forward: its dequantised weight where the
-        forward dequantises (``dequantizes``), DoRA's weight-norm tensors."""
-        return max((t.dequantized * dequantizes + t.dora for t in self.tensors), default=0)
-
     @property
     def backward_transient(self) -> int:
         """The largest dequantised weight of the unit's (``MatMul4Bit.backward`` always dequantises)."""
@@ -175,9 +170,6 @@ class FtLayout(NamedTuple):
     optimizer_extra: int = 0
     """Optimizer bytes not of one tensor: bitsandbytes' two quantisation maps of an 8-bit optimizer
     (:data:`~zerocalc.parallel.optimizers.BNB_QMAP_BYTES`, one pair on the device)."""
-    forward_dequantizes: bool = True
-    """The forward dequantises each 4-bit weight (more tokens per micro-batch than
-    :data:`FUSED_4BIT_MAX_TOKENS`)."""
 
 
 def _layout(request: TrainingRequest, name: StrategyName) -> FtLayout:
@@ -210,16 +202,26 @@ def _layout(request: TrainingRequest, name: StrategyName) -> FtLayout:
     )
 
 
-def _quant_parts(arch: Architecture, finetune: FineTuning) -> dict[ParamTensor, dict[Part, int]]:
-    """Each quantised weight's storage, part by part (:func:`zerocalc.model.quantized.weight_storage`)."""
+class _Quantized(NamedTuple):
+    parts: dict[Part, int]
+    """The module's storage, part by part (:func:`zerocalc.model.quantized.weight_storage`)."""
+    weights: int
+    """The module's weight elements (one Linear: GPT-2's ``c_attn`` holds q, k and v)."""
+
+
+def _quant_parts(arch: Architecture, finetune: FineTuning) -> dict[ParamTensor, _Quantized]:
+    """Each quantised module's storage, on its first weight tensor (the others of a stacked module: none)."""
     quant = finetune.quant
     if quant is None or quant.method is QuantMethod.NONE:
         return {}
-    parts: dict[ParamTensor, dict[Part, int]] = {}
+    parts: dict[ParamTensor, _Quantized] = {}
     for module in quantized_modules(arch, quant.skip_modules):
-        weight = next(t for t in module.tensors if t.name == "weight")
+        weights = [t for t in module.tensors if t.name == "weight"]
         storage = weight_storage(module, quant.method, quant.double_quant, quant.storage)
-        parts[weight] = {p.part: p.bytes for p in storage}
+        out, columns = module.weight
+        parts[weights[0]] = _Quantized({p.part: p.bytes for p in storage}, out * columns)
+        for other in weights[1:]:
+            parts[other] = _Quantized({}, 0)
     return parts
 
 
@@ -247,10 +249,7 @@ def ft_units(request: TrainingRequest, name: StrategyName) -> tuple[FtLayout, di
     finetune = request.finetune
     assert finetune is not None
     arch = request.architecture
-    a = request.activations
-    layout = _layout(request, name)._replace(
-        forward_dequantizes=a.micro_batch * a.seq_len > FUSED_4BIT_MAX_TOKENS
-    )
+    layout = _layout(request, name)
     kinded = parameter_kinds(arch, finetune)
     quant = _quant_parts(arch, finetune)
     optimizer = OPTIMIZERS[request.optimizer]
@@ -270,13 +269,13 @@ def ft_units(request: TrainingRequest, name: StrategyName) -> tuple[FtLayout, di
         padded = local * d
         trained = kind in TRAINED_KINDS
         if kind is ParamKind.QUANTIZED:
-            parts = quant[t]
+            parts, weights = quant[t]
             data = sum(size for part, size in parts.items() if part in QUANT_DATA_PARTS)
             state = sum(size for part, size in parts.items() if part not in QUANT_DATA_PARTS)
             resident = ceil_div(data, d) + state  # the QuantState whole on every rank (states.memory)
             quant_state = state
             gathered, copy = ceil_div(data, d) * d, ceil_div(data, d)
-            dequantized = n * dt.compute.bytes + _nested_absmax_bytes(parts)
+            dequantized = weights * dt.compute.bytes + _nested_absmax_bytes(parts)
         else:
             resident = local * dt.stored.bytes
             gathered, copy = padded * dt.all_gather.bytes, local * dt.stored.bytes
@@ -398,15 +397,9 @@ class FineTune(Mechanics):
     def pre_forward(self, led: Ledger, unit: str | int) -> None:
         name = str(unit)
         self._unshard(led, name)
-        u = self.ft.get(name)
-        if u is not None:
-            led.alloc(
-                f"{name}.dequantised weight", u.forward_transient(self.layout.forward_dequantizes), TRANSIENT
-            )
 
     def post_forward(self, led: Ledger, unit: str | int) -> None:
         name = str(unit)
-        led.free(f"{name}.dequantised weight")
         if not (name == "root" and self.layout.keep_root):
             self._reshard(led, name)
 
@@ -518,3 +511,39 @@ def finetune_note(request: TrainingRequest) -> str:
     ):
         parts.append("CPU offload: each unit's shard copied in before its all-gather, its gradients out")
     return "; ".join(parts)
+
+
+def forward_transients(request: TrainingRequest) -> tuple[int, ...]:
+    """Per block of a fine-tuning run, the largest transient one of its Linears makes in forward: its 4-bit
+    weight dequantised in the input's dtype (``_dequant_linear_fallback``: ``dtype=A.dtype``, the activation
+    dtype) where the forward dequantises (more tokens per micro-batch than :data:`FUSED_4BIT_MAX_TOKENS`),
+    and DoRA's weight-norm tensors in the adapters' fp32 (``autocast_adapter_dtype``); () without
+    fine-tuning. The model's part of a step holds it: it depends on the tokens, not on the framework."""
+    finetune = request.finetune
+    if finetune is None:
+        return ()
+    arch = request.architecture
+    a = request.activations
+    dequantizes = a.micro_batch * a.seq_len > FUSED_4BIT_MAX_TOKENS
+    act = request.activation_dtype
+    quant = _quant_parts(arch, finetune)
+    kinded = parameter_kinds(arch, finetune)
+    dora_of = {
+        k.tensor.module.rsplit(".lora_magnitude_vector", 1)[0]
+        for k in kinded
+        if finetune.lora is not None and finetune.lora.dora and ".lora_magnitude_vector" in k.tensor.module
+    }
+
+    def transient(t: ParamTensor) -> int:
+        held = quant.get(t)
+        nbytes = held.weights * act.bytes + _nested_absmax_bytes(held.parts) if dequantizes and held else 0
+        if t.module in dora_of and t.name == "weight" and len(t.shape) == 2:
+            nbytes += _dora_bytes(t, DType.FP32, act)
+        return nbytes
+
+    tensors = [k.tensor for k in kinded]
+    return tuple(
+        max((transient(tensors[i]) for i in positions), default=0)
+        for unit, positions in fsdp_unit_positions(tensors)
+        if unit != "root"
+    )

@@ -31,7 +31,7 @@ from zerocalc.parallel.mesh import PpSchedule
 from zerocalc.parallel.pipeline import boundary_elements, in_flight, rank_passes, window
 from zerocalc.parallel.strategies import STRATEGIES, BufferRule, OffloadTarget, StrategyName
 from zerocalc.peak.allocator import CachingAllocator
-from zerocalc.peak.finetune import finetune_mechanics
+from zerocalc.peak.finetune import finetune_mechanics, forward_transients
 from zerocalc.peak.fp8 import fp8_gather_bytes
 from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.peak.ledger import Event, Ledger
@@ -200,6 +200,7 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
         layer_params=tuple(tuple(unit.params) for _, unit in units[:-1]),
         stage=stage_plan(request, act),
         tuning=_tuning(request),
+        forward_transients=forward_transients(request),
     )
 
 
