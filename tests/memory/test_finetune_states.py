@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import one_line_error
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -124,15 +123,9 @@ def test_a_framework_that_does_not_model_fine_tuning_is_refused(options: dict, f
         parse_options(model="llama-3-8b", lora_rank=8, **options)
 
 
-def test_paged_optimizers_need_a_fine_tuning_run_and_the_peak_is_not_claimed() -> None:
+def test_paged_optimizers_need_a_fine_tuning_run() -> None:
     with pytest.raises(InputError, match="pages tensor by tensor"):
         parse_options(params="7B", optimizer="paged-adamw-8bit")
-    result = runner.invoke(app, ["memory", "--model", "llama-3-8b", "--lora-rank", "8", "--timeline"])
-    one_line_error(result, "--timeline draws the peak of a step; the peak of a fine-tuning step")
-    from zerocalc.api import estimate_peak
-
-    with pytest.raises(InputError, match="the peak of a fine-tuning step"):
-        estimate_peak("llama-3-8b", lora_rank=8)
 
 
 def test_the_json_carries_the_trained_count_and_the_quantised_bytes() -> None:
@@ -188,12 +181,15 @@ def test_fsdp_qlora_of_llama_2_70b_on_two_cards_with_cpu_offload_by_hand() -> No
         strategies="zero3",
     )  # fmt: skip
     row = evaluate_memory(request).strategies[0]
-    assert row.gpu_bytes == 0
+    # the packed data is the parameter, sharded and offloaded; the QuantState (absmax, nested absmax, code
+    # tables) is an attribute of it, whole on each GPU (bitsandbytes 0.50 nn/modules.py Params4bit)
+    packed = weights // 2
+    assert row.gpu_bytes == nf4 - packed
     host = {s.kind: s.bytes for s in row.states if s.location is Location.CPU}
     assert host == {
         StateKind.PARAMS: 4 * trained // 2,
         StateKind.FROZEN: 2 * unquantised // 2,
-        StateKind.QUANTIZED: nf4 // 2,
+        StateKind.QUANTIZED: packed // 2,
         StateKind.GRADS: 4 * trained // 2,
         StateKind.OPTIMIZER: 8 * trained // 2,
     }

@@ -16,6 +16,8 @@ from typer.testing import CliRunner
 from zerocalc.cli import app
 from zerocalc.model.code import HF_ATTENTION, Shape
 from zerocalc.model.hf_config import architecture_from_hf_dict
+from zerocalc.model.quantized import QuantMethod
+from zerocalc.parallel.finetune import FineTuning, LoraConfig, QuantConfig, forward_tuning
 from zerocalc.validate.saved import (
     NOT_EXACT,
     TINY_CONFIGS,
@@ -231,4 +233,101 @@ def test_cli_activations_table_and_exit_codes(monkeypatch: pytest.MonkeyPatch) -
     ],
 )
 def test_cli_activations_bad_input(args: list[str], fragment: str) -> None:
+    one_line_error(runner.invoke(app, ["validate", "activations", *args]), fragment)
+
+
+# ---------------------------------------------------------------------------------------- fine-tuning
+FINETUNES = {
+    "lora default": FineTuning(lora=LoraConfig(rank=8)),
+    "lora all-linear dropout": FineTuning(lora=LoraConfig(rank=8, targets="all-linear", dropout=0.1)),
+    "dora all-linear dropout": FineTuning(
+        lora=LoraConfig(rank=8, targets="all-linear", dropout=0.1, dora=True)
+    ),
+    "lora lm_head saved": FineTuning(
+        lora=LoraConfig(rank=8, targets="all-linear", modules_to_save=("lm_head",))
+    ),
+    "qlora nf4": FineTuning(
+        lora=LoraConfig(rank=8, targets="all-linear"),
+        quant=QuantConfig(method=QuantMethod.NF4, kbit_prepare=False),
+    ),
+    "qlora nf4 kbit dora": FineTuning(
+        lora=LoraConfig(rank=8, targets="all-linear", dora=True, dropout=0.1),
+        quant=QuantConfig(method=QuantMethod.NF4, double_quant=True),
+    ),
+    "freeze": FineTuning(freeze=("embed_tokens", "layers.0")),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tuning", list(FINETUNES))
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gpt2"])
+def test_fine_tuning_saved_bytes_per_region_equal_the_profile(family: str, tuning: str) -> None:
+    """The real PEFT 0.21.2 model (bitsandbytes 0.50.2's 4-bit base, prepare_model_for_kbit_training) on the
+    CPU, every region to the byte, b = 2 and b = 1."""
+    pytest.importorskip("peft")
+    finetune = FINETUNES[tuning]
+    if finetune.quantized:
+        pytest.importorskip("bitsandbytes")
+    if family == "gpt2" and tuning == "freeze":
+        finetune = FineTuning(freeze=("embed_positions", "layers.0"))  # the tied head keeps its input
+    arch = _arch(family)
+    model = saved_measure.build(TINY_CONFIGS[family], "bf16", "sdpa", finetune)
+    tuned = forward_tuning(arch, finetune)
+    for b, s in SHAPES:
+        measured = saved_measure.measure(model, arch.num_layers, b, s, arch.vocab_size)
+        case = compare(family, arch, Shape(b, s), "bf16", "sdpa", measured, tuned, tuning)
+        wrong = {r.region: (r.predicted, r.measured, r.unmatched_terms, r.unmatched_storages)
+                 for r in case.regions if not r.ok}  # fmt: skip
+        assert wrong == {}, f"{family} {tuning} b={b} s={s}"
+
+
+@pytest.mark.slow
+def test_matmul_4bit_keeps_only_the_packed_weight() -> None:
+    """bitsandbytes 0.50.2 ``MatMul4Bit`` keeps ``ctx.tensors = (None, B)``: the packed weight, a parameter;
+    the wrapped forward sees it (so an activation kept there would be counted) and no activation."""
+    pytest.importorskip("bitsandbytes")
+    finetune = FINETUNES["qlora nf4"]
+    model = saved_measure.build(TINY_CONFIGS["llama"], "bf16", "sdpa", finetune)
+    seen: list[torch.Tensor] = []
+    with saved_measure._matmul_4bit_saves(lambda t, by: seen.append(t)):
+        model(input_ids=torch.zeros((1, 16), dtype=torch.long)).logits.sum().backward()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    assert seen and all(t.untyped_storage().data_ptr() in params for t in seen)
+
+
+@pytest.mark.slow
+def test_cli_activations_with_fine_tuning(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("peft")
+    args = ["validate", "activations", "--family", "llama", "--precision", "bf16-mixed", "--lora-rank", "8",
+            "--lora-dropout", "0.1", "--dora", "-b", "1", "-s", "32"]  # fmt: skip
+    ok = runner.invoke(app, args)
+    assert ok.exit_code == 0, ok.output
+    assert "Fine-tuning: lora r8 default dropout 0.1 dora (PEFT 0.21.2" in ok.stdout
+    assert "1 of 1 cases exact to the byte" in ok.stdout
+    assert all(len(line) <= 80 for line in ok.stdout.splitlines())
+    import zerocalc.validate.saved as saved
+
+    real = saved.tuned_final_saves
+    monkeypatch.setattr(saved, "tuned_final_saves", lambda *a: ([*real(*a)[0], ("one byte", 1)], real(*a)[1]))
+    off = runner.invoke(app, args)
+    assert off.exit_code == 1
+    assert "final: predicted" in off.stdout and "one byte (1 B)" in off.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (
+            ["--lora-rank", "8", "--attention", "eager"],
+            "--attention 'eager' is not accepted with fine-tuning",
+        ),
+        (["--lora-rank", "8", "--family", "mixtral"], "--family 'mixtral' is not accepted"),
+        (["--lora-rank", "8", "--quantize", "int8"], "--quantize 'int8' is not measured here"),
+        (["--quantize", "nf4"], "accepted: with --lora-rank R (QLoRA), or --quantize none"),
+        (["--lora-dropout", "0.1"], "--lora-dropout describes LoRA, which is off without a rank"),
+        (["--lora-rank", "8", "--freeze", "layers.0"], "--freeze names modules frozen in a full fine-tune"),
+        (["--lora-rank", "-1"], "--lora-rank"),
+    ],
+)
+def test_cli_activations_fine_tuning_bad_input(args: list[str], fragment: str) -> None:
     one_line_error(runner.invoke(app, ["validate", "activations", *args]), fragment)

@@ -280,6 +280,55 @@ def test_torchaos_fp8_all_gather_agrees_to_the_byte_where_no_cast_meets_a_peak()
     assert measured.start_allocated - plain.start_allocated == 7 * 2 * 512  # 14 scales, 512 B blocks
 
 
+LORA_STATE_LINES = ("start_allocated", "after_backward", "optimizer_peak")
+"""The lines a LoRA step's model states decide (its activations wait for the model code's fine-tuning
+saves): the tracker's figures of the tiny Llama, LoRA r 8 (PEFT 0.21, default targets q_proj and v_proj,
+bf16 base) at b 2 × 64, torch 2.13.0, transformers 5.17.0."""
+
+
+def _lora_case(world: int) -> tuple[Any, Any, Any]:
+    config = TINY_CONFIGS["llama"]
+    arch = architecture_from_hf_dict(config, "llama", "llama")
+    case = fake.FakeCase(
+        model="llama", world=world, micro_batch=2, seq_len=64, recompute=Recompute.NONE, reshard=True,
+        lora_rank=8,
+    )  # fmt: skip
+    return config, fake.request_for(arch, case), case
+
+
+@pytest.mark.parametrize(("world", "start", "after_backward", "optimizer"),
+                         [(8, 132_096, 136_192, 140_288), (64, 34_816, 37_888, 41_984)])  # fmt: skip
+def test_a_lora_steps_model_states_are_the_trackers(world: int, start: int, after_backward: int,
+                                                    optimizer: int) -> None:  # fmt: skip
+    """World 8: the bf16 base's shards 121,344 B, the adapters' AdamW states 16 × 512 B (two per adapter,
+    each its own 512 B block), the inputs and buffers; after backward the adapters' sharded fp32 gradients
+    (one reduce-scatter output per block), then the foreach temporaries."""
+    _, request, case = _lora_case(world)
+    predicted = fake.predict(request, case)[0]
+    assert (predicted.start_allocated, predicted.after_backward, predicted.optimizer_peak) == (
+        start,
+        after_backward,
+        optimizer,
+    )
+    assert "LoRA" in (fake.not_claimed(TINY_CONFIGS["llama"], request.architecture, case) or "")
+
+
+@needs_torch
+@pytest.mark.slow
+def test_peft_lora_under_fake_tensors_and_fsdp2_at_world_8() -> None:
+    from zerocalc.validate import fake_step
+
+    config, request, case = _lora_case(8)
+    measured, seconds = fake_step.run(config, 8, 2, 64, True, False, None, 8)
+    result = fake.compare(request, case, measured, seconds, config)
+    lines = {line.line: line for line in result.lines}
+    exact = [label for label, field in fake.ALLOCATED_LINES if field in LORA_STATE_LINES]
+    assert all(lines[label].ok for label in exact), [
+        (line.line, line.measured - line.predicted) for line in result.lines
+    ]
+    assert not result.exact and result.ok  # the activation lines: shown, not claimed
+
+
 SLOW_CASES = [
     ("llama", 8, "full", True), ("llama", 8, "none", False), ("llama", 64, "full", False),
     ("mixtral", 64, "none", True), ("gemma3_text", 8, "none", True), ("qwen3", 8, "full", True),
@@ -461,6 +510,8 @@ def test_cli_validate_fake_tp_refuses_a_tied_head(tmp_path: Path) -> None:
         (["fake", "--tp", "2", "--model", "qwen3-8b"], "TP plan does not cover (k_norm, q_norm)"),
         (["fake", "--fp8", "delayed"], "--fp8 'delayed' is not accepted; accepted: none, tensorwise"),
         (["fake", "--fp8", "rowwise", "--fp8-all-gather"], "--fp8-all-gather with --fp8 rowwise"),
+        (["fake", "--lora-rank", "8", "--tp", "2"], "--lora-rank with --tp or --fp8: not built here"),
+        (["fake", "--lora-rank", "x"], "--lora-rank 'x' is not accepted; accepted: a whole number"),
     ],
 )
 def test_cli_validate_fake_refuses_in_one_line(args: list[str], says: str) -> None:

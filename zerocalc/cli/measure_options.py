@@ -27,7 +27,7 @@ from enum import StrEnum
 from typing import Any
 
 from zerocalc.bench.defaults import DEFAULT_COLLECTIVES_TEXT, DEFAULT_ITERS, DEFAULT_TIMEOUT_S, DEFAULT_WARMUP
-from zerocalc.request.options import Command, Kind, Option, option
+from zerocalc.request.options import FINETUNE_OPTIONS, Command, Kind, Option, option
 
 
 class Measure(StrEnum):
@@ -114,7 +114,10 @@ MEASURE_OPTIONS: tuple[Option, ...] = (
     _opt("grad_sync", ("--grad-sync",),
          "Comma list of every, last: gradients reduced every micro-batch, or only on the last (no_sync() or "
          "FSDP2 gradient sync off before).", {FRAMEWORKS}, default="every"),
-    _opt("attention", ("--attention",), "Comma list of sdpa, eager.", {ACTIVATIONS}, default="sdpa,eager"),
+    _opt("attention", ("--attention",), "Comma list of sdpa, eager (fine-tuning: sdpa).", {ACTIVATIONS},
+         default="sdpa,eager"),
+    # the fine-tuning measured (memory's records: PEFT LoRA/DoRA, a bitsandbytes 4-bit base, --freeze)
+    *(_memory(name, ACTIVATIONS) for name in FINETUNE_OPTIONS),
     _opt("recompute", ("--recompute",), "Comma list of none, full (activation checkpointing).", {FAKE},
          default="none"),
     _opt("reshard", ("--reshard",), "Comma list of yes, no (FSDP2 reshard_after_forward).",
@@ -138,6 +141,9 @@ MEASURE_OPTIONS: tuple[Option, ...] = (
     _opt("loss_parallel", ("--loss-parallel",),
          "With t ≥ 2: the logits stay sharded over the vocabulary into the cross entropy (loss_parallel).",
          {TP, FAKE}, default=True, kind=Kind.SWITCH, negative="--no-loss-parallel"),
+    _opt("lora_rank", ("--lora-rank",),
+         "PEFT LoRA of rank R on the model's default targets (its base frozen in bf16, adapters fp32); "
+         "0: full training.", {FAKE}, default=0, metavar="R"),
     _opt("pp", ("--pp",),
          "p: pipeline stages of torch.distributed.pipelining's Schedule1F1B (pp × dp ranks, pipeline "
          "outermost); 2 or more.", {PIPELINE, FAKE_PIPELINE}, default=2, metavar="P"),

@@ -19,10 +19,6 @@ if TYPE_CHECKING:
 
 
 NO_ARCHITECTURE_PEAK = "activations, buffers and the peak of a step need --model"
-FINETUNE_PEAK = (
-    "the peak of a fine-tuning step (activations, the adapters' saved tensors, the dequantised weights) "
-    "is not modelled yet"
-)
 
 
 @app.command(cls=PlainTextCommand)
@@ -43,8 +39,8 @@ def memory(values: dict[str, Any], given_flags: frozenset[str]) -> None:
 
     timeline, snapshot_out = values["timeline"], values["snapshot_out"]
     _check_pictures(request, timeline, snapshot_out, json)
-    if request.model.architecture is None or request.finetune is not None:
-        if request.framework.value != "paper" and request.finetune is None:  # the framework's own accounting
+    if request.model.architecture is None:
+        if request.framework.value != "paper":  # the framework's own accounting
             from zerocalc.peak.evaluate import evaluate
 
             report = given(evaluate(request))
@@ -63,9 +59,7 @@ def memory(values: dict[str, Any], given_flags: frozenset[str]) -> None:
                 print_json(estimate)
                 return
             render_memory(console(), estimate, unit)
-        console().print(
-            f"[dim]· model states only: {FINETUNE_PEAK if request.finetune else NO_ARCHITECTURE_PEAK}[/dim]"
-        )
+        console().print(f"[dim]· model states only: {NO_ARCHITECTURE_PEAK}[/dim]")
         return
     from zerocalc.peak.evaluate import evaluate_peak
 
@@ -93,10 +87,8 @@ def _check_pictures(request: TrainingRequest, timeline: bool, snapshot_out: str 
     from zerocalc.base.atomic import unwritable
     from zerocalc.base.errors import InputError, shown
 
-    if request.model.architecture is None or request.finetune is not None:
+    if request.model.architecture is None:
         for given, option in ((timeline, "--timeline"), (snapshot_out is not None, "--snapshot-out")):
-            if given and request.finetune is not None:
-                raise InputError(f"{option} draws the peak of a step; {FINETUNE_PEAK}")
             if given:
                 raise InputError(f"{option} needs --model: a step's events need the model's architecture")
     if timeline and json:

@@ -22,11 +22,24 @@ def activations(values: dict[str, Any], given: frozenset[str]) -> None:
 
     Measure the saved tensors (saved_tensors_hooks, storages deduplicated) of tiny configs of every family,
     or of --model; compare them, region by region and to the byte, with the hf model profile (needs
-    transformers)."""
-    from zerocalc.model.code import HF_EAGER_ONLY
+    transformers). With --lora-rank (--quantize, --dora, --lora-dropout, --freeze, ...): the PEFT model
+    (and the bitsandbytes 4-bit base) built on the CPU, against the fine-tuning forward's profile."""
+    from types import SimpleNamespace
+
+    from zerocalc.model.code import HF_EAGER_ONLY, TUNED_FAMILIES
+    from zerocalc.request.finetune import finetune_of_options
+    from zerocalc.request.options import FINETUNE_OPTIONS
     from zerocalc.validate.saved import ATTENTIONS, TINY_CONFIGS
 
     precision, attention, family = values["precision"], values["attention"], values["family"]
+    finetune = finetune_of_options(SimpleNamespace(**{name: values.get(name) for name in FINETUNE_OPTIONS}))
+    if finetune is not None:
+        if finetune.quant is not None and finetune.quant.method.value == "int8":
+            raise InputError(
+                "{quantize} 'int8' is not measured here (LLM.int8's MatMul8bitFp); accepted: none, nf4, fp4"
+            )
+        if "attention" not in given:
+            attention = "sdpa"
     dtypes = [
         {"fp32": "fp32", "bf16-mixed": "bf16"}[p]
         for p in comma_list(precision, "--precision", ("fp32", "bf16-mixed"), allow_all=False)
@@ -37,8 +50,23 @@ def activations(values: dict[str, Any], given: frozenset[str]) -> None:
         if family.strip().lower() != "all":
             raise InputError(f"--family {family!r} with --model is not accepted; accepted: one of the two")
         models = [hf_config(values["model"], "activations")]
+    elif finetune is not None:
+        tuned = tuple(f for f in TINY_CONFIGS if f in TUNED_FAMILIES)
+        models = [(f, TINY_CONFIGS[f]) for f in comma_list(family, "--family", tuned, True)]
     else:
         models = [(f, TINY_CONFIGS[f]) for f in comma_list(family, "--family", tuple(TINY_CONFIGS), True)]
+    if finetune is not None:
+        if "eager" in attentions:
+            raise InputError(
+                "--attention 'eager' is not accepted with fine-tuning (its forward is written out for SDPA); "
+                "accepted: sdpa"
+            )
+        untuned = sorted({str(config.get("model_type")) for _, config in models} - TUNED_FAMILIES)
+        if untuned:
+            raise InputError(
+                f"--model of {', '.join(untuned)} is not accepted with fine-tuning; accepted: a config.json "
+                f"of {', '.join(sorted(TUNED_FAMILIES))}"
+            )
     eager_only = sorted({str(config.get("model_type")) for _, config in models} & set(HF_EAGER_ONLY))
     if attentions == ["sdpa"] and len(eager_only) == len(models):
         raise InputError(
@@ -46,9 +74,19 @@ def activations(values: dict[str, Any], given: frozenset[str]) -> None:
             "SDPA: _supports_sdpa = False); accepted: eager"
         )
     require_torch(transformers="activations")
+    if finetune is not None:
+        import importlib.util
+
+        needed = ["peft"] + (["bitsandbytes"] if finetune.quantized else [])
+        missing = [name for name in needed if importlib.util.find_spec(name) is None]
+        if missing:
+            raise InputError(
+                f"validate activations with fine-tuning needs {', '.join(missing)}; accepted: pip install "
+                "'zerocalc[test]' (peft 0.21.2, bitsandbytes 0.50.2), or no fine-tuning option"
+            )
     from zerocalc.validate import saved_measure
 
-    report = saved_measure.run_cases(models, dtypes, attentions, [(b, s)])
+    report = saved_measure.run_cases(models, dtypes, attentions, [(b, s)], finetune)
     finish(report, values["json"], render_activations, report.all_match)
 
 
@@ -61,6 +99,11 @@ def render_activations(report) -> None:
         f"Saved activations of one training forward, hf profile vs torch {report.torch} + transformers "
         f"{report.transformers} on the CPU (saved_tensors_hooks; bytes per storage)"
     )
+    tunings = sorted({case.tuning for case in report.cases if case.tuning})
+    if tunings:
+        out.print(
+            f"Fine-tuning: {', '.join(tunings)} (PEFT {report.peft}, bitsandbytes {report.bitsandbytes})"
+        )
     keys, predicted, measured, difference, marks = [], [], [], [], []
     for case in report.cases:
         keys.append(f"{case.model} {case.dtype} {case.attention} b={case.micro_batch} s={case.seq_len}")

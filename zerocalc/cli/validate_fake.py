@@ -13,7 +13,7 @@ from typing import Any
 
 from zerocalc.base.errors import InputError
 from zerocalc.cli.measure_options import Measure
-from zerocalc.cli.options import comma_list, takes_measure
+from zerocalc.cli.options import comma_list, takes_measure, whole_number
 from zerocalc.cli.validate_common import MAX_RANKS, finish, require_torch, reshards, shape
 
 
@@ -33,6 +33,7 @@ def fake(values: dict[str, Any], given: frozenset[str]) -> None:
     and a fake process group of --world ranks (FSDPMemTracker); compare each phase's allocated bytes with
     the step timeline, exactly (needs transformers). Without --model: a tiny Llama."""
     from zerocalc.model.activations import Recompute
+    from zerocalc.parallel.precision import Fp8RecipeName
     from zerocalc.validate.fake import RECOMPUTES, FakeCase, request_for
     from zerocalc.validate.tp import check_tp_model
 
@@ -71,11 +72,15 @@ def fake(values: dict[str, Any], given: frozenset[str]) -> None:
                 f"--seq-len a multiple of {t} (or --no-sequence-parallel)"
             )
     fp8 = _fp8(values["fp8"], values["fp8_all_gather"], tps)
+    lora = whole_number(values["lora_rank"], "--lora-rank") or 0
+    if lora and (max(tps) > 1 or fp8 is not Fp8RecipeName.NONE):
+        raise InputError("--lora-rank with --tp or --fp8: not built here; accepted: --tp 1, --fp8 none")
     name, config, arch = _fake_model(model, tp=max(tps) > 1)
     cases = [
         FakeCase(
             model=name, world=w, micro_batch=micro_batch, seq_len=seq_len, recompute=r, reshard=rs, tp=t,
             sequence_parallel=sp, loss_parallel=lp, fp8=fp8, fp8_all_gather=values["fp8_all_gather"],
+            lora_rank=lora,
         )
         for w in dict.fromkeys(worlds)
         for t in tps

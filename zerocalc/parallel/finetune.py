@@ -17,9 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
-from zerocalc.model.adapters import ALL_LINEAR, adapter_tensors, peft_plan, saved_tensors
+from zerocalc.model.adapters import ALL_LINEAR, AdapterLayer, adapter_tensors, peft_plan, saved_tensors
 from zerocalc.model.architecture import Architecture, ParamTensor, parameter_tensors
-from zerocalc.model.hf_modules import hf_name
+from zerocalc.model.code.finetune import ForwardTuning
+from zerocalc.model.hf_modules import hf_modules, hf_name
 from zerocalc.model.quantized import Part, QuantMethod, StoragePart, quantized_modules, weight_storage
 from zerocalc.parallel.precision import ParamKind, QuantDtypes
 
@@ -262,4 +263,46 @@ def finetune_counts(arch: Architecture, finetune: FineTuning | None) -> FineTune
         adapters=sum(k.tensor.numel for k in kinded if k.kind is ParamKind.ADAPTER),
         saved_copies=sum(t.numel for t in copies),
         quantized=quantized,
+    )
+
+
+def forward_tuning(arch: Architecture, finetune: FineTuning, checkpointed: bool = False) -> ForwardTuning:
+    """What ``finetune`` changes in the forward's saved tensors (the activation model's input,
+    :class:`zerocalc.model.code.ForwardTuning`), from the tensors' kinds (:func:`parameter_kinds`), PEFT's
+    plan and the quantised modules. ``checkpointed``: gradient checkpointing is on, so the input embeddings'
+    output requires grad (``enable_input_require_grads``: PEFT's ``_prepare_model_for_gradient_checkpointing``
+    when the model checkpoints, ``prepare_model_for_kbit_training(use_gradient_checkpointing=True)``)."""
+    kinded = parameter_kinds(arch, finetune)
+    trainable = {k.tensor for k in kinded if k.kind is ParamKind.TRAINABLE}
+    # a module is trained when a tensor it holds is (GPT-2's c_attn holds q, k and v); a tied LM head holds
+    # none: it is the embedding's weight
+    trained = {
+        m.module
+        for m in hf_modules(arch)
+        if any(t in trainable for t in m.tensors)
+        or (not m.tensors and m.module == "lm_head" and any(t.module == "embed_tokens" for t in trainable))
+    }
+    adapted: list[tuple[str, int]] = []
+    if finetune.lora is not None:
+        plan = peft_plan(arch, finetune.lora)
+        trained = {m.module for saved in plan.saved for m in saved.members}
+        for a in plan.adapted:
+            if a.layer is not AdapterLayer.LINEAR:
+                raise InputError(
+                    f"{{lora_targets}} adapts {a.module.hf_name} ({a.layer.value}), whose saved tensors are "
+                    "not modelled; accepted: Linear and Conv1D targets"
+                )
+            adapted.append((a.module.module, a.rank))
+    quantized: frozenset[str] = frozenset()
+    if finetune.quantized:
+        assert finetune.quant is not None
+        quantized = frozenset(m.module for m in quantized_modules(arch, finetune.quant.skip_modules))
+    return ForwardTuning(
+        trained=frozenset(trained),
+        adapted=tuple(adapted),
+        dropout=finetune.lora.dropout if finetune.lora is not None else 0.0,
+        dora=finetune.lora.dora if finetune.lora is not None else False,
+        quantized=quantized,
+        fp32_stream=finetune.kbit_prepared,
+        input_requires_grad=checkpointed,
     )

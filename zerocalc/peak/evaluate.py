@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import re
 
-from zerocalc.base.errors import InputError
 from zerocalc.base.parts import Part
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import PipelineStage
@@ -32,6 +31,7 @@ from zerocalc.parallel.frameworks import TORCH_SOURCES
 from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.pipeline import in_flight
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName
+from zerocalc.peak.finetune import FINETUNE_SOURCES, finetune_note
 from zerocalc.peak.kinds import TensorKind
 from zerocalc.peak.report import (
     FrameworkStates,
@@ -164,7 +164,9 @@ def term_sources(
         TensorKind.BLOCK_REMAINDERS: "c10/cuda/CUDACachingAllocator.cpp: blocks handed out whole "
         "(a remainder of at most 1 MiB is not split off)",
     }
-    if setup is None:
+    if request.finetune is not None:
+        sources.update(FINETUNE_SOURCES)
+    elif setup is None:
         for kind in TensorKind:
             own = list(dict.fromkeys(line.source for line in states if line.kind is kind))
             if own:
@@ -388,6 +390,11 @@ def _notes(request: TrainingRequest) -> list[str]:
             f"{request.grad_accum} micro-batches, as many as it holds in flight (parallel.pipeline.window); "
             "the gradients of the earlier ones are resident"
         )
+    elif request.grad_accum > 1 and request.finetune is not None:
+        notes.append(
+            f"the timeline is the last of {request.grad_accum} micro-batches: the trained gradients of the "
+            "earlier ones are resident (kept sharded; on the host under CPU offload)"
+        )
     elif request.grad_accum > 1:
         notes.append(
             f"the timeline is the last of {request.grad_accum} micro-batches: the gradients of the earlier "
@@ -398,6 +405,8 @@ def _notes(request: TrainingRequest) -> list[str]:
             "{recompute} selective drops attention's s²-sized tensors; flash attention keeps none, so it "
             "changes nothing here"
         )
+    if request.finetune is not None:
+        notes.append(finetune_note(request))
     if request.gpu is None:
         notes.append(
             "no {gpu}: the runtime figures (context, NCCL, cuBLAS workspaces) are the "
@@ -409,13 +418,8 @@ def _notes(request: TrainingRequest) -> list[str]:
 def evaluate_peak(request: TrainingRequest) -> MemoryReport:
     """Model states and the peak of one step per strategy, for a request with an architecture (pure).
 
-    The model-state rows carry no fits/headroom here: with a step to simulate, the peak decides."""
-    if request.finetune is not None:
-        raise InputError(
-            "the peak of a fine-tuning step (the adapters' saved tensors, the dequantised weights) is not "
-            "modelled yet; accepted: its model states (estimate_memory, zerocalc memory), or no "
-            "fine-tuning option"
-        )
+    The model-state rows carry no fits/headroom here: with a step to simulate, the peak decides. A
+    fine-tuning run's step is :mod:`zerocalc.peak.finetune`'s."""
     estimate = evaluate_memory(request)
     profile = request.framework_record
     runtime = runtime_for(request)
@@ -457,7 +461,7 @@ def framework_states(request: TrainingRequest, estimate: MemoryEstimate) -> list
 def evaluate(request: TrainingRequest) -> MemoryReport:
     """``zerocalc memory``: model states, the framework's own accounting of them when only Ψ is known,
     and the peak when the request has an architecture."""
-    if request.model.architecture is None or request.finetune is not None:
+    if request.model.architecture is None:
         estimate = evaluate_memory(request)
         paper = request.framework_record.states is StatesModel.PAPER or request.finetune is not None
         own = None if paper else framework_states(request, estimate)

@@ -17,11 +17,13 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from zerocalc.base.dtypes import DType
+from zerocalc.base.errors import InputError
 from zerocalc.base.parts import Part
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, ParamTensor, PipelineStage
-from zerocalc.model.code import MODEL_CODES, Device, Shape, layer_saves
+from zerocalc.model.code import MODEL_CODES, Device, ForwardTuning, Shape, layer_saves, tuning_unsupported
 from zerocalc.network.schedule import GradSync
+from zerocalc.parallel.finetune import forward_tuning
 from zerocalc.parallel.framework_records import effective_grad_sync
 from zerocalc.parallel.framework_records.record import StatesModel, Wrap
 from zerocalc.parallel.frameworks import Fsdp1Sharding, TorchWrapper
@@ -29,6 +31,7 @@ from zerocalc.parallel.mesh import PpSchedule
 from zerocalc.parallel.pipeline import boundary_elements, in_flight, rank_passes, window
 from zerocalc.parallel.strategies import STRATEGIES, BufferRule, OffloadTarget, StrategyName
 from zerocalc.peak.allocator import CachingAllocator
+from zerocalc.peak.finetune import finetune_mechanics, forward_transients
 from zerocalc.peak.fp8 import fp8_gather_bytes
 from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.peak.ledger import Event, Ledger
@@ -196,7 +199,27 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
         checkpoint_every=request.activations.checkpoint_every,
         layer_params=tuple(tuple(unit.params) for _, unit in units[:-1]),
         stage=stage_plan(request, act),
+        tuning=_tuning(request),
+        forward_transients=forward_transients(request),
     )
+
+
+def _tuning(request: TrainingRequest) -> ForwardTuning | None:
+    """A fine-tuning run's forward (:func:`~zerocalc.parallel.finetune.forward_tuning`: gradient
+    checkpointing makes the embeddings' output require grad); None: full training."""
+    if request.finetune is None:
+        return None
+    impl = MODEL_CODES[request.model_code]
+    reason = tuning_unsupported(request.architecture, flash_attention_used(request))
+    if not impl.transformers_modules:
+        reason = (
+            f"{{model_impl}} {request.model_code.value}: the saved tensors of a fine-tuning forward are "
+            "written out for transformers' code"
+        )
+    if reason is not None:
+        raise InputError(f"the peak of a fine-tuning step: {reason}; accepted: {{model_impl}} hf")
+    checkpointed = request.activations.recompute is not Recompute.NONE
+    return forward_tuning(request.architecture, request.finetune, checkpointed=checkpointed)
 
 
 def in_flight_saved_bytes(request: TrainingRequest) -> int:
@@ -333,6 +356,8 @@ def mechanics_for(
 def _mechanics(
     request: TrainingRequest, name: StrategyName, states: Sequence[StateLine], blocks: int | None
 ) -> tuple[Mechanics, int]:
+    if request.finetune is not None:  # every framework's fine-tuning step: its kinds of tensor
+        return finetune_mechanics(request, name), activation_bytes(request)
     strategy = STRATEGIES[name]
     dtypes = request.dtypes.trained
     optimizer_impl = request.optimizer_impl

@@ -224,11 +224,58 @@ def _torch(request: TrainingRequest, strategy: Strategy) -> StateLines:
     )
 
 
+_FINETUNE_NAMES = {
+    StateKind.PARAMS: "trained parameters (adapters, copies, unfrozen)",
+    StateKind.FROZEN: "frozen parameters",
+    StateKind.QUANTIZED: "quantised weights (packed + absmax + code tables)",
+    StateKind.GRADS: "gradients of the trained parameters",
+    StateKind.GRAD_ACCUM: "fp32 gradient accumulation (trained)",
+    StateKind.OPTIMIZER: "optimizer states of the trained parameters",
+}
+_FINETUNE_KINDS = {
+    **_KINDS,
+    StateKind.FROZEN: TensorKind.PARAMETERS,
+    StateKind.QUANTIZED: TensorKind.PARAMETERS,
+}
+
+
+def _finetune(request: TrainingRequest, strategy: Strategy) -> StateLines:
+    """A fine-tuning run's states on the GPU, kind by kind, as ``memory``'s row counts them
+    (:func:`zerocalc.states.memory.finetune_states`: the kinds of :func:`~zerocalc.parallel.finetune.
+    parameter_kinds`, the dtypes of the precision record), whatever the framework's accounting of full
+    training; the step holds them tensor by tensor (:mod:`zerocalc.peak.finetune`). Host bytes per node:
+    the states FSDP's CPU offload (or an offloaded optimizer) keeps there, every rank of the node its own."""
+    states = strategy_states(strategy, request)
+    lines = [
+        StateLine(
+            kind=_FINETUNE_KINDS[s.kind],
+            name=_FINETUNE_NAMES[s.kind],
+            bytes=s.bytes,
+            source="zerocalc.states.memory.finetune_states (PEFT 0.21, bitsandbytes 0.50)",
+        )
+        for s in states
+        if s.location is Location.GPU and s.bytes
+    ]
+    host = bytes_at(states, Location.CPU)
+    return StateLines(lines, host * request.mesh.gpus_per_node if host else None)
+
+
 StateBuilder = Callable[[TrainingRequest, Strategy], StateLines]
 
+
+def _or_finetune(builder: StateBuilder) -> StateBuilder:
+    """``builder``, or for a fine-tuning run :func:`_finetune`'s lines (one accounting of its kinds)."""
+
+    def lines(request: TrainingRequest, strategy: Strategy) -> StateLines:
+        return _finetune(request, strategy) if request.finetune is not None else builder(request, strategy)
+
+    lines.__doc__ = builder.__doc__
+    return lines
+
+
 STATE_BUILDERS: dict[StatesModel, StateBuilder] = {
-    StatesModel.PAPER: _paper,
-    StatesModel.DEEPSPEED_ESTIMATOR: _deepspeed,
-    StatesModel.MEGATRON_DISTRIBUTED_OPTIMIZER: _megatron,
-    StatesModel.TORCH_EXACT: _torch,
+    StatesModel.PAPER: _or_finetune(_paper),
+    StatesModel.DEEPSPEED_ESTIMATOR: _or_finetune(_deepspeed),
+    StatesModel.MEGATRON_DISTRIBUTED_OPTIMIZER: _or_finetune(_megatron),
+    StatesModel.TORCH_EXACT: _or_finetune(_torch),
 }

@@ -37,6 +37,7 @@ from zerocalc.model.code import (
     FP32,
     INT64,
     Device,
+    ForwardTuning,
     LayerSaves,
     ModelCode,
     OpSacLayer,
@@ -110,6 +111,13 @@ class StepShape(NamedTuple):
     checkpoint_every: int = 1
     """Under full recompute, the layers checkpointed: the rank's N-th, 2N-th, … (torchtitan's
     ``selective_ac_option`` N, ``_apply_layer_sac``: a counter over the blocks it wraps); 1: every one."""
+    forward_transients: tuple[int, ...] = ()
+    """Per block of a fine-tuning run, what one of its Linears holds for a moment in forward beside the
+    layer's tensors (a 4-bit weight dequantised, DoRA's norm: :func:`zerocalc.peak.finetune.
+    forward_transients`); () for none."""
+    tuning: ForwardTuning | None = None
+    """A fine-tuning run's forward (what its layers save: :func:`~zerocalc.model.code.layer_saves`'s
+    ``tuning``); None: every parameter trained."""
     saves: dict[tuple[bool, bool], LayerSaves] | None = None
     """Where the step finds and keeps its layers' saves, per kind of layer (mixture-of-experts or not) and
     cache use: steps of one micro-batch and recompute whose blocks are alike may share one (the plan's
@@ -279,7 +287,7 @@ class _Passes:
         if key not in self._saves:
             saves = layer_saves(
                 step.impl, arch, i, step.shape, step.act, step.device, use_cache=use_cache, flash=step.flash,
-                selective=self.selective,
+                selective=self.selective, tuning=step.tuning,
             )  # fmt: skip
             self._saves[key] = saves._replace(program=Program(saves.program))
         return self._saves[key]
@@ -396,6 +404,8 @@ class _Passes:
         kept.add(received)
         for i in layers:
             mechanics.pre_forward(led, i)
+            if step.forward_transients:
+                led.alloc(f"layer {i} dequantised weight{tag}", step.forward_transients[i], TRANSIENT)
             if self.first_step and cuda and not led.has(workspace(runtime, "forward")):
                 led.alloc(workspace(runtime, "forward"), runtime.cublas_workspace, RUNTIME)
             new = f"hidden {i + 1}{tag}"
@@ -450,6 +460,7 @@ class _Passes:
                 if not saves.keeps_input and hidden not in kept:
                     led.free(hidden)
                 hidden = new
+            led.free(f"layer {i} dequantised weight{tag}")
             mechanics.post_forward(led, i)
 
         if not head:

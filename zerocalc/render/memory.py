@@ -115,6 +115,25 @@ def _state_columns(estimate: MemoryEstimate, unit: ByteUnit) -> list[tuple[Colum
     return columns
 
 
+def _finetune_phrases(estimate: MemoryEstimate, unit: ByteUnit) -> list[str]:
+    """A fine-tuning run's heading: the trained parameters with their bytes per parameter (stored,
+    gradient, optimizer), the frozen and the quantised parameters with their whole model's bytes."""
+    summary = estimate.finetune
+    assert summary is not None
+    bpp, counts = estimate.bytes_per_parameter, summary.counts
+    extra = f" + {bpp.grad_accum}" if bpp.grad_accum else ""
+    quantized = counts.quantized
+    frozen = counts.frozen - (quantized.weights if quantized is not None else 0)
+    phrases = [
+        f"trained {counts.trainable:,}",
+        f"(b_p = {bpp.b_p}, b_g = {bpp.b_g}, K = {bpp.k:g}{extra} bytes each),",
+        f"frozen {frozen:,} ({byte_text(summary.frozen_bytes, unit)})" + ("," if quantized else ";"),
+    ]
+    if quantized is not None:
+        phrases.append(f"quantised {quantized.weights:,} ({byte_text(summary.quantized_bytes, unit)});")
+    return phrases
+
+
 def render_memory(out: Output, estimate: MemoryEstimate, unit: ByteUnit) -> None:
     """The model-state table: a line on the model, the GPU and the recipe, a row per strategy, then the
     assumptions and notes."""
@@ -152,9 +171,11 @@ def render_memory(out: Output, estimate: MemoryEstimate, unit: ByteUnit) -> None
         ),
         *([f"Ψ_s = {request.rank_params:,} on the largest stage,"] if request.mesh.pp > 1 else []),
         f"{request.precision.value} + {request.optimizer.value}:",
-        f"b_p = {bpp.b_p},",
-        f"b_g = {bpp.b_g},",
-        f"K = {k} bytes/param{extra};",
+        *(
+            _finetune_phrases(estimate, unit)
+            if estimate.finetune is not None
+            else [f"b_p = {bpp.b_p},", f"b_g = {bpp.b_g},", f"K = {k} bytes/param{extra};"]
+        ),
         f"units: {unit_label(unit)}",
     )
     capacity = request.states_capacity_bytes

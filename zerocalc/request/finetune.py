@@ -461,3 +461,25 @@ def finetune_problem(record: FrameworkRecord, request: TrainingRequest) -> str |
 
 def _tunes(record: FrameworkRecord) -> bool:
     return record.states in FINETUNE_STATES and record.framework is not Framework.TORCH_ZERO1
+
+
+def finetune_of_options(o: Any) -> FineTuning | None:
+    """The fine-tuning the options alone describe (``o``: the fine-tuning options as attributes, as in
+    :class:`TrainingOptions`; no config.json's ``quantization_config``): ``validate activations``'. None
+    when they describe none."""
+    lora = _lora(o)
+    quant = _quant(o, None)
+    freeze = () if o.freeze is None else _names(o.freeze, "{freeze}")
+    if lora is None and quant is None and not freeze:
+        return None
+    if quant is not None and lora is None:
+        raise InputError(
+            f"a quantised base ({quant.method.value}: {{quantize}}) is frozen and trained through adapters; "
+            "accepted: with {lora_rank} R (QLoRA), or {quantize} none"
+        )
+    if freeze and lora is not None:
+        raise InputError(
+            "{freeze} names modules frozen in a full fine-tune, and LoRA freezes the whole base; accepted: "
+            "{freeze} without {lora_rank}, or {modules_to_save} for modules LoRA trains in full"
+        )
+    return FineTuning(lora=lora, quant=quant, freeze=freeze)

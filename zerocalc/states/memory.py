@@ -39,6 +39,7 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.parts import Part
 from zerocalc.base.units import ceil_div, format_count, gib, plural, summary_repr
 from zerocalc.model.architecture import ParameterCount, ParamTensor, expert_parameters
+from zerocalc.model.quantized import Part as QuantPart
 from zerocalc.network.cluster import Cluster, RankGroup
 from zerocalc.parallel.finetune import (
     FineTuneCounts,
@@ -212,6 +213,11 @@ class FineTuneSummary(BaseModel):
 
     method: FineTuning
     counts: FineTuneCounts
+    trained_bytes: int = Field(description="the trained tensors in their stored dtype, the whole model")
+    frozen_bytes: int = Field(
+        description="the frozen tensors (quantised weights aside) in their stored dtype, the whole model"
+    )
+    quantized_bytes: int = Field(description="the quantised weights' storage, every part (0: none)")
 
 
 class MemoryEstimate(TableDisplay, BaseModel):
@@ -430,6 +436,9 @@ def strategy_states(strategy: Strategy, request: TrainingRequest) -> list[StateS
 
 
 TRAINED_KINDS = (ParamKind.TRAINABLE, ParamKind.ADAPTER)
+QUANT_DATA_PARTS = (QuantPart.PACKED, QuantPart.INT8_WEIGHT)
+"""The parts of a quantised weight that are its parameter's data (sharded, gathered and offloaded as a
+parameter); the others are its ``QuantState`` (:func:`finetune_states`)."""
 FROZEN_KINDS = (ParamKind.FROZEN, ParamKind.FROZEN_BASE)
 
 
@@ -476,6 +485,17 @@ def finetune_dtypes(request: TrainingRequest, kind: ParamKind) -> TensorDtypes:
     )
 
 
+def finetune_shard(request: TrainingRequest, tensor: ParamTensor, d: int) -> int:
+    """The elements of ``tensor`` the largest of ``d`` ranks holds: FSDP2's rank 0 dim-0 chunk
+    (``_fsdp_param.py`` ``_chunk_with_empty``: ⌈rows/d⌉ rows, more than ⌈numel/d⌉ where a tensor has fewer
+    rows than ranks), else ⌈numel/d⌉ (FSDP1's flat parameter, ZeRO's partitions)."""
+    setup = request.framework_record.torch_setup(request.strategies[0])
+    if d > 1 and setup is not None and setup.wrapper is TorchWrapper.FSDP2:
+        rows = -(-tensor.shape[0] // d)
+        return min(rows, tensor.shape[0]) * (tensor.numel // tensor.shape[0])
+    return ceil_div(tensor.numel, d)
+
+
 def finetune_states(strategy: Strategy, request: TrainingRequest) -> list[StateShard]:
     """A fine-tuning run's model states on the largest rank (:func:`~zerocalc.parallel.finetune.
     parameter_kinds` decides each tensor's kind, the precision record its dtypes):
@@ -519,7 +539,10 @@ def finetune_states(strategy: Strategy, request: TrainingRequest) -> list[StateS
         tensors: list[tuple[ParamTensor, DType]], d: int, prefix: str
     ) -> list[tuple[int, dict[str, int]]]:
         return [
-            (ceil_div(t.numel, d), {f"{prefix}_{dt.value}": ceil_div(t.numel, d) * dt.bytes})
+            (
+                finetune_shard(request, t, d),
+                {f"{prefix}_{dt.value}": finetune_shard(request, t, d) * dt.bytes},
+            )
             for t, dt in tensors
         ]
 
@@ -545,8 +568,20 @@ def finetune_states(strategy: Strategy, request: TrainingRequest) -> list[StateS
     if finetune.quantized:
         assert finetune.quant is not None
         storage = quantized_storage(arch, finetune.quant)
-        parts = {f"quantized_{part.value}": ceil_div(size, d_params) for part, size in storage.parts.items()}
-        states.append(_sharded(StateKind.QUANTIZED, d_params, param_location, [(0, parts)], storage.weights))
+        # only the weight's data is a parameter (Params4bit.data, Int8Params.data), which FSDP and ZeRO-3
+        # shard and offload; its QuantState (absmax, the nested absmax, the code tables; Int8Params' SCB
+        # row scales) is a Python attribute of the parameter and of its Linear4bit (bitsandbytes 0.50
+        # bitsandbytes/nn/modules.py: Params4bit.quant_state, fix_4bit_weight_quant_state_from_module
+        # "the quant state got lost when the parameter got converted. This happens for example for fsdp"),
+        # neither a parameter nor a buffer: whole on every rank, on the GPU
+        data = {f"quantized_{p.value}": ceil_div(size, d_params) for p, size in storage.parts.items()
+                if p in QUANT_DATA_PARTS}  # fmt: skip
+        state = {
+            f"quantized_{p.value}": size for p, size in storage.parts.items() if p not in QUANT_DATA_PARTS
+        }
+        states.append(_sharded(StateKind.QUANTIZED, d_params, param_location, [(0, data)], storage.weights))
+        if state:
+            states.append(_sharded(StateKind.QUANTIZED, 1, Location.GPU, [(0, state)], 0))
     states.append(
         _sharded(
             StateKind.GRADS,
@@ -569,7 +604,7 @@ def finetune_states(strategy: Strategy, request: TrainingRequest) -> list[StateS
     held: list[tuple[int, dict[str, int]]] = []
     paged: list[tuple[int, dict[str, int]]] = []
     for t, dt in trained:
-        n = ceil_div(t.numel, d_optimizer)
+        n = finetune_shard(request, t, d_optimizer)
         parts = {f"master_{dt.master.value}": n * dt.master.bytes} if dt.master is not None else {}
         assert dt.optimizer_state is not None
         for name, size in optimizer.tensor_state_bytes(n, dt.optimizer_state).items():
@@ -783,6 +818,24 @@ def finetune_assumptions(request: TrainingRequest, counts: FineTuneCounts) -> li
     return lines
 
 
+def finetune_summary(request: TrainingRequest) -> FineTuneSummary:
+    """A fine-tuning run's counts and the whole model's bytes of each kind, each tensor in the dtype the
+    precision record stores its kind in."""
+    finetune = request.finetune
+    assert finetune is not None
+    arch = request.architecture
+    counts = finetune_counts(arch, finetune)
+    stored = {kind: finetune_dtypes(request, kind).stored.bytes for kind in (*TRAINED_KINDS, *FROZEN_KINDS)}
+    kinded = parameter_kinds(arch, finetune)
+    return FineTuneSummary(
+        method=finetune,
+        counts=counts,
+        trained_bytes=sum(k.tensor.numel * stored[k.kind] for k in kinded if k.kind in TRAINED_KINDS),
+        frozen_bytes=sum(k.tensor.numel * stored[k.kind] for k in kinded if k.kind in FROZEN_KINDS),
+        quantized_bytes=counts.quantized.total if counts.quantized is not None else 0,
+    )
+
+
 def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
     """Model states per GPU of every strategy of a validated request (pure)."""
     recipe = RECIPES[request.precision]
@@ -791,6 +844,9 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
     ddp_gpu_bytes = ddp_baseline_gpu_bytes(request)
     rows = [strategy_memory(STRATEGIES[name], request, ddp_gpu_bytes) for name in request.strategies]
 
+    if request.finetune is not None:  # the trained tensors' bytes: the adapters' dtypes under LoRA
+        trained_kind = ParamKind.ADAPTER if request.finetune.lora is not None else ParamKind.TRAINABLE
+        dtypes = finetune_dtypes(request, trained_kind).trained
     k = optimizer_bytes_per_parameter(dtypes, optimizer)
     bpp = BytesPerParameter(
         b_p=dtypes.stored.bytes,
@@ -807,9 +863,7 @@ def evaluate_memory(request: TrainingRequest) -> MemoryEstimate:
         assumptions.append(mesh_assumption(request))
     summary = None
     if request.finetune is not None:
-        summary = FineTuneSummary(
-            method=request.finetune, counts=finetune_counts(request.architecture, request.finetune)
-        )
+        summary = finetune_summary(request)
         assumptions += finetune_assumptions(request, summary.counts)
     if mesh.ep > 1:
         assumptions.append(routing_assumption(request))

@@ -65,6 +65,7 @@ class FakeCase(BaseModel):
     fp8: Fp8RecipeName = Fp8RecipeName.NONE
     """torchao's float8 recipe of every nn.Linear but the LM head (``--fp8-skip lm_head``)."""
     fp8_all_gather: bool = False
+    lora_rank: int = Field(default=0, description="PEFT LoRA's r on the default targets (0: full training)")
 
     @property
     def tp_plan(self) -> TpPlan | None:
@@ -89,6 +90,7 @@ class FakeCase(BaseModel):
         mesh = f"world {self.world}" if plan is None else f"world {self.world} = {plan.title}"
         fp8 = "" if self.fp8 is Fp8RecipeName.NONE else f", fp8 {self.fp8.value}"
         fp8 += " all-gather" if self.fp8_all_gather else ""
+        fp8 += f", LoRA r {self.lora_rank}" if self.lora_rank else ""
         return (
             f"{self.model}: FSDP2 {mesh}, b={self.micro_batch} s={self.seq_len}, "
             f"recompute {self.recompute.value}, {reshard}{fp8}"
@@ -122,6 +124,12 @@ def not_claimed(config: dict[str, Any], arch: Architecture, case: FakeCase) -> s
     """Why the case is measured and shown but not claimed exact (None: claimed). ``config`` is the
     config.json transformers builds (the sliding window is read there: the architecture has none)."""
     family = arch.family or "llama"
+    if case.lora_rank:
+        return (
+            "a LoRA step's layers are the model code's fine-tuning saves (zerocalc/model/code/finetune.py), "
+            "which count no in-layer transients, and under checkpointing the tracker holds tensors the "
+            "timeline does not name: measured and shown, not claimed exact"
+        )
     if case.fp8 is not Fp8RecipeName.NONE:
         return (
             "torchao's eager fp8 casts are not in the timeline: each cast of an n-element tensor holds an "
@@ -234,7 +242,7 @@ class FakeReport(BaseModel):
 def request_for(model: str, case: FakeCase) -> TrainingRequest:
     """``zerocalc memory --model MODEL --gpus N --framework fsdp2 --strategy zero3|shard_grad_op
     --reduce-dtype fp32 --model-impl hf --flash-attention --gpu h100-80gb`` with the case's b, s and
-    recompute: the recipe the fake run follows."""
+    recompute (and ``--lora-rank``): the recipe the fake run follows."""
     return parse_options(
         model=model,
         gpus=case.world,
@@ -253,6 +261,7 @@ def request_for(model: str, case: FakeCase) -> TrainingRequest:
         **FP8_SKIPPED if case.fp8 is not Fp8RecipeName.NONE else {},
         fp8=case.fp8.value,
         fp8_all_gather=case.fp8_all_gather,
+        lora_rank=case.lora_rank,
     )
 
 

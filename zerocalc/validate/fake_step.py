@@ -4,7 +4,8 @@ tensors, tracked phase by phase with PyTorch's ``FSDPMemTracker``.
 The recipe of :mod:`zerocalc.validate.cuda_step` at any world size, on the CPU: ``FakeTensorMode``
 (``torch/_subclasses/fake_tensor.py``: tensors with shapes and dtypes, no data) and the fake process group
 (``torch/testing/_internal/distributed/fake_pg.py``: every collective returns at once) of N ranks, this
-process being rank 0. ``AutoModelForCausalLM.from_config`` in fp32 (sdpa), every decoder layer then the
+process being rank 0. ``AutoModelForCausalLM.from_config`` in fp32 (sdpa; with ``--lora-rank``, bf16 and
+PEFT's LoRA on it: :func:`~zerocalc.validate.recipe.fsdp2_model`), every decoder layer then the
 root under ``fully_shard(mp_policy=MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32),
 reshard_after_forward=R)``, ``AdamW(foreach=True)``, ``labels = input_ids``, three steps, the third
 measured. ``torch/distributed/_tools/fsdp2_mem_tracker.py`` sees every storage the dispatcher creates and
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import math
 import time
 from collections.abc import Iterator
@@ -51,6 +53,36 @@ from zerocalc.validate.fake import FakeCase, FakeReport, TrackedStates, compare,
 from zerocalc.validate.phases import AllocatedPhases
 
 STEPS = 3
+
+_LIBRARY_NOISE = (
+    ("torchao", "Failed to load "),
+    ("torch.utils._pytree", "is an Enum subclass and is now natively supported"),
+)
+"""What importing transformers prints through torchao 0.18 (which transformers imports where it is
+installed): ``torchao/__init__.py`` logs a warning for each of its CUDA extensions a CPU-only torch cannot
+load, and its enums' ``register_constant`` calls make torch 2.13's ``torch/utils/_pytree.py`` log a
+deprecation per enum. Neither concerns a CPU run; each is dropped by a filter on the logger that emits
+it (:func:`_quiet_libraries`)."""
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, fragment: str):
+        super().__init__()
+        self.fragment = fragment
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.fragment not in record.getMessage()
+
+
+def _quiet_libraries() -> None:
+    """Filters on the loggers of :data:`_LIBRARY_NOISE`, once, before transformers is imported."""
+    for name, fragment in _LIBRARY_NOISE:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessage) and f.fragment == fragment for f in logger.filters):
+            logger.addFilter(_DropMessage(fragment))
+
+
+_quiet_libraries()
 
 
 @contextlib.contextmanager
@@ -118,7 +150,7 @@ def run_cases(
         recompute = case.recompute is Recompute.FULL
         fp8 = None if case.fp8 is Fp8RecipeName.NONE else (case.fp8.value, case.fp8_all_gather)
         measured, seconds = run(
-            config, case.world, case.micro_batch, case.seq_len, case.reshard, recompute, fp8
+            config, case.world, case.micro_batch, case.seq_len, case.reshard, recompute, fp8, case.lora_rank
         )
         results.append(compare(request, case, measured, seconds, config))
     tp_results = []
@@ -141,11 +173,12 @@ def run(
     reshard: bool,
     recompute: bool,
     fp8: tuple[str, bool] | None = None,
+    lora: int = 0,
 ) -> tuple[AllocatedPhases, float]:
     """One case: its third step's allocated figures (bytes on the largest rank, rank 0) and the seconds
     it took; ``fp8``: torchao's recipe and FP8 all-gather (:func:`~zerocalc.validate.recipe.
-    convert_to_fp8`)."""
-    phases, _, seconds = _run(config, world, b, s, reshard, recompute, None, fp8)
+    convert_to_fp8`); ``lora``: PEFT's LoRA rank (:func:`~zerocalc.validate.recipe.fsdp2_model`)."""
+    phases, _, seconds = _run(config, world, b, s, reshard, recompute, None, fp8, lora)
     return phases, seconds
 
 
@@ -166,6 +199,7 @@ def _run(
     recompute: bool,
     plan: TpPlan | None,
     fp8: tuple[str, bool] | None = None,
+    lora: int = 0,
 ) -> tuple[AllocatedPhases, TrackedStates, float]:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -182,7 +216,7 @@ def _run(
             mesh_2d = init_device_mesh("cpu", (plan.dp, plan.tp), mesh_dim_names=("dp", "tp"))
             mesh, tp = mesh_2d["dp"], (mesh_2d["tp"], plan)
         with _neutralised():
-            phases, states = _steps(config, mesh, b, s, reshard, recompute, tp, fp8)
+            phases, states = _steps(config, mesh, b, s, reshard, recompute, tp, fp8, lora)
     finally:
         gc.collect()
         dist.destroy_process_group()
@@ -198,6 +232,7 @@ def _steps(
     recompute: bool,
     tp: Any = None,
     fp8: tuple[str, bool] | None = None,
+    lora: int = 0,
 ) -> tuple[AllocatedPhases, TrackedStates]:
     import transformers
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -209,7 +244,7 @@ def _steps(
     transformers.logging.set_verbosity_error()
     cpu = torch.device("cpu")
     with FakeTensorMode():
-        cfg, model, opt = fsdp2_model(config, reshard, recompute, mesh=mesh, tp=tp, fp8=fp8)
+        cfg, model, opt = fsdp2_model(config, reshard, recompute, mesh=mesh, tp=tp, fp8=fp8, lora=lora)
         ids = torch.randint(0, cfg.vocab_size, (b, s), device=cpu)
         tracker = FSDPMemTracker(model, opt)
         tracker.track_inputs((ids,))

@@ -25,12 +25,15 @@ def fsdp2_model(
     mesh: Any = None,
     tp: tuple[Any, TpPlan] | None = None,
     fp8: tuple[str, bool] | None = None,
+    lora: int = 0,
 ) -> tuple[Any, Any, Any]:
     """The config object, the wrapped model and its optimizer. ``device``: the device the model is built
     under (``from_config`` alone; None: the current default); ``mesh``: FSDP2's device mesh (None: the
     default process group's); ``tp``: the tp sub-mesh and the plan applied on it first (:func:`parallelize`,
     ``mesh`` then being the dp sub-mesh); ``fp8``: a torchao recipe and whether FSDP2 all-gathers in fp8
-    (:func:`convert_to_fp8`)."""
+    (:func:`convert_to_fp8`); ``lora``: PEFT's LoRA of that rank on the default targets, the base loaded
+    in bf16 as LoRA recipes load it (:func:`with_lora`; the model returned is the one PEFT adapted, which
+    FSDP2 wraps, and the optimizer steps the adapters only)."""
     import transformers
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -40,8 +43,10 @@ def fsdp2_model(
     cfg = transformers.AutoConfig.for_model(kw.pop("model_type"), **kw)
     with device if device is not None else contextlib.nullcontext():
         model = transformers.AutoModelForCausalLM.from_config(
-            cfg, dtype=torch.float32, attn_implementation="sdpa"
+            cfg, dtype=torch.bfloat16 if lora else torch.float32, attn_implementation="sdpa"
         )
+    if lora:
+        model = with_lora(model, lora)
     if recompute:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if tp is not None:
@@ -54,8 +59,36 @@ def fsdp2_model(
         fully_shard(layer, **placement, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(model, **placement, mp_policy=mp, reshard_after_forward=reshard)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=1e-5, foreach=True)
     return cfg, model, opt
+
+
+def with_lora(model: Any, rank: int) -> Any:
+    """PEFT 0.21's LoRA of ``rank`` on ``model`` (``get_peft_model``, ``LoraConfig(r=rank)``: the model
+    type's default targets, ``autocast_adapter_dtype`` fp32 adapters), returned as the adapted model
+    itself (PEFT injects its layers in place; ``PeftModel.forward`` calls it). Under fake tensors a
+    module's ``.to(device)`` swaps each parameter (``torch/nn/modules/module.py`` ``_apply``: FakeTensor
+    parameters always swap), which PEFT's moves of a new layer cannot (``_replace_module``'s
+    ``.to(weight.device)``; ``_move_adapter_to_device_of_base_layer``'s ``.to(device, dtype=bf16)``, which
+    ``cast_adapter_dtype`` undoes, back to fp32): every tensor is already on the CPU and the adapters are
+    created fp32, so a ``.to`` onto the CPU is skipped while the adapters are injected."""
+    import peft
+
+    to = torch.nn.Module.to
+
+    def kept_on_the_cpu(module: Any, *args: Any, **kwargs: Any) -> Any:
+        device = args[0] if args else kwargs.get("device")
+        if isinstance(device, (str, torch.device)) and torch.device(device).type == "cpu":
+            return module
+        return to(module, *args, **kwargs)
+
+    torch.nn.Module.to = kept_on_the_cpu  # type: ignore[method-assign]
+    try:
+        adapted = peft.get_peft_model(model, peft.LoraConfig(r=rank))
+    finally:
+        torch.nn.Module.to = to  # type: ignore[method-assign]
+    return adapted.base_model.model
 
 
 def convert_to_fp8(model: Any, recipe: str, all_gather: bool) -> None:

@@ -35,12 +35,16 @@ from zerocalc.model.code import (
     INT64,
     MODEL_CODES,
     Device,
+    ForwardTuning,
     ModelImplName,
     Shape,
     embedding_saves,
     layer_saves,
     logits_saves,
     loss_saves,
+    tuned_embedding_saves,
+    tuned_final_saves,
+    tuned_shared_saves,
 )
 from zerocalc.model.traits import traits
 
@@ -165,6 +169,7 @@ class SavedCase(BaseModel):
     attention: str
     micro_batch: int
     seq_len: int
+    tuning: str = Field(default="", description="the fine-tuning measured (empty: full training)")
     regions: tuple[RegionResult, ...]
     not_exact: str | None = Field(
         default=None, description="why the profile is not claimed exact here (reported, not failed)"
@@ -193,14 +198,20 @@ class SavedReport(BaseModel):
 
     torch: str
     transformers: str
+    peft: str = ""
+    bitsandbytes: str = ""
     cases: tuple[SavedCase, ...]
     all_match: bool
 
 
-def predict_regions(arch: Architecture, shape: Shape, dtype: str, attention: str) -> dict[str, list[Term]]:
+def predict_regions(
+    arch: Architecture, shape: Shape, dtype: str, attention: str, tuning: ForwardTuning | None = None
+) -> dict[str, list[Term]]:
     """What the ``hf`` profile says each region's forward saves first (see the module docstring), on the CPU
     (LayerNorm statistics and dropout noise in the compute dtype:
-    :data:`zerocalc.model.code.Device`)."""
+    :data:`zerocalc.model.code.Device`); under ``tuning`` a fine-tuning run's (:func:`tuned_regions`)."""
+    if tuning is not None:
+        return tuned_regions(arch, shape, dtype, attention, tuning)
     impl = MODEL_CODES[ModelImplName.HF]
     act = ACT_BYTES[dtype]
     device = Device.CPU
@@ -223,6 +234,41 @@ def predict_regions(arch: Architecture, shape: Shape, dtype: str, attention: str
     if traits(arch).norm == "layernorm":
         final.insert(0, Term(name="final norm: input (the last hidden state)", bytes=act * T * h))
     regions["final"] = final
+    loss = logits_saves(impl, arch, shape, act) + loss_saves(impl, arch, shape)
+    regions["loss"] = [Term(name=n, bytes=b) for n, b in loss if b]
+    return regions
+
+
+def tuned_regions(
+    arch: Architecture, shape: Shape, dtype: str, attention: str, tuning: ForwardTuning
+) -> dict[str, list[Term]]:
+    """A fine-tuning run's regions (:mod:`zerocalc.model.code.finetune`): the embedding's indices where its
+    weight is trained; each layer's saves, its input where the layer keeps it, and the rotary cos and sin
+    in the first layer that keeps them; the final norm's and the LM head's; the loss's as in full
+    training."""
+    impl = MODEL_CODES[ModelImplName.HF]
+    act = ACT_BYTES[dtype]
+    device = Device.CPU
+    T, h = shape.tokens, arch.hidden_size
+    stream = FP32 if tuning.fp32_stream else act
+    regions: dict[str, list[Term]] = {
+        "embedding": [Term(name=n, bytes=b) for n, b in tuned_embedding_saves(arch, shape, tuning)]
+    }
+    rotary_layer, shared = tuned_shared_saves(arch, shape, act, device, tuning)
+    for i in range(arch.num_layers):
+        saves = layer_saves(impl, arch, i, shape, act, device, flash=attention == "sdpa", tuning=tuning)
+        terms = [Term(name=n, bytes=b) for n, b in saves.saved if b]
+        if saves.keeps_input:
+            terms.insert(0, Term(name="layer input (kept by its first op)", bytes=stream * T * h))
+        if i == rotary_layer:
+            terms += [Term(name=n, bytes=b) for n, b in shared]
+        regions[f"layer {i}"] = terms
+    final, keeps_last = tuned_final_saves(arch, shape, act, device, tuning)
+    regions["final"] = [Term(name=n, bytes=b) for n, b in final if b]
+    if keeps_last:
+        regions["final"].insert(
+            0, Term(name="final norm: input (the last hidden state)", bytes=stream * T * h)
+        )
     loss = logits_saves(impl, arch, shape, act) + loss_saves(impl, arch, shape)
     regions["loss"] = [Term(name=n, bytes=b) for n, b in loss if b]
     return regions
@@ -254,9 +300,11 @@ def compare(
     dtype: str,
     attention: str,
     measured: list[MeasuredStorage],
+    tuning: ForwardTuning | None = None,
+    tuning_label: str = "",
 ) -> SavedCase:
     """Region by region: the profile's bytes against the measured storages."""
-    predicted = predict_regions(arch, shape, dtype, attention)
+    predicted = predict_regions(arch, shape, dtype, attention, tuning)
     names = list(predicted) + [m.region for m in measured if m.region not in predicted]
     regions = []
     for name in dict.fromkeys(names):
@@ -283,5 +331,6 @@ def compare(
         attention=attention,
         micro_batch=shape.b,
         seq_len=shape.s,
+        tuning=tuning_label,
         regions=tuple(regions),
     )

@@ -39,6 +39,15 @@ from zerocalc.model.code.base import (
     Transient,
     Ulysses,
 )
+from zerocalc.model.code.finetune import (
+    TUNED_FAMILIES,
+    ForwardTuning,
+    stream_bytes,
+    tuned_embedding_saves,
+    tuned_final_saves,
+    tuned_shared_saves,
+    tuning_unsupported,
+)
 from zerocalc.model.code.hf import HF, HF_ATTENTION, HF_EAGER_ONLY
 from zerocalc.model.code.layer import QUADRATIC_TERMS, layer_saves
 from zerocalc.model.code.megatron import MEGATRON
@@ -77,8 +86,10 @@ __all__ = [
     "QUADRATIC_TERMS",
     "SDPA_NO_MASK",
     "TORCHTITAN",
+    "TUNED_FAMILIES",
     "AttentionKernel",
     "Device",
+    "ForwardTuning",
     "LayerSaves",
     "ModelCode",
     "ModelImplName",
@@ -100,5 +111,10 @@ __all__ = [
     "op_sac_unsupported",
     "parallel_transients",
     "parallel_unsupported",
+    "stream_bytes",
+    "tuned_embedding_saves",
+    "tuned_final_saves",
+    "tuned_shared_saves",
+    "tuning_unsupported",
     "vocab_shard",
 ]

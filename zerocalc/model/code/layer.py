@@ -8,6 +8,7 @@ from zerocalc.model.architecture import Architecture, BlockLayout
 from zerocalc.model.code.attention import attention_saves
 from zerocalc.model.code.base import FP32, Device, LayerSaves, ModelCode
 from zerocalc.model.code.excess import backward_excess, forward_excess
+from zerocalc.model.code.finetune import ForwardTuning, tuned_layer, tuning_unsupported
 from zerocalc.model.code.mlp import mlp_saves, moe_saves
 from zerocalc.model.code.norms import norm_saves
 from zerocalc.model.code.parallel import parallel_transients, parallel_unsupported
@@ -25,6 +26,7 @@ def layer_saves(
     use_cache: bool = True,
     flash: bool = True,
     selective: bool = False,
+    tuning: ForwardTuning | None = None,
 ) -> LayerSaves:
     """What decoder layer ``index`` keeps for backward under ``impl`` (:mod:`zerocalc.model.code`).
 
@@ -38,10 +40,23 @@ def layer_saves(
     buffers tensor and context parallelism add inside the layer are in ``forward_excess`` and
     ``backward_excess`` (:func:`~zerocalc.model.code.parallel.parallel_transients`). A combination
     :func:`~zerocalc.model.code.parallel.parallel_unsupported` refuses raises ``ValueError``.
+
+    ``tuning``: a fine-tuning run's forward (:mod:`zerocalc.model.code.finetune`: the frozen base keeps no
+    input for weight gradients, the adapters their fp32 inputs; transformers' modules, one rank, no
+    in-layer transients counted); None: every parameter trained.
     """
     reason = parallel_unsupported(impl, arch, shape, flash)
     if reason is not None:
         raise ValueError(reason)
+    if tuning is not None:
+        reason = tuning_unsupported(arch, flash)
+        if not impl.transformers_modules or shape.tp * shape.cp * shape.ep > 1:
+            reason = (
+                "the saved tensors of a fine-tuning forward are written out for transformers' code, one rank"
+            )
+        if reason is not None:
+            raise ValueError(reason)
+        return tuned_layer(arch, index, shape, act, device, use_cache, tuning).saves
     saves = impl.layer(arch, index, shape, act, device, use_cache, flash)
     moments = parallel_transients(impl, arch, index, shape, act)
     forward = max((m.nbytes for m in moments if m.phase == "forward"), default=0)
