@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from zerocalc.model.code import HF, MEGATRON, Device, ForwardTuning, Shape, layer_saves
-from zerocalc.model.code.finetune import tuned_final_saves, tuned_shared_saves
+from zerocalc.model.code.finetune import tuned_embedding_saves, tuned_final_saves, tuned_shared_saves
 from zerocalc.model.hf_config import architecture_from_hf_dict
 from zerocalc.model.hf_modules import hf_modules
 from zerocalc.model.quantized import QuantMethod
@@ -137,3 +137,21 @@ def test_an_untuned_case_is_refused() -> None:
     mixtral = architecture_from_hf_dict(TINY_CONFIGS["mixtral"], "mixtral", "mixtral")
     with pytest.raises(ValueError, match="written out for"):
         layer_saves(HF, mixtral, 0, Shape(1, 64), 2, tuning=ForwardTuning())
+
+
+def test_lora_on_an_embedding_is_refused_in_one_line() -> None:
+    from zerocalc.base.errors import InputError
+
+    with pytest.raises(InputError, match=r"lora\.Embedding\), whose saved tensors are not modelled"):
+        forward_tuning(_llama(), FineTuning(lora=LoraConfig(rank=8, targets=("embed_tokens", "q_proj"))))
+
+
+def test_a_trained_embedding_keeps_its_indices_and_the_stream_requires_grad() -> None:
+    """A full fine-tune with layer 0 frozen: the embedding (trained) keeps its int64 indices, and layer 0,
+    whose input requires grad through it, keeps its norms' and SwiGLU's tensors but no Linear input."""
+    arch = _llama()
+    tuning = forward_tuning(arch, FineTuning(freeze=("layers.0",)))
+    assert tuned_embedding_saves(arch, Shape(1, 2048), tuning) == [("input ids (embedding indices)", 8 * T)]
+    saves = layer_saves(HF, arch, 0, Shape(1, 2048), 2, Device.CUDA, tuning=tuning)
+    attention = 2 * q_width + 2 * kv_width + 2 * kv_width + 2 * q_width + 4 * heads
+    assert _total(saves) == (2 * (4 * h + 4) + attention + 3 * 2 * f) * T

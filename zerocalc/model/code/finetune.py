@@ -219,13 +219,11 @@ def _stream_grad(arch: Architecture, tuning: ForwardTuning, index: int) -> bool:
     """Whether the input hidden state of layer ``index`` (``arch.num_layers``: the final norm's) requires
     grad: the embedding's output does when it is trained or ``enable_input_require_grads`` is on; a layer's
     output does once its input or any of its modules is trained or adapted."""
-    grad = tuning.input_requires_grad or "embed_tokens" in tuning.trained
-    grad = grad or "embed_positions" in tuning.trained
-    adapted = {m for m, _ in tuning.adapted}
-    for i in range(index):
-        prefix = f"layers.{i}."
-        grad = grad or any(m.startswith(prefix) for m in adapted | tuning.trained)
-    return grad
+    if tuning.input_requires_grad or {"embed_tokens", "embed_positions"} & tuning.trained:
+        return True
+    modules = [*(m for m, _ in tuning.adapted), *tuning.trained]
+    touched = [int(m.split(".")[1]) for m in modules if m.startswith("layers.")]
+    return bool(touched) and min(touched) < index
 
 
 class TunedLayer(NamedTuple):
