@@ -90,6 +90,7 @@ from zerocalc.model.architecture import Architecture, PipelineStage, stage_kind
 from zerocalc.model.code import MODEL_CODES, Shape
 from zerocalc.network.collectives import Collective
 from zerocalc.network.schedule import GradSync, Phase
+from zerocalc.parallel.fp8 import NO_FP8, Fp8Setting
 from zerocalc.parallel.framework_records import FRAMEWORKS, effective_grad_sync
 from zerocalc.parallel.frameworks import Framework, TorchWrapper
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
@@ -310,14 +311,18 @@ def request_ops(request: TrainingRequest, arch: Architecture | None = None) -> M
     the rank's architecture by default)."""
     dtype = request.activation_dtype
     shape = request.rank_shape._replace(capacity_factor=request.activations.capacity_factor)
-    return _micro_batch_ops(arch or request.architecture, shape, kernels(request), dtype, request.mesh.ep)
+    arch = arch or request.architecture
+    return _micro_batch_ops(arch, shape, kernels(request), dtype, request.mesh.ep, request.fp8)
 
 
 @lru_cache(maxsize=1024)
-def _micro_batch_ops(arch: Architecture, shape: Shape, code: Kernels, dtype: DType, ep: int) -> MicroBatchOps:
-    """:func:`~zerocalc.compute.ops.micro_batch_ops`, once per (architecture, shape, kernels, dtype, ep): a
-    plan prices many candidates of one mesh and micro-batch (their strategies and accumulations differ)."""
-    return micro_batch_ops(arch, shape, code, dtype, ep=ep)
+def _micro_batch_ops(
+    arch: Architecture, shape: Shape, code: Kernels, dtype: DType, ep: int, fp8: Fp8Setting = NO_FP8
+) -> MicroBatchOps:
+    """:func:`~zerocalc.compute.ops.micro_batch_ops`, once per (architecture, shape, kernels, dtype, ep,
+    FP8 recipe): a plan prices many candidates of one mesh and micro-batch (their strategies and
+    accumulations differ)."""
+    return micro_batch_ops(arch, shape, code, dtype, ep=ep, fp8=fp8)
 
 
 _MICRO_TIMES: IdentityCache[MicroBatchTime] = IdentityCache()

@@ -65,6 +65,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from zerocalc.base.dtypes import DType
+from zerocalc.compute.fp8 import HIGH_PRECISION, Fp8Gemms, cast_bytes, fp8_gemms
 from zerocalc.model.activations import CpImpl
 from zerocalc.model.architecture import (
     Architecture,
@@ -79,6 +80,7 @@ from zerocalc.model.architecture import (
 )
 from zerocalc.model.code import Shape
 from zerocalc.model.traits import traits
+from zerocalc.parallel.fp8 import NO_FP8, Fp8Setting
 from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerImpl, OptimizerName
 from zerocalc.parallel.precision import TensorDtypes
 
@@ -123,6 +125,8 @@ class Gemm(NamedTuple):
     n: int
     k: int
     count: int = 1
+    fp8: Fp8Gemms = HIGH_PRECISION
+    """Which of its products run in FP8 (a weight an FP8 recipe converts: :mod:`zerocalc.compute.fp8`)."""
 
     @property
     def flops(self) -> float:
@@ -131,8 +135,8 @@ class Gemm(NamedTuple):
     def backward(self) -> tuple[Gemm, Gemm]:
         """The input gradient (m × n · n × k) and the weight gradient (k × m · m × n)."""
         return (
-            Gemm(f"{self.name} dgrad", self.m, self.k, self.n, self.count),
-            Gemm(f"{self.name} wgrad", self.k, self.n, self.m, self.count),
+            Gemm(f"{self.name} dgrad", self.m, self.k, self.n, self.count, Fp8Gemms(self.fp8.input_grad)),
+            Gemm(f"{self.name} wgrad", self.k, self.n, self.m, self.count, Fp8Gemms(self.fp8.weight_grad)),
         )
 
 
@@ -226,7 +230,14 @@ def _norm_bytes(arch: Architecture, fused: bool) -> int:
 
 
 def _layer_ops(
-    arch: Architecture, index: int, shape: Shape, layers: int, kernels: Kernels, ep: int, act: int
+    arch: Architecture,
+    index: int,
+    shape: Shape,
+    layers: int,
+    kernels: Kernels,
+    ep: int,
+    act: int,
+    fp8: Fp8Setting = NO_FP8,
 ) -> LayerOps:
     tp = arch.tp if isinstance(arch, TensorParallelRank) else 1
     tokens, rows = shape.local_tokens, shape.sequence_tokens
@@ -250,7 +261,9 @@ def _layer_ops(
         elif len(tensor.shape) == 2 and tensor.name == "weight":
             out, inner = tensor.shape
             if out and inner:
-                gemms.append(Gemm(leaf, tokens, out, inner))
+                gemms.append(
+                    _linear(leaf, tokens, out, inner, fp8 if fp8.converts(tensor) else NO_FP8, traffic)
+                )
         elif len(tensor.shape) == 1 and tensor.name == "weight" and "norm" in leaf:
             width = tensor.shape[0]
             if leaf in ("q_norm", "k_norm") and arch.qk_norm is QkNorm.PER_HEAD:
@@ -279,6 +292,15 @@ def _layer_ops(
     return LayerOps(
         layers, tuple(gemms), attention, tuple(traffic), _core_traffic(arch, attention, kernels, scale)
     )
+
+
+def _linear(name: str, m: int, n: int, k: int, fp8: Fp8Setting, traffic: list[Traffic]) -> Gemm:
+    """A Linear's product; under an FP8 recipe that converts its weight, its FP8 products and (into
+    ``traffic``) the casts feeding them (:mod:`zerocalc.compute.fp8`)."""
+    if fp8.on:
+        forward, backward = cast_bytes(m, n, k, fp8)
+        traffic.append(Traffic(f"{name} fp8 casts", forward, 1, backward))
+    return Gemm(name, m, n, k, fp8=fp8_gemms(fp8))
 
 
 def expert_load(arch: Architecture, shape: Shape, ep: int = 1) -> tuple[int, int]:
@@ -333,17 +355,19 @@ def _core_traffic(
 
 
 def micro_batch_ops(
-    arch: Architecture, shape: Shape, kernels: Kernels, dtype: DType, ep: int = 1
+    arch: Architecture, shape: Shape, kernels: Kernels, dtype: DType, ep: int = 1, fp8: Fp8Setting = NO_FP8
 ) -> MicroBatchOps:
     """The forward of one micro-batch on one rank holding ``arch`` (a pipeline stage's share: its layers,
-    the embedding where it holds it, the final norm, LM head and loss where it holds them)."""
+    the embedding where it holds it, the final norm, LM head and loss where it holds them); ``fp8``: the
+    FP8 recipe its converted Linear weights run."""
     indices = range(arch.num_layers)
     act = dtype.bytes
     groups: dict[bool, list[int]] = {}
     for index in indices:
         groups.setdefault(arch.is_moe_layer(index), []).append(index)
     layer_ops = tuple(
-        _layer_ops(arch, members[0], shape, len(members), kernels, ep, act) for members in groups.values()
+        _layer_ops(arch, members[0], shape, len(members), kernels, ep, act, fp8)
+        for members in groups.values()
     )
     tokens, rows, h = shape.local_tokens, shape.sequence_tokens, arch.hidden_size
     scale = act / 2
@@ -361,7 +385,7 @@ def micro_batch_ops(
         if matrix is None:  # tied: the embedding's matrix
             matrix = next(t for t in embedding_tensors(arch) if t.module == "embed_tokens")
         vocab = matrix.shape[0]
-        gemms.append(Gemm("lm_head", tokens, vocab, h))
+        gemms.append(_linear("lm_head", tokens, vocab, h, fp8 if fp8.converts(matrix) else NO_FP8, traffic))
         logits = tokens * vocab
         traffic.append(Traffic("loss", LOSS_FORWARD * logits, 1, LOSS_BACKWARD * logits))
     return MicroBatchOps(layer_ops, tuple(gemms), tuple(traffic), dtype)

@@ -94,9 +94,11 @@ class ComputeTime(NamedTuple):
 
 def _gemm_s(table: ComputeTable, gemm: Gemm, dtype: DType) -> float:
     """A product's seconds; ``count`` products of one shape (a batched product, the experts' grouped
-    products) run at the rate of one product of their stacked rows, (count·m) × k · k × n."""
+    products) run at the rate of one product of their stacked rows, (count·m) × k · k × n; an FP8 product
+    (:mod:`zerocalc.compute.fp8`) at the table's FP8 rate."""
     if not gemm.flops:
         return 0.0
+    dtype = DType.FP8 if gemm.fp8.forward else dtype
     return gemm.flops / table.gemm_rate(gemm.m * gemm.count, gemm.n, gemm.k, dtype)
 
 
