@@ -6,6 +6,15 @@ converted weight's shard to fp8 (1 B per element, where FSDP2 would cast it to `
 ``Float8Linear`` saves for backward (``ctx.save_for_backward(input_hp, weight_hp_t)``: the unsharded fp8
 weight itself, no second copy). torchtitan turns the FP8 all-gather on only where FSDP shards
 (``Float8LinearConverter``: ``parallel_dims.dp_shard_enabled and enable_fsdp_float8_all_gather``).
+
+**torchao's eager casts** (:func:`cast_forward_excess`). ``hp_tensor_to_float8_dynamic`` of an n-element
+16-bit tensor (``float8_training_tensor.py`` ``_ToFloat8ConstrFunc.forward``: ``tensor_scaled =
+tensor.to(torch.float32) * scale``; ``float8_utils.py`` ``to_fp8_saturated``: ``x.clamp(...)`` then
+``.to(float8_dtype)``) holds, at its largest moment, the fp32 scaled copy, the fp32 clamped copy and the fp8
+result: :data:`CAST_TRANSIENT` = 9 bytes per element (the amax's ``abs`` copy, 2n, comes and goes before).
+``Float8Linear``'s forward casts its input, then its weight (the fp8 input alive beside the weight's cast);
+a weight all-gathered in fp8 is cast already. Eager only: under ``torch.compile`` the cast is one fused
+kernel with no fp32 copies (torchtitan's ``compile.enable``, which zerocalc refuses).
 """
 
 from __future__ import annotations
@@ -13,9 +22,16 @@ from __future__ import annotations
 from functools import lru_cache
 
 from zerocalc.base.dtypes import DType
-from zerocalc.model.architecture import Architecture, ParamTensor
+from zerocalc.model.architecture import Architecture, ParamTensor, layer_tensors
 from zerocalc.parallel.fp8 import Fp8Setting
+from zerocalc.parallel.precision import Fp8Library, Fp8RecipeName
 from zerocalc.states.framework import fsdp_units
+
+CAST_TRANSIENT = 4 + 4 + 1
+"""Bytes per element a torchao eager cast holds at once: fp32 scaled, fp32 clamped, fp8 result."""
+SCALE = 4
+"""Bytes of one fp32 scale."""
+RESULTS = (" fp8", " scale")
 
 
 def fp8_gather_bytes(
@@ -41,3 +57,102 @@ def _gather_bytes(arch: Architecture, fp8: Fp8Setting, param_bytes: int) -> dict
         )
         for name, tensors in fsdp_units(arch)
     }
+
+
+def torchao_casts(fp8: Fp8Setting) -> bool:
+    """``fp8`` is a torchao recipe, whose eager casts hold fp32 copies (:data:`CAST_TRANSIENT`)."""
+    return fp8.on and fp8.record.library is Fp8Library.TORCHAO
+
+
+@lru_cache(maxsize=256)
+def cast_forward_excess(arch: Architecture, index: int, fp8: Fp8Setting, tokens: int, act: int) -> int:
+    """Bytes above layer ``index``'s saved tensors at its largest forward cast (0: no torchao recipe): per
+    converted Linear (n × k) of ``tokens`` rows, its input's cast (9·tokens·k) or its weight's beside the
+    fp8 input (tokens·k + 9·n·k; none with the FP8 all-gather); the MLP's beside the mid residual
+    (act·tokens·h, held for the residual add)."""
+    if not torchao_casts(fp8):
+        return 0
+    largest = 0
+    for tensor in layer_tensors(arch, index):
+        if not fp8.converts(tensor):
+            continue
+        n, k = tensor.shape
+        held = act * tokens * arch.hidden_size if ".mlp." in f".{tensor.module}" else 0
+        weight = 0 if fp8.all_gather else tokens * k + CAST_TRANSIENT * n * k
+        largest = max(largest, held + max(CAST_TRANSIENT * tokens * k, weight))
+    return largest
+
+
+_PROJECTIONS = (
+    ("q projection", "attn.q_proj"),
+    ("k projection", "attn.k_proj"),
+    ("v projection", "attn.v_proj"),
+    ("v", "attn.v_proj"),
+    ("o projection output", "attn.o_proj"),
+    ("gate output", "mlp.gate_proj"),
+    ("up output", "mlp.up_proj"),
+    ("down projection output", "mlp.down_proj"),
+)
+"""The op of :func:`~zerocalc.model.code.program.transformers_program` that writes each Linear's output
+(``v`` where SDPA keeps the projected v itself, no ``v projection``), and the Linear."""
+
+
+def scale_bytes(fp8: Fp8Setting, rows: int) -> int:
+    """Bytes of the fp32 scale of a cast tensor of ``rows`` rows (each row its own amax): one element
+    tensorwise, one per row rowwise (``tensor_to_amax``: ``torch.amax(..., dim=axiswise_dim,
+    keepdim=True)``)."""
+    return SCALE if fp8.recipe is Fp8RecipeName.TENSORWISE else SCALE * rows
+
+
+def _cast(name: str, elements: int, scale: int) -> list[tuple[str, str, int]]:
+    """One ``hp_tensor_to_float8_dynamic`` of a 16-bit tensor: ``abs`` (freed once ``max`` has read it), the
+    fp32 scale (``amax_to_scale``; its float64 intermediates come and go), ``.to(float32)`` (freed once
+    ``* scale`` exists), the scaled copy, the clamped one, the fp8 result (the two fp32 copies freed when
+    the function returns); the result and its scale are left alive (a ``Float8TrainingTensor``)."""
+    return [
+        ("temp", f"{name}: abs", 2 * elements),
+        ("drop", f"{name}: abs", 0),
+        ("temp", f"{name} scale", scale),
+        ("temp", f"{name}: .float()", 4 * elements),
+        ("temp", f"{name}: scaled", 4 * elements),
+        ("drop", f"{name}: .float()", 0),
+        ("temp", f"{name}: clamped", 4 * elements),
+        ("temp", f"{name} fp8", elements),
+        ("drop", f"{name}: clamped", 0),
+        ("drop", f"{name}: scaled", 0),
+    ]
+
+
+def with_casts(
+    program: tuple[tuple[str, str, int], ...], arch: Architecture, index: int, fp8: Fp8Setting, tokens: int
+) -> tuple[tuple[str, str, int], ...]:
+    """A layer's forward program (:attr:`~zerocalc.model.code.LayerSaves.program`; empty stays empty) with
+    torchao's eager casts before each converted Linear's output (``matmul_with_hp_or_float8_args.forward``:
+    the input's cast, then the weight's unless all-gathered in fp8) and their fp8 results freed once the
+    output exists (the function returns), with their fp32 scales."""
+    if not program:
+        return program
+    shapes = {
+        tensor.module.rsplit(".", 2)[-2] + "." + tensor.module.rsplit(".", 1)[-1]: tensor.shape
+        for tensor in layer_tensors(arch, index)
+        if fp8.converts(tensor)
+    }
+    writers = dict(_PROJECTIONS)
+    if any(name == "v projection" for _, name, _ in program):
+        del writers["v"]
+    out: list[tuple[str, str, int]] = []
+    seen: set[str] = set()
+    for op in program:
+        module = writers.get(op[1]) if op[0] in ("temp", "keep") and op[1] not in seen else None
+        shape = shapes.get(module) if module is not None else None
+        if shape is None:
+            out.append(op)
+            continue
+        seen.add(op[1])
+        n, k = shape
+        casts = _cast(f"{module} input", tokens * k, scale_bytes(fp8, tokens))
+        if not fp8.all_gather:
+            casts += _cast(f"{module} weight", n * k, scale_bytes(fp8, n))
+        out += [*casts, op]
+        out += [("drop", name, 0) for verb, name, _ in casts if verb == "temp" and name.endswith(RESULTS)]
+    return tuple(out)

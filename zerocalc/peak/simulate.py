@@ -196,6 +196,7 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
         checkpoint_every=request.activations.checkpoint_every,
         layer_params=tuple(tuple(unit.params) for _, unit in units[:-1]),
         stage=stage_plan(request, act),
+        fp8=request.fp8,
     )
 
 

@@ -51,8 +51,10 @@ from zerocalc.model.code import (
     vocab_shard,
 )
 from zerocalc.model.traits import traits
+from zerocalc.parallel.fp8 import NO_FP8, Fp8Setting
 from zerocalc.parallel.framework_records.record import ModelInit
 from zerocalc.parallel.pipeline import Pass
+from zerocalc.peak.fp8 import cast_forward_excess, torchao_casts, with_casts
 from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.peak.layer_nodes import (
     Op,
@@ -110,6 +112,8 @@ class StepShape(NamedTuple):
     checkpoint_every: int = 1
     """Under full recompute, the layers checkpointed: the rank's N-th, 2N-th, … (torchtitan's
     ``selective_ac_option`` N, ``_apply_layer_sac``: a counter over the blocks it wraps); 1: every one."""
+    fp8: Fp8Setting = NO_FP8
+    """The FP8 recipe of the converted Linear layers (torchao's eager casts: :mod:`zerocalc.peak.fp8`)."""
     saves: dict[tuple[bool, bool], LayerSaves] | None = None
     """Where the step finds and keeps its layers' saves, per kind of layer (mixture-of-experts or not) and
     cache use: steps of one micro-batch and recompute whose blocks are alike may share one (the plan's
@@ -275,14 +279,18 @@ class _Passes:
     def saves_of(self, i: int, use_cache: bool) -> LayerSaves:
         """A layer's saves depend on its index only through whether it is a mixture-of-experts layer."""
         step, arch = self.step, self.step.arch
-        key = (arch.is_moe_layer(i), use_cache)
+        casts = step.fp8 if torchao_casts(step.fp8) else None  # torchao's eager casts in the program
+        key = (arch.is_moe_layer(i), use_cache) if casts is None else (arch.is_moe_layer(i), use_cache, casts)
         if key not in self._saves:
             saves = layer_saves(
                 step.impl, arch, i, step.shape, step.act, step.device, use_cache=use_cache, flash=step.flash,
                 selective=self.selective,
             )  # fmt: skip
-            self._saves[key] = saves._replace(program=Program(saves.program))
-        return self._saves[key]
+            program = saves.program
+            if casts is not None:
+                program = with_casts(program, arch, i, casts, step.shape.local_tokens)
+            self._saves[key] = saves._replace(program=Program(program))  # type: ignore[index]
+        return self._saves[key]  # type: ignore[index]
 
     def nodes_of(self, i: int) -> LayerNodes:
         """Layer ``i``'s moments node by node (:mod:`zerocalc.peak.layer_nodes`), which depend on its index
@@ -315,7 +323,9 @@ class _Passes:
         written node by node, else ``forward_excess``."""
         led, forward = self.led, self.nodes_of(i).forward
         if not forward:
-            led.event(name, saves.forward_excess, TRANSIENT)
+            step = self.step
+            casts = cast_forward_excess(step.arch, i, step.fp8, step.shape.local_tokens, step.act)
+            led.event(name, max(saves.forward_excess, casts), TRANSIENT)
             return
         temps = [f"{name}: transient#{n}" for n in range(len(forward))]
         for temp, nbytes in zip(temps, forward, strict=True):
