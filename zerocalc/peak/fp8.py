@@ -143,12 +143,13 @@ def with_casts(
     out: list[tuple[str, str, int]] = []
     seen: set[str] = set()
     for op in program:
-        module = writers.get(op[1]) if op[0] in ("temp", "keep") and op[1] not in seen else None
+        written = op[1].rsplit(": ", 1)[-1]  # a kept tensor is "saved name: program name"
+        module = writers.get(written) if op[0] in ("temp", "keep") and written not in seen else None
         shape = shapes.get(module) if module is not None else None
         if shape is None:
             out.append(op)
             continue
-        seen.add(op[1])
+        seen.add(written)
         n, k = shape
         casts = _cast(f"{module} input", tokens * k, scale_bytes(fp8, tokens))
         if not fp8.all_gather:
@@ -156,3 +157,54 @@ def with_casts(
         out += [*casts, op]
         out += [("drop", name, 0) for verb, name, _ in casts if verb == "temp" and name.endswith(RESULTS)]
     return tuple(out)
+
+
+def _backward_moments(m: int, n: int, k: int, fp8: Fp8Setting, act: int) -> int:
+    """The most a converted Linear's backward (``matmul_with_hp_or_float8_args.backward``) holds above the
+    moment it starts (its output gradient alive): the output gradient's cast; the weight's beside the fp8
+    gradient (none all-gathered in fp8: the saved weight is fp8); the input-gradient product with the
+    weight's fp8 copy in column-major order (``preprocess_addmm``) and its act·m·k result; then, where the
+    weight gradient runs in fp8, the output gradient cast again, the saved input cast, and their product
+    with both operands copied into ``torch._scaled_mm``'s layout and its act·n·k result (in high precision:
+    the product alone)."""
+    weight = 0 if fp8.all_gather else n * k
+    g0 = m * n + scale_bytes(fp8, m)
+    moments = [CAST_TRANSIENT * m * n + scale_bytes(fp8, m)]
+    if weight:
+        moments.append(g0 + CAST_TRANSIENT * n * k + scale_bytes(fp8, n))
+    held = g0 + weight + act * m * k  # the fp8 operands kept, the input gradient
+    moments.append(held + n * k)
+    if not fp8.record.weight_grad_fp8:
+        return max(*moments, held + act * n * k)
+    moments.append(held + CAST_TRANSIENT * m * n)
+    g1 = m * n + scale_bytes(fp8, n)
+    moments.append(held + g1 + CAST_TRANSIENT * m * k)
+    moments.append(held + g1 + m * k + m * n + m * k + act * n * k)
+    return max(moments)
+
+
+@lru_cache(maxsize=256)
+def cast_backward_excess(
+    arch: Architecture, index: int, fp8: Fp8Setting, tokens: int, act: int, backward_excess: int
+) -> int:
+    """Bytes above the state at layer ``index``'s backward start at its largest backward cast (0: no torchao
+    recipe), to be taken with ``backward_excess`` (the down projection's weight gradient and the two
+    f-wide gradients of the activation product, :func:`~zerocalc.model.code.excess.backward_excess`): each
+    converted Linear's backward (:func:`_backward_moments`) at the moment it starts, the down projection's
+    (the layer's first) at the start; the up projection's once the activation product's backward has run
+    (``backward_excess``, less the down projection's saved input, which autograd frees once its node has
+    run: act·tokens·f); the others' (gate, attention) where their weight is smaller or later gradients
+    have been freed, at the start. An approximation: the real order of the other nodes' frees is not
+    written (the wider Llama of docs/validate-fake.md: 2·T·h under)."""
+    if not torchao_casts(fp8):
+        return 0
+    largest = 0
+    for tensor in layer_tensors(arch, index):
+        if not fp8.converts(tensor):
+            continue
+        n, k = tensor.shape
+        anchor = 0
+        if tensor.module.endswith("mlp.up_proj"):
+            anchor = backward_excess - act * tokens * n
+        largest = max(largest, anchor + _backward_moments(tokens, n, k, fp8, act))
+    return largest

@@ -54,7 +54,7 @@ from zerocalc.model.traits import traits
 from zerocalc.parallel.fp8 import NO_FP8, Fp8Setting
 from zerocalc.parallel.framework_records.record import ModelInit
 from zerocalc.parallel.pipeline import Pass
-from zerocalc.peak.fp8 import cast_forward_excess, torchao_casts, with_casts
+from zerocalc.peak.fp8 import cast_backward_excess, cast_forward_excess, torchao_casts, with_casts
 from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.peak.layer_nodes import (
     Op,
@@ -599,7 +599,10 @@ class _Passes:
             if backward.program:
                 _run_backward_program(led, mechanics, i, backward.program, tag)
             else:
-                led.event(f"layer {i} backward{tag}", saves.backward_excess, TRANSIENT)
+                casts = cast_backward_excess(
+                    arch, i, step.fp8, step.shape.local_tokens, step.act, saves.backward_excess
+                )
+                led.event(f"layer {i} backward{tag}", max(saves.backward_excess, casts), TRANSIENT)
             led.free_group(f"layer {i}{tag}")
             if i == layers[0]:
                 led.free_group(f"shared{tag}")
