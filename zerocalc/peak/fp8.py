@@ -159,52 +159,81 @@ def with_casts(
     return tuple(out)
 
 
-def _backward_moments(m: int, n: int, k: int, fp8: Fp8Setting, act: int) -> int:
+def _backward_moments(m: int, n: int, k: int, fp8: Fp8Setting, act: int, block: int) -> int:
     """The most a converted Linear's backward (``matmul_with_hp_or_float8_args.backward``) holds above the
-    moment it starts (its output gradient alive): the output gradient's cast; the weight's beside the fp8
-    gradient (none all-gathered in fp8: the saved weight is fp8); the input-gradient product with the
-    weight's fp8 copy in column-major order (``preprocess_addmm``) and its act·m·k result; then, where the
-    weight gradient runs in fp8, the output gradient cast again, the saved input cast, and their product
-    with both operands copied into ``torch._scaled_mm``'s layout and its act·n·k result (in high precision:
-    the product alone)."""
-    weight = 0 if fp8.all_gather else n * k
-    g0 = m * n + scale_bytes(fp8, m)
-    moments = [CAST_TRANSIENT * m * n + scale_bytes(fp8, m)]
+    moment it starts (its output gradient alive), each tensor rounded up to the allocator's ``block``: the
+    output gradient's cast (and its scale); the weight's beside that fp8 gradient (none all-gathered in
+    fp8: the saved weight is fp8); the input-gradient product's act·m·k result beside both; then, where
+    the weight gradient runs in fp8, the output gradient cast again, the saved input cast beside it, and
+    their product's act·n·k result (in high precision: the product alone). No operand is copied into
+    another layout (traced: the casts' results already have the strides ``preprocess_addmm`` asks for)."""
+
+    def size(nbytes: int) -> int:
+        return -(-nbytes // block) * block
+
+    def cast(elements: int, rows: int) -> int:  # its fp32 copies, fp8 result and scale at once
+        return 2 * size(4 * elements) + size(elements) + size(scale_bytes(fp8, rows))
+
+    def fp8_tensor(elements: int, rows: int) -> int:
+        return size(elements) + size(scale_bytes(fp8, rows))
+
+    weight = 0 if fp8.all_gather else fp8_tensor(n * k, n)
+    g0 = fp8_tensor(m * n, m)
+    moments = [cast(m * n, m)]
     if weight:
-        moments.append(g0 + CAST_TRANSIENT * n * k + scale_bytes(fp8, n))
-    held = g0 + weight + act * m * k  # the fp8 operands kept, the input gradient
-    moments.append(held + n * k)
+        moments.append(g0 + cast(n * k, n))
+    held = g0 + weight + size(act * m * k)
+    moments.append(held)
     if not fp8.record.weight_grad_fp8:
-        return max(*moments, held + act * n * k)
-    moments.append(held + CAST_TRANSIENT * m * n)
-    g1 = m * n + scale_bytes(fp8, n)
-    moments.append(held + g1 + CAST_TRANSIENT * m * k)
-    moments.append(held + g1 + m * k + m * n + m * k + act * n * k)
+        return max(*moments, held + size(act * n * k))
+    g1 = fp8_tensor(m * n, n)
+    moments.append(held + cast(m * n, n))
+    moments.append(held + g1 + cast(m * k, m))
+    moments.append(held + g1 + fp8_tensor(m * k, m) + size(act * n * k))
     return max(moments)
+
+
+_MLP_ORDER = ("mlp.down_proj", "mlp.up_proj", "mlp.gate_proj")
+"""A SwiGLU MLP's Linears in the order autograd runs their backward: ``down(silu(gate(x)) * up(x))``,
+the later node first (transformers ``LlamaMLP``, torchtitan ``FeedForward`` ``w2(silu(w1(x)) * w3(x))``)."""
+
+
+def _mlp_anchors(tokens: int, h: int, f: int, act: int) -> tuple[int, int, int]:
+    """Above the layer's backward start, where each of the MLP's Linears begins its backward (traced op by
+    op on the CPU, torch 2.13, torchao 0.18, transformers 5.17's ``LlamaDecoderLayer``): the down
+    projection at the start; the up projection once the product's backward has run: the down
+    projection's weight gradient (act·h·f) and the product's two gradients (2·act·T·f), its saved input
+    and the product's two saved operands and its output gradient freed (4·act·T·f): act·h·f − act·T·f;
+    the gate projection once the up projection's weight gradient (act·h·f) and input gradient (act·T·h)
+    exist, its output gradient is freed and SiLU's backward has replaced the activation's gradient and its
+    saved input by the gate's output gradient: act·T·f less again."""
+    up = act * h * f - act * tokens * f
+    return 0, up, up + act * h * f + act * tokens * h - 2 * act * tokens * f
 
 
 @lru_cache(maxsize=256)
 def cast_backward_excess(
-    arch: Architecture, index: int, fp8: Fp8Setting, tokens: int, act: int, backward_excess: int
+    arch: Architecture, index: int, fp8: Fp8Setting, tokens: int, act: int, block: int = 1
 ) -> int:
     """Bytes above the state at layer ``index``'s backward start at its largest backward cast (0: no torchao
-    recipe), to be taken with ``backward_excess`` (the down projection's weight gradient and the two
-    f-wide gradients of the activation product, :func:`~zerocalc.model.code.excess.backward_excess`): each
-    converted Linear's backward (:func:`_backward_moments`) at the moment it starts, the down projection's
-    (the layer's first) at the start; the up projection's once the activation product's backward has run
-    (``backward_excess``, less the down projection's saved input, which autograd frees once its node has
-    run: act·tokens·f); the others' (gate, attention) where their weight is smaller or later gradients
-    have been freed, at the start. An approximation: the real order of the other nodes' frees is not
-    written (the wider Llama of docs/validate-fake.md: 2·T·h under)."""
+    recipe, or a layer without a SwiGLU MLP's three Linears; ``block``: the allocator's, each tensor
+    rounded up to it): each converted MLP Linear's backward
+    (:func:`_backward_moments`) where it begins (:func:`_mlp_anchors`). The attention's Linears come later,
+    with smaller weights and inputs, and are not written."""
     if not torchao_casts(fp8):
         return 0
-    largest = 0
+    mlp = {}
     for tensor in layer_tensors(arch, index):
-        if not fp8.converts(tensor):
-            continue
-        n, k = tensor.shape
-        anchor = 0
-        if tensor.module.endswith("mlp.up_proj"):
-            anchor = backward_excess - act * tokens * n
-        largest = max(largest, anchor + _backward_moments(tokens, n, k, fp8, act))
+        for name in _MLP_ORDER:
+            if tensor.module.endswith(name) and len(tensor.shape) == 2:
+                mlp[name] = tensor
+    if len(mlp) != len(_MLP_ORDER):
+        return 0
+    h, f = mlp["mlp.down_proj"].shape
+    largest = 0
+    for name, anchor in zip(_MLP_ORDER, _mlp_anchors(tokens, h, f, act), strict=True):
+        tensor = mlp[name]
+        if fp8.converts(tensor):
+            n, k = tensor.shape
+            largest = max(largest, anchor + _backward_moments(tokens, n, k, fp8, act, block))
     return largest

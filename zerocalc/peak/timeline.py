@@ -599,9 +599,7 @@ class _Passes:
             if backward.program:
                 _run_backward_program(led, mechanics, i, backward.program, tag)
             else:
-                casts = cast_backward_excess(
-                    arch, i, step.fp8, step.shape.local_tokens, step.act, saves.backward_excess
-                )
+                casts = cast_backward_excess(arch, i, step.fp8, step.shape.local_tokens, step.act, led.block)
                 led.event(f"layer {i} backward{tag}", max(saves.backward_excess, casts), TRANSIENT)
             led.free_group(f"layer {i}{tag}")
             if i == layers[0]:
