@@ -17,11 +17,10 @@ is the compute table's FP8 rate for its shape (:meth:`~zerocalc.compute.table.Co
   gradient runs in FP8, the output gradient (m·n) and the saved high-precision input (m·k) cast once more
   (each cast its own ``hp_tensor_to_float8_dynamic``). A weight all-gathered in FP8 is cast already
   (``tensor_already_casted_to_fp8``; its shard's cast in ``fsdp_pre_all_gather`` is not counted). The
-  backward's FP8 operands in the layout ``torch._scaled_mm`` takes (``float8_ops.py``
-  ``preprocess_addmm``: A row-major, B column-major): the weight for the input gradient, the output
-  gradient and the input for the weight gradient each copied once, r1 w1 (:data:`FP8_LAYOUT_COPY`).
-  Eager, as torchtitan runs without ``compile.enable``; under ``torch.compile`` these kernels fuse (not
-  modelled).
+  casts' results have the layouts ``torch._scaled_mm`` takes (``float8_ops.py`` ``preprocess_addmm``
+  copies none: traced op by op on the CPU, torch 2.13). Eager, as torchtitan runs without
+  ``compile.enable``; under ``torch.compile`` these kernels fuse (not modelled: zerocalc refuses
+  ``compile.enable``).
 * Transformer Engine 2.x (``transformer_engine/common/transpose/cast_transpose.cu``): one fused kernel
   per tensor writes its rowwise and columnwise FP8 copies, r2 w1 w1 (:data:`TE_CAST_TRANSPOSE` = 4), with
   the amax computed in the same pass (DelayedScaling from the history; block and MX recipes per block);
@@ -41,8 +40,6 @@ from zerocalc.parallel.precision import Fp8Library, Fp8RecipeName
 
 TORCHAO_EAGER_CAST = 33
 """Bytes per element of torchao's eager cast of a 16-bit tensor to FP8 (see the module's doc)."""
-FP8_LAYOUT_COPY = 2
-"""Bytes per element of an FP8 operand's ``contiguous()`` copy into ``torch._scaled_mm``'s layout."""
 TE_CAST_TRANSPOSE = 4
 """Bytes per element of Transformer Engine's fused cast-transpose of a 16-bit tensor."""
 TE_AMAX = 2
@@ -74,9 +71,9 @@ def cast_bytes(m: int, n: int, k: int, fp8: Fp8Setting) -> tuple[int, int]:
     if fp8.record.library is Fp8Library.TORCHAO:
         per = TORCHAO_EAGER_CAST
         forward = per * (m * k + (n * k if weight_cast else 0))
-        backward = per * (m * n + (n * k if weight_cast else 0)) + FP8_LAYOUT_COPY * n * k
+        backward = per * (m * n + (n * k if weight_cast else 0))
         if fp8.record.weight_grad_fp8:
-            backward += (per + FP8_LAYOUT_COPY) * (m * n + m * k)
+            backward += per * (m * n + m * k)
         return forward, backward
     per = TE_CAST_TRANSPOSE + (TE_AMAX if fp8.recipe is Fp8RecipeName.CURRENT else 0)
     return per * (m * k + (n * k if weight_cast else 0)), per * m * n
