@@ -87,12 +87,15 @@ def test_llama_3_8bs_largest_forward_cast_is_the_down_projections_input() -> Non
     assert cast_forward_excess(arch, 0, Fp8Setting(Fp8RecipeName.DELAYED), t, 2) == 0  # TE's fused casts
 
 
-def test_the_up_projections_backward_weight_cast_by_hand() -> None:
-    """The wider Llama at T 128: after the down projection and the activation product's backward
-    (backward_excess 2·h·f + 4·T·f, less the down projection's saved input 2·T·f), up_proj's output
-    gradient in fp8 (T·f and its scale) beside its weight's cast (9·f·h and its scale)."""
-    saves = layer_saves(MODEL_CODES[ModelImplName.HF], WIDE, 0, Shape(2, 64), 2)
-    assert saves.backward_excess == 2 * H * F + 4 * T * F
-    anchor = saves.backward_excess - 2 * T * F
-    expected = anchor + (T * F + 4) + (9 * F * H + 4)
-    assert cast_backward_excess(WIDE, 0, TENSORWISE, T, 2, saves.backward_excess) == expected == 12_320_776
+def test_the_gate_projections_backward_weight_cast_by_hand() -> None:
+    """The wider Llama at T 128 (the tracker's backward peak, validate fake): the up projection starts its
+    backward at act·h·f − act·T·f above the layer's, the gate projection act·h·f + act·T·h − 2·act·T·f
+    above that; there its output gradient in fp8 (T·f and its scale) beside its weight's cast (9·f·h and
+    its scale), each tensor in 512 B blocks."""
+    up = 2 * H * F - 2 * T * F
+    gate = up + 2 * H * F + 2 * T * H - 2 * 2 * T * F
+    assert (up, gate) == (1_572_864, 2_752_512)
+    expected = gate + (T * F + 512) + (2 * 4 * F * H + F * H + 512)
+    assert cast_backward_excess(WIDE, 0, TENSORWISE, T, 2, 512) == expected == 12_452_864
+    assert cast_backward_excess(WIDE, 0, TENSORWISE, T, 2) == gate + (T * F + 4) + (9 * F * H + 4)
+    assert cast_backward_excess(WIDE, 0, Fp8Setting(Fp8RecipeName.CURRENT), T, 2) == 0

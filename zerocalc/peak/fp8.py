@@ -101,7 +101,7 @@ def scale_bytes(fp8: Fp8Setting, rows: int) -> int:
     """Bytes of the fp32 scale of a cast tensor of ``rows`` rows (each row its own amax): one element
     tensorwise, one per row rowwise (``tensor_to_amax``: ``torch.amax(..., dim=axiswise_dim,
     keepdim=True)``)."""
-    return SCALE if fp8.recipe is Fp8RecipeName.TENSORWISE else SCALE * rows
+    return SCALE if fp8.recipe is Fp8RecipeName.TENSORWISE or rows == 1 else SCALE * rows
 
 
 def _cast(name: str, elements: int, scale: int) -> list[tuple[str, str, int]]:
@@ -177,19 +177,23 @@ def _backward_moments(m: int, n: int, k: int, fp8: Fp8Setting, act: int, block: 
     def fp8_tensor(elements: int, rows: int) -> int:
         return size(elements) + size(scale_bytes(fp8, rows))
 
-    weight = 0 if fp8.all_gather else fp8_tensor(n * k, n)
+    # the scales' rows: the output gradient's per row (m), the weight's for the input gradient per input
+    # column (k; tensorwise under rowwise-gw-hp: cast_config_weight_for_grad_input), the weight gradient's
+    # operands per output (n) and input (k) column (axiswise_dim 0)
+    w_rows = 1 if fp8.recipe is Fp8RecipeName.ROWWISE_GW_HP else k
+    weight = 0 if fp8.all_gather else fp8_tensor(n * k, w_rows)
     g0 = fp8_tensor(m * n, m)
     moments = [cast(m * n, m)]
     if weight:
-        moments.append(g0 + cast(n * k, n))
+        moments.append(g0 + cast(n * k, w_rows))
     held = g0 + weight + size(act * m * k)
     moments.append(held)
     if not fp8.record.weight_grad_fp8:
         return max(*moments, held + size(act * n * k))
     g1 = fp8_tensor(m * n, n)
     moments.append(held + cast(m * n, n))
-    moments.append(held + g1 + cast(m * k, m))
-    moments.append(held + g1 + fp8_tensor(m * k, m) + size(act * n * k))
+    moments.append(held + g1 + cast(m * k, k))
+    moments.append(held + g1 + fp8_tensor(m * k, k) + size(act * n * k))
     return max(moments)
 
 
