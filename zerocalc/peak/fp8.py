@@ -241,3 +241,37 @@ def cast_backward_excess(
             n, k = tensor.shape
             largest = max(largest, anchor + _backward_moments(tokens, n, k, fp8, act, block))
     return largest
+
+
+_TE_LINEAR_INPUTS = (
+    ("qkv_input", ("attn.q_proj", "attn.qkv_proj")),
+    ("out_proj_input", ("attn.o_proj",)),
+    ("mlp_input", ("mlp.gate_proj", "mlp.up_proj", "mlp.fc_in", "mlp.gate_up_proj")),
+    ("fc2_input", ("mlp.down_proj", "mlp.fc_out")),
+    ("down_input", ("mlp.down_proj",)),
+)
+"""The terms of :func:`~zerocalc.model.activations.layer_terms` that are a Linear's input, and its modules."""
+
+
+def te_saved(
+    saved: tuple[tuple[str, int], ...], arch: Architecture, index: int, fp8: Fp8Setting, act: int, flash: bool
+) -> tuple[tuple[str, int], ...]:
+    """A Megatron-LM layer's saved tensors (Korthikanti et al.'s terms) under a Transformer Engine recipe
+    (unchanged otherwise): a converted Linear saves its input only as the fp8 columnwise copy its
+    weight-gradient GEMM reads (TE 2.x ``module/linear.py`` and ``layernorm_linear.py``: the quantised
+    input's ``update_usage(rowwise_usage=False)`` before ``save_for_backward``), 1 byte per element in place
+    of ``act``. The attention's output under a flash kernel is saved by the kernel too (its ``out``): the
+    fp8 copy comes beside it. A recipe's per-block scales of these inputs are not counted."""
+    if not fp8.on or fp8.record.library is not Fp8Library.TRANSFORMER_ENGINE:
+        return saved
+    converted = {t.module.split(".", 2)[-1] for t in layer_tensors(arch, index) if fp8.converts(t)}
+    linears = {term: any(m in converted for m in modules) for term, modules in _TE_LINEAR_INPUTS}
+    out: list[tuple[str, int]] = []
+    for name, nbytes in saved:
+        if not linears.get(name):
+            out.append((name, nbytes))
+        elif name == "out_proj_input" and flash:
+            out += [(name, nbytes), (f"{name} (fp8 copy)", nbytes // act)]
+        else:
+            out.append((f"{name} (fp8)", nbytes // act))
+    return tuple(out)

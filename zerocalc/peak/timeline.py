@@ -54,7 +54,7 @@ from zerocalc.model.traits import traits
 from zerocalc.parallel.fp8 import NO_FP8, Fp8Setting
 from zerocalc.parallel.framework_records.record import ModelInit
 from zerocalc.parallel.pipeline import Pass
-from zerocalc.peak.fp8 import cast_backward_excess, cast_forward_excess, torchao_casts, with_casts
+from zerocalc.peak.fp8 import cast_backward_excess, cast_forward_excess, te_saved, torchao_casts, with_casts
 from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.peak.layer_nodes import (
     Op,
@@ -279,16 +279,18 @@ class _Passes:
     def saves_of(self, i: int, use_cache: bool) -> LayerSaves:
         """A layer's saves depend on its index only through whether it is a mixture-of-experts layer."""
         step, arch = self.step, self.step.arch
-        casts = step.fp8 if torchao_casts(step.fp8) else None  # torchao's eager casts in the program
-        key = (arch.is_moe_layer(i), use_cache) if casts is None else (arch.is_moe_layer(i), use_cache, casts)
+        fp8 = step.fp8 if step.fp8.on else None  # torchao's casts in the program, TE's fp8 saved inputs
+        key = (arch.is_moe_layer(i), use_cache) if fp8 is None else (arch.is_moe_layer(i), use_cache, fp8)
         if key not in self._saves:
             saves = layer_saves(
                 step.impl, arch, i, step.shape, step.act, step.device, use_cache=use_cache, flash=step.flash,
                 selective=self.selective,
             )  # fmt: skip
             program = saves.program
-            if casts is not None:
-                program = with_casts(program, arch, i, casts, step.shape.local_tokens)
+            if fp8 is not None and torchao_casts(fp8):
+                program = with_casts(program, arch, i, fp8, step.shape.local_tokens)
+            elif fp8 is not None:
+                saves = saves._replace(saved=te_saved(saves.saved, arch, i, fp8, step.act, step.flash))
             self._saves[key] = saves._replace(program=Program(program))  # type: ignore[index]
         return self._saves[key]  # type: ignore[index]
 
