@@ -683,7 +683,7 @@ def _stage_micro_batches(
 
 STAGE_MICRO_BATCHES = Part(
     "stages' micro-batches",
-    ("rank_model", "stages", "rank_shape", "mesh.ep", "model_code", "activation_dtype",
+    ("rank_model", "stages", "rank_shape", "mesh.ep", "model_code", "activation_dtype", "fp8",
      "activations.recompute", "activations.checkpoint_every", "activations.flash_attention",
      "activations.capacity_factor"),
     _stage_micro_batches,
