@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import one_line_error
 from typer.testing import CliRunner
 
 from zerocalc.base.dtypes import DType
@@ -120,17 +121,15 @@ def test_a_measured_fp8_point_is_the_rate_where_it_was_measured() -> None:
     assert point.tflops != pytest.approx(2 * bf16.tflops, rel=1e-3)
 
 
-def test_a_table_without_fp8_points_or_peak_keeps_the_16_bit_rate() -> None:
-    """No fp8 peak in the roofline (the A100's): an FP8 product is priced by the roofline at the bf16 peak,
-    its 1-byte operands at the memory tier: 2·m·n·k / (2·m·n·k / 10¹⁵ + (m·k + k·n + m·n) / 10¹²)."""
-    table = _bf16_only_table()
-    bare = table.model_copy(
-        update={"roofline": table.roofline.model_copy(update={"peak_tflops": {DType.BF16: 1e3}})}
-    )
-    flops, moved = 2 * T * H * H, T * H + H * H + T * H
-    assert bare.gemm_rate(T, H, H, DType.FP8) == pytest.approx(
-        flops / (flops / 1e15 + moved / 1e12), rel=1e-12
-    )
+def test_a_gpu_without_fp8_tensor_cores_is_refused_in_one_line() -> None:
+    """No fp8 peak and no FP8 points (the A100's table): FP8 GEMMs do not run there."""
+    result = runner.invoke(
+        app,
+        ["comm", "--model", "llama-3-8b", "--gpus", "8", "--framework", "megatron", "--fp8", "delayed",
+         "--gpu", "a100-80gb"],
+    )  # fmt: skip
+    line = one_line_error(result, "--fp8 on 'NVIDIA A100")
+    assert "no FP8 tensor cores" in line and "or --fp8 none" in line
 
 
 def _step(*args: str) -> dict:

@@ -190,6 +190,13 @@ class _Rates:
     def _peak(self, dtype: DType) -> float:
         roofline = self._roofline(f"{dtype.value} GEMMs")
         peak = roofline.peak_tflops.get(dtype)
+        if peak is None and dtype is DType.FP8:
+            raise InputError(
+                f"{{fp8}} on {shown(self.table.device_name)}: its compute table has no FP8 peak and no FP8 "
+                "points (no FP8 tensor cores: torch._scaled_mm and Transformer Engine's FP8 GEMMs need "
+                "compute capability 8.9 or later); accepted: a GPU with them (h100-80gb, h200-141gb, "
+                "b200-180gb, l40s, mi300x, ...), or {fp8} none"
+            )
         if peak is None:
             bf16 = roofline.peak_tflops.get(DType.BF16)
             if bf16 is None:
