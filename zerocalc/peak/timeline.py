@@ -604,6 +604,10 @@ class _Passes:
                 casts = cast_backward_excess(arch, i, step.fp8, step.shape.local_tokens, step.act, led.block)
                 led.event(f"layer {i} backward{tag}", max(saves.backward_excess, casts), TRANSIENT)
             led.free_group(f"layer {i}{tag}")
+            j = 0
+            while led.has(f"{i}.fp8 saved scale#{j}"):  # the forward's fp8 weights, saved (mechanics)
+                led.free(f"{i}.fp8 saved scale#{j}")
+                j += 1
             if i == layers[0]:
                 led.free_group(f"shared{tag}")
             for j, numel in enumerate(backward.rest):
