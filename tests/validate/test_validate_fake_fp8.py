@@ -22,31 +22,38 @@ WIDE = {
 }  # fmt: skip
 """Two Llama layers of 512-wide blocks and a 2048-wide MLP: a weight's cast (9 B per element of 2048 × 512)
 is the forward's peak and the gate projection's the backward's."""
+LLAMA_3_8B_LAYERS = {
+    **WIDE, "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "vocab_size": 16384,
+}  # fmt: skip
+"""Two of Llama 3 8B's layers, a vocabulary small enough for the casts to meet the peaks."""
 CASES = [
-    (Fp8RecipeName.TENSORWISE, False, 8, 64),
-    (Fp8RecipeName.ROWWISE, False, 8, 64),
-    (Fp8RecipeName.TENSORWISE, True, 64, 64),
-    (Fp8RecipeName.TENSORWISE, False, 8, 512),
-    (Fp8RecipeName.ROWWISE_GW_HP, False, 8, 512),
+    (WIDE, Fp8RecipeName.TENSORWISE, False, 8, 2, 64),
+    (WIDE, Fp8RecipeName.ROWWISE, False, 8, 2, 64),
+    (WIDE, Fp8RecipeName.TENSORWISE, True, 64, 2, 64),
+    (WIDE, Fp8RecipeName.TENSORWISE, False, 8, 2, 512),
+    (WIDE, Fp8RecipeName.ROWWISE_GW_HP, False, 8, 2, 512),
+    (WIDE, Fp8RecipeName.TENSORWISE, True, 8, 2, 512),
+    (LLAMA_3_8B_LAYERS, Fp8RecipeName.TENSORWISE, False, 8, 1, 2048),
 ]
 
 
 @needs_torchao
 @pytest.mark.slow
-@pytest.mark.parametrize(("recipe", "all_gather", "world", "s"), CASES)
+@pytest.mark.parametrize(("config", "recipe", "all_gather", "world", "b", "s"), CASES)
 def test_the_casts_at_the_peaks_agree_to_the_byte(
-    recipe: Fp8RecipeName, all_gather: bool, world: int, s: int
+    config: dict, recipe: Fp8RecipeName, all_gather: bool, world: int, b: int, s: int
 ) -> None:
     from zerocalc.validate import fake_step
 
-    arch = architecture_from_hf_dict(WIDE, "llama", "llama")
+    arch = architecture_from_hf_dict(config, "llama", "llama")
     case = fake.FakeCase(
-        model="llama", world=world, micro_batch=2, seq_len=s, recompute=Recompute.NONE, reshard=True,
+        model="llama", world=world, micro_batch=b, seq_len=s, recompute=Recompute.NONE, reshard=True,
         fp8=recipe, fp8_all_gather=all_gather,
     )  # fmt: skip
     request = fake.request_for(arch, case)
-    measured, seconds = fake_step.run(WIDE, world, 2, s, True, False, (recipe.value, all_gather))
-    result = fake.compare(request, case, measured, seconds, WIDE)
+    measured, seconds = fake_step.run(config, world, b, s, True, False, (recipe.value, all_gather))
+    result = fake.compare(request, case, measured, seconds, config)
     assert result.exact, [(line.line, line.measured - line.predicted) for line in result.lines]
     plain = fake.predict(fake.request_for(arch, case.model_copy(update={"fp8": Fp8RecipeName.NONE})), case)
     if not all_gather:  # the casts are what the peaks hold above bf16's
