@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from zerocalc.base.dtypes import DType
 from zerocalc.cli import app
-from zerocalc.compute.fp8 import TE_AMAX, TE_CAST_TRANSPOSE, TORCHAO_EAGER_CAST, cast_bytes
+from zerocalc.compute.fp8 import TE_AMAX, TE_CAST_TRANSPOSE, TORCHAO_EAGER_CAST, cast_bytes, fp8_rate_note
 from zerocalc.compute.ops import Kernels, micro_batch_ops
 from zerocalc.compute.table import BandwidthPoint, ComputeTable, GemmPoint, Roofline, Tier
 from zerocalc.compute.time import micro_batch_time
@@ -165,3 +165,15 @@ def test_torchaos_eager_casts_cost_more_than_its_fp8_gemms_save_on_llama_3_8b() 
     assert eager["compute_s"] > bf16["compute_s"]
     assert gathered["elementwise_s"] < eager["elementwise_s"]
     assert gathered["matmul_s"] == eager["matmul_s"]
+
+
+def test_the_step_says_where_its_fp8_rates_come_from() -> None:
+    """Measured FP8 points (the H100's), the bf16 points scaled (the assumption, said), the roofline."""
+    named = compute_table(None, "h100-80gb")
+    assert named is not None
+    torchao = Fp8Setting(Fp8RecipeName.TENSORWISE)
+    assert "measured FP8 GEMMs" in fp8_rate_note(torchao, named.table)
+    scaled = fp8_rate_note(Fp8Setting(Fp8RecipeName.DELAYED), _bf16_only_table())
+    assert "bf16 GEMM rate at each shape × the fp8 / bf16 datasheet peaks (an assumption" in scaled
+    assert "fused casts" in scaled
+    assert "roofline" in fp8_rate_note(torchao, _bf16_only_table().model_copy(update={"gemm": ()}))

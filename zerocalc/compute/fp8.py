@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from zerocalc.base.dtypes import DType
+from zerocalc.compute.table import ComputeTable
 from zerocalc.parallel.fp8 import Fp8Setting
 from zerocalc.parallel.precision import Fp8Library, Fp8RecipeName
 
@@ -77,3 +79,23 @@ def cast_bytes(m: int, n: int, k: int, fp8: Fp8Setting) -> tuple[int, int]:
         return forward, backward
     per = TE_CAST_TRANSPOSE + (TE_AMAX if fp8.recipe is Fp8RecipeName.CURRENT else 0)
     return per * (m * k + (n * k if weight_cast else 0)), per * m * n
+
+
+def fp8_rate_note(fp8: Fp8Setting, table: ComputeTable) -> str:
+    """Where the step's FP8 GEMM rates come from (said under a step that runs FP8 GEMMs)."""
+    measured = any(p.dtype is DType.FP8 for p in table.gemm)
+    if measured:
+        rates = "the compute table's measured FP8 GEMMs (torch._scaled_mm)"
+    elif any(p.dtype is DType.BF16 for p in table.gemm):
+        rates = (
+            "the compute table's bf16 GEMM rate at each shape × the fp8 / bf16 datasheet peaks (an "
+            "assumption: FP8 GEMMs reach the bf16 ones' fraction of their peak)"
+        )
+    else:
+        rates = "the roofline over the datasheet's dense FP8 peak"
+    casts = (
+        "torchao's eager casts at 33 B per element (no torch.compile)"
+        if fp8.record.library is Fp8Library.TORCHAO
+        else "Transformer Engine's fused casts"
+    )
+    return f"{{fp8}} {fp8.recipe.value}: its GEMMs at {rates}; {casts} as element-wise kernels"
