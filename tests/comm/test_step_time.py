@@ -480,6 +480,8 @@ def test_bench_compute_on_the_cpu_writes_a_table_comm_uses(tmp_path: Path) -> No
     table = load_compute_table(out)
     assert table.backend == "cpu" and table.gemm and table.attention and table.memory
     assert all(p.tflops == pytest.approx(2 * p.m * p.n * p.k / p.seconds / 1e12) for p in table.gemm)
+    fp8 = {(p.m, p.n, p.k) for p in table.gemm if p.dtype is DType.FP8}  # torch._scaled_mm on the CPU
+    assert fp8 and fp8 == {(p.m, p.n, p.k) for p in table.gemm if p.dtype is DType.BF16}
     assert not list(tmp_path.glob(".*.tmp"))
     step = (
         estimate_comm(

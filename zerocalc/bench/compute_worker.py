@@ -30,13 +30,21 @@ FP8_CAPABILITY = (8, 9)
 """Ada and Hopper: the first GPUs with fp8 tensor cores."""
 
 
-def fp8_available() -> bool:
-    return (
-        torch.cuda.is_available()
-        and torch.cuda.get_device_capability() >= FP8_CAPABILITY
-        and hasattr(torch, "_scaled_mm")
-        and hasattr(torch, "float8_e4m3fn")
-    )
+def fp8_available(device: str = "cuda") -> bool:
+    """FP8 GEMMs run on ``device``: a CUDA GPU of compute capability 8.9 or later, or a CPU where
+    ``torch._scaled_mm`` runs (torch 2.13's CPU kernel: a 16 × 16 product tried; it prices nothing, it
+    tests the path)."""
+    if not (hasattr(torch, "_scaled_mm") and hasattr(torch, "float8_e4m3fn")):
+        return False
+    if device == "cuda":
+        return torch.cuda.is_available() and torch.cuda.get_device_capability() >= FP8_CAPABILITY
+    a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+    one = torch.ones(())
+    try:
+        torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
 
 
 def visible_device() -> bool:

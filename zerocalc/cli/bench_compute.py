@@ -64,7 +64,7 @@ def bench_compute(
     gemms, attention = ladder(device)
     gemms = list(dict.fromkeys(gemms + extra_gemms))
     attention = list(dict.fromkeys(attention + extra_attention))
-    dtypes = [chosen] + ([DType.FP8] if compute_worker.fp8_available() else [])
+    dtypes = [chosen] + ([DType.FP8] if compute_worker.fp8_available(device) else [])
     shapes = (
         f"; the shapes of {model} at b {micro_batch}, s {seq_len or 'its default'}, tp {tp}" if model else ""
     )

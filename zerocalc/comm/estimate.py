@@ -49,6 +49,7 @@ from zerocalc.comm.mesh import (
 )
 from zerocalc.comm.pipeline import PipelineComm, pipeline_comm
 from zerocalc.comm.step import StepEstimate, step_estimate
+from zerocalc.compute.fp8 import fp8_rate_note
 from zerocalc.compute.table import ComputeTable
 from zerocalc.model.activations import Recompute
 from zerocalc.network.calibration import Calibration
@@ -598,10 +599,13 @@ def evaluate_comm(
         for row in rows:
             row.hidden_time_s = min(row.time_s, seconds)
             row.exposed_time_s = max(0.0, row.time_s - seconds)
+    notes = _notes(request, layout, rows)
+    if compute is not None and request.fp8.on and any(row.step is not None for row in rows):
+        notes.append(fp8_rate_note(request.fp8, compute))
     return CommEstimate(
         request=CommRequest.of(request),
         calibration_used=request.calibration_name if request.calibration is not None else None,
-        notes=_notes(request, layout, rows),
+        notes=notes,
         compute=compared,
         strategies=rows,
         pipeline=pipeline,

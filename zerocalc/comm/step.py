@@ -101,6 +101,7 @@ from zerocalc.model.architecture import Architecture, PipelineStage, stage_kind
 from zerocalc.model.code import MODEL_CODES, Shape
 from zerocalc.network.collectives import Collective
 from zerocalc.network.schedule import GradSync, Phase
+from zerocalc.parallel.fp8 import NO_FP8, Fp8Setting
 from zerocalc.parallel.framework_records import FRAMEWORKS, effective_grad_sync
 from zerocalc.parallel.framework_records.deepspeed import OVERLAP_COMM_STRATEGIES
 from zerocalc.parallel.frameworks import Framework, TorchWrapper
@@ -369,7 +370,13 @@ def request_ops(request: TrainingRequest, arch: Architecture | None = None) -> M
     shape = request.rank_shape._replace(capacity_factor=request.activations.capacity_factor)
     arch = arch or request.architecture
     return _micro_batch_ops(
-        arch, shape, kernels(request), dtype, request.mesh.ep, request_tuning(request, arch)
+        arch,
+        shape,
+        kernels(request),
+        dtype,
+        request.mesh.ep,
+        request_tuning(request, arch),
+        request.fp8,
     )
 
 
@@ -396,12 +403,18 @@ def request_tuning(request: TrainingRequest, arch: Architecture) -> FineTuneOps 
 
 @lru_cache(maxsize=1024)
 def _micro_batch_ops(
-    arch: Architecture, shape: Shape, code: Kernels, dtype: DType, ep: int, tuning: FineTuneOps | None = None
+    arch: Architecture,
+    shape: Shape,
+    code: Kernels,
+    dtype: DType,
+    ep: int,
+    tuning: FineTuneOps | None = None,
+    fp8: Fp8Setting = NO_FP8,
 ) -> MicroBatchOps:
     """:func:`~zerocalc.compute.ops.micro_batch_ops`, once per (architecture, shape, kernels, dtype, ep,
-    fine-tuning): a plan prices many candidates of one mesh and micro-batch (their strategies and
-    accumulations differ)."""
-    return micro_batch_ops(arch, shape, code, dtype, ep=ep, tuning=tuning)
+    fine-tuning, FP8 recipe): a plan prices many candidates of one mesh and micro-batch (their strategies
+    and accumulations differ)."""
+    return micro_batch_ops(arch, shape, code, dtype, ep=ep, tuning=tuning, fp8=fp8)
 
 
 _MICRO_TIMES: IdentityCache[MicroBatchTime] = IdentityCache()
@@ -864,7 +877,7 @@ def _stage_micro_batches(
 
 STAGE_MICRO_BATCHES = Part(
     "stages' micro-batches",
-    ("rank_model", "stages", "rank_shape", "mesh.ep", "model_code", "activation_dtype",
+    ("rank_model", "stages", "rank_shape", "mesh.ep", "model_code", "activation_dtype", "fp8",
      "activations.recompute", "activations.checkpoint_every", "activations.flash_attention",
      "activations.capacity_factor", "finetune", "framework", "precision", "reduce_dtype"),
     _stage_micro_batches,

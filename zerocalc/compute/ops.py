@@ -66,6 +66,7 @@ from typing import NamedTuple
 
 from zerocalc.base.dtypes import DType
 from zerocalc.compute.finetune import DORA_COMBINE_BYTES, DORA_NORM_BYTES, FineTuneOps
+from zerocalc.compute.fp8 import HIGH_PRECISION, Fp8Gemms, cast_bytes, fp8_gemms
 from zerocalc.model.activations import CpImpl
 from zerocalc.model.architecture import (
     Architecture,
@@ -80,6 +81,7 @@ from zerocalc.model.architecture import (
 )
 from zerocalc.model.code import Shape
 from zerocalc.model.traits import traits
+from zerocalc.parallel.fp8 import NO_FP8, Fp8Setting
 from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerImpl, OptimizerName
 from zerocalc.parallel.precision import TensorDtypes
 
@@ -131,6 +133,8 @@ class Gemm(NamedTuple):
     """Its backward computes the weight's gradient (not for a frozen weight)."""
     dtype: DType | None = None
     """Its inputs' dtype where it is not the micro-batch's (PEFT's fp32 adapters under bf16-pure)."""
+    fp8: Fp8Gemms = HIGH_PRECISION
+    """Which of its products run in FP8 (a weight an FP8 recipe converts: :mod:`zerocalc.compute.fp8`)."""
 
     @property
     def flops(self) -> float:
@@ -142,12 +146,19 @@ class Gemm(NamedTuple):
         return self.flops * (self.dgrad + self.wgrad)
 
     def backward(self) -> tuple[Gemm, ...]:
-        """The input gradient (m × n · n × k) and the weight gradient (k × m · m × n), those that run."""
+        """The input gradient (m × n · n × k) and the weight gradient (k × m · m × n), those that run, each
+        in FP8 where the recipe runs it so."""
         products = []
         if self.dgrad:
-            products.append(Gemm(f"{self.name} dgrad", self.m, self.k, self.n, self.count, dtype=self.dtype))
+            products.append(
+                Gemm(f"{self.name} dgrad", self.m, self.k, self.n, self.count, dtype=self.dtype,
+                     fp8=Fp8Gemms(self.fp8.input_grad))
+            )  # fmt: skip
         if self.wgrad:
-            products.append(Gemm(f"{self.name} wgrad", self.k, self.n, self.m, self.count, dtype=self.dtype))
+            products.append(
+                Gemm(f"{self.name} wgrad", self.k, self.n, self.m, self.count, dtype=self.dtype,
+                     fp8=Fp8Gemms(self.fp8.weight_grad))
+            )  # fmt: skip
         return tuple(products)
 
 
@@ -253,6 +264,7 @@ def _layer_ops(
     act: int,
     tuning: FineTuneOps | None = None,
     dtype: DType = DType.BF16,
+    fp8: Fp8Setting = NO_FP8,
 ) -> LayerOps:
     tp = arch.tp if isinstance(arch, TensorParallelRank) else 1
     tokens, rows = shape.local_tokens, shape.sequence_tokens
@@ -287,7 +299,9 @@ def _layer_ops(
                 gemms += linear[0]
                 traffic += linear[1]
             elif out and inner:
-                gemms.append(Gemm(leaf, tokens, out, inner))
+                gemms.append(
+                    _linear(leaf, tokens, out, inner, fp8 if fp8.converts(tensor) else NO_FP8, traffic)
+                )
         elif len(tensor.shape) == 1 and tensor.name == "weight" and "norm" in leaf:
             width = tensor.shape[0]
             if leaf in ("q_norm", "k_norm") and arch.qk_norm is QkNorm.PER_HEAD:
@@ -322,6 +336,15 @@ def _layer_ops(
         _core_traffic(arch, attention, kernels, scale),
         backward,
     )
+
+
+def _linear(name: str, m: int, n: int, k: int, fp8: Fp8Setting, traffic: list[Traffic]) -> Gemm:
+    """A Linear's product; under an FP8 recipe that converts its weight, its FP8 products and (into
+    ``traffic``) the casts feeding them (:mod:`zerocalc.compute.fp8`)."""
+    if fp8.on:
+        forward, backward = cast_bytes(m, n, k, fp8)
+        traffic.append(Traffic(f"{name} fp8 casts", forward, 1, backward))
+    return Gemm(name, m, n, k, fp8=fp8_gemms(fp8))
 
 
 def expert_load(arch: Architecture, shape: Shape, ep: int = 1) -> tuple[int, int]:
@@ -429,17 +452,19 @@ def micro_batch_ops(
     dtype: DType,
     ep: int = 1,
     tuning: FineTuneOps | None = None,
+    fp8: Fp8Setting = NO_FP8,
 ) -> MicroBatchOps:
     """The forward of one micro-batch on one rank holding ``arch`` (a pipeline stage's share: its layers,
     the embedding where it holds it, the final norm, LM head and loss where it holds them); ``tuning``: a
-    fine-tuning run's frozen, adapted and quantised Linears (:mod:`zerocalc.compute.finetune`)."""
+    fine-tuning run's frozen, adapted and quantised Linears (:mod:`zerocalc.compute.finetune`);
+    ``fp8``: the FP8 recipe its converted Linear weights run."""
     indices = range(arch.num_layers)
     act = dtype.bytes
     groups: dict[tuple, list[int]] = {}
     for index in indices:
         groups.setdefault((arch.is_moe_layer(index), *_tuning_key(arch, index, tuning)), []).append(index)
     layer_ops = tuple(
-        _layer_ops(arch, members[0], shape, len(members), kernels, ep, act, tuning, dtype)
+        _layer_ops(arch, members[0], shape, len(members), kernels, ep, act, tuning, dtype, fp8)
         for members in groups.values()
     )
     tokens, rows, h = shape.local_tokens, shape.sequence_tokens, arch.hidden_size
@@ -465,7 +490,9 @@ def micro_batch_ops(
             gemms += head_gemms
             traffic += head_traffic
         else:
-            gemms.append(Gemm("lm_head", tokens, vocab, h))
+            gemms.append(
+                _linear("lm_head", tokens, vocab, h, fp8 if fp8.converts(matrix) else NO_FP8, traffic)
+            )
         logits = tokens * vocab
         traffic.append(Traffic("loss", LOSS_FORWARD * logits, 1, LOSS_BACKWARD * logits))
     return MicroBatchOps(layer_ops, tuple(gemms), tuple(traffic), dtype)

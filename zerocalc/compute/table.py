@@ -4,7 +4,8 @@ A table holds measured points (``zerocalc bench --compute`` writes them; the GPU
 in ``presets/compute/``) and a *roofline* for what was not measured:
 
 * **GEMMs**: achieved FLOP/s of ``(m × k) · (k × n)`` products per dtype, measured at the model's shapes
-  and at a ladder of sizes;
+  and at a ladder of sizes; an FP8 product on a table that measured only bf16 ones runs at the bf16
+  rate of its shape × the roofline's fp8 / bf16 peak (:meth:`_Rates._scaled_from_bf16`);
 * **attention**: achieved FLOP/s (executed FLOPs: a causal mask halves them) of the fused SDPA kernel,
   forward and backward, per (batch, heads, query and key lengths, head dimension);
 * **memory**: achieved bytes/s (read + written) of an element-wise kernel per tensor size.
@@ -189,6 +190,13 @@ class _Rates:
     def _peak(self, dtype: DType) -> float:
         roofline = self._roofline(f"{dtype.value} GEMMs")
         peak = roofline.peak_tflops.get(dtype)
+        if peak is None and dtype is DType.FP8:
+            raise InputError(
+                f"{{fp8}} on {shown(self.table.device_name)}: its compute table has no FP8 peak and no FP8 "
+                "points (no FP8 tensor cores: torch._scaled_mm and Transformer Engine's FP8 GEMMs need "
+                "compute capability 8.9 or later); accepted: a GPU with them (h100-80gb, h200-141gb, "
+                "b200-180gb, l40s, mi300x, ...), or {fp8} none"
+            )
         if peak is None:
             bf16 = roofline.peak_tflops.get(DType.BF16)
             if bf16 is None:
@@ -203,6 +211,8 @@ class _Rates:
             points = self._gemm.get(dtype)
             if points:
                 rate = _interpolated(points, (m, n, k))
+            elif (scaled := self._scaled_from_bf16(m, n, k, dtype)) is not None:
+                rate = scaled
             else:
                 roofline = self._roofline(f"{dtype.value} GEMMs")
                 flops = 2.0 * m * n * k
@@ -212,6 +222,21 @@ class _Rates:
                 rate = flops / seconds
             self._cache[key] = rate
         return rate  # type: ignore[return-value]
+
+    def _scaled_from_bf16(self, m: int, n: int, k: int, dtype: DType) -> float | None:
+        """An FP8 product where only bf16 ones were measured: the bf16 rate at that shape × the datasheet's
+        fp8 peak / its bf16 peak, the measured efficiency applied to the fp8 peak (an assumption: FP8
+        kernels reach the fraction of their peak bf16 ones do at the same shape; ``bench --compute``
+        measures FP8 products where ``torch._scaled_mm`` runs). None: not FP8, no bf16 points, or the
+        roofline has no fp8 peak."""
+        bf16 = self._gemm.get(DType.BF16)
+        roofline = self.table.roofline
+        if dtype is not DType.FP8 or not bf16 or roofline is None:
+            return None
+        peaks = roofline.peak_tflops
+        if DType.FP8 not in peaks or DType.BF16 not in peaks:
+            return None
+        return _interpolated(bf16, (m, n, k)) * peaks[DType.FP8] / peaks[DType.BF16]
 
     def attention(
         self, batch: int, heads: int, seq_q: int, seq_kv: int, head_dim: int, causal: bool, dtype: DType

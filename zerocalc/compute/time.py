@@ -94,11 +94,13 @@ class ComputeTime(NamedTuple):
 
 def _gemm_s(table: ComputeTable, gemm: Gemm, dtype: DType) -> float:
     """A product's seconds; ``count`` products of one shape (a batched product, the experts' grouped
-    products) run at the rate of one product of their stacked rows, (count·m) × k · k × n; in its own
-    dtype where it has one (PEFT's fp32 adapters), else ``dtype``."""
+    products) run at the rate of one product of their stacked rows, (count·m) × k · k × n; an FP8 product
+    (:mod:`zerocalc.compute.fp8`) at the table's FP8 rate, another in its own dtype where it has one (PEFT's
+    fp32 adapters), else ``dtype``."""
     if not gemm.flops:
         return 0.0
-    return gemm.flops / table.gemm_rate(gemm.m * gemm.count, gemm.n, gemm.k, gemm.dtype or dtype)
+    dtype = DType.FP8 if gemm.fp8.forward else (gemm.dtype or dtype)
+    return gemm.flops / table.gemm_rate(gemm.m * gemm.count, gemm.n, gemm.k, dtype)
 
 
 def _traffic_s(table: ComputeTable, traffic: Traffic, backward: bool = False) -> float:

@@ -296,6 +296,10 @@ class Fp8Recipe(NamedTuple):
     """Its weights can be all-gathered in FP8 (torchao ``enable_fsdp_float8_all_gather``, tensorwise only;
     Megatron-LM ``--fp8-param-gather``)."""
     source: str
+    weight_grad_fp8: bool = True
+    """Its weight-gradient GEMM runs in FP8 too (the forward and input-gradient GEMMs always do): torchao
+    ``ROWWISE_WITH_GW_HP`` disables the grad-weight casts (``cast_config_input_for_grad_weight``,
+    ``cast_config_grad_output_for_grad_weight``: ``ScalingType.DISABLED``) and runs it in high precision."""
 
 
 _TORCHAO = "torchao 0.18 torchao/float8/config.py Float8LinearConfig.from_recipe_name"
@@ -309,7 +313,7 @@ FP8_RECIPES: dict[Fp8RecipeName, Fp8Recipe] = {
                   f"{_TORCHAO} (ROWWISE)"),
         Fp8Recipe(Fp8RecipeName.ROWWISE_GW_HP, Fp8Library.TORCHAO,
                   "one dynamic scale per row; the weight gradient's GEMM in high precision", 0, 4, False,
-                  False, f"{_TORCHAO} (ROWWISE_WITH_GW_HP)"),
+                  False, f"{_TORCHAO} (ROWWISE_WITH_GW_HP)", weight_grad_fp8=False),
         Fp8Recipe(Fp8RecipeName.DELAYED, Fp8Library.TRANSFORMER_ENGINE,
                   "one scale per tensor from an amax history", 0, 4, True, True, f"{_TE} DelayedScaling"),
         Fp8Recipe(Fp8RecipeName.CURRENT, Fp8Library.TRANSFORMER_ENGINE, "one current scale per tensor", 0, 4,

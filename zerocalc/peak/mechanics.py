@@ -516,7 +516,13 @@ class Fsdp2(Fsdp):
             led.event(labels.unshard_copy_out)
             scales = self._fp8_scales(unit)
             if scales:  # fsdp_post_all_gather: the new scales replace the previous all-gather's
-                if f"{unit.name}.fp8 scale#0" in led.live:
+                if f"{unit.name}.fp8 scale#0" in led.live and backward and unit.name != "root":
+                    # out._scale = scale: the unsharded weight takes the new scale, but the forward's saved
+                    # weights (Float8Linear's weight_hp_t, a transposed Float8TrainingTensor) keep theirs
+                    # until the block's backward has run (freed with its saved tensors: the timeline)
+                    for i in range(len(scales)):
+                        led.rename(f"{unit.name}.fp8 scale#{i}", f"{unit.name}.fp8 saved scale#{i}")
+                elif f"{unit.name}.fp8 scale#0" in led.live:
                     led.free_each(f"{unit.name}.fp8 scale", len(scales))
                 for i in range(len(scales)):
                     led.rename(f"{unit.name}.fp8 new scale#{i}", f"{unit.name}.fp8 scale#{i}")

@@ -201,6 +201,7 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
         stage=stage_plan(request, act),
         tuning=_tuning(request),
         forward_transients=forward_transients(request),
+        fp8=request.fp8,
     )
 
 

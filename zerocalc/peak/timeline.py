@@ -52,8 +52,10 @@ from zerocalc.model.code import (
     vocab_shard,
 )
 from zerocalc.model.traits import traits
+from zerocalc.parallel.fp8 import NO_FP8, Fp8Setting
 from zerocalc.parallel.framework_records.record import ModelInit
 from zerocalc.parallel.pipeline import Pass
+from zerocalc.peak.fp8 import cast_backward_excess, cast_forward_excess, te_saved, torchao_casts, with_casts
 from zerocalc.peak.kinds import StepPhase, TensorKind
 from zerocalc.peak.layer_nodes import (
     Op,
@@ -118,6 +120,8 @@ class StepShape(NamedTuple):
     tuning: ForwardTuning | None = None
     """A fine-tuning run's forward (what its layers save: :func:`~zerocalc.model.code.layer_saves`'s
     ``tuning``); None: every parameter trained."""
+    fp8: Fp8Setting = NO_FP8
+    """The FP8 recipe of the converted Linear layers (torchao's eager casts: :mod:`zerocalc.peak.fp8`)."""
     saves: dict[tuple[bool, bool], LayerSaves] | None = None
     """Where the step finds and keeps its layers' saves, per kind of layer (mixture-of-experts or not) and
     cache use: steps of one micro-batch and recompute whose blocks are alike may share one (the plan's
@@ -283,14 +287,20 @@ class _Passes:
     def saves_of(self, i: int, use_cache: bool) -> LayerSaves:
         """A layer's saves depend on its index only through whether it is a mixture-of-experts layer."""
         step, arch = self.step, self.step.arch
-        key = (arch.is_moe_layer(i), use_cache)
+        fp8 = step.fp8 if step.fp8.on else None  # torchao's casts in the program, TE's fp8 saved inputs
+        key = (arch.is_moe_layer(i), use_cache) if fp8 is None else (arch.is_moe_layer(i), use_cache, fp8)
         if key not in self._saves:
             saves = layer_saves(
                 step.impl, arch, i, step.shape, step.act, step.device, use_cache=use_cache, flash=step.flash,
                 selective=self.selective, tuning=step.tuning,
             )  # fmt: skip
-            self._saves[key] = saves._replace(program=Program(saves.program))
-        return self._saves[key]
+            program = saves.program
+            if fp8 is not None and torchao_casts(fp8):
+                program = with_casts(program, arch, i, fp8, step.shape.local_tokens)
+            elif fp8 is not None:
+                saves = saves._replace(saved=te_saved(saves.saved, arch, i, fp8, step.act, step.flash))
+            self._saves[key] = saves._replace(program=Program(program))  # type: ignore[index]
+        return self._saves[key]  # type: ignore[index]
 
     def nodes_of(self, i: int) -> LayerNodes:
         """Layer ``i``'s moments node by node (:mod:`zerocalc.peak.layer_nodes`), which depend on its index
@@ -323,7 +333,9 @@ class _Passes:
         written node by node, else ``forward_excess``."""
         led, forward = self.led, self.nodes_of(i).forward
         if not forward:
-            led.event(name, saves.forward_excess, TRANSIENT)
+            step = self.step
+            casts = cast_forward_excess(step.arch, i, step.fp8, step.shape.local_tokens, step.act)
+            led.event(name, max(saves.forward_excess, casts), TRANSIENT)
             return
         temps = [f"{name}: transient#{n}" for n in range(len(forward))]
         for temp, nbytes in zip(temps, forward, strict=True):
@@ -600,8 +612,13 @@ class _Passes:
             if backward.program:
                 _run_backward_program(led, mechanics, i, backward.program, tag)
             else:
-                led.event(f"layer {i} backward{tag}", saves.backward_excess, TRANSIENT)
+                casts = cast_backward_excess(arch, i, step.fp8, step.shape.local_tokens, step.act, led.block)
+                led.event(f"layer {i} backward{tag}", max(saves.backward_excess, casts), TRANSIENT)
             led.free_group(f"layer {i}{tag}")
+            j = 0
+            while led.has(f"{i}.fp8 saved scale#{j}"):  # the forward's fp8 weights, saved (mechanics)
+                led.free(f"{i}.fp8 saved scale#{j}")
+                j += 1
             if i == layers[0]:
                 led.free_group(f"shared{tag}")
             for j, numel in enumerate(backward.rest):

@@ -132,10 +132,10 @@ def not_claimed(config: dict[str, Any], arch: Architecture, case: FakeCase) -> s
         )
     if case.fp8 is not Fp8RecipeName.NONE:
         return (
-            "torchao's eager fp8 casts are not in the timeline: each cast of an n-element tensor holds an "
-            "fp32 scaled and an fp32 clamped copy beside its fp8 result, about 9n bytes for a moment "
-            "(float8_training_tensor.py _ToFloat8ConstrFunc, float8_utils.py to_fp8_saturated); a peak "
-            "falling inside one is under-predicted"
+            "torchao's eager fp8 casts (9 bytes per element cast: an fp32 scaled and an fp32 clamped copy "
+            "beside the fp8 result) are in the forward op by op, and in the backward at each Linear's "
+            "start as the nodes before it leave it (the order of autograd's frees approximated: a "
+            "backward peak inside a cast may be off by a few token-by-width tensors)"
         )
     if max(arch.residual_dropout, arch.embedding_dropout, arch.attention_dropout) > 0:
         return (

@@ -1,0 +1,101 @@
+"""What FP8 changes of a rank's compute (pure): which of a converted Linear's three GEMMs run in FP8, and the
+bytes of the casts that feed them, priced as element-wise (memory-bound) kernels.
+
+**Which GEMMs.** A converted weight (:meth:`~zerocalc.parallel.fp8.Fp8Setting.converts`) runs its forward
+and input-gradient products in FP8, and its weight-gradient product too unless its recipe keeps that one in
+high precision (the precision record's ``weight_grad_fp8``: torchao ``ROWWISE_WITH_GW_HP``). Transformer
+Engine runs all three in FP8 (E4M3 forward, E5M2 gradients under the hybrid format). An FP8 product's rate
+is the compute table's FP8 rate for its shape (:meth:`~zerocalc.compute.table.ComputeTable.gemm_rate`).
+
+**The casts**, per converted Linear and micro-batch, bytes read + written per element of the tensor cast:
+
+* torchao 0.18 eager (``float8/float8_linear.py`` ``matmul_with_hp_or_float8_args``; ``float8_utils.py``
+  ``tensor_to_amax``, ``to_fp8_saturated``; ``float8_training_tensor.py`` ``_ToFloat8ConstrFunc``), a
+  16-bit tensor: ``abs`` r2 w2, ``max`` r2, ``.to(float32)`` r2 w4, ``· scale`` r4 w4, ``clamp`` r4 w4,
+  ``.to(float8)`` r4 w1: :data:`TORCHAO_EAGER_CAST` = 33. Forward: the input (m·k) and the weight (n·k);
+  backward: the output gradient (m·n) and the weight again for the input gradient, and, where the weight
+  gradient runs in FP8, the output gradient (m·n) and the saved high-precision input (m·k) cast once more
+  (each cast its own ``hp_tensor_to_float8_dynamic``). A weight all-gathered in FP8 is cast already
+  (``tensor_already_casted_to_fp8``; its shard's cast in ``fsdp_pre_all_gather`` is not counted). The
+  casts' results have the layouts ``torch._scaled_mm`` takes (``float8_ops.py`` ``preprocess_addmm``
+  copies none: traced op by op on the CPU, torch 2.13). Eager, as torchtitan runs without
+  ``compile.enable``; under ``torch.compile`` these kernels fuse (not modelled: zerocalc refuses
+  ``compile.enable``).
+* Transformer Engine 2.x (``transformer_engine/common/transpose/cast_transpose.cu``): one fused kernel
+  per tensor writes its rowwise and columnwise FP8 copies, r2 w1 w1 (:data:`TE_CAST_TRANSPOSE` = 4), with
+  the amax computed in the same pass (DelayedScaling from the history; block and MX recipes per block);
+  ``Float8CurrentScaling`` reads the tensor once more for its amax first (``nvte_compute_amax``,
+  :data:`TE_AMAX` = 2). Forward: the input and the weight (none with FP8 parameters: the distributed
+  optimizer's fp8 parameter gather); backward: the output gradient; the input's columnwise copy is saved
+  from the forward. The weight is cast every micro-batch here; TE caches it over a step's micro-batches
+  (``is_first_microbatch``): an overcount of (A − 1)/A of the weights' casts.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from zerocalc.base.dtypes import DType
+from zerocalc.compute.table import ComputeTable
+from zerocalc.parallel.fp8 import Fp8Setting
+from zerocalc.parallel.precision import Fp8Library, Fp8RecipeName
+
+TORCHAO_EAGER_CAST = 33
+"""Bytes per element of torchao's eager cast of a 16-bit tensor to FP8 (see the module's doc)."""
+TE_CAST_TRANSPOSE = 4
+"""Bytes per element of Transformer Engine's fused cast-transpose of a 16-bit tensor."""
+TE_AMAX = 2
+"""Bytes per element of Transformer Engine's separate amax pass (current scaling)."""
+
+
+class Fp8Gemms(NamedTuple):
+    """Which of a Linear's products run in FP8."""
+
+    forward: bool = False
+    input_grad: bool = False
+    weight_grad: bool = False
+
+
+HIGH_PRECISION = Fp8Gemms()
+
+
+def fp8_gemms(fp8: Fp8Setting) -> Fp8Gemms:
+    """The products a weight ``fp8`` converts runs in FP8 (its recipe's)."""
+    if not fp8.on:
+        return HIGH_PRECISION
+    return Fp8Gemms(True, True, fp8.record.weight_grad_fp8)
+
+
+def cast_bytes(m: int, n: int, k: int, fp8: Fp8Setting) -> tuple[int, int]:
+    """(forward, backward) bytes of the casts feeding a converted Linear's products, an (m × k) input and an
+    (n × k) weight (see the module's doc)."""
+    weight_cast = not fp8.all_gather and not fp8.model_init  # an fp8 weight is cast already
+    if fp8.record.library is Fp8Library.TORCHAO:
+        per = TORCHAO_EAGER_CAST
+        forward = per * (m * k + (n * k if weight_cast else 0))
+        backward = per * (m * n + (n * k if weight_cast else 0))
+        if fp8.record.weight_grad_fp8:
+            backward += per * (m * n + m * k)
+        return forward, backward
+    per = TE_CAST_TRANSPOSE + (TE_AMAX if fp8.recipe is Fp8RecipeName.CURRENT else 0)
+    return per * (m * k + (n * k if weight_cast else 0)), per * m * n
+
+
+def fp8_rate_note(fp8: Fp8Setting, table: ComputeTable) -> str:
+    """Where the step's FP8 GEMM rates come from (said under a step that runs FP8 GEMMs)."""
+    measured = any(p.dtype is DType.FP8 for p in table.gemm)
+    if measured:
+        rates = "the compute table's measured FP8 GEMMs (torch._scaled_mm)"
+    elif any(p.dtype is DType.BF16 for p in table.gemm):
+        rates = (
+            "the compute table's bf16 GEMM rate at each shape × the fp8 / bf16 datasheet peaks (an "
+            "assumption: FP8 GEMMs reach the bf16 ones' fraction of their peak)"
+        )
+    else:
+        rates = "the roofline over the datasheet's dense FP8 peak"
+    casts = (
+        "torchao's eager casts at 33 B per element (no torch.compile)"
+        if fp8.record.library is Fp8Library.TORCHAO
+        else "Transformer Engine's fused casts"
+    )
+    return f"{{fp8}} {fp8.recipe.value}: its GEMMs at {rates}; {casts} as element-wise kernels"
