@@ -2,7 +2,8 @@
 
 Run: python benchmarks/plan.py [--repeat 5]. One core. For each case, the candidates, each given its peak
 (the framework's part once per configuration plus the model's once per micro-batch and recompute:
-zerocalc.plan.allocated), its communication and step time, per second of the search:
+zerocalc.plan.allocated), its step's lower bound, and the communication and step time of each one the walk
+reaches, per second of the search:
 
 * cold: the first search of a fresh Python process (what `zerocalc plan` does: the per-model caches —
   units, models cut to 4 and 5 layers, layouts — are filled by it), the median over ``--repeat`` processes;

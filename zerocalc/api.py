@@ -13,7 +13,8 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from zerocalc.base.errors import InputError, keyword
-from zerocalc.request.options import Command, as_given, library_options, option, with_launch_configs
+from zerocalc.request.launch import with_launch_configs
+from zerocalc.request.options import Command, as_given, library_options, option
 
 if TYPE_CHECKING:
     from zerocalc.comm.estimate import CommEstimate

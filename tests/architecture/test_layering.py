@@ -216,12 +216,7 @@ def test_no_module_level_import_cycle() -> None:
     assert not cycles, "\n".join(" -> ".join(cycle) for cycle in cycles)
 
 
-CYCLES_BEING_REMOVED: dict[tuple[str, str], str] = {
-    ("zerocalc.request.launch", "zerocalc.request.model_spec"): (
-        "request/launch.py takes model_spec.py's model_spec (a config's layer count) inside a function; "
-        "model_spec → values → options → (reading a launch config) launch → model_spec"
-    ),
-}
+CYCLES_BEING_REMOVED: dict[tuple[str, str], str] = {}
 """The imports that close the import cycles still in the code, each closed inside a function. They are
 being removed (issue 39, the lead's part): delete an entry with its cycle; nothing else may be added."""
 

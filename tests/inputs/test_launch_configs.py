@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from zerocalc import InputError
 from zerocalc.api import estimate_peak
 from zerocalc.cli import app
-from zerocalc.request.launch import HARMLESS_NOTE, LaunchFormat, read_launch_config
+from zerocalc.request.launch import LaunchFormat, read_launch_config
+from zerocalc.request.launch_config import HARMLESS_NOTE
 
 runner = CliRunner()
 
@@ -534,8 +535,8 @@ KEY_LISTS = DATA / "launch_keys"
 def test_every_key_a_launch_format_defines_is_sorted(kind: LaunchFormat) -> None:
     """Each key of the format's own definition (tests/data/launch_keys, read from the versions the tables
     name) is modelled, harmless or refused: none falls through to 'unknown'."""
-    from zerocalc.request.launch import _TITAN_RENAMED
     from zerocalc.request.launch_keys import ACCELERATE_KEYS, DEEPSPEED_KEYS, TORCHTITAN_KEYS, rule_of
+    from zerocalc.request.launch_torchtitan import _TITAN_RENAMED
 
     table = {"deepspeed": DEEPSPEED_KEYS, "torchtitan": TORCHTITAN_KEYS, "accelerate": ACCELERATE_KEYS}[kind]
     lines = (KEY_LISTS / f"{kind.value}.txt").read_text().splitlines()

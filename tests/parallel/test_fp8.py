@@ -16,7 +16,8 @@ from zerocalc.parallel.fp8 import Fp8Setting, torchtitan_fqn
 from zerocalc.parallel.framework_records import FRAMEWORKS
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.precision import Fp8RecipeName, Fp8Use, PrecisionName
-from zerocalc.request.options import Command, with_launch_configs
+from zerocalc.request.launch import with_launch_configs
+from zerocalc.request.options import Command
 from zerocalc.request.presets import load_model
 from zerocalc.request.training import TrainingRequest, parse_options
 

@@ -9,7 +9,8 @@ from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app, flag
 from zerocalc.cli.render import console, print_json
 from zerocalc.render.comm import render_comm
-from zerocalc.request.options import Command, as_given, with_launch_configs
+from zerocalc.request.launch import with_launch_configs
+from zerocalc.request.options import Command, as_given
 
 
 @app.command(cls=PlainTextCommand)

@@ -11,7 +11,8 @@ from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app, fail, flag
 from zerocalc.cli.render import console, print_json
 from zerocalc.render.memory import render_framework_states, render_memory, render_peak
-from zerocalc.request.options import Command, as_given, with_launch_configs
+from zerocalc.request.launch import with_launch_configs
+from zerocalc.request.options import Command, as_given
 
 if TYPE_CHECKING:
     from zerocalc.peak.report import MemoryReport

@@ -19,7 +19,8 @@ from zerocalc.cli.render import (
     unit_label,
 )
 from zerocalc.render.tables import STEP_TIME_ACCURACY
-from zerocalc.request.options import Command, echo, with_launch_configs
+from zerocalc.request.launch import with_launch_configs
+from zerocalc.request.options import Command, echo
 
 if TYPE_CHECKING:
     from zerocalc.plan.search import PlanResult, PlanRow

@@ -987,6 +987,18 @@ def step_time(
     return STEP.run(request, parts, table, strategy)
 
 
+def compute_bound_s(request: TrainingRequest, table: ComputeTable, parts: Parts = UNCACHED) -> float:
+    """A lower bound of :data:`STEP`'s ``step_s``: the A micro-batches' forward, backward and recompute
+    seconds of the slowest kind of stage (:data:`STAGE_MICRO_BATCHES`), less a billionth for the rounding of
+    summing them otherwise. The step adds to them the optimizer step, the framework's own kernels, the
+    exposed communication, the bubble and the offload, none below zero (:func:`step_compute`,
+    :func:`slowest_stage`, :func:`assemble`)."""
+    accum = request.grad_accum
+    micro_batches = parts.get(STAGE_MICRO_BATCHES, request, table)
+    passes = max(m.forward.total + m.backward.total + m.recompute.total for m, _ in micro_batches)
+    return accum * passes * (1 - 1e-9)
+
+
 def step_estimate(
     request: TrainingRequest, table: ComputeTable, table_name: str, strategy: StrategyName
 ) -> StepEstimate:

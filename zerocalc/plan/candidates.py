@@ -97,9 +97,10 @@ class Bases(NamedTuple):
     options at their defaults), and its buffers (a candidate's prefetch is memory's option alone)."""
     last: list[tuple[TrainingRequest, TrainingRequest]]
     """The memory and comm requests of the last group accepted (empty before the first): the next group's
-    are varied from them (every group sets the same inputs, so any accepted request is as good a start as the
-    base, and :meth:`~zerocalc.request.training.TrainingRequest.with_` re-runs only the checks of the
-    inputs by which they differ; the search's groups come in an order where neighbours differ in few)."""
+    memory request is varied from its (every group sets the same inputs, so any accepted request is as good a
+    start as the base, and :meth:`~zerocalc.request.training.TrainingRequest.with_` re-runs only the checks
+    of the inputs by which they differ; the search's groups come in an order where neighbours differ in
+    few), its comm request from its memory request."""
 
     @classmethod
     def of(cls, plan: PlanRequest) -> Bases:
@@ -143,13 +144,11 @@ def group_requests(plan: PlanRequest, group: Group, bases: Bases) -> list[Candid
     changes = group_changes(plan, group, first)
     prefetch = {} if group.prefetch is None else {"prefetch": group.prefetch}  # memory's option alone
     buffers = bases.memory.buffers.model_copy(update=prefetch)
-    if bases.last:
-        memory_start, comm_start = bases.last[0]
-        memory = memory_start.with_(**changes, buffers=buffers)
-        comm = comm_start.with_(**changes, **bases.to_comm)
-    else:
-        memory = bases.memory.with_(**changes, buffers=buffers)
-        comm = memory.with_(**bases.to_comm)  # the checks of what comm's options change
+    start = bases.last[0][0] if bases.last else bases.memory
+    memory = start.with_(**changes, buffers=buffers)
+    # the checks of what comm's options change (the others read what memory's request passed): fewer than
+    # those of what the group changes
+    comm = memory.with_(**bases.to_comm)
     bases.last[:] = [(memory, comm)]
     return [
         CandidateRequests(b, group.accumulation(plan.global_batch_sequences, b), (memory, comm))

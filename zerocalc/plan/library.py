@@ -11,7 +11,8 @@ from typing import Any
 from zerocalc.base.errors import InputError
 from zerocalc.plan.search import PlanResult, search
 from zerocalc.plan.space import PlanOptions, parse_plan
-from zerocalc.request.options import Command, echo, library_options, option, with_launch_configs
+from zerocalc.request.launch import with_launch_configs
+from zerocalc.request.options import Command, echo, library_options, option
 from zerocalc.request.training import options_from_keywords
 
 

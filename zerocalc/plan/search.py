@@ -17,6 +17,7 @@ once per key, every accumulation derived). The peak is ``memory``'s model in two
 from __future__ import annotations
 
 import gc
+import heapq
 import math
 import time
 from collections import Counter
@@ -37,6 +38,7 @@ from zerocalc.comm.step import (
     NVME_BPS,
     PCIE_BPS,
     StepTime,
+    compute_bound_s,
     step_time,
 )
 from zerocalc.compute.ops import MFU_FORMULA
@@ -210,10 +212,27 @@ MESH_ASSUMPTION = (
 
 
 class _Cand:
-    __slots__ = ("accum", "b", "exact", "group", "lower", "requests", "stage_over", "status", "time")
+    __slots__ = (
+        "accum",
+        "b",
+        "bound_s",
+        "exact",
+        "group",
+        "lower",
+        "requests",
+        "stage_over",
+        "status",
+        "time",
+    )
 
-    def __init__(self, group: Group, requests: CandidateRequests, t: StepTime | None, lower: int):
+    def __init__(
+        self, group: Group, requests: CandidateRequests, t: StepTime | None, lower: int, bound_s: float | None
+    ):
         self.group, self.time = group, t
+        self.bound_s = bound_s
+        """Where it is not priced yet but can be ranked: its step's lower bound (its slowest stage's
+        micro-batches, :func:`~zerocalc.comm.step.compute_bound_s`); the walk prices it when it reaches the
+        bound."""
         self.b, self.accum = requests.b, requests.accum
         self.requests = requests
         """Its memory and comm requests (:mod:`zerocalc.plan.candidates`)."""
@@ -358,14 +377,25 @@ class _Resolver:
         return [self._candidate(group, r, peaks[r.b] + outside) for r in requests]
 
     def _candidate(self, group: Group, requests: CandidateRequests, lower: int) -> _Cand:
-        """The candidate of its lower bound, priced where it can fit or where every candidate is listed
-        (``price_all``): one whose bound is above the fit limit cannot be ranked."""
-        timed = self._step(requests) if lower <= self.setting.limit or self.price_all else None
-        return _Cand(group, requests, timed, lower)
+        """The candidate of its lower bound: priced where every candidate is listed (``price_all``), else
+        given its step's lower bound where it can fit (the walk prices it when it reaches it,
+        :func:`_in_order`): one whose peak's bound is above the fit limit cannot be ranked."""
+        if self.price_all:
+            return _Cand(group, requests, self._step(requests), lower, None)
+        if lower > self.setting.limit:
+            return _Cand(group, requests, None, lower, None)
+        bound = compute_bound_s(requests.comm, self.plan.compute, self.parts)
+        return _Cand(group, requests, None, lower, bound)
 
     def _step(self, requests: CandidateRequests) -> StepTime:
         comm = requests.comm
         return step_time(comm, self.plan.compute, comm.strategies[0], self.parts)
+
+    def price(self, cand: _Cand) -> None:
+        """The candidate's step time, from its bound's parts and the rest of the step's."""
+        cand.time = self._step(cand.requests)
+        assert cand.bound_s is not None and cand.time.step_s >= cand.bound_s, "a step below its bound"
+        cand.bound_s = None
 
     def _allocated(self, requests: list[CandidateRequests]) -> dict[int, int]:
         """Each candidate's allocated peak, exact, from the step's parts (:class:`~zerocalc.plan.allocated.
@@ -416,10 +446,9 @@ def _resolve(
     groups: list[Group],
     rejected: Counter[str],
     on_progress: Callable[[int, int], None] | None,
-    price_all: bool = True,
+    resolver: _Resolver,
 ) -> list[_Cand]:
     """Every candidate of the groups the parser accepts (the others counted in ``rejected``)."""
-    resolver = _Resolver(plan, setting, price_all)
     cands: list[_Cand] = []
     step = max(1, len(groups) // 20)
     for index, group in enumerate(groups):
@@ -461,12 +490,15 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
     rejected: Counter[str] = Counter()
     for item in early:
         rejected[item.reason] += item.count
-    cands = _resolve(plan, setting, groups, rejected, on_progress, price_all=keep_all)
+    resolver = _Resolver(plan, setting, price_all=keep_all)
+    cands = _resolve(plan, setting, groups, rejected, on_progress, resolver)
+    pricing = _Timed(resolver.price)
     searched = time.perf_counter()
-    ranked = _walk(plan, cands, setting.limit)
+    ranked = _walk(plan, cands, setting.limit, pricing)
     walked = time.perf_counter()
     _settle(cands, setting.limit, rejected)
-    seconds = time.perf_counter() - start - (walked - searched)
+    exact_s = walked - searched - pricing.seconds  # the walk's exact peaks; its pricing is the search's
+    seconds = time.perf_counter() - start - exact_s
     rows = [_row(plan, c, i + 1) for i, c in enumerate(ranked)]
     everything = None
     if keep_all:
@@ -498,9 +530,9 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
         exact_peaks=exact_count,
         lower_bound_peaks=len(cands) - exact_count,
         groups=len(groups),
-        seconds=seconds + (walked - searched),
+        seconds=seconds + exact_s,
         search_seconds=seconds,
-        exact_seconds=walked - searched,
+        exact_seconds=exact_s,
         candidates_per_second=len(cands) / seconds if seconds > 0 else 0.0,
         assumptions=ASSUMPTIONS + ([MESH_ASSUMPTION] if any(g.model_parallel for g in groups) else []),
         candidates=everything,
@@ -521,10 +553,25 @@ def _status_of(peak: StrategyPeak) -> Status:
     return Status.TIGHT if peak.verdict is Verdict.TIGHT else Status.DOES_NOT_FIT
 
 
+class _Timed:
+    """A candidate's pricing (:meth:`_Resolver.price`), its seconds summed."""
+
+    def __init__(self, price: Callable[[_Cand], None]):
+        self.price, self.seconds = price, 0.0
+
+    def __call__(self, cand: _Cand) -> None:
+        start = time.perf_counter()
+        self.price(cand)
+        self.seconds += time.perf_counter() - start
+
+
 def _order(plan: PlanRequest, cand: _Cand) -> tuple:
     """The walk's order: the objective's key (time and GPUs are exact before any peak is known); a
-    candidate left unpriced (its bound above the limit: never ranked) last of its kind."""
-    step_s = cand.time.step_s if cand.time is not None else math.inf
+    candidate not priced yet by its step's lower bound (:attr:`_Cand.bound_s`, :func:`_in_order`); one left
+    unpriced (its peak's bound above the limit: never ranked) last of its kind."""
+    step_s = (
+        cand.time.step_s if cand.time is not None else cand.bound_s if cand.bound_s is not None else math.inf
+    )
     if plan.objective is Objective.GPUS:
         return (cand.group.world, step_s)
     if plan.objective is Objective.MEMORY:
@@ -532,11 +579,28 @@ def _order(plan: PlanRequest, cand: _Cand) -> tuple:
     return (step_s,)
 
 
-def _walk(plan: PlanRequest, cands: list[_Cand], limit: float) -> list[_Cand]:
+def _in_order(plan: PlanRequest, cands: list[_Cand], price: Callable[[_Cand], None]) -> Iterator[_Cand]:
+    """The candidates in the walk's order, the order of ``sorted(cands, key=_order)`` (ties by position),
+    each one not priced yet priced (``price``) when its step's lower bound is the least key left: a step
+    is at least its bound, so every candidate after it is after it by its priced key too, and the walk
+    prices only the candidates it reaches."""
+    heap = [(_order(plan, cand), index) for index, cand in enumerate(cands)]
+    heapq.heapify(heap)
+    while heap:
+        _, index = heapq.heappop(heap)
+        cand = cands[index]
+        if cand.bound_s is not None:
+            price(cand)
+            heapq.heappush(heap, (_order(plan, cand), index))
+        else:
+            yield cand
+
+
+def _walk(plan: PlanRequest, cands: list[_Cand], limit: float, price: Callable[[_Cand], None]) -> list[_Cand]:
     """Exact evaluation in the objective's order until ``top`` fit (memory: until no lower bound can beat
     the top rows); returns them best first."""
     found: list[_Cand] = []
-    for cand in sorted(cands, key=lambda c: _order(plan, c)):
+    for cand in _in_order(plan, cands, price):
         if plan.objective is Objective.MEMORY and len(found) >= plan.top:
             worst = max(f.exact.peak_bytes for f in found if f.exact is not None)
             if cand.lower > worst:

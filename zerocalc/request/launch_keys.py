@@ -76,7 +76,7 @@ DEEPSPEED_KEYS = KeyTable(
     source=f"{_DS} deepspeed/runtime/config.py, constants.py, precision_config.py, zero/config.py, "
     "zero/offload_config.py",
     rules={
-        # read by zerocalc.request.launch._deepspeed
+        # read by zerocalc.request.launch_deepspeed.deepspeed_config
         **dict.fromkeys(
             (
                 "train_micro_batch_size_per_gpu",
@@ -292,7 +292,7 @@ TORCHTITAN_KEYS = KeyTable(
     name="a torchtitan job key",
     source=_TT,
     rules={
-        # read by zerocalc.request.launch._torchtitan (the older layout's under their v0.2.2 names)
+        # read by launch_torchtitan.torchtitan_config (the older layout's under their v0.2.2 names)
         **dict.fromkeys(
             (
                 "model.name",
@@ -378,7 +378,7 @@ TORCHTITAN_KEYS = KeyTable(
         "compile.enable": refused("torch.compile: its fused kernels change what is saved", False),
         "compile.*": harmless("read only with compile.enable (refused)"),
         # FP8 (v0.2.2 [quantize.linear.float8] and converter "quantize.linear.float8", v0.1.0 [float8] and
-        # converter "float8"): read by zerocalc.request.launch._titan_fp8; MX and grouped-GEMM converters are
+        # converter "float8"): read by launch_torchtitan._titan_fp8; MX and grouped-GEMM converters are
         # refused there, their settings read only by them
         **dict.fromkeys(
             (
@@ -437,7 +437,7 @@ ACCELERATE_KEYS = KeyTable(
     source="accelerate 1.15.0 accelerate/commands/config/config_args.py (ClusterConfig), cluster.py, "
     "utils/dataclasses.py",
     rules={
-        # read by zerocalc.request.launch._accelerate
+        # read by zerocalc.request.launch_accelerate.accelerate_config
         **dict.fromkeys(
             (
                 "distributed_type",

@@ -408,21 +408,6 @@ def library_options(command: Command) -> tuple[Option, ...]:
     return tuple(o for o in options_for(command) if o.request or o.name in LAUNCH_CONFIGS)
 
 
-def with_launch_configs(
-    command: Command, values: dict[str, Any], given: frozenset[str]
-) -> tuple[dict[str, Any], list[str]]:
-    """The values of ``command``'s request options, each launch config named in ``values`` setting those
-    not ``given`` explicitly (:func:`zerocalc.request.launch.read_launch_configs`), and the notes the
-    configs add. The CLI and the library both call it; each says which options were given."""
-    names = [o.name for o in options_for(command, request_only=True)]
-    notes: list[str] = []
-    if any(values.get(name) is not None for name in LAUNCH_CONFIGS):
-        from zerocalc.request.launch import read_launch_configs
-
-        values, notes = read_launch_configs(values, given, frozenset(names))
-    return {name: values[name] for name in names if name in values}, notes
-
-
 FLAGS: dict[str, str] = {o.name: o.flag for o in OPTIONS}
 NEGATIVE_FLAGS: dict[str, str] = {o.name: o.negative for o in OPTIONS if o.negative is not None}
 """A switch's negative flag by concept (``flash_attention`` → ``--no-flash-attention``)."""

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.harness import procs
+from zerocalc.harness.series import run_series
 from zerocalc.model.activations import routed_rows
 from zerocalc.network.collectives import COLLECTIVES, Collective
 from zerocalc.validate.compare import LineResult
@@ -275,30 +276,20 @@ def run_expert(
     jobs = [
         ExpertJob(ep=ep, routing=r, tokens=tokens, backend=backend, timeout_s=timeout_s) for r in routings
     ]
-    results: list[ExpertConfigResult] = []
 
-    def done(index: int, outcome: list[ExpertMeasured] | procs.RanksFailed, seconds: float) -> None:
-        job = jobs[index]
-        if isinstance(outcome, procs.RanksFailed):
-            results.append(
-                ExpertConfigResult(
-                    title=job.title,
-                    routing=job.routing,
-                    status="failed",
-                    error=str(outcome),
-                    seconds=round(seconds, 2),
-                )
-            )
-        else:
-            results.append(compare_expert(job, outcome, round(seconds, 2)))
-        if on_result is not None:
-            on_result(results[-1], len(results), len(jobs))
+    def failed(job: ExpertJob, error: str, seconds: float) -> ExpertConfigResult:
+        return ExpertConfigResult(
+            title=job.title, routing=job.routing, status="failed", error=error, seconds=seconds
+        )
+
+    def compared(index: int, measured: list[ExpertMeasured], seconds: float) -> ExpertConfigResult:
+        return compare_expert(jobs[index], measured, seconds)
 
     def collect(text: str) -> list[ExpertMeasured]:
         return [ExpertMeasured.model_validate(m) for m in json.loads(text)]
 
-    payloads = [job.model_dump_json() for job in jobs]
-    procs.spawn_series("zerocalc.validate.expert_worker", payloads, nproc, timeout_s, collect, done)
+    module = "zerocalc.validate.expert_worker"
+    results = run_series(module, jobs, nproc, timeout_s, collect, failed, compared, on_result)
     first = jobs[0]
     return ExpertReport(
         world_size=nproc,

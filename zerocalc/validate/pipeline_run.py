@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from zerocalc.harness import procs
+from zerocalc.harness.series import run_series
 from zerocalc.model.architecture import Architecture
 from zerocalc.parallel.optimizers import OptimizerName
 from zerocalc.parallel.precision import PrecisionName
@@ -59,32 +59,26 @@ def run_pipeline(
         for strategy in strategies
         for precision in precisions
     ]
-    results: list[PipelineConfigResult] = []
 
-    def done(index: int, outcome: list[StageMeasured] | procs.RanksFailed, seconds: float) -> None:
-        job = jobs[index]
-        if isinstance(outcome, procs.RanksFailed):
-            results.append(
-                PipelineConfigResult(
-                    title=job.title,
-                    strategy=job.strategy,
-                    precision=job.precision,
-                    microbatches=job.microbatches,
-                    status="failed",
-                    error=str(outcome),
-                    seconds=round(seconds, 2),
-                )
-            )
-        else:
-            results.append(compare_pipeline(job, nproc, outcome, round(seconds, 2)))
-        if on_result is not None:
-            on_result(results[-1], len(results), len(jobs))
+    def failed(job: PipelineJob, error: str, seconds: float) -> PipelineConfigResult:
+        return PipelineConfigResult(
+            title=job.title,
+            strategy=job.strategy,
+            precision=job.precision,
+            microbatches=job.microbatches,
+            status="failed",
+            error=error,
+            seconds=seconds,
+        )
+
+    def compared(index: int, measured: list[StageMeasured], seconds: float) -> PipelineConfigResult:
+        return compare_pipeline(jobs[index], nproc, measured, seconds)
 
     def collect(text: str) -> list[StageMeasured]:
         return [StageMeasured.model_validate(m) for m in json.loads(text)]
 
-    payloads = [job.model_dump_json() for job in jobs]
-    procs.spawn_series("zerocalc.validate.pipeline_worker", payloads, nproc, timeout_s, collect, done)
+    module = "zerocalc.validate.pipeline_worker"
+    results = run_series(module, jobs, nproc, timeout_s, collect, failed, compared, on_result)
     return PipelineReport(
         model=arch.name,
         architecture=arch,

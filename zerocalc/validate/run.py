@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from zerocalc.base.errors import InputError
 from zerocalc.comm.estimate import StrategyComm
 from zerocalc.harness import procs
+from zerocalc.harness.series import Results, run_series
 from zerocalc.model.architecture import Architecture, count_parameters
 from zerocalc.network.cluster import RankGroup
 from zerocalc.network.schedule import GradSync
@@ -258,6 +259,17 @@ def _measured(text: str) -> list[Measured]:
     return [Measured.model_validate(m) for m in json.loads(text)]
 
 
+def _comparing(
+    jobs: list[Job], preds: list[list[RankStates]], comms: list[Predicted]
+) -> Callable[[int, list[Measured], float], ConfigResult]:
+    """Job ``index``'s measurement compared with its predictions."""
+
+    def compared(index: int, measured: list[Measured], seconds: float) -> ConfigResult:
+        return compare(jobs[index], preds[index], comms[index], measured, seconds)
+
+    return compared
+
+
 def _run_spawned(
     jobs: list[Job],
     preds: list[list[RankStates]],
@@ -268,20 +280,10 @@ def _run_spawned(
 ) -> list[ConfigResult]:
     """Every configuration in a world of ``world`` spawned ranks (a fresh one after a failure); a failure
     is its configuration's one line."""
-    results: list[ConfigResult] = []
 
-    def done(index: int, outcome: list[Measured] | procs.RanksFailed, seconds: float) -> None:
-        job = jobs[index]
-        if isinstance(outcome, procs.RanksFailed):
-            results.append(_failed(job, str(outcome), round(seconds, 2)))
-        else:
-            results.append(compare(job, preds[index], comms[index], outcome, round(seconds, 2)))
-        if on_result is not None:
-            on_result(results[-1], len(results), len(jobs))
-
-    payloads = [job.model_dump_json() for job in jobs]
-    procs.spawn_series("zerocalc.validate.worker", payloads, world, timeout_s, _measured, done)
-    return results
+    compared = _comparing(jobs, preds, comms)
+    module = "zerocalc.validate.worker"
+    return run_series(module, jobs, world, timeout_s, _measured, _failed, compared, on_result)
 
 
 def _run_launched(
@@ -291,18 +293,17 @@ def _run_launched(
     from zerocalc.validate import worker
 
     rank0 = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
-    results: list[ConfigResult] = []
+
+    compared = _comparing(jobs, preds, comms)
+    results: Results[Job, list[Measured], ConfigResult] = Results(jobs, _failed, compared, on_result)
 
     def done(index: int, outcome: worker.Outcome, seconds: float) -> None:
         if not rank0:
             return
-        job = jobs[index]
         if outcome is None or isinstance(outcome, str):
-            results.append(_failed(job, outcome or "no figures came back", round(seconds, 2)))
+            results.done(index, procs.RanksFailed(outcome or "no figures came back"), seconds)
         else:
-            results.append(compare(job, preds[index], comms[index], outcome, round(seconds, 2)))
-        if on_result is not None:
-            on_result(results[-1], len(results), len(jobs))
+            results.done(index, outcome, seconds)
 
     worker.run_many(jobs, done)
-    return results if rank0 else None
+    return results.results if rank0 else None
