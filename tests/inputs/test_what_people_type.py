@@ -132,3 +132,14 @@ def test_model_dash_at_a_terminal_is_refused_not_waited_for(monkeypatch: pytest.
     presets._load_hf_stdin.cache_clear()
     with pytest.raises(InputError, match=r"reads config\.json from standard input, which is a terminal"):
         presets.load_model("-")
+
+
+@pytest.mark.parametrize("path", ["~0", "~no-such-user-here/model.toml"])
+@pytest.mark.parametrize("command", [["memory", "--gpus", "2"], ["validate", "frameworks"]])
+def test_a_home_that_names_no_user_is_refused_in_one_line(command: list[str], path: str) -> None:
+    """``Path.expanduser`` raises for ``~0`` (no such user); the path is kept as typed and refused as a
+    model that is neither a preset nor a file."""
+    from helpers import one_line_error
+
+    result = CliRunner().invoke(app, [*command, "--model", path])
+    one_line_error(result, repr(path))

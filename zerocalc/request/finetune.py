@@ -8,11 +8,11 @@ name) or refused with the value and what is accepted; none is ignored. Flags ove
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zerocalc.base.dtypes import DType, parse_dtype
 from zerocalc.base.errors import InputError, shown, why_not
+from zerocalc.base.paths import user_path
 from zerocalc.base.units import parse_fraction, parse_whole
 from zerocalc.model.adapters import ALL_LINEAR
 from zerocalc.model.quantized import QuantMethod
@@ -98,7 +98,7 @@ def read_adapter_config(path: str) -> dict[str, Any]:
     """A PEFT ``adapter_config.json`` → the :class:`LoraConfig` fields it sets."""
     where = f"{{adapter_config}} {shown(path)}"
     try:
-        raw = Path(path).expanduser().read_text(encoding="utf-8-sig")
+        raw = user_path(path).read_text(encoding="utf-8-sig")
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise InputError(f"{where} cannot be read ({why_not(exc)}); accepted: a readable JSON file") from exc
     try:

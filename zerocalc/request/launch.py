@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from zerocalc.base.errors import InputError, shown, why_not
+from zerocalc.base.paths import user_path
 from zerocalc.request.launch_config import LaunchConfig, LaunchFormat
 from zerocalc.request.model_spec import model_spec
 from zerocalc.request.options import LAUNCH_CONFIGS, Command, options_for
@@ -74,7 +75,7 @@ def read_launch_configs(
             continue
         where = f"{{{kind.value}}} {shown(path)}"
         try:
-            text = Path(path).expanduser().read_text(encoding="utf-8-sig")
+            text = user_path(path).read_text(encoding="utf-8-sig")
         except (OSError, ValueError) as exc:
             raise InputError(f"{where} cannot be read ({why_not(exc)}); accepted: a readable file") from exc
         config = read_launch_config(kind, text, where)

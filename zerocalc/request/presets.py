@@ -18,6 +18,7 @@ from typing import Any, TypeVar, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from zerocalc.base.errors import InputError, literal, shown, why_not
+from zerocalc.base.paths import user_path
 from zerocalc.base.units import parse_bandwidth, parse_bytes
 from zerocalc.model.architecture import Architecture
 from zerocalc.request.runtime_names import RuntimeNames
@@ -37,7 +38,7 @@ def presets_root() -> Path:
 def _presets_root(env: str | None) -> Path:
     """Resolved once per value of the variable (``plan`` parses hundreds of requests)."""
     if env is not None:
-        root = Path(env).expanduser()
+        root = user_path(env)
         if not env.strip() or not root.is_dir():
             what = "does not exist" if not root.exists() else "is not a folder"
             raise InputError(
@@ -307,7 +308,7 @@ def model_file(name_or_path: str) -> tuple[str, Path] | None:
     .json, a folder holding one, any other existing file), ``("hf", path)`` a Hugging Face model id
     (``org/name``) and the config.json of its main revision in the local cache (:func:`hf_cached_config`),
     None a preset name."""
-    candidate = Path(name_or_path).expanduser()
+    candidate = user_path(name_or_path)
     if name_or_path.strip() and candidate.is_dir():
         return "json", candidate / "config.json"  # a checkpoint's folder, as from_pretrained takes it
     if name_or_path.endswith(".json"):
@@ -476,7 +477,7 @@ def _load_model_preset(key: tuple[str, int, int], path: Path) -> tuple[Architect
 
 def gpu_file(name: str) -> Path | None:
     """The file ``--gpu`` names (a name ending in .toml, or an existing file), None for a preset name."""
-    candidate = Path(name).expanduser()
+    candidate = user_path(name)
     if name.strip().lower().endswith(".toml") or (name.strip() and candidate.is_file()):
         return candidate
     return None
