@@ -9,6 +9,7 @@ import typer
 from zerocalc.base.units import ByteUnit, parse_byte_unit
 from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app, fail, flag
+from zerocalc.cli.html import check_html, write_html
 from zerocalc.cli.render import console, print_json
 from zerocalc.render.memory import render_framework_states, render_memory, render_peak
 from zerocalc.request.options import Command, as_given, with_launch_configs
@@ -41,8 +42,8 @@ def memory(values: dict[str, Any], given_flags: frozenset[str]) -> None:
     def given(result: Any) -> Any:
         return as_given(result, Command.MEMORY, options, flag, notes)
 
-    timeline, snapshot_out = values["timeline"], values["snapshot_out"]
-    _check_pictures(request, timeline, snapshot_out, json)
+    timeline, snapshot_out, html = values["timeline"], values["snapshot_out"], values["html"]
+    _check_pictures(request, timeline, snapshot_out, json, html)
     if request.model.architecture is None or request.finetune is not None:
         if request.framework.value != "paper" and request.finetune is None:  # the framework's own accounting
             from zerocalc.peak.evaluate import evaluate
@@ -76,6 +77,10 @@ def memory(values: dict[str, Any], given_flags: frozenset[str]) -> None:
         if stage is not None:  # the pipeline stage whose peak decides
             request = request.with_(stage=stage)
         _write_snapshot(request, snapshot_out, json)
+    if html is not None:
+        from zerocalc.render.html_memory import memory_page
+
+        write_html(html, memory_page(report), json)
     if json:
         import json as jsonlib
 
@@ -88,13 +93,21 @@ def memory(values: dict[str, Any], given_flags: frozenset[str]) -> None:
         _render_timelines(report, unit)
 
 
-def _check_pictures(request: TrainingRequest, timeline: bool, snapshot_out: str | None, json: bool) -> None:
-    """--timeline and --snapshot-out draw the step: they need an architecture, and one GPU's step."""
+def _check_pictures(
+    request: TrainingRequest, timeline: bool, snapshot_out: str | None, json: bool, html: str | None
+) -> None:
+    """--timeline, --snapshot-out and --html draw the step: they need an architecture (and
+    --snapshot-out one GPU's step)."""
     from zerocalc.base.atomic import unwritable
     from zerocalc.base.errors import InputError, shown
 
     if request.model.architecture is None or request.finetune is not None:
-        for given, option in ((timeline, "--timeline"), (snapshot_out is not None, "--snapshot-out")):
+        pictures = (
+            (timeline, "--timeline"),
+            (snapshot_out is not None, "--snapshot-out"),
+            (html is not None, "--html"),
+        )
+        for given, option in pictures:
             if given and request.finetune is not None:
                 raise InputError(f"{option} draws the peak of a step; {FINETUNE_PEAK}")
             if given:
@@ -113,6 +126,7 @@ def _check_pictures(request: TrainingRequest, timeline: bool, snapshot_out: str 
         why = unwritable(snapshot_out)
         if why is not None:
             raise InputError(f"--snapshot-out {shown(snapshot_out)} {why}; accepted: a file path to write")
+    check_html(html)
 
 
 def _write_snapshot(request: TrainingRequest, path: str, json: bool) -> None:
