@@ -117,7 +117,7 @@ def plan_figure(result: PlanResult) -> Any:
                 },
             )
         )
-    top = [r for r in rows if r.rank is not None]
+    top = sorted((r for r in rows if r.rank is not None), key=lambda r: r.rank or 0)
     if top:
         fig.add_trace(
             _points(
