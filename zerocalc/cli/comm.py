@@ -7,7 +7,6 @@ from typing import Any
 from zerocalc.base.units import parse_byte_unit
 from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app, flag
-from zerocalc.cli.html import check_html, write_html
 from zerocalc.cli.render import console, print_json
 from zerocalc.render.comm import render_comm
 from zerocalc.request.options import Command, as_given, with_launch_configs
@@ -28,11 +27,15 @@ def comm(values: dict[str, Any], given_flags: frozenset[str]) -> None:
     from zerocalc.request.compute import compute_table
 
     request = parse_request(TrainingOptions(estimate=Estimate.COMM, **options))
-    check_html(values["html"])
+    if values["html"] is not None:  # refused before the work: plotly missing, a path not writable
+        from zerocalc.cli.html import check_html
+
+        check_html(values["html"])
     table = compute_table(request.compute_calibration, request.gpu.name if request.gpu else None)
     computed = evaluate_comm(request, table.table, table.name) if table else evaluate_comm(request)
     estimate = as_given(computed, Command.COMM, options, flag, notes)
     if values["html"] is not None:
+        from zerocalc.cli.html import write_html
         from zerocalc.render.html_comm import comm_page
 
         write_html(values["html"], comm_page(estimate), json)

@@ -1,5 +1,6 @@
 """``--html FILE`` of ``plan``, ``memory`` and ``comm``: checked before the work (plotly installed, the
-path writable), the page written atomically after it (:mod:`zerocalc.render.html_page`)."""
+path writable), the page written atomically after it (:mod:`zerocalc.render.html_page`); imported only
+when ``--html`` is given."""
 
 from __future__ import annotations
 
@@ -8,10 +9,8 @@ import typer
 from zerocalc.cli.base import fail
 
 
-def check_html(path: str | None) -> None:
+def check_html(path: str) -> None:
     """Refuse ``--html`` before any work: plotly missing (the extra to install), a path not writable."""
-    if path is None:
-        return
     from zerocalc.base.atomic import unwritable
     from zerocalc.base.errors import InputError, shown
     from zerocalc.render.html_page import load_plotly

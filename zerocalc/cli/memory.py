@@ -9,7 +9,6 @@ import typer
 from zerocalc.base.units import ByteUnit, parse_byte_unit
 from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app, fail, flag
-from zerocalc.cli.html import check_html, write_html
 from zerocalc.cli.render import console, print_json
 from zerocalc.render.memory import render_framework_states, render_memory, render_peak
 from zerocalc.request.options import Command, as_given, with_launch_configs
@@ -78,6 +77,7 @@ def memory(values: dict[str, Any], given_flags: frozenset[str]) -> None:
             request = request.with_(stage=stage)
         _write_snapshot(request, snapshot_out, json)
     if html is not None:
+        from zerocalc.cli.html import write_html
         from zerocalc.render.html_memory import memory_page
 
         write_html(html, memory_page(report), json)
@@ -126,7 +126,10 @@ def _check_pictures(
         why = unwritable(snapshot_out)
         if why is not None:
             raise InputError(f"--snapshot-out {shown(snapshot_out)} {why}; accepted: a file path to write")
-    check_html(html)
+    if html is not None:  # plotly missing, a path not writable
+        from zerocalc.cli.html import check_html
+
+        check_html(html)
 
 
 def _write_snapshot(request: TrainingRequest, path: str, json: bool) -> None:

@@ -9,7 +9,6 @@ from zerocalc.base.errors import InputError
 from zerocalc.base.units import ByteUnit, parse_byte_unit
 from zerocalc.cli import options as opt
 from zerocalc.cli.base import PlainTextCommand, app
-from zerocalc.cli.html import check_html, write_html
 from zerocalc.cli.render import (
     Column,
     byte_cell,
@@ -45,7 +44,10 @@ def plan(values: dict[str, Any], given_flags: frozenset[str]) -> None:
     given, _ = with_launch_configs(Command.PLAN, values, given_flags)
     request = parse_plan(PlanOptions(**given))
     html = values["html"]
-    check_html(html)
+    if html is not None:  # refused before the search: plotly missing, a path not writable
+        from zerocalc.cli.html import check_html
+
+        check_html(html)
     progress = _Progress()
     try:  # --html draws every candidate: kept only then
         result = search(request, progress.update, keep_all=every or html is not None)
@@ -53,6 +55,7 @@ def plan(values: dict[str, Any], given_flags: frozenset[str]) -> None:
     finally:
         progress.close()
     if html is not None:
+        from zerocalc.cli.html import write_html
         from zerocalc.render.html_plan import plan_page
 
         write_html(html, plan_page(result), json)
