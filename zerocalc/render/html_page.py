@@ -29,7 +29,8 @@ p.lead {{ margin: 0 0 8px 0; color: #444; font-size: 14px; }}
 table {{ border-collapse: collapse; font-size: 13px; margin: 4px 0 12px 0; }}
 th, td {{ border-bottom: 1px solid #ddd; padding: 3px 8px; text-align: right; vertical-align: top; }}
 th {{ background: #f3f3f3; }}
-td.text, th.text {{ text-align: left; }}
+td.text, th.text, td.code {{ text-align: left; }}
+td.code {{ font-family: 'DejaVu Sans Mono', Menlo, Consolas, monospace; font-size: 11px; }}
 pre, code {{ font-family: 'DejaVu Sans Mono', Menlo, Consolas, monospace; font-size: 12px; }}
 pre.detail {{ background: #f7f7f7; border: 1px solid #ddd; padding: 6px 8px; white-space: pre-wrap; }}
 ul.notes {{ font-size: 13px; color: #444; }}
@@ -60,6 +61,8 @@ class Table(NamedTuple):
     headers: Sequence[str]
     rows: Sequence[Sequence[str]]
     text_columns: frozenset[int] = frozenset({0})
+    code_columns: frozenset[int] = frozenset()
+    """Columns of commands: left aligned, in a monospace font."""
 
 
 class Section(NamedTuple):
@@ -75,6 +78,7 @@ class Section(NamedTuple):
 def _table_html(table: Table) -> str:
     def cell(tag: str, column: int, text: str) -> str:
         kind = ' class="text"' if column in table.text_columns else ""
+        kind = ' class="code"' if column in table.code_columns else kind
         return f"<{tag}{kind}>{html.escape(text).replace(chr(10), '<br>')}</{tag}>"
 
     head = "".join(cell("th", i, h) for i, h in enumerate(table.headers))

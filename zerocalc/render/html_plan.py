@@ -184,7 +184,7 @@ def _top_table(result: PlanResult) -> Table:
         for r in result.top
     ]
     headers = ["Configuration", "Peak GiB", "Free GiB", "Step s", "Exposed comm s", "tok/s/GPU", "MFU"]
-    return Table("Top configurations", [*headers, "Reproduce"], rows, frozenset({0, 7}))
+    return Table("Top configurations", [*headers, "Reproduce"], rows, frozenset({0}), frozenset({7}))
 
 
 def _rejections_table(result: PlanResult) -> Table:
