@@ -30,4 +30,10 @@ def write_html(path: str, page: str, json: bool) -> None:
         write_page(path, page)
     except OSError as exc:  # the path was checked first: the disk or its permissions changed
         raise fail(f"--html {path!r} cannot be written ({why_not(exc)})", 1) from None
-    typer.echo(f"figures written to {path} (one HTML file; it loads nothing from the network)", err=json)
+    from zerocalc.cli.render import console
+
+    notice = f"figures written to {path} (one HTML file; it loads nothing from the network)"
+    if json:  # stdout is the JSON's
+        typer.echo(notice, err=True)
+    else:  # within the terminal's width: a long path folds
+        console().print(notice, markup=False, highlight=False, overflow="fold")
