@@ -33,7 +33,7 @@ _layer("peak", "states")
 _layer("plan", "comm", "peak")
 _layer("scenarios", "plan")
 _layer("api", "plan")  # plan() is the search; plan may import comm and peak
-_layer("render", "comm", "peak")  # the tables of results, shared by the CLI and the results' display
+_layer("render", "plan")  # the tables and figures of results, shared by the CLI and the display
 _layer("zerocalc", "api", "render")  # the facade (__init__): lazy names, the results' renderers wired in
 _layer("bench", "network", "harness", "compute")
 _layer("validate", "bench", "comm", "peak", "api")

@@ -37,7 +37,7 @@ def _options(command_name: str) -> list[tuple[str, bool]]:
         command = command.commands[word]  # type: ignore[attr-defined]
     flags = []
     for param in command.params:
-        if param.param_type_name != "option" or param.name in ("help", "json", "out"):
+        if param.param_type_name != "option" or param.name in ("help", "json", "out", "html"):  # html: a file
             continue
         flags.append((param.opts[0], bool(getattr(param, "is_flag", False))))
     return flags

@@ -406,6 +406,8 @@ OTHER_TOOLS_OPTIONS = {
     "--baseline",  # benchmarks/plan.py
     "--tool",  # valgrind
     "--runs",  # benchmarks/startup.py
+    *("--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"),  # chromium (docs/pictures.md)
+    *("--user-data-dir", "--screenshot", "--window-size"),
 }
 
 

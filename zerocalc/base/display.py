@@ -1,4 +1,5 @@
-"""How a result shows itself: as the CLI's tables in a notebook and on a Rich console, and as rows.
+"""How a result shows itself: as the CLI's tables (and ``--html``'s figures) in a notebook and on a Rich
+console, and as rows.
 
 The result models live in the core, which never imports the renderers: the package's facade
 (``zerocalc/__init__.py``, above both) hands this module a loader of :mod:`zerocalc.render.display`
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 class Renderers(Protocol):
     """What :mod:`zerocalc.render.display` provides for a result."""
 
-    def result_html(self, result: Any) -> str: ...
+    def result_html(self, result: Any) -> str | None: ...
     def result_renderables(self, result: Any, width: int) -> list[Any]: ...
     def result_rows(self, result: Any) -> list[dict[str, Any]]: ...
     def result_frame(self, result: Any) -> Any: ...
@@ -43,8 +44,9 @@ class TableDisplay:
 
     __slots__ = ()
 
-    def _repr_html_(self) -> str:
-        """The tables ``zerocalc`` prints for this result, as HTML (Rich's export)."""
+    def _repr_html_(self) -> str | None:
+        """The tables ``zerocalc`` prints for this result, as HTML (Rich's export), then the figures of
+        ``--html`` when plotly is installed."""
         return _renderers().result_html(self)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterable[RenderableType]:
@@ -60,3 +62,14 @@ class TableDisplay:
         """:meth:`to_rows` as a ``pandas.DataFrame`` indexed by strategy (pandas is not a dependency of
         zerocalc: without it, an ImportError says so)."""
         return _renderers().result_frame(self)
+
+
+class FigureDisplay:
+    """A mixin for a result with figures but no tables of its own in the display (``PlanResult``):
+    ``_repr_html_`` (Jupyter) shows its figures when plotly is installed, else None (its text repr)."""
+
+    __slots__ = ()
+
+    def _repr_html_(self) -> str | None:
+        """The figures of ``--html`` for this result, as HTML elements (plotly.js inline)."""
+        return _renderers().result_html(self)

@@ -28,9 +28,18 @@ def comm(values: dict[str, Any], given_flags: frozenset[str]) -> None:
     from zerocalc.request.compute import compute_table
 
     request = parse_request(TrainingOptions(estimate=Estimate.COMM, **options))
+    if values["html"] is not None:  # refused before the work: plotly missing, a path not writable
+        from zerocalc.cli.html import check_html
+
+        check_html(values["html"])
     table = compute_table(request.compute_calibration, request.gpu.name if request.gpu else None)
     computed = evaluate_comm(request, table.table, table.name) if table else evaluate_comm(request)
     estimate = as_given(computed, Command.COMM, options, flag, notes)
+    if values["html"] is not None:
+        from zerocalc.cli.html import write_html
+        from zerocalc.render.html_comm import comm_page
+
+        write_html(values["html"], comm_page(estimate), json)
     if json:
         print_json(estimate)
     else:

@@ -38,8 +38,8 @@ def memory(values: dict[str, Any], given_flags: frozenset[str]) -> None:
     def given(result: Any) -> Any:
         return as_given(result, Command.MEMORY, options, flag, notes)
 
-    timeline, snapshot_out = values["timeline"], values["snapshot_out"]
-    _check_pictures(request, timeline, snapshot_out, json)
+    timeline, snapshot_out, html = values["timeline"], values["snapshot_out"], values["html"]
+    _check_pictures(request, timeline, snapshot_out, json, html)
     if request.model.architecture is None:
         if request.framework.value != "paper":  # the framework's own accounting
             from zerocalc.peak.evaluate import evaluate
@@ -71,6 +71,11 @@ def memory(values: dict[str, Any], given_flags: frozenset[str]) -> None:
         if stage is not None:  # the pipeline stage whose peak decides
             request = request.with_(stage=stage)
         _write_snapshot(request, snapshot_out, json)
+    if html is not None:
+        from zerocalc.cli.html import write_html
+        from zerocalc.render.html_memory import memory_page
+
+        write_html(html, memory_page(report), json)
     if json:
         import json as jsonlib
 
@@ -83,13 +88,21 @@ def memory(values: dict[str, Any], given_flags: frozenset[str]) -> None:
         _render_timelines(report, unit)
 
 
-def _check_pictures(request: TrainingRequest, timeline: bool, snapshot_out: str | None, json: bool) -> None:
-    """--timeline and --snapshot-out draw the step: they need an architecture, and one GPU's step."""
+def _check_pictures(
+    request: TrainingRequest, timeline: bool, snapshot_out: str | None, json: bool, html: str | None
+) -> None:
+    """--timeline, --snapshot-out and --html draw the step: they need an architecture (and
+    --snapshot-out one GPU's step)."""
     from zerocalc.base.atomic import unwritable
     from zerocalc.base.errors import InputError, shown
 
     if request.model.architecture is None:
-        for given, option in ((timeline, "--timeline"), (snapshot_out is not None, "--snapshot-out")):
+        pictures = (
+            (timeline, "--timeline"),
+            (snapshot_out is not None, "--snapshot-out"),
+            (html is not None, "--html"),
+        )
+        for given, option in pictures:
             if given:
                 raise InputError(f"{option} needs --model: a step's events need the model's architecture")
     if timeline and json:
@@ -106,6 +119,10 @@ def _check_pictures(request: TrainingRequest, timeline: bool, snapshot_out: str 
         why = unwritable(snapshot_out)
         if why is not None:
             raise InputError(f"--snapshot-out {shown(snapshot_out)} {why}; accepted: a file path to write")
+    if html is not None:  # plotly missing, a path not writable
+        from zerocalc.cli.html import check_html
+
+        check_html(html)
 
 
 def _write_snapshot(request: TrainingRequest, path: str, json: bool) -> None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from zerocalc.base.errors import InputError
 from zerocalc.base.units import ByteUnit, parse_byte_unit
 from zerocalc.cli import options as opt
-from zerocalc.cli.base import PlainTextCommand, app, flag
+from zerocalc.cli.base import PlainTextCommand, app
 from zerocalc.cli.render import (
     Column,
     byte_cell,
@@ -18,12 +18,13 @@ from zerocalc.cli.render import (
     print_phrases,
     unit_label,
 )
+from zerocalc.render.plan import candidate_label, command
 from zerocalc.render.tables import STEP_TIME_ACCURACY
 from zerocalc.request.launch import with_launch_configs
 from zerocalc.request.options import Command, echo
 
 if TYPE_CHECKING:
-    from zerocalc.plan.search import PlanResult, PlanRow
+    from zerocalc.plan.search import PlanResult
 
 
 @app.command(cls=PlainTextCommand)
@@ -43,12 +44,24 @@ def plan(values: dict[str, Any], given_flags: frozenset[str]) -> None:
         )
     given, _ = with_launch_configs(Command.PLAN, values, given_flags)
     request = parse_plan(PlanOptions(**given))
+    html = values["html"]
+    if html is not None:  # refused before the search: plotly missing, a path not writable
+        from zerocalc.cli.html import check_html
+
+        check_html(html)
     progress = _Progress()
-    try:
-        result = search(request, progress.update, keep_all=every)
+    try:  # --html draws every candidate: kept only then
+        result = search(request, progress.update, keep_all=every or html is not None)
         result = result.model_copy(update={"options": echo(Command.PLAN, given)})
     finally:
         progress.close()
+    if html is not None:
+        from zerocalc.cli.html import write_html
+        from zerocalc.render.html_plan import plan_page
+
+        write_html(html, plan_page(result), json)
+        if not every:
+            result = result.model_copy(update={"candidates": None})
     if json:
         print_json(result)
         return
@@ -83,44 +96,6 @@ class _Progress:
             self.bar.close()
 
 
-def command(name: str, options: dict[str, str]) -> str:
-    """``zerocalc memory --model ... --gpus 8 ...``: a candidate's options as a command line."""
-    import shlex
-
-    from zerocalc.request.options import NEGATIVE_FLAGS
-
-    parts = ["zerocalc", name]
-    for concept, value in options.items():
-        if concept in NEGATIVE_FLAGS:  # a switch: its flag, or its negative flag
-            parts.append(flag(concept) if value == "true" else NEGATIVE_FLAGS[concept])
-        else:
-            parts += [flag(concept), shlex.quote(value)]
-    return " ".join(parts)
-
-
-def _label(row: PlanRow) -> str:
-    node = f" g{row.gpus_per_node}" if row.strategy.value == "hybrid_shard" else ""
-    extras = [f"b{row.micro_batch}×A{row.grad_accum}"]
-    if row.recompute.value != "none":
-        extras.append(f"rc {row.recompute.value}")
-    if row.offload_optimizer.value != "none":
-        extras.append(f"opt→{row.offload_optimizer.value}")
-    if row.offload_params.value != "none":
-        extras.append(f"params→{row.offload_params.value}")
-    if row.reduce_dtype is not None:
-        extras.append(f"reduce {row.reduce_dtype.value}")
-    if row.prefetch is not None:
-        extras.append(f"prefetch {row.prefetch}")
-    if row.grad_sync is not None:
-        extras.append(f"sync {row.grad_sync.value}")
-    framework = row.framework.value
-    named = framework.replace("-", "") in row.title.lower().replace("-", "")  # "FSDP2 HSDP" names fsdp2
-    names = (("tp", row.tp), ("cp", row.cp), ("pp", row.pp), ("v", row.vpp), ("ep", row.ep))
-    mesh = "".join(f" {name}{degree}" for name, degree in names if degree > 1)
-    head = f"{row.rank}. {'' if named else framework + ' '}{row.title}{node} ×{row.gpus}{mesh}"
-    return head + "\n" + " ".join(extras)
-
-
 def render_plan(result: PlanResult, unit: ByteUnit) -> None:
     out = console()
     r = result.request
@@ -136,7 +111,7 @@ def render_plan(result: PlanResult, unit: ByteUnit) -> None:
     else:
         print_fitted(
             "Configuration",
-            [_label(row) for row in rows],
+            [candidate_label(row) for row in rows],
             [
                 Column(f"Peak\n{unit.value}", [byte_cell(row.peak_bytes or 0, unit) for row in rows]),
                 Column(f"Free\n{unit.value}", [byte_cell(row.headroom_bytes or 0, unit) for row in rows]),

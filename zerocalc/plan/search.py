@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from zerocalc.base.display import FigureDisplay
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.base.parts import UNCACHED, PartCache
@@ -156,7 +157,9 @@ class PlanEcho(BaseModel):
     calibration: str | None
 
 
-class PlanResult(BaseModel):
+class PlanResult(FigureDisplay, BaseModel):
+    """The search's result; in a notebook, ``plan --html``'s figure and tables (plotly installed)."""
+
     model_config = ConfigDict(frozen=True)
 
     schema_version: int = SCHEMA_VERSION

@@ -1,6 +1,6 @@
 """The results' display (:class:`zerocalc.base.display.TableDisplay`): the tables the CLI prints, on a
-recording console exported as HTML (Jupyter's ``_repr_html_``) or as renderables for a Rich console, and
-the tables' values as rows."""
+recording console exported as HTML (Jupyter's ``_repr_html_``, with ``--html``'s figures when plotly is
+installed) or as renderables for a Rich console, and the tables' values as rows."""
 
 from __future__ import annotations
 
@@ -58,7 +58,48 @@ def result_renderables(result: Any, width: int) -> list[Any]:
     return out.printed
 
 
-def result_html(result: Any) -> str:
+def result_html(result: Any) -> str | None:
+    """What the CLI prints for ``result`` at :data:`NOTEBOOK_WIDTH` columns, as an HTML ``<pre>``, then
+    the figures ``--html`` draws (:func:`figures_html`); a plan's figures alone (None without plotly)."""
+    from zerocalc.plan.search import PlanResult
+
+    if isinstance(result, PlanResult):
+        return figures_html(result)
+    return tables_html(result) + (figures_html(result) or "")
+
+
+def figures_html(result: Any) -> str | None:
+    """The figures of ``--html`` for ``result`` as HTML elements, plotly.js inline (a notebook may be
+    offline), with ids of their own; None when plotly is not installed or the result has none (model
+    states only: no step to draw)."""
+    from zerocalc.render.html_page import body_html, plotly_installed
+
+    if not plotly_installed():
+        return None
+    from zerocalc.comm.estimate import CommEstimate
+    from zerocalc.peak.report import MemoryReport
+    from zerocalc.plan.search import PlanResult
+
+    if isinstance(result, PlanResult):
+        from zerocalc.render.html_plan import plan_sections
+
+        sections, tables = plan_sections(result)
+    elif isinstance(result, MemoryReport) and result.peak is not None:
+        from zerocalc.render.html_memory import memory_sections
+
+        sections, tables = memory_sections(result)[0], []  # the tables are the CLI's, above
+    elif isinstance(result, CommEstimate):
+        from zerocalc.render.html_comm import comm_sections
+
+        sections, tables = comm_sections(result)[0], []
+    else:
+        return None
+    import uuid
+
+    return body_html(sections, tables, (), f"zerocalc-{uuid.uuid4().hex[:12]}")
+
+
+def tables_html(result: Any) -> str:
     """What the CLI prints for ``result`` at :data:`NOTEBOOK_WIDTH` columns, as an HTML ``<pre>``."""
     from rich.console import Console
 

@@ -375,6 +375,10 @@ OPTIONS: tuple[Option, ...] = (
          "With --model and one --strategy: write the predicted step as a PyTorch memory snapshot "
          "(python -m torch.cuda._memory_viz trace_plot FILE -o out.html draws it).",
          frozenset({MEMORY}), value_type=OPT_STR, request=False, metavar="FILE"),
+    _opt("html", ("--html",),
+         "Write the result's figures to FILE: one self-contained HTML page (plotly.js and the data inline, "
+         "nothing loaded from the network; needs pip install 'zerocalc[html]'). memory: with --model.",
+         ALL_ESTIMATES, value_type=OPT_STR, request=False, metavar="FILE"),
     _opt("json", ("--json",), "Print the result as JSON (exact integer bytes).", ESTIMATES | {PLAN},
          default=False, kind=Kind.FLAG, value_type=BOOL, request=False),
     _opt("all_candidates", ("--all-candidates",),

@@ -1,0 +1,50 @@
+"""A plan's candidate as ``zerocalc plan`` names it: its row's label and the ``memory``/``comm`` commands
+that reproduce it (shared by the CLI's table and the HTML figure of every candidate)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zerocalc.plan.search import PlanRow
+
+
+def command(name: str, options: dict[str, str]) -> str:
+    """``zerocalc memory --model ... --gpus 8 ...``: a candidate's options as a command line."""
+    import shlex
+
+    from zerocalc.request.options import FLAGS, NEGATIVE_FLAGS
+
+    parts = ["zerocalc", name]
+    for concept, value in options.items():
+        if concept in NEGATIVE_FLAGS:  # a switch: its flag, or its negative flag
+            parts.append(FLAGS[concept] if value == "true" else NEGATIVE_FLAGS[concept])
+        else:
+            parts += [FLAGS[concept], shlex.quote(value)]
+    return " ".join(parts)
+
+
+def candidate_label(row: PlanRow) -> str:
+    """The Configuration cell of ``plan``'s table: rank, framework, strategy, GPUs and mesh, then b×A and
+    what else the candidate sets (recompute, offload, reduce dtype, prefetch, gradient sync)."""
+    node = f" g{row.gpus_per_node}" if row.strategy.value == "hybrid_shard" else ""
+    extras = [f"b{row.micro_batch}×A{row.grad_accum}"]
+    if row.recompute.value != "none":
+        extras.append(f"rc {row.recompute.value}")
+    if row.offload_optimizer.value != "none":
+        extras.append(f"opt→{row.offload_optimizer.value}")
+    if row.offload_params.value != "none":
+        extras.append(f"params→{row.offload_params.value}")
+    if row.reduce_dtype is not None:
+        extras.append(f"reduce {row.reduce_dtype.value}")
+    if row.prefetch is not None:
+        extras.append(f"prefetch {row.prefetch}")
+    if row.grad_sync is not None:
+        extras.append(f"sync {row.grad_sync.value}")
+    framework = row.framework.value
+    named = framework.replace("-", "") in row.title.lower().replace("-", "")  # "FSDP2 HSDP" names fsdp2
+    names = (("tp", row.tp), ("cp", row.cp), ("pp", row.pp), ("v", row.vpp), ("ep", row.ep))
+    mesh = "".join(f" {name}{degree}" for name, degree in names if degree > 1)
+    rank = f"{row.rank}. " if row.rank is not None else ""
+    head = f"{rank}{'' if named else framework + ' '}{row.title}{node} ×{row.gpus}{mesh}"
+    return head + "\n" + " ".join(extras)
