@@ -74,6 +74,27 @@ def test_the_options_make_the_typed_fine_tuning() -> None:
     assert frozen == FineTuning(freeze=("embed_tokens", "layers.0"))
 
 
+@pytest.mark.parametrize(
+    ("options", "recompute"),
+    [
+        ({"quantize": "nf4", "lora_rank": 8}, "full"),  # prepare_model_for_kbit_training checkpoints
+        ({"quantize": "nf4", "lora_rank": 8, "kbit_prepare": False}, "none"),
+        ({"quantize": "nf4", "lora_rank": 8, "recompute": "none"}, "none"),  # asked: as asked
+        ({"lora_rank": 8}, "none"),  # LoRA without kbit preparation: the script's own choice, none here
+        ({}, "none"),
+        ({"recompute": "selective"}, "selective"),
+    ],
+)
+def test_recompute_auto_follows_prepare_model_for_kbit_training(options: dict, recompute: str) -> None:
+    """PEFT 0.21.2 ``prepare_model_for_kbit_training(use_gradient_checkpointing=True)`` (its default) calls
+    ``gradient_checkpointing_enable()``: with ``--kbit-prepare`` (on with ``--quantize``) the default
+    recompute is full, and a note says so."""
+    request = parse_options(model="llama-3-8b", **options)
+    assert request.activations.recompute.value == recompute
+    noted = any("prepare_model_for_kbit_training checkpoints" in note for note in request.notes)
+    assert noted == ("recompute" not in options and recompute == "full")
+
+
 def test_a_config_json_quantization_config_is_read_and_flags_override_it(tmp_path: Path) -> None:
     path = _write(tmp_path, "config.json", {**CONFIG, "quantization_config": BNB_NF4_DQ_BF16})
     read = parse_options(model=path, lora_rank=8).finetune

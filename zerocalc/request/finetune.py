@@ -14,6 +14,7 @@ from zerocalc.base.dtypes import DType, parse_dtype
 from zerocalc.base.errors import InputError, shown, why_not
 from zerocalc.base.paths import user_path
 from zerocalc.base.units import parse_fraction, parse_whole
+from zerocalc.model.activations import Recompute
 from zerocalc.model.adapters import ALL_LINEAR
 from zerocalc.model.quantized import QuantMethod
 from zerocalc.parallel.finetune import QUANT_STORAGE, FineTuning, LoraConfig, QuantConfig, parameter_kinds
@@ -23,6 +24,7 @@ from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.optimizers import OptimizerName
 from zerocalc.parallel.precision import Fp8RecipeName, PrecisionName
 from zerocalc.parallel.strategies import OffloadTarget
+from zerocalc.request.values import choice
 
 if TYPE_CHECKING:
     from zerocalc.parallel.framework_records.record import FrameworkRecord
@@ -483,3 +485,24 @@ def finetune_of_options(o: Any) -> FineTuning | None:
             "{freeze} without {lora_rank}, or {modules_to_save} for modules LoRA trains in full"
         )
     return FineTuning(lora=lora, quant=quant, freeze=freeze)
+
+
+RECOMPUTE_AUTO = "auto"
+"""``--recompute``'s default: what the run's own code does (:func:`recompute_of`)."""
+
+
+def recompute_of(text: str, finetune: FineTuning | None) -> tuple[Recompute, tuple[str, ...]]:
+    """``--recompute`` and its note: ``auto`` is ``full`` where ``prepare_model_for_kbit_training`` runs
+    (PEFT 0.21.2 peft/utils/other.py: ``use_gradient_checkpointing=True`` by default calls
+    ``model.gradient_checkpointing_enable()``, every decoder layer checkpointed), else ``none``."""
+    if str(text).strip().lower() != RECOMPUTE_AUTO:
+        if str(text).strip().lower() not in {r.value for r in Recompute}:
+            accepted = ", ".join((RECOMPUTE_AUTO, *(r.value for r in Recompute)))
+            raise InputError(f"{{recompute}} {shown(text)} is not accepted; accepted: {accepted}")
+        return choice(text, "{recompute}", Recompute), ()
+    if finetune is not None and finetune.kbit_prepared:
+        return Recompute.FULL, (
+            "recompute full: prepare_model_for_kbit_training checkpoints every layer by default "
+            "(use_gradient_checkpointing=True, PEFT 0.21 peft/utils/other.py); --recompute none: without",
+        )
+    return Recompute.NONE, ()

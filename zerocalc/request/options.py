@@ -256,8 +256,9 @@ OPTIONS: tuple[Option, ...] = (
          ESTIMATES, value_type=LIST),
     _opt("recompute", ("--recompute",),
          "Activation recomputation: none, selective, full, or op (torchtitan's selective_ac_option = "
-         "\"op\": saves every other matmul's and the attention kernel's outputs).",
-         ESTIMATES, default="none", value_type=STR),
+         "\"op\": saves every other matmul's and the attention kernel's outputs); auto: full where "
+         "prepare_model_for_kbit_training checkpoints (--quantize with --kbit-prepare), else none.",
+         ESTIMATES, default="auto", value_type=STR),
     _opt("checkpoint_every", ("--checkpoint-every",),
          "With --recompute full: only every N-th layer checkpointed (the N-th, the 2N-th and so on), the "
          "others keep their activations (torchtitan's selective_ac_option N).",

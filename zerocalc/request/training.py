@@ -46,7 +46,7 @@ from zerocalc.parallel.optimizers import OptimizerImpl, OptimizerName
 from zerocalc.parallel.precision import RECIPES, PrecisionName, TensorDtypes
 from zerocalc.parallel.strategies import OffloadTarget, StrategyName
 from zerocalc.request.checks import check
-from zerocalc.request.finetune import parse_finetune
+from zerocalc.request.finetune import parse_finetune, recompute_of
 from zerocalc.request.fp8 import fp8_notes, parse_fp8
 from zerocalc.request.gpu import (
     GpuChoice,
@@ -418,10 +418,12 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         else parse_dtype(o.reduce_dtype, "{reduce_dtype}", allowed=(DType.FP32, grad_dtype))
     )
     seq_len, position_notes = seq_len_of(o.seq_len, model)
+    finetune = parse_finetune(o, model)
+    recompute, recompute_notes = recompute_of(o.recompute, finetune)
     activations = ActivationOptions(
         seq_len=seq_len,
         micro_batch=parse_whole(o.micro_batch, "{micro_batch}", 1, MAX_MICRO_BATCH, "sequences"),
-        recompute=choice(o.recompute, "{recompute}", Recompute),
+        recompute=recompute,
         checkpoint_every=parse_whole(
             o.checkpoint_every, "{checkpoint_every}", 1, MAX_CHECKPOINT_EVERY, "layers"
         ),
@@ -497,8 +499,8 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         calibration=calibration,
         calibration_name=calibration_name,
         compute_calibration=compute_calibration_path(o.compute_calibration),
-        notes=(*model_notes_of(o.model), *position_notes),
-        finetune=parse_finetune(o, model),
+        notes=(*model_notes_of(o.model), *position_notes, *recompute_notes),
+        finetune=finetune,
     )
     request = check(request)  # the stages are checked before the rank's model is built for the notes
     converted = fp8_notes(fp8, rank_models(model, mesh)[0].architecture)
