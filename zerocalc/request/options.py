@@ -125,7 +125,7 @@ OPTIONS: tuple[Option, ...] = (
          "gathered bucket by bucket in the next forward, one bucket ahead.", frozenset({COMM}),
          default=False, kind=Kind.FLAG, value_type=BOOL),
     _opt("overlap_comm", ("--overlap-comm",),
-         "DeepSpeed's zero_optimization.overlap_comm for zero1/zero2: gradient buckets reduced on their own "
+         "DeepSpeed's overlap_comm (zero_optimization) for zero1/zero2: gradient buckets reduced on their own "
          "stream beside backward (on by default for zero3).", frozenset({COMM}), default=False,
          kind=Kind.FLAG, value_type=BOOL),
     _opt("tp_comm_overlap", ("--tp-comm-overlap",),
@@ -256,8 +256,8 @@ OPTIONS: tuple[Option, ...] = (
          ESTIMATES, value_type=LIST),
     _opt("recompute", ("--recompute",),
          "Activation recomputation: none, selective, full, or op (torchtitan's selective_ac_option = "
-         "\"op\": saves every other matmul's and the attention kernel's outputs); auto: full where "
-         "prepare_model_for_kbit_training checkpoints (--quantize with --kbit-prepare), else none.",
+         "\"op\": saves every other matmul's and the attention kernel's outputs); auto: full where PEFT's "
+         "k-bit preparation checkpoints (--quantize with --kbit-prepare), else none.",
          ESTIMATES, default="auto", value_type=STR),
     _opt("checkpoint_every", ("--checkpoint-every",),
          "With --recompute full: only every N-th layer checkpointed (the N-th, the 2N-th and so on), the "
