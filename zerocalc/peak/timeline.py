@@ -538,6 +538,12 @@ class _Passes:
 
         final, keeps_last = self.final_saves()
         led.alloc_group(f"final{tag}", final, ACTIVATIONS)
+        if step.tuning is not None and "lm_head" not in step.tuning.trained:
+            # the final norm's output, saved by no one (the head is frozen), is the base model's
+            # last_hidden_state: LlamaForCausalLM.forward's `outputs` holds it through the loss
+            # (transformers 5.17 modeling_llama.py)
+            L = shape.local_tokens
+            led.alloc(f"last hidden state (base model output){tag}", self.stream * L * h, ACTIVATIONS)
         # RMSNorm forward: while x·rsqrt (fp32) exists its cast exists and the output does not yet
         led.event(
             f"final norm forward{tag}",
@@ -574,6 +580,7 @@ class _Passes:
         led.free("previous step's loss")
         mechanics.post_forward(led, "root")
         led.free(f"logits{tag}")  # only the loss is kept by the training loop
+        led.free(f"last hidden state (base model output){tag}")
         led.free_group(f"sliding cache{tag}")  # the DynamicCache of the dropped output
 
     def _forward_done(self, tag: str, embedding: bool) -> None:
