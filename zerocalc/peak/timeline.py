@@ -284,6 +284,11 @@ class _Passes:
         """Bytes per element of the hidden states between layers: the activation dtype's, fp32 under
         ``prepare_model_for_kbit_training`` (:func:`~zerocalc.model.code.stream_bytes`)."""
         self.hidden_bytes = hidden_bytes(arch, step.shape, self.stream)  # ·R·h: the rank's sequence share
+        self.logits_bytes = self.stream
+        """Bytes per logit: the LM head's dtype, fp32 under ``prepare_model_for_kbit_training`` (peft 0.21.2
+        utils/other.py: every parameter not a ``Params4bit`` cast to fp32, the head too)."""
+        self.upcast_bytes = 0 if step.tuning is not None and self.logits_bytes == FP32 else FP32
+        """The loss's ``logits.float()`` copy: none of fp32 logits (``Tensor.float`` returns the tensor)."""
         self.logits = vocab_shard(step.impl, arch, step.shape, vocab=_allocated_vocab(arch, step.impl))
         self.loss_parallel = loss_parallel_transients(step.impl, arch, step.shape)
         self._saves: dict[tuple, LayerSaves] = {} if step.saves is None else step.saves
@@ -557,19 +562,19 @@ class _Passes:
         self._forward_done(tag, embedding)
 
         # the loss
-        led.alloc(f"logits{tag}", act * TV, LOSS)
+        led.alloc(f"logits{tag}", self.logits_bytes * TV, LOSS)
         capped = logits_saves(impl, arch, shape, act)
         for name, b in capped:
             led.alloc(f"{name}{tag}", b, LOSS)
         if impl.loss == "hf_upcast":
-            led.alloc(f"logits fp32 copy{tag}", FP32 * TV, LOSS)
+            led.alloc(f"logits fp32 copy{tag}", self.upcast_bytes * TV, LOSS)
             led.alloc(f"labels padded{tag}", INT64 * shape.b * (shape.s + 1), LOSS)
             if shape.b > 1 or shape.cp > 1:  # labels[..., 1:].contiguous() copies
                 led.alloc(f"shift labels{tag}", INT64 * self.logits.rows, LOSS)
             else:
                 led.rename(f"labels padded{tag}", f"shift labels{tag}")  # b = 1: the slice is a view
         elif impl.loss == "float_cross_entropy":
-            led.alloc(f"logits fp32 copy{tag}", FP32 * TV, LOSS)
+            led.alloc(f"logits fp32 copy{tag}", self.upcast_bytes * TV, LOSS)
         led.alloc(f"log_softmax{tag}", FP32 * TV, LOSS)
         led.alloc(f"loss{tag}", FP32, LOSS)
         self._losses.append(f"loss{tag}")
@@ -619,8 +624,8 @@ class _Passes:
                 led.event(f"loss backward (log_softmax_backward){tag}", self.loss_parallel[1], TRANSIENT)
                 led.free(f"log_softmax{tag}")
                 led.free(f"d log_softmax (nll_loss_backward){tag}")
-            if act != FP32:
-                led.alloc(f"d logits{tag}", act * TV, LOSS)
+            if self.logits_bytes != FP32:
+                led.alloc(f"d logits{tag}", self.logits_bytes * TV, LOSS)
                 led.event(f"logits.float() backward{tag}")
                 led.free(f"d logits fp32 (log_softmax_backward){tag}")
             else:
