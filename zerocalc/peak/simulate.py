@@ -37,7 +37,6 @@ from zerocalc.parallel.framework_records.record import StatesModel, Wrap
 from zerocalc.parallel.frameworks import Fsdp1Sharding, TorchWrapper
 from zerocalc.parallel.mesh import PpSchedule
 from zerocalc.parallel.pipeline import boundary_elements, in_flight, rank_passes, window
-from zerocalc.parallel.precision import ParamKind
 from zerocalc.parallel.strategies import STRATEGIES, BufferRule, OffloadTarget, StrategyName
 from zerocalc.peak.allocator import CachingAllocator
 from zerocalc.peak.finetune import finetune_mechanics, forward_transients
@@ -59,7 +58,7 @@ from zerocalc.states.framework import (
     shard_ranks,
     zero1_rank_elements,
 )
-from zerocalc.states.memory import finetune_dtypes, shard_elements
+from zerocalc.states.memory import shard_elements
 
 REPLAYED_STEPS = 3
 """Steps replayed for the reserve: the first creates the optimizer states; the reserve settles after it."""
@@ -229,19 +228,7 @@ def _tuning(request: TrainingRequest) -> ForwardTuning | None:
     if reason is not None:
         raise InputError(f"the peak of a fine-tuning step: {reason}; accepted: {{model_impl}} hf")
     checkpointed = request.activations.recompute is not Recompute.NONE
-    tuning = forward_tuning(request.architecture, request.finetune, checkpointed=checkpointed)
-    setup = request.framework_record.torch_setup(request.strategies[0])
-    if setup is None or setup.wrapper not in (TorchWrapper.FSDP1, TorchWrapper.FSDP2):
-        return tuning
-    # FSDP's mixed precision casts every parameter to its param_dtype as it unshards (torch 2.13 FSDP2
-    # MixedPrecisionPolicy.param_dtype, FSDP1 MixedPrecision.param_dtype): the adapters' weights, so PEFT's
-    # _cast_input_dtype casts their inputs to it (peft 0.21.2 tuners/lora/layer.py Linear.forward), and the
-    # frozen norms and embedding, so the stream is the param dtype even after prepare_model_for_kbit_training
-    adapter = finetune_dtypes(request, ParamKind.ADAPTER).all_gather
-    base = finetune_dtypes(request, ParamKind.FROZEN_BASE).all_gather
-    return tuning._replace(
-        adapter_bytes=adapter.bytes, fp32_stream=tuning.fp32_stream and base.bytes == DType.FP32.bytes
-    )
+    return forward_tuning(request.architecture, request.finetune, checkpointed=checkpointed)
 
 
 def in_flight_saved_bytes(request: TrainingRequest) -> int:
