@@ -11,11 +11,14 @@ import pytest
 from typer.testing import CliRunner
 
 from zerocalc.cli import app
+from zerocalc.model.code import Device
 from zerocalc.parallel.optimizers import OptimizerImpl
 from zerocalc.parallel.precision import ParamKind
 from zerocalc.parallel.strategies import STRATEGIES, StrategyName
 from zerocalc.peak.finetune import FineTune, FtLayout, FtTensor, FtUnit, forward_transients, ft_units
 from zerocalc.peak.ledger import Ledger
+from zerocalc.peak.simulate import mechanics_for, step_shape
+from zerocalc.peak.timeline import run_step, steady_start
 from zerocalc.request.training import parse_options
 from zerocalc.states.memory import Location, bytes_at, strategy_states
 
@@ -204,3 +207,35 @@ def test_a_model_code_without_fine_tuning_saves_is_refused_in_one_line() -> None
         "zerocalc: error: the peak of a fine-tuning step: --model-impl torchtitan: the saved tensors of a "
         "fine-tuning forward are written out for transformers' code; accepted: --model-impl hf"
     ]
+
+
+def test_a_qlora_forward_keeps_what_each_layer_of_the_fine_tuning_model_saves_by_hand() -> None:
+    """The small Llama in 4-bit with LoRA r 8 on q_proj and v_proj, prepare_model_for_kbit_training (the
+    residual stream in fp32), b 1 × s 64, no recompute: after forward the step holds, above its start,
+
+    - layer 0 (its input requires no grad: the embedding is frozen): q_proj's fp32 LoRA input 4·64·512,
+      two lora_A outputs 4·64·8, q 4·64·512, k and v 4·64·128, the attention output 4·64·512, the fp32
+      log-sum-exp 4·64·8, the MLP norm's fp32 input 4·64·512 and rsqrt 4·64, gate, up and the activation
+      output 4·64·1024: 1,382,656 B;
+    - layer 1 the same, and its attention norm's rsqrt 256 B, its input (hidden 1, 131,072 B) requiring
+      grad now and kept as the norm's ``to(float32)``;
+    - the rotary cos and sin kept from layer 0 (its ``q * cos`` records a node): 2 × 4·64·64 in fp32;
+    - the last hidden state (131,072 B, the final norm's fp32 input) and the final norm's rsqrt 256 B, no
+      LM head input (the head is frozen);
+    - the loss's fp32 log_softmax 4·64·1000, the loss and total_weight 4 B each, the padded labels
+      8·65 (b 1: the shifted target is a view), less the previous step's loss 4 B."""
+    request = parse_options(model=dict(SMALL), framework="ddp", lora_rank=8, quantize="nf4", seq_len=64)
+    mechanics, act = mechanics_for(request, request.strategies[0], ())
+    step = step_shape(request, act, Device.CUDA)
+    led = Ledger(block=1)
+    steady_start(step, mechanics, None, led)
+    run_step(step, mechanics, None, led)
+    events = {e.name: e.allocated for e in led.events}
+    layer_0 = 131_072 + 2 * 2_048 + 131_072 + 2 * 32_768 + 131_072 + 2_048 + 131_072 + 256 + 3 * 262_144
+    assert layer_0 == 1_382_656
+    layer_1 = layer_0 + 256
+    hidden = 4 * 64 * 512
+    rotary = 2 * 4 * 64 * 64
+    loss = 4 * 64 * 1000 + 4 + 4 + 8 * 65 - 4
+    expected = layer_0 + layer_1 + 2 * hidden + rotary + 256 + loss
+    assert events["after forward"] - events["start"] == expected == 3_317_260

@@ -21,7 +21,15 @@ from zerocalc.base.errors import InputError
 from zerocalc.base.parts import Part
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, ParamTensor, PipelineStage
-from zerocalc.model.code import MODEL_CODES, Device, ForwardTuning, Shape, layer_saves, tuning_unsupported
+from zerocalc.model.code import (
+    MODEL_CODES,
+    Device,
+    ForwardTuning,
+    Shape,
+    layer_saves,
+    stream_bytes,
+    tuning_unsupported,
+)
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.finetune import forward_tuning
 from zerocalc.parallel.framework_records import effective_grad_sync
@@ -257,27 +265,32 @@ def micro_batch_saved_bytes(request: TrainingRequest) -> int:
     arch = request.stages[0].architecture
     assert arch is not None
     impl, shape = MODEL_CODES[request.model_code], activation_shape(request)
-    act, flash = activation_bytes(request), flash_attention_used(request)
-    kinds: dict[bool, int] = {}
-    for index in range(arch.num_layers):  # a layer's saves depend on its index only through its kind
-        kinds[arch.is_moe_layer(index)] = index
+    act, flash, tuning = activation_bytes(request), flash_attention_used(request), _tuning(request)
+
+    def kind(index: int) -> bool | int:
+        """A layer's saves depend on its index only through its kind; a fine-tuning run's on the index."""
+        return arch.is_moe_layer(index) if tuning is None else index
+
+    kinds = {kind(index): index for index in range(arch.num_layers)}
     per_kind = {
-        moe: min(
+        key: min(
             sum(size for name, size in saves.saved if name != "attn_norm_input")
             for saves in (
-                layer_saves(impl, arch, index, shape, act, Device.CUDA, use_cache=cache, flash=flash)
+                layer_saves(
+                    impl, arch, index, shape, act, Device.CUDA, use_cache=cache, flash=flash, tuning=tuning
+                )
                 for cache in (True, False)
             )
         )
-        for moe, index in kinds.items()
+        for key, index in kinds.items()
     }
-    return sum(per_kind[arch.is_moe_layer(index)] for index in range(arch.num_layers))
+    return sum(per_kind[kind(index)] for index in range(arch.num_layers))
 
 
 FIRST_STAGE_SAVED = Part(
     "first stage's saved activations",
     ("rank_model", "stages", "rank_shape", "mesh.ep", "mesh.pp", "mesh.vpp", "model_code", "activation_dtype",
-     "activations.capacity_factor", "activations.flash_attention", "activations.recompute"),
+     "activations.capacity_factor", "activations.flash_attention", "activations.recompute", "finetune"),
     lambda request, parts: micro_batch_saved_bytes(request),
 )  # fmt: skip
 """:func:`micro_batch_saved_bytes`: one micro-batch's saves through pipeline rank 0's layers."""
@@ -299,7 +312,8 @@ def stage_plan(request: TrainingRequest, act: int) -> StagePlan | None:
         holds_embedding=arch.holds_embedding,
         holds_head=arch.holds_head,
         keeps_output=request.framework_record.keeps_stage_output,
-        boundary_bytes=act * boundary_elements(mesh, a.micro_batch, a.seq_len, arch.hidden_size),
+        boundary_bytes=stream_bytes(_tuning(request), act)
+        * boundary_elements(mesh, a.micro_batch, a.seq_len, arch.hidden_size),
     )
 
 

@@ -49,6 +49,10 @@ from zerocalc.model.code import (
     loss_parallel_transients,
     norm_backward_excess,
     op_sac_layer,
+    stream_bytes,
+    tuned_embedding_saves,
+    tuned_final_saves,
+    tuned_shared_saves,
     vocab_shard,
 )
 from zerocalc.model.traits import traits
@@ -122,10 +126,10 @@ class StepShape(NamedTuple):
     ``tuning``); None: every parameter trained."""
     fp8: Fp8Setting = NO_FP8
     """The FP8 recipe of the converted Linear layers (torchao's eager casts: :mod:`zerocalc.peak.fp8`)."""
-    saves: dict[tuple[bool, bool], LayerSaves] | None = None
-    """Where the step finds and keeps its layers' saves, per kind of layer (mixture-of-experts or not) and
-    cache use: steps of one micro-batch and recompute whose blocks are alike may share one (the plan's
-    runs of one model at a few layers and at all); None: the step's own."""
+    saves: dict[tuple, LayerSaves] | None = None
+    """Where the step finds and keeps its layers' saves, per kind of layer (mixture-of-experts or not; a
+    fine-tuning run's per layer) and cache use: steps of one micro-batch and recompute whose blocks are
+    alike may share one (the plan's runs of one model at a few layers and at all); None: the step's own."""
 
 
 class LayerNodes(NamedTuple):
@@ -276,19 +280,30 @@ class _Passes:
         """Layers are checkpointed whole: every one, or every N-th (:meth:`checkpointed_layer`)."""
         self.selective = step.recompute is Recompute.SELECTIVE
         self.op = step.recompute is Recompute.OP
-        self.hidden_bytes = hidden_bytes(arch, step.shape, step.act)  # act·R·h: the rank's sequence share
+        self.stream = stream_bytes(step.tuning, step.act)
+        """Bytes per element of the hidden states between layers: the activation dtype's, fp32 under
+        ``prepare_model_for_kbit_training`` (:func:`~zerocalc.model.code.stream_bytes`)."""
+        self.hidden_bytes = hidden_bytes(arch, step.shape, self.stream)  # ·R·h: the rank's sequence share
+        self.logits_bytes = self.stream
+        """Bytes per logit: the LM head's dtype, fp32 under ``prepare_model_for_kbit_training`` (peft 0.21.2
+        utils/other.py: every parameter not a ``Params4bit`` cast to fp32, the head too)."""
+        self.upcast_bytes = 0 if step.tuning is not None and self.logits_bytes == FP32 else FP32
+        """The loss's ``logits.float()`` copy: none of fp32 logits (``Tensor.float`` returns the tensor)."""
         self.logits = vocab_shard(step.impl, arch, step.shape, vocab=_allocated_vocab(arch, step.impl))
         self.loss_parallel = loss_parallel_transients(step.impl, arch, step.shape)
-        self._saves: dict[tuple[bool, bool], LayerSaves] = {} if step.saves is None else step.saves
+        self._saves: dict[tuple, LayerSaves] = {} if step.saves is None else step.saves
         self._op_layer: OpSacLayer | None = None
-        self._backward: dict[bool, LayerNodes] = {}
+        self._backward: dict[bool | tuple[bool, int], LayerNodes] = {}
         self._losses: list[str] = []
 
     def saves_of(self, i: int, use_cache: bool) -> LayerSaves:
-        """A layer's saves depend on its index only through whether it is a mixture-of-experts layer."""
+        """A layer's saves depend on its index only through whether it is a mixture-of-experts layer; a
+        fine-tuning run's on the index itself (:func:`~zerocalc.model.code.finetune.tuned_layer`: whether
+        its input requires grad, which of its modules are adapted or trained)."""
         step, arch = self.step, self.step.arch
         fp8 = step.fp8 if step.fp8.on else None  # torchao's casts in the program, TE's fp8 saved inputs
-        key = (arch.is_moe_layer(i), use_cache) if fp8 is None else (arch.is_moe_layer(i), use_cache, fp8)
+        kind: bool | tuple[str, int] = arch.is_moe_layer(i) if step.tuning is None else ("tuned layer", i)
+        key = (kind, use_cache) if fp8 is None else (kind, use_cache, fp8)
         if key not in self._saves:
             saves = layer_saves(
                 step.impl, arch, i, step.shape, step.act, step.device, use_cache=use_cache, flash=step.flash,
@@ -302,11 +317,53 @@ class _Passes:
             self._saves[key] = saves._replace(program=Program(program))  # type: ignore[index]
         return self._saves[key]  # type: ignore[index]
 
+    def embedding_saves(self) -> list[tuple[str, int]]:
+        """What the embedding keeps for backward (a fine-tuning run's: its indices where it is trained,
+        :func:`~zerocalc.model.code.tuned_embedding_saves`)."""
+        step = self.step
+        if step.tuning is None:
+            return embedding_saves(step.impl, step.arch, step.act)
+        return tuned_embedding_saves(step.arch, step.shape, step.tuning)
+
+    def shared_saves(self) -> list[tuple[str, int]]:
+        """What the layers share for backward: the rotary tables or GPT-2's position ids. A fine-tuning
+        run keeps the tables only from the first layer whose ``q * cos`` records a node
+        (:func:`~zerocalc.model.code.tuned_shared_saves`), in the stream's dtype; under checkpointing the
+        checkpoints' closures hold them (and the position ids) whatever requires grad."""
+        step = self.step
+        if step.tuning is None or self.checkpointed:
+            return list(
+                step.impl.shared_saves(step.arch, step.shape, self.stream, self.checkpointed, step.device)
+            )
+        return tuned_shared_saves(step.arch, step.shape, step.act, step.device, step.tuning)[1]
+
+    @property
+    def shared_until(self) -> int:
+        """The layer whose backward frees the shared tensors: the first layer (a fine-tuning run's first
+        that keeps the rotary tables)."""
+        step = self.step
+        if step.tuning is None or self.checkpointed:
+            return 0
+        first = tuned_shared_saves(step.arch, step.shape, step.act, step.device, step.tuning)[0]
+        return first or 0
+
+    def final_saves(self) -> tuple[list[tuple[str, int]], bool]:
+        """The final norm's saves and the LM head's input, and whether the last hidden state is kept for
+        the final norm's backward (a LayerNorm's input; a fine-tuning run's fp32 stream, which the RMSNorm's
+        ``to(float32)`` returns itself: :func:`~zerocalc.model.code.tuned_final_saves`)."""
+        step = self.step
+        if step.tuning is None:
+            final = step.impl.final_saves(step.arch, step.shape, step.act, step.device)
+            return list(final), self.t.norm == "layernorm"
+        return tuned_final_saves(step.arch, step.shape, step.act, step.device, step.tuning)
+
     def nodes_of(self, i: int) -> LayerNodes:
         """Layer ``i``'s moments node by node (:mod:`zerocalc.peak.layer_nodes`), which depend on its index
-        only through whether it is a mixture-of-experts layer."""
+        only through whether it is a mixture-of-experts layer and, in a fine-tuning run, through its
+        parameters' gradients (:attr:`StepShape.layer_params`: what each layer trains may differ)."""
         moe = self.step.arch.is_moe_layer(i)
-        backward = self._backward.get(moe)
+        kind: bool | tuple[bool, int] = moe if self.step.tuning is None else (moe, i)
+        backward = self._backward.get(kind)
         if backward is None:
             step = self.step
             forward = experts_forward_transients(step.impl, step.arch, i, step.shape, step.act)
@@ -316,7 +373,7 @@ class _Passes:
                 if verb == "grad":
                     rest.remove(numel)  # the weight the program's gradient is of (or one of its size)
             excess = first_norm_backward_excess(step.impl, step.arch, step.shape, step.act)
-            backward = self._backward[moe] = LayerNodes(forward, program, tuple(rest), excess)
+            backward = self._backward[kind] = LayerNodes(forward, program, tuple(rest), excess)
         return backward
 
     def alloc_saves(self, i: int, group: str, saved: tuple[tuple[str, int], ...]) -> None:
@@ -388,9 +445,7 @@ class _Passes:
             mechanics.forward_started(led, runtime.no_reshard_extra if cuda else 0)
         received = f"received activation{tag}"
         if embedding:
-            shared = embedding_saves(impl, arch, act) + impl.shared_saves(
-                arch, shape, act, checkpointed, step.device
-            )
+            shared = self.embedding_saves() + self.shared_saves()
             led.alloc_group(f"shared{tag}", shared, ACTIVATIONS)
             hidden = f"embedding output{tag}"
             led.alloc(hidden, self.hidden_bytes, ACTIVATIONS)
@@ -400,8 +455,7 @@ class _Passes:
             # a later stage: the previous stage's output, received, kept for its gradient; the rotary
             # tables are computed again by this stage's forward
             if t.rotary:
-                shared = impl.shared_saves(arch, shape, act, checkpointed, step.device)
-                led.alloc_group(f"shared{tag}", shared, ACTIVATIONS)
+                led.alloc_group(f"shared{tag}", self.shared_saves(), ACTIVATIONS)
             hidden = received
             led.alloc(hidden, step.stage.boundary_bytes, PIPELINE)
         if hf and t.rotary and not checkpointed:
@@ -409,7 +463,7 @@ class _Passes:
             # int64 [1, s], alive until the base model returns; saved only by checkpoint closures
             led.alloc(f"position ids{tag}", INT64 * (shape.s // shape.cp), ACTIVATIONS)
         if embedding and not t.rotary:  # GPT-2: wte(ids) + wpe(positions) (+ dropout) is a new tensor
-            led.alloc(f"position embedding output{tag}", act * (shape.s // shape.cp) * h, ACTIVATIONS)
+            led.alloc(f"position embedding output{tag}", self.stream * (shape.s // shape.cp) * h, ACTIVATIONS)
             hidden = f"hidden 0{tag}"
             led.alloc(hidden, self.hidden_bytes, ACTIVATIONS)
         kept = {f"embedding output{tag}"} if impl.embedding_output_alive else set()
@@ -487,33 +541,40 @@ class _Passes:
             led.free_group(f"sliding cache{tag}")
             return
 
-        led.alloc_group(f"final{tag}", impl.final_saves(arch, shape, act, step.device), ACTIVATIONS)
+        final, keeps_last = self.final_saves()
+        led.alloc_group(f"final{tag}", final, ACTIVATIONS)
+        if step.tuning is not None and "lm_head" not in step.tuning.trained:
+            # the final norm's output, saved by no one (the head is frozen), is the base model's
+            # last_hidden_state: LlamaForCausalLM.forward's `outputs` holds it through the loss
+            # (transformers 5.17 modeling_llama.py)
+            L = shape.local_tokens
+            led.alloc(f"last hidden state (base model output){tag}", self.stream * L * h, ACTIVATIONS)
         # RMSNorm forward: while x·rsqrt (fp32) exists its cast exists and the output does not yet
         led.event(
             f"final norm forward{tag}",
-            (FP32 - act) * R * h if t.norm != "layernorm" and impl.norm_fp32_copy else 0,
+            (FP32 - self.stream) * R * h if t.norm != "layernorm" and impl.norm_fp32_copy else 0,
             TRANSIENT,
         )
-        if t.norm != "layernorm" and hidden != f"embedding output{tag}":
+        if not keeps_last and hidden != f"embedding output{tag}":
             led.free(
                 hidden
             )  # the final norm kept its own copy; the last output is no checkpoint input either
         self._forward_done(tag, embedding)
 
         # the loss
-        led.alloc(f"logits{tag}", act * TV, LOSS)
+        led.alloc(f"logits{tag}", self.logits_bytes * TV, LOSS)
         capped = logits_saves(impl, arch, shape, act)
         for name, b in capped:
             led.alloc(f"{name}{tag}", b, LOSS)
         if impl.loss == "hf_upcast":
-            led.alloc(f"logits fp32 copy{tag}", FP32 * TV, LOSS)
+            led.alloc(f"logits fp32 copy{tag}", self.upcast_bytes * TV, LOSS)
             led.alloc(f"labels padded{tag}", INT64 * shape.b * (shape.s + 1), LOSS)
             if shape.b > 1 or shape.cp > 1:  # labels[..., 1:].contiguous() copies
                 led.alloc(f"shift labels{tag}", INT64 * self.logits.rows, LOSS)
             else:
                 led.rename(f"labels padded{tag}", f"shift labels{tag}")  # b = 1: the slice is a view
         elif impl.loss == "float_cross_entropy":
-            led.alloc(f"logits fp32 copy{tag}", FP32 * TV, LOSS)
+            led.alloc(f"logits fp32 copy{tag}", self.upcast_bytes * TV, LOSS)
         led.alloc(f"log_softmax{tag}", FP32 * TV, LOSS)
         led.alloc(f"loss{tag}", FP32, LOSS)
         self._losses.append(f"loss{tag}")
@@ -524,6 +585,7 @@ class _Passes:
         led.free("previous step's loss")
         mechanics.post_forward(led, "root")
         led.free(f"logits{tag}")  # only the loss is kept by the training loop
+        led.free(f"last hidden state (base model output){tag}")
         led.free_group(f"sliding cache{tag}")  # the DynamicCache of the dropped output
 
     def _forward_done(self, tag: str, embedding: bool) -> None:
@@ -562,8 +624,8 @@ class _Passes:
                 led.event(f"loss backward (log_softmax_backward){tag}", self.loss_parallel[1], TRANSIENT)
                 led.free(f"log_softmax{tag}")
                 led.free(f"d log_softmax (nll_loss_backward){tag}")
-            if act != FP32:
-                led.alloc(f"d logits{tag}", act * TV, LOSS)
+            if self.logits_bytes != FP32:
+                led.alloc(f"d logits{tag}", self.logits_bytes * TV, LOSS)
                 led.event(f"logits.float() backward{tag}")
                 led.free(f"d logits fp32 (log_softmax_backward){tag}")
             else:
@@ -579,8 +641,8 @@ class _Passes:
             led.free(f"d logits{tag}")
             led.event(f"final norm backward{tag}", norm_backward_excess(impl, arch, shape, act), TRANSIENT)
             led.free_group(f"final{tag}")
-            if t.norm == "layernorm":
-                led.free(f"hidden {layers[-1] + 1}{tag}")  # ln_f's saved input
+            if self.final_saves()[1]:
+                led.free(f"hidden {layers[-1] + 1}{tag}")  # the final norm's saved input
             mechanics.param_grad(led, "root", "final norm", h * (2 if t.norm == "layernorm" else 1))
         else:
             # the gradient of this stage's output, received from the next stage
@@ -619,8 +681,8 @@ class _Passes:
             while led.has(f"{i}.fp8 saved scale#{j}"):  # the forward's fp8 weights, saved (mechanics)
                 led.free(f"{i}.fp8 saved scale#{j}")
                 j += 1
-            if i == layers[0]:
-                led.free_group(f"shared{tag}")
+            if i == max(layers[0], self.shared_until):
+                led.free_group(f"shared{tag}")  # the first layer that keeps the rotary tables is done
             for j, numel in enumerate(backward.rest):
                 mechanics.param_grad(led, i, f"block#{j}", numel)
             if backward.first_norm_excess:

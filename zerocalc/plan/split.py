@@ -261,7 +261,7 @@ def _values(inside: list[int], after: list[int], before: int) -> list[int]:
     return values
 
 
-LayerSavesCache = dict[tuple[bool, bool], LayerSaves]
+LayerSavesCache = dict[tuple, LayerSaves]
 """A step's layers' saves (:attr:`~zerocalc.peak.timeline.StepShape.saves`)."""
 
 
