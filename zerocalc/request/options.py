@@ -125,8 +125,8 @@ OPTIONS: tuple[Option, ...] = (
          "gathered bucket by bucket in the next forward, one bucket ahead.", frozenset({COMM}),
          default=False, kind=Kind.FLAG, value_type=BOOL),
     _opt("overlap_comm", ("--overlap-comm",),
-         "DeepSpeed's overlap_comm (zero_optimization) for zero1/zero2: gradient buckets reduced on their own "
-         "stream beside backward (on by default for zero3).", frozenset({COMM}), default=False,
+         "DeepSpeed's overlap_comm (zero_optimization) for zero1/zero2: gradient buckets reduced on a "
+         "stream of their own beside backward (on by default for zero3).", frozenset({COMM}), default=False,
          kind=Kind.FLAG, value_type=BOOL),
     _opt("tp_comm_overlap", ("--tp-comm-overlap",),
          "Megatron-LM's --tp-comm-overlap (with --sequence-parallel): Transformer Engine's userbuffers run "
