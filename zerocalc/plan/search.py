@@ -176,7 +176,8 @@ class PlanResult(FigureDisplay, BaseModel):
     groups: int = Field(description="groups of candidates differing only in b")
     seconds: float = Field(description="the whole search: search_seconds + exact_seconds")
     search_seconds: float = Field(
-        description="every candidate's peak (its lower bound), communication and step time, and the ranking"
+        description="every candidate's peak (its lower bound), the communication and step time of each "
+        "the walk reaches (all of them with --all-candidates), and the ranking"
     )
     exact_seconds: float = Field(description="the walk's exact peaks (memory's model, allocator replay)")
     candidates_per_second: float = Field(description="candidates_evaluated / search_seconds")
