@@ -259,3 +259,18 @@ def test_the_layering_test_sees_an_upward_import(tmp_path: Path) -> None:
     targets = _imports(bad)
     assert "zerocalc.cli.render" in targets and "torch" in targets
     assert _package("zerocalc.cli.render") not in BELOW["states"]
+
+
+def test_tests_import_their_shared_code_as_helpers() -> None:
+    """``tests`` is no package: pytest puts ``tests/`` on the path (``pythonpath``), so shared code is
+    ``helpers``; ``from tests.helpers import ...`` works only where the repository root happens to be on
+    the path, and fails collection in a clean checkout."""
+    offenders = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            if any(name == "tests" or name.startswith("tests.") for name in names):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not offenders, offenders

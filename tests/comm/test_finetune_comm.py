@@ -5,9 +5,9 @@ h 4096, kv 1024, f 14336, V 128256; 8,030,261,248 parameters; LoRA r 8 on every 
 from __future__ import annotations
 
 import pytest
+from helpers import one_line_error
 from typer.testing import CliRunner
 
-from tests.helpers import one_line_error
 from zerocalc.api import estimate_comm
 from zerocalc.base.dtypes import DType
 from zerocalc.cli import app
