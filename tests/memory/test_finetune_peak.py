@@ -224,7 +224,9 @@ def test_a_qlora_forward_keeps_what_each_layer_of_the_fine_tuning_model_saves_by
       LM head input (the head is frozen);
     - the loss's fp32 log_softmax 4·64·1000, the loss and total_weight 4 B each, the padded labels
       8·65 (b 1: the shifted target is a view), less the previous step's loss 4 B."""
-    request = parse_options(model=dict(SMALL), framework="ddp", lora_rank=8, quantize="nf4", seq_len=64)
+    request = parse_options(
+        model=dict(SMALL), framework="ddp", lora_rank=8, quantize="nf4", seq_len=64, recompute="none"
+    )
     mechanics, act = mechanics_for(request, request.strategies[0], ())
     step = step_shape(request, act, Device.CUDA)
     led = Ledger(block=1)
