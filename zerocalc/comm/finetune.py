@@ -141,6 +141,7 @@ class OffloadCopies(NamedTuple):
     d2h_per_reduction: int
 
 
+@lru_cache(maxsize=256)
 def offload_copies(
     arch: Architecture,
     finetune: FineTuning,
@@ -151,17 +152,6 @@ def offload_copies(
     """One rank's host ↔ GPU bytes of FSDP's CPU offload over ``shards`` ranks: every parameter's shard
     (dim 0 padded, FSDP2's layout; a quantised weight's packed storage) in its stored dtype per all-gather,
     the trained tensors' gradient shards in their reduce dtype per reduction."""
-    return _offload_copies(arch, finetune, shards, stored, reduced)
-
-
-@lru_cache(maxsize=256)
-def _offload_copies(
-    arch: Architecture,
-    finetune: FineTuning,
-    shards: int,
-    stored: tuple[tuple[ParamKind, DType | None], ...],
-    reduced: tuple[tuple[ParamKind, DType | None], ...],
-) -> OffloadCopies:
     from zerocalc.states.framework import dim0_padded_numel
 
     stored_of, reduced_of = dict(stored), dict(reduced)
