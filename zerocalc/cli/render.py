@@ -40,7 +40,8 @@ __all__ = [
 def console() -> Console:
     """The console commands print on: COLUMNS wide, else the terminal's width, else 80 columns (Rich's
     rule); a width below ``MIN_COLUMNS``, where no table of numbers fits whole, is taken as 80, the width
-    the tables are designed for."""
+    the tables are designed for. Text is printed as written: no ``:name:`` emoji codes (a model called
+    ``:fire:`` stays so), which also spares loading Rich's emoji table."""
     return _console(os.environ.get("COLUMNS"))
 
 
@@ -51,9 +52,9 @@ def _console(columns: str | None) -> Console:
     from zerocalc.cli.base import DEFAULT_COLUMNS, MIN_COLUMNS
     from zerocalc.render.tables import TrimLineEnds
 
-    out = Console(highlight=False)
+    out = Console(highlight=False, emoji=False)
     if out.width < MIN_COLUMNS:
-        out = Console(highlight=False, width=DEFAULT_COLUMNS)
+        out = Console(highlight=False, emoji=False, width=DEFAULT_COLUMNS)
     out.push_render_hook(TrimLineEnds())
     return out
 
