@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from zerocalc.base.errors import InputError, literal, shown, why_not
+from zerocalc.base.json_text import json_value
 from zerocalc.model.architecture import (
     MAX_LAYERS,
     Architecture,
@@ -843,23 +844,7 @@ def _load(path: Path) -> Any:
 
 def _parsed(raw: bytes, where: str) -> Any:
     """The JSON value of a config.json's bytes (``where`` names it in errors)."""
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InputError(
-            f"{where} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
-            "accepted: a config.json in UTF-8"
-        ) from exc
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{where} is not JSON ({exc.msg} at line {exc.lineno}); accepted: a Hugging Face config.json"
-        ) from exc
-    except (ValueError, RecursionError) as exc:  # a number of more than 4300 digits, nesting too deep
-        raise InputError(
-            f"{where} is not a JSON config this reader accepts ({exc}); accepted: a Hugging Face config.json"
-        ) from exc
+    return json_value(raw, where, "a Hugging Face config.json")
 
 
 DROPOUT_KEYS: dict[str, dict[str, tuple[str, float]]] = {

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from zerocalc.base.dtypes import DType, parse_dtype
 from zerocalc.base.errors import InputError, shown, why_not
+from zerocalc.base.json_text import json_object
 from zerocalc.base.paths import user_path
 from zerocalc.base.units import parse_fraction, parse_whole
 from zerocalc.model.activations import Recompute
@@ -100,17 +101,10 @@ def read_adapter_config(path: str) -> dict[str, Any]:
     """A PEFT ``adapter_config.json`` → the :class:`LoraConfig` fields it sets."""
     where = f"{{adapter_config}} {shown(path)}"
     try:
-        raw = user_path(path).read_text(encoding="utf-8-sig")
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raw = user_path(path).read_bytes()
+    except (OSError, ValueError) as exc:  # ValueError: a path with a NUL byte
         raise InputError(f"{where} cannot be read ({why_not(exc)}); accepted: a readable JSON file") from exc
-    try:
-        config = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{where} is not JSON ({exc.msg} at line {exc.lineno}); accepted: PEFT's adapter_config.json"
-        ) from exc
-    if not isinstance(config, dict):
-        raise InputError(f"{where} is not a JSON object; accepted: PEFT's adapter_config.json")
+    config = json_object(raw, where, "PEFT's adapter_config.json")
     fields: dict[str, Any] = {}
     for key, value in config.items():
         if key in ADAPTER_MODELLED:

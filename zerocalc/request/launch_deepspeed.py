@@ -4,11 +4,11 @@ stage, offload and integer readers are accelerate's too (its ``deepspeed_config`
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from zerocalc.base.errors import InputError, literal
+from zerocalc.base.json_text import json_object
 from zerocalc.request.launch_config import LaunchConfig, flatten, invalid, listed, refused
 from zerocalc.request.launch_keys import (
     DEEPSPEED_KEYS,
@@ -20,15 +20,7 @@ from zerocalc.request.launch_keys import (
 
 
 def read_json(text: str, where: str) -> dict[str, Any]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{where} is not JSON ({exc.msg}, line {exc.lineno}); accepted: a ds_config.json"
-        ) from None
-    if not isinstance(data, dict):
-        raise InputError(f"{where} is not a JSON object; accepted: a ds_config.json")
-    return data
+    return json_object(text, where, "a ds_config.json")
 
 
 _DS_STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
