@@ -241,3 +241,27 @@ def test_a_qlora_forward_keeps_what_each_layer_of_the_fine_tuning_model_saves_by
     loss = 4 * 64 * 1000 + 4 + 4 + 8 * 65 - 4
     expected = layer_0 + layer_1 + 2 * hidden + rotary + 256 + loss
     assert events["after forward"] - events["start"] == expected == 3_317_260
+
+
+@pytest.mark.parametrize(
+    ("framework", "precision", "quantize", "adapter", "fp32_stream"),
+    [
+        ("fsdp2", "bf16-mixed", "none", "bf16", False),  # MixedPrecisionPolicy gathers all in bf16
+        ("fsdp", "bf16-mixed", "none", "bf16", False),  # FSDP1's flat parameter, cast whole
+        ("ddp", "bf16-mixed", "none", "fp32", False),  # autocast casts op inputs; the adapters stay fp32
+        ("fsdp2", "bf16-pure", "none", "fp32", False),  # no policy: PEFT's fp32 adapters as they are
+        ("ddp", "bf16-mixed", "nf4", "fp32", True),  # prepare_model_for_kbit_training's fp32 embeddings
+        ("fsdp2", "bf16-mixed", "nf4", "bf16", False),  # ... gathered in bf16 again
+    ],
+)
+def test_the_adapters_compute_in_the_dtype_the_framework_gives_their_weights(
+    framework: str, precision: str, quantize: str, adapter: str, fp32_stream: bool
+) -> None:
+    """PEFT casts each LoRA input to ``lora_A.weight.dtype``: the precision record's module weight."""
+    request = parse_options(
+        model="llama-3-8b", gpus=8 if framework != "ddp" else 1, framework=framework, precision=precision,
+        lora_rank=8, quantize=quantize, seq_len=512,
+    )  # fmt: skip
+    weights = request.forward_weights
+    assert weights is not None
+    assert (weights.adapter.value, weights.fp32_stream) == (adapter, fp32_stream)

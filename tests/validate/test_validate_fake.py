@@ -16,10 +16,17 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from zerocalc.base.dtypes import DType
 from zerocalc.cli import app
 from zerocalc.model.activations import Recompute
+from zerocalc.model.code import Device
+from zerocalc.model.code.finetune import tuned_layer
 from zerocalc.model.hf_config import architecture_from_hf_dict
+from zerocalc.parallel.finetune import PEFT_ALONE, ForwardWeights, forward_tuning
+from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.precision import Fp8RecipeName
+from zerocalc.parallel.strategies import StrategyName
+from zerocalc.peak.simulate import activation_shape
 from zerocalc.validate import fake
 from zerocalc.validate.phases import AllocatedPhases
 from zerocalc.validate.saved import TINY_CONFIGS
@@ -280,10 +287,10 @@ def test_torchaos_fp8_all_gather_agrees_to_the_byte_where_no_cast_meets_a_peak()
     assert measured.start_allocated - plain.start_allocated == 7 * 2 * 512  # 14 scales, 512 B blocks
 
 
-LORA_STATE_LINES = ("start_allocated", "after_backward", "optimizer_peak")
-"""The lines a LoRA step's model states decide (its activations wait for the model code's fine-tuning
-saves): the tracker's figures of the tiny Llama, LoRA r 8 (PEFT 0.21, default targets q_proj and v_proj,
-bf16 base) at b 2 × 64, torch 2.13.0, transformers 5.17.0."""
+LORA_STATE_LINES = ("start_allocated", "after_forward", "after_backward", "optimizer_peak")
+"""The lines a LoRA step's model states and saved tensors decide (not the peaks: ``fake.not_claimed``):
+the tracker's figures of the tiny Llama, LoRA r 8 (PEFT 0.21, default targets q_proj and v_proj, bf16
+base) at b 2 × 64, torch 2.13.0, transformers 5.17.0."""
 
 
 def _lora_case(world: int) -> tuple[Any, Any, Any]:
@@ -311,6 +318,29 @@ def test_a_lora_steps_model_states_are_the_trackers(world: int, start: int, afte
         optimizer,
     )
     assert "LoRA" in (fake.not_claimed(TINY_CONFIGS["llama"], request.architecture, case) or "")
+
+
+def test_a_lora_steps_saved_tensors_are_the_trackers() -> None:
+    """After forward at world 8 the tracker holds 1,663,488 B. FSDP2's MixedPrecisionPolicy gathers the
+    fp32 adapters in bf16, so PEFT casts no LoRA input (``x.to(lora_A.weight.dtype)`` is x): per layer
+    the bf16 q/v input once (T·h·2 = 128·128·2 = 32,768 B, the frozen base Linears keep none) and two
+    bf16 lora_A outputs (T·r·2 = 2,048 B each), where fp32 adapters would keep an fp32 copy per adapter
+    (65,536 B) and fp32 outputs (4,096 B): 2 layers × (2 × 69,632 − 32,768 − 2 × 2,048) = 204,800 B
+    more, which the prediction held before the adapters' forward dtype came from the precision record."""
+    _, request, case = _lora_case(8)
+    assert request.forward_weights is not None and request.forward_weights.adapter is DType.BF16
+    assert fake.predict(request, case)[0].after_forward == 1_663_488
+
+    arch, shape = request.architecture, activation_shape(request)
+
+    def saved(weights: ForwardWeights) -> int:
+        tuning = forward_tuning(arch, request.finetune, weights=weights)
+        layers = (tuned_layer(arch, i, shape, 2, Device.CUDA, False, tuning) for i in range(arch.num_layers))
+        return sum(n for layer in layers for _, n in layer.saves.saved)
+
+    assert saved(PEFT_ALONE) - saved(request.forward_weights) == 2 * (2 * 69_632 - 32_768 - 2 * 2_048)
+    ddp = request.with_(framework=Framework.DDP, strategies=(StrategyName.DDP,))
+    assert ddp.forward_weights == PEFT_ALONE  # autocast leaves the fp32 adapters fp32
 
 
 @needs_torch

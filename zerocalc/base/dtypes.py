@@ -39,6 +39,10 @@ class TensorRole(StrEnum):
     COMPUTE = "compute"
     """The weights forward and backward read: the all-gathered or cast copy (FSDP ``param_dtype``,
     DeepSpeed's bit16 parameters, autocast's cast)."""
+    MODULE_WEIGHT = "module_weight"
+    """The parameter a module holds while its forward runs, whose dtype the module's code reads
+    (``lora_A.weight.dtype``): FSDP's unsharded parameter in ``param_dtype``, DeepSpeed's bit16 parameter,
+    the stored parameter itself where autocast casts each op's inputs instead (DDP)."""
     GEMM_INPUT = "gemm_input"
     """What a matrix multiply is fed: the compute dtype, or a low-precision cast of it."""
     ACTIVATION = "activation"

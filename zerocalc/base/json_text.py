@@ -28,7 +28,8 @@ def json_value(raw: str | bytes, where: str, accepted: str) -> Any:
         problem = f"{exc.msg} at line {exc.lineno}"
         raise InputError(f"{where} is not JSON ({problem}); accepted: {accepted}") from exc
     except (ValueError, RecursionError) as exc:  # a number of more than 4300 digits, nesting too deep
-        raise InputError(f"{where} is not a JSON file this reader accepts ({exc}); accepted: {accepted}") from exc
+        message = f"{where} is not a JSON file this reader accepts ({exc}); accepted: {accepted}"
+        raise InputError(message) from exc
 
 
 def json_object(raw: str | bytes, where: str, accepted: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from zerocalc.model.architecture import Architecture, ParamTensor, parameter_ten
 from zerocalc.model.code.finetune import ForwardTuning
 from zerocalc.model.hf_modules import hf_modules, hf_name
 from zerocalc.model.quantized import Part, QuantMethod, StoragePart, quantized_modules, weight_storage
-from zerocalc.parallel.precision import ParamKind, QuantDtypes
+from zerocalc.parallel.precision import ParamKind, ParamLayout, PrecisionName, QuantDtypes, tensor_dtypes
 
 
 class LoraConfig(BaseModel):
@@ -266,12 +266,52 @@ def finetune_counts(arch: Architecture, finetune: FineTuning | None) -> FineTune
     )
 
 
-def forward_tuning(arch: Architecture, finetune: FineTuning, checkpointed: bool = False) -> ForwardTuning:
+class ForwardWeights(NamedTuple):
+    """The dtypes a fine-tuning forward reads off its weights (:attr:`TensorRole.MODULE_WEIGHT
+    <zerocalc.base.dtypes.TensorRole.MODULE_WEIGHT>` in the precision record)."""
+
+    adapter: DType
+    """``lora_A.weight.dtype``, which PEFT 0.21 casts each LoRA input to (peft/tuners/lora/layer.py
+    ``Linear.forward``: ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``, a copy where the dtypes
+    differ; tuners_utils.py): fp32 adapters stay fp32 under autocast and without a framework, FSDP's mixed
+    precision casts them to ``param_dtype`` with the rest of its unit (FSDP2 ``MixedPrecisionPolicy``,
+    torch/distributed/fsdp/_fully_shard/_fsdp_param.py ``init_dtype_attrs``; FSDP1's flat parameter),
+    DeepSpeed's bit16 engine holds them in bf16."""
+    fp32_stream: bool
+    """The hidden states are fp32: ``prepare_model_for_kbit_training`` made the embeddings fp32 and the
+    forward reads them so (not where FSDP's mixed precision casts them back to ``param_dtype``)."""
+
+
+PEFT_ALONE = ForwardWeights(adapter=DType.FP32, fp32_stream=False)
+"""PEFT's model run as it is (no framework, no autocast): fp32 adapters, the base's stream."""
+
+
+def forward_weights(finetune: FineTuning, layout: ParamLayout, precision: PrecisionName) -> ForwardWeights:
+    """What ``finetune``'s forward reads off its weights when a framework of ``layout`` trains it under
+    ``precision``: the precision record's :attr:`~zerocalc.base.dtypes.TensorRole.MODULE_WEIGHT` of the
+    adapters and of the frozen base's embeddings."""
+    base = tensor_dtypes(precision, layout, kind=ParamKind.FROZEN_BASE, kbit_prepared=finetune.kbit_prepared)
+    return ForwardWeights(
+        adapter=tensor_dtypes(precision, layout, kind=ParamKind.ADAPTER).module_weight,
+        fp32_stream=finetune.kbit_prepared and base.module_weight is DType.FP32,
+    )
+
+
+def forward_tuning(
+    arch: Architecture,
+    finetune: FineTuning,
+    checkpointed: bool = False,
+    weights: ForwardWeights | None = None,
+) -> ForwardTuning:
     """What ``finetune`` changes in the forward's saved tensors (the activation model's input,
     :class:`zerocalc.model.code.ForwardTuning`), from the tensors' kinds (:func:`parameter_kinds`), PEFT's
     plan and the quantised modules. ``checkpointed``: gradient checkpointing is on, so the input embeddings'
     output requires grad (``enable_input_require_grads``: PEFT's ``_prepare_model_for_gradient_checkpointing``
-    when the model checkpoints, ``prepare_model_for_kbit_training(use_gradient_checkpointing=True)``)."""
+    when the model checkpoints, ``prepare_model_for_kbit_training(use_gradient_checkpointing=True)``).
+    ``weights``: the dtypes its framework gives the weights in forward (None: PEFT's model alone, its
+    stream fp32 after ``prepare_model_for_kbit_training``)."""
+    if weights is None:
+        weights = PEFT_ALONE._replace(fp32_stream=finetune.kbit_prepared)
     kinded = parameter_kinds(arch, finetune)
     trainable = {k.tensor for k in kinded if k.kind is ParamKind.TRAINABLE}
     # a module is trained when a tensor it holds is (GPT-2's c_attn holds q, k and v); a tied LM head holds
@@ -303,6 +343,7 @@ def forward_tuning(arch: Architecture, finetune: FineTuning, checkpointed: bool 
         dropout=finetune.lora.dropout if finetune.lora is not None else 0.0,
         dora=finetune.lora.dora if finetune.lora is not None else False,
         quantized=quantized,
-        fp32_stream=finetune.kbit_prepared,
+        fp32_stream=weights.fp32_stream,
         input_requires_grad=checkpointed,
+        adapter_bytes=weights.adapter.bytes,
     )

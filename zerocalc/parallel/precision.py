@@ -169,6 +169,7 @@ LAYOUT_RULES: dict[ParamLayout, dict[TensorRole, _Source]] = {
     ParamLayout.MASTER_COPY: {
         _R.STORED: "param_dtype",
         _R.COMPUTE: "param_dtype",
+        _R.MODULE_WEIGHT: _R.COMPUTE,
         _R.GEMM_INPUT: _R.COMPUTE,
         _R.ACTIVATION: _R.COMPUTE,
         _R.GRADIENT: "grad_dtype",
@@ -181,6 +182,7 @@ LAYOUT_RULES: dict[ParamLayout, dict[TensorRole, _Source]] = {
     ParamLayout.CAST_FOR_COMPUTE: {
         _R.STORED: _MASTER_OR_PARAM,
         _R.COMPUTE: "param_dtype",
+        _R.MODULE_WEIGHT: _R.COMPUTE,
         _R.GEMM_INPUT: _R.COMPUTE,
         _R.ACTIVATION: _R.COMPUTE,
         _R.GRADIENT: "grad_dtype",
@@ -193,6 +195,7 @@ LAYOUT_RULES: dict[ParamLayout, dict[TensorRole, _Source]] = {
     ParamLayout.AUTOCAST: {
         _R.STORED: _MASTER_OR_PARAM,
         _R.COMPUTE: "param_dtype",
+        _R.MODULE_WEIGHT: _R.STORED,
         _R.GEMM_INPUT: _R.COMPUTE,
         _R.ACTIVATION: _R.COMPUTE,
         _R.GRADIENT: _R.STORED,
@@ -374,6 +377,7 @@ class TensorDtypes(NamedTuple):
 
     stored: DType
     compute: DType
+    module_weight: DType
     gemm_input: DType
     activation: DType
     gradient: DType | None

@@ -228,7 +228,9 @@ def _tuning(request: TrainingRequest) -> ForwardTuning | None:
     if reason is not None:
         raise InputError(f"the peak of a fine-tuning step: {reason}; accepted: {{model_impl}} hf")
     checkpointed = request.activations.recompute is not Recompute.NONE
-    return forward_tuning(request.architecture, request.finetune, checkpointed=checkpointed)
+    return forward_tuning(
+        request.architecture, request.finetune, checkpointed=checkpointed, weights=request.forward_weights
+    )
 
 
 def in_flight_saved_bytes(request: TrainingRequest) -> int:
@@ -290,7 +292,8 @@ def micro_batch_saved_bytes(request: TrainingRequest) -> int:
 FIRST_STAGE_SAVED = Part(
     "first stage's saved activations",
     ("rank_model", "stages", "rank_shape", "mesh.ep", "mesh.pp", "mesh.vpp", "model_code", "activation_dtype",
-     "activations.capacity_factor", "activations.flash_attention", "activations.recompute", "finetune"),
+     "activations.capacity_factor", "activations.flash_attention", "activations.recompute", "finetune",
+     "forward_weights"),
     lambda request, parts: micro_batch_saved_bytes(request),
 )  # fmt: skip
 """:func:`micro_batch_saved_bytes`: one micro-batch's saves through pipeline rank 0's layers."""

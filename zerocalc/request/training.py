@@ -36,7 +36,7 @@ from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import Cluster
 from zerocalc.network.links import Bandwidths
 from zerocalc.network.schedule import GradSync, ZeroPP
-from zerocalc.parallel.finetune import FineTuning
+from zerocalc.parallel.finetune import FineTuning, ForwardWeights, forward_weights
 from zerocalc.parallel.fp8 import NO_FP8, Fp8Setting
 from zerocalc.parallel.framework_records import FRAMEWORKS, default_strategies
 from zerocalc.parallel.framework_records.record import FrameworkRecord, ModelInit, Wrap
@@ -269,6 +269,14 @@ class TrainingRequest(BaseModel):
         """The dtype of the activations (the compute dtype: ``dtypes.activation``, which
         ``--reduce-dtype`` does not change)."""
         return _activation_dtype(self.framework, self.precision)
+
+    @property
+    def forward_weights(self) -> ForwardWeights | None:
+        """What a fine-tuning forward reads off its weights as this framework keeps them under this recipe
+        (:func:`~zerocalc.parallel.finetune.forward_weights`); None: full training."""
+        if self.finetune is None:
+            return None
+        return forward_weights(self.finetune, self.framework_record.param_layout, self.precision)
 
     @property
     def accumulates(self) -> bool:

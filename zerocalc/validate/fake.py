@@ -127,8 +127,11 @@ def not_claimed(config: dict[str, Any], arch: Architecture, case: FakeCase) -> s
     if case.lora_rank:
         return (
             "a LoRA step's layers are the model code's fine-tuning saves (zerocalc/model/code/finetune.py), "
-            "which count no in-layer transients, and under checkpointing the tracker holds tensors the "
-            "timeline does not name: measured and shown, not claimed exact"
+            "which count no in-layer transients; at the forward and backward peaks the tracker holds one "
+            "block's all-gather output from the last forward all-gather until the next step, which FSDP2 "
+            "releases at the root's post-forward (no tensor of it is alive then: not modelled), and under "
+            "checkpointing the tracker holds tensors the timeline does not name: measured and shown, not "
+            "claimed exact"
         )
     if case.fp8 is not Fp8RecipeName.NONE:
         return (
