@@ -265,3 +265,19 @@ def test_the_adapters_compute_in_the_dtype_the_framework_gives_their_weights(
     weights = request.forward_weights
     assert weights is not None
     assert (weights.adapter.value, weights.fp32_stream) == (adapter, fp32_stream)
+
+
+def test_a_qlora_model_is_loaded_on_the_host_in_bf16_before_it_is_quantised() -> None:
+    """The FSDP QLoRA recipe (Llama-2-70B on two 24 GB cards, CPU offload): the host copy at creation is
+    the bf16 checkpoint as loaded, every Linear not yet quantised, beside PEFT's fp32 adapters. By hand:
+    Llama-2-70B's 68,976,648,192 parameters (80 × 855,654,400 + 2 × 32,000 × 8,192 + 8,192) × 2 B, and
+    r 64 on all seven Linears, 80 × 64 × (2 × 16,384 + 2 × 9,216 + 3 × 36,864) = 828,375,040 × 4 B."""
+    result = CliRunner().invoke(app, [
+        "memory", "--model", "llama-2-70b", "--gpus", "2", "--gpu", "rtx-4090", "--framework", "fsdp",
+        "--lora-rank", "64", "--lora-targets", "all-linear", "--quantize", "nf4", "--quant-storage", "bf16",
+        "--offload-params", "cpu", "--micro-batch", "1", "--seq-len", "2048", "--json",
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    peak = json.loads(result.stdout)["peak"]
+    assert peak["init_host_bytes_per_node"] == 68_976_648_192 * 2 + 828_375_040 * 4
+    assert peak["init_host_model"] == "the model as loaded (its frozen base bf16, not yet quantised)"

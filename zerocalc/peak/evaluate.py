@@ -21,15 +21,18 @@ from __future__ import annotations
 
 import re
 
+from zerocalc.base.dtypes import DType
 from zerocalc.base.parts import Part
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import PipelineStage
 from zerocalc.model.code import MODEL_CODES, AttentionKernel
 from zerocalc.network.cluster import Cluster
+from zerocalc.parallel.finetune import parameter_kinds
 from zerocalc.parallel.framework_records.record import FrameworkRecord, ModelInit, StatesModel, Wrap
 from zerocalc.parallel.frameworks import TORCH_SOURCES
 from zerocalc.parallel.mesh import Mesh
 from zerocalc.parallel.pipeline import in_flight
+from zerocalc.parallel.precision import ParamKind, tensor_dtypes
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName
 from zerocalc.peak.finetune import FINETUNE_SOURCES, finetune_note
 from zerocalc.peak.kinds import TensorKind
@@ -327,13 +330,49 @@ with ``torch_dtype=float32`` for mixed-precision training)."""
 
 
 def init_host_bytes_per_node(request: TrainingRequest) -> int | None:
-    """``--init cpu``: host bytes per node of the whole model at creation, fp32, one copy per rank that
-    builds it (one per node where the framework's loading broadcasts from the node's first rank)."""
+    """``--init cpu``: host bytes per node of the whole model at creation, one copy per rank that builds
+    it (one per node where the framework's loading broadcasts from the node's first rank): fp32, or a
+    fine-tuning run's model as it is loaded (:func:`loaded_model_bytes`)."""
     if request.init is not ModelInit.CPU:
         return None
     mesh = request.mesh
     copies = mesh.tp if request.framework_record.host_copy_per_node else mesh.gpus_per_node
+    if request.finetune is not None:
+        return copies * loaded_model_bytes(request)
     return copies * INIT_HOST_BYTES * request.rank_model.params
+
+
+def init_host_model(request: TrainingRequest) -> str | None:
+    """What :func:`init_host_bytes_per_node` counts, in words."""
+    if request.init is not ModelInit.CPU:
+        return None
+    if request.finetune is None:
+        return "the whole model in fp32"
+    base = _loaded_dtype(request, ParamKind.FROZEN_BASE).value
+    quantized = ", not yet quantised" if request.finetune.quantized else ""
+    return f"the model as loaded (its frozen base {base}{quantized})"
+
+
+def _loaded_dtype(request: TrainingRequest, kind: ParamKind) -> DType:
+    """A tensor's dtype as the model is loaded, before ``prepare_model_for_kbit_training`` and before
+    bitsandbytes quantises (a quantised weight is then its frozen base's)."""
+    if kind is ParamKind.QUANTIZED:
+        kind = ParamKind.FROZEN_BASE
+    return tensor_dtypes(request.precision, request.framework_record.param_layout, kind=kind).stored
+
+
+def loaded_model_bytes(request: TrainingRequest) -> int:
+    """A fine-tuning run's model on the host before it is sharded, each tensor as loaded
+    (:func:`_loaded_dtype`): the frozen base as ``from_pretrained(..., dtype=torch.bfloat16)`` loads it,
+    PEFT's fp32 adapters; ``prepare_model_for_kbit_training`` casts after loading, and bitsandbytes'
+    ``Params4bit`` and ``Int8Params`` quantise as they move onto the GPU (bitsandbytes 0.50.2
+    ``nn/modules.py`` ``Params4bit.to`` → ``_quantize``), after the host copy is sharded."""
+    finetune = request.finetune
+    assert finetune is not None
+    return sum(
+        k.tensor.numel * _loaded_dtype(request, k.kind).bytes
+        for k in parameter_kinds(request.architecture, finetune)
+    )
 
 
 INIT_MEANING = {
@@ -431,6 +470,7 @@ def evaluate_peak(request: TrainingRequest) -> MemoryReport:
         notes=_notes(request),
         strategies=rows,
         init_host_bytes_per_node=init_host_bytes_per_node(request),
+        init_host_model=init_host_model(request),
     )
     states = [row.model_copy(update={"fits": None, "headroom_bytes": None}) for row in estimate.strategies]
     echo = estimate.request.model_copy(update={"states_capacity_bytes": None})

@@ -188,7 +188,10 @@ class PeakEstimate(BaseModel):
     strategies: list[StrategyPeak]
     init_host_bytes_per_node: int | None = Field(
         default=None,
-        description="--init cpu: the fp32 copies of the whole model the node's host memory holds at creation",
+        description="--init cpu: the copies of the whole model the node's host memory holds at creation",
+    )
+    init_host_model: str | None = Field(
+        default=None, description="--init cpu: the model those copies hold (its dtypes)"
     )
 
     def row(self, name: StrategyName | str) -> StrategyPeak:

@@ -360,7 +360,7 @@ def render_peak(out: Output, peak: PeakEstimate, unit: ByteUnit) -> None:
     if peak.init_host_bytes_per_node is not None:
         out.print(
             f"[dim]· host memory per node at creation (--init cpu): "
-            f"{byte_text(peak.init_host_bytes_per_node, unit)}, the whole model in fp32 per rank that "
+            f"{byte_text(peak.init_host_bytes_per_node, unit)}, {peak.init_host_model} per rank that "
             "loads it[/dim]"
         )
     for note in peak.notes:
