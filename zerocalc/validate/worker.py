@@ -12,8 +12,10 @@ after it) on random tokens, and measures:
 * collectives: every c10d collective of the measured step, in order, DDP's reducer's and DTensor's
   included (:class:`~zerocalc.validate.measure.CollectiveRecorder`);
 
-* params / grads: bytes of the parameters the optimizer sees and their ``.grad`` (DTensor: ``to_local()``;
-  FSDP1: the sharded ``FlatParameter`` s);
+* params / grads: bytes of the parameters the optimizer sees (those that require a gradient) and their
+  ``.grad`` (DTensor: ``to_local()``; FSDP1: the sharded ``FlatParameter`` s);
+* frozen (``Job.finetune``: PEFT's LoRA of the model, :func:`build`): bytes of the wrapped model's
+  parameters that require no gradient (DTensor: ``to_local()``);
 * optimizer / step: ``optimizer.state`` tensors (``ZeroRedundancyOptimizer``: its local ``optim.state``),
   the ``step`` counters apart;
 * unsharded_after_forward (FSDP only; DDP shards nothing, so it is not measured): right after the forward
