@@ -65,3 +65,23 @@ def test_fsdp2_and_ddp_with_lora_match_every_rank_exactly() -> None:
             assert calls[("all_gather", "forward", ag)]["measured_calls"] == [3, 3]
             assert calls[("all_gather", "backward", ag)]["measured_calls"] == [2, 2]
             assert calls[("reduce_scatter", "backward", "fp32")]["measured_calls"] == [2, 2]
+
+
+def test_a_modules_to_save_copy_is_trained_in_bf16_beside_fp32_adapters() -> None:
+    # bf16-mixed: PEFT deep-copies lm_head (1001 × 33) as the base was loaded, bf16, and torch's Adam keeps
+    # bf16 states of it; the r-4 adapters (per layer q 4·33 + 33·4, v 4·33 + 11·4: 880 elements) stay fp32;
+    # DDP's reducer puts each dtype in buckets of its own: one bf16 and one fp32 all-reduce
+    result = _validate(
+        "--nproc", "2", "--strategies", "fsdp2,ddp", "--precision", "bf16-mixed", "--lora-rank", "4",
+        "--modules-to-save", "lm_head", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    report = json.loads(result.stdout)
+    assert [c["status"] for c in report["configs"]] == ["match", "match"]
+    copy, adapters = 1001 * 33 * 2, 2 * (4 * 33 + 33 * 4 + 4 * 33 + 11 * 4) * 4
+    ddp = report["configs"][1]
+    for r in (0, 1):
+        assert _line(ddp, r, "params") == _line(ddp, r, "grads") == copy + adapters
+        assert _line(ddp, r, "optimizer") == 2 * (copy + adapters)
+    calls = {(c["op"], c["dtype"]): c["measured_bytes"] for c in ddp["collectives"]}
+    assert calls == {("all_reduce", "bf16"): [copy] * 2, ("all_reduce", "fp32"): [adapters] * 2}
