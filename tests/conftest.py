@@ -68,7 +68,9 @@ def perfect_run(job: Job, world: int) -> list[Measured]:
     if job.tp_plan is not None:
         return perfect_tp_run(job)
     comm = predicted_comm(job, world)
-    states = predictions(job.arch, job.strategy, world, job.precision, job.optimizer, job.gpus_per_node)
+    states = predictions(
+        job.arch, job.strategy, world, job.precision, job.optimizer, job.gpus_per_node, job.finetune
+    )
     measured = []
     for rank, p in enumerate(states):
         calls = [
@@ -95,6 +97,7 @@ def perfect_run(job: Job, world: int) -> list[Measured]:
                 unsharded_after_forward=None
                 if p.setup.shard_group is None or job.strategy == "zero1"
                 else p.unsharded_after_forward.bytes,
+                frozen=None if p.frozen is None else p.frozen.bytes,
                 loss=6.9,
                 collectives=calls,
             )

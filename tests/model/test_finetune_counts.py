@@ -158,8 +158,34 @@ def test_prepare_model_for_kbit_training_casts_every_16_bit_parameter_but_the_4_
             PrecisionName.BF16_PURE, layout, kind=kind, quant=quant, kbit_prepared=prepared
         ).stored
 
-    assert [stored(k, False) for k in ParamKind] == [BF16, BF16, BF16, BF16, FP32]
-    assert [stored(k, True) for k in ParamKind] == [FP32, FP32, FP32, BF16, FP32]
+    assert [stored(k, False) for k in ParamKind] == [BF16, BF16, BF16, BF16, FP32, BF16]
+    assert [stored(k, True) for k in ParamKind] == [FP32, FP32, FP32, BF16, FP32, FP32]
+
+
+def test_a_modules_to_save_copy_is_trained_in_the_dtype_the_base_was_loaded_in() -> None:
+    # peft 0.21.2 ModulesToSaveWrapper deep-copies the base's module (bf16 under bf16-mixed: the base loaded
+    # in the recipe's parameter dtype), and torch's Adam creates its states zeros_like the parameter it
+    # steps: bf16 gradient and states under FSDP's cast for compute and DDP's autocast (measured by
+    # validate frameworks --modules-to-save); an fp32 master and fp32 states where the layout keeps one
+    def dtypes(layout: ParamLayout, prepared: bool = False):
+        return tensor_dtypes(
+            PrecisionName.BF16_MIXED, layout, kind=ParamKind.SAVED_COPY, kbit_prepared=prepared
+        )
+
+    for layout in (ParamLayout.CAST_FOR_COMPUTE, ParamLayout.AUTOCAST):
+        copy = dtypes(layout)
+        assert (copy.stored, copy.main_gradient, copy.master, copy.optimizer_state) == (
+            BF16,
+            BF16,
+            None,
+            BF16,
+        )
+        trained = tensor_dtypes(PrecisionName.BF16_MIXED, layout, kind=ParamKind.TRAINABLE)
+        assert (trained.stored, trained.optimizer_state) == (FP32, FP32)  # a parameter trained in full
+        prepared = dtypes(layout, prepared=True)  # prepare_model_for_kbit_training casts it first
+        assert (prepared.stored, prepared.optimizer_state) == (FP32, FP32)
+    master = dtypes(ParamLayout.MASTER_COPY)
+    assert (master.stored, master.master, master.optimizer_state) == (BF16, FP32, FP32)
 
 
 # ---------------------------------------------------------------------------------------- the typed method

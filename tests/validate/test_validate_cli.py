@@ -104,6 +104,19 @@ def spawned(monkeypatch: pytest.MonkeyPatch, perfect: Callable, worlds: list[int
         ),
         (["frameworks", "--model", "llama-2-7b"],
          "llama-2-7b has 6,738,415,616 parameters, too many to train on CPU"),
+        (["frameworks", "--lora-rank", "8", "--strategies", "fsdp1-full-shard"],
+         "--strategies fsdp1-full-shard with --lora-rank is not accepted (its fine-tuning states are not "
+         "modelled rank by rank); accepted: ddp, fsdp2-no-reshard, fsdp2, fsdp2-hsdp"),
+        (["frameworks", "--lora-rank", "8", "--strategies", "fsdp2,zero1"],
+         "--strategies zero1 with --lora-rank is not accepted"),
+        (["frameworks", "--lora-rank", "8", "--model", "gpt2"],
+         "--lora-rank with gpt2 (gpt2) is not accepted: validate's model mirrors transformers' modules of "
+         "llama, mistral, qwen2 only"),
+        (["frameworks", "--lora-targets", "q_proj"],
+         "--lora-targets describes LoRA, which is off without a rank"),
+        (["frameworks", "--lora-rank", "8", "--lora-targets", "nothing"],
+         "--lora-targets ['nothing'] match no module PEFT 0.21 can adapt in this llama"),
+        (["frameworks", "--quantize", "nf4"], "No such option: --quantize"),
         (["tp", "--tp", "0"], "--tp 0 is not accepted; accepted: 2 to 1,048,576 tensor-parallel ranks"),
         (["tp", "--tp", "1"], "(zerocalc validate frameworks runs without TP)"),
         (["tp", "--tp", "2,4"], "--tp '2,4' is not accepted; accepted: a whole number"),
@@ -125,6 +138,24 @@ def test_bad_input_is_one_line_and_exit_2_before_any_rank_starts(
 ) -> None:
     one_line_error(runner.invoke(app, ["validate", *args]), message)
     assert spawned == []
+
+
+def test_lora_runs_the_strategies_that_model_it_on_shrunk_llama(spawned: list[tuple[str, int]]) -> None:
+    """all under --lora-rank: DDP and FSDP2 (ZeRO-1 and FSDP1 left out), each job carrying the LoRA and
+    the model Llama shrunk (GPT-2's fused c_attn is not validate's model); every rank's frozen line is
+    compared (the faked ranks measure the prediction; ddp's world fails by the fixture's design)."""
+    result = runner.invoke(app, ["validate", "frameworks", "--nproc", "2", "--lora-rank", "8", "--json"])
+    assert result.exit_code == 1, result.output  # the faked ddp configurations fail
+    configs = [c for c, _ in spawned]
+    assert configs == [
+        f"{s} · {p}" for s in ("ddp", "fsdp2-no-reshard", "fsdp2") for p in ("fp32", "bf16-mixed")
+    ]
+    report = json.loads(result.stdout)
+    assert report["model"].startswith("llama-3-8b (")
+    for config in report["configs"][2:]:
+        assert config["status"] == "match"
+        lines = [line["line"] for line in config["ranks"][0]["lines"]]
+        assert lines == ["params", "grads", "optimizer", "step", "frozen", "unsharded_after_forward"]
 
 
 @pytest.mark.usefixtures("torch_hidden")

@@ -27,7 +27,7 @@ from enum import StrEnum
 from typing import Any
 
 from zerocalc.bench.defaults import DEFAULT_COLLECTIVES_TEXT, DEFAULT_ITERS, DEFAULT_TIMEOUT_S, DEFAULT_WARMUP
-from zerocalc.request.options import FINETUNE_OPTIONS, Command, Kind, Option, option
+from zerocalc.request.options import FINETUNE_OPTIONS, LORA_FIELDS, Command, Kind, Option, option
 
 
 class Measure(StrEnum):
@@ -116,8 +116,10 @@ MEASURE_OPTIONS: tuple[Option, ...] = (
          "FSDP2 gradient sync off before).", {FRAMEWORKS}, default="every"),
     _opt("attention", ("--attention",), "Comma list of sdpa, eager (fine-tuning: sdpa).", {ACTIVATIONS},
          default="sdpa,eager"),
-    # the fine-tuning measured (memory's records: PEFT LoRA/DoRA, a bitsandbytes 4-bit base, --freeze)
-    *(_memory(name, ACTIVATIONS) for name in FINETUNE_OPTIONS),
+    # the fine-tuning measured (memory's records: PEFT LoRA/DoRA, a bitsandbytes 4-bit base, --freeze;
+    # validate frameworks: LoRA and DoRA, its adapter_config.json)
+    *(_memory(name, ACTIVATIONS, *([FRAMEWORKS] if name in (*LORA_FIELDS, "adapter_config") else []))
+      for name in FINETUNE_OPTIONS),
     _opt("recompute", ("--recompute",), "Comma list of none, full (activation checkpointing).", {FAKE},
          default="none"),
     _opt("reshard", ("--reshard",), "Comma list of yes, no (FSDP2 reshard_after_forward).",

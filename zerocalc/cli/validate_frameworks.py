@@ -27,6 +27,7 @@ from zerocalc.cli.validate_common import (
 if TYPE_CHECKING:
     from zerocalc.model.architecture import Architecture
     from zerocalc.network.schedule import GradSync
+    from zerocalc.parallel.finetune import FineTuning
     from zerocalc.validate.compare import ConfigResult
     from zerocalc.validate.config import TpPlan
 
@@ -37,7 +38,14 @@ def frameworks(values: dict[str, Any], given: frozenset[str]) -> None:
 
     Run the real frameworks on --nproc processes (or in the world torchrun/srun launched); compare each
     rank's bytes after a step and every collective of the step with the prediction, exactly. Without
-    --model: GPT-2 shrunk to odd sizes."""
+    --model: GPT-2 shrunk to odd sizes. With --lora-rank (--lora-targets, --dora, ...): PEFT's LoRA of
+    the model (Llama shrunk without --model), its frozen base and trained adapters per rank."""
+    from types import SimpleNamespace
+
+    from zerocalc.request.finetune import finetune_of_options
+    from zerocalc.request.options import FINETUNE_OPTIONS
+
+    finetune = finetune_of_options(SimpleNamespace(**{name: values.get(name) for name in FINETUNE_OPTIONS}))
     require_torch()
     from zerocalc.harness import procs
     from zerocalc.network.schedule import GradSync
@@ -45,9 +53,14 @@ def frameworks(values: dict[str, Any], given: frozenset[str]) -> None:
     from zerocalc.validate import run
     from zerocalc.validate.config import STRATEGIES, check_buildable
 
-    arch = run.resolve_architecture(values["model"], size_overrides(values))
+    arch = run.resolve_architecture(values["model"], size_overrides(values), lora=finetune is not None)
     check_buildable(arch)
     chosen = comma_list(values["configurations"], "--strategies", tuple(STRATEGIES), allow_all=True)
+    explicit = values["configurations"].strip().lower() != "all"
+    if finetune is not None:
+        chosen = run.check_finetune(arch, chosen, finetune, explicit)
+        if finetune.lora is not None:
+            require_peft()
     recipes = [p.value for p in precisions(values["precision"])]
     opt = optimizer(values["optimizer"]).value
     syncs = [
@@ -63,9 +76,21 @@ def frameworks(values: dict[str, Any], given: frozenset[str]) -> None:
         )
     timeout, nproc = seconds(values["timeout"]), ranks(values, "frameworks", launched_ok=True)
     world, per_node = run.world_and_node(nproc, whole_number(values["gpus_per_node"], "--gpus-per-node"))
-    explicit = values["configurations"].strip().lower() != "all"
     chosen = run.check_nodes(world, per_node, chosen, explicit=explicit)
-    _run(arch, chosen, recipes, opt, grad_accum, syncs, nproc, timeout, per_node, None, values["json"])
+    _run(
+        arch,
+        chosen,
+        recipes,
+        opt,
+        grad_accum,
+        syncs,
+        nproc,
+        timeout,
+        per_node,
+        None,
+        values["json"],
+        finetune,
+    )
 
 
 @takes_measure(Measure.TP)
@@ -102,6 +127,17 @@ def tp(values: dict[str, Any], given: frozenset[str]) -> None:
     _run(arch, chosen, recipes, opt, 1, [GradSync.EVERY], nproc, timeout, per_node, plan, values["json"])
 
 
+def require_peft() -> None:
+    """PEFT, which a LoRA run needs, or one line saying how to get it."""
+    import importlib.util
+
+    if importlib.util.find_spec("peft") is None:
+        raise InputError(
+            "validate frameworks with --lora-rank needs peft; accepted: pip install 'zerocalc[test]' "
+            "(peft 0.21.2), or no fine-tuning option"
+        )
+
+
 def _run(
     arch: Architecture,
     chosen: list[str],
@@ -114,6 +150,7 @@ def _run(
     per_node: int,
     tp_plan: TpPlan | None,
     json: bool,
+    finetune: FineTuning | None = None,
 ) -> None:
     """Every strategy × precision × gradient-sync mode, with a progress line per configuration (on rank 0
     under torchrun), then the report (rank 0)."""
@@ -149,6 +186,7 @@ def _run(
             grad_syncs=syncs,
             gpus_per_node=per_node,
             tp_plan=tp_plan,
+            finetune=finetune,
         )
     if report is None:  # a rank other than 0 under torchrun
         return

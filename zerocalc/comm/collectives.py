@@ -41,13 +41,13 @@ from zerocalc.network.calibration import Calibration, CollectiveFit
 from zerocalc.network.cluster import Cluster, RankGroup
 from zerocalc.network.collectives import COLLECTIVES, Collective
 from zerocalc.network.links import Bandwidths, BandwidthSource, LinkFigures
-from zerocalc.network.schedule import GradSync, Phase, Repeat, ScheduledCollective, ZeroPP
+from zerocalc.network.schedule import Calls, GradSync, Phase, Repeat, ScheduledCollective, ZeroPP
 from zerocalc.parallel.finetune import parameter_kinds
 from zerocalc.parallel.fp8 import Fp8Setting
 from zerocalc.parallel.framework_records import FRAMEWORKS
 from zerocalc.parallel.framework_records.megatron import bucket_elements
 from zerocalc.parallel.frameworks import Framework
-from zerocalc.parallel.precision import PrecisionName
+from zerocalc.parallel.precision import ParamKind, PrecisionName
 from zerocalc.parallel.strategies import StrategyName
 from zerocalc.parallel.zeropp import active_features
 from zerocalc.request.training import TrainingRequest
@@ -273,10 +273,22 @@ def _finetune_runs(runs: tuple[_Run, ...], request: TrainingRequest) -> list[tup
         kinds = [kind for kind in present if not trained or kind in TRAINED]
         dtypes = tuple((kind, finetune_dtypes(request, kind).of(role)) for kind in kinds)
         moved = moved_tensors(request.architecture, finetune, trained, dtypes)
-        dtype = moved.dtype or DType.UINT8
-        line = run.line._replace(behaviour=f"{run.line.behaviour}; {rule_note(run.line, moved)}")
-        out.append((run._replace(line=line, dtype=dtype, ctx=_bytes_of(run.ctx, dtype)), moved.layout))
+        if moved.dtype is None and run.line.calls is Calls.DDP_BUCKET:  # a run of buckets per dtype
+            apart = [
+                moved_tensors(request.architecture, finetune, trained, dtypes, d) for d in _dtypes(dtypes)
+            ]
+        else:
+            apart = [moved]
+        for part in apart:
+            dtype = part.dtype or DType.UINT8
+            line = run.line._replace(behaviour=f"{run.line.behaviour}; {rule_note(run.line, part)}")
+            out.append((run._replace(line=line, dtype=dtype, ctx=_bytes_of(run.ctx, dtype)), part.layout))
     return out
+
+
+def _dtypes(dtypes: tuple[tuple[ParamKind, DType | None], ...]) -> list[DType]:
+    """The distinct dtypes of the kinds, in their order."""
+    return [d for d in dict.fromkeys(d for _, d in dtypes) if d is not None]
 
 
 def _bytes_of(ctx: CallContext, dtype: DType) -> CallContext:

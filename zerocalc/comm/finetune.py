@@ -32,8 +32,9 @@ A call of tensors of one dtype is sized in elements of it, as without fine-tunin
 (fp32 adapters beside bf16 copies where no mixed-precision policy casts them) in bytes: FSDP2 gathers a
 group of mixed dtypes as uint8 (``_fsdp_collectives.py`` ``_get_all_gather_input_metadatas``:
 ``all_gather_dtype = torch.uint8``), and a byte layout keeps each tensor's dim 0 (FSDP2's padding) and
-bytes exact; DDP's buckets then fill by bytes across dtypes, where DDP's ``compute_bucket_assignment_by_size``
-keeps one dtype per bucket (bf16-pure ``modules_to_save`` copies beside fp32 adapters: a call or two more).
+bytes exact. DDP's gradient buckets keep one dtype each (torch 2.13 ``reducer.cpp``
+``compute_bucket_assignment_by_size``: buckets keyed by dtype and device), so its bucketed all-reduce of
+mixed dtypes (bf16 ``modules_to_save`` copies beside fp32 adapters) is one run of buckets per dtype.
 
 **FSDP's CPU offload** (``--offload-params cpu``: FSDP1 ``CPUOffload(offload_params=True)``, FSDP2
 ``CPUOffloadPolicy``) keeps the sharded parameters, gradients and optimizer on the host: before each
@@ -55,11 +56,11 @@ from zerocalc.comm.calls import Layout
 from zerocalc.model.architecture import Architecture, ParamTensor
 from zerocalc.model.quantized import QuantMethod
 from zerocalc.network.schedule import Phase, ScheduledCollective, Tensor
-from zerocalc.parallel.finetune import FineTuning, KindedTensor, parameter_kinds
+from zerocalc.parallel.finetune import TRAINED_KINDS, FineTuning, KindedTensor, parameter_kinds
 from zerocalc.parallel.precision import ParamKind
 from zerocalc.states.framework import fsdp_unit_positions
 
-TRAINED = frozenset({ParamKind.TRAINABLE, ParamKind.ADAPTER})
+TRAINED = frozenset(TRAINED_KINDS)
 """The kinds with a gradient (the others keep none: the precision record's ``_UNTRAINED``)."""
 
 GRADIENTS_ONLY_TRAINED = "fine-tuning: the trained tensors' gradients only"
@@ -104,12 +105,18 @@ def moved_tensors(
     finetune: FineTuning,
     trained_only: bool,
     dtypes: tuple[tuple[ParamKind, DType | None], ...],
+    only: DType | None = None,
 ) -> MovedTensors:
     """The tensors a rule moves (``trained_only``: :func:`moves_trained_only`) in the FSDP units a block
     each (:func:`~zerocalc.states.framework.fsdp_unit_positions`: adapters and copies inside their
-    block's unit), ``dtypes`` each kind's dtype in the rule's role."""
+    block's unit), ``dtypes`` each kind's dtype in the rule's role; ``only``: those of that dtype alone
+    (a DDP bucket's)."""
     of = dict(dtypes)
-    chosen = [k for k in parameter_kinds(arch, finetune) if not trained_only or k.kind in TRAINED]
+    chosen = [
+        k
+        for k in parameter_kinds(arch, finetune)
+        if (not trained_only or k.kind in TRAINED) and (only is None or of[k.kind] is only)
+    ]
     tensors = [wire_tensor(k, finetune) for k in chosen]
     kinds = [of[k.kind] for k in chosen]
     assert all(dtype is not None for dtype in kinds)  # the rule's role exists for every tensor it moves

@@ -625,7 +625,7 @@ def finetune_optimizer_traffic(
     (adapters, copies, unfrozen parameters: :func:`~zerocalc.parallel.finetune.finetune_counts`), in their
     kind's dtypes (PEFT's adapters, else the trainable kind's); on the host under FSDP's CPU offload
     (``on_host``: the parameters it updates there; else 0 on the GPU)."""
-    from zerocalc.parallel.finetune import finetune_counts, parameter_kinds
+    from zerocalc.parallel.finetune import TRAINED_KINDS, finetune_counts, parameter_kinds
     from zerocalc.parallel.precision import ParamKind
     from zerocalc.states.memory import finetune_dtypes
 
@@ -641,7 +641,7 @@ def finetune_optimizer_traffic(
     per = optimizer_bytes_per_param(request.optimizer, impl, dtypes, grad)
     shards = request.cluster.group_size(STRATEGIES[strategy].optimizer)
     trained = finetune_counts(arch, finetune).trainable // shards
-    largest = max(k.tensor.numel for k in kinded if k.kind in (ParamKind.ADAPTER, ParamKind.TRAINABLE))
+    largest = max(k.tensor.numel for k in kinded if k.kind in TRAINED_KINDS)
     fsdp_offload = request.offload_params is not OffloadTarget.NONE and request.framework_record.torch_setup(
         strategy
     )

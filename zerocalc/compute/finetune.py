@@ -48,10 +48,10 @@ from typing import NamedTuple
 from zerocalc.base.dtypes import DType
 from zerocalc.model.architecture import Architecture
 from zerocalc.model.quantized import quantized_modules, weight_storage
-from zerocalc.parallel.finetune import FineTuning, parameter_kinds
+from zerocalc.parallel.finetune import TRAINED_KINDS, FineTuning, parameter_kinds
 from zerocalc.parallel.precision import ParamKind
 
-_TRAINED = (ParamKind.TRAINABLE, ParamKind.ADAPTER)
+_TRAINED = TRAINED_KINDS
 DORA_NORM_BYTES = 6
 """DoRA's weight norm, bytes per weight element at 16 bits (the scale, the sum, the norm's read)."""
 DORA_COMBINE_BYTES = 10
@@ -146,7 +146,8 @@ def finetune_ops(
         (
             module,
             TunedLinear(
-                trained=kind is ParamKind.TRAINABLE or (module in trained_modules and module not in ranks),
+                trained=kind in (ParamKind.TRAINABLE, ParamKind.SAVED_COPY)
+                or (module in trained_modules and module not in ranks),
                 rank=ranks.get(module, 0),
                 dequant_bytes=dequant.get(module, 0),
             ),

@@ -135,6 +135,10 @@ class FineTuning(BaseModel):
         return self.quant is not None and self.quant.kbit_prepare
 
 
+TRAINED_KINDS = (ParamKind.TRAINABLE, ParamKind.ADAPTER, ParamKind.SAVED_COPY)
+"""The kinds with a gradient, optimizer states and a reduction (the others are frozen)."""
+
+
 class KindedTensor(NamedTuple):
     """One parameter tensor of a fine-tuning run and its kind."""
 
@@ -185,7 +189,7 @@ def _kinds(arch: Architecture, finetune: FineTuning | None) -> tuple[KindedTenso
             )
     kinded = [KindedTensor(t, ParamKind.QUANTIZED if t in quantized else ParamKind.FROZEN_BASE) for t in base]
     kinded += [KindedTensor(t, ParamKind.ADAPTER) for t in adapter_tensors(arch, finetune.lora)]
-    kinded += [KindedTensor(t, ParamKind.TRAINABLE) for t in saved_tensors(arch, finetune.lora)]
+    kinded += [KindedTensor(t, ParamKind.SAVED_COPY) for t in saved_tensors(arch, finetune.lora)]
     return tuple(kinded)
 
 
@@ -197,7 +201,7 @@ def parameter_kinds(arch: Architecture, finetune: FineTuning | None) -> list[Kin
       module :attr:`~ParamKind.FROZEN`;
     * LoRA: the base :attr:`~ParamKind.FROZEN_BASE` (PEFT ``_mark_only_adapters_as_trainable``, ``bias=
       "none"``), its quantised weights :attr:`~ParamKind.QUANTIZED` (:mod:`zerocalc.model.quantized`),
-      the adapters :attr:`~ParamKind.ADAPTER`, the copies :attr:`~ParamKind.TRAINABLE` in the module's
+      the adapters :attr:`~ParamKind.ADAPTER`, the copies :attr:`~ParamKind.SAVED_COPY` in the module's
       dtype (``ModulesToSaveWrapper`` deep-copies the module; ``cast_adapter_dtype`` casts only adapters).
 
     The dtypes of each kind are the precision record's (``tensor_dtypes(..., kind, quant.dtypes,
@@ -251,7 +255,7 @@ def quantized_storage(arch: Architecture, quant: QuantConfig) -> QuantizedBytes:
 def finetune_counts(arch: Architecture, finetune: FineTuning | None) -> FineTuneCounts:
     """Trainable and frozen parameters and the quantised bytes of ``arch`` under ``finetune``."""
     kinded = parameter_kinds(arch, finetune)
-    trained = (ParamKind.TRAINABLE, ParamKind.ADAPTER)
+    trained = TRAINED_KINDS
     quantized = None
     if finetune is not None and finetune.quantized:
         assert finetune.quant is not None
@@ -313,7 +317,7 @@ def forward_tuning(
     if weights is None:
         weights = PEFT_ALONE._replace(fp32_stream=finetune.kbit_prepared)
     kinded = parameter_kinds(arch, finetune)
-    trainable = {k.tensor for k in kinded if k.kind is ParamKind.TRAINABLE}
+    trainable = {k.tensor for k in kinded if k.kind in (ParamKind.TRAINABLE, ParamKind.SAVED_COPY)}
     # a module is trained when a tensor it holds is (GPT-2's c_attn holds q, k and v); a tied LM head holds
     # none: it is the embedding's weight
     trained = {

@@ -139,6 +139,13 @@ class ParamKind(StrEnum):
     """A PEFT adapter: created fp32 on a 16-bit base (``get_peft_model(..., autocast_adapter_dtype=True)``,
     the default: peft/tuners/tuners_utils.py ``cast_adapter_dtype`` upcasts bf16 and fp16 adapters) and
     trained (:data:`KIND_RECIPES`)."""
+    SAVED_COPY = "saved_copy"
+    """A ``modules_to_save`` copy of a PEFT model: a deep copy of the base's module (peft 0.21.2
+    peft/utils/other.py ``ModulesToSaveWrapper.update``: ``copy.deepcopy(self.original_module)``), so in the
+    dtype the base was loaded in (:attr:`FROZEN_BASE`'s: the recipe's parameter dtype; fp32 after
+    ``prepare_model_for_kbit_training``), and trained as it is stored: torch's Adam creates its states
+    ``zeros_like`` the parameter it steps (``torch/optim/adam.py`` ``_init_group``), the master copy where
+    the layout keeps one."""
 
 
 _Source = str | TensorRole | DType | None
@@ -146,6 +153,10 @@ _Source = str | TensorRole | DType | None
 dtype, or None (no such tensor)."""
 _MASTER_OR_PARAM = "master_or_param"
 """The recipe's master dtype where it has one, else its parameter dtype."""
+
+_STEPPED = "stepped"
+"""The dtype of the tensor the optimizer steps: the master copy where the layout keeps one, else the stored
+parameter."""
 
 _QUANT_STORAGE = "quant_storage"
 """The quantised storage dtype (:attr:`QuantDtypes.storage`)."""
@@ -233,6 +244,7 @@ KIND_RULES: dict[ParamKind, dict[TensorRole, _Source]] = {
         _R.ALL_GATHER: _R.STORED,
     },
     ParamKind.ADAPTER: {},
+    ParamKind.SAVED_COPY: {_R.STORED: "param_dtype", _R.OPTIMIZER_STATE: _STEPPED},
 }
 """What a kind of parameter changes of its layout's rules."""
 
@@ -251,6 +263,7 @@ KBIT_PREPARE_RULES: dict[ParamKind, dict[TensorRole, _Source]] = {
     ParamKind.FROZEN_BASE: {_R.STORED: DType.FP32},
     ParamKind.QUANTIZED: {},
     ParamKind.ADAPTER: {},
+    ParamKind.SAVED_COPY: {_R.STORED: DType.FP32},
 }
 """What ``prepare_model_for_kbit_training`` changes of each kind (peft/utils/other.py: "cast all non INT8
 parameters to fp32": every fp16 and bf16 parameter whose class is not ``Params4bit``, before the adapters
@@ -438,6 +451,8 @@ def tensor_dtypes(
                 resolved[role] = resolve(source)
             elif source == _MASTER_OR_PARAM:
                 resolved[role] = recipe.master_dtype or recipe.param_dtype
+            elif source == _STEPPED:
+                resolved[role] = resolve(_R.MASTER) or resolve(_R.STORED)
             elif source == _QUANT_STORAGE:
                 resolved[role] = quant.storage  # type: ignore[union-attr]
             elif source == _QUANT_COMPUTE:

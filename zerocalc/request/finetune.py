@@ -25,6 +25,7 @@ from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.optimizers import OptimizerName
 from zerocalc.parallel.precision import Fp8RecipeName, PrecisionName
 from zerocalc.parallel.strategies import OffloadTarget
+from zerocalc.request.options import LORA_FIELDS
 from zerocalc.request.values import choice
 
 if TYPE_CHECKING:
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
 MAX_LORA_RANK = 2**16
 """The largest r accepted (65,536: above any layer's width worth adapting)."""
 
-LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "dora", "modules_to_save")
-"""The options that describe LoRA (each needs ``lora_rank`` or ``adapter_config``)."""
 QUANT_FIELDS = ("double_quant", "quant_storage", "kbit_prepare")
 """The options that describe a quantised base (each needs one)."""
 

@@ -436,6 +436,8 @@ FINETUNE_OPTIONS = (
     "double_quant", "quant_storage", "kbit_prepare", "freeze", "adapter_config",
 )  # fmt: skip
 """The fine-tuning options, echoed only where one is set: a full training run's echo holds none."""
+LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "dora", "modules_to_save")
+"""The options that describe LoRA (each needs ``lora_rank`` or ``adapter_config``)."""
 
 
 def echo(command: Command, values: dict[str, Any]) -> dict[str, Any]:

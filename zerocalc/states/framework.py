@@ -80,14 +80,20 @@ class RankStates(BaseModel):
     optimizer_states: Line
     step: Line
     unsharded_after_forward: Line
+    frozen: Line | None = Field(
+        default=None,
+        description="fine-tuning: the frozen parameters this rank holds (None: every parameter trained; "
+        "zerocalc.states.finetune_ranks)",
+    )
 
     def line(self, name: str) -> Line:
         return self.optimizer_states if name == "optimizer" else getattr(self, name)
 
     @property
     def model_states(self) -> int:
-        """params + grads + optimizer states + step counters."""
-        return sum(self.line(name).bytes for name in STATE_LINES)
+        """params + grads + optimizer states + step counters (+ a fine-tuning run's frozen parameters)."""
+        frozen = self.frozen.bytes if self.frozen is not None else 0
+        return sum(self.line(name).bytes for name in STATE_LINES) + frozen
 
 
 def reducer_buckets(states: RankStates) -> Line:

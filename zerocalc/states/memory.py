@@ -42,6 +42,7 @@ from zerocalc.model.architecture import ParameterCount, ParamTensor, expert_para
 from zerocalc.model.quantized import Part as QuantPart
 from zerocalc.network.cluster import Cluster, RankGroup
 from zerocalc.parallel.finetune import (
+    TRAINED_KINDS,
     FineTuneCounts,
     FineTuning,
     finetune_counts,
@@ -435,7 +436,6 @@ def strategy_states(strategy: Strategy, request: TrainingRequest) -> list[StateS
     return states
 
 
-TRAINED_KINDS = (ParamKind.TRAINABLE, ParamKind.ADAPTER)
 QUANT_DATA_PARTS = (QuantPart.PACKED, QuantPart.INT8_WEIGHT)
 """The parts of a quantised weight that are its parameter's data (sharded, gathered and offloaded as a
 parameter); the others are its ``QuantState`` (:func:`finetune_states`)."""

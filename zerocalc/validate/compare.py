@@ -23,9 +23,12 @@ from zerocalc.model.architecture import Architecture
 from zerocalc.network.cluster import Cluster, RankGroup
 from zerocalc.network.collectives import COLLECTIVES, Collective
 from zerocalc.network.schedule import GradSync
-from zerocalc.parallel.frameworks import Estimate, TorchWrapper
+from zerocalc.parallel.finetune import FineTuning
+from zerocalc.parallel.framework_records import FRAMEWORKS
+from zerocalc.parallel.frameworks import Estimate, Framework, TorchWrapper
 from zerocalc.parallel.optimizers import OptimizerName
 from zerocalc.parallel.precision import PrecisionName
+from zerocalc.parallel.strategies import StrategyName
 from zerocalc.request.training import parse_options
 from zerocalc.states.framework import (
     LINES,
@@ -119,32 +122,79 @@ def predictions(
     precision: PrecisionName,
     optimizer: OptimizerName,
     gpus_per_node: int | None = None,
+    finetune: FineTuning | None = None,
 ) -> list[RankStates]:
     """Each rank's model states; a hybrid configuration shards over the ``gpus_per_node`` ranks of a node,
-    rank r holding shard r mod g."""
+    rank r holding shard r mod g. ``finetune``: a LoRA run's (:mod:`zerocalc.states.finetune_ranks`)."""
     _, _, setup = STRATEGIES[strategy]
     shard = shard_ranks(Cluster.of(world_size, gpus_per_node or world_size), setup)
+    if finetune is not None:
+        from zerocalc.states.finetune_ranks import finetune_rank_states
+
+        request = parse_options(
+            model=arch,
+            gpus=world_size,
+            gpus_per_node=gpus_per_node or world_size,
+            optimizer=optimizer.value,
+            **_request_keywords(strategy, precision, tuned=True),
+            **finetune_keywords(finetune),
+        )
+        return [finetune_rank_states(request, setup, shard, r % shard) for r in range(world_size)]
     return [
         predict_rank_states(arch, setup, shard, r % shard, precision, optimizer) for r in range(world_size)
     ]
 
 
+def finetune_keywords(finetune: FineTuning) -> dict[str, object]:
+    """The request options that describe ``finetune`` (LoRA), as ``parse_options`` takes them."""
+    lora = finetune.lora
+    assert lora is not None and finetune.quant is None and not finetune.freeze
+    targets = lora.targets
+    return {
+        "lora_rank": lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_targets": None
+        if targets is None
+        else targets
+        if isinstance(targets, str)
+        else ",".join(targets),
+        "lora_dropout": lora.dropout,
+        "dora": lora.dora,
+        "modules_to_save": ",".join(lora.modules_to_save) or None,
+    }
+
+
+def _request_keywords(strategy: str, precision: PrecisionName, tuned: bool = False) -> dict[str, object]:
+    """The framework, strategy, precision and reduce dtype of a configuration, as ``parse_options`` takes
+    them (``MixedPrecision``'s fp32 reduction under bf16-mixed). ``tuned``: a fine-tuning run, whose plain
+    DDP is the ddp framework's (the same ``TorchSetup``; torch-zero1's record, which validate's ddp is
+    listed in, models full training only)."""
+    framework, name, setup = STRATEGIES[strategy]
+    if tuned and setup.wrapper is TorchWrapper.DDP:
+        framework, name = Framework.DDP, StrategyName.DDP
+        assert FRAMEWORKS[framework].torch_setup(name) is not None
+    fsdp = setup.wrapper in (TorchWrapper.FSDP1, TorchWrapper.FSDP2)
+    return {
+        "framework": framework.value,
+        "strategies": name.value,
+        "precision": precision.value,
+        "reduce_dtype": "fp32" if fsdp and precision is not PrecisionName.FP32 else None,
+    }
+
+
 def predicted_comm(job: Job, world_size: int) -> StrategyComm:
     """``zerocalc comm``'s estimate of the configuration ``job`` runs: its framework's schedule, with the
-    real units, buckets and calls of ``job.arch`` (``MixedPrecision``'s fp32 reduction under bf16-mixed)."""
-    framework, strategy, setup = STRATEGIES[job.strategy]
-    fsdp = setup.wrapper in (TorchWrapper.FSDP1, TorchWrapper.FSDP2)
+    real units, buckets and calls of ``job.arch`` (``MixedPrecision``'s fp32 reduction under bf16-mixed;
+    a LoRA run's trained gradients only and every parameter gathered: :mod:`zerocalc.comm.finetune`)."""
     request = parse_options(
         estimate=Estimate.COMM,
         model=job.arch,
         gpus=world_size,
         gpus_per_node=job.gpus_per_node,
-        framework=framework.value,
-        strategies=strategy.value,
-        precision=job.precision.value,
         grad_accum=job.grad_accum,
         grad_sync=job.grad_sync.value,
-        reduce_dtype="fp32" if fsdp and job.precision is not PrecisionName.FP32 else None,
+        **_request_keywords(job.strategy, job.precision, tuned=job.finetune is not None),
+        **(finetune_keywords(job.finetune) if job.finetune is not None else {}),
     )
     return evaluate_comm(request).strategies[0]
 
@@ -352,11 +402,19 @@ def compare(
     all_ok = True
     for pred, meas in zip(preds, sorted(measured, key=lambda m: m.rank), strict=True):
         lines: list[LineResult] = []
-        for name in LINES:
-            predicted = _perturbed(name, pred.line(name).bytes)
+        names = [
+            *LINES[: len(STATE_LINES)],
+            *(["frozen"] if pred.frozen is not None else []),
+            *LINES[len(STATE_LINES) :],
+        ]
+        for name in names:
+            line = pred.frozen if name == "frozen" else pred.line(name)
+            assert line is not None
+            predicted = _perturbed(name, line.bytes)
             value = getattr(meas, name)
             ok = None if value is None else value == predicted
-            if name in STATE_LINES and ok is False:
+            state = name in STATE_LINES or name == "frozen"
+            if state and ok is False:
                 all_ok = False
             lines.append(
                 LineResult(
@@ -365,8 +423,8 @@ def compare(
                     measured=value,
                     difference=None if value is None else value - predicted,
                     ok=ok,
-                    model_state=name in STATE_LINES,
-                    explanation=pred.line(name).explanation,
+                    model_state=state,
+                    explanation=line.explanation,
                 )
             )
         if meas.peak_allocated is not None:

@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from zerocalc.base.errors import InputError
 from zerocalc.model.architecture import Architecture
 from zerocalc.network.schedule import GradSync
+from zerocalc.parallel.finetune import FineTuning
 from zerocalc.parallel.framework_records import validated_setups
 from zerocalc.parallel.framework_records.pytorch import TORCH_OPTIMIZERS
 from zerocalc.parallel.optimizers import OptimizerName
@@ -98,6 +99,10 @@ class Job(BaseModel):
     grad_sync: GradSync = GradSync.EVERY
     gpus_per_node: int = Field(default=1, ge=1, description="the ranks of a node: HYBRID_SHARD's shard group")
     tp_plan: TpPlan | None = Field(default=None, description="a dp × tp mesh (FSDP2); None: data parallel")
+    finetune: FineTuning | None = Field(
+        default=None,
+        description="PEFT's LoRA of the model (validate frameworks --lora-rank); None: full training",
+    )
     batch: int = 2
     seq: int = 16
     seed: int = 0
@@ -124,6 +129,9 @@ class Measured(BaseModel):
     step: int
     unsharded_after_forward: int | None = Field(
         default=None, description="None where nothing is sharded (DDP, ZeRO-1): not measured"
+    )
+    frozen: int | None = Field(
+        default=None, description="fine-tuning: the frozen parameters' local bytes (None: full training)"
     )
     peak_allocated: int | None = Field(default=None, description="torch.cuda.max_memory_allocated (GPU only)")
     loss: float

@@ -73,7 +73,8 @@ def with_lora(model: Any, rank: int) -> Any:
     ``.to(weight.device)``; ``_move_adapter_to_device_of_base_layer``'s ``.to(device, dtype=bf16)``, which
     ``cast_adapter_dtype`` undoes, back to fp32): every tensor is already on the CPU and the adapters are
     created fp32, so a ``.to`` onto the CPU is skipped while the adapters are injected."""
-    import peft
+    from zerocalc.parallel.finetune import LoraConfig
+    from zerocalc.validate.peft_model import lora_model
 
     to = torch.nn.Module.to
 
@@ -85,7 +86,7 @@ def with_lora(model: Any, rank: int) -> Any:
 
     torch.nn.Module.to = kept_on_the_cpu  # type: ignore[method-assign]
     try:
-        adapted = peft.get_peft_model(model, peft.LoraConfig(r=rank))
+        adapted = lora_model(model, LoraConfig(rank=rank))
     finally:
         torch.nn.Module.to = to  # type: ignore[method-assign]
     return adapted.base_model.model

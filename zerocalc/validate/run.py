@@ -23,6 +23,7 @@ from zerocalc.harness.series import Results, run_series
 from zerocalc.model.architecture import Architecture, count_parameters
 from zerocalc.network.cluster import RankGroup
 from zerocalc.network.schedule import GradSync
+from zerocalc.parallel.finetune import FineTuning
 from zerocalc.states.framework import RankStates
 from zerocalc.validate.compare import ConfigResult, ValidationReport, compare, predicted_comm, predictions
 from zerocalc.validate.config import STRATEGIES, Job, Measured, TpPlan
@@ -72,13 +73,17 @@ def default_tp_shrink(tp: int) -> dict[str, int]:
     }
 
 
-def resolve_architecture(model: str | None, overrides: dict[str, int], tp: int = 1) -> Architecture:
+def resolve_architecture(
+    model: str | None, overrides: dict[str, int], tp: int = 1, lora: bool = False
+) -> Architecture:
     """The preset or config.json with the size overrides (without ``--model``: the shrunk GPT-2, or under
-    ``validate tp`` the shrunk Llama of :func:`default_tp_shrink`)."""
+    ``validate tp`` and with LoRA (``lora``: GPT-2's fused ``c_attn`` is not validate's model) the shrunk
+    Llama of :func:`default_tp_shrink`)."""
     from zerocalc.request.presets import load_model
 
-    arch, _ = load_model(model or (DEFAULT_TP_MODEL if tp > 1 else DEFAULT_MODEL))
-    default = default_tp_shrink(tp) if tp > 1 else DEFAULT_SHRINK
+    shrunk_llama = tp > 1 or lora
+    arch, _ = load_model(model or (DEFAULT_TP_MODEL if shrunk_llama else DEFAULT_MODEL))
+    default = default_tp_shrink(tp) if shrunk_llama else DEFAULT_SHRINK
     changes = dict(overrides) if model else {**default, **overrides}
     for name, value in changes.items():
         if value < 1:
@@ -110,6 +115,46 @@ def resolve_architecture(model: str | None, overrides: dict[str, int], tp: int =
     except ValidationError as exc:
         first = exc.errors()[0]
         raise InputError(f"the overridden architecture is not accepted: {first['msg']}") from None
+
+
+LORA_FAMILIES = ("llama", "mistral", "qwen2")
+"""The families whose transformers modules validate's model mirrors module for module (separate q, k, v
+and o projections and MLP Linears of the same shapes), so that PEFT adapts the same Linears in both:
+GPT-2's transformers attention is one fused ``c_attn`` Conv1D."""
+
+
+def check_finetune(
+    arch: Architecture, strategies: list[str], finetune: FineTuning, explicit: bool
+) -> list[str]:
+    """The strategies that run ``finetune`` (LoRA) rank by rank as modelled
+    (:data:`zerocalc.states.finetune_ranks.FINETUNE_WRAPPERS`: left out of ``all``, refused when named);
+    refuses, in one line, a fine-tuning validate does not build and a family :data:`LORA_FAMILIES` leaves
+    out; PEFT's own refusals (targets that match nothing) come from the prediction."""
+    from zerocalc.parallel.finetune import parameter_kinds
+    from zerocalc.states.finetune_ranks import FINETUNE_WRAPPERS
+
+    if finetune.lora is None or finetune.quant is not None or finetune.freeze:
+        raise InputError(
+            "validate frameworks fine-tunes with LoRA or DoRA only; accepted: --lora-rank R (with "
+            "--lora-targets, --lora-dropout, --dora, --modules-to-save, --adapter-config)"
+        )
+    if arch.family not in LORA_FAMILIES:
+        raise InputError(
+            f"--lora-rank with {arch.name} ({arch.family or 'no model_type'}) is not accepted: validate's "
+            "model mirrors transformers' modules of "
+            f"{', '.join(LORA_FAMILIES)} only (GPT-2's attention is one fused c_attn there); accepted: "
+            "--model llama-3-8b, mistral-7b, qwen2.5-7b or their config.json (no --model: Llama shrunk)"
+        )
+    runs = [s for s in strategies if STRATEGIES[s][2].wrapper in FINETUNE_WRAPPERS]
+    refused = [s for s in strategies if s not in runs]
+    if refused and explicit:
+        accepted = ", ".join(s for s in STRATEGIES if STRATEGIES[s][2].wrapper in FINETUNE_WRAPPERS)
+        raise InputError(
+            f"--strategies {refused[0]} with --lora-rank is not accepted (its fine-tuning states are not "
+            f"modelled rank by rank); accepted: {accepted}"
+        )
+    parameter_kinds(arch, finetune)  # PEFT's refusals, before any rank starts
+    return runs
 
 
 def visible_gpus() -> int:
@@ -182,12 +227,15 @@ def run_all(
     grad_syncs: list[GradSync] | None = None,
     gpus_per_node: int | None = None,
     tp_plan: TpPlan | None = None,
+    finetune: FineTuning | None = None,
 ) -> ValidationReport | None:
     """Run every strategy × precision × gradient-sync mode and compare; ``nproc`` None: in the torchrun/srun
     world (the report on rank 0, None on the others), else in a world of ``nproc`` spawned ranks.
     ``strategies`` must run on ``gpus_per_node`` ranks per node (default: the launch's; see
     :func:`check_nodes`). ``tp_plan``: a ``dp × tp`` mesh of the world (checked with
-    :func:`zerocalc.validate.tp.check_tp`), predicted by :mod:`zerocalc.validate.tp`."""
+    :func:`zerocalc.validate.tp.check_tp`), predicted by :mod:`zerocalc.validate.tp`. ``finetune``: PEFT's
+    LoRA of the model on every rank (:func:`check_finetune`), predicted by
+    :mod:`zerocalc.states.finetune_ranks` and :mod:`zerocalc.comm.finetune`."""
     procs.check_timeout(timeout_s)
     backend = choose_backend(arch, nproc, visible_gpus())
     world, per_node = world_and_node(nproc, gpus_per_node)
@@ -203,6 +251,7 @@ def run_all(
             grad_sync=sync,
             gpus_per_node=per_node,
             tp_plan=tp_plan,
+            finetune=finetune,
         )
         for s in strategies
         for p in precisions
@@ -212,7 +261,9 @@ def run_all(
     comms: list[Predicted] = []
     for job in jobs:
         if tp_plan is None:
-            preds.append(predictions(arch, job.strategy, world, job.precision, job.optimizer, per_node))
+            preds.append(
+                predictions(arch, job.strategy, world, job.precision, job.optimizer, per_node, finetune)
+            )
             comms.append(predicted_comm(job, world))
         else:
             states, calls = tp_predictions(job)

@@ -60,7 +60,8 @@ def tune(model: nn.Module, finetune: FineTuning, dtype: str, attention: str) -> 
     """``model`` fine-tuned as its users do: a 4-bit base reloaded through transformers'
     ``BitsAndBytesConfig`` (``from_pretrained`` of the saved model, compute dtype ``dtype``; bitsandbytes
     0.50 runs on the CPU), ``prepare_model_for_kbit_training(use_gradient_checkpointing=False)`` where
-    asked, then PEFT's ``get_peft_model(LoraConfig(...))``; or, for a full fine-tune, the ``freeze``
+    asked, then PEFT's ``get_peft_model(LoraConfig(...))``
+    (:func:`zerocalc.validate.peft_model.lora_model`); or, for a full fine-tune, the ``freeze``
     modules' parameters frozen (a module named so or ending with ``.name``)."""
     import tempfile
 
@@ -91,23 +92,9 @@ def tune(model: nn.Module, finetune: FineTuning, dtype: str, attention: str) -> 
         if q.kbit_prepare:
             model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     if finetune.lora is not None:
-        import peft
+        from zerocalc.validate.peft_model import lora_model
 
-        lora = finetune.lora
-        targets = (
-            lora.targets if isinstance(lora.targets, str) or lora.targets is None else list(lora.targets)
-        )
-        model = peft.get_peft_model(
-            model,
-            peft.LoraConfig(
-                r=lora.rank,
-                lora_alpha=lora.alpha,
-                target_modules=targets,
-                lora_dropout=lora.dropout,
-                use_dora=lora.dora,
-                modules_to_save=list(lora.modules_to_save) or None,
-            ),
-        )
+        model = lora_model(model, finetune.lora)
     for name in finetune.freeze:
         for key, module in model.named_modules():
             if key == name or key.endswith(f".{name}"):

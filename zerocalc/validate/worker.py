@@ -12,8 +12,10 @@ after it) on random tokens, and measures:
 * collectives: every c10d collective of the measured step, in order, DDP's reducer's and DTensor's
   included (:class:`~zerocalc.validate.measure.CollectiveRecorder`);
 
-* params / grads: bytes of the parameters the optimizer sees and their ``.grad`` (DTensor: ``to_local()``;
-  FSDP1: the sharded ``FlatParameter`` s);
+* params / grads: bytes of the parameters the optimizer sees (those that require a gradient) and their
+  ``.grad`` (DTensor: ``to_local()``; FSDP1: the sharded ``FlatParameter`` s);
+* frozen (``Job.finetune``: PEFT's LoRA of the model, :func:`build`): bytes of the wrapped model's
+  parameters that require no gradient (DTensor: ``to_local()``);
 * optimizer / step: ``optimizer.state`` tensors (``ZeroRedundancyOptimizer``: its local ``optim.state``),
   the ``step`` counters apart;
 * unsharded_after_forward (FSDP only; DDP shards nothing, so it is not measured): right after the forward
@@ -89,11 +91,11 @@ def _wrap(job: Job, model: Any, device: Any) -> tuple[Any, Any, Any]:
         model = model.to(device)
         wrapped = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         if wrapper is TorchWrapper.DDP:
-            optimizer = opt_class(wrapped.parameters(), lr=lr)
+            optimizer = opt_class(_trained(wrapped), lr=lr)
         else:
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
-            optimizer = ZeroRedundancyOptimizer(wrapped.parameters(), optimizer_class=opt_class, lr=lr)
+            optimizer = ZeroRedundancyOptimizer(_trained(wrapped), optimizer_class=opt_class, lr=lr)
         return wrapped, optimizer, lambda: None  # DDP shards nothing: nothing to measure
     if wrapper is TorchWrapper.FSDP1:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -119,7 +121,7 @@ def _wrap(job: Job, model: Any, device: Any) -> tuple[Any, Any, Any]:
             use_orig_params=False,
             **hybrid,
         )
-        optimizer = opt_class(wrapped.parameters(), lr=lr)
+        optimizer = opt_class(_trained(wrapped), lr=lr)
 
         def unsharded() -> int:
             held = []
@@ -158,7 +160,7 @@ def _wrap(job: Job, model: Any, device: Any) -> tuple[Any, Any, Any]:
     # The root with the default (None: "auto"), which keeps the root unsharded after forward; with
     # reshard=False every group stays unsharded anyway.
     fully_shard(model, mesh=mesh, mp_policy=policy, **({} if reshard else {"reshard_after_forward": False}))
-    optimizer = opt_class(model.parameters(), lr=lr)
+    optimizer = opt_class(_trained(model), lr=lr)
 
     def unsharded2() -> int:
         held = []
@@ -171,6 +173,46 @@ def _wrap(job: Job, model: Any, device: Any) -> tuple[Any, Any, Any]:
         return storage_bytes(held)
 
     return model, optimizer, unsharded2
+
+
+def _trained(model: Any) -> list[Any]:
+    """The parameters the optimizer is given: those that require a gradient (every one in full training;
+    PEFT's adapters under LoRA, as fine-tuning scripts pass them)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def _lora_targets(job: Job, model: Any) -> list[str] | str | None:
+    """The ``target_modules`` given to PEFT for validate's model (no ``model_type`` of its own): the names
+    asked for; by default PEFT's own for the architecture's family
+    (``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``); ``all-linear``: every ``nn.Linear`` but the
+    LM head, as PEFT's ``_maybe_include_all_linear_layers`` picks them on a transformers model (whose
+    output embedding it leaves out; on another module it would keep it)."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+
+    from zerocalc.model.adapters import ALL_LINEAR
+
+    assert job.finetune is not None and job.finetune.lora is not None
+    targets = job.finetune.lora.targets
+    if targets is None:
+        return list(TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING[job.arch.family or ""])
+    if targets == ALL_LINEAR:
+        return [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
+    return None  # lora.targets: the names asked for
+
+
+def build(job: Job) -> Any:
+    """Validate's model from the job's seed; under ``job.finetune`` the base loaded in the recipe's
+    parameter dtype (bf16 under bf16-mixed, as LoRA recipes load it), then PEFT's LoRA
+    (:func:`zerocalc.validate.peft_model.lora_model`), returned as the adapted model itself (PEFT injects
+    its layers in place), which the framework wraps."""
+    model = build_model(job.arch, job.seed)
+    if job.finetune is None or job.finetune.lora is None:
+        return model
+    from zerocalc.validate.peft_model import lora_model
+
+    if job.precision is PrecisionName.BF16_MIXED:
+        model = model.to(torch.bfloat16)
+    return lora_model(model, job.finetune.lora, _lora_targets(job, model)).base_model.model
 
 
 def parallelize(model: Any, tp_mesh: Any, plan: TpPlan) -> Any:
@@ -232,7 +274,7 @@ def _sync(wrapped: Any, wrapper: TorchWrapper, sync: bool) -> Any:
 
 
 def _measure(job: Job, placement: Placement, device: Any) -> Measured:
-    model = build_model(job.arch, job.seed)
+    model = build(job)
     wrapped, optimizer, unsharded = _wrap(job, model, device)
     wrapper = STRATEGIES[job.strategy][2].wrapper
     autocast_dtype = (
@@ -276,6 +318,9 @@ def _measure(job: Job, placement: Placement, device: Any) -> Measured:
     if zero:  # every rank holds every parameter and gradient
         params = list(wrapped.parameters())
     opt_bytes, step_bytes = optimizer_bytes(local_optim)
+    frozen = (
+        None if job.finetune is None else sum(nbytes(p) for p in wrapped.parameters() if not p.requires_grad)
+    )
     measured_figures = Measured(
         rank=placement.rank,
         params=sum(nbytes(p) for p in params),
@@ -283,6 +328,7 @@ def _measure(job: Job, placement: Placement, device: Any) -> Measured:
         optimizer=opt_bytes,
         step=step_bytes,
         unsharded_after_forward=after_forward,
+        frozen=frozen,
         peak_allocated=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         loss=float(local(loss.detach()).float().item()),
         collectives=recorder.calls,
