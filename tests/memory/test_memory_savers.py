@@ -218,3 +218,36 @@ def test_the_savers_peaks_name_their_sources_in_the_table() -> None:
     assert result.exit_code == 0, result.output
     assert all(len(line) <= 80 for line in result.stdout.splitlines())
     assert "CEWithChunkedOutputLoss" in result.stdout.replace("\n", " ")
+
+
+def test_torchtitans_early_step_in_backward_is_the_flag(tmp_path) -> None:
+    """torchtitan v0.2.2 ``optimizer.early_step_in_backward`` (``OptimizersInBackwardContainer``: one
+    optimizer per parameter stepped in its post-accumulate-grad hook) gives ``--optimizer-in-backward``'s
+    peak."""
+    path = tmp_path / "job.toml"
+    path.write_text(
+        '[model]\nname = "llama3"\nflavor = "8B"\n[optimizer]\nname = "AdamW"\n'
+        "early_step_in_backward = true\n"
+        '[training]\nlocal_batch_size = 1\nseq_len = 2048\n[activation_checkpoint]\nmode = "full"\n'
+        "[parallelism]\ndata_parallel_shard_degree = 8\n"
+    )
+    argv = ["memory", "--model", "llama-3-8b", "--gpus", "8", "--json"]
+    from_file = runner.invoke(app, [*argv, "--torchtitan", str(path)])
+    assert from_file.exit_code == 0, from_file.output
+    flags = [
+        "--framework",
+        "fsdp2",
+        "--model-impl",
+        "torchtitan",
+        "--strategy",
+        "zero3",
+        "--micro-batch",
+        "1",
+    ]
+    flags += ["--seq-len", "2048", "--recompute", "full", "--reduce-dtype", "fp32", "--optimizer", "adamw"]
+    flags += ["--optimizer-impl", "fused", "--optimizer-in-backward"]
+    from_flags = runner.invoke(app, [*argv, *flags])
+    assert from_flags.exit_code == 0, from_flags.output
+    file_data, flag_data = json.loads(from_file.stdout), json.loads(from_flags.stdout)
+    assert file_data["options"]["optimizer_in_backward"] is True
+    assert file_data["peak"] == flag_data["peak"]

@@ -79,6 +79,12 @@ def _in_backward_problem(request: TrainingRequest) -> str | None:
             f"{{optimizer_in_backward}} with {{offload_params}} {request.offload_params.value}: the "
             "optimizer steps on the host there, not modelled in backward; accepted: no {offload_params}"
         )
+    if request.mesh.ep > 1:
+        # torchtitan v0.2.2 components/optimizer.py build_optimizers: "not supported with Expert Parallel"
+        return (
+            f"{{optimizer_in_backward}} with {{ep}} {request.mesh.ep}: torchtitan refuses it with expert "
+            "parallelism; accepted: {ep} 1"
+        )
     if request.mesh.pp > 1:
         return (
             f"{{optimizer_in_backward}} with {{pp}} {request.mesh.pp}: a pipeline stage reduces its "
