@@ -170,6 +170,7 @@ def _memory(*args: str):
         ),
         (["--loss", "fused-linear", "--model-impl", "torchtitan"], "accepted: --model-impl hf"),
         (["--loss", "chunked", "--tp", "2", "--gpus", "2"], "accepted: --tp 1, or --loss full"),
+        (["--loss", "fused-linear", "--framework", "ddp"], "autocast keeps the LM head's weight in fp32"),
         (["--optimizer-in-backward", "--grad-accum", "2"], "accepted: --grad-accum 1"),
         (["--optimizer-in-backward", "--framework", "ddp"], "accepted: --framework fsdp2"),
         (["--optimizer-in-backward", "--framework", "deepspeed"], "accepted: --framework fsdp2"),

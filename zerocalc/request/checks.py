@@ -324,7 +324,7 @@ AFTER_STRATEGIES = (
          lambda r, _: recompute_problem(r)),
     Part("fp8 strategies", ("framework", "fp8", "strategies", "model"), lambda r, _: _fp8_problem(r)),
     Part("memory savers", ("activations.loss", "model_impl", "mesh", "optimizer_in_backward", "framework",
-                           "grad_accum", "offload_params"),
+                           "grad_accum", "offload_params", "finetune"),
          lambda r, _: savers_problem(r)),
 )  # fmt: skip
 """The checks after, in the order they report."""

@@ -10,6 +10,7 @@ from zerocalc.base.errors import InputError
 from zerocalc.base.units import parse_whole
 from zerocalc.model.code import MODEL_CODES, TORCHTUNE_OUTPUT_CHUNKS, LossImpl, ModelImplName
 from zerocalc.parallel.framework_records import FRAMEWORKS
+from zerocalc.parallel.precision import ParamLayout
 from zerocalc.parallel.strategies import OffloadTarget
 from zerocalc.request.values import choice
 
@@ -48,6 +49,25 @@ def savers_problem(request: TrainingRequest) -> str | None:
             return (
                 f"{{loss}} {loss.value} with {{model_impl}} {request.model_code.value}: it replaces "
                 f"transformers' LM head and loss; accepted: {{model_impl}} {accepted}, or {{loss}} full"
+            )
+        record = request.framework_record
+        if (
+            loss is LossImpl.FUSED_LINEAR
+            and record.param_layout is ParamLayout.AUTOCAST
+            and (request.finetune is None or not request.finetune.base_frozen)
+        ):
+            # Liger's grad_weight = zeros_like(weight) is then fp32 beside bf16 logits: torch.addmm(...,
+            # out_dtype=torch.float32) on CUDA, another path than the one modelled
+            accepted = ", ".join(
+                f.value
+                for f, r in FRAMEWORKS.items()
+                if r.param_layout is not ParamLayout.AUTOCAST
+                and (r.model_code is None or MODEL_CODES[r.model_code].loss_savers)
+            )
+            return (
+                f"{{loss}} fused-linear with {{framework}} {record.framework.value}: autocast keeps the LM "
+                f"head's weight in fp32, whose gradient Liger accumulates otherwise, not modelled; accepted: "
+                f"{{framework}} {accepted}, or a frozen head ({{lora_rank}})"
             )
         if request.mesh.tp > 1:
             return (
