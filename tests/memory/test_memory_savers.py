@@ -77,7 +77,7 @@ def test_torchtunes_chunked_loss_keeps_every_chunks_logits_and_log_softmax_but_o
     chunk (2·TV), every chunk's saved log-softmax (4·TV) and total_weight, and one chunk's fp32 copy
     (4·TV/8): 6.5·TV, against the full loss's 12·TV at its backward. Backward, the last chunk first: the
     eight log-softmax outputs, the chunk's d(log_softmax) and fp32 d(logits) (5·TV); the logits were
-    dropped before backward (del logits)."""
+    dropped before backward (the recipe's del outputs)."""
     led = _step(loss="chunked")
     rV = 256 * V
     forward = 2 * TV + 4 * TV + 8 * 4 + 4 * rV + LABELS + 4 + 4  # + the loss and the previous step's

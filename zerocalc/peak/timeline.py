@@ -834,7 +834,8 @@ class _Passes:
         led.free("previous step's loss")
 
     def free_logits(self, tag: str) -> None:
-        """The training loop drops the logits before backward (torchtune's recipes: ``del logits``)."""
+        """The training loop drops the logits before backward (torchtune's recipes, ``_loss_step``: ``del
+        outputs``, "free outputs otherwise it peaks backward memory")."""
         for j in range(len(self.chunk_rows())):
             self.led.free(f"logits output chunk{j}{tag}")
 
