@@ -25,7 +25,7 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.parts import Part
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import PipelineStage
-from zerocalc.model.code import MODEL_CODES, AttentionKernel
+from zerocalc.model.code import MODEL_CODES, AttentionKernel, loss_source
 from zerocalc.network.cluster import Cluster
 from zerocalc.parallel.finetune import parameter_kinds
 from zerocalc.parallel.framework_records.record import FrameworkRecord, ModelInit, StatesModel, Wrap
@@ -167,6 +167,14 @@ def term_sources(
         TensorKind.BLOCK_REMAINDERS: "c10/cuda/CUDACachingAllocator.cpp: blocks handed out whole "
         "(a remainder of at most 1 MiB is not split off)",
     }
+    saver = loss_source(request.activations.loss, request.activations.loss_chunks)
+    if saver is not None:
+        sources[TensorKind.LOSS] = saver
+    if request.optimizer_in_backward:
+        sources[TensorKind.OPTIMIZER_TEMPORARIES] = (
+            f"{adam}, one optimizer per parameter stepped in its post-accumulate-grad hook (torchtune "
+            "training/memory.py register_optim_in_bwd_hooks)"
+        )
     if request.finetune is not None:
         sources.update(FINETUNE_SOURCES)
     elif setup is None:

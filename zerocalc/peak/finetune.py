@@ -491,7 +491,13 @@ def finetune_mechanics(
     layout, units = ft_units(request, name)
     if request.accumulates:
         accumulation = Accumulation.SYNCED
-    return FineTune(units, layout, request.optimizer_impl, accumulation=accumulation)
+    return FineTune(
+        units,
+        layout,
+        request.optimizer_impl,
+        in_backward=request.optimizer_in_backward,
+        accumulation=accumulation,
+    )
 
 
 def finetune_note(request: TrainingRequest) -> str:

@@ -439,10 +439,17 @@ class Fsdp2(Fsdp):
         pipelined: bool = False,
         chunk_starts: tuple[int, ...] | None = None,
         gather_bytes: dict[str, tuple[int, ...]] | None = None,
+        in_backward: bool = False,
     ):
         super().__init__(
             units, world, param_bytes, reduce_bytes, reshard, optimizer_states, optimizer_impl, accumulation
         )
+        self.in_backward = in_backward
+        """The optimizer steps in backward (``--optimizer-in-backward``, torchtune's ``optimizer_in_bwd``):
+        ``foreach_reduce`` sets each sharded parameter's gradient and calls its post-accumulate-grad hooks
+        (torch 2.13 ``_fully_shard/_fsdp_collectives.py``), where torchtune's hook steps that parameter's
+        own optimizer and zeroes its gradient (``training/memory.py::register_optim_in_bwd_hooks``): the
+        unit's sharded gradients are freed as its reduction ends; no step runs after backward."""
         self.gather_bytes = gather_bytes
         """Per unit, each parameter's bytes per element as all-gathered and unsharded where they are not all
         ``param_bytes`` (an FP8 all-gather: :func:`zerocalc.peak.fp8.fp8_gather_bytes`); None: all are."""
@@ -458,13 +465,28 @@ class Fsdp2(Fsdp):
 
     def run_identity(self) -> tuple[object, ...]:
         gather = None if self.gather_bytes is None else tuple(self.gather_bytes.items())
-        return (*super().run_identity(), self.root_reshard, self.pipelined, self.chunk_starts, gather)
+        return (
+            *super().run_identity(),
+            self.root_reshard,
+            self.pipelined,
+            self.chunk_starts,
+            gather,
+            self.in_backward,
+        )
 
     def resident(self, led: Ledger, first_step: bool = False) -> None:
         super().resident(led, first_step)
         if not first_step:  # the previous step's last all-gather left each fp8 weight its scale
             for unit in self.units.values():
                 led.alloc_each((f"{unit.name}.fp8 scale",), self._fp8_scales(unit), BUFFERS)
+
+    def optimizer_step(self, led: Ledger, first_step: bool) -> None:
+        if not self.in_backward:
+            super().optimizer_step(led, first_step)
+            return
+        if first_step:
+            self._alloc_optimizer_states(led)
+        led.event("optimizer step (in backward)")
 
     def _fp8_scales(self, unit: Unit) -> Sizes:
         """One fp32 scale per fp8 weight of ``unit`` (torchao ``fsdp_pre_all_gather``'s metadata, which the
@@ -638,6 +660,17 @@ class Fsdp2(Fsdp):
             led.event(labels.reduce_output_event)
         if held is not None:
             led.free(held)
+        if self.in_backward:
+            # one optimizer per parameter: each step's temporaries are of one shard (foreach's sqrt of its
+            # exp_avg_sq; the for-loop's two), then zero_grad(set_to_none) drops the gradient
+            largest = FP32 * max(u.local, default=0)
+            temp = {OptimizerImpl.FOREACH: largest, OptimizerImpl.FOR_LOOP: 2 * largest}.get(
+                self.optimizer_impl, 0
+            )
+            led.event(
+                f"optimizer step in backward ({u.name})", temp if self.optimizer_states else 0, OPTIMIZER_TEMP
+            )
+            led.free(labels.fp32_grad)
         self._last_reduce_input = name
         if unit == "root":  # the end of backward: nothing waits on the last buffers any more
             led.free(name)

@@ -210,6 +210,8 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
         tuning=_tuning(request),
         forward_transients=forward_transients(request),
         fp8=request.fp8,
+        loss=request.activations.loss,
+        loss_chunks=request.activations.loss_chunks,
     )
 
 
@@ -403,6 +405,7 @@ def _mechanics(
                 pipelined=request.mesh.pp > 1,
                 chunk_starts=_chunk_starts(request),
                 gather_bytes=fp8_gather_bytes(request.architecture, request.fp8, dtypes.compute.bytes, world),
+                in_backward=request.optimizer_in_backward,
             ), activation_bytes(request)
         if setup.wrapper is TorchWrapper.FSDP1:
             no_shard = setup.sharding is Fsdp1Sharding.NO_SHARD or world == 1

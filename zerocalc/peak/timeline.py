@@ -36,15 +36,19 @@ from zerocalc.model.architecture import (
 from zerocalc.model.code import (
     FP32,
     INT64,
+    TORCHTUNE_OUTPUT_CHUNKS,
     Device,
     ForwardTuning,
     LayerSaves,
+    LossImpl,
     ModelCode,
     OpSacLayer,
     Shape,
+    chunked_rows,
     embedding_saves,
     hidden_bytes,
     layer_saves,
+    liger_chunk_rows,
     logits_saves,
     loss_parallel_transients,
     norm_backward_excess,
@@ -126,6 +130,11 @@ class StepShape(NamedTuple):
     ``tuning``); None: every parameter trained."""
     fp8: Fp8Setting = NO_FP8
     """The FP8 recipe of the converted Linear layers (torchao's eager casts: :mod:`zerocalc.peak.fp8`)."""
+    loss: LossImpl = LossImpl.FULL
+    """The cross-entropy (``--loss``): the model code's on the full logits, or a saver's
+    (:mod:`zerocalc.model.code.loss`)."""
+    loss_chunks: int = TORCHTUNE_OUTPUT_CHUNKS
+    """torchtune's output chunks (``--loss chunked``)."""
     saves: dict[tuple, LayerSaves] | None = None
     """Where the step finds and keeps its layers' saves, per kind of layer (mixture-of-experts or not; a
     fine-tuning run's per layer) and cache use: steps of one micro-batch and recompute whose blocks are
@@ -542,8 +551,11 @@ class _Passes:
             return
 
         final, keeps_last = self.final_saves()
+        fused = step.loss is LossImpl.FUSED_LINEAR
+        if fused:  # Liger's kernel runs the head outside autograd: nothing saves its input
+            final = [(name, b) for name, b in final if name != "LM head input"]
         led.alloc_group(f"final{tag}", final, ACTIVATIONS)
-        if step.tuning is not None and "lm_head" not in step.tuning.trained:
+        if fused or (step.tuning is not None and "lm_head" not in step.tuning.trained):
             # the final norm's output, saved by no one (the head is frozen), is the base model's
             # last_hidden_state: LlamaForCausalLM.forward's `outputs` holds it through the loss
             # (transformers 5.17 modeling_llama.py)
@@ -562,6 +574,13 @@ class _Passes:
         self._forward_done(tag, embedding)
 
         # the loss
+        if step.loss is not LossImpl.FULL:
+            self.saver_loss_forward(tag)
+            mechanics.post_forward(led, "root")
+            self.free_logits(tag)
+            led.free(f"last hidden state (base model output){tag}")
+            led.free_group(f"sliding cache{tag}")
+            return
         led.alloc(f"logits{tag}", self.logits_bytes * TV, LOSS)
         capped = logits_saves(impl, arch, shape, act)
         for name, b in capped:
@@ -607,7 +626,16 @@ class _Passes:
         if step.stage is not None:
             mechanics.pipeline_backward(led, one.micro_batch == step.stage.micro_batches - 1)
         autograd_workspace = workspace(runtime, "autograd") if self.cuda else ""
-        if head:
+        if head and step.loss is not LossImpl.FULL:
+            led.alloc(f"grad seed{tag}", FP32, LOSS)
+            mechanics.pre_backward(led, "root")
+            self.saver_loss_backward(tag, autograd_workspace)
+            led.event(f"final norm backward{tag}", norm_backward_excess(impl, arch, shape, act), TRANSIENT)
+            led.free_group(f"final{tag}")
+            if self.final_saves()[1]:
+                led.free(f"hidden {layers[-1] + 1}{tag}")  # the final norm's saved input
+            mechanics.param_grad(led, "root", "final norm", h * (2 if t.norm == "layernorm" else 1))
+        elif head:
             led.alloc(f"grad seed{tag}", FP32, LOSS)
             mechanics.pre_backward(led, "root")
             if impl.loss == "fp32_logits":
@@ -721,6 +749,157 @@ class _Passes:
         if last:
             mechanics.backward_finished(led)
         led.free(f"grad seed{tag}")  # held by torch.autograd.backward's frame
+
+    # ------------------------------------------------------------------ the savers' losses (--loss)
+    @property
+    def head_trained(self) -> bool:
+        """The LM head's weight is trained (its own, or the embedding it is tied to)."""
+        tuning, arch = self.step.tuning, self.step.arch
+        if tuning is None:
+            return True
+        return "lm_head" in tuning.trained or (arch.tied_embeddings and "embed_tokens" in tuning.trained)
+
+    def _labels(self, tag: str) -> None:
+        """The labels padded with −100 and shifted (``ForCausalLMLoss``; Liger's ``LigerForCausalLMLoss``
+        pads and shifts alike): a copy of b·s where b > 1, a view of the padded labels where b = 1; the
+        padded labels live until the loss returns."""
+        led, shape = self.led, self.step.shape
+        led.alloc(f"labels padded{tag}", INT64 * shape.b * (shape.s + 1), LOSS)
+        if shape.b > 1 or shape.cp > 1:
+            led.alloc(f"shift labels{tag}", INT64 * self.logits.rows, LOSS)
+        else:
+            led.rename(f"labels padded{tag}", f"shift labels{tag}")
+
+    def chunk_rows(self) -> tuple[int, ...]:
+        """The rows of each chunk of the saver's loss: torchtune's output chunks, Liger's token chunks."""
+        step, logits = self.step, self.logits
+        if step.loss is LossImpl.CHUNKED:
+            return chunked_rows(step.shape.b, logits.rows // step.shape.b, step.loss_chunks)
+        return liger_chunk_rows(logits.rows, logits.columns, step.arch.hidden_size)
+
+    def saver_loss_forward(self, tag: str) -> None:
+        """The forward of ``--loss chunked`` or ``fused-linear`` (:mod:`zerocalc.model.code.loss`)."""
+        step, led = self.step, self.led
+        V, h, L = self.logits.columns, step.arch.hidden_size, self.logits.rows
+        if step.loss is LossImpl.CHUNKED:
+            # TransformerDecoder.chunked_output: [self.output(chunk) for chunk in h.tensor_split(n, dim=1)]
+            rows = self.chunk_rows()
+            for j, r in enumerate(rows):
+                led.alloc(f"logits output chunk{j}{tag}", self.logits_bytes * r * V, LOSS)
+            for name, b in logits_saves(step.impl, step.arch, step.shape, step.act):
+                led.alloc(f"{name}{tag}", b, LOSS)
+            self._labels(tag)
+            # CEWithChunkedOutputLoss.forward: (labels != ignore_index).sum(), then chunk by chunk
+            led.event(f"loss forward (labels mask){tag}", L, TRANSIENT)
+            led.alloc(f"loss{tag}", FP32, LOSS)
+            self._losses.append(f"loss{tag}")
+            for j, r in enumerate(rows):
+                led.alloc(f"logits fp32 copy{tag}", self.upcast_bytes * r * V, LOSS)
+                led.alloc(f"log_softmax output chunk{j}{tag}", FP32 * r * V, LOSS)
+                led.alloc(f"total_weight output chunk{j}{tag}", FP32, LOSS)
+                led.event(f"loss forward (output chunk{j}: log_softmax, nll_loss){tag}")
+                led.free(f"logits fp32 copy{tag}")
+            led.free(f"labels padded{tag}")
+            led.free("previous step's loss")
+            return
+        # fused_linear_cross_entropy_forward: grad_input (and grad_weight) made here, saved for backward
+        self._labels(tag)
+        led.alloc(f"grad_input (fused linear cross-entropy){tag}", self.stream * L * h, LOSS)
+        if self.head_trained:
+            led.alloc(f"grad_weight (fused linear cross-entropy){tag}", self.logits_bytes * V * h, LOSS)
+        led.alloc(f"loss_1d{tag}", FP32 * L, LOSS)
+        led.alloc(f"target_mask{tag}", L, LOSS)
+        # torch.mm(grad_logits_chunk.t(), _input_chunk).float(): [V, h] in the logits' dtype and its fp32
+        # copy, before the in-place add into grad_weight
+        weight_grad = 0
+        if self.head_trained:
+            weight_grad = (self.logits_bytes + FP32 if self.logits_bytes != FP32 else FP32) * V * h
+        rows = self.chunk_rows()
+        for j, r in enumerate(rows):
+            if j and r == rows[0]:
+                continue  # an equal chunk: the same tensors again
+            led.alloc(f"logits chunk{tag}", self.logits_bytes * r * V, LOSS)
+            led.event(
+                f"loss forward (fused linear cross-entropy, {'a' if j == 0 else 'the last'} chunk){tag}",
+                max(self.stream * r * h, weight_grad),
+                TRANSIENT,
+            )
+            led.free(f"logits chunk{tag}")
+        led.free(f"target_mask{tag}")
+        led.alloc(f"loss{tag}", FP32, LOSS)
+        self._losses.append(f"loss{tag}")
+        led.free(f"loss_1d{tag}")
+        led.free(f"shift labels{tag}")  # the function saves only the gradients
+        led.free(f"labels padded{tag}")
+        led.free("previous step's loss")
+
+    def free_logits(self, tag: str) -> None:
+        """The training loop drops the logits before backward (torchtune's recipes, ``_loss_step``: ``del
+        outputs``, "free outputs otherwise it peaks backward memory")."""
+        for j in range(len(self.chunk_rows())):
+            self.led.free(f"logits output chunk{j}{tag}")
+
+    def saver_loss_backward(self, tag: str, autograd_workspace: str) -> None:
+        """The backward of ``--loss chunked`` or ``fused-linear`` down to the gradient of the final norm's
+        output (``d hidden``), the LM head's weight gradient made (:mod:`zerocalc.model.code.loss`)."""
+        step, led, mechanics, runtime = self.step, self.led, self.mechanics, self.runtime
+        arch = step.arch
+        V, h = self.logits.columns, arch.hidden_size
+        head_weight = "embedding" if arch.tied_embeddings else "lm_head"
+        if self.first_step and self.cuda and not led.has(autograd_workspace):
+            led.alloc(autograd_workspace, runtime.cublas_workspace, RUNTIME)
+        if step.loss is LossImpl.FUSED_LINEAR:
+            # LigerFusedLinearCrossEntropyFunction.backward scales the saved gradients in place and returns
+            # them: grad_input is the final norm's output gradient, grad_weight the head's (AccumulateGrad
+            # takes the tensor)
+            led.rename(f"grad_input (fused linear cross-entropy){tag}", f"d hidden{tag}", ACTIVATIONS)
+            led.free(f"grad_weight (fused linear cross-entropy){tag}")
+            mechanics.param_grad(led, "root", head_weight, _vocab_numel(arch, head_weight))
+            led.event(f"loss backward (fused linear cross-entropy: the forward's gradients){tag}")
+            return
+        rows = self.chunk_rows()
+        # every chunk's loss nodes run before any output projection's (the engine runs the ready node of
+        # the highest sequence number first): the last chunk first
+        for j in reversed(range(len(rows))):
+            r = rows[j]
+            led.alloc(f"d log_softmax (nll_loss_backward){tag}", FP32 * r * V, LOSS)
+            led.free(f"total_weight output chunk{j}{tag}")
+            led.alloc(f"d logits fp32 (log_softmax_backward){tag}", FP32 * r * V, LOSS)
+            led.event(f"loss backward (output chunk{j}: log_softmax_backward){tag}")
+            led.free(f"log_softmax output chunk{j}{tag}")
+            led.free(f"d log_softmax (nll_loss_backward){tag}")
+            if self.logits_bytes != FP32:
+                led.alloc(f"d logits output chunk{j}{tag}", self.logits_bytes * r * V, LOSS)
+                led.event(f"logits.float() backward (output chunk{j}){tag}")
+                led.free(f"d logits fp32 (log_softmax_backward){tag}")
+            else:
+                led.rename(f"d logits fp32 (log_softmax_backward){tag}", f"d logits output chunk{j}{tag}")
+        led.free(f"shift labels{tag}")
+        for name, _ in logits_saves(step.impl, arch, step.shape, step.act):
+            led.free(f"{name}{tag}")
+        # each chunk's output projection: d h of the chunk, the head's weight gradient (the first made, the
+        # others added into it); then tensor_split's slice backward writes each into a zero [b, s, h],
+        # summed into the first in place
+        weight_grad = self.logits_bytes * V * h if self.head_trained else 0
+        for k, j in enumerate(reversed(range(len(rows)))):
+            led.alloc(f"d hidden output chunk{j}{tag}", self.stream * rows[j] * h, ACTIVATIONS)
+            if k == 0:
+                mechanics.param_grad(led, "root", head_weight, _vocab_numel(arch, head_weight))
+                led.event(f"lm_head backward (output chunk{j}){tag}")
+            else:
+                led.event(
+                    f"lm_head backward (output chunk{j}, its weight gradient added){tag}",
+                    weight_grad,
+                    TRANSIENT,
+                )
+            led.free(f"d logits output chunk{j}{tag}")
+        for k, j in enumerate(reversed(range(len(rows)))):
+            if k == 0:
+                led.alloc(f"d hidden{tag}", self.hidden_bytes, ACTIVATIONS)
+                led.event(f"slice backward (output chunk{j}){tag}")
+            else:
+                led.event(f"slice backward (output chunk{j}, added){tag}", self.hidden_bytes, TRANSIENT)
+            led.free(f"d hidden output chunk{j}{tag}")
 
     def keep_last_loss(self) -> None:
         """The last micro-batch's loss becomes the previous step's; the others' are dropped."""

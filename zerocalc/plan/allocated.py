@@ -46,7 +46,8 @@ from zerocalc.request.training import TrainingRequest
 MODEL_READS = (
     "rank_model", "sequence_split", "mesh.ep", "model_code", "activation_dtype", "runtime",
     "activations.seq_len", "activations.flash_attention", "activations.checkpoint_every",
-    "activations.capacity_factor", "finetune", "forward_weights", "fp8",
+    "activations.capacity_factor", "activations.loss", "activations.loss_chunks", "finetune",
+    "forward_weights", "fp8",
 )  # fmt: skip
 """What the model's part of a step reads but the micro-batch and the recompute: one :class:`StepParts` per
 value of them (:data:`MODEL_PART` without its last two paths), which keys the runs by those two itself."""
@@ -69,7 +70,8 @@ FRAMEWORK_PART = Part(
     "the framework's part",
     ("rank_model", "mesh", "cluster", "framework", "strategies", "precision", "reduce_dtype",
      "activation_dtype", "optimizer_impl", "offload_optimizer", "offload_params", "accumulates",
-     "grad_sync", "zeropp", "buffers.prefetch", "buffers.wrap", "init_asked", "fp8", "finetune", "optimizer"),
+     "grad_sync", "zeropp", "buffers.prefetch", "buffers.wrap", "init_asked", "fp8", "finetune", "optimizer",
+     "optimizer_in_backward"),
     lambda request, parts, calls: framework_run(framework_mechanics(request, _states(request)), calls),
 )  # fmt: skip
 """F of the request's step (:func:`~zerocalc.plan.split.framework_run`): the framework's bytes per slot

@@ -33,6 +33,7 @@ from zerocalc.request.fp8 import fp8_strategy_problem
 from zerocalc.request.mesh_checks import dim1_expert_sharding_problem, mesh_problem
 from zerocalc.request.model_spec import seq_len_problem
 from zerocalc.request.problems import architecture_problem, offload_record_problem, record_problem
+from zerocalc.request.savers import savers_problem
 
 if TYPE_CHECKING:
     from zerocalc.request.training import TrainingRequest
@@ -322,6 +323,9 @@ AFTER_STRATEGIES = (
     Part("recompute", ("estimate", "activations.recompute", "activations.checkpoint_every", *_SHAPE_READS),
          lambda r, _: recompute_problem(r)),
     Part("fp8 strategies", ("framework", "fp8", "strategies", "model"), lambda r, _: _fp8_problem(r)),
+    Part("memory savers", ("activations.loss", "model_impl", "mesh", "optimizer_in_backward", "framework",
+                           "grad_accum", "offload_params", "finetune"),
+         lambda r, _: savers_problem(r)),
 )  # fmt: skip
 """The checks after, in the order they report."""
 

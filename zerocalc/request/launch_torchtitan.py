@@ -367,6 +367,10 @@ def torchtitan_config(job: dict[str, Any], where: str) -> LaunchConfig:
         if str(optimizer).lower() not in ("adam", "adamw"):
             raise refused(where, "optimizer.name", optimizer, "Adam or AdamW")
         values["optimizer"] = str(optimizer).lower()
+    if get("optimizer.early_step_in_backward"):
+        # v0.2.2 components/optimizer.py OptimizersInBackwardContainer: one optimizer per parameter, stepped
+        # in its post-accumulate-grad hook (refused by torchtitan with pipeline or expert parallelism)
+        values["optimizer_in_backward"] = True
     _titan_fp8(get, where, values, notes)
     return LaunchConfig(values=values, notes=tuple(notes), harmless=harmless, stages=stages)
 

@@ -263,6 +263,14 @@ OPTIONS: tuple[Option, ...] = (
          "With --recompute full: only every N-th layer checkpointed (the N-th, the 2N-th and so on), the "
          "others keep their activations (torchtitan's selective_ac_option N).",
          ESTIMATES, default=1, value_type=NUM, metavar="N"),
+    _opt("loss", ("--loss",),
+         "The cross-entropy: full (the model code's, on the whole logits), chunked (torchtune's "
+         "CEWithChunkedOutputLoss: the logits in chunks, one upcast at a time) or fused-linear (Liger "
+         "Kernel's fused linear cross-entropy: head and loss fused per chunk of tokens, no logits).",
+         ESTIMATES, default="full", value_type=STR),
+    _opt("loss_chunks", ("--loss-chunks",),
+         "With --loss chunked: the output chunks (num_output_chunks).", ESTIMATES, value_type=OPT_NUM,
+         metavar="N", default_help="torchtune's 8"),
     _opt("flash_attention", ("--flash-attention",), "Flash attention (no s² terms).", ALL_ESTIMATES,
          kind=Kind.SWITCH, value_type="bool | None", negative="--no-flash-attention",
          default_help="the model code's: SDPA's flash kernel for every transformers family, eager without "
@@ -293,6 +301,10 @@ OPTIONS: tuple[Option, ...] = (
          "The caching allocator with expandable segments on (a PyTorch allocator setting): its reserve.",
          frozenset({MEMORY}), default=False, kind=Kind.FLAG, value_type=BOOL),
     # ---------------------------------------------------------------------------------- fine-tuning
+    _opt("optimizer_in_backward", ("--optimizer-in-backward",),
+         "Each trained parameter's optimizer step as soon as its gradient is ready, the gradient freed "
+         "then (torchtune's optimizer_in_bwd: register_optim_in_bwd_hooks).", ESTIMATES, default=False,
+         kind=Kind.FLAG, value_type=BOOL),
     _opt("lora_rank", ("--lora-rank",),
          "LoRA of rank R on the targets (PEFT 0.21), the base frozen; 0: off.", FINETUNE,
          value_type=OPT_NUM, metavar="R", default_help="0: full training, or --adapter-config's r"),
@@ -440,14 +452,25 @@ LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "dora"
 """The options that describe LoRA (each needs ``lora_rank`` or ``adapter_config``)."""
 
 
+SAVER_OPTIONS = ("loss", "loss_chunks", "optimizer_in_backward")
+"""The memory savers of fine-tuning recipes, echoed only where one is set off its default: a run without
+them echoes none (its JSON as before they existed)."""
+
+
 def echo(command: Command, values: dict[str, Any]) -> dict[str, Any]:
     """The JSON's ``options``: every request option of ``command`` with the value it was given (its
     default where not given), keyed by its keyword, as the library takes it back; the fine-tuning options
-    (:data:`FINETUNE_OPTIONS`) only in a fine-tuning run's."""
+    (:data:`FINETUNE_OPTIONS`) only in a fine-tuning run's, the savers (:data:`SAVER_OPTIONS`) only where
+    one is set."""
     echoed = {}
     tuning = any(values.get(name) not in (None, False) for name in FINETUNE_OPTIONS)
+    defaults = {o.name: o.default for o in OPTIONS if o.name in SAVER_OPTIONS}
+    saving = any(
+        values.get(name) is not None and str(values.get(name)) != str(defaults[name])
+        for name in SAVER_OPTIONS
+    )
     for o in options_for(command, request_only=True):
-        if o.name in FINETUNE_OPTIONS and not tuning:
+        if (o.name in FINETUNE_OPTIONS and not tuning) or (o.name in SAVER_OPTIONS and not saving):
             continue
         value = values.get(o.name, o.default)
         if value is not None and o.default is not None and str(value) == str(o.default):

@@ -31,7 +31,7 @@ from zerocalc.base.memo import IdentityCache
 from zerocalc.base.units import parse_bytes, parse_whole
 from zerocalc.model.activations import CpImpl, Recompute
 from zerocalc.model.architecture import Architecture
-from zerocalc.model.code import ModelImplName, Shape
+from zerocalc.model.code import TORCHTUNE_OUTPUT_CHUNKS, LossImpl, ModelImplName, Shape
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import Cluster
 from zerocalc.network.links import Bandwidths
@@ -60,6 +60,7 @@ from zerocalc.request.mesh_checks import parse_capacity_factor, parse_cluster, p
 from zerocalc.request.model_spec import ModelSpec, model_notes_of, model_spec, rank_models, seq_len_of
 from zerocalc.request.options_model import TrainingOptions, options_from_keywords
 from zerocalc.request.overlap import OverlapOptions, parse_overlap
+from zerocalc.request.savers import parse_loss
 from zerocalc.request.values import (
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
@@ -98,6 +99,13 @@ class ActivationOptions(BaseModel):
         default=1.0,
         gt=0,
         description="under expert parallelism, the tokens a rank's experts receive over the balanced k·b·s/c",
+    )
+    loss: LossImpl = Field(
+        default=LossImpl.FULL,
+        description="the cross-entropy: the model code's, torchtune's chunked or Liger's fused linear one",
+    )
+    loss_chunks: int = Field(
+        default=TORCHTUNE_OUTPUT_CHUNKS, ge=1, description="torchtune's num_output_chunks (--loss chunked)"
     )
 
 
@@ -171,6 +179,9 @@ class TrainingRequest(BaseModel):
     optimizer_impl: OptimizerImpl = OptimizerImpl.FOREACH
     expandable_segments: bool = False
     """``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``."""
+    optimizer_in_backward: bool = False
+    """Each trained parameter stepped by its own optimizer in its post-accumulate-grad hook, its gradient
+    freed then (torchtune's ``optimizer_in_bwd``, :mod:`zerocalc.request.savers`)."""
     links: Bandwidths
     tokens_per_step: int | None = Field(default=None, gt=0)
     tflops: float | None = Field(default=None, gt=0)
@@ -437,6 +448,8 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         ),
         flash_attention=o.flash_attention,
     )
+    loss, loss_chunks = parse_loss(o.loss, o.loss_chunks)
+    activations = activations.model_copy(update={"loss": loss, "loss_chunks": loss_chunks})
     model_impl = choice(o.model_impl, "{model_impl}", ModelImplName)
     mesh = parse_mesh(o, whole, framework, model_impl, model)
     if o.capacity_factor is not None:
@@ -501,6 +514,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         model_impl=model_impl,
         optimizer_impl=choice(o.optimizer_impl, "{optimizer_impl}", OptimizerImpl, {"_": "-"}),
         expandable_segments=o.expandable_segments,
+        optimizer_in_backward=o.optimizer_in_backward,
         links=links,
         tokens_per_step=tokens,
         tflops=tflops,

@@ -50,6 +50,13 @@ from zerocalc.model.code.finetune import (
 )
 from zerocalc.model.code.hf import HF, HF_ATTENTION, HF_EAGER_ONLY
 from zerocalc.model.code.layer import QUADRATIC_TERMS, layer_saves
+from zerocalc.model.code.loss import (
+    TORCHTUNE_OUTPUT_CHUNKS,
+    LossImpl,
+    chunked_rows,
+    liger_chunk_rows,
+    loss_source,
+)
 from zerocalc.model.code.megatron import MEGATRON
 from zerocalc.model.code.norms import norm_backward_excess, norm_saves
 from zerocalc.model.code.op_sac import (
@@ -86,11 +93,13 @@ __all__ = [
     "QUADRATIC_TERMS",
     "SDPA_NO_MASK",
     "TORCHTITAN",
+    "TORCHTUNE_OUTPUT_CHUNKS",
     "TUNED_FAMILIES",
     "AttentionKernel",
     "Device",
     "ForwardTuning",
     "LayerSaves",
+    "LossImpl",
     "ModelCode",
     "ModelImplName",
     "OpSacLayer",
@@ -98,12 +107,15 @@ __all__ = [
     "Transient",
     "Ulysses",
     "VocabShard",
+    "chunked_rows",
     "embedding_saves",
     "hidden_bytes",
     "layer_saves",
+    "liger_chunk_rows",
     "logits_saves",
     "loss_parallel_transients",
     "loss_saves",
+    "loss_source",
     "norm_backward_excess",
     "norm_saves",
     "op_sac_layer",

@@ -116,6 +116,10 @@ class ModelCode(ABC):
     loss: str
     """How the loss is computed, for the loss terms (:func:`~zerocalc.model.code.outside.loss_saves`, the
     step timeline)."""
+    loss_savers: bool
+    """torchtune's chunked and Liger's fused linear cross-entropy (``--loss``, :mod:`.loss`) stand in for its
+    loss: its head is transformers' ``lm_head`` and ``ForCausalLMLoss``, which Liger's patch replaces and
+    torchtune's chunked output mirrors."""
     transients: bool
     """In-layer transient peaks are counted (:mod:`.excess`)."""
 

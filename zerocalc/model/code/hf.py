@@ -80,6 +80,7 @@ class HfCode(ModelCode):
     transformers_modules = True
     loss = "hf_upcast"
     """``ForCausalLMLoss``: ``logits.float()``, then cross-entropy on the shifted labels."""
+    loss_savers = True
     transients = True
     """Measured on CPU op by op (the same aten ops run on CUDA)."""
     fused_kernels = False

@@ -45,6 +45,9 @@ class MegatronCode(ModelCode):
     loss = "fp32_logits"
     """``core/tensor_parallel/cross_entropy.py``: the logits' fp32 copy becomes the softmax and then the
     gradient, in place."""
+    loss_savers = False
+    """Megatron-LM's vocab-parallel cross-entropy is its own (``--cross-entropy-loss-fusion``: not
+    modelled)."""
     transients = False
     """Korthikanti et al. count none."""
     fused_kernels = True

@@ -49,6 +49,8 @@ class TorchtitanCode(ModelCode):
     transformers_modules = False
     loss = "float_cross_entropy"
     """``cross_entropy_loss``: ``pred.float()``, then cross-entropy."""
+    loss_savers = False
+    """torchtitan builds its own head and loss (``cross_entropy_loss``): modelled with its own only."""
     transients = True
     """Derived from the source, as transformers' measured ones (the same aten ops)."""
     fused_kernels = False

@@ -264,6 +264,10 @@ FSDP2 = _torch_record(
         "torchtitan: not with recipe_name): FSDP2 all-gathers the fp8 weights",
         precompute_scales=True,
     ),
+    optimizer_in_backward="torch 2.13 FSDP2 foreach_reduce (_fully_shard/_fsdp_collectives.py): after the "
+    "reduce-scatter each sharded parameter's .grad is set and its _post_accumulate_grad_hooks called; "
+    "torchtune's optimizer_in_bwd (training/memory.py register_optim_in_bwd_hooks: one optimizer per "
+    "parameter, step() then zero_grad() in the hook; recipes/full_finetune_distributed.py)",
     expert_parallel=ExpertParallel(
         dispatch="torchtitan distributed/expert_parallel.py ExpertParallel._token_dispatch: "
         "all_to_all_single_autograd",

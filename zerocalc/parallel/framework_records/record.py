@@ -196,6 +196,10 @@ class FrameworkRecord(NamedTuple):
     """How it runs expert parallelism (None: it has none here)."""
     fp8: Fp8Support | None = None
     """The FP8 recipes it runs (None: none)."""
+    optimizer_in_backward: str = ""
+    """Where its code runs a parameter's post-accumulate-grad hooks once the gradient it keeps is ready, so
+    that the optimizer can step in backward and free it (``--optimizer-in-backward``, torchtune's
+    ``optimizer_in_bwd``); empty: it does not (its own optimizer step, or hooks before its reduction)."""
 
     # ------------------------------------------------------------------------------------- strategies
     def setup(self, strategy: StrategyName) -> FrameworkSetup:

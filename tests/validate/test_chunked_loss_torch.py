@@ -1,0 +1,104 @@
+"""torchtune's chunked cross-entropy, run as its source writes it (``CEWithChunkedOutputLoss.forward`` and
+``TransformerDecoder.chunked_output``: the head applied to ``h.tensor_split(n, dim=1)``, each chunk upcast
+and its cross-entropy summed) on CPU, its live bytes read from torch.profiler's memory events: the forward's
+and the backward's peaks are the timeline's loss tensors at its last chunk (the autograd engine runs every
+chunk's loss backward before any head backward), within the few scalars the two count apart."""
+
+from __future__ import annotations
+
+import pytest
+
+from zerocalc.model.code import Device
+from zerocalc.peak.kinds import TensorKind
+from zerocalc.peak.ledger import Ledger
+from zerocalc.peak.simulate import mechanics_for, step_shape
+from zerocalc.peak.timeline import run_step, steady_start
+from zerocalc.request.training import parse_options
+
+pytestmark = pytest.mark.slow
+
+S, H, V, CHUNKS = 256, 64, 4096, 8
+TINY = {
+    "model_type": "llama", "vocab_size": V, "hidden_size": H, "intermediate_size": 128,
+    "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 4, "pad_token_id": 0,
+    "bos_token_id": 0, "eos_token_id": 0, "tie_word_embeddings": False,
+}  # fmt: skip
+MARK = 12_345  # a uint8 tensor between forward and backward
+
+
+def _chunked_cross_entropy(F, logits: list, labels):
+    """``CEWithChunkedOutputLoss.forward`` (its locals gone when it returns)."""
+    total_elements = (labels != -100).sum()
+    chunks = [c.reshape(-1) for c in labels.tensor_split(CHUNKS, dim=1)]
+    logits = [c.reshape(-1, c.size(-1)) for c in logits]
+    total = 0.0
+    for chunk, target in zip(logits, chunks, strict=True):
+        total += F.cross_entropy(chunk.float(), target, ignore_index=-100, reduction="sum")
+    return total / total_elements
+
+
+def _measured(S: int = S, H: int = H, V: int = V) -> tuple[int, int]:
+    """The peak live bytes of the loss's forward and of its backward (the inputs and logits' weight
+    aside); the labels held only by what saves them, as in transformers' loss function."""
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    from torch.profiler import ProfilerActivity, profile
+
+    h = torch.randn(1, S, H, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(V, H, dtype=torch.bfloat16, requires_grad=True)
+    ids = torch.randint(0, V, (1, S))
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        logits = [F.linear(chunk, weight) for chunk in h.tensor_split(CHUNKS, dim=1)]
+        padded = F.pad(ids, (0, 1), value=-100)  # transformers' labels, as the timeline counts them
+        labels = padded[..., 1:].contiguous()
+        loss = _chunked_cross_entropy(F, logits, labels)
+        del logits, padded, labels
+        mark = torch.empty(MARK, dtype=torch.uint8)
+        loss.backward()
+        del mark
+    events = prof.profiler.kineto_results.events()
+    live, peaks, phase = 0, [0, 0], 0
+    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"):
+        phase = phase or int(nbytes == MARK)
+        live += nbytes
+        peaks[phase] = max(peaks[phase], live)
+    return peaks[0], peaks[1] - MARK
+
+
+class _LossLedger(Ledger):
+    def __init__(self) -> None:
+        super().__init__(block=1)
+        self.loss_at: dict[str, int] = {}
+
+    def event(self, name: str, transient: int = 0, transient_kind: str = "transient") -> None:
+        super().event(name, transient, transient_kind)
+        self.loss_at.setdefault(name, self.by_kind.get(TensorKind.LOSS, 0))
+
+
+def test_torchtunes_chunked_loss_peaks_as_the_timeline_counts() -> None:
+    forward, backward = _measured()
+    request = parse_options(model=dict(TINY), gpus=1, seq_len=S, micro_batch=1, loss="chunked")
+    mechanics, act = mechanics_for(request, request.strategies[0], ())
+    step = step_shape(request, act, Device.CPU)
+    led = _LossLedger()
+    steady_start(step, mechanics, None, led)
+    run_step(step, mechanics, None, led)
+    TV = S * V
+    counted = led.loss_at["loss forward (output chunk7: log_softmax, nll_loss)"] - 4  # less the last step's
+    assert counted == 6 * TV + 4 * TV // CHUNKS + 8 * (S + 1) + 4 + CHUNKS * 4
+    assert abs(forward - counted) <= 64, (forward, counted)
+    counted = led.loss_at["loss backward (output chunk7: log_softmax_backward)"]
+    assert counted == 4 * TV + 8 * TV // CHUNKS + 8 * (S + 1) + 4 + 4 + (CHUNKS - 1) * 4
+    assert abs(backward - counted) <= 64, (backward, counted)
+
+
+def test_the_chunks_head_backward_and_slice_backward_peak_as_the_timeline_writes_them() -> None:
+    """Where the head dominates (V = 256, h = 1024, s = 256, 8 chunks of 32): after every chunk's loss
+    backward, each chunk's head backward makes its d h (2·32·h) and the weight gradient (2·V·h, the later
+    ones added from a temporary of that size); then tensor_split's slice backward writes each d h into a
+    zero [1, s, h] summed into the first: at the second, the weight gradient, the sum, the new zeros and
+    seven chunks' d h are alive (the timeline's ``slice backward (output chunk6, added)``)."""
+    _, backward = _measured(256, 1024, 256)
+    r = 256 // CHUNKS
+    counted = 2 * 256 * 1024 + 2 * 256 * 1024 + 7 * 2 * r * 1024 + 2 * 256 * 1024
+    assert abs(backward - counted) <= 64, (backward, counted)

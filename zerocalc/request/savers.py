@@ -1,0 +1,115 @@
+"""The memory savers of fine-tuning recipes as a request holds them (``--loss``, ``--loss-chunks``,
+``--optimizer-in-backward``): parsed once here, checked against the model's code and the framework
+(:func:`savers_problem`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from zerocalc.base.errors import InputError
+from zerocalc.base.units import parse_whole
+from zerocalc.model.code import MODEL_CODES, TORCHTUNE_OUTPUT_CHUNKS, LossImpl, ModelImplName
+from zerocalc.parallel.framework_records import FRAMEWORKS
+from zerocalc.parallel.precision import ParamLayout
+from zerocalc.parallel.strategies import OffloadTarget
+from zerocalc.request.values import choice
+
+if TYPE_CHECKING:
+    from zerocalc.request.training import TrainingRequest
+
+MAX_LOSS_CHUNKS = 2**16
+"""The most output chunks ``--loss-chunks`` takes (``tensor_split`` itself takes any; past the sequence
+length the chunks are empty)."""
+
+
+def parse_loss(loss: Any, chunks: Any) -> tuple[LossImpl, int]:
+    """``--loss`` and ``--loss-chunks`` typed: the loss and its chunk count (torchtune's 8 where not given;
+    given, only with ``chunked``, the one loss that reads it)."""
+    impl = choice(loss, "{loss}", LossImpl)
+    if chunks is None:
+        return impl, TORCHTUNE_OUTPUT_CHUNKS
+    count = parse_whole(chunks, "{loss_chunks}", 1, MAX_LOSS_CHUNKS, "chunks")
+    if impl is not LossImpl.CHUNKED:
+        raise InputError(
+            f"{{loss_chunks}} {count} with {{loss}} {impl.value}: it is the chunk count of torchtune's "
+            "chunked cross-entropy (Liger's fused-linear derives its own from V/h); accepted: {loss} "
+            "chunked, or no {loss_chunks}"
+        )
+    return impl, count
+
+
+def savers_problem(request: TrainingRequest) -> str | None:
+    """A saver this request cannot run, as the code it comes from refuses it or as it is not modelled,
+    or None."""
+    loss = request.activations.loss
+    if loss is not LossImpl.FULL:
+        impl = MODEL_CODES[request.model_code]
+        if not impl.loss_savers:
+            accepted = ", ".join(n.value for n, c in MODEL_CODES.items() if c.loss_savers)
+            return (
+                f"{{loss}} {loss.value} with {{model_impl}} {request.model_code.value}: it replaces "
+                f"transformers' LM head and loss; accepted: {{model_impl}} {accepted}, or {{loss}} full"
+            )
+        record = request.framework_record
+        if (
+            loss is LossImpl.FUSED_LINEAR
+            and record.param_layout is ParamLayout.AUTOCAST
+            and (request.finetune is None or not request.finetune.base_frozen)
+        ):
+            # Liger's grad_weight = zeros_like(weight) is then fp32 beside bf16 logits: torch.addmm(...,
+            # out_dtype=torch.float32) on CUDA, another path than the one modelled
+            accepted = ", ".join(
+                f.value
+                for f, r in FRAMEWORKS.items()
+                if r.param_layout is not ParamLayout.AUTOCAST
+                and (r.model_code is None or MODEL_CODES[r.model_code].loss_savers)
+            )
+            return (
+                f"{{loss}} fused-linear with {{framework}} {record.framework.value}: autocast keeps the LM "
+                f"head's weight in fp32, whose gradient Liger accumulates otherwise, not modelled; accepted: "
+                f"{{framework}} {accepted}, or a frozen head ({{lora_rank}})"
+            )
+        if request.mesh.tp > 1:
+            return (
+                f"{{loss}} {loss.value} with {{tp}} {request.mesh.tp}: the chunks' logits of a vocabulary "
+                "sharded over tensor-parallel ranks are not modelled; accepted: {tp} 1, or {loss} full"
+            )
+    if request.optimizer_in_backward:
+        return _in_backward_problem(request)
+    return None
+
+
+def _in_backward_problem(request: TrainingRequest) -> str | None:
+    record = request.framework_record
+    if not record.optimizer_in_backward:
+        accepted = ", ".join(f.value for f, r in FRAMEWORKS.items() if r.optimizer_in_backward)
+        return (
+            f"{{optimizer_in_backward}} with {{framework}} {record.framework.value}: its code does not step "
+            f"the optimizer in a gradient hook; accepted: {{framework}} {accepted}"
+        )
+    if request.grad_accum > 1:
+        # torchtune recipes/full_finetune_distributed.py: "Gradient accumulation is not supported with
+        # optimizer in bwd"
+        return (
+            f"{{optimizer_in_backward}} with {{grad_accum}} {request.grad_accum}: each gradient is stepped "
+            "and freed as it is made, so none accumulates (torchtune refuses it); accepted: {grad_accum} 1"
+        )
+    if request.offload_params is not OffloadTarget.NONE:
+        return (
+            f"{{optimizer_in_backward}} with {{offload_params}} {request.offload_params.value}: the "
+            "optimizer steps on the host there, not modelled in backward; accepted: no {offload_params}"
+        )
+    if request.mesh.ep > 1:
+        # torchtitan v0.2.2 components/optimizer.py build_optimizers: "not supported with Expert Parallel"
+        return (
+            f"{{optimizer_in_backward}} with {{ep}} {request.mesh.ep}: torchtitan refuses it with expert "
+            "parallelism; accepted: {ep} 1"
+        )
+    if request.mesh.pp > 1:
+        return (
+            f"{{optimizer_in_backward}} with {{pp}} {request.mesh.pp}: a pipeline stage reduces its "
+            "gradients after the last micro-batch; accepted: {pp} 1"
+        )
+    if request.model_code is ModelImplName.MEGATRON:
+        return "{optimizer_in_backward} with {model_impl} megatron is not modelled; accepted: {model_impl} hf"
+    return None
