@@ -674,7 +674,7 @@ class MeshCollectiveCost(BaseModel):
         "layer"
     )
     dtype: DType
-    group_size: int = Field(description="t (tp), c (cp) or e (ep)")
+    group_size: int = Field(description="t (tp), c (cp), e (ep) or ETP (etp)")
     spans_nodes: bool = Field(description="its group has ranks on more than one node (inter-node bandwidth)")
     elements: list[int] = Field(description="S of each call each time it runs, in elements")
     times_per_step: int = Field(description="L·A (per layer), A (per micro-batch), or 1 (per step)")

@@ -735,7 +735,8 @@ def mesh_assumption(request: TrainingRequest) -> str:
         text += (
             f"; expert parallelism: each of the {mesh.ep} ranks of an EP group ({mesh.etp} apart) holds "
             f"{arch.local_experts} of the {arch.num_experts} routed experts of every MoE layer"
-            + (f", each split over {mesh.etp} expert-tensor-parallel ranks" if mesh.etp > 1 else ", whole")
+            + (f", each split over {mesh.etp} expert-tensor-parallel ranks" if mesh.etp > 1 else "")
+            + (", whole" if mesh.etp == 1 < mesh.tp else "")
             + f", {experts.params:,} parameters whose states are sharded over the "
             f"{plural(experts.cluster.world_size, 'expert-data-parallel rank')} "
             f"({mesh.etp * mesh.ep} apart), and {rest.params:,} other parameters"
