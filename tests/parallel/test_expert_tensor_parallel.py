@@ -1,5 +1,5 @@
 """Mixture of experts under tensor parallelism (``--tp`` with ``--ep`` and ``--expert-tp``, Megatron-LM's
-``--expert-tensor-parallel-size``): the expert mesh apart from the attention's, each rank's expert and dense
+``expert_tensor_parallel_size``): the expert mesh apart from the attention's, each rank's expert and dense
 parameters, the two gradient reductions, the token dispatcher's collectives and the expert GEMMs, against
 hand counts from Megatron-LM core 0.20.0 (d98e8a6) and the models' configs.
 

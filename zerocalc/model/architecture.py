@@ -294,7 +294,7 @@ class TensorParallelRank(Architecture):
     first ranks hold ceil(n/t). Routers, norms, position tables and the low-rank ``q_a``/``kv_a``
     projections of latent attention are replicated; each routed expert's width is split like a dense
     MLP's over the ETP expert-tensor-parallel ranks (``expert_tp``; Megatron-LM core 0.20.0
-    ``--expert-tensor-parallel-size``, the TP degree by default, ``training/arguments.py``; at ETP = 1 each
+    ``expert_tensor_parallel_size``, the TP degree by default, ``training/arguments.py``; at ETP = 1 each
     expert is whole: ``core/transformer/moe/experts.py`` ``TEGroupedMLP`` builds its linears over
     ``pg_collection.expt_tp``).
 

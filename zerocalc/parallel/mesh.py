@@ -32,7 +32,7 @@ d98e8a6, ``core/parallel_state.py`` ``initialize_model_parallel``: ``expert_deco
 RankGenerator(tp=expert_tensor_parallel_size, ep=expert_model_parallel_size, dp=expert_data_parallel_size,
 cp=1, pp)``, ``expert_data_parallel_size = world_size // (expert_tensor_parallel_size ·
 expert_model_parallel_size · pipeline_model_parallel_size)``): the routed experts are split over the
-expert-tensor-parallel group of ETP consecutive ranks (``--expert-tensor-parallel-size``, ``--expert-tp``
+expert-tensor-parallel group of ETP consecutive ranks (``expert_tensor_parallel_size``, ``--expert-tp``
 here; ``training/arguments.py`` sets it to the TP size when not given), the EP group is e ranks ETP apart
 and the expert-data-parallel group the N/(p·ETP·e) ranks ETP·e apart, while attention keeps its tp × cp ×
 dp grid. At ETP = t this is the layout above; at ETP < t the EP group takes ranks of the attention's TP
@@ -140,7 +140,7 @@ class Mesh(BaseModel):
         default=None,
         ge=1,
         description="ETP: the ranks each routed expert is tensor-parallel over (Megatron-LM "
-        "--expert-tensor-parallel-size); null: t, Megatron-LM's default",
+        "expert_tensor_parallel_size); null: t, Megatron-LM's default",
     )
 
     @model_validator(mode="after")

@@ -131,7 +131,7 @@ def _moe_tp_problem(mesh: Mesh, framework: Framework, model: ModelSpec) -> None:
 
 def _expert_tp_problem(expert_tp: int, tp: int, ep: int, framework: Framework) -> None:
     """``--expert-tp``: under a framework whose expert parallelism has an expert-tensor-parallel size of
-    its own (Megatron-LM's ``--expert-tensor-parallel-size``; the others split the experts over the TP
+    its own (Megatron-LM's ``expert_tensor_parallel_size``; the others split the experts over the TP
     group), with expert parallelism, and a divisor of t (the expert grid of
     :mod:`zerocalc.parallel.mesh`; an expert group wider than the attention's TP group is not modelled)."""
     expert_parallel = FRAMEWORKS[framework].expert_parallel

@@ -158,7 +158,7 @@ OPTIONS: tuple[Option, ...] = (
          default=1, value_type=NUM, metavar="E"),
     _opt("expert_tp", ("--expert-tp",),
          "ETP: ranks each routed expert is tensor-parallel over (Megatron-LM's "
-         "--expert-tensor-parallel-size), a divisor of --tp; below it the EP group takes ranks of the "
+         "expert_tensor_parallel_size), a divisor of --tp; below it the EP group takes ranks of the "
          "attention's TP group.", ESTIMATES, value_type=OPT_NUM, metavar="N",
          default_help="--tp (Megatron-LM core 0.20's default)"),
     _opt("tp", ("--tp",), "Tensor-parallel degrees searched: a comma list (1,2,4,8) or auto (every "
