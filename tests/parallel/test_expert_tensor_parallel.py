@@ -20,21 +20,10 @@ import pytest
 from helpers import one_line_error
 from typer.testing import CliRunner
 
-from zerocalc.api import estimate_comm
 from zerocalc.cli import app
-from zerocalc.comm.mesh import Dimension
-from zerocalc.comm.step import request_ops
-from zerocalc.model.architecture import expert_parameters
 from zerocalc.parallel.mesh import Mesh
-from zerocalc.request.training import parse_options
-from zerocalc.states.memory import state_parts
 
 runner = CliRunner()
-
-QWEN = dict(model="qwen3-30b-a3b", framework="megatron", sequence_parallel=True, strategies="zero1")
-EXPERT = 4_718_592
-DENSE_PER_TP_RANK = 777_205_760
-A2A_BUFFER = 8 * 1024 * 2048 * 2
 
 
 # ----------------------------------------------------------------------------------------------- layout
@@ -56,106 +45,6 @@ def test_expert_groups_follow_megatrons_expert_rank_generator() -> None:
     # at Megatron's default ETP = t the groups are the ones the EP model always had: 8 ranks 2 apart
     default = Mesh(world=16, gpus_per_node=8, tp=2, ep=8)
     assert default.etp == 2 and default.expert_dp == 1 and default.ep_spans_nodes
-
-
-@pytest.mark.parametrize(
-    ("ep", "expert_tp", "experts", "expert_dp"),
-    [
-        (8, None, 48 * 16 * EXPERT // 2, 1),  # 16 experts a rank, each half: 1,811,939,328
-        (8, 1, 48 * 16 * EXPERT, 2),  # 16 whole experts: 3,623,878,656, over 16/(1·8) ranks
-        (4, 1, 48 * 32 * EXPERT, 4),  # 32 whole experts: 7,247,757,312, over 16/(1·4) ranks
-        (4, 2, 48 * 32 * EXPERT // 2, 2),  # ETP = t = 2, e = 4: dp·cp/e = 8/4
-    ],
-)
-def test_each_rank_holds_its_experts_split_by_etp_and_its_dense_part_by_tp(
-    ep: int, expert_tp: int | None, experts: int, expert_dp: int
-) -> None:
-    request = parse_options(gpus=16, tp=2, ep=ep, expert_tp=expert_tp, **QWEN)
-    assert expert_parameters(request.architecture) == experts
-    dense, routed = state_parts(request)
-    assert (dense.params, routed.params) == (DENSE_PER_TP_RANK, experts)
-    assert (dense.cluster.world_size, routed.cluster.world_size) == (8, expert_dp)
-
-
-# ------------------------------------------------------------------------------------------------- comm
-def _comm(**options: object):  # type: ignore[no-untyped-def]
-    return estimate_comm(None, 16, tp=2, **{**QWEN, **options}).strategies[0]
-
-
-def test_dense_gradients_reduce_over_dense_dp_and_expert_gradients_over_expert_dp() -> None:
-    # the distributed optimizer's fp32 gradient reduce-scatter, (n-1)/n·S per GPU: dense over dp = 8,
-    # 7/8 · 777,205,760 · 4; experts (ETP = 1, e = 8) over 2 expert-DP ranks, 1/2 · 3,623,878,656 · 4
-    row = _comm(ep=8, expert_tp=1)
-    scatters = {
-        c.group_size: c.total_bytes_per_gpu for c in row.collectives if c.op.value == "reduce_scatter"
-    }
-    assert scatters == {8: 7 * DENSE_PER_TP_RANK * 4 // 8, 2: 48 * 16 * EXPERT * 4 // 2}
-    # ETP = t = 2: the experts' one expert-DP rank reduces nothing
-    row = _comm(ep=8)
-    scatters = {
-        c.group_size: c.total_bytes_per_gpu for c in row.collectives if c.op.value == "reduce_scatter"
-    }
-    assert scatters == {8: 7 * DENSE_PER_TP_RANK * 4 // 8}
-
-
-def test_the_dispatcher_all_to_alls_carry_the_sequence_shard_and_etp_gathers_them() -> None:
-    # each of the 4 all-to-alls per MoE layer sends 7/8 of S = 33,554,432 bytes, 48 times a step
-    for expert_tp in (1, 2):
-        row = _comm(ep=8, expert_tp=expert_tp)
-        a2a = [c for c in row.mesh_collectives if c.dimension is Dimension.EP]
-        assert len(a2a) == 4
-        assert {(c.group_size, c.message_bytes, c.total_bytes_per_gpu) for c in a2a} == {
-            (8, A2A_BUFFER, 48 * 7 * A2A_BUFFER // 8)
-        }
-        etp = [c for c in row.mesh_collectives if c.dimension is Dimension.ETP]
-        if expert_tp == 1:
-            assert etp == []
-        else:  # all_gather / reduce_scatter of 2·S over the 2 ranks: (2-1)/2 · 2·S each, 48 times
-            assert [(c.op.value, c.phase.value) for c in etp] == [
-                ("all_gather", "forward"),
-                ("reduce_scatter", "forward"),
-                ("all_gather", "backward"),
-                ("reduce_scatter", "backward"),
-            ]
-            assert {(c.group_size, c.message_bytes, c.total_bytes_per_gpu) for c in etp} == {
-                (2, 2 * A2A_BUFFER, 48 * A2A_BUFFER)
-            }
-
-
-def test_attention_keeps_its_tp_collectives_and_the_routed_mlp_has_none() -> None:
-    # sequence parallel Megatron: 5 per layer of attention (AG, RS forward; AG, AG, RS backward), each
-    # b·(s)·h = 2048·2048 bf16 = 8 MiB, 48 layers; no dense MLP's gather in a model of MoE layers alone
-    row = _comm(ep=8, expert_tp=1)
-    tp = [c for c in row.mesh_collectives if c.dimension is Dimension.TP and c.scope.value == "layer"]
-    assert sorted(c.moves for c in tp) == sorted(
-        [
-            "attention input",
-            "attention output",
-            "attention output gradient",
-            "attention input, gathered again",
-            "attention input gradient",
-        ]
-    )
-    assert {(c.message_bytes, c.times_per_step) for c in tp} == {(2048 * 2048 * 2, 48)}
-
-
-def test_shared_experts_run_the_dense_mlps_tp_collectives_in_every_moe_layer() -> None:
-    # Qwen1.5-MoE-A2.7B: 24 MoE layers, each with shared experts (Megatron-LM shared_experts.py gathers
-    # and reduce-scatters over the TP group as the dense MLP)
-    row = estimate_comm(None, 8, tp=2, ep=4, **{**QWEN, "model": "qwen1.5-moe-a2.7b"}).strategies[0]
-    mlp = [c for c in row.mesh_collectives if c.dimension is Dimension.TP and c.moves.startswith("MLP")]
-    assert len(mlp) == 5 and {c.times_per_step for c in mlp} == {24}
-
-
-def test_expert_gemms_run_the_gathered_tokens_of_the_etp_group() -> None:
-    # ETP = 1: the rank's own 8·1024 copies over its 16 experts, 512 rows each, the experts whole
-    # (gate/up 2·768 = 1536 out of 2048, down 2048 out of 768); ETP = 2: 2·8192 / 16 = 1024 rows, half
-    # width: the same FLOPs
-    for expert_tp, rows, gate_up, down in ((1, 512, 1536, 768), (2, 1024, 768, 384)):
-        ops = request_ops(parse_options(gpus=16, tp=2, ep=8, expert_tp=expert_tp, **QWEN))
-        gemms = {g.name: g for layer in ops.layers for g in layer.gemms if g.name.startswith("experts")}
-        assert {(g.m, g.count) for g in gemms.values()} == {(rows, 16)}
-        assert sorted((g.n, g.k) for g in gemms.values()) == sorted([(gate_up, 2048), (2048, down)])
 
 
 # ---------------------------------------------------------------------------------------------- the CLI
