@@ -16,7 +16,10 @@ copies of h = 2048: one all-to-all buffer S = 33,554,432 bytes.
 
 from __future__ import annotations
 
+import pytest
+
 from zerocalc.api import estimate_comm
+from zerocalc.base.errors import InputError
 from zerocalc.comm.mesh import Dimension
 from zerocalc.comm.step import request_ops
 from zerocalc.request.training import parse_options
@@ -115,3 +118,9 @@ def test_the_dispatchers_etp_collectives_count_in_the_steps_exposed_ep_time() ->
     assert {c.dimension for c in dispatcher} == {Dimension.EP, Dimension.ETP}
     assert row.step is not None
     assert abs(row.step.exposed_ep_s - sum(c.time_s for c in dispatcher)) < 1e-12
+
+
+def test_tp_comm_overlap_on_a_mixture_of_experts_is_refused() -> None:
+    # the userbuffer overlap is modelled for a dense layer's four TP linears, not the MoE dispatcher
+    with pytest.raises(InputError, match="userbuffer overlap is modelled for dense layers"):
+        estimate_comm(None, 16, tp=2, ep=8, tp_comm_overlap=True, **QWEN)
