@@ -302,7 +302,7 @@ def mesh_request(request: TrainingRequest) -> MeshRequest | None:
     arch = request.model.architecture
     if not mesh.model_parallel or arch is None:
         return None
-    problem = mesh_problem(arch, mesh)
+    problem = mesh_problem(arch, mesh, request.framework)
     if problem:
         raise InputError(problem)
     activations = request.activations

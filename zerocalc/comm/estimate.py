@@ -390,11 +390,12 @@ def _dimensions(
     for dimension, size, apart, spans in (
         (Dimension.TP, mesh.tp, 1, mesh.tp_spans_nodes),
         (Dimension.CP, mesh.cp, mesh.tp, mesh.cp_spans_nodes),
-        (Dimension.EP, mesh.ep, mesh.tp, mesh.ep_spans_nodes),
+        (Dimension.EP, mesh.ep, mesh.etp, mesh.ep_spans_nodes),
+        (Dimension.ETP, mesh.etp, 1, mesh.etp_spans_nodes),
     ):
-        if size == 1:
-            continue
         mine = [c for c in mesh_collectives if c.dimension is dimension]
+        if size == 1 or (dimension is Dimension.ETP and not mine):
+            continue
         dimensions.append(
             DimensionComm(
                 dimension=dimension,

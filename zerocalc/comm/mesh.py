@@ -82,7 +82,10 @@ class Dimension(StrEnum):
     PP = "pp"
     """Pipeline parallelism: p stages, t·c·dp apart (:mod:`zerocalc.comm.pipeline`)."""
     EP = "ep"
-    """Expert parallelism: e ranks, t apart."""
+    """Expert parallelism: e ranks, ETP apart (t apart at Megatron-LM's default ETP = t)."""
+    ETP = "etp"
+    """Expert tensor parallelism: the ETP consecutive ranks each routed expert is split over (the TP group
+    at ETP = t; Megatron-LM ``pg_collection.expt_tp``)."""
 
 
 class Size(StrEnum):
@@ -115,7 +118,11 @@ class Size(StrEnum):
     REPLICATED_GRAD = "replicated_grad"
     """One call per replicated parameter, of its elements."""
     ROUTED = "routed"
-    """routed_rows(k·b·(s/c), cf)·h: the token copies routed to the experts (all-to-all)."""
+    """routed_rows(k·T, cf)·h: the token copies routed to the experts (all-to-all), T = b·(s/c) tokens of
+    the rank, b·(s/c)/t under tensor and sequence parallelism (the MoE layer's input is sequence-sharded)."""
+    ROUTED_GATHERED = "routed_gathered"
+    """ETP·routed_rows(k·T, cf)·h: the received token copies of the ETP ranks of an expert-tensor-parallel
+    group in one buffer (the all_gather output, the reduce_scatter input)."""
 
 
 class Count(StrEnum):
@@ -172,6 +179,10 @@ class MeshCall:
     scope: Scope = Scope.LAYER
     in_core_attention: bool = False
     """Runs inside the core attention, which selective recomputation re-runs."""
+    in_mlp: bool = False
+    """A per-layer collective of the tensor-parallel dense MLP: in a mixture-of-experts layer it runs only
+    for the shared experts (Megatron-LM ``core/transformer/moe/shared_experts.py``: the same gather and
+    reduce-scatter over the TP group as the dense MLP); the routed experts' are the dispatcher's."""
 
     def reruns_under(self, recompute: Recompute) -> bool:
         """Whether ``recompute`` runs this forward collective again in backward."""
@@ -201,8 +212,8 @@ TP_LAYER: dict[tuple[TpStyle, bool], tuple[MeshCall, ...]] = {
         MeshCall(AR, FWD, "attention output", Size.HIDDEN,
                  f"{_MAPPINGS} _ReduceFromModelParallelRegion (RowParallelLinear linear_proj)"),
         MeshCall(AR, FWD, "MLP output", Size.HIDDEN,
-                 f"{_MAPPINGS} _ReduceFromModelParallelRegion (RowParallelLinear linear_fc2)"),
-        MeshCall(AR, BWD, "MLP input gradient", Size.HIDDEN, f"{_DGRAD} (linear_fc1)"),
+                 f"{_MAPPINGS} _ReduceFromModelParallelRegion (RowParallelLinear linear_fc2)", in_mlp=True),
+        MeshCall(AR, BWD, "MLP input gradient", Size.HIDDEN, f"{_DGRAD} (linear_fc1)", in_mlp=True),
         MeshCall(AR, BWD, "attention input gradient", Size.HIDDEN,
                  f"{_DGRAD} (linear_qkv)"),
     ),
@@ -210,14 +221,15 @@ TP_LAYER: dict[tuple[TpStyle, bool], tuple[MeshCall, ...]] = {
         MeshCall(AG, FWD, "attention input", Size.HIDDEN, f"{_COLUMN}.forward (linear_qkv)"),
         MeshCall(RS, FWD, "attention output", Size.HIDDEN,
                  f"{_MAPPINGS} _ReduceScatterToSequenceParallelRegion (RowParallelLinear linear_proj)"),
-        MeshCall(AG, FWD, "MLP input", Size.HIDDEN, f"{_COLUMN}.forward (linear_fc1)"),
+        MeshCall(AG, FWD, "MLP input", Size.HIDDEN, f"{_COLUMN}.forward (linear_fc1)", in_mlp=True),
         MeshCall(RS, FWD, "MLP output", Size.HIDDEN,
-                 f"{_MAPPINGS} _ReduceScatterToSequenceParallelRegion (RowParallelLinear linear_fc2)"),
+                 f"{_MAPPINGS} _ReduceScatterToSequenceParallelRegion (RowParallelLinear linear_fc2)",
+                 in_mlp=True),
         MeshCall(AG, BWD, "MLP output gradient", Size.HIDDEN,
-                 f"{_MAPPINGS} _ReduceScatterToSequenceParallelRegion.backward (linear_fc2)"),
+                 f"{_MAPPINGS} _ReduceScatterToSequenceParallelRegion.backward (linear_fc2)", in_mlp=True),
         MeshCall(AG, BWD, "MLP input, gathered again", Size.HIDDEN,
-                 f"{_COLUMN}.backward: for the weight gradient (linear_fc1)"),
-        MeshCall(RS, BWD, "MLP input gradient", Size.HIDDEN, f"{_COLUMN}.backward (linear_fc1)"),
+                 f"{_COLUMN}.backward: for the weight gradient (linear_fc1)", in_mlp=True),
+        MeshCall(RS, BWD, "MLP input gradient", Size.HIDDEN, f"{_COLUMN}.backward (linear_fc1)", in_mlp=True),
         MeshCall(AG, BWD, "attention output gradient", Size.HIDDEN,
                  f"{_MAPPINGS} _ReduceScatterToSequenceParallelRegion.backward (linear_proj)"),
         MeshCall(AG, BWD, "attention input, gathered again", Size.HIDDEN,
@@ -227,10 +239,11 @@ TP_LAYER: dict[tuple[TpStyle, bool], tuple[MeshCall, ...]] = {
     (TpStyle.DTENSOR, False): (
         MeshCall(AR, FWD, "attention output", Size.HIDDEN,
                  f"{_STYLE} RowwiseParallel, output Replicate"),
-        MeshCall(AR, FWD, "MLP output", Size.HIDDEN, f"{_STYLE} RowwiseParallel, output Replicate"),
+        MeshCall(AR, FWD, "MLP output", Size.HIDDEN, f"{_STYLE} RowwiseParallel, output Replicate",
+                 in_mlp=True),
         MeshCall(AR, BWD, "MLP input gradient", Size.HIDDEN,
                  _FROM_LOCAL,
-                 count=Count.MLP_INPUTS),
+                 count=Count.MLP_INPUTS, in_mlp=True),
         MeshCall(AR, BWD, "attention input gradient", Size.HIDDEN,
                  _FROM_LOCAL,
                  count=Count.ATTENTION_INPUTS),
@@ -240,10 +253,14 @@ TP_LAYER: dict[tuple[TpStyle, bool], tuple[MeshCall, ...]] = {
                  f"{_PLAN}: PrepareModuleInput Shard(1) to Replicate"),
         MeshCall(RS, FWD, "attention output", Size.HIDDEN,
                  f"{_PLAN}: RowwiseParallel, output Shard(1)"),
-        MeshCall(AG, FWD, "MLP input", Size.HIDDEN, f"{_PLAN}: PrepareModuleInput Shard(1) to Replicate"),
-        MeshCall(RS, FWD, "MLP output", Size.HIDDEN, f"{_PLAN}: RowwiseParallel, output Shard(1)"),
-        MeshCall(AG, BWD, "MLP output gradient", Size.HIDDEN, f"{_PLAN}: Shard(1) output's gradient"),
-        MeshCall(RS, BWD, "MLP input gradient", Size.HIDDEN, f"{_PLAN}: PrepareModuleInput's gradient"),
+        MeshCall(AG, FWD, "MLP input", Size.HIDDEN, f"{_PLAN}: PrepareModuleInput Shard(1) to Replicate",
+                 in_mlp=True),
+        MeshCall(RS, FWD, "MLP output", Size.HIDDEN, f"{_PLAN}: RowwiseParallel, output Shard(1)",
+                 in_mlp=True),
+        MeshCall(AG, BWD, "MLP output gradient", Size.HIDDEN, f"{_PLAN}: Shard(1) output's gradient",
+                 in_mlp=True),
+        MeshCall(RS, BWD, "MLP input gradient", Size.HIDDEN, f"{_PLAN}: PrepareModuleInput's gradient",
+                 in_mlp=True),
         MeshCall(AG, BWD, "attention output gradient", Size.HIDDEN, f"{_PLAN}: Shard(1) output's gradient"),
         MeshCall(RS, BWD, "attention input gradient", Size.HIDDEN, f"{_PLAN}: PrepareModuleInput's gradient"),
     ),
@@ -457,6 +474,34 @@ def _expert_parallel(dispatch: str, combine: str) -> tuple[MeshCall, ...]:
     )
 
 
+def _expert_tensor_parallel(source: str) -> tuple[MeshCall, ...]:
+    """The dispatcher's collectives over the expert-tensor-parallel group in one MoE layer (Megatron-LM
+    core 0.20.0 ``MoEAlltoAllTokenDispatcher``: ``dispatch_postprocess`` all-gathers the tokens the EP
+    all-to-all brought, ``gather_from_sequence_parallel_region(global_input_tokens, group=self.tp_group)``
+    with ``self.tp_group = pg_collection.expt_tp``; ``combine_preprocess`` reduce-scatters the experts'
+    output back, ``reduce_scatter_to_sequence_parallel_region``), and their gradients in backward (the
+    backward of the gather is a reduce-scatter and of the reduce-scatter a gather, ``core/tensor_parallel/
+    mappings.py``). The gathered routing probabilities (k values per token) are left out."""
+    moe = Scope.MOE_LAYER
+    return (
+        MeshCall(AG, FWD, "expert TP: received tokens gathered", Size.ROUTED_GATHERED, source, scope=moe),
+        MeshCall(RS, FWD, "expert TP: expert outputs reduced", Size.ROUTED_GATHERED, source, scope=moe),
+        MeshCall(AG, BWD, "expert TP: output gradient gathered", Size.ROUTED_GATHERED,
+                 f"{source}, backward", scope=moe),
+        MeshCall(RS, BWD, "expert TP: input gradient reduced", Size.ROUTED_GATHERED,
+                 f"{source}, backward", scope=moe),
+    )  # fmt: skip
+
+
+@lru_cache(maxsize=16)
+def etp_layer(framework: Framework) -> tuple[MeshCall, ...]:
+    """What one MoE layer's expert tensor parallelism communicates per micro-batch under ``framework``
+    (its record's ``ExpertParallel.expert_tensor_parallel``)."""
+    expert_parallel = FRAMEWORKS[framework].expert_parallel
+    assert expert_parallel is not None and expert_parallel.expert_tensor_parallel is not None
+    return _expert_tensor_parallel(expert_parallel.expert_tensor_parallel)
+
+
 @lru_cache(maxsize=16)
 def ep_layer(framework: Framework) -> tuple[MeshCall, ...]:
     """What one MoE layer's expert parallelism communicates per micro-batch under ``framework``: its
@@ -488,8 +533,13 @@ class MeshShape(NamedTuple):
     moe_layers: int = 0
     """L_moe: the layers that route tokens to experts."""
     routed: int = 0
-    """The token copies a rank's experts receive per MoE layer under expert parallelism
-    (:func:`~zerocalc.model.activations.routed_rows` of k·b·(s/c))."""
+    """The token copies a rank sends to, and its experts receive from, the EP group per MoE layer
+    (:func:`~zerocalc.model.activations.routed_rows` of k·T, T = b·(s/c), /t under sequence parallelism)."""
+    etp: int = 1
+    """ETP: the ranks a routed expert is split over (:attr:`~zerocalc.parallel.mesh.Mesh.etp`)."""
+    mlp_layers: int = 0
+    """The layers that run a tensor-parallel dense MLP: the dense ones, and the MoE layers with shared
+    experts (all L of a dense model)."""
 
     @property
     def tokens(self) -> int:
@@ -506,6 +556,7 @@ class MeshShape(NamedTuple):
         else:
             kv_heads, qk_dim, v_dim = arch.kv_heads, arch.dim_per_head, arch.dim_per_head
         gated = arch.mlp is MlpKind.SWIGLU and not arch.fused_gate_up
+        moe_layers = sum(arch.is_moe_layer(i) for i in range(arch.num_layers))
         return cls(
             micro_batch=micro_batch,
             seq_len=seq_len,
@@ -519,9 +570,22 @@ class MeshShape(NamedTuple):
             v_dim=v_dim,
             attention_inputs=1 if arch.fused_qkv else 3,
             mlp_inputs=2 if gated else 1,
-            moe_layers=sum(arch.is_moe_layer(i) for i in range(arch.num_layers)),
-            routed=routed_rows(arch.experts_per_token * micro_batch * (seq_len // mesh.cp), capacity_factor),
+            moe_layers=moe_layers,
+            routed=routed_rows(
+                arch.experts_per_token * moe_tokens(mesh, micro_batch, seq_len), capacity_factor
+            ),
+            etp=mesh.etp,
+            mlp_layers=arch.num_layers - (0 if arch.num_shared_experts else moe_layers),
         )
+
+
+def moe_tokens(mesh: Mesh, micro_batch: int, seq_len: int) -> int:
+    """T: the tokens one rank routes in a mixture-of-experts layer, its b·(s/c), /t under sequence
+    parallelism (Megatron-LM core 0.20.0 ``core/transformer/moe/moe_layer.py``: the MoE layer takes the
+    [s/t, b, h] hidden states and refuses tensor parallelism without sequence parallelism in training;
+    the router's weight is ``sequence_parallel``, each TP rank routing its own tokens)."""
+    tokens = micro_batch * (seq_len // mesh.cp)
+    return tokens // mesh.tp if mesh.sequence_parallel else tokens
 
 
 def _elements(size: Size, shape: MeshShape) -> int:
@@ -553,6 +617,8 @@ def _elements(size: Size, shape: MeshShape) -> int:
             return tokens * shape.q_heads * shape.v_dim
         case Size.ROUTED:
             return shape.routed * shape.hidden
+        case Size.ROUTED_GATHERED:
+            return shape.etp * shape.routed * shape.hidden
     raise AssertionError(size)  # pragma: no cover - the replicated gradients are sized by their tensors
 
 
@@ -608,7 +674,7 @@ class MeshCollectiveCost(BaseModel):
         "layer"
     )
     dtype: DType
-    group_size: int = Field(description="t (tp), c (cp) or e (ep)")
+    group_size: int = Field(description="t (tp), c (cp), e (ep) or ETP (etp)")
     spans_nodes: bool = Field(description="its group has ranks on more than one node (inter-node bandwidth)")
     elements: list[int] = Field(description="S of each call each time it runs, in elements")
     times_per_step: int = Field(description="L·A (per layer), A (per micro-batch), or 1 (per step)")
@@ -647,14 +713,23 @@ class MeshRequest(NamedTuple):
     """Under full recompute, every N-th layer checkpointed: its collectives alone run again."""
 
 
-def mesh_problem(arch: Architecture, mesh: Mesh) -> str | None:
-    """What the tensor-parallel schedules do not cover, or None."""
+def mesh_problem(arch: Architecture, mesh: Mesh, framework: Framework) -> str | None:
+    """What the tensor-parallel schedules do not cover, or None: mixture-of-experts layers under TP where
+    the framework's dispatcher under TP is not modelled (its record's ``expert_tensor_parallel``), latent
+    attention."""
     if mesh.tp == 1:
         return None
-    if arch.is_moe:
+    expert_parallel = FRAMEWORKS[framework].expert_parallel
+    if arch.is_moe and (expert_parallel is None or expert_parallel.expert_tensor_parallel is None):
+        names = ", ".join(
+            f.value
+            for f, record in FRAMEWORKS.items()
+            if record.expert_parallel is not None and record.expert_parallel.expert_tensor_parallel
+        )
         return (
-            f"{{tp}} {mesh.tp}: {arch.name}'s mixture-of-experts layers dispatch tokens over the "
-            "tensor-parallel group, whose communication is not modelled; accepted: {tp} 1, or a dense model"
+            f"{{tp}} {mesh.tp} with {{framework}} {framework.value}: {arch.name}'s mixture-of-experts layers "
+            "under tensor parallelism are not modelled for it; accepted: {tp} 1, or {framework} "
+            f"{names}"
         )
     if arch.latent_attention is not None:
         return (
@@ -670,6 +745,8 @@ def _group(dimension: Dimension, mesh: Mesh) -> tuple[int, bool]:
         return mesh.tp, mesh.tp_spans_nodes
     if dimension is Dimension.EP:
         return mesh.ep, mesh.ep_spans_nodes
+    if dimension is Dimension.ETP:
+        return mesh.etp, mesh.etp_spans_nodes
     return mesh.cp, mesh.cp_spans_nodes
 
 
@@ -727,6 +804,8 @@ def _schedule(request: MeshRequest) -> list[tuple[Dimension, MeshCall]]:
         rows += [(Dimension.CP, call) for call in CP_LAYER[family, mesh.cp_impl]]
     if mesh.ep > 1:
         rows += [(Dimension.EP, call) for call in ep_layer(request.framework)]
+    if request.shape.moe_layers and mesh.etp > 1:
+        rows += [(Dimension.ETP, call) for call in etp_layer(request.framework)]
     return rows
 
 
@@ -739,10 +818,11 @@ def _sizes(call: MeshCall, request: MeshRequest) -> tuple[int, ...]:
     return (_elements(call.size, request.shape),) * _calls(call.count, request.shape)
 
 
-def _times(scope: Scope, request: MeshRequest, sync: GradSync) -> int:
+def _times(scope: Scope, request: MeshRequest, sync: GradSync, in_mlp: bool = False) -> int:
     match scope:
         case Scope.LAYER:
-            return request.shape.layers * request.grad_accum
+            layers = request.shape.mlp_layers if in_mlp else request.shape.layers
+            return layers * request.grad_accum
         case Scope.MODEL:
             return request.grad_accum
         case Scope.STEP:
@@ -753,10 +833,14 @@ def _times(scope: Scope, request: MeshRequest, sync: GradSync) -> int:
             return request.shape.moe_layers * request.grad_accum
 
 
-def _rerun_times(scope: Scope, request: MeshRequest) -> int:
-    """Calls per step of a layer's forward collective that recomputation runs again: in every layer (or
-    mixture-of-experts layer) of the rank, or under full recompute in every ``checkpoint_every``-th."""
-    layers = request.shape.layers if scope is Scope.LAYER else request.shape.moe_layers
+def _rerun_times(scope: Scope, request: MeshRequest, in_mlp: bool = False) -> int:
+    """Calls per step of a layer's forward collective that recomputation runs again: in every layer (of
+    those with a dense MLP for an MLP's, or every mixture-of-experts layer) of the rank, or under full
+    recompute in every ``checkpoint_every``-th."""
+    if scope is Scope.LAYER:
+        layers = request.shape.mlp_layers if in_mlp else request.shape.layers
+    else:
+        layers = request.shape.moe_layers
     if request.recompute is Recompute.FULL:
         layers //= request.checkpoint_every
     return layers * request.grad_accum
@@ -836,9 +920,12 @@ def _runs_per_step(run: MeshRun, request: MeshRequest, sync: GradSync) -> list[t
     """(re-run by recomputation, times per step) of each row ``run`` gives: its own, then its re-run
     where activation recomputation runs it again."""
     call = run.call
-    rows = [(False, _times(call.scope, request, sync))]
+    times = _times(call.scope, request, sync, call.in_mlp)
+    if not times:  # a dense MLP's collective in a model whose every layer routes to experts alone
+        return []
+    rows = [(False, times)]
     if call.reruns_under(request.recompute):
-        rows.append((True, _rerun_times(call.scope, request)))
+        rows.append((True, _rerun_times(call.scope, request, call.in_mlp)))
     return rows
 
 

@@ -295,8 +295,8 @@ def mesh_exposed(
             and cost.phase in layer_tp
         ):
             layer_tp[cost.phase] += cost.time_s
-        else:
-            exposed[cost.dimension] += cost.time_s
+        else:  # the dispatcher's expert-tensor-parallel collectives count with its all-to-alls
+            exposed[Dimension.EP if cost.dimension is Dimension.ETP else cost.dimension] += cost.time_s
     if userbuffers is not None and layer_tp[Phase.BACKWARD]:
         gemms, tp, sms, accum = userbuffers
         each = layer_tp[Phase.BACKWARD] / (6 * accum)  # one collective of a micro-batch, over the layers
@@ -705,7 +705,11 @@ class StepEstimate(BaseModel):
     exposed_dp_s: float
     exposed_tp_s: float
     exposed_cp_s: float
-    exposed_ep_s: float = Field(description="the MoE dispatch and combine all-to-alls (not overlapped)")
+    exposed_ep_s: float = Field(
+        description="the MoE token dispatcher's collectives: the dispatch and combine all-to-alls and, "
+        "with expert tensor parallelism, its all-gathers and reduce-scatters over the ETP group (not "
+        "overlapped)"
+    )
     exposed_pp_s: float = Field(description="the busiest pipeline rank's sends (not overlapped)")
     bubble_s: float = Field(description="the pipeline bubble: its fraction of the slowest stage's compute")
     offload_s: float

@@ -8,12 +8,14 @@ columns. A routed expert's 3-D weight [E, out, in] is a grouped product over the
 (e the expert-parallel degree), each of M = ⌈R/(E/e)⌉ rows: R = L·k token copies reach the rank's
 experts under balanced routing (each of the e ranks routes L·k copies, E/e of every E land here), ×
 the capacity factor on the busiest rank (:meth:`~zerocalc.model.code.Shape.expert_rows`, the memory
-model's count); priced as one product of the stacked R rows (:mod:`~zerocalc.compute.time`: a grouped
-GEMM is one kernel over the groups' tiles: Megatron-LM ``TEGroupedMLP`` / ``GroupedMLP``, torchtitan's
-``torch._grouped_mm``), its weight gradient at the depth of one expert's M rows. The LM head is
-[V/t, h] (the embedding's matrix when tied). Backward runs two products per forward one, of equal
-FLOPs: the input gradient (M × N · N × K) and the weight gradient (K × M · M × N). So a step's GEMM
-FLOPs are 6·T·(matrix parameters): the 6·Ψ·T of Kaplan et al. 2020 over the matrices.
+model's count), L·ETP/t in place of L under tensor and sequence parallelism with the experts split over
+ETP ranks (:func:`expert_tokens`: each expert's K or N is then its /ETP shard); priced as one product
+of the stacked R rows (:mod:`~zerocalc.compute.time`: a grouped GEMM is one kernel over the groups'
+tiles: Megatron-LM ``TEGroupedMLP`` / ``GroupedMLP``, torchtitan's ``torch._grouped_mm``), its weight
+gradient at the depth of one expert's M rows. The LM head is [V/t, h] (the embedding's matrix when
+tied). Backward runs two products per forward one, of equal FLOPs: the input gradient (M × N · N × K)
+and the weight gradient (K × M · M × N). So a step's GEMM FLOPs are 6·T·(matrix parameters): the 6·Ψ·T
+of Kaplan et al. 2020 over the matrices.
 
 **Attention** per layer: Q·Kᵀ and P·V over the rank's a/t heads, 2·b·(s/c)·s_kv·(a/t)·(d_qk + d_v)
 FLOPs forward (``4·b·s²·h`` for one rank of a model of width h = a·d; PaLM's ``12·L·H·Q·T`` counts it
@@ -355,8 +357,20 @@ def expert_load(arch: Architecture, shape: Shape, ep: int = 1) -> tuple[int, int
     if isinstance(arch, TensorParallelRank) and arch.ep > 1:
         ep = arch.ep
     local = max(1, arch.num_experts // ep)
-    pairs = shape.local_tokens * arch.experts_per_token
+    pairs = expert_tokens(arch, shape) * arch.experts_per_token
     return local, shape._replace(ep=ep).expert_rows(pairs)
+
+
+def expert_tokens(arch: Architecture, shape: Shape) -> int:
+    """The tokens whose routed copies reach one rank's expert GEMMs: L = b·s/c, and under tensor and
+    sequence parallelism the rank's own L/t gathered over its ETP expert-tensor-parallel ranks, L·ETP/t
+    (Megatron-LM core 0.20.0 ``MoEAlltoAllTokenDispatcher``: each TP rank routes its sequence shard, the
+    EP all-to-all brings k·L/t copies, ``dispatch_postprocess`` gathers them over ``expt_tp``; L at
+    ETP = t, as before)."""
+    tokens = shape.local_tokens
+    if shape.tp == 1 or not shape.sequence_parallel or not isinstance(arch, TensorParallelRank):
+        return tokens
+    return tokens // shape.tp * arch.etp
 
 
 def _mlp_traffic(
@@ -368,10 +382,11 @@ def _mlp_traffic(
     if not arch.is_moe_layer(index):
         width = math.ceil((arch.dense_intermediate_size or arch.intermediate_size) / tp)
         return [Traffic("MLP activation", int(per * scale * tokens * width))]
-    routed = tokens * arch.experts_per_token
+    routed = expert_tokens(arch, shape) * arch.experts_per_token
     received = expert_load(arch, shape, ep)[1]
+    etp = arch.etp if isinstance(arch, TensorParallelRank) else tp
     out = [
-        Traffic("experts' activation", int(per * scale * received * math.ceil(arch.intermediate_size / tp))),
+        Traffic("experts' activation", int(per * scale * received * math.ceil(arch.intermediate_size / etp))),
         Traffic("router softmax", int(4 * scale * tokens * arch.num_experts)),
         Traffic("token dispatch and combine", int(TOKEN_PERMUTE * scale * routed * arch.hidden_size), 2),
     ]

@@ -193,7 +193,9 @@ def layer_terms(shape: ActivationShape) -> dict[str, int]:
     if shape.experts:
         # the router reads the (sequence-parallel) hidden states; the experts, tensor-parallel over the
         # same t ranks (Megatron-LM's expert_tensor_parallel_size defaults to the TP size), get every
-        # token of the local chunk, with f/t columns
+        # token of the local chunk, with f/t columns; over ETP < t ranks (--expert-tp) they get the
+        # L·ETP/t tokens of their expert-tensor-parallel group with f/ETP columns: the same L·f/t
+        # elements (Megatron-LM core 0.20.0 MoEAlltoAllTokenDispatcher.dispatch_postprocess)
         routed, shared = shape.experts_per_token, shape.shared_experts
         terms["router_input"] = mlp.pop("mlp_input")
         terms["router_logits_fp32"] = FP32_BYTES * rows * shape.experts

@@ -230,6 +230,11 @@ class Architecture(BaseModel):
         return self.num_experts > 0
 
     @property
+    def etp(self) -> int:
+        """ETP: ``expert_tp``, else t."""
+        return self.tp if self.expert_tp is None else self.expert_tp
+
+    @property
     def local_experts(self) -> int:
         """The routed experts of one MoE layer that this description's parameters hold: all E."""
         return self.num_experts
@@ -288,7 +293,10 @@ class TensorParallelRank(Architecture):
     embedding over its vocabulary, norms replicated), whose DTensor shards follow ``torch.chunk``: the
     first ranks hold ceil(n/t). Routers, norms, position tables and the low-rank ``q_a``/``kv_a``
     projections of latent attention are replicated; each routed expert's width is split like a dense
-    MLP's (Megatron's expert tensor parallelism at its default, the TP degree).
+    MLP's over the ETP expert-tensor-parallel ranks (``expert_tp``; Megatron-LM core 0.20.0
+    ``expert_tensor_parallel_size``, the TP degree by default, ``training/arguments.py``; at ETP = 1 each
+    expert is whole: ``core/transformer/moe/experts.py`` ``TEGroupedMLP`` builds its linears over
+    ``pg_collection.expt_tp``).
 
     With expert parallelism of degree e the rank holds E/e of each layer's routed experts: the experts'
     3-D tensors are cut on dim 0 (torchtitan ``distributed/expert_parallel.py`` ``ExpertParallel``:
@@ -299,12 +307,20 @@ class TensorParallelRank(Architecture):
 
     tp: int = Field(ge=1, description="t: tensor-parallel ranks")
     ep: int = Field(default=1, ge=1, description="e: expert-parallel ranks; E/e routed experts on this rank")
+    expert_tp: int | None = Field(
+        default=None, ge=1, description="ETP: the ranks a routed expert's width is split over (null: t)"
+    )
     vocab_multiple: int = Field(
         default=1, ge=1, description="the vocabulary is padded to a multiple of this × t (Megatron: 128)"
     )
     tp_index: int = Field(
         default=0, ge=0, description="which tensor-parallel rank (0: the largest, which the estimates count)"
     )
+
+    @property
+    def etp(self) -> int:
+        """ETP: ``expert_tp``, else t."""
+        return self.tp if self.expert_tp is None else self.expert_tp
 
     @property
     def local_experts(self) -> int:
@@ -434,13 +450,16 @@ def tensor_parallel_shape(tensor: ParamTensor, arch: TensorParallelRank) -> tupl
     """Rank ``arch.tp_index``'s local shape of ``tensor``: its ``torch.chunk`` of the split dimension
     (ceil(n/t) on the first ranks, fewer or none on the last), the vocabulary padded first."""
     dim = tensor_parallel_dim(tensor)
-    if dim is None or arch.tp == 1:
+    ranks, index = arch.tp, arch.tp_index
+    if is_expert_tensor(tensor):  # over the expert-tensor-parallel group (its ETP consecutive ranks)
+        ranks, index = arch.etp, arch.tp_index % arch.etp
+    if dim is None or ranks == 1:
         return tensor.shape
     shape = list(tensor.shape)
     if tensor.module in _VOCAB_PARALLEL:
         shape[0] = arch.padded_vocab
-    chunk = -(-shape[dim] // arch.tp)
-    shape[dim] = max(0, min(chunk, shape[dim] - arch.tp_index * chunk))
+    chunk = -(-shape[dim] // ranks)
+    shape[dim] = max(0, min(chunk, shape[dim] - index * chunk))
     return tuple(shape)
 
 

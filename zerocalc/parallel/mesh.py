@@ -26,6 +26,19 @@ expert_data_parallel_size, cp=1, order="tp-cp-ep-dp-pp")`` (``expert_model_paral
 ``["dp_shard_in_ep", "ep", "tp"]`` with ep borrowing all of cp (``ep % cp == 0``) and shards the routed
 experts over the remaining ``dp_shard_mod_ep`` ranks; DeepSpeed-MoE (``deepspeed/utils/groups.py``
 ``_create_expert_and_data_parallel``) groups ``ep_size`` consecutive data-parallel ranks likewise.
+
+Megatron-LM's expert mesh is a grid of its own over the same ranks (Megatron-LM core 0.20.0, commit
+d98e8a6, ``core/parallel_state.py`` ``initialize_model_parallel``: ``expert_decoder_rank_generator =
+RankGenerator(tp=expert_tensor_parallel_size, ep=expert_model_parallel_size, dp=expert_data_parallel_size,
+cp=1, pp)``, ``expert_data_parallel_size = world_size // (expert_tensor_parallel_size ·
+expert_model_parallel_size · pipeline_model_parallel_size)``): the routed experts are split over the
+expert-tensor-parallel group of ETP consecutive ranks (``expert_tensor_parallel_size``, ``--expert-tp``
+here; ``training/arguments.py`` sets it to the TP size when not given), the EP group is e ranks ETP apart
+and the expert-data-parallel group the N/(p·ETP·e) ranks ETP·e apart, while attention keeps its tp × cp ×
+dp grid. At ETP = t this is the layout above; at ETP < t the EP group takes ranks of the attention's TP
+group (ETP = 1, the DeepSeek-V3 recipes: e consecutive ranks), so that
+
+    expert rank = ((pp_index · edp + edp_index) · e + ep_index) · ETP + etp_index.
 """
 
 from __future__ import annotations
@@ -85,7 +98,7 @@ class MeshGroup(BaseModel):
 
     dimension: str = Field(
         description="tp, cp, dp or pp; with expert parallelism also ep and expert_dp (the ranks of equal EP "
-        "index that the routed experts' states are sharded over)"
+        "index that the routed experts' states are sharded over), and expert_tp where 1 < ETP < t"
     )
     size: int = Field(description="ranks in one group")
     stride: int = Field(description="the distance between consecutive ranks of a group")
@@ -122,10 +135,18 @@ class Mesh(BaseModel):
         description="the layers of each of the p·v virtual stages in pipeline order, stage k chunk k // p of "
         "rank k % p (null: the first and last stage's layers and an even share)",
     )
-    ep: int = Field(default=1, ge=1, description="e: expert-parallel ranks, carved from dp × cp")
+    ep: int = Field(default=1, ge=1, description="e: expert-parallel ranks, carved from (t/ETP) × dp × cp")
+    expert_tp: int | None = Field(
+        default=None,
+        ge=1,
+        description="ETP: the ranks each routed expert is tensor-parallel over (Megatron-LM "
+        "expert_tensor_parallel_size); null: t, Megatron-LM's default",
+    )
 
     @model_validator(mode="after")
     def _one_split(self) -> Mesh:
+        if self.expert_tp is not None and self.tp % self.expert_tp:
+            raise ValueError("expert_tp must divide tp")
         if self.pp_stage_layers is not None:
             if len(self.pp_stage_layers) != self.pp * self.vpp:
                 raise ValueError("pp_stage_layers must hold p·v counts")
@@ -144,8 +165,9 @@ class Mesh(BaseModel):
     def groups(self) -> list[MeshGroup]:
         """Each dimension's group of ranks: rank r's tp group is the t ranks from t·⌊r/t⌋, its cp group
         the c ranks t apart, its dp group the d ranks t·c apart; model states shard over dp × cp. With
-        expert parallelism, its ep group the e ranks t apart and its expert_dp group the dp·c/e ranks t·e
-        apart (the module docstring)."""
+        expert parallelism, its ep group the e ranks ETP apart and its expert_dp group the N/(p·ETP·e)
+        ranks ETP·e apart, and where ETP < t its expert_tp group the ETP consecutive ranks from
+        ETP·⌊r/ETP⌋ (the module docstring)."""
         groups = [
             MeshGroup(dimension="tp", size=self.tp, stride=1, spans_nodes=self.tp_spans_nodes),
             MeshGroup(dimension="cp", size=self.cp, stride=self.tp, spans_nodes=self.cp_spans_nodes),
@@ -163,15 +185,20 @@ class Mesh(BaseModel):
             ),
         ]
         if self.ep > 1:
+            etp = self.etp
             groups += [
-                MeshGroup(dimension="ep", size=self.ep, stride=self.tp, spans_nodes=self.ep_spans_nodes),
+                MeshGroup(dimension="ep", size=self.ep, stride=etp, spans_nodes=self.ep_spans_nodes),
                 MeshGroup(
                     dimension="expert_dp",
                     size=self.expert_dp,
-                    stride=self.tp * self.ep,
-                    spans_nodes=self.group_spans_nodes(self.tp * self.ep, self.expert_dp),
+                    stride=etp * self.ep,
+                    spans_nodes=self.group_spans_nodes(etp * self.ep, self.expert_dp),
                 ),
             ]
+            if 1 < etp < self.tp:
+                groups.append(
+                    MeshGroup(dimension="expert_tp", size=etp, stride=1, spans_nodes=self.etp_spans_nodes)
+                )
         return groups
 
     @property
@@ -184,26 +211,39 @@ class Mesh(BaseModel):
         return Cluster.of(self.dp * self.cp, max(1, self.gpus_per_node // self.tp))
 
     @property
+    def etp(self) -> int:
+        """ETP: the expert-tensor-parallel ranks, ``expert_tp`` or t (Megatron-LM core 0.20.0
+        ``training/arguments.py``: ``if args.expert_tensor_parallel_size is None:
+        args.expert_tensor_parallel_size = args.tensor_model_parallel_size``)."""
+        return self.tp if self.expert_tp is None else self.expert_tp
+
+    @property
     def expert_dp(self) -> int:
-        """The expert-data-parallel ranks a routed expert is replicated on: dp·c/e (Megatron-LM
-        ``expert_data_parallel_size``; torchtitan ``dp_shard_mod_ep``)."""
-        return self.dp * self.cp // self.ep
+        """The expert-data-parallel ranks a routed expert is replicated on: N/(p·ETP·e), dp·c/e at ETP = t
+        (Megatron-LM ``expert_data_parallel_size = world_size // (expert_tensor_parallel_size ·
+        expert_model_parallel_size · pipeline_model_parallel_size)``; torchtitan ``dp_shard_mod_ep``)."""
+        return self.dp * self.cp * (self.tp // self.etp) // self.ep
 
     def expert_data_cluster(self) -> Cluster:
-        """The dp·c/e ranks of equal TP and EP index, which the routed experts' states are sharded over and
-        their gradients reduced across (the dp × cp ranks at e = 1): consecutive such ranks are t·e apart, so
-        a node holds g/(t·e) of them (at least one)."""
-        return Cluster.of(self.expert_dp, max(1, self.gpus_per_node // (self.tp * self.ep)))
+        """The N/(p·ETP·e) ranks of equal expert-tensor and EP index, which the routed experts' states are
+        sharded over and their gradients reduced across (the dp × cp ranks at e = 1, ETP = t): consecutive
+        such ranks are ETP·e apart, so a node holds g/(ETP·e) of them (at least one)."""
+        return Cluster.of(self.expert_dp, max(1, self.gpus_per_node // (self.etp * self.ep)))
 
     @property
     def ep_spans_nodes(self) -> bool:
-        """An EP group (e ranks t apart) has ranks on more than one node: t·e > g."""
-        return self.group_spans_nodes(self.tp, self.ep)
+        """An EP group (e ranks ETP apart) has ranks on more than one node: ETP·e > g."""
+        return self.group_spans_nodes(self.etp, self.ep)
+
+    @property
+    def etp_spans_nodes(self) -> bool:
+        """An expert-tensor-parallel group (ETP consecutive ranks) has ranks on more than one node."""
+        return self.group_spans_nodes(1, self.etp)
 
     @property
     def ep_ranks_per_node(self) -> int:
-        """How many ranks of one EP group share a node: e, or g/t when the group spans nodes."""
-        return min(self.ep, max(1, self.gpus_per_node // self.tp))
+        """How many ranks of one EP group share a node: e, or g/ETP when the group spans nodes."""
+        return min(self.ep, max(1, self.gpus_per_node // self.etp))
 
     def group_spans_nodes(self, inner: int, size: int) -> bool:
         """Whether a group of ``size`` ranks, ``inner`` apart (tp: 1, cp: t, dp: t·c), has ranks on more
@@ -240,7 +280,8 @@ class Mesh(BaseModel):
             if self.pp_stage_layers is not None:
                 uneven = f", stage layers {describe_layer_counts(self.pp_stage_layers)}"
             parts.append(f"pp {self.pp}{virtual} ({self.pp_schedule.value}{uneven})")
-        parts.append(f"dp {self.dp}" + (f" (ep {self.ep})" if self.ep > 1 else ""))
+        etp = f", etp {self.etp}" if self.etp != self.tp else ""
+        parts.append(f"dp {self.dp}" + (f" (ep {self.ep}{etp})" if self.ep > 1 else ""))
         if self.cp > 1:
             parts.append(f"cp {self.cp} ({self.cp_impl.value})")
         if self.tp > 1:

@@ -423,7 +423,7 @@ class _Resolver:
         first = requests[0]
         states = self.parts.get(STATES_BYTES, first.memory)
         outside = self.outside(first.memory)
-        problem = mesh_problem(first.comm.model.architecture, first.comm.mesh)
+        problem = mesh_problem(first.comm.model.architecture, first.comm.mesh, first.comm.framework)
         if problem:  # what pricing would refuse, refused whether or not it is priced
             return InputError(problem)
         if group.pp == 1:

@@ -100,7 +100,12 @@ def _strategy_table(row: StrategyComm, unit: ByteUnit, mesh_run: bool = False) -
 
 MESH_LEGEND = "P2P send/recv (factor 1: each rank sends S to one peer); rec forward re-run in backward"
 
-DIMENSION_TITLES = {"tp": "Tensor parallelism", "cp": "Context parallelism", "ep": "Expert parallelism"}
+DIMENSION_TITLES = {
+    "tp": "Tensor parallelism",
+    "cp": "Context parallelism",
+    "ep": "Expert parallelism",
+    "etp": "Expert tensor parallelism",
+}
 
 
 def _mesh_label(c: MeshCollectiveCost) -> str:
@@ -121,6 +126,8 @@ def _mesh_heading(estimate: CommEstimate, dimension: DimensionComm) -> str:
         what = f"cp {mesh.cp} ({mesh.cp_impl.value})"
     elif dimension.dimension.value == "ep":
         what = f"ep {mesh.ep} (token dispatch and combine per MoE layer)"
+    elif dimension.dimension.value == "etp":
+        what = f"expert tp {mesh.etp} (the dispatcher's gather and reduce-scatter per MoE layer)"
     else:
         sp = " + sequence parallel" if mesh.sequence_parallel else ""
         what = f"tp {mesh.tp}{sp} ({mesh.tp_style.value} layers)"

@@ -231,6 +231,20 @@ def grad_sync_problem(request: TrainingRequest) -> str | None:
     return None
 
 
+def _tp_comm_overlap_problem(request: TrainingRequest) -> str | None:
+    """``--tp-comm-overlap`` on a mixture-of-experts model: the userbuffer overlap is modelled on a dense
+    layer's four TP linears and their six backward collectives (:func:`~zerocalc.comm.overlap.
+    userbuffers_exposed`), not on a MoE layer, whose routed experts run the dispatcher's collectives."""
+    arch = request.model.architecture
+    if request.overlap.tp_comm and arch is not None and arch.is_moe:
+        return (
+            f"{{tp_comm_overlap}} with {arch.name}, a mixture of experts: the userbuffer overlap is modelled "
+            "for dense layers (their four TP linears), not the MoE layers' dispatcher; accepted: no "
+            "{tp_comm_overlap}, or a dense model"
+        )
+    return None
+
+
 def zeropp_problem(request: TrainingRequest) -> str | None:
     """ZeRO++ needs DeepSpeed ZeRO-3; hpZ whole nodes; qgZ each tensor's shape."""
     if not request.zeropp:
@@ -308,6 +322,7 @@ BEFORE_STRATEGIES = (
          lambda r, _: _mesh_problem(r)),
     Part("experts on dim 1", ("mesh", "framework", "model", "stage"),
          lambda r, _: _expert_sharding_problem(r)),
+    Part("TP overlap on experts", ("overlap", "model"), lambda r, _: _tp_comm_overlap_problem(r)),
 )  # fmt: skip
 """The checks before the strategies are resolved, in the order they report."""
 

@@ -89,6 +89,11 @@ def parse_mesh(
             pp, vpp, schedule or default_schedule(vpp), None, None, stage_layers, framework, model
         )
     ep = parse_whole(o.ep, "{ep}", 1, MAX_GPUS, "ranks")
+    expert_tp = None if o.expert_tp is None else parse_whole(o.expert_tp, "{expert_tp}", 1, MAX_GPUS, "ranks")
+    if expert_tp is not None:
+        _expert_tp_problem(expert_tp, tp, ep, framework)
+        if expert_tp == tp:
+            expert_tp = None  # Megatron-LM's default: one mesh for both
     cp_impl = None if o.cp_impl is None else choice(o.cp_impl, "{cp_impl}", CpImpl)
     if cp_impl is not None and cp == 1:
         raise InputError(
@@ -98,8 +103,59 @@ def parse_mesh(
     return mesh_of(
         framework, model_impl, whole.world_size, whole.ranks_per_node, tp, cp, pp, vpp, ep,
         cp_impl=cp_impl, sequence_parallel=o.sequence_parallel, pp_schedule=schedule,
-        first=first, last=last, stage_layers=stage_layers,
+        first=first, last=last, stage_layers=stage_layers, expert_tp=expert_tp,
     )  # fmt: skip
+
+
+def _moe_tp_problem(mesh: Mesh, framework: Framework, model: ModelSpec) -> None:
+    """Megatron-LM's MoE layers under tensor parallelism need sequence parallelism (core 0.20.0
+    ``core/transformer/moe/moe_layer.py`` ``MoELayer.forward``: ``if self.training and
+    self.attn_tp_group.size() > 1 and not self.config.sequence_parallel: raise ValueError``): the router
+    and the token dispatcher take each TP rank's own s/t tokens."""
+    arch = model.architecture
+    expert_parallel = FRAMEWORKS[framework].expert_parallel
+    if (
+        mesh.tp > 1
+        and not mesh.sequence_parallel
+        and arch is not None
+        and arch.is_moe
+        and expert_parallel is not None
+        and expert_parallel.expert_tensor_parallel is not None
+    ):
+        raise InputError(
+            f"{{tp}} {mesh.tp} with {{framework}} {framework.value}: Megatron-LM's MoE layer refuses tensor "
+            "parallelism without sequence parallelism in training (moe_layer.py MoELayer.forward raises "
+            "ValueError); accepted: {sequence_parallel}, or {tp} 1"
+        )
+
+
+def _expert_tp_problem(expert_tp: int, tp: int, ep: int, framework: Framework) -> None:
+    """``--expert-tp``: under a framework whose expert parallelism has an expert-tensor-parallel size of
+    its own (Megatron-LM's ``expert_tensor_parallel_size``; the others split the experts over the TP
+    group), with expert parallelism, and a divisor of t (the expert grid of
+    :mod:`zerocalc.parallel.mesh`; an expert group wider than the attention's TP group is not modelled)."""
+    expert_parallel = FRAMEWORKS[framework].expert_parallel
+    if expert_tp != tp and (expert_parallel is None or expert_parallel.expert_tensor_parallel is None):
+        names = ", ".join(
+            f.value
+            for f in frameworks_with("expert_parallel")
+            if FRAMEWORKS[f].expert_parallel.expert_tensor_parallel is not None  # type: ignore[union-attr]
+        )
+        raise InputError(
+            f"{{expert_tp}} {expert_tp} with {{framework}} {framework.value}: its routed experts are split "
+            f"over the tensor-parallel group (an expert-tensor-parallel size of their own is not modelled); "
+            f"accepted: {{framework}} {names}, or {{expert_tp}} {tp} (the {{tp}})"
+        )
+    if expert_tp != tp and ep == 1:
+        raise InputError(
+            f"{{expert_tp}} {expert_tp} with {{ep}} 1: an expert mesh apart from the attention's is modelled "
+            f"with expert parallelism only; accepted: {{ep}} 2 or more, or {{expert_tp}} {tp} (the {{tp}})"
+        )
+    if tp % expert_tp:
+        raise InputError(
+            f"{{expert_tp}} {expert_tp} does not divide {{tp}} {tp}: an expert-tensor-parallel group wider "
+            f"than the attention's is not modelled; accepted: {{expert_tp}} a divisor of {tp}"
+        )
 
 
 @lru_cache(maxsize=4096)
@@ -120,6 +176,7 @@ def mesh_of(
     first: int | None = None,
     last: int | None = None,
     stage_layers: tuple[int, ...] | None = None,
+    expert_tp: int | None = None,
 ) -> Mesh:
     """The mesh of these degrees under ``framework``, what is not given the parser's default: the
     framework's CP implementation and tensor-parallel layers (its record), its sequence parallelism with
@@ -146,6 +203,7 @@ def mesh_of(
         pp_last_stage_layers=last,
         pp_stage_layers=stage_layers,
         ep=ep,
+        expert_tp=expert_tp,
     )
 
 
@@ -196,7 +254,8 @@ def mesh_problem(
         first, last, layers = mesh.pp_first_stage_layers, mesh.pp_last_stage_layers, mesh.pp_stage_layers
         _pipeline_problem(pp, mesh.vpp, mesh.pp_schedule, first, last, layers, framework, model)
     if mesh.ep > 1:
-        _expert_problem(mesh.ep, framework, model, n // (tp * pp), cp)
+        carved = "dp × cp" if mesh.etp == tp else f"tp/expert_tp ({tp // mesh.etp}) × dp × cp"
+        _expert_problem(mesh.ep, framework, model, n // (mesh.etp * pp), cp, carved)
     refuse_unmodelled("tp", tp, framework, "tp_style", "tensor parallelism")
     refuse_unmodelled("cp", cp, framework, "cp_impls", "context parallelism")
     impls = FRAMEWORKS[framework].cp_impls
@@ -213,6 +272,7 @@ def mesh_problem(
         )
     if tp > 1 or cp > 1:
         model_split_problem(model, tp, cp, mesh.cp_impl, mesh.sequence_parallel, seq_len)
+    _moe_tp_problem(mesh, framework, model)
     tp_fits = per_node % tp == 0
     if tp_across_nodes and tp_fits:
         raise InputError(
@@ -322,10 +382,13 @@ def split_check(
     )
 
 
-def _expert_problem(ep: int, framework: Framework, model: ModelSpec, dp_cp: int, cp: int) -> None:
-    """``ep``: modelled under the framework, a divisor of the experts and of the dp × cp ranks it is carved
-    from (Megatron-LM ``core/parallel_state.py``; torchtitan ``ParallelDims``, whose EP group takes all of
-    cp)."""
+def _expert_problem(
+    ep: int, framework: Framework, model: ModelSpec, dp_cp: int, cp: int, carved: str = "dp × cp"
+) -> None:
+    """``ep``: modelled under the framework, a divisor of the experts and of the ``dp_cp`` ranks it is
+    carved from, dp × cp, or (t/ETP) × dp × cp under an expert-tensor-parallel size below t (Megatron-LM
+    ``core/parallel_state.py``: world_size divisible by ETP·e·p; torchtitan ``ParallelDims``, whose EP
+    group takes all of cp)."""
     refuse_unmodelled("ep", ep, framework, "expert_parallel", "expert parallelism")
     arch = model.architecture
     if arch is None or not arch.is_moe:
@@ -341,7 +404,7 @@ def _expert_problem(ep: int, framework: Framework, model: ModelSpec, dp_cp: int,
         )
     if dp_cp % ep:
         raise InputError(
-            f"{{ep}} {ep} does not divide the {dp_cp} ranks of dp × cp it is carved from; "
+            f"{{ep}} {ep} does not divide the {dp_cp} ranks of {carved} it is carved from; "
             f"accepted: {{ep}} a divisor of {dp_cp}"
         )
     expert_parallel = FRAMEWORKS[framework].expert_parallel

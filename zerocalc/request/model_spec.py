@@ -184,17 +184,18 @@ def _rank_model(model: ModelSpec, mesh: Mesh) -> ModelSpec:
     if (mesh.tp == 1 and mesh.ep == 1) or arch is None:
         return model
     vocab_multiple = 128 if mesh.tp_style is TpStyle.MEGATRON else 1
-    rank, count = _tp_share(arch, mesh.tp, mesh.ep, vocab_multiple)
+    rank, count = _tp_share(arch, mesh.tp, mesh.ep, vocab_multiple, mesh.expert_tp)
     return model.model_copy(update={"params": count.total, "architecture": rank, "parameter_count": count})
 
 
 @lru_cache(maxsize=1024)
 def _tp_share(
-    arch: Architecture, tp: int, ep: int, vocab_multiple: int
+    arch: Architecture, tp: int, ep: int, vocab_multiple: int, expert_tp: int | None = None
 ) -> tuple[TensorParallelRank, ParameterCount]:
-    """One tensor- and expert-parallel rank's share of ``arch`` and its count, once per architecture and
-    split (a plan asks for each many times)."""
-    rank = TensorParallelRank(**dict(arch), tp=tp, ep=ep, vocab_multiple=vocab_multiple)
+    """One tensor- and expert-parallel rank's share of ``arch`` and its count (``expert_tp``: the routed
+    experts' tensor-parallel ranks, None: t), once per architecture and split (a plan asks for each many
+    times)."""
+    rank = TensorParallelRank(**dict(arch), tp=tp, ep=ep, vocab_multiple=vocab_multiple, expert_tp=expert_tp)
     return rank, count_parameters(rank)
 
 
@@ -219,7 +220,7 @@ def rank_models(model: ModelSpec, mesh: Mesh) -> tuple[ModelSpec, tuple[ModelSpe
 
 
 def _shares(model: ModelSpec, mesh: Mesh) -> tuple[ModelSpec, tuple[ModelSpec, ...]]:
-    split = (mesh.tp, mesh.ep, mesh.tp_style, mesh.pp, mesh.vpp)
+    split = (mesh.tp, mesh.ep, mesh.tp_style, mesh.pp, mesh.vpp, mesh.expert_tp)
     layout = (mesh.pp_first_stage_layers, mesh.pp_last_stage_layers, mesh.pp_stage_layers)
     key = (*split, *layout)
     shares = _SHARES.get(model, key)

@@ -156,6 +156,11 @@ OPTIONS: tuple[Option, ...] = (
          default_help="the first and last stage's layers and an even share"),
     _opt("ep", ("--ep",), "e: expert-parallel ranks, carved from dp × cp (MoE models).", ESTIMATES,
          default=1, value_type=NUM, metavar="E"),
+    _opt("expert_tp", ("--expert-tp",),
+         "ETP: ranks each routed expert is tensor-parallel over (Megatron-LM's "
+         "expert_tensor_parallel_size), a divisor of --tp; below it the EP group takes ranks of the "
+         "attention's TP group.", ESTIMATES, value_type=OPT_NUM, metavar="N",
+         default_help="--tp (Megatron-LM core 0.20's default)"),
     _opt("tp", ("--tp",), "Tensor-parallel degrees searched: a comma list (1,2,4,8) or auto (every "
          "divisor of the node that divides the heads).", frozenset({PLAN}), value_type=LIST,
          default_help="1"),

@@ -733,11 +733,13 @@ def mesh_assumption(request: TrainingRequest) -> str:
         arch = request.architecture
         rest, experts = state_parts(request)
         text += (
-            f"; expert parallelism: each of the {mesh.ep} ranks of an EP group ({mesh.tp} apart) holds "
-            f"{arch.local_experts} of the {arch.num_experts} routed experts of every MoE layer, "
-            f"{experts.params:,} parameters whose states are sharded over the "
-            f"{plural(experts.cluster.world_size, 'expert-data-parallel rank')} ({mesh.tp * mesh.ep} apart), "
-            f"and {rest.params:,} other parameters"
+            f"; expert parallelism: each of the {mesh.ep} ranks of an EP group ({mesh.etp} apart) holds "
+            f"{arch.local_experts} of the {arch.num_experts} routed experts of every MoE layer"
+            + (f", each split over {mesh.etp} expert-tensor-parallel ranks" if mesh.etp > 1 else "")
+            + (", whole" if mesh.etp == 1 < mesh.tp else "")
+            + f", {experts.params:,} parameters whose states are sharded over the "
+            f"{plural(experts.cluster.world_size, 'expert-data-parallel rank')} "
+            f"({mesh.etp * mesh.ep} apart), and {rest.params:,} other parameters"
         )
     return text
 
@@ -752,11 +754,18 @@ def routing_assumption(request: TrainingRequest) -> str:
         if factor == 1
         else f"the busiest rank's experts get {factor:g}× the balanced share"
     )
+    tokens = "b·s/(c·t)" if mesh.tp > 1 and mesh.sequence_parallel else "b·s/c"
+    gathered = (
+        f"; its experts compute those of its {mesh.etp} expert-tensor-parallel ranks, gathered, "
+        f"{mesh.etp}·cf·k·{tokens}"
+        if mesh.etp > 1 and mesh.tp > 1
+        else ""
+    )
     return (
-        f"expert parallelism: each rank routes its b·s/c tokens to k = {arch.experts_per_token} of the "
+        f"expert parallelism: each rank routes its {tokens} tokens to k = {arch.experts_per_token} of the "
         f"{arch.num_experts} experts, {arch.local_experts} on each of the {mesh.ep} ranks of an EP group; a "
-        f"rank's experts compute, and a dispatch or combine all-to-all carries, cf·k·b·s/c tokens with the "
-        f"capacity factor cf = {factor:g} ({routing}), (e−1)/e of them from or to other GPUs"
+        f"rank's experts compute, and a dispatch or combine all-to-all carries, cf·k·{tokens} tokens with "
+        f"the capacity factor cf = {factor:g} ({routing}), (e−1)/e of them from or to other GPUs{gathered}"
     )
 
 

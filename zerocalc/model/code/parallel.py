@@ -88,7 +88,9 @@ def parallel_transients(
       token_dispatcher.py`` ``MoEAlltoAllTokenDispatcher``, torchtitan ``ExpertParallel``): forward, the
       rank's S = k·L permuted tokens while the dispatch all-to-all sends them (what it receives is the
       experts' saved input); backward, the combine's output gradient sent (S rows) and received
-      (:meth:`Shape.expert_rows`);
+      (:meth:`Shape.expert_rows`); L the rank's b·s/c tokens, its sequence shard b·s/(c·t) under tensor
+      and sequence parallelism (Megatron-LM core 0.20.0: the MoE layer routes the [s/t, b, h] hidden
+      states, ``moe_layer.py``);
     * tensor parallelism: the code's (:meth:`~zerocalc.model.code.base.ModelCode.
       tensor_parallel_transients`);
     * Ulysses context parallelism (Transformer Engine ``AttnFuncWithCPAndQKVOA2A``, DeepSpeed
@@ -100,7 +102,7 @@ def parallel_transients(
     L, h = shape.local_tokens, arch.hidden_size
     out: list[Transient] = []
     if shape.ep > 1 and arch.is_moe_layer(index):
-        pairs = L * arch.experts_per_token
+        pairs = shape.sequence_tokens * arch.experts_per_token
         out.append(Transient("forward", "dispatch all-to-all: the permuted tokens sent", act * pairs * h))
         both = act * (pairs + shape.expert_rows(pairs)) * h
         out.append(Transient("backward", "combine all-to-all backward: the gradient sent and received", both))

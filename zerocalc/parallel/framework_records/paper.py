@@ -20,7 +20,11 @@ MEGATRON_MOE = "Megatron-LM core/transformer/moe/token_dispatcher.py MoEAlltoAll
 """Megatron-LM's all-to-all token dispatcher (``--moe-token-dispatcher-type alltoall``; ``all_to_all`` of
 ``core/tensor_parallel/mappings.py`` over the EP group), which the paper's accounting follows too."""
 MEGATRON_EXPERT_PARALLEL = ExpertParallel(
-    dispatch=f"{MEGATRON_MOE}.token_dispatch", combine=f"{MEGATRON_MOE}.token_combine"
+    dispatch=f"{MEGATRON_MOE}.token_dispatch",
+    combine=f"{MEGATRON_MOE}.token_combine",
+    expert_tensor_parallel=f"{MEGATRON_MOE} (Megatron-LM core 0.20.0, d98e8a6): dispatch_postprocess "
+    "gather_from_sequence_parallel_region and combine_preprocess reduce_scatter_to_sequence_parallel_region "
+    "over pg_collection.expt_tp",
 )
 
 

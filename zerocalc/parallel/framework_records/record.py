@@ -94,6 +94,12 @@ class ExpertParallel(NamedTuple):
     shards_experts_on_dim1: bool = False
     """Where the dp·c ranks outnumber the experts the routed experts are sharded on dim 1, evenly only
     (torchtitan ``apply_fsdp``: ``Shard(1)``; FSDP2 refuses uneven shards of a dimension other than 0)."""
+    expert_tensor_parallel: str | None = None
+    """Where its MoE layers run under tensor parallelism, with an expert-tensor-parallel size of their own:
+    the dispatcher's all-gather of the received tokens over the expert-tensor-parallel group and its
+    reduce-scatter before the combine (its source). None: MoE under TP is not modelled (the model codes of
+    torchtitan and transformers refuse MoE with TP, :func:`~zerocalc.model.code.parallel.
+    dense_plan_unsupported`)."""
 
 
 class Fp8Support(NamedTuple):
