@@ -26,8 +26,7 @@ from __future__ import annotations
 
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
-from zerocalc.comm.finetune import TRAINED
-from zerocalc.parallel.finetune import parameter_kinds
+from zerocalc.parallel.finetune import TRAINED_KINDS, parameter_kinds
 from zerocalc.parallel.frameworks import TorchSetup, TorchWrapper
 from zerocalc.parallel.optimizers import OPTIMIZERS
 from zerocalc.request.training import TrainingRequest
@@ -64,8 +63,8 @@ def finetune_rank_states(
     def local(shape: tuple[int, ...]) -> int:
         return dim0_shard_numel(shape, world_size, rank) if fsdp2 else _numel(shape)
 
-    trained = [k for k in kinded if k.kind in TRAINED]
-    frozen = [k for k in kinded if k.kind not in TRAINED]
+    trained = [k for k in kinded if k.kind in TRAINED_KINDS]
+    frozen = [k for k in kinded if k.kind not in TRAINED_KINDS]
     params = sum(local(k.tensor.shape) * dtypes[k.kind].stored.bytes for k in trained)
     frozen_bytes = sum(local(k.tensor.shape) * dtypes[k.kind].stored.bytes for k in frozen)
     grads = sum(local(k.tensor.shape) * _dtype(dtypes[k.kind].main_gradient).bytes for k in trained)
