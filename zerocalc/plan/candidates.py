@@ -24,7 +24,8 @@ from zerocalc.request.unparse import for_command, options_text
 PRINTED = (
     "model", "gpu", "gpu_memory", "precision", "seq_len", "gpus", "gpus_per_node", "framework",
     "strategies", "micro_batch", "grad_accum", "recompute", "offload_optimizer", "offload_params",
-    "reduce_dtype", "prefetch", "grad_sync", "tp", "cp", "pp", "vpp", "ep", "pp_first_stage_layers",
+    "reduce_dtype", "prefetch", "grad_sync", "tp", "sequence_parallel", "cp", "pp", "vpp", "ep",
+    "pp_first_stage_layers",
     "pp_last_stage_layers", "init", "model_impl", "flash_attention", "calibration", "compute_calibration",
 )  # fmt: skip
 """The options a candidate's commands give, in their order; each command takes those of them its options
@@ -36,7 +37,8 @@ GIVEN = ("gpu", "gpu_memory", "precision")
 
 ALWAYS = frozenset({"seq_len", "gpus", "gpus_per_node", "framework", "strategies", "micro_batch",
                     "grad_accum", "recompute"})  # fmt: skip
-"""Printed even at their defaults (the prefetch too where the space searches it)."""
+"""Printed even at their defaults (the prefetch too where the space searches it, the sequence parallelism
+with TP)."""
 
 
 class CandidateRequests:
@@ -121,6 +123,7 @@ def group_changes(plan: PlanRequest, group: Group, b: int) -> dict[str, Any]:
         group.framework, base.model_impl, group.world, group.gpus_per_node,
         group.tp, group.cp, group.pp, group.vpp, group.ep,
         first=group.end_stage_layers, last=group.end_stage_layers,
+        sequence_parallel=group.sequence_parallel,
     )  # fmt: skip
     return {
         "mesh": mesh,
@@ -165,5 +168,6 @@ def printed_options(
     gpu = plan.gpu_options(Estimate(command.value))
     given = {"model": plan.model, **gpu, "gpus_per_node": str(group.gpus_per_node)}
     always = ALWAYS | ({"prefetch"} if group.prefetch is not None else set())
+    always |= {"sequence_parallel"} if group.tp > 1 else set()
     names = [name for name in PRINTED if name in gpu or name not in GIVEN]
     return options_text(request, command, names, given, always)

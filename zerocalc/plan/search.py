@@ -100,6 +100,7 @@ class PlanRow(BaseModel):
     prefetch: int | None
     grad_sync: GradSync | None
     tp: int = Field(default=1, description="t: tensor-parallel ranks")
+    sequence_parallel: bool = Field(default=False, description="sequence parallelism over the TP group")
     cp: int = Field(default=1, description="c: context-parallel ranks")
     pp: int = Field(default=1, description="p: pipeline stages")
     vpp: int = Field(default=1, description="v: virtual stages per pipeline rank")
@@ -658,6 +659,7 @@ def _row(plan: PlanRequest, cand: _Cand, rank: int | None) -> PlanRow:
         prefetch=g.prefetch,
         grad_sync=g.grad_sync,
         tp=g.tp,
+        sequence_parallel=g.sequence_parallel,
         cp=g.cp,
         pp=g.pp,
         vpp=g.vpp,

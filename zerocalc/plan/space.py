@@ -23,6 +23,7 @@ from zerocalc.base.errors import InputError, shown
 from zerocalc.base.units import BINARY_SUFFIXES, parse_count, parse_whole
 from zerocalc.compute.table import ComputeTable
 from zerocalc.model.activations import Recompute
+from zerocalc.model.code import MODEL_CODES, ModelImplName
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.framework_records import FRAMEWORKS, framework_strategies
@@ -96,6 +97,9 @@ class PlanRequest(BaseModel):
     degrees: dict[str, tuple[int, ...] | None] = {name: (1,) for name in MESH_DEGREES}
     """The degrees searched per mesh dimension (tp, cp, pp, vpp, ep); None: auto (every degree the rules
     allow)."""
+    sequence_parallel: tuple[bool, ...] | None = None
+    """``--sequence-parallel``: the values searched for each TP > 1 candidate whose model code runs it
+    (:func:`runs_sequence_parallel`); None (the default): on where it runs, off elsewhere."""
 
     @property
     def global_batch_tokens(self) -> int:
@@ -190,6 +194,28 @@ def _degrees(text: str | list[str] | tuple[str, ...] | int | None, name: str) ->
     return tuple(sorted({parse_whole(p, f"{{{name}}}", 1, MAX_GPUS, accepted) for p in parts}))
 
 
+SWITCH_VALUES = {"on": True, "off": False}
+
+
+def _switches(text: str | list[str] | tuple[str, ...] | None, name: str) -> tuple[bool, ...] | None:
+    """``--sequence-parallel on,off`` → (True, False), the order given; absent → None (the default)."""
+    if text is None:
+        return None
+    if isinstance(text, (list, tuple)):
+        text = ",".join(str(t) for t in text)
+    parts = [p.strip().lower() for p in str(text).split(",") if p.strip()]
+    if not parts or any(p not in SWITCH_VALUES for p in parts):
+        raise InputError(f"{{{name}}} {shown(text)} is not accepted; accepted: on, off, or on,off")
+    return tuple(dict.fromkeys(SWITCH_VALUES[p] for p in parts))
+
+
+def runs_sequence_parallel(framework: Framework, model_impl: ModelImplName) -> bool:
+    """Whether a TP candidate of ``framework`` can shard its norms and dropouts by sequence: its model
+    code has sequence parallelism (Megatron-LM's and torchtitan's layers; transformers' tensor-parallel
+    plans replicate the norms), the framework's own code where it runs no other."""
+    return MODEL_CODES[FRAMEWORKS[framework].model_code or model_impl].sequence_parallel
+
+
 def parse_plan(options: PlanOptions) -> PlanRequest:
     """Parse and check every option once; one :class:`InputError` line for the first problem."""
     o = options
@@ -209,6 +235,13 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
     top = parse_whole(o.top, "{top}", 1, MAX_TOP, "rows")
     frameworks = _frameworks(o.frameworks)
     degrees = {name: _degrees(getattr(o, name), name) for name in MESH_DEGREES}
+    sequence_parallel = _switches(o.sequence_parallel, "sequence_parallel")
+    if sequence_parallel is not None and degrees["tp"] == (1,):
+        raise InputError(
+            f"{{sequence_parallel}} {shown(o.sequence_parallel)} shards over the tensor-parallel group, and "
+            "{tp} searches 1 alone; accepted: {tp} with degrees of 2 or more (or auto), or no "
+            "{sequence_parallel}"
+        )
     max_gpus = parse_whole(o.gpus, "{gpus}", 1, MAX_GPUS, "GPUs")
     base = parse_options(
         model=o.model,
@@ -259,6 +292,7 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         compute_name=table.name,
         base=base,
         degrees=degrees,
+        sequence_parallel=sequence_parallel,
     )
 
 
@@ -294,6 +328,8 @@ class Group(NamedTuple):
     end_stage_layers: int | None = None
     """The first and the last stage's layers where the layers do not split into p·v equal chunks
     (:func:`~zerocalc.parallel.pipeline.shorter_end_stages`); None: an even split."""
+    sequence_parallel: bool = False
+    """Sequence parallelism over the TP group (only with t > 1)."""
 
     @property
     def model_parallel(self) -> bool:
@@ -309,9 +345,12 @@ class Group(NamedTuple):
         return global_batch_sequences // (self.replicas * b)
 
     def mesh_tag(self) -> str:
-        """``tp8 pp4 v2``: the degrees above 1."""
+        """``tp8+sp pp4 v2``: the degrees above 1, sequence parallelism with TP's."""
         names = {"tp": "tp", "cp": "cp", "pp": "pp", "vpp": "v", "ep": "ep"}
-        return " ".join(f"{names[n]}{getattr(self, n)}" for n in MESH_DEGREES if getattr(self, n) > 1)
+        tags = [f"{names[n]}{getattr(self, n)}" for n in MESH_DEGREES if getattr(self, n) > 1]
+        if self.sequence_parallel:  # with its TP degree: tp8+sp
+            tags[0] += "+sp"
+        return " ".join(tags)
 
 
 class Rejected(NamedTuple):
@@ -495,6 +534,7 @@ def _mesh_groups(
     multi = tuple(b for b in bs if plan.global_batch_sequences // (replicas * b) > 1)
     for framework in plan.frameworks:
         names = framework_strategies(framework)
+        sps = _sequence_parallels(plan, framework, mesh.tp)
         # fp32 reductions where the default is not already fp32 (Megatron-LM's main gradients are), and
         # where gradients are reduced at all: over d·c > 1 ranks (one rank of each has nothing to reduce)
         record = FRAMEWORKS[framework]
@@ -534,7 +574,10 @@ def _mesh_groups(
                                         if accumulates and setup.grad_sync is None
                                         else [None]
                                     )
-                                    for sync in syncs:
+                                    if not sps:
+                                        left_out = len(chosen) * len(syncs)
+                                        rejected.append(Rejected(NO_SEQUENCE_PARALLEL, left_out))
+                                    for sync, sp in ((s, p) for s in syncs for p in sps):
                                         groups.append(
                                             Group(
                                                 world,
@@ -551,5 +594,23 @@ def _mesh_groups(
                                                 chosen,
                                                 *mesh,
                                                 ends,
+                                                sp,
                                             )
                                         )
+
+
+NO_SEQUENCE_PARALLEL = (
+    "sequence parallel on: its model code has none (transformers' TP plans replicate the norms)"
+)
+
+
+def _sequence_parallels(plan: PlanRequest, framework: Framework, tp: int) -> tuple[bool, ...]:
+    """The sequence parallelism searched for a mesh of ``tp`` under ``framework``: off without TP; with
+    TP, by default on where the model code runs it (:func:`runs_sequence_parallel`), else off; given
+    (``--sequence-parallel``), the values asked that it runs (none: the candidates are left out)."""
+    if tp == 1:
+        return (False,)
+    runs = runs_sequence_parallel(framework, plan.base.model_impl)
+    if plan.sequence_parallel is None:
+        return (runs,)
+    return tuple(v for v in plan.sequence_parallel if runs or not v)

@@ -45,6 +45,8 @@ def candidate_label(row: PlanRow) -> str:
     named = framework.replace("-", "") in row.title.lower().replace("-", "")  # "FSDP2 HSDP" names fsdp2
     names = (("tp", row.tp), ("cp", row.cp), ("pp", row.pp), ("v", row.vpp), ("ep", row.ep))
     mesh = "".join(f" {name}{degree}" for name, degree in names if degree > 1)
+    if row.sequence_parallel:  # its TP degree: ``tp8+sp pp2``
+        mesh = mesh.replace(f" tp{row.tp}", f" tp{row.tp}+sp", 1)
     rank = f"{row.rank}. " if row.rank is not None else ""
     head = f"{rank}{'' if named else framework + ' '}{row.title}{node} ×{row.gpus}{mesh}"
     return head + "\n" + " ".join(extras)

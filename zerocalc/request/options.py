@@ -168,6 +168,10 @@ OPTIONS: tuple[Option, ...] = (
          frozenset({PLAN}), value_type=LIST, default_help="1"),
     _opt("ep", ("--ep",), "Expert-parallel degrees searched: a comma list or auto (MoE models).",
          frozenset({PLAN}), value_type=LIST, default_help="1"),
+    _opt("sequence_parallel", ("--sequence-parallel",),
+         "Sequence parallelism of the TP candidates: on, off, or on,off (both searched).", frozenset({PLAN}),
+         value_type=LIST,
+         default_help="on with TP where the model code runs it: megatron's, torchtitan's"),
     _opt("capacity_factor", ("--capacity-factor",),
          "Tokens a rank's E/e experts receive, as a multiple of the balanced k·b·s/c (routing imbalance; "
          "Megatron moe_expert_capacity_factor, DeepSpeed capacity_factor); needs --ep.", ESTIMATES,

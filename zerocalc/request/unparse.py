@@ -37,6 +37,7 @@ FIELDS: dict[str, str] = {
     "gpus": "mesh.world",
     "gpus_per_node": "mesh.gpus_per_node",
     "tp": "mesh.tp",
+    "sequence_parallel": "mesh.sequence_parallel",
     "cp": "mesh.cp",
     "pp": "mesh.pp",
     "vpp": "mesh.vpp",
