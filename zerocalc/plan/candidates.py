@@ -163,11 +163,12 @@ def printed_options(
     plan: PlanRequest, group: Group, request: TrainingRequest, command: Command
 ) -> dict[str, str]:
     """The candidate's ``zerocalc memory`` or ``zerocalc comm`` options (concept → value as typed): its
-    request written back (:func:`~zerocalc.request.unparse.options_text`), the model and the GPU as the plan
-    was given them, the node the group's (a node above the world is kept as the world by the request)."""
+    request written back (:func:`~zerocalc.request.unparse.options_text`), the model, the GPU and the
+    fine-tuning method as the plan was given them, the node the group's (a node above the world is kept as
+    the world by the request)."""
     gpu = plan.gpu_options(Estimate(command.value))
-    given = {"model": plan.model, **gpu, "gpus_per_node": str(group.gpus_per_node)}
+    given = {"model": plan.model, **gpu, "gpus_per_node": str(group.gpus_per_node), **plan.finetune_options}
     always = ALWAYS | ({"prefetch"} if group.prefetch is not None else set())
     always |= {"sequence_parallel"} if group.tp > 1 else set()
-    names = [name for name in PRINTED if name in gpu or name not in GIVEN]
+    names = [name for name in PRINTED if name in gpu or name not in GIVEN] + list(plan.finetune_options)
     return options_text(request, command, names, given, always)

@@ -141,6 +141,9 @@ class PlanEcho(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     model: str
+    method: str | None = Field(
+        default=None, description="the fine-tuning method every candidate runs (None: full training)"
+    )
     gpu: str
     max_gpus: int
     gpus_per_node: int
@@ -515,6 +518,7 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
     return PlanResult(
         request=PlanEcho(
             model=plan.model,
+            method=plan.method,
             gpu=plan.gpu_label,
             max_gpus=plan.max_gpus,
             gpus_per_node=plan.gpus_per_node,

@@ -26,14 +26,16 @@ from zerocalc.model.activations import Recompute
 from zerocalc.model.code import MODEL_CODES, ModelImplName
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.schedule import GradSync
+from zerocalc.parallel.finetune import FineTuning
 from zerocalc.parallel.framework_records import FRAMEWORKS, framework_strategies
 from zerocalc.parallel.frameworks import Estimate, Framework
 from zerocalc.parallel.pipeline import shorter_end_stages
 from zerocalc.parallel.precision import PrecisionName
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
 from zerocalc.request.compute import compute_table
+from zerocalc.request.finetune import finetune_offloads, tunes
 from zerocalc.request.gpu import DEFAULT_GPU
-from zerocalc.request.options import Command
+from zerocalc.request.options import FINETUNE_OPTIONS, Command
 from zerocalc.request.options_model import options_from_keywords, options_model
 from zerocalc.request.presets import gpu_file, load_gpu
 from zerocalc.request.training import TrainingRequest, parse_options
@@ -100,6 +102,14 @@ class PlanRequest(BaseModel):
     sequence_parallel: tuple[bool, ...] | None = None
     """``--sequence-parallel``: the values searched for each TP > 1 candidate whose model code runs it
     (:func:`runs_sequence_parallel`); None (the default): on where it runs, off elsewhere."""
+    finetune_options: dict[str, str] = {}
+    """The fine-tuning options as given (``--lora-rank 16``, ``--quantize nf4``): the one method every
+    candidate runs (``base.finetune``), repeated by the reproducing commands."""
+
+    @property
+    def method(self) -> str | None:
+        """The fine-tuning method searched, as the heading names it; None: full training."""
+        return method_label(self.base.finetune)
 
     @property
     def global_batch_tokens(self) -> int:
@@ -216,6 +226,56 @@ def runs_sequence_parallel(framework: Framework, model_impl: ModelImplName) -> b
     return MODEL_CODES[FRAMEWORKS[framework].model_code or model_impl].sequence_parallel
 
 
+def method_label(finetune: FineTuning | None) -> str | None:
+    """``LoRA r 16 on an nf4 base``, ``DoRA r 8``, ``full fine-tuning, embed_tokens frozen``; None: full
+    training."""
+    if finetune is None:
+        return None
+    if finetune.lora is None:
+        return f"full fine-tuning, {','.join(finetune.freeze)} frozen"
+    label = f"{'DoRA' if finetune.lora.dora else 'LoRA'} r {finetune.lora.rank}"
+    if finetune.quant is not None and finetune.quantized:
+        label += f" on an {finetune.quant.method.value} base"  # nf4, fp4, int8
+    return label
+
+
+FINETUNE_FRAMEWORKS: tuple[Framework, ...] = tuple(
+    f for f, record in FRAMEWORKS.items() if tunes(record) and f is not Framework.PAPER
+)
+"""Searched for a fine-tuning run without ``--framework``: every framework whose record models one
+(:func:`~zerocalc.request.finetune.tunes`: PyTorch's DDP, FSDP1 and FSDP2 with PEFT), the ZeRO paper's
+accounting aside (not a framework one runs; ``--framework paper`` takes it)."""
+
+
+def _option_text(value: object) -> str:
+    """An option's value as typed: a switch ``true``/``false``, a list comma-separated."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _tuning_frameworks(
+    text: str | list[str] | tuple[str, ...] | None, frameworks: tuple[Framework, ...]
+) -> tuple[Framework, ...]:
+    """The frameworks of a fine-tuning plan: those that run it (:data:`FINETUNE_FRAMEWORKS` by default,
+    ``all``: every one that does); one named that does not is refused."""
+    if text is None:
+        return FINETUNE_FRAMEWORKS
+    tuning = tuple(f for f in frameworks if tunes(FRAMEWORKS[f]))
+    if str(text).strip().lower() == "all":
+        return tuning
+    refused = [f.value for f in frameworks if f not in tuning]
+    if refused:
+        accepted = ", ".join(f.value for f, record in FRAMEWORKS.items() if tunes(record))
+        raise InputError(
+            f"{{frameworks}} {','.join(refused)} does not model fine-tuning (its accounting counts every "
+            f"parameter trained, or Megatron-LM has no PEFT); accepted: {{frameworks}} {accepted}"
+        )
+    return frameworks
+
+
 def parse_plan(options: PlanOptions) -> PlanRequest:
     """Parse and check every option once; one :class:`InputError` line for the first problem."""
     o = options
@@ -243,7 +303,9 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
             "{sequence_parallel}"
         )
     max_gpus = parse_whole(o.gpus, "{gpus}", 1, MAX_GPUS, "GPUs")
+    tuning = {name: getattr(o, name) for name in FINETUNE_OPTIONS if getattr(o, name) not in (None, False)}
     base = parse_options(
+        **tuning,
         model=o.model,
         gpu=o.gpu,
         gpu_memory=o.gpu_memory,
@@ -257,6 +319,7 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         init=o.init,
         model_impl=o.model_impl,
         flash_attention=o.flash_attention,
+        recompute=Recompute.NONE.value,  # each candidate sets its own (no note of --recompute auto's)
     )
     gpu = base.runtime  # the preset or GPU file given, else DEFAULT_GPU's figures with --gpu-memory
     table = compute_table(base.compute_calibration, None if gpu_file(o.gpu or "") else gpu.name)
@@ -268,6 +331,15 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         )
     if base.model.architecture is None:  # pragma: no cover - a model always has one
         raise InputError("{model} needs an architecture; accepted: a preset or a config.json")
+    if base.finetune is not None:
+        frameworks = _tuning_frameworks(o.frameworks, frameworks)
+        for name in ("tp", "pp", "ep"):  # finetune_problem's rule, before a space of refused meshes
+            if degrees[name] != (1,):
+                raise InputError(
+                    f"{{{name}}} {shown(getattr(o, name))} with fine-tuning: it is modelled over "
+                    f"data-parallel ranks; accepted: {{{name}}} 1 with {{lora_rank}}, {{quantize}} or "
+                    "{freeze}"
+                )
     per_node = (
         8
         if o.gpus_per_node is None
@@ -293,6 +365,7 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         base=base,
         degrees=degrees,
         sequence_parallel=sequence_parallel,
+        finetune_options={name: _option_text(value) for name, value in tuning.items()},
     )
 
 
@@ -381,11 +454,21 @@ def _shard_groups(world: int, per_node: int) -> list[int]:
     return [k for k in range(2, per_node + 1) if per_node % k == 0 and world % k == 0 and k < world]
 
 
-def _offloads(framework: Framework, name: StrategyName) -> list[tuple[OffloadTarget, OffloadTarget]]:
-    """(optimizer, parameters) offloads the framework's memory model covers (its record) and the strategy
-    allows."""
+def _offloads(
+    framework: Framework, name: StrategyName, finetune: bool = False
+) -> list[tuple[OffloadTarget, OffloadTarget]]:
+    """(optimizer, parameters) offloads the framework's memory model covers (its record; a fine-tuning
+    run's under PyTorch's frameworks, :func:`~zerocalc.request.finetune.finetune_offloads`) and the
+    strategy allows."""
     none = OffloadTarget.NONE
     record, strategy = FRAMEWORKS[framework], STRATEGIES[name]
+    tuned = finetune_offloads(record) if finetune else None
+    if tuned is not None:
+        return [
+            (o, p)
+            for o, p in tuned
+            if (o is none or o in strategy.optimizer_offload) and (p is none or p in strategy.param_offload)
+        ]
     optimizer = [t for t in strategy.optimizer_offload if t in record.offload_optimizer]
     params = [t for t in strategy.param_offload if t in optimizer and t in record.offload_params]
     return list(dict.fromkeys([(none, none), *((t, none) for t in optimizer), *((t, t) for t in params)]))
@@ -563,7 +646,7 @@ def _mesh_groups(
                             )
                         )
                         continue
-                    for opt_off, par_off in _offloads(framework, name):
+                    for opt_off, par_off in _offloads(framework, name, plan.base.finetune is not None):
                         for reduce in reduce_dtypes:
                             for prefetch in prefetches:
                                 for accumulates, chosen in ((False, single), (True, multi)):

@@ -13,12 +13,15 @@ def command(name: str, options: dict[str, str]) -> str:
     """``zerocalc memory --model ... --gpus 8 ...``: a candidate's options as a command line."""
     import shlex
 
-    from zerocalc.request.options import FLAGS, NEGATIVE_FLAGS
+    from zerocalc.request.options import FLAGS, NEGATIVE_FLAGS, OPTIONS, Kind
 
+    flags = {o.name for o in OPTIONS if o.kind is Kind.FLAG}
     parts = ["zerocalc", name]
     for concept, value in options.items():
         if concept in NEGATIVE_FLAGS:  # a switch: its flag, or its negative flag
             parts.append(FLAGS[concept] if value == "true" else NEGATIVE_FLAGS[concept])
+        elif concept in flags:  # a flag (--dora): given, or not
+            parts += [FLAGS[concept]] if value == "true" else []
         else:
             parts += [FLAGS[concept], shlex.quote(value)]
     return " ".join(parts)

@@ -41,8 +41,9 @@ class Kind(StrEnum):
 MEMORY, COMM, PLAN = Command.MEMORY, Command.COMM, Command.PLAN
 ESTIMATES = frozenset({MEMORY, COMM})
 ALL_ESTIMATES = frozenset({MEMORY, COMM, PLAN})
-FINETUNE = frozenset({MEMORY, COMM})
-"""The fine-tuning options: ``memory``'s model states count them, ``comm``'s collectives and step time."""
+FINETUNE = frozenset({MEMORY, COMM, PLAN})
+"""The fine-tuning options: ``memory``'s model states count them, ``comm``'s collectives and step time;
+``plan`` searches the configurations of the one method they give."""
 
 
 class Option(NamedTuple):
