@@ -14,9 +14,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
+from zerocalc.parallel.fp8 import Fp8Setting
 from zerocalc.parallel.frameworks import Estimate
+from zerocalc.parallel.mesh import Mesh
 from zerocalc.plan.space import Group, PlanRequest
+from zerocalc.request.fp8 import fp8_notes
 from zerocalc.request.mesh_checks import mesh_of
+from zerocalc.request.model_spec import ModelSpec, rank_models
 from zerocalc.request.options import Command
 from zerocalc.request.training import TrainingRequest, replaced
 from zerocalc.request.unparse import for_command, options_text
@@ -25,7 +29,7 @@ PRINTED = (
     "model", "gpu", "gpu_memory", "precision", "seq_len", "gpus", "gpus_per_node", "framework",
     "strategies", "micro_batch", "grad_accum", "recompute", "offload_optimizer", "offload_params",
     "reduce_dtype", "prefetch", "grad_sync", "tp", "sequence_parallel", "cp", "pp", "vpp", "ep",
-    "pp_first_stage_layers",
+    "pp_first_stage_layers", "fp8", "fp8_all_gather",
     "pp_last_stage_layers", "init", "model_impl", "flash_attention", "calibration", "compute_calibration",
 )  # fmt: skip
 """The options a candidate's commands give, in their order; each command takes those of them its options
@@ -136,7 +140,15 @@ def group_changes(plan: PlanRequest, group: Group, b: int) -> dict[str, Any]:
         "activations": base.activations.model_copy(update={"micro_batch": b, "recompute": group.recompute}),
         "offload_optimizer": group.offload_optimizer,
         "offload_params": group.offload_params,
+        "fp8": group.fp8,
+        "notes": (*base.notes, *_fp8_notes(group.fp8, base.model, mesh)) if group.fp8.on else base.notes,
     }
+
+
+def _fp8_notes(fp8: Fp8Setting, model: ModelSpec, mesh: Mesh) -> tuple[str, ...]:
+    """What the FP8 recipe converts of the rank's model, the note parsing adds
+    (:func:`~zerocalc.request.fp8.fp8_notes`)."""
+    return fp8_notes(fp8, rank_models(model, mesh)[0].architecture)
 
 
 def group_requests(plan: PlanRequest, group: Group, bases: Bases) -> list[CandidateRequests]:

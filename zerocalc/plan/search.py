@@ -47,6 +47,7 @@ from zerocalc.model.activations import Recompute
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.framework_records import FRAMEWORKS
 from zerocalc.parallel.frameworks import Framework
+from zerocalc.parallel.precision import Fp8RecipeName
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
 from zerocalc.peak.evaluate import FIT_MARGIN, OUTSIDE_BYTES, pipeline_peak, strategy_peak
 from zerocalc.peak.report import StrategyPeak, Verdict
@@ -101,6 +102,8 @@ class PlanRow(BaseModel):
     grad_sync: GradSync | None
     tp: int = Field(default=1, description="t: tensor-parallel ranks")
     sequence_parallel: bool = Field(default=False, description="sequence parallelism over the TP group")
+    fp8: Fp8RecipeName = Field(default=Fp8RecipeName.NONE, description="the FP8 recipe (none: 16-bit GEMMs)")
+    fp8_all_gather: bool = Field(default=False, description="the FP8 weights all-gathered in FP8")
     cp: int = Field(default=1, description="c: context-parallel ranks")
     pp: int = Field(default=1, description="p: pipeline stages")
     vpp: int = Field(default=1, description="v: virtual stages per pipeline rank")
@@ -264,6 +267,17 @@ class _Cand:
         return self.requests.comm
 
 
+def _timeline_peak(request: TrainingRequest) -> int:
+    """The steady step's allocated peak from the request's whole timeline, where the step's two parts do
+    not split it: under FSDP2's float8 all-gather each block's new FP8 scales are the framework's
+    (``fsdp_post_all_gather``), and the forward's saved copies of them are freed with the block's saved
+    tensors, by the model's backward (:mod:`zerocalc.peak.mechanics`, :mod:`zerocalc.peak.timeline`)."""
+    name = request.strategies[0]
+    states, _ = STATE_BUILDERS[request.framework_record.states](request, STRATEGIES[name])
+    steady = simulate(request, name, runtime_for(request), states, reserve=False)
+    return max(allocated for _, _, allocated in steady.events)
+
+
 def _end_stages(request: TrainingRequest) -> dict[int, StrategyPeak]:
     """The peaks of the first and the last pipeline stage (which hold the embedding and the most
     micro-batches in flight, or the head and the loss): where one alone exceeds the GPU's memory the worst
@@ -409,6 +423,8 @@ class _Resolver:
         """Each candidate's allocated peak, exact, from the step's parts (:class:`~zerocalc.plan.allocated.
         StepParts` of its model)."""
         first = requests[0].memory
+        if first.fp8.all_gather and first.framework_record.is_torch:
+            return {r.b: _timeline_peak(r.memory) for r in requests}
         parts = self.parts.get(MODEL_STEP_PARTS, first)
         # the model's part of a candidate's step reads what its memory and comm requests agree on
         return parts.allocated_peaks(AtBatch(requests), framework_of=first)
@@ -664,6 +680,8 @@ def _row(plan: PlanRequest, cand: _Cand, rank: int | None) -> PlanRow:
         grad_sync=g.grad_sync,
         tp=g.tp,
         sequence_parallel=g.sequence_parallel,
+        fp8=g.fp8.recipe,
+        fp8_all_gather=g.fp8.all_gather,
         cp=g.cp,
         pp=g.pp,
         vpp=g.vpp,

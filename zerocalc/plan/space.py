@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections import Counter
 from enum import StrEnum
+from itertools import product
+from types import SimpleNamespace
 from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
@@ -27,13 +29,15 @@ from zerocalc.model.code import MODEL_CODES, ModelImplName
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.finetune import FineTuning
+from zerocalc.parallel.fp8 import NO_FP8, Fp8Setting
 from zerocalc.parallel.framework_records import FRAMEWORKS, framework_strategies
 from zerocalc.parallel.frameworks import Estimate, Framework
 from zerocalc.parallel.pipeline import shorter_end_stages
-from zerocalc.parallel.precision import PrecisionName
+from zerocalc.parallel.precision import FP8_RECIPES, Fp8RecipeName, PrecisionName
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
 from zerocalc.request.compute import compute_table
 from zerocalc.request.finetune import finetune_offloads, tunes
+from zerocalc.request.fp8 import fp8_recipe, fp8_strategy_problem, parse_fp8
 from zerocalc.request.gpu import DEFAULT_GPU
 from zerocalc.request.options import FINETUNE_OPTIONS, Command
 from zerocalc.request.options_model import options_from_keywords, options_model
@@ -102,6 +106,9 @@ class PlanRequest(BaseModel):
     sequence_parallel: tuple[bool, ...] | None = None
     """``--sequence-parallel``: the values searched for each TP > 1 candidate whose model code runs it
     (:func:`runs_sequence_parallel`); None (the default): on where it runs, off elsewhere."""
+    fp8: tuple[Fp8RecipeName, ...] | None = (Fp8RecipeName.NONE,)
+    """``--fp8``: the recipes searched (none among them: 16-bit GEMMs); None: auto (none and every recipe
+    each framework's record runs, :func:`fp8_settings`)."""
     finetune_options: dict[str, str] = {}
     """The fine-tuning options as given (``--lora-rank 16``, ``--quantize nf4``): the one method every
     candidate runs (``base.finetune``), repeated by the reproducing commands."""
@@ -276,6 +283,30 @@ def _tuning_frameworks(
     return frameworks
 
 
+def _fp8_recipes(text: str | list[str] | tuple[str, ...] | None) -> tuple[Fp8RecipeName, ...] | None:
+    """``--fp8 none,tensorwise`` → (NONE, TENSORWISE); ``auto`` → None; absent → (NONE,)."""
+    if text is None:
+        return (Fp8RecipeName.NONE,)
+    if isinstance(text, (list, tuple)):
+        text = ",".join(str(t) for t in text)
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    if [p.lower() for p in parts] == ["auto"]:
+        return None
+    if not parts:
+        accepted = "auto, or a comma list of " + ", ".join(m.value for m in Fp8RecipeName)
+        raise InputError(f"{{fp8}} {shown(text)} is not accepted; accepted: {accepted}")
+    return tuple(dict.fromkeys(fp8_recipe(p) for p in parts))
+
+
+def _has_fp8(table: ComputeTable) -> bool:
+    """The compute table prices FP8 GEMMs: FP8 points, or an FP8 peak in its roofline (as
+    :class:`~zerocalc.compute.table.ComputeTable`'s rates do; the same GPUs ``comm --fp8`` takes)."""
+    roofline = table.roofline
+    return any(p.dtype is DType.FP8 for p in table.gemm) or (
+        roofline is not None and DType.FP8 in roofline.peak_tflops
+    )
+
+
 def parse_plan(options: PlanOptions) -> PlanRequest:
     """Parse and check every option once; one :class:`InputError` line for the first problem."""
     o = options
@@ -296,6 +327,7 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
     frameworks = _frameworks(o.frameworks)
     degrees = {name: _degrees(getattr(o, name), name) for name in MESH_DEGREES}
     sequence_parallel = _switches(o.sequence_parallel, "sequence_parallel")
+    fp8 = _fp8_recipes(o.fp8)
     if sequence_parallel is not None and degrees["tp"] == (1,):
         raise InputError(
             f"{{sequence_parallel}} {shown(o.sequence_parallel)} shards over the tensor-parallel group, and "
@@ -331,6 +363,17 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         )
     if base.model.architecture is None:  # pragma: no cover - a model always has one
         raise InputError("{model} needs an architecture; accepted: a preset or a config.json")
+    if fp8 != (Fp8RecipeName.NONE,) and not _has_fp8(table.table):
+        raise InputError(
+            f"{{fp8}} {shown(o.fp8)} on {shown(gpu.name)}: its compute table has no FP8 peak and no FP8 "
+            "points (no FP8 tensor cores: compute capability 8.9 or later); accepted: a GPU with them "
+            "(h100-80gb, h200-141gb, b200-180gb, l40s, mi300x, ...), or {fp8} none"
+        )
+    if base.finetune is not None and fp8 != (Fp8RecipeName.NONE,):
+        raise InputError(
+            f"{{fp8}} {shown(o.fp8)} is not modelled with fine-tuning (which weights a frozen or quantised "
+            "base converts is not); accepted: {fp8} none with {lora_rank}, {quantize} or {freeze}"
+        )
     if base.finetune is not None:
         frameworks = _tuning_frameworks(o.frameworks, frameworks)
         for name in ("tp", "pp", "ep"):  # finetune_problem's rule, before a space of refused meshes
@@ -365,6 +408,7 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         base=base,
         degrees=degrees,
         sequence_parallel=sequence_parallel,
+        fp8=fp8,
         finetune_options={name: _option_text(value) for name, value in tuning.items()},
     )
 
@@ -403,6 +447,8 @@ class Group(NamedTuple):
     (:func:`~zerocalc.parallel.pipeline.shorter_end_stages`); None: an even split."""
     sequence_parallel: bool = False
     """Sequence parallelism over the TP group (only with t > 1)."""
+    fp8: Fp8Setting = NO_FP8
+    """The FP8 recipe and its all-gather (:func:`fp8_settings`)."""
 
     @property
     def model_parallel(self) -> bool:
@@ -636,6 +682,7 @@ def _mesh_groups(
             if name is StrategyName.HYBRID_SHARD and not nodes:
                 rejected.append(Rejected("hybrid_shard: no shard group smaller than N divides it", len(bs)))
             prefetches: list[int | None] = [0, 1] if record.reads_prefetch(name) else [None]
+            fp8s = fp8_settings(plan, framework, name)
             for per_node in nodes:
                 for recompute in SEARCHED_RECOMPUTES:
                     if recompute is Recompute.SELECTIVE and flash:
@@ -660,7 +707,10 @@ def _mesh_groups(
                                     if not sps:
                                         left_out = len(chosen) * len(syncs)
                                         rejected.append(Rejected(NO_SEQUENCE_PARALLEL, left_out))
-                                    for sync, sp in ((s, p) for s in syncs for p in sps):
+                                    for sync, sp, fp8 in product(syncs, sps, fp8s):
+                                        if isinstance(fp8, str):  # a recipe asked it does not run
+                                            rejected.append(Rejected(fp8, len(chosen)))
+                                            continue
                                         groups.append(
                                             Group(
                                                 world,
@@ -678,6 +728,7 @@ def _mesh_groups(
                                                 *mesh,
                                                 ends,
                                                 sp,
+                                                fp8,
                                             )
                                         )
 
@@ -697,3 +748,34 @@ def _sequence_parallels(plan: PlanRequest, framework: Framework, tp: int) -> tup
     if plan.sequence_parallel is None:
         return (runs,)
     return tuple(v for v in plan.sequence_parallel if runs or not v)
+
+
+def fp8_settings(plan: PlanRequest, framework: Framework, name: StrategyName) -> list[Fp8Setting | str]:
+    """The FP8 settings searched for ``framework``'s strategy ``name``: each recipe asked (``auto``: none
+    and every recipe its record runs, :class:`~zerocalc.parallel.framework_records.record.Fp8Support`),
+    with its FP8 all-gather off, and on where the recipe and the framework have one and the strategy can
+    gather FP8 parameters (:func:`~zerocalc.request.fp8.fp8_strategy_problem`: Megatron-LM's fp8 parameter
+    gather needs the distributed optimizer). Each setting is the parser's for ``--fp8 RECIPE
+    [--fp8-all-gather]`` (:func:`~zerocalc.request.fp8.parse_fp8`: the framework's skipped modules, its
+    FP8 weights kept where its gather keeps them); for a recipe asked that the framework does not run,
+    the parser's reason (its candidates left out, counted)."""
+    support = FRAMEWORKS[framework].fp8
+    asked = plan.fp8 if plan.fp8 is not None else (Fp8RecipeName.NONE, *(support.recipes if support else ()))
+    settings: list[Fp8Setting | str] = []
+    for recipe in asked:
+        gathers = recipe in FP8_RECIPES and FP8_RECIPES[recipe].all_gather
+        for all_gather in (False, True) if gathers else (False,):
+            options = SimpleNamespace(
+                fp8=recipe.value, fp8_all_gather=all_gather, fp8_precompute_scales=False,
+                fp8_model_init=False, fp8_skip=None,
+            )  # fmt: skip
+            try:
+                setting = parse_fp8(options, framework, plan.base.model_impl)
+            except InputError as exc:
+                if not all_gather and plan.fp8 is not None:  # auto counts nothing it leaves out
+                    settings.append(str(exc).split("; accepted")[0])
+                continue
+            if all_gather and fp8_strategy_problem(framework, setting, (name,)) is not None:
+                continue
+            settings.append(setting)
+    return settings

@@ -44,6 +44,8 @@ def candidate_label(row: PlanRow) -> str:
         extras.append(f"prefetch {row.prefetch}")
     if row.grad_sync is not None:
         extras.append(f"sync {row.grad_sync.value}")
+    if row.fp8.value != "none":
+        extras.append(f"fp8 {row.fp8.value}" + ("+ag" if row.fp8_all_gather else ""))
     framework = row.framework.value
     named = framework.replace("-", "") in row.title.lower().replace("-", "")  # "FSDP2 HSDP" names fsdp2
     names = (("tp", row.tp), ("cp", row.cp), ("pp", row.pp), ("v", row.vpp), ("ep", row.ep))

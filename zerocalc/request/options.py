@@ -169,6 +169,10 @@ OPTIONS: tuple[Option, ...] = (
          frozenset({PLAN}), value_type=LIST, default_help="1"),
     _opt("ep", ("--ep",), "Expert-parallel degrees searched: a comma list or auto (MoE models).",
          frozenset({PLAN}), value_type=LIST, default_help="1"),
+    _opt("fp8", ("--fp8",),
+         "FP8 recipes searched: none, auto (none and every recipe the framework runs, its FP8 all-gather "
+         "too where it has one), or a comma list (none,tensorwise).", frozenset({PLAN}), value_type=LIST,
+         default="none"),
     _opt("sequence_parallel", ("--sequence-parallel",),
          "Sequence parallelism of the TP candidates: on, off, or on,off (both searched).", frozenset({PLAN}),
          value_type=LIST,
