@@ -2,8 +2,9 @@
 its printed commands (pure).
 
 A candidate is the plan's parsed base varied by :meth:`~zerocalc.request.training.TrainingRequest.with_`:
-its framework, strategy, mesh (:func:`~zerocalc.request.mesh_checks.mesh_of`, the parser's defaults),
-micro-batch and accumulation, recompute, offload, reduce dtype, prefetch and grad sync; the memory request
+its framework, strategy, mesh (:func:`~zerocalc.request.mesh_checks.mesh_of`, the parser's defaults but
+the sequence parallelism searched), micro-batch and accumulation, recompute, offload, reduce dtype,
+prefetch, grad sync and FP8 setting (the fine-tuning method is the base's); the memory request
 holds memory's options, the comm request comm's (:func:`~zerocalc.request.unparse.for_command`). Its
 printed options are those requests written back as options (:func:`~zerocalc.request.unparse.
 options_text`): parsing them gives the same requests (tests/test_plan.py).
