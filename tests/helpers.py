@@ -154,8 +154,14 @@ def candidate_options(plan: PlanRequest, group: Group, b: int, command: Command)
     for name in ("tp", "cp", "pp", "vpp", "ep"):
         if getattr(group, name) > 1:
             out[name] = str(getattr(group, name))
+    if group.tp > 1:
+        out["sequence_parallel"] = group.sequence_parallel
     if group.end_stage_layers is not None:
         out["pp_first_stage_layers"] = out["pp_last_stage_layers"] = str(group.end_stage_layers)
+    if group.fp8.on:
+        out["fp8"] = group.fp8.recipe.value
+        out["fp8_all_gather"] = group.fp8.all_gather
+    out.update(plan.finetune_options)
     if plan.calibration_path is not None and command is Command.COMM:
         out["calibration"] = plan.calibration_path
     return out

@@ -100,7 +100,7 @@ def render_plan(result: PlanResult, unit: ByteUnit) -> None:
     out = console()
     r = result.request
     print_phrases(
-        f"[bold]{r.model} on up to {r.max_gpus} × {r.gpu}:[/bold]",
+        f"[bold]{r.model}{f', {r.method},' if r.method else ''} on up to {r.max_gpus} × {r.gpu}:[/bold]",
         f"global batch {r.global_batch_tokens:,} tokens",
         f"({r.global_batch_sequences:,} × {r.seq_len:,}),",
         f"objective {r.objective.value}",

@@ -2,8 +2,9 @@
 its printed commands (pure).
 
 A candidate is the plan's parsed base varied by :meth:`~zerocalc.request.training.TrainingRequest.with_`:
-its framework, strategy, mesh (:func:`~zerocalc.request.mesh_checks.mesh_of`, the parser's defaults),
-micro-batch and accumulation, recompute, offload, reduce dtype, prefetch and grad sync; the memory request
+its framework, strategy, mesh (:func:`~zerocalc.request.mesh_checks.mesh_of`, the parser's defaults but
+the sequence parallelism searched), micro-batch and accumulation, recompute, offload, reduce dtype,
+prefetch, grad sync and FP8 setting (the fine-tuning method is the base's); the memory request
 holds memory's options, the comm request comm's (:func:`~zerocalc.request.unparse.for_command`). Its
 printed options are those requests written back as options (:func:`~zerocalc.request.unparse.
 options_text`): parsing them gives the same requests (tests/test_plan.py).
@@ -14,9 +15,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
+from zerocalc.parallel.fp8 import Fp8Setting
 from zerocalc.parallel.frameworks import Estimate
+from zerocalc.parallel.mesh import Mesh
 from zerocalc.plan.space import Group, PlanRequest
+from zerocalc.request.fp8 import fp8_notes
 from zerocalc.request.mesh_checks import mesh_of
+from zerocalc.request.model_spec import ModelSpec, rank_models
 from zerocalc.request.options import Command
 from zerocalc.request.training import TrainingRequest, replaced
 from zerocalc.request.unparse import for_command, options_text
@@ -24,7 +29,8 @@ from zerocalc.request.unparse import for_command, options_text
 PRINTED = (
     "model", "gpu", "gpu_memory", "precision", "seq_len", "gpus", "gpus_per_node", "framework",
     "strategies", "micro_batch", "grad_accum", "recompute", "offload_optimizer", "offload_params",
-    "reduce_dtype", "prefetch", "grad_sync", "tp", "cp", "pp", "vpp", "ep", "pp_first_stage_layers",
+    "reduce_dtype", "prefetch", "grad_sync", "tp", "sequence_parallel", "cp", "pp", "vpp", "ep",
+    "pp_first_stage_layers", "fp8", "fp8_all_gather",
     "pp_last_stage_layers", "init", "model_impl", "flash_attention", "calibration", "compute_calibration",
 )  # fmt: skip
 """The options a candidate's commands give, in their order; each command takes those of them its options
@@ -36,7 +42,8 @@ GIVEN = ("gpu", "gpu_memory", "precision")
 
 ALWAYS = frozenset({"seq_len", "gpus", "gpus_per_node", "framework", "strategies", "micro_batch",
                     "grad_accum", "recompute"})  # fmt: skip
-"""Printed even at their defaults (the prefetch too where the space searches it)."""
+"""Printed even at their defaults (the prefetch too where the space searches it, the sequence parallelism
+with TP)."""
 
 
 class CandidateRequests:
@@ -121,6 +128,7 @@ def group_changes(plan: PlanRequest, group: Group, b: int) -> dict[str, Any]:
         group.framework, base.model_impl, group.world, group.gpus_per_node,
         group.tp, group.cp, group.pp, group.vpp, group.ep,
         first=group.end_stage_layers, last=group.end_stage_layers,
+        sequence_parallel=group.sequence_parallel,
     )  # fmt: skip
     return {
         "mesh": mesh,
@@ -133,7 +141,15 @@ def group_changes(plan: PlanRequest, group: Group, b: int) -> dict[str, Any]:
         "activations": base.activations.model_copy(update={"micro_batch": b, "recompute": group.recompute}),
         "offload_optimizer": group.offload_optimizer,
         "offload_params": group.offload_params,
+        "fp8": group.fp8,
+        "notes": (*base.notes, *_fp8_notes(group.fp8, base.model, mesh)) if group.fp8.on else base.notes,
     }
+
+
+def _fp8_notes(fp8: Fp8Setting, model: ModelSpec, mesh: Mesh) -> tuple[str, ...]:
+    """What the FP8 recipe converts of the rank's model, the note parsing adds
+    (:func:`~zerocalc.request.fp8.fp8_notes`)."""
+    return fp8_notes(fp8, rank_models(model, mesh)[0].architecture)
 
 
 def group_requests(plan: PlanRequest, group: Group, bases: Bases) -> list[CandidateRequests]:
@@ -160,10 +176,12 @@ def printed_options(
     plan: PlanRequest, group: Group, request: TrainingRequest, command: Command
 ) -> dict[str, str]:
     """The candidate's ``zerocalc memory`` or ``zerocalc comm`` options (concept → value as typed): its
-    request written back (:func:`~zerocalc.request.unparse.options_text`), the model and the GPU as the plan
-    was given them, the node the group's (a node above the world is kept as the world by the request)."""
+    request written back (:func:`~zerocalc.request.unparse.options_text`), the model, the GPU and the
+    fine-tuning method as the plan was given them, the node the group's (a node above the world is kept as
+    the world by the request)."""
     gpu = plan.gpu_options(Estimate(command.value))
-    given = {"model": plan.model, **gpu, "gpus_per_node": str(group.gpus_per_node)}
+    given = {"model": plan.model, **gpu, "gpus_per_node": str(group.gpus_per_node), **plan.finetune_options}
     always = ALWAYS | ({"prefetch"} if group.prefetch is not None else set())
-    names = [name for name in PRINTED if name in gpu or name not in GIVEN]
+    always |= {"sequence_parallel"} if group.tp > 1 else set()
+    names = [name for name in PRINTED if name in gpu or name not in GIVEN] + list(plan.finetune_options)
     return options_text(request, command, names, given, always)

@@ -47,6 +47,7 @@ from zerocalc.model.activations import Recompute
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.framework_records import FRAMEWORKS
 from zerocalc.parallel.frameworks import Framework
+from zerocalc.parallel.precision import Fp8RecipeName
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
 from zerocalc.peak.evaluate import FIT_MARGIN, OUTSIDE_BYTES, pipeline_peak, strategy_peak
 from zerocalc.peak.report import StrategyPeak, Verdict
@@ -100,6 +101,9 @@ class PlanRow(BaseModel):
     prefetch: int | None
     grad_sync: GradSync | None
     tp: int = Field(default=1, description="t: tensor-parallel ranks")
+    sequence_parallel: bool = Field(default=False, description="sequence parallelism over the TP group")
+    fp8: Fp8RecipeName = Field(default=Fp8RecipeName.NONE, description="the FP8 recipe (none: 16-bit GEMMs)")
+    fp8_all_gather: bool = Field(default=False, description="the FP8 weights all-gathered in FP8")
     cp: int = Field(default=1, description="c: context-parallel ranks")
     pp: int = Field(default=1, description="p: pipeline stages")
     vpp: int = Field(default=1, description="v: virtual stages per pipeline rank")
@@ -140,6 +144,9 @@ class PlanEcho(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     model: str
+    method: str | None = Field(
+        default=None, description="the fine-tuning method every candidate runs (None: full training)"
+    )
     gpu: str
     max_gpus: int
     gpus_per_node: int
@@ -258,6 +265,17 @@ class _Cand:
     def comm(self) -> TrainingRequest:
         """Its comm request."""
         return self.requests.comm
+
+
+def _timeline_peak(request: TrainingRequest) -> int:
+    """The steady step's allocated peak from the request's whole timeline, where the step's two parts do
+    not split it: under FSDP2's float8 all-gather each block's new FP8 scales are the framework's
+    (``fsdp_post_all_gather``), and the forward's saved copies of them are freed with the block's saved
+    tensors, by the model's backward (:mod:`zerocalc.peak.mechanics`, :mod:`zerocalc.peak.timeline`)."""
+    name = request.strategies[0]
+    states, _ = STATE_BUILDERS[request.framework_record.states](request, STRATEGIES[name])
+    steady = simulate(request, name, runtime_for(request), states, reserve=False)
+    return max(allocated for _, _, allocated in steady.events)
 
 
 def _end_stages(request: TrainingRequest) -> dict[int, StrategyPeak]:
@@ -405,6 +423,8 @@ class _Resolver:
         """Each candidate's allocated peak, exact, from the step's parts (:class:`~zerocalc.plan.allocated.
         StepParts` of its model)."""
         first = requests[0].memory
+        if first.fp8.all_gather and first.framework_record.is_torch:
+            return {r.b: _timeline_peak(r.memory) for r in requests}
         parts = self.parts.get(MODEL_STEP_PARTS, first)
         # the model's part of a candidate's step reads what its memory and comm requests agree on
         return parts.allocated_peaks(AtBatch(requests), framework_of=first)
@@ -514,6 +534,7 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
     return PlanResult(
         request=PlanEcho(
             model=plan.model,
+            method=plan.method,
             gpu=plan.gpu_label,
             max_gpus=plan.max_gpus,
             gpus_per_node=plan.gpus_per_node,
@@ -658,6 +679,9 @@ def _row(plan: PlanRequest, cand: _Cand, rank: int | None) -> PlanRow:
         prefetch=g.prefetch,
         grad_sync=g.grad_sync,
         tp=g.tp,
+        sequence_parallel=g.sequence_parallel,
+        fp8=g.fp8.recipe,
+        fp8_all_gather=g.fp8.all_gather,
         cp=g.cp,
         pp=g.pp,
         vpp=g.vpp,

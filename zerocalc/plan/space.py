@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections import Counter
 from enum import StrEnum
+from itertools import product
+from types import SimpleNamespace
 from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
@@ -23,16 +25,21 @@ from zerocalc.base.errors import InputError, shown
 from zerocalc.base.units import BINARY_SUFFIXES, parse_count, parse_whole
 from zerocalc.compute.table import ComputeTable
 from zerocalc.model.activations import Recompute
+from zerocalc.model.code import MODEL_CODES, ModelImplName
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.schedule import GradSync
+from zerocalc.parallel.finetune import FineTuning
+from zerocalc.parallel.fp8 import NO_FP8, Fp8Setting
 from zerocalc.parallel.framework_records import FRAMEWORKS, framework_strategies
 from zerocalc.parallel.frameworks import Estimate, Framework
 from zerocalc.parallel.pipeline import shorter_end_stages
-from zerocalc.parallel.precision import PrecisionName
+from zerocalc.parallel.precision import FP8_RECIPES, Fp8RecipeName, PrecisionName
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
 from zerocalc.request.compute import compute_table
+from zerocalc.request.finetune import finetune_offloads, tunes
+from zerocalc.request.fp8 import fp8_recipe, fp8_strategy_problem, parse_fp8
 from zerocalc.request.gpu import DEFAULT_GPU
-from zerocalc.request.options import Command
+from zerocalc.request.options import FINETUNE_OPTIONS, Command
 from zerocalc.request.options_model import options_from_keywords, options_model
 from zerocalc.request.presets import gpu_file, load_gpu
 from zerocalc.request.training import TrainingRequest, parse_options
@@ -96,6 +103,20 @@ class PlanRequest(BaseModel):
     degrees: dict[str, tuple[int, ...] | None] = {name: (1,) for name in MESH_DEGREES}
     """The degrees searched per mesh dimension (tp, cp, pp, vpp, ep); None: auto (every degree the rules
     allow)."""
+    sequence_parallel: tuple[bool, ...] | None = None
+    """``--sequence-parallel``: the values searched for each TP > 1 candidate whose model code runs it
+    (:func:`runs_sequence_parallel`); None (the default): on where it runs, off elsewhere."""
+    fp8: tuple[Fp8RecipeName, ...] | None = (Fp8RecipeName.NONE,)
+    """``--fp8``: the recipes searched (none among them: 16-bit GEMMs); None: auto (none and every recipe
+    each framework's record runs, :func:`fp8_settings`)."""
+    finetune_options: dict[str, str] = {}
+    """The fine-tuning options as given (``--lora-rank 16``, ``--quantize nf4``): the one method every
+    candidate runs (``base.finetune``), repeated by the reproducing commands."""
+
+    @property
+    def method(self) -> str | None:
+        """The fine-tuning method searched, as the heading names it; None: full training."""
+        return method_label(self.base.finetune)
 
     @property
     def global_batch_tokens(self) -> int:
@@ -190,6 +211,102 @@ def _degrees(text: str | list[str] | tuple[str, ...] | int | None, name: str) ->
     return tuple(sorted({parse_whole(p, f"{{{name}}}", 1, MAX_GPUS, accepted) for p in parts}))
 
 
+SWITCH_VALUES = {"on": True, "off": False}
+
+
+def _switches(text: str | list[str] | tuple[str, ...] | None, name: str) -> tuple[bool, ...] | None:
+    """``--sequence-parallel on,off`` → (True, False), the order given; absent → None (the default)."""
+    if text is None:
+        return None
+    if isinstance(text, (list, tuple)):
+        text = ",".join(str(t) for t in text)
+    parts = [p.strip().lower() for p in str(text).split(",") if p.strip()]
+    if not parts or any(p not in SWITCH_VALUES for p in parts):
+        raise InputError(f"{{{name}}} {shown(text)} is not accepted; accepted: on, off, or on,off")
+    return tuple(dict.fromkeys(SWITCH_VALUES[p] for p in parts))
+
+
+def runs_sequence_parallel(framework: Framework, model_impl: ModelImplName) -> bool:
+    """Whether a TP candidate of ``framework`` can shard its norms and dropouts by sequence: its model
+    code has sequence parallelism (Megatron-LM's and torchtitan's layers; transformers' tensor-parallel
+    plans replicate the norms), the framework's own code where it runs no other."""
+    return MODEL_CODES[FRAMEWORKS[framework].model_code or model_impl].sequence_parallel
+
+
+def method_label(finetune: FineTuning | None) -> str | None:
+    """``LoRA r 16 on an nf4 base``, ``DoRA r 8``, ``full fine-tuning, embed_tokens frozen``; None: full
+    training."""
+    if finetune is None:
+        return None
+    if finetune.lora is None:
+        return f"full fine-tuning, {','.join(finetune.freeze)} frozen"
+    label = f"{'DoRA' if finetune.lora.dora else 'LoRA'} r {finetune.lora.rank}"
+    if finetune.quant is not None and finetune.quantized:
+        label += f" on an {finetune.quant.method.value} base"  # nf4, fp4, int8
+    return label
+
+
+FINETUNE_FRAMEWORKS: tuple[Framework, ...] = tuple(
+    f for f, record in FRAMEWORKS.items() if tunes(record) and f is not Framework.PAPER
+)
+"""Searched for a fine-tuning run without ``--framework``: every framework whose record models one
+(:func:`~zerocalc.request.finetune.tunes`: PyTorch's DDP, FSDP1 and FSDP2 with PEFT), the ZeRO paper's
+accounting aside (not a framework one runs; ``--framework paper`` takes it)."""
+
+
+def _option_text(value: object) -> str:
+    """An option's value as typed: a switch ``true``/``false``, a list comma-separated."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _tuning_frameworks(
+    text: str | list[str] | tuple[str, ...] | None, frameworks: tuple[Framework, ...]
+) -> tuple[Framework, ...]:
+    """The frameworks of a fine-tuning plan: those that run it (:data:`FINETUNE_FRAMEWORKS` by default,
+    ``all``: every one that does); one named that does not is refused."""
+    if text is None:
+        return FINETUNE_FRAMEWORKS
+    tuning = tuple(f for f in frameworks if tunes(FRAMEWORKS[f]))
+    if str(text).strip().lower() == "all":
+        return tuning
+    refused = [f.value for f in frameworks if f not in tuning]
+    if refused:
+        accepted = ", ".join(f.value for f, record in FRAMEWORKS.items() if tunes(record))
+        raise InputError(
+            f"{{frameworks}} {','.join(refused)} does not model fine-tuning (its accounting counts every "
+            f"parameter trained, or Megatron-LM has no PEFT); accepted: {{frameworks}} {accepted}"
+        )
+    return frameworks
+
+
+def _fp8_recipes(text: str | list[str] | tuple[str, ...] | None) -> tuple[Fp8RecipeName, ...] | None:
+    """``--fp8 none,tensorwise`` → (NONE, TENSORWISE); ``auto`` → None; absent → (NONE,)."""
+    if text is None:
+        return (Fp8RecipeName.NONE,)
+    if isinstance(text, (list, tuple)):
+        text = ",".join(str(t) for t in text)
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    if [p.lower() for p in parts] == ["auto"]:
+        return None
+    if not parts:
+        accepted = "auto, or a comma list of " + ", ".join(m.value for m in Fp8RecipeName)
+        raise InputError(f"{{fp8}} {shown(text)} is not accepted; accepted: {accepted}")
+    return tuple(dict.fromkeys(fp8_recipe(p) for p in parts))
+
+
+def _has_fp8(table: ComputeTable) -> bool:
+    """The compute table prices FP8 GEMMs: FP8 points, or an FP8 peak in its roofline (as
+    :class:`~zerocalc.compute.table.ComputeTable`'s rates do; the same GPUs ``comm --fp8`` takes)."""
+    roofline = table.roofline
+    return any(p.dtype is DType.FP8 for p in table.gemm) or (
+        roofline is not None and DType.FP8 in roofline.peak_tflops
+    )
+
+
 def parse_plan(options: PlanOptions) -> PlanRequest:
     """Parse and check every option once; one :class:`InputError` line for the first problem."""
     o = options
@@ -209,8 +326,18 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
     top = parse_whole(o.top, "{top}", 1, MAX_TOP, "rows")
     frameworks = _frameworks(o.frameworks)
     degrees = {name: _degrees(getattr(o, name), name) for name in MESH_DEGREES}
+    sequence_parallel = _switches(o.sequence_parallel, "sequence_parallel")
+    fp8 = _fp8_recipes(o.fp8)
+    if sequence_parallel is not None and degrees["tp"] == (1,):
+        raise InputError(
+            f"{{sequence_parallel}} {shown(o.sequence_parallel)} shards over the tensor-parallel group, and "
+            "{tp} searches 1 alone; accepted: {tp} with degrees of 2 or more (or auto), or no "
+            "{sequence_parallel}"
+        )
     max_gpus = parse_whole(o.gpus, "{gpus}", 1, MAX_GPUS, "GPUs")
+    tuning = {name: getattr(o, name) for name in FINETUNE_OPTIONS if getattr(o, name) not in (None, False)}
     base = parse_options(
+        **tuning,
         model=o.model,
         gpu=o.gpu,
         gpu_memory=o.gpu_memory,
@@ -224,6 +351,7 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         init=o.init,
         model_impl=o.model_impl,
         flash_attention=o.flash_attention,
+        recompute=Recompute.NONE.value,  # each candidate sets its own (no note of --recompute auto's)
     )
     gpu = base.runtime  # the preset or GPU file given, else DEFAULT_GPU's figures with --gpu-memory
     table = compute_table(base.compute_calibration, None if gpu_file(o.gpu or "") else gpu.name)
@@ -235,6 +363,26 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         )
     if base.model.architecture is None:  # pragma: no cover - a model always has one
         raise InputError("{model} needs an architecture; accepted: a preset or a config.json")
+    if fp8 != (Fp8RecipeName.NONE,) and not _has_fp8(table.table):
+        raise InputError(
+            f"{{fp8}} {shown(o.fp8)} on {shown(gpu.name)}: its compute table has no FP8 peak and no FP8 "
+            "points (no FP8 tensor cores: compute capability 8.9 or later); accepted: a GPU with them "
+            "(h100-80gb, h200-141gb, b200-180gb, l40s, mi300x, ...), or {fp8} none"
+        )
+    if base.finetune is not None and fp8 != (Fp8RecipeName.NONE,):
+        raise InputError(
+            f"{{fp8}} {shown(o.fp8)} is not modelled with fine-tuning (which weights a frozen or quantised "
+            "base converts is not); accepted: {fp8} none with {lora_rank}, {quantize} or {freeze}"
+        )
+    if base.finetune is not None:
+        frameworks = _tuning_frameworks(o.frameworks, frameworks)
+        for name in ("tp", "pp", "ep"):  # finetune_problem's rule, before a space of refused meshes
+            if degrees[name] != (1,):
+                raise InputError(
+                    f"{{{name}}} {shown(getattr(o, name))} with fine-tuning: it is modelled over "
+                    f"data-parallel ranks; accepted: {{{name}}} 1 with {{lora_rank}}, {{quantize}} or "
+                    "{freeze}"
+                )
     per_node = (
         8
         if o.gpus_per_node is None
@@ -259,6 +407,9 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         compute_name=table.name,
         base=base,
         degrees=degrees,
+        sequence_parallel=sequence_parallel,
+        fp8=fp8,
+        finetune_options={name: _option_text(value) for name, value in tuning.items()},
     )
 
 
@@ -294,6 +445,10 @@ class Group(NamedTuple):
     end_stage_layers: int | None = None
     """The first and the last stage's layers where the layers do not split into p·v equal chunks
     (:func:`~zerocalc.parallel.pipeline.shorter_end_stages`); None: an even split."""
+    sequence_parallel: bool = False
+    """Sequence parallelism over the TP group (only with t > 1)."""
+    fp8: Fp8Setting = NO_FP8
+    """The FP8 recipe and its all-gather (:func:`fp8_settings`)."""
 
     @property
     def model_parallel(self) -> bool:
@@ -309,9 +464,12 @@ class Group(NamedTuple):
         return global_batch_sequences // (self.replicas * b)
 
     def mesh_tag(self) -> str:
-        """``tp8 pp4 v2``: the degrees above 1."""
+        """``tp8+sp pp4 v2``: the degrees above 1, sequence parallelism with TP's."""
         names = {"tp": "tp", "cp": "cp", "pp": "pp", "vpp": "v", "ep": "ep"}
-        return " ".join(f"{names[n]}{getattr(self, n)}" for n in MESH_DEGREES if getattr(self, n) > 1)
+        tags = [f"{names[n]}{getattr(self, n)}" for n in MESH_DEGREES if getattr(self, n) > 1]
+        if self.sequence_parallel:  # with its TP degree: tp8+sp
+            tags[0] += "+sp"
+        return " ".join(tags)
 
 
 class Rejected(NamedTuple):
@@ -342,11 +500,21 @@ def _shard_groups(world: int, per_node: int) -> list[int]:
     return [k for k in range(2, per_node + 1) if per_node % k == 0 and world % k == 0 and k < world]
 
 
-def _offloads(framework: Framework, name: StrategyName) -> list[tuple[OffloadTarget, OffloadTarget]]:
-    """(optimizer, parameters) offloads the framework's memory model covers (its record) and the strategy
-    allows."""
+def _offloads(
+    framework: Framework, name: StrategyName, finetune: bool = False
+) -> list[tuple[OffloadTarget, OffloadTarget]]:
+    """(optimizer, parameters) offloads the framework's memory model covers (its record; a fine-tuning
+    run's under PyTorch's frameworks, :func:`~zerocalc.request.finetune.finetune_offloads`) and the
+    strategy allows."""
     none = OffloadTarget.NONE
     record, strategy = FRAMEWORKS[framework], STRATEGIES[name]
+    tuned = finetune_offloads(record) if finetune else None
+    if tuned is not None:
+        return [
+            (o, p)
+            for o, p in tuned
+            if (o is none or o in strategy.optimizer_offload) and (p is none or p in strategy.param_offload)
+        ]
     optimizer = [t for t in strategy.optimizer_offload if t in record.offload_optimizer]
     params = [t for t in strategy.param_offload if t in optimizer and t in record.offload_params]
     return list(dict.fromkeys([(none, none), *((t, none) for t in optimizer), *((t, t) for t in params)]))
@@ -495,6 +663,7 @@ def _mesh_groups(
     multi = tuple(b for b in bs if plan.global_batch_sequences // (replicas * b) > 1)
     for framework in plan.frameworks:
         names = framework_strategies(framework)
+        sps = _sequence_parallels(plan, framework, mesh.tp)
         # fp32 reductions where the default is not already fp32 (Megatron-LM's main gradients are), and
         # where gradients are reduced at all: over d·c > 1 ranks (one rank of each has nothing to reduce)
         record = FRAMEWORKS[framework]
@@ -513,6 +682,7 @@ def _mesh_groups(
             if name is StrategyName.HYBRID_SHARD and not nodes:
                 rejected.append(Rejected("hybrid_shard: no shard group smaller than N divides it", len(bs)))
             prefetches: list[int | None] = [0, 1] if record.reads_prefetch(name) else [None]
+            fp8s = fp8_settings(plan, framework, name)
             for per_node in nodes:
                 for recompute in SEARCHED_RECOMPUTES:
                     if recompute is Recompute.SELECTIVE and flash:
@@ -523,7 +693,7 @@ def _mesh_groups(
                             )
                         )
                         continue
-                    for opt_off, par_off in _offloads(framework, name):
+                    for opt_off, par_off in _offloads(framework, name, plan.base.finetune is not None):
                         for reduce in reduce_dtypes:
                             for prefetch in prefetches:
                                 for accumulates, chosen in ((False, single), (True, multi)):
@@ -534,7 +704,13 @@ def _mesh_groups(
                                         if accumulates and setup.grad_sync is None
                                         else [None]
                                     )
-                                    for sync in syncs:
+                                    if not sps:
+                                        left_out = len(chosen) * len(syncs)
+                                        rejected.append(Rejected(NO_SEQUENCE_PARALLEL, left_out))
+                                    for sync, sp, fp8 in product(syncs, sps, fp8s):
+                                        if isinstance(fp8, str):  # a recipe asked it does not run
+                                            rejected.append(Rejected(fp8, len(chosen)))
+                                            continue
                                         groups.append(
                                             Group(
                                                 world,
@@ -551,5 +727,55 @@ def _mesh_groups(
                                                 chosen,
                                                 *mesh,
                                                 ends,
+                                                sp,
+                                                fp8,
                                             )
                                         )
+
+
+NO_SEQUENCE_PARALLEL = (
+    "sequence parallel on: its model code has none (transformers' TP plans replicate the norms)"
+)
+
+
+def _sequence_parallels(plan: PlanRequest, framework: Framework, tp: int) -> tuple[bool, ...]:
+    """The sequence parallelism searched for a mesh of ``tp`` under ``framework``: off without TP; with
+    TP, by default on where the model code runs it (:func:`runs_sequence_parallel`), else off; given
+    (``--sequence-parallel``), the values asked that it runs (none: the candidates are left out)."""
+    if tp == 1:
+        return (False,)
+    runs = runs_sequence_parallel(framework, plan.base.model_impl)
+    if plan.sequence_parallel is None:
+        return (runs,)
+    return tuple(v for v in plan.sequence_parallel if runs or not v)
+
+
+def fp8_settings(plan: PlanRequest, framework: Framework, name: StrategyName) -> list[Fp8Setting | str]:
+    """The FP8 settings searched for ``framework``'s strategy ``name``: each recipe asked (``auto``: none
+    and every recipe its record runs, :class:`~zerocalc.parallel.framework_records.record.Fp8Support`),
+    with its FP8 all-gather off, and on where the recipe and the framework have one and the strategy can
+    gather FP8 parameters (:func:`~zerocalc.request.fp8.fp8_strategy_problem`: Megatron-LM's fp8 parameter
+    gather needs the distributed optimizer). Each setting is the parser's for ``--fp8 RECIPE
+    [--fp8-all-gather]`` (:func:`~zerocalc.request.fp8.parse_fp8`: the framework's skipped modules, its
+    FP8 weights kept where its gather keeps them); for a recipe asked that the framework does not run,
+    the parser's reason (its candidates left out, counted)."""
+    support = FRAMEWORKS[framework].fp8
+    asked = plan.fp8 if plan.fp8 is not None else (Fp8RecipeName.NONE, *(support.recipes if support else ()))
+    settings: list[Fp8Setting | str] = []
+    for recipe in asked:
+        gathers = recipe in FP8_RECIPES and FP8_RECIPES[recipe].all_gather
+        for all_gather in (False, True) if gathers else (False,):
+            options = SimpleNamespace(
+                fp8=recipe.value, fp8_all_gather=all_gather, fp8_precompute_scales=False,
+                fp8_model_init=False, fp8_skip=None,
+            )  # fmt: skip
+            try:
+                setting = parse_fp8(options, framework, plan.base.model_impl)
+            except InputError as exc:
+                if not all_gather and plan.fp8 is not None:  # auto counts nothing it leaves out
+                    settings.append(str(exc).split("; accepted")[0])
+                continue
+            if all_gather and fp8_strategy_problem(framework, setting, (name,)) is not None:
+                continue
+            settings.append(setting)
+    return settings

@@ -13,12 +13,15 @@ def command(name: str, options: dict[str, str]) -> str:
     """``zerocalc memory --model ... --gpus 8 ...``: a candidate's options as a command line."""
     import shlex
 
-    from zerocalc.request.options import FLAGS, NEGATIVE_FLAGS
+    from zerocalc.request.options import FLAGS, NEGATIVE_FLAGS, OPTIONS, Kind
 
+    flags = {o.name for o in OPTIONS if o.kind is Kind.FLAG}
     parts = ["zerocalc", name]
     for concept, value in options.items():
         if concept in NEGATIVE_FLAGS:  # a switch: its flag, or its negative flag
             parts.append(FLAGS[concept] if value == "true" else NEGATIVE_FLAGS[concept])
+        elif concept in flags:  # a flag (--dora): given, or not
+            parts += [FLAGS[concept]] if value == "true" else []
         else:
             parts += [FLAGS[concept], shlex.quote(value)]
     return " ".join(parts)
@@ -41,10 +44,14 @@ def candidate_label(row: PlanRow) -> str:
         extras.append(f"prefetch {row.prefetch}")
     if row.grad_sync is not None:
         extras.append(f"sync {row.grad_sync.value}")
+    if row.fp8.value != "none":
+        extras.append(f"fp8 {row.fp8.value}" + ("+ag" if row.fp8_all_gather else ""))
     framework = row.framework.value
     named = framework.replace("-", "") in row.title.lower().replace("-", "")  # "FSDP2 HSDP" names fsdp2
     names = (("tp", row.tp), ("cp", row.cp), ("pp", row.pp), ("v", row.vpp), ("ep", row.ep))
     mesh = "".join(f" {name}{degree}" for name, degree in names if degree > 1)
+    if row.sequence_parallel:  # its TP degree: ``tp8+sp pp2``
+        mesh = mesh.replace(f" tp{row.tp}", f" tp{row.tp}+sp", 1)
     rank = f"{row.rank}. " if row.rank is not None else ""
     head = f"{rank}{'' if named else framework + ' '}{row.title}{node} ×{row.gpus}{mesh}"
     return head + "\n" + " ".join(extras)

@@ -321,16 +321,7 @@ def _quant(o: TrainingOptions, raw: dict[str, Any] | None) -> QuantConfig | None
 def parse_finetune(o: TrainingOptions, model: ModelSpec) -> FineTuning | None:
     """The fine-tuning of a request (None: every parameter trained), checked against the architecture
     (PEFT's targets and copies found, a quantised base trained through adapters)."""
-    from zerocalc.parallel.frameworks import Estimate
-
     raw = model.quantization_config
-    if o.estimate not in (Estimate.MEMORY, Estimate.COMM):  # plan takes no fine-tuning option
-        if raw:
-            raise InputError(
-                "{model}'s quantization_config quantises the base, which only memory models (its adapters "
-                "and frozen weights); accepted: a config.json without quantization_config here"
-            )
-        return None
     lora = _lora(o)
     quant = _quant(o, raw)
     freeze = () if o.freeze is None else _names(o.freeze, "{freeze}")
@@ -342,7 +333,7 @@ def parse_finetune(o: TrainingOptions, model: ModelSpec) -> FineTuning | None:
         # transformers/trainer_utils.py validate_quantization_for_training
         raise InputError(
             f"{{model}}'s quantization_config ({quant.method.value}) quantises the base, which is trained "
-            "through adapters: memory and comm model it with {lora_rank} R (QLoRA), plan does not; accepted: "
+            "through adapters: it is modelled with {lora_rank} R (QLoRA); accepted: "
             "{lora_rank} R, or a config.json without quantization_config"
         )
     if quant is not None and lora is None:
@@ -404,8 +395,8 @@ def finetune_problem(record: FrameworkRecord, request: TrainingRequest) -> str |
                 "runs; accepted: with {lora_rank} or {freeze}, or {optimizer} adam-8bit"
             )
         return None
-    accepted = " or ".join(f.value for f, r in FRAMEWORKS.items() if _tunes(r))
-    if not _tunes(record):
+    accepted = " or ".join(f.value for f, r in FRAMEWORKS.items() if tunes(r))
+    if not tunes(record):
         return (
             f"{{framework}} {fw} does not model fine-tuning (its accounting counts every parameter "
             f"trained); accepted: {{framework}} {accepted}"
@@ -439,8 +430,7 @@ def finetune_problem(record: FrameworkRecord, request: TrainingRequest) -> str |
         )
     if torch:
         if request.offload_optimizer is not OffloadTarget.NONE or request.offload_params not in (
-            OffloadTarget.NONE,
-            OffloadTarget.CPU,
+            params for _, params in TORCH_FINETUNE_OFFLOADS
         ):
             return (
                 f"{{framework}} {fw} offloads parameters, gradients and the optimizer together (FSDP's "
@@ -454,8 +444,28 @@ def finetune_problem(record: FrameworkRecord, request: TrainingRequest) -> str |
     return None
 
 
-def _tunes(record: FrameworkRecord) -> bool:
+def tunes(record: FrameworkRecord) -> bool:
+    """Whether the framework's accounting models a fine-tuning run (:data:`FINETUNE_STATES`;
+    ZeroRedundancyOptimizer's partition of a mixed-``requires_grad`` model is not modelled)."""
     return record.states in FINETUNE_STATES and record.framework is not Framework.TORCH_ZERO1
+
+
+TORCH_FINETUNE_OFFLOADS = (
+    (OffloadTarget.NONE, OffloadTarget.NONE),
+    (OffloadTarget.NONE, OffloadTarget.CPU),
+)
+"""The (optimizer, parameters) offloads of a fine-tuning run under PyTorch's frameworks: none, or FSDP's
+CPU offload (FSDP1 ``CPUOffload(offload_params=True)``, FSDP2 ``CPUOffloadPolicy``), which keeps the
+parameters, gradients and optimizer on the host together; DDP none."""
+
+
+def finetune_offloads(record: FrameworkRecord) -> tuple[tuple[OffloadTarget, OffloadTarget], ...] | None:
+    """The (optimizer, parameters) offloads ``record`` runs a fine-tuning with (each strategy still
+    decides which it allows: parameters offloaded under zero3 alone); None: the record's own (the paper's
+    accounting)."""
+    if record.states is not StatesModel.TORCH_EXACT:
+        return None
+    return TORCH_FINETUNE_OFFLOADS[:1] if record.framework is Framework.DDP else TORCH_FINETUNE_OFFLOADS
 
 
 def finetune_of_options(o: Any) -> FineTuning | None:

@@ -26,7 +26,8 @@ def fp8_frameworks(recipe: Fp8RecipeName) -> tuple[Framework, ...]:
     return tuple(f for f, record in FRAMEWORKS.items() if record.fp8 and recipe in record.fp8.recipes)
 
 
-def _recipe(text: Any) -> Fp8RecipeName:
+def fp8_recipe(text: Any) -> Fp8RecipeName:
+    """``--fp8``'s recipe by its name (zerocalc's, torchao's or Megatron-LM's spelling)."""
     key = str(text).strip().lower().replace("_", "-")
     if key in _SPELLINGS:
         return _SPELLINGS[key]
@@ -46,7 +47,7 @@ def _modules(given: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]
 
 def parse_fp8(o: Any, framework: Framework, model_impl: ModelImplName) -> Fp8Setting:
     """The FP8 setting ``o`` (the raw options) asks for under ``framework`` running ``model_impl``."""
-    recipe = _recipe(o.fp8)
+    recipe = fp8_recipe(o.fp8)
     all_gather, precompute, model_init = bool(o.fp8_all_gather), o.fp8_precompute_scales, o.fp8_model_init
     skip = _modules(o.fp8_skip)
     if recipe is Fp8RecipeName.NONE:

@@ -41,8 +41,9 @@ class Kind(StrEnum):
 MEMORY, COMM, PLAN = Command.MEMORY, Command.COMM, Command.PLAN
 ESTIMATES = frozenset({MEMORY, COMM})
 ALL_ESTIMATES = frozenset({MEMORY, COMM, PLAN})
-FINETUNE = frozenset({MEMORY, COMM})
-"""The fine-tuning options: ``memory``'s model states count them, ``comm``'s collectives and step time."""
+FINETUNE = frozenset({MEMORY, COMM, PLAN})
+"""The fine-tuning options: ``memory``'s model states count them, ``comm``'s collectives and step time;
+``plan`` searches the configurations of the one method they give."""
 
 
 class Option(NamedTuple):
@@ -173,6 +174,14 @@ OPTIONS: tuple[Option, ...] = (
          frozenset({PLAN}), value_type=LIST, default_help="1"),
     _opt("ep", ("--ep",), "Expert-parallel degrees searched: a comma list or auto (MoE models).",
          frozenset({PLAN}), value_type=LIST, default_help="1"),
+    _opt("fp8", ("--fp8",),
+         "FP8 recipes searched: none, auto (none and every recipe the framework runs, its FP8 all-gather "
+         "too where it has one), or a comma list (none,tensorwise).", frozenset({PLAN}), value_type=LIST,
+         default="none"),
+    _opt("sequence_parallel", ("--sequence-parallel",),
+         "Sequence parallelism of the TP candidates: on, off, or on,off (both searched).", frozenset({PLAN}),
+         value_type=LIST,
+         default_help="on with TP where the model code runs it: megatron's, torchtitan's"),
     _opt("capacity_factor", ("--capacity-factor",),
          "Tokens a rank's E/e experts receive, as a multiple of the balanced k·b·s/c (routing imbalance; "
          "Megatron moe_expert_capacity_factor, DeepSpeed capacity_factor); needs --ep.", ESTIMATES,

@@ -37,10 +37,13 @@ FIELDS: dict[str, str] = {
     "gpus": "mesh.world",
     "gpus_per_node": "mesh.gpus_per_node",
     "tp": "mesh.tp",
+    "sequence_parallel": "mesh.sequence_parallel",
     "cp": "mesh.cp",
     "pp": "mesh.pp",
     "vpp": "mesh.vpp",
     "ep": "mesh.ep",
+    "fp8": "fp8.recipe",
+    "fp8_all_gather": "fp8.all_gather",
     "pp_first_stage_layers": "mesh.pp_first_stage_layers",
     "pp_last_stage_layers": "mesh.pp_last_stage_layers",
     "seq_len": "activations.seq_len",
@@ -72,7 +75,8 @@ def _at(request: TrainingRequest, path: str) -> tuple[object, object]:
     *parents, name = path.split(".")
     for parent in parents:
         owner = getattr(owner, parent)
-    assert isinstance(owner, BaseModel)
+    if not isinstance(owner, BaseModel):  # a NamedTuple (the FP8 setting)
+        return getattr(owner, name), owner._field_defaults[name]
     return getattr(owner, name), type(owner).model_fields[name].default
 
 
