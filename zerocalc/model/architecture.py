@@ -602,9 +602,31 @@ def _parameter_tensors(arch: Architecture) -> tuple[ParamTensor, ...]:
     """:func:`parameter_tensors`, built once per architecture (a plan's search asks for them per world and
     per layer count)."""
     tensors = embedding_tensors(arch)
+    kinds: dict[bool, tuple[str, list[ParamTensor]]] = {}
+    """Per kind of block (MoE or dense), the first such block's prefix and tensors: every block of a kind
+    is that block's tensors under its own prefix (:func:`layer_tensors` reads the index only there)."""
     for i in range(arch.num_layers):
-        tensors += layer_tensors(arch, i)
+        kind = arch.is_moe_layer(i)
+        first = kinds.get(kind)
+        if first is None:
+            kinds[kind] = (f"layers.{i}", layer_tensors(arch, i))
+            tensors += kinds[kind][1]
+            continue
+        prefix, block = first
+        cut, own = len(prefix), f"layers.{i}"
+        tensors += [_renamed(t, own + t.module[cut:]) for t in block]
     return tuple(tensors + head_tensors(arch))
+
+
+def _renamed(tensor: ParamTensor, module: str) -> ParamTensor:
+    """``tensor`` in another module, unvalidated (its fields are a validated tensor's: a model's blocks
+    repeat one block's tensors under their own prefixes, tens of thousands for a plan's ranks)."""
+    copied = ParamTensor.__new__(ParamTensor)
+    object.__setattr__(copied, "__dict__", {"module": module, "name": tensor.name, "shape": tensor.shape})
+    object.__setattr__(copied, "__pydantic_fields_set__", tensor.__pydantic_fields_set__)
+    object.__setattr__(copied, "__pydantic_extra__", None)
+    object.__setattr__(copied, "__pydantic_private__", None)
+    return copied
 
 
 @lru_cache(maxsize=256)
