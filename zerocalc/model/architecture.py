@@ -33,6 +33,8 @@ from itertools import accumulate
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from zerocalc.base.memo import IdentityCache
+
 
 class MlpKind(StrEnum):
     GELU = "gelu"
@@ -550,7 +552,27 @@ def _feed_forward(prefix: str, arch: Architecture, moe: bool) -> list[ParamTenso
 
 
 def layer_tensors(arch: Architecture, index: int = 0) -> list[ParamTensor]:
-    """The parameter tensors of transformer block ``index``, every module named ``layers.<index>.…``."""
+    """The parameter tensors of transformer block ``index``, every module named ``layers.<index>.…``: the
+    first block of its kind's (MoE or dense, :func:`_block_tensors`, once per architecture object) under
+    its own prefix, the only place the index is read besides the kind."""
+    kind = arch.is_moe_layer(index)
+    block = _BLOCKS.get(arch, kind)
+    if block is None:
+        block = _BLOCKS.put(arch, kind, (index, tuple(_block_tensors(arch, index))))
+    first, tensors = block
+    if first == index:
+        return list(tensors)
+    cut, own = len(f"layers.{first}"), f"layers.{index}"
+    return [_renamed(t, own + t.module[cut:]) for t in tensors]
+
+
+_BLOCKS: IdentityCache[tuple[int, tuple[ParamTensor, ...]]] = IdentityCache(limit=1024)
+"""Per architecture object and kind of block (MoE or not), the first block met's index and tensors (the
+architecture's tensors never change: it is frozen)."""
+
+
+def _block_tensors(arch: Architecture, index: int) -> list[ParamTensor]:
+    """The parameter tensors of block ``index``, built."""
     p = f"layers.{index}"
     before_attn, after_attn, before_mlp, after_mlp = _BLOCK_NORMS[arch.block_layout]
     tensors: list[ParamTensor] = []
@@ -602,19 +624,8 @@ def _parameter_tensors(arch: Architecture) -> tuple[ParamTensor, ...]:
     """:func:`parameter_tensors`, built once per architecture (a plan's search asks for them per world and
     per layer count)."""
     tensors = embedding_tensors(arch)
-    kinds: dict[bool, tuple[str, list[ParamTensor]]] = {}
-    """Per kind of block (MoE or dense), the first such block's prefix and tensors: every block of a kind
-    is that block's tensors under its own prefix (:func:`layer_tensors` reads the index only there)."""
     for i in range(arch.num_layers):
-        kind = arch.is_moe_layer(i)
-        first = kinds.get(kind)
-        if first is None:
-            kinds[kind] = (f"layers.{i}", layer_tensors(arch, i))
-            tensors += kinds[kind][1]
-            continue
-        prefix, block = first
-        cut, own = len(prefix), f"layers.{i}"
-        tensors += [_renamed(t, own + t.module[cut:]) for t in block]
+        tensors += layer_tensors(arch, i)
     return tuple(tensors + head_tensors(arch))
 
 
