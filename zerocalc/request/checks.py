@@ -351,15 +351,19 @@ def check(request: TrainingRequest, changed: frozenset[str] | None = None) -> Tr
     return request
 
 
-_AFFECTED: dict[tuple[tuple[Part, ...], frozenset[str]], tuple[Part, ...]] = {}
+_AFFECTED: dict[int, tuple[tuple[Part, ...], dict[frozenset[str], tuple[Part, ...]]]] = {}
+"""Per tuple of checks (by identity: this module's three, kept beside), the checks of it each change
+reads."""
 
 
 def _affected(parts: tuple[Part, ...], changed: frozenset[str] | None) -> tuple[Part, ...]:
     """The checks of ``parts`` that read one of ``changed`` (all of them where None), once per change."""
     if changed is None:
         return parts
-    key = (parts, changed)
-    affected = _AFFECTED.get(key)
+    known = _AFFECTED.get(id(parts))
+    if known is None or known[0] is not parts:
+        known = _AFFECTED[id(parts)] = (parts, {})
+    affected = known[1].get(changed)
     if affected is None:
-        affected = _AFFECTED[key] = tuple(part for part in parts if part.reads_any(changed))
+        affected = known[1][changed] = tuple(part for part in parts if part.reads_any(changed))
     return affected
