@@ -8,7 +8,7 @@ run and recomputation. :func:`check` runs them in order; a request varied by
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
@@ -351,9 +351,19 @@ def check(request: TrainingRequest, changed: frozenset[str] | None = None) -> Tr
     return request
 
 
-_AFFECTED: dict[int, tuple[tuple[Part, ...], dict[frozenset[str], tuple[Part, ...]]]] = {}
-"""Per tuple of checks (by identity: this module's three, kept beside), the checks of it each change
-reads."""
+class _Affected(NamedTuple):
+    """What a tuple of checks reads, found once per change and once per path."""
+
+    parts: tuple[Part, ...]
+    by_change: dict[frozenset[str], tuple[Part, ...]]
+    """The checks each change (a set of paths) reads, in the tuple's order."""
+    by_path: dict[str, frozenset[Part]]
+    """The checks each path reads (a change reads those of any of its paths: a plan meets thousands of
+    changes made of a few dozen paths)."""
+
+
+_AFFECTED: dict[int, _Affected] = {}
+"""Per tuple of checks (by identity: this module's three, each kept beside)."""
 
 
 def _affected(parts: tuple[Part, ...], changed: frozenset[str] | None) -> tuple[Part, ...]:
@@ -361,9 +371,15 @@ def _affected(parts: tuple[Part, ...], changed: frozenset[str] | None) -> tuple[
     if changed is None:
         return parts
     known = _AFFECTED.get(id(parts))
-    if known is None or known[0] is not parts:
-        known = _AFFECTED[id(parts)] = (parts, {})
-    affected = known[1].get(changed)
+    if known is None or known.parts is not parts:
+        known = _AFFECTED[id(parts)] = _Affected(parts, {}, {})
+    affected = known.by_change.get(changed)
     if affected is None:
-        affected = known[1][changed] = tuple(part for part in parts if part.reads_any(changed))
+        reading: set[Part] = set()
+        for path in changed:
+            readers = known.by_path.get(path)
+            if readers is None:
+                readers = known.by_path[path] = frozenset(part for part in parts if part.reads_any((path,)))
+            reading |= readers
+        affected = known.by_change[changed] = tuple(part for part in parts if part in reading)
     return affected
