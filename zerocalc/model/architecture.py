@@ -644,7 +644,13 @@ def _renamed(tensor: ParamTensor, module: str) -> ParamTensor:
 def expert_parameters(arch: Architecture) -> int:
     """The routed experts' parameter elements this description holds (:func:`is_expert_tensor`): every
     MoE layer's E experts, or a rank's E/e (0 for a dense model); counted once per architecture."""
-    return sum(t.numel for t in _parameter_tensors(arch) if is_expert_tensor(t)) if arch.is_moe else 0
+    if not arch.is_moe:
+        return 0
+    moe = [index for index in range(arch.num_layers) if arch.is_moe_layer(index)]
+    if not moe:
+        return 0
+    # only blocks hold experts, and every MoE block the same tensors (:func:`layer_tensors`)
+    return len(moe) * sum(t.numel for t in layer_tensors(arch, moe[0]) if is_expert_tensor(t))
 
 
 class ParameterCount(BaseModel):
