@@ -27,6 +27,7 @@ largest block all come from the same fact:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from enum import StrEnum
 from functools import lru_cache
 from itertools import accumulate
@@ -588,6 +589,30 @@ def _block_tensors(arch: Architecture, index: int) -> list[ParamTensor]:
 
 
 def embedding_tensors(arch: Architecture) -> list[ParamTensor]:
+    """The embedding's tensors (none on a pipeline stage without it), once per architecture object."""
+    return _outside_tensors(arch, "embedding", _embedding_tensors)
+
+
+def head_tensors(arch: Architecture) -> list[ParamTensor]:
+    """Final norm and, unless tied to the embedding, the LM head; once per architecture object."""
+    return _outside_tensors(arch, "head", _head_tensors)
+
+
+_OUTSIDE: IdentityCache[tuple[ParamTensor, ...]] = IdentityCache(limit=1024)
+"""The embedding's and the head's tensors per architecture object (a step's timeline asks for them per
+run)."""
+
+
+def _outside_tensors(
+    arch: Architecture, part: str, build: Callable[[Architecture], list[ParamTensor]]
+) -> list[ParamTensor]:
+    tensors = _OUTSIDE.get(arch, part)
+    if tensors is None:
+        tensors = _OUTSIDE.put(arch, part, tuple(build(arch)))
+    return list(tensors)
+
+
+def _embedding_tensors(arch: Architecture) -> list[ParamTensor]:
     if isinstance(arch, PipelineStage) and not arch.holds_embedding:
         return []
     tensors = [ParamTensor(module="embed_tokens", name="weight", shape=(arch.vocab_size, arch.hidden_size))]
@@ -602,8 +627,7 @@ def embedding_tensors(arch: Architecture) -> list[ParamTensor]:
     return _rank_local(arch, tensors)
 
 
-def head_tensors(arch: Architecture) -> list[ParamTensor]:
-    """Final norm and, unless tied to the embedding, the LM head."""
+def _head_tensors(arch: Architecture) -> list[ParamTensor]:
     if isinstance(arch, PipelineStage) and not arch.holds_head:
         return []
     tensors = _norm("final_norm", arch)
