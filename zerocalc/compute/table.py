@@ -22,6 +22,7 @@ The file is JSON from these pydantic models, written atomically.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from pathlib import Path
@@ -155,8 +156,7 @@ def _interpolated(points: list[tuple[tuple[float, ...], float]], at: tuple[float
         if distance == 0:
             return rate
         scored.append((distance, rate))
-    scored.sort()
-    nearest = scored[:NEAREST]
+    nearest = heapq.nsmallest(NEAREST, scored)  # sorted(scored)[:NEAREST], without sorting them all
     weights = [1 / d**2 for d, _ in nearest]
     return sum(weights) / sum(w / r for w, (_, r) in zip(weights, nearest, strict=True))
 

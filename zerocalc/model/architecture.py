@@ -27,11 +27,14 @@ largest block all come from the same fact:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from enum import StrEnum
 from functools import lru_cache
 from itertools import accumulate
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from zerocalc.base.memo import IdentityCache
 
 
 class MlpKind(StrEnum):
@@ -569,7 +572,27 @@ def _feed_forward(prefix: str, arch: Architecture, moe: bool) -> list[ParamTenso
 
 
 def layer_tensors(arch: Architecture, index: int = 0) -> list[ParamTensor]:
-    """The parameter tensors of transformer block ``index``, every module named ``layers.<index>.…``."""
+    """The parameter tensors of transformer block ``index``, every module named ``layers.<index>.…``: the
+    first block of its kind's (MoE or dense, :func:`_block_tensors`, once per architecture object) under
+    its own prefix, the only place the index is read besides the kind."""
+    kind = arch.is_moe_layer(index)
+    block = _BLOCKS.get(arch, kind)
+    if block is None:
+        block = _BLOCKS.put(arch, kind, (index, tuple(_block_tensors(arch, index))))
+    first, tensors = block
+    if first == index:
+        return list(tensors)
+    cut, own = len(f"layers.{first}"), f"layers.{index}"
+    return [_renamed(t, own + t.module[cut:]) for t in tensors]
+
+
+_BLOCKS: IdentityCache[tuple[int, tuple[ParamTensor, ...]]] = IdentityCache(limit=1024)
+"""Per architecture object and kind of block (MoE or not), the first block met's index and tensors (the
+architecture's tensors never change: it is frozen)."""
+
+
+def _block_tensors(arch: Architecture, index: int) -> list[ParamTensor]:
+    """The parameter tensors of block ``index``, built."""
     p = f"layers.{index}"
     before_attn, after_attn, before_mlp, after_mlp = _BLOCK_NORMS[arch.block_layout]
     tensors: list[ParamTensor] = []
@@ -585,6 +608,30 @@ def layer_tensors(arch: Architecture, index: int = 0) -> list[ParamTensor]:
 
 
 def embedding_tensors(arch: Architecture) -> list[ParamTensor]:
+    """The embedding's tensors (none on a pipeline stage without it), once per architecture object."""
+    return _outside_tensors(arch, "embedding", _embedding_tensors)
+
+
+def head_tensors(arch: Architecture) -> list[ParamTensor]:
+    """Final norm and, unless tied to the embedding, the LM head; once per architecture object."""
+    return _outside_tensors(arch, "head", _head_tensors)
+
+
+_OUTSIDE: IdentityCache[tuple[ParamTensor, ...]] = IdentityCache(limit=1024)
+"""The embedding's and the head's tensors per architecture object (a step's timeline asks for them per
+run)."""
+
+
+def _outside_tensors(
+    arch: Architecture, part: str, build: Callable[[Architecture], list[ParamTensor]]
+) -> list[ParamTensor]:
+    tensors = _OUTSIDE.get(arch, part)
+    if tensors is None:
+        tensors = _OUTSIDE.put(arch, part, tuple(build(arch)))
+    return list(tensors)
+
+
+def _embedding_tensors(arch: Architecture) -> list[ParamTensor]:
     if isinstance(arch, PipelineStage) and not arch.holds_embedding:
         return []
     tensors = [ParamTensor(module="embed_tokens", name="weight", shape=(arch.vocab_size, arch.hidden_size))]
@@ -599,8 +646,7 @@ def embedding_tensors(arch: Architecture) -> list[ParamTensor]:
     return _rank_local(arch, tensors)
 
 
-def head_tensors(arch: Architecture) -> list[ParamTensor]:
-    """Final norm and, unless tied to the embedding, the LM head."""
+def _head_tensors(arch: Architecture) -> list[ParamTensor]:
     if isinstance(arch, PipelineStage) and not arch.holds_head:
         return []
     tensors = _norm("final_norm", arch)
@@ -626,11 +672,28 @@ def _parameter_tensors(arch: Architecture) -> tuple[ParamTensor, ...]:
     return tuple(tensors + head_tensors(arch))
 
 
+def _renamed(tensor: ParamTensor, module: str) -> ParamTensor:
+    """``tensor`` in another module, unvalidated (its fields are a validated tensor's: a model's blocks
+    repeat one block's tensors under their own prefixes, tens of thousands for a plan's ranks)."""
+    copied = ParamTensor.__new__(ParamTensor)
+    object.__setattr__(copied, "__dict__", {"module": module, "name": tensor.name, "shape": tensor.shape})
+    object.__setattr__(copied, "__pydantic_fields_set__", tensor.__pydantic_fields_set__)
+    object.__setattr__(copied, "__pydantic_extra__", None)
+    object.__setattr__(copied, "__pydantic_private__", None)
+    return copied
+
+
 @lru_cache(maxsize=256)
 def expert_parameters(arch: Architecture) -> int:
     """The routed experts' parameter elements this description holds (:func:`is_expert_tensor`): every
     MoE layer's E experts, or a rank's E/e (0 for a dense model); counted once per architecture."""
-    return sum(t.numel for t in _parameter_tensors(arch) if is_expert_tensor(t)) if arch.is_moe else 0
+    if not arch.is_moe:
+        return 0
+    moe = [index for index in range(arch.num_layers) if arch.is_moe_layer(index)]
+    if not moe:
+        return 0
+    # only blocks hold experts, and every MoE block the same tensors (:func:`layer_tensors`)
+    return len(moe) * sum(t.numel for t in layer_tensors(arch, moe[0]) if is_expert_tensor(t))
 
 
 class ParameterCount(BaseModel):

@@ -64,14 +64,18 @@ def torchao_casts(fp8: Fp8Setting) -> bool:
     return fp8.on and fp8.record.library is Fp8Library.TORCHAO
 
 
-@lru_cache(maxsize=256)
 def cast_forward_excess(arch: Architecture, index: int, fp8: Fp8Setting, tokens: int, act: int) -> int:
     """Bytes above layer ``index``'s saved tensors at its largest forward cast (0: no torchao recipe): per
     converted Linear (n × k) of ``tokens`` rows, its input's cast (9·tokens·k) or its weight's beside the
     fp8 input (tokens·k + 9·n·k; none with the FP8 all-gather); the MLP's beside the mid residual
     (act·tokens·h, held for the residual add)."""
-    if not torchao_casts(fp8):
+    if not torchao_casts(fp8):  # before the cache: a step asks per layer, and its key hashes the architecture
         return 0
+    return _cast_forward_excess(arch, index, fp8, tokens, act)
+
+
+@lru_cache(maxsize=256)
+def _cast_forward_excess(arch: Architecture, index: int, fp8: Fp8Setting, tokens: int, act: int) -> int:
     largest = 0
     for tensor in layer_tensors(arch, index):
         if not fp8.converts(tensor):
@@ -215,7 +219,6 @@ def _mlp_anchors(tokens: int, h: int, f: int, act: int) -> tuple[int, int, int]:
     return 0, up, up + act * h * f + act * tokens * h - 2 * act * tokens * f
 
 
-@lru_cache(maxsize=256)
 def cast_backward_excess(
     arch: Architecture, index: int, fp8: Fp8Setting, tokens: int, act: int, block: int = 1
 ) -> int:
@@ -224,8 +227,15 @@ def cast_backward_excess(
     rounded up to it): each converted MLP Linear's backward
     (:func:`_backward_moments`) where it begins (:func:`_mlp_anchors`). The attention's Linears come later,
     with smaller weights and inputs, and are not written."""
-    if not torchao_casts(fp8):
+    if not torchao_casts(fp8):  # before the cache: a step asks per layer, and its key hashes the architecture
         return 0
+    return _cast_backward_excess(arch, index, fp8, tokens, act, block)
+
+
+@lru_cache(maxsize=256)
+def _cast_backward_excess(
+    arch: Architecture, index: int, fp8: Fp8Setting, tokens: int, act: int, block: int
+) -> int:
     mlp = {}
     for tensor in layer_tensors(arch, index):
         for name in _MLP_ORDER:

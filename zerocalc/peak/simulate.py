@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
+from zerocalc.base.memo import IdentityCache
 from zerocalc.base.parts import Part
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, ParamTensor, PipelineStage
@@ -102,11 +103,19 @@ def _units(
     many blocks: each block's tensors are the same whatever the depth); with ``experts`` (the ranks and
     the dimension), the routed experts sharded as FSDP2 shards them under expert parallelism
     (:func:`~zerocalc.states.framework.fsdp2_sharding`)."""
-    return dict(
-        _units_of(request.architecture, world, experts)
-        if blocks is None
-        else _first_units(request.architecture, world, blocks, experts)
-    )
+    arch = request.architecture
+    key = (world, blocks, experts)
+    units = _UNITS.get(arch, key)  # by identity first: hashing an architecture walks all its fields
+    if units is None:
+        if blocks is None:
+            units = _UNITS.put(arch, key, _units_of(arch, world, experts))
+        else:
+            units = _UNITS.put(arch, key, _first_units(arch, world, blocks, experts))
+    return dict(units)
+
+
+_UNITS: IdentityCache[tuple[tuple[str, Unit], ...]] = IdentityCache(limit=1024)
+""":func:`_units`' units per architecture object and (world, blocks, experts)."""
 
 
 @lru_cache(maxsize=256)

@@ -138,7 +138,7 @@ def group_changes(plan: PlanRequest, group: Group, b: int) -> dict[str, Any]:
         "reduce_dtype": group.reduce_dtype,
         "grad_accum": group.accumulation(plan.global_batch_sequences, b),
         "grad_sync": group.grad_sync,
-        "activations": base.activations.model_copy(update={"micro_batch": b, "recompute": group.recompute}),
+        "activations": replaced(base.activations, {"micro_batch": b, "recompute": group.recompute}),
         "offload_optimizer": group.offload_optimizer,
         "offload_params": group.offload_params,
         "fp8": group.fp8,
@@ -159,7 +159,7 @@ def group_requests(plan: PlanRequest, group: Group, bases: Bases) -> list[Candid
     first = group.micro_batches[0]
     changes = group_changes(plan, group, first)
     prefetch = {} if group.prefetch is None else {"prefetch": group.prefetch}  # memory's option alone
-    buffers = bases.memory.buffers.model_copy(update=prefetch)
+    buffers = replaced(bases.memory.buffers, prefetch)
     start = bases.last[0][0] if bases.last else bases.memory
     memory = start.with_(**changes, buffers=buffers)
     # the checks of what comm's options change (the others read what memory's request passed): fewer than

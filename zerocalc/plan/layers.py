@@ -158,21 +158,23 @@ class Extrapolation(NamedTuple):
     slots: tuple[Slot, ...]
     """The slots at L, in the order of :meth:`apply`'s values: those outside the inner blocks, then blocks
     1 and L−2 of each inner slot (where its line peaks)."""
+    outer_at: tuple[tuple[int, ...], tuple[int, ...]]
+    """:attr:`outer` by run: each run's indices of the slots outside the inner blocks."""
 
     def apply(self, runs: tuple[list[int], list[int]]) -> list[int] | None:
         """The values at L from the two runs' values; None where they are not affine in L (a slot with
         events at one depth and none at the other, an inner block off its plane)."""
         v0, v1 = runs
         n0, big = SMALL_LAYERS[0], self.big
-        out = []
-        for i0, i1 in self.outer:
-            a, b = v0[i0], v1[i1]
-            if (a == NO_EVENT) != (b == NO_EVENT):
-                return None
-            out.append(a + (b - a) * (big - n0))
+        deeper = big - n0
+        at0, at1 = self.outer_at
+        a_s, b_s = [v0[i] for i in at0], [v1[i] for i in at1]
+        if [a == NO_EVENT for a in a_s] != [b == NO_EVENT for b in b_s]:
+            return None
+        out = [a + (b - a) * deeper for a, b in zip(a_s, b_s, strict=True)]
         # v(L, i) = p + q·i + r·L from blocks 1 and 2 at L' = 4 and block 1 at L' = 5, checked on every
         # other inner block of both runs; relative to block 1 at L' = 4: v = a + q·(i − 1) + r·(L − 4)
-        deeper, last = big - n0, big - 1 - 2 * EDGE
+        last = big - 1 - 2 * EDGE
         for inner in self.inner:
             a = v0[inner.a]
             q, r = v0[inner.q] - a, v1[inner.r] - a
@@ -217,4 +219,5 @@ def extrapolation(slots: tuple[tuple[Slot, ...], tuple[Slot, ...]], big: int) ->
     at_l = [_at(k, big) for k in ordered]
     for slot, _ in inner_slots:
         at_l += (slot._replace(unit=EDGE), slot._replace(unit=big - 1 - EDGE))
-    return Extrapolation(big, outer, tuple(inner), tuple(at_l))
+    at_runs = (tuple(i0 for i0, _ in outer), tuple(i1 for _, i1 in outer))
+    return Extrapolation(big, outer, tuple(inner), tuple(at_l), at_runs)

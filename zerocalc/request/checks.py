@@ -8,7 +8,7 @@ run and recomputation. :func:`check` runs them in order; a request varied by
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
@@ -370,15 +370,35 @@ def check(request: TrainingRequest, changed: frozenset[str] | None = None) -> Tr
     return request
 
 
-_AFFECTED: dict[tuple[tuple[Part, ...], frozenset[str]], tuple[Part, ...]] = {}
+class _Affected(NamedTuple):
+    """What a tuple of checks reads, found once per change and once per path."""
+
+    parts: tuple[Part, ...]
+    by_change: dict[frozenset[str], tuple[Part, ...]]
+    """The checks each change (a set of paths) reads, in the tuple's order."""
+    by_path: dict[str, frozenset[Part]]
+    """The checks each path reads (a change reads those of any of its paths: a plan meets thousands of
+    changes made of a few dozen paths)."""
+
+
+_AFFECTED: dict[int, _Affected] = {}
+"""Per tuple of checks (by identity: this module's three, each kept beside)."""
 
 
 def _affected(parts: tuple[Part, ...], changed: frozenset[str] | None) -> tuple[Part, ...]:
     """The checks of ``parts`` that read one of ``changed`` (all of them where None), once per change."""
     if changed is None:
         return parts
-    key = (parts, changed)
-    affected = _AFFECTED.get(key)
+    known = _AFFECTED.get(id(parts))
+    if known is None or known.parts is not parts:
+        known = _AFFECTED[id(parts)] = _Affected(parts, {}, {})
+    affected = known.by_change.get(changed)
     if affected is None:
-        affected = _AFFECTED[key] = tuple(part for part in parts if part.reads_any(changed))
+        reading: set[Part] = set()
+        for path in changed:
+            readers = known.by_path.get(path)
+            if readers is None:
+                readers = known.by_path[path] = frozenset(part for part in parts if part.reads_any((path,)))
+            reading |= readers
+        affected = known.by_change[changed] = tuple(part for part in parts if part in reading)
     return affected

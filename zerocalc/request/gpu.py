@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError, shown
+from zerocalc.base.memo import IdentityCache
 from zerocalc.base.units import (
     parse_bandwidth,
     parse_bytes,
@@ -79,10 +80,22 @@ def gpu_preset(name: str) -> GpuChoice:
     )
 
 
-@lru_cache(maxsize=64)
+_RUNTIMES: IdentityCache[GpuChoice] = IdentityCache(limit=64)
+
+
 def runtime_of(gpu: GpuChoice | None, reserve_bytes: int | None) -> GpuChoice:
     """The runtime figures (context, NCCL, cuBLAS workspaces) of a request: the GPU preset's, else
-    :data:`DEFAULT_GPU`'s, ``reserve_bytes`` (``--reserve``) in place of its context where given."""
+    :data:`DEFAULT_GPU`'s, ``reserve_bytes`` (``--reserve``) in place of its context where given. Once per
+    GPU object (by identity: a request reads it many times, and hashing a preset walks all its fields),
+    then once per equal GPU (the same figures for equal presets)."""
+    runtime = _RUNTIMES.get(gpu, reserve_bytes)
+    if runtime is None:
+        runtime = _RUNTIMES.put(gpu, reserve_bytes, _runtime_of(gpu, reserve_bytes))
+    return runtime
+
+
+@lru_cache(maxsize=64)
+def _runtime_of(gpu: GpuChoice | None, reserve_bytes: int | None) -> GpuChoice:
     runtime = gpu if gpu is not None else gpu_preset(DEFAULT_GPU)
     if reserve_bytes is None:
         return runtime

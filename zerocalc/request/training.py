@@ -202,8 +202,8 @@ class TrainingRequest(BaseModel):
         gives. Raises :class:`InputError` for the first problem, ``TypeError`` for a name that is not an
         input."""
         fields = type(self).model_fields
-        unknown = sorted(set(changes) - fields.keys())
-        if unknown:
+        if not changes.keys() <= fields.keys():
+            unknown = sorted(set(changes) - fields.keys())
             raise TypeError(f"TrainingRequest.with_: {', '.join(unknown)} not inputs of a request")
         changed = replaced(self, changes)
         return check(changed, _changed_paths(self, changed, changes))
@@ -363,12 +363,20 @@ def _activation_dtype(framework: Framework, precision: PrecisionName) -> DType:
 def replaced(model: ModelT, update: dict[str, Any]) -> ModelT:
     """A frozen model with the fields of ``update`` replaced, unvalidated (pydantic's ``model_copy(update=)``
     without its generic copies: a plan varies thousands of requests)."""
-    copied = type(model).__new__(type(model))
-    object.__setattr__(copied, "__dict__", {**model.__dict__, **update})
-    object.__setattr__(copied, "__pydantic_fields_set__", model.__pydantic_fields_set__ | update.keys())
-    object.__setattr__(copied, "__pydantic_extra__", None)
-    object.__setattr__(copied, "__pydantic_private__", None)
+    kind = type(model)
+    copied = _new(kind)
+    _set(copied, "__dict__", {**model.__dict__, **update})
+    fields_set = model.__pydantic_fields_set__  # shared where it already names them (a frozen model's)
+    if not update.keys() <= fields_set:
+        fields_set = fields_set | update.keys()
+    _set(copied, "__pydantic_fields_set__", fields_set)
+    _set(copied, "__pydantic_extra__", None)
+    _set(copied, "__pydantic_private__", None)
     return copied
+
+
+_new = object.__new__
+_set = object.__setattr__
 
 
 ModelT = TypeVar("ModelT", bound=BaseModel)

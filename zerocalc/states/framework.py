@@ -142,9 +142,14 @@ def fsdp_unit_positions(tensors: list[ParamTensor]) -> list[tuple[str, list[int]
     """:func:`fsdp_units` of these tensors (in registration order), each unit's as positions in them."""
     blocks: dict[str, list[int]] = {}
     root: list[int] = []
+    units: dict[str, str] = {}
+    """Each block module's unit, ``layers.<i>`` (a block's tensors share a few modules)."""
     for i, t in enumerate(tensors):
-        if t.module.startswith("layers."):
-            unit = ".".join(t.module.split(".")[:2])
+        module = t.module
+        if module.startswith("layers."):
+            unit = units.get(module)
+            if unit is None:
+                unit = units[module] = "layers." + module[len("layers.") :].partition(".")[0]
             blocks.setdefault(unit, []).append(i)
         else:
             root.append(i)
