@@ -100,7 +100,11 @@ def _lora_model(lora: Any, folder: Path | None = None) -> Any:
                 folder, quantization_config=quant, dtype=torch.bfloat16, device_map="cpu"
             )
         model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    return peft.get_peft_model(model, lora)
+    # in training mode, as a training step runs: from_pretrained returns the model in eval mode, where
+    # bitsandbytes 0.50.2 repacks a 4-bit weight for the CPU on a CPU with AVX512-BF16 when the input needs
+    # no gradient (nn/modules.py Linear4bit.forward → _convert_weight_packed_for_cpu: bf16 absmax, not
+    # nested), an inference path a training step does not take
+    return peft.get_peft_model(model, lora).train()
 
 
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
