@@ -243,3 +243,15 @@ def test_bf16_is_refused_on_a_gpu_without_bf16_and_plan_trains_fp16() -> None:
     assert result.exit_code == 0, result.output
     (row,) = json.loads(result.stdout)["top"]
     assert row["memory_options"]["precision"] == row["comm_options"]["precision"] == "fp16-mixed"
+
+
+def test_every_nvidia_preset_states_its_compute_capability() -> None:
+    """The FP8 recipes check it (MXFP8 needs 10.0): NVIDIA's presets state it, AMD's have none."""
+    from zerocalc.request.gpu import gpu_preset
+    from zerocalc.request.presets import preset_names
+
+    for name in preset_names("gpus"):
+        gpu = gpu_preset(name)
+        assert (gpu.compute_capability is not None) == gpu.title.startswith("NVIDIA"), name
+    assert gpu_preset("b200-180gb").compute_capability == (10, 0)
+    assert gpu_preset("rtx-4090").compute_capability == (8, 9)

@@ -309,3 +309,23 @@ def test_an_fp8_recipe_needs_the_models_tensors() -> None:
         runner.invoke(app, ["memory", "--params", "7B", "--framework", "megatron", "--fp8", "delayed"]),
         "--fp8 delayed without --model: which Linear weights it converts follows the model's tensors",
     )
+
+
+@pytest.mark.parametrize(
+    ("gpu", "recipe", "runs"),
+    [
+        ("h100-80gb", "mxfp8", False),  # MXFP8: Blackwell's tensor cores (10.0)
+        ("b200-180gb", "mxfp8", True),
+        ("mi300x", "mxfp8", False),  # no CUDA compute capability stated
+        ("l40s", "blockwise", False),  # Float8BlockScaling: Hopper on (9.0); Ada is 8.9
+        ("h100-80gb", "blockwise", True),
+        ("l40s", "delayed", True),  # FP8 tensor cores: 8.9
+    ],
+)
+def test_an_fp8_recipe_the_gpus_tensor_cores_do_not_run_is_refused(gpu: str, recipe: str, runs: bool) -> None:
+    result = runner.invoke(app, ["memory", *LLAMA, "--framework", "megatron", "--gpu", gpu, "--fp8", recipe])
+    if runs:
+        assert result.exit_code == 0, result.output
+    else:
+        line = one_line_error(result, f"--fp8 {recipe} on '{gpu}': its GEMMs need compute capability")
+        assert "accepted: --gpu b200-180gb or gb200" in line or recipe != "mxfp8", line

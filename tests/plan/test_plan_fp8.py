@@ -46,12 +46,16 @@ def test_fp8_is_off_by_default() -> None:
 def test_auto_candidates_counted_by_hand() -> None:
     """Megatron-LM at 8 GPUs: per FP8 setting DDP has b 1, 2 × recompute none, full = 4 candidates,
     ZeRO-1 (the distributed optimizer) 8 (its optimizer on the GPU or the host). Its record runs four
-    Transformer Engine recipes (delayed, current, blockwise, mxfp8), each able to gather its parameters in
-    FP8 (--fp8-param-gather), which needs the distributed optimizer: DDP 1 + 4 settings, ZeRO-1 1 + 4·2.
-    5·4 + 9·8 = 92, against 4 + 8 = 12 without FP8."""
+    Transformer Engine recipes (delayed, current, blockwise, mxfp8), of which an H100 (compute capability
+    9.0) runs three (MXFP8 needs 10.0), each able to gather its parameters in FP8 (--fp8-param-gather),
+    which needs the distributed optimizer: DDP 1 + 3 settings, ZeRO-1 1 + 3·2. 4·4 + 7·8 = 72, against
+    4 + 8 = 12 without FP8; on a B200, 5·4 + 9·8 = 92."""
     plan = plan_options(**SPACE, frameworks="megatron", fp8="auto")
     groups, _ = enumerate_groups(plan, True)
-    assert sum(len(g.micro_batches) for g in groups) == 92
+    assert sum(len(g.micro_batches) for g in groups) == 72
+    assert Fp8RecipeName.MXFP8 not in {g.fp8.recipe for g in groups}
+    blackwell = plan_options(**{**SPACE, "gpu": "b200-180gb"}, frameworks="megatron", fp8="auto")
+    assert sum(len(g.micro_batches) for g in enumerate_groups(blackwell, True)[0]) == 92
     assert _count(groups, recipe=Fp8RecipeName.NONE) == 12
     gathered = {g.strategy for g in groups if g.fp8.all_gather}
     assert gathered == {StrategyName.ZERO1}

@@ -312,6 +312,11 @@ class Fp8Recipe(NamedTuple):
     """Its weights can be all-gathered in FP8 (torchao ``enable_fsdp_float8_all_gather``, tensorwise only;
     Megatron-LM ``--fp8-param-gather``)."""
     source: str
+    min_compute_capability: tuple[int, int] = (8, 9)
+    """The CUDA compute capability its GEMMs need: FP8 tensor cores from Ada and Hopper (8.9; torchao
+    float8 and Transformer Engine's ``check_fp8_support``); TE's Float8BlockScaling from Hopper (9.0,
+    ``check_fp8_block_scaling_support``); MXFP8 from Blackwell (10.0, ``check_mxfp8_support``)
+    (transformer_engine/pytorch/fp8.py, Transformer Engine 2.x)."""
     weight_grad_fp8: bool = True
     """Its weight-gradient GEMM runs in FP8 too (the forward and input-gradient GEMMs always do): torchao
     ``ROWWISE_WITH_GW_HP`` disables the grad-weight casts (``cast_config_input_for_grad_weight``,
@@ -336,9 +341,9 @@ FP8_RECIPES: dict[Fp8RecipeName, Fp8Recipe] = {
                   False, True, f"{_TE} Float8CurrentScaling"),
         Fp8Recipe(Fp8RecipeName.BLOCKWISE, Fp8Library.TRANSFORMER_ENGINE,
                   "1×128 blocks of activations, 128×128 blocks of weights", 128 * 128, 4, False, True,
-                  f"{_TE} Float8BlockScaling (DeepSeek-V3's)"),
+                  f"{_TE} Float8BlockScaling (DeepSeek-V3's)", min_compute_capability=(9, 0)),
         Fp8Recipe(Fp8RecipeName.MXFP8, Fp8Library.TRANSFORMER_ENGINE, "one E8M0 scale per 32 elements", 32, 1,
-                  False, True, f"{_TE} MXFP8BlockScaling (Blackwell)"),
+                  False, True, f"{_TE} MXFP8BlockScaling (Blackwell)", min_compute_capability=(10, 0)),
     )
 }  # fmt: skip
 

@@ -37,7 +37,7 @@ from zerocalc.parallel.precision import FP8_RECIPES, Fp8RecipeName, PrecisionNam
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
 from zerocalc.request.compute import compute_table
 from zerocalc.request.finetune import finetune_offloads, tunes
-from zerocalc.request.fp8 import fp8_recipe, fp8_strategy_problem, parse_fp8
+from zerocalc.request.fp8 import fp8_gpu_problem, fp8_recipe, fp8_strategy_problem, parse_fp8
 from zerocalc.request.gpu import DEFAULT_GPU
 from zerocalc.request.options import FINETUNE_OPTIONS, Command
 from zerocalc.request.options_model import options_from_keywords, options_model
@@ -758,7 +758,8 @@ def fp8_settings(plan: PlanRequest, framework: Framework, name: StrategyName) ->
     gather needs the distributed optimizer). Each setting is the parser's for ``--fp8 RECIPE
     [--fp8-all-gather]`` (:func:`~zerocalc.request.fp8.parse_fp8`: the framework's skipped modules, its
     FP8 weights kept where its gather keeps them); for a recipe asked that the framework does not run,
-    the parser's reason (its candidates left out, counted)."""
+    or that the GPU's tensor cores do not (:func:`~zerocalc.request.fp8.fp8_gpu_problem`), the reason
+    (its candidates left out, counted; ``auto`` searches only what runs)."""
     support = FRAMEWORKS[framework].fp8
     asked = plan.fp8 if plan.fp8 is not None else (Fp8RecipeName.NONE, *(support.recipes if support else ()))
     settings: list[Fp8Setting | str] = []
@@ -776,6 +777,10 @@ def fp8_settings(plan: PlanRequest, framework: Framework, name: StrategyName) ->
                     settings.append(str(exc).split("; accepted")[0])
                 continue
             if all_gather and fp8_strategy_problem(framework, setting, (name,)) is not None:
+                continue
+            if (problem := fp8_gpu_problem(setting, plan.base.gpu)) is not None:
+                if not all_gather and plan.fp8 is not None:
+                    settings.append(problem.split("; accepted")[0])
                 continue
             settings.append(setting)
     return settings

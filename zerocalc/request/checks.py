@@ -29,7 +29,7 @@ from zerocalc.parallel.pipeline import INTERLEAVED
 from zerocalc.parallel.precision import RECIPES, ParamLayout
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName
 from zerocalc.request.finetune import finetune_problem
-from zerocalc.request.fp8 import fp8_strategy_problem
+from zerocalc.request.fp8 import fp8_gpu_problem, fp8_strategy_problem
 from zerocalc.request.mesh_checks import dim1_expert_sharding_problem, mesh_problem
 from zerocalc.request.model_spec import seq_len_problem
 from zerocalc.request.problems import architecture_problem, offload_record_problem, record_problem
@@ -338,6 +338,7 @@ AFTER_STRATEGIES = (
     Part("recompute", ("estimate", "activations.recompute", "activations.checkpoint_every", *_SHAPE_READS),
          lambda r, _: recompute_problem(r)),
     Part("fp8 strategies", ("framework", "fp8", "strategies", "model"), lambda r, _: _fp8_problem(r)),
+    Part("fp8 on the GPU", ("fp8", "gpu"), lambda r, _: fp8_gpu_problem(r.fp8, r.gpu)),
     Part("memory savers", ("activations.loss", "model_impl", "mesh", "optimizer_in_backward", "framework",
                            "grad_accum", "offload_params", "finetune"),
          lambda r, _: savers_problem(r)),

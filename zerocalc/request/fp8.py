@@ -15,6 +15,8 @@ from zerocalc.parallel.framework_records import FRAMEWORKS
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.precision import FP8_RECIPES, Fp8RecipeName
 from zerocalc.parallel.strategies import StrategyName
+from zerocalc.request.gpu import GpuChoice, gpu_preset
+from zerocalc.request.presets import preset_names
 
 _SPELLINGS = {"rowwise-with-gw-hp": Fp8RecipeName.ROWWISE_GW_HP, "tensorwise-current": Fp8RecipeName.CURRENT}
 """torchao's and Megatron-LM's own names where they differ from zerocalc's (torchao ``Float8LinearRecipeName.
@@ -107,6 +109,29 @@ def parse_fp8(o: Any, framework: Framework, model_impl: ModelImplName) -> Fp8Set
         precompute_scales=precompute,
         model_init=model_init or (all_gather and support.all_gather_keeps_fp8_params),
         skip=support.skip_default if skip is None else skip,
+    )
+
+
+def fp8_gpu_problem(fp8: Fp8Setting, gpu: GpuChoice | None) -> str | None:
+    """An FP8 recipe whose GEMMs the GPU's tensor cores do not run (its compute capability below the
+    recipe's :attr:`~zerocalc.parallel.precision.Fp8Recipe.min_compute_capability`; where a GPU states
+    none, the recipes that need more than FP8 tensor cores); None without a GPU or a recipe."""
+    if gpu is None or not fp8.on:
+        return None
+    needed = FP8_RECIPES[fp8.recipe].min_compute_capability
+    if needed <= (8, 9) or (gpu.compute_capability is not None and gpu.compute_capability >= needed):
+        return None
+    have = (
+        "states no compute capability"
+        if gpu.compute_capability is None
+        else f"has compute capability {'.'.join(map(str, gpu.compute_capability))}"
+    )
+    runs = [n for n in preset_names("gpus") if (cc := gpu_preset(n).compute_capability) and cc >= needed]
+    return (
+        f"{{fp8}} {fp8.recipe.value} on {shown(gpu.name)}: its GEMMs need compute capability "
+        f"{'.'.join(map(str, needed))} or later (Transformer Engine 2.x transformer_engine/pytorch/fp8.py), "
+        f"and the GPU {have}; "
+        f"accepted: {{gpu}} {' or '.join(runs)}, or another {{fp8}} recipe"
     )
 
 

@@ -54,8 +54,18 @@ class GpuChoice(BaseModel):
     cublas_workspace_bytes: int
     bf16_dense_tflops: float
     sm_count: int | None = Field(default=None, description="streaming multiprocessors (None: not stated)")
+    compute_capability: tuple[int, int] | None = Field(
+        default=None, description="CUDA compute capability (None: not an NVIDIA GPU, or not stated)"
+    )
     intra_node_Bps: float
     inter_node_Bps: float
+
+
+def _capability(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    major, minor = text.split(".")
+    return int(major), int(minor)
 
 
 def gpu_preset(name: str) -> GpuChoice:
@@ -75,6 +85,7 @@ def gpu_preset(name: str) -> GpuChoice:
         cublas_workspace_bytes=spec.cublas_workspace_bytes,
         bf16_dense_tflops=spec.bf16_dense_tflops,
         sm_count=spec.sm_count,
+        compute_capability=_capability(spec.compute_capability),
         intra_node_Bps=spec.intra_node_Bps,
         inter_node_Bps=spec.inter_node_Bps,
     )

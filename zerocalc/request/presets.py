@@ -104,6 +104,12 @@ class GpuSpec(BaseModel):
     bf16: bool = Field(
         default=True, description="whether the tensor cores take bf16 (false: bf16 recipes are refused)"
     )
+    compute_capability: str | None = Field(
+        default=None,
+        pattern=r"^[1-9][0-9]?\.[0-9]$",
+        description="NVIDIA's CUDA compute capability (9.0 for Hopper, 10.0 for Blackwell), which FP8 "
+        "recipes check (torchao: 8.9; MXFP8: 10.0); none for other vendors' GPUs",
+    )
     sm_count: int | None = Field(
         default=None,
         gt=0,
