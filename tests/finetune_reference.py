@@ -52,7 +52,7 @@ def expected(arch: Architecture, finetune: FineTuning) -> dict[str, Entry]:
             entries[f"{module.hf_name}.{name}"] = (shape, _stored(kind, finetune).value, False)
     for tensor, kind in kinded[held:]:
         shape = tensor.shape
-        copy = kind is ParamKind.TRAINABLE
+        copy = kind is ParamKind.SAVED_COPY
         if copy and tensor.name == "weight" and _copied_class(arch, tensor) is ModuleClass.CONV1D:
             shape = shape[::-1]  # a copy of a Conv1D keeps its [in, out] weight
         experts = copy and len(shape) == 3 and _copied_class(arch, tensor) is ModuleClass.EXPERTS

@@ -31,7 +31,10 @@ SHARES = [
 
 
 def _architectures(model: str, tp: str, ep: str, pp: str) -> list:
-    request = parse_options(model=model, gpus=64, gpu="h100-80gb", framework="megatron", tp=tp, ep=ep, pp=pp)
+    request = parse_options(
+        model=model, gpus=64, gpu="h100-80gb", framework="megatron", tp=tp, ep=ep, pp=pp,
+        sequence_parallel=tp != "1",  # Megatron-LM's MoE layer refuses TP without it
+    )  # fmt: skip
     return [request.model.architecture, request.architecture, *(s.architecture for s in request.stages)]
 
 
