@@ -188,3 +188,24 @@ def parsed_candidate_or_error(plan: PlanRequest, group: Group) -> object:
         }
     except InputError as exc:
         return str(exc)
+
+
+QWEN_MOE_TP = dict(model="qwen3-30b-a3b", framework="megatron", sequence_parallel=True, strategies="zero1")
+"""Qwen3-30B-A3B under Megatron-LM with sequence parallelism and ZeRO-1, the MoE-under-TP tests' job.
+
+Qwen3-30B-A3B: E = 128, k = 8, h = 2048, f = 768, 48 layers, every one MoE, no shared experts; one expert
+3·h·f = 4,718,592, every layer's 128: 603,979,776, the 48 layers' 28,991,029,248. Its other parameters on
+one of t = 2 tensor-parallel ranks (Megatron layers, the vocabulary 151,936 padded to a multiple of 128·2 =
+152,064): per layer q 2048·4096 + k, v 2·2048·512 + o 4096·2048 = 18,874,368 / 2 = 9,437,184, norms
+2·2048 + q/k norms 2·128 and the router 128·2048 replicated: 9,703,680; × 48 = 465,776,640; the embedding
+and the untied head 2 · 76,032 · 2048 = 311,427,072; the final norm 2048: 777,205,760.
+
+b = 1, s = 2048, bf16: under t = 2 with sequence parallelism a rank routes its T = 1024 tokens, k·T = 8192
+copies of h = 2048: one all-to-all buffer S = 33,554,432 bytes.
+"""
+QWEN_EXPERT = 4_718_592
+"""One Qwen3-30B-A3B expert's parameters, 3·h·f."""
+QWEN_DENSE_PER_TP_RANK = 777_205_760
+"""Its other parameters on one of t = 2 tensor-parallel ranks."""
+QWEN_A2A_BUFFER = 8 * 1024 * 2048 * 2
+"""One all-to-all buffer at b 1, s 2048, t 2 with sequence parallelism (bytes)."""

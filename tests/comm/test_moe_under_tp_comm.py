@@ -1,22 +1,13 @@
 """Mixture of experts under tensor parallelism (``--tp`` with ``--ep`` and ``--expert-tp``, Megatron-LM's
-``expert_tensor_parallel_size``): the expert mesh apart from the attention's, each rank's expert and dense
-parameters, the two gradient reductions, the token dispatcher's collectives and the expert GEMMs, against
-hand counts from Megatron-LM core 0.20.0 (d98e8a6) and the models' configs.
-
-Qwen3-30B-A3B: E = 128, k = 8, h = 2048, f = 768, 48 layers, every one MoE, no shared experts; one expert
-3·h·f = 4,718,592, every layer's 128: 603,979,776, the 48 layers' 28,991,029,248. Its other parameters on
-one of t = 2 tensor-parallel ranks (Megatron layers, the vocabulary 151,936 padded to a multiple of 128·2 =
-152,064): per layer q 2048·4096 + k, v 2·2048·512 + o 4096·2048 = 18,874,368 / 2 = 9,437,184, norms
-2·2048 + q/k norms 2·128 and the router 128·2048 replicated: 9,703,680; × 48 = 465,776,640; the embedding
-and the untied head 2 · 76,032 · 2048 = 311,427,072; the final norm 2048: 777,205,760.
-
-b = 1, s = 2048, bf16: under t = 2 with sequence parallelism a rank routes its T = 1024 tokens, k·T = 8192
-copies of h = 2048: one all-to-all buffer S = 33,554,432 bytes.
+``expert_tensor_parallel_size``): its gradient reductions, the token dispatcher's collectives, the expert
+GEMMs and the step's exposed dispatcher time, against hand counts from Megatron-LM core 0.20.0 (d98e8a6) and
+the models' configs (``helpers.QWEN_MOE_TP``'s).
 """
 
 from __future__ import annotations
 
 import pytest
+from helpers import QWEN_A2A_BUFFER, QWEN_DENSE_PER_TP_RANK, QWEN_EXPERT, QWEN_MOE_TP
 
 from zerocalc.api import estimate_comm
 from zerocalc.base.errors import InputError
@@ -24,15 +15,10 @@ from zerocalc.comm.mesh import Dimension
 from zerocalc.comm.step import request_ops
 from zerocalc.request.training import parse_options
 
-QWEN = dict(model="qwen3-30b-a3b", framework="megatron", sequence_parallel=True, strategies="zero1")
-EXPERT = 4_718_592
-DENSE_PER_TP_RANK = 777_205_760
-A2A_BUFFER = 8 * 1024 * 2048 * 2
-
 
 # ------------------------------------------------------------------------------------------------- comm
 def _comm(**options: object):  # type: ignore[no-untyped-def]
-    return estimate_comm(None, 16, tp=2, **{**QWEN, **options}).strategies[0]
+    return estimate_comm(None, 16, tp=2, **{**QWEN_MOE_TP, **options}).strategies[0]
 
 
 def test_dense_gradients_reduce_over_dense_dp_and_expert_gradients_over_expert_dp() -> None:
@@ -42,13 +28,13 @@ def test_dense_gradients_reduce_over_dense_dp_and_expert_gradients_over_expert_d
     scatters = {
         c.group_size: c.total_bytes_per_gpu for c in row.collectives if c.op.value == "reduce_scatter"
     }
-    assert scatters == {8: 7 * DENSE_PER_TP_RANK * 4 // 8, 2: 48 * 16 * EXPERT * 4 // 2}
+    assert scatters == {8: 7 * QWEN_DENSE_PER_TP_RANK * 4 // 8, 2: 48 * 16 * QWEN_EXPERT * 4 // 2}
     # ETP = t = 2: the experts' one expert-DP rank reduces nothing
     row = _comm(ep=8)
     scatters = {
         c.group_size: c.total_bytes_per_gpu for c in row.collectives if c.op.value == "reduce_scatter"
     }
-    assert scatters == {8: 7 * DENSE_PER_TP_RANK * 4 // 8}
+    assert scatters == {8: 7 * QWEN_DENSE_PER_TP_RANK * 4 // 8}
 
 
 def test_the_dispatcher_all_to_alls_carry_the_sequence_shard_and_etp_gathers_them() -> None:
@@ -58,7 +44,7 @@ def test_the_dispatcher_all_to_alls_carry_the_sequence_shard_and_etp_gathers_the
         a2a = [c for c in row.mesh_collectives if c.dimension is Dimension.EP]
         assert len(a2a) == 4
         assert {(c.group_size, c.message_bytes, c.total_bytes_per_gpu) for c in a2a} == {
-            (8, A2A_BUFFER, 48 * 7 * A2A_BUFFER // 8)
+            (8, QWEN_A2A_BUFFER, 48 * 7 * QWEN_A2A_BUFFER // 8)
         }
         etp = [c for c in row.mesh_collectives if c.dimension is Dimension.ETP]
         if expert_tp == 1:
@@ -71,7 +57,7 @@ def test_the_dispatcher_all_to_alls_carry_the_sequence_shard_and_etp_gathers_the
                 ("reduce_scatter", "backward"),
             ]
             assert {(c.group_size, c.message_bytes, c.total_bytes_per_gpu) for c in etp} == {
-                (2, 2 * A2A_BUFFER, 48 * A2A_BUFFER)
+                (2, 2 * QWEN_A2A_BUFFER, 48 * QWEN_A2A_BUFFER)
             }
 
 
@@ -95,7 +81,7 @@ def test_attention_keeps_its_tp_collectives_and_the_routed_mlp_has_none() -> Non
 def test_shared_experts_run_the_dense_mlps_tp_collectives_in_every_moe_layer() -> None:
     # Qwen1.5-MoE-A2.7B: 24 MoE layers, each with shared experts (Megatron-LM shared_experts.py gathers
     # and reduce-scatters over the TP group as the dense MLP)
-    row = estimate_comm(None, 8, tp=2, ep=4, **{**QWEN, "model": "qwen1.5-moe-a2.7b"}).strategies[0]
+    row = estimate_comm(None, 8, tp=2, ep=4, **{**QWEN_MOE_TP, "model": "qwen1.5-moe-a2.7b"}).strategies[0]
     mlp = [c for c in row.mesh_collectives if c.dimension is Dimension.TP and c.moves.startswith("MLP")]
     assert len(mlp) == 5 and {c.times_per_step for c in mlp} == {24}
 
@@ -105,7 +91,7 @@ def test_expert_gemms_run_the_gathered_tokens_of_the_etp_group() -> None:
     # (gate/up 2·768 = 1536 out of 2048, down 2048 out of 768); ETP = 2: 2·8192 / 16 = 1024 rows, half
     # width: the same FLOPs
     for expert_tp, rows, gate_up, down in ((1, 512, 1536, 768), (2, 1024, 768, 384)):
-        ops = request_ops(parse_options(gpus=16, tp=2, ep=8, expert_tp=expert_tp, **QWEN))
+        ops = request_ops(parse_options(gpus=16, tp=2, ep=8, expert_tp=expert_tp, **QWEN_MOE_TP))
         gemms = {g.name: g for layer in ops.layers for g in layer.gemms if g.name.startswith("experts")}
         assert {(g.m, g.count) for g in gemms.values()} == {(rows, 16)}
         assert sorted((g.n, g.k) for g in gemms.values()) == sorted([(gate_up, 2048), (2048, down)])
@@ -113,7 +99,7 @@ def test_expert_gemms_run_the_gathered_tokens_of_the_etp_group() -> None:
 
 def test_the_dispatchers_etp_collectives_count_in_the_steps_exposed_ep_time() -> None:
     # no overlap of the dispatcher is modelled: exposed_ep_s is the sum of the EP and ETP rows' times
-    row = estimate_comm(None, 16, tp=2, ep=8, gpu="h100-80gb", **QWEN).strategies[0]
+    row = estimate_comm(None, 16, tp=2, ep=8, gpu="h100-80gb", **QWEN_MOE_TP).strategies[0]
     dispatcher = [c for c in row.mesh_collectives if c.dimension in (Dimension.EP, Dimension.ETP)]
     assert {c.dimension for c in dispatcher} == {Dimension.EP, Dimension.ETP}
     assert row.step is not None
@@ -123,4 +109,4 @@ def test_the_dispatchers_etp_collectives_count_in_the_steps_exposed_ep_time() ->
 def test_tp_comm_overlap_on_a_mixture_of_experts_is_refused() -> None:
     # the userbuffer overlap is modelled for a dense layer's four TP linears, not the MoE dispatcher
     with pytest.raises(InputError, match="userbuffer overlap is modelled for dense layers"):
-        estimate_comm(None, 16, tp=2, ep=8, tp_comm_overlap=True, **QWEN)
+        estimate_comm(None, 16, tp=2, ep=8, tp_comm_overlap=True, **QWEN_MOE_TP)

@@ -1,17 +1,7 @@
 """Mixture of experts under tensor parallelism (``--tp`` with ``--ep`` and ``--expert-tp``, Megatron-LM's
-``expert_tensor_parallel_size``): the expert mesh apart from the attention's, each rank's expert and dense
-parameters, the two gradient reductions, the token dispatcher's collectives and the expert GEMMs, against
-hand counts from Megatron-LM core 0.20.0 (d98e8a6) and the models' configs.
-
-Qwen3-30B-A3B: E = 128, k = 8, h = 2048, f = 768, 48 layers, every one MoE, no shared experts; one expert
-3·h·f = 4,718,592, every layer's 128: 603,979,776, the 48 layers' 28,991,029,248. Its other parameters on
-one of t = 2 tensor-parallel ranks (Megatron layers, the vocabulary 151,936 padded to a multiple of 128·2 =
-152,064): per layer q 2048·4096 + k, v 2·2048·512 + o 4096·2048 = 18,874,368 / 2 = 9,437,184, norms
-2·2048 + q/k norms 2·128 and the router 128·2048 replicated: 9,703,680; × 48 = 465,776,640; the embedding
-and the untied head 2 · 76,032 · 2048 = 311,427,072; the final norm 2048: 777,205,760.
-
-b = 1, s = 2048, bf16: under t = 2 with sequence parallelism a rank routes its T = 1024 tokens, k·T = 8192
-copies of h = 2048: one all-to-all buffer S = 33,554,432 bytes.
+``expert_tensor_parallel_size``): the expert mesh apart from the attention's, and the CLI's refusals,
+against hand counts from Megatron-LM core 0.20.0 (d98e8a6) and the models' configs
+(``helpers.QWEN_MOE_TP``'s).
 """
 
 from __future__ import annotations
