@@ -209,3 +209,26 @@ QWEN_DENSE_PER_TP_RANK = 777_205_760
 """Its other parameters on one of t = 2 tensor-parallel ranks."""
 QWEN_A2A_BUFFER = 8 * 1024 * 2048 * 2
 """One all-to-all buffer at b 1, s 2048, t 2 with sequence parallelism (bytes)."""
+
+
+PLAN_STEP_FIELDS = (
+    "compute_s", "matmul_s", "attention_s", "elementwise_s", "optimizer_s", "recompute_s", "exposed_comm_s",
+    "bubble_s", "offload_s", "step_s", "tokens_per_s_per_gpu", "mfu",
+)  # fmt: skip
+"""The step fields a plan row shares with ``comm``'s step."""
+
+
+def assert_row_is_comms(row: Any) -> None:
+    """A plan row's communication time and step fields are those of ``estimate_comm`` on the comm command
+    the row prints, to the bit."""
+    from zerocalc.api import estimate_comm
+
+    options = {k: v for k, v in row.comm_options.items() if k not in ("gpus", "gpus_per_node")}
+    comm = estimate_comm(
+        gpus=row.comm_options["gpus"], gpus_per_node=row.comm_options["gpus_per_node"], **options
+    ).strategies[0]
+    assert comm.time_s == row.comm_s, row.comm_options
+    assert comm.step is not None
+    assert {f: getattr(comm.step, f) for f in PLAN_STEP_FIELDS} == {
+        f: getattr(row, f) for f in PLAN_STEP_FIELDS
+    }

@@ -9,7 +9,12 @@ import json
 import random
 
 import pytest
-from helpers import candidate_requests_or_error, one_line_error, parsed_candidate_or_error
+from helpers import (
+    assert_row_is_comms,
+    candidate_requests_or_error,
+    one_line_error,
+    parsed_candidate_or_error,
+)
 from typer.testing import CliRunner
 
 from zerocalc.base.errors import InputError
@@ -113,17 +118,10 @@ def test_an_fp8_candidates_bound_is_its_allocated_peak() -> None:
         assert cand.lower <= _exact(cand.request).peak_bytes
 
 
-_STEP_FIELDS = (
-    "compute_s", "matmul_s", "attention_s", "elementwise_s", "optimizer_s", "recompute_s", "exposed_comm_s",
-    "offload_s", "step_s", "tokens_per_s_per_gpu", "mfu",
-)  # fmt: skip
-
-
 @pytest.mark.parametrize("framework", ["megatron", "fsdp2"])
 def test_fp8_rows_are_memory_and_comm_to_the_bit(framework: str) -> None:
     """The top rows of --fp8 auto: memory's peak_bytes for their options; a sample of every candidate
     with an FP8 recipe (each recipe, gathered in FP8 or not): comm's time and every field of its step."""
-    from zerocalc.api import estimate_comm
     from zerocalc.request.training import parse_options
 
     result = search(plan_options(**SPACE, frameworks=framework, fp8="auto", top=2), keep_all=True)
@@ -135,13 +133,7 @@ def test_fp8_rows_are_memory_and_comm_to_the_bit(framework: str) -> None:
     for row in random.Random(11).sample(fp8, 16):
         assert row.comm_options["fp8"] == row.fp8.value
         assert ("fp8_all_gather" in row.comm_options) is row.fp8_all_gather
-        options = {k: v for k, v in row.comm_options.items() if k not in ("gpus", "gpus_per_node")}
-        comm = estimate_comm(
-            gpus=row.comm_options["gpus"], gpus_per_node=row.comm_options["gpus_per_node"], **options
-        ).strategies[0]
-        assert comm.time_s == row.comm_s, row.comm_options
-        assert comm.step is not None
-        assert {f: getattr(comm.step, f) for f in _STEP_FIELDS} == {f: getattr(row, f) for f in _STEP_FIELDS}
+        assert_row_is_comms(row)
 
 
 def test_an_fp8_rows_commands_reproduce_it_through_the_cli() -> None:

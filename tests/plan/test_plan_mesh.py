@@ -8,7 +8,12 @@ import json
 import random
 
 import pytest
-from helpers import candidate_requests_or_error, one_line_error, parsed_candidate_or_error
+from helpers import (
+    assert_row_is_comms,
+    candidate_requests_or_error,
+    one_line_error,
+    parsed_candidate_or_error,
+)
 from typer.testing import CliRunner
 
 from zerocalc.base.errors import InputError
@@ -347,12 +352,6 @@ def test_the_model_code_and_kernel_given_to_plan_reach_the_printed_commands(
     assert json.loads(comm.stdout)["strategies"][0]["step"]["step_s"] == top["step_s"]
 
 
-_STEP_FIELDS = (
-    "compute_s", "matmul_s", "attention_s", "elementwise_s", "optimizer_s", "recompute_s", "exposed_comm_s",
-    "bubble_s", "offload_s", "step_s", "tokens_per_s_per_gpu", "mfu",
-)  # fmt: skip
-
-
 @pytest.mark.parametrize(
     "space",
     [
@@ -371,7 +370,6 @@ def test_every_mesh_candidates_step_is_comms_to_the_bit(space: dict) -> None:
     field equal to the bit (the search shares parts of the pricing across candidates; ``comm`` prices
     each request from scratch). Gemma 3 1B's tied embedding is synchronised between the first and the last
     pipeline stage in the reduce dtype (its 262,144-row table: the pipeline's largest message)."""
-    from zerocalc.api import estimate_comm
 
     rows = search(plan_options(**space), keep_all=True).candidates
     assert rows is not None
@@ -380,13 +378,7 @@ def test_every_mesh_candidates_step_is_comms_to_the_bit(space: dict) -> None:
     kinds = {(r.framework, r.strategy, r.reduce_dtype, r.grad_sync, r.offload_optimizer) for r in meshed}
     assert len(kinds) > 4
     for row in random.Random(7).sample(meshed, 40):
-        options = {k: v for k, v in row.comm_options.items() if k not in ("gpus", "gpus_per_node")}
-        comm = estimate_comm(
-            gpus=row.comm_options["gpus"], gpus_per_node=row.comm_options["gpus_per_node"], **options
-        ).strategies[0]
-        assert comm.time_s == row.comm_s, row.comm_options
-        assert comm.step is not None
-        assert {f: getattr(comm.step, f) for f in _STEP_FIELDS} == {f: getattr(row, f) for f in _STEP_FIELDS}
+        assert_row_is_comms(row)
 
 
 @pytest.mark.parametrize(
