@@ -43,8 +43,12 @@ class _KindLedger(Ledger):
 
 
 def _step(**kwargs: object) -> _KindLedger:
-    options = {"model": "llama-3-8b", "framework": "fsdp2", "gpus": 1, "seq_len": 2048, "micro_batch": 1}
-    request = parse_options(**{**options, **kwargs})
+    return _ledger(**{"model": "llama-3-8b", "seq_len": 2048, "micro_batch": 1, **kwargs})
+
+
+def _ledger(**kwargs: object) -> _KindLedger:
+    """One FSDP2 step on one GPU of the request ``kwargs`` describe, replayed into a :class:`_KindLedger`."""
+    request = parse_options(**{"framework": "fsdp2", "gpus": 1, **kwargs})
     mechanics, act = mechanics_for(request, request.strategies[0], ())
     step = step_shape(request, act, Device.CUDA)
     led = _KindLedger()
@@ -124,13 +128,7 @@ def test_a_frozen_head_makes_no_weight_gradient_in_ligers_forward() -> None:
 
 
 def _small(**kwargs: object) -> _KindLedger:
-    request = parse_options(model=dict(SMALL), framework="fsdp2", gpus=1, seq_len=64, **kwargs)
-    mechanics, act = mechanics_for(request, request.strategies[0], ())
-    step = step_shape(request, act, Device.CUDA)
-    led = _KindLedger()
-    steady_start(step, mechanics, None, led)
-    run_step(step, mechanics, None, led)
-    return led
+    return _ledger(**{"model": dict(SMALL), "seq_len": 64, **kwargs})
 
 
 PSI = 2 * 1000 * 512 + 512 + 2 * (2 * 512 * 512 + 2 * 512 * 128 + 3 * 512 * 1024 + 2 * 512)
