@@ -22,6 +22,7 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 from zerocalc.base.errors import InputError  # noqa: E402
 from zerocalc.model.hf_config import architecture_from_hf_dict  # noqa: E402
 from zerocalc.parallel.finetune import FineTuning, LoraConfig, finetune_counts  # noqa: E402
+from zerocalc.validate.peft_model import lora_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -48,18 +49,6 @@ def _config(family: str) -> dict[str, Any]:
     return {"model_type": family, **CASES[family][0], **TINY_OVERRIDES.get(family, {})}
 
 
-def _peft_config(lora: LoraConfig) -> Any:
-    targets = list(lora.targets) if isinstance(lora.targets, tuple) else lora.targets
-    return peft.LoraConfig(
-        r=lora.rank,
-        lora_alpha=lora.alpha,
-        target_modules=targets,
-        lora_dropout=lora.dropout,
-        use_dora=lora.dora,
-        modules_to_save=list(lora.modules_to_save) or None,
-    )
-
-
 def _peft_model(config: dict[str, Any], lora: LoraConfig) -> Any:
     settings = dict(config)
     cfg = AutoConfig.for_model(settings.pop("model_type"), **settings)
@@ -67,7 +56,7 @@ def _peft_model(config: dict[str, Any], lora: LoraConfig) -> Any:
     model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Conv1D's fan_in_fan_out, tied layers, unmatched rank patterns
-        return peft.get_peft_model(model, _peft_config(lora))
+        return lora_model(model, lora)  # the builder validate uses
 
 
 def _cases() -> list[Any]:
