@@ -232,3 +232,20 @@ def assert_row_is_comms(row: Any) -> None:
     assert {f: getattr(comm.step, f) for f in PLAN_STEP_FIELDS} == {
         f: getattr(row, f) for f in PLAN_STEP_FIELDS
     }
+
+
+def plan_candidates(plan: Any) -> tuple[Any, list[Any]]:
+    """The resolver of ``plan``'s search and the candidates of every group it enumerates, none refused."""
+    from zerocalc.base.errors import InputError
+    from zerocalc.plan.search import _Resolver, _Setting
+    from zerocalc.plan.space import enumerate_groups
+
+    setting = _Setting.of(plan)
+    groups, _ = enumerate_groups(plan, setting.flash)
+    resolver = _Resolver(plan, setting)
+    candidates: list[Any] = []
+    for group in groups:
+        members = resolver.candidates(group)
+        assert not isinstance(members, InputError), members
+        candidates += members
+    return resolver, candidates

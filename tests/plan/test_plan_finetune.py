@@ -14,10 +14,10 @@ from helpers import (
     candidate_requests_or_error,
     one_line_error,
     parsed_candidate_or_error,
+    plan_candidates,
 )
 from typer.testing import CliRunner
 
-from zerocalc.base.errors import InputError
 from zerocalc.cli import app
 from zerocalc.cli.plan import command
 from zerocalc.parallel.frameworks import Framework
@@ -25,7 +25,7 @@ from zerocalc.parallel.strategies import OffloadTarget, StrategyName
 from zerocalc.peak.simulate import runtime_for, simulate
 from zerocalc.plan.allocated import _states
 from zerocalc.plan.candidates import Bases
-from zerocalc.plan.search import _exact, _Resolver, _Setting, search
+from zerocalc.plan.search import _exact, search
 from zerocalc.plan.space import FINETUNE_FRAMEWORKS, enumerate_groups, plan_options
 from zerocalc.request.training import parse_options
 
@@ -89,14 +89,7 @@ def test_a_finetune_candidates_bound_is_its_allocated_peak(space: dict) -> None:
     whole step's allocated peak to the byte (the fine-tuning timeline: adapters, frozen and quantised
     weights, dequantisation transients), so it is at most memory's exact peak."""
     plan = plan_options(**space)
-    setting = _Setting.of(plan)
-    groups, _ = enumerate_groups(plan, setting.flash)
-    resolver = _Resolver(plan, setting)
-    candidates = []
-    for group in groups:
-        members = resolver.candidates(group)
-        assert not isinstance(members, InputError), members
-        candidates += members
+    resolver, candidates = plan_candidates(plan)
     for cand in random.Random(4).sample(candidates, 10):
         request = cand.request
         name = request.strategies[0]

@@ -14,10 +14,10 @@ from helpers import (
     candidate_requests_or_error,
     one_line_error,
     parsed_candidate_or_error,
+    plan_candidates,
 )
 from typer.testing import CliRunner
 
-from zerocalc.base.errors import InputError
 from zerocalc.cli import app
 from zerocalc.cli.plan import command
 from zerocalc.parallel.fp8 import NO_FP8
@@ -26,7 +26,7 @@ from zerocalc.parallel.strategies import StrategyName
 from zerocalc.peak.simulate import runtime_for, simulate
 from zerocalc.plan.allocated import _states
 from zerocalc.plan.candidates import Bases
-from zerocalc.plan.search import _exact, _Resolver, _Setting, search
+from zerocalc.plan.search import _exact, search
 from zerocalc.plan.space import enumerate_groups, plan_options
 
 runner = CliRunner()
@@ -100,14 +100,7 @@ def test_an_fp8_candidates_bound_is_its_allocated_peak() -> None:
     and the communicators is the whole step's allocated peak to the byte (the all-gather's scales taken
     from the whole timeline), and at most memory's exact peak."""
     plan = plan_options(**SPACE, frameworks="fsdp2", fp8="tensorwise,rowwise")
-    setting = _Setting.of(plan)
-    groups, _ = enumerate_groups(plan, setting.flash)
-    resolver = _Resolver(plan, setting)
-    cands = []
-    for group in groups:
-        members = resolver.candidates(group)
-        assert not isinstance(members, InputError), members
-        cands += members
+    resolver, cands = plan_candidates(plan)
     sample = [c for c in cands if c.request.fp8.all_gather][:4] + random.Random(3).sample(cands, 6)
     for cand in sample:
         request = cand.request
