@@ -112,6 +112,13 @@ class ComputeTable(_Record):
     memory: tuple[BandwidthPoint, ...] = ()
     roofline: Roofline | None = None
 
+    @property
+    def prices_fp8(self) -> bool:
+        """It prices FP8 GEMMs: FP8 points, or an FP8 peak in its roofline."""
+        return any(p.dtype is DType.FP8 for p in self.gemm) or (
+            self.roofline is not None and DType.FP8 in self.roofline.peak_tflops
+        )
+
     def _rates(self) -> _Rates:
         rates = _LOOKUPS.get(id(self))
         if rates is None or rates.table is not self:
@@ -161,6 +168,16 @@ def _interpolated(points: list[tuple[tuple[float, ...], float]], at: tuple[float
     return sum(weights) / sum(w / r for w, (_, r) in zip(weights, nearest, strict=True))
 
 
+def no_fp8_problem(asked: str) -> str:
+    """Why ``asked`` (an FP8 recipe on a GPU, in words) is refused where the compute table prices no FP8
+    GEMM (:attr:`ComputeTable.prices_fp8`)."""
+    return (
+        f"{asked}: its compute table has no FP8 peak and no FP8 points (no FP8 tensor cores: "
+        "torch._scaled_mm and Transformer Engine's FP8 GEMMs need compute capability 8.9 or later); "
+        "accepted: a GPU with them (h100-80gb, h200-141gb, b200-180gb, l40s, mi300x, ...), or {fp8} none"
+    )
+
+
 class _Rates:
     """A table's lookups, each shape computed once (a plan asks for the same shapes many times)."""
 
@@ -191,12 +208,7 @@ class _Rates:
         roofline = self._roofline(f"{dtype.value} GEMMs")
         peak = roofline.peak_tflops.get(dtype)
         if peak is None and dtype is DType.FP8:
-            raise InputError(
-                f"{{fp8}} on {shown(self.table.device_name)}: its compute table has no FP8 peak and no FP8 "
-                "points (no FP8 tensor cores: torch._scaled_mm and Transformer Engine's FP8 GEMMs need "
-                "compute capability 8.9 or later); accepted: a GPU with them (h100-80gb, h200-141gb, "
-                "b200-180gb, l40s, mi300x, ...), or {fp8} none"
-            )
+            raise InputError(no_fp8_problem(f"{{fp8}} on {shown(self.table.device_name)}"))
         if peak is None:
             bf16 = roofline.peak_tflops.get(DType.BF16)
             if bf16 is None:

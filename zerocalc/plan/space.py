@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError, shown
 from zerocalc.base.units import BINARY_SUFFIXES, parse_count, parse_whole
-from zerocalc.compute.table import ComputeTable
+from zerocalc.compute.table import ComputeTable, no_fp8_problem
 from zerocalc.model.activations import Recompute
 from zerocalc.model.code import MODEL_CODES, ModelImplName
 from zerocalc.network.calibration import Calibration
@@ -298,15 +298,6 @@ def _fp8_recipes(text: str | list[str] | tuple[str, ...] | None) -> tuple[Fp8Rec
     return tuple(dict.fromkeys(fp8_recipe(p) for p in parts))
 
 
-def _has_fp8(table: ComputeTable) -> bool:
-    """The compute table prices FP8 GEMMs: FP8 points, or an FP8 peak in its roofline (as
-    :class:`~zerocalc.compute.table.ComputeTable`'s rates do; the same GPUs ``comm --fp8`` takes)."""
-    roofline = table.roofline
-    return any(p.dtype is DType.FP8 for p in table.gemm) or (
-        roofline is not None and DType.FP8 in roofline.peak_tflops
-    )
-
-
 def parse_plan(options: PlanOptions) -> PlanRequest:
     """Parse and check every option once; one :class:`InputError` line for the first problem."""
     o = options
@@ -363,12 +354,8 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         )
     if base.model.architecture is None:  # pragma: no cover - a model always has one
         raise InputError("{model} needs an architecture; accepted: a preset or a config.json")
-    if fp8 != (Fp8RecipeName.NONE,) and not _has_fp8(table.table):
-        raise InputError(
-            f"{{fp8}} {shown(o.fp8)} on {shown(gpu.name)}: its compute table has no FP8 peak and no FP8 "
-            "points (no FP8 tensor cores: compute capability 8.9 or later); accepted: a GPU with them "
-            "(h100-80gb, h200-141gb, b200-180gb, l40s, mi300x, ...), or {fp8} none"
-        )
+    if fp8 != (Fp8RecipeName.NONE,) and not table.table.prices_fp8:
+        raise InputError(no_fp8_problem(f"{{fp8}} {shown(o.fp8)} on {shown(gpu.name)}"))
     if base.finetune is not None and fp8 != (Fp8RecipeName.NONE,):
         raise InputError(
             f"{{fp8}} {shown(o.fp8)} is not modelled with fine-tuning (which weights a frozen or quantised "
