@@ -181,12 +181,18 @@ def _global_batch(text: int | str | None, seq_len: int) -> int:
     return tokens // seq_len
 
 
+def _comma_list(text: str | list[str] | tuple[str, ...] | int) -> tuple[str, list[str]]:
+    """A list option as typed (``1,2,4``, or the library's list) → (its text, its non-empty items)."""
+    if isinstance(text, (list, tuple)):
+        text = ",".join(str(t) for t in text)
+    return str(text), [p.strip() for p in str(text).split(",") if p.strip()]
+
+
 def _frameworks(text: str | list[str] | tuple[str, ...] | None) -> tuple[Framework, ...]:
     if text is None:
         return DEFAULT_FRAMEWORKS
-    if isinstance(text, (list, tuple)):
-        text = ",".join(text)
-    parts = [p.strip().lower().replace("_", "-") for p in text.split(",") if p.strip()]
+    text, items = _comma_list(text)
+    parts = [p.lower().replace("_", "-") for p in items]
     accepted = "all, or a comma list of " + ", ".join(f.value for f in Framework)
     if parts == ["all"]:
         return tuple(Framework)
@@ -200,9 +206,8 @@ def _degrees(text: str | list[str] | tuple[str, ...] | int | None, name: str) ->
     """``--tp 1,2,4`` → (1, 2, 4); ``auto`` → None (every degree the rules allow); absent → (1,)."""
     if text is None:
         return (1,)
-    if isinstance(text, (list, tuple)):
-        text = ",".join(str(t) for t in text)
-    parts = [p.strip().lower() for p in str(text).split(",") if p.strip()]
+    text, items = _comma_list(text)
+    parts = [p.lower() for p in items]
     if parts == ["auto"]:
         return None
     accepted = "auto, or a comma list of whole numbers such as 1,2,4,8"
@@ -218,9 +223,8 @@ def _switches(text: str | list[str] | tuple[str, ...] | None, name: str) -> tupl
     """``--sequence-parallel on,off`` → (True, False), the order given; absent → None (the default)."""
     if text is None:
         return None
-    if isinstance(text, (list, tuple)):
-        text = ",".join(str(t) for t in text)
-    parts = [p.strip().lower() for p in str(text).split(",") if p.strip()]
+    text, items = _comma_list(text)
+    parts = [p.lower() for p in items]
     if not parts or any(p not in SWITCH_VALUES for p in parts):
         raise InputError(f"{{{name}}} {shown(text)} is not accepted; accepted: on, off, or on,off")
     return tuple(dict.fromkeys(SWITCH_VALUES[p] for p in parts))
@@ -287,9 +291,7 @@ def _fp8_recipes(text: str | list[str] | tuple[str, ...] | None) -> tuple[Fp8Rec
     """``--fp8 none,tensorwise`` → (NONE, TENSORWISE); ``auto`` → None; absent → (NONE,)."""
     if text is None:
         return (Fp8RecipeName.NONE,)
-    if isinstance(text, (list, tuple)):
-        text = ",".join(str(t) for t in text)
-    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    text, parts = _comma_list(text)
     if [p.lower() for p in parts] == ["auto"]:
         return None
     if not parts:
