@@ -19,7 +19,6 @@ bnb = pytest.importorskip("bitsandbytes")
 peft = pytest.importorskip("peft")
 
 from finetune_reference import expected, measured  # noqa: E402
-from test_finetune_peft import _peft_config  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig  # noqa: E402
 
 from zerocalc.base.dtypes import DType  # noqa: E402
@@ -27,6 +26,7 @@ from zerocalc.model.architecture import Architecture  # noqa: E402
 from zerocalc.model.hf_config import architecture_from_hf_dict  # noqa: E402
 from zerocalc.model.quantized import Part, QuantMethod, quantized_modules, weight_storage  # noqa: E402
 from zerocalc.parallel.finetune import FineTuning, LoraConfig, QuantConfig, quantized_storage  # noqa: E402
+from zerocalc.validate.peft_model import lora_model  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 transformers.logging.set_verbosity_error()
@@ -213,7 +213,7 @@ def test_qlora_holds_every_parameter_zerocalc_predicts(
     config = LoraConfig(rank=4, **lora)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = peft.get_peft_model(model, _peft_config(config))
+        model = lora_model(model, config)  # the builder validate uses
     assert measured(model) == expected(_arch(name), FineTuning(lora=config, quant=quant))
 
 
