@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from zerocalc.base.dtypes import DType
 from zerocalc.cli import app
 from zerocalc.model.activations import Recompute
-from zerocalc.model.code import Device
+from zerocalc.model.code import Device, OutputKept
 from zerocalc.model.code.finetune import tuned_layer
 from zerocalc.model.hf_config import architecture_from_hf_dict
 from zerocalc.parallel.finetune import PEFT_ALONE, ForwardWeights, forward_tuning
@@ -260,6 +260,29 @@ def test_the_tracker_agrees_with_the_timeline_to_the_byte(family: str, world: in
     result = fake.compare(request, case, measured, seconds, config)
     assert result.not_claimed is None
     assert result.exact, [(line.line, line.measured - line.predicted) for line in result.lines]
+
+
+@needs_torch
+@pytest.mark.parametrize("kept", [OutputKept.STEP, OutputKept.NEXT])
+def test_a_loop_that_holds_its_output_agrees_to_the_byte(kept: OutputKept) -> None:
+    """``output = model(...)`` held to the step's end, or rebound by the next forward: the logits it holds
+    are the timeline's at every phase (full recompute: no DynamicCache)."""
+    from zerocalc.validate import fake_step
+
+    config = TINY_CONFIGS["llama"]
+    arch = architecture_from_hf_dict(config, "llama", "llama")
+    case = fake.FakeCase(
+        model="llama", world=8, micro_batch=2, seq_len=128, recompute=Recompute.FULL, reshard=True,
+        keep_output=kept,
+    )  # fmt: skip
+    measured, seconds = fake_step.run(config, 8, 2, 128, True, True, keep_output=kept)
+    result = fake.compare(fake.request_for(arch, case), case, measured, seconds, config)
+    assert result.not_claimed is None
+    assert result.exact, [(line.line, line.measured - line.predicted) for line in result.lines]
+    dropped = case.model_copy(update={"keep_output": OutputKept.NONE})
+    logits = 2 * 128 * config["vocab_size"] * 2  # b · s · V in bf16
+    without = fake.predict(fake.request_for(arch, dropped), dropped)[0]
+    assert measured.after_forward - without.after_forward == logits
 
 
 @needs_torch

@@ -146,6 +146,7 @@ MEASURE_OPTIONS: tuple[Option, ...] = (
     _opt("lora_rank", ("--lora-rank",),
          "PEFT LoRA of rank R on the model's default targets (its base frozen in bf16, adapters fp32); "
          "0: full training.", {FAKE}, default=0, metavar="R"),
+    _memory("keep_output", FAKE),
     _opt("pp", ("--pp",),
          "p: pipeline stages of torch.distributed.pipelining's Schedule1F1B (pp × dp ranks, pipeline "
          "outermost); 2 or more.", {PIPELINE, FAKE_PIPELINE}, default=2, metavar="P"),

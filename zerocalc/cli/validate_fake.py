@@ -33,7 +33,9 @@ def fake(values: dict[str, Any], given: frozenset[str]) -> None:
     and a fake process group of --world ranks (FSDPMemTracker); compare each phase's allocated bytes with
     the step timeline, exactly (needs transformers). Without --model: a tiny Llama."""
     from zerocalc.model.activations import Recompute
+    from zerocalc.model.code import OutputKept
     from zerocalc.parallel.precision import Fp8RecipeName
+    from zerocalc.request.values import choice
     from zerocalc.validate.fake import RECOMPUTES, FakeCase, request_for
     from zerocalc.validate.tp import check_tp_model
 
@@ -75,12 +77,15 @@ def fake(values: dict[str, Any], given: frozenset[str]) -> None:
     lora = whole_number(values["lora_rank"], "--lora-rank") or 0
     if lora and (max(tps) > 1 or fp8 is not Fp8RecipeName.NONE):
         raise InputError("--lora-rank with --tp or --fp8: not built here; accepted: --tp 1, --fp8 none")
+    keep_output = choice(values["keep_output"], "--keep-output", OutputKept)
+    if keep_output is not OutputKept.NONE and max(tps) > 1:
+        raise InputError(f"--keep-output {keep_output.value} with --tp: not built here; accepted: --tp 1")
     name, config, arch = _fake_model(model, tp=max(tps) > 1)
     cases = [
         FakeCase(
             model=name, world=w, micro_batch=micro_batch, seq_len=seq_len, recompute=r, reshard=rs, tp=t,
             sequence_parallel=sp, loss_parallel=lp, fp8=fp8, fp8_all_gather=values["fp8_all_gather"],
-            lora_rank=lora,
+            lora_rank=lora, keep_output=keep_output,
         )
         for w in dict.fromkeys(worlds)
         for t in tps

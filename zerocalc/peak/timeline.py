@@ -43,6 +43,7 @@ from zerocalc.model.code import (
     LossImpl,
     ModelCode,
     OpSacLayer,
+    OutputKept,
     Shape,
     chunked_rows,
     embedding_saves,
@@ -135,6 +136,8 @@ class StepShape(NamedTuple):
     (:mod:`zerocalc.model.code.loss`)."""
     loss_chunks: int = TORCHTUNE_OUTPUT_CHUNKS
     """torchtune's output chunks (``--loss chunked``)."""
+    keep_output: OutputKept = OutputKept.NONE
+    """How long the training loop holds the model's output, its logits (``--keep-output``)."""
     saves: dict[tuple, LayerSaves] | None = None
     """Where the step finds and keeps its layers' saves, per kind of layer (mixture-of-experts or not; a
     fine-tuning run's per layer) and cache use: steps of one micro-batch and recompute whose blocks are
@@ -264,6 +267,7 @@ def run_step(
     mechanics.zero_grad(led)
     led.event("zero_grad")
     run.keep_last_loss()  # the training loop's `loss` lives into the next step
+    run.release_output()
     return Phases(start, after_forward, after_backward)
 
 
@@ -603,7 +607,9 @@ class _Passes:
         led.free(f"labels padded{tag}")
         led.free("previous step's loss")
         mechanics.post_forward(led, "root")
-        led.free(f"logits{tag}")  # only the loss is kept by the training loop
+        if step.keep_output is OutputKept.NONE:
+            led.free(f"logits{tag}")  # only the loss is kept by the training loop
+        led.free(HELD_LOGITS)  # --keep-output next: the previous output, its name rebound as forward returns
         led.free(f"last hidden state (base model output){tag}")
         led.free_group(f"sliding cache{tag}")  # the DynamicCache of the dropped output
 
@@ -901,6 +907,14 @@ class _Passes:
                 led.event(f"slice backward (output chunk{j}, added){tag}", self.hidden_bytes, TRANSIENT)
             led.free(f"d hidden output chunk{j}{tag}")
 
+    def release_output(self) -> None:
+        """At the step's end the loop drops the output it held (``--keep-output step``) or keeps it as the
+        previous output until the next forward returns (``next``); under ``none`` it is gone already."""
+        if self.step.keep_output is OutputKept.STEP:
+            self.led.free("logits")
+        elif self.step.keep_output is OutputKept.NEXT:
+            self.led.rename("logits", HELD_LOGITS)
+
     def keep_last_loss(self) -> None:
         """The last micro-batch's loss becomes the previous step's; the others' are dropped."""
         for name in self._losses[:-1]:
@@ -1087,6 +1101,17 @@ def _run_backward_program(
         led.event(event)
 
 
+HELD_LOGITS = "previous output's logits"
+"""The logits of the output a ``--keep-output next`` loop still holds when the next step begins."""
+
+
+def held_logits_bytes(step: StepShape) -> int:
+    """The bytes of the logits a loop holds (``--keep-output``): the rank's tokens × its vocabulary columns
+    in the LM head's dtype (the hidden stream's: fp32 under ``prepare_model_for_kbit_training``)."""
+    shard = vocab_shard(step.impl, step.arch, step.shape, vocab=_allocated_vocab(step.arch, step.impl))
+    return stream_bytes(step.tuning, step.act) * shard.rows * shard.columns
+
+
 def workspace(runtime: Runtime, thread: str) -> str:
     """The name of the BLAS workspace of the ``forward`` or ``autograd`` thread's handle."""
     return f"{runtime.blas} workspace ({thread} thread)"
@@ -1098,6 +1123,8 @@ def steady_start(step: StepShape, mechanics: StepHooks, runtime: Runtime | None,
     mechanics.resident(led)
     _inputs(step, led)
     led.alloc("previous step's loss", FP32, LOSS)
+    if step.keep_output is OutputKept.NEXT:
+        led.alloc(HELD_LOGITS, held_logits_bytes(step), LOSS)
     if runtime is not None and step.device is Device.CUDA:
         led.alloc(workspace(runtime, "forward"), runtime.cublas_workspace, RUNTIME)
         led.alloc(workspace(runtime, "autograd"), runtime.cublas_workspace, RUNTIME)

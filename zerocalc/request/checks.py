@@ -33,7 +33,7 @@ from zerocalc.request.fp8 import fp8_gpu_problem, fp8_strategy_problem
 from zerocalc.request.mesh_checks import dim1_expert_sharding_problem, mesh_problem
 from zerocalc.request.model_spec import seq_len_problem
 from zerocalc.request.problems import architecture_problem, offload_record_problem, record_problem
-from zerocalc.request.savers import savers_problem
+from zerocalc.request.savers import kept_output_problem, savers_problem
 
 if TYPE_CHECKING:
     from zerocalc.request.training import TrainingRequest
@@ -342,6 +342,9 @@ AFTER_STRATEGIES = (
     Part("memory savers", ("activations.loss", "model_impl", "mesh", "optimizer_in_backward", "framework",
                            "grad_accum", "offload_params", "finetune"),
          lambda r, _: savers_problem(r)),
+    Part("kept output", ("activations.keep_output", "activations.loss", "activations.recompute", "model_impl",
+                         "mesh"),
+         lambda r, _: kept_output_problem(r)),
 )  # fmt: skip
 """The checks after, in the order they report."""
 

@@ -285,6 +285,12 @@ OPTIONS: tuple[Option, ...] = (
     _opt("loss_chunks", ("--loss-chunks",),
          "With --loss chunked: the output chunks (num_output_chunks).", ESTIMATES, value_type=OPT_NUM,
          metavar="N", default_help="torchtune's 8"),
+    _opt("keep_output", ("--keep-output",),
+         "How long the training loop holds the model's output (its logits): none (only the loss: "
+         "transformers' Trainer, torchtune, torchtitan), step (to the end of the micro-batch's backward and "
+         "step, then dropped) or next (until the next forward returns: `outputs = model(**batch); "
+         "loss = outputs.loss; loss.backward()` in a loop).",
+         ESTIMATES, default="none", value_type=STR),
     _opt("flash_attention", ("--flash-attention",), "Flash attention (no s² terms).", ALL_ESTIMATES,
          kind=Kind.SWITCH, value_type="bool | None", negative="--no-flash-attention",
          default_help="the model code's: SDPA's flash kernel for every transformers family, eager without "
@@ -469,22 +475,27 @@ LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "dora"
 SAVER_OPTIONS = ("loss", "loss_chunks", "optimizer_in_backward")
 """The memory savers of fine-tuning recipes, echoed only where one is set off its default: a run without
 them echoes none (its JSON as before they existed)."""
+LOOP_OPTIONS = ("keep_output",)
+"""What the training loop holds, echoed only where set off its default, as the savers."""
+_ECHOED_WHERE_SET = (SAVER_OPTIONS, LOOP_OPTIONS)
 
 
 def echo(command: Command, values: dict[str, Any]) -> dict[str, Any]:
     """The JSON's ``options``: every request option of ``command`` with the value it was given (its
     default where not given), keyed by its keyword, as the library takes it back; the fine-tuning options
-    (:data:`FINETUNE_OPTIONS`) only in a fine-tuning run's, the savers (:data:`SAVER_OPTIONS`) only where
-    one is set."""
+    (:data:`FINETUNE_OPTIONS`) only in a fine-tuning run's, the savers (:data:`SAVER_OPTIONS`) and the
+    loop's (:data:`LOOP_OPTIONS`) only where one of them is set."""
     echoed = {}
     tuning = any(values.get(name) not in (None, False) for name in FINETUNE_OPTIONS)
-    defaults = {o.name: o.default for o in OPTIONS if o.name in SAVER_OPTIONS}
-    saving = any(
-        values.get(name) is not None and str(values.get(name)) != str(defaults[name])
-        for name in SAVER_OPTIONS
-    )
+    defaults = {o.name: o.default for o in OPTIONS}
+    unset = {
+        name
+        for group in _ECHOED_WHERE_SET
+        if all(values.get(n) is None or str(values.get(n)) == str(defaults[n]) for n in group)
+        for name in group
+    }
     for o in options_for(command, request_only=True):
-        if (o.name in FINETUNE_OPTIONS and not tuning) or (o.name in SAVER_OPTIONS and not saving):
+        if (o.name in FINETUNE_OPTIONS and not tuning) or o.name in unset:
             continue
         value = values.get(o.name, o.default)
         if value is not None and o.default is not None and str(value) == str(o.default):

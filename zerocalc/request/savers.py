@@ -1,6 +1,7 @@
 """The memory savers of fine-tuning recipes as a request holds them (``--loss``, ``--loss-chunks``,
 ``--optimizer-in-backward``): parsed once here, checked against the model's code and the framework
-(:func:`savers_problem`)."""
+(:func:`savers_problem`); and what the training loop keeps of the loss's output (``--keep-output``,
+:func:`kept_output_problem`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from zerocalc.base.errors import InputError
 from zerocalc.base.units import parse_whole
-from zerocalc.model.code import MODEL_CODES, TORCHTUNE_OUTPUT_CHUNKS, LossImpl, ModelImplName
+from zerocalc.model.activations import Recompute
+from zerocalc.model.code import MODEL_CODES, TORCHTUNE_OUTPUT_CHUNKS, LossImpl, ModelImplName, OutputKept
 from zerocalc.parallel.framework_records import FRAMEWORKS
 from zerocalc.parallel.precision import ParamLayout
 from zerocalc.parallel.strategies import OffloadTarget
@@ -112,4 +114,39 @@ def _in_backward_problem(request: TrainingRequest) -> str | None:
         )
     if request.model_code is ModelImplName.MEGATRON:
         return "{optimizer_in_backward} with {model_impl} megatron is not modelled; accepted: {model_impl} hf"
+    return None
+
+
+def kept_output_problem(request: TrainingRequest) -> str | None:
+    """``--keep-output`` where the loop cannot hold a transformers output, or where what it holds is not
+    modelled; None where accepted (or not asked)."""
+    kept = request.activations.keep_output
+    if kept is OutputKept.NONE:
+        return None
+    what = f"{{keep_output}} {kept.value}"
+    impl = MODEL_CODES[request.model_code]
+    if not impl.transformers_modules:
+        return (
+            f"{what} with {{model_impl}} {request.model_code.value}: its training loop keeps only the "
+            "loss (torchtitan's `del pred`, Megatron-LM's schedules); accepted: {model_impl} hf, or "
+            "{keep_output} none"
+        )
+    if request.activations.loss is not LossImpl.FULL:
+        return (
+            f"{what} with {{loss}} {request.activations.loss.value}: the saver's recipe drops the output "
+            "(torchtune's `del outputs`; Liger's loss returns no logits); accepted: {loss} full"
+        )
+    if request.mesh.pp > 1:
+        return (
+            f"{what} with {{pp}} {request.mesh.pp}: a pipeline schedule calls the loss itself; accepted: "
+            "{pp} 1"
+        )
+    if impl.kv_cache_copies and request.activations.recompute is not Recompute.FULL:
+        # transformers 5.17: use_cache defaults to True in training and is forced off only under gradient
+        # checkpointing; the output's DynamicCache then holds every layer's k and v past their backward
+        return (
+            f"{what} with {{recompute}} {request.activations.recompute.value}: the output's DynamicCache "
+            "(use_cache, on unless gradient checkpointing turns it off) would hold every layer's k and v "
+            "too, not modelled; accepted: {recompute} full"
+        )
     return None

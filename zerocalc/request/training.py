@@ -31,7 +31,7 @@ from zerocalc.base.memo import IdentityCache
 from zerocalc.base.units import parse_bytes, parse_whole
 from zerocalc.model.activations import CpImpl, Recompute
 from zerocalc.model.architecture import Architecture
-from zerocalc.model.code import TORCHTUNE_OUTPUT_CHUNKS, LossImpl, ModelImplName, Shape
+from zerocalc.model.code import TORCHTUNE_OUTPUT_CHUNKS, LossImpl, ModelImplName, OutputKept, Shape
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import Cluster
 from zerocalc.network.links import Bandwidths
@@ -106,6 +106,11 @@ class ActivationOptions(BaseModel):
     )
     loss_chunks: int = Field(
         default=TORCHTUNE_OUTPUT_CHUNKS, ge=1, description="torchtune's num_output_chunks (--loss chunked)"
+    )
+    keep_output: OutputKept = Field(
+        default=OutputKept.NONE,
+        description="how long the training loop holds the model's output (its logits): only the loss, to "
+        "the end of the step, or until the next forward returns",
     )
 
 
@@ -457,7 +462,13 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         flash_attention=o.flash_attention,
     )
     loss, loss_chunks = parse_loss(o.loss, o.loss_chunks)
-    activations = activations.model_copy(update={"loss": loss, "loss_chunks": loss_chunks})
+    activations = activations.model_copy(
+        update={
+            "loss": loss,
+            "loss_chunks": loss_chunks,
+            "keep_output": choice(o.keep_output, "{keep_output}", OutputKept),
+        }
+    )
     model_impl = choice(o.model_impl, "{model_impl}", ModelImplName)
     mesh = parse_mesh(o, whole, framework, model_impl, model)
     if o.capacity_factor is not None:

@@ -23,7 +23,7 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.units import ceil_div
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, parameter_tensors
-from zerocalc.model.code import HF, Device, Shape
+from zerocalc.model.code import HF, Device, OutputKept, Shape
 from zerocalc.model.traits import traits
 from zerocalc.parallel.precision import Fp8RecipeName
 from zerocalc.parallel.strategies import StrategyName
@@ -66,6 +66,9 @@ class FakeCase(BaseModel):
     """torchao's float8 recipe of every nn.Linear but the LM head (``--fp8-skip lm_head``)."""
     fp8_all_gather: bool = False
     lora_rank: int = Field(default=0, description="PEFT LoRA's r on the default targets (0: full training)")
+    keep_output: OutputKept = Field(
+        default=OutputKept.NONE, description="how long the loop holds the model's output (--keep-output)"
+    )
 
     @property
     def tp_plan(self) -> TpPlan | None:
@@ -91,6 +94,7 @@ class FakeCase(BaseModel):
         fp8 = "" if self.fp8 is Fp8RecipeName.NONE else f", fp8 {self.fp8.value}"
         fp8 += " all-gather" if self.fp8_all_gather else ""
         fp8 += f", LoRA r {self.lora_rank}" if self.lora_rank else ""
+        fp8 += f", output kept {self.keep_output.value}" if self.keep_output is not OutputKept.NONE else ""
         return (
             f"{self.model}: FSDP2 {mesh}, b={self.micro_batch} s={self.seq_len}, "
             f"recompute {self.recompute.value}, {reshard}{fp8}"
@@ -265,6 +269,7 @@ def request_for(model: str, case: FakeCase) -> TrainingRequest:
         fp8=case.fp8.value,
         fp8_all_gather=case.fp8_all_gather,
         lora_rank=case.lora_rank,
+        keep_output=case.keep_output.value,
     )
 
 

@@ -45,6 +45,7 @@ import torch
 
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture
+from zerocalc.model.code import OutputKept
 from zerocalc.parallel.precision import Fp8RecipeName
 from zerocalc.peak.ledger import CUDA_BLOCK
 from zerocalc.request.training import TrainingRequest
@@ -150,7 +151,15 @@ def run_cases(
         recompute = case.recompute is Recompute.FULL
         fp8 = None if case.fp8 is Fp8RecipeName.NONE else (case.fp8.value, case.fp8_all_gather)
         measured, seconds = run(
-            config, case.world, case.micro_batch, case.seq_len, case.reshard, recompute, fp8, case.lora_rank
+            config,
+            case.world,
+            case.micro_batch,
+            case.seq_len,
+            case.reshard,
+            recompute,
+            fp8,
+            case.lora_rank,
+            case.keep_output,
         )
         results.append(compare(request, case, measured, seconds, config))
     tp_results = []
@@ -174,11 +183,13 @@ def run(
     recompute: bool,
     fp8: tuple[str, bool] | None = None,
     lora: int = 0,
+    keep_output: OutputKept = OutputKept.NONE,
 ) -> tuple[AllocatedPhases, float]:
     """One case: its third step's allocated figures (bytes on the largest rank, rank 0) and the seconds
     it took; ``fp8``: torchao's recipe and FP8 all-gather (:func:`~zerocalc.validate.recipe.
-    convert_to_fp8`); ``lora``: PEFT's LoRA rank (:func:`~zerocalc.validate.recipe.fsdp2_model`)."""
-    phases, _, seconds = _run(config, world, b, s, reshard, recompute, None, fp8, lora)
+    convert_to_fp8`); ``lora``: PEFT's LoRA rank (:func:`~zerocalc.validate.recipe.fsdp2_model`);
+    ``keep_output``: how long the loop holds the model's output (``--keep-output``)."""
+    phases, _, seconds = _run(config, world, b, s, reshard, recompute, None, fp8, lora, keep_output)
     return phases, seconds
 
 
@@ -200,6 +211,7 @@ def _run(
     plan: TpPlan | None,
     fp8: tuple[str, bool] | None = None,
     lora: int = 0,
+    keep_output: OutputKept = OutputKept.NONE,
 ) -> tuple[AllocatedPhases, TrackedStates, float]:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -216,7 +228,7 @@ def _run(
             mesh_2d = init_device_mesh("cpu", (plan.dp, plan.tp), mesh_dim_names=("dp", "tp"))
             mesh, tp = mesh_2d["dp"], (mesh_2d["tp"], plan)
         with _neutralised():
-            phases, states = _steps(config, mesh, b, s, reshard, recompute, tp, fp8, lora)
+            phases, states = _steps(config, mesh, b, s, reshard, recompute, tp, fp8, lora, keep_output)
     finally:
         gc.collect()
         dist.destroy_process_group()
@@ -233,6 +245,7 @@ def _steps(
     tp: Any = None,
     fp8: tuple[str, bool] | None = None,
     lora: int = 0,
+    keep_output: OutputKept = OutputKept.NONE,
 ) -> tuple[AllocatedPhases, TrackedStates]:
     import transformers
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -279,7 +292,9 @@ def _steps(
         figures: dict[str, int] = {}
         states: dict[str, int] = {}
         # the training loop's `loss` lives into the next step until the next forward returns (the
-        # timeline's "previous step's loss")
+        # timeline's "previous step's loss"); its `output` (--keep-output) as the loop holds it: dropped at
+        # once (none), set to None after the step (step), rebound by the next forward (next)
+        output = None
         with tracker:
             for _ in range(STEPS):
                 tracker.reset_mod_stats()
@@ -288,7 +303,11 @@ def _steps(
                 states["optimizer"] = category(_FSDPRefType.OPT)
                 reset_peak()
                 with loss_context():
-                    loss = model(input_ids=ids, labels=ids).loss
+                    if keep_output is OutputKept.NONE:
+                        loss = model(input_ids=ids, labels=ids).loss
+                    else:
+                        output = model(input_ids=ids, labels=ids)
+                        loss = output.loss
                     figures["forward_peak"], figures["after_forward"] = peak(), allocated()
                     reset_peak()
                     loss.backward()
@@ -299,5 +318,7 @@ def _steps(
                 opt.zero_grad()
                 untrack_step_counters()
                 figures["optimizer_peak"] = peak()
+                if keep_output is OutputKept.STEP:
+                    output = None
 
     return AllocatedPhases(**figures), TrackedStates(**states)

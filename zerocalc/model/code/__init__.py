@@ -53,6 +53,7 @@ from zerocalc.model.code.layer import QUADRATIC_TERMS, layer_saves
 from zerocalc.model.code.loss import (
     TORCHTUNE_OUTPUT_CHUNKS,
     LossImpl,
+    OutputKept,
     chunked_rows,
     liger_chunk_rows,
     loss_source,
@@ -103,6 +104,7 @@ __all__ = [
     "ModelCode",
     "ModelImplName",
     "OpSacLayer",
+    "OutputKept",
     "Shape",
     "Transient",
     "Ulysses",

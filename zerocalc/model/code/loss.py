@@ -44,6 +44,22 @@ class LossImpl(StrEnum):
     """Liger Kernel's ``LigerFusedLinearCrossEntropyLoss``."""
 
 
+class OutputKept(StrEnum):
+    """``--keep-output``: how long the training loop holds the model's output (a ``CausalLMOutputWithPast``:
+    its logits), which the full-logits loss otherwise frees before backward."""
+
+    NONE = "none"
+    """Only the loss is kept: transformers' ``Trainer.compute_loss`` returns the loss alone (5.17
+    ``trainer.py``), torchtune ``del outputs``, torchtitan ``del pred``."""
+    STEP = "step"
+    """Until the micro-batch's backward (and the optimizer step after the last) ends, the loop then
+    dropping it: AnswerDotAI/fsdp_qlora ``train.py`` (05ed9f2): ``output = None`` after the step."""
+    NEXT = "next"
+    """Until the next forward returns and rebinds the name: ``outputs = model(**batch); loss =
+    outputs.loss; loss.backward()`` in a loop (accelerate's ``examples/nlp_example.py``, transformers'
+    "Training in native PyTorch"); the previous micro-batch's logits alive through this one's forward."""
+
+
 TORCHTUNE_OUTPUT_CHUNKS = 8
 """``CEWithChunkedOutputLoss(num_output_chunks=8)``'s default, the recipes' too."""
 
