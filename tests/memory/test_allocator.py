@@ -94,3 +94,36 @@ def test_the_layer_programs_keep_the_saved_tensors_and_peak_where_the_code_does(
     assert layer_saves(impl, arch, 0, shape, 2, Device.CPU).program == ()
     mixtral, _ = load_model("mixtral-8x7b")
     assert layer_saves(impl, mixtral, 0, shape, 2, Device.CUDA).program == ()
+
+
+def _step_log(framework: str, **options: object) -> list:
+    """The allocation log of one FSDP step of Llama-3-8B on 2 GPUs (its unit buffers' streams)."""
+    from zerocalc.peak.ledger import Alloc, Ledger
+    from zerocalc.peak.simulate import mechanics_for, step_shape
+    from zerocalc.peak.timeline import run_step, steady_start
+    from zerocalc.request.training import parse_options
+
+    request = parse_options(
+        model="llama-3-8b", framework=framework, gpus=2, strategies="zero3", seq_len=256, **options
+    )
+    mechanics, act = mechanics_for(request, request.strategies[0], ())
+    led = Ledger()
+    step = step_shape(request, act, Device.CUDA)
+    steady_start(step, mechanics, None, led)
+    run_step(step, mechanics, None, led)
+    return [op for op in led.log if isinstance(op, Alloc) and op.nbytes]
+
+
+def test_fsdp1_allocates_its_unit_buffers_on_its_own_streams() -> None:
+    """torch 2.13 fsdp/_runtime_utils.py: ``_unshard`` (pre-unshard stream: ``_mp_shard``; unshard stream:
+    the padded flat parameter), ``_post_backward_hook`` (the reduce dtype's gradient, the sharded one);
+    autograd's unsharded gradients on the default stream. FSDP2's are replayed on the default stream."""
+    block = {op.name: op.stream for op in _step_log("fsdp") if op.name.startswith("0.")}
+    assert block["0.mp shard"] == "pre_unshard"
+    assert block["0.unsharded#0"] == "unshard"
+    assert block["0.reduce-scatter input"] == block["0.fp32 grad"] == "post_backward"
+    assert block["0.grad block#6"] == "default"
+    lora = {op.name: op.stream for op in _step_log("fsdp", lora_rank=8) if op.name.startswith("0.")}
+    assert lora["0.unsharded#6"] == "unshard"
+    assert lora["0.sharded grad#0"] == lora["0.reduce-scatter input"] == "post_backward"
+    assert {op.stream for op in _step_log("fsdp2") if "unsharded" in op.name} == {"default"}

@@ -66,7 +66,7 @@ from zerocalc.parallel.precision import ParamKind
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
 from zerocalc.peak.kinds import TensorKind
 from zerocalc.peak.ledger import Ledger
-from zerocalc.peak.mechanics import Accumulation, Mechanics, Unit
+from zerocalc.peak.mechanics import FSDP1_STREAMS, Accumulation, Fsdp1Streams, Mechanics, Unit
 from zerocalc.peak.timeline import GATHERED, GRADS, OPTIMIZER, OPTIMIZER_TEMP, PARAMS, REDUCE, TRANSIENT
 from zerocalc.request.training import TrainingRequest
 from zerocalc.states.framework import fsdp_unit_positions
@@ -167,6 +167,10 @@ class FtLayout(NamedTuple):
     """A unit's sharded gradients are views into its one reduce-scatter output (FSDP2
     ``_fsdp_collectives.foreach_reduce``); else each tensor's own (DDP's ``.grad``, FSDP1's flat parameter
     of each adapter Linear under PEFT's wrap policy)."""
+    streams: Fsdp1Streams = Fsdp1Streams("default", "default", "default")
+    """The streams a unit's shard copy, its unsharded tensors and its gradient reduction allocate on:
+    FSDP1's own (:data:`~zerocalc.peak.mechanics.FSDP1_STREAMS`); FSDP2's and DDP's on the default stream,
+    as the eight H100 FSDP2 runs' reserved bytes were reproduced."""
     optimizer_extra: int = 0
     """Optimizer bytes not of one tensor: bitsandbytes' two quantisation maps of an 8-bit optimizer
     (:data:`~zerocalc.parallel.optimizers.BNB_QMAP_BYTES`, one pair on the device)."""
@@ -199,6 +203,7 @@ def _layout(request: TrainingRequest, name: StrategyName) -> FtLayout:
         keep_root=setup.wrapper is TorchWrapper.FSDP1 or not setup.reshard_after_forward,
         unit_grad_buffer=setup.wrapper is TorchWrapper.FSDP2 and not no_shard,
         replicated_buckets=not fsdp and cluster.world_size > 1,
+        **({"streams": FSDP1_STREAMS} if setup.wrapper is TorchWrapper.FSDP1 else {}),
     )
 
 
@@ -381,9 +386,11 @@ class FineTune(Mechanics):
         u = self.ft.get(name)
         if u is None or not self.layout.gather or name in self._gathered:
             return
+        streams = self.layout.streams
         if self.layout.offload:  # the CPU shard copied to the GPU, then all-gathered from there
-            led.alloc_each((f"{name}.shard copy",), [t.shard_copy for t in u.tensors], GATHERED)
-        led.alloc_each((f"{name}.unsharded",), [t.gathered for t in u.tensors], GATHERED)
+            copies = [t.shard_copy for t in u.tensors]
+            led.alloc_each((f"{name}.shard copy",), copies, GATHERED, streams.pre_unshard)
+        led.alloc_each((f"{name}.unsharded",), [t.gathered for t in u.tensors], GATHERED, streams.unshard)
         led.event(f"unshard {name}")
         if self.layout.offload:
             led.free_each(f"{name}.shard copy", len(u.tensors))
@@ -438,7 +445,7 @@ class FineTune(Mechanics):
         if trained and layout.gather:
             # reduce-scatter: the input in the reduce dtype, then the sharded gradient kept
             reduce_input = sum(t.reduced for t in trained) * layout.grad_world
-            led.alloc(f"{name}.reduce-scatter input", reduce_input, REDUCE)
+            led.alloc(f"{name}.reduce-scatter input", reduce_input, REDUCE, layout.streams.post_backward)
             led.free_group(f"{name}.grads")
             led.event(f"reduce {name}")
             led.free(f"{name}.reduce-scatter input")
@@ -458,7 +465,8 @@ class FineTune(Mechanics):
             led.event(f"{name} gradients to the host", sum(t.main_grad for t in trained), GRADS)
             return
         if not led.has(f"{name}.sharded grad#0"):  # else added into the earlier micro-batches'
-            led.alloc_each((f"{name}.sharded grad",), self._grad_sizes(trained), GRADS)
+            sizes = self._grad_sizes(trained)
+            led.alloc_each((f"{name}.sharded grad",), sizes, GRADS, self.layout.streams.post_backward)
 
     def _grad_sizes(self, trained: Sequence[FtTensor]) -> list[int]:
         sizes = [t.main_grad for t in trained]

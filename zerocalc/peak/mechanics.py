@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from functools import cached_property, lru_cache
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from zerocalc.base.dtypes import DType
 from zerocalc.base.units import ceil_div
@@ -681,6 +681,23 @@ class Fsdp2(Fsdp):
 
 
 # --------------------------------------------------------------------------------------------------- FSDP1
+class Fsdp1Streams(NamedTuple):
+    """The CUDA streams FSDP1 allocates its buffers on (torch 2.13 ``torch/distributed/fsdp/
+    _runtime_utils.py``); the caching allocator keeps each stream's freed blocks for that stream alone."""
+
+    pre_unshard: str
+    """``_unshard``: ``handle.pre_unshard()`` under ``_pre_unshard_stream``: the low-precision shard
+    (``_mp_shard``), a CPU-offloaded shard's copy to the GPU."""
+    unshard: str
+    """``handle.unshard()`` under ``_unshard_stream``: the padded unsharded flat parameter."""
+    post_backward: str
+    """``_post_backward_hook`` under ``_post_backward_stream``: the gradient cast to the reduce dtype, the
+    reduce-scatter's output, the sharded gradient kept."""
+
+
+FSDP1_STREAMS = Fsdp1Streams("pre_unshard", "unshard", "post_backward")
+
+
 class Fsdp1(Fsdp):
     """FSDP1 with one flat parameter per unit (``FlatParamHandle``): the shard is ``ceil(P/N)`` elements of
     the flat parameter padded to a multiple of N; the root is not resharded after forward (``_runtime_
@@ -731,8 +748,8 @@ class Fsdp1(Fsdp):
             return
         # _mp_shard: the local shard cast to param_dtype; _full_param_padded: the all-gather output
         labels = unit.labels
-        led.alloc(labels.mp_shard, self.param_bytes * unit.local[0], GATHERED)
-        led.alloc(labels.unsharded_0, self.param_bytes * unit.padded[0], GATHERED)
+        led.alloc(labels.mp_shard, self.param_bytes * unit.local[0], GATHERED, FSDP1_STREAMS.pre_unshard)
+        led.alloc(labels.unsharded_0, self.param_bytes * unit.padded[0], GATHERED, FSDP1_STREAMS.unshard)
         led.event(labels.unshard)
         if not self.no_shard:
             led.free(labels.mp_shard)
@@ -762,22 +779,23 @@ class Fsdp1(Fsdp):
             # the flat parameter's dtype (fp32) and kept as .grad; a later micro-batch's reduced gradient,
             # cast the same way, is added to the .grad the earlier ones left (gradient accumulation)
             led.free_group(labels.grads)
+            stream = FSDP1_STREAMS.post_backward
             if labels.fp32_grad in led.live:
-                led.alloc(f"{u.name}.fp32 grad (cast)", FP32 * u.numel, GRADS)
+                led.alloc(f"{u.name}.fp32 grad (cast)", FP32 * u.numel, GRADS, stream)
                 led.event(f"accumulate {u.name}")
                 led.free(f"{u.name}.fp32 grad (cast)")
             else:
-                led.alloc(labels.fp32_grad, FP32 * u.numel, GRADS)
+                led.alloc(labels.fp32_grad, FP32 * u.numel, GRADS, stream)
             led.free(labels.mp_shard)
             self._reshard(led, u)
             return
         name = labels.reduce_input
-        led.alloc(name, self.reduce_bytes * u.padded[0], REDUCE)
+        led.alloc(name, self.reduce_bytes * u.padded[0], REDUCE, FSDP1_STREAMS.post_backward)
         led.event(labels.reduce_cast)
         led.free_group(labels.grads)
         led.free(labels.accumulated_grads)
         if labels.fp32_grad not in led.live:
-            led.alloc(labels.fp32_grad, FP32 * u.local[0], GRADS, stream="post_backward")
+            led.alloc(labels.fp32_grad, FP32 * u.local[0], GRADS, FSDP1_STREAMS.post_backward)
         led.event(labels.reduce_output_event)
         led.free(name)
         self._reshard(led, u)
