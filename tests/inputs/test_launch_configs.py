@@ -863,3 +863,17 @@ def test_an_accelerate_fp8_setting_zerocalc_cannot_honour_is_one_line_and_exit_2
     path.write_text(text)
     result = runner.invoke(app, ["memory", "--model", "llama-3-8b", "--accelerate", str(path)])
     assert fragment in one_line_error(result, "fp8.yaml")
+
+
+def test_a_ds_config_carries_no_fp8_and_fp8_beside_it_is_refused_as_under_deepspeed(tmp_path: Path) -> None:
+    """DeepSpeed 0.19's ds_config has no FP8 key (runtime/config.py, precision_config.py): the file sets
+    ``--framework deepspeed``, whose record runs no FP8 recipe, so ``--fp8`` beside it is one line, exit 2."""
+    from helpers import one_line_error
+
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(DS_CONFIG))
+    result = runner.invoke(
+        app,
+        ["memory", "--model", "llama-3-8b", "--gpus", "8", "--deepspeed", str(path), "--fp8", "tensorwise"],
+    )
+    one_line_error(result, "--fp8 tensorwise under --framework deepspeed: it runs no FP8 recipe here")
