@@ -591,8 +591,8 @@ def test_a_torchtitan_fp8_job_zerocalc_cannot_honour_is_refused(
          "enable_async_tensor_parallel True is not modelled"),
         (LaunchFormat.TORCHTITAN, "[my_section]\nx = 1\n", "my_section.x is not a torchtitan job key"),
         (LaunchFormat.ACCELERATE, "distributed_type: MULTI_GPU\nmixed_precision: fp8\n",
-         "mixed_precision 'fp8' is not modelled; accepted: bf16, fp16 or no (accelerate's FP8 (fp8_config: "
-         "its Transformer Engine"),
+         "mixed_precision 'fp8' without fp8_config.backend is not modelled (accelerate then picks torchao "
+         "where it is installed, else Transformer Engine); accepted: fp8_config.backend AO (torchao)"),
         (LaunchFormat.ACCELERATE, "distributed_type: MULTI_GPU\ndynamo_config:\n  dynamo_backend: INDUCTOR\n",
          "dynamo_config.dynamo_backend 'INDUCTOR' is not modelled (torch.compile"),
         (LaunchFormat.ACCELERATE, "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n",
@@ -762,3 +762,118 @@ def test_fp8_settings_beside_no_converter_change_nothing_and_say_so() -> None:
         "quantize.linear.float8.enable_fsdp_float8_all_gather, quantize.linear.float8.filter_fqns: read only "
         "by the float8 converter, not in model.converters" in config.notes
     )
+
+
+ACCELERATE_FP8 = """distributed_type: FSDP
+fsdp_config:
+  fsdp_version: 2
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+fp8_config:
+  backend: AO
+  pad_inner_dim: true
+  enable_fsdp_float8_all_gather: true
+mixed_precision: fp8
+num_machines: 1
+num_processes: 8
+"""
+"""An FSDP2 job with torchao FP8 as accelerate 1.16.0's ``accelerate config`` writes it (cluster.py: the AO
+backend asks ``enable_fsdp_float8_all_gather`` and ``pad_inner_dim``)."""
+
+
+def test_an_accelerate_torchao_fp8_config_gives_the_request_of_the_equivalent_flags(tmp_path: Path) -> None:
+    """accelerate 1.16.0 with ``backend: AO``: bf16 beneath (``set_mixed_precision``: fp8 → bf16), torchao's
+    default ``Float8LinearConfig`` (tensorwise) with the FSDP2 float8 all-gather, its scales precomputed
+    after the step (``_prepare_ao``), and the first and last ``nn.Linear`` of Llama 3 8B's
+    ``named_modules()`` (``model.layers.0.self_attn.q_proj``, ``lm_head``) left in high precision
+    (``utils/ao.py``). By hand: 32 blocks × 7 projections = 224 Linear weights, less layer 0's q_proj: 223
+    converted (the head is skipped too)."""
+    path = tmp_path / "fp8.yaml"
+    path.write_text(ACCELERATE_FP8)
+    from_file = _memory(["--model", "llama-3-8b", "--accelerate", str(path)])
+    flags = ["--framework", "fsdp2", "--strategy", "zero3", "--precision", "bf16-mixed", "--gpus", "8"]
+    flags += ["--gpus-per-node", "8", "--fp8", "tensorwise", "--fp8-all-gather", "--fp8-precompute-scales"]
+    flags += ["--fp8-skip", "layers.0.attn.q_proj,lm_head"]
+    from_flags = _memory(["--model", "llama-3-8b", *flags])
+    assert from_file["peak"] == from_flags["peak"] and from_file["options"] == from_flags["options"]
+    assert any("223 Linear weights" in note for note in from_file["notes"])
+    assert f"accelerate fp8.yaml: {HARMLESS_NOTE}: fp8_config.pad_inner_dim" in from_file["notes"]
+
+
+def test_accelerate_torchao_without_the_all_gather_keeps_the_bf16_gather() -> None:
+    """``enable_fsdp_float8_all_gather: false``: tensorwise FP8 GEMMs, the weights gathered in bf16, no
+    precomputed scales (accelerate registers that hook only with the all-gather); a Transformer Engine key
+    beside the AO backend is not read (harmless)."""
+    text = ACCELERATE_FP8.replace("all_gather: true", "all_gather: false").replace(
+        "pad_inner_dim: true", "margin: 0"
+    )
+    config = read_launch_config(LaunchFormat.ACCELERATE, text, "f")
+    assert config.values["fp8"] == "tensorwise" and config.values["precision"] == "bf16-mixed"
+    assert "fp8_all_gather" not in config.values and "fp8_precompute_scales" not in config.values
+    assert config.fp8_skip_of_model and config.harmless == ("fp8_config.margin",)
+
+
+def test_fp8_config_beside_another_precision_changes_nothing_and_says_so() -> None:
+    """accelerate exports ``fp8_config`` only under ``mixed_precision: fp8`` (``utils/launch.py``
+    ``setup_fp8_env``): beside bf16 it is not applied, and a note says so."""
+    config = read_launch_config(LaunchFormat.ACCELERATE, ACCELERATE_FP8.replace("fp8\nnum", "bf16\nnum"), "f")
+    assert "fp8" not in config.values and not config.fp8_skip_of_model
+    assert "fp8_config: read only with mixed_precision fp8; not applied" in config.notes
+
+
+_FSDP2 = "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  fsdp_auto_wrap_policy: "
+_FSDP2 += "TRANSFORMER_BASED_WRAP\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        (_FSDP2 + "mixed_precision: fp8\nfp8_config:\n  backend: TE\n",
+         "fp8_config.backend 'TE' is not modelled; accepted: AO (torchao) under distributed_type FSDP with "
+         "fsdp_version 2 (accelerate's te.Linear swap"),
+        (_FSDP2 + "mixed_precision: fp8\nfp8_config:\n  backend: MSAMP\n  opt_level: O2\n",
+         "fp8_config.backend 'MSAMP' is not modelled"),
+        (_FSDP2 + "mixed_precision: fp8\nfp8_config:\n  backend: XX\n",
+         "fp8_config.backend 'XX' is not accepted; accepted: AO or TE"),
+        ("distributed_type: MULTI_GPU\nmixed_precision: fp8\nfp8_config:\n  backend: AO\n",
+         "fp8_config.backend 'AO' under distributed_type MULTI_GPU is not modelled (zerocalc runs torchao's "
+         "float8 under FSDP2 only)"),
+        ("distributed_type: FSDP\nfsdp_config:\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  "
+         "fsdp_backward_prefetch: BACKWARD_PRE\nmixed_precision: fp8\nfp8_config:\n  backend: AO\n",
+         "under distributed_type FSDP with fsdp_version 1 is not modelled"),
+        ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\nmixed_precision: fp8\n"
+         "fp8_config:\n  backend: AO\n", "under distributed_type DEEPSPEED is not modelled"),
+        (_FSDP2 + "  fsdp_cpu_ram_efficient_loading: true\nmixed_precision: fp8\nfp8_config:\n  backend: "
+         "AO\n",
+         "fsdp_cpu_ram_efficient_loading True with fp8_config.backend 'AO': accelerate refuses it"),
+        (_FSDP2 + "mixed_precision: fp8\nfp8_config:\n  backend: AO\n  enable_fsdp_float8_all_gather: 1\n",
+         "fp8_config.enable_fsdp_float8_all_gather 1 is not accepted; accepted: true or false"),
+        (_FSDP2 + "mixed_precision: fp8\nfp8_config:\n  backend: AO\n  recipe: rowwise\n",
+         "fp8_config.recipe is not an accelerate config key zerocalc knows"),
+    ],
+)  # fmt: skip
+def test_an_accelerate_fp8_setting_zerocalc_cannot_honour_is_one_line_and_exit_2(
+    tmp_path: Path, text: str, fragment: str
+) -> None:
+    """Transformer Engine's te.Linear swap (zerocalc runs TE only under Megatron-LM), MS-AMP, torchao outside
+    FSDP2 (zerocalc's torchao recipes are FSDP2's), what accelerate itself refuses, and an unknown key:
+    refused in one line, never computed in bf16."""
+    from helpers import one_line_error
+
+    path = tmp_path / "fp8.yaml"
+    path.write_text(text)
+    result = runner.invoke(app, ["memory", "--model", "llama-3-8b", "--accelerate", str(path)])
+    assert fragment in one_line_error(result, "fp8.yaml")
+
+
+def test_a_ds_config_carries_no_fp8_and_fp8_beside_it_is_refused_as_under_deepspeed(tmp_path: Path) -> None:
+    """DeepSpeed 0.19's ds_config has no FP8 key (runtime/config.py, precision_config.py): the file sets
+    ``--framework deepspeed``, whose record runs no FP8 recipe, so ``--fp8`` beside it is one line, exit 2."""
+    from helpers import one_line_error
+
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(DS_CONFIG))
+    result = runner.invoke(
+        app,
+        ["memory", "--model", "llama-3-8b", "--gpus", "8", "--deepspeed", str(path), "--fp8", "tensorwise"],
+    )
+    one_line_error(result, "--fp8 tensorwise under --framework deepspeed: it runs no FP8 recipe here")

@@ -249,6 +249,10 @@ class Family(BaseModel):
     projection: ModuleClass = ModuleClass.LINEAR
     """The class of its projections (every module but the embeddings, norms, routers, experts and
     ``lm_head``, which is a ``torch.nn.Linear`` in every family)."""
+    registered_first: str | None = None
+    """The projection its modeling file registers first in a block where zerocalc lists another first
+    (``Phi3Attention`` builds ``o_proj`` before ``qkv_proj``): the first ``torch.nn.Linear`` that
+    ``named_modules()`` meets (:func:`~zerocalc.model.hf_modules.hf_linear_ends`)."""
     peft_targets: tuple[str, ...] | None = None
     """PEFT 0.21's default LoRA targets for the model_type (peft/utils/constants.py
     ``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``); None where it has none (LoRA then needs
@@ -616,6 +620,7 @@ _RECORDS = [
         ignores=frozenset({"attention_bias"}),  # Phi3Attention: bias=False whatever the config says
         rule=_phi3,
         traits=Traits(rotary_cat=True),
+        registered_first="o_proj",
     ),
     Family(
         model_type="qwen3",

@@ -141,6 +141,25 @@ def hf_modules(arch: Architecture) -> tuple[HfModule, ...]:
     return tuple(modules)
 
 
+_NN_LINEAR = (ModuleClass.LINEAR, ModuleClass.LINEAR_SUBCLASS)
+"""The classes that are a ``torch.nn.Linear`` (``isinstance``)."""
+
+
+def hf_linear_ends(arch: Architecture) -> tuple[HfModule, ...]:
+    """The first and the last ``torch.nn.Linear`` of ``named_modules()`` (one if they are the same, none
+    without a Linear): modules come in zerocalc's order but where the family registers another projection
+    first (:attr:`~zerocalc.model.hf_config.Family.registered_first`); the last is the ``lm_head``, a
+    Linear even when tied."""
+    linear = [m for m in hf_modules(arch) if m.cls in _NN_LINEAR]
+    if not linear:
+        return ()
+    first, leaf = linear[0], _family(arch).registered_first
+    if leaf is not None:
+        block = first.module.rsplit(".", 1)[0]
+        first = next((m for m in linear if m.module == f"{block}.{leaf}"), first)
+    return tuple(dict.fromkeys((first, linear[-1])))
+
+
 @lru_cache(maxsize=64)
 def hf_containers(arch: Architecture) -> tuple[tuple[str, str], ...]:
     """The modules that hold other modules (``model``, ``model.layers.0``, ``model.layers.0.self_attn``...),

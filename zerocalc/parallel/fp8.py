@@ -12,7 +12,8 @@ Fp8Support`). This module says which parameter tensors a recipe converts:
 * embeddings, norms and the grouped experts (3-D parameters, not ``nn.Linear``) stay in high precision.
 
 A ``--fp8-skip`` entry matches a tensor's module as zerocalc names it (``lm_head``, ``layers.0.attn.q_proj``)
-or as torchtitan does (``output``, ``layers.0.attention.wq``: :func:`torchtitan_fqn`).
+or as torchtitan does (``output``, ``layers.0.attention.wq``: :func:`torchtitan_fqn`). What accelerate's
+torchao path leaves in high precision, as entries, is :func:`accelerate_ao_skip`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from zerocalc.model.architecture import Architecture, ParamTensor, parameter_tensors
+from zerocalc.model.hf_config import ModuleClass
+from zerocalc.model.hf_modules import hf_linear_ends, hf_modules
 from zerocalc.parallel.precision import FP8_RECIPES, Fp8Recipe, Fp8RecipeName, Fp8Use
 
 FP8_ALIGNMENT = 16
@@ -107,3 +110,26 @@ NO_FP8 = Fp8Setting()
 def converted_elements(arch: Architecture, fp8: Fp8Setting) -> int:
     """The elements of ``arch``'s weights ``fp8`` converts (as this rank holds them)."""
     return sum(t.numel for t in parameter_tensors(arch) if fp8.converts(t))
+
+
+def accelerate_ao_skip(arch: Architecture) -> tuple[str, ...]:
+    """The ``--fp8-skip`` entries of accelerate's torchao path on ``arch``'s transformers model, in zerocalc's
+    module names. accelerate 1.16.0 ``utils/ao.py`` ``convert_model_to_fp8_ao`` filters with
+    ``filter_linear_layers``: the first and the last ``nn.Linear`` of ``named_modules()``
+    (``find_first_last_linear_layers``: :func:`~zerocalc.model.hf_modules.hf_linear_ends`) stay in high
+    precision, as does a Linear with a dimension not divisible by 16 (:meth:`Fp8Setting.converts` already);
+    and torchao converts only ``nn.Linear`` (torchao 0.18 ``float8_linear_utils.py`` ``swap_linear_layers``),
+    so a 2-D weight of another class stays too: transformers 5.17's routers (``MixtralTopKRouter``: a plain
+    module's weight) and GPT-2's ``Conv1D`` projections, one entry each without its layer prefix
+    (``moe.router``). ``tests/model/test_accelerate_fp8.py`` checks them against accelerate's functions."""
+    entries: list[str] = []
+    for end in hf_linear_ends(arch):
+        entries += [t.module for t in end.tensors] or [end.module]
+    for module in hf_modules(arch):
+        if module.cls in (ModuleClass.LINEAR, ModuleClass.LINEAR_SUBCLASS, ModuleClass.EMBEDDING):
+            continue
+        for tensor in module.tensors:
+            if tensor.name == "weight" and len(tensor.shape) == 2:
+                parts = tensor.module.split(".")
+                entries.append(".".join(parts[2:]) if parts[0] == "layers" else tensor.module)
+    return tuple(dict.fromkeys(entries))

@@ -24,13 +24,16 @@ or a layer split it does not model, a value it does not know, a key no table nam
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zerocalc.base.errors import InputError, shown, why_not
 from zerocalc.base.paths import user_path
 from zerocalc.request.launch_config import LaunchConfig, LaunchFormat
 from zerocalc.request.model_spec import model_spec
 from zerocalc.request.options import LAUNCH_CONFIGS, Command, options_for
+
+if TYPE_CHECKING:
+    from zerocalc.model.architecture import Architecture
 
 
 def read_launch_config(kind: LaunchFormat, text: str, where: str) -> LaunchConfig:
@@ -51,13 +54,10 @@ _STAGE_OPTIONS = frozenset({"pp", "vpp", "pp_first_stage_layers", "pp_last_stage
 """The options a file's stage split sets; one of them given on the command line, the split is the flags'."""
 
 
-def _num_layers(model: Any) -> int | None:
-    """The layers of the model named (a preset, a file, an architecture, a config dict), or None without one
-    or without its architecture (the request's parser refuses a pipeline then)."""
-    if model is None:
-        return None
-    architecture = model_spec(None, model).architecture
-    return None if architecture is None else architecture.num_layers
+def _architecture(model: Any) -> Architecture | None:
+    """The architecture of the model named (a preset, a file, an architecture, a config dict), or None
+    without one or without its architecture (the request's parser refuses a pipeline and FP8 then)."""
+    return None if model is None else model_spec(None, model).architecture
 
 
 def read_launch_configs(
@@ -83,9 +83,16 @@ def read_launch_configs(
             if name in accepted and name not in given:
                 merged[name] = value
         if config.stages is not None and not given & _STAGE_OPTIONS:
-            layers = _num_layers(merged.get("model"))
-            if layers is not None:
-                merged.update({k: v for k, v in config.stages.options(layers).items() if k in accepted})
+            architecture = _architecture(merged.get("model"))
+            if architecture is not None:
+                stages = config.stages.options(architecture.num_layers)
+                merged.update({k: v for k, v in stages.items() if k in accepted})
+        if config.fp8_skip_of_model and "fp8_skip" in accepted and "fp8_skip" not in given:
+            architecture = _architecture(merged.get("model"))
+            if architecture is not None:
+                from zerocalc.parallel.fp8 import accelerate_ao_skip
+
+                merged["fp8_skip"] = ",".join(accelerate_ao_skip(architecture))  # as the flag reads
         notes += config.note_lines(f"{kind.value} {Path(path).name}")
     return merged, notes
 

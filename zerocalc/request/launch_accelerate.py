@@ -8,11 +8,7 @@ from typing import Any
 from zerocalc.base.errors import InputError
 from zerocalc.request.launch_config import LaunchConfig, flatten, invalid, refused, whole
 from zerocalc.request.launch_deepspeed import ds_bool, ds_int, offload_device, zero_stage
-from zerocalc.request.launch_keys import (
-    ACCELERATE_KEYS,
-    FP8,
-    sort_keys,
-)
+from zerocalc.request.launch_keys import ACCELERATE_KEYS, sort_keys
 
 
 def _scalar(text: str) -> Any:
@@ -161,13 +157,16 @@ def accelerate_config(config: dict[str, Any], where: str) -> LaunchConfig:
             f"{where} has no distributed_type (accelerate requires one); accepted: {_ACCELERATE_TYPES}"
         )
     precision = get("mixed_precision")
+    fp8 = str(precision).lower() == "fp8"
     if precision is not None:
-        mapped = {"bf16": "bf16-mixed", "fp16": "fp16-mixed", "no": "fp32"}.get(str(precision).lower())
-        if str(precision).lower() == "fp8":
-            raise refused(where, "mixed_precision", precision, f"bf16, fp16 or no ({FP8})")
-        if mapped is None:
-            raise invalid(where, "mixed_precision", precision, "bf16, fp16 or no")
-        values["precision"] = mapped
+        mapped = {"bf16": "bf16-mixed", "fp16": "fp16-mixed", "no": "fp32", "fp8": "bf16-mixed"}
+        if str(precision).lower() not in mapped:
+            raise invalid(where, "mixed_precision", precision, "bf16, fp16, fp8 or no")
+        values["precision"] = mapped[str(precision).lower()]
+    if fp8:
+        _accelerate_fp8(get, where, kind, values, notes)
+    elif any(key.startswith("fp8_config.") for key in flat):
+        notes.append("fp8_config: read only with mixed_precision fp8; not applied")
     processes = get("num_processes")
     machines = whole(get("num_machines", 1), "num_machines", where)
     if processes == -1:  # ClusterConfig's default: the launcher's command line gives it
@@ -178,4 +177,70 @@ def accelerate_config(config: dict[str, Any], where: str) -> LaunchConfig:
         if processes % machines:
             raise refused(where, "num_processes", processes, f"a multiple of num_machines {machines}")
         values["gpus_per_node"] = str(processes // machines)
-    return LaunchConfig(values=values, notes=tuple(notes), harmless=harmless)
+    return LaunchConfig(values=values, notes=tuple(notes), harmless=harmless, fp8_skip_of_model=fp8)
+
+
+_FP8_BACKENDS = "AO (torchao) under distributed_type FSDP with fsdp_version 2"
+
+
+def _accelerate_fp8(get: Any, where: str, kind: str, values: dict[str, Any], notes: list[str]) -> None:
+    """``mixed_precision: fp8`` and its ``fp8_config`` (accelerate 1.16.0). The launcher exports each key as
+    ``ACCELERATE_FP8_<KEY>`` (``commands/launch.py``, ``utils/launch.py`` ``setup_fp8_env``), which the
+    backend's recipe reads; ``Accelerator`` keeps bf16 beneath (``FullyShardedDataParallelPlugin.
+    set_mixed_precision``: ``"fp8": torch.bfloat16``; ``utils/modeling.py`` bf16 autocast).
+
+    * ``backend: AO``: ``AORecipeKwargs`` builds torchao's ``Float8LinearConfig(pad_inner_dim,
+      enable_fsdp_float8_all_gather)``, both true unless the file says otherwise: the tensorwise recipe, and
+      under FSDP2 the float8 all-gather, whose scales ``Accelerator._prepare_ao`` precomputes after each
+      optimizer step (``precompute_float8_dynamic_scale_for_fsdp`` as a step post-hook);
+      ``convert_model_to_fp8_ao`` leaves the first and last ``nn.Linear`` in high precision (the request's
+      ``fp8_skip``, set from the model: :func:`~zerocalc.parallel.fp8.accelerate_ao_skip`). zerocalc's
+      torchao recipes run under FSDP2 only (its framework record); ``Accelerator.__init__`` refuses torchao
+      with FSDP2's ``cpu_ram_efficient_loading``.
+    * ``backend: TE`` (``utils/transformer_engine.py``: ``convert_model`` swaps ``nn.Linear`` for
+      ``te.Linear``, ``fp8_autocast`` with ``DelayedScaling``): refused, zerocalc models Transformer
+      Engine's recipes under Megatron-LM only; ``MSAMP`` (removed in 1.16.0) refused; unset, accelerate
+      picks torchao where it is installed and Transformer Engine otherwise, which a file cannot say:
+      refused."""
+    key = "fp8_config.backend"
+    backend = get(key)
+    if backend is None:
+        raise InputError(
+            f"{where}: mixed_precision 'fp8' without {key} is not modelled (accelerate then picks torchao "
+            f"where it is installed, else Transformer Engine); accepted: {key} {_FP8_BACKENDS}"
+        )
+    name = str(backend).upper()
+    if name == "TE":
+        why = (
+            "accelerate's te.Linear swap, utils/transformer_engine.py, is not modelled: zerocalc runs "
+            "Transformer Engine's recipes under --framework megatron only"
+        )
+        raise refused(where, key, backend, f"{_FP8_BACKENDS} ({why})")
+    if name == "MSAMP":
+        raise refused(where, key, backend, f"{_FP8_BACKENDS} (MS-AMP, removed in accelerate 1.16.0)")
+    if name != "AO":
+        raise invalid(where, key, backend, "AO or TE")
+    if values.get("framework") != "fsdp2":
+        under = f"{kind}{' with fsdp_version 1' if kind == 'FSDP' else ''}"
+        raise InputError(
+            f"{where}: {key} {backend!r} under distributed_type {under} is not modelled (zerocalc runs "
+            f"torchao's float8 under FSDP2 only); accepted: {_FP8_BACKENDS}"
+        )
+    if get("fsdp_config.fsdp_cpu_ram_efficient_loading"):
+        raise InputError(
+            f"{where}: fsdp_config.fsdp_cpu_ram_efficient_loading True with {key} {backend!r}: accelerate "
+            'refuses it ("torchao with FSDP2 and cpu_ram_efficient_loading is not supported"); accepted: '
+            "fsdp_cpu_ram_efficient_loading false"
+        )
+    gather_key = "fp8_config.enable_fsdp_float8_all_gather"
+    gather = get(gather_key, True)
+    if not isinstance(gather, bool):
+        raise invalid(where, gather_key, gather, "true or false")
+    values["fp8"] = "tensorwise"
+    if gather:
+        values["fp8_all_gather"] = True
+        values["fp8_precompute_scales"] = True
+    notes.append(
+        f"{key} AO: torchao tensorwise{', all-gathered in fp8' if gather else ''}; accelerate leaves the "
+        "model's first and last nn.Linear in high precision (--fp8-skip follows the model)"
+    )

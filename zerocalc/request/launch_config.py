@@ -39,6 +39,10 @@ class LaunchConfig:
     stages: TitanStages | None = None
     """How the file splits the model's layers over pipeline stages, which gives ``vpp`` and the first and
     last stage's layers once the model's layer count is known (:meth:`TitanStages.options`)."""
+    fp8_skip_of_model: bool = False
+    """The FP8 modules left in high precision follow the model (accelerate's torchao path: its first and last
+    ``nn.Linear``, :func:`~zerocalc.parallel.fp8.accelerate_ao_skip`): ``fp8_skip`` is set once the model's
+    architecture is known."""
 
     def note_lines(self, source: str) -> list[str]:
         lines = [f"{source}: {note}" for note in self.notes]

@@ -56,10 +56,6 @@ def refused(why: str, *inert: Any) -> KeyRule:
     return KeyRule(Sort.REFUSED, why, inert)
 
 
-FP8 = (
-    "accelerate's FP8 (fp8_config: its Transformer Engine, MS-AMP or torchao backends; --fp8 models "
-    "torchao's and Transformer Engine's recipes)"
-)
 LOGGING = harmless("logging, profiling and monitoring")
 PATHS = harmless("a path or a name")
 SCHEDULE = harmless("the learning rate, its schedule and the optimizer's hyper-parameters")
@@ -432,10 +428,11 @@ TORCHTITAN_KEYS = KeyTable(
 # ------------------------------------------------------------------------------------------- accelerate
 _FC = "fsdp_config."
 _DC = "deepspeed_config."
+_F8 = "fp8_config."
 ACCELERATE_KEYS = KeyTable(
     name="an accelerate config key",
     source="accelerate 1.15.0 accelerate/commands/config/config_args.py (ClusterConfig), cluster.py, "
-    "utils/dataclasses.py",
+    "utils/dataclasses.py; fp8_config 1.16.0",
     rules={
         # read by zerocalc.request.launch_accelerate.accelerate_config
         **dict.fromkeys(
@@ -458,9 +455,39 @@ ACCELERATE_KEYS = KeyTable(
                 f"{_DC}offload_param_device",
                 f"{_DC}gradient_accumulation_steps",
                 f"{_DC}zero3_init_flag",
+                # read by launch_accelerate._accelerate_fp8 (accelerate 1.16.0 AORecipeKwargs)
+                f"{_F8}backend",
+                f"{_F8}enable_fsdp_float8_all_gather",
             ),
             MODELLED,
         ),
+        f"{_F8}pad_inner_dim": harmless(
+            "torchao pads a GEMM's inner dimension to a multiple of 16: the Linear layers accelerate "
+            "converts have both already, so only the weight gradient's token dimension, transiently"
+        ),
+        # TERecipeKwargs (utils/dataclasses.py; cluster.py writes amax_history_length and
+        # amax_compute_algorithm, which the launcher exports under names the recipe does not read) and
+        # 1.15's MSAMPRecipeKwargs: read only by a backend zerocalc refuses
+        **dict.fromkeys(
+            (
+                f"{_F8}{name}"
+                for name in (
+                    "use_autocast_during_eval",
+                    "margin",
+                    "interval",
+                    "fp8_format",
+                    "amax_history_len",
+                    "amax_history_length",
+                    "amax_compute_algo",
+                    "amax_compute_algorithm",
+                    "override_linear_precision",
+                    "use_mxfp8_block_scaling",
+                )
+            ),
+            harmless("read only by backend TE (refused)"),
+        ),
+        f"{_F8}opt_level": harmless("read only by backend MSAMP (refused)"),
+        f"{_F8}optimization_level": harmless("read only by backend MSAMP (refused)"),
         "compute_environment": LAUNCHER,
         "machine_rank": LAUNCHER,
         "gpu_ids": LAUNCHER,
@@ -483,7 +510,6 @@ ACCELERATE_KEYS = KeyTable(
         "command_file": harmless("TPU only"),
         "commands": harmless("TPU only"),
         "fp16": refused("the old fp16 switch: give mixed_precision", False),
-        "fp8_config.*": refused(FP8),
         "dynamo_backend": refused("torch.compile: its fused kernels change what is saved", "NO", "no"),
         "dynamo_config.dynamo_backend": refused(
             "torch.compile: its fused kernels change what is saved", "NO", "no"
