@@ -104,11 +104,10 @@ def spawned(monkeypatch: pytest.MonkeyPatch, perfect: Callable, worlds: list[int
         ),
         (["frameworks", "--model", "llama-2-7b"],
          "llama-2-7b has 6,738,415,616 parameters, too many to train on CPU"),
-        (["frameworks", "--lora-rank", "8", "--strategies", "fsdp1-full-shard"],
-         "--strategies fsdp1-full-shard with --lora-rank is not accepted (its fine-tuning states are not "
-         "modelled rank by rank); accepted: ddp, fsdp2-no-reshard, fsdp2, fsdp2-hsdp"),
         (["frameworks", "--lora-rank", "8", "--strategies", "fsdp2,zero1"],
-         "--strategies zero1 with --lora-rank is not accepted"),
+         "--strategies zero1 with --lora-rank is not accepted (its fine-tuning states are not modelled rank "
+         "by rank); accepted: ddp, fsdp1-no-shard, fsdp1-shard-grad-op, fsdp1-full-shard, "
+         "fsdp1-hybrid-shard, fsdp2-no-reshard, fsdp2, fsdp2-hsdp"),
         (["frameworks", "--lora-rank", "8", "--model", "gpt2"],
          "--lora-rank with gpt2 (gpt2) is not accepted: validate's model mirrors transformers' modules of "
          "llama, mistral, qwen2 only"),
