@@ -130,7 +130,7 @@ def finetune_rank_states(
 def _fsdp1_rank_states(request: TrainingRequest, setup: TorchSetup, world_size: int, rank: int) -> RankStates:
     """:func:`finetune_rank_states` under FSDP1 (``use_orig_params=False``, PEFT's wrap policy): every
     line per flat parameter, each unit's tensors of one kind (one dtype: FSDP1 flattens one dtype and one
-    ``requires_grad`` per flat parameter, ``_flat_param.py`` ``_init_flat_param_and_metadata``)."""
+    ``requires_grad`` per flat parameter, ``_flat_param.py`` ``_validate_tensors_to_flatten``)."""
     assert request.finetune is not None
     kinded = parameter_kinds(request.architecture, request.finetune)
     dtypes = {k.kind: finetune_dtypes(request, k.kind) for k in kinded}

@@ -162,11 +162,11 @@ def peft_fsdp1_unit_positions(
     """FSDP1's units of a PEFT model under PEFT's ``fsdp_auto_wrap_policy`` (peft 0.21.2
     ``utils/other.py``: ``lambda_policy_fn`` wraps every leaf module whose ``weight`` requires grad,
     ``transformer_auto_wrap_policy`` the decoder layers): each module with a trained ``weight`` (an
-    adapter's ``lora_A``/``lora_B`` Linear,
-    DoRA's magnitude, a ``modules_to_save`` copy) its own unit of all its tensors, named by the module;
-    then the blocks and the root of :func:`fsdp_unit_positions` with what is left (the frozen base).
-    ``trained[i]``: whether ``tensors[i]`` requires grad. Every tensor of the modelled PEFT models sits in
-    a leaf module (PEFT's layers hold no parameter of their own). ``dora_forward``: the forward's gathers,
+    adapter's ``lora_A``/``lora_B`` Linear, DoRA's magnitude, a ``modules_to_save`` copy) its own unit of
+    all its tensors, named by the module; then the blocks and the root of :func:`fsdp_unit_positions`
+    with what is left (the frozen base). ``trained[i]``: whether ``tensors[i]`` requires grad. Every
+    tensor of the modelled PEFT models sits in a leaf module (PEFT's layers hold no parameter of their
+    own). ``dora_forward``: the forward's gathers,
     where a DoRA module's ``lora_A`` and ``lora_B`` units come twice (peft 0.21.2 ``tuners/lora/dora.py``
     ``get_lora_weight``: ``lora_B(lora_A(x_eye))``, a second call of each adapter unit, which FSDP1
     gathers again under FULL_SHARD, which reshards it after each forward; the backward re-gathers each

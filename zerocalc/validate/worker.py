@@ -176,9 +176,10 @@ def _wrap(job: Job, model: Any, device: Any) -> tuple[Any, Any, Any]:
 
 def _fsdp1_policy(job: Job, model: Any) -> Any:
     """FSDP1's auto-wrap policy: a unit per block; under LoRA PEFT's own (peft 0.21.2 ``utils/other.py``
-    ``fsdp_auto_wrap_policy``, as accelerate's FSDP plugin and PEFT's FSDP examples apply it): every leaf
-    module with a trained ``weight`` its own unit (each adapter Linear, a ``modules_to_save`` copy), and
-    the blocks, named as transformers names its decoder layer (``_no_split_modules``, which PEFT reads)."""
+    ``fsdp_auto_wrap_policy``, as PEFT's FSDP examples set it on accelerate's plugin:
+    ``fsdp_plugin.auto_wrap_policy = fsdp_auto_wrap_policy(model)``): every leaf module with a trained
+    ``weight`` its own unit (each adapter Linear, a DoRA magnitude, a ``modules_to_save`` copy), and the
+    blocks, named as transformers names its decoder layer (``_no_split_modules``, which PEFT reads)."""
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     if job.finetune is None:
