@@ -51,6 +51,34 @@ def test_fsdp2_lora_reduce_scatters_only_the_adapters_and_gathers_the_whole_bf16
     assert got[(Collective.ALL_GATHER, Phase.BACKWARD)] == (12_250_972_160, 32, "bf16")
 
 
+def test_fsdp1_lora_gathers_and_reduces_each_adapter_unit_of_peft_wrap_policy_apart() -> None:
+    # PEFT's fsdp_auto_wrap_policy: each of the 32 × 7 × 2 = 448 lora_A/lora_B Linears its own unit, then the
+    # 32 blocks and the root: 481 forward gathers, 480 backward re-gathers, 448 reduce-scatters; at 8 GPUs
+    # nothing pads (every flat parameter divides by 8): the bytes of FSDP2's above
+    got = _collectives(estimate_comm(gpus=8, framework="fsdp", strategies="zero3", **LORA), "zero3")
+    assert got[(Collective.ALL_GATHER, Phase.FORWARD)] == (14_089_657_344, 481, "bf16")
+    assert got[(Collective.ALL_GATHER, Phase.BACKWARD)] == (12_250_972_160, 480, "bf16")
+    assert got[(Collective.REDUCE_SCATTER, Phase.BACKWARD)] == (36_700_160, 448, "bf16")
+    # at 3 GPUs each adapter's flat parameter pads to a multiple of 3 on its own: per layer nine of
+    # 32,768 elements (+1 each), two of 8,192 (+1), three of 114,688 (+2): 655,377 not 655,360;
+    # 32 × 655,377 = 20,972,064 elements × 2 B × 2/3
+    got = _collectives(estimate_comm(gpus=3, framework="fsdp", strategies="zero3", **LORA), "zero3")
+    assert got[(Collective.REDUCE_SCATTER, Phase.BACKWARD)] == (27_962_752, 448, "bf16")
+
+
+def test_fsdp1_dora_gathers_each_adapter_twice_in_the_forward_when_it_reshards() -> None:
+    # DoRA adds a magnitude unit per adapted Linear: 448 + 224 = 672 trained units, 705 with the blocks and
+    # the root; PEFT's get_lora_weight runs lora_B(lora_A(eye)) before the LoRA path, and FULL_SHARD
+    # reshards each unit after its forward, so the 448 lora_A/lora_B units are gathered again; SHARD_GRAD_OP
+    # keeps them gathered
+    est = estimate_comm(gpus=8, framework="fsdp", strategies="zero3,shard_grad_op", dora=True, **LORA)
+    full, kept = _collectives(est, "zero3"), _collectives(est, "shard_grad_op")
+    assert full[(Collective.ALL_GATHER, Phase.FORWARD)][1] == 705 + 448
+    assert full[(Collective.ALL_GATHER, Phase.BACKWARD)][1] == 704
+    assert kept[(Collective.ALL_GATHER, Phase.FORWARD)][1] == 705
+    assert full[(Collective.REDUCE_SCATTER, Phase.BACKWARD)][1] == 672
+
+
 def test_fsdp2_lora_reduces_in_fp32_with_an_fp32_reduce_dtype() -> None:
     est = estimate_comm(gpus=8, framework="fsdp2", strategies="zero3", reduce_dtype="fp32", **LORA)
     assert _collectives(est, "zero3")[(Collective.REDUCE_SCATTER, Phase.BACKWARD)] == (73_400_320, 32, "fp32")

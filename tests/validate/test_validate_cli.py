@@ -104,11 +104,10 @@ def spawned(monkeypatch: pytest.MonkeyPatch, perfect: Callable, worlds: list[int
         ),
         (["frameworks", "--model", "llama-2-7b"],
          "llama-2-7b has 6,738,415,616 parameters, too many to train on CPU"),
-        (["frameworks", "--lora-rank", "8", "--strategies", "fsdp1-full-shard"],
-         "--strategies fsdp1-full-shard with --lora-rank is not accepted (its fine-tuning states are not "
-         "modelled rank by rank); accepted: ddp, fsdp2-no-reshard, fsdp2, fsdp2-hsdp"),
         (["frameworks", "--lora-rank", "8", "--strategies", "fsdp2,zero1"],
-         "--strategies zero1 with --lora-rank is not accepted"),
+         "--strategies zero1 with --lora-rank is not accepted (its fine-tuning states are not modelled rank "
+         "by rank); accepted: ddp, fsdp1-no-shard, fsdp1-shard-grad-op, fsdp1-full-shard, "
+         "fsdp1-hybrid-shard, fsdp2-no-reshard, fsdp2, fsdp2-hsdp"),
         (["frameworks", "--lora-rank", "8", "--model", "gpt2"],
          "--lora-rank with gpt2 (gpt2) is not accepted: validate's model mirrors transformers' modules of "
          "llama, mistral, qwen2 only"),
@@ -141,14 +140,24 @@ def test_bad_input_is_one_line_and_exit_2_before_any_rank_starts(
 
 
 def test_lora_runs_the_strategies_that_model_it_on_shrunk_llama(spawned: list[tuple[str, int]]) -> None:
-    """all under --lora-rank: DDP and FSDP2 (ZeRO-1 and FSDP1 left out), each job carrying the LoRA and
-    the model Llama shrunk (GPT-2's fused c_attn is not validate's model); every rank's frozen line is
-    compared (the faked ranks measure the prediction; ddp's world fails by the fixture's design)."""
+    """all under --lora-rank: DDP, FSDP1 and FSDP2 (ZeRO-1 left out; the hybrid ones need two nodes), each
+    job carrying the LoRA and the model Llama shrunk (GPT-2's fused c_attn is not validate's model); every
+    rank's frozen line is compared (the faked ranks measure the prediction; ddp's world fails by the
+    fixture's design)."""
     result = runner.invoke(app, ["validate", "frameworks", "--nproc", "2", "--lora-rank", "8", "--json"])
     assert result.exit_code == 1, result.output  # the faked ddp configurations fail
     configs = [c for c, _ in spawned]
     assert configs == [
-        f"{s} · {p}" for s in ("ddp", "fsdp2-no-reshard", "fsdp2") for p in ("fp32", "bf16-mixed")
+        f"{s} · {p}"
+        for s in (
+            "ddp",
+            "fsdp1-no-shard",
+            "fsdp1-shard-grad-op",
+            "fsdp1-full-shard",
+            "fsdp2-no-reshard",
+            "fsdp2",
+        )
+        for p in ("fp32", "bf16-mixed")
     ]
     report = json.loads(result.stdout)
     assert report["model"].startswith("llama-3-8b (")

@@ -126,3 +126,23 @@ def test_overrides() -> None:
     assert (arch.num_layers, arch.hidden_size, arch.kv_heads, arch.dim_per_head) == (2, 64, 2, 16)
     with pytest.raises(InputError, match="key/value heads"):
         resolve_architecture("llama-3-8b", {"num_heads": 6, "hidden_size": 96})
+
+
+def test_fsdp1_lora_states_are_per_flat_parameter_of_peft_wrap_policy_padded_to_the_world() -> None:
+    # Llama shrunk (hidden 33, kv 11, MLP 87, vocab 1001, 2 layers), LoRA r 3 on q and v: eight adapter
+    # flat parameters of 99, 99, 99, 33 elements a layer, each padded to even (100, 100, 100, 34), half a
+    # rank: 334 fp32 elements; frozen: the root 66,099 → 66,100 and two blocks 11,583 → 11,584, halved:
+    # 44,634 bf16 elements (the base loaded in bf16 under bf16-mixed)
+    from zerocalc.parallel.finetune import FineTuning, LoraConfig
+    from zerocalc.parallel.optimizers import OptimizerName
+    from zerocalc.parallel.precision import PrecisionName
+
+    arch = resolve_architecture(None, {}, lora=True)
+    finetune = FineTuning(lora=LoraConfig(rank=3))
+    # after the forward FULL_SHARD keeps the root unsharded, SHARD_GRAD_OP every unit (668 + 89,268), bf16
+    for strategy, kept in (("fsdp1-full-shard", 66_100 * 2), ("fsdp1-shard-grad-op", (668 + 89_268) * 2)):
+        states = predictions(arch, strategy, 2, PrecisionName.BF16_MIXED, OptimizerName.ADAM, 2, finetune)
+        for rank in states:
+            assert (rank.params.bytes, rank.grads.bytes, rank.optimizer_states.bytes) == (1_336, 1_336, 2_672)
+            assert (rank.step.bytes, rank.frozen.bytes) == (8 * 4, 44_634 * 2)
+            assert rank.unsharded_after_forward.bytes == kept

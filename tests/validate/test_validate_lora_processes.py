@@ -85,3 +85,57 @@ def test_a_modules_to_save_copy_is_trained_in_bf16_beside_fp32_adapters() -> Non
         assert _line(ddp, r, "optimizer") == 2 * (copy + adapters)
     calls = {(c["op"], c["dtype"]): c["measured_bytes"] for c in ddp["collectives"]}
     assert calls == {("all_reduce", "bf16"): [copy] * 2, ("all_reduce", "fp32"): [adapters] * 2}
+
+
+# FSDP1 under PEFT's fsdp_auto_wrap_policy at r = 3 (odd adapters, so the padding shows): each adapter
+# Linear its own flat parameter (per layer q's lora_A 3 × 33 and lora_B 33 × 3, v's lora_A 3 × 33 and
+# lora_B 11 × 3: 99, 99, 99, 33 elements, padded to 100, 100, 100, 34, half on each rank); the frozen
+# units the 2 blocks (11,583 elements each, padded to 11,584) and the root (embedding, final norm, head:
+# 66,099, padded to 66,100)
+ADAPTERS_R3 = [99, 99, 99, 33] * 2
+ROOT, BLOCK = 2 * 1001 * 33 + 33, 2 * 33 + 2 * 33 * 33 + 2 * 11 * 33 + 3 * 33 * 87
+
+
+def _padded(numel: int) -> int:
+    return numel + numel % 2
+
+
+def test_fsdp1_with_peft_wrap_policy_matches_every_rank_and_collective_exactly() -> None:
+    result = _validate(
+        "--nproc", "2", "--strategies", "fsdp1-full-shard,fsdp1-shard-grad-op,fsdp1-no-shard",
+        "--lora-rank", "3", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    report = json.loads(result.stdout)
+    assert report["all_match"] is True
+    configs = {(c["strategy"], c["precision"]): c for c in report["configs"]}
+    trained_shard = sum(_padded(n) for n in ADAPTERS_R3) // 2  # 334 elements a rank
+    frozen_shard = (_padded(ROOT) + 2 * _padded(BLOCK)) // 2
+    assert (trained_shard, frozen_shard) == (334, 44634)
+    for (strategy, precision), config in configs.items():
+        assert config["status"] == "match", config
+        sharded = strategy != "fsdp1-no-shard"
+        trained = trained_shard if sharded else sum(ADAPTERS_R3)
+        frozen = frozen_shard if sharded else ROOT + 2 * BLOCK
+        base_bytes = 4 if precision == "fp32" else 2
+        for r in (0, 1):
+            assert _line(config, r, "params") == _line(config, r, "grads") == 4 * trained
+            assert _line(config, r, "optimizer") == 2 * 4 * trained
+            assert _line(config, r, "step") == 8 * 4  # one counter per adapter flat parameter
+            assert _line(config, r, "frozen") == frozen * base_bytes
+        calls = {(c["op"], c["phase"]): c for c in config["collectives"]}
+        assert all(c["ok"] for c in calls.values()), config["collectives"]
+        if not sharded:  # one all-reduce per adapter unit, unpadded, in fp32
+            assert calls[("all_reduce", "backward")]["measured_calls"] == [8, 8]
+            assert calls[("all_reduce", "backward")]["measured_bytes"] == [4 * sum(ADAPTERS_R3)] * 2
+            continue
+        gather = 4 if precision == "fp32" else 2  # MixedPrecision's bf16 for adapters and base alike
+        everything = sum(_padded(n) for n in ADAPTERS_R3) + _padded(ROOT) + 2 * _padded(BLOCK)
+        assert calls[("all_gather", "forward")]["measured_calls"] == [11, 11]  # root, 2 blocks, 8 adapters
+        assert calls[("all_gather", "forward")]["measured_bytes"] == [everything // 2 * gather] * 2
+        if strategy == "fsdp1-full-shard":  # every unit but the root re-gathered
+            assert calls[("all_gather", "backward")]["measured_calls"] == [10, 10]
+        else:
+            assert ("all_gather", "backward") not in calls
+        assert calls[("reduce_scatter", "backward")]["measured_calls"] == [8, 8]  # the adapters only
+        assert calls[("reduce_scatter", "backward")]["measured_bytes"] == [4 * trained_shard] * 2

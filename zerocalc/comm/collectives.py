@@ -46,7 +46,7 @@ from zerocalc.parallel.finetune import parameter_kinds
 from zerocalc.parallel.fp8 import Fp8Setting
 from zerocalc.parallel.framework_records import FRAMEWORKS
 from zerocalc.parallel.framework_records.megatron import bucket_elements
-from zerocalc.parallel.frameworks import Framework
+from zerocalc.parallel.frameworks import Framework, Fsdp1Sharding
 from zerocalc.parallel.precision import ParamKind, PrecisionName
 from zerocalc.parallel.strategies import StrategyName
 from zerocalc.parallel.zeropp import active_features
@@ -216,7 +216,7 @@ def collective_runs(
     )
     collectives = []
     if request.finetune is not None and layout.from_architecture:
-        moved = _finetune_runs(runs, request)
+        moved = _finetune_runs(runs, request, name)
     else:
         moved = _fp8_runs(runs, request.fp8, layout)
     for run, run_layout in moved:
@@ -257,7 +257,9 @@ def _fp8_runs(runs: tuple[_Run, ...], fp8: Fp8Setting, layout: Layout) -> list[t
     return out + stacked
 
 
-def _finetune_runs(runs: tuple[_Run, ...], request: TrainingRequest) -> list[tuple[_Run, Layout]]:
+def _finetune_runs(
+    runs: tuple[_Run, ...], request: TrainingRequest, name: StrategyName
+) -> list[tuple[_Run, Layout]]:
     """Each run with the tensors it moves in a fine-tuning run (:mod:`zerocalc.comm.finetune`): the
     trained ones for gradients and updated parameters, every one (quantised weights packed) for the
     gathers of forward and backward, each kind in its dtype for the rule's role (the precision record's)."""
@@ -267,12 +269,19 @@ def _finetune_runs(runs: tuple[_Run, ...], request: TrainingRequest) -> list[tup
     assert finetune is not None
     out = []
     present = dict.fromkeys(k.kind for k in parameter_kinds(request.architecture, finetune))
+    peft_fsdp1 = request.framework is Framework.FSDP  # PEFT's fsdp_auto_wrap_policy (comm.finetune)
+    setup = FRAMEWORKS[request.framework].torch_setup(name) if peft_fsdp1 else None
+    # a unit resharded after its forward (FULL_SHARD, HYBRID_SHARD) is gathered again by a second call
+    resharded = setup is not None and setup.sharding is Fsdp1Sharding.FULL_SHARD
     for run in runs:
         trained = moves_trained_only(run.line)
         role = run.line.dtype_role
         kinds = [kind for kind in present if not trained or kind in TRAINED]
         dtypes = tuple((kind, finetune_dtypes(request, kind).of(role)) for kind in kinds)
-        moved = moved_tensors(request.architecture, finetune, trained, dtypes)
+        forward = resharded and run.line.phase is Phase.FORWARD
+        moved = moved_tensors(
+            request.architecture, finetune, trained, dtypes, peft_fsdp1=peft_fsdp1, forward=forward
+        )
         if moved.dtype is None and run.line.calls is Calls.DDP_BUCKET:  # a run of buckets per dtype
             apart = [
                 moved_tensors(request.architecture, finetune, trained, dtypes, d) for d in _dtypes(dtypes)

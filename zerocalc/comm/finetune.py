@@ -13,9 +13,9 @@ precision record's (:func:`~zerocalc.states.memory.finetune_dtypes`); a rule's c
   ``post_backward``: ``fsdp_params_with_grad``, ``if len(fsdp_params_with_grad) == 0: return``); under FSDP1
   PEFT's ``fsdp_auto_wrap_policy`` (peft 0.21.2 ``utils/other.py`` ``lambda_policy_fn``: every leaf module
   with a trained weight its own unit) keeps each flat parameter all frozen or all trained, so FSDP1 too
-  reduces the trained tensors' elements only (their calls are counted per block here; a unit mixing frozen
-  and trained parameters under ``use_orig_params=True`` would reduce its whole flat gradient, zeros
-  included: ``_flat_param.py``).
+  reduces the trained tensors' elements only, one reduce-scatter per trained unit (each adapter Linear's
+  flat gradient, padded to a multiple of N; a unit mixing frozen and trained parameters under
+  ``use_orig_params=True`` would reduce its whole flat gradient, zeros included: ``_flat_param.py``).
 * **parameters gathered for compute** (FSDP1/FSDP2, ZeRO-3, forward and the backward re-gather): every
   tensor, frozen and quantised alike, in its kind's all-gather dtype; a quantised weight as bitsandbytes
   stores it, the packed tensor of ``(n + 1) // (2·s)`` elements of the storage dtype of s bytes
@@ -58,7 +58,7 @@ from zerocalc.model.quantized import QuantMethod
 from zerocalc.network.schedule import Phase, ScheduledCollective, Tensor
 from zerocalc.parallel.finetune import TRAINED_KINDS, FineTuning, KindedTensor, parameter_kinds
 from zerocalc.parallel.precision import ParamKind
-from zerocalc.states.framework import fsdp_unit_positions
+from zerocalc.states.framework import fsdp_unit_positions, peft_fsdp1_unit_positions
 
 TRAINED = frozenset(TRAINED_KINDS)
 """The kinds with a gradient (the others keep none: the precision record's ``_UNTRAINED``)."""
@@ -106,11 +106,15 @@ def moved_tensors(
     trained_only: bool,
     dtypes: tuple[tuple[ParamKind, DType | None], ...],
     only: DType | None = None,
+    peft_fsdp1: bool = False,
+    forward: bool = False,
 ) -> MovedTensors:
     """The tensors a rule moves (``trained_only``: :func:`moves_trained_only`) in the FSDP units a block
     each (:func:`~zerocalc.states.framework.fsdp_unit_positions`: adapters and copies inside their
     block's unit), ``dtypes`` each kind's dtype in the rule's role; ``only``: those of that dtype alone
-    (a DDP bucket's)."""
+    (a DDP bucket's); ``peft_fsdp1``: in FSDP1's units under PEFT's wrap policy instead
+    (:func:`~zerocalc.states.framework.peft_fsdp1_unit_positions`: each adapter Linear its own unit,
+    its flat parameter padded apart; ``forward``: the forward's gathers, DoRA's adapters twice)."""
     of = dict(dtypes)
     chosen = [
         k
@@ -126,7 +130,12 @@ def moved_tensors(
             ParamTensor(module=t.module, name=t.name, shape=(*t.shape, dtype.bytes))  # type: ignore[union-attr]
             for t, dtype in zip(tensors, kinds, strict=True)
         ]
-    units = tuple((name, tuple(unit)) for name, unit in fsdp_unit_positions(tensors) if unit)
+    positions = (
+        peft_fsdp1_unit_positions(tensors, [k.kind in TRAINED for k in chosen], forward)
+        if peft_fsdp1
+        else fsdp_unit_positions(tensors)
+    )
+    units = tuple((name, tuple(unit)) for name, unit in positions if unit)
     layout = Layout(tensors=tuple(tensors), units=units, from_architecture=True)
     return MovedTensors(layout, shared)
 

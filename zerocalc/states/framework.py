@@ -156,6 +156,40 @@ def fsdp_unit_positions(tensors: list[ParamTensor]) -> list[tuple[str, list[int]
     return [*blocks.items(), ("root", root)]
 
 
+def peft_fsdp1_unit_positions(
+    tensors: list[ParamTensor], trained: list[bool], dora_forward: bool = False
+) -> list[tuple[str, list[int]]]:
+    """FSDP1's units of a PEFT model under PEFT's ``fsdp_auto_wrap_policy`` (peft 0.21.2
+    ``utils/other.py``: ``lambda_policy_fn`` wraps every leaf module whose ``weight`` requires grad,
+    ``transformer_auto_wrap_policy`` the decoder layers): each module with a trained ``weight`` (an
+    adapter's ``lora_A``/``lora_B`` Linear, DoRA's magnitude, a ``modules_to_save`` copy) its own unit of
+    all its tensors, named by the module; then the blocks and the root of :func:`fsdp_unit_positions`
+    with what is left (the frozen base). ``trained[i]``: whether ``tensors[i]`` requires grad. Every
+    tensor of the modelled PEFT models sits in a leaf module (PEFT's layers hold no parameter of their
+    own). ``dora_forward``: the forward's gathers,
+    where a DoRA module's ``lora_A`` and ``lora_B`` units come twice (peft 0.21.2 ``tuners/lora/dora.py``
+    ``get_lora_weight``: ``lora_B(lora_A(x_eye))``, a second call of each adapter unit, which FSDP1
+    gathers again under FULL_SHARD, which reshards it after each forward; the backward re-gathers each
+    unit once)."""
+    leaves = {t.module for t, tr in zip(tensors, trained, strict=True) if tr and t.name == "weight"}
+    own: dict[str, list[int]] = {}
+    rest: list[int] = []
+    for i, t in enumerate(tensors):
+        if t.module in leaves:
+            own.setdefault(t.module, []).append(i)
+        else:
+            rest.append(i)
+    shared = fsdp_unit_positions([tensors[i] for i in rest])
+    again: list[tuple[str, list[int]]] = []
+    if dora_forward:
+        for name, unit in own.items():
+            parent, _, tail = name.rpartition(".")  # X.lora_A.<adapter> → X.lora_magnitude_vector.<adapter>
+            base, _, kind = parent.rpartition(".")
+            if kind in ("lora_A", "lora_B") and f"{base}.lora_magnitude_vector.{tail}" in own:
+                again.append((f"{name} (DoRA's eye pass)", unit))
+    return [*own.items(), *again, *((name, [rest[j] for j in unit]) for name, unit in shared)]
+
+
 def fsdp1_shard_numel(unit_numel: int, world_size: int, sharding: Fsdp1Sharding) -> int:
     """Elements of one FSDP1 ``FlatParameter`` on each rank.
 

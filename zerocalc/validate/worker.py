@@ -100,7 +100,6 @@ def _wrap(job: Job, model: Any, device: Any) -> tuple[Any, Any, Any]:
     if wrapper is TorchWrapper.FSDP1:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
         strategy = {
             Fsdp1Sharding.NO_SHARD: ShardingStrategy.NO_SHARD,
@@ -115,7 +114,7 @@ def _wrap(job: Job, model: Any, device: Any) -> tuple[Any, Any, Any]:
         wrapped = FSDP(
             model,
             sharding_strategy=strategy,
-            auto_wrap_policy=ModuleWrapPolicy({Block}),
+            auto_wrap_policy=_fsdp1_policy(job, model),
             mixed_precision=mp,
             device_id=device,
             use_orig_params=False,
@@ -173,6 +172,22 @@ def _wrap(job: Job, model: Any, device: Any) -> tuple[Any, Any, Any]:
         return storage_bytes(held)
 
     return model, optimizer, unsharded2
+
+
+def _fsdp1_policy(job: Job, model: Any) -> Any:
+    """FSDP1's auto-wrap policy: a unit per block; under LoRA PEFT's own (peft 0.21.2 ``utils/other.py``
+    ``fsdp_auto_wrap_policy``, as PEFT's FSDP examples set it on accelerate's plugin:
+    ``fsdp_plugin.auto_wrap_policy = fsdp_auto_wrap_policy(model)``): every leaf module with a trained
+    ``weight`` its own unit (each adapter Linear, a DoRA magnitude, a ``modules_to_save`` copy), and the
+    blocks, named as transformers names its decoder layer (``_no_split_modules``, which PEFT reads)."""
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    if job.finetune is None:
+        return ModuleWrapPolicy({Block})
+    from peft.utils.other import fsdp_auto_wrap_policy
+
+    model._no_split_modules = [Block.__name__]
+    return fsdp_auto_wrap_policy(model)
 
 
 def _trained(model: Any) -> list[Any]:
@@ -277,10 +292,17 @@ def _measure(job: Job, placement: Placement, device: Any) -> Measured:
     model = build(job)
     wrapped, optimizer, unsharded = _wrap(job, model, device)
     wrapper = STRATEGIES[job.strategy][2].wrapper
+    # DDP's bf16-mixed is autocast; FSDP1 under LoRA runs its forward in autocast too, as accelerate's
+    # prepare_model wraps it (accelerate 1.x accelerator.py: native_amp), since PEFT casts a LoRA input to
+    # the adapter's stored fp32 (peft 0.21.2 tuners/lora/layer.py _cast_input_dtype) before the adapter's
+    # FSDP unit gathers it in MixedPrecision's bf16
     autocast_dtype = (
         torch.bfloat16
         if job.precision is PrecisionName.BF16_MIXED
-        and wrapper in (TorchWrapper.DDP, TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER)
+        and (
+            wrapper in (TorchWrapper.DDP, TorchWrapper.ZERO_REDUNDANCY_OPTIMIZER)
+            or (wrapper is TorchWrapper.FSDP1 and job.finetune is not None)
+        )
         else None
     )
     recorder = CollectiveRecorder()
