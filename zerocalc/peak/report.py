@@ -193,6 +193,11 @@ class PeakEstimate(BaseModel):
     init_host_model: str | None = Field(
         default=None, description="--init cpu: the model those copies hold (its dtypes)"
     )
+    offloaded_activations_host_bytes: int | None = Field(
+        default=None,
+        description="--offload-activations: pinned host bytes per GPU of one micro-batch's offloaded saved "
+        "tensors (torchtune's OffloadActivations: a copy per pack of at least 1024 B)",
+    )
 
     def row(self, name: StrategyName | str) -> StrategyPeak:
         """The row of a strategy, by any of its names (``fsdp``, ``full_shard``, ``zero3``)."""

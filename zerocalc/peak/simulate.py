@@ -221,6 +221,7 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
         fp8=request.fp8,
         loss=request.activations.loss,
         loss_chunks=request.activations.loss_chunks,
+        offload=request.activations.offload,
     )
 
 

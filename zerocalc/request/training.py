@@ -107,6 +107,11 @@ class ActivationOptions(BaseModel):
     loss_chunks: int = Field(
         default=TORCHTUNE_OUTPUT_CHUNKS, ge=1, description="torchtune's num_output_chunks (--loss chunked)"
     )
+    offload: bool = Field(
+        default=False,
+        description="the forward's saved tensors offloaded to pinned host memory (torchtune's "
+        "OffloadActivations, --offload-activations)",
+    )
 
 
 class BufferOptions(BaseModel):
@@ -457,7 +462,9 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         flash_attention=o.flash_attention,
     )
     loss, loss_chunks = parse_loss(o.loss, o.loss_chunks)
-    activations = activations.model_copy(update={"loss": loss, "loss_chunks": loss_chunks})
+    activations = activations.model_copy(
+        update={"loss": loss, "loss_chunks": loss_chunks, "offload": o.offload_activations}
+    )
     model_impl = choice(o.model_impl, "{model_impl}", ModelImplName)
     mesh = parse_mesh(o, whole, framework, model_impl, model)
     if o.capacity_factor is not None:
