@@ -329,7 +329,7 @@ def test_offloaded_host_bytes_are_one_copy_per_pack_of_at_least_1024_bytes() -> 
     assert data["options"]["offload_activations"] is True
     plain = json.loads(_memory("--gpus", "8", "--recompute", "full", "--json").stdout)
     assert "offload_activations" not in plain["options"]
-    assert plain["peak"]["offloaded_activations_host_bytes"] is None
+    assert "offloaded_activations_host_bytes" not in plain["peak"]
     saved = (
         plain["peak"]["strategies"][0]["after_forward_bytes"]
         - data["peak"]["strategies"][0]["after_forward_bytes"]

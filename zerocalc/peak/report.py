@@ -240,8 +240,11 @@ class MemoryReport(MemoryEstimate):
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON of ``zerocalc memory --json`` (no ``peak`` key without an architecture, no
         ``framework_states`` key without a framework accounting of Ψ alone, no ``stage`` and ``stages``
-        without pipeline parallelism)."""
+        without pipeline parallelism, no ``offloaded_activations_host_bytes`` without offloading)."""
         exclude: dict[str, Any] = {k: True for k in ("peak", "framework_states") if getattr(self, k) is None}
         if self.peak is not None and self.request.mesh.pp == 1:  # no pipeline: no stages
             exclude["peak"] = {"strategies": {"__all__": {"stage", "stages"}}}
+        if self.peak is not None and self.peak.offloaded_activations_host_bytes is None:
+            # only where --offload-activations is set: a run without it prints what it did before
+            exclude.setdefault("peak", {})["offloaded_activations_host_bytes"] = True
         return self.model_dump(mode="json", exclude=exclude or None)
