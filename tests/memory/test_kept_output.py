@@ -81,6 +81,8 @@ def test_fp32_training_holds_fp32_logits() -> None:
          "--keep-output next with --model-impl torchtitan: its training loop keeps only the loss"),
         (["--keep-output", "step", "--recompute", "full", "--loss", "chunked"],
          "--keep-output step with --loss chunked: the saver's recipe drops the output"),
+        (["--keep-output", "step", "--recompute", "full", "--offload-activations"],
+         "--keep-output step with --offload-activations: torchtune's recipes drop the logits"),
         (["--keep-output", "step", "--recompute", "full", "--pp", "2"],
          "--keep-output step with --pp 2: a pipeline schedule calls the loss itself"),
     ],

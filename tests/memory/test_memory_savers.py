@@ -250,3 +250,113 @@ def test_torchtitans_early_step_in_backward_is_the_flag(tmp_path) -> None:
     file_data, flag_data = json.loads(from_file.stdout), json.loads(from_flags.stdout)
     assert file_data["options"]["optimizer_in_backward"] is True
     assert file_data["peak"] == flag_data["peak"]
+
+
+# ------------------------------------------------------------------- activation offloading (torchtune)
+HIDDEN = 2 * 64 * 512  # a layer input of the small Llama at s = 64, bf16
+
+
+class _InputsLedger(Ledger):
+    """A ledger without rounding that keeps, at each event, the layer inputs alive (the checkpoints')."""
+
+    def __init__(self) -> None:
+        super().__init__(block=1)
+        self.inputs: dict[str, list[str]] = {}
+
+    def event(self, name: str, transient: int = 0, transient_kind: str = "transient") -> None:
+        super().event(name, transient, transient_kind)
+        alive = sorted(n for n in self.live if n.startswith(("hidden ", "embedding output")))
+        self.inputs.setdefault(name, alive)
+
+
+def _eight_layers(offload: bool) -> _InputsLedger:
+    request = parse_options(
+        model={**SMALL, "num_hidden_layers": 8}, seq_len=64, framework="fsdp2", gpus=1, recompute="full",
+        offload_activations=offload,
+    )  # fmt: skip
+    mechanics, act = mechanics_for(request, request.strategies[0], ())
+    led = _InputsLedger()
+    step = step_shape(request, act, Device.CUDA)
+    steady_start(step, mechanics, None, led)
+    run_step(step, mechanics, None, led)
+    return led
+
+
+def test_offloading_keeps_the_last_five_checkpoint_inputs_in_forward_and_two_in_backward() -> None:
+    """OffloadActivations (max_fwd_stash_size 5): the input ids (512 B < 1024: not offloaded) take id 1,
+    layer i's checkpoint input id i + 2; at layer 7's pack those of ids ≤ 4 leave the GPU, so layers 3 to 7
+    and the embedding output, which transformers' inputs_embeds holds to the base model's return. The
+    final norm's packs (x.float() twice, rsqrt twice under 1024 B, normalized) free the rest: none after
+    forward, 8 × 65,536 B fewer. Backward: layer 6's recompute brings its input back while layer 7's
+    waits for that node's hook; each on the copy stream."""
+    plain, off = _eight_layers(False), _eight_layers(True)
+    forward = "layer 7 forward (checkpointed)"
+    assert off.inputs[forward] == [
+        "embedding output",
+        "hidden 3",
+        "hidden 4",
+        "hidden 5",
+        "hidden 6",
+        "hidden 7",
+    ]
+    assert len(plain.inputs[forward]) == 8
+    after = {
+        id(led): next(e.allocated for e in led.events if e.name == "after forward") for led in (plain, off)
+    }
+    assert off.inputs["after forward"] == [] and after[id(plain)] - after[id(off)] == 8 * HIDDEN
+    assert off.inputs["layer 7 recompute"] == ["hidden 7"]
+    assert off.inputs["layer 6 recompute"] == ["hidden 6", "hidden 7"]
+    assert off.inputs["layer 6 backward"] == ["hidden 6"]
+    assert off.inputs["embedding backward"] == ["embedding output"]
+    recompute = {
+        id(led): next(e.allocated for e in led.events if e.name == "layer 6 recompute")
+        for led in (plain, off)
+    }
+    assert recompute[id(plain)] - recompute[id(off)] == 5 * HIDDEN  # 0 to 6 against 6 and 7
+    streams = {a.name: a.stream for a in off.log if getattr(a, "stream", None) == "offload"}
+    assert set(streams) == {f"hidden {i}" for i in range(1, 8)} | {"embedding output"}
+
+
+def test_offloaded_host_bytes_are_one_copy_per_pack_of_at_least_1024_bytes() -> None:
+    """Llama-3-8B, b 1, s 2048 (T·h = 8,388,608): 32 checkpoint inputs in bf16 (2·T·h each), the final
+    norm's x.float() twice (4·T·h) and normalized (2·T·h), rsqrt twice (4·T), the input ids (8·T)."""
+    T, h = 2048, 4096
+    result = _memory("--gpus", "8", "--recompute", "full", "--offload-activations", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    expected = 32 * 2 * T * h + 2 * 4 * T * h + 2 * T * h + 2 * 4 * T + 8 * T
+    assert data["peak"]["offloaded_activations_host_bytes"] == expected == 620_789_760
+    assert data["options"]["offload_activations"] is True
+    plain = json.loads(_memory("--gpus", "8", "--recompute", "full", "--json").stdout)
+    assert "offload_activations" not in plain["options"]
+    assert "offloaded_activations_host_bytes" not in plain["peak"]
+    saved = (
+        plain["peak"]["strategies"][0]["after_forward_bytes"]
+        - data["peak"]["strategies"][0]["after_forward_bytes"]
+    )
+    assert saved == 32 * 2 * T * h
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (
+            ["--recompute", "none"],
+            "torchtune refuses it without activation checkpointing; accepted: --recompute full",
+        ),
+        (["--framework", "ddp"], "accepted: --framework fsdp2"),
+        (["--framework", "deepspeed"], "accepted: --framework fsdp2"),
+        (["--model-impl", "torchtitan"], "accepted: --model-impl hf"),
+        (["--checkpoint-every", "2"], "accepted: --checkpoint-every 1"),
+        (["--pp", "2", "--gpus", "2"], "accepted: --pp 1"),
+    ],
+)
+def test_offloading_refusals_are_one_line(args: list[str], fragment: str) -> None:
+    base = (
+        ["--offload-activations", "--recompute", "full"]
+        if "--recompute" not in args
+        else ["--offload-activations"]
+    )
+    result = _memory(*base, *args)
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.output
+    assert fragment in result.stderr

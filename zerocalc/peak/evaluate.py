@@ -25,7 +25,7 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.parts import Part
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import PipelineStage
-from zerocalc.model.code import MODEL_CODES, AttentionKernel, loss_source
+from zerocalc.model.code import MODEL_CODES, AttentionKernel, Device, loss_source
 from zerocalc.network.cluster import Cluster
 from zerocalc.parallel.finetune import parameter_kinds
 from zerocalc.parallel.framework_records.record import FrameworkRecord, ModelInit, StatesModel, Wrap
@@ -49,9 +49,17 @@ from zerocalc.peak.report import (
     TimelineEvent,
     Verdict,
 )
-from zerocalc.peak.simulate import StepResult, flash_attention_used, runtime_for, simulate, stage_window
+from zerocalc.peak.simulate import (
+    StepResult,
+    activation_bytes,
+    flash_attention_used,
+    runtime_for,
+    simulate,
+    stage_window,
+    step_shape,
+)
 from zerocalc.peak.states import STATE_BUILDERS
-from zerocalc.peak.timeline import Runtime
+from zerocalc.peak.timeline import Runtime, offloaded_host_bytes
 from zerocalc.request.training import TrainingRequest
 from zerocalc.states.memory import MemoryEstimate, evaluate_memory
 
@@ -350,6 +358,14 @@ def init_host_bytes_per_node(request: TrainingRequest) -> int | None:
     return copies * INIT_HOST_BYTES * request.rank_model.params
 
 
+def offloaded_activations_host_bytes(request: TrainingRequest) -> int | None:
+    """``--offload-activations``: the pinned host bytes per GPU of one micro-batch's offloaded tensors
+    (:func:`~zerocalc.peak.timeline.offloaded_host_bytes`); None without it."""
+    if not request.activations.offload:
+        return None
+    return offloaded_host_bytes(step_shape(request, activation_bytes(request), Device.CUDA))
+
+
 def init_host_model(request: TrainingRequest) -> str | None:
     """What :func:`init_host_bytes_per_node` counts, in words."""
     if request.init is not ModelInit.CPU:
@@ -479,6 +495,7 @@ def evaluate_peak(request: TrainingRequest) -> MemoryReport:
         strategies=rows,
         init_host_bytes_per_node=init_host_bytes_per_node(request),
         init_host_model=init_host_model(request),
+        offloaded_activations_host_bytes=offloaded_activations_host_bytes(request),
     )
     states = [row.model_copy(update={"fits": None, "headroom_bytes": None}) for row in estimate.strategies]
     echo = estimate.request.model_copy(update={"states_capacity_bytes": None})

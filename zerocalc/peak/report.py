@@ -193,6 +193,11 @@ class PeakEstimate(BaseModel):
     init_host_model: str | None = Field(
         default=None, description="--init cpu: the model those copies hold (its dtypes)"
     )
+    offloaded_activations_host_bytes: int | None = Field(
+        default=None,
+        description="--offload-activations: pinned host bytes per GPU of one micro-batch's offloaded saved "
+        "tensors (torchtune's OffloadActivations: a copy per pack of at least 1024 B)",
+    )
 
     def row(self, name: StrategyName | str) -> StrategyPeak:
         """The row of a strategy, by any of its names (``fsdp``, ``full_shard``, ``zero3``)."""
@@ -235,8 +240,11 @@ class MemoryReport(MemoryEstimate):
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON of ``zerocalc memory --json`` (no ``peak`` key without an architecture, no
         ``framework_states`` key without a framework accounting of Ψ alone, no ``stage`` and ``stages``
-        without pipeline parallelism)."""
+        without pipeline parallelism, no ``offloaded_activations_host_bytes`` without offloading)."""
         exclude: dict[str, Any] = {k: True for k in ("peak", "framework_states") if getattr(self, k) is None}
         if self.peak is not None and self.request.mesh.pp == 1:  # no pipeline: no stages
             exclude["peak"] = {"strategies": {"__all__": {"stage", "stages"}}}
+        if self.peak is not None and self.peak.offloaded_activations_host_bytes is None:
+            # only where --offload-activations is set: a run without it prints what it did before
+            exclude.setdefault("peak", {})["offloaded_activations_host_bytes"] = True
         return self.model_dump(mode="json", exclude=exclude or None)

@@ -222,6 +222,7 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
         loss=request.activations.loss,
         loss_chunks=request.activations.loss_chunks,
         keep_output=request.activations.keep_output,
+        offload=request.activations.offload,
     )
 
 

@@ -73,6 +73,7 @@ from zerocalc.peak.layer_nodes import (
     first_norm_backward_excess,
 )
 from zerocalc.peak.ledger import Ledger
+from zerocalc.peak.offload import OFFLOAD_STREAM, Pack, Stash, final_packs
 
 # kinds of tensors (short names for the program below)
 PARAMS = TensorKind.PARAMETERS
@@ -138,6 +139,8 @@ class StepShape(NamedTuple):
     """torchtune's output chunks (``--loss chunked``)."""
     keep_output: OutputKept = OutputKept.NONE
     """How long the training loop holds the model's output, its logits (``--keep-output``)."""
+    offload: bool = False
+    """torchtune's activation offloading (``--offload-activations``, :mod:`zerocalc.peak.offload`)."""
     saves: dict[tuple, LayerSaves] | None = None
     """Where the step finds and keeps its layers' saves, per kind of layer (mixture-of-experts or not; a
     fine-tuning run's per layer) and cache use: steps of one micro-batch and recompute whose blocks are
@@ -308,6 +311,17 @@ class _Passes:
         self._op_layer: OpSacLayer | None = None
         self._backward: dict[bool | tuple[bool, int], LayerNodes] = {}
         self._losses: list[str] = []
+        held = frozenset({"embedding output"}) if step.impl.embedding_output_alive else frozenset()
+        self.stash = Stash(led, held) if step.offload else None
+        """torchtune's ``fwd_stash`` of this pass (``--offload-activations``); None: no offloading."""
+        self._brought_back: str | None = None
+        """The layer input last brought back in backward, freed after the next layer's first node."""
+
+    def layer_input(self, i: int) -> str:
+        """Layer ``i``'s input as the timeline names it (the first layer's: the embedding's output)."""
+        if i > 0:
+            return f"hidden {i}"
+        return "embedding output" if self.t.rotary else "hidden 0"
 
     def saves_of(self, i: int, use_cache: bool) -> LayerSaves:
         """A layer's saves depend on its index only through whether it is a mixture-of-experts layer; a
@@ -362,13 +376,8 @@ class _Passes:
 
     def final_saves(self) -> tuple[list[tuple[str, int]], bool]:
         """The final norm's saves and the LM head's input, and whether the last hidden state is kept for
-        the final norm's backward (a LayerNorm's input; a fine-tuning run's fp32 stream, which the RMSNorm's
-        ``to(float32)`` returns itself: :func:`~zerocalc.model.code.tuned_final_saves`)."""
-        step = self.step
-        if step.tuning is None:
-            final = step.impl.final_saves(step.arch, step.shape, step.act, step.device)
-            return list(final), self.t.norm == "layernorm"
-        return tuned_final_saves(step.arch, step.shape, step.act, step.device, step.tuning)
+        the final norm's backward (:func:`final_saves`)."""
+        return final_saves(self.step)
 
     def nodes_of(self, i: int) -> LayerNodes:
         """Layer ``i``'s moments node by node (:mod:`zerocalc.peak.layer_nodes`), which depend on its index
@@ -460,6 +469,9 @@ class _Passes:
         if embedding:
             shared = self.embedding_saves() + self.shared_saves()
             led.alloc_group(f"shared{tag}", shared, ACTIVATIONS)
+            if self.stash is not None:
+                for pack in embedding_packs(step):
+                    self.stash.pack(pack)
             hidden = f"embedding output{tag}"
             led.alloc(hidden, self.hidden_bytes, ACTIVATIONS)
             if shape.tp > 1:
@@ -492,6 +504,8 @@ class _Passes:
                 # torch.utils.checkpoint (use_reentrant=False): the layer's saved tensors are dropped at pack
                 # time, its input is kept; no cache copies (HF turns use_cache off under checkpointing)
                 saves = self.saves_of(i, use_cache=False)
+                if self.stash is not None:  # the checkpoint's input, packed by the offloading hook
+                    self.stash.pack(Pack(hidden, self.hidden_bytes, hidden))
                 if saves.program:
                     label = "forward (checkpointed)"
                     _run_program(led, i, saves.program, 0, new, self.hidden_bytes, label, True, tag)
@@ -559,6 +573,9 @@ class _Passes:
         if fused:  # Liger's kernel runs the head outside autograd: nothing saves its input
             final = [(name, b) for name, b in final if name != "LM head input"]
         led.alloc_group(f"final{tag}", final, ACTIVATIONS)
+        if self.stash is not None:
+            for pack in final_packs(final, (hidden, self.hidden_bytes) if keeps_last else None):
+                self.stash.pack(pack)
         if fused or (step.tuning is not None and "lm_head" not in step.tuning.trained):
             # the final norm's output, saved by no one (the head is frozen), is the base model's
             # last_hidden_state: LlamaForCausalLM.forward's `outputs` holds it through the loss
@@ -618,6 +635,8 @@ class _Passes:
         led = self.led
         if embedding and not (self.keeps_input_of(0) and self.t.rotary):
             led.free(f"embedding output{tag}")  # under checkpointing it is layer 0's input
+        elif embedding and self.stash is not None:
+            self.stash.release(f"embedding output{tag}")  # offloaded: inputs_embeds was its last holder
         led.free(f"position embedding output{tag}")
         led.free(f"position ids{tag}")
 
@@ -637,6 +656,7 @@ class _Passes:
             mechanics.pre_backward(led, "root")
             self.saver_loss_backward(tag, autograd_workspace)
             led.event(f"final norm backward{tag}", norm_backward_excess(impl, arch, shape, act), TRANSIENT)
+            self.final_unpacked()
             led.free_group(f"final{tag}")
             if self.final_saves()[1]:
                 led.free(f"hidden {layers[-1] + 1}{tag}")  # the final norm's saved input
@@ -674,6 +694,7 @@ class _Passes:
             led.event(f"lm_head backward{tag}")
             led.free(f"d logits{tag}")
             led.event(f"final norm backward{tag}", norm_backward_excess(impl, arch, shape, act), TRANSIENT)
+            self.final_unpacked()
             led.free_group(f"final{tag}")
             if self.final_saves()[1]:
                 led.free(f"hidden {layers[-1] + 1}{tag}")  # the final norm's saved input
@@ -696,6 +717,8 @@ class _Passes:
                 led.event(f"layer {i} recompute (op-level){tag}", layer.forward_excess, TRANSIENT)
                 for name in layer.consumed:
                     led.free(f"layer {i}{tag}.{name}")
+            elif self.stash is not None:
+                self.offloaded_recompute(i, saves)
             elif self.checkpointed_layer(i) and saves.program:
                 # the recomputed forward (torch.utils.checkpoint, use_reentrant=False): its output is dropped
                 output = f"layer {i} recomputed output{tag}"
@@ -722,7 +745,9 @@ class _Passes:
             if backward.first_norm_excess:
                 # the first norm's backward, the layer's last: every gradient of the layer exists
                 led.event(f"layer {i} first norm backward{tag}", backward.first_norm_excess, TRANSIENT)
-            if self.keeps_input_of(i) or saves.keeps_input:
+            if self.stash is not None and not saves.keeps_input:
+                pass  # brought back: freed after the next layer's first node, or at the end of backward
+            elif self.keeps_input_of(i) or saves.keeps_input:
                 if i > layers[0]:
                     led.free(f"hidden {i}{tag}")
                 elif embedding:
@@ -736,7 +761,15 @@ class _Passes:
             if not t.rotary:
                 mechanics.param_grad(led, "root", "position embedding", arch.max_position_embeddings * h)
             mechanics.param_grad(led, "root", "embedding dense", _vocab_numel(arch, "embedding"))
+            brought = [p for p in embedding_packs(step) if p.offloaded] if self.stash is not None else []
+            for pack in brought:  # the indices, offloaded: a copy brought back on the side stream
+                led.alloc(f"{pack.name} (brought back)", pack.nbytes, ACTIVATIONS, stream=OFFLOAD_STREAM)
             led.event(f"embedding backward{tag}")
+            for pack in brought:  # freed by the callback at the end of backward
+                led.free(f"{pack.name} (brought back)")
+            if self._brought_back is not None:
+                led.free(self._brought_back)
+                self._brought_back = None
             led.free(f"d hidden{tag}")
             if arch.tied_embeddings:
                 mechanics.tied_grad_sum(led, _vocab_numel(arch, "embedding"))
@@ -755,6 +788,37 @@ class _Passes:
         if last:
             mechanics.backward_finished(led)
         led.free(f"grad seed{tag}")  # held by torch.autograd.backward's frame
+
+    # ------------------------------------------------------------ activation offloading (torchtune)
+    def final_unpacked(self) -> None:
+        """The final norm's first backward node unpacked an offloaded tensor: its hook empties the stash."""
+        if self.stash is not None and any(p.offloaded for p in self._final_packs()):
+            self.stash.clear()
+
+    def _final_packs(self) -> tuple[Pack, ...]:
+        final, keeps_last = self.final_saves()
+        return final_packs(final, ("last hidden state", self.hidden_bytes) if keeps_last else None)
+
+    def offloaded_recompute(self, i: int, saves: LayerSaves) -> None:
+        """Layer ``i``'s recompute under offloading: its input unpacked (used as it is while still in the
+        stash, else brought back on the side stream), its first node's hook emptying the stash and freeing
+        the previous layer's input brought back (``bwd_tensor_stash``); an input its recomputed ops save
+        (``saves.keeps_input``) is freed with them, at the layer's end, as without offloading."""
+        assert self.stash is not None
+        led, name = self.led, self.layer_input(i)
+        if not self.stash.holds(name):
+            led.alloc(name, self.hidden_bytes, ACTIVATIONS, stream=OFFLOAD_STREAM)
+        if saves.program:
+            output = f"layer {i} recomputed output"
+            _run_program(led, i, saves.program, 0, output, self.hidden_bytes, "recompute")
+            led.free(output)
+        else:
+            self.alloc_saves(i, f"layer {i}", saves.saved)
+            self.forward_peak(i, f"layer {i} recompute", saves)
+        self.stash.clear()
+        if self._brought_back is not None:
+            led.free(self._brought_back)
+        self._brought_back = None if saves.keeps_input else name
 
     # ------------------------------------------------------------------ the savers' losses (--loss)
     @property
@@ -921,6 +985,40 @@ class _Passes:
             self.led.free(name)
         if self._losses:
             self.led.rename(self._losses[-1], "previous step's loss")
+
+
+def final_saves(step: StepShape) -> tuple[list[tuple[str, int]], bool]:
+    """The final norm's saves and the LM head's input, and whether the last hidden state is kept for the
+    final norm's backward (a LayerNorm's input; a fine-tuning run's fp32 stream, which the RMSNorm's
+    ``to(float32)`` returns itself: :func:`~zerocalc.model.code.tuned_final_saves`)."""
+    if step.tuning is None:
+        final = step.impl.final_saves(step.arch, step.shape, step.act, step.device)
+        return list(final), traits(step.arch).norm == "layernorm"
+    return tuned_final_saves(step.arch, step.shape, step.act, step.device, step.tuning)
+
+
+def embedding_packs(step: StepShape) -> tuple[Pack, ...]:
+    """What the embedding packs under offloading: its indices where its weight is trained (the batch's
+    input ids, which the batch still holds on the GPU)."""
+    if step.tuning is not None and "embed_tokens" not in step.tuning.trained:
+        return ()
+    return (Pack("input ids (embedding indices)", INT64 * step.shape.tokens, None),)
+
+
+def offloaded_host_bytes(step: StepShape) -> int:
+    """Pinned host bytes of one micro-batch's offloaded tensors (``--offload-activations``): every pack
+    of at least 1024 bytes has its own copy, alive to its unpack in backward — the embedding's indices,
+    each layer's checkpoint input, the final norm's saves (:mod:`zerocalc.peak.offload`)."""
+    final, keeps_last = final_saves(step)
+    hidden = hidden_bytes(step.arch, step.shape, stream_bytes(step.tuning, step.act))
+    if step.loss is LossImpl.FUSED_LINEAR:
+        final = [(name, b) for name, b in final if name != "LM head input"]
+    packs = (
+        *embedding_packs(step),
+        *(Pack(f"hidden {i}", hidden, None) for i in range(step.arch.num_layers)),
+        *final_packs(final, ("last hidden state", hidden) if keeps_last else None),
+    )
+    return sum(p.nbytes for p in packs if p.offloaded)
 
 
 def _allocated_vocab(arch: Architecture, impl: ModelCode) -> int | None:

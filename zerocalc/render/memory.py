@@ -363,6 +363,11 @@ def render_peak(out: Output, peak: PeakEstimate, unit: ByteUnit) -> None:
             f"{byte_text(peak.init_host_bytes_per_node, unit)}, {peak.init_host_model} per rank that "
             "loads it[/dim]"
         )
+    if peak.offloaded_activations_host_bytes is not None:
+        out.print(
+            f"[dim]· pinned host memory per GPU of the offloaded activations (--offload-activations): "
+            f"{byte_text(peak.offloaded_activations_host_bytes, unit)}[/dim]"
+        )
     for note in peak.notes:
         out.print(f"[yellow]· {note}[/yellow]")
 

@@ -340,10 +340,11 @@ AFTER_STRATEGIES = (
     Part("fp8 strategies", ("framework", "fp8", "strategies", "model"), lambda r, _: _fp8_problem(r)),
     Part("fp8 on the GPU", ("fp8", "gpu"), lambda r, _: fp8_gpu_problem(r.fp8, r.gpu)),
     Part("memory savers", ("activations.loss", "model_impl", "mesh", "optimizer_in_backward", "framework",
-                           "grad_accum", "offload_params", "finetune"),
+                           "grad_accum", "offload_params", "finetune", "activations.offload",
+                           "activations.recompute", "activations.checkpoint_every"),
          lambda r, _: savers_problem(r)),
-    Part("kept output", ("activations.keep_output", "activations.loss", "activations.recompute", "model_impl",
-                         "mesh"),
+    Part("kept output", ("activations.keep_output", "activations.loss", "activations.offload",
+                         "activations.recompute", "model_impl", "mesh"),
          lambda r, _: kept_output_problem(r)),
 )  # fmt: skip
 """The checks after, in the order they report."""

@@ -325,6 +325,10 @@ OPTIONS: tuple[Option, ...] = (
          "Each trained parameter's optimizer step as soon as its gradient is ready, the gradient freed "
          "then (torchtune's optimizer_in_bwd: register_optim_in_bwd_hooks).", ESTIMATES, default=False,
          kind=Kind.FLAG, value_type=BOOL),
+    _opt("offload_activations", ("--offload-activations",),
+         "Saved activations of the model's forward moved to pinned host memory and brought back in backward "
+         "(torchtune's enable_activation_offloading: OffloadActivations, with streams); needs --recompute "
+         "full.", frozenset({MEMORY}), default=False, kind=Kind.FLAG, value_type=BOOL),
     _opt("lora_rank", ("--lora-rank",),
          "LoRA of rank R on the targets (PEFT 0.21), the base frozen; 0: off.", FINETUNE,
          value_type=OPT_NUM, metavar="R", default_help="0: full training, or --adapter-config's r"),
@@ -472,7 +476,7 @@ LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "dora"
 """The options that describe LoRA (each needs ``lora_rank`` or ``adapter_config``)."""
 
 
-SAVER_OPTIONS = ("loss", "loss_chunks", "optimizer_in_backward")
+SAVER_OPTIONS = ("loss", "loss_chunks", "optimizer_in_backward", "offload_activations")
 """The memory savers of fine-tuning recipes, echoed only where one is set off its default: a run without
 them echoes none (its JSON as before they existed)."""
 LOOP_OPTIONS = ("keep_output",)

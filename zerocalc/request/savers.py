@@ -1,7 +1,7 @@
 """The memory savers of fine-tuning recipes as a request holds them (``--loss``, ``--loss-chunks``,
-``--optimizer-in-backward``): parsed once here, checked against the model's code and the framework
-(:func:`savers_problem`); and what the training loop keeps of the loss's output (``--keep-output``,
-:func:`kept_output_problem`)."""
+``--optimizer-in-backward``, ``--offload-activations``): parsed once here, checked against the model's
+code and the framework (:func:`savers_problem`); and what the training loop keeps of the loss's output
+(``--keep-output``, :func:`kept_output_problem`)."""
 
 from __future__ import annotations
 
@@ -76,8 +76,48 @@ def savers_problem(request: TrainingRequest) -> str | None:
                 f"{{loss}} {loss.value} with {{tp}} {request.mesh.tp}: the chunks' logits of a vocabulary "
                 "sharded over tensor-parallel ranks are not modelled; accepted: {tp} 1, or {loss} full"
             )
-    if request.optimizer_in_backward:
-        return _in_backward_problem(request)
+    if request.optimizer_in_backward and (problem := _in_backward_problem(request)):
+        return problem
+    if request.activations.offload:
+        return _offload_problem(request)
+    return None
+
+
+def _offload_problem(request: TrainingRequest) -> str | None:
+    """What torchtune's activation offloading (v0.6.0-rc1-220-gbd2a0fc7
+    ``training/_activation_offloading.py``) cannot run with, as its recipes refuse it or as it is not
+    modelled."""
+    record = request.framework_record
+    if not record.activation_offloading:
+        accepted = ", ".join(f.value for f, r in FRAMEWORKS.items() if r.activation_offloading)
+        return (
+            f"{{offload_activations}} with {{framework}} {record.framework.value}: it is torchtune's "
+            f"(OffloadActivations), whose recipes run FSDP2 or one GPU; accepted: {{framework}} {accepted}"
+        )
+    if request.model_code is not ModelImplName.HF:
+        return (
+            f"{{offload_activations}} with {{model_impl}} {request.model_code.value}: torchtune's recipes "
+            "run their own decoder, modelled with transformers' layers; accepted: {model_impl} hf"
+        )
+    activations = request.activations
+    if activations.recompute is not Recompute.FULL:
+        # recipes/full_finetune_distributed.py: "enable_activation_offloading should only be True when
+        # enable_activation_checkpointing is True"
+        return (
+            f"{{offload_activations}} with {{recompute}} {activations.recompute.value}: torchtune refuses it "
+            "without activation checkpointing; accepted: {recompute} full"
+        )
+    if activations.checkpoint_every > 1:
+        return (
+            f"{{offload_activations}} with {{checkpoint_every}} {activations.checkpoint_every}: the saved "
+            "tensors of the layers not checkpointed, each offloaded, are not modelled; accepted: "
+            "{checkpoint_every} 1"
+        )
+    if request.mesh.pp > 1:
+        return (
+            f"{{offload_activations}} with {{pp}} {request.mesh.pp}: torchtune's recipes that offload have "
+            "no pipeline stages; accepted: {pp} 1"
+        )
     return None
 
 
@@ -135,6 +175,11 @@ def kept_output_problem(request: TrainingRequest) -> str | None:
         return (
             f"{what} with {{loss}} {request.activations.loss.value}: the saver's recipe drops the output "
             "(torchtune's `del outputs`; Liger's loss returns no logits); accepted: {loss} full"
+        )
+    if request.activations.offload:
+        return (
+            f"{what} with {{offload_activations}}: torchtune's recipes drop the logits (`del logits`); "
+            "accepted: {keep_output} none"
         )
     if request.mesh.pp > 1:
         return (

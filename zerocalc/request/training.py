@@ -112,6 +112,11 @@ class ActivationOptions(BaseModel):
         description="how long the training loop holds the model's output (its logits): only the loss, to "
         "the end of the step, or until the next forward returns",
     )
+    offload: bool = Field(
+        default=False,
+        description="the forward's saved tensors offloaded to pinned host memory (torchtune's "
+        "OffloadActivations, --offload-activations)",
+    )
 
 
 class BufferOptions(BaseModel):
@@ -467,6 +472,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
             "loss": loss,
             "loss_chunks": loss_chunks,
             "keep_output": choice(o.keep_output, "{keep_output}", OutputKept),
+            "offload": o.offload_activations,
         }
     )
     model_impl = choice(o.model_impl, "{model_impl}", ModelImplName)

@@ -268,6 +268,10 @@ FSDP2 = _torch_record(
     "reduce-scatter each sharded parameter's .grad is set and its _post_accumulate_grad_hooks called; "
     "torchtune's optimizer_in_bwd (training/memory.py register_optim_in_bwd_hooks: one optimizer per "
     "parameter, step() then zero_grad() in the hook; recipes/full_finetune_distributed.py)",
+    activation_offloading="torchtune v0.6.0-rc1-220-gbd2a0fc7 recipes/full_finetune_distributed.py, "
+    "lora_finetune_distributed.py and the single-device recipes (FSDP2 fully_shard, or one GPU): "
+    "enable_activation_offloading wraps the model's forward in training/_activation_offloading.py "
+    "OffloadActivations (get_act_offloading_ctx_manager), only with enable_activation_checkpointing",
     expert_parallel=ExpertParallel(
         dispatch="torchtitan distributed/expert_parallel.py ExpertParallel._token_dispatch: "
         "all_to_all_single_autograd",

@@ -206,6 +206,10 @@ class FrameworkRecord(NamedTuple):
     """Where its code runs a parameter's post-accumulate-grad hooks once the gradient it keeps is ready, so
     that the optimizer can step in backward and free it (``--optimizer-in-backward``, torchtune's
     ``optimizer_in_bwd``); empty: it does not (its own optimizer step, or hooks before its reduction)."""
+    activation_offloading: str = ""
+    """The code that offloads the forward's saved tensors to the host under it, as read
+    (``--offload-activations``: torchtune's ``OffloadActivations``, :mod:`zerocalc.request.savers`); empty:
+    none of its recipes does."""
 
     # ------------------------------------------------------------------------------------- strategies
     def setup(self, strategy: StrategyName) -> FrameworkSetup:
