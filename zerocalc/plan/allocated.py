@@ -35,6 +35,7 @@ from zerocalc.plan.split import (
     HookCall,
     LayerSavesCache,
     ModelRun,
+    Where,
     framework_mechanics,
     framework_run,
     model_run,
@@ -238,6 +239,28 @@ class StepParts:
                 runs = tuple(self.models.values(with_layers(at_b, n)) for n in SMALL_LAYERS)
                 self._model_parts[key] = None if plan is None else plan.apply(runs)  # type: ignore[arg-type]
         return self._model_parts[key]
+
+    def model_floors(self, requests: Mapping[int, TrainingRequest]) -> dict[int, int] | None:
+        """A lower bound of each request's allocated peak from the model's part alone, whatever the
+        framework's (``requests``: b → a request at micro-batch b, one recompute, as for
+        :meth:`allocated_peaks`): the largest A at L over the slots before any hook and after each, where
+        the framework's part is the bytes its hooks left (≥ 0), so F + A there is at least A. The A of the
+        runs at 4 and 5 layers extrapolated (the values the exact peak combines where it extrapolates;
+        shared with it); None where the stack is not extrapolated (no bound: the caller runs the exact
+        peaks)."""
+        first = requests[next(iter(requests))]
+        plan = self._extrapolation(first)
+        if plan is None:
+            return None
+        recompute = first.activations.recompute
+        floors = {}
+        for b in requests:
+            model = self._model_part(requests, b, recompute, True)
+            if model is None:
+                return None
+            after = (v for v, slot in zip(model, plan.slots, strict=True) if slot.where is not Where.IN)
+            floors[b] = max(after)
+        return floors
 
     def allocated_peaks(
         self,

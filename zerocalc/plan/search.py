@@ -394,8 +394,8 @@ class _Resolver:
             return exc
         if group.model_parallel:
             return self._mesh_candidates(group, requests)
-        peaks = self._allocated(requests)
         outside = self.outside(requests[0].memory)
+        peaks = self._allocated(requests, outside)
         return [self._candidate(group, r, peaks[r.b] + outside) for r in requests]
 
     def _candidate(self, group: Group, requests: CandidateRequests, lower: int) -> _Cand:
@@ -419,15 +419,25 @@ class _Resolver:
         assert cand.bound_s is not None and cand.time.step_s >= cand.bound_s, "a step below its bound"
         cand.bound_s = None
 
-    def _allocated(self, requests: list[CandidateRequests]) -> dict[int, int]:
+    def _allocated(self, requests: list[CandidateRequests], outside: int, states: int = 0) -> dict[int, int]:
         """Each candidate's allocated peak, exact, from the step's parts (:class:`~zerocalc.plan.allocated.
-        StepParts` of its model)."""
+        StepParts` of its model); where not every candidate is listed and each one's bound is above the fit
+        limit by the model's part alone (``outside`` + the larger of ``states``, the model states that bound
+        it anyway, and :meth:`~zerocalc.plan.allocated.StepParts.model_floors`), those floors instead: none
+        of the group can be ranked whatever its framework's part, which is never run (the candidates' lower
+        bounds are printed only in the list of every candidate, where they are exact)."""
         first = requests[0].memory
         if first.fp8.all_gather and first.framework_record.is_torch:
             return {r.b: _timeline_peak(r.memory) for r in requests}
         parts = self.parts.get(MODEL_STEP_PARTS, first)
         # the model's part of a candidate's step reads what its memory and comm requests agree on
-        return parts.allocated_peaks(AtBatch(requests), framework_of=first)
+        at_b = AtBatch(requests)
+        if not self.price_all:
+            floors = parts.model_floors(at_b)
+            limit = self.setting.limit
+            if floors is not None and all(outside + max(states, f) > limit for f in floors.values()):
+                return floors
+        return parts.allocated_peaks(at_b, framework_of=first)
 
     def _mesh_candidates(self, group: Group, requests: list[CandidateRequests]) -> list[_Cand] | InputError:
         """A model-parallel group's candidates: each one's step time and communication are ``comm``'s for
@@ -447,7 +457,7 @@ class _Resolver:
         if problem:  # what pricing would refuse, refused whether or not it is priced
             return InputError(problem)
         if group.pp == 1:
-            allocated = self._allocated(requests)
+            allocated = self._allocated(requests, outside, states)
         else:
             keeps = keeps_in_flight(first.memory)  # else no micro-batch's saves are counted
             allocated = {r.b: self._in_flight(r.comm) if keeps else 0 for r in requests}  # both agree on it
