@@ -9,8 +9,10 @@ import random
 
 import pytest
 from helpers import assert_row_is_comms, one_line_error, plan_candidates
+from typer.testing import CliRunner
 
 from zerocalc.base.errors import InputError
+from zerocalc.cli import app
 from zerocalc.model.code import LossImpl
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.peak.simulate import runtime_for, simulate
@@ -22,6 +24,8 @@ from zerocalc.request.training import parse_options
 SAVERS = dict(model="llama-3-8b", gpu="rtx-4090", gpus=1, global_batch="16seq", seq_len=8192, lora_rank=16,
               quantize="nf4")  # fmt: skip
 """QLoRA of Llama 3 8B at 8,192 tokens on one RTX 4090: b = 2 fits only with a saver of the logits."""
+TWO = {**SAVERS, "gpus": 2, "global_batch": "8seq", "seq_len": 4096}
+"""The same on two GPUs at 4,096 tokens: DDP, FSDP1 and FSDP2 searched."""
 
 
 def test_full_training_plans_search_no_saver() -> None:
@@ -41,13 +45,13 @@ def test_finetuning_plans_search_every_saver_by_default_and_take_lists() -> None
 
 @pytest.mark.parametrize(
     ("options", "named"),
-    [(dict(loss="bogus"), "--loss bogus"), (dict(loss=","), "--loss"),
-     (dict(optimizer_in_backward="maybe"), "--optimizer-in-backward maybe")],
+    [(dict(loss="bogus"), "--loss 'bogus' is not accepted; accepted: auto"), (dict(loss=","), "--loss"),
+     (dict(optimizer_in_backward="maybe"), "--optimizer-in-backward 'maybe'")],
 )  # fmt: skip
 def test_a_bad_saver_value_is_one_line_naming_it(options: dict, named: str) -> None:
     with pytest.raises(InputError):
         plan_options(**SAVERS, **options)
-    assert named in one_line_error(["plan", *_cli(SAVERS), *_cli(options)])
+    assert named in one_line_error(CliRunner().invoke(app, ["plan", *_cli(SAVERS), *_cli(options)]))
 
 
 def _cli(options: dict) -> list[str]:
@@ -85,7 +89,7 @@ def test_a_saver_twins_bound_is_its_allocated_peak() -> None:
     """A twin's bound less the context and the communicators is its step's allocated peak to the byte, as
     a plain candidate's (the model's part re-run for its loss, the framework's for the optimizer in
     backward); its requests carry the saver."""
-    plan = plan_options(**SAVERS, gpus=2, global_batch="8seq", seq_len=4096)
+    plan = plan_options(**TWO)
     resolver, candidates = plan_candidates(plan)
     twins = []
     for group in {id(c.group): c.group for c in candidates}.values():
@@ -112,7 +116,7 @@ def test_the_optimizer_in_backward_is_refused_where_memory_refuses_it() -> None:
     accumulation with it; FSDP1's and DDP's code step no optimizer in a gradient hook): the refusals are
     memory's own, counted."""
     result = search(
-        plan_options(**SAVERS, gpus=2, global_batch="8seq", seq_len=4096, loss="full",
+        plan_options(**TWO, loss="full",
                      optimizer_in_backward="on", top=2),
         keep_all=True,
     )  # fmt: skip

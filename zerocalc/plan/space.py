@@ -315,10 +315,13 @@ def _losses(text: str | list[str] | tuple[str, ...] | None, tuning: bool) -> tup
     text, parts = _comma_list(text)
     if [p.lower() for p in parts] == ["auto"]:
         return tuple(LossImpl)
-    if not parts:
-        accepted = "auto, or a comma list of " + ", ".join(m.value for m in LossImpl)
-        raise InputError(f"{{loss}} {shown(text)} is not accepted; accepted: {accepted}")
-    return tuple(dict.fromkeys(parse_loss(p.lower(), None)[0] for p in parts))
+    accepted = "auto, or a comma list of " + ", ".join(m.value for m in LossImpl)
+    try:
+        if parts:
+            return tuple(dict.fromkeys(parse_loss(p.lower(), None)[0] for p in parts))
+    except InputError:
+        pass
+    raise InputError(f"{{loss}} {shown(text)} is not accepted; accepted: {accepted}")
 
 
 def parse_plan(options: PlanOptions) -> PlanRequest:
