@@ -4,7 +4,7 @@ its printed commands (pure).
 A candidate is the plan's parsed base varied by :meth:`~zerocalc.request.training.TrainingRequest.with_`:
 its framework, strategy, mesh (:func:`~zerocalc.request.mesh_checks.mesh_of`, the parser's defaults but
 the sequence parallelism searched), micro-batch and accumulation, recompute, offload, reduce dtype,
-prefetch, grad sync and FP8 setting (the fine-tuning method is the base's); the memory request
+prefetch, grad sync, FP8 setting and memory savers (the fine-tuning method is the base's); the memory request
 holds memory's options, the comm request comm's (:func:`~zerocalc.request.unparse.for_command`). Its
 printed options are those requests written back as options (:func:`~zerocalc.request.unparse.
 options_text`): parsing them gives the same requests (tests/test_plan.py).
@@ -30,7 +30,7 @@ PRINTED = (
     "model", "gpu", "gpu_memory", "precision", "seq_len", "gpus", "gpus_per_node", "framework",
     "strategies", "micro_batch", "grad_accum", "recompute", "offload_optimizer", "offload_params",
     "reduce_dtype", "prefetch", "grad_sync", "tp", "sequence_parallel", "cp", "pp", "vpp", "ep",
-    "pp_first_stage_layers", "fp8", "fp8_all_gather",
+    "pp_first_stage_layers", "fp8", "fp8_all_gather", "loss", "optimizer_in_backward",
     "pp_last_stage_layers", "init", "model_impl", "flash_attention", "calibration", "compute_calibration",
 )  # fmt: skip
 """The options a candidate's commands give, in their order; each command takes those of them its options
@@ -138,7 +138,10 @@ def group_changes(plan: PlanRequest, group: Group, b: int) -> dict[str, Any]:
         "reduce_dtype": group.reduce_dtype,
         "grad_accum": group.accumulation(plan.global_batch_sequences, b),
         "grad_sync": group.grad_sync,
-        "activations": replaced(base.activations, {"micro_batch": b, "recompute": group.recompute}),
+        "activations": replaced(
+            base.activations, {"micro_batch": b, "recompute": group.recompute, "loss": group.loss}
+        ),
+        "optimizer_in_backward": group.optimizer_in_backward,
         "offload_optimizer": group.offload_optimizer,
         "offload_params": group.offload_params,
         "fp8": group.fp8,

@@ -44,6 +44,7 @@ from zerocalc.comm.step import (
 )
 from zerocalc.compute.ops import MFU_FORMULA
 from zerocalc.model.activations import Recompute
+from zerocalc.model.code import LossImpl
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.framework_records import FRAMEWORKS
 from zerocalc.parallel.frameworks import Framework
@@ -62,7 +63,7 @@ from zerocalc.peak.simulate import (
 from zerocalc.peak.states import STATE_BUILDERS
 from zerocalc.plan.allocated import MODEL_STEP_PARTS
 from zerocalc.plan.candidates import AtBatch, Bases, CandidateRequests, group_requests, printed_options
-from zerocalc.plan.space import Group, Objective, PlanRequest, enumerate_groups
+from zerocalc.plan.space import Group, Objective, PlanRequest, enumerate_groups, plain_savers, saver_twins
 from zerocalc.request.options import Command, OptionsEcho
 from zerocalc.request.training import TrainingRequest
 from zerocalc.states.memory import STATES_BYTES, strategy_row
@@ -104,6 +105,8 @@ class PlanRow(BaseModel):
     sequence_parallel: bool = Field(default=False, description="sequence parallelism over the TP group")
     fp8: Fp8RecipeName = Field(default=Fp8RecipeName.NONE, description="the FP8 recipe (none: 16-bit GEMMs)")
     fp8_all_gather: bool = Field(default=False, description="the FP8 weights all-gathered in FP8")
+    loss: LossImpl = Field(default=LossImpl.FULL, description="the cross-entropy (memory's --loss)")
+    optimizer_in_backward: bool = Field(default=False, description="the optimizer stepped in backward")
     cp: int = Field(default=1, description="c: context-parallel ranks")
     pp: int = Field(default=1, description="p: pipeline stages")
     vpp: int = Field(default=1, description="v: virtual stages per pipeline rank")
@@ -485,17 +488,35 @@ def _resolve(
     """Every candidate of the groups the parser accepts (the others counted in ``rejected``)."""
     cands: list[_Cand] = []
     step = max(1, len(groups) // 20)
+    every = resolver.price_all or plan.objective is Objective.MEMORY
     for index, group in enumerate(groups):
         if on_progress is not None and index % step == 0:
             on_progress(index, len(groups))
-        members = resolver.candidates(group)
-        if isinstance(members, InputError):
-            rejected[_reason(members)] += len(group.micro_batches)
-        else:
-            cands += members
+        members = _members(resolver, group, rejected)
+        cands += members
+        over = tuple(c.b for c in members if every or c.lower > setting.limit)
+        if over:
+            cands += _twins(plan, resolver, group, over, rejected)
     if on_progress is not None:
         on_progress(len(groups), len(groups))
     return cands
+
+
+def _members(resolver: _Resolver, group: Group, rejected: Counter[str]) -> list[_Cand]:
+    """The group's candidates, none where the parser refuses it (its reason counted)."""
+    members = resolver.candidates(group)
+    if isinstance(members, InputError):
+        rejected[_reason(members)] += len(group.micro_batches)
+        return []
+    return members
+
+
+def _twins(
+    plan: PlanRequest, resolver: _Resolver, group: Group, bs: tuple[int, ...], rejected: Counter[str]
+) -> list[_Cand]:
+    """The candidates of the group at ``bs`` with the other memory savers (:func:`~zerocalc.plan.space.
+    saver_twins`)."""
+    return [c for twin in saver_twins(plan, group, bs) for c in _members(resolver, twin, rejected)]
 
 
 def _settle(cands: list[_Cand], limit: float, rejected: Counter[str]) -> None:
@@ -528,7 +549,18 @@ def _search(plan: PlanRequest, on_progress: Callable[[int, int], None] | None, k
     cands = _resolve(plan, setting, groups, rejected, on_progress, resolver)
     pricing = _Timed(resolver.price)
     searched = time.perf_counter()
-    ranked = _walk(plan, cands, setting.limit, pricing)
+    plain = plain_savers(plan)
+
+    def more(cand: _Cand) -> list[_Cand]:
+        """A plain candidate the walk found not to fit by its exact peak: its twins with the other savers
+        (those whose bound did not fit have theirs already, and the memory objective every one)."""
+        if keep_all or plan.objective is Objective.MEMORY:
+            return []
+        if (cand.group.loss, cand.group.optimizer_in_backward) != plain:
+            return []
+        return _twins(plan, resolver, cand.group, (cand.b,), rejected)
+
+    ranked = _walk(plan, cands, setting.limit, pricing, more)
     walked = time.perf_counter()
     _settle(cands, setting.limit, rejected)
     exact_s = walked - searched - pricing.seconds  # the walk's exact peaks; its pricing is the search's
@@ -618,10 +650,15 @@ def _in_order(plan: PlanRequest, cands: list[_Cand], price: Callable[[_Cand], No
     """The candidates in the walk's order, the order of ``sorted(cands, key=_order)`` (ties by position),
     each one not priced yet priced (``price``) when its step's lower bound is the least key left: a step
     is at least its bound, so every candidate after it is after it by its priced key too, and the walk
-    prices only the candidates it reaches."""
+    prices only the candidates it reaches. Candidates appended to ``cands`` while it walks (a saver's
+    twins, :func:`_walk`) join the order."""
     heap = [(_order(plan, cand), index) for index, cand in enumerate(cands)]
     heapq.heapify(heap)
-    while heap:
+    known = len(cands)
+    while heap or known < len(cands):
+        for index in range(known, len(cands)):
+            heapq.heappush(heap, (_order(plan, cands[index]), index))
+        known = len(cands)
         _, index = heapq.heappop(heap)
         cand = cands[index]
         if cand.bound_s is not None:
@@ -631,9 +668,16 @@ def _in_order(plan: PlanRequest, cands: list[_Cand], price: Callable[[_Cand], No
             yield cand
 
 
-def _walk(plan: PlanRequest, cands: list[_Cand], limit: float, price: Callable[[_Cand], None]) -> list[_Cand]:
+def _walk(
+    plan: PlanRequest,
+    cands: list[_Cand],
+    limit: float,
+    price: Callable[[_Cand], None],
+    more: Callable[[_Cand], list[_Cand]] = lambda _: [],
+) -> list[_Cand]:
     """Exact evaluation in the objective's order until ``top`` fit (memory: until no lower bound can beat
-    the top rows); returns them best first."""
+    the top rows); returns them best first. A candidate that does not fit by its exact peak adds
+    ``more(cand)`` to the walk (its memory savers' twins: the same step time, so next in the order)."""
     found: list[_Cand] = []
     for cand in _in_order(plan, cands, price):
         if plan.objective is Objective.MEMORY and len(found) >= plan.top:
@@ -649,15 +693,19 @@ def _walk(plan: PlanRequest, cands: list[_Cand], limit: float, price: Callable[[
             request = cand.request
             if request.mesh.pp > 1 and _allocated_over(request):
                 cand.stage_over, cand.status = True, Status.DOES_NOT_FIT
+                cands += more(cand)
                 continue
             ends = _end_stages(request) if request.mesh.pp > 1 else {}
             if any(row.verdict is Verdict.DOES_NOT_FIT for row in ends.values()):
                 cand.stage_over, cand.status = True, Status.DOES_NOT_FIT
+                cands += more(cand)
                 continue
             cand.exact = _exact(request, ends)
         cand.status = _status_of(cand.exact)
         if cand.status is Status.FITS:
             found.append(cand)
+        else:
+            cands += more(cand)
     if plan.objective is Objective.MEMORY:
         found.sort(key=lambda c: (c.exact.peak_bytes if c.exact else 0, c.time.step_s))
         for extra in found[plan.top :]:
@@ -692,6 +740,8 @@ def _row(plan: PlanRequest, cand: _Cand, rank: int | None) -> PlanRow:
         sequence_parallel=g.sequence_parallel,
         fp8=g.fp8.recipe,
         fp8_all_gather=g.fp8.all_gather,
+        loss=g.loss,
+        optimizer_in_backward=g.optimizer_in_backward,
         cp=g.cp,
         pp=g.pp,
         vpp=g.vpp,

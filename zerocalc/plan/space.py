@@ -25,7 +25,7 @@ from zerocalc.base.errors import InputError, shown
 from zerocalc.base.units import BINARY_SUFFIXES, parse_count, parse_whole
 from zerocalc.compute.table import ComputeTable, no_fp8_problem
 from zerocalc.model.activations import Recompute
-from zerocalc.model.code import MODEL_CODES, ModelImplName
+from zerocalc.model.code import MODEL_CODES, LossImpl, ModelImplName
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.schedule import GradSync
 from zerocalc.parallel.finetune import FineTuning
@@ -42,6 +42,7 @@ from zerocalc.request.gpu import DEFAULT_GPU
 from zerocalc.request.options import FINETUNE_OPTIONS, Command
 from zerocalc.request.options_model import options_from_keywords, options_model
 from zerocalc.request.presets import gpu_file, load_gpu
+from zerocalc.request.savers import parse_loss
 from zerocalc.request.training import TrainingRequest, parse_options
 from zerocalc.request.values import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_GRAD_ACCUM, MAX_MICRO_BATCH, MAX_SEQ_LEN
 
@@ -109,6 +110,12 @@ class PlanRequest(BaseModel):
     fp8: tuple[Fp8RecipeName, ...] | None = (Fp8RecipeName.NONE,)
     """``--fp8``: the recipes searched (none among them: 16-bit GEMMs); None: auto (none and every recipe
     each framework's record runs, :func:`fp8_settings`)."""
+    losses: tuple[LossImpl, ...] = (LossImpl.FULL,)
+    """``--loss``: the losses searched (auto: every one with fine-tuning, full otherwise); each candidate's
+    refused where memory's ``--loss`` would be (:func:`~zerocalc.request.savers.savers_problem`)."""
+    optimizer_in_backward: tuple[bool, ...] = (False,)
+    """``--optimizer-in-backward``: the values searched (default: off and on with fine-tuning, off
+    otherwise); refused where memory's would be (:func:`~zerocalc.request.savers.savers_problem`)."""
     finetune_options: dict[str, str] = {}
     """The fine-tuning options as given (``--lora-rank 16``, ``--quantize nf4``): the one method every
     candidate runs (``base.finetune``), repeated by the reproducing commands."""
@@ -300,6 +307,23 @@ def _fp8_recipes(text: str | list[str] | tuple[str, ...] | None) -> tuple[Fp8Rec
     return tuple(dict.fromkeys(fp8_recipe(p) for p in parts))
 
 
+def _losses(text: str | list[str] | tuple[str, ...] | None, tuning: bool) -> tuple[LossImpl, ...]:
+    """``--loss full,chunked`` → (FULL, CHUNKED), each by memory's parser (:func:`~zerocalc.request.
+    savers.parse_loss`); ``auto`` (absent: with fine-tuning) → every loss; absent otherwise → (FULL,)."""
+    if text is None:
+        return tuple(LossImpl) if tuning else (LossImpl.FULL,)
+    text, parts = _comma_list(text)
+    if [p.lower() for p in parts] == ["auto"]:
+        return tuple(LossImpl)
+    accepted = "auto, or a comma list of " + ", ".join(m.value for m in LossImpl)
+    try:
+        if parts:
+            return tuple(dict.fromkeys(parse_loss(p.lower(), None)[0] for p in parts))
+    except InputError:
+        pass
+    raise InputError(f"{{loss}} {shown(text)} is not accepted; accepted: {accepted}")
+
+
 def parse_plan(options: PlanOptions) -> PlanRequest:
     """Parse and check every option once; one :class:`InputError` line for the first problem."""
     o = options
@@ -328,6 +352,7 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
             "{sequence_parallel}"
         )
     max_gpus = parse_whole(o.gpus, "{gpus}", 1, MAX_GPUS, "GPUs")
+    in_backward = _switches(o.optimizer_in_backward, "optimizer_in_backward")
     tuning = {name: getattr(o, name) for name in FINETUNE_OPTIONS if getattr(o, name) not in (None, False)}
     base = parse_options(
         **tuning,
@@ -398,6 +423,8 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         degrees=degrees,
         sequence_parallel=sequence_parallel,
         fp8=fp8,
+        losses=_losses(o.loss, base.finetune is not None),
+        optimizer_in_backward=in_backward or ((False, True) if base.finetune is not None else (False,)),
         finetune_options={name: _option_text(value) for name, value in tuning.items()},
     )
 
@@ -438,6 +465,10 @@ class Group(NamedTuple):
     """Sequence parallelism over the TP group (only with t > 1)."""
     fp8: Fp8Setting = NO_FP8
     """The FP8 recipe and its all-gather (:func:`fp8_settings`)."""
+    loss: LossImpl = LossImpl.FULL
+    """The cross-entropy (``--loss``; chunked with torchtune's 8 chunks)."""
+    optimizer_in_backward: bool = False
+    """The optimizer stepped in backward (``--optimizer-in-backward``)."""
 
     @property
     def model_parallel(self) -> bool:
@@ -718,8 +749,31 @@ def _mesh_groups(
                                                 ends,
                                                 sp,
                                                 fp8,
+                                                *plain_savers(plan),
                                             )
                                         )
+
+
+def plain_savers(plan: PlanRequest) -> tuple[LossImpl, bool]:
+    """The memory savers every group is enumerated with: the full loss and the optimizer stepped after
+    backward where asked (else the first asked)."""
+    loss = LossImpl.FULL if LossImpl.FULL in plan.losses else plan.losses[0]
+    return loss, False if False in plan.optimizer_in_backward else plan.optimizer_in_backward[0]
+
+
+def saver_twins(plan: PlanRequest, group: Group, micro_batches: tuple[int, ...]) -> list[Group]:
+    """The group at ``micro_batches`` with each other memory saver asked (``--loss``,
+    ``--optimizer-in-backward``). The savers change the peak alone (no step time reads them), so the
+    search tries them only where they can change the plan: for a candidate whose plain savers' peak does
+    not fit, or for the memory objective (:func:`~zerocalc.plan.search.search`). The parser refuses what
+    a twin cannot run (:func:`~zerocalc.request.savers.savers_problem`, memory's own check)."""
+    plain = plain_savers(plan)
+    return [
+        group._replace(loss=loss, optimizer_in_backward=v, micro_batches=micro_batches)
+        for loss in plan.losses
+        for v in plan.optimizer_in_backward
+        if (loss, v) != plain
+    ]
 
 
 NO_SEQUENCE_PARALLEL = (

@@ -46,6 +46,10 @@ def candidate_label(row: PlanRow) -> str:
         extras.append(f"sync {row.grad_sync.value}")
     if row.fp8.value != "none":
         extras.append(f"fp8 {row.fp8.value}" + ("+ag" if row.fp8_all_gather else ""))
+    if row.loss.value != "full":
+        extras.append(f"loss {row.loss.value}")
+    if row.optimizer_in_backward:
+        extras.append("opt in bwd")
     framework = row.framework.value
     named = framework.replace("-", "") in row.title.lower().replace("-", "")  # "FSDP2 HSDP" names fsdp2
     names = (("tp", row.tp), ("cp", row.cp), ("pp", row.pp), ("v", row.vpp), ("ep", row.ep))

@@ -178,6 +178,14 @@ OPTIONS: tuple[Option, ...] = (
          "FP8 recipes searched: none, auto (none and every recipe the framework runs, its FP8 all-gather "
          "too where it has one), or a comma list (none,tensorwise).", frozenset({PLAN}), value_type=LIST,
          default="none"),
+    _opt("loss", ("--loss",),
+         "Losses searched: auto, or a comma list of full, chunked, fused-linear (each where the model "
+         "code and the framework run it, as memory's --loss checks).", frozenset({PLAN}), value_type=LIST,
+         default_help="auto with fine-tuning (every loss), full otherwise"),
+    _opt("optimizer_in_backward", ("--optimizer-in-backward",),
+         "The optimizer stepped in backward searched: on, off, or on,off (where the framework runs it, "
+         "as memory's --optimizer-in-backward checks).", frozenset({PLAN}), value_type=LIST,
+         default_help="on,off with fine-tuning, off otherwise"),
     _opt("sequence_parallel", ("--sequence-parallel",),
          "Sequence parallelism of the TP candidates: on, off, or on,off (both searched).", frozenset({PLAN}),
          value_type=LIST,

@@ -44,6 +44,8 @@ FIELDS: dict[str, str] = {
     "ep": "mesh.ep",
     "fp8": "fp8.recipe",
     "fp8_all_gather": "fp8.all_gather",
+    "loss": "activations.loss",
+    "optimizer_in_backward": "optimizer_in_backward",
     "pp_first_stage_layers": "mesh.pp_first_stage_layers",
     "pp_last_stage_layers": "mesh.pp_last_stage_layers",
     "seq_len": "activations.seq_len",
