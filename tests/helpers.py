@@ -7,12 +7,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from zerocalc.api import estimate_peak
 from zerocalc.base.errors import InputError
 from zerocalc.model.architecture import Architecture
+from zerocalc.model.code import Device
 from zerocalc.parallel.strategies import OffloadTarget
+from zerocalc.peak.kinds import TensorKind
+from zerocalc.peak.ledger import Ledger
 from zerocalc.plan.candidates import Bases, group_requests
 from zerocalc.plan.space import Group, PlanRequest
 from zerocalc.request.options import Command
@@ -249,3 +252,31 @@ def plan_candidates(plan: Any) -> tuple[Any, list[Any]]:
         assert not isinstance(members, InputError), members
         candidates += members
     return resolver, candidates
+
+
+LedgerT = TypeVar("LedgerT", bound=Ledger)
+
+
+def steady_step(request: Any, led: LedgerT, device: Device = Device.CUDA) -> LedgerT:
+    """One steady step of ``request``'s first strategy replayed into ``led`` (its resident start, then
+    the step's events), without the allocator: the timeline the tests count by hand."""
+    from zerocalc.peak.simulate import mechanics_for, step_shape
+    from zerocalc.peak.timeline import run_step, steady_start
+
+    mechanics, act = mechanics_for(request, request.strategies[0], ())
+    step = step_shape(request, act, device)
+    steady_start(step, mechanics, None, led)
+    run_step(step, mechanics, None, led)
+    return led
+
+
+class LossLedger(Ledger):
+    """A ledger without rounding that keeps, at each event, the bytes of loss tensors alive."""
+
+    def __init__(self) -> None:
+        super().__init__(block=1)
+        self.loss_at: dict[str, int] = {}
+
+    def event(self, name: str, transient: int = 0, transient_kind: str = "transient") -> None:
+        super().event(name, transient, transient_kind)
+        self.loss_at.setdefault(name, self.by_kind.get(TensorKind.LOSS, 0))

@@ -98,19 +98,15 @@ def test_the_layer_programs_keep_the_saved_tensors_and_peak_where_the_code_does(
 
 def _step_log(framework: str, **options: object) -> list:
     """The allocation log of one FSDP step of Llama-3-8B on 2 GPUs (its unit buffers' streams)."""
+    from helpers import steady_step
+
     from zerocalc.peak.ledger import Alloc, Ledger
-    from zerocalc.peak.simulate import mechanics_for, step_shape
-    from zerocalc.peak.timeline import run_step, steady_start
     from zerocalc.request.training import parse_options
 
     request = parse_options(
         model="llama-3-8b", framework=framework, gpus=2, strategies="zero3", seq_len=256, **options
     )
-    mechanics, act = mechanics_for(request, request.strategies[0], ())
-    led = Ledger()
-    step = step_shape(request, act, Device.CUDA)
-    steady_start(step, mechanics, None, led)
-    run_step(step, mechanics, None, led)
+    led = steady_step(request, Ledger())
     return [op for op in led.log if isinstance(op, Alloc) and op.nbytes]
 
 

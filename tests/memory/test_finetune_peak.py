@@ -8,17 +8,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import steady_step
 from typer.testing import CliRunner
 
 from zerocalc.cli import app
-from zerocalc.model.code import Device
 from zerocalc.parallel.optimizers import OptimizerImpl
 from zerocalc.parallel.precision import ParamKind
 from zerocalc.parallel.strategies import STRATEGIES, StrategyName
 from zerocalc.peak.finetune import FineTune, FtLayout, FtTensor, FtUnit, forward_transients, ft_units
 from zerocalc.peak.ledger import Ledger
-from zerocalc.peak.simulate import mechanics_for, step_shape
-from zerocalc.peak.timeline import run_step, steady_start
 from zerocalc.request.training import parse_options
 from zerocalc.states.memory import Location, bytes_at, strategy_states
 
@@ -227,11 +225,7 @@ def test_a_qlora_forward_keeps_what_each_layer_of_the_fine_tuning_model_saves_by
     request = parse_options(
         model=dict(SMALL), framework="ddp", lora_rank=8, quantize="nf4", seq_len=64, recompute="none"
     )
-    mechanics, act = mechanics_for(request, request.strategies[0], ())
-    step = step_shape(request, act, Device.CUDA)
-    led = Ledger(block=1)
-    steady_start(step, mechanics, None, led)
-    run_step(step, mechanics, None, led)
+    led = steady_step(request, Ledger(block=1))
     events = {e.name: e.allocated for e in led.events}
     layer_0 = 131_072 + 2 * 2_048 + 131_072 + 2 * 32_768 + 131_072 + 2_048 + 131_072 + 256 + 3 * 262_144
     assert layer_0 == 1_382_656

@@ -9,14 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import LossLedger, steady_step
 from typer.testing import CliRunner
 
 from zerocalc.cli import app
-from zerocalc.model.code import Device
-from zerocalc.peak.kinds import TensorKind
-from zerocalc.peak.ledger import Ledger
-from zerocalc.peak.simulate import mechanics_for, step_shape
-from zerocalc.peak.timeline import run_step, steady_start
 from zerocalc.request.training import parse_options
 
 runner = CliRunner()
@@ -25,30 +21,13 @@ TV = 2048 * 128_256  # Llama-3-8B's logits at b = 1, s = 2048
 LOSS_FORWARD, LOSS_BACKWARD = "loss forward (nll_loss)", "loss backward (log_softmax_backward)"
 
 
-class _LossLedger(Ledger):
-    """A ledger without rounding that keeps, at each event, the bytes of loss tensors alive."""
-
-    def __init__(self) -> None:
-        super().__init__(block=1)
-        self.loss_at: dict[str, int] = {}
-
-    def event(self, name: str, transient: int = 0, transient_kind: str = "transient") -> None:
-        super().event(name, transient, transient_kind)
-        self.loss_at.setdefault(name, self.by_kind.get(TensorKind.LOSS, 0))
-
-
 def _loss_at(keep_output: str, **kwargs: object) -> dict[str, int]:
     """One steady FSDP2 step of Llama-3-8B on one GPU under full recompute: the loss bytes at each event."""
     request = parse_options(
         **{"model": "llama-3-8b", "framework": "fsdp2", "gpus": 1, "seq_len": 2048, "micro_batch": 1,
            "recompute": "full", "keep_output": keep_output, **kwargs}
     )  # fmt: skip
-    mechanics, act = mechanics_for(request, request.strategies[0], ())
-    led = _LossLedger()
-    step = step_shape(request, act, Device.CUDA)
-    steady_start(step, mechanics, None, led)
-    run_step(step, mechanics, None, led)
-    return led.loss_at
+    return steady_step(request, LossLedger()).loss_at
 
 
 def test_a_loop_holding_its_output_keeps_the_bf16_logits_through_backward_and_the_step() -> None:

@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import steady_step
 from typer.testing import CliRunner
 
 from zerocalc.cli import app
-from zerocalc.model.code import Device, chunked_rows, liger_chunk_rows
+from zerocalc.model.code import chunked_rows, liger_chunk_rows
 from zerocalc.peak.kinds import TensorKind
 from zerocalc.peak.ledger import Ledger
-from zerocalc.peak.simulate import mechanics_for, step_shape
-from zerocalc.peak.timeline import run_step, steady_start
 from zerocalc.request.training import parse_options
 
 runner = CliRunner()
@@ -49,12 +48,7 @@ def _step(**kwargs: object) -> _KindLedger:
 def _ledger(**kwargs: object) -> _KindLedger:
     """One FSDP2 step on one GPU of the request ``kwargs`` describe, replayed into a :class:`_KindLedger`."""
     request = parse_options(**{"framework": "fsdp2", "gpus": 1, **kwargs})
-    mechanics, act = mechanics_for(request, request.strategies[0], ())
-    step = step_shape(request, act, Device.CUDA)
-    led = _KindLedger()
-    steady_start(step, mechanics, None, led)
-    run_step(step, mechanics, None, led)
-    return led
+    return steady_step(request, _KindLedger())
 
 
 def test_torchtunes_chunks_are_tensor_splits_and_liger_s_chunk_follows_v_over_h() -> None:
@@ -274,12 +268,7 @@ def _eight_layers(offload: bool) -> _InputsLedger:
         model={**SMALL, "num_hidden_layers": 8}, seq_len=64, framework="fsdp2", gpus=1, recompute="full",
         offload_activations=offload,
     )  # fmt: skip
-    mechanics, act = mechanics_for(request, request.strategies[0], ())
-    led = _InputsLedger()
-    step = step_shape(request, act, Device.CUDA)
-    steady_start(step, mechanics, None, led)
-    run_step(step, mechanics, None, led)
-    return led
+    return steady_step(request, _InputsLedger())
 
 
 def test_offloading_keeps_the_last_five_checkpoint_inputs_in_forward_and_two_in_backward() -> None:

@@ -7,12 +7,9 @@ chunk's loss backward before any head backward), within the few scalars the two 
 from __future__ import annotations
 
 import pytest
+from helpers import LossLedger, steady_step
 
 from zerocalc.model.code import Device
-from zerocalc.peak.kinds import TensorKind
-from zerocalc.peak.ledger import Ledger
-from zerocalc.peak.simulate import mechanics_for, step_shape
-from zerocalc.peak.timeline import run_step, steady_start
 from zerocalc.request.training import parse_options
 
 pytestmark = pytest.mark.slow
@@ -65,24 +62,10 @@ def _measured(S: int = S, H: int = H, V: int = V) -> tuple[int, int]:
     return peaks[0], peaks[1] - MARK
 
 
-class _LossLedger(Ledger):
-    def __init__(self) -> None:
-        super().__init__(block=1)
-        self.loss_at: dict[str, int] = {}
-
-    def event(self, name: str, transient: int = 0, transient_kind: str = "transient") -> None:
-        super().event(name, transient, transient_kind)
-        self.loss_at.setdefault(name, self.by_kind.get(TensorKind.LOSS, 0))
-
-
 def test_torchtunes_chunked_loss_peaks_as_the_timeline_counts() -> None:
     forward, backward = _measured()
     request = parse_options(model=dict(TINY), gpus=1, seq_len=S, micro_batch=1, loss="chunked")
-    mechanics, act = mechanics_for(request, request.strategies[0], ())
-    step = step_shape(request, act, Device.CPU)
-    led = _LossLedger()
-    steady_start(step, mechanics, None, led)
-    run_step(step, mechanics, None, led)
+    led = steady_step(request, LossLedger(), Device.CPU)
     TV = S * V
     counted = led.loss_at["loss forward (output chunk7: log_softmax, nll_loss)"] - 4  # less the last step's
     assert counted == 6 * TV + 4 * TV // CHUNKS + 8 * (S + 1) + 4 + CHUNKS * 4
