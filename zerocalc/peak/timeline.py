@@ -45,6 +45,7 @@ from zerocalc.model.code import (
     OpSacLayer,
     OutputKept,
     Shape,
+    VocabShard,
     chunked_rows,
     embedding_saves,
     hidden_bytes,
@@ -305,7 +306,7 @@ class _Passes:
         utils/other.py: every parameter not a ``Params4bit`` cast to fp32, the head too)."""
         self.upcast_bytes = 0 if step.tuning is not None and self.logits_bytes == FP32 else FP32
         """The loss's ``logits.float()`` copy: none of fp32 logits (``Tensor.float`` returns the tensor)."""
-        self.logits = vocab_shard(step.impl, arch, step.shape, vocab=_allocated_vocab(arch, step.impl))
+        self.logits = logits_shard(step)
         self.loss_parallel = loss_parallel_transients(step.impl, arch, step.shape)
         self._saves: dict[tuple, LayerSaves] = {} if step.saves is None else step.saves
         self._op_layer: OpSacLayer | None = None
@@ -1203,10 +1204,15 @@ HELD_LOGITS = "previous output's logits"
 """The logits of the output a ``--keep-output next`` loop still holds when the next step begins."""
 
 
+def logits_shard(step: StepShape) -> VocabShard:
+    """The rank's logits: its tokens × its vocabulary columns (the output layer's allocated vocabulary)."""
+    return vocab_shard(step.impl, step.arch, step.shape, vocab=_allocated_vocab(step.arch, step.impl))
+
+
 def held_logits_bytes(step: StepShape) -> int:
-    """The bytes of the logits a loop holds (``--keep-output``): the rank's tokens × its vocabulary columns
-    in the LM head's dtype (the hidden stream's: fp32 under ``prepare_model_for_kbit_training``)."""
-    shard = vocab_shard(step.impl, step.arch, step.shape, vocab=_allocated_vocab(step.arch, step.impl))
+    """The bytes of the logits a loop holds (``--keep-output``): :func:`logits_shard` in the LM head's
+    dtype (the hidden stream's: fp32 under ``prepare_model_for_kbit_training``)."""
+    shard = logits_shard(step)
     return stream_bytes(step.tuning, step.act) * shard.rows * shard.columns
 
 
