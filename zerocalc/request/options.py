@@ -499,14 +499,15 @@ def echo(command: Command, values: dict[str, Any]) -> dict[str, Any]:
     loop's (:data:`LOOP_OPTIONS`) only where one of them is set."""
     echoed = {}
     tuning = any(values.get(name) not in (None, False) for name in FINETUNE_OPTIONS)
-    defaults = {o.name: o.default for o in OPTIONS}
-    unset = {
-        name
-        for group in _ECHOED_WHERE_SET
-        if all(values.get(n) is None or str(values.get(n)) == str(defaults[n]) for n in group)
-        for name in group
-    }
-    for o in options_for(command, request_only=True):
+    options = options_for(command, request_only=True)
+    defaults = {o.name: o.default for o in options}  # the command's own (plan's --loss is not memory's)
+
+    def at_default(name: str) -> bool:
+        value = values.get(name)
+        return name not in defaults or value is None or str(value) == str(defaults[name])
+
+    unset = {name for group in _ECHOED_WHERE_SET if all(map(at_default, group)) for name in group}
+    for o in options:
         if (o.name in FINETUNE_OPTIONS and not tuning) or o.name in unset:
             continue
         value = values.get(o.name, o.default)
