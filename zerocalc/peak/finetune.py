@@ -66,7 +66,7 @@ from zerocalc.parallel.precision import ParamKind
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, StrategyName
 from zerocalc.peak.kinds import TensorKind
 from zerocalc.peak.ledger import Ledger
-from zerocalc.peak.mechanics import FSDP1_STREAMS, Accumulation, Fsdp1Streams, Mechanics, Unit
+from zerocalc.peak.mechanics import DEFAULT_STREAMS, FSDP1_STREAMS, Accumulation, Mechanics, Unit, UnitStreams
 from zerocalc.peak.timeline import GATHERED, GRADS, OPTIMIZER, OPTIMIZER_TEMP, PARAMS, REDUCE, TRANSIENT
 from zerocalc.request.training import TrainingRequest
 from zerocalc.states.framework import fsdp_unit_positions
@@ -167,7 +167,7 @@ class FtLayout(NamedTuple):
     """A unit's sharded gradients are views into its one reduce-scatter output (FSDP2
     ``_fsdp_collectives.foreach_reduce``); else each tensor's own (DDP's ``.grad``, FSDP1's flat parameter
     of each adapter Linear under PEFT's wrap policy)."""
-    streams: Fsdp1Streams = Fsdp1Streams("default", "default", "default")
+    streams: UnitStreams = DEFAULT_STREAMS
     """The streams a unit's shard copy, its unsharded tensors and its gradient reduction allocate on:
     FSDP1's own (:data:`~zerocalc.peak.mechanics.FSDP1_STREAMS`); FSDP2's and DDP's on the default stream,
     as the eight H100 FSDP2 runs' reserved bytes were reproduced."""

@@ -681,9 +681,10 @@ class Fsdp2(Fsdp):
 
 
 # --------------------------------------------------------------------------------------------------- FSDP1
-class Fsdp1Streams(NamedTuple):
-    """The CUDA streams FSDP1 allocates its buffers on (torch 2.13 ``torch/distributed/fsdp/
-    _runtime_utils.py``); the caching allocator keeps each stream's freed blocks for that stream alone."""
+class UnitStreams(NamedTuple):
+    """The CUDA streams a sharded wrapper allocates a unit's buffers on; the caching allocator keeps each
+    stream's freed blocks for that stream alone. FSDP1's own (:data:`FSDP1_STREAMS`, torch 2.13
+    ``torch/distributed/fsdp/_runtime_utils.py``), or all on the default stream (:data:`DEFAULT_STREAMS`)."""
 
     pre_unshard: str
     """``_unshard``: ``handle.pre_unshard()`` under ``_pre_unshard_stream``: the low-precision shard
@@ -695,7 +696,8 @@ class Fsdp1Streams(NamedTuple):
     reduce-scatter's output, the sharded gradient kept."""
 
 
-FSDP1_STREAMS = Fsdp1Streams("pre_unshard", "unshard", "post_backward")
+FSDP1_STREAMS = UnitStreams("pre_unshard", "unshard", "post_backward")
+DEFAULT_STREAMS = UnitStreams("default", "default", "default")
 
 
 class Fsdp1(Fsdp):
