@@ -11,7 +11,12 @@ parallelism, e = 8 on 16 GPUs, one micro-batch: every per-layer row runs 61 time
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from zerocalc.api import estimate_comm
+from zerocalc.base.errors import InputError
 from zerocalc.comm.mesh import Dimension, mesh_problem
 from zerocalc.comm.step import request_ops
 from zerocalc.parallel.frameworks import Framework
@@ -135,3 +140,47 @@ def test_latent_attention_under_tp_without_megatrons_schedule_is_refused_in_one_
     )
     problem = mesh_problem(dense, mesh, Framework.DEEPSPEED)
     assert problem is not None and "accepted: {tp} 1, or {framework} paper, megatron" in problem
+
+
+DENSE_MLA = """title = "dense MLA"
+source = "a test's"
+
+[architecture]
+family = "deepseek_v3"
+vocab_size = 1024
+hidden_size = 256
+num_layers = 2
+num_heads = 4
+head_dim = 48
+intermediate_size = 512
+mlp = "swiglu"
+norm = "rmsnorm"
+
+[architecture.latent_attention]
+q_lora_rank = 96
+kv_lora_rank = 64
+qk_nope_head_dim = 32
+qk_rope_head_dim = 16
+v_head_dim = 32
+"""
+"""A dense latent-attention model (a model file: no config.json reader builds one without routed
+experts)."""
+
+
+def test_a_dense_latent_attention_model_under_tp_needs_sequence_parallelism_and_no_userbuffers(
+    tmp_path: Path,
+) -> None:
+    """Without sequence parallelism Megatron-LM leaves the rotary key's gradient partial (refused); with it
+    the layer's rows are the latent ones: the q latent b·s·r_q = 128·96 = 12,288 bf16 elements (24,576
+    bytes), 2 layers; ``--tp-comm-overlap``'s userbuffer model covers a dense layer's four TP linears, not
+    the latents' gathers (refused)."""
+    path = tmp_path / "dense-mla.toml"
+    path.write_text(DENSE_MLA)
+    job = dict(model=str(path), framework="megatron", tp=2, seq_len=128, strategies="ddp", gpu="h100-80gb")
+    with pytest.raises(InputError, match="accepted: sequence_parallel, or tp 1"):
+        estimate_comm(None, 2, **job)
+    row = estimate_comm(None, 2, sequence_parallel=True, **job).strategies[0]
+    q = [c for c in row.mesh_collectives if c.moves == "latent attention: q latent, normed"]
+    assert [(c.message_bytes, c.times_per_step) for c in q] == [(24_576, 2)]
+    with pytest.raises(InputError, match="not latent attention's gathers of its latents"):
+        estimate_comm(None, 2, sequence_parallel=True, tp_comm_overlap=True, **job)
