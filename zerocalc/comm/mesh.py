@@ -13,7 +13,9 @@ every call of a layer's activation moves S = b·(s/c)·h elements:
   row-parallel projection in forward and one of each column-parallel input's gradient in backward;
   with it, all_gather + reduce_scatter in their place (Korthikanti et al. 2022 §4.2.2), and Megatron-LM
   gathers the sequence-sharded input of each column-parallel linear again in backward for its weight
-  gradient, where DTensor's autograd keeps the gathered input;
+  gradient, where DTensor's autograd keeps the gathered input; multi-head latent attention under
+  Megatron-LM gathers its low-rank q/kv latents and rotary key instead of the layer's input
+  (:data:`TP_LATENT_FORWARD`);
 * the vocabulary-parallel embedding and LM head once per micro-batch, and the vocabulary-parallel
   cross-entropy's three all_reduces of b·(s/c) fp32 values (the logits' maximum, the target logit, the
   sum of exponentials);
