@@ -13,7 +13,9 @@ every call of a layer's activation moves S = b·(s/c)·h elements:
   row-parallel projection in forward and one of each column-parallel input's gradient in backward;
   with it, all_gather + reduce_scatter in their place (Korthikanti et al. 2022 §4.2.2), and Megatron-LM
   gathers the sequence-sharded input of each column-parallel linear again in backward for its weight
-  gradient, where DTensor's autograd keeps the gathered input;
+  gradient, where DTensor's autograd keeps the gathered input; multi-head latent attention under
+  Megatron-LM gathers its low-rank q/kv latents and rotary key instead of the layer's input
+  (:data:`TP_LATENT_FORWARD`);
 * the vocabulary-parallel embedding and LM head once per micro-batch, and the vocabulary-parallel
   cross-entropy's three all_reduces of b·(s/c) fp32 values (the logits' maximum, the target logit, the
   sum of exponentials);
@@ -123,6 +125,13 @@ class Size(StrEnum):
     ROUTED_GATHERED = "routed_gathered"
     """ETP·routed_rows(k·T, cf)·h: the received token copies of the ETP ranks of an expert-tensor-parallel
     group in one buffer (the all_gather output, the reduce_scatter input)."""
+    Q_LATENT = "q_latent"
+    """b·(s/c)·r_q: latent attention's normed q down-projection output, the q up projection's input
+    (b·(s/c)·h, the layer's input, for a model whose q has no rank)."""
+    KV_LATENT = "kv_latent"
+    """b·(s/c)·r_kv: latent attention's normed kv down-projection output, the kv up projection's input."""
+    K_ROPE = "k_rope"
+    """b·(s/c)·d_rope: latent attention's rotary key, one head shared by every query head."""
 
 
 class Count(StrEnum):
@@ -273,6 +282,58 @@ all-reduced or reduce-scattered) and ``mappings.py``. DTensor: the ``ColwisePara
 styles, and torchtitan's plan under sequence parallelism, where one ``PrepareModuleInput`` all-gathers the
 input of attention and of the MLP and its backward reduce-scatters their summed gradients."""
 
+_MLA = "Megatron-LM core/transformer/multi_latent_attention.py MLASelfAttention"
+_TE_COLUMN = "Transformer Engine LayerNormLinear (TELayerNormColumnParallelLinear)"
+_K_ROPE = f"{_MLA}.get_query_key_value_tensors: gather_from_sequence_parallel_region(k_pos_emb)"
+TP_LATENT_FORWARD: tuple[MeshCall, ...] = (
+    MeshCall(AG, FWD, "latent attention: q latent, normed", Size.Q_LATENT,
+             f"{_MLA}: linear_q_up_proj, {_TE_COLUMN}.forward, sequence_parallel"),
+    MeshCall(AG, FWD, "latent attention: kv latent, normed", Size.KV_LATENT,
+             f"{_MLA}: linear_kv_up_proj, {_TE_COLUMN}.forward, sequence_parallel"),
+    MeshCall(AG, FWD, "latent attention: rotary key", Size.K_ROPE, _K_ROPE),
+    MeshCall(RS, FWD, "attention output", Size.HIDDEN,
+             f"{_MAPPINGS} _ReduceScatterToSequenceParallelRegion (TERowParallelLinear linear_proj)"),
+)  # fmt: skip
+TP_LATENT_BACKWARD: tuple[MeshCall, ...] = (
+    MeshCall(AG, BWD, "attention output gradient", Size.HIDDEN,
+             f"{_MAPPINGS} _ReduceScatterToSequenceParallelRegion.backward (linear_proj)"),
+    MeshCall(RS, BWD, "latent attention: rotary key gradient", Size.K_ROPE,
+             f"{_MAPPINGS} _GatherFromSequenceParallelRegion.backward (k_pos_emb)"),
+    MeshCall(AG, BWD, "latent attention: kv latent, gathered again", Size.KV_LATENT,
+             f"{_TE_COLUMN}.backward: for the weight gradient (linear_kv_up_proj)"),
+    MeshCall(RS, BWD, "latent attention: kv latent gradient", Size.KV_LATENT,
+             f"{_TE_COLUMN}.backward (linear_kv_up_proj)"),
+    MeshCall(AG, BWD, "latent attention: q latent, gathered again", Size.Q_LATENT,
+             f"{_TE_COLUMN}.backward: for the weight gradient (linear_q_up_proj)"),
+    MeshCall(RS, BWD, "latent attention: q latent gradient", Size.Q_LATENT,
+             f"{_TE_COLUMN}.backward (linear_q_up_proj)"),
+)  # fmt: skip
+"""What one layer's multi-head latent attention communicates per micro-batch under Megatron-LM's tensor and
+sequence parallelism, in place of the attention rows of :data:`TP_LAYER` (the framework's record,
+``latent_attention_tp``; read at d98e8a6). ``linear_q_down_proj`` and ``linear_kv_down_proj`` are
+``TELinear(parallel_mode="duplicated")`` (``gpt_layer_specs.py``: ``backend.linear()``): every rank holds
+them whole and runs them on its own [s/t, b, h] shard, so the layer's input is never gathered; the q and kv
+norms are fused into ``linear_q_up_proj`` / ``linear_kv_up_proj`` (``qk_layernorm``:
+``TELayerNormColumnParallelLinear``), which norm the s/t-row latents and all-gather the normed rows (b·s·r_q,
+b·s·r_kv), and again in backward for the weight gradient, then reduce-scatter the latents' gradients; the
+rotary key (``k_pos_emb``, b·s·d_rope, shared by every head) is gathered by itself and its gradient, partial
+on each rank's heads, reduce-scattered; ``linear_proj`` (row-parallel) reduce-scatters the output as
+for any attention. A model whose q has no rank runs ``linear_q_proj`` column-parallel on the layer's input,
+gathering it (b·s·h) instead of the q latent. The duplicated down projections' gradients (each rank's from
+its own tokens) are all-reduced over the TP group with the norms' (:data:`TP_GRADIENTS`: ``TELinear`` sets
+``sequence_parallel`` on a duplicated weight)."""
+
+
+@lru_cache(maxsize=4)
+def tp_latent_layer(sequence_parallel: bool) -> tuple[MeshCall, ...]:
+    """One layer's tensor-parallel collectives with latent attention under Megatron-LM: its attention's
+    (:data:`TP_LATENT_FORWARD`, :data:`TP_LATENT_BACKWARD`; :func:`mesh_problem` refuses it without sequence
+    parallelism) around the dense MLP's of :data:`TP_LAYER`."""
+    assert sequence_parallel
+    mlp = tuple(call for call in TP_LAYER[TpStyle.MEGATRON, True] if call.in_mlp)
+    return TP_LATENT_FORWARD + mlp + TP_LATENT_BACKWARD
+
+
 _CE = "Megatron-LM core/tensor_parallel/cross_entropy.py _VocabParallelCrossEntropy.forward"
 _LOSS = "torch/distributed/tensor/parallel/loss.py (loss_parallel)"
 _EMBEDDING = f"{_LAYERS} VocabParallelEmbedding.forward"
@@ -396,6 +457,13 @@ sequence parallelism) and per-head q/k norms (``qk_layernorm``, each rank seeing
 buffer after the last micro-batch; FSDP2 redistributes each sequence-parallel norm weight's Partial
 gradient to Replicate, one all_reduce per parameter, where it reduces gradients (in the dtype backward
 produced them, the compute dtype)."""
+TP_GRADIENTS_LATENT = MeshCall(
+    AR, BWD, "norm, row bias and duplicated down-projection gradients", Size.REPLICATED_GRADS,
+    TP_GRADIENTS[TpStyle.MEGATRON].source, carried=Carried.GRADIENT, scope=Scope.STEP,
+)  # fmt: skip
+"""Megatron-LM's with latent attention: its q/kv down projections (``TELinear`` ``parallel_mode=
+"duplicated"``, ``sequence_parallel`` set on the weights under sequence parallelism, transformer_engine.py)
+join the norms' flat buffer."""
 
 _TE = "Transformer Engine pytorch/attention/dot_product_attention/context_parallel.py"
 _TORCH_CP = "torch/distributed/tensor/experimental/_context_parallel/_attention.py"
@@ -540,6 +608,13 @@ class MeshShape(NamedTuple):
     mlp_layers: int = 0
     """The layers that run a tensor-parallel dense MLP: the dense ones, and the MoE layers with shared
     experts (all L of a dense model)."""
+    q_rank: int = 0
+    """r_q: latent attention's q rank; h where its q has none (a plain q projection of the layer's input);
+    0 without latent attention."""
+    kv_rank: int = 0
+    """r_kv: latent attention's kv rank (0: no latent attention)."""
+    rope_dim: int = 0
+    """d_rope: latent attention's rotary key width."""
 
     @property
     def tokens(self) -> int:
@@ -557,6 +632,9 @@ class MeshShape(NamedTuple):
             kv_heads, qk_dim, v_dim = arch.kv_heads, arch.dim_per_head, arch.dim_per_head
         gated = arch.mlp is MlpKind.SWIGLU and not arch.fused_gate_up
         moe_layers = sum(arch.is_moe_layer(i) for i in range(arch.num_layers))
+        ranks = (0, 0, 0)
+        if latent is not None:
+            ranks = (latent.q_lora_rank or arch.hidden_size, latent.kv_lora_rank, latent.qk_rope_head_dim)
         return cls(
             micro_batch=micro_batch,
             seq_len=seq_len,
@@ -576,6 +654,9 @@ class MeshShape(NamedTuple):
             ),
             etp=mesh.etp,
             mlp_layers=arch.num_layers - (0 if arch.num_shared_experts else moe_layers),
+            q_rank=ranks[0],
+            kv_rank=ranks[1],
+            rope_dim=ranks[2],
         )
 
 
@@ -619,6 +700,12 @@ def _elements(size: Size, shape: MeshShape) -> int:
             return shape.routed * shape.hidden
         case Size.ROUTED_GATHERED:
             return shape.etp * shape.routed * shape.hidden
+        case Size.Q_LATENT:
+            return tokens * shape.q_rank
+        case Size.KV_LATENT:
+            return tokens * shape.kv_rank
+        case Size.K_ROPE:
+            return tokens * shape.rope_dim
     raise AssertionError(size)  # pragma: no cover - the replicated gradients are sized by their tensors
 
 
@@ -716,7 +803,8 @@ class MeshRequest(NamedTuple):
 def mesh_problem(arch: Architecture, mesh: Mesh, framework: Framework) -> str | None:
     """What the tensor-parallel schedules do not cover, or None: mixture-of-experts layers under TP where
     the framework's dispatcher under TP is not modelled (its record's ``expert_tensor_parallel``), latent
-    attention."""
+    attention where its code under TP is not (its record's ``latent_attention_tp``) or without sequence
+    parallelism (:data:`TP_LATENT_FORWARD`)."""
     if mesh.tp == 1:
         return None
     expert_parallel = FRAMEWORKS[framework].expert_parallel
@@ -731,10 +819,18 @@ def mesh_problem(arch: Architecture, mesh: Mesh, framework: Framework) -> str | 
             "under tensor parallelism are not modelled for it; accepted: {tp} 1, or {framework} "
             f"{names}"
         )
-    if arch.latent_attention is not None:
+    if arch.latent_attention is not None and not FRAMEWORKS[framework].latent_attention_tp:
+        names = ", ".join(f.value for f, record in FRAMEWORKS.items() if record.latent_attention_tp)
         return (
-            f"{{tp}} {mesh.tp}: {arch.name}'s latent attention projections are not split by the "
-            "tensor-parallel schedules modelled; accepted: {tp} 1, or a model without latent attention"
+            f"{{tp}} {mesh.tp} with {{framework}} {framework.value}: {arch.name}'s latent attention under "
+            "tensor parallelism is not modelled for it; accepted: {tp} 1, or {framework} "
+            f"{names}"
+        )
+    if arch.latent_attention is not None and not mesh.sequence_parallel:
+        return (
+            f"{{tp}} {mesh.tp} without {{sequence_parallel}}: Megatron-LM's MLASelfAttention reduces the "
+            "rotary key's gradient over the TP group only in its sequence-parallel gather (k_pos_emb), "
+            "which is not modelled without it; accepted: {sequence_parallel}, or {tp} 1"
         )
     return None
 
@@ -792,12 +888,14 @@ def _schedule(request: MeshRequest) -> list[tuple[Dimension, MeshCall]]:
     rows: list[tuple[Dimension, MeshCall]] = []
     if mesh.tp > 1:
         sp = mesh.sequence_parallel
-        rows += [(Dimension.TP, call) for call in TP_LAYER[mesh.tp_style, sp]]
+        layer = tp_latent_layer(sp) if request.shape.kv_rank else TP_LAYER[mesh.tp_style, sp]
+        rows += [(Dimension.TP, call) for call in layer]
         rows += [
             (Dimension.TP, call) for call in TP_MODEL[_ModelKey(mesh.tp_style, sp, request.learned_positions)]
         ]
         if request.replicated:
-            rows.append((Dimension.TP, TP_GRADIENTS[mesh.tp_style]))
+            gradients = TP_GRADIENTS_LATENT if request.shape.kv_rank else TP_GRADIENTS[mesh.tp_style]
+            rows.append((Dimension.TP, gradients))
     if mesh.cp > 1:
         family = FRAMEWORKS[request.framework].cp_family
         assert family is not None  # the parser refuses cp > 1 elsewhere

@@ -4,7 +4,9 @@
 (the rank's shards under tensor parallelism, :class:`~zerocalc.model.architecture.TensorParallelRank`)
 is one product per micro-batch with M = L = b·s/c rows (the rank's tokens; under sequence parallelism the
 linears see the all-gathered L rows, Korthikanti et al. 2022 §4.2.2), K its input and N its output
-columns. A routed expert's 3-D weight [E, out, in] is a grouped product over the rank's E/e experts
+columns; latent attention's q/kv down projections run on the b·s/(c·t) rows of the sequence shard under
+Megatron-LM's sequence parallelism (:func:`_latent_sequence_sharded`). A routed expert's 3-D weight
+[E, out, in] is a grouped product over the rank's E/e experts
 (e the expert-parallel degree), each of M = ⌈R/(E/e)⌉ rows: R = L·k token copies reach the rank's
 experts under balanced routing (each of the e ranks routes L·k copies, E/e of every E land here), ×
 the capacity factor on the busiest rank (:meth:`~zerocalc.model.code.Shape.expert_rows`, the memory
@@ -256,6 +258,19 @@ def _norm_bytes(arch: Architecture, fused: bool) -> int:
     return EAGER_NORM
 
 
+_LATENT_SEQUENCE_SHARDED = frozenset({"q_a_proj", "kv_a_proj", "q_a_norm", "kv_a_norm"})
+
+
+def _latent_sequence_sharded(arch: Architecture) -> frozenset[str]:
+    """The latent-attention modules that run on the rank's sequence shard (b·s/(c·t) rows under sequence
+    parallelism) rather than on the tensor-parallel region's b·s/c: the q/kv down projections and norms
+    under Megatron-LM (``core/transformer/multi_latent_attention.py`` ``MLASelfAttention``, d98e8a6: the
+    duplicated ``TELinear`` down projections take the [s/t, b, h] hidden states and
+    ``TELayerNormColumnParallelLinear`` norms the latents before it gathers them), the one code whose
+    latent attention under TP is modelled (its record's ``latent_attention_tp``; the others are refused)."""
+    return _LATENT_SEQUENCE_SHARDED if arch.latent_attention is not None else frozenset()
+
+
 def _layer_ops(
     arch: Architecture,
     index: int,
@@ -286,8 +301,10 @@ def _layer_ops(
     ]
     inputs = set(matrices[:-1])  # the attention's input projections: every matrix but the output one
     grad_in = tuning is None or tuning.grad_in(index)
+    latent_rows = _latent_sequence_sharded(arch)
     for tensor in tensors:
         leaf = tensor.module.rsplit(".", 1)[-1]
+        m = rows if leaf in latent_rows else tokens
         if len(tensor.shape) == 3:  # routed experts [E or E/e, out, in]
             _, out, inner = tensor.shape
             local, received = expert_load(arch, shape, ep)
@@ -297,20 +314,18 @@ def _layer_ops(
             out, inner = tensor.shape
             if out and inner and tuning is not None:
                 needs = grad_in or tensor.module not in inputs
-                linear = tuned_linear(tuning, tensor.module, leaf, tokens, out, inner, needs, dtype)
+                linear = tuned_linear(tuning, tensor.module, leaf, m, out, inner, needs, dtype)
                 gemms += linear[0]
                 traffic += linear[1]
             elif out and inner:
-                gemms.append(
-                    _linear(leaf, tokens, out, inner, fp8 if fp8.converts(tensor) else NO_FP8, traffic)
-                )
+                gemms.append(_linear(leaf, m, out, inner, fp8 if fp8.converts(tensor) else NO_FP8, traffic))
         elif len(tensor.shape) == 1 and tensor.name == "weight" and "norm" in leaf:
             width = tensor.shape[0]
             if leaf in ("q_norm", "k_norm") and arch.qk_norm is QkNorm.PER_HEAD:
                 width *= heads if leaf == "q_norm" else kv_heads
             elif leaf in ("q_norm", "k_norm"):
                 width = math.ceil(width / tp)
-            norm_rows = rows if width == h else tokens
+            norm_rows = rows if width == h or leaf in latent_rows else tokens
             traffic.append(Traffic(leaf, int(norm * scale * norm_rows * width)))
     if family.rotary:
         rotated = tokens * (heads + kv_heads) * qk_dim * family.rotary_fraction

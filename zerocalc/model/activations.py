@@ -19,7 +19,8 @@ the router input once and each routed copy of a token's MLP activations (k × th
 expert parallelism the copies routed to the rank's E/e experts, k·cf × with cf the capacity factor,
 :func:`routed_rows`); its router logits (fp32, s·b·E·4) are listed apart. Flash attention (Dao et al.
 2022) saves Q, K, V, the output (the projection's input, counted once) and a fp32 log-sum-exp per head
-and row (4·a·s·b) instead of the s² terms.
+and row (4·a·s·b) instead of the s² terms. Multi-head latent attention (DeepSeek-V3) saves its q/kv latents
+on the sequence shard and its q, k (d_nope + d_rope) and v (d_v) per head (:func:`latent_attention_terms`).
 
 Recomputation (Korthikanti section 4.2) is the step timeline's (:mod:`zerocalc.peak.timeline`): ``selective``
 drops the s²-proportional attention terms (:data:`zerocalc.model.code.QUADRATIC_TERMS`) and recomputes
@@ -51,7 +52,7 @@ from fractions import Fraction
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from zerocalc.model.architecture import MlpKind
+from zerocalc.model.architecture import LatentAttention, MlpKind
 
 ACTIVATION_BYTES = 2
 """16-bit activations (bf16/fp16), as in Korthikanti et al. 2022."""
@@ -127,6 +128,8 @@ class ActivationShape(BaseModel):
     """Megatron sequence parallelism: the norm and dropout regions split along s over the t ranks."""
     cp: int = Field(default=1, gt=0, description="c, context-parallel degree")
     cp_impl: CpImpl = CpImpl.RING
+    latent: LatentAttention | None = None
+    """Multi-head latent attention (DeepSeek-V3): :func:`latent_attention_terms` in place of q, k, v."""
 
     @property
     def local_rows(self) -> int:
@@ -159,6 +162,9 @@ def layer_terms(shape: ActivationShape) -> dict[str, int]:
         "k": act * local * h_kv,
         "v": act * local * h_kv,
     }
+    if shape.latent is not None:
+        terms = {**terms, **latent_attention_terms(shape.latent, rows, local, a)}
+        h_q = a * shape.latent.v_head_dim  # the output's width, the projection's input
     if shape.flash_attention:
         # flash attention keeps Q, K, V, its output O (= the projection input below) and the row-wise
         # log-sum-exp, never the s x s probabilities
@@ -203,6 +209,30 @@ def layer_terms(shape: ActivationShape) -> dict[str, int]:
             terms[f"experts_{name}"] = routed_rows(routed * value, shape.capacity_factor) + shared * value
     else:
         terms.update(mlp)
+    return terms
+
+
+def latent_attention_terms(mla: LatentAttention, rows: int, local: int, a: int) -> dict[str, int]:
+    """What Megatron-LM's multi-head latent attention saves beyond the layer's input and norm (16-bit;
+    ``core/transformer/multi_latent_attention.py`` ``MLASelfAttention``, d98e8a6, with the Transformer
+    Engine spec): the duplicated down projections read the norm's output that ``qkv_input`` counts, on
+    the ``rows`` of the sequence shard; each ``TELayerNormColumnParallelLinear`` up projection keeps its
+    input for the norm's backward and its normed output, both on ``rows`` (Transformer Engine
+    ``LayerNormLinear`` saves the local ``ln_out`` and all-gathers it again in backward) — for kv the
+    input is the r_kv split of the down projection's [rows, r_kv + d_rope] output, which stays whole;
+    the fused attention keeps q and k of the ``local`` gathered rows' a/t heads at d_nope + d_rope and v
+    at d_v (``query``, ``key``, ``value`` made contiguous), its output (d_v per head) the projection's
+    input. Without a q rank ``linear_q_proj`` reads the layer's normed input, ``qkv_input``."""
+    act = ACTIVATION_BYTES
+    terms: dict[str, int] = {}
+    if mla.q_lora_rank is not None:
+        terms["q_latent_norm_input"] = act * rows * mla.q_lora_rank
+        terms["q_up_input"] = act * rows * mla.q_lora_rank
+    terms["kv_down_output"] = act * rows * (mla.kv_lora_rank + mla.qk_rope_head_dim)
+    terms["kv_up_input"] = act * rows * mla.kv_lora_rank
+    terms["q"] = act * local * a * mla.qk_head_dim
+    terms["k"] = act * local * a * mla.qk_head_dim
+    terms["v"] = act * local * a * mla.v_head_dim
     return terms
 
 

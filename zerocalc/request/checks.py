@@ -232,15 +232,23 @@ def grad_sync_problem(request: TrainingRequest) -> str | None:
 
 
 def _tp_comm_overlap_problem(request: TrainingRequest) -> str | None:
-    """``--tp-comm-overlap`` on a mixture-of-experts model: the userbuffer overlap is modelled on a dense
-    layer's four TP linears and their six backward collectives (:func:`~zerocalc.comm.overlap.
-    userbuffers_exposed`), not on a MoE layer, whose routed experts run the dispatcher's collectives."""
+    """``--tp-comm-overlap`` on a mixture-of-experts model or with latent attention: the userbuffer overlap is
+    modelled on a dense layer's four TP linears and their six backward collectives (:func:`~zerocalc.comm.
+    overlap.userbuffers_exposed`), not on a MoE layer, whose routed experts run the dispatcher's collectives,
+    nor on latent attention's gathers of its low-rank latents."""
     arch = request.model.architecture
     if request.overlap.tp_comm and arch is not None and arch.is_moe:
         return (
             f"{{tp_comm_overlap}} with {arch.name}, a mixture of experts: the userbuffer overlap is modelled "
             "for dense layers (their four TP linears), not the MoE layers' dispatcher; accepted: no "
             "{tp_comm_overlap}, or a dense model"
+        )
+    if request.overlap.tp_comm and arch is not None and arch.latent_attention is not None:
+        return (
+            f"{{tp_comm_overlap}} with {arch.name}'s latent attention: the userbuffer overlap is modelled "
+            "for a dense layer's four TP linears, not latent attention's gathers of its latents "
+            "(comm/mesh.py TP_LATENT_FORWARD); accepted: no {tp_comm_overlap}, or a model without latent "
+            "attention"
         )
     return None
 

@@ -110,6 +110,7 @@ class MegatronCode(ModelCode):
                 sequence_parallel=shape.sequence_parallel,
                 cp=shape.cp,
                 cp_impl=shape.cp_impl,
+                latent=arch.latent_attention,
             )
         )
         scale = act / 2  # Korthikanti counts 16-bit activations

@@ -10,7 +10,7 @@ from zerocalc.model.code import ModelImplName
 from zerocalc.network.cluster import RankGroup
 from zerocalc.network.collectives import Collective
 from zerocalc.network.schedule import Calls, GradSync, Padding, Phase, Repeat, Tensor
-from zerocalc.parallel.framework_records.paper import MEGATRON_EXPERT_PARALLEL
+from zerocalc.parallel.framework_records.paper import MEGATRON_EXPERT_PARALLEL, MEGATRON_LATENT_ATTENTION
 from zerocalc.parallel.framework_records.record import (
     CpFamily,
     Fp8Support,
@@ -148,6 +148,7 @@ MEGATRON = FrameworkRecord(
     pipeline=True,
     pipeline_ties_embedding=True,
     expert_parallel=MEGATRON_EXPERT_PARALLEL,
+    latent_attention_tp=MEGATRON_LATENT_ATTENTION,
     fp8=Fp8Support(
         recipes=(Fp8RecipeName.DELAYED, Fp8RecipeName.CURRENT, Fp8RecipeName.BLOCKWISE, Fp8RecipeName.MXFP8),
         model_code=None,

@@ -27,6 +27,14 @@ MEGATRON_EXPERT_PARALLEL = ExpertParallel(
     "over pg_collection.expt_tp",
 )
 
+MEGATRON_LATENT_ATTENTION = (
+    "Megatron-LM core/transformer/multi_latent_attention.py MLASelfAttention (d98e8a6, core_v0.15.0rc7-2333) "
+    "with the Transformer Engine layer spec (models/gpt/gpt_layer_specs.py): the q/kv down projections "
+    "duplicated TELinear, the q/kv norms fused into the column-parallel up projections"
+)
+"""Megatron-LM's multi-head latent attention under tensor parallelism (:data:`zerocalc.comm.mesh.
+TP_LATENT_FORWARD`), which the paper's accounting follows too."""
+
 
 def paper_setup(grad_sync: GradSync, **fields: object) -> FrameworkSetup:
     """The ZeRO paper's accounting of a strategy: its §7 schedule, which fixes when gradients are reduced."""
@@ -56,6 +64,7 @@ PAPER = FrameworkRecord(
     pipeline=True,
     pipeline_ties_embedding=True,
     expert_parallel=MEGATRON_EXPERT_PARALLEL,
+    latent_attention_tp=MEGATRON_LATENT_ATTENTION,
 )
 """The paper composes every mesh dimension as Megatron-LM lays it out (its layers, Transformer Engine's
 context parallelism, its pipeline schedules and token dispatcher)."""

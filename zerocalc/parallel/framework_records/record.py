@@ -200,6 +200,9 @@ class FrameworkRecord(NamedTuple):
     all-reduce of its gradient over the embedding group)."""
     expert_parallel: ExpertParallel | None = None
     """How it runs expert parallelism (None: it has none here)."""
+    latent_attention_tp: str = ""
+    """The code that runs multi-head latent attention under its tensor parallelism, as read (the schedule:
+    :mod:`zerocalc.comm.mesh`); empty: latent attention under tensor parallelism is not modelled for it."""
     fp8: Fp8Support | None = None
     """The FP8 recipes it runs (None: none)."""
     optimizer_in_backward: str = ""
