@@ -33,7 +33,7 @@ from zerocalc.request.fp8 import fp8_gpu_problem, fp8_strategy_problem
 from zerocalc.request.mesh_checks import dim1_expert_sharding_problem, mesh_problem
 from zerocalc.request.model_spec import seq_len_problem
 from zerocalc.request.problems import architecture_problem, offload_record_problem, record_problem
-from zerocalc.request.savers import kept_output_problem, savers_problem
+from zerocalc.request.savers import compile_problem, kept_output_problem, savers_problem
 
 if TYPE_CHECKING:
     from zerocalc.request.training import TrainingRequest
@@ -346,6 +346,7 @@ AFTER_STRATEGIES = (
     Part("kept output", ("activations.keep_output", "activations.loss", "activations.offload",
                          "activations.recompute", "model_impl", "mesh"),
          lambda r, _: kept_output_problem(r)),
+    Part("compile", ("activations.compile", "model_impl", "framework"), lambda r, _: compile_problem(r)),
 )  # fmt: skip
 """The checks after, in the order they report."""
 
