@@ -602,7 +602,7 @@ def evaluate_comm(
             row.exposed_time_s = max(0.0, row.time_s - seconds)
     notes = _notes(request, layout, rows)
     if compute is not None and request.fp8.on and any(row.step is not None for row in rows):
-        notes.append(fp8_rate_note(request.fp8, compute))
+        notes.append(fp8_rate_note(request.fp8, compute, request.activations.compile.model))
     return CommEstimate(
         request=CommRequest.of(request),
         calibration_used=request.calibration_name if request.calibration is not None else None,

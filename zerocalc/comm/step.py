@@ -98,7 +98,7 @@ from zerocalc.compute.time import (
 )
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, PipelineStage, stage_kind
-from zerocalc.model.code import MODEL_CODES, Shape
+from zerocalc.model.code import MODEL_CODES, ModelImplName, Shape
 from zerocalc.network.collectives import Collective
 from zerocalc.network.schedule import GradSync, Phase
 from zerocalc.parallel.fp8 import NO_FP8, Fp8Setting
@@ -359,8 +359,20 @@ def assemble(
 
 # ------------------------------------------------------------------------------------ from a request
 def kernels(request: TrainingRequest) -> Kernels:
-    """Megatron-LM's fused kernels, else eager PyTorch ops (transformers, torchtitan)."""
-    return Kernels(fused=MODEL_CODES[request.model_code].fused_kernels, flash=flash_attention_used(request))
+    """Megatron-LM's fused kernels, else eager PyTorch ops (transformers, torchtitan), or Inductor's under
+    ``--compile`` (:mod:`zerocalc.model.code.compiled`): torchtitan compiles each block (its rotary a
+    complex product Inductor leaves eager) and, with ``loss``, the loss; transformers the whole forward,
+    the final norm and the loss with it."""
+    compiled = request.activations.compile
+    whole = request.model_code is ModelImplName.HF and compiled.model
+    return Kernels(
+        fused=MODEL_CODES[request.model_code].fused_kernels,
+        flash=flash_attention_used(request),
+        compiled=compiled.model,
+        compiled_head=whole,
+        compiled_loss=compiled.loss or whole,
+        complex_rotary=request.model_code is ModelImplName.TORCHTITAN,
+    )
 
 
 def request_ops(request: TrainingRequest, arch: Architecture | None = None) -> MicroBatchOps:
@@ -883,6 +895,7 @@ STAGE_MICRO_BATCHES = Part(
     "stages' micro-batches",
     ("rank_model", "stages", "rank_shape", "mesh.ep", "model_code", "activation_dtype", "fp8",
      "activations.recompute", "activations.checkpoint_every", "activations.flash_attention",
+     "activations.compile",
      "activations.capacity_factor", "finetune", "framework", "precision", "reduce_dtype"),
     _stage_micro_batches,
 )  # fmt: skip

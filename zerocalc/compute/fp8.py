@@ -42,6 +42,10 @@ from zerocalc.parallel.precision import Fp8Library, Fp8RecipeName
 
 TORCHAO_EAGER_CAST = 33
 """Bytes per element of torchao's eager cast of a 16-bit tensor to FP8 (see the module's doc)."""
+TORCHAO_COMPILED_CAST = 5
+"""Bytes per element of torchao's cast under torch.compile: the amax pass r2, the fused cast r2 w1."""
+TORCHAO_COMPILED_RECAST = 3
+"""Bytes per element of a compiled re-cast from an amax already computed (another layout): r2 w1."""
 TE_CAST_TRANSPOSE = 4
 """Bytes per element of Transformer Engine's fused cast-transpose of a 16-bit tensor."""
 TE_AMAX = 2
@@ -66,10 +70,18 @@ def fp8_gemms(fp8: Fp8Setting) -> Fp8Gemms:
     return Fp8Gemms(True, True, fp8.record.weight_grad_fp8)
 
 
-def cast_bytes(m: int, n: int, k: int, fp8: Fp8Setting) -> tuple[int, int]:
+def cast_bytes(m: int, n: int, k: int, fp8: Fp8Setting, compiled: bool = False) -> tuple[int, int]:
     """(forward, backward) bytes of the casts feeding a converted Linear's products, an (m × k) input and an
-    (n × k) weight (see the module's doc)."""
+    (n × k) weight (see the module's doc); ``compiled``: torchao's casts under torch.compile."""
     weight_cast = not fp8.all_gather and not fp8.model_init  # an fp8 weight is cast already
+    if fp8.record.library is Fp8Library.TORCHAO and compiled:
+        cast, recast = TORCHAO_COMPILED_CAST, TORCHAO_COMPILED_RECAST
+        forward = cast * (m * k + (n * k if weight_cast else 0))
+        backward = cast * m * n + (recast * n * k if weight_cast else 0)
+        if fp8.record.weight_grad_fp8:
+            forward += recast * m * k
+            backward += recast * m * n
+        return forward, backward
     if fp8.record.library is Fp8Library.TORCHAO:
         per = TORCHAO_EAGER_CAST
         forward = per * (m * k + (n * k if weight_cast else 0))
@@ -81,7 +93,7 @@ def cast_bytes(m: int, n: int, k: int, fp8: Fp8Setting) -> tuple[int, int]:
     return per * (m * k + (n * k if weight_cast else 0)), per * m * n
 
 
-def fp8_rate_note(fp8: Fp8Setting, table: ComputeTable) -> str:
+def fp8_rate_note(fp8: Fp8Setting, table: ComputeTable, compiled: bool = False) -> str:
     """Where the step's FP8 GEMM rates come from (said under a step that runs FP8 GEMMs)."""
     measured = any(p.dtype is DType.FP8 for p in table.gemm)
     if measured:
@@ -93,9 +105,10 @@ def fp8_rate_note(fp8: Fp8Setting, table: ComputeTable) -> str:
         )
     else:
         rates = "the roofline over the datasheet's dense FP8 peak"
-    casts = (
-        "torchao's eager casts at 33 B per element (no torch.compile)"
-        if fp8.record.library is Fp8Library.TORCHAO
-        else "Transformer Engine's fused casts"
-    )
+    if fp8.record.library is not Fp8Library.TORCHAO:
+        casts = "Transformer Engine's fused casts"
+    elif compiled:
+        casts = "torchao's casts under torch.compile at 5 B per element (amax pass, fused cast)"
+    else:
+        casts = "torchao's eager casts at 33 B per element (no torch.compile)"
     return f"{{fp8}} {fp8.recipe.value}: its GEMMs at {rates}; {casts} as element-wise kernels"
