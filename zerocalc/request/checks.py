@@ -236,12 +236,16 @@ def _tp_comm_overlap_problem(request: TrainingRequest) -> str | None:
     layer's four TP linears and their six backward collectives (:func:`~zerocalc.comm.overlap.
     userbuffers_exposed`), not on a MoE layer, whose routed experts run the dispatcher's collectives."""
     arch = request.model.architecture
-    if request.overlap.tp_comm and arch is not None and arch.is_moe:
-        return (
-            f"{{tp_comm_overlap}} with {arch.name}, a mixture of experts: the userbuffer overlap is modelled "
-            "for dense layers (their four TP linears), not the MoE layers' dispatcher; accepted: no "
-            "{tp_comm_overlap}, or a dense model"
-        )
+    for on, option in (
+        (request.overlap.tp_comm, "{tp_comm_overlap}"),
+        (request.overlap.async_tp, "{async_tp}"),
+    ):
+        if on and arch is not None and arch.is_moe:
+            return (
+                f"{option} with {arch.name}, a mixture of experts: the TP overlap is modelled for dense "
+                f"layers (their four TP linears), not the MoE layers' dispatcher; accepted: no {option}, or "
+                "a dense model"
+            )
     return None
 
 

@@ -133,6 +133,10 @@ OPTIONS: tuple[Option, ...] = (
          "Megatron-LM's --tp-comm-overlap (with --sequence-parallel): Transformer Engine's userbuffers run "
          "each layer's TP all-gathers and reduce-scatters beside its GEMMs.", frozenset({COMM}),
          default=False, kind=Kind.FLAG, value_type=BOOL),
+    _opt("async_tp", ("--async-tp",),
+         "torchtitan's parallelism.enable_async_tensor_parallel (with --compile model and --tp 2 or more): "
+         "torch's micro-pipelined TP runs each layer's TP all-gathers and reduce-scatters in pieces beside "
+         "its matmuls.", frozenset({COMM}), default=False, kind=Kind.FLAG, value_type=BOOL),
     _opt("pp", ("--pp",), "p: pipeline stages, outermost (each a contiguous run of layers).", ESTIMATES,
          default=1, value_type=NUM, metavar="P"),
     _opt("vpp", ("--vpp",), "v: virtual stages (model chunks) per pipeline rank (interleaved 1F1B).",

@@ -512,6 +512,9 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         framework,
         mesh,
         strategies,
+        o.async_tp,
+        FRAMEWORKS[framework].model_code or model_impl,
+        activations.compile,
     )
     problem = _ignored_problem(o, gpu_memory, model, o.estimate)
     if problem:
