@@ -60,10 +60,11 @@ def test_compiled_swiglu_moves_6_bytes_forward_and_10_backward() -> None:
 
 def test_torchtitans_complex_rotary_stays_eager_and_transformers_fuses() -> None:
     """torchtitan's complex product: .float() r2 w4, ATen's product r4 w4, type_as r4 w2 = 20 each way
-    (Inductor generates no complex code); transformers' rotate_half fused, r2 w2 each way."""
+    (Inductor generates no complex code); transformers' rotate_half: its cat written and read back (w2
+    r2), the product in place (r2 w2), backward r2 w2."""
     rotated = T * (HEADS + KV) * D
     assert _traffic(TITAN)[0]["rotary"] == (20 * rotated, 20 * rotated)
-    assert _traffic(HF)[0]["rotary"] == (4 * rotated, 4 * rotated)
+    assert _traffic(HF)[0]["rotary"] == (8 * rotated, 4 * rotated)
     assert _traffic(EAGER)[0]["rotary"] == (20 * rotated, 40 * rotated)
 
 

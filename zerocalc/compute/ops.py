@@ -67,7 +67,8 @@ transformers' ``LlamaForCausalLM`` whole; docs/model.md, torch.compile): per ele
   fused 4 and the residual adds as eager;
 * SwiGLU forward r4 w2 = 6, backward r6 w4 = 10 (:data:`COMPILED_SWIGLU_BACKWARD`); no copy of the
   attention output (the flash kernel's output feeds the o projection as it is);
-* rotary: transformers' ``rotate_half`` fused into one kernel r2 w2 each way (4); torchtitan's complex
+* rotary: transformers' ``rotate_half``: its ``cat`` into a buffer (w2, read back r2) and the product in
+  place (r2 w2), 8 forward (:data:`COMPILED_ROTARY`), backward one kernel r2 w2 (4); torchtitan's complex
   product is not generated ("Torchinductor does not support code generation for complex operators",
   ``torch/_inductor/lowering.py``): its ``.float()`` r2 w4 and ``type_as`` r4 w2 kernels are, the product
   runs as ATen's r4 w4: 20, forward and backward alike;
@@ -146,6 +147,9 @@ module's doc: 4 + 6 + 8)."""
 COMPILED_BLOCK_BACKWARD = 16
 """The same backward, before the dgrads it reads: 2 per element of each of the norms' consumers' input
 gradients, 4 per element of the MLP's for the second norm's weight gradient (see the module's doc)."""
+COMPILED_ROTARY = 8
+"""transformers' rotary compiled, forward, per element of q and k: ``rotate_half``'s ``cat`` written and read
+back (w2 r2), ``q·cos + cat·sin`` in place (r2 w2); its backward one kernel r2 w2 (:data:`FUSED_ROTARY`)."""
 COMPILED_SWIGLU_BACKWARD = 10
 """SwiGLU's compiled backward per element of f/t: r grad, gate, up; w their two gradients."""
 COMPILED_LOSS_FORWARD = 2
@@ -400,9 +404,12 @@ def _layer_ops(
         rotated = tokens * (heads + kv_heads) * qk_dim * family.rotary_fraction
         if mla is not None:
             rotated = tokens * (heads + 1) * mla.qk_rope_head_dim
-        if kernels.compiled:  # one pass each way: fused, or the complex product's three eager kernels
-            per = EAGER_ROTARY if kernels.complex_rotary else FUSED_ROTARY
-            traffic.append(Traffic("rotary", int(per * scale * rotated), 1, int(per * scale * rotated)))
+        if kernels.compiled:  # the complex product's three eager kernels, or rotate_half's cat and product
+            forward = EAGER_ROTARY if kernels.complex_rotary else COMPILED_ROTARY
+            backward = EAGER_ROTARY if kernels.complex_rotary else FUSED_ROTARY
+            traffic.append(
+                Traffic("rotary", int(forward * scale * rotated), 1, int(backward * scale * rotated))
+            )
         else:
             per = FUSED_ROTARY if kernels.fused else EAGER_ROTARY
             traffic.append(Traffic("rotary", int(per * scale * rotated)))
