@@ -232,19 +232,21 @@ def grad_sync_problem(request: TrainingRequest) -> str | None:
 
 
 def _tp_comm_overlap_problem(request: TrainingRequest) -> str | None:
-    """``--tp-comm-overlap`` on a mixture-of-experts model: the userbuffer overlap is modelled on a dense
-    layer's four TP linears and their six backward collectives (:func:`~zerocalc.comm.overlap.
-    userbuffers_exposed`), not on a MoE layer, whose routed experts run the dispatcher's collectives."""
+    """``--tp-comm-overlap`` or ``--async-tp`` on a mixture-of-experts model: each overlap is modelled on a
+    dense layer's four TP linears (:func:`~zerocalc.comm.overlap.userbuffers_exposed`,
+    :func:`~zerocalc.comm.overlap.async_tp_exposed`), not on a MoE layer, whose routed experts run the
+    dispatcher's collectives."""
     arch = request.model.architecture
-    for on, option in (
-        (request.overlap.tp_comm, "{tp_comm_overlap}"),
-        (request.overlap.async_tp, "{async_tp}"),
-    ):
+    overlaps = (
+        (request.overlap.tp_comm, "{tp_comm_overlap}", "userbuffer overlap"),
+        (request.overlap.async_tp, "{async_tp}", "async TP overlap"),
+    )
+    for on, option, what in overlaps:
         if on and arch is not None and arch.is_moe:
             return (
-                f"{option} with {arch.name}, a mixture of experts: the TP overlap is modelled for dense "
-                f"layers (their four TP linears), not the MoE layers' dispatcher; accepted: no {option}, or "
-                "a dense model"
+                f"{option} with {arch.name}, a mixture of experts: the {what} is modelled for dense layers "
+                f"(their four TP linears), not the MoE layers' dispatcher; accepted: no {option}, or a dense "
+                "model"
             )
     return None
 
