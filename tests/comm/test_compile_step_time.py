@@ -86,19 +86,35 @@ def test_the_compiled_loss_is_one_pass_forward_and_r2_w2_backward() -> None:
 
 
 @pytest.mark.parametrize(
-    ("recipe", "forward", "backward"),
+    ("recipe", "norm_fed", "forward", "backward"),
     [
-        # input: amax r2 + cast r2 w1, again r2 w1 for the weight gradient's layout; weight amax + cast
-        (Fp8RecipeName.TENSORWISE, 5 * 6 + 5 * 12 + 3 * 6, 5 * 8 + 3 * 12 + 3 * 8),
+        # input amax r2 + cast r2 w1, weight the same; backward the output gradient 5 and again 3, the
+        # weight 3, the input again 3 for the weight gradient
+        (Fp8RecipeName.TENSORWISE, False, 5 * 6 + 5 * 12, 5 * 8 + 3 * 12 + 3 * 8 + 3 * 6),
+        # the input written by a compiled norm: its FP8 copy alone (w1)
+        (Fp8RecipeName.TENSORWISE, True, 1 * 6 + 5 * 12, 5 * 8 + 3 * 12 + 3 * 8 + 3 * 6),
         # no FP8 weight gradient: no re-casts
-        (Fp8RecipeName.ROWWISE_GW_HP, 5 * 6 + 5 * 12, 5 * 8 + 3 * 12),
+        (Fp8RecipeName.ROWWISE_GW_HP, False, 5 * 6 + 5 * 12, 5 * 8 + 3 * 12),
     ],
 )
 def test_torchaos_compiled_casts_read_twice_and_write_once(
-    recipe: Fp8RecipeName, forward: int, backward: int
+    recipe: Fp8RecipeName, norm_fed: bool, forward: int, backward: int
 ) -> None:
     """An (m × k) = 2 × 3 input, (n × k) = 4 × 3 weight, (m × n) = 2 × 4 output gradient."""
-    assert cast_bytes(2, 4, 3, Fp8Setting(recipe), compiled=True) == (forward, backward)
+    assert cast_bytes(2, 4, 3, Fp8Setting(recipe), compiled=True, norm_fed=norm_fed) == (forward, backward)
+
+
+def test_a_compiled_blocks_norm_fed_linears_cast_their_input_at_one_byte() -> None:
+    """q, k, v, gate and up read a norm's output: 1 B per input element; o and down 5."""
+    arch, _ = load_model("llama-3-8b")
+    fp8 = Fp8Setting(Fp8RecipeName.TENSORWISE)
+    ops = micro_batch_ops(arch, Shape(2, S), TITAN, DType.BF16, fp8=fp8)
+    casts = {t.name: t.nbytes for t in ops.layers[0].traffic if t.name.endswith("fp8 casts")}
+    weights = {"q_proj": H * H, "k_proj": KV * D * H, "v_proj": KV * D * H, "o_proj": H * H,
+               "gate_proj": F * H, "up_proj": F * H, "down_proj": H * F}  # fmt: skip
+    inputs = {"o_proj": 5 * T * H, "down_proj": 5 * T * F}
+    for name, weight in weights.items():
+        assert casts[f"{name} fp8 casts"] == inputs.get(name, T * H) + 5 * weight, name
 
 
 def test_async_tp_hides_the_collectives_behind_t_pieces_of_their_matmuls() -> None:

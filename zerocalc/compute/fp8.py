@@ -19,8 +19,20 @@ is the compute table's FP8 rate for its shape (:meth:`~zerocalc.compute.table.Co
   (``tensor_already_casted_to_fp8``; its shard's cast in ``fsdp_pre_all_gather`` is not counted). The
   casts' results have the layouts ``torch._scaled_mm`` takes (``float8_ops.py`` ``preprocess_addmm``
   copies none: traced op by op on the CPU, torch 2.13). Eager, as torchtitan runs without
-  ``compile.enable``; under ``torch.compile`` these kernels fuse (not modelled: zerocalc refuses
-  ``compile.enable``).
+  ``compile.enable``.
+* torchao 0.18 under ``torch.compile`` (``--compile model``: torchtitan compiles the converted Linears
+  inside each block): Inductor fuses ``abs``, ``max``, the scale, ``clamp`` and the cast, but the
+  tensor-wide amax is a full reduction the cast must wait for, so each cast tensor is read twice, by its
+  amax pass (r2) and its cast (r2 w1): :data:`TORCHAO_COMPILED_CAST` = 5. Measured (Inductor's generated
+  code, torch 2.13 CPU, a converted 256 → 768 Linear and a converted torchtitan block, tensorwise;
+  docs/model.md): forward, the weight at 5 and the input at 5, but where a compiled norm writes the input
+  (the attention's and the MLP's input projections) its cast fuses into the norm's kernel, which writes
+  the FP8 copy and no bf16 one (:data:`TORCHAO_NORM_FUSED_CAST` = 1 per element); backward, the output
+  gradient at 5 and again at 3 for the weight gradient's layout (:data:`TORCHAO_COMPILED_RECAST`, from the
+  same amax), the input again at 3 for that product, and the weight at 3 (its amax saved from the forward).
+  Without an FP8 weight gradient (``ROWWISE_WITH_GW_HP``) the two re-casts drop. On the converted block
+  these give 4.75 MB forward and 5.87 MB backward, the generated code 4.78 and 6.03 (each cast input read
+  twice, by its amax and its cast pass).
 * Transformer Engine 2.x (``transformer_engine/common/transpose/cast_transpose.cu``): one fused kernel
   per tensor writes its rowwise and columnwise FP8 copies, r2 w1 w1 (:data:`TE_CAST_TRANSPOSE` = 4), with
   the amax computed in the same pass (DelayedScaling from the history; block and MX recipes per block);
@@ -46,6 +58,9 @@ TORCHAO_COMPILED_CAST = 5
 """Bytes per element of torchao's cast under torch.compile: the amax pass r2, the fused cast r2 w1."""
 TORCHAO_COMPILED_RECAST = 3
 """Bytes per element of a compiled re-cast from an amax already computed (another layout): r2 w1."""
+TORCHAO_NORM_FUSED_CAST = 1
+"""Bytes per element of a compiled cast fused into the norm that writes the input: the FP8 copy (w1); the
+amax pass's and the cast's reads of the norm's input replace the norm's bf16 write and its read."""
 TE_CAST_TRANSPOSE = 4
 """Bytes per element of Transformer Engine's fused cast-transpose of a 16-bit tensor."""
 TE_AMAX = 2
@@ -70,17 +85,21 @@ def fp8_gemms(fp8: Fp8Setting) -> Fp8Gemms:
     return Fp8Gemms(True, True, fp8.record.weight_grad_fp8)
 
 
-def cast_bytes(m: int, n: int, k: int, fp8: Fp8Setting, compiled: bool = False) -> tuple[int, int]:
+def cast_bytes(
+    m: int, n: int, k: int, fp8: Fp8Setting, compiled: bool = False, norm_fed: bool = False
+) -> tuple[int, int]:
     """(forward, backward) bytes of the casts feeding a converted Linear's products, an (m × k) input and an
-    (n × k) weight (see the module's doc); ``compiled``: torchao's casts under torch.compile."""
+    (n × k) weight (see the module's doc); ``compiled``: torchao's casts under torch.compile, ``norm_fed``:
+    the input written by a compiled norm, its cast fused there (:data:`TORCHAO_NORM_FUSED_CAST`)."""
     weight_cast = not fp8.all_gather and not fp8.model_init  # an fp8 weight is cast already
     if fp8.record.library is Fp8Library.TORCHAO and compiled:
         cast, recast = TORCHAO_COMPILED_CAST, TORCHAO_COMPILED_RECAST
-        forward = cast * (m * k + (n * k if weight_cast else 0))
+        forward = (TORCHAO_NORM_FUSED_CAST if norm_fed else cast) * m * k + (
+            cast * n * k if weight_cast else 0
+        )
         backward = cast * m * n + (recast * n * k if weight_cast else 0)
         if fp8.record.weight_grad_fp8:
-            forward += recast * m * k
-            backward += recast * m * n
+            backward += recast * (m * n + m * k)
         return forward, backward
     if fp8.record.library is Fp8Library.TORCHAO:
         per = TORCHAO_EAGER_CAST

@@ -369,6 +369,11 @@ def _layer_ops(
     inputs = set(matrices[:-1])  # the attention's input projections: every matrix but the output one
     grad_in = tuning is None or tuning.grad_in(index)
     region = _compiled_region(arch, index, tensors, kernels, rows)
+    mlp_inputs = [
+        t.module for t in tensors if len(t.shape) == 2 and t.name == "weight" and ".mlp." in t.module
+    ]
+    # the Linears whose input a compiled block's norm writes (an FP8 cast fuses into that kernel)
+    norm_fed = (inputs | set(mlp_inputs[:-1])) if region is not None else set()
     if region is not None:
         traffic.append(Traffic("norms and residual adds (compiled)", int(region[0] * scale), 1,
                                int(region[1] * scale)))  # fmt: skip
@@ -389,7 +394,7 @@ def _layer_ops(
             elif out and inner:
                 gemms.append(
                     _linear(leaf, tokens, out, inner, fp8 if fp8.converts(tensor) else NO_FP8, traffic,
-                            kernels.compiled)
+                            kernels.compiled, tensor.module in norm_fed)
                 )  # fmt: skip
         elif len(tensor.shape) == 1 and tensor.name == "weight" and "norm" in leaf:
             width = tensor.shape[0]
@@ -437,12 +442,20 @@ def _layer_ops(
 
 
 def _linear(
-    name: str, m: int, n: int, k: int, fp8: Fp8Setting, traffic: list[Traffic], compiled: bool = False
+    name: str,
+    m: int,
+    n: int,
+    k: int,
+    fp8: Fp8Setting,
+    traffic: list[Traffic],
+    compiled: bool = False,
+    norm_fed: bool = False,
 ) -> Gemm:
     """A Linear's product; under an FP8 recipe that converts its weight, its FP8 products and (into
-    ``traffic``) the casts feeding them (:mod:`zerocalc.compute.fp8`; ``compiled``: under torch.compile)."""
+    ``traffic``) the casts feeding them (:mod:`zerocalc.compute.fp8`; ``compiled``: under torch.compile,
+    ``norm_fed``: its input written by a compiled norm's kernel)."""
     if fp8.on:
-        forward, backward = cast_bytes(m, n, k, fp8, compiled)
+        forward, backward = cast_bytes(m, n, k, fp8, compiled, norm_fed)
         traffic.append(Traffic(f"{name} fp8 casts", forward, 1, backward))
     return Gemm(name, m, n, k, fp8=fp8_gemms(fp8))
 
