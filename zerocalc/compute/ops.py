@@ -100,7 +100,7 @@ from typing import NamedTuple
 
 from zerocalc.base.dtypes import DType
 from zerocalc.compute.finetune import DORA_COMBINE_BYTES, DORA_NORM_BYTES, FineTuneOps
-from zerocalc.compute.fp8 import HIGH_PRECISION, Fp8Gemms, cast_bytes, fp8_gemms
+from zerocalc.compute.fp8 import HIGH_PRECISION, Fp8Gemms, InputFrom, cast_bytes, fp8_gemms
 from zerocalc.model.activations import CpImpl
 from zerocalc.model.architecture import (
     Architecture,
@@ -372,8 +372,12 @@ def _layer_ops(
     mlp_inputs = [
         t.module for t in tensors if len(t.shape) == 2 and t.name == "weight" and ".mlp." in t.module
     ]
-    # the Linears whose input a compiled block's norm writes (an FP8 cast fuses into that kernel)
-    norm_fed = (inputs | set(mlp_inputs[:-1])) if region is not None else set()
+    # what writes each Linear's input in a compiled block (where an FP8 cast of it runs)
+    sources: dict[str, InputFrom] = {}
+    if region is not None:
+        sources = dict.fromkeys(inputs | set(mlp_inputs[:-1]), InputFrom.NORM)
+        if arch.mlp is MlpKind.SWIGLU and mlp_inputs:
+            sources[mlp_inputs[-1]] = InputFrom.SWIGLU
     if region is not None:
         traffic.append(Traffic("norms and residual adds (compiled)", int(region[0] * scale), 1,
                                int(region[1] * scale)))  # fmt: skip
@@ -394,7 +398,7 @@ def _layer_ops(
             elif out and inner:
                 gemms.append(
                     _linear(leaf, tokens, out, inner, fp8 if fp8.converts(tensor) else NO_FP8, traffic,
-                            kernels.compiled, tensor.module in norm_fed)
+                            kernels.compiled, sources.get(tensor.module, InputFrom.SAVED))
                 )  # fmt: skip
         elif len(tensor.shape) == 1 and tensor.name == "weight" and "norm" in leaf:
             width = tensor.shape[0]
@@ -449,13 +453,13 @@ def _linear(
     fp8: Fp8Setting,
     traffic: list[Traffic],
     compiled: bool = False,
-    norm_fed: bool = False,
+    source: InputFrom = InputFrom.SAVED,
 ) -> Gemm:
     """A Linear's product; under an FP8 recipe that converts its weight, its FP8 products and (into
     ``traffic``) the casts feeding them (:mod:`zerocalc.compute.fp8`; ``compiled``: under torch.compile,
-    ``norm_fed``: its input written by a compiled norm's kernel)."""
+    ``source``: what writes its input there)."""
     if fp8.on:
-        forward, backward = cast_bytes(m, n, k, fp8, compiled, norm_fed)
+        forward, backward = cast_bytes(m, n, k, fp8, compiled, source)
         traffic.append(Traffic(f"{name} fp8 casts", forward, 1, backward))
     return Gemm(name, m, n, k, fp8=fp8_gemms(fp8))
 
