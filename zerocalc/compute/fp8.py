@@ -30,7 +30,10 @@ is the compute table's FP8 rate for its shape (:meth:`~zerocalc.compute.table.Co
 
   - forward: the weight 5; the input 5, but 1 where a compiled norm writes it (the attention's and the
     MLP's input projections: the norm's kernel writes the FP8 copy instead of the bf16 one, its amax pass
-    and its cast reading the norm's input; :data:`TORCHAO_NORM_FUSED_CAST`);
+    and its cast reading the norm's input; :data:`TORCHAO_NORM_FUSED_CAST`), over the norm's rows: under
+    sequence parallelism tensorwise scaling casts the sequence shard before the all-gather (torchao
+    ``float8_tensor_parallel.py`` ``Float8ColwiseParallel._prepare_input_fn``, torchtitan's
+    ``enable_float8_tensorwise_tp``), the other recipes cast the gathered input (5);
   - backward: the weight 3 (r2 w1, its amax saved); the output gradient's amax pass and its cast into the
     two layouts the input- and weight-gradient products take, r2 r2 w1 w1 (:data:`TORCHAO_GRAD_CAST` = 6);
     the input again for the weight gradient's product: 5 from the saved bf16 tensor (the attention's
@@ -116,21 +119,32 @@ def fp8_gemms(fp8: Fp8Setting) -> Fp8Gemms:
 
 
 def cast_bytes(
-    m: int, n: int, k: int, fp8: Fp8Setting, compiled: bool = False, source: InputFrom = InputFrom.SAVED
+    m: int,
+    n: int,
+    k: int,
+    fp8: Fp8Setting,
+    compiled: bool = False,
+    source: InputFrom = InputFrom.SAVED,
+    norm_rows: int | None = None,
 ) -> tuple[int, int]:
     """(forward, backward) bytes of the casts feeding a converted Linear's products, an (m × k) input and an
     (n × k) weight (see the module's doc); ``compiled``: torchao's casts under torch.compile, ``source``:
-    what writes the input there."""
+    what writes the input there, ``norm_rows``: the rows a compiled norm writing it runs on (its sequence
+    shard under sequence parallelism, where torchao's ``Float8ColwiseParallel`` casts before the
+    all-gather; m by default)."""
     weight_cast = not fp8.all_gather and not fp8.model_init  # an fp8 weight is cast already
     if fp8.record.library is Fp8Library.TORCHAO and compiled:
         cast = TORCHAO_COMPILED_CAST
-        forward = (TORCHAO_NORM_FUSED_CAST if source is InputFrom.NORM else cast) * m * k
+        fused = (m if norm_rows is None else norm_rows) * k  # the input's elements the norm's kernel casts
+        forward = TORCHAO_NORM_FUSED_CAST * fused if source is InputFrom.NORM else cast * m * k
         forward += cast * n * k if weight_cast else 0
         backward = TORCHAO_COMPILED_RECAST * n * k if weight_cast else 0
         if not fp8.record.weight_grad_fp8:
             return forward, backward + cast * m * n
-        recast = cast if source is InputFrom.SAVED else TORCHAO_FUSED_RECAST
-        return forward, backward + TORCHAO_GRAD_CAST * m * n + recast * m * k
+        recast = {InputFrom.SAVED: cast * m * k, InputFrom.NORM: TORCHAO_FUSED_RECAST * fused}
+        return forward, backward + TORCHAO_GRAD_CAST * m * n + recast.get(
+            source, TORCHAO_FUSED_RECAST * m * k
+        )
     if fp8.record.library is Fp8Library.TORCHAO:
         per = TORCHAO_EAGER_CAST
         forward = per * (m * k + (n * k if weight_cast else 0))

@@ -117,7 +117,7 @@ from zerocalc.model.code import Shape
 from zerocalc.model.traits import traits
 from zerocalc.parallel.fp8 import NO_FP8, Fp8Setting
 from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerImpl, OptimizerName
-from zerocalc.parallel.precision import TensorDtypes
+from zerocalc.parallel.precision import Fp8RecipeName, TensorDtypes
 
 FLASH_BACKWARD_FLOPS = 2.5
 """A fused attention's backward FLOPs over its forward's (Dao 2023, FlashAttention-2, §3.1.2)."""
@@ -374,8 +374,13 @@ def _layer_ops(
     ]
     # what writes each Linear's input in a compiled block (where an FP8 cast of it runs)
     sources: dict[str, InputFrom] = {}
+    # under TP a norm's output is all-gathered before its Linears: torchao casts it first (fused into the
+    # norm) with tensorwise scaling (Float8ColwiseParallel), after the all-gather with the others
+    gathered = tp > 1 and shape.sequence_parallel and fp8.recipe is not Fp8RecipeName.TENSORWISE
     if region is not None:
-        sources = dict.fromkeys(inputs | set(mlp_inputs[:-1]), InputFrom.NORM)
+        sources = dict.fromkeys(
+            inputs | set(mlp_inputs[:-1]), InputFrom.SAVED if gathered else InputFrom.NORM
+        )
         if arch.mlp is MlpKind.SWIGLU and mlp_inputs:
             sources[mlp_inputs[-1]] = InputFrom.SWIGLU
     if region is not None:
@@ -398,7 +403,7 @@ def _layer_ops(
             elif out and inner:
                 gemms.append(
                     _linear(leaf, tokens, out, inner, fp8 if fp8.converts(tensor) else NO_FP8, traffic,
-                            kernels.compiled, sources.get(tensor.module, InputFrom.SAVED))
+                            kernels.compiled, sources.get(tensor.module, InputFrom.SAVED), rows)
                 )  # fmt: skip
         elif len(tensor.shape) == 1 and tensor.name == "weight" and "norm" in leaf:
             width = tensor.shape[0]
@@ -454,12 +459,13 @@ def _linear(
     traffic: list[Traffic],
     compiled: bool = False,
     source: InputFrom = InputFrom.SAVED,
+    norm_rows: int | None = None,
 ) -> Gemm:
     """A Linear's product; under an FP8 recipe that converts its weight, its FP8 products and (into
     ``traffic``) the casts feeding them (:mod:`zerocalc.compute.fp8`; ``compiled``: under torch.compile,
-    ``source``: what writes its input there)."""
+    ``source``: what writes its input there, ``norm_rows``: the rows a norm writing it runs on)."""
     if fp8.on:
-        forward, backward = cast_bytes(m, n, k, fp8, compiled, source)
+        forward, backward = cast_bytes(m, n, k, fp8, compiled, source, norm_rows)
         traffic.append(Traffic(f"{name} fp8 casts", forward, 1, backward))
     return Gemm(name, m, n, k, fp8=fp8_gemms(fp8))
 
