@@ -107,6 +107,16 @@ def test_torchaos_compiled_casts_read_twice_and_write_once(
     assert cast_bytes(2, 4, 3, Fp8Setting(recipe), compiled=True, source=source) == (forward, backward)
 
 
+def test_a_norms_cast_under_sequence_parallelism_runs_on_its_shard() -> None:
+    """m 8 gathered rows, the norm's shard 2: the fused cast (1) and its backward copy (2) over 2·k, the
+    output gradient (6) over the gathered 8·n."""
+    fp8 = Fp8Setting(Fp8RecipeName.TENSORWISE)
+    assert cast_bytes(8, 4, 3, fp8, True, InputFrom.NORM, norm_rows=2) == (
+        1 * 2 * 3 + 5 * 12,
+        3 * 12 + 6 * 8 * 4 + 2 * 2 * 3,
+    )
+
+
 def test_the_converted_blocks_casts_against_inductors_code() -> None:
     """The torchtitan block measured (h 256, q 256, k and v 128, f 768) at s 2048: 17.04 MB forward (the
     generated code 17.6), 44.83 MB backward (39-44)."""
