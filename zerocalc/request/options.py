@@ -134,9 +134,9 @@ OPTIONS: tuple[Option, ...] = (
          "each layer's TP all-gathers and reduce-scatters beside its GEMMs.", frozenset({COMM}),
          default=False, kind=Kind.FLAG, value_type=BOOL),
     _opt("async_tp", ("--async-tp",),
-         "torchtitan's parallelism.enable_async_tensor_parallel (with --compile model and --tp 2 or more): "
-         "torch's micro-pipelined TP runs each layer's TP all-gathers and reduce-scatters in pieces beside "
-         "its matmuls.", frozenset({COMM}), default=False, kind=Kind.FLAG, value_type=BOOL),
+         "torchtitan's async TP (with --compile model and --tp 2 or more): torch's micro-pipelined TP runs "
+         "each layer's TP all-gathers and reduce-scatters in pieces beside its matmuls.", frozenset({COMM}),
+         default=False, kind=Kind.FLAG, value_type=BOOL),
     _opt("pp", ("--pp",), "p: pipeline stages, outermost (each a contiguous run of layers).", ESTIMATES,
          default=1, value_type=NUM, metavar="P"),
     _opt("vpp", ("--vpp",), "v: virtual stages (model chunks) per pipeline rank (interleaved 1F1B).",
@@ -498,8 +498,9 @@ SAVER_OPTIONS = ("loss", "loss_chunks", "optimizer_in_backward", "offload_activa
 them echoes none (its JSON as before they existed)."""
 LOOP_OPTIONS = ("keep_output",)
 """What the training loop holds, echoed only where set off its default, as the savers."""
-KERNEL_OPTIONS = ("compile",)
-"""How the step's kernels are built (torch.compile), echoed only where set off its default, as the savers."""
+KERNEL_OPTIONS = ("compile", "async_tp")
+"""How the step's kernels are built (torch.compile, and its micro-pipelined TP), echoed only where set off
+their defaults, as the savers."""
 _ECHOED_WHERE_SET = (SAVER_OPTIONS, LOOP_OPTIONS, KERNEL_OPTIONS)
 
 
