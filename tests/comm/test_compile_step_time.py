@@ -196,3 +196,16 @@ def test_compile_and_async_tp_shorten_the_step_and_hide_tp() -> None:
 )
 def test_async_tp_is_refused_where_torchtitan_does_not_run_it(args: list[str], fragment: str) -> None:
     one_line_error(runner.invoke(app, [*TITAN_ARGS, *args]), fragment)
+
+
+def test_a_compiled_async_tp_step_says_how_it_is_priced() -> None:
+    import json
+
+    result = runner.invoke(app, [*TITAN_ARGS, "--tp", "8", "--compile", "model", "--async-tp"])
+    notes = json.loads(result.stdout)["notes"]
+    assert any(n.startswith("--compile model: the compiled part's element-wise work") for n in notes)
+    assert any(
+        n.startswith("--async-tp: each layer's TP all-gather and reduce-scatter in t pieces") for n in notes
+    )
+    eager = json.loads(runner.invoke(app, [*TITAN_ARGS, "--tp", "8"]).stdout)["notes"]
+    assert not any(n.startswith(("--compile", "--async-tp")) for n in eager)
