@@ -584,17 +584,19 @@ def test_a_torchtitan_fp8_job_zerocalc_cannot_honour_is_refused(
          '{"cpu_checkpointing": true}}', "activation_checkpointing.cpu_checkpointing True is not modelled"),
         (LaunchFormat.DEEPSPEED, '{"zero_optimization": {"stage": 3, "stage_3_typo": 1}}',
          "zero_optimization.stage_3_typo is not a ds_config key zerocalc knows (DeepSpeed 0.19.8"),
-        (LaunchFormat.TORCHTITAN, "[compile]\nenable = true\n", "compile.enable True is not modelled (torch"),
+        (LaunchFormat.TORCHTITAN, '[compile]\nenable = true\nbackend = "aot_eager"\n',
+         "compile.backend 'aot_eager' is not modelled; accepted: inductor"),
         (LaunchFormat.TORCHTITAN, "[training]\nenable_cpu_offload = true\n",
          "training.enable_cpu_offload True is not modelled (FSDP2's CPU offload"),
-        (LaunchFormat.TORCHTITAN, "[parallelism]\nenable_async_tensor_parallel = true\n",
-         "enable_async_tensor_parallel True is not modelled"),
+        (LaunchFormat.TORCHTITAN, "[parallelism]\nenable_compiled_autograd = true\n",
+         "enable_compiled_autograd True is not modelled (compiled autograd"),
         (LaunchFormat.TORCHTITAN, "[my_section]\nx = 1\n", "my_section.x is not a torchtitan job key"),
         (LaunchFormat.ACCELERATE, "distributed_type: MULTI_GPU\nmixed_precision: fp8\n",
          "mixed_precision 'fp8' without fp8_config.backend is not modelled (accelerate then picks torchao "
          "where it is installed, else Transformer Engine); accepted: fp8_config.backend AO (torchao)"),
-        (LaunchFormat.ACCELERATE, "distributed_type: MULTI_GPU\ndynamo_config:\n  dynamo_backend: INDUCTOR\n",
-         "dynamo_config.dynamo_backend 'INDUCTOR' is not modelled (torch.compile"),
+        (LaunchFormat.ACCELERATE, "distributed_type: MULTI_GPU\ndynamo_config:\n  dynamo_backend: INDUCTOR\n"
+         "  dynamo_mode: reduce-overhead\n", "dynamo_config.dynamo_mode 'reduce-overhead' is not modelled; "
+         "accepted: default or max-autotune-no-cudagraphs (no CUDA graphs"),
         (LaunchFormat.ACCELERATE, "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n",
          "fsdp_auto_wrap_policy (unset: accelerate's NO_WRAP) 'NO_WRAP' is not modelled; accepted: "
          "TRANSFORMER_BASED_WRAP"),

@@ -52,6 +52,7 @@ from zerocalc.comm.step import StepEstimate, step_estimate
 from zerocalc.compute.fp8 import fp8_rate_note
 from zerocalc.compute.table import ComputeTable
 from zerocalc.model.activations import Recompute
+from zerocalc.model.code import Compiled
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import Cluster, RankGroup
 from zerocalc.network.collectives import Collective
@@ -571,6 +572,25 @@ def _notes(request: TrainingRequest, layout: Layout, rows: list[StrategyComm]) -
     return notes
 
 
+def _kernel_notes(request: TrainingRequest) -> list[str]:
+    """What ``--compile`` and ``--async-tp`` change of a priced step (:mod:`zerocalc.compute.ops`,
+    :func:`~zerocalc.comm.overlap.async_tp_exposed`)."""
+    notes = []
+    compiled = request.activations.compile
+    if compiled is not Compiled.NONE:
+        notes.append(
+            f"{{compile}} {compiled.value}: the compiled part's element-wise work as Inductor's fused "
+            "kernels, each priced by the bytes it reads and writes once (docs/model.md, torch.compile); "
+            "kernel launches are not modelled"
+        )
+    if request.overlap.async_tp:
+        notes.append(
+            "{async_tp}: each layer's TP all-gather and reduce-scatter in t pieces beside the matmul it "
+            "feeds or follows (torch's micro-pipelined TP), copied by the copy engines: no SMs taken"
+        )
+    return notes
+
+
 def _with_step(
     row: StrategyComm, request: TrainingRequest, compute: ComputeTable, compute_name: str
 ) -> StrategyComm:
@@ -602,7 +622,9 @@ def evaluate_comm(
             row.exposed_time_s = max(0.0, row.time_s - seconds)
     notes = _notes(request, layout, rows)
     if compute is not None and request.fp8.on and any(row.step is not None for row in rows):
-        notes.append(fp8_rate_note(request.fp8, compute))
+        notes.append(fp8_rate_note(request.fp8, compute, request.activations.compile.model))
+    if compute is not None and any(row.step is not None for row in rows):
+        notes += _kernel_notes(request)
     return CommEstimate(
         request=CommRequest.of(request),
         calibration_used=request.calibration_name if request.calibration is not None else None,

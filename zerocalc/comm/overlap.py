@@ -193,3 +193,33 @@ def userbuffers_exposed(gemms: TeGemms, each: float, tp: int, sms: int | None) -
         backward += bulk_exposed(d[layer], each) + bulk_exposed(w[layer], each)
         backward += slow * (d[layer] + w[layer])
     return forward, backward
+
+
+# ------------------------------------------------------------------ torch's micro-pipelined TP (async TP)
+def async_tp_exposed(gemms: TeGemms, each: float, tp: int) -> tuple[float, float]:
+    """Exposed seconds of one micro-batch's layer TP collectives under torchtitan's async TP
+    (``parallelism.enable_async_tensor_parallel``: ``torch._inductor.config._micro_pipeline_tp``; torch
+    ``_inductor/fx_passes/micro_pipeline_tp.py`` rewrites each sequence-parallel all-gather → matmul into
+    ``fused_all_gather_matmul`` and each matmul → reduce-scatter into ``fused_matmul_reduce_scatter``,
+    ``distributed/_symmetric_memory/__init__.py``), forward and backward (``gemms`` and ``each`` as
+    :func:`userbuffers_exposed`'s: DTensor's four layer collectives a pass, every one the layer's b·s·h):
+
+    * all-gather → matmul (``_pipelined_all_gather_and_consume``): the matmul in t pieces, the first on the
+      rank's own shard, each next shard copied from its peer while the previous multiplies (the
+      :func:`ring_exchange_exposed` schedule): forward the attention and MLP inputs before the q/k/v and
+      gate/up GEMMs, backward the output gradients before the o and down projections' input gradients;
+    * matmul → reduce-scatter (``_pipelined_produce_and_all2all``): the matmul in t pieces, each piece's
+      rows copied to the rank that reduces them as the next multiplies, the last piece's copy after it
+      (the :func:`pipeline_exposed` schedule at t splits): forward the o and down projections' outputs,
+      backward the q/k/v and gate/up input gradients.
+
+    The copies are ``copy_`` between symmetric-memory buffers (contiguous chunks: the copy engines), so no
+    SMs are taken from the GEMMs (:func:`sm_slowdown` of none); the GEMM's pieces are priced as the whole
+    GEMM's share, and the local copy of the rank's own shard into its buffer and the final sum of the t
+    received pieces (r t w 1 of the output's shard) are not counted."""
+    f, d, _ = gemms
+    forward = ring_exchange_exposed(f["qkv"], each, tp) + ring_exchange_exposed(f["fc1"], each, tp)
+    forward += pipeline_exposed(f["proj"], each, tp) + pipeline_exposed(f["fc2"], each, tp)
+    backward = ring_exchange_exposed(d["proj"], each, tp) + ring_exchange_exposed(d["fc2"], each, tp)
+    backward += pipeline_exposed(d["qkv"], each, tp) + pipeline_exposed(d["fc1"], each, tp)
+    return forward, backward

@@ -32,6 +32,8 @@ between a layer's GEMMs (Megatron-LM without its ``tp_comm_overlap`` option, DTe
 Narayanan et al. 2021 §3.3, Korthikanti et al. 2022 §4.2.2), exposed; with ``--tp-comm-overlap`` each
 layer's collective runs beside the GEMM Transformer Engine's userbuffers pair it with
 (:func:`~zerocalc.comm.overlap.userbuffers_exposed`), the GEMMs beside its SM-taking kernels slower;
+with ``--async-tp`` (torchtitan's, torch's micro-pipelined TP) each all-gather and reduce-scatter runs in
+t pieces beside the matmul it feeds or follows (:func:`~zerocalc.comm.overlap.async_tp_exposed`);
 a context-parallel ring's point-to-point exchanges run beside the attention blocks they feed
 (Transformer Engine ``AttnFuncWithCPAndKVP2P``; torch ``context_parallel``'s ring), hidden behind that
 phase's attention compute; its all-gathers and all-to-alls precede the attention that waits for them, exposed.
@@ -76,7 +78,7 @@ from zerocalc.comm.collectives import (
     mesh_request,
 )
 from zerocalc.comm.mesh import Dimension, MeshCollectiveCost, MeshRequest, MeshTime, Scope, mesh_times
-from zerocalc.comm.overlap import TeGemms, calls_in, uniform_exposed, userbuffers_exposed
+from zerocalc.comm.overlap import TeGemms, async_tp_exposed, calls_in, uniform_exposed, userbuffers_exposed
 from zerocalc.comm.pipeline import PipelineComm, pipeline_comm
 from zerocalc.compute.finetune import FineTuneOps, finetune_ops, matmul_split
 from zerocalc.compute.ops import (
@@ -98,7 +100,7 @@ from zerocalc.compute.time import (
 )
 from zerocalc.model.activations import Recompute
 from zerocalc.model.architecture import Architecture, PipelineStage, stage_kind
-from zerocalc.model.code import MODEL_CODES, Shape
+from zerocalc.model.code import MODEL_CODES, ModelImplName, Shape
 from zerocalc.network.collectives import Collective
 from zerocalc.network.schedule import GradSync, Phase
 from zerocalc.parallel.fp8 import NO_FP8, Fp8Setting
@@ -271,6 +273,9 @@ class Userbuffers(NamedTuple):
     sms: int | None
     """The GPU's SMs (the userbuffer kernels take :data:`~zerocalc.comm.overlap.TE_COMM_SMS` of them)."""
     micro_batches: int
+    async_tp: bool = False
+    """torchtitan's async TP (:func:`~zerocalc.comm.overlap.async_tp_exposed`), not Megatron-LM's
+    userbuffers."""
 
 
 def mesh_exposed(
@@ -298,10 +303,14 @@ def mesh_exposed(
         else:  # the dispatcher's expert-tensor-parallel collectives count with its all-to-alls
             exposed[Dimension.EP if cost.dimension is Dimension.ETP else cost.dimension] += cost.time_s
     if userbuffers is not None and layer_tp[Phase.BACKWARD]:
-        gemms, tp, sms, accum = userbuffers
-        each = layer_tp[Phase.BACKWARD] / (6 * accum)  # one collective of a micro-batch, over the layers
+        gemms, tp, sms, accum, asynchronous = userbuffers
+        backward_calls = 4 if asynchronous else 6  # DTensor's plan: no re-gather for the weight gradient
+        each = layer_tp[Phase.BACKWARD] / (backward_calls * accum)  # one collective, over the layers
         forward_runs = layer_tp[Phase.FORWARD] / (4 * each * accum)  # 1, more with recomputation
-        forward, backward = userbuffers_exposed(gemms, each, tp, sms)
+        if asynchronous:
+            forward, backward = async_tp_exposed(gemms, each, tp)
+        else:
+            forward, backward = userbuffers_exposed(gemms, each, tp, sms)
         exposed[Dimension.TP] += accum * (forward_runs * forward + backward)
     exposed[Dimension.CP] += max(0.0, ring[Phase.FORWARD] - attention_forward)
     exposed[Dimension.CP] += max(0.0, ring[Phase.BACKWARD] - attention_backward)
@@ -359,8 +368,20 @@ def assemble(
 
 # ------------------------------------------------------------------------------------ from a request
 def kernels(request: TrainingRequest) -> Kernels:
-    """Megatron-LM's fused kernels, else eager PyTorch ops (transformers, torchtitan)."""
-    return Kernels(fused=MODEL_CODES[request.model_code].fused_kernels, flash=flash_attention_used(request))
+    """Megatron-LM's fused kernels, else eager PyTorch ops (transformers, torchtitan), or Inductor's under
+    ``--compile`` (:mod:`zerocalc.model.code.compiled`): torchtitan compiles each block (its rotary a
+    complex product Inductor leaves eager) and, with ``loss``, the loss; transformers the whole forward,
+    the final norm and the loss with it."""
+    compiled = request.activations.compile
+    whole = request.model_code is ModelImplName.HF and compiled.model
+    return Kernels(
+        fused=MODEL_CODES[request.model_code].fused_kernels,
+        flash=flash_attention_used(request),
+        compiled=compiled.model,
+        compiled_head=whole,
+        compiled_loss=compiled.loss or whole,
+        complex_rotary=request.model_code is ModelImplName.TORCHTITAN,
+    )
 
 
 def request_ops(request: TrainingRequest, arch: Architecture | None = None) -> MicroBatchOps:
@@ -883,6 +904,7 @@ STAGE_MICRO_BATCHES = Part(
     "stages' micro-batches",
     ("rank_model", "stages", "rank_shape", "mesh.ep", "model_code", "activation_dtype", "fp8",
      "activations.recompute", "activations.checkpoint_every", "activations.flash_attention",
+     "activations.compile",
      "activations.capacity_factor", "finetune", "framework", "precision", "reduce_dtype"),
     _stage_micro_batches,
 )  # fmt: skip
@@ -947,13 +969,13 @@ def _step(request: TrainingRequest, parts: Parts, table: ComputeTable, strategy:
 
 
 def request_userbuffers(request: TrainingRequest, table: ComputeTable) -> Userbuffers | None:
-    """What ``--tp-comm-overlap`` hides the rank's layer TP collectives behind (None without it): the
-    rank's layers' GEMMs at the table's rates."""
-    if not request.overlap.tp_comm:
+    """What ``--tp-comm-overlap`` or ``--async-tp`` hides the rank's layer TP collectives behind (None
+    without either): the rank's layers' GEMMs at the table's rates."""
+    if not (request.overlap.tp_comm or request.overlap.async_tp):
         return None
     gemms = TeGemms.of(layer_gemm_times(table, request_ops(request)))
     sms = request.gpu.sm_count if request.gpu is not None else None
-    return Userbuffers(gemms, request.mesh.tp, sms, request.grad_accum)
+    return Userbuffers(gemms, request.mesh.tp, sms, request.grad_accum, request.overlap.async_tp)
 
 
 STEP = Part(

@@ -52,6 +52,38 @@ backward as two passes of its size). Bytes per element, a 16-bit compute dtype (
   r2 w4, ``log_softmax`` two reads and a write in fp32), backward 22 (the gradient's fill, ``log_softmax``
   backward r8 w4, the cast back r4 w2), eager and fused alike.
 
+**Under torch.compile** (``--compile``, :mod:`zerocalc.model.code.compiled`) the element-wise work between
+a compiled block's extern kernels (its GEMMs, SDPA) runs as Inductor's fused kernels, each priced by the
+buffers it reads and writes once. Measured from Inductor's generated code (torch 2.13, CPU backend: the
+scheduler's fusion is the one the CUDA/Triton backend runs for this graph to first order; a torchtitan
+v0.2.2 ``TransformerBlock`` at h 256, 4 heads of 64, 2 KV heads, f 768, fullgraph, forward and backward;
+transformers' ``LlamaForCausalLM`` whole; docs/model.md, torch.compile): per element of the b·s·h rows,
+
+* the attention norm one kernel r2 w2; the first residual add fused into the MLP norm, r4 w2 (the sum h
+  is not written); the block's output, x + attention + MLP recomputed, r6 w2: 18 forward
+  (:data:`COMPILED_BLOCK_FORWARD`); backward the MLP norm's kernel (its consumers' two input gradients,
+  x, the attention output, the output gradient; w2) and the attention norm's (h's gradient, its three
+  consumers' input gradients, x, and the MLP norm's weight gradient's re-reads of its consumers'
+  gradients and of the attention output; w2): 16 + 2 per attention input projection + 4 per MLP one, 30
+  for Llama (:data:`COMPILED_BLOCK_BACKWARD`); a dense block with two h-wide norms, else each norm a
+  fused 4 and the residual adds as eager;
+* SwiGLU forward r4 w2 = 6, backward r6 w4 = 10 (:data:`COMPILED_SWIGLU_BACKWARD`); no copy of the
+  attention output (the flash kernel's output feeds the o projection as it is);
+* rotary: transformers' ``rotate_half``: its ``cat`` into a buffer (w2, read back r2) and the product in
+  place (r2 w2), 8 forward (:data:`COMPILED_ROTARY`), backward one kernel r2 w2 (4); torchtitan's complex
+  product is not generated ("Torchinductor does not support code generation for complex operators",
+  ``torch/_inductor/lowering.py``): its ``.float()`` r2 w4 and ``type_as`` r4 w2 kernels are, the product
+  runs as ATen's r4 w4: 20, forward and backward alike;
+* torchao's FP8 casts compiled (:mod:`zerocalc.compute.fp8`);
+* the loss compiled (torchtitan's ``compile.components`` ``loss``, transformers' whole forward):
+  ``cross_entropy(pred.float())`` as one kernel each way, forward one pass over the 16-bit logits (r2:
+  Inductor's online softmax on CUDA, ``fx_passes/post_grad.py`` ``prepare_softmax_extra_check``; the CPU
+  backend reads them twice), backward r2 w2 (:data:`COMPILED_LOSS_FORWARD`, :data:`COMPILED_LOSS_BACKWARD`);
+* torchtitan compiles the blocks alone: its embedding, final norm and LM head stay eager; transformers'
+  final norm is fused (4).
+
+Kernel-launch overheads are not modelled, eager or compiled.
+
 **The optimizer step** per parameter the rank's optimizer owns: ``torch.optim`` Adam/AdamW (foreach and
 for-loop, ``_multi_tensor_adam``: weight decay ``mul_``, ``lerp_``, ``mul_``, ``addcmul_``, ``sqrt``,
 ``div_``, ``add_``, ``addcdiv_``) 4·p + 14·s + 2·g bytes (p the master parameter's, s a moment's, g the
@@ -70,7 +102,7 @@ from typing import NamedTuple
 
 from zerocalc.base.dtypes import DType
 from zerocalc.compute.finetune import DORA_COMBINE_BYTES, DORA_NORM_BYTES, FineTuneOps
-from zerocalc.compute.fp8 import HIGH_PRECISION, Fp8Gemms, cast_bytes, fp8_gemms
+from zerocalc.compute.fp8 import HIGH_PRECISION, Fp8Gemms, InputFrom, cast_bytes, fp8_gemms
 from zerocalc.model.activations import CpImpl
 from zerocalc.model.architecture import (
     Architecture,
@@ -87,7 +119,7 @@ from zerocalc.model.code import Shape
 from zerocalc.model.traits import traits
 from zerocalc.parallel.fp8 import NO_FP8, Fp8Setting
 from zerocalc.parallel.optimizers import OPTIMIZERS, OptimizerImpl, OptimizerName
-from zerocalc.parallel.precision import TensorDtypes
+from zerocalc.parallel.precision import Fp8RecipeName, TensorDtypes
 
 FLASH_BACKWARD_FLOPS = 2.5
 """A fused attention's backward FLOPs over its forward's (Dao 2023, FlashAttention-2, §3.1.2)."""
@@ -110,6 +142,22 @@ EMBEDDING_LOOKUP = 4
 LOSS_FORWARD = 18
 LOSS_BACKWARD = 22
 """Bytes per element of each element-wise kernel (a 16-bit compute dtype; see the module's doc)."""
+
+COMPILED_BLOCK_FORWARD = 18
+"""A compiled block's norms and residual adds, forward, per element of the rank's b·s·h rows (see the
+module's doc: 4 + 6 + 8)."""
+COMPILED_BLOCK_BACKWARD = 16
+"""The same backward, before the dgrads it reads: 2 per element of each of the norms' consumers' input
+gradients, 4 per element of the MLP's for the second norm's weight gradient (see the module's doc)."""
+COMPILED_ROTARY = 8
+"""transformers' rotary compiled, forward, per element of q and k: ``rotate_half``'s ``cat`` written and read
+back (w2 r2), ``q·cos + cat·sin`` in place (r2 w2); its backward one kernel r2 w2 (:data:`FUSED_ROTARY`)."""
+COMPILED_SWIGLU_BACKWARD = 10
+"""SwiGLU's compiled backward per element of f/t: r grad, gate, up; w their two gradients."""
+COMPILED_LOSS_FORWARD = 2
+COMPILED_LOSS_BACKWARD = 4
+"""The compiled cross-entropy per logit: forward one online-softmax pass over the 16-bit logits (r2),
+backward r2 w2."""
 
 
 class OpClass(StrEnum):
@@ -250,6 +298,40 @@ class Kernels(NamedTuple):
     """Fused kernels (Megatron-LM, Transformer Engine); else eager PyTorch ops."""
     flash: bool
     """Attention through a fused (flash) kernel."""
+    compiled: bool = False
+    """The transformer blocks run under torch.compile (Inductor's fused kernels: see the module's doc)."""
+    compiled_head: bool = False
+    """The final norm too (transformers' whole-forward compile; torchtitan's stays eager)."""
+    compiled_loss: bool = False
+    """The loss runs under torch.compile."""
+    complex_rotary: bool = False
+    """The rotary embedding is a complex product (torchtitan's ``apply_rotary_emb``), which Inductor does
+    not generate code for: compiled, it runs as eager."""
+
+
+def _compiled_region(
+    arch: Architecture, index: int, tensors: list, kernels: Kernels, rows: int
+) -> tuple[int, int] | None:
+    """(forward, backward) bytes of a compiled dense block's two h-wide norms and two residual adds, as
+    Inductor fuses them (see the module's doc), at 16-bit; None where the block is not compiled, is a
+    mixture-of-experts layer or has other than two such norms (each norm then a fused 4, the residual adds
+    as eager)."""
+    if not kernels.compiled or arch.is_moe_layer(index):
+        return None
+    h = arch.hidden_size
+    norms = [
+        t
+        for t in tensors
+        if len(t.shape) == 1 and t.name == "weight" and "norm" in t.module and t.shape[0] == h
+        and not t.module.rsplit(".", 1)[-1].startswith(("q_norm", "k_norm"))
+    ]  # fmt: skip
+    if len(norms) != 2:
+        return None
+    matrices = [t.module for t in tensors if len(t.shape) == 2 and t.name == "weight"]
+    attention = [m for m in matrices if ".attn." in m][:-1]  # the norm's consumers: every input projection
+    mlp = [m for m in matrices if ".mlp." in m][:-1]
+    backward = COMPILED_BLOCK_BACKWARD + 2 * len(attention) + 4 * len(mlp)
+    return COMPILED_BLOCK_FORWARD * rows * h, backward * rows * h
 
 
 def _norm_bytes(arch: Architecture, fused: bool) -> int:
@@ -293,7 +375,7 @@ def _layer_ops(
     scale = act / 2  # the byte counts are for a 16-bit compute dtype
     gemms: list[Gemm] = []
     traffic: list[Traffic] = []
-    norm = _norm_bytes(arch, kernels.fused)
+    norm = _norm_bytes(arch, kernels.fused or kernels.compiled)
     family = traits(arch)
     tensors = layer_tensors(arch, index)
     matrices = [
@@ -302,6 +384,24 @@ def _layer_ops(
     inputs = set(matrices[:-1])  # the attention's input projections: every matrix but the output one
     grad_in = tuning is None or tuning.grad_in(index)
     latent_rows = _latent_sequence_sharded(arch)
+    region = _compiled_region(arch, index, tensors, kernels, rows)
+    mlp_inputs = [
+        t.module for t in tensors if len(t.shape) == 2 and t.name == "weight" and ".mlp." in t.module
+    ]
+    # what writes each Linear's input in a compiled block (where an FP8 cast of it runs)
+    sources: dict[str, InputFrom] = {}
+    # under TP a norm's output is all-gathered before its Linears: torchao casts it first (fused into the
+    # norm) with tensorwise scaling (Float8ColwiseParallel), after the all-gather with the others
+    gathered = tp > 1 and shape.sequence_parallel and fp8.recipe is not Fp8RecipeName.TENSORWISE
+    if region is not None:
+        sources = dict.fromkeys(
+            inputs | set(mlp_inputs[:-1]), InputFrom.SAVED if gathered else InputFrom.NORM
+        )
+        if arch.mlp is MlpKind.SWIGLU and mlp_inputs:
+            sources[mlp_inputs[-1]] = InputFrom.SWIGLU
+    if region is not None:
+        traffic.append(Traffic("norms and residual adds (compiled)", int(region[0] * scale), 1,
+                               int(region[1] * scale)))  # fmt: skip
     for tensor in tensors:
         leaf = tensor.module.rsplit(".", 1)[-1]
         m = rows if leaf in latent_rows else tokens
@@ -318,7 +418,10 @@ def _layer_ops(
                 gemms += linear[0]
                 traffic += linear[1]
             elif out and inner:
-                gemms.append(_linear(leaf, m, out, inner, fp8 if fp8.converts(tensor) else NO_FP8, traffic))
+                gemms.append(
+                    _linear(leaf, m, out, inner, fp8 if fp8.converts(tensor) else NO_FP8, traffic,
+                            kernels.compiled, sources.get(tensor.module, InputFrom.SAVED), rows)
+                )  # fmt: skip
         elif len(tensor.shape) == 1 and tensor.name == "weight" and "norm" in leaf:
             width = tensor.shape[0]
             if leaf in ("q_norm", "k_norm") and arch.qk_norm is QkNorm.PER_HEAD:
@@ -326,18 +429,27 @@ def _layer_ops(
             elif leaf in ("q_norm", "k_norm"):
                 width = math.ceil(width / tp)
             norm_rows = rows if width == h or leaf in latent_rows else tokens
-            traffic.append(Traffic(leaf, int(norm * scale * norm_rows * width)))
+            if region is None or width != h:
+                traffic.append(Traffic(leaf, int(norm * scale * norm_rows * width)))
     if family.rotary:
         rotated = tokens * (heads + kv_heads) * qk_dim * family.rotary_fraction
         if mla is not None:
             rotated = tokens * (heads + 1) * mla.qk_rope_head_dim
-        per = FUSED_ROTARY if kernels.fused else EAGER_ROTARY
-        traffic.append(Traffic("rotary", int(per * scale * rotated)))
-    if kernels.flash and not kernels.fused:
+        if kernels.compiled:  # the complex product's three eager kernels, or rotate_half's cat and product
+            forward = EAGER_ROTARY if kernels.complex_rotary else COMPILED_ROTARY
+            backward = EAGER_ROTARY if kernels.complex_rotary else FUSED_ROTARY
+            traffic.append(
+                Traffic("rotary", int(forward * scale * rotated), 1, int(backward * scale * rotated))
+            )
+        else:
+            per = FUSED_ROTARY if kernels.fused else EAGER_ROTARY
+            traffic.append(Traffic("rotary", int(per * scale * rotated)))
+    if kernels.flash and not kernels.fused and not kernels.compiled:
         traffic.append(Traffic("attention output copy", int(OUTPUT_COPY * scale * tokens * heads * v_dim)))
-    traffic.append(Traffic("residual add", int(RESIDUAL_ADD * scale * rows * h), 2))
+    if region is None:
+        traffic.append(Traffic("residual add", int(RESIDUAL_ADD * scale * rows * h), 2))
     if arch.residual_dropout > 0:
-        per = FUSED_DROPOUT if kernels.fused else EAGER_DROPOUT
+        per = FUSED_DROPOUT if kernels.fused or kernels.compiled else EAGER_DROPOUT
         traffic.append(Traffic("residual dropout", int(per * scale * rows * h), 2))
     traffic += _mlp_traffic(arch, index, shape, ep, tp, kernels, scale)
     seq_q = tokens // shape.b
@@ -355,11 +467,22 @@ def _layer_ops(
     )
 
 
-def _linear(name: str, m: int, n: int, k: int, fp8: Fp8Setting, traffic: list[Traffic]) -> Gemm:
+def _linear(
+    name: str,
+    m: int,
+    n: int,
+    k: int,
+    fp8: Fp8Setting,
+    traffic: list[Traffic],
+    compiled: bool = False,
+    source: InputFrom = InputFrom.SAVED,
+    norm_rows: int | None = None,
+) -> Gemm:
     """A Linear's product; under an FP8 recipe that converts its weight, its FP8 products and (into
-    ``traffic``) the casts feeding them (:mod:`zerocalc.compute.fp8`)."""
+    ``traffic``) the casts feeding them (:mod:`zerocalc.compute.fp8`; ``compiled``: under torch.compile,
+    ``source``: what writes its input there, ``norm_rows``: the rows a norm writing it runs on)."""
     if fp8.on:
-        forward, backward = cast_bytes(m, n, k, fp8)
+        forward, backward = cast_bytes(m, n, k, fp8, compiled, source, norm_rows)
         traffic.append(Traffic(f"{name} fp8 casts", forward, 1, backward))
     return Gemm(name, m, n, k, fp8=fp8_gemms(fp8))
 
@@ -393,21 +516,28 @@ def _mlp_traffic(
 ) -> list[Traffic]:
     """The MLP's activation (and, for experts, the routing and the tokens' dispatch and combine)."""
     tokens = shape.local_tokens
-    per = (FUSED_SWIGLU if kernels.fused else EAGER_SWIGLU) if arch.mlp is MlpKind.SWIGLU else GELU
+    swiglu = arch.mlp is MlpKind.SWIGLU
+    per = (FUSED_SWIGLU if kernels.fused or kernels.compiled else EAGER_SWIGLU) if swiglu else GELU
+    back = COMPILED_SWIGLU_BACKWARD if kernels.compiled and swiglu else None
+
+    def activation(name: str, elements: int) -> Traffic:
+        backward = None if back is None else int(back * scale * elements)
+        return Traffic(name, int(per * scale * elements), 1, backward)
+
     if not arch.is_moe_layer(index):
         width = math.ceil((arch.dense_intermediate_size or arch.intermediate_size) / tp)
-        return [Traffic("MLP activation", int(per * scale * tokens * width))]
+        return [activation("MLP activation", tokens * width)]
     routed = expert_tokens(arch, shape) * arch.experts_per_token
     received = expert_load(arch, shape, ep)[1]
     etp = arch.etp if isinstance(arch, TensorParallelRank) else tp
     out = [
-        Traffic("experts' activation", int(per * scale * received * math.ceil(arch.intermediate_size / etp))),
+        activation("experts' activation", received * math.ceil(arch.intermediate_size / etp)),
         Traffic("router softmax", int(4 * scale * tokens * arch.num_experts)),
         Traffic("token dispatch and combine", int(TOKEN_PERMUTE * scale * routed * arch.hidden_size), 2),
     ]
     if arch.num_shared_experts:
         width = arch.num_shared_experts * (arch.shared_expert_intermediate_size or arch.intermediate_size)
-        out.append(Traffic("shared experts' activation", int(per * scale * tokens * math.ceil(width / tp))))
+        out.append(activation("shared experts' activation", tokens * math.ceil(width / tp)))
     return out
 
 
@@ -508,7 +638,8 @@ def micro_batch_ops(
             traffic.append(Traffic("position add", int(RESIDUAL_ADD * scale * tokens * h)))
     head = head_tensors(arch)
     if head:
-        traffic.append(Traffic("final norm", int(_norm_bytes(arch, kernels.fused) * scale * rows * h)))
+        final = _norm_bytes(arch, kernels.fused or kernels.compiled_head)
+        traffic.append(Traffic("final norm", int(final * scale * rows * h)))
         matrix = next((t for t in head if t.module == "lm_head"), None)
         if matrix is None:  # tied: the embedding's matrix
             matrix = next(t for t in embedding_tensors(arch) if t.module == "embed_tokens")
@@ -521,10 +652,15 @@ def micro_batch_ops(
             traffic += head_traffic
         else:
             gemms.append(
-                _linear("lm_head", tokens, vocab, h, fp8 if fp8.converts(matrix) else NO_FP8, traffic)
-            )
+                _linear("lm_head", tokens, vocab, h, fp8 if fp8.converts(matrix) else NO_FP8, traffic,
+                        kernels.compiled_head)
+            )  # fmt: skip
         logits = tokens * vocab
-        traffic.append(Traffic("loss", LOSS_FORWARD * logits, 1, LOSS_BACKWARD * logits))
+        if kernels.compiled_loss:
+            loss = Traffic("loss", COMPILED_LOSS_FORWARD * logits, 1, COMPILED_LOSS_BACKWARD * logits)
+            traffic.append(loss)
+        else:
+            traffic.append(Traffic("loss", LOSS_FORWARD * logits, 1, LOSS_BACKWARD * logits))
     return MicroBatchOps(layer_ops, tuple(gemms), tuple(traffic), dtype)
 
 

@@ -48,7 +48,7 @@ MODEL_READS = (
     "rank_model", "sequence_split", "mesh.ep", "model_code", "activation_dtype", "runtime",
     "activations.seq_len", "activations.flash_attention", "activations.checkpoint_every",
     "activations.capacity_factor", "activations.loss", "activations.loss_chunks", "activations.keep_output",
-    "activations.offload", "finetune", "forward_weights", "fp8",
+    "activations.offload", "activations.compile", "finetune", "forward_weights", "fp8",
 )  # fmt: skip
 """What the model's part of a step reads but the micro-batch and the recompute: one :class:`StepParts` per
 value of them (:data:`MODEL_PART` without its last two paths), which keys the runs by those two itself."""

@@ -31,7 +31,8 @@ PRINTED = (
     "strategies", "micro_batch", "grad_accum", "recompute", "offload_optimizer", "offload_params",
     "reduce_dtype", "prefetch", "grad_sync", "tp", "sequence_parallel", "cp", "pp", "vpp", "ep",
     "pp_first_stage_layers", "fp8", "fp8_all_gather", "loss", "optimizer_in_backward",
-    "pp_last_stage_layers", "init", "model_impl", "flash_attention", "calibration", "compute_calibration",
+    "pp_last_stage_layers", "init", "model_impl", "flash_attention", "compile", "calibration",
+    "compute_calibration",
 )  # fmt: skip
 """The options a candidate's commands give, in their order; each command takes those of them its options
 record names (``prefetch`` and ``init`` memory's, the calibrations comm's). The GPU's (:data:`GIVEN`) are

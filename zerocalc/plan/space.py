@@ -369,6 +369,7 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         init=o.init,
         model_impl=o.model_impl,
         flash_attention=o.flash_attention,
+        compile=o.compile,
         recompute=Recompute.NONE.value,  # each candidate sets its own (no note of --recompute auto's)
     )
     gpu = base.runtime  # the preset or GPU file given, else DEFAULT_GPU's figures with --gpu-memory

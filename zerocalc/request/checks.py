@@ -33,7 +33,7 @@ from zerocalc.request.fp8 import fp8_gpu_problem, fp8_strategy_problem
 from zerocalc.request.mesh_checks import dim1_expert_sharding_problem, mesh_problem
 from zerocalc.request.model_spec import seq_len_problem
 from zerocalc.request.problems import architecture_problem, offload_record_problem, record_problem
-from zerocalc.request.savers import kept_output_problem, savers_problem
+from zerocalc.request.savers import compile_problem, kept_output_problem, savers_problem
 
 if TYPE_CHECKING:
     from zerocalc.request.training import TrainingRequest
@@ -232,24 +232,29 @@ def grad_sync_problem(request: TrainingRequest) -> str | None:
 
 
 def _tp_comm_overlap_problem(request: TrainingRequest) -> str | None:
-    """``--tp-comm-overlap`` on a mixture-of-experts model or with latent attention: the userbuffer overlap is
-    modelled on a dense layer's four TP linears and their six backward collectives (:func:`~zerocalc.comm.
-    overlap.userbuffers_exposed`), not on a MoE layer, whose routed experts run the dispatcher's collectives,
-    nor on latent attention's gathers of its low-rank latents."""
+    """``--tp-comm-overlap`` or ``--async-tp`` on a mixture-of-experts model, or with latent attention: each
+    overlap is modelled on a dense layer's four TP linears and their collectives (:func:`~zerocalc.comm.
+    overlap.userbuffers_exposed`, :func:`~zerocalc.comm.overlap.async_tp_exposed`), not on a MoE layer, whose
+    routed experts run the dispatcher's collectives, nor on latent attention's gathers of its low-rank
+    latents."""
     arch = request.model.architecture
-    if request.overlap.tp_comm and arch is not None and arch.is_moe:
-        return (
-            f"{{tp_comm_overlap}} with {arch.name}, a mixture of experts: the userbuffer overlap is modelled "
-            "for dense layers (their four TP linears), not the MoE layers' dispatcher; accepted: no "
-            "{tp_comm_overlap}, or a dense model"
-        )
-    if request.overlap.tp_comm and arch is not None and arch.latent_attention is not None:
-        return (
-            f"{{tp_comm_overlap}} with {arch.name}'s latent attention: the userbuffer overlap is modelled "
-            "for a dense layer's four TP linears, not latent attention's gathers of its latents "
-            "(comm/mesh.py TP_LATENT_FORWARD); accepted: no {tp_comm_overlap}, or a model without latent "
-            "attention"
-        )
+    overlaps = (
+        (request.overlap.tp_comm, "{tp_comm_overlap}", "userbuffer overlap"),
+        (request.overlap.async_tp, "{async_tp}", "async TP overlap"),
+    )
+    for on, option, what in overlaps:
+        if on and arch is not None and arch.is_moe:
+            return (
+                f"{option} with {arch.name}, a mixture of experts: the {what} is modelled for dense layers "
+                f"(their four TP linears), not the MoE layers' dispatcher; accepted: no {option}, or a dense "
+                "model"
+            )
+        if on and arch is not None and arch.latent_attention is not None:
+            return (
+                f"{option} with {arch.name}'s latent attention: the {what} is modelled for a dense layer's "
+                "four TP linears, not latent attention's gathers of its latents (comm/mesh.py "
+                f"TP_LATENT_FORWARD); accepted: no {option}, or a model without latent attention"
+            )
     return None
 
 
@@ -354,6 +359,7 @@ AFTER_STRATEGIES = (
     Part("kept output", ("activations.keep_output", "activations.loss", "activations.offload",
                          "activations.recompute", "model_impl", "mesh"),
          lambda r, _: kept_output_problem(r)),
+    Part("compile", ("activations.compile", "model_impl", "framework"), lambda r, _: compile_problem(r)),
 )  # fmt: skip
 """The checks after, in the order they report."""
 

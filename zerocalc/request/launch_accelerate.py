@@ -167,6 +167,7 @@ def accelerate_config(config: dict[str, Any], where: str) -> LaunchConfig:
         _accelerate_fp8(get, where, kind, values, notes)
     elif any(key.startswith("fp8_config.") for key in flat):
         notes.append("fp8_config: read only with mixed_precision fp8; not applied")
+    _accelerate_compile(get, where, values)
     processes = get("num_processes")
     machines = whole(get("num_machines", 1), "num_machines", where)
     if processes == -1:  # ClusterConfig's default: the launcher's command line gives it
@@ -244,3 +245,37 @@ def _accelerate_fp8(get: Any, where: str, kind: str, values: dict[str, Any], not
         f"{key} AO: torchao tensorwise{', all-gathered in fp8' if gather else ''}; accelerate leaves the "
         "model's first and last nn.Linear in high precision (--fp8-skip follows the model)"
     )
+
+
+_INDUCTOR_MODES = ("default", "max-autotune-no-cudagraphs")
+"""torch.compile's modes that run Inductor's kernels without CUDA graphs (``reduce-overhead`` and
+``max-autotune`` capture CUDA graphs, whose static memory and launch savings are not modelled)."""
+
+
+def _accelerate_compile(get: Any, where: str, values: dict[str, Any]) -> None:
+    """``dynamo_config.dynamo_backend`` (the older top-level ``dynamo_backend``; accelerate 1.16.0
+    ``utils/dataclasses.py`` ``TorchDynamoPlugin``, ``DynamoBackend``): INDUCTOR with a mode without CUDA
+    graphs → ``--compile model`` (``Accelerator.prepare_model``: ``torch.compile(model)``, the whole forward
+    with transformers' loss); NO → none; another backend or mode, and regional compilation, refused."""
+    key = next(
+        (k for k in ("dynamo_config.dynamo_backend", "dynamo_backend") if get(k) is not None),
+        "dynamo_config.dynamo_backend",
+    )
+    backend = str(get(key) or "NO").upper()
+    if backend == "NO":
+        return
+    if backend != "INDUCTOR":
+        raise refused(where, key, get(key), "INDUCTOR (the fused kernels zerocalc prices) or NO")
+    mode = str(get("dynamo_config.dynamo_mode") or "default")
+    if mode not in _INDUCTOR_MODES:
+        raise refused(
+            where, "dynamo_config.dynamo_mode", mode,
+            f"{' or '.join(_INDUCTOR_MODES)} (no CUDA graphs: their static buffers and launches are not "
+            "modelled)",
+        )  # fmt: skip
+    if get("dynamo_config.dynamo_use_regional_compilation"):
+        raise refused(
+            where, "dynamo_config.dynamo_use_regional_compilation", True,
+            "false (the whole forward compiled: what zerocalc prices for transformers' code)",
+        )  # fmt: skip
+    values["compile"] = "model"

@@ -349,13 +349,11 @@ TORCHTITAN_KEYS = KeyTable(
         "training.gc_debug": harmless("Python's garbage collector"),
         "training.dtype": refused("bf16 training without fp32 master weights under FSDP2", "float32"),
         "training.enable_cpu_offload": refused("FSDP2's CPU offload, CPUOffloadPolicy", False),
-        "training.compile": refused("torch.compile: its fused kernels change what is saved", False),
+        "training.compile": MODELLED,
         "training.debug_moe_force_load_balance": harmless("balanced routing, as zerocalc assumes"),
         "training.disable_loss_parallel": refused("the loss without loss parallelism", False),
         "parallelism.disable_loss_parallel": refused("the loss without loss parallelism", False),
-        "parallelism.enable_async_tensor_parallel": refused(
-            "async TP: collectives overlapped with the matmuls", False
-        ),
+        "parallelism.enable_async_tensor_parallel": MODELLED,
         "parallelism.enable_compiled_autograd": refused("compiled autograd", False),
         "parallelism.pipeline_parallel_expert_parallel_overlap": harmless("read by DualPipeV only (refused)"),
         "parallelism.context_parallel_rotate_method": refused("K/V rotated by all-to-all", "allgather"),
@@ -371,8 +369,8 @@ TORCHTITAN_KEYS = KeyTable(
         "activation_checkpoint.preserve_rng_state": harmless("the RNG state kept (a few bytes)"),
         "activation_checkpoint.determinism_check": harmless("a check on recomputation"),
         "activation_checkpoint.debug": LOGGING,
-        "compile.enable": refused("torch.compile: its fused kernels change what is saved", False),
-        "compile.*": harmless("read only with compile.enable (refused)"),
+        # read by launch_torchtitan._titan_compile
+        **dict.fromkeys(("compile.enable", "compile.components", "compile.backend"), MODELLED),
         # FP8 (v0.2.2 [quantize.linear.float8] and converter "quantize.linear.float8", v0.1.0 [float8] and
         # converter "float8"): read by launch_torchtitan._titan_fp8; MX and grouped-GEMM converters are
         # refused there, their settings read only by them
@@ -410,9 +408,7 @@ TORCHTITAN_KEYS = KeyTable(
         "fault_tolerance.*": harmless("read only with fault_tolerance.enable (refused)"),
         "experimental.custom_import": PATHS,
         "experimental.custom_args_module": PATHS,
-        "experimental.enable_async_tensor_parallel": refused(
-            "async TP: collectives overlapped with the matmuls", False
-        ),
+        "experimental.enable_async_tensor_parallel": MODELLED,
         "experimental.enable_compiled_autograd": refused("compiled autograd", False),
         "experimental.context_parallel_rotate_method": refused("K/V rotated by all-to-all", "allgather"),
         "validation.enable": refused("validation between steps: its forward peak is not modelled", False),
@@ -510,11 +506,17 @@ ACCELERATE_KEYS = KeyTable(
         "command_file": harmless("TPU only"),
         "commands": harmless("TPU only"),
         "fp16": refused("the old fp16 switch: give mixed_precision", False),
-        "dynamo_backend": refused("torch.compile: its fused kernels change what is saved", "NO", "no"),
-        "dynamo_config.dynamo_backend": refused(
-            "torch.compile: its fused kernels change what is saved", "NO", "no"
+        # read by launch_accelerate._accelerate_compile
+        **dict.fromkeys(
+            (
+                "dynamo_backend",
+                "dynamo_config.dynamo_backend",
+                "dynamo_config.dynamo_mode",
+                "dynamo_config.dynamo_use_regional_compilation",
+            ),
+            MODELLED,
         ),
-        "dynamo_config.*": harmless("read only with a dynamo backend (refused)"),
+        "dynamo_config.*": harmless("dynamic shapes and full graphs: the same fused kernels to first order"),
         **{
             f"parallelism_config.parallelism_config_{size}_size": refused(
                 f"accelerate's ParallelismConfig {size} degree: give --{flag}", 1

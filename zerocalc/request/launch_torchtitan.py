@@ -9,6 +9,7 @@ import tomllib
 from typing import Any
 
 from zerocalc.base.errors import InputError
+from zerocalc.model.code.compiled import Compiled
 from zerocalc.request.launch_config import LaunchConfig, flatten, invalid, refused, whole
 from zerocalc.request.launch_keys import (
     TORCHTITAN_KEYS,
@@ -372,7 +373,39 @@ def torchtitan_config(job: dict[str, Any], where: str) -> LaunchConfig:
         # in its post-accumulate-grad hook (refused by torchtitan with pipeline or expert parallelism)
         values["optimizer_in_backward"] = True
     _titan_fp8(get, where, values, notes)
+    _titan_compile(get, where, values, notes, bool(spelled))
     return LaunchConfig(values=values, notes=tuple(notes), harmless=harmless, stages=stages)
+
+
+_TITAN_COMPILE_COMPONENTS = ("model", "loss")
+"""What v0.2.2's ``compile.components`` names (``config/job_config.py::Compile``, its default both)."""
+
+
+def _titan_compile(get: Any, where: str, values: dict[str, Any], notes: list[str], older: bool) -> None:
+    """torch.compile (:mod:`zerocalc.model.code.compiled`): v0.2.2's ``compile.enable`` with
+    ``compile.components`` (default model and loss) and ``compile.backend`` (inductor: what zerocalc
+    prices); the older layouts' ``training.compile``, the blocks alone at commit 9dec370 (its loss's compile
+    commented out, ``train.py``) and the blocks and the loss at v0.1.0 (``components/loss.py``); async TP
+    (``parallelism.enable_async_tensor_parallel``, the older ``experimental.`` one) → ``--async-tp``."""
+    if get("compile.enable"):
+        components = get("compile.components", list(_TITAN_COMPILE_COMPONENTS))
+        if isinstance(components, str):
+            components = [c.strip() for c in components.split(",") if c.strip()]
+        if not isinstance(components, list) or any(c not in _TITAN_COMPILE_COMPONENTS for c in components):
+            raise invalid(where, "compile.components", components, "a list of model and loss")
+        backend = get("compile.backend", "inductor")
+        if backend != "inductor":
+            raise refused(where, "compile.backend", backend, "inductor (the fused kernels zerocalc prices)")
+        values["compile"] = Compiled.of("model" in components, "loss" in components).value
+    elif get("training.compile"):
+        values["compile"] = (Compiled.MODEL if older else Compiled.MODEL_LOSS).value
+        notes.append(
+            "training.compile: "
+            + ("the blocks alone (commit 9dec370's layout)" if older else "the blocks and the loss (v0.1.0)")
+        )
+    for key in ("parallelism.enable_async_tensor_parallel", "experimental.enable_async_tensor_parallel"):
+        if get(key):
+            values["async_tp"] = True
 
 
 _TITAN_FP8_CONVERTERS = ("quantize.linear.float8", "float8")

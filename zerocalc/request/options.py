@@ -133,6 +133,10 @@ OPTIONS: tuple[Option, ...] = (
          "Megatron-LM's --tp-comm-overlap (with --sequence-parallel): Transformer Engine's userbuffers run "
          "each layer's TP all-gathers and reduce-scatters beside its GEMMs.", frozenset({COMM}),
          default=False, kind=Kind.FLAG, value_type=BOOL),
+    _opt("async_tp", ("--async-tp",),
+         "torchtitan's async TP (with --compile model and --tp 2 or more): torch's micro-pipelined TP runs "
+         "each layer's TP all-gathers and reduce-scatters in pieces beside its matmuls.", frozenset({COMM}),
+         default=False, kind=Kind.FLAG, value_type=BOOL),
     _opt("pp", ("--pp",), "p: pipeline stages, outermost (each a contiguous run of layers).", ESTIMATES,
          default=1, value_type=NUM, metavar="P"),
     _opt("vpp", ("--vpp",), "v: virtual stages (model chunks) per pipeline rank (interleaved 1F1B).",
@@ -299,6 +303,11 @@ OPTIONS: tuple[Option, ...] = (
          "step, then dropped) or next (until the next forward returns: `outputs = model(**batch); "
          "loss = outputs.loss; loss.backward()` in a loop).",
          ESTIMATES, default="none", value_type=STR),
+    _opt("compile", ("--compile",),
+         "torch.compile (Inductor): none, model (torchtitan: each transformer block; hf: the whole forward, "
+         "its loss included), loss (torchtitan's loss function) or model,loss (torchtitan's default "
+         "compile.components); fused kernels change what the step saves and how long it takes.",
+         ALL_ESTIMATES, default="none", value_type=STR),
     _opt("flash_attention", ("--flash-attention",), "Flash attention (no s² terms).", ALL_ESTIMATES,
          kind=Kind.SWITCH, value_type="bool | None", negative="--no-flash-attention",
          default_help="the model code's: SDPA's flash kernel for every transformers family, eager without "
@@ -489,14 +498,17 @@ SAVER_OPTIONS = ("loss", "loss_chunks", "optimizer_in_backward", "offload_activa
 them echoes none (its JSON as before they existed)."""
 LOOP_OPTIONS = ("keep_output",)
 """What the training loop holds, echoed only where set off its default, as the savers."""
-_ECHOED_WHERE_SET = (SAVER_OPTIONS, LOOP_OPTIONS)
+KERNEL_OPTIONS = ("compile", "async_tp")
+"""How the step's kernels are built (torch.compile, and its micro-pipelined TP), echoed only where set off
+their defaults, as the savers."""
+_ECHOED_WHERE_SET = (SAVER_OPTIONS, LOOP_OPTIONS, KERNEL_OPTIONS)
 
 
 def echo(command: Command, values: dict[str, Any]) -> dict[str, Any]:
     """The JSON's ``options``: every request option of ``command`` with the value it was given (its
     default where not given), keyed by its keyword, as the library takes it back; the fine-tuning options
-    (:data:`FINETUNE_OPTIONS`) only in a fine-tuning run's, the savers (:data:`SAVER_OPTIONS`) and the
-    loop's (:data:`LOOP_OPTIONS`) only where one of them is set."""
+    (:data:`FINETUNE_OPTIONS`) only in a fine-tuning run's, the savers (:data:`SAVER_OPTIONS`), the
+    loop's (:data:`LOOP_OPTIONS`) and the kernels' (:data:`KERNEL_OPTIONS`) only where one of them is set."""
     echoed = {}
     tuning = any(values.get(name) not in (None, False) for name in FINETUNE_OPTIONS)
     options = options_for(command, request_only=True)

@@ -7,6 +7,10 @@ Megatron-LM's own checks (``megatron/training/arguments.py`` ``validate_args``) 
 ``--overlap-param-gather`` needs the distributed optimizer and ``--overlap-grad-reduce``,
 ``--tp-comm-overlap`` sequence parallelism. DeepSpeed's ``overlap_comm`` is on by default for ZeRO-3 and
 off below (``DeepSpeedZeroConfig.overlap_comm_valid``): ``--overlap-comm`` turns it on for ZeRO-1/2.
+torchtitan's async TP (``--async-tp``, ``parallelism.enable_async_tensor_parallel``) is torchtitan's code
+under FSDP2, needs the blocks compiled (v0.2.2 ``distributed/tensor_parallel.py::maybe_enable_async_tp``:
+"Async TP requires 'model' in --compile.components and --compile.enable") and sequence-parallel TP (the
+all-gathers and reduce-scatters it pipelines).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from zerocalc.base.errors import InputError
+from zerocalc.model.code import Compiled, ModelImplName
 from zerocalc.parallel.framework_records.deepspeed import OVERLAP_COMM_STRATEGIES
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.mesh import Mesh
@@ -34,6 +39,8 @@ class OverlapOptions(BaseModel):
     """``--tp-comm-overlap``: Transformer Engine's userbuffers, TP collectives beside the layers' GEMMs."""
     deepspeed_comm: bool = False
     """``--overlap-comm``: DeepSpeed ZeRO-1/2's reductions on their own stream, beside backward."""
+    async_tp: bool = False
+    """``--async-tp``: torchtitan's async TP, the layers' TP collectives in pieces beside their matmuls."""
 
 
 def parse_overlap(
@@ -44,8 +51,13 @@ def parse_overlap(
     framework: Framework,
     mesh: Mesh,
     strategies: tuple[StrategyName, ...],
+    async_tp: bool = False,
+    model_code: ModelImplName | None = None,
+    compiled: Compiled = Compiled.NONE,
 ) -> OverlapOptions:
     """The overlap options of a request, or an :class:`InputError` naming the first that cannot apply."""
+    if async_tp:
+        _async_tp_check(framework, mesh, model_code, compiled)
     if deepspeed_comm and framework is not Framework.DEEPSPEED:
         raise InputError(
             f"{{overlap_comm}} is DeepSpeed's zero_optimization.overlap_comm, not {framework.value}'s; "
@@ -90,5 +102,33 @@ def parse_overlap(
             "{tp_comm_overlap}"
         )
     return OverlapOptions(
-        grad_reduce=grad_reduce, param_gather=param_gather, tp_comm=tp_comm, deepspeed_comm=deepspeed_comm
+        grad_reduce=grad_reduce,
+        param_gather=param_gather,
+        tp_comm=tp_comm,
+        deepspeed_comm=deepspeed_comm,
+        async_tp=async_tp,
     )
+
+
+def _async_tp_check(
+    framework: Framework, mesh: Mesh, model_code: ModelImplName | None, compiled: Compiled
+) -> None:
+    """``--async-tp`` where torchtitan would not run it: an :class:`InputError`."""
+    if framework is not Framework.FSDP2 or model_code is not ModelImplName.TORCHTITAN:
+        raise InputError(
+            "{async_tp} is torchtitan's parallelism.enable_async_tensor_parallel, not "
+            f"{framework.value}'s with {model_code.value if model_code else 'its'} model code; accepted: "
+            "{framework} fsdp2 with {model_impl} torchtitan, or no {async_tp}"
+        )
+    if not compiled.model:
+        raise InputError(
+            "{async_tp} needs the blocks compiled (torchtitan: 'Async TP requires 'model' in "
+            "--compile.components and --compile.enable'); accepted: {compile} model or model,loss, or no "
+            "{async_tp}"
+        )
+    if not (mesh.tp > 1 and mesh.sequence_parallel):
+        raise InputError(
+            f"{{async_tp}} with {{tp}} {mesh.tp}: async TP pipelines the "
+            "sequence-parallel all-gathers and reduce-scatters of tensor parallelism, which this mesh does "
+            "not run; accepted: {tp} 2 or more (with sequence parallelism), or no {async_tp}"
+        )

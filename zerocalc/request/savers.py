@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING, Any
 from zerocalc.base.errors import InputError
 from zerocalc.base.units import parse_whole
 from zerocalc.model.activations import Recompute
-from zerocalc.model.code import MODEL_CODES, TORCHTUNE_OUTPUT_CHUNKS, LossImpl, ModelImplName, OutputKept
+from zerocalc.model.code import (
+    MODEL_CODES,
+    TORCHTUNE_OUTPUT_CHUNKS,
+    Compiled,
+    LossImpl,
+    ModelImplName,
+    OutputKept,
+)
 from zerocalc.parallel.framework_records import FRAMEWORKS
 from zerocalc.parallel.precision import ParamLayout
 from zerocalc.parallel.strategies import OffloadTarget
@@ -193,5 +200,27 @@ def kept_output_problem(request: TrainingRequest) -> str | None:
             f"{what} with {{recompute}} {request.activations.recompute.value}: the output's DynamicCache "
             "(use_cache, on unless gradient checkpointing turns it off) would hold every layer's k and v "
             "too, not modelled; accepted: {recompute} full"
+        )
+    return None
+
+
+def compile_problem(request: TrainingRequest) -> str | None:
+    """``--compile`` where the model's code does not ``torch.compile`` the part asked
+    (:mod:`zerocalc.model.code.compiled`); None where accepted (or not asked)."""
+    compiled = request.activations.compile
+    if compiled is Compiled.NONE:
+        return None
+    what = f"{{compile}} {compiled.value}"
+    if request.model_code is ModelImplName.MEGATRON:
+        return (
+            f"{what} with Megatron-LM's model code: Megatron-LM does not torch.compile its layers (it runs "
+            "fused kernels of its own and Transformer Engine's); accepted: {compile} none, or {model_impl} "
+            "torchtitan or hf"
+        )
+    if request.model_code is ModelImplName.HF and compiled is Compiled.LOSS:
+        return (
+            f"{what} with transformers' model code: its loss runs inside the model's forward "
+            "(LlamaForCausalLM.forward calls self.loss_function), compiled with it or not at all; accepted: "
+            "{compile} model, or {compile} none"
         )
     return None

@@ -31,7 +31,7 @@ from zerocalc.base.memo import IdentityCache
 from zerocalc.base.units import parse_bytes, parse_whole
 from zerocalc.model.activations import CpImpl, Recompute
 from zerocalc.model.architecture import Architecture
-from zerocalc.model.code import TORCHTUNE_OUTPUT_CHUNKS, LossImpl, ModelImplName, OutputKept, Shape
+from zerocalc.model.code import TORCHTUNE_OUTPUT_CHUNKS, Compiled, LossImpl, ModelImplName, OutputKept, Shape
 from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import Cluster
 from zerocalc.network.links import Bandwidths
@@ -111,6 +111,10 @@ class ActivationOptions(BaseModel):
         default=OutputKept.NONE,
         description="how long the training loop holds the model's output (its logits): only the loss, to "
         "the end of the step, or until the next forward returns",
+    )
+    compile: Compiled = Field(
+        default=Compiled.NONE,
+        description="the parts of the step torch.compile runs (--compile; zerocalc.model.code.compiled)",
     )
     offload: bool = Field(
         default=False,
@@ -473,6 +477,7 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
             "loss_chunks": loss_chunks,
             "keep_output": choice(o.keep_output, "{keep_output}", OutputKept),
             "offload": o.offload_activations,
+            "compile": choice(o.compile, "{compile}", Compiled, aliases={"loss,model": Compiled.MODEL_LOSS}),
         }
     )
     model_impl = choice(o.model_impl, "{model_impl}", ModelImplName)
@@ -507,6 +512,9 @@ def parse_request(options: TrainingOptions) -> TrainingRequest:
         framework,
         mesh,
         strategies,
+        o.async_tp,
+        FRAMEWORKS[framework].model_code or model_impl,
+        activations.compile,
     )
     problem = _ignored_problem(o, gpu_memory, model, o.estimate)
     if problem:

@@ -62,6 +62,7 @@ FIELDS: dict[str, str] = {
     "init": "init_asked",
     "model_impl": "model_impl",
     "flash_attention": "activations.flash_attention",
+    "compile": "activations.compile",
     "calibration": "calibration_name",
     "compute_calibration": "compute_calibration",
 }

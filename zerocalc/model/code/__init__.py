@@ -39,6 +39,7 @@ from zerocalc.model.code.base import (
     Transient,
     Ulysses,
 )
+from zerocalc.model.code.compiled import Compiled
 from zerocalc.model.code.finetune import (
     TUNED_FAMILIES,
     ForwardTuning,
@@ -97,6 +98,7 @@ __all__ = [
     "TORCHTUNE_OUTPUT_CHUNKS",
     "TUNED_FAMILIES",
     "AttentionKernel",
+    "Compiled",
     "Device",
     "ForwardTuning",
     "LayerSaves",
