@@ -156,8 +156,11 @@ def titan_model(arch: Architecture, s: int, dtype: str, recompute: str, compile_
     from zerocalc.validate.op_sac import _Block, _policy, torchtitan_save_ops
 
     torch.manual_seed(0)
-    model = TitanLlama(arch, s).to({"bf16": torch.bfloat16, "fp32": torch.float32}[dtype])
-    model.freqs_cis = precompute_freqs_cis(arch.dim_per_head, s)  # complex64 whatever the dtype
+    model = TitanLlama(arch, s)
+    freqs_cis = model.freqs_cis
+    delattr(model, "freqs_cis")  # complex64 whatever the dtype (Module.to would cast it to real)
+    model.to({"bf16": torch.bfloat16, "fp32": torch.float32}[dtype])
+    model.register_buffer("freqs_cis", freqs_cis, persistent=False)
     save_ops = torchtitan_save_ops()
 
     def context_fn():
