@@ -55,6 +55,19 @@ def test_transformers_compiled_block_repeats_k_and_v_and_keeps_no_fp32_copies() 
     assert not any("float()" in name for name in hf)
 
 
+def test_compiled_float8_blocks_recompute_the_matmul_inputs() -> None:
+    """torchao's tensorwise Float8Linear on every linear, compiled: the matmuls read fp8 casts of the norms'
+    outputs and of silu(gate)·up, which the partitioner recomputes in backward: 2·(2·T·h) + 2·T·f less
+    than a compiled bf16 block; the op-level policy's kept outputs are the same."""
+    arch, _ = load_model("llama-3-8b")
+    shape = Shape(2, 8192)
+    bf16 = sum(b for _, b in layer_saves(TORCHTITAN, arch, 0, shape, 2, compiled=True).saved)
+    fp8 = sum(b for _, b in layer_saves(TORCHTITAN, arch, 0, shape, 2, compiled=True, fp8_matmuls=True).saved)
+    assert bf16 - fp8 == 2 * 2 * T * 4096 + 2 * T * 14336
+    kept = op_sac_layer(TORCHTITAN, arch, 0, shape, 2, compiled=True, fp8_matmuls=True).kept
+    assert kept == op_sac_layer(TORCHTITAN, arch, 0, shape, 2, compiled=True).kept
+
+
 def test_op_level_policy_under_compile_keeps_no_down_projection_output() -> None:
     """torchtitan's policy saves wq, wv, w1, w2 and the flash kernel's outputs; compiled, the partitioner
     keeps those the backward reads: not w2's output (2·T·h)."""
@@ -106,7 +119,8 @@ def test_the_compiled_loss_keeps_the_logits_and_two_fp32_columns() -> None:
         (["--model-impl", "megatron"], "Megatron-LM does not torch.compile"),
         (["--model-impl", "hf", "--compile", "loss"], "its loss runs inside the model's forward"),
         (["--lora-rank", "8"], "--compile model with fine-tuning"),
-        (["--fp8", "tensorwise"], "--compile model with --fp8"),
+        (["--fp8", "rowwise"], "--compile model with --fp8 rowwise: modelled for torchao's tensorwise"),
+        (["--fp8", "tensorwise", "--fp8-skip", "output,wq"], "on every linear of torchtitan's blocks"),
         (["--model-impl", "hf", "--offload-activations", "--recompute", "full"],
          "--compile model with --offload-activations"),
         (["--tp", "2"], "not modelled under tensor or context parallelism"),
@@ -131,7 +145,8 @@ def test_compile_is_refused_for_a_block_it_is_not_modelled_for() -> None:
 def test_inductor_on_the_cpu_saves_what_the_profile_says() -> None:
     """Measured: torch 2.13 Inductor on the CPU, the tiny Llama config (bf16, b 2, s 64): torchtitan's
     blocks compiled one by one under recompute none, op and full with the loss compiled, and with it
-    eager (none); transformers' whole forward compiled. Every region exact to the byte."""
+    eager (none), and with torchao's tensorwise Float8Linear (none, op; its 0-dim amax and scales left
+    out); transformers' whole forward compiled. Every region exact to the byte."""
     pytest.importorskip("transformers")
     from zerocalc.validate.compiled import run_cases
     from zerocalc.validate.saved import TINY_CONFIGS
@@ -147,6 +162,11 @@ def test_inductor_on_the_cpu_saves_what_the_profile_says() -> None:
         (case.compiled, [(r.region, r.predicted, r.measured) for r in case.regions if not r.ok])
         for case in cases
     ]
+    fp8 = run_cases(
+        models, ["torchtitan"], ["bf16"], ["none", "op"], Compiled.MODEL_LOSS, [(2, 64)], fp8=True
+    )
+    assert all(case.exact for case in fp8.cases)
+    assert [case.measured for case in fp8.cases] == [898_048, 650_240]
     measured = {case.compiled: case.measured for case in cases}
     assert measured == {
         "torchtitan --compile model,loss --recompute none": 1_192_960,

@@ -237,6 +237,9 @@ def test_cli_activations_table_and_exit_codes(monkeypatch: pytest.MonkeyPatch) -
         (["--compile", "model", "--attention", "eager"], "the compiled saves are modelled for SDPA"),
         (["--compile", "model", "--lora-rank", "8"], "--lora-rank with --compile is not measured"),
         (["--compile", "model", "--recompute", "selective"], "--recompute 'selective' is not accepted"),
+        (["--fp8", "tensorwise"], "--fp8 is read with --compile only"),
+        (["--compile", "model", "--fp8", "tensorwise"], "--fp8 tensorwise is measured on torchtitan's"),
+        (["--compile", "model", "--model-impl", "torchtitan", "--fp8", "rowwise"], "--fp8 'rowwise' is not"),
     ],
 )
 def test_cli_activations_bad_input(args: list[str], fragment: str) -> None:

@@ -132,6 +132,9 @@ MEASURE_OPTIONS: tuple[Option, ...] = (
     _opt("recompute", ("--recompute",),
          "With --compile: comma list of none, full, op (torchtitan's op-level policy; hf: none).",
          {ACTIVATIONS}, default="none"),
+    _opt("fp8", ("--fp8",),
+         "With --compile: none, or tensorwise (torchao's Float8Linear on every block linear of torchtitan's "
+         "model).", {ACTIVATIONS}, default="none"),
     _opt("reshard", ("--reshard",), "Comma list of yes, no (FSDP2 reshard_after_forward).",
          {FAKE, FAKE_PIPELINE}, default="yes"),
     _opt("fp8", ("--fp8",),

@@ -34,7 +34,7 @@ def activations(values: dict[str, Any], given: frozenset[str]) -> None:
     if values["compile"].strip().lower() != "none":
         compiled_cases(values, given)
         return
-    for name in ("model_impl", "recompute"):
+    for name in ("model_impl", "recompute", "fp8"):
         if name in given:
             flag = "--" + name.replace("_", "-")
             raise InputError(
@@ -129,6 +129,14 @@ def compiled_cases(values: dict[str, Any], given: frozenset[str]) -> None:
             "accepted: --model-impl torchtitan"
         )
     recomputes = comma_list(values["recompute"], "--recompute", ("none", "full", "op"), allow_all=False)
+    fp8 = values["fp8"].strip().lower()
+    if fp8 not in ("none", "tensorwise"):
+        raise InputError(f"--fp8 {values['fp8']!r} is not accepted; accepted: none, tensorwise")
+    if fp8 == "tensorwise" and (codes != ["torchtitan"] or not compiled.model):
+        raise InputError(
+            "--fp8 tensorwise is measured on torchtitan's compiled blocks; accepted: --model-impl torchtitan "
+            "with --compile model or model,loss"
+        )
     dtypes = [
         {"fp32": "fp32", "bf16-mixed": "bf16"}[p]
         for p in comma_list(values["precision"], "--precision", ("fp32", "bf16-mixed"), allow_all=False)
@@ -141,7 +149,7 @@ def compiled_cases(values: dict[str, Any], given: frozenset[str]) -> None:
     from zerocalc.validate import compiled as measured
 
     models = [(f, TINY_CONFIGS[f]) for f in families]
-    report = measured.run_cases(models, codes, dtypes, recomputes, compiled, [(b, s)])
+    report = measured.run_cases(models, codes, dtypes, recomputes, compiled, [(b, s)], fp8 == "tensorwise")
     finish(report, values["json"], render_activations, report.all_match)
 
 
@@ -166,7 +174,10 @@ def render_activations(report) -> None:
         )
     keys, predicted, measured, difference, marks = [], [], [], [], []
     for case in report.cases:
-        how = case.compiled.replace(" --compile", "").replace(" --recompute", " recompute") or case.attention
+        how = (
+            case.compiled.replace(" --compile", "").replace(" --recompute", " recompute").replace(" --", " ")
+        )
+        how = how or case.attention
         keys.append(f"{case.model} {case.dtype} {how} b={case.micro_batch} s={case.seq_len}")
         predicted.append(f"{case.predicted:,}")
         measured.append(f"{case.measured:,}")

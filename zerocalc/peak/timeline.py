@@ -319,6 +319,10 @@ class _Passes:
         self.compiled_whole = self.compiled_model and self.hf
         """transformers' whole forward is one compiled graph: its norms, mask and loss too."""
         self.compiled_loss = step.compile.loss or self.compiled_whole
+        self.compiled_fp8 = self.compiled_model and torchao_casts(step.fp8)
+        """torchao's Float8Linear in compiled blocks: its casts are fused kernels, no fp32 copies."""
+        self.casts = NO_FP8 if self.compiled_fp8 else step.fp8
+        """The FP8 recipe whose eager casts hold fp32 copies (:mod:`zerocalc.peak.fp8`): none compiled."""
         """The cross-entropy runs compiled: one fused kernel each way, no fp32 [rows, V] tensors."""
         self.loss_parallel = loss_parallel_transients(step.impl, arch, step.shape)
         self._saves: dict[tuple, LayerSaves] = {} if step.saves is None else step.saves
@@ -351,6 +355,7 @@ class _Passes:
             saves = layer_saves(
                 step.impl, arch, i, step.shape, step.act, step.device, use_cache=use_cache, flash=step.flash,
                 selective=self.selective, tuning=step.tuning, compiled=self.compiled_model,
+                fp8_matmuls=self.compiled_fp8,
             )  # fmt: skip
             program = saves.program
             if fp8 is not None and torchao_casts(fp8):
@@ -438,7 +443,7 @@ class _Passes:
         led, forward = self.led, self.nodes_of(i).forward
         if not forward:
             step = self.step
-            casts = cast_forward_excess(step.arch, i, step.fp8, step.shape.local_tokens, step.act)
+            casts = cast_forward_excess(step.arch, i, self.casts, step.shape.local_tokens, step.act)
             led.event(name, max(saves.forward_excess, casts), TRANSIENT)
             return
         temps = [f"{name}: transient#{n}" for n in range(len(forward))]
@@ -461,7 +466,9 @@ class _Passes:
         """Layer ``i`` under torchtitan's op-level selective checkpointing (a dense block: one layer kind)."""
         if self._op_layer is None:
             step = self.step
-            self._op_layer = op_sac_layer(step.impl, step.arch, i, step.shape, step.act, self.compiled_model)
+            self._op_layer = op_sac_layer(
+                step.impl, step.arch, i, step.shape, step.act, self.compiled_model, self.compiled_fp8
+            )
         return self._op_layer
 
     def _part(self, one: Pass) -> tuple[str, range, bool, bool]:
@@ -765,7 +772,9 @@ class _Passes:
             if backward.program:
                 _run_backward_program(led, mechanics, i, backward.program, tag)
             else:
-                casts = cast_backward_excess(arch, i, step.fp8, step.shape.local_tokens, step.act, led.block)
+                casts = cast_backward_excess(
+                    arch, i, self.casts, step.shape.local_tokens, step.act, led.block
+                )
                 led.event(f"layer {i} backward{tag}", max(saves.backward_excess, casts), TRANSIENT)
             led.free_group(f"layer {i}{tag}")
             j = 0

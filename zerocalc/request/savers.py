@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from zerocalc.base.errors import InputError
 from zerocalc.base.units import parse_whole
 from zerocalc.model.activations import Recompute
+from zerocalc.model.architecture import layer_tensors
 from zerocalc.model.code import (
     MODEL_CODES,
     TORCHTUNE_OUTPUT_CHUNKS,
@@ -19,7 +20,7 @@ from zerocalc.model.code import (
     OutputKept,
 )
 from zerocalc.parallel.framework_records import FRAMEWORKS
-from zerocalc.parallel.precision import ParamLayout
+from zerocalc.parallel.precision import Fp8RecipeName, ParamLayout
 from zerocalc.parallel.strategies import OffloadTarget
 from zerocalc.request.values import choice
 
@@ -248,8 +249,16 @@ def compile_memory_problem(request: TrainingRequest, what: str) -> str | None:
             f"{what} with {{loss}} {acts.loss.value}: a saver's loss under compile is not modelled; "
             "accepted: {loss} full, or {compile} model with {model_impl} torchtitan"
         )
-    if request.fp8.on:
-        return f"{what} with {{fp8}}: torchao's Float8Linear under compile is not modelled; accepted: " + NONE
+    fp8 = request.fp8
+    if fp8.on and (
+        fp8.recipe is not Fp8RecipeName.TENSORWISE
+        or hf
+        or not all(fp8.converts(t) for t in layer_tensors(request.architecture, 0) if len(t.shape) == 2)
+    ):
+        return (
+            f"{what} with {{fp8}} {fp8.recipe.value}: modelled for torchao's tensorwise Float8Linear on "
+            "every linear of torchtitan's blocks (what was measured); accepted: {fp8} tensorwise, or " + NONE
+        )
     if compiled.model or hf:
         reason = compile_unsupported(request.architecture, request.rank_shape, flash_attention_used(request))
         if reason is not None:

@@ -145,7 +145,9 @@ def cross_entropy_loss(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
     )
 
 
-def titan_model(arch: Architecture, s: int, dtype: str, recompute: str, compile_model: bool) -> TitanLlama:
+def titan_model(
+    arch: Architecture, s: int, dtype: str, recompute: str, compile_model: bool, fp8: bool = False
+) -> TitanLlama:
     """The model of ``arch`` in ``dtype``, its blocks checkpointed as ``recompute`` says (torchtitan
     ``apply_ac``: ``ptd_checkpoint_wrapper`` with ``preserve_rng_state=True``, ``determinism_check=
     "default"``, ``early_stop=False``; ``op``: torchtitan's op-level policy) and then compiled
@@ -161,6 +163,12 @@ def titan_model(arch: Architecture, s: int, dtype: str, recompute: str, compile_
     delattr(model, "freqs_cis")  # complex64 whatever the dtype (Module.to would cast it to real)
     model.to({"bf16": torch.bfloat16, "fp32": torch.float32}[dtype])
     model.register_buffer("freqs_cis", freqs_cis, persistent=False)
+    if fp8:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        convert_to_float8_training(
+            model, config=Float8LinearConfig(), module_filter_fn=lambda _m, fqn: fqn != "output"
+        )
     save_ops = torchtitan_save_ops()
 
     def context_fn():
@@ -181,11 +189,22 @@ def titan_model(arch: Architecture, s: int, dtype: str, recompute: str, compile_
 
 
 def measure_titan(
-    arch: Architecture, b: int, s: int, dtype: str, recompute: str, compile_model: bool, compile_loss: bool
+    arch: Architecture,
+    b: int,
+    s: int,
+    dtype: str,
+    recompute: str,
+    compile_model: bool,
+    compile_loss: bool,
+    fp8: bool = False,
 ) -> list[MeasuredStorage]:
     """Every storage one training forward of :func:`titan_model` and its loss saves, with its region; one
-    step runs first, so that the compiled regions are built (and the measured step finds them cached)."""
-    model = titan_model(arch, s, dtype, recompute, compile_model)
+    step runs first, so that the compiled regions are built (and the measured step finds them cached).
+    ``fp8``: every block linear torchao's ``Float8Linear`` (``convert_to_float8_training`` with the
+    default tensorwise config, the output layer left out as torchtitan's ``filter_fqns=["output"]``),
+    before checkpointing and compile as torchtitan's converters run; the casts' 0-dim amax and scales
+    left out (:data:`~zerocalc.model.code.compiled.COMPILED_FP8_RECOMPUTED`)."""
+    model = titan_model(arch, s, dtype, recompute, compile_model, fp8)
     loss_fn = torch.compile(cross_entropy_loss) if compile_loss else cross_entropy_loss
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, arch.vocab_size, (b, s), generator=generator)
@@ -210,7 +229,7 @@ def measure_titan(
     finally:
         for handle in handles:
             handle.remove()
-    return out
+    return [m for m in out if m.shape != ()] if fp8 else out
 
 
 def measure_hf(config: dict[str, Any], b: int, s: int, dtype: str) -> list[MeasuredStorage]:
@@ -285,10 +304,12 @@ def run_cases(
     recomputes: list[str],
     compiled: Compiled,
     shapes: list[tuple[int, int]],
+    fp8: bool = False,
 ) -> SavedReport:
     """Every model × code × dtype × recompute × (b, s) compiled as ``compiled`` says, measured and
     compared with :func:`~zerocalc.validate.saved.predict_compiled_regions` (transformers' code under
-    recompute none only: its whole-graph compile is not modelled with checkpointing)."""
+    recompute none only: its whole-graph compile is not modelled with checkpointing); ``fp8``:
+    torchtitan's blocks with torchao's tensorwise ``Float8Linear``."""
     import transformers
 
     from zerocalc.model.code import Shape
@@ -303,19 +324,20 @@ def run_cases(
                     for b, s in shapes:
                         if code == "torchtitan":
                             measured = measure_titan(
-                                arch, b, s, dtype, recompute, compiled.model, compiled.loss
+                                arch, b, s, dtype, recompute, compiled.model, compiled.loss, fp8
                             )
                         else:
                             measured = measure_hf(config, b, s, dtype)
                         predicted = predict_compiled_regions(
-                            code, arch, Shape(b, s), dtype, recompute, compiled
+                            code, arch, Shape(b, s), dtype, recompute, compiled, fp8
                         )
                         if code == "torchtitan":
                             measured = [m for m in measured if m.region != "final"]  # eager, CPU-composite
                         case = SavedCase(
                             model=name, family=arch.family or "", dtype=dtype, attention="sdpa",
                             micro_batch=b, seq_len=s, regions=(),
-                            compiled=f"{code} --compile {compiled.value} --recompute {recompute}",
+                            compiled=f"{code} --compile {compiled.value} --recompute {recompute}"
+                            + (" --fp8 tensorwise" if fp8 else ""),
                         )  # fmt: skip
                         cases.append(with_regions(case, predicted, measured))
                         torch._dynamo.reset()

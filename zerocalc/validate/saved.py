@@ -347,7 +347,13 @@ def with_regions(
 
 
 def predict_compiled_regions(
-    code: str, arch: Architecture, shape: Shape, dtype: str, recompute: str, compiled: Compiled
+    code: str,
+    arch: Architecture,
+    shape: Shape,
+    dtype: str,
+    recompute: str,
+    compiled: Compiled,
+    fp8: bool = False,
 ) -> dict[str, list[Term]]:
     """What zerocalc says a compiled step saves (:mod:`zerocalc.model.code.compiled`), in the regions
     :mod:`zerocalc.validate.compiled` measures, on one rank.
@@ -360,7 +366,8 @@ def predict_compiled_regions(
     ``total_weight``. The final norm and head stay eager (CPU's composite ``nn.RMSNorm``): not predicted.
     ``hf`` (the whole forward one graph): every term in ``compiled forward``: the input ids, the traced
     causal mask, each layer's compiled saves, the final norm's input and rstd, the LM head's input, and
-    the compiled loss's logits, padded labels, row statistics and fp32 scalar."""
+    the compiled loss's logits, padded labels, row statistics and fp32 scalar. ``fp8``: torchtitan's
+    blocks with torchao's tensorwise ``Float8Linear`` (``fp8_matmuls``)."""
     act = ACT_BYTES[dtype]
     T, h, V = shape.tokens, arch.hidden_size, arch.vocab_size
     impl = MODEL_CODES[ModelImplName(code)]
@@ -373,11 +380,11 @@ def predict_compiled_regions(
         if recompute == "full":
             layers[f"layer {i}"] = [Term(name="layer input (the checkpoint's)", bytes=act * T * h)]
         elif recompute == "op":
-            op = op_sac_layer(impl, arch, i, shape, act, compiled=compiled.model)
+            op = op_sac_layer(impl, arch, i, shape, act, compiled.model, fp8)
             layers[f"layer {i}"] = [Term(name="layer input (the checkpoint's)", bytes=act * T * h)]
             layers[f"layer {i}"] += terms(op.kept)
         else:
-            saves = layer_saves(impl, arch, i, shape, act, compiled=compiled.model)
+            saves = layer_saves(impl, arch, i, shape, act, compiled=compiled.model, fp8_matmuls=fp8)
             layers[f"layer {i}"] = terms(saves.saved)
     ids = [Term(name="input ids", bytes=INT64 * T)]
     if code == ModelImplName.TORCHTITAN:

@@ -79,7 +79,13 @@ COMPILED_RECOMPUTED = frozenset({"activation output"})
 
 
 def compiled_layer_saves(
-    saved: tuple[tuple[str, int], ...], repeats_kv: bool, a_width: int, act: int, rows: int, width: int
+    saved: tuple[tuple[str, int], ...],
+    repeats_kv: bool,
+    a_width: int,
+    act: int,
+    rows: int,
+    width: int,
+    fp8: bool = False,
 ) -> tuple[tuple[str, int], ...]:
     """The saved tensors of a compiled dense Llama block, from the eager ones (``saved``, named as
     :func:`~zerocalc.model.code.layer.module_layer` names them): each norm's input (act·``rows``·``width``)
@@ -87,11 +93,14 @@ def compiled_layer_saves(
     normalised tensor), without :data:`COMPILED_RECOMPUTED`; with ``repeats_kv`` (transformers' code) k and
     v repeated to every query head (``a_width`` = a·d columns: under tracing
     ``masking_utils._ignore_causal_mask_sdpa`` keeps the causal mask, so ``sdpa_attention.
-    use_gqa_in_sdpa`` is False and ``repeat_kv`` runs), not the cache's copies."""
+    use_gqa_in_sdpa`` is False and ``repeat_kv`` runs), not the cache's copies. ``fp8``: every linear
+    of the block torchao's ``Float8Linear`` (tensorwise), whose fp8 inputs are casts of pointwise results:
+    :data:`COMPILED_FP8_RECOMPUTED` are recomputed too."""
     out: list[tuple[str, int]] = []
+    recomputed = COMPILED_RECOMPUTED | (COMPILED_FP8_RECOMPUTED if fp8 else frozenset())
     for name, nbytes in saved:
         term = name.split(":")[0]
-        if term in COMPILED_RECOMPUTED:
+        if term in recomputed:
             continue
         if term in NORMS:
             if not any(n.startswith(f"{term}:") for n, _ in out):
@@ -102,6 +111,14 @@ def compiled_layer_saves(
         out.append((name, nbytes))
     return tuple(out)
 
+
+COMPILED_FP8_RECOMPUTED = frozenset(
+    {"attention input (norm output)", "MLP input (norm output)", "activation × up (down input)"}
+)
+"""Under torchao's ``Float8Linear`` (tensorwise) the matmuls read fp8 casts of these (``hp_tensor_to_
+float8_dynamic``: a pointwise cast and an amax), which the partitioner recomputes in the backward from the
+norms' inputs and rstd and from gate and up, rather than keep them (measured, torch 2.13 Inductor, torchao
+0.18, CPU); the casts' 0-dim amax and scales it keeps (2 and 4 B each) are left out."""
 
 NORMS = ("attention norm", "MLP norm")
 """The dense Llama block's norms, as :func:`~zerocalc.model.code.layer.module_layer` names their terms."""

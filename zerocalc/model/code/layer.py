@@ -29,6 +29,7 @@ def layer_saves(
     selective: bool = False,
     tuning: ForwardTuning | None = None,
     compiled: bool = False,
+    fp8_matmuls: bool = False,
 ) -> LayerSaves:
     """What decoder layer ``index`` keeps for backward under ``impl`` (:mod:`zerocalc.model.code`).
 
@@ -50,7 +51,7 @@ def layer_saves(
     ``compiled``: the block under ``torch.compile`` (:mod:`zerocalc.model.code.compiled`: what Inductor's
     partitioner saves, :func:`~zerocalc.model.code.compiled.compiled_layer_saves`; the dense Llama block
     only, :func:`compile_unsupported`); its transients as eager's (not re-derived for the compiled
-    kernels).
+    kernels); ``fp8_matmuls``: its linears torchao's ``Float8Linear`` (tensorwise), compiled.
     """
     reason = parallel_unsupported(impl, arch, shape, flash)
     if reason is not None:
@@ -71,7 +72,7 @@ def layer_saves(
             raise ValueError(reason)
         a_width = shape.split(arch.num_heads, "attention heads") * arch.dim_per_head
         saved = compiled_layer_saves(
-            saves.saved, impl.norm_fp32_copy, a_width, act, shape.local_tokens, arch.hidden_size
+            saves.saved, impl.norm_fp32_copy, a_width, act, shape.local_tokens, arch.hidden_size, fp8_matmuls
         )
         saves = saves._replace(saved=saved, keeps_input=False, program=())
     moments = parallel_transients(impl, arch, index, shape, act)

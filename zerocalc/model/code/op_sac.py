@@ -85,7 +85,13 @@ class OpSacLayer(NamedTuple):
 
 
 def op_sac_layer(
-    impl: ModelCode, arch: Architecture, index: int, shape: Shape, act: int, compiled: bool = False
+    impl: ModelCode,
+    arch: Architecture,
+    index: int,
+    shape: Shape,
+    act: int,
+    compiled: bool = False,
+    fp8_matmuls: bool = False,
 ) -> OpSacLayer:
     """What decoder layer ``index`` keeps under torchtitan's op-level selective activation checkpointing
     (``activation_checkpoint.mode = "selective"``, ``selective_ac_option = "op"``), per rank.
@@ -115,11 +121,14 @@ def op_sac_layer(
     block): the partitioner keeps the policy's outputs that the backward reads
     (:func:`~zerocalc.model.code.compiled.compiled_op_kept`: not w2's), and the recompute, fused into the
     backward graph, materialises what a compiled block saves (:func:`~zerocalc.model.code.layer_saves`'s
-    ``compiled``); measured on CPU (torch 2.13 Inductor, :mod:`zerocalc.validate.compiled`)."""
+    ``compiled``); measured on CPU (torch 2.13 Inductor, :mod:`zerocalc.validate.compiled`). With
+    ``fp8_matmuls`` (torchao's tensorwise ``Float8Linear``, compiled) the kept outputs are the same (the
+    policy sees ``aten.mm`` on the fp8 tensors), the recompute materialises less
+    (:data:`~zerocalc.model.code.compiled.COMPILED_FP8_RECOMPUTED`)."""
     reason = op_sac_unsupported(arch, shape, True, impl)
     if reason is not None:
         raise ValueError(reason)
-    saves = layer_saves(impl, arch, index, shape, act, compiled=compiled)
+    saves = layer_saves(impl, arch, index, shape, act, compiled=compiled, fp8_matmuls=fp8_matmuls)
     L, R, h, d = shape.local_tokens, shape.sequence_tokens, arch.hidden_size, arch.dim_per_head
     a = shape.split(arch.num_heads, "attention heads")
     kv = shape.split(arch.kv_heads, "key/value heads")
