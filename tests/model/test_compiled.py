@@ -175,3 +175,27 @@ def test_inductor_on_the_cpu_saves_what_the_profile_says() -> None:
         "hf --compile model,loss --recompute none": 1_373_716,
         "torchtitan --compile model --recompute none": 1_454_084,
     }
+
+
+PUBLISHED = {  # torchtitan docs/performance.md (d4c86e3), Tables 1 and 3, Memory(GiB): reserved peak
+    (8, "model"): 77.0, (8, "model+float8"): 76.8, (128, "model"): 62.0, (128, "model+float8"): 61.8,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("gpus", "row"), list(PUBLISHED))
+def test_torchtitans_published_compile_rows_within_five_percent(gpus: int, row: str) -> None:
+    """Llama 3.1 8B, FSDP2 on 8 and 128 H100s, b 2, s 8192, op-level checkpointing, fp32 reduction; the
+    blocks compiled (9dec370 did not compile the loss), with torchao's tensorwise Float8 (FP8 all-gather,
+    precomputed scales, the output layer left out). Shown, not fitted: zerocalc's reserved peak
+    (``reserved_bytes``, as tests/comm/test_torchtitan_published.py reads it) within 5%, and below."""
+    from zerocalc.api import estimate_peak
+
+    fp8 = {"fp8": "tensorwise", "fp8_all_gather": True, "fp8_precompute_scales": True, "fp8_skip": "output"}
+    (strategy,) = estimate_peak(
+        "llama-3-8b", gpus, 8, gpu="h100-80gb", framework="fsdp2", model_impl="torchtitan",
+        strategies="zero3", micro_batch=2, seq_len=8192, recompute="op", reduce_dtype="fp32", compile="model",
+        **(fp8 if row.endswith("float8") else {}),
+    ).peak.strategies  # fmt: skip
+    reserved = strategy.reserved_bytes / 2**30
+    published = PUBLISHED[(gpus, row)]
+    assert -0.05 < reserved / published - 1 < 0, (reserved, published)
