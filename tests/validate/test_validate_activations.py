@@ -230,10 +230,32 @@ def test_cli_activations_table_and_exit_codes(monkeypatch: pytest.MonkeyPatch) -
             ["--family", "gpt_oss", "--attention", "sdpa"],
             "--attention 'sdpa' is not accepted for gpt_oss (its transformers code has no SDPA",
         ),
+        (["--compile", "all"], "--compile 'all' is not accepted; accepted: none, model, loss, model,loss"),
+        (["--recompute", "op"], "--recompute is read with --compile only"),
+        (["--compile", "loss", "--model-impl", "hf"], "transformers' loss runs inside the model's forward"),
+        (["--compile", "model", "--family", "gpt2"], "--family 'gpt2' is not accepted"),
+        (["--compile", "model", "--attention", "eager"], "the compiled saves are modelled for SDPA"),
+        (["--compile", "model", "--lora-rank", "8"], "--lora-rank with --compile is not measured"),
+        (["--compile", "model", "--recompute", "selective"], "--recompute 'selective' is not accepted"),
+        (["--fp8", "tensorwise"], "--fp8 is read with --compile only"),
+        (["--compile", "model", "--fp8", "tensorwise"], "--fp8 tensorwise is measured on torchtitan's"),
+        (["--compile", "model", "--model-impl", "torchtitan", "--fp8", "rowwise"], "--fp8 'rowwise' is not"),
     ],
 )
 def test_cli_activations_bad_input(args: list[str], fragment: str) -> None:
     one_line_error(runner.invoke(app, ["validate", "activations", *args]), fragment)
+
+
+@pytest.mark.slow
+def test_cli_activations_compiled() -> None:
+    """``--compile``: real Inductor on the CPU (zerocalc/validate/compiled.py), torchtitan's blocks under
+    its op-level policy, the loss compiled: exact to the byte."""
+    args = ["validate", "activations", "--compile", "model,loss", "--family", "llama", "--precision",
+            "bf16-mixed", "--model-impl", "torchtitan", "--recompute", "op"]  # fmt: skip
+    ok = runner.invoke(app, args)
+    assert ok.exit_code == 0, ok.output
+    assert "1 of 1 cases exact to the byte" in ok.stdout
+    assert "llama bf16 torchtitan model,loss" in ok.stdout
 
 
 # ---------------------------------------------------------------------------------------- fine-tuning

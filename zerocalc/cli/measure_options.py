@@ -122,6 +122,19 @@ MEASURE_OPTIONS: tuple[Option, ...] = (
       for name in FINETUNE_OPTIONS),
     _opt("recompute", ("--recompute",), "Comma list of none, full (activation checkpointing).", {FAKE},
          default="none"),
+    _opt("compile", ("--compile",),
+         "none, or torch.compile's parts (model, loss, model,loss): real Inductor on the CPU, the compiled "
+         "step's saved tensors against the profile (torchtitan's Llama blocks compiled one by one, hf's "
+         "whole forward), on the dense Llama-family tiny configs.", {ACTIVATIONS}, default="none"),
+    _opt("model_impl", ("--model-impl",),
+         "With --compile: comma list of torchtitan, hf (the model code compiled).", {ACTIVATIONS},
+         default="torchtitan,hf"),
+    _opt("recompute", ("--recompute",),
+         "With --compile: comma list of none, full, op (torchtitan's op-level policy; hf: none).",
+         {ACTIVATIONS}, default="none"),
+    _opt("fp8", ("--fp8",),
+         "With --compile: none, or tensorwise (torchao's Float8Linear on every block linear of torchtitan's "
+         "model).", {ACTIVATIONS}, default="none"),
     _opt("reshard", ("--reshard",), "Comma list of yes, no (FSDP2 reshard_after_forward).",
          {FAKE, FAKE_PIPELINE}, default="yes"),
     _opt("fp8", ("--fp8",),

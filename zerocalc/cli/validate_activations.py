@@ -31,6 +31,15 @@ def activations(values: dict[str, Any], given: frozenset[str]) -> None:
     from zerocalc.request.options import FINETUNE_OPTIONS
     from zerocalc.validate.saved import ATTENTIONS, TINY_CONFIGS
 
+    if values["compile"].strip().lower() != "none":
+        compiled_cases(values, given)
+        return
+    for name in ("model_impl", "recompute", "fp8"):
+        if name in given:
+            flag = "--" + name.replace("_", "-")
+            raise InputError(
+                f"{flag} is read with --compile only; accepted: --compile model, loss or model,loss"
+            )
     precision, attention, family = values["precision"], values["attention"], values["family"]
     finetune = finetune_of_options(SimpleNamespace(**{name: values.get(name) for name in FINETUNE_OPTIONS}))
     if finetune is not None:
@@ -90,6 +99,60 @@ def activations(values: dict[str, Any], given: frozenset[str]) -> None:
     finish(report, values["json"], render_activations, report.all_match)
 
 
+def compiled_cases(values: dict[str, Any], given: frozenset[str]) -> None:
+    """``--compile``: the compiled step's saved tensors, measured with real Inductor on the CPU
+    (:mod:`zerocalc.validate.compiled`), against :func:`zerocalc.validate.saved.predict_compiled_regions`."""
+    from zerocalc.model.code import Compiled
+    from zerocalc.validate.saved import TINY_CONFIGS
+
+    accepted = ", ".join(c.value for c in Compiled if c is not Compiled.NONE)
+    try:
+        compiled = Compiled(",".join(p.strip() for p in values["compile"].lower().split(",")))
+    except ValueError:
+        raise InputError(
+            f"--compile {values['compile']!r} is not accepted; accepted: none, {accepted}"
+        ) from None
+    for name in ("model", "lora_rank", "quantize", "freeze", "dora", "lora_dropout"):
+        if name in given:
+            raise InputError(
+                f"--{name.replace('_', '-')} with --compile is not measured; accepted: the tiny configs "
+                "(--family)"
+            )
+    if "attention" in given and values["attention"].strip().lower() != "sdpa":
+        raise InputError(
+            "--attention with --compile: the compiled saves are modelled for SDPA; accepted: sdpa"
+        )
+    codes = comma_list(values["model_impl"], "--model-impl", ("torchtitan", "hf"), allow_all=False)
+    if compiled is Compiled.LOSS and "hf" in codes:
+        raise InputError(
+            "--compile loss with --model-impl hf: transformers' loss runs inside the model's forward; "
+            "accepted: --model-impl torchtitan"
+        )
+    recomputes = comma_list(values["recompute"], "--recompute", ("none", "full", "op"), allow_all=False)
+    fp8 = values["fp8"].strip().lower()
+    if fp8 not in ("none", "tensorwise"):
+        raise InputError(f"--fp8 {values['fp8']!r} is not accepted; accepted: none, tensorwise")
+    if fp8 == "tensorwise" and (codes != ["torchtitan"] or not compiled.model):
+        raise InputError(
+            "--fp8 tensorwise is measured on torchtitan's compiled blocks; accepted: --model-impl torchtitan "
+            "with --compile model or model,loss"
+        )
+    dtypes = [
+        {"fp32": "fp32", "bf16-mixed": "bf16"}[p]
+        for p in comma_list(values["precision"], "--precision", ("fp32", "bf16-mixed"), allow_all=False)
+    ]
+    from zerocalc.validate.compiled import COMPILED_FAMILIES
+
+    families = comma_list(values["family"], "--family", COMPILED_FAMILIES, True)
+    b, s = shape(values)
+    require_torch(transformers="activations")
+    from zerocalc.validate import compiled as measured
+
+    models = [(f, TINY_CONFIGS[f]) for f in families]
+    report = measured.run_cases(models, codes, dtypes, recomputes, compiled, [(b, s)], fp8 == "tensorwise")
+    finish(report, values["json"], render_activations, report.all_match)
+
+
 def render_activations(report) -> None:
     """One row per case (predicted and measured saved bytes), then the regions that differ."""
     from zerocalc.cli.render import Column, console, print_fitted
@@ -104,9 +167,18 @@ def render_activations(report) -> None:
         out.print(
             f"Fine-tuning: {', '.join(tunings)} (PEFT {report.peft}, bitsandbytes {report.bitsandbytes})"
         )
+    if any(case.compiled for case in report.cases):
+        out.print(
+            "Compiled: torch.compile (Inductor on the CPU); torchtitan's final norm and head run eager, not "
+            "compared"
+        )
     keys, predicted, measured, difference, marks = [], [], [], [], []
     for case in report.cases:
-        keys.append(f"{case.model} {case.dtype} {case.attention} b={case.micro_batch} s={case.seq_len}")
+        how = (
+            case.compiled.replace(" --compile", "").replace(" --recompute", " recompute").replace(" --", " ")
+        )
+        how = how or case.attention
+        keys.append(f"{case.model} {case.dtype} {how} b={case.micro_batch} s={case.seq_len}")
         predicted.append(f"{case.predicted:,}")
         measured.append(f"{case.measured:,}")
         difference.append(f"{case.measured - case.predicted:+,}")

@@ -14,7 +14,8 @@ tensor.to(torch.float32) * scale``; ``float8_utils.py`` ``to_fp8_saturated``: ``
 result: :data:`CAST_TRANSIENT` = 9 bytes per element (the amax's ``abs`` copy, 2n, comes and goes before).
 ``Float8Linear``'s forward casts its input, then its weight (the fp8 input alive beside the weight's cast);
 a weight all-gathered in fp8 is cast already. Eager only: under ``torch.compile`` the cast is one fused
-kernel with no fp32 copies (torchtitan's ``compile.enable``, which zerocalc refuses).
+kernel with no fp32 copies (torchtitan's ``compile.enable``: ``--compile model``, where the timeline asks
+for none, :mod:`zerocalc.model.code.compiled`).
 """
 
 from __future__ import annotations

@@ -223,6 +223,7 @@ def step_shape(request: TrainingRequest, act: int, device: Device) -> StepShape:
         loss_chunks=request.activations.loss_chunks,
         keep_output=request.activations.keep_output,
         offload=request.activations.offload,
+        compile=request.activations.compile,
     )
 
 
@@ -292,7 +293,16 @@ def micro_batch_saved_bytes(request: TrainingRequest) -> int:
             sum(size for name, size in saves.saved if name != "attn_norm_input")
             for saves in (
                 layer_saves(
-                    impl, arch, index, shape, act, Device.CUDA, use_cache=cache, flash=flash, tuning=tuning
+                    impl,
+                    arch,
+                    index,
+                    shape,
+                    act,
+                    Device.CUDA,
+                    use_cache=cache,
+                    flash=flash,
+                    tuning=tuning,
+                    compiled=request.activations.compile.model,
                 )
                 for cache in (True, False)
             )
@@ -306,6 +316,7 @@ FIRST_STAGE_SAVED = Part(
     "first stage's saved activations",
     ("rank_model", "stages", "rank_shape", "mesh.ep", "mesh.pp", "mesh.vpp", "model_code", "activation_dtype",
      "activations.capacity_factor", "activations.flash_attention", "activations.recompute", "finetune",
+     "activations.compile",
      "forward_weights"),
     lambda request, parts: micro_batch_saved_bytes(request),
 )  # fmt: skip

@@ -37,6 +37,7 @@ from zerocalc.model.code import (
     FP32,
     INT64,
     TORCHTUNE_OUTPUT_CHUNKS,
+    Compiled,
     Device,
     ForwardTuning,
     LayerSaves,
@@ -47,6 +48,8 @@ from zerocalc.model.code import (
     Shape,
     VocabShard,
     chunked_rows,
+    compiled_final_saves,
+    compiled_loss_saves,
     embedding_saves,
     hidden_bytes,
     layer_saves,
@@ -56,6 +59,7 @@ from zerocalc.model.code import (
     norm_backward_excess,
     op_sac_layer,
     stream_bytes,
+    traced_mask_saves,
     tuned_embedding_saves,
     tuned_final_saves,
     tuned_shared_saves,
@@ -142,6 +146,9 @@ class StepShape(NamedTuple):
     """How long the training loop holds the model's output, its logits (``--keep-output``)."""
     offload: bool = False
     """torchtune's activation offloading (``--offload-activations``, :mod:`zerocalc.peak.offload`)."""
+    compile: Compiled = Compiled.NONE
+    """What ``torch.compile`` runs (``--compile``, :mod:`zerocalc.model.code.compiled`): the blocks' saves
+    (and transformers' whole forward, its loss included), the loss's."""
     saves: dict[tuple, LayerSaves] | None = None
     """Where the step finds and keeps its layers' saves, per kind of layer (mixture-of-experts or not; a
     fine-tuning run's per layer) and cache use: steps of one micro-batch and recompute whose blocks are
@@ -307,6 +314,16 @@ class _Passes:
         self.upcast_bytes = 0 if step.tuning is not None and self.logits_bytes == FP32 else FP32
         """The loss's ``logits.float()`` copy: none of fp32 logits (``Tensor.float`` returns the tensor)."""
         self.logits = logits_shard(step)
+        self.compiled_model = step.compile.model
+        """The blocks run compiled (Inductor's partitioner decides their saves)."""
+        self.compiled_whole = self.compiled_model and self.hf
+        """transformers' whole forward is one compiled graph: its norms, mask and loss too."""
+        self.compiled_loss = step.compile.loss or self.compiled_whole
+        self.compiled_fp8 = self.compiled_model and torchao_casts(step.fp8)
+        """torchao's Float8Linear in compiled blocks: its casts are fused kernels, no fp32 copies."""
+        self.casts = NO_FP8 if self.compiled_fp8 else step.fp8
+        """The FP8 recipe whose eager casts hold fp32 copies (:mod:`zerocalc.peak.fp8`): none compiled."""
+        """The cross-entropy runs compiled: one fused kernel each way, no fp32 [rows, V] tensors."""
         self.loss_parallel = loss_parallel_transients(step.impl, arch, step.shape)
         self._saves: dict[tuple, LayerSaves] = {} if step.saves is None else step.saves
         self._op_layer: OpSacLayer | None = None
@@ -332,10 +349,13 @@ class _Passes:
         fp8 = step.fp8 if step.fp8.on else None  # torchao's casts in the program, TE's fp8 saved inputs
         kind: bool | tuple[str, int] = arch.is_moe_layer(i) if step.tuning is None else ("tuned layer", i)
         key = (kind, use_cache) if fp8 is None else (kind, use_cache, fp8)
+        if self.compiled_model:
+            key = (*key, "compiled")
         if key not in self._saves:
             saves = layer_saves(
                 step.impl, arch, i, step.shape, step.act, step.device, use_cache=use_cache, flash=step.flash,
-                selective=self.selective, tuning=step.tuning,
+                selective=self.selective, tuning=step.tuning, compiled=self.compiled_model,
+                fp8_matmuls=self.compiled_fp8,
             )  # fmt: skip
             program = saves.program
             if fp8 is not None and torchao_casts(fp8):
@@ -359,6 +379,8 @@ class _Passes:
         (:func:`~zerocalc.model.code.tuned_shared_saves`), in the stream's dtype; under checkpointing the
         checkpoints' closures hold them (and the position ids) whatever requires grad."""
         step = self.step
+        if self.compiled_whole:
+            return traced_mask_saves(step.shape.b, step.shape.s, step.act)
         if step.tuning is None or self.checkpointed:
             return list(
                 step.impl.shared_saves(step.arch, step.shape, self.stream, self.checkpointed, step.device)
@@ -377,8 +399,13 @@ class _Passes:
 
     def final_saves(self) -> tuple[list[tuple[str, int]], bool]:
         """The final norm's saves and the LM head's input, and whether the last hidden state is kept for
-        the final norm's backward (:func:`final_saves`)."""
-        return final_saves(self.step)
+        the final norm's backward (:func:`final_saves`); inside transformers' compiled forward the norm
+        keeps its input and rstd (:func:`~zerocalc.model.code.compiled_final_saves`)."""
+        final, keeps_last = final_saves(self.step)
+        if self.compiled_whole:
+            step = self.step
+            final = compiled_final_saves(final, step.act, step.shape.sequence_tokens, step.arch.hidden_size)
+        return final, keeps_last
 
     def nodes_of(self, i: int) -> LayerNodes:
         """Layer ``i``'s moments node by node (:mod:`zerocalc.peak.layer_nodes`), which depend on its index
@@ -396,6 +423,8 @@ class _Passes:
                 if verb == "grad":
                     rest.remove(numel)  # the weight the program's gradient is of (or one of its size)
             excess = first_norm_backward_excess(step.impl, step.arch, step.shape, step.act)
+            if self.compiled_whole:
+                excess = 0  # the norms' backward is fused into the graph's kernels: no fp32 gradients
             backward = self._backward[kind] = LayerNodes(forward, program, tuple(rest), excess)
         return backward
 
@@ -414,7 +443,7 @@ class _Passes:
         led, forward = self.led, self.nodes_of(i).forward
         if not forward:
             step = self.step
-            casts = cast_forward_excess(step.arch, i, step.fp8, step.shape.local_tokens, step.act)
+            casts = cast_forward_excess(step.arch, i, self.casts, step.shape.local_tokens, step.act)
             led.event(name, max(saves.forward_excess, casts), TRANSIENT)
             return
         temps = [f"{name}: transient#{n}" for n in range(len(forward))]
@@ -437,7 +466,9 @@ class _Passes:
         """Layer ``i`` under torchtitan's op-level selective checkpointing (a dense block: one layer kind)."""
         if self._op_layer is None:
             step = self.step
-            self._op_layer = op_sac_layer(step.impl, step.arch, i, step.shape, step.act)
+            self._op_layer = op_sac_layer(
+                step.impl, step.arch, i, step.shape, step.act, self.compiled_model, self.compiled_fp8
+            )
         return self._op_layer
 
     def _part(self, one: Pass) -> tuple[str, range, bool, bool]:
@@ -586,7 +617,9 @@ class _Passes:
         # RMSNorm forward: while x·rsqrt (fp32) exists its cast exists and the output does not yet
         led.event(
             f"final norm forward{tag}",
-            (FP32 - self.stream) * R * h if t.norm != "layernorm" and impl.norm_fp32_copy else 0,
+            (FP32 - self.stream) * R * h
+            if t.norm != "layernorm" and impl.norm_fp32_copy and not self.compiled_whole
+            else 0,
             TRANSIENT,
         )
         if not keeps_last and hidden != f"embedding output{tag}":
@@ -607,7 +640,9 @@ class _Passes:
         capped = logits_saves(impl, arch, shape, act)
         for name, b in capped:
             led.alloc(f"{name}{tag}", b, LOSS)
-        if impl.loss == "hf_upcast":
+        if self.compiled_loss:
+            self.compiled_loss_forward(tag)
+        elif impl.loss == "hf_upcast":
             led.alloc(f"logits fp32 copy{tag}", self.upcast_bytes * TV, LOSS)
             led.alloc(f"labels padded{tag}", INT64 * shape.b * (shape.s + 1), LOSS)
             if shape.b > 1 or shape.cp > 1:  # labels[..., 1:].contiguous() copies
@@ -616,16 +651,17 @@ class _Passes:
                 led.rename(f"labels padded{tag}", f"shift labels{tag}")  # b = 1: the slice is a view
         elif impl.loss == "float_cross_entropy":
             led.alloc(f"logits fp32 copy{tag}", self.upcast_bytes * TV, LOSS)
-        led.alloc(f"log_softmax{tag}", FP32 * TV, LOSS)
-        led.alloc(f"loss{tag}", FP32, LOSS)
-        self._losses.append(f"loss{tag}")
-        led.alloc(f"total_weight{tag}", FP32, LOSS)
-        led.event(f"loss forward (nll_loss){tag}", self.loss_parallel[0], TRANSIENT)
-        led.free(f"logits fp32 copy{tag}")
-        led.free(f"labels padded{tag}")
+        if not self.compiled_loss:
+            led.alloc(f"log_softmax{tag}", FP32 * TV, LOSS)
+            led.alloc(f"loss{tag}", FP32, LOSS)
+            self._losses.append(f"loss{tag}")
+            led.alloc(f"total_weight{tag}", FP32, LOSS)
+            led.event(f"loss forward (nll_loss){tag}", self.loss_parallel[0], TRANSIENT)
+            led.free(f"logits fp32 copy{tag}")
+            led.free(f"labels padded{tag}")
         led.free("previous step's loss")
         mechanics.post_forward(led, "root")
-        if step.keep_output is OutputKept.NONE:
+        if step.keep_output is OutputKept.NONE and not self.compiled_loss:
             led.free(f"logits{tag}")  # only the loss is kept by the training loop
         led.free(HELD_LOGITS)  # --keep-output next: the previous output, its name rebound as forward returns
         led.free(f"last hidden state (base model output){tag}")
@@ -665,7 +701,9 @@ class _Passes:
         elif head:
             led.alloc(f"grad seed{tag}", FP32, LOSS)
             mechanics.pre_backward(led, "root")
-            if impl.loss == "fp32_logits":
+            if self.compiled_loss:
+                self.compiled_loss_backward(tag)
+            elif impl.loss == "fp32_logits":
                 # Megatron-LM _VocabParallelCrossEntropy.backward turns the saved softmax into the
                 # gradient in place (core/tensor_parallel/cross_entropy.py calculate_gradients)
                 led.free(f"total_weight{tag}")
@@ -679,7 +717,9 @@ class _Passes:
                 led.event(f"loss backward (log_softmax_backward){tag}", self.loss_parallel[1], TRANSIENT)
                 led.free(f"log_softmax{tag}")
                 led.free(f"d log_softmax (nll_loss_backward){tag}")
-            if self.logits_bytes != FP32:
+            if self.compiled_loss:
+                pass  # the fused backward kernel wrote the gradient in the logits' dtype
+            elif self.logits_bytes != FP32:
                 led.alloc(f"d logits{tag}", self.logits_bytes * TV, LOSS)
                 led.event(f"logits.float() backward{tag}")
                 led.free(f"d logits fp32 (log_softmax_backward){tag}")
@@ -694,7 +734,7 @@ class _Passes:
             mechanics.param_grad(led, "root", head_weight, _vocab_numel(arch, head_weight))
             led.event(f"lm_head backward{tag}")
             led.free(f"d logits{tag}")
-            led.event(f"final norm backward{tag}", norm_backward_excess(impl, arch, shape, act), TRANSIENT)
+            led.event(f"final norm backward{tag}", self.final_norm_backward_excess(), TRANSIENT)
             self.final_unpacked()
             led.free_group(f"final{tag}")
             if self.final_saves()[1]:
@@ -732,7 +772,9 @@ class _Passes:
             if backward.program:
                 _run_backward_program(led, mechanics, i, backward.program, tag)
             else:
-                casts = cast_backward_excess(arch, i, step.fp8, step.shape.local_tokens, step.act, led.block)
+                casts = cast_backward_excess(
+                    arch, i, self.casts, step.shape.local_tokens, step.act, led.block
+                )
                 led.event(f"layer {i} backward{tag}", max(saves.backward_excess, casts), TRANSIENT)
             led.free_group(f"layer {i}{tag}")
             j = 0
@@ -789,6 +831,41 @@ class _Passes:
         if last:
             mechanics.backward_finished(led)
         led.free(f"grad seed{tag}")  # held by torch.autograd.backward's frame
+
+    # ------------------------------------------------------------ torch.compile's loss
+    def compiled_loss_forward(self, tag: str) -> None:
+        """The compiled cross-entropy's forward (:func:`~zerocalc.model.code.compiled_loss_saves`): one
+        fused reduction kernel; it saves the logits themselves (they stay until its backward), the rows'
+        max and log-sum-exp; transformers' loss also its padded labels (``ForCausalLMLoss`` pads, then
+        shifts inside the graph) and an fp32 scalar (``nll_loss``'s total weight)."""
+        led, step = self.led, self.step
+        rows = self.logits.rows
+        saves = compiled_loss_saves(rows)
+        if self.compiled_whole:
+            saves += [("labels padded", INT64 * step.shape.b * (step.shape.s + 1)), ("total_weight", FP32)]
+        led.alloc_group(f"compiled loss{tag}", saves, LOSS)
+        led.alloc(f"loss{tag}", FP32, LOSS)
+        self._losses.append(f"loss{tag}")
+        led.event(f"loss forward (compiled cross-entropy){tag}")
+
+    def compiled_loss_backward(self, tag: str) -> None:
+        """The compiled cross-entropy's backward: one pointwise kernel writes the logits' gradient in their
+        dtype beside an fp32 [rows] buffer (measured: act·rows·V + 4·rows above the saved tensors, torch
+        2.13 Inductor, CPU); then its saved tensors and the logits (unless the loop holds them) go."""
+        led, step = self.led, self.step
+        led.alloc(f"d logits{tag}", self.logits_bytes * self.logits.rows * self.logits.columns, LOSS)
+        led.event(f"loss backward (compiled cross-entropy){tag}", FP32 * self.logits.rows, TRANSIENT)
+        led.free_group(f"compiled loss{tag}")
+        if step.keep_output is OutputKept.NONE:
+            led.free(f"logits{tag}")
+
+    def final_norm_backward_excess(self) -> int:
+        """The final norm's backward transient (:func:`~zerocalc.model.code.norm_backward_excess`); inside
+        transformers' compiled forward a fused kernel's: the input gradient alone (act·rows·h)."""
+        step = self.step
+        if self.compiled_whole:
+            return step.act * step.shape.sequence_tokens * step.arch.hidden_size
+        return norm_backward_excess(step.impl, step.arch, step.shape, step.act)
 
     # ------------------------------------------------------------ activation offloading (torchtune)
     def final_unpacked(self) -> None:

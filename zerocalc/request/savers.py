@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from zerocalc.base.errors import InputError
 from zerocalc.base.units import parse_whole
 from zerocalc.model.activations import Recompute
+from zerocalc.model.architecture import layer_tensors
 from zerocalc.model.code import (
     MODEL_CODES,
     TORCHTUNE_OUTPUT_CHUNKS,
@@ -19,7 +20,7 @@ from zerocalc.model.code import (
     OutputKept,
 )
 from zerocalc.parallel.framework_records import FRAMEWORKS
-from zerocalc.parallel.precision import ParamLayout
+from zerocalc.parallel.precision import Fp8RecipeName, ParamLayout
 from zerocalc.parallel.strategies import OffloadTarget
 from zerocalc.request.values import choice
 
@@ -222,5 +223,56 @@ def compile_problem(request: TrainingRequest) -> str | None:
             f"{what} with transformers' model code: its loss runs inside the model's forward "
             "(LlamaForCausalLM.forward calls self.loss_function), compiled with it or not at all; accepted: "
             "{compile} model, or {compile} none"
+        )
+    return compile_memory_problem(request, what)
+
+
+NONE = "{compile} none"
+
+
+def compile_memory_problem(request: TrainingRequest, what: str) -> str | None:
+    """``--compile`` where what the compiled step saves is not modelled (:mod:`zerocalc.model.code.
+    compiled`, measured on the dense Llama block with SDPA's flash kernel, one rank); None where it is."""
+    from zerocalc.model.code import compile_unsupported
+    from zerocalc.request.checks import flash_attention_used
+
+    compiled, acts = request.activations.compile, request.activations
+    hf = request.model_code is ModelImplName.HF
+    if request.finetune is not None:
+        return (
+            f"{what} with fine-tuning (LoRA, QLoRA, DoRA, frozen weights) is not modelled; accepted: " + NONE
+        )
+    if acts.offload:
+        return f"{what} with {{offload_activations}} is not modelled; accepted: " + NONE
+    if acts.loss is not LossImpl.FULL and (compiled.loss or hf):
+        return (
+            f"{what} with {{loss}} {acts.loss.value}: a saver's loss under compile is not modelled; "
+            "accepted: {loss} full, or {compile} model with {model_impl} torchtitan"
+        )
+    fp8 = request.fp8
+    if fp8.on and (
+        fp8.recipe is not Fp8RecipeName.TENSORWISE
+        or hf
+        or not all(fp8.converts(t) for t in layer_tensors(request.architecture, 0) if len(t.shape) == 2)
+    ):
+        return (
+            f"{what} with {{fp8}} {fp8.recipe.value}: modelled for torchao's tensorwise Float8Linear on "
+            "every linear of torchtitan's blocks (what was measured); accepted: {fp8} tensorwise, or " + NONE
+        )
+    if compiled.model or hf:
+        reason = compile_unsupported(request.architecture, request.rank_shape, flash_attention_used(request))
+        if reason is not None:
+            return f"{what}: the saves of a compiled block: {reason}; accepted: {{compile}} none"
+        allowed = (Recompute.NONE,) if hf else (Recompute.NONE, Recompute.FULL, Recompute.OP)
+        if acts.recompute not in allowed:
+            names = ", ".join(r.value for r in allowed)
+            return (
+                f"{what} with {{recompute}} {acts.recompute.value}: not modelled for "
+                f"{request.model_code.value}'s compiled code; accepted: {{recompute}} {names}"
+            )
+    if compiled.loss and request.rank_shape.tp > 1:
+        return (
+            f"{what} with {{tp}} {request.rank_shape.tp}: the compiled vocabulary-parallel loss is not "
+            "modelled; accepted: {tp} 1, or {compile} model"
         )
     return None

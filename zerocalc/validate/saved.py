@@ -34,14 +34,19 @@ from zerocalc.model.code import (
     FP32,
     INT64,
     MODEL_CODES,
+    Compiled,
     Device,
     ForwardTuning,
     ModelImplName,
     Shape,
+    compiled_final_saves,
+    compiled_loss_saves,
     embedding_saves,
     layer_saves,
     logits_saves,
     loss_saves,
+    op_sac_layer,
+    traced_mask_saves,
     tuned_embedding_saves,
     tuned_final_saves,
     tuned_shared_saves,
@@ -170,6 +175,9 @@ class SavedCase(BaseModel):
     micro_batch: int
     seq_len: int
     tuning: str = Field(default="", description="the fine-tuning measured (empty: full training)")
+    compiled: str = Field(
+        default="", description="torch.compile's setting and the model code, recompute (empty: eager hf)"
+    )
     regions: tuple[RegionResult, ...]
     not_exact: str | None = Field(
         default=None, description="why the profile is not claimed exact here (reported, not failed)"
@@ -305,6 +313,19 @@ def compare(
 ) -> SavedCase:
     """Region by region: the profile's bytes against the measured storages."""
     predicted = predict_regions(arch, shape, dtype, attention, tuning)
+    family = arch.family or ""
+    case = SavedCase(
+        model=model, family=family, not_exact=not_exact_reason(family, attention), dtype=dtype,
+        attention=attention, micro_batch=shape.b, seq_len=shape.s, tuning=tuning_label, regions=(),
+    )  # fmt: skip
+    return with_regions(case, predicted, measured)
+
+
+def with_regions(
+    case: SavedCase, predicted: dict[str, list[Term]], measured: list[MeasuredStorage]
+) -> SavedCase:
+    """``case`` with its regions: the predicted terms against the measured storages, region by region
+    (a region only one side has is compared with nothing)."""
     names = list(predicted) + [m.region for m in measured if m.region not in predicted]
     regions = []
     for name in dict.fromkeys(names):
@@ -322,15 +343,64 @@ def compare(
                 unmatched_storages=tuple(unmatched_storages),
             )
         )
-    family = arch.family or ""
-    return SavedCase(
-        model=model,
-        family=family,
-        not_exact=not_exact_reason(family, attention),
-        dtype=dtype,
-        attention=attention,
-        micro_batch=shape.b,
-        seq_len=shape.s,
-        tuning=tuning_label,
-        regions=tuple(regions),
-    )
+    return case.model_copy(update={"regions": tuple(regions)})
+
+
+def predict_compiled_regions(
+    code: str,
+    arch: Architecture,
+    shape: Shape,
+    dtype: str,
+    recompute: str,
+    compiled: Compiled,
+    fp8: bool = False,
+) -> dict[str, list[Term]]:
+    """What zerocalc says a compiled step saves (:mod:`zerocalc.model.code.compiled`), in the regions
+    :mod:`zerocalc.validate.compiled` measures, on one rank.
+
+    ``torchtitan`` (per-block compile): ``embedding``, the token ids (``nn.Embedding`` saves its
+    indices); ``layer <i>``, a compiled block's saves (:func:`~zerocalc.model.code.layer_saves` with
+    ``compiled``), under ``full`` its input only, under ``op`` its input and the policy's kept outputs
+    (:func:`~zerocalc.model.code.op_sac_layer`); ``loss``: the compiled loss's logits, labels and
+    :func:`~zerocalc.model.code.compiled_loss_saves`, or eager's ``log_softmax`` output, labels and
+    ``total_weight``. The final norm and head stay eager (CPU's composite ``nn.RMSNorm``): not predicted.
+    ``hf`` (the whole forward one graph): every term in ``compiled forward``: the input ids, the traced
+    causal mask, each layer's compiled saves, the final norm's input and rstd, the LM head's input, and
+    the compiled loss's logits, padded labels, row statistics and fp32 scalar. ``fp8``: torchtitan's
+    blocks with torchao's tensorwise ``Float8Linear`` (``fp8_matmuls``)."""
+    act = ACT_BYTES[dtype]
+    T, h, V = shape.tokens, arch.hidden_size, arch.vocab_size
+    impl = MODEL_CODES[ModelImplName(code)]
+
+    def terms(saves: list[tuple[str, int]] | tuple[tuple[str, int], ...]) -> list[Term]:
+        return [Term(name=n, bytes=b) for n, b in saves if b]
+
+    layers: dict[str, list[Term]] = {}
+    for i in range(arch.num_layers):
+        if recompute == "full":
+            layers[f"layer {i}"] = [Term(name="layer input (the checkpoint's)", bytes=act * T * h)]
+        elif recompute == "op":
+            op = op_sac_layer(impl, arch, i, shape, act, compiled.model, fp8)
+            layers[f"layer {i}"] = [Term(name="layer input (the checkpoint's)", bytes=act * T * h)]
+            layers[f"layer {i}"] += terms(op.kept)
+        else:
+            saves = layer_saves(impl, arch, i, shape, act, compiled=compiled.model, fp8_matmuls=fp8)
+            layers[f"layer {i}"] = terms(saves.saved)
+    ids = [Term(name="input ids", bytes=INT64 * T)]
+    if code == ModelImplName.TORCHTITAN:
+        labels = Term(name="labels", bytes=INT64 * T)
+        if compiled.loss:
+            loss = [Term(name="logits", bytes=act * T * V), labels, *terms(compiled_loss_saves(T))]
+        else:
+            loss = [Term(name="log_softmax output (fp32)", bytes=FP32 * T * V), labels]
+            loss.append(Term(name="total_weight (fp32)", bytes=FP32))
+        return {"embedding": ids, **layers, "loss": loss}
+    whole = ids + terms(traced_mask_saves(shape.b, shape.s, act))
+    for layer in layers.values():
+        whole += layer
+    final = impl.final_saves(arch, shape, act, Device.CPU)
+    whole += terms(compiled_final_saves(list(final), act, T, h))
+    whole += [Term(name="logits", bytes=act * T * V), *terms(compiled_loss_saves(T))]
+    whole += [Term(name="labels padded", bytes=INT64 * shape.b * (shape.s + 1))]
+    whole += [Term(name="total_weight (fp32)", bytes=FP32)]
+    return {"compiled forward": whole}

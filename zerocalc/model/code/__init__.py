@@ -39,7 +39,12 @@ from zerocalc.model.code.base import (
     Transient,
     Ulysses,
 )
-from zerocalc.model.code.compiled import Compiled
+from zerocalc.model.code.compiled import (
+    Compiled,
+    compiled_final_saves,
+    compiled_loss_saves,
+    traced_mask_saves,
+)
 from zerocalc.model.code.finetune import (
     TUNED_FAMILIES,
     ForwardTuning,
@@ -50,7 +55,7 @@ from zerocalc.model.code.finetune import (
     tuning_unsupported,
 )
 from zerocalc.model.code.hf import HF, HF_ATTENTION, HF_EAGER_ONLY
-from zerocalc.model.code.layer import QUADRATIC_TERMS, layer_saves
+from zerocalc.model.code.layer import QUADRATIC_TERMS, compile_unsupported, layer_saves
 from zerocalc.model.code.loss import (
     TORCHTUNE_OUTPUT_CHUNKS,
     LossImpl,
@@ -112,6 +117,9 @@ __all__ = [
     "Ulysses",
     "VocabShard",
     "chunked_rows",
+    "compile_unsupported",
+    "compiled_final_saves",
+    "compiled_loss_saves",
     "embedding_saves",
     "hidden_bytes",
     "layer_saves",
@@ -128,6 +136,7 @@ __all__ = [
     "parallel_transients",
     "parallel_unsupported",
     "stream_bytes",
+    "traced_mask_saves",
     "tuned_embedding_saves",
     "tuned_final_saves",
     "tuned_shared_saves",

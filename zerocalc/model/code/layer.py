@@ -7,6 +7,7 @@ from __future__ import annotations
 from zerocalc.model.architecture import Architecture, BlockLayout
 from zerocalc.model.code.attention import attention_saves
 from zerocalc.model.code.base import FP32, Device, LayerSaves, ModelCode
+from zerocalc.model.code.compiled import compiled_layer_saves
 from zerocalc.model.code.excess import backward_excess, forward_excess
 from zerocalc.model.code.finetune import ForwardTuning, tuned_layer, tuning_unsupported
 from zerocalc.model.code.mlp import mlp_saves, moe_saves
@@ -27,6 +28,8 @@ def layer_saves(
     flash: bool = True,
     selective: bool = False,
     tuning: ForwardTuning | None = None,
+    compiled: bool = False,
+    fp8_matmuls: bool = False,
 ) -> LayerSaves:
     """What decoder layer ``index`` keeps for backward under ``impl`` (:mod:`zerocalc.model.code`).
 
@@ -44,6 +47,11 @@ def layer_saves(
     ``tuning``: a fine-tuning run's forward (:mod:`zerocalc.model.code.finetune`: the frozen base keeps no
     input for weight gradients, the adapters their fp32 inputs; transformers' modules, one rank, no
     in-layer transients counted); None: every parameter trained.
+
+    ``compiled``: the block under ``torch.compile`` (:mod:`zerocalc.model.code.compiled`: what Inductor's
+    partitioner saves, :func:`~zerocalc.model.code.compiled.compiled_layer_saves`; the dense Llama block
+    only, :func:`compile_unsupported`); its transients as eager's (not re-derived for the compiled
+    kernels); ``fp8_matmuls``: its linears torchao's ``Float8Linear`` (tensorwise), compiled.
     """
     reason = parallel_unsupported(impl, arch, shape, flash)
     if reason is not None:
@@ -58,6 +66,15 @@ def layer_saves(
             raise ValueError(reason)
         return tuned_layer(arch, index, shape, act, device, use_cache, tuning).saves
     saves = impl.layer(arch, index, shape, act, device, use_cache, flash)
+    if compiled:
+        reason = compile_unsupported(arch, shape, flash)
+        if reason is not None:
+            raise ValueError(reason)
+        a_width = shape.split(arch.num_heads, "attention heads") * arch.dim_per_head
+        saved = compiled_layer_saves(
+            saves.saved, impl.norm_fp32_copy, a_width, act, shape.local_tokens, arch.hidden_size, fp8_matmuls
+        )
+        saves = saves._replace(saved=saved, keeps_input=False, program=())
     moments = parallel_transients(impl, arch, index, shape, act)
     forward = max((m.nbytes for m in moments if m.phase == "forward"), default=0)
     backward = max((m.nbytes for m in moments if m.phase == "backward"), default=0)
@@ -73,6 +90,21 @@ def layer_saves(
         saved=tuple((name, b) for name, b in saves.saved if name not in QUADRATIC_TERMS),
         backward_excess=saves.backward_excess + dropped,
     )
+
+
+def compile_unsupported(arch: Architecture, shape: Shape, flash: bool) -> str | None:
+    """Why a compiled block's saves are not modelled, one sentence; None where they are: the dense Llama
+    block (:func:`~zerocalc.model.code.op_sac.dense_llama_block`) with RMSNorm and SDPA's flash kernel,
+    on one tensor- and context-parallel rank (what was measured, :mod:`zerocalc.validate.compiled`)."""
+    from zerocalc.model.code.op_sac import dense_llama_block
+
+    if not dense_llama_block(arch) or traits(arch).norm != "llama":
+        return "it is modelled for the dense Llama block (RMSNorm, q, k, v, o, gate, up, down linears)"
+    if not flash:
+        return "it is modelled with SDPA's flash kernel"
+    if shape.tp > 1 or shape.cp > 1:
+        return "it is not modelled under tensor or context parallelism (measured on one rank)"
+    return None
 
 
 QUADRATIC_TERMS = frozenset(

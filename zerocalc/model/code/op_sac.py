@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 from zerocalc.model.architecture import Architecture, BlockLayout, MlpKind, QkNorm, layer_tensors
 from zerocalc.model.code.base import FP32, ModelCode
+from zerocalc.model.code.compiled import compiled_op_kept
 from zerocalc.model.code.layer import layer_saves
 from zerocalc.model.code.shape import Shape
 
@@ -38,7 +39,19 @@ def op_sac_unsupported(
     written for)."""
     if impl is not None and not impl.op_sac_memory:
         return "its memory is modelled for torchtitan's Llama code"
-    if (
+    if not dense_llama_block(arch):
+        return "it is modelled for the dense Llama block (q, k, v, o, gate, up and down linears)"
+    if not flash:
+        return "it is modelled with SDPA's flash kernel, whose outputs the policy saves"
+    if shape.cp > 1:
+        return "it is not modelled under context parallelism (the flash kernel runs once per K/V chunk)"
+    return None
+
+
+def dense_llama_block(arch: Architecture) -> bool:
+    """The dense Llama block: pre-norm, separate q, k, v, o, gate, up and down linears (no q/k norm, no
+    fused projections, no experts, no latent attention), SwiGLU."""
+    return not (
         arch.is_moe
         or arch.latent_attention is not None
         or arch.fused_qkv
@@ -52,13 +65,7 @@ def op_sac_unsupported(
             if t.name == "weight" and len(t.shape) == 2
         }
         != set(OP_SAC_MATMUL_ORDER)
-    ):
-        return "it is modelled for the dense Llama block (q, k, v, o, gate, up and down linears)"
-    if not flash:
-        return "it is modelled with SDPA's flash kernel, whose outputs the policy saves"
-    if shape.cp > 1:
-        return "it is not modelled under context parallelism (the flash kernel runs once per K/V chunk)"
-    return None
+    )
 
 
 class OpSacLayer(NamedTuple):
@@ -77,7 +84,15 @@ class OpSacLayer(NamedTuple):
     backward_excess: int
 
 
-def op_sac_layer(impl: ModelCode, arch: Architecture, index: int, shape: Shape, act: int) -> OpSacLayer:
+def op_sac_layer(
+    impl: ModelCode,
+    arch: Architecture,
+    index: int,
+    shape: Shape,
+    act: int,
+    compiled: bool = False,
+    fp8_matmuls: bool = False,
+) -> OpSacLayer:
     """What decoder layer ``index`` keeps under torchtitan's op-level selective activation checkpointing
     (``activation_checkpoint.mode = "selective"``, ``selective_ac_option = "op"``), per rank.
 
@@ -100,11 +115,20 @@ def op_sac_layer(impl: ModelCode, arch: Architecture, index: int, shape: Shape, 
     reduce-scatters' are not. The recompute re-runs the norms, wk, the rotary embedding, the output's
     copy, wo, w3, the SiLU and product, the residual adds and the all-gathers of the sequence-parallel
     inputs. Derived from the source; the kept bytes and the recomputed matmuls are measured on CPU for
-    one rank (:mod:`zerocalc.validate.op_sac`)."""
+    one rank (:mod:`zerocalc.validate.op_sac`).
+
+    ``compiled``: the block under ``torch.compile`` (torchtitan's ``apply_compile`` wraps the checkpointed
+    block): the partitioner keeps the policy's outputs that the backward reads
+    (:func:`~zerocalc.model.code.compiled.compiled_op_kept`: not w2's), and the recompute, fused into the
+    backward graph, materialises what a compiled block saves (:func:`~zerocalc.model.code.layer_saves`'s
+    ``compiled``); measured on CPU (torch 2.13 Inductor, :mod:`zerocalc.validate.compiled`). With
+    ``fp8_matmuls`` (torchao's tensorwise ``Float8Linear``, compiled) the kept outputs are the same (the
+    policy sees ``aten.mm`` on the fp8 tensors), the recompute materialises less
+    (:data:`~zerocalc.model.code.compiled.COMPILED_FP8_RECOMPUTED`)."""
     reason = op_sac_unsupported(arch, shape, True, impl)
     if reason is not None:
         raise ValueError(reason)
-    saves = layer_saves(impl, arch, index, shape, act)
+    saves = layer_saves(impl, arch, index, shape, act, compiled=compiled, fp8_matmuls=fp8_matmuls)
     L, R, h, d = shape.local_tokens, shape.sequence_tokens, arch.hidden_size, arch.dim_per_head
     a = shape.split(arch.num_heads, "attention heads")
     kv = shape.split(arch.kv_heads, "key/value heads")
@@ -127,6 +151,8 @@ def op_sac_layer(impl: ModelCode, arch: Architecture, index: int, shape: Shape, 
             ("down_proj reduce-scatter output", act * R * h),
         ]
     kept += scattered
+    if compiled:
+        kept = list(compiled_op_kept(tuple(kept)))
     aliases = {
         "v": "v_proj output",
         "gate output": "gate_proj output",
@@ -137,10 +163,10 @@ def op_sac_layer(impl: ModelCode, arch: Architecture, index: int, shape: Shape, 
     recomputed = tuple(
         (name, b) for name, b in saves.saved if name.split(":")[0] not in aliases and name not in aliases
     )
-    consumed = ("q_proj output", "down_proj output", *(name for name, _ in scattered))
+    consumed = ("q_proj output", *(() if compiled else ("down_proj output",)), *(n for n, _ in scattered))
     # the forward's moment around w2 holds its output and, under sequence parallelism, the reduce-scatter's
     # result besides the mid residual and the new hidden state: those two are kept outputs here
-    in_moment = act * L * h + (act * R * h if scattered else 0)
+    in_moment = (0 if compiled else act * L * h) + (act * R * h if scattered else 0)
     return OpSacLayer(
         kept=tuple(kept),
         recomputed=recomputed,
