@@ -8,7 +8,8 @@ from typing import Any
 
 from zerocalc.base.dtypes import DType
 from zerocalc.model.architecture import Architecture, ParamTensor, parameter_tensors
-from zerocalc.model.hf_config import FAMILIES, ModuleClass
+from zerocalc.model.hf_classes import ModuleClass
+from zerocalc.model.hf_config import FAMILIES
 from zerocalc.model.hf_modules import hf_modules, hf_name, module_class
 from zerocalc.model.quantized import Part, quantized_modules, weight_storage
 from zerocalc.parallel.finetune import FineTuning, parameter_kinds

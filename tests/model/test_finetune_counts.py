@@ -14,7 +14,7 @@ from zerocalc.base.dtypes import DType
 from zerocalc.base.errors import InputError
 from zerocalc.model.adapters import adapter_tensors
 from zerocalc.model.architecture import count_parameters
-from zerocalc.model.hf_config import LINEAR_CLASSES
+from zerocalc.model.hf_classes import LINEAR_CLASSES
 from zerocalc.model.hf_modules import hf_modules
 from zerocalc.model.quantized import Part, QuantMethod
 from zerocalc.parallel.finetune import (

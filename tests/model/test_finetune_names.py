@@ -15,7 +15,8 @@ pytest.importorskip("transformers")
 from test_families import _cases, build  # noqa: E402
 
 from zerocalc.model.architecture import parameter_tensors  # noqa: E402
-from zerocalc.model.hf_config import ModuleClass, architecture_from_hf_dict  # noqa: E402
+from zerocalc.model.hf_classes import ModuleClass  # noqa: E402
+from zerocalc.model.hf_config import architecture_from_hf_dict  # noqa: E402
 from zerocalc.model.hf_modules import hf_modules, hf_parameters  # noqa: E402
 
 pytestmark = pytest.mark.slow

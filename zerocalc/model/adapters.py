@@ -47,12 +47,15 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 from functools import lru_cache
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from zerocalc.base.errors import InputError, shown
 from zerocalc.model.architecture import Architecture, ParamTensor, TensorParallelRank
-from zerocalc.model.hf_config import FAMILIES, LINEAR_CLASSES, ModuleClass, PeftMoeConversion
+from zerocalc.model.hf_classes import LINEAR_CLASSES, ModuleClass
 from zerocalc.model.hf_modules import HfModule, hf_containers, hf_modules
+
+if TYPE_CHECKING:
+    from zerocalc.model.hf_config import PeftMoeConversion
 
 ALL_LINEAR = "all-linear"
 """PEFT's shorthand for every linear layer but the output layer (``INCLUDE_LINEAR_LAYERS_SHORTHAND``)."""
@@ -124,6 +127,8 @@ def _inside_saved(key: str, modules_to_save: tuple[str, ...]) -> bool:
 
 
 def _default_targets(arch: Architecture) -> tuple[str, ...]:
+    from zerocalc.model.hf_config import FAMILIES  # the records load with a model, not at start-up
+
     family = FAMILIES.get(arch.family or "")
     if family is None or family.peft_targets is None:
         what = f"model_type {arch.family!r}" if arch.family else "a model without a model_type"
@@ -140,6 +145,8 @@ def _linear_names(arch: Architecture) -> list[str]:
 
 
 def _conversion(arch: Architecture) -> PeftMoeConversion | None:
+    from zerocalc.model.hf_config import FAMILIES
+
     family = FAMILIES.get(arch.family or "")
     return family.peft_moe if family is not None else None
 

@@ -270,7 +270,7 @@ class Architecture(BaseModel):
 class ParamTensor(BaseModel):
     """One parameter tensor: its module (as in the HF implementation), name and shape."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)  # built where first made: not at start-up
 
     module: str
     name: str
@@ -307,6 +307,9 @@ class TensorParallelRank(Architecture):
     expert_model_parallel_size``; DeepSpeed-MoE ``num_local_experts = num_experts // ep_size``). The
     router and the shared experts stay whole.
     """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)  # PipelineStage's too: built
+    # where one is first made (a request without --model makes none), not at start-up
 
     tp: int = Field(ge=1, description="t: tensor-parallel ranks")
     ep: int = Field(default=1, ge=1, description="e: expert-parallel ranks; E/e routed experts on this rank")

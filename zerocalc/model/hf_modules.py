@@ -16,7 +16,7 @@ An architecture without a family is named as Llama's modeling file names its mod
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from zerocalc.model.architecture import (
     Architecture,
@@ -25,9 +25,10 @@ from zerocalc.model.architecture import (
     global_layer,
     parameter_tensors,
 )
-from zerocalc.model.hf_config import FAMILIES, LLAMA_NAMES, Family, ModuleClass
+from zerocalc.model.hf_classes import ModuleClass
 
-_LLAMA = FAMILIES["llama"]
+if TYPE_CHECKING:
+    from zerocalc.model.hf_config import Family
 
 
 class HfModule(NamedTuple):
@@ -80,12 +81,16 @@ class HfModule(NamedTuple):
 
 
 def _family(arch: Architecture) -> Family:
-    return FAMILIES.get(arch.family or "", _LLAMA)
+    from zerocalc.model.hf_config import FAMILIES  # the records load with a model, not at start-up
+
+    return FAMILIES.get(arch.family or "", FAMILIES["llama"])
 
 
 def hf_name(arch: Architecture, module: str) -> str:
     """``module`` (a zerocalc module name, or a name under one) as transformers names it in ``arch``'s
     family; a pipeline stage's layers by their index in the whole model."""
+    from zerocalc.model.hf_config import LLAMA_NAMES
+
     family = _family(arch)
     parts = module.split(".")
     if parts[0] == "lm_head":

@@ -44,7 +44,7 @@ from typing import NamedTuple
 
 from zerocalc.base.dtypes import DType
 from zerocalc.model.architecture import Architecture
-from zerocalc.model.hf_config import ModuleClass
+from zerocalc.model.hf_classes import ModuleClass
 from zerocalc.model.hf_modules import HfModule, hf_modules
 
 BLOCK = 64

@@ -22,7 +22,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from zerocalc.model.architecture import Architecture, ParamTensor, parameter_tensors
-from zerocalc.model.hf_config import ModuleClass
+from zerocalc.model.hf_classes import ModuleClass
 from zerocalc.model.hf_modules import hf_linear_ends, hf_modules
 from zerocalc.parallel.precision import FP8_RECIPES, Fp8Recipe, Fp8RecipeName, Fp8Use
 

@@ -94,7 +94,7 @@ PP_SCHEDULE_NAMES: dict[str, PpSchedule] = {
 class MeshGroup(BaseModel):
     """One dimension's process group as the layout places it."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)  # built where first made: not at start-up
 
     dimension: str = Field(
         description="tp, cp, dp or pp; with expert parallelism also ep and expert_dp (the ranks of equal EP "

@@ -7,12 +7,10 @@ name) or refused with the value and what is accepted; none is ignored. Flags ove
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from zerocalc.base.dtypes import DType, parse_dtype
 from zerocalc.base.errors import InputError, shown, why_not
-from zerocalc.base.json_text import json_object
 from zerocalc.base.paths import user_path
 from zerocalc.base.units import parse_fraction, parse_whole
 from zerocalc.model.activations import Recompute
@@ -98,6 +96,10 @@ def _empty(value: Any) -> bool:
 
 def read_adapter_config(path: str) -> dict[str, Any]:
     """A PEFT ``adapter_config.json`` → the :class:`LoraConfig` fields it sets."""
+    import json  # with json_text: loaded where a file is read, not at start-up
+
+    from zerocalc.base.json_text import json_object
+
     where = f"{{adapter_config}} {shown(path)}"
     try:
         raw = user_path(path).read_bytes()
@@ -161,6 +163,8 @@ _TORCH_DTYPE_NAMES = {
 def quantization_from_config(config: dict[str, Any], where: str) -> dict[str, Any]:
     """A config.json's ``quantization_config`` (bitsandbytes: ``BitsAndBytesConfig.to_dict()``) → the
     :class:`QuantConfig` fields it sets; other methods were refused when the model was read."""
+    import json
+
     where = f"{where}: quantization_config"
     four = config.get("load_in_4bit", config.get("_load_in_4bit", False))
     eight = config.get("load_in_8bit", config.get("_load_in_8bit", False))
