@@ -359,7 +359,9 @@ AFTER_STRATEGIES = (
     Part("kept output", ("activations.keep_output", "activations.loss", "activations.offload",
                          "activations.recompute", "model_impl", "mesh"),
          lambda r, _: kept_output_problem(r)),
-    Part("compile", ("activations.compile", "model_impl", "framework"), lambda r, _: compile_problem(r)),
+    Part("compile", ("estimate", "activations", "model_impl", "framework", "finetune", "fp8", "mesh", "model",
+                     "stage"),
+         lambda r, _: compile_problem(r, flash_attention_used(r))),
 )  # fmt: skip
 """The checks after, in the order they report."""
 

@@ -18,8 +18,10 @@ from zerocalc.model.code import (
     LossImpl,
     ModelImplName,
     OutputKept,
+    compile_unsupported,
 )
 from zerocalc.parallel.framework_records import FRAMEWORKS
+from zerocalc.parallel.frameworks import Estimate
 from zerocalc.parallel.precision import Fp8RecipeName, ParamLayout
 from zerocalc.parallel.strategies import OffloadTarget
 from zerocalc.request.values import choice
@@ -205,9 +207,11 @@ def kept_output_problem(request: TrainingRequest) -> str | None:
     return None
 
 
-def compile_problem(request: TrainingRequest) -> str | None:
+def compile_problem(request: TrainingRequest, flash: bool) -> str | None:
     """``--compile`` where the model's code does not ``torch.compile`` the part asked
-    (:mod:`zerocalc.model.code.compiled`); None where accepted (or not asked)."""
+    (:mod:`zerocalc.model.code.compiled`), or where what it runs is not modelled: by any estimate, or (for
+    ``memory`` and plan's memory requests) by the compiled step's saves; None where accepted (or not
+    asked). ``flash``: the attention kernel used (:func:`~zerocalc.request.checks.flash_attention_used`)."""
     compiled = request.activations.compile
     if compiled is Compiled.NONE:
         return None
@@ -224,31 +228,33 @@ def compile_problem(request: TrainingRequest) -> str | None:
             "(LlamaForCausalLM.forward calls self.loss_function), compiled with it or not at all; accepted: "
             "{compile} model, or {compile} none"
         )
-    return compile_memory_problem(request, what)
-
-
-NONE = "{compile} none"
-
-
-def compile_memory_problem(request: TrainingRequest, what: str) -> str | None:
-    """``--compile`` where what the compiled step saves is not modelled (:mod:`zerocalc.model.code.
-    compiled`, measured on the dense Llama block with SDPA's flash kernel, one rank); None where it is."""
-    from zerocalc.model.code import compile_unsupported
-    from zerocalc.request.checks import flash_attention_used
-
-    compiled, acts = request.activations.compile, request.activations
-    hf = request.model_code is ModelImplName.HF
+    acts = request.activations
     if request.finetune is not None:
         return (
             f"{what} with fine-tuning (LoRA, QLoRA, DoRA, frozen weights) is not modelled; accepted: " + NONE
         )
     if acts.offload:
         return f"{what} with {{offload_activations}} is not modelled; accepted: " + NONE
+    hf = request.model_code is ModelImplName.HF
     if acts.loss is not LossImpl.FULL and (compiled.loss or hf):
         return (
             f"{what} with {{loss}} {acts.loss.value}: a saver's loss under compile is not modelled; "
             "accepted: {loss} full, or {compile} model with {model_impl} torchtitan"
         )
+    if request.estimate is Estimate.MEMORY:
+        return compile_memory_problem(request, what, flash)
+    return None
+
+
+NONE = "{compile} none"
+
+
+def compile_memory_problem(request: TrainingRequest, what: str, flash: bool) -> str | None:
+    """``--compile`` where what the compiled step saves is not modelled (:mod:`zerocalc.model.code.
+    compiled`, measured on the dense Llama block with SDPA's flash kernel, one rank); None where it is.
+    The step time prices more (:mod:`zerocalc.compute.ops`: tensor parallelism, other recipes)."""
+    compiled, acts = request.activations.compile, request.activations
+    hf = request.model_code is ModelImplName.HF
     fp8 = request.fp8
     if fp8.on and (
         fp8.recipe is not Fp8RecipeName.TENSORWISE
@@ -260,7 +266,7 @@ def compile_memory_problem(request: TrainingRequest, what: str) -> str | None:
             "every linear of torchtitan's blocks (what was measured); accepted: {fp8} tensorwise, or " + NONE
         )
     if compiled.model or hf:
-        reason = compile_unsupported(request.architecture, request.rank_shape, flash_attention_used(request))
+        reason = compile_unsupported(request.architecture, request.rank_shape, flash)
         if reason is not None:
             return f"{what}: the saves of a compiled block: {reason}; accepted: {{compile}} none"
         allowed = (Recompute.NONE,) if hf else (Recompute.NONE, Recompute.FULL, Recompute.OP)
