@@ -361,7 +361,7 @@ AFTER_STRATEGIES = (
          lambda r, _: kept_output_problem(r)),
     Part("compile", ("estimate", "activations", "model_impl", "framework", "finetune", "fp8", "mesh", "model",
                      "stage"),
-         lambda r, _: compile_problem(r, flash_attention_used(r))),
+         lambda r, _: compile_problem(r, lambda: flash_attention_used(r))),
 )  # fmt: skip
 """The checks after, in the order they report."""
 

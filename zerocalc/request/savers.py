@@ -5,6 +5,7 @@ code and the framework (:func:`savers_problem`); and what the training loop keep
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from zerocalc.base.errors import InputError
@@ -207,11 +208,12 @@ def kept_output_problem(request: TrainingRequest) -> str | None:
     return None
 
 
-def compile_problem(request: TrainingRequest, flash: bool) -> str | None:
+def compile_problem(request: TrainingRequest, flash: Callable[[], bool]) -> str | None:
     """``--compile`` where the model's code does not ``torch.compile`` the part asked
     (:mod:`zerocalc.model.code.compiled`), or where what it runs is not modelled: by any estimate, or (for
     ``memory`` and plan's memory requests) by the compiled step's saves; None where accepted (or not
-    asked). ``flash``: the attention kernel used (:func:`~zerocalc.request.checks.flash_attention_used`)."""
+    asked). ``flash``: whether the attention kernel is flash, asked only where compile is
+    (:func:`~zerocalc.request.checks.flash_attention_used`: a ``--params`` request has no architecture)."""
     compiled = request.activations.compile
     if compiled is Compiled.NONE:
         return None
@@ -242,7 +244,7 @@ def compile_problem(request: TrainingRequest, flash: bool) -> str | None:
             "accepted: {loss} full, or {compile} model with {model_impl} torchtitan"
         )
     if request.estimate is Estimate.MEMORY:
-        return compile_memory_problem(request, what, flash)
+        return compile_memory_problem(request, what, flash())
     return None
 
 

@@ -56,6 +56,7 @@ from zerocalc.model.code.finetune import (
 )
 from zerocalc.model.code.hf import HF, HF_ATTENTION, HF_EAGER_ONLY
 from zerocalc.model.code.layer import QUADRATIC_TERMS, compile_unsupported, layer_saves
+from zerocalc.model.code.llama_block import OP_SAC_MATMUL_ORDER
 from zerocalc.model.code.loss import (
     TORCHTUNE_OUTPUT_CHUNKS,
     LossImpl,
@@ -67,7 +68,6 @@ from zerocalc.model.code.loss import (
 from zerocalc.model.code.megatron import MEGATRON
 from zerocalc.model.code.norms import norm_backward_excess, norm_saves
 from zerocalc.model.code.op_sac import (
-    OP_SAC_MATMUL_ORDER,
     OpSacLayer,
     op_sac_layer,
     op_sac_recomputes,

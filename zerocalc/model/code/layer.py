@@ -10,6 +10,7 @@ from zerocalc.model.code.base import FP32, Device, LayerSaves, ModelCode
 from zerocalc.model.code.compiled import compiled_layer_saves
 from zerocalc.model.code.excess import backward_excess, forward_excess
 from zerocalc.model.code.finetune import ForwardTuning, tuned_layer, tuning_unsupported
+from zerocalc.model.code.llama_block import dense_llama_block
 from zerocalc.model.code.mlp import mlp_saves, moe_saves
 from zerocalc.model.code.norms import norm_saves
 from zerocalc.model.code.parallel import parallel_transients, parallel_unsupported
@@ -94,10 +95,8 @@ def layer_saves(
 
 def compile_unsupported(arch: Architecture, shape: Shape, flash: bool) -> str | None:
     """Why a compiled block's saves are not modelled, one sentence; None where they are: the dense Llama
-    block (:func:`~zerocalc.model.code.op_sac.dense_llama_block`) with RMSNorm and SDPA's flash kernel,
+    block (:func:`~zerocalc.model.code.llama_block.dense_llama_block`) with RMSNorm and SDPA's flash kernel,
     on one tensor- and context-parallel rank (what was measured, :mod:`zerocalc.validate.compiled`)."""
-    from zerocalc.model.code.op_sac import dense_llama_block
-
     if not dense_llama_block(arch) or traits(arch).norm != "llama":
         return "it is modelled for the dense Llama block (RMSNorm, q, k, v, o, gate, up, down linears)"
     if not flash:
