@@ -92,6 +92,9 @@ def measure_rank(
     """The storages each compiled block of ``rank`` saved in one training forward (regions ``layer <i>``;
     the embedding, the final norm and head and the loss stay eager and are left out)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # each case its own processes: the shapes another case's processes recorded (torch 2.13's on-disk
+    # profile-guided automatic dynamic) would make these compile dynamic, which DTensor's rms_norm rejects
+    torch._dynamo.config.automatic_dynamic_local_pgo = False
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         from torch.distributed.device_mesh import init_device_mesh
