@@ -75,15 +75,15 @@ def apply_tp(model: Any, mesh: Any, rank: int) -> None:
             "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
             "ffn_norm": SequenceParallel(),
-            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "feed_forward": PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+            ),
             "feed_forward.w1": ColwiseParallel(),
             "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
             "feed_forward.w3": ColwiseParallel(),
         }
         parallelize_module(block, mesh, plan)
-    model.tok_embeddings.register_forward_hook(
-        lambda _m, _a, out: out.chunk(world, dim=1)[rank].contiguous()
-    )
+    model.tok_embeddings.register_forward_hook(lambda _m, _a, out: out.chunk(world, dim=1)[rank].contiguous())
 
 
 def measure_rank(

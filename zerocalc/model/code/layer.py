@@ -72,7 +72,13 @@ def layer_saves(
             raise ValueError(reason)
         a_width = shape.split(arch.num_heads, "attention heads") * arch.dim_per_head
         saved = compiled_layer_saves(
-            saves.saved, impl.norm_fp32_copy, a_width, act, shape.sequence_tokens, arch.hidden_size, fp8_matmuls
+            saves.saved,
+            impl.norm_fp32_copy,
+            a_width,
+            act,
+            shape.sequence_tokens,
+            arch.hidden_size,
+            fp8_matmuls,
         )
         saves = saves._replace(saved=saved, keeps_input=False, program=())
     moments = parallel_transients(impl, arch, index, shape, act)
