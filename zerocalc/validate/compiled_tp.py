@@ -14,7 +14,10 @@ The embedding is not measured and not sharded: torchtitan's vocabulary-parallel 
 (``RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))``) fails in torch 2.13's backward
 when a compiled block reads its output (``Redistribute.backward`` of its ``MaskPartial`` receives a plain
 tensor: ``'Tensor' object has no attribute '_local_tensor'``; eager runs), so here a replicated embedding's
-output is cut to the rank's sequence shard (``Shard(1)``, what the blocks receive either way).
+output is cut to the rank's sequence shard (``Shard(1)``, what the blocks receive either way). A batch of
+one fails to trace (``rms_norm`` on the DTensor: "unhashable type: non-nested SymInt"): measured at b ≥ 2.
+Under ``full`` checkpointing torch 2.13 fails to compile the block (AOTAutograd's ``save_from_forward``
+meets a ``DeviceMesh`` among the saved tensors): measured for recompute none and op.
 """
 
 from __future__ import annotations
