@@ -97,6 +97,31 @@ def test_the_timeline_holds_the_compiled_saves_after_forward() -> None:
         ) == 32 * per_layer
 
 
+def test_a_compiled_llama_3_8b_block_under_tp_8_with_sequence_parallelism_by_hand() -> None:
+    """torchtitan's TP plan, t 8 (bf16, b 2, s 8192: T = 16384 tokens, R = T/8 sequence-shard rows):
+    each norm's input and fp32 rstd on the shard (R rows), its output all-gathered (T rows: the
+    partitioner saves the gathered tensor, the matmuls' input, not the shard), q, k, v, the attention
+    output and log-sum-exp of the rank's 4 heads and 1 kv head, gate, up and product of f/8 = 1792
+    columns; the MLP norm's input is wo's reduce-scattered output (R rows). Measured on gloo CPU ranks
+    (test_inductor_under_tp_saves_what_the_profile_says)."""
+    arch, _ = load_model("llama-3-8b")
+    shape = Shape(2, 8192, tp=8, sequence_parallel=True)
+    compiled = layer_saves(TORCHTITAN, arch, 0, shape, 2, compiled=True)
+    R, h = T // 8, 4096
+    by_hand = (
+        2 * (2 * R * h + 4 * R)  # norm inputs, rstd: the shard
+        + 2 * 2 * T * h  # norm outputs: gathered
+        + 2 * T * 512 + 2 * 2 * T * 128 + 2 * T * 512 + 4 * T * 4  # q, k, v, output, lse
+        + 3 * 2 * T * 1792  # gate, up, product
+    )  # fmt: skip
+    assert sum(b for _, b in compiled.saved) == by_hand == 520_372_224
+    op = op_sac_layer(TORCHTITAN, arch, 0, shape, 2, True)
+    kept = dict(op.kept)
+    assert kept["o_proj reduce-scatter output"] == 2 * R * h
+    assert "down_proj reduce-scatter output" not in kept and "down_proj output" not in kept
+    assert op.consumed == ("q_proj output", "o_proj reduce-scatter output")
+
+
 def test_the_compiled_loss_keeps_the_logits_and_two_fp32_columns() -> None:
     """Eager, the loss keeps log_softmax's fp32 output (4·T·V) and total_weight (4 B) and the logits are
     dropped; compiled, it keeps the bf16 logits (2·T·V) and the rows' max and log-sum-exp (fp32 [T, 1]).
@@ -123,7 +148,10 @@ def test_the_compiled_loss_keeps_the_logits_and_two_fp32_columns() -> None:
         (["--fp8", "tensorwise", "--fp8-skip", "output,wq"], "on every linear of torchtitan's blocks"),
         (["--model-impl", "hf", "--offload-activations", "--recompute", "full"],
          "--compile model with --offload-activations"),
-        (["--tp", "2"], "not modelled under tensor or context parallelism"),
+        (["--cp", "2"], "not modelled under context parallelism"),
+        (["--tp", "2", "--no-sequence-parallel"], "modelled with sequence parallelism"),
+        (["--tp", "2", "--recompute", "full"], "--compile model with --recompute full and --tp 2"),
+        (["--tp", "2", "--fp8", "tensorwise"], "--fp8 tensorwise and --tp 2: the compiled Float8 block"),
         (["--model-impl", "hf", "--recompute", "full"], "--compile model with --recompute full"),
         (["--recompute", "selective"], "--compile model with --recompute selective"),
         (["--no-flash-attention"], "modelled with SDPA's flash kernel"),
@@ -199,3 +227,21 @@ def test_torchtitans_published_compile_rows_within_five_percent(gpus: int, row: 
     reserved = strategy.reserved_bytes / 2**30
     published = PUBLISHED[(gpus, row)]
     assert -0.05 < reserved / published - 1 < 0, (reserved, published)
+
+
+@pytest.mark.slow
+def test_inductor_under_tp_saves_what_the_profile_says() -> None:
+    """Measured: torch 2.13 Inductor on 2 gloo CPU ranks, torchtitan's TP plan with sequence parallelism on
+    torchtitan's tiny Llama (the mistral config: h 128, 8 heads, 2 kv heads, f 320; bf16, b 2, s 16),
+    each block compiled after TP, recompute none and op: every block of every rank exact to the byte."""
+    pytest.importorskip("transformers")
+    from zerocalc.validate.compiled_tp import run_tp_cases
+    from zerocalc.validate.saved import TINY_CONFIGS
+
+    report = run_tp_cases([("mistral", TINY_CONFIGS["mistral"])], ["bf16"], ["none", "op"], 2, [(2, 16)])
+    assert len(report.cases) == 4
+    assert all(case.exact for case in report.cases), [
+        (case.compiled, [(r.region, r.predicted, r.measured) for r in case.regions if not r.ok])
+        for case in report.cases
+    ]
+    assert [case.measured for case in report.cases] == [132_352, 132_352, 56_320, 56_320]

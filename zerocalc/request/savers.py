@@ -253,8 +253,9 @@ NONE = "{compile} none"
 
 def compile_memory_problem(request: TrainingRequest, what: str, flash: bool) -> str | None:
     """``--compile`` where what the compiled step saves is not modelled (:mod:`zerocalc.model.code.
-    compiled`, measured on the dense Llama block with SDPA's flash kernel, one rank); None where it is.
-    The step time prices more (:mod:`zerocalc.compute.ops`: tensor parallelism, other recipes)."""
+    compiled`, measured on the dense Llama block with SDPA's flash kernel, on one rank and under
+    torchtitan's TP plan with sequence parallelism: :mod:`zerocalc.validate.compiled_tp`); None where it
+    is. The step time prices more (:mod:`zerocalc.compute.ops`: other recipes, context parallelism)."""
     compiled, acts = request.activations.compile, request.activations
     hf = request.model_code is ModelImplName.HF
     fp8 = request.fp8
@@ -267,10 +268,24 @@ def compile_memory_problem(request: TrainingRequest, what: str, flash: bool) -> 
             f"{what} with {{fp8}} {fp8.recipe.value}: modelled for torchao's tensorwise Float8Linear on "
             "every linear of torchtitan's blocks (what was measured); accepted: {fp8} tensorwise, or " + NONE
         )
+    tp = request.rank_shape.tp
+    if fp8.on and tp > 1 and (compiled.model or hf):
+        return (
+            f"{what} with {{fp8}} {fp8.recipe.value} and {{tp}} {tp}: the compiled Float8 block is measured "
+            "on one rank (torchao's Float8ColwiseParallel plan not measured); accepted: {tp} 1, or " + NONE
+        )
     if compiled.model or hf:
         reason = compile_unsupported(request.architecture, request.rank_shape, flash)
         if reason is not None:
             return f"{what}: the saves of a compiled block: {reason}; accepted: {{compile}} none"
+        if tp > 1 and (hf or acts.recompute is Recompute.FULL):
+            # torch 2.13: a checkpoint_wrapper'd block under DTensor TP fails to compile (AOTAutograd's
+            # save_from_forward: "expected all tensors_saved_with_vc_check to be Tensors", a DeviceMesh)
+            code = "transformers' code" if hf else "{recompute} full"
+            return (
+                f"{what} with {code} and {{tp}} {tp}: the compiled saves are measured under TP for "
+                "torchtitan's blocks with {recompute} none or op; accepted: {tp} 1, or " + NONE
+            )
         allowed = (Recompute.NONE,) if hf else (Recompute.NONE, Recompute.FULL, Recompute.OP)
         if acts.recompute not in allowed:
             names = ", ".join(r.value for r in allowed)

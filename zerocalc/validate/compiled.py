@@ -146,12 +146,20 @@ def cross_entropy_loss(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
 
 
 def titan_model(
-    arch: Architecture, s: int, dtype: str, recompute: str, compile_model: bool, fp8: bool = False
+    arch: Architecture,
+    s: int,
+    dtype: str,
+    recompute: str,
+    compile_model: bool,
+    fp8: bool = False,
+    parallelize: Any = None,
 ) -> TitanLlama:
     """The model of ``arch`` in ``dtype``, its blocks checkpointed as ``recompute`` says (torchtitan
     ``apply_ac``: ``ptd_checkpoint_wrapper`` with ``preserve_rng_state=True``, ``determinism_check=
     "default"``, ``early_stop=False``; ``op``: torchtitan's op-level policy) and then compiled
-    (``apply_compile``: each block, ``fullgraph=True``) where ``compile_model``."""
+    (``apply_compile``: each block, ``fullgraph=True``) where ``compile_model``. ``parallelize``: called
+    on the model before checkpointing and compile, as torchtitan's ``parallelize_llama`` applies TP
+    first (:func:`zerocalc.validate.compiled_tp.apply_tp`)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
@@ -169,6 +177,8 @@ def titan_model(
         convert_to_float8_training(
             model, config=Float8LinearConfig(), module_filter_fn=lambda _m, fqn: fqn != "output"
         )
+    if parallelize is not None:
+        parallelize(model)
     save_ops = torchtitan_save_ops()
 
     def context_fn():
@@ -262,33 +272,49 @@ class _Saved:
     generator's state left out; :meth:`kept` those still held (weak references)."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.states = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+        self.states = {
+            _local(t).untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())
+        }
         self.rng_bytes = torch.get_rng_state().numel()
         self.entries: dict[int, tuple[MeasuredStorage, list[weakref.ref]]] = {}
 
     def pack(self, region: list[str]):
-        def hook(t: torch.Tensor) -> torch.Tensor:
+        def hook(saved: torch.Tensor) -> torch.Tensor:
+            t = _local(saved)
             storage = t.untyped_storage()
             ptr = storage.data_ptr()
             if ptr == 0 or ptr in self.states:
-                return t
+                return saved
             if t.dtype == torch.uint8 and storage.nbytes() == self.rng_bytes:
-                return t  # preserve_rng_state's torch.get_rng_state(): host memory
+                return saved  # preserve_rng_state's torch.get_rng_state(): host memory
             entry = self.entries.get(ptr)
             if entry is not None and any(ref() is not None for ref in entry[1]):
                 entry[1].append(weakref.ref(t))
-                return t
+                return saved
             stored = MeasuredStorage(
                 region=region[0], bytes=storage.nbytes(),
                 dtype=DTYPES.get(t.dtype, str(t.dtype).removeprefix("torch.")), shape=tuple(t.shape),
             )  # fmt: skip
             self.entries[ptr] = (stored, [weakref.ref(t)])
-            return t
+            return saved
 
         return hook
 
     def kept(self) -> list[MeasuredStorage]:
         return [m for m, refs in self.entries.values() if any(ref() is not None for ref in refs)]
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The plain tensor a rank's memory holds: a DTensor's local shard, a functional collective's pending
+    result (``AsyncCollectiveTensor.elem``), any other tensor itself."""
+    while type(t) is not torch.Tensor and type(t) is not nn.Parameter:
+        inner = getattr(t, "_local_tensor", None)
+        if inner is None:
+            inner = getattr(t, "elem", None)
+        if inner is None:
+            return t
+        t = inner
+    return t
 
 
 COMPILED_FAMILIES = ("llama", "mistral", "qwen2")

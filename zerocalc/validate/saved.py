@@ -376,12 +376,13 @@ def predict_compiled_regions(
         return [Term(name=n, bytes=b) for n, b in saves if b]
 
     layers: dict[str, list[Term]] = {}
+    R = shape.sequence_tokens  # the block input's rows on this rank (b·s on one rank)
     for i in range(arch.num_layers):
         if recompute == "full":
-            layers[f"layer {i}"] = [Term(name="layer input (the checkpoint's)", bytes=act * T * h)]
+            layers[f"layer {i}"] = [Term(name="layer input (the checkpoint's)", bytes=act * R * h)]
         elif recompute == "op":
             op = op_sac_layer(impl, arch, i, shape, act, compiled.model, fp8)
-            layers[f"layer {i}"] = [Term(name="layer input (the checkpoint's)", bytes=act * T * h)]
+            layers[f"layer {i}"] = [Term(name="layer input (the checkpoint's)", bytes=act * R * h)]
             layers[f"layer {i}"] += terms(op.kept)
         else:
             saves = layer_saves(impl, arch, i, shape, act, compiled=compiled.model, fp8_matmuls=fp8)

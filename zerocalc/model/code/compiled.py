@@ -124,11 +124,18 @@ NORMS = ("attention norm", "MLP norm")
 """The dense Llama block's norms, as :func:`~zerocalc.model.code.layer.module_layer` names their terms."""
 
 
+COMPILED_OP_UNREAD = frozenset({"down_proj output", "down_proj reduce-scatter output"})
+"""The op-level policy's MUST_SAVE outputs no backward node of the compiled block reads: w2's (the
+row-parallel partial sum under TP) and, under sequence parallelism, its reduce-scatter's (the block's
+output less the mid residual)."""
+
+
 def compiled_op_kept(kept: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
-    """torchtitan's op-level policy under compile: its MUST_SAVE outputs but the down projection's, which
-    no backward node reads (measured: the compiled forward returns wq's, wv's and w1's outputs and the
-    flash kernel's output and log-sum-exp)."""
-    return tuple(item for item in kept if item[0] != "down_proj output")
+    """torchtitan's op-level policy under compile: its MUST_SAVE outputs but :data:`COMPILED_OP_UNREAD`
+    (measured: the compiled forward returns wq's, wv's and w1's outputs and the flash kernel's output and
+    log-sum-exp; under torchtitan's TP plan with sequence parallelism wo's reduce-scatter output too, on
+    the sequence shard, :mod:`zerocalc.validate.compiled_tp`)."""
+    return tuple(item for item in kept if item[0] not in COMPILED_OP_UNREAD)
 
 
 def compiled_loss_saves(rows: int) -> list[tuple[str, int]]:

@@ -73,7 +73,13 @@ def layer_saves(
             raise ValueError(reason)
         a_width = shape.split(arch.num_heads, "attention heads") * arch.dim_per_head
         saved = compiled_layer_saves(
-            saves.saved, impl.norm_fp32_copy, a_width, act, shape.local_tokens, arch.hidden_size, fp8_matmuls
+            saves.saved,
+            impl.norm_fp32_copy,
+            a_width,
+            act,
+            shape.sequence_tokens,
+            arch.hidden_size,
+            fp8_matmuls,
         )
         saves = saves._replace(saved=saved, keeps_input=False, program=())
     moments = parallel_transients(impl, arch, index, shape, act)
@@ -96,13 +102,19 @@ def layer_saves(
 def compile_unsupported(arch: Architecture, shape: Shape, flash: bool) -> str | None:
     """Why a compiled block's saves are not modelled, one sentence; None where they are: the dense Llama
     block (:func:`~zerocalc.model.code.llama_block.dense_llama_block`) with RMSNorm and SDPA's flash kernel,
-    on one tensor- and context-parallel rank (what was measured, :mod:`zerocalc.validate.compiled`)."""
+    on one rank or under torchtitan's tensor parallelism with sequence parallelism, one context-parallel
+    rank (what was measured, :mod:`zerocalc.validate.compiled` and :mod:`zerocalc.validate.compiled_tp`)."""
     if not dense_llama_block(arch) or traits(arch).norm != "llama":
         return "it is modelled for the dense Llama block (RMSNorm, q, k, v, o, gate, up, down linears)"
     if not flash:
         return "it is modelled with SDPA's flash kernel"
-    if shape.tp > 1 or shape.cp > 1:
-        return "it is not modelled under tensor or context parallelism (measured on one rank)"
+    if shape.cp > 1:
+        return "it is not modelled under context parallelism (measured on one context-parallel rank)"
+    if shape.tp > 1 and not shape.sequence_parallel:
+        return (
+            "under tensor parallelism it is modelled with sequence parallelism (torchtitan's plan, what "
+            "was measured)"
+        )
     return None
 
 

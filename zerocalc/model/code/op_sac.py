@@ -137,10 +137,12 @@ def op_sac_layer(
     recomputed = tuple(
         (name, b) for name, b in saves.saved if name.split(":")[0] not in aliases and name not in aliases
     )
-    consumed = ("q_proj output", *(() if compiled else ("down_proj output",)), *(n for n, _ in scattered))
+    kept_names = {n for n, _ in kept}
+    consumed = ("q_proj output", *(n for n in ("down_proj output", *(n for n, _ in scattered))
+                                   if n in kept_names))  # fmt: skip
     # the forward's moment around w2 holds its output and, under sequence parallelism, the reduce-scatter's
-    # result besides the mid residual and the new hidden state: those two are kept outputs here
-    in_moment = (0 if compiled else act * L * h) + (act * R * h if scattered else 0)
+    # result besides the mid residual and the new hidden state: those two are kept outputs here (eager)
+    in_moment = 0 if compiled else act * L * h + (act * R * h if scattered else 0)
     return OpSacLayer(
         kept=tuple(kept),
         recomputed=recomputed,
