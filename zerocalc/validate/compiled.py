@@ -216,15 +216,24 @@ def measure_titan(
     left out (:data:`~zerocalc.model.code.compiled.COMPILED_FP8_RECOMPUTED`)."""
     model = titan_model(arch, s, dtype, recompute, compile_model, fp8)
     loss_fn = torch.compile(cross_entropy_loss) if compile_loss else cross_entropy_loss
+    out = step_saves(model, loss_fn, arch.vocab_size, b, s)
+    return [m for m in out if m.shape != ()] if fp8 else out
+
+
+def step_saves(model: Any, loss_fn: Any, vocab: int, b: int, s: int) -> list[MeasuredStorage]:
+    """Every storage one training forward of a torchtitan-layout ``model`` and ``loss_fn`` saves, by region
+    (``embedding``, ``layer <i>``, ``final``, ``loss``), on random tokens of ``vocab``; one step runs
+    first, so that the compiled regions are built (and the measured step finds them cached)."""
     generator = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, arch.vocab_size, (b, s), generator=generator)
-    labels = torch.randint(0, arch.vocab_size, (b, s), generator=generator)
+    tokens = torch.randint(0, vocab, (b, s), generator=generator)
+    labels = torch.randint(0, vocab, (b, s), generator=generator)
     loss_fn(model(tokens), labels).backward()
     model.zero_grad(set_to_none=True)
     region = ["embedding"]
-    handles = []
-    for i, layer in enumerate(model.layers.values()):
-        handles.append(layer.register_forward_pre_hook(partial(_enter, region, f"layer {i}")))
+    handles = [
+        layer.register_forward_pre_hook(partial(_enter, region, f"layer {i}"))
+        for i, layer in enumerate(model.layers.values())
+    ]
     handles.append(model.norm.register_forward_pre_hook(partial(_enter, region, "final")))
     held = _Saved(model)
     try:
@@ -239,7 +248,7 @@ def measure_titan(
     finally:
         for handle in handles:
             handle.remove()
-    return [m for m in out if m.shape != ()] if fp8 else out
+    return out
 
 
 def measure_hf(config: dict[str, Any], b: int, s: int, dtype: str) -> list[MeasuredStorage]:

@@ -22,10 +22,8 @@ meets a ``DeviceMesh`` among the saved tensors): measured for recompute none and
 
 from __future__ import annotations
 
-import gc
 import os
 import tempfile
-from functools import partial
 from typing import Any
 
 import torch
@@ -33,7 +31,7 @@ import torch.distributed as dist
 
 from zerocalc.model.architecture import Architecture
 from zerocalc.model.code import Compiled, Shape
-from zerocalc.validate.compiled import _enter, _Saved, cross_entropy_loss, titan_model
+from zerocalc.validate.compiled import cross_entropy_loss, step_saves, titan_model
 from zerocalc.validate.saved import (
     MeasuredStorage,
     SavedCase,
@@ -104,29 +102,8 @@ def measure_rank(
 
         mesh = init_device_mesh("cpu", (world,))
         model = titan_model(arch, s, dtype, recompute, True, parallelize=lambda m: apply_tp(m, mesh, rank))
-        generator = torch.Generator().manual_seed(0)
-        tokens = torch.randint(0, arch.vocab_size, (b, s), generator=generator)
-        labels = torch.randint(0, arch.vocab_size, (b, s), generator=generator)
-        cross_entropy_loss(model(tokens), labels).backward()
-        model.zero_grad(set_to_none=True)
-        region = ["embedding"]
-        handles = [
-            layer.register_forward_pre_hook(partial(_enter, region, f"layer {i}"))
-            for i, layer in enumerate(model.layers.values())
-        ]
-        handles.append(model.norm.register_forward_pre_hook(partial(_enter, region, "final")))
-        held = _Saved(model)
-        with torch.autograd.graph.saved_tensors_hooks(held.pack(region), lambda t: t):
-            logits = model(tokens)
-            region[0] = "loss"
-            loss = cross_entropy_loss(logits, labels)
-            del logits
-        gc.collect()
-        out = [m for m in held.kept() if m.region.startswith("layer ")]
-        loss.backward()
-        for handle in handles:
-            handle.remove()
-        return out
+        saves = step_saves(model, cross_entropy_loss, arch.vocab_size, b, s)
+        return [m for m in saves if m.region.startswith("layer ")]
     finally:
         dist.destroy_process_group()
 
