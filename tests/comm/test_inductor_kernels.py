@@ -55,47 +55,16 @@ def _compiled(fn, *args):
     return [kernel_bytes(code) for code in codes]
 
 
-def _rotary(xq, xk, freqs_cis):  # torchtitan v0.2.2 apply_rotary_emb
-    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
-    xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
-    freqs = freqs_cis.view(1, xq.shape[1], 1, xq_.shape[-1])
-    return (torch.view_as_real(xq_ * freqs).flatten(3).type_as(xq),
-            torch.view_as_real(xk_ * freqs).flatten(3).type_as(xk))  # fmt: skip
+def _block_arch():
+    """A Llama of the test's sizes (GQA), for validate's torchtitan v0.2.2 ``TransformerBlock``."""
+    from zerocalc.model.hf_config import architecture_from_hf_dict
 
-
-class _Block(torch.nn.Module):
-    """torchtitan v0.2.2 ``models/llama3/model/model.py`` ``TransformerBlock`` (SDPA, GQA)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        linear = torch.nn.Linear
-        self.wq, self.wk, self.wv = (
-            linear(H, H, bias=False),
-            linear(H, KV * D, bias=False),
-            linear(H, KV * D, bias=False),
-        )
-        self.wo = linear(H, H, bias=False)
-        self.w1, self.w3, self.w2 = (
-            linear(H, F, bias=False),
-            linear(H, F, bias=False),
-            linear(F, H, bias=False),
-        )
-        self.attention_norm, self.ffn_norm = torch.nn.RMSNorm(H, eps=1e-5), torch.nn.RMSNorm(H, eps=1e-5)
-
-    def attention(self, x, freqs_cis):
-        b, s, _ = x.shape
-        xq, xk = self.wq(x).view(b, s, -1, D), self.wk(x).view(b, s, -1, D)
-        xq, xk = _rotary(xq, xk, freqs_cis)
-        xv = self.wv(x).view(b, s, -1, D)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), is_causal=True, enable_gqa=True
-        )
-        return self.wo(out.transpose(1, 2).contiguous().view(b, s, -1))
-
-    def forward(self, x, freqs_cis):
-        h = x + self.attention(self.attention_norm(x), freqs_cis)
-        normed = self.ffn_norm(h)  # FeedForward.forward: w2(silu(w1(x)) * w3(x))
-        return h + self.w2(torch.nn.functional.silu(self.w1(normed)) * self.w3(normed))
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": H,
+        "num_attention_heads": HEADS, "num_key_value_heads": KV, "intermediate_size": F,
+        "num_hidden_layers": 1, "vocab_size": 1024, "max_position_embeddings": S,
+    }  # fmt: skip
+    return architecture_from_hf_dict(config, "config.json", "tiny")
 
 
 def test_a_compiled_torchtitan_blocks_kernels_move_the_rules_bytes() -> None:
@@ -104,12 +73,12 @@ def test_a_compiled_torchtitan_blocks_kernels_move_the_rules_bytes() -> None:
     product runs as ATen's); backward 30 (16 + 2·3 + 4·2), 10, 12: within 1% (the rest the rstd's floats,
     the norms' weights and gradients, the attention's log-sum-exp)."""
     from zerocalc.compute.ops import COMPILED_BLOCK_BACKWARD, COMPILED_BLOCK_FORWARD, COMPILED_SWIGLU_BACKWARD
+    from zerocalc.validate.compiled import TransformerBlock, precompute_freqs_cis
 
     torch.manual_seed(0)
-    block = torch.compile(_Block().to(torch.bfloat16), fullgraph=True)
+    block = torch.compile(TransformerBlock(_block_arch()).to(torch.bfloat16), fullgraph=True)
     x = torch.randn(1, S, H, dtype=torch.bfloat16, requires_grad=True)
-    angles = torch.outer(torch.arange(S).float(), 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D)))
-    freqs_cis = torch.polar(torch.ones_like(angles), angles)
+    freqs_cis = precompute_freqs_cis(D, S)
 
     def step() -> None:
         out = block(x, freqs_cis)
@@ -129,15 +98,12 @@ def test_torchtitans_compiled_loss_reads_the_logits_once_each_way() -> None:
     CPU backend's two passes over one buffer counted once, as CUDA's online softmax reads it), backward r2
     w2: within 1% (the rest the labels and the rows' statistics)."""
     from zerocalc.compute.ops import COMPILED_LOSS_BACKWARD, COMPILED_LOSS_FORWARD
+    from zerocalc.validate.compiled import cross_entropy_loss
 
     vocab = 1024
     pred = torch.randn(1, S, vocab, dtype=torch.bfloat16, requires_grad=True)
     labels = torch.randint(0, vocab, (1, S))
-
-    def loss(p, y):  # torchtitan v0.2.2 components/loss.py
-        return torch.nn.functional.cross_entropy(p.flatten(0, 1).float(), y.flatten(0, 1), reduction="sum")
-
-    compiled = torch.compile(loss)
+    compiled = torch.compile(cross_entropy_loss)
     forward, backward = _compiled(lambda: compiled(pred, labels).backward())
     assert forward == pytest.approx(COMPILED_LOSS_FORWARD * S * vocab, rel=0.01)
     assert backward == pytest.approx(COMPILED_LOSS_BACKWARD * S * vocab, rel=0.01)
