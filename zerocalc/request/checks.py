@@ -28,12 +28,13 @@ from zerocalc.parallel.frameworks import Estimate
 from zerocalc.parallel.pipeline import INTERLEAVED
 from zerocalc.parallel.precision import RECIPES, ParamLayout
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName
+from zerocalc.request.compiled import compile_problem
 from zerocalc.request.finetune import finetune_problem
 from zerocalc.request.fp8 import fp8_gpu_problem, fp8_strategy_problem
 from zerocalc.request.mesh_checks import dim1_expert_sharding_problem, mesh_problem
 from zerocalc.request.model_spec import seq_len_problem
 from zerocalc.request.problems import architecture_problem, offload_record_problem, record_problem
-from zerocalc.request.savers import compile_problem, kept_output_problem, savers_problem
+from zerocalc.request.savers import kept_output_problem, savers_problem
 
 if TYPE_CHECKING:
     from zerocalc.request.training import TrainingRequest
