@@ -35,7 +35,6 @@ from zerocalc.plan.split import (
     HookCall,
     LayerSavesCache,
     ModelRun,
-    Where,
     framework_mechanics,
     framework_run,
     model_run,
@@ -240,26 +239,39 @@ class StepParts:
                 self._model_parts[key] = None if plan is None else plan.apply(runs)  # type: ignore[arg-type]
         return self._model_parts[key]
 
-    def model_floors(self, requests: Mapping[int, TrainingRequest]) -> dict[int, int] | None:
+    def model_floors(
+        self, requests: Mapping[int, TrainingRequest], above: float | None = None
+    ) -> dict[int, int] | None:
         """A lower bound of each request's allocated peak from the model's part alone, whatever the
         framework's (``requests``: b → a request at micro-batch b, one recompute, as for
         :meth:`allocated_peaks`): the largest A at L over the slots before any hook and after each, where
         the framework's part is the bytes its hooks left (≥ 0), so F + A there is at least A. The A of the
         runs at 4 and 5 layers extrapolated (the values the exact peak combines where it extrapolates;
         shared with it); None where the stack is not extrapolated (no bound: the caller runs the exact
-        peaks)."""
+        peaks).
+
+        With ``above``: the micro-batches in ascending order up to the first whose floor is above it, each
+        larger one given that floor, its model's part not run. A is nondecreasing in b at every slot: the
+        slots are the same at every b (what the extrapolation and :meth:`allocated_peaks` rely on) and each
+        tensor the model's code allocates has a size nondecreasing in b (b·s·… elements, expert token
+        counts ⌈b·s·k·c/E⌉, loss chunks of b·s/n rows; tests/plan/test_plan_floors.py checks it on every
+        model preset)."""
         first = requests[next(iter(requests))]
         plan = self._extrapolation(first)
         if plan is None:
             return None
         recompute = first.activations.recompute
-        floors = {}
-        for b in requests:
-            model = self._model_part(requests, b, recompute, True)
-            if model is None:
-                return None
-            after = (v for v, slot in zip(model, plan.slots, strict=True) if slot.where is not Where.IN)
-            floors[b] = max(after)
+        floors: dict[int, int] = {}
+        over = None
+        for b in sorted(requests):
+            if over is None:
+                model = self._model_part(requests, b, recompute, True)
+                if model is None:
+                    return None
+                floor = max(map(model.__getitem__, plan.between_hooks))
+                if above is not None and floor > above:
+                    over = floor
+            floors[b] = floor if over is None else over
         return floors
 
     def allocated_peaks(

@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 from zerocalc.model.architecture import Architecture, count_parameters
 from zerocalc.model.traits import traits
-from zerocalc.plan.split import NO_EVENT, Slot
+from zerocalc.plan.split import NO_EVENT, Slot, Where
 from zerocalc.request.model_spec import ModelSpec
 from zerocalc.request.training import TrainingRequest
 
@@ -160,6 +160,9 @@ class Extrapolation(NamedTuple):
     1 and L−2 of each inner slot (where its line peaks)."""
     outer_at: tuple[tuple[int, ...], tuple[int, ...]]
     """:attr:`outer` by run: each run's indices of the slots outside the inner blocks."""
+    between_hooks: tuple[int, ...]
+    """The indices of :attr:`slots` not inside a hook (``Where.IN``): where the model's part alone bounds
+    the step's (:meth:`~zerocalc.plan.allocated.StepParts.model_floors`)."""
 
     def apply(self, runs: tuple[list[int], list[int]]) -> list[int] | None:
         """The values at L from the two runs' values; None where they are not affine in L (a slot with
@@ -220,4 +223,5 @@ def extrapolation(slots: tuple[tuple[Slot, ...], tuple[Slot, ...]], big: int) ->
     for slot, _ in inner_slots:
         at_l += (slot._replace(unit=EDGE), slot._replace(unit=big - 1 - EDGE))
     at_runs = (tuple(i0 for i0, _ in outer), tuple(i1 for _, i1 in outer))
-    return Extrapolation(big, outer, tuple(inner), tuple(at_l), at_runs)
+    between = tuple(i for i, slot in enumerate(at_l) if slot.where is not Where.IN)
+    return Extrapolation(big, outer, tuple(inner), tuple(at_l), at_runs, between)

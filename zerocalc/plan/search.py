@@ -424,22 +424,29 @@ class _Resolver:
 
     def _allocated(self, requests: list[CandidateRequests], outside: int, states: int = 0) -> dict[int, int]:
         """Each candidate's allocated peak, exact, from the step's parts (:class:`~zerocalc.plan.allocated.
-        StepParts` of its model); where not every candidate is listed and each one's bound is above the fit
-        limit by the model's part alone (``outside`` + the larger of ``states``, the model states that bound
-        it anyway, and :meth:`~zerocalc.plan.allocated.StepParts.model_floors`), those floors instead: none
-        of the group can be ranked whatever its framework's part, which is never run (the candidates' lower
-        bounds are printed only in the list of every candidate, where they are exact)."""
+        StepParts` of its model); where not every candidate is listed, a lower bound instead for each one
+        whose bound is above the fit limit whatever its framework's part (``outside`` + the larger of
+        ``states``, the model states that bound it anyway, and :meth:`~zerocalc.plan.allocated.StepParts.
+        model_floors`): it cannot be ranked; where the states alone are above, 0 (no part run); where the
+        floor is, the floor (the framework's part run only for the others: none where none can fit). The
+        candidates' lower bounds are printed only in the list of every candidate, where they are exact."""
         first = requests[0].memory
         if first.fp8.all_gather and first.framework_record.is_torch:
             return {r.b: _timeline_peak(r.memory) for r in requests}
+        room = self.setting.limit - outside
+        """Allocated bytes above which a candidate cannot fit."""
+        if not self.price_all and states > room:
+            return {r.b: 0 for r in requests}
         parts = self.parts.get(MODEL_STEP_PARTS, first)
         # the model's part of a candidate's step reads what its memory and comm requests agree on
         at_b = AtBatch(requests)
         if not self.price_all:
-            floors = parts.model_floors(at_b)
-            limit = self.setting.limit
-            if floors is not None and all(outside + max(states, f) > limit for f in floors.values()):
-                return floors
+            floors = parts.model_floors(at_b, above=room)
+            if floors is not None:
+                fitting = [r for r in requests if floors[r.b] <= room]
+                if len(fitting) < len(requests):
+                    peaks = parts.allocated_peaks(AtBatch(fitting), framework_of=first) if fitting else {}
+                    return floors | peaks
         return parts.allocated_peaks(at_b, framework_of=first)
 
     def _mesh_candidates(self, group: Group, requests: list[CandidateRequests]) -> list[_Cand] | InputError:
