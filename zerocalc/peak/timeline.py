@@ -747,6 +747,7 @@ class _Passes:
                 led.alloc(autograd_workspace, runtime.cublas_workspace, RUNTIME)
             led.alloc(f"d hidden{tag}", step.stage.boundary_bytes, PIPELINE)
             led.event(f"receive output gradient{tag}")
+        shared_freed_by = max(layers[0], self.shared_until)  # once: a fine-tuning run's is a whole lookup
         for i in reversed(layers):
             mechanics.pre_backward(led, i)
             saves = self.saves_of(i, use_cache=not checkpointed)
@@ -781,7 +782,7 @@ class _Passes:
             while led.has(f"{i}.fp8 saved scale#{j}"):  # the forward's fp8 weights, saved (mechanics)
                 led.free(f"{i}.fp8 saved scale#{j}")
                 j += 1
-            if i == max(layers[0], self.shared_until):
+            if i == shared_freed_by:
                 led.free_group(f"shared{tag}")  # the first layer that keeps the rotary tables is done
             for j, numel in enumerate(backward.rest):
                 mechanics.param_grad(led, i, f"block#{j}", numel)
@@ -1263,18 +1264,19 @@ def _run_backward_program(
     event after each allocation (consecutive events of one name: one line of the condensed timeline)."""
     group = f"layer {i}{tag}"
     event = f"layer {i} experts backward{tag}"
+    alloc, free, record, param_grad = led.alloc, led.free, led.event, mechanics.param_grad  # ~10² ops a layer
     for verb, name, size in program:
         if verb == "temp":
-            led.alloc(f"{group} backward.{name}", size, TRANSIENT)
+            alloc(f"{group} backward.{name}", size, TRANSIENT)
         elif verb == "drop":
-            led.free(f"{group} backward.{name}")
+            free(f"{group} backward.{name}")
             continue
         elif verb == "free":
-            led.free(f"{group}.{name}")
+            free(f"{group}.{name}")
             continue
         else:  # grad
-            mechanics.param_grad(led, i, name, size)
-        led.event(event)
+            param_grad(led, i, name, size)
+        record(event)
 
 
 HELD_LOGITS = "previous output's logits"
