@@ -22,7 +22,7 @@ fp32 copy (6·T·V) at the forward's peak, the gradient and its bf16 cast (6·T�
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import NamedTuple, Protocol
 
 from zerocalc.model.activations import Recompute
@@ -286,6 +286,13 @@ _ONE_MICRO_BATCH = (Pass(True, 0, 0), Pass(False, 0, 0))
 """The passes of a step without pipeline stages."""
 
 
+@cache
+def _block_labels(count: int) -> tuple[str, ...]:
+    """``block#0`` … ``block#{count − 1}``: the labels of a layer's parameters' gradients made outside its
+    backward program (named once: a plan's runs make ~10⁵ of them)."""
+    return tuple(f"block#{j}" for j in range(count))
+
+
 class _Passes:
     """The forward and backward passes of one step on one rank: the whole model's, or a pipeline rank's
     chunks', each micro-batch's tensors named apart (`` (mb3)``, `` (mb3 chunk1)``) where several are in
@@ -323,9 +330,16 @@ class _Passes:
         """torchao's Float8Linear in compiled blocks: its casts are fused kernels, no fp32 copies."""
         self.casts = NO_FP8 if self.compiled_fp8 else step.fp8
         """The FP8 recipe whose eager casts hold fp32 copies (:mod:`zerocalc.peak.fp8`): none compiled."""
+        self.eager_casts = torchao_casts(self.casts)
+        """Some layer's casts may hold bytes (:func:`~zerocalc.peak.fp8.cast_forward_excess`,
+        :func:`~zerocalc.peak.fp8.cast_backward_excess`: 0 for every layer otherwise, not asked per layer)."""
         """The cross-entropy runs compiled: one fused kernel each way, no fp32 [rows, V] tensors."""
         self.loss_parallel = loss_parallel_transients(step.impl, arch, step.shape)
         self._saves: dict[tuple, LayerSaves] = {} if step.saves is None else step.saves
+        self._saves_at: dict[tuple[int, bool], LayerSaves] = {}
+        """:meth:`saves_of` per (layer, use_cache): each layer's are looked up several times a pass."""
+        self._nodes_at: dict[int, LayerNodes] = {}
+        """:meth:`nodes_of` per layer."""
         self._op_layer: OpSacLayer | None = None
         self._backward: dict[bool | tuple[bool, int], LayerNodes] = {}
         self._losses: list[str] = []
@@ -345,6 +359,13 @@ class _Passes:
         """A layer's saves depend on its index only through whether it is a mixture-of-experts layer; a
         fine-tuning run's on the index itself (:func:`~zerocalc.model.code.finetune.tuned_layer`: whether
         its input requires grad, which of its modules are adapted or trained)."""
+        found = self._saves_at.get((i, use_cache))
+        if found is None:
+            found = self._saves_at[(i, use_cache)] = self._saves_by_kind(i, use_cache)
+        return found
+
+    def _saves_by_kind(self, i: int, use_cache: bool) -> LayerSaves:
+        """:meth:`saves_of`, found or made in the step's saves by the layer's kind."""
         step, arch = self.step, self.step.arch
         fp8 = step.fp8 if step.fp8.on else None  # torchao's casts in the program, TE's fp8 saved inputs
         kind: bool | tuple[str, int] = arch.is_moe_layer(i) if step.tuning is None else ("tuned layer", i)
@@ -411,6 +432,13 @@ class _Passes:
         """Layer ``i``'s moments node by node (:mod:`zerocalc.peak.layer_nodes`), which depend on its index
         only through whether it is a mixture-of-experts layer and, in a fine-tuning run, through its
         parameters' gradients (:attr:`StepShape.layer_params`: what each layer trains may differ)."""
+        found = self._nodes_at.get(i)
+        if found is None:
+            found = self._nodes_at[i] = self._nodes_by_kind(i)
+        return found
+
+    def _nodes_by_kind(self, i: int) -> LayerNodes:
+        """:meth:`nodes_of`, found or made by the layer's kind."""
         moe = self.step.arch.is_moe_layer(i)
         kind: bool | tuple[bool, int] = moe if self.step.tuning is None else (moe, i)
         backward = self._backward.get(kind)
@@ -443,7 +471,11 @@ class _Passes:
         led, forward = self.led, self.nodes_of(i).forward
         if not forward:
             step = self.step
-            casts = cast_forward_excess(step.arch, i, self.casts, step.shape.local_tokens, step.act)
+            casts = (
+                cast_forward_excess(step.arch, i, self.casts, step.shape.local_tokens, step.act)
+                if self.eager_casts
+                else 0
+            )
             led.event(name, max(saves.forward_excess, casts), TRANSIENT)
             return
         temps = [f"{name}: transient#{n}" for n in range(len(forward))]
@@ -585,7 +617,8 @@ class _Passes:
                 if not saves.keeps_input and hidden not in kept:
                     led.free(hidden)
                 hidden = new
-            led.free(f"layer {i} dequantised weight{tag}")
+            if step.forward_transients:
+                led.free(f"layer {i} dequantised weight{tag}")
             mechanics.post_forward(led, i)
 
         if not head:
@@ -773,8 +806,10 @@ class _Passes:
             if backward.program:
                 _run_backward_program(led, mechanics, i, backward.program, tag)
             else:
-                casts = cast_backward_excess(
-                    arch, i, self.casts, step.shape.local_tokens, step.act, led.block
+                casts = (
+                    cast_backward_excess(arch, i, self.casts, step.shape.local_tokens, step.act, led.block)
+                    if self.eager_casts
+                    else 0
                 )
                 led.event(f"layer {i} backward{tag}", max(saves.backward_excess, casts), TRANSIENT)
             led.free_group(f"layer {i}{tag}")
@@ -784,8 +819,8 @@ class _Passes:
                 j += 1
             if i == shared_freed_by:
                 led.free_group(f"shared{tag}")  # the first layer that keeps the rotary tables is done
-            for j, numel in enumerate(backward.rest):
-                mechanics.param_grad(led, i, f"block#{j}", numel)
+            for label, numel in zip(_block_labels(len(backward.rest)), backward.rest, strict=True):
+                mechanics.param_grad(led, i, label, numel)
             if backward.first_norm_excess:
                 # the first norm's backward, the layer's last: every gradient of the layer exists
                 led.event(f"layer {i} first norm backward{tag}", backward.first_norm_excess, TRANSIENT)
