@@ -163,6 +163,10 @@ class Unit:
         return sizes
 
 
+_NO_SIZES = Sizes()
+"""No tensors (shared: nothing mutates it but its rounded total, 0)."""
+
+
 @lru_cache(maxsize=256)
 def _fp32_sizes(elements: tuple[int, ...]) -> Sizes:
     """fp32 bytes of tensors of these elements (shared: every configuration of a world steps the same
@@ -462,6 +466,8 @@ class Fsdp2(Fsdp):
         self._last_reduce_input: str | None = None
         self._all_gather_state: str | None = None
         self._deferred: list[str | int] = []
+        self._scales: dict[str, Sizes] = {}
+        """:meth:`_fp8_scales` per unit."""
 
     def run_identity(self) -> tuple[object, ...]:
         gather = None if self.gather_bytes is None else tuple(self.gather_bytes.items())
@@ -490,9 +496,15 @@ class Fsdp2(Fsdp):
 
     def _fp8_scales(self, unit: Unit) -> Sizes:
         """One fp32 scale per fp8 weight of ``unit`` (torchao ``fsdp_pre_all_gather``'s metadata, which the
-        unsharded ``Float8TrainingTensor`` keeps until the next all-gather's copy-out replaces it)."""
-        per = None if self.gather_bytes is None else self.gather_bytes.get(unit.name)
-        return Sizes(FP32 for b in (per or ()) if b == FP8_BYTES)
+        unsharded ``Float8TrainingTensor`` keeps until the next all-gather's copy-out replaces it); built
+        once per unit (each unshard asks)."""
+        if self.gather_bytes is None:
+            return _NO_SIZES
+        scales = self._scales.get(unit.name)
+        if scales is None:
+            per = self.gather_bytes.get(unit.name)
+            scales = self._scales[unit.name] = Sizes(FP32 for b in (per or ()) if b == FP8_BYTES)
+        return scales
 
     def _gathered_sizes(self, unit: Unit, elements: Literal["local", "padded"]) -> Sizes:
         """Each parameter's bytes as cast (``local``) or unsharded (``padded``)."""
