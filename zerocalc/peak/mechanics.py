@@ -482,7 +482,8 @@ class Fsdp2(Fsdp):
 
     def resident(self, led: Ledger, first_step: bool = False) -> None:
         super().resident(led, first_step)
-        if not first_step:  # the previous step's last all-gather left each fp8 weight its scale
+        if not first_step and self.gather_bytes is not None:
+            # the previous step's last all-gather left each fp8 weight its scale
             for unit in self.units.values():
                 led.alloc_each((f"{unit.name}.fp8 scale",), self._fp8_scales(unit), BUFFERS)
 
@@ -573,7 +574,9 @@ class Fsdp2(Fsdp):
         labels = unit.labels
         if self.param_bytes != FP32 or self.gather_bytes is not None:
             led.alloc_each((labels.cast,), self._gathered_sizes(unit, "local"), GATHERED)
-        led.alloc_each((f"{unit.name}.fp8 new scale",), self._fp8_scales(unit), BUFFERS)
+        scales = self._fp8_scales(unit)
+        if scales:  # an fp8 all-gather's new scales
+            led.alloc_each((f"{unit.name}.fp8 new scale",), scales, BUFFERS)
         if self.gather_bytes is None:
             gathered = self.param_bytes * unit.padded_numel
             shard = self.param_bytes * ceil_div(unit.padded_numel, self.world)
