@@ -163,6 +163,10 @@ class Unit:
         return sizes
 
 
+_NO_SIZES = Sizes()
+"""No tensors (shared: nothing mutates it but its rounded total, 0)."""
+
+
 @lru_cache(maxsize=256)
 def _fp32_sizes(elements: tuple[int, ...]) -> Sizes:
     """fp32 bytes of tensors of these elements (shared: every configuration of a world steps the same
@@ -462,6 +466,8 @@ class Fsdp2(Fsdp):
         self._last_reduce_input: str | None = None
         self._all_gather_state: str | None = None
         self._deferred: list[str | int] = []
+        self._scales: dict[str, Sizes] = {}
+        """:meth:`_fp8_scales` per unit."""
 
     def run_identity(self) -> tuple[object, ...]:
         gather = None if self.gather_bytes is None else tuple(self.gather_bytes.items())
@@ -476,7 +482,8 @@ class Fsdp2(Fsdp):
 
     def resident(self, led: Ledger, first_step: bool = False) -> None:
         super().resident(led, first_step)
-        if not first_step:  # the previous step's last all-gather left each fp8 weight its scale
+        if not first_step and self.gather_bytes is not None:
+            # the previous step's last all-gather left each fp8 weight its scale
             for unit in self.units.values():
                 led.alloc_each((f"{unit.name}.fp8 scale",), self._fp8_scales(unit), BUFFERS)
 
@@ -490,9 +497,15 @@ class Fsdp2(Fsdp):
 
     def _fp8_scales(self, unit: Unit) -> Sizes:
         """One fp32 scale per fp8 weight of ``unit`` (torchao ``fsdp_pre_all_gather``'s metadata, which the
-        unsharded ``Float8TrainingTensor`` keeps until the next all-gather's copy-out replaces it)."""
-        per = None if self.gather_bytes is None else self.gather_bytes.get(unit.name)
-        return Sizes(FP32 for b in (per or ()) if b == FP8_BYTES)
+        unsharded ``Float8TrainingTensor`` keeps until the next all-gather's copy-out replaces it); built
+        once per unit (each unshard asks)."""
+        if self.gather_bytes is None:
+            return _NO_SIZES
+        scales = self._scales.get(unit.name)
+        if scales is None:
+            per = self.gather_bytes.get(unit.name)
+            scales = self._scales[unit.name] = Sizes(FP32 for b in (per or ()) if b == FP8_BYTES)
+        return scales
 
     def _gathered_sizes(self, unit: Unit, elements: Literal["local", "padded"]) -> Sizes:
         """Each parameter's bytes as cast (``local``) or unsharded (``padded``)."""
@@ -561,7 +574,9 @@ class Fsdp2(Fsdp):
         labels = unit.labels
         if self.param_bytes != FP32 or self.gather_bytes is not None:
             led.alloc_each((labels.cast,), self._gathered_sizes(unit, "local"), GATHERED)
-        led.alloc_each((f"{unit.name}.fp8 new scale",), self._fp8_scales(unit), BUFFERS)
+        scales = self._fp8_scales(unit)
+        if scales:  # an fp8 all-gather's new scales
+            led.alloc_each((f"{unit.name}.fp8 new scale",), scales, BUFFERS)
         if self.gather_bytes is None:
             gathered = self.param_bytes * unit.padded_numel
             shard = self.param_bytes * ceil_div(unit.padded_numel, self.world)

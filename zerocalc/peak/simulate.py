@@ -21,7 +21,14 @@ from zerocalc.base.errors import InputError
 from zerocalc.base.memo import IdentityCache
 from zerocalc.base.parts import Part
 from zerocalc.model.activations import Recompute
-from zerocalc.model.architecture import Architecture, ParamTensor, PipelineStage
+from zerocalc.model.architecture import (
+    Architecture,
+    ParamTensor,
+    PipelineStage,
+    embedding_tensors,
+    head_tensors,
+    layer_tensors,
+)
 from zerocalc.model.code import (
     MODEL_CODES,
     Device,
@@ -124,12 +131,20 @@ def _first_units(
 ) -> tuple[tuple[str, Unit], ...]:
     """The units of the first ``blocks`` blocks and the root's (a plan asks at two depths per world, and
     builds no other block's)."""
-    return _built_units(
-        tuple((key, tensors) for key, tensors in _fsdp_units_of(arch) if key == "root" or int(key) < blocks),
-        world,
-        arch,
-        experts,
-    )
+    return _built_units(_first_fsdp_units(arch, blocks), world, arch, experts)
+
+
+@lru_cache(maxsize=64)
+def _first_fsdp_units(arch: Architecture, blocks: int) -> tuple[tuple[str, tuple[ParamTensor, ...]], ...]:
+    """:func:`_fsdp_units_of`'s first ``blocks`` blocks and its root, without building the other blocks:
+    :func:`~zerocalc.model.architecture.parameter_tensors` is the embedding's tensors, each block's
+    (:func:`~zerocalc.model.architecture.layer_tensors`, every module ``layers.<i>.…``, which
+    :func:`~zerocalc.states.framework.fsdp_unit_positions` makes unit ``layers.<i>``), then the head's;
+    the root is what no block holds, the embedding's then the head's (a block without tensors is no
+    unit)."""
+    first = ((str(i), tuple(layer_tensors(arch, i))) for i in range(min(blocks, arch.num_layers)))
+    root = ("root", (*embedding_tensors(arch), *head_tensors(arch)))
+    return (*((key, tensors) for key, tensors in first if tensors), root)
 
 
 @lru_cache(maxsize=256)
