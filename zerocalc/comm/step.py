@@ -403,22 +403,20 @@ def request_ops(request: TrainingRequest, arch: Architecture | None = None) -> M
 
 def request_tuning(request: TrainingRequest, arch: Architecture) -> FineTuneOps | None:
     """The fine-tuning's changes to the operations (:mod:`zerocalc.compute.finetune`), in the precision
-    record's dtypes: the adapters' GEMM input, and their weight as the forward sees it (the stored fp32
-    adapter under autocast, the cast one under FSDP's mixed precision); None: full training."""
-    finetune = request.finetune
-    if finetune is None:
+    record's dtypes (:attr:`~zerocalc.request.training.TrainingRequest.adapter_op_dtypes`: the adapters'
+    GEMM input, and their weight as the forward sees it); None: full training."""
+    finetune, dtypes = request.finetune, request.adapter_op_dtypes
+    if finetune is None or dtypes is None:
         return None
-    from zerocalc.parallel.precision import ParamKind, ParamLayout
-    from zerocalc.states.memory import finetune_dtypes
-
-    adapter = finetune_dtypes(request, ParamKind.ADAPTER)
-    seen = (
-        adapter.stored if request.framework_record.param_layout is ParamLayout.AUTOCAST else adapter.compute
-    )
-    compute = finetune_dtypes(request, ParamKind.QUANTIZED).compute if finetune.quantized else adapter.compute
     input_grad = finetune.kbit_prepared or request.activations.recompute is not Recompute.NONE
     return finetune_ops(
-        arch, finetune, input_grad, adapter.gemm_input, seen, request.activation_dtype, compute
+        arch,
+        finetune,
+        input_grad,
+        dtypes.gemm_input,
+        dtypes.weight_seen,
+        request.activation_dtype,
+        dtypes.base_compute,
     )
 
 
@@ -904,8 +902,7 @@ STAGE_MICRO_BATCHES = Part(
     "stages' micro-batches",
     ("rank_model", "stages", "rank_shape", "mesh.ep", "model_code", "activation_dtype", "fp8",
      "activations.recompute", "activations.checkpoint_every", "activations.flash_attention",
-     "activations.compile",
-     "activations.capacity_factor", "finetune", "framework", "precision", "reduce_dtype"),
+     "activations.compile", "activations.capacity_factor", "finetune", "adapter_op_dtypes"),
     _stage_micro_batches,
 )  # fmt: skip
 """:func:`stage_micro_batches`: each kind of stage's micro-batch at the compute table's rates."""
@@ -919,8 +916,8 @@ def _stage_computes(
 
 STAGE_COMPUTES = Part(
     "stages' computes",
-    (*STAGE_MICRO_BATCHES.reads, "cluster", "framework", "precision", "strategies", "grad_accum", "optimizer",
-     "optimizer_impl", "offload_optimizer", "offload_params", "finetune"),
+    (*STAGE_MICRO_BATCHES.reads, "cluster", "framework", "precision", "reduce_dtype", "strategies",
+     "grad_accum", "optimizer", "optimizer_impl", "offload_optimizer", "offload_params", "finetune"),
     _stage_computes,
 )  # fmt: skip
 """:func:`stage_computes`: each stage's compute in a step, the optimizer's step included."""

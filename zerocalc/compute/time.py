@@ -210,11 +210,26 @@ def micro_batch_time(
         elif recompute is Recompute.OP:
             rerun += t.op_rerun.times(n)
             flops += t.op_rerun_flops * n
-    head_f, head_b, head_flops_f, head_flops_b = _gemms(table, ops.outside_gemms, dtype)
-    head_flops = head_flops_f + head_flops_b
-    forward += PassTime(head_f, 0.0, sum(_traffic_s(table, t) for t in ops.outside_traffic))
-    backward += PassTime(head_b, 0.0, sum(_traffic_s(table, t, backward=True) for t in ops.outside_traffic))
-    return MicroBatchTime(forward, backward, rerun, flops + head_flops)
+    head_forward, head_backward, head_flops = _outside(table, ops, dtype)
+    return MicroBatchTime(forward + head_forward, backward + head_backward, rerun, flops + head_flops)
+
+
+_OUTSIDE: IdentityCache[tuple[PassTime, PassTime, float]] = IdentityCache()
+
+
+def _outside(table: ComputeTable, ops: MicroBatchOps, dtype: DType) -> tuple[PassTime, PassTime, float]:
+    """The forward and backward of what runs outside the layers (the embedding, the head, the loss) and
+    their executed FLOPs, once per (table, those operations, dtype): the same under every recompute."""
+    key = (ops.outside_gemms, ops.outside_traffic, dtype)
+    cached = _OUTSIDE.get(table, key)
+    if cached is None:
+        head_f, head_b, head_flops_f, head_flops_b = _gemms(table, ops.outside_gemms, dtype)
+        forward = PassTime(head_f, 0.0, sum(_traffic_s(table, t) for t in ops.outside_traffic))
+        backward = PassTime(
+            head_b, 0.0, sum(_traffic_s(table, t, backward=True) for t in ops.outside_traffic)
+        )
+        cached = _OUTSIDE.put(table, key, (forward, backward, head_flops_f + head_flops_b))
+    return cached
 
 
 def step_compute(

@@ -22,7 +22,14 @@ from zerocalc.model.architecture import Architecture, ParamTensor, parameter_ten
 from zerocalc.model.code.finetune import ForwardTuning
 from zerocalc.model.hf_modules import hf_modules, hf_name
 from zerocalc.model.quantized import Part, QuantMethod, StoragePart, quantized_modules, weight_storage
-from zerocalc.parallel.precision import ParamKind, ParamLayout, PrecisionName, QuantDtypes, tensor_dtypes
+from zerocalc.parallel.precision import (
+    ParamKind,
+    ParamLayout,
+    PrecisionName,
+    QuantDtypes,
+    TensorDtypes,
+    tensor_dtypes,
+)
 
 
 class LoraConfig(BaseModel):
@@ -288,6 +295,57 @@ class ForwardWeights(NamedTuple):
 
 PEFT_ALONE = ForwardWeights(adapter=DType.FP32, fp32_stream=False)
 """PEFT's model run as it is (no framework, no autocast): fp32 adapters, the base's stream."""
+
+
+def finetune_tensor_dtypes(
+    finetune: FineTuning,
+    precision: PrecisionName,
+    layout: ParamLayout,
+    main_gradient: DType | None,
+    reduce: DType | None,
+    kind: ParamKind,
+) -> TensorDtypes:
+    """The dtypes of a fine-tuning run's tensors of ``kind`` under ``precision`` by a framework of
+    ``layout`` (its own main-gradient dtype, ``--reduce-dtype``): the precision record's kind rules, the
+    quantised storage and ``prepare_model_for_kbit_training``."""
+    quant = finetune.quant.dtypes if finetune.quant is not None else None
+    return tensor_dtypes(
+        precision, layout, main_gradient, reduce, kind, quant=quant, kbit_prepared=finetune.kbit_prepared
+    )
+
+
+class AdapterOpDtypes(NamedTuple):
+    """The dtypes a fine-tuning's own operations run in (:func:`~zerocalc.compute.finetune.finetune_ops`),
+    the precision record's; a flat record of dtypes, so the parts of a plan that read it are keyed by its
+    value."""
+
+    gemm_input: DType
+    """The adapters' GEMM input."""
+    weight_seen: DType
+    """The adapters' weight as the forward sees it: the stored fp32 adapter under autocast, the cast one
+    under FSDP's mixed precision."""
+    base_compute: DType
+    """What the frozen base's GEMMs run in: the quantised kind's compute dtype on a quantised base (the
+    dequantised weight), else the adapters'."""
+
+
+def adapter_op_dtypes(
+    finetune: FineTuning,
+    precision: PrecisionName,
+    layout: ParamLayout,
+    main_gradient: DType | None,
+    reduce: DType | None,
+) -> AdapterOpDtypes:
+    """:class:`AdapterOpDtypes` of ``finetune`` (the arguments :func:`finetune_tensor_dtypes`')."""
+    adapter = finetune_tensor_dtypes(finetune, precision, layout, main_gradient, reduce, ParamKind.ADAPTER)
+    seen = adapter.stored if layout is ParamLayout.AUTOCAST else adapter.compute
+    compute = adapter.compute
+    if finetune.quantized:
+        quantized = finetune_tensor_dtypes(
+            finetune, precision, layout, main_gradient, reduce, ParamKind.QUANTIZED
+        )
+        compute = quantized.compute
+    return AdapterOpDtypes(adapter.gemm_input, seen, compute)
 
 
 def forward_weights(finetune: FineTuning, layout: ParamLayout, precision: PrecisionName) -> ForwardWeights:

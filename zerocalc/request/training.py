@@ -36,7 +36,13 @@ from zerocalc.network.calibration import Calibration
 from zerocalc.network.cluster import Cluster
 from zerocalc.network.links import Bandwidths
 from zerocalc.network.schedule import GradSync, ZeroPP
-from zerocalc.parallel.finetune import FineTuning, ForwardWeights, forward_weights
+from zerocalc.parallel.finetune import (
+    AdapterOpDtypes,
+    FineTuning,
+    ForwardWeights,
+    adapter_op_dtypes,
+    forward_weights,
+)
 from zerocalc.parallel.fp8 import NO_FP8, Fp8Setting
 from zerocalc.parallel.framework_records import FRAMEWORKS, default_strategies
 from zerocalc.parallel.framework_records.record import FrameworkRecord, ModelInit, Wrap
@@ -304,6 +310,18 @@ class TrainingRequest(BaseModel):
         return forward_weights(self.finetune, self.framework_record.param_layout, self.precision)
 
     @property
+    def adapter_op_dtypes(self) -> AdapterOpDtypes | None:
+        """The dtypes the fine-tuning's own operations run in (:func:`~zerocalc.parallel.finetune.
+        adapter_op_dtypes`, the precision record's under this framework); None: full training."""
+        finetune = self.finetune
+        if finetune is None:
+            return None
+        record = self.framework_record
+        return adapter_op_dtypes(
+            finetune, self.precision, record.param_layout, record.main_grad_dtype, self.reduce_dtype
+        )
+
+    @property
     def accumulates(self) -> bool:
         """A > 1: the step's micro-batches accumulate gradients (what a step's mechanics read of A)."""
         return self.grad_accum > 1
@@ -337,7 +355,7 @@ class TrainingRequest(BaseModel):
 DERIVED = (
     "cluster", "stages", "rank_model", "runtime", "states_capacity_bytes", "framework_record", "dtypes",
     "sequence_split", "rank_shape", "recipe_dtypes", "activation_dtype", "accumulates", "model_code", "init",
-    "zero_init", "architecture",
+    "zero_init", "architecture", "adapter_op_dtypes",
 )  # fmt: skip
 """The request's properties derived from its inputs (tests/test_parts.py resolves each to what it reads)."""
 

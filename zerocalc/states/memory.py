@@ -46,6 +46,7 @@ from zerocalc.parallel.finetune import (
     FineTuneCounts,
     FineTuning,
     finetune_counts,
+    finetune_tensor_dtypes,
     parameter_kinds,
     quantized_storage,
 )
@@ -61,7 +62,6 @@ from zerocalc.parallel.precision import (
     PrecisionName,
     TensorDtypes,
     describe_layout,
-    tensor_dtypes,
 )
 from zerocalc.parallel.strategies import STRATEGIES, OffloadTarget, Strategy, StrategyName, row_named
 from zerocalc.request.echo import RequestEcho
@@ -468,20 +468,13 @@ def _sharded(
 
 
 def finetune_dtypes(request: TrainingRequest, kind: ParamKind) -> TensorDtypes:
-    """The dtypes of a fine-tuning run's tensors of ``kind`` under the request's recipe and framework (the
-    precision record's kind rules, the quantised storage and ``prepare_model_for_kbit_training``)."""
+    """The dtypes of a fine-tuning run's tensors of ``kind`` under the request's recipe and framework
+    (:func:`~zerocalc.parallel.finetune.finetune_tensor_dtypes`)."""
     finetune = request.finetune
     assert finetune is not None
     record = request.framework_record
-    quant = finetune.quant.dtypes if finetune.quant is not None else None
-    return tensor_dtypes(
-        request.precision,
-        record.param_layout,
-        record.main_grad_dtype,
-        request.reduce_dtype,
-        kind,
-        quant=quant,
-        kbit_prepared=finetune.kbit_prepared,
+    return finetune_tensor_dtypes(
+        finetune, request.precision, record.param_layout, record.main_grad_dtype, request.reduce_dtype, kind
     )
 
 
