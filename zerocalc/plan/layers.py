@@ -39,7 +39,7 @@ from zerocalc.model.architecture import Architecture, count_parameters
 from zerocalc.model.traits import traits
 from zerocalc.plan.split import NO_EVENT, Slot, Where
 from zerocalc.request.model_spec import ModelSpec
-from zerocalc.request.training import TrainingRequest
+from zerocalc.request.training import TrainingRequest, replaced
 
 SMALL_LAYERS = (4, 5)
 """The layer counts simulated (blocks 1 … L'−2 inner: two, then three)."""
@@ -88,10 +88,13 @@ def within_edges(request: TrainingRequest) -> bool:
 
 
 def with_layers(request: TrainingRequest, layers: int) -> TrainingRequest:
-    """The same request for the same model cut to ``layers`` blocks (its parameters recounted)."""
+    """The same request for the same model cut to ``layers`` blocks (its parameters recounted), for the
+    step's parts alone: a copy with the model replaced, not checked again (what the checks read of the
+    model, its heads, widths, sequence and experts, is the whole model's, which passed them; the cut is no
+    request a user gives, and a plan cuts ~10² of them)."""
     model = request.model
     assert model.architecture is not None
-    return request.with_(model=_cut(model.architecture, layers, model.name, model.title))
+    return replaced(request, {"model": _cut(model.architecture, layers, model.name, model.title)})
 
 
 @lru_cache(maxsize=64)
