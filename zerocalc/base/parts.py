@@ -148,23 +148,31 @@ class PartCache:
 
     def __init__(self) -> None:
         self._results: dict[Part, dict[tuple, tuple[Any, tuple]]] = {}
+        self._tuples: dict[int, tuple[tuple, Hashable]] = {}
+        """Each tuple met in a key (by identity, kept: a request's shape or stages are one object that
+        thousands of keys hold), with what the key holds of it (:func:`_by_identity`)."""
 
     def get(self, part: Part, request: Any, *args: Hashable) -> Any:
         results = self._results.get(part)
         if results is None:
             results = self._results[part] = {}
         values = (*part._get(request), *args)
-        scalars, objects = _SCALARS, _OBJECTS
-        key = tuple(
-            [
-                value
-                if (kind := type(value)) in scalars
-                else id(value)
-                if kind in objects
-                else _by_identity(value)
-                for value in values
-            ]
-        )
+        scalars, objects, tuples = _SCALARS, _OBJECTS, self._tuples
+        held: list[Hashable] = []
+        for value in values:
+            kind = type(value)
+            if kind in scalars:
+                held.append(value)
+            elif kind in objects:
+                held.append(id(value))
+            elif isinstance(value, tuple):
+                known = tuples.get(id(value))
+                if known is None or known[0] is not value:
+                    known = tuples[id(value)] = (value, _by_identity(value))
+                held.append(known[1])
+            else:
+                held.append(_by_identity(value))
+        key = tuple(held)
         found = results.get(key)
         if found is not None:
             return found[0]
