@@ -375,21 +375,46 @@ def check(request: TrainingRequest, changed: frozenset[str] | None = None) -> Tr
     line naming the first problem, the checks in :data:`CHECKS`' order. ``changed``: the fields (paths) by
     which the request differs from one that passed every check (:meth:`TrainingRequest.with_`); only the
     checks that read one of them run (the others read what passed)."""
-    for part in _affected(BEFORE_STRATEGIES, changed):
+    before, resolves, after = _checks_of(changed)
+    for part in before:
         problem = part.run(request, UNCACHED)
         if problem:
             raise InputError(problem)
-    if _affected((STRATEGIES_RESOLVED,), changed):
+    if resolves:
         strategies, notes = STRATEGIES_RESOLVED.run(request, UNCACHED)
         if strategies != request.strategies or notes != request.strategy_notes:
             request = request.model_copy(update={"strategies": strategies, "strategy_notes": notes})
             if changed is not None:
-                changed = changed | {"strategies", "strategy_notes"}
-    for part in _affected(AFTER_STRATEGIES, changed):
+                after = _checks_of(changed | {"strategies", "strategy_notes"}).after
+    for part in after:
         problem = part.run(request, UNCACHED)
         if problem:
             raise InputError(problem)
     return request
+
+
+class _Checks(NamedTuple):
+    """The checks a change runs (:func:`_affected`), in :data:`CHECKS`' order."""
+
+    before: tuple[Part, ...]
+    resolves: bool
+    """Whether it resolves the strategies again."""
+    after: tuple[Part, ...]
+
+
+_CHECKS_OF: dict[frozenset[str] | None, _Checks] = {}
+"""The checks of each change met (a plan varies its requests in a few hundred ways)."""
+
+
+def _checks_of(changed: frozenset[str] | None) -> _Checks:
+    checks = _CHECKS_OF.get(changed)
+    if checks is None:
+        checks = _CHECKS_OF[changed] = _Checks(
+            _affected(BEFORE_STRATEGIES, changed),
+            bool(_affected((STRATEGIES_RESOLVED,), changed)),
+            _affected(AFTER_STRATEGIES, changed),
+        )
+    return checks
 
 
 class _Affected(NamedTuple):
