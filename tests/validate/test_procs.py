@@ -85,6 +85,13 @@ def test_no_failure_while_ranks_run_or_succeed() -> None:
         ([1, 1], {0: "rank 0: boom", 1: "rank 1: boom"}, "rank 0: boom; the other ranks were stopped", 1),
         ([2, 2], {0: "--x 7 is not accepted", 1: "--x 7 is not accepted"}, "--x 7 is not accepted", 2),
         ([None, 2], {}, "rank 1 refused the input", 2),
+        # a rank that refused the input stopped; its peer, seen failing in the same look, lost the connection
+        (
+            [1, 2],
+            {0: "rank 0: RuntimeError: Connection closed by peer", 1: "--x 7 is not accepted"},
+            "--x 7 is not accepted",
+            2,
+        ),
     ],
 )
 def test_the_first_failing_rank_is_named_in_one_line(

@@ -301,15 +301,23 @@ def said(errors: Path, rank: int) -> str:
 def verdict(codes: Sequence[int | None], told: Callable[[int], str]) -> RanksFailed | None:
     """The failure to report for these exit codes (None: none yet), or KeyboardInterrupt raised.
 
-    The first rank seen failing is the cause; peers fail after it ("connection closed by peer"). A rank
-    that died without a word (killed, ``os._exit``) is preferred over peers reporting it, then a rank that
-    passed its timeout (a hang) over peers that saw the connection close; then the lowest rank.
+    The first rank seen failing is the cause; peers fail after it ("connection closed by peer"), and may
+    be seen failing in the same look. A rank that refused the input (exit 2, its line naming the value) is
+    preferred over peers whose connection it closed by stopping, then a rank that died without a word
+    (killed, ``os._exit``) over peers reporting it, then a rank that passed its timeout (a hang) over peers
+    that saw the connection close; then the lowest rank.
     """
     failed = [rank for rank, code in enumerate(codes) if code is not None and code != 0]
     if not failed:
         return None
     lines = {rank: told(rank) for rank in failed}
-    rank = min(failed, key=lambda r: (0 if not lines[r] else 1 if codes[r] == EXIT_TIMEOUT else 2, r))
+
+    def cause(r: int) -> tuple[int, int]:
+        if codes[r] == EXIT_BAD_INPUT:
+            return 0, r
+        return (1 if not lines[r] else 2 if codes[r] == EXIT_TIMEOUT else 3), r
+
+    rank = min(failed, key=cause)
     code = codes[rank]
     assert code is not None
     if code in (EXIT_INTERRUPTED, -signal.SIGINT):  # Ctrl-C reached the ranks: the command says so once
