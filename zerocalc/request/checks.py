@@ -394,7 +394,7 @@ def check(request: TrainingRequest, changed: frozenset[str] | None = None) -> Tr
 
 
 class _Checks(NamedTuple):
-    """The checks a change runs (:func:`_affected`), in :data:`CHECKS`' order."""
+    """The checks a change runs, in :data:`CHECKS`' order."""
 
     before: tuple[Part, ...]
     resolves: bool
@@ -402,50 +402,32 @@ class _Checks(NamedTuple):
     after: tuple[Part, ...]
 
 
-_CHECKS_OF: dict[frozenset[str] | None, _Checks] = {}
+_EVERY = _Checks(BEFORE_STRATEGIES, True, AFTER_STRATEGIES)
+"""A request checked whole."""
+
+_CHECKS_OF: dict[frozenset[str], _Checks] = {}
 """The checks of each change met (a plan varies its requests in a few hundred ways)."""
+
+_READERS: dict[str, frozenset[Part]] = {}
+"""The checks each path reads (a change runs those of any of its paths: a plan's changes are made of a few
+dozen paths)."""
 
 
 def _checks_of(changed: frozenset[str] | None) -> _Checks:
+    """The checks that read one of ``changed`` (every one where None), once per change."""
+    if changed is None:
+        return _EVERY
     checks = _CHECKS_OF.get(changed)
     if checks is None:
-        checks = _CHECKS_OF[changed] = _Checks(
-            _affected(BEFORE_STRATEGIES, changed),
-            bool(_affected((STRATEGIES_RESOLVED,), changed)),
-            _affected(AFTER_STRATEGIES, changed),
-        )
-    return checks
-
-
-class _Affected(NamedTuple):
-    """What a tuple of checks reads, found once per change and once per path."""
-
-    parts: tuple[Part, ...]
-    by_change: dict[frozenset[str], tuple[Part, ...]]
-    """The checks each change (a set of paths) reads, in the tuple's order."""
-    by_path: dict[str, frozenset[Part]]
-    """The checks each path reads (a change reads those of any of its paths: a plan meets thousands of
-    changes made of a few dozen paths)."""
-
-
-_AFFECTED: dict[int, _Affected] = {}
-"""Per tuple of checks (by identity: this module's three, each kept beside)."""
-
-
-def _affected(parts: tuple[Part, ...], changed: frozenset[str] | None) -> tuple[Part, ...]:
-    """The checks of ``parts`` that read one of ``changed`` (all of them where None), once per change."""
-    if changed is None:
-        return parts
-    known = _AFFECTED.get(id(parts))
-    if known is None or known.parts is not parts:
-        known = _AFFECTED[id(parts)] = _Affected(parts, {}, {})
-    affected = known.by_change.get(changed)
-    if affected is None:
         reading: set[Part] = set()
         for path in changed:
-            readers = known.by_path.get(path)
+            readers = _READERS.get(path)
             if readers is None:
-                readers = known.by_path[path] = frozenset(part for part in parts if part.reads_any((path,)))
+                readers = _READERS[path] = frozenset(part for part in CHECKS if part.reads_any((path,)))
             reading |= readers
-        affected = known.by_change[changed] = tuple(part for part in parts if part in reading)
-    return affected
+        checks = _CHECKS_OF[changed] = _Checks(
+            tuple(part for part in BEFORE_STRATEGIES if part in reading),
+            STRATEGIES_RESOLVED in reading,
+            tuple(part for part in AFTER_STRATEGIES if part in reading),
+        )
+    return checks
