@@ -34,6 +34,12 @@ def _chunked_cross_entropy(F, logits: list, labels):
     return total / total_elements
 
 
+def _memory_deltas(prof) -> list[int]:
+    """The bytes of each allocation (+) and free (−) torch.profiler recorded, in time order."""
+    events = prof.profiler.kineto_results.events()
+    return [n for _, n in sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")]
+
+
 def _measured(S: int = S, H: int = H, V: int = V, ignored: int = 0) -> tuple[int, int]:
     """The peak live bytes of the loss's forward and of its backward (the inputs and logits' weight
     aside); the labels held only by what saves them, as in transformers' loss function. ``ignored``: the
@@ -54,9 +60,8 @@ def _measured(S: int = S, H: int = H, V: int = V, ignored: int = 0) -> tuple[int
         mark = torch.empty(MARK, dtype=torch.uint8)
         loss.backward()
         del mark
-    events = prof.profiler.kineto_results.events()
     live, peaks, phase = 0, [0, 0], 0
-    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"):
+    for nbytes in _memory_deltas(prof):
         if ignored and abs(nbytes) == ignored:
             continue
         phase = phase or int(nbytes == MARK)
@@ -90,9 +95,8 @@ def _gemm_scratch(m: int, k: int, n: int) -> int:
     b = torch.randn(k, n, dtype=torch.bfloat16)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         out = a @ b
-    events = prof.profiler.kineto_results.events()
     live = peak = 0
-    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"):
+    for nbytes in _memory_deltas(prof):
         live += nbytes
         peak = max(peak, live)
     return peak - out.numel() * out.element_size()
