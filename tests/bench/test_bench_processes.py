@@ -242,9 +242,15 @@ def test_ctrl_c_stops_every_spawned_process(tmp_path: Path) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(tmp_path),
         start_new_session=True,
     )  # fmt: skip
-    time.sleep(3.5)  # the ranks have started and are measuring
+    assert proc.stderr is not None
+    said: list[str] = []
+    while not said or not said[-1].startswith("zerocalc bench: "):  # the ranks are measuring
+        line = proc.stderr.readline()  # not a fixed wait: a slow start is still in its rendezvous
+        assert line, "".join(said)
+        said.append(line)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C: the whole process group
-    _, stderr = proc.communicate(timeout=20)
+    _, rest = proc.communicate(timeout=20)
+    stderr = "".join(said) + rest
     assert proc.returncode == 130, stderr
     lines = [line for line in stderr.splitlines() if not line.startswith("zerocalc bench: ")]  # progress
     assert lines == ["zerocalc: interrupted; every spawned process was stopped"], stderr
