@@ -1,5 +1,6 @@
-"""The model's part's floor of a candidate's allocated peak (zerocalc.plan.allocated.StepParts.model_floors),
-by which the search skips the framework's runs of a group none of whose candidates can fit."""
+"""The bounds by which the search runs no part for a group's micro-batches beyond the first whose allocated
+peak is above the fit limit, and no framework's part where none can fit by the model's part
+(zerocalc.plan.allocated.StepParts.peaks_up_to)."""
 
 from __future__ import annotations
 
@@ -23,24 +24,39 @@ MOE = dict(model="qwen3-30b-a3b", gpu="h100-80gb", gpus=16, global_batch="104857
            frameworks="megatron,fsdp2", ep="auto")  # fmt: skip
 
 
-def test_model_floor_is_at_most_every_candidates_allocated_peak():
-    plan = plan_options(**MOE)
+GPT2 = dict(model="gpt2", gpu="rtx-4090", gpus=16, global_batch="512seq", seq_len=1024)
+"""Twelve layers: both parts run at all L (no extrapolation)."""
+
+
+@pytest.mark.parametrize("space", [MOE, GPT2], ids=["qwen3-30b-a3b ep", "gpt2"])
+def test_peaks_up_to_a_limit_are_exact_below_it_and_bounds_above_it(space: dict) -> None:
+    """At limits between a group's exact allocated peaks: every micro-batch up to the first above the limit
+    gets its exact peak, every later one a bound above the limit and at most its exact peak."""
+    plan = plan_options(**space)
     resolver, _ = plan_candidates(plan)
     groups, _ = enumerate_groups(plan, resolver.setting.flash)
-    checked = 0
+    checked = bounded = 0
     for group in groups:
         if group.pp > 1:
             continue
         requests = group_requests(plan, group, resolver.bases)
         parts = resolver.parts.get(MODEL_STEP_PARTS, requests[0].memory)
         at_b = AtBatch(requests)
-        floors = parts.model_floors(at_b)
-        assert floors is not None  # Qwen3-30B-A3B's stack is homogeneous
-        peaks = parts.allocated_peaks(at_b, framework_of=requests[0].memory)
-        for b, floor in floors.items():
-            assert 0 < floor <= peaks[b]
-            checked += 1
-    assert checked > 1000
+        exact = parts.allocated_peaks(at_b, framework_of=requests[0].memory)
+        for above in sorted({*exact.values(), min(exact.values()) - 1}):
+            fresh = MODEL_STEP_PARTS.run(requests[0].memory, resolver.parts)  # nothing run yet
+            peaks = fresh.peaks_up_to(at_b, above=above, framework_of=requests[0].memory)
+            assert peaks is not None and peaks.keys() == exact.keys()
+            over = False
+            for b in sorted(exact):
+                if over:
+                    assert above < peaks[b] <= exact[b]
+                    bounded += peaks[b] < exact[b]
+                else:
+                    assert peaks[b] == exact[b] or above < peaks[b] <= exact[b]
+                    over = peaks[b] > above
+                checked += 1
+    assert checked > 1000 and bounded > 0
 
 
 def test_search_skipping_framework_runs_ranks_and_rejects_as_listing_every_candidate():
@@ -57,9 +73,9 @@ LOSSES = {"fsdp2": (LossImpl.FULL, LossImpl.CHUNKED), "megatron": (LossImpl.FULL
 
 @pytest.mark.parametrize("framework", ["fsdp2", "megatron"])
 def test_models_part_is_nondecreasing_in_the_micro_batch_at_every_slot(framework: str) -> None:
-    """What model_floors(above=…) relies on to give a larger micro-batch the floor of the first one above
-    the limit: on every model preset, under both model codes, every recompute the plan searches and
-    with transformers' chunked loss, the model's part at b + 1 is at least that at b, slot by slot (an odd
+    """What peaks_up_to relies on to give a larger micro-batch the bound of the first one above the limit:
+    on every model preset, under both model codes, every recompute the plan searches and with transformers'
+    chunked loss, the model's part at b + 1 is at least that at b, slot by slot (an odd
     sequence length and b, where rounding to 512 bytes is not linear)."""
     checked = 0
     for model in preset_names("models"):

@@ -239,40 +239,67 @@ class StepParts:
                 self._model_parts[key] = None if plan is None else plan.apply(runs)  # type: ignore[arg-type]
         return self._model_parts[key]
 
-    def model_floors(
-        self, requests: Mapping[int, TrainingRequest], above: float | None = None
+    def peaks_up_to(
+        self, requests: Mapping[int, TrainingRequest], above: float, framework_of: TrainingRequest
     ) -> dict[int, int] | None:
-        """A lower bound of each request's allocated peak from the model's part alone, whatever the
-        framework's (``requests``: b → a request at micro-batch b, one recompute, as for
-        :meth:`allocated_peaks`): the largest A at L over the slots before any hook and after each, where
-        the framework's part is the bytes its hooks left (≥ 0), so F + A there is at least A. The A of the
-        runs at 4 and 5 layers extrapolated (the values the exact peak combines where it extrapolates;
-        shared with it); None where the stack is not extrapolated (no bound: the caller runs the exact
-        peaks).
+        """Each request's allocated peak (as :meth:`allocated_peaks`: ``requests`` b → a request at
+        micro-batch b, one recompute; ``framework_of`` the configuration's request) in ascending b up to the
+        first above ``above``, whose bound every larger b is given, its parts not run.
 
-        With ``above``: the micro-batches in ascending order up to the first whose floor is above it, each
-        larger one given that floor, its model's part not run. A is nondecreasing in b at every slot: the
-        slots are the same at every b (what the extrapolation and :meth:`allocated_peaks` rely on) and each
-        tensor the model's code allocates has a size nondecreasing in b (b·s·… elements, expert token
-        counts ⌈b·s·k·c/E⌉, loss chunks of b·s/n rows; tests/plan/test_plan_floors.py checks it on every
-        model preset)."""
+        That bound is a floor from the model's part alone where it is above: the largest A at L over the
+        slots before any hook and after each, where the framework's part is the bytes its hooks left
+        (≥ 0), so F + A there is at least A; else the exact peak. Both are nondecreasing in b: the slots
+        are the same at every b (what the extrapolation relies on), each tensor the model's code allocates
+        has a size nondecreasing in b (b·s·… elements, expert token counts ⌈b·s·k·c/E⌉, loss chunks of
+        b·s/n rows), so A is nondecreasing in b at every slot (tests/plan/test_plan_floors.py checks it on
+        every model preset), and F does not depend on b. The framework's part is run only where the smallest
+        b's floor is within ``above``: none for a group none of whose candidates can fit by the model's part.
+
+        Both parts are extrapolated from 4 and 5 layers where the stack allows it, else run at all L layers;
+        None where a part is not affine in L though the stack is homogeneous (the caller runs
+        :meth:`allocated_peaks`)."""
         first = requests[next(iter(requests))]
         plan = self._extrapolation(first)
-        if plan is None:
-            return None
+        extrapolated = plan is not None
         recompute = first.activations.recompute
-        floors: dict[int, int] = {}
+        framework: FrameworkPart | None = None
+        peaks: dict[int, int] = {}
         over = None
         for b in sorted(requests):
-            if over is None:
-                model = self._model_part(requests, b, recompute, True)
-                if model is None:
+            if over is not None:
+                peaks[b] = over
+                continue
+            model = self._model_part(requests, b, recompute, extrapolated)
+            if model is None:
+                return None
+            # the slots before any hook and after each: those of the extrapolation, else every other one
+            # of an all-L run's (:func:`~zerocalc.plan.split.slots_of`)
+            floor = max(map(model.__getitem__, plan.between_hooks)) if plan is not None else max(model[::2])
+            if floor > above:
+                peaks[b] = over = floor
+                continue
+            if framework is None:
+                framework = self._configured(framework_of)
+                if framework.extrapolated is not extrapolated:
                     return None
-                floor = max(map(model.__getitem__, plan.between_hooks))
-                if above is not None and floor > above:
-                    over = floor
-            floors[b] = floor if over is None else over
-        return floors
+            key = (framework.run, extrapolated, recompute, b)
+            peak = self._peaks.get(key)
+            if peak is None:
+                peak = self._peaks[key] = peak_of(framework.values, model)
+            peaks[b] = peak
+            if peak > above:
+                over = peak
+        return peaks
+
+    def _configured(self, request: TrainingRequest, configuration: Hashable | None = None) -> FrameworkPart:
+        """F of the request's configuration (``configuration`` names what it depends on, its key by
+        default), once per configuration."""
+        if configuration is None:
+            configuration = FRAMEWORK_PART.key(request)
+        framework = self.frameworks.get(configuration)
+        if framework is None:
+            framework = self.frameworks[configuration] = self._framework_part(request)
+        return framework
 
     def allocated_peaks(
         self,
@@ -288,9 +315,7 @@ class StepParts:
         request = framework_of or requests[next(iter(requests))]
         if configuration is None:
             configuration = FRAMEWORK_PART.key(request)
-        framework = self.frameworks.get(configuration)
-        if framework is None:
-            framework = self.frameworks[configuration] = self._framework_part(request)
+        framework = self._configured(request, configuration)
         peaks = self._peaks_of(framework, requests)
         if peaks is None:  # the model's part is not affine in L: all L
             framework = self.frameworks[configuration] = self._all_layers(request)

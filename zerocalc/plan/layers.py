@@ -165,7 +165,7 @@ class Extrapolation(NamedTuple):
     """:attr:`outer` by run: each run's indices of the slots outside the inner blocks."""
     between_hooks: tuple[int, ...]
     """The indices of :attr:`slots` not inside a hook (``Where.IN``): where the model's part alone bounds
-    the step's (:meth:`~zerocalc.plan.allocated.StepParts.model_floors`)."""
+    the step's (:meth:`~zerocalc.plan.allocated.StepParts.peaks_up_to`)."""
 
     def apply(self, runs: tuple[list[int], list[int]]) -> list[int] | None:
         """The values at L from the two runs' values; None where they are not affine in L (a slot with

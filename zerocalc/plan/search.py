@@ -424,11 +424,11 @@ class _Resolver:
 
     def _allocated(self, requests: list[CandidateRequests], outside: int, states: int = 0) -> dict[int, int]:
         """Each candidate's allocated peak, exact, from the step's parts (:class:`~zerocalc.plan.allocated.
-        StepParts` of its model); where not every candidate is listed, a lower bound instead for each one
-        whose bound is above the fit limit whatever its framework's part (``outside`` + the larger of
-        ``states``, the model states that bound it anyway, and :meth:`~zerocalc.plan.allocated.StepParts.
-        model_floors`): it cannot be ranked; where the states alone are above, 0 (no part run); where the
-        floor is, the floor (the framework's part run only for the others: none where none can fit). The
+        StepParts` of its model); where not every candidate is listed, a lower bound above the fit limit
+        instead for each micro-batch beyond the first whose peak is above it (:meth:`~zerocalc.plan.
+        allocated.StepParts.peaks_up_to`: the model's part's floor or that first one's exact peak, no part
+        run for them; the framework's part none where none can fit by the model's part): it cannot be
+        ranked; where the states alone are above, 0 (no part run; ``outside`` + ``states`` bounds it). The
         candidates' lower bounds are printed only in the list of every candidate, where they are exact."""
         first = requests[0].memory
         if first.fp8.all_gather and first.framework_record.is_torch:
@@ -441,12 +441,9 @@ class _Resolver:
         # the model's part of a candidate's step reads what its memory and comm requests agree on
         at_b = AtBatch(requests)
         if not self.price_all:
-            floors = parts.model_floors(at_b, above=room)
-            if floors is not None:
-                fitting = [r for r in requests if floors[r.b] <= room]
-                if len(fitting) < len(requests):
-                    peaks = parts.allocated_peaks(AtBatch(fitting), framework_of=first) if fitting else {}
-                    return floors | peaks
+            peaks = parts.peaks_up_to(at_b, above=room, framework_of=first)
+            if peaks is not None:
+                return peaks
         return parts.allocated_peaks(at_b, framework_of=first)
 
     def _mesh_candidates(self, group: Group, requests: list[CandidateRequests]) -> list[_Cand] | InputError:
