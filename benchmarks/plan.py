@@ -11,7 +11,10 @@ reaches, per second of the search:
 
 Then the walk's exact evaluations (memory's full model, allocator replay) of the rows printed, timed apart.
 With ``--baseline OTHER_CHECKOUT`` (the root of another version, e.g. a ``git worktree`` of an older commit):
-each case's first search by both versions in turn, their candidates per second and walk seconds.
+each case's first search by both versions in turn, their candidates per second and walk seconds. With
+``--runs``: the work of each case's first search, counted (not timed, so the same on any machine): the
+timeline runs of the model's part and of the framework's, the framework mechanics built and the peaks
+combined (zerocalc.plan.allocated); with ``--baseline`` too, both versions'.
 
 Beside them, one `estimate_memory` call (the model states of every strategy, `zerocalc memory` without the
 peak) and one `evaluate(request)` of the same model (every default FSDP2 strategy, the peak).
@@ -109,6 +112,51 @@ def compare(baseline: str, repeat: int) -> None:
         print("  ".join(line) + ("  (the baseline fails on this case)" if failed else ""))
 
 
+RUNS = ("model_run", "model_values", "framework_mechanics", "framework_run", "peak_of")
+"""The functions of zerocalc.plan.allocated whose calls ``--runs`` counts: a hooked and an unhooked run of the
+model's part, a framework's mechanics built and run, a peak combined from the two parts."""
+
+
+def _count_runs(index: int) -> None:
+    """Case ``index``'s first search in this (fresh) process, each of :data:`RUNS` counted: JSON on stdout."""
+    import zerocalc.plan.allocated as allocated
+
+    counts = dict.fromkeys(RUNS, 0)
+
+    def counted(name: str):
+        function = getattr(allocated, name)
+
+        def call(*args, **kwargs):
+            counts[name] += 1
+            return function(*args, **kwargs)
+
+        return call
+
+    for name in RUNS:
+        setattr(allocated, name, counted(name))
+    search(plan_options(**CASES[index]))
+    print(json.dumps(counts))
+
+
+def count_runs(baseline: str | None) -> None:
+    """Each case's counted work (:data:`RUNS`), this checkout's and, with ``baseline``, that one's."""
+    here = str(Path(__file__).resolve().parent.parent)
+    sources = [("this", here)] + ([("baseline", baseline)] if baseline is not None else [])
+    for index, case in enumerate(CASES):
+        line = [f"{_label(case)}:"]
+        for name, source in sources:
+            out = subprocess.run(
+                [sys.executable, __file__, "--count", str(index)],
+                capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=source),
+            )  # fmt: skip
+            if out.returncode != 0:
+                line.append(f"{name} fails")
+                continue
+            counts = json.loads(out.stdout)
+            line.append(f"{name} " + ", ".join(f"{key} {counts[key]}" for key in RUNS))
+        print("  ".join(line))
+
+
 def _one(index: int) -> None:
     """One search of case ``index`` in this (fresh) process: its times as JSON on stdout."""
     result = search(plan_options(**CASES[index]))
@@ -120,10 +168,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--count", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--runs", action="store_true", help="count each search's part runs instead of timing")
     parser.add_argument(
         "--baseline", default=None, help="another checkout's root: time its first searches beside this one's"
     )
     args = parser.parse_args()
+    if args.count is not None:
+        _count_runs(args.count)
+        return
+    if args.runs:
+        count_runs(args.baseline)
+        return
     if args.baseline is not None:
         compare(args.baseline, args.repeat)
         return
