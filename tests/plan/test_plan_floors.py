@@ -1,6 +1,6 @@
 """The bounds by which the search runs no part for a group's micro-batches beyond the first whose allocated
-peak is above the fit limit, and no framework's part where none can fit by the model's part
-(zerocalc.plan.allocated.StepParts.peaks_up_to)."""
+peak is above the fit limit, and no framework's part where none can fit by the model's part and the bytes
+the framework holds (zerocalc.plan.allocated.StepParts.peaks_up_to)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from helpers import plan_candidates
 
 from zerocalc.model.code.loss import LossImpl
 from zerocalc.peak.simulate import runtime_for
-from zerocalc.plan.allocated import MODEL_STEP_PARTS
+from zerocalc.plan.allocated import FRAMEWORK_PART, MODEL_STEP_PARTS
 from zerocalc.plan.candidates import AtBatch, group_requests
 from zerocalc.plan.layers import with_layers
 from zerocalc.plan.search import search
@@ -26,9 +26,14 @@ MOE = dict(model="qwen3-30b-a3b", gpu="h100-80gb", gpus=16, global_batch="104857
 
 GPT2 = dict(model="gpt2", gpu="rtx-4090", gpus=16, global_batch="512seq", seq_len=1024)
 """Twelve layers: both parts run at all L (no extrapolation)."""
+DEFAULTS = dict(model="llama-3-8b", gpu="h100-80gb", gpus=16, global_batch="1048576", seq_len=8192)
+"""The default frameworks: FSDP2, ZeroRedundancyOptimizer under DDP, DeepSpeed's accounting."""
+SPACES = pytest.mark.parametrize(
+    "space", [MOE, GPT2, DEFAULTS], ids=["qwen3-30b-a3b ep", "gpt2", "llama-3-8b defaults"]
+)
 
 
-@pytest.mark.parametrize("space", [MOE, GPT2], ids=["qwen3-30b-a3b ep", "gpt2"])
+@SPACES
 def test_peaks_up_to_a_limit_are_exact_below_it_and_bounds_above_it(space: dict) -> None:
     """At limits between a group's exact allocated peaks: every micro-batch up to the first above the limit
     gets its exact peak, every later one a bound above the limit and at most its exact peak."""
@@ -59,8 +64,38 @@ def test_peaks_up_to_a_limit_are_exact_below_it_and_bounds_above_it(space: dict)
     assert checked > 1000 and bounded > 0
 
 
-def test_search_skipping_framework_runs_ranks_and_rejects_as_listing_every_candidate():
-    plan = plan_options(**MOE)
+@SPACES
+def test_framework_holds_its_resident_bytes_at_every_slot_after_the_first_hook(space: dict) -> None:
+    """What the second floor of peaks_up_to relies on: the bytes FrameworkRuns.held gives (the resident
+    parameters and optimizer states, from mechanics whose hooks were not run, extrapolated where the stack
+    is) are at most the framework's part at L at every slot after a hook, for every configuration of the
+    space (exact F, extrapolated or all-L as the search runs it)."""
+    plan = plan_options(**space)
+    resolver, _ = plan_candidates(plan)
+    groups, _ = enumerate_groups(plan, resolver.setting.flash)
+    checked = set()
+    for group in groups:
+        if group.pp > 1:
+            continue
+        first = group_requests(plan, group, resolver.bases)[0].memory
+        configuration = FRAMEWORK_PART.key(first)
+        if configuration in checked:
+            continue
+        checked.add(configuration)
+        parts = MODEL_STEP_PARTS.run(first, resolver.parts)  # nothing run yet
+        plan_l = parts._extrapolation(first)
+        held = parts.framework_runs.held(first, plan_l is not None)
+        framework = parts._configured(first)
+        if framework.extrapolated is not (plan_l is not None):
+            continue
+        after = parts._after_hooks(plan_l, len(framework.values))
+        assert held is not None and 0 < held <= min(framework.values[i] for i in after)
+    assert len(checked) > 5
+
+
+@SPACES
+def test_search_skipping_framework_runs_ranks_and_rejects_as_listing_every_candidate(space: dict) -> None:
+    plan = plan_options(**space)
     fast, listed = search(plan), search(plan, keep_all=True)
     assert [r.model_dump() for r in fast.top] == [r.model_dump() for r in listed.top]
     assert fast.rejections == listed.rejections

@@ -241,6 +241,13 @@ class Mechanics:
     def resident(self, led: Ledger, first_step: bool = False) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def held(self, led: Ledger) -> bool:
+        """Allocate on ``led`` what :meth:`resident` allocates in a steady step that no hook frees, in its
+        order: F is at least those bytes at every slot after the resident hook (zerocalc.plan.allocated's
+        bound of a step that cannot fit; tests/plan/test_plan_floors.py checks it on every framework
+        run of its spaces). False where a mechanics declares none (nothing allocated)."""
+        return False
+
     def earlier_micro_batches(self, led: Ledger) -> None:
         """What the step's earlier micro-batches leave behind under gradient accumulation (nothing
         without it): the timeline is the last micro-batch."""
@@ -358,11 +365,21 @@ class Fsdp(Mechanics):
         return (*super().run_identity(), self.world, self.param_bytes, self.reduce_bytes, self.reshard)
 
     def resident(self, led: Ledger, first_step: bool = False) -> None:
+        if first_step:
+            self._fp32_shards(led)
+            return
+        self.held(led)
+        self.earlier_micro_batches(led)
+
+    def held(self, led: Ledger) -> bool:
+        """The fp32 shards and the optimizer's states (the hooks free gathered copies and gradients only)."""
+        self._fp32_shards(led)
+        self._resident_optimizer(led)
+        return True
+
+    def _fp32_shards(self, led: Ledger) -> None:
         for unit in self.units.values():
             led.alloc_each((unit.labels.fp32_shard,), unit.bytes_each("local", FP32), PARAMS)
-        if not first_step:
-            self._resident_optimizer(led)
-            self.earlier_micro_batches(led)
 
     def earlier_micro_batches(self, led: Ledger) -> None:
         """Unsynced: each unit's unsharded gradients, accumulated in place; synced: the sharded fp32
@@ -851,12 +868,23 @@ class Ddp(Mechanics):
         return tuple(n for u in self.units.values() for n in u.params)
 
     def resident(self, led: Ledger, first_step: bool = False) -> None:
+        if first_step:
+            self._parameters(led)
+            return
+        self.held(led)
+        self.earlier_micro_batches(led)
+
+    def held(self, led: Ledger) -> bool:
+        """The fp32 parameters, the reducer's buckets and the optimizer's states (the hooks free autocast
+        copies and gradients only)."""
+        self._parameters(led)
+        self._resident_optimizer(led)
+        return True
+
+    def _parameters(self, led: Ledger) -> None:
         for unit in self.units.values():
             led.alloc_each((f"{unit.name}.fp32 param",), unit.bytes_each("params", FP32), PARAMS)
         led.alloc("DDP reducer buckets (a copy of every gradient)", FP32 * self.reducer_elements, REDUCE)
-        if not first_step:
-            self._resident_optimizer(led)
-            self.earlier_micro_batches(led)
 
     def earlier_micro_batches(self, led: Ledger) -> None:
         """The fp32 ``.grad`` of every parameter, accumulated (synced or under ``no_sync``)."""
@@ -931,8 +959,13 @@ class Accounting(Mechanics):
         )
 
     def resident(self, led: Ledger, first_step: bool = False) -> None:
+        self.held(led)
+
+    def held(self, led: Ledger) -> bool:
+        """Every state line: they stay from start to end."""
         for name, kind, nbytes in self.states:
             led.alloc(name, nbytes, kind)
+        return True
 
     def create(self, led: Ledger, init: ModelInit, element_bytes: int = FP32, replaced: int = 0) -> None:
         """``gpu``: the whole model on the GPU in ``element_bytes`` per parameter (and ``replaced``, a tied

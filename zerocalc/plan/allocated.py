@@ -13,12 +13,13 @@ whole model's quantities); a stack that is not homogeneous is run at all L layer
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from typing import NamedTuple
 
 from zerocalc.base.parts import Part
 from zerocalc.model.activations import Recompute
 from zerocalc.parallel.strategies import STRATEGIES
+from zerocalc.peak.mechanics import Mechanics
 from zerocalc.peak.report import StateLine
 from zerocalc.peak.simulate import runtime_for
 from zerocalc.peak.states import STATE_BUILDERS
@@ -35,6 +36,7 @@ from zerocalc.plan.split import (
     HookCall,
     LayerSavesCache,
     ModelRun,
+    SlotLedger,
     framework_mechanics,
     framework_run,
     model_run,
@@ -132,6 +134,9 @@ class ModelParts:
         return run.calls
 
 
+_Built = tuple[TrainingRequest | None, Sequence[StateLine], dict[int | None, Mechanics]]
+
+
 class FrameworkRuns:
     """The framework's part of a search's steps: one run per mechanics (its
     :meth:`~zerocalc.peak.mechanics.Mechanics.run_identity`) and layer count."""
@@ -141,25 +146,75 @@ class FrameworkRuns:
         self._ids: dict[Hashable, int] = {}
         """Each mechanics identity met, numbered (a number hashes in no time, an identity is long)."""
         self._runs: dict[tuple[int, int], list[int]] = {}
+        self._held: dict[int, int | None] = {}
+        """:meth:`held` per mechanics."""
+        self._built: _Built = (None, (), {})
+        """The request :meth:`held` was last asked for, its state lines and the fresh mechanics built (per
+        depth) for it, which :meth:`at` runs rather than build again."""
 
     def at(self, request: TrainingRequest, depths: tuple[int | None, ...]) -> tuple[int, list[list[int]]]:
         """The number of the request's mechanics, and F of them at each depth (``None``: all its L blocks;
         else its first ``blocks`` blocks and the root, every whole-model quantity the request's). The
         mechanics at the first depth identify every depth: a search is of one model, whose blocks are
         alike, so equal units at one depth are equal at any."""
-        states = _states(request)
-        first = framework_mechanics(request, states, depths[0])
-        run_id = self._ids.setdefault(first.run_identity(), len(self._ids))
+        states, built = self._states_and_built(request)
+        if depths[0] not in built:
+            built[depths[0]] = framework_mechanics(request, states, depths[0])
+        run_id = self._ids.setdefault(built[depths[0]].run_identity(), len(self._ids))
         values = []
         for blocks in depths:
             layers = request.architecture.num_layers if blocks is None else blocks
             run = self._runs.get((run_id, layers))
             if run is None:
-                mechanics = first if blocks == depths[0] else framework_mechanics(request, states, blocks)
+                mechanics = built[blocks] if blocks in built else framework_mechanics(request, states, blocks)
                 run = framework_run(mechanics, self._model.calls(request, layers))
                 self._runs[run_id, layers] = run
             values.append(run)
         return run_id, values
+
+    def held(self, request: TrainingRequest, extrapolated: bool) -> int | None:
+        """The bytes of the request's mechanics that no hook of a steady step frees
+        (:meth:`~zerocalc.peak.mechanics.Mechanics.held`), at its L: from fresh mechanics of its first 4
+        and 5 blocks where its stack is extrapolated (each block's tensors alike, so the bytes are affine
+        in L; the whole-model quantities the request's at both depths), else of all L; no hook run. None
+        where the mechanics declares none."""
+        states = _states(request)
+        depths = SMALL_LAYERS if extrapolated else (None,)
+        first = framework_mechanics(request, states, depths[0])
+        built: dict[int | None, Mechanics] = {depths[0]: first}
+        self._built = (request, states, built)
+        run_id = self._ids.setdefault(first.run_identity(), len(self._ids))
+        layers = request.architecture.num_layers
+        if all((run_id, layers if n is None else n) in self._runs for n in depths):
+            return None  # F costs no run: the exact peak is as cheap
+        if run_id not in self._held:
+            for n in depths[1:]:
+                built[n] = framework_mechanics(request, states, n)
+            held = [_held_bytes(built[n]) for n in depths]
+            if None in held:
+                self._held[run_id] = None
+            elif not extrapolated:
+                self._held[run_id] = held[0]
+            else:
+                small, large = held
+                self._held[run_id] = small + (large - small) * (layers - SMALL_LAYERS[0])
+        return self._held[run_id]
+
+    def _states_and_built(
+        self, request: TrainingRequest
+    ) -> tuple[Sequence[StateLine], dict[int | None, Mechanics]]:
+        """The request's state lines and the fresh mechanics :meth:`held` built for it (none where it was
+        last asked for another request), given once: :meth:`at` runs them."""
+        asked, states, built = self._built
+        self._built = (None, (), {})
+        if asked is request:
+            return states, built
+        return _states(request), {}
+
+
+def _held_bytes(mechanics: Mechanics) -> int | None:
+    led = SlotLedger(framework=True)
+    return led.total if mechanics.held(led) else None
 
 
 class FrameworkPart(NamedTuple):
@@ -192,6 +247,9 @@ class StepParts:
         """The allocated peak per mechanics, way of running, recompute and micro-batch."""
         self._model_parts: dict[tuple[Recompute, int, bool], list[int] | None] = {}
         """A at L per (recompute, micro-batch, extrapolated); None: not affine in L."""
+        self._held: dict[Hashable, int | None] = {}
+        """Per configuration, the bytes its framework's part holds at every slot after the resident hook
+        (:meth:`FrameworkRuns.held`)."""
 
     def _extrapolation(self, request: TrainingRequest) -> Extrapolation | None:
         """The extrapolation of the request's runs at 4 and 5 layers to its L (:mod:`zerocalc.plan.layers`);
@@ -252,8 +310,12 @@ class StepParts:
         are the same at every b (what the extrapolation relies on), each tensor the model's code allocates
         has a size nondecreasing in b (b·s·… elements, expert token counts ⌈b·s·k·c/E⌉, loss chunks of
         b·s/n rows), so A is nondecreasing in b at every slot (tests/plan/test_plan_floors.py checks it on
-        every model preset), and F does not depend on b. The framework's part is run only where the smallest
-        b's floor is within ``above``: none for a group none of whose candidates can fit by the model's part.
+        every model preset), and F does not depend on b. Before the framework's part is run, a second floor:
+        the largest A over the slots after each hook plus the bytes the framework holds there (its resident
+        parameters and optimizer states, which no hook frees: :meth:`FrameworkRuns.held`, from its
+        mechanics with no hook run; the step's first hook is the resident one,
+        :func:`~zerocalc.peak.timeline.steady_start`). The framework's part is run only where the smallest
+        b's floors are both within ``above``: none for a group none of whose candidates can fit by them.
 
         Both parts are extrapolated from 4 and 5 layers where the stack allows it, else run at all L layers;
         None where a part is not affine in L though the stack is homogeneous (the caller runs
@@ -279,7 +341,15 @@ class StepParts:
                 peaks[b] = over = floor
                 continue
             if framework is None:
-                framework = self._configured(framework_of)
+                configuration = FRAMEWORK_PART.key(framework_of)
+                if configuration not in self.frameworks:
+                    held = self._held_of(framework_of, configuration, extrapolated)
+                    if held is not None:
+                        floor = max(map(model.__getitem__, self._after_hooks(plan, len(model)))) + held
+                        if floor > above:
+                            peaks[b] = over = floor
+                            continue
+                framework = self._configured(framework_of, configuration)
                 if framework.extrapolated is not extrapolated:
                     return None
             key = (framework.run, extrapolated, recompute, b)
@@ -290,6 +360,20 @@ class StepParts:
             if peak > above:
                 over = peak
         return peaks
+
+    def _held_of(self, request: TrainingRequest, configuration: Hashable, extrapolated: bool) -> int | None:
+        """:meth:`FrameworkRuns.held` of the request's configuration, once per configuration."""
+        if configuration not in self._held:
+            self._held[configuration] = self.framework_runs.held(request, extrapolated)
+        return self._held[configuration]
+
+    @staticmethod
+    def _after_hooks(plan: Extrapolation | None, slots: int) -> range | tuple[int, ...]:
+        """The indices of the slots after a hook: the extrapolation's, else every other one of an all-L
+        run's from the first hook's on (:func:`~zerocalc.plan.split.slots_of`)."""
+        if plan is None:
+            return range(2, slots, 2)
+        return plan.after_hooks
 
     def _configured(self, request: TrainingRequest, configuration: Hashable | None = None) -> FrameworkPart:
         """F of the request's configuration (``configuration`` names what it depends on, its key by

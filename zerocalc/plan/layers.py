@@ -166,6 +166,9 @@ class Extrapolation(NamedTuple):
     between_hooks: tuple[int, ...]
     """The indices of :attr:`slots` not inside a hook (``Where.IN``): where the model's part alone bounds
     the step's (:meth:`~zerocalc.plan.allocated.StepParts.peaks_up_to`)."""
+    after_hooks: tuple[int, ...]
+    """Those of them after a hook (``Where.AFTER``): where the framework's part is at least what it holds
+    from its first hook on."""
 
     def apply(self, runs: tuple[list[int], list[int]]) -> list[int] | None:
         """The values at L from the two runs' values; None where they are not affine in L (a slot with
@@ -227,4 +230,5 @@ def extrapolation(slots: tuple[tuple[Slot, ...], tuple[Slot, ...]], big: int) ->
         at_l += (slot._replace(unit=EDGE), slot._replace(unit=big - 1 - EDGE))
     at_runs = (tuple(i0 for i0, _ in outer), tuple(i1 for _, i1 in outer))
     between = tuple(i for i, slot in enumerate(at_l) if slot.where is not Where.IN)
-    return Extrapolation(big, outer, tuple(inner), tuple(at_l), at_runs, between)
+    after = tuple(i for i in between if at_l[i].where is Where.AFTER)
+    return Extrapolation(big, outer, tuple(inner), tuple(at_l), at_runs, between, after)
