@@ -335,8 +335,29 @@ class Mechanics:
             led.alloc_each(("adam step counter",), [STEP_BYTES] * len(self._optimizer_bytes), OPTIMIZER)
 
 
+class KeptParameters(Mechanics):
+    """A framework whose rank keeps its parameters (:meth:`_parameters`, its own layout) from creation
+    on and, after the first step, the optimizer's states: both allocated by :meth:`resident` and freed
+    by no hook, so they are what it :meth:`held`."""
+
+    def _parameters(self, led: Ledger) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def resident(self, led: Ledger, first_step: bool = False) -> None:
+        if first_step:
+            self._parameters(led)
+            return
+        self.held(led)
+        self.earlier_micro_batches(led)
+
+    def held(self, led: Ledger) -> bool:
+        self._parameters(led)
+        self._resident_optimizer(led)
+        return True
+
+
 # ---------------------------------------------------------------------------------------------------- FSDP
-class Fsdp(Mechanics):
+class Fsdp(KeptParameters):
     """What FSDP1 and FSDP2 share: each unit's fp32 shard resident from creation, the unit gathered before
     its forward and backward (:meth:`_unshard`, the framework's own) and released after (:meth:`_reshard`),
     the unsharded gradients in the parameters' dtype until the unit's reduction."""
@@ -364,20 +385,8 @@ class Fsdp(Mechanics):
     def run_identity(self) -> tuple[object, ...]:
         return (*super().run_identity(), self.world, self.param_bytes, self.reduce_bytes, self.reshard)
 
-    def resident(self, led: Ledger, first_step: bool = False) -> None:
-        if first_step:
-            self._fp32_shards(led)
-            return
-        self.held(led)
-        self.earlier_micro_batches(led)
-
-    def held(self, led: Ledger) -> bool:
-        """The fp32 shards and the optimizer's states (the hooks free gathered copies and gradients only)."""
-        self._fp32_shards(led)
-        self._resident_optimizer(led)
-        return True
-
-    def _fp32_shards(self, led: Ledger) -> None:
+    def _parameters(self, led: Ledger) -> None:
+        """Each unit's fp32 shard (the hooks free gathered copies and gradients only)."""
         for unit in self.units.values():
             led.alloc_each((unit.labels.fp32_shard,), unit.bytes_each("local", FP32), PARAMS)
 
@@ -836,7 +845,7 @@ class Fsdp1(Fsdp):
 
 
 # ----------------------------------------------------------------------------------------------------- DDP
-class Ddp(Mechanics):
+class Ddp(KeptParameters):
     """DDP, optionally with ZeroRedundancyOptimizer (``owned``: the elements of the tensors the largest
     rank steps). fp32 parameters; the reducer's buckets are a second copy of every gradient (allocated at
     construction, ``gradient_as_bucket_view=False``); ``.grad`` is fp32. Under bf16 autocast each block's
@@ -867,21 +876,9 @@ class Ddp(Mechanics):
             return self.owned
         return tuple(n for u in self.units.values() for n in u.params)
 
-    def resident(self, led: Ledger, first_step: bool = False) -> None:
-        if first_step:
-            self._parameters(led)
-            return
-        self.held(led)
-        self.earlier_micro_batches(led)
-
-    def held(self, led: Ledger) -> bool:
-        """The fp32 parameters, the reducer's buckets and the optimizer's states (the hooks free autocast
-        copies and gradients only)."""
-        self._parameters(led)
-        self._resident_optimizer(led)
-        return True
-
     def _parameters(self, led: Ledger) -> None:
+        """The fp32 parameters and the reducer's buckets (the hooks free autocast copies and gradients
+        only)."""
         for unit in self.units.values():
             led.alloc_each((f"{unit.name}.fp32 param",), unit.bytes_each("params", FP32), PARAMS)
         led.alloc("DDP reducer buckets (a copy of every gradient)", FP32 * self.reducer_elements, REDUCE)

@@ -160,7 +160,7 @@ class FrameworkRuns:
         states, built = self._states_and_built(request)
         if depths[0] not in built:
             built[depths[0]] = framework_mechanics(request, states, depths[0])
-        run_id = self._ids.setdefault(built[depths[0]].run_identity(), len(self._ids))
+        run_id = self._number(built[depths[0]])
         values = []
         for blocks in depths:
             layers = request.architecture.num_layers if blocks is None else blocks
@@ -171,6 +171,10 @@ class FrameworkRuns:
                 self._runs[run_id, layers] = run
             values.append(run)
         return run_id, values
+
+    def _number(self, mechanics: Mechanics) -> int:
+        """The number of the mechanics' identity (met before or new)."""
+        return self._ids.setdefault(mechanics.run_identity(), len(self._ids))
 
     def held(self, request: TrainingRequest, extrapolated: bool) -> int | None:
         """The bytes of the request's mechanics that no hook of a steady step frees
@@ -183,7 +187,7 @@ class FrameworkRuns:
         first = framework_mechanics(request, states, depths[0])
         built: dict[int | None, Mechanics] = {depths[0]: first}
         self._built = (request, states, built)
-        run_id = self._ids.setdefault(first.run_identity(), len(self._ids))
+        run_id = self._number(first)
         layers = request.architecture.num_layers
         if all((run_id, layers if n is None else n) in self._runs for n in depths):
             return None  # F costs no run: the exact peak is as cheap

@@ -427,7 +427,8 @@ class _Resolver:
         StepParts` of its model); where not every candidate is listed, a lower bound above the fit limit
         instead for each micro-batch beyond the first whose peak is above it (:meth:`~zerocalc.plan.
         allocated.StepParts.peaks_up_to`: the model's part's floor or that first one's exact peak, no part
-        run for them; the framework's part none where none can fit by the model's part): it cannot be
+        run for them; the framework's part none where none can fit by the model's part and the bytes the
+        framework holds): it cannot be
         ranked; where the states alone are above, 0 (no part run; ``outside`` + ``states`` bounds it). The
         candidates' lower bounds are printed only in the list of every candidate, where they are exact."""
         first = requests[0].memory
