@@ -28,6 +28,31 @@ def test_a_large_block_taken_whole_counts_its_remainder() -> None:
     assert (allocator.allocated, allocator.remainder, allocator.reserved) == (28 * MiB, 0, 30 * MiB)
 
 
+def test_a_segment_past_the_limit_frees_the_unused_cached_segments_first() -> None:
+    """``DeviceCachingAllocator::malloc``: where ``cudaMalloc`` fails, ``release_cached_blocks`` returns
+    every cached segment none of whose blocks is in use (of any stream), then the allocation is retried;
+    a segment still in part in use stays."""
+    allocator = CachingAllocator(limit=100 * MiB)
+    allocator.malloc("a", 40 * MiB, "default")
+    allocator.malloc("b", 30 * MiB, "side")
+    allocator.malloc("c", 20 * MiB, "default")
+    allocator.free("a")  # its 40 MiB segment cached, whole
+    allocator.free("c")  # likewise
+    allocator.malloc("d", 50 * MiB, "default")  # no cached block fits; 90 + 50 > 100: release, retry
+    assert (allocator.reserved, allocator.max_reserved) == (80 * MiB, 90 * MiB)
+    assert not allocator.out_of_memory
+    allocator.malloc("e", 30 * MiB, "default")  # 80 + 30 > 100, and nothing cached is whole and unused
+    assert allocator.out_of_memory and allocator.reserved == 110 * MiB
+
+
+def test_without_a_limit_nothing_cached_is_released() -> None:
+    allocator = CachingAllocator()
+    allocator.malloc("a", 40 * MiB, "default")
+    allocator.free("a")
+    allocator.malloc("b", 50 * MiB, "default")
+    assert allocator.reserved == allocator.max_reserved == 90 * MiB
+
+
 def test_the_traced_h200_run_is_replayed_to_the_byte() -> None:
     """The allocator trace of the H200 llama-1b b1 s2048 run (model creation and three steps): its
     max_memory_reserved and max_memory_allocated (steps.jsonl) from the requests alone."""

@@ -10,8 +10,13 @@ new segment. This replays a :class:`~zerocalc.peak.ledger.Ledger`'s log through 
 * a request takes the best-fitting cached free block of its pool (smallest that fits, then lowest
   address), split when the remainder is ≥ 512 B (small pool) or > 1 MiB (large pool, ``should_split``);
 * with no fitting block a segment is ``cudaMalloc``\\ed: 2 MiB for small requests, 20 MiB for 1–10 MiB,
-  else the request rounded up to 2 MiB (``get_allocation_size``); segments are not returned
-  (no ``empty_cache``, no OOM retry), so what is reserved only grows;
+  else the request rounded up to 2 MiB (``get_allocation_size``); segments are not returned (no
+  ``empty_cache``), so what is reserved only grows — until a ``cudaMalloc`` would pass the device's free
+  memory (``limit``: what the context and NCCL leave): then ``DeviceCachingAllocator::malloc`` frees
+  every cached segment with no block in use (``release_cached_blocks``: the free blocks that are whole
+  segments, of every stream and pool; ``release_available_cached_blocks`` frees none while
+  ``max_split_size`` is unlimited, the default) and retries; a request still over it is an out-of-memory
+  error (:attr:`CachingAllocator.out_of_memory`), replayed as if it had been granted;
 * a freed block merges with free neighbours of its segment;
 * ``torch.cuda.memory_allocated`` counts the blocks handed out (``alloc_found_block`` adds
   ``block->size``): a large request that takes a cached block whole (a remainder of at most 1 MiB is not
@@ -48,8 +53,13 @@ def _discard(pool: list[tuple[int, int, int]], block: tuple[int, int, int]) -> N
 class CachingAllocator:
     """The caching allocator's bookkeeping: segments, blocks and per-(stream, pool) free lists."""
 
-    def __init__(self, expandable: bool = False):
+    def __init__(self, expandable: bool = False, limit: int | None = None):
         self.expandable = expandable
+        self.limit = None if expandable else limit
+        """The bytes ``cudaMalloc`` can still hand the allocator (None: no limit); with expandable
+        segments not applied (their release unmaps pages, not modelled)."""
+        self.out_of_memory = False
+        """A segment was asked for beyond :attr:`limit` with no cached segment left to free."""
         self.segments: list[list] = []  # [size, stream, small]
         self.expand_segment: dict[tuple[str, bool], int] = {}
         self.blocks: dict[tuple[int, int], list] = {}  # (segment, offset) -> [size, free]
@@ -75,6 +85,9 @@ class CachingAllocator:
             segment_size = MEDIUM_SEGMENT
         else:
             segment_size = -(-size // ROUND_LARGE) * ROUND_LARGE
+        if self.limit is not None and self.reserved + segment_size > self.limit:
+            self.release_cached_blocks()
+            self.out_of_memory |= self.reserved + segment_size > self.limit
         index = len(self.segments)
         self.segments.append([segment_size, stream, small])
         self.offsets.append([0])
@@ -82,6 +95,17 @@ class CachingAllocator:
         self.max_reserved = max(self.max_reserved, self.reserved)
         self.blocks[(index, 0)] = [segment_size, True]
         bisect.insort(pool, (segment_size, index, 0))
+
+    def release_cached_blocks(self) -> None:
+        """``release_cached_blocks``: every segment whose one block is free goes back to the device."""
+        for index, segment in enumerate(self.segments):
+            size = segment[0]
+            if size and self.offsets[index] == [0] and self.blocks[(index, 0)][1]:
+                _discard(self._pool(segment[1], segment[2]), (size, index, 0))
+                del self.blocks[(index, 0)]
+                self.offsets[index] = []
+                segment[0] = 0
+                self.reserved -= size
 
     def _grow(self, size: int, stream: str, small: bool, pool: list) -> None:
         """Expandable segments: map pages at the end of this stream's segment until ``size`` fits."""

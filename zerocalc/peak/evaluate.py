@@ -243,20 +243,29 @@ def strategy_peak(
     """One strategy's step: its accounting's lines, the simulated timeline, the device footprint."""
     strategy = STRATEGIES[name]
     states, host = STATE_BUILDERS[profile.states](request, strategy)
+    communicators = nccl_communicators(strategy, request.cluster, request.mesh)
+    capacity = request.gpu_memory_bytes
+    outside = outside_allocator_bytes(request, communicators)
     result = simulate(request, name, runtime, states)
+    limit = None if capacity is None else capacity - outside
+    if limit is not None and result.reserved > limit >= result.peak.allocated:
+        # the cudaMalloc that passes the device's free memory fails: the allocator frees its unused
+        # cached segments and retries (CachingAllocator's limit); where even that fails, the step does not
+        # fit and the unlimited replay's reserve is what it would need
+        retried = simulate(request, name, runtime, states, limit=limit)
+        if not retried.out_of_memory:
+            result = retried
     sources = term_sources(request, strategy, profile, states)
     terms = [
         PeakTerm(kind=kind, bytes=result.peak.live[kind], source=sources[kind])
         for kind in TensorKind
         if result.peak.live.get(kind)
     ]
-    communicators = nccl_communicators(strategy, request.cluster, request.mesh)
     nccl = communicators * request.runtime.nccl_communicator_bytes
     context = request.runtime.context_bytes
     allocated = result.peak.allocated
     reserved = max(result.reserved, allocated)
-    peak = reserved + outside_allocator_bytes(request, communicators)
-    capacity = request.gpu_memory_bytes
+    peak = reserved + outside
     headroom = None if capacity is None else capacity - peak
     return StrategyPeak(
         strategy=name,

@@ -93,6 +93,8 @@ class StepResult(NamedTuple):
     the model's creation where that is larger."""
     reserved_at: list[int | None]
     """At each event, what the caching allocator has reserved (None without the allocator replay)."""
+    out_of_memory: bool = False
+    """Replayed under a ``limit``, a segment was asked for beyond it with nothing cached left to free."""
 
 
 @lru_cache(maxsize=256)
@@ -505,13 +507,15 @@ def simulate(
     device: Device = Device.CUDA,
     reserve: bool = True,
     allocator: CachingAllocator | None = None,
+    limit: int | None = None,
 ) -> StepResult:
     """Allocated peaks of one steady step, and (``reserve``) the allocator's high-water mark.
 
     With ``reserve`` the allocation stream of model creation and :data:`REPLAYED_STEPS` steps goes
     through the caching allocator (``allocator``, else a fresh one for the request), and the last of
     those steps (a steady one) gives the peaks and what is reserved at each of its events; without, one
-    steady step from its resident start."""
+    steady step from its resident start. ``limit``: what the fresh allocator may reserve before it frees
+    its cached segments and retries (:class:`~zerocalc.peak.allocator.CachingAllocator`)."""
     mechanics, act = mechanics_for(request, name, states)
     step = step_shape(request, act, device)
     block = 512 if device is Device.CUDA else 1
@@ -519,7 +523,7 @@ def simulate(
     if not reserve:
         allocator = None
     elif allocator is None:
-        allocator = CachingAllocator(expandable=request.expandable_segments)
+        allocator = CachingAllocator(expandable=request.expandable_segments, limit=limit)
     creation = None
     if allocator is not None:
         element_bytes = (
@@ -599,4 +603,5 @@ def simulate(
         events=[(StepPhase(e.phase), e.name, counted(e)) for e in led.events],
         reserved=allocator.max_reserved if allocator is not None else 0,
         reserved_at=reserved_at,
+        out_of_memory=allocator is not None and allocator.out_of_memory,
     )
