@@ -280,3 +280,10 @@ class LossLedger(Ledger):
     def event(self, name: str, transient: int = 0, transient_kind: str = "transient") -> None:
         super().event(name, transient, transient_kind)
         self.loss_at.setdefault(name, self.by_kind.get(TensorKind.LOSS, 0))
+
+
+def profiled_memory_deltas(prof: Any) -> list[int]:
+    """The bytes of each allocation (+) and free (−) a ``torch.profiler.profile(profile_memory=True)``
+    recorded, in time order."""
+    events = prof.profiler.kineto_results.events()
+    return [n for _, n in sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")]

@@ -7,7 +7,7 @@ chunk's loss backward before any head backward), within the few scalars the two 
 from __future__ import annotations
 
 import pytest
-from helpers import LossLedger, steady_step
+from helpers import LossLedger, profiled_memory_deltas, steady_step
 
 from zerocalc.model.code import Device
 from zerocalc.request.training import parse_options
@@ -34,12 +34,6 @@ def _chunked_cross_entropy(F, logits: list, labels):
     return total / total_elements
 
 
-def _memory_deltas(prof) -> list[int]:
-    """The bytes of each allocation (+) and free (−) torch.profiler recorded, in time order."""
-    events = prof.profiler.kineto_results.events()
-    return [n for _, n in sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")]
-
-
 def _measured(S: int = S, H: int = H, V: int = V, ignored: int = 0) -> tuple[int, int]:
     """The peak live bytes of the loss's forward and of its backward (the inputs and logits' weight
     aside); the labels held only by what saves them, as in transformers' loss function. ``ignored``: the
@@ -61,7 +55,7 @@ def _measured(S: int = S, H: int = H, V: int = V, ignored: int = 0) -> tuple[int
         loss.backward()
         del mark
     live, peaks, phase = 0, [0, 0], 0
-    for nbytes in _memory_deltas(prof):
+    for nbytes in profiled_memory_deltas(prof):
         if ignored and abs(nbytes) == ignored:
             continue
         phase = phase or int(nbytes == MARK)
@@ -96,7 +90,7 @@ def _gemm_scratch(m: int, k: int, n: int) -> int:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         out = a @ b
     live = peak = 0
-    for nbytes in _memory_deltas(prof):
+    for nbytes in profiled_memory_deltas(prof):
         live += nbytes
         peak = max(peak, live)
     return peak - out.numel() * out.element_size()

@@ -522,7 +522,6 @@ class _Passes:
         step, mechanics, runtime, led = self.step, self.mechanics, self.runtime, self.led
         arch, impl, shape, act, t = step.arch, step.impl, step.shape, step.act, self.t
         h, R = arch.hidden_size, shape.sequence_tokens
-        TV = self.logits.rows * self.logits.columns  # the rank's logits: its tokens × its vocabulary columns
         hf, cuda, checkpointed = self.hf, self.cuda, self.checkpointed
         tag, layers, embedding, head = self._part(one)
         led.phase = StepPhase.FORWARD
@@ -662,13 +661,30 @@ class _Passes:
         self._forward_done(tag, embedding)
 
         # the loss
-        if step.loss is not LossImpl.FULL:
+        if step.loss.saver:
             self.saver_loss_forward(tag)
             mechanics.post_forward(led, "root")
             self.free_logits(tag)
             led.free(f"last hidden state (base model output){tag}")
             led.free_group(f"sliding cache{tag}")
             return
+        if step.loss is LossImpl.SHIFTED:
+            self.shifted_loss_forward(tag)
+        else:
+            self.model_loss_forward(tag)
+        led.free("previous step's loss")
+        mechanics.post_forward(led, "root")
+        if step.keep_output is OutputKept.NONE and not self.compiled_loss:
+            led.free(f"logits{tag}")  # only the loss is kept by the training loop
+        led.free(HELD_LOGITS)  # --keep-output next: the previous output, its name rebound as forward returns
+        led.free(f"last hidden state (base model output){tag}")
+        led.free_group(f"sliding cache{tag}")  # the DynamicCache of the dropped output
+
+    def model_loss_forward(self, tag: str) -> None:
+        """The model code's own loss on the full logits (the module docstring)."""
+        step, led = self.step, self.led
+        arch, impl, shape, act = step.arch, step.impl, step.shape, step.act
+        TV = self.logits.rows * self.logits.columns  # the rank's logits: its tokens × its vocabulary columns
         led.alloc(f"logits{tag}", self.logits_bytes * TV, LOSS)
         capped = logits_saves(impl, arch, shape, act)
         for name, b in capped:
@@ -692,13 +708,63 @@ class _Passes:
             led.event(f"loss forward (nll_loss){tag}", self.loss_parallel[0], TRANSIENT)
             led.free(f"logits fp32 copy{tag}")
             led.free(f"labels padded{tag}")
-        led.free("previous step's loss")
-        mechanics.post_forward(led, "root")
-        if step.keep_output is OutputKept.NONE and not self.compiled_loss:
-            led.free(f"logits{tag}")  # only the loss is kept by the training loop
-        led.free(HELD_LOGITS)  # --keep-output next: the previous output, its name rebound as forward returns
-        led.free(f"last hidden state (base model output){tag}")
-        led.free_group(f"sliding cache{tag}")  # the DynamicCache of the dropped output
+
+    @property
+    def shifted_rows(self) -> int:
+        """The rows ``--loss shifted`` takes the loss over: ``logits[..., :-1, :]``, b·(s−1)."""
+        shape = self.step.shape
+        return shape.b * (shape.s - 1)
+
+    def shifted_loss_forward(self, tag: str) -> None:
+        """``--loss shifted``: transformers 4.45.2 ``LlamaForCausalLM.forward``'s loss lines
+        (:mod:`zerocalc.model.code.loss`): the fp32 logits the output holds (``logits.float()``; none more
+        where the head is fp32, the 16-bit ones freed as the name is rebound), the shifted fp32 copy
+        (freed as the forward returns), the shifted labels (a copy where b > 1, held by ``nll_loss``),
+        ``log_softmax``'s fp32 output."""
+        led, shape = self.led, self.step.shape
+        TV = self.logits.rows * self.logits.columns
+        shifted = self.shifted_rows * self.logits.columns
+        if self.logits_bytes != FP32:
+            led.alloc(f"logits (lm_head output){tag}", self.logits_bytes * TV, LOSS)
+            led.alloc(f"logits{tag}", FP32 * TV, LOSS)
+            led.event(f"logits.float(){tag}")
+            led.free(f"logits (lm_head output){tag}")
+        else:
+            led.alloc(f"logits{tag}", FP32 * TV, LOSS)
+        led.alloc(f"shift logits{tag}", FP32 * shifted, LOSS)
+        if shape.b > 1:  # labels[..., 1:] of one row is contiguous: .contiguous() returns the view
+            led.alloc(f"shift labels{tag}", INT64 * self.shifted_rows, LOSS)
+        led.alloc(f"log_softmax{tag}", FP32 * shifted, LOSS)
+        led.alloc(f"loss{tag}", FP32, LOSS)
+        self._losses.append(f"loss{tag}")
+        led.alloc(f"total_weight{tag}", FP32, LOSS)
+        led.event(f"loss forward (nll_loss){tag}", self.loss_parallel[0], TRANSIENT)
+        led.free(f"shift logits{tag}")
+
+    def shifted_loss_backward(self, tag: str) -> None:
+        """``--loss shifted``'s backward: ``nll_loss_backward``'s and ``log_softmax_backward``'s fp32
+        gradients of the shifted rows, ``slice_backward``'s zero fp32 tensor of the whole logits, then
+        ``Tensor.float``'s backward in the head's dtype (none where the head is fp32)."""
+        led = self.led
+        TV = self.logits.rows * self.logits.columns
+        shifted = self.shifted_rows * self.logits.columns
+        led.alloc(f"d log_softmax (nll_loss_backward){tag}", FP32 * shifted, LOSS)
+        if self.step.shape.b > 1:
+            led.free(f"shift labels{tag}")
+        led.free(f"total_weight{tag}")
+        led.alloc(f"d shift logits (log_softmax_backward){tag}", FP32 * shifted, LOSS)
+        led.event(f"loss backward (log_softmax_backward){tag}", self.loss_parallel[1], TRANSIENT)
+        led.free(f"log_softmax{tag}")
+        led.free(f"d log_softmax (nll_loss_backward){tag}")
+        led.alloc(f"d logits fp32 (slice_backward){tag}", FP32 * TV, LOSS)
+        led.event(f"loss backward (slice_backward){tag}")
+        led.free(f"d shift logits (log_softmax_backward){tag}")
+        if self.logits_bytes != FP32:
+            led.alloc(f"d logits{tag}", self.logits_bytes * TV, LOSS)
+            led.event(f"logits.float() backward{tag}")
+            led.free(f"d logits fp32 (slice_backward){tag}")
+        else:
+            led.rename(f"d logits fp32 (slice_backward){tag}", f"d logits{tag}")
 
     def _forward_done(self, tag: str, embedding: bool) -> None:
         """What the base model's forward frees as it returns."""
@@ -721,7 +787,7 @@ class _Passes:
         if step.stage is not None:
             mechanics.pipeline_backward(led, one.micro_batch == step.stage.micro_batches - 1)
         autograd_workspace = workspace(runtime, "autograd") if self.cuda else ""
-        if head and step.loss is not LossImpl.FULL:
+        if head and step.loss.saver:
             led.alloc(f"grad seed{tag}", FP32, LOSS)
             mechanics.pre_backward(led, "root")
             self.saver_loss_backward(tag, autograd_workspace)
@@ -734,7 +800,9 @@ class _Passes:
         elif head:
             led.alloc(f"grad seed{tag}", FP32, LOSS)
             mechanics.pre_backward(led, "root")
-            if self.compiled_loss:
+            if step.loss is LossImpl.SHIFTED:
+                self.shifted_loss_backward(tag)
+            elif self.compiled_loss:
                 self.compiled_loss_backward(tag)
             elif impl.loss == "fp32_logits":
                 # Megatron-LM _VocabParallelCrossEntropy.backward turns the saved softmax into the
@@ -750,8 +818,8 @@ class _Passes:
                 led.event(f"loss backward (log_softmax_backward){tag}", self.loss_parallel[1], TRANSIENT)
                 led.free(f"log_softmax{tag}")
                 led.free(f"d log_softmax (nll_loss_backward){tag}")
-            if self.compiled_loss:
-                pass  # the fused backward kernel wrote the gradient in the logits' dtype
+            if self.compiled_loss or step.loss is LossImpl.SHIFTED:
+                pass  # the fused backward kernel (or the shifted loss's backward) made d logits
             elif self.logits_bytes != FP32:
                 led.alloc(f"d logits{tag}", self.logits_bytes * TV, LOSS)
                 led.event(f"logits.float() backward{tag}")
@@ -1327,6 +1395,8 @@ def held_logits_bytes(step: StepShape) -> int:
     """The bytes of the logits a loop holds (``--keep-output``): :func:`logits_shard` in the LM head's
     dtype (the hidden stream's: fp32 under ``prepare_model_for_kbit_training``)."""
     shard = logits_shard(step)
+    if step.loss is LossImpl.SHIFTED:  # logits.float() in the model's forward
+        return FP32 * shard.rows * shard.columns
     return stream_bytes(step.tuning, step.act) * shard.rows * shard.columns
 
 

@@ -309,12 +309,14 @@ def _fp8_recipes(text: str | list[str] | tuple[str, ...] | None) -> tuple[Fp8Rec
 
 def _losses(text: str | list[str] | tuple[str, ...] | None, tuning: bool) -> tuple[LossImpl, ...]:
     """``--loss full,chunked`` → (FULL, CHUNKED), each by memory's parser (:func:`~zerocalc.request.
-    savers.parse_loss`); ``auto`` (absent: with fine-tuning) → every loss; absent otherwise → (FULL,)."""
+    savers.parse_loss`); ``auto`` (absent: with fine-tuning) → full and every saver (``shifted``, older
+    transformers' own loss, only where asked); absent otherwise → (FULL,)."""
+    searched = tuple(m for m in LossImpl if m is LossImpl.FULL or m.saver)
     if text is None:
-        return tuple(LossImpl) if tuning else (LossImpl.FULL,)
+        return searched if tuning else (LossImpl.FULL,)
     text, parts = _comma_list(text)
     if [p.lower() for p in parts] == ["auto"]:
-        return tuple(LossImpl)
+        return searched
     accepted = "auto, or a comma list of " + ", ".join(m.value for m in LossImpl)
     try:
         if parts:

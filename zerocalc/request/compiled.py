@@ -48,7 +48,8 @@ def compile_problem(request: TrainingRequest, flash: Callable[[], bool]) -> str 
     hf = request.model_code is ModelImplName.HF
     if acts.loss is not LossImpl.FULL and (compiled.loss or hf):
         return (
-            f"{what} with {{loss}} {acts.loss.value}: a saver's loss under compile is not modelled; "
+            f"{what} with {{loss}} {acts.loss.value}: a loss other than the model code's under compile is "
+            "not modelled; "
             "accepted: {loss} full, or {compile} model with {model_impl} torchtitan"
         )
     if request.estimate is Estimate.MEMORY:

@@ -183,9 +183,9 @@ OPTIONS: tuple[Option, ...] = (
          "too where it has one), or a comma list (none,tensorwise).", frozenset({PLAN}), value_type=LIST,
          default="none"),
     _opt("loss", ("--loss",),
-         "Losses searched: auto, or a comma list of full, chunked, fused-linear (each where the model "
-         "code and the framework run it, as memory's --loss checks).", frozenset({PLAN}), value_type=LIST,
-         default_help="auto with fine-tuning (every loss), full otherwise"),
+         "Losses searched: auto, or a comma list of full, chunked, fused-linear, shifted (each where the "
+         "model code and the framework run it, as memory's --loss checks).", frozenset({PLAN}),
+         value_type=LIST, default_help="auto with fine-tuning (full and the savers), full otherwise"),
     _opt("optimizer_in_backward", ("--optimizer-in-backward",),
          "The optimizer stepped in backward searched: on, off, or on,off (where the framework runs it, "
          "as memory's --optimizer-in-backward checks).", frozenset({PLAN}), value_type=LIST,
@@ -291,8 +291,9 @@ OPTIONS: tuple[Option, ...] = (
          ESTIMATES, default=1, value_type=NUM, metavar="N"),
     _opt("loss", ("--loss",),
          "The cross-entropy: full (the model code's, on the whole logits), chunked (torchtune's "
-         "CEWithChunkedOutputLoss: the logits in chunks, one upcast at a time) or fused-linear (Liger "
-         "Kernel's fused linear cross-entropy: head and loss fused per chunk of tokens, no logits).",
+         "CEWithChunkedOutputLoss: the logits in chunks, one upcast at a time), fused-linear (Liger "
+         "Kernel's fused linear cross-entropy: head and loss fused per chunk of tokens, no logits) or "
+         "shifted (transformers 4.36-4.45's: fp32 logits in the output, a shifted fp32 copy).",
          ESTIMATES, default="full", value_type=STR),
     _opt("loss_chunks", ("--loss-chunks",),
          "With --loss chunked: the output chunks (num_output_chunks).", ESTIMATES, value_type=OPT_NUM,

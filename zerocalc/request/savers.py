@@ -12,6 +12,7 @@ from zerocalc.base.units import parse_whole
 from zerocalc.model.activations import Recompute
 from zerocalc.model.code import (
     MODEL_CODES,
+    SHIFTED_LOSS_FAMILIES,
     TORCHTUNE_OUTPUT_CHUNKS,
     LossImpl,
     ModelImplName,
@@ -50,6 +51,8 @@ def savers_problem(request: TrainingRequest) -> str | None:
     """A saver this request cannot run, as the code it comes from refuses it or as it is not modelled,
     or None."""
     loss = request.activations.loss
+    if loss is LossImpl.SHIFTED:
+        return _shifted_problem(request)
     if loss is not LossImpl.FULL:
         impl = MODEL_CODES[request.model_code]
         if not impl.loss_savers:
@@ -86,6 +89,33 @@ def savers_problem(request: TrainingRequest) -> str | None:
         return problem
     if request.activations.offload:
         return _offload_problem(request)
+    return None
+
+
+def _shifted_problem(request: TrainingRequest) -> str | None:
+    """Where transformers 4.36-4.45's in-forward loss (:mod:`zerocalc.model.code.loss`) is not the code
+    asked for, or is not modelled."""
+    if request.model_code is not ModelImplName.HF:
+        return (
+            f"{{loss}} shifted with {{model_impl}} {request.model_code.value}: it is the loss of older "
+            "transformers' ForCausalLM models; accepted: {model_impl} hf, or {loss} full"
+        )
+    arch = request.rank_model.architecture
+    family = arch.family if arch is not None else None
+    if family not in SHIFTED_LOSS_FAMILIES:
+        families = ", ".join(sorted(SHIFTED_LOSS_FAMILIES))
+        return (
+            f"{{loss}} shifted with {f'the {family} family' if family else 'a model of no family'}: its "
+            "transformers 4.45 forward does not upcast and shift its logits that way; accepted: a model of "
+            f"the families {families} (config.json's model_type), or {{loss}} full"
+        )
+    mesh = request.mesh
+    for name, size in (("tp", mesh.tp), ("cp", mesh.cp), ("pp", mesh.pp)):
+        if size > 1:
+            return (
+                f"{{loss}} shifted with {{{name}}} {size}: transformers 4.45 trained its models on one "
+                f"rank's whole sequence and vocabulary; accepted: {{{name}}} 1, or {{loss}} full"
+            )
     return None
 
 
@@ -177,7 +207,7 @@ def kept_output_problem(request: TrainingRequest) -> str | None:
             "loss (torchtitan's `del pred`, Megatron-LM's schedules); accepted: {model_impl} hf, or "
             "{keep_output} none"
         )
-    if request.activations.loss is not LossImpl.FULL:
+    if request.activations.loss.saver:
         return (
             f"{what} with {{loss}} {request.activations.loss.value}: the saver's recipe drops the output "
             "(torchtune's `del outputs`; Liger's loss returns no logits); accepted: {loss} full"

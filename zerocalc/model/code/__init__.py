@@ -58,6 +58,7 @@ from zerocalc.model.code.hf import HF, HF_ATTENTION, HF_EAGER_ONLY
 from zerocalc.model.code.layer import QUADRATIC_TERMS, compile_unsupported, layer_saves
 from zerocalc.model.code.llama_block import OP_SAC_MATMUL_ORDER
 from zerocalc.model.code.loss import (
+    SHIFTED_LOSS_FAMILIES,
     TORCHTUNE_OUTPUT_CHUNKS,
     LossImpl,
     OutputKept,
@@ -99,6 +100,7 @@ __all__ = [
     "OP_SAC_MATMUL_ORDER",
     "QUADRATIC_TERMS",
     "SDPA_NO_MASK",
+    "SHIFTED_LOSS_FAMILIES",
     "TORCHTITAN",
     "TORCHTUNE_OUTPUT_CHUNKS",
     "TUNED_FAMILIES",

@@ -1,7 +1,18 @@
-"""The loss implementations fine-tuning recipes swap in for the full-logits cross-entropy (``--loss``).
+"""The loss implementations fine-tuning recipes swap in for the full-logits cross-entropy (``--loss``), and
+the shifted-logits loss of older transformers.
 
 * ``full``: the model code's own loss (``hf``: transformers 5.17 ``loss_utils.ForCausalLMLoss``; the step
   timeline, :mod:`zerocalc.peak.timeline`).
+* ``shifted``: the loss inside ``<Family>ForCausalLM.forward`` from transformers 4.36 to 4.45, before
+  4.46 moved it to ``loss_utils`` (4.38.2 and 4.45.2 ``models/llama/modeling_llama.py``; Mistral, Mixtral,
+  Qwen2, Qwen2-MoE and Phi-3 the same, :data:`SHIFTED_LOSS_FAMILIES`): ``logits = logits.float()`` in
+  the forward, so the output holds fp32 logits (4·T·V) and the 16-bit ones go as the name is rebound;
+  ``shift_logits = logits[..., :-1, :].contiguous()`` an fp32 copy of b·(s−1) rows, freed as the forward
+  returns; ``labels[..., 1:].contiguous()`` a copy where b > 1 (a view of a one-row batch); then
+  ``CrossEntropyLoss``: ``log_softmax``'s fp32 output saved. In backward ``nll_loss_backward`` and
+  ``log_softmax_backward`` each make an fp32 b·(s−1)·V gradient, the slice's backward writes it into a
+  zero fp32 tensor of the whole logits (``slice_backward``), and ``Tensor.float``'s backward casts that
+  to the head's dtype.
 * ``chunked``: torchtune's ``CEWithChunkedOutputLoss`` (pytorch/torchtune at v0.6.0-rc1-220-gbd2a0fc7,
   ``torchtune/modules/loss/ce_chunked_output_loss.py``; the model's ``set_num_output_chunks``,
   ``torchtune/modules/transformer.py::TransformerDecoder.chunked_output``). The model applies its output
@@ -42,6 +53,20 @@ class LossImpl(StrEnum):
     """torchtune's ``CEWithChunkedOutputLoss``."""
     FUSED_LINEAR = "fused-linear"
     """Liger Kernel's ``LigerFusedLinearCrossEntropyLoss``."""
+    SHIFTED = "shifted"
+    """transformers 4.36-4.45's loss in the model's forward: fp32 logits, their shifted copy."""
+
+    @property
+    def saver(self) -> bool:
+        """A fine-tuning recipe's memory saver, standing in for transformers' LM head and loss (torchtune's,
+        Liger's); the plan searches these beside ``full``."""
+        return self in (LossImpl.CHUNKED, LossImpl.FUSED_LINEAR)
+
+
+SHIFTED_LOSS_FAMILIES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "phi3"})
+"""The families whose ``ForCausalLM.forward`` in transformers 4.45.2 upcasts the logits and shifts them
+(``logits = logits.float()``, ``logits[..., :-1, :].contiguous()``); GPT-2's, Falcon's and GPT-NeoX's
+shift 16-bit logits, Gemma 2's caps them first."""
 
 
 class OutputKept(StrEnum):
@@ -99,5 +124,10 @@ def loss_source(loss: LossImpl, chunks: int) -> str | None:
         return (
             "Liger Kernel LigerFusedLinearCrossEntropyLoss (v0.8.2, ops/fused_linear_cross_entropy.py): the "
             "LM head and the loss per chunk of tokens, the input's (and head's) gradient made in forward"
+        )
+    if loss is LossImpl.SHIFTED:
+        return (
+            "transformers 4.36-4.45 <Family>ForCausalLM.forward (4.45.2 models/llama/modeling_llama.py): "
+            "logits.float() held by the output, their shifted fp32 copy, CrossEntropyLoss"
         )
     return None
