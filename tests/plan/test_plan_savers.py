@@ -98,8 +98,8 @@ def test_a_saver_twins_bound_is_its_allocated_peak() -> None:
             if not isinstance(members, InputError):
                 twins += members
     assert {(c.group.loss, c.group.optimizer_in_backward) for c in twins} == {
-        (loss, v) for loss in LossImpl for v in (False, True)
-    } - {(LossImpl.FULL, False)}
+        (loss, v) for loss in LossImpl if loss.saver or loss is LossImpl.FULL for v in (False, True)
+    } - {(LossImpl.FULL, False)}  # the shifted loss, older transformers' own, only where --loss names it
     for cand in random.Random(3).sample(twins, 8):
         request = cand.request
         assert request.activations.loss is cand.group.loss
