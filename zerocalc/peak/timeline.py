@@ -573,9 +573,11 @@ class _Passes:
                     label = "forward (checkpointed)"
                     _run_program(led, i, saves.program, 0, new, self.hidden_bytes, label, True, tag)
                 else:
-                    led.alloc(f"layer {i} work{tag}", sum(b for _, b in saves.saved), ACTIVATIONS)
+                    # the tensors the layer's ops make, each its own block as the forward allocates
+                    # them (the sizes its recompute asks the allocator for again), freed at its end
+                    led.alloc_group(f"layer {i} work{tag}", saves.saved, ACTIVATIONS)
                     self.forward_peak(i, f"layer {i} forward (checkpointed){tag}", saves)
-                    led.free(f"layer {i} work{tag}")
+                    led.free_group(f"layer {i} work{tag}")
                     led.alloc(new, self.hidden_bytes, ACTIVATIONS)
                 hidden = new  # every checkpoint input stays alive
             elif self.op:
