@@ -7,6 +7,7 @@ packs and what its stash still holds after forward are the timeline's (:mod:`zer
 from __future__ import annotations
 
 import pytest
+from helpers import tiny_llama_config
 
 from zerocalc.model.code import Device
 from zerocalc.peak.offload import FWD_STASH, MIN_OFFLOAD_BYTES
@@ -17,11 +18,7 @@ from zerocalc.request.training import parse_options
 pytestmark = pytest.mark.slow
 
 S, H, LAYERS = 512, 64, 8
-TINY = {
-    "model_type": "llama", "vocab_size": 256, "hidden_size": H, "intermediate_size": 128,
-    "num_hidden_layers": LAYERS, "num_attention_heads": 4, "num_key_value_heads": 4, "pad_token_id": 0,
-    "bos_token_id": 0, "eos_token_id": 0, "tie_word_embeddings": False,
-}  # fmt: skip
+TINY = tiny_llama_config(256, H, LAYERS)
 
 
 def test_the_hook_packs_each_checkpoint_input_and_the_final_norms_tensors_as_the_timeline_counts() -> None:

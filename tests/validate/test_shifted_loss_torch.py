@@ -8,7 +8,7 @@ its ``nll_loss`` and ``log_softmax_backward`` events, within the few scalars the
 from __future__ import annotations
 
 import pytest
-from helpers import LossLedger, profiled_memory_deltas, steady_step
+from helpers import LossLedger, profiled_memory_deltas, steady_step, tiny_llama_config
 
 from zerocalc.model.code import Device
 from zerocalc.request.training import parse_options
@@ -16,11 +16,7 @@ from zerocalc.request.training import parse_options
 pytestmark = pytest.mark.slow
 
 B, S, H, V = 2, 256, 64, 4096
-TINY = {
-    "model_type": "llama", "vocab_size": V, "hidden_size": H, "intermediate_size": 128,
-    "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 4, "pad_token_id": 0,
-    "bos_token_id": 0, "eos_token_id": 0, "tie_word_embeddings": False,
-}  # fmt: skip
+TINY = tiny_llama_config(V, H)
 MARK = 12_345  # a uint8 tensor between forward and backward
 
 

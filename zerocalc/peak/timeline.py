@@ -703,13 +703,43 @@ class _Passes:
         elif impl.loss == "float_cross_entropy":
             led.alloc(f"logits fp32 copy{tag}", self.upcast_bytes * TV, LOSS)
         if not self.compiled_loss:
-            led.alloc(f"log_softmax{tag}", FP32 * TV, LOSS)
-            led.alloc(f"loss{tag}", FP32, LOSS)
-            self._losses.append(f"loss{tag}")
-            led.alloc(f"total_weight{tag}", FP32, LOSS)
-            led.event(f"loss forward (nll_loss){tag}", self.loss_parallel[0], TRANSIENT)
+            self.cross_entropy_forward(tag, TV)
             led.free(f"logits fp32 copy{tag}")
             led.free(f"labels padded{tag}")
+
+    def cross_entropy_forward(self, tag: str, elements: int) -> None:
+        """``F.cross_entropy`` on ``elements`` fp32 logits: ``log_softmax``'s fp32 output (saved for
+        backward), the loss, ``nll_loss``'s ``total_weight``."""
+        led = self.led
+        led.alloc(f"log_softmax{tag}", FP32 * elements, LOSS)
+        led.alloc(f"loss{tag}", FP32, LOSS)
+        self._losses.append(f"loss{tag}")
+        led.alloc(f"total_weight{tag}", FP32, LOSS)
+        led.event(f"loss forward (nll_loss){tag}", self.loss_parallel[0], TRANSIENT)
+
+    def cross_entropy_backward(self, tag: str, elements: int, gradient: str) -> None:
+        """Its backward: ``nll_loss_backward``'s d(log_softmax) (the shifted labels and ``total_weight``
+        then freed), ``log_softmax_backward``'s fp32 ``gradient`` of the logits beside both, then the saved
+        output and d(log_softmax) freed."""
+        led = self.led
+        led.alloc(f"d log_softmax (nll_loss_backward){tag}", FP32 * elements, LOSS)
+        led.free(f"shift labels{tag}")
+        led.free(f"total_weight{tag}")
+        led.alloc(gradient, FP32 * elements, LOSS)
+        led.event(f"loss backward (log_softmax_backward){tag}", self.loss_parallel[1], TRANSIENT)
+        led.free(f"log_softmax{tag}")
+        led.free(f"d log_softmax (nll_loss_backward){tag}")
+
+    def cast_logits_gradient(self, tag: str, gradient: str) -> None:
+        """``Tensor.float``'s backward: the fp32 ``gradient`` of the logits cast to the head's dtype as
+        ``d logits`` (the tensor itself, renamed, where the head is fp32)."""
+        led = self.led
+        if self.logits_bytes != FP32:
+            led.alloc(f"d logits{tag}", self.logits_bytes * self.logits.rows * self.logits.columns, LOSS)
+            led.event(f"logits.float() backward{tag}")
+            led.free(gradient)
+        else:
+            led.rename(gradient, f"d logits{tag}")
 
     @property
     def shifted_rows(self) -> int:
@@ -736,11 +766,7 @@ class _Passes:
         led.alloc(f"shift logits{tag}", FP32 * shifted, LOSS)
         if shape.b > 1:  # labels[..., 1:] of one row is contiguous: .contiguous() returns the view
             led.alloc(f"shift labels{tag}", INT64 * self.shifted_rows, LOSS)
-        led.alloc(f"log_softmax{tag}", FP32 * shifted, LOSS)
-        led.alloc(f"loss{tag}", FP32, LOSS)
-        self._losses.append(f"loss{tag}")
-        led.alloc(f"total_weight{tag}", FP32, LOSS)
-        led.event(f"loss forward (nll_loss){tag}", self.loss_parallel[0], TRANSIENT)
+        self.cross_entropy_forward(tag, shifted)
         led.free(f"shift logits{tag}")
 
     def shifted_loss_backward(self, tag: str) -> None:
@@ -750,23 +776,12 @@ class _Passes:
         led = self.led
         TV = self.logits.rows * self.logits.columns
         shifted = self.shifted_rows * self.logits.columns
-        led.alloc(f"d log_softmax (nll_loss_backward){tag}", FP32 * shifted, LOSS)
-        if self.step.shape.b > 1:
-            led.free(f"shift labels{tag}")
-        led.free(f"total_weight{tag}")
-        led.alloc(f"d shift logits (log_softmax_backward){tag}", FP32 * shifted, LOSS)
-        led.event(f"loss backward (log_softmax_backward){tag}", self.loss_parallel[1], TRANSIENT)
-        led.free(f"log_softmax{tag}")
-        led.free(f"d log_softmax (nll_loss_backward){tag}")
+        shifted_gradient = f"d shift logits (log_softmax_backward){tag}"
+        self.cross_entropy_backward(tag, shifted, shifted_gradient)
         led.alloc(f"d logits fp32 (slice_backward){tag}", FP32 * TV, LOSS)
         led.event(f"loss backward (slice_backward){tag}")
-        led.free(f"d shift logits (log_softmax_backward){tag}")
-        if self.logits_bytes != FP32:
-            led.alloc(f"d logits{tag}", self.logits_bytes * TV, LOSS)
-            led.event(f"logits.float() backward{tag}")
-            led.free(f"d logits fp32 (slice_backward){tag}")
-        else:
-            led.rename(f"d logits fp32 (slice_backward){tag}", f"d logits{tag}")
+        led.free(shifted_gradient)
+        self.cast_logits_gradient(tag, f"d logits fp32 (slice_backward){tag}")
 
     def _forward_done(self, tag: str, embedding: bool) -> None:
         """What the base model's forward frees as it returns."""
@@ -813,21 +828,10 @@ class _Passes:
                 led.rename(f"log_softmax{tag}", f"d logits fp32 (log_softmax_backward){tag}")
                 led.event(f"loss backward (vocab-parallel cross-entropy, in place){tag}")
             else:
-                led.alloc(f"d log_softmax (nll_loss_backward){tag}", FP32 * TV, LOSS)
-                led.free(f"shift labels{tag}")
-                led.free(f"total_weight{tag}")
-                led.alloc(f"d logits fp32 (log_softmax_backward){tag}", FP32 * TV, LOSS)
-                led.event(f"loss backward (log_softmax_backward){tag}", self.loss_parallel[1], TRANSIENT)
-                led.free(f"log_softmax{tag}")
-                led.free(f"d log_softmax (nll_loss_backward){tag}")
-            if self.compiled_loss or step.loss is LossImpl.SHIFTED:
-                pass  # the fused backward kernel (or the shifted loss's backward) made d logits
-            elif self.logits_bytes != FP32:
-                led.alloc(f"d logits{tag}", self.logits_bytes * TV, LOSS)
-                led.event(f"logits.float() backward{tag}")
-                led.free(f"d logits fp32 (log_softmax_backward){tag}")
-            else:
-                led.rename(f"d logits fp32 (log_softmax_backward){tag}", f"d logits{tag}")
+                self.cross_entropy_backward(tag, TV, f"d logits fp32 (log_softmax_backward){tag}")
+            if not (self.compiled_loss or step.loss is LossImpl.SHIFTED):
+                # the compiled loss's fused kernel, the shifted loss's backward made d logits themselves
+                self.cast_logits_gradient(tag, f"d logits fp32 (log_softmax_backward){tag}")
             for name, _ in logits_saves(impl, arch, shape, act):
                 led.free(f"{name}{tag}")  # tanh_backward has run
             if self.first_step and self.cuda and not led.has(autograd_workspace):
