@@ -150,6 +150,21 @@ def test_a_dora_rows_command_gives_its_flag() -> None:
     assert json.loads(memory.stdout)["peak"]["strategies"][0]["peak_bytes"] == top["peak_bytes"]
 
 
+@pytest.mark.parametrize("switch", ["--no-kbit-prepare"])
+def test_a_switch_turned_off_is_planned_off_and_its_rows_command_gives_it(switch: str) -> None:
+    """A switch's off is given, not its default: the plan searches with it, the row's command gives it,
+    and the command reproduces the row's peak, below the same row's with the switch left on."""
+    result = runner.invoke(app, [*QUESTION, switch, "--top", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    top = json.loads(result.stdout)["top"][0]
+    line = command("memory", top["memory_options"])
+    assert f" {switch}" in f"{line} "
+    memory = runner.invoke(app, [*line.split()[1:], "--json"])
+    assert json.loads(memory.stdout)["peak"]["strategies"][0]["peak_bytes"] == top["peak_bytes"]
+    on = runner.invoke(app, [*line.replace(f" {switch}", "").split()[1:], "--json"])
+    assert json.loads(on.stdout)["peak"]["strategies"][0]["peak_bytes"] > top["peak_bytes"]
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
