@@ -11,6 +11,7 @@ from helpers import H100_DATA, one_line_error
 from typer.testing import CliRunner
 
 from zerocalc.base.dtypes import DType
+from zerocalc.base.errors import InputError
 from zerocalc.cli import app
 from zerocalc.model.quantized import QuantMethod
 from zerocalc.parallel.finetune import FineTuning, LoraConfig, QuantConfig
@@ -207,3 +208,34 @@ def test_fine_tuning_needs_the_modules_and_a_quantised_config_needs_adapters(tmp
     path = _write(tmp_path, "config.json", {**CONFIG, "quantization_config": BNB_NF4_DQ_BF16})
     one_line_error(runner.invoke(app, ["comm", "--model", path]), "quantises the base, which is trained")
     assert runner.invoke(app, ["comm", "--model", path, "--lora-rank", "8"]).exit_code == 0
+
+
+def test_adapters_in_the_base_dtype_take_a_quantised_base_s_compute_dtype() -> None:
+    """PEFT 0.21.2 ``_get_base_layer_device_and_dtype``: a ``Linear4bit``'s ``compute_dtype`` is the dtype
+    adapters left uncast take; fp32 beside the recipe's bf16 is refused, PEFT's fp32 adapters are not."""
+    fp32 = {**BNB_NF4_DQ_BF16, "bnb_4bit_compute_dtype": "float32"}
+    model = {**CONFIG, "quantization_config": fp32}
+    with pytest.raises(InputError, match="take bnb_4bit_compute_dtype fp32, not the recipe's bf16"):
+        parse_options(model=model, lora_rank=8, autocast_adapter_dtype=False, framework="fsdp2")
+    assert parse_options(model=model, lora_rank=8, framework="fsdp2").finetune is not None
+    bf16 = parse_options(
+        model={**CONFIG, "quantization_config": BNB_NF4_DQ_BF16}, lora_rank=8, autocast_adapter_dtype=False
+    ).finetune
+    assert bf16 is not None and bf16.lora is not None and not bf16.lora.autocast_adapter_dtype
+
+
+def test_the_adapter_dtype_switch_reads_as_its_flags(tmp_path: Path) -> None:
+    path = _write(tmp_path, "config.json", {**CONFIG, "quantization_config": BNB_NF4_DQ_BF16})
+    base = ["memory", "--model", str(path), "--lora-rank", "8", "--framework", "fsdp2", "--json"]
+    on = json.loads(runner.invoke(app, base).stdout)
+    off = json.loads(runner.invoke(app, [*base, "--no-autocast-adapter-dtype"]).stdout)
+    assert (
+        on["options"]["autocast_adapter_dtype"] is None and off["options"]["autocast_adapter_dtype"] is False
+    )
+    one_line_error(
+        runner.invoke(app, [*base, "--lora-targets", "q_proj,lm_head", "--no-autocast-adapter-dtype"]),
+        "zerocalc: error: adapters in the base layer's dtype (--no-autocast-adapter-dtype) on lm_head, which "
+        "is not quantised and prepare_model_for_kbit_training makes fp32, would be fp32 beside the others' "
+        "bf16; accepted: targets among the quantised Linear layers, --no-kbit-prepare, or "
+        "--autocast-adapter-dtype (PEFT's default)",
+    )

@@ -9,7 +9,7 @@ import pytest
 from helpers import ROOT
 from typer.testing import CliRunner
 
-from zerocalc.base.errors import InputError
+from zerocalc.base.errors import InputError, keyword
 from zerocalc.cli import app
 from zerocalc.cli.base import flag
 from zerocalc.parallel.frameworks import Framework
@@ -83,6 +83,16 @@ def test_the_cli_names_flags_where_the_library_names_concepts() -> None:
     assert result.exit_code == 2 and result.stderr.count("\n") == 1
     assert "--gpus 12 is not a multiple of --gpus-per-node 8" in result.stderr
     assert flag("strategies") == "--strategy" and flag("intra_node_bw") == "--intra-node-bw"
+
+
+def test_a_switch_turned_off_is_named_by_its_negative_flag_and_by_the_keyword_set_false() -> None:
+    with pytest.raises(InputError) as info:
+        parse_options(model="llama-3-8b", lora_rank=8, quantize="int8", autocast_adapter_dtype=False)
+    assert "(autocast_adapter_dtype=False)" in str(info.value)
+    assert "(--no-autocast-adapter-dtype)" in info.value.render(flag)
+    assert (
+        flag("no_kbit_prepare") == "--no-kbit-prepare" and keyword("no_kbit_prepare") == "kbit_prepare=False"
+    )
 
 
 def test_options_given_with_params_are_validated_too() -> None:

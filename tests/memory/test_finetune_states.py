@@ -194,3 +194,45 @@ def test_fsdp_qlora_of_llama_2_70b_on_two_cards_with_cpu_offload_by_hand() -> No
         StateKind.OPTIMIZER: 8 * trained // 2,
     }
     assert row.cpu_bytes_per_node == 2 * row.cpu_bytes_per_gpu == 2 * sum(host.values())
+
+
+@pytest.mark.parametrize(
+    ("framework", "precision", "upcast", "in_base_dtype"),
+    [
+        # (params, grads, AdamW) bytes per adapter element: PEFT's fp32 adapters, or the bf16 base's dtype
+        ("fsdp2", "bf16-mixed", (4, 4, 8), (2, 2, 4)),  # MixedPrecisionPolicy casts a bf16 one to bf16
+        ("fsdp2", "bf16-pure", (4, 4, 8), (2, 2, 4)),
+        ("ddp", "bf16-mixed", (4, 4, 8), (2, 2, 4)),  # autocast: the parameter's own dtype
+        ("fsdp2", "fp32", (4, 4, 8), (4, 4, 8)),  # an fp32 base: fp32 either way
+        ("paper", "bf16-mixed", (2, 2, 12), (2, 2, 12)),  # the 16-bit copy and its fp32 master either way
+    ],
+)
+def test_adapters_in_the_base_dtype_by_hand(
+    framework: str, precision: str, upcast: tuple[int, int, int], in_base_dtype: tuple[int, int, int]
+) -> None:
+    common = {"lora_rank": 8, "lora_targets": "all-linear", "framework": framework, "precision": precision}
+    for autocast, per_element in ((True, upcast), (False, in_base_dtype)):
+        _, row = _row(**common, autocast_adapter_dtype=autocast)
+        kinds = (StateKind.PARAMS, StateKind.GRADS, StateKind.OPTIMIZER)
+        assert tuple(_bytes(row, k) for k in kinds) == tuple(b * ALL_LINEAR_R8 for b in per_element)
+        frozen = 4 if precision == "fp32" else 2
+        assert _bytes(row, StateKind.FROZEN) == frozen * (QUANTISED + NOT_QUANTISED)
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"framework": "fsdp2", "precision": "fp16-mixed"}, "on an fp16 base are fp16 parameters"),
+        ({"quantize": "int8"}, "its int8 weight leaves them fp32"),
+        (
+            {"quantize": "nf4", "lora_targets": "q_proj,lm_head"},
+            "on lm_head, which is not quantised and prepare_model_for_kbit_training makes fp32",
+        ),
+        ({"lora_rank": 0}, "autocast_adapter_dtype describes LoRA, which is off without a rank"),
+    ],
+)
+def test_adapters_in_the_base_dtype_are_refused_where_they_are_not_one_16_bit_dtype(
+    options: dict, fragment: str
+) -> None:
+    with pytest.raises(InputError, match=fragment):
+        parse_options(model="llama-3-8b", **{"lora_rank": 8, **options}, autocast_adapter_dtype=False)

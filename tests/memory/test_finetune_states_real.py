@@ -83,7 +83,7 @@ def _predicted(optimizer: str, **finetune: object) -> dict[str, int]:
     }
 
 
-def _lora_model(lora: Any, folder: Path | None = None) -> Any:
+def _lora_model(lora: Any, folder: Path | None = None, autocast_adapter_dtype: bool = True) -> Any:
     torch.manual_seed(0)
     config = transformers.AutoConfig.for_model(**CONFIG)
     if folder is None:
@@ -104,7 +104,7 @@ def _lora_model(lora: Any, folder: Path | None = None) -> Any:
     # bitsandbytes 0.50.2 repacks a 4-bit weight for the CPU on a CPU with AVX512-BF16 when the input needs
     # no gradient (nn/modules.py Linear4bit.forward → _convert_weight_packed_for_cpu: bf16 absmax, not
     # nested), an inference path a training step does not take
-    return peft.get_peft_model(model, lora).train()
+    return peft.get_peft_model(model, lora, autocast_adapter_dtype=autocast_adapter_dtype).train()
 
 
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
@@ -128,3 +128,20 @@ def test_qlora_states_are_the_real_ones(optimizer: str, tmp_path: Path) -> None:
         double_quant=True,
     )
     assert measured == predicted
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_adapters_left_in_the_base_dtype_are_bf16_states(quantized: bool, tmp_path: Path) -> None:
+    """``get_peft_model(..., autocast_adapter_dtype=False)`` (PEFT before 0.12 always): the adapters take
+    the bf16 base's dtype (a ``Linear4bit``'s compute dtype), so do their gradients and AdamW's states."""
+    lora = peft.LoraConfig(r=8, target_modules="all-linear", use_dora=True)
+    measured = _measure(
+        _lora_model(lora, tmp_path if quantized else None, autocast_adapter_dtype=False), "adamw"
+    )
+    quant = {"quantize": "nf4", "double_quant": True} if quantized else {}
+    predicted = _predicted(
+        "adamw", lora_rank=8, lora_targets="all-linear", dora=True, autocast_adapter_dtype=False, **quant
+    )
+    assert measured == predicted
+    upcast = _predicted("adamw", lora_rank=8, lora_targets="all-linear", dora=True, **quant)
+    assert 2 * predicted["params"] == upcast["params"] and 2 * predicted["grads"] == upcast["grads"]

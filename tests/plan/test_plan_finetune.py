@@ -150,7 +150,7 @@ def test_a_dora_rows_command_gives_its_flag() -> None:
     assert json.loads(memory.stdout)["peak"]["strategies"][0]["peak_bytes"] == top["peak_bytes"]
 
 
-@pytest.mark.parametrize("switch", ["--no-kbit-prepare"])
+@pytest.mark.parametrize("switch", ["--no-kbit-prepare", "--no-autocast-adapter-dtype"])
 def test_a_switch_turned_off_is_planned_off_and_its_rows_command_gives_it(switch: str) -> None:
     """A switch's off is given, not its default: the plan searches with it, the row's command gives it,
     and the command reproduces the row's peak, below the same row's with the switch left on."""

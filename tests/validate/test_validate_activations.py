@@ -13,11 +13,12 @@ import pytest
 from helpers import one_line_error
 from typer.testing import CliRunner
 
+from zerocalc.base.dtypes import DType
 from zerocalc.cli import app
 from zerocalc.model.code import HF_ATTENTION, Shape
 from zerocalc.model.hf_config import architecture_from_hf_dict
 from zerocalc.model.quantized import QuantMethod
-from zerocalc.parallel.finetune import FineTuning, LoraConfig, QuantConfig, forward_tuning
+from zerocalc.parallel.finetune import FineTuning, LoraConfig, QuantConfig, forward_tuning, peft_alone
 from zerocalc.validate.saved import (
     NOT_EXACT,
     TINY_CONFIGS,
@@ -277,6 +278,18 @@ FINETUNES = {
         quant=QuantConfig(method=QuantMethod.NF4, double_quant=True),
     ),
     "freeze": FineTuning(freeze=("embed_tokens", "layers.0")),
+    # get_peft_model(..., autocast_adapter_dtype=False): bf16 adapters, no fp32 copy of each input
+    "lora bf16 adapters dropout": FineTuning(
+        lora=LoraConfig(rank=8, targets="all-linear", dropout=0.1, autocast_adapter_dtype=False)
+    ),
+    # GPT-2's Conv1D weight in x's dtype: PEFT's transpose makes it a new Parameter, the norm keeps its sum
+    "dora bf16 adapters dropout": FineTuning(
+        lora=LoraConfig(rank=8, targets="all-linear", dropout=0.1, dora=True, autocast_adapter_dtype=False)
+    ),
+    "qlora nf4 kbit dora bf16 adapters": FineTuning(
+        lora=LoraConfig(rank=8, targets="all-linear", dora=True, dropout=0.1, autocast_adapter_dtype=False),
+        quant=QuantConfig(method=QuantMethod.NF4, double_quant=True),
+    ),
 }  # fmt: skip
 
 
@@ -294,7 +307,7 @@ def test_fine_tuning_saved_bytes_per_region_equal_the_profile(family: str, tunin
         finetune = FineTuning(freeze=("embed_positions", "layers.0"))  # the tied head keeps its input
     arch = _arch(family)
     model = saved_measure.build(TINY_CONFIGS[family], "bf16", "sdpa", finetune)
-    tuned = forward_tuning(arch, finetune)
+    tuned = forward_tuning(arch, finetune, weights=peft_alone(finetune, DType.BF16))
     for b, s in SHAPES:
         measured = saved_measure.measure(model, arch.num_layers, b, s, arch.vocab_size)
         case = compare(family, arch, Shape(b, s), "bf16", "sdpa", measured, tuned, tuning)

@@ -45,7 +45,10 @@ def render(template: str, name_of: Callable[[str], str]) -> str:
 
 
 def keyword(concept: str) -> str:
-    """A concept as the library names it: its keyword (``gpus_per_node``)."""
+    """A concept as the library names it: its keyword (``gpus_per_node``); a switch's off (``no_`` + its
+    concept) the keyword set false (``kbit_prepare=False``)."""
+    if concept.startswith("no_"):
+        return f"{concept[3:]}=False"
     return concept
 
 

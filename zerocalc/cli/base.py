@@ -39,9 +39,12 @@ C locale); anything else not representable becomes ``?``."""
 
 def flag(concept: str) -> str:
     """The command-line flag of a request concept (``gpus_per_node`` → ``--gpus-per-node``): the option's
-    (:data:`zerocalc.request.options.FLAGS`), else ``--`` + the concept with ``-`` for ``_``."""
-    from zerocalc.request.options import FLAGS
+    (:data:`zerocalc.request.options.FLAGS`), a switch's off ``no_`` + its concept its negative flag
+    (:data:`~zerocalc.request.options.NEGATIVE_FLAGS`), else ``--`` + the concept with ``-`` for ``_``."""
+    from zerocalc.request.options import FLAGS, NEGATIVE_FLAGS
 
+    if concept.startswith("no_") and concept[3:] in NEGATIVE_FLAGS:
+        return NEGATIVE_FLAGS[concept[3:]]
     return FLAGS.get(concept, "--" + concept.replace("_", "-"))
 
 

@@ -47,6 +47,11 @@ class LoraConfig(BaseModel):
     dropout: float = Field(default=0.0, ge=0, lt=1, description="lora_dropout")
     dora: bool = Field(default=False, description="use_dora")
     modules_to_save: tuple[str, ...] = Field(default=(), description="trainable copies of these modules")
+    autocast_adapter_dtype: bool = Field(
+        default=True,
+        description="get_peft_model's autocast_adapter_dtype: fp32 adapters on a 16-bit base (PEFT ≥ 0.12's "
+        "default); False: the base layer's dtype, as PEFT before 0.12 made them",
+    )
 
     @model_validator(mode="after")
     def _targets(self) -> LoraConfig:
@@ -140,6 +145,12 @@ class FineTuning(BaseModel):
     @property
     def kbit_prepared(self) -> bool:
         return self.quant is not None and self.quant.kbit_prepare
+
+    @property
+    def adapter_autocast(self) -> bool:
+        """PEFT upcasts the adapters to fp32 (``autocast_adapter_dtype``; :func:`~zerocalc.parallel.
+        precision.kind_recipe`)."""
+        return self.lora is None or self.lora.autocast_adapter_dtype
 
 
 TRAINED_KINDS = (ParamKind.TRAINABLE, ParamKind.ADAPTER, ParamKind.SAVED_COPY)
@@ -297,6 +308,15 @@ PEFT_ALONE = ForwardWeights(adapter=DType.FP32, fp32_stream=False)
 """PEFT's model run as it is (no framework, no autocast): fp32 adapters, the base's stream."""
 
 
+def peft_alone(finetune: FineTuning, base: DType) -> ForwardWeights:
+    """What PEFT's model of a base loaded in ``base`` (bitsandbytes' compute dtype on a 4-bit base) reads
+    off its weights run as it is: fp32 adapters where PEFT upcasts them, else the base's dtype
+    (:data:`~zerocalc.parallel.precision.BASE_DTYPE_ADAPTER_RECIPES`); the stream fp32 after
+    ``prepare_model_for_kbit_training``."""
+    adapter = DType.FP32 if finetune.adapter_autocast else base
+    return ForwardWeights(adapter=adapter, fp32_stream=finetune.kbit_prepared)
+
+
 def finetune_tensor_dtypes(
     finetune: FineTuning,
     precision: PrecisionName,
@@ -310,7 +330,14 @@ def finetune_tensor_dtypes(
     quantised storage and ``prepare_model_for_kbit_training``."""
     quant = finetune.quant.dtypes if finetune.quant is not None else None
     return tensor_dtypes(
-        precision, layout, main_gradient, reduce, kind, quant=quant, kbit_prepared=finetune.kbit_prepared
+        precision,
+        layout,
+        main_gradient,
+        reduce,
+        kind,
+        quant=quant,
+        kbit_prepared=finetune.kbit_prepared,
+        adapter_autocast=finetune.adapter_autocast,
     )
 
 
@@ -353,8 +380,10 @@ def forward_weights(finetune: FineTuning, layout: ParamLayout, precision: Precis
     ``precision``: the precision record's :attr:`~zerocalc.base.dtypes.TensorRole.MODULE_WEIGHT` of the
     adapters and of the frozen base's embeddings."""
     base = tensor_dtypes(precision, layout, kind=ParamKind.FROZEN_BASE, kbit_prepared=finetune.kbit_prepared)
+    autocast = finetune.adapter_autocast
+    adapter = tensor_dtypes(precision, layout, kind=ParamKind.ADAPTER, adapter_autocast=autocast)
     return ForwardWeights(
-        adapter=tensor_dtypes(precision, layout, kind=ParamKind.ADAPTER).module_weight,
+        adapter=adapter.module_weight,
         fp32_stream=finetune.kbit_prepared and base.module_weight is DType.FP32,
     )
 
@@ -373,6 +402,8 @@ def forward_tuning(
     ``weights``: the dtypes its framework gives the weights in forward (None: PEFT's model alone, its
     stream fp32 after ``prepare_model_for_kbit_training``)."""
     if weights is None:
+        if not finetune.adapter_autocast:
+            raise ValueError("adapters in the base's dtype need the base's dtype: pass peft_alone(...)")
         weights = PEFT_ALONE._replace(fp32_stream=finetune.kbit_prepared)
     kinded = parameter_kinds(arch, finetune)
     trainable = {k.tensor for k in kinded if k.kind in (ParamKind.TRAINABLE, ParamKind.SAVED_COPY)}

@@ -257,6 +257,34 @@ bf16-pure, whose parameters are neither cast nor autocast, they stay fp32 parame
 and states, and the LoRA path computes in fp32 (peft/tuners/lora/layer.py ``Linear.forward``:
 ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``)."""
 
+BASE_DTYPE_ADAPTER_RECIPES: dict[ParamLayout, dict[PrecisionName, PrecisionName]] = {
+    ParamLayout.AUTOCAST: {PrecisionName.BF16_MIXED: PrecisionName.BF16_PURE},
+    ParamLayout.CAST_FOR_COMPUTE: {PrecisionName.BF16_MIXED: PrecisionName.BF16_PURE},
+    ParamLayout.MASTER_COPY: {},
+}
+"""The adapters' recipe where PEFT leaves them in the base layer's dtype (``get_peft_model(...,
+autocast_adapter_dtype=False)``, and every PEFT before 0.12, which had no upcast), in place of
+:data:`KIND_RECIPES`: peft 0.21.2 ``tuners/tuners_utils.py`` ``_move_adapter_to_device_of_base_layer``
+moves each new adapter to the base weight's floating dtype (bitsandbytes ``Linear4bit``'s
+``compute_dtype``), and ``cast_adapter_dtype`` returns at once. On a bf16 base they are bf16 parameters:
+under autocast and FSDP's cast for compute (a cast to ``param_dtype`` of a bf16 parameter is none)
+their gradients and AdamW's states (``zeros_like``) are bf16, bf16-pure's; under bf16-pure and fp32 they
+are the run's own; a master-copy framework casts every parameter to its 16-bit dtype and keeps its own
+fp32 copy whatever PEFT made (DeepSpeed's engine ``module.bfloat16()``), so nothing changes there. An
+fp16 base's adapters (fp16-mixed) have no recipe here: refused (zerocalc.request.finetune)."""
+
+
+def kind_recipe(
+    kind: ParamKind, precision: PrecisionName, layout: ParamLayout, adapter_autocast: bool = True
+) -> PrecisionName:
+    """The recipe a tensor of ``kind`` is kept under in a run of ``precision`` by a framework of
+    ``layout``; ``adapter_autocast``: PEFT upcasts its adapters to fp32 (:data:`KIND_RECIPES`), else
+    they keep the base's dtype (:data:`BASE_DTYPE_ADAPTER_RECIPES`)."""
+    if kind is ParamKind.ADAPTER and not adapter_autocast:
+        return BASE_DTYPE_ADAPTER_RECIPES[layout].get(precision, precision)
+    return KIND_RECIPES.get(kind, {}).get(precision, precision)
+
+
 KBIT_PREPARE_RULES: dict[ParamKind, dict[TensorRole, _Source]] = {
     ParamKind.TRAINABLE: {_R.STORED: DType.FP32},
     ParamKind.FROZEN: {_R.STORED: DType.FP32},
@@ -426,13 +454,15 @@ def tensor_dtypes(
     fp8: Fp8Use | None = None,
     quant: QuantDtypes | None = None,
     kbit_prepared: bool = False,
+    adapter_autocast: bool = True,
 ) -> TensorDtypes:
     """Every role's dtype: the layout's rule for the recipe (:data:`LAYOUT_RULES`; the kind's recipe,
     :data:`KIND_RECIPES`), the framework's own main-gradient dtype where it has one (Megatron-LM's fp32
     ``main_grad``), ``--reduce-dtype`` where given, an FP8 recipe's changes to a Linear weight it converts
     (:func:`fp8_rules`), the kind's changes (:data:`KIND_RULES`, a quantised weight's dtypes from ``quant``)
-    and ``prepare_model_for_kbit_training``'s (:data:`KBIT_PREPARE_RULES`)."""
-    recipe = RECIPES[KIND_RECIPES.get(kind, {}).get(precision, precision)]
+    and ``prepare_model_for_kbit_training``'s (:data:`KBIT_PREPARE_RULES`); ``adapter_autocast``: PEFT's
+    ``autocast_adapter_dtype`` (:func:`kind_recipe`)."""
+    recipe = RECIPES[kind_recipe(kind, precision, layout, adapter_autocast)]
     rules: dict[TensorRole, _Source] = {**LAYOUT_RULES[layout]}
     if main_gradient is not None:
         rules[TensorRole.MAIN_GRADIENT] = main_gradient

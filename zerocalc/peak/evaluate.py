@@ -391,7 +391,9 @@ def _loaded_dtype(request: TrainingRequest, kind: ParamKind) -> DType:
     bitsandbytes quantises (a quantised weight is then its frozen base's)."""
     if kind is ParamKind.QUANTIZED:
         kind = ParamKind.FROZEN_BASE
-    return tensor_dtypes(request.precision, request.framework_record.param_layout, kind=kind).stored
+    autocast = request.finetune is None or request.finetune.adapter_autocast
+    layout = request.framework_record.param_layout
+    return tensor_dtypes(request.precision, layout, kind=kind, adapter_autocast=autocast).stored
 
 
 def loaded_model_bytes(request: TrainingRequest) -> int:

@@ -39,7 +39,7 @@ from zerocalc.request.compute import compute_table
 from zerocalc.request.finetune import finetune_offloads, tunes
 from zerocalc.request.fp8 import fp8_gpu_problem, fp8_recipe, fp8_strategy_problem, parse_fp8
 from zerocalc.request.gpu import DEFAULT_GPU
-from zerocalc.request.options import FINETUNE_OPTIONS, Command, Kind, option
+from zerocalc.request.options import FINETUNE_OPTIONS, Command, given
 from zerocalc.request.options_model import options_from_keywords, options_model
 from zerocalc.request.presets import gpu_file, load_gpu
 from zerocalc.request.savers import parse_loss
@@ -326,14 +326,6 @@ def _losses(text: str | list[str] | tuple[str, ...] | None, tuning: bool) -> tup
     raise InputError(f"{{loss}} {shown(text)} is not accepted; accepted: {accepted}")
 
 
-def _given(name: str, value: object) -> bool:
-    """Whether the fine-tuning option ``name`` was given: a switch's off (``--no-kbit-prepare``) is given, a
-    flag's off is its default."""
-    if value is None:
-        return False
-    return value is not False or option(Command.PLAN, name).kind is Kind.SWITCH
-
-
 def parse_plan(options: PlanOptions) -> PlanRequest:
     """Parse and check every option once; one :class:`InputError` line for the first problem."""
     o = options
@@ -363,7 +355,9 @@ def parse_plan(options: PlanOptions) -> PlanRequest:
         )
     max_gpus = parse_whole(o.gpus, "{gpus}", 1, MAX_GPUS, "GPUs")
     in_backward = _switches(o.optimizer_in_backward, "optimizer_in_backward")
-    tuning = {name: getattr(o, name) for name in FINETUNE_OPTIONS if _given(name, getattr(o, name))}
+    tuning = {
+        name: getattr(o, name) for name in FINETUNE_OPTIONS if given(Command.PLAN, name, getattr(o, name))
+    }
     base = parse_options(
         **tuning,
         model=o.model,

@@ -14,16 +14,17 @@ from zerocalc.base.errors import InputError, shown, why_not
 from zerocalc.base.paths import user_path
 from zerocalc.base.units import parse_fraction, parse_whole
 from zerocalc.model.activations import Recompute
-from zerocalc.model.adapters import ALL_LINEAR
-from zerocalc.model.quantized import QuantMethod
+from zerocalc.model.adapters import ALL_LINEAR, peft_plan
+from zerocalc.model.quantized import QuantMethod, quantized_modules
 from zerocalc.parallel.finetune import QUANT_STORAGE, FineTuning, LoraConfig, QuantConfig, parameter_kinds
 from zerocalc.parallel.framework_records import FRAMEWORKS
 from zerocalc.parallel.framework_records.record import StatesModel, Wrap
 from zerocalc.parallel.frameworks import Framework
 from zerocalc.parallel.optimizers import OptimizerName
-from zerocalc.parallel.precision import Fp8RecipeName, PrecisionName
+from zerocalc.parallel.precision import RECIPES, Fp8RecipeName, ParamLayout, PrecisionName
 from zerocalc.parallel.strategies import OffloadTarget
-from zerocalc.request.options import LORA_FIELDS
+from zerocalc.request.options import LORA_FIELDS, MEMORY
+from zerocalc.request.options import given as option_given
 from zerocalc.request.values import choice
 
 if TYPE_CHECKING:
@@ -247,7 +248,7 @@ def _lora(o: TrainingOptions) -> LoraConfig | None:
         )
     if o.lora_rank is not None:
         rank = parse_whole(o.lora_rank, "{lora_rank}", 0, MAX_LORA_RANK, "the rank r")
-    given = [name for name in LORA_FIELDS[1:] if getattr(o, name) not in (None, False)]
+    given = [name for name in LORA_FIELDS[1:] if option_given(MEMORY, name, getattr(o, name))]
     if not rank:
         if given or o.adapter_config is not None:
             raise InputError(
@@ -262,6 +263,8 @@ def _lora(o: TrainingOptions) -> LoraConfig | None:
         fields["dropout"] = parse_fraction(o.lora_dropout, "{lora_dropout}", 0, 0.999999, "0 ≤ P < 1")
     if o.dora:
         fields["dora"] = True
+    if o.autocast_adapter_dtype is not None:
+        fields["autocast_adapter_dtype"] = bool(o.autocast_adapter_dtype)
     if o.lora_targets is not None:
         names = _names(o.lora_targets, "{lora_targets}")
         fields["targets"] = ALL_LINEAR if names == (ALL_LINEAR,) else names
@@ -424,6 +427,9 @@ def finetune_problem(record: FrameworkRecord, request: TrainingRequest) -> str |
     precisions = (*record.precisions, PrecisionName.BF16_PURE) if torch else record.precisions
     if request.precision not in precisions:
         return f"{{framework}} {fw} models {record.accepts}"
+    base_dtype = _base_dtype_adapter_problem(record, request)
+    if base_dtype is not None:
+        return base_dtype
     optimizers = record.optimizers if torch else (*record.optimizers, *BNB_OPTIMIZERS)
     if torch and record.framework is Framework.DDP:
         optimizers = (*optimizers, *BNB_OPTIMIZERS)
@@ -444,6 +450,52 @@ def finetune_problem(record: FrameworkRecord, request: TrainingRequest) -> str |
             return (
                 "{framework} ddp does not offload; accepted: {framework} fsdp or fsdp2 with "
                 "{offload_params} cpu"
+            )
+    return None
+
+
+def _base_dtype_adapter_problem(record: FrameworkRecord, request: TrainingRequest) -> str | None:
+    """Why adapters in the base layer's dtype (``--no-autocast-adapter-dtype``) are not modelled here, or
+    None: they take one dtype, the recipe's 16-bit one (:data:`~zerocalc.parallel.precision.
+    BASE_DTYPE_ADAPTER_RECIPES`). PEFT 0.21.2 ``_get_base_layer_device_and_dtype`` reads the base weight's
+    dtype, or a ``Linear4bit``'s ``compute_dtype``; an integer weight (``Int8Params``) leaves the adapter
+    as ``nn.Linear`` created it, fp32; a base weight ``prepare_model_for_kbit_training`` made fp32 gives an
+    fp32 adapter beside bf16 ones."""
+    finetune = request.finetune
+    if finetune is None or finetune.adapter_autocast:
+        return None
+    refused = "adapters in the base layer's dtype ({no_autocast_adapter_dtype})"
+    if request.precision is PrecisionName.FP16_MIXED and record.param_layout is not ParamLayout.MASTER_COPY:
+        return (
+            f"{refused} on an fp16 base are fp16 parameters, whose training is not modelled; accepted: "
+            "{precision} bf16-mixed, bf16-pure or fp32 with {no_autocast_adapter_dtype}"
+        )
+    quant = finetune.quant
+    if not finetune.quantized or quant is None:
+        return None
+    if quant.method is QuantMethod.INT8:
+        return (
+            f"{refused} on an LLM.int8 base: its int8 weight leaves them fp32, PEFT's default; accepted: "
+            "{quantize} nf4 or fp4 with {no_autocast_adapter_dtype}, or {autocast_adapter_dtype} (PEFT's "
+            "default)"
+        )
+    recipe_dtype = RECIPES[request.precision].param_dtype
+    if quant.compute_dtype is not None and quant.compute_dtype is not recipe_dtype:
+        return (
+            f"{refused} take bnb_4bit_compute_dtype {quant.compute_dtype.value}, not the recipe's "
+            f"{recipe_dtype.value}; accepted: a compute dtype of {recipe_dtype.value}, or "
+            "{autocast_adapter_dtype} (PEFT's default)"
+        )
+    if finetune.kbit_prepared and finetune.lora is not None and recipe_dtype is not DType.FP32:
+        arch = request.architecture
+        quantized = {m.module for m in quantized_modules(arch, quant.skip_modules)}
+        adapted = peft_plan(arch, finetune.lora).adapted
+        fp32 = [a.module.hf_name for a in adapted if a.module.module not in quantized]
+        if fp32:
+            return (
+                f"{refused} on {fp32[0]}, which is not quantised and prepare_model_for_kbit_training makes "
+                "fp32, would be fp32 beside the others' bf16; accepted: targets among the quantised "
+                "Linear layers, {no_kbit_prepare}, or {autocast_adapter_dtype} (PEFT's default)"
             )
     return None
 

@@ -359,6 +359,11 @@ OPTIONS: tuple[Option, ...] = (
          metavar="P", default_help="0"),
     _opt("dora", ("--dora",), "DoRA (use_dora): a magnitude vector per adapted layer.", FINETUNE,
          default=False, kind=Kind.FLAG, value_type=BOOL),
+    _opt("autocast_adapter_dtype", ("--autocast-adapter-dtype",),
+         "LoRA: PEFT's adapters upcast to fp32 on a 16-bit base (get_peft_model's autocast_adapter_dtype, "
+         "PEFT ≥ 0.12); --no-autocast-adapter-dtype: in the base's dtype, as PEFT before 0.12 made them.",
+         FINETUNE, kind=Kind.SWITCH, value_type="bool | None", negative="--no-autocast-adapter-dtype",
+         default_help="on"),
     _opt("modules_to_save", ("--modules-to-save",),
          "Modules trained in full beside the adapters (a trainable copy each), a comma list: lm_head.",
          FINETUNE, value_type=LIST, metavar="NAMES"),
@@ -457,6 +462,14 @@ def option(command: Command, name: str) -> Option:
     raise KeyError(f"{command.value} has no option {name!r}")
 
 
+def given(command: Command, name: str, value: object) -> bool:
+    """Whether ``command``'s option ``name`` was given ``value``: unset is None; a flag's off is its
+    default, a switch's off (``--no-kbit-prepare``) is given."""
+    if value is None:
+        return False
+    return value is not False or option(command, name).kind is Kind.SWITCH
+
+
 LAUNCH_CONFIGS: tuple[str, ...] = ("deepspeed", "torchtitan", "accelerate")
 """The options naming a launch configuration file, each read as the :class:`~zerocalc.request.launch.
 LaunchFormat` of its name: not part of the request, what the file sets is."""
@@ -468,10 +481,11 @@ def library_options(command: Command) -> tuple[Option, ...]:
 
 
 FLAGS: dict[str, str] = {o.name: o.flag for o in OPTIONS}
-NEGATIVE_FLAGS: dict[str, str] = {o.name: o.negative for o in OPTIONS if o.negative is not None}
-"""A switch's negative flag by concept (``flash_attention`` → ``--no-flash-attention``)."""
 """The flag each concept (``{gpus_per_node}``) is on the command line. A name means one flag in every
 command that takes it (tests/cli/test_options.py)."""
+NEGATIVE_FLAGS: dict[str, str] = {o.name: o.negative for o in OPTIONS if o.negative is not None}
+"""A switch's negative flag by concept (``flash_attention`` → ``--no-flash-attention``); a message names
+it ``{no_flash_attention}``."""
 
 
 OptionsEcho = Annotated[
@@ -486,11 +500,15 @@ OptionsEcho = Annotated[
 
 
 FINETUNE_OPTIONS = (
-    "lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "dora", "modules_to_save", "quantize",
-    "double_quant", "quant_storage", "kbit_prepare", "freeze", "adapter_config",
+    "lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "dora", "autocast_adapter_dtype",
+    "modules_to_save", "quantize", "double_quant", "quant_storage", "kbit_prepare", "freeze",
+    "adapter_config",
 )  # fmt: skip
 """The fine-tuning options, echoed only where one is set: a full training run's echo holds none."""
-LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "dora", "modules_to_save")
+LORA_FIELDS = (
+    "lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "dora", "autocast_adapter_dtype",
+    "modules_to_save",
+)  # fmt: skip
 """The options that describe LoRA (each needs ``lora_rank`` or ``adapter_config``)."""
 
 

@@ -777,12 +777,18 @@ def finetune_assumptions(request: TrainingRequest, counts: FineTuneCounts) -> li
             else ", ".join(lora.targets)
         )
         adapter = finetune_dtypes(request, ParamKind.ADAPTER)
-        kept = (
-            "fp32: PEFT's autocast_adapter_dtype"
-            if adapter.stored is DType.FP32
-            else f"fp32 in PEFT (autocast_adapter_dtype), counted as the recipe's {adapter.stored.value} "
-            "parameters beside an fp32 master copy"
-        )
+        if not lora.autocast_adapter_dtype:
+            kept = (
+                f"{adapter.stored.value}: the base layer's dtype, PEFT's without autocast_adapter_dtype "
+                "(and before 0.12)"
+            )
+        elif adapter.stored is DType.FP32:
+            kept = "fp32: PEFT's autocast_adapter_dtype"
+        else:
+            kept = (
+                f"fp32 in PEFT (autocast_adapter_dtype), counted as the recipe's {adapter.stored.value} "
+                "parameters beside an fp32 master copy"
+            )
         lines.append(
             f"{'DoRA' if lora.dora else 'LoRA'} r {lora.rank} on {targets} (PEFT 0.21): {counts.adapters:,} "
             f"adapter parameters ({kept})"

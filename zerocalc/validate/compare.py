@@ -160,6 +160,7 @@ def finetune_keywords(finetune: FineTuning) -> dict[str, object]:
         else ",".join(targets),
         "lora_dropout": lora.dropout,
         "dora": lora.dora,
+        "autocast_adapter_dtype": lora.autocast_adapter_dtype,
         "modules_to_save": ",".join(lora.modules_to_save) or None,
     }
 

@@ -2,7 +2,7 @@
 
 ``get_peft_model(model, LoraConfig(...))`` of peft 0.21.2 from zerocalc's
 :class:`~zerocalc.parallel.finetune.LoraConfig` (r, lora_alpha, target_modules, lora_dropout, use_dora,
-modules_to_save; ``autocast_adapter_dtype=True``, PEFT's default: fp32 adapters on a 16-bit base), used by
+modules_to_save; ``autocast_adapter_dtype``: PEFT's default True, fp32 adapters on a 16-bit base), used by
 ``validate activations`` (:func:`zerocalc.validate.saved_measure.tune`), ``validate fake``
 (:func:`zerocalc.validate.recipe.with_lora`) and ``validate frameworks`` (:mod:`zerocalc.validate.worker`).
 """
@@ -32,4 +32,5 @@ def lora_model(model: Any, lora: LoraConfig, targets: list[str] | str | None = N
             use_dora=lora.dora,
             modules_to_save=list(lora.modules_to_save) or None,
         ),
+        autocast_adapter_dtype=lora.autocast_adapter_dtype,
     )

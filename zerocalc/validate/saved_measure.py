@@ -266,9 +266,10 @@ def run_cases(
     ``finetune`` says, against :func:`zerocalc.parallel.finetune.forward_tuning`'s forward."""
     import transformers
 
+    from zerocalc.base.dtypes import DType
     from zerocalc.model.code import HF_EAGER_ONLY, Shape
     from zerocalc.model.hf_config import architecture_from_hf_dict
-    from zerocalc.parallel.finetune import forward_tuning
+    from zerocalc.parallel.finetune import forward_tuning, peft_alone
 
     cases = []
     for name, config in models:
@@ -278,7 +279,9 @@ def run_cases(
                 if attention == "sdpa" and arch.family in HF_EAGER_ONLY:
                     continue  # its transformers code refuses attn_implementation="sdpa"
                 model = build(config, dtype, attention, finetune)
-                tuning = None if finetune is None else forward_tuning(arch, finetune)
+                tuning = None
+                if finetune is not None:
+                    tuning = forward_tuning(arch, finetune, weights=peft_alone(finetune, DType(dtype)))
                 label = "" if finetune is None else tuning_label(finetune)
                 for b, s in shapes:
                     measured = measure(model, arch.num_layers, b, s, arch.vocab_size)
@@ -303,6 +306,7 @@ def tuning_label(finetune: FineTuning) -> str:
         parts += [f"lora r{lora.rank} {targets}"]
         parts += [f"dropout {lora.dropout:g}"] if lora.dropout else []
         parts += ["dora"] if lora.dora else []
+        parts += [] if lora.autocast_adapter_dtype else ["adapters in the base's dtype"]
         parts += [f"save {','.join(lora.modules_to_save)}"] if lora.modules_to_save else []
     if finetune.quantized and finetune.quant is not None:
         parts += [finetune.quant.method.value + (" dq" if finetune.quant.double_quant else "")]

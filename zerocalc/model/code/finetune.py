@@ -24,11 +24,14 @@ is guarded by ``grad_fn->should_compute_output(i)`` of the outputs whose formula
   input, ``lora_B`` keeps lora_A's [T, r] fp32 output; ``* scaling`` and the add into the base output keep
   nothing (the sum is promoted to fp32, then ``result.to(torch_result_dtype)``).
 * DoRA (peft/tuners/lora/dora.py ``DoraLinearLayer.forward``, variants.py ``DoraLinearVariant.forward``):
-  ``magnitude / weight_norm`` keeps the fp32 [out] weight norm (of the whole base weight, detached);
+  ``magnitude / weight_norm`` keeps the [out] weight norm (of the whole base weight, detached);
   ``(mag_norm_scale - 1) * base_result`` keeps the base result and, where it requires grad,
-  ``mag_norm_scale - 1`` [1, out]; ``mag_norm_scale * lora_result`` keeps the fp32 lora result and
-  ``mag_norm_scale``. With dropout the base result is ``F.linear(dropout(x), weight.to(x.dtype))``: the fp32
-  [T, out] result, and the fp32 copy of the (dequantised) weight where dropout's output requires grad. The
+  ``mag_norm_scale - 1`` [1, out]; ``mag_norm_scale * lora_result`` keeps the lora result and
+  ``mag_norm_scale``, each in the adapters' dtype (x's after the cast). With dropout the base result is
+  ``F.linear(dropout(x), weight.to(x.dtype))``: the [T, out] result, and the copy of the (dequantised)
+  weight where dropout's output requires grad. A Conv1D's weight already in x's dtype is the Parameter
+  itself, which ``transpose`` (peft/utils/other.py) wraps in a new ``nn.Parameter``: the norm then keeps
+  ``weight + scaling * lora_weight`` [out, in], and the dropout path's base result requires grad. The
   identity ``lora_B(lora_A(eye))`` of the weight norm is reached by nothing the loss needs: freed.
 * bitsandbytes 0.50.2 4-bit (bitsandbytes/nn/modules.py ``Linear4bit.forward``: ``x.to(compute_dtype)``,
   ``matmul_4bit``, ``.to(inp_dtype)``; autograd/_functions.py ``MatMul4Bit.forward``: ``ctx.tensors =
@@ -120,6 +123,9 @@ class _Walk:
         self.kept_inputs: list[_T] = []
         """Tensors saved that are not this walk's (the layer's input): listed apart."""
         self.inputs: set[int] = set()
+        self.fan_in_fan_out = False
+        """The layer's Linears are Conv1D ([in, out] weights: GPT-2's), which PEFT reads through
+        ``transpose(weight, fan_in_fan_out)``."""
 
     def keep(self, name: str, t: _T) -> None:
         if any(k is t for k in self._kept):
@@ -186,18 +192,29 @@ class _Walk:
         self.keep(f"{name} LoRA input ({'fp32' if ad == FP32 else 'adapter dtype'})", xd)
         self.keep(f"{name} lora_A output", _T(ad * rows * r, True, ad))
         if tuning.dora:
-            self.keep(f"{name} DoRA weight norm (fp32)", _T(FP32 * out, True, FP32))
+            # in the adapters' dtype: x's after the cast (peft 0.21.2 tuners/lora/dora.py ``forward``:
+            # ``weight.to(x.dtype)``, the norm ``.to(weight.dtype)``, the magnitude an adapter parameter)
+            self.keep(f"{name} DoRA weight norm", _T(ad * out, True, ad))
+            uncast = x.size == ad and module not in tuning.quantized  # weight.to(x.dtype) is the Parameter
+            if self.fan_in_fan_out and uncast:
+                # peft 0.21.2 utils/other.py ``transpose`` wraps a Parameter's ``.T`` in a new
+                # ``nn.Parameter`` (requires_grad): ``weight + scaling * lora_weight`` then records a node,
+                # and ``torch.linalg.norm`` keeps that [out, in] sum
+                self.keep(
+                    f"{name} DoRA weight + lora (a new Parameter's)", _T(ad * out * in_features, True, ad)
+                )
             if tuning.dropout > 0:
                 if xd.grad and (x.size != ad or module in tuning.quantized):
                     self.keep(f"{name} DoRA weight.to(x.dtype)", _T(ad * out * in_features, True, ad))
-                base = _T(ad * rows * out, xd.grad, ad)  # F.linear(dropout(x), weight)
+                # F.linear(dropout(x), transpose(weight)): through the new Parameter it requires grad
+                base = _T(ad * rows * out, xd.grad or (self.fan_in_fan_out and uncast), ad)
             else:
                 base = result
             self.keep(f"{name} DoRA base result", base)
             if base.grad:
-                self.keep(f"{name} DoRA mag_norm_scale - 1", _T(FP32 * out, True, FP32))
+                self.keep(f"{name} DoRA mag_norm_scale - 1", _T(ad * out, True, ad))
             self.keep(f"{name} DoRA lora result", _T(ad * rows * out, True, ad))
-            self.keep(f"{name} DoRA mag_norm_scale", _T(FP32 * out, True, FP32))
+            self.keep(f"{name} DoRA mag_norm_scale", _T(ad * out, True, ad))
         return _T(result.nbytes, True, result.size)
 
     def mul(self, name_a: str, a: _T, name_b: str, b: _T) -> _T:
@@ -248,6 +265,7 @@ def tuned_layer(
     T, h = shape.tokens, arch.hidden_size
     size = stream_bytes(tuning, act)
     walk = _Walk(tuning, device, size)
+    walk.fan_in_fan_out = t.norm == "layernorm"  # GPT-2's Conv1D
     x = _T(size * T * h, _stream_grad(arch, tuning, index), size)
     walk.inputs.add(id(x))
     p = f"layers.{index}."
