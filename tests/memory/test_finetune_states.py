@@ -236,3 +236,15 @@ def test_adapters_in_the_base_dtype_are_refused_where_they_are_not_one_16_bit_dt
 ) -> None:
     with pytest.raises(InputError, match=fragment):
         parse_options(model="llama-3-8b", **{"lora_rank": 8, **options}, autocast_adapter_dtype=False)
+
+
+def test_dora_with_dropout_on_a_conv1d_read_in_its_own_dtype_is_refused() -> None:
+    """GPT-2's Conv1D under DoRA with dropout: where the forward reads the weight in its own dtype, PEFT's
+    transpose makes a new Parameter each forward (tests/memory/test_finetune_states_real.py), refused;
+    where it casts the weight to the fp32 adapters first (DDP's autocast), modelled."""
+    dora = {"model": "gpt2", "lora_rank": 8, "dora": True, "lora_dropout": 0.1}
+    for options in ({"framework": "fsdp2"}, {"framework": "ddp", "precision": "fp32"}):
+        with pytest.raises(InputError, match="transpose makes a new Parameter each forward"):
+            parse_options(**dora, **options)
+    assert parse_options(**dora, framework="ddp").finetune is not None
+    assert parse_options(**{**dora, "lora_dropout": 0}, framework="fsdp2").finetune is not None

@@ -145,3 +145,39 @@ def test_adapters_left_in_the_base_dtype_are_bf16_states(quantized: bool, tmp_pa
     assert measured == predicted
     upcast = _predicted("adamw", lora_rank=8, lora_targets="all-linear", dora=True, **quant)
     assert 2 * predicted["params"] == upcast["params"] and 2 * predicted["grads"] == upcast["grads"]
+
+
+def test_dora_dropout_on_a_conv1d_in_its_own_dtype_holds_a_weight_gradient_per_forward() -> None:
+    """The premise of zerocalc's refusal (zerocalc.request.finetune ``_dora_conv1d_problem``): PEFT 0.21.2
+    DoRA with dropout on GPT-2's fp32 Conv1D ``c_attn``: ``transpose`` wraps the weight's ``.T`` in a new
+    Parameter for ``F.linear``, and after backward it holds an [out, in] gradient until the loss is freed."""
+    import gc
+    import weakref
+
+    from peft.tuners.lora import dora
+
+    config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=100, n_positions=32)
+    model = transformers.GPT2LMHeadModel(config)
+    model = peft.get_peft_model(model, peft.LoraConfig(r=4, use_dora=True, lora_dropout=0.1)).train()
+    made: list[weakref.ref] = []
+    transpose = dora.transpose
+
+    def recording(weight: Any, fan_in_fan_out: bool) -> Any:
+        out = transpose(weight, fan_in_fan_out)
+        if isinstance(out, torch.nn.Parameter) and out is not weight:
+            made.append(weakref.ref(out))
+        return out
+
+    dora.transpose = recording
+    try:
+        ids = torch.randint(0, 100, (2, 16))
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        gc.collect()
+        held = [p for p in (r() for r in made) if p is not None]
+        assert [tuple(p.grad.shape) for p in held] == [(3 * 64, 64)] * 2  # one c_attn per layer
+        del held, loss
+        gc.collect()
+        assert all(r() is None for r in made)
+    finally:
+        dora.transpose = transpose

@@ -15,6 +15,7 @@ from zerocalc.base.paths import user_path
 from zerocalc.base.units import parse_fraction, parse_whole
 from zerocalc.model.activations import Recompute
 from zerocalc.model.adapters import ALL_LINEAR, peft_plan
+from zerocalc.model.hf_modules import ModuleClass
 from zerocalc.model.quantized import QuantMethod, quantized_modules
 from zerocalc.parallel.finetune import QUANT_STORAGE, FineTuning, LoraConfig, QuantConfig, parameter_kinds
 from zerocalc.parallel.framework_records import FRAMEWORKS
@@ -427,7 +428,7 @@ def finetune_problem(record: FrameworkRecord, request: TrainingRequest) -> str |
     precisions = (*record.precisions, PrecisionName.BF16_PURE) if torch else record.precisions
     if request.precision not in precisions:
         return f"{{framework}} {fw} models {record.accepts}"
-    base_dtype = _base_dtype_adapter_problem(record, request)
+    base_dtype = _base_dtype_adapter_problem(record, request) or _dora_conv1d_problem(request)
     if base_dtype is not None:
         return base_dtype
     optimizers = record.optimizers if torch else (*record.optimizers, *BNB_OPTIMIZERS)
@@ -496,6 +497,38 @@ def _base_dtype_adapter_problem(record: FrameworkRecord, request: TrainingReques
                 f"{refused} on {fp32[0]}, which is not quantised and prepare_model_for_kbit_training makes "
                 "fp32, would be fp32 beside the others' bf16; accepted: targets among the quantised "
                 "Linear layers, {no_kbit_prepare}, or {autocast_adapter_dtype} (PEFT's default)"
+            )
+    return None
+
+
+def _dora_conv1d_problem(request: TrainingRequest) -> str | None:
+    """Why DoRA with dropout on a Conv1D (GPT-2's) whose weight the forward reads in its own dtype is not
+    modelled, or None. peft 0.21.2 ``DoraLinearLayer.forward`` computes the base result as
+    ``F.linear(dropout(x), transpose(weight, fan_in_fan_out))``, and ``transpose`` (peft/utils/other.py)
+    wraps the Parameter's ``.T`` in a new ``nn.Parameter``: backward gives each forward's new one an
+    [out, in] gradient, held by the graph until the loss is freed (measured on the CPU with PEFT 0.21.2),
+    which the step's timeline does not hold. A weight cast to x's dtype first (a 16-bit base under fp32
+    adapters, a quantised one) is a plain tensor: none."""
+    finetune, weights = request.finetune, request.forward_weights
+    if finetune is None or finetune.lora is None or weights is None:
+        return None
+    lora = finetune.lora
+    if not (lora.dora and lora.dropout > 0):
+        return None
+    stream = DType.FP32 if weights.fp32_stream else request.activation_dtype
+    if weights.adapter is not stream:
+        return None
+    quantized = set()
+    if finetune.quantized and finetune.quant is not None:
+        quantized = {m.module for m in quantized_modules(request.architecture, finetune.quant.skip_modules)}
+    for adapted in peft_plan(request.architecture, lora).adapted:
+        if adapted.module.cls is ModuleClass.CONV1D and adapted.module.module not in quantized:
+            return (
+                f"{{dora}} with {{lora_dropout}} {lora.dropout:g} on {adapted.module.hf_name} (a Conv1D "
+                f"whose weight the forward reads in its own {stream.value}): PEFT 0.21.2's transpose "
+                "makes a new Parameter each forward, whose weight-sized gradient the graph holds until "
+                "the loss is freed, which is not modelled; accepted: {lora_dropout} 0, or fp32 adapters "
+                "that the forward casts the weight to ({framework} ddp with bf16-mixed)"
             )
     return None
 

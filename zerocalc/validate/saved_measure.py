@@ -218,12 +218,16 @@ def measure(model: nn.Module, num_layers: int, b: int, s: int, vocab: int) -> li
     finally:
         for handle in handles:
             handle.remove()
+    # kept by a node the loss reaches, or by MatMul4Bit's ctx: a graph the loss does not reach (one the
+    # forward detached, as DoRA's weight norm) is freed with its last reference, except that a pack hook
+    # returning the tensor itself makes a node that saves its own output a reference cycle (the autograd
+    # docs' caveat of saved_tensors_hooks), which only that graph's backward would break
     return [
         m.model_copy(
             update={"saved_by": ", ".join(savers.get(ptr, []) + ([extra[ptr]] if ptr in extra else []))}
         )
         for m, ptr, kept in zip(out, ptrs, held, strict=True)
-        if kept
+        if kept and (ptr in savers or ptr in extra)
     ]
 
 

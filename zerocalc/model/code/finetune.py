@@ -30,9 +30,10 @@ is guarded by ``grad_fn->should_compute_output(i)`` of the outputs whose formula
   ``mag_norm_scale``, each in the adapters' dtype (x's after the cast). With dropout the base result is
   ``F.linear(dropout(x), weight.to(x.dtype))``: the [T, out] result, and the copy of the (dequantised)
   weight where dropout's output requires grad. A Conv1D's weight already in x's dtype is the Parameter
-  itself, which ``transpose`` (peft/utils/other.py) wraps in a new ``nn.Parameter``: the norm then keeps
-  ``weight + scaling * lora_weight`` [out, in], and the dropout path's base result requires grad. The
-  identity ``lora_B(lora_A(eye))`` of the weight norm is reached by nothing the loss needs: freed.
+  itself, which ``transpose`` (peft/utils/other.py) wraps in a new ``nn.Parameter``: the dropout path's base
+  result then requires grad (the norm's graph, of ``weight + scaling * lora_weight``, is detached: freed
+  in forward). The identity ``lora_B(lora_A(eye))`` of the weight norm is reached by nothing the loss
+  needs: freed.
 * bitsandbytes 0.50.2 4-bit (bitsandbytes/nn/modules.py ``Linear4bit.forward``: ``x.to(compute_dtype)``,
   ``matmul_4bit``, ``.to(inp_dtype)``; autograd/_functions.py ``MatMul4Bit.forward``: ``ctx.tensors =
   (None, B)``, the packed weight only): no activation.
@@ -196,17 +197,11 @@ class _Walk:
             # ``weight.to(x.dtype)``, the norm ``.to(weight.dtype)``, the magnitude an adapter parameter)
             self.keep(f"{name} DoRA weight norm", _T(ad * out, True, ad))
             uncast = x.size == ad and module not in tuning.quantized  # weight.to(x.dtype) is the Parameter
-            if self.fan_in_fan_out and uncast:
-                # peft 0.21.2 utils/other.py ``transpose`` wraps a Parameter's ``.T`` in a new
-                # ``nn.Parameter`` (requires_grad): ``weight + scaling * lora_weight`` then records a node,
-                # and ``torch.linalg.norm`` keeps that [out, in] sum
-                self.keep(
-                    f"{name} DoRA weight + lora (a new Parameter's)", _T(ad * out * in_features, True, ad)
-                )
             if tuning.dropout > 0:
                 if xd.grad and (x.size != ad or module in tuning.quantized):
                     self.keep(f"{name} DoRA weight.to(x.dtype)", _T(ad * out * in_features, True, ad))
-                # F.linear(dropout(x), transpose(weight)): through the new Parameter it requires grad
+                # F.linear(dropout(x), transpose(weight)): peft 0.21.2 utils/other.py ``transpose`` wraps a
+                # Conv1D Parameter's ``.T`` in a new ``nn.Parameter`` (requires_grad), so it requires grad
                 base = _T(ad * rows * out, xd.grad or (self.fan_in_fan_out and uncast), ad)
             else:
                 base = result
