@@ -255,6 +255,14 @@ def test_a_gpu_short_of_the_cached_reserve_frees_the_cache_and_fits() -> None:
     assert short.allocated_peak_bytes == free.allocated_peak_bytes
     assert free.allocated_peak_bytes <= short.reserved_bytes <= free.peak_bytes - 1 - outside
     assert short.verdict is Verdict.TIGHT and short.headroom_bytes >= 0
+    assert short.allocator_retried and not free.allocator_retried
+    text = runner.invoke(
+        app,
+        ["memory", "--model", "llama-3-8b", "--gpus", "8", "--framework", "fsdp2", "--strategy", "zero3",
+         "--gpu-memory", f"{free.peak_bytes - 1}B"],
+        env={"COLUMNS": "200"},
+    )  # fmt: skip
+    assert "the caching allocator freed its unused cached segments and retried" in text.stdout
 
 
 def test_zero_ordering_of_peaks() -> None:

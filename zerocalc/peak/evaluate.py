@@ -248,13 +248,14 @@ def strategy_peak(
     outside = outside_allocator_bytes(request, communicators)
     result = simulate(request, name, runtime, states)
     limit = None if capacity is None else capacity - outside
+    retried_fits = False
     if limit is not None and result.reserved > limit >= result.peak.allocated:
         # the cudaMalloc that passes the device's free memory fails: the allocator frees its unused
         # cached segments and retries (CachingAllocator's limit); where even that fails, the step does not
         # fit and the unlimited replay's reserve is what it would need
         retried = simulate(request, name, runtime, states, limit=limit)
         if not retried.out_of_memory:
-            result = retried
+            result, retried_fits = retried, True
     sources = term_sources(request, strategy, profile, states)
     terms = [
         PeakTerm(kind=kind, bytes=result.peak.live[kind], source=sources[kind])
@@ -281,6 +282,7 @@ def strategy_peak(
         after_backward_bytes=result.after_backward,
         reserved_bytes=reserved,
         allocator_reserve_bytes=reserved - allocated,
+        allocator_retried=retried_fits,
         context_bytes=context,
         nccl_communicators=communicators,
         nccl_bytes=nccl,

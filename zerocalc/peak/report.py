@@ -151,6 +151,11 @@ class StrategyPeak(BaseModel):
     after_backward_bytes: int
     reserved_bytes: int = Field(description="torch.cuda.max_memory_reserved over model creation and 3 steps")
     allocator_reserve_bytes: int = Field(description="reserved_bytes − allocated_peak_bytes")
+    allocator_retried: bool = Field(
+        default=False,
+        description="the replay ran out of the device's free memory and the caching allocator freed its "
+        "unused cached segments and retried (release_cached_blocks): reserved_bytes is after that",
+    )
     context_bytes: int = Field(description="CUDA context, kernels and NCCL at world size 1")
     nccl_communicators: int = Field(description="communicators of more than one rank the strategy creates")
     nccl_bytes: int = Field(description="what those communicators add")

@@ -352,6 +352,14 @@ def render_peak(out: Output, peak: PeakEstimate, unit: ByteUnit) -> None:
         f"{byte_text(o.nccl_communicator_bytes, unit)} per communicator of more than one rank; "
         f"{names.blas} workspace {byte_text(o.cublas_workspace_bytes, unit)} per stream[/dim]"
     )
+    retried = [row.strategy.value for row in rows if row.allocator_retried]
+    if retried:
+        which = f" ({', '.join(retried)})" if len(rows) > 1 else ""
+        out.print(
+            f"[dim]· reserve{which}: the replay ran out of the GPU's free memory; the caching allocator "
+            "freed its unused cached segments and retried (release_cached_blocks), and the step fit: its "
+            "reserve is after that[/dim]"
+        )
     if capacity is not None:
         out.print(
             f"[dim]· tight: within {FIT_MARGIN:.0%} of the GPU's memory, the model's margin; "
