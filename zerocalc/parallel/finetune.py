@@ -172,6 +172,14 @@ def _frozen_by_name(arch: Architecture, tensor: ParamTensor, names: tuple[str, .
     return any(key == name or key.endswith(f".{name}") for key in held_by for name in names)
 
 
+def quantized_module_names(arch: Architecture, finetune: FineTuning) -> frozenset[str]:
+    """The modules of ``arch`` whose weights ``finetune`` quantises (none where the base is not)."""
+    if not finetune.quantized:
+        return frozenset()
+    assert finetune.quant is not None
+    return frozenset(m.module for m in quantized_modules(arch, finetune.quant.skip_modules))
+
+
 def _quantized_tensors(arch: Architecture, finetune: FineTuning) -> set[ParamTensor]:
     if not finetune.quantized:
         return set()
@@ -380,8 +388,7 @@ def forward_weights(finetune: FineTuning, layout: ParamLayout, precision: Precis
     ``precision``: the precision record's :attr:`~zerocalc.base.dtypes.TensorRole.MODULE_WEIGHT` of the
     adapters and of the frozen base's embeddings."""
     base = tensor_dtypes(precision, layout, kind=ParamKind.FROZEN_BASE, kbit_prepared=finetune.kbit_prepared)
-    autocast = finetune.adapter_autocast
-    adapter = tensor_dtypes(precision, layout, kind=ParamKind.ADAPTER, adapter_autocast=autocast)
+    adapter = finetune_tensor_dtypes(finetune, precision, layout, None, None, ParamKind.ADAPTER)
     return ForwardWeights(
         adapter=adapter.module_weight,
         fp32_stream=finetune.kbit_prepared and base.module_weight is DType.FP32,
@@ -404,7 +411,7 @@ def forward_tuning(
     if weights is None:
         if not finetune.adapter_autocast:
             raise ValueError("adapters in the base's dtype need the base's dtype: pass peft_alone(...)")
-        weights = PEFT_ALONE._replace(fp32_stream=finetune.kbit_prepared)
+        weights = peft_alone(finetune, DType.FP32)  # fp32 adapters whatever the base
     kinded = parameter_kinds(arch, finetune)
     trainable = {k.tensor for k in kinded if k.kind in (ParamKind.TRAINABLE, ParamKind.SAVED_COPY)}
     # a module is trained when a tensor it holds is (GPT-2's c_attn holds q, k and v); a tied LM head holds
@@ -426,10 +433,7 @@ def forward_tuning(
                     "not modelled; accepted: Linear and Conv1D targets"
                 )
             adapted.append((a.module.module, a.rank))
-    quantized: frozenset[str] = frozenset()
-    if finetune.quantized:
-        assert finetune.quant is not None
-        quantized = frozenset(m.module for m in quantized_modules(arch, finetune.quant.skip_modules))
+    quantized = quantized_module_names(arch, finetune)
     return ForwardTuning(
         trained=frozenset(trained),
         adapted=tuple(adapted),

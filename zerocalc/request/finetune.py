@@ -16,8 +16,15 @@ from zerocalc.base.units import parse_fraction, parse_whole
 from zerocalc.model.activations import Recompute
 from zerocalc.model.adapters import ALL_LINEAR, peft_plan
 from zerocalc.model.hf_modules import ModuleClass
-from zerocalc.model.quantized import QuantMethod, quantized_modules
-from zerocalc.parallel.finetune import QUANT_STORAGE, FineTuning, LoraConfig, QuantConfig, parameter_kinds
+from zerocalc.model.quantized import QuantMethod
+from zerocalc.parallel.finetune import (
+    QUANT_STORAGE,
+    FineTuning,
+    LoraConfig,
+    QuantConfig,
+    parameter_kinds,
+    quantized_module_names,
+)
 from zerocalc.parallel.framework_records import FRAMEWORKS
 from zerocalc.parallel.framework_records.record import StatesModel, Wrap
 from zerocalc.parallel.frameworks import Framework
@@ -489,7 +496,7 @@ def _base_dtype_adapter_problem(record: FrameworkRecord, request: TrainingReques
         )
     if finetune.kbit_prepared and finetune.lora is not None and recipe_dtype is not DType.FP32:
         arch = request.architecture
-        quantized = {m.module for m in quantized_modules(arch, quant.skip_modules)}
+        quantized = quantized_module_names(arch, finetune)
         adapted = peft_plan(arch, finetune.lora).adapted
         fp32 = [a.module.hf_name for a in adapted if a.module.module not in quantized]
         if fp32:
@@ -518,9 +525,7 @@ def _dora_conv1d_problem(request: TrainingRequest) -> str | None:
     stream = DType.FP32 if weights.fp32_stream else request.activation_dtype
     if weights.adapter is not stream:
         return None
-    quantized = set()
-    if finetune.quantized and finetune.quant is not None:
-        quantized = {m.module for m in quantized_modules(request.architecture, finetune.quant.skip_modules)}
+    quantized = quantized_module_names(request.architecture, finetune)
     for adapted in peft_plan(request.architecture, lora).adapted:
         if adapted.module.cls is ModuleClass.CONV1D and adapted.module.module not in quantized:
             return (
